@@ -1,0 +1,93 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Protocol v1: one JSON object per line over a Unix stream socket, UTF-8,
+// at most MaxLine bytes per line. Every message has "type". Unknown fields
+// are ignored; an unknown type gets an "error" reply and the connection
+// stays open. docs/protocol.md is the reference for trainer authors.
+
+// MaxLine is the longest accepted line, newline included.
+const MaxLine = 1 << 20
+
+// ProtocolVersion is sent in welcome.
+const ProtocolVersion = 1
+
+// Message types, trainer → agent.
+const (
+	TypeHello    = "hello"
+	TypeProgress = "progress"
+	TypeDone     = "done"
+	TypeFailed   = "failed"
+	TypeStatus   = "status" // asks for a status reply (spotagent status)
+)
+
+// Message types, agent → trainer.
+const (
+	TypeWelcome      = "welcome"
+	TypeCheckpoint   = "checkpoint"
+	TypeCommitted    = "committed"
+	TypeUploadFailed = "upload_failed"
+	TypeStop         = "stop"
+	TypeError        = "error"
+)
+
+// Checkpoint reasons.
+const (
+	ReasonPeriodic     = "periodic"
+	ReasonInterruption = "interruption"
+	ReasonShutdown     = "shutdown"
+	ReasonManual       = "manual"
+)
+
+// Message is the union of every protocol message; each type uses the
+// fields listed beside it and omits the rest.
+type Message struct {
+	Type string `json:"type"`
+
+	// hello
+	PID       int    `json:"pid,omitempty"`
+	Rank      *int   `json:"rank,omitempty"`
+	WorldSize *int   `json:"world_size,omitempty"`
+	RunID     string `json:"run_id,omitempty"` // hello (node mode) and welcome
+
+	// progress, done
+	Step *int64 `json:"step,omitempty"`
+
+	// checkpoint, done, failed, committed, upload_failed
+	ID string `json:"id,omitempty"`
+
+	// done
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+
+	// failed, upload_failed, error
+	Error string `json:"error,omitempty"`
+
+	// welcome
+	Version       int     `json:"version,omitempty"`
+	CheckpointDir string  `json:"checkpoint_dir,omitempty"`
+	Resume        *Resume `json:"resume,omitempty"`
+
+	// checkpoint, stop
+	Reason   string     `json:"reason,omitempty"`
+	Dir      string     `json:"dir,omitempty"`
+	Deadline *time.Time `json:"deadline,omitempty"`
+
+	// committed
+	URI string `json:"uri,omitempty"`
+
+	// status reply
+	Status json.RawMessage `json:"status,omitempty"`
+}
+
+// Resume tells a trainer where the restored checkpoint is.
+type Resume struct {
+	Dir      string          `json:"dir"`
+	Step     int64           `json:"step"`
+	ID       string          `json:"id"`
+	Manifest string          `json:"manifest"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
