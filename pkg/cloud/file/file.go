@@ -1,0 +1,161 @@
+// Package file implements cloud.Store on a local (or network) directory.
+//
+// Put writes a temp file next to the target, fsyncs it, and renames it into
+// place (then fsyncs the directory), so readers see the old or the complete
+// new object. Temp files are named ".spotagent-tmp-*" and never listed;
+// Cleanup removes the ones a crashed writer left.
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// tmpPrefix names temp files so Cleanup can find them; names with
+// reservedPrefix are never objects.
+const (
+	reservedPrefix = ".spotagent-"
+	tmpPrefix      = reservedPrefix + "tmp-"
+	lockName       = reservedPrefix + "lock"
+)
+
+// Store keeps objects as files under root.
+type Store struct {
+	root string
+
+	mu     sync.Mutex          // guards active
+	active map[string]struct{} // temp files of Puts in flight, kept by Cleanup
+	cas    sync.Mutex          // serialises IfVersion puts inside this process
+}
+
+var (
+	_ cloud.Store   = (*Store)(nil)
+	_ cloud.Cleaner = (*Store)(nil)
+)
+
+// New returns a store rooted at root, creating the directory if needed.
+func New(root string) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("file store: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("file store: %w", err)
+	}
+	return &Store{root: abs, active: map[string]struct{}{}}, nil
+}
+
+// Root is the absolute directory the store writes under.
+func (s *Store) Root() string { return s.root }
+
+// URI returns file:///abs/root/key.
+func (s *Store) URI(key string) string {
+	u := "file://" + filepath.ToSlash(s.root)
+	if key != "" {
+		u += "/" + key
+	}
+	return u
+}
+
+// Close is a no-op: the store holds no open files between calls.
+func (s *Store) Close() error { return nil }
+
+func (s *Store) path(key string) (string, error) {
+	if err := cloud.ValidKey(key); err != nil {
+		return "", err
+	}
+	for _, el := range strings.Split(key, "/") {
+		if strings.HasPrefix(el, reservedPrefix) {
+			return "", fmt.Errorf("reserved key %q", key)
+		}
+	}
+	return filepath.Join(s.root, filepath.FromSlash(key)), nil
+}
+
+// Get opens the object and returns a reader of length bytes from offset.
+func (s *Store) Get(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p, err := s.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, notExist(err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.IsDir() {
+		f.Close()
+		return nil, fmt.Errorf("get %s: %w", key, cloud.ErrNotExist)
+	}
+	if offset > 0 {
+		if _, err := f.Seek(offset, io.SeekStart); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("get %s: %w", key, err)
+		}
+	}
+	if length < 0 {
+		return f, nil
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(f, length), f}, nil
+}
+
+// Stat returns the object's size, mtime and version token.
+func (s *Store) Stat(ctx context.Context, key string) (cloud.ObjectInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return cloud.ObjectInfo{}, err
+	}
+	p, err := s.path(key)
+	if err != nil {
+		return cloud.ObjectInfo{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return cloud.ObjectInfo{}, notExist(err)
+	}
+	if fi.IsDir() {
+		return cloud.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, cloud.ErrNotExist)
+	}
+	return info(key, fi), nil
+}
+
+// Delete removes the object and then any directories it leaves empty.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	// Best effort: stops at the first directory that is not empty. A Put
+	// racing into a removed directory recreates it (see createTemp).
+	for d := filepath.Dir(p); d != s.root && strings.HasPrefix(d, s.root); d = filepath.Dir(d) {
+		if os.Remove(d) != nil {
+			break
+		}
+	}
+	return nil
+}
+
+func notExist(err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotDir) {
+		return fmt.Errorf("%w: %w", cloud.ErrNotExist, err)
+	}
+	return err
+}
