@@ -1,0 +1,229 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Committer uploads checkpoint directories to a store: data objects first,
+// then the manifest, then latest.json. A checkpoint whose manifest is not
+// written was never committed, whatever objects it left behind.
+type Committer struct {
+	Store       cloud.Store
+	RunID       string
+	Source      metadata.Identity
+	Concurrency int // files uploaded at once; default 4
+	Log         *zap.Logger
+}
+
+// Request names one checkpoint directory to commit.
+type Request struct {
+	Dir      string
+	ID       string
+	Step     int64
+	Reason   string
+	Metadata json.RawMessage
+}
+
+// Result describes a committed checkpoint.
+type Result struct {
+	Manifest    *Manifest
+	ManifestKey string
+	Bytes       int64
+	Upload      time.Duration // data objects only
+	Total       time.Duration // scan to latest.json
+}
+
+// Commit uploads req.Dir and commits it. On error nothing of this
+// checkpoint is committed and latest.json is unchanged.
+func (c *Committer) Commit(ctx context.Context, req Request) (*Result, error) {
+	start := time.Now()
+	log := c.log().With(zap.String("id", req.ID), zap.Int64("step", req.Step))
+	if !ValidID(req.ID) {
+		return nil, fmt.Errorf("commit: bad checkpoint id %q", req.ID)
+	}
+	if req.Step < 0 {
+		return nil, fmt.Errorf("commit: negative step %d", req.Step)
+	}
+	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
+		return nil, errors.New("commit: metadata is not valid json")
+	}
+	files, err := scan(req.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	m := &Manifest{
+		Format: Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
+		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
+		Files: make([]File, len(files)),
+	}
+	if err := c.upload(ctx, log, req.Dir, Prefix(req.Step, req.ID), files, m.Files); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	uploaded := time.Now()
+	key := ManifestKey(req.Step, req.ID)
+	body, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	if err := c.Store.Put(ctx, key, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true}); err != nil {
+		return nil, fmt.Errorf("commit: write manifest: %w", err)
+	}
+	if err := UpdateLatest(ctx, c.Store, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
+		// The manifest is durable, so restore will still find this
+		// checkpoint by listing; report the failure all the same.
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(start), Total: time.Since(start)}
+	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)),
+		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
+	return res, nil
+}
+
+// upload puts every file concurrently and fills out with their entries.
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, dir, prefix string, files []localFile, out []File) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	p := &progress{start: time.Now()}
+	for _, f := range files {
+		p.total += f.size
+	}
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go p.report(pctx, log, "upload")
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.concurrency())
+	for i, f := range files {
+		g.Go(func() error {
+			sum, err := c.uploadFile(gctx, root, prefix+f.rel, f, p)
+			if err != nil {
+				return fmt.Errorf("upload %s: %w", f.rel, err)
+			}
+			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, SHA256: sum}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// uploadFile streams one file to the store, hashing it on the way: the file
+// is read once. A file that changes size while it is read is an error.
+func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f localFile, p *progress) (string, error) {
+	// os.Root refuses paths that escape the directory, also through a
+	// symlink planted after the scan.
+	fh, err := root.Open(f.rel)
+	if err != nil {
+		return "", err
+	}
+	defer fh.Close()
+	info, err := fh.Stat()
+	if err != nil {
+		return "", err
+	}
+	if !info.Mode().IsRegular() {
+		return "", fmt.Errorf("not a regular file: %w", ErrRefused)
+	}
+	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p}
+	if err := c.Store.Put(ctx, key, cr, f.size, cloud.PutOptions{}); err != nil {
+		return "", err
+	}
+	if cr.n != f.size {
+		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", cr.n, f.size)
+	}
+	return hex.EncodeToString(cr.h.Sum(nil)), nil
+}
+
+func (c *Committer) concurrency() int {
+	if c.Concurrency > 0 {
+		return c.Concurrency
+	}
+	return 4
+}
+
+func (c *Committer) log() *zap.Logger {
+	if c.Log != nil {
+		return c.Log
+	}
+	return zap.NewNop()
+}
+
+// UpdateLatest points latest.json at l unless it already points at a newer
+// step. It is a compare-and-swap on the object's version, retried when
+// another writer got there first, so two agents cannot lose a commit.
+func UpdateLatest(ctx context.Context, st cloud.Store, l Latest) error {
+	for attempt := 0; ; attempt++ {
+		opts := cloud.PutOptions{IfAbsent: true}
+		info, err := st.Stat(ctx, LatestKey)
+		switch {
+		case err == nil:
+			opts = cloud.PutOptions{IfVersion: info.Version}
+			if cur, err := ReadLatest(ctx, st); err == nil && cur.Step > l.Step {
+				return nil
+			}
+		case !errors.Is(err, cloud.ErrNotExist):
+			return fmt.Errorf("stat latest: %w", err)
+		}
+		l.Updated = time.Now().UTC()
+		body, err := json.MarshalIndent(l, "", "  ")
+		if err != nil {
+			return err
+		}
+		err = st.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 4 {
+			return fmt.Errorf("write latest: %w", err)
+		}
+	}
+}
+
+// ReadLatest reads and parses latest.json.
+func ReadLatest(ctx context.Context, st cloud.Store) (Latest, error) {
+	var l Latest
+	if err := readJSON(ctx, st, LatestKey, 1<<20, &l); err != nil {
+		return Latest{}, err
+	}
+	if err := SafeRel(l.Manifest); err != nil {
+		return Latest{}, fmt.Errorf("latest: %w", err)
+	}
+	return l, nil
+}
+
+// readJSON reads a small JSON object, refusing anything over limit bytes.
+func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
+	r, err := st.Get(ctx, key, 0, -1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	if int64(len(b)) > limit {
+		return fmt.Errorf("read %s: larger than %d bytes", key, limit)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse %s: %w", key, err)
+	}
+	return nil
+}

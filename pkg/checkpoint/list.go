@@ -1,0 +1,78 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// maxManifest bounds what is read as a manifest: a checkpoint of 100,000
+// files fits well inside it.
+const maxManifest = 64 << 20
+
+// Entry is one manifest found in a store. Err is set when it could not be
+// read or does not validate; such an entry is never restored from.
+type Entry struct {
+	Key      string
+	Manifest *Manifest
+	Err      error
+}
+
+// ReadManifest reads and validates one manifest.
+func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, error) {
+	var m Manifest
+	if err := readJSON(ctx, st, key, maxManifest, &m); err != nil {
+		return nil, err
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", key, err)
+	}
+	if want := ManifestKey(m.Step, m.ID); want != key {
+		return nil, fmt.Errorf("manifest %s: names step %d id %s, which belong at %s", key, m.Step, m.ID, want)
+	}
+	return &m, nil
+}
+
+// ListManifests returns every manifest under checkpoints/, newest first
+// (highest step, then latest created). Unreadable manifests are included
+// with Err set so that callers can report them.
+func ListManifests(ctx context.Context, st cloud.Store) ([]Entry, error) {
+	var keys []string
+	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
+		rest := strings.TrimPrefix(o.Key, prefixDir)
+		if dir, name, ok := strings.Cut(rest, "/"); ok && dir != "" && name == manifestObj {
+			keys = append(keys, o.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	entries := make([]Entry, 0, len(keys))
+	for _, k := range keys {
+		m, err := ReadManifest(ctx, st, k)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
+	}
+	sort.SliceStable(entries, func(i, j int) bool { return newer(entries[i], entries[j]) })
+	return entries, nil
+}
+
+// newer orders entries newest first; broken ones last, by key.
+func newer(a, b Entry) bool {
+	if (a.Err == nil) != (b.Err == nil) {
+		return a.Err == nil
+	}
+	if a.Err != nil {
+		return a.Key > b.Key
+	}
+	if a.Manifest.Step != b.Manifest.Step {
+		return a.Manifest.Step > b.Manifest.Step
+	}
+	return a.Manifest.Created.After(b.Manifest.Created)
+}

@@ -1,0 +1,145 @@
+// Package checkpoint commits checkpoint directories to a store, restores the
+// newest complete one, applies retention, keeps the run journal and decides
+// when the next periodic checkpoint is due.
+package checkpoint
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Format names the manifest schema.
+const Format = "spotagent.checkpoint/v1"
+
+// Store keys, relative to the store root.
+const (
+	LatestKey   = "latest.json"
+	JournalKey  = "journal.json"
+	prefixDir   = "checkpoints/"
+	manifestObj = "manifest.json"
+)
+
+// Manifest describes one committed checkpoint. It is written only after
+// every object it lists is durable, so its presence means "complete".
+type Manifest struct {
+	Format   string            `json:"format"`
+	RunID    string            `json:"run_id"`
+	ID       string            `json:"id"`
+	Step     int64             `json:"step"`
+	Reason   string            `json:"reason"`
+	Created  time.Time         `json:"created"`
+	Source   metadata.Identity `json:"source"`
+	Metadata json.RawMessage   `json:"metadata,omitempty"`
+	Files    []File            `json:"files"`
+}
+
+// File is one object of a checkpoint.
+type File struct {
+	Path   string `json:"path"` // relative to the checkpoint directory, "/"-separated
+	Key    string `json:"key"`  // object key relative to the store root
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"` // hex
+}
+
+// Latest is the content of latest.json: a pointer to the newest manifest.
+type Latest struct {
+	Manifest string    `json:"manifest"`
+	Step     int64     `json:"step"`
+	ID       string    `json:"id"`
+	Updated  time.Time `json:"updated"`
+}
+
+// Prefix returns the store prefix of a checkpoint, ending in "/".
+func Prefix(step int64, id string) string {
+	return fmt.Sprintf("%s%012d-%s/", prefixDir, step, id)
+}
+
+// ManifestKey returns the key of a checkpoint's manifest.
+func ManifestKey(step int64, id string) string { return Prefix(step, id) + manifestObj }
+
+// Bytes is the sum of the file sizes.
+func (m *Manifest) Bytes() int64 {
+	var n int64
+	for _, f := range m.Files {
+		n += f.Size
+	}
+	return n
+}
+
+// Validate checks what restore relies on: a known format, safe relative
+// paths and keys, and well-formed sizes and checksums.
+func (m *Manifest) Validate() error {
+	if m.Format != Format {
+		return fmt.Errorf("unknown manifest format %q", m.Format)
+	}
+	if m.ID == "" || !validID(m.ID) {
+		return fmt.Errorf("bad checkpoint id %q", m.ID)
+	}
+	if m.Step < 0 {
+		return fmt.Errorf("negative step %d", m.Step)
+	}
+	seen := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		if err := SafeRel(f.Path); err != nil {
+			return fmt.Errorf("file path: %w", err)
+		}
+		if err := SafeRel(f.Key); err != nil {
+			return fmt.Errorf("file key: %w", err)
+		}
+		if seen[f.Path] {
+			return fmt.Errorf("duplicate file %q", f.Path)
+		}
+		seen[f.Path] = true
+		if f.Size < 0 {
+			return fmt.Errorf("file %q: negative size", f.Path)
+		}
+		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != 32 {
+			return fmt.Errorf("file %q: bad sha256 %q", f.Path, f.SHA256)
+		}
+	}
+	return nil
+}
+
+// ErrUnsafePath reports a path that could leave its directory.
+var ErrUnsafePath = errors.New("unsafe path")
+
+// SafeRel accepts a clean, relative, "/"-separated path without "..",
+// "." or empty elements.
+func SafeRel(p string) error {
+	if p == "" || strings.HasPrefix(p, "/") || strings.Contains(p, "\\") || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
+	}
+	if path.Clean(p) != p {
+		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
+	}
+	for _, e := range strings.Split(p, "/") {
+		if e == "" || e == "." || e == ".." {
+			return fmt.Errorf("%w: %q", ErrUnsafePath, p)
+		}
+	}
+	return nil
+}
+
+// validID accepts ids usable in a key: letters, digits, '-', '_' and '.'.
+func validID(id string) bool {
+	if len(id) > 128 || id == "." || id == ".." {
+		return false
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidID reports whether id can name a checkpoint (or a run).
+func ValidID(id string) bool { return id != "" && validID(id) }

@@ -1,0 +1,66 @@
+package checkpoint
+
+import (
+	"context"
+	"hash"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// progressEvery is how often long transfers log their progress.
+const progressEvery = 5 * time.Second
+
+// progress counts bytes moved by several concurrent transfers and logs the
+// total every few seconds while it runs.
+type progress struct {
+	done  atomic.Int64
+	total int64
+	start time.Time
+}
+
+func (p *progress) add(n int) { p.done.Add(int64(n)) }
+
+// report logs until ctx ends; call it in its own goroutine.
+func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			done := p.done.Load()
+			elapsed := time.Since(p.start).Seconds()
+			rate := float64(done) / elapsed
+			fields := []zap.Field{
+				zap.Int64("bytes", done), zap.Int64("total", p.total),
+				zap.Float64("mb_per_s", rate/1e6),
+			}
+			if rate > 0 && p.total > done {
+				fields = append(fields, zap.Duration("eta", time.Duration(float64(p.total-done)/rate*float64(time.Second)).Round(time.Second)))
+			}
+			log.Info(what+" progress", fields...)
+		}
+	}
+}
+
+// countingReader counts and hashes what passes through it.
+type countingReader struct {
+	r io.Reader
+	h hash.Hash
+	n int64
+	p *progress
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	if n > 0 {
+		c.h.Write(b[:n])
+		c.n += int64(n)
+		c.p.add(n)
+	}
+	return n, err
+}

@@ -1,0 +1,192 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+)
+
+func put(t *testing.T, st cloud.Store, key, body string) {
+	t.Helper()
+	if err := st.Put(context.Background(), key, strings.NewReader(body), int64(len(body)), cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func restoredStep(t *testing.T, st cloud.Store) int64 {
+	t.Helper()
+	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Manifest.Step
+}
+
+func TestRestore_FallsBack(t *testing.T) {
+	t.Run("corrupted file", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		put(t, st, "checkpoints/000000000020-b/m", "twentx") // same size, other bytes
+		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Manifest.Step != 10 || len(r.Skipped) != 1 {
+			t.Fatalf("step=%d skipped=%q, want 10 and one skipped", r.Manifest.Step, r.Skipped)
+		}
+	})
+	t.Run("truncated file", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		put(t, st, "checkpoints/000000000020-b/m", "tw")
+		if got := restoredStep(t, st); got != 10 {
+			t.Fatalf("step=%d, want 10", got)
+		}
+	})
+	t.Run("missing object", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		st.Delete(context.Background(), "checkpoints/000000000020-b/m")
+		if got := restoredStep(t, st); got != 10 {
+			t.Fatalf("step=%d, want 10", got)
+		}
+	})
+	t.Run("broken latest.json", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		put(t, st, LatestKey, "{not json")
+		if got := restoredStep(t, st); got != 20 {
+			t.Fatalf("step=%d, want 20", got)
+		}
+	})
+	t.Run("latest.json escapes", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		put(t, st, LatestKey, `{"manifest":"../../etc/passwd","step":99,"id":"x"}`)
+		if got := restoredStep(t, st); got != 10 {
+			t.Fatalf("step=%d, want 10", got)
+		}
+	})
+	t.Run("partial checkpoint without manifest", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		put(t, st, "checkpoints/000000000030-c/m", "thirty") // upload cut short: no manifest
+		if got := restoredStep(t, st); got != 10 {
+			t.Fatalf("step=%d, want 10", got)
+		}
+	})
+	t.Run("manifest with unsafe path", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		put(t, st, "checkpoints/000000000040-d/manifest.json", `{"format":"spotagent.checkpoint/v1","id":"d","step":40,
+			"files":[{"path":"../../escape","key":"checkpoints/000000000010-a/m","size":3,"sha256":"`+strings.Repeat("0", 64)+`"}]}`)
+		dest := t.TempDir()
+		r, err := Restore(context.Background(), st, dest, RestoreOptions{})
+		if err != nil || r.Manifest.Step != 10 {
+			t.Fatalf("restore=%v err=%v, want step 10", r, err)
+		}
+		if _, err := os.Stat(filepath.Join(dest, "..", "escape")); err == nil {
+			t.Fatal("restore wrote outside its directory")
+		}
+	})
+	t.Run("nothing committed", func(t *testing.T) {
+		st := newStore(t)
+		put(t, st, "checkpoints/000000000030-c/m", "thirty")
+		_, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		if !errors.Is(err, ErrNoCheckpoint) {
+			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
+		}
+	})
+	t.Run("by id", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: "a"})
+		if err != nil || r.Manifest.Step != 10 {
+			t.Fatalf("restore id a: %v %v", r, err)
+		}
+		if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: "zz"}); !errors.Is(err, ErrNoCheckpoint) {
+			t.Fatalf("restore id zz: err=%v, want ErrNoCheckpoint", err)
+		}
+	})
+	t.Run("no partial directory left", func(t *testing.T) {
+		st := newStore(t)
+		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		put(t, st, "checkpoints/000000000020-b/m", "twentx")
+		dest := t.TempDir()
+		if _, err := Restore(context.Background(), st, dest, RestoreOptions{}); !errors.Is(err, ErrNoCheckpoint) {
+			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
+		}
+		ents, _ := os.ReadDir(dest)
+		if len(ents) != 0 {
+			t.Fatalf("restore left %d entries in dest", len(ents))
+		}
+	})
+}
+
+func TestPrune(t *testing.T) {
+	st := newStore(t)
+	for i, id := range []string{"a", "b", "c", "d", "e"} {
+		commit(t, st, int64(i+1)*10, id, map[string]string{"m": id, "shared": "s"})
+	}
+	put(t, st, "checkpoints/000000000005-orphan/m", "x")  // older than every kept: a crash left it
+	put(t, st, "checkpoints/000000000099-inflight/m", "y") // newer: an upload in flight
+	n, err := Prune(context.Background(), st, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := n, 2*3+1; got != want {
+		t.Fatalf("deleted %d objects, want %d", got, want)
+	}
+	entries, err := ListManifests(context.Background(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range entries {
+		ids = append(ids, e.Manifest.ID)
+	}
+	if got, want := strings.Join(ids, ","), "e,d,c"; got != want {
+		t.Fatalf("kept %s, want %s", got, want)
+	}
+	if _, err := st.Stat(context.Background(), "checkpoints/000000000099-inflight/m"); err != nil {
+		t.Fatalf("in-flight upload deleted: %v", err)
+	}
+	for _, e := range entries {
+		if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: e.Manifest.ID}); err != nil {
+			t.Fatalf("kept checkpoint %s does not restore: %v", e.Manifest.ID, err)
+		}
+	}
+}
+
+func TestJournal_RoundTrip(t *testing.T) {
+	st, _ := file.New(t.TempDir())
+	j, err := ReadJournal(context.Background(), st, "run")
+	if err != nil || len(j.Interruptions) != 0 {
+		t.Fatalf("empty journal: %+v %v", j, err)
+	}
+	w := NewJournalWriter(st, j)
+	if err := w.Update(context.Background(), func(j *Journal) {
+		j.Interruptions = append(j.Interruptions, Interruption{Kind: "termination", CommitOK: true, Step: 7})
+		j.Stats.Checkpoints = 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := ReadJournal(context.Background(), st, "run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j2.Interruptions) != 1 || j2.Interruptions[0].Step != 7 || j2.Stats.Checkpoints != 3 {
+		t.Fatalf("journal read back: %+v", j2)
+	}
+}

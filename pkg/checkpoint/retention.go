@@ -1,0 +1,131 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// Prune keeps the newest keep complete checkpoints (and always the one
+// latest.json names) and deletes the others. Each checkpoint loses its
+// manifest first, so a half-deleted checkpoint is never restorable; then
+// every object that no kept manifest lists goes. Objects without a manifest
+// (an upload a crash cut short) are removed only when they are older by
+// step than the oldest kept checkpoint, so an upload in flight is safe.
+// It returns the number of objects deleted.
+func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int, error) {
+	if keep < 1 {
+		return 0, fmt.Errorf("prune: keep must be at least 1, got %d", keep)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	entries, err := ListManifests(ctx, st)
+	if err != nil {
+		return 0, fmt.Errorf("prune: %w", err)
+	}
+	pinned := ""
+	if l, err := ReadLatest(ctx, st); err == nil {
+		pinned = l.Manifest
+	}
+	kept := map[string]bool{}    // object keys a kept manifest needs
+	keptDir := map[string]bool{} // checkpoint prefixes kept
+	var drop []Entry
+	n := 0
+	oldestKept := int64(-1)
+	for _, e := range entries {
+		if e.Err != nil {
+			continue // never delete what we cannot read: a person may want it
+		}
+		if n < keep || e.Key == pinned {
+			n++
+			keptDir[dirOf(e.Key)] = true
+			for _, f := range e.Manifest.Files {
+				kept[f.Key] = true
+			}
+			if oldestKept < 0 || e.Manifest.Step < oldestKept {
+				oldestKept = e.Manifest.Step
+			}
+			continue
+		}
+		drop = append(drop, e)
+	}
+	deleted := 0
+	for _, e := range drop {
+		if err := st.Delete(ctx, e.Key); err != nil {
+			return deleted, fmt.Errorf("prune: delete %s: %w", e.Key, err)
+		}
+		deleted++
+	}
+	dropDir := map[string]bool{}
+	for _, e := range drop {
+		dropDir[dirOf(e.Key)] = true
+	}
+	var victims []string
+	err = st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
+		if kept[o.Key] || keptDir[dirOf(o.Key)] {
+			return nil
+		}
+		d := dirOf(o.Key)
+		if dropDir[d] || (oldestKept >= 0 && stepOf(d) >= 0 && stepOf(d) < oldestKept && !hasManifest(entries, d)) {
+			victims = append(victims, o.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return deleted, fmt.Errorf("prune: %w", err)
+	}
+	for _, k := range victims {
+		if err := st.Delete(ctx, k); err != nil {
+			return deleted, fmt.Errorf("prune: delete %s: %w", k, err)
+		}
+		deleted++
+	}
+	if deleted > 0 {
+		log.Info("retention pruned old checkpoints", zap.Int("checkpoints", len(drop)), zap.Int("objects", deleted), zap.Int("keep", keep))
+	}
+	return deleted, nil
+}
+
+// dirOf returns "checkpoints/<name>/" for a key below a checkpoint.
+func dirOf(key string) string {
+	rest, ok := strings.CutPrefix(key, prefixDir)
+	if !ok {
+		return ""
+	}
+	name, _, ok := strings.Cut(rest, "/")
+	if !ok {
+		return ""
+	}
+	return prefixDir + name + "/"
+}
+
+// stepOf parses the step out of "checkpoints/<step:012d>-<id>/", or -1.
+func stepOf(dir string) int64 {
+	name := strings.TrimSuffix(strings.TrimPrefix(dir, prefixDir), "/")
+	digits, _, ok := strings.Cut(name, "-")
+	if !ok || len(digits) != 12 {
+		return -1
+	}
+	var s int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		s = s*10 + int64(c-'0')
+	}
+	return s
+}
+
+func hasManifest(entries []Entry, dir string) bool {
+	for _, e := range entries {
+		if dirOf(e.Key) == dir {
+			return true
+		}
+	}
+	return false
+}
