@@ -1,0 +1,751 @@
+"""Trainer-side client for the spotagent protocol v1.
+
+One JSON object per line over a Unix stream socket (see docs/protocol.md and
+pkg/supervisor/protocol.go). Everything that touches the socket runs on
+background threads: the training loop only ever takes a lock for a moment, so
+a slow, stuck or missing agent can never stall training.
+
+Threads per agent:
+  * the connection thread connects (retrying with backoff), sends ``hello``
+    and reads lines, dispatching them into the agent's state;
+  * a writer thread per connection drains the outbound queue with blocking
+    ``sendall`` calls.
+"""
+
+import datetime
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
+
+__all__ = [
+    "Agent",
+    "CheckpointRequest",
+    "Committed",
+    "UploadFailed",
+    "connect",
+    "parse_time",
+    "MAX_LINE",
+    "PROTOCOL_VERSION",
+]
+
+log = logging.getLogger("spotagent")
+
+#: Longest line either side accepts, newline included (supervisor.MaxLine).
+MAX_LINE = 1 << 20
+#: Protocol version this client speaks.
+PROTOCOL_VERSION = 1
+
+ENV_SOCKET = "SPOTAGENT_SOCKET"
+ENV_RUN_ID = "SPOTAGENT_RUN_ID"
+ENV_CHECKPOINT_DIR = "SPOTAGENT_CHECKPOINT_DIR"
+ENV_RESUME_DIR = "SPOTAGENT_RESUME_DIR"
+ENV_RESUME_STEP = "SPOTAGENT_RESUME_STEP"
+ENV_RESUME_MANIFEST = "SPOTAGENT_RESUME_MANIFEST"
+
+# Outbound messages kept while the agent is not reading (progress is
+# coalesced, so these are done/failed messages). Beyond this, the oldest are
+# dropped with a warning rather than growing without bound.
+_MAX_OUTBOUND = 1024
+_BACKOFF_MIN = 0.1
+_BACKOFF_MAX = 2.0
+
+
+class UploadFailed(Exception):
+    """The agent reported ``upload_failed`` for a checkpoint."""
+
+    def __init__(self, id: str, error: str) -> None:
+        super().__init__("checkpoint %s: upload failed: %s" % (id, error))
+        self.id = id
+        self.error = error
+
+
+class Committed(object):
+    """A checkpoint the agent committed to the store (a ``committed`` message)."""
+
+    __slots__ = ("id", "uri", "step")
+
+    def __init__(self, id: str, uri: str, step: Optional[int]) -> None:
+        self.id = id
+        self.uri = uri
+        #: The step this client reported in ``done`` for this id (None if the
+        #: checkpoint was answered by another process or connection).
+        self.step = step
+
+    def __repr__(self) -> str:
+        return "Committed(id=%r, uri=%r, step=%r)" % (self.id, self.uri, self.step)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Committed) and (self.id, self.uri, self.step) == (
+            other.id,
+            other.uri,
+            other.step,
+        )
+
+
+class CheckpointRequest(object):
+    """The agent asks for a checkpoint: write files into ``dir``, then call
+    ``done(step, metadata)`` (or ``fail(error)``)."""
+
+    def __init__(
+        self,
+        agent: "Agent",
+        conn: int,
+        id: str,
+        dir: str,
+        reason: str,
+        deadline: Optional[datetime.datetime],
+    ) -> None:
+        self._agent = agent
+        self._conn = conn
+        self._answered = False
+        #: Checkpoint id chosen by the agent; echo it in done/failed.
+        self.id = id
+        #: Directory to write the checkpoint files into (created if missing).
+        self.dir = dir
+        #: periodic | interruption | shutdown | manual
+        self.reason = reason
+        #: When the agent stops waiting (timezone-aware UTC), or None.
+        self.deadline = deadline
+        #: time.time() when the request arrived.
+        self.received = time.time()
+        if dir:
+            try:
+                os.makedirs(dir, exist_ok=True)
+            except OSError as e:
+                log.warning("spotagent: cannot create checkpoint dir %s: %s", dir, e)
+
+    def time_left(self) -> Optional[float]:
+        """Seconds until the deadline (negative once passed), or None."""
+        if self.deadline is None:
+            return None
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return (self.deadline - now).total_seconds()
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+    def done(self, step: int, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        """Report that every file of the checkpoint is written (and fsynced).
+
+        ``step`` is what a resumed run gets back as ``resume_step``: report the
+        number of completed steps, i.e. the step to continue from.
+        ``metadata`` must be a JSON-serialisable mapping; it is stored in the
+        manifest and returned as ``resume_metadata``.
+        """
+        msg = {"type": "done", "id": self.id, "step": int(step), "metadata": _meta(metadata)}
+        if self._claim("done"):
+            self._agent._send(msg, conn=self._conn, step=int(step))
+
+    def fail(self, error: str) -> None:
+        """Report that this checkpoint could not be written."""
+        if self._claim("fail"):
+            self._agent._send({"type": "failed", "id": self.id, "error": str(error)}, conn=self._conn)
+
+    def _claim(self, what: str) -> bool:
+        if self._answered:
+            log.warning("spotagent: checkpoint %s already answered; %s() ignored", self.id, what)
+            return False
+        self._answered = True
+        return True
+
+    def __repr__(self) -> str:
+        return "CheckpointRequest(id=%r, reason=%r, dir=%r, deadline=%r)" % (
+            self.id,
+            self.reason,
+            self.dir,
+            self.deadline,
+        )
+
+
+class Agent(object):
+    """A connection to the local spotagent, or a no-op stand-in.
+
+    Create it with :func:`connect`. All public methods are safe to call from
+    the training loop: none of them waits on the agent except
+    :meth:`wait_committed` and :meth:`close` (both bounded).
+    """
+
+    def __init__(
+        self,
+        path: Optional[str],
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        run_id: Optional[str] = None,
+        progress_interval: float = 1.0,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.path = path
+        self.rank = rank
+        self.world_size = world_size
+        self.progress_interval = progress_interval
+        self._hello_run_id = run_id
+
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # state changes (welcome, committed, ...)
+        self._closed = threading.Event()
+
+        # Fallbacks from the environment, used until a welcome arrives.
+        self._env_run_id = run_id or env.get(ENV_RUN_ID) or None
+        self._env_checkpoint_dir = env.get(ENV_CHECKPOINT_DIR) or None
+        self._env_resume = _resume_from_env(env)
+
+        self._welcome = None  # type: Optional[Dict[str, Any]]
+        self._resume_from_welcome = None  # type: Optional[Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]]
+        self._should_stop = False
+        self._stop_reason = None  # type: Optional[str]
+        self._stop_deadline = None  # type: Optional[datetime.datetime]
+
+        self._requests = deque()  # type: Deque[CheckpointRequest]
+        self._committed = OrderedDict()  # type: OrderedDict[str, Committed]
+        self._failed_uploads = OrderedDict()  # type: OrderedDict[str, str]
+        self._last_committed = None  # type: Optional[Committed]
+        self._done_steps = OrderedDict()  # type: OrderedDict[str, int]
+
+        # Outbound: a FIFO of (conn, message); conn 0 = any connection.
+        # Consecutive progress messages are coalesced into the newest.
+        self._outbound = deque()  # type: Deque[Tuple[int, Dict[str, Any]]]
+        self._last_progress_at = None  # type: Optional[float]
+        self._last_step = None  # type: Optional[int]
+        self._in_flight = False  # the writer is inside sendall
+
+        self._conn = 0  # generation of the current connection; 0 = none yet
+        self._connected = False
+        self._sock = None  # type: Optional[socket.socket]
+        self._attempted = threading.Event()  # first connection attempt finished
+        self._welcomed = threading.Event()
+        self._thread = None  # type: Optional[threading.Thread]
+        self._writers = []  # type: List[threading.Thread]
+
+        if path:
+            self._thread = threading.Thread(target=self._run, name="spotagent-conn", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def enabled(self) -> bool:
+        """False for the no-op agent (no SPOTAGENT_SOCKET)."""
+        return bool(self.path)
+
+    @property
+    def connected(self) -> bool:
+        with self._lock:
+            return self._connected
+
+    @property
+    def run_id(self) -> Optional[str]:
+        with self._lock:
+            if self._welcome is not None and self._welcome.get("run_id"):
+                return str(self._welcome["run_id"])
+        return self._env_run_id
+
+    @property
+    def checkpoint_dir(self) -> Optional[str]:
+        with self._lock:
+            if self._welcome is not None and self._welcome.get("checkpoint_dir"):
+                return str(self._welcome["checkpoint_dir"])
+        return self._env_checkpoint_dir
+
+    def _resume(self) -> Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]:
+        with self._lock:
+            if self._resume_from_welcome is not None:
+                return self._resume_from_welcome
+        return self._env_resume
+
+    @property
+    def resume_dir(self) -> Optional[str]:
+        """Directory of the restored checkpoint, or None for a fresh start."""
+        return self._resume()[0]
+
+    @property
+    def resume_step(self) -> Optional[int]:
+        """The step reported in ``done`` for the restored checkpoint, or None."""
+        return self._resume()[1]
+
+    @property
+    def resume_metadata(self) -> Optional[Dict[str, Any]]:
+        """The metadata reported in ``done`` for the restored checkpoint, or None."""
+        return self._resume()[2]
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the agent sent ``stop``: finish any checkpoint, then exit."""
+        with self._lock:
+            return self._should_stop
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        with self._lock:
+            return self._stop_reason
+
+    @property
+    def stop_deadline(self) -> Optional[datetime.datetime]:
+        with self._lock:
+            return self._stop_deadline
+
+    @property
+    def last_committed(self) -> Optional[Committed]:
+        """The newest ``committed`` message received, or None."""
+        with self._lock:
+            return self._last_committed
+
+    def poll(self, step: Optional[int] = None) -> Optional[CheckpointRequest]:
+        """Never blocks. Reports progress (at most every ``progress_interval``
+        seconds) and returns the oldest pending checkpoint request, or None."""
+        if not self.path:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            if step is not None:
+                self._last_step = int(step)
+                if self._connected and (
+                    self._last_progress_at is None or now - self._last_progress_at >= self.progress_interval
+                ):
+                    self._last_progress_at = now
+                    self._queue_progress(int(step))
+            while self._requests:
+                req = self._requests.popleft()
+                if req._conn == self._conn and self._connected:
+                    return req
+                log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
+        return None
+
+    def checkpoint_done(self, step: int, dir: str, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        """Report a checkpoint the trainer took on its own (not requested):
+        ``done`` with an empty id and the directory it wrote. Queued until a
+        connection exists; a no-op without an agent."""
+        msg = {"type": "done", "id": "", "step": int(step), "dir": str(dir), "metadata": _meta(metadata)}
+        if self.path:
+            self._send(msg, conn=None, step=int(step))
+
+    def wait_committed(self, id: str, timeout: Optional[float] = None) -> Optional[Committed]:
+        """Block until the checkpoint ``id`` is committed; None on timeout or
+        without an agent. Raises :class:`UploadFailed` if the agent reports
+        ``upload_failed`` for it."""
+        if not self.path:
+            return None
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if id in self._committed:
+                    return self._committed[id]
+                if id in self._failed_uploads:
+                    raise UploadFailed(id, self._failed_uploads[id])
+                if self._closed.is_set():
+                    return None
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def wait_welcome(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the agent's ``welcome``."""
+        return self._welcomed.wait(timeout) if self.path else False
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the background threads (bounded by ``timeout``); queued
+        messages are flushed first if the agent is reading."""
+        if self._closed.is_set():
+            return
+        end = time.monotonic() + timeout
+        if self.path:
+            # Give the writer a moment to flush what is queued.
+            with self._lock:
+                while self._connected and (self._outbound or self._in_flight):
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+        self._closed.set()
+        with self._lock:
+            sock = self._sock
+            self._cond.notify_all()
+        if sock is not None:
+            _shutdown(sock)
+        for t in [self._thread] + list(self._writers):
+            if t is not None and t is not threading.current_thread():
+                t.join(max(0.0, end - time.monotonic()))
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if not self.path:
+            return "Agent(no-op)"
+        return "Agent(path=%r, connected=%r, run_id=%r)" % (self.path, self.connected, self.run_id)
+
+    # ------------------------------------------------------------ internals
+
+    def _send(self, msg: Dict[str, Any], conn: Optional[int], step: Optional[int] = None) -> None:
+        """Queue a message. ``conn`` ties it to one connection (answers to a
+        request); None means "whichever connection is next"."""
+        line = _encode(msg)  # raises now, in the caller, for bad metadata
+        if len(line) > MAX_LINE:
+            raise ValueError("spotagent: message of %d bytes exceeds the %d-byte line limit" % (len(line), MAX_LINE))
+        with self._lock:
+            if conn is not None and (conn != self._conn or not self._connected):
+                log.warning("spotagent: %s for checkpoint %s dropped: its connection was lost", msg["type"], msg.get("id"))
+                return
+            if msg.get("type") == "done" and msg.get("id") and step is not None:
+                self._done_steps[msg["id"]] = step
+                _trim(self._done_steps, 256)
+            if len(self._outbound) >= _MAX_OUTBOUND:
+                dropped = self._outbound.popleft()
+                log.warning("spotagent: agent not reading; dropped queued %s", dropped[1].get("type"))
+            self._outbound.append((conn or 0, msg))
+            self._cond.notify_all()
+
+    def _queue_progress(self, step: int) -> None:
+        # lock held
+        item = (0, {"type": "progress", "step": step})
+        if self._outbound and self._outbound[-1][1].get("type") == "progress":
+            self._outbound[-1] = item
+        else:
+            self._outbound.append(item)
+        self._cond.notify_all()
+
+    def _run(self) -> None:
+        backoff = _BACKOFF_MIN
+        warned = False
+        while not self._closed.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)  # type: ignore[arg-type]
+            except OSError as e:
+                sock.close()
+                if not warned:
+                    log.warning("spotagent: cannot connect to %s (%s); retrying in the background", self.path, e)
+                    warned = True
+                else:
+                    log.debug("spotagent: connect %s: %s", self.path, e)
+                self._attempted.set()
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            if warned:
+                log.info("spotagent: connected to %s", self.path)
+            warned = False
+            backoff = _BACKOFF_MIN
+            self._serve(sock)
+            self._attempted.set()
+            if not self._closed.is_set():
+                log.warning("spotagent: connection to %s lost; reconnecting", self.path)
+                self._closed.wait(backoff)
+        # closed: wake any waiters
+        with self._lock:
+            self._cond.notify_all()
+
+    def _serve(self, sock: socket.socket) -> None:
+        hello = {"type": "hello", "pid": os.getpid()}  # type: Dict[str, Any]
+        if self.rank is not None:
+            hello["rank"] = self.rank
+        if self.world_size is not None:
+            hello["world_size"] = self.world_size
+        if self._hello_run_id:
+            hello["run_id"] = self._hello_run_id
+        with self._lock:
+            if self._closed.is_set():
+                sock.close()
+                return
+            self._conn += 1
+            conn = self._conn
+            self._connected = True
+            self._sock = sock
+            # hello goes first on every connection; the last step seen goes
+            # with it so the agent learns where training is at once.
+            if self._last_step is not None:
+                self._outbound.appendleft((conn, {"type": "progress", "step": self._last_step}))
+            self._outbound.appendleft((conn, hello))
+            self._cond.notify_all()
+        writer = threading.Thread(target=self._write_loop, args=(sock, conn), name="spotagent-writer", daemon=True)
+        self._writers = [w for w in self._writers if w.is_alive()] + [writer]
+        writer.start()
+        self._attempted.set()
+        try:
+            self._read_loop(sock)
+        finally:
+            with self._lock:
+                self._connected = False
+                self._sock = None
+                dropped = [r.id for r in self._requests if r._conn == conn]
+                self._requests = deque(r for r in self._requests if r._conn != conn)
+                # Answers tied to this connection are meaningless on the next.
+                self._outbound = deque(m for m in self._outbound if m[0] == 0)
+                self._cond.notify_all()
+            for rid in dropped:
+                log.warning("spotagent: dropping checkpoint %s: connection lost before it was answered", rid)
+            _shutdown(sock)
+            writer.join(1.0)
+            sock.close()
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        buf = b""
+        skipping = False  # inside an over-long line
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError as e:
+                if not self._closed.is_set():
+                    log.debug("spotagent: read: %s", e)
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    if len(buf) >= MAX_LINE:
+                        if not skipping:
+                            log.warning("spotagent: line from agent longer than %d bytes ignored", MAX_LINE)
+                        skipping = True
+                        buf = b""
+                    break
+                line, buf = buf[:nl], buf[nl + 1 :]
+                if skipping:
+                    skipping = False
+                    continue
+                self._handle_line(line)
+
+    def _write_loop(self, sock: socket.socket, conn: int) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    if self._closed.is_set() or self._conn != conn or not self._connected:
+                        return
+                    item = None  # type: Optional[Dict[str, Any]]
+                    if self._outbound:
+                        c, item = self._outbound.popleft()
+                        if c not in (0, conn):
+                            continue
+                    if item is not None:
+                        break
+                    self._cond.wait()
+                self._in_flight = True
+            try:
+                sock.sendall(_encode(item))
+                ok = True
+            except OSError as e:
+                log.debug("spotagent: write: %s", e)
+                ok = False
+            with self._lock:
+                self._in_flight = False
+                self._cond.notify_all()  # close() waits for the queue to drain
+            if not ok:
+                _shutdown(sock)  # let the reader notice and reconnect
+                return
+
+    def _handle_line(self, raw: bytes) -> None:
+        raw = raw.strip()
+        if not raw:
+            return
+        try:
+            msg = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            log.warning("spotagent: malformed line from agent ignored (%s): %.200r", e, raw)
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            log.warning("spotagent: message without a type ignored: %.200r", raw)
+            return
+        try:
+            self._dispatch(msg)
+        except (TypeError, ValueError, AttributeError) as e:
+            log.warning("spotagent: bad %s message ignored (%s): %.200r", msg.get("type"), e, raw)
+
+    def _dispatch(self, msg: Dict[str, Any]) -> None:
+        t = msg["type"]
+        if t == "welcome":
+            resume = msg.get("resume")
+            parsed = (None, None, None)  # type: Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
+            if isinstance(resume, dict) and resume.get("dir"):
+                meta = resume.get("metadata")
+                parsed = (
+                    str(resume["dir"]),
+                    int(resume["step"]) if resume.get("step") is not None else None,
+                    meta if isinstance(meta, dict) else None,
+                )
+            with self._lock:
+                self._welcome = msg
+                # Resume information is fixed by the first welcome: a
+                # reconnect mid-run must not change where this run started.
+                if self._resume_from_welcome is None:
+                    self._resume_from_welcome = parsed
+                self._cond.notify_all()
+            version = msg.get("version")
+            if version not in (None, PROTOCOL_VERSION):
+                log.warning("spotagent: agent speaks protocol version %r, this client %d", version, PROTOCOL_VERSION)
+            self._welcomed.set()
+        elif t == "checkpoint":
+            with self._lock:
+                conn = self._conn
+            req = CheckpointRequest(
+                self,
+                conn,
+                id=str(msg.get("id") or ""),
+                dir=str(msg.get("dir") or ""),
+                reason=str(msg.get("reason") or ""),
+                deadline=parse_time(msg.get("deadline")),
+            )
+            with self._lock:
+                self._requests.append(req)
+                self._cond.notify_all()
+        elif t == "stop":
+            deadline = parse_time(msg.get("deadline"))
+            with self._lock:
+                self._should_stop = True
+                self._stop_reason = str(msg.get("reason") or "") or None
+                self._stop_deadline = deadline
+                self._cond.notify_all()
+            log.info("spotagent: stop requested (%s)", msg.get("reason"))
+        elif t == "committed":
+            cid = str(msg.get("id") or "")
+            with self._lock:
+                c = Committed(cid, str(msg.get("uri") or ""), self._done_steps.get(cid))
+                if c.step is None and isinstance(msg.get("step"), int):
+                    c.step = msg["step"]
+                self._committed[cid] = c
+                _trim(self._committed, 256)
+                self._last_committed = c
+                self._cond.notify_all()
+        elif t == "upload_failed":
+            cid = str(msg.get("id") or "")
+            err = str(msg.get("error") or "")
+            log.warning("spotagent: checkpoint %s: upload failed: %s", cid, err)
+            with self._lock:
+                self._failed_uploads[cid] = err
+                _trim(self._failed_uploads, 256)
+                self._cond.notify_all()
+        elif t == "error":
+            log.warning("spotagent: agent reported an error: %s", msg.get("error"))
+        else:
+            log.debug("spotagent: unknown message type %r ignored", t)
+
+
+def connect(
+    path: Optional[str] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    run_id: Optional[str] = None,
+    welcome_timeout: float = 2.0,
+    progress_interval: float = 1.0,
+) -> Agent:
+    """Connect to the local agent.
+
+    ``path`` defaults to ``$SPOTAGENT_SOCKET``; when neither is set the agent
+    is a no-op (``poll`` always returns None) so the script runs bare.
+    ``rank``/``world_size`` default to torchrun's ``$RANK``/``$WORLD_SIZE``.
+    Waits at most ``welcome_timeout`` seconds for the agent's ``welcome`` so
+    that the resume information is ready; never raises because the agent is
+    unreachable -- it keeps retrying in the background.
+    """
+    if path is None:
+        path = os.environ.get(ENV_SOCKET) or None
+    if rank is None:
+        rank = _env_int("RANK")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
+    agent = Agent(path, rank=rank, world_size=world_size, run_id=run_id, progress_interval=progress_interval)
+    if path and welcome_timeout > 0:
+        end = time.monotonic() + welcome_timeout
+        agent._attempted.wait(welcome_timeout)
+        if agent.connected:
+            agent._welcomed.wait(max(0.0, end - time.monotonic()))
+        if not agent._welcomed.is_set():
+            log.warning("spotagent: no welcome from %s yet; using the environment for resume information", path)
+    return agent
+
+
+# ---------------------------------------------------------------- helpers
+
+_TIME_RE = re.compile(
+    r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"
+)
+
+
+def parse_time(value: Any) -> Optional[datetime.datetime]:
+    """Parse an RFC 3339 time as Go marshals it (nanoseconds, ``Z``) into a
+    timezone-aware datetime; None for null, empty or unparseable input."""
+    if not value or not isinstance(value, str):
+        return None
+    m = _TIME_RE.match(value.strip())
+    if not m:
+        log.warning("spotagent: unparseable time %r ignored", value)
+        return None
+    date, clock, frac, tz = m.groups()
+    micro = int((frac or "0")[:6].ljust(6, "0"))
+    try:
+        dt = datetime.datetime.strptime(date + "T" + clock, "%Y-%m-%dT%H:%M:%S").replace(microsecond=micro)
+    except ValueError:
+        log.warning("spotagent: unparseable time %r ignored", value)
+        return None
+    offset = datetime.timedelta(0)
+    if tz and tz not in ("Z", "z"):
+        sign = -1 if tz[0] == "-" else 1
+        digits = tz[1:].replace(":", "")
+        offset = sign * datetime.timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+    return dt.replace(tzinfo=datetime.timezone(offset)).astimezone(datetime.timezone.utc)
+
+
+def _encode(msg: Mapping[str, Any]) -> bytes:
+    return (json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _meta(metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError("spotagent: metadata must be a mapping, not %s" % type(metadata).__name__)
+    return dict(metadata)
+
+
+def _trim(d: "OrderedDict[Any, Any]", n: int) -> None:
+    while len(d) > n:
+        d.popitem(last=False)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _env_int(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    value = (os.environ if env is None else env).get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("spotagent: $%s=%r is not an integer; ignored", name, value)
+        return None
+
+
+def _resume_from_env(env: Mapping[str, str]) -> Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]:
+    rdir = env.get(ENV_RESUME_DIR) or None
+    if not rdir:
+        return (None, None, None)
+    step = _env_int(ENV_RESUME_STEP, env)
+    meta = None  # type: Optional[Dict[str, Any]]
+    manifest = env.get(ENV_RESUME_MANIFEST)
+    if manifest and os.path.isfile(manifest):
+        try:
+            with open(manifest, "rb") as f:
+                doc = json.loads(f.read().decode("utf-8"))
+            if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict):
+                meta = doc["metadata"]
+            if step is None and isinstance(doc, dict) and isinstance(doc.get("step"), int):
+                step = doc["step"]
+        except (OSError, ValueError) as e:
+            log.warning("spotagent: cannot read $%s=%s: %s", ENV_RESUME_MANIFEST, manifest, e)
+    return (rdir, step, meta)

@@ -1,0 +1,443 @@
+import datetime
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import spotagent  # noqa: E402
+from spotagent.client import parse_time  # noqa: E402
+from fakeagent import DEADLINE, FakeAgent  # noqa: E402
+
+ENV_KEYS = [
+    "SPOTAGENT_SOCKET",
+    "SPOTAGENT_RUN_ID",
+    "SPOTAGENT_CHECKPOINT_DIR",
+    "SPOTAGENT_RESUME_DIR",
+    "SPOTAGENT_RESUME_STEP",
+    "SPOTAGENT_RESUME_MANIFEST",
+    "RANK",
+    "WORLD_SIZE",
+]
+
+WELCOME = {
+    "type": "welcome",
+    "version": 1,
+    "run_id": "run-42",
+    "checkpoint_dir": "/ckpt",
+    "resume": {
+        "dir": "/restore/000000000120-abc",
+        "step": 120,
+        "id": "abc",
+        "manifest": "checkpoints/000000000120-abc/manifest.json",
+        "metadata": {"epoch": 3},
+    },
+}
+
+
+def wait_agent(agent, pred, timeout=DEADLINE):
+    """Wait on the client's own condition variable (notified on every state change)."""
+    with agent._cond:
+        return agent._cond.wait_for(pred, timeout)
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spa-")
+        self.sock = os.path.join(self.tmp, "agent.sock")
+        self.env = mock.patch.dict(os.environ, {})
+        self.env.start()
+        for k in ENV_KEYS:
+            os.environ.pop(k, None)
+        self.servers = []
+        self.agents = []
+        logging.getLogger("spotagent").setLevel(logging.ERROR)  # keep test output readable
+
+    def tearDown(self):
+        for a in self.agents:
+            a.close(timeout=1.0)
+        for s in self.servers:
+            s.stop()
+        self.env.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def server(self, **kw):
+        kw.setdefault("welcome", WELCOME)
+        s = FakeAgent(self.sock, **kw)
+        self.servers.append(s)
+        return s
+
+    def connect(self, **kw):
+        kw.setdefault("path", self.sock)
+        a = spotagent.connect(**kw)
+        self.agents.append(a)
+        return a
+
+    def pending(self, agent, n=1):
+        self.assertTrue(wait_agent(agent, lambda: len(agent._requests) >= n), "request never arrived")
+
+
+class TestHandshake(Base):
+    def test_hello_and_welcome_with_resume(self):
+        srv = self.server()
+        a = self.connect(rank=1, world_size=4)
+        # connect() waited for the welcome: resume info is ready at once.
+        self.assertEqual(a.resume_dir, "/restore/000000000120-abc")
+        self.assertEqual(a.resume_step, 120)
+        self.assertEqual(a.resume_metadata, {"epoch": 3})
+        self.assertEqual(a.run_id, "run-42")
+        self.assertEqual(a.checkpoint_dir, "/ckpt")
+        self.assertTrue(a.enabled)
+        hello = srv.wait_message("hello")[0]
+        self.assertEqual(hello["pid"], os.getpid())
+        self.assertEqual(hello["rank"], 1)
+        self.assertEqual(hello["world_size"], 4)
+
+    def test_socket_from_env_and_rank_from_torchrun_env(self):
+        srv = self.server()
+        os.environ["SPOTAGENT_SOCKET"] = self.sock
+        os.environ["RANK"] = "2"
+        os.environ["WORLD_SIZE"] = "8"
+        a = spotagent.connect()
+        self.agents.append(a)
+        hello = srv.wait_message("hello")[0]
+        self.assertEqual((hello["rank"], hello["world_size"]), (2, 8))
+        self.assertNotIn("run_id", hello)
+        self.assertEqual(a.run_id, "run-42")
+
+    def test_welcome_without_resume(self):
+        self.server(welcome={"type": "welcome", "version": 1, "run_id": "r", "checkpoint_dir": "/c", "resume": None})
+        os.environ["SPOTAGENT_RESUME_DIR"] = "/stale"  # the welcome is authoritative
+        a = self.connect()
+        self.assertIsNone(a.resume_dir)
+        self.assertIsNone(a.resume_step)
+        self.assertIsNone(a.resume_metadata)
+
+    def test_env_fallback_until_welcome(self):
+        srv = self.server(welcome=None)  # agent answers nothing
+        os.environ.update(
+            {
+                "SPOTAGENT_RUN_ID": "env-run",
+                "SPOTAGENT_CHECKPOINT_DIR": "/env-ckpt",
+                "SPOTAGENT_RESUME_DIR": "/env-restore",
+                "SPOTAGENT_RESUME_STEP": "77",
+            }
+        )
+        t0 = time.monotonic()
+        a = self.connect(welcome_timeout=0.3)
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertEqual((a.run_id, a.checkpoint_dir, a.resume_dir, a.resume_step), ("env-run", "/env-ckpt", "/env-restore", 77))
+        srv.wait_message("hello")
+        srv.send(WELCOME)
+        self.assertTrue(wait_agent(a, lambda: a._welcome is not None))
+        self.assertEqual((a.run_id, a.resume_step), ("run-42", 120))
+
+    def test_unreachable_agent_then_appears(self):
+        t0 = time.monotonic()
+        a = self.connect()  # nothing listening yet
+        self.assertLess(time.monotonic() - t0, 1.5, "connect() must not wait for an absent agent")
+        self.assertIsNone(a.poll(1))
+        self.assertFalse(a.connected)
+        srv = self.server()
+        srv.wait_message("hello")
+        self.assertTrue(wait_agent(a, lambda: a.resume_step == 120))
+        srv.send({"type": "checkpoint", "id": "c1", "reason": "manual", "dir": self.tmp})
+        self.pending(a)
+        self.assertEqual(a.poll(2).id, "c1")
+
+
+class TestNoop(Base):
+    def test_noop_without_socket(self):
+        t0 = time.monotonic()
+        a = spotagent.connect()
+        self.assertLess(time.monotonic() - t0, 0.5)
+        self.assertFalse(a.enabled)
+        self.assertIsNone(a.poll(0))
+        self.assertFalse(a.should_stop)
+        self.assertIsNone(a.resume_dir)
+        self.assertIsNone(a.resume_step)
+        self.assertIsNone(a.checkpoint_dir)
+        self.assertIsNone(a.last_committed)
+        self.assertIsNone(a.wait_committed("x", timeout=0))
+        a.checkpoint_done(5, "/somewhere", {"a": 1})  # accepted and ignored
+        with a:
+            pass
+        a.close()
+
+    def test_noop_resume_from_env_and_manifest(self):
+        manifest = os.path.join(self.tmp, "manifest.json")
+        with open(manifest, "w") as f:
+            json.dump({"format": "spotagent.checkpoint/v1", "step": 40, "metadata": {"epoch": 2}}, f)
+        os.environ.update(
+            {
+                "SPOTAGENT_CHECKPOINT_DIR": "/c",
+                "SPOTAGENT_RUN_ID": "r9",
+                "SPOTAGENT_RESUME_DIR": "/r",
+                "SPOTAGENT_RESUME_STEP": "40",
+                "SPOTAGENT_RESUME_MANIFEST": manifest,
+            }
+        )
+        a = spotagent.connect()
+        self.assertFalse(a.enabled)
+        self.assertEqual((a.checkpoint_dir, a.run_id, a.resume_dir, a.resume_step), ("/c", "r9", "/r", 40))
+        self.assertEqual(a.resume_metadata, {"epoch": 2})
+
+    def test_bad_resume_step_env_is_ignored(self):
+        os.environ.update({"SPOTAGENT_RESUME_DIR": "/r", "SPOTAGENT_RESUME_STEP": "soon"})
+        a = spotagent.connect()
+        self.assertEqual((a.resume_dir, a.resume_step), ("/r", None))
+
+
+class TestCheckpoint(Base):
+    def test_checkpoint_done_roundtrip(self):
+        srv = self.server()
+        a = self.connect()
+        d = os.path.join(self.tmp, "ck1")
+        srv.send({"type": "checkpoint", "id": "000000000007-k1", "reason": "interruption", "dir": d,
+                  "deadline": "2030-01-02T03:04:05.123456789Z", "unknown_field": True})
+        self.pending(a)
+        req = a.poll(7)
+        self.assertIsInstance(req, spotagent.CheckpointRequest)
+        self.assertEqual((req.id, req.reason, req.dir), ("000000000007-k1", "interruption", d))
+        self.assertTrue(os.path.isdir(d))
+        self.assertEqual(req.deadline, datetime.datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=datetime.timezone.utc))
+        self.assertGreater(req.time_left(), 0)
+        self.assertIsNone(a.poll(7))  # handed out once
+        req.done(7, metadata={"epoch": 1, "loss": 0.5})
+        done = srv.wait_message("done")[0]
+        self.assertEqual(done, {"type": "done", "id": "000000000007-k1", "step": 7, "metadata": {"epoch": 1, "loss": 0.5}})
+        req.done(8)  # a second answer is ignored (logged)
+        srv.send({"type": "committed", "id": "000000000007-k1", "uri": "file:///s/checkpoints/000000000007-k1"})
+        c = a.wait_committed("000000000007-k1", timeout=DEADLINE)
+        self.assertEqual(c, spotagent.Committed("000000000007-k1", "file:///s/checkpoints/000000000007-k1", 7))
+        self.assertEqual(a.last_committed, c)
+        self.assertEqual(len(srv.of_type("done")), 1)
+
+    def test_checkpoint_without_deadline_and_fail(self):
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "p1", "reason": "periodic", "dir": os.path.join(self.tmp, "p1")})
+        self.pending(a)
+        req = a.poll(3)
+        self.assertIsNone(req.deadline)
+        self.assertIsNone(req.time_left())
+        req.fail("disk full")
+        self.assertEqual(srv.wait_message("failed")[0], {"type": "failed", "id": "p1", "error": "disk full"})
+
+    def test_requests_fifo(self):
+        srv = self.server()
+        a = self.connect()
+        for i in range(3):
+            srv.send({"type": "checkpoint", "id": "c%d" % i, "reason": "periodic", "dir": self.tmp})
+        self.pending(a, 3)
+        self.assertEqual([a.poll(1).id for _ in range(3)], ["c0", "c1", "c2"])
+        self.assertIsNone(a.poll(1))
+
+    def test_unsolicited_done(self):
+        srv = self.server()
+        a = self.connect()
+        a.checkpoint_done(50, "/ckpt/mine-50", metadata={"epoch": 4})
+        self.assertEqual(srv.wait_message("done")[0],
+                         {"type": "done", "id": "", "step": 50, "dir": "/ckpt/mine-50", "metadata": {"epoch": 4}})
+
+    def test_unsolicited_done_queued_until_connected(self):
+        a = self.connect()  # no agent yet
+        a.checkpoint_done(9, "/ckpt/x")
+        srv = self.server()
+        msgs = srv.wait_message("done")
+        self.assertEqual(msgs[0]["step"], 9)
+        with srv.cond:
+            self.assertEqual([m["type"] for m in srv.received[:2]], ["hello", "done"])
+
+    def test_bad_metadata_raises_in_caller(self):
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "m", "reason": "manual", "dir": self.tmp})
+        self.pending(a)
+        req = a.poll(1)
+        with self.assertRaises(TypeError):
+            req.done(1, metadata={"x": object()})
+        with self.assertRaises(TypeError):
+            a.checkpoint_done(1, "/d", metadata=[1, 2])  # type: ignore[arg-type]
+        with self.assertRaises(ValueError):
+            a.checkpoint_done(1, "/d", metadata={"x": float("nan")})
+
+    def test_upload_failed(self):
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "u1", "reason": "periodic", "dir": self.tmp})
+        self.pending(a)
+        a.poll(1).done(1)
+        srv.wait_message("done")
+        srv.send({"type": "upload_failed", "id": "u1", "error": "bucket gone"})
+        with self.assertRaises(spotagent.UploadFailed) as cm:
+            a.wait_committed("u1", timeout=DEADLINE)
+        self.assertEqual(cm.exception.error, "bucket gone")
+        self.assertIsNone(a.wait_committed("never", timeout=0.05))
+
+
+class TestStop(Base):
+    def test_stop(self):
+        srv = self.server()
+        a = self.connect()
+        self.assertFalse(a.should_stop)
+        srv.send({"type": "stop", "reason": "interruption", "deadline": "2030-01-01T00:00:00+02:00"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        self.assertEqual(a.stop_reason, "interruption")
+        self.assertEqual(a.stop_deadline, datetime.datetime(2029, 12, 31, 22, 0, tzinfo=datetime.timezone.utc))
+
+    def test_checkpoint_then_stop_both_seen(self):
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "s1", "reason": "shutdown", "dir": self.tmp})
+        srv.send({"type": "stop", "reason": "shutdown"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        req = a.poll(10)  # the request is still handed out after stop
+        self.assertEqual(req.id, "s1")
+        req.done(10)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "s1")
+
+
+class TestProgress(Base):
+    def test_progress_rate_limited(self):
+        srv = self.server()
+        a = self.connect(progress_interval=3600)
+        for step in range(1, 200):
+            a.poll(step)
+        a.checkpoint_done(999, "/marker")  # FIFO marker: everything before it was sent
+        srv.wait_message("done")
+        self.assertEqual([m["step"] for m in srv.of_type("progress")], [1])
+
+    def test_progress_every_poll_when_interval_zero(self):
+        srv = self.server()
+        a = self.connect(progress_interval=0)
+        a.poll(5)
+        srv.wait_message("progress")
+        a.poll(6)
+        self.assertTrue(srv.wait_for(lambda: any(m.get("step") == 6 for m in srv.of_type("progress"))))
+
+
+class TestRobustness(Base):
+    def test_poll_never_blocks_when_agent_stops_reading(self):
+        srv = self.server(read=False)  # sends welcome, never reads
+        a = self.connect(progress_interval=0)
+        self.assertEqual(a.resume_step, 120)
+        pad = "x" * 100000
+        worst = 0.0
+        for step in range(300):  # ~30 MB, far beyond any socket buffer
+            t0 = time.monotonic()
+            a.poll(step)
+            a.checkpoint_done(step, "/d", metadata={"pad": pad})
+            worst = max(worst, time.monotonic() - t0)
+        self.assertLess(worst, 0.5, "poll/checkpoint_done blocked for %.3fs" % worst)
+        # The writer really is stuck: messages are still queued.
+        with a._cond:
+            self.assertTrue(a._outbound and a._in_flight)
+        t0 = time.monotonic()
+        a.close(timeout=0.5)
+        self.assertLess(time.monotonic() - t0, 3.0)
+        self.assertIsNone(a.poll(1))
+
+    def test_garbage_lines_ignored(self):
+        srv = self.server()
+        a = self.connect()
+        srv.wait_message("hello")
+        srv.send(b"this is not json\n")
+        srv.send(b"[1, 2, 3]\n")
+        srv.send(b'{"no": "type"}\n')
+        srv.send(b'{"type": 7}\n')
+        srv.send(b"\xff\xfe\n")
+        srv.send(b"\n")
+        srv.send(b'{"type": "status", "status": {"x": 1}}\n')
+        srv.send(b'{"type": "what_is_this"}\n')
+        srv.send(b'{"type": "error", "error": "unknown type \\"foo\\""}\n')
+        srv.send(b'{"type": "welcome", "resume": {"dir": "/x", "step": "nope"}}\n')
+        srv.send(b'{"type": "checkpoint", "id": "g1", "dir": "", "deadline": "tomorrow"}\n')
+        srv.send(b"y" * (spotagent.MAX_LINE + 10) + b'{"type": "stop"}\n')  # over-long line: dropped whole
+        srv.send(b'{"type": "committed", "id": "z", "uri": "u"}\n')
+        self.assertTrue(wait_agent(a, lambda: a.last_committed is not None))
+        self.assertFalse(a.should_stop)  # the stop inside the over-long line was not obeyed
+        req = a.poll(1)
+        self.assertEqual(req.id, "g1")
+        self.assertIsNone(req.deadline)
+        self.assertEqual(a.resume_step, 120)  # the bad second welcome changed nothing
+        srv.send(b'{"type": "stop", "reason": "manual"}\n')
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        self.assertTrue(a.connected)
+        self.assertEqual(srv.accepted, 1)
+
+    def test_reconnect_after_agent_restart(self):
+        srv = self.server()
+        a = self.connect(progress_interval=0)
+        srv.wait_message("hello")
+        a.poll(11)
+        srv.wait_message("progress")
+        # A request that arrives and is handed out, then the connection dies.
+        srv.send({"type": "checkpoint", "id": "old-handed", "reason": "periodic", "dir": self.tmp})
+        self.pending(a)
+        handed = a.poll(12)
+        # A request that arrives but is never handed out before the connection dies.
+        srv.send({"type": "checkpoint", "id": "old-queued", "reason": "periodic", "dir": self.tmp})
+        self.pending(a)
+        srv.restart()
+        hellos = srv.wait_message("hello", count=2)
+        self.assertEqual(len(hellos), 2)
+        self.assertTrue(wait_agent(a, lambda: a.connected))
+        self.assertIsNone(a.poll(13), "a request from a dead connection must be dropped")
+        handed.done(12)  # dropped: its connection is gone
+        a.checkpoint_done(13, "/marker")
+        srv.wait_message("done")
+        self.assertEqual([m["id"] for m in srv.of_type("done")], [""])
+        # the new connection works both ways
+        srv.send({"type": "checkpoint", "id": "new", "reason": "manual", "dir": self.tmp})
+        self.pending(a)
+        a.poll(14).done(14)
+        self.assertEqual(srv.wait_message("done", count=2)[1]["id"], "new")
+        # progress resumed on the new connection, starting with the last step
+        self.assertTrue(srv.wait_for(lambda: srv.received.index(hellos[1]) < len(srv.received)
+                                     and any(m.get("step") == 12 for m in srv.received[srv.received.index(hellos[1]):]
+                                             if m.get("type") == "progress")))
+
+    def test_reconnect_after_long_outage(self):
+        srv = self.server()
+        a = self.connect()
+        srv.wait_message("hello")
+        srv.stop()
+        self.assertTrue(wait_agent(a, lambda: not a.connected))
+        self.assertIsNone(a.poll(1))
+        srv.start()
+        srv.wait_message("hello", count=2)
+        srv.send({"type": "stop", "reason": "manual"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+
+    def test_close_is_idempotent_and_context_manager(self):
+        srv = self.server()
+        with self.connect() as a:
+            a.checkpoint_done(1, "/x")
+        self.assertEqual(srv.wait_message("done")[0]["step"], 1)  # flushed on close
+        a.close()
+        self.assertTrue(srv.wait_for(lambda: True))
+
+
+class TestParseTime(unittest.TestCase):
+    def test_formats(self):
+        utc = datetime.timezone.utc
+        self.assertEqual(parse_time("2024-05-06T07:08:09Z"), datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=utc))
+        self.assertEqual(parse_time("2024-05-06T07:08:09.5Z"), datetime.datetime(2024, 5, 6, 7, 8, 9, 500000, tzinfo=utc))
+        self.assertEqual(parse_time("2024-05-06T07:08:09.123456789-01:30"),
+                         datetime.datetime(2024, 5, 6, 8, 38, 9, 123456, tzinfo=utc))
+        self.assertIsNone(parse_time(None))
+        self.assertIsNone(parse_time(""))
+        self.assertIsNone(parse_time("0001-13-01T00:00:00Z"))
+        self.assertIsNone(parse_time(12))
+
+
+if __name__ == "__main__":
+    unittest.main()
