@@ -35,6 +35,10 @@ const (
 	TypeError        = "error"
 )
 
+// TypeDisconnected marks the Event a Server emits when a connection ends.
+// It is internal: never sent on the wire, and refused if a trainer sends it.
+const TypeDisconnected = "disconnected"
+
 // Checkpoint reasons.
 const (
 	ReasonPeriodic     = "periodic"
