@@ -1,0 +1,121 @@
+package aws
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// InstanceAction is the body of spot/instance-action.
+type InstanceAction struct {
+	Action string    // terminate, stop, hibernate
+	Time   time.Time // when the action happens
+}
+
+// ParseInstanceAction parses spot/instance-action.
+func ParseInstanceAction(body []byte) (InstanceAction, error) {
+	var w struct {
+		Action string `json:"action"`
+		Time   string `json:"time"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil {
+		return InstanceAction{}, fmt.Errorf("parse instance-action: %w", err)
+	}
+	switch w.Action {
+	case "terminate", "stop", "hibernate":
+	default:
+		return InstanceAction{}, fmt.Errorf("parse instance-action: unknown action %q", w.Action)
+	}
+	t, err := time.Parse(time.RFC3339, w.Time)
+	if err != nil {
+		return InstanceAction{}, fmt.Errorf("parse instance-action time: %w", err)
+	}
+	return InstanceAction{Action: w.Action, Time: t}, nil
+}
+
+// ParseRebalance parses events/recommendations/rebalance and returns its noticeTime.
+func ParseRebalance(body []byte) (time.Time, error) {
+	var w struct {
+		NoticeTime string `json:"noticeTime"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil {
+		return time.Time{}, fmt.Errorf("parse rebalance: %w", err)
+	}
+	t, err := time.Parse(time.RFC3339, w.NoticeTime)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("parse rebalance time: %w", err)
+	}
+	return t, nil
+}
+
+// ScheduledEvent is one entry of events/maintenance/scheduled.
+type ScheduledEvent struct {
+	EventID     string
+	Code        string // system-reboot, system-maintenance, instance-reboot, instance-stop, instance-retirement
+	Description string
+	State       string // active, completed, canceled
+	NotBefore   time.Time
+	NotAfter    time.Time // zero when absent
+}
+
+// ParseScheduledEvents parses events/maintenance/scheduled. Every event must
+// have an EventId, a known State and a NotBefore; one bad event fails the
+// whole document, so that a half-read answer never yields a notice.
+func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
+	var ws []struct {
+		NotBefore   string `json:"NotBefore"`
+		NotAfter    string `json:"NotAfter"`
+		Code        string `json:"Code"`
+		Description string `json:"Description"`
+		EventID     string `json:"EventId"`
+		State       string `json:"State"`
+	}
+	if err := json.Unmarshal(body, &ws); err != nil {
+		return nil, fmt.Errorf("parse scheduled events: %w", err)
+	}
+	evs := make([]ScheduledEvent, 0, len(ws))
+	for _, w := range ws {
+		if w.EventID == "" {
+			return nil, errors.New("parse scheduled events: event without EventId")
+		}
+		switch w.State {
+		case "active", "completed", "canceled":
+		default:
+			return nil, fmt.Errorf("parse scheduled events: %s: unknown state %q", w.EventID, w.State)
+		}
+		nb, err := ParseTime(w.NotBefore)
+		if err != nil {
+			return nil, fmt.Errorf("parse scheduled events: %s: %w", w.EventID, err)
+		}
+		ev := ScheduledEvent{EventID: w.EventID, Code: w.Code, Description: w.Description, State: w.State, NotBefore: nb}
+		if w.NotAfter != "" {
+			if ev.NotAfter, err = ParseTime(w.NotAfter); err != nil {
+				return nil, fmt.Errorf("parse scheduled events: %s: %w", w.EventID, err)
+			}
+		}
+		evs = append(evs, ev)
+	}
+	return evs, nil
+}
+
+// ParseTime parses the times of scheduled events, "21 Jan 2019 09:00:43 GMT"
+// (not RFC 3339). RFC 3339 is accepted too.
+func ParseTime(s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	for _, zone := range []string{" GMT", " UTC"} {
+		if rest, ok := strings.CutSuffix(s, zone); ok {
+			t, err := time.ParseInLocation("2 Jan 2006 15:04:05", rest, time.UTC)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("parse time %q: %w", s, err)
+			}
+			return t, nil
+		}
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("parse time %q: %w", s, err)
+	}
+	return t, nil
+}

@@ -1,0 +1,173 @@
+package aws_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/aws"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/metatest"
+)
+
+const poll = 20 * time.Millisecond
+
+func newSource(f *fake.AWS) *aws.Source {
+	return aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: 200 * time.Millisecond,
+		MaxBackoff: 50 * time.Millisecond}, nil)
+}
+
+// waitPolls waits until the fake has served n more requests.
+func waitPolls(t *testing.T, f fake.Server, n int64) {
+	t.Helper()
+	start := f.Requests()
+	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
+}
+
+func TestIdentity(t *testing.T) {
+	f := fake.NewAWS(fake.AWSOptions{InstanceID: "i-0abc", InstanceType: "p4d.24xlarge", Zone: "us-west-2b", Lifecycle: "spot"})
+	defer f.Close()
+	id, err := newSource(f).Identity(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := metadata.Identity{Cloud: "aws", InstanceID: "i-0abc", InstanceType: "p4d.24xlarge", Zone: "us-west-2b", Lifecycle: "spot"}
+	if id != want {
+		t.Fatalf("identity=%+v, want %+v", id, want)
+	}
+	if f.TokenRequests() < 1 {
+		t.Fatalf("no IMDSv2 token requested")
+	}
+}
+
+func TestWatch(t *testing.T) {
+	t.Run("SpotTermination", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		at := time.Now().Add(2 * time.Minute).Truncate(time.Second)
+		f.Terminate("stop", at)
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindTermination || n.Action != "stop" || n.Cloud != metadata.CloudAWS {
+			t.Fatalf("notice=%+v, want termination/stop", n)
+		}
+		if !n.Deadline.Equal(at) {
+			t.Fatalf("deadline=%v, want %v", n.Deadline, at)
+		}
+		if n.ID == "" || n.Raw == "" {
+			t.Fatalf("notice without id or raw: %+v", n)
+		}
+		waitPolls(t, f, 12) // three more polls: the same notice is not delivered again
+		metatest.NoNotice(t, ch)
+	})
+	t.Run("Rebalance", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		f.Rebalance(time.Now())
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindRebalance || !n.Deadline.IsZero() {
+			t.Fatalf("notice=%+v, want rebalance without deadline", n)
+		}
+	})
+	t.Run("MaintenanceThenCancelled", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		nb := time.Date(2031, 1, 21, 9, 0, 43, 0, time.UTC)
+		f.Maintenance(fake.AWSEvent{EventID: "instance-event-0d59937288b749b32", Code: "system-reboot", NotBefore: nb, NotAfter: nb.Add(17 * time.Minute)})
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindMaintenance || n.ID != "instance-event-0d59937288b749b32" || n.Action != "system-reboot" || !n.Deadline.Equal(nb) {
+			t.Fatalf("notice=%+v, want maintenance system-reboot at %v", n, nb)
+		}
+		f.CancelMaintenance("instance-event-0d59937288b749b32")
+		n = metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindCancelled || n.ID != "instance-event-0d59937288b749b32" {
+			t.Fatalf("notice=%+v, want cancelled with the same id", n)
+		}
+	})
+	t.Run("PastEventNotAnnounced", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		f.Maintenance(fake.AWSEvent{EventID: "instance-event-1", Code: "system-reboot", State: "completed", NotBefore: time.Now().Add(-time.Hour)})
+		ch, _ := metatest.Watch(t, newSource(f))
+		waitPolls(t, f, 12)
+		metatest.NoNotice(t, ch)
+	})
+	t.Run("AutoScalingTerminated", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		f.SetLifecycleState("InService")
+		ch, _ := metatest.Watch(t, newSource(f))
+		waitPolls(t, f, 8)
+		metatest.NoNotice(t, ch)
+		f.SetLifecycleState("Terminated")
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindTermination || n.Action != "asg-terminated" {
+			t.Fatalf("notice=%+v, want asg termination", n)
+		}
+	})
+	t.Run("ExpiredTokenGetsFreshOne", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		waitPolls(t, f, 8)
+		before := f.TokenRequests()
+		f.RevokeTokens()
+		f.Terminate("terminate", time.Now().Add(2*time.Minute))
+		if n := metatest.Next(t, ch, 2*time.Second); n.Kind != metadata.KindTermination {
+			t.Fatalf("notice=%+v, want termination", n)
+		}
+		if got := f.TokenRequests(); got <= before {
+			t.Fatalf("token requests=%d after revocation, want more than %d", got, before)
+		}
+	})
+	t.Run("StopsPromptlyWhileRequestHangs", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		f.SetFault(fake.FaultHang)
+		src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: time.Minute}, nil)
+		_, stop := metatest.Watch(t, src)
+		waitPolls(t, f, 1)
+		stop() // fails the test unless Watch returns within a second
+	})
+}
+
+// TestWatch_Faults: every fault is survived without a notice, and a notice
+// exposed after the fault heals is delivered.
+func TestWatch_Faults(t *testing.T) {
+	for _, fault := range fake.Faults {
+		t.Run(fault.String(), func(t *testing.T) {
+			f := fake.NewAWS(fake.AWSOptions{})
+			defer f.Close()
+			f.SetLifecycleState("InService")
+			f.SetFault(fault)
+			ch, _ := metatest.Watch(t, newSource(f))
+			waitPolls(t, f, 6)
+			metatest.NoNotice(t, ch)
+			f.SetFault(fake.FaultNone)
+			f.Terminate("terminate", time.Now().Add(2*time.Minute))
+			if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+				t.Fatalf("notice=%+v, want termination", n)
+			}
+		})
+	}
+}
+
+func TestWatch_HangingTokenEndpoint(t *testing.T) {
+	// Only the token PUT hangs: the hop-limit problem in containers.
+	f := fake.NewAWS(fake.AWSOptions{})
+	defer f.Close()
+	f.SetFault(fake.FaultHang)
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: 100 * time.Millisecond}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := src.Identity(ctx); err == nil {
+		t.Fatal("identity succeeded against a hanging IMDS")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("identity took %v against a hanging IMDS, want about the request timeout", d)
+	}
+}

@@ -1,0 +1,143 @@
+package aws
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Watch polls the notice paths every PollInterval and delivers each
+// distinct notice once, until ctx ends.
+func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
+	w := &watcher{s: s, out: out, faults: metadata.NewFaultLog(s.log, "imds poll")}
+	bo := metadata.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	for {
+		err := w.poll(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := s.cfg.PollInterval
+		if err != nil {
+			w.faults.Fail(err)
+			wait = max(wait, bo.Next())
+		} else {
+			w.faults.OK()
+			bo.Reset()
+		}
+		if metadata.Sleep(ctx, wait) != nil {
+			return nil
+		}
+	}
+}
+
+type watcher struct {
+	s      *Source
+	out    chan<- metadata.Notice
+	faults *metadata.FaultLog
+	dedup  metadata.Dedup
+}
+
+// check reads one path and turns a found answer into notices.
+type check struct {
+	path  string
+	parse func(w *watcher, body []byte, now time.Time) ([]metadata.Notice, error)
+}
+
+// Spot first: it is the one with a two-minute deadline.
+var checks = []check{
+	{pathInstanceAction, (*watcher).instanceAction},
+	{pathLifecycle, (*watcher).lifecycle},
+	{pathScheduled, (*watcher).scheduled},
+	{pathRebalance, (*watcher).rebalance},
+}
+
+// poll reads every notice path once. A path that answers badly does not
+// stop the others; a request that got no answer at all does (IMDS is down,
+// the next ones would only wait for their timeouts too).
+func (w *watcher) poll(ctx context.Context) error {
+	var errs []error
+	for _, c := range checks {
+		body, found, err := w.s.get(ctx, c.path)
+		if err != nil {
+			errs = append(errs, err)
+			if httpStatus(err) == 0 {
+				break
+			}
+			continue
+		}
+		if !found {
+			continue
+		}
+		ns, err := c.parse(w, body, time.Now())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, n := range ns {
+			if w.dedup.First(n) && metadata.Deliver(ctx, w.out, n) {
+				w.s.log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
+					zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice, error) {
+	ia, err := ParseInstanceAction(body)
+	if err != nil {
+		return nil, err
+	}
+	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
+		ID: metadata.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
+		Action: ia.Action, Raw: string(body)}}, nil
+}
+
+func (w *watcher) rebalance(body []byte, now time.Time) ([]metadata.Notice, error) {
+	if _, err := ParseRebalance(body); err != nil {
+		return nil, err
+	}
+	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance,
+		ID: metadata.HashID("aws-rebalance", body), Detected: now,
+		Action: "rebalance-recommendation", Raw: string(body)}}, nil
+}
+
+func (w *watcher) lifecycle(body []byte, now time.Time) ([]metadata.Notice, error) {
+	state := string(body)
+	switch state {
+	case "Terminated":
+		// Auto Scaling gives no deadline: a lifecycle hook, if any, holds it.
+		return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
+			ID: "aws-asg-terminated", Detected: now, Action: "asg-terminated", Raw: state}}, nil
+	case "InService", "Standby", "Detached", "Warmed:Stopped", "Warmed:Running", "Warmed:Hibernated", "Warmed:Terminated":
+		return nil, nil
+	}
+	return nil, fmt.Errorf("parse target-lifecycle-state: unknown state %.40q", state)
+}
+
+// scheduled turns active events into maintenance notices and the
+// completion or cancellation of an announced one into a cancelled notice.
+func (w *watcher) scheduled(body []byte, now time.Time) ([]metadata.Notice, error) {
+	evs, err := ParseScheduledEvents(body)
+	if err != nil {
+		return nil, err
+	}
+	var ns []metadata.Notice
+	for _, ev := range evs {
+		n := metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindMaintenance, ID: ev.EventID,
+			Deadline: ev.NotBefore, Detected: now, Action: ev.Code, Raw: string(body)}
+		if ev.State != "active" {
+			if !w.dedup.Seen(metadata.KindMaintenance, ev.EventID) {
+				continue // never announced: nothing to withdraw
+			}
+			n.Kind, n.Deadline, n.Action = metadata.KindCancelled, time.Time{}, ev.State
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
+}
