@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -152,9 +155,40 @@ func (c *Child) waitDone(ctx context.Context) {
 	}
 }
 
-// groupAlive reports whether the process group still has a member.
+// groupAlive reports whether the process group still has a running member.
+// kill(-pgid, 0) also counts zombies, which linger when the init process
+// reaps slowly (common in containers), so where /proc exists a group of
+// zombies only is reported as gone.
 func (c *Child) groupAlive() bool {
-	return syscall.Kill(-c.pid, 0) == nil
+	if syscall.Kill(-c.pid, 0) != nil {
+		return false
+	}
+	live, ok := groupHasLiveMember(c.pid)
+	return live || !ok
+}
+
+// groupHasLiveMember scans /proc for a non-zombie process in group pgid;
+// ok is false when /proc cannot be read.
+func groupHasLiveMember(pgid int) (live, ok bool) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false, false
+	}
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) >= 3 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
+			return true, true
+		}
+	}
+	return false, true
 }
 
 // ExitCodeFromError maps an error from StartChild or exec to a shell-style
