@@ -1,0 +1,914 @@
+package deploy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	unitPath     = "systemd/spotagent@.service"
+	envPath      = "systemd/example.env"
+	userDataPath = "ec2/user-data.sh"
+	binPath      = "/usr/local/bin/spotagent"
+)
+
+// Flags of `spotagent run` that have an SPOTAGENT_* environment fallback.
+var runFlagEnv = map[string]bool{}
+
+func init() {
+	for _, f := range []string{"store", "run-id", "checkpoint-dir", "socket", "interval", "keep",
+		"term-grace", "kill-after", "cloud", "max-restarts", "metrics-addr", "log-format", "log-level"} {
+		runFlagEnv["SPOTAGENT_"+strings.ToUpper(strings.ReplaceAll(f, "-", "_"))] = true
+	}
+}
+
+// need fails (never skips) when a tool the deploy checks rely on is missing.
+func need(t *testing.T, tool, debPkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		t.Fatalf("%s not found (Debian package %s): the deploy checks need it", tool, debPkg)
+	}
+	return p
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// ---------------------------------------------------------------- systemd
+
+// unitSettings parses a unit file into section -> key -> values (in order).
+func unitSettings(t *testing.T, text string) map[string]map[string][]string {
+	t.Helper()
+	out := map[string]map[string][]string{}
+	section := ""
+	for i, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line[1 : len(line)-1]
+			out[section] = map[string][]string{}
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || section == "" {
+				t.Fatalf("unit line %d: not key=value in a section: %q", i+1, line)
+			}
+			out[section][strings.TrimSpace(k)] = append(out[section][strings.TrimSpace(k)], strings.TrimSpace(v))
+		}
+	}
+	return out
+}
+
+// one returns the single value of key, failing on zero or several.
+func one(t *testing.T, s map[string][]string, key string) string {
+	t.Helper()
+	if len(s[key]) != 1 {
+		t.Fatalf("%s: want exactly one setting, got %q", key, s[key])
+	}
+	return s[key][0]
+}
+
+// span parses a systemd / Go time span ("90s", "1min 30s", "2m", "90").
+func span(t *testing.T, s string) time.Duration {
+	t.Helper()
+	s = strings.TrimSpace(s)
+	if n, err := strconv.Atoi(s); err == nil {
+		return time.Duration(n) * time.Second
+	}
+	g := strings.NewReplacer("min", "m", "sec", "s", " ", "").Replace(s)
+	d, err := time.ParseDuration(g)
+	if err != nil {
+		t.Fatalf("cannot parse time span %q: %v", s, err)
+	}
+	return d
+}
+
+// unitEnv returns the Environment= assignments of the unit.
+func unitEnv(t *testing.T, svc map[string][]string) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, v := range svc["Environment"] {
+		k, val, ok := strings.Cut(strings.Trim(v, `"`), "=")
+		if !ok {
+			t.Fatalf("Environment=%s: not KEY=VALUE", v)
+		}
+		env[k] = val
+	}
+	return env
+}
+
+// verifyUnit runs systemd-analyze verify on the unit text, installed as
+// spotagent@test.service in a temp dir with ExecStart pointing at a stub.
+func verifyUnit(t *testing.T, text string) (string, error) {
+	t.Helper()
+	sa := need(t, "systemd-analyze", "systemd")
+	dir := t.TempDir()
+	stub := filepath.Join(dir, "spotagent")
+	if err := os.WriteFile(stub, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text, binPath+" ") {
+		t.Fatalf("unit does not run %s", binPath)
+	}
+	text = strings.ReplaceAll(text, binPath+" ", stub+" ")
+	unit := filepath.Join(dir, "spotagent@test.service")
+	if err := os.WriteFile(unit, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(sa, "verify", "--man=no", "--recursive-errors=no", unit)
+	cmd.Env = append(os.Environ(), "SYSTEMD_LOG_COLOR=0", "SYSTEMD_PAGER=cat")
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func TestSystemdUnitVerifies(t *testing.T) {
+	text := read(t, unitPath)
+	out, err := verifyUnit(t, text)
+	if err != nil || out != "" {
+		t.Fatalf("systemd-analyze verify: err=%v\n%s", err, out)
+	}
+	// The verifier must catch mistakes here, or the pass above means nothing.
+	bad := strings.Replace(text, "\nKillMode=mixed\n", "\nKillMode=mixd\n", 1)
+	if bad == text {
+		t.Fatal("no KillMode=mixed line to corrupt")
+	}
+	if out, err := verifyUnit(t, bad); err == nil && out == "" {
+		t.Fatal("systemd-analyze verify accepted KillMode=mixd: the check is not effective")
+	}
+}
+
+func TestSystemdUnitSettings(t *testing.T) {
+	u := unitSettings(t, read(t, unitPath))
+	svc := u["Service"]
+	for key, want := range map[string]string{
+		"KillMode":        "mixed",
+		"Restart":         "on-failure",
+		"NoNewPrivileges": "yes",
+		"ProtectSystem":   "strict",
+		"PrivateTmp":      "yes",
+		"EnvironmentFile": "/etc/spotagent/%i.env",
+		"StateDirectory":  "spotagent/%i",
+	} {
+		if got := one(t, svc, key); got != want {
+			t.Errorf("%s=%s, want %s", key, got, want)
+		}
+	}
+	for _, key := range []string{"PrivateDevices", "MemoryDenyWriteExecute", "ProtectClock", "DevicePolicy", "DeviceAllow"} {
+		if len(svc[key]) > 0 {
+			t.Errorf("%s is set: it breaks GPU trainers (/dev/nvidia*, CUDA JIT)", key)
+		}
+	}
+	exe := one(t, svc, "ExecStart")
+	if want := binPath + ` run -- /bin/sh -c "${TRAIN_COMMAND}"`; exe != want {
+		t.Errorf("ExecStart=%s, want %s", exe, want)
+	}
+	if one(t, u["Install"], "WantedBy") != "multi-user.target" {
+		t.Error("unit is not enabled into multi-user.target: it would not start again after a reboot")
+	}
+
+	env := unitEnv(t, svc)
+	for k := range env {
+		if strings.HasPrefix(k, "SPOTAGENT_") && !runFlagEnv[k] {
+			t.Errorf("Environment=%s: no such spotagent run flag", k)
+		}
+	}
+	// The checkpoint dir must be the writable state directory.
+	if got, want := env["SPOTAGENT_CHECKPOINT_DIR"], "%S/"+one(t, svc, "StateDirectory"); got != want {
+		t.Errorf("SPOTAGENT_CHECKPOINT_DIR=%s, want %s (writable under ProtectSystem=strict)", got, want)
+	}
+	if env["SPOTAGENT_RUN_ID"] != "%i" {
+		t.Errorf("default SPOTAGENT_RUN_ID=%q, want the instance name %%i", env["SPOTAGENT_RUN_ID"])
+	}
+
+	// Stop budget: TimeoutStopSec > term-grace + kill-after, for the unit's
+	// defaults and for any value example.env sets.
+	stop := span(t, one(t, svc, "TimeoutStopSec"))
+	grace, kill := span(t, env["SPOTAGENT_TERM_GRACE"]), span(t, env["SPOTAGENT_KILL_AFTER"])
+	for k, v := range envFile(t, read(t, envPath), true) {
+		switch k {
+		case "SPOTAGENT_TERM_GRACE":
+			grace = max(grace, span(t, v))
+		case "SPOTAGENT_KILL_AFTER":
+			kill = max(kill, span(t, v))
+		}
+	}
+	if grace <= 0 || kill <= 0 {
+		t.Fatalf("term-grace %v / kill-after %v not set in the unit", grace, kill)
+	}
+	if margin := stop - grace - kill; margin < 15*time.Second {
+		t.Errorf("TimeoutStopSec=%v leaves %v after term-grace %v + kill-after %v: want >= 15s", stop, margin, grace, kill)
+	}
+}
+
+// envFile parses KEY=VALUE lines; withCommented also reads "#KEY=VALUE" lines.
+func envFile(t *testing.T, text string, withCommented bool) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	re := regexp.MustCompile(`^(#?)([A-Z][A-Z0-9_]*)=(.*)$`)
+	for _, line := range strings.Split(text, "\n") {
+		m := re.FindStringSubmatch(strings.TrimSpace(line))
+		if m == nil || (m[1] == "#" && !withCommented) {
+			continue
+		}
+		out[m[2]] = strings.Trim(m[3], `"`)
+	}
+	return out
+}
+
+func TestExampleEnv(t *testing.T) {
+	text := read(t, envPath)
+	active := envFile(t, text, false)
+	for _, k := range []string{"SPOTAGENT_STORE", "SPOTAGENT_RUN_ID", "TRAIN_COMMAND"} {
+		if active[k] == "" {
+			t.Errorf("example.env does not set %s", k)
+		}
+	}
+	for k := range envFile(t, text, true) {
+		if strings.HasPrefix(k, "SPOTAGENT_") && !runFlagEnv[k] {
+			t.Errorf("example.env: %s is not the env fallback of any spotagent run flag", k)
+		}
+	}
+	for i, line := range strings.Split(text, "\n") {
+		l := strings.TrimSpace(line)
+		if l != "" && !strings.HasPrefix(l, "#") && !regexp.MustCompile(`^[A-Z][A-Z0-9_]*=`).MatchString(l) {
+			t.Errorf("example.env line %d is not KEY=VALUE: %q", i+1, line)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- shell
+
+func TestShellcheck(t *testing.T) {
+	sc := need(t, "shellcheck", "shellcheck")
+	var scripts []string
+	err := filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".sh") {
+			scripts = append(scripts, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(scripts) == 0 || !contains(scripts, userDataPath) {
+		t.Fatalf("no shell scripts found (%v)", scripts)
+	}
+	for _, s := range scripts {
+		out, err := exec.Command(sc, "--severity=style", "--external-sources", s).CombinedOutput()
+		if err != nil || len(out) > 0 {
+			t.Errorf("shellcheck %s: %v\n%s", s, err, out)
+		}
+	}
+	// shellcheck must be able to fail here.
+	bad := filepath.Join(t.TempDir(), "bad.sh")
+	os.WriteFile(bad, []byte("#!/bin/bash\nrm -rf $1/*\n"), 0o755)
+	if err := exec.Command(sc, bad).Run(); err == nil {
+		t.Error("shellcheck accepted an unquoted rm -rf $1/*: the check is not effective")
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestUserDataEmbedsUnitAndFits(t *testing.T) {
+	script := read(t, userDataPath)
+	if !strings.HasPrefix(script, "#!/bin/bash\n") || !strings.Contains(script, "\nset -euo pipefail\n") {
+		t.Error("user-data must start with #!/bin/bash and set -euo pipefail")
+	}
+	// EC2 limits user-data to 16 KB before base64 encoding.
+	if len(script) >= 16*1024 {
+		t.Errorf("user-data.sh is %d bytes, EC2 allows 16384", len(script))
+	}
+	const open, end = "<<'SPOTAGENT_UNIT'\n", "\nSPOTAGENT_UNIT\n"
+	i := strings.Index(script, open)
+	j := strings.Index(script, end)
+	if i < 0 || j < i {
+		t.Fatal("user-data.sh has no quoted SPOTAGENT_UNIT heredoc")
+	}
+	if got, want := script[i+len(open):j+1], read(t, unitPath); got != want {
+		t.Error("the unit embedded in ec2/user-data.sh differs from systemd/spotagent@.service; paste the unit file between the SPOTAGENT_UNIT markers again")
+	}
+}
+
+// fakeIMDS serves IMDSv2 with an optional spotagent:run-id tag.
+func fakeIMDS(t *testing.T, tag string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+			if r.Header.Get("X-aws-ec2-metadata-token-ttl-seconds") == "" {
+				http.Error(w, "no ttl", http.StatusBadRequest)
+				return
+			}
+			fmt.Fprint(w, "tok123")
+		case r.Header.Get("X-aws-ec2-metadata-token") != "tok123":
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+		case r.URL.Path == "/latest/meta-data/tags/instance/spotagent:run-id" && tag != "":
+			fmt.Fprint(w, tag)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type udRun struct {
+	root, calls, active string
+	env                 []string
+}
+
+// newUDRun prepares a root dir, a fake systemctl that logs its arguments
+// (is-active answers from a file) and a binary to download.
+func newUDRun(t *testing.T) (*udRun, string) {
+	need(t, "bash", "bash")
+	need(t, "curl", "curl")
+	dir := t.TempDir()
+	r := &udRun{root: filepath.Join(dir, "root"), calls: filepath.Join(dir, "calls"), active: filepath.Join(dir, "active")}
+	bin := filepath.Join(dir, "bin")
+	os.MkdirAll(bin, 0o755)
+	os.MkdirAll(r.root, 0o755)
+	fake := "#!/bin/sh\necho \"$*\" >> " + r.calls + "\n" +
+		"if [ \"$1\" = is-active ]; then test -e " + r.active + "; exit $?; fi\nexit 0\n"
+	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(dir, "spotagent-release")
+	os.WriteFile(release, []byte("#!/bin/sh\necho fake spotagent\n"), 0o755)
+	sum := sha256.Sum256([]byte("#!/bin/sh\necho fake spotagent\n"))
+	r.env = append(os.Environ(),
+		"PATH="+bin+":"+os.Getenv("PATH"),
+		"SPOTAGENT_ROOT="+r.root,
+		"SPOTAGENT_BINARY_URL=file://"+release,
+		"SPOTAGENT_BINARY_SHA256="+hex.EncodeToString(sum[:]),
+		"STORE_PREFIX=s3://bucket/runs/",
+	)
+	return r, release
+}
+
+func (r *udRun) run(t *testing.T, extra ...string) (string, error) {
+	t.Helper()
+	os.Remove(r.calls)
+	cmd := exec.Command("bash", userDataPath)
+	cmd.Env = append(append([]string{}, r.env...), extra...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (r *udRun) systemctlCalls(t *testing.T) []string {
+	b, _ := os.ReadFile(r.calls)
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// sourceEnv reads an env file the way a shell does (for these double-quoted
+// values the escapes are those of systemd's EnvironmentFile parser).
+func sourceEnv(t *testing.T, path, key string) string {
+	out, err := exec.Command("bash", "-c", `set -a; . "$1"; printf %s "${!2}"`, "_", path, key).Output()
+	if err != nil {
+		t.Fatalf("sourcing %s: %v", path, err)
+	}
+	return string(out)
+}
+
+func TestUserDataInstallsAndIsIdempotent(t *testing.T) {
+	r, release := newUDRun(t)
+	imds := fakeIMDS(t, "")
+	cmdline := `cd "/opt/my train" && exec python3 train.py --name 'a b' --tag "$HOSTNAME" \x ` + "`id`"
+	base := []string{"IMDS_ENDPOINT=" + imds.URL, "RUN_ID=cfg-run.1", "TRAIN_COMMAND=" + cmdline}
+
+	out, err := r.run(t, base...)
+	if err != nil {
+		t.Fatalf("user-data failed: %v\n%s", err, out)
+	}
+	envPath := filepath.Join(r.root, "etc/spotagent/cfg-run.1.env")
+	if got := sourceEnv(t, envPath, "SPOTAGENT_STORE"); got != "s3://bucket/runs/cfg-run.1" {
+		t.Errorf("store %q", got)
+	}
+	if got := sourceEnv(t, envPath, "SPOTAGENT_RUN_ID"); got != "cfg-run.1" {
+		t.Errorf("run id %q", got)
+	}
+	if got := sourceEnv(t, envPath, "TRAIN_COMMAND"); got != cmdline {
+		t.Errorf("TRAIN_COMMAND round trip:\n got %s\nwant %s", got, cmdline)
+	}
+	if st, err := os.Stat(envPath); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("env file mode: %v %v", st, err)
+	}
+	if got := read(t, filepath.Join(r.root, "etc/systemd/system/spotagent@.service")); got != read(t, unitPath) {
+		t.Error("installed unit differs from systemd/spotagent@.service")
+	}
+	if got, want := read(t, filepath.Join(r.root, "usr/local/bin/spotagent")), read(t, release); got != want {
+		t.Error("binary not installed")
+	}
+	calls := strings.Join(r.systemctlCalls(t), "\n")
+	for _, want := range []string{"daemon-reload", "enable spotagent@cfg-run.1.service", "start --no-block spotagent@cfg-run.1.service"} {
+		if !strings.Contains(calls, want) {
+			t.Errorf("systemctl %q not called; calls:\n%s", want, calls)
+		}
+	}
+
+	// Second run while the unit is active, with the download URL broken: the
+	// checksum-matching binary is kept and nothing is started or restarted.
+	os.WriteFile(r.active, nil, 0o644)
+	out, err = r.run(t, append(base, "SPOTAGENT_BINARY_URL=file:///nonexistent")...)
+	if err != nil {
+		t.Fatalf("second run failed: %v\n%s", err, out)
+	}
+	calls = strings.Join(r.systemctlCalls(t), "\n")
+	if strings.Contains(calls, "start") {
+		t.Errorf("idempotent re-run started or restarted the unit:\n%s", calls)
+	}
+	// A changed command restarts the running unit.
+	out, err = r.run(t, append(base[:2], "TRAIN_COMMAND=python3 other.py")...)
+	if err != nil {
+		t.Fatalf("third run failed: %v\n%s", err, out)
+	}
+	if calls := strings.Join(r.systemctlCalls(t), "\n"); !strings.Contains(calls, "restart --no-block spotagent@cfg-run.1.service") {
+		t.Errorf("changed env file did not restart the unit:\n%s", calls)
+	}
+}
+
+func TestUserDataRunIDFromTag(t *testing.T) {
+	r, _ := newUDRun(t)
+	imds := fakeIMDS(t, "exp42")
+	out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=configured")
+	if err != nil {
+		t.Fatalf("user-data failed: %v\n%s", err, out)
+	}
+	envPath := filepath.Join(r.root, "etc/spotagent/exp42.env")
+	if got := sourceEnv(t, envPath, "SPOTAGENT_STORE"); got != "s3://bucket/runs/exp42" {
+		t.Errorf("store %q, want the tag's run id", got)
+	}
+	if _, err := os.Stat(filepath.Join(r.root, "etc/spotagent/configured.env")); err == nil {
+		t.Error("configured RUN_ID used although the instance tag is set")
+	}
+}
+
+func TestUserDataRefusesBadInput(t *testing.T) {
+	for name, extra := range map[string][]string{
+		"no run id":       {"RUN_ID="},
+		"path run id":     {"RUN_ID=../etc"},
+		"bad checksum":    {"RUN_ID=ok", "SPOTAGENT_BINARY_SHA256=" + strings.Repeat("0", 64)},
+		"newline command": {"RUN_ID=ok", "TRAIN_COMMAND=a\nb"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, _ := newUDRun(t)
+			imds := fakeIMDS(t, "")
+			out, err := r.run(t, append(extra, "IMDS_ENDPOINT="+imds.URL)...)
+			if err == nil {
+				t.Fatalf("user-data succeeded:\n%s", out)
+			}
+			if b, _ := os.ReadFile(r.calls); bytes.Contains(b, []byte("start")) {
+				t.Error("unit started despite the error")
+			}
+		})
+	}
+}
+
+// ---------------------------------------------------------------- kubernetes
+
+// decodeManifests strictly decodes every document of a multi-document YAML
+// file into the official type for its kind; unknown fields and kinds fail.
+func decodeManifests(t *testing.T, path string) []any {
+	t.Helper()
+	var objs []any
+	docs := regexp.MustCompile(`(?m)^---[ \t]*$`).Split(read(t, path), -1)
+	for i, doc := range docs {
+		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) == "" {
+			continue
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatalf("%s doc %d: %v", path, i, err)
+		}
+		var obj any
+		switch tm.APIVersion + "/" + tm.Kind {
+		case "v1/Pod":
+			obj = &corev1.Pod{}
+		case "v1/ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		case "v1/Namespace":
+			obj = &corev1.Namespace{}
+		case "v1/ResourceQuota":
+			obj = &corev1.ResourceQuota{}
+		case "apps/v1/DaemonSet":
+			obj = &appsv1.DaemonSet{}
+		case "batch/v1/Job":
+			obj = &batchv1.Job{}
+		default:
+			t.Fatalf("%s doc %d: unexpected %s %s", path, i, tm.APIVersion, tm.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s doc %d (%s): strict decode: %v", path, i, tm.Kind, err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+func only[T any](t *testing.T, objs []any) T {
+	t.Helper()
+	var found []T
+	for _, o := range objs {
+		if v, ok := o.(T); ok {
+			found = append(found, v)
+		}
+	}
+	if len(found) != 1 {
+		var zero T
+		t.Fatalf("want exactly one %T, found %d", zero, len(found))
+	}
+	return found[0]
+}
+
+func TestStrictDecodeRejectsUnknownFields(t *testing.T) {
+	var p corev1.Pod
+	err := yaml.UnmarshalStrict([]byte("apiVersion: v1\nkind: Pod\nspec:\n  containers: []\n  terminationGracePeriod: 30\n"), &p)
+	if err == nil {
+		t.Fatal("strict decoding accepted an unknown field")
+	}
+}
+
+// flag returns the value of --name=V / --name V in args, else env SPOTAGENT_NAME.
+func flagValue(c corev1.Container, name string) string {
+	for i, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+		if a == "--"+name && i+1 < len(c.Args) {
+			return c.Args[i+1]
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "SPOTAGENT_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_")) {
+			if e.ValueFrom != nil {
+				return "<from " + e.ValueFrom.String() + ">"
+			}
+			return e.Value
+		}
+	}
+	return ""
+}
+
+func mountOf(c corev1.Container, volume string) string {
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return m.MountPath
+		}
+	}
+	return ""
+}
+
+func envOf(c corev1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+func checkProbes(t *testing.T, c corev1.Container) {
+	t.Helper()
+	metrics := flagValue(c, "metrics-addr")
+	if metrics == "" {
+		t.Fatalf("%s: no --metrics-addr: /healthz and /readyz are not served", c.Name)
+	}
+	_, portStr, _ := strings.Cut(metrics, ":")
+	port, _ := strconv.Atoi(portStr)
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		want := map[string]string{"readiness": "/readyz", "liveness": "/healthz"}[name]
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != want {
+			t.Errorf("%s: %s probe must GET %s, got %+v", c.Name, name, want, p)
+			continue
+		}
+		target := p.HTTPGet.Port.IntValue()
+		if p.HTTPGet.Port.StrVal != "" {
+			target = 0
+			for _, cp := range c.Ports {
+				if cp.Name == p.HTTPGet.Port.StrVal {
+					target = int(cp.ContainerPort)
+				}
+			}
+		}
+		if target != port {
+			t.Errorf("%s: %s probe on port %d, metrics listen on %d", c.Name, name, target, port)
+		}
+	}
+}
+
+// checkSidecarPodSpec checks the native-sidecar setup shared by the Pod and Job.
+func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	var agent *corev1.Container
+	for i := range spec.InitContainers {
+		if spec.InitContainers[i].Name == "spotagent" {
+			agent = &spec.InitContainers[i]
+		}
+	}
+	for _, c := range spec.Containers {
+		if len(c.Args) > 0 && c.Args[0] == "sidecar" {
+			t.Errorf("container %s runs spotagent sidecar as a regular container: it must be a native sidecar (init container)", c.Name)
+		}
+	}
+	if agent == nil {
+		t.Fatal("no init container named spotagent")
+	}
+	if agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("spotagent init container lacks restartPolicy: Always (not a native sidecar)")
+	}
+	if len(agent.Args) == 0 || agent.Args[0] != "sidecar" {
+		t.Errorf("spotagent init container args %q, want `sidecar ...`", agent.Args)
+	}
+	if flagValue(*agent, "store") == "" {
+		t.Error("sidecar has no store (--store or SPOTAGENT_STORE)")
+	}
+	if flagValue(*agent, "run-id") == "" {
+		t.Error("sidecar has no run id")
+	}
+	checkProbes(t, *agent)
+	if agent.StartupProbe == nil || agent.StartupProbe.HTTPGet == nil || agent.StartupProbe.HTTPGet.Path != "/readyz" {
+		t.Error("sidecar needs a startupProbe on /readyz so the trainer starts after the restore")
+	}
+
+	sock := flagValue(*agent, "socket")
+	ckpt := flagValue(*agent, "checkpoint-dir")
+	if sock == "" || ckpt == "" {
+		t.Fatalf("sidecar needs --socket and --checkpoint-dir, got %q %q", sock, ckpt)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	// The volume holding the socket and the one holding the checkpoint dir.
+	var sockVol, ckptVol string
+	for _, m := range agent.VolumeMounts {
+		if strings.HasPrefix(sock, m.MountPath+"/") {
+			sockVol = m.Name
+		}
+		if ckpt == m.MountPath || strings.HasPrefix(ckpt, m.MountPath+"/") {
+			ckptVol = m.Name
+		}
+	}
+	for what, name := range map[string]string{"socket": sockVol, "checkpoint": ckptVol} {
+		if v, ok := volumes[name]; !ok || v.EmptyDir == nil {
+			t.Errorf("%s directory is not on an emptyDir volume (volume %q)", what, name)
+		}
+	}
+	if len(spec.Containers) == 0 {
+		t.Fatal("no trainer container")
+	}
+	for _, c := range spec.Containers {
+		if got, ok := envOf(c, "SPOTAGENT_SOCKET"); !ok || got != sock {
+			t.Errorf("trainer %s: SPOTAGENT_SOCKET=%q, want %q", c.Name, got, sock)
+		}
+		if mountOf(c, sockVol) != mountOf(*agent, sockVol) {
+			t.Errorf("trainer %s does not mount the socket volume %q at %s", c.Name, sockVol, mountOf(*agent, sockVol))
+		}
+		if mountOf(c, ckptVol) != mountOf(*agent, ckptVol) {
+			t.Errorf("trainer %s does not mount the checkpoint volume %q at %s", c.Name, ckptVol, mountOf(*agent, ckptVol))
+		}
+	}
+	// The agent checks the peer uid: both sides must run as the same user.
+	sc := spec.SecurityContext
+	if sc == nil || sc.RunAsUser == nil {
+		t.Error("pod securityContext.runAsUser unset: trainer and agent uids may differ (SO_PEERCRED check)")
+	}
+	for _, c := range append([]corev1.Container{*agent}, spec.Containers...) {
+		if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil {
+			t.Errorf("container %s overrides runAsUser", c.Name)
+		}
+	}
+	checkGrace(t, spec, *agent)
+}
+
+func checkGrace(t *testing.T, spec corev1.PodSpec, agent corev1.Container) {
+	t.Helper()
+	grace, kill := flagValue(agent, "term-grace"), flagValue(agent, "kill-after")
+	if grace == "" || kill == "" {
+		t.Fatalf("%s: set --term-grace and --kill-after explicitly (got %q, %q)", agent.Name, grace, kill)
+	}
+	need := span(t, grace) + span(t, kill) + 15*time.Second
+	if spec.TerminationGracePeriodSeconds == nil {
+		t.Fatal("terminationGracePeriodSeconds unset (default 30s)")
+	}
+	if got := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second; got < need {
+		t.Errorf("terminationGracePeriodSeconds %v < term-grace %s + kill-after %s + 15s", got, grace, kill)
+	}
+}
+
+func checkSpotTolerations(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	for _, want := range []corev1.Toleration{
+		{Key: "cloud.google.com/gke-spot", Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "kubernetes.azure.com/scalesetpriority", Operator: corev1.TolerationOpEqual, Value: "spot", Effect: corev1.TaintEffectNoSchedule},
+	} {
+		taint := corev1.Taint{Key: want.Key, Value: want.Value, Effect: want.Effect}
+		ok := false
+		for _, tol := range spec.Tolerations {
+			if tol.ToleratesTaint(klog.Background(), &taint, false) {
+				ok = true
+			}
+		}
+		if !ok {
+			t.Errorf("no toleration for the spot taint %s=%s:%s", want.Key, want.Value, want.Effect)
+		}
+	}
+}
+
+func TestSidecarPod(t *testing.T) {
+	objs := decodeManifests(t, "kubernetes/sidecar-pod.yaml")
+	pod := only[*corev1.Pod](t, objs)
+	sa := only[*corev1.ServiceAccount](t, objs)
+	if pod.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("pod uses service account %q, file defines %q", pod.Spec.ServiceAccountName, sa.Name)
+	}
+	checkSidecarPodSpec(t, pod.Spec)
+	checkSpotTolerations(t, pod.Spec)
+}
+
+func TestSidecarJob(t *testing.T) {
+	job := only[*batchv1.Job](t, decodeManifests(t, "kubernetes/sidecar-job.yaml"))
+	spec := job.Spec.Template.Spec
+	checkSidecarPodSpec(t, spec)
+	checkSpotTolerations(t, spec)
+	if spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Error("podFailurePolicy needs restartPolicy Never")
+	}
+	ignored := false
+	if job.Spec.PodFailurePolicy != nil {
+		for _, r := range job.Spec.PodFailurePolicy.Rules {
+			for _, c := range r.OnPodConditions {
+				if r.Action == batchv1.PodFailurePolicyActionIgnore && c.Type == corev1.DisruptionTarget {
+					ignored = true
+				}
+			}
+		}
+	}
+	if !ignored {
+		t.Error("spot disruptions (DisruptionTarget) must not count against backoffLimit")
+	}
+	// The run id must survive pod relaunches: the Job name, not the pod name.
+	for _, c := range spec.InitContainers {
+		if c.Name == "spotagent" {
+			if got := flagValue(c, "run-id"); !strings.Contains(got, "batch.kubernetes.io/job-name") {
+				t.Errorf("job run id %q is not the Job name", got)
+			}
+		}
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	objs := decodeManifests(t, "kubernetes/daemonset.yaml")
+	ds := only[*appsv1.DaemonSet](t, objs)
+	ns := only[*corev1.Namespace](t, objs)
+	sa := only[*corev1.ServiceAccount](t, objs)
+	spec := ds.Spec.Template.Spec
+	if ds.Namespace != ns.Name || sa.Namespace != ns.Name || spec.ServiceAccountName != sa.Name {
+		t.Errorf("namespace/service account mismatch: ds %s/%s sa %s/%s ns %s", ds.Namespace, spec.ServiceAccountName, sa.Namespace, sa.Name, ns.Name)
+	}
+	sel, err := metav1.LabelSelectorAsMap(ds.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range sel {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %s=%s does not match the pod template", k, v)
+		}
+	}
+	if spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q", spec.PriorityClassName)
+	}
+	if len(spec.NodeSelector) > 0 {
+		t.Error("nodeSelector is an AND of all labels: no node is EKS, GKE and AKS spot at once; use nodeAffinity")
+	}
+
+	// Spot pools of each cloud: one nodeSelectorTerm each (terms are ORed).
+	var terms []corev1.NodeSelectorTerm
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		terms = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	}
+	for _, node := range []map[string]string{
+		{"eks.amazonaws.com/capacityType": "SPOT"},
+		{"cloud.google.com/gke-spot": "true"},
+		{"kubernetes.azure.com/scalesetpriority": "spot"},
+	} {
+		matched := false
+		for _, term := range terms {
+			if termMatches(term, node) {
+				matched = true
+			}
+		}
+		if !matched {
+			t.Errorf("node affinity does not admit a spot node labelled %v", node)
+		}
+	}
+	if !func() bool {
+		for _, term := range terms {
+			if termMatches(term, map[string]string{"kubernetes.io/os": "linux"}) {
+				return false
+			}
+		}
+		return true
+	}() {
+		t.Error("node affinity admits on-demand nodes")
+	}
+	checkSpotTolerations(t, spec)
+
+	if len(spec.Containers) != 1 {
+		t.Fatalf("want one container, got %d", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if len(c.Args) == 0 || c.Args[0] != "node" {
+		t.Fatalf("args %q, want `node ...`", c.Args)
+	}
+	prefix := flagValue(c, "store-prefix")
+	if !strings.HasSuffix(prefix, "/") {
+		t.Errorf("--store-prefix %q: end it with / (store = prefix + run id)", prefix)
+	}
+	sock, root := flagValue(c, "socket"), flagValue(c, "checkpoint-root")
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	for what, path := range map[string]string{"socket": filepath.Dir(sock), "checkpoint root": root} {
+		found := false
+		for _, m := range c.VolumeMounts {
+			v := volumes[m.Name]
+			if m.MountPath == path && v.HostPath != nil {
+				found = true
+				if v.HostPath.Path != path {
+					t.Errorf("%s: hostPath %s mounted at %s: trainer pods must see the same path", what, v.HostPath.Path, path)
+				}
+				if v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
+					t.Errorf("%s hostPath type must be DirectoryOrCreate", what)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s directory %q is not a hostPath mount", what, path)
+		}
+	}
+	if sock != "/var/run/spotagent/agent.sock" {
+		t.Errorf("--socket %q, want /var/run/spotagent/agent.sock (documented for trainers)", sock)
+	}
+	checkProbes(t, c)
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Error("set cpu/memory requests and a memory limit")
+	}
+	checkGrace(t, spec, c)
+}
+
+// termMatches evaluates a node selector term (In/Exists only) against labels.
+func termMatches(term corev1.NodeSelectorTerm, labels map[string]string) bool {
+	if len(term.MatchExpressions) == 0 {
+		return false
+	}
+	for _, e := range term.MatchExpressions {
+		v, ok := labels[e.Key]
+		switch e.Operator {
+		case corev1.NodeSelectorOpIn:
+			if !ok || !contains(e.Values, v) {
+				return false
+			}
+		case corev1.NodeSelectorOpExists:
+			if !ok {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+

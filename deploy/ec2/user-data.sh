@@ -1,0 +1,229 @@
+#!/bin/bash
+# spotagent EC2 user-data: install spotagent, write /etc/spotagent/<run-id>.env,
+# install spotagent@.service and start spotagent@<run-id>. Paste as user-data
+# (or a launch template's), after editing the variables below.
+#
+# Relaunch-safe: an ASG or spot fleet that replaces the instance runs this
+# again on a fresh machine; the run id is the same (tag or RUN_ID below), so
+# spotagent restores the latest committed checkpoint from the store and the
+# trainer resumes. The run id is deliberately NOT the instance id: a new
+# instance has a new id and would start the run from scratch. Running the
+# script twice on one instance changes nothing (the unit is restarted only if
+# its files changed). Needs: bash, curl, sha256sum, systemd; `aws` for s3://.
+set -euo pipefail
+
+# ---- edit these -------------------------------------------------------------
+# The spotagent binary: https://... or s3://bucket/key, and its sha256 (hex).
+# Leave the checksum empty only for testing: the download is then unverified.
+SPOTAGENT_BINARY_URL="${SPOTAGENT_BINARY_URL:-https://github.com/spotagent/spotagent/releases/latest/download/spotagent-linux-amd64}"
+SPOTAGENT_BINARY_SHA256="${SPOTAGENT_BINARY_SHA256:-}"
+# Checkpoints go to STORE_PREFIX/<run id> (s3://, gs:// or a local path).
+STORE_PREFIX="${STORE_PREFIX:-s3://my-bucket/runs}"
+# Run id: the instance tag RUN_ID_TAG wins when readable (launch template:
+# "InstanceMetadataTags": "enabled", and tag propagation in the ASG); else RUN_ID.
+RUN_ID_TAG="${RUN_ID_TAG:-spotagent:run-id}"
+RUN_ID="${RUN_ID:-}"
+# One shell command line, run by /bin/sh -c as root under the unit's sandbox.
+TRAIN_COMMAND="${TRAIN_COMMAND:-cd /opt/train && exec python3 train.py}"
+# Extra KEY=VALUE lines for the env file (spotagent flags or trainer env).
+EXTRA_ENV="${EXTRA_ENV:-SPOTAGENT_LOG_LEVEL=info}"
+# ---- end of settings --------------------------------------------------------
+
+# Test hooks: install under a different root / use a fake metadata server.
+ROOT="${SPOTAGENT_ROOT:-}"
+IMDS_ENDPOINT="${IMDS_ENDPOINT:-http://169.254.169.254}"
+
+BIN="$ROOT/usr/local/bin/spotagent"
+UNIT_FILE="$ROOT/etc/systemd/system/spotagent@.service"
+
+log() { echo "spotagent-user-data: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+[[ -n "$ROOT" || "$(id -u)" -eq 0 ]] || die "must run as root"
+
+# imds PATH: print an IMDSv2 metadata value; fails on 404 or no IMDS.
+imds_token=""
+imds() {
+  if [[ -z "$imds_token" ]]; then
+    imds_token="$(curl -fsS --connect-timeout 2 --max-time 5 --retry 3 \
+      -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" \
+      "$IMDS_ENDPOINT/latest/api/token")" || return 1
+  fi
+  curl -fsS --connect-timeout 2 --max-time 5 --retry 3 \
+    -H "X-aws-ec2-metadata-token: $imds_token" "$IMDS_ENDPOINT/latest/meta-data/$1"
+}
+
+# envq VALUE: VALUE double-quoted for a systemd EnvironmentFile.
+envq() {
+  local s="$1"
+  s="${s//\\/\\\\}"; s="${s//\"/\\\"}"; s="${s//\$/\\\$}"; s="${s//\`/\\\`}"
+  printf '"%s"' "$s"
+}
+
+# install_if_changed SRC DST MODE: replace DST atomically; exit 0 if changed.
+install_if_changed() {
+  if [[ -f "$2" ]] && cmp -s "$1" "$2"; then
+    rm -f "$1"
+    return 1
+  fi
+  chmod "$3" "$1"
+  mv -f "$1" "$2"
+}
+
+# --- run id and store --------------------------------------------------------
+tag_value="$(imds "tags/instance/$RUN_ID_TAG" 2>/dev/null)" || tag_value=""
+if [[ -n "$tag_value" ]]; then
+  log "run id from instance tag $RUN_ID_TAG"
+  RUN_ID="$tag_value"
+fi
+[[ -n "$RUN_ID" ]] || die "no run id: set RUN_ID or tag the instance with $RUN_ID_TAG"
+[[ "$RUN_ID" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$ ]] ||
+  die "run id '$RUN_ID' must match [A-Za-z0-9][A-Za-z0-9._-]*"
+STORE="${STORE_PREFIX%/}/$RUN_ID"
+for v in "$STORE" "$TRAIN_COMMAND"; do
+  [[ "$v" != *$'\n'* ]] || die "STORE_PREFIX and TRAIN_COMMAND cannot contain newlines"
+done
+[[ -n "$TRAIN_COMMAND" ]] || die "TRAIN_COMMAND is empty"
+log "run id $RUN_ID, store $STORE"
+
+# --- binary ------------------------------------------------------------------
+mkdir -p "$(dirname "$BIN")" "$(dirname "$UNIT_FILE")" "$ROOT/etc/spotagent"
+want_sha="${SPOTAGENT_BINARY_SHA256,,}"
+if [[ -n "$want_sha" && -x "$BIN" ]] &&
+  [[ "$(sha256sum "$BIN" | cut -d' ' -f1)" == "$want_sha" ]]; then
+  log "spotagent binary already installed"
+else
+  tmp="$(mktemp "$BIN.XXXXXX")"
+  trap 'rm -f "$tmp"' EXIT
+  case "$SPOTAGENT_BINARY_URL" in
+    s3://*) aws s3 cp --only-show-errors "$SPOTAGENT_BINARY_URL" "$tmp" ;;
+    *) curl -fsSL --retry 5 --retry-connrefused -o "$tmp" "$SPOTAGENT_BINARY_URL" ;;
+  esac
+  if [[ -n "$want_sha" ]]; then
+    echo "$want_sha  $tmp" | sha256sum -c --quiet - || die "sha256 mismatch for $SPOTAGENT_BINARY_URL"
+  else
+    log "warning: SPOTAGENT_BINARY_SHA256 is empty, binary not verified"
+  fi
+  chmod 0755 "$tmp"
+  mv -f "$tmp" "$BIN"
+  trap - EXIT
+  log "installed $BIN"
+fi
+
+# --- unit and env file -------------------------------------------------------
+changed=0
+unit_tmp="$(mktemp "$UNIT_FILE.XXXXXX")"
+# Identical to deploy/systemd/spotagent@.service (a test keeps them in sync).
+cat > "$unit_tmp" <<'SPOTAGENT_UNIT'
+# spotagent@.service: run one training job under spotagent on a VM.
+#
+# The instance name is the run name: `systemctl enable --now spotagent@exp42`
+# reads /etc/spotagent/exp42.env (see example.env), keeps local checkpoints in
+# /var/lib/spotagent/exp42 and serves the trainer socket at
+# /run/spotagent/exp42/agent.sock (`spotagent status --socket ...` works on it).
+#
+# Stop sequence (KillMode=mixed): systemd sends SIGTERM to spotagent only; it
+# treats it as an interruption notice, asks the trainer for a final checkpoint,
+# uploads it within --term-grace, then stops the trainer (SIGTERM, SIGKILL after
+# --kill-after). systemd SIGKILLs whatever is left after TimeoutStopSec, which
+# must stay above term-grace + kill-after (the tests check it).
+[Unit]
+Description=spotagent training run %i
+Documentation=https://github.com/spotagent/spotagent/tree/main/deploy
+Wants=network-online.target
+After=network-online.target nvidia-persistenced.service
+# A trainer that keeps failing stops being restarted after 5 tries in an hour.
+StartLimitIntervalSec=1h
+StartLimitBurst=5
+
+[Service]
+Type=exec
+# Defaults; /etc/spotagent/%i.env overrides any of them (EnvironmentFile= wins
+# over Environment=). The env file is required: a missing file fails the start.
+Environment=SPOTAGENT_RUN_ID=%i
+Environment=SPOTAGENT_CHECKPOINT_DIR=%S/spotagent/%i
+Environment=SPOTAGENT_SOCKET=%t/spotagent/%i/agent.sock
+Environment=SPOTAGENT_TERM_GRACE=25s
+Environment=SPOTAGENT_KILL_AFTER=5s
+Environment=SPOTAGENT_LOG_FORMAT=console
+# Framework caches (pip, Hugging Face, torch hub) must be writable under
+# ProtectSystem=strict: point XDG_CACHE_HOME at the unit's cache directory.
+Environment=XDG_CACHE_HOME=%C/spotagent/%i
+EnvironmentFile=/etc/spotagent/%i.env
+# TRAIN_COMMAND is one shell command line (for example
+# "cd /opt/train && exec python train.py --lr 3e-4"). systemd substitutes
+# "${TRAIN_COMMAND}" as a single argument without re-expanding it, and
+# /bin/sh -c parses it, so quoting, $VARS and && behave as in a shell.
+# An empty command would make spotagent exit at once with success: refuse it.
+ExecStartPre=/bin/sh -c 'test -n "$$TRAIN_COMMAND" || { echo "TRAIN_COMMAND is empty or missing in /etc/spotagent/%i.env" >&2; exit 1; }'
+ExecStart=/usr/local/bin/spotagent run -- /bin/sh -c "${TRAIN_COMMAND}"
+KillMode=mixed
+KillSignal=SIGTERM
+TimeoutStopSec=90s
+Restart=on-failure
+RestartSec=15s
+SyslogIdentifier=spotagent-%i
+
+# Writable paths: StateDirectory= and CacheDirectory= are created, owned and
+# made writable despite ProtectSystem=strict; RuntimeDirectory= holds the socket.
+StateDirectory=spotagent/%i
+CacheDirectory=spotagent/%i
+RuntimeDirectory=spotagent/%i
+# Other paths the trainer writes (datasets, logs) go in a drop-in:
+#   systemctl edit spotagent@exp42  ->  [Service] ReadWritePaths=/data
+
+# Hardening that leaves a GPU trainer working. Deliberately NOT set:
+# PrivateDevices (CUDA needs /dev/nvidia*), MemoryDenyWriteExecute (CUDA,
+# Triton and torch.compile JIT), ProtectClock (it restricts device access),
+# ProtectKernelModules (nvidia-modprobe may load nvidia_uvm on first use),
+# ProtectHome (training code and virtualenvs often live in /home; strict
+# already makes it read-only), SystemCallFilter, CapabilityBoundingSet.
+NoNewPrivileges=yes
+ProtectSystem=strict
+PrivateTmp=yes
+ProtectKernelTunables=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+LockPersonality=yes
+UMask=0027
+# GPU / EFA training needs pinned memory and many file descriptors
+# (limits.conf does not apply to services).
+LimitMEMLOCK=infinity
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+SPOTAGENT_UNIT
+if install_if_changed "$unit_tmp" "$UNIT_FILE" 0644; then changed=1; fi
+
+ENV_FILE="$ROOT/etc/spotagent/$RUN_ID.env"
+env_tmp="$(mktemp "$ENV_FILE.XXXXXX")"
+{
+  echo "# Written by spotagent EC2 user-data; rewritten on every run of it."
+  echo "SPOTAGENT_STORE=$(envq "$STORE")"
+  echo "SPOTAGENT_RUN_ID=$(envq "$RUN_ID")"
+  echo "TRAIN_COMMAND=$(envq "$TRAIN_COMMAND")"
+  if [[ -n "$EXTRA_ENV" ]]; then printf '%s\n' "$EXTRA_ENV"; fi
+} > "$env_tmp"
+if install_if_changed "$env_tmp" "$ENV_FILE" 0600; then changed=1; fi
+
+# --- start -------------------------------------------------------------------
+unit="spotagent@$RUN_ID.service"
+systemctl daemon-reload
+systemctl enable "$unit"
+# --no-block: this script runs inside cloud-final.service; never wait on a job.
+if systemctl is-active --quiet "$unit"; then
+  if [[ "$changed" -eq 1 ]]; then
+    log "configuration changed, restarting $unit"
+    systemctl restart --no-block "$unit"
+  else
+    log "$unit already running with this configuration"
+  fi
+else
+  systemctl reset-failed "$unit" 2>/dev/null || true
+  systemctl start --no-block "$unit"
+  log "started $unit"
+fi
