@@ -1,0 +1,244 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// abortTimeout bounds the cleanup of a failed upload; it runs on a context
+// detached from the (possibly cancelled) caller's.
+const abortTimeout = 30 * time.Second
+
+// Put uploads r. Objects up to one part go in a single PutObject; larger
+// ones as a multipart upload whose parts are read into buffers from the
+// store's shared pool and sent Concurrency at a time. A failed or
+// cancelled multipart upload is aborted, so no parts are left behind.
+func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	k, err := s.key(key)
+	if err != nil {
+		return err
+	}
+	part := s.partSize(size)
+	first := part
+	if size >= 0 && size <= part {
+		first = size
+	}
+	buf, err := s.pool.get(ctx, first)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	cr := ctxReader{ctx, r}
+	n, err := io.ReadFull(cr, buf)
+	last := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if err == nil && size >= 0 && size <= part {
+		last, err = atEOF(cr)
+	}
+	if err != nil && !last {
+		s.pool.put(buf)
+		return fmt.Errorf("put %s: read: %w", key, err)
+	}
+	if last {
+		defer s.pool.put(buf)
+		if size >= 0 && int64(n) != size {
+			return fmt.Errorf("put %s: read %d bytes, want %d", key, n, size)
+		}
+		return s.putObject(ctx, k, buf[:n], opts)
+	}
+	return s.multipart(ctx, k, buf, cr, size, part, opts)
+}
+
+// partSize grows the part size for objects that would need more than
+// S3's 10,000 parts, rounded up to a whole MiB.
+func (s *Store) partSize(size int64) int64 {
+	p := s.opts.PartSize
+	if size > p*maxParts {
+		p = (size/maxParts + 1 + 1<<20 - 1) &^ (1<<20 - 1)
+	}
+	return p
+}
+
+// atEOF reports whether r has nothing left to read.
+func atEOF(r io.Reader) (bool, error) {
+	var b [1]byte
+	n, err := io.ReadFull(r, b[:])
+	if n == 0 && errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return false, errors.New("more bytes than the given size")
+}
+
+func (s *Store) putObject(ctx context.Context, k *string, data []byte, opts cloud.PutOptions) error {
+	in := &s3.PutObjectInput{
+		Bucket: &s.bucket, Key: k, Body: bytes.NewReader(data),
+		ContentLength:     aws.Int64(int64(len(data))),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+	}
+	in.IfNoneMatch, in.IfMatch = conditions(opts)
+	if _, err := s.client.PutObject(ctx, in); err != nil {
+		return fmt.Errorf("put %s: %w", *k, translate(err))
+	}
+	return nil
+}
+
+func conditions(opts cloud.PutOptions) (ifNoneMatch, ifMatch *string) {
+	if opts.IfAbsent {
+		ifNoneMatch = aws.String("*")
+	}
+	if opts.IfVersion != "" {
+		ifMatch = aws.String(opts.IfVersion)
+	}
+	return ifNoneMatch, ifMatch
+}
+
+type upload struct {
+	s    *Store
+	k    *string
+	id   *string
+	mu   sync.Mutex
+	done []types.CompletedPart
+}
+
+func (s *Store) multipart(ctx context.Context, k *string, first []byte, r io.Reader, size, part int64, opts cloud.PutOptions) error {
+	out, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+	})
+	if err != nil {
+		s.pool.put(first)
+		return fmt.Errorf("put %s: create upload: %w", *k, translate(err))
+	}
+	u := &upload{s: s, k: k, id: out.UploadId}
+	start := time.Now()
+	total, err := u.send(ctx, first, r, part)
+	if err == nil && size >= 0 && total != size {
+		err = fmt.Errorf("read %d bytes, want %d", total, size)
+	}
+	if err == nil {
+		err = u.complete(ctx, opts)
+	}
+	if err != nil {
+		u.abort(ctx, err)
+		return fmt.Errorf("put %s: %w", *k, err)
+	}
+	s.log.Debug("multipart upload done", zap.String("key", *k), zap.Int64("bytes", total),
+		zap.Int("parts", len(u.done)), zap.Duration("took", time.Since(start)))
+	return nil
+}
+
+// send reads r part by part and uploads the parts concurrently. buf holds
+// the first (full) part; send owns it.
+func (u *upload) send(ctx context.Context, buf []byte, r io.Reader, part int64) (int64, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(u.s.opts.Concurrency)
+	total := int64(len(buf))
+	for num := int32(1); ; num++ {
+		if num > maxParts {
+			u.s.pool.put(buf)
+			g.Go(func() error { return errors.New("more than 10000 parts") })
+			break
+		}
+		body, n := buf, num
+		g.Go(func() error {
+			defer u.s.pool.put(body)
+			return u.part(gctx, n, body)
+		})
+		var err error
+		if buf, err = u.s.pool.get(gctx, part); err != nil {
+			g.Go(func() error { return err })
+			break
+		}
+		m, err := io.ReadFull(ctxReader{gctx, r}, buf)
+		total += int64(m)
+		if m == 0 && errors.Is(err, io.EOF) {
+			u.s.pool.put(buf)
+			break
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			body, n := buf, num+1
+			g.Go(func() error {
+				defer u.s.pool.put(body)
+				return u.part(gctx, n, body[:m])
+			})
+			break
+		}
+		if err != nil {
+			u.s.pool.put(buf)
+			g.Go(func() error { return fmt.Errorf("read: %w", err) })
+			break
+		}
+	}
+	return total, g.Wait()
+}
+
+func (u *upload) part(ctx context.Context, num int32, data []byte) error {
+	out, err := u.s.client.UploadPart(ctx, &s3.UploadPartInput{
+		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id, PartNumber: aws.Int32(num),
+		Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+	})
+	if err != nil {
+		return fmt.Errorf("part %d: %w", num, translate(err))
+	}
+	u.mu.Lock()
+	u.done = append(u.done, types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC32C: out.ChecksumCRC32C})
+	u.mu.Unlock()
+	return nil
+}
+
+func (u *upload) complete(ctx context.Context, opts cloud.PutOptions) error {
+	slices.SortFunc(u.done, func(a, b types.CompletedPart) int { return int(*a.PartNumber - *b.PartNumber) })
+	in := &s3.CompleteMultipartUploadInput{
+		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: u.done},
+	}
+	in.IfNoneMatch, in.IfMatch = conditions(opts)
+	if _, err := u.s.client.CompleteMultipartUpload(ctx, in); err != nil {
+		return fmt.Errorf("complete upload: %w", translate(err))
+	}
+	return nil
+}
+
+// abort removes the upload's parts, on a context that outlives a
+// cancelled caller.
+func (u *upload) abort(ctx context.Context, cause error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	_, err := u.s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
+		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id,
+	})
+	if err != nil {
+		// Cleanup (AbortIncompleteUploads) on the next start removes it.
+		u.s.log.Warn("abort multipart upload failed", zap.String("key", *u.k), zap.NamedError("cause", cause), zap.Error(err))
+		return
+	}
+	u.s.log.Info("multipart upload aborted", zap.String("key", *u.k), zap.Error(cause))
+}
+
+// ctxReader stops reading once ctx is done, even if r never would.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
