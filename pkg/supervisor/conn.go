@@ -129,10 +129,17 @@ func (c *Conn) serve() {
 		err = c.cause
 	}
 	c.mu.Unlock()
-	fields := []zap.Field{zap.Int("partial_bytes", partial), zap.Uint64("dropped_progress", c.dropped.Load())}
-	if err != nil {
+	fields := []zap.Field{zap.Uint64("dropped_progress", c.dropped.Load())}
+	if h, ok := c.Hello(); ok && h.Rank != nil {
+		fields = append(fields, zap.Int("rank", *h.Rank))
+	}
+	switch {
+	case err != nil:
 		c.log.Warn("connection closed", append(fields, zap.Error(err))...)
-	} else {
+	case partial > 0:
+		c.log.Warn("connection closed by peer mid-line; partial line discarded",
+			append(fields, zap.Int("partial_bytes", partial))...)
+	default:
 		c.log.Info("connection closed by peer", fields...)
 	}
 	c.srv.emit(Event{Conn: c, Msg: Message{Type: TypeDisconnected}, Err: err})

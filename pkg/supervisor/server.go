@@ -138,7 +138,11 @@ func removeStaleSocket(path string) error {
 // Path is the socket path.
 func (s *Server) Path() string { return s.cfg.Path }
 
-// Events delivers trainer messages. It is closed when Serve returns.
+// Events delivers trainer messages, then one TypeDisconnected event per
+// connection. A reader blocks while the buffer is full (backpressure on that
+// trainer only), except for progress, which is dropped instead. Once the
+// server closes nothing more is delivered, and Events is closed when Serve
+// returns.
 func (s *Server) Events() <-chan Event { return s.events }
 
 // Serve accepts connections until ctx ends or Close is called, then closes

@@ -234,6 +234,10 @@ func TestServer_HalfMessageThenClose(t *testing.T) {
 	if got := len(s.Conns()); got != 0 {
 		t.Errorf("len(Conns())=%d after disconnect, want 0", got)
 	}
+	logs := s.logs.FilterMessage("connection closed by peer mid-line; partial line discarded").All()
+	if len(logs) != 1 || logs[0].ContextMap()["partial_bytes"] != int64(29) {
+		t.Errorf("logs=%+v, want one mid-line close with partial_bytes 29", logs)
+	}
 }
 
 func TestServer_ManyConns(t *testing.T) {
