@@ -223,7 +223,8 @@ func TestServer_LineAtLimit(t *testing.T) {
 func TestServer_HalfMessageThenClose(t *testing.T) {
 	s := startServer(t, ServerConfig{})
 	c, conn := s.hello(t, 0)
-	if _, err := c.Write([]byte(`{"type":"done","id":"c1","st`)); err != nil {
+	const half = `{"type":"done","id":"c1","st`
+	if _, err := c.Write([]byte(half)); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
@@ -235,8 +236,8 @@ func TestServer_HalfMessageThenClose(t *testing.T) {
 		t.Errorf("len(Conns())=%d after disconnect, want 0", got)
 	}
 	logs := s.logs.FilterMessage("connection closed by peer mid-line; partial line discarded").All()
-	if len(logs) != 1 || logs[0].ContextMap()["partial_bytes"] != int64(29) {
-		t.Errorf("logs=%+v, want one mid-line close with partial_bytes 29", logs)
+	if len(logs) != 1 || logs[0].ContextMap()["partial_bytes"] != int64(len(half)) {
+		t.Errorf("logs=%+v, want one mid-line close with partial_bytes %d", logs, len(half))
 	}
 }
 
