@@ -1,0 +1,72 @@
+package azure
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Document is the Scheduled Events document.
+type Document struct {
+	Incarnation int
+	Events      []Event
+}
+
+// Event is one scheduled event.
+type Event struct {
+	ID                string // EventId
+	Type              string // Preempt, Terminate, Reboot, Redeploy, Freeze
+	ResourceType      string // VirtualMachine
+	Resources         []string
+	Status            string    // Scheduled, Started
+	NotBefore         time.Time // zero when blank (the event has started)
+	Description       string
+	Source            string // Platform, User
+	DurationInSeconds int
+}
+
+// ParseDocument parses a Scheduled Events document. DocumentIncarnation
+// is required, and every event needs an EventId and an EventType; a bad
+// event fails the whole document, so that a half-read answer never yields
+// a notice (nor, by omission, a cancellation).
+func ParseDocument(body []byte) (Document, error) {
+	var w struct {
+		DocumentIncarnation *int
+		Events              []struct {
+			EventId           string
+			EventType         string
+			ResourceType      string
+			Resources         []string
+			EventStatus       string
+			NotBefore         string
+			Description       string
+			EventSource       string
+			DurationInSeconds int
+		}
+	}
+	if err := json.Unmarshal(body, &w); err != nil {
+		return Document{}, fmt.Errorf("parse scheduled events: %w", err)
+	}
+	if w.DocumentIncarnation == nil {
+		return Document{}, errors.New("parse scheduled events: no DocumentIncarnation")
+	}
+	doc := Document{Incarnation: *w.DocumentIncarnation, Events: make([]Event, 0, len(w.Events))}
+	for _, e := range w.Events {
+		if e.EventId == "" || e.EventType == "" {
+			return Document{}, errors.New("parse scheduled events: event without EventId or EventType")
+		}
+		ev := Event{ID: e.EventId, Type: e.EventType, ResourceType: e.ResourceType, Resources: e.Resources,
+			Status: e.EventStatus, Description: e.Description, Source: e.EventSource, DurationInSeconds: e.DurationInSeconds}
+		if e.NotBefore != "" {
+			t, err := http.ParseTime(e.NotBefore) // "Mon, 19 Sep 2016 18:29:47 GMT"
+			if err != nil {
+				return Document{}, fmt.Errorf("parse scheduled events: %s: NotBefore: %w", e.EventId, err)
+			}
+			ev.NotBefore = t
+		}
+		doc.Events = append(doc.Events, ev)
+	}
+	return doc, nil
+}

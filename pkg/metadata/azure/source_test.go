@@ -1,0 +1,171 @@
+package azure_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/azure"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/metatest"
+)
+
+const poll = 20 * time.Millisecond
+
+func newSource(f *fake.Azure) *azure.Source {
+	return azure.New(azure.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: 300 * time.Millisecond,
+		MaxBackoff: 50 * time.Millisecond}, nil)
+}
+
+func waitRequests(t *testing.T, f fake.Server, n int64) {
+	t.Helper()
+	start := f.Requests()
+	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
+}
+
+func TestIdentity(t *testing.T) {
+	f := fake.NewAzure(fake.AzureOptions{VMName: "vm-a", VMID: "id-1", VMSize: "Standard_ND96asr_v4", Location: "westeurope", Zone: "2", Priority: "Spot"})
+	defer f.Close()
+	id, err := newSource(f).Identity(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := metadata.Identity{Cloud: "azure", InstanceID: "id-1", InstanceType: "Standard_ND96asr_v4", Zone: "westeurope-2", Lifecycle: "spot", Name: "vm-a"}
+	if id != want {
+		t.Fatalf("identity=%+v, want %+v", id, want)
+	}
+}
+
+func TestEndpointFromEnvironment(t *testing.T) {
+	f := fake.NewAzure(fake.AzureOptions{})
+	defer f.Close()
+	t.Setenv("SPOTAGENT_AZURE_METADATA_ENDPOINT", f.URL())
+	if err := azure.New(azure.Config{}, nil).Probe(context.Background()); err != nil {
+		t.Fatalf("probe with SPOTAGENT_AZURE_METADATA_ENDPOINT: %v", err)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	t.Run("PreemptThenAck", func(t *testing.T) {
+		f := fake.NewAzure(fake.AzureOptions{})
+		defer f.Close()
+		src := newSource(f)
+		ch, _ := metatest.Watch(t, src)
+		ev, _ := f.Preempt()
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindTermination || n.ID != ev.EventId || n.Action != "Preempt" || !n.Deadline.Equal(ev.NotBefore) {
+			t.Fatalf("notice=%+v, want termination %s at %v", n, ev.EventId, ev.NotBefore)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := src.Ack(ctx, n.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.WaitAck(ctx, ev.EventId); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.Acks(); len(got) != 1 || got[0] != ev.EventId {
+			t.Fatalf("acks=%v, want [%s]", got, ev.EventId)
+		}
+		// The event is now Started (a new incarnation): not a new notice.
+		waitRequests(t, f, 3)
+		metatest.NoNotice(t, ch)
+	})
+	t.Run("BlankNotBeforeGetsDefaultGrace", func(t *testing.T) {
+		f := fake.NewAzure(fake.AzureOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		f.AddEvent(fake.AzureEvent{EventType: "Terminate", EventStatus: "Started"})
+		n := metatest.Next(t, ch, 2*time.Second)
+		if n.Kind != metadata.KindTermination {
+			t.Fatalf("notice=%+v, want termination", n)
+		}
+		metatest.Within(t, "deadline", n.Deadline, n.Detected.Add(30*time.Second), time.Millisecond)
+	})
+	t.Run("OtherVMIgnored", func(t *testing.T) {
+		f := fake.NewAzure(fake.AzureOptions{VMName: "mine"})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		f.AddEvent(fake.AzureEvent{EventType: "Preempt", Resources: []string{"someone-else"}, NotBefore: time.Now().Add(time.Minute)})
+		waitRequests(t, f, 4)
+		metatest.NoNotice(t, ch)
+		f.AddEvent(fake.AzureEvent{EventType: "Preempt", Resources: []string{"someone-else", "MINE"}, NotBefore: time.Now().Add(time.Minute)})
+		if n := metatest.Next(t, ch, 2*time.Second); n.Kind != metadata.KindTermination {
+			t.Fatalf("notice=%+v, want termination", n)
+		}
+	})
+	t.Run("MaintenanceThenCancelled", func(t *testing.T) {
+		for _, typ := range []string{"Reboot", "Redeploy", "Freeze"} {
+			f := fake.NewAzure(fake.AzureOptions{})
+			defer f.Close()
+			ch, stop := metatest.Watch(t, newSource(f))
+			nb := time.Now().Add(10 * time.Minute).Truncate(time.Second)
+			ev, _ := f.AddEvent(fake.AzureEvent{EventType: typ, NotBefore: nb, DurationInSeconds: 10})
+			n := metatest.Next(t, ch, 2*time.Second)
+			if n.Kind != metadata.KindMaintenance || n.Action != typ || !n.Deadline.Equal(nb) {
+				t.Fatalf("notice=%+v, want maintenance/%s at %v", n, typ, nb)
+			}
+			f.RemoveEvent(ev.EventId)
+			c := metatest.Next(t, ch, 2*time.Second)
+			if c.Kind != metadata.KindCancelled || c.ID != ev.EventId {
+				t.Fatalf("notice=%+v, want cancelled %s", c, ev.EventId)
+			}
+			stop()
+		}
+	})
+	t.Run("StopsPromptlyWhileRequestHangs", func(t *testing.T) {
+		f := fake.NewAzure(fake.AzureOptions{})
+		defer f.Close()
+		f.SetFault(fake.FaultHang)
+		_, stop := metatest.Watch(t, azure.New(azure.Config{Endpoint: f.URL(), RequestTimeout: time.Minute}, nil))
+		waitRequests(t, f, 1)
+		stop()
+	})
+}
+
+// TestWatch_Faults: every fault is survived without a notice, and an
+// eviction after the fault heals is delivered. The fault starts once the
+// VM name is known, so the Scheduled Events polls are what fails.
+func TestWatch_Faults(t *testing.T) {
+	for _, fault := range fake.Faults {
+		t.Run(fault.String(), func(t *testing.T) {
+			f := fake.NewAzure(fake.AzureOptions{})
+			defer f.Close()
+			ch, _ := metatest.Watch(t, newSource(f))
+			waitRequests(t, f, 2)
+			f.SetFault(fault)
+			waitRequests(t, f, 6)
+			metatest.NoNotice(t, ch)
+			f.SetFault(fake.FaultNone)
+			f.Preempt()
+			if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+				t.Fatalf("notice=%+v, want termination", n)
+			}
+		})
+	}
+}
+
+func TestWatch_FaultBeforeName(t *testing.T) {
+	f := fake.NewAzure(fake.AzureOptions{})
+	defer f.Close()
+	f.SetFault(fake.FaultGarbage)
+	ch, _ := metatest.Watch(t, newSource(f))
+	waitRequests(t, f, 4)
+	f.SetFault(fake.FaultNone)
+	f.Preempt()
+	if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+		t.Fatalf("notice=%+v, want termination", n)
+	}
+}
+
+func TestAck_Fails(t *testing.T) {
+	f := fake.NewAzure(fake.AzureOptions{})
+	defer f.Close()
+	f.SetFault(fake.Fault5xx)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := newSource(f).Ack(ctx, "x"); err == nil {
+		t.Fatal("ack succeeded against a failing IMDS")
+	}
+}
