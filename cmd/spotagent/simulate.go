@@ -1,9 +1,115 @@
 package main
 
-import "fmt"
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"text/tabwriter"
+	"time"
 
-// cmdSimulate is a placeholder until its package lands.
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// cmdSimulate compares checkpoint interval policies on an interruption trace
+// (--trace) or synthetic ones, or prints the table of docs/frequency.md (--grid).
 func cmdSimulate(args []string) int {
-	fmt.Println("not implemented yet")
-	return 2
+	fs := newFlagSet("simulate")
+	trace := fs.String("trace", "", "interruption trace CSV: time,kind,lead_seconds (time: seconds from start or RFC 3339; kind: announced|unannounced|rebalance); empty = synthetic")
+	rate := fs.Float64("rate", 0.05, "synthetic: interruptions per hour")
+	duration := fs.Duration("duration", 30*24*time.Hour, "length of one run (with --trace and unset: the last event + 1h)")
+	notice := fs.Float64("notice-success", 0.9, "synthetic: fraction of interruptions whose notice checkpoint commits")
+	seed := fs.Uint64("seed", 1, "synthetic: first seed")
+	runs := fs.Int("runs", 100, "synthetic: runs (seeds seed..seed+runs-1) summed per policy")
+	policies := fs.String("policies", "adaptive,fixed:5m,fixed:10m,fixed:15m,fixed:30m,fixed:60m", "comma-separated: adaptive, fixed:<duration>")
+	delta := fs.Duration("delta", 30*time.Second, "blocking cost of one checkpoint")
+	restart := fs.Duration("restart", 5*time.Minute, "time from a machine's loss to training again")
+	upload := fs.Duration("upload", time.Minute, "upload time of one checkpoint (background)")
+	prior := fs.Float64("interruption-rate", checkpoint.DefaultInterruptionRate, "adaptive policy's prior interruptions per hour")
+	minIv := fs.Duration("min-interval", checkpoint.DefaultMinInterval, "lower clamp of every policy")
+	maxIv := fs.Duration("max-interval", checkpoint.DefaultMaxInterval, "upper clamp of every policy")
+	grid := fs.Bool("grid", false, "print the docs/frequency.md table (ignores the other trace flags except seed, runs, duration, restart, upload, clamps and interruption-rate)")
+	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "grid: parallel simulations")
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+		return 2
+	}
+	if *grid {
+		g := checkpoint.DefaultGrid()
+		g.Seed, g.Runs, g.Duration, g.Restart, g.Upload = *seed, *runs, *duration, *restart, *upload
+		g.Min, g.Max, g.PriorRate, g.Workers = *minIv, *maxIv, *prior, *workers
+		start := time.Now()
+		cells := checkpoint.RunGrid(g)
+		if err := checkpoint.WriteGrid(os.Stdout, g, cells); err != nil {
+			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "grid: %d cells in %s\n", len(cells), time.Since(start).Round(time.Millisecond))
+		return 0
+	}
+	pols, err := checkpoint.ParsePolicies(*policies)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+		return 2
+	}
+	p := checkpoint.SimParams{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
+		Min: *minIv, Max: *maxIv, PriorRate: *prior}
+	var traces [][]checkpoint.SimEvent
+	if *trace != "" {
+		evs, err := readTraceFile(*trace)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+			return 1
+		}
+		if len(evs) > 0 && !flagSet(fs, "duration") {
+			p.Duration = evs[len(evs)-1].At + time.Hour
+		}
+		traces = [][]checkpoint.SimEvent{evs}
+	} else {
+		for i := range max(*runs, 1) {
+			traces = append(traces, checkpoint.SyntheticTrace(checkpoint.SynthConfig{Rate: *rate, Duration: *duration,
+				NoticeSuccess: *notice, Lead: checkpoint.SimLead(*delta, *upload), Seed: *seed + uint64(i)}))
+		}
+	}
+	results := make([]checkpoint.SimResult, len(pols))
+	for i, pol := range pols {
+		for _, tr := range traces {
+			results[i].Add(checkpoint.Simulate(tr, pol, p))
+		}
+	}
+	writeSimTable(os.Stdout, pols, results, len(traces), p.Duration)
+	return 0
+}
+
+func readTraceFile(path string) ([]checkpoint.SimEvent, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	defer f.Close()
+	return checkpoint.ReadTrace(f)
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	_, env := os.LookupEnv(envName(name))
+	return set || env
+}
+
+func writeSimTable(w io.Writer, pols []checkpoint.SimPolicy, rs []checkpoint.SimResult, runs int, d time.Duration) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "policy\tcheckpoints\tinterruptions\toverhead %%\tlost %%\trestart %%\twaste %%\t\n")
+	for i, r := range rs {
+		pct := func(x time.Duration) float64 { return 100 * float64(x) / float64(r.Useful) }
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t\n", pols[i].Name, r.Checkpoints, r.Interruptions,
+			pct(r.Overhead), pct(r.Lost), pct(r.Restart), r.Waste())
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "%d run(s) of %s; percentages of useful work\n", runs, d)
 }

@@ -1,0 +1,373 @@
+package checkpoint
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Defaults of SchedulerConfig and of the estimates before any measurement.
+const (
+	DefaultMinInterval      = time.Minute
+	DefaultMaxInterval      = 2 * time.Hour
+	DefaultInterruptionRate = 0.05 // per hour
+
+	// DefaultCost is the blocking cost assumed before the first checkpoint.
+	DefaultCost = 30 * time.Second
+	// DefaultThroughput (bytes/s) sizes uploads before the first one is measured.
+	DefaultThroughput = 50e6
+	// DefaultRebalanceFactor multiplies the interruption rate after a
+	// rebalance recommendation (or a maintenance event without a time).
+	DefaultRebalanceFactor = 10.0
+	// DefaultHazardDecay is the time constant with which a raised hazard
+	// without an end decays back to the base rate.
+	DefaultHazardDecay = 2 * time.Hour
+
+	// priorWeight is how much run time the rate prior is worth: a gamma
+	// prior with shape rate·priorWeight and inverse scale priorWeight.
+	priorWeight = 24 * time.Hour
+	// noticeA, noticeB are the Beta prior of p, the fraction of
+	// interruptions whose notice-driven checkpoint committed: Jeffreys'
+	// Beta(½,½), mean ½ (see docs/frequency.md for why not p = 0).
+	noticeA, noticeB = 0.5, 0.5
+	// costAlpha and uploadAlpha weight a new sample in the EWMAs.
+	costAlpha, uploadAlpha = 0.3, 0.3
+	// uploadPoll is how far ahead Next looks while an upload is running;
+	// callers should also re-ask as soon as the upload finishes.
+	uploadPoll = 5 * time.Second
+	// maxMTTL caps M when p → 1 or the rate → 0.
+	maxMTTL = 10 * 365 * 24 * time.Hour
+)
+
+// SchedulerConfig configures a Scheduler. Zero values take the defaults.
+type SchedulerConfig struct {
+	// Fixed > 0 fixes the interval (--interval 15m) and ignores every
+	// estimate and live signal; 0 is adaptive (--interval auto).
+	Fixed time.Duration
+	// Min and Max clamp the adaptive interval (defaults 1m, 2h).
+	Min, Max time.Duration
+	// InterruptionRate is the prior rate of interruptions (announced or not)
+	// per hour of run time (default 0.05).
+	InterruptionRate float64
+	// RebalanceFactor multiplies the rate while a rebalance signal is live
+	// (default 10).
+	RebalanceFactor float64
+	Log             *zap.Logger
+}
+
+// History is what the run journal tells a (re)started run about earlier
+// lives of the same run.
+type History struct {
+	RunTime         time.Duration // time the run spent on machines, all lives together
+	Interruptions   int           // interruptions observed, announced or not
+	NoticeCommitted int           // interruptions whose notice-driven checkpoint committed
+	Cost            time.Duration // last blocking-cost EWMA; 0 = unknown
+	Throughput      float64       // last upload throughput EWMA, bytes/s; 0 = unknown
+}
+
+// Scheduler decides when the next periodic checkpoint is due. It never reads
+// the clock: every decision takes now, so a simulation can drive it in
+// simulated time. All methods are safe for concurrent use.
+//
+// The interval is Daly's estimate (DalyInterval) for the blocking cost δ and
+// M, the mean time to an unannounced loss, M = 1/(λ·(1−p)), where λ is the
+// gamma-posterior interruption rate (prior InterruptionRate worth one day of
+// run time, plus the journal's interruptions and run time, plus the time this
+// scheduler has run without one) times any live hazard factor, and p the
+// Beta-posterior fraction of interruptions whose notice checkpoint committed.
+// The result is clamped to [Min, Max] and raised to at least the expected
+// upload time, so that uploads never pile up.
+type Scheduler struct {
+	cfg SchedulerConfig
+	log *zap.Logger
+
+	mu         sync.Mutex
+	hist       History
+	cost       time.Duration // EWMA; 0 = none measured
+	throughput float64       // EWMA bytes/s; 0 = none measured
+	lastBytes  int64         // size of the last upload
+	uploadTime time.Duration // EWMA of upload durations, for bytes-less estimates
+	start      time.Time     // first now seen: exposure of this life starts here
+	now        time.Time     // latest now seen
+	hazardAt   time.Time     // when the live hazard was raised; zero = none
+	hazardEnd  time.Time     // when it ends; zero = decays from hazardAt
+	maintAt    time.Time     // scheduled maintenance start; zero = none
+	logged     time.Duration // last interval logged
+}
+
+// NewScheduler returns a Scheduler with cfg's zero values defaulted.
+func NewScheduler(cfg SchedulerConfig) *Scheduler {
+	if cfg.Min <= 0 {
+		cfg.Min = DefaultMinInterval
+	}
+	if cfg.Max <= 0 {
+		cfg.Max = DefaultMaxInterval
+	}
+	if cfg.Max < cfg.Min {
+		cfg.Max = cfg.Min
+	}
+	if cfg.InterruptionRate < 0 {
+		cfg.InterruptionRate = 0
+	} else if cfg.InterruptionRate == 0 {
+		cfg.InterruptionRate = DefaultInterruptionRate
+	}
+	if cfg.RebalanceFactor < 1 {
+		cfg.RebalanceFactor = DefaultRebalanceFactor
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Scheduler{cfg: cfg, log: log}
+}
+
+// ObserveCost records the blocking cost of one checkpoint (request → done).
+func (s *Scheduler) ObserveCost(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cost == 0 {
+		s.cost = d
+	} else {
+		s.cost = ewma(s.cost, d, costAlpha)
+	}
+}
+
+// ObserveUpload records one upload's duration and size.
+func (s *Scheduler) ObserveUpload(d time.Duration, bytes int64) {
+	if d < 0 || bytes < 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastBytes = bytes
+	if s.uploadTime == 0 {
+		s.uploadTime = d
+	} else {
+		s.uploadTime = ewma(s.uploadTime, d, uploadAlpha)
+	}
+	if d == 0 || bytes == 0 {
+		return
+	}
+	bps := float64(bytes) / d.Seconds()
+	if s.throughput == 0 {
+		s.throughput = bps
+	} else {
+		s.throughput += uploadAlpha * (bps - s.throughput)
+	}
+}
+
+// ObserveHistory seeds the scheduler from the run journal at start. The
+// journal's cost and throughput are used until this life measures its own.
+func (s *Scheduler) ObserveHistory(h History) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h.RunTime < 0 {
+		h.RunTime = 0
+	}
+	h.Interruptions = max(h.Interruptions, 0)
+	h.NoticeCommitted = min(max(h.NoticeCommitted, 0), h.Interruptions)
+	s.hist = h
+	if s.cost == 0 && h.Cost > 0 {
+		s.cost = h.Cost
+	}
+	if s.throughput == 0 && h.Throughput > 0 {
+		s.throughput = h.Throughput
+	}
+}
+
+// Hazard applies a live signal. "rebalance" (and "maintenance" without a
+// time) multiplies the interruption rate by RebalanceFactor at once, until
+// until, or when until is zero decaying back with a 2 h time constant.
+// "maintenance" with a time makes the next checkpoint commit before it.
+// "cancelled" withdraws a maintenance signal. Other kinds are ignored.
+func (s *Scheduler) Hazard(now time.Time, kind string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.see(now)
+	switch kind {
+	case "rebalance":
+		s.hazardAt, s.hazardEnd = now, until
+	case "maintenance":
+		if until.IsZero() {
+			s.hazardAt, s.hazardEnd = now, time.Time{}
+		} else {
+			s.maintAt = until
+		}
+	case "cancelled":
+		s.maintAt = time.Time{}
+	default:
+		return
+	}
+	s.log.Info("checkpoint hazard signal", zap.String("kind", kind), zap.Time("until", until))
+	s.intervalLocked()
+}
+
+// Interval returns the current interval: the compute time from the end of
+// one checkpoint (the trainer's done) to the next request, as of the latest
+// now the scheduler was given. Every change is logged with its inputs.
+func (s *Scheduler) Interval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.intervalLocked()
+}
+
+// Next returns when the next periodic checkpoint is due, given last, when
+// the previous checkpoint finished blocking (or when the run started or was
+// restored). It is last + Interval, brought forward so that a checkpoint
+// commits before a scheduled maintenance. While an upload is running no new
+// checkpoint is due: Next then returns a time after now (now + 5 s at the
+// earliest), and the caller re-asks then or when the upload finishes.
+func (s *Scheduler) Next(last time.Time, uploading bool, now time.Time) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.see(now)
+	due := last.Add(s.intervalLocked())
+	if s.cfg.Fixed <= 0 && !s.maintAt.IsZero() {
+		if now.After(s.maintAt) {
+			s.maintAt = time.Time{}
+		} else if t := s.maintAt.Add(-s.commitTimeLocked()); last.Before(t) && t.Before(due) {
+			due = t
+		}
+	}
+	if uploading && due.Before(now.Add(uploadPoll)) {
+		due = now.Add(uploadPoll)
+	}
+	return due
+}
+
+// Due reports whether a periodic checkpoint should be requested now.
+func (s *Scheduler) Due(now, last time.Time, uploading bool) bool {
+	return !uploading && !s.Next(last, false, now).After(now)
+}
+
+// Cost returns the blocking-cost estimate (DefaultCost before any).
+func (s *Scheduler) Cost() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.costLocked()
+}
+
+// Throughput returns the upload throughput estimate in bytes/s
+// (DefaultThroughput before any measurement).
+func (s *Scheduler) Throughput() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.throughput == 0 {
+		return DefaultThroughput
+	}
+	return s.throughput
+}
+
+// EstimateUpload returns how long uploading bytes is expected to take.
+func (s *Scheduler) EstimateUpload(bytes int64) time.Duration {
+	return time.Duration(float64(bytes) / s.Throughput() * float64(time.Second))
+}
+
+// see advances the scheduler's notion of now; the first call starts the
+// exposure of this life.
+func (s *Scheduler) see(now time.Time) {
+	if s.start.IsZero() {
+		s.start = now
+	}
+	if now.After(s.now) {
+		s.now = now
+	}
+}
+
+func (s *Scheduler) costLocked() time.Duration {
+	if s.cost == 0 {
+		return DefaultCost
+	}
+	return s.cost
+}
+
+// uploadLocked is the expected time of the next upload: the last size at
+// the measured throughput, or the mean measured duration.
+func (s *Scheduler) uploadLocked() time.Duration {
+	if s.lastBytes > 0 && s.throughput > 0 {
+		return time.Duration(float64(s.lastBytes) / s.throughput * float64(time.Second))
+	}
+	return s.uploadTime
+}
+
+// commitTimeLocked is how long a checkpoint takes from request to commit.
+func (s *Scheduler) commitTimeLocked() time.Duration {
+	return s.costLocked() + s.uploadLocked()
+}
+
+// rateLocked returns the posterior interruption rate per hour, without the
+// live hazard factor, and the exposure it is based on.
+func (s *Scheduler) rateLocked() (float64, time.Duration) {
+	// This life's exposure counts in whole hours, so that it changes the
+	// interval (and logs) at most once an hour.
+	exposure := s.hist.RunTime
+	if !s.start.IsZero() {
+		exposure += s.now.Sub(s.start).Truncate(time.Hour)
+	}
+	w := priorWeight.Hours()
+	return (s.cfg.InterruptionRate*w + float64(s.hist.Interruptions)) / (w + exposure.Hours()), exposure
+}
+
+// noticeLocked returns the posterior fraction of interruptions whose
+// notice checkpoint committed.
+func (s *Scheduler) noticeLocked() float64 {
+	return (noticeA + float64(s.hist.NoticeCommitted)) / (noticeA + noticeB + float64(s.hist.Interruptions))
+}
+
+// hazardLocked returns the live factor on the rate.
+func (s *Scheduler) hazardLocked() float64 {
+	if s.hazardAt.IsZero() {
+		return 1
+	}
+	k := s.cfg.RebalanceFactor
+	if !s.hazardEnd.IsZero() {
+		if s.now.Before(s.hazardEnd) {
+			return k
+		}
+		return 1
+	}
+	return 1 + (k-1)*math.Exp(-s.now.Sub(s.hazardAt).Seconds()/DefaultHazardDecay.Seconds())
+}
+
+func (s *Scheduler) intervalLocked() time.Duration {
+	if s.cfg.Fixed > 0 {
+		return s.cfg.Fixed
+	}
+	base, exposure := s.rateLocked()
+	factor := s.hazardLocked()
+	p := s.noticeLocked()
+	rate := base * factor * (1 - p)
+	m := maxMTTL
+	if rate > 0 && 1/rate < maxMTTL.Hours() {
+		m = time.Duration(float64(time.Hour) / rate)
+	}
+	delta := s.costLocked()
+	upload := s.uploadLocked()
+	iv := min(max(DalyInterval(delta, m), s.cfg.Min), s.cfg.Max)
+	iv = max(iv, upload).Round(time.Second)
+	if iv != s.logged {
+		s.logged = iv
+		s.log.Info("checkpoint interval",
+			zap.Duration("interval", iv),
+			zap.Duration("cost", delta),
+			zap.Duration("mttl", m.Round(time.Second)),
+			zap.Float64("rate_per_hour", base),
+			zap.Float64("hazard_factor", factor),
+			zap.Float64("notice_committed", p),
+			zap.Duration("exposure", exposure.Round(time.Second)),
+			zap.Int("interruptions", s.hist.Interruptions),
+			zap.Duration("upload", upload),
+			zap.Duration("min", s.cfg.Min),
+			zap.Duration("max", s.cfg.Max))
+	}
+	return iv
+}
+
+func ewma(old, sample time.Duration, alpha float64) time.Duration {
+	return old + time.Duration(alpha*float64(sample-old))
+}

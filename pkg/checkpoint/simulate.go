@@ -1,0 +1,620 @@
+package checkpoint
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kinds of SimEvent.
+const (
+	SimAnnounced   = "announced"   // an interruption with a notice Lead before At
+	SimUnannounced = "unannounced" // an interruption without notice
+	SimRebalance   = "rebalance"   // a live hazard signal, no interruption
+)
+
+// SimEvent is one line of an interruption trace.
+type SimEvent struct {
+	At   time.Duration // since the start of the run (wall clock)
+	Kind string
+	Lead time.Duration // announced: how long before At the notice came
+}
+
+// SimParams are the costs a simulated run pays.
+type SimParams struct {
+	Delta    time.Duration // blocking cost of one checkpoint
+	Restart  time.Duration // from the machine's loss to the restored trainer running again
+	Upload   time.Duration // upload time of one checkpoint, in the background
+	Bytes    int64         // checkpoint size, only to feed ObserveUpload (default 1 GiB)
+	Duration time.Duration // wall-clock length of the run
+	// Scheduler settings for every policy (Fixed is set per policy).
+	Min, Max  time.Duration
+	PriorRate float64 // --interruption-rate of the adaptive policy
+}
+
+// SimPolicy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
+type SimPolicy struct {
+	Name  string
+	Fixed time.Duration
+}
+
+// SimResult is where a simulated run's wall-clock time went.
+type SimResult struct {
+	Useful        time.Duration // progress kept at the end
+	Overhead      time.Duration // blocked in checkpoints (periodic and notice-driven)
+	Lost          time.Duration // computed, then lost to an interruption
+	Restart       time.Duration // not training because of an interruption (stopped after a notice checkpoint, restarting)
+	Checkpoints   int
+	Interruptions int
+}
+
+// Waste returns overhead, lost work and restart time as a % of useful work.
+func (r SimResult) Waste() float64 {
+	if r.Useful <= 0 {
+		return math.Inf(1)
+	}
+	return 100 * float64(r.Overhead+r.Lost+r.Restart) / float64(r.Useful)
+}
+
+// Add accumulates o into r.
+func (r *SimResult) Add(o SimResult) {
+	r.Useful += o.Useful
+	r.Overhead += o.Overhead
+	r.Lost += o.Lost
+	r.Restart += o.Restart
+	r.Checkpoints += o.Checkpoints
+	r.Interruptions += o.Interruptions
+}
+
+// ParsePolicies parses "adaptive,fixed:5m,fixed:15m".
+func ParsePolicies(s string) ([]SimPolicy, error) {
+	var ps []SimPolicy
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		switch {
+		case f == "":
+		case f == "adaptive":
+			ps = append(ps, SimPolicy{Name: f})
+		case strings.HasPrefix(f, "fixed:"):
+			d, err := time.ParseDuration(strings.TrimPrefix(f, "fixed:"))
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("policy %q: want fixed:<positive duration>", f)
+			}
+			ps = append(ps, SimPolicy{Name: f, Fixed: d})
+		default:
+			return nil, fmt.Errorf("policy %q: want adaptive or fixed:<duration>", f)
+		}
+	}
+	if len(ps) == 0 {
+		return nil, errors.New("no policies")
+	}
+	return ps, nil
+}
+
+// SynthConfig describes a synthetic trace: Poisson interruptions at Rate per
+// hour, of which a fraction NoticeSuccess are announced with Lead (long
+// enough for the notice checkpoint to commit), the rest unannounced.
+type SynthConfig struct {
+	Rate          float64
+	Duration      time.Duration
+	NoticeSuccess float64
+	Lead          time.Duration
+	Seed          uint64
+}
+
+// SyntheticTrace returns a reproducible trace for c.
+func SyntheticTrace(c SynthConfig) []SimEvent {
+	if c.Rate <= 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, 0x5907a6e47))
+	var evs []SimEvent
+	t := time.Duration(0)
+	for {
+		t += time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Hour))
+		if t >= c.Duration {
+			return evs
+		}
+		e := SimEvent{At: t, Kind: SimUnannounced}
+		if rng.Float64() < c.NoticeSuccess {
+			e.Kind, e.Lead = SimAnnounced, c.Lead
+		}
+		evs = append(evs, e)
+	}
+}
+
+// ReadTrace reads a CSV trace: time,kind,lead_seconds with an optional
+// header line. time is seconds since the start of the run, or RFC 3339 (the
+// first row's time is then the start, unless an earlier row exists: the
+// earliest is). kind is announced, unannounced or rebalance. Rows may come
+// in any order.
+func ReadTrace(r io.Reader) ([]SimEvent, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	cr.Comment = '#'
+	cr.TrimLeadingSpace = true
+	recs, err := cr.ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	type row struct {
+		secs    float64
+		abs     time.Time
+		isAbs   bool
+		kind    string
+		leadSec float64
+	}
+	var rows []row
+	for i, rec := range recs {
+		if len(rec) < 2 {
+			return nil, fmt.Errorf("trace line %d: want time,kind[,lead_seconds]", i+1)
+		}
+		if i == 0 && strings.EqualFold(strings.TrimSpace(rec[0]), "time") {
+			continue
+		}
+		var rw row
+		ts := strings.TrimSpace(rec[0])
+		if v, err := strconv.ParseFloat(ts, 64); err == nil {
+			rw.secs = v
+		} else if t, err := time.Parse(time.RFC3339, ts); err == nil {
+			rw.abs, rw.isAbs = t, true
+		} else {
+			return nil, fmt.Errorf("trace line %d: time %q: want seconds or RFC 3339", i+1, ts)
+		}
+		rw.kind = strings.ToLower(strings.TrimSpace(rec[1]))
+		if rw.kind != SimAnnounced && rw.kind != SimUnannounced && rw.kind != SimRebalance {
+			return nil, fmt.Errorf("trace line %d: kind %q: want announced, unannounced or rebalance", i+1, rec[1])
+		}
+		if len(rec) > 2 && strings.TrimSpace(rec[2]) != "" {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rec[2]), 64)
+			if err != nil || v < 0 {
+				return nil, fmt.Errorf("trace line %d: lead_seconds %q: want seconds >= 0", i+1, rec[2])
+			}
+			rw.leadSec = v
+		}
+		if len(rows) > 0 && rows[0].isAbs != rw.isAbs {
+			return nil, fmt.Errorf("trace line %d: mixes seconds and RFC 3339 times", i+1)
+		}
+		rows = append(rows, rw)
+	}
+	var start time.Time
+	for i, rw := range rows {
+		if rw.isAbs && (i == 0 || rw.abs.Before(start)) {
+			start = rw.abs
+		}
+	}
+	evs := make([]SimEvent, 0, len(rows))
+	for _, rw := range rows {
+		at := time.Duration(rw.secs * float64(time.Second))
+		if rw.isAbs {
+			at = rw.abs.Sub(start)
+		}
+		if at < 0 {
+			return nil, fmt.Errorf("trace: negative time %v", at)
+		}
+		evs = append(evs, SimEvent{At: at, Kind: rw.kind, Lead: time.Duration(rw.leadSec * float64(time.Second))})
+	}
+	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmpDur(a.At, b.At) })
+	return evs, nil
+}
+
+func cmpDur(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// simEvent is a SimEvent with when the simulation acts on it: the notice
+// time for an announced interruption whose notice checkpoint can commit
+// (Lead ≥ δ + upload), otherwise At. An announced interruption whose notice
+// is too short is an unannounced one.
+type simEvent struct {
+	SimEvent
+	act       time.Duration
+	committed bool
+}
+
+var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Simulate replays trace against one policy. It drives the same Scheduler
+// the agent runs, in simulated time: each machine life gets a new Scheduler
+// seeded with ObserveHistory from what the run journal would hold (run time,
+// interruptions, committed notices, cost, throughput) and fed ObserveCost and
+// ObserveUpload as checkpoints complete, and rebalance events as Hazard. It
+// sees only the past. Model: a periodic checkpoint blocks training for Delta,
+// then uploads for Upload in the background and counts once uploaded; the
+// next is not requested while an upload runs. An announced interruption
+// whose notice fits δ + upload takes a notice checkpoint (Delta of overhead,
+// nothing lost), the trainer then stops until the machine goes; any other
+// interruption loses the work since the last uploaded checkpoint. Each
+// interruption costs Restart before training resumes; an interruption
+// during a restart starts it again.
+func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
+	if p.Bytes <= 0 {
+		p.Bytes = 1 << 30
+	}
+	evs := make([]simEvent, 0, len(trace))
+	for _, e := range trace {
+		se := simEvent{SimEvent: e, act: e.At}
+		if e.Kind == SimAnnounced && e.Lead >= p.Delta+p.Upload {
+			se.committed, se.act = true, max(e.At-e.Lead, 0)
+		}
+		evs = append(evs, se)
+	}
+	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmpDur(a.act, b.act) })
+
+	cfg := SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
+	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }
+	end := p.Duration
+	var (
+		r         SimResult
+		hist      History
+		progress  time.Duration // useful compute so far
+		committed time.Duration // progress in the newest uploaded checkpoint
+		now       time.Duration
+		ei        int
+	)
+	down := func(until time.Duration) { // not training from now to until
+		r.Restart += min(until, end) - min(now, end)
+		now = until
+	}
+	for now < end {
+		// Interruptions of the replacement machine while restarting.
+		for ei < len(evs) && evs[ei].At < now {
+			if evs[ei].Kind != SimRebalance {
+				r.Interruptions++
+				down(evs[ei].At + p.Restart)
+			}
+			ei++
+		}
+		if now >= end {
+			break
+		}
+		s := NewScheduler(cfg)
+		s.ObserveHistory(hist)
+		lifeStart, last := now, now
+		var (
+			blocking, uploading bool
+			blockEnd, upEnd     time.Duration
+			snap, upSnap        time.Duration
+		)
+	life:
+		for now < end {
+			const (
+				doEnd = iota
+				doBlock
+				doUpload
+				doDue
+				doEvent
+			)
+			next, what := end, doEnd
+			if ei < len(evs) && max(evs[ei].act, now) < next {
+				next, what = max(evs[ei].act, now), doEvent
+			}
+			switch {
+			case blocking:
+				if blockEnd <= next {
+					next, what = blockEnd, doBlock
+				}
+			default:
+				if uploading && upEnd <= next {
+					next, what = upEnd, doUpload
+				} else if due := s.Next(at(last), uploading, at(now)).Sub(simEpoch); due <= next {
+					next, what = max(due, now), doDue
+				}
+			}
+			if blocking {
+				r.Overhead += next - now
+			} else {
+				progress += next - now
+			}
+			now = next
+			switch what {
+			case doEnd:
+				break life
+			case doBlock:
+				blocking, last = false, now
+				s.ObserveCost(p.Delta)
+				hist.Cost = s.Cost()
+				r.Checkpoints++
+				uploading, upEnd, upSnap = true, now+p.Upload, snap
+			case doUpload:
+				uploading = false
+				committed = upSnap
+				s.ObserveUpload(p.Upload, p.Bytes)
+				hist.Throughput = s.Throughput()
+			case doDue:
+				if uploading {
+					continue // re-ask
+				}
+				blocking, blockEnd, snap = true, now+p.Delta, progress
+			case doEvent:
+				e := evs[ei]
+				ei++
+				if e.Kind == SimRebalance {
+					s.Hazard(at(now), "rebalance", time.Time{})
+					continue
+				}
+				r.Interruptions++
+				hist.Interruptions++
+				hist.RunTime += e.At - lifeStart
+				if e.committed {
+					hist.NoticeCommitted++
+					r.Overhead += min(p.Delta, end-now)
+					now += p.Delta
+					committed = progress
+				} else {
+					r.Lost += progress - committed
+					progress = committed
+				}
+				down(max(e.At+p.Restart, now))
+				break life
+			}
+		}
+	}
+	r.Useful = progress
+	return r
+}
+
+// GridConfig is the table of docs/frequency.md: every combination of Rates,
+// Notices and Deltas, each averaged over Runs synthetic runs of Duration.
+type GridConfig struct {
+	Rates    []float64       // interruptions per hour
+	Notices  []float64       // fraction of interruptions whose notice checkpoint commits
+	Deltas   []time.Duration // blocking cost
+	Fixed    []time.Duration // fixed-interval columns
+	Restart  time.Duration
+	Upload   time.Duration
+	Duration time.Duration
+	Runs     int
+	Seed     uint64
+	Min, Max time.Duration
+	// PriorRate is the adaptive policy's --interruption-rate: the default,
+	// not the cell's true rate, which it has to learn.
+	PriorRate float64
+	Workers   int
+}
+
+// DefaultGrid returns the grid of issue 6.
+func DefaultGrid() GridConfig {
+	return GridConfig{
+		Rates:     []float64{0.008, 0.023, 0.041},
+		Notices:   []float64{0, 0.9, 1},
+		Deltas:    []time.Duration{5 * time.Second, 30 * time.Second, 120 * time.Second},
+		Fixed:     []time.Duration{5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute, 60 * time.Minute},
+		Restart:   5 * time.Minute,
+		Upload:    time.Minute,
+		Duration:  30 * 24 * time.Hour,
+		Runs:      100,
+		Seed:      1,
+		Min:       DefaultMinInterval,
+		Max:       DefaultMaxInterval,
+		PriorRate: DefaultInterruptionRate,
+		Workers:   2,
+	}
+}
+
+// GridCell is one row of the grid.
+type GridCell struct {
+	Rate, Notice float64
+	Delta        time.Duration
+	Adaptive     SimResult
+	Fixed        []SimResult // as GridConfig.Fixed
+	Best         SimResult   // best fixed interval in hindsight
+	BestInterval time.Duration
+	Searched     int // fixed intervals tried for Best
+}
+
+// Ratio is adaptive waste over the best fixed interval's.
+func (c GridCell) Ratio() float64 { return c.Adaptive.Waste() / c.Best.Waste() }
+
+// SimLead is the notice lead of a synthetic announced interruption: AWS's
+// two minutes, or longer when δ + upload would not fit, because the
+// synthetic notice-success fraction says the notice checkpoint commits.
+func SimLead(delta, upload time.Duration) time.Duration {
+	return max(2*time.Minute, delta+upload)
+}
+
+// RunGrid simulates every cell of c. Cells run in parallel on c.Workers
+// goroutines; the result does not depend on the number of workers.
+func RunGrid(c GridConfig) []GridCell {
+	var cells []GridCell
+	for _, rate := range c.Rates {
+		for _, ns := range c.Notices {
+			for _, d := range c.Deltas {
+				cells = append(cells, GridCell{Rate: rate, Notice: ns, Delta: d})
+			}
+		}
+	}
+	work := make(chan int)
+	done := make(chan struct{})
+	for range max(c.Workers, 1) {
+		go func() {
+			for i := range work {
+				runCell(c, &cells[i])
+			}
+			done <- struct{}{}
+		}()
+	}
+	for i := range cells {
+		work <- i
+	}
+	close(work)
+	for range max(c.Workers, 1) {
+		<-done
+	}
+	return cells
+}
+
+func runCell(c GridConfig, cell *GridCell) {
+	p := SimParams{Delta: cell.Delta, Restart: c.Restart, Upload: c.Upload, Duration: c.Duration,
+		Min: c.Min, Max: c.Max, PriorRate: c.PriorRate}
+	traces := make([][]SimEvent, c.Runs)
+	for i := range traces {
+		traces[i] = SyntheticTrace(SynthConfig{Rate: cell.Rate, Duration: c.Duration, NoticeSuccess: cell.Notice,
+			Lead: SimLead(cell.Delta, c.Upload), Seed: c.Seed + uint64(i)})
+	}
+	run := func(pol SimPolicy) SimResult {
+		var sum SimResult
+		for _, tr := range traces {
+			sum.Add(Simulate(tr, pol, p))
+		}
+		return sum
+	}
+	cell.Adaptive = run(SimPolicy{Name: "adaptive"})
+	fixed := map[time.Duration]SimResult{}
+	try := func(d time.Duration) SimResult {
+		d = d.Round(time.Second)
+		if r, ok := fixed[d]; ok {
+			return r
+		}
+		r := run(SimPolicy{Fixed: d})
+		fixed[d] = r
+		return r
+	}
+	for _, d := range c.Fixed {
+		cell.Fixed = append(cell.Fixed, try(d))
+	}
+	// Hindsight: a fine geometric grid (steps of 8 %) within a factor 4 of
+	// the interval Daly's formula gives for the true rate and notice
+	// success, widened while the best lies on an edge, within [Min, Max].
+	ideal := c.Max
+	if u := cell.Rate * (1 - cell.Notice); u > 0 {
+		ideal = min(max(DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
+	}
+	lo, hi := max(ideal/4, c.Min), min(ideal*4, c.Max)
+	for {
+		for d := lo; d <= hi; d = time.Duration(float64(d) * 1.08) {
+			try(d)
+		}
+		try(hi)
+		best := bestOf(fixed)
+		if best <= time.Duration(float64(lo)*1.08) && lo > c.Min {
+			lo, hi = max(lo/4, c.Min), lo
+		} else if best >= time.Duration(float64(hi)/1.08) && hi < c.Max {
+			lo, hi = hi, min(hi*4, c.Max)
+		} else {
+			break
+		}
+	}
+	cell.BestInterval = bestOf(fixed)
+	cell.Best = fixed[cell.BestInterval]
+	cell.Searched = len(fixed)
+}
+
+func bestOf(m map[time.Duration]SimResult) time.Duration {
+	var best time.Duration
+	for d, r := range m {
+		if best == 0 || r.Waste() < m[best].Waste() || (r.Waste() == m[best].Waste() && d < best) {
+			best = d
+		}
+	}
+	return best
+}
+
+// GridSummary says whether issue 6's targets hold for cells.
+type GridSummary struct {
+	WorstRatio    float64
+	CellsOver     int       // cells where adaptive > 1.1 × best fixed
+	AdaptiveSum   float64   // waste % summed over the cells
+	FixedSum      []float64 // per fixed column
+	BeatsAllFixed bool      // AdaptiveSum < every FixedSum
+	BestSum       float64   // best fixed in hindsight, per cell, summed
+}
+
+// Summarize computes the targets of issue 6 over cells.
+func Summarize(cells []GridCell) GridSummary {
+	var s GridSummary
+	if len(cells) == 0 {
+		return s
+	}
+	s.FixedSum = make([]float64, len(cells[0].Fixed))
+	for _, c := range cells {
+		s.WorstRatio = max(s.WorstRatio, c.Ratio())
+		if c.Ratio() > 1.1 {
+			s.CellsOver++
+		}
+		s.AdaptiveSum += c.Adaptive.Waste()
+		s.BestSum += c.Best.Waste()
+		for i, f := range c.Fixed {
+			s.FixedSum[i] += f.Waste()
+		}
+	}
+	s.BeatsAllFixed = true
+	for _, f := range s.FixedSum {
+		if s.AdaptiveSum >= f {
+			s.BeatsAllFixed = false
+		}
+	}
+	return s
+}
+
+// WriteGrid prints cells as a Markdown table, then the summary.
+func WriteGrid(w io.Writer, c GridConfig, cells []GridCell) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| hazard | notice | δ | adaptive |")
+	for _, d := range c.Fixed {
+		fmt.Fprintf(&b, " %s |", fmtDur(d))
+	}
+	fmt.Fprintf(&b, " best fixed | adaptive / best |\n|---|---|---|---|")
+	for range c.Fixed {
+		b.WriteString("---|")
+	}
+	b.WriteString("---|---|\n")
+	for _, cell := range cells {
+		fmt.Fprintf(&b, "| %.1f %%/h | %.0f %% | %s | %.3f |", 100*cell.Rate, 100*cell.Notice, fmtDur(cell.Delta), cell.Adaptive.Waste())
+		for _, f := range cell.Fixed {
+			fmt.Fprintf(&b, " %.3f |", f.Waste())
+		}
+		mark := ""
+		if cell.Ratio() > 1.1 {
+			mark = " ✗"
+		}
+		fmt.Fprintf(&b, " %.3f @ %s | %.3f%s |\n", cell.Best.Waste(), fmtDur(cell.BestInterval), cell.Ratio(), mark)
+	}
+	s := Summarize(cells)
+	fmt.Fprintf(&b, "| **sum** | | | **%.3f** |", s.AdaptiveSum)
+	for _, f := range s.FixedSum {
+		fmt.Fprintf(&b, " %.3f |", f)
+	}
+	fmt.Fprintf(&b, " %.3f | |\n\n", s.BestSum)
+	fmt.Fprintf(&b, "waste = (checkpoint overhead + lost work + restart time) / useful work, %%; %d runs of %s per cell, seeds %d..%d; restart %s, upload %s, prior rate %.3g/h, clamps [%s, %s]\n",
+		c.Runs, fmtDur(c.Duration), c.Seed, c.Seed+uint64(c.Runs)-1, fmtDur(c.Restart), fmtDur(c.Upload), c.PriorRate, fmtDur(c.Min), fmtDur(c.Max))
+	fmt.Fprintf(&b, "target 1 (every cell adaptive ≤ 1.1 × best fixed): %s (worst ratio %.3f, %d cells over)\n", verdict(s.CellsOver == 0), s.WorstRatio, s.CellsOver)
+	fmt.Fprintf(&b, "target 2 (summed, adaptive beats every fixed column): %s\n", verdict(s.BeatsAllFixed))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// fmtDur prints 5s, 2m, 1h30m, 30d without trailing zero units.
+func fmtDur(d time.Duration) string {
+	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
+		return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+	}
+	s := d.Round(time.Second).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
