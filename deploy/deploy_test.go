@@ -911,4 +911,3 @@ func termMatches(term corev1.NodeSelectorTerm, labels map[string]string) bool {
 	}
 	return true
 }
-
