@@ -156,9 +156,14 @@ func (a *AWS) SetLifecycleState(state string) time.Time {
 	return a.expose()
 }
 
-// NoticeAfter exposes a spot termination two minutes ahead after d.
+// Notice exposes a spot termination two minutes ahead.
+func (a *AWS) Notice() time.Time {
+	return a.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
+}
+
+// NoticeAfter calls Notice after d.
 func (a *AWS) NoticeAfter(d time.Duration) func() bool {
-	return time.AfterFunc(d, func() { a.Terminate("terminate", time.Now().Add(2*time.Minute)) }).Stop
+	return time.AfterFunc(d, func() { a.Notice() }).Stop
 }
 
 // RevokeTokens invalidates every token handed out: the next request with

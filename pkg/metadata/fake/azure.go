@@ -143,6 +143,12 @@ func (z *Azure) RemoveEvent(id string) time.Time {
 	return z.expose()
 }
 
+// Notice schedules a Spot eviction 30 s ahead.
+func (z *Azure) Notice() time.Time {
+	_, t := z.Preempt()
+	return t
+}
+
 // NoticeAfter schedules a Spot eviction after d.
 func (z *Azure) NoticeAfter(d time.Duration) func() bool {
 	return time.AfterFunc(d, func() { z.Preempt() }).Stop

@@ -124,6 +124,9 @@ func (g *GCP) Set(key, value string) time.Time {
 	return g.expose()
 }
 
+// Notice preempts the instance.
+func (g *GCP) Notice() time.Time { return g.Preempt() }
+
 // NoticeAfter preempts the instance after d.
 func (g *GCP) NoticeAfter(d time.Duration) func() bool {
 	return time.AfterFunc(d, func() { g.Preempt() }).Stop

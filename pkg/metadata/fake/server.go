@@ -18,6 +18,10 @@ type Server interface {
 	// Env names the environment variable, and its value, that points the
 	// cloud's standard client at this fake.
 	Env() (name, value string)
+	// Notice exposes the cloud's usual termination notice now (AWS: spot
+	// terminate in 2 min; GCP: preempted; Azure: Preempt event in 30 s) and
+	// returns when it did.
+	Notice() time.Time
 	// NoticeAfter exposes the cloud's usual termination notice after d;
 	// stop cancels it if it has not fired yet.
 	NoticeAfter(d time.Duration) (stop func() bool)
