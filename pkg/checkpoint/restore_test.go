@@ -139,7 +139,7 @@ func TestPrune(t *testing.T) {
 	for i, id := range []string{"a", "b", "c", "d", "e"} {
 		commit(t, st, int64(i+1)*10, id, map[string]string{"m": id, "shared": "s"})
 	}
-	put(t, st, "checkpoints/000000000005-orphan/m", "x")  // older than every kept: a crash left it
+	put(t, st, "checkpoints/000000000005-orphan/m", "x")   // older than every kept: a crash left it
 	put(t, st, "checkpoints/000000000099-inflight/m", "y") // newer: an upload in flight
 	n, err := Prune(context.Background(), st, 3, nil)
 	if err != nil {

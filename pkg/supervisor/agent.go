@@ -1,0 +1,144 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Config wires one agent: a run, its store, its trainer.
+type Config struct {
+	RunID         string
+	CheckpointDir string // local scratch: requests get <dir>/<id>, restores go to <dir>/restore
+	Store         cloud.Store
+	Source        metadata.Source // nil: no cloud notices
+	Identity      metadata.Identity
+	Scheduler     *checkpoint.Scheduler
+	Server        ServerConfig
+
+	Command     []string // the trainer; empty runs without a child (sidecar)
+	Keep        int           // checkpoints kept by retention (default 3)
+	TermGrace   time.Duration // deadline of the shutdown checkpoint (default 25s)
+	KillAfter   time.Duration // SIGTERM → SIGKILL for the child (default 5s)
+	MaxRestarts int           // restarts of a child that failed on its own
+	Margin      time.Duration // safety margin kept before a notice deadline (default 5s)
+	OnRebalance string        // "checkpoint" (default) or "none"
+	// RequestTimeout bounds how long a periodic request may go unanswered
+	// before it is dropped (default 10m).
+	RequestTimeout time.Duration
+
+	Metrics Metrics // nil: none
+	Log     *zap.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Keep <= 0 {
+		c.Keep = 3
+	}
+	if c.TermGrace <= 0 {
+		c.TermGrace = 25 * time.Second
+	}
+	if c.KillAfter <= 0 {
+		c.KillAfter = 5 * time.Second
+	}
+	if c.Margin <= 0 {
+		c.Margin = 5 * time.Second
+	}
+	if c.OnRebalance == "" {
+		c.OnRebalance = "checkpoint"
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 10 * time.Minute
+	}
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
+	if c.Scheduler == nil {
+		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Log: c.Log})
+	}
+}
+
+// newID returns a fresh checkpoint id: unique across agents and restarts.
+func newID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// prepare creates the local directories and restores the newest committed
+// checkpoint. It returns the resume information (nil when starting fresh).
+func (a *Agent) restore(ctx context.Context) (*Resume, error) {
+	restoreDir := filepath.Join(a.cfg.CheckpointDir, "restore")
+	start := time.Now()
+	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log})
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	// Older restores are of no further use.
+	if ents, err := os.ReadDir(restoreDir); err == nil {
+		for _, e := range ents {
+			if p := filepath.Join(restoreDir, e.Name()); p != r.Dir {
+				os.RemoveAll(p)
+			}
+		}
+	}
+	a.log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
+			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped,
+		})
+	})
+	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
+	return &Resume{Dir: r.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: a.cfg.Store.URI(r.Key), Metadata: r.Manifest.Metadata}, nil
+}
+
+// childEnv is the trainer's environment.
+func (a *Agent) childEnv() []string {
+	env := append(os.Environ(),
+		"SPOTAGENT_SOCKET="+a.cfg.Server.Path,
+		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
+		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
+	)
+	if r := a.resume; r != nil {
+		env = append(env,
+			"SPOTAGENT_RESUME_DIR="+r.Dir,
+			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),
+			"SPOTAGENT_RESUME_MANIFEST="+r.Manifest,
+		)
+	}
+	return env
+}
+
+// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
+func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
+}

@@ -1,0 +1,353 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Agent runs one training run: it restores, starts the trainer, serves the
+// socket, asks for checkpoints, commits them and reacts to notices. All of
+// its state is owned by the loop goroutine; uploads and the journal run
+// beside it and report back over channels.
+type Agent struct {
+	cfg       Config
+	log       *zap.Logger
+	srv       *Server
+	journal   *checkpoint.JournalWriter
+	committer *checkpoint.Committer
+
+	started time.Time // this session
+	resume  *Resume
+
+	child      *Child
+	childDone  <-chan struct{}
+	restarts   int
+	restartAt  time.Time // zero: no restart pending
+	exitCode   int
+	childGone  bool // exited for good (or never had one)
+	killing    bool // child.Stop running
+	stopKillAt time.Time
+
+	pending    map[string]*request
+	uploads    map[string]*upload
+	results    chan commitResult
+	lastCommit committedCheckpoint
+	lastBlock  time.Time // when the trainer last finished saving (or started)
+	lastStep   int64
+	interval   time.Duration
+
+	stopping    *stopState
+	noticesSeen int
+	lastNotice  *metadata.Notice
+	rebalanced  bool
+	secondSig   bool
+	done        bool // loop ends
+}
+
+type committedCheckpoint struct {
+	id        string
+	step      int64
+	at        time.Time // created
+	bytes     int64
+	trainedAt time.Time // when, in this session, the trainer's state matched it
+}
+
+// Run restores, starts the trainer and supervises it until it exits (or,
+// without a child, until a shutdown completes). It returns the exit code the
+// agent should exit with: the child's. An error means the agent could not
+// start (store or socket unusable) and nothing was launched.
+func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
+	cfg.defaults()
+	a := &Agent{
+		cfg: cfg, log: cfg.Log, started: time.Now(),
+		pending: map[string]*request{}, uploads: map[string]*upload{},
+		results:  make(chan commitResult, 4),
+		childGone: len(cfg.Command) == 0,
+	}
+	a.lastBlock = a.started
+	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Log: cfg.Log}
+	if err := os.MkdirAll(cfg.CheckpointDir, 0o700); err != nil {
+		return 1, fmt.Errorf("checkpoint dir: %w", err)
+	}
+	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
+	if err != nil {
+		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
+		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
+	}
+	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	cfg.Scheduler.ObserveHistory(checkpoint.History{
+		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
+		Interruptions:   len(j.Interruptions),
+		NoticeCommitted: j.Stats.NoticeCommits,
+		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
+		Throughput:      j.Stats.BytesPerSec,
+	})
+	if a.resume, err = a.restore(ctx); err != nil {
+		return 1, err
+	}
+	if cfg.Server.Log == nil {
+		cfg.Server.Log = cfg.Log
+	}
+	srv, err := Listen(cfg.Server)
+	if err != nil {
+		return 1, fmt.Errorf("socket: %w", err)
+	}
+	a.srv = srv
+	sctx, stopServe := context.WithCancel(context.Background())
+	serveDone := make(chan struct{})
+	go func() { srv.Serve(sctx); close(serveDone) }()
+	defer func() { stopServe(); srv.Close(); <-serveDone }()
+
+	notices := make(chan metadata.Notice, 16)
+	nctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if cfg.Source != nil {
+		go func() {
+			if err := cfg.Source.Watch(nctx, notices); err != nil && nctx.Err() == nil {
+				a.log.Error("notice source ended", zap.Error(err))
+			}
+		}()
+	}
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: cfg.Identity})
+	})
+	if len(cfg.Command) > 0 {
+		if err := a.startChild(); err != nil {
+			return 1, err
+		}
+	}
+	cfg.Metrics.Ready(true)
+	a.loop(ctx, notices, signals)
+	cfg.Metrics.Ready(false)
+	a.finish()
+	return a.exitCode, nil
+}
+
+func (a *Agent) startChild() error {
+	if a.resume != nil {
+		a.lastBlock = time.Now()
+		a.lastCommit.trainedAt = a.lastBlock
+	}
+	c, err := StartChild(ChildConfig{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
+	if err != nil {
+		return fmt.Errorf("start trainer: %w", err)
+	}
+	a.child, a.childDone = c, c.Done()
+	a.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", a.cfg.Command), zap.Int("restarts", a.restarts))
+	return nil
+}
+
+// loop is the agent's single state-owning goroutine.
+func (a *Agent) loop(ctx context.Context, notices <-chan metadata.Notice, signals <-chan os.Signal) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for !a.done {
+		now := time.Now()
+		a.tick(now)
+		if a.done {
+			return
+		}
+		timer.Reset(time.Until(a.nextWake(now)))
+		select {
+		case <-ctx.Done():
+			a.log.Info("agent context ended")
+			a.onSignal(os.Interrupt)
+			a.onSignal(os.Interrupt)
+			ctx = context.Background()
+		case ev := <-a.srv.Events():
+			a.onEvent(ev)
+		case n := <-notices:
+			a.onNotice(n)
+		case sig := <-signals:
+			a.onSignal(sig)
+		case r := <-a.results:
+			a.onCommitResult(r)
+		case <-a.childDone:
+			a.onChildExit()
+		case <-timer.C:
+		}
+	}
+}
+
+// nextWake is the earliest moment tick has something to do.
+func (a *Agent) nextWake(now time.Time) time.Time {
+	wake := now.Add(time.Minute)
+	earlier := func(t time.Time) {
+		if !t.IsZero() && t.Before(wake) {
+			wake = t
+		}
+	}
+	for _, r := range a.pending {
+		earlier(r.deadline)
+	}
+	if s := a.stopping; s != nil {
+		earlier(s.deadline)
+		earlier(s.exitBy)
+	}
+	earlier(a.restartAt)
+	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
+		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
+	}
+	if wake.Before(now) {
+		wake = now
+	}
+	return wake
+}
+
+// tick does whatever is due at now.
+func (a *Agent) tick(now time.Time) {
+	for _, r := range a.pending {
+		if !now.Before(r.deadline) {
+			a.requestExpired(r, now)
+		}
+	}
+	a.tickStop(now)
+	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 {
+		a.restart()
+	}
+	if iv := a.cfg.Scheduler.Interval(); iv != a.interval {
+		a.interval = iv
+		a.cfg.Metrics.Interval(iv)
+	}
+	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 &&
+		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
+		a.request(checkpointReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+	}
+	a.checkDone()
+}
+
+// checkDone ends the loop when nothing is left to wait for.
+func (a *Agent) checkDone() {
+	if !a.childGone || !a.restartAt.IsZero() {
+		return
+	}
+	if len(a.cfg.Command) == 0 && a.stopping == nil {
+		return // a sidecar runs until it is told to shut down
+	}
+	if s := a.stopping; s != nil && len(a.cfg.Command) == 0 && !s.finished && !a.secondSig {
+		return // the sidecar's final checkpoint is still on its way
+	}
+	if len(a.uploads) > 0 && !a.secondSig {
+		return
+	}
+	a.done = true
+}
+
+func (a *Agent) onChildExit() {
+	code := a.child.ExitCode()
+	a.childDone = nil
+	a.exitCode = code
+	a.killing = false
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()))
+	for id, r := range a.pending {
+		if r.urgent() {
+			continue // requestExpired or the disconnects settle it
+		}
+		delete(a.pending, id)
+	}
+	switch {
+	case a.stopping != nil || code == 0:
+		a.childGone = true
+	case a.restarts < a.cfg.MaxRestarts:
+		a.restarts++
+		backoff := time.Second << min(a.restarts-1, 6)
+		a.restartAt = time.Now().Add(backoff)
+		a.log.Warn("trainer failed: restarting from the newest committed checkpoint",
+			zap.Int("code", code), zap.Int("restart", a.restarts), zap.Int("max_restarts", a.cfg.MaxRestarts), zap.Duration("backoff", backoff))
+	default:
+		a.childGone = true
+		if a.cfg.MaxRestarts > 0 {
+			a.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", a.restarts))
+		}
+	}
+}
+
+// restart restores the newest committed checkpoint and starts the trainer again.
+func (a *Agent) restart() {
+	a.restartAt = time.Time{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	r, err := a.restore(ctx)
+	if err != nil {
+		a.log.Error("restore for restart failed", zap.Error(err))
+		a.cfg.Metrics.Error("restore")
+		a.childGone = true
+		return
+	}
+	a.resume = r
+	if err := a.startChild(); err != nil {
+		a.log.Error("restart failed", zap.Error(err))
+		a.childGone = true
+	}
+}
+
+func (a *Agent) onSignal(sig os.Signal) {
+	if a.stopping != nil && a.stopping.notice.Cloud == metadata.CloudSignal || a.secondSig {
+		a.secondSig = true
+		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
+		a.stopChild()
+		a.checkDone()
+		return
+	}
+	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
+	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
+}
+
+// stopChild sends SIGTERM to the trainer's group, SIGKILL after KillAfter.
+func (a *Agent) stopChild() {
+	if a.child == nil || a.childDone == nil || a.killing {
+		return
+	}
+	a.killing = true
+	c := a.child
+	go c.Stop(context.Background(), a.cfg.KillAfter)
+}
+
+// finish records the end of the session in the journal.
+func (a *Agent) finish() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	end := time.Now().UTC()
+	code := a.exitCode
+	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
+		if n := len(j.Sessions); n > 0 {
+			j.Sessions[n-1].End = &end
+			j.Sessions[n-1].ExitCode = &code
+		}
+		j.Stats.RunSeconds += time.Since(a.started).Seconds()
+	})
+	if err != nil {
+		a.log.Warn("could not write the run journal", zap.Error(err))
+	}
+}
+
+// journalAsync applies fn to the journal and saves it in the background.
+func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := a.journal.Update(ctx, fn); err != nil && !errors.Is(err, context.Canceled) {
+			a.log.Warn("could not write the run journal", zap.Error(err))
+			a.cfg.Metrics.Error("journal")
+		}
+	}()
+}
+
+// trainers counts connections that said hello.
+func (a *Agent) trainers() int {
+	n := 0
+	for _, c := range a.srv.Conns() {
+		if _, ok := c.Hello(); ok {
+			n++
+		}
+	}
+	return n
+}

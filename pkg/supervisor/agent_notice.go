@@ -1,0 +1,257 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// stopState is the interruption (or shutdown) in progress.
+type stopState struct {
+	notice   metadata.Notice
+	reason   string    // interruption | shutdown
+	deadline time.Time // the machine (or the grace) ends here
+	req      *request
+	stopSent bool
+	finished bool      // committed or failed: nothing more to wait for
+	exitBy   time.Time // sidecar: give up waiting for a commit here
+	record   checkpoint.Interruption
+}
+
+func (a *Agent) onEvent(ev Event) {
+	c, m := ev.Conn, ev.Msg
+	switch m.Type {
+	case TypeHello:
+		a.onHello(c, m)
+	case TypeProgress:
+		if m.Step != nil && *m.Step > a.lastStep {
+			a.lastStep = *m.Step
+		}
+	case TypeDone:
+		if m.Step != nil && *m.Step > a.lastStep {
+			a.lastStep = *m.Step
+		}
+		a.onDone(c, m)
+	case TypeFailed:
+		a.onFailed(c, m)
+	case TypeStatus:
+		a.onStatus(c)
+	case TypeDisconnected:
+		for _, r := range a.pending {
+			if r.waiting[c.ID()] {
+				delete(r.waiting, c.ID())
+				if len(r.waiting) == 0 {
+					a.settle(r)
+				}
+			}
+		}
+	}
+}
+
+func (a *Agent) onHello(c *Conn, m Message) {
+	w := Message{Type: TypeWelcome, Version: ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+	if err := c.Send(w); err != nil {
+		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
+		return
+	}
+	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
+	if m.Rank != nil {
+		fields = append(fields, zap.Int("rank", *m.Rank))
+	}
+	a.log.Info("trainer connected", fields...)
+	// A trainer that connects during an interruption is told at once.
+	if s := a.stopping; s != nil && s.stopSent {
+		dl := s.deadline.UTC()
+		c.Send(Message{Type: TypeStop, Reason: s.reason, Deadline: &dl})
+	}
+}
+
+func (a *Agent) onFailed(c *Conn, m Message) {
+	r, ok := a.pending[m.ID]
+	if !ok || !r.waiting[c.ID()] {
+		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
+		return
+	}
+	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
+	a.cfg.Metrics.CommitFailed("trainer")
+	delete(a.pending, r.id)
+	a.lastBlock = time.Now()
+	if r.stop != nil {
+		a.stopFailed(r.stop, "trainer failed: "+m.Error, time.Now())
+	}
+}
+
+// onNotice reacts to a notice from the cloud or a signal.
+func (a *Agent) onNotice(n metadata.Notice) {
+	now := time.Now()
+	a.noticesSeen++
+	a.lastNotice = &n
+	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
+	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
+		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
+	if !n.Deadline.IsZero() {
+		fields = append(fields, zap.Time("deadline", n.Deadline), zap.Duration("left", n.Deadline.Sub(now).Round(time.Millisecond)))
+	}
+	a.log.Info("interruption notice", fields...)
+	switch n.Kind {
+	case metadata.KindTermination:
+		a.beginStop(n, now)
+	case metadata.KindRebalance:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
+		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 {
+			a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+		}
+	case metadata.KindMaintenance:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
+	case metadata.KindCancelled:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
+		if s := a.stopping; s != nil && s.notice.ID == n.ID && !s.stopSent {
+			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
+			if s.req != nil {
+				s.req.stop = nil
+			}
+			a.stopping = nil
+		}
+	}
+}
+
+// beginStop starts (or tightens) the interruption sequence: checkpoint with
+// a deadline that leaves room to upload, commit, stop, then the child.
+func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
+	deadline := n.Deadline
+	if deadline.IsZero() {
+		deadline = now.Add(a.cfg.TermGrace)
+	}
+	if s := a.stopping; s != nil {
+		if deadline.Before(s.deadline) {
+			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
+			s.deadline = deadline
+		}
+		return
+	}
+	reason := ReasonInterruption
+	if n.Cloud == metadata.CloudSignal {
+		reason = ReasonShutdown
+	}
+	id := a.cfg.Identity
+	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
+		Cloud: n.Cloud, Kind: n.Kind, Action: n.Action, NoticeID: n.ID,
+		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
+		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
+	}}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline.UTC()
+		s.record.Deadline = &d
+	}
+	a.stopping = s
+	// Leave room to upload: the previous checkpoint's size at the measured
+	// throughput, plus a margin. If that leaves too little, split the time.
+	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	if a.trainers() == 0 {
+		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
+		a.stopFailed(s, "no trainer connected", now)
+		return
+	}
+	r := a.request(reason, reqDeadline, s)
+	if r == nil {
+		a.stopFailed(s, "checkpoint request not delivered", now)
+		return
+	}
+	s.req = r
+	sent := r.sent.UTC()
+	s.record.Requested, s.record.CheckpointID = &sent, r.id
+	a.cfg.Metrics.NoticeToRequest(r.sent.Sub(n.Detected))
+}
+
+// stopCommitted: the interruption checkpoint is safe. Tell the trainer to
+// stop, acknowledge the cloud's event, record it.
+func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
+	t := now.UTC()
+	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
+	s.record.LostSteps = max(a.lastStep-res.Manifest.Step, 0)
+	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
+		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
+	a.finishStop(s, now)
+	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
+		go func(id string) {
+			ctx, cancel := context.WithDeadline(context.Background(), s.deadline)
+			defer cancel()
+			if err := acker.Ack(ctx, id); err != nil {
+				a.log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
+				return
+			}
+			a.log.Info("event acknowledged", zap.String("id", id))
+		}(s.notice.ID)
+	}
+}
+
+// stopFailed: no new checkpoint will commit before the deadline. The
+// previous committed checkpoint stands; the work since then is lost.
+func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
+	if s.finished {
+		return
+	}
+	s.record.Error = why
+	base := a.lastCommit.trainedAt
+	if base.IsZero() {
+		base = a.started
+	}
+	s.record.LostSeconds = now.Sub(base).Seconds()
+	s.record.LostSteps = max(a.lastStep-a.lastCommit.step, 0)
+	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
+		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.Float64("lost_seconds", s.record.LostSeconds))
+	a.finishStop(s, now)
+}
+
+func (a *Agent) finishStop(s *stopState, now time.Time) {
+	s.finished = true
+	a.sendStop(s)
+	rec := s.record
+	committed := rec.CommitOK
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Interruptions = append(j.Interruptions, rec)
+		if committed {
+			j.Stats.NoticeCommits++
+		}
+	})
+	if len(a.cfg.Command) == 0 {
+		s.exitBy = now
+	}
+}
+
+func (a *Agent) sendStop(s *stopState) {
+	if s.stopSent {
+		return
+	}
+	s.stopSent = true
+	dl := s.deadline.UTC()
+	a.broadcast(Message{Type: TypeStop, Reason: s.reason, Deadline: &dl})
+}
+
+// tickStop enforces the interruption's deadlines: past the notice deadline
+// the child gets SIGTERM (SIGKILL after KillAfter).
+func (a *Agent) tickStop(now time.Time) {
+	s := a.stopping
+	if s == nil {
+		return
+	}
+	if !now.Before(s.deadline) {
+		if !s.finished {
+			a.stopFailed(s, "deadline passed", now)
+		}
+		if a.childDone != nil && !a.killing {
+			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
+			a.stopChild()
+		}
+	}
+	a.checkDone()
+}

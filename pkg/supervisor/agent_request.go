@@ -1,0 +1,286 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+const (
+	checkpointReasonPeriodic = ReasonPeriodic
+	maxDoneMetadata          = 64 << 10
+)
+
+// request is a checkpoint the agent asked for (or a trainer announced).
+type request struct {
+	id, reason, dir string
+	sent, deadline  time.Time
+	waiting         map[uint64]bool // connections that still owe an answer
+	answered        int
+	step            int64
+	metadata        json.RawMessage
+	stop            *stopState // set for the interruption/shutdown checkpoint
+}
+
+func (r *request) urgent() bool { return r.stop != nil }
+
+// upload is a commit in flight.
+type upload struct {
+	req    *request
+	cancel context.CancelFunc
+	start  time.Time
+}
+
+type commitResult struct {
+	req *request
+	res *checkpoint.Result
+	err error
+}
+
+// request sends a checkpoint request to every trainer.
+func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *request {
+	now := time.Now()
+	id := newID()
+	dir := filepath.Join(a.cfg.CheckpointDir, id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
+		a.cfg.Metrics.Error("checkpoint")
+		return nil
+	}
+	r := &request{id: id, reason: reason, dir: dir, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
+	dl := deadline.UTC()
+	msg := Message{Type: TypeCheckpoint, ID: id, Reason: reason, Dir: dir, Deadline: &dl}
+	for _, c := range a.srv.Conns() {
+		if _, ok := c.Hello(); !ok {
+			continue
+		}
+		if err := c.Send(msg); err != nil {
+			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
+			continue
+		}
+		r.waiting[c.ID()] = true
+	}
+	if len(r.waiting) == 0 {
+		os.Remove(dir)
+		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
+		return nil
+	}
+	a.pending[id] = r
+	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
+		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)))
+	return r
+}
+
+// onDone handles a trainer's done: for a request, or unsolicited.
+func (a *Agent) onDone(c *Conn, m Message) {
+	if len(m.Metadata) > maxDoneMetadata || (len(m.Metadata) > 0 && !json.Valid(m.Metadata)) {
+		a.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
+		return
+	}
+	if m.Step == nil || *m.Step < 0 {
+		a.reply(c, m.ID, "done: step is required and must be >= 0")
+		return
+	}
+	if m.ID == "" {
+		a.onUnsolicitedDone(c, m)
+		return
+	}
+	r, ok := a.pending[m.ID]
+	if !ok || !r.waiting[c.ID()] {
+		a.log.Warn("done for an unknown checkpoint id", zap.String("id", m.ID), zap.Uint64("conn", c.ID()))
+		a.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
+		return
+	}
+	delete(r.waiting, c.ID())
+	r.answered++
+	if *m.Step >= r.step {
+		r.step = *m.Step
+	}
+	if len(m.Metadata) > 0 {
+		r.metadata = m.Metadata
+	}
+	if len(r.waiting) == 0 {
+		a.settle(r)
+	}
+}
+
+// settle is called when no connection owes r an answer any more.
+func (a *Agent) settle(r *request) {
+	delete(a.pending, r.id)
+	now := time.Now()
+	if r.answered == 0 {
+		os.RemoveAll(r.dir)
+		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
+		if r.stop != nil {
+			a.stopFailed(r.stop, "trainer disconnected before saving", now)
+		}
+		return
+	}
+	saved := now.Sub(r.sent)
+	a.cfg.Scheduler.ObserveCost(saved)
+	a.cfg.Metrics.Phase("save", saved)
+	a.lastBlock = now
+	if r.stop != nil {
+		r.stop.record.Done = &now
+		r.stop.record.Step = r.step
+	}
+	a.commit(r)
+}
+
+// onUnsolicitedDone commits a checkpoint the trainer took on its own. Its
+// directory must be inside the agent's checkpoint directory: a trainer can
+// never make the agent upload anything else.
+func (a *Agent) onUnsolicitedDone(c *Conn, m Message) {
+	dir, err := a.insideCheckpointDir(m.Dir)
+	if err != nil {
+		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
+		a.reply(c, "", "done: "+err.Error())
+		return
+	}
+	if a.stopping != nil {
+		a.reply(c, "", "done: an interruption checkpoint is in progress")
+		return
+	}
+	now := time.Now()
+	r := &request{id: newID(), reason: ReasonManual, dir: dir, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+		waiting: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
+	a.lastBlock = now
+	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
+	a.commit(r)
+}
+
+// insideCheckpointDir accepts an existing directory strictly below the
+// checkpoint root that is not a symlink, and not the restore area.
+func (a *Agent) insideCheckpointDir(dir string) (string, error) {
+	if dir == "" {
+		return "", fmt.Errorf("dir is required")
+	}
+	root, err := filepath.Abs(a.cfg.CheckpointDir)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Clean(dir)
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(root, p)
+	}
+	rel, err := filepath.Rel(root, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || strings.HasPrefix(rel, "restore") {
+		return "", fmt.Errorf("%s is not inside the checkpoint directory %s", dir, root)
+	}
+	// No element of the path below the root may be a symlink.
+	cur := root
+	for _, e := range strings.Split(rel, string(filepath.Separator)) {
+		cur = filepath.Join(cur, e)
+		fi, err := os.Lstat(cur)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return "", fmt.Errorf("%s is a symlink", cur)
+		}
+	}
+	return p, nil
+}
+
+// commit starts uploading r. An urgent (interruption) commit cancels any
+// periodic upload in flight: the newer checkpoint supersedes it and gets
+// the whole bandwidth.
+func (a *Agent) commit(r *request) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if r.stop != nil {
+		ctx, cancel = context.WithDeadline(context.Background(), r.stop.deadline)
+		for id, u := range a.uploads {
+			if !u.req.urgent() {
+				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
+				u.cancel()
+			}
+		}
+	}
+	u := &upload{req: r, cancel: cancel, start: time.Now()}
+	a.uploads[r.id] = u
+	req := checkpoint.Request{Dir: r.dir, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata}
+	keep, st, log, results := a.cfg.Keep, a.cfg.Store, a.log, a.results
+	go func() {
+		defer cancel()
+		res, err := a.committer.Commit(ctx, req)
+		if err == nil {
+			if _, perr := checkpoint.Prune(ctx, st, keep, log); perr != nil {
+				log.Warn("retention failed", zap.Error(perr))
+			}
+		}
+		results <- commitResult{req: r, res: res, err: err}
+	}()
+}
+
+func (a *Agent) onCommitResult(cr commitResult) {
+	r := cr.req
+	u := a.uploads[r.id]
+	delete(a.uploads, r.id)
+	now := time.Now()
+	if !strings.HasPrefix(r.dir, filepath.Join(a.cfg.CheckpointDir, "restore")) {
+		os.RemoveAll(r.dir)
+	}
+	if cr.err != nil {
+		a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
+		a.cfg.Metrics.CommitFailed(r.reason)
+		a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+		if r.stop != nil {
+			a.stopFailed(r.stop, "upload: "+cr.err.Error(), now)
+		}
+		return
+	}
+	res := cr.res
+	a.cfg.Scheduler.ObserveUpload(res.Upload, res.Bytes)
+	a.cfg.Metrics.Uploaded(res.Bytes, res.Upload)
+	a.cfg.Metrics.Phase("upload", res.Upload)
+	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
+	a.cfg.Metrics.Committed(res.Manifest.Step, now)
+	a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
+	cost, bps, elapsed := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), time.Since(a.started).Seconds()
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Stats.Checkpoints++
+		j.Stats.CostSeconds, j.Stats.BytesPerSec, j.Stats.LastBytes = cost, bps, res.Bytes
+		_ = elapsed
+	})
+	if r.stop != nil {
+		a.stopCommitted(r.stop, res, now)
+	}
+}
+
+// requestExpired handles a request whose deadline passed unanswered.
+func (a *Agent) requestExpired(r *request, now time.Time) {
+	delete(a.pending, r.id)
+	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
+		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
+	a.cfg.Metrics.CommitFailed("deadline")
+	go os.RemoveAll(r.dir)
+	if r.stop != nil {
+		a.stopFailed(r.stop, "trainer missed the deadline", now)
+	}
+}
+
+func (a *Agent) broadcast(m Message) {
+	for _, c := range a.srv.Conns() {
+		if _, ok := c.Hello(); ok {
+			if err := c.Send(m); err != nil {
+				a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
+			}
+		}
+	}
+}
+
+func (a *Agent) reply(c *Conn, id, text string) {
+	if err := c.Send(Message{Type: TypeError, ID: id, Error: text}); err != nil {
+		a.log.Debug("error reply not delivered", zap.Error(err))
+	}
+}

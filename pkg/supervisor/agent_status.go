@@ -1,0 +1,75 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Status is what `spotagent status` prints: the reply to a status message.
+type Status struct {
+	RunID          string            `json:"run_id"`
+	Store          string            `json:"store"`
+	Cloud          metadata.Cloud    `json:"cloud"`
+	Instance       metadata.Identity `json:"instance"`
+	Started        time.Time         `json:"started"`
+	Child          *ChildStatus      `json:"child,omitempty"`
+	Trainers       int               `json:"trainers"`
+	LastCheckpoint *CheckpointStatus `json:"last_checkpoint,omitempty"`
+	NextCheckpoint *time.Time        `json:"next_checkpoint,omitempty"`
+	Interval       string            `json:"interval"`
+	Uploading      int               `json:"uploading"`
+	Pending        int               `json:"pending"`
+	NoticesSeen    int               `json:"notices_seen"`
+	LastNotice     *metadata.Notice  `json:"last_notice,omitempty"`
+	Stopping       string            `json:"stopping,omitempty"` // reason, while an interruption runs
+	Step           int64             `json:"step"`               // newest progress reported
+}
+
+// ChildStatus describes the trainer process.
+type ChildStatus struct {
+	PID      int  `json:"pid"`
+	Running  bool `json:"running"`
+	Restarts int  `json:"restarts"`
+}
+
+// CheckpointStatus describes the newest committed checkpoint.
+type CheckpointStatus struct {
+	ID    string    `json:"id"`
+	Step  int64     `json:"step"`
+	At    time.Time `json:"at"`
+	Bytes int64     `json:"bytes"`
+}
+
+func (a *Agent) status() Status {
+	now := time.Now()
+	st := Status{
+		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
+		Started: a.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
+		Uploading: len(a.uploads), Pending: len(a.pending), NoticesSeen: a.noticesSeen, LastNotice: a.lastNotice,
+		Step: a.lastStep,
+	}
+	if a.child != nil {
+		st.Child = &ChildStatus{PID: a.child.PID(), Running: a.childDone != nil, Restarts: a.restarts}
+	}
+	if a.lastCommit.id != "" {
+		st.LastCheckpoint = &CheckpointStatus{ID: a.lastCommit.id, Step: a.lastCommit.step, At: a.lastCommit.at, Bytes: a.lastCommit.bytes}
+	}
+	if a.stopping == nil {
+		next := a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now).UTC()
+		st.NextCheckpoint = &next
+	} else {
+		st.Stopping = a.stopping.reason
+	}
+	return st
+}
+
+func (a *Agent) onStatus(c *Conn) {
+	b, err := json.Marshal(a.status())
+	if err != nil {
+		a.reply(c, "", "status: "+err.Error())
+		return
+	}
+	c.Send(Message{Type: TypeStatus, Status: b})
+}

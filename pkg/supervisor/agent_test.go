@@ -1,0 +1,304 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// trainer is a protocol client driven by the test: a trainer process
+// reduced to its socket.
+type trainer struct {
+	t    *testing.T
+	conn net.Conn
+	msgs chan Message
+}
+
+func dialTrainer(t *testing.T, path string) *trainer {
+	t.Helper()
+	var c net.Conn
+	deadline := time.Now().Add(testWait)
+	for {
+		var err error
+		if c, err = net.Dial("unix", path); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial %s: %v", path, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
+	}
+	tr := &trainer{t: t, conn: c, msgs: make(chan Message, 64)}
+	go func() {
+		sc := bufio.NewScanner(c)
+		sc.Buffer(make([]byte, MaxLine), MaxLine)
+		for sc.Scan() {
+			var m Message
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				tr.msgs <- m
+			}
+		}
+		close(tr.msgs)
+	}()
+	t.Cleanup(func() { c.Close() })
+	return tr
+}
+
+func (tr *trainer) send(m any) {
+	tr.t.Helper()
+	b, _ := json.Marshal(m)
+	if _, err := tr.conn.Write(append(b, '\n')); err != nil {
+		tr.t.Fatalf("send: %v", err)
+	}
+}
+
+// expect returns the next message, which must have type typ.
+func (tr *trainer) expect(typ string) Message {
+	tr.t.Helper()
+	select {
+	case m, ok := <-tr.msgs:
+		if !ok {
+			tr.t.Fatalf("connection closed waiting for %s", typ)
+		}
+		if m.Type != typ {
+			tr.t.Fatalf("got %s (%+v), want %s", m.Type, m, typ)
+		}
+		return m
+	case <-time.After(testWait):
+		tr.t.Fatalf("no %s message", typ)
+	}
+	return Message{}
+}
+
+func (tr *trainer) hello() Message {
+	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1})
+	return tr.expect(TypeWelcome)
+}
+
+// save writes a checkpoint into dir and answers done.
+func (tr *trainer) save(req Message, step int64, body string) {
+	if err := os.WriteFile(filepath.Join(req.Dir, "state.bin"), []byte(body), 0o600); err != nil {
+		tr.t.Fatal(err)
+	}
+	tr.send(map[string]any{"type": "done", "id": req.ID, "step": step, "metadata": map[string]int64{"step": step}})
+}
+
+// fakeSource delivers notices the test pushes: the agent's view of a cloud
+// is only the Source interface; the clouds' wires are tested in pkg/metadata.
+type fakeSource struct{ ch chan metadata.Notice }
+
+func (f *fakeSource) Cloud() metadata.Cloud { return metadata.CloudAWS }
+func (f *fakeSource) Identity(context.Context) (metadata.Identity, error) {
+	return metadata.Identity{Cloud: metadata.CloudAWS}, nil
+}
+func (f *fakeSource) Watch(ctx context.Context, out chan<- metadata.Notice) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case n := <-f.ch:
+			out <- n
+		}
+	}
+}
+
+type agentRun struct {
+	cfg   Config
+	sigs  chan os.Signal
+	done  chan int
+	store *file.Store
+}
+
+func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
+	t.Helper()
+	dir := shortDir(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
+		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
+		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		TermGrace: 5 * time.Second, KillAfter: time.Second, Log: zap.NewNop(),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ar := &agentRun{cfg: cfg, sigs: make(chan os.Signal, 2), done: make(chan int, 1), store: st}
+	go func() {
+		code, err := Run(context.Background(), cfg, ar.sigs)
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		ar.done <- code
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-ar.done:
+		default:
+			ar.sigs <- syscall.SIGTERM
+			ar.sigs <- syscall.SIGTERM
+			<-ar.done
+		}
+	})
+	return ar
+}
+
+func (ar *agentRun) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-ar.done:
+		ar.done <- code
+		return code
+	case <-time.After(testWait):
+		t.Fatal("agent did not exit")
+	}
+	return -1
+}
+
+func latestStep(t *testing.T, ar *agentRun) int64 {
+	t.Helper()
+	l, err := checkpoint.ReadLatest(context.Background(), ar.store)
+	if err != nil {
+		t.Fatalf("latest: %v", err)
+	}
+	return l.Step
+}
+
+func TestAgent_ShutdownCheckpoint(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	if w := tr.hello(); w.RunID != "test" || w.Resume != nil || w.CheckpointDir != ar.cfg.CheckpointDir {
+		t.Fatalf("welcome=%+v", w)
+	}
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	if req.Reason != ReasonShutdown || req.Deadline == nil || !strings.HasPrefix(req.Dir, ar.cfg.CheckpointDir) {
+		t.Fatalf("checkpoint request=%+v", req)
+	}
+	tr.save(req, 42, "weights")
+	if c := tr.expect(TypeCommitted); c.ID != req.ID || !strings.Contains(c.URI, "000000000042-"+req.ID) {
+		t.Fatalf("committed=%+v", c)
+	}
+	if s := tr.expect(TypeStop); s.Reason != ReasonShutdown {
+		t.Fatalf("stop=%+v", s)
+	}
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if got := latestStep(t, ar); got != 42 {
+		t.Fatalf("latest step=%d, want 42", got)
+	}
+	// The next agent on the same store resumes from it.
+	ar2 := startAgent(t, func(c *Config) { c.Store = ar.store })
+	w := dialTrainer(t, ar2.cfg.Server.Path).hello()
+	if w.Resume == nil || w.Resume.Step != 42 {
+		t.Fatalf("second welcome resume=%+v, want step 42", w.Resume)
+	}
+	b, err := os.ReadFile(filepath.Join(w.Resume.Dir, "state.bin"))
+	if err != nil || string(b) != "weights" {
+		t.Fatalf("restored file=%q err=%v", b, err)
+	}
+}
+
+func TestAgent_Periodic(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: 50 * time.Millisecond})
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	for step := int64(1); step <= 3; step++ {
+		req := tr.expect(TypeCheckpoint)
+		if req.Reason != ReasonPeriodic {
+			t.Fatalf("reason=%s", req.Reason)
+		}
+		tr.save(req, step*10, "w")
+		tr.expect(TypeCommitted)
+	}
+	if got := latestStep(t, ar); got != 30 {
+		t.Fatalf("latest step=%d, want 30", got)
+	}
+}
+
+func TestAgent_BadMessages(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "done", "id": "nope", "step": 1})
+	if e := tr.expect(TypeError); !strings.Contains(e.Error, "unknown checkpoint id") {
+		t.Fatalf("error=%q", e.Error)
+	}
+	tr.send(map[string]any{"type": "done", "step": 1, "dir": "/etc"})
+	if e := tr.expect(TypeError); !strings.Contains(e.Error, "not inside the checkpoint directory") {
+		t.Fatalf("error=%q", e.Error)
+	}
+	tr.send(map[string]any{"type": "done", "step": 1, "dir": ar.cfg.CheckpointDir + "/../../etc"})
+	tr.expect(TypeError)
+	tr.send(map[string]any{"type": "done", "id": "x"})
+	if e := tr.expect(TypeError); !strings.Contains(e.Error, "step") {
+		t.Fatalf("error=%q", e.Error)
+	}
+	// Still serving: an unsolicited checkpoint inside the directory commits.
+	own := filepath.Join(ar.cfg.CheckpointDir, "mine")
+	os.MkdirAll(own, 0o700)
+	os.WriteFile(filepath.Join(own, "w"), []byte("x"), 0o600)
+	tr.send(map[string]any{"type": "done", "step": 7, "dir": own})
+	if c := tr.expect(TypeCommitted); c.Step == nil || *c.Step != 7 {
+		t.Fatalf("committed=%+v", c)
+	}
+}
+
+func TestAgent_TrainerMissesDeadline(t *testing.T) {
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Source = src
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Margin = 100 * time.Millisecond
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	// A committed checkpoint first: the one that must stand.
+	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
+	tr.expect(TypeCommitted)
+	now := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Second)}
+	req := tr.expect(TypeCheckpoint)
+	if req.Reason != ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
+		t.Fatalf("request=%+v", req)
+	}
+	// The trainer never answers: stop comes anyway, the child is killed.
+	tr.expect(TypeStop)
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code=%d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+	if got := latestStep(t, ar); got != 5 {
+		t.Fatalf("latest step=%d, want 5 (the previous checkpoint stands)", got)
+	}
+	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
+	if err != nil || len(j.Interruptions) != 1 || j.Interruptions[0].CommitOK || j.Interruptions[0].LostSeconds <= 0 {
+		t.Fatalf("journal interruptions=%+v err=%v", j.Interruptions, err)
+	}
+}
+
+func mkCheckpoint(t *testing.T, root, name string) string {
+	dir := filepath.Join(root, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "w"), []byte(name), 0o600)
+	return dir
+}

@@ -1,0 +1,31 @@
+package supervisor
+
+import "time"
+
+// Metrics receives the agent's measurements; pkg/metrics exports them to
+// Prometheus. Implementations must be safe for concurrent use and cheap.
+type Metrics interface {
+	Notice(cloud, kind string)
+	NoticeToRequest(d time.Duration)
+	Phase(phase string, d time.Duration) // save (request → done), upload, commit (done → committed)
+	Uploaded(bytes int64, d time.Duration)
+	Committed(step int64, at time.Time)
+	CommitFailed(reason string)
+	Interval(d time.Duration)
+	Error(component string)
+	Restored(bytes int64, d time.Duration)
+	Ready(ok bool)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Notice(string, string)         {}
+func (nopMetrics) NoticeToRequest(time.Duration) {}
+func (nopMetrics) Phase(string, time.Duration)   {}
+func (nopMetrics) Uploaded(int64, time.Duration) {}
+func (nopMetrics) Committed(int64, time.Time)    {}
+func (nopMetrics) CommitFailed(string)           {}
+func (nopMetrics) Interval(time.Duration)        {}
+func (nopMetrics) Error(string)                  {}
+func (nopMetrics) Restored(int64, time.Duration) {}
+func (nopMetrics) Ready(bool)                    {}
