@@ -29,7 +29,7 @@ type Config struct {
 	Scheduler     *checkpoint.Scheduler
 	Server        ServerConfig
 
-	Command     []string // the trainer; empty runs without a child (sidecar)
+	Command     []string      // the trainer; empty runs without a child (sidecar)
 	Keep        int           // checkpoints kept by retention (default 3)
 	TermGrace   time.Duration // deadline of the shutdown checkpoint (default 25s)
 	KillAfter   time.Duration // SIGTERM → SIGKILL for the child (default 5s)

@@ -69,7 +69,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(),
 		pending: map[string]*request{}, uploads: map[string]*upload{},
-		results:  make(chan commitResult, 4),
+		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
