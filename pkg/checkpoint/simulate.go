@@ -131,10 +131,10 @@ func SyntheticTrace(c SynthConfig) []SimEvent {
 }
 
 // ReadTrace reads a CSV trace: time,kind,lead_seconds with an optional
-// header line. time is seconds since the start of the run, or RFC 3339 (the
-// first row's time is then the start, unless an earlier row exists: the
-// earliest is). kind is announced, unannounced or rebalance. Rows may come
-// in any order.
+// header line and # comments. time is seconds since the start of the run,
+// or RFC 3339 (the earliest row's time is then the start; one style per
+// file). kind is announced, unannounced or rebalance; lead_seconds is the
+// notice lead of an announced interruption. Rows may come in any order.
 func ReadTrace(r io.Reader) ([]SimEvent, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1
