@@ -159,3 +159,17 @@ func notExist(err error) error {
 	}
 	return err
 }
+
+// Check verifies that the directory is writable by creating and removing
+// a temp file in it.
+func (s *Store) Check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(s.root, tmpPrefix+"check-*")
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.URI(""), err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}

@@ -104,7 +104,9 @@ func (s *Store) object(key string) (*storage.ObjectHandle, error) {
 // Check verifies that the bucket exists and the credentials may list it,
 // by listing at most one object under the prefix.
 func (s *Store) Check(ctx context.Context) error {
-	it := s.bucket.Objects(ctx, &storage.Query{Prefix: s.prefix})
+	// Two attempts: a down endpoint should fail in seconds, not retry
+	// until the caller's deadline.
+	it := s.bucket.Retryer(storage.WithMaxAttempts(2)).Objects(ctx, &storage.Query{Prefix: s.prefix})
 	it.PageInfo().MaxSize = 1
 	if _, err := it.Next(); err != nil && !errors.Is(err, iterator.Done) {
 		return fmt.Errorf("gs://%s: %w", s.name, translate(err))

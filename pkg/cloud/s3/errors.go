@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
@@ -42,8 +41,7 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %w", cloud.ErrAccessDenied, err)
 	}
 	var netErr *net.OpError
-	var maxAttempts *retry.MaxAttemptsError
-	if errors.As(err, &netErr) && errors.As(err, &maxAttempts) {
+	if errors.As(err, &netErr) {
 		return fmt.Errorf("%w: %w", cloud.ErrUnreachable, err)
 	}
 	return err

@@ -162,6 +162,9 @@ func (s *Store) key(key string) (*string, error) {
 func (s *Store) Check(ctx context.Context) error {
 	_, err := s.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{
 		Bucket: &s.bucket, Prefix: aws.String(s.prefix), MaxKeys: aws.Int32(1),
+	}, func(o *s3.Options) {
+		// A down endpoint should fail in seconds, not after six backoffs.
+		o.RetryMaxAttempts = 2
 	})
 	if err != nil {
 		return fmt.Errorf("s3://%s: %w", s.bucket, translate(err))

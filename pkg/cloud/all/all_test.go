@@ -1,0 +1,149 @@
+package all_test
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+)
+
+func TestParseURI(t *testing.T) {
+	for _, tc := range []struct{ uri, scheme, bucket, prefix string }{
+		{"s3://bucket/runs/exp42", "s3", "bucket", "runs/exp42"},
+		{"s3://my.bucket-1/", "s3", "my.bucket-1", ""},
+		{"S3://bucket", "s3", "bucket", ""},
+		{"gs://b_k/a/b/", "gs", "b_k", "a/b"},
+		{"file:///var/lib/ck", "file", "", "/var/lib/ck"},
+		{"./ck", "file", "", "./ck"},
+		{"/abs/ck", "file", "", "/abs/ck"},
+	} {
+		s, b, p, err := all.ParseURI(tc.uri)
+		if err != nil || s != tc.scheme || b != tc.bucket || p != tc.prefix {
+			t.Errorf("ParseURI(%q)=%q,%q,%q,%v; want %q,%q,%q", tc.uri, s, b, p, err, tc.scheme, tc.bucket, tc.prefix)
+		}
+	}
+	for uri, want := range map[string]error{
+		"":                  all.ErrMalformedURI,
+		"s3://":             all.ErrMalformedURI,
+		"s3:/bucket":        all.ErrMalformedURI,
+		"s3://Upper/x":      all.ErrMalformedURI,
+		"gs://b/../x":       all.ErrMalformedURI,
+		"file://relative/x": all.ErrMalformedURI,
+		"azure://c/x":       all.ErrUnknownScheme,
+		"http://host/x":     all.ErrUnknownScheme,
+	} {
+		if _, _, _, err := all.ParseURI(uri); !errors.Is(err, want) {
+			t.Errorf("ParseURI(%q) err=%v, want %v", uri, err, want)
+		}
+	}
+}
+
+func TestOpenFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, uri := range []string{"file://" + dir + "/a", dir + "/b"} {
+		st, err := all.Open(t.Context(), uri, all.Options{})
+		if err != nil {
+			t.Fatalf("open %q: %v", uri, err)
+		}
+		if err := st.Put(t.Context(), "k", strings.NewReader("v"), 1, cloud.PutOptions{}); err != nil {
+			t.Fatalf("put via %q: %v", uri, err)
+		}
+		if !strings.HasPrefix(st.URI("k"), "file://"+dir) {
+			t.Fatalf("URI=%q", st.URI("k"))
+		}
+	}
+	t.Chdir(dir)
+	if _, err := all.Open(t.Context(), "rel/ck", all.Options{}); err != nil {
+		t.Fatalf("open relative path: %v", err)
+	}
+	if _, err := all.Open(t.Context(), "/proc/no/such/dir", all.Options{}); err == nil {
+		t.Fatal("open of an unwritable path succeeded")
+	}
+}
+
+func TestOpenS3(t *testing.T) {
+	srv := s3test.New(t)
+	st, err := all.Open(t.Context(), "s3://"+srv.Bucket+"/runs/x", all.Options{})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	if got, want := st.URI("k"), "s3://"+srv.Bucket+"/runs/x/k"; got != want {
+		t.Fatalf("URI=%q, want %q", got, want)
+	}
+	_, err = all.Open(t.Context(), "s3://no-such-bucket/x", all.Options{})
+	wantErr(t, "missing bucket", err, cloud.ErrBucketNotFound)
+
+	denied := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`<?xml version="1.0"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist.</Message></Error>`))
+	}))
+	defer denied.Close()
+	_, err = all.Open(t.Context(), "s3://bucket/x", all.Options{S3Endpoint: denied.URL})
+	wantErr(t, "denied credentials", err, cloud.ErrAccessDenied)
+
+	_, err = all.Open(t.Context(), "s3://bucket/x", all.Options{S3Endpoint: "http://" + closedAddr(t)})
+	wantErr(t, "unreachable endpoint", err, cloud.ErrUnreachable)
+}
+
+func TestOpenGCS(t *testing.T) {
+	_, bucket := gcstest.NewServer(t)
+	st, err := all.Open(t.Context(), "gs://"+bucket+"/runs/x", all.Options{})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer st.Close()
+	_, err = all.Open(t.Context(), "gs://no-such-bucket/x", all.Options{})
+	wantErr(t, "missing bucket", err, cloud.ErrBucketNotFound)
+
+	denied := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"code":403,"message":"caller does not have storage.objects.list access"}}`))
+	}))
+	defer denied.Close()
+	t.Setenv("STORAGE_EMULATOR_HOST", strings.TrimPrefix(denied.URL, "http://"))
+	_, err = all.Open(t.Context(), "gs://bucket/x", all.Options{})
+	wantErr(t, "denied credentials", err, cloud.ErrAccessDenied)
+
+	t.Setenv("STORAGE_EMULATOR_HOST", closedAddr(t))
+	_, err = all.Open(t.Context(), "gs://bucket/x", all.Options{})
+	wantErr(t, "unreachable endpoint", err, cloud.ErrUnreachable)
+}
+
+func TestOpenBadURI(t *testing.T) {
+	_, err := all.Open(t.Context(), "azure://c/x", all.Options{})
+	wantErr(t, "unknown scheme", err, all.ErrUnknownScheme)
+	_, err = all.Open(t.Context(), "s3://", all.Options{})
+	wantErr(t, "malformed", err, all.ErrMalformedURI)
+}
+
+// wantErr checks the sentinel and that the message is one line.
+func wantErr(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: err=%v, want %v", what, err, want)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Fatalf("%s: error spans lines: %q", what, err)
+	}
+	t.Logf("%s: %v", what, err)
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+

@@ -1,0 +1,63 @@
+package all
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// ErrUnknownScheme and ErrMalformedURI describe a store URI that cannot be
+// opened; compare with errors.Is.
+var (
+	ErrUnknownScheme = errors.New("unknown store scheme (want s3://, gs://, file:// or a path)")
+	ErrMalformedURI  = errors.New("malformed store URI")
+)
+
+var (
+	schemeRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*:`)
+	// Lower-case letters, digits, '.', '-' and (GCS only, but harmless) '_';
+	// 3 to 63 characters, starting and ending with a letter or digit.
+	bucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$`)
+)
+
+// ParseURI splits a store URI. s3://bucket/prefix and gs://bucket/prefix
+// give the bucket and the prefix without surrounding slashes; file:///abs
+// and a plain path (relative or absolute) give scheme "file", no bucket and
+// the path as prefix.
+func ParseURI(uri string) (scheme, bucket, prefix string, err error) {
+	if uri == "" {
+		return "", "", "", fmt.Errorf("%w: empty", ErrMalformedURI)
+	}
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if !ok {
+		if schemeRE.MatchString(uri) {
+			return "", "", "", fmt.Errorf("%w %q: want scheme://bucket/prefix", ErrMalformedURI, uri)
+		}
+		return "file", "", uri, nil
+	}
+	switch strings.ToLower(scheme) {
+	case "file":
+		if !strings.HasPrefix(rest, "/") {
+			return "", "", "", fmt.Errorf("%w %q: want file:///absolute/path", ErrMalformedURI, uri)
+		}
+		return "file", "", rest, nil
+	case "s3", "gs":
+		scheme = strings.ToLower(scheme)
+	default:
+		return "", "", "", fmt.Errorf("%w: %q", ErrUnknownScheme, uri)
+	}
+	bucket, prefix, _ = strings.Cut(rest, "/")
+	if !bucketRE.MatchString(bucket) || strings.Contains(bucket, "..") {
+		return "", "", "", fmt.Errorf("%w %q: invalid bucket name %q", ErrMalformedURI, uri, bucket)
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" {
+		for _, el := range strings.Split(prefix, "/") {
+			if el == "" || el == "." || el == ".." {
+				return "", "", "", fmt.Errorf("%w %q: invalid prefix", ErrMalformedURI, uri)
+			}
+		}
+	}
+	return scheme, bucket, prefix, nil
+}
