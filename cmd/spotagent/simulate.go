@@ -22,7 +22,7 @@ func cmdSimulate(args []string) int {
 	duration := fs.Duration("duration", 30*24*time.Hour, "length of one run (with --trace and unset: the last event + 1h)")
 	notice := fs.Float64("notice-success", 0.9, "synthetic: fraction of interruptions whose notice checkpoint commits")
 	seed := fs.Uint64("seed", 1, "synthetic: first seed")
-	runs := fs.Int("runs", 100, "synthetic: runs (seeds seed..seed+runs-1) summed per policy")
+	runs := fs.Int("runs", 100, "synthetic: runs (seeds seed..seed+runs-1) summed per policy (--grid: default 200)")
 	policies := fs.String("policies", "adaptive,fixed:5m,fixed:10m,fixed:15m,fixed:30m,fixed:60m", "comma-separated: adaptive, fixed:<duration>")
 	delta := fs.Duration("delta", 30*time.Second, "blocking cost of one checkpoint")
 	restart := fs.Duration("restart", 5*time.Minute, "time from a machine's loss to training again")
@@ -41,7 +41,10 @@ func cmdSimulate(args []string) int {
 	}
 	if *grid {
 		g := checkpoint.DefaultGrid()
-		g.Seed, g.Runs, g.Duration, g.Restart, g.Upload = *seed, *runs, *duration, *restart, *upload
+		g.Seed, g.Duration, g.Restart, g.Upload = *seed, *duration, *restart, *upload
+		if flagSet(fs, "runs") {
+			g.Runs = *runs
+		}
 		g.Min, g.Max, g.PriorRate, g.Workers = *minIv, *maxIv, *prior, *workers
 		start := time.Now()
 		cells := checkpoint.RunGrid(g)

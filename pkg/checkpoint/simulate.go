@@ -396,7 +396,7 @@ func DefaultGrid() GridConfig {
 		Restart:   5 * time.Minute,
 		Upload:    time.Minute,
 		Duration:  30 * 24 * time.Hour,
-		Runs:      100,
+		Runs:      200,
 		Seed:      1,
 		Min:       DefaultMinInterval,
 		Max:       DefaultMaxInterval,
