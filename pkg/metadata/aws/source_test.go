@@ -159,15 +159,23 @@ func TestWatch_HangingTokenEndpoint(t *testing.T) {
 	// Only the token PUT hangs: the hop-limit problem in containers.
 	f := fake.NewAWS(fake.AWSOptions{})
 	defer f.Close()
-	f.SetFault(fake.FaultHang)
-	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: 100 * time.Millisecond}, nil)
+	f.SetTokenFault(fake.FaultHang)
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: 100 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
 	if _, err := src.Identity(ctx); err == nil {
-		t.Fatal("identity succeeded against a hanging IMDS")
+		t.Fatal("identity succeeded without a token")
 	}
 	if d := time.Since(start); d > time.Second {
-		t.Fatalf("identity took %v against a hanging IMDS, want about the request timeout", d)
+		t.Fatalf("identity took %v against a hanging token endpoint, want about the request timeout", d)
+	}
+	ch, _ := metatest.Watch(t, src)
+	f.Terminate("terminate", time.Now().Add(2*time.Minute))
+	waitPolls(t, f, 6)
+	metatest.NoNotice(t, ch) // without a token IMDSv2 answers nothing, not even the notice
+	f.SetTokenFault(fake.FaultNone)
+	if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+		t.Fatalf("notice=%+v, want termination", n)
 	}
 }

@@ -41,13 +41,14 @@ type AWS struct {
 	base
 	opts AWSOptions
 
-	mu        sync.Mutex
-	tokens    map[string]time.Time // token -> expiry
-	tokenPUTs int
-	action    []byte // spot/instance-action body, nil = 404
-	rebalance []byte // events/recommendations/rebalance body, nil = 404
-	events    []AWSEvent
-	lifecycle string // autoscaling/target-lifecycle-state, "" = 404
+	mu         sync.Mutex
+	tokens     map[string]time.Time // token -> expiry
+	tokenPUTs  int
+	action     []byte // spot/instance-action body, nil = 404
+	rebalance  []byte // events/recommendations/rebalance body, nil = 404
+	events     []AWSEvent
+	lifecycle  string // autoscaling/target-lifecycle-state, "" = 404
+	tokenFault Fault  // applies to token PUTs only
 }
 
 var _ Server = (*AWS)(nil)
@@ -174,6 +175,15 @@ func (a *AWS) RevokeTokens() {
 	clear(a.tokens)
 }
 
+// SetTokenFault makes only the token PUTs fail in the way f says, e.g.
+// FaultHang for a container whose answers are dropped by the IMDS hop
+// limit; data GETs still answer (with 401, lacking a valid token).
+func (a *AWS) SetTokenFault(f Fault) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tokenFault = f
+}
+
 // TokenRequests counts the successful token PUTs.
 func (a *AWS) TokenRequests() int {
 	a.mu.Lock()
@@ -231,6 +241,12 @@ const awsNotFound = `<?xml version="1.0" encoding="iso-8859-1"?>
 `
 
 func (a *AWS) serveToken(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	f := a.tokenFault
+	a.mu.Unlock()
+	if serveFault(w, r, f, a.closing, a.closing) {
+		return
+	}
 	if r.Method != http.MethodPut {
 		http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
 		return
