@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/supervisor"
+)
+
+func init() {
+	commands["status"] = command{cmdStatus, "ask a running agent what it is doing: child, checkpoints, notices"}
+}
+
+// defaultSocket is the agent's socket path when --socket is not given.
+func defaultSocket(runID string) string {
+	return filepath.Join(socketDir(), runID+".sock")
+}
+
+// socketDir holds the default sockets of one user's agents.
+func socketDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-%d", os.Getuid()))
+}
+
+func cmdStatus(args []string) int {
+	return runStatus(args, os.Stdout, os.Stderr)
+}
+
+// runStatus is cmdStatus with its output streams, for tests.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("status")
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "", "the agent's socket (default: $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
+	runID := fs.String("run-id", "", "run id of the agent, to find its default socket")
+	store := fs.String("store", "", "the agent's --store, to find its default socket when --run-id is not set")
+	asJSON := fs.Bool("json", false, "print the agent's status reply as JSON")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
+	if err := parseFlags(fs, args); err != nil {
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "spotagent status: %v\n", err)
+		return 1
+	}
+	path, err := statusSocket(*socket, *runID, *store)
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	raw, err := queryStatus(ctx, path)
+	if err != nil {
+		return fail(err)
+	}
+	if *asJSON {
+		fmt.Fprintf(stdout, "%s\n", raw)
+		return 0
+	}
+	var st supervisor.Status
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return fail(fmt.Errorf("decode status: %w", err))
+	}
+	if err := writeStatus(stdout, &st, time.Now()); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// statusSocket picks the socket as the agent does: --socket, else the
+// default for --run-id (or the run id --store implies), else the only
+// socket in the default directory.
+func statusSocket(socket, runID, store string) (string, error) {
+	switch {
+	case socket != "":
+		return socket, nil
+	case runID != "":
+		return defaultSocket(runID), nil
+	case store != "":
+		return defaultSocket(defaultRunID(store)), nil
+	}
+	dir := socketDir()
+	found, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("no agent socket in %s: is spotagent running as this user? (or pass --socket or --run-id)", dir)
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%d agent sockets in %s (%s): pick one with --run-id or --socket", len(found), dir, strings.Join(names(found), ", "))
+}
+
+func names(paths []string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = strings.TrimSuffix(filepath.Base(p), ".sock")
+	}
+	return out
+}
+
+// queryStatus asks the agent at path for its status and returns the
+// status object of the reply. No hello is needed; should an agent refuse
+// the request with an error, it says hello and asks once more.
+func queryStatus(ctx context.Context, path string) (json.RawMessage, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("no agent listening at %s", path)
+		}
+		return nil, fmt.Errorf("connect %s: %w", path, err)
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+	defer stop()
+
+	send := func(m supervisor.Message) error {
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if _, err := nc.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("send %s: %w", m.Type, err)
+		}
+		return nil
+	}
+	if err := send(supervisor.Message{Type: supervisor.TypeStatus}); err != nil {
+		return nil, err
+	}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	retried := false
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("agent at %s closed the connection without a status reply", path)
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("no status reply from %s: %w", path, ctx.Err())
+			}
+			return nil, fmt.Errorf("read reply: %w", err)
+		}
+		var m supervisor.Message
+		if err := json.Unmarshal(line, &m); err != nil {
+			return nil, fmt.Errorf("decode reply: %w", err)
+		}
+		switch m.Type {
+		case supervisor.TypeStatus:
+			if len(m.Status) == 0 {
+				return nil, errors.New("status reply without status")
+			}
+			return m.Status, nil
+		case supervisor.TypeError:
+			if retried {
+				return nil, fmt.Errorf("agent: %s", m.Error)
+			}
+			retried = true
+			pid := os.Getpid()
+			if err := send(supervisor.Message{Type: supervisor.TypeHello, PID: pid}); err != nil {
+				return nil, err
+			}
+			if err := send(supervisor.Message{Type: supervisor.TypeStatus}); err != nil {
+				return nil, err
+			}
+		}
+		// Anything else (a welcome after the hello) is not ours to handle.
+	}
+}
+
+// writeStatus prints st as aligned "key: value" lines; now dates the ages.
+func writeStatus(w io.Writer, st *supervisor.Status, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	line := func(key, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t%s\n", key, fmt.Sprintf(format, args...))
+	}
+	line("run", "%s", st.RunID)
+	line("store", "%s", st.Store)
+	line("cloud", "%s", describeInstance(st.Cloud, st.Instance))
+	if !st.Started.IsZero() {
+		line("started", "%s (%s ago)", localTime(st.Started), age(now.Sub(st.Started)))
+	}
+	switch c := st.Child; {
+	case c == nil:
+		line("child", "none (the trainer runs elsewhere)")
+	case c.Running:
+		line("child", "pid %d, running, %d restarts", c.PID, c.Restarts)
+	default:
+		line("child", "pid %d, exited, %d restarts", c.PID, c.Restarts)
+	}
+	line("trainers", "%d connected", st.Trainers)
+	line("step", "%d (newest progress)", st.Step)
+	if c := st.LastCheckpoint; c != nil {
+		line("last checkpoint", "step %d, id %s, %s ago, %s", c.Step, c.ID, age(now.Sub(c.At)), humanBytes(c.Bytes))
+	} else {
+		line("last checkpoint", "none committed yet")
+	}
+	switch n := st.NextCheckpoint; {
+	case st.Stopping != "":
+		line("next checkpoint", "none (stopping)")
+	case n == nil:
+		line("next checkpoint", "not scheduled")
+	case n.After(now):
+		line("next checkpoint", "in %s (%s)", age(n.Sub(now)), localTime(*n))
+	default:
+		line("next checkpoint", "due now")
+	}
+	line("interval", "%s", st.Interval)
+	line("uploading", "%d (requests awaiting the trainer: %d)", st.Uploading, st.Pending)
+	if n := st.LastNotice; n != nil {
+		line("notices seen", "%d, last: %s", st.NoticesSeen, describeNotice(n, now))
+	} else {
+		line("notices seen", "%d", st.NoticesSeen)
+	}
+	if st.Stopping != "" {
+		line("stopping", "yes (%s)", st.Stopping)
+	} else {
+		line("stopping", "no")
+	}
+	return tw.Flush()
+}
+
+func describeInstance(cloud metadata.Cloud, id metadata.Identity) string {
+	var parts []string
+	for _, s := range []string{id.InstanceID, id.Name, id.InstanceType, id.Zone, id.Lifecycle} {
+		if s != "" {
+			parts = append(parts, s)
+		}
+	}
+	if cloud == "" {
+		cloud = id.Cloud
+	}
+	if len(parts) == 0 {
+		return string(cloud)
+	}
+	return fmt.Sprintf("%s (%s)", cloud, strings.Join(parts, ", "))
+}
+
+func describeNotice(n *metadata.Notice, now time.Time) string {
+	s := fmt.Sprintf("%s %s", n.Cloud, n.Kind)
+	if n.Action != "" {
+		s += " (" + n.Action + ")"
+	}
+	if !n.Detected.IsZero() {
+		s += fmt.Sprintf(" seen %s ago", age(now.Sub(n.Detected)))
+	}
+	if !n.Deadline.IsZero() {
+		s += ", deadline " + localTime(n.Deadline)
+	}
+	return s
+}
+
+func localTime(t time.Time) string { return t.Local().Format(time.DateTime) }
+
+// age rounds d for reading: seconds under an hour, minutes above.
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	if d >= time.Hour {
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Second).String()
+}
