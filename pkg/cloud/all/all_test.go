@@ -146,4 +146,3 @@ func closedAddr(t *testing.T) string {
 	l.Close()
 	return addr
 }
-
