@@ -1,0 +1,51 @@
+# spotagent: `make demo` shows it working, `make test` proves it.
+GO      ?= go
+BIN     := bin/spotagent
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+
+.PHONY: all build demo test test-go test-python fuzz lint bench soak clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/spotagent
+
+# The main job on the embedded default: a trainer under `spotagent run` with
+# a file:// store, a spot notice part-way, a restart that resumes.
+demo: build
+	scripts/demo.sh
+
+# Everything CI runs. Installs missing test dependencies (python3-torch,
+# shellcheck, systemd-analyze) with apt-get.
+test: 
+	scripts/test-deps.sh
+	$(MAKE) lint test-go test-python fuzz
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+test-go:
+	$(GO) test -race -timeout 30m ./...
+
+test-python:
+	cd python && /usr/bin/python3 -m unittest discover -s tests -v
+
+# Every fuzz target for a short time.
+FUZZTIME ?= 10s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+bench: build
+	scripts/bench.sh
+
+soak:
+	SPOTAGENT_SOAK=1 $(GO) test -timeout 2h -run Crash ./integration/...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/supervisor"
+)
+
+// agentOptions are the flags shared by run, sidecar and node.
+type agentOptions struct {
+	store, runID, checkpointDir, socket, socketMode, allowUID string
+	interval                                                  string
+	minInterval, maxInterval                                  time.Duration
+	interruptionRate                                          float64
+	keep, maxRestarts                                         int
+	termGrace, killAfter, margin                              time.Duration
+	onRebalance                                               string
+	metricsAddr                                               string
+	storeFlags                                                storeOptions
+	sourceFlags                                               sourceOptions
+	logFormat, logLevel                                       string
+}
+
+func (o *agentOptions) register(fs *flag.FlagSet, withStore bool) {
+	if withStore {
+		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
+		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
+	}
+	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
+	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $TMPDIR/spotagent-UID/RUN-ID.sock)")
+	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
+	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")
+	fs.StringVar(&o.interval, "interval", "auto", "periodic checkpoint interval: auto (Young/Daly) or a duration such as 15m")
+	fs.DurationVar(&o.minInterval, "min-interval", time.Minute, "shortest adaptive interval")
+	fs.DurationVar(&o.maxInterval, "max-interval", 2*time.Hour, "longest adaptive interval")
+	fs.Float64Var(&o.interruptionRate, "interruption-rate", 0.05, "prior interruptions per hour, for the adaptive interval")
+	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
+	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
+	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
+	fs.DurationVar(&o.margin, "margin", 5*time.Second, "safety margin kept before a notice deadline")
+	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
+	o.storeFlags.register(fs)
+	o.sourceFlags.register(fs)
+	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+// resolve fills the defaults that depend on other flags.
+func (o *agentOptions) resolve() error {
+	if o.runID == "" && o.store != "" {
+		o.runID = defaultRunID(o.store)
+	}
+	if o.runID != "" && !checkpoint.ValidID(o.runID) {
+		return fmt.Errorf("--run-id %q: use letters, digits, '-', '_' and '.'", o.runID)
+	}
+	if o.checkpointDir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		o.checkpointDir = filepath.Join(base, "spotagent", o.runID)
+	}
+	abs, err := filepath.Abs(o.checkpointDir)
+	if err != nil {
+		return err
+	}
+	o.checkpointDir = abs
+	if o.socket == "" {
+		o.socket = defaultSocket(o.runID)
+	}
+	if o.onRebalance != "checkpoint" && o.onRebalance != "none" {
+		return fmt.Errorf("--on-rebalance: want checkpoint or none, got %q", o.onRebalance)
+	}
+	if o.keep < 1 {
+		return fmt.Errorf("--keep must be at least 1")
+	}
+	return nil
+}
+
+// defaultRunID is the last element of the store URI's path.
+func defaultRunID(store string) string {
+	s := strings.TrimRight(store, "/")
+	if i := strings.LastIndex(s, "/"); i >= 0 {
+		s = s[i+1:]
+	}
+	if !checkpoint.ValidID(s) {
+		return "run"
+	}
+	return s
+}
+
+func (o *agentOptions) scheduler(log *zap.Logger) (*checkpoint.Scheduler, error) {
+	cfg := checkpoint.SchedulerConfig{Min: o.minInterval, Max: o.maxInterval, InterruptionRate: o.interruptionRate, Log: log}
+	if o.interval != "auto" {
+		d, err := time.ParseDuration(o.interval)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("--interval: want auto or a positive duration, got %q", o.interval)
+		}
+		cfg.Fixed = d
+	}
+	return checkpoint.NewScheduler(cfg), nil
+}
+
+func (o *agentOptions) serverConfig(log *zap.Logger) (supervisor.ServerConfig, error) {
+	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
+	if err != nil || mode > 0o777 {
+		return supervisor.ServerConfig{}, fmt.Errorf("--socket-mode: want an octal mode such as 0600, got %q", o.socketMode)
+	}
+	var uids []int
+	for _, s := range strings.Split(o.allowUID, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		u, err := strconv.Atoi(s)
+		if err != nil || u < 0 {
+			return supervisor.ServerConfig{}, fmt.Errorf("--allow-uid: bad uid %q", s)
+		}
+		uids = append(uids, u)
+	}
+	return supervisor.ServerConfig{Path: o.socket, Mode: os.FileMode(mode), AllowUIDs: uids, Log: log}, nil
+}
+
+// logConfig logs the effective configuration once at start.
+func logConfig(log *zap.Logger, fs *flag.FlagSet) {
+	fields := []zap.Field{}
+	fs.VisitAll(func(f *flag.Flag) {
+		fields = append(fields, zap.String(f.Name, f.Value.String()))
+	})
+	log.Info("effective configuration", fields...)
+}
+
+// openStoreOrExit opens the store and checks it is reachable, so that a bad
+// URI or credentials fail before any trainer starts.
+func openStore(ctx context.Context, uri string, so storeOptions, log *zap.Logger) (cloud.Store, error) {
+	if uri == "" {
+		return nil, errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := so.open(ctx, uri, log)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", uri, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+func init() {
+	commands["history"] = command{cmdHistory, "print the run journal: interruptions, restores, lost work"}
+}
+
+func cmdHistory(args []string) int {
+	fs := newFlagSet("history")
+	var o storeOnly
+	o.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return 2
+	}
+	ctx := context.Background()
+	log, err := newLogger(o.logFormat, o.logLevel)
+	if err != nil {
+		return failf("history", err)
+	}
+	st, err := openStore(ctx, o.uri, o.storeOptions, log)
+	if err != nil {
+		return failf("history", err)
+	}
+	defer st.Close()
+	j, err := checkpoint.ReadJournal(ctx, st, "")
+	if err != nil {
+		return failf("history", err)
+	}
+	printJournal(j)
+	return 0
+}
+
+func printJournal(j *checkpoint.Journal) {
+	s := j.Stats
+	fmt.Printf("run %s: %d sessions, %d checkpoints committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n\n",
+		j.RunID, len(j.Sessions), s.Checkpoints, s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
+		s.CostSeconds, humanBytes(int64(s.BytesPerSec)))
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "INTERRUPTION\tCLOUD\tKIND\tINSTANCE\tDEADLINE IN\tSAVED IN\tCOMMITTED IN\tSTEP\tBYTES\tOK\tLOST\t")
+	for _, in := range j.Interruptions {
+		since := func(t *time.Time) string {
+			if t == nil {
+				return "-"
+			}
+			return t.Sub(in.Detected).Round(10 * time.Millisecond).String()
+		}
+		lost := (time.Duration(in.LostSeconds * float64(time.Second))).Round(time.Second).String()
+		if in.LostSteps > 0 {
+			lost += fmt.Sprintf(" (%d steps)", in.LostSteps)
+		}
+		ok := "yes"
+		if !in.CommitOK {
+			ok = "NO: " + in.Error
+		}
+		inst := in.InstanceID
+		if in.InstanceType != "" {
+			inst += " " + in.InstanceType
+		}
+		if in.Zone != "" {
+			inst += " " + in.Zone
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", in.Detected.Local().Format(time.DateTime),
+			in.Cloud, in.Kind, orDash(inst), since(in.Deadline), since(in.Done), since(in.Committed), in.Step,
+			humanBytes(in.Bytes), ok, lost)
+	}
+	w.Flush()
+	fmt.Println()
+	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tTOOK\tSKIPPED\t")
+	for _, r := range j.Restores {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
+			humanBytes(r.Bytes), (time.Duration(r.Seconds * float64(time.Second))).Round(time.Millisecond), len(r.Skipped))
+	}
+	w.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" || s == " " {
+		return "-"
+	}
+	return s
+}

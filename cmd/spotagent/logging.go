@@ -1,0 +1,33 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// newLogger builds the zap logger for --log-format and --log-level. Logs go
+// to stderr; the trainer's own output passes through unchanged.
+func newLogger(format, level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	var encoder zapcore.Encoder
+	switch format {
+	case "json":
+		encoder = zapcore.NewJSONEncoder(enc)
+	case "console", "":
+		enc.EncodeLevel = zapcore.CapitalLevelEncoder
+		enc.ConsoleSeparator = " "
+		encoder = zapcore.NewConsoleEncoder(enc)
+	default:
+		return nil, fmt.Errorf("--log-format: want json or console, got %q", format)
+	}
+	core := zapcore.NewCore(encoder, zapcore.Lock(os.Stderr), lvl)
+	return zap.New(core).Named("spotagent"), nil
+}
