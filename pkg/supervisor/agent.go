@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -113,6 +114,51 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	})
 	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
 	return &Resume{Dir: r.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: a.cfg.Store.URI(r.Key), Metadata: r.Manifest.Metadata}, nil
+}
+
+// cleanup removes what a crashed agent left behind: the store's temp files
+// or incomplete multipart uploads, and local checkpoint directories that no
+// trainer will answer for any more. A sidecar leaves local directories
+// alone: its trainer may still be running and own them.
+func (a *Agent) cleanup(ctx context.Context) {
+	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := c.Cleanup(cctx)
+		cancel()
+		switch {
+		case err != nil:
+			a.log.Warn("store cleanup failed", zap.Error(err))
+		case n > 0:
+			a.log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
+		}
+	}
+	restoreDir := filepath.Join(a.cfg.CheckpointDir, "restore")
+	if ents, err := os.ReadDir(restoreDir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".partial-") {
+				os.RemoveAll(filepath.Join(restoreDir, e.Name()))
+			}
+		}
+	}
+	if len(a.cfg.Command) == 0 {
+		return
+	}
+	ents, err := os.ReadDir(a.cfg.CheckpointDir)
+	if err != nil {
+		return
+	}
+	n := 0
+	for _, e := range ents {
+		p := filepath.Join(a.cfg.CheckpointDir, e.Name())
+		if e.IsDir() && e.Name() != "restore" && !strings.HasPrefix(a.cfg.Server.Path, p+string(filepath.Separator)) {
+			if os.RemoveAll(p) == nil {
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		a.log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n))
+	}
 }
 
 // childEnv is the trainer's environment.

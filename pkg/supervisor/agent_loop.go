@@ -83,6 +83,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
 	}
 	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	a.cleanup(ctx)
 	cfg.Scheduler.ObserveHistory(checkpoint.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
