@@ -80,7 +80,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	if err := c.Store.Put(ctx, key, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true}); err != nil {
+	if err := putOnce(ctx, c.Store, key, body); err != nil {
 		return nil, fmt.Errorf("commit: write manifest: %w", err)
 	}
 	if err := UpdateLatest(ctx, c.Store, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
@@ -163,6 +163,26 @@ func (c *Committer) log() *zap.Logger {
 		return c.Log
 	}
 	return zap.NewNop()
+}
+
+// putOnce writes body at key unless the key exists. A retried write whose
+// first attempt succeeded reports ErrPrecondition: reading the object back
+// tells that case apart from a real clash.
+func putOnce(ctx context.Context, st cloud.Store, key string, body []byte) error {
+	err := st.Put(ctx, key, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
+	if !errors.Is(err, cloud.ErrPrecondition) {
+		return err
+	}
+	r, gerr := st.Get(ctx, key, 0, -1)
+	if gerr != nil {
+		return err
+	}
+	defer r.Close()
+	got, gerr := io.ReadAll(io.LimitReader(r, int64(len(body))+1))
+	if gerr == nil && bytes.Equal(got, body) {
+		return nil
+	}
+	return err
 }
 
 // UpdateLatest points latest.json at l unless it already points at a newer
