@@ -12,6 +12,7 @@ Threads per agent:
     ``sendall`` calls.
 """
 
+import atexit
 import datetime
 import json
 import logging
@@ -227,6 +228,8 @@ class Agent(object):
         if path:
             self._thread = threading.Thread(target=self._run, name="spotagent-conn", daemon=True)
             self._thread.start()
+            with _live_lock:
+                _live.add(self)
 
     # ------------------------------------------------------------------ API
 
@@ -355,6 +358,8 @@ class Agent(object):
         messages are flushed first if the agent is reading."""
         if self._closed.is_set():
             return
+        with _live_lock:
+            _live.discard(self)
         end = time.monotonic() + timeout
         if self.path:
             # Give the writer a moment to flush what is queued.
@@ -629,6 +634,20 @@ class Agent(object):
             log.warning("spotagent: agent reported an error: %s", msg.get("error"))
         else:
             log.debug("spotagent: unknown message type %r ignored", t)
+
+
+_live = set()  # type: set
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all() -> None:
+    # A trainer that exits without close() still gets its last done/failed
+    # delivered (bounded wait): the background threads are daemons.
+    with _live_lock:
+        agents = list(_live)
+    for a in agents:
+        a.close(timeout=1.0)
 
 
 def connect(
