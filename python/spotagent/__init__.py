@@ -15,6 +15,7 @@
 
 from .client import (
     MAX_LINE,
+    MAX_METADATA,
     PROTOCOL_VERSION,
     Agent,
     CheckpointRequest,
@@ -32,6 +33,7 @@ __all__ = [
     "connect",
     "parse_time",
     "MAX_LINE",
+    "MAX_METADATA",
     "PROTOCOL_VERSION",
 ]
 __version__ = "0.1.0"

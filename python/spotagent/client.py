@@ -32,6 +32,7 @@ __all__ = [
     "connect",
     "parse_time",
     "MAX_LINE",
+    "MAX_METADATA",
     "PROTOCOL_VERSION",
 ]
 
@@ -39,6 +40,8 @@ log = logging.getLogger("spotagent")
 
 #: Longest line either side accepts, newline included (supervisor.MaxLine).
 MAX_LINE = 1 << 20
+#: Largest ``done`` metadata the agent accepts (encoded JSON bytes).
+MAX_METADATA = 64 << 10
 #: Protocol version this client speaks.
 PROTOCOL_VERSION = 1
 
@@ -396,6 +399,8 @@ class Agent(object):
         """Queue a message. ``conn`` ties it to one connection (answers to a
         request); None means "whichever connection is next"."""
         line = _encode(msg)  # raises now, in the caller, for bad metadata
+        if "metadata" in msg and len(_encode(msg["metadata"])) - 1 > MAX_METADATA:
+            raise ValueError("spotagent: metadata exceeds %d bytes of JSON; keep it small, put data in files" % MAX_METADATA)
         if len(line) > MAX_LINE:
             raise ValueError("spotagent: message of %d bytes exceeds the %d-byte line limit" % (len(line), MAX_LINE))
         with self._lock:
@@ -615,9 +620,10 @@ class Agent(object):
         elif t == "committed":
             cid = str(msg.get("id") or "")
             with self._lock:
-                c = Committed(cid, str(msg.get("uri") or ""), self._done_steps.get(cid))
-                if c.step is None and isinstance(msg.get("step"), int):
-                    c.step = msg["step"]
+                step = msg.get("step")
+                if not isinstance(step, int) or isinstance(step, bool):
+                    step = self._done_steps.get(cid)
+                c = Committed(cid, str(msg.get("uri") or ""), step)
                 self._committed[cid] = c
                 _trim(self._committed, 256)
                 self._last_committed = c

@@ -216,8 +216,11 @@ class TestCheckpoint(Base):
         req.done(8)  # a second answer is ignored (logged)
         srv.send({"type": "committed", "id": "000000000007-k1", "uri": "file:///s/checkpoints/000000000007-k1"})
         c = a.wait_committed("000000000007-k1", timeout=DEADLINE)
+        srv.send({"type": "committed", "id": "other", "uri": "u", "step": 99})  # "It may carry step"
+        self.assertTrue(wait_agent(a, lambda: a.last_committed.id == "other"))
+        self.assertEqual(a.last_committed.step, 99)
         self.assertEqual(c, spotagent.Committed("000000000007-k1", "file:///s/checkpoints/000000000007-k1", 7))
-        self.assertEqual(a.last_committed, c)
+        self.assertEqual(a.wait_committed("000000000007-k1", timeout=0), c)
         self.assertEqual(len(srv.of_type("done")), 1)
 
     def test_checkpoint_without_deadline_and_fail(self):
@@ -268,6 +271,11 @@ class TestCheckpoint(Base):
             a.checkpoint_done(1, "/d", metadata=[1, 2])  # type: ignore[arg-type]
         with self.assertRaises(ValueError):
             a.checkpoint_done(1, "/d", metadata={"x": float("nan")})
+        with self.assertRaises(ValueError):
+            a.checkpoint_done(1, "/d", metadata={"x": "y" * (64 << 10)})  # the agent's 64 KiB limit
+        req2 = spotagent.CheckpointRequest(a, a._conn, "n", "", "manual", None)
+        req2.done(1, metadata={"x": "y" * 60000})  # under the limit: fine
+        self.assertEqual(srv.wait_message("done")[0]["id"], "n")
 
     def test_upload_failed(self):
         srv = self.server()
@@ -329,9 +337,9 @@ class TestRobustness(Base):
         srv = self.server(read=False)  # sends welcome, never reads
         a = self.connect(progress_interval=0)
         self.assertEqual(a.resume_step, 120)
-        pad = "x" * 100000
+        pad = "x" * 60000  # under the 64 KiB metadata limit
         worst = 0.0
-        for step in range(300):  # ~30 MB, far beyond any socket buffer
+        for step in range(500):  # ~30 MB, far beyond any socket buffer
             t0 = time.monotonic()
             a.poll(step)
             a.checkpoint_done(step, "/d", metadata={"pad": pad})
