@@ -1,0 +1,252 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/faultproxy"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+)
+
+// crashTrials is the number of kills per run: 100 in `make test`, 5000
+// under `make soak` (SPOTAGENT_SOAK=1); SPOTAGENT_CRASH_TRIALS overrides.
+func crashTrials(t *testing.T) int {
+	if s := os.Getenv("SPOTAGENT_CRASH_TRIALS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 2 {
+			t.Fatalf("SPOTAGENT_CRASH_TRIALS=%q", s)
+		}
+		return n
+	}
+	if os.Getenv("SPOTAGENT_SOAK") != "" {
+		return 5000
+	}
+	return 100
+}
+
+// crashSeed is the base seed: SPOTAGENT_CRASH_SEED, else the clock. Trial
+// i of a backend uses base+i.
+func crashSeed(t *testing.T) uint64 {
+	if s := os.Getenv("SPOTAGENT_CRASH_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("SPOTAGENT_CRASH_SEED=%q", s)
+		}
+		return n
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// TestCrash_KillDuringCommit SIGKILLs a process that commits checkpoints
+// in a loop (Committer.Commit, then Prune, as the agent does) at a random
+// moment, then does what a restarted agent does: Cleanup, then Restore.
+// Each trial asserts that
+//   - Cleanup leaves no temp files (file) and no incomplete multipart
+//     uploads under the prefix (S3);
+//   - Restore returns a checkpoint, through latest.json (no fallback), with
+//     a step no older than the newest one the victim reported after its
+//     latest.json was written (or an earlier trial restored), whose files
+//     are byte for byte those the victim wrote.
+//
+// The store carries over from trial to trial, and each victim starts at
+// the step after the one restored, like a resumed run. Trials are split
+// between a file store and an S3 store (gofakes3), run side by side.
+func TestCrash_KillDuringCommit(t *testing.T) {
+	trials, base := crashTrials(t), crashSeed(t)
+	t.Logf("%d trials, base seed %d (SPOTAGENT_CRASH_SEED=%d reproduces the kill delays and contents)", trials, base, base)
+	srv := s3test.New(t)
+	dir := shortTemp(t)
+	for _, backend := range []string{"file", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			store, env, root := "file://"+filepath.Join(dir, "store"), []string(nil), filepath.Join(dir, "store")
+			if backend == "s3" {
+				store, env, root = "s3://"+srv.Bucket+"/crash", srv.Env(), srv.Bucket
+			}
+			st, err := all.Open(context.Background(), store, all.Options{S3Endpoint: srv.Endpoint})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			runCrashTrials(t, st, store, env, root, filepath.Join(dir, backend), base, trials/2)
+		})
+	}
+}
+
+func runCrashTrials(t *testing.T, st cloud.Store, store string, env []string, root, scratch string, base uint64, n int) {
+	ctx := context.Background()
+	restored := int64(-1) // newest step restored so far
+	commitTime := 300 * time.Millisecond
+	found, commits := 0, 0 // leftovers cleaned up, commits completed, over all trials
+	for i := range n {
+		seed := base + uint64(i)
+		rng := rand.New(rand.NewPCG(seed, 0))
+		fail := func(format string, args ...any) {
+			t.Helper()
+			t.Fatalf("trial %d, seed %d: %s", i, seed, fmt.Sprintf(format, args...))
+		}
+		// Kill anywhere from before the first commit to the third one.
+		delay := time.Duration(rng.Float64() * 2.5 * float64(commitTime))
+		v := startVictim(t, victimConfig{Store: store, Endpoint: os.Getenv("AWS_ENDPOINT_URL_S3"), Trial: int(seed % 1e9),
+			Start: restored + 1, Keep: 2, Scratch: filepath.Join(scratch, strconv.Itoa(i))}, env)
+		if err := v.waitReady(time.Minute); err != nil {
+			fail("%v", err)
+		}
+		time.Sleep(delay) // the random moment of the crash, not a synchronisation
+		written, c, err := v.kill()
+		if err != nil {
+			fail("%v", err)
+		}
+		os.RemoveAll(filepath.Join(scratch, strconv.Itoa(i)))
+		commits += c
+		if c > 1 {
+			v.mu.Lock()
+			per := v.stamps[len(v.stamps)-1].Sub(v.stamps[0]) / time.Duration(c-1)
+			v.mu.Unlock()
+			commitTime = (3*commitTime + per) / 4
+		}
+		want := max(restored, written)
+
+		// What a restarted agent does first: clean up, then restore.
+		left, err := leftovers(ctx, st, root)
+		if err != nil {
+			fail("count leftovers: %v", err)
+		}
+		cl, ok := st.(cloud.Cleaner)
+		if !ok {
+			fail("store %T is not a cloud.Cleaner", st)
+		}
+		if _, err := cl.Cleanup(ctx); err != nil {
+			fail("cleanup: %v", err)
+		}
+		if after, err := leftovers(ctx, st, root); err != nil || after != 0 {
+			fail("after cleanup %d leftovers remain (%d before, err %v)", after, left, err)
+		}
+		found += left
+
+		dest := filepath.Join(scratch, "restore-"+strconv.Itoa(i))
+		r, err := checkpoint.Restore(ctx, st, dest, checkpoint.RestoreOptions{})
+		switch {
+		case errors.Is(err, checkpoint.ErrNoCheckpoint) && want < 0:
+			os.RemoveAll(dest)
+			continue // killed before the first commit of the run: nothing to restore, nothing lost
+		case err != nil:
+			fail("restore (killed %s after ready, newest written step %d): %v", delay, want, err)
+		}
+		m := r.Manifest
+		if m.Step < want {
+			fail("restored step %d, but latest.json had been written for step %d (killed %s after ready)", m.Step, want, delay)
+		}
+		if len(r.Skipped) > 0 {
+			fail("restore fell back past latest.json: %v", r.Skipped)
+		}
+		if err := checkRestoredFiles(r.Dir, m.ID, m.Step); err != nil {
+			fail("restored %s: %v", m.ID, err)
+		}
+		if l, err := checkpoint.ReadLatest(ctx, st); err != nil || l.Step != m.Step {
+			fail("latest.json %+v (err %v), restored step %d", l, err, m.Step)
+		}
+		restored = m.Step
+		os.RemoveAll(dest)
+	}
+	t.Logf("%d kills, %d commits completed, newest step %d, %d leftovers cleaned up, commit ≈ %s",
+		n, commits, restored, found, commitTime)
+	// Sanity: the kills landed while commits were running and across them.
+	if commits == 0 || restored < 0 {
+		t.Fatalf("no commit ever completed in %d trials: the test tested nothing", n)
+	}
+	if found == 0 {
+		t.Fatalf("no kill in %d trials left anything to clean up: kills never hit an upload", n)
+	}
+}
+
+// TestCrash_AgentRestart kills a real `spotagent run` (SIGKILL, and its
+// trainer's process group, as a machine loss would) while it uploads a
+// periodic checkpoint, so that a temp file (file store) or an incomplete
+// multipart upload (S3) is left behind; a restarted `spotagent run` must
+// remove it before it restores, resume from the newest committed step,
+// and commit again.
+func TestCrash_AgentRestart(t *testing.T) {
+	requirePython(t, false)
+	srv := s3test.New(t)
+	for _, backend := range []string{"file", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			dir := shortTemp(t)
+			store, root := "file://"+filepath.Join(dir, "store"), filepath.Join(dir, "store")
+			var env []string
+			var proxy *faultproxy.Proxy
+			if backend == "s3" {
+				// Uploads slowed to 4 MiB/s, so one is surely in flight.
+				proxy = faultproxy.New(t, srv.Endpoint)
+				store, root = "s3://"+srv.Bucket+"/restart", srv.Bucket
+				env = append(srv.Env(), "AWS_ENDPOINT_URL_S3="+proxy.URL)
+			}
+			st, err := all.Open(context.Background(), store, all.Options{S3Endpoint: srv.Endpoint})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000000", "--step-time", "0.01",
+				"--save-bytes", strconv.Itoa(12 << 20)}
+			args := append(agentArgs(dir, store, "--interval", "1s", "--s3-part-size", strconv.Itoa(5<<20)), trainer...)
+			a := start(t, env, args...)
+			pid := atoi(t, a.waitLine(`trainer started.*"pid": (\d+)`, time.Minute)[1])
+			t.Cleanup(func() { killGroup(pid) })
+			committed := atoi(t, a.waitLine(`checkpoint committed.*"step": (\d+)`, 2*time.Minute)[1])
+			if proxy != nil {
+				proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 4 << 20})
+			}
+			ctx := context.Background()
+			waitFor(t, "an upload in flight", 2*time.Minute, func() bool {
+				n, err := leftovers(ctx, st, root)
+				return err == nil && n > 0
+			})
+			a.signal(syscall.SIGKILL)
+			killGroup(pid)
+			a.wait(time.Minute)
+			// The newest step the killed agent committed, from its log.
+			for _, m := range regexpAll(a.output(), `checkpoint committed.*"step": (\d+)`) {
+				committed = max(committed, atoi(t, m[1]))
+			}
+			if n, _ := leftovers(ctx, st, root); n == 0 {
+				t.Fatal("the kill left nothing behind: the test would not test cleanup")
+			}
+			if proxy != nil {
+				proxy.Clear()
+			}
+
+			b := start(t, env, append(agentArgs(dir, store, "--interval", "1h"), trainer...)...)
+			got := atoi(t, b.waitLine(`resuming from step (\d+)`, 2*time.Minute)[1])
+			if got < committed {
+				t.Fatalf("resumed from step %d, but step %d was committed", got, committed)
+			}
+			if n, err := leftovers(ctx, st, root); err != nil || n != 0 {
+				t.Fatalf("after the restart %d leftovers remain (err %v): the agent does not clean up at start", n, err)
+			}
+			b.signal(syscall.SIGTERM)
+			last := atoi(t, b.waitLine(`checkpoint committed.*"step": (\d+)`, 2*time.Minute)[1])
+			if code := b.wait(time.Minute); code != 0 {
+				t.Fatalf("restarted agent exit code %d", code)
+			}
+			if l, err := checkpoint.ReadLatest(ctx, st); err != nil || l.Step != int64(last) || last <= got {
+				t.Fatalf("latest.json %+v (err %v), want step %d > resumed step %d", l, err, last, got)
+			}
+		})
+	}
+}
+
+func regexpAll(s, re string) [][]string {
+	return regexp.MustCompile(re).FindAllStringSubmatch(s, -1)
+}
