@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+)
+
+// The matrix trainer: long enough that the notice lands part-way.
+const (
+	matrixSteps    = "300"
+	matrixStepTime = "0.02"
+)
+
+// TestNotice_Matrix: on every cloud (a spot notice from the fake metadata
+// server) and every store, the PyTorch example under spotagent run takes an
+// interruption checkpoint that commits before the notice's deadline, stops,
+// and a second run restores it and ends with exactly the parameters of an
+// uninterrupted run.
+func TestNotice_Matrix(t *testing.T) {
+	requirePython(t, true)
+	// One S3 and one GCS server for the whole matrix, each combination
+	// under its own prefix; the environment is set here, before the
+	// subtests go parallel, so that this process can read the stores too.
+	s3srv, err := s3test.Start("spotagent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s3srv.Close)
+	gcssrv, err := gcstest.Start("spotagent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gcssrv.Close)
+	env := append(s3Env(s3srv), gcssrv.Env()...)
+	setenvPairs(t, env)
+
+	// The uninterrupted reference, once: the example run bare (no agent).
+	ref := filepath.Join(shortTemp(t), "ref.json")
+	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("reference run: %v\n%s", err, out)
+	}
+
+	stores := []struct{ name, uri string }{
+		{"s3", "s3://" + s3srv.Bucket + "/matrix/"},
+		{"gcs", "gs://" + gcssrv.Bucket + "/matrix/"},
+		{"file", ""}, // under the subtest's directory
+	}
+	// Two runs at a time: each is a -race agent plus a PyTorch process, on
+	// a machine that may have two cores.
+	sem := make(chan struct{}, 2)
+	for _, cl := range []string{"aws", "gcp", "azure"} {
+		for _, st := range stores {
+			t.Run(cl+"/"+st.name, func(t *testing.T) {
+				t.Parallel()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				dir := shortTemp(t)
+				uri := st.uri + cl
+				if st.uri == "" {
+					uri = "file://" + filepath.Join(dir, "store")
+				}
+				noticeAndResume(t, cl, uri, env, ref, dir)
+			})
+		}
+	}
+}
+
+// noticeAndResume is one cell of the matrix.
+func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string) {
+	out := filepath.Join(dir, "out.json")
+	trainer := []string{"--", python, "python/examples/train_torch.py",
+		"--steps", matrixSteps, "--step-time", matrixStepTime, "--out", out}
+	fk := startFake(t, cl)
+
+	first := start(t, env, append(noticeArgs(dir, uri, cloudArgs(t, cl, fk.URL())...), trainer...)...)
+	first.waitLine(`starting fresh`, 2*time.Minute)
+	first.waitLine(`^step 100 `, time.Minute)
+	var eventID string
+	var exposed time.Time
+	if az, ok := fk.(*fake.Azure); ok {
+		var ev fake.AzureEvent
+		ev, exposed = az.Preempt()
+		eventID = ev.EventId
+	} else {
+		exposed = fk.Notice()
+	}
+	m := first.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
+	step := atoi(t, m[1])
+	first.waitLine(`interruption checkpoint committed`, time.Minute)
+	first.waitLine(`stopping at step`, time.Minute)
+	if code := first.wait(time.Minute); code != 0 {
+		t.Fatalf("interrupted run exit code %d, want 0 (the trainer stopped cleanly)", code)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("interrupted run finished training: the notice came too late to test anything")
+	}
+
+	st := openTestStore(t, uri, all.Options{})
+	in := oneInterruption(t, noticeJournal(t, st))
+	if got, want := string(in.Cloud), cl; got != want {
+		t.Fatalf("interruption cloud=%s, want %s", got, want)
+	}
+	if got, want := in.Kind, metadata.KindTermination; got != want {
+		t.Fatalf("interruption kind=%s, want %s", got, want)
+	}
+	if in.Detected.Before(exposed) {
+		t.Fatalf("notice detected at %s, before the fake exposed it at %s", in.Detected, exposed)
+	}
+	committedBeforeDeadline(t, in)
+	if got, want := in.Step, int64(step); got != want {
+		t.Fatalf("journal step=%d, want %d (what the trainer saved)", got, want)
+	}
+	if l := readLatestPointer(t, st); l.Step != int64(step) || l.ID != in.CheckpointID {
+		t.Fatalf("latest=%+v, want step %d id %s", l, step, in.CheckpointID)
+	}
+	if eventID != "" {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if err := fk.(*fake.Azure).WaitAck(ctx, eventID); err != nil {
+			t.Fatalf("azure event %s never acknowledged: %v (acks %v)", eventID, err, fk.(*fake.Azure).Acks())
+		}
+	}
+
+	// A new machine: no notice this time.
+	fk2 := startFake(t, cl)
+	second := start(t, env, append(noticeArgs(dir, uri, cloudArgs(t, cl, fk2.URL())...), trainer...)...)
+	r := second.waitLine(`resuming from step (\d+) `, 2*time.Minute)
+	if got := atoi(t, r[1]); got != step {
+		t.Fatalf("resumed from step %d, want %d", got, step)
+	}
+	if code := second.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("resumed run exit code %d", code)
+	}
+	sameFile(t, out, ref)
+	j := noticeJournal(t, st)
+	if len(j.Restores) != 1 || j.Restores[0].Step != int64(step) || j.Restores[0].CheckpointID != in.CheckpointID {
+		t.Fatalf("journal restores=%+v, want one of checkpoint %s at step %d", j.Restores, in.CheckpointID, step)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("the run without a notice recorded an interruption: %+v", j.Interruptions)
+	}
+}
