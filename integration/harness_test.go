@@ -51,13 +51,14 @@ func TestMain(m *testing.M) {
 
 // proc is a running spotagent with its output collected line by line.
 type proc struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	lines []string
-	cond  *sync.Cond
-	done  chan struct{}
-	code  int
+	t       *testing.T
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	lines   []string
+	drained bool // the output pipe reached EOF
+	cond    *sync.Cond
+	done    chan struct{}
+	code    int
 }
 
 // start runs spotagent with args and extra environment.
@@ -66,12 +67,18 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
+	return startCmd(t, cmd)
+}
+
+// startCmd runs cmd with its output collected line by line.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	p := &proc{t: t, cmd: cmd, done: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start spotagent: %v", err)
+		t.Fatalf("start %s: %v", cmd.Path, err)
 	}
 	go func() {
 		sc := bufio.NewScanner(pr)
@@ -82,6 +89,10 @@ func start(t *testing.T, env []string, args ...string) *proc {
 			p.cond.Broadcast()
 			p.mu.Unlock()
 		}
+		p.mu.Lock()
+		p.drained = true
+		p.cond.Broadcast()
+		p.mu.Unlock()
 	}()
 	go func() {
 		err := cmd.Wait()
@@ -106,7 +117,7 @@ func start(t *testing.T, env []string, args ...string) *proc {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("spotagent %s output:\n%s", strings.Join(args, " "), p.output())
+			t.Logf("%s output:\n%s", strings.Join(cmd.Args, " "), p.output())
 		}
 	})
 	return p
@@ -121,6 +132,15 @@ func (p *proc) output() string {
 // waitLine waits for a line matching re and returns its submatches.
 func (p *proc) waitLine(re string, timeout time.Duration) []string {
 	p.t.Helper()
+	if m, err := p.findLine(re, timeout); err != nil {
+		p.t.Fatal(err)
+	} else {
+		return m
+	}
+	return nil
+}
+
+func (p *proc) findLine(re string, timeout time.Duration) ([]string, error) {
 	rx := regexp.MustCompile(re)
 	deadline := time.Now().Add(timeout)
 	timer := time.AfterFunc(timeout, func() { p.mu.Lock(); p.cond.Broadcast(); p.mu.Unlock() })
@@ -130,21 +150,19 @@ func (p *proc) waitLine(re string, timeout time.Duration) []string {
 	for i := 0; ; {
 		for ; i < len(p.lines); i++ {
 			if m := rx.FindStringSubmatch(p.lines[i]); m != nil {
-				return m
+				return m, nil
 			}
 		}
 		select {
 		case <-p.done:
-			if i >= len(p.lines) {
-				p.mu.Unlock()
-				p.t.Fatalf("spotagent exited without printing a line matching %q", re)
+			// The output pipe may still hold lines: wait for it to drain.
+			if p.drained {
+				return nil, fmt.Errorf("%s exited without printing a line matching %q", p.cmd.Path, re)
 			}
-			continue
 		default:
 		}
 		if time.Now().After(deadline) {
-			p.mu.Unlock()
-			p.t.Fatalf("no line matching %q within %s", re, timeout)
+			return nil, fmt.Errorf("no line matching %q within %s", re, timeout)
 		}
 		p.cond.Wait()
 	}

@@ -33,12 +33,16 @@ type agentOptions struct {
 	logFormat, logLevel                                       string
 }
 
-func (o *agentOptions) register(fs *flag.FlagSet, withStore bool) {
-	if withStore {
+func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
+	if node {
+		fs.StringVar(&o.store, "store-prefix", "", "each run's store is this prefix + its run id: s3://bucket/runs, gs://bucket/runs, file:///dir")
+		fs.StringVar(&o.checkpointDir, "checkpoint-root", "/var/lib/spotagent", "local directory; each run gets CHECKPOINT-ROOT/RUN-ID")
+		o.runID = "node"
+	} else {
 		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
+		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 	}
-	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $TMPDIR/spotagent-UID/RUN-ID.sock)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
 	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")

@@ -10,18 +10,21 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 func init() {
 	commands["run"] = command{cmdRun, "run a trainer: restore, checkpoint on notices and periodically, commit to the store"}
 	commands["sidecar"] = command{cmdSidecar, "serve a trainer in another container (Kubernetes sidecar): no child"}
+	commands["node"] = command{cmdNode, "serve every trainer on the machine, one run per run id (Kubernetes DaemonSet)"}
 }
 
 func cmdRun(args []string) int {
 	fs := newFlagSet("run")
 	var o agentOptions
-	o.register(fs, true)
+	o.register(fs, false)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: spotagent run [flags] -- COMMAND [ARGS...]")
@@ -35,13 +38,13 @@ func cmdRun(args []string) int {
 		fmt.Fprintln(os.Stderr, "spotagent run: no trainer command: spotagent run [flags] -- COMMAND [ARGS...]")
 		return 2
 	}
-	return runAgent(fs, &o, command)
+	return runAgent(fs, &o, command, false)
 }
 
 func cmdSidecar(args []string) int {
 	fs := newFlagSet("sidecar")
 	var o agentOptions
-	o.register(fs, true)
+	o.register(fs, false)
 	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
@@ -49,12 +52,31 @@ func cmdSidecar(args []string) int {
 		fmt.Fprintln(os.Stderr, "spotagent sidecar: takes no command; the trainer runs in its own container")
 		return 2
 	}
-	return runAgent(fs, &o, nil)
+	return runAgent(fs, &o, nil, false)
+}
+
+func cmdNode(args []string) int {
+	fs := newFlagSet("node")
+	var o agentOptions
+	o.register(fs, true)
+	if err := parseFlags(fs, args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "spotagent node: takes no command; trainers connect to the socket")
+		return 2
+	}
+	if o.store == "" {
+		fmt.Fprintln(os.Stderr, "spotagent node: --store-prefix is required")
+		return 2
+	}
+	return runAgent(fs, &o, nil, true)
 }
 
 // runAgent wires the packages together and runs the agent. A bad store,
 // socket or cloud setting fails here with one line, before any trainer runs.
-func runAgent(fs *flag.FlagSet, o *agentOptions, command []string) int {
+// With node set it serves every run on the machine (spotagent node).
+func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) int {
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "spotagent %s: %v\n", fs.Name()[len("spotagent "):], err)
 		return 1
@@ -98,12 +120,27 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string) int {
 	defer stopMetrics()
 	log.Info("machine", zap.String("cloud", string(ident.Cloud)), zap.String("instance_id", ident.InstanceID),
 		zap.String("instance_type", ident.InstanceType), zap.String("zone", ident.Zone), zap.String("lifecycle", ident.Lifecycle))
-	code, err := supervisor.Run(ctx, supervisor.Config{
+	cfg := supervisor.Config{
 		RunID: o.runID, CheckpointDir: o.checkpointDir, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
 		Metrics: metrics, Log: log,
-	}, sigs)
+	}
+	if node {
+		err := supervisor.RunNode(ctx, supervisor.NodeConfig{
+			StorePrefix: o.store, CheckpointRoot: o.checkpointDir, Source: src, Identity: ident, Server: srvCfg,
+			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
+				return openStore(ctx, uri, o.storeFlags, log)
+			},
+			NewScheduler: func() *checkpoint.Scheduler { s, _ := o.scheduler(log); return s },
+			Run:          cfg, Log: log,
+		}, sigs)
+		if err != nil {
+			return fail(err)
+		}
+		return 0
+	}
+	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
 		return fail(err)
 	}

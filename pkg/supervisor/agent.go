@@ -37,6 +37,9 @@ type Config struct {
 	MaxRestarts int           // restarts of a child that failed on its own
 	Margin      time.Duration // safety margin kept before a notice deadline (default 5s)
 	OnRebalance string        // "checkpoint" (default) or "none"
+	// EndWhenIdle ends a run without a child once a trainer has come and
+	// gone and nothing is uploading (node mode).
+	EndWhenIdle bool
 	// RequestTimeout bounds how long a periodic request may go unanswered
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration

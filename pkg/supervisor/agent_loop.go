@@ -18,11 +18,12 @@ import (
 // its state is owned by the loop goroutine; uploads and the journal run
 // beside it and report back over channels.
 type Agent struct {
-	cfg       Config
-	log       *zap.Logger
-	srv       *Server
-	journal   *checkpoint.JournalWriter
-	committer *checkpoint.Committer
+	cfg        Config
+	log        *zap.Logger
+	conns      map[uint64]*Conn // trainers that said hello to this run
+	hadTrainer bool
+	journal    *checkpoint.JournalWriter
+	committer  *checkpoint.Committer
 
 	started time.Time // this session
 	resume  *Resume
@@ -48,6 +49,8 @@ type Agent struct {
 	noticesSeen int
 	lastNotice  *metadata.Notice
 	rebalanced  bool
+	signals     int  // SIGTERM/SIGINT received
+	shutdown    bool // told to shut down by a signal
 	secondSig   bool
 	done        bool // loop ends
 }
@@ -65,17 +68,59 @@ type committedCheckpoint struct {
 // agent should exit with: the child's. An error means the agent could not
 // start (store or socket unusable) and nothing was launched.
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
+	a, err := newAgent(ctx, cfg)
+	if err != nil {
+		return 1, err
+	}
+	cfg = a.cfg
+	if cfg.Server.Log == nil {
+		cfg.Server.Log = cfg.Log
+	}
+	srv, err := Listen(cfg.Server)
+	if err != nil {
+		return 1, fmt.Errorf("socket: %w", err)
+	}
+	sctx, stopServe := context.WithCancel(context.Background())
+	serveDone := make(chan struct{})
+	go func() { srv.Serve(sctx); close(serveDone) }()
+	defer func() { stopServe(); srv.Close(); <-serveDone }()
+
+	notices := make(chan metadata.Notice, 16)
+	nctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if cfg.Source != nil {
+		go func() {
+			if err := cfg.Source.Watch(nctx, notices); err != nil && nctx.Err() == nil {
+				a.log.Error("notice source ended", zap.Error(err))
+			}
+		}()
+	}
+	if len(cfg.Command) > 0 {
+		if err := a.startChild(); err != nil {
+			return 1, err
+		}
+	}
+	cfg.Metrics.Ready(true)
+	a.loop(ctx, srv.Events(), notices, signals)
+	cfg.Metrics.Ready(false)
+	a.finish()
+	return a.exitCode, nil
+}
+
+// newAgent prepares one run: local directories, the journal, cleanup of
+// what a crash left, and the restore of the newest committed checkpoint.
+func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(),
-		pending: map[string]*request{}, uploads: map[string]*upload{},
+		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Log: cfg.Log}
 	if err := os.MkdirAll(cfg.CheckpointDir, 0o700); err != nil {
-		return 1, fmt.Errorf("checkpoint dir: %w", err)
+		return nil, fmt.Errorf("checkpoint dir: %w", err)
 	}
 	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
@@ -92,44 +137,12 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		Throughput:      j.Stats.BytesPerSec,
 	})
 	if a.resume, err = a.restore(ctx); err != nil {
-		return 1, err
-	}
-	if cfg.Server.Log == nil {
-		cfg.Server.Log = cfg.Log
-	}
-	srv, err := Listen(cfg.Server)
-	if err != nil {
-		return 1, fmt.Errorf("socket: %w", err)
-	}
-	a.srv = srv
-	sctx, stopServe := context.WithCancel(context.Background())
-	serveDone := make(chan struct{})
-	go func() { srv.Serve(sctx); close(serveDone) }()
-	defer func() { stopServe(); srv.Close(); <-serveDone }()
-
-	notices := make(chan metadata.Notice, 16)
-	nctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	if cfg.Source != nil {
-		go func() {
-			if err := cfg.Source.Watch(nctx, notices); err != nil && nctx.Err() == nil {
-				a.log.Error("notice source ended", zap.Error(err))
-			}
-		}()
+		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
 		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: cfg.Identity})
 	})
-	if len(cfg.Command) > 0 {
-		if err := a.startChild(); err != nil {
-			return 1, err
-		}
-	}
-	cfg.Metrics.Ready(true)
-	a.loop(ctx, notices, signals)
-	cfg.Metrics.Ready(false)
-	a.finish()
-	return a.exitCode, nil
+	return a, nil
 }
 
 func (a *Agent) startChild() error {
@@ -147,7 +160,7 @@ func (a *Agent) startChild() error {
 }
 
 // loop is the agent's single state-owning goroutine.
-func (a *Agent) loop(ctx context.Context, notices <-chan metadata.Notice, signals <-chan os.Signal) {
+func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan metadata.Notice, signals <-chan os.Signal) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for !a.done {
@@ -163,7 +176,11 @@ func (a *Agent) loop(ctx context.Context, notices <-chan metadata.Notice, signal
 			a.onSignal(os.Interrupt)
 			a.onSignal(os.Interrupt)
 			ctx = context.Background()
-		case ev := <-a.srv.Events():
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
 			a.onEvent(ev)
 		case n := <-notices:
 			a.onNotice(n)
@@ -191,7 +208,6 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	if s := a.stopping; s != nil {
 		earlier(s.deadline)
-		earlier(s.exitBy)
 	}
 	earlier(a.restartAt)
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
@@ -225,21 +241,33 @@ func (a *Agent) tick(now time.Time) {
 	a.checkDone()
 }
 
-// checkDone ends the loop when nothing is left to wait for.
+// checkDone ends the loop when nothing is left to wait for. With a child,
+// that is when it is gone for good and the uploads are done. Without one (a
+// sidecar or a run of a node agent), the agent outlives a cloud notice, to
+// tell late trainers to stop and keep serving status and metrics, and ends
+// when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
 	if !a.childGone || !a.restartAt.IsZero() {
 		return
 	}
-	if len(a.cfg.Command) == 0 && a.stopping == nil {
-		return // a sidecar runs until it is told to shut down
-	}
-	if s := a.stopping; s != nil && len(a.cfg.Command) == 0 && !s.finished && !a.secondSig {
-		return // the sidecar's final checkpoint is still on its way
-	}
-	if len(a.uploads) > 0 && !a.secondSig {
+	if a.secondSig {
+		a.done = true
 		return
 	}
-	a.done = true
+	if len(a.uploads) > 0 {
+		return
+	}
+	if len(a.cfg.Command) > 0 {
+		a.done = true
+		return
+	}
+	if a.shutdown && (a.stopping == nil || a.stopping.finished) {
+		a.done = true
+		return
+	}
+	if a.cfg.EndWhenIdle && a.hadTrainer && len(a.conns) == 0 && len(a.pending) == 0 {
+		a.done = true
+	}
 }
 
 func (a *Agent) onChildExit() {
@@ -290,16 +318,22 @@ func (a *Agent) restart() {
 	}
 }
 
+// onSignal: the first SIGTERM/SIGINT is a notice with a --term-grace
+// deadline (or tightens the interruption under way); the second stops the
+// trainer at once and ends the agent without waiting for uploads.
 func (a *Agent) onSignal(sig os.Signal) {
-	if a.stopping != nil && a.stopping.notice.Cloud == metadata.CloudSignal || a.secondSig {
+	a.signals++
+	if a.signals > 1 {
 		a.secondSig = true
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
 		a.stopChild()
 		a.checkDone()
 		return
 	}
+	a.shutdown = true
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
 	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
+	a.checkDone()
 }
 
 // stopChild sends SIGTERM to the trainer's group, SIGKILL after KillAfter.
@@ -343,12 +377,4 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 }
 
 // trainers counts connections that said hello.
-func (a *Agent) trainers() int {
-	n := 0
-	for _, c := range a.srv.Conns() {
-		if _, ok := c.Hello(); ok {
-			n++
-		}
-	}
-	return n
-}
+func (a *Agent) trainers() int { return len(a.conns) }

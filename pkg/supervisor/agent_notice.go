@@ -17,8 +17,7 @@ type stopState struct {
 	deadline time.Time // the machine (or the grace) ends here
 	req      *request
 	stopSent bool
-	finished bool      // committed or failed: nothing more to wait for
-	exitBy   time.Time // sidecar: give up waiting for a commit here
+	finished bool // committed or failed: nothing more to wait for
 	record   checkpoint.Interruption
 }
 
@@ -41,6 +40,7 @@ func (a *Agent) onEvent(ev Event) {
 	case TypeStatus:
 		a.onStatus(c)
 	case TypeDisconnected:
+		delete(a.conns, c.ID())
 		for _, r := range a.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -58,6 +58,8 @@ func (a *Agent) onHello(c *Conn, m Message) {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
+	a.conns[c.ID()] = c
+	a.hadTrainer = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
@@ -223,9 +225,6 @@ func (a *Agent) finishStop(s *stopState, now time.Time) {
 			j.Stats.NoticeCommits++
 		}
 	})
-	if len(a.cfg.Command) == 0 {
-		s.exitBy = now
-	}
 }
 
 func (a *Agent) sendStop(s *stopState) {

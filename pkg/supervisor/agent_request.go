@@ -58,10 +58,7 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 	r := &request{id: id, reason: reason, dir: dir, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
 	dl := deadline.UTC()
 	msg := Message{Type: TypeCheckpoint, ID: id, Reason: reason, Dir: dir, Deadline: &dl}
-	for _, c := range a.srv.Conns() {
-		if _, ok := c.Hello(); !ok {
-			continue
-		}
+	for _, c := range a.conns {
 		if err := c.Send(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
@@ -270,11 +267,9 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 }
 
 func (a *Agent) broadcast(m Message) {
-	for _, c := range a.srv.Conns() {
-		if _, ok := c.Hello(); ok {
-			if err := c.Send(m); err != nil {
-				a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
-			}
+	for _, c := range a.conns {
+		if err := c.Send(m); err != nil {
+			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
 }

@@ -190,7 +190,9 @@ class Agent(object):
         self.rank = rank
         self.world_size = world_size
         self.progress_interval = progress_interval
-        self._hello_run_id = run_id
+        # Sent in hello: a node agent (one per machine) picks the run's
+        # store from it; an agent that wraps the trainer ignores it.
+        self._hello_run_id = run_id or env.get(ENV_RUN_ID) or None
 
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # state changes (welcome, committed, ...)
@@ -661,7 +663,7 @@ def connect(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
     run_id: Optional[str] = None,
-    welcome_timeout: float = 2.0,
+    welcome_timeout: Optional[float] = None,
     progress_interval: float = 1.0,
 ) -> Agent:
     """Connect to the local agent.
@@ -669,12 +671,16 @@ def connect(
     ``path`` defaults to ``$SPOTAGENT_SOCKET``; when neither is set the agent
     is a no-op (``poll`` always returns None) so the script runs bare.
     ``rank``/``world_size`` default to torchrun's ``$RANK``/``$WORLD_SIZE``.
-    Waits at most ``welcome_timeout`` seconds for the agent's ``welcome`` so
+    Waits at most ``welcome_timeout`` seconds (default $SPOTAGENT_WELCOME_TIMEOUT or 2) for the agent's ``welcome`` so
     that the resume information is ready; never raises because the agent is
     unreachable -- it keeps retrying in the background.
     """
     if path is None:
         path = os.environ.get(ENV_SOCKET) or None
+    if welcome_timeout is None:
+        # A node agent restores a run when its first trainer says hello:
+        # give it time with SPOTAGENT_WELCOME_TIMEOUT (seconds).
+        welcome_timeout = _env_float("SPOTAGENT_WELCOME_TIMEOUT", 2.0)
     if rank is None:
         rank = _env_int("RANK")
     if world_size is None:
@@ -691,6 +697,14 @@ def connect(
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        log.warning("spotagent: ignoring %s=%r: not a number", name, os.environ.get(name))
+        return default
 
 _TIME_RE = re.compile(
     r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(Z|z|[+-]\d{2}:?\d{2})?$"

@@ -1,0 +1,224 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// NodeConfig wires a node agent: one socket for every trainer on the
+// machine, one run (store, journal, scheduler) per run id named in hello.
+type NodeConfig struct {
+	// StorePrefix is joined with each run id: a trainer that says
+	// run_id "exp42" writes to StorePrefix/exp42 and nowhere else.
+	StorePrefix    string
+	OpenStore      func(ctx context.Context, uri string) (cloud.Store, error)
+	CheckpointRoot string // each run's local directory is CheckpointRoot/<run id>
+	Source         metadata.Source
+	Identity       metadata.Identity
+	Server         ServerConfig
+	// Run is the template of every run's Config (Keep, TermGrace, Margin,
+	// OnRebalance, Metrics, Log); RunID, Store, CheckpointDir and Scheduler
+	// are filled per run.
+	Run          Config
+	NewScheduler func() *checkpoint.Scheduler
+	Log          *zap.Logger
+}
+
+// nodeRun is one run served by the node agent, owned by its goroutine.
+type nodeRun struct {
+	id      string
+	events  chan Event
+	notices chan metadata.Notice
+	signals chan os.Signal
+}
+
+// RunNode serves trainers of any run until a shutdown signal has been
+// handled by every run. A notice from the machine reaches every run.
+func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) error {
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.Server.Log == nil {
+		cfg.Server.Log = log
+	}
+	srv, err := Listen(cfg.Server)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	sctx, stopServe := context.WithCancel(context.Background())
+	serveDone := make(chan struct{})
+	go func() { srv.Serve(sctx); close(serveDone) }()
+	defer func() { stopServe(); srv.Close(); <-serveDone }()
+
+	notices := make(chan metadata.Notice, 16)
+	nctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if cfg.Source != nil {
+		go cfg.Source.Watch(nctx, notices)
+	}
+	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{},
+		finished: make(chan *nodeRun, 4)}
+	if m := cfg.Run.Metrics; m != nil {
+		m.Ready(true)
+		defer m.Ready(false)
+	}
+	stopping := false
+	for {
+		if stopping && len(n.runs) == 0 {
+			log.Info("node agent: every run is done")
+			return nil
+		}
+		select {
+		case ev := <-srv.Events():
+			n.dispatch(ev)
+		case no := <-notices:
+			log.Info("node notice: passing it to every run", zap.String("kind", string(no.Kind)), zap.Int("runs", len(n.runs)))
+			for _, r := range n.runs {
+				select {
+				case r.notices <- no:
+				default:
+					log.Warn("run busy: notice dropped", zap.String("run", r.id))
+				}
+			}
+		case sig := <-signals:
+			log.Info("node agent: signal, final checkpoints for every run", zap.String("signal", sig.String()), zap.Int("runs", len(n.runs)))
+			stopping = true
+			for _, r := range n.runs {
+				select {
+				case r.signals <- sig:
+				default:
+				}
+			}
+		case r := <-n.finished:
+			n.retire(r)
+		}
+	}
+}
+
+type node struct {
+	cfg      NodeConfig
+	log      *zap.Logger
+	ctx      context.Context
+	runs     map[string]*nodeRun
+	connRun  map[uint64]*nodeRun
+	finished chan *nodeRun
+}
+
+// dispatch routes a connection's event to its run; hello picks (or starts) it.
+func (n *node) dispatch(ev Event) {
+	c, m := ev.Conn, ev.Msg
+	if r, ok := n.connRun[c.ID()]; ok {
+		if m.Type == TypeDisconnected {
+			delete(n.connRun, c.ID())
+		}
+		r.events <- ev
+		return
+	}
+	switch m.Type {
+	case TypeHello:
+		if !checkpoint.ValidID(m.RunID) {
+			n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
+			c.Send(Message{Type: TypeError, Error: fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID)})
+			c.Close()
+			return
+		}
+		r, ok := n.runs[m.RunID]
+		if !ok {
+			r = n.start(m.RunID)
+		}
+		n.connRun[c.ID()] = r
+		r.events <- ev
+	case TypeStatus:
+		ids := make([]string, 0, len(n.runs))
+		for id := range n.runs {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		b, _ := json.Marshal(map[string]any{"node": true, "runs": ids, "store_prefix": n.cfg.StorePrefix})
+		c.Send(Message{Type: TypeStatus, Status: b})
+	case TypeDisconnected:
+	default:
+		c.Send(Message{Type: TypeError, Error: m.Type + ": say hello with a run_id first"})
+	}
+}
+
+// start begins a run: its store, journal and restore happen in its own
+// goroutine, so a slow restore delays only its own trainers.
+func (n *node) start(id string) *nodeRun {
+	r := &nodeRun{id: id, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16), signals: make(chan os.Signal, 2)}
+	n.runs[id] = r
+	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
+	log := n.log.With(zap.String("run", id))
+	log.Info("node: new run", zap.String("store", uri))
+	go func() {
+		defer func() { n.finished <- r }()
+		st, err := n.cfg.OpenStore(n.ctx, uri)
+		if err != nil {
+			n.refuse(r, log, fmt.Errorf("store %s: %w", uri, err))
+			return
+		}
+		defer st.Close()
+		rc := n.cfg.Run
+		rc.RunID, rc.Store, rc.CheckpointDir, rc.Command = id, st, filepath.Join(n.cfg.CheckpointRoot, id), nil
+		rc.Source, rc.Identity, rc.EndWhenIdle, rc.Log = n.cfg.Source, n.cfg.Identity, true, log
+		if n.cfg.NewScheduler != nil {
+			rc.Scheduler = n.cfg.NewScheduler()
+		}
+		a, err := newAgent(n.ctx, rc)
+		if err != nil {
+			n.refuse(r, log, err)
+			return
+		}
+		a.loop(n.ctx, r.events, r.notices, r.signals)
+		a.finish()
+		log.Info("node: run done")
+	}()
+	return r
+}
+
+// refuse answers every trainer waiting on a run that could not start.
+func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
+	log.Error("node: run could not start", zap.Error(err))
+	for {
+		select {
+		case ev := <-r.events:
+			if ev.Msg.Type == TypeHello {
+				ev.Conn.Send(Message{Type: TypeError, Error: "run could not start: " + err.Error()})
+				ev.Conn.Close()
+			}
+		default:
+			return
+		}
+	}
+}
+
+// retire forgets a finished run; events that raced with its end are
+// dispatched again (a hello then starts the run anew).
+func (n *node) retire(r *nodeRun) {
+	delete(n.runs, r.id)
+	for id, cr := range n.connRun {
+		if cr == r {
+			delete(n.connRun, id)
+		}
+	}
+	for {
+		select {
+		case ev := <-r.events:
+			n.dispatch(ev)
+		default:
+			return
+		}
+	}
+}
