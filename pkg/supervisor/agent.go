@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -98,10 +99,18 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
+	// A local copy of the manifest, beside (not inside) the checkpoint's
+	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
+	manifest := r.Dir + ".manifest.json"
+	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
+		if err := os.WriteFile(manifest, b, 0o600); err != nil {
+			a.log.Warn("could not write the local manifest copy", zap.Error(err))
+		}
+	}
 	// Older restores are of no further use.
 	if ents, err := os.ReadDir(restoreDir); err == nil {
 		for _, e := range ents {
-			if p := filepath.Join(restoreDir, e.Name()); p != r.Dir {
+			if p := filepath.Join(restoreDir, e.Name()); p != r.Dir && p != manifest {
 				os.RemoveAll(p)
 			}
 		}
@@ -116,7 +125,7 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 		})
 	})
 	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &Resume{Dir: r.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: a.cfg.Store.URI(r.Key), Metadata: r.Manifest.Metadata}, nil
+	return &Resume{Dir: r.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}, nil
 }
 
 // cleanup removes what a crashed agent left behind: the store's temp files
