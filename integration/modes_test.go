@@ -215,3 +215,39 @@ func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what strin
 		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
 }
+
+// TestSidecar_TrainerSigterm: in a pod the trainer container gets SIGTERM
+// before its native sidecar; with SPOTAGENT_HANDLE_SIGTERM=1 the client
+// turns it into a final checkpoint and exits once the sidecar committed it.
+func TestSidecar_TrainerSigterm(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	sock := filepath.Join(dir, "agent.sock")
+	store := filepath.Join(dir, "store")
+	agent := start(t, nil, "sidecar", "--store", "file://"+store, "--run-id", "pod",
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", sock, "--interval", "1h", "--cloud", "none")
+	agent.waitLine(`socket listening`, time.Minute)
+	tr := trainerProc(t, []string{"SPOTAGENT_SOCKET=" + sock, "SPOTAGENT_HANDLE_SIGTERM=1"}, "--steps", "2000", "--step-time", "0.01")
+	tr.waitLine(`^step 50 `, time.Minute)
+	if err := tr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	m := tr.waitLine(`checkpoint \S* ?\(shutdown\) at step (\d+)`, time.Minute)
+	step := atoi(t, m[1])
+	tr.waitLine(`stopping at step`, time.Minute)
+	if code := tr.wait(time.Minute); code != 0 {
+		t.Fatalf("trainer exit code %d", code)
+	}
+	st, err := file.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := checkpoint.ReadLatest(context.Background(), st)
+	if err != nil || int(l.Step) != step {
+		t.Fatalf("latest=%+v err=%v, want step %d committed before the trainer exited", l, err, step)
+	}
+	agent.signal(syscall.SIGTERM)
+	if code := agent.wait(time.Minute); code != 0 {
+		t.Fatalf("sidecar exit code %d", code)
+	}
+}

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -168,6 +169,44 @@ class CheckpointRequest(object):
         )
 
 
+class _SigtermRequest(CheckpointRequest):
+    """The checkpoint a trainer takes because it got SIGTERM (a Kubernetes
+    pod deletion reaches the trainer container before its sidecar). ``done``
+    reports it as an unsolicited checkpoint, waits until the agent has
+    committed it (at most ``wait`` seconds), then sets ``should_stop``."""
+
+    def __init__(self, agent: "Agent", dir: str, wait: float) -> None:
+        CheckpointRequest.__init__(self, agent, -1, id="", dir=dir, reason="shutdown", deadline=None)
+        self._wait = wait
+
+    def done(self, step: int, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        if not self._claim("done"):
+            return
+        agent = self._agent
+        with agent._lock:
+            before = set(agent._committed)
+        agent.checkpoint_done(step, self.dir, metadata)
+        end = time.monotonic() + self._wait
+        with agent._lock:
+            while True:
+                new = [c for k, c in agent._committed.items() if k not in before and c.step == int(step)]
+                left = end - time.monotonic()
+                if new or left <= 0 or agent._closed.is_set():
+                    break
+                agent._cond.wait(left)
+            if not new:
+                log.warning("spotagent: SIGTERM checkpoint at step %d not confirmed within %.0fs", step, self._wait)
+            agent._should_stop = True
+            agent._stop_reason = "shutdown"
+            agent._cond.notify_all()
+
+    def fail(self, error: str) -> None:
+        if self._claim("fail"):
+            with self._agent._lock:
+                self._agent._should_stop = True
+                self._agent._stop_reason = "shutdown"
+
+
 class Agent(object):
     """A connection to the local spotagent, or a no-op stand-in.
 
@@ -206,6 +245,9 @@ class Agent(object):
         self._welcome = None  # type: Optional[Dict[str, Any]]
         self._resume_from_welcome = None  # type: Optional[Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]]
         self._should_stop = False
+        self._sigterm = False  # set by the SIGTERM handler, see handle_sigterm
+        self._sigterm_handled = False
+        self.sigterm_wait = _env_float("SPOTAGENT_SIGTERM_WAIT", 60.0)
         self._stop_reason = None  # type: Optional[str]
         self._stop_deadline = None  # type: Optional[datetime.datetime]
 
@@ -305,9 +347,41 @@ class Agent(object):
         with self._lock:
             return self._last_committed
 
+    def handle_sigterm(self) -> bool:
+        """Turn SIGTERM into a final checkpoint: the next ``poll`` returns a
+        request with reason ``shutdown``; its ``done`` waits until the agent
+        has committed it, then ``should_stop`` is set. Use it where the
+        trainer, not the agent, gets SIGTERM first: a Kubernetes sidecar or
+        node agent. (Under ``spotagent run`` the agent gets the signal and asks
+        for the checkpoint itself.) Only from the main thread; returns False
+        when the handler could not be installed."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("spotagent: handle_sigterm() must be called from the main thread")
+            return False
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self._sigterm = True
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return True
+
+    def _sigterm_request(self, step: Optional[int]) -> Optional[CheckpointRequest]:
+        self._sigterm_handled = True
+        log.info("spotagent: SIGTERM: taking a final checkpoint")
+        ckdir = self.checkpoint_dir
+        if not self.path or not ckdir or step is None:
+            with self._lock:
+                self._should_stop = True
+                self._stop_reason = "shutdown"
+            return None
+        d = os.path.join(ckdir, "sigterm-%d-%d" % (int(step), os.getpid()))
+        return _SigtermRequest(self, d, self.sigterm_wait)
+
     def poll(self, step: Optional[int] = None) -> Optional[CheckpointRequest]:
         """Never blocks. Reports progress (at most every ``progress_interval``
         seconds) and returns the oldest pending checkpoint request, or None."""
+        if self._sigterm and not self._sigterm_handled:
+            return self._sigterm_request(step)
         if not self.path:
             return None
         now = time.monotonic()
@@ -665,6 +739,7 @@ def connect(
     run_id: Optional[str] = None,
     welcome_timeout: Optional[float] = None,
     progress_interval: float = 1.0,
+    handle_sigterm: Optional[bool] = None,
 ) -> Agent:
     """Connect to the local agent.
 
@@ -674,6 +749,8 @@ def connect(
     Waits at most ``welcome_timeout`` seconds (default $SPOTAGENT_WELCOME_TIMEOUT or 2) for the agent's ``welcome`` so
     that the resume information is ready; never raises because the agent is
     unreachable -- it keeps retrying in the background.
+    ``handle_sigterm`` (default $SPOTAGENT_HANDLE_SIGTERM=1) turns SIGTERM
+    into a final checkpoint, for trainers beside a sidecar or node agent.
     """
     if path is None:
         path = os.environ.get(ENV_SOCKET) or None
@@ -686,6 +763,10 @@ def connect(
     if world_size is None:
         world_size = _env_int("WORLD_SIZE")
     agent = Agent(path, rank=rank, world_size=world_size, run_id=run_id, progress_interval=progress_interval)
+    if handle_sigterm is None:
+        handle_sigterm = os.environ.get("SPOTAGENT_HANDLE_SIGTERM", "") in ("1", "true", "yes")
+    if handle_sigterm:
+        agent.handle_sigterm()
     if path and welcome_timeout > 0:
         end = time.monotonic() + welcome_timeout
         agent._attempted.wait(welcome_timeout)

@@ -452,3 +452,18 @@ class TestParseTime(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestSigterm(Base):
+    def test_noop_agent_stops_cleanly_on_sigterm(self):
+        import signal as _signal
+
+        old = _signal.getsignal(_signal.SIGTERM)
+        self.addCleanup(_signal.signal, _signal.SIGTERM, old)
+        agent = spotagent.connect(handle_sigterm=True)
+        self.assertIsNone(agent.poll(1))
+        self.assertFalse(agent.should_stop)
+        os.kill(os.getpid(), _signal.SIGTERM)
+        self.assertIsNone(agent.poll(2))
+        self.assertTrue(agent.should_stop)
+        self.assertEqual(agent.stop_reason, "shutdown")
