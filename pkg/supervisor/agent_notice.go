@@ -162,6 +162,22 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		a.stopFailed(s, "no trainer connected", now)
 		return
 	}
+	// A periodic request the trainer has not answered yet becomes the
+	// interruption checkpoint: asking again would make it save twice.
+	for _, r := range a.pending {
+		if r.stop == nil {
+			r.stop, r.reason = s, reason
+			if reqDeadline.Before(r.deadline) {
+				r.deadline = reqDeadline
+			}
+			s.req = r
+			sent := now.UTC()
+			s.record.Requested, s.record.CheckpointID = &sent, r.id
+			a.cfg.Metrics.NoticeToRequest(now.Sub(n.Detected))
+			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
+			return
+		}
+	}
 	r := a.request(reason, reqDeadline, s)
 	if r == nil {
 		a.stopFailed(s, "checkpoint request not delivered", now)

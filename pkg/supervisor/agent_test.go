@@ -302,3 +302,28 @@ func mkCheckpoint(t *testing.T, root, name string) string {
 	os.WriteFile(filepath.Join(dir, "w"), []byte(name), 0o600)
 	return dir
 }
+
+func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Source = src
+		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: 10 * time.Millisecond})
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	req := tr.expect(TypeCheckpoint) // periodic, not answered yet
+	now := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+	// No second request: answering the pending one commits the interruption checkpoint.
+	tr.save(req, 9, "w")
+	if c := tr.expect(TypeCommitted); c.ID != req.ID {
+		t.Fatalf("committed=%+v, want id %s", c, req.ID)
+	}
+	if s := tr.expect(TypeStop); s.Reason != ReasonInterruption {
+		t.Fatalf("stop=%+v", s)
+	}
+	m, err := checkpoint.ReadManifest(context.Background(), ar.store, checkpoint.ManifestKey(9, req.ID))
+	if err != nil || m.Reason != ReasonInterruption {
+		t.Fatalf("manifest=%+v err=%v, want reason interruption", m, err)
+	}
+}
