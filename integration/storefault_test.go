@@ -1,0 +1,257 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/faultproxy"
+	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+)
+
+// faultStores is a store reached through a fault proxy and the same store
+// reached directly (to check what landed), for S3 or GCS.
+type faultStores struct {
+	proxy          *faultproxy.Proxy
+	faulty, direct cloud.Store
+	uri            string
+	env            []string // for a spotagent process: through the proxy
+}
+
+func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
+	t.Helper()
+	ctx := context.Background()
+	fs := &faultStores{}
+	open := func(uri string, opts all.Options) cloud.Store {
+		st, err := all.Open(ctx, uri, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	switch backend {
+	case "s3":
+		srv := s3test.New(t)
+		fs.proxy = faultproxy.New(t, srv.Endpoint)
+		fs.uri = "s3://" + srv.Bucket + "/" + prefix
+		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20})
+		fs.direct = open(fs.uri, all.Options{S3Endpoint: srv.Endpoint})
+		fs.env = append(srv.Env(), "AWS_ENDPOINT_URL_S3="+fs.proxy.URL)
+	case "gcs":
+		srv, err := gcstest.Start("spotagent-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		fs.proxy = faultproxy.New(t, "http://"+srv.Host)
+		fs.uri = "gs://" + srv.Bucket + "/" + prefix
+		// The library reads STORAGE_EMULATOR_HOST when the client is made.
+		t.Setenv("STORAGE_EMULATOR_HOST", fs.proxy.Host)
+		fs.faulty = open(fs.uri, all.Options{GCSChunkSize: 1 << 20})
+		t.Setenv("STORAGE_EMULATOR_HOST", srv.Host)
+		fs.direct = open(fs.uri, all.Options{})
+		fs.env = []string{"STORAGE_EMULATOR_HOST=" + fs.proxy.Host}
+	default:
+		t.Fatalf("backend %q", backend)
+	}
+	return fs
+}
+
+// isWrite matches requests that carry object data.
+func isWrite(r *http.Request) bool { return r.Method == http.MethodPut || r.Method == http.MethodPost }
+
+// isCreate matches a conditional create (manifest.json, the first
+// latest.json): S3 If-None-Match: *, GCS ifGenerationMatch=0.
+func isCreate(r *http.Request) bool {
+	return r.Header.Get("If-None-Match") == "*" || r.URL.Query().Get("ifGenerationMatch") == "0"
+}
+
+// TestStoreFault_CommitRetries commits through each fault, on S3 and GCS:
+// the commit must complete (the backends retry with backoff), the fault
+// must have been injected, and what landed restores and verifies byte for
+// byte from the store reached directly.
+func TestStoreFault_CommitRetries(t *testing.T) {
+	faults := []faultproxy.Fault{
+		{Mode: faultproxy.SlowDown, Count: 2, Match: isWrite},
+		{Mode: faultproxy.InternalError, Count: 1, Match: isWrite},
+		{Mode: faultproxy.ResetRequest, After: 256 << 10, Count: 1, Match: isWrite},
+		{Mode: faultproxy.ResetResponse, After: 0, Count: 1, Match: isWrite},
+		// The answer to the manifest's create-if-absent is lost: the retry
+		// finds the object there. The commit must still succeed.
+		{Mode: faultproxy.ResetResponse, After: 0, Count: 1, Match: isCreate},
+		{Mode: faultproxy.Stall, Stall: 1500 * time.Millisecond, Count: 1, Match: isWrite},
+		{Mode: faultproxy.Slow, Rate: 4 << 20},
+	}
+	for _, backend := range []string{"s3", "gcs"} {
+		t.Run(backend, func(t *testing.T) {
+			fs := newFaultStores(t, backend, "retries")
+			c := &checkpoint.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
+			ctx := context.Background()
+			for i, f := range faults {
+				name := fmt.Sprintf("%d-%s", i, f.Mode)
+				if i == 4 {
+					name += "-create"
+				}
+				t.Run(name, func(t *testing.T) {
+					id, step := fmt.Sprintf("f%d", i), int64(100+i)
+					dir := filepath.Join(t.TempDir(), id)
+					if err := writeCheckpoint(dir, id, step); err != nil {
+						t.Fatal(err)
+					}
+					before := fs.proxy.Stats().Faults
+					fs.proxy.Set(f)
+					defer fs.proxy.Clear()
+					start := time.Now()
+					cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+					defer cancel()
+					if _, err := c.Commit(cctx, checkpoint.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
+						t.Fatalf("commit through %s: %v", f.Mode, err)
+					}
+					injected := fs.proxy.Stats().Faults - before
+					if want := int64(max(f.Count, 1)); injected < want {
+						t.Fatalf("%d faults injected, want at least %d: the fault never hit the commit", injected, want)
+					}
+					if f.Mode == faultproxy.Stall && time.Since(start) < f.Stall {
+						t.Fatalf("commit took %s through a %s stall", time.Since(start), f.Stall)
+					}
+					fs.proxy.Clear()
+					r, err := checkpoint.Restore(ctx, fs.direct, t.TempDir(), checkpoint.RestoreOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Manifest.ID != id || len(r.Skipped) > 0 {
+						t.Fatalf("restored %s (skipped %v), want %s through latest.json", r.Manifest.ID, r.Skipped, id)
+					}
+					if err := checkRestoredFiles(r.Dir, id, step); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestStoreFault_AgentThroughFaults runs `spotagent run` with the example
+// trainer against S3 and GCS behind a proxy that fails a quarter of the
+// writes (500, SlowDown, resets) and slows the rest: periodic checkpoints
+// still commit, the SIGTERM checkpoint commits, and a restart resumes from
+// it.
+func TestStoreFault_AgentThroughFaults(t *testing.T) {
+	requirePython(t, false)
+	for _, backend := range []string{"s3", "gcs"} {
+		t.Run(backend, func(t *testing.T) {
+			fs := newFaultStores(t, backend, "agent")
+			dir := shortTemp(t)
+			modes := []faultproxy.Fault{
+				{Mode: faultproxy.InternalError, Fraction: 0.25, Match: isWrite},
+				{Mode: faultproxy.SlowDown, Fraction: 0.25, Match: isWrite},
+				{Mode: faultproxy.ResetRequest, After: 32 << 10, Fraction: 0.25, Match: isWrite},
+			}
+			fs.proxy.Set(modes[0])
+			trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000000", "--step-time", "0.01",
+				"--save-bytes", strconv.Itoa(3 << 20)}
+			a := start(t, fs.env, append(agentArgs(dir, fs.uri, "--interval", "1s"), trainer...)...)
+			for _, f := range modes[1:] {
+				a.waitLine(`checkpoint committed`, 2*time.Minute)
+				fs.proxy.Set(f) // switched while the agent runs
+			}
+			a.signal(syscall.SIGTERM)
+			m := a.waitLine(`checkpoint (\S+) \(shutdown\) at step (\d+)`, time.Minute)
+			if code := a.wait(2 * time.Minute); code != 0 {
+				t.Fatalf("agent exit code %d", code)
+			}
+			if s := fs.proxy.Stats(); s.Faults == 0 {
+				t.Fatalf("no fault injected in %d requests", s.Requests)
+			}
+			if out := a.output(); strings.Contains(out, "checkpoint not committed") {
+				t.Fatalf("a commit failed through retryable faults")
+			}
+			l, err := checkpoint.ReadLatest(context.Background(), fs.direct)
+			if err != nil || l.Step != int64(atoi(t, m[2])) {
+				t.Fatalf("latest.json %+v (err %v), want the shutdown checkpoint at step %s", l, err, m[2])
+			}
+		})
+	}
+}
+
+// TestStoreFault_DownDuringInterruption: the store goes down for good
+// (every connection reset) after a periodic checkpoint committed; SIGTERM's
+// checkpoint cannot upload before its deadline. The agent must not spin
+// (CPU well under a core while it retries), must give up at the deadline
+// with "checkpoint not committed", tell the trainer (upload_failed, which
+// the client logs), record the failure in the journal once the store is
+// back, and leave the previous checkpoint as latest.
+func TestStoreFault_DownDuringInterruption(t *testing.T) {
+	requirePython(t, false)
+	fs := newFaultStores(t, "s3", "down")
+	dir := shortTemp(t)
+	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000000", "--step-time", "0.01",
+		"--save-bytes", strconv.Itoa(6 << 20)}
+	a := start(t, fs.env, append(agentArgs(dir, fs.uri, "--interval", "2s", "--term-grace", "12s", "--margin", "1s",
+		"--s3-part-size", strconv.Itoa(5<<20)), trainer...)...)
+	m := a.waitLine(`checkpoint committed.*"id": "([0-9a-f]+)".*"step": (\d+)`, 2*time.Minute)
+	firstID, firstStep := m[1], int64(atoi(t, m[2]))
+	pid := a.cmd.Process.Pid
+
+	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetRequest})
+	a.signal(syscall.SIGTERM)
+	a.waitLine(`\(shutdown\) at step`, time.Minute)
+	// While the upload retries against a dead store, measure the agent's
+	// CPU over a few seconds.
+	cpu0, t0 := cpuTime(t, pid), time.Now()
+	waitFor(t, "a CPU measurement window", 10*time.Second, func() bool { return time.Since(t0) >= 4*time.Second })
+	cpu1, t1 := cpuTime(t, pid), time.Now()
+	if strings.Contains(a.output(), "checkpoint not committed") {
+		t.Fatal("the upload gave up before its deadline: the window did not measure a retrying agent")
+	}
+	if frac := float64(cpu1-cpu0) / float64(t1.Sub(t0)); frac > 0.20 {
+		t.Fatalf("agent used %.0f%% of a core while the store was down (busy loop?)", 100*frac)
+	} else {
+		t.Logf("agent CPU while the store was down: %.1f%% of a core (%s over %s)", 100*frac, cpu1-cpu0, t1.Sub(t0).Round(time.Millisecond))
+	}
+
+	a.waitLine(`checkpoint not committed`, time.Minute)
+	// upload_failed was sent: the trainer logs it ("upload failed"), or,
+	// when the agent had already stopped the trainer at the deadline, the
+	// agent logs that it could not deliver it.
+	a.waitLine(`upload failed|"type": "upload_failed"`, 30*time.Second)
+	fs.proxy.Clear()                             // back, so the journal can be saved
+	a.wait(time.Minute)
+	if fs.proxy.Stats().Faults == 0 {
+		t.Fatal("no request reached the dead store")
+	}
+
+	ctx := context.Background()
+	l, err := checkpoint.ReadLatest(ctx, fs.direct)
+	if err != nil || l.ID != firstID || l.Step != firstStep {
+		t.Fatalf("latest.json %+v (err %v), want the earlier checkpoint %s at step %d", l, err, firstID, firstStep)
+	}
+	j := readJournal(t, fs.direct)
+	failedInterruption := false
+	for _, in := range j.Interruptions {
+		failedInterruption = failedInterruption || !in.CommitOK
+	}
+	if j.Stats.Failures < 1 && !failedInterruption {
+		t.Fatalf("journal does not record the failed commit: stats %+v, interruptions %+v", j.Stats, j.Interruptions)
+	}
+	r, err := checkpoint.Restore(ctx, fs.direct, filepath.Join(dir, "check"), checkpoint.RestoreOptions{})
+	if err != nil || r.Manifest.ID != firstID {
+		t.Fatalf("restore: %v, got %v, want %s", err, r, firstID)
+	}
+	if n, err := leftovers(ctx, fs.direct, strings.SplitN(strings.TrimPrefix(fs.uri, "s3://"), "/", 2)[0]); err != nil || n != 0 {
+		t.Logf("incomplete multipart uploads left after the abandoned upload: %d (err %v); the next start removes them", n, err)
+	}
+}
