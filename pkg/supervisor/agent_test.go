@@ -327,3 +327,41 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 		t.Fatalf("manifest=%+v err=%v, want reason interruption", m, err)
 	}
 }
+
+func TestAgent_MaxRestarts(t *testing.T) {
+	marker := filepath.Join(shortDir(t), "failed-once")
+	ar := startAgent(t, func(c *Config) {
+		c.MaxRestarts = 1
+		// Fails on its own the first time, succeeds the second time; the
+		// restart gets the same environment.
+		c.Command = []string{"/bin/sh", "-c", `test -n "$SPOTAGENT_SOCKET" || exit 9; if [ -f ` + marker + ` ]; then exit 0; fi; touch ` + marker + `; exit 3`}
+	})
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d, want 0 after one restart", code)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the first attempt did not run: %v", err)
+	}
+}
+
+func TestAgent_NoRestartsLeft(t *testing.T) {
+	ar := startAgent(t, func(c *Config) { c.Command = []string{"/bin/sh", "-c", "exit 3"} })
+	if code := ar.wait(t); code != 3 {
+		t.Fatalf("exit code %d, want the child's 3", code)
+	}
+}
+
+func TestAgent_SecondSignalStopsAtOnce(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.TermGrace = time.Hour // only the second signal can end this quickly
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.expect(TypeCheckpoint) // never answered
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
