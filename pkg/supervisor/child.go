@@ -66,7 +66,7 @@ func StartChild(cfg ChildConfig) (*Child, error) {
 	if cmd.Stderr == nil {
 		cmd.Stderr = os.Stderr
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	cmd.WaitDelay = ioDrainDelay
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start child: %w", err)

@@ -218,3 +218,18 @@ func TestChild_StartErrors(t *testing.T) {
 		t.Errorf("ExitCodeFromError(nil)=%d, want 0", got)
 	}
 }
+
+// parentHelperEnv makes the test binary act as an agent that starts a
+// trainer, writes the trainer's pid to the named file and waits forever.
+const parentHelperEnv = "SPOTAGENT_TEST_PARENT"
+
+func parentHelper(pidFile string) int {
+	c, err := StartChild(ChildConfig{Args: []string{"/bin/sh", "-c", "exec sleep 300"}})
+	if err != nil {
+		return 1
+	}
+	os.WriteFile(pidFile+".tmp", []byte(strconv.Itoa(c.PID())), 0o600)
+	os.Rename(pidFile+".tmp", pidFile)
+	<-c.Done()
+	return 0
+}

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(dialHelperEnv); path != "" {
 		os.Exit(dialHelper(path))
 	}
+	if pidFile := os.Getenv(parentHelperEnv); pidFile != "" {
+		os.Exit(parentHelper(pidFile))
+	}
 	os.Exit(m.Run())
 }
 

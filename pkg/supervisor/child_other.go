@@ -1,0 +1,7 @@
+//go:build !linux
+
+package supervisor
+
+import "syscall"
+
+func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
