@@ -25,8 +25,9 @@ type Agent struct {
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
 
-	started time.Time // this session
-	resume  *Resume
+	started   time.Time // this session
+	ranBefore float64   // run time of earlier sessions, seconds (journal)
+	resume    *Resume
 
 	child      *Child
 	childDone  <-chan struct{}
@@ -128,6 +129,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
 	}
 	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	a.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
 	cfg.Scheduler.ObserveHistory(checkpoint.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
@@ -357,12 +359,16 @@ func (a *Agent) finish() {
 			j.Sessions[n-1].End = &end
 			j.Sessions[n-1].ExitCode = &code
 		}
-		j.Stats.RunSeconds += time.Since(a.started).Seconds()
+		j.Stats.RunSeconds = a.runSeconds()
 	})
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
 }
+
+// runSeconds is the run's time on machines, this session included; the
+// journal keeps it current at every commit, so a crash loses little of it.
+func (a *Agent) runSeconds() float64 { return a.ranBefore + time.Since(a.started).Seconds() }
 
 // journalAsync applies fn to the journal and saves it in the background.
 func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {

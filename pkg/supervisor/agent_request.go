@@ -243,11 +243,11 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
 	a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, elapsed := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), time.Since(a.started).Seconds()
+	cost, bps, ran := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds()
 	a.journalAsync(func(j *checkpoint.Journal) {
 		j.Stats.Checkpoints++
 		j.Stats.CostSeconds, j.Stats.BytesPerSec, j.Stats.LastBytes = cost, bps, res.Bytes
-		_ = elapsed
+		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {
 		a.stopCommitted(r.stop, res, now)
