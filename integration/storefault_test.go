@@ -228,7 +228,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	// when the agent had already stopped the trainer at the deadline, the
 	// agent logs that it could not deliver it.
 	a.waitLine(`upload failed|"type": "upload_failed"`, 30*time.Second)
-	fs.proxy.Clear()                             // back, so the journal can be saved
+	fs.proxy.Clear() // back, so the journal can be saved
 	a.wait(time.Minute)
 	if fs.proxy.Stats().Faults == 0 {
 		t.Fatal("no request reached the dead store")
