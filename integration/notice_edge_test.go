@@ -1,0 +1,212 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+)
+
+// slowSaver is a trainer (client library, standard library only) that
+// takes one checkpoint on its own at step 10, then answers every
+// interruption request only after sleeping 10 s: too slow for any deadline
+// the tests give it.
+const slowSaver = `
+import os, sys, time
+import spotagent
+
+agent = spotagent.connect()
+step = agent.resume_step or 0
+while step < 100000:
+    step += 1
+    time.sleep(0.02)
+    if step % 25 == 0:
+        print("step %d" % step, flush=True)
+    if step == 10:
+        d = os.path.join(agent.checkpoint_dir, "own-10")
+        os.makedirs(d)
+        with open(os.path.join(d, "state.txt"), "w") as f:
+            f.write("step 10\n")
+        agent.checkpoint_done(step, d, metadata={"own": True})
+        print("own checkpoint at step 10", flush=True)
+    req = agent.poll(step)
+    if req:
+        print("asked for checkpoint %s (%s) at step %d" % (req.id, req.reason, step), flush=True)
+        if req.reason == "interruption":
+            time.sleep(10)
+        with open(os.path.join(req.dir, "state.txt"), "w") as f:
+            f.write("step %d\n" % step)
+        req.done(step)
+        print("saved checkpoint %s" % req.id, flush=True)
+    if agent.should_stop:
+        print("stopping at step %d" % step, flush=True)
+        break
+agent.close()
+`
+
+// TestNotice_TrainerTooSlow: a spot notice 2-3 s ahead, a trainer that
+// needs 10 s to save. The agent does not wait for it: the trainer is
+// stopped at the deadline, the checkpoint it took before stays the newest,
+// and the journal (and spotagent history) records the interruption as not
+// committed, with the work lost.
+func TestNotice_TrainerTooSlow(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	script := filepath.Join(dir, "slow_saver.py")
+	if err := os.WriteFile(script, []byte(slowSaver), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	uri := "file://" + filepath.Join(dir, "store")
+	env := []string{"PYTHONPATH=" + filepath.Join(repo, "python")}
+	aws := fake.NewAWS(fake.AWSOptions{})
+	t.Cleanup(aws.Close)
+
+	p := start(t, env, append(noticeArgs(dir, uri, append(cloudArgs(t, "aws", aws.URL()), "--kill-after", "1s")...),
+		"--", python, script)...)
+	own := p.waitLine(`trainer took a checkpoint on its own.*"id": "([^"]+)"`, 2*time.Minute)[1]
+	p.waitLine(`checkpoint committed.*"id": "`+regexp.QuoteMeta(own)+`"`, time.Minute)
+	// Let it train past that checkpoint, so that there is work to lose.
+	p.waitLine(`^step 50$`, time.Minute)
+	exposed := aws.Terminate("terminate", time.Now().Add(3*time.Second))
+	req := p.waitLine(`asked for checkpoint (\S+) \(interruption\)`, time.Minute)[1]
+	p.waitLine(`interruption checkpoint did not commit: the previous checkpoint stands`, time.Minute)
+	// The agent gives up on the trainer at the deadline (2-3 s after the
+	// notice, then SIGTERM, SIGKILL 1 s later); the trainer alone would
+	// have needed 10 s.
+	code := p.wait(time.Until(exposed.Add(8 * time.Second)))
+	t.Logf("spotagent exit code %d (the trainer was stopped at the deadline)", code)
+	if strings.Contains(p.output(), "saved checkpoint "+req) {
+		t.Fatalf("the trainer finished the interruption checkpoint %s: it was not too slow", req)
+	}
+
+	st := openTestStore(t, uri, all.Options{})
+	if l := readLatestPointer(t, st); l.ID != own || l.Step != 10 {
+		t.Fatalf("latest=%+v, want the trainer's own checkpoint %s at step 10", l, own)
+	}
+	in := oneInterruption(t, noticeJournal(t, st))
+	if in.CommitOK || in.Committed != nil {
+		t.Fatalf("interruption recorded as committed: %+v", in)
+	}
+	if in.CheckpointID != req {
+		t.Fatalf("interruption checkpoint id=%q, want %q (the request the trainer got)", in.CheckpointID, req)
+	}
+	if in.LostSeconds <= 0 {
+		t.Fatalf("lost_seconds=%v, want > 0", in.LostSeconds)
+	}
+	if in.Error == "" {
+		t.Fatal("interruption has no error saying why it did not commit")
+	}
+	hist := runSpotagentTool(t, env, "history", "--store", uri)
+	t.Logf("spotagent history:\n%s", hist)
+	if !strings.Contains(hist, "NO: "+in.Error) || !strings.Contains(hist, "aws") {
+		t.Fatalf("spotagent history does not show the failed interruption (%q):\n%s", in.Error, hist)
+	}
+}
+
+// TestNotice_DuringPeriodicUpload: a notice arrives while a periodic
+// checkpoint is uploading (held in flight by a proxy in front of S3). The
+// interruption checkpoint cancels it, commits before the deadline and is
+// the newest; the periodic one never commits.
+func TestNotice_DuringPeriodicUpload(t *testing.T) {
+	requirePython(t, false)
+	s3srv, err := s3test.Start("spotagent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s3srv.Close)
+	setenvPairs(t, s3Env(s3srv)) // this process reads the store directly
+	gate := newGateProxy(t, s3srv.Endpoint)
+	env := append(s3Env(s3srv), "AWS_ENDPOINT_URL_S3="+gate.URL)
+	dir := shortTemp(t)
+	uri := "s3://" + s3srv.Bucket + "/inflight"
+	aws := fake.NewAWS(fake.AWSOptions{})
+	t.Cleanup(aws.Close)
+
+	args := noticeArgs(dir, uri, append(cloudArgs(t, "aws", aws.URL()), "--interval", "2s")...)
+	p := start(t, env, append(args, "--", python, "python/examples/train.py",
+		"--steps", "100000", "--step-time", "0.01", "--save-bytes", fmt.Sprint(32<<20))...)
+	periodic := p.waitLine(`checkpoint requested.*"id": "([^"]+)", "reason": "periodic"`, 2*time.Minute)[1]
+	pstep := atoi(t, p.waitLine(`checkpoint `+regexp.QuoteMeta(periodic)+` \(periodic\) at step (\d+)`, time.Minute)[1])
+	gate.waitHeld(t, periodic, time.Minute) // its upload is in flight, and stays there
+	aws.Notice()
+	urgent := p.waitLine(`checkpoint requested.*"id": "([^"]+)", "reason": "interruption"`, time.Minute)[1]
+	gate.allow(urgent)
+	p.waitLine(`cancelling periodic upload: interruption checkpoint takes priority.*"id": "`+regexp.QuoteMeta(periodic)+`"`, time.Minute)
+	p.waitLine(`interruption checkpoint committed`, time.Minute)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+
+	st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
+	in := oneInterruption(t, noticeJournal(t, st))
+	committedBeforeDeadline(t, in)
+	if in.CheckpointID != urgent {
+		t.Fatalf("interruption checkpoint=%s, want %s", in.CheckpointID, urgent)
+	}
+	if l := readLatestPointer(t, st); l.ID != urgent {
+		t.Fatalf("latest=%+v, want the interruption checkpoint %s", l, urgent)
+	}
+	pkey := fmt.Sprintf("checkpoints/%012d-%s/manifest.json", pstep, periodic)
+	if _, err := st.Stat(t.Context(), pkey); !errors.Is(err, cloud.ErrNotExist) {
+		t.Fatalf("stat %s: %v, want not found (the cancelled periodic checkpoint must not commit)", pkey, err)
+	}
+}
+
+// TestNotice_AzureAckAfterCommit: the Azure Preempt event is acknowledged
+// only once the interruption checkpoint is committed. A proxy in front of
+// the fake IMDS reads latest.json at the instant the acknowledgement
+// arrives: it must already name the interruption checkpoint.
+func TestNotice_AzureAckAfterCommit(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	uri := "file://" + filepath.Join(dir, "store")
+	st := openTestStore(t, uri, all.Options{})
+	az := fake.NewAzure(fake.AzureOptions{})
+	t.Cleanup(az.Close)
+	rec := newAckRecorder(t, az.URL(), st)
+
+	p := start(t, nil, append(noticeArgs(dir, uri, cloudArgs(t, "azure", rec.URL)...),
+		"--", python, "python/examples/train.py", "--steps", "100000", "--step-time", "0.01")...)
+	p.waitLine(`^step 50 `, 2*time.Minute)
+	ev, _ := az.Preempt()
+	p.waitLine(`interruption checkpoint committed`, time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := az.WaitAck(ctx, ev.EventId); err != nil {
+		t.Fatalf("event %s not acknowledged: %v", ev.EventId, err)
+	}
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if got := az.Acks(); len(got) != 1 || got[0] != ev.EventId {
+		t.Fatalf("acks=%v, want exactly [%s]", got, ev.EventId)
+	}
+
+	in := oneInterruption(t, noticeJournal(t, st))
+	committedBeforeDeadline(t, in)
+	acks := rec.seen()
+	if len(acks) != 1 {
+		t.Fatalf("%d acknowledgements reached the fake, want 1", len(acks))
+	}
+	ack := acks[0]
+	if ack.err != nil || ack.latest.ID != in.CheckpointID {
+		t.Fatalf("when the ack arrived latest.json was %+v (err %v), want the interruption checkpoint %s",
+			ack.latest, ack.err, in.CheckpointID)
+	}
+	if !ack.at.After(*in.Committed) {
+		t.Fatalf("ack at %s, not after the commit at %s", ack.at, in.Committed)
+	}
+	if !ack.at.Before(*in.Deadline) {
+		t.Fatalf("ack at %s, not before the event's NotBefore %s", ack.at, in.Deadline)
+	}
+}
