@@ -7,6 +7,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // agentArgs are the flags every run in these tests shares.
@@ -19,11 +22,52 @@ func agentArgs(dir, store string, extra ...string) []string {
 
 // TestRun_SigtermAndResume: a real trainer under spotagent run gets SIGTERM
 // part-way, checkpoints, stops; a second run resumes from the committed step
-// and ends with exactly the parameters of an uninterrupted run.
+// and ends with exactly the parameters of an uninterrupted run. The restored
+// files match the store's byte for byte.
 func TestRun_SigtermAndResume(t *testing.T) {
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
+	_, resumed := sigtermAndResume(t, dir, store, nil)
+	restored := resumed[1]
+	ents, err := os.ReadDir(filepath.Join(dir, "store", "checkpoints"))
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("store checkpoints: %v %v", ents, err)
+	}
+	if !strings.HasSuffix(restored, ents[0].Name()) {
+		t.Fatalf("restored %s, store holds %s", restored, ents[0].Name())
+	}
+	sameFile(t, filepath.Join(restored, "state.json"), filepath.Join(dir, "store", "checkpoints", ents[0].Name(), "state.json"))
+}
+
+// TestRun_SigtermAndResumeBuckets: the same through S3 (gofakes3) and GCS
+// (fake-gcs-server), driven by the real SDKs in the binary.
+func TestRun_SigtermAndResumeBuckets(t *testing.T) {
+	requirePython(t, false)
+	t.Run("s3", func(t *testing.T) {
+		srv, err := s3test.Start("ckpt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		sigtermAndResume(t, shortTemp(t), "s3://ckpt/runs/it", srv.Env())
+	})
+	t.Run("gcs", func(t *testing.T) {
+		srv, err := gcstest.Start("ckpt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		sigtermAndResume(t, shortTemp(t), "gs://ckpt/runs/it", srv.Env())
+	})
+}
+
+// sigtermAndResume runs the stdlib trainer three times on store: once
+// uninterrupted (its own store), once interrupted by SIGTERM, once resumed;
+// it checks the resume and the final parameters and returns the
+// interruption's and the resume's matched log lines.
+func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, second []string) {
+	t.Helper()
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "150", "--step-time", "0.01"}
 
 	// The reference: the same trainer, uninterrupted, under its own store.
@@ -33,37 +77,28 @@ func TestRun_SigtermAndResume(t *testing.T) {
 		t.Fatalf("reference run exit code %d", code)
 	}
 
-	first := start(t, nil, append(agentArgs(dir, store), append(trainer, "--out", filepath.Join(dir, "out.json"))...)...)
-	first.waitLine(`starting fresh`, time.Minute)
-	first.waitLine(`^step 50 `, time.Minute)
-	first.signal(syscall.SIGTERM)
-	m := first.waitLine(`checkpoint \S+ \(shutdown\) at step (\d+)`, time.Minute)
-	step := atoi(t, m[1])
-	first.waitLine(`stopping at step`, time.Minute)
-	if code := first.wait(time.Minute); code != 0 {
+	run1 := start(t, env, append(agentArgs(dir, store), append(trainer, "--out", filepath.Join(dir, "out.json"))...)...)
+	run1.waitLine(`starting fresh`, time.Minute)
+	run1.waitLine(`^step 50 `, time.Minute)
+	run1.signal(syscall.SIGTERM)
+	first = run1.waitLine(`checkpoint \S+ \(shutdown\) at step (\d+)`, time.Minute)
+	step := atoi(t, first[1])
+	run1.waitLine(`stopping at step`, time.Minute)
+	if code := run1.wait(time.Minute); code != 0 {
 		t.Fatalf("interrupted run exit code %d, want 0 (the trainer stopped cleanly)", code)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "out.json")); err == nil {
 		t.Fatal("interrupted run finished training: SIGTERM came too late to test anything")
 	}
 
-	second := start(t, nil, append(agentArgs(dir, store), append(trainer, "--out", filepath.Join(dir, "out.json"))...)...)
-	r := second.waitLine(`resuming from step (\d+) \((.*)\)`, time.Minute)
-	if got := atoi(t, r[1]); got != step {
+	run2 := start(t, env, append(agentArgs(dir, store), append(trainer, "--out", filepath.Join(dir, "out.json"))...)...)
+	second = run2.waitLine(`resuming from step (\d+) \((.*)\)`, time.Minute)
+	if got := atoi(t, second[1]); got != step {
 		t.Fatalf("resumed from step %d, want %d", got, step)
 	}
-	// The restored files are byte for byte those in the store.
-	restored := r[2]
-	ents, err := os.ReadDir(filepath.Join(dir, "store", "checkpoints"))
-	if err != nil || len(ents) != 1 {
-		t.Fatalf("store checkpoints: %v %v", ents, err)
-	}
-	if !strings.HasSuffix(restored, ents[0].Name()) {
-		t.Fatalf("restored %s, store holds %s", restored, ents[0].Name())
-	}
-	sameFile(t, filepath.Join(restored, "state.json"), filepath.Join(dir, "store", "checkpoints", ents[0].Name(), "state.json"))
-	if code := second.wait(2 * time.Minute); code != 0 {
+	if code := run2.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("resumed run exit code %d", code)
 	}
 	sameFile(t, filepath.Join(dir, "out.json"), filepath.Join(dir, "ref.json"))
+	return first, second[1:]
 }
