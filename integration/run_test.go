@@ -102,3 +102,39 @@ func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, sec
 	sameFile(t, filepath.Join(dir, "out.json"), filepath.Join(dir, "ref.json"))
 	return first, second[1:]
 }
+
+// TestRun_BadStore: a store that cannot work fails with one clear line
+// before the trainer is launched.
+func TestRun_BadStore(t *testing.T) {
+	srv, err := s3test.Start("real")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		name, store string
+		env         []string
+		want        string
+	}{
+		{"unknown scheme", "ftp://host/x", nil, "scheme"},
+		{"malformed uri", "s3://", nil, "bucket"},
+		{"missing bucket", "s3://nope/x", srv.Env(), "does not exist"},
+		{"unreachable endpoint", "s3://real/x", append(srv.Env(), "AWS_ENDPOINT_URL_S3=http://127.0.0.1:1"), "unreachable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := shortTemp(t)
+			marker := filepath.Join(dir, "trainer-ran")
+			p := start(t, tc.env, append(agentArgs(dir, tc.store), "--", "/bin/sh", "-c", "touch "+marker)...)
+			if code := p.wait(time.Minute); code != 1 {
+				t.Fatalf("exit code %d, want 1", code)
+			}
+			line := p.waitLine(`^spotagent run: .*`, time.Second)[0]
+			if !strings.Contains(line, tc.want) {
+				t.Fatalf("error line %q does not say %q", line, tc.want)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Fatal("the trainer was launched")
+			}
+		})
+	}
+}

@@ -154,9 +154,5 @@ func openStore(ctx context.Context, uri string, so storeOptions, log *zap.Logger
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := so.open(ctx, uri, log)
-	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", uri, err)
-	}
-	return st, nil
+	return so.open(ctx, uri, log) // its errors name the store already
 }
