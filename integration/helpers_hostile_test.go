@@ -1,0 +1,492 @@
+package integration
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// hostileTrainer is a trainer speaking protocol v1 over a raw socket (no
+// client library, so that it can misbehave). argv: MODE [BIG_BYTES].
+// The first checkpoint request is always answered properly, so that every
+// test has a previous checkpoint that must stand; MODE decides the rest:
+//
+//	good      answer every request (1 KiB file, or BIG_BYTES when given)
+//	never     answer nothing after the first, ignore stop (killed at the deadline)
+//	late      hold further requests; once stop comes (the deadline has
+//	          passed), answer the newest held one, then exit after the
+//	          agent's error reply
+//	crash     on the second request write half a file, then exit 3
+//	symlink   second request: a symlink to /etc/passwd; third: a symlink
+//	          to ..; then answer properly again
+//	diskfull  second request: write BIG_BYTES (fails on a full disk: send
+//	          failed); then answer properly again with 1 KiB
+//
+// It prints "trainer: ..." lines for the test to wait on.
+const hostileTrainer = `
+import json, os, socket, sys, time
+
+mode = sys.argv[1]
+big = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+
+def log(*a):
+    # One write per line: the agent's logs share the pipe.
+    sys.stdout.write(" ".join(["trainer:"] + [str(x) for x in a]) + "\n")
+    sys.stdout.flush()
+
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(os.environ["SPOTAGENT_SOCKET"])
+rf = sock.makefile("rb")
+
+def send(m):
+    sock.sendall((json.dumps(m) + "\n").encode())
+
+def save(d, step, size):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "state.bin"), "wb") as f:
+        f.write(bytes([step % 256]) * size)
+        f.flush()
+        os.fsync(f.fileno())
+
+def done(rid, step):
+    send({"type": "done", "id": rid, "step": step, "metadata": {"mode": mode}})
+
+send({"type": "hello", "pid": os.getpid()})
+n = 0
+step = 0
+late_stop = late_error = False
+held = []  # late: requests to answer once the agent says stop
+for raw in rf:
+    m = json.loads(raw)
+    t = m.get("type")
+    log("got", t, "id=%s reason=%s error=%s" % (m.get("id", ""), m.get("reason", ""), m.get("error", "")))
+    if t == "error" and mode == "late":
+        late_error = True
+        if late_stop:
+            sys.exit(0)
+    if t == "stop":
+        if mode == "never":
+            log("ignoring stop")
+            continue
+        if mode == "late" and held and not late_error:
+            # The deadline has passed (the agent says stop): answer now.
+            rid, d, st = held[-1]
+            save(d, st, 1024)
+            done(rid, st)
+            log("answered late", rid, "step", st)
+            held = []
+            late_stop = True  # exit once the agent answered the late done
+            continue
+        if mode == "late" and late_stop and not late_error:
+            continue
+        log("stopping at step", step)
+        sys.exit(0)
+    if t != "checkpoint":
+        continue
+    n += 1
+    step += 10
+    d, rid = m["dir"], m["id"]
+    if n == 1 or mode == "good":
+        save(d, step, big if mode == "good" and big else 1024)
+        done(rid, step)
+        log("saved", rid, "step", step)
+        continue
+    if mode == "never":
+        log("ignoring request", rid)
+    elif mode == "late":
+        held.append((rid, d, step))
+        log("ignoring request", rid)
+    elif mode == "crash":
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "state.bin"), "wb") as f:
+            f.write(b"x" * 512)
+            f.flush()
+        log("crashing mid-save", rid)
+        os._exit(3)
+    elif mode == "symlink":
+        save(d, step, 1024)
+        if n == 2:
+            os.symlink("/etc/passwd", os.path.join(d, "passwd"))
+            log("planted symlink to /etc/passwd", rid)
+        elif n == 3:
+            os.symlink("..", os.path.join(d, "up"))
+            log("planted symlink to ..", rid)
+        done(rid, step)
+    elif mode == "diskfull":
+        try:
+            save(d, step, big if n == 2 else 1024)
+        except OSError as e:
+            send({"type": "failed", "id": rid, "error": str(e)})
+            log("save failed", rid, e)
+            continue
+        done(rid, step)
+        log("saved", rid, "step", step)
+`
+
+// writeTrainer writes hostileTrainer into dir and returns the command
+// line that runs it in MODE (after "--").
+func writeTrainer(t *testing.T, dir, mode string, big int) []string {
+	t.Helper()
+	p := filepath.Join(dir, "hostile_trainer.py")
+	if err := os.WriteFile(p, []byte(hostileTrainer), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--", python, p, mode}
+	if big > 0 {
+		args = append(args, strconv.Itoa(big))
+	}
+	return args
+}
+
+// hostileArgs are the agent flags of these tests: a 1 s periodic interval,
+// JSON logs (so that fields can be asserted), a file store under dir.
+func hostileArgs(dir string, extra ...string) []string {
+	args := []string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "hostile",
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
+		"--cloud", "none", "--interval", "1s", "--log-format", "json", "--log-level", "info"}
+	return append(args, extra...)
+}
+
+// logEntry is one JSON log line of the agent.
+type logEntry map[string]any
+
+func (e logEntry) str(k string) string {
+	s, _ := e[k].(string)
+	return s
+}
+
+func (e logEntry) num(k string) int64 {
+	f, _ := e[k].(float64)
+	return int64(f)
+}
+
+// entries returns the agent's JSON log lines with message msg, in order.
+func (p *proc) entries(msg string) []logEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []logEntry
+	for _, l := range p.lines {
+		if !strings.HasPrefix(l, "{") || !strings.Contains(l, `"msg":"`+msg+`"`) {
+			continue
+		}
+		var e logEntry
+		if json.Unmarshal([]byte(l), &e) == nil && e.str("msg") == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitEntry waits for the agent's log line with message msg for which
+// match (nil: any) holds, and returns it.
+func (p *proc) waitEntry(msg string, timeout time.Duration, match func(logEntry) bool) logEntry {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, e := range p.entries(msg) {
+			if match == nil || match(e) {
+				return e
+			}
+		}
+		select {
+		case <-p.done:
+			// One last look: the line may have come with the exit.
+			p.drain()
+			for _, e := range p.entries(msg) {
+				if match == nil || match(e) {
+					return e
+				}
+			}
+			p.t.Fatalf("spotagent exited without logging %q", msg)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("no %q log line within %s", msg, timeout)
+		}
+	}
+}
+
+// waitCount waits until the agent logged msg at least n times.
+func (p *proc) waitCount(msg string, n int, timeout time.Duration) []logEntry {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if es := p.entries(msg); len(es) >= n {
+			return es
+		}
+		select {
+		case <-p.done:
+			p.drain()
+			if es := p.entries(msg); len(es) >= n {
+				return es
+			}
+			p.t.Fatalf("spotagent exited after %d %q lines, want %d", len(p.entries(msg)), msg, n)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%d %q lines within %s, want %d", len(p.entries(msg)), msg, timeout, n)
+		}
+	}
+}
+
+// waitRe waits for an output line matching re and returns its submatches.
+// (Like waitLine, polling, so that its failure path holds no lock.)
+func (p *proc) waitRe(re string, timeout time.Duration) []string {
+	p.t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	find := func() []string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, l := range p.lines {
+			if m := rx.FindStringSubmatch(l); m != nil {
+				return m
+			}
+		}
+		return nil
+	}
+	for {
+		if m := find(); m != nil {
+			return m
+		}
+		select {
+		case <-p.done:
+			p.drain()
+			if m := find(); m != nil {
+				return m
+			}
+			p.t.Fatalf("spotagent exited without printing a line matching %q", re)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("no line matching %q within %s", re, timeout)
+		}
+	}
+}
+
+// drain gives the output reader a moment after exit: done closes as soon
+// as the process is reaped, possibly before its last lines were scanned.
+func (p *proc) drain() {
+	p.mu.Lock()
+	n := len(p.lines)
+	p.mu.Unlock()
+	for i := 0; i < 10; i++ {
+		time.Sleep(50 * time.Millisecond)
+		p.mu.Lock()
+		m := len(p.lines)
+		p.mu.Unlock()
+		if m == n && i >= 3 {
+			return
+		}
+		n = m
+	}
+}
+
+// has reports whether any output line matches re.
+func (p *proc) has(re string) bool {
+	rx := regexp.MustCompile(re)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lines {
+		if rx.MatchString(l) {
+			return true
+		}
+	}
+	return false
+}
+
+// rawConn is a protocol connection the test drives by hand.
+type rawConn struct {
+	t  *testing.T
+	c  *net.UnixConn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, sock string) *rawConn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatalf("dial %s: %v", sock, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10)}
+}
+
+func (r *rawConn) send(m map[string]any) {
+	r.t.Helper()
+	b, _ := json.Marshal(m)
+	r.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if _, err := r.c.Write(append(b, '\n')); err != nil {
+		r.t.Fatalf("send %v: %v", m, err)
+	}
+}
+
+// recv reads one message within timeout.
+func (r *rawConn) recv(timeout time.Duration) (map[string]any, error) {
+	r.c.SetReadDeadline(time.Now().Add(timeout))
+	line, err := r.br.ReadBytes('\n')
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// status asks for a status reply and returns it with how long it took.
+func (r *rawConn) status(timeout time.Duration) (map[string]any, time.Duration) {
+	r.t.Helper()
+	start := time.Now()
+	r.send(map[string]any{"type": "status"})
+	for {
+		m, err := r.recv(timeout - time.Since(start))
+		if err != nil {
+			r.t.Fatalf("no status reply within %s: %v", timeout, err)
+		}
+		if m["type"] == "status" {
+			st, _ := m["status"].(map[string]any)
+			return st, time.Since(start)
+		}
+	}
+}
+
+// storeLatest reads <store>/latest.json of a file store.
+func storeLatest(t *testing.T, storeDir string) (step int64, id string) {
+	t.Helper()
+	var l struct {
+		Step int64  `json:"step"`
+		ID   string `json:"id"`
+	}
+	if err := json.Unmarshal(readFile(t, filepath.Join(storeDir, "latest.json")), &l); err != nil {
+		t.Fatalf("latest.json: %v", err)
+	}
+	return l.Step, l.ID
+}
+
+// storeHas reports whether any object of checkpoint id exists in a file store.
+func storeHas(t *testing.T, storeDir, id string) bool {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(storeDir, "checkpoints"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), "-"+id) {
+			return true
+		}
+	}
+	return false
+}
+
+// storeSnapshot hashes every file under dir: path -> sha256.
+func storeSnapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(b)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = hex.EncodeToString(sum[:])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameStoreSnapshot(t *testing.T, before, after map[string]string) {
+	t.Helper()
+	var diff []string
+	for k, v := range before {
+		if after[k] != v {
+			diff = append(diff, "changed or removed: "+k)
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			diff = append(diff, "added: "+k)
+		}
+	}
+	sort.Strings(diff)
+	if len(diff) > 0 {
+		t.Fatalf("store changed:\n%s", strings.Join(diff, "\n"))
+	}
+}
+
+// mountTmpfs mounts a tmpfs of size (e.g. "2m") on dir for the test. It
+// needs root (CI runs as root) and fails, never skips, without it.
+func mountTmpfs(t *testing.T, dir, size string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test mounts a %s tmpfs to fill a disk and must run as root (uid %d): run `make test` as root, as CI does", size, os.Geteuid())
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+		t.Fatalf("mount tmpfs on %s: %v (the disk-full tests need mount(2): root with CAP_SYS_ADMIN)", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+}
+
+// asNobody runs a Python snippet as uid/gid 65534 and returns its output.
+func asNobody(t *testing.T, code string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(python, append([]string{"-c", code}, args...)...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python as nobody: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// nobodyConnect connects to sock as nobody, sends a hello and reports what
+// happened: "connect: <error>", "eof", "reset", or "reply: <line>".
+const nobodyConnect = `
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("connect:", e.__class__.__name__, e.errno)
+    sys.exit(0)
+s.settimeout(10)
+try:
+    s.sendall(b'{"type":"hello","pid":1}\n{"type":"status"}\n')
+    b = s.recv(65536)
+    print("eof" if not b else "reply: " + b.decode(errors="replace").splitlines()[0])
+except ConnectionResetError:
+    print("reset")
+except BrokenPipeError:
+    print("reset")
+except socket.timeout:
+    print("timeout")
+`

@@ -1,0 +1,322 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Hostile or broken trainers (issue 8): whatever a trainer does, the agent
+// stays up, other connections keep working, a committed checkpoint is never
+// replaced by a bad one, and each case has a clear log line.
+
+// TestHostile_NeverAnswers: the trainer answers the first request, then
+// nothing, not even stop. SIGTERM: the shutdown request's deadline passes,
+// the previous checkpoint stands, the trainer is stopped at the deadline.
+func TestHostile_NeverAnswers(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "4s", "--margin", "1s"), writeTrainer(t, dir, "never", 0)...)...)
+	first := p.waitEntry("checkpoint committed", time.Minute, nil)
+	p.waitRe(`^trainer: ignoring request`, time.Minute)
+
+	// While the trainer hangs, another connection is answered at once.
+	st, took := dialRaw(t, filepath.Join(dir, "a.sock")).status(5 * time.Second)
+	if got, want := st["pending"], float64(1); got != want {
+		t.Fatalf("status pending=%v, want %v (the unanswered request)", got, want)
+	}
+	t.Logf("status reply while the trainer hangs: %s", took)
+
+	p.signal(syscall.SIGTERM)
+	p.waitEntry("trainer missed the checkpoint deadline", 30*time.Second, func(e logEntry) bool { return e.str("reason") == "shutdown" })
+	stands := p.waitEntry("interruption checkpoint did not commit: the previous checkpoint stands", 30*time.Second, nil)
+	if got, want := stands.num("committed_step"), first.num("step"); got != want {
+		t.Fatalf("committed_step=%d, want %d (the first checkpoint)", got, want)
+	}
+	p.waitEntry("trainer still running at the deadline: stopping it", 30*time.Second, nil)
+	if code, want := p.wait(time.Minute), 128+int(syscall.SIGTERM); code != want {
+		t.Fatalf("exit code %d, want %d (the trainer's: killed by SIGTERM)", code, want)
+	}
+	step, id := storeLatest(t, filepath.Join(dir, "store"))
+	if step != first.num("step") || id != first.str("id") {
+		t.Fatalf("latest.json: step %d id %s, want the first checkpoint (step %d id %s)", step, id, first.num("step"), first.str("id"))
+	}
+	if n := len(p.entries("checkpoint committed")); n != 1 {
+		t.Fatalf("%d checkpoints committed, want 1", n)
+	}
+}
+
+// TestHostile_AnswersLate: the trainer answers the shutdown request after
+// its deadline. The late done is refused with a clear error, nothing of it
+// is committed, the previous checkpoint stands.
+func TestHostile_AnswersLate(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "6s", "--margin", "3s"), writeTrainer(t, dir, "late", 0)...)...)
+	first := p.waitEntry("checkpoint committed", time.Minute, nil)
+	p.waitRe(`^trainer: ignoring request`, time.Minute)
+	p.signal(syscall.SIGTERM)
+	missed := p.waitEntry("trainer missed the checkpoint deadline", 30*time.Second, func(e logEntry) bool { return e.str("reason") == "shutdown" })
+	p.waitEntry("interruption checkpoint did not commit: the previous checkpoint stands", 30*time.Second, nil)
+	p.waitRe(`^trainer: answered late `+missed.str("id"), 30*time.Second)
+	late := p.waitEntry("done for an unknown checkpoint id", 30*time.Second, nil)
+	if got, want := late.str("id"), missed.str("id"); got != want {
+		t.Fatalf("late done refused for id %s, want %s", got, want)
+	}
+	p.waitRe(`^trainer: got error id=`+missed.str("id")+` .*unknown checkpoint id`, 30*time.Second)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0 (the trainer stopped on its own)", code)
+	}
+	store := filepath.Join(dir, "store")
+	if step, id := storeLatest(t, store); id != first.str("id") || step != first.num("step") {
+		t.Fatalf("latest.json: step %d id %s, want the first checkpoint %s", step, id, first.str("id"))
+	}
+	if storeHas(t, store, missed.str("id")) {
+		t.Fatalf("the late checkpoint %s reached the store", missed.str("id"))
+	}
+}
+
+// TestHostile_CrashMidSave: the trainer dies half-way through writing a
+// checkpoint. Its exit code passes through, nothing of that checkpoint is
+// committed, its half-written directory does not outlive the agent's
+// reaction, and the previous checkpoint stands.
+func TestHostile_CrashMidSave(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "crash", 0)...)...)
+	first := p.waitEntry("checkpoint committed", time.Minute, nil)
+	m := p.waitRe(`^trainer: crashing mid-save (\S+)`, time.Minute)
+	crashed := m[1]
+	exited := p.waitEntry("trainer exited", 30*time.Second, nil)
+	if got := exited.num("code"); got != 3 {
+		t.Fatalf("trainer exited logged code %d, want 3", got)
+	}
+	if code := p.wait(time.Minute); code != 3 {
+		t.Fatalf("exit code %d, want 3 (the trainer's)", code)
+	}
+	store := filepath.Join(dir, "store")
+	if step, id := storeLatest(t, store); id != first.str("id") || step != first.num("step") {
+		t.Fatalf("latest.json: step %d id %s, want the first checkpoint %s", step, id, first.str("id"))
+	}
+	if storeHas(t, store, crashed) {
+		t.Fatalf("objects of the crashed checkpoint %s reached the store", crashed)
+	}
+	if n := len(p.entries("checkpoint committed")); n != 1 {
+		t.Fatalf("%d checkpoints committed, want 1", n)
+	}
+	// The half-written files are scratch the agent must not leave behind:
+	// a restarted trainer, or the next run, would find them.
+	if _, err := os.Stat(filepath.Join(dir, "ckpt", crashed)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("half-written checkpoint directory %s left behind (stat: %v)", crashed, err)
+	}
+}
+
+// TestHostile_SymlinkEscape: the trainer plants a symlink to /etc/passwd,
+// then one to .., in its checkpoint directory. Each commit is refused with
+// a clear error and upload_failed, nothing of those checkpoints reaches the
+// store, and the next honest checkpoint commits. A done naming a directory
+// outside the checkpoint directory is refused too.
+func TestHostile_SymlinkEscape(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	store := filepath.Join(dir, "store")
+	sock := filepath.Join(dir, "a.sock")
+	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "symlink", 0)...)...)
+	p.waitEntry("checkpoint committed", time.Minute, nil)
+
+	passwd := p.waitRe(`^trainer: planted symlink to /etc/passwd (\S+)`, time.Minute)[1]
+	dotdot := p.waitRe(`^trainer: planted symlink to \.\. (\S+)`, time.Minute)[1]
+	for _, c := range []struct{ id, file string }{{passwd, "passwd"}, {dotdot, "up"}} {
+		e := p.waitEntry("checkpoint not committed", 30*time.Second, func(e logEntry) bool { return e.str("id") == c.id })
+		if msg := e.str("error"); !strings.Contains(msg, c.file) || !strings.Contains(msg, "refused") {
+			t.Fatalf("commit of %s failed with %q, want a refusal naming %s", c.id, msg, c.file)
+		}
+		p.waitRe(`^trainer: got upload_failed id=`+c.id+` .*refused`, 30*time.Second)
+	}
+	// The agent carries on: the next honest checkpoint commits.
+	p.waitCount("checkpoint committed", 2, time.Minute)
+
+	// A done for a directory of the trainer's choosing outside the
+	// checkpoint directory, or through a symlink, is refused.
+	if err := os.Symlink("/etc", filepath.Join(dir, "ckpt", "evil")); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, sock)
+	for _, d := range []string{"/etc", filepath.Join(dir, "ckpt", "..", ".."), filepath.Join(dir, "ckpt", "evil")} {
+		c.send(map[string]any{"type": "done", "id": "", "step": 99, "dir": d})
+		m, err := c.recv(10 * time.Second)
+		if err != nil || m["type"] != "error" {
+			t.Fatalf("done with dir %s: reply %v %v, want an error", d, m, err)
+		}
+		p.waitEntry("unsolicited done refused", 10*time.Second, func(e logEntry) bool { return e.str("dir") == d })
+	}
+
+	p.signal(syscall.SIGTERM)
+	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	for _, id := range []string{passwd, dotdot} {
+		if storeHas(t, store, id) {
+			t.Fatalf("objects of refused checkpoint %s reached the store", id)
+		}
+	}
+	secret := readFile(t, "/etc/passwd")
+	for name := range storeSnapshot(t, store) {
+		if b := readFile(t, filepath.Join(store, name)); bytes.Contains(b, secret) {
+			t.Fatalf("store object %s holds /etc/passwd", name)
+		}
+	}
+	if n := len(p.entries("unsolicited done refused")); n != 3 {
+		t.Fatalf("%d unsolicited done refused, want 3", n)
+	}
+	if len(p.entries("trainer took a checkpoint on its own")) != 0 {
+		t.Fatal("an unsolicited done outside the checkpoint directory was accepted")
+	}
+}
+
+// TestHostile_Connections: beside a healthy trainer, connections that send
+// a 10 MiB line, a flood of 100k messages, or half a message and close. The
+// agent answers every other connection promptly throughout, and the trainer
+// keeps committing checkpoints.
+func TestHostile_Connections(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	sock := filepath.Join(dir, "a.sock")
+	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "good", 0)...)...)
+	p.waitEntry("checkpoint committed", time.Minute, nil)
+
+	t.Run("LineTooLong", func(t *testing.T) {
+		c := dialRaw(t, sock)
+		go func() {
+			// The agent closes the connection after 1 MiB: this write fails.
+			c.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			c.c.Write(append(bytes.Repeat([]byte("a"), 10<<20), '\n'))
+		}()
+		m, err := c.recv(30 * time.Second)
+		if err != nil || m["type"] != "error" || !strings.Contains(m["error"].(string), "line exceeds") {
+			t.Fatalf("reply %v %v, want an error about the line length", m, err)
+		}
+		if _, err := c.recv(30 * time.Second); !errors.Is(err, io.EOF) && !isConnReset(err) {
+			t.Fatalf("after the error: %v, want the connection closed", err)
+		}
+		p.waitEntry("connection closed", 10*time.Second, func(e logEntry) bool { return e.str("error") == "line too long" })
+		if _, took := dialRaw(t, sock).status(5 * time.Second); took > 2*time.Second {
+			t.Fatalf("status took %s after the long line", took)
+		}
+	})
+
+	t.Run("Flood", func(t *testing.T) {
+		const n = 100_000
+		closedBefore := len(p.entries("connection closed by peer"))
+		flood := dialRaw(t, sock)
+		var buf bytes.Buffer
+		for i := 1; i <= n; i++ {
+			buf.WriteString(`{"type":"progress","step":`)
+			buf.WriteString(strconv.Itoa(i))
+			buf.WriteString("}\n")
+		}
+		sent := make(chan error, 1)
+		go func() {
+			flood.c.SetWriteDeadline(time.Now().Add(time.Minute))
+			_, err := flood.c.Write(buf.Bytes())
+			sent <- err
+		}()
+		probe := dialRaw(t, sock)
+		var worst time.Duration
+		probes := 0
+		for done := false; !done; {
+			select {
+			case err := <-sent:
+				if err != nil {
+					t.Fatalf("flood write: %v", err)
+				}
+				done = true
+			default:
+			}
+			_, took := probe.status(5 * time.Second)
+			worst = max(worst, took)
+			probes++
+		}
+		t.Logf("flood of %d lines (%d bytes): %d status probes, slowest reply %s", n, buf.Len(), probes, worst)
+		if worst > time.Second {
+			t.Fatalf("a status reply took %s during the flood, want under 1s", worst)
+		}
+		// The flooding connection itself is still served once it is done.
+		if st, _ := flood.status(10 * time.Second); st["step"].(float64) <= 0 {
+			t.Fatalf("status after the flood: step %v, want the flood's progress seen", st["step"])
+		}
+		flood.c.Close()
+		es := p.waitCount("connection closed by peer", closedBefore+1, 10*time.Second)
+		t.Logf("flood connection closed: dropped_progress=%d", es[len(es)-1].num("dropped_progress"))
+	})
+
+	t.Run("HalfMessage", func(t *testing.T) {
+		c := dialRaw(t, sock)
+		if _, err := c.c.Write([]byte(`{"type":"hel`)); err != nil {
+			t.Fatal(err)
+		}
+		c.c.Close()
+		e := p.waitEntry("connection closed by peer mid-line; partial line discarded", 10*time.Second, nil)
+		if got := e.num("partial_bytes"); got != 12 {
+			t.Fatalf("partial_bytes=%d, want 12", got)
+		}
+	})
+
+	// The trainer's connection was never disturbed: one more checkpoint
+	// commits, then a clean shutdown.
+	p.waitCount("checkpoint committed", len(p.entries("checkpoint committed"))+1, time.Minute)
+	p.signal(syscall.SIGTERM)
+	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
+// TestHostile_OtherUID: with the socket opened to everyone (mode 0666, in a
+// world-readable directory), a process running as nobody still cannot talk
+// to the agent: the peer uid check refuses it, and logs it.
+func TestHostile_OtherUID(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sockDir := filepath.Join(dir, "sock")
+	if err := os.Mkdir(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(sockDir, "a.sock")
+	args := hostileArgs(dir, "--socket", sock, "--socket-mode", "0666")
+	p := start(t, nil, append(args, writeTrainer(t, dir, "good", 0)...)...)
+	p.waitEntry("checkpoint committed", time.Minute, nil)
+
+	out := asNobody(t, nobodyConnect, sock)
+	if out != "eof" && out != "reset" {
+		t.Fatalf("nobody's connection: %q, want it closed without an answer", out)
+	}
+	e := p.waitEntry("connection refused: peer uid not allowed", 10*time.Second, nil)
+	if got := e.num("uid"); got != 65534 {
+		t.Fatalf("refused uid %d, want 65534", got)
+	}
+	if _, took := dialRaw(t, sock).status(5 * time.Second); took > 2*time.Second {
+		t.Fatalf("status took %s", took)
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
+func isConnReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
+}
