@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,8 +19,16 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// ErrNoCheckpoint means the store holds no complete checkpoint.
+// ErrNoCheckpoint means the store holds no committed checkpoint: a run
+// starts fresh.
 var ErrNoCheckpoint = errors.New("no complete checkpoint")
+
+// ErrAllDamaged means checkpoints were committed but none verifies. A run
+// must not start fresh over them: a person decides.
+var ErrAllDamaged = errors.New("no committed checkpoint verifies")
+
+// ErrCorrupt marks an object whose size or checksum differs from its manifest.
+var ErrCorrupt = errors.New("checkpoint damaged")
 
 // RestoreOptions tunes Restore.
 type RestoreOptions struct {
@@ -50,15 +59,22 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		log = zap.NewNop()
 	}
 	var skipped []string
+	var abort error // not the checkpoint's fault: the disk, the network, ctx
 	try := func(key string, m *Manifest) (*Restored, bool) {
 		r, err := restoreOne(ctx, st, dest, key, m, log)
-		if err != nil {
-			log.Warn("checkpoint not usable, trying an older one", zap.String("manifest", key), zap.Error(err))
+		switch {
+		case err == nil:
+			r.Took, r.Skipped = time.Since(start), skipped
+			return r, true
+		case errors.Is(err, ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
+			log.Warn("checkpoint damaged, trying an older one", zap.String("manifest", key), zap.Error(err))
 			skipped = append(skipped, fmt.Sprintf("%s: %v", key, err))
-			return nil, false
+		default:
+			// An older checkpoint would fail the same way, and giving up
+			// on all of them would make the run start from scratch.
+			abort = fmt.Errorf("restore %s into %s: %w", key, dest, err)
 		}
-		r.Took, r.Skipped = time.Since(start), skipped
-		return r, true
+		return nil, false
 	}
 	tried := map[string]bool{}
 	if opts.ID == "" {
@@ -70,6 +86,9 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 			if err == nil {
 				if r, ok := try(l.Manifest, m); ok {
 					return r, nil
+				}
+				if abort != nil {
+					return nil, abort
 				}
 			} else {
 				log.Warn("latest.json points at a broken manifest", zap.String("manifest", l.Manifest), zap.Error(err))
@@ -99,9 +118,12 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		if r, ok := try(e.Key, e.Manifest); ok {
 			return r, nil
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if abort != nil {
+			return nil, abort
 		}
+	}
+	if len(skipped) > 0 {
+		return nil, fmt.Errorf("%w: %d damaged (%s)", ErrAllDamaged, len(skipped), strings.Join(skipped, "; "))
 	}
 	if opts.ID != "" {
 		return nil, fmt.Errorf("restore %s: %w", opts.ID, ErrNoCheckpoint)
@@ -203,12 +225,12 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 			return err
 		}
 		if cr.n != f.Size {
-			return fmt.Errorf("size %d, manifest says %d", cr.n, f.Size)
+			return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, cr.n, f.Size)
 		}
 		sum = cr.h.Sum(nil)
 	}
 	if got := hex.EncodeToString(sum); got != f.SHA256 {
-		return fmt.Errorf("sha256 %s, manifest says %s", got, f.SHA256)
+		return fmt.Errorf("%w: sha256 %s, manifest says %s", ErrCorrupt, got, f.SHA256)
 	}
 	return out.Close()
 }
@@ -221,7 +243,7 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 		return nil, err
 	}
 	if info.Size != f.Size {
-		return nil, fmt.Errorf("size %d, manifest says %d", info.Size, f.Size)
+		return nil, fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, info.Size, f.Size)
 	}
 	if err := cloud.Download(ctx, st, f.Key, f.Size, out, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
 		return nil, err
@@ -235,7 +257,7 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 		return nil, err
 	}
 	if n != f.Size {
-		return nil, fmt.Errorf("size %d, manifest says %d", n, f.Size)
+		return nil, fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, n, f.Size)
 	}
 	return h.Sum(nil), nil
 }

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -124,8 +125,8 @@ func TestRestore_FallsBack(t *testing.T) {
 		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
 		put(t, st, "checkpoints/000000000020-b/m", "twentx")
 		dest := t.TempDir()
-		if _, err := Restore(context.Background(), st, dest, RestoreOptions{}); !errors.Is(err, ErrNoCheckpoint) {
-			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
+		if _, err := Restore(context.Background(), st, dest, RestoreOptions{}); !errors.Is(err, ErrAllDamaged) {
+			t.Fatalf("err=%v, want ErrAllDamaged (never a fresh start over committed work)", err)
 		}
 		ents, _ := os.ReadDir(dest)
 		if len(ents) != 0 {
@@ -195,7 +196,7 @@ func TestRestore_Ranged(t *testing.T) {
 	defer func(v int64) { rangedAbove = v }(rangedAbove)
 	rangedAbove = 1000
 	st := newStore(t)
-	big := strings.Repeat("0123456789abcdef", 3000) // 48,000 bytes: ranged, several chunks would need > 16 MiB; one is enough to take the path
+	big := strings.Repeat("0123456789abcdef", 3000) // 48,000 bytes: above the lowered threshold
 	commit(t, st, 10, "a", map[string]string{"big": big, "small": "s"})
 	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
 	if err != nil {
@@ -206,8 +207,8 @@ func TestRestore_Ranged(t *testing.T) {
 	}
 	// A corrupted large object is caught by the hash of what landed on disk.
 	put(t, st, "checkpoints/000000000010-a/big", strings.Repeat("X", len(big)))
-	if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{}); !errors.Is(err, ErrNoCheckpoint) {
-		t.Fatalf("err=%v, want ErrNoCheckpoint", err)
+	if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{}); !errors.Is(err, ErrAllDamaged) {
+		t.Fatalf("err=%v, want ErrAllDamaged", err)
 	}
 }
 
@@ -218,4 +219,31 @@ func readString(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// A store that fails for a reason other than damage aborts the restore: an
+// older checkpoint would fail the same way, and "nothing to restore" would
+// start the run from scratch.
+func TestRestore_AbortsOnStoreError(t *testing.T) {
+	st := newStore(t)
+	commit(t, st, 10, "a", map[string]string{"m": "ten"})
+	commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+	flaky := &failingGets{Store: st, err: errors.New("connection reset by peer")}
+	_, err := Restore(context.Background(), flaky, t.TempDir(), RestoreOptions{})
+	if err == nil || errors.Is(err, ErrNoCheckpoint) || errors.Is(err, ErrAllDamaged) || !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("err=%v, want the store's error", err)
+	}
+}
+
+// failingGets fails reads of checkpoint data objects, as a store outage would.
+type failingGets struct {
+	cloud.Store
+	err error
+}
+
+func (f *failingGets) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if strings.HasSuffix(key, "/m") {
+		return nil, f.err
+	}
+	return f.Store.Get(ctx, key, off, n)
 }

@@ -283,6 +283,10 @@ func (a *Agent) onChildExit() {
 			continue // requestExpired or the disconnects settle it
 		}
 		delete(a.pending, id)
+		// A trainer that died mid-save leaves half a checkpoint: never
+		// committed, and not to be left on the disk either.
+		os.RemoveAll(r.dir)
+		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
 	case a.stopping != nil || code == 0:

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,6 +82,7 @@ func (a *Agent) onFailed(c *Conn, m Message) {
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.pending, r.id)
+	os.RemoveAll(r.dir) // what the failed save left would keep a full disk full
 	a.lastBlock = time.Now()
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer failed: "+m.Error, time.Now())
