@@ -247,6 +247,12 @@ func (v *victim) kill() (latest int64, commits int, err error) {
 // leftovers counts what a crashed writer leaves in a store: temp files of
 // the file store, incomplete multipart uploads under an S3 store's prefix.
 func leftovers(ctx context.Context, st cloud.Store, root string) (int, error) {
+	names, err := leftoverNames(ctx, st, root)
+	return len(names), err
+}
+
+// leftoverNames names them: temp file paths, or "key upload-id".
+func leftoverNames(ctx context.Context, st cloud.Store, root string) ([]string, error) {
 	switch s := st.(type) {
 	case *s3.Store:
 		out, err := s.Client().ListMultipartUploads(ctx, &awss3.ListMultipartUploadsInput{
@@ -254,23 +260,27 @@ func leftovers(ctx context.Context, st cloud.Store, root string) (int, error) {
 		})
 		if err != nil {
 			if strings.Contains(err.Error(), "NoSuchUpload") {
-				return 0, nil // gofakes3, for a bucket without uploads
+				return nil, nil // gofakes3, for a bucket without uploads
 			}
-			return 0, err
+			return nil, err
 		}
-		return len(out.Uploads), nil
+		var names []string
+		for _, u := range out.Uploads {
+			names = append(names, *u.Key+" "+*u.UploadId)
+		}
+		return names, nil
 	default:
-		n := 0
+		var names []string
 		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
 			}
 			if strings.HasPrefix(d.Name(), ".spotagent-tmp-") {
-				n++
+				names = append(names, p)
 			}
 			return nil
 		})
-		return n, err
+		return names, err
 	}
 }
 

@@ -202,7 +202,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 		"--save-bytes", strconv.Itoa(6 << 20)}
 	a := start(t, fs.env, append(agentArgs(dir, fs.uri, "--interval", "2s", "--term-grace", "12s", "--margin", "1s",
 		"--s3-part-size", strconv.Itoa(5<<20)), trainer...)...)
-	m := a.waitLine(`checkpoint committed.*"id": "([0-9a-f]+)".*"step": (\d+)`, 2*time.Minute)
+	m := a.waitLine(`checkpoint committed.*"id": ?"([0-9a-f]+)".*"step": ?(\d+)`, 2*time.Minute)
 	firstID, firstStep := m[1], int64(atoi(t, m[2]))
 	pid := a.cmd.Process.Pid
 
@@ -227,7 +227,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	// upload_failed was sent: the trainer logs it ("upload failed"), or,
 	// when the agent had already stopped the trainer at the deadline, the
 	// agent logs that it could not deliver it.
-	a.waitLine(`upload failed|"type": "upload_failed"`, 30*time.Second)
+	a.waitLine(`upload failed|"type": ?"upload_failed"`, 30*time.Second)
 	fs.proxy.Clear() // back, so the journal can be saved
 	a.wait(time.Minute)
 	if fs.proxy.Stats().Faults == 0 {
