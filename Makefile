@@ -45,7 +45,7 @@ bench: build
 	scripts/bench.sh
 
 soak:
-	SPOTAGENT_SOAK=1 $(GO) test -timeout 2h -run Crash ./integration/...
+	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault' ./integration/
 
 clean:
 	rm -rf bin
