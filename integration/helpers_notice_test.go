@@ -60,11 +60,9 @@ func cloudArgs(t *testing.T, cloudName, url string) []string {
 }
 
 // s3Env is what the binary needs to use srv. s3test turns the SDK's IMDS
-// client off (AWS_EC2_METADATA_DISABLED=true), which also silences
-// spotagent's AWS notice source: turn it back on.
-func s3Env(srv *s3test.Server) []string {
-	return append(srv.Env(), "AWS_EC2_METADATA_DISABLED=false")
-}
+// credential lookups off (AWS_EC2_METADATA_DISABLED=true); the AWS notice
+// source watches all the same (pkg/metadata/aws TestWatch).
+func s3Env(srv *s3test.Server) []string { return srv.Env() }
 
 // setenvPairs sets KEY=VALUE pairs for the test process (the in-process store
 // clients read the same environment as the binary).

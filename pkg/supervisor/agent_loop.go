@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,6 +22,7 @@ type Agent struct {
 	cfg        Config
 	log        *zap.Logger
 	conns      map[uint64]*Conn // trainers that said hello to this run
+	acks       sync.WaitGroup   // cloud event acknowledgements in flight
 	hadTrainer bool
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
@@ -352,8 +354,16 @@ func (a *Agent) stopChild() {
 	go c.Stop(context.Background(), a.cfg.KillAfter)
 }
 
-// finish records the end of the session in the journal.
+// finish waits (bounded) for acknowledgements in flight and records the
+// end of the session in the journal.
 func (a *Agent) finish() {
+	acked := make(chan struct{})
+	go func() { a.acks.Wait(); close(acked) }()
+	select {
+	case <-acked:
+	case <-time.After(10 * time.Second):
+		a.log.Warn("event acknowledgement still in flight at exit")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()

@@ -201,7 +201,9 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	a.finishStop(s, now)
 	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
+		a.acks.Add(1)
 		go func(id string) {
+			defer a.acks.Done()
 			ctx, cancel := context.WithDeadline(context.Background(), s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {

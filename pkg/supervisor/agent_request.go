@@ -191,9 +191,15 @@ func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 // periodic upload in flight: the newer checkpoint supersedes it and gets
 // the whole bandwidth.
 func (a *Agent) commit(r *request) {
-	ctx, cancel := context.WithCancel(context.Background())
+	// A periodic commit gets a generous bound, so that a store outage ends
+	// in upload_failed rather than a commit that never returns. The
+	// interruption commit must end before the trainer is stopped at the
+	// deadline, so that upload_failed can still reach it.
+	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes))
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	if r.stop != nil {
-		ctx, cancel = context.WithDeadline(context.Background(), r.stop.deadline)
+		cancel()
+		ctx, cancel = context.WithDeadline(context.Background(), r.stop.deadline.Add(-a.cfg.Margin/2))
 		for id, u := range a.uploads {
 			if !u.req.urgent() {
 				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))

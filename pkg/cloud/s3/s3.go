@@ -6,8 +6,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/manager"
@@ -35,7 +38,7 @@ const (
 	DefaultBufferMemory = 128 << 20
 	minPartSize         = 5 << 20 // S3's minimum for every part but the last
 	maxParts            = 10000   // S3's maximum parts per upload
-	defaultMaxAttempts  = 6       // SDK default is 3; spot networks flap
+	defaultMaxAttempts  = 10      // SDK default is 3; spot networks and stores flap
 )
 
 // Options tunes the store. The zero value uses the defaults above.
@@ -90,7 +93,15 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 		overridden = o.BaseEndpoint != nil
 		o.UsePathStyle = o.UsePathStyle || overridden
 		if cfg.RetryMaxAttempts == 0 {
-			o.RetryMaxAttempts = defaultMaxAttempts
+			// Without a rate limiter: the SDK's retry quota (500 tokens,
+			// 5 a retry) is spent by one outage with 32 parts in flight,
+			// and then nothing is retried until 100 requests succeed. The
+			// caller's context (the notice deadline) bounds the retries.
+			o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
+				so.MaxAttempts = defaultMaxAttempts
+				so.MaxBackoff = 20 * time.Second
+				so.RateLimiter = ratelimit.None
+			})
 		}
 		// Parts carry a CRC32 checksum that the server verifies, so a
 		// second SHA-256 pass over every byte for SigV4 buys nothing.

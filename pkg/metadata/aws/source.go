@@ -64,8 +64,11 @@ func New(cfg Config, log *zap.Logger) *Source {
 	}
 	cfg = cfg.withDefaults()
 	client := imds.New(imds.Options{
-		Endpoint:   cfg.Endpoint,
-		HTTPClient: newHTTPClient(cfg.RequestTimeout),
+		// AWS_EC2_METADATA_DISABLED is about the SDK's credential lookups;
+		// watching for notices is what this source was opened for.
+		ClientEnableState: imds.ClientEnabled,
+		Endpoint:          cfg.Endpoint,
+		HTTPClient:        newHTTPClient(cfg.RequestTimeout),
 		// One quick retry, so that a 401 (expired token) is retried at once
 		// with a fresh token; the watch loop does the slower retries.
 		Retryer: retry.NewStandard(func(o *retry.StandardOptions) {

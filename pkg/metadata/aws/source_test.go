@@ -61,6 +61,18 @@ func TestWatch(t *testing.T) {
 		waitPolls(t, f, 12) // three more polls: the same notice is not delivered again
 		metatest.NoNotice(t, ch)
 	})
+	t.Run("DespiteMetadataDisabledForCredentials", func(t *testing.T) {
+		// AWS_EC2_METADATA_DISABLED turns the SDK's credential lookups off;
+		// an explicitly opened notice source still watches.
+		t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		f.Terminate("terminate", time.Now().Add(2*time.Minute))
+		if n := metatest.Next(t, ch, 2*time.Second); n.Kind != metadata.KindTermination {
+			t.Fatalf("notice=%+v, want termination", n)
+		}
+	})
 	t.Run("Rebalance", func(t *testing.T) {
 		f := fake.NewAWS(fake.AWSOptions{})
 		defer f.Close()
