@@ -7,7 +7,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 func init() {
@@ -15,28 +18,18 @@ func init() {
 }
 
 func cmdHistory(args []string) int {
-	fs := newFlagSet("history")
-	var o storeOnly
-	o.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return 2
-	}
-	ctx := context.Background()
-	log, err := newLogger(o.logFormat, o.logLevel)
-	if err != nil {
-		return failf("history", err)
-	}
-	st, err := openStore(ctx, o.uri, o.storeOptions, log)
-	if err != nil {
-		return failf("history", err)
-	}
-	defer st.Close()
-	j, err := checkpoint.ReadJournal(ctx, st, "")
-	if err != nil {
-		return failf("history", err)
-	}
-	printJournal(j)
-	return 0
+	return storeCommand("history", args, nil, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
+		j, err := checkpoint.ReadJournal(ctx, st, "")
+		if err != nil {
+			return err
+		}
+		if len(j.Sessions) == 0 {
+			fmt.Fprintln(os.Stderr, "no run journal in", st.URI(""))
+			return nil
+		}
+		printJournal(j)
+		return nil
+	})
 }
 
 func printJournal(j *checkpoint.Journal) {

@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 func init() {
@@ -17,25 +21,13 @@ func init() {
 }
 
 func cmdList(args []string) int {
-	fs := newFlagSet("list")
-	var o storeOnly
-	o.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return 2
-	}
-	ctx := context.Background()
-	log, err := newLogger(o.logFormat, o.logLevel)
-	if err != nil {
-		return failf("list", err)
-	}
-	st, err := openStore(ctx, o.uri, o.storeOptions, log)
-	if err != nil {
-		return failf("list", err)
-	}
-	defer st.Close()
+	return storeCommand("list", args, nil, listCheckpoints)
+}
+
+func listCheckpoints(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
 	entries, err := checkpoint.ListManifests(ctx, st)
 	if err != nil {
-		return failf("list", err)
+		return err
 	}
 	latest, _ := checkpoint.ReadLatest(ctx, st)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -56,38 +48,27 @@ func cmdList(args []string) int {
 	if len(entries) == 0 {
 		fmt.Fprintln(os.Stderr, "no checkpoints in", st.URI(""))
 	}
-	return 0
+	return nil
 }
 
 func cmdRestore(args []string) int {
-	fs := newFlagSet("restore")
-	var o storeOnly
-	o.register(fs)
-	dest := fs.String("dest", "", "directory to restore into (required)")
-	id := fs.String("id", "", "checkpoint id (default: the newest complete checkpoint)")
-	if err := parseFlags(fs, args); err != nil {
-		return 2
+	var dest, id string
+	flags := func(fs *flag.FlagSet) {
+		fs.StringVar(&dest, "dest", "", "directory to restore into (required)")
+		fs.StringVar(&id, "id", "", "checkpoint id (default: the newest complete checkpoint)")
 	}
-	if *dest == "" {
-		return failf("restore", errors.New("--dest is required"))
-	}
-	ctx := context.Background()
-	log, err := newLogger(o.logFormat, o.logLevel)
-	if err != nil {
-		return failf("restore", err)
-	}
-	st, err := openStore(ctx, o.uri, o.storeOptions, log)
-	if err != nil {
-		return failf("restore", err)
-	}
-	defer st.Close()
-	r, err := checkpoint.Restore(ctx, st, *dest, checkpoint.RestoreOptions{ID: *id, Log: log})
-	if err != nil {
-		return failf("restore", err)
-	}
-	fmt.Printf("restored step %d (id %s, %d files, %s) to %s in %s\n", r.Manifest.Step, r.Manifest.ID,
-		len(r.Manifest.Files), humanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
-	return 0
+	return storeCommand("restore", args, flags, func(ctx context.Context, st cloud.Store, log *zap.Logger) error {
+		if dest == "" {
+			return errors.New("--dest is required")
+		}
+		r, err := checkpoint.Restore(ctx, st, dest, checkpoint.RestoreOptions{ID: id, Log: log})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("restored step %d (id %s, %d files, %s) to %s in %s\n", r.Manifest.Step, r.Manifest.ID,
+			len(r.Manifest.Files), humanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
+		return nil
+	})
 }
 
 func failf(cmd string, err error) int {

@@ -45,3 +45,31 @@ func (o *storeOnly) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level")
 }
+
+// storeCommand parses a store-only command's flags (more adds its own),
+// opens the store and runs fn; errors become one line and exit code 1.
+func storeCommand(name string, args []string, more func(fs *flag.FlagSet), fn func(ctx context.Context, st cloud.Store, log *zap.Logger) error) int {
+	fs := newFlagSet(name)
+	var o storeOnly
+	o.register(fs)
+	if more != nil {
+		more(fs)
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return 2
+	}
+	ctx := context.Background()
+	log, err := newLogger(o.logFormat, o.logLevel)
+	if err != nil {
+		return failf(name, err)
+	}
+	st, err := openStore(ctx, o.uri, o.storeOptions, log)
+	if err != nil {
+		return failf(name, err)
+	}
+	defer st.Close()
+	if err := fn(ctx, st, log); err != nil {
+		return failf(name, err)
+	}
+	return 0
+}
