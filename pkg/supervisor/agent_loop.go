@@ -240,7 +240,7 @@ func (a *Agent) tick(now time.Time) {
 	}
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 &&
 		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
-		a.request(checkpointReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+		a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkDone()
 }

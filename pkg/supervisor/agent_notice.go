@@ -199,7 +199,7 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 	s.record.LostSteps = max(a.lastStep-res.Manifest.Step, 0)
 	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
-	a.finishStop(s, now)
+	a.finishStop(s)
 	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
 		a.acks.Add(1)
 		go func(id string) {
@@ -231,10 +231,10 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
-	a.finishStop(s, now)
+	a.finishStop(s)
 }
 
-func (a *Agent) finishStop(s *stopState, now time.Time) {
+func (a *Agent) finishStop(s *stopState) {
 	s.finished = true
 	a.sendStop(s)
 	rec := s.record

@@ -14,10 +14,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
-const (
-	checkpointReasonPeriodic = ReasonPeriodic
-	maxDoneMetadata          = 64 << 10
-)
+// maxDoneMetadata bounds the metadata object a trainer stores with a checkpoint.
+const maxDoneMetadata = 64 << 10
 
 // request is a checkpoint the agent asked for (or a trainer announced).
 type request struct {
