@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+)
+
+type e2eRun struct {
+	total, toRequest, trainer, commit, upload time.Duration
+	peakKiB                                   int64
+}
+
+// benchE2E: `spotagent run` with the stdlib example trainer writing an
+// N-byte random payload per checkpoint, a fake AWS spot notice part-way;
+// notice exposed → "checkpoint committed" read from the agent's json log.
+// The 1 GiB runs also give the agent's peak RSS (VmHWM) during the upload.
+func benchE2E(c *config, r *report, s *stores) error {
+	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
+	if err != nil {
+		return err
+	}
+	defer imds.Close()
+	trainPy, err := filepath.Abs("python/examples/train.py")
+	if err != nil {
+		return err
+	}
+	sizes := []struct {
+		label string
+		n     int64
+	}{{"100 MiB", 100 << 20}, {"1 GiB", 1 << 30}}
+	type storeSpec struct{ name, label, uri string }
+	storesList := []storeSpec{
+		{"file", "file (local disk)", "file://" + filepath.Join(c.work, "e2e-store")},
+		{"s3", "S3 (MinIO)", "s3://" + bucket + "/e2e"},
+		{"gcs", "GCS (fake-gcs-server)", "gs://" + bucket + "/e2e"},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "`spotagent run` (AWS fake, `--poll-interval 1s`) with `python/examples/train.py --save-bytes N` (a random payload in each checkpoint, written and fsynced by Python); a spot `terminate` notice is exposed at a random phase ~1–2 s after the trainer connects; measured: notice exposed → the agent's \"checkpoint committed\" log line. %d runs per cell, medians (min–max). Breakdown (medians): *notice → request* is the poll phase, *trainer save* is Python writing the checkpoint, *commit* is the agent's upload + manifest + latest.json (its own `total` field). Peak RSS is the agent's VmHWM (not the trainer's) read when the commit is logged.\n\n", c.e2eReps)
+	b.WriteString("| store | checkpoint | notice → committed s | notice → request ms | trainer save s | commit s | commit MB/s | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	var peakMax int64
+	peakWhere := ""
+	for _, st := range storesList {
+		env := s.s3Env()
+		if st.name == "gcs" {
+			env = s.gcsEnv()
+		}
+		for _, sz := range sizes {
+			var runs []e2eRun
+			for rep := range c.e2eReps {
+				uri := fmt.Sprintf("%s-%d-%d", st.uri, sz.n>>20, rep)
+				res, err := oneE2E(c, imds, env, uri, trainPy, sz.n)
+				if err != nil {
+					return fmt.Errorf("e2e %s %s: %w", st.name, sz.label, err)
+				}
+				logf("%-4s %-7s notice→committed %.2fs (request %.0f ms, trainer %.2fs, commit %.2fs), agent peak RSS %d MiB",
+					st.name, sz.label, res.total.Seconds(), ms(res.toRequest), res.trainer.Seconds(), res.commit.Seconds(), res.peakKiB/1024)
+				runs = append(runs, res)
+				if sz.n == 1<<30 && res.peakKiB > peakMax {
+					peakMax, peakWhere = res.peakKiB, st.label
+				}
+				if st.name == "file" {
+					os.RemoveAll(strings.TrimPrefix(uri, "file://"))
+				} else if err := s.deletePrefix(uri); err != nil {
+					logf("cleanup %s: %v", uri, err)
+				}
+				s.emptyTrash()
+			}
+			get := func(f func(e2eRun) float64) []float64 {
+				var xs []float64
+				for _, x := range runs {
+					xs = append(xs, f(x))
+				}
+				return xs
+			}
+			tot := get(func(x e2eRun) float64 { return x.total.Seconds() })
+			lo, hi := minmax(tot)
+			commit := median(get(func(x e2eRun) float64 { return x.commit.Seconds() }))
+			fmt.Fprintf(&b, "| %s | %s | %.2f (%.2f–%.2f) | %.0f | %.2f | %.2f | %.0f | %.0f |\n", st.label, sz.label, median(tot), lo, hi,
+				median(get(func(x e2eRun) float64 { return ms(x.toRequest) })),
+				median(get(func(x e2eRun) float64 { return x.trainer.Seconds() })), commit,
+				float64(sz.n)/commit/1e6,
+				slicesMax(get(func(x e2eRun) float64 { return float64(x.peakKiB) / 1024 })))
+		}
+	}
+	r.add("4. Notice → checkpoint committed, end to end", b.String())
+	r.command("spotagent run --store URI --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/train.py --steps 10000000 --step-time 0.01 --save-bytes N")
+	if peakMax > 0 {
+		mib := float64(peakMax) / 1024
+		r.target(target{name: "agent peak RSS during a 1 GiB upload", want: "≤ 200 MB", got: fmt.Sprintf("%.0f MiB = %.0f MB (max over stores: %s)", mib, float64(peakMax)*1024/1e6, peakWhere),
+			met: float64(peakMax)*1024 <= 200e6, margin: fmt.Sprintf("%+.0f MB", 200-float64(peakMax)*1024/1e6)})
+	}
+	return nil
+}
+
+func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int64) (e2eRun, error) {
+	imds.ClearTermination()
+	dir := filepath.Join(c.work, "e2e")
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return e2eRun{}, err
+	}
+	cmd := exec.Command(c.bin, "run", "--store", uri, "--cloud", "aws", "--aws-imds-endpoint", imds.URL(),
+		"--poll-interval", c.pollInterval.String(), "--interval", "1h", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--socket", filepath.Join(dir, "agent.sock"), "--log-format", "json",
+		"--", "python3", trainPy, "--steps", "10000000", "--step-time", "0.01", "--save-bytes", strconv.FormatInt(n, 10))
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return e2eRun{}, err
+	}
+	logPath := filepath.Join(c.work, "e2e.log")
+	logFile, _ := os.Create(logPath)
+	defer logFile.Close()
+	if err := cmd.Start(); err != nil {
+		return e2eRun{}, err
+	}
+	type line struct {
+		msg string
+		at  time.Time
+		raw map[string]any
+	}
+	lines := make(chan line, 256)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			at := time.Now()
+			logFile.Write(append(sc.Bytes(), '\n'))
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				msg, _ := m["msg"].(string)
+				lines <- line{msg, at, m}
+			}
+		}
+		close(lines)
+	}()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
+	}()
+	fail := func(err error) (e2eRun, error) {
+		cmd.Process.Signal(syscall.SIGKILL)
+		return e2eRun{}, fmt.Errorf("%w (log %s)", err, logPath)
+	}
+	timeout := time.After(5 * time.Minute)
+	wait := func(msg string) (line, error) {
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					return line{}, fmt.Errorf("agent exited before %q", msg)
+				}
+				if l.msg == msg {
+					return l, nil
+				}
+			case <-timeout:
+				return line{}, fmt.Errorf("timed out waiting for %q", msg)
+			}
+		}
+	}
+	if _, err := wait("trainer connected"); err != nil {
+		return fail(err)
+	}
+	time.Sleep(time.Second + rand.N(c.pollInterval))
+	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
+	req, err := wait("checkpoint requested")
+	if err != nil {
+		return fail(err)
+	}
+	com, err := wait("checkpoint committed")
+	if err != nil {
+		return fail(err)
+	}
+	peak := vmKiB(cmd.Process.Pid, "VmHWM")
+	res := e2eRun{total: com.at.Sub(exposed), toRequest: req.at.Sub(exposed), peakKiB: peak}
+	if v, ok := com.raw["total"].(float64); ok {
+		res.commit = time.Duration(v * float64(time.Second))
+	}
+	if v, ok := com.raw["upload"].(float64); ok {
+		res.upload = time.Duration(v * float64(time.Second))
+	}
+	res.trainer = com.at.Sub(req.at) - res.commit
+	// Drain the rest so the agent never blocks on a full pipe.
+	go func() {
+		for range lines {
+		}
+	}()
+	return res, nil
+}
+
+// vmKiB reads a Vm* field (kB) of /proc/PID/status.
+func vmKiB(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// cpuTicks is utime+stime of /proc/PID/stat, in clock ticks.
+func cpuTicks(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	f := strings.Fields(s[i+2:])
+	// after "pid (comm) ": state is f[0]; utime is field 14 → f[11], stime f[12].
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st, nil
+}
+
+const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
+
+// benchIdle: the agent (`spotagent run` with an idle child) and
+// `spotagent watch`, polling the AWS fake every second, side by side for
+// the window: CPU from /proc/PID/stat, RSS from /proc/PID/status.
+func benchIdle(c *config, r *report) error {
+	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
+	if err != nil {
+		return err
+	}
+	defer imds.Close()
+	dir := filepath.Join(c.work, "idle")
+	os.MkdirAll(dir, 0o700)
+	procs := []struct {
+		name string
+		args []string
+	}{
+		{"spotagent run (agent process; child: sleep)", []string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+			"--socket", filepath.Join(dir, "agent.sock"), "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String(),
+			"--log-format", "json", "--", "sleep", "100000"}},
+		{"spotagent watch", []string{"watch", "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String()}},
+	}
+	var cmds []*exec.Cmd
+	defer func() {
+		for _, cmd := range cmds {
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(40 * time.Second):
+				cmd.Process.Kill()
+			}
+		}
+	}()
+	for _, p := range procs {
+		cmd := exec.Command(c.bin, p.args...)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		cmds = append(cmds, cmd)
+	}
+	time.Sleep(5 * time.Second) // start-up is not idle
+	reqs0 := imds.Requests()
+	t0 := make([]int64, len(cmds))
+	for i, cmd := range cmds {
+		if t0[i], err = cpuTicks(cmd.Process.Pid); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	rss := make([][]float64, len(cmds))
+	for time.Since(start) < c.idle {
+		time.Sleep(time.Second)
+		for i, cmd := range cmds {
+			rss[i] = append(rss[i], float64(vmKiB(cmd.Process.Pid, "VmRSS"))/1024)
+		}
+	}
+	el := time.Since(start)
+	var b strings.Builder
+	fmt.Fprintf(&b, "Both processes poll the AWS fake every %s, side by side, for %s after a 5 s warm-up (%d metadata requests in the window). CPU = Δ(utime+stime) from /proc/PID/stat over the window; RSS sampled every second from /proc/PID/status.\n\n", c.pollInterval, el.Round(time.Second), imds.Requests()-reqs0)
+	b.WriteString("| process | CPU % of one core | RSS median MiB | RSS max MiB | VmHWM MiB | RssAnon MiB (heap, stacks) | RssFile MiB (binary text mapped) |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	for i, cmd := range cmds {
+		t1, err := cpuTicks(cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		cpu := float64(t1-t0[i]) / clkTck / el.Seconds() * 100
+		_, hi := minmax(rss[i])
+		pid := cmd.Process.Pid
+		fmt.Fprintf(&b, "| %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", procs[i].name, cpu, median(rss[i]), hi, float64(vmKiB(pid, "VmHWM"))/1024,
+			float64(vmKiB(pid, "RssAnon"))/1024, float64(vmKiB(pid, "RssFile"))/1024)
+		logf("%s: CPU %.2f %%, RSS %.1f MiB", procs[i].name, cpu, median(rss[i]))
+		if i == 0 {
+			mb := hi * (1 << 20) / 1e6
+			r.target(target{name: "idle RSS (agent, polling AWS at 1 s)", want: "≤ 30 MB", got: fmt.Sprintf("%.1f MiB = %.1f MB (max)", hi, mb), met: mb <= 30, margin: fmt.Sprintf("%+.1f MB", 30-mb)})
+			r.target(target{name: "idle CPU (agent)", want: "≤ 0.5 % of one core", got: fmt.Sprintf("%.2f %%", cpu), met: cpu <= 0.5, margin: fmt.Sprintf("%+.2f points", 0.5-cpu)})
+		}
+	}
+	r.add("5. Footprint while idle-polling", b.String())
+	r.command("spotagent run --store file:///TMP/store --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s -- sleep 100000   # sampled via /proc/PID")
+	r.command("spotagent watch --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s")
+	return nil
+}
+
+func benchSimulate(c *config, r *report) error {
+	start := time.Now()
+	out, err := exec.Command(c.bin, "simulate", "--grid").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("simulate --grid: %w: %s", err, out)
+	}
+	r.add("6. Checkpoint frequency: `spotagent simulate --grid`", fmt.Sprintf("Verbatim output (took %s):\n\n%s\n", time.Since(start).Round(time.Second), strings.TrimSpace(string(out))))
+	r.command("spotagent simulate --grid")
+	return nil
+}

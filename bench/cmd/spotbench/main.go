@@ -1,0 +1,129 @@
+// Command spotbench is what `make bench` runs: it measures spotagent the way
+// users meet it (the real binary, real S3 and GCS protocol servers on
+// loopback, the fake metadata servers) side by side with the alternatives,
+// and writes bench/RESULTS.md. It is not a test: nothing here runs in
+// `make test`.
+//
+//	go run ./bench/cmd/spotbench -bin bin/spotagent -minio bench/cache/bin/minio
+//
+// Sections (-only picks some): latency, transfer, e2e, footprint, simulate.
+// Internal subcommands, run as child processes so that their time and peak
+// RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
+// pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
+// (fake-gcs-server, in memory, until killed).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+type config struct {
+	bin, minio, work, out string
+	reps, notices         int
+	e2eReps               int
+	idle                  time.Duration
+	only                  map[string]bool
+	self                  string
+	pollInterval          time.Duration
+}
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "commit":
+			os.Exit(cmdCommit(os.Args[2:]))
+		case "gcs-server":
+			os.Exit(cmdGCSServer(os.Args[2:]))
+		}
+	}
+	var c config
+	var only string
+	flag.StringVar(&c.bin, "bin", "bin/spotagent", "the spotagent binary under test")
+	flag.StringVar(&c.minio, "minio", "bench/cache/bin/minio", "the MinIO server binary")
+	flag.StringVar(&c.work, "work", "/tmp/spotbench", "scratch directory (removed at the end)")
+	flag.StringVar(&c.out, "out", "bench/RESULTS.md", "where the report goes")
+	flag.IntVar(&c.reps, "reps", 3, "repetitions of each transfer, per tool and data set")
+	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
+	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
+	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate", "sections to run")
+	flag.Parse()
+	c.pollInterval = time.Second
+	c.only = map[string]bool{}
+	for _, s := range strings.Split(only, ",") {
+		c.only[strings.TrimSpace(s)] = true
+	}
+	var err error
+	if c.self, err = os.Executable(); err != nil {
+		fatal(err)
+	}
+	if c.bin, err = filepath.Abs(c.bin); err != nil {
+		fatal(err)
+	}
+	if c.minio, err = filepath.Abs(c.minio); err != nil {
+		fatal(err)
+	}
+	if err := os.MkdirAll(c.work, 0o755); err != nil {
+		fatal(err)
+	}
+	defer os.RemoveAll(c.work)
+	r := newReport(&c)
+	start := time.Now()
+	if c.only["latency"] {
+		step("notice → checkpoint latency")
+		must(benchLatency(&c, r))
+	}
+	var env *stores
+	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] {
+		step("starting MinIO and fake-gcs-server")
+		env, err = startStores(&c)
+		must(err)
+		defer env.Close()
+	}
+	if c.only["transfer"] {
+		step("upload and restore throughput")
+		must(benchTransfer(&c, r, env))
+	}
+	if c.only["e2e"] || c.only["footprint"] {
+		step("notice → checkpoint committed, end to end")
+		must(benchE2E(&c, r, env))
+	}
+	if c.only["footprint"] {
+		step("idle footprint")
+		must(benchIdle(&c, r))
+	}
+	if c.only["simulate"] {
+		step("simulate --grid")
+		must(benchSimulate(&c, r))
+	}
+	r.took = time.Since(start)
+	text := r.Markdown()
+	if err := os.WriteFile(c.out, []byte(text), 0o644); err != nil {
+		fatal(err)
+	}
+	fmt.Println()
+	fmt.Print(text)
+	fmt.Fprintf(os.Stderr, "spotbench: wrote %s in %s\n", c.out, r.took.Round(time.Second))
+}
+
+func step(s string) { fmt.Fprintf(os.Stderr, "== %s  %s\n", time.Now().Format("15:04:05"), s) }
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "   "+format+"\n", args...)
+}
+
+func must(err error) {
+	if err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "spotbench:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type dataset struct {
+	name, label string
+	dir, cat    string // the checkpoint directory; the same bytes as one file
+	bytes       int64
+}
+
+// makeDatasets writes the two checkpoints (random, incompressible bytes)
+// and each one's concatenation for the single-stream ceiling.
+func makeDatasets(c *config) ([]dataset, error) {
+	specs := []struct {
+		name, label string
+		files       int
+		size        int64
+	}{
+		{"1gib", "1 GiB (4 × 256 MiB)", 4, 256 << 20},
+		{"small", "500 MiB (2,000 × 256 KiB)", 2000, 256 << 10},
+	}
+	var out []dataset
+	rng := rand.NewChaCha8([32]byte{'s', 'p', 'o', 't'})
+	buf := make([]byte, 1<<20)
+	for _, s := range specs {
+		d := dataset{name: s.name, label: s.label, dir: filepath.Join(c.work, "data", s.name), cat: filepath.Join(c.work, "data", s.name+".cat")}
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return nil, err
+		}
+		cat, err := os.Create(d.cat)
+		if err != nil {
+			return nil, err
+		}
+		for i := range s.files {
+			f, err := os.Create(filepath.Join(d.dir, fmt.Sprintf("shard-%04d.bin", i)))
+			if err != nil {
+				return nil, err
+			}
+			for left := s.size; left > 0; {
+				n := min(left, int64(len(buf)))
+				rng.Read(buf[:n])
+				if _, err := f.Write(buf[:n]); err != nil {
+					return nil, err
+				}
+				if _, err := cat.Write(buf[:n]); err != nil {
+					return nil, err
+				}
+				left -= n
+			}
+			if err := f.Close(); err != nil {
+				return nil, err
+			}
+			d.bytes += s.size
+		}
+		if err := cat.Close(); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	exec.Command("sync").Run()
+	return out, nil
+}
+
+// run runs a command, returns its wall time and peak RSS (KiB).
+func run(env []string, stdout io.Writer, name string, args ...string) (time.Duration, int64, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = stdout, &errb
+	start := time.Now()
+	err := cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		return d, 0, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = ru.Maxrss
+	}
+	return d, rss, nil
+}
+
+type sample struct {
+	mbps []float64
+	rss  []float64 // MiB
+}
+
+type key struct{ store, ds, op, tool string }
+
+// benchTransfer: upload then restore, per store and data set, N
+// repetitions; within a repetition the tools take turns, in an order that
+// rotates each repetition so that none always goes first.
+func benchTransfer(c *config, r *report, s *stores) error {
+	logf("writing the data sets")
+	sets, err := makeDatasets(c)
+	if err != nil {
+		return err
+	}
+	res := map[key]*sample{}
+	add := func(k key, bytes int64, d time.Duration, rssKiB int64) {
+		if res[k] == nil {
+			res[k] = &sample{}
+		}
+		res[k].mbps = append(res[k].mbps, mbps(bytes, d))
+		res[k].rss = append(res[k].rss, float64(rssKiB)/1024)
+		logf("%-4s %-6s %-8s %-10s %7.1f MB/s  %5.2fs  peak RSS %4d MiB", k.store, k.ds, k.op, k.tool, mbps(bytes, d), d.Seconds(), rssKiB/1024)
+	}
+	restoreDir := filepath.Join(c.work, "restore")
+	clean := func() { os.RemoveAll(restoreDir) }
+	for _, store := range []string{"s3", "gcs"} {
+		tools := []string{"spotagent", "aws cli", "curl"}
+		env := s.s3Env()
+		if store == "gcs" {
+			tools = []string{"spotagent", "curl"}
+			env = s.gcsEnv()
+		}
+		for _, ds := range sets {
+			for rep := range c.reps {
+				order := append(tools[rep%len(tools):], tools[:rep%len(tools)]...)
+				order = append([]string(nil), order...)
+				saURI := fmt.Sprintf("%s://%s/up/sa-%s-%d", map[string]string{"s3": "s3", "gcs": "gs"}[store], bucket, ds.name, rep)
+				rawKey := fmt.Sprintf("up/raw-%s-%d", ds.name, rep)
+				cliPrefix := fmt.Sprintf("s3://%s/up/cli-%s-%d/", bucket, ds.name, rep)
+				// Upload.
+				for _, tool := range order {
+					var d time.Duration
+					var rss int64
+					var err error
+					switch {
+					case tool == "spotagent":
+						d, rss, err = run(env, io.Discard, c.self, "commit", "--store", saURI, "--dir", ds.dir)
+						r.command("spotbench commit --store s3://bench/up/sa-DATASET-REP --dir DATASET_DIR   # pkg/checkpoint Committer, the agent's defaults (also gs://)")
+					case tool == "aws cli":
+						d, rss, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", s.minioURL, ds.dir, cliPrefix)
+						r.command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT DATASET_DIR s3://bench/up/cli-DATASET-REP/")
+					case store == "s3":
+						var u string
+						if u, err = s.presignPut(rawKey); err == nil {
+							d, rss, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-T", ds.cat, u)
+						}
+						r.command("curl -sS -f -o /dev/null -T DATASET.cat 'PRESIGNED_PUT_URL'   # one stream, all the bytes")
+					default:
+						u := fmt.Sprintf("http://%s/upload/storage/v1/b/%s/o?uploadType=media&name=%s", s.gcsHost, bucket, url.QueryEscape(rawKey))
+						d, rss, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-X", "POST", "-H", "Content-Type: application/octet-stream", "-T", ds.cat, u)
+						r.command("curl -sS -f -o /dev/null -X POST -H 'Content-Type: application/octet-stream' -T DATASET.cat 'http://127.0.0.1:PORT/upload/storage/v1/b/bench/o?uploadType=media&name=KEY'")
+					}
+					if err != nil {
+						return err
+					}
+					add(key{store, ds.name, "upload", tool}, ds.bytes, d, rss)
+				}
+				// Restore (download + verify for spotagent) of the same objects.
+				for _, tool := range order {
+					clean()
+					var d time.Duration
+					var rss int64
+					var err error
+					switch {
+					case tool == "spotagent":
+						args := []string{"restore", "--store", saURI, "--dest", restoreDir}
+						d, rss, err = run(env, io.Discard, c.bin, args...)
+						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + sha256 verify (also gs://)")
+					case tool == "aws cli":
+						d, rss, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", s.minioURL,
+							strings.TrimSuffix(saURI, "/")+"/checkpoints/", restoreDir)
+						r.command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT s3://bench/up/sa-DATASET-REP/checkpoints/ TMP/restore   # the same objects")
+					case store == "s3":
+						var u string
+						if u, err = s.presignGet(rawKey); err == nil {
+							os.MkdirAll(restoreDir, 0o755)
+							d, rss, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
+						}
+						r.command("curl -sS -f -o TMP/restore/raw 'PRESIGNED_GET_URL'")
+					default:
+						os.MkdirAll(restoreDir, 0o755)
+						u := fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s?alt=media", s.gcsHost, bucket, url.PathEscape(rawKey))
+						d, rss, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
+						r.command("curl -sS -f -o TMP/restore/raw 'http://127.0.0.1:PORT/storage/v1/b/bench/o/KEY?alt=media'")
+					}
+					if err != nil {
+						return err
+					}
+					add(key{store, ds.name, "restore", tool}, ds.bytes, d, rss)
+				}
+				clean()
+				// Free the server's memory before the next repetition.
+				uris := []string{saURI}
+				if store == "s3" {
+					uris = append(uris, strings.TrimSuffix(cliPrefix, "/"))
+				}
+				for _, u := range uris {
+					if err := s.deletePrefix(u); err != nil {
+						logf("cleanup %s: %v", u, err)
+					}
+				}
+				if err := s.deleteRaw(store, rawKey); err != nil {
+					logf("cleanup %s: %v", rawKey, err)
+				}
+				s.emptyTrash()
+			}
+		}
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "Loopback, %d repetitions per cell, tools alternating (the order rotates every repetition). MB/s = 10⁶ bytes/s of checkpoint data over the wall time of the whole command (process start included: that is what a user waits for). Medians, with min–max. Source files are in the page cache. S3: MinIO (single drive, data on tmpfs). GCS: fake-gcs-server (in memory, separate process); no AWS CLI there, so spotagent vs the single-stream ceiling only.\n\n", c.reps)
+	fmt.Fprintf(&b, "- **spotagent upload** = a real checkpoint commit through `pkg/checkpoint` (`Committer`, the agent's defaults: 4 files at once, 16 MiB × 8 S3 parts, sha256 while streaming, manifest, latest.json).\n")
+	fmt.Fprintf(&b, "- **spotagent restore** = `spotagent restore` (manifest, parallel ranged reads, sha256 verify).\n")
+	fmt.Fprintf(&b, "- **curl** = one PUT (S3 presigned / GCS media upload) or one GET of the same bytes concatenated into one object: the single-stream ceiling.\n\n")
+	b.WriteString("| store | data set | op | spotagent MB/s | aws cli MB/s | curl 1-stream MB/s | spotagent ÷ aws cli | spotagent ÷ curl | spotagent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	cell := func(k key) (string, float64) {
+		sm := res[k]
+		if sm == nil {
+			return "–", 0
+		}
+		lo, hi := minmax(sm.mbps)
+		m := median(sm.mbps)
+		return fmt.Sprintf("%.0f (%.0f–%.0f)", m, lo, hi), m
+	}
+	for _, store := range []string{"s3", "gcs"} {
+		for _, ds := range sets {
+			for _, op := range []string{"upload", "restore"} {
+				sa, saM := cell(key{store, ds.name, op, "spotagent"})
+				cli, cliM := cell(key{store, ds.name, op, "aws cli"})
+				raw, rawM := cell(key{store, ds.name, op, "curl"})
+				ratio := func(a, b float64) string {
+					if b == 0 {
+						return "–"
+					}
+					return fmt.Sprintf("%.2f×", a/b)
+				}
+				rss := "–"
+				if sm := res[key{store, ds.name, op, "spotagent"}]; sm != nil {
+					rss = fmt.Sprintf("%.0f", slicesMax(sm.rss))
+				}
+				name := map[string]string{"s3": "S3 (MinIO)", "gcs": "GCS (fake-gcs-server)"}[store]
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, ds.label, op, sa, cli, raw, ratio(saM, cliM), ratio(saM, rawM), rss)
+				if store == "s3" && cliM > 0 {
+					x := saM / cliM
+					r.target(target{name: fmt.Sprintf("%s vs AWS CLI, %s", op, ds.label), want: "≥ 1.5× aws s3 cp",
+						got: fmt.Sprintf("%.2f× (%.0f vs %.0f MB/s)", x, saM, cliM), met: x >= 1.5, margin: fmt.Sprintf("%+.2f×", x-1.5)})
+				}
+			}
+		}
+	}
+	r.add("2–3. Upload and restore throughput", b.String())
+	return nil
+}
+
+func slicesMax(xs []float64) float64 {
+	_, hi := minmax(xs)
+	return hi
+}

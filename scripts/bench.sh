@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make bench` (after `make build`): installs MinIO once into bench/cache/,
+# builds bench/cmd/spotbench and runs it. It writes bench/RESULTS.md and
+# prints the same report. Scratch data goes under $SPOTBENCH_WORK (default
+# /tmp/spotbench) and is removed at the end. Never part of `make test`.
+#
+# Knobs (environment): SPOTBENCH_REPS (3), SPOTBENCH_E2E_REPS (3),
+# SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+CACHE=$PWD/bench/cache
+WORK=${SPOTBENCH_WORK:-/tmp/spotbench}
+MINIO=$CACHE/bin/minio
+mkdir -p "$CACHE/bin"
+
+for tool in aws curl python3; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool is required on PATH" >&2; exit 1; }
+done
+aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
+
+if [ ! -x "$MINIO" ]; then
+  echo "bench: installing MinIO into $CACHE/bin (one time, a few minutes)" >&2
+  # From a temp dir: `go install pkg@version` ignores our go.mod, which must
+  # not learn about MinIO.
+  tmp=$(mktemp -d)
+  (cd "$tmp" && GOBIN="$CACHE/bin" GOFLAGS=-mod=mod "$GO" install github.com/minio/minio@latest)
+  rmdir "$tmp"
+fi
+
+[ -x bin/spotagent ] || "$GO" build -o bin/spotagent ./cmd/spotagent
+"$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
+
+cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio; }
+trap cleanup EXIT
+"$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
+  -reps "${SPOTBENCH_REPS:-3}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
+  -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate}"
