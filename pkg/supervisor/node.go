@@ -123,6 +123,15 @@ func (n *node) dispatch(ev Event) {
 		if m.Type == TypeDisconnected {
 			delete(n.connRun, c.ID())
 		}
+		if m.Type == TypeProgress {
+			// Advisory: a busy run (a long restore) must not hold up
+			// the other runs' trainers behind it.
+			select {
+			case r.events <- ev:
+			default:
+			}
+			return
+		}
 		r.events <- ev
 		return
 	}
