@@ -186,10 +186,10 @@ func TestNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitUntil(t, time.Minute, func() bool {
+		waitFor(t, "run "+run+" committed at its interruption step", time.Minute, func() bool {
 			l, err := checkpoint.ReadLatest(context.Background(), st)
 			return err == nil && int(l.Step) == step
-		}, "run "+run+" committed at its interruption step")
+		})
 		var m checkpoint.Manifest
 		l, _ := checkpoint.ReadLatest(context.Background(), st)
 		b, _ := os.ReadFile(filepath.Join(prefix, run, l.Manifest))
@@ -201,18 +201,6 @@ func TestNode(t *testing.T) {
 	agent.signal(syscall.SIGTERM)
 	if code := agent.wait(time.Minute); code != 0 {
 		t.Fatalf("node exit code %d", code)
-	}
-}
-
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
 }
 

@@ -86,8 +86,8 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// prepare creates the local directories and restores the newest committed
-// checkpoint. It returns the resume information (nil when starting fresh).
+// restore copies the newest committed checkpoint into the restore area and
+// returns the resume information (nil when starting fresh).
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	restoreDir := filepath.Join(a.cfg.CheckpointDir, "restore")
 	start := time.Now()

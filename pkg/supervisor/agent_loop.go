@@ -31,14 +31,13 @@ type Agent struct {
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
 	resume    *Resume
 
-	child      *Child
-	childDone  <-chan struct{}
-	restarts   int
-	restartAt  time.Time // zero: no restart pending
-	exitCode   int
-	childGone  bool // exited for good (or never had one)
-	killing    bool // child.Stop running
-	stopKillAt time.Time
+	child     *Child
+	childDone <-chan struct{}
+	restarts  int
+	restartAt time.Time // zero: no restart pending
+	exitCode  int
+	childGone bool // exited for good (or never had one)
+	killing   bool // child.Stop running
 
 	pending    map[string]*request
 	uploads    map[string]*upload
@@ -51,7 +50,6 @@ type Agent struct {
 	stopping    *stopState
 	noticesSeen int
 	lastNotice  *metadata.Notice
-	rebalanced  bool
 	signals     int  // SIGTERM/SIGINT received
 	shutdown    bool // told to shut down by a signal
 	secondSig   bool
