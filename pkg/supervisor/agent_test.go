@@ -83,6 +83,28 @@ func (tr *trainer) expect(typ string) Message {
 	return Message{}
 }
 
+// waitStatus asks the agent for its status over a connection of its own
+// until cond holds, failing the test at testWait.
+func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool) {
+	t.Helper()
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	deadline := time.Now().Add(testWait)
+	for {
+		tr.send(map[string]any{"type": "status"})
+		var s Status
+		if err := json.Unmarshal(tr.expect(TypeStatus).Status, &s); err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		if cond(s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: status %+v", what, s)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
+	}
+}
+
 func (tr *trainer) hello() Message {
 	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1})
 	return tr.expect(TypeWelcome)
@@ -314,6 +336,9 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 	req := tr.expect(TypeCheckpoint) // periodic, not answered yet
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+	// The notice and the done race inside the agent: answer only once the
+	// agent has taken the notice in, or the periodic commit comes first.
+	ar.waitStatus(t, "the notice taken in", func(s Status) bool { return s.Stopping != "" })
 	// No second request: answering the pending one commits the interruption checkpoint.
 	tr.save(req, 9, "w")
 	if c := tr.expect(TypeCommitted); c.ID != req.ID {
