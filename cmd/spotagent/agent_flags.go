@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,6 +28,8 @@ type agentOptions struct {
 	keep, maxRestarts                                         int
 	termGrace, killAfter, margin                              time.Duration
 	onRebalance                                               string
+	signal                                                    string
+	sig                                                       syscall.Signal
 	metricsAddr                                               string
 	storeFlags                                                storeOptions
 	sourceFlags                                               sourceOptions
@@ -90,6 +93,13 @@ func (o *agentOptions) resolve() error {
 	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
+	}
+	if o.signal != "" {
+		sig, err := supervisor.ParseSignal(o.signal)
+		if err != nil {
+			return fmt.Errorf("--signal: %w", err)
+		}
+		o.sig = sig
 	}
 	return nil
 }

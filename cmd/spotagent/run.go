@@ -26,6 +26,7 @@ func cmdRun(args []string) int {
 	var o agentOptions
 	o.register(fs, false)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
+	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1, SIGUSR2, SIGHUP) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: spotagent run [flags] -- COMMAND [ARGS...]")
 		fs.PrintDefaults()
@@ -124,7 +125,7 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		RunID: o.runID, CheckpointDir: o.checkpointDir, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
-		Metrics: metrics, Log: log,
+		Signal: o.sig, Metrics: metrics, Log: log,
 	}
 	if node {
 		err := supervisor.RunNode(ctx, supervisor.NodeConfig{

@@ -38,6 +38,10 @@ type Config struct {
 	MaxRestarts int           // restarts of a child that failed on its own
 	Margin      time.Duration // safety margin kept before a notice deadline (default 5s)
 	OnRebalance string        // "checkpoint" (default) or "none"
+	// Signal, when set, is the fallback for a trainer that does not speak
+	// the protocol: each checkpoint request is written to RequestFile and
+	// the child is sent this signal; DoneMarker in the dir answers it.
+	Signal syscall.Signal
 	// EndWhenIdle ends a run without a child once a trainer has come and
 	// gone and nothing is uploading (node mode).
 	EndWhenIdle bool
@@ -180,6 +184,13 @@ func (a *Agent) childEnv() []string {
 		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
 		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
 	)
+	if a.cfg.Signal != 0 {
+		env = append(env,
+			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.cfg.CheckpointDir, RequestFile),
+			"SPOTAGENT_DONE_MARKER="+DoneMarker,
+		)
+	}
 	if r := a.resume; r != nil {
 		env = append(env,
 			"SPOTAGENT_RESUME_DIR="+r.Dir,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -32,6 +33,7 @@ type Agent struct {
 	resume    *Resume
 
 	child     *Child
+	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
 	childDone <-chan struct{}
 	restarts  int
 	restartAt time.Time // zero: no restart pending
@@ -100,6 +102,19 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		if err := a.startChild(); err != nil {
 			return 1, err
 		}
+		if cfg.Signal != 0 {
+			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, root: cfg.CheckpointDir,
+				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
+			bctx, stopBridge := context.WithCancel(context.Background())
+			bridgeDone := make(chan struct{})
+			go func() {
+				defer close(bridgeDone)
+				if err := b.run(bctx); err != nil {
+					a.log.Error("signal fallback ended", zap.Error(err))
+				}
+			}()
+			defer func() { stopBridge(); <-bridgeDone }()
+		}
 	}
 	cfg.Metrics.Ready(true)
 	a.loop(ctx, srv.Events(), notices, signals)
@@ -157,6 +172,7 @@ func (a *Agent) startChild() error {
 		return fmt.Errorf("start trainer: %w", err)
 	}
 	a.child, a.childDone = c, c.Done()
+	a.childPID.Store(int64(c.PID()))
 	a.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", a.cfg.Command), zap.Int("restarts", a.restarts))
 	return nil
 }

@@ -1,0 +1,83 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRun_SignalFallback: a trainer that does not speak the protocol,
+// under --signal SIGUSR1. Periodic checkpoints reach it as a signal and a
+// request file; its marker file commits them; SIGTERM to the agent takes a
+// shutdown checkpoint and stops it; the next run resumes there and ends
+// with the uninterrupted run's result.
+func TestRun_SignalFallback(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	store := "file://" + filepath.Join(dir, "store")
+	trainer := []string{"--", python, "python/examples/train_signal.py", "--steps", "3000", "--step-time", "0.005"}
+	out := filepath.Join(dir, "out.json")
+
+	refCmd := exec.Command(python, "python/examples/train_signal.py", "--steps", "3000", "--out", filepath.Join(dir, "ref.json"))
+	refCmd.Dir = repo
+	ref := startCmd(t, refCmd)
+	if code := ref.wait(time.Minute); code != 0 {
+		t.Fatalf("reference run exit code %d", code)
+	}
+
+	args := append(agentArgs(dir, store, "--signal", "SIGUSR1", "--interval", "1s"), append(trainer, "--out", out)...)
+	run1 := start(t, nil, args...)
+	run1.waitLine(`trainer signalled.*SIGUSR1`, time.Minute)
+	run1.waitLine(`checkpoint saved at step \d+ \(periodic\)`, time.Minute)
+	run1.waitLine(`checkpoint committed`, time.Minute)
+	run1.signal(syscall.SIGTERM)
+	m := run1.waitLine(`checkpoint saved at step (\d+) \(shutdown\)`, time.Minute)
+	step := atoi(t, m[1])
+	run1.waitLine(`stopping at step`, time.Minute)
+	if code := run1.wait(time.Minute); code != 0 {
+		t.Fatalf("interrupted run exit code %d, want 0", code)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("interrupted run finished training: SIGTERM came too late to test anything")
+	}
+	// The marker is the trainer's answer, not part of the checkpoint.
+	markers, _ := filepath.Glob(filepath.Join(dir, "store", "checkpoints", "*", "SPOTAGENT_DONE"))
+	if len(markers) != 0 {
+		t.Fatalf("done markers uploaded: %v", markers)
+	}
+
+	run2 := start(t, nil, args...)
+	if got := atoi(t, run2.waitLine(`resumed at step (\d+)`, time.Minute)[1]); got != step {
+		t.Fatalf("resumed at step %d, want %d", got, step)
+	}
+	if code := run2.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("resumed run exit code %d", code)
+	}
+	sameFile(t, out, filepath.Join(dir, "ref.json"))
+}
+
+// TestRun_SignalFallbackNoHandler: a trainer that has not installed a
+// handler is not signalled (the signal would kill it); the request fails
+// with a clear line and the trainer keeps running.
+func TestRun_SignalFallbackNoHandler(t *testing.T) {
+	dir := shortTemp(t)
+	alive := filepath.Join(dir, "alive")
+	p := start(t, nil, append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "USR1", "--interval", "1s"),
+		"--", "/bin/sh", "-c", "sleep 2; touch "+alive+"; sleep 60")...)
+	p.waitLine(`has no SIGUSR1 handler`, time.Minute)
+	waitFor(t, "the trainer to outlive the request", time.Minute, func() bool {
+		_, err := os.Stat(alive)
+		return err == nil
+	})
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(time.Minute); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d, want %d (the trainer stopped by SIGTERM)", code, 128+int(syscall.SIGTERM))
+	}
+	if regexp.MustCompile(`checkpoint committed`).MatchString(p.output()) {
+		t.Fatal("a checkpoint was committed for a trainer that never saved one")
+	}
+}

@@ -1,0 +1,271 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// The signal fallback for trainers that do not speak the protocol (a
+// framework's own SIGUSR1 handler, a script): the agent writes the request
+// to RequestFile in the checkpoint directory and signals the trainer; the
+// trainer saves into the request's dir and then creates DoneMarker in it,
+// holding the step number (or nothing).
+const (
+	RequestFile = "request.json"
+	DoneMarker  = "SPOTAGENT_DONE"
+)
+
+// SignalRequest is what RequestFile holds.
+type SignalRequest struct {
+	ID       string    `json:"id"`
+	Dir      string    `json:"dir"`
+	Reason   string    `json:"reason"`
+	Deadline time.Time `json:"deadline"`
+}
+
+// signalBridge speaks the protocol on behalf of the child: it connects to
+// the agent's socket like any trainer, so the agent's request, deadline,
+// commit and stop logic is the same for both kinds of trainer.
+type signalBridge struct {
+	socket string
+	sig    syscall.Signal
+	root   string     // checkpoint dir: RequestFile lives here
+	pid    func() int // the child's pid now (0: not running)
+	poll   time.Duration
+	log    *zap.Logger
+}
+
+// run serves until ctx ends or the agent closes the connection.
+func (b *signalBridge) run(ctx context.Context) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", b.socket)
+	if err != nil {
+		return fmt.Errorf("signal bridge: %w", err)
+	}
+	defer conn.Close()
+	go func() { <-ctx.Done(); conn.Close() }()
+	reqPath := filepath.Join(b.root, RequestFile)
+	os.Remove(reqPath) // what an earlier agent left
+
+	msgs := make(chan Message, 8)
+	go func() {
+		defer close(msgs)
+		sc := bufio.NewScanner(conn)
+		sc.Buffer(make([]byte, 64<<10), MaxLine)
+		for sc.Scan() {
+			var m Message
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				msgs <- m
+			}
+		}
+	}()
+	send := func(m Message) error {
+		line, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = conn.Write(append(line, '\n'))
+		return err
+	}
+	zero, one := 0, 1
+	if err := send(Message{Type: TypeHello, PID: os.Getpid(), Rank: &zero, WorldSize: &one}); err != nil {
+		return fmt.Errorf("signal bridge: hello: %w", err)
+	}
+
+	var lastStep int64 = -1
+	open := map[string]*bridgeRequest{} // requests signalled, marker not seen yet
+	ticker := time.NewTicker(b.poll)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			switch m.Type {
+			case TypeWelcome:
+				if m.Resume != nil {
+					lastStep = m.Resume.Step
+				}
+			case TypeCheckpoint:
+				if err := b.signal(reqPath, m); err != nil {
+					b.log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
+					send(Message{Type: TypeFailed, ID: m.ID, Error: err.Error()})
+					continue
+				}
+				open[m.ID] = &bridgeRequest{id: m.ID, dir: m.Dir, deadline: derefTime(m.Deadline)}
+			case TypeCommitted:
+				if m.Step != nil && *m.Step > lastStep {
+					lastStep = *m.Step
+				}
+			case TypeStop:
+				if pid := b.pid(); pid > 0 {
+					b.log.Info("signal fallback: stop, SIGTERM to the trainer", zap.Int("pid", pid), zap.String("reason", m.Reason))
+					syscall.Kill(-pid, syscall.SIGTERM)
+				}
+			case TypeError:
+				b.log.Warn("signal fallback: agent reported an error", zap.String("id", m.ID), zap.String("error", m.Error))
+			}
+		case now := <-ticker.C:
+			for id, r := range open {
+				step, state := r.check(lastStep)
+				switch state {
+				case markerMissing:
+					if !r.deadline.IsZero() && now.After(r.deadline) {
+						delete(open, id) // the agent has given up on it too
+					}
+					continue
+				case markerUnreadable:
+					b.log.Warn("signal fallback: done marker without a step number: numbering it", zap.String("id", id), zap.Int64("step", step))
+				}
+				delete(open, id)
+				if step > lastStep {
+					lastStep = step
+				}
+				if len(open) == 0 {
+					os.Remove(reqPath)
+				}
+				if err := send(Message{Type: TypeDone, ID: id, Step: &step}); err != nil {
+					return fmt.Errorf("signal bridge: done: %w", err)
+				}
+			}
+		}
+	}
+}
+
+// signal writes the request file, then signals the child, unless the child
+// would die of the signal: a process that has not installed a handler yet.
+func (b *signalBridge) signal(reqPath string, m Message) error {
+	pid := b.pid()
+	if pid <= 0 {
+		return errors.New("trainer not running")
+	}
+	if caught, known := signalCaught(pid, b.sig); known && !caught {
+		return fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, signalName(b.sig))
+	}
+	body, err := json.MarshalIndent(SignalRequest{ID: m.ID, Dir: m.Dir, Reason: m.Reason, Deadline: derefTime(m.Deadline)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := reqPath + ".tmp"
+	if err := os.WriteFile(tmp, body, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", RequestFile, err)
+	}
+	if err := os.Rename(tmp, reqPath); err != nil {
+		return fmt.Errorf("write %s: %w", RequestFile, err)
+	}
+	if err := syscall.Kill(pid, b.sig); err != nil {
+		return fmt.Errorf("signal %s to pid %d: %w", signalName(b.sig), pid, err)
+	}
+	b.log.Info("signal fallback: trainer signalled", zap.String("id", m.ID), zap.Int("pid", pid), zap.String("signal", signalName(b.sig)))
+	return nil
+}
+
+type bridgeRequest struct {
+	id, dir  string
+	deadline time.Time
+	sawEmpty bool
+}
+
+type markerState int
+
+const (
+	markerMissing markerState = iota
+	markerStep
+	markerUnreadable
+)
+
+// check looks for the done marker. Its content is the step: a number, or
+// {"step": N}. An empty marker is read again once (the trainer may create
+// it before writing), then numbered after the last step known.
+func (r *bridgeRequest) check(lastStep int64) (int64, markerState) {
+	p := filepath.Join(r.dir, DoneMarker)
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, markerMissing
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, 256))
+	f.Close()
+	s := strings.TrimSpace(string(b))
+	if s == "" && !r.sawEmpty {
+		r.sawEmpty = true
+		return 0, markerMissing
+	}
+	os.Remove(p) // the marker is not part of the checkpoint
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
+		return n, markerStep
+	}
+	var v struct {
+		Step *int64 `json:"step"`
+	}
+	if json.Unmarshal([]byte(s), &v) == nil && v.Step != nil && *v.Step >= 0 {
+		return *v.Step, markerStep
+	}
+	return lastStep + 1, markerUnreadable
+}
+
+// signalCaught tells whether pid has a handler installed for sig, from
+// /proc/PID/status (SigCgt); known is false where that cannot be read.
+func signalCaught(pid int, sig syscall.Signal) (caught, known bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigCgt:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return false, false
+			}
+			return mask&(1<<(uint(sig)-1)) != 0, true
+		}
+	}
+	return false, false
+}
+
+// ParseSignal accepts the signals a trainer may be asked to checkpoint with.
+func ParseSignal(s string) (syscall.Signal, error) {
+	switch strings.TrimPrefix(strings.ToUpper(s), "SIG") {
+	case "USR1":
+		return syscall.SIGUSR1, nil
+	case "USR2":
+		return syscall.SIGUSR2, nil
+	case "HUP":
+		return syscall.SIGHUP, nil
+	}
+	return 0, fmt.Errorf("want SIGUSR1, SIGUSR2 or SIGHUP, got %q", s)
+}
+
+func signalName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGUSR1:
+		return "SIGUSR1"
+	case syscall.SIGUSR2:
+		return "SIGUSR2"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return sig.String()
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
