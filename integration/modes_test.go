@@ -88,9 +88,8 @@ func TestSidecar(t *testing.T) {
 		"--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", "100ms", "--metrics-addr", maddr}
 	agent := start(t, nil, args...)
 	agent.waitLine(`socket listening`, time.Minute)
-	if got := httpStatus(t, "http://"+maddr+"/readyz"); got != 200 {
-		t.Fatalf("/readyz=%d, want 200", got)
-	}
+	// Ready follows the socket by a moment: wait for it, bounded.
+	waitFor(t, "/readyz 200", 30*time.Second, func() bool { return httpStatus(t, "http://"+maddr+"/readyz") == 200 })
 	env := []string{"SPOTAGENT_SOCKET=" + sock}
 	tr := trainerProc(t, env, "--steps", "400", "--step-time", "0.01")
 	tr.waitLine(`^step 50 `, time.Minute)
