@@ -25,7 +25,7 @@ type agentOptions struct {
 	interval                                                  string
 	minInterval, maxInterval                                  time.Duration
 	interruptionRate                                          float64
-	keep, maxRestarts                                         int
+	keep, maxRestarts, concurrentCommits                      int
 	termGrace, killAfter, margin                              time.Duration
 	onRebalance                                               string
 	signal                                                    string

@@ -60,6 +60,7 @@ func cmdNode(args []string) int {
 	fs := newFlagSet("node")
 	var o agentOptions
 	o.register(fs, true)
+	fs.IntVar(&o.concurrentCommits, "concurrent-commits", 2, "checkpoints uploaded at once across the node's runs; the rest wait, interruption checkpoints first, then the earliest deadline, then the smallest")
 	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
@@ -69,6 +70,10 @@ func cmdNode(args []string) int {
 	}
 	if o.store == "" {
 		fmt.Fprintln(os.Stderr, "spotagent node: --store-prefix is required")
+		return 2
+	}
+	if o.concurrentCommits < 1 {
+		fmt.Fprintln(os.Stderr, "spotagent node: --concurrent-commits must be at least 1")
 		return 2
 	}
 	return runAgent(fs, &o, nil, true)
@@ -128,6 +133,7 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		Signal: o.sig, Metrics: metrics, Log: log,
 	}
 	if node {
+		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)
 		err := supervisor.RunNode(ctx, supervisor.NodeConfig{
 			StorePrefix: o.store, CheckpointRoot: o.checkpointDir, Source: src, Identity: ident, Server: srvCfg,
 			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {

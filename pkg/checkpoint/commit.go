@@ -27,7 +27,10 @@ type Committer struct {
 	RunID       string
 	Source      metadata.Identity
 	Concurrency int // files uploaded at once; default 4
-	Log         *zap.Logger
+	// Gate, when set, is shared with other runs' committers (node mode):
+	// a commit waits there for a slot, the most urgent first.
+	Gate *Gate
+	Log  *zap.Logger
 }
 
 // Request names one checkpoint directory to commit.
@@ -37,6 +40,7 @@ type Request struct {
 	Step     int64
 	Reason   string
 	Metadata json.RawMessage
+	Urgent   bool // an interruption or shutdown checkpoint: first through the Gate
 }
 
 // Result describes a committed checkpoint.
@@ -44,13 +48,13 @@ type Result struct {
 	Manifest    *Manifest
 	ManifestKey string
 	Bytes       int64
-	Upload      time.Duration // data objects only
+	Upload      time.Duration // data objects only, from the upload slot on
 	Total       time.Duration // scan to latest.json
 }
 
 // Commit uploads req.Dir and commits it. On error nothing of this
 // checkpoint is committed and latest.json is unchanged.
-func (c *Committer) Commit(ctx context.Context, req Request) (*Result, error) {
+func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err error) {
 	start := time.Now()
 	log := c.log().With(zap.String("id", req.ID), zap.Int64("step", req.Step))
 	if !ValidID(req.ID) {
@@ -66,6 +70,28 @@ func (c *Committer) Commit(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	if c.Gate != nil {
+		var total int64
+		for _, f := range files {
+			total += f.size
+		}
+		deadline, _ := ctx.Deadline()
+		gctx, release, aerr := c.Gate.Acquire(ctx, Claim{Urgent: req.Urgent, Deadline: deadline, Bytes: total})
+		if aerr != nil {
+			return nil, fmt.Errorf("commit: waiting for an upload slot: %w", aerr)
+		}
+		defer release()
+		if waited := time.Since(start); waited > 100*time.Millisecond {
+			log.Info("upload slot granted", zap.Duration("waited", waited), zap.Int64("bytes", total), zap.Bool("urgent", req.Urgent))
+		}
+		ctx = gctx
+		defer func() {
+			if errors.Is(context.Cause(gctx), ErrPreempted) && err != nil && !errors.Is(err, ErrPreempted) {
+				err = fmt.Errorf("commit: %w", ErrPreempted)
+			}
+		}()
+	}
+	upStart := time.Now() // the throughput estimate must not count the wait
 	m := &Manifest{
 		Format: Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
@@ -88,7 +114,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (*Result, error) {
 		// checkpoint by listing; report the failure all the same.
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(start), Total: time.Since(start)}
+	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(upStart), Total: time.Since(start)}
 	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)),
 		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
 	return res, nil

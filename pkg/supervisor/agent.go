@@ -45,6 +45,9 @@ type Config struct {
 	// EndWhenIdle ends a run without a child once a trainer has come and
 	// gone and nothing is uploading (node mode).
 	EndWhenIdle bool
+	// UploadGate, shared by the runs of a node agent, lets their commits
+	// upload a few at a time, the most urgent first (nil: no gate).
+	UploadGate *checkpoint.Gate
 	// RequestTimeout bounds how long a periodic request may go unanswered
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration

@@ -134,7 +134,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
-	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Log: cfg.Log}
+	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Gate: cfg.UploadGate, Log: cfg.Log}
 	if err := os.MkdirAll(cfg.CheckpointDir, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint dir: %w", err)
 	}

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -207,7 +208,7 @@ func (a *Agent) commit(r *request) {
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
 	a.uploads[r.id] = u
-	req := checkpoint.Request{Dir: r.dir, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata}
+	req := checkpoint.Request{Dir: r.dir, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent()}
 	keep, st, log, results := a.cfg.Keep, a.cfg.Store, a.log, a.results
 	go func() {
 		defer cancel()
@@ -230,8 +231,13 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		os.RemoveAll(r.dir)
 	}
 	if cr.err != nil {
-		a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
-		a.cfg.Metrics.CommitFailed(r.reason)
+		if errors.Is(cr.err, checkpoint.ErrPreempted) {
+			a.log.Info("periodic checkpoint not committed: another run's interruption checkpoint took its upload slot", zap.String("id", r.id))
+			a.cfg.Metrics.CommitFailed("preempted")
+		} else {
+			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
+			a.cfg.Metrics.CommitFailed(r.reason)
+		}
 		a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
