@@ -182,12 +182,21 @@ func (a *Agent) cleanup(ctx context.Context) {
 
 // childEnv is the trainer's environment.
 func (a *Agent) childEnv() []string {
-	env := append(os.Environ(),
-		"SPOTAGENT_SOCKET="+a.cfg.Server.Path,
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
 		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
 		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
 	)
-	if a.cfg.Signal != 0 {
+	if a.cfg.Signal == 0 {
+		env = append(env, "SPOTAGENT_SOCKET="+a.cfg.Server.Path)
+	} else {
+		// No socket: the bridge is the trainer's one voice; a client
+		// library in the child runs as if there were no agent.
 		env = append(env,
 			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
 			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.cfg.CheckpointDir, RequestFile),
