@@ -36,7 +36,7 @@ var runFlagEnv = map[string]bool{}
 
 func init() {
 	for _, f := range []string{"store", "run-id", "checkpoint-dir", "socket", "interval", "keep",
-		"term-grace", "kill-after", "cloud", "max-restarts", "metrics-addr", "log-format", "log-level"} {
+		"term-grace", "kill-after", "cloud", "max-restarts", "metrics-addr", "log-format", "log-level", "signal"} {
 		runFlagEnv["SPOTAGENT_"+strings.ToUpper(strings.ReplaceAll(f, "-", "_"))] = true
 	}
 }

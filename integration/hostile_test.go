@@ -209,7 +209,7 @@ func TestHostile_Connections(t *testing.T) {
 			t.Fatalf("after the error: %v, want the connection closed", err)
 		}
 		p.waitEntry("connection closed", 10*time.Second, func(e logEntry) bool { return e.str("error") == "line too long" })
-		if _, took := dialRaw(t, sock).status(5 * time.Second); took > 2*time.Second {
+		if _, took := dialRaw(t, sock).status(10 * time.Second); took > 4*time.Second { // slack for a loaded machine
 			t.Fatalf("status took %s after the long line", took)
 		}
 	})
@@ -247,8 +247,8 @@ func TestHostile_Connections(t *testing.T) {
 			probes++
 		}
 		t.Logf("flood of %d lines (%d bytes): %d status probes, slowest reply %s", n, buf.Len(), probes, worst)
-		if worst > time.Second {
-			t.Fatalf("a status reply took %s during the flood, want under 1s", worst)
+		if worst > 3*time.Second { // starved would be the 5 s probe timeout; slack for a loaded machine
+			t.Fatalf("a status reply took %s during the flood, want under 3s", worst)
 		}
 		// The flooding connection itself is still served once it is done.
 		if st, _ := flood.status(10 * time.Second); st["step"].(float64) <= 0 {
@@ -307,7 +307,7 @@ func TestHostile_OtherUID(t *testing.T) {
 	if got := e.num("uid"); got != 65534 {
 		t.Fatalf("refused uid %d, want 65534", got)
 	}
-	if _, took := dialRaw(t, sock).status(5 * time.Second); took > 2*time.Second {
+	if _, took := dialRaw(t, sock).status(10 * time.Second); took > 4*time.Second { // slack for a loaded machine
 		t.Fatalf("status took %s", took)
 	}
 	p.signal(syscall.SIGTERM)

@@ -19,10 +19,10 @@ func TestRun_SignalFallback(t *testing.T) {
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
-	trainer := []string{"--", python, "python/examples/train_signal.py", "--steps", "3000", "--step-time", "0.005"}
+	trainer := []string{"--", python, "python/examples/train_signal.py", "--steps", "6000", "--step-time", "0.005"}
 	out := filepath.Join(dir, "out.json")
 
-	refCmd := exec.Command(python, "python/examples/train_signal.py", "--steps", "3000", "--out", filepath.Join(dir, "ref.json"))
+	refCmd := exec.Command(python, "python/examples/train_signal.py", "--steps", "6000", "--out", filepath.Join(dir, "ref.json"))
 	refCmd.Dir = repo
 	ref := startCmd(t, refCmd)
 	if code := ref.wait(time.Minute); code != 0 {

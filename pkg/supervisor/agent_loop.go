@@ -24,6 +24,7 @@ type Agent struct {
 	log        *zap.Logger
 	conns      map[uint64]*Conn // trainers that said hello to this run
 	acks       sync.WaitGroup   // cloud event acknowledgements in flight
+	journals   sync.WaitGroup   // journal updates in flight
 	hadTrainer bool
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
@@ -371,12 +372,14 @@ func (a *Agent) stopChild() {
 // finish waits (bounded) for acknowledgements in flight and records the
 // end of the session in the journal.
 func (a *Agent) finish() {
+	// The interruption's record and the cloud's acknowledgement are
+	// written beside the loop: both must land before the agent exits.
 	acked := make(chan struct{})
-	go func() { a.acks.Wait(); close(acked) }()
+	go func() { a.acks.Wait(); a.journals.Wait(); close(acked) }()
 	select {
 	case <-acked:
 	case <-time.After(10 * time.Second):
-		a.log.Warn("event acknowledgement still in flight at exit")
+		a.log.Warn("event acknowledgement or journal update still in flight at exit")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -400,7 +403,9 @@ func (a *Agent) runSeconds() float64 { return a.ranBefore + time.Since(a.started
 
 // journalAsync applies fn to the journal and saves it in the background.
 func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
+	a.journals.Add(1)
 	go func() {
+		defer a.journals.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := a.journal.Update(ctx, fn); err != nil && !errors.Is(err, context.Canceled) {

@@ -24,6 +24,13 @@ func waitRequests(t *testing.T, f fake.Server, n int64) {
 	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
 }
 
+// waitTotal waits until the fake has served n requests in all: for waits
+// right after Watch starts, whose first requests may already be in.
+func waitTotal(t *testing.T, f fake.Server, n int64) {
+	t.Helper()
+	metatest.WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
+}
+
 func TestIdentity(t *testing.T) {
 	f := fake.NewAzure(fake.AzureOptions{VMName: "vm-a", VMID: "id-1", VMSize: "Standard_ND96asr_v4", Location: "westeurope", Zone: "2", Priority: "Spot"})
 	defer f.Close()
@@ -53,7 +60,7 @@ func TestWatch(t *testing.T) {
 		src := newSource(f)
 		ch, _ := metatest.Watch(t, src)
 		ev, _ := f.Preempt()
-		n := metatest.Next(t, ch, 2*time.Second)
+		n := metatest.Next(t, ch, 10*time.Second)
 		if n.Kind != metadata.KindTermination || n.ID != ev.EventId || n.Action != "Preempt" || !n.Deadline.Equal(ev.NotBefore) {
 			t.Fatalf("notice=%+v, want termination %s at %v", n, ev.EventId, ev.NotBefore)
 		}
@@ -77,7 +84,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		ch, _ := metatest.Watch(t, newSource(f))
 		f.AddEvent(fake.AzureEvent{EventType: "Terminate", EventStatus: "Started"})
-		n := metatest.Next(t, ch, 2*time.Second)
+		n := metatest.Next(t, ch, 10*time.Second)
 		if n.Kind != metadata.KindTermination {
 			t.Fatalf("notice=%+v, want termination", n)
 		}
@@ -91,7 +98,7 @@ func TestWatch(t *testing.T) {
 		waitRequests(t, f, 4)
 		metatest.NoNotice(t, ch)
 		f.AddEvent(fake.AzureEvent{EventType: "Preempt", Resources: []string{"someone-else", "MINE"}, NotBefore: time.Now().Add(time.Minute)})
-		if n := metatest.Next(t, ch, 2*time.Second); n.Kind != metadata.KindTermination {
+		if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
 			t.Fatalf("notice=%+v, want termination", n)
 		}
 	})
@@ -102,12 +109,12 @@ func TestWatch(t *testing.T) {
 			ch, stop := metatest.Watch(t, newSource(f))
 			nb := time.Now().Add(10 * time.Minute).Truncate(time.Second)
 			ev, _ := f.AddEvent(fake.AzureEvent{EventType: typ, NotBefore: nb, DurationInSeconds: 10})
-			n := metatest.Next(t, ch, 2*time.Second)
+			n := metatest.Next(t, ch, 10*time.Second)
 			if n.Kind != metadata.KindMaintenance || n.Action != typ || !n.Deadline.Equal(nb) {
 				t.Fatalf("notice=%+v, want maintenance/%s at %v", n, typ, nb)
 			}
 			f.RemoveEvent(ev.EventId)
-			c := metatest.Next(t, ch, 2*time.Second)
+			c := metatest.Next(t, ch, 10*time.Second)
 			if c.Kind != metadata.KindCancelled || c.ID != ev.EventId {
 				t.Fatalf("notice=%+v, want cancelled %s", c, ev.EventId)
 			}
@@ -119,7 +126,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		f.SetFault(fake.FaultHang)
 		_, stop := metatest.Watch(t, azure.New(azure.Config{Endpoint: f.URL(), RequestTimeout: time.Minute}, nil))
-		waitRequests(t, f, 1)
+		waitTotal(t, f, 1) // the one request, hanging
 		stop()
 	})
 }
@@ -139,7 +146,7 @@ func TestWatch_Faults(t *testing.T) {
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Preempt()
-			if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+			if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
 				t.Fatalf("notice=%+v, want termination", n)
 			}
 		})
@@ -154,7 +161,7 @@ func TestWatch_FaultBeforeName(t *testing.T) {
 	waitRequests(t, f, 4)
 	f.SetFault(fake.FaultNone)
 	f.Preempt()
-	if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
 		t.Fatalf("notice=%+v, want termination", n)
 	}
 }

@@ -79,7 +79,7 @@ func openNone(t *testing.T, cfg detect.Config) {
 	if got := src.Cloud(); got != metadata.CloudNone {
 		t.Fatalf("cloud=%s, want none", got)
 	}
-	if d := time.Since(start); d > cfg.ProbeTimeout+time.Second {
+	if d := time.Since(start); d > cfg.ProbeTimeout+5*time.Second { // slack for a loaded machine
 		t.Fatalf("detection took %v, want at most about %v", d, cfg.ProbeTimeout)
 	}
 	id, err := src.Identity(context.Background())
@@ -100,7 +100,7 @@ func openNone(t *testing.T, cfg detect.Config) {
 		if err != nil {
 			t.Fatalf("none Watch returned %v", err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("none Watch still running after its context ended")
 	}
 }

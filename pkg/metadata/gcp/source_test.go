@@ -21,6 +21,13 @@ func waitRequests(t *testing.T, f fake.Server, n int64) {
 	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
 }
 
+// waitTotal waits until the fake has served n requests in all: for waits
+// right after Watch starts, whose first requests may already be in.
+func waitTotal(t *testing.T, f fake.Server, n int64) {
+	t.Helper()
+	metatest.WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
+}
+
 func TestIdentity(t *testing.T) {
 	f := fake.NewGCP(fake.GCPOptions{InstanceID: "42", Name: "trainer-7", Zone: "projects/1/zones/europe-west4-a",
 		MachineType: "projects/1/machineTypes/a2-ultragpu-1g", Preemptible: "TRUE"})
@@ -50,9 +57,9 @@ func TestWatch(t *testing.T) {
 		f := fake.NewGCP(fake.GCPOptions{})
 		defer f.Close()
 		ch, _ := metatest.Watch(t, newSource(f))
-		waitRequests(t, f, 4) // both keys read, both hanging GETs open
+		waitTotal(t, f, 4) // both keys read, both hanging GETs open
 		f.Preempt()
-		n := metatest.Next(t, ch, 2*time.Second)
+		n := metatest.Next(t, ch, 10*time.Second)
 		if n.Kind != metadata.KindTermination || n.Action != "preempted" || n.Cloud != metadata.CloudGCP {
 			t.Fatalf("notice=%+v, want termination/preempted", n)
 		}
@@ -69,13 +76,13 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		f.Maintenance(fake.GCPMaintenanceMigrate)
 		ch, _ := metatest.Watch(t, newSource(f))
-		n := metatest.Next(t, ch, 2*time.Second)
+		n := metatest.Next(t, ch, 10*time.Second)
 		if n.Kind != metadata.KindMaintenance || n.Action != fake.GCPMaintenanceMigrate {
 			t.Fatalf("notice=%+v, want maintenance/migrate", n)
 		}
 		metatest.Within(t, "deadline", n.Deadline, n.Detected.Add(60*time.Second), time.Millisecond)
 		f.Maintenance(fake.GCPMaintenanceNone)
-		c := metatest.Next(t, ch, 2*time.Second)
+		c := metatest.Next(t, ch, 10*time.Second)
 		if c.Kind != metadata.KindCancelled || c.ID != n.ID {
 			t.Fatalf("notice=%+v, want cancelled with id %s", c, n.ID)
 		}
@@ -85,9 +92,9 @@ func TestWatch(t *testing.T) {
 			f := fake.NewGCP(fake.GCPOptions{})
 			defer f.Close()
 			ch, stop := metatest.Watch(t, newSource(f))
-			waitRequests(t, f, 4)
+			waitTotal(t, f, 4)
 			f.Maintenance(v)
-			n := metatest.Next(t, ch, 2*time.Second)
+			n := metatest.Next(t, ch, 10*time.Second)
 			if n.Kind != metadata.KindTermination || n.Action != v {
 				t.Fatalf("notice=%+v, want termination/%s", n, v)
 			}
@@ -99,8 +106,8 @@ func TestWatch(t *testing.T) {
 		f := fake.NewGCP(fake.GCPOptions{})
 		defer f.Close()
 		_, stop := metatest.Watch(t, gcp.New(gcp.Config{Host: f.Host()}, nil)) // 60 s hanging GETs
-		waitRequests(t, f, 4)
-		stop() // fails unless Watch returns within a second
+		waitTotal(t, f, 4)
+		stop() // fails unless Watch returns within 5 s, not the 60 s of the GET
 	})
 }
 
@@ -117,7 +124,7 @@ func TestWatch_Faults(t *testing.T) {
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Preempt()
-			if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+			if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
 				t.Fatalf("notice=%+v, want termination", n)
 			}
 		})
@@ -132,13 +139,13 @@ func TestWatch_FaultDuringHangingGET(t *testing.T) {
 			f := fake.NewGCP(fake.GCPOptions{MaxWait: 50 * time.Millisecond})
 			defer f.Close()
 			ch, _ := metatest.Watch(t, newSource(f))
-			waitRequests(t, f, 4)
+			waitTotal(t, f, 4)
 			f.SetFault(fault)
 			waitRequests(t, f, 6)
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Maintenance(fake.GCPMaintenanceTerminate)
-			if n := metatest.Next(t, ch, 3*time.Second); n.Kind != metadata.KindTermination {
+			if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
 				t.Fatalf("notice=%+v, want termination", n)
 			}
 		})
