@@ -149,7 +149,7 @@ func TestWatch(t *testing.T) {
 		src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: time.Minute}, nil)
 		_, stop := metatest.Watch(t, src)
 		waitTotal(t, f, 1) // the one request, hanging
-		stop() // fails the test unless Watch returns within 5 s, not the minute of the request
+		stop()             // fails the test unless Watch returns within 5 s, not the minute of the request
 	})
 }
 
