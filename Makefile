@@ -3,13 +3,18 @@ GO      ?= go
 BIN     := bin/spotagent
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
+# disable_grpc_modules drops the gRPC DirectPath/xDS/RLS code that
+# cloud.google.com/go/storage links by default (we use its JSON/HTTP
+# client): ~150 fewer package inits, ~7 MiB less idle RSS. CGO_ENABLED=0
+# makes a static binary (no libc); tests keep cgo for the race detector.
+TAGS    := disable_grpc_modules
 
 .PHONY: all build demo test test-go test-python fuzz lint bench soak clean
 
 all: build
 
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/spotagent
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/spotagent
 
 # The main job on the embedded default: a trainer under `spotagent run` with
 # a file:// store, a spot notice part-way, a restart that resumes.
@@ -24,10 +29,10 @@ test:
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet -tags '$(TAGS)' ./...
 
 test-go:
-	$(GO) test -race -timeout 30m ./...
+	$(GO) test -race -tags '$(TAGS)' -timeout 30m ./...
 
 test-python:
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v

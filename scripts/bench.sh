@@ -29,7 +29,7 @@ if [ ! -x "$MINIO" ]; then
   rmdir "$tmp"
 fi
 
-[ -x bin/spotagent ] || "$GO" build -o bin/spotagent ./cmd/spotagent
+[ -x bin/spotagent ] || make build GO="$GO" # the shipped build: tags and flags matter for RSS
 "$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
 
 cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio; }
