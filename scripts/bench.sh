@@ -35,5 +35,5 @@ fi
 cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio; }
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
-  -reps "${SPOTBENCH_REPS:-3}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
+  -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
   -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate}"
