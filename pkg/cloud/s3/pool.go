@@ -8,16 +8,20 @@ import (
 )
 
 // bufPool hands out part buffers under one byte budget shared by every Put
-// of a store. Buffers of the standard part size are kept and reused, never
-// left to the GC: dropping 16 MiB slices would let the heap (and RSS) grow
-// to twice the budget between collections.
+// of a store. While uploads run, buffers of the standard part size are kept
+// and reused, never left to the GC: dropping 16 MiB slices would let the
+// heap (and RSS) grow to twice the budget between collections. When the
+// last buffer comes back the idle ones are let go, so that an agent between
+// checkpoints (or a node agent with many runs, one store each) does not
+// hold the whole budget for nothing.
 type bufPool struct {
 	sem    *semaphore.Weighted
 	budget int64
 	part   int64 // size of the reusable buffers
 
-	mu   sync.Mutex
-	free [][]byte
+	mu    sync.Mutex
+	free  [][]byte
+	inUse int // buffers handed out and not yet returned
 }
 
 func newBufPool(budget, part int64) *bufPool {
@@ -33,6 +37,7 @@ func (p *bufPool) get(ctx context.Context, n int64) ([]byte, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.inUse++
 	if n == p.part && len(p.free) > 0 {
 		b := p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
@@ -49,10 +54,21 @@ func (p *bufPool) get(ctx context.Context, n int64) ([]byte, error) {
 // put returns a buffer from get, with its length unchanged.
 func (p *bufPool) put(b []byte) {
 	n := int64(len(b))
-	if n == p.part {
-		p.mu.Lock()
+	p.mu.Lock()
+	p.inUse--
+	switch {
+	case p.inUse == 0:
+		p.free = nil // idle: the GC and the scavenger give it back
+	case n == p.part:
 		p.free = append(p.free, b)
-		p.mu.Unlock()
 	}
+	p.mu.Unlock()
 	p.sem.Release(min(n, p.budget))
+}
+
+// idle reports the buffers kept for reuse (for tests).
+func (p *bufPool) idle() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.free)
 }
