@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -79,5 +80,33 @@ func TestRun_SignalFallbackNoHandler(t *testing.T) {
 	}
 	if regexp.MustCompile(`checkpoint committed`).MatchString(p.output()) {
 		t.Fatal("a checkpoint was committed for a trainer that never saved one")
+	}
+}
+
+// TestRun_SignalFallbackTrainerDies: a trainer that dies of the shutdown
+// request (its handler exits without saving) fails it at once rather than
+// at the deadline; the agent exits with the trainer's code, commits
+// nothing, and asks nothing more of a trainer that is gone.
+func TestRun_SignalFallbackTrainerDies(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	script := `import os, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda s, f: os._exit(3))
+print("handler " + "installed", flush=True)
+time.sleep(120)`
+	p := start(t, nil, append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "SIGUSR1", "--term-grace", "60s"),
+		"--", python, "-c", script)...)
+	p.waitLine(`^handler installed$`, time.Minute) // not the command line the agent logs
+	p.signal(syscall.SIGTERM)
+	p.waitLine(`trainer could not save the checkpoint.*exited before saving`, time.Minute)
+	if code := p.wait(30 * time.Second); code != 3 { // well before the 60 s grace
+		t.Fatalf("exit code %d, want the trainer's 3", code)
+	}
+	out := p.output()
+	if regexp.MustCompile(`checkpoint committed`).MatchString(out) {
+		t.Fatal("a checkpoint was committed for a trainer that never saved one")
+	}
+	if strings.Contains(out, "trainer not running") {
+		t.Fatal("a request was sent after the trainer was gone")
 	}
 }

@@ -26,7 +26,7 @@ func cmdRun(args []string) int {
 	var o agentOptions
 	o.register(fs, false)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
-	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1, SIGUSR2, SIGHUP) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
+	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1 or SIGUSR2) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: spotagent run [flags] -- COMMAND [ARGS...]")
 		fs.PrintDefaults()

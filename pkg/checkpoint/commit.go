@@ -75,8 +75,13 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		for _, f := range files {
 			total += f.size
 		}
-		deadline, _ := ctx.Deadline()
-		gctx, release, aerr := c.Gate.Acquire(ctx, Claim{Urgent: req.Urgent, Deadline: deadline, Bytes: total})
+		claim := Claim{Urgent: req.Urgent, Bytes: total}
+		if req.Urgent {
+			// Only an interruption's deadline orders the queue; a periodic
+			// commit's bound is a safety net, not a deadline.
+			claim.Deadline, _ = ctx.Deadline()
+		}
+		gctx, release, aerr := c.Gate.Acquire(ctx, claim)
 		if aerr != nil {
 			return nil, fmt.Errorf("commit: waiting for an upload slot: %w", aerr)
 		}

@@ -58,7 +58,7 @@ func (g *Gate) Acquire(ctx context.Context, c Claim) (context.Context, func(), e
 	g.waiting = append(g.waiting, t)
 	g.dispatch()
 	if c.Urgent && !g.held[t] {
-		g.preemptOne()
+		g.preempt()
 	}
 	g.mu.Unlock()
 	release := func() {
@@ -107,17 +107,33 @@ func (g *Gate) dispatch() {
 	}
 }
 
-// preemptOne cancels the periodic holder with the latest deadline, if any.
-// g.mu is held; the slot frees when that commit returns and releases it.
-func (g *Gate) preemptOne() {
-	var victim *ticket
-	for t := range g.held {
-		if !t.Urgent && !t.preempted && (victim == nil || victim.before(t)) {
-			victim = t
+// preempt cancels periodic holders, the latest deadline first, until
+// every urgent waiter has a slot on its way: a holder already preempted and
+// not yet released counts as one. g.mu is held; a slot frees when its
+// commit returns and releases it.
+func (g *Gate) preempt() {
+	urgent, leaving := 0, 0
+	for _, t := range g.waiting {
+		if t.Urgent {
+			urgent++
 		}
 	}
-	if victim != nil {
-		victim.preempted = true // on its way out
+	for t := range g.held {
+		if t.preempted {
+			leaving++
+		}
+	}
+	for ; leaving < urgent; leaving++ {
+		var victim *ticket
+		for t := range g.held {
+			if !t.Urgent && !t.preempted && (victim == nil || victim.before(t)) {
+				victim = t
+			}
+		}
+		if victim == nil {
+			return
+		}
+		victim.preempted = true
 		victim.preempt(ErrPreempted)
 	}
 }

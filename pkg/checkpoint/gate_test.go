@@ -233,3 +233,42 @@ func TestCommitter_GateAcrossRuns(t *testing.T) {
 		t.Fatalf("urgent run's latest.json: %+v %v", l, err)
 	}
 }
+
+// TestGate_PreemptOncePerUrgentWaiter: an urgent waiter cancels one
+// periodic holder; a holder already on its way out counts, so an urgent
+// waiter that arrives after an earlier one gave up cancels nothing more.
+func TestGate_PreemptOncePerUrgentWaiter(t *testing.T) {
+	g := NewGate(2)
+	p1, rel1, _ := g.Acquire(context.Background(), Claim{Bytes: 1})
+	p2, rel2, _ := g.Acquire(context.Background(), Claim{Bytes: 2})
+	ctx, giveUp := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := g.Acquire(ctx, Claim{Urgent: true})
+		errc <- err
+	}()
+	waitGate(t, g, 1)
+	// One urgent waiter: one holder (the later in order: the larger) cancelled.
+	if p2.Err() == nil || p1.Err() != nil {
+		t.Fatalf("p1 err %v, p2 err %v; want only p2 cancelled", p1.Err(), p2.Err())
+	}
+	giveUp()
+	if err := <-errc; err == nil {
+		t.Fatal("the urgent waiter that gave up was admitted")
+	}
+	admitted := make(chan func(), 1)
+	go func() {
+		_, rel, err := g.Acquire(context.Background(), Claim{Urgent: true})
+		if err != nil {
+			t.Error(err)
+		}
+		admitted <- rel
+	}()
+	waitGate(t, g, 1)
+	if p1.Err() != nil {
+		t.Fatal("p1 cancelled although p2's slot is already on its way to the new urgent waiter")
+	}
+	rel2() // p2 leaves: its slot goes to the urgent waiter
+	(<-admitted)()
+	rel1()
+}

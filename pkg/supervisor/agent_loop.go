@@ -100,21 +100,19 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}()
 	}
 	if len(cfg.Command) > 0 {
-		if err := a.startChild(); err != nil {
-			return 1, err
-		}
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, root: cfg.CheckpointDir,
 				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
 			bctx, stopBridge := context.WithCancel(context.Background())
 			bridgeDone := make(chan struct{})
-			go func() {
-				defer close(bridgeDone)
-				if err := b.run(bctx); err != nil {
-					a.log.Error("signal fallback ended", zap.Error(err))
-				}
-			}()
+			go func() { defer close(bridgeDone); b.serve(bctx) }()
 			defer func() { stopBridge(); <-bridgeDone }()
+			// Take the bridge's hello before the child starts, so that a
+			// notice or signal at once finds a trainer to ask.
+			a.awaitTrainer(srv.Events(), 10*time.Second)
+		}
+		if err := a.startChild(); err != nil {
+			return 1, err
 		}
 	}
 	cfg.Metrics.Ready(true)
@@ -176,6 +174,22 @@ func (a *Agent) startChild() error {
 	a.childPID.Store(int64(c.PID()))
 	a.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", a.cfg.Command), zap.Int("restarts", a.restarts))
 	return nil
+}
+
+// awaitTrainer handles socket events until a trainer has said hello, or
+// for at most timeout.
+func (a *Agent) awaitTrainer(events <-chan Event, timeout time.Duration) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for len(a.conns) == 0 {
+		select {
+		case ev := <-events:
+			a.onEvent(ev)
+		case <-deadline.C:
+			a.log.Warn("signal fallback: not connected after " + timeout.String())
+			return
+		}
+	}
 }
 
 // loop is the agent's single state-owning goroutine.
@@ -291,12 +305,21 @@ func (a *Agent) checkDone() {
 
 func (a *Agent) onChildExit() {
 	code := a.child.ExitCode()
+	a.childPID.Store(0) // the pid may be reused: nothing may signal it now
 	a.childDone = nil
 	a.exitCode = code
 	a.killing = false
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()))
 	for id, r := range a.pending {
 		if r.urgent() {
+			if a.cfg.Signal != 0 {
+				// The signal bridge speaks for this child alone and
+				// stays connected: nobody else will answer.
+				delete(a.pending, id)
+				os.RemoveAll(r.dir)
+				a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
+				a.stopFailed(r.stop, "trainer exited before saving", time.Now())
+			}
 			continue // requestExpired or the disconnects settle it
 		}
 		delete(a.pending, id)
@@ -415,5 +438,12 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 	}()
 }
 
-// trainers counts connections that said hello.
-func (a *Agent) trainers() int { return len(a.conns) }
+// trainers counts connections that said hello. The signal bridge stays
+// connected while the child it speaks for is not running (exited, or
+// waiting to restart): then nobody can answer a request.
+func (a *Agent) trainers() int {
+	if a.cfg.Signal != 0 && a.childDone == nil {
+		return 0
+	}
+	return len(a.conns)
+}

@@ -48,7 +48,25 @@ type signalBridge struct {
 	log    *zap.Logger
 }
 
-// run serves until ctx ends or the agent closes the connection.
+// serve runs the bridge until ctx ends, connecting again (after a second)
+// if the agent drops the connection: without the bridge the trainer would
+// get no checkpoint requests at all.
+func (b *signalBridge) serve(ctx context.Context) {
+	for {
+		err := b.run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		b.log.Error("signal fallback: connection to the agent lost, reconnecting", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// run serves one connection until ctx ends or the agent closes it.
 func (b *signalBridge) run(ctx context.Context) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", b.socket)
@@ -68,7 +86,11 @@ func (b *signalBridge) run(ctx context.Context) error {
 		for sc.Scan() {
 			var m Message
 			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				msgs <- m
+				select {
+				case msgs <- m:
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
 	}()
@@ -95,7 +117,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 			return nil
 		case m, ok := <-msgs:
 			if !ok {
-				return nil
+				return errors.New("connection closed by the agent")
 			}
 			switch m.Type {
 			case TypeWelcome:
@@ -103,12 +125,13 @@ func (b *signalBridge) run(ctx context.Context) error {
 					lastStep = m.Resume.Step
 				}
 			case TypeCheckpoint:
-				if err := b.signal(reqPath, m); err != nil {
+				pid, err := b.signal(reqPath, m)
+				if err != nil {
 					b.log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
 					send(Message{Type: TypeFailed, ID: m.ID, Error: err.Error()})
 					continue
 				}
-				open[m.ID] = &bridgeRequest{id: m.ID, dir: m.Dir, deadline: derefTime(m.Deadline)}
+				open[m.ID] = &bridgeRequest{id: m.ID, dir: m.Dir, deadline: derefTime(m.Deadline), pid: pid}
 			case TypeCommitted:
 				if m.Step != nil && *m.Step > lastStep {
 					lastStep = *m.Step
@@ -126,8 +149,16 @@ func (b *signalBridge) run(ctx context.Context) error {
 				step, state := r.check(lastStep)
 				switch state {
 				case markerMissing:
-					if !r.deadline.IsZero() && now.After(r.deadline) {
+					switch {
+					case b.pid() != r.pid:
+						// The trainer exited (or was restarted) before it
+						// answered; the agent has settled the request.
+						delete(open, id)
+					case !r.deadline.IsZero() && now.After(r.deadline):
 						delete(open, id) // the agent has given up on it too
+					}
+					if len(open) == 0 {
+						os.Remove(reqPath)
 					}
 					continue
 				case markerUnreadable:
@@ -150,35 +181,36 @@ func (b *signalBridge) run(ctx context.Context) error {
 
 // signal writes the request file, then signals the child, unless the child
 // would die of the signal: a process that has not installed a handler yet.
-func (b *signalBridge) signal(reqPath string, m Message) error {
+func (b *signalBridge) signal(reqPath string, m Message) (int, error) {
 	pid := b.pid()
 	if pid <= 0 {
-		return errors.New("trainer not running")
+		return 0, errors.New("trainer not running")
 	}
 	if caught, known := signalCaught(pid, b.sig); known && !caught {
-		return fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, signalName(b.sig))
+		return 0, fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, signalName(b.sig))
 	}
 	body, err := json.MarshalIndent(SignalRequest{ID: m.ID, Dir: m.Dir, Reason: m.Reason, Deadline: derefTime(m.Deadline)}, "", "  ")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	tmp := reqPath + ".tmp"
 	if err := os.WriteFile(tmp, body, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", RequestFile, err)
+		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
 	}
 	if err := os.Rename(tmp, reqPath); err != nil {
-		return fmt.Errorf("write %s: %w", RequestFile, err)
+		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
 	}
 	if err := syscall.Kill(pid, b.sig); err != nil {
-		return fmt.Errorf("signal %s to pid %d: %w", signalName(b.sig), pid, err)
+		return 0, fmt.Errorf("signal %s to pid %d: %w", signalName(b.sig), pid, err)
 	}
 	b.log.Info("signal fallback: trainer signalled", zap.String("id", m.ID), zap.Int("pid", pid), zap.String("signal", signalName(b.sig)))
-	return nil
+	return pid, nil
 }
 
 type bridgeRequest struct {
 	id, dir  string
 	deadline time.Time
+	pid      int // the process signalled
 	sawEmpty bool
 }
 
@@ -245,10 +277,10 @@ func ParseSignal(s string) (syscall.Signal, error) {
 		return syscall.SIGUSR1, nil
 	case "USR2":
 		return syscall.SIGUSR2, nil
-	case "HUP":
-		return syscall.SIGHUP, nil
 	}
-	return 0, fmt.Errorf("want SIGUSR1, SIGUSR2 or SIGHUP, got %q", s)
+	// Not SIGHUP: many runtimes (Go, the JVM, torchrun) catch it and
+	// still terminate, which the handler check cannot tell.
+	return 0, fmt.Errorf("want SIGUSR1 or SIGUSR2, got %q", s)
 }
 
 func signalName(sig syscall.Signal) string {
@@ -257,8 +289,6 @@ func signalName(sig syscall.Signal) string {
 		return "SIGUSR1"
 	case syscall.SIGUSR2:
 		return "SIGUSR2"
-	case syscall.SIGHUP:
-		return "SIGHUP"
 	}
 	return sig.String()
 }

@@ -50,11 +50,19 @@ def write_atomic(path, data):
 
 def save(step, value):
     """Answer the agent's request: files first, the marker last."""
-    with open(os.environ["SPOTAGENT_REQUEST_FILE"]) as f:
-        req = json.load(f)
-    write_atomic(os.path.join(req["dir"], STATE_FILE), json.dumps({"step": step, "value": value}))
-    marker = os.path.join(req["dir"], os.environ.get("SPOTAGENT_DONE_MARKER", "SPOTAGENT_DONE"))
-    write_atomic(marker, str(step))
+    try:
+        with open(os.environ["SPOTAGENT_REQUEST_FILE"]) as f:
+            req = json.load(f)
+    except (OSError, ValueError) as e:  # the request ended (deadline) before we got to it
+        print("no checkpoint request to answer: %s" % e, flush=True)
+        return
+    try:
+        write_atomic(os.path.join(req["dir"], STATE_FILE), json.dumps({"step": step, "value": value}))
+        marker = os.path.join(req["dir"], os.environ.get("SPOTAGENT_DONE_MARKER", "SPOTAGENT_DONE"))
+        write_atomic(marker, str(step))
+    except OSError as e:  # the agent gave up on this request and removed its dir
+        print("checkpoint at step %d not saved: %s" % (step, e), flush=True)
+        return
     print("checkpoint saved at step %d (%s)" % (step, req["reason"]), flush=True)
 
 
