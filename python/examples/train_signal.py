@@ -5,9 +5,10 @@ Run it under `spotagent run --signal SIGUSR1 -- python3 train_signal.py`. The
 agent asks for a checkpoint by writing $SPOTAGENT_REQUEST_FILE (JSON: id, dir,
 reason, deadline) and sending SIGUSR1. The handler only sets a flag; at the
 next step boundary the trainer saves into the request's dir and then creates
-the marker file SPOTAGENT_DONE there, holding the step. After the interruption
-checkpoint is committed the agent sends SIGTERM. On start, a restored
-checkpoint is in $SPOTAGENT_RESUME_DIR.
+the marker file SPOTAGENT_DONE there, holding the step. Once the interruption
+(or shutdown) checkpoint is committed, or has failed, the agent sends SIGTERM.
+On start, a restored checkpoint is in $SPOTAGENT_RESUME_DIR. The agent signals
+the process it started: run this with `exec`, not behind a shell or launcher.
 
 This is the pattern to copy into a framework's own handler (PyTorch Lightning,
 a shell script): no library, standard library only. Its "model" is a
