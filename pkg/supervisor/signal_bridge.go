@@ -109,7 +109,10 @@ func (b *signalBridge) run(ctx context.Context) error {
 
 	var lastStep int64 = -1
 	open := map[string]*bridgeRequest{} // requests signalled, marker not seen yet
+	// The marker is polled only while a request is open: an idle bridge
+	// does not wake up.
 	ticker := time.NewTicker(b.poll)
+	ticker.Stop()
 	defer ticker.Stop()
 	for {
 		select {
@@ -132,6 +135,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 					continue
 				}
 				open[m.ID] = &bridgeRequest{id: m.ID, dir: m.Dir, deadline: derefTime(m.Deadline), pid: pid}
+				ticker.Reset(b.poll)
 			case TypeCommitted:
 				if m.Step != nil && *m.Step > lastStep {
 					lastStep = *m.Step
@@ -147,33 +151,26 @@ func (b *signalBridge) run(ctx context.Context) error {
 		case now := <-ticker.C:
 			for id, r := range open {
 				step, state := r.check(lastStep)
-				switch state {
-				case markerMissing:
-					switch {
-					case b.pid() != r.pid:
-						// The trainer exited (or was restarted) before it
-						// answered; the agent has settled the request.
+				if state == markerMissing {
+					// Dropped when the trainer exited or restarted, or at
+					// the deadline: the agent has settled it either way.
+					if b.pid() != r.pid || (!r.deadline.IsZero() && now.After(r.deadline)) {
 						delete(open, id)
-					case !r.deadline.IsZero() && now.After(r.deadline):
-						delete(open, id) // the agent has given up on it too
-					}
-					if len(open) == 0 {
-						os.Remove(reqPath)
 					}
 					continue
-				case markerUnreadable:
+				}
+				if state == markerUnreadable {
 					b.log.Warn("signal fallback: done marker without a step number: numbering it", zap.String("id", id), zap.Int64("step", step))
 				}
 				delete(open, id)
-				if step > lastStep {
-					lastStep = step
-				}
-				if len(open) == 0 {
-					os.Remove(reqPath)
-				}
+				lastStep = max(lastStep, step)
 				if err := send(Message{Type: TypeDone, ID: id, Step: &step}); err != nil {
 					return fmt.Errorf("signal bridge: done: %w", err)
 				}
+			}
+			if len(open) == 0 {
+				ticker.Stop()
+				os.Remove(reqPath)
 			}
 		}
 	}
