@@ -4,7 +4,7 @@
 # prints the same report. Scratch data goes under $SPOTBENCH_WORK (default
 # /tmp/spotbench) and is removed at the end. Never part of `make test`.
 #
-# Knobs (environment): SPOTBENCH_REPS (3), SPOTBENCH_E2E_REPS (3),
+# Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
 # SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate).
 set -euo pipefail

@@ -50,9 +50,9 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
 	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")
 	fs.StringVar(&o.interval, "interval", "auto", "periodic checkpoint interval: auto (Young/Daly) or a duration such as 15m")
-	fs.DurationVar(&o.minInterval, "min-interval", time.Minute, "shortest adaptive interval")
-	fs.DurationVar(&o.maxInterval, "max-interval", 2*time.Hour, "longest adaptive interval")
-	fs.Float64Var(&o.interruptionRate, "interruption-rate", 0.05, "prior interruptions per hour, for the adaptive interval")
+	fs.DurationVar(&o.minInterval, "min-interval", checkpoint.DefaultMinInterval, "shortest adaptive interval")
+	fs.DurationVar(&o.maxInterval, "max-interval", checkpoint.DefaultMaxInterval, "longest adaptive interval")
+	fs.Float64Var(&o.interruptionRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "prior interruptions per hour, for the adaptive interval")
 	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
@@ -156,7 +156,7 @@ func logConfig(log *zap.Logger, fs *flag.FlagSet) {
 	log.Info("effective configuration", fields...)
 }
 
-// openStoreOrExit opens the store and checks it is reachable, so that a bad
+// openStore opens the store and checks it is reachable, so that a bad
 // URI or credentials fail before any trainer starts.
 func openStore(ctx context.Context, uri string, so storeOptions, log *zap.Logger) (cloud.Store, error) {
 	if uri == "" {

@@ -24,7 +24,7 @@ func cmdFakeMetadata(args []string) int {
 	if err := parseFlags(fs, args); err != nil {
 		return 2
 	}
-	log, err := watchLogger(*level)
+	log, err := newLogger("console", *level)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "spotagent fake-metadata:", err)
 		return 2

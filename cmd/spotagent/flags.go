@@ -7,15 +7,14 @@ import (
 	"strings"
 )
 
-// newFlagSet returns a FlagSet for one command. Call envDefaults after
-// defining the flags and before Parse: every flag then takes its default
-// from SPOTAGENT_<FLAG> (upper case, dashes as underscores) when set.
+// newFlagSet returns a FlagSet for one command. Parse it with parseFlags.
 func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("spotagent "+name, flag.ContinueOnError)
-	return fs
+	return flag.NewFlagSet("spotagent "+name, flag.ContinueOnError)
 }
 
-// parseFlags applies the environment fallbacks, then parses args.
+// parseFlags applies the environment fallbacks, then parses args: every
+// flag takes its default from SPOTAGENT_<FLAG> (upper case, dashes as
+// underscores) when that is set.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {

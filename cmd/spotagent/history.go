@@ -77,7 +77,7 @@ func printJournal(j *checkpoint.Journal) {
 }
 
 func orDash(s string) string {
-	if s == "" || s == " " {
+	if s == "" {
 		return "-"
 	}
 	return s

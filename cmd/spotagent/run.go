@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -83,10 +84,8 @@ func cmdNode(args []string) int {
 // socket or cloud setting fails here with one line, before any trainer runs.
 // With node set it serves every run on the machine (spotagent node).
 func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) int {
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "spotagent %s: %v\n", fs.Name()[len("spotagent "):], err)
-		return 1
-	}
+	name := strings.TrimPrefix(fs.Name(), "spotagent ")
+	fail := func(err error) int { return failf(name, err) }
 	if err := o.resolve(); err != nil {
 		return fail(err)
 	}

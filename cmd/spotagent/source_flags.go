@@ -22,7 +22,7 @@ func (o *sourceOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.cfg.PollInterval, "poll-interval", time.Second, "metadata poll interval (AWS, Azure; GCP uses hanging GETs)")
 	fs.StringVar(&o.cfg.AWSEndpoint, "aws-imds-endpoint", "", "AWS IMDS endpoint (default from AWS_EC2_METADATA_SERVICE_ENDPOINT)")
 	fs.StringVar(&o.cfg.GCPHost, "gcp-metadata-host", "", "GCE metadata host:port (default from GCE_METADATA_HOST)")
-	fs.StringVar(&o.cfg.AzureEndpoint, "azure-metadata-endpoint", "", "Azure IMDS endpoint (default from SPOTAGENT_AZURE_METADATA_ENDPOINT)")
+	fs.StringVar(&o.cfg.AzureEndpoint, "azure-metadata-endpoint", "", "Azure IMDS endpoint (default http://169.254.169.254)")
 }
 
 // open returns the source and the machine's identity. An identity that
