@@ -58,7 +58,7 @@ func New() *Metrics {
 		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "spotagent_checkpoint_phase_seconds",
 			Help:    "Duration of checkpoint phases: save (request to done), upload, commit (done to committed).",
-			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12), // 10ms … ~10m
+			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12), // 10ms … ~4m
 		}, []string{"phase"}),
 		uploadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spotagent_uploaded_bytes_total",
