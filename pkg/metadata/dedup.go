@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+
+	"go.uber.org/zap"
 )
 
 // Dedup remembers the notices already delivered, by kind and ID, so that a
@@ -46,4 +48,10 @@ func Deliver(ctx context.Context, out chan<- Notice, n Notice) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// LogNotice logs a delivered notice.
+func LogNotice(log *zap.Logger, n Notice) {
+	log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
+		zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
 }

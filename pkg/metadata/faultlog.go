@@ -40,6 +40,3 @@ func (f *FaultLog) OK() {
 	f.log.Info(f.what+" recovered", zap.Int("failures_in_a_row", f.fails))
 	f.fails, f.nextAt = 0, 0
 }
-
-// Failing reports how many failures in a row were recorded.
-func (f *FaultLog) Failing() int { return f.fails }

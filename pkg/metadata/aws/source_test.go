@@ -18,20 +18,6 @@ func newSource(f *fake.AWS) *aws.Source {
 		MaxBackoff: 50 * time.Millisecond}, nil)
 }
 
-// waitPolls waits until the fake has served n more requests.
-func waitPolls(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	start := f.Requests()
-	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
-}
-
-// waitTotal waits until the fake has served n requests in all: for waits
-// right after Watch starts, whose first requests may already be in.
-func waitTotal(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	metatest.WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
-}
-
 func TestIdentity(t *testing.T) {
 	f := fake.NewAWS(fake.AWSOptions{InstanceID: "i-0abc", InstanceType: "p4d.24xlarge", Zone: "us-west-2b", Lifecycle: "spot"})
 	defer f.Close()
@@ -65,7 +51,7 @@ func TestWatch(t *testing.T) {
 		if n.ID == "" || n.Raw == "" {
 			t.Fatalf("notice without id or raw: %+v", n)
 		}
-		waitPolls(t, f, 12) // three more polls: the same notice is not delivered again
+		metatest.WaitRequests(t, f, 12) // three more polls: the same notice is not delivered again
 		metatest.NoNotice(t, ch)
 	})
 	t.Run("DespiteMetadataDisabledForCredentials", func(t *testing.T) {
@@ -111,7 +97,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		f.Maintenance(fake.AWSEvent{EventID: "instance-event-1", Code: "system-reboot", State: "completed", NotBefore: time.Now().Add(-time.Hour)})
 		ch, _ := metatest.Watch(t, newSource(f))
-		waitPolls(t, f, 12)
+		metatest.WaitRequests(t, f, 12)
 		metatest.NoNotice(t, ch)
 	})
 	t.Run("AutoScalingTerminated", func(t *testing.T) {
@@ -119,7 +105,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		f.SetLifecycleState("InService")
 		ch, _ := metatest.Watch(t, newSource(f))
-		waitPolls(t, f, 8)
+		metatest.WaitRequests(t, f, 8)
 		metatest.NoNotice(t, ch)
 		f.SetLifecycleState("Terminated")
 		n := metatest.Next(t, ch, 10*time.Second)
@@ -131,7 +117,7 @@ func TestWatch(t *testing.T) {
 		f := fake.NewAWS(fake.AWSOptions{})
 		defer f.Close()
 		ch, _ := metatest.Watch(t, newSource(f))
-		waitPolls(t, f, 8)
+		metatest.WaitRequests(t, f, 8)
 		before := f.TokenRequests()
 		f.RevokeTokens()
 		f.Terminate("terminate", time.Now().Add(2*time.Minute))
@@ -148,8 +134,8 @@ func TestWatch(t *testing.T) {
 		f.SetFault(fake.FaultHang)
 		src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: poll, RequestTimeout: time.Minute}, nil)
 		_, stop := metatest.Watch(t, src)
-		waitTotal(t, f, 1) // the one request, hanging
-		stop()             // fails the test unless Watch returns within 5 s, not the minute of the request
+		metatest.WaitTotal(t, f, 1) // the one request, hanging
+		stop()                      // fails the test unless Watch returns within 5 s, not the minute of the request
 	})
 }
 
@@ -163,7 +149,7 @@ func TestWatch_Faults(t *testing.T) {
 			f.SetLifecycleState("InService")
 			f.SetFault(fault)
 			ch, _ := metatest.Watch(t, newSource(f))
-			waitPolls(t, f, 6)
+			metatest.WaitRequests(t, f, 6)
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Terminate("terminate", time.Now().Add(2*time.Minute))
@@ -193,7 +179,7 @@ func TestWatch_HangingTokenEndpoint(t *testing.T) {
 	}
 	ch, _ := metatest.Watch(t, src)
 	f.Terminate("terminate", time.Now().Add(2*time.Minute))
-	waitPolls(t, f, 6)
+	metatest.WaitRequests(t, f, 6)
 	metatest.NoNotice(t, ch) // without a token IMDSv2 answers nothing, not even the notice
 	f.SetTokenFault(fake.FaultNone)
 	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {

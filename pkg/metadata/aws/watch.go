@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -80,8 +78,7 @@ func (w *watcher) poll(ctx context.Context) error {
 		}
 		for _, n := range ns {
 			if w.dedup.First(n) && metadata.Deliver(ctx, w.out, n) {
-				w.s.log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
-					zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
+				metadata.LogNotice(w.s.log, n)
 			}
 		}
 	}

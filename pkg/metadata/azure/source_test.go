@@ -18,19 +18,6 @@ func newSource(f *fake.Azure) *azure.Source {
 		MaxBackoff: 50 * time.Millisecond}, nil)
 }
 
-func waitRequests(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	start := f.Requests()
-	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
-}
-
-// waitTotal waits until the fake has served n requests in all: for waits
-// right after Watch starts, whose first requests may already be in.
-func waitTotal(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	metatest.WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
-}
-
 func TestIdentity(t *testing.T) {
 	f := fake.NewAzure(fake.AzureOptions{VMName: "vm-a", VMID: "id-1", VMSize: "Standard_ND96asr_v4", Location: "westeurope", Zone: "2", Priority: "Spot"})
 	defer f.Close()
@@ -76,7 +63,7 @@ func TestWatch(t *testing.T) {
 			t.Fatalf("acks=%v, want [%s]", got, ev.EventId)
 		}
 		// The event is now Started (a new incarnation): not a new notice.
-		waitRequests(t, f, 3)
+		metatest.WaitRequests(t, f, 3)
 		metatest.NoNotice(t, ch)
 	})
 	t.Run("BlankNotBeforeGetsDefaultGrace", func(t *testing.T) {
@@ -95,7 +82,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		ch, _ := metatest.Watch(t, newSource(f))
 		f.AddEvent(fake.AzureEvent{EventType: "Preempt", Resources: []string{"someone-else"}, NotBefore: time.Now().Add(time.Minute)})
-		waitRequests(t, f, 4)
+		metatest.WaitRequests(t, f, 4)
 		metatest.NoNotice(t, ch)
 		f.AddEvent(fake.AzureEvent{EventType: "Preempt", Resources: []string{"someone-else", "MINE"}, NotBefore: time.Now().Add(time.Minute)})
 		if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
@@ -126,7 +113,7 @@ func TestWatch(t *testing.T) {
 		defer f.Close()
 		f.SetFault(fake.FaultHang)
 		_, stop := metatest.Watch(t, azure.New(azure.Config{Endpoint: f.URL(), RequestTimeout: time.Minute}, nil))
-		waitTotal(t, f, 1) // the one request, hanging
+		metatest.WaitTotal(t, f, 1) // the one request, hanging
 		stop()
 	})
 }
@@ -140,9 +127,9 @@ func TestWatch_Faults(t *testing.T) {
 			f := fake.NewAzure(fake.AzureOptions{})
 			defer f.Close()
 			ch, _ := metatest.Watch(t, newSource(f))
-			waitRequests(t, f, 2)
+			metatest.WaitRequests(t, f, 2)
 			f.SetFault(fault)
-			waitRequests(t, f, 6)
+			metatest.WaitRequests(t, f, 6)
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Preempt()
@@ -158,7 +145,7 @@ func TestWatch_FaultBeforeName(t *testing.T) {
 	defer f.Close()
 	f.SetFault(fake.FaultGarbage)
 	ch, _ := metatest.Watch(t, newSource(f))
-	waitRequests(t, f, 4)
+	metatest.WaitRequests(t, f, 4)
 	f.SetFault(fake.FaultNone)
 	f.Preempt()
 	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -107,8 +105,7 @@ func (w *watcher) update(ctx context.Context, doc Document, raw string, now time
 		} else {
 			w.active[n.ID] = true
 		}
-		w.s.log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
-			zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
+		metadata.LogNotice(w.s.log, n)
 	}
 	w.incarnation = doc.Incarnation
 }

@@ -84,9 +84,6 @@ func StartAzure(addr string, opts AzureOptions) (*Azure, error) {
 // Env returns SPOTAGENT_AZURE_METADATA_ENDPOINT and the fake's URL.
 func (z *Azure) Env() (string, string) { return "SPOTAGENT_AZURE_METADATA_ENDPOINT", z.URL() }
 
-// VMName is the compute.name the fake reports.
-func (z *Azure) VMName() string { return z.opts.VMName }
-
 // AddEvent adds ev, or replaces the event with the same EventId, bumps the
 // DocumentIncarnation and returns when it was exposed. Empty fields take
 // ResourceType VirtualMachine, Resources [VMName], EventStatus Scheduled,
@@ -176,13 +173,6 @@ func (z *Azure) WaitAck(ctx context.Context, id string) error {
 			return fmt.Errorf("wait ack %s: %w", id, ctx.Err())
 		}
 	}
-}
-
-// Incarnation is the current DocumentIncarnation.
-func (z *Azure) Incarnation() int {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	return z.incarnation
 }
 
 func (z *Azure) index(id string) int {

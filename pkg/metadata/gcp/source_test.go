@@ -15,19 +15,6 @@ func newSource(f *fake.GCP) *gcp.Source {
 	return gcp.New(gcp.Config{Host: f.Host(), RequestTimeout: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, nil)
 }
 
-func waitRequests(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	start := f.Requests()
-	metatest.WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
-}
-
-// waitTotal waits until the fake has served n requests in all: for waits
-// right after Watch starts, whose first requests may already be in.
-func waitTotal(t *testing.T, f fake.Server, n int64) {
-	t.Helper()
-	metatest.WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
-}
-
 func TestIdentity(t *testing.T) {
 	f := fake.NewGCP(fake.GCPOptions{InstanceID: "42", Name: "trainer-7", Zone: "projects/1/zones/europe-west4-a",
 		MachineType: "projects/1/machineTypes/a2-ultragpu-1g", Preemptible: "TRUE"})
@@ -57,7 +44,7 @@ func TestWatch(t *testing.T) {
 		f := fake.NewGCP(fake.GCPOptions{})
 		defer f.Close()
 		ch, _ := metatest.Watch(t, newSource(f))
-		waitTotal(t, f, 4) // both keys read, both hanging GETs open
+		metatest.WaitTotal(t, f, 4) // both keys read, both hanging GETs open
 		f.Preempt()
 		n := metatest.Next(t, ch, 10*time.Second)
 		if n.Kind != metadata.KindTermination || n.Action != "preempted" || n.Cloud != metadata.CloudGCP {
@@ -92,7 +79,7 @@ func TestWatch(t *testing.T) {
 			f := fake.NewGCP(fake.GCPOptions{})
 			defer f.Close()
 			ch, stop := metatest.Watch(t, newSource(f))
-			waitTotal(t, f, 4)
+			metatest.WaitTotal(t, f, 4)
 			f.Maintenance(v)
 			n := metatest.Next(t, ch, 10*time.Second)
 			if n.Kind != metadata.KindTermination || n.Action != v {
@@ -106,7 +93,7 @@ func TestWatch(t *testing.T) {
 		f := fake.NewGCP(fake.GCPOptions{})
 		defer f.Close()
 		_, stop := metatest.Watch(t, gcp.New(gcp.Config{Host: f.Host()}, nil)) // 60 s hanging GETs
-		waitTotal(t, f, 4)
+		metatest.WaitTotal(t, f, 4)
 		stop() // fails unless Watch returns within 5 s, not the 60 s of the GET
 	})
 }
@@ -120,7 +107,7 @@ func TestWatch_Faults(t *testing.T) {
 			defer f.Close()
 			f.SetFault(fault)
 			ch, _ := metatest.Watch(t, newSource(f))
-			waitRequests(t, f, 6)
+			metatest.WaitRequests(t, f, 6)
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Preempt()
@@ -139,9 +126,9 @@ func TestWatch_FaultDuringHangingGET(t *testing.T) {
 			f := fake.NewGCP(fake.GCPOptions{MaxWait: 50 * time.Millisecond})
 			defer f.Close()
 			ch, _ := metatest.Watch(t, newSource(f))
-			waitTotal(t, f, 4)
+			metatest.WaitTotal(t, f, 4)
 			f.SetFault(fault)
-			waitRequests(t, f, 6)
+			metatest.WaitRequests(t, f, 6)
 			metatest.NoNotice(t, ch)
 			f.SetFault(fake.FaultNone)
 			f.Maintenance(fake.GCPMaintenanceTerminate)

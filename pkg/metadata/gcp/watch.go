@@ -67,8 +67,7 @@ func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.
 		etag, k.last = newETag, value
 		if n != nil && k.dedup.First(*n) && metadata.Deliver(ctx, out, *n) {
 			k.lastID = n.ID
-			s.log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
-				zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
+			metadata.LogNotice(s.log, *n)
 		}
 	}
 }

@@ -74,6 +74,23 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// Counter is what the fakes offer for counting requests.
+type Counter interface{ Requests() int64 }
+
+// WaitRequests waits until f has served n more requests.
+func WaitRequests(t testing.TB, f Counter, n int64) {
+	t.Helper()
+	start := f.Requests()
+	WaitFor(t, 5*time.Second, "requests", func() bool { return f.Requests() >= start+n })
+}
+
+// WaitTotal waits until f has served n requests in all: for waits right
+// after Watch starts, whose first requests may already be in.
+func WaitTotal(t testing.TB, f Counter, n int64) {
+	t.Helper()
+	WaitFor(t, 10*time.Second, "requests", func() bool { return f.Requests() >= n })
+}
+
 // Within fails the test unless got is within tol of want.
 func Within(t testing.TB, what string, got, want time.Time, tol time.Duration) {
 	t.Helper()
