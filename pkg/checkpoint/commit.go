@@ -70,11 +70,11 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	var total int64
+	for _, f := range files {
+		total += f.size
+	}
 	if c.Gate != nil {
-		var total int64
-		for _, f := range files {
-			total += f.size
-		}
 		claim := Claim{Urgent: req.Urgent, Bytes: total}
 		if req.Urgent {
 			// Only an interruption's deadline orders the queue; a periodic
@@ -102,7 +102,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
 		Files: make([]File, len(files)),
 	}
-	if err := c.upload(ctx, log, req.Dir, Prefix(req.Step, req.ID), files, m.Files); err != nil {
+	if err := c.upload(ctx, log, req.Dir, Prefix(req.Step, req.ID), files, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
@@ -125,17 +125,15 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	return res, nil
 }
 
-// upload puts every file concurrently and fills out with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, dir, prefix string, files []localFile, out []File) error {
+// upload puts every file (total bytes in all) concurrently and fills out
+// with their entries.
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, dir, prefix string, files []localFile, total int64, out []File) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	p := &progress{start: time.Now()}
-	for _, f := range files {
-		p.total += f.size
-	}
+	p := &progress{start: time.Now(), total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go p.report(pctx, log, "upload")

@@ -92,10 +92,7 @@ const maxJournal = 16 << 20
 func ReadJournal(ctx context.Context, st cloud.Store, runID string) (*Journal, error) {
 	j := &Journal{Format: JournalFormat, RunID: runID}
 	err := readJSON(ctx, st, JournalKey, maxJournal, j)
-	if errors.Is(err, cloud.ErrNotExist) {
-		return &Journal{Format: JournalFormat, RunID: runID}, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, cloud.ErrNotExist) {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	return j, nil

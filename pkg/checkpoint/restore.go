@@ -76,12 +76,12 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		}
 		return nil, false
 	}
-	tried := map[string]bool{}
+	tried := "" // the manifest latest.json named, tried first
 	if opts.ID == "" {
 		l, err := ReadLatest(ctx, st)
 		switch {
 		case err == nil:
-			tried[l.Manifest] = true
+			tried = l.Manifest
 			m, err := ReadManifest(ctx, st, l.Manifest)
 			if err == nil {
 				if r, ok := try(l.Manifest, m); ok {
@@ -107,7 +107,7 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	for _, e := range entries {
-		if tried[e.Key] || (opts.ID != "" && (e.Manifest == nil || e.Manifest.ID != opts.ID)) {
+		if e.Key == tried || (opts.ID != "" && (e.Manifest == nil || e.Manifest.ID != opts.ID)) {
 			continue
 		}
 		if e.Err != nil {
@@ -225,7 +225,7 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 			return err
 		}
 		if cr.n != f.Size {
-			return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, cr.n, f.Size)
+			return sizeMismatch(cr.n, f.Size)
 		}
 		sum = cr.h.Sum(nil)
 	}
@@ -243,7 +243,7 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 		return nil, err
 	}
 	if info.Size != f.Size {
-		return nil, fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, info.Size, f.Size)
+		return nil, sizeMismatch(info.Size, f.Size)
 	}
 	if err := cloud.Download(ctx, st, f.Key, f.Size, out, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
 		return nil, err
@@ -251,15 +251,25 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 	if _, err := out.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, out)
+	sum, n, err := sha256Of(out)
 	if err != nil {
 		return nil, err
 	}
 	if n != f.Size {
-		return nil, fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, n, f.Size)
+		return nil, sizeMismatch(n, f.Size)
 	}
-	return h.Sum(nil), nil
+	return sum, nil
+}
+
+func sizeMismatch(got, want int64) error {
+	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
+}
+
+// sha256Of hashes what r holds; n is its length.
+func sha256Of(r io.Reader) (sum []byte, n int64, err error) {
+	h := sha256.New()
+	n, err = io.Copy(h, r)
+	return h.Sum(nil), n, err
 }
 
 // verifyLocal checks a local copy against the manifest, file by file; a
@@ -289,13 +299,12 @@ func verifyLocal(dir string, m *Manifest) error {
 		if err != nil {
 			return err
 		}
-		h := sha256.New()
-		_, err = io.Copy(h, fh)
+		sum, _, err := sha256Of(fh)
 		fh.Close()
 		if err != nil {
 			return err
 		}
-		if hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
+		if hex.EncodeToString(sum) != f.SHA256 {
 			return fmt.Errorf("%s: checksum differs", f.Path)
 		}
 	}

@@ -32,12 +32,15 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int,
 	if l, err := ReadLatest(ctx, st); err == nil {
 		pinned = l.Manifest
 	}
-	kept := map[string]bool{}    // object keys a kept manifest needs
-	keptDir := map[string]bool{} // checkpoint prefixes kept
+	kept := map[string]bool{}        // object keys a kept manifest needs
+	keptDir := map[string]bool{}     // checkpoint prefixes kept
+	dropDir := map[string]bool{}     // checkpoint prefixes whose manifest goes
+	manifestDir := map[string]bool{} // checkpoint prefixes with a manifest, readable or not
 	var drop []Entry
 	n := 0
 	oldestKept := int64(-1)
 	for _, e := range entries {
+		manifestDir[dirOf(e.Key)] = true
 		if e.Err != nil {
 			continue // never delete what we cannot read: a person may want it
 		}
@@ -53,6 +56,7 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int,
 			continue
 		}
 		drop = append(drop, e)
+		dropDir[dirOf(e.Key)] = true
 	}
 	deleted := 0
 	for _, e := range drop {
@@ -61,17 +65,15 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int,
 		}
 		deleted++
 	}
-	dropDir := map[string]bool{}
-	for _, e := range drop {
-		dropDir[dirOf(e.Key)] = true
-	}
 	var victims []string
 	err = st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		if kept[o.Key] || keptDir[dirOf(o.Key)] {
+		d := dirOf(o.Key)
+		if kept[o.Key] || keptDir[d] {
 			return nil
 		}
-		d := dirOf(o.Key)
-		if dropDir[d] || (oldestKept >= 0 && stepOf(d) >= 0 && stepOf(d) < oldestKept && !hasManifest(entries, d)) {
+		// An object of a dropped checkpoint, or one a crash left (no manifest)
+		// older than every kept checkpoint.
+		if s := stepOf(d); dropDir[d] || (oldestKept >= 0 && !manifestDir[d] && s >= 0 && s < oldestKept) {
 			victims = append(victims, o.Key)
 		}
 		return nil
@@ -119,13 +121,4 @@ func stepOf(dir string) int64 {
 		s = s*10 + int64(c-'0')
 	}
 	return s
-}
-
-func hasManifest(entries []Entry, dir string) bool {
-	for _, e := range entries {
-		if dirOf(e.Key) == dir {
-			return true
-		}
-	}
-	return false
 }

@@ -265,7 +265,12 @@ func (s *Scheduler) Throughput() float64 {
 
 // EstimateUpload returns how long uploading bytes is expected to take.
 func (s *Scheduler) EstimateUpload(bytes int64) time.Duration {
-	return time.Duration(float64(bytes) / s.Throughput() * float64(time.Second))
+	return transferTime(bytes, s.Throughput())
+}
+
+// transferTime is how long moving bytes takes at bps bytes/s.
+func transferTime(bytes int64, bps float64) time.Duration {
+	return time.Duration(float64(bytes) / bps * float64(time.Second))
 }
 
 // see advances the scheduler's notion of now; the first call starts the
@@ -290,7 +295,7 @@ func (s *Scheduler) costLocked() time.Duration {
 // the measured throughput, or the mean measured duration.
 func (s *Scheduler) uploadLocked() time.Duration {
 	if s.lastBytes > 0 && s.throughput > 0 {
-		return time.Duration(float64(s.lastBytes) / s.throughput * float64(time.Second))
+		return transferTime(s.lastBytes, s.throughput)
 	}
 	return s.uploadTime
 }

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -201,18 +202,8 @@ func ReadTrace(r io.Reader) ([]SimEvent, error) {
 		}
 		evs = append(evs, SimEvent{At: at, Kind: rw.kind, Lead: time.Duration(rw.leadSec * float64(time.Second))})
 	}
-	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmpDur(a.At, b.At) })
+	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmp.Compare(a.At, b.At) })
 	return evs, nil
-}
-
-func cmpDur(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // simEvent is a SimEvent with when the simulation acts on it: the notice
@@ -252,7 +243,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 		}
 		evs = append(evs, se)
 	}
-	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmpDur(a.act, b.act) })
+	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmp.Compare(a.act, b.act) })
 
 	cfg := SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
 	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }

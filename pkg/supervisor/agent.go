@@ -93,10 +93,13 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// restoreDir is where restores go, inside the checkpoint directory.
+func (a *Agent) restoreDir() string { return filepath.Join(a.cfg.CheckpointDir, "restore") }
+
 // restore copies the newest committed checkpoint into the restore area and
 // returns the resume information (nil when starting fresh).
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
-	restoreDir := filepath.Join(a.cfg.CheckpointDir, "restore")
+	restoreDir := a.restoreDir()
 	start := time.Now()
 	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
@@ -151,7 +154,7 @@ func (a *Agent) cleanup(ctx context.Context) {
 			a.log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
 		}
 	}
-	restoreDir := filepath.Join(a.cfg.CheckpointDir, "restore")
+	restoreDir := a.restoreDir()
 	if ents, err := os.ReadDir(restoreDir); err == nil {
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ".partial-") {

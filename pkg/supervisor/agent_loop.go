@@ -53,9 +53,7 @@ type Agent struct {
 	stopping    *stopState
 	noticesSeen int
 	lastNotice  *metadata.Notice
-	signals     int  // SIGTERM/SIGINT received
-	shutdown    bool // told to shut down by a signal
-	secondSig   bool
+	signals     int  // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
 	done        bool // loop ends
 }
 
@@ -80,14 +78,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if cfg.Server.Log == nil {
 		cfg.Server.Log = cfg.Log
 	}
-	srv, err := Listen(cfg.Server)
+	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
-		return 1, fmt.Errorf("socket: %w", err)
+		return 1, err
 	}
-	sctx, stopServe := context.WithCancel(context.Background())
-	serveDone := make(chan struct{})
-	go func() { srv.Serve(sctx); close(serveDone) }()
-	defer func() { stopServe(); srv.Close(); <-serveDone }()
+	defer stopServe()
 
 	notices := make(chan metadata.Notice, 16)
 	nctx, stopWatch := context.WithCancel(ctx)
@@ -120,6 +115,19 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	cfg.Metrics.Ready(false)
 	a.finish()
 	return a.exitCode, nil
+}
+
+// serveSocket listens and serves the socket until the returned stop is
+// called; stop returns once Serve has.
+func serveSocket(cfg ServerConfig) (*Server, func(), error) {
+	srv, err := Listen(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socket: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { srv.Serve(ctx); close(served) }()
+	return srv, func() { cancel(); srv.Close(); <-served }, nil
 }
 
 // newAgent prepares one run: local directories, the journal, cleanup of
@@ -283,7 +291,7 @@ func (a *Agent) checkDone() {
 	if !a.childGone || !a.restartAt.IsZero() {
 		return
 	}
-	if a.secondSig {
+	if a.signals > 1 {
 		a.done = true
 		return
 	}
@@ -294,7 +302,7 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.shutdown && (a.stopping == nil || a.stopping.finished) {
+	if a.signals > 0 && (a.stopping == nil || a.stopping.finished) {
 		a.done = true
 		return
 	}
@@ -311,21 +319,21 @@ func (a *Agent) onChildExit() {
 	a.killing = false
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()))
 	for id, r := range a.pending {
-		if r.urgent() {
-			if a.cfg.Signal != 0 {
-				// The signal bridge speaks for this child alone and
-				// stays connected: nobody else will answer.
-				delete(a.pending, id)
-				os.RemoveAll(r.dir)
-				a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
-				a.stopFailed(r.stop, "trainer exited before saving", time.Now())
-			}
-			continue // requestExpired or the disconnects settle it
+		// An urgent request is settled by requestExpired or the
+		// disconnects, except for the signal bridge: it speaks for this
+		// child alone and stays connected, so nobody else will answer.
+		if r.urgent() && a.cfg.Signal == 0 {
+			continue
 		}
 		delete(a.pending, id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
 		os.RemoveAll(r.dir)
+		if r.urgent() {
+			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
+			a.stopFailed(r.stop, "trainer exited before saving", time.Now())
+			continue
+		}
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
@@ -370,13 +378,11 @@ func (a *Agent) restart() {
 func (a *Agent) onSignal(sig os.Signal) {
 	a.signals++
 	if a.signals > 1 {
-		a.secondSig = true
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
 		a.stopChild()
 		a.checkDone()
 		return
 	}
-	a.shutdown = true
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
 	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
 	a.checkDone()

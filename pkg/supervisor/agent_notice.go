@@ -28,13 +28,9 @@ func (a *Agent) onEvent(ev Event) {
 	case TypeHello:
 		a.onHello(c, m)
 	case TypeProgress:
-		if m.Step != nil && *m.Step > a.lastStep {
-			a.lastStep = *m.Step
-		}
+		a.seeStep(m.Step)
 	case TypeDone:
-		if m.Step != nil && *m.Step > a.lastStep {
-			a.lastStep = *m.Step
-		}
+		a.seeStep(m.Step)
 		a.onDone(c, m)
 	case TypeFailed:
 		a.onFailed(c, m)
@@ -53,6 +49,13 @@ func (a *Agent) onEvent(ev Event) {
 	}
 }
 
+// seeStep notes the newest step a trainer reported.
+func (a *Agent) seeStep(step *int64) {
+	if step != nil && *step > a.lastStep {
+		a.lastStep = *step
+	}
+}
+
 func (a *Agent) onHello(c *Conn, m Message) {
 	w := Message{Type: TypeWelcome, Version: ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
 	if err := c.Send(w); err != nil {
@@ -68,8 +71,7 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	a.log.Info("trainer connected", fields...)
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
-		dl := s.deadline.UTC()
-		c.Send(Message{Type: TypeStop, Reason: s.reason, Deadline: &dl})
+		c.Send(s.stopMessage())
 	}
 }
 
@@ -83,9 +85,10 @@ func (a *Agent) onFailed(c *Conn, m Message) {
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.pending, r.id)
 	os.RemoveAll(r.dir) // what the failed save left would keep a full disk full
-	a.lastBlock = time.Now()
+	now := time.Now()
+	a.lastBlock = now
 	if r.stop != nil {
-		a.stopFailed(r.stop, "trainer failed: "+m.Error, time.Now())
+		a.stopFailed(r.stop, "trainer failed: "+m.Error, now)
 	}
 }
 
@@ -172,10 +175,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 			if reqDeadline.Before(r.deadline) {
 				r.deadline = reqDeadline
 			}
-			s.req = r
-			sent := now.UTC()
-			s.record.Requested, s.record.CheckpointID = &sent, r.id
-			a.cfg.Metrics.NoticeToRequest(now.Sub(n.Detected))
+			a.stopRequested(s, r, now)
 			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
 			return
 		}
@@ -185,10 +185,15 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		a.stopFailed(s, "checkpoint request not delivered", now)
 		return
 	}
+	a.stopRequested(s, r, r.sent)
+}
+
+// stopRequested records that r, asked for at sent, is s's checkpoint.
+func (a *Agent) stopRequested(s *stopState, r *request, sent time.Time) {
 	s.req = r
-	sent := r.sent.UTC()
-	s.record.Requested, s.record.CheckpointID = &sent, r.id
-	a.cfg.Metrics.NoticeToRequest(r.sent.Sub(n.Detected))
+	at := sent.UTC()
+	s.record.Requested, s.record.CheckpointID = &at, r.id
+	a.cfg.Metrics.NoticeToRequest(sent.Sub(s.notice.Detected))
 }
 
 // stopCommitted: the interruption checkpoint is safe. Tell the trainer to
@@ -252,8 +257,12 @@ func (a *Agent) sendStop(s *stopState) {
 		return
 	}
 	s.stopSent = true
+	a.broadcast(s.stopMessage())
+}
+
+func (s *stopState) stopMessage() Message {
 	dl := s.deadline.UTC()
-	a.broadcast(Message{Type: TypeStop, Reason: s.reason, Deadline: &dl})
+	return Message{Type: TypeStop, Reason: s.reason, Deadline: &dl}
 }
 
 // tickStop enforces the interruption's deadlines: past the notice deadline

@@ -227,7 +227,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	u := a.uploads[r.id]
 	delete(a.uploads, r.id)
 	now := time.Now()
-	if !strings.HasPrefix(r.dir, filepath.Join(a.cfg.CheckpointDir, "restore")) {
+	if !strings.HasPrefix(r.dir, a.restoreDir()) {
 		os.RemoveAll(r.dir)
 	}
 	if cr.err != nil {

@@ -78,22 +78,20 @@ func (c *Conn) DroppedProgress() uint64 { return c.dropped.Load() }
 // Send writes m as one line. A write that does not finish within the
 // server's write timeout fails, and a failed write closes the connection.
 func (c *Conn) Send(m Message) error {
-	b, err := json.Marshal(m)
+	b, err := encodeLine(m)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", m.Type, err)
 	}
-	b = append(b, '\n')
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.closed.Load() {
 		return fmt.Errorf("send %s: %w", m.Type, ErrConnClosed)
 	}
-	if err := c.nc.SetWriteDeadline(time.Now().Add(c.srv.cfg.WriteTimeout)); err != nil {
-		err = fmt.Errorf("send %s: %w", m.Type, err)
-		c.closeWith(err)
-		return err
+	err = c.nc.SetWriteDeadline(time.Now().Add(c.srv.cfg.WriteTimeout))
+	if err == nil {
+		_, err = c.nc.Write(b)
 	}
-	if _, err := c.nc.Write(b); err != nil {
+	if err != nil {
 		err = fmt.Errorf("send %s: %w", m.Type, err)
 		c.closeWith(err)
 		return err

@@ -53,14 +53,11 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	if cfg.Server.Log == nil {
 		cfg.Server.Log = log
 	}
-	srv, err := Listen(cfg.Server)
+	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
-		return fmt.Errorf("socket: %w", err)
+		return err
 	}
-	sctx, stopServe := context.WithCancel(context.Background())
-	serveDone := make(chan struct{})
-	go func() { srv.Serve(sctx); close(serveDone) }()
-	defer func() { stopServe(); srv.Close(); <-serveDone }()
+	defer stopServe()
 
 	notices := make(chan metadata.Notice, 16)
 	nctx, stopWatch := context.WithCancel(ctx)

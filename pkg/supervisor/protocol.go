@@ -87,6 +87,15 @@ type Message struct {
 	Status json.RawMessage `json:"status,omitempty"`
 }
 
+// encodeLine encodes m as one protocol line, newline included.
+func encodeLine(m Message) ([]byte, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
 // Resume tells a trainer where the restored checkpoint is.
 type Resume struct {
 	Dir      string          `json:"dir"`

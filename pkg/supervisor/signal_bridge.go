@@ -95,11 +95,11 @@ func (b *signalBridge) run(ctx context.Context) error {
 		}
 	}()
 	send := func(m Message) error {
-		line, err := json.Marshal(m)
+		line, err := encodeLine(m)
 		if err != nil {
 			return err
 		}
-		_, err = conn.Write(append(line, '\n'))
+		_, err = conn.Write(line)
 		return err
 	}
 	zero, one := 0, 1
