@@ -87,8 +87,7 @@ func copyRange(ctx context.Context, st Store, key string, off, n int64, w io.Wri
 	}
 	defer rc.Close()
 	dst := &offsetWriter{w: w, off: off, progress: progress}
-	got, err := io.Copy(dst, io.LimitReader(rc, n))
-	return got, err
+	return io.Copy(dst, io.LimitReader(rc, n))
 }
 
 type offsetWriter struct {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // ErrUnknownScheme and ErrMalformedURI describe a store URI that cannot be
@@ -52,12 +54,8 @@ func ParseURI(uri string) (scheme, bucket, prefix string, err error) {
 		return "", "", "", fmt.Errorf("%w %q: invalid bucket name %q", ErrMalformedURI, uri, bucket)
 	}
 	prefix = strings.Trim(prefix, "/")
-	if prefix != "" {
-		for _, el := range strings.Split(prefix, "/") {
-			if el == "" || el == "." || el == ".." {
-				return "", "", "", fmt.Errorf("%w %q: invalid prefix", ErrMalformedURI, uri)
-			}
-		}
+	if prefix != "" && cloud.ValidKey(prefix) != nil {
+		return "", "", "", fmt.Errorf("%w %q: invalid prefix", ErrMalformedURI, uri)
 	}
 	return scheme, bucket, prefix, nil
 }

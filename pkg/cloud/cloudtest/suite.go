@@ -187,8 +187,8 @@ func testDelete(t *testing.T, st cloud.Store) {
 
 func testList(t *testing.T, st cloud.Store) {
 	// "a-c" sorts before "a/b" ('-' < '/'): a directory walk that visits
-	// (No key is both an object and a prefix of another: a file store cannot hold "a/b" and "a/b/c".)
-	// "a" before "a-c" would get the order wrong.
+	// "a" before "a-c" would get the order wrong. (No key is both an object
+	// and a prefix of another: a file store cannot hold "a/b" and "a/b/c".)
 	all := []string{"a-c", "a/b", "a/c", "a0", "ab/x", "b", "checkpoints/000000000010-x/f", "checkpoints/000000000010-x/manifest.json", "checkpoints/000000000009-y/f"}
 	for i, k := range all {
 		put(t, st, k, Random(uint64(i), i+1))
@@ -282,13 +282,12 @@ func parallel(t *testing.T, workers, n int, fn func(i int) error) {
 
 func testOddKeys(t *testing.T, st cloud.Store) {
 	odd := []string{"with space/file name.bin", "ünïcödé/日本語.pt", "plus+and%percent/a&b=c?.txt", "tab\tand'quote\".x"}
-	for i, k := range odd {
+	for _, k := range odd {
 		put(t, st, k, []byte(k))
 		equal(t, k, get(t, st, k, 0, -1), []byte(k))
 		if oi, err := st.Stat(ctx(t), k); err != nil || oi.Size != int64(len(k)) {
 			t.Fatalf("stat %q: %+v, %v", k, oi, err)
 		}
-		_ = i
 	}
 	want := slices.Clone(odd)
 	slices.Sort(want)

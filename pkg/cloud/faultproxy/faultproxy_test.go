@@ -261,7 +261,7 @@ func TestProxy_S3Retries(t *testing.T) {
 		t.Run(f.Mode.String(), func(t *testing.T) {
 			before := p.Stats().Faults
 			p.Set(f)
-			if err := st.Put(ctx, "obj-"+f.Mode.String(), bytes.NewReader(data), int64(len(data)), cloudPut()); err != nil {
+			if err := st.Put(ctx, "obj-"+f.Mode.String(), bytes.NewReader(data), int64(len(data)), cloud.PutOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if got := p.Stats().Faults - before; got != 1 {
@@ -279,5 +279,3 @@ func TestProxy_S3Retries(t *testing.T) {
 		})
 	}
 }
-
-func cloudPut() cloud.PutOptions { return cloud.PutOptions{} }

@@ -67,7 +67,7 @@ func (s *Store) forget(name string) {
 // fill copies r into f, checking ctx between chunks, and fsyncs f.
 func (s *Store) fill(ctx context.Context, f *os.File, r io.Reader, size int64) error {
 	defer f.Close()
-	n, err := io.CopyBuffer(f, ctxReader{ctx, r}, make([]byte, 1<<20))
+	n, err := io.CopyBuffer(f, cloud.ContextReader(ctx, r), make([]byte, 1<<20))
 	if err != nil {
 		return err
 	}
@@ -145,17 +145,4 @@ func syncDir(dir string) error {
 		return fmt.Errorf("sync dir: %w", err)
 	}
 	return nil
-}
-
-// ctxReader stops a copy once ctx is done, even if r never would.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

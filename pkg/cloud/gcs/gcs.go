@@ -76,9 +76,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	// Unconditional writes of checkpoint data are safe to repeat (same
 	// bytes, same key), so retry them too, not only the idempotent calls.
 	client.SetRetry(storage.WithPolicy(storage.RetryAlways))
-	if prefix = strings.Trim(prefix, "/"); prefix != "" {
-		prefix += "/"
-	}
+	prefix = cloud.KeyPrefix(prefix)
 	return &Store{
 		client: client, bucket: client.Bucket(bucket), name: bucket, prefix: prefix, opts: opts,
 		mem: semaphore.NewWeighted(opts.BufferMemory),

@@ -1,12 +1,9 @@
 package gcs_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -14,12 +11,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
 )
 
-var seq atomic.Int64
-
+// newStore returns a store under a fresh prefix of bucket, emptied at the end.
 func newStore(t *testing.T, bucket string, opts gcs.Options) cloud.Store {
 	t.Helper()
-	prefix := fmt.Sprintf("spotagent-test/%d-%d", time.Now().UnixNano(), seq.Add(1))
-	st, err := gcs.New(t.Context(), bucket, prefix, opts)
+	st, err := gcs.New(t.Context(), bucket, cloudtest.Prefix(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,15 +22,7 @@ func newStore(t *testing.T, bucket string, opts gcs.Options) cloud.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		var keys []string
-		_ = st.List(ctx, "", func(oi cloud.ObjectInfo) error { keys = append(keys, oi.Key); return nil })
-		for _, k := range keys {
-			if err := st.Delete(ctx, k); err != nil {
-				t.Errorf("cleanup: %v", err)
-			}
-		}
+		cloudtest.Empty(t, st)
 		st.Close()
 	})
 	return st

@@ -21,10 +21,7 @@ func (s *Store) Get(ctx context.Context, key string, offset, length int64) (io.R
 		return nil, err
 	}
 	if length == 0 {
-		if _, err := s.Stat(ctx, key); err != nil {
-			return nil, err
-		}
-		return io.NopCloser(strings.NewReader("")), nil
+		return cloud.EmptyGet(ctx, s, key)
 	}
 	r, err := o.NewRangeReader(ctx, offset, length)
 	if err != nil {

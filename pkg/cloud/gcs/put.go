@@ -43,7 +43,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 	w.ChunkSize = chunk
 	w.ContentType = "application/octet-stream"
 	sum := crc32.New(castagnoli)
-	n, err := io.Copy(w, io.TeeReader(ctxReader{ctx, r}, sum))
+	n, err := io.Copy(w, io.TeeReader(cloud.ContextReader(ctx, r), sum))
 	if err == nil && size >= 0 && n != size {
 		err = fmt.Errorf("read %d bytes, want %d", n, size)
 	}
@@ -73,17 +73,4 @@ func conditional(o *storage.ObjectHandle, opts cloud.PutOptions) (*storage.Objec
 		return o.If(storage.Conditions{GenerationMatch: gen}), nil
 	}
 	return o, nil
-}
-
-// ctxReader stops reading once ctx is done, even if r never would.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

@@ -25,7 +25,7 @@ func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
 	in := &s3.ListMultipartUploadsInput{Bucket: &s.bucket, Prefix: aws.String(s.prefix)}
 	for {
 		out, err := s.client.ListMultipartUploads(ctx, in)
-		if err != nil && errorsIsNotExist(translate(err)) {
+		if err != nil && errors.Is(translate(err), cloud.ErrNotExist) {
 			// gofakes3 answers NoSuchUpload for a bucket that never had
 			// an upload; S3 itself returns an empty list.
 			return n, nil
@@ -37,7 +37,7 @@ func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
 			_, err := s.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
 				Bucket: &s.bucket, Key: up.Key, UploadId: up.UploadId,
 			})
-			if err != nil && !errorsIsNotExist(translate(err)) {
+			if err != nil && !errors.Is(translate(err), cloud.ErrNotExist) {
 				return n, fmt.Errorf("abort upload of %s: %w", aws.ToString(up.Key), translate(err))
 			}
 			s.log.Info("aborted incomplete upload", zap.String("key", aws.ToString(up.Key)),
@@ -50,5 +50,3 @@ func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
 		in.KeyMarker, in.UploadIdMarker = out.NextKeyMarker, out.NextUploadIdMarker
 	}
 }
-
-func errorsIsNotExist(err error) bool { return errors.Is(err, cloud.ErrNotExist) }

@@ -2,6 +2,7 @@ package s3
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -19,10 +20,7 @@ func (s *Store) Get(ctx context.Context, key string, offset, length int64) (io.R
 		return nil, err
 	}
 	if length == 0 {
-		if _, err := s.Stat(ctx, key); err != nil {
-			return nil, err
-		}
-		return io.NopCloser(strings.NewReader("")), nil
+		return cloud.EmptyGet(ctx, s, key)
 	}
 	in := &s3.GetObjectInput{Bucket: &s.bucket, Key: k}
 	switch {
@@ -84,7 +82,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: k}); err != nil {
-		if err = translate(err); !errorsIsNotExist(err) {
+		if err = translate(err); !errors.Is(err, cloud.ErrNotExist) {
 			return fmt.Errorf("delete %s: %w", key, err)
 		}
 	}

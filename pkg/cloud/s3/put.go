@@ -41,7 +41,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	cr := ctxReader{ctx, r}
+	cr := cloud.ContextReader(ctx, r)
 	n, err := io.ReadFull(cr, buf)
 	last := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 	if err == nil && size >= 0 && size <= part {
@@ -163,7 +163,7 @@ func (u *upload) send(ctx context.Context, buf []byte, r io.Reader, part int64) 
 			g.Go(func() error { return err })
 			break
 		}
-		m, err := io.ReadFull(ctxReader{gctx, r}, buf)
+		m, err := io.ReadFull(cloud.ContextReader(gctx, r), buf)
 		total += int64(m)
 		if m == 0 && errors.Is(err, io.EOF) {
 			u.s.pool.put(buf)
@@ -228,17 +228,4 @@ func (u *upload) abort(ctx context.Context, cause error) {
 		return
 	}
 	u.s.log.Info("multipart upload aborted", zap.String("key", *u.k), zap.Error(cause))
-}
-
-// ctxReader stops reading once ctx is done, even if r never would.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

@@ -5,7 +5,6 @@ package s3
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -126,9 +125,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 		}
 		client = s3.New(client.Options(), func(o *s3.Options) { o.Region = region })
 	}
-	if prefix = strings.Trim(prefix, "/"); prefix != "" {
-		prefix += "/"
-	}
+	prefix = cloud.KeyPrefix(prefix)
 	return &Store{
 		client: client, bucket: bucket, prefix: prefix, opts: opts,
 		pool: newBufPool(opts.BufferMemory, opts.PartSize), log: opts.Log.With(zap.String("store", "s3://"+bucket+"/"+prefix)),

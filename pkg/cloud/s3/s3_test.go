@@ -1,12 +1,9 @@
 package s3_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -14,36 +11,18 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
-var seq atomic.Int64
-
 // newStore returns a store under a fresh prefix of bucket, emptied at the end.
 func newStore(t *testing.T, bucket string, opts s3.Options) cloud.Store {
 	t.Helper()
-	prefix := fmt.Sprintf("spotagent-test/%d-%d", time.Now().UnixNano(), seq.Add(1))
-	st, err := s3.New(t.Context(), bucket, prefix, opts)
+	st, err := s3.New(t.Context(), bucket, cloudtest.Prefix(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Check(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { empty(t, st) })
+	t.Cleanup(func() { cloudtest.Empty(t, st) })
 	return st
-}
-
-func empty(t *testing.T, st *s3.Store) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := st.AbortIncompleteUploads(ctx); err != nil {
-		t.Errorf("cleanup: %v", err)
-	}
-	var keys []string
-	_ = st.List(ctx, "", func(oi cloud.ObjectInfo) error { keys = append(keys, oi.Key); return nil })
-	for _, k := range keys {
-		if err := st.Delete(ctx, k); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	}
 }
 
 func TestConformance(t *testing.T) {

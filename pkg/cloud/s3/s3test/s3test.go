@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -89,12 +90,8 @@ func New(t testing.TB) *Server {
 	}
 	t.Cleanup(s.Close)
 	for _, kv := range s.Env() {
-		for i := range kv {
-			if kv[i] == '=' {
-				t.Setenv(kv[:i], kv[i+1:])
-				break
-			}
-		}
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
 	}
 	return s
 }
