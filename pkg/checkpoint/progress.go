@@ -47,6 +47,13 @@ func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
 	}
 }
 
+// hashChunk caps each read of a countingReader. A store fills 16 MiB part
+// buffers with one io.ReadFull; read whole, the bytes have left the CPU
+// cache before sha256 (and the S3 store's CRC32C) get to them. In 256 KiB
+// steps they are hashed while still in L2. A 1 GiB commit to MinIO took
+// 1.85 core-seconds before, 1.45 after (64 KiB: the same; 1 MiB: 1.6).
+const hashChunk = 256 << 10
+
 // countingReader counts and hashes what passes through it.
 type countingReader struct {
 	r io.Reader
@@ -56,6 +63,9 @@ type countingReader struct {
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
+	if len(b) > hashChunk {
+		b = b[:hashChunk]
+	}
 	n, err := c.r.Read(b)
 	if n > 0 {
 		c.h.Write(b[:n])

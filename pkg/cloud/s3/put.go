@@ -3,8 +3,11 @@ package s3
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"slices"
 	"sync"
@@ -42,7 +45,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	cr := cloud.ContextReader(ctx, r)
-	n, err := io.ReadFull(cr, buf)
+	n, crc, err := fill(cr, buf)
 	last := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 	if err == nil && size >= 0 && size <= part {
 		last, err = atEOF(cr)
@@ -56,9 +59,37 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 		if size >= 0 && int64(n) != size {
 			return fmt.Errorf("put %s: read %d bytes, want %d", key, n, size)
 		}
-		return s.putObject(ctx, k, buf[:n], opts)
+		return s.putObject(ctx, k, buf[:n], crc, opts)
 	}
-	return s.multipart(ctx, k, buf, cr, size, part, opts)
+	return s.multipart(ctx, k, buf, crc, cr, size, part, opts)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// fill reads r into buf like io.ReadFull and returns the CRC32C of what it
+// read. The checksum is taken read by read, while the bytes are still in
+// the CPU cache (the committer's reader hands out 256 KiB at a time), and
+// sent with the request: the SDK would otherwise make a second pass over
+// each part from memory.
+func fill(r io.Reader, buf []byte) (n int, crc uint32, err error) {
+	for n < len(buf) && err == nil {
+		var m int
+		m, err = r.Read(buf[n:])
+		crc = crc32.Update(crc, castagnoli, buf[n:n+m])
+		n += m
+	}
+	switch {
+	case n == len(buf):
+		err = nil
+	case n > 0 && errors.Is(err, io.EOF):
+		err = io.ErrUnexpectedEOF
+	}
+	return n, crc, err
+}
+
+// checksum is the x-amz-checksum-crc32c value of crc.
+func checksum(crc uint32) *string {
+	return aws.String(base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc)))
 }
 
 // partSize grows the part size for objects that would need more than
@@ -84,11 +115,11 @@ func atEOF(r io.Reader) (bool, error) {
 	return false, errors.New("more bytes than the given size")
 }
 
-func (s *Store) putObject(ctx context.Context, k *string, data []byte, opts cloud.PutOptions) error {
+func (s *Store) putObject(ctx context.Context, k *string, data []byte, crc uint32, opts cloud.PutOptions) error {
 	in := &s3.PutObjectInput{
 		Bucket: &s.bucket, Key: k, Body: bytes.NewReader(data),
 		ContentLength:     aws.Int64(int64(len(data))),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
 	if _, err := s.client.PutObject(ctx, in); err != nil {
@@ -115,7 +146,7 @@ type upload struct {
 	done []types.CompletedPart
 }
 
-func (s *Store) multipart(ctx context.Context, k *string, first []byte, r io.Reader, size, part int64, opts cloud.PutOptions) error {
+func (s *Store) multipart(ctx context.Context, k *string, first []byte, crc uint32, r io.Reader, size, part int64, opts cloud.PutOptions) error {
 	out, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 	})
@@ -125,7 +156,7 @@ func (s *Store) multipart(ctx context.Context, k *string, first []byte, r io.Rea
 	}
 	u := &upload{s: s, k: k, id: out.UploadId}
 	start := time.Now()
-	total, err := u.send(ctx, first, r, part)
+	total, err := u.send(ctx, first, crc, r, part)
 	if err == nil && size >= 0 && total != size {
 		err = fmt.Errorf("read %d bytes, want %d", total, size)
 	}
@@ -142,8 +173,8 @@ func (s *Store) multipart(ctx context.Context, k *string, first []byte, r io.Rea
 }
 
 // send reads r part by part and uploads the parts concurrently. buf holds
-// the first (full) part; send owns it.
-func (u *upload) send(ctx context.Context, buf []byte, r io.Reader, part int64) (int64, error) {
+// the first (full) part, whose CRC32C is crc; send owns it.
+func (u *upload) send(ctx context.Context, buf []byte, crc uint32, r io.Reader, part int64) (int64, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(u.s.opts.Concurrency)
 	total := int64(len(buf))
@@ -153,27 +184,28 @@ func (u *upload) send(ctx context.Context, buf []byte, r io.Reader, part int64) 
 			g.Go(func() error { return errors.New("more than 10000 parts") })
 			break
 		}
-		body, n := buf, num
+		body, n, sum := buf, num, crc
 		g.Go(func() error {
 			defer u.s.pool.put(body)
-			return u.part(gctx, n, body)
+			return u.part(gctx, n, body, sum)
 		})
 		var err error
 		if buf, err = u.s.pool.get(gctx, part); err != nil {
 			g.Go(func() error { return err })
 			break
 		}
-		m, err := io.ReadFull(cloud.ContextReader(gctx, r), buf)
+		var m int
+		m, crc, err = fill(cloud.ContextReader(gctx, r), buf)
 		total += int64(m)
 		if m == 0 && errors.Is(err, io.EOF) {
 			u.s.pool.put(buf)
 			break
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			body, n := buf, num+1
+			body, n, sum := buf, num+1, crc
 			g.Go(func() error {
 				defer u.s.pool.put(body)
-				return u.part(gctx, n, body[:m])
+				return u.part(gctx, n, body[:m], sum)
 			})
 			break
 		}
@@ -186,11 +218,11 @@ func (u *upload) send(ctx context.Context, buf []byte, r io.Reader, part int64) 
 	return total, g.Wait()
 }
 
-func (u *upload) part(ctx context.Context, num int32, data []byte) error {
+func (u *upload) part(ctx context.Context, num int32, data []byte, crc uint32) error {
 	out, err := u.s.client.UploadPart(ctx, &s3.UploadPartInput{
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id, PartNumber: aws.Int32(num),
 		Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	})
 	if err != nil {
 		return fmt.Errorf("part %d: %w", num, translate(err))

@@ -4,7 +4,12 @@
 package s3test
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -29,6 +34,7 @@ type Server struct {
 	backend  *s3mem.Backend
 	http     *httptest.Server
 	parts    atomic.Int64
+	verified atomic.Int64
 }
 
 // Start serves a fake S3 on 127.0.0.1 with bucket already created. The
@@ -45,6 +51,9 @@ func Start(bucket string) (*Server, error) {
 		if r.Method == http.MethodPut && r.URL.Query().Has("partNumber") {
 			s.parts.Add(1)
 		}
+		if r.Method == http.MethodPut && !s.checkCRC32C(w, r) {
+			return
+		}
 		h.ServeHTTP(w, r)
 	}))
 	s.Endpoint = s.http.URL
@@ -53,6 +62,39 @@ func Start(bucket string) (*Server, error) {
 
 // PartUploads counts the UploadPart requests the server received.
 func (s *Server) PartUploads() int64 { return s.parts.Load() }
+
+// Verified counts the PUTs whose x-amz-checksum-crc32c header the server
+// checked against the body and found equal.
+func (s *Server) Verified() int64 { return s.verified.Load() }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checkCRC32C does what S3 does and gofakes3 does not: a PUT whose
+// x-amz-checksum-crc32c header does not match its body fails with 400
+// BadDigest. Bodies in aws-chunked encoding (trailing checksums, TLS only)
+// are passed through.
+func (s *Server) checkCRC32C(w http.ResponseWriter, r *http.Request) bool {
+	want := r.Header.Get("X-Amz-Checksum-Crc32c")
+	if want == "" || strings.Contains(r.Header.Get("Content-Encoding"), "aws-chunked") {
+		return true
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	got := base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc32.Checksum(body, castagnoli)))
+	if got != want {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>BadDigest</Code>"+
+			"<Message>The CRC32C you specified did not match the calculated checksum.</Message></Error>")
+		return false
+	}
+	s.verified.Add(1)
+	return true
+}
 
 // CreateBucket adds another bucket.
 func (s *Server) CreateBucket(name string) error { return s.backend.CreateBucket(name) }
