@@ -52,7 +52,7 @@ func benchE2E(c *config, r *report, s *stores) error {
 	var peakMax int64
 	peakWhere := ""
 	for _, st := range storesList {
-		env := s.s3Env()
+		env := s.minio.env()
 		if st.name == "gcs" {
 			env = s.gcsEnv()
 		}
@@ -72,7 +72,7 @@ func benchE2E(c *config, r *report, s *stores) error {
 				}
 				if st.name == "file" {
 					os.RemoveAll(strings.TrimPrefix(uri, "file://"))
-				} else if err := s.deletePrefix(uri); err != nil {
+				} else if err := deletePrefix(env, uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
 				}
 				s.emptyTrash()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,19 +37,51 @@ const (
 
 // stores are the protocol servers every transfer figure uses.
 type stores struct {
-	minioURL string // http://127.0.0.1:PORT
-	data     string // MinIO's data directory
-	gcsHost  string // 127.0.0.1:PORT
-	procs    []*exec.Cmd
-	s3       *s3.Client
-	presign  *s3.PresignClient
+	minio *minioServer // stock settings
+	// lean is MinIO started with --no-compat: no MD5 of every byte for the
+	// ETag (half of MinIO's CPU in an upload). The 1 GiB upload is also
+	// measured against it, to show the clients with less of the server's
+	// work on the shared cores, as with a real bucket.
+	lean    *minioServer
+	gcsHost string // 127.0.0.1:PORT
+	procs   []*exec.Cmd
 }
 
-// s3Env is the environment for spotagent, the AWS CLI and the SDK.
-func (s *stores) s3Env() []string {
+// minioServer is one MinIO process holding the bench bucket.
+type minioServer struct {
+	url     string // http://127.0.0.1:PORT
+	data    string // its data directory
+	client  *s3.Client
+	presign *s3.PresignClient
+	pid     int
+}
+
+// cpu is the server's CPU time so far (user + system, seconds); 0 for nil
+// (fake-gcs-server is not measured).
+func (m *minioServer) cpu() float64 {
+	if m == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the ")" that ends the command name: utime and stime are
+	// the 12th and 13th, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100
+}
+
+// env is the environment for spotagent, the AWS CLI and the SDK.
+func (m *minioServer) env() []string {
 	return []string{
 		"AWS_ACCESS_KEY_ID=" + minioUser, "AWS_SECRET_ACCESS_KEY=" + minioSecret, "AWS_REGION=us-east-1",
-		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + s.minioURL,
+		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + m.url,
 		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null",
 	}
 }
@@ -55,7 +89,11 @@ func (s *stores) s3Env() []string {
 func (s *stores) gcsEnv() []string { return []string{"STORAGE_EMULATOR_HOST=" + s.gcsHost} }
 
 func (s *stores) Close() {
-	defer os.RemoveAll(s.data)
+	for _, m := range []*minioServer{s.minio, s.lean} {
+		if m != nil {
+			defer os.RemoveAll(m.data)
+		}
+	}
 	for _, p := range s.procs {
 		p.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
@@ -77,46 +115,23 @@ func freePort() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// startStores starts MinIO (single drive, data on tmpfs so that the server's
-// disk is not what is measured: real S3 has no local disk in the way) and
-// fake-gcs-server (in memory, in a child process).
+// startStores starts two MinIO servers (single drive, data on tmpfs so that
+// the server's disk is not what is measured: real S3 has no local disk in
+// the way), one stock and one --no-compat, and fake-gcs-server (in memory,
+// in a child process).
 func startStores(c *config) (*stores, error) {
 	s := &stores{}
 	if _, err := os.Stat(c.minio); err != nil {
 		return nil, fmt.Errorf("minio binary: %w (scripts/bench.sh installs it)", err)
 	}
-	addr, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	data := minioDataDir(c)
-	s.data = data
-	os.RemoveAll(data)
-	if err := os.MkdirAll(data, 0o700); err != nil {
-		return nil, err
-	}
-	m := exec.Command(c.minio, "server", "--quiet", "--address", addr, "--console-address", "127.0.0.1:0", data)
-	m.Env = append(os.Environ(), "MINIO_ROOT_USER="+minioUser, "MINIO_ROOT_PASSWORD="+minioSecret,
-		"MINIO_BROWSER=off", "MINIO_UPDATE=off")
-	mlog, _ := os.Create(filepath.Join(c.work, "minio.log"))
-	m.Stdout, m.Stderr = mlog, mlog
-	if err := m.Start(); err != nil {
-		return nil, err
-	}
-	s.procs = append(s.procs, m)
-	s.minioURL = "http://" + addr
-	if err := waitHTTP(s.minioURL+"/minio/health/live", 60*time.Second); err != nil {
+	var err error
+	if s.minio, err = s.startMinIO(c, "minio"); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("minio: %w (log %s)", err, mlog.Name())
+		return nil, err
 	}
-	s.s3 = s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(s.minioURL), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider(minioUser, minioSecret, ""),
-	})
-	s.presign = s3.NewPresignClient(s.s3)
-	if _, err := s.s3.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+	if s.lean, err = s.startMinIO(c, "minio-lean", "--no-compat"); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("minio: create bucket: %w", err)
+		return nil, err
 	}
 
 	g := exec.Command(c.self, "gcs-server")
@@ -140,18 +155,55 @@ func startStores(c *config) (*stores, error) {
 		return nil, fmt.Errorf("gcs-server: %w", err)
 	}
 	s.gcsHost = strings.TrimSpace(line)
-	logf("minio %s (data %s), fake-gcs-server %s", s.minioURL, data, s.gcsHost)
+	logf("minio %s (data %s), minio --no-compat %s, fake-gcs-server %s", s.minio.url, s.minio.data, s.lean.url, s.gcsHost)
 	return s, nil
+}
+
+// startMinIO starts a MinIO server named name (its data directory and log
+// file) with the bench bucket.
+func (s *stores) startMinIO(c *config, name string, flags ...string) (*minioServer, error) {
+	addr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	m := &minioServer{url: "http://" + addr, data: minioDataDir(c, name)}
+	os.RemoveAll(m.data)
+	if err := os.MkdirAll(m.data, 0o700); err != nil {
+		return nil, err
+	}
+	args := append([]string{"server", "--quiet", "--address", addr, "--console-address", "127.0.0.1:0"}, flags...)
+	cmd := exec.Command(c.minio, append(args, m.data)...)
+	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+minioUser, "MINIO_ROOT_PASSWORD="+minioSecret,
+		"MINIO_BROWSER=off", "MINIO_UPDATE=off")
+	mlog, _ := os.Create(filepath.Join(c.work, name+".log"))
+	cmd.Stdout, cmd.Stderr = mlog, mlog
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s.procs = append(s.procs, cmd)
+	m.pid = cmd.Process.Pid
+	if err := waitHTTP(m.url+"/minio/health/live", 60*time.Second); err != nil {
+		return m, fmt.Errorf("%s: %w (log %s)", name, err, mlog.Name())
+	}
+	m.client = s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(m.url), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(minioUser, minioSecret, ""),
+	})
+	m.presign = s3.NewPresignClient(m.client)
+	if _, err := m.client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		return m, fmt.Errorf("%s: create bucket: %w", name, err)
+	}
+	return m, nil
 }
 
 // minioDataDir is on tmpfs when there is room: the figures are about the
 // client, not the local disk under a test server.
-func minioDataDir(c *config) string {
+func minioDataDir(c *config, name string) string {
 	var st syscall.Statfs_t
 	if syscall.Statfs("/dev/shm", &st) == nil && int64(st.Bavail)*int64(st.Bsize) > 12<<30 {
-		return "/dev/shm/spotbench-minio"
+		return "/dev/shm/spotbench-" + name
 	}
-	return filepath.Join(c.work, "minio")
+	return filepath.Join(c.work, name)
 }
 
 func waitHTTP(url string, timeout time.Duration) error {
@@ -174,8 +226,8 @@ func waitHTTP(url string, timeout time.Duration) error {
 	}
 }
 
-func (s *stores) presignPut(key string) (string, error) {
-	req, err := s.presign.PresignPutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
+func (m *minioServer) presignPut(key string) (string, error) {
+	req, err := m.presign.PresignPutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
 		s3.WithPresignExpires(time.Hour))
 	if err != nil {
 		return "", err
@@ -183,8 +235,8 @@ func (s *stores) presignPut(key string) (string, error) {
 	return req.URL, nil
 }
 
-func (s *stores) presignGet(key string) (string, error) {
-	req, err := s.presign.PresignGetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
+func (m *minioServer) presignGet(key string) (string, error) {
+	req, err := m.presign.PresignGetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
 		s3.WithPresignExpires(time.Hour))
 	if err != nil {
 		return "", err
@@ -192,12 +244,9 @@ func (s *stores) presignGet(key string) (string, error) {
 	return req.URL, nil
 }
 
-// deletePrefix removes every object under uri (s3://bench/p or gs://bench/p).
-func (s *stores) deletePrefix(uri string) error {
-	env := s.s3Env()
-	if strings.HasPrefix(uri, "gs://") {
-		env = s.gcsEnv()
-	}
+// deletePrefix removes every object under uri (s3://bench/p or
+// gs://bench/p), reaching the store through env.
+func deletePrefix(env []string, uri string) error {
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v)
@@ -220,10 +269,11 @@ func (s *stores) deletePrefix(uri string) error {
 	return nil
 }
 
-// deleteRaw removes the single-stream object key ("up/raw-...").
-func (s *stores) deleteRaw(store, key string) error {
-	if store == "s3" {
-		_, err := s.s3.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+// deleteRaw removes the single-stream object key ("up/raw-...") from m, or
+// from fake-gcs-server when m is nil.
+func (s *stores) deleteRaw(m *minioServer, key string) error {
+	if m != nil {
+		_, err := m.client.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
 		return err
 	}
 	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s", s.gcsHost, bucket, url.PathEscape(key)), nil)
@@ -244,10 +294,12 @@ func (s *stores) deleteRaw(store, key string) error {
 // emptyTrash frees what MinIO keeps of deleted objects (it moves them to
 // .minio.sys/tmp/.trash and purges later): on tmpfs that is memory.
 func (s *stores) emptyTrash() {
-	trash := filepath.Join(s.data, ".minio.sys", "tmp", ".trash")
-	ents, _ := os.ReadDir(trash)
-	for _, e := range ents {
-		os.RemoveAll(filepath.Join(trash, e.Name()))
+	for _, m := range []*minioServer{s.minio, s.lean} {
+		trash := filepath.Join(m.data, ".minio.sys", "tmp", ".trash")
+		ents, _ := os.ReadDir(trash)
+		for _, e := range ents {
+			os.RemoveAll(filepath.Join(trash, e.Name()))
+		}
 	}
 }
 
