@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,14 +32,52 @@ const (
 	binPath      = "/usr/local/bin/spotagent"
 )
 
-// Flags of `spotagent run` that have an SPOTAGENT_* environment fallback.
-var runFlagEnv = map[string]bool{}
+// runEnv caches the environment fallbacks of `spotagent run`, read once.
+var runEnv struct {
+	once sync.Once
+	vars map[string]bool
+	err  error
+}
 
-func init() {
-	for _, f := range []string{"store", "run-id", "checkpoint-dir", "socket", "interval", "keep",
-		"term-grace", "kill-after", "cloud", "max-restarts", "metrics-addr", "log-format", "log-level", "signal"} {
-		runFlagEnv["SPOTAGENT_"+strings.ToUpper(strings.ReplaceAll(f, "-", "_"))] = true
+// runFlagEnv returns the SPOTAGENT_* variables that `spotagent run` reads,
+// taken from the help of a freshly built binary, so it cannot go stale.
+func runFlagEnv(t *testing.T) map[string]bool {
+	t.Helper()
+	runEnv.once.Do(func() { runEnv.vars, runEnv.err = readRunFlagEnv(t.TempDir()) })
+	if runEnv.err != nil {
+		t.Fatal(runEnv.err)
 	}
+	return runEnv.vars
+}
+
+// readRunFlagEnv builds spotagent into dir and parses `spotagent run -h`:
+// parseFlags appends "(env SPOTAGENT_<FLAG>)" to every flag's usage.
+func readRunFlagEnv(dir string) (map[string]bool, error) {
+	bin := filepath.Join(dir, "spotagent")
+	build := exec.Command("go", "build", "-tags", "disable_grpc_modules", "-o", bin, "./cmd/spotagent")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build spotagent: %w\n%s", err, out)
+	}
+	help := exec.Command(bin, "run", "-h")
+	// A SPOTAGENT_* value in the test's environment could fail parsing before -h.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPOTAGENT_") {
+			help.Env = append(help.Env, kv)
+		}
+	}
+	out, err := help.CombinedOutput() // -h exits 2
+	if !bytes.Contains(out, []byte("usage: spotagent run")) {
+		return nil, fmt.Errorf("spotagent run -h: %v, no usage:\n%s", err, out)
+	}
+	vars := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\(env (SPOTAGENT_[A-Z0-9_]+)\)`).FindAllSubmatch(out, -1) {
+		vars[string(m[1])] = true
+	}
+	if !vars["SPOTAGENT_STORE"] {
+		return nil, fmt.Errorf("spotagent run -h names no SPOTAGENT_STORE (found %d env fallbacks):\n%s", len(vars), out)
+	}
+	return vars, nil
 }
 
 // need fails (never skips) when a tool the deploy checks rely on is missing.
@@ -193,8 +232,9 @@ func TestSystemdUnitSettings(t *testing.T) {
 	}
 
 	env := unitEnv(t, svc)
+	flagEnv := runFlagEnv(t)
 	for k := range env {
-		if strings.HasPrefix(k, "SPOTAGENT_") && !runFlagEnv[k] {
+		if strings.HasPrefix(k, "SPOTAGENT_") && !flagEnv[k] {
 			t.Errorf("Environment=%s: no such spotagent run flag", k)
 		}
 	}
@@ -249,8 +289,9 @@ func TestExampleEnv(t *testing.T) {
 			t.Errorf("example.env does not set %s", k)
 		}
 	}
+	flagEnv := runFlagEnv(t)
 	for k := range envFile(t, text, true) {
-		if strings.HasPrefix(k, "SPOTAGENT_") && !runFlagEnv[k] {
+		if strings.HasPrefix(k, "SPOTAGENT_") && !flagEnv[k] {
 			t.Errorf("example.env: %s is not the env fallback of any spotagent run flag", k)
 		}
 	}
