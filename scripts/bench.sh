@@ -32,7 +32,7 @@ fi
 [ -x bin/spotagent ] || make build GO="$GO" # the shipped build: tags and flags matter for RSS
 "$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
 
-cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio; }
+cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lean; }
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \

@@ -167,9 +167,10 @@ func (s *stores) startMinIO(c *config, name string, flags ...string) (*minioServ
 		return nil, err
 	}
 	m := &minioServer{url: "http://" + addr, data: minioDataDir(c, name)}
+	// Errors return m too: the caller's Close removes m.data.
 	os.RemoveAll(m.data)
 	if err := os.MkdirAll(m.data, 0o700); err != nil {
-		return nil, err
+		return m, err
 	}
 	args := append([]string{"server", "--quiet", "--address", addr, "--console-address", "127.0.0.1:0"}, flags...)
 	cmd := exec.Command(c.minio, append(args, m.data)...)
@@ -178,7 +179,7 @@ func (s *stores) startMinIO(c *config, name string, flags ...string) (*minioServ
 	mlog, _ := os.Create(filepath.Join(c.work, name+".log"))
 	cmd.Stdout, cmd.Stderr = mlog, mlog
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return m, err
 	}
 	s.procs = append(s.procs, cmd)
 	m.pid = cmd.Process.Pid

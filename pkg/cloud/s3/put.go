@@ -2,6 +2,7 @@ package s3
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -81,7 +82,7 @@ func fill(r io.Reader, buf []byte) (n int, crc uint32, err error) {
 	switch {
 	case n == len(buf):
 		err = nil
-	case n > 0 && errors.Is(err, io.EOF):
+	case n > 0 && err == io.EOF: // as io.ReadFull: only EOF itself, not an error wrapping it
 		err = io.ErrUnexpectedEOF
 	}
 	return n, crc, err
@@ -228,7 +229,9 @@ func (u *upload) part(ctx context.Context, num int32, data []byte, crc uint32) e
 		return fmt.Errorf("part %d: %w", num, translate(err))
 	}
 	u.mu.Lock()
-	u.done = append(u.done, types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC32C: out.ChecksumCRC32C})
+	// Complete needs each part's checksum; a server that does not echo it
+	// gets the one sent.
+	u.done = append(u.done, types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC32C: cmp.Or(out.ChecksumCRC32C, checksum(crc))})
 	u.mu.Unlock()
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,11 +72,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // checkCRC32C does what S3 does and gofakes3 does not: a PUT whose
 // x-amz-checksum-crc32c header does not match its body fails with 400
-// BadDigest. Bodies in aws-chunked encoding (trailing checksums, TLS only)
-// are passed through.
+// BadDigest. Bodies in aws-chunked encoding (trailing checksums, streaming
+// SigV4) are passed through.
 func (s *Server) checkCRC32C(w http.ResponseWriter, r *http.Request) bool {
 	want := r.Header.Get("X-Amz-Checksum-Crc32c")
-	if want == "" || strings.Contains(r.Header.Get("Content-Encoding"), "aws-chunked") {
+	if want == "" || strings.HasPrefix(r.Header.Get("X-Amz-Content-Sha256"), "STREAMING-") ||
+		slices.ContainsFunc(r.Header.Values("Content-Encoding"), func(v string) bool { return strings.Contains(v, "aws-chunked") }) {
 		return true
 	}
 	body, err := io.ReadAll(r.Body)
