@@ -2,13 +2,21 @@ package s3
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"testing/iotest"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // fill must read exactly like io.ReadFull (the upload loop relies on its
@@ -54,5 +62,49 @@ func TestChecksumEncoding(t *testing.T) {
 	// CRC-32C check value (RFC 3720, B.4): "123456789" → 0xE3069283.
 	if got := *checksum(crc32.Checksum([]byte("123456789"), castagnoli)); got != "4waSgw==" {
 		t.Fatalf("checksum = %q, want 4waSgw==", got)
+	}
+}
+
+// The store, not the SDK, computes each part's CRC32C (in the read pass);
+// over plain HTTP the SDK would otherwise fill in one of its own, so the
+// server's check alone cannot tell who did.
+func TestChecksumsComeFromTheStore(t *testing.T) {
+	srv := s3test.New(t)
+	st, err := New(t.Context(), srv.Bucket, "sums", Options{PartSize: 5 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	given := map[string]int{} // operation → inputs that arrived with a CRC32C set
+	capture := middleware.InitializeMiddlewareFunc("captureChecksum", func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+		mu.Lock()
+		switch p := in.Parameters.(type) {
+		case *s3.UploadPartInput:
+			if p.ChecksumCRC32C != nil {
+				given["UploadPart"]++
+			}
+		case *s3.PutObjectInput:
+			if p.ChecksumCRC32C != nil {
+				given["PutObject"]++
+			}
+		}
+		mu.Unlock()
+		return next.HandleInitialize(ctx, in)
+	})
+	st.client = s3.New(st.client.Options(), func(o *s3.Options) {
+		o.APIOptions = append(o.APIOptions, func(s *middleware.Stack) error { return s.Initialize.Add(capture, middleware.Before) })
+	})
+	data := bytes.Repeat([]byte("checkpoint"), 1<<20) // 10 MiB: 2 parts
+	if err := st.Put(t.Context(), "big", bytes.NewReader(data), int64(len(data)), cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(t.Context(), "small", bytes.NewReader(data[:100]), 100, cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if given["UploadPart"] != 2 || given["PutObject"] != 1 {
+		t.Fatalf("inputs with the store's CRC32C: %v, want 2 UploadPart and 1 PutObject", given)
+	}
+	if got := srv.Verified(); got != 3 {
+		t.Fatalf("server verified %d checksums, want 3", got)
 	}
 }
