@@ -51,7 +51,8 @@ func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
 // buffers with one io.ReadFull; read whole, the bytes have left the CPU
 // cache before sha256 (and the S3 store's CRC32C) get to them. In 256 KiB
 // steps they are hashed while still in L2. A 1 GiB commit to MinIO took
-// 1.85 core-seconds before, 1.45 after (64 KiB: the same; 1 MiB: 1.6).
+// 1.85 core-seconds before, 1.61 with this alone and 1.45 with the S3
+// store's CRC32C in the same pass (64 KiB steps: the same; 1 MiB: 1.6).
 const hashChunk = 256 << 10
 
 // countingReader counts and hashes what passes through it.

@@ -151,9 +151,9 @@ func benchTransfer(c *config, r *report, s *stores) error {
 	restoreDir := filepath.Join(c.work, "restore")
 	clean := func() { os.RemoveAll(restoreDir) }
 	for _, sr := range transferRuns(s, sets) {
-		store, m, env, tools := sr.name, sr.minio, s.gcsEnv(), []string{"spotagent", "curl"}
+		store, m, env, tools, scheme := sr.name, sr.minio, s.gcsEnv(), []string{"spotagent", "curl"}, "gs"
 		if m != nil {
-			env, tools = m.env(), []string{"spotagent", "aws cli", "curl"}
+			env, tools, scheme = m.env(), []string{"spotagent", "aws cli", "curl"}, "s3"
 		}
 		for _, ds := range sr.sets {
 			// Repetition -1 is a warm-up, not recorded: the first transfer
@@ -165,10 +165,6 @@ func benchTransfer(c *config, r *report, s *stores) error {
 				r0 := max(rep, 0)
 				order := append(tools[r0%len(tools):], tools[:r0%len(tools)]...)
 				order = append([]string(nil), order...)
-				scheme := "s3"
-				if m == nil {
-					scheme = "gs"
-				}
 				saURI := fmt.Sprintf("%s://%s/up/sa-%s-%d", scheme, bucket, ds.name, rep)
 				rawKey := fmt.Sprintf("up/raw-%s-%d", ds.name, rep)
 				cliPrefix := fmt.Sprintf("s3://%s/up/cli-%s-%d/", bucket, ds.name, rep)
@@ -207,10 +203,11 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					}
 				}
 				// Restore (download + verify for spotagent) of the same objects.
-				for _, tool := range order {
-					if !sr.restore {
-						break
-					}
+				restoreOrder := order
+				if !sr.restore {
+					restoreOrder = nil
+				}
+				for _, tool := range restoreOrder {
 					clean()
 					var d time.Duration
 					var rss int64

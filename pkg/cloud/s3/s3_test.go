@@ -53,8 +53,8 @@ func TestConformanceRealS3(t *testing.T) {
 }
 
 // Every part and single PUT carries a CRC32C that the server checks (the
-// fake rejects a wrong one, as S3 does), computed by the store while it
-// reads rather than by the SDK.
+// fake rejects a wrong one, as S3 does). That the store, not the SDK,
+// computed it is TestChecksumsComeFromTheStore's to show.
 func TestChecksumsVerifiedByServer(t *testing.T) {
 	srv := s3test.New(t)
 	st := newStore(t, srv.Bucket, s3.Options{PartSize: 5 << 20, Concurrency: 2})

@@ -90,7 +90,7 @@ func (s *Server) checkCRC32C(w http.ResponseWriter, r *http.Request) bool {
 	if got != want {
 		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>BadDigest</Code>"+
+		fmt.Fprint(w, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>BadDigest</Code>"+
 			"<Message>The CRC32C you specified did not match the calculated checksum.</Message></Error>")
 		return false
 	}
