@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,9 @@ type Agent struct {
 	exitCode  int
 	childGone bool // exited for good (or never had one)
 	killing   bool // child.Stop running
+	// deadlineKill: the stop sequence's deadline passed with the trainer
+	// still running, and the agent sent it SIGTERM (SIGKILL after KillAfter).
+	deadlineKill bool
 
 	pending    map[string]*request
 	uploads    map[string]*upload
@@ -65,10 +69,19 @@ type committedCheckpoint struct {
 	trainedAt time.Time // when, in this session, the trainer's state matched it
 }
 
+// ExitInterrupted (75, EX_TEMPFAIL in sysexits.h) is the one exit code that
+// means "interrupted: the checkpoint is committed (or a best effort was
+// made), run me again". The Python client exits with it after a stop for an
+// interruption or shutdown, and so does spotagent run (see exitCodeFor).
+// Orchestrators restart on it: a Kubernetes Job's podFailurePolicy Ignores
+// it, systemd's Restart=on-failure restarts it.
+const ExitInterrupted = 75
+
 // Run restores, starts the trainer and supervises it until it exits (or,
 // without a child, until a shutdown completes). It returns the exit code the
-// agent should exit with: the child's. An error means the agent could not
-// start (store or socket unusable) and nothing was launched.
+// agent should exit with: the child's, or ExitInterrupted after an
+// interruption or shutdown (see exitCodeFor). An error means the agent could
+// not start (store or socket unusable) and nothing was launched.
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
 	a, err := newAgent(ctx, cfg)
 	if err != nil {
@@ -315,9 +328,9 @@ func (a *Agent) onChildExit() {
 	code := a.child.ExitCode()
 	a.childPID.Store(0) // the pid may be reused: nothing may signal it now
 	a.childDone = nil
-	a.exitCode = code
+	a.exitCode = a.exitCodeFor(code)
 	a.killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()))
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()), zap.Int("agent_exit_code", a.exitCode))
 	for id, r := range a.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -351,6 +364,26 @@ func (a *Agent) onChildExit() {
 			a.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", a.restarts))
 		}
 	}
+}
+
+// exitCodeFor maps the trainer's exit code to the agent's. After an
+// interruption or shutdown (a stop sequence ran) the run is to be continued
+// elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
+// itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
+// ExitInterrupted (the previous committed checkpoint stands). Any other code
+// (a trainer that crashed on its own, or one stopped by a second signal)
+// passes through, as it does without a stop.
+func (a *Agent) exitCodeFor(code int) int {
+	if a.stopping == nil {
+		return code
+	}
+	switch {
+	case code == 0, code == ExitInterrupted:
+		return ExitInterrupted
+	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)):
+		return ExitInterrupted
+	}
+	return code
 }
 
 // restart restores the newest committed checkpoint and starts the trainer again.

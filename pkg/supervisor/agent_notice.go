@@ -11,6 +11,11 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
+// LateNoticeGrace is the deadline given to a termination notice whose own
+// deadline has already passed when the agent sees it: short, because the
+// machine may go at any moment, but long enough for a small checkpoint.
+const LateNoticeGrace = 10 * time.Second
+
 // stopState is the interruption (or shutdown) in progress.
 type stopState struct {
 	notice   metadata.Notice
@@ -132,6 +137,14 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 	deadline := n.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(a.cfg.TermGrace)
+	}
+	if !deadline.After(now) {
+		// Seen late (a slow poll, a metadata outage, clocks that disagree):
+		// the machine may still live a moment. Try a checkpoint anyway
+		// rather than stop the trainer at once with nothing saved.
+		a.log.Warn("notice deadline already passed: trying a best-effort checkpoint",
+			zap.Time("notice_deadline", deadline), zap.Duration("grace", LateNoticeGrace))
+		deadline = now.Add(LateNoticeGrace)
 	}
 	if s := a.stopping; s != nil {
 		if deadline.Before(s.deadline) {
@@ -278,6 +291,7 @@ func (a *Agent) tickStop(now time.Time) {
 		}
 		if a.childDone != nil && !a.killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
+			a.deadlineKill = true
 			a.stopChild()
 		}
 	}

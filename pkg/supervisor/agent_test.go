@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -302,10 +303,11 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	if req.Reason != ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
 		t.Fatalf("request=%+v", req)
 	}
-	// The trainer never answers: stop comes anyway, the child is killed.
+	// The trainer never answers: stop comes anyway, the child is killed at
+	// the deadline, and the run is one to continue elsewhere.
 	tr.expect(TypeStop)
-	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
-		t.Fatalf("exit code=%d, want %d", code, 128+int(syscall.SIGTERM))
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code=%d, want %d (killed at the stop deadline)", code, ExitInterrupted)
 	}
 	if got := latestStep(t, ar); got != 5 {
 		t.Fatalf("latest step=%d, want 5 (the previous checkpoint stands)", got)
@@ -388,5 +390,103 @@ func TestAgent_SecondSignalStopsAtOnce(t *testing.T) {
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
+
+// TestAgent_ExitCodeAfterStop: after an interruption, a trainer that exits
+// 0 or 75 makes the agent exit ExitInterrupted; a trainer that crashes with
+// another code keeps it; without a notice the trainer's 0 stays 0.
+func TestAgent_ExitCodeAfterStop(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		notice bool
+		exit   int
+		want   int
+	}{
+		{"clean exit after notice", true, 0, ExitInterrupted},
+		{"client's 75 after notice", true, 75, ExitInterrupted},
+		{"crash after notice", true, 3, 3},
+		{"clean exit, no notice", false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+			release := filepath.Join(shortDir(t), "release")
+			ar := startAgent(t, func(c *Config) {
+				c.Source = src
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(tc.exit)}
+			})
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.hello()
+			if tc.notice {
+				now := time.Now()
+				src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+				tr.save(tr.expect(TypeCheckpoint), 3, "w")
+				tr.expect(TypeCommitted)
+				if s := tr.expect(TypeStop); s.Reason != ReasonInterruption {
+					t.Fatalf("stop=%+v", s)
+				}
+			}
+			os.WriteFile(release, nil, 0o600)
+			if got := ar.wait(t); got != tc.want {
+				t.Fatalf("exit code=%d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestAgent_LateNotice: a termination notice whose deadline has already
+// passed still asks for a checkpoint, with a short deadline in the future,
+// and commits it.
+func TestAgent_LateNotice(t *testing.T) {
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) { c.Source = src; c.Margin = 100 * time.Millisecond })
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	now := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
+	req := tr.expect(TypeCheckpoint)
+	if req.Reason != ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(LateNoticeGrace)) {
+		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, LateNoticeGrace)
+	}
+	tr.save(req, 8, "w")
+	tr.expect(TypeCommitted)
+	s := tr.expect(TypeStop)
+	if s.Reason != ReasonInterruption || s.Deadline == nil || !s.Deadline.After(now) {
+		t.Fatalf("stop=%+v", s)
+	}
+	if got := latestStep(t, ar); got != 8 {
+		t.Fatalf("latest step=%d, want 8", got)
+	}
+}
+
+// TestAgent_SIGTERMDuringInterruption: a drain's SIGTERM while the
+// interruption checkpoint is in flight folds into it: no second
+// (shutdown) request, the earlier deadline stays, one commit, one stop.
+func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) { c.Source = src; c.TermGrace = time.Hour })
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	now := time.Now()
+	deadline := now.Add(time.Minute).Truncate(time.Millisecond)
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: deadline}
+	req := tr.expect(TypeCheckpoint)
+	ar.sigs <- syscall.SIGTERM
+	ar.waitStatus(t, "the signal taken in", func(s Status) bool { return s.NoticesSeen == 2 })
+	tr.save(req, 11, "w")
+	// A second checkpoint request here would fail these expectations.
+	if c := tr.expect(TypeCommitted); c.ID != req.ID {
+		t.Fatalf("committed=%+v, want %s", c, req.ID)
+	}
+	s := tr.expect(TypeStop)
+	if s.Reason != ReasonInterruption || s.Deadline == nil || !s.Deadline.Equal(deadline) {
+		t.Fatalf("stop=%+v, want reason interruption and the notice's deadline %v", s, deadline)
+	}
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code=%d, want 0 (no child)", code)
+	}
+	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
+	if err != nil || len(j.Interruptions) != 1 || !j.Interruptions[0].CommitOK {
+		t.Fatalf("journal interruptions=%+v err=%v, want one committed", j.Interruptions, err)
 	}
 }
