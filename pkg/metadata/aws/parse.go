@@ -8,13 +8,22 @@ import (
 	"time"
 )
 
+// SpotNoticeLead is how long ahead of the action AWS announces a spot
+// interruption: the deadline taken when the notice's time does not parse.
+const SpotNoticeLead = 2 * time.Minute
+
 // InstanceAction is the body of spot/instance-action.
 type InstanceAction struct {
 	Action string    // terminate, stop, hibernate
-	Time   time.Time // when the action happens
+	Time   time.Time // when the action happens; zero when BadTime is set
+	// BadTime is the time as IMDS wrote it when it did not parse: the
+	// action still stands (the machine goes), only its deadline is unknown.
+	BadTime string
 }
 
-// ParseInstanceAction parses spot/instance-action.
+// ParseInstanceAction parses spot/instance-action. A known action whose time
+// does not parse is returned with BadTime set, not as an error: dropping it
+// would drop the interruption.
 func ParseInstanceAction(body []byte) (InstanceAction, error) {
 	var w struct {
 		Action string `json:"action"`
@@ -30,22 +39,27 @@ func ParseInstanceAction(body []byte) (InstanceAction, error) {
 	}
 	t, err := time.Parse(time.RFC3339, w.Time)
 	if err != nil {
-		return InstanceAction{}, fmt.Errorf("parse instance-action time: %w", err)
+		return InstanceAction{Action: w.Action, BadTime: w.Time}, nil
 	}
 	return InstanceAction{Action: w.Action, Time: t}, nil
 }
 
-// ParseRebalance parses events/recommendations/rebalance and returns its noticeTime.
+// ParseRebalance parses events/recommendations/rebalance and returns its
+// noticeTime; zero when the time does not parse (the recommendation stands:
+// it carries no deadline).
 func ParseRebalance(body []byte) (time.Time, error) {
 	var w struct {
-		NoticeTime string `json:"noticeTime"`
+		NoticeTime *string `json:"noticeTime"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
 		return time.Time{}, fmt.Errorf("parse rebalance: %w", err)
 	}
-	t, err := time.Parse(time.RFC3339, w.NoticeTime)
+	if w.NoticeTime == nil {
+		return time.Time{}, errors.New("parse rebalance: no noticeTime")
+	}
+	t, err := time.Parse(time.RFC3339, *w.NoticeTime)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("parse rebalance time: %w", err)
+		return time.Time{}, nil
 	}
 	return t, nil
 }
@@ -56,13 +70,15 @@ type ScheduledEvent struct {
 	Code        string // system-reboot, system-maintenance, instance-reboot, instance-stop, instance-retirement
 	Description string
 	State       string // active, completed, canceled
-	NotBefore   time.Time
-	NotAfter    time.Time // zero when absent
+	NotBefore   time.Time // zero when BadTime is set
+	NotAfter    time.Time // zero when absent or unparseable
+	BadTime     string    // NotBefore as IMDS wrote it, when it did not parse
 }
 
 // ParseScheduledEvents parses events/maintenance/scheduled. Every event must
-// have an EventId, a known State and a NotBefore; one bad event fails the
-// whole document, so that a half-read answer never yields a notice.
+// have an EventId and a known State; one bad event fails the whole
+// document, so that a half-read answer never yields a notice. A NotBefore
+// that does not parse does not drop the event: BadTime keeps it.
 func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
 	var ws []struct {
 		NotBefore   string `json:"NotBefore"`
@@ -85,14 +101,16 @@ func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
 		default:
 			return nil, fmt.Errorf("parse scheduled events: %s: unknown state %q", w.EventID, w.State)
 		}
+		ev := ScheduledEvent{EventID: w.EventID, Code: w.Code, Description: w.Description, State: w.State}
 		nb, err := ParseTime(w.NotBefore)
 		if err != nil {
-			return nil, fmt.Errorf("parse scheduled events: %s: %w", w.EventID, err)
+			ev.BadTime = w.NotBefore
+		} else {
+			ev.NotBefore = nb
 		}
-		ev := ScheduledEvent{EventID: w.EventID, Code: w.Code, Description: w.Description, State: w.State, NotBefore: nb}
 		if w.NotAfter != "" {
 			if ev.NotAfter, err = ParseTime(w.NotAfter); err != nil {
-				return nil, fmt.Errorf("parse scheduled events: %s: %w", w.EventID, err)
+				ev.NotAfter = time.Time{}
 			}
 		}
 		evs = append(evs, ev)

@@ -32,7 +32,11 @@ func TestParseScheduledEvents(t *testing.T) {
 	if e.EventID != "instance-event-0d59937288b749b32" || e.Code != "system-reboot" || e.State != "active" {
 		t.Errorf("event=%+v", e)
 	}
-	for _, bad := range []string{``, `{}`, `[{"EventId":"x","State":"active","NotBefore":"2019-01-21"}]`,
+	evs, err = ParseScheduledEvents([]byte(`[{"EventId":"x","State":"active","NotBefore":"2019-01-21"}]`))
+	if err != nil || len(evs) != 1 || !evs[0].NotBefore.IsZero() || evs[0].BadTime != "2019-01-21" {
+		t.Errorf("unparseable NotBefore: %+v, %v; want the event with BadTime", evs, err)
+	}
+	for _, bad := range []string{``, `{}`,
 		`[{"EventId":"x","State":"weird","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`,
 		`[{"State":"active","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`, `[ {"NotBefore" : "21 Jan`} {
 		if _, err := ParseScheduledEvents([]byte(bad)); err == nil {
@@ -63,7 +67,11 @@ func TestParseInstanceAction(t *testing.T) {
 	if err != nil || ia.Action != "hibernate" || !ia.Time.Equal(time.Date(2017, 9, 18, 8, 22, 0, 0, time.UTC)) {
 		t.Fatalf("ParseInstanceAction=%+v, %v", ia, err)
 	}
-	for _, bad := range []string{`{"action": "reboot", "time": "2017-09-18T08:22:00Z"}`, `{"action": "stop"}`, `<html>`} {
+	ia, err = ParseInstanceAction([]byte(`{"action": "stop", "time": "soon"}`))
+	if err != nil || ia.Action != "stop" || !ia.Time.IsZero() || ia.BadTime != "soon" {
+		t.Fatalf("unparseable time: %+v, %v; want the action with BadTime", ia, err)
+	}
+	for _, bad := range []string{`{"action": "reboot", "time": "2017-09-18T08:22:00Z"}`, `{"time": "2017-09-18T08:22:00Z"}`, `<html>`} {
 		if _, err := ParseInstanceAction([]byte(bad)); err == nil {
 			t.Errorf("ParseInstanceAction(%q): no error", bad)
 		}

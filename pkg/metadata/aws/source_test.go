@@ -54,6 +54,35 @@ func TestWatch(t *testing.T) {
 		metatest.WaitRequests(t, f, 12) // three more polls: the same notice is not delivered again
 		metatest.NoNotice(t, ch)
 	})
+	t.Run("SpotTerminationUnparseableTime", func(t *testing.T) {
+		// A notice whose time does not parse is still a notice, with the
+		// two minutes AWS gives, counted from when it was seen.
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		exposed := f.TerminateRaw("terminate", "tomorrow-ish")
+		n := metatest.Next(t, ch, 10*time.Second)
+		if n.Kind != metadata.KindTermination || n.Action != "terminate" {
+			t.Fatalf("notice=%+v, want termination/terminate", n)
+		}
+		if lo, hi := exposed.Add(aws.SpotNoticeLead), time.Now().Add(aws.SpotNoticeLead); n.Deadline.Before(lo) || n.Deadline.After(hi) {
+			t.Fatalf("deadline=%v, want two minutes after it was seen (%v..%v)", n.Deadline, lo, hi)
+		}
+		metatest.WaitRequests(t, f, 12)
+		metatest.NoNotice(t, ch)
+	})
+	t.Run("MaintenanceUnparseableTime", func(t *testing.T) {
+		f := fake.NewAWS(fake.AWSOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		exposed := f.Maintenance(fake.AWSEvent{EventID: "instance-event-2", Code: "instance-stop", NotBeforeRaw: "next Tuesday"})
+		n := metatest.Next(t, ch, 10*time.Second)
+		if n.Kind != metadata.KindMaintenance || n.ID != "instance-event-2" || n.Deadline.Before(exposed) || n.Deadline.After(time.Now()) {
+			t.Fatalf("notice=%+v, want maintenance instance-event-2 due at once", n)
+		}
+		metatest.WaitRequests(t, f, 12)
+		metatest.NoNotice(t, ch)
+	})
 	t.Run("DespiteMetadataDisabledForCredentials", func(t *testing.T) {
 		// AWS_EC2_METADATA_DISABLED turns the SDK's credential lookups off;
 		// an explicitly opened notice source still watches.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -90,9 +92,25 @@ func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice,
 	if err != nil {
 		return nil, err
 	}
-	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
+	n := metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
 		ID: metadata.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
-		Action: ia.Action, Raw: string(body)}}, nil
+		Action: ia.Action, Raw: string(body)}
+	if ia.BadTime != "" {
+		// The machine goes all the same: assume the usual two minutes
+		// from when this agent first saw it.
+		if w.dedup.Seen(n.Kind, n.ID) {
+			return nil, nil
+		}
+		n.Deadline = now.Add(SpotNoticeLead)
+		w.badTime("spot/instance-action", ia.BadTime, SpotNoticeLead)
+	}
+	return []metadata.Notice{n}, nil
+}
+
+// badTime logs a notice time that did not parse, and the lead assumed.
+func (w *watcher) badTime(path, raw string, lead time.Duration) {
+	w.s.log.Warn("notice time unparseable: assuming the default lead time",
+		zap.String("path", path), zap.String("raw_time", raw), zap.Duration("lead", lead))
 }
 
 func (w *watcher) rebalance(body []byte, now time.Time) ([]metadata.Notice, error) {
@@ -128,6 +146,15 @@ func (w *watcher) scheduled(body []byte, now time.Time) ([]metadata.Notice, erro
 	for _, ev := range evs {
 		n := metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindMaintenance, ID: ev.EventID,
 			Deadline: ev.NotBefore, Detected: now, Action: ev.Code, Raw: string(body)}
+		if ev.BadTime != "" && ev.State == "active" {
+			// AWS announces these days or weeks ahead, with no fixed lead:
+			// take the cautious reading, that it may start now.
+			if w.dedup.Seen(metadata.KindMaintenance, ev.EventID) {
+				continue
+			}
+			n.Deadline = now
+			w.badTime("events/maintenance/scheduled "+ev.EventID, ev.BadTime, 0)
+		}
 		if ev.State != "active" {
 			if !w.dedup.Seen(metadata.KindMaintenance, ev.EventID) {
 				continue // never announced: nothing to withdraw

@@ -21,7 +21,8 @@ type Event struct {
 	ResourceType      string // VirtualMachine
 	Resources         []string
 	Status            string    // Scheduled, Started
-	NotBefore         time.Time // zero when blank (the event has started)
+	NotBefore         time.Time // zero when blank (the event has started) or unparseable
+	BadTime           string    // NotBefore as Azure wrote it, when it did not parse
 	Description       string
 	Source            string // Platform, User
 	DurationInSeconds int
@@ -30,7 +31,8 @@ type Event struct {
 // ParseDocument parses a Scheduled Events document. DocumentIncarnation
 // is required, and every event needs an EventId and an EventType; a bad
 // event fails the whole document, so that a half-read answer never yields
-// a notice (nor, by omission, a cancellation).
+// a notice (nor, by omission, a cancellation). A NotBefore that does not
+// parse keeps its event, with BadTime set and NotBefore zero.
 func ParseDocument(body []byte) (Document, error) {
 	var w struct {
 		DocumentIncarnation *int
@@ -62,9 +64,10 @@ func ParseDocument(body []byte) (Document, error) {
 		if e.NotBefore != "" {
 			t, err := http.ParseTime(e.NotBefore) // "Mon, 19 Sep 2016 18:29:47 GMT"
 			if err != nil {
-				return Document{}, fmt.Errorf("parse scheduled events: %s: NotBefore: %w", e.EventId, err)
+				ev.BadTime = e.NotBefore // the event stands; only its time is unknown
+			} else {
+				ev.NotBefore = t
 			}
-			ev.NotBefore = t
 		}
 		doc.Events = append(doc.Events, ev)
 	}

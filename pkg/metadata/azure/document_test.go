@@ -40,11 +40,16 @@ func TestParseDocument(t *testing.T) {
 		t.Fatalf("empty doc=%+v, %v", empty, err)
 	}
 	for _, bad := range []string{``, `{}`, `{"Events": []}`, `<html></html>`, `{"DocumentIncarnation": 7, "Events": [{"EventId": "5A3B`,
-		`{"DocumentIncarnation": 1, "Events": [{"EventType": "Preempt"}]}`,
-		`{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "tomorrow"}]}`} {
+		`{"DocumentIncarnation": 1, "Events": [{"EventType": "Preempt"}]}`} {
 		if _, err := ParseDocument([]byte(bad)); err == nil {
 			t.Errorf("ParseDocument(%q): no error", bad)
 		}
+	}
+	// A NotBefore that does not parse keeps the event: dropping it would
+	// drop the eviction.
+	doc, err = ParseDocument([]byte(`{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "tomorrow"}]}`))
+	if err != nil || len(doc.Events) != 1 || !doc.Events[0].NotBefore.IsZero() || doc.Events[0].BadTime != "tomorrow" {
+		t.Fatalf("unparseable NotBefore: %+v, %v; want the event with BadTime", doc, err)
 	}
 }
 
@@ -78,6 +83,9 @@ func FuzzParseDocument(f *testing.F) {
 			nb := ""
 			if !e.NotBefore.IsZero() {
 				nb = e.NotBefore.UTC().Format(http.TimeFormat)
+			}
+			if e.BadTime != "" {
+				nb = e.BadTime
 			}
 			w.Events = append(w.Events, wire{e.ID, e.Type, e.ResourceType, e.Resources, e.Status, nb,
 				e.Description, e.Source, e.DurationInSeconds})

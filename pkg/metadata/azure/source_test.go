@@ -77,6 +77,25 @@ func TestWatch(t *testing.T) {
 		}
 		metatest.Within(t, "deadline", n.Deadline, n.Detected.Add(30*time.Second), time.Millisecond)
 	})
+	t.Run("UnparseableNotBefore", func(t *testing.T) {
+		// Read as a blank NotBefore: a Preempt gets the default grace from
+		// when it was seen, a Reboot may start at once.
+		f := fake.NewAzure(fake.AzureOptions{})
+		defer f.Close()
+		ch, _ := metatest.Watch(t, newSource(f))
+		f.AddEvent(fake.AzureEvent{EventType: "Preempt", NotBeforeRaw: "Mon, 32 Foo 2026 25:61:00 XYZ"})
+		n := metatest.Next(t, ch, 10*time.Second)
+		if n.Kind != metadata.KindTermination || n.Action != "Preempt" {
+			t.Fatalf("notice=%+v, want termination/Preempt", n)
+		}
+		metatest.Within(t, "deadline", n.Deadline, n.Detected.Add(30*time.Second), time.Millisecond)
+		f.AddEvent(fake.AzureEvent{EventType: "Reboot", NotBeforeRaw: "soon"})
+		n = metatest.Next(t, ch, 10*time.Second)
+		if n.Kind != metadata.KindMaintenance || n.Action != "Reboot" {
+			t.Fatalf("notice=%+v, want maintenance/Reboot", n)
+		}
+		metatest.Within(t, "deadline", n.Deadline, n.Detected, time.Millisecond)
+	})
 	t.Run("OtherVMIgnored", func(t *testing.T) {
 		f := fake.NewAzure(fake.AzureOptions{VMName: "mine"})
 		defer f.Close()

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -113,6 +115,12 @@ func (w *watcher) update(ctx context.Context, doc Document, raw string, now time
 func (w *watcher) notice(ev Event, raw string, now time.Time) metadata.Notice {
 	n := metadata.Notice{Cloud: metadata.CloudAzure, Kind: metadata.KindMaintenance, ID: ev.ID,
 		Deadline: ev.NotBefore, Detected: now, Action: ev.Type, Raw: raw}
+	if ev.BadTime != "" && !w.dedup.Seen(metadata.KindTermination, ev.ID) && !w.dedup.Seen(metadata.KindMaintenance, ev.ID) {
+		// Read as a blank NotBefore: a termination gets DefaultGrace, any
+		// other event may start at once.
+		w.s.log.Warn("notice time unparseable: assuming the default lead time", zap.String("event", ev.ID),
+			zap.String("type", ev.Type), zap.String("raw_time", ev.BadTime), zap.Duration("termination_lead", w.s.cfg.DefaultGrace))
+	}
 	switch ev.Type {
 	case "Preempt", "Terminate":
 		n.Kind = metadata.KindTermination

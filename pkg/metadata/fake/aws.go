@@ -34,6 +34,9 @@ type AWSEvent struct {
 	State       string // active, completed, canceled
 	NotBefore   time.Time
 	NotAfter    time.Time
+	// NotBeforeRaw, when set, is written instead of NotBefore (a time
+	// IMDS might write in a form nobody expects).
+	NotBeforeRaw string
 }
 
 // AWS is a fake EC2 instance metadata service enforcing IMDSv2.
@@ -92,6 +95,16 @@ func (a *AWS) Env() (string, string) { return "AWS_EC2_METADATA_SERVICE_ENDPOINT
 // (action is terminate, stop or hibernate) and returns when it did.
 func (a *AWS) Terminate(action string, at time.Time) time.Time {
 	body, _ := json.Marshal(map[string]string{"action": action, "time": at.UTC().Format(time.RFC3339)})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.action = body
+	return a.expose()
+}
+
+// TerminateRaw exposes spot/instance-action with the time written as given
+// (for an answer whose time does not parse) and returns when it did.
+func (a *AWS) TerminateRaw(action, at string) time.Time {
+	body, _ := json.Marshal(map[string]string{"action": action, "time": at})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.action = body
@@ -318,6 +331,9 @@ func awsEventsJSON(evs []AWSEvent) []byte {
 	for _, e := range evs {
 		w := wire{Code: e.Code, Description: e.Description, EventID: e.EventID, State: e.State,
 			NotBefore: e.NotBefore.UTC().Format(AWSTimeLayout)}
+		if e.NotBeforeRaw != "" {
+			w.NotBefore = e.NotBeforeRaw
+		}
 		if !e.NotAfter.IsZero() {
 			w.NotAfter = e.NotAfter.UTC().Format(AWSTimeLayout)
 		}

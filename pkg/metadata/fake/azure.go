@@ -34,6 +34,7 @@ type AzureEvent struct {
 	Description       string
 	EventSource       string // Platform, User
 	DurationInSeconds int    // -1 when unknown
+	NotBeforeRaw      string // when set, written instead of NotBefore
 }
 
 // Azure is a fake Azure instance metadata service with Scheduled Events.
@@ -242,6 +243,9 @@ func (z *Azure) serveEvents(w http.ResponseWriter) {
 		nb := ""
 		if !e.NotBefore.IsZero() {
 			nb = e.NotBefore.UTC().Format(AzureTimeLayout)
+		}
+		if e.NotBeforeRaw != "" {
+			nb = e.NotBeforeRaw
 		}
 		doc.Events = append(doc.Events, wire{e.EventId, e.EventType, e.ResourceType, e.Resources,
 			e.EventStatus, nb, e.Description, e.EventSource, e.DurationInSeconds})
