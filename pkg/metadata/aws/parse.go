@@ -69,7 +69,7 @@ type ScheduledEvent struct {
 	EventID     string
 	Code        string // system-reboot, system-maintenance, instance-reboot, instance-stop, instance-retirement
 	Description string
-	State       string // active, completed, canceled
+	State       string    // active, completed, canceled
 	NotBefore   time.Time // zero when BadTime is set
 	NotAfter    time.Time // zero when absent or unparseable
 	BadTime     string    // NotBefore as IMDS wrote it, when it did not parse
