@@ -90,7 +90,7 @@ def main():
     while step < args.steps:
         if stop_asked:
             print("stopping at step %d" % step, flush=True)
-            return 0
+            return 75  # EX_TEMPFAIL: interrupted, run me again (spotagent's own exit code after a stop)
         value = (value * 48271 + step) % 2147483647  # one "training step"
         step += 1
         if args.step_time:

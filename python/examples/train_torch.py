@@ -222,7 +222,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 # spotagent: after an interruption checkpoint the agent says stop.
                 if agent.should_stop:
                     print("stopping at step %d: %s" % (step, agent.stop_reason or "agent asked"), flush=True)
-                    return 0
+                    return agent.exit_code  # 75: interrupted, run me again (resumes)
                 if step >= args.steps:
                     break
             else:

@@ -11,9 +11,12 @@
             req.done(step + 1, metadata={"epoch": epoch})
         if agent.should_stop:
             break
+    agent.close()
+    sys.exit(agent.exit_code)       # 75 after an interruption: run me again
 """
 
 from .client import (
+    EXIT_INTERRUPTED,
     MAX_LINE,
     MAX_METADATA,
     PROTOCOL_VERSION,
@@ -32,6 +35,7 @@ __all__ = [
     "UploadFailed",
     "connect",
     "parse_time",
+    "EXIT_INTERRUPTED",
     "MAX_LINE",
     "MAX_METADATA",
     "PROTOCOL_VERSION",

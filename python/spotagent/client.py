@@ -20,6 +20,8 @@ import os
 import re
 import signal
 import socket
+import struct
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -32,6 +34,7 @@ __all__ = [
     "UploadFailed",
     "connect",
     "parse_time",
+    "EXIT_INTERRUPTED",
     "MAX_LINE",
     "MAX_METADATA",
     "PROTOCOL_VERSION",
@@ -45,6 +48,12 @@ MAX_LINE = 1 << 20
 MAX_METADATA = 64 << 10
 #: Protocol version this client speaks.
 PROTOCOL_VERSION = 1
+#: Exit code meaning "interrupted: the checkpoint is committed (or a best
+#: effort was made), run me again" (EX_TEMPFAIL). ``agent.exit_code`` is this
+#: after a stop for an interruption or shutdown; ``spotagent run`` exits with
+#: it too, and orchestrators restart on it (a Kubernetes Job's
+#: podFailurePolicy ignores it, systemd's Restart=on-failure restarts).
+EXIT_INTERRUPTED = 75
 
 ENV_SOCKET = "SPOTAGENT_SOCKET"
 ENV_RUN_ID = "SPOTAGENT_RUN_ID"
@@ -52,6 +61,9 @@ ENV_CHECKPOINT_DIR = "SPOTAGENT_CHECKPOINT_DIR"
 ENV_RESUME_DIR = "SPOTAGENT_RESUME_DIR"
 ENV_RESUME_STEP = "SPOTAGENT_RESUME_STEP"
 ENV_RESUME_MANIFEST = "SPOTAGENT_RESUME_MANIFEST"
+#: The uid the agent runs as; set by ``spotagent run`` for its trainer. When
+#: absent the client accepts an agent running as itself or as root.
+ENV_AGENT_UID = "SPOTAGENT_AGENT_UID"
 
 # Outbound messages kept while the agent is not reading (progress is
 # coalesced, so these are done/failed messages). Beyond this, the oldest are
@@ -248,6 +260,12 @@ class Agent(object):
         self._sigterm = False  # set by the SIGTERM handler, see handle_sigterm
         self._sigterm_handled = False
         self.sigterm_wait = _env_float("SPOTAGENT_SIGTERM_WAIT", 60.0)
+        # The newest interruption/shutdown request from the agent: a SIGTERM
+        # that comes while it runs is folded into it (no second checkpoint).
+        self._urgent = None  # type: Optional[CheckpointRequest]
+        self._fold_until = None  # type: Optional[float]  # monotonic; see _fold_sigterm
+        self._agent_uids = _expected_agent_uids(env)
+        self._refused = False
         self._stop_reason = None  # type: Optional[str]
         self._stop_deadline = None  # type: Optional[datetime.datetime]
 
@@ -329,7 +347,24 @@ class Agent(object):
     def should_stop(self) -> bool:
         """True once the agent sent ``stop``: finish any checkpoint, then exit."""
         with self._lock:
+            if not self._should_stop and self._fold_until is not None and time.monotonic() >= self._fold_until:
+                # A folded SIGTERM whose interruption never ended in a stop
+                # (the agent went away, or the notice was withdrawn).
+                log.warning("spotagent: no stop after SIGTERM and the interruption checkpoint: stopping")
+                self._should_stop = True
+                self._stop_reason = "shutdown"
             return self._should_stop
+
+    @property
+    def exit_code(self) -> int:
+        """What the trainer should exit with: :data:`EXIT_INTERRUPTED` (75)
+        once it was stopped for an interruption or a shutdown (``stop`` from
+        the agent, or SIGTERM), so that the orchestrator runs it again and it
+        resumes; 0 otherwise. End the training script with
+        ``sys.exit(agent.exit_code)``."""
+        if self.should_stop and self.stop_reason in ("interruption", "shutdown"):
+            return EXIT_INTERRUPTED
+        return 0
 
     @property
     def stop_reason(self) -> Optional[str]:
@@ -365,8 +400,26 @@ class Agent(object):
         signal.signal(signal.SIGTERM, on_sigterm)
         return True
 
+    def _fold_sigterm(self) -> bool:
+        """A SIGTERM while the agent's interruption (or shutdown) checkpoint
+        is in flight or committed -- a node drain on the same spot notice --
+        joins that stop sequence instead of asking for a second checkpoint:
+        the agent sends ``stop`` once it commits (or at its deadline). If no
+        stop comes by the request's deadline (plus a little), stop anyway."""
+        with self._lock:
+            if self._should_stop:
+                return True
+            urgent = self._urgent
+            if urgent is None:
+                return False
+            left = urgent.time_left()
+            wait = self.sigterm_wait if left is None else min(max(left, 0.0) + 5.0, self.sigterm_wait)
+            self._fold_until = time.monotonic() + wait
+        log.info("spotagent: SIGTERM during the %s checkpoint %s: no second checkpoint, stopping with it",
+                 urgent.reason, urgent.id)
+        return True
+
     def _sigterm_request(self, step: Optional[int]) -> Optional[CheckpointRequest]:
-        self._sigterm_handled = True
         log.info("spotagent: SIGTERM: taking a final checkpoint")
         ckdir = self.checkpoint_dir
         if not self.path or not ckdir or step is None:
@@ -381,7 +434,9 @@ class Agent(object):
         """Never blocks. Reports progress (at most every ``progress_interval``
         seconds) and returns the oldest pending checkpoint request, or None."""
         if self._sigterm and not self._sigterm_handled:
-            return self._sigterm_request(step)
+            self._sigterm_handled = True
+            if not self._fold_sigterm():
+                return self._sigterm_request(step)
         if not self.path:
             return None
         now = time.monotonic()
@@ -533,6 +588,18 @@ class Agent(object):
             self._cond.notify_all()
 
     def _serve(self, sock: socket.socket) -> None:
+        why = _check_peer(sock, self._agent_uids)
+        if why:
+            # Someone else's socket: it could choose where the trainer
+            # resumes from (and so what it unpickles) and stop the run.
+            sock.close()
+            with self._lock:
+                path, self.path = self.path, None
+                self._refused = True
+                self._closed.set()
+                self._cond.notify_all()
+            _stderr("spotagent: WARNING: refusing the agent at %s: %s; running without an agent" % (path, why))
+            return
         hello = {"type": "hello", "pid": os.getpid()}  # type: Dict[str, Any]
         if self.rank is not None:
             hello["rank"] = self.rank
@@ -684,6 +751,8 @@ class Agent(object):
             )
             with self._lock:
                 self._requests.append(req)
+                if req.reason in ("interruption", "shutdown"):
+                    self._urgent = req
                 self._cond.notify_all()
         elif t == "stop":
             deadline = parse_time(msg.get("deadline"))
@@ -772,12 +841,49 @@ def connect(
         agent._attempted.wait(welcome_timeout)
         if agent.connected:
             agent._welcomed.wait(max(0.0, end - time.monotonic()))
-        if not agent._welcomed.is_set():
+        if not agent._welcomed.is_set() and not agent._refused:
             log.warning("spotagent: no welcome from %s yet; using the environment for resume information", path)
     return agent
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _stderr(msg: str) -> None:
+    try:
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _expected_agent_uids(env: Mapping[str, str]) -> Optional[Tuple[int, ...]]:
+    """The uids an agent may run as: $SPOTAGENT_AGENT_UID when set (spotagent
+    run sets it for its trainer), else this process's own uid or root."""
+    raw = (env.get(ENV_AGENT_UID) or "").strip()
+    if raw:
+        try:
+            return (int(raw),)
+        except ValueError:
+            log.warning("spotagent: $%s=%r is not a uid; expecting the agent as this user or root", ENV_AGENT_UID, raw)
+    return tuple(sorted({os.getuid(), os.geteuid(), 0}))
+
+
+def _check_peer(sock: socket.socket, uids: Optional[Tuple[int, ...]]) -> Optional[str]:
+    """Why the process at the other end of sock is not to be trusted, or
+    None. Linux's SO_PEERCRED names the uid that created the listening
+    socket; elsewhere nothing is checked."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None or uids is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", raw)
+    except (OSError, struct.error) as e:
+        return "cannot read its credentials (%s)" % e
+    if uid not in uids:
+        return "it runs as uid %d, expected %s" % (uid, " or ".join(str(u) for u in uids))
+    return None
 
 
 def _env_float(name: str, default: float) -> float:

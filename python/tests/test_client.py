@@ -25,6 +25,9 @@ ENV_KEYS = [
     "SPOTAGENT_RESUME_MANIFEST",
     "RANK",
     "WORLD_SIZE",
+    "SPOTAGENT_AGENT_UID",
+    "SPOTAGENT_HANDLE_SIGTERM",
+    "SPOTAGENT_SIGTERM_WAIT",
 ]
 
 WELCOME = {
@@ -301,6 +304,28 @@ class TestStop(Base):
         self.assertEqual(a.stop_reason, "interruption")
         self.assertEqual(a.stop_deadline, datetime.datetime(2029, 12, 31, 22, 0, tzinfo=datetime.timezone.utc))
 
+    def test_exit_code(self):
+        srv = self.server()
+        a = self.connect()
+        self.assertEqual(spotagent.EXIT_INTERRUPTED, 75)
+        self.assertEqual(a.exit_code, 0)  # running, or finished on its own
+        srv.send({"type": "stop", "reason": "interruption"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        self.assertEqual(a.exit_code, spotagent.EXIT_INTERRUPTED)
+
+    def test_exit_code_shutdown_and_other_reasons(self):
+        for reason, want in (("shutdown", 75), ("fenced", 0), ("", 0)):
+            srv = self.server()
+            a = self.connect()
+            srv.send({"type": "stop", "reason": reason})
+            self.assertTrue(wait_agent(a, lambda: a.should_stop))
+            self.assertEqual(a.exit_code, want, reason)
+            a.close()
+            srv.stop()
+
+    def test_noop_exit_code(self):
+        self.assertEqual(spotagent.connect(path="").exit_code, 0)
+
     def test_checkpoint_then_stop_both_seen(self):
         srv = self.server()
         a = self.connect()
@@ -467,3 +492,121 @@ class TestSigterm(Base):
         self.assertIsNone(agent.poll(2))
         self.assertTrue(agent.should_stop)
         self.assertEqual(agent.stop_reason, "shutdown")
+
+
+class TestSigtermDuringInterruption(Base):
+    """A node drain on the same spot notice: SIGTERM reaches the trainer
+    while the agent's interruption checkpoint is in flight."""
+
+    def setUp(self):
+        Base.setUp(self)
+        import signal as _signal
+
+        old = _signal.getsignal(_signal.SIGTERM)
+        self.addCleanup(_signal.signal, _signal.SIGTERM, old)
+
+    def sigterm(self):
+        import signal as _signal
+
+        os.kill(os.getpid(), _signal.SIGTERM)
+
+    def test_in_flight_no_second_checkpoint(self):
+        srv = self.server()
+        a = self.connect(handle_sigterm=True)
+        a.sigterm_wait = 30.0
+        dl = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=20)).isoformat()
+        srv.send({"type": "checkpoint", "id": "int1", "reason": "interruption", "dir": self.tmp, "deadline": dl})
+        self.pending(a)
+        self.sigterm()
+        req = a.poll(5)  # the interruption request, not a SIGTERM one
+        self.assertIsNotNone(req)
+        self.assertEqual((req.id, req.reason), ("int1", "interruption"))
+        t0 = time.monotonic()
+        req.done(5)  # returns at once: nothing waits for a second commit
+        self.assertLess(time.monotonic() - t0, 5.0)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "int1")
+        self.assertIsNone(a.poll(6))
+        self.assertFalse(a.should_stop)  # the agent's stop ends it, after its commit
+        srv.send({"type": "committed", "id": "int1", "uri": "file:///s/int1"})
+        srv.send({"type": "stop", "reason": "interruption"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        self.assertEqual(a.exit_code, 75)
+        # Exactly one done: no unsolicited SIGTERM checkpoint was reported.
+        self.assertEqual([m.get("id") for m in srv.of_type("done")], ["int1"])
+
+    def test_after_commit_no_second_checkpoint(self):
+        srv = self.server()
+        a = self.connect(handle_sigterm=True)
+        srv.send({"type": "checkpoint", "id": "int2", "reason": "interruption", "dir": self.tmp})
+        self.pending(a)
+        a.poll(3).done(3)
+        srv.send({"type": "committed", "id": "int2", "uri": "file:///s/int2"})
+        srv.send({"type": "stop", "reason": "interruption"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        self.sigterm()
+        self.assertIsNone(a.poll(4))
+        self.assertEqual(len(srv.of_type("done")), 1)
+        self.assertEqual(a.exit_code, 75)
+
+    def test_folded_sigterm_stops_when_no_stop_comes(self):
+        srv = self.server()
+        a = self.connect(handle_sigterm=True)
+        past = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=10)).isoformat()
+        srv.send({"type": "checkpoint", "id": "int3", "reason": "interruption", "dir": self.tmp, "deadline": past})
+        self.pending(a)
+        a.sigterm_wait = 0.2  # bounds the fold: the agent never sends stop here
+        self.sigterm()
+        a.poll(3).done(3)
+        deadline = time.monotonic() + DEADLINE
+        while not a.should_stop and time.monotonic() < deadline:
+            time.sleep(0.02)  # should_stop is computed on read: poll it, bounded
+        self.assertTrue(a.should_stop)
+        self.assertEqual(a.exit_code, 75)
+        self.assertEqual(len(srv.of_type("done")), 1)
+
+    def test_without_interruption_sigterm_still_checkpoints(self):
+        srv = self.server()
+        a = self.connect(handle_sigterm=True)
+        a.sigterm_wait = 0.1
+        self.sigterm()
+        req = a.poll(7)
+        self.assertIsNotNone(req)
+        self.assertEqual(req.reason, "shutdown")
+        req.done(7)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "")
+        self.assertTrue(a.should_stop)
+        self.assertEqual(a.exit_code, 75)
+
+
+class TestPeerCredentials(Base):
+    """The client trusts an agent only when SO_PEERCRED names the expected
+    uid: $SPOTAGENT_AGENT_UID, else itself or root."""
+
+    @unittest.skipUnless(hasattr(__import__("socket"), "SO_PEERCRED"), "SO_PEERCRED is Linux only")
+    def test_refuses_agent_of_another_uid(self):
+        os.environ["SPOTAGENT_AGENT_UID"] = str(os.getuid() + 4242)
+        srv = self.server()
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            a = self.connect(welcome_timeout=2.0)
+            self.assertTrue(wait_agent(a, lambda: a._refused))
+        self.assertFalse(a.enabled)
+        self.assertIsNone(a.resume_dir)  # the welcome's resume was never trusted
+        self.assertIsNone(a.poll(1))
+        self.assertIn("refusing the agent", err.getvalue())
+        self.assertIn("expected %d" % (os.getuid() + 4242), err.getvalue())
+        self.assertEqual(srv.of_type("hello"), [])  # not even a hello was sent
+
+    def test_accepts_expected_uid(self):
+        os.environ["SPOTAGENT_AGENT_UID"] = str(os.geteuid())
+        self.server()
+        a = self.connect()
+        self.assertTrue(a.enabled)
+        self.assertEqual(a.resume_step, 120)
+
+    def test_default_accepts_own_uid(self):
+        self.server()
+        a = self.connect()
+        self.assertEqual(a.run_id, "run-42")
