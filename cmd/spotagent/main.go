@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"sort"
+
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -24,6 +26,7 @@ var commands = map[string]command{
 }
 
 func main() {
+	supervisor.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
 	if len(os.Args) < 2 {
 		usage()
 		os.Exit(2)

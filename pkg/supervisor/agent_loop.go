@@ -126,6 +126,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	cfg.Metrics.Ready(true)
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
+	if a.child != nil {
+		a.child.Close() // what the trainer left in its group goes now
+	}
 	a.finish()
 	return a.exitCode, nil
 }
@@ -389,6 +392,7 @@ func (a *Agent) exitCodeFor(code int) int {
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
 	a.restartAt = time.Time{}
+	a.child.Close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	r, err := a.restore(ctx)

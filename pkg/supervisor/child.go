@@ -38,12 +38,18 @@ const groupPoll = 20 * time.Millisecond
 // Child is a trainer process running in its own process group, so that
 // signals reach its workers too and a terminal's Ctrl-C reaches only the
 // agent, which then runs its shutdown sequence.
+//
+// On Linux a guard process (see runGuard) joins the group: when the agent
+// dies, even by SIGKILL, the guard kills the whole group, so that no
+// grandchild (sh -c "python ...", a launcher's workers) outlives the agent
+// under PID 1. Pdeathsig alone would take only the trainer itself.
 type Child struct {
-	cmd  *exec.Cmd
-	pid  int
-	log  *zap.Logger
-	done chan struct{}
-	code int
+	cmd   *exec.Cmd
+	pid   int
+	log   *zap.Logger
+	done  chan struct{}
+	code  int
+	guard *guard // nil: none (not Linux, or it could not start)
 }
 
 // StartChild starts the command in a new process group. Stdin is /dev/null.
@@ -74,8 +80,21 @@ func StartChild(cfg ChildConfig) (*Child, error) {
 	c := &Child{cmd: cmd, pid: cmd.Process.Pid, log: log.With(zap.Int("child_pid", cmd.Process.Pid)), done: make(chan struct{})}
 	c.log.Info("child started", zap.Strings("args", cfg.Args))
 	go c.wait()
+	// The trainer runs already: a grandchild it forks before the guard
+	// joins (the guard takes milliseconds, an interpreter longer to start)
+	// is the only one not covered.
+	g, err := startGuard(c.pid, c.log)
+	if err != nil {
+		c.log.Warn("trainer guard not started: the trainer's own children may outlive a killed agent", zap.Error(err))
+	}
+	c.guard = g
 	return c, nil
 }
+
+// Close releases the child's process group: on Linux the guard SIGKILLs
+// whatever is still running in it. Call it once the child is of no further
+// use (it exited and the agent ends, or restarts it). Idempotent.
+func (c *Child) Close() { c.guard.release() }
 
 func (c *Child) wait() {
 	err := c.cmd.Wait()
@@ -163,19 +182,19 @@ func (c *Child) groupAlive() bool {
 	if syscall.Kill(-c.pid, 0) != nil {
 		return false
 	}
-	live, ok := groupHasLiveMember(c.pid)
+	live, ok := groupHasLiveMember(c.pid, c.guard.PID())
 	return live || !ok
 }
 
-// groupHasLiveMember scans /proc for a non-zombie process in group pgid;
-// ok is false when /proc cannot be read.
-func groupHasLiveMember(pgid int) (live, ok bool) {
+// groupHasLiveMember scans /proc for a non-zombie process in group pgid
+// other than pid except (the guard); ok is false when /proc cannot be read.
+func groupHasLiveMember(pgid, except int) (live, ok bool) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return false, false
 	}
 	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' || e.Name() == strconv.Itoa(except) {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")

@@ -33,6 +33,7 @@ func startSh(t *testing.T, script string, env ...string) (*Child, <-chan string)
 	t.Cleanup(func() {
 		c.Signal(syscall.SIGKILL)
 		<-c.Done()
+		c.Close()
 		pw.Close()
 	})
 	return c, lines
@@ -223,8 +224,15 @@ func TestChild_StartErrors(t *testing.T) {
 // trainer, writes the trainer's pid to the named file and waits forever.
 const parentHelperEnv = "SPOTAGENT_TEST_PARENT"
 
+// parentCmdEnv, when set, is the helper's trainer script instead of sleep.
+const parentCmdEnv = "SPOTAGENT_TEST_PARENT_CMD"
+
 func parentHelper(pidFile string) int {
-	c, err := StartChild(ChildConfig{Args: []string{"/bin/sh", "-c", "exec sleep 300"}})
+	script := "exec sleep 300"
+	if s := os.Getenv(parentCmdEnv); s != "" {
+		script = s
+	}
+	c, err := StartChild(ChildConfig{Args: []string{"/bin/sh", "-c", script}})
 	if err != nil {
 		return 1
 	}
