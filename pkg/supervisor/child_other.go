@@ -20,5 +20,5 @@ func RunGuardIfAsked() {}
 type guard struct{}
 
 func startGuard(int, *zap.Logger) (*guard, error) { return nil, errors.New("guard: linux only") }
-func (g *guard) release()                          {}
-func (g *guard) PID() int                          { return 0 }
+func (g *guard) release()                         {}
+func (g *guard) PID() int                         { return 0 }
