@@ -250,8 +250,8 @@ func TestCrash_AgentRestart(t *testing.T) {
 			}
 			b.signal(syscall.SIGTERM)
 			last := atoi(t, b.waitLine(`checkpoint committed.*"step": ?(\d+)`, 2*time.Minute)[1])
-			if code := b.wait(time.Minute); code != 0 {
-				t.Fatalf("restarted agent exit code %d", code)
+			if code := b.wait(time.Minute); code != exitInterrupted {
+				t.Fatalf("restarted agent exit code %d, want %d (stopped by SIGTERM)", code, exitInterrupted)
 			}
 			if l, err := checkpoint.ReadLatest(ctx, st); err != nil || l.Step != int64(last) || last <= got {
 				t.Fatalf("latest.json %+v (err %v), want step %d > resumed step %d", l, err, last, got)

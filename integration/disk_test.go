@@ -38,8 +38,8 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 
 	p.signal(syscall.SIGTERM)
 	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 	if storeHas(t, store, failed) {
 		t.Fatalf("objects of the failed checkpoint %s reached the store", failed)
@@ -62,8 +62,8 @@ func TestDisk_FullWhileRestoring(t *testing.T) {
 	p := start(t, nil, append(hostileArgs(dir), trainer...)...)
 	p.waitEntry("checkpoint committed", time.Minute, nil)
 	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("first run: exit code %d", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("first run: exit code %d, want %d", code, exitInterrupted)
 	}
 	before := storeSnapshot(t, store)
 

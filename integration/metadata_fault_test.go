@@ -136,8 +136,8 @@ func realNotice(t *testing.T, p *proc, srv fake.Server) {
 	}
 	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
 	p.waitRe(`^trainer: got stop .*reason=interruption`, 30*time.Second)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 	if got := len(p.entries("interruption notice")); got != 1 {
 		t.Fatalf("%d interruption notices logged, want 1", got)

@@ -97,8 +97,8 @@ func TestSidecar(t *testing.T) {
 	m := tr.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
 	step := atoi(t, m[1])
 	tr.waitLine(`stopping at step`, time.Minute)
-	if code := tr.wait(time.Minute); code != 0 {
-		t.Fatalf("trainer exit code %d", code)
+	if code := tr.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
 	}
 	agent.waitLine(`interruption checkpoint committed`, time.Minute)
 	if got := scrape(t, maddr, "spotagent_last_committed_step"); int(got) != step {
@@ -176,8 +176,8 @@ func TestNode(t *testing.T) {
 		m := trainers[i].waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
 		steps[run] = atoi(t, m[1])
 		trainers[i].waitLine(`stopping at step`, time.Minute)
-		if code := trainers[i].wait(time.Minute); code != 0 {
-			t.Fatalf("%s exit code %d", run, code)
+		if code := trainers[i].wait(time.Minute); code != exitInterrupted {
+			t.Fatalf("%s exit code %d, want %d", run, code, exitInterrupted)
 		}
 	}
 	for run, step := range steps {
@@ -222,8 +222,8 @@ func TestSidecar_TrainerSigterm(t *testing.T) {
 	m := tr.waitLine(`checkpoint \S* ?\(shutdown\) at step (\d+)`, time.Minute)
 	step := atoi(t, m[1])
 	tr.waitLine(`stopping at step`, time.Minute)
-	if code := tr.wait(time.Minute); code != 0 {
-		t.Fatalf("trainer exit code %d", code)
+	if code := tr.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
 	}
 	st, err := file.New(store)
 	if err != nil {

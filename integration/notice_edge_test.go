@@ -144,8 +144,8 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 	gate.allow(urgent)
 	p.waitLine(`cancelling periodic upload: interruption checkpoint takes priority.*"id": "`+regexp.QuoteMeta(periodic)+`"`, time.Minute)
 	p.waitLine(`interruption checkpoint committed`, time.Minute)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 
 	st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
@@ -186,8 +186,8 @@ func TestNotice_AzureAckAfterCommit(t *testing.T) {
 	if err := az.WaitAck(ctx, ev.EventId); err != nil {
 		t.Fatalf("event %s not acknowledged: %v", ev.EventId, err)
 	}
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 	if got := az.Acks(); len(got) != 1 || got[0] != ev.EventId {
 		t.Fatalf("acks=%v, want exactly [%s]", got, ev.EventId)

@@ -100,8 +100,8 @@ func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string
 	step := atoi(t, m[1])
 	first.waitLine(`interruption checkpoint committed`, time.Minute)
 	first.waitLine(`stopping at step`, time.Minute)
-	if code := first.wait(time.Minute); code != 0 {
-		t.Fatalf("interrupted run exit code %d, want 0 (the trainer stopped cleanly)", code)
+	if code := first.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("interrupted run exit code %d, want %d (the trainer stopped cleanly)", code, exitInterrupted)
 	}
 	if _, err := os.Stat(out); err == nil {
 		t.Fatal("interrupted run finished training: the notice came too late to test anything")

@@ -84,8 +84,8 @@ func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, sec
 	first = run1.waitLine(`checkpoint \S+ \(shutdown\) at step (\d+)`, time.Minute)
 	step := atoi(t, first[1])
 	run1.waitLine(`stopping at step`, time.Minute)
-	if code := run1.wait(time.Minute); code != 0 {
-		t.Fatalf("interrupted run exit code %d, want 0 (the trainer stopped cleanly)", code)
+	if code := run1.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("interrupted run exit code %d, want %d (the trainer stopped cleanly)", code, exitInterrupted)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "out.json")); err == nil {
 		t.Fatal("interrupted run finished training: SIGTERM came too late to test anything")

@@ -59,8 +59,8 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 	p.waitEntry("malformed line", 10*time.Second, func(e logEntry) bool { return e.str("level") == "debug" })
 	p.signal(syscall.SIGTERM)
 	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 	if !p.has(`"level":"debug"`) {
 		t.Fatal("no debug line: the run did not log at debug level, so the test proves little")
@@ -126,8 +126,8 @@ func TestSecurity_SocketPermissions(t *testing.T) {
 		t.Fatalf("nobody's connect: %q, want PermissionError", out)
 	}
 	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
 	}
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind after exit: %v", err)

@@ -39,8 +39,8 @@ func TestRun_SignalFallback(t *testing.T) {
 	m := run1.waitLine(`checkpoint saved at step (\d+) \(shutdown\)`, time.Minute)
 	step := atoi(t, m[1])
 	run1.waitLine(`stopping at step`, time.Minute)
-	if code := run1.wait(time.Minute); code != 0 {
-		t.Fatalf("interrupted run exit code %d, want 0", code)
+	if code := run1.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("interrupted run exit code %d, want %d", code, exitInterrupted)
 	}
 	if _, err := os.Stat(out); err == nil {
 		t.Fatal("interrupted run finished training: SIGTERM came too late to test anything")

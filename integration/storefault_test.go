@@ -171,8 +171,8 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 			}
 			a.signal(syscall.SIGTERM)
 			m := a.waitLine(`checkpoint (\S+) \(shutdown\) at step (\d+)`, time.Minute)
-			if code := a.wait(2 * time.Minute); code != 0 {
-				t.Fatalf("agent exit code %d", code)
+			if code := a.wait(2 * time.Minute); code != exitInterrupted {
+				t.Fatalf("agent exit code %d, want %d", code, exitInterrupted)
 			}
 			if s := fs.proxy.Stats(); s.Faults == 0 {
 				t.Fatalf("no fault injected in %d requests", s.Requests)

@@ -5,7 +5,7 @@
 #  2. The example trainer (PyTorch when importable, else the stdlib one) runs
 #     under `spotagent run` with a file:// store.
 #  3. The notice arrives: the agent asks for a checkpoint, commits it, tells
-#     the trainer to stop. The "machine" is gone.
+#     the trainer to stop; both exit 75 ("run me again"). The "machine" is gone.
 #  4. A new run on the same store restores the checkpoint and finishes.
 #  5. `spotagent history` shows what happened.
 set -euo pipefail
@@ -35,7 +35,14 @@ say "1/4  a fake EC2 metadata service that will announce a spot interruption in 
 p1=$(port)
 "$BIN" fake-metadata --cloud aws --addr "127.0.0.1:$p1" --notice-after 20s --log-level warn >/dev/null &
 say "2/4  the $kind example trainer under spotagent run (periodic checkpoints every 10s)"
-"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p1" -- "${trainer[@]}" --out "$work/final.json"
+code=0
+"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p1" -- "${trainer[@]}" --out "$work/final.json" || code=$?
+# 75 (EX_TEMPFAIL) is the documented "interrupted, checkpoint committed, run me again".
+if [ "$code" -ne 75 ]; then
+  echo "demo: the interrupted run exited $code, expected 75" >&2
+  exit 1
+fi
+echo "spotagent exited 75: interrupted, checkpoint committed, run me again"
 kill %1 2>/dev/null || true
 wait 2>/dev/null || true
 

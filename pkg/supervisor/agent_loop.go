@@ -377,7 +377,7 @@ func (a *Agent) onChildExit() {
 // (a trainer that crashed on its own, or one stopped by a second signal)
 // passes through, as it does without a stop.
 func (a *Agent) exitCodeFor(code int) int {
-	if a.stopping == nil {
+	if s := a.stopping; s == nil || (s.reason != ReasonInterruption && s.reason != ReasonShutdown) {
 		return code
 	}
 	switch {

@@ -84,6 +84,11 @@ func StartChild(cfg ChildConfig) (*Child, error) {
 	// joins (the guard takes milliseconds, an interpreter longer to start)
 	// is the only one not covered.
 	g, err := startGuard(c.pid, c.log)
+	select {
+	case <-c.done:
+		err = nil // gone already, and its group with it unless a grandchild holds it
+	default:
+	}
 	if err != nil {
 		c.log.Warn("trainer guard not started: the trainer's own children may outlive a killed agent", zap.Error(err))
 	}

@@ -1,0 +1,123 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+)
+
+// exitInterrupted is the documented "interrupted, run me again" code.
+const exitInterrupted = 75
+
+func exitArgs(dir string, fk *fake.AWS, extra ...string) []string {
+	args := []string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "exit",
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
+		"--cloud", "aws", "--aws-imds-endpoint", fk.URL(), "--poll-interval", "100ms",
+		"--interval", "1h", "--log-format", "json", "--log-level", "info"}
+	return append(args, extra...)
+}
+
+// TestExitCode_Notice: after a spot notice the trainer (the Python client's
+// agent.exit_code) exits 75 and so does spotagent run; a run without a
+// notice ends 0 for both.
+func TestExitCode_Notice(t *testing.T) {
+	requirePython(t, false)
+	t.Run("notice", func(t *testing.T) {
+		dir := shortTemp(t)
+		fk := fake.NewAWS(fake.AWSOptions{})
+		t.Cleanup(fk.Close)
+		p := start(t, nil, append(exitArgs(dir, fk), "--", python, "python/examples/train.py",
+			"--steps", "100000", "--step-time", "0.01")...)
+		p.waitLine(`^step 25 `, time.Minute) // the trainer is connected and training
+		fk.Terminate("terminate", time.Now().Add(2*time.Minute))
+		p.waitLine(`stopping at step`, time.Minute)
+		tr := p.waitEntry("trainer exited", time.Minute, nil)
+		if got := tr.num("code"); got != exitInterrupted {
+			t.Fatalf("trainer exit code %d, want %d", got, exitInterrupted)
+		}
+		if code := p.wait(time.Minute); code != exitInterrupted {
+			t.Fatalf("spotagent run exit code %d, want %d", code, exitInterrupted)
+		}
+	})
+	t.Run("no notice", func(t *testing.T) {
+		dir := shortTemp(t)
+		fk := fake.NewAWS(fake.AWSOptions{})
+		t.Cleanup(fk.Close)
+		p := start(t, nil, append(exitArgs(dir, fk), "--", python, "python/examples/train.py",
+			"--steps", "20", "--step-time", "0")...)
+		if code := p.wait(time.Minute); code != 0 {
+			t.Fatalf("spotagent run exit code %d, want 0", code)
+		}
+		if got := p.waitEntry("trainer exited", time.Minute, nil).num("code"); got != 0 {
+			t.Fatalf("trainer exit code %d, want 0", got)
+		}
+	})
+}
+
+// TestExitCode_NoticeThenSIGTERM: a drain's SIGTERM right after the spot
+// notice folds into the interruption: one checkpoint (no shutdown one),
+// exit 75, and the agent does not wait out --term-grace.
+func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	fk := fake.NewAWS(fake.AWSOptions{})
+	t.Cleanup(fk.Close)
+	p := start(t, nil, append(exitArgs(dir, fk, "--term-grace", "10m"), "--", python, "python/examples/train.py",
+		"--steps", "100000", "--step-time", "0.01", "--save-bytes", "8000000")...)
+	p.waitLine(`^step 25 `, time.Minute) // the trainer is connected and training
+	fk.Terminate("terminate", time.Now().Add(2*time.Minute))
+	p.waitEntry("checkpoint requested", time.Minute, func(e logEntry) bool { return e.str("reason") == "interruption" })
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("spotagent run exit code %d, want %d", code, exitInterrupted)
+	}
+	p.drain()
+	if reqs := p.entries("checkpoint requested"); len(reqs) != 1 {
+		t.Fatalf("%d checkpoint requests, want 1 (the interruption's): %v", len(reqs), reqs)
+	}
+	if n := len(p.entries("interruption checkpoint committed: stopping the trainer")); n != 1 {
+		t.Fatalf("%d interruption commits, want 1", n)
+	}
+	ents, err := os.ReadDir(filepath.Join(dir, "store", "checkpoints"))
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("store checkpoints %v (%v), want exactly one", ents, err)
+	}
+}
+
+// TestRun_GrandchildDiesWithAgent: spotagent run -- sh -c "python3 ...; echo",
+// the agent SIGKILLed: the python grandchild goes too (Pdeathsig alone
+// would leave it running under PID 1).
+func TestRun_GrandchildDiesWithAgent(t *testing.T) {
+	requirePython(t, false)
+	dir := shortTemp(t)
+	pidFile := filepath.Join(dir, "py.pid")
+	script := python + ` -c 'import os, time; open("` + pidFile + `.tmp", "w").write(str(os.getpid())); os.rename("` +
+		pidFile + `.tmp", "` + pidFile + `"); time.sleep(600)'; echo`
+	p := start(t, nil, "run", "--store", "file://"+filepath.Join(dir, "store"), "--run-id", "gc",
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
+		"--cloud", "none", "--interval", "1h", "--", "/bin/sh", "-c", script)
+	var pid int
+	waitFor(t, "the python grandchild's pid", time.Minute, func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		return pid > 0
+	})
+	p.signal(syscall.SIGKILL)
+	p.wait(time.Minute)
+	waitFor(t, "the grandchild to be gone", 30*time.Second, func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return true
+		}
+		s := string(b)
+		return strings.HasPrefix(strings.TrimSpace(s[strings.LastIndexByte(s, ')')+1:]), "Z")
+	})
+}
