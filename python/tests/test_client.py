@@ -540,6 +540,7 @@ class TestSigtermDuringInterruption(Base):
         srv.send({"type": "checkpoint", "id": "int2", "reason": "interruption", "dir": self.tmp})
         self.pending(a)
         a.poll(3).done(3)
+        srv.wait_message("done")
         srv.send({"type": "committed", "id": "int2", "uri": "file:///s/int2"})
         srv.send({"type": "stop", "reason": "interruption"})
         self.assertTrue(wait_agent(a, lambda: a.should_stop))
@@ -557,6 +558,7 @@ class TestSigtermDuringInterruption(Base):
         a.sigterm_wait = 0.2  # bounds the fold: the agent never sends stop here
         self.sigterm()
         a.poll(3).done(3)
+        srv.wait_message("done")
         deadline = time.monotonic() + DEADLINE
         while not a.should_stop and time.monotonic() < deadline:
             time.sleep(0.02)  # should_stop is computed on read: poll it, bounded
