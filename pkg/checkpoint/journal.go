@@ -114,14 +114,18 @@ func NewJournalWriter(st cloud.Store, j *Journal) *JournalWriter {
 // Update applies fn to the journal in the store and saves the result, a
 // compare-and-swap: it reads journal.json (stat first, for its version),
 // applies fn, and writes if-version (if-absent). When another agent wrote
-// in between it reads again and re-applies fn, unless this session is
-// fenced: then nothing is written (ErrFenced). fn may run more than once.
+// in between it reads again and re-applies fn. With a lease (FenceWith),
+// a fenced session writes nothing (ErrFenced): the lease is checked before
+// the first attempt and after a lost race. fn may run more than once.
 func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		if w.lease.Fenced() {
-			return fmt.Errorf("write journal: %w", ErrFenced)
+		if w.lease != nil && attempt == 0 {
+			// One List: a session fenced since its last look writes nothing.
+			if err := w.lease.Check(ctx); err != nil {
+				return fmt.Errorf("write journal: %w", err)
+			}
 		}
 		opts := cloud.PutOptions{IfAbsent: true}
 		j := w.copyOf(w.j)
@@ -152,8 +156,8 @@ func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 			return fmt.Errorf("write journal: %w", err)
 		}
 		if w.lease != nil {
-			// Another writer got there first: a newer session fences us.
-			if err := w.lease.Check(ctx); errors.Is(err, ErrFenced) {
+			// Another writer got there first: perhaps a newer session.
+			if err := w.lease.Check(ctx); err != nil {
 				return fmt.Errorf("write journal: %w", err)
 			}
 		}
