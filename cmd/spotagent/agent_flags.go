@@ -34,6 +34,7 @@ type agentOptions struct {
 	storeFlags                                                storeOptions
 	sourceFlags                                               sourceOptions
 	logFormat, logLevel                                       string
+	fenceInterval                                             time.Duration
 }
 
 func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
@@ -59,6 +60,7 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 	fs.DurationVar(&o.margin, "margin", 5*time.Second, "safety margin kept before a notice deadline")
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
+	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
 	o.storeFlags.register(fs)
 	o.sourceFlags.register(fs)
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
@@ -90,6 +92,12 @@ func (o *agentOptions) resolve() error {
 	}
 	if o.onRebalance != "checkpoint" && o.onRebalance != "none" {
 		return fmt.Errorf("--on-rebalance: want checkpoint or none, got %q", o.onRebalance)
+	}
+	if o.fenceInterval < 0 {
+		return fmt.Errorf("--fence-interval must not be negative")
+	}
+	if o.fenceInterval == 0 {
+		o.fenceInterval = -1 // supervisor.Config: no lease
 	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")

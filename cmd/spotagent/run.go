@@ -129,7 +129,7 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		RunID: o.runID, CheckpointDir: o.checkpointDir, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
-		Signal: o.sig, Metrics: metrics, Log: log,
+		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
 	}
 	if node {
 		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)

@@ -31,6 +31,9 @@ type Committer struct {
 	// a commit waits there for a slot, the most urgent first.
 	Gate *Gate
 	Log  *zap.Logger
+	// Lease, when set, fences this committer: manifests record its epoch
+	// and latest.json only moves while no newer session exists (lease.go).
+	Lease *Lease
 }
 
 // Request names one checkpoint directory to commit.
@@ -100,7 +103,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	m := &Manifest{
 		Format: Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
-		Files: make([]File, len(files)),
+		Files: make([]File, len(files)), Epoch: c.epoch(),
 	}
 	if err := c.upload(ctx, log, req.Dir, Prefix(req.Step, req.ID), files, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
@@ -114,7 +117,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if err := putOnce(ctx, c.Store, key, body); err != nil {
 		return nil, fmt.Errorf("commit: write manifest: %w", err)
 	}
-	if err := UpdateLatest(ctx, c.Store, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
+	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
 		// The manifest is durable, so restore will still find this
 		// checkpoint by listing; report the failure all the same.
 		return nil, fmt.Errorf("commit: %w", err)
@@ -250,6 +253,9 @@ func ReadLatest(ctx context.Context, st cloud.Store) (Latest, error) {
 	var l Latest
 	if err := readJSON(ctx, st, LatestKey, 1<<20, &l); err != nil {
 		return Latest{}, err
+	}
+	if l.Manifest == "" && l.Epoch > 0 { // sealed by a lease before any commit (lease.go)
+		return Latest{}, fmt.Errorf("latest: no checkpoint yet: %w", cloud.ErrNotExist)
 	}
 	if err := SafeRel(l.Manifest); err != nil {
 		return Latest{}, fmt.Errorf("latest: %w", err)

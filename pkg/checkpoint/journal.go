@@ -100,9 +100,10 @@ func ReadJournal(ctx context.Context, st cloud.Store, runID string) (*Journal, e
 
 // JournalWriter serialises changes to a journal and saves it.
 type JournalWriter struct {
-	st cloud.Store
-	mu sync.Mutex
-	j  *Journal
+	st    cloud.Store
+	mu    sync.Mutex
+	j     *Journal
+	lease *Lease // set: no write once fenced (lease.go)
 }
 
 // NewJournalWriter wraps a journal read with ReadJournal.
@@ -110,27 +111,69 @@ func NewJournalWriter(st cloud.Store, j *Journal) *JournalWriter {
 	return &JournalWriter{st: st, j: j}
 }
 
-// Update applies fn to the journal under the lock and saves the result.
+// Update applies fn to the journal in the store and saves the result, a
+// compare-and-swap: it reads journal.json (stat first, for its version),
+// applies fn, and writes if-version (if-absent). When another agent wrote
+// in between it reads again and re-applies fn. With a lease (FenceWith),
+// a fenced session writes nothing (ErrFenced): the lease is checked before
+// the first attempt and after a lost race. fn may run more than once.
 func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	fn(w.j)
-	body, err := json.MarshalIndent(w.j, "", "  ")
-	if err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		if w.lease != nil && attempt == 0 {
+			// One List: a session fenced since its last look writes nothing.
+			if err := w.lease.Check(ctx); err != nil {
+				return fmt.Errorf("write journal: %w", err)
+			}
+		}
+		opts := cloud.PutOptions{IfAbsent: true}
+		j := w.copyOf(w.j)
+		info, err := w.st.Stat(ctx, JournalKey)
+		switch {
+		case err == nil:
+			opts = cloud.PutOptions{IfVersion: info.Version}
+			// A journal that no longer parses is replaced by this one.
+			if fresh, rerr := ReadJournal(ctx, w.st, w.j.RunID); rerr == nil {
+				j = fresh
+			} else if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		case !errors.Is(err, cloud.ErrNotExist):
+			return fmt.Errorf("write journal: %w", err)
+		}
+		fn(j)
+		body, err := json.MarshalIndent(j, "", "  ")
+		if err != nil {
+			return err
+		}
+		err = w.st.Put(ctx, JournalKey, bytes.NewReader(body), int64(len(body)), opts)
+		if err == nil {
+			w.j = j
+			return nil
+		}
+		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 8 {
+			return fmt.Errorf("write journal: %w", err)
+		}
+		if w.lease != nil {
+			// Another writer got there first: perhaps a newer session.
+			if err := w.lease.Check(ctx); err != nil {
+				return fmt.Errorf("write journal: %w", err)
+			}
+		}
 	}
-	if err := w.st.Put(ctx, JournalKey, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{}); err != nil {
-		return fmt.Errorf("write journal: %w", err)
-	}
-	return nil
+}
+
+func (w *JournalWriter) copyOf(j *Journal) *Journal {
+	b, _ := json.Marshal(j)
+	var c Journal
+	_ = json.Unmarshal(b, &c)
+	return &c
 }
 
 // Snapshot returns a deep copy of the journal.
 func (w *JournalWriter) Snapshot() *Journal {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	b, _ := json.Marshal(w.j)
-	var c Journal
-	_ = json.Unmarshal(b, &c)
-	return &c
+	return w.copyOf(w.j)
 }

@@ -38,6 +38,7 @@ type Manifest struct {
 	Source   metadata.Identity `json:"source"`
 	Metadata json.RawMessage   `json:"metadata,omitempty"`
 	Files    []File            `json:"files"`
+	Epoch    int64             `json:"epoch,omitempty"` // session lease it was committed under (lease.go); 0: none
 }
 
 // File is one object of a checkpoint.
@@ -54,6 +55,7 @@ type Latest struct {
 	Step     int64     `json:"step"`
 	ID       string    `json:"id"`
 	Updated  time.Time `json:"updated"`
+	Epoch    int64     `json:"epoch,omitempty"` // newest session lease that wrote it (lease.go)
 }
 
 // Prefix returns the store prefix of a checkpoint, ending in "/".

@@ -34,6 +34,9 @@ var ErrCorrupt = errors.New("checkpoint damaged")
 type RestoreOptions struct {
 	ID  string // restore this checkpoint only; empty: the newest complete one
 	Log *zap.Logger
+	// MaxEpoch > 0 passes over checkpoints committed under a higher epoch:
+	// a newer session's, which fenced the one restoring (lease.go).
+	MaxEpoch int64
 }
 
 // Restored describes a checkpoint copied to local disk and verified.
@@ -61,6 +64,10 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 	var skipped []string
 	var abort error // not the checkpoint's fault: the disk, the network, ctx
 	try := func(key string, m *Manifest) (*Restored, bool) {
+		if opts.skipEpoch(m) {
+			log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
+			return nil, false
+		}
 		r, err := restoreOne(ctx, st, dest, key, m, log)
 		switch {
 		case err == nil:

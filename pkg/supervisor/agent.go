@@ -51,6 +51,9 @@ type Config struct {
 	// RequestTimeout bounds how long a periodic request may go unanswered
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration
+	// FenceInterval is how often the session's lease is checked for a
+	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
+	FenceInterval time.Duration
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
@@ -101,7 +104,7 @@ func (a *Agent) restoreDir() string { return filepath.Join(a.cfg.CheckpointDir, 
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	restoreDir := a.restoreDir()
 	start := time.Now()
-	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log})
+	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
 		return nil, nil

@@ -107,6 +107,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		}()
 	}
+	defer a.watchFence(nctx, notices)() // agent_fence.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, root: cfg.CheckpointDir,
@@ -130,6 +131,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		a.child.Close() // what the trainer left in its group goes now
 	}
 	a.finish()
+	if a.fenced() { // agent_fence.go
+		return ExitFenced, nil
+	}
 	return a.exitCode, nil
 }
 
@@ -176,6 +180,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	})
+	if err := a.takeLease(ctx); err != nil { // agent_fence.go
+		return nil, err
+	}
 	if a.resume, err = a.restore(ctx); err != nil {
 		return nil, err
 	}

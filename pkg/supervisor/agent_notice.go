@@ -99,6 +99,10 @@ func (a *Agent) onFailed(c *Conn, m Message) {
 
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
+	if n.Cloud == cloudFence { // agent_fence.go
+		a.onFenced(n)
+		return
+	}
 	now := time.Now()
 	a.noticesSeen++
 	a.lastNotice = &n
@@ -153,10 +157,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		}
 		return
 	}
-	reason := ReasonInterruption
-	if n.Cloud == metadata.CloudSignal {
-		reason = ReasonShutdown
-	}
+	reason := stopReason(n) // agent_fence.go
 	id := a.cfg.Identity
 	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
 		Cloud: n.Cloud, Kind: n.Kind, Action: n.Action, NoticeID: n.ID,

@@ -230,6 +230,9 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	if !strings.HasPrefix(r.dir, a.restoreDir()) {
 		os.RemoveAll(r.dir)
 	}
+	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
+		return
+	}
 	if cr.err != nil {
 		if errors.Is(cr.err, checkpoint.ErrPreempted) {
 			a.log.Info("periodic checkpoint not committed: another run's interruption checkpoint took its upload slot", zap.String("id", r.id))

@@ -187,7 +187,9 @@ func (n *node) start(id string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
+		stopFence := a.watchFence(n.ctx, r.notices) // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
+		stopFence()
 		a.finish()
 		log.Info("node: run done")
 	}()

@@ -1,0 +1,254 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// ErrFenced means a newer session took the run over: this one may upload
+// checkpoints but never moves latest.json or the journal again.
+var ErrFenced = errors.New("fenced: a newer session owns the run")
+
+// leaseDir holds one object per session: leases/<epoch:012d>.json.
+const leaseDir = "leases/"
+
+// LeaseRecord is the content of leases/<epoch>.json.
+type LeaseRecord struct {
+	Epoch    int64             `json:"epoch"`
+	Session  string            `json:"session"`
+	Instance metadata.Identity `json:"instance"`
+	Started  time.Time         `json:"started"`
+}
+
+// Lease is one session's claim on a run. Sessions are ordered by epoch:
+// the highest epoch in leases/ owns the run, and every older session is
+// fenced. A Lease is safe for concurrent use.
+type Lease struct {
+	LeaseRecord
+	st    cloud.Store
+	newer atomic.Int64 // highest newer epoch seen; 0: none
+}
+
+// leaseKey names the lease object of epoch.
+func leaseKey(epoch int64) string { return fmt.Sprintf("%s%012d.json", leaseDir, epoch) }
+
+// AcquireLease takes the next epoch (the highest existing one plus one,
+// written if-absent: of two sessions racing for an epoch, one gets it and
+// the other tries the next) and then seals latest.json with it, so that no
+// older session can move latest.json any more. Restore after AcquireLease.
+// ErrFenced means an even newer session sealed first.
+func AcquireLease(ctx context.Context, st cloud.Store, rec LeaseRecord) (*Lease, error) {
+	top, err := highestEpoch(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	if cur, _, err := readLatestRaw(ctx, st); err == nil && cur.Epoch > top {
+		top = cur.Epoch // leases/ lost or trimmed by hand: never reuse an epoch
+	}
+	l := &Lease{st: st}
+	for attempt := 0; ; attempt++ {
+		rec.Epoch = top + 1
+		body, err := json.MarshalIndent(rec, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		err = st.Put(ctx, leaseKey(rec.Epoch), bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 16 {
+			return nil, fmt.Errorf("lease: %w", err)
+		}
+		top = rec.Epoch
+	}
+	l.LeaseRecord = rec
+	if err := l.seal(ctx); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// highestEpoch is the highest epoch in leases/ (0: none).
+func highestEpoch(ctx context.Context, st cloud.Store) (int64, error) {
+	var top int64
+	err := st.List(ctx, leaseDir, func(o cloud.ObjectInfo) error {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, leaseDir), ".json")
+		if e, err := strconv.ParseInt(name, 10, 64); ok && err == nil && e > top {
+			top = e
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list leases: %w", err)
+	}
+	return top, nil
+}
+
+// seal rewrites latest.json with this lease's epoch (same pointer), or
+// writes a pointer-less one when there is none yet.
+func (l *Lease) seal(ctx context.Context) error {
+	return l.casLatest(ctx, func(cur Latest, exists bool) (Latest, bool) {
+		cur.Epoch = l.Epoch
+		if !exists {
+			cur.Updated = time.Now().UTC()
+		}
+		return cur, true
+	})
+}
+
+// Publish points latest.json at next unless this session is fenced (a
+// newer lease exists, or latest.json carries a newer epoch: ErrFenced) or
+// latest.json already names a newer step of this epoch (nothing to do).
+// The write is a compare-and-swap on the version read with the epoch, so
+// a newer session's seal landing in between makes it re-check and fail.
+func (l *Lease) Publish(ctx context.Context, next Latest) error {
+	if err := l.Check(ctx); err != nil {
+		return err
+	}
+	next.Epoch = l.Epoch
+	return l.casLatest(ctx, func(cur Latest, exists bool) (Latest, bool) {
+		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.Step > next.Step {
+			return cur, false
+		}
+		next.Updated = time.Now().UTC()
+		return next, true
+	})
+}
+
+// casLatest reads latest.json with its version, refuses (ErrFenced) when
+// it carries a newer epoch, and writes what fn returns, if-version (or
+// if-absent); a lost race re-reads and tries again.
+func (l *Lease) casLatest(ctx context.Context, fn func(cur Latest, exists bool) (Latest, bool)) error {
+	for attempt := 0; ; attempt++ {
+		cur, version, err := readLatestRaw(ctx, l.st)
+		exists := err == nil
+		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
+			return fmt.Errorf("read latest: %w", err)
+		}
+		if cur.Epoch > l.Epoch {
+			l.sawEpoch(cur.Epoch)
+			return fmt.Errorf("latest.json sealed by epoch %d, this session is %d: %w", cur.Epoch, l.Epoch, ErrFenced)
+		}
+		next, write := fn(cur, exists)
+		if !write {
+			return nil
+		}
+		body, err := json.MarshalIndent(next, "", "  ")
+		if err != nil {
+			return err
+		}
+		opts := cloud.PutOptions{IfAbsent: true}
+		if exists {
+			opts = cloud.PutOptions{IfVersion: version}
+		}
+		err = l.st.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 8 {
+			return fmt.Errorf("write latest: %w", err)
+		}
+	}
+}
+
+// readLatestRaw reads latest.json and the version it had: stat first, so
+// that a write landing between stat and read makes the later if-version
+// write fail rather than overwrite something never read. A latest.json
+// that does not parse counts as epoch 0 with no pointer.
+func readLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) {
+	info, err := st.Stat(ctx, LatestKey)
+	if err != nil {
+		return Latest{}, "", err
+	}
+	var cur Latest
+	if err := readJSON(ctx, st, LatestKey, 1<<20, &cur); err != nil {
+		if errors.Is(err, cloud.ErrNotExist) {
+			return Latest{}, "", err
+		}
+		if ctx.Err() != nil {
+			return Latest{}, "", ctx.Err()
+		}
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if !errors.As(err, &syn) && !errors.As(err, &typ) {
+			return Latest{}, "", err
+		}
+		cur = Latest{}
+	}
+	return cur, info.Version, nil
+}
+
+// Check lists leases/ (one List) and reports ErrFenced once a newer epoch
+// exists. Once fenced, a session stays fenced without asking the store.
+func (l *Lease) Check(ctx context.Context) error {
+	if l.Fenced() {
+		return l.fencedErr()
+	}
+	top, err := highestEpoch(ctx, l.st)
+	if err != nil {
+		return err
+	}
+	if top > l.Epoch {
+		l.sawEpoch(top)
+		return l.fencedErr()
+	}
+	return nil
+}
+
+// Fenced reports whether a newer session was seen.
+func (l *Lease) Fenced() bool { return l != nil && l.newer.Load() > 0 }
+
+// FencedBy is the newest epoch seen above this one (0: not fenced).
+func (l *Lease) FencedBy() int64 { return l.newer.Load() }
+
+func (l *Lease) sawEpoch(e int64) {
+	for {
+		old := l.newer.Load()
+		if e <= old || l.newer.CompareAndSwap(old, e) {
+			return
+		}
+	}
+}
+
+func (l *Lease) fencedErr() error {
+	return fmt.Errorf("epoch %d exists, this session is %d: %w", l.newer.Load(), l.Epoch, ErrFenced)
+}
+
+// epoch is the epoch a committer records in its manifests (0: no lease).
+func (c *Committer) epoch() int64 {
+	if c.Lease == nil {
+		return 0
+	}
+	return c.Lease.Epoch
+}
+
+// publish moves latest.json: fenced by the lease when there is one.
+func (c *Committer) publish(ctx context.Context, l Latest) error {
+	if c.Lease == nil {
+		return UpdateLatest(ctx, c.Store, l)
+	}
+	return c.Lease.Publish(ctx, l)
+}
+
+// skipEpoch reports whether restore must pass over m: it was committed by
+// a newer session than the one restoring (which that session fenced).
+func (o RestoreOptions) skipEpoch(m *Manifest) bool {
+	return o.MaxEpoch > 0 && m.Epoch > o.MaxEpoch
+}
+
+// FenceWith makes w write nothing once l is fenced.
+func (w *JournalWriter) FenceWith(l *Lease) {
+	w.mu.Lock()
+	w.lease = l
+	w.mu.Unlock()
+}

@@ -1,0 +1,156 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Fencing: two agents on one run (an ASG with Capacity Rebalancing starts
+// the replacement before the old instance ends). Each session takes a lease
+// with the next epoch before it restores (checkpoint.AcquireLease); the
+// newest epoch owns the run. An older session learns it is fenced when a
+// commit cannot publish (checkpoint.ErrFenced) or from the lease check
+// every Config.FenceInterval: it asks its trainer for a last checkpoint,
+// uploads it without publishing it as latest, tells the trainer to stop,
+// writes no more journal and exits with ExitFenced.
+
+// ExitFenced is the exit code of an agent whose run a newer session took
+// over. It is not 75 ("interrupted, run me again"): restarting a fenced
+// agent would fence the newer session in turn.
+const ExitFenced = 76
+
+// ReasonFenced is the reason of the last checkpoint request and the stop
+// message of a fenced agent.
+const ReasonFenced = "fenced"
+
+// cloudFence marks the notice the lease check sends the loop.
+const cloudFence metadata.Cloud = "fence"
+
+// defaultFenceInterval is how often an agent lists leases/ (one List).
+const defaultFenceInterval = 30 * time.Second
+
+// lease is this session's lease, nil when fencing is off.
+func (a *Agent) lease() *checkpoint.Lease { return a.committer.Lease }
+
+// fenced reports whether a newer session took the run over.
+func (a *Agent) fenced() bool { return a.lease().Fenced() }
+
+// epoch is this session's epoch (0: no lease).
+func (a *Agent) epoch() int64 {
+	if l := a.lease(); l != nil {
+		return l.Epoch
+	}
+	return 0
+}
+
+// takeLease takes this session's lease, before the restore: the restore
+// then starts from what latest.json held when the lease sealed it.
+func (a *Agent) takeLease(ctx context.Context) error {
+	if a.cfg.FenceInterval < 0 {
+		return nil
+	}
+	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, checkpoint.LeaseRecord{
+		Session: newID(), Instance: a.cfg.Identity, Started: a.started.UTC(),
+	})
+	if err != nil {
+		return fmt.Errorf("take lease: %w", err)
+	}
+	a.committer.Lease = l
+	a.journal.FenceWith(l)
+	a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	return nil
+}
+
+// watchFence checks the lease every FenceInterval and, once fenced, sends
+// the loop a notice on out. The returned func stops it and waits.
+func (a *Agent) watchFence(ctx context.Context, out chan<- metadata.Notice) func() {
+	l := a.lease()
+	if l == nil {
+		return func() {}
+	}
+	every := a.cfg.FenceInterval
+	if every == 0 {
+		every = defaultFenceInterval
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Check(ctx)
+			if errors.Is(err, checkpoint.ErrFenced) {
+				select {
+				case out <- fenceNotice(l):
+				case <-ctx.Done():
+				}
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("lease check failed", zap.Error(err))
+			}
+		}
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+func fenceNotice(l *checkpoint.Lease) metadata.Notice {
+	now := time.Now()
+	return metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
+		ID: fmt.Sprintf("fenced-by-%d", l.FencedBy()), Action: ReasonFenced}
+}
+
+// onFenced starts the fenced stop: a last checkpoint (uploaded, never
+// published), then stop, with --term-grace as the deadline.
+func (a *Agent) onFenced(n metadata.Notice) {
+	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
+		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
+	a.cfg.Metrics.Error("fenced")
+	n.Deadline = time.Now().Add(a.cfg.TermGrace)
+	a.beginStop(n, time.Now())
+}
+
+// onFencedCommit handles a commit that uploaded (its manifest is in the
+// store, under this session's epoch) but could not publish because a newer
+// session fenced this one. It reports false for any other result.
+func (a *Agent) onFencedCommit(r *request, err error) bool {
+	if !errors.Is(err, checkpoint.ErrFenced) {
+		return false
+	}
+	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
+		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
+	a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: err.Error()})
+	switch {
+	case a.stopping == nil:
+		a.onFenced(fenceNotice(a.lease()))
+	case r.stop != nil && !r.stop.finished:
+		a.finishStop(r.stop)
+	}
+	return true
+}
+
+// stopReason is the reason of the stop that notice n begins.
+func stopReason(n metadata.Notice) string {
+	switch n.Cloud {
+	case metadata.CloudSignal:
+		return ReasonShutdown
+	case cloudFence:
+		return ReasonFenced
+	}
+	return ReasonInterruption
+}
