@@ -74,7 +74,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	if cfg.Source != nil {
 		go cfg.Source.Watch(nctx, notices)
 	}
-	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{},
+	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{}, evicted: map[uint64]bool{},
 		finished: make(chan *nodeRun, 4)}
 	if m := cfg.Run.Metrics; m != nil {
 		m.Ready(true)
@@ -119,6 +119,7 @@ type node struct {
 	ctx      context.Context
 	runs     map[string]*nodeRun
 	connRun  map[uint64]*nodeRun
+	evicted  map[uint64]bool // connections being closed for a full run queue
 	finished chan *nodeRun
 }
 
@@ -128,9 +129,13 @@ type node struct {
 func (n *node) dispatch(ev Event) {
 	c, m := ev.Conn, ev.Msg
 	if r, ok := n.connRun[c.ID()]; ok {
+		if n.evicted[c.ID()] && m.Type != TypeDisconnected {
+			return // closing: the rest of what it sent goes nowhere
+		}
 		switch m.Type {
 		case TypeDisconnected:
 			delete(n.connRun, c.ID())
+			delete(n.evicted, c.ID())
 			r.conns--
 			n.deliverLater(r, ev)
 		case TypeProgress:
@@ -143,6 +148,7 @@ func (n *node) dispatch(ev Event) {
 			select {
 			case r.events <- ev:
 			default:
+				n.evicted[c.ID()] = true
 				n.log.Warn("node: run's queue is full: message dropped and its connection closed",
 					zap.String("run", r.id), zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Int("queued", len(r.events)))
 				c.SendNoWait(Message{Type: TypeError, ID: m.ID, Error: fmt.Sprintf("%s dropped: run %s is busy (its queue is full); closing connection", m.Type, r.id)}, true)
@@ -284,6 +290,7 @@ func (n *node) retire(r *nodeRun) {
 	for id, cr := range n.connRun {
 		if cr == r {
 			delete(n.connRun, id)
+			delete(n.evicted, id)
 		}
 	}
 	for {
