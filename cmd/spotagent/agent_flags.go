@@ -25,7 +25,8 @@ type agentOptions struct {
 	interval                                                  string
 	minInterval, maxInterval                                  time.Duration
 	interruptionRate                                          float64
-	keep, maxRestarts, concurrentCommits                      int
+	keep, maxRestarts, concurrentCommits, maxConns            int
+	socketDefault                                             bool // no --socket: the private default dir
 	termGrace, killAfter, margin                              time.Duration
 	onRebalance                                               string
 	signal                                                    string
@@ -47,9 +48,14 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 	}
-	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $TMPDIR/spotagent-UID/RUN-ID.sock)")
+	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
 	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")
+	maxConns := supervisor.DefaultMaxConns
+	if node {
+		maxConns = supervisor.DefaultNodeMaxConns
+	}
+	fs.IntVar(&o.maxConns, "max-connections", maxConns, "open socket connections at most (at most a quarter of the open-file limit); more are refused")
 	fs.StringVar(&o.interval, "interval", "auto", "periodic checkpoint interval: auto (Young/Daly) or a duration such as 15m")
 	fs.DurationVar(&o.minInterval, "min-interval", checkpoint.DefaultMinInterval, "shortest adaptive interval")
 	fs.DurationVar(&o.maxInterval, "max-interval", checkpoint.DefaultMaxInterval, "longest adaptive interval")
@@ -88,7 +94,10 @@ func (o *agentOptions) resolve() error {
 	}
 	o.checkpointDir = abs
 	if o.socket == "" {
-		o.socket = defaultSocket(o.runID)
+		o.socket, o.socketDefault = defaultSocket(o.runID), true
+	}
+	if o.maxConns < 1 {
+		return fmt.Errorf("--max-connections must be at least 1")
 	}
 	if o.onRebalance != "checkpoint" && o.onRebalance != "none" {
 		return fmt.Errorf("--on-rebalance: want checkpoint or none, got %q", o.onRebalance)
@@ -152,7 +161,8 @@ func (o *agentOptions) serverConfig(log *zap.Logger) (supervisor.ServerConfig, e
 		}
 		uids = append(uids, u)
 	}
-	return supervisor.ServerConfig{Path: o.socket, Mode: os.FileMode(mode), AllowUIDs: uids, Log: log}, nil
+	return supervisor.ServerConfig{Path: o.socket, PrivateDir: o.socketDefault, Mode: os.FileMode(mode), AllowUIDs: uids,
+		MaxConns: o.maxConns, Log: log}, nil
 }
 
 // logConfig logs the effective configuration once at start.

@@ -28,9 +28,19 @@ func defaultSocket(runID string) string {
 	return filepath.Join(socketDir(), runID+".sock")
 }
 
-// socketDir holds the default sockets of one user's agents.
+// socketDir holds the default sockets of one user's agents:
+// $XDG_RUNTIME_DIR/spotagent when XDG_RUNTIME_DIR is a directory of this
+// user's (as systemd-logind makes it), else $TMPDIR/spotagent-UID. The
+// agent refuses that directory unless it is its own and 0700.
 func socketDir() string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-%d", os.Getuid()))
+	if xdg := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(xdg) {
+		if fi, err := os.Lstat(xdg); err == nil && fi.IsDir() {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == os.Geteuid() {
+				return filepath.Join(xdg, "spotagent")
+			}
+		}
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-%d", os.Geteuid()))
 }
 
 func cmdStatus(args []string) int {
@@ -41,7 +51,7 @@ func cmdStatus(args []string) int {
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status")
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", "", "the agent's socket (default: $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
+	socket := fs.String("socket", "", "the agent's socket (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock or $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
 	runID := fs.String("run-id", "", "run id of the agent, to find its default socket")
 	store := fs.String("store", "", "the agent's --store, to find its default socket when --run-id is not set")
 	asJSON := fs.Bool("json", false, "print the agent's status reply as JSON")

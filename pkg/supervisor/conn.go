@@ -1,13 +1,13 @@
 package supervisor
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,36 +22,56 @@ var (
 	ErrLineTooLong = errors.New("line too long")
 	// ErrConnClosed: the agent closed the connection (Close, or shutdown).
 	ErrConnClosed = errors.New("connection closed")
+	// ErrHelloTimeout: the connection said no hello and sent no line for
+	// the server's HelloTimeout.
+	ErrHelloTimeout = errors.New("no hello in time")
+	// ErrLineTimeout: a started line was not finished within LineTimeout.
+	ErrLineTimeout = errors.New("line not finished in time")
+	// ErrBufferBudget: holding this connection's unfinished line would
+	// exceed the bytes the server holds for all connections together.
+	ErrBufferBudget = errors.New("line buffer budget exceeded")
 )
 
 // Conn is one trainer connection. Send is safe for concurrent use.
 type Conn struct {
-	srv  *Server
-	id   uint64
-	nc   *net.UnixConn
-	cred peerCredentials
-	log  *zap.Logger
+	srv   *Server
+	id    uint64
+	nc    *net.UnixConn
+	cred  peerCredentials
+	ident string // PeerIdentity
+	log   *zap.Logger
 
 	wmu sync.Mutex // serialises writes
 
-	mu    sync.Mutex
-	hello *Message
-	cause error // why the agent closed it; nil while open or closed by the peer
+	mu       sync.Mutex
+	hello    *Message
+	cause    error // why the agent closed it; nil while open or closed by the peer
+	outq     []queuedSend
+	flushing bool
 
 	closeOnce sync.Once
 	closed    atomic.Bool
 	dropped   atomic.Uint64 // progress messages dropped on a full Events buffer
 }
 
-func newConn(s *Server, id uint64, nc *net.UnixConn, cred peerCredentials) *Conn {
+func newConn(s *Server, id uint64, nc *net.UnixConn, cred peerCredentials, ident string) *Conn {
+	fields := []zap.Field{zap.Uint64("conn", id), zap.Int("uid", cred.UID), zap.Int("pid", cred.PID)}
+	if ident != "" {
+		fields = append(fields, zap.String("peer", ident))
+	}
 	return &Conn{
-		srv:  s,
-		id:   id,
-		nc:   nc,
-		cred: cred,
-		log:  s.log.With(zap.Uint64("conn", id), zap.Int("uid", cred.UID), zap.Int("pid", cred.PID)),
+		srv:   s,
+		id:    id,
+		nc:    nc,
+		cred:  cred,
+		ident: ident,
+		log:   s.log.With(fields...),
 	}
 }
+
+// PeerIdentity names the peer for node mode's run binding: "pod:<uid>"
+// or "uid:<uid>" (empty unless the server has IdentifyPeers set).
+func (c *Conn) PeerIdentity() string { return c.ident }
 
 // ID is unique among the connections of one Server, increasing.
 func (c *Conn) ID() uint64 { return c.id }
@@ -99,6 +119,55 @@ func (c *Conn) Send(m Message) error {
 	return nil
 }
 
+// maxQueued bounds the replies SendNoWait holds for one connection.
+const maxQueued = 16
+
+type queuedSend struct {
+	m          Message
+	closeAfter bool
+}
+
+// SendNoWait sends m in the background, in order with other SendNoWait
+// calls, for a caller that must not wait on a peer (node mode's
+// dispatcher). A peer with maxQueued replies still unsent is not reading
+// them: it is closed instead. With closeAfter the connection is closed
+// once m is sent.
+func (c *Conn) SendNoWait(m Message, closeAfter bool) {
+	c.mu.Lock()
+	if len(c.outq) >= maxQueued {
+		c.mu.Unlock()
+		c.log.Warn("peer does not read its replies: closing the connection", zap.String("type", m.Type))
+		c.closeWith(fmt.Errorf("send %s: peer does not read: %w", m.Type, ErrConnClosed))
+		return
+	}
+	c.outq = append(c.outq, queuedSend{m, closeAfter})
+	start := !c.flushing
+	c.flushing = true
+	c.mu.Unlock()
+	if start {
+		go c.flush()
+	}
+}
+
+// flush sends what SendNoWait queued until the queue is empty.
+func (c *Conn) flush() {
+	for {
+		c.mu.Lock()
+		if len(c.outq) == 0 {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		q := c.outq[0]
+		c.outq = c.outq[1:]
+		c.mu.Unlock()
+		c.Send(q.m)
+		if q.closeAfter {
+			c.Close()
+		}
+	}
+}
+
 // Close closes the connection; its reader then emits TypeDisconnected.
 func (c *Conn) Close() error {
 	return c.closeWith(ErrConnClosed)
@@ -143,38 +212,93 @@ func (c *Conn) serve() {
 	c.srv.emit(Event{Conn: c, Msg: Message{Type: TypeDisconnected}, Err: err})
 }
 
-// readLoop handles complete lines until EOF, an error or an oversized line.
-// A trailing line without newline is discarded; its length is returned.
-// A clean EOF returns a nil error.
+// readLoop handles complete lines until EOF, an error, an oversized line
+// or a timeout. A trailing line without newline is discarded; its length
+// is returned. A clean EOF returns a nil error.
+//
+// Before hello, a connection that sends no complete line for HelloTimeout
+// is closed; after hello it may stay silent forever (trainers do). A
+// started line must end within LineTimeout, and the bytes of unfinished
+// lines are accounted against the server's MaxBuffered across all
+// connections: a line that would exceed it closes its connection.
 func (c *Conn) readLoop() (int, error) {
-	br := bufio.NewReaderSize(c.nc, 64<<10)
-	var line []byte
+	cfg := &c.srv.cfg
+	buf := make([]byte, 16<<10)
+	var (
+		pending   []byte // the unfinished line, accounted in srv.buffered
+		lineStart time.Time
+		lastLine  = time.Now()
+	)
+	defer func() { c.srv.release(len(pending)) }()
 	for {
-		frag, err := br.ReadSlice('\n')
-		if len(line)+len(frag) > MaxLine {
-			c.replyError("", fmt.Sprintf("line exceeds %d bytes; closing connection", MaxLine))
-			c.closeWith(ErrLineTooLong)
-			return 0, ErrLineTooLong
+		var dl time.Time
+		if _, ok := c.Hello(); !ok {
+			dl = lastLine.Add(cfg.HelloTimeout)
 		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			line = append(line, frag...)
-			continue
+		if len(pending) > 0 {
+			if ld := lineStart.Add(cfg.LineTimeout); dl.IsZero() || ld.Before(dl) {
+				dl = ld
+			}
+		}
+		c.nc.SetReadDeadline(dl)
+		n, err := c.nc.Read(buf)
+		data := buf[:n]
+		for len(data) > 0 {
+			i := bytes.IndexByte(data, '\n')
+			seg := data
+			if i >= 0 {
+				seg = data[:i+1]
+			}
+			data = data[len(seg):]
+			if len(pending)+len(seg) > MaxLine {
+				c.replyError("", fmt.Sprintf("line exceeds %d bytes; closing connection", MaxLine))
+				c.closeWith(ErrLineTooLong)
+				return 0, ErrLineTooLong
+			}
+			if i < 0 {
+				if !c.srv.reserve(len(seg)) {
+					c.log.Warn("line buffer budget exceeded: closing the connection",
+						zap.Int("partial_bytes", len(pending)+len(seg)), zap.Int64("buffered_bytes", c.srv.Buffered()),
+						zap.Int64("max_buffered", cfg.MaxBuffered))
+					c.replyError("", fmt.Sprintf("agent is holding too many unfinished lines (%d bytes): closing connection", cfg.MaxBuffered))
+					c.closeWith(ErrBufferBudget)
+					return 0, ErrBufferBudget
+				}
+				if len(pending) == 0 {
+					lineStart = time.Now()
+				}
+				pending = append(pending, seg...)
+				break
+			}
+			line := seg
+			if len(pending) > 0 {
+				line = append(pending, seg...)
+			}
+			ok := c.handle(line)
+			c.srv.release(len(pending))
+			pending = pending[:0]
+			if cap(pending) > 64<<10 {
+				pending = nil // do not keep a megabyte per idle connection
+			}
+			lastLine = time.Now()
+			if !ok {
+				return 0, nil
+			}
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = nil
+			switch {
+			case errors.Is(err, io.EOF):
+				return len(pending), nil
+			case errors.Is(err, os.ErrDeadlineExceeded) && len(pending) > 0:
+				c.replyError("", fmt.Sprintf("line not finished within %s; closing connection", cfg.LineTimeout))
+				c.closeWith(ErrLineTimeout)
+				return 0, ErrLineTimeout
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				c.replyError("", fmt.Sprintf("no hello within %s; closing connection", cfg.HelloTimeout))
+				c.closeWith(ErrHelloTimeout)
+				return 0, ErrHelloTimeout
 			}
-			return len(line) + len(frag), err
-		}
-		if len(line) > 0 {
-			frag = append(line, frag...)
-		}
-		if !c.handle(frag) {
-			return 0, nil
-		}
-		line = line[:0]
-		if cap(line) > 64<<10 {
-			line = nil // do not keep a megabyte per idle connection
+			return len(pending), err
 		}
 	}
 }

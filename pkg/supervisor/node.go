@@ -36,11 +36,16 @@ type NodeConfig struct {
 }
 
 // nodeRun is one run served by the node agent, owned by its goroutine.
+// owner and conns belong to the dispatcher.
 type nodeRun struct {
 	id      string
 	events  chan Event
 	notices chan metadata.Notice
 	signals chan os.Signal
+	gone    chan struct{} // closed when the run is retired
+
+	owner string // PeerIdentity of the peer whose hello claimed the run
+	conns int    // connections that said hello to this run and are open
 }
 
 // RunNode serves trainers of any run until a shutdown signal has been
@@ -52,6 +57,10 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	}
 	if cfg.Server.Log == nil {
 		cfg.Server.Log = log
+	}
+	cfg.Server.IdentifyPeers = true
+	if cfg.Server.MaxConns <= 0 {
+		cfg.Server.MaxConns = DefaultNodeMaxConns
 	}
 	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
@@ -65,7 +74,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	if cfg.Source != nil {
 		go cfg.Source.Watch(nctx, notices)
 	}
-	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{},
+	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{}, evicted: map[uint64]bool{},
 		finished: make(chan *nodeRun, 4)}
 	if m := cfg.Run.Metrics; m != nil {
 		m.Ready(true)
@@ -110,42 +119,46 @@ type node struct {
 	ctx      context.Context
 	runs     map[string]*nodeRun
 	connRun  map[uint64]*nodeRun
+	evicted  map[uint64]bool // connections being closed for a full run queue
 	finished chan *nodeRun
 }
 
-// dispatch routes a connection's event to its run; hello picks (or starts) it.
+// dispatch routes a connection's event to its run; hello picks (or starts)
+// it. It never waits on a run: one whose queue is full (a long restore, a
+// stalled loop) costs the connection that sent the message, not the node.
 func (n *node) dispatch(ev Event) {
 	c, m := ev.Conn, ev.Msg
 	if r, ok := n.connRun[c.ID()]; ok {
-		if m.Type == TypeDisconnected {
-			delete(n.connRun, c.ID())
+		if n.evicted[c.ID()] && m.Type != TypeDisconnected {
+			return // closing: the rest of what it sent goes nowhere
 		}
-		if m.Type == TypeProgress {
-			// Advisory: a busy run (a long restore) must not hold up
-			// the other runs' trainers behind it.
+		switch m.Type {
+		case TypeDisconnected:
+			delete(n.connRun, c.ID())
+			delete(n.evicted, c.ID())
+			r.conns--
+			n.deliverLater(r, ev)
+		case TypeProgress:
+			// Advisory: dropped when the run is busy.
 			select {
 			case r.events <- ev:
 			default:
 			}
-			return
+		default:
+			select {
+			case r.events <- ev:
+			default:
+				n.evicted[c.ID()] = true
+				n.log.Warn("node: run's queue is full: message dropped and its connection closed",
+					zap.String("run", r.id), zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Int("queued", len(r.events)))
+				c.SendNoWait(Message{Type: TypeError, ID: m.ID, Error: fmt.Sprintf("%s dropped: run %s is busy (its queue is full); closing connection", m.Type, r.id)}, true)
+			}
 		}
-		r.events <- ev
 		return
 	}
 	switch m.Type {
 	case TypeHello:
-		if !checkpoint.ValidID(m.RunID) {
-			n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
-			c.Send(Message{Type: TypeError, Error: fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID)})
-			c.Close()
-			return
-		}
-		r, ok := n.runs[m.RunID]
-		if !ok {
-			r = n.start(m.RunID)
-		}
-		n.connRun[c.ID()] = r
-		r.events <- ev
+		n.hello(ev)
 	case TypeStatus:
 		ids := make([]string, 0, len(n.runs))
 		for id := range n.runs {
@@ -153,17 +166,76 @@ func (n *node) dispatch(ev Event) {
 		}
 		sort.Strings(ids)
 		b, _ := json.Marshal(map[string]any{"node": true, "runs": ids, "store_prefix": n.cfg.StorePrefix})
-		c.Send(Message{Type: TypeStatus, Status: b})
+		c.SendNoWait(Message{Type: TypeStatus, Status: b}, false)
 	case TypeDisconnected:
 	default:
-		c.Send(Message{Type: TypeError, Error: m.Type + ": say hello with a run_id first"})
+		c.SendNoWait(Message{Type: TypeError, Error: m.Type + ": say hello with a run_id first"}, false)
 	}
+}
+
+// hello binds a connection to the run it names. While a run has open
+// connections from one peer (a pod, or outside Kubernetes a uid), a hello
+// for it from another peer is refused; once they are gone anyone may take
+// it (a later pod of the same Job).
+func (n *node) hello(ev Event) {
+	c, m := ev.Conn, ev.Msg
+	refuse := func(text string) { c.SendNoWait(Message{Type: TypeError, Error: text}, true) }
+	if !checkpoint.ValidID(m.RunID) {
+		n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
+		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID))
+		return
+	}
+	peer := c.PeerIdentity()
+	r, ok := n.runs[m.RunID]
+	if ok && r.conns > 0 && r.owner != peer {
+		n.log.Warn("node: hello refused: run id in use by another peer", zap.String("run", r.id),
+			zap.String("peer", peer), zap.String("owner", r.owner), zap.Int("owner_conns", r.conns), zap.Uint64("conn", c.ID()))
+		refuse(fmt.Sprintf("hello: run_id %q refused: it is in use by another pod or user on this node (%d connections); it frees once they close", m.RunID, r.conns))
+		return
+	}
+	if !ok {
+		r = n.start(m.RunID)
+	}
+	select {
+	case r.events <- ev:
+	default:
+		n.log.Warn("node: run's queue is full: hello refused", zap.String("run", r.id), zap.Uint64("conn", c.ID()), zap.Int("queued", len(r.events)))
+		refuse(fmt.Sprintf("hello: run %s is busy (its queue is full); try again", r.id))
+		return
+	}
+	if r.owner != peer {
+		if r.owner != "" {
+			n.log.Info("node: run id taken over by a new peer: the previous one has no connections left",
+				zap.String("run", r.id), zap.String("peer", peer), zap.String("previous", r.owner))
+		}
+		r.owner = peer
+	}
+	n.connRun[c.ID()] = r
+	r.conns++
+}
+
+// deliverLater hands ev to r without blocking the dispatcher: at once if
+// there is room, else from a goroutine that waits for room or the run's
+// end. Used for disconnects, which a run must see to forget a trainer.
+func (n *node) deliverLater(r *nodeRun, ev Event) {
+	select {
+	case r.events <- ev:
+		return
+	default:
+	}
+	go func() {
+		select {
+		case r.events <- ev:
+		case <-r.gone:
+		}
+	}()
 }
 
 // start begins a run: its store, journal and restore happen in its own
 // goroutine, so a slow restore delays only its own trainers.
 func (n *node) start(id string) *nodeRun {
-	r := &nodeRun{id: id, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16), signals: make(chan os.Signal, 2)}
+	r := &nodeRun{id: id, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16),
+		signals: make(chan os.Signal, 2), gone: make(chan struct{})}
 	n.runs[id] = r
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
 	log := n.log.With(zap.String("run", id))
@@ -216,9 +288,11 @@ func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 // dispatched again (a hello then starts the run anew).
 func (n *node) retire(r *nodeRun) {
 	delete(n.runs, r.id)
+	close(r.gone)
 	for id, cr := range n.connRun {
 		if cr == r {
 			delete(n.connRun, id)
+			delete(n.evicted, id)
 		}
 	}
 	for {

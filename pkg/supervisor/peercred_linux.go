@@ -3,6 +3,8 @@ package supervisor
 import (
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"syscall"
 )
 
@@ -32,4 +34,38 @@ func peerCred(c *net.UnixConn) (peerCredentials, error) {
 		return peerCredentials{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	return peerCredentials{UID: int(cred.Uid), PID: int(cred.Pid)}, nil
+}
+
+// fileOwner is the uid owning the file fi describes.
+func fileOwner(fi os.FileInfo) (int, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return -1, false
+	}
+	return int(st.Uid), true
+}
+
+// fdLimit is the soft limit on open files (0: unknown).
+func fdLimit() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<30 {
+		return 0
+	}
+	return int(rl.Cur)
+}
+
+// peerIdentity names who is behind a connection, for binding node-mode
+// run ids: "pod:<uid>" when the peer's cgroup is a Kubernetes pod's, else
+// "uid:<uid>". The pid is only visible when the agent shares the peer's
+// pid namespace (hostPID for a DaemonSet); otherwise it is 0 and the uid
+// is all there is.
+func peerIdentity(cred peerCredentials) string {
+	if cred.PID > 0 {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(cred.PID) + "/cgroup"); err == nil {
+			if pod := podFromCgroup(string(b)); pod != "" {
+				return "pod:" + pod
+			}
+		}
+	}
+	return "uid:" + strconv.Itoa(cred.UID)
 }

@@ -5,6 +5,8 @@ package supervisor
 import (
 	"errors"
 	"net"
+	"os"
+	"strconv"
 )
 
 // peerCredentials identify the process at the other end of a connection.
@@ -18,3 +20,10 @@ type peerCredentials struct {
 func peerCred(*net.UnixConn) (peerCredentials, error) {
 	return peerCredentials{}, errors.New("peer credentials: unsupported on this platform")
 }
+
+// fileOwner is unknown off Linux: a private socket dir is then refused.
+func fileOwner(os.FileInfo) (int, bool) { return -1, false }
+
+func fdLimit() int { return 0 }
+
+func peerIdentity(cred peerCredentials) string { return "uid:" + strconv.Itoa(cred.UID) }

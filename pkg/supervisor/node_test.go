@@ -1,0 +1,259 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// nodeRunning is a node agent (RunNode) serving until the test ends.
+type nodeRunning struct {
+	sock   string
+	src    *fakeSource
+	sigs   chan os.Signal
+	done   chan error
+	logs   *observer.ObservedLogs
+	idents chan string // each accepted connection takes its PeerIdentity from here
+}
+
+// startNode runs a node agent with file stores under a temp dir. open,
+// when set, runs before each run's store is opened (to stall a run).
+// Every connection's peer identity is fed by the test through dialAs.
+func startNode(t *testing.T, open func(uri string)) *nodeRunning {
+	t.Helper()
+	dir := shortDir(t)
+	core, logs := observer.New(zap.InfoLevel)
+	n := &nodeRunning{sock: filepath.Join(dir, "node.sock"), src: &fakeSource{ch: make(chan metadata.Notice, 4)},
+		sigs: make(chan os.Signal, 2), done: make(chan error, 1), logs: logs, idents: make(chan string)}
+	cfg := NodeConfig{
+		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
+		Source: n.src, Log: zap.New(core),
+		Server: ServerConfig{Path: n.sock, identify: func(peerCredentials) string {
+			select {
+			case id := <-n.idents:
+				return id
+			case <-time.After(testWait):
+				return "uid:unfed"
+			}
+		}},
+		OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
+			if open != nil {
+				open(uri)
+			}
+			return file.New(strings.TrimPrefix(uri, "file://"))
+		},
+		NewScheduler: func() *checkpoint.Scheduler {
+			return checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour})
+		},
+		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second},
+	}
+	go func() { n.done <- RunNode(context.Background(), cfg, n.sigs) }()
+	t.Cleanup(func() {
+		n.sigs <- syscall.SIGTERM
+		select {
+		case err := <-n.done:
+			if err != nil {
+				t.Errorf("RunNode: %v", err)
+			}
+		case <-time.After(2 * testWait):
+			t.Errorf("RunNode did not return after SIGTERM")
+		}
+	})
+	return n
+}
+
+// dialAs connects as a peer with the given identity.
+func (n *nodeRunning) dialAs(t *testing.T, ident string) *trainer {
+	t.Helper()
+	tr := dialTrainer(t, n.sock)
+	select {
+	case n.idents <- ident:
+	case <-time.After(testWait):
+		t.Fatal("the node did not accept the connection")
+	}
+	return tr
+}
+
+func (tr *trainer) helloRun(run string) {
+	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1, "run_id": run})
+}
+
+// expectClosed waits for the connection to end, skipping what comes first.
+func (tr *trainer) expectClosed() {
+	tr.t.Helper()
+	deadline := time.After(testWait)
+	for {
+		select {
+		case _, ok := <-tr.msgs:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			tr.t.Fatal("connection still open")
+		}
+	}
+}
+
+// TestNode_StalledRunDoesNotBlock (issue 13 item 7): one run's loop does
+// not read its queue (a long restore); its trainer floods it with status
+// requests. Another run's trainer is still welcomed and gets the
+// machine's notice, and the flooding connection is closed.
+func TestNode_StalledRunDoesNotBlock(t *testing.T) {
+	release := make(chan struct{})
+	released := false
+	n := startNode(t, func(uri string) {
+		if strings.HasSuffix(uri, "/stalled") {
+			<-release
+		}
+	})
+	t.Cleanup(func() { // before the node's cleanup stops it
+		if !released {
+			close(release)
+		}
+	})
+	flood := n.dialAs(t, "pod:a")
+	flood.helloRun("stalled")
+	var b strings.Builder
+	for range 2 * EventBuffer {
+		b.WriteString("{\"type\":\"status\"}\n")
+	}
+	if _, err := flood.conn.Write([]byte(b.String())); err != nil {
+		t.Fatal(err)
+	}
+	m := flood.expect(TypeError)
+	if !strings.Contains(m.Error, "is busy") {
+		t.Fatalf("error %q, want the run's queue full", m.Error)
+	}
+	flood.expectClosed()
+	if logs := n.logs.FilterMessage("node: run's queue is full: message dropped and its connection closed").All(); len(logs) != 1 || logs[0].ContextMap()["run"] != "stalled" {
+		t.Errorf("logs %+v, want one drop for run stalled", logs)
+	}
+
+	other := n.dialAs(t, "pod:b")
+	other.helloRun("other")
+	if w := other.expect(TypeWelcome); w.RunID != "other" {
+		t.Fatalf("welcome %+v, want run other", w)
+	}
+	n.src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: time.Now().Add(time.Minute), Detected: time.Now()}
+	if req := other.expect(TypeCheckpoint); req.Reason != ReasonInterruption {
+		t.Fatalf("request %+v, want an interruption checkpoint", req)
+	}
+
+	// Once the stalled run gets going, it serves new trainers: the
+	// flooder's disconnect reached it without holding anyone up.
+	close(release)
+	released = true
+	if w := n.helloUntilWelcome(t, "pod:a", "stalled"); w.RunID != "stalled" {
+		t.Fatalf("welcome %+v, want run stalled", w)
+	}
+}
+
+// helloUntilWelcome says hello as ident until the node welcomes it (as
+// the client library does, reconnecting in the background), returning
+// the welcome. Refusals must be error replies.
+func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) Message {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for i := 0; ; i++ {
+		tr := n.dialAs(t, ident)
+		tr.helloRun(run)
+		select {
+		case m, ok := <-tr.msgs:
+			if ok && m.Type == TypeWelcome {
+				return m
+			}
+			if !ok || m.Type != TypeError {
+				t.Fatalf("attempt %d: %+v (open %v), want welcome or error", i, m, ok)
+			}
+		case <-time.After(testWait):
+			t.Fatalf("attempt %d: no reply", i)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never got run %s", ident, run)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, bounded by deadline
+	}
+}
+
+// TestNode_RunBoundToPeer (issue 13 item 8): while a run has connections
+// from one pod, another pod's hello for that run id is refused; once they
+// are gone, a new pod (the Job's next one) takes it.
+func TestNode_RunBoundToPeer(t *testing.T) {
+	n := startNode(t, nil)
+	a1 := n.dialAs(t, "pod:a")
+	a1.helloRun("teamB")
+	a1.expect(TypeWelcome)
+
+	b := n.dialAs(t, "pod:b")
+	b.helloRun("teamB")
+	if m := b.expect(TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+		t.Fatalf("error %q, want the run id in use", m.Error)
+	}
+	b.expectClosed()
+	logs := n.logs.FilterMessage("node: hello refused: run id in use by another peer").All()
+	if len(logs) != 1 || logs[0].ContextMap()["peer"] != "pod:b" || logs[0].ContextMap()["owner"] != "pod:a" {
+		t.Fatalf("logs %+v, want one refusal of pod:b, owner pod:a", logs)
+	}
+
+	// Another rank of the same pod joins the run.
+	a2 := n.dialAs(t, "pod:a")
+	a2.helloRun("teamB")
+	a2.expect(TypeWelcome)
+	// Other run ids are anyone's.
+	bOwn := n.dialAs(t, "pod:b")
+	bOwn.helloRun("teamC")
+	bOwn.expect(TypeWelcome)
+
+	a1.conn.Close()
+	a2.conn.Close()
+	// The next pod of the Job: refused while the old pod's disconnects are
+	// in flight, welcomed once they are through.
+	n.helloUntilWelcome(t, "pod:b", "teamB")
+}
+
+func TestPodFromCgroup(t *testing.T) {
+	const uid = "0f6a3c8e-1b2d-4e5f-9a8b-7c6d5e4f3a2b"
+	for _, tc := range []struct{ name, cgroup, want string }{
+		{"V1Cgroupfs", "12:memory:/kubepods/burstable/pod" + uid + "/4f1c9c\n11:cpu:/kubepods/burstable/pod" + uid + "/4f1c9c\n", uid},
+		{"V2Systemd", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
+		{"V2BestEffortNamespaced", "0::/../../kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
+		{"V2Guaranteed", "0::/kubepods/pod" + strings.ToUpper(uid) + "/abc\n", uid},
+		{"NotKubernetes", "0::/user.slice/user-1000.slice/session-3.scope\n", ""},
+		{"PodWordOnly", "0::/system.slice/pod" + uid + ".service\n", ""},
+		{"Root", "0::/\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := podFromCgroup(tc.cgroup); got != tc.want {
+				t.Errorf("podFromCgroup=%q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPeerIdentity(t *testing.T) {
+	// This process is not in a pod: its identity is its uid. A pid that
+	// is not visible (another pid namespace: 0) falls back to the uid too.
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err == nil && podFromCgroup(string(self)) != "" {
+		t.Skip("running inside a Kubernetes pod")
+	}
+	for _, cred := range []peerCredentials{{UID: 1234, PID: os.Getpid()}, {UID: 1234, PID: 0}} {
+		if got, want := peerIdentity(cred), fmt.Sprintf("uid:%d", cred.UID); got != want {
+			t.Errorf("peerIdentity(%+v)=%q, want %q", cred, got, want)
+		}
+	}
+}
