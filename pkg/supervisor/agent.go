@@ -212,6 +212,9 @@ func mkdirIn(r *os.Root, name string) error {
 	if err != nil {
 		return err
 	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
+	}
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
 	}
