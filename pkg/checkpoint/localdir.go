@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 )
 
 // Local directories a trainer can write to are handled through os.Root
@@ -80,7 +79,7 @@ func openChildDir(r *os.Root, name string) (*os.Root, error) {
 // anything else: a FIFO, a device, a socket, a symlink, or a file whose
 // size is not want (the size the scan saw).
 func openRegular(root *os.Root, rel string, want int64) (*os.File, error) {
-	fh, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	fh, err := root.OpenFile(rel, os.O_RDONLY|oNonblock, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +165,7 @@ func WriteFile(root *os.Root, name string, data []byte, perm os.FileMode) error 
 	rand.Read(b[:])
 	dir, base := filepath.Split(name)
 	tmp := filepath.Join(dir, "."+base+".tmp-"+hex.EncodeToString(b[:]))
-	fh, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, perm)
+	fh, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, perm)
 	if err != nil {
 		return err
 	}

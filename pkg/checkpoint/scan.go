@@ -6,7 +6,6 @@ import (
 	"os"
 	"path"
 	"sort"
-	"syscall"
 	"unicode/utf8"
 )
 
@@ -40,7 +39,7 @@ func scan(root *os.Root) ([]localFile, error) {
 }
 
 func scanDir(root *os.Root, dir string, files *[]localFile) error {
-	d, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_DIRECTORY, 0)
+	d, err := root.OpenFile(dir, os.O_RDONLY|oNonblock|oDirectory, 0)
 	if err != nil {
 		return err
 	}
