@@ -33,7 +33,7 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 		t.Fatalf("logged error %q, want the trainer's ENOSPC", e.str("error"))
 	}
 	// The half-written files must go, or the disk stays full for good.
-	waitGone(t, filepath.Join(dir, "ckpt", failed), 10*time.Second)
+	waitGone(t, filepath.Join(dir, "ckpt", "spotagent-hostile", failed), 10*time.Second)
 	p.waitCount("checkpoint committed", 2, 30*time.Second)
 
 	p.signal(syscall.SIGTERM)
@@ -90,7 +90,7 @@ func TestDisk_FullWhileRestoring(t *testing.T) {
 		if len(a.entries("trainer started")) > 0 || len(a.entries("no committed checkpoint: starting fresh")) > 0 {
 			t.Fatal("the agent started the trainer afresh although the store holds a committed checkpoint")
 		}
-		requireEmptyDir(t, filepath.Join(ckpt, "restore"))
+		requireEmptyDir(t, filepath.Join(ckpt, "spotagent-hostile", "restore"))
 		sameStoreSnapshot(t, before, storeSnapshot(t, store))
 	})
 }

@@ -114,7 +114,7 @@ func TestHostile_CrashMidSave(t *testing.T) {
 	}
 	// The half-written files are scratch the agent must not leave behind:
 	// a restarted trainer, or the next run, would find them.
-	if _, err := os.Stat(filepath.Join(dir, "ckpt", crashed)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, "ckpt", "spotagent-hostile", crashed)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("half-written checkpoint directory %s left behind (stat: %v)", crashed, err)
 	}
 }

@@ -38,7 +38,11 @@ type Committer struct {
 
 // Request names one checkpoint directory to commit.
 type Request struct {
-	Dir      string
+	Dir string
+	// Root, when set, is Dir opened by the caller, which keeps and closes
+	// it: the commit scans and reads through it only, so renaming or
+	// swapping Dir meanwhile changes nothing. Without it, Commit opens Dir.
+	Root     *os.Root
 	ID       string
 	Step     int64
 	Reason   string
@@ -69,7 +73,14 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
 		return nil, errors.New("commit: metadata is not valid json")
 	}
-	files, err := scan(req.Dir)
+	root := req.Root
+	if root == nil {
+		if root, err = openCheckpointDir(req.Dir); err != nil {
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+		defer root.Close()
+	}
+	files, err := scan(root)
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
@@ -105,12 +116,12 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
 		Files: make([]File, len(files)), Epoch: c.epoch(),
 	}
-	if err := c.upload(ctx, log, req.Dir, Prefix(req.Step, req.ID), files, total, m.Files); err != nil {
+	if err := c.upload(ctx, log, root, Prefix(req.Step, req.ID), files, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
 	key := ManifestKey(req.Step, req.ID)
-	body, err := json.MarshalIndent(m, "", "  ")
+	body, err := marshalManifest(m)
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
@@ -118,8 +129,9 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		return nil, fmt.Errorf("commit: write manifest: %w", err)
 	}
 	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
-		// The manifest is durable, so restore will still find this
-		// checkpoint by listing; report the failure all the same.
+		// The manifest is durable: restore lists the manifests newer
+		// than latest.json's and still finds this checkpoint. Report
+		// the failure all the same.
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(upStart), Total: time.Since(start)}
@@ -130,12 +142,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 
 // upload puts every file (total bytes in all) concurrently and fills out
 // with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, dir, prefix string, files []localFile, total int64, out []File) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []localFile, total int64, out []File) error {
 	p := &progress{start: time.Now(), total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -159,20 +166,13 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, dir, prefix str
 // uploadFile streams one file to the store, hashing it on the way: the file
 // is read once. A file that changes size while it is read is an error.
 func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f localFile, p *progress) (string, error) {
-	// os.Root refuses paths that escape the directory, also through a
-	// symlink planted after the scan.
-	fh, err := root.Open(f.rel)
+	// Whatever was swapped in after the scan (a FIFO, a symlink, another
+	// file) is refused here without blocking.
+	fh, err := openRegular(root, f.rel, f.size)
 	if err != nil {
 		return "", err
 	}
 	defer fh.Close()
-	info, err := fh.Stat()
-	if err != nil {
-		return "", err
-	}
-	if !info.Mode().IsRegular() {
-		return "", fmt.Errorf("not a regular file: %w", ErrRefused)
-	}
 	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p}
 	if err := c.Store.Put(ctx, key, cr, f.size, cloud.PutOptions{}); err != nil {
 		return "", err
@@ -181,6 +181,28 @@ func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f
 		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", cr.n, f.size)
 	}
 	return hex.EncodeToString(cr.h.Sum(nil)), nil
+}
+
+// marshalManifest encodes m and checks that it decodes to the same paths
+// and keys: what restore reads back must name the objects just uploaded.
+func marshalManifest(m *Manifest) ([]byte, error) {
+	body, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	var back Manifest
+	if err := json.Unmarshal(body, &back); err != nil {
+		return nil, fmt.Errorf("manifest does not decode: %w", err)
+	}
+	if len(back.Files) != len(m.Files) || back.ID != m.ID || back.Step != m.Step {
+		return nil, errors.New("manifest does not survive json encoding")
+	}
+	for i, f := range m.Files {
+		if b := back.Files[i]; b.Path != f.Path || b.Key != f.Key {
+			return nil, fmt.Errorf("file %q does not survive json encoding (reads back as %q): %w", f.Path, b.Path, ErrRefused)
+		}
+	}
+	return body, nil
 }
 
 func (c *Committer) concurrency() int {

@@ -50,6 +50,9 @@ func NewGate(slots int) *Gate {
 // Acquire waits for a slot. The commit runs under the returned context,
 // which ends if the commit is preempted (context.Cause is ErrPreempted),
 // and calls release when it is done. An error means ctx ended first.
+// The slot is freed as soon as the commit's context ends (cancelled,
+// preempted, past its deadline), even if the commit has not returned yet:
+// one stuck commit must not hold up every other run of the node.
 func (g *Gate) Acquire(ctx context.Context, c Claim) (context.Context, func(), error) {
 	uctx, cancel := context.WithCancelCause(ctx)
 	g.mu.Lock()
@@ -61,16 +64,19 @@ func (g *Gate) Acquire(ctx context.Context, c Claim) (context.Context, func(), e
 		g.preempt()
 	}
 	g.mu.Unlock()
-	release := func() {
-		g.mu.Lock()
-		delete(g.held, t)
-		g.dispatch()
-		g.mu.Unlock()
-		cancel(nil)
+	var once sync.Once
+	free := func() {
+		once.Do(func() {
+			g.mu.Lock()
+			delete(g.held, t)
+			g.dispatch()
+			g.mu.Unlock()
+		})
 	}
 	select {
 	case <-t.ready:
-		return uctx, release, nil
+		stop := context.AfterFunc(uctx, free)
+		return uctx, func() { stop(); free(); cancel(nil) }, nil
 	case <-ctx.Done():
 		g.mu.Lock()
 		if g.held[t] { // admitted while ctx ended
@@ -110,7 +116,7 @@ func (g *Gate) dispatch() {
 // preempt cancels periodic holders, the latest deadline first, until
 // every urgent waiter has a slot on its way: a holder already preempted and
 // not yet released counts as one. g.mu is held; a slot frees when its
-// commit returns and releases it.
+// commit's context ends (at once, here) or the commit releases it.
 func (g *Gate) preempt() {
 	urgent, leaving := 0, 0
 	for _, t := range g.waiting {

@@ -235,40 +235,64 @@ func TestCommitter_GateAcrossRuns(t *testing.T) {
 }
 
 // TestGate_PreemptOncePerUrgentWaiter: an urgent waiter cancels one
-// periodic holder; a holder already on its way out counts, so an urgent
-// waiter that arrives after an earlier one gave up cancels nothing more.
+// periodic holder (the later in order: the larger), whose slot goes to it
+// at once, before the cancelled commit has returned; the other holder runs
+// on. The next urgent waiter takes the other slot the same way.
 func TestGate_PreemptOncePerUrgentWaiter(t *testing.T) {
 	g := NewGate(2)
 	p1, rel1, _ := g.Acquire(context.Background(), Claim{Bytes: 1})
 	p2, rel2, _ := g.Acquire(context.Background(), Claim{Bytes: 2})
-	ctx, giveUp := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, _, err := g.Acquire(ctx, Claim{Urgent: true})
-		errc <- err
-	}()
-	waitGate(t, g, 1)
-	// One urgent waiter: one holder (the later in order: the larger) cancelled.
+	defer rel1()
+	defer rel2()
+	acquire := func() func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), gateWait)
+		defer cancel()
+		_, rel, err := g.Acquire(ctx, Claim{Urgent: true})
+		if err != nil {
+			t.Fatalf("urgent commit not admitted while the preempted one has not returned: %v", err)
+		}
+		return rel
+	}
+	u1 := acquire()
+	defer u1()
 	if p2.Err() == nil || p1.Err() != nil {
 		t.Fatalf("p1 err %v, p2 err %v; want only p2 cancelled", p1.Err(), p2.Err())
 	}
-	giveUp()
-	if err := <-errc; err == nil {
-		t.Fatal("the urgent waiter that gave up was admitted")
+	u2 := acquire()
+	defer u2()
+	if p1.Err() == nil {
+		t.Fatal("p1 not cancelled for the second urgent waiter")
 	}
-	admitted := make(chan func(), 1)
+}
+
+// TestGate_CancelFreesSlot: a holder whose context ends (the commit hangs,
+// say) frees its slot at once, without calling release.
+func TestGate_CancelFreesSlot(t *testing.T) {
+	g := NewGate(1)
+	hctx, cancel := context.WithCancel(context.Background())
+	_, rel, err := g.Acquire(hctx, Claim{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rel()
+	ctx, stop := context.WithTimeout(context.Background(), gateWait)
+	defer stop()
+	admitted := make(chan error, 1)
 	go func() {
-		_, rel, err := g.Acquire(context.Background(), Claim{Urgent: true})
-		if err != nil {
-			t.Error(err)
+		_, rel2, err := g.Acquire(ctx, Claim{})
+		if err == nil {
+			rel2()
 		}
-		admitted <- rel
+		admitted <- err
 	}()
 	waitGate(t, g, 1)
-	if p1.Err() != nil {
-		t.Fatal("p1 cancelled although p2's slot is already on its way to the new urgent waiter")
+	cancel() // never released: the holder is stuck
+	if err := <-admitted; err != nil {
+		t.Fatalf("waiter not admitted after the holder's context ended: %v", err)
 	}
-	rel2() // p2 leaves: its slot goes to the urgent waiter
-	(<-admitted)()
-	rel1()
+	rel() // a late release frees nothing twice
+	if g.Waiting() != 0 || len(g.held) != 0 {
+		t.Fatalf("waiting %d, held %d after everything returned", g.Waiting(), len(g.held))
+	}
 }

@@ -40,6 +40,16 @@ func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, e
 // (highest step, then latest created). Unreadable manifests are included
 // with Err set so that callers can report them.
 func ListManifests(ctx context.Context, st cloud.Store) ([]Entry, error) {
+	keys, err := listManifestKeys(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	return readManifests(ctx, st, keys)
+}
+
+// listManifestKeys lists the keys of every manifest under checkpoints/
+// without reading them.
+func listManifestKeys(ctx context.Context, st cloud.Store) ([]string, error) {
 	var keys []string
 	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
 		rest := strings.TrimPrefix(o.Key, prefixDir)
@@ -51,6 +61,11 @@ func ListManifests(ctx context.Context, st cloud.Store) ([]Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list checkpoints: %w", err)
 	}
+	return keys, nil
+}
+
+// readManifests reads the manifests at keys, newest first.
+func readManifests(ctx context.Context, st cloud.Store, keys []string) ([]Entry, error) {
 	entries := make([]Entry, 0, len(keys))
 	for _, k := range keys {
 		m, err := ReadManifest(ctx, st, k)

@@ -106,6 +106,15 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("file %q: bad sha256 %q", f.Path, f.SHA256)
 		}
 	}
+	// A path that is also another's directory ("a" and "a/b") cannot be
+	// laid out on disk: such a manifest is broken, not a local fault.
+	for _, f := range m.Files {
+		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
+			if seen[d] {
+				return fmt.Errorf("file %q is also the directory of %q", d, f.Path)
+			}
+		}
+	}
 	return nil
 }
 

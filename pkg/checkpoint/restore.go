@@ -2,11 +2,13 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -50,12 +52,34 @@ type Restored struct {
 }
 
 // Restore copies the newest complete checkpoint (or opts.ID) into a new
-// directory under dest and verifies every file's size and sha256 before it
-// returns. latest.json is tried first; when it is missing, broken or points
-// at a damaged checkpoint, the newest complete manifest is used, with a
-// warning. A checkpoint is only returned once every file verified, and its
-// directory only appears (by rename) after that.
+// directory under dest (created if missing) and verifies every file's size
+// and sha256 before it returns. See RestoreInto.
 func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptions) (*Restored, error) {
+	if err := os.MkdirAll(dest, 0o700); err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dest)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return RestoreInto(ctx, st, root, dest, opts)
+}
+
+// RestoreInto restores into the directory dest, an open handle on
+// destPath: nothing is read, written or deleted outside it, whatever
+// symlinks appear there meanwhile.
+//
+// The newest complete checkpoint is the one with the highest step whose
+// manifest validates and whose every file verifies. latest.json is a
+// shortcut to it, not the truth: a commit whose latest.json write failed
+// leaves a newer complete manifest (manifests are written only after
+// their data), so manifests with a higher step than latest.json's are
+// tried first. When latest.json is missing, broken or points at a
+// damaged checkpoint, the older manifests are tried, newest first, with a
+// warning. A checkpoint is only returned once every file verified, and
+// its directory only appears (by rename) after that.
+func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
 	start := time.Now()
 	log := opts.Log
 	if log == nil {
@@ -63,12 +87,14 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 	}
 	var skipped []string
 	var abort error // not the checkpoint's fault: the disk, the network, ctx
+	tried := map[string]bool{}
 	try := func(key string, m *Manifest) (*Restored, bool) {
 		if opts.skipEpoch(m) {
 			log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
 			return nil, false
 		}
-		r, err := restoreOne(ctx, st, dest, key, m, log)
+		tried[key] = true
+		r, err := restoreOne(ctx, st, dest, destPath, key, m, log)
 		switch {
 		case err == nil:
 			r.Took, r.Skipped = time.Since(start), skipped
@@ -79,25 +105,66 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		default:
 			// An older checkpoint would fail the same way, and giving up
 			// on all of them would make the run start from scratch.
-			abort = fmt.Errorf("restore %s into %s: %w", key, dest, err)
+			abort = fmt.Errorf("restore %s into %s: %w", key, destPath, err)
 		}
 		return nil, false
 	}
-	tried := "" // the manifest latest.json named, tried first
+	// tryKeys reads the manifests not tried yet and tries them, newest first.
+	tryKeys := func(keys []string) (*Restored, bool) {
+		var todo []string
+		for _, k := range keys {
+			if !tried[k] {
+				todo = append(todo, k)
+			}
+		}
+		entries, err := readManifests(ctx, st, todo)
+		if err != nil {
+			abort = fmt.Errorf("restore: %w", err)
+			return nil, false
+		}
+		for _, e := range entries {
+			if opts.ID != "" && (e.Manifest == nil || e.Manifest.ID != opts.ID) {
+				continue
+			}
+			if e.Err != nil {
+				tried[e.Key] = true
+				log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
+				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
+				continue
+			}
+			if r, ok := try(e.Key, e.Manifest); ok || abort != nil {
+				return r, ok
+			}
+		}
+		return nil, false
+	}
+	keys, listErr := listManifestKeys(ctx, st)
 	if opts.ID == "" {
 		l, err := ReadLatest(ctx, st)
 		switch {
 		case err == nil:
-			tried = l.Manifest
+			var newer []string
+			for _, k := range keys {
+				if stepOf(dirOf(k)) > l.Step {
+					newer = append(newer, k)
+				}
+			}
+			if len(newer) > 0 {
+				log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", l.Step), zap.Int("newer", len(newer)))
+				if r, ok := tryKeys(newer); ok || abort != nil {
+					return r, abort
+				}
+			}
+			if tried[l.Manifest] {
+				break
+			}
 			m, err := ReadManifest(ctx, st, l.Manifest)
 			if err == nil {
-				if r, ok := try(l.Manifest, m); ok {
-					return r, nil
-				}
-				if abort != nil {
-					return nil, abort
+				if r, ok := try(l.Manifest, m); ok || abort != nil {
+					return r, abort
 				}
 			} else {
+				tried[l.Manifest] = true
 				log.Warn("latest.json points at a broken manifest", zap.String("manifest", l.Manifest), zap.Error(err))
 				skipped = append(skipped, fmt.Sprintf("%s: %v", l.Manifest, err))
 			}
@@ -109,25 +176,11 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	entries, err := ListManifests(ctx, st)
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
+	if listErr != nil {
+		return nil, fmt.Errorf("restore: %w", listErr)
 	}
-	for _, e := range entries {
-		if e.Key == tried || (opts.ID != "" && (e.Manifest == nil || e.Manifest.ID != opts.ID)) {
-			continue
-		}
-		if e.Err != nil {
-			log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
-			skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
-			continue
-		}
-		if r, ok := try(e.Key, e.Manifest); ok {
-			return r, nil
-		}
-		if abort != nil {
-			return nil, abort
-		}
+	if r, ok := tryKeys(keys); ok || abort != nil {
+		return r, abort
 	}
 	if len(skipped) > 0 {
 		return nil, fmt.Errorf("%w: %d damaged (%s)", ErrAllDamaged, len(skipped), strings.Join(skipped, "; "))
@@ -140,49 +193,64 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 
 // restoreOne downloads and verifies one checkpoint into dest/<name>. An
 // existing local copy that verifies is reused without downloading.
-func restoreOne(ctx context.Context, st cloud.Store, dest, key string, m *Manifest, log *zap.Logger) (*Restored, error) {
+func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, m *Manifest, log *zap.Logger) (*Restored, error) {
 	name := path.Base(path.Dir(key))
-	final := filepath.Join(dest, name)
+	final := filepath.Join(destPath, name)
 	res := &Restored{Dir: final, Key: key, Manifest: m, Bytes: m.Bytes()}
-	if err := os.MkdirAll(dest, 0o700); err != nil {
-		return nil, err
-	}
-	if _, err := os.Lstat(final); err == nil {
-		if verifyLocal(final, m) == nil {
+	if _, err := dest.Lstat(name); err == nil {
+		if verifyLocal(dest, name, m) == nil {
 			log.Info("local copy of checkpoint verified, not downloading", zap.String("dir", final))
 			return res, nil
 		}
-		if err := os.RemoveAll(final); err != nil {
+		if err := dest.RemoveAll(name); err != nil {
 			return nil, err
 		}
 	}
-	tmp, err := os.MkdirTemp(dest, ".partial-"+name+"-")
+	tmp, err := mkdirTemp(dest, ".partial-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			os.RemoveAll(tmp)
+			dest.RemoveAll(tmp)
 		}
 	}()
-	if err := download(ctx, st, tmp, m, log); err != nil {
+	dir, err := OpenDir(dest, tmp)
+	if err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, final); err != nil {
+	err = download(ctx, st, dir, m, log)
+	dir.Close()
+	if err != nil {
+		return nil, err
+	}
+	if err := dest.Rename(tmp, name); err != nil {
 		return nil, err
 	}
 	ok = true
 	return res, nil
 }
 
-// download fetches every file of m into dir, verifying size and sha256.
-func download(ctx context.Context, st cloud.Store, dir string, m *Manifest, log *zap.Logger) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
+// mkdirTemp creates a new directory prefix+random below root.
+func mkdirTemp(root *os.Root, prefix string) (string, error) {
+	for range 100 {
+		var b [6]byte
+		rand.Read(b[:])
+		name := prefix + hex.EncodeToString(b[:])
+		err := root.Mkdir(name, 0o700)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
 	}
-	defer root.Close()
+	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
+}
+
+// download fetches every file of m into dir, verifying size and sha256.
+func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, log *zap.Logger) error {
 	p := &progress{start: time.Now(), total: m.Bytes()}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -279,30 +347,24 @@ func sha256Of(r io.Reader) (sum []byte, n int64, err error) {
 	return h.Sum(nil), n, err
 }
 
-// verifyLocal checks a local copy against the manifest, file by file; a
-// file the manifest does not list (say, one a trainer added) fails it too.
-func verifyLocal(dir string, m *Manifest) error {
-	local, err := scan(dir)
+// verifyLocal checks the local copy dir (below parent) against the
+// manifest, file by file; a file the manifest does not list (say, one a
+// trainer added) fails it too, and so does a symlink anywhere in it.
+func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
+	root, err := OpenDir(parent, dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	local, err := scan(root)
 	if err != nil {
 		return err
 	}
 	if len(local) != len(m.Files) {
 		return fmt.Errorf("%d files, manifest lists %d", len(local), len(m.Files))
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
 	for _, f := range m.Files {
-		fi, err := root.Lstat(f.Path)
-		if err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() || fi.Size() != f.Size {
-			return fmt.Errorf("%s: differs", f.Path)
-		}
-		fh, err := root.Open(f.Path)
+		fh, err := openRegular(root, f.Path, f.Size)
 		if err != nil {
 			return err
 		}

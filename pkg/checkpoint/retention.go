@@ -11,13 +11,14 @@ import (
 )
 
 // Prune keeps the newest keep complete checkpoints (and always the one
-// latest.json names) and deletes the others. Each checkpoint loses its
+// latest.json names, and the manifests named in pin: say, the checkpoint
+// just committed, whatever its step) and deletes the others. Each checkpoint loses its
 // manifest first, so a half-deleted checkpoint is never restorable; then
 // every object that no kept manifest lists goes. Objects without a manifest
 // (an upload a crash cut short) are removed only when they are older by
 // step than the oldest kept checkpoint, so an upload in flight is safe.
 // It returns the number of objects deleted.
-func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int, error) {
+func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin ...string) (int, error) {
 	if keep < 1 {
 		return 0, fmt.Errorf("prune: keep must be at least 1, got %d", keep)
 	}
@@ -28,9 +29,12 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int,
 	if err != nil {
 		return 0, fmt.Errorf("prune: %w", err)
 	}
-	pinned := ""
+	pinned := map[string]bool{}
+	for _, k := range pin {
+		pinned[k] = true
+	}
 	if l, err := ReadLatest(ctx, st); err == nil {
-		pinned = l.Manifest
+		pinned[l.Manifest] = true
 	}
 	kept := map[string]bool{}        // object keys a kept manifest needs
 	keptDir := map[string]bool{}     // checkpoint prefixes kept
@@ -44,7 +48,7 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger) (int,
 		if e.Err != nil {
 			continue // never delete what we cannot read: a person may want it
 		}
-		if n < keep || e.Key == pinned {
+		if n < keep || pinned[e.Key] {
 			n++
 			keptDir[dirOf(e.Key)] = true
 			for _, f := range e.Manifest.Files {

@@ -3,10 +3,10 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"sort"
+	"unicode/utf8"
 )
 
 // ErrRefused reports a checkpoint directory that holds something the agent
@@ -19,11 +19,68 @@ type localFile struct {
 	size int64
 }
 
-// scan lists the regular files under dir. Anything that is not a regular
+// scan lists the regular files under root. Anything that is not a regular
 // file or a directory (symlinks included, wherever they point) refuses the
 // whole checkpoint: committing part of what the trainer meant to save would
-// be worse than committing nothing.
-func scan(dir string) ([]localFile, error) {
+// be worse than committing nothing. So does a name that is not UTF-8: the
+// manifest is JSON, which would turn it into another name that no object
+// has. Directories are opened with O_NONBLOCK|O_DIRECTORY, so a FIFO
+// swapped in for one fails at once instead of blocking.
+func scan(root *os.Root) ([]localFile, error) {
+	var files []localFile
+	if err := scanDir(root, ".", &files); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", root.Name(), err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("scan %s: no files", root.Name())
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
+	return files, nil
+}
+
+func scanDir(root *os.Root, dir string, files *[]localFile) error {
+	d, err := root.OpenFile(dir, os.O_RDONLY|oNonblock|oDirectory, 0)
+	if err != nil {
+		return err
+	}
+	ents, err := d.ReadDir(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		rel := path.Join(dir, e.Name())
+		if !utf8.ValidString(e.Name()) {
+			return fmt.Errorf("%q: file name is not valid UTF-8: %w", rel, ErrRefused)
+		}
+		if err := SafeRel(rel); err != nil {
+			return fmt.Errorf("%q: %w", rel, ErrRefused)
+		}
+		switch t := e.Type(); {
+		case t.IsDir():
+			if err := scanDir(root, rel, files); err != nil {
+				return err
+			}
+			continue
+		case t.IsRegular():
+		default:
+			return fmt.Errorf("%s: %s is not a regular file: %w", rel, t, ErrRefused)
+		}
+		info, err := root.Lstat(rel) // not e.Info(): that goes by path
+		if err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() { // replaced since the listing
+			return fmt.Errorf("%s: %s is not a regular file: %w", rel, info.Mode().Type(), ErrRefused)
+		}
+		*files = append(*files, localFile{rel: rel, size: info.Size()})
+	}
+	return nil
+}
+
+// openCheckpointDir opens dir, which must be a directory and not a
+// symlink, for a commit or a check of a local copy.
+func openCheckpointDir(dir string) (*os.Root, error) {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint directory: %w", err)
@@ -31,39 +88,13 @@ func scan(dir string) ([]localFile, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("checkpoint directory %s: not a directory (%s): %w", dir, fi.Mode().Type(), ErrRefused)
 	}
-	var files []localFile
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		switch t := d.Type(); {
-		case t.IsDir():
-			return nil
-		case t.IsRegular():
-		default:
-			return fmt.Errorf("%s: %s is not a regular file: %w", rel, t, ErrRefused)
-		}
-		if err := SafeRel(rel); err != nil {
-			return fmt.Errorf("%s: %w", rel, ErrRefused)
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		files = append(files, localFile{rel: rel, size: info.Size()})
-		return nil
-	})
+	r, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", dir, err)
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
 	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("scan %s: no files", dir)
+	if got, err := r.Stat("."); err != nil || !os.SameFile(fi, got) {
+		r.Close()
+		return nil, fmt.Errorf("checkpoint directory %s changed while it was opened: %w", dir, ErrRefused)
 	}
-	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
-	return files, nil
+	return r, nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,8 +24,11 @@ import (
 
 // Config wires one agent: a run, its store, its trainer.
 type Config struct {
-	RunID         string
-	CheckpointDir string // local scratch: requests get <dir>/<id>, restores go to <dir>/restore
+	RunID string
+	// CheckpointDir is local scratch. The agent creates and deletes only
+	// inside its own area there, <dir>/spotagent-<run-id>/: requests get
+	// <area>/<id>, restores go to <area>/restore. Several runs can share it.
+	CheckpointDir string
 	Store         cloud.Store
 	Source        metadata.Source // nil: no cloud notices
 	Identity      metadata.Identity
@@ -96,15 +100,159 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// restoreDir is where restores go, inside the checkpoint directory.
-func (a *Agent) restoreDir() string { return filepath.Join(a.cfg.CheckpointDir, "restore") }
+// isRequestID tells the names newID makes: 12 lowercase hex digits.
+func isRequestID(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// The agent's area inside --checkpoint-dir holds everything it creates
+// there. It is per run, so that runs sharing a checkpoint directory never
+// touch each other's files, and carries a marker naming the run: the agent
+// deletes nothing in a directory it did not make, and nothing outside its
+// area.
+const (
+	areaPrefix = "spotagent-"
+	areaMarker = ".spotagent-run"
+	restoreSub = "restore"
+)
+
+// localDirs are the agent's handles on its local directories: every
+// operation below the checkpoint directory goes through them, never by
+// path, so that a trainer swapping a directory for a symlink cannot
+// redirect a write or a delete.
+type localDirs struct {
+	root     *os.Root // --checkpoint-dir
+	area     *os.Root // root/areaName
+	areaName string
+	areaPath string
+}
+
+// openDirs creates (or checks) the checkpoint directory and the agent's
+// area in it, and opens both.
+func (a *Agent) openDirs() error {
+	if err := os.MkdirAll(a.cfg.CheckpointDir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	root, err := os.OpenRoot(a.cfg.CheckpointDir)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	name := areaPrefix + a.cfg.RunID
+	d := localDirs{root: root, areaName: name, areaPath: filepath.Join(a.cfg.CheckpointDir, name)}
+	err = makeArea(root, name, a.cfg.RunID)
+	if err == nil {
+		d.area, err = checkpoint.OpenDir(root, name)
+	}
+	if err == nil {
+		err = mkdirIn(d.area, restoreSub)
+	}
+	if err != nil {
+		root.Close()
+		return fmt.Errorf("checkpoint dir: %s: %w", d.areaPath, err)
+	}
+	a.dirs = d
+	return nil
+}
+
+// makeArea creates the area name below root with its marker, or checks
+// that an existing one carries the marker of this run.
+func makeArea(root *os.Root, name, runID string) error {
+	marker := name + "/" + areaMarker
+	if err := root.Mkdir(name, 0o700); err == nil {
+		return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
+	} else if !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	area, err := checkpoint.OpenDir(root, name)
+	if err != nil {
+		return err
+	}
+	defer area.Close()
+	fi, err := area.Lstat(areaMarker)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Empty: nothing of anyone's to lose by adopting it.
+		if f, err := area.Open("."); err == nil {
+			names, _ := f.Readdirnames(1)
+			f.Close()
+			if len(names) == 0 {
+				return checkpoint.WriteFile(area, areaMarker, []byte(runID+"\n"), 0o600)
+			}
+		}
+		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", areaMarker)
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > 256 {
+		return fmt.Errorf("%s is not a marker file: refused", areaMarker)
+	}
+	b, err := area.ReadFile(areaMarker)
+	if err != nil {
+		return err
+	}
+	if got := strings.TrimSpace(string(b)); got != runID {
+		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
+	}
+	return nil
+}
+
+// mkdirIn creates the directory name below r unless it exists; an
+// existing entry that is not a directory (a symlink, say) is refused.
+func mkdirIn(r *os.Root, name string) error {
+	err := r.Mkdir(name, 0o700)
+	if err == nil || !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	fi, err := r.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
+	}
+	return nil
+}
+
+// closeDirs releases the handles; the agent touches no local file after.
+func (a *Agent) closeDirs() {
+	if a.dirs.area != nil {
+		a.dirs.area.Close()
+	}
+	if a.dirs.root != nil {
+		a.dirs.root.Close()
+	}
+}
+
+// restoreDir is where restores go, inside the agent's area.
+func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, restoreSub) }
 
 // restore copies the newest committed checkpoint into the restore area and
 // returns the resume information (nil when starting fresh).
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	restoreDir := a.restoreDir()
 	start := time.Now()
-	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
+	// Opened afresh for every restore, refusing a symlink: a trainer may
+	// have swapped the directory since the last one.
+	if err := mkdirIn(a.dirs.area, restoreSub); err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub)
+	if err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	defer dest.Close()
+	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
 		return nil, nil
@@ -114,17 +262,21 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	}
 	// A local copy of the manifest, beside (not inside) the checkpoint's
 	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
-	manifest := r.Dir + ".manifest.json"
+	name := filepath.Base(r.Dir)
+	manifestName := name + ".manifest.json"
+	manifest := filepath.Join(restoreDir, manifestName)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := os.WriteFile(manifest, b, 0o600); err != nil {
+		if err := checkpoint.WriteFile(dest, manifestName, b, 0o600); err != nil {
 			a.log.Warn("could not write the local manifest copy", zap.Error(err))
 		}
 	}
 	// Older restores are of no further use.
-	if ents, err := os.ReadDir(restoreDir); err == nil {
-		for _, e := range ents {
-			if p := filepath.Join(restoreDir, e.Name()); p != r.Dir && p != manifest {
-				os.RemoveAll(p)
+	if f, err := dest.Open("."); err == nil {
+		names, _ := f.Readdirnames(-1)
+		f.Close()
+		for _, n := range names {
+			if n != name && n != manifestName {
+				dest.RemoveAll(n)
 			}
 		}
 	}
@@ -142,9 +294,11 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 }
 
 // cleanup removes what a crashed agent left behind: the store's temp files
-// or incomplete multipart uploads, and local checkpoint directories that no
-// trainer will answer for any more. A sidecar leaves local directories
-// alone: its trainer may still be running and own them.
+// or incomplete multipart uploads, partial restores, and the checkpoint
+// directories it handed out that no trainer will answer for any more. It
+// deletes only in the agent's own area, and only names it makes. A sidecar
+// leaves request directories alone: its trainer may still be running and
+// own them.
 func (a *Agent) cleanup(ctx context.Context) {
 	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -157,33 +311,37 @@ func (a *Agent) cleanup(ctx context.Context) {
 			a.log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
 		}
 	}
-	restoreDir := a.restoreDir()
-	if ents, err := os.ReadDir(restoreDir); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), ".partial-") {
-				os.RemoveAll(filepath.Join(restoreDir, e.Name()))
+	if dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub); err == nil {
+		for _, n := range readNames(dest) {
+			if strings.HasPrefix(n, ".partial-") {
+				dest.RemoveAll(n)
 			}
 		}
+		dest.Close()
 	}
 	if len(a.cfg.Command) == 0 {
 		return
 	}
-	ents, err := os.ReadDir(a.cfg.CheckpointDir)
-	if err != nil {
-		return
-	}
 	n := 0
-	for _, e := range ents {
-		p := filepath.Join(a.cfg.CheckpointDir, e.Name())
-		if e.IsDir() && e.Name() != "restore" && !strings.HasPrefix(a.cfg.Server.Path, p+string(filepath.Separator)) {
-			if os.RemoveAll(p) == nil {
-				n++
-			}
+	for _, name := range readNames(a.dirs.area) {
+		if isRequestID(name) && a.dirs.area.RemoveAll(name) == nil {
+			n++
 		}
 	}
 	if n > 0 {
-		a.log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n))
+		a.log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", a.dirs.areaPath))
 	}
+}
+
+// readNames lists the names in r (none if it cannot be read).
+func readNames(r *os.Root) []string {
+	f, err := r.Open(".")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return names
 }
 
 // childEnv is the trainer's environment.
@@ -197,6 +355,8 @@ func (a *Agent) childEnv() []string {
 	env = append(env,
 		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
 		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
+		// The client checks that the socket's peer has this uid.
+		"SPOTAGENT_AGENT_UID="+strconv.Itoa(os.Geteuid()),
 	)
 	if a.cfg.Signal == 0 {
 		env = append(env, "SPOTAGENT_SOCKET="+a.cfg.Server.Path)
@@ -205,7 +365,7 @@ func (a *Agent) childEnv() []string {
 		// library in the child runs as if there were no agent.
 		env = append(env,
 			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
-			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.cfg.CheckpointDir, RequestFile),
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, RequestFile),
 			"SPOTAGENT_DONE_MARKER="+DoneMarker,
 		)
 	}

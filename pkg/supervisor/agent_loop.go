@@ -29,6 +29,7 @@ type Agent struct {
 	hadTrainer bool
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
+	dirs       localDirs
 
 	started   time.Time // this session
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
@@ -110,7 +111,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	defer a.watchFence(nctx, notices)() // agent_fence.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
-			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, root: cfg.CheckpointDir,
+			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
 				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
 			bctx, stopBridge := context.WithCancel(context.Background())
 			bridgeDone := make(chan struct{})
@@ -162,8 +163,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Gate: cfg.UploadGate, Log: cfg.Log}
-	if err := os.MkdirAll(cfg.CheckpointDir, 0o700); err != nil {
-		return nil, fmt.Errorf("checkpoint dir: %w", err)
+	if err := a.openDirs(); err != nil {
+		return nil, err
 	}
 	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
@@ -184,6 +185,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	if a.resume, err = a.restore(ctx); err != nil {
+		a.closeDirs()
 		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
@@ -351,7 +353,7 @@ func (a *Agent) onChildExit() {
 		delete(a.pending, id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
-		os.RemoveAll(r.dir)
+		a.removeDir(r)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
 			a.stopFailed(r.stop, "trainer exited before saving", time.Now())
@@ -468,6 +470,7 @@ func (a *Agent) finish() {
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
+	a.closeDirs()
 }
 
 // runSeconds is the run's time on machines, this session included; the

@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,7 +88,7 @@ func (a *Agent) onFailed(c *Conn, m Message) {
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.pending, r.id)
-	os.RemoveAll(r.dir) // what the failed save left would keep a full disk full
+	a.removeDir(r) // what the failed save left would keep a full disk full
 	now := time.Now()
 	a.lastBlock = now
 	if r.stop != nil {

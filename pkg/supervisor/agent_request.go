@@ -21,6 +21,8 @@ const maxDoneMetadata = 64 << 10
 // request is a checkpoint the agent asked for (or a trainer announced).
 type request struct {
 	id, reason, dir string
+	rel             string   // dir relative to the checkpoint directory, "/"-separated
+	held            *os.Root // dir as opened for the commit, until it is removed
 	sent, deadline  time.Time
 	waiting         map[uint64]bool // connections that still owe an answer
 	answered        int
@@ -48,13 +50,13 @@ type commitResult struct {
 func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *request {
 	now := time.Now()
 	id := newID()
-	dir := filepath.Join(a.cfg.CheckpointDir, id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	dir := filepath.Join(a.dirs.areaPath, id)
+	if err := a.dirs.area.Mkdir(id, 0o700); err != nil {
 		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		return nil
 	}
-	r := &request{id: id, reason: reason, dir: dir, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
+	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
 	dl := deadline.UTC()
 	msg := Message{Type: TypeCheckpoint, ID: id, Reason: reason, Dir: dir, Deadline: &dl}
 	for _, c := range a.conns {
@@ -65,7 +67,7 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 		r.waiting[c.ID()] = true
 	}
 	if len(r.waiting) == 0 {
-		os.Remove(dir)
+		a.dirs.area.Remove(id)
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
 		return nil
 	}
@@ -113,7 +115,7 @@ func (a *Agent) settle(r *request) {
 	delete(a.pending, r.id)
 	now := time.Now()
 	if r.answered == 0 {
-		os.RemoveAll(r.dir)
+		a.removeDir(r)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
 			a.stopFailed(r.stop, "trainer disconnected before saving", now)
@@ -135,26 +137,35 @@ func (a *Agent) settle(r *request) {
 // directory must be inside the agent's checkpoint directory: a trainer can
 // never make the agent upload anything else.
 func (a *Agent) onUnsolicitedDone(c *Conn, m Message) {
-	dir, err := a.insideCheckpointDir(m.Dir)
+	if a.stopping != nil {
+		a.reply(c, "", "done: an interruption checkpoint is in progress")
+		return
+	}
+	rel, err := a.insideCheckpointDir(m.Dir)
+	var held *os.Root
+	if err == nil {
+		// Held from here to its removal: the commit reads this very
+		// directory, whatever is renamed or swapped meanwhile.
+		held, err = checkpoint.OpenDir(a.dirs.root, rel)
+	}
 	if err != nil {
 		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
 		a.reply(c, "", "done: "+err.Error())
 		return
 	}
-	if a.stopping != nil {
-		a.reply(c, "", "done: an interruption checkpoint is in progress")
-		return
-	}
+	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
 	now := time.Now()
-	r := &request{id: newID(), reason: ReasonManual, dir: dir, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: newID(), reason: ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	a.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
 }
 
-// insideCheckpointDir accepts an existing directory strictly below the
-// checkpoint root that is not a symlink, and not the restore area.
+// insideCheckpointDir accepts a directory strictly below the checkpoint
+// directory, outside the areas of spotagent runs (this one's, or another's
+// sharing the directory), and returns it relative to the checkpoint
+// directory, "/"-separated. Symlinks are refused when it is opened.
 func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("dir is required")
@@ -168,22 +179,32 @@ func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 		p = filepath.Join(root, p)
 	}
 	rel, err := filepath.Rel(root, p)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || strings.HasPrefix(rel, "restore") {
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return "", fmt.Errorf("%s is not inside the checkpoint directory %s", dir, root)
 	}
-	// No element of the path below the root may be a symlink.
-	cur := root
-	for _, e := range strings.Split(rel, string(filepath.Separator)) {
-		cur = filepath.Join(cur, e)
-		fi, err := os.Lstat(cur)
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			return "", fmt.Errorf("%s is a symlink", cur)
-		}
+	rel = filepath.ToSlash(rel)
+	// Path elements, not a string prefix: "restore_mine" is the trainer's.
+	first, _, _ := strings.Cut(rel, "/")
+	if first == a.dirs.areaName {
+		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, a.dirs.areaPath)
 	}
-	return p, nil
+	if _, err := a.dirs.root.Lstat(first + "/" + areaMarker); err == nil {
+		return "", fmt.Errorf("%s is inside another spotagent run's area", dir)
+	}
+	return rel, nil
+}
+
+// removeDir deletes r's directory through the agent's handles: never
+// anything outside the checkpoint directory, and, once the directory was
+// opened for the commit, only what that directory holds.
+func (a *Agent) removeDir(r *request) {
+	if err := checkpoint.RemoveDir(a.dirs.root, r.rel, r.held); err != nil {
+		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
+	}
+	if r.held != nil {
+		r.held.Close()
+		r.held = nil
+	}
 }
 
 // commit starts uploading r. An urgent (interruption) commit cancels any
@@ -208,13 +229,29 @@ func (a *Agent) commit(r *request) {
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
 	a.uploads[r.id] = u
-	req := checkpoint.Request{Dir: r.dir, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent()}
+	var openErr error
+	if r.held == nil {
+		r.held, openErr = checkpoint.OpenDir(a.dirs.root, r.rel)
+	}
+	if r.step < a.lastCommit.step {
+		// Committed all the same (a trainer may have rolled back on
+		// purpose), and retention keeps it; restore prefers the newest step.
+		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
+			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
+	}
+	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent()}
 	keep, st, log, results := a.cfg.Keep, a.cfg.Store, a.log, a.results
 	go func() {
 		defer cancel()
+		if openErr != nil {
+			results <- commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)}
+			return
+		}
 		res, err := a.committer.Commit(ctx, req)
 		if err == nil {
-			if _, perr := checkpoint.Prune(ctx, st, keep, log); perr != nil {
+			// Never the checkpoint just committed, even when its step is
+			// lower than the newest: the trainer was told it is durable.
+			if _, perr := checkpoint.Prune(ctx, st, keep, log, res.ManifestKey); perr != nil {
 				log.Warn("retention failed", zap.Error(perr))
 			}
 		}
@@ -227,9 +264,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	u := a.uploads[r.id]
 	delete(a.uploads, r.id)
 	now := time.Now()
-	if !strings.HasPrefix(r.dir, a.restoreDir()) {
-		os.RemoveAll(r.dir)
-	}
+	a.removeDir(r)
 	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
 		return
 	}
@@ -254,7 +289,9 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("upload", res.Upload)
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
-	a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	if res.Manifest.Step >= a.lastCommit.step { // restore resumes from the newest step
+		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	}
 	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds()
 	a.journalAsync(func(j *checkpoint.Journal) {
@@ -273,7 +310,7 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
-	go os.RemoveAll(r.dir)
+	go checkpoint.RemoveDir(a.dirs.root, r.rel, nil)
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer missed the deadline", now)
 	}

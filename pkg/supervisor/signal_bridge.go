@@ -16,11 +16,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // The signal fallback for trainers that do not speak the protocol (a
 // framework's own SIGUSR1 handler, a script): the agent writes the request
-// to RequestFile in the checkpoint directory and signals the trainer; the
+// to RequestFile in the agent's area of the checkpoint directory and
+// signals the trainer; the
 // trainer saves into the request's dir and then creates DoneMarker in it,
 // holding the step number (or nothing).
 const (
@@ -42,16 +45,28 @@ type SignalRequest struct {
 type signalBridge struct {
 	socket string
 	sig    syscall.Signal
-	root   string     // checkpoint dir: RequestFile lives here
-	pid    func() int // the child's pid now (0: not running)
-	poll   time.Duration
-	log    *zap.Logger
+	// area is the agent's area of the checkpoint directory (areaPath):
+	// RequestFile and the request directories live there. The bridge
+	// reads and writes only through it.
+	area     *os.Root
+	areaPath string
+	pid      func() int // the child's pid now (0: not running)
+	poll     time.Duration
+	log      *zap.Logger
 }
 
 // serve runs the bridge until ctx ends, connecting again (after a second)
 // if the agent drops the connection: without the bridge the trainer would
 // get no checkpoint requests at all.
 func (b *signalBridge) serve(ctx context.Context) {
+	// A handle of its own: the agent closes its handles when it finishes.
+	area, err := b.area.OpenRoot(".")
+	if err != nil {
+		b.log.Error("signal fallback: checkpoint directory unusable", zap.Error(err))
+		return
+	}
+	defer area.Close()
+	b.area = area
 	for {
 		err := b.run(ctx)
 		if ctx.Err() != nil {
@@ -75,8 +90,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 	}
 	defer conn.Close()
 	go func() { <-ctx.Done(); conn.Close() }()
-	reqPath := filepath.Join(b.root, RequestFile)
-	os.Remove(reqPath) // what an earlier agent left
+	b.area.Remove(RequestFile) // what an earlier agent left
 
 	msgs := make(chan Message, 8)
 	go func() {
@@ -128,13 +142,13 @@ func (b *signalBridge) run(ctx context.Context) error {
 					lastStep = m.Resume.Step
 				}
 			case TypeCheckpoint:
-				pid, err := b.signal(reqPath, m)
+				pid, err := b.signal(m)
 				if err != nil {
 					b.log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
 					send(Message{Type: TypeFailed, ID: m.ID, Error: err.Error()})
 					continue
 				}
-				open[m.ID] = &bridgeRequest{id: m.ID, dir: m.Dir, deadline: derefTime(m.Deadline), pid: pid}
+				open[m.ID] = &bridgeRequest{id: m.ID, name: b.requestName(m.Dir), deadline: derefTime(m.Deadline), pid: pid}
 				ticker.Reset(b.poll)
 			case TypeCommitted:
 				if m.Step != nil && *m.Step > lastStep {
@@ -150,7 +164,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 			}
 		case now := <-ticker.C:
 			for id, r := range open {
-				step, state := r.check(lastStep)
+				step, state := r.check(b.area, lastStep)
 				if state == markerMissing {
 					// Dropped when the trainer exited or restarted, or at
 					// the deadline: the agent has settled it either way.
@@ -170,7 +184,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 			}
 			if len(open) == 0 {
 				ticker.Stop()
-				os.Remove(reqPath)
+				b.area.Remove(RequestFile)
 			}
 		}
 	}
@@ -178,7 +192,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 
 // signal writes the request file, then signals the child, unless the child
 // would die of the signal: a process that has not installed a handler yet.
-func (b *signalBridge) signal(reqPath string, m Message) (int, error) {
+func (b *signalBridge) signal(m Message) (int, error) {
 	pid := b.pid()
 	if pid <= 0 {
 		return 0, errors.New("trainer not running")
@@ -190,11 +204,9 @@ func (b *signalBridge) signal(reqPath string, m Message) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	tmp := reqPath + ".tmp"
-	if err := os.WriteFile(tmp, body, 0o600); err != nil {
-		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
-	}
-	if err := os.Rename(tmp, reqPath); err != nil {
+	// Through a temp file created with O_EXCL and renamed: a symlink
+	// planted at either name is never followed.
+	if err := checkpoint.WriteFile(b.area, RequestFile, body, 0o600); err != nil {
 		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
 	}
 	if err := syscall.Kill(pid, b.sig); err != nil {
@@ -204,8 +216,19 @@ func (b *signalBridge) signal(reqPath string, m Message) (int, error) {
 	return pid, nil
 }
 
+// requestName is dir relative to the agent's area ("" if outside it: no
+// marker will be found there).
+func (b *signalBridge) requestName(dir string) string {
+	rel, err := filepath.Rel(b.areaPath, dir)
+	if err != nil || checkpoint.SafeRel(filepath.ToSlash(rel)) != nil {
+		return ""
+	}
+	return filepath.ToSlash(rel)
+}
+
 type bridgeRequest struct {
-	id, dir  string
+	id       string
+	name     string // the request's directory, in the agent's area
 	deadline time.Time
 	pid      int // the process signalled
 	sawEmpty bool
@@ -222,20 +245,28 @@ const (
 // check looks for the done marker. Its content is the step: a number, or
 // {"step": N}. An empty marker is read again once (the trainer may create
 // it before writing), then numbered after the last step known.
-func (r *bridgeRequest) check(lastStep int64) (int64, markerState) {
-	p := filepath.Join(r.dir, DoneMarker)
-	f, err := os.Open(p)
+// The marker is opened without blocking (a FIFO there would hang the
+// bridge) and must be a regular file.
+func (r *bridgeRequest) check(area *os.Root, lastStep int64) (int64, markerState) {
+	if r.name == "" {
+		return 0, markerMissing
+	}
+	p := r.name + "/" + DoneMarker
+	f, err := area.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return 0, markerMissing
 	}
-	b, _ := io.ReadAll(io.LimitReader(f, 256))
+	var b []byte
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+		b, _ = io.ReadAll(io.LimitReader(f, 256))
+	}
 	f.Close()
 	s := strings.TrimSpace(string(b))
 	if s == "" && !r.sawEmpty {
 		r.sawEmpty = true
 		return 0, markerMissing
 	}
-	os.Remove(p) // the marker is not part of the checkpoint
+	area.Remove(p) // the marker is not part of the checkpoint
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
 		return n, markerStep
 	}

@@ -21,15 +21,22 @@ func TestBridgeMarker(t *testing.T) {
 		{"negative", "-3", 11, markerUnreadable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			r := &bridgeRequest{id: "x", dir: dir}
-			if _, st := r.check(10); st != markerMissing {
+			area := t.TempDir()
+			dir := filepath.Join(area, "x")
+			os.Mkdir(dir, 0o700)
+			root, err := os.OpenRoot(area)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			r := &bridgeRequest{id: "x", name: "x"}
+			if _, st := r.check(root, 10); st != markerMissing {
 				t.Fatalf("no marker: state %v", st)
 			}
 			os.WriteFile(filepath.Join(dir, DoneMarker), []byte(tc.content), 0o600)
-			step, st := r.check(10)
+			step, st := r.check(root, 10)
 			if st == markerMissing && tc.content == "" {
-				step, st = r.check(10)
+				step, st = r.check(root, 10)
 			}
 			if step != tc.want || st != tc.state {
 				t.Fatalf("check = %d, %v; want %d, %v", step, st, tc.want, tc.state)

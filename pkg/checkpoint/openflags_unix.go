@@ -1,0 +1,14 @@
+//go:build unix
+
+package checkpoint
+
+import "syscall"
+
+// Open flags for files a trainer can replace: never block in open(2) (a
+// FIFO would), open a directory only if it is one, and never follow a
+// symlink at the final name when creating.
+const (
+	oNonblock  = syscall.O_NONBLOCK
+	oDirectory = syscall.O_DIRECTORY
+	oNoFollow  = syscall.O_NOFOLLOW
+)

@@ -1,0 +1,272 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+)
+
+// Issue 13: the agent reads, writes and deletes only inside its own
+// directories, whatever a trainer does to them.
+
+func mustWrite(t *testing.T, p, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestAgent_CleanupOnlyItsOwn (item 5): at start the agent deletes the
+// request directories an earlier session of its run left in its area, and
+// nothing else: not a project's src/ and data/, not a directory that only
+// looks like a request's, not another run's area.
+func TestAgent_CleanupOnlyItsOwn(t *testing.T) {
+	dir := shortDir(t)
+	ckpt := filepath.Join(dir, "ckpt")
+	keep := []string{"src/main.py", "data/train.bin", "0123456789ab/w", "spotagent-other/abcdefabcdef/w", "spotagent-other/.spotagent-run", "spotagent-test/mine/w"}
+	for _, p := range keep {
+		mustWrite(t, filepath.Join(ckpt, p), "x")
+	}
+	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	mustWrite(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "left by a crash")
+	ar := startAgent(t, func(c *Config) {
+		c.CheckpointDir = ckpt
+		c.Command = []string{"/bin/sh", "-c", "exit 0"}
+	})
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	for _, p := range keep {
+		if _, err := os.Stat(filepath.Join(ckpt, p)); err != nil {
+			t.Errorf("%s deleted at start: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(ckpt, "spotagent-test", "abcdefabcdef")); !os.IsNotExist(err) {
+		t.Errorf("the run's leftover request directory is still there: %v", err)
+	}
+}
+
+// TestAgent_AreaWithoutMarkerRefused (item 5): a non-empty directory
+// where the agent's area goes, without the marker, is not adopted.
+func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
+	dir := shortDir(t)
+	ckpt := filepath.Join(dir, "ckpt")
+	mustWrite(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "someone's")
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = newAgent(context.Background(), Config{RunID: "test", CheckpointDir: ckpt, Store: st})
+	if err == nil || !strings.Contains(err.Error(), "marker") {
+		t.Fatalf("newAgent: %v, want a refusal naming the marker", err)
+	}
+	if got := mustRead(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w")); got != "someone's" {
+		t.Fatalf("file changed: %q", got)
+	}
+}
+
+// TestAgent_RestoreAreaSwappedForSymlink (item 3a): the trainer replaces
+// the restore directory with a symlink to a directory of its choosing and
+// fails; the restart's restore refuses the symlink (the run ends with the
+// trainer's code) and the target keeps its files.
+func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
+	first := startAgent(t, nil)
+	tr := dialTrainer(t, first.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
+	tr.expect(TypeCommitted)
+	first.sigs <- syscall.SIGTERM
+	tr.expect(TypeCheckpoint) // not answered: the shutdown checkpoint fails
+	first.sigs <- syscall.SIGTERM
+	first.wait(t)
+
+	victim := filepath.Join(shortDir(t), "victim")
+	mustWrite(t, filepath.Join(victim, "precious"), "keep")
+	script := `test -n "$SPOTAGENT_RESUME_DIR" || exit 9; r=$(dirname "$SPOTAGENT_RESUME_DIR"); ` +
+		`mv "$r" "$r.moved" && ln -s ` + victim + ` "$r"; exit 3`
+	ar := startAgent(t, func(c *Config) {
+		c.Store = first.store
+		c.MaxRestarts = 1
+		c.Command = []string{"/bin/sh", "-c", script}
+	})
+	if code := ar.wait(t); code != 3 {
+		t.Fatalf("exit code %d, want the trainer's 3 (restart refused)", code)
+	}
+	ents, err := os.ReadDir(victim)
+	if err != nil || len(ents) != 1 || mustRead(t, filepath.Join(victim, "precious")) != "keep" {
+		t.Fatalf("symlink target changed: %v %v", ents, err)
+	}
+}
+
+// TestAgent_UnsolicitedDirSwapped (items 3b, 3c): after a done for
+// sub/mine, the trainer renames sub and puts a symlink to a directory of
+// its choosing in its place. The commit uploads the original files, and
+// the removal after it deletes nothing outside the checkpoint directory.
+func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
+	gate := checkpoint.NewGate(1)
+	_, hold, err := gate.Acquire(context.Background(), checkpoint.Claim{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := startAgent(t, func(c *Config) { c.UploadGate = gate })
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	sub := filepath.Join(ar.cfg.CheckpointDir, "sub")
+	mustWrite(t, filepath.Join(sub, "mine", "w"), "mine")
+	victim := filepath.Join(shortDir(t), "victim")
+	mustWrite(t, filepath.Join(victim, "mine", "w"), "evil")
+	tr.send(map[string]any{"type": "done", "step": 3, "dir": filepath.Join(sub, "mine")})
+	waitFor(t, "the commit scanned and waiting for its upload slot", func() bool { return gate.Waiting() == 1 })
+	if err := os.Rename(sub, sub+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, sub); err != nil {
+		t.Fatal(err)
+	}
+	hold()
+	c := tr.expect(TypeCommitted)
+	r, err := checkpoint.Restore(context.Background(), ar.store, shortDir(t), checkpoint.RestoreOptions{})
+	if err != nil || r.Manifest.ID != c.ID {
+		t.Fatalf("restore: %v", err)
+	}
+	if got := mustRead(t, filepath.Join(r.Dir, "w")); got != "mine" {
+		t.Fatalf("committed %q, want the original %q", got, "mine")
+	}
+	ar.sigs <- syscall.SIGTERM
+	tr.expect(TypeCheckpoint)
+	ar.sigs <- syscall.SIGTERM
+	ar.wait(t)
+	if got := mustRead(t, filepath.Join(victim, "mine", "w")); got != "evil" {
+		t.Fatalf("symlink target changed: %q", got)
+	}
+}
+
+// TestAgent_ManifestCopyNoFollow (item 3d): a symlink planted where the
+// local manifest copy goes is replaced, not written through.
+func TestAgent_ManifestCopyNoFollow(t *testing.T) {
+	first := startAgent(t, nil)
+	tr := dialTrainer(t, first.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
+	c := tr.expect(TypeCommitted)
+	first.sigs <- syscall.SIGTERM
+	first.sigs <- syscall.SIGTERM
+	first.wait(t)
+
+	dir := shortDir(t)
+	ckpt := filepath.Join(dir, "ckpt")
+	victim := filepath.Join(dir, "victim")
+	mustWrite(t, victim, "keep")
+	name := "000000000005-" + c.ID + ".manifest.json"
+	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	for _, d := range []string{filepath.Join(ckpt, "restore"), filepath.Join(ckpt, "spotagent-test", "restore")} {
+		os.MkdirAll(d, 0o700)
+		if err := os.Symlink(victim, filepath.Join(d, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ar := startAgent(t, func(c *Config) { c.Store = first.store; c.CheckpointDir = ckpt })
+	w := dialTrainer(t, ar.cfg.Server.Path).hello()
+	if w.Resume == nil || w.Resume.Step != 5 {
+		t.Fatalf("resume %+v", w.Resume)
+	}
+	if got := mustRead(t, victim); got != "keep" {
+		t.Fatalf("victim overwritten through a symlink: %q", got)
+	}
+	if m, err := os.Lstat(w.Resume.Manifest); err != nil || !m.Mode().IsRegular() || !strings.Contains(mustRead(t, w.Resume.Manifest), c.ID) {
+		t.Fatalf("local manifest copy %s: %v", w.Resume.Manifest, err)
+	}
+}
+
+// TestAgent_LowerStepKept (item 11): with keep 1, a done with a step lower
+// than the newest committed is committed and retention keeps it (and the
+// newest, which latest.json names).
+func TestAgent_LowerStepKept(t *testing.T) {
+	ar := startAgent(t, func(c *Config) { c.Keep = 1 })
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "done", "step": 100, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "a")})
+	high := tr.expect(TypeCommitted)
+	tr.send(map[string]any{"type": "done", "step": 50, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "b")})
+	low := tr.expect(TypeCommitted)
+	for _, k := range []string{checkpoint.ManifestKey(50, low.ID), checkpoint.ManifestKey(100, high.ID)} {
+		if _, err := checkpoint.ReadManifest(context.Background(), ar.store, k); err != nil {
+			t.Fatalf("%s after retention: %v", k, err)
+		}
+	}
+	if got := latestStep(t, ar); got != 100 {
+		t.Fatalf("latest step %d, want 100", got)
+	}
+}
+
+// TestAgent_UnsolicitedDirNames (item 13): directories are compared by
+// path element: "restore_mine" is the trainer's; the agent's area is not.
+func TestAgent_UnsolicitedDirNames(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "done", "step": 1, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "restore_mine")})
+	tr.expect(TypeCommitted)
+	tr.send(map[string]any{"type": "done", "step": 2, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "spotagent-test/restore/x")})
+	if e := tr.expect(TypeError); !strings.Contains(e.Error, "own area") {
+		t.Fatalf("error %q, want a refusal of the agent's own area", e.Error)
+	}
+}
+
+// TestAgent_SignalRequestNoFollow (item 3d): symlinks planted where the
+// signal fallback writes request.json (and its temp file) are replaced,
+// never written through.
+func TestAgent_SignalRequestNoFollow(t *testing.T) {
+	dir := shortDir(t)
+	ckpt := filepath.Join(dir, "ckpt")
+	victim := filepath.Join(dir, "victim")
+	mustWrite(t, victim, "keep")
+	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	var reqs []string
+	for _, d := range []string{ckpt, filepath.Join(ckpt, "spotagent-test")} {
+		reqs = append(reqs, filepath.Join(d, RequestFile))
+		for _, n := range []string{RequestFile + ".tmp"} {
+			if err := os.Symlink(victim, filepath.Join(d, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ar := startAgent(t, func(c *Config) {
+		c.CheckpointDir = ckpt
+		c.Signal = syscall.SIGUSR1
+		c.Command = []string{"/bin/sh", "-c", `trap 'echo signalled' USR1; touch ` + filepath.Join(dir, "ready") + `; while :; do sleep 0.05; done`}
+	})
+	waitFor(t, "the trainer's handler", func() bool { _, err := os.Stat(filepath.Join(dir, "ready")); return err == nil })
+	ar.sigs <- syscall.SIGTERM // a shutdown checkpoint: request.json, then SIGUSR1
+	waitFor(t, "request.json written", func() bool {
+		for _, p := range reqs {
+			if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+				return true
+			}
+		}
+		return mustRead(t, victim) != "keep"
+	})
+	if got := mustRead(t, victim); got != "keep" {
+		t.Fatalf("victim overwritten through a symlink: %q", got)
+	}
+	ar.sigs <- syscall.SIGTERM
+	ar.wait(t)
+}
