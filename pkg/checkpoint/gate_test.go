@@ -150,16 +150,47 @@ func TestGate_CancelWhileWaiting(t *testing.T) {
 // slowStore counts concurrent data uploads and holds each until released.
 type slowStore struct {
 	cloud.Store
-	inFlight, peak *atomic.Int32 // shared by the runs' stores
-	started        *atomic.Int32
-	hold           chan struct{}
+	peak    *atomic.Int32 // shared by the runs' stores
+	started *atomic.Int32
+	hold    chan struct{}
+	live    *liveUploads // shared by the runs' stores
+}
+
+// liveUploads counts the uploads whose context is still live: a preempted
+// upload gives up its gate slot as soon as its context ends, before its
+// Put has returned, and no longer competes for bandwidth.
+type liveUploads struct {
+	mu   sync.Mutex
+	ctxs map[*context.Context]bool
+}
+
+func (l *liveUploads) enter(ctx *context.Context) int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctxs == nil {
+		l.ctxs = map[*context.Context]bool{}
+	}
+	l.ctxs[ctx] = true
+	n := int32(0)
+	for c := range l.ctxs {
+		if (*c).Err() == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *liveUploads) leave(ctx *context.Context) {
+	l.mu.Lock()
+	delete(l.ctxs, ctx)
+	l.mu.Unlock()
 }
 
 func (s *slowStore) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	if filepath.Base(key) == "w" {
 		s.started.Add(1)
-		n := s.inFlight.Add(1)
-		defer s.inFlight.Add(-1)
+		n := s.live.enter(&ctx)
+		defer s.live.leave(&ctx)
 		for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
 		}
 		select {
@@ -181,13 +212,14 @@ func TestCommitter_GateAcrossRuns(t *testing.T) {
 	stores := make([]*slowStore, 2)
 	cms := make([]*Committer, 2)
 	hold := make(chan struct{})
-	var inFlight, peak, started atomic.Int32
+	var peak, started atomic.Int32
+	live := &liveUploads{}
 	for i := range stores {
 		st, err := file.New(filepath.Join(root, fmt.Sprint("store", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		stores[i] = &slowStore{Store: st, inFlight: &inFlight, peak: &peak, started: &started, hold: hold}
+		stores[i] = &slowStore{Store: st, peak: &peak, started: &started, hold: hold, live: live}
 		cms[i] = &Committer{Store: stores[i], RunID: fmt.Sprint("run", i), Gate: g}
 	}
 	mk := func(name string) string { return writeDir(t, map[string]string{"w": name}) }
@@ -246,8 +278,10 @@ func TestGate_PreemptOncePerUrgentWaiter(t *testing.T) {
 	defer rel2()
 	acquire := func() func() {
 		t.Helper()
+		// The commit's context lives on after Acquire: a context that
+		// ended would free the slot at once.
 		ctx, cancel := context.WithTimeout(context.Background(), gateWait)
-		defer cancel()
+		t.Cleanup(cancel)
 		_, rel, err := g.Acquire(ctx, Claim{Urgent: true})
 		if err != nil {
 			t.Fatalf("urgent commit not admitted while the preempted one has not returned: %v", err)
