@@ -264,6 +264,9 @@ func tarDir(dir, out string, mtime time.Time) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
 	return os.Rename(tmp.Name(), out)
 }
 
