@@ -1050,21 +1050,157 @@ func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
 			t.Errorf("container %s overrides runAsUser", c.Name)
 		}
 	}
-	checkGrace(t, spec, *agent)
+	checkDrainBudget(t, spec, agent)
+	checkPodHygiene(t, spec)
 }
 
-func checkGrace(t *testing.T, spec corev1.PodSpec, agent corev1.Container) {
+// awsNotice is the longest interruption notice (AWS spot: two minutes):
+// past it the node is gone, whatever terminationGracePeriodSeconds says.
+const awsNotice = 120 * time.Second
+
+// drainMargin covers what the budget cannot name: the trainer reaching its
+// next poll and saving, the kubelet's own delays.
+const drainMargin = 15 * time.Second
+
+// checkDrainBudget: what runs one after the other once the pod is deleted
+// (a drain on the spot notice) must fit in terminationGracePeriodSeconds,
+// and that inside the AWS notice. Trainers first: each waits up to
+// SPOTAGENT_SIGTERM_WAIT for its final checkpoint to commit; then the
+// sidecar agent (if any) gets SIGTERM: --term-grace, then --kill-after.
+func checkDrainBudget(t *testing.T, spec corev1.PodSpec, agent *corev1.Container) {
 	t.Helper()
-	grace, kill := flagValue(agent, "term-grace"), flagValue(agent, "kill-after")
-	if grace == "" || kill == "" {
-		t.Fatalf("%s: set --term-grace and --kill-after explicitly (got %q, %q)", agent.Name, grace, kill)
-	}
-	need := span(t, grace) + span(t, kill) + 15*time.Second
 	if spec.TerminationGracePeriodSeconds == nil {
 		t.Fatal("terminationGracePeriodSeconds unset (default 30s)")
 	}
-	if got := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second; got < need {
-		t.Errorf("terminationGracePeriodSeconds %v < term-grace %s + kill-after %s + 15s", got, grace, kill)
+	tgps := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	var budget time.Duration
+	var parts []string
+	for _, c := range spec.Containers {
+		if _, ok := envOf(c, "SPOTAGENT_SOCKET"); !ok {
+			continue // not a trainer
+		}
+		wait, ok := envOf(c, "SPOTAGENT_SIGTERM_WAIT")
+		if !ok {
+			t.Errorf("trainer %s: set SPOTAGENT_SIGTERM_WAIT explicitly (the client waits 60s by default)", c.Name)
+			wait = "60"
+		}
+		budget = max(budget, span(t, wait))
+		parts = append(parts, c.Name+" SIGTERM wait "+wait+"s")
+	}
+	if agent != nil {
+		grace, kill := flagValue(*agent, "term-grace"), flagValue(*agent, "kill-after")
+		if grace == "" || kill == "" {
+			t.Fatalf("%s: set --term-grace and --kill-after explicitly (got %q, %q)", agent.Name, grace, kill)
+		}
+		budget += span(t, grace) + span(t, kill)
+		parts = append(parts, "term-grace "+grace, "kill-after "+kill)
+	}
+	if budget == 0 {
+		t.Fatal("nothing to budget: no trainer and no agent")
+	}
+	if need := budget + drainMargin; tgps < need {
+		t.Errorf("terminationGracePeriodSeconds %v < %s + %v margin = %v", tgps, strings.Join(parts, " + "), drainMargin, need)
+	}
+	if tgps > awsNotice {
+		t.Errorf("terminationGracePeriodSeconds %v > the %v AWS spot notice: the budget would not fit in a real interruption", tgps, awsNotice)
+	}
+}
+
+// checkPodHygiene: Pod Security "restricted" settings that do not depend on
+// the mode, and requests the scheduler can reserve.
+func checkPodHygiene(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	podSeccomp := spec.SecurityContext != nil && spec.SecurityContext.SeccompProfile != nil &&
+		spec.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
+	var diskEmptyDir, ephemeralRequests int64
+	diskVolumes := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.EmptyDir != nil && v.EmptyDir.Medium != corev1.StorageMediumMemory {
+			diskVolumes[v.Name] = true
+			if v.EmptyDir.SizeLimit == nil {
+				t.Errorf("emptyDir %s has no sizeLimit", v.Name)
+				continue
+			}
+			diskEmptyDir += v.EmptyDir.SizeLimit.Value()
+		}
+	}
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		sc := c.SecurityContext
+		if !podSeccomp && (sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault) {
+			t.Errorf("%s: no seccompProfile RuntimeDefault (Pod Security restricted)", c.Name)
+		}
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !containsCap(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: want allowPrivilegeEscalation: false and capabilities drop ALL", c.Name)
+		}
+		r := c.Resources.Requests
+		if r.Cpu().IsZero() || r.Memory().IsZero() {
+			t.Errorf("%s: no cpu/memory requests", c.Name)
+		}
+		usesDisk := false
+		for _, m := range c.VolumeMounts {
+			usesDisk = usesDisk || diskVolumes[m.Name]
+		}
+		if usesDisk && r.StorageEphemeral().IsZero() {
+			t.Errorf("%s: mounts a disk emptyDir without an ephemeral-storage request", c.Name)
+		}
+		ephemeralRequests += r.StorageEphemeral().Value()
+	}
+	if ephemeralRequests < diskEmptyDir {
+		t.Errorf("ephemeral-storage requests %d bytes < emptyDir size limits %d bytes: the scheduler does not reserve the space", ephemeralRequests, diskEmptyDir)
+	}
+}
+
+func containsCap(caps []corev1.Capability, c corev1.Capability) bool {
+	for _, x := range caps {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// checkJobResumes: a pod that was disrupted, or whose trainer exited 75
+// ("interrupted, checkpoint committed, run me again"), is replaced without
+// counting against backoffLimit; the Job does not complete on it.
+func checkJobResumes(t *testing.T, job *batchv1.Job) {
+	t.Helper()
+	spec := job.Spec.Template.Spec
+	if spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Error("podFailurePolicy needs restartPolicy Never")
+	}
+	if job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit < 1 || *job.Spec.BackoffLimit > 10 {
+		t.Errorf("backoffLimit %v: want a small explicit number (crashes only)", job.Spec.BackoffLimit)
+	}
+	if p := job.Spec.PodReplacementPolicy; p == nil || *p != batchv1.Failed {
+		t.Error("podReplacementPolicy: Failed, so two pods of one run never train at once")
+	}
+	disruption, tempfail := false, false
+	if job.Spec.PodFailurePolicy != nil {
+		for _, r := range job.Spec.PodFailurePolicy.Rules {
+			if r.Action != batchv1.PodFailurePolicyActionIgnore {
+				continue
+			}
+			for _, c := range r.OnPodConditions {
+				disruption = disruption || c.Type == corev1.DisruptionTarget
+			}
+			if e := r.OnExitCodes; e != nil && e.Operator == batchv1.PodFailurePolicyOnExitCodesOpIn &&
+				e.ContainerName != nil && *e.ContainerName == "trainer" && len(e.Values) == 1 && e.Values[0] == 75 {
+				tempfail = true
+			}
+		}
+	}
+	if !disruption {
+		t.Error("spot disruptions (DisruptionTarget) must not count against backoffLimit")
+	}
+	if !tempfail {
+		t.Error("no podFailurePolicy rule Ignore onExitCodes {containerName: trainer, operator: In, values: [75]}: an interrupted trainer would fail the Job or count as a crash")
+	}
+	found := false
+	for _, c := range spec.Containers {
+		found = found || c.Name == "trainer"
+	}
+	if !found {
+		t.Error("no container named trainer (the exit-code rule names it)")
 	}
 }
 
@@ -1103,22 +1239,7 @@ func TestSidecarJob(t *testing.T) {
 	spec := job.Spec.Template.Spec
 	checkSidecarPodSpec(t, spec)
 	checkSpotTolerations(t, spec)
-	if spec.RestartPolicy != corev1.RestartPolicyNever {
-		t.Error("podFailurePolicy needs restartPolicy Never")
-	}
-	ignored := false
-	if job.Spec.PodFailurePolicy != nil {
-		for _, r := range job.Spec.PodFailurePolicy.Rules {
-			for _, c := range r.OnPodConditions {
-				if r.Action == batchv1.PodFailurePolicyActionIgnore && c.Type == corev1.DisruptionTarget {
-					ignored = true
-				}
-			}
-		}
-	}
-	if !ignored {
-		t.Error("spot disruptions (DisruptionTarget) must not count against backoffLimit")
-	}
+	checkJobResumes(t, job)
 	// The run id must survive pod relaunches: the Job name, not the pod name.
 	for _, c := range spec.InitContainers {
 		if c.Name == "spotagent" {
@@ -1224,10 +1345,57 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("--socket %q, want /var/run/spotagent/agent.sock (documented for trainers)", sock)
 	}
 	checkProbes(t, c)
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-		t.Error("set cpu/memory requests and a memory limit")
+	if c.Resources.Limits.Memory().IsZero() {
+		t.Error("set a memory limit")
 	}
-	checkGrace(t, spec, c)
+	checkPodHygiene(t, spec)
+	checkDrainBudget(t, spec, &c)
+	// GKE preemptible pools are usually tainted like Spot ones.
+	taint := corev1.Taint{Key: "cloud.google.com/gke-preemptible", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	tolerated := false
+	for _, tol := range spec.Tolerations {
+		tolerated = tolerated || tol.ToleratesTaint(klog.Background(), &taint, false)
+	}
+	if !tolerated {
+		t.Error("the DaemonSet selects gke-preemptible nodes without tolerating their taint")
+	}
+	// Metrics: the node IP (hostNetwork), never every interface.
+	addr := flagValue(c, "metrics-addr")
+	host, _, _ := strings.Cut(addr, ":")
+	if host != "$(POD_IP)" && host != "127.0.0.1" {
+		t.Errorf("--metrics-addr=%s: bind $(POD_IP) (the node IP) or loopback, not every node interface", addr)
+	}
+	if host == "$(POD_IP)" {
+		ip := ""
+		for _, e := range c.Env {
+			if e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+				ip = e.ValueFrom.FieldRef.FieldPath
+			}
+		}
+		if ip != "status.podIP" && ip != "status.hostIP" {
+			t.Errorf("POD_IP comes from %q, want the downward API status.podIP", ip)
+		}
+	}
+}
+
+// TestNodeTrainerJob: the trainer side of node mode.
+func TestNodeTrainerJob(t *testing.T) {
+	job := only[*batchv1.Job](t, decodeManifests(t, "kubernetes/node-trainer-job.yaml"))
+	spec := job.Spec.Template.Spec
+	checkJobResumes(t, job)
+	checkSpotTolerations(t, spec)
+	checkPodHygiene(t, spec)
+	checkDrainBudget(t, spec, nil)
+	ds := only[*appsv1.DaemonSet](t, decodeManifests(t, "kubernetes/daemonset.yaml"))
+	agent := ds.Spec.Template.Spec.Containers[0]
+	for _, c := range spec.Containers {
+		if got, _ := envOf(c, "SPOTAGENT_SOCKET"); got != flagValue(agent, "socket") {
+			t.Errorf("%s: SPOTAGENT_SOCKET=%q, the agent listens on %q", c.Name, got, flagValue(agent, "socket"))
+		}
+		if mountOf(c, "spotagent-checkpoints") != flagValue(agent, "checkpoint-root") {
+			t.Errorf("%s: checkpoints not mounted at the agent's --checkpoint-root", c.Name)
+		}
+	}
 }
 
 // termMatches evaluates a node selector term (In/Exists only) against labels.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -322,11 +323,16 @@ func checkLayer(t *testing.T, arch string, gz []byte, diffID string, binary []by
 // image `make release` builds, tagged with a version, never :latest, and
 // relies on its entrypoint.
 func TestManifestsNameTheBuiltImage(t *testing.T) {
+	// One version everywhere: user-data's default release and the image tags.
+	m := regexp.MustCompile(`(?m)^SPOTAGENT_VERSION="\$\{SPOTAGENT_VERSION:-(v[0-9][^}]*)\}"$`).FindStringSubmatch(read(t, userDataPath))
+	if m == nil {
+		t.Fatal("user-data.sh pins no SPOTAGENT_VERSION default")
+	}
 	for _, path := range []string{"kubernetes/sidecar-pod.yaml", "kubernetes/sidecar-job.yaml", "kubernetes/daemonset.yaml"} {
 		for _, c := range agentContainers(t, path) {
 			repo, tag, _ := strings.Cut(c.Image, ":")
-			if repo != imageRepo || tag == "" || tag == "latest" {
-				t.Errorf("%s: %s image %q, want %s:<version>", path, c.Name, c.Image, imageRepo)
+			if repo != imageRepo || tag != m[1] {
+				t.Errorf("%s: %s image %q, want %s:%s (the version user-data installs)", path, c.Name, c.Image, imageRepo, m[1])
 			}
 			if len(c.Command) > 0 && strings.Join(c.Command, " ") != "/spotagent" {
 				t.Errorf("%s: %s command %q: the image's entrypoint is /spotagent", path, c.Name, c.Command)
