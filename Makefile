@@ -9,12 +9,21 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # makes a static binary (no libc); tests keep cgo for the race detector.
 TAGS    := disable_grpc_modules
 
-.PHONY: all build demo test test-go test-python fuzz lint bench soak clean
+.PHONY: all build release image demo test test-go test-python fuzz lint bench soak clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/spotagent
+
+# dist/: static binaries for linux/amd64 and linux/arm64, the multi-arch OCI
+# image (an OCI layout tar, built without a Docker daemon by tools/mkimage)
+# and SHA256SUMS. Push: see deploy/README.md.
+release:
+	VERSION='$(VERSION)' GO='$(GO)' scripts/release.sh
+
+# The image needs the release binaries: it is built by the same script.
+image: release
 
 # The main job on the embedded default: a trainer under `spotagent run` with
 # a file:// store, a spot notice part-way, a restart that resumes.
@@ -30,6 +39,7 @@ test:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(TAGS)' ./...
+	cd tools && $(GO) vet ./...
 
 test-go:
 	$(GO) test -race -tags '$(TAGS)' -timeout 30m ./...
@@ -56,4 +66,4 @@ soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault' ./integration/
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -2,8 +2,6 @@ package deploy
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -212,7 +210,8 @@ func TestSystemdUnitSettings(t *testing.T) {
 		"ProtectSystem":   "strict",
 		"PrivateTmp":      "yes",
 		"EnvironmentFile": "/etc/spotagent/%i.env",
-		"StateDirectory":  "spotagent/%i",
+		// 75 = EX_TEMPFAIL: interrupted, checkpoint committed, run again.
+		"RestartForceExitStatus": "75",
 	} {
 		if got := one(t, svc, key); got != want {
 			t.Errorf("%s=%s, want %s", key, got, want)
@@ -238,9 +237,27 @@ func TestSystemdUnitSettings(t *testing.T) {
 			t.Errorf("Environment=%s: no such spotagent run flag", k)
 		}
 	}
-	// The checkpoint dir must be the writable state directory.
-	if got, want := env["SPOTAGENT_CHECKPOINT_DIR"], "%S/"+one(t, svc, "StateDirectory"); got != want {
+	// The checkpoint dir must be the writable state directory, and HOME
+	// another one (Triton, wandb write there; the agent manages the first).
+	states := svc["StateDirectory"]
+	if len(states) != 2 {
+		t.Fatalf("StateDirectory=%q, want the checkpoint directory and HOME", states)
+	}
+	if got, want := env["SPOTAGENT_CHECKPOINT_DIR"], "%S/"+states[0]; got != want {
 		t.Errorf("SPOTAGENT_CHECKPOINT_DIR=%s, want %s (writable under ProtectSystem=strict)", got, want)
+	}
+	if got, want := env["HOME"], "%S/"+states[1]; got != want || strings.HasPrefix(got, env["SPOTAGENT_CHECKPOINT_DIR"]+"/") {
+		t.Errorf("HOME=%s, want %s, outside the checkpoint directory", got, want)
+	}
+	for _, v := range svc["SuccessExitStatus"] {
+		if strings.Contains(" "+v+" ", " 75 ") {
+			t.Error("SuccessExitStatus lists 75: an interrupted run would count as finished")
+		}
+	}
+	// NoNewPrivileges disarms the setuid nvidia-modprobe CUDA calls: the unit
+	// runs it first with full privileges, ignoring failure without a GPU.
+	if !contains(svc["ExecStartPre"], "-+/usr/bin/nvidia-modprobe -u -c0") {
+		t.Errorf("ExecStartPre=%q: want -+/usr/bin/nvidia-modprobe -u -c0 (NoNewPrivileges=yes)", svc["ExecStartPre"])
 	}
 	if env["SPOTAGENT_RUN_ID"] != "%i" {
 		t.Errorf("default SPOTAGENT_RUN_ID=%q, want the instance name %%i", env["SPOTAGENT_RUN_ID"])
@@ -263,6 +280,52 @@ func TestSystemdUnitSettings(t *testing.T) {
 	}
 	if margin := stop - grace - kill; margin < 15*time.Second {
 		t.Errorf("TimeoutStopSec=%v leaves %v after term-grace %v + kill-after %v: want >= 15s", stop, margin, grace, kill)
+	}
+}
+
+// exposure runs systemd-analyze security --offline on the unit text (plus
+// drop-in text) and returns the overall exposure level.
+func exposure(t *testing.T, text string) float64 {
+	t.Helper()
+	sa := need(t, "systemd-analyze", "systemd")
+	unit := filepath.Join(t.TempDir(), "spotagent@exp42.service")
+	if err := os.WriteFile(unit, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(sa, "security", "--offline=true", "--no-pager", unit)
+	cmd.Env = append(os.Environ(), "SYSTEMD_LOG_COLOR=0", "SYSTEMD_COLORS=0")
+	out, _ := cmd.CombinedOutput() // exits non-zero above its threshold
+	m := regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("systemd-analyze security: no exposure level:\n%s", out)
+	}
+	f, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// The hardening does not silently regress: 8.1 EXPOSED before issue 19, as
+// root; the figures below are the current ones (deploy/README.md). The User=
+// drop-in is the one ec2/user-data.sh writes.
+func TestSystemdExposure(t *testing.T) {
+	text := read(t, unitPath)
+	if got := exposure(t, text); got > 6.4 {
+		t.Errorf("exposure as root %.1f, want <= 6.4", got)
+	}
+	r, _ := newUDRun(t)
+	imds := fakeIMDS(t, "")
+	if out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42"); err != nil {
+		t.Fatalf("user-data failed: %v\n%s", err, out)
+	}
+	dropin := read(t, filepath.Join(r.root, "etc/systemd/system/spotagent@exp42.service.d/10-user.conf"))
+	if got := exposure(t, text+"\n"+dropin); got > 3.8 {
+		t.Errorf("exposure with the User= drop-in %.1f, want <= 3.8", got)
+	}
+	// The check can fail: the unit without its hardening scores worse.
+	if got := exposure(t, strings.Replace(text, "\nProtectSystem=strict\n", "\n", 1)); got <= 6.4 {
+		t.Errorf("exposure without ProtectSystem=strict %.1f: the check is not effective", got)
 	}
 }
 
@@ -386,36 +449,88 @@ func fakeIMDS(t *testing.T, tag string) *httptest.Server {
 }
 
 type udRun struct {
-	root, calls, active string
-	env                 []string
+	dir, root, calls, active, release string
+	env                               []string
 }
 
-// newUDRun prepares a root dir, a fake systemctl that logs its arguments
-// (is-active answers from a file) and a binary to download.
+// newUDRun prepares a root dir, a release directory as `make release` lays
+// it out (a binary per architecture and SHA256SUMS), and a PATH holding only
+// the tools user-data needs plus fakes: systemctl logs its arguments
+// (is-active answers from a file), uname -m answers $FAKE_UNAME_M, getent
+// reads passwd/group files, useradd logs and adds to passwd, and `aws s3 cp`
+// copies from a local directory (only when withAWS). It returns the path of
+// the amd64 binary of the release.
 func newUDRun(t *testing.T) (*udRun, string) {
+	return newUDRunAWS(t, true)
+}
+
+func newUDRunAWS(t *testing.T, withAWS bool) (*udRun, string) {
 	need(t, "bash", "bash")
 	need(t, "curl", "curl")
 	dir := t.TempDir()
-	r := &udRun{root: filepath.Join(dir, "root"), calls: filepath.Join(dir, "calls"), active: filepath.Join(dir, "active")}
+	r := &udRun{dir: dir, root: filepath.Join(dir, "root"), calls: filepath.Join(dir, "calls"),
+		active: filepath.Join(dir, "active"), release: filepath.Join(dir, "release")}
 	bin := filepath.Join(dir, "bin")
-	os.MkdirAll(bin, 0o755)
-	os.MkdirAll(r.root, 0o755)
-	fake := "#!/bin/sh\necho \"$*\" >> " + r.calls + "\n" +
-		"if [ \"$1\" = is-active ]; then test -e " + r.active + "; exit $?; fi\nexit 0\n"
-	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(fake), 0o755); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{bin, r.root, r.release, filepath.Join(dir, "s3")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	release := filepath.Join(dir, "spotagent-release")
-	os.WriteFile(release, []byte("#!/bin/sh\necho fake spotagent\n"), 0o755)
-	sum := sha256.Sum256([]byte("#!/bin/sh\necho fake spotagent\n"))
+	for _, tool := range []string{"bash", "sh", "curl", "sha256sum", "cut", "mktemp", "chmod", "mv", "rm", "cmp", "mkdir", "dirname", "cat", "grep", "cp", "id"} {
+		if err := os.Symlink(need(t, tool, "coreutils"), filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fakes := map[string]string{
+		"systemctl": "echo \"systemctl $*\" >> " + r.calls + "\n" +
+			"if [ \"$1\" = is-active ]; then test -e " + r.active + "; exit $?; fi\nexit 0\n",
+		"uname":   "echo \"${FAKE_UNAME_M:-x86_64}\"\n",
+		"getent":  "grep -q \"^$2:\" " + dir + "/\"$1\"\n",
+		"useradd": "echo \"useradd $*\" >> " + r.calls + "\nfor a; do u=$a; done\necho \"$u:x:999:999::/nonexistent:/usr/sbin/nologin\" >> " + dir + "/passwd\n",
+	}
+	if withAWS {
+		// aws s3 cp --only-show-errors s3://bucket/key dest
+		fakes["aws"] = "test \"$1 $2\" = \"s3 cp\" || exit 2\ncp \"" + dir + "/s3/${4#s3://}\" \"$5\"\n"
+	}
+	for name, body := range fakes {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "passwd"), []byte("root:x:0:0::/root:/bin/bash\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "group"), []byte("root:x:0:\nvideo:x:44:\n"), 0o644)
+	r.writeRelease(t, "v1")
 	r.env = append(os.Environ(),
-		"PATH="+bin+":"+os.Getenv("PATH"),
+		"PATH="+bin,
 		"SPOTAGENT_ROOT="+r.root,
-		"SPOTAGENT_BINARY_URL=file://"+release,
-		"SPOTAGENT_BINARY_SHA256="+hex.EncodeToString(sum[:]),
+		"SPOTAGENT_RELEASE_URL=file://"+r.release,
 		"STORE_PREFIX=s3://bucket/runs/",
 	)
-	return r, release
+	return r, filepath.Join(r.release, "spotagent-linux-amd64")
+}
+
+// writeRelease fills the release directory with binaries (one per
+// architecture, their content naming the version) and SHA256SUMS.
+func (r *udRun) writeRelease(t *testing.T, version string) {
+	t.Helper()
+	var sums strings.Builder
+	for _, arch := range []string{"amd64", "arm64"} {
+		b := []byte("#!/bin/sh\necho spotagent " + version + " " + arch + "\n")
+		name := "spotagent-linux-" + arch
+		if err := os.WriteFile(filepath.Join(r.release, name), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&sums, "%s  %s\n", sha256Hex(b), name)
+	}
+	if err := os.WriteFile(filepath.Join(r.release, "SHA256SUMS"), []byte(sums.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *udRun) installed(t *testing.T) string {
+	t.Helper()
+	b, _ := os.ReadFile(filepath.Join(r.root, "usr/local/bin/spotagent"))
+	return string(b)
 }
 
 func (r *udRun) run(t *testing.T, extra ...string) (string, error) {
@@ -468,26 +583,35 @@ func TestUserDataInstallsAndIsIdempotent(t *testing.T) {
 	if got := read(t, filepath.Join(r.root, "etc/systemd/system/spotagent@.service")); got != read(t, unitPath) {
 		t.Error("installed unit differs from systemd/spotagent@.service")
 	}
-	if got, want := read(t, filepath.Join(r.root, "usr/local/bin/spotagent")), read(t, release); got != want {
+	if got, want := r.installed(t), read(t, release); got != want {
 		t.Error("binary not installed")
 	}
+	// Not root by default: a system user, in the GPU device group, named in a drop-in.
+	dropin := filepath.Join(r.root, "etc/systemd/system/spotagent@cfg-run.1.service.d/10-user.conf")
+	if got := unitSettings(t, read(t, dropin))["Service"]["User"]; len(got) != 1 || got[0] != "spotagent" {
+		t.Errorf("drop-in User=%q, want spotagent", got)
+	}
 	calls := strings.Join(r.systemctlCalls(t), "\n")
-	for _, want := range []string{"daemon-reload", "enable spotagent@cfg-run.1.service", "start --no-block spotagent@cfg-run.1.service"} {
+	for _, want := range []string{"daemon-reload", "enable spotagent@cfg-run.1.service", "start --no-block spotagent@cfg-run.1.service",
+		"useradd --system --user-group --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin --groups video spotagent"} {
 		if !strings.Contains(calls, want) {
-			t.Errorf("systemctl %q not called; calls:\n%s", want, calls)
+			t.Errorf("%q not called; calls:\n%s", want, calls)
 		}
 	}
 
-	// Second run while the unit is active, with the download URL broken: the
-	// checksum-matching binary is kept and nothing is started or restarted.
+	// Second run while the unit is active, with the binary gone from the
+	// release: the checksum-matching binary is kept, the user not created
+	// again, and nothing is started or restarted.
 	os.WriteFile(r.active, nil, 0o644)
-	out, err = r.run(t, append(base, "SPOTAGENT_BINARY_URL=file:///nonexistent")...)
+	os.Rename(release, release+".gone")
+	out, err = r.run(t, base...)
 	if err != nil {
 		t.Fatalf("second run failed: %v\n%s", err, out)
 	}
+	os.Rename(release+".gone", release)
 	calls = strings.Join(r.systemctlCalls(t), "\n")
-	if strings.Contains(calls, "start") {
-		t.Errorf("idempotent re-run started or restarted the unit:\n%s", calls)
+	if strings.Contains(calls, "start") || strings.Contains(calls, "useradd") {
+		t.Errorf("idempotent re-run started or restarted the unit, or added the user again:\n%s", calls)
 	}
 	// A changed command restarts the running unit.
 	out, err = r.run(t, append(base[:2], "TRAIN_COMMAND=python3 other.py")...)
@@ -497,6 +621,182 @@ func TestUserDataInstallsAndIsIdempotent(t *testing.T) {
 	if calls := strings.Join(r.systemctlCalls(t), "\n"); !strings.Contains(calls, "restart --no-block spotagent@cfg-run.1.service") {
 		t.Errorf("changed env file did not restart the unit:\n%s", calls)
 	}
+}
+
+// A new binary (another release) restarts the running unit, like a changed
+// configuration does (issue 19 item 7).
+func TestUserDataRestartsOnNewBinary(t *testing.T) {
+	r, _ := newUDRun(t)
+	imds := fakeIMDS(t, "")
+	base := []string{"IMDS_ENDPOINT=" + imds.URL, "RUN_ID=exp42"}
+	if out, err := r.run(t, base...); err != nil {
+		t.Fatalf("user-data failed: %v\n%s", err, out)
+	}
+	os.WriteFile(r.active, nil, 0o644)
+	r.writeRelease(t, "v2")
+	if out, err := r.run(t, base...); err != nil {
+		t.Fatalf("second run failed: %v\n%s", err, out)
+	}
+	if got := r.installed(t); !strings.Contains(got, "v2 amd64") {
+		t.Fatalf("new binary not installed: %q", got)
+	}
+	if calls := strings.Join(r.systemctlCalls(t), "\n"); !strings.Contains(calls, "restart --no-block spotagent@exp42.service") {
+		t.Errorf("new binary did not restart the unit:\n%s", calls)
+	}
+}
+
+func TestUserDataPicksArchitecture(t *testing.T) {
+	for machine, want := range map[string]string{"x86_64": "v1 amd64", "aarch64": "v1 arm64", "riscv64": ""} {
+		t.Run(machine, func(t *testing.T) {
+			r, _ := newUDRun(t)
+			imds := fakeIMDS(t, "")
+			out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42", "FAKE_UNAME_M="+machine)
+			if want == "" {
+				if err == nil || !strings.Contains(out, "no spotagent release for architecture riscv64") {
+					t.Fatalf("unknown architecture accepted: %v\n%s", err, out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("user-data failed: %v\n%s", err, out)
+			}
+			if got := r.installed(t); !strings.Contains(got, want) {
+				t.Errorf("installed %q, want the %s binary", got, want)
+			}
+		})
+	}
+}
+
+// An unverified or mismatching binary is never installed, unless
+// ALLOW_UNVERIFIED=1 says so for a binary without any checksum.
+func TestUserDataVerifiesBinary(t *testing.T) {
+	for name, tc := range map[string]struct {
+		prepare func(r *udRun)
+		extra   []string
+		wantErr string // "" = installs
+	}{
+		"tampered binary": {
+			prepare: func(r *udRun) {
+				os.WriteFile(filepath.Join(r.release, "spotagent-linux-amd64"), []byte("#!/bin/sh\necho evil\n"), 0o755)
+			},
+			wantErr: "sha256 mismatch",
+		},
+		"no SHA256SUMS": {
+			prepare: func(r *udRun) { os.Remove(filepath.Join(r.release, "SHA256SUMS")) },
+			wantErr: "refusing an unverified binary",
+		},
+		"no SHA256SUMS, allowed": {
+			prepare: func(r *udRun) { os.Remove(filepath.Join(r.release, "SHA256SUMS")) },
+			extra:   []string{"ALLOW_UNVERIFIED=1"},
+		},
+		"SHA256SUMS without this architecture": {
+			prepare: func(r *udRun) {
+				os.WriteFile(filepath.Join(r.release, "SHA256SUMS"), []byte(strings.Repeat("a", 64)+"  spotagent-linux-arm64\n"), 0o644)
+			},
+			wantErr: "lists no spotagent-linux-amd64",
+		},
+		"binary URL without checksum": {
+			extra:   []string{"SPOTAGENT_BINARY_URL=file:///dev/null"},
+			wantErr: "refusing an unverified binary",
+		},
+		"pinned checksum wins over SHA256SUMS": {
+			extra:   []string{"SPOTAGENT_BINARY_SHA256=" + strings.Repeat("0", 64)},
+			wantErr: "sha256 mismatch",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, _ := newUDRun(t)
+			if tc.prepare != nil {
+				tc.prepare(r)
+			}
+			imds := fakeIMDS(t, "")
+			out, err := r.run(t, append(tc.extra, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42")...)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("user-data failed: %v\n%s", err, out)
+				}
+				if r.installed(t) == "" {
+					t.Error("binary not installed")
+				}
+				return
+			}
+			if err == nil || !strings.Contains(out, tc.wantErr) {
+				t.Fatalf("want failure %q, got %v:\n%s", tc.wantErr, err, out)
+			}
+			if got := r.installed(t); got != "" {
+				t.Errorf("a binary was installed: %q", got)
+			}
+			if b, _ := os.ReadFile(r.calls); bytes.Contains(b, []byte("start")) {
+				t.Error("unit started despite the error")
+			}
+		})
+	}
+}
+
+// An s3:// release needs the aws CLI: a clear error without it, a verified
+// install with it.
+func TestUserDataS3Release(t *testing.T) {
+	imds := fakeIMDS(t, "")
+	for _, withAWS := range []bool{false, true} {
+		r, _ := newUDRunAWS(t, withAWS)
+		if err := os.Rename(r.release, filepath.Join(r.dir, "s3", "bucket")); err != nil {
+			t.Fatal(err)
+		}
+		out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42", "SPOTAGENT_RELEASE_URL=s3://bucket")
+		if !withAWS {
+			if err == nil || !strings.Contains(out, "aws CLI is not installed") {
+				t.Errorf("no aws CLI: want a clear error, got %v:\n%s", err, out)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("user-data with aws CLI failed: %v\n%s", err, out)
+		}
+		if got := r.installed(t); !strings.Contains(got, "v1 amd64") {
+			t.Errorf("installed %q from s3://", got)
+		}
+	}
+}
+
+func TestUserDataRunAsUser(t *testing.T) {
+	imds := fakeIMDS(t, "")
+	dropin := "etc/systemd/system/spotagent@exp42.service.d/10-user.conf"
+	t.Run("root", func(t *testing.T) {
+		r, _ := newUDRun(t)
+		if out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42"); err != nil {
+			t.Fatalf("user-data failed: %v\n%s", err, out)
+		}
+		os.WriteFile(r.active, nil, 0o644)
+		if out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42", "RUN_AS_USER=root"); err != nil {
+			t.Fatalf("user-data failed: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(r.root, dropin)); err == nil {
+			t.Error("RUN_AS_USER=root left the User= drop-in")
+		}
+		if calls := strings.Join(r.systemctlCalls(t), "\n"); !strings.Contains(calls, "restart --no-block") {
+			t.Errorf("changed user did not restart the unit:\n%s", calls)
+		}
+	})
+	t.Run("existing user", func(t *testing.T) {
+		r, _ := newUDRun(t)
+		os.WriteFile(filepath.Join(r.dir, "passwd"), []byte("ubuntu:x:1000:1000::/home/ubuntu:/bin/bash\n"), 0o644)
+		if out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42", "RUN_AS_USER=ubuntu"); err != nil {
+			t.Fatalf("user-data failed: %v\n%s", err, out)
+		}
+		if got := unitSettings(t, read(t, filepath.Join(r.root, dropin)))["Service"]["User"]; len(got) != 1 || got[0] != "ubuntu" {
+			t.Errorf("User=%q, want ubuntu", got)
+		}
+		if calls := strings.Join(r.systemctlCalls(t), "\n"); strings.Contains(calls, "useradd") {
+			t.Errorf("useradd called for an existing user:\n%s", calls)
+		}
+	})
+	t.Run("missing user", func(t *testing.T) {
+		r, _ := newUDRun(t)
+		out, err := r.run(t, "IMDS_ENDPOINT="+imds.URL, "RUN_ID=exp42", "RUN_AS_USER=nosuch")
+		if err == nil || !strings.Contains(out, "user nosuch does not exist") {
+			t.Errorf("missing user accepted: %v\n%s", err, out)
+		}
+	})
 }
 
 func TestUserDataRunIDFromTag(t *testing.T) {
@@ -750,21 +1050,157 @@ func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
 			t.Errorf("container %s overrides runAsUser", c.Name)
 		}
 	}
-	checkGrace(t, spec, *agent)
+	checkDrainBudget(t, spec, agent)
+	checkPodHygiene(t, spec)
 }
 
-func checkGrace(t *testing.T, spec corev1.PodSpec, agent corev1.Container) {
+// awsNotice is the longest interruption notice (AWS spot: two minutes):
+// past it the node is gone, whatever terminationGracePeriodSeconds says.
+const awsNotice = 120 * time.Second
+
+// drainMargin covers what the budget cannot name: the trainer reaching its
+// next poll and saving, the kubelet's own delays.
+const drainMargin = 15 * time.Second
+
+// checkDrainBudget: what runs one after the other once the pod is deleted
+// (a drain on the spot notice) must fit in terminationGracePeriodSeconds,
+// and that inside the AWS notice. Trainers first: each waits up to
+// SPOTAGENT_SIGTERM_WAIT for its final checkpoint to commit; then the
+// sidecar agent (if any) gets SIGTERM: --term-grace, then --kill-after.
+func checkDrainBudget(t *testing.T, spec corev1.PodSpec, agent *corev1.Container) {
 	t.Helper()
-	grace, kill := flagValue(agent, "term-grace"), flagValue(agent, "kill-after")
-	if grace == "" || kill == "" {
-		t.Fatalf("%s: set --term-grace and --kill-after explicitly (got %q, %q)", agent.Name, grace, kill)
-	}
-	need := span(t, grace) + span(t, kill) + 15*time.Second
 	if spec.TerminationGracePeriodSeconds == nil {
 		t.Fatal("terminationGracePeriodSeconds unset (default 30s)")
 	}
-	if got := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second; got < need {
-		t.Errorf("terminationGracePeriodSeconds %v < term-grace %s + kill-after %s + 15s", got, grace, kill)
+	tgps := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	var budget time.Duration
+	var parts []string
+	for _, c := range spec.Containers {
+		if _, ok := envOf(c, "SPOTAGENT_SOCKET"); !ok {
+			continue // not a trainer
+		}
+		wait, ok := envOf(c, "SPOTAGENT_SIGTERM_WAIT")
+		if !ok {
+			t.Errorf("trainer %s: set SPOTAGENT_SIGTERM_WAIT explicitly (the client waits 60s by default)", c.Name)
+			wait = "60"
+		}
+		budget = max(budget, span(t, wait))
+		parts = append(parts, c.Name+" SIGTERM wait "+wait+"s")
+	}
+	if agent != nil {
+		grace, kill := flagValue(*agent, "term-grace"), flagValue(*agent, "kill-after")
+		if grace == "" || kill == "" {
+			t.Fatalf("%s: set --term-grace and --kill-after explicitly (got %q, %q)", agent.Name, grace, kill)
+		}
+		budget += span(t, grace) + span(t, kill)
+		parts = append(parts, "term-grace "+grace, "kill-after "+kill)
+	}
+	if budget == 0 {
+		t.Fatal("nothing to budget: no trainer and no agent")
+	}
+	if need := budget + drainMargin; tgps < need {
+		t.Errorf("terminationGracePeriodSeconds %v < %s + %v margin = %v", tgps, strings.Join(parts, " + "), drainMargin, need)
+	}
+	if tgps > awsNotice {
+		t.Errorf("terminationGracePeriodSeconds %v > the %v AWS spot notice: the budget would not fit in a real interruption", tgps, awsNotice)
+	}
+}
+
+// checkPodHygiene: Pod Security "restricted" settings that do not depend on
+// the mode, and requests the scheduler can reserve.
+func checkPodHygiene(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	podSeccomp := spec.SecurityContext != nil && spec.SecurityContext.SeccompProfile != nil &&
+		spec.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
+	var diskEmptyDir, ephemeralRequests int64
+	diskVolumes := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.EmptyDir != nil && v.EmptyDir.Medium != corev1.StorageMediumMemory {
+			diskVolumes[v.Name] = true
+			if v.EmptyDir.SizeLimit == nil {
+				t.Errorf("emptyDir %s has no sizeLimit", v.Name)
+				continue
+			}
+			diskEmptyDir += v.EmptyDir.SizeLimit.Value()
+		}
+	}
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		sc := c.SecurityContext
+		if !podSeccomp && (sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault) {
+			t.Errorf("%s: no seccompProfile RuntimeDefault (Pod Security restricted)", c.Name)
+		}
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !containsCap(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: want allowPrivilegeEscalation: false and capabilities drop ALL", c.Name)
+		}
+		r := c.Resources.Requests
+		if r.Cpu().IsZero() || r.Memory().IsZero() {
+			t.Errorf("%s: no cpu/memory requests", c.Name)
+		}
+		usesDisk := false
+		for _, m := range c.VolumeMounts {
+			usesDisk = usesDisk || diskVolumes[m.Name]
+		}
+		if usesDisk && r.StorageEphemeral().IsZero() {
+			t.Errorf("%s: mounts a disk emptyDir without an ephemeral-storage request", c.Name)
+		}
+		ephemeralRequests += r.StorageEphemeral().Value()
+	}
+	if ephemeralRequests < diskEmptyDir {
+		t.Errorf("ephemeral-storage requests %d bytes < emptyDir size limits %d bytes: the scheduler does not reserve the space", ephemeralRequests, diskEmptyDir)
+	}
+}
+
+func containsCap(caps []corev1.Capability, c corev1.Capability) bool {
+	for _, x := range caps {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// checkJobResumes: a pod that was disrupted, or whose trainer exited 75
+// ("interrupted, checkpoint committed, run me again"), is replaced without
+// counting against backoffLimit; the Job does not complete on it.
+func checkJobResumes(t *testing.T, job *batchv1.Job) {
+	t.Helper()
+	spec := job.Spec.Template.Spec
+	if spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Error("podFailurePolicy needs restartPolicy Never")
+	}
+	if job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit < 1 || *job.Spec.BackoffLimit > 10 {
+		t.Errorf("backoffLimit %v: want a small explicit number (crashes only)", job.Spec.BackoffLimit)
+	}
+	if p := job.Spec.PodReplacementPolicy; p == nil || *p != batchv1.Failed {
+		t.Error("podReplacementPolicy: Failed, so two pods of one run never train at once")
+	}
+	disruption, tempfail := false, false
+	if job.Spec.PodFailurePolicy != nil {
+		for _, r := range job.Spec.PodFailurePolicy.Rules {
+			if r.Action != batchv1.PodFailurePolicyActionIgnore {
+				continue
+			}
+			for _, c := range r.OnPodConditions {
+				disruption = disruption || c.Type == corev1.DisruptionTarget
+			}
+			if e := r.OnExitCodes; e != nil && e.Operator == batchv1.PodFailurePolicyOnExitCodesOpIn &&
+				e.ContainerName != nil && *e.ContainerName == "trainer" && len(e.Values) == 1 && e.Values[0] == 75 {
+				tempfail = true
+			}
+		}
+	}
+	if !disruption {
+		t.Error("spot disruptions (DisruptionTarget) must not count against backoffLimit")
+	}
+	if !tempfail {
+		t.Error("no podFailurePolicy rule Ignore onExitCodes {containerName: trainer, operator: In, values: [75]}: an interrupted trainer would fail the Job or count as a crash")
+	}
+	found := false
+	for _, c := range spec.Containers {
+		found = found || c.Name == "trainer"
+	}
+	if !found {
+		t.Error("no container named trainer (the exit-code rule names it)")
 	}
 }
 
@@ -803,22 +1239,7 @@ func TestSidecarJob(t *testing.T) {
 	spec := job.Spec.Template.Spec
 	checkSidecarPodSpec(t, spec)
 	checkSpotTolerations(t, spec)
-	if spec.RestartPolicy != corev1.RestartPolicyNever {
-		t.Error("podFailurePolicy needs restartPolicy Never")
-	}
-	ignored := false
-	if job.Spec.PodFailurePolicy != nil {
-		for _, r := range job.Spec.PodFailurePolicy.Rules {
-			for _, c := range r.OnPodConditions {
-				if r.Action == batchv1.PodFailurePolicyActionIgnore && c.Type == corev1.DisruptionTarget {
-					ignored = true
-				}
-			}
-		}
-	}
-	if !ignored {
-		t.Error("spot disruptions (DisruptionTarget) must not count against backoffLimit")
-	}
+	checkJobResumes(t, job)
 	// The run id must survive pod relaunches: the Job name, not the pod name.
 	for _, c := range spec.InitContainers {
 		if c.Name == "spotagent" {
@@ -924,10 +1345,57 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("--socket %q, want /var/run/spotagent/agent.sock (documented for trainers)", sock)
 	}
 	checkProbes(t, c)
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-		t.Error("set cpu/memory requests and a memory limit")
+	if c.Resources.Limits.Memory().IsZero() {
+		t.Error("set a memory limit")
 	}
-	checkGrace(t, spec, c)
+	checkPodHygiene(t, spec)
+	checkDrainBudget(t, spec, &c)
+	// GKE preemptible pools are usually tainted like Spot ones.
+	taint := corev1.Taint{Key: "cloud.google.com/gke-preemptible", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	tolerated := false
+	for _, tol := range spec.Tolerations {
+		tolerated = tolerated || tol.ToleratesTaint(klog.Background(), &taint, false)
+	}
+	if !tolerated {
+		t.Error("the DaemonSet selects gke-preemptible nodes without tolerating their taint")
+	}
+	// Metrics: the node IP (hostNetwork), never every interface.
+	addr := flagValue(c, "metrics-addr")
+	host, _, _ := strings.Cut(addr, ":")
+	if host != "$(POD_IP)" && host != "127.0.0.1" {
+		t.Errorf("--metrics-addr=%s: bind $(POD_IP) (the node IP) or loopback, not every node interface", addr)
+	}
+	if host == "$(POD_IP)" {
+		ip := ""
+		for _, e := range c.Env {
+			if e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+				ip = e.ValueFrom.FieldRef.FieldPath
+			}
+		}
+		if ip != "status.podIP" && ip != "status.hostIP" {
+			t.Errorf("POD_IP comes from %q, want the downward API status.podIP", ip)
+		}
+	}
+}
+
+// TestNodeTrainerJob: the trainer side of node mode.
+func TestNodeTrainerJob(t *testing.T) {
+	job := only[*batchv1.Job](t, decodeManifests(t, "kubernetes/node-trainer-job.yaml"))
+	spec := job.Spec.Template.Spec
+	checkJobResumes(t, job)
+	checkSpotTolerations(t, spec)
+	checkPodHygiene(t, spec)
+	checkDrainBudget(t, spec, nil)
+	ds := only[*appsv1.DaemonSet](t, decodeManifests(t, "kubernetes/daemonset.yaml"))
+	agent := ds.Spec.Template.Spec.Containers[0]
+	for _, c := range spec.Containers {
+		if got, _ := envOf(c, "SPOTAGENT_SOCKET"); got != flagValue(agent, "socket") {
+			t.Errorf("%s: SPOTAGENT_SOCKET=%q, the agent listens on %q", c.Name, got, flagValue(agent, "socket"))
+		}
+		if mountOf(c, "spotagent-checkpoints") != flagValue(agent, "checkpoint-root") {
+			t.Errorf("%s: checkpoints not mounted at the agent's --checkpoint-root", c.Name)
+		}
+	}
 }
 
 // termMatches evaluates a node selector term (In/Exists only) against labels.

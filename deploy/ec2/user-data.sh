@@ -9,21 +9,36 @@
 # trainer resumes. The run id is deliberately NOT the instance id: a new
 # instance has a new id and would start the run from scratch. Running the
 # script twice on one instance changes nothing (the unit is restarted only if
-# its files changed). Needs: bash, curl, sha256sum, systemd; `aws` for s3://.
+# the binary or its files changed). Needs: bash, curl, sha256sum, systemd,
+# useradd; the aws CLI for s3:// release URLs.
 set -euo pipefail
 
 # ---- edit these -------------------------------------------------------------
-# The spotagent binary: https://... or s3://bucket/key, and its sha256 (hex).
-# Leave the checksum empty only for testing: the download is then unverified.
-SPOTAGENT_BINARY_URL="${SPOTAGENT_BINARY_URL:-https://github.com/spotagent/spotagent/releases/latest/download/spotagent-linux-amd64}"
+# The spotagent release: a pinned version (never "latest": every instance of
+# a run must get the same binary), from a directory (https://, s3:// or
+# file://) that holds spotagent-linux-amd64, spotagent-linux-arm64 and
+# SHA256SUMS, as `make release` writes them to dist/.
+SPOTAGENT_VERSION="${SPOTAGENT_VERSION:-v0.1.0}"
+SPOTAGENT_RELEASE_URL="${SPOTAGENT_RELEASE_URL:-https://github.com/spotagent/spotagent/releases/download/$SPOTAGENT_VERSION}"
+# Optional overrides: the binary's URL, and its sha256 (hex). Pinning the
+# sha256 here is stronger than SHA256SUMS (which comes from the same place as
+# the binary): set it from a SHA256SUMS you checked. An unverified binary is
+# refused unless ALLOW_UNVERIFIED=1 (for testing only).
+SPOTAGENT_BINARY_URL="${SPOTAGENT_BINARY_URL:-}"
 SPOTAGENT_BINARY_SHA256="${SPOTAGENT_BINARY_SHA256:-}"
+ALLOW_UNVERIFIED="${ALLOW_UNVERIFIED:-0}"
+# The user the agent and the trainer run as. "spotagent" is created as a
+# system user (in the video and render groups when they exist, for GPU device
+# nodes); any other name must exist; "root" runs as root (not recommended).
+# The trainer's code and data must be readable by this user.
+RUN_AS_USER="${RUN_AS_USER:-spotagent}"
 # Checkpoints go to STORE_PREFIX/<run id> (s3://, gs:// or a local path).
 STORE_PREFIX="${STORE_PREFIX:-s3://my-bucket/runs}"
 # Run id: the instance tag RUN_ID_TAG wins when readable (launch template:
 # "InstanceMetadataTags": "enabled", and tag propagation in the ASG); else RUN_ID.
 RUN_ID_TAG="${RUN_ID_TAG:-spotagent:run-id}"
 RUN_ID="${RUN_ID:-}"
-# One shell command line, run by /bin/sh -c as root under the unit's sandbox.
+# One shell command line, run by /bin/sh -c as RUN_AS_USER under the unit's sandbox.
 TRAIN_COMMAND="${TRAIN_COMMAND:-cd /opt/train && exec python3 train.py}"
 # Extra KEY=VALUE lines for the env file (spotagent flags or trainer env).
 EXTRA_ENV="${EXTRA_ENV:-SPOTAGENT_LOG_LEVEL=info}"
@@ -87,31 +102,93 @@ done
 log "run id $RUN_ID, store $STORE"
 
 # --- binary ------------------------------------------------------------------
+# fetch URL DEST: download over https:// / file:// (curl) or s3:// (aws CLI).
+fetch() {
+  case "$1" in
+    s3://*)
+      command -v aws >/dev/null ||
+        die "$1 is an s3:// URL and the aws CLI is not installed (install it, or use https://)"
+      aws s3 cp --only-show-errors "$1" "$2" ;;
+    *) curl -fsSL --retry 5 --retry-connrefused -o "$2" "$1" ;;
+  esac
+}
+
+case "$(uname -m)" in
+  x86_64 | amd64) arch=amd64 ;;
+  aarch64 | arm64) arch=arm64 ;;
+  *) die "no spotagent release for architecture $(uname -m)" ;;
+esac
+asset="spotagent-linux-$arch"
+release="${SPOTAGENT_RELEASE_URL%/}"
+binary_url="${SPOTAGENT_BINARY_URL:-$release/$asset}"
+
 mkdir -p "$(dirname "$BIN")" "$(dirname "$UNIT_FILE")" "$ROOT/etc/spotagent"
+tmp=""
+trap 'rm -f "$tmp"' EXIT
 want_sha="${SPOTAGENT_BINARY_SHA256,,}"
+if [[ -z "$want_sha" && -z "$SPOTAGENT_BINARY_URL" ]]; then
+  tmp="$(mktemp "$BIN.XXXXXX")"
+  if fetch "$release/SHA256SUMS" "$tmp"; then
+    want_sha="$(while read -r sum name; do
+      if [[ "${name#\*}" == "$asset" ]]; then echo "${sum,,}"; fi
+    done < "$tmp")"
+    [[ -n "$want_sha" ]] || die "$release/SHA256SUMS lists no $asset"
+  fi
+  rm -f "$tmp"
+fi
+[[ -z "$want_sha" || "$want_sha" =~ ^[0-9a-f]{64}$ ]] || die "bad sha256 '$want_sha' for $asset"
+
+changed=0
 if [[ -n "$want_sha" && -x "$BIN" ]] &&
   [[ "$(sha256sum "$BIN" | cut -d' ' -f1)" == "$want_sha" ]]; then
-  log "spotagent binary already installed"
+  log "spotagent binary already installed ($SPOTAGENT_VERSION $arch)"
 else
+  if [[ -z "$want_sha" ]]; then
+    [[ "$ALLOW_UNVERIFIED" == 1 ]] ||
+      die "no sha256 for $binary_url (no SHA256SUMS, no SPOTAGENT_BINARY_SHA256): refusing an unverified binary; ALLOW_UNVERIFIED=1 overrides"
+    log "warning: ALLOW_UNVERIFIED=1: installing $binary_url unverified"
+  fi
   tmp="$(mktemp "$BIN.XXXXXX")"
-  trap 'rm -f "$tmp"' EXIT
-  case "$SPOTAGENT_BINARY_URL" in
-    s3://*) aws s3 cp --only-show-errors "$SPOTAGENT_BINARY_URL" "$tmp" ;;
-    *) curl -fsSL --retry 5 --retry-connrefused -o "$tmp" "$SPOTAGENT_BINARY_URL" ;;
-  esac
+  fetch "$binary_url" "$tmp" || die "download $binary_url failed"
   if [[ -n "$want_sha" ]]; then
-    echo "$want_sha  $tmp" | sha256sum -c --quiet - || die "sha256 mismatch for $SPOTAGENT_BINARY_URL"
-  else
-    log "warning: SPOTAGENT_BINARY_SHA256 is empty, binary not verified"
+    echo "$want_sha  $tmp" | sha256sum -c --quiet - || die "sha256 mismatch for $binary_url"
   fi
   chmod 0755 "$tmp"
   mv -f "$tmp" "$BIN"
-  trap - EXIT
-  log "installed $BIN"
+  changed=1
+  log "installed $BIN ($binary_url)"
+fi
+
+# --- user --------------------------------------------------------------------
+# A drop-in sets User=; without one (RUN_AS_USER=root) the unit runs as root.
+DROPIN_DIR="$UNIT_FILE"
+DROPIN_DIR="${DROPIN_DIR%@.service}@$RUN_ID.service.d"
+DROPIN="$DROPIN_DIR/10-user.conf"
+if [[ "$RUN_AS_USER" == root ]]; then
+  log "warning: RUN_AS_USER=root: the trainer runs as root"
+  if [[ -e "$DROPIN" ]]; then rm -f "$DROPIN"; changed=1; fi
+else
+  [[ "$RUN_AS_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "RUN_AS_USER '$RUN_AS_USER' is not a user name"
+  if ! getent passwd "$RUN_AS_USER" >/dev/null; then
+    [[ "$RUN_AS_USER" == spotagent ]] || die "user $RUN_AS_USER does not exist"
+    groups=""
+    for g in video render; do
+      if getent group "$g" >/dev/null; then groups="${groups:+$groups,}$g"; fi
+    done
+    useradd_args=(--system --user-group --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin)
+    if [[ -n "$groups" ]]; then useradd_args+=(--groups "$groups"); fi
+    useradd "${useradd_args[@]}" spotagent
+    log "created system user spotagent"
+  fi
+  mkdir -p "$DROPIN_DIR"
+  dropin_tmp="$(mktemp "$DROPIN.XXXXXX")"
+  printf '%s\n' "# Written by spotagent EC2 user-data (RUN_AS_USER)." "[Service]" \
+    "User=$RUN_AS_USER" "# A non-root service needs no capabilities at all." \
+    "CapabilityBoundingSet=" > "$dropin_tmp"
+  if install_if_changed "$dropin_tmp" "$DROPIN" 0644; then changed=1; fi
 fi
 
 # --- unit and env file -------------------------------------------------------
-changed=0
 unit_tmp="$(mktemp "$UNIT_FILE.XXXXXX")"
 # Identical to deploy/systemd/spotagent@.service (a test keeps them in sync).
 cat > "$unit_tmp" <<'SPOTAGENT_UNIT'
@@ -127,6 +204,12 @@ cat > "$unit_tmp" <<'SPOTAGENT_UNIT'
 # uploads it within --term-grace, then stops the trainer (SIGTERM, SIGKILL after
 # --kill-after). systemd SIGKILLs whatever is left after TimeoutStopSec, which
 # must stay above term-grace + kill-after (the tests check it).
+#
+# Runs as root unless a drop-in sets User= (ec2/user-data.sh writes one for
+# RUN_AS_USER, default "spotagent"): `systemctl edit spotagent@exp42` ->
+#   [Service]
+#   User=spotagent
+#   CapabilityBoundingSet=
 [Unit]
 Description=spotagent training run %i
 Documentation=https://github.com/spotagent/spotagent/tree/main/deploy
@@ -149,6 +232,9 @@ Environment=SPOTAGENT_LOG_FORMAT=console
 # Framework caches (pip, Hugging Face, torch hub) must be writable under
 # ProtectSystem=strict: point XDG_CACHE_HOME at the unit's cache directory.
 Environment=XDG_CACHE_HOME=%C/spotagent/%i
+# A writable HOME (Triton, wandb, ~/.config): /root and /home are read-only
+# here. Not under the checkpoint directory, which the agent manages.
+Environment=HOME=%S/spotagent-home/%i
 EnvironmentFile=/etc/spotagent/%i.env
 # TRAIN_COMMAND is one shell command line (for example
 # "cd /opt/train && exec python train.py --lr 3e-4"). systemd substitutes
@@ -156,17 +242,30 @@ EnvironmentFile=/etc/spotagent/%i.env
 # /bin/sh -c parses it, so quoting, $VARS and && behave as in a shell.
 # An empty command would make spotagent exit at once with success: refuse it.
 ExecStartPre=/bin/sh -c 'test -n "$$TRAIN_COMMAND" || { echo "TRAIN_COMMAND is empty or missing in /etc/spotagent/%i.env" >&2; exit 1; }'
+# NoNewPrivileges=yes makes the setuid nvidia-modprobe that CUDA calls on first
+# use powerless, so /dev/nvidia-uvm would never appear: create it before the
+# trainer starts, with full privileges ("+"), ignoring failure ("-": no GPU, no
+# driver, or nvidia-modprobe not installed).
+ExecStartPre=-+/usr/bin/nvidia-modprobe -u -c0
 ExecStart=/usr/local/bin/spotagent run -- /bin/sh -c "${TRAIN_COMMAND}"
 KillMode=mixed
 KillSignal=SIGTERM
 TimeoutStopSec=90s
+# Exit 75 (EX_TEMPFAIL) means "interrupted, checkpoint committed, run me
+# again": spotagent run exits with it after an interruption stop. It is not a
+# success (never list it in SuccessExitStatus=): Restart=on-failure restarts
+# on it, and RestartForceExitStatus=75 keeps it restarting even if a drop-in
+# changes Restart=. The restart resumes from the store. A manual stop (or
+# shutdown) is never restarted, whatever the exit status.
 Restart=on-failure
+RestartForceExitStatus=75
 RestartSec=15s
 SyslogIdentifier=spotagent-%i
 
 # Writable paths: StateDirectory= and CacheDirectory= are created, owned and
 # made writable despite ProtectSystem=strict; RuntimeDirectory= holds the socket.
 StateDirectory=spotagent/%i
+StateDirectory=spotagent-home/%i
 CacheDirectory=spotagent/%i
 RuntimeDirectory=spotagent/%i
 # Other paths the trainer writes (datasets, logs) go in a drop-in:
@@ -175,11 +274,22 @@ RuntimeDirectory=spotagent/%i
 # Hardening that leaves a GPU trainer working. Deliberately NOT set:
 # PrivateDevices (CUDA needs /dev/nvidia*), MemoryDenyWriteExecute (CUDA,
 # Triton and torch.compile JIT), ProtectClock (it restricts device access),
-# ProtectKernelModules (nvidia-modprobe may load nvidia_uvm on first use),
-# ProtectHome (training code and virtualenvs often live in /home; strict
-# already makes it read-only), SystemCallFilter, CapabilityBoundingSet.
+# DevicePolicy/DeviceAllow (same), PrivateUsers and SystemCallFilter (driver
+# ioctls, pinned memory), RestrictAddressFamilies (NCCL, EFA and InfiniBand
+# use more than inet sockets), ProcSubset=pid (frameworks read /proc/meminfo).
+# `systemd-analyze security --offline=true`: 8.1 EXPOSED before these
+# settings; see deploy/README.md for the current figures.
 NoNewPrivileges=yes
 ProtectSystem=strict
+# Read-only, as strict already makes it: code and virtualenvs in /home work.
+ProtectHome=read-only
+# nvidia_uvm is loaded by the ExecStartPre above, before this applies.
+ProtectKernelModules=yes
+ProtectProc=invisible
+RestrictNamespaces=yes
+PrivateMounts=yes
+SystemCallArchitectures=native
+RemoveIPC=yes
 PrivateTmp=yes
 ProtectKernelTunables=yes
 ProtectKernelLogs=yes
