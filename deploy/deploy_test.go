@@ -212,6 +212,8 @@ func TestSystemdUnitSettings(t *testing.T) {
 		"EnvironmentFile": "/etc/spotagent/%i.env",
 		// 75 = EX_TEMPFAIL: interrupted, checkpoint committed, run again.
 		"RestartForceExitStatus": "75",
+		// 76: fenced by a newer session; a restart would fence it back.
+		"RestartPreventExitStatus": "76",
 	} {
 		if got := one(t, svc, key); got != want {
 			t.Errorf("%s=%s, want %s", key, got, want)
