@@ -257,8 +257,12 @@ TimeoutStopSec=90s
 # on it, and RestartForceExitStatus=75 keeps it restarting even if a drop-in
 # changes Restart=. The restart resumes from the store. A manual stop (or
 # shutdown) is never restarted, whatever the exit status.
+# Exit 76 means a newer session (the ASG's replacement, started before this
+# instance ends) took the run over through the store's lease: restarting would
+# take it back and fence the newer one, so it is never restarted.
 Restart=on-failure
 RestartForceExitStatus=75
+RestartPreventExitStatus=76
 RestartSec=15s
 SyslogIdentifier=spotagent-%i
 
