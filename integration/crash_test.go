@@ -156,10 +156,10 @@ func runCrashTrials(t *testing.T, st cloud.Store, store string, env []string, ro
 		if err := checkRestoredFiles(r.Dir, m.ID, m.Step); err != nil {
 			fail("restored %s: %v", m.ID, err)
 		}
-		// Restore follows latest.json when there is one. Before the first
-		// one is written (killed between the first manifest and its
-		// latest.json) it takes the newest manifest.
-		if l, err := checkpoint.ReadLatest(ctx, st); (err != nil && !errors.Is(err, cloud.ErrNotExist)) || (err == nil && l.Step != m.Step) {
+		// Restore takes the newest complete manifest: latest.json's, or a
+		// newer one when the kill landed between a manifest and its
+		// latest.json (every manifest is written after all its data).
+		if l, err := checkpoint.ReadLatest(ctx, st); (err != nil && !errors.Is(err, cloud.ErrNotExist)) || (err == nil && l.Step > m.Step) {
 			fail("latest.json %+v (err %v), restored step %d", l, err, m.Step)
 		}
 		restored = m.Step

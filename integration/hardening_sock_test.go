@@ -81,7 +81,7 @@ func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
 			t.Fatalf("status: %s", out)
 		}
 		p.signal(syscall.SIGTERM)
-		if code := p.wait(time.Minute); code != 0 {
+		if code := p.wait(time.Minute); code != exitInterrupted {
 			t.Fatalf("exit code %d", code)
 		}
 	})
@@ -134,7 +134,7 @@ os.rename(tmp, sys.argv[1])
 	// The trainer's connection was never disturbed.
 	p.waitCount("checkpoint committed", len(p.entries("checkpoint committed"))+1, time.Minute)
 	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != 0 {
+	if code := p.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("exit code %d", code)
 	}
 }
@@ -177,7 +177,7 @@ func TestHardeningSock_SilentConnections(t *testing.T) {
 	p.waitEntry("connection refused: too many connections", 10*time.Second, nil)
 	p.signal(syscall.SIGTERM)
 	p.waitEntry("interruption checkpoint committed: stopping the trainer", time.Minute, nil)
-	if code := p.wait(time.Minute); code != 0 {
+	if code := p.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("exit code %d", code)
 	}
 }
@@ -237,7 +237,7 @@ func TestHardeningSock_PartialLines(t *testing.T) {
 	}
 	p.waitCount("checkpoint committed", len(p.entries("checkpoint committed"))+1, time.Minute)
 	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != 0 {
+	if code := p.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("exit code %d", code)
 	}
 }
