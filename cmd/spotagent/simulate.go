@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,7 +19,7 @@ import (
 // (--trace) or synthetic ones, or prints the table of docs/frequency.md (--grid).
 func cmdSimulate(args []string) int {
 	fs := newFlagSet("simulate")
-	trace := fs.String("trace", "", "interruption trace CSV: time,kind,lead_seconds (time: seconds from start or RFC 3339; kind: announced|unannounced|rebalance); empty = synthetic")
+	trace := fs.String("trace", "", "interruption trace: a run journal (journal.json) or CSV time,kind,lead_seconds (time: seconds from start or RFC 3339; kind: announced|unannounced|rebalance); empty = synthetic")
 	rate := fs.Float64("rate", 0.05, "synthetic: interruptions per hour")
 	duration := fs.Duration("duration", 30*24*time.Hour, "length of one run (with --trace and unset: the last event + 1h)")
 	notice := fs.Float64("notice-success", 0.9, "synthetic: fraction of interruptions whose notice checkpoint commits")
@@ -64,13 +66,17 @@ func cmdSimulate(args []string) int {
 		Min: *minIv, Max: *maxIv, PriorRate: *prior}
 	var traces [][]checkpoint.SimEvent
 	if *trace != "" {
-		evs, err := readTraceFile(*trace)
+		evs, wall, err := readTraceFile(*trace)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
 			return 1
 		}
-		if len(evs) > 0 && !flagSet(fs, "duration") {
-			p.Duration = evs[len(evs)-1].At + time.Hour
+		if !flagSet(fs, "duration") {
+			if wall > 0 {
+				p.Duration = wall
+			} else if len(evs) > 0 {
+				p.Duration = evs[len(evs)-1].At + time.Hour
+			}
 		}
 		traces = [][]checkpoint.SimEvent{evs}
 	} else {
@@ -89,13 +95,22 @@ func cmdSimulate(args []string) int {
 	return 0
 }
 
-func readTraceFile(path string) ([]checkpoint.SimEvent, error) {
-	f, err := os.Open(path)
+// readTraceFile reads a CSV trace, or a run journal (journal.json, JSON);
+// for a journal it also returns the run's wall time.
+func readTraceFile(path string) ([]checkpoint.SimEvent, time.Duration, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("open trace: %w", err)
+		return nil, 0, fmt.Errorf("open trace: %w", err)
 	}
-	defer f.Close()
-	return checkpoint.ReadTrace(f)
+	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
+		var j checkpoint.Journal
+		if err := json.Unmarshal(t, &j); err != nil {
+			return nil, 0, fmt.Errorf("read journal %s: %w", path, err)
+		}
+		return checkpoint.TraceFromJournal(&j)
+	}
+	evs, err := checkpoint.ReadTrace(bytes.NewReader(b))
+	return evs, 0, err
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {

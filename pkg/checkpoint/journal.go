@@ -34,6 +34,9 @@ type Session struct {
 	End      *time.Time        `json:"end,omitempty"`
 	Instance metadata.Identity `json:"instance"`
 	ExitCode *int              `json:"exit_code,omitempty"`
+	// BlockedSeconds is the time the trainer spent blocked in checkpoints
+	// (request → done) in this session; nil in journals of older agents.
+	BlockedSeconds *float64 `json:"blocked_seconds,omitempty"`
 }
 
 // Interruption records one notice that ended (or would have ended) a session.

@@ -28,10 +28,6 @@ const (
 	// priorWeight is how much run time the rate prior is worth: a gamma
 	// prior with shape rate·priorWeight and inverse scale priorWeight.
 	priorWeight = 24 * time.Hour
-	// noticeA, noticeB are the Beta prior of p, the fraction of
-	// interruptions whose notice-driven checkpoint committed: Jeffreys'
-	// Beta(½,½), mean ½ (see docs/frequency.md for why not p = 0).
-	noticeA, noticeB = 0.5, 0.5
 	// costAlpha and uploadAlpha weight a new sample in the EWMAs.
 	costAlpha, uploadAlpha = 0.3, 0.3
 	// uploadPoll is how far ahead Next looks while an upload is running;
@@ -72,11 +68,15 @@ type History struct {
 // simulated time. All methods are safe for concurrent use.
 //
 // The interval is Daly's estimate (DalyInterval) for the blocking cost δ and
-// M, the mean time to an unannounced loss, M = 1/(λ·(1−p)), where λ is the
-// gamma-posterior interruption rate (prior InterruptionRate worth one day of
-// run time, plus the journal's interruptions and run time, plus the time this
-// scheduler has run without one) times any live hazard factor, and p the
-// Beta-posterior fraction of interruptions whose notice checkpoint committed.
+// M, the mean time to an unannounced loss, M = 1/u_eff. u_eff is the rate of
+// unannounced losses λ·(1−p) averaged over the posteriors of λ (gamma: prior
+// InterruptionRate worth one day of run time, plus the journal's
+// interruptions and run time, plus the time this scheduler has run without
+// one; times any live hazard factor) and of p, the fraction of
+// interruptions whose notice checkpoint committed (a Beta mixture), weighted
+// to minimise the expected waste relative to the best achievable (regret.go).
+// An interruption whose notice checkpoint committed raises p; one that lost
+// work lowers it, and both raise λ.
 // The result is clamped to [Min, Max] and raised to at least the expected
 // upload time, so that uploads never pile up.
 type Scheduler struct {
@@ -95,6 +95,9 @@ type Scheduler struct {
 	hazardEnd  time.Time     // when it ends; zero = decays from hazardAt
 	maintAt    time.Time     // scheduled maintenance start; zero = none
 	logged     time.Duration // last interval logged
+	regretKey  regretKey     // inputs of regretRate
+	regretRate float64       // cached u_eff per hour
+	regretOK   bool
 }
 
 // NewScheduler returns a Scheduler with cfg's zero values defaulted.
@@ -321,7 +324,7 @@ func (s *Scheduler) rateLocked() (float64, time.Duration) {
 // noticeLocked returns the posterior fraction of interruptions whose
 // notice checkpoint committed.
 func (s *Scheduler) noticeLocked() float64 {
-	return (noticeA + float64(s.hist.NoticeCommitted)) / (noticeA + noticeB + float64(s.hist.Interruptions))
+	return noticeMean(s.hist.NoticeCommitted, s.hist.Interruptions-s.hist.NoticeCommitted)
 }
 
 // hazardLocked returns the live factor on the rate.
@@ -346,7 +349,7 @@ func (s *Scheduler) intervalLocked() time.Duration {
 	base, exposure := s.rateLocked()
 	factor := s.hazardLocked()
 	p := s.noticeLocked()
-	rate := base * factor * (1 - p)
+	rate := s.lossRateLocked(exposure, factor)
 	m := maxMTTL
 	if rate > 0 && 1/rate < maxMTTL.Hours() {
 		m = time.Duration(float64(time.Hour) / rate)
@@ -371,6 +374,25 @@ func (s *Scheduler) intervalLocked() time.Duration {
 			zap.Duration("max", s.cfg.Max))
 	}
 	return iv
+}
+
+// lossRateLocked returns u_eff, the effective rate of unannounced losses per
+// hour that sets the interval (regret.go), cached while its inputs stay.
+func (s *Scheduler) lossRateLocked(exposure time.Duration, factor float64) float64 {
+	w := priorWeight.Hours()
+	k := regretKey{
+		// Whole hours of exposure, so that lives and runs share cache entries.
+		a: s.cfg.InterruptionRate*w + float64(s.hist.Interruptions), b: w + exposure.Truncate(time.Hour).Hours(),
+		committed: s.hist.NoticeCommitted, lost: s.hist.Interruptions - s.hist.NoticeCommitted,
+		factor: factor, delta: s.costLocked(), min: s.cfg.Min, maxI: s.cfg.Max,
+	}
+	if k.delta <= 0 {
+		return k.a / k.b * factor * (1 - s.noticeLocked())
+	}
+	if k != s.regretKey || !s.regretOK {
+		s.regretKey, s.regretRate, s.regretOK = k, effectiveLossRate(k), true
+	}
+	return s.regretRate
 }
 
 func ewma(old, sample time.Duration, alpha float64) time.Duration {

@@ -609,3 +609,37 @@ func fmtDur(d time.Duration) string {
 	}
 	return s
 }
+
+// TraceFromJournal turns a run journal (journal.json) into a trace: each
+// interruption at its detection, relative to the first session's start,
+// announced with its notice lead (deadline − detection) when it had a
+// deadline, else unannounced. It also returns the run's wall time (first
+// start to last end, or to the last interruption).
+func TraceFromJournal(j *Journal) ([]SimEvent, time.Duration, error) {
+	if j == nil || len(j.Sessions) == 0 {
+		return nil, 0, errors.New("journal has no sessions")
+	}
+	start, end := j.Sessions[0].Start, j.Sessions[0].Start
+	for _, s := range j.Sessions {
+		if s.Start.Before(start) {
+			start = s.Start
+		}
+		if s.End != nil && s.End.After(end) {
+			end = *s.End
+		}
+	}
+	var evs []SimEvent
+	for _, in := range j.Interruptions {
+		e := SimEvent{At: max(in.Detected.Sub(start), 0), Kind: SimUnannounced}
+		if in.Deadline != nil && in.Deadline.After(in.Detected) {
+			e.Kind, e.Lead = SimAnnounced, in.Deadline.Sub(in.Detected)
+			e.At = in.Deadline.Sub(start)
+		}
+		evs = append(evs, e)
+		if t := start.Add(e.At); t.After(end) {
+			end = t
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmp.Compare(a.At, b.At) })
+	return evs, end.Sub(start), nil
+}

@@ -215,3 +215,22 @@ func TestSummarize(t *testing.T) {
 		t.Fatalf("summary %+v", s)
 	}
 }
+
+func TestRunGrid_NoticesNearlyAlwaysCommit(t *testing.T) {
+	// The cell that missed issue 6's target by most (1.33 × best fixed with
+	// plug-in posterior means): 0.8 %/h, every notice commits, δ = 5 s. The
+	// relative-regret interval must stay within 1.1 × best fixed, and not
+	// give it back in the cell that pulls the other way (no notice commits).
+	if testing.Short() {
+		t.Skip("simulates 2 × 60 runs of 30 days")
+	}
+	g := DefaultGrid()
+	g.Rates, g.Deltas, g.Notices = []float64{0.008}, []time.Duration{5 * time.Second}, []float64{1, 0}
+	g.Fixed, g.Runs = []time.Duration{time.Hour}, 60
+	for _, c := range RunGrid(g) {
+		if r := c.Ratio(); r > 1.1 {
+			t.Errorf("notice %.0f %%: adaptive %.3f, best fixed %.3f @ %v: ratio %.3f > 1.1",
+				100*c.Notice, c.Adaptive.Waste(), c.Best.Waste(), c.BestInterval, r)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -35,6 +36,8 @@ type Metrics struct {
 	restoreSeconds  prometheus.Gauge
 	restoreBytes    prometheus.Gauge
 	readyGauge      prometheus.Gauge
+	goodputRatio    prometheus.Gauge
+	goodputSeconds  *prometheus.GaugeVec
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -96,6 +99,14 @@ func New() *Metrics {
 			Name: "spotagent_restore_bytes",
 			Help: "Bytes restored at start.",
 		}),
+		goodputRatio: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_goodput_ratio",
+			Help: "Productive training time over the run's wall time, from the run journal (docs/goodput.md).",
+		}),
+		goodputSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotagent_goodput_seconds",
+			Help: "The run's wall time by bucket: productive, blocked, lost, restore, between.",
+		}, []string{"bucket"}),
 		readyGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spotagent_ready",
 			Help: "1 while the agent serves trainers (after restore, before shutdown).",
@@ -104,12 +115,15 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		m.notices, m.noticeToRequest, m.phase, m.uploadedBytes, m.throughput,
 		m.lastStep, m.lastCommitted, m.interval, m.commitFailures, m.errors,
-		m.restoreSeconds, m.restoreBytes, m.readyGauge,
+		m.restoreSeconds, m.restoreBytes, m.readyGauge, m.goodputRatio, m.goodputSeconds,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	for _, p := range Phases {
 		m.phase.WithLabelValues(p)
+	}
+	for _, b := range checkpoint.Buckets {
+		m.goodputSeconds.WithLabelValues(b)
 	}
 	return m
 }
@@ -155,6 +169,17 @@ func (m *Metrics) Error(component string) { m.errors.WithLabelValues(component).
 func (m *Metrics) Restored(bytes int64, d time.Duration) {
 	m.restoreBytes.Set(float64(bytes))
 	m.restoreSeconds.Set(d.Seconds())
+}
+
+// Goodput exports the run's goodput accounting (checkpoint.Account).
+func (m *Metrics) Goodput(g *checkpoint.Goodput) {
+	if g == nil {
+		return
+	}
+	m.goodputRatio.Set(g.Ratio)
+	for _, b := range checkpoint.Buckets {
+		m.goodputSeconds.WithLabelValues(b).Set(g.Seconds[b])
+	}
 }
 
 // Ready sets what /readyz answers and the spotagent_ready gauge.

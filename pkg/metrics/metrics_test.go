@@ -14,6 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // scrape fetches /metrics over HTTP and parses the text format.
@@ -264,4 +266,21 @@ func TestServe(t *testing.T) {
 			t.Fatal("server still answers after its context ended")
 		}
 	})
+}
+
+func TestMetrics_Goodput(t *testing.T) {
+	m := New()
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	if got, ok := value(scrape(t, srv.URL), "spotagent_goodput_seconds", "bucket", "lost"); !ok || got != 0 {
+		t.Fatalf("lost before any accounting=%v (present %v), want 0", got, ok)
+	}
+	m.Goodput(&checkpoint.Goodput{Ratio: 0.9, Seconds: map[string]float64{"productive": 900, "lost": 100}})
+	fams := scrape(t, srv.URL)
+	if got, _ := value(fams, "spotagent_goodput_ratio"); got != 0.9 {
+		t.Errorf("ratio=%v, want 0.9", got)
+	}
+	if got, _ := value(fams, "spotagent_goodput_seconds", "bucket", "lost"); got != 100 {
+		t.Errorf("lost=%v, want 100", got)
+	}
 }

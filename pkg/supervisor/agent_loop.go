@@ -52,6 +52,7 @@ type Agent struct {
 	results    chan commitResult
 	lastCommit committedCheckpoint
 	lastBlock  time.Time // when the trainer last finished saving (or started)
+	blocked    float64   // seconds blocked in checkpoints this session (goodput)
 	lastStep   int64
 	interval   time.Duration
 
@@ -459,11 +460,12 @@ func (a *Agent) finish() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
-	code := a.exitCode
+	code, blocked := a.exitCode, a.blocked
 	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
 		if n := len(j.Sessions); n > 0 {
 			j.Sessions[n-1].End = &end
 			j.Sessions[n-1].ExitCode = &code
+			j.Sessions[n-1].BlockedSeconds = &blocked
 		}
 		j.Stats.RunSeconds = a.runSeconds()
 	})

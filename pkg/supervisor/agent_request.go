@@ -126,6 +126,7 @@ func (a *Agent) settle(r *request) {
 	a.cfg.Scheduler.ObserveCost(saved)
 	a.cfg.Metrics.Phase("save", saved)
 	a.lastBlock = now
+	a.blocked += saved.Seconds()
 	if r.stop != nil {
 		r.stop.record.Done = &now
 		r.stop.record.Step = r.step
@@ -293,8 +294,11 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
 	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds()
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
 	a.journalAsync(func(j *checkpoint.Journal) {
+		if n := len(j.Sessions); n > 0 {
+			j.Sessions[n-1].BlockedSeconds = &blocked
+		}
 		j.Stats.Checkpoints++
 		j.Stats.CostSeconds, j.Stats.BytesPerSec, j.Stats.LastBytes = cost, bps, res.Bytes
 		j.Stats.RunSeconds = ran

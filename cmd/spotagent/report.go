@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+func init() {
+	commands["report"] = command{cmdReport, "goodput of a run: where its wall time (and money) went"}
+}
+
+func cmdReport(args []string) int {
+	var format string
+	var price, onDemand float64
+	more := func(fs *flag.FlagSet) {
+		fs.StringVar(&format, "format", "table", "table or json")
+		fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
+		fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
+	}
+	return storeCommand("report", args, more, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
+		if format != "table" && format != "json" {
+			return fmt.Errorf("--format %q: want table or json", format)
+		}
+		j, err := checkpoint.ReadJournal(ctx, st, "")
+		if err != nil {
+			return err
+		}
+		g, err := checkpoint.Account(j, time.Now())
+		if err != nil {
+			return fmt.Errorf("no run journal in %s: %w", st.URI(""), err)
+		}
+		return writeReport(os.Stdout, g, price, onDemand, format)
+	})
+}
+
+type reportJSON struct {
+	*checkpoint.Goodput
+	Money *checkpoint.Money `json:"money,omitempty"`
+}
+
+func writeReport(w io.Writer, g *checkpoint.Goodput, price, onDemand float64, format string) error {
+	var m *checkpoint.Money
+	if price > 0 {
+		c := g.Cost(price, onDemand)
+		m = &c
+	}
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(reportJSON{g, m})
+	}
+	secs := func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() }
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "SESSION\tSTART\tINSTANCE\tWALL")
+	for _, b := range checkpoint.Buckets {
+		fmt.Fprintf(tw, "\t%s", upper(b))
+	}
+	fmt.Fprintln(tw, "\tGOODPUT\tENDED BY\t")
+	for _, s := range g.Sessions {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s", s.Index, s.Start.Local().Format(time.DateTime), orDash(s.Instance), secs(s.Wall))
+		for _, b := range checkpoint.Buckets {
+			fmt.Fprintf(tw, "\t%s", secs(s.Seconds[b]))
+		}
+		ended := "-"
+		if s.Interrupted {
+			ended = "interruption (lost work)"
+			if s.NoticeOK {
+				ended = "interruption (notice checkpoint committed)"
+			}
+		}
+		fmt.Fprintf(tw, "\t%.1f %%\t%s\t\n", 100*s.Ratio(), ended)
+	}
+	fmt.Fprintf(tw, "run\t%s\t\t%s", g.Start.Local().Format(time.DateTime), secs(g.Wall))
+	for _, b := range checkpoint.Buckets {
+		fmt.Fprintf(tw, "\t%s", secs(g.Seconds[b]))
+	}
+	fmt.Fprintf(tw, "\t%.1f %%\t\t\n", 100*g.Ratio)
+	tw.Flush()
+	fmt.Fprintln(w)
+	switch g.Interruptions {
+	case 0:
+		fmt.Fprintf(w, "goodput %.1f %% over %s in %d session(s); no interruptions\n", 100*g.Ratio, secs(g.Wall), len(g.Sessions))
+	default:
+		fmt.Fprintf(w, "goodput %.1f %% over %s in %d session(s); %d interruption(s), %d with the notice checkpoint committed; interruptions cost %s (lost %s, restore %s, between machines %s)\n",
+			100*g.Ratio, secs(g.Wall), len(g.Sessions), g.Interruptions, g.NoticeCommits,
+			secs(g.Seconds[checkpoint.BucketLost]+g.Seconds[checkpoint.BucketRestore]+g.Seconds[checkpoint.BucketBetween]),
+			secs(g.Seconds[checkpoint.BucketLost]), secs(g.Seconds[checkpoint.BucketRestore]), secs(g.Seconds[checkpoint.BucketBetween]))
+	}
+	if m != nil {
+		fmt.Fprintf(w, "spend %.2f at %.4g/h, of which %.2f wasted by interruptions", m.Spend, m.PricePerHour, m.Wasted)
+		if m.OnDemand > 0 {
+			fmt.Fprintf(w, "; on demand %.2f, saving %.2f (%.0f %%)", m.OnDemand, m.Saving, 100*m.Saving/m.OnDemand)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, s := range g.Missing {
+		fmt.Fprintln(w, "incomplete journal:", s)
+	}
+	return nil
+}
+
+func upper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'a' <= c && c <= 'z' {
+			b[i] = c - 32
+		}
+	}
+	return string(b)
+}
