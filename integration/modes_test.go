@@ -104,6 +104,11 @@ func TestSidecar(t *testing.T) {
 	if got := scrape(t, maddr, "spotagent_last_committed_step"); int(got) != step {
 		t.Fatalf("spotagent_last_committed_step=%v, want %d", got, step)
 	}
+	// The journal is written after the commit: the goodput gauge follows it.
+	waitFor(t, "spotagent_goodput_ratio in (0, 1]", 30*time.Second, func() bool {
+		g := scrape(t, maddr, "spotagent_goodput_ratio")
+		return g > 0 && g <= 1
+	})
 	if got := scrape(t, maddr, `spotagent_notices_total{cloud="aws",kind="termination"}`); got != 1 {
 		t.Fatalf("notices_total=%v, want 1", got)
 	}

@@ -486,7 +486,15 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 		defer a.journals.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := a.journal.Update(ctx, fn); err != nil && !errors.Is(err, context.Canceled) {
+		var g *checkpoint.Goodput
+		err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
+			fn(j)
+			g, _ = checkpoint.Account(j, time.Now()) // the journal as written
+		})
+		switch {
+		case err == nil && g != nil:
+			a.cfg.Metrics.Goodput(g)
+		case err != nil && !errors.Is(err, context.Canceled):
 			a.log.Warn("could not write the run journal", zap.Error(err))
 			a.cfg.Metrics.Error("journal")
 		}

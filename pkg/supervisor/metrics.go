@@ -1,6 +1,10 @@
 package supervisor
 
-import "time"
+import (
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
 
 // Metrics receives the agent's measurements; pkg/metrics exports them to
 // Prometheus. Implementations must be safe for concurrent use and cheap.
@@ -15,6 +19,8 @@ type Metrics interface {
 	Error(component string)
 	Restored(bytes int64, d time.Duration)
 	Ready(ok bool)
+	// Goodput is the run's accounting after each journal write.
+	Goodput(g *checkpoint.Goodput)
 }
 
 type nopMetrics struct{}
@@ -29,3 +35,4 @@ func (nopMetrics) Interval(time.Duration)        {}
 func (nopMetrics) Error(string)                  {}
 func (nopMetrics) Restored(int64, time.Duration) {}
 func (nopMetrics) Ready(bool)                    {}
+func (nopMetrics) Goodput(*checkpoint.Goodput)   {}
