@@ -15,11 +15,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-func init() {
-	commands["list"] = command{cmdList, "list the checkpoints in a store"}
-	commands["restore"] = command{cmdRestore, "download and verify a checkpoint"}
-}
-
 func cmdList(args []string) int {
 	return storeCommand("list", args, nil, listCheckpoints)
 }

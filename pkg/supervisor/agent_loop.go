@@ -82,7 +82,9 @@ const ExitInterrupted = 75
 // without a child, until a shutdown completes). It returns the exit code the
 // agent should exit with: the child's, or ExitInterrupted after an
 // interruption or shutdown (see exitCodeFor). An error means the agent could
-// not start (store or socket unusable) and nothing was launched.
+// not start (store or socket unusable, or the trainer command could not be
+// run) and nothing was launched; the code is then 1, or 127 for a command
+// not found and 126 for one not executable, as shells do.
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
 	a, err := newAgent(ctx, cfg)
 	if err != nil {
@@ -122,7 +124,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 		if err := a.startChild(); err != nil {
-			return 1, err
+			return ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
 	cfg.Metrics.Ready(true)
