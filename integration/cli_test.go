@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
 // runCLI runs spotagent to completion and returns its exit code, stdout
@@ -116,5 +120,72 @@ func TestCLI_TrainerNotRunnable(t *testing.T) {
 				t.Fatalf("stderr does not match %q:\n%s", tc.msg, errOut)
 			}
 		})
+	}
+}
+
+// TestCLI_Restore: `spotagent restore --dest DIR` puts the checkpoint's
+// files directly in DIR and prints which checkpoint it was; it refuses a
+// non-empty DIR (exit 1, DIR untouched) unless --force, which replaces
+// DIR's contents with exactly the checkpoint's.
+func TestCLI_Restore(t *testing.T) {
+	dir := shortTemp(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpt := filepath.Join(dir, "ckpt")
+	if err := os.MkdirAll(filepath.Join(ckpt, "opt"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"model.pt": "weights", "opt/state": "moments"} {
+		if err := os.WriteFile(filepath.Join(ckpt, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &checkpoint.Committer{Store: st, RunID: "cli"}
+	if _, err := c.Commit(context.Background(), checkpoint.Request{Dir: ckpt, ID: "c42", Step: 42, Reason: "manual"}); err != nil {
+		t.Fatal(err)
+	}
+	store := "file://" + filepath.Join(dir, "store")
+	dest := filepath.Join(dir, "dest")
+
+	code, out, errOut := runCLI(t, nil, "restore", "--store", store, "--dest", dest)
+	if code != 0 {
+		t.Fatalf("restore: exit code %d\n%s", code, errOut)
+	}
+	if !strings.Contains(out, "restored step 42 (checkpoint c42,") || !strings.Contains(out, "into "+dest) {
+		t.Fatalf("restore printed %q, want the step, the checkpoint id and the directory", out)
+	}
+	sameFile(t, filepath.Join(ckpt, "model.pt"), filepath.Join(dest, "model.pt"))
+	sameFile(t, filepath.Join(ckpt, "opt", "state"), filepath.Join(dest, "opt", "state"))
+
+	if err := os.WriteFile(filepath.Join(dest, "stale"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runCLI(t, nil, "restore", "--store", store, "--dest", dest)
+	if code != 1 || !strings.Contains(errOut, "not empty: --force replaces its contents") {
+		t.Fatalf("restore into a non-empty dir: exit code %d, stderr %q; want 1 and the reason", code, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dest, "stale")); err != nil {
+		t.Fatalf("a refused restore touched the directory: %v", err)
+	}
+
+	code, _, errOut = runCLI(t, nil, "restore", "--store", store, "--dest", dest, "--force", "--id", "c42")
+	if code != 0 {
+		t.Fatalf("restore --force: exit code %d\n%s", code, errOut)
+	}
+	ents, err := os.ReadDir(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if got, want := strings.Join(names, " "), "model.pt opt"; got != want {
+		t.Fatalf("after --force dest holds %q, want %q", got, want)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 3 {
+		t.Fatalf("restore left something beside dest: %v", ents)
 	}
 }
