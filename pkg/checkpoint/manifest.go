@@ -9,9 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"strings"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -121,19 +121,11 @@ func (m *Manifest) Validate() error {
 // ErrUnsafePath reports a path that could leave its directory.
 var ErrUnsafePath = errors.New("unsafe path")
 
-// SafeRel accepts a clean, relative, "/"-separated path without "..",
-// "." or empty elements.
+// SafeRel accepts a relative path of a checkpoint's file: the same rule as
+// a store key (cloud.ValidKey), reported as ErrUnsafePath.
 func SafeRel(p string) error {
-	if p == "" || strings.HasPrefix(p, "/") || strings.Contains(p, "\\") || strings.ContainsRune(p, 0) {
+	if cloud.ValidKey(p) != nil {
 		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-	}
-	if path.Clean(p) != p {
-		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-	}
-	for _, e := range strings.Split(p, "/") {
-		if e == "" || e == "." || e == ".." {
-			return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-		}
 	}
 	return nil
 }
