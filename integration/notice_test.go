@@ -112,7 +112,7 @@ func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string
 	if got, want := string(in.Cloud), cl; got != want {
 		t.Fatalf("interruption cloud=%s, want %s", got, want)
 	}
-	if got, want := in.Kind, metadata.KindTermination; got != want {
+	if got, want := in.Kind, string(metadata.KindTermination); got != want {
 		t.Fatalf("interruption kind=%s, want %s", got, want)
 	}
 	if in.Detected.Before(exposed) {

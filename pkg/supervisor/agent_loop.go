@@ -164,7 +164,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
-	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Gate: cfg.UploadGate, Log: cfg.Log}
+	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	if err := a.openDirs(); err != nil {
 		return nil, err
 	}
@@ -191,7 +191,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: cfg.Identity})
+		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: machineOf(cfg.Identity)})
 	})
 	return a, nil
 }
