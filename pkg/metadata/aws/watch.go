@@ -89,7 +89,7 @@ func (w *watcher) poll(ctx context.Context) error {
 }
 
 func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice, error) {
-	ia, err := ParseInstanceAction(body)
+	ia, err := parseInstanceAction(body)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func (w *watcher) badTime(path, raw string, lead time.Duration) {
 }
 
 func (w *watcher) rebalance(body []byte, now time.Time) ([]metadata.Notice, error) {
-	if _, err := ParseRebalance(body); err != nil {
+	if _, err := parseRebalance(body); err != nil {
 		return nil, err
 	}
 	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance,
@@ -139,7 +139,7 @@ func (w *watcher) lifecycle(body []byte, now time.Time) ([]metadata.Notice, erro
 // scheduled turns active events into maintenance notices and the
 // completion or cancellation of an announced one into a cancelled notice.
 func (w *watcher) scheduled(body []byte, now time.Time) ([]metadata.Notice, error) {
-	evs, err := ParseScheduledEvents(body)
+	evs, err := parseScheduledEvents(body)
 	if err != nil {
 		return nil, err
 	}

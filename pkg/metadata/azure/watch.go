@@ -28,9 +28,9 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		var doc Document
+		var doc document
 		if err == nil {
-			doc, err = ParseDocument(body)
+			doc, err = parseDocument(body)
 		}
 		wait := s.cfg.PollInterval
 		if err != nil {
@@ -77,7 +77,7 @@ type watcher struct {
 }
 
 // update delivers the notices of a new document incarnation.
-func (w *watcher) update(ctx context.Context, doc Document, raw string, now time.Time) {
+func (w *watcher) update(ctx context.Context, doc document, raw string, now time.Time) {
 	if doc.Incarnation == w.incarnation {
 		return
 	}
@@ -113,7 +113,7 @@ func (w *watcher) update(ctx context.Context, doc Document, raw string, now time
 	w.incarnation = doc.Incarnation
 }
 
-func (w *watcher) notice(ev Event, raw string, now time.Time) metadata.Notice {
+func (w *watcher) notice(ev event, raw string, now time.Time) metadata.Notice {
 	n := metadata.Notice{Cloud: metadata.CloudAzure, Kind: metadata.KindMaintenance, ID: ev.ID,
 		Deadline: ev.NotBefore, Detected: now, Action: ev.Type, Raw: raw}
 	if ev.BadTime != "" && !w.dedup.Seen(metadata.KindTermination, ev.ID) && !w.dedup.Seen(metadata.KindMaintenance, ev.ID) {
