@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/faultproxy"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // crashTrials is the number of kills per run: 100 in `make test`, 5000

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 

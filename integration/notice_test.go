@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
@@ -112,7 +112,7 @@ func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string
 	if got, want := string(in.Cloud), cl; got != want {
 		t.Fatalf("interruption cloud=%s, want %s", got, want)
 	}
-	if got, want := in.Kind, metadata.KindTermination; got != want {
+	if got, want := in.Kind, string(metadata.KindTermination); got != want {
 		t.Fatalf("interruption kind=%s, want %s", got, want)
 	}
 	if in.Detected.Before(exposed) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 )
 
 // agentArgs are the flags every run in these tests shares.

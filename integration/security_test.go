@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 )
 
 // Security (issue 8): nothing secret in the logs, and the socket as the

@@ -14,12 +14,12 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/faultproxy"
-	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // faultStores is a store reached through a fault proxy and the same store

@@ -8,6 +8,9 @@
 #     the trainer to stop; both exit 75 ("run me again"). The "machine" is gone.
 #  4. A new run on the same store restores the checkpoint and finishes.
 #  5. `spotagent history` shows what happened.
+#  6. The same trainer runs once more without any interruption (no sleeps:
+#     a second or two); the resumed run's final parameters must be
+#     identical to its, bit for bit, or the demo fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/spotagent}
@@ -31,10 +34,10 @@ port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 agent_flags=(--store "$store" --run-id demo --checkpoint-dir "$work/ckpt" --socket "$work/agent.sock"
   --cloud aws --interval 10s --log-format console)
 
-say "1/4  a fake EC2 metadata service that will announce a spot interruption in 20s"
+say "1/5  a fake EC2 metadata service that will announce a spot interruption in 20s"
 p1=$(port)
 "$BIN" fake-metadata --cloud aws --addr "127.0.0.1:$p1" --notice-after 20s --log-level warn >/dev/null &
-say "2/4  the $kind example trainer under spotagent run (periodic checkpoints every 10s)"
+say "2/5  the $kind example trainer under spotagent run (periodic checkpoints every 10s)"
 code=0
 "$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p1" -- "${trainer[@]}" --out "$work/final.json" || code=$?
 # 75 (EX_TEMPFAIL) is the documented "interrupted, checkpoint committed, run me again".
@@ -49,12 +52,26 @@ wait 2>/dev/null || true
 say "the machine is gone. What the store holds:"
 "$BIN" list --store "$store"
 
-say "3/4  a new machine (no notice this time): restore and finish"
+say "3/5  a new machine (no notice this time): restore and finish"
 p2=$(port)
 "$BIN" fake-metadata --cloud aws --addr "127.0.0.1:$p2" --log-level warn >/dev/null &
 "$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p2" -- "${trainer[@]}" --out "$work/final.json"
 
-say "4/4  the run journal (spotagent history)"
+say "4/5  the run journal (spotagent history)"
 "$BIN" history --store "$store"
-echo
-echo "final parameters: $(grep -o '"sha256": *"[0-9a-f]*"' "$work/final.json" | head -1)"
+
+say "5/5  the promise: the resumed run ends where an uninterrupted one does"
+# The same trainer, same data and seed, bare (no agent, no interruption) and
+# without the per-step sleep, which only paces the demo.
+(unset SPOTAGENT_SOCKET SPOTAGENT_RESUME_DIR SPOTAGENT_RESUME_STEP SPOTAGENT_RESUME_MANIFEST
+ "${trainer[@]}" --step-time 0 --out "$work/uninterrupted.json" >/dev/null)
+digest() { "$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' "$1"; }
+resumed=$(digest "$work/final.json")
+reference=$(digest "$work/uninterrupted.json")
+echo "resumed run:       sha256 $resumed"
+echo "uninterrupted run: sha256 $reference"
+if [ "$resumed" != "$reference" ]; then
+  echo "demo: FAILED: the resumed run's final parameters differ from an uninterrupted run's" >&2
+  exit 1
+fi
+echo "identical: the interruption cost no training state"

@@ -22,7 +22,7 @@ func cmdFakeMetadata(args []string) int {
 	faultName := fs.String("fault", "none", "misbehave from the start: none, 5xx, hang, garbage, html, 401, refused, status")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	log, err := newLogger("console", *level)
 	if err != nil {

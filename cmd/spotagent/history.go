@@ -13,10 +13,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-func init() {
-	commands["history"] = command{cmdHistory, "print the run journal: interruptions, restores, lost work"}
-}
-
 func cmdHistory(args []string) int {
 	return storeCommand("history", args, nil, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
 		j, err := checkpoint.ReadJournal(ctx, st, "")

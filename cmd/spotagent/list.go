@@ -15,11 +15,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-func init() {
-	commands["list"] = command{cmdList, "list the checkpoints in a store"}
-	commands["restore"] = command{cmdRestore, "download and verify a checkpoint"}
-}
-
 func cmdList(args []string) int {
 	return storeCommand("list", args, nil, listCheckpoints)
 }
@@ -53,19 +48,24 @@ func listCheckpoints(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
 
 func cmdRestore(args []string) int {
 	var dest, id string
+	var force bool
 	flags := func(fs *flag.FlagSet) {
-		fs.StringVar(&dest, "dest", "", "directory to restore into (required)")
-		fs.StringVar(&id, "id", "", "checkpoint id (default: the newest complete checkpoint)")
+		fs.StringVar(&dest, "dest", "", "directory to put the checkpoint's files in, missing or empty (required)")
+		fs.StringVar(&id, "id", "", "checkpoint id, as spotagent list prints it (default: the newest complete checkpoint)")
+		fs.BoolVar(&force, "force", false, "replace what --dest holds: the checkpoint is verified beside it first, then swapped in")
 	}
 	return storeCommand("restore", args, flags, func(ctx context.Context, st cloud.Store, log *zap.Logger) error {
 		if dest == "" {
 			return errors.New("--dest is required")
 		}
-		r, err := checkpoint.Restore(ctx, st, dest, checkpoint.RestoreOptions{ID: id, Log: log})
+		r, err := checkpoint.RestoreDir(ctx, st, dest, force, checkpoint.RestoreOptions{ID: id, Log: log})
+		if errors.Is(err, checkpoint.ErrDestNotEmpty) {
+			return fmt.Errorf("%w: --force replaces its contents", err)
+		}
 		if err != nil {
 			return err
 		}
-		fmt.Printf("restored step %d (id %s, %d files, %s) to %s in %s\n", r.Manifest.Step, r.Manifest.ID,
+		fmt.Printf("restored step %d (checkpoint %s, %d files, %s) into %s in %s\n", r.Manifest.Step, r.Manifest.ID,
 			len(r.Manifest.Files), humanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
 		return nil
 	})

@@ -16,10 +16,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-func init() {
-	commands["report"] = command{cmdReport, "goodput of a run: where its wall time (and money) went"}
-}
-
 func cmdReport(args []string) int {
 	var format string
 	var price, onDemand float64

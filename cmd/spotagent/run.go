@@ -16,12 +16,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-func init() {
-	commands["run"] = command{cmdRun, "run a trainer: restore, checkpoint on notices and periodically, commit to the store"}
-	commands["sidecar"] = command{cmdSidecar, "serve a trainer in another container (Kubernetes sidecar): no child"}
-	commands["node"] = command{cmdNode, "serve every trainer on the machine, one run per run id (Kubernetes DaemonSet)"}
-}
-
 func cmdRun(args []string) int {
 	fs := newFlagSet("run")
 	var o agentOptions
@@ -29,11 +23,11 @@ func cmdRun(args []string) int {
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
 	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1 or SIGUSR2) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: spotagent run [flags] -- COMMAND [ARGS...]")
+		fmt.Fprintln(fs.Output(), "usage: spotagent run [flags] -- COMMAND [ARGS...]\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	command := fs.Args()
 	if len(command) == 0 {
@@ -48,7 +42,7 @@ func cmdSidecar(args []string) int {
 	var o agentOptions
 	o.register(fs, false)
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "spotagent sidecar: takes no command; the trainer runs in its own container")
@@ -63,7 +57,7 @@ func cmdNode(args []string) int {
 	o.register(fs, true)
 	fs.IntVar(&o.concurrentCommits, "concurrent-commits", 2, "checkpoints uploaded at once across the node's runs; the rest wait, interruption checkpoints first, then the earliest deadline, then the smallest")
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "spotagent node: takes no command; trainers connect to the socket")
@@ -148,7 +142,8 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 	}
 	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
-		return fail(err)
+		fail(err)
+		return code // 1, or 127/126 for a trainer command not found/not executable
 	}
 	return code
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,11 +34,7 @@ func cmdSimulate(args []string) int {
 	grid := fs.Bool("grid", false, "print the docs/frequency.md table (ignores the other trace flags except seed, runs, duration, restart, upload, clamps and interruption-rate)")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "grid: parallel simulations")
 	if err := parseFlags(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
-		return 2
+		return flagExit(err)
 	}
 	if *grid {
 		g := checkpoint.DefaultGrid()

@@ -19,10 +19,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-func init() {
-	commands["status"] = command{cmdStatus, "ask a running agent what it is doing: child, checkpoints, notices"}
-}
-
 // defaultSocket is the agent's socket path when --socket is not given.
 func defaultSocket(runID string) string {
 	return filepath.Join(socketDir(), runID+".sock")
@@ -57,7 +53,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the agent's status reply as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "spotagent status: %v\n", err)

@@ -56,7 +56,7 @@ func storeCommand(name string, args []string, more func(fs *flag.FlagSet), fn fu
 		more(fs)
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	ctx := context.Background()
 	log, err := newLogger(o.logFormat, o.logLevel)

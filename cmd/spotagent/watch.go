@@ -21,7 +21,7 @@ func cmdWatch(args []string) int {
 	so.register(fs)
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	log, err := newLogger("console", *level) // stderr: stdout is for the notices
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
 // Committer uploads checkpoint directories to a store: data objects first,
@@ -25,7 +24,7 @@ import (
 type Committer struct {
 	Store       cloud.Store
 	RunID       string
-	Source      metadata.Identity
+	Source      Machine
 	Concurrency int // files uploaded at once; default 4
 	// Gate, when set, is shared with other runs' committers (node mode):
 	// a commit waits there for a slot, the most urgent first.

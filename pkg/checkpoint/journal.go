@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
 // JournalFormat names the journal schema.
@@ -30,10 +29,10 @@ type Journal struct {
 
 // Session is one agent run on one machine.
 type Session struct {
-	Start    time.Time         `json:"start"`
-	End      *time.Time        `json:"end,omitempty"`
-	Instance metadata.Identity `json:"instance"`
-	ExitCode *int              `json:"exit_code,omitempty"`
+	Start    time.Time  `json:"start"`
+	End      *time.Time `json:"end,omitempty"`
+	Instance Machine    `json:"instance"`
+	ExitCode *int       `json:"exit_code,omitempty"`
 	// BlockedSeconds is the time the trainer spent blocked in checkpoints
 	// (request → done) in this session; nil in journals of older agents.
 	BlockedSeconds *float64 `json:"blocked_seconds,omitempty"`
@@ -41,24 +40,24 @@ type Session struct {
 
 // Interruption records one notice that ended (or would have ended) a session.
 type Interruption struct {
-	Cloud        metadata.Cloud `json:"cloud"`
-	Kind         metadata.Kind  `json:"kind"`
-	Action       string         `json:"action,omitempty"`
-	NoticeID     string         `json:"notice_id,omitempty"`
-	InstanceID   string         `json:"instance_id,omitempty"`
-	InstanceType string         `json:"instance_type,omitempty"`
-	Zone         string         `json:"zone,omitempty"`
-	Notice       time.Time      `json:"notice"`   // when the cloud raised it, as far as known
-	Detected     time.Time      `json:"detected"` // when this agent saw it
-	Deadline     *time.Time     `json:"deadline,omitempty"`
-	Requested    *time.Time     `json:"requested,omitempty"` // checkpoint message sent
-	Done         *time.Time     `json:"done,omitempty"`      // trainer finished saving
-	Committed    *time.Time     `json:"committed,omitempty"` // latest.json written
-	CheckpointID string         `json:"checkpoint_id,omitempty"`
-	Step         int64          `json:"step,omitempty"`
-	Bytes        int64          `json:"bytes,omitempty"`
-	CommitOK     bool           `json:"commit_ok"`
-	Error        string         `json:"error,omitempty"`
+	Cloud        string     `json:"cloud"` // metadata.Cloud
+	Kind         string     `json:"kind"`  // metadata.Kind
+	Action       string     `json:"action,omitempty"`
+	NoticeID     string     `json:"notice_id,omitempty"`
+	InstanceID   string     `json:"instance_id,omitempty"`
+	InstanceType string     `json:"instance_type,omitempty"`
+	Zone         string     `json:"zone,omitempty"`
+	Notice       time.Time  `json:"notice"`   // when the cloud raised it, as far as known
+	Detected     time.Time  `json:"detected"` // when this agent saw it
+	Deadline     *time.Time `json:"deadline,omitempty"`
+	Requested    *time.Time `json:"requested,omitempty"` // checkpoint message sent
+	Done         *time.Time `json:"done,omitempty"`      // trainer finished saving
+	Committed    *time.Time `json:"committed,omitempty"` // latest.json written
+	CheckpointID string     `json:"checkpoint_id,omitempty"`
+	Step         int64      `json:"step,omitempty"`
+	Bytes        int64      `json:"bytes,omitempty"`
+	CommitOK     bool       `json:"commit_ok"`
+	Error        string     `json:"error,omitempty"`
 	// LostSeconds is the training time since the newest committed
 	// checkpoint that this interruption threw away; LostSteps the same in
 	// steps, when the trainer reported progress.

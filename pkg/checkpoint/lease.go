@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
 // ErrFenced means a newer session took the run over: this one may upload
@@ -24,10 +23,10 @@ const leaseDir = "leases/"
 
 // LeaseRecord is the content of leases/<epoch>.json.
 type LeaseRecord struct {
-	Epoch    int64             `json:"epoch"`
-	Session  string            `json:"session"`
-	Instance metadata.Identity `json:"instance"`
-	Started  time.Time         `json:"started"`
+	Epoch    int64     `json:"epoch"`
+	Session  string    `json:"session"`
+	Instance Machine   `json:"instance"`
+	Started  time.Time `json:"started"`
 }
 
 // Lease is one session's claim on a run. Sessions are ordered by epoch:

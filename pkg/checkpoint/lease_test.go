@@ -9,10 +9,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // leaseStores runs fn against the file store and the in-process S3 fake:

@@ -9,10 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"strings"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // Format names the manifest schema.
@@ -29,16 +28,29 @@ const (
 // Manifest describes one committed checkpoint. It is written only after
 // every object it lists is durable, so its presence means "complete".
 type Manifest struct {
-	Format   string            `json:"format"`
-	RunID    string            `json:"run_id"`
-	ID       string            `json:"id"`
-	Step     int64             `json:"step"`
-	Reason   string            `json:"reason"`
-	Created  time.Time         `json:"created"`
-	Source   metadata.Identity `json:"source"`
-	Metadata json.RawMessage   `json:"metadata,omitempty"`
-	Files    []File            `json:"files"`
-	Epoch    int64             `json:"epoch,omitempty"` // session lease it was committed under (lease.go); 0: none
+	Format   string          `json:"format"`
+	RunID    string          `json:"run_id"`
+	ID       string          `json:"id"`
+	Step     int64           `json:"step"`
+	Reason   string          `json:"reason"`
+	Created  time.Time       `json:"created"`
+	Source   Machine         `json:"source"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	Files    []File          `json:"files"`
+	Epoch    int64           `json:"epoch,omitempty"` // session lease it was committed under (lease.go); 0: none
+}
+
+// Machine is the machine a checkpoint, session or lease came from, as the
+// manifest, journal and lease record it. The on-disk formats own this
+// schema: the agent converts metadata.Identity into it (the same JSON
+// fields), so that a change to the metadata package cannot change them.
+type Machine struct {
+	Cloud        string `json:"cloud"`
+	InstanceID   string `json:"instance_id,omitempty"`
+	InstanceType string `json:"instance_type,omitempty"`
+	Zone         string `json:"zone,omitempty"`
+	Lifecycle    string `json:"lifecycle,omitempty"` // spot, on-demand, preemptible, ...
+	Name         string `json:"name,omitempty"`      // Azure VM name, GCE instance name
 }
 
 // File is one object of a checkpoint.
@@ -121,19 +133,11 @@ func (m *Manifest) Validate() error {
 // ErrUnsafePath reports a path that could leave its directory.
 var ErrUnsafePath = errors.New("unsafe path")
 
-// SafeRel accepts a clean, relative, "/"-separated path without "..",
-// "." or empty elements.
+// SafeRel accepts a relative path of a checkpoint's file: the same rule as
+// a store key (cloud.ValidKey), reported as ErrUnsafePath.
 func SafeRel(p string) error {
-	if p == "" || strings.HasPrefix(p, "/") || strings.Contains(p, "\\") || strings.ContainsRune(p, 0) {
+	if cloud.ValidKey(p) != nil {
 		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-	}
-	if path.Clean(p) != p {
-		return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-	}
-	for _, e := range strings.Split(p, "/") {
-		if e == "" || e == "." || e == ".." {
-			return fmt.Errorf("%w: %q", ErrUnsafePath, p)
-		}
 	}
 	return nil
 }

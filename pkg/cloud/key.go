@@ -2,6 +2,7 @@ package cloud
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -13,15 +14,22 @@ type Cleaner interface {
 	Cleanup(ctx context.Context) (int, error)
 }
 
-// ValidKey reports whether key keeps the Store key rules: not empty,
-// "/"-separated, no leading "/", no empty, "." or ".." elements.
+// ErrInvalidKey reports a key (or a path in a checkpoint) that breaks the
+// key rule of ValidKey.
+var ErrInvalidKey = errors.New("invalid key")
+
+// ValidKey is the one rule for store keys and for the relative paths of a
+// checkpoint's files (checkpoint.SafeRel uses it), so that a path that
+// passes it can neither leave its directory on disk nor its prefix in a
+// store: not empty, "/"-separated, no leading "/", no empty, "." or ".."
+// element, no backslash and no NUL byte.
 func ValidKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("empty key")
+	if key == "" || strings.ContainsAny(key, "\\\x00") {
+		return fmt.Errorf("%w: %q", ErrInvalidKey, key)
 	}
 	for _, el := range strings.Split(key, "/") {
 		if el == "" || el == "." || el == ".." {
-			return fmt.Errorf("invalid key %q", key)
+			return fmt.Errorf("%w: %q", ErrInvalidKey, key)
 		}
 	}
 	return nil

@@ -36,8 +36,9 @@ type PutOptions struct {
 }
 
 // Store is a flat namespace of objects under one root (a bucket prefix or
-// a directory). Keys are relative to the root, "/"-separated, never start
-// with "/" and never contain "." or ".." elements.
+// a directory). Keys are relative to the root and keep the rule of
+// ValidKey: "/"-separated, never starting with "/", no empty, "." or ".."
+// elements, no backslash or NUL.
 //
 // The contract every implementation keeps (and pkg/cloud/cloudtest checks):
 //   - Every method takes ctx first and returns promptly once ctx is done.

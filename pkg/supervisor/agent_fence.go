@@ -58,7 +58,7 @@ func (a *Agent) takeLease(ctx context.Context) error {
 		return nil
 	}
 	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, checkpoint.LeaseRecord{
-		Session: newID(), Instance: a.cfg.Identity, Started: a.started.UTC(),
+		Session: newID(), Instance: machineOf(a.cfg.Identity), Started: a.started.UTC(),
 	})
 	if err != nil {
 		return fmt.Errorf("take lease: %w", err)

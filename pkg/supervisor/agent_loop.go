@@ -83,7 +83,9 @@ const ExitInterrupted = 75
 // without a child, until a shutdown completes). It returns the exit code the
 // agent should exit with: the child's, or ExitInterrupted after an
 // interruption or shutdown (see exitCodeFor). An error means the agent could
-// not start (store or socket unusable) and nothing was launched.
+// not start (store or socket unusable, or the trainer command could not be
+// run) and nothing was launched; the code is then 1, or 127 for a command
+// not found and 126 for one not executable, as shells do.
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
 	a, err := newAgent(ctx, cfg)
 	if err != nil {
@@ -123,7 +125,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 		if err := a.startChild(); err != nil {
-			return 1, err
+			return ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
 	cfg.Metrics.Ready(true)
@@ -163,7 +165,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
-	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: cfg.Identity, Gate: cfg.UploadGate, Log: cfg.Log}
+	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	if err := a.openDirs(); err != nil {
 		return nil, err
 	}
@@ -190,7 +192,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: cfg.Identity})
+		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: machineOf(cfg.Identity)})
 	})
 	return a, nil
 }

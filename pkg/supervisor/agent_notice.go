@@ -159,7 +159,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 	reason := stopReason(n) // agent_fence.go
 	id := a.cfg.Identity
 	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
-		Cloud: n.Cloud, Kind: n.Kind, Action: n.Action, NoticeID: n.ID,
+		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
 		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
 		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
 	}}

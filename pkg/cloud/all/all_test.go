@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 func TestParseURI(t *testing.T) {

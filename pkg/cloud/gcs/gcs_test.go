@@ -5,10 +5,10 @@ import (
 	"os"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/gcs"
-	"github.com/spotagent/spotagent/pkg/cloud/gcs/gcstest"
 )
 
 // newStore returns a store under a fresh prefix of bucket, emptied at the end.

@@ -12,8 +12,8 @@ import (
 // interruption: the deadline taken when the notice's time does not parse.
 const SpotNoticeLead = 2 * time.Minute
 
-// InstanceAction is the body of spot/instance-action.
-type InstanceAction struct {
+// instanceAction is the body of spot/instance-action.
+type instanceAction struct {
 	Action string    // terminate, stop, hibernate
 	Time   time.Time // when the action happens; zero when BadTime is set
 	// BadTime is the time as IMDS wrote it when it did not parse: the
@@ -21,33 +21,33 @@ type InstanceAction struct {
 	BadTime string
 }
 
-// ParseInstanceAction parses spot/instance-action. A known action whose time
+// parseInstanceAction parses spot/instance-action. A known action whose time
 // does not parse is returned with BadTime set, not as an error: dropping it
 // would drop the interruption.
-func ParseInstanceAction(body []byte) (InstanceAction, error) {
+func parseInstanceAction(body []byte) (instanceAction, error) {
 	var w struct {
 		Action string `json:"action"`
 		Time   string `json:"time"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
-		return InstanceAction{}, fmt.Errorf("parse instance-action: %w", err)
+		return instanceAction{}, fmt.Errorf("parse instance-action: %w", err)
 	}
 	switch w.Action {
 	case "terminate", "stop", "hibernate":
 	default:
-		return InstanceAction{}, fmt.Errorf("parse instance-action: unknown action %q", w.Action)
+		return instanceAction{}, fmt.Errorf("parse instance-action: unknown action %q", w.Action)
 	}
 	t, err := time.Parse(time.RFC3339, w.Time)
 	if err != nil {
-		return InstanceAction{Action: w.Action, BadTime: w.Time}, nil
+		return instanceAction{Action: w.Action, BadTime: w.Time}, nil
 	}
-	return InstanceAction{Action: w.Action, Time: t}, nil
+	return instanceAction{Action: w.Action, Time: t}, nil
 }
 
-// ParseRebalance parses events/recommendations/rebalance and returns its
+// parseRebalance parses events/recommendations/rebalance and returns its
 // noticeTime; zero when the time does not parse (the recommendation stands:
 // it carries no deadline).
-func ParseRebalance(body []byte) (time.Time, error) {
+func parseRebalance(body []byte) (time.Time, error) {
 	var w struct {
 		NoticeTime *string `json:"noticeTime"`
 	}
@@ -64,8 +64,8 @@ func ParseRebalance(body []byte) (time.Time, error) {
 	return t, nil
 }
 
-// ScheduledEvent is one entry of events/maintenance/scheduled.
-type ScheduledEvent struct {
+// scheduledEvent is one entry of events/maintenance/scheduled.
+type scheduledEvent struct {
 	EventID     string
 	Code        string // system-reboot, system-maintenance, instance-reboot, instance-stop, instance-retirement
 	Description string
@@ -75,11 +75,11 @@ type ScheduledEvent struct {
 	BadTime     string    // NotBefore as IMDS wrote it, when it did not parse
 }
 
-// ParseScheduledEvents parses events/maintenance/scheduled. Every event must
+// parseScheduledEvents parses events/maintenance/scheduled. Every event must
 // have an EventId and a known State; one bad event fails the whole
 // document, so that a half-read answer never yields a notice. A NotBefore
 // that does not parse does not drop the event: BadTime keeps it.
-func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
+func parseScheduledEvents(body []byte) ([]scheduledEvent, error) {
 	var ws []struct {
 		NotBefore   string `json:"NotBefore"`
 		NotAfter    string `json:"NotAfter"`
@@ -91,7 +91,7 @@ func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
 	if err := json.Unmarshal(body, &ws); err != nil {
 		return nil, fmt.Errorf("parse scheduled events: %w", err)
 	}
-	evs := make([]ScheduledEvent, 0, len(ws))
+	evs := make([]scheduledEvent, 0, len(ws))
 	for _, w := range ws {
 		if w.EventID == "" {
 			return nil, errors.New("parse scheduled events: event without EventId")
@@ -101,15 +101,15 @@ func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
 		default:
 			return nil, fmt.Errorf("parse scheduled events: %s: unknown state %q", w.EventID, w.State)
 		}
-		ev := ScheduledEvent{EventID: w.EventID, Code: w.Code, Description: w.Description, State: w.State}
-		nb, err := ParseTime(w.NotBefore)
+		ev := scheduledEvent{EventID: w.EventID, Code: w.Code, Description: w.Description, State: w.State}
+		nb, err := parseTime(w.NotBefore)
 		if err != nil {
 			ev.BadTime = w.NotBefore
 		} else {
 			ev.NotBefore = nb
 		}
 		if w.NotAfter != "" {
-			if ev.NotAfter, err = ParseTime(w.NotAfter); err != nil {
+			if ev.NotAfter, err = parseTime(w.NotAfter); err != nil {
 				ev.NotAfter = time.Time{}
 			}
 		}
@@ -118,9 +118,9 @@ func ParseScheduledEvents(body []byte) ([]ScheduledEvent, error) {
 	return evs, nil
 }
 
-// ParseTime parses the times of scheduled events, "21 Jan 2019 09:00:43 GMT"
+// parseTime parses the times of scheduled events, "21 Jan 2019 09:00:43 GMT"
 // (not RFC 3339). RFC 3339 is accepted too.
-func ParseTime(s string) (time.Time, error) {
+func parseTime(s string) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	for _, zone := range []string{" GMT", " UTC"} {
 		if rest, ok := strings.CutSuffix(s, zone); ok {

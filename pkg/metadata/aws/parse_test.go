@@ -15,7 +15,7 @@ const sampleScheduled = `[ {
 } ]`
 
 func TestParseScheduledEvents(t *testing.T) {
-	evs, err := ParseScheduledEvents([]byte(sampleScheduled))
+	evs, err := parseScheduledEvents([]byte(sampleScheduled))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,18 +32,18 @@ func TestParseScheduledEvents(t *testing.T) {
 	if e.EventID != "instance-event-0d59937288b749b32" || e.Code != "system-reboot" || e.State != "active" {
 		t.Errorf("event=%+v", e)
 	}
-	evs, err = ParseScheduledEvents([]byte(`[{"EventId":"x","State":"active","NotBefore":"2019-01-21"}]`))
+	evs, err = parseScheduledEvents([]byte(`[{"EventId":"x","State":"active","NotBefore":"2019-01-21"}]`))
 	if err != nil || len(evs) != 1 || !evs[0].NotBefore.IsZero() || evs[0].BadTime != "2019-01-21" {
 		t.Errorf("unparseable NotBefore: %+v, %v; want the event with BadTime", evs, err)
 	}
 	for _, bad := range []string{``, `{}`,
 		`[{"EventId":"x","State":"weird","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`,
 		`[{"State":"active","NotBefore":"21 Jan 2019 09:00:43 GMT"}]`, `[ {"NotBefore" : "21 Jan`} {
-		if _, err := ParseScheduledEvents([]byte(bad)); err == nil {
+		if _, err := parseScheduledEvents([]byte(bad)); err == nil {
 			t.Errorf("ParseScheduledEvents(%q): no error", bad)
 		}
 	}
-	if evs, err := ParseScheduledEvents([]byte(`[]`)); err != nil || len(evs) != 0 {
+	if evs, err := parseScheduledEvents([]byte(`[]`)); err != nil || len(evs) != 0 {
 		t.Errorf("empty list: %v, %v", evs, err)
 	}
 }
@@ -55,7 +55,7 @@ func TestParseTime(t *testing.T) {
 		"01 Feb 2024 00:00:00 UTC": time.Date(2024, 2, 1, 0, 0, 0, 0, time.UTC),
 		"2024-02-01T00:00:00Z":     time.Date(2024, 2, 1, 0, 0, 0, 0, time.UTC),
 	} {
-		got, err := ParseTime(in)
+		got, err := parseTime(in)
 		if err != nil || !got.Equal(want) {
 			t.Errorf("ParseTime(%q)=%v, %v; want %v", in, got, err, want)
 		}
@@ -63,16 +63,16 @@ func TestParseTime(t *testing.T) {
 }
 
 func TestParseInstanceAction(t *testing.T) {
-	ia, err := ParseInstanceAction([]byte(`{"action": "hibernate", "time": "2017-09-18T08:22:00Z"}`))
+	ia, err := parseInstanceAction([]byte(`{"action": "hibernate", "time": "2017-09-18T08:22:00Z"}`))
 	if err != nil || ia.Action != "hibernate" || !ia.Time.Equal(time.Date(2017, 9, 18, 8, 22, 0, 0, time.UTC)) {
 		t.Fatalf("ParseInstanceAction=%+v, %v", ia, err)
 	}
-	ia, err = ParseInstanceAction([]byte(`{"action": "stop", "time": "soon"}`))
+	ia, err = parseInstanceAction([]byte(`{"action": "stop", "time": "soon"}`))
 	if err != nil || ia.Action != "stop" || !ia.Time.IsZero() || ia.BadTime != "soon" {
 		t.Fatalf("unparseable time: %+v, %v; want the action with BadTime", ia, err)
 	}
 	for _, bad := range []string{`{"action": "reboot", "time": "2017-09-18T08:22:00Z"}`, `{"time": "2017-09-18T08:22:00Z"}`, `<html>`} {
-		if _, err := ParseInstanceAction([]byte(bad)); err == nil {
+		if _, err := parseInstanceAction([]byte(bad)); err == nil {
 			t.Errorf("ParseInstanceAction(%q): no error", bad)
 		}
 	}
@@ -83,7 +83,7 @@ func TestParseInstanceAction(t *testing.T) {
 func FuzzParseScheduledEvents(f *testing.F) {
 	f.Add([]byte(sampleScheduled))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		evs, err := ParseScheduledEvents(body)
+		evs, err := parseScheduledEvents(body)
 		if err != nil {
 			return
 		}
@@ -100,7 +100,7 @@ func FuzzParseScheduledEvents(f *testing.F) {
 				continue
 			}
 			s := e.NotBefore.UTC().Format("2 Jan 2006 15:04:05 GMT")
-			back, err := ParseTime(s)
+			back, err := parseTime(s)
 			if err != nil || !back.Equal(e.NotBefore.Truncate(time.Second)) {
 				t.Fatalf("ParseTime(%q)=%v, %v; want %v", s, back, err, e.NotBefore)
 			}

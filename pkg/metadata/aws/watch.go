@@ -9,13 +9,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
 
 // Watch polls the notice paths every PollInterval and delivers each
 // distinct notice once, until ctx ends.
 func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
-	w := &watcher{s: s, out: out, faults: metadata.NewFaultLog(s.log, "imds poll")}
-	bo := metadata.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	w := &watcher{s: s, out: out, faults: watchloop.NewFaultLog(s.log, "imds poll")}
+	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		err := w.poll(ctx)
 		if ctx.Err() != nil {
@@ -29,7 +30,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 			w.faults.OK()
 			bo.Reset()
 		}
-		if metadata.Sleep(ctx, wait) != nil {
+		if watchloop.Sleep(ctx, wait) != nil {
 			return nil
 		}
 	}
@@ -38,8 +39,8 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 type watcher struct {
 	s      *Source
 	out    chan<- metadata.Notice
-	faults *metadata.FaultLog
-	dedup  metadata.Dedup
+	faults *watchloop.FaultLog
+	dedup  watchloop.Dedup
 }
 
 // check reads one path and turns a found answer into notices.
@@ -79,8 +80,8 @@ func (w *watcher) poll(ctx context.Context) error {
 			continue
 		}
 		for _, n := range ns {
-			if w.dedup.First(n) && metadata.Deliver(ctx, w.out, n) {
-				metadata.LogNotice(w.s.log, n)
+			if w.dedup.First(n) && watchloop.Deliver(ctx, w.out, n) {
+				watchloop.LogNotice(w.s.log, n)
 			}
 		}
 	}
@@ -88,12 +89,12 @@ func (w *watcher) poll(ctx context.Context) error {
 }
 
 func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice, error) {
-	ia, err := ParseInstanceAction(body)
+	ia, err := parseInstanceAction(body)
 	if err != nil {
 		return nil, err
 	}
 	n := metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
-		ID: metadata.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
+		ID: watchloop.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
 		Action: ia.Action, Raw: string(body)}
 	if ia.BadTime != "" {
 		// The machine goes all the same: assume the usual two minutes
@@ -114,11 +115,11 @@ func (w *watcher) badTime(path, raw string, lead time.Duration) {
 }
 
 func (w *watcher) rebalance(body []byte, now time.Time) ([]metadata.Notice, error) {
-	if _, err := ParseRebalance(body); err != nil {
+	if _, err := parseRebalance(body); err != nil {
 		return nil, err
 	}
 	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance,
-		ID: metadata.HashID("aws-rebalance", body), Detected: now,
+		ID: watchloop.HashID("aws-rebalance", body), Detected: now,
 		Action: "rebalance-recommendation", Raw: string(body)}}, nil
 }
 
@@ -138,7 +139,7 @@ func (w *watcher) lifecycle(body []byte, now time.Time) ([]metadata.Notice, erro
 // scheduled turns active events into maintenance notices and the
 // completion or cancellation of an announced one into a cancelled notice.
 func (w *watcher) scheduled(body []byte, now time.Time) ([]metadata.Notice, error) {
-	evs, err := ParseScheduledEvents(body)
+	evs, err := parseScheduledEvents(body)
 	if err != nil {
 		return nil, err
 	}

@@ -8,14 +8,14 @@ import (
 	"time"
 )
 
-// Document is the Scheduled Events document.
-type Document struct {
+// document is the Scheduled Events document.
+type document struct {
 	Incarnation int
-	Events      []Event
+	Events      []event
 }
 
-// Event is one scheduled event.
-type Event struct {
+// event is one scheduled event.
+type event struct {
 	ID                string // EventId
 	Type              string // Preempt, Terminate, Reboot, Redeploy, Freeze
 	ResourceType      string // VirtualMachine
@@ -28,12 +28,12 @@ type Event struct {
 	DurationInSeconds int
 }
 
-// ParseDocument parses a Scheduled Events document. DocumentIncarnation
+// parseDocument parses a Scheduled Events document. DocumentIncarnation
 // is required, and every event needs an EventId and an EventType; a bad
 // event fails the whole document, so that a half-read answer never yields
 // a notice (nor, by omission, a cancellation). A NotBefore that does not
 // parse keeps its event, with BadTime set and NotBefore zero.
-func ParseDocument(body []byte) (Document, error) {
+func parseDocument(body []byte) (document, error) {
 	var w struct {
 		DocumentIncarnation *int
 		Events              []struct {
@@ -49,17 +49,17 @@ func ParseDocument(body []byte) (Document, error) {
 		}
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
-		return Document{}, fmt.Errorf("parse scheduled events: %w", err)
+		return document{}, fmt.Errorf("parse scheduled events: %w", err)
 	}
 	if w.DocumentIncarnation == nil {
-		return Document{}, errors.New("parse scheduled events: no DocumentIncarnation")
+		return document{}, errors.New("parse scheduled events: no DocumentIncarnation")
 	}
-	doc := Document{Incarnation: *w.DocumentIncarnation, Events: make([]Event, 0, len(w.Events))}
+	doc := document{Incarnation: *w.DocumentIncarnation, Events: make([]event, 0, len(w.Events))}
 	for _, e := range w.Events {
 		if e.EventId == "" || e.EventType == "" {
-			return Document{}, errors.New("parse scheduled events: event without EventId or EventType")
+			return document{}, errors.New("parse scheduled events: event without EventId or EventType")
 		}
-		ev := Event{ID: e.EventId, Type: e.EventType, ResourceType: e.ResourceType, Resources: e.Resources,
+		ev := event{ID: e.EventId, Type: e.EventType, ResourceType: e.ResourceType, Resources: e.Resources,
 			Status: e.EventStatus, Description: e.Description, Source: e.EventSource, DurationInSeconds: e.DurationInSeconds}
 		if e.NotBefore != "" {
 			t, err := http.ParseTime(e.NotBefore) // "Mon, 19 Sep 2016 18:29:47 GMT"

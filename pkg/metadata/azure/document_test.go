@@ -24,30 +24,30 @@ const sampleDocument = `{
 }`
 
 func TestParseDocument(t *testing.T) {
-	doc, err := ParseDocument([]byte(sampleDocument))
+	doc, err := parseDocument([]byte(sampleDocument))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Document{Incarnation: 2, Events: []Event{{ID: "C7061BAC-AFDC-4513-B24B-AA5F13A16123", Type: "Preempt",
+	want := document{Incarnation: 2, Events: []event{{ID: "C7061BAC-AFDC-4513-B24B-AA5F13A16123", Type: "Preempt",
 		ResourceType: "VirtualMachine", Resources: []string{"trainer-vm-1"}, Status: "Scheduled",
 		NotBefore: time.Date(2016, 9, 19, 18, 29, 47, 0, time.UTC), Description: "Virtual machine is being evicted.",
 		Source: "Platform", DurationInSeconds: -1}}}
 	if !reflect.DeepEqual(doc, want) {
 		t.Fatalf("doc=%+v\nwant %+v", doc, want)
 	}
-	empty, err := ParseDocument([]byte(`{"DocumentIncarnation": 1, "Events": []}`))
+	empty, err := parseDocument([]byte(`{"DocumentIncarnation": 1, "Events": []}`))
 	if err != nil || empty.Incarnation != 1 || len(empty.Events) != 0 {
 		t.Fatalf("empty doc=%+v, %v", empty, err)
 	}
 	for _, bad := range []string{``, `{}`, `{"Events": []}`, `<html></html>`, `{"DocumentIncarnation": 7, "Events": [{"EventId": "5A3B`,
 		`{"DocumentIncarnation": 1, "Events": [{"EventType": "Preempt"}]}`} {
-		if _, err := ParseDocument([]byte(bad)); err == nil {
+		if _, err := parseDocument([]byte(bad)); err == nil {
 			t.Errorf("ParseDocument(%q): no error", bad)
 		}
 	}
 	// A NotBefore that does not parse keeps the event: dropping it would
 	// drop the eviction.
-	doc, err = ParseDocument([]byte(`{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "tomorrow"}]}`))
+	doc, err = parseDocument([]byte(`{"DocumentIncarnation": 1, "Events": [{"EventId": "x", "EventType": "Preempt", "NotBefore": "tomorrow"}]}`))
 	if err != nil || len(doc.Events) != 1 || !doc.Events[0].NotBefore.IsZero() || doc.Events[0].BadTime != "tomorrow" {
 		t.Fatalf("unparseable NotBefore: %+v, %v; want the event with BadTime", doc, err)
 	}
@@ -58,7 +58,7 @@ func TestParseDocument(t *testing.T) {
 func FuzzParseDocument(f *testing.F) {
 	f.Add([]byte(sampleDocument))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		doc, err := ParseDocument(body)
+		doc, err := parseDocument(body)
 		if err != nil {
 			return
 		}
@@ -91,7 +91,7 @@ func FuzzParseDocument(f *testing.F) {
 				e.Description, e.Source, e.DurationInSeconds})
 		}
 		again, _ := json.Marshal(w)
-		doc2, err := ParseDocument(again)
+		doc2, err := parseDocument(again)
 		if err != nil {
 			t.Fatalf("re-encoded document does not parse: %v\n%s", err, again)
 		}
@@ -105,7 +105,7 @@ func FuzzParseDocument(f *testing.F) {
 }
 
 // normalize makes equal documents DeepEqual: empty slices and time zones.
-func normalize(d Document) Document {
+func normalize(d document) document {
 	for i := range d.Events {
 		d.Events[i].NotBefore = d.Events[i].NotBefore.UTC()
 		if len(d.Events[i].Resources) == 0 {

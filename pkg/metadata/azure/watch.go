@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
 
 // Watch reads this VM's name once, then polls Scheduled Events every
@@ -20,16 +21,16 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 		return nil
 	}
 	w := &watcher{s: s, name: name, out: out, incarnation: -1, active: make(map[string]bool)}
-	faults := metadata.NewFaultLog(s.log, "scheduled events poll")
-	bo := metadata.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	faults := watchloop.NewFaultLog(s.log, "scheduled events poll")
+	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		body, err := s.do(ctx, "GET", pathScheduledEvents, nil)
 		if ctx.Err() != nil {
 			return nil
 		}
-		var doc Document
+		var doc document
 		if err == nil {
-			doc, err = ParseDocument(body)
+			doc, err = parseDocument(body)
 		}
 		wait := s.cfg.PollInterval
 		if err != nil {
@@ -40,7 +41,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 			bo.Reset()
 			w.update(ctx, doc, string(body), time.Now())
 		}
-		if metadata.Sleep(ctx, wait) != nil {
+		if watchloop.Sleep(ctx, wait) != nil {
 			return nil
 		}
 	}
@@ -48,8 +49,8 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 
 // vmName reads compute.name, retrying with backoff; false when ctx ended.
 func (s *Source) vmName(ctx context.Context) (string, bool) {
-	faults := metadata.NewFaultLog(s.log, "instance metadata")
-	bo := metadata.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	faults := watchloop.NewFaultLog(s.log, "instance metadata")
+	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		in, err := s.instance(ctx)
 		if ctx.Err() != nil {
@@ -60,7 +61,7 @@ func (s *Source) vmName(ctx context.Context) (string, bool) {
 			return in.Compute.Name, true
 		}
 		faults.Fail(err)
-		if metadata.Sleep(ctx, bo.Next()) != nil {
+		if watchloop.Sleep(ctx, bo.Next()) != nil {
 			return "", false
 		}
 	}
@@ -72,11 +73,11 @@ type watcher struct {
 	out         chan<- metadata.Notice
 	incarnation int
 	active      map[string]bool // IDs delivered and still listed
-	dedup       metadata.Dedup
+	dedup       watchloop.Dedup
 }
 
 // update delivers the notices of a new document incarnation.
-func (w *watcher) update(ctx context.Context, doc Document, raw string, now time.Time) {
+func (w *watcher) update(ctx context.Context, doc document, raw string, now time.Time) {
 	if doc.Incarnation == w.incarnation {
 		return
 	}
@@ -99,7 +100,7 @@ func (w *watcher) update(ctx context.Context, doc Document, raw string, now time
 		if !w.dedup.First(n) {
 			continue
 		}
-		if !metadata.Deliver(ctx, w.out, n) {
+		if !watchloop.Deliver(ctx, w.out, n) {
 			return // incarnation not recorded: nothing is lost
 		}
 		if n.Kind == metadata.KindCancelled {
@@ -107,12 +108,12 @@ func (w *watcher) update(ctx context.Context, doc Document, raw string, now time
 		} else {
 			w.active[n.ID] = true
 		}
-		metadata.LogNotice(w.s.log, n)
+		watchloop.LogNotice(w.s.log, n)
 	}
 	w.incarnation = doc.Incarnation
 }
 
-func (w *watcher) notice(ev Event, raw string, now time.Time) metadata.Notice {
+func (w *watcher) notice(ev event, raw string, now time.Time) metadata.Notice {
 	n := metadata.Notice{Cloud: metadata.CloudAzure, Kind: metadata.KindMaintenance, ID: ev.ID,
 		Deadline: ev.NotBefore, Detected: now, Action: ev.Type, Raw: raw}
 	if ev.BadTime != "" && !w.dedup.Seen(metadata.KindTermination, ev.ID) && !w.dedup.Seen(metadata.KindMaintenance, ev.ID) {

@@ -40,8 +40,8 @@ type prober interface {
 	Probe(ctx context.Context) error
 }
 
-// Clouds lists the names Open accepts.
-var Clouds = []string{"auto", "aws", "gcp", "azure", "none"}
+// clouds lists the names Open accepts.
+var clouds = []string{"auto", "aws", "gcp", "azure", "none"}
 
 // Open returns the source for cloud: auto, aws, gcp, azure or none. With
 // auto it probes the three metadata services concurrently, within

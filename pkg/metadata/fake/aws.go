@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// AWSTimeLayout is how IMDS writes times in events/maintenance/scheduled.
-const AWSTimeLayout = "2 Jan 2006 15:04:05 GMT"
+// awsTimeLayout is how IMDS writes times in events/maintenance/scheduled.
+const awsTimeLayout = "2 Jan 2006 15:04:05 GMT"
 
 // AWSOptions configures a fake IMDS. Zero fields take the defaults shown.
 type AWSOptions struct {
@@ -330,12 +330,12 @@ func awsEventsJSON(evs []AWSEvent) []byte {
 	out := make([]wire, 0, len(evs))
 	for _, e := range evs {
 		w := wire{Code: e.Code, Description: e.Description, EventID: e.EventID, State: e.State,
-			NotBefore: e.NotBefore.UTC().Format(AWSTimeLayout)}
+			NotBefore: e.NotBefore.UTC().Format(awsTimeLayout)}
 		if e.NotBeforeRaw != "" {
 			w.NotBefore = e.NotBeforeRaw
 		}
 		if !e.NotAfter.IsZero() {
-			w.NotAfter = e.NotAfter.UTC().Format(AWSTimeLayout)
+			w.NotAfter = e.NotAfter.UTC().Format(awsTimeLayout)
 		}
 		out = append(out, w)
 	}

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// AzureTimeLayout is how Scheduled Events write NotBefore.
-const AzureTimeLayout = http.TimeFormat // Mon, 02 Jan 2006 15:04:05 GMT
+// azureTimeLayout is how Scheduled Events write NotBefore.
+const azureTimeLayout = http.TimeFormat // Mon, 02 Jan 2006 15:04:05 GMT
 
 // AzureOptions configures a fake Azure IMDS. Zero fields take the defaults shown.
 type AzureOptions struct {
@@ -242,7 +242,7 @@ func (z *Azure) serveEvents(w http.ResponseWriter) {
 	for _, e := range z.events {
 		nb := ""
 		if !e.NotBefore.IsZero() {
-			nb = e.NotBefore.UTC().Format(AzureTimeLayout)
+			nb = e.NotBefore.UTC().Format(azureTimeLayout)
 		}
 		if e.NotBeforeRaw != "" {
 			nb = e.NotBeforeRaw

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
 
 // Watch holds one hanging GET open on instance/preempted and one on
@@ -36,12 +37,12 @@ type keyWatch struct {
 	interpret func(k *keyWatch, value, etag string, now time.Time) (*metadata.Notice, error)
 	last      string // last valid value, "" before the first
 	lastID    string // ID of the last notice delivered for this key
-	dedup     metadata.Dedup
+	dedup     watchloop.Dedup
 }
 
 func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.Notice) {
-	faults := metadata.NewFaultLog(s.log.With(zap.String("key", k.key)), "metadata watch")
-	bo := metadata.Backoff{Min: 50 * time.Millisecond, Max: s.cfg.MaxBackoff}
+	faults := watchloop.NewFaultLog(s.log.With(zap.String("key", k.key)), "metadata watch")
+	bo := watchloop.Backoff{Min: 50 * time.Millisecond, Max: s.cfg.MaxBackoff}
 	etag := ""
 	for {
 		value, newETag, err := s.fetch(ctx, k.key, etag)
@@ -57,7 +58,7 @@ func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.
 		}
 		if err != nil {
 			faults.Fail(err)
-			if metadata.Sleep(ctx, bo.Next()) != nil {
+			if watchloop.Sleep(ctx, bo.Next()) != nil {
 				return
 			}
 			continue
@@ -65,9 +66,9 @@ func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.
 		faults.OK()
 		bo.Reset()
 		etag, k.last = newETag, value
-		if n != nil && k.dedup.First(*n) && metadata.Deliver(ctx, out, *n) {
+		if n != nil && k.dedup.First(*n) && watchloop.Deliver(ctx, out, *n) {
 			k.lastID = n.ID
-			metadata.LogNotice(s.log, *n)
+			watchloop.LogNotice(s.log, *n)
 		}
 	}
 }

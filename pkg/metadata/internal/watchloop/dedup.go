@@ -1,4 +1,4 @@
-package metadata
+package watchloop
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
 // Dedup remembers the notices already delivered, by kind and ID, so that a
@@ -15,7 +17,7 @@ type Dedup struct {
 }
 
 // First reports whether n was not seen before, and records it.
-func (d *Dedup) First(n Notice) bool {
+func (d *Dedup) First(n metadata.Notice) bool {
 	if d.seen == nil {
 		d.seen = make(map[string]struct{})
 	}
@@ -28,7 +30,7 @@ func (d *Dedup) First(n Notice) bool {
 }
 
 // Seen reports whether a notice of that kind and ID was recorded.
-func (d *Dedup) Seen(kind Kind, id string) bool {
+func (d *Dedup) Seen(kind metadata.Kind, id string) bool {
 	_, ok := d.seen[string(kind)+"\x00"+id]
 	return ok
 }
@@ -41,7 +43,7 @@ func HashID(prefix string, body []byte) string {
 }
 
 // Deliver sends n on out unless ctx ends first; it reports whether n was sent.
-func Deliver(ctx context.Context, out chan<- Notice, n Notice) bool {
+func Deliver(ctx context.Context, out chan<- metadata.Notice, n metadata.Notice) bool {
 	select {
 	case out <- n:
 		return true
@@ -51,7 +53,7 @@ func Deliver(ctx context.Context, out chan<- Notice, n Notice) bool {
 }
 
 // LogNotice logs a delivered notice.
-func LogNotice(log *zap.Logger, n Notice) {
+func LogNotice(log *zap.Logger, n metadata.Notice) {
 	log.Info("notice", zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("deadline", n.Deadline))
 }

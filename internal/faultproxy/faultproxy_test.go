@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/faultproxy"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 // backend counts the requests it completed, answers PUT with the number of

@@ -1,4 +1,4 @@
-package metadata
+package watchloop
 
 import (
 	"go.uber.org/zap"

@@ -3,8 +3,8 @@
 // and prints throughput and the process's peak RSS. With -serve it runs
 // the in-process fake S3 instead and prints its environment.
 //
-//	go run ./pkg/cloud/internal/uploadbench -serve &   # prints AWS_* lines
-//	env AWS_...=... go run ./pkg/cloud/internal/uploadbench -store s3://spotagent-test/bench f1 f2 f3 f4
+//	go run ./bench/cmd/uploadbench -serve &   # prints AWS_* lines
+//	env AWS_...=... go run ./bench/cmd/uploadbench -store s3://spotagent-test/bench f1 f2 f3 f4
 package main
 
 import (
@@ -21,9 +21,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/cloud/s3/s3test"
 )
 
 func main() {

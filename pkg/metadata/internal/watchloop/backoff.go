@@ -1,4 +1,7 @@
-package metadata
+// Package watchloop holds what the metadata sources (aws, gcp, azure)
+// share in their watch loops: backoff, de-duplication, delivery and
+// logging of notices, and rate-limited logging of faults.
+package watchloop
 
 import (
 	"context"
