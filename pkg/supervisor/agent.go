@@ -54,6 +54,8 @@ type Config struct {
 	// FenceInterval is how often the session's lease is checked for a
 	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
 	FenceInterval time.Duration
+	// Watch, when set, is zero-code mode (agent_watch.go).
+	Watch *WatchConfig
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
@@ -102,6 +104,9 @@ func (a *Agent) restoreDir() string { return filepath.Join(a.cfg.CheckpointDir, 
 // restore copies the newest committed checkpoint into the restore area and
 // returns the resume information (nil when starting fresh).
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
+	if a.watch != nil {
+		return a.restoreWatch(ctx) // agent_watch.go
+	}
 	restoreDir := a.restoreDir()
 	start := time.Now()
 	r, err := checkpoint.Restore(ctx, a.cfg.Store, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
