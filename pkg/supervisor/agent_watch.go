@@ -45,6 +45,7 @@ type watchState struct {
 	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
 	newest   *watch.Checkpoint       // newest complete one reported
 	written  time.Time               // when the newest committed one was written (this session)
+	doneAt   time.Time               // when it was found complete
 	stop     *watchStop
 	flushBy  time.Time // the trainer exited: last checkpoints are awaited until then
 }
@@ -52,6 +53,7 @@ type watchState struct {
 type watchUpload struct {
 	cp       *watch.Checkpoint
 	unexpect func()
+	started  time.Time // found complete, upload begun
 }
 
 // watchStop is an interruption in zero-code mode.
@@ -122,10 +124,15 @@ func (a *Agent) initWatch() error {
 }
 
 func noticeSignalName(s syscall.Signal) string {
-	if s == 0 {
+	switch s {
+	case 0:
 		return "none"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
 	}
-	return s.String()
+	return signalName(s)
 }
 
 // nested reports whether p is dir or inside it.
@@ -246,7 +253,7 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 	}
 	r := &request{id: id, reason: reason, dir: dir, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
-	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify)}
+	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
@@ -268,7 +275,7 @@ func (a *Agent) watchCommitted(cr commitResult) {
 	u.unexpect()
 	switch {
 	case cr.err == nil:
-		ws.written = u.cp.Written()
+		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
 			ws.w.Prune(cr.res.Manifest.Step, a.cfg.Keep)
 		}
@@ -311,7 +318,7 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 			s.record.Requested = &at
 			// The trainer may die of it: that is the stop it was told of.
 			a.deadlineKill = true
-			a.log.Info("notice: signalled the trainer to save", zap.String("signal", sig.String()), zap.Time("upload_by", uploadBy))
+			a.log.Info("notice: signalled the trainer to save", zap.String("signal", noticeSignalName(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
@@ -392,6 +399,10 @@ func (a *Agent) watchFinish(st *watchStop, now time.Time) {
 		}
 		s.record.CheckpointID, s.record.Step = a.lastCommit.id, a.lastCommit.step
 		s.record.LostSeconds = max(now.Sub(base).Seconds(), 0)
+		if a.lastCommit.step > st.baseline && !ws.doneAt.IsZero() {
+			done := ws.doneAt
+			s.record.Done = &done // the trainer's checkpoint after the notice was complete
+		}
 		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.lastCommit.id, Step: a.lastCommit.step}, Bytes: a.lastCommit.bytes}
 		a.stopCommitted(s, res, now)
 	}
