@@ -36,6 +36,7 @@ type agentOptions struct {
 	sourceFlags                                               sourceOptions
 	logFormat, logLevel                                       string
 	fenceInterval                                             time.Duration
+	watch                                                     watchOptions // run and sidecar (watch_flags.go)
 }
 
 func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
@@ -47,6 +48,7 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
+		o.watch.register(fs)
 	}
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")

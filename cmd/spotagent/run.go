@@ -140,6 +140,9 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		}
 		return 0
 	}
+	if cfg.Watch, err = o.watch.config(); err != nil {
+		return fail(err)
+	}
 	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
 		fail(err)

@@ -269,3 +269,33 @@ func TestWriteFile_NoFollow(t *testing.T) {
 		t.Fatalf("request.json = %q", got)
 	}
 }
+
+// TestRemoveDir_NeverTheRoot: a request with no directory of its own (an
+// empty rel) must not empty the checkpoint directory.
+func TestRemoveDir_NeverTheRoot(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "keep"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, rel := range []string{"", ".", "./"} {
+		if err := RemoveDir(root, rel, nil); !errors.Is(err, ErrRefused) {
+			t.Fatalf("RemoveDir(%q) = %v, want ErrRefused", rel, err)
+		}
+		held, err := OpenDir(root, ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := RemoveDir(root, rel, held); !errors.Is(err, ErrRefused) {
+			t.Fatalf("RemoveDir(%q, held) = %v, want ErrRefused", rel, err)
+		}
+		held.Close()
+	}
+	if _, err := os.Stat(filepath.Join(dir, "keep")); err != nil {
+		t.Fatalf("the root's contents were removed: %v", err)
+	}
+}

@@ -115,6 +115,10 @@ func checkRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 // are deleted through it, and the name only if it still is that directory.
 // A symlink at rel is removed itself; what it points at is never touched.
 func RemoveDir(parent *os.Root, rel string, held *os.Root) error {
+	if c := filepath.Clean(rel); c == "." || c == "" {
+		// Emptying parent itself is never what a caller means.
+		return fmt.Errorf("remove %q: not a directory below the root: %w", rel, ErrRefused)
+	}
 	if held == nil {
 		h, err := OpenDir(parent, rel)
 		if err != nil {

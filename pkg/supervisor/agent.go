@@ -58,6 +58,8 @@ type Config struct {
 	// FenceInterval is how often the session's lease is checked for a
 	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
 	FenceInterval time.Duration
+	// Watch, when set, is zero-code mode (agent_watch.go).
+	Watch *WatchConfig
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
@@ -240,6 +242,9 @@ func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, rest
 // restore copies the newest committed checkpoint into the restore area and
 // returns the resume information (nil when starting fresh).
 func (a *Agent) restore(ctx context.Context) (*Resume, error) {
+	if a.watch != nil {
+		return a.restoreWatch(ctx) // agent_watch.go
+	}
 	restoreDir := a.restoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may

@@ -61,6 +61,8 @@ type Agent struct {
 	lastNotice  *metadata.Notice
 	signals     int  // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
 	done        bool // loop ends
+
+	watch *watchState // zero-code mode (agent_watch.go); nil: off
 }
 
 type committedCheckpoint struct {
@@ -112,6 +114,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}()
 	}
 	defer a.watchFence(nctx, notices)() // agent_fence.go
+	defer a.startWatch(nctx)()          // agent_watch.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
@@ -166,6 +169,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	if err := a.initWatch(); err != nil { // agent_watch.go
+		return nil, err
+	}
 	if err := a.openDirs(); err != nil {
 		return nil, err
 	}
@@ -257,6 +263,9 @@ func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan me
 			a.onSignal(sig)
 		case r := <-a.results:
 			a.onCommitResult(r)
+			a.watchCommitted(r) // agent_watch.go
+		case cp := <-a.watchReady():
+			a.onWatchReady(cp)
 		case <-a.childDone:
 			a.onChildExit()
 		case <-timer.C:
@@ -279,6 +288,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		earlier(s.deadline)
 	}
 	earlier(a.restartAt)
+	earlier(a.watchWake())
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
 	}
@@ -296,6 +306,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	a.tickStop(now)
+	a.tickWatch(now)
 	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 {
 		a.restart()
 	}
@@ -321,6 +332,9 @@ func (a *Agent) checkDone() {
 	}
 	if a.signals > 1 {
 		a.done = true
+		return
+	}
+	if a.watchBusy(time.Now()) { // agent_watch.go
 		return
 	}
 	if len(a.uploads) > 0 {
@@ -507,6 +521,9 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 // connected while the child it speaks for is not running (exited, or
 // waiting to restart): then nobody can answer a request.
 func (a *Agent) trainers() int {
+	if a.watch != nil {
+		return 0 // zero-code mode: the trainer saves when it decides
+	}
 	if a.cfg.Signal != 0 && a.childDone == nil {
 		return 0
 	}

@@ -175,6 +175,10 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
 		reqDeadline = now.Add(deadline.Sub(now) / 2)
 	}
+	if a.watch != nil {
+		a.watchStop(s, reqDeadline, now) // agent_watch.go
+		return
+	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
 		a.stopFailed(s, "no trainer connected", now)

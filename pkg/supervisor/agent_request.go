@@ -21,7 +21,8 @@ const maxDoneMetadata = 64 << 10
 // request is a checkpoint the agent asked for (or a trainer announced).
 type request struct {
 	id, reason, dir string
-	rel             string   // dir relative to the checkpoint directory, "/"-separated
+	rel             string   // dir relative to parent, "/"-separated; never empty
+	parent          *os.Root // what rel is relative to; nil: the checkpoint directory
 	held            *os.Root // dir as opened for the commit, until it is removed
 	sent, deadline  time.Time
 	waiting         map[uint64]bool // connections that still owe an answer
@@ -32,6 +33,14 @@ type request struct {
 }
 
 func (r *request) urgent() bool { return r.stop != nil }
+
+// parentRoot is the open directory r.rel names r's directory in.
+func (a *Agent) parentRoot(r *request) *os.Root {
+	if r.parent != nil {
+		return r.parent
+	}
+	return a.dirs.root
+}
 
 // upload is a commit in flight.
 type upload struct {
@@ -199,7 +208,7 @@ func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 // anything outside the checkpoint directory, and, once the directory was
 // opened for the commit, only what that directory holds.
 func (a *Agent) removeDir(r *request) {
-	if err := checkpoint.RemoveDir(a.dirs.root, r.rel, r.held); err != nil {
+	if err := checkpoint.RemoveDir(a.parentRoot(r), r.rel, r.held); err != nil {
 		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
 	}
 	if r.held != nil {
@@ -232,7 +241,7 @@ func (a *Agent) commit(r *request) {
 	a.uploads[r.id] = u
 	var openErr error
 	if r.held == nil {
-		r.held, openErr = checkpoint.OpenDir(a.dirs.root, r.rel)
+		r.held, openErr = checkpoint.OpenDir(a.parentRoot(r), r.rel)
 	}
 	if r.step < a.lastCommit.step {
 		// Committed all the same (a trainer may have rolled back on
@@ -314,7 +323,7 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
-	go checkpoint.RemoveDir(a.dirs.root, r.rel, nil)
+	go checkpoint.RemoveDir(a.parentRoot(r), r.rel, nil)
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer missed the deadline", now)
 	}

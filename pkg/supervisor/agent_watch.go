@@ -1,0 +1,477 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/watch"
+)
+
+// WatchConfig is zero-code mode (spotagent run --watch DIR): the trainer
+// saves on its own into DIR; the agent commits each complete checkpoint,
+// restores the newest into DIR before the trainer starts, and on a notice
+// commits the newest complete one before the deadline. The agent sends no
+// checkpoint requests of its own in this mode.
+type WatchConfig struct {
+	watch.Config
+	// Prune lets the agent delete checkpoints from DIR older than the
+	// newest committed one, keeping Config.Keep of them (off: it never
+	// deletes the trainer's files).
+	Prune bool
+	// NoticeSignal, when set, is sent to the trainer's process group on a
+	// termination notice, for frameworks that save when signalled.
+	NoticeSignal syscall.Signal
+}
+
+// watchState is the agent's zero-code mode; the loop owns it.
+type watchState struct {
+	cfg      WatchConfig
+	w        *watch.Watcher
+	store    *watch.VerifyStore
+	ready    chan *watch.Checkpoint
+	dir      *os.Root                // the watched directory
+	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
+	inflight map[string]*watchUpload // request id →
+	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
+	newest   *watch.Checkpoint       // newest complete one reported
+	written  time.Time               // when the newest committed one was written (this session)
+	doneAt   time.Time               // when it was found complete
+	stop     *watchStop
+	flushBy  time.Time // the trainer exited: last checkpoints are awaited until then
+}
+
+type watchUpload struct {
+	cp       *watch.Checkpoint
+	unexpect func()
+	started  time.Time // found complete, upload begun
+}
+
+// watchStop is an interruption in zero-code mode.
+type watchStop struct {
+	s        *stopState
+	uploadBy time.Time // past it, no newer checkpoint is awaited
+	baseline int64     // the newest complete step when the notice came
+}
+
+// ParseNoticeSignal accepts the signals a trainer may be sent on a notice.
+func ParseNoticeSignal(s string) (syscall.Signal, error) {
+	switch strings.TrimPrefix(strings.ToUpper(s), "SIG") {
+	case "TERM":
+		return syscall.SIGTERM, nil
+	case "INT":
+		return syscall.SIGINT, nil
+	case "USR1":
+		return syscall.SIGUSR1, nil
+	case "USR2":
+		return syscall.SIGUSR2, nil
+	}
+	return 0, fmt.Errorf("want SIGTERM, SIGINT, SIGUSR1 or SIGUSR2, got %q", s)
+}
+
+// initWatch sets zero-code mode up, before the restore: the watched
+// directory, and the committer's store, which checks before each
+// manifest that the checkpoint did not change during its upload.
+func (a *Agent) initWatch() error {
+	wc := a.cfg.Watch
+	if wc == nil {
+		return nil
+	}
+	if a.cfg.Signal != 0 {
+		return errors.New("watch: --signal and --watch exclude each other")
+	}
+	if wc.NoticeSignal != 0 && len(a.cfg.Command) == 0 {
+		return errors.New("watch: --notice-signal needs a trainer command (spotagent run)")
+	}
+	dir, err := filepath.Abs(wc.Dir)
+	if err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	wc.Dir = dir
+	if err := watch.CheckDir(dir); err != nil {
+		return err
+	}
+	scratch, _ := filepath.Abs(a.cfg.CheckpointDir)
+	if nested(dir, scratch) || nested(scratch, dir) {
+		return fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
+	}
+	wc.Log = a.log.With(zap.String("watch", dir))
+	w, err := watch.New(wc.Config)
+	if err != nil {
+		return err
+	}
+	// Staged in DIR itself: hard links need one filesystem, and the
+	// checkpoint directory is often on another. Through roots only.
+	droot, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	stage, err := openWatchStage(droot)
+	if err != nil {
+		droot.Close()
+		return fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
+	}
+	ws := &watchState{cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
+		ready: make(chan *watch.Checkpoint, 16), dir: droot, stage: stage,
+		inflight: map[string]*watchUpload{}}
+	c := *a.committer
+	c.Store = ws.store
+	a.committer = &c
+	a.watch = ws
+	cw := w.Config()
+	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
+		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
+		zap.String("notice_signal", noticeSignalName(wc.NoticeSignal)))
+	return nil
+}
+
+func noticeSignalName(s syscall.Signal) string {
+	switch s {
+	case 0:
+		return "none"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	}
+	return signalName(s)
+}
+
+// nested reports whether p is dir or inside it.
+func nested(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// restoreWatch puts the newest committed checkpoint back into DIR under
+// its original name (restore in zero-code mode).
+func (a *Agent) restoreWatch(ctx context.Context) (*Resume, error) {
+	ws := a.watch
+	start := time.Now()
+	r, err := ws.w.Restore(ctx, a.cfg.Store, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		a.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", a.cfg.Store.URI("")))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if err := os.MkdirAll(a.restoreDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	manifest := filepath.Join(a.restoreDir(), "watch.manifest.json")
+	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
+		if err := os.WriteFile(manifest, b, 0o600); err != nil {
+			a.log.Warn("could not write the local manifest copy", zap.Error(err))
+		}
+	}
+	a.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
+			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped,
+		})
+	})
+	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
+	ws.written = time.Time{}
+	return &Resume{Dir: r.Path, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}, nil
+}
+
+// startWatch runs the watcher beside the loop; the returned func stops it.
+func (a *Agent) startWatch(ctx context.Context) func() {
+	ws := a.watch
+	if ws == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); ws.w.Run(ctx, ws.ready) }()
+	return func() {
+		cancel()
+		wg.Wait()
+		ws.stage.Close()
+		ws.dir.Close()
+	}
+}
+
+// watchReady is the loop's source of complete checkpoints (nil: none).
+func (a *Agent) watchReady() <-chan *watch.Checkpoint {
+	if a.watch == nil {
+		return nil
+	}
+	return a.watch.ready
+}
+
+// onWatchReady: cp is complete. Commit it unless something newer is
+// committed; one upload at a time, the newest waiting, except during an
+// interruption, when the newest goes at once and older uploads stop.
+func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
+	ws := a.watch
+	a.seeStep(&cp.Step)
+	if ws.newest == nil || cp.Step >= ws.newest.Step {
+		ws.newest = cp
+	}
+	if a.lastCommit.id != "" && cp.Step <= a.lastCommit.step {
+		a.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
+		return
+	}
+	for _, u := range ws.inflight {
+		if u.cp.Step >= cp.Step && u.cp.Name != cp.Name {
+			return // a newer one is on its way
+		}
+	}
+	if len(ws.inflight) > 0 && ws.stop == nil {
+		if ws.next == nil || cp.Step >= ws.next.Step {
+			ws.next = cp
+		}
+		return
+	}
+	for id, u := range ws.inflight {
+		if up := a.uploads[id]; up != nil && u.cp.Step < cp.Step {
+			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
+			up.cancel()
+		}
+	}
+	a.watchCommit(cp)
+}
+
+// watchCommit stages cp and commits it.
+func (a *Agent) watchCommit(cp *watch.Checkpoint) {
+	ws := a.watch
+	ws.next = nil
+	id := newID()
+	var held *os.Root
+	err := cp.StageIn(ws.dir, watchStage+"/"+id)
+	if err == nil {
+		if held, err = checkpoint.OpenDir(ws.stage, id); err != nil {
+			checkpoint.RemoveDir(ws.stage, id, nil)
+		}
+	}
+	if err != nil {
+		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
+		a.cfg.Metrics.Error("checkpoint")
+		return
+	}
+	now := time.Now()
+	reason := ReasonPeriodic
+	if ws.stop != nil {
+		reason = ws.stop.s.reason
+	}
+	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
+	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
+	a.lastBlock = now
+	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
+		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
+	a.commit(r)
+}
+
+// watchCommitted follows a commit of a watched checkpoint (after
+// onCommitResult has recorded it).
+func (a *Agent) watchCommitted(cr commitResult) {
+	ws := a.watch
+	if ws == nil {
+		return
+	}
+	u, ok := ws.inflight[cr.req.id]
+	if !ok {
+		return
+	}
+	delete(ws.inflight, cr.req.id)
+	u.unexpect()
+	switch {
+	case cr.err == nil:
+		ws.written, ws.doneAt = u.cp.Written(), u.started
+		if ws.cfg.Prune {
+			ws.w.Prune(cr.res.Manifest.Step, a.cfg.Keep)
+		}
+	case errors.Is(cr.err, watch.ErrChanged):
+		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
+			zap.String("name", u.cp.Name), zap.Error(cr.err))
+		ws.w.Retry(u.cp.Name)
+	default:
+		ws.w.Retry(u.cp.Name) // after another quiet period
+	}
+	if n := ws.next; n != nil && len(ws.inflight) == 0 {
+		if a.lastCommit.id == "" || n.Step > a.lastCommit.step {
+			a.watchCommit(n)
+		} else {
+			ws.next = nil
+		}
+	}
+	a.tickWatch(time.Now())
+}
+
+// watchStop begins an interruption in zero-code mode: signal the trainer
+// if asked, then wait (until uploadBy) for a newer complete checkpoint.
+func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
+	ws := a.watch
+	// Done early only for a checkpoint newer than anything complete or
+	// committed (a restored one included) when the notice came.
+	st := &watchStop{s: s, uploadBy: uploadBy, baseline: -1}
+	if ws.newest != nil {
+		st.baseline = ws.newest.Step
+	}
+	if a.lastCommit.id != "" {
+		st.baseline = max(st.baseline, a.lastCommit.step)
+	}
+	ws.stop = st
+	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
+		if err := a.child.Signal(sig); err != nil {
+			a.log.Warn("could not signal the trainer", zap.Error(err))
+		} else {
+			at := now.UTC()
+			s.record.Requested = &at
+			// The trainer may die of it: that is the stop it was told of.
+			a.deadlineKill = true
+			a.log.Info("notice: signalled the trainer to save", zap.String("signal", noticeSignalName(sig)), zap.Time("upload_by", uploadBy))
+		}
+	} else {
+		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
+	}
+	a.tickWatch(now)
+}
+
+// watchWake is when the watch needs the loop next (zero: never).
+func (a *Agent) watchWake() time.Time {
+	ws := a.watch
+	if ws == nil {
+		return time.Time{}
+	}
+	if st := ws.stop; st != nil && !st.s.finished {
+		return st.uploadBy
+	}
+	return ws.flushBy
+}
+
+// trainerGone: the child exited (or there never was one to wait for).
+func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
+
+// tickWatch decides the interruption: done once a checkpoint newer than
+// the notice is committed, or at uploadBy (or when the trainer is gone
+// and nothing more is being written) once the newest complete one is.
+func (a *Agent) tickWatch(now time.Time) {
+	ws := a.watch
+	if ws == nil {
+		return
+	}
+	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.exitCode == 0 && a.restartAt.IsZero() {
+		// Its last checkpoint may still be settling: wait one quiet period.
+		cw := ws.w.Config()
+		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
+	}
+	st := ws.stop
+	if st == nil || st.s.finished {
+		return
+	}
+	committed := a.lastCommit.id != ""
+	if committed && a.lastCommit.step > st.baseline && len(ws.inflight) == 0 && (ws.newest == nil || a.lastCommit.step >= ws.newest.Step) {
+		a.watchFinish(st, now)
+		return
+	}
+	if a.trainerGone() {
+		for _, cp := range ws.w.Scan(now) { // what it wrote last, seen now
+			a.onWatchReady(cp)
+		}
+	}
+	late := !now.Before(st.uploadBy) || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
+	if !late || len(ws.inflight) > 0 {
+		return
+	}
+	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
+		a.watchCommit(n) // failed or not started: once more, before the deadline
+		if len(ws.inflight) > 0 {
+			return
+		}
+	}
+	a.watchFinish(st, now)
+}
+
+// watchFinish ends the interruption with the newest committed checkpoint,
+// and stops the trainer, which knows nothing of the agent.
+func (a *Agent) watchFinish(st *watchStop, now time.Time) {
+	ws, s := a.watch, st.s
+	newest := ws.w.NewestStep()
+	a.seeStep(&newest)
+	if a.lastCommit.id == "" {
+		a.stopFailed(s, "no complete checkpoint in the watched directory", now)
+	} else {
+		base := ws.written
+		if base.IsZero() {
+			base = a.lastCommit.trainedAt
+		}
+		if base.IsZero() {
+			base = a.started
+		}
+		s.record.CheckpointID, s.record.Step = a.lastCommit.id, a.lastCommit.step
+		s.record.LostSeconds = max(now.Sub(base).Seconds(), 0)
+		if a.lastCommit.step > st.baseline && !ws.doneAt.IsZero() {
+			done := ws.doneAt
+			s.record.Done = &done // the trainer's checkpoint after the notice was complete
+		}
+		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.lastCommit.id, Step: a.lastCommit.step}, Bytes: a.lastCommit.bytes}
+		a.stopCommitted(s, res, now)
+	}
+	if a.childDone != nil && !a.killing {
+		a.deadlineKill = true
+		a.stopChild()
+	}
+}
+
+// watchBusy keeps the agent from ending while an interruption waits for
+// the trainer's checkpoint, or a trainer that exited may have left one.
+func (a *Agent) watchBusy(now time.Time) bool {
+	ws := a.watch
+	if ws == nil {
+		return false
+	}
+	if st := ws.stop; st != nil && !st.s.finished {
+		return true
+	}
+	if ws.flushBy.IsZero() || !now.Before(ws.flushBy) {
+		return false
+	}
+	for _, cp := range ws.w.Scan(now) {
+		a.onWatchReady(cp)
+	}
+	return len(ws.inflight) > 0 || ws.w.Pending(a.lastCommit.step)
+}
+
+// watchStage is the directory in DIR where watched checkpoints are staged
+// for upload; hidden, so no framework takes it for a checkpoint.
+const watchStage = ".spotagent-stage"
+
+// openWatchStage creates (or opens) DIR/watchStage, refusing a symlink,
+// and empties it: what a crashed agent staged is of no further use.
+func openWatchStage(dir *os.Root) (*os.Root, error) {
+	if err := dir.Mkdir(watchStage, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	stage, err := checkpoint.OpenDir(dir, watchStage)
+	if err != nil {
+		return nil, err
+	}
+	d, err := stage.Open(".")
+	if err == nil {
+		names, _ := d.Readdirnames(-1)
+		d.Close()
+		for _, n := range names {
+			stage.RemoveAll(n)
+		}
+	}
+	return stage, nil
+}

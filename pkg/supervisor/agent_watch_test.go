@@ -1,0 +1,73 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/watch"
+)
+
+func writeHF(t *testing.T, dir string, step int, complete bool) {
+	t.Helper()
+	d := filepath.Join(dir, "checkpoint-"+itoa(step))
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(d, "pytorch_model.bin"), []byte("w"+itoa(step)), 0o600)
+	if complete {
+		os.WriteFile(filepath.Join(d, watch.HFMarker), []byte("{}"), 0o600)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestWatch_NoticeWithoutSignal: a trainer that knows nothing of the agent
+// and is not signalled. On a notice the agent waits until the upload
+// deadline for a newer checkpoint, commits the newest complete one, stops
+// the trainer (exit 75), and the journal says which checkpoint the
+// interruption left and the steps lost (a torn newer one counts as seen).
+func TestWatch_NoticeWithoutSignal(t *testing.T) {
+	out := t.TempDir()
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Source = src
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	writeHF(t, out, 10, true)
+	waitFor(t, "checkpoint-10 committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+		return err == nil && l.Step == 10
+	})
+	writeHF(t, out, 20, true)
+	writeHF(t, out, 30, false) // torn: never committed
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: time.Now().Add(8 * time.Second), Detected: time.Now()}
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+	if err != nil || l.Step != 20 {
+		t.Fatalf("latest %+v, %v: want step 20", l, err)
+	}
+	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	in := j.Interruptions[0]
+	if !in.CommitOK || in.Step != 20 || in.CheckpointID != l.ID || in.LostSteps != 10 {
+		t.Fatalf("interruption %+v: want committed step 20 (id %s), 10 steps lost", in, l.ID)
+	}
+	if _, err := os.Stat(filepath.Join(out, "checkpoint-30")); err != nil {
+		t.Fatal("the agent removed a trainer's file without --watch-prune")
+	}
+}

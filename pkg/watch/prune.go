@@ -1,0 +1,51 @@
+package watch
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+
+	"go.uber.org/zap"
+)
+
+// Prune deletes from DIR the checkpoints older than committed (the newest
+// committed step), keeping the newest keep checkpoints of DIR whatever
+// their state. Only spotagent run --watch-prune calls it: by default the
+// agent never deletes the trainer's files. It returns the names deleted.
+func (w *Watcher) Prune(committed int64, keep int) []string {
+	ents, err := os.ReadDir(w.cfg.Dir)
+	if err != nil {
+		return nil
+	}
+	type cand struct {
+		name string
+		step int64
+	}
+	var all []cand
+	for _, e := range ents {
+		if !w.namer.Match(e.Name()) || e.Type()&os.ModeSymlink != 0 {
+			continue
+		}
+		step, err := w.namer.Step(e.Name(), !e.IsDir())
+		if err != nil {
+			continue
+		}
+		all = append(all, cand{e.Name(), step})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].step > all[j].step })
+	var gone []string
+	for i, c := range all {
+		if i < keep || c.step >= committed {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(w.cfg.Dir, c.name)); err != nil {
+			w.log.Warn("watch prune: could not delete an old checkpoint", zap.String("name", c.name), zap.Error(err))
+			continue
+		}
+		gone = append(gone, c.name)
+	}
+	if len(gone) > 0 {
+		w.log.Info("watch prune: deleted old checkpoints from the watched directory", zap.Strings("names", gone), zap.Int64("committed_step", committed))
+	}
+	return gone
+}
