@@ -287,6 +287,13 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 	}
 	a.log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+	return a.restored(r, start, r.Dir, manifest), nil
+}
+
+// restored records a restore (metrics, journal, the newest committed
+// checkpoint) and returns what the trainer is told: dir, where the files
+// are now, and manifest, the local copy of the manifest.
+func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *Resume {
 	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
 	a.journalAsync(func(j *checkpoint.Journal) {
 		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
@@ -295,7 +302,7 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 		})
 	})
 	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &Resume{Dir: r.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}, nil
+	return &Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
 }
 
 // cleanup removes what a crashed agent left behind: the store's temp files

@@ -167,27 +167,18 @@ func (a *Agent) restoreWatch(ctx context.Context) (*Resume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	if err := os.MkdirAll(a.restoreDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	manifest := filepath.Join(a.restoreDir(), "watch.manifest.json")
+	// The local manifest copy (SPOTAGENT_RESUME_MANIFEST) goes in the
+	// agent's area, through its root, never through a planted symlink.
+	manifest := filepath.Join(a.dirs.areaPath, watchManifest)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := os.WriteFile(manifest, b, 0o600); err != nil {
+		if err := checkpoint.WriteFile(a.dirs.area, watchManifest, b, 0o600); err != nil {
 			a.log.Warn("could not write the local manifest copy", zap.Error(err))
 		}
 	}
 	a.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
-			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
-			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped,
-		})
-	})
-	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
 	ws.written = time.Time{}
-	return &Resume{Dir: r.Path, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}, nil
+	return a.restored(r.Restored, start, r.Path, manifest), nil
 }
 
 // startWatch runs the watcher beside the loop; the returned func stops it.
@@ -454,6 +445,10 @@ func (a *Agent) watchBusy(now time.Time) bool {
 // watchStage is the directory in DIR where watched checkpoints are staged
 // for upload; hidden, so no framework takes it for a checkpoint.
 const watchStage = ".spotagent-stage"
+
+// watchManifest is the local copy of the restored checkpoint's manifest,
+// in the agent's area.
+const watchManifest = "watch.manifest.json"
 
 // openWatchStage creates (or opens) DIR/watchStage, refusing a symlink,
 // and empties it: what a crashed agent staged is of no further use.
