@@ -60,7 +60,11 @@ type pipedFile struct {
 	racy  bool
 	sum   string
 	err   error // nil: uploaded, and unchanged while read
+	// started: an upload ran (it may have put an object)
+	started bool
 }
+
+var errNotEarly = errors.New("not uploaded early")
 
 // ErrDuplicate reports a file announced twice for one checkpoint.
 var ErrDuplicate = errors.New("already reported saved")
@@ -99,7 +103,7 @@ func (p *Pipeline) Add(rel string) error {
 	if p.used {
 		return errors.New("checkpoint already done")
 	}
-	if p.ctx.Err() != nil {
+	if p.ctx.Err() != nil && !p.lazy {
 		return errors.New("checkpoint abandoned")
 	}
 	if _, dup := p.files[rel]; dup {
@@ -113,12 +117,18 @@ func (p *Pipeline) Add(rel string) error {
 	if err == nil {
 		err = checkRegular(p.root, rel, fh, info.Size())
 	}
-	if err != nil || p.lazy {
+	if err != nil {
 		fh.Close()
 		return err
 	}
 	f := &pipedFile{rel: rel, key: p.prefix + rel, size: info.Size()}
 	p.files[rel] = f
+	if p.lazy {
+		fh.Close()
+		f.err = errNotEarly
+		return nil
+	}
+	f.started = true
 	if p.first.IsZero() {
 		p.first = time.Now()
 	}
@@ -162,6 +172,16 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 	f.sum = hex.EncodeToString(cr.h.Sum(nil))
 }
 
+// Halt stops the uploads in flight without deleting anything; files
+// reported from now on are only checked. What was not uploaded is
+// uploaded at done.
+func (p *Pipeline) Halt() {
+	p.mu.Lock()
+	p.lazy = true
+	p.mu.Unlock()
+	p.cancel()
+}
+
 // Abort stops the uploads and deletes what they put, in the background:
 // the checkpoint will not be committed. Safe to call more than once, and
 // after a Commit that used the pipeline (it then does nothing).
@@ -195,7 +215,7 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, f := range p.files {
-		if keep[f.key] {
+		if keep[f.key] || !f.started {
 			continue
 		}
 		if err := p.c.Store.Delete(ctx, f.key); err != nil && !errors.Is(err, cloud.ErrNotExist) {

@@ -311,3 +311,42 @@ func TestPipeline_OtherStepAtDone(t *testing.T) {
 		t.Fatalf("model.pt uploaded again under the done step (%d)", n)
 	}
 }
+
+// A halted pipeline (an interruption needs the bandwidth) and one under a
+// Gate (node mode) upload nothing early; Add still checks; done uploads all.
+func TestPipeline_HaltedAndGated(t *testing.T) {
+	for _, name := range []string{"halted", "gated"} {
+		t.Run(name, func(t *testing.T) {
+			st := &countingStore{Store: newStore(t)}
+			dir := writeDir(t, map[string]string{"a": "1", "b": "2"})
+			root := openRoot(t, dir)
+			c := &Committer{Store: st, RunID: "run"}
+			if name == "gated" {
+				c.Gate = NewGate(1)
+			}
+			p := c.NewPipeline(root, 1, "hlt")
+			if name == "halted" {
+				p.Halt()
+			}
+			if err := p.Add("a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Add("a"); !errors.Is(err, ErrDuplicate) {
+				t.Fatalf("second Add: %v, want ErrDuplicate", err)
+			}
+			if err := p.Add("../x"); !errors.Is(err, ErrUnsafePath) {
+				t.Fatalf("Add(../x): %v", err)
+			}
+			p.wg.Wait()
+			if n := st.count(Prefix(1, "hlt") + "a"); n != 0 {
+				t.Fatalf("uploaded early %d times", n)
+			}
+			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "hlt", Step: 1, Reason: "periodic", Pipeline: p}); err != nil {
+				t.Fatal(err)
+			}
+			if _, got := restoredFiles(t, st); got["a"] != "1" || got["b"] != "2" {
+				t.Fatalf("restored %v", got)
+			}
+		})
+	}
+}
