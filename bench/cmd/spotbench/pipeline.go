@@ -65,6 +65,15 @@ while not agent.should_stop:
             req.done(step)
             b = time.monotonic() - t0
             pending.append((req, t0, b, step))
+            if req.reason in ("interruption", "shutdown"):
+                # The machine is going away: further steps would be lost,
+                # and would take CPU from the writes and the upload.
+                req.wait()
+                w = time.monotonic() - t0
+                print("bench: request %s %s blocked %.3f written %.3f bg_steps_per_s 0" % (req.id, req.reason, b, w), flush=True)
+                while not agent.should_stop:
+                    time.sleep(0.01)
+                break
     for item in list(pending):
         req, t0, b, s0 = item
         if not req.writing:
@@ -119,8 +128,8 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	}
 	const files = 4
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice; notice → committed from the agent's json log. *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
-	b.WriteString("| checkpoint | path | notice → committed s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during background save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice; notice → committed from the agent's json log. *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
+	b.WriteString("| checkpoint | path | notice → committed s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, gib := range sizes {
 		med := map[string]pipeRun{}
 		for _, mode := range []string{"serial", "pipelined"} {
@@ -283,7 +292,11 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 		if err != nil {
 			return fail(err)
 		}
-		*into, _ = strconv.ParseFloat(benchLine.FindStringSubmatch(l.text)[3], 64)
+		m := benchLine.FindStringSubmatch(l.text)
+		*into, _ = strconv.ParseFloat(m[3], 64)
+		if m[5] != "" { // training throughput while this periodic save was written
+			res.bgRate, _ = strconv.ParseFloat(m[5], 64)
+		}
 		if _, err := wait(fmt.Sprintf("periodic commit %d", i+1), msg("checkpoint committed")); err != nil {
 			return fail(err)
 		}
@@ -299,9 +312,6 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 		if m := benchLine.FindStringSubmatch(l.text); m != nil {
 			res.blocked, _ = strconv.ParseFloat(m[3], 64)
 			res.written, _ = strconv.ParseFloat(m[4], 64)
-			if m[5] != "" {
-				res.bgRate, _ = strconv.ParseFloat(m[5], 64)
-			}
 			saw[0] = true
 			continue
 		}
