@@ -134,6 +134,7 @@ class CheckpointRequest(object):
         # Background writes (write_async, spotagent.torch.save): threads
         # still writing, their errors, and the seconds the caller was blocked.
         self._writes = []  # type: List[threading.Thread]
+        self._unstarted = []  # type: List[threading.Thread]
         self._write_errors = []  # type: List[str]
         self._saved_names = set()  # type: set
         self._running = 0
@@ -180,6 +181,7 @@ class CheckpointRequest(object):
             self._finished.set()
             return
         msg["blocked_ms"] = int(round(self._blocked * 1000))
+        self._start_writes()
         t = threading.Thread(target=self._finish, args=(msg,), name="spotagent-done", daemon=True)
         t.start()
 
@@ -218,8 +220,9 @@ class CheckpointRequest(object):
         """Write the file ``name`` (relative to ``dir``) in a background
         thread: ``write(f)`` gets the open binary file; it is then flushed,
         fsynced and reported ``saved``. Files of one request are written in
-        parallel, one thread each. Call :meth:`done` once every file is
-        submitted. ``write`` must only read data nobody changes meanwhile:
+        parallel, one thread each, started once the caller is done staging:
+        at :meth:`done`, the next ``poll``, or a wait. Call :meth:`done` once
+        every file is submitted. ``write`` must only read data nobody changes meanwhile:
         stage a copy first (``spotagent.torch.save`` does).
 
         Waits first, in the caller, while an *earlier* request's background
@@ -241,7 +244,17 @@ class CheckpointRequest(object):
         t = threading.Thread(target=self._write, args=(rel, write), name="spotagent-write", daemon=True)
         with self._agent._lock:
             self._writes.append(t)
-        t.start()
+            self._unstarted.append(t)
+
+    def _start_writes(self) -> None:
+        """Start the queued writers. They wait until the caller is done
+        staging (its done(), its next poll(), or a wait): started at once,
+        a writer's CPU and disk would slow the staging of the next file,
+        which is the part training waits for."""
+        with self._agent._lock:
+            ts, self._unstarted = self._unstarted, []
+        for t in ts:
+            t.start()
 
     def _write(self, rel: str, write: Callable[[Any], None]) -> None:
         path = os.path.join(self.dir, rel)
@@ -264,6 +277,7 @@ class CheckpointRequest(object):
                 self._agent._cond.notify_all()
 
     def _join_writes(self, timeout: Optional[float] = None) -> bool:
+        self._start_writes()
         end = None if timeout is None else time.monotonic() + timeout
         with self._agent._lock:
             while self._running > 0:
@@ -581,6 +595,9 @@ class Agent(object):
             self._sigterm_handled = True
             if not self._fold_sigterm():
                 return self._sigterm_request(step)
+        bg = self._background
+        if bg is not None and bg._unstarted:
+            bg._start_writes()
         if not self.path:
             return None
         now = time.monotonic()

@@ -136,6 +136,23 @@ class TestBackgroundSave(TorchBase):
         self.assertGreaterEqual(done["blocked_ms"], 0)
         self.assertTrue(torch.equal(torch.load(os.path.join(req.dir, "model.pt"))["w"], torch.ones(1000)))
 
+    def test_writers_start_once_staging_is_over(self):
+        """Writers start at done() or the next poll(), not while the caller
+        may still be staging the next file (their CPU would slow it)."""
+        srv = self.server()
+        a = self.connect()
+        req = self.request(srv, a, "lazy", 3)
+        satorch.save(req, {"w": torch.ones(4)}, "a.pt")
+        satorch.save(req, {"w": torch.ones(4)}, "b.pt")
+        self.assertFalse(os.path.exists(os.path.join(req.dir, "a.pt")))
+        self.assertTrue(req.writing)
+        a.poll(3)  # the training loop's next step starts them
+        self.assertTrue(req.wait(DEADLINE))
+        self.assertTrue(os.path.exists(os.path.join(req.dir, "b.pt")))
+        self.assertEqual(len(srv.wait_message("saved", 2)), 2)
+        req.done(3)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "lazy")
+
     def test_files_of_one_request_written_in_parallel(self):
         srv = self.server()
         a = self.connect()
