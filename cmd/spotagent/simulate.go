@@ -26,6 +26,7 @@ func cmdSimulate(args []string) int {
 	runs := fs.Int("runs", 100, "synthetic: runs (seeds seed..seed+runs-1) summed per policy (--grid: default 200)")
 	policies := fs.String("policies", "adaptive,fixed:5m,fixed:10m,fixed:15m,fixed:30m,fixed:60m", "comma-separated: adaptive, fixed:<duration>")
 	delta := fs.Duration("delta", 30*time.Second, "blocking cost of one checkpoint")
+	oldDelta := fs.Duration("compare-delta", 0, "also simulate the same traces at this δ, e.g. a blocking save's cost beside --delta a background save's staging time")
 	restart := fs.Duration("restart", 5*time.Minute, "time from a machine's loss to training again")
 	upload := fs.Duration("upload", time.Minute, "upload time of one checkpoint (background)")
 	prior := fs.Float64("interruption-rate", checkpoint.DefaultInterruptionRate, "adaptive policy's prior interruptions per hour")
@@ -87,6 +88,18 @@ func cmdSimulate(args []string) int {
 		}
 	}
 	writeSimTable(os.Stdout, pols, results, len(traces), p.Duration)
+	if *oldDelta > 0 {
+		q := p
+		q.Delta = *oldDelta
+		old := make([]checkpoint.SimResult, len(pols))
+		for i, pol := range pols {
+			for _, tr := range traces {
+				old[i].Add(checkpoint.Simulate(tr, pol, q))
+			}
+		}
+		fmt.Fprintf(os.Stdout, "\nthe same traces at δ=%s (above: δ=%s)\n", q.Delta, p.Delta)
+		writeSimTable(os.Stdout, pols, old, len(traces), q.Duration)
+	}
 	return 0
 }
 

@@ -47,6 +47,9 @@ type Request struct {
 	Reason   string
 	Metadata json.RawMessage
 	Urgent   bool // an interruption or shutdown checkpoint: first through the Gate
+	// Pipeline, when set, holds files uploaded before done (`saved`):
+	// those still unchanged are not uploaded again (pipeline.go).
+	Pipeline *Pipeline
 }
 
 // Result describes a committed checkpoint.
@@ -83,9 +86,21 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	// Files uploaded early and unchanged since are not uploaded again.
+	var piped map[string]File
+	var pipeStart time.Time
+	if req.Pipeline != nil {
+		if piped, pipeStart, err = req.Pipeline.take(ctx, files); err != nil {
+			return nil, fmt.Errorf("commit: waiting for early uploads: %w", err)
+		}
+	}
 	var total int64
-	for _, f := range files {
-		total += f.size
+	var todo []int
+	for i, f := range files {
+		if _, ok := piped[f.rel]; !ok {
+			total += f.size
+			todo = append(todo, i)
+		}
 	}
 	if c.Gate != nil {
 		claim := Claim{Urgent: req.Urgent, Bytes: total}
@@ -115,7 +130,15 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
 		Files: make([]File, len(files)), Epoch: c.epoch(),
 	}
-	if err := c.upload(ctx, log, root, Prefix(req.Step, req.ID), files, total, m.Files); err != nil {
+	for i, f := range files {
+		if pf, ok := piped[f.rel]; ok {
+			m.Files[i] = pf
+		}
+	}
+	if !pipeStart.IsZero() && pipeStart.Before(upStart) {
+		upStart = pipeStart // throughput: the early uploads count too
+	}
+	if err := c.upload(ctx, log, root, Prefix(req.Step, req.ID), files, todo, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
@@ -127,6 +150,9 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if err := putOnce(ctx, c.Store, key, body); err != nil {
 		return nil, fmt.Errorf("commit: write manifest: %w", err)
 	}
+	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
+		req.Pipeline.committed(m)
+	}
 	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
 		// The manifest is durable: restore lists the manifests newer
 		// than latest.json's and still finds this checkpoint. Report
@@ -134,14 +160,14 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(upStart), Total: time.Since(start)}
-	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)),
+	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)), zap.Int("early", len(piped)),
 		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
 	return res, nil
 }
 
-// upload puts every file (total bytes in all) concurrently and fills out
-// with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []localFile, total int64, out []File) error {
+// upload puts the files indexed by todo (total bytes in all) concurrently
+// and fills out with their entries.
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []localFile, todo []int, total int64, out []File) error {
 	p := &progress{start: time.Now(), total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -149,7 +175,8 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(c.concurrency())
-	for i, f := range files {
+	for _, i := range todo {
+		f := files[i]
 		g.Go(func() error {
 			sum, err := c.uploadFile(gctx, root, prefix+f.rel, f, p)
 			if err != nil {

@@ -36,6 +36,8 @@ func (a *Agent) onEvent(ev Event) {
 	case TypeDone:
 		a.seeStep(m.Step)
 		a.onDone(c, m)
+	case TypeSaved:
+		a.onSaved(c, m) // agent_pipeline.go
 	case TypeFailed:
 		a.onFailed(c, m)
 	case TypeStatus:

@@ -29,7 +29,9 @@ type request struct {
 	answered        int
 	step            int64
 	metadata        json.RawMessage
-	stop            *stopState // set for the interruption/shutdown checkpoint
+	stop            *stopState           // set for the interruption/shutdown checkpoint
+	pipe            *checkpoint.Pipeline // files uploaded on `saved`, before done
+	blocked         *time.Duration       // the longest blocked_ms a trainer reported
 }
 
 func (r *request) urgent() bool { return r.stop != nil }
@@ -64,6 +66,9 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		return nil
+	}
+	if stop != nil {
+		a.haltPipelines() // agent_pipeline.go: the interruption's files go first
 	}
 	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
 	dl := deadline.UTC()
@@ -114,6 +119,12 @@ func (a *Agent) onDone(c *Conn, m Message) {
 	if len(m.Metadata) > 0 {
 		r.metadata = m.Metadata
 	}
+	if m.BlockedMS != nil && *m.BlockedMS >= 0 {
+		b := time.Duration(*m.BlockedMS) * time.Millisecond
+		if r.blocked == nil || b > *r.blocked {
+			r.blocked = &b
+		}
+	}
 	if len(r.waiting) == 0 {
 		a.settle(r)
 	}
@@ -132,10 +143,16 @@ func (a *Agent) settle(r *request) {
 		return
 	}
 	saved := now.Sub(r.sent)
-	a.cfg.Scheduler.ObserveCost(saved)
+	// δ is what the checkpoint cost training: the whole save, unless the
+	// trainer saved in the background and said how long it was blocked.
+	cost := saved
+	if r.blocked != nil && *r.blocked < saved {
+		cost = *r.blocked
+	}
+	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
 	a.lastBlock = now
-	a.blocked += saved.Seconds()
+	a.blocked += cost.Seconds()
 	if r.stop != nil {
 		r.stop.record.Done = &now
 		r.stop.record.Step = r.step
@@ -208,6 +225,9 @@ func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 // anything outside the checkpoint directory, and, once the directory was
 // opened for the commit, only what that directory holds.
 func (a *Agent) removeDir(r *request) {
+	if r.pipe != nil {
+		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
+	}
 	if err := checkpoint.RemoveDir(a.parentRoot(r), r.rel, r.held); err != nil {
 		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
 	}
@@ -249,7 +269,7 @@ func (a *Agent) commit(r *request) {
 		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
 			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
 	}
-	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent()}
+	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe}
 	keep, st, log, results := a.cfg.Keep, a.cfg.Store, a.log, a.results
 	go func() {
 		defer cancel()
@@ -323,7 +343,17 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
-	go checkpoint.RemoveDir(a.parentRoot(r), r.rel, nil)
+	if r.pipe != nil {
+		r.pipe.Abort()
+	}
+	held := r.held
+	r.held = nil
+	go func() {
+		checkpoint.RemoveDir(a.parentRoot(r), r.rel, held)
+		if held != nil {
+			held.Close()
+		}
+	}()
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer missed the deadline", now)
 	}

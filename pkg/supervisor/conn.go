@@ -328,7 +328,7 @@ func (c *Conn) handle(b []byte) bool {
 			c.dropped.Add(1)
 		}
 		return true
-	case TypeDone, TypeFailed, TypeStatus:
+	case TypeDone, TypeSaved, TypeFailed, TypeStatus:
 	case "":
 		c.replyError(m.ID, "missing type")
 		return true

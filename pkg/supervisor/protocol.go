@@ -21,6 +21,7 @@ const (
 	TypeHello    = "hello"
 	TypeProgress = "progress"
 	TypeDone     = "done"
+	TypeSaved    = "saved" // one file of a requested checkpoint is complete
 	TypeFailed   = "failed"
 	TypeStatus   = "status" // asks for a status reply (spotagent status)
 )
@@ -66,6 +67,12 @@ type Message struct {
 
 	// done
 	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// done: how long the trainer's training was blocked by this
+	// checkpoint (staging it), when it saved in the background
+	BlockedMS *int64 `json:"blocked_ms,omitempty"`
+
+	// saved: the file, relative to the request's dir or absolute inside it
+	Path string `json:"path,omitempty"`
 
 	// failed, upload_failed, error
 	Error string `json:"error,omitempty"`

@@ -14,6 +14,14 @@ an uninterrupted run's.
     python3 train_torch.py --steps 300 --out final.json          # bare (no agent)
     spotagent run --store s3://bucket/runs/exp1 -- python3 train_torch.py --out final.json
 
+Checkpoints are saved without blocking training (spotagent.torch.save): the
+state is copied to CPU memory at the step boundary -- the only pause -- and
+written, fsynced and uploaded by background threads while training goes on;
+the agent starts uploading each file as soon as it is written. Pass
+--blocking-save for the plain torch.save path: right when there is no CPU RAM
+for a second copy of the state, or when something else must see the files
+complete before the next step.
+
 Test-only: SPOTAGENT_EXAMPLE_STOP_AT=K saves a checkpoint after step K into
 $SPOTAGENT_CHECKPOINT_DIR/example-stop-<K> and exits 0 (a simulated interruption
 without an agent; resume it with SPOTAGENT_RESUME_DIR=that directory).
@@ -43,7 +51,9 @@ SEED = 0
 SAMPLES, FEATURES, HIDDEN, CLASSES = 1024, 16, 32, 4
 BATCH = 32  # 32 batches per epoch
 LR = 1e-2
-STATE_FILE = "state.pt"
+STATE_FILE = "state.pt"  # everything but the model and the optimizer
+MODEL_FILE = "model.pt"
+OPTIM_FILE = "optim.pt"
 PAYLOAD_FILE = "payload.bin"
 
 
@@ -70,29 +80,41 @@ def make_model() -> nn.Module:
 # --------------------------------------------------------------------------
 
 
+def split_state(state: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The files of a checkpoint: the model, the optimizer, and the rest."""
+    rest = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    return {MODEL_FILE: state["model"], OPTIM_FILE: state["optimizer"], STATE_FILE: rest}
+
+
+def write_payload(f: Any, n: int) -> None:
+    """Benchmark ballast (--save-bytes): n incompressible bytes."""
+    left = n
+    while left > 0:
+        k = min(left, 1 << 20)
+        f.write(os.urandom(k))
+        left -= k
+
+
 def save_checkpoint(directory: str, state: Dict[str, Any], save_bytes: int = 0) -> None:
-    """Write state into `directory` durably: temp name, fsync, rename, fsync dir.
+    """The blocking save: write each file durably (temp name, fsync, rename,
+    fsync dir) before returning.
 
     spotagent uploads whatever files are in the directory once you call done(),
     so every file must be complete and on disk by then."""
     os.makedirs(directory, exist_ok=True)
-    if save_bytes > 0:  # benchmark ballast (--save-bytes): incompressible bytes
-        tmp = os.path.join(directory, PAYLOAD_FILE + ".tmp")
+    files = split_state(state)
+    if save_bytes > 0:
+        files[PAYLOAD_FILE] = save_bytes
+    for name, obj in files.items():
+        tmp = os.path.join(directory, name + ".tmp")
         with open(tmp, "wb") as f:
-            left = save_bytes
-            while left > 0:
-                n = min(left, 1 << 20)
-                f.write(os.urandom(n))
-                left -= n
+            if name == PAYLOAD_FILE:
+                write_payload(f, obj)
+            else:
+                torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(directory, PAYLOAD_FILE))
-    tmp = os.path.join(directory, STATE_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, STATE_FILE))
+        os.replace(tmp, os.path.join(directory, name))
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -100,10 +122,25 @@ def save_checkpoint(directory: str, state: Dict[str, Any], save_bytes: int = 0) 
         os.close(fd)
 
 
+def save_checkpoint_background(req: "spotagent.CheckpointRequest", state: Dict[str, Any], save_bytes: int = 0) -> None:
+    """The non-blocking save: each file's tensors are copied to CPU memory
+    now; the files are written in parallel in the background, each reported
+    to the agent (which uploads it at once) when it is fsynced. req.done()
+    then returns at once and reaches the agent after the last file."""
+    for name, obj in split_state(state).items():
+        spotagent.torch.save(req, obj, name)
+    if save_bytes > 0:
+        req.write_async(PAYLOAD_FILE, lambda f: write_payload(f, save_bytes))
+
+
 def load_checkpoint(directory: str) -> Dict[str, Any]:
     # The file is our own; on torch >= 2.6 pass weights_only=False because it
     # holds Python objects (the `random` state) besides tensors.
-    return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu")
+    ck = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu")
+    if "model" not in ck:
+        ck["model"] = torch.load(os.path.join(directory, MODEL_FILE), map_location="cpu")
+        ck["optimizer"] = torch.load(os.path.join(directory, OPTIM_FILE), map_location="cpu")
+    return ck
 
 
 def params_digest(model: nn.Module) -> Dict[str, Any]:
@@ -123,6 +160,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--step-time", type=float, default=0.05, help="seconds to sleep per step (default 0.05)")
     ap.add_argument("--out", help="write final parameter digests here as JSON, and the weights to OUT.pt")
     ap.add_argument("--save-bytes", type=int, default=0, help="extra payload bytes in each checkpoint (benchmarks)")
+    ap.add_argument("--blocking-save", action="store_true",
+                    help="save with a plain blocking torch.save (no second copy of the state in CPU RAM)")
     args = ap.parse_args(argv)
     stop_at = int(os.environ.get("SPOTAGENT_EXAMPLE_STOP_AT") or 0)
 
@@ -207,10 +246,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 req = agent.poll(step)
                 if req:
                     t0 = time.monotonic()
-                    save_checkpoint(req.dir, checkpoint_state(), args.save_bytes)
+                    if args.blocking_save:
+                        save_checkpoint(req.dir, checkpoint_state(), args.save_bytes)
+                    else:
+                        save_checkpoint_background(req, checkpoint_state(), args.save_bytes)
                     req.done(step, metadata=metadata())  # report steps *completed*
-                    print("checkpoint %s (%s) at step %d in %.2fs" % (req.id, req.reason, step, time.monotonic() - t0),
-                          flush=True)
+                    print("checkpoint %s (%s) at step %d: training blocked %.2fs" % (
+                        req.id, req.reason, step, time.monotonic() - t0), flush=True)
 
                 if stop_at and step == stop_at:  # test hook: simulate an interruption
                     d = os.path.join(agent.checkpoint_dir or ".", "example-stop-%d" % step)
@@ -230,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 epoch, batch = epoch + 1, 0
                 epoch_loader_state = loader_gen.get_state()
     finally:
-        agent.close()
+        agent.close()  # waits for a background save still writing
 
     print("finished %d steps, loss %.4f" % (step, loss.item()), flush=True)
     if args.out:

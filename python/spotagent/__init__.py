@@ -7,11 +7,13 @@
         train_one_step()
         req = agent.poll(step + 1)   # non-blocking: None or a CheckpointRequest
         if req:
-            save_to(req.dir)
+            # Non-blocking: tensors are copied to CPU memory here; files are
+            # written, fsynced and uploaded in the background meanwhile.
+            spotagent.torch.save(req, model.state_dict(), "model.pt")
             req.done(step + 1, metadata={"epoch": epoch})
         if agent.should_stop:
             break
-    agent.close()
+    agent.close()                    # waits for a background save still writing
     sys.exit(agent.exit_code)       # 75 after an interruption: run me again
 """
 
@@ -27,6 +29,8 @@ from .client import (
     connect,
     parse_time,
 )
+
+from . import torch  # noqa: E402  (imports torch only when used)
 
 __all__ = [
     "Agent",

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 __all__ = [
     "Agent",
@@ -131,6 +131,16 @@ class CheckpointRequest(object):
         self.deadline = deadline
         #: time.time() when the request arrived.
         self.received = time.time()
+        # Background writes (write_async, spotagent.torch.save): threads
+        # still writing, their errors, and the seconds the caller was blocked.
+        self._writes = []  # type: List[threading.Thread]
+        self._unstarted = []  # type: List[threading.Thread]
+        self._write_errors = []  # type: List[str]
+        self._saved_names = set()  # type: set
+        self._running = 0
+        self._blocked = 0.0
+        self._finished = threading.Event()  # done/failed queued (or never to be)
+        self._step_hint = None  # type: Optional[int]  # the step poll() was at
         if dir:
             try:
                 os.makedirs(dir, exist_ok=True)
@@ -155,15 +165,154 @@ class CheckpointRequest(object):
         number of completed steps, i.e. the step to continue from.
         ``metadata`` must be a JSON-serialisable mapping; it is stored in the
         manifest and returned as ``resume_metadata``.
+
+        With background writes (:meth:`write_async`, ``spotagent.torch.save``)
+        in flight, ``done`` returns at once: ``done`` goes to the agent when
+        the last file is written and fsynced (``failed`` if one could not be),
+        with ``blocked_ms``, the time training was blocked by this checkpoint.
         """
         msg = {"type": "done", "id": self.id, "step": int(step), "metadata": _meta(metadata)}
-        if self._claim("done"):
+        if not self._claim("done"):
+            return
+        with self._agent._lock:
+            background = bool(self._writes)
+        if not background:
             self._agent._send(msg, conn=self._conn, step=int(step))
+            self._finished.set()
+            return
+        msg["blocked_ms"] = int(round(self._blocked * 1000))
+        self._start_writes()
+        t = threading.Thread(target=self._finish, args=(msg,), name="spotagent-done", daemon=True)
+        t.start()
+
+    def _finish(self, msg: Dict[str, Any]) -> None:
+        try:
+            self._join_writes()
+            errors = list(self._write_errors)
+            if not errors:
+                try:
+                    _fsync_dir(self.dir)
+                except OSError as e:
+                    errors.append("fsync %s: %s" % (self.dir, e))
+            if errors:
+                log.warning("spotagent: checkpoint %s not saved: %s", self.id, "; ".join(errors))
+                self._agent._send({"type": "failed", "id": self.id, "error": "; ".join(errors)}, conn=self._conn)
+            else:
+                self._agent._send(msg, conn=self._conn, step=msg["step"])
+        finally:
+            self._finished.set()
+            with self._agent._lock:
+                self._agent._cond.notify_all()
+
+    def saved(self, name: str) -> None:
+        """Tell the agent that the file ``name`` (relative to ``dir``, or an
+        absolute path inside it) is complete, fsynced, and will not change:
+        the agent uploads it at once instead of at ``done``. Optional; a
+        file changed after ``saved`` is uploaded again at ``done``."""
+        if not self.id or self._finished.is_set():
+            return
+        msg = {"type": "saved", "id": self.id, "path": str(name)}  # type: Dict[str, Any]
+        if self._step_hint is not None:
+            msg["step"] = self._step_hint
+        self._agent._send(msg, conn=self._conn)
+
+    def write_async(self, name: str, write: Callable[[Any], None]) -> None:
+        """Write the file ``name`` (relative to ``dir``) in a background
+        thread: ``write(f)`` gets the open binary file; it is then flushed,
+        fsynced and reported ``saved``. Files of one request are written in
+        parallel, one thread each, started once the caller is done staging:
+        at :meth:`done`, the next ``poll``, or a wait. Call :meth:`done` once
+        every file is submitted. ``write`` must only read data nobody changes meanwhile:
+        stage a copy first (``spotagent.torch.save`` does).
+
+        Waits first, in the caller, while an *earlier* request's background
+        writes are still running: a trainer never holds more than one
+        staged copy beyond what it is writing."""
+        if self._answered:
+            raise RuntimeError("spotagent: checkpoint %s already answered; write_async(%r) refused" % (self.id, name))
+        rel = os.path.normpath(str(name))
+        if os.path.isabs(rel) or rel.startswith(".."):
+            raise ValueError("spotagent: %r is not a path inside the checkpoint directory" % (name,))
+        t0 = time.monotonic()
+        self._agent._await_background(self)
+        with self._agent._lock:
+            if rel in self._saved_names:
+                raise ValueError("spotagent: %s written twice for checkpoint %s" % (rel, self.id))
+            self._saved_names.add(rel)
+            self._running += 1
+        self._blocked += time.monotonic() - t0
+        t = threading.Thread(target=self._write, args=(rel, write), name="spotagent-write", daemon=True)
+        with self._agent._lock:
+            self._writes.append(t)
+            self._unstarted.append(t)
+
+    def _start_writes(self) -> None:
+        """Start the queued writers. They wait until the caller is done
+        staging (its done(), its next poll(), or a wait): started at once,
+        a writer's CPU and disk would slow the staging of the next file,
+        which is the part training waits for."""
+        with self._agent._lock:
+            ts, self._unstarted = self._unstarted, []
+        for t in ts:
+            t.start()
+
+    def _write(self, rel: str, write: Callable[[Any], None]) -> None:
+        path = os.path.join(self.dir, rel)
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            with open(path, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            self.saved(rel)
+        except Exception as e:  # reported as failed at done
+            log.warning("spotagent: writing %s for checkpoint %s failed: %s", path, self.id, e)
+            with self._agent._lock:
+                self._write_errors.append("%s: %s" % (rel, e))
+        finally:
+            with self._agent._lock:
+                self._running -= 1
+                self._agent._cond.notify_all()
+
+    def _join_writes(self, timeout: Optional[float] = None) -> bool:
+        self._start_writes()
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._agent._lock:
+            while self._running > 0:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._agent._cond.wait(left)
+        return True
+
+    @property
+    def writing(self) -> bool:
+        """True while background writes of this request are running."""
+        with self._agent._lock:
+            return self._running > 0
+
+    @property
+    def blocked(self) -> float:
+        """Seconds the caller was blocked by this request's background saves
+        (staging, and waiting for an earlier request's writes)."""
+        return self._blocked
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the background writes are finished and ``done`` (or
+        ``failed``) is queued for the agent; True if so within ``timeout``."""
+        if not self._join_writes(timeout):
+            return False
+        if self._answered:
+            return self._finished.wait(timeout)
+        return True
 
     def fail(self, error: str) -> None:
         """Report that this checkpoint could not be written."""
         if self._claim("fail"):
             self._agent._send({"type": "failed", "id": self.id, "error": str(error)}, conn=self._conn)
+            self._finished.set()
 
     def _claim(self, what: str) -> bool:
         if self._answered:
@@ -195,6 +344,12 @@ class _SigtermRequest(CheckpointRequest):
         if not self._claim("done"):
             return
         agent = self._agent
+        self._join_writes()  # background writes: the files must be complete
+        self._finished.set()
+        if self._write_errors:
+            self._answered = False
+            self.fail("; ".join(self._write_errors))
+            return
         with agent._lock:
             before = set(agent._committed)
         agent.checkpoint_done(step, self.dir, metadata)
@@ -270,6 +425,9 @@ class Agent(object):
         self._stop_deadline = None  # type: Optional[datetime.datetime]
 
         self._requests = deque()  # type: Deque[CheckpointRequest]
+        # The newest request with background writes (write_async): a later
+        # request's first write waits for it, so at most one staged copy.
+        self._background = None  # type: Optional[CheckpointRequest]
         self._committed = OrderedDict()  # type: OrderedDict[str, Committed]
         self._failed_uploads = OrderedDict()  # type: OrderedDict[str, str]
         self._last_committed = None  # type: Optional[Committed]
@@ -437,6 +595,9 @@ class Agent(object):
             self._sigterm_handled = True
             if not self._fold_sigterm():
                 return self._sigterm_request(step)
+        bg = self._background
+        if bg is not None and bg._unstarted:
+            bg._start_writes()
         if not self.path:
             return None
         now = time.monotonic()
@@ -451,6 +612,7 @@ class Agent(object):
             while self._requests:
                 req = self._requests.popleft()
                 if req._conn == self._conn and self._connected:
+                    req._step_hint = self._last_step
                     return req
                 log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
         return None
@@ -489,12 +651,22 @@ class Agent(object):
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the background threads (bounded by ``timeout``); queued
-        messages are flushed first if the agent is reading."""
+        messages are flushed first if the agent is reading. A background save
+        still writing (``write_async``, ``spotagent.torch.save``) is waited
+        for first, until its request's deadline if that is later: its
+        ``done`` must reach the agent."""
         if self._closed.is_set():
             return
         with _live_lock:
             _live.discard(self)
         end = time.monotonic() + timeout
+        with self._lock:
+            bg = self._background
+        if bg is not None:
+            left = bg.time_left()
+            wait = timeout if left is None else max(timeout, left)
+            bg.wait(wait)
+            end = max(end, time.monotonic() + 0.5)
         if self.path:
             # Give the writer a moment to flush what is queued.
             with self._lock:
@@ -525,6 +697,18 @@ class Agent(object):
         return "Agent(path=%r, connected=%r, run_id=%r)" % (self.path, self.connected, self.run_id)
 
     # ------------------------------------------------------------ internals
+
+    def _await_background(self, req: CheckpointRequest) -> None:
+        """Before req's first background write: wait while an earlier
+        request's writes run (one staged copy at a time), then make req the
+        current one."""
+        with self._lock:
+            prev = self._background
+            self._background = req
+        if prev is not None and prev is not req:
+            if prev.writing:
+                log.info("spotagent: checkpoint %s waits for checkpoint %s to finish writing", req.id or "(sigterm)", prev.id)
+            prev._join_writes()
 
     def _send(self, msg: Dict[str, Any], conn: Optional[int], step: Optional[int] = None) -> None:
         """Queue a message. ``conn`` ties it to one connection (answers to a
@@ -920,6 +1104,14 @@ def parse_time(value: Any) -> Optional[datetime.datetime]:
         digits = tz[1:].replace(":", "")
         offset = sign * datetime.timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
     return dt.replace(tzinfo=datetime.timezone(offset)).astimezone(datetime.timezone.utc)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _encode(msg: Mapping[str, Any]) -> bytes:

@@ -6,7 +6,8 @@
 //
 //	go run ./bench/cmd/spotbench -bin bin/spotagent -minio bench/cache/bin/minio
 //
-// Sections (-only picks some): latency, transfer, e2e, footprint, simulate.
+// Sections (-only picks some): latency, transfer, e2e, footprint, simulate,
+// pipeline (issue 16: serial vs pipelined save and commit, PyTorch).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -30,6 +31,7 @@ type config struct {
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
+	pipelineGiB           string // checkpoint sizes of the pipeline section
 }
 
 func main() {
@@ -51,7 +53,8 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline", "sections to run")
+	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Parse()
 	c.pollInterval = time.Second
 	c.only = map[string]bool{}
@@ -79,7 +82,7 @@ func main() {
 		must(benchLatency(&c, r))
 	}
 	var env *stores
-	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] {
+	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] || c.only["pipeline"] {
 		step("starting MinIO and fake-gcs-server")
 		env, err = startStores(&c)
 		must(err)
@@ -96,6 +99,10 @@ func main() {
 	if c.only["footprint"] {
 		step("idle footprint")
 		must(benchIdle(&c, r))
+	}
+	if c.only["pipeline"] {
+		step("pipelined commit and non-blocking save")
+		must(benchPipeline(&c, r, env))
 	}
 	if c.only["simulate"] {
 		step("simulate --grid")

@@ -1,0 +1,334 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
+)
+
+// pipelineTrainer is the PyTorch trainer of the pipeline section: GIB GiB
+// of float32 state in FILES tensors, one file each; a "step" adds to a
+// slice of every tensor in place (what an optimizer does) and runs a small
+// matmul. On a request it saves either serially (torch.save + fsync per
+// file, then done: today's path) or with spotagent.torch.save (staging in
+// the caller, writes and uploads in the background). It prints "bench:"
+// lines the bench parses.
+const pipelineTrainer = `
+import os, sys, time, threading
+sys.path.insert(0, os.path.join(REPO, "python"))
+import torch, spotagent, spotagent.torch
+mode, gib, nfiles = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+per = int(gib * (1 << 30) / 4 / nfiles)
+state = {"t%d" % i: torch.empty(per).uniform_() for i in range(nfiles)}
+a = torch.randn(256, 256)
+agent = spotagent.connect()
+print("bench: ready", flush=True)
+step = 0
+def one_step():
+    for t in state.values():
+        t[:4096].add_(1.0)
+    a.mm(a)
+# Idle throughput, before any checkpoint.
+t0 = time.monotonic(); n = 0
+while time.monotonic() - t0 < 2.0:
+    one_step(); n += 1; step += 1
+print("bench: idle_steps_per_s %.1f" % (n / (time.monotonic() - t0)), flush=True)
+pending = []
+while not agent.should_stop:
+    one_step(); step += 1
+    req = agent.poll(step)
+    if req:
+        t0 = time.monotonic()
+        if mode == "serial":
+            for name, t in state.items():
+                p = os.path.join(req.dir, name + ".pt")
+                with open(p, "wb") as f:
+                    torch.save({name: t}, f); f.flush(); os.fsync(f.fileno())
+            req.done(step)
+            b = time.monotonic() - t0
+            print("bench: request %s %s blocked %.3f written %.3f" % (req.id, req.reason, b, b), flush=True)
+        else:
+            for name, t in state.items():
+                spotagent.torch.save(req, {name: t}, name + ".pt")
+            req.done(step)
+            b = time.monotonic() - t0
+            pending.append((req, t0, b, step))
+            if req.reason in ("interruption", "shutdown"):
+                # The machine is going away: further steps would be lost,
+                # and would take CPU from the writes and the upload.
+                req.wait()
+                w = time.monotonic() - t0
+                print("bench: request %s %s blocked %.3f written %.3f bg_steps_per_s 0" % (req.id, req.reason, b, w), flush=True)
+                while not agent.should_stop:
+                    time.sleep(0.01)
+                break
+    for item in list(pending):
+        req, t0, b, s0 = item
+        if not req.writing:
+            w = time.monotonic() - t0
+            print("bench: request %s %s blocked %.3f written %.3f bg_steps_per_s %.1f" % (
+                req.id, req.reason, b, w, (step - s0) / max(w - b, 1e-6)), flush=True)
+            pending.remove(item)
+agent.close(timeout=60)
+sys.exit(agent.exit_code)
+`
+
+type pipeRun struct {
+	total, upload, commit time.Duration
+	blocked, written      float64 // seconds: the interruption checkpoint's
+	coldBlocked           float64 // seconds: the first periodic checkpoint's (fresh staging buffers)
+	periodicBlocked       float64 // seconds: the second periodic checkpoint's (warm)
+	idleRate, bgRate      float64 // steps/s
+	peakKiB               int64
+}
+
+var benchLine = regexp.MustCompile(`^bench: request (\S+) (\S+) blocked ([\d.]+) written ([\d.]+)(?: bg_steps_per_s ([\d.]+))?`)
+
+// benchPipeline: the same PyTorch trainer saving serially (today) and
+// with spotagent.torch.save + `saved` (pipelined), side by side, on MinIO:
+// two periodic checkpoints (the second reuses the first's staging
+// buffers, as every later one does), then a spot notice.
+func benchPipeline(c *config, r *report, s *stores) error {
+	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
+	if err != nil {
+		return err
+	}
+	defer imds.Close()
+	repo, err := filepath.Abs(".")
+	if err != nil {
+		return err
+	}
+	script := filepath.Join(c.work, "pipeline_trainer.py")
+	if err := os.WriteFile(script, []byte("REPO = "+strconv.Quote(repo)+"\n"+pipelineTrainer), 0o644); err != nil {
+		return err
+	}
+	py := os.Getenv("SPOTBENCH_TORCH_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	var sizes []float64
+	for _, f := range strings.Split(c.pipelineGiB, ",") {
+		g, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return fmt.Errorf("pipeline sizes %q: %w", c.pipelineGiB, err)
+		}
+		sizes = append(sizes, g)
+	}
+	const files = 4
+	var b strings.Builder
+	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice; notice → committed from the agent's json log. *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
+	b.WriteString("| checkpoint | path | notice → committed s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, gib := range sizes {
+		med := map[string]pipeRun{}
+		for _, mode := range []string{"serial", "pipelined"} {
+			var runs []pipeRun
+			for rep := range c.e2eReps {
+				uri := fmt.Sprintf("s3://%s/pipe-%s-%g-%d", bucket, mode, gib, rep)
+				res, err := onePipeline(c, imds, s.minio.env(), uri, py, script, mode, gib, files)
+				if err != nil {
+					return fmt.Errorf("pipeline %s %g GiB: %w", mode, gib, err)
+				}
+				logf("%-9s %g GiB notice→committed %.2fs (write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB",
+					mode, gib, res.total.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024)
+				runs = append(runs, res)
+				if err := deletePrefix(s.minio.env(), uri); err != nil {
+					logf("cleanup %s: %v", uri, err)
+				}
+				s.emptyTrash()
+			}
+			m := medianPipe(runs)
+			med[mode] = m
+			bg := "–"
+			if mode == "pipelined" {
+				bg = fmt.Sprintf("%.1f", m.bgRate)
+			}
+			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f |\n", gib, mode, m.total.Seconds(), m.written, m.upload.Seconds(),
+				m.coldBlocked, m.periodicBlocked, m.periodicBlocked/gib, m.blocked, m.idleRate, bg, float64(m.peakKiB)/1024)
+		}
+		ser, pip := med["serial"], med["pipelined"]
+		bound := 1.15 * max(ser.written, ser.upload.Seconds())
+		r.target(target{name: fmt.Sprintf("notice → committed, %g GiB, pipelined", gib), want: "≤ 1.15 × max(write, upload)",
+			got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", pip.total.Seconds(), bound, ser.total.Seconds()),
+			met: pip.total.Seconds() <= bound, margin: fmt.Sprintf("%+.2f s", bound-pip.total.Seconds())})
+		perGiB := pip.periodicBlocked / gib
+		r.target(target{name: fmt.Sprintf("training blocked per periodic checkpoint, %g GiB", gib), want: "≤ 0.25 s/GiB",
+			got: fmt.Sprintf("%.3f s/GiB (serial %.3f s/GiB)", perGiB, ser.periodicBlocked/gib), met: perGiB <= 0.25, margin: fmt.Sprintf("%+.3f s/GiB", 0.25-perGiB)})
+		peak := max(ser.peakKiB, pip.peakKiB)
+		mb := float64(peak) * 1024 / 1e6
+		r.target(target{name: fmt.Sprintf("agent peak RSS, %g GiB checkpoint", gib), want: "≤ 200 MB", got: fmt.Sprintf("%.0f MB", mb), met: mb <= 200, margin: fmt.Sprintf("%+.0f MB", 200-mb)})
+	}
+	r.add("7. Pipelined commit and non-blocking save (issue 16)", b.String())
+	r.command("SPOTBENCH_ONLY=pipeline make bench   # this section alone; SPOTBENCH_PIPELINE_GIB=1,4")
+	return nil
+}
+
+func medianPipe(runs []pipeRun) pipeRun {
+	get := func(f func(pipeRun) float64) float64 {
+		var xs []float64
+		for _, x := range runs {
+			xs = append(xs, f(x))
+		}
+		return median(xs)
+	}
+	var peak int64
+	for _, x := range runs {
+		peak = max(peak, x.peakKiB)
+	}
+	sec := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+	return pipeRun{
+		total:           sec(get(func(x pipeRun) float64 { return x.total.Seconds() })),
+		upload:          sec(get(func(x pipeRun) float64 { return x.upload.Seconds() })),
+		commit:          sec(get(func(x pipeRun) float64 { return x.commit.Seconds() })),
+		blocked:         get(func(x pipeRun) float64 { return x.blocked }),
+		written:         get(func(x pipeRun) float64 { return x.written }),
+		periodicBlocked: get(func(x pipeRun) float64 { return x.periodicBlocked }),
+		coldBlocked:     get(func(x pipeRun) float64 { return x.coldBlocked }),
+		idleRate:        get(func(x pipeRun) float64 { return x.idleRate }),
+		bgRate:          get(func(x pipeRun) float64 { return x.bgRate }),
+		peakKiB:         peak,
+	}
+}
+
+func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode string, gib float64, files int) (pipeRun, error) {
+	imds.ClearTermination()
+	dir := filepath.Join(c.work, "pipe")
+	os.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return pipeRun{}, err
+	}
+	defer os.RemoveAll(dir)
+	// The periodic checkpoint comes once the trainer has built its state.
+	interval := 10*time.Second + time.Duration(gib*4*float64(time.Second))
+	cmd := exec.Command(c.bin, "run", "--store", uri, "--cloud", "aws", "--aws-imds-endpoint", imds.URL(),
+		"--poll-interval", c.pollInterval.String(), "--interval", interval.String(), "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--socket", filepath.Join(dir, "agent.sock"), "--log-format", "json",
+		"--", py, script, mode, strconv.FormatFloat(gib, 'g', -1, 64), strconv.Itoa(files))
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return pipeRun{}, err
+	}
+	cmd.Stderr = cmd.Stdout
+	logPath := filepath.Join(c.work, "pipeline-"+mode+".log")
+	logFile, _ := os.Create(logPath)
+	defer logFile.Close()
+	if err := cmd.Start(); err != nil {
+		return pipeRun{}, err
+	}
+	type line struct {
+		text string
+		at   time.Time
+		raw  map[string]any
+	}
+	lines := make(chan line, 1024)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			at := time.Now()
+			logFile.Write(append(sc.Bytes(), '\n'))
+			var m map[string]any
+			json.Unmarshal(sc.Bytes(), &m)
+			lines <- line{sc.Text(), at, m}
+		}
+		close(lines)
+	}()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
+	}()
+	fail := func(err error) (pipeRun, error) {
+		cmd.Process.Signal(syscall.SIGKILL)
+		return pipeRun{}, fmt.Errorf("%w (log %s)", err, logPath)
+	}
+	timeout := time.After(10 * time.Minute)
+	var res pipeRun
+	// wait returns the next line match accepts, noting the trainer's
+	// numbers on the way.
+	wait := func(what string, match func(line) bool) (line, error) {
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					return line{}, fmt.Errorf("agent exited before %s", what)
+				}
+				if v, ok := strings.CutPrefix(l.text, "bench: idle_steps_per_s "); ok {
+					res.idleRate, _ = strconv.ParseFloat(v, 64)
+				}
+				if match(l) {
+					return l, nil
+				}
+			case <-timeout:
+				return line{}, fmt.Errorf("timed out waiting for %s", what)
+			}
+		}
+	}
+	msg := func(m string) func(line) bool {
+		return func(l line) bool { s, _ := l.raw["msg"].(string); return s == m }
+	}
+	bench := func(reason string) func(line) bool {
+		return func(l line) bool { m := benchLine.FindStringSubmatch(l.text); return m != nil && m[2] == reason }
+	}
+	for i, into := range []*float64{&res.coldBlocked, &res.periodicBlocked} {
+		l, err := wait(fmt.Sprintf("periodic checkpoint %d's save", i+1), bench("periodic"))
+		if err != nil {
+			return fail(err)
+		}
+		m := benchLine.FindStringSubmatch(l.text)
+		*into, _ = strconv.ParseFloat(m[3], 64)
+		if m[5] != "" { // training throughput while this periodic save was written
+			res.bgRate, _ = strconv.ParseFloat(m[5], 64)
+		}
+		if _, err := wait(fmt.Sprintf("periodic commit %d", i+1), msg("checkpoint committed")); err != nil {
+			return fail(err)
+		}
+	}
+	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
+	var com line
+	var saw [2]bool
+	for !saw[0] || !saw[1] {
+		l, err := wait("the interruption checkpoint", func(l line) bool { return msg("checkpoint committed")(l) || bench("interruption")(l) })
+		if err != nil {
+			return fail(err)
+		}
+		if m := benchLine.FindStringSubmatch(l.text); m != nil {
+			res.blocked, _ = strconv.ParseFloat(m[3], 64)
+			res.written, _ = strconv.ParseFloat(m[4], 64)
+			saw[0] = true
+			continue
+		}
+		com, saw[1] = l, true
+		res.peakKiB = vmKiB(cmd.Process.Pid, "VmHWM")
+	}
+	res.total = com.at.Sub(exposed)
+	if v, ok := com.raw["total"].(float64); ok {
+		res.commit = time.Duration(v * float64(time.Second))
+	}
+	if v, ok := com.raw["upload"].(float64); ok {
+		res.upload = time.Duration(v * float64(time.Second))
+	}
+	go func() { io.Copy(io.Discard, out) }()
+	go func() {
+		for range lines {
+		}
+	}()
+	return res, nil
+}

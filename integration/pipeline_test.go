@@ -1,0 +1,243 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+)
+
+// Issue 16: pipelined commit and the non-blocking save, end to end.
+
+// TestPipeline_TorchResumesExact: the PyTorch example saves without
+// blocking (spotagent.torch.save, its default); a spot notice on AWS with an
+// S3 store; every file of the interruption checkpoint is uploaded on its
+// `saved`, before done; the resumed run ends bit-identical to an
+// uninterrupted one.
+func TestPipeline_TorchResumesExact(t *testing.T) {
+	requirePython(t, true)
+	s3srv, err := s3test.Start("spotagent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s3srv.Close)
+	env := s3Env(s3srv)
+	setenvPairs(t, env)
+	ref := filepath.Join(shortTemp(t), "ref.json")
+	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("reference run: %v\n%s", err, out)
+	}
+	dir := shortTemp(t)
+	uri := "s3://" + s3srv.Bucket + "/pipeline"
+	out := filepath.Join(dir, "out.json")
+	trainer := []string{"--", python, "python/examples/train_torch.py", "--steps", matrixSteps,
+		"--step-time", matrixStepTime, "--out", out, "--save-bytes", strconv.Itoa(4 << 20)}
+	fk := startFake(t, "aws")
+	first := start(t, env, append(noticeArgs(dir, uri, append(cloudArgs(t, "aws", fk.URL()), "--log-format", "json")...), trainer...)...)
+	first.waitLine(`starting fresh`, 2*time.Minute)
+	first.waitLine(`step 100 `, time.Minute)
+	fk.Notice()
+	m := first.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
+	step := atoi(t, m[1])
+	e := first.waitEntry("checkpoint committed", time.Minute, nil)
+	// model.pt, optim.pt, state.pt and payload.bin: all uploaded early.
+	if got, want := e.num("early"), int64(4); got != want || e.num("files") != want {
+		t.Fatalf("checkpoint committed with %d of %d files uploaded early, want %d", got, e.num("files"), want)
+	}
+	if code := first.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("interrupted run exit code %d, want %d", code, exitInterrupted)
+	}
+	fk2 := startFake(t, "aws")
+	second := start(t, env, append(noticeArgs(dir, uri, cloudArgs(t, "aws", fk2.URL())...), trainer...)...)
+	r := second.waitLine(`resuming from step (\d+) `, 2*time.Minute)
+	if got := atoi(t, r[1]); got != step {
+		t.Fatalf("resumed from step %d, want %d", got, step)
+	}
+	if code := second.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("resumed run exit code %d", code)
+	}
+	sameFile(t, out, ref)
+}
+
+// pipelineTrainer speaks through the Python client. On the agent's
+// (shutdown) request it writes model.bin (A), reports it saved, waits until
+// the agent has uploaded it into the file store, then, by MODE:
+//
+//	modify  rewrites model.bin in place (B, same size), sends the bad
+//	        saved messages (outside, twice, missing), and answers done;
+//	hang    prints its pid and waits to be killed (the agent is killed
+//	        mid-pipeline by the test).
+//
+// Before that it commits one checkpoint of its own (step 10), in both modes.
+const pipelineTrainer = `
+import glob, os, sys, time
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))
+import spotagent
+mode, store, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+agent = spotagent.connect()
+own = os.path.join(os.environ["SPOTAGENT_CHECKPOINT_DIR"], "own-10")
+os.makedirs(own)
+with open(os.path.join(own, "model.bin"), "wb") as f:
+    f.write(b"0" * n)
+agent.checkpoint_done(10, own)
+end = time.time() + 60
+while agent.last_committed is None and time.time() < end:
+    agent.wait_committed("-", timeout=0.05)
+print("trainer: first committed", flush=True)
+req = None
+while req is None and time.time() < end:
+    req = agent.poll(20)
+    time.sleep(0.01)
+path = os.path.join(req.dir, "model.bin")
+with open(path, "wb") as f:
+    f.write(b"A" * n)
+    f.flush()
+    os.fsync(f.fileno())
+req.saved("model.bin")
+while time.time() < end:
+    hits = [p for p in glob.glob(os.path.join(store, "checkpoints", "*", "model.bin")) if "-" + req.id in p]
+    if hits and os.path.getsize(hits[0]) == n:
+        break
+    time.sleep(0.01)
+print("trainer: early upload seen", flush=True)
+if mode == "hang":
+    print("trainer: pid %d" % os.getpid(), flush=True)
+    time.sleep(600)
+    sys.exit(1)
+with open(path, "r+b") as f:
+    f.write(b"B" * n)
+    f.flush()
+    os.fsync(f.fileno())
+req.saved("../../outside.bin")
+req.saved("model.bin")
+req.saved("missing.bin")
+req.done(20)
+while not agent.should_stop and time.time() < end:
+    time.sleep(0.01)
+agent.close()
+sys.exit(agent.exit_code)
+`
+
+func startPipelineTrainer(t *testing.T, mode string) (*proc, string, string) {
+	t.Helper()
+	requirePython(t, false)
+	dir := shortTemp(t)
+	script := filepath.Join(dir, "trainer.py")
+	if err := os.WriteFile(script, []byte(pipelineTrainer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	storeDir := filepath.Join(dir, "store")
+	os.WriteFile(filepath.Join(dir, "outside.bin"), []byte("not for the store"), 0o600)
+	p := start(t, nil, "run", "--store", "file://"+storeDir, "--run-id", "it", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--socket", filepath.Join(dir, "a.sock"), "--interval", "1h", "--log-format", "json", "--",
+		python, script, mode, storeDir, strconv.Itoa(1<<20))
+	p.waitLine(`trainer: first committed`, time.Minute)
+	p.signal(syscall.SIGTERM) // the shutdown checkpoint is the pipelined one
+	p.waitLine(`trainer: early upload seen`, time.Minute)
+	return p, dir, storeDir
+}
+
+// TestPipeline_ModifiedAfterSaved: a file rewritten after `saved` is
+// uploaded again at done, never committed with the bytes the early upload
+// read; the bad `saved` messages get errors and add nothing.
+func TestPipeline_ModifiedAfterSaved(t *testing.T) {
+	p, _, storeDir := startPipelineTrainer(t, "modify")
+	e := p.waitEntry("checkpoint committed", time.Minute, func(e logEntry) bool { return e.num("step") == 20 })
+	if e.num("early") != 0 || e.num("files") != 1 {
+		t.Fatalf("committed %d files, %d of them early; want 1 and 0 (model.bin changed after saved)", e.num("files"), e.num("early"))
+	}
+	if code := p.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("exit code %d", code)
+	}
+	p.waitEntry("file changed after it was reported saved: uploading it again", time.Second, nil)
+	refused := p.entries("saved refused: the file is checked at done like any other")
+	var why []string
+	for _, r := range refused {
+		why = append(why, r.str("error"))
+	}
+	if len(refused) != 3 || !strings.Contains(strings.Join(why, "|"), "already reported saved") {
+		t.Fatalf("saved refusals %q, want outside, twice and missing", why)
+	}
+	st, err := file.New(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := checkpoint.Restore(context.Background(), st, t.TempDir(), checkpoint.RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Manifest.Step != 20 || len(r.Manifest.Files) != 1 {
+		t.Fatalf("restored step %d with %d files", r.Manifest.Step, len(r.Manifest.Files))
+	}
+	b := readFile(t, filepath.Join(r.Dir, "model.bin"))
+	if strings.Trim(string(b), "B") != "" {
+		t.Fatalf("model.bin restored with the bytes from before it changed (%q…)", b[:8])
+	}
+	for _, k := range storeKeys(t, storeDir) {
+		if strings.Contains(k, "outside") || strings.Contains(k, "missing") {
+			t.Fatalf("object %s uploaded from a refused saved", k)
+		}
+	}
+}
+
+// TestPipeline_AgentKilledMidPipeline: the agent dies (SIGKILL) after a
+// file of the checkpoint was uploaded early and before done: nothing of it
+// restores; the checkpoint before it does.
+func TestPipeline_AgentKilledMidPipeline(t *testing.T) {
+	p, _, storeDir := startPipelineTrainer(t, "hang")
+	m := p.waitLine(`trainer: pid (\d+)`, time.Minute)
+	t.Cleanup(func() { syscall.Kill(atoi(t, m[1]), syscall.SIGKILL) })
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.wait(time.Minute)
+	syscall.Kill(atoi(t, m[1]), syscall.SIGKILL)
+	st, err := file.New(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := 0
+	for _, k := range storeKeys(t, storeDir) {
+		if strings.HasPrefix(k, "checkpoints/000000000020-") {
+			early++
+		}
+	}
+	if early == 0 {
+		t.Fatal("no early upload in the store: the test did not kill the agent mid-pipeline")
+	}
+	r, err := checkpoint.Restore(context.Background(), st, t.TempDir(), checkpoint.RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Manifest.Step != 10 {
+		t.Fatalf("restored step %d, want 10 (the half-uploaded checkpoint must never restore)", r.Manifest.Step)
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), st); err != nil || l.Step != 10 {
+		t.Fatalf("latest=%+v err=%v, want step 10", l, err)
+	}
+}
+
+func storeKeys(t *testing.T, storeDir string) []string {
+	t.Helper()
+	st, err := file.New(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	err = st.List(context.Background(), "", func(o cloud.ObjectInfo) error { keys = append(keys, o.Key); return nil })
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return keys
+}

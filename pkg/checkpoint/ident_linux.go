@@ -1,0 +1,24 @@
+package checkpoint
+
+import (
+	"os"
+	"syscall"
+)
+
+// fileIdent is what must stay the same for an uploaded file to still be
+// the file on disk: which file (device, inode), and its size, mtime and
+// ctime. ctime cannot be set by a process: any write or rename moves it.
+type fileIdent struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64
+}
+
+func identOf(fi os.FileInfo) fileIdent {
+	id := fileIdent{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(st.Dev), st.Ino
+		id.ctime = st.Ctim.Nano()
+	}
+	return id
+}

@@ -1,0 +1,17 @@
+//go:build !linux
+
+package checkpoint
+
+import "os"
+
+// fileIdent is what must stay the same for an uploaded file to still be
+// the file on disk. Outside Linux: size and mtime (os.SameFile is checked
+// when the file is opened).
+type fileIdent struct {
+	size  int64
+	mtime int64
+}
+
+func identOf(fi os.FileInfo) fileIdent {
+	return fileIdent{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+}

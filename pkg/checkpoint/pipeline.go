@@ -1,0 +1,283 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// A Pipeline uploads the files of one checkpoint as the trainer reports
+// them complete (protocol `saved`), before the checkpoint is done: notice
+// → committed then costs max(save, upload) instead of their sum. It only
+// moves data objects; Commit, at done, decides what the manifest lists.
+//
+// Nothing a Pipeline uploads is trusted on its own. Each file is opened
+// through the request's os.Root handle (never by a path the trainer could
+// swap), O_NOFOLLOW and O_NONBLOCK, and must be a regular file; its
+// identity (device and inode, size, mtime, ctime) is taken from the open
+// descriptor before and after it is streamed. At done, Commit scans the
+// directory as it always does, and a piped upload stands for a file only
+// if the file's identity is unchanged since then; anything else (written
+// after `saved`, replaced, changed while it was read, a failed upload) is
+// uploaded again like a file nobody announced. A file modified within the
+// file system's timestamp granularity of its last write ("racily clean",
+// as git calls it) would keep its mtime: such a file is hashed again
+// locally at done, and re-uploaded if the hash differs.
+type Pipeline struct {
+	c      *Committer
+	root   *os.Root
+	prefix string
+	ctx    context.Context
+	cancel context.CancelFunc
+	sem    chan struct{}
+	wg     sync.WaitGroup
+	lazy   bool // with a Gate: validate only, upload at done
+	p      *progress
+	log    *zap.Logger
+
+	mu    sync.Mutex
+	files map[string]*pipedFile
+	first time.Time // first upload started
+	used  bool      // handed to a Commit: no more Add
+	clean sync.Once // deletes what no manifest lists, once
+}
+
+type pipedFile struct {
+	rel   string
+	key   string
+	size  int64
+	ident fileIdent // after the upload
+	racy  bool
+	sum   string
+	err   error // nil: uploaded, and unchanged while read
+	// started: an upload ran (it may have put an object)
+	started bool
+}
+
+var errNotEarly = errors.New("not uploaded early")
+
+// ErrDuplicate reports a file announced twice for one checkpoint.
+var ErrDuplicate = errors.New("already reported saved")
+
+// racyWindow is how close to the moment it is opened a file's mtime may
+// be before an unchanged mtime stops proving an unchanged file: Linux
+// stamps files from a coarse clock (one tick, up to 10 ms).
+const racyWindow = 50 * time.Millisecond
+
+// NewPipeline starts a pipeline for the checkpoint (step, id) held open as
+// root, which the caller keeps open until the pipeline is committed or
+// aborted. step names the objects' prefix: the step the trainer expects to
+// report in done (a done with another step still commits, its manifest
+// pointing at these keys). With a Gate (node mode) uploads wait for done,
+// where the gate orders them; Add still checks each file.
+func (c *Committer) NewPipeline(root *os.Root, step int64, id string) *Pipeline {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Pipeline{
+		c: c, root: root, prefix: Prefix(max(step, 0), id), ctx: ctx, cancel: cancel,
+		sem: make(chan struct{}, c.concurrency()), lazy: c.Gate != nil,
+		files: map[string]*pipedFile{}, p: &progress{start: time.Now()},
+		log: c.log().With(zap.String("id", id)),
+	}
+	return p
+}
+
+// Add starts uploading rel (relative to the checkpoint directory,
+// "/"-separated). It fails at once, uploading nothing, for an unsafe or
+// duplicate path, a missing file, or anything but a regular file.
+func (p *Pipeline) Add(rel string) error {
+	if err := SafeRel(rel); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.used {
+		return errors.New("checkpoint already done")
+	}
+	if p.ctx.Err() != nil && !p.lazy {
+		return errors.New("checkpoint abandoned")
+	}
+	if _, dup := p.files[rel]; dup {
+		return fmt.Errorf("%s: %w", rel, ErrDuplicate)
+	}
+	fh, err := p.root.OpenFile(rel, os.O_RDONLY|oNonblock|oNoFollow, 0)
+	if err != nil {
+		return err
+	}
+	info, err := fh.Stat()
+	if err == nil {
+		err = checkRegular(p.root, rel, fh, info.Size())
+	}
+	if err != nil {
+		fh.Close()
+		return err
+	}
+	f := &pipedFile{rel: rel, key: p.prefix + rel, size: info.Size()}
+	p.files[rel] = f
+	if p.lazy {
+		fh.Close()
+		f.err = errNotEarly
+		return nil
+	}
+	f.started = true
+	if p.first.IsZero() {
+		p.first = time.Now()
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer fh.Close()
+		p.upload(fh, info, f)
+		if f.err != nil && p.ctx.Err() == nil {
+			p.log.Warn("early upload failed: the file is uploaded again at done", zap.String("path", rel), zap.Error(f.err))
+		}
+	}()
+	return nil
+}
+
+// upload streams fh to the store. Only this goroutine writes f until
+// wg.Wait returns.
+func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
+	select {
+	case p.sem <- struct{}{}:
+		defer func() { <-p.sem }()
+	case <-p.ctx.Done():
+		f.err = p.ctx.Err()
+		return
+	}
+	opened := time.Now()
+	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p.p}
+	if err := p.c.Store.Put(p.ctx, f.key, cr, f.size, cloud.PutOptions{}); err != nil {
+		f.err = err
+		return
+	}
+	after, err := fh.Stat()
+	switch {
+	case err != nil:
+		f.err = err
+	case cr.n != f.size || identOf(after) != identOf(before):
+		f.err = errors.New("file changed while it was uploaded")
+	}
+	f.ident = identOf(after)
+	f.racy = !after.ModTime().Before(opened.Add(-racyWindow))
+	f.sum = hex.EncodeToString(cr.h.Sum(nil))
+}
+
+// Halt stops the uploads in flight without deleting anything; files
+// reported from now on are only checked. What was not uploaded is
+// uploaded at done.
+func (p *Pipeline) Halt() {
+	p.mu.Lock()
+	p.lazy = true
+	p.mu.Unlock()
+	p.cancel()
+}
+
+// Abort stops the uploads and deletes what they put, in the background:
+// the checkpoint will not be committed. Safe to call more than once, and
+// after a Commit that used the pipeline (it then does nothing).
+func (p *Pipeline) Abort() {
+	p.mu.Lock()
+	p.used = true
+	p.mu.Unlock()
+	p.cancel()
+	p.clean.Do(func() {
+		go func() {
+			p.wg.Wait()
+			p.deleteUnused(nil)
+		}()
+	})
+}
+
+// committed deletes, in the background, the early uploads the manifest
+// does not list (files changed or removed after `saved`, or uploaded under
+// another step's prefix and then again).
+func (p *Pipeline) committed(m *Manifest) {
+	keep := map[string]bool{}
+	for _, f := range m.Files {
+		keep[f.Key] = true
+	}
+	p.clean.Do(func() { go p.deleteUnused(keep) })
+}
+
+// deleteUnused removes the objects of piped files whose keys keep does not
+// list; best effort (retention removes them later otherwise).
+func (p *Pipeline) deleteUnused(keep map[string]bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, f := range p.files {
+		if keep[f.key] || !f.started {
+			continue
+		}
+		if err := p.c.Store.Delete(ctx, f.key); err != nil && !errors.Is(err, cloud.ErrNotExist) {
+			p.log.Debug("could not delete an early upload", zap.String("key", f.key), zap.Error(err))
+		}
+	}
+}
+
+// take waits for every upload, then returns the entries that still stand
+// for the files scan found now: same identity, and for a racily-clean
+// file, the same content.
+func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File, time.Time, error) {
+	p.mu.Lock()
+	p.used = true
+	p.mu.Unlock()
+	waited := make(chan struct{})
+	go func() { p.wg.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		p.cancel()
+		return nil, time.Time{}, ctx.Err()
+	}
+	ok := map[string]File{}
+	for _, lf := range files {
+		f := p.files[lf.rel]
+		if f == nil || f.err != nil {
+			continue
+		}
+		if why := p.stale(f, lf); why != "" {
+			p.log.Warn("file changed after it was reported saved: uploading it again", zap.String("path", f.rel), zap.String("why", why))
+			continue
+		}
+		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, SHA256: f.sum}
+	}
+	return ok, p.first, nil
+}
+
+// stale says why f no longer stands for the file lf, or "".
+func (p *Pipeline) stale(f *pipedFile, lf localFile) string {
+	info, err := p.root.Lstat(f.rel)
+	switch {
+	case err != nil:
+		return err.Error()
+	case !info.Mode().IsRegular() || lf.size != f.size:
+		return "size or type changed"
+	case identOf(info) != f.ident:
+		return "replaced or modified"
+	case !f.racy:
+		return ""
+	}
+	fh, err := openRegular(p.root, f.rel, f.size)
+	if err != nil {
+		return err.Error()
+	}
+	defer fh.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, fh); err != nil {
+		return err.Error()
+	}
+	if hex.EncodeToString(h.Sum(nil)) != f.sum {
+		return "content changed within the timestamp granularity"
+	}
+	return ""
+}

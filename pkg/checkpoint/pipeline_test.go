@@ -1,0 +1,352 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// countingStore counts the Puts per key, and can hold them until released.
+type countingStore struct {
+	cloud.Store
+	mu   sync.Mutex
+	puts map[string]int
+	hold chan struct{} // when set, data Puts wait for it to close
+}
+
+func (s *countingStore) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	s.mu.Lock()
+	if s.puts == nil {
+		s.puts = map[string]int{}
+	}
+	s.puts[key]++
+	hold := s.hold
+	s.mu.Unlock()
+	if hold != nil && !strings.HasSuffix(key, "manifest.json") && key != LatestKey {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.Store.Put(ctx, key, r, size, opts)
+}
+
+func (s *countingStore) count(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.puts[key]
+}
+
+func openRoot(t *testing.T, dir string) *os.Root {
+	t.Helper()
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// restoredFiles restores the newest checkpoint and returns its files.
+func restoredFiles(t *testing.T, st cloud.Store) (int64, map[string]string) {
+	t.Helper()
+	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range r.Manifest.Files {
+		b, err := os.ReadFile(filepath.Join(r.Dir, filepath.FromSlash(f.Path)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[f.Path] = string(b)
+	}
+	return r.Manifest.Step, got
+}
+
+func TestPipeline_UploadsEarlyOnce(t *testing.T) {
+	st := &countingStore{Store: newStore(t), hold: make(chan struct{})}
+	files := map[string]string{"model.pt": strings.Repeat("m", 300000), "sub/opt.pt": "optimizer", "late": "written after"}
+	dir := writeDir(t, map[string]string{"model.pt": files["model.pt"], "sub/opt.pt": files["sub/opt.pt"]})
+	root := openRoot(t, dir)
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(root, 7, "abc")
+	for _, rel := range []string{"model.pt", "sub/opt.pt"} {
+		if err := p.Add(rel); err != nil {
+			t.Fatalf("add %s: %v", rel, err)
+		}
+	}
+	// The uploads started before done: both Puts are in the store's hands.
+	key := Prefix(7, "abc") + "model.pt"
+	deadline := time.Now().Add(10 * time.Second)
+	for st.count(key) == 0 || st.count(Prefix(7, "abc")+"sub/opt.pt") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no upload started before done")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "late"), []byte(files["late"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	close(st.hold)
+	res, err := c.Commit(context.Background(), Request{Root: root, ID: "abc", Step: 7, Reason: "periodic", Pipeline: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(res.Manifest.Files), 3; got != want {
+		t.Fatalf("files=%d, want %d", got, want)
+	}
+	for rel := range files {
+		if got, want := st.count(Prefix(7, "abc")+rel), 1; got != want {
+			t.Errorf("puts of %s=%d, want %d", rel, got, want)
+		}
+	}
+	step, got := restoredFiles(t, st)
+	if step != 7 {
+		t.Fatalf("step=%d, want 7", step)
+	}
+	for rel, body := range files {
+		if got[rel] != body {
+			t.Errorf("%s restored as %.20q, want %.20q", rel, got[rel], body)
+		}
+	}
+}
+
+// A file rewritten after `saved` (same size, other bytes, even with its
+// mtime put back) is uploaded again: the manifest never lists the old
+// bytes under the new file's name.
+func TestPipeline_FileChangedAfterSaved(t *testing.T) {
+	for _, name := range []string{"rewritten", "rewritten, mtime restored", "replaced", "removed"} {
+		t.Run(name, func(t *testing.T) {
+			st := &countingStore{Store: newStore(t)}
+			dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 100000), "keep": "k"})
+			root := openRoot(t, dir)
+			c := &Committer{Store: st, RunID: "run"}
+			p := c.NewPipeline(root, 3, "chg")
+			if err := p.Add("model.pt"); err != nil {
+				t.Fatal(err)
+			}
+			p.wg.Wait() // the early upload is complete
+			path := filepath.Join(dir, "model.pt")
+			fi, _ := os.Stat(path)
+			want := strings.Repeat("b", 100000)
+			switch name {
+			case "rewritten", "rewritten, mtime restored":
+				f, err := os.OpenFile(path, os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.WriteAt([]byte(want), 0)
+				f.Close()
+				if name == "rewritten, mtime restored" {
+					os.Chtimes(path, fi.ModTime(), fi.ModTime())
+				}
+			case "replaced":
+				os.WriteFile(path+".tmp", []byte(want), 0o600)
+				os.Rename(path+".tmp", path)
+			case "removed":
+				os.Remove(path)
+				want = ""
+			}
+			_, err := c.Commit(context.Background(), Request{Root: root, ID: "chg", Step: 3, Reason: "periodic", Pipeline: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, got := restoredFiles(t, st)
+			if got["model.pt"] != want {
+				t.Fatalf("model.pt committed as %.10q…, want %.10q…", got["model.pt"], want)
+			}
+			if name == "removed" {
+				// The early object is not left behind under the checkpoint.
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					_, err := st.Stat(context.Background(), Prefix(3, "chg")+"model.pt")
+					if errors.Is(err, cloud.ErrNotExist) {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("early upload of a removed file still in the store: %v", err)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			} else if got, want := st.count(Prefix(3, "chg")+"model.pt"), 2; got != want {
+				t.Fatalf("puts of model.pt=%d, want %d (uploaded again)", got, want)
+			}
+		})
+	}
+}
+
+// A file written to while it is uploaded is never taken as uploaded.
+func TestPipeline_ChangedDuringUpload(t *testing.T) {
+	st := &countingStore{Store: newStore(t), hold: make(chan struct{})}
+	dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 1<<20)})
+	root := openRoot(t, dir)
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(root, 1, "dur")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st.count(Prefix(1, "dur")+"model.pt") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("upload did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	want := strings.Repeat("z", 1<<20)
+	if err := os.WriteFile(filepath.Join(dir, "model.pt"), []byte(want), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	close(st.hold)
+	if _, err := c.Commit(context.Background(), Request{Root: root, ID: "dur", Step: 1, Reason: "periodic", Pipeline: p}); err != nil {
+		t.Fatal(err)
+	}
+	if _, got := restoredFiles(t, st); got["model.pt"] != want {
+		t.Fatal("a file changed during its early upload was committed torn or stale")
+	}
+}
+
+func TestPipeline_AddRefuses(t *testing.T) {
+	dir := writeDir(t, map[string]string{"model.pt": "m", "sub/x": "x"})
+	outside := writeDir(t, map[string]string{"secret": "s"})
+	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(dir, "link"))
+	os.Symlink("model.pt", filepath.Join(dir, "inner-link"))
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := &countingStore{Store: newStore(t)}
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(openRoot(t, dir), 1, "bad")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rel  string
+		want error
+	}{
+		{"model.pt", ErrDuplicate},
+		{"../secret", ErrUnsafePath},
+		{"/etc/passwd", ErrUnsafePath},
+		{"sub/../model.pt", ErrUnsafePath},
+		{"missing", fs.ErrNotExist},
+		{"link", nil},
+		{"inner-link", nil},
+		{"fifo", ErrRefused},
+		{"sub", ErrRefused},
+	} {
+		err := p.Add(tc.rel)
+		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("Add(%q)=%v, want %v", tc.rel, err, tc.want)
+		}
+	}
+	p.wg.Wait()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.puts) != 1 {
+		t.Fatalf("puts=%v, want model.pt only", st.puts)
+	}
+}
+
+// An aborted pipeline leaves nothing in the store, and nothing restorable.
+func TestPipeline_Abort(t *testing.T) {
+	st := &countingStore{Store: newStore(t)}
+	dir := writeDir(t, map[string]string{"model.pt": "m"})
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(openRoot(t, dir), 1, "abt")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	p.Abort()
+	if err := p.Add("other"); err == nil {
+		t.Fatal("Add after Abort succeeded")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := 0
+		st.List(context.Background(), "", func(cloud.ObjectInfo) error { n++; return nil })
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d objects left after Abort", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{}); err == nil {
+		t.Fatal("an aborted pipeline restored")
+	}
+}
+
+// done with another step than the pipeline's: the manifest points at the
+// early objects, and the checkpoint restores.
+func TestPipeline_OtherStepAtDone(t *testing.T) {
+	st := &countingStore{Store: newStore(t)}
+	dir := writeDir(t, map[string]string{"model.pt": "m", "b": "bb"})
+	root := openRoot(t, dir)
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(root, 5, "stp")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(context.Background(), Request{Root: root, ID: "stp", Step: 6, Reason: "periodic", Pipeline: p}); err != nil {
+		t.Fatal(err)
+	}
+	step, got := restoredFiles(t, st)
+	if step != 6 || got["model.pt"] != "m" || got["b"] != "bb" {
+		t.Fatalf("restored step %d files %v", step, got)
+	}
+	if n := st.count(Prefix(6, "stp") + "model.pt"); n != 0 {
+		t.Fatalf("model.pt uploaded again under the done step (%d)", n)
+	}
+}
+
+// A halted pipeline (an interruption needs the bandwidth) and one under a
+// Gate (node mode) upload nothing early; Add still checks; done uploads all.
+func TestPipeline_HaltedAndGated(t *testing.T) {
+	for _, name := range []string{"halted", "gated"} {
+		t.Run(name, func(t *testing.T) {
+			st := &countingStore{Store: newStore(t)}
+			dir := writeDir(t, map[string]string{"a": "1", "b": "2"})
+			root := openRoot(t, dir)
+			c := &Committer{Store: st, RunID: "run"}
+			if name == "gated" {
+				c.Gate = NewGate(1)
+			}
+			p := c.NewPipeline(root, 1, "hlt")
+			if name == "halted" {
+				p.Halt()
+			}
+			if err := p.Add("a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Add("a"); !errors.Is(err, ErrDuplicate) {
+				t.Fatalf("second Add: %v, want ErrDuplicate", err)
+			}
+			if err := p.Add("../x"); !errors.Is(err, ErrUnsafePath) {
+				t.Fatalf("Add(../x): %v", err)
+			}
+			p.wg.Wait()
+			if n := st.count(Prefix(1, "hlt") + "a"); n != 0 {
+				t.Fatalf("uploaded early %d times", n)
+			}
+			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "hlt", Step: 1, Reason: "periodic", Pipeline: p}); err != nil {
+				t.Fatal(err)
+			}
+			if _, got := restoredFiles(t, st); got["a"] != "1" || got["b"] != "2" {
+				t.Fatalf("restored %v", got)
+			}
+		})
+	}
+}

@@ -1,0 +1,89 @@
+package supervisor
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// onSaved starts uploading one file of a requested checkpoint before the
+// trainer is done with the rest (checkpoint.Pipeline). A `saved` the agent
+// cannot use -- no such pending request, a path outside its directory, a
+// path already reported, a missing file or anything but a regular file --
+// gets an error reply and is otherwise ignored: nothing is uploaded from
+// it, and the checkpoint goes on. That is the safer choice: done scans and
+// verifies every file whatever `saved` said, so a refused hint costs only
+// speed, whereas failing the whole checkpoint would let a trainer bug (or
+// a file name it got wrong) lose an interruption checkpoint.
+func (a *Agent) onSaved(c *Conn, m Message) {
+	r, ok := a.pending[m.ID]
+	if m.ID == "" || !ok || !r.waiting[c.ID()] {
+		a.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
+		return
+	}
+	err := a.startEarly(r, m)
+	if err != nil {
+		a.log.Warn("saved refused: the file is checked at done like any other", zap.String("id", r.id), zap.String("path", m.Path), zap.Error(err))
+		a.reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
+	}
+}
+
+func (a *Agent) startEarly(r *request, m Message) error {
+	rel, err := savedRel(r.dir, m.Path)
+	if err != nil {
+		return err
+	}
+	if r.held == nil {
+		// Held from here to its removal, as for the commit: every early
+		// upload reads through this handle, never by path.
+		if r.held, err = checkpoint.OpenDir(a.dirs.root, r.rel); err != nil {
+			return err
+		}
+	}
+	if r.pipe == nil {
+		step := a.lastStep
+		if m.Step != nil && *m.Step >= 0 {
+			step = *m.Step
+		}
+		r.pipe = a.committer.NewPipeline(r.held, step, r.id)
+		if a.stopping != nil && !r.urgent() {
+			r.pipe.Halt()
+		}
+	}
+	return r.pipe.Add(rel)
+}
+
+// savedRel turns a saved message's path (relative to dir, or absolute and
+// inside it) into a "/"-separated path relative to dir.
+func savedRel(dir, p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("path is required")
+	}
+	if filepath.IsAbs(p) {
+		rel, err := filepath.Rel(dir, filepath.Clean(p))
+		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			return "", fmt.Errorf("not inside the checkpoint directory %s: %w", dir, checkpoint.ErrUnsafePath)
+		}
+		p = rel
+	}
+	rel := filepath.ToSlash(p)
+	if err := checkpoint.SafeRel(rel); err != nil {
+		return "", fmt.Errorf("not a path inside the checkpoint directory: %w", err)
+	}
+	return rel, nil
+}
+
+// haltPipelines stops the early uploads of periodic checkpoints still being
+// saved: an interruption checkpoint needs the bandwidth. Their files are
+// uploaded at done, as without `saved`.
+func (a *Agent) haltPipelines() {
+	for _, r := range a.pending {
+		if r.pipe != nil && !r.urgent() {
+			r.pipe.Halt()
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// Issue 16: `saved` starts a file's upload before done; done still decides.
+
+func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	tr.send(map[string]any{"type": "progress", "step": 42})
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
+	key := checkpoint.Prefix(42, req.ID) + "model.pt"
+	waitFor(t, "model.pt uploaded before done", func() bool {
+		_, err := ar.store.Stat(context.Background(), key)
+		return err == nil
+	})
+	if _, err := checkpoint.ReadLatest(context.Background(), ar.store); !errors.Is(err, cloud.ErrNotExist) {
+		t.Fatalf("latest.json before done: %v", err)
+	}
+	mustWrite(t, filepath.Join(req.Dir, "sub", "optim.pt"), "moments")
+	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": filepath.Join(req.Dir, "sub", "optim.pt")})
+	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 42, "blocked_ms": 1})
+	tr.expect(TypeCommitted)
+	tr.expect(TypeStop)
+	// δ is the time training was blocked, not request → done.
+	if got, want := ar.cfg.Scheduler.Cost(), time.Millisecond; got != want {
+		t.Fatalf("scheduler cost=%v, want %v (the trainer's blocked_ms)", got, want)
+	}
+	r, err := checkpoint.Restore(context.Background(), ar.store, t.TempDir(), checkpoint.RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, filepath.Join(r.Dir, "model.pt")) + "/" + mustRead(t, filepath.Join(r.Dir, "sub", "optim.pt")); got != "weights/moments" {
+		t.Fatalf("restored %q", got)
+	}
+}
+
+// A `saved` the agent cannot use gets an error carrying the request's id,
+// uploads nothing, and the checkpoint still commits what done finds.
+func TestAgent_SavedRefused(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	mustWrite(t, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not for the store")
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	os.Symlink(filepath.Join(ar.cfg.CheckpointDir, "secret"), filepath.Join(req.Dir, "link"))
+	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt"})
+	for _, tc := range []struct{ id, path, want string }{
+		{req.ID, "../secret", "not a path inside"},
+		{req.ID, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not inside the checkpoint directory"},
+		{req.ID, "/etc/passwd", "not inside the checkpoint directory"},
+		{req.ID, "model.pt", "already reported saved"},
+		{req.ID, "missing.pt", "no such file"},
+		{req.ID, "link", "saved"},
+		{req.ID, "", "path is required"},
+		{"nope", "model.pt", "unknown checkpoint id"},
+		{"", "model.pt", "unknown checkpoint id"},
+	} {
+		tr.send(map[string]any{"type": "saved", "id": tc.id, "path": tc.path})
+		e := tr.expect(TypeError)
+		if e.ID != tc.id || !strings.Contains(e.Error, tc.want) {
+			t.Errorf("saved %q: error %+v, want id %q and %q", tc.path, e, tc.id, tc.want)
+		}
+	}
+	os.Remove(filepath.Join(req.Dir, "link"))
+	mustWrite(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
+	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 5})
+	tr.expect(TypeCommitted)
+	r, err := checkpoint.Restore(context.Background(), ar.store, t.TempDir(), checkpoint.RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, f := range r.Manifest.Files {
+		paths = append(paths, f.Path)
+	}
+	if got, want := strings.Join(paths, ","), "missing.pt,model.pt"; got != want {
+		t.Fatalf("manifest files %s, want %s", got, want)
+	}
+	ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+		if strings.Contains(o.Key, "secret") || strings.Contains(o.Key, "passwd") || strings.Contains(o.Key, "link") {
+			t.Errorf("object %s uploaded from a refused saved", o.Key)
+		}
+		return nil
+	})
+}
+
+// A request that ends without done (the trainer failed) leaves none of
+// its early uploads in the store.
+func TestAgent_SavedThenFailed(t *testing.T) {
+	ar := startAgent(t, nil)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
+	key := checkpoint.Prefix(3, req.ID) + "model.pt"
+	waitFor(t, "the early upload", func() bool {
+		_, err := ar.store.Stat(context.Background(), key)
+		return err == nil
+	})
+	tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
+	tr.expect(TypeStop)
+	waitFor(t, "the early upload deleted", func() bool {
+		_, err := ar.store.Stat(context.Background(), key)
+		return errors.Is(err, cloud.ErrNotExist)
+	})
+}

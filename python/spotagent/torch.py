@@ -1,0 +1,143 @@
+"""Non-blocking checkpoint saves for PyTorch (and anything picklable).
+
+    import spotagent, spotagent.torch
+    req = agent.poll(step)
+    if req:
+        spotagent.torch.save(req, model.state_dict(), "model.pt")
+        spotagent.torch.save(req, optimizer.state_dict(), "optim.pt")
+        req.done(step, metadata={"epoch": epoch})   # returns at once
+    # training goes on while the files are written, fsynced and uploaded
+
+``save`` copies every tensor to CPU memory in the caller -- the only part
+that blocks training -- then writes the copy with ``torch.save`` in a
+background thread, fsyncs it and tells the agent (``saved``), which uploads
+it at once. ``done`` goes to the agent when the last file of the request is
+written. Several files of one request are written in parallel.
+
+Memory: the staged copy is one more copy of the state in CPU RAM while it
+is written. A request's first ``save`` waits while an earlier request's
+files are still being written, so there is never more than one staged copy
+(and its buffers are reused by the next checkpoint of the same shapes).
+Use a plain blocking ``torch.save`` when the machine has no CPU RAM for a
+second copy of the state.
+
+torch is imported only when a tensor is met or a file is written: without
+torch installed, ``save`` stages with ``copy.deepcopy`` and writes with
+pickle.
+"""
+
+import copy
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from .client import CheckpointRequest
+
+__all__ = ["save", "stage", "forget_buffers"]
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
+# Staging buffers kept for reuse, per (agent, file name): writing into a
+# tensor allocated last time costs a memcpy, a fresh one also page faults
+# (about twice the time for large states). Only ever used once the previous
+# request's writes are over (CheckpointRequest.write_async waits for them).
+_buffers = {}  # type: Dict[Tuple[int, str], Dict[Tuple[Any, ...], Any]]
+_buffers_lock = threading.Lock()
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
+    """A copy of obj that later in-place updates of obj (an optimizer step)
+    cannot reach: tensors are copied to CPU memory (``detach().to("cpu",
+    copy=True)``, or into a same-shaped tensor from ``reuse``), dicts, lists
+    and tuples are rebuilt, immutable atoms shared, anything else
+    deep-copied. Tensors shared within obj stay shared in the copy."""
+    torch = _torch()
+    memo = {}  # type: Dict[int, Any]
+    fresh = {}  # type: Dict[Tuple[Any, ...], Any]
+
+    def walk(x: Any, path: Tuple[Any, ...]) -> Any:
+        if isinstance(x, _ATOMS):
+            return x
+        if torch is not None and isinstance(x, torch.Tensor):
+            if id(x) in memo:
+                return memo[id(x)]
+            y = _copy_tensor(torch, x, None if reuse is None else reuse.get(path))
+            memo[id(x)] = y
+            fresh[path] = y
+            return y
+        if isinstance(x, dict):
+            out = type(x)() if type(x) is not dict else {}
+            for k, v in x.items():
+                out[k] = walk(v, path + (k,))
+            meta = getattr(x, "_metadata", None)  # a module state_dict's versions
+            if meta is not None:
+                out._metadata = copy.deepcopy(meta)
+            return out
+        if isinstance(x, list):
+            return [walk(v, path + (i,)) for i, v in enumerate(x)]
+        if isinstance(x, tuple) and type(x) is tuple:
+            return tuple(walk(v, path + (i,)) for i, v in enumerate(x))
+        return copy.deepcopy(x)
+
+    out = walk(obj, ())
+    if reuse is not None:
+        reuse.clear()
+        reuse.update(fresh)
+    return out
+
+
+def _copy_tensor(torch: Any, t: Any, buf: Any) -> Any:
+    t = t.detach()
+    if (
+        buf is not None
+        and t.layout == torch.strided
+        and buf.shape == t.shape
+        and buf.dtype == t.dtype
+        and buf.is_contiguous()
+        and not t.is_quantized
+    ):
+        buf.copy_(t)
+        return buf
+    # copy=True: a CPU tensor is copied too, never aliased.
+    return t.to("cpu", copy=True)
+
+
+def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True) -> None:
+    """Stage obj now and write it to ``req.dir/name`` in the background (see
+    the module doc). Returns once obj is staged; the time that took is
+    reported to the agent as the checkpoint's blocking cost. Call
+    ``req.done(step, metadata)`` after the request's last ``save``; check
+    ``req.wait()`` or ``agent.close()`` (which waits) before exiting."""
+    if str(name) in req._saved_names:  # before staging: its buffers are being written
+        raise ValueError("spotagent: %s written twice for checkpoint %s" % (name, req.id))
+    t0 = time.monotonic()
+    agent = req._agent
+    # Waits for an earlier request's writes: their buffers are the ones reused.
+    agent._await_background(req)
+    reuse = None  # type: Optional[Dict[Tuple[Any, ...], Any]]
+    if reuse_buffers:
+        with _buffers_lock:
+            reuse = _buffers.setdefault((id(agent), str(name)), {})
+    staged = stage(obj, reuse)
+    req._blocked += time.monotonic() - t0
+
+    def write(f: Any) -> None:
+        torch = _torch()
+        if torch is not None:
+            torch.save(staged, f)
+        else:
+            pickle.dump(staged, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    req.write_async(name, write)
+
+
+def forget_buffers() -> None:
+    """Drop the staging buffers kept for reuse (frees their memory)."""
+    with _buffers_lock:
+        _buffers.clear()
