@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -43,19 +45,36 @@ func cmdReport(args []string) int {
 			}
 			ac.Current = d
 		}
-		j, err := checkpoint.ReadJournal(ctx, st, "")
+		j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
+		if errors.Is(err, cloud.ErrNotExist) {
+			return fmt.Errorf("no run journal in %s", st.URI(""))
+		}
 		if err != nil {
 			return err
 		}
 		g, err := checkpoint.Account(j, time.Now())
 		if err != nil {
+			if len(damage) > 0 {
+				return fmt.Errorf("%s in %s is damaged and %w: %s", checkpoint.JournalKey, st.URI(""), err, strings.Join(damage, "; "))
+			}
 			return fmt.Errorf("no run journal in %s: %w", st.URI(""), err)
+		}
+		for _, d := range damage {
+			g.Missing = append(g.Missing, "damaged journal: "+d)
 		}
 		var adv *checkpoint.Advice
 		if ac.Runs > 0 {
 			adv = checkpoint.Advise(j, g, ac)
 		}
-		return writeReport(os.Stdout, g, adv, price, onDemand, format)
+		if err := writeReport(os.Stdout, g, adv, price, onDemand, format); err != nil {
+			return err
+		}
+		if len(damage) > 0 {
+			// The report above is what could be read; the exit status says
+			// that it is partial.
+			return fmt.Errorf("%s is damaged: %s", checkpoint.JournalKey, strings.Join(damage, "; "))
+		}
+		return nil
 	})
 }
 
