@@ -28,7 +28,7 @@ func cmdReport(args []string) int {
 		fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
 		fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
 		fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
-		fs.IntVar(&ac.Runs, "advice-runs", 200, "advice: simulated runs per candidate policy; 0 = no advice")
+		fs.IntVar(&ac.Runs, "advice-runs", 100, "advice: simulated runs per candidate policy; 0 = no advice")
 		fs.DurationVar(&ac.Horizon, "advice-horizon", 7*24*time.Hour, "advice: length of one simulated run")
 		fs.StringVar(&format, "format", "table", "table or json")
 		fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
@@ -150,8 +150,8 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, adv *checkpoint.Advice, pri
 
 func writeAdvice(w io.Writer, a *checkpoint.Advice) {
 	c := a.Calibration
-	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %.2f h on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
-		a.Runs, time.Duration(a.HorizonSeconds*float64(time.Second)), c.Interruptions, c.RunHours, c.ObservedRate, c.Rate,
+	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
+		a.Runs, time.Duration(a.HorizonSeconds*float64(time.Second)), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
 		c.NoticeCommitted, c.NoticeSuccess, c.DeltaSeconds, c.UploadSeconds, c.RestartSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "POLICY\tPREDICTED WASTE\tPREDICTED GOODPUT\t")
