@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,9 +19,17 @@ import (
 )
 
 func cmdReport(args []string) int {
-	var format string
+	var format, interval string
 	var price, onDemand float64
+	var ac checkpoint.AdviceConfig
 	more := func(fs *flag.FlagSet) {
+		fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
+		fs.DurationVar(&ac.Margin, "margin", 5*time.Second, "advice: the run's current --margin")
+		fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
+		fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
+		fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
+		fs.IntVar(&ac.Runs, "advice-runs", 100, "advice: simulated runs per candidate policy; 0 = no advice")
+		fs.DurationVar(&ac.Horizon, "advice-horizon", 7*24*time.Hour, "advice: length of one simulated run")
 		fs.StringVar(&format, "format", "table", "table or json")
 		fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
 		fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
@@ -28,24 +38,53 @@ func cmdReport(args []string) int {
 		if format != "table" && format != "json" {
 			return fmt.Errorf("--format %q: want table or json", format)
 		}
-		j, err := checkpoint.ReadJournal(ctx, st, "")
+		if interval != "auto" {
+			d, err := time.ParseDuration(interval)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("--interval: want auto or a positive duration, got %q", interval)
+			}
+			ac.Current = d
+		}
+		j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
+		if errors.Is(err, cloud.ErrNotExist) {
+			return fmt.Errorf("no run journal in %s", st.URI(""))
+		}
 		if err != nil {
 			return err
 		}
 		g, err := checkpoint.Account(j, time.Now())
 		if err != nil {
+			if len(damage) > 0 {
+				return fmt.Errorf("%s in %s is damaged and %w: %s", checkpoint.JournalKey, st.URI(""), err, strings.Join(damage, "; "))
+			}
 			return fmt.Errorf("no run journal in %s: %w", st.URI(""), err)
 		}
-		return writeReport(os.Stdout, g, price, onDemand, format)
+		for _, d := range damage {
+			g.Missing = append(g.Missing, "damaged journal: "+d)
+		}
+		var adv *checkpoint.Advice
+		if ac.Runs > 0 {
+			adv = checkpoint.Advise(j, g, ac)
+		}
+		if err := writeReport(os.Stdout, g, adv, price, onDemand, format); err != nil {
+			return err
+		}
+		if len(damage) > 0 {
+			// The report above is what could be read; the exit status says
+			// that it is partial.
+			return fmt.Errorf("%s is damaged: %s", checkpoint.JournalKey, strings.Join(damage, "; "))
+		}
+		return nil
 	})
 }
 
 type reportJSON struct {
 	*checkpoint.Goodput
-	Money *checkpoint.Money `json:"money,omitempty"`
+	Money  *checkpoint.Money  `json:"money,omitempty"`
+	Advice *checkpoint.Advice `json:"advice,omitempty"`
 }
 
-func writeReport(w io.Writer, g *checkpoint.Goodput, price, onDemand float64, format string) error {
+func writeReport(w io.Writer, g *checkpoint.Goodput, adv *checkpoint.Advice, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -54,7 +93,7 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, price, onDemand float64, fo
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(reportJSON{g, m})
+		return enc.Encode(reportJSON{g, m, adv})
 	}
 	secs := func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -103,7 +142,34 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, price, onDemand float64, fo
 	for _, s := range g.Missing {
 		fmt.Fprintln(w, "incomplete journal:", s)
 	}
+	if adv != nil {
+		writeAdvice(w, adv)
+	}
 	return nil
+}
+
+func writeAdvice(w io.Writer, a *checkpoint.Advice) {
+	c := a.Calibration
+	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
+		a.Runs, time.Duration(a.HorizonSeconds*float64(time.Second)), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
+		c.NoticeCommitted, c.NoticeSuccess, c.DeltaSeconds, c.UploadSeconds, c.RestartSeconds)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POLICY\tPREDICTED WASTE\tPREDICTED GOODPUT\t")
+	for _, p := range a.Policies {
+		mark := ""
+		if p.Current {
+			mark += " (current)"
+		}
+		if p.Policy == a.Recommended {
+			mark += " (recommended)"
+		}
+		fmt.Fprintf(tw, "--interval %s%s\t%.3f %%\t%.2f %%\t\n", p.Flag, mark, p.Waste, 100*p.Goodput)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, current settings %.3f %% (difference %.3f ± %.3f)\n",
+		a.RecommendedFlag, time.Duration(a.Margin.Recommended*float64(time.Second)), a.Waste, a.CurrentWaste,
+		a.CurrentWaste-a.Waste, a.DiffSE)
+	fmt.Fprintf(w, "margin (not simulated): %s\n", a.Margin.Basis)
 }
 
 func upper(s string) string {

@@ -44,6 +44,7 @@ type Goodput struct {
 	Ratio         float64            `json:"goodput_ratio"`
 	Interruptions int                `json:"interruptions"`
 	NoticeCommits int                `json:"notice_commits"`
+	Restores      int                `json:"restores"` // restores at a session's start
 	Sessions      []GoodputSession   `json:"sessions"`
 	// Missing names what the journal lacks; the accounting makes do
 	// without it (each entry says how).
@@ -101,6 +102,7 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 		for _, r := range j.Restores {
 			if !r.At.Before(s.Start) && !r.At.After(end) {
 				restore += r.Seconds
+				g.Restores++
 			}
 		}
 		cut := end

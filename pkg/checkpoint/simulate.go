@@ -38,6 +38,10 @@ type SimParams struct {
 	// Scheduler settings for every policy (Fixed is set per policy).
 	Min, Max  time.Duration
 	PriorRate float64 // --interruption-rate of the adaptive policy
+	// History is what the run journal holds before the simulated run
+	// starts (zero: a new run); the adaptive policy's first Scheduler is
+	// seeded with it, and later lives with it plus what they saw.
+	History History
 }
 
 // SimPolicy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
@@ -250,7 +254,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 	end := p.Duration
 	var (
 		r         SimResult
-		hist      History
+		hist      = p.History
 		progress  time.Duration // useful compute so far
 		committed time.Duration // progress in the newest uploaded checkpoint
 		now       time.Duration

@@ -1,0 +1,48 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSalvageJournal(t *testing.T) {
+	b, err := json.Marshal(adviceJournal(time.Hour, true, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, damage := SalvageJournal(b); damage != nil || len(j.Sessions) != 3 {
+		t.Fatalf("intact journal: damage %v, %d sessions", damage, len(j.Sessions))
+	}
+	// A garbled field: that session has no end, the rest stands.
+	garbled := strings.Replace(string(b), `"end":"2025-03-01T01:00:00Z"`, `"end":"01:00 yesterday"`, 1)
+	if garbled == string(b) {
+		t.Fatal("test journal lacks the first session's end")
+	}
+	j, damage := SalvageJournal([]byte(garbled))
+	if len(j.Sessions) != 3 || j.Sessions[0].End != nil || j.Sessions[1].End == nil || len(j.Interruptions) != 2 {
+		t.Fatalf("garbled: %d sessions, %d interruptions, first end %v", len(j.Sessions), len(j.Interruptions), j.Sessions[0].End)
+	}
+	if len(damage) != 1 || !strings.Contains(damage[0], "sessions[0].end unreadable") {
+		t.Fatalf("garbled: damage %q", damage)
+	}
+	// Truncated inside the interruptions: the sessions survive, and the
+	// damage says where the journal stops.
+	cut := strings.Index(string(b), `"interruptions"`) + 60
+	j, damage = SalvageJournal(b[:cut])
+	if len(j.Sessions) != 3 || len(j.Interruptions) != 0 {
+		t.Fatalf("truncated: %d sessions, %d interruptions", len(j.Sessions), len(j.Interruptions))
+	}
+	if len(damage) != 1 || !strings.Contains(damage[0], "interruptions[0]") || !strings.Contains(damage[0], "unexpected EOF") {
+		t.Fatalf("truncated: damage %q", damage)
+	}
+	if _, err := Account(j, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Not JSON at all: nothing, and that is said.
+	j, damage = SalvageJournal([]byte("garbage"))
+	if len(j.Sessions) != 0 || len(damage) != 1 || !strings.Contains(damage[0], "byte 0") {
+		t.Fatalf("garbage: %+v, %q", j, damage)
+	}
+}
