@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 )
 
 // Issue 16: pipelined commit and the non-blocking save, end to end.
