@@ -114,7 +114,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 		}
 	}
 
-	out, stderr, code := runReport(t, "--store", store, "--format", "json", "--interval", "2s")
+	out, stderr, code := runReport(t, "--store", store, "--format", "json", "--interval", "2s", "--advice-runs", "30")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
@@ -139,7 +139,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 	if a := r.Advice; a == nil || a.Calibration.Interruptions != 2 || a.Calibration.NoticeCommitted != 2 || a.Recommended == "" || a.Waste > a.CurrentWaste {
 		t.Fatalf("advice %+v", a)
 	}
-	table, _, code := runReport(t, "--store", store)
+	table, _, code := runReport(t, "--store", store, "--advice-runs", "20")
 	if code != 0 || !strings.Contains(table, "2 interruption(s), 2 with the notice checkpoint committed") || !strings.Contains(table, "recommended: --interval") {
 		t.Fatalf("table (exit %d):\n%s", code, table)
 	}
