@@ -108,6 +108,28 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			la.wait(t)
 			tr.conn.Close()
 		},
+		"SignalBridge": func(t *testing.T) {
+			la := runLifecycleAgent(t, shortDir(t), func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+				c.Signal = syscall.SIGUSR1
+			})
+			c, err := Dial(context.Background(), la.cfg.Server.Path)
+			for deadline := time.Now().Add(testWait); err != nil && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond) // polling for the socket, bounded by deadline
+				c, err = Dial(context.Background(), la.cfg.Server.Path)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the bridge's hello", func() bool {
+				raw, err := c.Status(context.Background())
+				return err == nil && strings.Contains(string(raw), `"trainers":1`)
+			})
+			c.Close()
+			la.sigs <- syscall.SIGTERM
+			la.sigs <- syscall.SIGTERM
+			la.wait(t)
+		},
 		"Sidecar": func(t *testing.T) {
 			la := runLifecycleAgent(t, shortDir(t), nil)
 			tr := dialTrainer(t, la.cfg.Server.Path)
