@@ -86,15 +86,15 @@ func (c *Client) Recv(ctx context.Context) (Message, error) {
 }
 
 // readLine reads one line, newline included, of at most MaxLine bytes.
+// A line is too long as soon as MaxLine bytes came without a newline.
 func (c *Client) readLine() ([]byte, error) {
 	var line []byte
 	for {
 		frag, err := c.r.ReadSlice('\n')
-		if len(line)+len(frag) > MaxLine {
-			return nil, ErrLineTooLong
-		}
 		line = append(line, frag...)
 		switch {
+		case len(line) > MaxLine, errors.Is(err, bufio.ErrBufferFull) && len(line) >= MaxLine:
+			return nil, ErrLineTooLong
 		case err == nil:
 			return line, nil
 		case !errors.Is(err, bufio.ErrBufferFull):

@@ -106,7 +106,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr.expect(TypeStop)
 			la.sigs <- syscall.SIGTERM // the child ignores stop: the second signal ends it
 			la.wait(t)
-			tr.conn.Close()
+			tr.c.Close()
 		},
 		"SignalBridge": func(t *testing.T) {
 			la := runLifecycleAgent(t, shortDir(t), func(c *Config) {
@@ -141,7 +141,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			if code := la.wait(t); code != 0 {
 				t.Errorf("exit code %d, want 0", code)
 			}
-			tr.conn.Close()
+			tr.c.Close()
 		},
 		"StopDuringCommit": func(t *testing.T) {
 			dir := shortDir(t)
@@ -160,7 +160,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			}
 			la.cancel() // stop now, the upload still in flight
 			la.wait(t)
-			tr.conn.Close()
+			tr.c.Close()
 		},
 		"Node": func(t *testing.T) {
 			dir := shortDir(t)
@@ -184,7 +184,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr.save(tr.expect(TypeCheckpoint), 3, "w")
 			tr.expect(TypeCommitted)
 			tr.expect(TypeStop)
-			tr.conn.Close()
+			tr.c.Close()
 			select {
 			case err := <-done:
 				if err != nil {
