@@ -44,6 +44,7 @@
 // types and the client, docs/protocol.md's Go side) that trainers,
 // status, the bridge and the bench import without the agent; `agent` (the
 // loop and its files above); `node` on top of `agent`; the socket server
-// in `protocol` or its own package. Today the server and the loop share
-// unexported types (Conn, Event), which is what a split has to untangle.
+// in `protocol` or its own package. Today the server, the client and the
+// loop share Conn, Event and unexported helpers (encodeLine): that is what
+// a split has to untangle.
 package supervisor
