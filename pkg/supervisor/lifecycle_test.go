@@ -177,6 +177,10 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 				Run: Config{TermGrace: 5 * time.Second, Margin: time.Second, FenceInterval: 20 * time.Millisecond},
 			}
 			go func() { done <- RunNode(context.Background(), cfg, sigs) }()
+			stranger := dialTrainer(t, sock) // answered in the background (SendNoWait)
+			stranger.send(Message{Type: TypeDone, ID: "x"})
+			stranger.expect(TypeError)
+			stranger.c.Close()
 			tr := dialTrainer(t, sock)
 			tr.helloRun("r1")
 			tr.expect(TypeWelcome)
