@@ -1,10 +1,12 @@
-package checkpoint
+package simulate
 
 import (
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 func simParams() SimParams {
@@ -232,5 +234,50 @@ func TestRunGrid_NoticesNearlyAlwaysCommit(t *testing.T) {
 			t.Errorf("notice %.0f %%: adaptive %.3f, best fixed %.3f @ %v: ratio %.3f > 1.1",
 				100*c.Notice, c.Adaptive.Waste(), c.Best.Waste(), c.BestInterval, r)
 		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// twoInterruptions (a copy of pkg/checkpoint's) is a journal as the agent writes it: three sessions,
+// the first ended by a notice whose checkpoint committed, the second by an
+// interruption that lost 10 minutes of work; sessions 2 and 3 restored.
+func twoInterruptions() *checkpoint.Journal {
+	t := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t.Add(d) }
+	return &checkpoint.Journal{
+		Format: checkpoint.JournalFormat, RunID: "r",
+		Sessions: []checkpoint.Session{
+			{Start: at(0), End: ptr(at(2*time.Hour + 2*time.Minute)), BlockedSeconds: ptr(60.0)},
+			{Start: at(2*time.Hour + 7*time.Minute), End: ptr(at(5 * time.Hour)), BlockedSeconds: ptr(45.0)},
+			{Start: at(5*time.Hour + 4*time.Minute), End: ptr(at(8 * time.Hour)), BlockedSeconds: ptr(30.0)},
+		},
+		Interruptions: []checkpoint.Interruption{
+			{Detected: at(2 * time.Hour), Done: ptr(at(2*time.Hour + 20*time.Second)),
+				Committed: ptr(at(2*time.Hour + 50*time.Second)), CommitOK: true},
+			{Detected: at(4*time.Hour + 59*time.Minute), LostSeconds: 600, Error: "deadline passed"},
+		},
+		Restores: []checkpoint.RestoreEntry{
+			{At: at(2*time.Hour + 7*time.Minute), Seconds: 40},
+			{At: at(5*time.Hour + 4*time.Minute), Seconds: 35},
+		},
+	}
+}
+
+func TestTraceFromJournal(t *testing.T) {
+	j := twoInterruptions()
+	j.Interruptions[0].Deadline = ptr(j.Interruptions[0].Detected.Add(2 * time.Minute))
+	evs, wall, err := TraceFromJournal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wall != 8*time.Hour || len(evs) != 2 {
+		t.Fatalf("wall %v, %d events", wall, len(evs))
+	}
+	if e := evs[0]; e.Kind != SimAnnounced || e.Lead != 2*time.Minute || e.At != 2*time.Hour+2*time.Minute {
+		t.Fatalf("first %+v, want announced 2m ahead of 2h2m", e)
+	}
+	if e := evs[1]; e.Kind != SimUnannounced || e.At != 4*time.Hour+59*time.Minute {
+		t.Fatalf("second %+v, want unannounced at 4h59m", e)
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package simulate
 
 import (
 	"cmp"
@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // Kinds of SimEvent.
@@ -41,7 +43,7 @@ type SimParams struct {
 	// History is what the run journal holds before the simulated run
 	// starts (zero: a new run); the adaptive policy's first Scheduler is
 	// seeded with it, and later lives with it plus what they saw.
-	History History
+	History checkpoint.History
 }
 
 // SimPolicy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
@@ -249,7 +251,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 	}
 	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmp.Compare(a.act, b.act) })
 
-	cfg := SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
+	cfg := checkpoint.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
 	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }
 	end := p.Duration
 	var (
@@ -276,7 +278,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 		if now >= end {
 			break
 		}
-		s := NewScheduler(cfg)
+		s := checkpoint.NewScheduler(cfg)
 		s.ObserveHistory(hist)
 		lifeStart, last := now, now
 		var (
@@ -393,9 +395,9 @@ func DefaultGrid() GridConfig {
 		Duration:  30 * 24 * time.Hour,
 		Runs:      200,
 		Seed:      1,
-		Min:       DefaultMinInterval,
-		Max:       DefaultMaxInterval,
-		PriorRate: DefaultInterruptionRate,
+		Min:       checkpoint.DefaultMinInterval,
+		Max:       checkpoint.DefaultMaxInterval,
+		PriorRate: checkpoint.DefaultInterruptionRate,
 		Workers:   2,
 	}
 }
@@ -486,7 +488,7 @@ func runCell(c GridConfig, cell *GridCell) {
 	// success, widened while the best lies on an edge, within [Min, Max].
 	ideal := c.Max
 	if u := cell.Rate * (1 - cell.Notice); u > 0 {
-		ideal = min(max(DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
+		ideal = min(max(checkpoint.DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
 	}
 	lo, hi := max(ideal/4, c.Min), min(ideal*4, c.Max)
 	for {
@@ -619,7 +621,7 @@ func fmtDur(d time.Duration) string {
 // announced with its notice lead (deadline − detection) when it had a
 // deadline, else unannounced. It also returns the run's wall time (first
 // start to last end, or to the last interruption).
-func TraceFromJournal(j *Journal) ([]SimEvent, time.Duration, error) {
+func TraceFromJournal(j *checkpoint.Journal) ([]SimEvent, time.Duration, error) {
 	if j == nil || len(j.Sessions) == 0 {
 		return nil, 0, errors.New("journal has no sessions")
 	}
