@@ -59,9 +59,9 @@ func cmdSimulate(args []string) int {
 		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
 		return 2
 	}
-	p := simulate.SimParams{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
+	p := simulate.Params{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
 		Min: *minIv, Max: *maxIv, PriorRate: *prior}
-	var traces [][]simulate.SimEvent
+	var traces [][]simulate.Event
 	if *trace != "" {
 		evs, wall, err := readTraceFile(*trace)
 		if err != nil {
@@ -75,14 +75,14 @@ func cmdSimulate(args []string) int {
 				p.Duration = evs[len(evs)-1].At + time.Hour
 			}
 		}
-		traces = [][]simulate.SimEvent{evs}
+		traces = [][]simulate.Event{evs}
 	} else {
 		for i := range max(*runs, 1) {
 			traces = append(traces, simulate.SyntheticTrace(simulate.SynthConfig{Rate: *rate, Duration: *duration,
-				NoticeSuccess: *notice, Lead: simulate.SimLead(*delta, *upload), Seed: *seed + uint64(i)}))
+				NoticeSuccess: *notice, Lead: simulate.Lead(*delta, *upload), Seed: *seed + uint64(i)}))
 		}
 	}
-	results := make([]simulate.SimResult, len(pols))
+	results := make([]simulate.Result, len(pols))
 	for i, pol := range pols {
 		for _, tr := range traces {
 			results[i].Add(simulate.Simulate(tr, pol, p))
@@ -92,7 +92,7 @@ func cmdSimulate(args []string) int {
 	if *oldDelta > 0 {
 		q := p
 		q.Delta = *oldDelta
-		old := make([]simulate.SimResult, len(pols))
+		old := make([]simulate.Result, len(pols))
 		for i, pol := range pols {
 			for _, tr := range traces {
 				old[i].Add(simulate.Simulate(tr, pol, q))
@@ -106,7 +106,7 @@ func cmdSimulate(args []string) int {
 
 // readTraceFile reads a CSV trace, or a run journal (journal.json, JSON);
 // for a journal it also returns the run's wall time.
-func readTraceFile(path string) ([]simulate.SimEvent, time.Duration, error) {
+func readTraceFile(path string) ([]simulate.Event, time.Duration, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, 0, fmt.Errorf("open trace: %w", err)
@@ -129,7 +129,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set || env
 }
 
-func writeSimTable(w io.Writer, pols []simulate.SimPolicy, rs []simulate.SimResult, runs int, d time.Duration) {
+func writeSimTable(w io.Writer, pols []simulate.Policy, rs []simulate.Result, runs int, d time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "policy\tcheckpoints\tinterruptions\toverhead %%\tlost %%\trestart %%\twaste %%\t\n")
 	for i, r := range rs {

@@ -123,7 +123,7 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 
 	delta := secondsDur(cal.DeltaSeconds)
 	upload := secondsDur(cal.UploadSeconds)
-	p := SimParams{Delta: delta, Upload: upload, Restart: secondsDur(cal.RestartSeconds), Duration: c.Horizon,
+	p := Params{Delta: delta, Upload: upload, Restart: secondsDur(cal.RestartSeconds), Duration: c.Horizon,
 		Min: c.Min, Max: c.Max, PriorRate: c.PriorRate, History: hist}
 
 	// Candidates.
@@ -141,10 +141,10 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 	}
 	slices.Sort(fixed)
 	fixed = slices.Compact(fixed)
-	pols := []SimPolicy{{Name: "adaptive"}}
+	pols := []Policy{{Name: "adaptive"}}
 	for _, d := range fixed {
 		if d >= c.Min && d <= c.Max || d == c.Current {
-			pols = append(pols, SimPolicy{Name: "fixed:" + fmtDur(d), Fixed: d})
+			pols = append(pols, Policy{Name: "fixed:" + fmtDur(d), Fixed: d})
 		}
 	}
 
@@ -152,18 +152,18 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 	// every policy: paired comparison).
 	w := checkpoint.PriorWeight.Hours()
 	shape, rate := c.PriorRate*w+float64(cal.Interruptions), w+cal.RunHours
-	traces := make([][]SimEvent, c.Runs)
+	traces := make([][]Event, c.Runs)
 	for i := range traces {
 		rng := rand.New(rand.NewPCG(c.Seed+uint64(i), 0xad71ce))
 		lam := gammaDraw(rng, shape) / rate
 		ps := noticeDraw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 		traces[i] = SyntheticTrace(SynthConfig{Rate: lam, Duration: c.Horizon, NoticeSuccess: ps,
-			Lead: SimLead(delta, upload), Seed: c.Seed + uint64(i)})
+			Lead: Lead(delta, upload), Seed: c.Seed + uint64(i)})
 	}
 	perRun := make([][]float64, len(pols))
 	best, cur := -1, -1
 	for k, pol := range pols {
-		var sum SimResult
+		var sum Result
 		perRun[k] = make([]float64, len(traces))
 		for i, tr := range traces {
 			r := Simulate(tr, pol, p)
