@@ -162,20 +162,29 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			la.wait(t)
 			tr.c.Close()
 		},
+		"NodeCancel": func(t *testing.T) {
+			cfg, sock := lifecycleNode(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- RunNode(ctx, cfg, nil) }()
+			tr := dialTrainer(t, sock)
+			tr.helloRun("r1")
+			tr.expect(TypeWelcome)
+			cancel() // stops the run at once; RunNode returns once it is done
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("RunNode: %v", err)
+				}
+			case <-time.After(2 * testWait):
+				t.Fatal("RunNode did not return after its ctx ended")
+			}
+			tr.c.Close()
+		},
 		"Node": func(t *testing.T) {
-			dir := shortDir(t)
-			sock := filepath.Join(dir, "node.sock")
+			cfg, sock := lifecycleNode(t)
 			sigs := make(chan os.Signal, 2)
 			done := make(chan error, 1)
-			cfg := NodeConfig{
-				StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
-				Source: &fakeSource{ch: make(chan metadata.Notice)}, Log: zap.NewNop(),
-				Server: ServerConfig{Path: sock, identify: func(peerCredentials) string { return "uid:test" }},
-				OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
-					return file.New(strings.TrimPrefix(uri, "file://"))
-				},
-				Run: Config{TermGrace: 5 * time.Second, Margin: time.Second, FenceInterval: 20 * time.Millisecond},
-			}
 			go func() { done <- RunNode(context.Background(), cfg, sigs) }()
 			stranger := dialTrainer(t, sock) // answered in the background (SendNoWait)
 			stranger.send(Message{Type: TypeDone, ID: "x"})
@@ -205,4 +214,20 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 		}
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// lifecycleNode is a node agent's config with file stores under a fresh
+// dir, and its socket.
+func lifecycleNode(t *testing.T) (NodeConfig, string) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "node.sock")
+	return NodeConfig{
+		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
+		Source: &fakeSource{ch: make(chan metadata.Notice)}, Log: zap.NewNop(),
+		Server: ServerConfig{Path: sock, identify: func(peerCredentials) string { return "uid:test" }},
+		OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
+			return file.New(strings.TrimPrefix(uri, "file://"))
+		},
+		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second, FenceInterval: 20 * time.Millisecond},
+	}, sock
 }
