@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 // trainerProc runs the stdlib example trainer as its own process, the way a
@@ -151,15 +150,15 @@ func TestNode(t *testing.T) {
 	agent.waitLine(`socket listening`, time.Minute)
 
 	// A hostile run id is refused with an error reply, and nothing is created.
-	c, err := net.Dial("unix", sock)
+	c, err := supervisor.Dial(context.Background(), sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintln(c, `{"type":"hello","pid":1,"run_id":"../other"}`)
-	c.SetReadDeadline(time.Now().Add(time.Minute))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil || !strings.Contains(line, `"type":"error"`) || !strings.Contains(line, "refused") {
-		t.Fatalf("hello with run_id ../other: reply %q err %v, want an error", line, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	_, err = c.Hello(ctx, supervisor.Message{PID: 1, RunID: "../other"})
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("hello with run_id ../other: %v, want an error reply", err)
 	}
 	c.Close()
 	if _, err := os.Stat(filepath.Join(dir, "other")); err == nil {

@@ -16,12 +16,13 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
 func cmdReport(args []string) int {
 	var format, interval string
 	var price, onDemand float64
-	var ac checkpoint.AdviceConfig
+	var ac simulate.AdviceConfig
 	more := func(fs *flag.FlagSet) {
 		fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
 		fs.DurationVar(&ac.Margin, "margin", 5*time.Second, "advice: the run's current --margin")
@@ -62,9 +63,9 @@ func cmdReport(args []string) int {
 		for _, d := range damage {
 			g.Missing = append(g.Missing, "damaged journal: "+d)
 		}
-		var adv *checkpoint.Advice
+		var adv *simulate.Advice
 		if ac.Runs > 0 {
-			adv = checkpoint.Advise(j, g, ac)
+			adv = simulate.Advise(j, g, ac)
 		}
 		if err := writeReport(os.Stdout, g, adv, price, onDemand, format); err != nil {
 			return err
@@ -80,11 +81,11 @@ func cmdReport(args []string) int {
 
 type reportJSON struct {
 	*checkpoint.Goodput
-	Money  *checkpoint.Money  `json:"money,omitempty"`
-	Advice *checkpoint.Advice `json:"advice,omitempty"`
+	Money  *checkpoint.Money `json:"money,omitempty"`
+	Advice *simulate.Advice  `json:"advice,omitempty"`
 }
 
-func writeReport(w io.Writer, g *checkpoint.Goodput, adv *checkpoint.Advice, price, onDemand float64, format string) error {
+func writeReport(w io.Writer, g *checkpoint.Goodput, adv *simulate.Advice, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -148,7 +149,7 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, adv *checkpoint.Advice, pri
 	return nil
 }
 
-func writeAdvice(w io.Writer, a *checkpoint.Advice) {
+func writeAdvice(w io.Writer, a *simulate.Advice) {
 	c := a.Calibration
 	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
 		a.Runs, time.Duration(a.HorizonSeconds*float64(time.Second)), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
 // cmdSimulate compares checkpoint interval policies on an interruption trace
@@ -38,29 +39,29 @@ func cmdSimulate(args []string) int {
 		return flagExit(err)
 	}
 	if *grid {
-		g := checkpoint.DefaultGrid()
+		g := simulate.DefaultGrid()
 		g.Seed, g.Duration, g.Restart, g.Upload = *seed, *duration, *restart, *upload
 		if flagSet(fs, "runs") {
 			g.Runs = *runs
 		}
 		g.Min, g.Max, g.PriorRate, g.Workers = *minIv, *maxIv, *prior, *workers
 		start := time.Now()
-		cells := checkpoint.RunGrid(g)
-		if err := checkpoint.WriteGrid(os.Stdout, g, cells); err != nil {
+		cells := simulate.RunGrid(g)
+		if err := simulate.WriteGrid(os.Stdout, g, cells); err != nil {
 			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "grid: %d cells in %s\n", len(cells), time.Since(start).Round(time.Millisecond))
 		return 0
 	}
-	pols, err := checkpoint.ParsePolicies(*policies)
+	pols, err := simulate.ParsePolicies(*policies)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
 		return 2
 	}
-	p := checkpoint.SimParams{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
+	p := simulate.Params{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
 		Min: *minIv, Max: *maxIv, PriorRate: *prior}
-	var traces [][]checkpoint.SimEvent
+	var traces [][]simulate.Event
 	if *trace != "" {
 		evs, wall, err := readTraceFile(*trace)
 		if err != nil {
@@ -74,27 +75,27 @@ func cmdSimulate(args []string) int {
 				p.Duration = evs[len(evs)-1].At + time.Hour
 			}
 		}
-		traces = [][]checkpoint.SimEvent{evs}
+		traces = [][]simulate.Event{evs}
 	} else {
 		for i := range max(*runs, 1) {
-			traces = append(traces, checkpoint.SyntheticTrace(checkpoint.SynthConfig{Rate: *rate, Duration: *duration,
-				NoticeSuccess: *notice, Lead: checkpoint.SimLead(*delta, *upload), Seed: *seed + uint64(i)}))
+			traces = append(traces, simulate.SyntheticTrace(simulate.SynthConfig{Rate: *rate, Duration: *duration,
+				NoticeSuccess: *notice, Lead: simulate.Lead(*delta, *upload), Seed: *seed + uint64(i)}))
 		}
 	}
-	results := make([]checkpoint.SimResult, len(pols))
+	results := make([]simulate.Result, len(pols))
 	for i, pol := range pols {
 		for _, tr := range traces {
-			results[i].Add(checkpoint.Simulate(tr, pol, p))
+			results[i].Add(simulate.Simulate(tr, pol, p))
 		}
 	}
 	writeSimTable(os.Stdout, pols, results, len(traces), p.Duration)
 	if *oldDelta > 0 {
 		q := p
 		q.Delta = *oldDelta
-		old := make([]checkpoint.SimResult, len(pols))
+		old := make([]simulate.Result, len(pols))
 		for i, pol := range pols {
 			for _, tr := range traces {
-				old[i].Add(checkpoint.Simulate(tr, pol, q))
+				old[i].Add(simulate.Simulate(tr, pol, q))
 			}
 		}
 		fmt.Fprintf(os.Stdout, "\nthe same traces at δ=%s (above: δ=%s)\n", q.Delta, p.Delta)
@@ -105,7 +106,7 @@ func cmdSimulate(args []string) int {
 
 // readTraceFile reads a CSV trace, or a run journal (journal.json, JSON);
 // for a journal it also returns the run's wall time.
-func readTraceFile(path string) ([]checkpoint.SimEvent, time.Duration, error) {
+func readTraceFile(path string) ([]simulate.Event, time.Duration, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, 0, fmt.Errorf("open trace: %w", err)
@@ -115,9 +116,9 @@ func readTraceFile(path string) ([]checkpoint.SimEvent, time.Duration, error) {
 		if err := json.Unmarshal(t, &j); err != nil {
 			return nil, 0, fmt.Errorf("read journal %s: %w", path, err)
 		}
-		return checkpoint.TraceFromJournal(&j)
+		return simulate.TraceFromJournal(&j)
 	}
-	evs, err := checkpoint.ReadTrace(bytes.NewReader(b))
+	evs, err := simulate.ReadTrace(bytes.NewReader(b))
 	return evs, 0, err
 }
 
@@ -128,7 +129,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set || env
 }
 
-func writeSimTable(w io.Writer, pols []checkpoint.SimPolicy, rs []checkpoint.SimResult, runs int, d time.Duration) {
+func writeSimTable(w io.Writer, pols []simulate.Policy, rs []simulate.Result, runs int, d time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "policy\tcheckpoints\tinterruptions\toverhead %%\tlost %%\trestart %%\twaste %%\t\n")
 	for i, r := range rs {

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -114,76 +111,14 @@ func names(paths []string) []string {
 	return out
 }
 
-// queryStatus asks the agent at path for its status and returns the
-// status object of the reply. No hello is needed; should an agent refuse
-// the request with an error, it says hello and asks once more.
+// queryStatus asks the agent at path for its status (supervisor.Client.Status).
 func queryStatus(ctx context.Context, path string) (json.RawMessage, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", path)
+	c, err := supervisor.Dial(ctx, path)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("no agent listening at %s", path)
-		}
-		return nil, fmt.Errorf("connect %s: %w", path, err)
-	}
-	defer nc.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		nc.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
-	defer stop()
-
-	send := func(m supervisor.Message) error {
-		b, err := json.Marshal(m)
-		if err != nil {
-			return err
-		}
-		if _, err := nc.Write(append(b, '\n')); err != nil {
-			return fmt.Errorf("send %s: %w", m.Type, err)
-		}
-		return nil
-	}
-	if err := send(supervisor.Message{Type: supervisor.TypeStatus}); err != nil {
 		return nil, err
 	}
-	br := bufio.NewReaderSize(nc, 64<<10)
-	retried := false
-	for {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("agent at %s closed the connection without a status reply", path)
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("no status reply from %s: %w", path, ctx.Err())
-			}
-			return nil, fmt.Errorf("read reply: %w", err)
-		}
-		var m supervisor.Message
-		if err := json.Unmarshal(line, &m); err != nil {
-			return nil, fmt.Errorf("decode reply: %w", err)
-		}
-		switch m.Type {
-		case supervisor.TypeStatus:
-			if len(m.Status) == 0 {
-				return nil, errors.New("status reply without status")
-			}
-			return m.Status, nil
-		case supervisor.TypeError:
-			if retried {
-				return nil, fmt.Errorf("agent: %s", m.Error)
-			}
-			retried = true
-			pid := os.Getpid()
-			if err := send(supervisor.Message{Type: supervisor.TypeHello, PID: pid}); err != nil {
-				return nil, err
-			}
-			if err := send(supervisor.Message{Type: supervisor.TypeStatus}); err != nil {
-				return nil, err
-			}
-		}
-		// Anything else (a welcome after the hello) is not ours to handle.
-	}
+	defer c.Close()
+	return c.Status(ctx)
 }
 
 // writeStatus prints st as aligned "key: value" lines; now dates the ages.

@@ -121,21 +121,3 @@ func TestAccount_PartialJournal(t *testing.T) {
 		t.Fatalf("empty journal: err=%v, want one naming the sessions", err)
 	}
 }
-
-func TestTraceFromJournal(t *testing.T) {
-	j := twoInterruptions()
-	j.Interruptions[0].Deadline = ptr(j.Interruptions[0].Detected.Add(2 * time.Minute))
-	evs, wall, err := TraceFromJournal(j)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if wall != 8*time.Hour || len(evs) != 2 {
-		t.Fatalf("wall %v, %d events", wall, len(evs))
-	}
-	if e := evs[0]; e.Kind != SimAnnounced || e.Lead != 2*time.Minute || e.At != 2*time.Hour+2*time.Minute {
-		t.Fatalf("first %+v, want announced 2m ahead of 2h2m", e)
-	}
-	if e := evs[1]; e.Kind != SimUnannounced || e.At != 4*time.Hour+59*time.Minute {
-		t.Fatalf("second %+v, want unannounced at 4h59m", e)
-	}
-}

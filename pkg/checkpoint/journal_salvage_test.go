@@ -46,3 +46,34 @@ func TestSalvageJournal(t *testing.T) {
 		t.Fatalf("garbage: %+v, %q", j, damage)
 	}
 }
+
+// adviceJournal (a copy of pkg/simulate's) is a run of three sessions of h hours each, ended by two
+// notices (committed or not per ok), with δ = 20 s per checkpoint.
+func adviceJournal(h time.Duration, ok ...bool) *Journal {
+	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	j := &Journal{RunID: "r"}
+	at := t0
+	for i := 0; i <= len(ok); i++ {
+		end := at.Add(h)
+		blocked := 20.0 * 10
+		j.Sessions = append(j.Sessions, Session{Start: at, End: &end, BlockedSeconds: &blocked})
+		if i > 0 {
+			j.Restores = append(j.Restores, RestoreEntry{At: at.Add(time.Second), Seconds: 30})
+		}
+		if i < len(ok) {
+			det := end.Add(-2 * time.Minute)
+			dl, done, com := end, det.Add(20*time.Second), det.Add(30*time.Second)
+			in := Interruption{Detected: det, Deadline: &dl, CommitOK: ok[i], Bytes: 100e6}
+			if ok[i] {
+				in.Done, in.Committed = &done, &com
+			} else {
+				in.LostSeconds = 600
+			}
+			j.Interruptions = append(j.Interruptions, in)
+		}
+		at = end.Add(3 * time.Minute)
+	}
+	j.Stats = Stats{Checkpoints: 30, CostSeconds: 20, BytesPerSec: 10e6, LastBytes: 100e6,
+		RunSeconds: 3 * h.Seconds()}
+	return j
+}

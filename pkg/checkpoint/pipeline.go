@@ -37,11 +37,13 @@ type Pipeline struct {
 	c      *Committer
 	root   *os.Root
 	prefix string
+	parent context.Context // NewPipeline's: bounds the deletion too
 	ctx    context.Context
 	cancel context.CancelFunc
 	sem    chan struct{}
-	wg     sync.WaitGroup
-	lazy   bool // with a Gate: validate only, upload at done
+	wg     sync.WaitGroup // uploads
+	bg     sync.WaitGroup // uploads and the deletion after them (Wait)
+	lazy   bool           // with a Gate: validate only, upload at done
 	p      *progress
 	log    *zap.Logger
 
@@ -79,11 +81,14 @@ const racyWindow = 50 * time.Millisecond
 // aborted. step names the objects' prefix: the step the trainer expects to
 // report in done (a done with another step still commits, its manifest
 // pointing at these keys). With a Gate (node mode) uploads wait for done,
-// where the gate orders them; Add still checks each file.
-func (c *Committer) NewPipeline(root *os.Root, step int64, id string) *Pipeline {
-	ctx, cancel := context.WithCancel(context.Background())
+// where the gate orders them; Add still checks each file. Cancelling ctx
+// stops the uploads and the deletion of what they put; Wait then returns
+// soon.
+func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, id string) *Pipeline {
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{
-		c: c, root: root, prefix: Prefix(max(step, 0), id), ctx: ctx, cancel: cancel,
+		c: c, root: root, prefix: Prefix(max(step, 0), id), parent: parent, ctx: ctx, cancel: cancel,
 		sem: make(chan struct{}, c.concurrency()), lazy: c.Gate != nil,
 		files: map[string]*pipedFile{}, p: &progress{start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
@@ -133,7 +138,9 @@ func (p *Pipeline) Add(rel string) error {
 		p.first = time.Now()
 	}
 	p.wg.Add(1)
+	p.bg.Add(1)
 	go func() {
+		defer p.bg.Done()
 		defer p.wg.Done()
 		defer fh.Close()
 		p.upload(fh, info, f)
@@ -191,12 +198,18 @@ func (p *Pipeline) Abort() {
 	p.mu.Unlock()
 	p.cancel()
 	p.clean.Do(func() {
+		p.bg.Add(1)
 		go func() {
+			defer p.bg.Done()
 			p.wg.Wait()
 			p.deleteUnused(nil)
 		}()
 	})
 }
+
+// Wait returns once the uploads and the deletion Abort or a commit started
+// have ended. Call it after Abort, or after the Commit that used p.
+func (p *Pipeline) Wait() { p.bg.Wait() }
 
 // committed deletes, in the background, the early uploads the manifest
 // does not list (files changed or removed after `saved`, or uploaded under
@@ -206,13 +219,16 @@ func (p *Pipeline) committed(m *Manifest) {
 	for _, f := range m.Files {
 		keep[f.Key] = true
 	}
-	p.clean.Do(func() { go p.deleteUnused(keep) })
+	p.clean.Do(func() {
+		p.bg.Add(1)
+		go func() { defer p.bg.Done(); p.deleteUnused(keep) }()
+	})
 }
 
 // deleteUnused removes the objects of piped files whose keys keep does not
 // list; best effort (retention removes them later otherwise).
 func (p *Pipeline) deleteUnused(keep map[string]bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(p.parent, time.Minute)
 	defer cancel()
 	for _, f := range p.files {
 		if keep[f.key] || !f.started {

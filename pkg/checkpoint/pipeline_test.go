@@ -82,7 +82,7 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 	dir := writeDir(t, map[string]string{"model.pt": files["model.pt"], "sub/opt.pt": files["sub/opt.pt"]})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
-	p := c.NewPipeline(root, 7, "abc")
+	p := c.NewPipeline(context.Background(), root, 7, "abc")
 	for _, rel := range []string{"model.pt", "sub/opt.pt"} {
 		if err := p.Add(rel); err != nil {
 			t.Fatalf("add %s: %v", rel, err)
@@ -134,7 +134,7 @@ func TestPipeline_FileChangedAfterSaved(t *testing.T) {
 			dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 100000), "keep": "k"})
 			root := openRoot(t, dir)
 			c := &Committer{Store: st, RunID: "run"}
-			p := c.NewPipeline(root, 3, "chg")
+			p := c.NewPipeline(context.Background(), root, 3, "chg")
 			if err := p.Add("model.pt"); err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +194,7 @@ func TestPipeline_ChangedDuringUpload(t *testing.T) {
 	dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 1<<20)})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
-	p := c.NewPipeline(root, 1, "dur")
+	p := c.NewPipeline(context.Background(), root, 1, "dur")
 	if err := p.Add("model.pt"); err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestPipeline_AddRefuses(t *testing.T) {
 	}
 	st := &countingStore{Store: newStore(t)}
 	c := &Committer{Store: st, RunID: "run"}
-	p := c.NewPipeline(openRoot(t, dir), 1, "bad")
+	p := c.NewPipeline(context.Background(), openRoot(t, dir), 1, "bad")
 	if err := p.Add("model.pt"); err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestPipeline_Abort(t *testing.T) {
 	st := &countingStore{Store: newStore(t)}
 	dir := writeDir(t, map[string]string{"model.pt": "m"})
 	c := &Committer{Store: st, RunID: "run"}
-	p := c.NewPipeline(openRoot(t, dir), 1, "abt")
+	p := c.NewPipeline(context.Background(), openRoot(t, dir), 1, "abt")
 	if err := p.Add("model.pt"); err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestPipeline_OtherStepAtDone(t *testing.T) {
 	dir := writeDir(t, map[string]string{"model.pt": "m", "b": "bb"})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
-	p := c.NewPipeline(root, 5, "stp")
+	p := c.NewPipeline(context.Background(), root, 5, "stp")
 	if err := p.Add("model.pt"); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func TestPipeline_HaltedAndGated(t *testing.T) {
 			if name == "gated" {
 				c.Gate = NewGate(1)
 			}
-			p := c.NewPipeline(root, 1, "hlt")
+			p := c.NewPipeline(context.Background(), root, 1, "hlt")
 			if name == "halted" {
 				p.Halt()
 			}

@@ -178,3 +178,17 @@ func lbeta(a, b float64) float64 {
 	z, _ := math.Lgamma(a + b)
 	return x + y - z
 }
+
+// The scheduler's priors, for the simulator's advice (pkg/simulate), which
+// must draw from the same model the live scheduler uses.
+
+// PriorWeight is how much run time the interruption-rate prior is worth.
+const PriorWeight = priorWeight
+
+// NoticeMix is the notice-success prior: a mixture of beta distributions,
+// each as {alpha, beta}.
+func NoticeMix() [2][2]float64 { return noticeMix }
+
+// NoticeMean is the posterior mean of the notice success after committed
+// and lost interruptions.
+func NoticeMean(committed, lost int) float64 { return noticeMean(committed, lost) }

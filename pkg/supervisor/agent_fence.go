@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,22 +68,19 @@ func (a *Agent) takeLease(ctx context.Context) error {
 	return nil
 }
 
-// watchFence checks the lease every FenceInterval and, once fenced, sends
-// the loop a notice on out. The returned func stops it and waits.
-func (a *Agent) watchFence(ctx context.Context, out chan<- metadata.Notice) func() {
+// watchFence checks the lease every FenceInterval, until the agent's life
+// ends, and once fenced sends the loop a notice on out.
+func (a *Agent) watchFence(out chan<- metadata.Notice) {
 	l := a.lease()
 	if l == nil {
-		return func() {}
+		return
 	}
 	every := a.cfg.FenceInterval
 	if every == 0 {
 		every = defaultFenceInterval
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	ctx := a.life
+	a.goBg(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -105,8 +101,7 @@ func (a *Agent) watchFence(ctx context.Context, out chan<- metadata.Notice) func
 				a.log.Warn("lease check failed", zap.Error(err))
 			}
 		}
-	}()
-	return func() { cancel(); wg.Wait() }
+	})
 }
 
 func fenceNotice(l *checkpoint.Lease) metadata.Notice {

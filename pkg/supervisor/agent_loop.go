@@ -20,9 +20,17 @@ import (
 // socket, asks for checkpoints, commits them and reacts to notices. All of
 // its state is owned by the loop goroutine; uploads and the journal run
 // beside it and report back over channels.
+//
+// Every goroutine the agent starts is owned by its lifetime: life is its
+// context (cancelled by end, after the loop), bg its WaitGroup (waited by
+// end). acks and journals count the subset that must land after the loop
+// ends (created with context.WithoutCancel): finish waits for them, bounded.
 type Agent struct {
 	cfg        Config
 	log        *zap.Logger
+	life       context.Context
+	endLife    context.CancelFunc
+	bg         sync.WaitGroup   // every goroutine below, and the rest the agent starts
 	conns      map[uint64]*Conn // trainers that said hello to this run
 	acks       sync.WaitGroup   // cloud event acknowledgements in flight
 	journals   sync.WaitGroup   // journal updates in flight
@@ -88,6 +96,14 @@ const ExitInterrupted = 75
 // not start (store or socket unusable, or the trainer command could not be
 // run) and nothing was launched; the code is then 1, or 127 for a command
 // not found and 126 for one not executable, as shells do.
+//
+// Cancelling ctx stops the agent at once, as a second SIGTERM does: the
+// trainer's group gets SIGTERM (SIGKILL after KillAfter), uploads in flight
+// are cancelled and not waited for, and Run returns once the trainer has
+// exited and the journal records the end of the session. Run returns only
+// when every goroutine it started has ended, except an acknowledgement or
+// journal write still unfinished 10s after the loop ended: those are
+// abandoned on purpose, each bounded by its own deadline (see finish).
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
 	a, err := newAgent(ctx, cfg)
 	if err != nil {
@@ -99,35 +115,32 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
+		a.abort()
 		return 1, err
 	}
 	defer stopServe()
 
 	notices := make(chan metadata.Notice, 16)
-	nctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	if cfg.Source != nil {
-		go func() {
-			if err := cfg.Source.Watch(nctx, notices); err != nil && nctx.Err() == nil {
+	if src := cfg.Source; src != nil {
+		a.goBg(func() {
+			if err := src.Watch(a.life, notices); err != nil && a.life.Err() == nil {
 				a.log.Error("notice source ended", zap.Error(err))
 			}
-		}()
+		})
 	}
-	defer a.watchFence(nctx, notices)() // agent_fence.go
-	defer a.startWatch(nctx)()          // agent_watch.go
+	a.watchFence(notices) // agent_fence.go
+	a.startWatch()        // agent_watch.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
 				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
-			bctx, stopBridge := context.WithCancel(context.Background())
-			bridgeDone := make(chan struct{})
-			go func() { defer close(bridgeDone); b.serve(bctx) }()
-			defer func() { stopBridge(); <-bridgeDone }()
+			a.goBg(func() { b.serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 		if err := a.startChild(); err != nil {
+			a.abort()
 			return ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
@@ -142,6 +155,16 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		return ExitFenced, nil
 	}
 	return a.exitCode, nil
+}
+
+// goBg runs fn beside the loop, owned by the agent's lifetime: end waits
+// for it. fn must return once a.life ends.
+func (a *Agent) goBg(fn func()) {
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		fn()
+	}()
 }
 
 // serveSocket listens and serves the socket until the returned stop is
@@ -161,8 +184,9 @@ func serveSocket(cfg ServerConfig) (*Server, func(), error) {
 // what a crash left, and the restore of the newest committed checkpoint.
 func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
+	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, started: time.Now(),
+		cfg: cfg, log: cfg.Log, started: time.Now(), life: life, endLife: endLife,
 		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
@@ -170,9 +194,12 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	if err := a.initWatch(); err != nil { // agent_watch.go
+		endLife()
 		return nil, err
 	}
 	if err := a.openDirs(); err != nil {
+		a.closeWatch()
+		endLife()
 		return nil, err
 	}
 	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
@@ -191,10 +218,11 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		Throughput:      j.Stats.BytesPerSec,
 	})
 	if err := a.takeLease(ctx); err != nil { // agent_fence.go
+		a.abort()
 		return nil, err
 	}
 	if a.resume, err = a.restore(ctx); err != nil {
-		a.closeDirs()
+		a.abort()
 		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
@@ -419,7 +447,7 @@ func (a *Agent) exitCodeFor(code int) int {
 func (a *Agent) restart() {
 	a.restartAt = time.Time{}
 	a.child.Close() // the failed trainer's leftovers must not run beside the new one
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.restore(ctx)
 	if err != nil {
@@ -458,22 +486,20 @@ func (a *Agent) stopChild() {
 	}
 	a.killing = true
 	c := a.child
-	go c.Stop(context.Background(), a.cfg.KillAfter)
+	// Not cut short by the end of the agent's life: the loop waits for
+	// the child's exit, and Stop is bounded by KillAfter.
+	a.goBg(func() { c.Stop(context.WithoutCancel(a.life), a.cfg.KillAfter) })
 }
 
-// finish waits (bounded) for acknowledgements in flight and records the
-// end of the session in the journal.
+// finish ends the agent's life after the loop: it cancels what runs
+// beside the loop (notice source, fence, watcher, bridge, uploads), waits
+// (bounded) for the acknowledgements and journal writes that must land,
+// records the end of the session in the journal, waits for everything
+// else it started and releases the local directories.
 func (a *Agent) finish() {
-	// The interruption's record and the cloud's acknowledgement are
-	// written beside the loop: both must land before the agent exits.
-	acked := make(chan struct{})
-	go func() { a.acks.Wait(); a.journals.Wait(); close(acked) }()
-	select {
-	case <-acked:
-	case <-time.After(10 * time.Second):
-		a.log.Warn("event acknowledgement or journal update still in flight at exit")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	a.endLife()
+	a.awaitLanding()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.exitCode, a.blocked
@@ -488,6 +514,50 @@ func (a *Agent) finish() {
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
+	a.release()
+}
+
+// abort ends the life of an agent whose loop never ran.
+func (a *Agent) abort() {
+	a.endLife()
+	a.awaitLanding()
+	a.release()
+}
+
+// awaitLanding waits, at most 10s, for the acknowledgements and journal
+// writes in flight: created with context.WithoutCancel, they outlive the
+// loop, and each has a deadline of its own. Past 10s they are abandoned.
+func (a *Agent) awaitLanding() {
+	landed := make(chan struct{})
+	go func() { a.acks.Wait(); a.journals.Wait(); close(landed) }()
+	select {
+	case <-landed:
+	case <-time.After(10 * time.Second):
+		a.log.Warn("event acknowledgement or journal update still in flight at exit: abandoned")
+	}
+}
+
+// release waits for every goroutine the agent started beside the loop
+// (a.life has ended: they are returning) and closes its local handles.
+func (a *Agent) release() {
+	for _, r := range a.pending {
+		if r.pipe != nil {
+			r.pipe.Abort()
+			a.goBg(r.pipe.Wait)
+		}
+	}
+	a.bg.Wait()
+	for _, r := range a.pending {
+		if r.held != nil {
+			r.held.Close()
+		}
+	}
+	for _, u := range a.uploads { // cancelled, their results never read
+		if u.req.held != nil {
+			u.req.held.Close()
+		}
+	}
+	a.closeWatch() // agent_watch.go
 	a.closeDirs()
 }
 
@@ -500,7 +570,9 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 	a.journals.Add(1)
 	go func() {
 		defer a.journals.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// Outlives the loop: the interruption's record and the session's
+		// stats must land after it ends (awaitLanding).
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), time.Minute)
 		defer cancel()
 		var g *checkpoint.Goodput
 		err := a.journal.Update(ctx, func(j *checkpoint.Journal) {

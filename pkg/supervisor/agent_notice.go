@@ -228,7 +228,8 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 		a.acks.Add(1)
 		go func(id string) {
 			defer a.acks.Done()
-			ctx, cancel := context.WithDeadline(context.Background(), s.deadline)
+			// Outlives the loop, up to the notice's deadline (awaitLanding).
+			ctx, cancel := context.WithDeadline(context.WithoutCancel(a.life), s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				a.log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))

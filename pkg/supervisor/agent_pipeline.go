@@ -49,7 +49,7 @@ func (a *Agent) startEarly(r *request, m Message) error {
 		if m.Step != nil && *m.Step >= 0 {
 			step = *m.Step
 		}
-		r.pipe = a.committer.NewPipeline(r.held, step, r.id)
+		r.pipe = a.committer.NewPipeline(a.life, r.held, step, r.id)
 		if a.stopping != nil && !r.urgent() {
 			r.pipe.Halt()
 		}

@@ -227,6 +227,7 @@ func (a *Agent) insideCheckpointDir(dir string) (string, error) {
 func (a *Agent) removeDir(r *request) {
 	if r.pipe != nil {
 		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
+		a.goBg(r.pipe.Wait)
 	}
 	if err := checkpoint.RemoveDir(a.parentRoot(r), r.rel, r.held); err != nil {
 		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
@@ -246,10 +247,14 @@ func (a *Agent) commit(r *request) {
 	// interruption commit must end before the trainer is stopped at the
 	// deadline, so that upload_failed can still reach it.
 	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes))
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	//
+	// Both end with the agent's life too: the loop ends with an upload in
+	// flight only when told to stop at once (a second signal, Run's ctx),
+	// which does not wait for uploads.
+	ctx, cancel := context.WithTimeout(a.life, bound)
 	if r.stop != nil {
 		cancel()
-		ctx, cancel = context.WithDeadline(context.Background(), r.stop.deadline.Add(-a.cfg.Margin/2))
+		ctx, cancel = context.WithDeadline(a.life, r.stop.deadline.Add(-a.cfg.Margin/2))
 		for id, u := range a.uploads {
 			if !u.req.urgent() {
 				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
@@ -270,11 +275,17 @@ func (a *Agent) commit(r *request) {
 			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
 	}
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe}
-	keep, st, log, results := a.cfg.Keep, a.cfg.Store, a.log, a.results
-	go func() {
+	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
+	report := func(cr commitResult) {
+		select {
+		case results <- cr:
+		case <-life.Done(): // the loop has ended: nobody reads results
+		}
+	}
+	a.goBg(func() {
 		defer cancel()
 		if openErr != nil {
-			results <- commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)}
+			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
 		}
 		res, err := a.committer.Commit(ctx, req)
@@ -285,8 +296,8 @@ func (a *Agent) commit(r *request) {
 				log.Warn("retention failed", zap.Error(perr))
 			}
 		}
-		results <- commitResult{req: r, res: res, err: err}
-	}()
+		report(commitResult{req: r, res: res, err: err})
+	})
 }
 
 func (a *Agent) onCommitResult(cr commitResult) {
@@ -345,15 +356,16 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	a.cfg.Metrics.CommitFailed("deadline")
 	if r.pipe != nil {
 		r.pipe.Abort()
+		a.goBg(r.pipe.Wait)
 	}
 	held := r.held
 	r.held = nil
-	go func() {
+	a.goBg(func() {
 		checkpoint.RemoveDir(a.parentRoot(r), r.rel, held)
 		if held != nil {
 			held.Close()
 		}
-	}()
+	})
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer missed the deadline", now)
 	}

@@ -1,10 +1,9 @@
 package supervisor
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"net"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,20 +20,20 @@ import (
 )
 
 // trainer is a protocol client driven by the test: a trainer process
-// reduced to its socket.
+// reduced to its socket, speaking through Client.
 type trainer struct {
 	t    *testing.T
-	conn net.Conn
+	c    *Client
 	msgs chan Message
 }
 
 func dialTrainer(t *testing.T, path string) *trainer {
 	t.Helper()
-	var c net.Conn
+	var c *Client
 	deadline := time.Now().Add(testWait)
 	for {
 		var err error
-		if c, err = net.Dial("unix", path); err == nil {
+		if c, err = Dial(context.Background(), path); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -42,26 +41,35 @@ func dialTrainer(t *testing.T, path string) *trainer {
 		}
 		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
 	}
-	tr := &trainer{t: t, conn: c, msgs: make(chan Message, 64)}
+	tr := &trainer{t: t, c: c, msgs: make(chan Message, 64)}
 	go func() {
-		sc := bufio.NewScanner(c)
-		sc.Buffer(make([]byte, MaxLine), MaxLine)
-		for sc.Scan() {
-			var m Message
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				tr.msgs <- m
+		defer close(tr.msgs)
+		for {
+			m, err := c.Recv(context.Background())
+			if errors.Is(err, ErrBadMessage) {
+				continue
 			}
+			if err != nil {
+				return
+			}
+			tr.msgs <- m
 		}
-		close(tr.msgs)
 	}()
 	t.Cleanup(func() { c.Close() })
 	return tr
 }
 
+// send sends m (a Message, or a map of its fields) as one line.
 func (tr *trainer) send(m any) {
 	tr.t.Helper()
-	b, _ := json.Marshal(m)
-	if _, err := tr.conn.Write(append(b, '\n')); err != nil {
+	msg, ok := m.(Message)
+	if !ok {
+		b, _ := json.Marshal(m)
+		if err := json.Unmarshal(b, &msg); err != nil {
+			tr.t.Fatalf("send %s: %v", b, err)
+		}
+	}
+	if err := tr.c.Send(context.Background(), msg); err != nil {
 		tr.t.Fatalf("send: %v", err)
 	}
 }

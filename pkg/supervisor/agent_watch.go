@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -181,19 +180,16 @@ func (a *Agent) restoreWatch(ctx context.Context) (*Resume, error) {
 	return a.restored(r.Restored, start, r.Path, manifest), nil
 }
 
-// startWatch runs the watcher beside the loop; the returned func stops it.
-func (a *Agent) startWatch(ctx context.Context) func() {
-	ws := a.watch
-	if ws == nil {
-		return func() {}
+// startWatch runs the watcher beside the loop until the agent's life ends.
+func (a *Agent) startWatch() {
+	if ws := a.watch; ws != nil {
+		a.goBg(func() { ws.w.Run(a.life, ws.ready) })
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); ws.w.Run(ctx, ws.ready) }()
-	return func() {
-		cancel()
-		wg.Wait()
+}
+
+// closeWatch releases the watcher's handles, once it has stopped.
+func (a *Agent) closeWatch() {
+	if ws := a.watch; ws != nil {
 		ws.stage.Close()
 		ws.dir.Close()
 	}

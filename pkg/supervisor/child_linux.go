@@ -64,6 +64,7 @@ func runGuard() int {
 type guard struct {
 	pid      int
 	lifeline *os.File // write end: closing it makes the guard kill the group
+	reaped   chan struct{}
 	once     sync.Once
 }
 
@@ -92,7 +93,8 @@ func startGuard(pgid int, log *zap.Logger) (*guard, error) {
 		lifeW.Close()
 		return nil, fmt.Errorf("guard: %w", err)
 	}
-	go cmd.Wait() // reap it whenever it goes
+	reaped := make(chan struct{})
+	go func() { cmd.Wait(); close(reaped) }() // release waits for it
 	readyR.SetReadDeadline(time.Now().Add(guardStartTimeout))
 	if _, err := readyR.Read(make([]byte, 1)); err != nil {
 		cmd.Process.Kill()
@@ -103,13 +105,20 @@ func startGuard(pgid int, log *zap.Logger) (*guard, error) {
 		return nil, fmt.Errorf("guard: %w", err)
 	}
 	log.Debug("trainer guard started", zap.Int("guard_pid", cmd.Process.Pid), zap.Int("pgid", pgid))
-	return &guard{pid: cmd.Process.Pid, lifeline: lifeW}, nil
+	return &guard{pid: cmd.Process.Pid, lifeline: lifeW, reaped: reaped}, nil
 }
 
-// release makes the guard SIGKILL what is left of the group, and exit.
+// release makes the guard SIGKILL what is left of the group, and exit,
+// and waits (bounded) until it is reaped: nothing the agent started is
+// left behind it.
 func (g *guard) release() {
-	if g != nil {
-		g.once.Do(func() { g.lifeline.Close() })
+	if g == nil {
+		return
+	}
+	g.once.Do(func() { g.lifeline.Close() })
+	select {
+	case <-g.reaped:
+	case <-time.After(5 * time.Second): // it SIGKILLs itself with the group: never seen
 	}
 }
 

@@ -145,7 +145,11 @@ func (c *Conn) SendNoWait(m Message, closeAfter bool) {
 	c.flushing = true
 	c.mu.Unlock()
 	if start {
-		go c.flush()
+		c.srv.flushers.Add(1) // Serve waits for them
+		go func() {
+			defer c.srv.flushers.Done()
+			c.flush()
+		}()
 	}
 }
 

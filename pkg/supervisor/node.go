@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -50,6 +51,9 @@ type nodeRun struct {
 
 // RunNode serves trainers of any run until a shutdown signal has been
 // handled by every run. A notice from the machine reaches every run.
+// Cancelling ctx stops every run at once (as Run's ctx does) and RunNode
+// returns once they are all done. RunNode returns only when every
+// goroutine it started has ended (see Run for the exception).
 func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) error {
 	log := cfg.Log
 	if log == nil {
@@ -68,25 +72,31 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	}
 	defer stopServe()
 
-	notices := make(chan metadata.Notice, 16)
-	nctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	if cfg.Source != nil {
-		go cfg.Source.Watch(nctx, notices)
-	}
 	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{}, evicted: map[uint64]bool{},
 		finished: make(chan *nodeRun, 4)}
+	notices := make(chan metadata.Notice, 16)
+	nctx, stopWatch := context.WithCancel(ctx)
+	defer n.wg.Wait()
+	defer stopWatch()
+	if src := cfg.Source; src != nil {
+		n.wg.Go(func() { src.Watch(nctx, notices) })
+	}
 	if m := cfg.Run.Metrics; m != nil {
 		m.Ready(true)
 		defer m.Ready(false)
 	}
 	stopping := false
+	cancelled := ctx.Done()
 	for {
 		if stopping && len(n.runs) == 0 {
 			log.Info("node agent: every run is done")
 			return nil
 		}
 		select {
+		case <-cancelled:
+			// Every run's loop sees ctx end and stops at once.
+			log.Info("node agent: context ended", zap.Int("runs", len(n.runs)))
+			stopping, cancelled = true, nil
 		case ev := <-srv.Events():
 			n.dispatch(ev)
 		case no := <-notices:
@@ -121,6 +131,7 @@ type node struct {
 	connRun  map[uint64]*nodeRun
 	evicted  map[uint64]bool // connections being closed for a full run queue
 	finished chan *nodeRun
+	wg       sync.WaitGroup // every goroutine the node starts
 }
 
 // dispatch routes a connection's event to its run; hello picks (or starts)
@@ -223,12 +234,12 @@ func (n *node) deliverLater(r *nodeRun, ev Event) {
 		return
 	default:
 	}
-	go func() {
+	n.wg.Go(func() {
 		select {
 		case r.events <- ev:
 		case <-r.gone:
 		}
-	}()
+	})
 }
 
 // start begins a run: its store, journal and restore happen in its own
@@ -240,7 +251,7 @@ func (n *node) start(id string) *nodeRun {
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
 	log := n.log.With(zap.String("run", id))
 	log.Info("node: new run", zap.String("store", uri))
-	go func() {
+	n.wg.Go(func() {
 		defer func() { n.finished <- r }()
 		st, err := n.cfg.OpenStore(n.ctx, uri)
 		if err != nil {
@@ -259,12 +270,11 @@ func (n *node) start(id string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
-		stopFence := a.watchFence(n.ctx, r.notices) // agent_fence.go
+		a.watchFence(r.notices) // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
-		stopFence()
 		a.finish()
 		log.Info("node: run done")
-	}()
+	})
 	return r
 }
 

@@ -130,7 +130,7 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 	for range 2 * EventBuffer {
 		b.WriteString("{\"type\":\"status\"}\n")
 	}
-	if _, err := flood.conn.Write([]byte(b.String())); err != nil {
+	if _, err := flood.c.nc.Write([]byte(b.String())); err != nil {
 		t.Fatal(err)
 	}
 	m := flood.expect(TypeError)
@@ -218,8 +218,8 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 	bOwn.helloRun("teamC")
 	bOwn.expect(TypeWelcome)
 
-	a1.conn.Close()
-	a2.conn.Close()
+	a1.c.Close()
+	a2.c.Close()
 	// The next pod of the Job: refused while the old pod's disconnects are
 	// in flight, welcomed once they are through.
 	n.helloUntilWelcome(t, "pod:b", "teamB")

@@ -135,13 +135,14 @@ type Server struct {
 	refused       int // connections refused at the cap since the last log line
 	refusedLogged time.Time
 
-	mu      sync.Mutex
-	ln      *net.UnixListener
-	sockFI  os.FileInfo // the socket file we created, so Close removes only that
-	conns   map[uint64]*Conn
-	nextID  uint64
-	serving bool
-	readers sync.WaitGroup
+	mu       sync.Mutex
+	ln       *net.UnixListener
+	sockFI   os.FileInfo // the socket file we created, so Close removes only that
+	conns    map[uint64]*Conn
+	nextID   uint64
+	serving  bool
+	readers  sync.WaitGroup
+	flushers sync.WaitGroup // SendNoWait senders
 }
 
 // Listen creates the socket, ready for Serve. A stale socket at cfg.Path is
@@ -333,6 +334,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	ln := s.ln
 	s.mu.Unlock()
 	defer close(s.events)
+	defer s.flushers.Wait()
 	defer s.readers.Wait()
 	defer s.Close()
 

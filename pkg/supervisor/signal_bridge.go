@@ -1,13 +1,11 @@
 package supervisor
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -81,41 +79,37 @@ func (b *signalBridge) serve(ctx context.Context) {
 	}
 }
 
-// run serves one connection until ctx ends or the agent closes it.
+// run serves one connection until ctx ends or the agent closes it. Its
+// reader ends before it returns.
 func (b *signalBridge) run(ctx context.Context) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", b.socket)
+	c, err := Dial(ctx, b.socket)
 	if err != nil {
 		return fmt.Errorf("signal bridge: %w", err)
 	}
-	defer conn.Close()
-	go func() { <-ctx.Done(); conn.Close() }()
 	b.area.Remove(RequestFile) // what an earlier agent left
 
 	msgs := make(chan Message, 8)
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		defer close(msgs)
-		sc := bufio.NewScanner(conn)
-		sc.Buffer(make([]byte, 64<<10), MaxLine)
-		for sc.Scan() {
-			var m Message
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				select {
-				case msgs <- m:
-				case <-ctx.Done():
-					return
-				}
+		for {
+			m, err := c.Recv(ctx)
+			if errors.Is(err, ErrBadMessage) {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
 			}
 		}
 	}()
-	send := func(m Message) error {
-		line, err := encodeLine(m)
-		if err != nil {
-			return err
-		}
-		_, err = conn.Write(line)
-		return err
-	}
+	defer func() { c.Close(); <-read }()
+	send := func(m Message) error { return c.Send(ctx, m) }
 	zero, one := 0, 1
 	if err := send(Message{Type: TypeHello, PID: os.Getpid(), Rank: &zero, WorldSize: &one}); err != nil {
 		return fmt.Errorf("signal bridge: hello: %w", err)

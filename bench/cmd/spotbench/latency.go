@@ -2,10 +2,11 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 // A notice source fake plus how to expose one termination notice and
@@ -126,16 +128,6 @@ func benchLatency(c *config, r *report) error {
 	return nil
 }
 
-type wire struct {
-	Type     string          `json:"type"`
-	ID       string          `json:"id,omitempty"`
-	Dir      string          `json:"dir,omitempty"`
-	Reason   string          `json:"reason,omitempty"`
-	Step     *int64          `json:"step,omitempty"`
-	PID      int             `json:"pid,omitempty"`
-	Metadata json.RawMessage `json:"metadata,omitempty"`
-}
-
 // oneNotice runs one agent and returns exposure → `checkpoint` read, and
 // the agent's logged detection → request (or -1).
 func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, time.Duration, error) {
@@ -169,9 +161,9 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 		}
 	}()
 
-	var conn net.Conn
+	var conn *supervisor.Client
 	for deadline := time.Now().Add(15 * time.Second); ; {
-		if conn, err = net.Dial("unix", sock); err == nil {
+		if conn, err = supervisor.Dial(context.Background(), sock); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -181,26 +173,27 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer conn.Close()
-	enc := json.NewEncoder(conn)
-	rd := bufio.NewReader(conn)
-	read := func(want string, timeout time.Duration) (wire, error) {
-		conn.SetReadDeadline(time.Now().Add(timeout))
+	read := func(want string, timeout time.Duration) (supervisor.Message, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
 		for {
-			line, err := rd.ReadBytes('\n')
-			if err != nil {
-				return wire{}, fmt.Errorf("waiting for %s: %w (log %s)", want, err, logPath)
+			m, err := conn.Recv(ctx)
+			if errors.Is(err, supervisor.ErrBadMessage) {
+				continue
 			}
-			var m wire
-			if json.Unmarshal(line, &m) == nil && m.Type == want {
+			if err != nil {
+				return m, fmt.Errorf("waiting for %s: %w (log %s)", want, err, logPath)
+			}
+			if m.Type == want {
 				return m, nil
 			}
 		}
 	}
-	if err := enc.Encode(wire{Type: "hello", PID: os.Getpid()}); err != nil {
-		return 0, 0, err
-	}
-	if _, err := read("welcome", 10*time.Second); err != nil {
-		return 0, 0, err
+	hctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = conn.Hello(hctx, supervisor.Message{PID: os.Getpid()})
+	cancel()
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w (log %s)", err, logPath)
 	}
 	// Let the source reach its steady state, then a random phase.
 	time.Sleep(700*time.Millisecond + rand.N(c.pollInterval))
@@ -213,7 +206,7 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 	// Answer like a trainer so the agent commits and exits on its own.
 	if err := os.WriteFile(filepath.Join(m.Dir, "state.bin"), []byte("x"), 0o644); err == nil {
 		step := int64(1)
-		enc.Encode(wire{Type: "done", ID: m.ID, Step: &step})
+		conn.Send(context.Background(), supervisor.Message{Type: supervisor.TypeDone, ID: m.ID, Step: &step})
 	}
 	read("stop", 10*time.Second)
 	conn.Close()

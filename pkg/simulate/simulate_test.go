@@ -1,14 +1,16 @@
-package checkpoint
+package simulate
 
 import (
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
-func simParams() SimParams {
-	return SimParams{Delta: 30 * time.Second, Restart: 5 * time.Minute, Upload: time.Minute,
+func simParams() Params {
+	return Params{Delta: 30 * time.Second, Restart: 5 * time.Minute, Upload: time.Minute,
 		Duration: 30 * 24 * time.Hour, Min: time.Minute, Max: 2 * time.Hour, PriorRate: 0.05}
 }
 
@@ -18,7 +20,7 @@ func TestSimulate_Reproducible(t *testing.T) {
 	if len(a) == 0 {
 		t.Fatal("empty trace at 0.05/h over 30 days")
 	}
-	for _, pol := range []SimPolicy{{Name: "adaptive"}, {Name: "fixed:15m", Fixed: 15 * time.Minute}} {
+	for _, pol := range []Policy{{Name: "adaptive"}, {Name: "fixed:15m", Fixed: 15 * time.Minute}} {
 		ra, rb := Simulate(a, pol, simParams()), Simulate(b, pol, simParams())
 		if ra != rb {
 			t.Fatalf("%s: same seed, %+v != %+v", pol.Name, ra, rb)
@@ -32,7 +34,7 @@ func TestSimulate_Reproducible(t *testing.T) {
 
 func TestSimulate_NoInterruptions(t *testing.T) {
 	p := simParams()
-	for _, pol := range []SimPolicy{{Name: "adaptive"}, {Name: "fixed:10m", Fixed: 10 * time.Minute}} {
+	for _, pol := range []Policy{{Name: "adaptive"}, {Name: "fixed:10m", Fixed: 10 * time.Minute}} {
 		r := Simulate(SyntheticTrace(SynthConfig{Rate: 0, Duration: p.Duration, Seed: 1}), pol, p)
 		if r.Lost != 0 || r.Restart != 0 || r.Interruptions != 0 {
 			t.Fatalf("%s: rate 0 gave %+v", pol.Name, r)
@@ -46,9 +48,9 @@ func TestSimulate_NoInterruptions(t *testing.T) {
 func TestSimulate_Accounting(t *testing.T) {
 	// fixed 10m, δ = 10s, no upload: checkpoints block 10m–10m10s and
 	// 20m10s–20m20s; an unannounced loss at 25m loses 4m40s of work.
-	p := SimParams{Delta: 10 * time.Second, Restart: 5 * time.Minute, Duration: time.Hour, Min: time.Minute, Max: 2 * time.Hour}
-	tr := []SimEvent{{At: 25 * time.Minute, Kind: SimUnannounced}}
-	r := Simulate(tr, SimPolicy{Fixed: 10 * time.Minute}, p)
+	p := Params{Delta: 10 * time.Second, Restart: 5 * time.Minute, Duration: time.Hour, Min: time.Minute, Max: 2 * time.Hour}
+	tr := []Event{{At: 25 * time.Minute, Kind: Unannounced}}
+	r := Simulate(tr, Policy{Fixed: 10 * time.Minute}, p)
 	if got, want := r.Lost, 4*time.Minute+40*time.Second; got != want {
 		t.Fatalf("lost=%v, want %v", got, want)
 	}
@@ -61,8 +63,8 @@ func TestSimulate_Accounting(t *testing.T) {
 
 	// The same loss announced 2m ahead: the notice checkpoint keeps
 	// everything; the trainer then waits for the end (counted as restart).
-	tr = []SimEvent{{At: 25 * time.Minute, Kind: SimAnnounced, Lead: 2 * time.Minute}}
-	r = Simulate(tr, SimPolicy{Fixed: 10 * time.Minute}, p)
+	tr = []Event{{At: 25 * time.Minute, Kind: Announced, Lead: 2 * time.Minute}}
+	r = Simulate(tr, Policy{Fixed: 10 * time.Minute}, p)
 	if r.Lost != 0 {
 		t.Fatalf("announced: lost=%v, want 0", r.Lost)
 	}
@@ -71,7 +73,7 @@ func TestSimulate_Accounting(t *testing.T) {
 	}
 	// A notice too short for δ + upload commits nothing: lost as unannounced.
 	p.Upload = 5 * time.Minute
-	r = Simulate(tr, SimPolicy{Fixed: 10 * time.Minute}, p)
+	r = Simulate(tr, Policy{Fixed: 10 * time.Minute}, p)
 	if r.Lost == 0 {
 		t.Fatal("short notice: lost=0, want the work since the last upload")
 	}
@@ -80,17 +82,17 @@ func TestSimulate_Accounting(t *testing.T) {
 func TestSimulate_AdaptiveUsesSignals(t *testing.T) {
 	p := simParams()
 	p.Duration = 24 * time.Hour
-	quiet := Simulate(nil, SimPolicy{Name: "adaptive"}, p)
-	var tr []SimEvent
+	quiet := Simulate(nil, Policy{Name: "adaptive"}, p)
+	var tr []Event
 	for h := time.Duration(1); h < 24; h += 2 {
-		tr = append(tr, SimEvent{At: h * time.Hour, Kind: SimRebalance})
+		tr = append(tr, Event{At: h * time.Hour, Kind: Rebalance})
 	}
-	raised := Simulate(tr, SimPolicy{Name: "adaptive"}, p)
+	raised := Simulate(tr, Policy{Name: "adaptive"}, p)
 	if raised.Checkpoints <= quiet.Checkpoints {
 		t.Fatalf("rebalances: %d checkpoints, without: %d; want more", raised.Checkpoints, quiet.Checkpoints)
 	}
-	fixed := Simulate(tr, SimPolicy{Fixed: 15 * time.Minute}, p)
-	if fixed2 := Simulate(nil, SimPolicy{Fixed: 15 * time.Minute}, p); fixed != fixed2 {
+	fixed := Simulate(tr, Policy{Fixed: 15 * time.Minute}, p)
+	if fixed2 := Simulate(nil, Policy{Fixed: 15 * time.Minute}, p); fixed != fixed2 {
 		t.Fatalf("fixed policy reacted to rebalances: %+v vs %+v", fixed, fixed2)
 	}
 }
@@ -101,9 +103,9 @@ func TestSimulate_AdaptiveLearnsNotices(t *testing.T) {
 	// every interruption is unannounced.
 	p := simParams()
 	sc := SynthConfig{Rate: 0.1, Duration: p.Duration, Lead: 3 * time.Minute, Seed: 3}
-	none := Simulate(SyntheticTrace(sc), SimPolicy{Name: "adaptive"}, p)
+	none := Simulate(SyntheticTrace(sc), Policy{Name: "adaptive"}, p)
 	sc.NoticeSuccess = 1
-	all := Simulate(SyntheticTrace(sc), SimPolicy{Name: "adaptive"}, p)
+	all := Simulate(SyntheticTrace(sc), Policy{Name: "adaptive"}, p)
 	if all.Checkpoints >= none.Checkpoints/2 || all.Lost != 0 {
 		t.Fatalf("notices commit: %d checkpoints, lost %v; never: %d checkpoints", all.Checkpoints, all.Lost, none.Checkpoints)
 	}
@@ -123,10 +125,10 @@ func TestReadTrace(t *testing.T) {
 		if got, want := len(evs), 4; got != want {
 			t.Fatalf("%d events, want %d", got, want)
 		}
-		if e := evs[1]; e.At != 90*time.Minute || e.Kind != SimAnnounced || e.Lead != 2*time.Minute {
+		if e := evs[1]; e.At != 90*time.Minute || e.Kind != Announced || e.Lead != 2*time.Minute {
 			t.Fatalf("event 1 = %+v", e)
 		}
-		r := Simulate(evs, SimPolicy{Fixed: 30 * time.Minute}, simParams())
+		r := Simulate(evs, Policy{Fixed: 30 * time.Minute}, simParams())
 		if r.Interruptions != 3 || r.Lost == 0 {
 			t.Fatalf("replay: %+v, want 3 interruptions and some lost work", r)
 		}
@@ -198,10 +200,10 @@ func TestRunGrid_Small(t *testing.T) {
 }
 
 func TestSummarize(t *testing.T) {
-	mk := func(useful time.Duration, lost ...time.Duration) []SimResult {
-		var rs []SimResult
+	mk := func(useful time.Duration, lost ...time.Duration) []Result {
+		var rs []Result
 		for _, l := range lost {
-			rs = append(rs, SimResult{Useful: useful, Lost: l})
+			rs = append(rs, Result{Useful: useful, Lost: l})
 		}
 		return rs
 	}
@@ -232,5 +234,50 @@ func TestRunGrid_NoticesNearlyAlwaysCommit(t *testing.T) {
 			t.Errorf("notice %.0f %%: adaptive %.3f, best fixed %.3f @ %v: ratio %.3f > 1.1",
 				100*c.Notice, c.Adaptive.Waste(), c.Best.Waste(), c.BestInterval, r)
 		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// twoInterruptions (a copy of pkg/checkpoint's) is a journal as the agent writes it: three sessions,
+// the first ended by a notice whose checkpoint committed, the second by an
+// interruption that lost 10 minutes of work; sessions 2 and 3 restored.
+func twoInterruptions() *checkpoint.Journal {
+	t := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t.Add(d) }
+	return &checkpoint.Journal{
+		Format: checkpoint.JournalFormat, RunID: "r",
+		Sessions: []checkpoint.Session{
+			{Start: at(0), End: ptr(at(2*time.Hour + 2*time.Minute)), BlockedSeconds: ptr(60.0)},
+			{Start: at(2*time.Hour + 7*time.Minute), End: ptr(at(5 * time.Hour)), BlockedSeconds: ptr(45.0)},
+			{Start: at(5*time.Hour + 4*time.Minute), End: ptr(at(8 * time.Hour)), BlockedSeconds: ptr(30.0)},
+		},
+		Interruptions: []checkpoint.Interruption{
+			{Detected: at(2 * time.Hour), Done: ptr(at(2*time.Hour + 20*time.Second)),
+				Committed: ptr(at(2*time.Hour + 50*time.Second)), CommitOK: true},
+			{Detected: at(4*time.Hour + 59*time.Minute), LostSeconds: 600, Error: "deadline passed"},
+		},
+		Restores: []checkpoint.RestoreEntry{
+			{At: at(2*time.Hour + 7*time.Minute), Seconds: 40},
+			{At: at(5*time.Hour + 4*time.Minute), Seconds: 35},
+		},
+	}
+}
+
+func TestTraceFromJournal(t *testing.T) {
+	j := twoInterruptions()
+	j.Interruptions[0].Deadline = ptr(j.Interruptions[0].Detected.Add(2 * time.Minute))
+	evs, wall, err := TraceFromJournal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wall != 8*time.Hour || len(evs) != 2 {
+		t.Fatalf("wall %v, %d events", wall, len(evs))
+	}
+	if e := evs[0]; e.Kind != Announced || e.Lead != 2*time.Minute || e.At != 2*time.Hour+2*time.Minute {
+		t.Fatalf("first %+v, want announced 2m ahead of 2h2m", e)
+	}
+	if e := evs[1]; e.Kind != Unannounced || e.At != 4*time.Hour+59*time.Minute {
+		t.Fatalf("second %+v, want unannounced at 4h59m", e)
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package simulate
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // Advice from a run's own history (docs/goodput.md, "Advice"): the
@@ -93,7 +95,7 @@ const adviceTolerance = 0.02
 // Advise calibrates the simulator on j (and g, its accounting) and compares
 // the candidate policies: adaptive, fixed 5m … 2h, Daly's interval for the
 // posterior means, and the current setting.
-func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
+func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advice {
 	if c.Horizon <= 0 {
 		c.Horizon = 7 * 24 * time.Hour
 	}
@@ -104,13 +106,13 @@ func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
 		c.Seed = 1
 	}
 	if c.Min <= 0 {
-		c.Min = DefaultMinInterval
+		c.Min = checkpoint.DefaultMinInterval
 	}
 	if c.Max <= 0 {
-		c.Max = DefaultMaxInterval
+		c.Max = checkpoint.DefaultMaxInterval
 	}
 	if c.PriorRate <= 0 {
-		c.PriorRate = DefaultInterruptionRate
+		c.PriorRate = checkpoint.DefaultInterruptionRate
 	}
 	if c.Margin <= 0 {
 		c.Margin = 5 * time.Second
@@ -121,7 +123,7 @@ func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
 
 	delta := secondsDur(cal.DeltaSeconds)
 	upload := secondsDur(cal.UploadSeconds)
-	p := SimParams{Delta: delta, Upload: upload, Restart: secondsDur(cal.RestartSeconds), Duration: c.Horizon,
+	p := Params{Delta: delta, Upload: upload, Restart: secondsDur(cal.RestartSeconds), Duration: c.Horizon,
 		Min: c.Min, Max: c.Max, PriorRate: c.PriorRate, History: hist}
 
 	// Candidates.
@@ -131,7 +133,7 @@ func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
 	}
 	daly := c.Max
 	if u := cal.Rate * (1 - cal.NoticeSuccess); u > 0 {
-		daly = DalyInterval(delta, time.Duration(float64(time.Hour)/u))
+		daly = checkpoint.DalyInterval(delta, time.Duration(float64(time.Hour)/u))
 	}
 	fixed = append(fixed, min(max(daly, c.Min, upload), c.Max).Round(time.Minute))
 	if c.Current > 0 {
@@ -139,29 +141,29 @@ func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
 	}
 	slices.Sort(fixed)
 	fixed = slices.Compact(fixed)
-	pols := []SimPolicy{{Name: "adaptive"}}
+	pols := []Policy{{Name: "adaptive"}}
 	for _, d := range fixed {
 		if d >= c.Min && d <= c.Max || d == c.Current {
-			pols = append(pols, SimPolicy{Name: "fixed:" + fmtDur(d), Fixed: d})
+			pols = append(pols, Policy{Name: "fixed:" + fmtDur(d), Fixed: d})
 		}
 	}
 
 	// Traces: each run draws λ and p from their posteriors (common to
 	// every policy: paired comparison).
-	w := priorWeight.Hours()
+	w := checkpoint.PriorWeight.Hours()
 	shape, rate := c.PriorRate*w+float64(cal.Interruptions), w+cal.RunHours
-	traces := make([][]SimEvent, c.Runs)
+	traces := make([][]Event, c.Runs)
 	for i := range traces {
 		rng := rand.New(rand.NewPCG(c.Seed+uint64(i), 0xad71ce))
 		lam := gammaDraw(rng, shape) / rate
 		ps := noticeDraw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 		traces[i] = SyntheticTrace(SynthConfig{Rate: lam, Duration: c.Horizon, NoticeSuccess: ps,
-			Lead: SimLead(delta, upload), Seed: c.Seed + uint64(i)})
+			Lead: Lead(delta, upload), Seed: c.Seed + uint64(i)})
 	}
 	perRun := make([][]float64, len(pols))
 	best, cur := -1, -1
 	for k, pol := range pols {
-		var sum SimResult
+		var sum Result
 		perRun[k] = make([]float64, len(traces))
 		for i, tr := range traces {
 			r := Simulate(tr, pol, p)
@@ -193,11 +195,11 @@ func Advise(j *Journal, g *Goodput, c AdviceConfig) *Advice {
 
 // calibrate reads the simulator's inputs from the journal, and the history
 // the adaptive policy starts from (what a restarted agent would read).
-func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
+func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Calibration, checkpoint.History) {
 	cal := Calibration{Sources: map[string]string{}}
 	runSec := j.Stats.RunSeconds
 	if runSec <= 0 && g != nil {
-		runSec = g.Seconds[BucketProductive] + g.Seconds[BucketBlocked] + g.Seconds[BucketLost] + g.Seconds[BucketRestore]
+		runSec = g.Seconds[checkpoint.BucketProductive] + g.Seconds[checkpoint.BucketBlocked] + g.Seconds[checkpoint.BucketLost] + g.Seconds[checkpoint.BucketRestore]
 	}
 	cal.RunHours = runSec / 3600
 	if g != nil {
@@ -213,9 +215,9 @@ func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
 	if cal.RunHours > 0 {
 		cal.ObservedRate = float64(cal.Interruptions) / cal.RunHours
 	}
-	w := priorWeight.Hours()
+	w := checkpoint.PriorWeight.Hours()
 	cal.Rate = (prior*w + float64(cal.Interruptions)) / (w + cal.RunHours)
-	cal.NoticeSuccess = noticeMean(cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
+	cal.NoticeSuccess = checkpoint.NoticeMean(cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 
 	// δ: blocked seconds per checkpoint.
 	var blocked float64
@@ -232,7 +234,7 @@ func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
 	case j.Stats.CostSeconds > 0:
 		cal.DeltaSeconds, cal.Sources["delta"] = j.Stats.CostSeconds, "journal: stats.cost_seconds"
 	default:
-		cal.DeltaSeconds, cal.Sources["delta"] = DefaultCost.Seconds(), "default (no checkpoint timed)"
+		cal.DeltaSeconds, cal.Sources["delta"] = checkpoint.DefaultCost.Seconds(), "default (no checkpoint timed)"
 	}
 	// Upload: the newest checkpoint's size at the measured throughput.
 	var ups []float64
@@ -254,7 +256,7 @@ func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
 	// detection) to the next session's start, plus that session's restores.
 	var rs []float64
 	sess := slices.Clone(j.Sessions)
-	slices.SortStableFunc(sess, func(a, b Session) int { return a.Start.Compare(b.Start) })
+	slices.SortStableFunc(sess, func(a, b checkpoint.Session) int { return a.Start.Compare(b.Start) })
 	for _, in := range j.Interruptions {
 		end := in.Detected
 		if in.Deadline != nil && in.Deadline.After(end) {
@@ -284,7 +286,7 @@ func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
 	} else {
 		cal.RestartSeconds, cal.Sources["restart"] = (5 * time.Minute).Seconds(), "default (no restart observed)"
 	}
-	h := History{RunTime: secondsDur(runSec), Interruptions: cal.Interruptions, NoticeCommitted: cal.NoticeCommitted,
+	h := checkpoint.History{RunTime: secondsDur(runSec), Interruptions: cal.Interruptions, NoticeCommitted: cal.NoticeCommitted,
 		Cost: secondsDur(j.Stats.CostSeconds), Throughput: j.Stats.BytesPerSec}
 	return cal, h
 }
@@ -294,7 +296,7 @@ func calibrate(j *Journal, g *Goodput, prior float64) (Calibration, History) {
 // margin, and gives the upload until deadline − margin/2: the margin must
 // cover twice the worst overrun of an upload over its estimate, and cannot
 // exceed what the shortest lead leaves after the save and the upload.
-func adviseMargin(j *Journal, cur time.Duration) MarginAdvice {
+func adviseMargin(j *checkpoint.Journal, cur time.Duration) MarginAdvice {
 	m := MarginAdvice{Current: cur.Seconds(), Recommended: cur.Seconds()}
 	bps := j.Stats.BytesPerSec
 	room := math.Inf(1)
@@ -411,6 +413,7 @@ func gammaDraw(rng *rand.Rand, shape float64) float64 {
 // noticeDraw draws p from the posterior of the notice-success mixture
 // prior (regret.go) after committed and lost interruptions.
 func noticeDraw(rng *rand.Rand, committed, lost int) float64 {
+	noticeMix := checkpoint.NoticeMix()
 	c, l := float64(committed), float64(lost)
 	var w [len(noticeMix)]float64
 	top := math.Inf(-1)
@@ -434,4 +437,11 @@ func noticeDraw(rng *rand.Rand, committed, lost int) float64 {
 		return 0.5
 	}
 	return x / (x + y)
+}
+
+func lbeta(a, b float64) float64 {
+	x, _ := math.Lgamma(a)
+	y, _ := math.Lgamma(b)
+	z, _ := math.Lgamma(a + b)
+	return x + y - z
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package simulate
 
 import (
 	"cmp"
@@ -12,24 +12,26 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
-// Kinds of SimEvent.
+// Kinds of Event.
 const (
-	SimAnnounced   = "announced"   // an interruption with a notice Lead before At
-	SimUnannounced = "unannounced" // an interruption without notice
-	SimRebalance   = "rebalance"   // a live hazard signal, no interruption
+	Announced   = "announced"   // an interruption with a notice Lead before At
+	Unannounced = "unannounced" // an interruption without notice
+	Rebalance   = "rebalance"   // a live hazard signal, no interruption
 )
 
-// SimEvent is one line of an interruption trace.
-type SimEvent struct {
+// Event is one line of an interruption trace.
+type Event struct {
 	At   time.Duration // since the start of the run (wall clock)
 	Kind string
 	Lead time.Duration // announced: how long before At the notice came
 }
 
-// SimParams are the costs a simulated run pays.
-type SimParams struct {
+// Params are the costs a simulated run pays.
+type Params struct {
 	Delta    time.Duration // blocking cost of one checkpoint
 	Restart  time.Duration // from the machine's loss to the restored trainer running again
 	Upload   time.Duration // upload time of one checkpoint, in the background
@@ -41,17 +43,17 @@ type SimParams struct {
 	// History is what the run journal holds before the simulated run
 	// starts (zero: a new run); the adaptive policy's first Scheduler is
 	// seeded with it, and later lives with it plus what they saw.
-	History History
+	History checkpoint.History
 }
 
-// SimPolicy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
-type SimPolicy struct {
+// Policy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
+type Policy struct {
 	Name  string
 	Fixed time.Duration
 }
 
-// SimResult is where a simulated run's wall-clock time went.
-type SimResult struct {
+// Result is where a simulated run's wall-clock time went.
+type Result struct {
 	Useful        time.Duration // progress kept at the end
 	Overhead      time.Duration // blocked in checkpoints (periodic and notice-driven)
 	Lost          time.Duration // computed, then lost to an interruption
@@ -61,7 +63,7 @@ type SimResult struct {
 }
 
 // Waste returns overhead, lost work and restart time as a % of useful work.
-func (r SimResult) Waste() float64 {
+func (r Result) Waste() float64 {
 	if r.Useful <= 0 {
 		return math.Inf(1)
 	}
@@ -69,7 +71,7 @@ func (r SimResult) Waste() float64 {
 }
 
 // Add accumulates o into r.
-func (r *SimResult) Add(o SimResult) {
+func (r *Result) Add(o Result) {
 	r.Useful += o.Useful
 	r.Overhead += o.Overhead
 	r.Lost += o.Lost
@@ -79,20 +81,20 @@ func (r *SimResult) Add(o SimResult) {
 }
 
 // ParsePolicies parses "adaptive,fixed:5m,fixed:15m".
-func ParsePolicies(s string) ([]SimPolicy, error) {
-	var ps []SimPolicy
+func ParsePolicies(s string) ([]Policy, error) {
+	var ps []Policy
 	for f := range strings.SplitSeq(s, ",") {
 		f = strings.TrimSpace(f)
 		switch {
 		case f == "":
 		case f == "adaptive":
-			ps = append(ps, SimPolicy{Name: f})
+			ps = append(ps, Policy{Name: f})
 		case strings.HasPrefix(f, "fixed:"):
 			d, err := time.ParseDuration(strings.TrimPrefix(f, "fixed:"))
 			if err != nil || d <= 0 {
 				return nil, fmt.Errorf("policy %q: want fixed:<positive duration>", f)
 			}
-			ps = append(ps, SimPolicy{Name: f, Fixed: d})
+			ps = append(ps, Policy{Name: f, Fixed: d})
 		default:
 			return nil, fmt.Errorf("policy %q: want adaptive or fixed:<duration>", f)
 		}
@@ -115,21 +117,21 @@ type SynthConfig struct {
 }
 
 // SyntheticTrace returns a reproducible trace for c.
-func SyntheticTrace(c SynthConfig) []SimEvent {
+func SyntheticTrace(c SynthConfig) []Event {
 	if c.Rate <= 0 {
 		return nil
 	}
 	rng := rand.New(rand.NewPCG(c.Seed, 0x5907a6e47))
-	var evs []SimEvent
+	var evs []Event
 	t := time.Duration(0)
 	for {
 		t += time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Hour))
 		if t >= c.Duration {
 			return evs
 		}
-		e := SimEvent{At: t, Kind: SimUnannounced}
+		e := Event{At: t, Kind: Unannounced}
 		if rng.Float64() < c.NoticeSuccess {
-			e.Kind, e.Lead = SimAnnounced, c.Lead
+			e.Kind, e.Lead = Announced, c.Lead
 		}
 		evs = append(evs, e)
 	}
@@ -140,7 +142,7 @@ func SyntheticTrace(c SynthConfig) []SimEvent {
 // or RFC 3339 (the earliest row's time is then the start; one style per
 // file). kind is announced, unannounced or rebalance; lead_seconds is the
 // notice lead of an announced interruption. Rows may come in any order.
-func ReadTrace(r io.Reader) ([]SimEvent, error) {
+func ReadTrace(r io.Reader) ([]Event, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1
 	cr.Comment = '#'
@@ -174,7 +176,7 @@ func ReadTrace(r io.Reader) ([]SimEvent, error) {
 			return nil, fmt.Errorf("trace line %d: time %q: want seconds or RFC 3339", i+1, ts)
 		}
 		rw.kind = strings.ToLower(strings.TrimSpace(rec[1]))
-		if rw.kind != SimAnnounced && rw.kind != SimUnannounced && rw.kind != SimRebalance {
+		if rw.kind != Announced && rw.kind != Unannounced && rw.kind != Rebalance {
 			return nil, fmt.Errorf("trace line %d: kind %q: want announced, unannounced or rebalance", i+1, rec[1])
 		}
 		if len(rec) > 2 && strings.TrimSpace(rec[2]) != "" {
@@ -195,7 +197,7 @@ func ReadTrace(r io.Reader) ([]SimEvent, error) {
 			start = rw.abs
 		}
 	}
-	evs := make([]SimEvent, 0, len(rows))
+	evs := make([]Event, 0, len(rows))
 	for _, rw := range rows {
 		at := time.Duration(rw.secs * float64(time.Second))
 		if rw.isAbs {
@@ -204,18 +206,18 @@ func ReadTrace(r io.Reader) ([]SimEvent, error) {
 		if at < 0 {
 			return nil, fmt.Errorf("trace: negative time %v", at)
 		}
-		evs = append(evs, SimEvent{At: at, Kind: rw.kind, Lead: time.Duration(rw.leadSec * float64(time.Second))})
+		evs = append(evs, Event{At: at, Kind: rw.kind, Lead: time.Duration(rw.leadSec * float64(time.Second))})
 	}
-	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmp.Compare(a.At, b.At) })
+	slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
 	return evs, nil
 }
 
-// simEvent is a SimEvent with when the simulation acts on it: the notice
+// simEvent is a Event with when the simulation acts on it: the notice
 // time for an announced interruption whose notice checkpoint can commit
 // (Lead ≥ δ + upload), otherwise At. An announced interruption whose notice
 // is too short is an unannounced one.
 type simEvent struct {
-	SimEvent
+	Event
 	act       time.Duration
 	committed bool
 }
@@ -235,25 +237,25 @@ var simEpoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 // interruption loses the work since the last uploaded checkpoint. Each
 // interruption costs Restart before training resumes; an interruption
 // during a restart starts it again.
-func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
+func Simulate(trace []Event, pol Policy, p Params) Result {
 	if p.Bytes <= 0 {
 		p.Bytes = 1 << 30
 	}
 	evs := make([]simEvent, 0, len(trace))
 	for _, e := range trace {
-		se := simEvent{SimEvent: e, act: e.At}
-		if e.Kind == SimAnnounced && e.Lead >= p.Delta+p.Upload {
+		se := simEvent{Event: e, act: e.At}
+		if e.Kind == Announced && e.Lead >= p.Delta+p.Upload {
 			se.committed, se.act = true, max(e.At-e.Lead, 0)
 		}
 		evs = append(evs, se)
 	}
 	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmp.Compare(a.act, b.act) })
 
-	cfg := SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
+	cfg := checkpoint.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
 	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }
 	end := p.Duration
 	var (
-		r         SimResult
+		r         Result
 		hist      = p.History
 		progress  time.Duration // useful compute so far
 		committed time.Duration // progress in the newest uploaded checkpoint
@@ -267,7 +269,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 	for now < end {
 		// Interruptions of the replacement machine while restarting.
 		for ei < len(evs) && evs[ei].At < now {
-			if evs[ei].Kind != SimRebalance {
+			if evs[ei].Kind != Rebalance {
 				r.Interruptions++
 				down(evs[ei].At + p.Restart)
 			}
@@ -276,7 +278,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 		if now >= end {
 			break
 		}
-		s := NewScheduler(cfg)
+		s := checkpoint.NewScheduler(cfg)
 		s.ObserveHistory(hist)
 		lifeStart, last := now, now
 		var (
@@ -337,7 +339,7 @@ func Simulate(trace []SimEvent, pol SimPolicy, p SimParams) SimResult {
 			case doEvent:
 				e := evs[ei]
 				ei++
-				if e.Kind == SimRebalance {
+				if e.Kind == Rebalance {
 					s.Hazard(at(now), "rebalance", time.Time{})
 					continue
 				}
@@ -393,9 +395,9 @@ func DefaultGrid() GridConfig {
 		Duration:  30 * 24 * time.Hour,
 		Runs:      200,
 		Seed:      1,
-		Min:       DefaultMinInterval,
-		Max:       DefaultMaxInterval,
-		PriorRate: DefaultInterruptionRate,
+		Min:       checkpoint.DefaultMinInterval,
+		Max:       checkpoint.DefaultMaxInterval,
+		PriorRate: checkpoint.DefaultInterruptionRate,
 		Workers:   2,
 	}
 }
@@ -404,9 +406,9 @@ func DefaultGrid() GridConfig {
 type GridCell struct {
 	Rate, Notice float64
 	Delta        time.Duration
-	Adaptive     SimResult
-	Fixed        []SimResult // as GridConfig.Fixed
-	Best         SimResult   // best fixed interval in hindsight
+	Adaptive     Result
+	Fixed        []Result // as GridConfig.Fixed
+	Best         Result   // best fixed interval in hindsight
 	BestInterval time.Duration
 	Searched     int // fixed intervals tried for Best
 }
@@ -414,10 +416,10 @@ type GridCell struct {
 // Ratio is adaptive waste over the best fixed interval's.
 func (c GridCell) Ratio() float64 { return c.Adaptive.Waste() / c.Best.Waste() }
 
-// SimLead is the notice lead of a synthetic announced interruption: AWS's
+// Lead is the notice lead of a synthetic announced interruption: AWS's
 // two minutes, or longer when δ + upload would not fit, because the
 // synthetic notice-success fraction says the notice checkpoint commits.
-func SimLead(delta, upload time.Duration) time.Duration {
+func Lead(delta, upload time.Duration) time.Duration {
 	return max(2*time.Minute, delta+upload)
 }
 
@@ -453,28 +455,28 @@ func RunGrid(c GridConfig) []GridCell {
 }
 
 func runCell(c GridConfig, cell *GridCell) {
-	p := SimParams{Delta: cell.Delta, Restart: c.Restart, Upload: c.Upload, Duration: c.Duration,
+	p := Params{Delta: cell.Delta, Restart: c.Restart, Upload: c.Upload, Duration: c.Duration,
 		Min: c.Min, Max: c.Max, PriorRate: c.PriorRate}
-	traces := make([][]SimEvent, c.Runs)
+	traces := make([][]Event, c.Runs)
 	for i := range traces {
 		traces[i] = SyntheticTrace(SynthConfig{Rate: cell.Rate, Duration: c.Duration, NoticeSuccess: cell.Notice,
-			Lead: SimLead(cell.Delta, c.Upload), Seed: c.Seed + uint64(i)})
+			Lead: Lead(cell.Delta, c.Upload), Seed: c.Seed + uint64(i)})
 	}
-	run := func(pol SimPolicy) SimResult {
-		var sum SimResult
+	run := func(pol Policy) Result {
+		var sum Result
 		for _, tr := range traces {
 			sum.Add(Simulate(tr, pol, p))
 		}
 		return sum
 	}
-	cell.Adaptive = run(SimPolicy{Name: "adaptive"})
-	fixed := map[time.Duration]SimResult{}
-	try := func(d time.Duration) SimResult {
+	cell.Adaptive = run(Policy{Name: "adaptive"})
+	fixed := map[time.Duration]Result{}
+	try := func(d time.Duration) Result {
 		d = d.Round(time.Second)
 		if r, ok := fixed[d]; ok {
 			return r
 		}
-		r := run(SimPolicy{Fixed: d})
+		r := run(Policy{Fixed: d})
 		fixed[d] = r
 		return r
 	}
@@ -486,7 +488,7 @@ func runCell(c GridConfig, cell *GridCell) {
 	// success, widened while the best lies on an edge, within [Min, Max].
 	ideal := c.Max
 	if u := cell.Rate * (1 - cell.Notice); u > 0 {
-		ideal = min(max(DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
+		ideal = min(max(checkpoint.DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
 	}
 	lo, hi := max(ideal/4, c.Min), min(ideal*4, c.Max)
 	for {
@@ -508,7 +510,7 @@ func runCell(c GridConfig, cell *GridCell) {
 	cell.Searched = len(fixed)
 }
 
-func bestOf(m map[time.Duration]SimResult) time.Duration {
+func bestOf(m map[time.Duration]Result) time.Duration {
 	var best time.Duration
 	for d, r := range m {
 		if best == 0 || r.Waste() < m[best].Waste() || (r.Waste() == m[best].Waste() && d < best) {
@@ -619,7 +621,7 @@ func fmtDur(d time.Duration) string {
 // announced with its notice lead (deadline − detection) when it had a
 // deadline, else unannounced. It also returns the run's wall time (first
 // start to last end, or to the last interruption).
-func TraceFromJournal(j *Journal) ([]SimEvent, time.Duration, error) {
+func TraceFromJournal(j *checkpoint.Journal) ([]Event, time.Duration, error) {
 	if j == nil || len(j.Sessions) == 0 {
 		return nil, 0, errors.New("journal has no sessions")
 	}
@@ -632,11 +634,11 @@ func TraceFromJournal(j *Journal) ([]SimEvent, time.Duration, error) {
 			end = *s.End
 		}
 	}
-	var evs []SimEvent
+	var evs []Event
 	for _, in := range j.Interruptions {
-		e := SimEvent{At: max(in.Detected.Sub(start), 0), Kind: SimUnannounced}
+		e := Event{At: max(in.Detected.Sub(start), 0), Kind: Unannounced}
 		if in.Deadline != nil && in.Deadline.After(in.Detected) {
-			e.Kind, e.Lead = SimAnnounced, in.Deadline.Sub(in.Detected)
+			e.Kind, e.Lead = Announced, in.Deadline.Sub(in.Detected)
 			e.At = in.Deadline.Sub(start)
 		}
 		evs = append(evs, e)
@@ -644,6 +646,6 @@ func TraceFromJournal(j *Journal) ([]SimEvent, time.Duration, error) {
 			end = t
 		}
 	}
-	slices.SortStableFunc(evs, func(a, b SimEvent) int { return cmp.Compare(a.At, b.At) })
+	slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
 	return evs, end.Sub(start), nil
 }

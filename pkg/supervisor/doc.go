@@ -1,0 +1,50 @@
+// Package supervisor is the agent: the trainer protocol (wire types, the
+// socket server, one Go client), the loop that asks for checkpoints and
+// commits them, the trainer as a child process, and node mode.
+//
+// A checkpoint goes request → settle → upload → committed or failed. The
+// loop sends `checkpoint` to every trainer (request); once each has
+// answered `done`, `failed` or gone away the request settles; a settled
+// request is uploaded beside the loop (commit), and its result comes back
+// to the loop as `committed` or `upload_failed`, which every trainer is
+// told. A request nobody answers by its deadline expires.
+//
+// The stop sequence: a notice (cloud, lease fence, or the first SIGTERM)
+// → an interruption (or shutdown) request, due early enough to leave the
+// upload and Margin before the notice's deadline; periodic uploads are
+// cancelled → its commit → `stop` to the
+// trainers → the child exits (SIGTERM at the deadline, SIGKILL after
+// KillAfter) → the agent exits 75 (ExitInterrupted: run me again), 76
+// (ExitFenced: a newer session owns the run) or the child's own code. A
+// second signal, or cancelling Run's ctx, skips to the child's SIGTERM.
+//
+// One goroutine, the loop, owns the agent's state; everything else it
+// starts is owned by the agent's lifetime (Agent.life, Agent.bg) and ended
+// and waited for before Run returns (agent_loop.go).
+//
+// Files:
+//
+//	protocol.go, client.go     wire types and constants; the Go client
+//	server.go, conn.go         the socket: accept, peer checks, bounded lines
+//	peercred_*.go              SO_PEERCRED and the peer identity (pods)
+//	agent.go                   Config, local directories, restore, cleanup
+//	agent_loop.go              Run, the loop, the child's exit, the lifetime
+//	agent_request.go           requests, settle, commit, results
+//	agent_notice.go            notices and the stop sequence
+//	agent_pipeline.go          `saved`: uploads that start before `done`
+//	agent_fence.go             the lease, fencing by a newer session
+//	agent_watch.go             zero-code mode (a watched directory)
+//	agent_status.go            the status reply
+//	signal_bridge.go           the signal fallback for trainers without the protocol
+//	child*.go                  the trainer process and its group guard
+//	node.go                    node mode: one socket, one agent per run id
+//	machine.go, metrics.go     the identity written to the store; the Metrics hook
+//
+// The split this package is heading for, not made yet: `protocol` (wire
+// types and the client, docs/protocol.md's Go side) that trainers,
+// status, the bridge and the bench import without the agent; `agent` (the
+// loop and its files above); `node` on top of `agent`; the socket server
+// in `protocol` or its own package. Today the server, the client and the
+// loop share Conn, Event and unexported helpers (encodeLine): that is what
+// a split has to untangle.
+package supervisor
