@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -127,26 +125,7 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 	if err := cmd.Start(); err != nil {
 		return e2eRun{}, err
 	}
-	type line struct {
-		msg string
-		at  time.Time
-		raw map[string]any
-	}
-	lines := make(chan line, 256)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			at := time.Now()
-			logFile.Write(append(sc.Bytes(), '\n'))
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				msg, _ := m["msg"].(string)
-				lines <- line{msg, at, m}
-			}
-		}
-		close(lines)
-	}()
+	lines := readLines(stderr, logFile, 256)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	defer func() {
@@ -162,18 +141,18 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 		return e2eRun{}, fmt.Errorf("%w (log %s)", err, logPath)
 	}
 	timeout := time.After(5 * time.Minute)
-	wait := func(msg string) (line, error) {
+	wait := func(msg string) (logLine, error) {
 		for {
 			select {
 			case l, ok := <-lines:
 				if !ok {
-					return line{}, fmt.Errorf("agent exited before %q", msg)
+					return logLine{}, fmt.Errorf("agent exited before %q", msg)
 				}
-				if l.msg == msg {
+				if l.msg() == msg {
 					return l, nil
 				}
 			case <-timeout:
-				return line{}, fmt.Errorf("timed out waiting for %q", msg)
+				return logLine{}, fmt.Errorf("timed out waiting for %q", msg)
 			}
 		}
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -227,24 +225,7 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 	if err := cmd.Start(); err != nil {
 		return pipeRun{}, err
 	}
-	type line struct {
-		text string
-		at   time.Time
-		raw  map[string]any
-	}
-	lines := make(chan line, 1024)
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			at := time.Now()
-			logFile.Write(append(sc.Bytes(), '\n'))
-			var m map[string]any
-			json.Unmarshal(sc.Bytes(), &m)
-			lines <- line{sc.Text(), at, m}
-		}
-		close(lines)
-	}()
+	lines := readLines(out, logFile, 1024)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	defer func() {
@@ -263,12 +244,12 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 	var res pipeRun
 	// wait returns the next line match accepts, noting the trainer's
 	// numbers on the way.
-	wait := func(what string, match func(line) bool) (line, error) {
+	wait := func(what string, match func(logLine) bool) (logLine, error) {
 		for {
 			select {
 			case l, ok := <-lines:
 				if !ok {
-					return line{}, fmt.Errorf("agent exited before %s", what)
+					return logLine{}, fmt.Errorf("agent exited before %s", what)
 				}
 				if v, ok := strings.CutPrefix(l.text, "bench: idle_steps_per_s "); ok {
 					res.idleRate, _ = strconv.ParseFloat(v, 64)
@@ -277,15 +258,15 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 					return l, nil
 				}
 			case <-timeout:
-				return line{}, fmt.Errorf("timed out waiting for %s", what)
+				return logLine{}, fmt.Errorf("timed out waiting for %s", what)
 			}
 		}
 	}
-	msg := func(m string) func(line) bool {
-		return func(l line) bool { s, _ := l.raw["msg"].(string); return s == m }
+	msg := func(m string) func(logLine) bool {
+		return func(l logLine) bool { return l.msg() == m }
 	}
-	bench := func(reason string) func(line) bool {
-		return func(l line) bool { m := benchLine.FindStringSubmatch(l.text); return m != nil && m[2] == reason }
+	bench := func(reason string) func(logLine) bool {
+		return func(l logLine) bool { m := benchLine.FindStringSubmatch(l.text); return m != nil && m[2] == reason }
 	}
 	for i, into := range []*float64{&res.coldBlocked, &res.periodicBlocked} {
 		l, err := wait(fmt.Sprintf("periodic checkpoint %d's save", i+1), bench("periodic"))
@@ -302,10 +283,10 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 		}
 	}
 	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
-	var com line
+	var com logLine
 	var saw [2]bool
 	for !saw[0] || !saw[1] {
-		l, err := wait("the interruption checkpoint", func(l line) bool { return msg("checkpoint committed")(l) || bench("interruption")(l) })
+		l, err := wait("the interruption checkpoint", func(l logLine) bool { return msg("checkpoint committed")(l) || bench("interruption")(l) })
 		if err != nil {
 			return fail(err)
 		}
