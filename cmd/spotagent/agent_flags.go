@@ -37,6 +37,8 @@ type agentOptions struct {
 	logFormat, logLevel                                       string
 	fenceInterval                                             time.Duration
 	watch                                                     watchOptions // run and sidecar (watch_flags.go)
+	nodeRank, restore                                         string       // multi-node jobs (docs/distributed.md)
+	node                                                      string       // the part name nodeRank gives
 }
 
 func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
@@ -49,7 +51,9 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 		o.watch.register(fs)
+		fs.StringVar(&o.nodeRank, "node-rank", "", "this machine's node rank in a multi-node job (torchrun's --node_rank; default $SPOTAGENT_NODE_RANK): commit this node's part of each job checkpoint")
 	}
+	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
 	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")
@@ -112,6 +116,22 @@ func (o *agentOptions) resolve() error {
 	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
+	}
+	if o.restore != "own" && o.restore != "all" {
+		return fmt.Errorf("--restore: want own or all, got %q", o.restore)
+	}
+	if o.nodeRank == "" {
+		o.nodeRank = os.Getenv("SPOTAGENT_NODE_RANK")
+	}
+	if o.nodeRank != "" {
+		k, err := supervisor.ParseNodeRank(o.nodeRank)
+		if err != nil {
+			return fmt.Errorf("--node-rank: %w", err)
+		}
+		o.node = supervisor.NodePart(k)
+		if o.watch.dir != "" {
+			return fmt.Errorf("--node-rank and --watch: a multi-node job needs the protocol (its ranks agree on the step); --watch is for one trainer")
+		}
 	}
 	if o.signal != "" {
 		sig, err := supervisor.ParseSignal(o.signal)

@@ -124,6 +124,7 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
 		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
+		Node: o.node, RestoreAll: o.restore == "all",
 	}
 	if node {
 		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)

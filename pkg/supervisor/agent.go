@@ -60,6 +60,12 @@ type Config struct {
 	FenceInterval time.Duration
 	// Watch, when set, is zero-code mode (agent_watch.go).
 	Watch *WatchConfig
+	// Node, when set, makes this agent one node of a multi-node job: it
+	// commits its ranks' files as the part Node (NodePart(k)) of each job
+	// checkpoint and restores that part (every part with RestoreAll).
+	// There is no lease in part mode (agent_job.go, docs/distributed.md).
+	Node       string
+	RestoreAll bool
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
@@ -86,6 +92,11 @@ func (c *Config) defaults() {
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()
+	}
+	if c.Node != "" {
+		// Every node of a job takes a session at each start: epochs
+		// would fence the other nodes. See docs/distributed.md.
+		c.FenceInterval = -1
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}

@@ -71,6 +71,8 @@ type Agent struct {
 	done        bool // loop ends
 
 	watch *watchState // zero-code mode (agent_watch.go); nil: off
+
+	warnedTopology bool // agent_job.go
 }
 
 type committedCheckpoint struct {
@@ -342,7 +344,7 @@ func (a *Agent) tick(now time.Time) {
 		a.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 &&
+	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
 		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
 		a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}

@@ -23,6 +23,7 @@ type stopState struct {
 	req      *request
 	stopSent bool
 	finished bool // committed or failed: nothing more to wait for
+	joined   bool // the notice reached another node of the job (agent_job.go)
 	record   checkpoint.Interruption
 }
 
@@ -40,6 +41,8 @@ func (a *Agent) onEvent(ev Event) {
 		a.onSaved(c, m) // agent_pipeline.go
 	case TypeFailed:
 		a.onFailed(c, m)
+	case TypeJoin:
+		a.onJoin(c, m) // agent_job.go
 	case TypeStatus:
 		a.onStatus(c)
 	case TypeDisconnected:
@@ -75,6 +78,7 @@ func (a *Agent) onHello(c *Conn, m Message) {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
+	a.checkHelloTopology(m) // agent_job.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		c.Send(s.stopMessage())
@@ -119,7 +123,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 {
+		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
 			a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
@@ -196,6 +200,15 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 			}
 			a.stopRequested(s, r, now)
 			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
+			if a.partMode() {
+				// The ranks agree on the request's reason and deadline:
+				// tell them the new ones (a client updates it in place).
+				for cid := range r.waiting {
+					if c := a.conns[cid]; c != nil {
+						c.Send(r.message())
+					}
+				}
+			}
 			return
 		}
 	}
@@ -262,6 +275,9 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 func (a *Agent) finishStop(s *stopState) {
 	s.finished = true
 	a.sendStop(s)
+	if s.joined {
+		return // the node that got the notice journals it
+	}
 	rec := s.record
 	committed := rec.CommitOK
 	a.journalAsync(func(j *checkpoint.Journal) {

@@ -26,7 +26,10 @@ type request struct {
 	held            *os.Root // dir as opened for the commit, until it is removed
 	sent, deadline  time.Time
 	waiting         map[uint64]bool // connections that still owe an answer
+	answeredBy      map[uint64]bool // connections that answered
 	answered        int
+	ranks           map[int]bool // ranks that answered (part mode, agent_job.go)
+	world           int          // the job's world size, as their hellos said
 	step            int64
 	metadata        json.RawMessage
 	stop            *stopState           // set for the interruption/shutdown checkpoint
@@ -59,8 +62,13 @@ type commitResult struct {
 
 // request sends a checkpoint request to every trainer.
 func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *request {
+	return a.requestID(newID(), reason, deadline, stop)
+}
+
+// requestID sends the checkpoint request id (a fresh one, or one the job
+// agreed on: agent_job.go) to every trainer.
+func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState) *request {
 	now := time.Now()
-	id := newID()
 	dir := filepath.Join(a.dirs.areaPath, id)
 	if err := a.dirs.area.Mkdir(id, 0o700); err != nil {
 		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
@@ -70,9 +78,10 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 	if stop != nil {
 		a.haltPipelines() // agent_pipeline.go: the interruption's files go first
 	}
-	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline, waiting: map[uint64]bool{}, stop: stop}
+	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline,
+		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
+	msg := r.message()
 	dl := deadline.UTC()
-	msg := Message{Type: TypeCheckpoint, ID: id, Reason: reason, Dir: dir, Deadline: &dl}
 	for _, c := range a.conns {
 		if err := c.Send(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
@@ -112,6 +121,8 @@ func (a *Agent) onDone(c *Conn, m Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
+	r.answeredBy[c.ID()] = true
+	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
 		r.step = *m.Step
@@ -274,7 +285,8 @@ func (a *Agent) commit(r *request) {
 		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
 			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
 	}
-	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe}
+	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe,
+		Part: a.partFor(r)}
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
 	report := func(cr commitResult) {
 		select {

@@ -205,7 +205,7 @@ func (n *node) hello(ev Event) {
 		return
 	}
 	if !ok {
-		r = n.start(m.RunID)
+		r = n.start(m.RunID, jobPart(m))
 	}
 	select {
 	case r.events <- ev:
@@ -244,7 +244,7 @@ func (n *node) deliverLater(r *nodeRun, ev Event) {
 
 // start begins a run: its store, journal and restore happen in its own
 // goroutine, so a slow restore delays only its own trainers.
-func (n *node) start(id string) *nodeRun {
+func (n *node) start(id, part string) *nodeRun {
 	r := &nodeRun{id: id, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16),
 		signals: make(chan os.Signal, 2), gone: make(chan struct{})}
 	n.runs[id] = r
@@ -262,6 +262,10 @@ func (n *node) start(id string) *nodeRun {
 		rc := n.cfg.Run
 		rc.RunID, rc.Store, rc.CheckpointDir, rc.Command = id, st, filepath.Join(n.cfg.CheckpointRoot, id), nil
 		rc.Source, rc.Identity, rc.EndWhenIdle, rc.Log = n.cfg.Source, n.cfg.Identity, true, log
+		if part != "" {
+			rc.Node = part // one node of a multi-node job (agent_job.go)
+			log.Info("node: run is one node of a multi-node job", zap.String("part", part))
+		}
 		if n.cfg.NewScheduler != nil {
 			rc.Scheduler = n.cfg.NewScheduler()
 		}

@@ -24,6 +24,10 @@ const (
 	TypeSaved    = "saved" // one file of a requested checkpoint is complete
 	TypeFailed   = "failed"
 	TypeStatus   = "status" // asks for a status reply (spotagent status)
+	// TypeJoin: the job's ranks agreed on checkpoint id (another node's
+	// agent asked for it); the agent answers with its own `checkpoint`
+	// for that id, so that this node's ranks save their part of it.
+	TypeJoin = "join"
 )
 
 // Message types, agent → trainer.
@@ -58,11 +62,17 @@ type Message struct {
 	Rank      *int   `json:"rank,omitempty"`
 	WorldSize *int   `json:"world_size,omitempty"`
 	RunID     string `json:"run_id,omitempty"` // hello (node mode) and welcome
+	// hello, from torchrun's environment when the trainer has it: the
+	// rank on its node, ranks per node, the node's rank and node count
+	LocalRank      *int `json:"local_rank,omitempty"`
+	LocalWorldSize *int `json:"local_world_size,omitempty"`
+	NodeRank       *int `json:"node_rank,omitempty"`
+	Nodes          *int `json:"nodes,omitempty"`
 
-	// progress, done
+	// progress, done, join
 	Step *int64 `json:"step,omitempty"`
 
-	// checkpoint, done, failed, committed, upload_failed
+	// checkpoint, done, failed, committed, upload_failed, join
 	ID string `json:"id,omitempty"`
 
 	// done
@@ -82,7 +92,7 @@ type Message struct {
 	CheckpointDir string  `json:"checkpoint_dir,omitempty"`
 	Resume        *Resume `json:"resume,omitempty"`
 
-	// checkpoint, stop
+	// checkpoint, stop, join
 	Reason   string     `json:"reason,omitempty"`
 	Dir      string     `json:"dir,omitempty"`
 	Deadline *time.Time `json:"deadline,omitempty"`

@@ -1,0 +1,214 @@
+package supervisor
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Distributed jobs: several nodes, one agent each, one store. The agents
+// never talk to each other. The job's ranks agree on one checkpoint (id,
+// step, deadline) through a collective the Python client runs at poll;
+// a rank whose agent did not ask for that checkpoint sends `join`, and its
+// agent makes the same request locally. Each agent then commits its part
+// (Config.Node): its ranks' files, which checkpoint.Commit joins with the
+// other nodes' parts into one manifest once every rank's part is durable
+// (pkg/checkpoint/parts.go, docs/distributed.md).
+
+// cloudJob marks the stop an agent starts for a joined interruption: the
+// notice reached another node of the job.
+const cloudJob metadata.Cloud = "job"
+
+// NodePart names the part of node rank k.
+func NodePart(k int) string { return "node-" + strconv.Itoa(k) }
+
+// ParseNodeRank reads a node rank (a flag or an environment variable).
+func ParseNodeRank(s string) (int, error) {
+	k, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || k < 0 || k > 1<<20 {
+		return 0, fmt.Errorf("node rank %q: want a whole number >= 0", s)
+	}
+	return k, nil
+}
+
+// jobPart is the part a node agent's run commits, from the hello that
+// starts it: "" unless the trainer is one node of several.
+func jobPart(m Message) string {
+	if m.NodeRank == nil || *m.NodeRank < 0 || !multiNode(m) {
+		return ""
+	}
+	return NodePart(*m.NodeRank)
+}
+
+// multiNode reports whether a hello comes from one node of several.
+func multiNode(m Message) bool {
+	return (m.Nodes != nil && *m.Nodes > 1) ||
+		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
+}
+
+// partMode reports whether this agent commits parts of a job checkpoint.
+func (a *Agent) partMode() bool { return a.cfg.Node != "" }
+
+// asksPeriodic reports whether this agent's schedule asks for periodic
+// checkpoints: in a job, only the node hosting rank 0 does (the others'
+// ranks join its requests), so that the job has one schedule.
+func (a *Agent) asksPeriodic() bool {
+	if !a.partMode() {
+		return true
+	}
+	for _, c := range a.conns {
+		if h, ok := c.Hello(); ok && h.Rank != nil && *h.Rank == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// noteRank records which rank answered r, for its part.
+func (r *request) noteRank(c *Conn) {
+	h, ok := c.Hello()
+	if !ok || h.Rank == nil {
+		return
+	}
+	if r.ranks == nil {
+		r.ranks = map[int]bool{}
+	}
+	r.ranks[*h.Rank] = true
+	if h.WorldSize != nil && *h.WorldSize > r.world {
+		r.world = *h.WorldSize
+	}
+}
+
+// partFor is r's part of the job checkpoint (nil outside part mode). A
+// trainer that said no rank counts as rank 0 of a world of 1.
+func (a *Agent) partFor(r *request) *checkpoint.PartSpec {
+	if !a.partMode() {
+		return nil
+	}
+	ranks := make([]int, 0, len(r.ranks))
+	for k := range r.ranks {
+		ranks = append(ranks, k)
+	}
+	slices.Sort(ranks)
+	world := r.world
+	if len(ranks) == 0 {
+		ranks, world = []int{0}, 1
+	}
+	if world < 1 {
+		world = 1
+	}
+	return &checkpoint.PartSpec{Node: a.cfg.Node, Ranks: ranks, WorldSize: world}
+}
+
+// checkHelloTopology warns when a trainer's hello says it is one node of a
+// job and this agent was not told its node rank: its commits would then
+// be whole checkpoints made of one node's files.
+func (a *Agent) checkHelloTopology(m Message) {
+	if a.partMode() || a.warnedTopology {
+		return
+	}
+	if multiNode(m) {
+		a.warnedTopology = true
+		a.log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
+			zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
+	}
+}
+
+// onJoin: the job agreed on checkpoint m.ID, which another node's agent
+// asked for (or a rank here whose request lost the agreement). Make the
+// same request here; requests of this agent's own that lost are abandoned,
+// and an interruption of its own hands its stop over to the joined one.
+func (a *Agent) onJoin(c *Conn, m Message) {
+	if !isRequestID(m.ID) {
+		a.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
+		return
+	}
+	if r, ok := a.pending[m.ID]; ok {
+		if !r.answeredBy[c.ID()] {
+			r.waiting[c.ID()] = true
+		}
+		if err := c.Send(r.message()); err != nil {
+			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
+		}
+		return
+	}
+	if _, ok := a.uploads[m.ID]; ok {
+		a.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
+		return
+	}
+	switch m.Reason {
+	case ReasonPeriodic, ReasonManual, ReasonShutdown, ReasonInterruption:
+	default:
+		a.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
+		return
+	}
+	now := time.Now()
+	if m.Deadline == nil || !m.Deadline.After(now) {
+		a.reply(c, m.ID, "join: a deadline in the future is required")
+		return
+	}
+	deadline := *m.Deadline
+	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
+		deadline = now.Add(a.cfg.RequestTimeout)
+	}
+	if s := a.stopping; s != nil && (s.req == nil || a.pending[s.req.id] != s.req) {
+		// This node's interruption checkpoint is saved (or failed)
+		// already: the job's ranks cannot be asked for another one.
+		a.reply(c, m.ID, "join: this node is already stopping")
+		return
+	}
+	var stop *stopState
+	for id, r := range a.pending {
+		delete(a.pending, id)
+		if r.stop != nil {
+			stop = r.stop
+			r.stop = nil
+		}
+		a.log.Info("checkpoint request superseded by the job's", zap.String("id", id), zap.String("job_id", m.ID))
+		a.removeDir(r)
+	}
+	urgent := m.Reason == ReasonInterruption || m.Reason == ReasonShutdown
+	if stop == nil && urgent {
+		stop = a.joinedStop(m, deadline, now)
+	}
+	r := a.requestID(m.ID, m.Reason, deadline, stop)
+	if r == nil {
+		if stop != nil {
+			a.stopFailed(stop, "checkpoint request not delivered", now)
+		}
+		return
+	}
+	if stop != nil {
+		a.stopRequested(stop, r, now)
+	}
+	a.log.Info("joined the job's checkpoint", zap.String("id", m.ID), zap.String("reason", m.Reason), zap.Time("deadline", deadline))
+}
+
+// joinedStop starts the stop sequence for an interruption that reached
+// another node: after the job's checkpoint commits, this node's ranks stop
+// too, so that the whole job exits and its scheduler restarts it. It is
+// not journalled: the node that got the notice records the interruption.
+func (a *Agent) joinedStop(m Message, reqDeadline, now time.Time) *stopState {
+	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	s := &stopState{
+		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
+		reason:   m.Reason,
+		deadline: reqDeadline.Add(upload + a.cfg.Margin),
+		joined:   true,
+	}
+	a.stopping = s
+	return s
+}
+
+// message is r's checkpoint request as sent to a trainer.
+func (r *request) message() Message {
+	dl := r.deadline.UTC()
+	return Message{Type: TypeCheckpoint, ID: r.id, Reason: r.reason, Dir: r.dir, Deadline: &dl}
+}
