@@ -212,3 +212,18 @@ func (r *request) message() Message {
 	dl := r.deadline.UTC()
 	return Message{Type: TypeCheckpoint, ID: r.id, Reason: r.reason, Dir: r.dir, Deadline: &dl}
 }
+
+// abandonPart: a rank of this node went away before saving r, so this
+// node's part of the job checkpoint would lack its files. Nothing is
+// uploaded; the job checkpoint never completes and the previous one stands.
+func (a *Agent) abandonPart(r *request, now time.Time) {
+	why := fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost)
+	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
+	a.cfg.Metrics.CommitFailed("trainer")
+	a.removeDir(r)
+	a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: why})
+	a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+	if r.stop != nil {
+		a.stopFailed(r.stop, why, now)
+	}
+}

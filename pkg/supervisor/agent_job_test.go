@@ -16,8 +16,8 @@ import (
 // one checkpoint (the test plays the collective: rank 0 joins the id rank
 // 1's agent asked for) and its two parts commit as one checkpoint.
 
-// startNode starts node k's agent of a two-node job sharing store dir.
-func startNode(t *testing.T, storeOf *agentRun, k int) *agentRun {
+// startJobNode starts node k's agent of a two-node job sharing store dir.
+func startJobNode(t *testing.T, storeOf *agentRun, k int) *agentRun {
 	t.Helper()
 	return startAgent(t, func(c *Config) {
 		c.Node = NodePart(k)
@@ -35,8 +35,8 @@ func (tr *trainer) helloRank(r int) Message {
 }
 
 func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
-	n0 := startNode(t, nil, 0)
-	n1 := startNode(t, n0, 1)
+	n0 := startJobNode(t, nil, 0)
+	n1 := startJobNode(t, n0, 1)
 	t0, t1 := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
 	t0.helloRank(0)
 	t1.helloRank(1)
@@ -99,7 +99,7 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 }
 
 func TestJob_JoinRefused(t *testing.T) {
-	n0 := startNode(t, nil, 0)
+	n0 := startJobNode(t, nil, 0)
 	t0 := dialTrainer(t, n0.cfg.Server.Path)
 	t0.helloRank(0)
 	future := time.Now().Add(time.Minute).UTC()

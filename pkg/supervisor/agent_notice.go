@@ -50,6 +50,7 @@ func (a *Agent) onEvent(ev Event) {
 		for _, r := range a.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
+				r.lost++
 				if len(r.waiting) == 0 {
 					a.settle(r)
 				}

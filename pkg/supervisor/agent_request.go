@@ -28,6 +28,7 @@ type request struct {
 	waiting         map[uint64]bool // connections that still owe an answer
 	answeredBy      map[uint64]bool // connections that answered
 	answered        int
+	lost            int          // connections that went away owing an answer
 	ranks           map[int]bool // ranks that answered (part mode, agent_job.go)
 	world           int          // the job's world size, as their hellos said
 	step            int64
@@ -151,6 +152,10 @@ func (a *Agent) settle(r *request) {
 		if r.stop != nil {
 			a.stopFailed(r.stop, "trainer disconnected before saving", now)
 		}
+		return
+	}
+	if a.partMode() && r.lost > 0 {
+		a.abandonPart(r, now) // agent_job.go
 		return
 	}
 	saved := now.Sub(r.sent)
