@@ -63,7 +63,7 @@ bench: build
 	scripts/bench.sh
 
 soak:
-	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault' ./integration/
+	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/
 
 clean:
 	rm -rf bin dist
