@@ -7,7 +7,8 @@
 //	go run ./bench/cmd/spotbench -bin bin/spotagent -minio bench/cache/bin/minio
 //
 // Sections (-only picks some): latency, transfer, e2e, footprint, simulate,
-// pipeline (issue 16: serial vs pipelined save and commit, PyTorch).
+// pipeline (issue 16: serial vs pipelined save and commit, PyTorch),
+// distributed (issue 15: notice → job-wide commit, 2 nodes × 2 ranks).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -53,7 +54,7 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed", "sections to run")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Parse()
 	c.pollInterval = time.Second
@@ -82,7 +83,7 @@ func main() {
 		must(benchLatency(&c, r))
 	}
 	var env *stores
-	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] || c.only["pipeline"] {
+	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] || c.only["pipeline"] || c.only["distributed"] {
 		step("starting MinIO and fake-gcs-server")
 		env, err = startStores(&c)
 		must(err)
@@ -103,6 +104,10 @@ func main() {
 	if c.only["pipeline"] {
 		step("pipelined commit and non-blocking save")
 		must(benchPipeline(&c, r, env))
+	}
+	if c.only["distributed"] {
+		step("multi-node: notice → job-wide commit")
+		must(benchDistributed(&c, r, env))
 	}
 	if c.only["simulate"] {
 		step("simulate --grid")
