@@ -50,7 +50,6 @@ type Request struct {
 	// Pipeline, when set, holds files uploaded before done (`saved`):
 	// those still unchanged are not uploaded again (pipeline.go).
 	Pipeline *Pipeline
-	Part     *PartSpec // TEMPORARY stub (lead)
 }
 
 // Result describes a committed checkpoint.
