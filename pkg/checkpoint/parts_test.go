@@ -469,3 +469,44 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 		}
 	})
 }
+
+// Retention deletes the parts of a job checkpoint that never completed
+// once a newer one is committed, and never touches a prefix above the
+// newest committed step: other nodes may still be assembling it.
+func TestPrune_PartsOnly(t *testing.T) {
+	st := newStore(t)
+	incomplete := func(step int64, id string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		if _, errs := commitParts(t, ctx, st, step, id, twoNodes[0]); !errors.Is(errs[0], ErrIncomplete) {
+			t.Fatalf("err=%v", errs[0])
+		}
+	}
+	commitJob(t, st, 10, "aaaaaaaaaaaa")
+	incomplete(15, "bbbbbbbbbbbb")
+	put(t, st, Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
+	commitJob(t, st, 20, "dddddddddddd")
+	incomplete(30, "eeeeeeeeeeee")
+	if _, err := Prune(t.Context(), st, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]int{}
+	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	want := map[string]int{
+		Prefix(10, "aaaaaaaaaaaa"): 7, Prefix(16, "cccccccccccc"): 1, Prefix(20, "dddddddddddd"): 7,
+		Prefix(30, "eeeeeeeeeeee"): 3,
+	}
+	if fmt.Sprint(left) != fmt.Sprint(want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+}
+
+func TestJournal_SessionByID(t *testing.T) {
+	j := &Journal{Sessions: []Session{{ID: "a"}, {}, {ID: "b"}}}
+	if s := j.SessionByID("a"); s != &j.Sessions[0] {
+		t.Fatalf("SessionByID(a)=%v", s)
+	}
+	if j.SessionByID("") != nil || j.SessionByID("c") != nil {
+		t.Fatal("found a session that is not there")
+	}
+}
