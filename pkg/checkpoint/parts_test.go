@@ -510,3 +510,52 @@ func TestJournal_SessionByID(t *testing.T) {
 		t.Fatal("found a session that is not there")
 	}
 }
+
+// Early uploads of a part go under the part's prefix, once each; a commit
+// that ends incomplete keeps them (Abort after it deletes nothing the part
+// manifest lists), so the late part can still complete the checkpoint.
+func TestCommitParts_Pipeline(t *testing.T) {
+	st := &countingStore{Store: newStore(t)}
+	const id = "fedcbafedcba"
+	p0 := twoNodes[0]
+	files := partFiles(p0, 5)
+	root := openRoot(t, writeDir(t, files))
+	c := &Committer{Store: st, RunID: "run"}
+
+	wrong := c.NewPipeline(t.Context(), root, 5, id)
+	if _, err := c.Commit(t.Context(), Request{Root: root, ID: id, Step: 5, Pipeline: wrong, Part: &p0}); err == nil || !strings.Contains(err.Error(), "NewPartPipeline") {
+		t.Fatalf("commit with a single-node pipeline: %v", err)
+	}
+	wrong.Abort()
+	wrong.Wait()
+
+	p := c.NewPartPipeline(t.Context(), root, 5, id, p0.Node)
+	for rel := range files {
+		if err := p.Add(rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Commit(ctx, Request{Root: root, ID: id, Step: 5, Reason: "periodic", Pipeline: p, Part: &p0})
+	if !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("err=%v, want ErrIncomplete", err)
+	}
+	p.Abort() // what the agent does with a checkpoint that did not commit
+	p.Wait()
+	for rel := range files {
+		if got := st.count(PartPrefix(5, id, p0.Node) + rel); got != 1 {
+			t.Errorf("puts of %s=%d, want 1", rel, got)
+		}
+	}
+	commitJob(t, st, 5, id, twoNodes[1])
+	r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: p0.Node})
+	if err != nil || r.Manifest.Step != 5 {
+		t.Fatalf("restore: %v", err)
+	}
+	for rel, body := range files {
+		if got := readString(t, filepath.Join(r.Dir, rel)); got != body {
+			t.Fatalf("%s=%q, want %q", rel, got, body)
+		}
+	}
+}
