@@ -319,7 +319,7 @@ func sameCheckpoint(m *Manifest, own *PartManifest) error {
 // returns the job manifest they make. ctx ending first: ErrIncomplete.
 func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartManifest) (*Manifest, error) {
 	cache := map[string]*PartManifest{PartKey(own.Step, own.ID, own.Node): own}
-	missing := allRanks(own.WorldSize)
+	_, missing, _ := joinParts(own, []*PartManifest{own}) // until the first listing
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		parts, err := readParts(ctx, c.Store, own.Step, own.ID, cache)
 		switch {
@@ -342,14 +342,6 @@ func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartMa
 		case <-t.C:
 		}
 	}
-}
-
-func allRanks(n int) []int {
-	r := make([]int, n)
-	for i := range r {
-		r[i] = i
-	}
-	return r
 }
 
 // readParts lists parts/ of checkpoint (step, id) and reads the part
