@@ -24,8 +24,35 @@ func cmdHistory(args []string) int {
 			return nil
 		}
 		printJournal(j)
-		return nil
+		return printJobCheckpoints(ctx, st)
 	})
+}
+
+// printJobCheckpoints lists the checkpoints made of parts, with their
+// parts: which node wrote which ranks' files.
+func printJobCheckpoints(ctx context.Context, st cloud.Store) error {
+	entries, err := checkpoint.ListManifests(ctx, st)
+	if err != nil {
+		return err
+	}
+	var jobs []checkpoint.Entry
+	for _, e := range entries {
+		if e.Err == nil && len(e.Manifest.Parts) > 0 {
+			jobs = append(jobs, e)
+		}
+	}
+	incomplete, err := checkpoint.ListIncomplete(ctx, st)
+	if err != nil {
+		return err
+	}
+	if len(jobs) == 0 && len(incomplete) == 0 {
+		return nil
+	}
+	latest, _ := checkpoint.ReadLatest(ctx, st)
+	fmt.Println()
+	fmt.Println("checkpoints made of parts (one per node):")
+	printCheckpoints(os.Stdout, jobs, incomplete, latest)
+	return nil
 }
 
 func printJournal(j *checkpoint.Journal) {

@@ -48,15 +48,21 @@ type Request struct {
 	Metadata json.RawMessage
 	Urgent   bool // an interruption or shutdown checkpoint: first through the Gate
 	// Pipeline, when set, holds files uploaded before done (`saved`):
-	// those still unchanged are not uploaded again (pipeline.go).
+	// those still unchanged are not uploaded again (pipeline.go). With
+	// Part, it must come from NewPartPipeline.
 	Pipeline *Pipeline
+	// Part, when set, makes this one node's part of a job checkpoint
+	// (parts.go): Commit uploads it, then waits until every part of the
+	// job is durable and commits the job manifest. nil: a single-node
+	// checkpoint.
+	Part *PartSpec
 }
 
 // Result describes a committed checkpoint.
 type Result struct {
 	Manifest    *Manifest
 	ManifestKey string
-	Bytes       int64
+	Bytes       int64         // the checkpoint's size; with Request.Part, this part's
 	Upload      time.Duration // data objects only, from the upload slot on
 	Total       time.Duration // scan to latest.json
 }
@@ -74,6 +80,16 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	}
 	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
 		return nil, errors.New("commit: metadata is not valid json")
+	}
+	prefix := Prefix(req.Step, req.ID)
+	if req.Part != nil {
+		if err := req.Part.Validate(); err != nil {
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+		prefix = PartPrefix(req.Step, req.ID, req.Part.Node)
+		if req.Pipeline != nil && !pipelineFits(req.Pipeline, req.ID, req.Part) {
+			return nil, errors.New("commit: the pipeline does not upload under this part (NewPartPipeline)")
+		}
 	}
 	root := req.Root
 	if root == nil {
@@ -102,6 +118,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 			todo = append(todo, i)
 		}
 	}
+	outer, unslot := ctx, func() {}
 	if c.Gate != nil {
 		claim := Claim{Urgent: req.Urgent, Bytes: total}
 		if req.Urgent {
@@ -114,6 +131,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 			return nil, fmt.Errorf("commit: waiting for an upload slot: %w", aerr)
 		}
 		defer release()
+		unslot = release
 		if waited := time.Since(start); waited > 100*time.Millisecond {
 			log.Info("upload slot granted", zap.Duration("waited", waited), zap.Int64("bytes", total), zap.Bool("urgent", req.Urgent))
 		}
@@ -138,20 +156,29 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if !pipeStart.IsZero() && pipeStart.Before(upStart) {
 		upStart = pipeStart // throughput: the early uploads count too
 	}
-	if err := c.upload(ctx, log, root, Prefix(req.Step, req.ID), files, todo, total, m.Files); err != nil {
+	if err := c.upload(ctx, log, root, prefix, files, todo, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
 	key := ManifestKey(req.Step, req.ID)
-	body, err := marshalManifest(m)
-	if err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
-	}
-	if err := putOnce(ctx, c.Store, key, body); err != nil {
-		return nil, fmt.Errorf("commit: write manifest: %w", err)
-	}
-	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
-		req.Pipeline.committed(m)
+	if req.Part != nil {
+		// The part's data is durable. Waiting for the other nodes frees
+		// the upload slot, and only the caller's ctx bounds it.
+		ctx = outer
+		if m, err = c.commitPart(ctx, log, req, m, unslot); err != nil {
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+	} else {
+		body, err := marshalManifest(m)
+		if err != nil {
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+		if err := putOnce(ctx, c.Store, key, body); err != nil {
+			return nil, fmt.Errorf("commit: write manifest: %w", err)
+		}
+		if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
+			req.Pipeline.committed(m)
+		}
 	}
 	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
 		// The manifest is durable: restore lists the manifests newer
@@ -159,7 +186,11 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		// the failure all the same.
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	res := &Result{Manifest: m, ManifestKey: key, Bytes: m.Bytes(), Upload: uploaded.Sub(upStart), Total: time.Since(start)}
+	bytes := m.Bytes()
+	if req.Part != nil {
+		bytes = m.PartBytes(req.Part.Node)
+	}
+	res := &Result{Manifest: m, ManifestKey: key, Bytes: bytes, Upload: uploaded.Sub(upStart), Total: time.Since(start)}
 	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)), zap.Int("early", len(piped)),
 		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
 	return res, nil

@@ -29,6 +29,10 @@ type Journal struct {
 
 // Session is one agent run on one machine.
 type Session struct {
+	// ID names the session among those of a job's agents, which share one
+	// journal and append theirs concurrently: find it with SessionByID,
+	// never as the last one. Empty in journals of older agents.
+	ID       string     `json:"id,omitempty"`
 	Start    time.Time  `json:"start"`
 	End      *time.Time `json:"end,omitempty"`
 	Instance Machine    `json:"instance"`
@@ -85,6 +89,21 @@ type Stats struct {
 	LastBytes     int64   `json:"last_bytes"`     // size of the newest checkpoint
 	RunSeconds    float64 `json:"run_seconds"`    // training time over all sessions
 	NoticeCommits int     `json:"notice_commits"` // interruptions whose checkpoint committed
+}
+
+// SessionByID returns the session named id, or nil: an agent updates its
+// own session through it, as another node's agent may have appended one
+// since (the last session is not necessarily this agent's).
+func (j *Journal) SessionByID(id string) *Session {
+	if id == "" {
+		return nil
+	}
+	for i := len(j.Sessions) - 1; i >= 0; i-- {
+		if j.Sessions[i].ID == id {
+			return &j.Sessions[i]
+		}
+	}
+	return nil
 }
 
 // maxJournal bounds what is read as a journal.

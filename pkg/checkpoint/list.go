@@ -91,3 +91,73 @@ func newer(a, b Entry) bool {
 	}
 	return a.Manifest.Created.After(b.Manifest.Created)
 }
+
+// Incomplete is a job checkpoint some parts of which are in the store but
+// whose manifest is not: still being assembled, or abandoned.
+type Incomplete struct {
+	Step    int64
+	ID      string
+	Parts   []*PartManifest // readable parts, by node
+	Missing []int           // ranks no readable part holds, per the first part's world size
+	Err     error           // a part that could not be read
+}
+
+// ListIncomplete lists the job checkpoints that have parts and no
+// manifest, newest first.
+func ListIncomplete(ctx context.Context, st cloud.Store) ([]Incomplete, error) {
+	partKeys := map[string][]string{}
+	hasManifest := map[string]bool{}
+	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
+		d := dirOf(o.Key)
+		switch rest := strings.TrimPrefix(o.Key, d); {
+		case rest == manifestObj:
+			hasManifest[d] = true
+		case strings.HasPrefix(rest, partsDir) && strings.HasSuffix(rest, ".json"):
+			partKeys[d] = append(partKeys[d], o.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	var out []Incomplete
+	for d, keys := range partKeys {
+		if hasManifest[d] {
+			continue
+		}
+		in := Incomplete{Step: stepOf(d)}
+		_, in.ID, _ = strings.Cut(strings.TrimSuffix(strings.TrimPrefix(d, prefixDir), "/"), "-")
+		for _, k := range keys {
+			p, err := ReadPart(ctx, st, k)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if err != nil {
+				in.Err = err
+				continue
+			}
+			in.Parts = append(in.Parts, p)
+		}
+		if len(in.Parts) > 0 {
+			held := map[int]bool{}
+			for _, p := range in.Parts {
+				for _, r := range p.Ranks {
+					held[r] = true
+				}
+			}
+			for r := range in.Parts[0].WorldSize {
+				if !held[r] {
+					in.Missing = append(in.Missing, r)
+				}
+			}
+		}
+		out = append(out, in)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Step != out[j].Step {
+			return out[i].Step > out[j].Step
+		}
+		return out[i].ID > out[j].ID
+	})
+	return out, nil
+}

@@ -38,6 +38,9 @@ type Manifest struct {
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 	Files    []File          `json:"files"`
 	Epoch    int64           `json:"epoch,omitempty"` // session lease it was committed under (lease.go); 0: none
+	// Parts lists the parts of a job checkpoint (several nodes, parts.go),
+	// ordered by their lowest rank; empty for a single-node checkpoint.
+	Parts []PartInfo `json:"parts,omitempty"`
 }
 
 // Machine is the machine a checkpoint, session or lease came from, as the
@@ -58,7 +61,8 @@ type File struct {
 	Path   string `json:"path"` // relative to the checkpoint directory, "/"-separated
 	Key    string `json:"key"`  // object key relative to the store root
 	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"` // hex
+	SHA256 string `json:"sha256"`         // hex
+	Part   string `json:"part,omitempty"` // the part (node) that wrote it, in a job checkpoint
 }
 
 // Latest is the content of latest.json: a pointer to the newest manifest.
@@ -99,18 +103,28 @@ func (m *Manifest) Validate() error {
 	if m.Step < 0 {
 		return fmt.Errorf("negative step %d", m.Step)
 	}
-	seen := make(map[string]bool, len(m.Files))
-	for _, f := range m.Files {
+	if err := validateFiles(m.Files); err != nil {
+		return err
+	}
+	return m.validateParts()
+}
+
+// validateFiles checks each file's path, key, size and checksum, and that
+// the files of one part (files with the same Part) can be laid out on disk:
+// no path twice, no path that is also another's directory.
+func validateFiles(files []File) error {
+	seen := make(map[string]bool, len(files))
+	for _, f := range files {
 		if err := SafeRel(f.Path); err != nil {
 			return fmt.Errorf("file path: %w", err)
 		}
 		if err := SafeRel(f.Key); err != nil {
 			return fmt.Errorf("file key: %w", err)
 		}
-		if seen[f.Path] {
+		if seen[f.Part+"\x00"+f.Path] {
 			return fmt.Errorf("duplicate file %q", f.Path)
 		}
-		seen[f.Path] = true
+		seen[f.Part+"\x00"+f.Path] = true
 		if f.Size < 0 {
 			return fmt.Errorf("file %q: negative size", f.Path)
 		}
@@ -120,9 +134,9 @@ func (m *Manifest) Validate() error {
 	}
 	// A path that is also another's directory ("a" and "a/b") cannot be
 	// laid out on disk: such a manifest is broken, not a local fault.
-	for _, f := range m.Files {
+	for _, f := range files {
 		for d := path.Dir(f.Path); d != "."; d = path.Dir(d) {
-			if seen[d] {
+			if seen[f.Part+"\x00"+d] {
 				return fmt.Errorf("file %q is also the directory of %q", d, f.Path)
 			}
 		}

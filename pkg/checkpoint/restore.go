@@ -39,6 +39,12 @@ type RestoreOptions struct {
 	// MaxEpoch > 0 passes over checkpoints committed under a higher epoch:
 	// a newer session's, which fenced the one restoring (lease.go).
 	MaxEpoch int64
+	// Part, for a job checkpoint (parts.go), restores only the files of
+	// that part; "" restores every part's (into one directory, each file
+	// at its path). Either way a job checkpoint is restored only when
+	// every object of every part exists with its size. A checkpoint
+	// without that part (a single-node one) is restored whole.
+	Part string
 }
 
 // Restored describes a checkpoint copied to local disk and verified.
@@ -49,6 +55,7 @@ type Restored struct {
 	Bytes    int64
 	Took     time.Duration
 	Skipped  []string // manifests tried first and found broken, with why
+	Parts    []string // the parts restored, of a job checkpoint; nil: single-node
 }
 
 // Restore copies the newest complete checkpoint (or opts.ID) into a new
@@ -94,7 +101,17 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			return nil, false
 		}
 		tried[key] = true
-		r, err := restoreOne(ctx, st, dest, destPath, key, m, log)
+		view, parts, err := selectFiles(m, opts.Part, log)
+		if err == nil && len(m.Parts) > 0 {
+			err = checkParts(ctx, st, m, view)
+		}
+		var r *Restored
+		if err == nil {
+			r, err = restoreOne(ctx, st, dest, destPath, key, m, view, log)
+		}
+		if err == nil {
+			r.Parts = parts
+		}
 		switch {
 		case err == nil:
 			r.Took, r.Skipped = time.Since(start), skipped
@@ -193,12 +210,13 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 
 // restoreOne downloads and verifies one checkpoint into dest/<name>. An
 // existing local copy that verifies is reused without downloading.
-func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, m *Manifest, log *zap.Logger) (*Restored, error) {
+// Only the files view lists are fetched (m, or a part of it).
+func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
 	name := path.Base(path.Dir(key))
 	final := filepath.Join(destPath, name)
-	res := &Restored{Dir: final, Key: key, Manifest: m, Bytes: m.Bytes()}
+	res := &Restored{Dir: final, Key: key, Manifest: m, Bytes: view.Bytes()}
 	if _, err := dest.Lstat(name); err == nil {
-		if verifyLocal(dest, name, m) == nil {
+		if verifyLocal(dest, name, view) == nil {
 			log.Info("local copy of checkpoint verified, not downloading", zap.String("dir", final))
 			return res, nil
 		}
@@ -220,7 +238,7 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 	if err != nil {
 		return nil, err
 	}
-	err = download(ctx, st, dir, m, log)
+	err = download(ctx, st, dir, view, log)
 	dir.Close()
 	if err != nil {
 		return nil, err

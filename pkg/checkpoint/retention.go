@@ -17,7 +17,11 @@ import (
 // every object that no kept manifest lists goes. Objects without a manifest
 // (an upload a crash cut short) are removed only when they are older by
 // step than the oldest kept checkpoint, so an upload in flight is safe.
-// It returns the number of objects deleted.
+// Parts of a job checkpoint that never got its manifest (parts/ but no
+// manifest.json) go once a newer checkpoint is committed: the job moved on
+// without it. Nothing above the newest committed step is ever deleted:
+// other nodes may still be assembling it. It returns the number of
+// objects deleted.
 func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin ...string) (int, error) {
 	if keep < 1 {
 		return 0, fmt.Errorf("prune: keep must be at least 1, got %d", keep)
@@ -42,12 +46,13 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin .
 	manifestDir := map[string]bool{} // checkpoint prefixes with a manifest, readable or not
 	var drop []Entry
 	n := 0
-	oldestKept := int64(-1)
+	oldestKept, newest := int64(-1), int64(-1)
 	for _, e := range entries {
 		manifestDir[dirOf(e.Key)] = true
 		if e.Err != nil {
 			continue // never delete what we cannot read: a person may want it
 		}
+		newest = max(newest, e.Manifest.Step)
 		if n < keep || pinned[e.Key] {
 			n++
 			keptDir[dirOf(e.Key)] = true
@@ -69,21 +74,39 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin .
 		}
 		deleted++
 	}
-	var victims []string
+	var victims, partsOnly []string
+	hasParts := map[string]bool{} // prefixes with parts/ and no manifest
 	err = st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
 		d := dirOf(o.Key)
 		if kept[o.Key] || keptDir[d] {
 			return nil
 		}
-		// An object of a dropped checkpoint, or one a crash left (no manifest)
-		// older than every kept checkpoint.
-		if s := stepOf(d); dropDir[d] || (oldestKept >= 0 && !manifestDir[d] && s >= 0 && s < oldestKept) {
+		s := stepOf(d)
+		switch {
+		case dropDir[d] || (oldestKept >= 0 && !manifestDir[d] && s >= 0 && s < oldestKept):
+			// An object of a dropped checkpoint, or one a crash left (no
+			// manifest) older than every kept checkpoint.
 			victims = append(victims, o.Key)
+		case !manifestDir[d] && s >= 0 && s < newest:
+			// Perhaps part of a job checkpoint that never completed.
+			partsOnly = append(partsOnly, o.Key)
+			if strings.HasPrefix(o.Key, d+partsDir) {
+				hasParts[d] = true
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return deleted, fmt.Errorf("prune: %w", err)
+	}
+	// The part manifests first: a node still waiting for them then never
+	// sees the checkpoint complete.
+	for _, first := range []bool{true, false} {
+		for _, k := range partsOnly {
+			if d := dirOf(k); hasParts[d] && strings.HasPrefix(k, d+partsDir) == first {
+				victims = append(victims, k)
+			}
+		}
 	}
 	for _, k := range victims {
 		if err := st.Delete(ctx, k); err != nil {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -70,5 +71,37 @@ func TestURI(t *testing.T) {
 	}
 	if got, want := st.URI("a/b"), "file://"+dir+"/a/b"; got != want {
 		t.Fatalf("URI=%q, want %q", got, want)
+	}
+}
+
+// With options, cleanup removes only the temp files the options own, and
+// those older than MaxAge: another agent's writes in flight are spared.
+func TestCleanup_Owned(t *testing.T) {
+	dir := t.TempDir()
+	st, err := file.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join("ck", "node-1", ".spotagent-tmp-1")
+	theirs := filepath.Join("ck", "node-0", ".spotagent-tmp-2")
+	old := filepath.Join("ck", "node-0", ".spotagent-tmp-3")
+	for _, p := range []string{mine, theirs, old} {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	day := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, old), day, day); err != nil {
+		t.Fatal(err)
+	}
+	opts := cloud.CleanupOptions{Owned: func(key string) bool { return strings.HasPrefix(key, "ck/node-1/") }}
+	if n, err := st.Cleanup(context.Background(), opts); err != nil || n != 2 {
+		t.Fatalf("cleanup=%d, %v; want 2, nil", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, theirs)); err != nil {
+		t.Fatalf("cleanup removed another writer's temp file: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -96,7 +97,12 @@ func version(fi os.FileInfo) string {
 // Temp files of this store's own Puts in flight are kept. Run it at start,
 // before other writers share the directory: a temp file of another live
 // process would be removed and that Put would fail (not corrupt anything).
-func (s *Store) Cleanup(ctx context.Context) (int, error) {
+// With opts, a temp file counts as a write of the key its name has in
+// place of the final element, and is removed only when opts says so (its
+// mtime as the time the write started).
+func (s *Store) Cleanup(ctx context.Context, opts ...cloud.CleanupOptions) (int, error) {
+	o := cloud.CleanupOpts(opts)
+	now := time.Now()
 	n := 0
 	err := filepath.WalkDir(s.root, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -110,6 +116,16 @@ func (s *Store) Cleanup(ctx context.Context) (int, error) {
 		}
 		if d.IsDir() || !strings.HasPrefix(d.Name(), tmpPrefix) {
 			return nil
+		}
+		if o.Owned != nil {
+			info, err := d.Info()
+			if err != nil {
+				return nil // gone meanwhile
+			}
+			rel, err := filepath.Rel(s.root, p)
+			if err != nil || !o.Removes(filepath.ToSlash(rel), info.ModTime(), now) {
+				return nil
+			}
 		}
 		s.mu.Lock()
 		_, busy := s.active[p]

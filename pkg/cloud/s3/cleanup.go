@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -13,15 +15,25 @@ import (
 )
 
 // Cleanup implements cloud.Cleaner: it aborts incomplete multipart uploads
-// under the prefix.
-func (s *Store) Cleanup(ctx context.Context) (int, error) { return s.AbortIncompleteUploads(ctx) }
+// under the prefix, those opts spares excepted.
+func (s *Store) Cleanup(ctx context.Context, opts ...cloud.CleanupOptions) (int, error) {
+	return s.abortUploads(ctx, cloud.CleanupOpts(opts))
+}
 
 // AbortIncompleteUploads aborts every multipart upload under the store's
 // prefix that was started and never completed (a writer crashed), and
 // returns how many it aborted. Run it at start: it also aborts uploads that
 // another live writer under the same prefix has in flight.
 func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
+	return s.abortUploads(ctx, cloud.CleanupOptions{})
+}
+
+// abortUploads aborts the incomplete uploads under the prefix that opts
+// removes (judged by the key relative to the store root and the time the
+// upload was initiated).
+func (s *Store) abortUploads(ctx context.Context, opts cloud.CleanupOptions) (int, error) {
 	n := 0
+	now := time.Now()
 	in := &s3.ListMultipartUploadsInput{Bucket: &s.bucket, Prefix: aws.String(s.prefix)}
 	for {
 		out, err := s.client.ListMultipartUploads(ctx, in)
@@ -34,6 +46,9 @@ func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
 			return n, fmt.Errorf("list multipart uploads: %w", translate(err))
 		}
 		for _, up := range out.Uploads {
+			if !opts.Removes(s.rel(aws.ToString(up.Key)), aws.ToTime(up.Initiated), now) {
+				continue // another live writer's, perhaps: not ours to abort
+			}
 			_, err := s.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
 				Bucket: &s.bucket, Key: up.Key, UploadId: up.UploadId,
 			})
@@ -50,3 +65,6 @@ func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
 		in.KeyMarker, in.UploadIdMarker = out.NextKeyMarker, out.NextUploadIdMarker
 	}
 }
+
+// rel is key relative to the store's prefix.
+func (s *Store) rel(key string) string { return strings.TrimPrefix(key, s.prefix) }

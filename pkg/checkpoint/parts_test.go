@@ -1,0 +1,561 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// twoNodes is the job of the tests: world size 4, two ranks per node.
+var twoNodes = []PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
+
+// partFiles is what the ranks of part p save at step.
+func partFiles(p PartSpec, step int64) map[string]string {
+	files := map[string]string{}
+	for _, r := range p.Ranks {
+		files[fmt.Sprintf("rank-%d.pt", r)] = fmt.Sprintf("rank %d step %d %s", r, step, strings.Repeat("x", r*100))
+	}
+	return files
+}
+
+func partRequest(t *testing.T, p PartSpec, step int64, id string) Request {
+	p.Ranks = slices.Clone(p.Ranks)
+	return Request{Dir: writeDir(t, partFiles(p, step)), ID: id, Step: step, Reason: "periodic",
+		Metadata: []byte(fmt.Sprintf(`{"node":%q}`, p.Node)), Part: &p}
+}
+
+// commitJob commits every part at once and fails the test unless each succeeds.
+func commitJob(t *testing.T, st cloud.Store, step int64, id string, parts ...PartSpec) []*Result {
+	t.Helper()
+	res, errs := commitParts(t, context.Background(), st, step, id, parts...)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("commit part %s: %v", parts[i].Node, err)
+		}
+	}
+	return res
+}
+
+func commitParts(t *testing.T, ctx context.Context, st cloud.Store, step int64, id string, parts ...PartSpec) ([]*Result, []error) {
+	t.Helper()
+	if len(parts) == 0 {
+		parts = twoNodes
+	}
+	res, errs := make([]*Result, len(parts)), make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		req := partRequest(t, p, step, id)
+		wg.Go(func() {
+			c := &Committer{Store: st, RunID: "run"}
+			res[i], errs[i] = c.Commit(ctx, req)
+		})
+	}
+	wg.Wait()
+	return res, errs
+}
+
+// manifestWrites counts the manifest writes that succeeded.
+type manifestWrites struct {
+	cloud.Store
+	n atomic.Int64
+}
+
+func (s *manifestWrites) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
+	err := s.Store.Put(ctx, key, r, size, o)
+	if err == nil && strings.HasSuffix(key, "/"+manifestObj) {
+		s.n.Add(1)
+	}
+	return err
+}
+
+// Two agents finish one job checkpoint at once: both succeed, one manifest
+// write wins, and latest.json points at it.
+func TestCommitParts_Concurrent(t *testing.T) {
+	leaseStores(t, func(t *testing.T, raw cloud.Store) {
+		for i := range 4 {
+			st := &manifestWrites{Store: raw}
+			step, id := int64(100+i), fmt.Sprintf("%012x", i)
+			res := commitJob(t, st, step, id)
+			if got := st.n.Load(); got != 1 {
+				t.Fatalf("%d manifest writes succeeded, want 1", got)
+			}
+			if res[0].ManifestKey != res[1].ManifestKey || !res[0].Manifest.Created.Equal(res[1].Manifest.Created) {
+				t.Fatalf("the committers report different manifests: %s %v, %s %v", res[0].ManifestKey, res[0].Manifest.Created, res[1].ManifestKey, res[1].Manifest.Created)
+			}
+			m, err := ReadManifest(t.Context(), st, ManifestKey(step, id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(m.Parts) != 2 || m.Parts[0].Node != "node-0" || len(m.Files) != 4 || m.Parts[1].Files != 2 {
+				t.Fatalf("manifest parts=%+v files=%d", m.Parts, len(m.Files))
+			}
+			var meta bytes.Buffer
+			json.Compact(&meta, m.Metadata)
+			if meta.String() != `{"node":"node-0"}` {
+				t.Fatalf("metadata=%s, want rank 0's part's", m.Metadata)
+			}
+			for _, f := range m.Files {
+				if want := PartPrefix(step, id, f.Part) + f.Path; f.Key != want {
+					t.Fatalf("file %s key=%s, want %s", f.Path, f.Key, want)
+				}
+			}
+			l, err := ReadLatest(t.Context(), st)
+			if err != nil || l.Manifest != ManifestKey(step, id) {
+				t.Fatalf("latest=%+v, %v", l, err)
+			}
+			if res[1].Bytes != m.PartBytes("node-1") {
+				t.Fatalf("result bytes=%d, want the part's %d", res[1].Bytes, m.PartBytes("node-1"))
+			}
+		}
+	})
+}
+
+// A part that never arrives: ErrIncomplete naming its ranks, no manifest,
+// the part stays, and restore keeps returning the previous checkpoint.
+func TestCommitParts_Missing(t *testing.T) {
+	leaseStores(t, func(t *testing.T, st cloud.Store) {
+		commitJob(t, st, 10, "aaaaaaaaaaaa")
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		_, errs := commitParts(t, ctx, st, 20, "bbbbbbbbbbbb", twoNodes[0])
+		if !errors.Is(errs[0], ErrIncomplete) || !strings.Contains(errs[0].Error(), "[2 3]") {
+			t.Fatalf("err=%v, want ErrIncomplete naming ranks [2 3]", errs[0])
+		}
+		if _, err := st.Stat(t.Context(), ManifestKey(20, "bbbbbbbbbbbb")); !errors.Is(err, cloud.ErrNotExist) {
+			t.Fatalf("manifest of the incomplete checkpoint: %v", err)
+		}
+		if _, err := st.Stat(t.Context(), PartKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
+			t.Fatalf("the part is gone: %v", err)
+		}
+		for _, p := range []string{"", "node-0", "node-1"} {
+			r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: p})
+			if err != nil || r.Manifest.Step != 10 {
+				t.Fatalf("restore part %q: %v, want step 10", p, err)
+			}
+		}
+		// The late part completes it after all (its agent was slow, not dead).
+		res := commitJob(t, st, 20, "bbbbbbbbbbbb", twoNodes[1])
+		if res[0].Manifest.Step != 20 || restoredStep(t, st) != 20 {
+			t.Fatal("the late part did not complete the checkpoint")
+		}
+	})
+}
+
+// An object of the other part missing or cut short: restore skips the
+// checkpoint for the previous complete one, whichever part it fetches.
+func TestRestoreParts_OtherPartDamaged(t *testing.T) {
+	for _, damage := range []string{"missing", "short", "own-corrupt"} {
+		t.Run(damage, func(t *testing.T) {
+			leaseStores(t, func(t *testing.T, st cloud.Store) {
+				commitJob(t, st, 10, "aaaaaaaaaaaa")
+				commitJob(t, st, 20, "bbbbbbbbbbbb")
+				victim := PartPrefix(20, "bbbbbbbbbbbb", "node-1") + "rank-3.pt"
+				switch damage {
+				case "missing":
+					if err := st.Delete(t.Context(), victim); err != nil {
+						t.Fatal(err)
+					}
+				case "short":
+					put(t, st, victim, "cut")
+				case "own-corrupt": // same size, other bytes: only a download sees it
+					body := partFiles(twoNodes[1], 20)["rank-3.pt"]
+					put(t, st, victim, strings.ToUpper(body))
+				}
+				r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-1"})
+				if err != nil || r.Manifest.Step != 10 || len(r.Skipped) != 1 {
+					t.Fatalf("node-1 restore: %+v, %v; want step 10, one skipped", r, err)
+				}
+				if damage == "own-corrupt" {
+					return // node-0 cannot tell without downloading node-1's files
+				}
+				r, err = Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-0"})
+				if err != nil || r.Manifest.Step != 10 || len(r.Skipped) != 1 {
+					t.Fatalf("node-0 restore: %+v, %v; want step 10, one skipped", r, err)
+				}
+			})
+		})
+	}
+}
+
+// Parts that cannot make one checkpoint are never committed.
+func TestCommitParts_Disagree(t *testing.T) {
+	const id = "cccccccccccc"
+	short := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	noManifest := func(t *testing.T, st cloud.Store) {
+		t.Helper()
+		if es, err := ListManifests(t.Context(), st); err != nil || len(es) != 0 {
+			t.Fatalf("manifests: %d, %v; want none", len(es), err)
+		}
+		if _, err := ReadLatest(t.Context(), st); !errors.Is(err, cloud.ErrNotExist) {
+			t.Fatalf("latest.json: %v, want none", err)
+		}
+	}
+	leaseStores(t, func(t *testing.T, st cloud.Store) {
+		t.Run("duplicate rank", func(t *testing.T) {
+			_, errs := commitParts(t, short(t), st, 1, id, twoNodes[0], PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4})
+			for _, err := range errs {
+				if !errors.Is(err, ErrPartsDisagree) && !errors.Is(err, ErrIncomplete) {
+					t.Fatalf("err=%v", err)
+				}
+			}
+			if !errors.Is(errs[0], ErrPartsDisagree) && !errors.Is(errs[1], ErrPartsDisagree) {
+				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
+			}
+			noManifest(t, st)
+		})
+		t.Run("world size", func(t *testing.T) {
+			_, errs := commitParts(t, short(t), st, 2, id, PartSpec{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 3}, PartSpec{Node: "node-1", Ranks: []int{2}, WorldSize: 4})
+			if !errors.Is(errs[0], ErrPartsDisagree) && !errors.Is(errs[1], ErrPartsDisagree) {
+				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
+			}
+			noManifest(t, st)
+		})
+		t.Run("mixed steps", func(t *testing.T) {
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			ctx := short(t)
+			for i, p := range twoNodes {
+				req := partRequest(t, p, int64(3+i), id) // one node one step ahead
+				wg.Go(func() { _, errs[i] = (&Committer{Store: st, RunID: "run"}).Commit(ctx, req) })
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if !errors.Is(err, ErrIncomplete) {
+					t.Fatalf("err=%v, want ErrIncomplete", err)
+				}
+			}
+			noManifest(t, st)
+		})
+		t.Run("part claiming another step", func(t *testing.T) {
+			// A part manifest copied under another checkpoint's prefix.
+			commitParts(t, short(t), st, 5, id, twoNodes[1])
+			rc, err := st.Get(t.Context(), PartKey(5, id, "node-1"), 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(rc)
+			rc.Close()
+			put(t, st, PartKey(6, id, "node-1"), string(body))
+			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
+			if !errors.Is(errs[0], ErrPartsDisagree) {
+				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
+			}
+			noManifest(t, st)
+		})
+		t.Run("same node twice", func(t *testing.T) {
+			commitParts(t, short(t), st, 7, id, twoNodes[0])
+			_, errs := commitParts(t, short(t), st, 7, id, PartSpec{Node: "node-0", Ranks: []int{2, 3}, WorldSize: 4})
+			if !errors.Is(errs[0], ErrPartsDisagree) {
+				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
+			}
+			noManifest(t, st)
+		})
+	})
+}
+
+// A part restore gets its own files; "" gets every part's.
+func TestRestoreParts_Select(t *testing.T) {
+	st := newStore(t)
+	commitJob(t, st, 10, "aaaaaaaaaaaa")
+	for _, c := range []struct {
+		part  string
+		files []string
+		parts []string
+	}{
+		{"node-1", []string{"rank-2.pt", "rank-3.pt"}, []string{"node-1"}},
+		{"node-0", []string{"rank-0.pt", "rank-1.pt"}, []string{"node-0"}},
+		{"", []string{"rank-0.pt", "rank-1.pt", "rank-2.pt", "rank-3.pt"}, []string{"node-0", "node-1"}},
+		{"node-7", []string{"rank-0.pt", "rank-1.pt", "rank-2.pt", "rank-3.pt"}, []string{"node-0", "node-1"}},
+	} {
+		r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: c.part})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := dirFiles(t, r.Dir); !slices.Equal(got, c.files) || !slices.Equal(r.Parts, c.parts) {
+			t.Fatalf("part %q: files %v parts %v, want %v %v", c.part, got, r.Parts, c.files, c.parts)
+		}
+		for _, name := range c.files {
+			var r0 int
+			fmt.Sscanf(name, "rank-%d.pt", &r0)
+			node := twoNodes[r0/2]
+			if got, want := readString(t, filepath.Join(r.Dir, name)), partFiles(node, 10)[name]; got != want {
+				t.Fatalf("%s=%q, want %q", name, got, want)
+			}
+		}
+	}
+	// A single-node checkpoint asked for a part: all of it.
+	commit(t, st, 20, "single", map[string]string{"m": "x"})
+	r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-1"})
+	if err != nil || r.Manifest.Step != 20 || r.Parts != nil || !slices.Equal(dirFiles(t, r.Dir), []string{"m"}) {
+		t.Fatalf("single-node restore: %+v, %v", r, err)
+	}
+}
+
+func dirFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var names []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(dir, p)
+			names = append(names, filepath.ToSlash(rel))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// A single-node commit writes the manifest it always did: no part fields.
+func TestCommit_SingleNodeHasNoParts(t *testing.T) {
+	st := newStore(t)
+	res := commit(t, st, 1, "abc", map[string]string{"m": "x"})
+	rc, err := st.Get(t.Context(), res.ManifestKey, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	body, _ := io.ReadAll(rc)
+	if strings.Contains(string(body), `"part`) {
+		t.Fatalf("single-node manifest mentions parts:\n%s", body)
+	}
+}
+
+// killAfter cancels its committer's context just before the store call
+// number at (counting from 0): an agent killed at that point of its commit.
+type killAfter struct {
+	cloud.Store
+	at     int64
+	n      atomic.Int64
+	cancel context.CancelFunc
+}
+
+func (k *killAfter) tick() {
+	if k.n.Add(1)-1 == k.at {
+		k.cancel()
+	}
+}
+
+func (k *killAfter) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
+	k.tick()
+	return k.Store.Put(ctx, key, r, size, o)
+}
+
+func (k *killAfter) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	k.tick()
+	return k.Store.Get(ctx, key, off, n)
+}
+
+func (k *killAfter) Stat(ctx context.Context, key string) (cloud.ObjectInfo, error) {
+	k.tick()
+	return k.Store.Stat(ctx, key)
+}
+
+func (k *killAfter) List(ctx context.Context, prefix string, fn func(cloud.ObjectInfo) error) error {
+	k.tick()
+	return k.Store.List(ctx, prefix, fn)
+}
+
+// Either agent killed at a random point of the job-wide commit: whatever
+// restore returns has every part of one step, and otherwise the previous
+// checkpoint stands.
+func TestCommitParts_KilledAtRandom(t *testing.T) {
+	seeds := 24
+	if testing.Short() {
+		seeds = 8
+	}
+	leaseStores(t, func(t *testing.T, st cloud.Store) {
+		commitJob(t, st, 10, "000000000010")
+		counts := map[string]int{}
+		for seed := range seeds {
+			rng := rand.New(rand.NewPCG(uint64(seed), 15))
+			step := int64(20 + seed)
+			id := fmt.Sprintf("%012x", 0x1000+seed)
+			victim := rng.IntN(2)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			ctxs, cancels := make([]context.Context, 2), make([]context.CancelFunc, 2)
+			for i := range ctxs {
+				ctxs[i], cancels[i] = context.WithCancel(ctx)
+			}
+			// A commit of a part makes about ten store calls.
+			kill := &killAfter{Store: st, at: int64(rng.IntN(12)), cancel: cancels[victim]}
+			giveUp := time.Duration(rng.IntN(300)) * time.Millisecond
+			for i, p := range twoNodes {
+				req := partRequest(t, p, step, id)
+				var s cloud.Store = st
+				if i == victim {
+					s = kill
+				}
+				wg.Go(func() {
+					defer cancels[i]()
+					_, errs[i] = (&Committer{Store: s, RunID: "run"}).Commit(ctxs[i], req)
+					if i == victim && errs[i] != nil {
+						// The survivor waits for the victim's part until
+						// its own deadline: a random one, from now.
+						time.AfterFunc(giveUp, cancels[1-i])
+					}
+				})
+			}
+			wg.Wait()
+			cancel()
+			committed := errs[0] == nil || errs[1] == nil
+			_, merr := st.Stat(t.Context(), ManifestKey(step, id))
+			for _, part := range []string{"", "node-0", "node-1"} {
+				r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: part})
+				if err != nil {
+					t.Fatalf("seed %d: restore %q: %v", seed, part, err)
+				}
+				m := r.Manifest
+				if len(m.Parts) != 2 || len(m.Files) != 4 {
+					t.Fatalf("seed %d: restored a checkpoint of %d parts, %d files", seed, len(m.Parts), len(m.Files))
+				}
+				for _, f := range m.Files {
+					if !strings.HasPrefix(f.Key, Prefix(m.Step, m.ID)) {
+						t.Fatalf("seed %d: file %s of another checkpoint than %d-%s", seed, f.Key, m.Step, m.ID)
+					}
+				}
+				if part == "" {
+					for _, p := range twoNodes {
+						for name, body := range partFiles(p, m.Step) {
+							if got := readString(t, filepath.Join(r.Dir, name)); got != body {
+								t.Fatalf("seed %d: %s=%q, want %q", seed, name, got, body)
+							}
+						}
+					}
+				}
+				if m.Step != step && (committed || merr == nil) {
+					t.Fatalf("seed %d: committed (%v, manifest %v) but restore returned step %d", seed, errs, merr, m.Step)
+				}
+				if m.Step > step {
+					t.Fatalf("seed %d: restored step %d", seed, m.Step)
+				}
+			}
+			for _, err := range errs {
+				switch {
+				case err == nil:
+					counts["ok"]++
+				case errors.Is(err, ErrIncomplete):
+					counts["incomplete"]++
+				default:
+					counts["other"]++
+				}
+			}
+		}
+		t.Logf("outcomes over %d seeds: %v", seeds, counts)
+		if counts["ok"] == 0 || counts["incomplete"] == 0 {
+			t.Fatalf("outcomes %v: the kill points did not cover both commit and no commit", counts)
+		}
+	})
+}
+
+// Retention deletes the parts of a job checkpoint that never completed
+// once a newer one is committed, and never touches a prefix above the
+// newest committed step: other nodes may still be assembling it.
+func TestPrune_PartsOnly(t *testing.T) {
+	st := newStore(t)
+	incomplete := func(step int64, id string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		if _, errs := commitParts(t, ctx, st, step, id, twoNodes[0]); !errors.Is(errs[0], ErrIncomplete) {
+			t.Fatalf("err=%v", errs[0])
+		}
+	}
+	commitJob(t, st, 10, "aaaaaaaaaaaa")
+	incomplete(15, "bbbbbbbbbbbb")
+	put(t, st, Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
+	commitJob(t, st, 20, "dddddddddddd")
+	incomplete(30, "eeeeeeeeeeee")
+	if _, err := Prune(t.Context(), st, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]int{}
+	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	want := map[string]int{
+		Prefix(10, "aaaaaaaaaaaa"): 7, Prefix(16, "cccccccccccc"): 1, Prefix(20, "dddddddddddd"): 7,
+		Prefix(30, "eeeeeeeeeeee"): 3,
+	}
+	if fmt.Sprint(left) != fmt.Sprint(want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+}
+
+func TestJournal_SessionByID(t *testing.T) {
+	j := &Journal{Sessions: []Session{{ID: "a"}, {}, {ID: "b"}}}
+	if s := j.SessionByID("a"); s != &j.Sessions[0] {
+		t.Fatalf("SessionByID(a)=%v", s)
+	}
+	if j.SessionByID("") != nil || j.SessionByID("c") != nil {
+		t.Fatal("found a session that is not there")
+	}
+}
+
+// Early uploads of a part go under the part's prefix, once each; a commit
+// that ends incomplete keeps them (Abort after it deletes nothing the part
+// manifest lists), so the late part can still complete the checkpoint.
+func TestCommitParts_Pipeline(t *testing.T) {
+	st := &countingStore{Store: newStore(t)}
+	const id = "fedcbafedcba"
+	p0 := twoNodes[0]
+	files := partFiles(p0, 5)
+	root := openRoot(t, writeDir(t, files))
+	c := &Committer{Store: st, RunID: "run"}
+
+	wrong := c.NewPipeline(t.Context(), root, 5, id)
+	if _, err := c.Commit(t.Context(), Request{Root: root, ID: id, Step: 5, Pipeline: wrong, Part: &p0}); err == nil || !strings.Contains(err.Error(), "NewPartPipeline") {
+		t.Fatalf("commit with a single-node pipeline: %v", err)
+	}
+	wrong.Abort()
+	wrong.Wait()
+
+	p := c.NewPartPipeline(t.Context(), root, 5, id, p0.Node)
+	for rel := range files {
+		if err := p.Add(rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Commit(ctx, Request{Root: root, ID: id, Step: 5, Reason: "periodic", Pipeline: p, Part: &p0})
+	if !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("err=%v, want ErrIncomplete", err)
+	}
+	p.Abort() // what the agent does with a checkpoint that did not commit
+	p.Wait()
+	for rel := range files {
+		if got := st.count(PartPrefix(5, id, p0.Node) + rel); got != 1 {
+			t.Errorf("puts of %s=%d, want 1", rel, got)
+		}
+	}
+	commitJob(t, st, 5, id, twoNodes[1])
+	r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: p0.Node})
+	if err != nil || r.Manifest.Step != 5 {
+		t.Fatalf("restore: %v", err)
+	}
+	for rel, body := range files {
+		if got := readString(t, filepath.Join(r.Dir, rel)); got != body {
+			t.Fatalf("%s=%q, want %q", rel, got, body)
+		}
+	}
+}
