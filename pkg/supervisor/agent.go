@@ -268,7 +268,7 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
-	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
+	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.restorePart()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
 		return nil, nil
@@ -325,7 +325,13 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 func (a *Agent) cleanup(ctx context.Context) {
 	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		n, err := c.Cleanup(cctx)
+		var opts []cloud.CleanupOptions
+		if a.partMode() {
+			// Other nodes' uploads in flight are theirs: only this
+			// node's part, or what is older than a day.
+			opts = append(opts, checkpoint.PartCleanup(a.cfg.Node))
+		}
+		n, err := c.Cleanup(cctx, opts...)
 		cancel()
 		switch {
 		case err != nil:

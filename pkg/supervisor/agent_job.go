@@ -53,6 +53,14 @@ func multiNode(m Message) bool {
 		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
 }
 
+// restorePart is the part a restore fetches: this node's, or every part.
+func (a *Agent) restorePart() string {
+	if a.cfg.RestoreAll {
+		return ""
+	}
+	return a.cfg.Node
+}
+
 // partMode reports whether this agent commits parts of a job checkpoint.
 func (a *Agent) partMode() bool { return a.cfg.Node != "" }
 

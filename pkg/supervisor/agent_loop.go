@@ -40,6 +40,7 @@ type Agent struct {
 	dirs       localDirs
 
 	started   time.Time // this session
+	session   string    // its id in the journal (Session.ID)
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
 	resume    *Resume
 
@@ -188,7 +189,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, started: time.Now(), life: life, endLife: endLife,
+		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
 		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
@@ -228,7 +229,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{Start: a.started.UTC(), Instance: machineOf(cfg.Identity)})
+		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.session, Start: a.started.UTC(), Instance: machineOf(cfg.Identity)})
 	})
 	return a, nil
 }
@@ -505,11 +506,12 @@ func (a *Agent) finish() {
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.exitCode, a.blocked
+	session := a.session
 	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
-		if n := len(j.Sessions); n > 0 {
-			j.Sessions[n-1].End = &end
-			j.Sessions[n-1].ExitCode = &code
-			j.Sessions[n-1].BlockedSeconds = &blocked
+		if s := j.SessionByID(session); s != nil {
+			s.End = &end
+			s.ExitCode = &code
+			s.BlockedSeconds = &blocked
 		}
 		j.Stats.RunSeconds = a.runSeconds()
 	})

@@ -49,7 +49,11 @@ func (a *Agent) startEarly(r *request, m Message) error {
 		if m.Step != nil && *m.Step >= 0 {
 			step = *m.Step
 		}
-		r.pipe = a.committer.NewPipeline(a.life, r.held, step, r.id)
+		if a.partMode() {
+			r.pipe = a.committer.NewPartPipeline(a.life, r.held, step, r.id, a.cfg.Node)
+		} else {
+			r.pipe = a.committer.NewPipeline(a.life, r.held, step, r.id)
+		}
 		if a.stopping != nil && !r.urgent() {
 			r.pipe.Halt()
 		}

@@ -352,9 +352,15 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
+	// In a job every node commits the checkpoint: the node that keeps the
+	// schedule (rank 0's) counts it, so that the job's stats add up once.
+	jobStats, session := a.asksPeriodic(), a.session
 	a.journalAsync(func(j *checkpoint.Journal) {
-		if n := len(j.Sessions); n > 0 {
-			j.Sessions[n-1].BlockedSeconds = &blocked
+		if s := j.SessionByID(session); s != nil {
+			s.BlockedSeconds = &blocked
+		}
+		if !jobStats {
+			return
 		}
 		j.Stats.Checkpoints++
 		j.Stats.CostSeconds, j.Stats.BytesPerSec, j.Stats.LastBytes = cost, bps, res.Bytes
