@@ -272,6 +272,7 @@ func TestPipeline_Abort(t *testing.T) {
 	if err := p.Add("other"); err == nil {
 		t.Fatal("Add after Abort succeeded")
 	}
+	p.Wait() // the upload and the deletes end before the test's temp dirs go
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n := 0
