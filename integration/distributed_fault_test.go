@@ -213,7 +213,7 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 			}
 		}
 		victim := rng.IntN(2)
-		delay := time.Duration(rng.IntN(80)) * time.Millisecond
+		delay := time.Duration(rng.IntN(250)) * time.Millisecond
 		saveJobStep(t, ranks, 20)
 		time.Sleep(delay) // the random moment of the kill, not synchronisation
 		agents[victim].cmd.Process.Signal(syscall.SIGKILL)
@@ -222,7 +222,8 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 		// The survivor finishes the job checkpoint if the victim's part
 		// was durable, else it keeps waiting: stop it and look again.
 		agents[1-victim].signal(syscall.SIGTERM)
-		agents[1-victim].signal(syscall.SIGTERM)
+		agents[1-victim].waitEntry("signal received: taking a final checkpoint", time.Minute, nil)
+		agents[1-victim].signal(syscall.SIGTERM) // the second one stops it at once
 		agents[1-victim].wait(time.Minute)
 		end := checkRestorable(t, st, world)
 		if mid != 10 && mid != 20 || end != 10 && end != 20 || end < mid {
