@@ -85,7 +85,6 @@ class Sync(object):
         self._group = None  # type: Any  # the gloo group the all_reduce runs on
         self._dist = None  # type: Any
         self._torch = None  # type: Any
-        self._buf = None  # type: Any
         self.rank = None  # type: Optional[int]
         self.world_size = None  # type: Optional[int]
 
@@ -118,7 +117,6 @@ class Sync(object):
             group = dist.new_group(ranks=ranks, backend="gloo")
         self._torch = sys.modules["torch"]
         self._group = group
-        self._buf = self._torch.zeros(2, dtype=self._torch.int64)
         self.rank = dist.get_rank()
         self.world_size = world
         self.active = True
@@ -130,11 +128,10 @@ class Sync(object):
         return (self.calls - 1) % self.every == 0
 
     def agree(self, mine: Tuple[int, int]) -> Tuple[int, int]:
-        buf = self._buf
-        buf[0] = mine[0]
-        buf[1] = mine[1]
-        self._dist.all_reduce(buf, op=self._dist.ReduceOp.MAX, group=self._group)
-        return (int(buf[0]), int(buf[1]))
+        t = self._torch.tensor(mine, dtype=self._torch.int64)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
+        v, d = t.tolist()
+        return (v, d)
 
 
 def env_ranks() -> Tuple[Optional[int], Optional[int]]:

@@ -259,8 +259,8 @@ def free_port():
     return port
 
 
-class TestGloo(Base):
-    """Real 2-rank gloo jobs, one fake agent per rank."""
+class GlooBase(Base):
+    """Real gloo jobs: ranks are processes of TORCH_PYTHON."""
 
     @classmethod
     def setUpClass(cls):
@@ -316,6 +316,9 @@ class TestGloo(Base):
             with self.cond:
                 p.lines.append(line.decode().strip())
                 self.cond.notify_all()
+        p.wait()
+        with self.cond:
+            self.cond.notify_all()
 
     def wait_line(self, rank, line):
         """The rank printed line (distworker: "waiting N" before poll N)."""
@@ -344,6 +347,10 @@ class TestGloo(Base):
     def deadline(self, seconds=60):
         t = datetime.datetime.now(UTC).replace(microsecond=0) + datetime.timedelta(seconds=seconds)
         return t.strftime("%Y-%m-%dT%H:%M:%SZ"), t
+
+
+class TestGloo(GlooBase):
+    """Real 2-rank gloo jobs (tests/distworker.py), one fake agent per rank."""
 
     def same_request(self, outs, id, reason, deadline):
         evs = [o["events"] for o in outs]
@@ -441,6 +448,80 @@ class TestGloo(Base):
         outs = self.finish()
         self.assertFalse(outs[0]["active"])
         self.assertEqual([(e["id"], e["step"]) for e in outs[0]["events"]], [("not-hex-id", 1)])
+
+
+class TestTrainDDP(GlooBase):
+    """examples/train_ddp.py: 2 ranks interrupted (a notice on one node),
+    then resumed, end bit-identical to an uninterrupted run."""
+
+    script = os.path.join(HERE, "..", "examples", "train_ddp.py")
+
+    def run_ranks(self, ranks, steps):
+        port = free_port()
+        for r, extra in enumerate(ranks):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTAGENT_", "DW_"))}
+            env.update(RANK=str(r), WORLD_SIZE=str(len(ranks)), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       GROUP_RANK=str(r), LOCAL_RANK="0", TOTAL_STEPS=str(steps), STEP_SLEEP_MS="2",
+                       OMP_NUM_THREADS="1")
+            env.update({k: str(v) for k, v in extra.items()})
+            p = subprocess.Popen([TORCH_PYTHON, self.script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.lines = []
+            p.reader = threading.Thread(target=self._read, args=(p,), daemon=True)
+            p.reader.start()
+            self.procs.append(p)
+        return self.procs[-len(ranks):]
+
+    def results(self, procs):
+        out = []
+        for r, p in enumerate(procs):
+            try:
+                err = p.stderr.read()
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.reader.join(DEADLINE)
+            final = [l for l in p.lines if l.startswith("final ")]
+            self.assertEqual(len(final), 1, "rank %d: %s" % (r, err.decode()[-3000:]))
+            out.append((p.returncode, final[0], p.lines))
+        return out
+
+    def test_interrupted_and_resumed_is_bit_identical(self):
+        steps = 300
+        full = self.results(self.run_ranks([{}, {}], steps))
+        self.assertEqual([c for c, _, _ in full], [0, 0])
+        self.assertEqual(full[0][1], full[1][1])  # DDP keeps the replicas equal
+        self.assertTrue(full[0][1].endswith(" step=%d" % steps), full[0][1])
+
+        welcome = {"type": "welcome", "version": 1}
+        a0, a1 = self.agent(0, welcome=welcome), self.agent(1, welcome=welcome)
+        procs = self.run_ranks([{"SPOTAGENT_SOCKET": a0.path}, {"SPOTAGENT_SOCKET": a1.path}], steps)
+        self.wait_line(len(self.procs) - 2, "step 10")
+        rid = "0123456789ab"
+        dl, _ = self.deadline()
+        a0.send({"type": "checkpoint", "id": rid, "reason": "interruption",
+                 "dir": os.path.join(self.tmp, "node0", rid), "deadline": dl})
+        done = [a.wait_message("done")[0] for a in (a0, a1)]
+        self.assertEqual(done[0]["step"], done[1]["step"])
+        self.assertEqual([m["id"] for m in a1.of_type("join")], [rid])
+        a0.send({"type": "stop", "reason": "interruption"})
+        part = self.results(procs)
+        self.assertEqual([c for c, _, _ in part], [75, 75])
+        self.assertEqual(part[0][1].split()[-1], part[1][1].split()[-1])  # stopped at one step
+        saved = done[0]["step"]
+        self.assertLess(saved, steps)
+
+        # A fresh job resumes from the two parts put together.
+        resume = os.path.join(self.tmp, "resume")
+        os.makedirs(resume)
+        for r in (0, 1):
+            os.rename(os.path.join(self.tmp, "node%d" % r, rid, "rank-%d.pt" % r),
+                      os.path.join(resume, "rank-%d.pt" % r))
+        again = self.results(self.run_ranks([{"SPOTAGENT_RESUME_DIR": resume}] * 2, steps))
+        self.assertEqual([c for c, _, _ in again], [0, 0])
+        for r, (_, _, lines) in enumerate(again):
+            self.assertIn("rank %d resuming from step %d" % (r, saved), lines)
+        self.assertEqual([f for _, f, _ in again], [full[0][1], full[1][1]])
 
 
 if __name__ == "__main__":
