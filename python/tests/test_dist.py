@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -50,6 +51,78 @@ class TestEncoding(unittest.TestCase):
         got = (max(periodic[0], interruption[0], other[0]), max(periodic[1], interruption[1], other[1]))
         self.assertEqual(sdist.decode(got), (4, 2, t1))
         self.assertEqual(sdist.decode(sdist.NOTHING), (0, 0, None))
+
+
+class FakeDist(types.ModuleType):
+    """A stand-in torch.distributed: what Sync.detect asks of it."""
+
+    def __init__(self, backend="nccl", world=4):
+        types.ModuleType.__init__(self, "torch.distributed")
+        self.backend, self.world, self.initialised = backend, world, False
+        self.group = types.SimpleNamespace(WORLD=object())
+        self.new_groups = []
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self.initialised
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def get_backend(self, group=None):
+        return self.backend
+
+    def get_rank(self, group=None):
+        return 1
+
+    def new_group(self, ranks=None, backend=None):
+        self.new_groups.append((ranks, backend))
+        return "gloo-group"
+
+
+class TestDetect(unittest.TestCase):
+    def modules(self, fake):
+        return mock.patch.dict(sys.modules, {"torch.distributed": fake, "torch": types.ModuleType("torch")})
+
+    def test_lazily_once_initialised_and_a_gloo_group_for_nccl(self):
+        fake = FakeDist()
+        with self.modules(fake):
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())  # connect() before init_process_group
+            fake.initialised = True
+            self.assertTrue(s.detect())
+            self.assertTrue(s.detect())
+        self.assertEqual(fake.new_groups, [(None, "gloo")])  # created once, on every rank at this call
+        self.assertEqual(s._group, "gloo-group")
+        self.assertEqual((s.rank, s.world_size), (1, 4))
+
+    def test_gloo_group_used_as_is_and_world_one_stays_off(self):
+        fake = FakeDist(backend="gloo", world=1)
+        fake.initialised = True
+        with self.modules(fake):
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())
+            fake.world = 2
+            self.assertTrue(s.detect())
+        self.assertEqual(fake.new_groups, [])
+        self.assertIs(s._group, fake.group.WORLD)
+
+    def test_without_torch_loaded_nothing_is_imported(self):
+        with mock.patch.dict(sys.modules, {"torch.distributed": None}):
+            del sys.modules["torch.distributed"]
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())
+            self.assertNotIn("torch.distributed", sys.modules)
+
+
+    def test_client_stays_standard_library_only(self):
+        code = ("import sys; sys.path.insert(0, %r); import spotagent; a = spotagent.connect(path=None); "
+                "[a.poll(i) for i in range(3)]; assert 'torch' not in sys.modules, 'torch imported'"
+                % os.path.join(HERE, ".."))
+        r = subprocess.run([TORCH_PYTHON, "-c", code], stderr=subprocess.PIPE)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
 
 
 class FakeSync(object):
