@@ -748,6 +748,7 @@ class Agent(object):
         if urgency == 0:
             return None
         if urgency >= _dist.STOP:
+            self._sigterm_id = None  # the job stops anyway: no final checkpoint after it
             with self._lock:
                 if not self._agreed_stop:
                     self._agreed_stop = True
