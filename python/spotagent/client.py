@@ -416,7 +416,9 @@ class Agent(object):
         self.node_rank = _first_int(env, "GROUP_RANK", "NODE_RANK")
         self.nodes = _first_int(env, "GROUP_WORLD_SIZE", "NNODES")
         if sync_every is None:
-            sync_every = _env_int("SPOTAGENT_SYNC_EVERY", env) or DEFAULT_SYNC_EVERY
+            sync_every = _env_int("SPOTAGENT_SYNC_EVERY", env)
+            if sync_every is None:
+                sync_every = DEFAULT_SYNC_EVERY
         # The agreement between the ranks of a torch.distributed job: off
         # (exactly the single-trainer behaviour) until poll sees an
         # initialised process group of more than one rank.
@@ -1298,6 +1300,8 @@ def connect(
     process group of more than one rank, or ``process_group``) the ranks
     agree on every request in ``poll`` every ``sync_every`` calls (default
     $SPOTAGENT_SYNC_EVERY, else 1); every rank must call poll once per step.
+    ``sync_every=0`` turns the agreement off (a job that polls on some ranks
+    only: each rank then behaves as a single trainer).
     ``rank``/``world_size`` then default to the default group's.
     """
     if path is None:

@@ -78,7 +78,7 @@ class Sync(object):
     so the agreement never touches the GPU."""
 
     def __init__(self, process_group: Any = None, every: int = 1) -> None:
-        self.every = max(1, int(every))
+        self.every = int(every)  # 0: the agreement is off
         self.calls = 0  # polls since the agreement was switched on
         self.active = False
         self._user_group = process_group
@@ -91,6 +91,8 @@ class Sync(object):
     def detect(self) -> bool:
         if self.active:
             return True
+        if self.every <= 0:
+            return False
         dist = self._dist
         if dist is None:
             if self._user_group is not None:

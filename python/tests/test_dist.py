@@ -117,6 +117,16 @@ class TestDetect(unittest.TestCase):
             self.assertNotIn("torch.distributed", sys.modules)
 
 
+    def test_sync_every_zero_turns_it_off(self):
+        fake = FakeDist(backend="gloo")
+        fake.initialised = True
+        with self.modules(fake), mock.patch.dict(os.environ, {"SPOTAGENT_SYNC_EVERY": "0"}):
+            a = spotagent.connect(path=None)
+            self.assertFalse(a._sync.detect())
+            self.assertIsNone(a.poll(1))
+            self.assertFalse(a._sync.active)
+            self.assertTrue(spotagent.connect(path=None, sync_every=3)._sync.detect())
+
     def test_client_stays_standard_library_only(self):
         code = ("import sys; sys.path.insert(0, %r); import spotagent; a = spotagent.connect(path=None); "
                 "[a.poll(i) for i in range(3)]; assert 'torch' not in sys.modules, 'torch imported'"
