@@ -168,6 +168,16 @@ class TestHello(Base):
                      "node_rank": 1, "nodes": 2}.items():
             self.assertEqual(hello.get(k), v, k)
 
+    def test_rank_from_an_initialised_process_group(self):
+        os.environ.update({"RANK": "7", "WORLD_SIZE": "9"})
+        fake = FakeDist(backend="gloo")  # rank 1 of 4
+        fake.initialised = True
+        srv = self.server()
+        with mock.patch.dict(sys.modules, {"torch.distributed": fake, "torch": types.ModuleType("torch")}):
+            self.connect(sync_every=0)
+        hello = srv.wait_message("hello")[0]
+        self.assertEqual((hello["rank"], hello["world_size"]), (1, 4))
+
     def test_node_rank_fallbacks_and_omitted_when_unknown(self):
         os.environ.update({"NODE_RANK": "3", "NNODES": "4"})
         srv = self.server()
