@@ -295,8 +295,8 @@ class TestAgreement(Base):
         srv = self.server()
         a = self.job_agent(every=3)
         srv.wait_message("hello")
-        srv.send({"type": "checkpoint", "id": "000000000042", "reason": "periodic", "dir": self.tmp})
         self.assertIsNone(a.poll(1))  # a sync, before the request came
+        srv.send({"type": "checkpoint", "id": "000000000042", "reason": "periodic", "dir": self.tmp})
         self.pending(a)
         self.assertIsNone(a.poll(2))
         self.assertIsNone(a.poll(3))
@@ -429,8 +429,10 @@ class GlooBase(Base):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-            self.assertEqual(p.returncode, 0, "rank %d: %s" % (r, err.decode()[-3000:]))
-            with open(os.path.join(self.tmp, "out%d.json" % r)) as f:
+            out = os.path.join(self.tmp, "out%d.json" % r)
+            self.assertEqual(p.returncode, 0, "rank %d (result written: %s; stdout %r): %s" % (
+                r, os.path.exists(out), p.lines[-5:], err.decode()[-3000:]))
+            with open(out) as f:
                 out = json.load(f)
             out["stderr"] = err.decode()
             self.assertFalse(out["timed_out"], out)
