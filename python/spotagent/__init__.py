@@ -15,6 +15,10 @@
             break
     agent.close()                    # waits for a background save still writing
     sys.exit(agent.exit_code)       # 75 after an interruption: run me again
+
+In a torch.distributed job the same loop works unchanged, as long as every rank
+calls poll once per step: the ranks agree on each request (and on stopping)
+inside poll, so every rank saves the same step (see spotagent.dist).
 """
 
 from .client import (

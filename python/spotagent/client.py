@@ -27,6 +27,8 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
+from . import dist as _dist
+
 __all__ = [
     "Agent",
     "CheckpointRequest",
@@ -71,6 +73,11 @@ ENV_AGENT_UID = "SPOTAGENT_AGENT_UID"
 _MAX_OUTBOUND = 1024
 _BACKOFF_MIN = 0.1
 _BACKOFF_MAX = 2.0
+#: Polls between two agreements of a torch.distributed job's ranks (see
+#: dist.py and README "Distributed jobs"); $SPOTAGENT_SYNC_EVERY overrides.
+DEFAULT_SYNC_EVERY = 1
+#: Longest wait in poll for the agent's answer to a join ($SPOTAGENT_JOIN_TIMEOUT).
+DEFAULT_JOIN_TIMEOUT = 10.0
 
 
 class UploadFailed(Exception):
@@ -141,6 +148,10 @@ class CheckpointRequest(object):
         self._blocked = 0.0
         self._finished = threading.Event()  # done/failed queued (or never to be)
         self._step_hint = None  # type: Optional[int]  # the step poll() was at
+        self._seq = 0  # arrival order among the agent's messages
+        # Called after done() (distributed SIGTERM checkpoint: wait for the
+        # commit, then ask the job to stop).
+        self._after_done = None  # type: Optional[Callable[[int], None]]
         if dir:
             try:
                 os.makedirs(dir, exist_ok=True)
@@ -179,11 +190,13 @@ class CheckpointRequest(object):
         if not background:
             self._agent._send(msg, conn=self._conn, step=int(step))
             self._finished.set()
-            return
-        msg["blocked_ms"] = int(round(self._blocked * 1000))
-        self._start_writes()
-        t = threading.Thread(target=self._finish, args=(msg,), name="spotagent-done", daemon=True)
-        t.start()
+        else:
+            msg["blocked_ms"] = int(round(self._blocked * 1000))
+            self._start_writes()
+            t = threading.Thread(target=self._finish, args=(msg,), name="spotagent-done", daemon=True)
+            t.start()
+        if self._after_done is not None:
+            self._after_done(int(step))
 
     def _finish(self, msg: Dict[str, Any]) -> None:
         try:
@@ -390,11 +403,35 @@ class Agent(object):
         run_id: Optional[str] = None,
         progress_interval: float = 1.0,
         env: Optional[Mapping[str, str]] = None,
+        process_group: Any = None,
+        sync_every: Optional[int] = None,
     ) -> None:
         env = os.environ if env is None else env
         self.path = path
         self.rank = rank
         self.world_size = world_size
+        # torchrun's view of the node, sent in hello when known.
+        self.local_rank = _env_int("LOCAL_RANK", env)
+        self.local_world_size = _env_int("LOCAL_WORLD_SIZE", env)
+        self.node_rank = _first_int(env, "GROUP_RANK", "NODE_RANK")
+        self.nodes = _first_int(env, "GROUP_WORLD_SIZE", "NNODES")
+        if sync_every is None:
+            sync_every = _env_int("SPOTAGENT_SYNC_EVERY", env)
+            if sync_every is None:
+                sync_every = DEFAULT_SYNC_EVERY
+        # The agreement between the ranks of a torch.distributed job: off
+        # (exactly the single-trainer behaviour) until poll sees an
+        # initialised process group of more than one rank.
+        self._sync = _dist.Sync(process_group, sync_every)
+        self.join_timeout = _env_float("SPOTAGENT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT)
+        self._agreed_stop = False  # should_stop once the agreement is on
+        self._agreed_stop_reason = None  # type: Optional[str]
+        self._sigterm_id = None  # type: Optional[str]  # a SIGTERM checkpoint offered to the job
+        self._agreed_ids = OrderedDict()  # type: OrderedDict[str, int]  # id -> step agreed at
+        self._issued = OrderedDict()  # type: OrderedDict[str, CheckpointRequest]  # returned by poll
+        self._errors = OrderedDict()  # type: OrderedDict[str, str]  # error {id} from the agent
+        self._seq = 0
+        self._warned_join = False
         self.progress_interval = progress_interval
         # Sent in hello: a node agent (one per machine) picks the run's
         # store from it; an agent that wraps the trainer ignores it.
@@ -503,7 +540,18 @@ class Agent(object):
 
     @property
     def should_stop(self) -> bool:
-        """True once the agent sent ``stop``: finish any checkpoint, then exit."""
+        """True once the agent sent ``stop``: finish any checkpoint, then exit.
+
+        In a torch.distributed job it changes only at an agreement in
+        ``poll``, on every rank at the same call: a rank stops when any rank's
+        agent said ``stop`` (or SIGTERM stopped it), never on its own."""
+        if self._sync.active:
+            with self._lock:
+                return self._agreed_stop
+        return self._local_stop()
+
+    def _local_stop(self) -> bool:
+        """This process's own stop: the agent's ``stop``, or SIGTERM."""
         with self._lock:
             if not self._should_stop and self._fold_until is not None and time.monotonic() >= self._fold_until:
                 # A folded SIGTERM whose interruption never ended in a stop
@@ -527,6 +575,8 @@ class Agent(object):
     @property
     def stop_reason(self) -> Optional[str]:
         with self._lock:
+            if self._sync.active:
+                return self._agreed_stop_reason
             return self._stop_reason
 
     @property
@@ -590,7 +640,17 @@ class Agent(object):
 
     def poll(self, step: Optional[int] = None) -> Optional[CheckpointRequest]:
         """Never blocks. Reports progress (at most every ``progress_interval``
-        seconds) and returns the oldest pending checkpoint request, or None."""
+        seconds) and returns the oldest pending checkpoint request, or None.
+
+        In a torch.distributed job (an initialised process group of more than
+        one rank, see dist.py) every rank must call poll once per step: every
+        ``sync_every``-th call runs one small all_reduce that agrees on the
+        job's request, and poll returns it on every rank at that same call
+        (or None on a rank whose agent cannot take part). A rank whose own
+        agent did not ask sends ``join`` and waits for the agent's answer
+        (at most ``join_timeout`` seconds, never past the deadline)."""
+        if self._sync.active or self._sync.detect():
+            return self._poll_job(step)
         if self._sigterm and not self._sigterm_handled:
             self._sigterm_handled = True
             if not self._fold_sigterm():
@@ -600,22 +660,205 @@ class Agent(object):
             bg._start_writes()
         if not self.path:
             return None
-        now = time.monotonic()
         with self._lock:
-            if step is not None:
-                self._last_step = int(step)
-                if self._connected and (
-                    self._last_progress_at is None or now - self._last_progress_at >= self.progress_interval
-                ):
-                    self._last_progress_at = now
-                    self._queue_progress(int(step))
+            self._report_progress(step)
             while self._requests:
                 req = self._requests.popleft()
                 if req._conn == self._conn and self._connected:
-                    req._step_hint = self._last_step
-                    return req
+                    return self._hand_out(req)
                 log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
         return None
+
+    def _report_progress(self, step: Optional[int]) -> None:
+        # lock held
+        if step is None:
+            return
+        now = time.monotonic()
+        self._last_step = int(step)
+        if self._connected and (
+            self._last_progress_at is None or now - self._last_progress_at >= self.progress_interval
+        ):
+            self._last_progress_at = now
+            self._queue_progress(int(step))
+
+    def _hand_out(self, req: CheckpointRequest) -> CheckpointRequest:
+        with self._lock:
+            req._step_hint = self._last_step
+            self._issued[req.id] = req
+            _trim(self._issued, 256)
+        return req
+
+    # ------------------------------------------- the job's agreement (dist.py)
+
+    def _poll_job(self, step: Optional[int]) -> Optional[CheckpointRequest]:
+        if self._sigterm and not self._sigterm_handled:
+            self._sigterm_handled = True
+            if not self._fold_sigterm():
+                # Offered to the job as a shutdown checkpoint: every rank
+                # saves it. It has no agent id yet: make one (the MAX picks
+                # one of several).
+                self._sigterm_id = os.urandom(6).hex()
+                log.info("spotagent: SIGTERM: asking the job for a final checkpoint (%s)", self._sigterm_id)
+        bg = self._background
+        if bg is not None and bg._unstarted:
+            bg._start_writes()
+        if self.path:
+            with self._lock:
+                self._report_progress(step)
+        elif step is not None:
+            self._last_step = int(step)
+        if not self._sync.due():
+            return None
+        agreed = self._sync.agree(self._contribution())
+        return self._agreed(agreed, step)
+
+    def _contribution(self) -> Tuple[int, int]:
+        """This rank's entry in the collective: a stop, else its most urgent
+        pending request (a SIGTERM checkpoint counts as shutdown)."""
+        with self._lock:
+            if self._local_stop():
+                code = _dist.STOP_CODES.get(self._stop_reason or "", 0)
+                return ((_dist.STOP << _dist.ID_BITS) | code, _dist.NO_DEADLINE)
+            best = _dist.NOTHING
+            if self._sigterm_id is not None:
+                best = _dist.encode(_dist.URGENCY["shutdown"], int(self._sigterm_id, 16), None)
+            keep = deque()  # type: Deque[CheckpointRequest]
+            for req in self._requests:
+                if req._conn != self._conn or not self._connected:
+                    log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
+                    continue
+                if req.id in self._agreed_ids:
+                    # The answer to a join that came too late: the job
+                    # saved at an earlier step; this rank's part is missing.
+                    log.warning("spotagent: checkpoint %s arrived after the job saved it; refused", req.id)
+                    self._send({"type": "failed", "id": req.id, "error": "rank %s: joined too late" % self.rank},
+                               conn=req._conn)
+                    continue
+                rid = _dist.parse_id(req.id)
+                if rid is None:
+                    log.warning("spotagent: checkpoint id %r is not 12 hex digits; ignored in a distributed job", req.id)
+                    continue
+                keep.append(req)
+                c = _dist.encode(_dist.URGENCY.get(req.reason, 1), rid, req.deadline)
+                if c[0] > best[0]:
+                    best = c
+            self._requests = keep
+            return best
+
+    def _agreed(self, agreed: Tuple[int, int], step: Optional[int]) -> Optional[CheckpointRequest]:
+        urgency, idv, deadline = _dist.decode(agreed)
+        if urgency == 0:
+            return None
+        if urgency >= _dist.STOP:
+            self._sigterm_id = None  # the job stops anyway: no final checkpoint after it
+            with self._lock:
+                if not self._agreed_stop:
+                    self._agreed_stop = True
+                    self._agreed_stop_reason = _dist.STOP_REASONS.get(idv) or self._stop_reason or "stop"
+                    self._cond.notify_all()
+                    log.info("spotagent: the job stops (%s)", self._agreed_stop_reason)
+            return None
+        rid = _dist.format_id(idv)
+        reason = _dist.REASONS.get(urgency, "periodic")
+        sigterm, self._sigterm_id = self._sigterm_id, None
+        with self._lock:
+            self._agreed_ids[rid] = -1 if step is None else int(step)
+            _trim(self._agreed_ids, 256)
+            if sigterm is not None and sigterm != rid:
+                # Another rank's checkpoint, at least as urgent: this rank's
+                # SIGTERM stops with it instead of taking a second one.
+                left = None if deadline is None else (deadline - _utcnow()).total_seconds()
+                wait = self.sigterm_wait if left is None else min(max(left, 0.0) + 5.0, self.sigterm_wait)
+                self._fold_until = time.monotonic() + wait
+            for req in self._requests:
+                if req.id == rid:
+                    self._requests.remove(req)
+                    req.deadline = deadline
+                    return self._hand_out(req)
+        req = self._join(rid, reason, deadline, step)
+        if sigterm == rid:
+            if req is None:
+                self._stop_locally("shutdown")
+            else:
+                req._after_done = lambda s, r=req: self._stop_after_commit(r)
+        return req
+
+    def _join(self, rid: str, reason: str, deadline: Optional[datetime.datetime],
+              step: Optional[int]) -> Optional[CheckpointRequest]:
+        """Ask this rank's agent for its directory for the job's checkpoint
+        rid; bounded wait for its ``checkpoint``. None if it cannot answer."""
+        if not self.path:
+            self._join_failed(rid, "no agent")
+            return None
+        timeout = self.join_timeout
+        if deadline is not None:
+            timeout = min(timeout, (deadline - _utcnow()).total_seconds())
+        if timeout <= 0:
+            self._join_failed(rid, "its deadline has passed")
+            return None
+        msg = {"type": "join", "id": rid, "reason": reason}  # type: Dict[str, Any]
+        if deadline is not None:
+            msg["deadline"] = _format_time(deadline)
+        if step is not None:
+            msg["step"] = int(step)
+
+        def held() -> Optional[CheckpointRequest]:
+            for r in self._requests:
+                if r.id == rid and r._conn == self._conn:
+                    return r
+            return None
+
+        with self._lock:
+            if held() is None:  # another local rank's join may have brought it
+                self._send(msg, conn=None)
+            found = [None]  # type: List[Optional[CheckpointRequest]]
+
+            def ready() -> bool:
+                found[0] = held()
+                return found[0] is not None or rid in self._errors or self._closed.is_set()
+
+            self._cond.wait_for(ready, timeout)
+            req = found[0]
+            if req is None:
+                why = self._errors.get(rid)
+                self._join_failed(rid, "agent: %s" % why if why is not None else "no answer within %.1fs" % timeout)
+                return None
+            # The agent abandoned what it had pending for this connection
+            # when the job's checkpoint reached it: those were sent before it.
+            stale = [r for r in self._requests if r is not req and r._seq < req._seq]
+            self._requests = deque(r for r in self._requests if r is not req and r._seq >= req._seq)
+            req.reason = reason
+            req.deadline = deadline
+        for r in stale:
+            log.info("spotagent: checkpoint %s superseded by the job's checkpoint %s", r.id, rid)
+        return self._hand_out(req)
+
+    def _join_failed(self, rid: str, why: str) -> None:
+        text = "spotagent: rank %s takes no part in the job's checkpoint %s (%s); that checkpoint will be incomplete" % (
+            self.rank, rid, why)
+        log.warning("%s", text)
+        if not self._warned_join:
+            self._warned_join = True
+            _stderr(text)
+
+    def _stop_locally(self, reason: str) -> None:
+        with self._lock:
+            self._should_stop = True
+            self._stop_reason = reason
+            self._cond.notify_all()
+
+    def _stop_after_commit(self, req: CheckpointRequest) -> None:
+        """After this rank's SIGTERM checkpoint: wait (bounded) until the
+        agent committed it, then ask the job to stop at the next agreement."""
+        end = time.monotonic() + self.sigterm_wait
+        with self._lock:
+            while req.id not in self._committed and req.id not in self._failed_uploads and not self._closed.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    log.warning("spotagent: SIGTERM checkpoint %s not confirmed within %.0fs", req.id, self.sigterm_wait)
+                    break
+                self._cond.wait(left)
+        self._stop_locally("shutdown")
 
     def checkpoint_done(self, step: int, dir: str, metadata: Optional[Mapping[str, Any]] = None) -> None:
         """Report a checkpoint the trainer took on its own (not requested):
@@ -789,6 +1032,10 @@ class Agent(object):
             hello["rank"] = self.rank
         if self.world_size is not None:
             hello["world_size"] = self.world_size
+        for key in ("local_rank", "local_world_size", "node_rank", "nodes"):
+            v = getattr(self, key)
+            if v is not None:
+                hello[key] = v
         if self._hello_run_id:
             hello["run_id"] = self._hello_run_id
         with self._lock:
@@ -899,6 +1146,38 @@ class Agent(object):
         except (TypeError, ValueError, AttributeError) as e:
             log.warning("spotagent: bad %s message ignored (%s): %.200r", msg.get("type"), e, raw)
 
+    def _update_request(self, msg: Dict[str, Any]) -> bool:
+        """A ``checkpoint`` for an id this client already holds (pending, or
+        returned by poll and not answered yet) updates its reason and
+        deadline in place: the agent re-sends a pending periodic request when
+        it becomes the interruption checkpoint, and answers a repeated join
+        with the same request. True when msg was such a repeat."""
+        cid = str(msg.get("id") or "")
+        if not cid:
+            return False
+        with self._lock:
+            req = None  # type: Optional[CheckpointRequest]
+            for r in self._requests:
+                if r.id == cid and r._conn == self._conn:
+                    req = r
+                    break
+            if req is None:
+                r = self._issued.get(cid)
+                if r is not None and r._conn == self._conn:
+                    req = r
+            if req is None:
+                return False
+            if not req._answered:
+                reason = str(msg.get("reason") or "")
+                if reason:
+                    req.reason = reason
+                if "deadline" in msg:
+                    req.deadline = parse_time(msg.get("deadline"))
+                if req.reason in ("interruption", "shutdown"):
+                    self._urgent = req
+                self._cond.notify_all()
+        return True
+
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         t = msg["type"]
         if t == "welcome":
@@ -923,6 +1202,8 @@ class Agent(object):
                 log.warning("spotagent: agent speaks protocol version %r, this client %d", version, PROTOCOL_VERSION)
             self._welcomed.set()
         elif t == "checkpoint":
+            if self._update_request(msg):
+                return
             with self._lock:
                 conn = self._conn
             req = CheckpointRequest(
@@ -934,6 +1215,8 @@ class Agent(object):
                 deadline=parse_time(msg.get("deadline")),
             )
             with self._lock:
+                self._seq += 1
+                req._seq = self._seq
                 self._requests.append(req)
                 if req.reason in ("interruption", "shutdown"):
                     self._urgent = req
@@ -967,6 +1250,12 @@ class Agent(object):
                 self._cond.notify_all()
         elif t == "error":
             log.warning("spotagent: agent reported an error: %s", msg.get("error"))
+            eid = str(msg.get("id") or "")
+            if eid:
+                with self._lock:
+                    self._errors[eid] = str(msg.get("error") or "")
+                    _trim(self._errors, 256)
+                    self._cond.notify_all()
         else:
             log.debug("spotagent: unknown message type %r ignored", t)
 
@@ -993,6 +1282,8 @@ def connect(
     welcome_timeout: Optional[float] = None,
     progress_interval: float = 1.0,
     handle_sigterm: Optional[bool] = None,
+    process_group: Any = None,
+    sync_every: Optional[int] = None,
 ) -> Agent:
     """Connect to the local agent.
 
@@ -1004,6 +1295,14 @@ def connect(
     unreachable -- it keeps retrying in the background.
     ``handle_sigterm`` (default $SPOTAGENT_HANDLE_SIGTERM=1) turns SIGTERM
     into a final checkpoint, for trainers beside a sidecar or node agent.
+
+    In a torch.distributed job (detected when poll first sees an initialised
+    process group of more than one rank, or ``process_group``) the ranks
+    agree on every request in ``poll`` every ``sync_every`` calls (default
+    $SPOTAGENT_SYNC_EVERY, else 1); every rank must call poll once per step.
+    ``sync_every=0`` turns the agreement off (a job that polls on some ranks
+    only: each rank then behaves as a single trainer).
+    ``rank``/``world_size`` then default to the default group's.
     """
     if path is None:
         path = os.environ.get(ENV_SOCKET) or None
@@ -1011,11 +1310,16 @@ def connect(
         # A node agent restores a run when its first trainer says hello:
         # give it time with SPOTAGENT_WELCOME_TIMEOUT (seconds).
         welcome_timeout = _env_float("SPOTAGENT_WELCOME_TIMEOUT", 2.0)
+    dist_rank, dist_world = _dist.env_ranks()
     if rank is None:
-        rank = _env_int("RANK")
+        rank = dist_rank if dist_rank is not None else _env_int("RANK")
     if world_size is None:
-        world_size = _env_int("WORLD_SIZE")
-    agent = Agent(path, rank=rank, world_size=world_size, run_id=run_id, progress_interval=progress_interval)
+        world_size = dist_world if dist_world is not None else _env_int("WORLD_SIZE")
+    agent = Agent(path, rank=rank, world_size=world_size, run_id=run_id, progress_interval=progress_interval,
+                  process_group=process_group, sync_every=sync_every)
+    # A process group initialised already: switch the agreement on here,
+    # where every rank comes by once (on NCCL this creates the gloo group).
+    agent._sync.detect()
     if handle_sigterm is None:
         handle_sigterm = os.environ.get("SPOTAGENT_HANDLE_SIGTERM", "") in ("1", "true", "yes")
     if handle_sigterm:
@@ -1106,6 +1410,15 @@ def parse_time(value: Any) -> Optional[datetime.datetime]:
     return dt.replace(tzinfo=datetime.timezone(offset)).astimezone(datetime.timezone.utc)
 
 
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _format_time(t: datetime.datetime) -> str:
+    """RFC 3339 in UTC with milliseconds, as Go's time.Time unmarshals it."""
+    return t.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -1147,6 +1460,14 @@ def _env_int(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[int
     except ValueError:
         log.warning("spotagent: $%s=%r is not an integer; ignored", name, value)
         return None
+
+
+def _first_int(env: Mapping[str, str], *names: str) -> Optional[int]:
+    for name in names:
+        v = _env_int(name, env)
+        if v is not None:
+            return v
+    return None
 
 
 def _resume_from_env(env: Mapping[str, str]) -> Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]:

@@ -14,10 +14,22 @@ DEADLINE = 10.0  # generous upper bound for any wait in the tests
 
 
 class FakeAgent(object):
-    def __init__(self, path: str, welcome: Optional[Dict[str, Any]] = None, read: bool = True) -> None:
+    def __init__(
+        self,
+        path: str,
+        welcome: Optional[Dict[str, Any]] = None,
+        read: bool = True,
+        join_dir: Optional[str] = None,
+        commit: bool = False,
+    ) -> None:
         self.path = path
         self.welcome = welcome  # sent in reply to hello; None = send nothing
         self.read = read  # False: accept, send welcome at once, never read
+        # Answer join {id, reason, deadline} with checkpoint {id, reason,
+        # dir: join_dir/id, deadline}, as the agent does (None: no answer).
+        self.join_dir = join_dir
+        # Answer done {id, step} with committed {id, uri, step}.
+        self.commit = commit
         self.cond = threading.Condition()
         self.received = []  # type: List[Dict[str, Any]]
         self.raw = []  # type: List[bytes]
@@ -126,9 +138,20 @@ class FakeAgent(object):
                         msg = {"type": "<garbage>", "line": line}
                     self.received.append(msg)
                     self.cond.notify_all()
+                reply = None  # type: Optional[Dict[str, Any]]
                 if msg.get("type") == "hello" and self.welcome is not None:
+                    reply = self.welcome
+                elif msg.get("type") == "join" and self.join_dir is not None:
+                    reply = {"type": "checkpoint", "id": msg["id"], "reason": msg.get("reason"),
+                             "dir": os.path.join(self.join_dir, msg["id"])}
+                    if msg.get("deadline"):
+                        reply["deadline"] = msg["deadline"]
+                elif msg.get("type") == "done" and self.commit and msg.get("id"):
+                    reply = {"type": "committed", "id": msg["id"], "uri": "file:///fake/" + msg["id"],
+                             "step": msg.get("step")}
+                if reply is not None:
                     try:
-                        c.sendall((json.dumps(self.welcome) + "\n").encode())
+                        c.sendall((json.dumps(reply) + "\n").encode())
                     except OSError:
                         return
         except (OSError, ValueError):

@@ -1,0 +1,88 @@
+"""One rank of a torch.distributed (gloo) job for test_dist.py.
+
+Loop: poll(step), save + done a returned request, then one all_reduce(MAX)
+of an "exit" flag standing in for DDP's gradient all-reduce (ranks in lock
+step, and a rank that left early makes the others fail, not hang: the
+process group has a short timeout). Knobs (env):
+
+  DW_OUT            write the result here as JSON
+  DW_CONNECT_FIRST  1: spotagent.connect() before init_process_group
+  DW_WAIT           request | stop: before poll DW_WAIT_AT (default 1), wait
+                    until this rank's agent sent a checkpoint / stop
+  DW_SIGTERM_AT     send SIGTERM to itself after poll at that step
+  DW_AFTER          steps to run on after the first request (default 2)
+  DW_MAX_SECONDS    give up (default 20)
+"""
+
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import spotagent  # noqa: E402
+
+
+def init() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+
+
+def main() -> int:
+    if os.environ.get("DW_CONNECT_FIRST") == "1":
+        agent = spotagent.connect(welcome_timeout=5)
+        init()
+    else:
+        init()
+        agent = spotagent.connect(welcome_timeout=5)
+    wait = os.environ.get("DW_WAIT", "")
+    wait_at = int(os.environ.get("DW_WAIT_AT") or 1)
+    sigterm_at = int(os.environ.get("DW_SIGTERM_AT") or 0)
+    after = int(os.environ.get("DW_AFTER") or 2)
+    end = time.monotonic() + float(os.environ.get("DW_MAX_SECONDS") or 20)
+    events = []
+    out = {"rank": dist.get_rank(), "events": events, "stop_step": None}
+    step, exit_at = 0, None
+    while True:
+        step += 1
+        if wait and step == wait_at:
+            print("waiting %d" % step, flush=True)  # the test sends now: the next poll is the first to see it
+            with agent._cond:
+                ok = agent._cond.wait_for(
+                    lambda: bool(agent._requests) if wait == "request" else agent._should_stop, 10)
+            out["waited"] = ok
+        req = agent.poll(step)
+        if req is not None:
+            events.append({"step": step, "call": agent._sync.calls, "id": req.id, "reason": req.reason,
+                           "deadline": req.deadline.isoformat() if req.deadline else None, "dir": req.dir})
+            with open(os.path.join(req.dir, "rank-%d.txt" % dist.get_rank()), "w") as f:
+                f.write("%d\n" % step)
+            req.done(step, {"rank": dist.get_rank()})
+            if exit_at is None:
+                exit_at = step + after
+        if agent.should_stop:
+            out["stop_step"] = step
+            break
+        if sigterm_at and step == sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        flag = torch.tensor([1 if (exit_at is not None and step >= exit_at) or time.monotonic() > end else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            break
+    out.update(step=step, active=agent._sync.active, exit_code=agent.exit_code, stop_reason=agent.stop_reason,
+               timed_out=time.monotonic() > end)
+    agent.close()
+    with open(os.environ["DW_OUT"], "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

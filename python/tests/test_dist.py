@@ -1,0 +1,623 @@
+"""The ranks of a torch.distributed job agree on every checkpoint (issue 15).
+
+Unit tests drive the agreement with a stand-in for the collective; the
+TestGloo cases run real 2-rank gloo jobs (tests/distworker.py under
+/usr/bin/python3, Debian's python3-torch), each rank with its own fake agent.
+If torch.distributed is not importable there, those FAIL unless
+SPOTAGENT_ALLOW_NO_TORCH=1.
+"""
+
+import datetime
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import spotagent  # noqa: E402
+from spotagent import dist as sdist  # noqa: E402
+from spotagent.client import parse_time  # noqa: E402
+from fakeagent import DEADLINE, FakeAgent  # noqa: E402
+from test_client import WELCOME, Base, wait_agent  # noqa: E402
+
+TORCH_PYTHON = os.environ.get("SPOTAGENT_TORCH_PYTHON", "/usr/bin/python3")
+WORKER = os.path.join(HERE, "distworker.py")
+UTC = datetime.timezone.utc
+
+
+class TestEncoding(unittest.TestCase):
+    def test_ids(self):
+        self.assertEqual(sdist.parse_id("00000000abcd"), 0xABCD)
+        self.assertEqual(sdist.format_id(0xABCD), "00000000abcd")
+        for bad in ("", "abc", "ABCDEF012345", "0123456789abc", "zzzzzzzzzzzz", "-12345678901"):
+            self.assertIsNone(sdist.parse_id(bad), bad)
+
+    def test_max_is_urgency_then_id_and_min_deadline(self):
+        t1 = datetime.datetime(2026, 1, 1, 12, 0, 0, 250000, tzinfo=UTC)
+        t2 = t1 + datetime.timedelta(seconds=30)
+        periodic = sdist.encode(1, 0xFFFFFFFFFFFF, t1)
+        interruption = sdist.encode(4, 1, t2)
+        other = sdist.encode(4, 2, None)
+        got = (max(periodic[0], interruption[0], other[0]), max(periodic[1], interruption[1], other[1]))
+        self.assertEqual(sdist.decode(got), (4, 2, t1))
+        self.assertEqual(sdist.decode(sdist.NOTHING), (0, 0, None))
+
+
+class FakeDist(types.ModuleType):
+    """A stand-in torch.distributed: what Sync.detect asks of it."""
+
+    def __init__(self, backend="nccl", world=4):
+        types.ModuleType.__init__(self, "torch.distributed")
+        self.backend, self.world, self.initialised = backend, world, False
+        self.group = types.SimpleNamespace(WORLD=object())
+        self.new_groups = []
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self.initialised
+
+    def get_world_size(self, group=None):
+        return self.world
+
+    def get_backend(self, group=None):
+        return self.backend
+
+    def get_rank(self, group=None):
+        return 1
+
+    def new_group(self, ranks=None, backend=None):
+        self.new_groups.append((ranks, backend))
+        return "gloo-group"
+
+
+class TestDetect(unittest.TestCase):
+    def modules(self, fake):
+        return mock.patch.dict(sys.modules, {"torch.distributed": fake, "torch": types.ModuleType("torch")})
+
+    def test_lazily_once_initialised_and_a_gloo_group_for_nccl(self):
+        fake = FakeDist()
+        with self.modules(fake):
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())  # connect() before init_process_group
+            fake.initialised = True
+            self.assertTrue(s.detect())
+            self.assertTrue(s.detect())
+        self.assertEqual(fake.new_groups, [(None, "gloo")])  # created once, on every rank at this call
+        self.assertEqual(s._group, "gloo-group")
+        self.assertEqual((s.rank, s.world_size), (1, 4))
+
+    def test_gloo_group_used_as_is_and_world_one_stays_off(self):
+        fake = FakeDist(backend="gloo", world=1)
+        fake.initialised = True
+        with self.modules(fake):
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())
+            fake.world = 2
+            self.assertTrue(s.detect())
+        self.assertEqual(fake.new_groups, [])
+        self.assertIs(s._group, fake.group.WORLD)
+
+    def test_without_torch_loaded_nothing_is_imported(self):
+        with mock.patch.dict(sys.modules, {"torch.distributed": None}):
+            del sys.modules["torch.distributed"]
+            s = sdist.Sync(None, 1)
+            self.assertFalse(s.detect())
+            self.assertNotIn("torch.distributed", sys.modules)
+
+
+    def test_sync_every_zero_turns_it_off(self):
+        fake = FakeDist(backend="gloo")
+        fake.initialised = True
+        with self.modules(fake), mock.patch.dict(os.environ, {"SPOTAGENT_SYNC_EVERY": "0"}):
+            a = spotagent.connect(path=None)
+            self.assertFalse(a._sync.detect())
+            self.assertIsNone(a.poll(1))
+            self.assertFalse(a._sync.active)
+            self.assertTrue(spotagent.connect(path=None, sync_every=3)._sync.detect())
+
+    def test_client_stays_standard_library_only(self):
+        code = ("import sys; sys.path.insert(0, %r); import spotagent; a = spotagent.connect(path=None); "
+                "[a.poll(i) for i in range(3)]; assert 'torch' not in sys.modules, 'torch imported'"
+                % os.path.join(HERE, ".."))
+        r = subprocess.run([TORCH_PYTHON, "-c", code], stderr=subprocess.PIPE)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+
+
+class FakeSync(object):
+    """The collective with one other rank whose entry is `other`."""
+
+    def __init__(self, other=sdist.NOTHING, every=1):
+        self.other = other
+        self.every = every
+        self.calls = 0
+        self.active = True
+        self.sent = []
+
+    def detect(self):
+        return True
+
+    def due(self):
+        self.calls += 1
+        return (self.calls - 1) % self.every == 0
+
+    def agree(self, mine):
+        self.sent.append(mine)
+        return (max(mine[0], self.other[0]), max(mine[1], self.other[1]))
+
+
+class TestHello(Base):
+    def test_node_fields_from_torchrun_env(self):
+        os.environ.update({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                           "GROUP_RANK": "1", "NODE_RANK": "7", "GROUP_WORLD_SIZE": "2", "NNODES": "9"})
+        srv = self.server()
+        self.connect()
+        hello = srv.wait_message("hello")[0]
+        for k, v in {"rank": 5, "world_size": 8, "local_rank": 1, "local_world_size": 4,
+                     "node_rank": 1, "nodes": 2}.items():
+            self.assertEqual(hello.get(k), v, k)
+
+    def test_rank_from_an_initialised_process_group(self):
+        os.environ.update({"RANK": "7", "WORLD_SIZE": "9"})
+        fake = FakeDist(backend="gloo")  # rank 1 of 4
+        fake.initialised = True
+        srv = self.server()
+        with mock.patch.dict(sys.modules, {"torch.distributed": fake, "torch": types.ModuleType("torch")}):
+            self.connect(sync_every=0)
+        hello = srv.wait_message("hello")[0]
+        self.assertEqual((hello["rank"], hello["world_size"]), (1, 4))
+
+    def test_node_rank_fallbacks_and_omitted_when_unknown(self):
+        os.environ.update({"NODE_RANK": "3", "NNODES": "4"})
+        srv = self.server()
+        self.connect()
+        hello = srv.wait_message("hello")[0]
+        self.assertEqual((hello.get("node_rank"), hello.get("nodes")), (3, 4))
+        for k in ("local_rank", "local_world_size", "rank", "world_size"):
+            self.assertNotIn(k, hello)
+
+
+class TestResentCheckpoint(Base):
+    def test_same_id_updates_the_pending_request_in_place(self):
+        srv = self.server()
+        a = self.connect()
+        srv.wait_message("hello")
+        srv.send({"type": "checkpoint", "id": "aaaaaaaaaaaa", "reason": "periodic", "dir": self.tmp})
+        srv.send({"type": "checkpoint", "id": "aaaaaaaaaaaa", "reason": "interruption", "dir": self.tmp,
+                  "deadline": "2030-01-01T00:00:00Z"})
+        srv.send({"type": "checkpoint", "id": "bbbbbbbbbbbb", "reason": "periodic", "dir": self.tmp})
+        self.pending(a, 2)
+        self.assertTrue(wait_agent(a, lambda: a._requests[0].reason == "interruption"))
+        req = a.poll(1)
+        self.assertEqual((req.id, req.reason), ("aaaaaaaaaaaa", "interruption"))
+        self.assertEqual(req.deadline, parse_time("2030-01-01T00:00:00Z"))
+        # Re-sent after poll returned it, before done: updated, not queued.
+        srv.send({"type": "checkpoint", "id": "aaaaaaaaaaaa", "reason": "shutdown", "dir": self.tmp})
+        self.assertTrue(wait_agent(a, lambda: req.reason == "shutdown"))
+        self.assertEqual(a.poll(2).id, "bbbbbbbbbbbb")
+        self.assertIsNone(a.poll(3))
+
+
+class TestAgreement(Base):
+    """The client's side of the agreement, with a stand-in collective."""
+
+    def job_agent(self, other=sdist.NOTHING, every=1, **kw):
+        a = self.connect(**kw)
+        a._sync = FakeSync(other, every)
+        return a
+
+    def test_own_request_wins_and_gets_the_job_deadline(self):
+        srv = self.server()
+        t_other = datetime.datetime(2030, 1, 1, 0, 0, 0, tzinfo=UTC)
+        a = self.job_agent(other=sdist.encode(1, 0xFFFFFFFFFFFF, t_other))
+        srv.wait_message("hello")
+        srv.send({"type": "checkpoint", "id": "000000000007", "reason": "interruption", "dir": self.tmp,
+                  "deadline": "2031-01-01T00:00:00Z"})
+        self.pending(a)
+        req = a.poll(9)
+        self.assertEqual((req.id, req.reason, req.deadline), ("000000000007", "interruption", t_other))
+        self.assertEqual(srv.of_type("join"), [])
+
+    def test_join_message_and_answer(self):
+        srv = self.server(join_dir=os.path.join(self.tmp, "joined"))
+        deadline = datetime.datetime(2030, 1, 1, 0, 0, 1, 500000, tzinfo=UTC)
+        a = self.job_agent(other=sdist.encode(4, 0xABCDEF012345, deadline))
+        srv.wait_message("hello")
+        srv.send({"type": "checkpoint", "id": "ffffffffffff", "reason": "periodic", "dir": self.tmp})
+        self.pending(a)
+        req = a.poll(17)
+        self.assertIsNotNone(req)
+        self.assertEqual((req.id, req.reason, req.deadline), ("abcdef012345", "interruption", deadline))
+        self.assertEqual(req.dir, os.path.join(self.tmp, "joined", "abcdef012345"))
+        self.assertEqual(srv.of_type("join"), [{"type": "join", "id": "abcdef012345", "reason": "interruption",
+                                                "deadline": "2030-01-01T00:00:01.500Z", "step": 17}])
+        # The periodic request that lost was sent before the answer: dropped,
+        # never answered (the agent abandoned it on join).
+        a._sync.other = sdist.NOTHING
+        self.assertIsNone(a.poll(18))
+        req.done(17)
+        srv.wait_message("done")
+        self.assertEqual([m["id"] for m in srv.of_type("done") + srv.of_type("failed")], ["abcdef012345"])
+
+    def test_no_answer_returns_none_and_says_so_once(self):
+        srv = self.server()  # answers no join
+        a = self.job_agent(other=sdist.encode(4, 0x123, None))
+        a.join_timeout = 0.2
+        srv.wait_message("hello")
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            self.assertIsNone(a.poll(1))
+            self.assertIsNone(a.poll(2))  # agreed again (still pending elsewhere)
+        self.assertEqual(len(srv.wait_message("join", 2)), 2)
+        self.assertEqual(err.getvalue().count("takes no part in the job's checkpoint 000000000123"), 1)
+
+    def test_join_refused_by_the_agent_returns_at_once(self):
+        srv = self.server()
+        a = self.job_agent(other=sdist.encode(4, 0x123, None))
+        a.join_timeout = DEADLINE * 3  # the error must end the wait, not this
+        srv.wait_message("hello")
+        # The agent's error comes before the join: it is recorded by id.
+        srv.send({"type": "error", "id": "000000000123", "error": "cannot"})
+        self.assertTrue(wait_agent(a, lambda: "000000000123" in a._errors))
+        t0 = time.monotonic()
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            self.assertIsNone(a.poll(1))
+        self.assertLess(time.monotonic() - t0, DEADLINE)
+
+    def test_never_waits_past_the_deadline(self):
+        self.server()
+        past = datetime.datetime.now(UTC) - datetime.timedelta(seconds=1)
+        a = self.job_agent(other=sdist.encode(4, 0x123, past))
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            self.assertIsNone(a.poll(1))
+        self.assertEqual(self.servers[0].of_type("join"), [])
+
+    def test_no_agent_takes_part_in_the_collective(self):
+        a = self.connect(path=None)
+        a._sync = FakeSync(other=sdist.encode(4, 0x123, None))
+        with mock.patch.object(sys, "stderr", io.StringIO()) as err:
+            self.assertIsNone(a.poll(1))
+        self.assertEqual(a._sync.sent, [sdist.NOTHING])
+        self.assertIn("no agent", err.getvalue())
+
+    def test_requests_only_at_sync_calls(self):
+        srv = self.server()
+        a = self.job_agent(every=3)
+        srv.wait_message("hello")
+        self.assertIsNone(a.poll(1))  # a sync, before the request came
+        srv.send({"type": "checkpoint", "id": "000000000042", "reason": "periodic", "dir": self.tmp})
+        self.pending(a)
+        self.assertIsNone(a.poll(2))
+        self.assertIsNone(a.poll(3))
+        self.assertEqual(a.poll(4).id, "000000000042")
+        self.assertEqual(len(a._sync.sent), 2)
+
+    def test_stop_is_agreed_and_latched(self):
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        srv.send({"type": "stop", "reason": "interruption"})
+        self.assertTrue(wait_agent(a, lambda: a._should_stop))
+        self.assertFalse(a.should_stop)  # not before the job agreed
+        self.assertEqual(a.exit_code, 0)
+        self.assertIsNone(a.poll(1))
+        self.assertEqual(a._sync.sent[-1][0] >> sdist.ID_BITS, sdist.STOP)
+        self.assertTrue(a.should_stop)
+        self.assertEqual((a.stop_reason, a.exit_code), ("interruption", spotagent.EXIT_INTERRUPTED))
+
+    def test_another_ranks_stop_stops_this_one(self):
+        self.server()
+        a = self.job_agent(other=((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["shutdown"], sdist.NO_DEADLINE))
+        self.assertFalse(a.should_stop)
+        self.assertIsNone(a.poll(1))
+        self.assertTrue(a.should_stop)
+        self.assertEqual((a.stop_reason, a.exit_code), ("shutdown", spotagent.EXIT_INTERRUPTED))
+
+    def test_sigterm_is_offered_as_shutdown_with_a_fresh_id(self):
+        srv = self.server(join_dir=self.tmp, commit=True)
+        a = self.job_agent()
+        srv.wait_message("hello")
+        a._sigterm = True  # what the handler does
+        req = a.poll(4)
+        self.assertIsNotNone(req)
+        u, idv, _ = sdist.decode(a._sync.sent[-1])
+        self.assertEqual((u, sdist.format_id(idv)), (3, req.id))
+        self.assertEqual(req.reason, "shutdown")
+        self.assertIsNotNone(sdist.parse_id(req.id))
+        self.assertEqual(srv.of_type("join")[0]["id"], req.id)
+        req.done(4)  # waits until committed, then asks the job to stop
+        self.assertFalse(a.should_stop)
+        self.assertIsNone(a.poll(5))
+        self.assertEqual(a._sync.sent[-1][0] >> sdist.ID_BITS, sdist.STOP)
+        self.assertTrue(a.should_stop)
+        self.assertEqual(a.exit_code, spotagent.EXIT_INTERRUPTED)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class GlooBase(Base):
+    """Real gloo jobs: ranks are processes of TORCH_PYTHON."""
+
+    @classmethod
+    def setUpClass(cls):
+        r = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed as d; assert d.is_available()"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if r.returncode != 0:
+            msg = "torch.distributed not importable by %s" % TORCH_PYTHON
+            if os.environ.get("SPOTAGENT_ALLOW_NO_TORCH") == "1":
+                raise unittest.SkipTest(msg)
+            raise AssertionError(msg + " (set SPOTAGENT_ALLOW_NO_TORCH=1 to skip)")
+
+    def setUp(self):
+        Base.setUp(self)
+        self.procs = []
+        self.cond = threading.Condition()
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.reader.join(DEADLINE)
+            p.stdout.close()
+            p.stderr.close()
+        Base.tearDown(self)
+
+    def agent(self, rank, **kw):
+        kw.setdefault("welcome", WELCOME)
+        kw.setdefault("join_dir", os.path.join(self.tmp, "node%d" % rank))
+        s = FakeAgent(os.path.join(self.tmp, "agent%d.sock" % rank), **kw)
+        self.servers.append(s)
+        return s
+
+    def start(self, ranks):
+        """ranks: one dict of env per rank (SOCKET: the fake agent or None)."""
+        port = free_port()
+        for r, extra in enumerate(ranks):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTAGENT_", "DW_"))}
+            env.update(RANK=str(r), WORLD_SIZE=str(len(ranks)), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       DW_OUT=os.path.join(self.tmp, "out%d.json" % r), OMP_NUM_THREADS="1")
+            srv = extra.pop("SOCKET", None)
+            if srv is not None:
+                env["SPOTAGENT_SOCKET"] = srv.path
+            env.update({k: str(v) for k, v in extra.items()})
+            p = subprocess.Popen([TORCH_PYTHON, WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.lines = []
+            p.reader = threading.Thread(target=self._read, args=(p,), daemon=True)
+            p.reader.start()
+            self.procs.append(p)
+
+    def _read(self, p):
+        for line in p.stdout:
+            with self.cond:
+                p.lines.append(line.decode().strip())
+                self.cond.notify_all()
+        p.wait()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_line(self, rank, line):
+        """The rank printed line (distworker: "waiting N" before poll N)."""
+        p = self.procs[rank]
+        with self.cond:
+            ok = self.cond.wait_for(lambda: line in p.lines or p.poll() is not None, DEADLINE * 3)
+        self.assertTrue(ok and line in p.lines, "rank %d never printed %r" % (rank, line))
+
+    def finish(self):
+        outs = []
+        for r, p in enumerate(self.procs):
+            try:
+                err = p.stderr.read()
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            out = os.path.join(self.tmp, "out%d.json" % r)
+            self.assertEqual(p.returncode, 0, "rank %d (result written: %s; stdout %r): %s" % (
+                r, os.path.exists(out), p.lines[-5:], err.decode()[-3000:]))
+            with open(out) as f:
+                out = json.load(f)
+            out["stderr"] = err.decode()
+            self.assertFalse(out["timed_out"], out)
+            outs.append(out)
+        return outs
+
+    def deadline(self, seconds=60):
+        t = datetime.datetime.now(UTC).replace(microsecond=0) + datetime.timedelta(seconds=seconds)
+        return t.strftime("%Y-%m-%dT%H:%M:%SZ"), t
+
+
+class TestGloo(GlooBase):
+    """Real 2-rank gloo jobs (tests/distworker.py), one fake agent per rank."""
+
+    def same_request(self, outs, id, reason, deadline):
+        evs = [o["events"] for o in outs]
+        for e in evs:
+            self.assertEqual(len(e), 1, evs)
+        self.assertEqual(len({e[0]["step"] for e in evs}), 1, evs)
+        for e in evs:
+            self.assertEqual((e[0]["id"], e[0]["reason"]), (id, reason))
+            self.assertEqual(e[0]["deadline"], deadline.isoformat() if deadline else None)
+        return evs[0][0]["step"]
+
+    def test_interruption_on_one_node_is_saved_by_both_at_one_step(self):
+        a0, a1 = self.agent(0), self.agent(1)
+        self.start([{"SOCKET": a0, "DW_WAIT": "request", "DW_WAIT_AT": 3}, {"SOCKET": a1}])
+        self.wait_line(0, "waiting 3")
+        dl, t = self.deadline()
+        a0.send({"type": "checkpoint", "id": "a1b2c3d4e5f6", "reason": "interruption",
+                  "dir": os.path.join(self.tmp, "node0", "a1b2c3d4e5f6"), "deadline": dl})
+        outs = self.finish()
+        step = self.same_request(outs, "a1b2c3d4e5f6", "interruption", t)
+        self.assertEqual(step, 3)
+        self.assertEqual(outs[1]["events"][0]["dir"], os.path.join(self.tmp, "node1", "a1b2c3d4e5f6"))
+        self.assertEqual(a1.of_type("join"), [{"type": "join", "id": "a1b2c3d4e5f6", "reason": "interruption",
+                                               "deadline": dl.replace("Z", ".000Z"), "step": step}])
+        self.assertEqual(a0.of_type("join"), [])
+        for a in (a0, a1):
+            done = a.wait_message("done")
+            self.assertEqual([(m["id"], m["step"]) for m in done], [("a1b2c3d4e5f6", step)])
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "node1", "a1b2c3d4e5f6", "rank-1.txt")))
+
+    def test_interruption_beats_a_periodic_request_elsewhere(self):
+        a0, a1 = self.agent(0), self.agent(1)
+        self.start([{"SOCKET": a0, "DW_WAIT": "request"}, {"SOCKET": a1, "DW_WAIT": "request"}])
+        self.wait_line(0, "waiting 1")
+        self.wait_line(1, "waiting 1")
+        dl, t = self.deadline()
+        a0.send({"type": "checkpoint", "id": "000000000001", "reason": "interruption", "dir": self.tmp,
+                 "deadline": dl})
+        a1.send({"type": "checkpoint", "id": "ffffffffffff", "reason": "periodic", "dir": self.tmp})
+        outs = self.finish()
+        self.same_request(outs, "000000000001", "interruption", t)
+        self.assertEqual([m["id"] for m in a1.of_type("join")], ["000000000001"])
+        for a in (a0, a1):
+            self.assertEqual([m["id"] for m in a.of_type("done") + a.of_type("failed")], ["000000000001"])
+
+    def test_no_agent_on_one_rank_does_not_deadlock(self):
+        a0 = self.agent(0)
+        self.start([{"SOCKET": a0, "DW_WAIT": "request"}, {}])
+        self.wait_line(0, "waiting 1")
+        a0.send({"type": "checkpoint", "id": "00000000beef", "reason": "interruption", "dir": self.tmp})
+        outs = self.finish()
+        self.assertEqual([e["id"] for e in outs[0]["events"]], ["00000000beef"])
+        self.assertEqual(outs[1]["events"], [])
+        self.assertIn("takes no part in the job's checkpoint 00000000beef", outs[1]["stderr"])
+        self.assertTrue(outs[0]["active"] and outs[1]["active"])
+
+    def test_stop_on_one_node_stops_every_rank_at_one_step(self):
+        a0, a1 = self.agent(0), self.agent(1)
+        self.start([{"SOCKET": a0}, {"SOCKET": a1, "DW_WAIT": "stop", "DW_WAIT_AT": 4}])
+        self.wait_line(1, "waiting 4")
+        a1.send({"type": "stop", "reason": "interruption"})
+        outs = self.finish()
+        self.assertEqual([o["stop_step"] for o in outs], [4, 4])
+        self.assertEqual([o["exit_code"] for o in outs], [75, 75])
+        self.assertEqual([o["stop_reason"] for o in outs], ["interruption", "interruption"])
+
+    def test_sigterm_on_one_rank_checkpoints_then_stops_the_job(self):
+        a0, a1 = self.agent(0, commit=True), self.agent(1, commit=True)
+        self.start([{"SOCKET": a0, "DW_AFTER": 50},
+                    {"SOCKET": a1, "DW_AFTER": 50, "DW_SIGTERM_AT": 2, "SPOTAGENT_HANDLE_SIGTERM": 1}])
+        outs = self.finish()
+        self.same_request(outs, outs[1]["events"][0]["id"], "shutdown", None)
+        rid = outs[0]["events"][0]["id"]
+        self.assertEqual(outs[0]["events"][0]["step"], 3)
+        for a in (a0, a1):
+            self.assertEqual([m["id"] for m in a.of_type("join")], [rid])
+        self.assertEqual([o["stop_step"] for o in outs], [4, 4])
+        self.assertEqual([o["exit_code"] for o in outs], [75, 75])
+
+    def test_sync_every_and_connect_before_init_process_group(self):
+        a0, a1 = self.agent(0), self.agent(1)
+        common = {"SPOTAGENT_SYNC_EVERY": 4, "DW_CONNECT_FIRST": 1}
+        self.start([dict(common, SOCKET=a0, DW_WAIT="request", DW_WAIT_AT=2), dict(common, SOCKET=a1)])
+        self.wait_line(0, "waiting 2")
+        a0.send({"type": "checkpoint", "id": "0000000000aa", "reason": "manual", "dir": self.tmp})
+        outs = self.finish()
+        self.assertEqual(self.same_request(outs, "0000000000aa", "manual", None), 5)  # syncs at calls 1, 5, 9...
+        self.assertEqual([o["events"][0]["call"] for o in outs], [5, 5])
+
+    def test_world_size_one_is_the_single_trainer_behaviour(self):
+        a0 = self.agent(0)
+        self.start([{"SOCKET": a0, "DW_WAIT": "request", "SPOTAGENT_SYNC_EVERY": 5}])
+        self.wait_line(0, "waiting 1")
+        a0.send({"type": "checkpoint", "id": "not-hex-id", "reason": "periodic", "dir": self.tmp})
+        outs = self.finish()
+        self.assertFalse(outs[0]["active"])
+        self.assertEqual([(e["id"], e["step"]) for e in outs[0]["events"]], [("not-hex-id", 1)])
+
+
+class TestTrainDDP(GlooBase):
+    """examples/train_ddp.py: 2 ranks interrupted (a notice on one node),
+    then resumed, end bit-identical to an uninterrupted run."""
+
+    script = os.path.join(HERE, "..", "examples", "train_ddp.py")
+
+    def run_ranks(self, ranks, steps):
+        port = free_port()
+        for r, extra in enumerate(ranks):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTAGENT_", "DW_"))}
+            env.update(RANK=str(r), WORLD_SIZE=str(len(ranks)), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       GROUP_RANK=str(r), LOCAL_RANK="0", TOTAL_STEPS=str(steps), STEP_SLEEP_MS="2",
+                       OMP_NUM_THREADS="1")
+            env.update({k: str(v) for k, v in extra.items()})
+            p = subprocess.Popen([TORCH_PYTHON, self.script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.lines = []
+            p.reader = threading.Thread(target=self._read, args=(p,), daemon=True)
+            p.reader.start()
+            self.procs.append(p)
+        return self.procs[-len(ranks):]
+
+    def results(self, procs):
+        out = []
+        for r, p in enumerate(procs):
+            try:
+                err = p.stderr.read()
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            p.reader.join(DEADLINE)
+            final = [l for l in p.lines if l.startswith("final ")]
+            self.assertEqual(len(final), 1, "rank %d: %s" % (r, err.decode()[-3000:]))
+            out.append((p.returncode, final[0], p.lines))
+        return out
+
+    def test_interrupted_and_resumed_is_bit_identical(self):
+        steps = 300
+        full = self.results(self.run_ranks([{}, {}], steps))
+        self.assertEqual([c for c, _, _ in full], [0, 0])
+        self.assertEqual(full[0][1], full[1][1])  # DDP keeps the replicas equal
+        self.assertTrue(full[0][1].endswith(" step=%d" % steps), full[0][1])
+
+        welcome = {"type": "welcome", "version": 1}
+        a0, a1 = self.agent(0, welcome=welcome), self.agent(1, welcome=welcome)
+        procs = self.run_ranks([{"SPOTAGENT_SOCKET": a0.path}, {"SPOTAGENT_SOCKET": a1.path}], steps)
+        self.wait_line(len(self.procs) - 2, "step 10")
+        rid = "0123456789ab"
+        dl, _ = self.deadline()
+        a0.send({"type": "checkpoint", "id": rid, "reason": "interruption",
+                 "dir": os.path.join(self.tmp, "node0", rid), "deadline": dl})
+        done = [a.wait_message("done")[0] for a in (a0, a1)]
+        self.assertEqual(done[0]["step"], done[1]["step"])
+        self.assertEqual([m["id"] for m in a1.of_type("join")], [rid])
+        a0.send({"type": "stop", "reason": "interruption"})
+        part = self.results(procs)
+        self.assertEqual([c for c, _, _ in part], [75, 75])
+        self.assertEqual(part[0][1].split()[-1], part[1][1].split()[-1])  # stopped at one step
+        saved = done[0]["step"]
+        self.assertLess(saved, steps)
+
+        # A fresh job resumes from the two parts put together.
+        resume = os.path.join(self.tmp, "resume")
+        os.makedirs(resume)
+        for r in (0, 1):
+            os.rename(os.path.join(self.tmp, "node%d" % r, rid, "rank-%d.pt" % r),
+                      os.path.join(resume, "rank-%d.pt" % r))
+        again = self.results(self.run_ranks([{"SPOTAGENT_RESUME_DIR": resume}] * 2, steps))
+        self.assertEqual([c for c, _, _ in again], [0, 0])
+        for r, (_, _, lines) in enumerate(again):
+            self.assertIn("rank %d resuming from step %d" % (r, saved), lines)
+        self.assertEqual([f for _, f, _ in again], [full[0][1], full[1][1]])
+
+
+if __name__ == "__main__":
+    unittest.main()
