@@ -181,7 +181,11 @@ func TestDistributed_NoticeOnOneNode(t *testing.T) {
 	}
 	// Every rank saved the step the manifest names.
 	for k, a := range first.agents {
-		for _, mm := range regexp.MustCompile(`rank (\d+) saved step (\d+)`).FindAllStringSubmatch(a.output(), -1) {
+		saved := regexp.MustCompile(`rank (\d+) checkpoint \S+ \(interruption\) at step (\d+)`).FindAllStringSubmatch(a.output(), -1)
+		if len(saved) != ddpRanks {
+			t.Errorf("node %d: %d ranks took the interruption checkpoint, want %d", k, len(saved), ddpRanks)
+		}
+		for _, mm := range saved {
 			if s := atoi(t, mm[2]); int64(s) != m.Step {
 				t.Errorf("node %d: rank %s saved step %d, the job checkpoint is step %d", k, mm[1], s, m.Step)
 			}
@@ -198,7 +202,7 @@ func TestDistributed_NoticeOnOneNode(t *testing.T) {
 		if code := a.wait(3 * time.Minute); code != 0 {
 			t.Fatalf("node %d: resumed agent exit code %d", k, code)
 		}
-		a.waitLine(fmt.Sprintf(`resum\w+ from step %d\b`, m.Step), time.Second)
+		a.waitLine(fmt.Sprintf(`rank \d+ resuming from step %d\b`, m.Step), time.Second)
 		outs = append(outs, a.output())
 	}
 	got := finals(t, outs...)

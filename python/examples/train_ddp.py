@@ -13,8 +13,9 @@ Start the ranks yourself (or with torchrun, which sets the same variables):
 
 Environment: TOTAL_STEPS (default 200); STEP_SLEEP_MS (each rank sleeps a
 random 0..N ms per step, seeded by its rank: ranks at different speeds).
-Prints `step <n>` after every step (flushed) and at the end
-`final sha256=<hex> step=<n>`, the sha256 of the concatenated parameter bytes:
+SAVE_BYTES adds a random payload of that size per rank to each checkpoint
+(for benchmarks). Prints `rank <r> step <n>` after every step (flushed) and
+at the end `rank <r> final sha256=<hex> step=<n>`, the sha256 of the concatenated parameter bytes:
 an interrupted and resumed job ends with the same line as an uninterrupted one.
 Exits with agent.exit_code (75 after an interruption: run me again).
 
@@ -88,6 +89,8 @@ def params_sha256(model: nn.Module) -> str:
 def main() -> int:
     total = int(os.environ.get("TOTAL_STEPS") or 200)
     sleep_ms = float(os.environ.get("STEP_SLEEP_MS") or 0)
+    save_bytes = int(os.environ.get("SAVE_BYTES") or 0)
+    payload = os.urandom(save_bytes) if save_bytes > 0 else None
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -139,22 +142,27 @@ def main() -> int:
             step += 1
             if sleep_ms > 0:
                 time.sleep(jitter.uniform(0, sleep_ms) / 1000.0)
-            print("step %d" % step, flush=True)
+            print("rank %d step %d" % (rank, step), flush=True)
 
             # spotagent: every rank polls once per step; a request comes back
             # on every rank at the same step.
             req = agent.poll(step)
             if req:
                 save_atomic(state(), os.path.join(req.dir, rank_file(rank)))
+                if payload is not None:  # SAVE_BYTES: a checkpoint of a realistic size
+                    with open(os.path.join(req.dir, "payload-%d.bin" % rank), "wb") as f:
+                        f.write(payload)
+                        f.flush()
+                        os.fsync(f.fileno())
                 req.done(step, metadata={"rank": rank, "world_size": world})
-                print("checkpoint %s (%s) at step %d" % (req.id, req.reason, step), flush=True)
+                print("rank %d checkpoint %s (%s) at step %d" % (rank, req.id, req.reason, step), flush=True)
             # spotagent: agreed too: true on every rank at the same step.
             if agent.should_stop:
-                print("stopping at step %d: %s" % (step, agent.stop_reason), flush=True)
+                print("rank %d stopping at step %d: %s" % (rank, step, agent.stop_reason), flush=True)
                 break
     finally:
         agent.close()
-    print("final sha256=%s step=%d" % (params_sha256(model), step), flush=True)
+    print("rank %d final sha256=%s step=%d" % (rank, params_sha256(model), step), flush=True)
     code = agent.exit_code
     dist.destroy_process_group()
     return code

@@ -576,7 +576,7 @@ class TestTrainDDP(GlooBase):
                 p.kill()
                 p.wait()
             p.reader.join(DEADLINE)
-            final = [l for l in p.lines if l.startswith("final ")]
+            final = [l.split(" ", 2)[2] for l in p.lines if l.startswith("rank %d final " % r)]
             self.assertEqual(len(final), 1, "rank %d: %s" % (r, err.decode()[-3000:]))
             out.append((p.returncode, final[0], p.lines))
         return out
@@ -591,7 +591,7 @@ class TestTrainDDP(GlooBase):
         welcome = {"type": "welcome", "version": 1}
         a0, a1 = self.agent(0, welcome=welcome), self.agent(1, welcome=welcome)
         procs = self.run_ranks([{"SPOTAGENT_SOCKET": a0.path}, {"SPOTAGENT_SOCKET": a1.path}], steps)
-        self.wait_line(len(self.procs) - 2, "step 10")
+        self.wait_line(len(self.procs) - 2, "rank 0 step 10")
         rid = "0123456789ab"
         dl, _ = self.deadline()
         a0.send({"type": "checkpoint", "id": rid, "reason": "interruption",
