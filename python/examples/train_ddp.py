@@ -130,6 +130,17 @@ def main() -> int:
                 "torch_rng": torch.get_rng_state(), "data_rng": data.get_state(),
                 "step": step, "rank": rank, "world_size": world}
 
+    # DDP lays its gradient buckets out again after the first backward
+    # pass (in the order the gradients became ready). With more than two
+    # ranks the order of gloo's sums depends on that layout, so a resumed
+    # job whose first step ran on the initial layout would drift from an
+    # uninterrupted one by a rounding error. One warm-up pass (no optimizer
+    # step, RNG state put back) makes every real step use the same layout.
+    rng = torch.get_rng_state()
+    ddp(torch.zeros(BATCH, IN)).sum().backward()
+    optimizer.zero_grad()
+    torch.set_rng_state(rng)
+
     loss_fn = nn.MSELoss()
     try:
         while step < total:
