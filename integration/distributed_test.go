@@ -145,7 +145,7 @@ func TestDistributed_NoticeOnOneNode(t *testing.T) {
 	uri := "s3://" + s3srv.Bucket + "/ddp"
 	st := openTestStore(t, uri, all.Options{})
 
-	first := startDDPJob(t, env, uri, shortTemp(t), 20)
+	first := startDDPJob(t, env, uri, shortTemp(t), 50) // ranks at different speeds: 0–50 ms a step each
 	first.agents[0].waitLine(`rank 0 step 30\b`, 3*time.Minute)
 	first.notices[1].Notice()
 	for k, a := range first.agents {
