@@ -709,7 +709,7 @@ class Agent(object):
             self._last_step = int(step)
         if not self._sync.due():
             return None
-        agreed = self._sync.agree(self._contribution())
+        agreed = self._sync.agree(self._contribution(), self.resume_step, self.enabled)
         return self._agreed(agreed, step)
 
     def _contribution(self) -> Tuple[int, int]:

@@ -80,6 +80,7 @@ class Sync(object):
     def __init__(self, process_group: Any = None, every: int = 1) -> None:
         self.every = int(every)  # 0: the agreement is off
         self.calls = 0  # polls since the agreement was switched on
+        self.agreements = 0  # collectives run
         self.active = False
         self._user_group = process_group
         self._group = None  # type: Any  # the gloo group the all_reduce runs on
@@ -129,11 +130,27 @@ class Sync(object):
         self.calls += 1
         return (self.calls - 1) % self.every == 0
 
-    def agree(self, mine: Tuple[int, int]) -> Tuple[int, int]:
-        t = self._torch.tensor(mine, dtype=self._torch.int64)
+    def agree(self, mine: Tuple[int, int], resumed: Optional[int] = None, agent: bool = True) -> Tuple[int, int]:
+        """The job's (MAX) entry. The first agreement also checks, in the
+        same all_reduce, that every rank with an agent resumed from the same
+        step (None: started fresh): the nodes restore their parts on their
+        own, and a rank on another step would hang or corrupt the job."""
+        first = self.agreements == 0
+        self.agreements += 1
+        vals = list(mine)
+        if first:
+            r = -1 if resumed is None else int(resumed)
+            vals += [r, -r] if agent else [-(1 << 62), -(1 << 62)]  # no agent: no say
+        t = self._torch.tensor(vals, dtype=self._torch.int64)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
-        v, d = t.tolist()
-        return (v, d)
+        out = t.tolist()
+        if first and out[2] != -(1 << 62) and out[2] != -out[3]:
+            hi, lo = out[2], -out[3]
+            raise RuntimeError(
+                "spotagent: the ranks of this job resumed from different checkpoints "
+                "(steps %s to %s; -1: none): a node restored an older one (see its agent's log)"
+                % (lo, hi))
+        return (out[0], out[1])
 
 
 def env_ranks() -> Tuple[Optional[int], Optional[int]]:

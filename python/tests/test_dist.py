@@ -152,7 +152,7 @@ class FakeSync(object):
         self.calls += 1
         return (self.calls - 1) % self.every == 0
 
-    def agree(self, mine):
+    def agree(self, mine, resumed=None, agent=True):
         self.sent.append(mine)
         return (max(mine[0], self.other[0]), max(mine[1], self.other[1]))
 
@@ -475,6 +475,23 @@ class TestGloo(GlooBase):
             done = a.wait_message("done")
             self.assertEqual([(m["id"], m["step"]) for m in done], [("a1b2c3d4e5f6", step)])
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "node1", "a1b2c3d4e5f6", "rank-1.txt")))
+
+    def test_ranks_resumed_from_different_steps_fail_at_the_first_poll(self):
+        # A node that fell back to an older checkpoint (another part was
+        # damaged) must not train on: every rank raises at the first poll.
+        a0 = self.agent(0, welcome=dict(WELCOME, resume={"dir": self.tmp, "step": 20, "id": "a", "manifest": ""}))
+        a1 = self.agent(1, welcome=dict(WELCOME, resume={"dir": self.tmp, "step": 10, "id": "b", "manifest": ""}))
+        self.start([{"SOCKET": a0}, {"SOCKET": a1}])
+        for r, p in enumerate(self.procs):
+            try:
+                err = p.stderr.read().decode()
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                self.fail("rank %d did not end" % r)
+            self.assertNotEqual(p.returncode, 0, "rank %d" % r)
+            self.assertIn("resumed from different checkpoints (steps 10 to 20", err, "rank %d" % r)
 
     def test_interruption_beats_a_periodic_request_elsewhere(self):
         a0, a1 = self.agent(0), self.agent(1)
