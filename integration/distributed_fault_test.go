@@ -186,6 +186,26 @@ func startJobSidecars(t *testing.T, env []string, uri, dir string) []*proc {
 	return agents
 }
 
+// startJobAt10 starts a job of 2 nodes × 2 ranks (sidecars, the test's
+// ranks) on uri and commits its step 10.
+func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn) {
+	t.Helper()
+	const world, perNode = 4, 2
+	dir := shortTemp(t)
+	agents := startJobSidecars(t, env, uri, dir)
+	var ranks []*rankConn
+	for r := 0; r < world; r++ {
+		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
+	}
+	saveJobStep(t, ranks, 10)
+	for _, r := range ranks {
+		if _, ok := r.next(supervisor.TypeCommitted, time.Minute); !ok {
+			t.Fatalf("rank %d: step 10 not committed", r.rank)
+		}
+	}
+	return agents, ranks
+}
+
 func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
@@ -194,24 +214,13 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
 	setenvPairs(t, env)
-	const world, perNode = 4, 2
+	const world = 4
 	outcomes := map[int64]int{}
 	for seed := 1; seed <= distTrials(t); seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), 15))
 		uri := fmt.Sprintf("s3://%s/kill%d", s3srv.Bucket, seed)
 		st := openTestStore(t, uri, all.Options{})
-		dir := shortTemp(t)
-		agents := startJobSidecars(t, env, uri, dir)
-		var ranks []*rankConn
-		for r := 0; r < world; r++ {
-			ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
-		}
-		saveJobStep(t, ranks, 10)
-		for _, r := range ranks {
-			if _, ok := r.next(supervisor.TypeCommitted, time.Minute); !ok {
-				t.Fatalf("seed %d: rank %d: step 10 not committed", seed, r.rank)
-			}
-		}
+		agents, ranks := startJobAt10(t, env, uri)
 		victim := rng.IntN(2)
 		delay := time.Duration(rng.IntN(250)) * time.Millisecond
 		saveJobStep(t, ranks, 20)
@@ -245,21 +254,10 @@ func TestDistributed_RankDiesMidSave(t *testing.T) {
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
 	setenvPairs(t, env)
-	const world, perNode = 4, 2
+	const world = 4
 	uri := "s3://" + s3srv.Bucket + "/rankdies"
 	st := openTestStore(t, uri, all.Options{})
-	dir := shortTemp(t)
-	agents := startJobSidecars(t, env, uri, dir)
-	var ranks []*rankConn
-	for r := 0; r < world; r++ {
-		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
-	}
-	saveJobStep(t, ranks, 10)
-	for _, r := range ranks {
-		if _, ok := r.next(supervisor.TypeCommitted, time.Minute); !ok {
-			t.Fatalf("rank %d: step 10 not committed", r.rank)
-		}
-	}
+	agents, ranks := startJobAt10(t, env, uri)
 	// Step 20: rank 3 dies instead of answering.
 	req, ok := ranks[0].next(supervisor.TypeCheckpoint, time.Minute)
 	if !ok {
