@@ -864,6 +864,8 @@ func decodeManifests(t *testing.T, path string) []any {
 			obj = &corev1.Namespace{}
 		case "v1/ResourceQuota":
 			obj = &corev1.ResourceQuota{}
+		case "v1/Service":
+			obj = &corev1.Service{}
 		case "apps/v1/DaemonSet":
 			obj = &appsv1.DaemonSet{}
 		case "batch/v1/Job":
@@ -1247,6 +1249,58 @@ func TestSidecarJob(t *testing.T) {
 		if c.Name == "spotagent" {
 			if got := flagValue(c, "run-id"); !strings.Contains(got, "batch.kubernetes.io/job-name") {
 				t.Errorf("job run id %q is not the Job name", got)
+			}
+		}
+	}
+}
+
+// TestMultinodeJob: pod i of the Indexed Job is node i for both spotagent
+// (--node-rank) and torchrun (--node_rank), rank 0's pod has a DNS name
+// through the headless Service, and an interrupted job is replaced.
+func TestMultinodeJob(t *testing.T) {
+	objs := decodeManifests(t, "kubernetes/multinode-job.yaml")
+	job := only[*batchv1.Job](t, objs)
+	svc := only[*corev1.Service](t, objs)
+	spec := job.Spec.Template.Spec
+	checkSidecarPodSpec(t, spec)
+	checkSpotTolerations(t, spec)
+	checkJobResumes(t, job)
+	if job.Spec.CompletionMode == nil || *job.Spec.CompletionMode != batchv1.IndexedCompletion {
+		t.Error("completionMode must be Indexed: the completion index is the node rank")
+	}
+	if job.Spec.Completions == nil || job.Spec.Parallelism == nil || *job.Spec.Completions != *job.Spec.Parallelism {
+		t.Error("completions and parallelism must both be the node count")
+	}
+	if spec.Subdomain != svc.Name || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("pods' subdomain %q must be the headless Service %q", spec.Subdomain, svc.Name)
+	}
+	indexed := func(c corev1.Container) bool {
+		for _, e := range c.Env {
+			if e.Name == "JOB_COMPLETION_INDEX" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+				strings.Contains(e.ValueFrom.FieldRef.FieldPath, "job-completion-index") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range spec.InitContainers {
+		if c.Name == "spotagent" {
+			if got := flagValue(c, "node-rank"); got != "$(JOB_COMPLETION_INDEX)" || !indexed(c) {
+				t.Errorf("spotagent --node-rank %q, want $(JOB_COMPLETION_INDEX) defined in its env", got)
+			}
+		}
+	}
+	for _, c := range spec.Containers {
+		if c.Name == "trainer" {
+			cmd := strings.Join(c.Command, " ")
+			if !strings.Contains(cmd, "--node_rank=$(JOB_COMPLETION_INDEX)") || !indexed(c) {
+				t.Errorf("trainer %q: torchrun's --node_rank must be the completion index, defined in its env", cmd)
+			}
+			if want := "--nnodes=" + strconv.Itoa(int(*job.Spec.Completions)); !strings.Contains(cmd, want) {
+				t.Errorf("trainer %q: want %s (one node per pod)", cmd, want)
+			}
+			if !strings.Contains(cmd, "--master_addr="+job.Name+"-0."+svc.Name) {
+				t.Errorf("trainer %q: rank 0's address must be pod 0's DNS name %s-0.%s", cmd, job.Name, svc.Name)
 			}
 		}
 	}

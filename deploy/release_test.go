@@ -328,7 +328,7 @@ func TestManifestsNameTheBuiltImage(t *testing.T) {
 	if m == nil {
 		t.Fatal("user-data.sh pins no SPOTAGENT_VERSION default")
 	}
-	for _, path := range []string{"kubernetes/sidecar-pod.yaml", "kubernetes/sidecar-job.yaml", "kubernetes/daemonset.yaml"} {
+	for _, path := range []string{"kubernetes/sidecar-pod.yaml", "kubernetes/sidecar-job.yaml", "kubernetes/multinode-job.yaml", "kubernetes/daemonset.yaml"} {
 		for _, c := range agentContainers(t, path) {
 			repo, tag, _ := strings.Cut(c.Image, ":")
 			if repo != imageRepo || tag != m[1] {

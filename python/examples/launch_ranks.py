@@ -11,9 +11,10 @@ torchrun (`spotagent run --node-rank K -- torchrun --node_rank=K ...`).
 starts --nproc-per-node copies of the command with the environment
 torchrun gives its workers (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), forwards SIGTERM and SIGINT to them, and exits with the
-first non-zero exit code of a worker (0 when all succeed). When one worker
-fails, the others are sent SIGTERM, as torchrun does.
+MASTER_PORT), forwards SIGTERM and SIGINT to them, and exits as torchrun
+does: 0 when every worker succeeded, else 1 whatever the workers' codes
+(torchrun reports workers that exited 75 as 1; `spotagent run --node-rank`
+knows). When one worker fails, the others are sent SIGTERM.
 """
 
 import argparse
@@ -67,7 +68,7 @@ def main() -> int:
                 continue
             procs.remove(pr)
             if rc != 0 and code == 0:
-                code = rc if rc > 0 else 128 - rc
+                code = 1  # torchrun: ChildFailedError, whatever the worker's code
                 for other in procs:
                     if other.poll() is None:
                         other.terminate()

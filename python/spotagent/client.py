@@ -892,6 +892,21 @@ class Agent(object):
         """Wait up to ``timeout`` seconds for the agent's ``welcome``."""
         return self._welcomed.wait(timeout) if self.path else False
 
+    def _write_exit_file(self) -> None:
+        """Writes ``75`` to ``$SPOTAGENT_EXIT_FILE`` when stopped for an
+        interruption or shutdown: a launcher that hides its workers' exit
+        codes (torchrun exits 1 when a worker exits 75) can be wrapped by a
+        shell that exits 75 when the file says so
+        (deploy/kubernetes/multinode-job.yaml)."""
+        path = os.environ.get("SPOTAGENT_EXIT_FILE")
+        if not path or self.exit_code != EXIT_INTERRUPTED:
+            return
+        try:
+            with open(path, "w") as f:
+                f.write("%d\n" % EXIT_INTERRUPTED)
+        except OSError as e:
+            _stderr("spotagent: could not write %s: %s" % (path, e))
+
     def close(self, timeout: float = 2.0) -> None:
         """Stop the background threads (bounded by ``timeout``); queued
         messages are flushed first if the agent is reading. A background save
@@ -902,6 +917,7 @@ class Agent(object):
             return
         with _live_lock:
             _live.discard(self)
+        self._write_exit_file()
         end = time.monotonic() + timeout
         with self._lock:
             bg = self._background

@@ -28,6 +28,7 @@ ENV_KEYS = [
     "SPOTAGENT_AGENT_UID",
     "SPOTAGENT_HANDLE_SIGTERM",
     "SPOTAGENT_SIGTERM_WAIT",
+    "SPOTAGENT_EXIT_FILE",
 ]
 
 WELCOME = {
@@ -312,6 +313,25 @@ class TestStop(Base):
         srv.send({"type": "stop", "reason": "interruption"})
         self.assertTrue(wait_agent(a, lambda: a.should_stop))
         self.assertEqual(a.exit_code, spotagent.EXIT_INTERRUPTED)
+
+    def test_exit_file(self):
+        # SPOTAGENT_EXIT_FILE gets 75 at close after an interruption stop
+        # (a launcher that hides it, torchrun, is wrapped by a shell), and
+        # nothing when the trainer was not stopped.
+        path = os.path.join(self.tmp, "exit")
+        os.environ["SPOTAGENT_EXIT_FILE"] = path  # ENV_KEYS: restored by tearDown
+        srv = self.server()
+        a = self.connect()
+        a.close()
+        self.assertFalse(os.path.exists(path))
+        srv.stop()
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "stop", "reason": "interruption"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        a.close()
+        with open(path) as f:
+            self.assertEqual(f.read(), "75\n")
 
     def test_exit_code_shutdown_and_other_reasons(self):
         for reason, want in (("shutdown", 75), ("fenced", 0), ("", 0)):
