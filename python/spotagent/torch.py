@@ -9,7 +9,8 @@
     # training goes on while the files are written, fsynced and uploaded
 
 ``save`` copies every tensor to CPU memory in the caller -- the only part
-that blocks training -- then writes the copy with ``torch.save`` in a
+that blocks training; large CPU tensors are copied in chunks by a few
+threads, GPU tensors into pinned memory -- then writes the copy with ``torch.save`` in a
 background thread, fsyncs it and tells the agent (``saved``), which uploads
 it at once. ``done`` goes to the agent when the last file of the request is
 written. Several files of one request are written in parallel.
@@ -27,6 +28,7 @@ pickle.
 """
 
 import copy
+import os
 import pickle
 import sys
 import threading
@@ -53,12 +55,13 @@ def _torch() -> Any:
 
 def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
     """A copy of obj that later in-place updates of obj (an optimizer step)
-    cannot reach: tensors are copied to CPU memory (``detach().to("cpu",
-    copy=True)``, or into a same-shaped tensor from ``reuse``), dicts, lists
-    and tuples are rebuilt, immutable atoms shared, anything else
+    cannot reach: tensors are copied to CPU memory (into the same-shaped
+    tensor from ``reuse``, else a new one: pinned for a GPU tensor), dicts,
+    lists and tuples are rebuilt, immutable atoms shared, anything else
     deep-copied. Tensors shared within obj stay shared in the copy."""
     torch = _torch()
     memo = {}  # type: Dict[int, Any]
+    syncs = set()  # type: set  # GPUs with copies in flight
     fresh = {}  # type: Dict[Tuple[Any, ...], Any]
 
     def walk(x: Any, path: Tuple[Any, ...]) -> Any:
@@ -67,7 +70,7 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
         if torch is not None and isinstance(x, torch.Tensor):
             if id(x) in memo:
                 return memo[id(x)]
-            y = _copy_tensor(torch, x, None if reuse is None else reuse.get(path))
+            y = _copy_tensor(torch, x, None if reuse is None else reuse.get(path), syncs)
             memo[id(x)] = y
             fresh[path] = y
             return y
@@ -86,26 +89,76 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
         return copy.deepcopy(x)
 
     out = walk(obj, ())
+    for dev in syncs:
+        torch.cuda.synchronize(dev)
     if reuse is not None:
         reuse.clear()
         reuse.update(fresh)
     return out
 
 
-def _copy_tensor(torch: Any, t: Any, buf: Any) -> Any:
+def _copy_tensor(torch: Any, t: Any, buf: Any, syncs: set) -> Any:
     t = t.detach()
-    if (
-        buf is not None
-        and t.layout == torch.strided
-        and buf.shape == t.shape
-        and buf.dtype == t.dtype
-        and buf.is_contiguous()
-        and not t.is_quantized
-    ):
+    if t.layout != torch.strided or t.is_quantized:
+        # copy=True: a CPU tensor is copied too, never aliased.
+        return t.to("cpu", copy=True)
+    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or not (buf.stride() == t.stride() or buf.is_contiguous()):
+        buf = _empty_like(torch, t)
+    if t.is_cuda and buf.is_pinned():
+        # From the GPU into pinned memory: asynchronous DMA, waited for
+        # once every tensor is queued (stage).
+        buf.copy_(t, non_blocking=True)
+        syncs.add(t.device)
+    else:
+        _copy_into(buf, t)
+    return buf
+
+
+def _empty_like(torch: Any, t: Any) -> Any:
+    """A CPU tensor for t's copy: pinned (page-locked) for a contiguous GPU
+    tensor, so that the copy is DMA; else with t's strides when t is dense
+    (``empty_like``), contiguous otherwise."""
+    if t.is_cuda and t.is_contiguous():
+        try:
+            return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        except RuntimeError:  # no page-locked memory to be had
+            pass
+    return torch.empty_like(t, device="cpu")
+
+
+# Large CPU copies are split across a few threads: torch's copy_ releases
+# the GIL, so on a machine with idle cores (training waits for staging
+# anyway) the memcpy, and the page faults of a first checkpoint's fresh
+# buffers, run in parallel.
+_CHUNK = 16 << 20  # bytes per thread, at least
+_pool = None  # type: Any
+_pool_lock = threading.Lock()
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _copy_into(buf: Any, t: Any) -> None:
+    n = buf.numel()
+    nbytes = n * buf.element_size()
+    parts = min(_workers(), nbytes // _CHUNK)
+    if parts < 2 or t.device.type != "cpu" or not (buf.is_contiguous() and t.is_contiguous()):
         buf.copy_(t)
-        return buf
-    # copy=True: a CPU tensor is copied too, never aliased.
-    return t.to("cpu", copy=True)
+        return
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(_workers() - 1, thread_name_prefix="spotagent-stage")
+        pool = _pool
+    dst, src = buf.view(-1), t.view(-1)
+    step = (n + parts - 1) // parts
+    futs = [pool.submit(dst[i : i + step].copy_, src[i : i + step]) for i in range(step, n, step)]
+    dst[:step].copy_(src[:step])  # the caller's share
+    for f in futs:
+        f.result()
 
 
 def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True) -> None:
