@@ -33,7 +33,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .client import CheckpointRequest
 
@@ -41,12 +41,46 @@ __all__ = ["save", "stage", "forget_buffers"]
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 
-# Staging buffers kept for reuse, per (agent, file name): writing into a
-# tensor allocated last time costs a memcpy, a fresh one also page faults
-# (about twice the time for large states). Only ever used once the previous
-# request's writes are over (CheckpointRequest.write_async waits for them).
-_buffers = {}  # type: Dict[Tuple[int, str], Dict[Tuple[Any, ...], Any]]
+# Staging buffers kept for reuse: writing into a tensor allocated last time
+# costs a memcpy, a fresh one also page faults (several times slower). Only
+# the last request's buffers are kept (one staged copy), per agent; a save
+# takes those of the same file name, else those of the save at the same
+# position in the last request (a trainer that names files by step).
+# Only ever used once the previous request's writes are over
+# (CheckpointRequest.write_async waits for them).
+Reuse = Dict[Tuple[Any, ...], Any]
+
+
+class _Kept(object):
+    def __init__(self) -> None:
+        self.req = None  # type: Any  # the request filling cur
+        self.prev = {}  # type: Dict[str, Reuse]  # the request before's, not yet taken
+        self.prev_order = []  # type: List[str]
+        self.cur = {}  # type: Dict[str, Reuse]
+        self.cur_order = []  # type: List[str]
+
+
+_kept = {}  # type: Dict[int, _Kept]  # by id(agent)
 _buffers_lock = threading.Lock()
+
+
+def _reuse_for(agent: Any, req: Any, name: str) -> Reuse:
+    with _buffers_lock:
+        k = _kept.setdefault(id(agent), _Kept())
+        if k.req is not req:
+            # A new request: the last one's buffers are the candidates;
+            # anything older not taken by the last one is let go.
+            k.prev, k.prev_order = k.cur, k.cur_order
+            k.cur, k.cur_order, k.req = {}, [], req
+        slot = len(k.cur_order)
+        r = k.prev.pop(name, None)
+        if r is None and slot < len(k.prev_order):
+            r = k.prev.pop(k.prev_order[slot], None)
+        if r is None:
+            r = {}
+        k.cur[name] = r
+        k.cur_order.append(name)
+        return r
 
 
 def _torch() -> Any:
@@ -173,10 +207,7 @@ def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True
     agent = req._agent
     # Waits for an earlier request's writes: their buffers are the ones reused.
     agent._await_background(req)
-    reuse = None  # type: Optional[Dict[Tuple[Any, ...], Any]]
-    if reuse_buffers:
-        with _buffers_lock:
-            reuse = _buffers.setdefault((id(agent), str(name)), {})
+    reuse = _reuse_for(agent, req, str(name)) if reuse_buffers else None
     staged = stage(obj, reuse)
     req._blocked += time.monotonic() - t0
 
@@ -193,4 +224,4 @@ def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True
 def forget_buffers() -> None:
     """Drop the staging buffers kept for reuse (frees their memory)."""
     with _buffers_lock:
-        _buffers.clear()
+        _kept.clear()

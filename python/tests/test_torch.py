@@ -190,6 +190,28 @@ class TestBackgroundSave(TorchBase):
         self.assertNotIn(threading.current_thread().name, starters)
         self.assertEqual(srv.wait_message("done")[0]["id"], "starts")
 
+    def test_buffers_of_one_request_only_when_names_change(self):
+        """One staged copy kept, not one per file name: a trainer naming its
+        files by step reuses the last request's buffer (same position) and
+        never accumulates them."""
+        import gc
+
+        srv = self.server()
+        a = self.connect()
+        w = torch.randn(12347)  # a size no other tensor here has
+        ptrs = []
+        for i in range(3):
+            req = self.request(srv, a, "step%d" % i, i)
+            with mock.patch.object(torch, "save", lambda obj, f: ptrs.append(obj["w"].data_ptr()) or f.write(b"x")):
+                satorch.save(req, {"w": w}, "model-%d.pt" % i)
+                req.done(i)
+                self.assertTrue(req.wait(DEADLINE))
+            w.add_(1)
+        gc.collect()
+        copies = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o is not w and o.numel() == 12347]
+        self.assertEqual(len(copies), 1, "staged copies kept after 3 requests with new names")
+        self.assertEqual(len(set(ptrs)), 1, "the buffer was not reused across names")
+
     def test_writers_start_once_staging_is_over(self):
         """Writers start at done() or the next poll(), not while the caller
         may still be staging the next file (their CPU would slow it)."""
