@@ -117,3 +117,26 @@ func TestSharedPool_OneBudgetForAllStores(t *testing.T) {
 		t.Fatal("a store with another part size shares the pool")
 	}
 }
+
+// TestBufPool_CollectsDuringLongUploads: every gcEvery bytes of parts
+// put back, the pool starts a collection, so that the garbage of a long
+// upload does not pile up to twice the budget before the GC's own goal.
+func TestBufPool_CollectsDuringLongUploads(t *testing.T) {
+	ctx := context.Background()
+	p := newBufPool(4<<10, 1<<10)
+	var collected atomic.Int32
+	p.collect = func() { collected.Add(1) }
+	p.gcEvery = 8 << 10
+	held, _ := p.get(ctx, 1<<10) // an upload in progress
+	for range 7 {
+		b, _ := p.get(ctx, 1<<10)
+		p.put(b)
+	}
+	if collected.Load() != 0 {
+		t.Fatalf("collected after 7 KiB of parts, want none before 8 KiB")
+	}
+	b, _ := p.get(ctx, 1<<10)
+	p.put(b)
+	waitFor(t, "a collection after 8 KiB of parts", func() bool { return collected.Load() == 1 })
+	p.put(held)
+}
