@@ -192,7 +192,7 @@ class CheckpointRequest(object):
             self._finished.set()
         else:
             msg["blocked_ms"] = int(round(self._blocked * 1000))
-            self._start_writes()
+            # _finish starts the writers: started here, each start() would wait for the GIL that a running writer holds.
             t = threading.Thread(target=self._finish, args=(msg,), name="spotagent-done", daemon=True)
             t.start()
         if self._after_done is not None:

@@ -9,7 +9,8 @@
     # training goes on while the files are written, fsynced and uploaded
 
 ``save`` copies every tensor to CPU memory in the caller -- the only part
-that blocks training -- then writes the copy with ``torch.save`` in a
+that blocks training; large CPU tensors are copied in chunks by a few
+threads, GPU tensors into pinned memory -- then writes the copy with ``torch.save`` in a
 background thread, fsyncs it and tells the agent (``saved``), which uploads
 it at once. ``done`` goes to the agent when the last file of the request is
 written. Several files of one request are written in parallel.
@@ -27,11 +28,12 @@ pickle.
 """
 
 import copy
+import os
 import pickle
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .client import CheckpointRequest
 
@@ -39,12 +41,46 @@ __all__ = ["save", "stage", "forget_buffers"]
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 
-# Staging buffers kept for reuse, per (agent, file name): writing into a
-# tensor allocated last time costs a memcpy, a fresh one also page faults
-# (about twice the time for large states). Only ever used once the previous
-# request's writes are over (CheckpointRequest.write_async waits for them).
-_buffers = {}  # type: Dict[Tuple[int, str], Dict[Tuple[Any, ...], Any]]
+# Staging buffers kept for reuse: writing into a tensor allocated last time
+# costs a memcpy, a fresh one also page faults (several times slower). Only
+# the last request's buffers are kept (one staged copy), per agent; a save
+# takes those of the same file name, else those of the save at the same
+# position in the last request (a trainer that names files by step).
+# Only ever used once the previous request's writes are over
+# (CheckpointRequest.write_async waits for them).
+Reuse = Dict[Tuple[Any, ...], Any]
+
+
+class _Kept(object):
+    def __init__(self) -> None:
+        self.req = None  # type: Any  # the request filling cur
+        self.prev = {}  # type: Dict[str, Reuse]  # the request before's, not yet taken
+        self.prev_order = []  # type: List[str]
+        self.cur = {}  # type: Dict[str, Reuse]
+        self.cur_order = []  # type: List[str]
+
+
+_kept = {}  # type: Dict[int, _Kept]  # by id(agent)
 _buffers_lock = threading.Lock()
+
+
+def _reuse_for(agent: Any, req: Any, name: str) -> Reuse:
+    with _buffers_lock:
+        k = _kept.setdefault(id(agent), _Kept())
+        if k.req is not req:
+            # A new request: the last one's buffers are the candidates;
+            # anything older not taken by the last one is let go.
+            k.prev, k.prev_order = k.cur, k.cur_order
+            k.cur, k.cur_order, k.req = {}, [], req
+        slot = len(k.cur_order)
+        r = k.prev.pop(name, None)
+        if r is None and slot < len(k.prev_order):
+            r = k.prev.pop(k.prev_order[slot], None)
+        if r is None:
+            r = {}
+        k.cur[name] = r
+        k.cur_order.append(name)
+        return r
 
 
 def _torch() -> Any:
@@ -53,12 +89,13 @@ def _torch() -> Any:
 
 def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
     """A copy of obj that later in-place updates of obj (an optimizer step)
-    cannot reach: tensors are copied to CPU memory (``detach().to("cpu",
-    copy=True)``, or into a same-shaped tensor from ``reuse``), dicts, lists
-    and tuples are rebuilt, immutable atoms shared, anything else
+    cannot reach: tensors are copied to CPU memory (into the same-shaped
+    tensor from ``reuse``, else a new one: pinned for a GPU tensor), dicts,
+    lists and tuples are rebuilt, immutable atoms shared, anything else
     deep-copied. Tensors shared within obj stay shared in the copy."""
     torch = _torch()
     memo = {}  # type: Dict[int, Any]
+    syncs = set()  # type: set  # GPUs with copies in flight
     fresh = {}  # type: Dict[Tuple[Any, ...], Any]
 
     def walk(x: Any, path: Tuple[Any, ...]) -> Any:
@@ -67,7 +104,7 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
         if torch is not None and isinstance(x, torch.Tensor):
             if id(x) in memo:
                 return memo[id(x)]
-            y = _copy_tensor(torch, x, None if reuse is None else reuse.get(path))
+            y = _copy_tensor(torch, x, None if reuse is None else reuse.get(path), syncs)
             memo[id(x)] = y
             fresh[path] = y
             return y
@@ -86,26 +123,76 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
         return copy.deepcopy(x)
 
     out = walk(obj, ())
+    for dev in syncs:
+        torch.cuda.synchronize(dev)
     if reuse is not None:
         reuse.clear()
         reuse.update(fresh)
     return out
 
 
-def _copy_tensor(torch: Any, t: Any, buf: Any) -> Any:
+def _copy_tensor(torch: Any, t: Any, buf: Any, syncs: set) -> Any:
     t = t.detach()
-    if (
-        buf is not None
-        and t.layout == torch.strided
-        and buf.shape == t.shape
-        and buf.dtype == t.dtype
-        and buf.is_contiguous()
-        and not t.is_quantized
-    ):
+    if t.layout != torch.strided or t.is_quantized:
+        # copy=True: a CPU tensor is copied too, never aliased.
+        return t.to("cpu", copy=True)
+    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or not (buf.stride() == t.stride() or buf.is_contiguous()):
+        buf = _empty_like(torch, t)
+    if t.is_cuda and buf.is_pinned():
+        # From the GPU into pinned memory: asynchronous DMA, waited for
+        # once every tensor is queued (stage).
+        buf.copy_(t, non_blocking=True)
+        syncs.add(t.device)
+    else:
+        _copy_into(buf, t)
+    return buf
+
+
+def _empty_like(torch: Any, t: Any) -> Any:
+    """A CPU tensor for t's copy: pinned (page-locked) for a contiguous GPU
+    tensor, so that the copy is DMA; else with t's strides when t is dense
+    (``empty_like``), contiguous otherwise."""
+    if t.is_cuda and t.is_contiguous():
+        try:
+            return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        except RuntimeError:  # no page-locked memory to be had
+            pass
+    return torch.empty_like(t, device="cpu")
+
+
+# Large CPU copies are split across a few threads: torch's copy_ releases
+# the GIL, so on a machine with idle cores (training waits for staging
+# anyway) the memcpy, and the page faults of a first checkpoint's fresh
+# buffers, run in parallel.
+_CHUNK = 16 << 20  # bytes per thread, at least
+_pool = None  # type: Any
+_pool_lock = threading.Lock()
+
+
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _copy_into(buf: Any, t: Any) -> None:
+    n = buf.numel()
+    nbytes = n * buf.element_size()
+    parts = min(_workers(), nbytes // _CHUNK)
+    if parts < 2 or t.device.type != "cpu" or not (buf.is_contiguous() and t.is_contiguous()):
         buf.copy_(t)
-        return buf
-    # copy=True: a CPU tensor is copied too, never aliased.
-    return t.to("cpu", copy=True)
+        return
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(_workers() - 1, thread_name_prefix="spotagent-stage")
+        pool = _pool
+    dst, src = buf.view(-1), t.view(-1)
+    step = (n + parts - 1) // parts
+    futs = [pool.submit(dst[i : i + step].copy_, src[i : i + step]) for i in range(step, n, step)]
+    dst[:step].copy_(src[:step])  # the caller's share
+    for f in futs:
+        f.result()
 
 
 def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True) -> None:
@@ -120,10 +207,7 @@ def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True
     agent = req._agent
     # Waits for an earlier request's writes: their buffers are the ones reused.
     agent._await_background(req)
-    reuse = None  # type: Optional[Dict[Tuple[Any, ...], Any]]
-    if reuse_buffers:
-        with _buffers_lock:
-            reuse = _buffers.setdefault((id(agent), str(name)), {})
+    reuse = _reuse_for(agent, req, str(name)) if reuse_buffers else None
     staged = stage(obj, reuse)
     req._blocked += time.monotonic() - t0
 
@@ -140,4 +224,4 @@ def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True
 def forget_buffers() -> None:
     """Drop the staging buffers kept for reuse (frees their memory)."""
     with _buffers_lock:
-        _buffers.clear()
+        _kept.clear()

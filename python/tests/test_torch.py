@@ -76,6 +76,35 @@ class TestStaging(TorchBase):
         self.assertTrue(torch.equal(st["w"], torch.arange(6, dtype=torch.float32)))
         self.assertTrue(torch.equal(st["nested"][0]["b"], torch.ones(2)))
 
+    def test_reused_and_parallel_staging_bit_identical(self):
+        """Large tensors are copied in chunks by several threads, into the
+        buffers of the previous checkpoint when shapes match: the copy is
+        bit-identical every time, the buffers are the same objects (no new
+        allocation), and a changed shape gets a new buffer."""
+        n = (satorch._CHUNK // 4) * 4 + 3  # 4 chunks' worth, odd tail
+        big = torch.randn(n)
+        perm = torch.randn(64, 32).t()  # dense, not contiguous
+        state = {"big": big, "perm": perm, "half": torch.randn(100).half(), "step": torch.tensor(7)}
+        reuse = {}
+        with mock.patch.object(satorch, "_workers", lambda: 4):
+            first = satorch.stage(state, reuse)
+            ptrs = {k: v.data_ptr() for k, v in first.items()}
+            for i in range(2):
+                for v in state.values():
+                    v.add_(1)  # a training step, in place
+                st = satorch.stage(state, reuse)
+                for k, v in state.items():
+                    self.assertTrue(torch.equal(st[k], v), k)
+                    self.assertEqual(st[k].dtype, v.dtype)
+                    self.assertNotEqual(st[k].data_ptr(), v.data_ptr(), k)
+                    self.assertEqual(st[k].data_ptr(), ptrs[k], "%s: buffer not reused" % k)
+                self.assertEqual(st["perm"].stride(), perm.stride())
+            state["big"] = torch.randn(n + 1)
+            st = satorch.stage(state, reuse)
+            self.assertNotEqual(st["big"].data_ptr(), ptrs["big"])
+            self.assertTrue(torch.equal(st["big"], state["big"]))
+        self.assertEqual(sorted(k[0] for k in reuse), sorted(state))  # one buffer per tensor, no more
+
     def test_state_dict_metadata_kept(self):
         m = torch.nn.Linear(3, 2)
         st = satorch.stage(m.state_dict())
@@ -135,6 +164,53 @@ class TestBackgroundSave(TorchBase):
         self.assertIsInstance(done["blocked_ms"], int)
         self.assertGreaterEqual(done["blocked_ms"], 0)
         self.assertTrue(torch.equal(torch.load(os.path.join(req.dir, "model.pt"))["w"], torch.ones(1000)))
+
+    def test_done_does_not_start_writers_on_the_callers_thread(self):
+        """done() returns without starting the writer threads itself: a
+        Thread.start() waits for the new thread to take the GIL, which a
+        running writer (torch.save's CRC32 of a whole tensor) holds for up
+        to ~0.3 s per GiB -- time the bench saw as training blocked."""
+        srv = self.server()
+        a = self.connect()
+        req = self.request(srv, a, "starts", 4)
+        starters = []
+        real_start = threading.Thread.start
+
+        def start(th):
+            if th.name.startswith("spotagent-write"):
+                starters.append(threading.current_thread().name)
+            return real_start(th)
+
+        with mock.patch.object(threading.Thread, "start", start):
+            for name in ("a.pt", "b.pt", "c.pt"):
+                satorch.save(req, {"w": torch.ones(4)}, name)
+            req.done(4)
+            self.assertTrue(req.wait(DEADLINE))
+        self.assertEqual(len(starters), 3)
+        self.assertNotIn(threading.current_thread().name, starters)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "starts")
+
+    def test_buffers_of_one_request_only_when_names_change(self):
+        """One staged copy kept, not one per file name: a trainer naming its
+        files by step reuses the last request's buffer (same position) and
+        never accumulates them."""
+        import gc
+
+        srv = self.server()
+        a = self.connect()
+        w = torch.randn(12347)  # a size no other tensor here has
+        ptrs = []
+        for i in range(3):
+            req = self.request(srv, a, "step%d" % i, i)
+            with mock.patch.object(torch, "save", lambda obj, f: ptrs.append(obj["w"].data_ptr()) or f.write(b"x")):
+                satorch.save(req, {"w": w}, "model-%d.pt" % i)
+                req.done(i)
+                self.assertTrue(req.wait(DEADLINE))
+            w.add_(1)
+        gc.collect()
+        copies = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o is not w and o.numel() == 12347]
+        self.assertEqual(len(copies), 1, "staged copies kept after 3 requests with new names")
+        self.assertEqual(len(set(ptrs)), 1, "the buffer was not reused across names")
 
     def test_writers_start_once_staging_is_over(self):
         """Writers start at done() or the next poll(), not while the caller

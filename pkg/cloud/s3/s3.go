@@ -27,11 +27,13 @@ import (
 //     still reach 156 GiB before the part size has to grow.
 //   - 8 parts in flight per object: enough to fill a 10 Gbit/s NIC at
 //     typical S3 latencies (~8 × 16 MiB at 20–50 ms per part).
-//   - 128 MiB of part buffers shared by every Put of the store, not per
-//     upload: the caller's reader is a plain io.Reader (it hashes as it
+//   - 128 MiB of part buffers shared by every Put of the process (of every
+//     store with the same part size and budget), not per upload or per
+//     store: the caller's reader is a plain io.Reader (it hashes as it
 //     streams), so each part must be copied into memory before it is sent.
-//     A shared budget keeps memory flat however many files upload at once;
-//     concurrent files then share the 8 buffers instead of multiplying them.
+//     A shared budget keeps memory flat however many files, or runs of a
+//     node agent, upload at once; they share the 8 buffers instead of
+//     multiplying them.
 const (
 	DefaultPartSize     = 16 << 20
 	DefaultConcurrency  = 8
@@ -52,7 +54,7 @@ type Options struct {
 	Region       string
 	PartSize     int64 // bytes per multipart part (min 5 MiB)
 	Concurrency  int   // parts in flight per Put
-	BufferMemory int64 // bytes of part buffers shared by all Puts
+	BufferMemory int64 // bytes of part buffers shared by all Puts of stores with this PartSize and BufferMemory
 	Log          *zap.Logger
 }
 
@@ -128,7 +130,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	prefix = cloud.KeyPrefix(prefix)
 	return &Store{
 		client: client, bucket: bucket, prefix: prefix, opts: opts,
-		pool: newBufPool(opts.BufferMemory, opts.PartSize), log: opts.Log.With(zap.String("store", "s3://"+bucket+"/"+prefix)),
+		pool: sharedPool(opts.BufferMemory, opts.PartSize), log: opts.Log.With(zap.String("store", "s3://"+bucket+"/"+prefix)),
 	}, nil
 }
 
