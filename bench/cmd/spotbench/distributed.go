@@ -25,15 +25,16 @@ import (
 func benchDistributed(c *config, r *report, s *stores) error {
 	const perRank = 256 << 20
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` per node around `python/examples/launch_ranks.py` (torchrun's environment), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores and disk.\n\n", perRank>>20, c.e2eReps)
+	fmt.Fprintf(&b, "`spotagent run` per node around `python/examples/launch_ranks.py` (torchrun's environment), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
 	b.WriteString("| job | checkpoint | notice → committed s | notice → request ms |\n| --- | --- | --- | --- |\n")
 	for _, shape := range []struct {
 		label        string
 		nodes, ranks int
-	}{{"1 node × 2 ranks (single-node path)", 1, 2}, {"2 nodes × 2 ranks (parts)", 2, 2}} {
+	}{{"1 node × 2 ranks (single-node path)", 1, 2}, {"1 node × 4 ranks (single-node path, same bytes as 2 × 2)", 1, 4},
+		{"2 nodes × 2 ranks (parts)", 2, 2}} {
 		var tot, req []float64
 		for rep := range c.e2eReps {
-			uri := fmt.Sprintf("s3://%s/dist-%d-%d", bucket, shape.nodes, rep)
+			uri := fmt.Sprintf("s3://%s/dist-%d-%d-%d", bucket, shape.nodes, shape.ranks, rep)
 			t, q, err := oneDistributed(c, s.minio.env(), uri, shape.nodes, shape.ranks, perRank)
 			if err != nil {
 				return fmt.Errorf("distributed %s: %w", shape.label, err)
@@ -48,7 +49,7 @@ func benchDistributed(c *config, r *report, s *stores) error {
 		lo, hi := minmax(tot)
 		fmt.Fprintf(&b, "| %s | %d MiB | %.2f (%.2f–%.2f) | %.0f |\n", shape.label, shape.nodes*shape.ranks*perRank>>20, median(tot), lo, hi, median(req))
 	}
-	out, err := exec.Command("python3", "bench/collective_cost.py").Output()
+	out, err := exec.Command(torchPython(), "bench/collective_cost.py").Output()
 	if err != nil {
 		return fmt.Errorf("bench/collective_cost.py: %w", err)
 	}
@@ -99,9 +100,9 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 		if nodes > 1 {
 			args = append(args, "--node-rank", strconv.Itoa(k))
 		}
-		args = append(args, "--", "python3", "python/examples/launch_ranks.py", "--nnodes", strconv.Itoa(nodes),
+		args = append(args, "--", torchPython(), "python/examples/launch_ranks.py", "--nnodes", strconv.Itoa(nodes),
 			"--node-rank", strconv.Itoa(k), "--nproc-per-node", strconv.Itoa(ranks), "--master-port", strconv.Itoa(port),
-			"--", "python3", "python/examples/train_ddp.py")
+			"--", torchPython(), "python/examples/train_ddp.py")
 		cmd := exec.Command(c.bin, args...)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.Env = append(cmd.Env, "TOTAL_STEPS=100000000", "STEP_SLEEP_MS=10", "SAVE_BYTES="+strconv.FormatInt(perRank, 10))

@@ -88,6 +88,7 @@ func main() {
 		env, err = startStores(&c)
 		must(err)
 		defer env.Close()
+		atFatal = append(atFatal, env.Close) // fatal exits without running defers
 	}
 	if c.only["transfer"] {
 		step("upload and restore throughput")
@@ -135,7 +136,14 @@ func must(err error) {
 	}
 }
 
+// atFatal is run by fatal before it exits: servers must not outlive a
+// failed run (a second run's MinIO on the same data dir corrupts both).
+var atFatal []func()
+
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "spotbench:", err)
+	for _, f := range atFatal {
+		f()
+	}
 	os.Exit(1)
 }

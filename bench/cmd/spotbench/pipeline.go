@@ -112,10 +112,7 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	if err := os.WriteFile(script, []byte("REPO = "+strconv.Quote(repo)+"\n"+pipelineTrainer), 0o644); err != nil {
 		return err
 	}
-	py := os.Getenv("SPOTBENCH_TORCH_PYTHON")
-	if py == "" {
-		py = "/usr/bin/python3"
-	}
+	py := torchPython()
 	var sizes []float64
 	for _, f := range strings.Split(c.pipelineGiB, ",") {
 		g, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -312,4 +309,12 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 		}
 	}()
 	return res, nil
+}
+
+// torchPython is the interpreter that has PyTorch (Debian's python3-torch).
+func torchPython() string {
+	if py := os.Getenv("SPOTBENCH_TORCH_PYTHON"); py != "" {
+		return py
+	}
+	return "/usr/bin/python3"
 }
