@@ -134,6 +134,10 @@ func (a *Agent) checkHelloTopology(m Message) {
 // same request here; requests of this agent's own that lost are abandoned,
 // and an interruption of its own hands its stop over to the joined one.
 func (a *Agent) onJoin(c *Conn, m Message) {
+	if _, ok := a.conns[c.ID()]; !ok {
+		a.reply(c, m.ID, "join: say hello first")
+		return
+	}
 	if !isRequestID(m.ID) {
 		a.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return

@@ -120,6 +120,12 @@ func TestJob_JoinRefused(t *testing.T) {
 			t.Errorf("join %v: error %q, want %q", tc.msg, e.Error, tc.want)
 		}
 	}
+	// Only a trainer (a connection that said hello) can join.
+	stranger := dialTrainer(t, n0.cfg.Server.Path)
+	stranger.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
+	if e := stranger.expect(TypeError); !strings.Contains(e.Error, "hello first") {
+		t.Errorf("join without hello: error %q", e.Error)
+	}
 	// A request of this agent's own that lost the agreement is dropped
 	// for the job's: one request pending, in the job's id.
 	t0.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
