@@ -29,8 +29,9 @@ func (o *watchOptions) register(fs *flag.FlagSet) {
 // config returns the supervisor's watch config (nil without --watch).
 func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 	if o.dir == "" {
-		if o.noticeSignal != "" || o.prune || o.stepRegex != "" || o.pattern != watch.DefaultPattern {
-			return nil, fmt.Errorf("--notice-signal, --watch-prune, --watch-pattern and --watch-step-regex need --watch DIR")
+		if o.noticeSignal != "" || o.prune || o.stepRegex != "" || o.pattern != watch.DefaultPattern ||
+			o.marker != watch.MarkerAuto || o.quiet != watch.DefaultQuiet {
+			return nil, fmt.Errorf("--notice-signal, --watch-prune, --watch-pattern, --watch-step-regex, --watch-marker and --watch-quiet need --watch DIR")
 		}
 		return nil, nil
 	}

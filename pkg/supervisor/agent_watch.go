@@ -284,7 +284,7 @@ func (a *Agent) watchCommitted(cr commitResult) {
 	case cr.err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
-			ws.w.Prune(cr.res.Manifest.Step, a.cfg.Keep)
+			ws.w.Prune(ws.dir, cr.res.Manifest.Step, a.cfg.Keep)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
 		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",

@@ -2,18 +2,27 @@ package watch
 
 import (
 	"os"
-	"path/filepath"
 	"sort"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // Prune deletes from DIR the checkpoints older than committed (the newest
 // committed step), keeping the newest keep checkpoints of DIR whatever
 // their state. Only spotagent run --watch-prune calls it: by default the
 // agent never deletes the trainer's files. It returns the names deleted.
-func (w *Watcher) Prune(committed int64, keep int) []string {
-	ents, err := os.ReadDir(w.cfg.Dir)
+// dir is DIR opened by the caller: every read and delete goes through it,
+// so a name the trainer swaps for a symlink meanwhile removes the link,
+// never what it points to.
+func (w *Watcher) Prune(dir *os.Root, committed int64, keep int) []string {
+	d, err := dir.Open(".")
+	if err != nil {
+		return nil
+	}
+	ents, err := d.ReadDir(-1)
+	d.Close()
 	if err != nil {
 		return nil
 	}
@@ -38,7 +47,7 @@ func (w *Watcher) Prune(committed int64, keep int) []string {
 		if i < keep || c.step >= committed {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(w.cfg.Dir, c.name)); err != nil {
+		if err := removeEntry(dir, c.name); err != nil {
 			w.log.Warn("watch prune: could not delete an old checkpoint", zap.String("name", c.name), zap.Error(err))
 			continue
 		}
@@ -48,4 +57,17 @@ func (w *Watcher) Prune(committed int64, keep int) []string {
 		w.log.Info("watch prune: deleted old checkpoints from the watched directory", zap.Strings("names", gone), zap.Int64("committed_step", committed))
 	}
 	return gone
+}
+
+// removeEntry deletes name below dir: a directory with what it holds, a
+// file or a symlink itself.
+func removeEntry(dir *os.Root, name string) error {
+	fi, err := dir.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return checkpoint.RemoveDir(dir, name, nil)
+	}
+	return dir.Remove(name)
 }

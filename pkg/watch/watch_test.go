@@ -446,8 +446,18 @@ func TestPrune(t *testing.T) {
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"} {
 		write(t, filepath.Join(w.cfg.Dir, n, "x"), "x")
 	}
-	gone := w.Prune(3, 1)
+	root, err := os.OpenRoot(w.cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	gone := w.Prune(root, 3, 1)
 	if strings.Join(gone, ",") != "checkpoint-2,checkpoint-1" {
 		t.Fatalf("pruned %v, want checkpoint-2, checkpoint-1", gone)
+	}
+	for _, n := range []string{"checkpoint-1", "checkpoint-2"} {
+		if _, err := os.Lstat(filepath.Join(w.cfg.Dir, n)); !os.IsNotExist(err) {
+			t.Fatalf("%s still there after prune: %v", n, err)
+		}
 	}
 }
