@@ -20,6 +20,7 @@ type sourceOptions struct {
 func (o *sourceOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.cloud, "cloud", "auto", "where notices come from: auto, aws, gcp, azure or none")
 	fs.DurationVar(&o.cfg.PollInterval, "poll-interval", time.Second, "metadata poll interval (AWS, Azure; GCP uses hanging GETs)")
+	fs.DurationVar(&o.cfg.AWSSpotPollInterval, "aws-spot-poll-interval", 250*time.Millisecond, "poll interval of AWS spot/instance-action (at most --poll-interval)")
 	fs.StringVar(&o.cfg.AWSEndpoint, "aws-imds-endpoint", "", "AWS IMDS endpoint (default from AWS_EC2_METADATA_SERVICE_ENDPOINT)")
 	fs.StringVar(&o.cfg.GCPHost, "gcp-metadata-host", "", "GCE metadata host:port (default from GCE_METADATA_HOST)")
 	fs.StringVar(&o.cfg.AzureEndpoint, "azure-metadata-endpoint", "", "Azure IMDS endpoint (default http://169.254.169.254)")

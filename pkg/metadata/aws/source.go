@@ -28,6 +28,10 @@ type Config struct {
 	Endpoint string
 	// PollInterval between two reads of the notice paths (1s).
 	PollInterval time.Duration
+	// SpotPollInterval between two reads of spot/instance-action, the one
+	// notice with a fixed two-minute deadline (250ms; never more than
+	// PollInterval). The other paths are read every PollInterval.
+	SpotPollInterval time.Duration
 	// RequestTimeout bounds each IMDS call, token PUT included (2s): a token
 	// PUT dropped by the hop limit in a container cannot block the watch.
 	RequestTimeout time.Duration
@@ -39,6 +43,10 @@ func (c Config) withDefaults() Config {
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
 	}
+	if c.SpotPollInterval <= 0 {
+		c.SpotPollInterval = 250 * time.Millisecond
+	}
+	c.SpotPollInterval = min(c.SpotPollInterval, c.PollInterval)
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 2 * time.Second
 	}

@@ -215,3 +215,85 @@ func TestWatch_HangingTokenEndpoint(t *testing.T) {
 		t.Fatalf("notice=%+v, want termination", n)
 	}
 }
+
+// TestWatch_SpotPathReadMoreOften: spot/instance-action, the one notice
+// with a fixed two-minute deadline, is read every SpotPollInterval; the
+// other paths only every PollInterval (here an hour: once, at start).
+func TestWatch_SpotPathReadMoreOften(t *testing.T) {
+	f := fake.NewAWS(fake.AWSOptions{})
+	defer f.Close()
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: time.Hour, SpotPollInterval: 5 * time.Millisecond,
+		RequestTimeout: 200 * time.Millisecond}, nil)
+	ch, _ := metatest.Watch(t, src)
+	metatest.WaitFor(t, 10*time.Second, "ten spot reads", func() bool { return f.Reads("spot/instance-action") >= 10 })
+	for _, p := range []string{"autoscaling/target-lifecycle-state", "events/maintenance/scheduled", "events/recommendations/rebalance"} {
+		if n := f.Reads(p); n != 1 {
+			t.Errorf("%s read %d times during ten spot reads, want 1 (every PollInterval)", p, n)
+		}
+	}
+	f.Terminate("terminate", time.Now().Add(2*time.Minute))
+	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
+		t.Fatalf("notice=%+v, want termination", n)
+	}
+}
+
+// TestWatch_SpotPollIntervalCapped: a SpotPollInterval above PollInterval
+// is PollInterval: every path is read every round.
+func TestWatch_SpotPollIntervalCapped(t *testing.T) {
+	f := fake.NewAWS(fake.AWSOptions{})
+	defer f.Close()
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: 5 * time.Millisecond, SpotPollInterval: time.Hour,
+		RequestTimeout: 200 * time.Millisecond}, nil)
+	metatest.Watch(t, src)
+	metatest.WaitFor(t, 10*time.Second, "five rounds", func() bool { return f.Reads("events/recommendations/rebalance") >= 5 })
+	if n := f.Reads("spot/instance-action"); n < 5 {
+		t.Fatalf("spot path read %d times in five rounds, want ≥ 5", n)
+	}
+}
+
+// TestWatch_GarbageElsewhereKeepsSpotCadence: a path that answers but does
+// not parse is a logged fault, not an IMDS outage: no backoff and no extra
+// full rounds, so the spot path is still read every SpotPollInterval, four
+// times per read of the bad path here (MaxBackoff is an hour: a backoff
+// would stall the test).
+func TestWatch_GarbageElsewhereKeepsSpotCadence(t *testing.T) {
+	f := fake.NewAWS(fake.AWSOptions{})
+	defer f.Close()
+	f.SetLifecycleState("Pending:Garbage")
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: 20 * time.Millisecond, SpotPollInterval: 5 * time.Millisecond,
+		RequestTimeout: 200 * time.Millisecond, MaxBackoff: time.Hour}, nil)
+	ch, _ := metatest.Watch(t, src)
+	metatest.WaitFor(t, 10*time.Second, "five reads of the bad path", func() bool { return f.Reads("autoscaling/target-lifecycle-state") >= 5 })
+	if bad, spot := f.Reads("autoscaling/target-lifecycle-state"), f.Reads("spot/instance-action"); spot < 3*bad {
+		t.Fatalf("spot path read %d times against %d reads of the bad path, want ≥ 3× (its own cadence)", spot, bad)
+	}
+	f.Terminate("terminate", time.Now().Add(2*time.Minute))
+	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
+		t.Fatalf("notice=%+v, want termination", n)
+	}
+}
+
+// TestWatch_OutageBacksOffAllPaths: while IMDS answers 5xx, the spot path is
+// not hammered at its own cadence: rounds wait PollInterval or longer.
+func TestWatch_OutageBacksOffAllPaths(t *testing.T) {
+	f := fake.NewAWS(fake.AWSOptions{})
+	defer f.Close()
+	f.SetFault(fake.Fault5xx)
+	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: 300 * time.Millisecond, SpotPollInterval: time.Millisecond,
+		RequestTimeout: 200 * time.Millisecond, MaxBackoff: 300 * time.Millisecond}, nil)
+	ch, _ := metatest.Watch(t, src)
+	start := time.Now()
+	metatest.WaitTotal(t, f, 64)
+	// A round makes at most 16 requests (4 paths, each a token PUT and a
+	// GET retried once), so 64 take ≥ 4 rounds: at a 1 ms cadence a few
+	// milliseconds, backed off at least three waits of ≥ 150 ms (the
+	// backoff's jitter floor).
+	if d := time.Since(start); d < 450*time.Millisecond {
+		t.Fatalf("64 requests in %v during an outage, want ≥ 450ms (backoff)", d)
+	}
+	f.SetFault(fake.FaultNone)
+	f.Terminate("terminate", time.Now().Add(2*time.Minute))
+	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {
+		t.Fatalf("notice=%+v, want termination", n)
+	}
+}

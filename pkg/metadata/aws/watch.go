@@ -12,21 +12,34 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
 
-// Watch polls the notice paths every PollInterval and delivers each
-// distinct notice once, until ctx ends.
+// Watch reads spot/instance-action every SpotPollInterval and every notice
+// path every PollInterval, and delivers each distinct notice once, until
+// ctx ends. While IMDS fails, it waits PollInterval or longer (backoff).
 func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 	w := &watcher{s: s, out: out, faults: watchloop.NewFaultLog(s.log, "imds poll")}
 	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
-	for {
-		err := w.poll(ctx)
+	// Every every-th round reads all paths; the others only the spot one.
+	every := max(1, int(s.cfg.PollInterval/s.cfg.SpotPollInterval))
+	for round := 0; ; round++ {
+		unwell, err := w.poll(ctx, round%every == 0)
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := s.cfg.PollInterval
-		if err != nil {
+		wait := s.cfg.SpotPollInterval
+		switch {
+		case unwell:
+			// IMDS did not answer, or answered with an error status:
+			// back off, and read every path once it answers again.
 			w.faults.Fail(err)
-			wait = max(wait, bo.Next())
-		} else {
+			wait = max(s.cfg.PollInterval, bo.Next())
+			round = -1
+		case err != nil:
+			// A path answered garbage: logged, and the spot path keeps
+			// its cadence (a bad scheduled-events document must not slow
+			// the detection of a spot notice).
+			w.faults.Fail(err)
+			bo.Reset()
+		default:
 			w.faults.OK()
 			bo.Reset()
 		}
@@ -47,25 +60,32 @@ type watcher struct {
 type check struct {
 	path  string
 	parse func(w *watcher, body []byte, now time.Time) ([]metadata.Notice, error)
+	spot  bool // read every SpotPollInterval, not only every PollInterval
 }
 
 // Spot first: it is the one with a two-minute deadline.
 var checks = []check{
-	{pathInstanceAction, (*watcher).instanceAction},
-	{pathLifecycle, (*watcher).lifecycle},
-	{pathScheduled, (*watcher).scheduled},
-	{pathRebalance, (*watcher).rebalance},
+	{pathInstanceAction, (*watcher).instanceAction, true},
+	{pathLifecycle, (*watcher).lifecycle, false},
+	{pathScheduled, (*watcher).scheduled, false},
+	{pathRebalance, (*watcher).rebalance, false},
 }
 
-// poll reads every notice path once. A path that answers badly does not
-// stop the others; a request that got no answer at all does (IMDS is down,
-// the next ones would only wait for their timeouts too).
-func (w *watcher) poll(ctx context.Context) error {
+// poll reads the spot path, and with all every notice path, once. A path
+// that answers badly does not stop the others; a request that got no
+// answer at all does (IMDS is down, the next ones would only wait for
+// their timeouts too). unwell reports a request that failed over HTTP,
+// as against an answer that did not parse.
+func (w *watcher) poll(ctx context.Context, all bool) (unwell bool, _ error) {
 	var errs []error
 	for _, c := range checks {
+		if !all && !c.spot {
+			continue
+		}
 		body, found, err := w.s.get(ctx, c.path)
 		if err != nil {
 			errs = append(errs, err)
+			unwell = true
 			if httpStatus(err) == 0 {
 				break
 			}
@@ -85,7 +105,7 @@ func (w *watcher) poll(ctx context.Context) error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return unwell, errors.Join(errs...)
 }
 
 func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice, error) {

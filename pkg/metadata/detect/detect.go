@@ -24,6 +24,9 @@ type Config struct {
 
 	// PollInterval of the polling sources, AWS and Azure (1s).
 	PollInterval time.Duration
+	// AWSSpotPollInterval of AWS spot/instance-action (250ms, at most
+	// PollInterval).
+	AWSSpotPollInterval time.Duration
 	// PreemptGrace: GCP preemption deadline after detection (30s).
 	PreemptGrace time.Duration
 	// MaintenanceGrace: GCP host maintenance deadline after detection (60s).
@@ -68,7 +71,7 @@ func Open(ctx context.Context, cloud string, cfg Config, log *zap.Logger) (metad
 
 func sources(cfg Config, log *zap.Logger) []prober {
 	return []prober{
-		aws.New(aws.Config{Endpoint: cfg.AWSEndpoint, PollInterval: cfg.PollInterval}, log),
+		aws.New(aws.Config{Endpoint: cfg.AWSEndpoint, PollInterval: cfg.PollInterval, SpotPollInterval: cfg.AWSSpotPollInterval}, log),
 		gcp.New(gcp.Config{Host: cfg.GCPHost, PreemptGrace: cfg.PreemptGrace, MaintenanceGrace: cfg.MaintenanceGrace}, log),
 		azure.New(azure.Config{Endpoint: cfg.AzureEndpoint, PollInterval: cfg.PollInterval, DefaultGrace: cfg.AzureGrace}, log),
 	}

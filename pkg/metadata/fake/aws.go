@@ -52,6 +52,7 @@ type AWS struct {
 	events     []AWSEvent
 	lifecycle  string // autoscaling/target-lifecycle-state, "" = 404
 	tokenFault Fault  // applies to token PUTs only
+	reads      map[string]int // meta-data path -> GETs answered
 }
 
 var _ Server = (*AWS)(nil)
@@ -197,6 +198,14 @@ func (a *AWS) SetTokenFault(f Fault) {
 	a.tokenFault = f
 }
 
+// Reads counts the GETs of one meta-data path (e.g. "spot/instance-action")
+// that carried a valid token.
+func (a *AWS) Reads(path string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reads[path]
+}
+
 // TokenRequests counts the successful token PUTs.
 func (a *AWS) TokenRequests() int {
 	a.mu.Lock()
@@ -229,7 +238,14 @@ func (a *AWS) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Unauthorized", http.StatusUnauthorized)
 		return
 	}
-	body, typ, ok := a.lookup(strings.TrimPrefix(r.URL.Path, awsMetaPrefix))
+	path := strings.TrimPrefix(r.URL.Path, awsMetaPrefix)
+	a.mu.Lock()
+	if a.reads == nil {
+		a.reads = map[string]int{}
+	}
+	a.reads[path]++
+	a.mu.Unlock()
+	body, typ, ok := a.lookup(path)
 	if !ok || !strings.HasPrefix(r.URL.Path, awsMetaPrefix) {
 		w.Header().Set("Content-Type", "text/html")
 		w.WriteHeader(http.StatusNotFound)
