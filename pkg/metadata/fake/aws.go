@@ -50,8 +50,8 @@ type AWS struct {
 	action     []byte // spot/instance-action body, nil = 404
 	rebalance  []byte // events/recommendations/rebalance body, nil = 404
 	events     []AWSEvent
-	lifecycle  string // autoscaling/target-lifecycle-state, "" = 404
-	tokenFault Fault  // applies to token PUTs only
+	lifecycle  string         // autoscaling/target-lifecycle-state, "" = 404
+	tokenFault Fault          // applies to token PUTs only
 	reads      map[string]int // meta-data path -> GETs answered
 }
 
