@@ -25,7 +25,7 @@ import (
 func benchDistributed(c *config, r *report, s *stores) error {
 	const perRank = 256 << 20
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` per node around `python/examples/launch_ranks.py` (torchrun's environment), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
+	fmt.Fprintf(&b, "`spotagent run` per node around `python/examples/launch_ranks.py` (torchrun's environment), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`, `spot/instance-action` read every 250 ms); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
 	b.WriteString("| job | checkpoint | notice → committed s | notice → request ms |\n| --- | --- | --- | --- |\n")
 	for _, shape := range []struct {
 		label        string

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,10 +86,11 @@ sys.exit(agent.exit_code)
 
 type pipeRun struct {
 	total, upload, commit time.Duration
-	blocked, written      float64 // seconds: the interruption checkpoint's
-	coldBlocked           float64 // seconds: the first periodic checkpoint's (fresh staging buffers)
-	periodicBlocked       float64 // seconds: the second periodic checkpoint's (warm)
-	idleRate, bgRate      float64 // steps/s
+	toRequest             time.Duration // notice exposed → the agent's "checkpoint requested"
+	blocked, written      float64       // seconds: the interruption checkpoint's
+	coldBlocked           float64       // seconds: the first periodic checkpoint's (fresh staging buffers)
+	periodicBlocked       float64       // seconds: the second periodic checkpoint's (warm)
+	idleRate, bgRate      float64       // steps/s
 	peakKiB               int64
 }
 
@@ -123,8 +125,8 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	}
 	const files = 4
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice; notice → committed from the agent's json log. *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
-	b.WriteString("| checkpoint | path | notice → committed s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice, 1 s after the second periodic commit plus a random phase of the agent's spot poll; notice → committed from the agent's json log; *notice → request* is the detection (AWS `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) up to the agent's \"checkpoint requested\". *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
+	b.WriteString("| checkpoint | path | notice → committed s | notice → request s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, gib := range sizes {
 		med := map[string]pipeRun{}
 		for _, mode := range []string{"serial", "pipelined"} {
@@ -135,8 +137,8 @@ func benchPipeline(c *config, r *report, s *stores) error {
 				if err != nil {
 					return fmt.Errorf("pipeline %s %g GiB: %w", mode, gib, err)
 				}
-				logf("%-9s %g GiB notice→committed %.2fs (write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB",
-					mode, gib, res.total.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024)
+				logf("%-9s %g GiB notice→committed %.2fs (request %.2fs, write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB",
+					mode, gib, res.total.Seconds(), res.toRequest.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024)
 				runs = append(runs, res)
 				if err := deletePrefix(s.minio.env(), uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
@@ -149,7 +151,7 @@ func benchPipeline(c *config, r *report, s *stores) error {
 			if mode == "pipelined" {
 				bg = fmt.Sprintf("%.1f", m.bgRate)
 			}
-			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f |\n", gib, mode, m.total.Seconds(), m.written, m.upload.Seconds(),
+			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f |\n", gib, mode, m.total.Seconds(), m.toRequest.Seconds(), m.written, m.upload.Seconds(),
 				m.coldBlocked, m.periodicBlocked, m.periodicBlocked/gib, m.blocked, m.idleRate, bg, float64(m.peakKiB)/1024)
 		}
 		ser, pip := med["serial"], med["pipelined"]
@@ -186,6 +188,7 @@ func medianPipe(runs []pipeRun) pipeRun {
 		total:           sec(get(func(x pipeRun) float64 { return x.total.Seconds() })),
 		upload:          sec(get(func(x pipeRun) float64 { return x.upload.Seconds() })),
 		commit:          sec(get(func(x pipeRun) float64 { return x.commit.Seconds() })),
+		toRequest:       sec(get(func(x pipeRun) float64 { return x.toRequest.Seconds() })),
 		blocked:         get(func(x pipeRun) float64 { return x.blocked }),
 		written:         get(func(x pipeRun) float64 { return x.written }),
 		periodicBlocked: get(func(x pipeRun) float64 { return x.periodicBlocked }),
@@ -279,13 +282,26 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 			return fail(err)
 		}
 	}
+	// The notice comes a second after the last commit, at a random phase
+	// of the agent's spot poll: no upload or buffer release of the
+	// periodic checkpoint is still under way, and the detection delay is
+	// drawn as on a real machine (uniform over the poll interval).
+	time.Sleep(time.Second + rand.N(awsSpotPoll))
 	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
 	var com logLine
 	var saw [2]bool
 	for !saw[0] || !saw[1] {
-		l, err := wait("the interruption checkpoint", func(l logLine) bool { return msg("checkpoint committed")(l) || bench("interruption")(l) })
+		l, err := wait("the interruption checkpoint", func(l logLine) bool {
+			return msg("checkpoint committed")(l) || bench("interruption")(l) || msg("checkpoint requested")(l)
+		})
 		if err != nil {
 			return fail(err)
+		}
+		if l.msg() == "checkpoint requested" {
+			if res.toRequest == 0 {
+				res.toRequest = l.at.Sub(exposed)
+			}
+			continue
 		}
 		if m := benchLine.FindStringSubmatch(l.text); m != nil {
 			res.blocked, _ = strconv.ParseFloat(m[3], 64)
