@@ -40,7 +40,7 @@ type watchState struct {
 	w        *watch.Watcher
 	store    *watch.VerifyStore
 	ready    chan *watch.Checkpoint
-	dir      *os.Root                // the watched directory
+	dir      *os.Root                // the watched directory (the watcher's handle)
 	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
 	inflight map[string]*watchUpload // request id →
 	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
@@ -98,27 +98,21 @@ func (a *Agent) initWatch() error {
 		return fmt.Errorf("watch: %w", err)
 	}
 	wc.Dir = dir
-	if err := watch.CheckDir(dir); err != nil {
-		return err
-	}
 	scratch, _ := filepath.Abs(a.cfg.CheckpointDir)
 	if nested(dir, scratch) || nested(scratch, dir) {
 		return fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
 	}
 	wc.Log = a.log.With(zap.String("watch", dir))
-	w, err := watch.New(wc.Config)
+	w, err := watch.New(wc.Config) // checks DIR (exists, a directory, writable) and opens it
 	if err != nil {
 		return err
 	}
 	// Staged in DIR itself: hard links need one filesystem, and the
 	// checkpoint directory is often on another. Through roots only.
-	droot, err := os.OpenRoot(dir)
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
+	droot := w.Root()
 	stage, err := openWatchStage(droot)
 	if err != nil {
-		droot.Close()
+		w.Close()
 		return fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
 	ws := &watchState{cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
@@ -191,7 +185,7 @@ func (a *Agent) startWatch() {
 func (a *Agent) closeWatch() {
 	if ws := a.watch; ws != nil {
 		ws.stage.Close()
-		ws.dir.Close()
+		ws.w.Close() // ws.dir with it
 	}
 }
 
@@ -251,6 +245,7 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 	if err != nil {
 		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
+		ws.w.Retry(cp.Name) // once it is quiet again
 		return
 	}
 	now := time.Now()
@@ -284,7 +279,7 @@ func (a *Agent) watchCommitted(cr commitResult) {
 	case cr.err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
-			ws.w.Prune(ws.dir, cr.res.Manifest.Step, a.cfg.Keep)
+			ws.w.Prune(cr.res.Manifest.Step, a.cfg.Keep)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
 		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",

@@ -13,16 +13,12 @@ import (
 // committed step), keeping the newest keep checkpoints of DIR whatever
 // their state. Only spotagent run --watch-prune calls it: by default the
 // agent never deletes the trainer's files. It returns the names deleted.
-// dir is DIR opened by the caller: every read and delete goes through it,
-// so a name the trainer swaps for a symlink meanwhile removes the link,
-// never what it points to.
-func (w *Watcher) Prune(dir *os.Root, committed int64, keep int) []string {
-	d, err := dir.Open(".")
-	if err != nil {
-		return nil
-	}
-	ents, err := d.ReadDir(-1)
-	d.Close()
+// Every read and delete goes through DIR as New opened it, so a name the
+// trainer swaps for a symlink meanwhile removes the link, never what it
+// points to.
+func (w *Watcher) Prune(committed int64, keep int) []string {
+	dir := w.root
+	ents, err := readDir(dir, ".")
 	if err != nil {
 		return nil
 	}
