@@ -452,16 +452,20 @@ func TestRestore_FileAndAside(t *testing.T) {
 	}
 }
 
-// TestPrune: off unless called; keeps the newest and anything not older
-// than the committed step.
+// TestPrune: off unless called; keeps the newest, anything not older
+// than the committed step, and what the agent says is busy.
 func TestPrune(t *testing.T) {
 	w, _ := newWatcher(t, Config{})
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"} {
 		write(t, filepath.Join(w.cfg.Dir, n, "x"), "x")
 	}
-	gone := w.Prune(3, 1)
-	if strings.Join(gone, ",") != "checkpoint-2,checkpoint-1" {
-		t.Fatalf("pruned %v, want checkpoint-2, checkpoint-1", gone)
+	gone := w.Prune(t.Context(), 3, 1, func(name string) bool { return name == "checkpoint-1" })
+	if strings.Join(gone, ",") != "checkpoint-2" {
+		t.Fatalf("pruned %v, want checkpoint-2 (checkpoint-1 is busy)", gone)
+	}
+	gone = w.Prune(t.Context(), 3, 1, nil)
+	if strings.Join(gone, ",") != "checkpoint-1" {
+		t.Fatalf("pruned %v, want checkpoint-1 once it is not busy", gone)
 	}
 	for _, n := range []string{"checkpoint-1", "checkpoint-2"} {
 		if _, err := os.Lstat(filepath.Join(w.cfg.Dir, n)); !os.IsNotExist(err) {
