@@ -140,20 +140,8 @@ func (a *Agent) initWatch() error {
 	cw := w.Config()
 	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
-		zap.String("notice_signal", noticeSignalName(wc.NoticeSignal)))
+		zap.String("notice_signal", signalName(wc.NoticeSignal)))
 	return nil
-}
-
-func noticeSignalName(s syscall.Signal) string {
-	switch s {
-	case 0:
-		return "none"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGINT:
-		return "SIGINT"
-	}
-	return signalName(s)
 }
 
 // nested reports whether p is dir or inside it.
@@ -386,7 +374,7 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 			s.record.Requested = &at
 			// The trainer may die of it: that is the stop it was told of.
 			a.deadlineKill = true
-			a.log.Info("notice: signalled the trainer to save", zap.String("signal", noticeSignalName(sig)), zap.Time("upload_by", uploadBy))
+			a.log.Info("notice: signalled the trainer to save", zap.String("signal", signalName(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))

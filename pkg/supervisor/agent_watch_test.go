@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,5 +118,15 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 	})
 	if _, err := os.Stat(filepath.Join(out, "checkpoint-20", watch.HFMarker)); err != nil {
 		t.Fatalf("the newest checkpoint was pruned: %v", err)
+	}
+}
+
+// TestSignalName: one name for the signals of --signal and --notice-signal.
+func TestSignalName(t *testing.T) {
+	for sig, want := range map[syscall.Signal]string{0: "none", syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT",
+		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2"} {
+		if got := signalName(sig); got != want {
+			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
+		}
 	}
 }
