@@ -136,6 +136,9 @@ func (c *Checkpoint) Verify() error {
 // O_NONBLOCK|O_DIRECTORY|O_NOFOLLOW, so nothing swapped in for one can
 // block or lead elsewhere.
 func snapshot(dir *os.Root, name string) (fingerprint, error) {
+	if testHookSnapshot != nil {
+		testHookSnapshot(name)
+	}
 	fi, err := dir.Lstat(name)
 	if err != nil {
 		return nil, err
@@ -161,6 +164,9 @@ func snapshot(dir *os.Root, name string) (fingerprint, error) {
 	}
 	return fp, nil
 }
+
+// testHookSnapshot, when set, runs as snapshot begins: tests hold a walk up.
+var testHookSnapshot func(name string)
 
 // walk adds what the directory rel below sub (DIR/name) holds to fp, in
 // name order, depth first.

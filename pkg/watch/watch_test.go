@@ -500,3 +500,40 @@ func TestScan_StagingIsNotAWrite(t *testing.T) {
 		t.Fatal("pending after staging")
 	}
 }
+
+// TestScan_WalkDoesNotHoldState: while a scan walks a checkpoint (long
+// for a large one), Pending, Retry and NewestStep, which the agent's loop
+// calls, answer at once.
+func TestScan_WalkDoesNotHoldState(t *testing.T) {
+	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
+	w.Scan(time.Now())
+	walking, release := make(chan struct{}), make(chan struct{})
+	testHookSnapshot = func(string) {
+		close(walking)
+		<-release
+	}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		w.Scan(time.Now())
+	}()
+	<-walking
+	testHookSnapshot = nil // read by the scan before it blocked
+	answered := make(chan bool, 1)
+	go func() {
+		w.Retry("checkpoint-3")
+		answered <- w.Pending(0) && w.NewestStep() == 3
+	}()
+	select {
+	case ok := <-answered:
+		if !ok {
+			t.Fatal("checkpoint-3 not pending, or not the newest step")
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("Pending waited for the scan's walk")
+	}
+	close(release)
+	<-scanned
+}

@@ -60,7 +60,9 @@ type Watcher struct {
 	log   *zap.Logger
 	root  *os.Root // DIR: everything in it is read, written and deleted through this
 
-	mu        sync.Mutex
+	scanMu sync.Mutex // one Scan at a time (Run's and the agent's loop's)
+
+	mu        sync.Mutex // the state below; never held while DIR is walked
 	state     map[string]*seen
 	warned    map[string]string // name → the last problem logged for it
 	newest    int64             // newest step seen in DIR, complete or not (-1: none)
@@ -315,10 +317,24 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 // Scan looks at DIR once, as at now, and returns the checkpoints that
 // became complete. Run calls it; tests call it with their own clock.
 func (w *Watcher) Scan(now time.Time) []*Checkpoint {
+	w.scanMu.Lock()
+	defer w.scanMu.Unlock()
 	ents, err := readDir(w.root, ".")
 	if err != nil {
 		w.problem("", "cannot read the directory: "+err.Error())
 		return nil
+	}
+	// The walk, which takes long for a large checkpoint, happens before
+	// w.mu is taken: Pending, Retry and NewestStep (the agent's loop) do
+	// not wait for it.
+	snaps := map[string]snap{}
+	for _, e := range ents {
+		if name := e.Name(); w.namer.Match(name) {
+			if _, err := w.namer.Step(name, !e.IsDir()); err == nil {
+				fp, err := snapshot(w.root, name)
+				snaps[name] = snap{fp, err}
+			}
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -334,7 +350,7 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 			continue
 		}
 		present[name] = true
-		if c := w.look(name, e.Type(), now); c != nil {
+		if c := w.look(name, e.Type(), snaps[name], now); c != nil {
 			ready = append(ready, c)
 		}
 	}
@@ -359,9 +375,15 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 	return ready
 }
 
+// snap is what snapshot returned for one entry.
+type snap struct {
+	fp  fingerprint
+	err error
+}
+
 // look updates the state of one matching entry; it returns the entry when
 // it has just become complete. w.mu is held.
-func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint {
+func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Checkpoint {
 	kind := KindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
 		kind = KindDir
@@ -380,7 +402,7 @@ func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint 
 		s = &seen{step: step, kind: kind}
 		w.state[name] = s
 	}
-	fp, err := snapshot(w.root, name)
+	fp, err := sn.fp, sn.err
 	if err != nil {
 		s.fp, s.since, s.reported = nil, now, false
 		if errors.Is(err, errRefused) {
