@@ -41,9 +41,7 @@ func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 	if _, err := watch.NewNamer(o.pattern, o.stepRegex); err != nil {
 		return nil, fmt.Errorf("--watch-pattern/--watch-step-regex: %w", err)
 	}
-	if err := watch.CheckDir(o.dir); err != nil {
-		return nil, fmt.Errorf("--watch: %w", err)
-	}
+	// DIR itself is checked once, by watch.New, when the agent opens it.
 	c := &supervisor.WatchConfig{Config: watch.Config{Dir: o.dir, Pattern: o.pattern, StepRegex: o.stepRegex, Marker: o.marker, Quiet: o.quiet}, Prune: o.prune}
 	if o.noticeSignal != "" {
 		sig, err := supervisor.ParseNoticeSignal(o.noticeSignal)

@@ -22,3 +22,5 @@ func identOf(fi os.FileInfo) fileIdent {
 	}
 	return id
 }
+
+func (id fileIdent) noCtime() fileIdent { id.ctime = 0; return id }

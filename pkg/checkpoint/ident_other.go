@@ -15,3 +15,5 @@ type fileIdent struct {
 func identOf(fi os.FileInfo) fileIdent {
 	return fileIdent{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 }
+
+func (id fileIdent) noCtime() fileIdent { return id }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,7 +41,7 @@ type watchState struct {
 	w        *watch.Watcher
 	store    *watch.VerifyStore
 	ready    chan *watch.Checkpoint
-	dir      *os.Root                // the watched directory
+	dir      *os.Root                // the watched directory (the watcher's handle)
 	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
 	inflight map[string]*watchUpload // request id →
 	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
@@ -49,7 +50,21 @@ type watchState struct {
 	doneAt   time.Time               // when it was found complete
 	stop     *watchStop
 	flushBy  time.Time // the trainer exited: last checkpoints are awaited until then
+	prune    watchPruner
 }
+
+// watchPruner runs --watch-prune beside the loop, one prune at a time: a
+// prune can delete gigabytes, and meanwhile the loop must go on taking
+// checkpoints and answering trainers.
+type watchPruner struct {
+	mu      sync.Mutex
+	want    int64          // the newest committed step not pruned for yet; -1: none
+	running bool           // a prune goroutine is at work
+	busy    map[string]int // names staged or uploading (→ how many times): never pruned
+}
+
+// testHookWatchPrune, when set, runs before each prune, off the loop.
+var testHookWatchPrune func()
 
 type watchUpload struct {
 	cp       *watch.Checkpoint
@@ -98,32 +113,26 @@ func (a *Agent) initWatch() error {
 		return fmt.Errorf("watch: %w", err)
 	}
 	wc.Dir = dir
-	if err := watch.CheckDir(dir); err != nil {
-		return err
-	}
 	scratch, _ := filepath.Abs(a.cfg.CheckpointDir)
 	if nested(dir, scratch) || nested(scratch, dir) {
 		return fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
 	}
 	wc.Log = a.log.With(zap.String("watch", dir))
-	w, err := watch.New(wc.Config)
+	w, err := watch.New(wc.Config) // checks DIR (exists, a directory, writable) and opens it
 	if err != nil {
 		return err
 	}
 	// Staged in DIR itself: hard links need one filesystem, and the
 	// checkpoint directory is often on another. Through roots only.
-	droot, err := os.OpenRoot(dir)
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
+	droot := w.Root()
 	stage, err := openWatchStage(droot)
 	if err != nil {
-		droot.Close()
+		w.Close()
 		return fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
 	ws := &watchState{cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
 		ready: make(chan *watch.Checkpoint, 16), dir: droot, stage: stage,
-		inflight: map[string]*watchUpload{}}
+		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
 	c := *a.committer
 	c.Store = ws.store
 	a.committer = &c
@@ -131,20 +140,8 @@ func (a *Agent) initWatch() error {
 	cw := w.Config()
 	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
-		zap.String("notice_signal", noticeSignalName(wc.NoticeSignal)))
+		zap.String("notice_signal", signalName(wc.NoticeSignal)))
 	return nil
-}
-
-func noticeSignalName(s syscall.Signal) string {
-	switch s {
-	case 0:
-		return "none"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGINT:
-		return "SIGINT"
-	}
-	return signalName(s)
 }
 
 // nested reports whether p is dir or inside it.
@@ -191,7 +188,7 @@ func (a *Agent) startWatch() {
 func (a *Agent) closeWatch() {
 	if ws := a.watch; ws != nil {
 		ws.stage.Close()
-		ws.dir.Close()
+		ws.w.Close() // ws.dir with it
 	}
 }
 
@@ -242,6 +239,9 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 	ws.next = nil
 	id := newID()
 	var held *os.Root
+	// Busy from before the staging: a prune under way must not delete it.
+	ws.prune.setBusy(cp.Name, 1)
+	defer ws.prune.setBusy(cp.Name, -1)
 	err := cp.StageIn(ws.dir, watchStage+"/"+id)
 	if err == nil {
 		if held, err = checkpoint.OpenDir(ws.stage, id); err != nil {
@@ -251,6 +251,7 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 	if err != nil {
 		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
+		ws.w.Retry(cp.Name) // once it is quiet again
 		return
 	}
 	now := time.Now()
@@ -261,6 +262,7 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
+	ws.prune.setBusy(cp.Name, 1)
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
@@ -279,12 +281,13 @@ func (a *Agent) watchCommitted(cr commitResult) {
 		return
 	}
 	delete(ws.inflight, cr.req.id)
+	ws.prune.setBusy(u.cp.Name, -1)
 	u.unexpect()
 	switch {
 	case cr.err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
-			ws.w.Prune(ws.dir, cr.res.Manifest.Step, a.cfg.Keep)
+			a.watchPrune(cr.res.Manifest.Step)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
 		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
@@ -301,6 +304,52 @@ func (a *Agent) watchCommitted(cr commitResult) {
 		}
 	}
 	a.tickWatch(time.Now())
+}
+
+// watchPrune deletes from DIR the checkpoints older than committed (the
+// newest committed step), keeping --keep: off the loop, one prune at a
+// time; a commit during a prune has the next one prune for it.
+func (a *Agent) watchPrune(committed int64) {
+	p := &a.watch.prune
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.want = max(p.want, committed)
+	if p.running {
+		return
+	}
+	p.running = true
+	w := a.watch.w
+	a.goBg(func() {
+		for {
+			p.mu.Lock()
+			step := p.want
+			p.want = -1
+			if step < 0 || a.life.Err() != nil {
+				p.running = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			if testHookWatchPrune != nil {
+				testHookWatchPrune()
+			}
+			w.Prune(a.life, step, a.cfg.Keep, p.isBusy)
+		}
+	})
+}
+
+func (p *watchPruner) setBusy(name string, d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busy[name] += d; p.busy[name] <= 0 {
+		delete(p.busy, name)
+	}
+}
+
+func (p *watchPruner) isBusy(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.busy[name] > 0
 }
 
 // watchStop begins an interruption in zero-code mode: signal the trainer
@@ -325,7 +374,7 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 			s.record.Requested = &at
 			// The trainer may die of it: that is the stop it was told of.
 			a.deadlineKill = true
-			a.log.Info("notice: signalled the trainer to save", zap.String("signal", noticeSignalName(sig)), zap.Time("upload_by", uploadBy))
+			a.log.Info("notice: signalled the trainer to save", zap.String("signal", signalName(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
@@ -362,18 +411,21 @@ func (a *Agent) tickWatch(now time.Time) {
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
 	}
 	st := ws.stop
-	if st == nil || st.s.finished {
+	active := st != nil && !st.s.finished
+	if (active && a.trainerGone()) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+		// What it wrote last, seen now rather than at the watcher's next
+		// scan. The one scan of the loop's pass: watchBusy uses its result.
+		for _, cp := range ws.w.Scan(now) {
+			a.onWatchReady(cp)
+		}
+	}
+	if !active {
 		return
 	}
 	committed := a.lastCommit.id != ""
 	if committed && a.lastCommit.step > st.baseline && len(ws.inflight) == 0 && (ws.newest == nil || a.lastCommit.step >= ws.newest.Step) {
 		a.watchFinish(st, now)
 		return
-	}
-	if a.trainerGone() {
-		for _, cp := range ws.w.Scan(now) { // what it wrote last, seen now
-			a.onWatchReady(cp)
-		}
 	}
 	late := !now.Before(st.uploadBy) || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
@@ -421,6 +473,7 @@ func (a *Agent) watchFinish(st *watchStop, now time.Time) {
 
 // watchBusy keeps the agent from ending while an interruption waits for
 // the trainer's checkpoint, or a trainer that exited may have left one.
+// It reads what tickWatch (run before it in each pass of the loop) saw.
 func (a *Agent) watchBusy(now time.Time) bool {
 	ws := a.watch
 	if ws == nil {
@@ -432,9 +485,7 @@ func (a *Agent) watchBusy(now time.Time) bool {
 	if ws.flushBy.IsZero() || !now.Before(ws.flushBy) {
 		return false
 	}
-	for _, cp := range ws.w.Scan(now) {
-		a.onWatchReady(cp)
-	}
+	// No scan here: tickWatch, earlier in the same pass of the loop, did.
 	return len(ws.inflight) > 0 || ws.w.Pending(a.lastCommit.step)
 }
 

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,5 +71,62 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "checkpoint-30")); err != nil {
 		t.Fatal("the agent removed a trainer's file without --watch-prune")
+	}
+}
+
+// TestWatch_PruneOffLoop: --watch-prune deletes beside the loop. While a
+// prune is held up (as a large tree on a slow disk would), the agent still
+// commits the trainer's next checkpoint; once it goes on, the old
+// checkpoint is deleted.
+func TestWatch_PruneOffLoop(t *testing.T) {
+	out := t.TempDir()
+	entered, release := make(chan struct{}, 16), make(chan struct{})
+	testHookWatchPrune = func() {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+	}
+	t.Cleanup(func() { testHookWatchPrune = nil })
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		c.Keep = 1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}, Prune: true}
+	})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the agent is stopped
+	writeHF(t, out, 10, true)
+	select {
+	case <-entered:
+	case <-time.After(testWait):
+		t.Fatal("no prune after the first commit")
+	}
+	writeHF(t, out, 20, true)
+	waitFor(t, "checkpoint-20 committed while a prune is held up", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+		return err == nil && l.Step == 20
+	})
+	if _, err := os.Stat(filepath.Join(out, "checkpoint-10")); err != nil {
+		t.Fatalf("checkpoint-10 gone while the prune was held: %v", err)
+	}
+	once.Do(func() { close(release) })
+	waitFor(t, "checkpoint-10 pruned", func() bool {
+		_, err := os.Lstat(filepath.Join(out, "checkpoint-10"))
+		return os.IsNotExist(err)
+	})
+	if _, err := os.Stat(filepath.Join(out, "checkpoint-20", watch.HFMarker)); err != nil {
+		t.Fatalf("the newest checkpoint was pruned: %v", err)
+	}
+}
+
+// TestSignalName: one name for the signals of --signal and --notice-signal.
+func TestSignalName(t *testing.T) {
+	for sig, want := range map[syscall.Signal]string{0: "none", syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT",
+		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2"} {
+		if got := signalName(sig); got != want {
+			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
+		}
 	}
 }

@@ -305,8 +305,16 @@ func ParseSignal(s string) (syscall.Signal, error) {
 	return 0, fmt.Errorf("want SIGUSR1 or SIGUSR2, got %q", s)
 }
 
+// signalName names the signals a trainer may be sent (--signal,
+// --notice-signal) as the flags spell them; 0 is "none".
 func signalName(sig syscall.Signal) string {
 	switch sig {
+	case 0:
+		return "none"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
 	case syscall.SIGUSR1:
 		return "SIGUSR1"
 	case syscall.SIGUSR2:

@@ -9,7 +9,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -25,13 +24,13 @@ const (
 // complete: it is not committed, and is tried again once it is quiet.
 var ErrChanged = errors.New("checkpoint changed under the agent")
 
-// entry is one file or directory of a checkpoint, as stat saw it.
+// entry is one file or directory of a checkpoint, as lstat saw it.
 type entry struct {
 	rel   string // "/"-separated, relative to the checkpoint ("." for a file checkpoint itself)
 	dir   bool
 	size  int64
-	mtime time.Time
-	ino   uint64
+	mtime int64 // UnixNano
+	id    checkpoint.FileIdent
 }
 
 // fingerprint lists a checkpoint's entries; equal fingerprints mean
@@ -39,6 +38,25 @@ type entry struct {
 type fingerprint []entry
 
 func (f fingerprint) equal(g fingerprint) bool { return slices.Equal(f, g) }
+
+// sameData is equal but for ctimes: what the agent's own hard links (and
+// their removal) change. Completeness is judged with it; Verify, after
+// the links are made, uses equal.
+func (f fingerprint) sameData(g fingerprint) bool {
+	return slices.EqualFunc(f, g, func(a, b entry) bool {
+		return a.rel == b.rel && a.dir == b.dir && a.id.SameData(b.id)
+	})
+}
+
+// find returns the entry for rel (nil: none).
+func (f fingerprint) find(rel string) *entry {
+	for i := range f {
+		if f[i].rel == rel {
+			return &f[i]
+		}
+	}
+	return nil
+}
 
 func (f fingerprint) files() int {
 	n := 0
@@ -76,6 +94,7 @@ type Checkpoint struct {
 	Step int64
 	Path string // DIR/Name
 	fp   fingerprint
+	root *os.Root // DIR, the watcher's handle on it
 }
 
 // Bytes is the checkpoint's size when it was found complete.
@@ -95,11 +114,12 @@ type origin struct {
 	Step int64  `json:"step"`
 }
 
-// Verify checks that nothing in c changed since it was found complete:
-// same files, sizes, mtimes and inodes. It is called after the upload and
-// before the manifest is written.
+// Verify checks that nothing in c changed since it was staged (or found
+// complete): same files, each the same (device, inode, size, mtime and
+// ctime, as the committer checks in protocol mode). It is called after the
+// upload and before the manifest is written.
 func (c *Checkpoint) Verify() error {
-	fp, err := snapshot(c.Path)
+	fp, err := snapshot(c.root, c.Name)
 	if err != nil {
 		return fmt.Errorf("%s: %w: %v", c.Name, ErrChanged, err)
 	}
@@ -109,11 +129,17 @@ func (c *Checkpoint) Verify() error {
 	return nil
 }
 
-// snapshot stats a checkpoint: a regular file, or a directory tree of
-// regular files. Symlinks (wherever they lead), devices, sockets and pipes
-// refuse the whole checkpoint, as in protocol mode.
-func snapshot(p string) (fingerprint, error) {
-	fi, err := os.Lstat(p)
+// snapshot stats the checkpoint name below dir (DIR): a regular file, or a
+// directory tree of regular files, all through dir, never by path.
+// Symlinks (wherever they lead), devices, sockets and pipes refuse the
+// whole checkpoint, as in protocol mode; directories are opened with
+// O_NONBLOCK|O_DIRECTORY|O_NOFOLLOW, so nothing swapped in for one can
+// block or lead elsewhere.
+func snapshot(dir *os.Root, name string) (fingerprint, error) {
+	if testHookSnapshot != nil {
+		testHookSnapshot(name)
+	}
+	fi, err := dir.Lstat(name)
 	if err != nil {
 		return nil, err
 	}
@@ -121,50 +147,74 @@ func snapshot(p string) (fingerprint, error) {
 	case fi.Mode().IsRegular():
 		return fingerprint{stat(".", fi)}, nil
 	case !fi.IsDir():
-		return nil, refused(p, fi.Mode())
+		return nil, refused(dir, name, fi.Mode())
 	}
-	var fp fingerprint
-	err = filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+	sub, err := checkpoint.OpenDir(dir, name) // refuses a symlink swapped in since
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Close()
+	top, err := sub.Stat(".")
+	if err != nil {
+		return nil, err
+	}
+	fp := fingerprint{stat(".", top)}
+	if err := walk(dir, name, sub, ".", &fp); err != nil {
+		return nil, err
+	}
+	return fp, nil
+}
+
+// testHookSnapshot, when set, runs as snapshot begins: tests hold a walk up.
+var testHookSnapshot func(name string)
+
+// walk adds what the directory rel below sub (DIR/name) holds to fp, in
+// name order, depth first.
+func walk(dir *os.Root, name string, sub *os.Root, rel string, fp *fingerprint) error {
+	ents, err := readDir(sub, rel)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		q := path.Join(rel, e.Name())
+		info, err := sub.Lstat(q) // not e.Info(): that goes by path
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(p, q)
-		if err != nil {
-			return err
+		switch {
+		case info.IsDir():
+			*fp = append(*fp, stat(q, info))
+			if err := walk(dir, name, sub, q, fp); err != nil {
+				return err
+			}
+		case info.Mode().IsRegular():
+			*fp = append(*fp, stat(q, info))
+		default:
+			return refused(dir, path.Join(name, q), info.Mode())
 		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !info.IsDir() && !info.Mode().IsRegular() {
-			return refused(q, info.Mode())
-		}
-		fp = append(fp, stat(filepath.ToSlash(rel), info))
-		return nil
-	})
-	return fp, err
+	}
+	return nil
 }
 
 func stat(rel string, fi fs.FileInfo) entry {
-	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.ino = st.Ino
-	}
+	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime().UnixNano(), id: checkpoint.IdentOf(fi)}
 	if e.dir {
 		e.size = 0 // a directory's size says nothing a file's entry does not
 	}
 	return e
 }
 
-func refused(p string, m fs.FileMode) error {
+// refused is the error for rel below dir, which is not a regular file or
+// a directory.
+func refused(dir *os.Root, rel string, m fs.FileMode) error {
 	what := m.Type().String()
 	if m&fs.ModeSymlink != 0 {
 		what = "a symlink"
-		if t, err := os.Readlink(p); err == nil {
+		if t, err := dir.Readlink(rel); err == nil {
 			what += " to " + t
 		}
 	}
-	return fmt.Errorf("%s is %s, not a regular file: %w", p, what, checkpoint.ErrRefused)
+	return fmt.Errorf("%s is %s, not a regular file: %w", filepath.Join(dir.Name(), rel), what, checkpoint.ErrRefused)
 }
 
 // StageIn makes the directory stage (relative to dir, the watched
@@ -183,6 +233,17 @@ func (c *Checkpoint) StageIn(dir *os.Root, stage string) error {
 		dir.RemoveAll(stage)
 		return fmt.Errorf("stage %s: %w", c.Name, err)
 	}
+	// The links moved the files' ctimes: what Verify compares with is the
+	// checkpoint as linked, once it is known to be the one found complete.
+	fp, err := snapshot(dir, c.Name)
+	if err == nil && !fp.sameData(c.fp) {
+		err = errors.New("a file was written, added, removed or replaced since it was found complete")
+	}
+	if err != nil {
+		dir.RemoveAll(stage)
+		return fmt.Errorf("stage %s: %w: %v", c.Name, ErrChanged, err)
+	}
+	c.fp = fp
 	return nil
 }
 
@@ -215,8 +276,8 @@ var errRefused = checkpoint.ErrRefused
 func (c *Checkpoint) Written() time.Time {
 	var t time.Time
 	for _, e := range c.fp {
-		if e.mtime.After(t) {
-			t = e.mtime
+		if m := time.Unix(0, e.mtime); m.After(t) {
+			t = m
 		}
 	}
 	return t

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"context"
 	"os"
 	"sort"
 
@@ -13,16 +14,14 @@ import (
 // committed step), keeping the newest keep checkpoints of DIR whatever
 // their state. Only spotagent run --watch-prune calls it: by default the
 // agent never deletes the trainer's files. It returns the names deleted.
-// dir is DIR opened by the caller: every read and delete goes through it,
-// so a name the trainer swaps for a symlink meanwhile removes the link,
-// never what it points to.
-func (w *Watcher) Prune(dir *os.Root, committed int64, keep int) []string {
-	d, err := dir.Open(".")
-	if err != nil {
-		return nil
-	}
-	ents, err := d.ReadDir(-1)
-	d.Close()
+// Every read and delete goes through DIR as New opened it, so a name the
+// trainer swaps for a symlink meanwhile removes the link, never what it
+// points to. A name for which busy (if not nil) says true is kept: the
+// agent is staging or uploading it. Prune may take long (it deletes whole
+// checkpoints): it stops between two deletions once ctx ends.
+func (w *Watcher) Prune(ctx context.Context, committed int64, keep int, busy func(name string) bool) []string {
+	dir := w.root
+	ents, err := readDir(dir, ".")
 	if err != nil {
 		return nil
 	}
@@ -44,8 +43,11 @@ func (w *Watcher) Prune(dir *os.Root, committed int64, keep int) []string {
 	sort.Slice(all, func(i, j int) bool { return all[i].step > all[j].step })
 	var gone []string
 	for i, c := range all {
-		if i < keep || c.step >= committed {
+		if i < keep || c.step >= committed || (busy != nil && busy(c.name)) {
 			continue
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		if err := removeEntry(dir, c.name); err != nil {
 			w.log.Warn("watch prune: could not delete an old checkpoint", zap.String("name", c.name), zap.Error(err))

@@ -2,15 +2,19 @@ package watch
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -38,16 +42,24 @@ var ErrNotWatched = errors.New("checkpoint was not committed in watch mode")
 // moved aside (".spotagent-aside-..."), never deleted: a local copy of the
 // same name that does not verify, and, for a layout with a completion
 // marker, newer local checkpoints without it (torn writes the framework's
-// resume would otherwise pick). It returns checkpoint.ErrNoCheckpoint when
-// the store holds none.
+// resume would otherwise pick). Everything goes through DIR as New opened
+// it: a symlink the trainer puts anywhere in DIR is never followed out of
+// it, and a FIFO or device is never opened for reading (it is not a
+// verified copy: it is moved aside). It returns checkpoint.ErrNoCheckpoint
+// when the store holds none.
 func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.RestoreOptions) (*Restored, error) {
-	dir := w.cfg.Dir
-	tmp, err := os.MkdirTemp(dir, reserved+"restore-")
+	dir := w.root
+	tmp, err := mkdirTemp(dir, reserved+"restore-")
 	if err != nil {
-		return nil, fmt.Errorf("restore into %s: %w", dir, err)
+		return nil, fmt.Errorf("restore into %s: %w", w.cfg.Dir, err)
 	}
-	defer os.RemoveAll(tmp)
-	r, err := checkpoint.Restore(ctx, st, tmp, opts)
+	defer dir.RemoveAll(tmp)
+	into, err := checkpoint.OpenDir(dir, tmp)
+	if err != nil {
+		return nil, fmt.Errorf("restore into %s: %w", w.cfg.Dir, err)
+	}
+	r, err := checkpoint.RestoreInto(ctx, st, into, filepath.Join(w.cfg.Dir, tmp), opts)
+	into.Close()
 	if err != nil {
 		return nil, err
 	}
@@ -55,29 +67,46 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 	if err != nil {
 		return nil, err
 	}
-	src := r.Dir
+	src := path.Join(tmp, filepath.Base(r.Dir))
 	if o.Kind == KindFile {
 		if len(r.Manifest.Files) != 1 || r.Manifest.Files[0].Path != o.Name {
 			return nil, fmt.Errorf("restore %s: a file checkpoint must hold exactly the file %q", r.Key, o.Name)
 		}
-		src = filepath.Join(r.Dir, o.Name)
+		src = path.Join(src, o.Name)
 	}
-	final := filepath.Join(dir, o.Name)
-	res := &Restored{Restored: r, Name: o.Name, Kind: o.Kind, Path: final}
+	res := &Restored{Restored: r, Name: o.Name, Kind: o.Kind, Path: filepath.Join(w.cfg.Dir, o.Name)}
 	w.asideTorn(o.Step)
-	if _, err := os.Lstat(final); err == nil {
-		if sameAs(final, o.Kind, r.Manifest) == nil {
-			w.log.Info("checkpoint already in the watched directory and verified: not replacing it", zap.String("path", final))
+	if _, err := dir.Lstat(o.Name); err == nil {
+		err := w.sameAs(o.Name, o.Kind, r.Manifest)
+		if err == nil {
+			w.log.Info("checkpoint already in the watched directory and verified: not replacing it", zap.String("path", res.Path))
 			return res, nil
 		}
-		if err := w.aside(o.Name, "differs from the committed checkpoint of the same name"); err != nil {
+		if err := w.aside(o.Name, "differs from the committed checkpoint of the same name: "+err.Error()); err != nil {
 			return nil, err
 		}
 	}
-	if err := os.Rename(src, final); err != nil {
-		return nil, fmt.Errorf("restore into %s: %w", final, err)
+	if err := dir.Rename(src, o.Name); err != nil {
+		return nil, fmt.Errorf("restore into %s: %w", res.Path, err)
 	}
 	return res, nil
+}
+
+// mkdirTemp creates a new directory prefix+random below root.
+func mkdirTemp(root *os.Root, prefix string) (string, error) {
+	for range 100 {
+		var b [6]byte
+		rand.Read(b[:])
+		name := prefix + hex.EncodeToString(b[:])
+		err := root.Mkdir(name, 0o700)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
 }
 
 func originOf(m *checkpoint.Manifest) (origin, error) {
@@ -106,7 +135,7 @@ func originOf(m *checkpoint.Manifest) (origin, error) {
 // asideTorn moves newer checkpoints that lack their completion marker out
 // of the way. w.mu is not held.
 func (w *Watcher) asideTorn(step int64) {
-	ents, err := os.ReadDir(w.cfg.Dir)
+	ents, err := readDir(w.root, ".")
 	if err != nil {
 		return
 	}
@@ -120,50 +149,86 @@ func (w *Watcher) asideTorn(step int64) {
 		if err != nil || s <= step || m == "" {
 			continue
 		}
-		if _, err := os.Lstat(filepath.Join(w.cfg.Dir, name, m)); errors.Is(err, os.ErrNotExist) {
+		if _, err := w.root.Lstat(path.Join(name, m)); errors.Is(err, os.ErrNotExist) {
 			w.aside(name, "newer than the restored checkpoint but without "+m+": a torn write")
 		}
 	}
 }
 
-// aside renames DIR/name to a hidden name beside it.
+// aside renames DIR/name to a hidden name beside it (a symlink itself,
+// never what it points to).
 func (w *Watcher) aside(name, why string) error {
-	to := filepath.Join(w.cfg.Dir, reserved+"aside-"+name+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-	if err := os.Rename(filepath.Join(w.cfg.Dir, name), to); err != nil {
+	to := reserved + "aside-" + name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := w.root.Rename(name, to); err != nil {
 		return fmt.Errorf("move %s aside: %w", name, err)
 	}
-	w.log.Warn("moved a local checkpoint aside", zap.String("name", name), zap.String("to", to), zap.String("why", why))
+	w.log.Warn("moved a local checkpoint aside", zap.String("name", name), zap.String("to", filepath.Join(w.cfg.Dir, to)), zap.String("why", why))
 	return nil
 }
 
-// sameAs checks a local checkpoint against a manifest: the same files,
-// sizes and sha256.
-func sameAs(p, kind string, m *checkpoint.Manifest) error {
-	fp, err := snapshot(p)
+// testHookSameAs, when set, runs in sameAs between the listing and the
+// reads: tests swap files there.
+var testHookSameAs func()
+
+// sameAs checks the local checkpoint name against a manifest: the same
+// files, sizes and sha256. Nothing is followed out of DIR and nothing but
+// a regular file is read: each file is opened O_NONBLOCK|O_NOFOLLOW (a
+// FIFO or device swapped in cannot block) and must be, by fstat, a regular
+// file and the very one listed.
+func (w *Watcher) sameAs(name, kind string, m *checkpoint.Manifest) error {
+	fp, err := snapshot(w.root, name)
 	if err != nil {
 		return err
 	}
 	if fp.files() != len(m.Files) {
 		return fmt.Errorf("%d files, manifest lists %d", fp.files(), len(m.Files))
 	}
+	dir := w.root
+	if kind == KindDir {
+		if dir, err = checkpoint.OpenDir(w.root, name); err != nil {
+			return err
+		}
+		defer dir.Close()
+	}
+	if testHookSameAs != nil {
+		testHookSameAs()
+	}
 	for _, f := range m.Files {
-		q := filepath.Join(p, filepath.FromSlash(f.Path))
+		rel, at := f.Path, f.Path
 		if kind == KindFile {
-			q = p
+			rel, at = ".", name
 		}
-		fh, err := os.Open(q)
-		if err != nil {
+		if err := sameFile(dir, at, fp.find(rel), f); err != nil {
 			return err
 		}
-		h := sha256.New()
-		n, err := io.Copy(h, fh)
-		fh.Close()
-		if err != nil {
-			return err
-		}
-		if n != f.Size || hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
-			return fmt.Errorf("%s differs", f.Path)
-		}
+	}
+	return nil
+}
+
+// sameFile checks the file rel below dir, listed as e, against f.
+func sameFile(dir *os.Root, rel string, e *entry, f checkpoint.File) error {
+	if e == nil || e.dir {
+		return fmt.Errorf("%s: not in the local copy", f.Path)
+	}
+	fh, err := dir.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || !checkpoint.IdentOf(fi).SameData(e.id) {
+		return fmt.Errorf("%s: replaced while it was checked (%s): %w", f.Path, fi.Mode().Type(), checkpoint.ErrRefused)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(fh, f.Size+1))
+	if err != nil {
+		return err
+	}
+	if n != f.Size || hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
+		return fmt.Errorf("%s differs", f.Path)
 	}
 	return nil
 }

@@ -42,6 +42,7 @@ func newWatcher(t *testing.T, cfg Config) (*Watcher, *observer.ObservedLogs) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { w.Close() })
 	return w, logs
 }
 
@@ -95,17 +96,17 @@ func TestStep(t *testing.T) {
 
 func TestCheckDir(t *testing.T) {
 	dir := t.TempDir()
-	if err := CheckDir(filepath.Join(dir, "nope")); err == nil || !strings.Contains(err.Error(), "no such directory") {
+	if err := checkDir(filepath.Join(dir, "nope")); err == nil || !strings.Contains(err.Error(), "no such directory") {
 		t.Fatalf("missing dir: %v", err)
 	}
 	write(t, filepath.Join(dir, "f"), "x")
-	if err := CheckDir(filepath.Join(dir, "f")); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if err := checkDir(filepath.Join(dir, "f")); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("file: %v", err)
 	}
 	ro := filepath.Join(dir, "ro")
 	os.Mkdir(ro, 0o500)
 	if os.Getuid() != 0 {
-		if err := CheckDir(ro); err == nil || !strings.Contains(err.Error(), "not writable") {
+		if err := checkDir(ro); err == nil || !strings.Contains(err.Error(), "not writable") {
 			t.Fatalf("read-only dir: %v", err)
 		}
 	}
@@ -223,16 +224,21 @@ func TestScan_WarnsWhenNothingMatches(t *testing.T) {
 // TestVerify_Changed: a checkpoint written after it was found complete
 // fails Verify; so does one with a file added, and one replaced by rename.
 func TestVerify_Changed(t *testing.T) {
-	for _, change := range []string{"append", "add", "replace"} {
+	for _, change := range []string{"append", "add", "remove", "replace", "rewrite-keeping-mtime"} {
 		t.Run(change, func(t *testing.T) {
 			w, _ := newWatcher(t, Config{Marker: MarkerNone})
 			d := filepath.Join(w.cfg.Dir, "checkpoint-1")
 			write(t, filepath.Join(d, "a.bin"), "aaaa")
+			write(t, filepath.Join(d, "sub", "c.bin"), "cccc")
 			t0 := time.Now()
 			w.Scan(t0)
 			got := w.Scan(t0.Add(time.Hour))
 			if len(got) != 1 {
 				t.Fatal("not complete")
+			}
+			stageIn(t, got[0], "s1") // as the agent does: the links move ctimes
+			if err := got[0].Verify(); err != nil {
+				t.Fatalf("Verify of an unchanged, staged checkpoint: %v", err)
 			}
 			switch change {
 			case "append":
@@ -241,9 +247,16 @@ func TestVerify_Changed(t *testing.T) {
 				f.Close()
 			case "add":
 				write(t, filepath.Join(d, "b.bin"), "b")
+			case "remove":
+				os.Remove(filepath.Join(d, "sub", "c.bin"))
 			case "replace":
 				write(t, filepath.Join(d, "tmp"), "aaaa")
 				os.Rename(filepath.Join(d, "tmp"), filepath.Join(d, "a.bin"))
+			case "rewrite-keeping-mtime": // same inode, size and mtime: only ctime tells
+				p := filepath.Join(d, "sub", "c.bin")
+				fi, _ := os.Stat(p)
+				os.WriteFile(p, []byte("CCCC"), 0o600)
+				os.Chtimes(p, fi.ModTime(), fi.ModTime())
 			}
 			if err := got[0].Verify(); !errors.Is(err, ErrChanged) {
 				t.Fatalf("Verify after %s: %v, want ErrChanged", change, err)
@@ -439,25 +452,88 @@ func TestRestore_FileAndAside(t *testing.T) {
 	}
 }
 
-// TestPrune: off unless called; keeps the newest and anything not older
-// than the committed step.
+// TestPrune: off unless called; keeps the newest, anything not older
+// than the committed step, and what the agent says is busy.
 func TestPrune(t *testing.T) {
 	w, _ := newWatcher(t, Config{})
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"} {
 		write(t, filepath.Join(w.cfg.Dir, n, "x"), "x")
 	}
-	root, err := os.OpenRoot(w.cfg.Dir)
-	if err != nil {
-		t.Fatal(err)
+	gone := w.Prune(t.Context(), 3, 1, func(name string) bool { return name == "checkpoint-1" })
+	if strings.Join(gone, ",") != "checkpoint-2" {
+		t.Fatalf("pruned %v, want checkpoint-2 (checkpoint-1 is busy)", gone)
 	}
-	defer root.Close()
-	gone := w.Prune(root, 3, 1)
-	if strings.Join(gone, ",") != "checkpoint-2,checkpoint-1" {
-		t.Fatalf("pruned %v, want checkpoint-2, checkpoint-1", gone)
+	gone = w.Prune(t.Context(), 3, 1, nil)
+	if strings.Join(gone, ",") != "checkpoint-1" {
+		t.Fatalf("pruned %v, want checkpoint-1 once it is not busy", gone)
 	}
 	for _, n := range []string{"checkpoint-1", "checkpoint-2"} {
 		if _, err := os.Lstat(filepath.Join(w.cfg.Dir, n)); !os.IsNotExist(err) {
 			t.Fatalf("%s still there after prune: %v", n, err)
 		}
 	}
+}
+
+// TestScan_StagingIsNotAWrite: the agent's own hard links (staging, and
+// removing the stage after the commit) move the files' ctimes; that must
+// not make the checkpoint look written again and be reported twice.
+func TestScan_StagingIsNotAWrite(t *testing.T) {
+	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
+	t0 := time.Now()
+	w.Scan(t0)
+	cps := w.Scan(t0.Add(time.Hour))
+	if len(cps) != 1 {
+		t.Fatal("not complete")
+	}
+	stage := stageIn(t, cps[0], "s1")
+	if got := w.Scan(t0.Add(2 * time.Hour)); len(got) != 0 {
+		t.Fatalf("reported again after staging: %s", names(got))
+	}
+	if err := os.RemoveAll(stage); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Scan(t0.Add(3 * time.Hour)); len(got) != 0 {
+		t.Fatalf("reported again after the stage was removed: %s", names(got))
+	}
+	if w.Pending(0) {
+		t.Fatal("pending after staging")
+	}
+}
+
+// TestScan_WalkDoesNotHoldState: while a scan walks a checkpoint (long
+// for a large one), Pending, Retry and NewestStep, which the agent's loop
+// calls, answer at once.
+func TestScan_WalkDoesNotHoldState(t *testing.T) {
+	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
+	w.Scan(time.Now())
+	walking, release := make(chan struct{}), make(chan struct{})
+	testHookSnapshot = func(string) {
+		close(walking)
+		<-release
+	}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		w.Scan(time.Now())
+	}()
+	<-walking
+	testHookSnapshot = nil // read by the scan before it blocked
+	answered := make(chan bool, 1)
+	go func() {
+		w.Retry("checkpoint-3")
+		answered <- w.Pending(0) && w.NewestStep() == 3
+	}()
+	select {
+	case ok := <-answered:
+		if !ok {
+			t.Fatal("checkpoint-3 not pending, or not the newest step")
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("Pending waited for the scan's walk")
+	}
+	close(release)
+	<-scanned
 }

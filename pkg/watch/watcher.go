@@ -58,8 +58,11 @@ type Watcher struct {
 	cfg   Config
 	namer *Namer
 	log   *zap.Logger
+	root  *os.Root // DIR: everything in it is read, written and deleted through this
 
-	mu        sync.Mutex
+	scanMu sync.Mutex // one Scan at a time (Run's and the agent's loop's)
+
+	mu        sync.Mutex // the state below; never held while DIR is walked
 	state     map[string]*seen
 	warned    map[string]string // name → the last problem logged for it
 	newest    int64             // newest step seen in DIR, complete or not (-1: none)
@@ -79,7 +82,9 @@ type seen struct {
 }
 
 // New checks the configuration and DIR: it must be an existing, writable
-// directory (a restore writes into it).
+// directory (a restore writes into it), not a symlink. It is the one place
+// that checks DIR, and opens it: every later access goes through that
+// handle, whatever the trainer does to the path. Close releases it.
 func New(cfg Config) (*Watcher, error) {
 	if cfg.Marker == "" {
 		cfg.Marker = MarkerAuto
@@ -104,16 +109,44 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	cfg.Pattern = n.Pattern
-	if err := CheckDir(cfg.Dir); err != nil {
+	root, err := openDir(cfg.Dir)
+	if err != nil {
 		return nil, err
 	}
-	return &Watcher{cfg: cfg, namer: n, log: cfg.Log, state: map[string]*seen{}, warned: map[string]string{},
+	return &Watcher{cfg: cfg, namer: n, log: cfg.Log, root: root, state: map[string]*seen{}, warned: map[string]string{},
 		newest: -1, notifying: map[string]bool{}}, nil
 }
 
-// CheckDir accepts an existing directory (not a symlink to one) the agent
+// openDir checks dir and opens it, making sure what was opened is what
+// was checked.
+func openDir(dir string) (*os.Root, error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	if got, err := root.Stat("."); err != nil || !os.SameFile(fi, got) {
+		root.Close()
+		return nil, fmt.Errorf("watch %s: replaced while it was opened: %w", dir, errRefused)
+	}
+	return root, nil
+}
+
+// Root is DIR as New opened it: the agent stages commits through it.
+func (w *Watcher) Root() *os.Root { return w.root }
+
+// Close releases DIR, once nothing uses the watcher any more.
+func (w *Watcher) Close() error { return w.root.Close() }
+
+// checkDir accepts an existing directory (not a symlink to one) the agent
 // can write to.
-func CheckDir(dir string) error {
+func checkDir(dir string) error {
 	if dir == "" {
 		return errors.New("watch: no directory")
 	}
@@ -225,6 +258,19 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	}
 }
 
+// readDir lists the directory rel below root, in name order; opened
+// non-blocking and only if it is a directory (not a symlink to one).
+func readDir(root *os.Root, rel string) ([]os.DirEntry, error) {
+	d, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	ents, err := d.ReadDir(-1)
+	d.Close()
+	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+	return ents, err
+}
+
 func drain(events chan fsnotify.Event) {
 	for {
 		select {
@@ -271,10 +317,24 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 // Scan looks at DIR once, as at now, and returns the checkpoints that
 // became complete. Run calls it; tests call it with their own clock.
 func (w *Watcher) Scan(now time.Time) []*Checkpoint {
-	ents, err := os.ReadDir(w.cfg.Dir)
+	w.scanMu.Lock()
+	defer w.scanMu.Unlock()
+	ents, err := readDir(w.root, ".")
 	if err != nil {
 		w.problem("", "cannot read the directory: "+err.Error())
 		return nil
+	}
+	// The walk, which takes long for a large checkpoint, happens before
+	// w.mu is taken: Pending, Retry and NewestStep (the agent's loop) do
+	// not wait for it.
+	snaps := map[string]snap{}
+	for _, e := range ents {
+		if name := e.Name(); w.namer.Match(name) {
+			if _, err := w.namer.Step(name, !e.IsDir()); err == nil {
+				fp, err := snapshot(w.root, name)
+				snaps[name] = snap{fp, err}
+			}
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -290,7 +350,7 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 			continue
 		}
 		present[name] = true
-		if c := w.look(name, e.Type(), now); c != nil {
+		if c := w.look(name, e.Type(), snaps[name], now); c != nil {
 			ready = append(ready, c)
 		}
 	}
@@ -315,9 +375,15 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 	return ready
 }
 
+// snap is what snapshot returned for one entry.
+type snap struct {
+	fp  fingerprint
+	err error
+}
+
 // look updates the state of one matching entry; it returns the entry when
 // it has just become complete. w.mu is held.
-func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint {
+func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Checkpoint {
 	kind := KindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
 		kind = KindDir
@@ -336,7 +402,7 @@ func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint 
 		s = &seen{step: step, kind: kind}
 		w.state[name] = s
 	}
-	fp, err := snapshot(p)
+	fp, err := sn.fp, sn.err
 	if err != nil {
 		s.fp, s.since, s.reported = nil, now, false
 		if errors.Is(err, errRefused) {
@@ -348,7 +414,9 @@ func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint 
 		return nil
 	}
 	s.kind = kindOf(fp)
-	if !fp.equal(s.fp) {
+	// Not equal: the agent's own hard links (staging) move ctimes, and
+	// must not make a checkpoint look written again.
+	if !fp.sameData(s.fp) {
 		s.fp, s.since, s.reported = fp, now, false
 	}
 	s.problem = ""
@@ -365,7 +433,7 @@ func (w *Watcher) look(name string, typ os.FileMode, now time.Time) *Checkpoint 
 	}
 	s.reported = true
 	delete(w.warned, name)
-	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp}
+	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp, root: w.root}
 }
 
 func kindOf(fp fingerprint) string {
