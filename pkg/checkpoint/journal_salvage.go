@@ -20,17 +20,9 @@ import (
 // not be read and what was done without it. A missing journal is an error
 // wrapping cloud.ErrNotExist.
 func ReadJournalSalvage(ctx context.Context, st cloud.Store) (*Journal, []string, error) {
-	r, err := st.Get(ctx, JournalKey, 0, -1)
+	b, err := readSmall(ctx, st, JournalKey, maxJournal)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", JournalKey, err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, maxJournal+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", JournalKey, err)
-	}
-	if len(b) > maxJournal {
-		return nil, nil, fmt.Errorf("read %s: larger than %d bytes", JournalKey, maxJournal)
+		return nil, nil, err
 	}
 	j, damage := SalvageJournal(b)
 	return j, damage, nil

@@ -1,10 +1,14 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 func TestSalvageJournal(t *testing.T) {
@@ -76,4 +80,40 @@ func adviceJournal(h time.Duration, ok ...bool) *Journal {
 	j.Stats = Stats{Checkpoints: 30, CostSeconds: 20, BytesPerSec: 10e6, LastBytes: 100e6,
 		RunSeconds: 3 * h.Seconds()}
 	return j
+}
+
+// ReadJournalSalvage reads through the store like every small object
+// (readSmall): a missing journal wraps cloud.ErrNotExist, one over the
+// limit is refused, a damaged one is salvaged.
+func TestReadJournalSalvage(t *testing.T) {
+	ctx := t.Context()
+	st := newStore(t)
+	put := func(b []byte) {
+		t.Helper()
+		if err := st.Put(ctx, JournalKey, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("ErrNotExist", func(t *testing.T) {
+		if _, _, err := ReadJournalSalvage(ctx, st); !errors.Is(err, cloud.ErrNotExist) {
+			t.Fatalf("err=%v, want cloud.ErrNotExist", err)
+		}
+	})
+	t.Run("Damaged", func(t *testing.T) {
+		b, err := json.Marshal(adviceJournal(time.Hour, true, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(b[:len(b)-10])
+		j, damage, err := ReadJournalSalvage(ctx, st)
+		if err != nil || len(damage) == 0 || len(j.Sessions) != 3 {
+			t.Fatalf("err=%v, damage %q, %d sessions", err, damage, len(j.Sessions))
+		}
+	})
+	t.Run("TooLarge", func(t *testing.T) {
+		put(bytes.Repeat([]byte(" "), maxJournal+1))
+		if _, _, err := ReadJournalSalvage(ctx, st); err == nil || !strings.Contains(err.Error(), "larger than") {
+			t.Fatalf("err=%v, want larger than %d bytes", err, maxJournal)
+		}
+	})
 }
