@@ -25,7 +25,7 @@ func cmdReport(args []string) int {
 	var ac simulate.AdviceConfig
 	more := func(fs *flag.FlagSet) {
 		fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
-		fs.DurationVar(&ac.Margin, "margin", 5*time.Second, "advice: the run's current --margin")
+		fs.DurationVar(&ac.Margin, "margin", checkpoint.DefaultMargin, "advice: the run's current --margin")
 		fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
 		fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
 		fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
@@ -39,12 +39,9 @@ func cmdReport(args []string) int {
 		if format != "table" && format != "json" {
 			return fmt.Errorf("--format %q: want table or json", format)
 		}
-		if interval != "auto" {
-			d, err := time.ParseDuration(interval)
-			if err != nil || d <= 0 {
-				return fmt.Errorf("--interval: want auto or a positive duration, got %q", interval)
-			}
-			ac.Current = d
+		var err error
+		if ac.Current, err = parseInterval(interval); err != nil {
+			return err
 		}
 		j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
 		if errors.Is(err, cloud.ErrNotExist) {

@@ -116,7 +116,7 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 		c.PriorRate = checkpoint.DefaultInterruptionRate
 	}
 	if c.Margin <= 0 {
-		c.Margin = 5 * time.Second
+		c.Margin = checkpoint.DefaultMargin
 	}
 	cal, hist := calibrate(j, g, c.PriorRate)
 	a := &Advice{Calibration: cal, Runs: c.Runs, HorizonSeconds: c.Horizon.Seconds()}
@@ -340,7 +340,7 @@ func adviseMargin(j *checkpoint.Journal, cur time.Duration) MarginAdvice {
 		return m
 	}
 	m.Room = max(room, 0)
-	need := math.Ceil(max(5, 2*m.MaxOverrun))
+	need := math.Ceil(max(checkpoint.DefaultMargin.Seconds(), 2*m.MaxOverrun))
 	m.Recommended = need
 	m.Basis = fmt.Sprintf("%d committed notice(s): worst upload overrun over its estimate %.1f s, so a margin ≥ max(5 s, 2 × overrun) = %.0f s; the shortest lead (%.0f s) leaves %.0f s after save and upload",
 		m.Notices, m.MaxOverrun, need, m.MinLead, m.Room)
