@@ -89,30 +89,28 @@ func SalvageJournal(b []byte) (*Journal, []string) {
 		}
 	}
 	// Drop what cannot be placed in time.
-	var sess []Session
-	for i, s := range j.Sessions {
-		if s.Start.IsZero() {
-			damage = append(damage, fmt.Sprintf("sessions[%d] has no start: not counted", i))
-			continue
-		}
-		sess = append(sess, s)
-	}
-	j.Sessions = sess
-	var ins []Interruption
-	for i, in := range j.Interruptions {
-		if in.Detected.IsZero() {
-			damage = append(damage, fmt.Sprintf("interruptions[%d] has no detected time: not counted", i))
-			continue
-		}
-		ins = append(ins, in)
-	}
-	j.Interruptions = ins
+	j.Sessions = dropUnplaced(j.Sessions, func(s Session) bool { return s.Start.IsZero() }, "sessions", "has no start", &damage)
+	j.Interruptions = dropUnplaced(j.Interruptions, func(in Interruption) bool { return in.Detected.IsZero() }, "interruptions", "has no detected time", &damage)
 	if len(damage) == 0 {
 		// Unmarshal failed on something the lenient pass took in its stride
 		// (e.g. an unknown top-level value type).
 		damage = append(damage, "journal does not parse strictly; every known part was read")
 	}
 	return &j, damage
+}
+
+// dropUnplaced returns xs without the entries unplaced reports, naming
+// each dropped one (key[i] why) in damage.
+func dropUnplaced[T any](xs []T, unplaced func(T) bool, key, why string, damage *[]string) []T {
+	var kept []T
+	for i, x := range xs {
+		if unplaced(x) {
+			*damage = append(*damage, fmt.Sprintf("%s[%d] %s: not counted", key, i, why))
+			continue
+		}
+		kept = append(kept, x)
+	}
+	return kept
 }
 
 // salvageArray reads the array value of key element by element into out.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +117,27 @@ func TestReadJournalSalvage(t *testing.T) {
 			t.Fatalf("err=%v, want larger than %d bytes", err, maxJournal)
 		}
 	})
+}
+
+// A session without a start or an interruption without a detection time
+// cannot be placed: it is dropped and named, the others stay.
+func TestSalvageJournal_Unplaced(t *testing.T) {
+	b, err := json.Marshal(adviceJournal(time.Hour, true, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(b), `"start":"2025-03-01T01:03:00Z"`, `"start":"later"`, 1)
+	s = strings.Replace(s, `"detected":"2025-03-01T00:58:00Z"`, `"detected":"soon"`, 1)
+	if strings.Count(s, `"later"`)+strings.Count(s, `"soon"`) != 2 {
+		t.Fatalf("test journal lacks the second session's start or the first detection:\n%s", b)
+	}
+	j, damage := SalvageJournal([]byte(s))
+	if len(j.Sessions) != 2 || len(j.Interruptions) != 1 || !j.Interruptions[0].Detected.Equal(time.Date(2025, 3, 1, 2, 1, 0, 0, time.UTC)) {
+		t.Fatalf("%d sessions, %d interruptions %+v; want 2 and 1 (the second)", len(j.Sessions), len(j.Interruptions), j.Interruptions)
+	}
+	for _, w := range []string{"sessions[1] has no start: not counted", "interruptions[0] has no detected time: not counted"} {
+		if !slices.Contains(damage, w) {
+			t.Errorf("damage %q lacks %q", damage, w)
+		}
+	}
 }
