@@ -69,7 +69,7 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
-	fs.DurationVar(&o.margin, "margin", 5*time.Second, "safety margin kept before a notice deadline")
+	fs.DurationVar(&o.margin, "margin", checkpoint.DefaultMargin, "safety margin kept before a notice deadline")
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
 	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
@@ -157,14 +157,24 @@ func defaultRunID(store string) string {
 
 func (o *agentOptions) scheduler(log *zap.Logger) (*checkpoint.Scheduler, error) {
 	cfg := checkpoint.SchedulerConfig{Min: o.minInterval, Max: o.maxInterval, InterruptionRate: o.interruptionRate, Log: log}
-	if o.interval != "auto" {
-		d, err := time.ParseDuration(o.interval)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("--interval: want auto or a positive duration, got %q", o.interval)
-		}
-		cfg.Fixed = d
+	var err error
+	if cfg.Fixed, err = parseInterval(o.interval); err != nil {
+		return nil, err
 	}
 	return checkpoint.NewScheduler(cfg), nil
+}
+
+// parseInterval parses --interval (of run, sidecar, node and report): 0
+// for auto, else a positive duration.
+func parseInterval(s string) (time.Duration, error) {
+	if s == "auto" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--interval: want auto or a positive duration, got %q", s)
+	}
+	return d, nil
 }
 
 func (o *agentOptions) serverConfig(log *zap.Logger) (supervisor.ServerConfig, error) {

@@ -69,7 +69,7 @@ func printJournal(j *checkpoint.Journal) {
 			}
 			return t.Sub(in.Detected).Round(10 * time.Millisecond).String()
 		}
-		lost := (time.Duration(in.LostSeconds * float64(time.Second))).Round(time.Second).String()
+		lost := seconds(in.LostSeconds).Round(time.Second).String()
 		if in.LostSteps > 0 {
 			lost += fmt.Sprintf(" (%d steps)", in.LostSteps)
 		}
@@ -94,7 +94,7 @@ func printJournal(j *checkpoint.Journal) {
 	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tTOOK\tSKIPPED\t")
 	for _, r := range j.Restores {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
-			humanBytes(r.Bytes), (time.Duration(r.Seconds * float64(time.Second))).Round(time.Millisecond), len(r.Skipped))
+			humanBytes(r.Bytes), seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
 	}
 	w.Flush()
 }

@@ -25,7 +25,7 @@ func cmdReport(args []string) int {
 	var ac simulate.AdviceConfig
 	more := func(fs *flag.FlagSet) {
 		fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
-		fs.DurationVar(&ac.Margin, "margin", 5*time.Second, "advice: the run's current --margin")
+		fs.DurationVar(&ac.Margin, "margin", checkpoint.DefaultMargin, "advice: the run's current --margin")
 		fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
 		fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
 		fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
@@ -39,12 +39,9 @@ func cmdReport(args []string) int {
 		if format != "table" && format != "json" {
 			return fmt.Errorf("--format %q: want table or json", format)
 		}
-		if interval != "auto" {
-			d, err := time.ParseDuration(interval)
-			if err != nil || d <= 0 {
-				return fmt.Errorf("--interval: want auto or a positive duration, got %q", interval)
-			}
-			ac.Current = d
+		var err error
+		if ac.Current, err = parseInterval(interval); err != nil {
+			return err
 		}
 		j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
 		if errors.Is(err, cloud.ErrNotExist) {
@@ -96,7 +93,7 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, adv *simulate.Advice, price
 		enc.SetIndent("", "  ")
 		return enc.Encode(reportJSON{g, m, adv})
 	}
-	secs := func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() }
+	secs := func(s float64) string { return seconds(s).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "SESSION\tSTART\tINSTANCE\tWALL")
 	for _, b := range checkpoint.Buckets {
@@ -152,7 +149,7 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, adv *simulate.Advice, price
 func writeAdvice(w io.Writer, a *simulate.Advice) {
 	c := a.Calibration
 	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
-		a.Runs, time.Duration(a.HorizonSeconds*float64(time.Second)), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
+		a.Runs, seconds(a.HorizonSeconds), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
 		c.NoticeCommitted, c.NoticeSuccess, c.DeltaSeconds, c.UploadSeconds, c.RestartSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "POLICY\tPREDICTED WASTE\tPREDICTED GOODPUT\t")
@@ -168,10 +165,13 @@ func writeAdvice(w io.Writer, a *simulate.Advice) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, current settings %.3f %% (difference %.3f ± %.3f)\n",
-		a.RecommendedFlag, time.Duration(a.Margin.Recommended*float64(time.Second)), a.Waste, a.CurrentWaste,
+		a.RecommendedFlag, seconds(a.Margin.Recommended), a.Waste, a.CurrentWaste,
 		a.CurrentWaste-a.Waste, a.DiffSE)
 	fmt.Fprintf(w, "margin (not simulated): %s\n", a.Margin.Basis)
 }
+
+// seconds converts a journal's or the advice's float seconds.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func upper(s string) string {
 	b := []byte(s)

@@ -344,20 +344,29 @@ func ReadLatest(ctx context.Context, st cloud.Store) (Latest, error) {
 
 // readJSON reads a small JSON object, refusing anything over limit bytes.
 func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
-	r, err := st.Get(ctx, key, 0, -1)
+	b, err := readSmall(ctx, st, key, limit)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", key, err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return fmt.Errorf("read %s: %w", key, err)
-	}
-	if int64(len(b)) > limit {
-		return fmt.Errorf("read %s: larger than %d bytes", key, limit)
+		return err
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("parse %s: %w", key, err)
 	}
 	return nil
+}
+
+// readSmall reads a whole object, refusing anything over limit bytes.
+func readSmall(ctx context.Context, st cloud.Store, key string, limit int64) ([]byte, error) {
+	r, err := st.Get(ctx, key, 0, -1)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", key, limit)
+	}
+	return b, nil
 }

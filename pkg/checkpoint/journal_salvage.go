@@ -20,17 +20,9 @@ import (
 // not be read and what was done without it. A missing journal is an error
 // wrapping cloud.ErrNotExist.
 func ReadJournalSalvage(ctx context.Context, st cloud.Store) (*Journal, []string, error) {
-	r, err := st.Get(ctx, JournalKey, 0, -1)
+	b, err := readSmall(ctx, st, JournalKey, maxJournal)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", JournalKey, err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, maxJournal+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", JournalKey, err)
-	}
-	if len(b) > maxJournal {
-		return nil, nil, fmt.Errorf("read %s: larger than %d bytes", JournalKey, maxJournal)
+		return nil, nil, err
 	}
 	j, damage := SalvageJournal(b)
 	return j, damage, nil
@@ -97,30 +89,28 @@ func SalvageJournal(b []byte) (*Journal, []string) {
 		}
 	}
 	// Drop what cannot be placed in time.
-	var sess []Session
-	for i, s := range j.Sessions {
-		if s.Start.IsZero() {
-			damage = append(damage, fmt.Sprintf("sessions[%d] has no start: not counted", i))
-			continue
-		}
-		sess = append(sess, s)
-	}
-	j.Sessions = sess
-	var ins []Interruption
-	for i, in := range j.Interruptions {
-		if in.Detected.IsZero() {
-			damage = append(damage, fmt.Sprintf("interruptions[%d] has no detected time: not counted", i))
-			continue
-		}
-		ins = append(ins, in)
-	}
-	j.Interruptions = ins
+	j.Sessions = dropUnplaced(j.Sessions, func(s Session) bool { return s.Start.IsZero() }, "sessions", "has no start", &damage)
+	j.Interruptions = dropUnplaced(j.Interruptions, func(in Interruption) bool { return in.Detected.IsZero() }, "interruptions", "has no detected time", &damage)
 	if len(damage) == 0 {
 		// Unmarshal failed on something the lenient pass took in its stride
 		// (e.g. an unknown top-level value type).
 		damage = append(damage, "journal does not parse strictly; every known part was read")
 	}
 	return &j, damage
+}
+
+// dropUnplaced returns xs without the entries unplaced reports, naming
+// each dropped one (key[i] why) in damage.
+func dropUnplaced[T any](xs []T, unplaced func(T) bool, key, why string, damage *[]string) []T {
+	var kept []T
+	for i, x := range xs {
+		if unplaced(x) {
+			*damage = append(*damage, fmt.Sprintf("%s[%d] %s: not counted", key, i, why))
+			continue
+		}
+		kept = append(kept, x)
+	}
+	return kept
 }
 
 // salvageArray reads the array value of key element by element into out.

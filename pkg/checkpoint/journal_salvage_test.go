@@ -1,10 +1,15 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 func TestSalvageJournal(t *testing.T) {
@@ -76,4 +81,63 @@ func adviceJournal(h time.Duration, ok ...bool) *Journal {
 	j.Stats = Stats{Checkpoints: 30, CostSeconds: 20, BytesPerSec: 10e6, LastBytes: 100e6,
 		RunSeconds: 3 * h.Seconds()}
 	return j
+}
+
+// ReadJournalSalvage reads through the store like every small object
+// (readSmall): a missing journal wraps cloud.ErrNotExist, one over the
+// limit is refused, a damaged one is salvaged.
+func TestReadJournalSalvage(t *testing.T) {
+	ctx := t.Context()
+	st := newStore(t)
+	put := func(b []byte) {
+		t.Helper()
+		if err := st.Put(ctx, JournalKey, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("ErrNotExist", func(t *testing.T) {
+		if _, _, err := ReadJournalSalvage(ctx, st); !errors.Is(err, cloud.ErrNotExist) {
+			t.Fatalf("err=%v, want cloud.ErrNotExist", err)
+		}
+	})
+	t.Run("Damaged", func(t *testing.T) {
+		b, err := json.Marshal(adviceJournal(time.Hour, true, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(b[:len(b)-10])
+		j, damage, err := ReadJournalSalvage(ctx, st)
+		if err != nil || len(damage) == 0 || len(j.Sessions) != 3 {
+			t.Fatalf("err=%v, damage %q, %d sessions", err, damage, len(j.Sessions))
+		}
+	})
+	t.Run("TooLarge", func(t *testing.T) {
+		put(bytes.Repeat([]byte(" "), maxJournal+1))
+		if _, _, err := ReadJournalSalvage(ctx, st); err == nil || !strings.Contains(err.Error(), "larger than") {
+			t.Fatalf("err=%v, want larger than %d bytes", err, maxJournal)
+		}
+	})
+}
+
+// A session without a start or an interruption without a detection time
+// cannot be placed: it is dropped and named, the others stay.
+func TestSalvageJournal_Unplaced(t *testing.T) {
+	b, err := json.Marshal(adviceJournal(time.Hour, true, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(b), `"start":"2025-03-01T01:03:00Z"`, `"start":"later"`, 1)
+	s = strings.Replace(s, `"detected":"2025-03-01T00:58:00Z"`, `"detected":"soon"`, 1)
+	if strings.Count(s, `"later"`)+strings.Count(s, `"soon"`) != 2 {
+		t.Fatalf("test journal lacks the second session's start or the first detection:\n%s", b)
+	}
+	j, damage := SalvageJournal([]byte(s))
+	if len(j.Sessions) != 2 || len(j.Interruptions) != 1 || !j.Interruptions[0].Detected.Equal(time.Date(2025, 3, 1, 2, 1, 0, 0, time.UTC)) {
+		t.Fatalf("%d sessions, %d interruptions %+v; want 2 and 1 (the second)", len(j.Sessions), len(j.Interruptions), j.Interruptions)
+	}
+	for _, w := range []string{"sessions[1] has no start: not counted", "interruptions[0] has no detected time: not counted"} {
+		if !slices.Contains(damage, w) {
+			t.Errorf("damage %q lacks %q", damage, w)
+		}
+	}
 }

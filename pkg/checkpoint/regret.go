@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/beta"
 )
 
 // The interval under uncertainty (docs/frequency.md, "Relative regret").
@@ -32,7 +34,7 @@ import (
 // worth five observations. Mean ½ as Jeffreys' Beta(½,½), but one committed
 // notice moves the mean of 1−p from ½ to 0.15 (Jeffreys: 0.25) and one
 // lost interruption moves it to 0.85 (Jeffreys: 0.75).
-var noticeMix = [2][2]float64{{4.5, 0.5}, {0.5, 4.5}}
+var noticeMix = beta.Mixture{{4.5, 0.5}, {0.5, 4.5}}
 
 // regretPoints is the number of quadrature points per dimension.
 const regretPoints = 48
@@ -54,7 +56,7 @@ func noticePosterior(p, q float64, committed, lost int) float64 {
 	top := math.Inf(-1)
 	for m, ab := range noticeMix {
 		// Beta(a,b) density in θ: ∝ p^(a−½)·q^(b−½)/B(a,b).
-		terms[m] = (ab[0]-0.5+float64(committed))*lp + (ab[1]-0.5+float64(lost))*lq - lbeta(ab[0], ab[1])
+		terms[m] = (ab[0]-0.5+float64(committed))*lp + (ab[1]-0.5+float64(lost))*lq - beta.LogB(ab[0], ab[1])
 		top = max(top, terms[m])
 	}
 	var s float64
@@ -65,23 +67,7 @@ func noticePosterior(p, q float64, committed, lost int) float64 {
 }
 
 // noticeMean returns the posterior mean of p.
-func noticeMean(committed, lost int) float64 {
-	c, l := float64(committed), float64(lost)
-	var w, mean [len(noticeMix)]float64
-	top := math.Inf(-1)
-	for m, ab := range noticeMix {
-		w[m] = lbeta(ab[0]+c, ab[1]+l) - lbeta(ab[0], ab[1])
-		mean[m] = (ab[0] + c) / (ab[0] + ab[1] + c + l)
-		top = max(top, w[m])
-	}
-	var sw, sm float64
-	for m := range w {
-		e := math.Exp(w[m] - top)
-		sw += e
-		sm += e * mean[m]
-	}
-	return sm / sw
-}
+func noticeMean(committed, lost int) float64 { return noticeMix.PosteriorMean(committed, lost) }
 
 // regretCache memoises effectiveLossRate across schedulers: a simulation
 // starts a scheduler per machine life and meets the same inputs again and
@@ -172,22 +158,14 @@ func normalize(lw []float64) {
 	}
 }
 
-func lbeta(a, b float64) float64 {
-	x, _ := math.Lgamma(a)
-	y, _ := math.Lgamma(b)
-	z, _ := math.Lgamma(a + b)
-	return x + y - z
-}
-
 // The scheduler's priors, for the simulator's advice (pkg/simulate), which
 // must draw from the same model the live scheduler uses.
 
 // PriorWeight is how much run time the interruption-rate prior is worth.
 const PriorWeight = priorWeight
 
-// NoticeMix is the notice-success prior: a mixture of beta distributions,
-// each as {alpha, beta}.
-func NoticeMix() [2][2]float64 { return noticeMix }
+// NoticeMix is the notice-success prior.
+func NoticeMix() beta.Mixture { return noticeMix }
 
 // NoticeMean is the posterior mean of the notice success after committed
 // and lost interruptions.

@@ -24,6 +24,10 @@ const (
 	// DefaultHazardDecay is the time constant with which a raised hazard
 	// without an end decays back to the base rate.
 	DefaultHazardDecay = 2 * time.Hour
+	// DefaultMargin is the safety margin kept before a notice deadline
+	// (--margin, supervisor.Config.Margin); the simulator's advice never
+	// recommends less.
+	DefaultMargin = 5 * time.Second
 
 	// priorWeight is how much run time the rate prior is worth: a gamma
 	// prior with shape rate·priorWeight and inverse scale priorWeight.

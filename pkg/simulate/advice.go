@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/beta"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -115,7 +116,7 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 		c.PriorRate = checkpoint.DefaultInterruptionRate
 	}
 	if c.Margin <= 0 {
-		c.Margin = 5 * time.Second
+		c.Margin = checkpoint.DefaultMargin
 	}
 	cal, hist := calibrate(j, g, c.PriorRate)
 	a := &Advice{Calibration: cal, Runs: c.Runs, HorizonSeconds: c.Horizon.Seconds()}
@@ -155,8 +156,8 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 	traces := make([][]Event, c.Runs)
 	for i := range traces {
 		rng := rand.New(rand.NewPCG(c.Seed+uint64(i), 0xad71ce))
-		lam := gammaDraw(rng, shape) / rate
-		ps := noticeDraw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
+		lam := beta.Gamma(rng, shape) / rate
+		ps := checkpoint.NoticeMix().Draw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 		traces[i] = SyntheticTrace(SynthConfig{Rate: lam, Duration: c.Horizon, NoticeSuccess: ps,
 			Lead: Lead(delta, upload), Seed: c.Seed + uint64(i)})
 	}
@@ -339,7 +340,7 @@ func adviseMargin(j *checkpoint.Journal, cur time.Duration) MarginAdvice {
 		return m
 	}
 	m.Room = max(room, 0)
-	need := math.Ceil(max(5, 2*m.MaxOverrun))
+	need := math.Ceil(max(checkpoint.DefaultMargin.Seconds(), 2*m.MaxOverrun))
 	m.Recommended = need
 	m.Basis = fmt.Sprintf("%d committed notice(s): worst upload overrun over its estimate %.1f s, so a margin ≥ max(5 s, 2 × overrun) = %.0f s; the shortest lead (%.0f s) leaves %.0f s after save and upload",
 		m.Notices, m.MaxOverrun, need, m.MinLead, m.Room)
@@ -384,64 +385,3 @@ func mean(xs []float64) float64 {
 }
 
 func secondsDur(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-
-// gammaDraw returns a Gamma(shape, 1) variate (Marsaglia and Tsang, 2000;
-// shape < 1 through Gamma(shape+1)·U^(1/shape)).
-func gammaDraw(rng *rand.Rand, shape float64) float64 {
-	if shape <= 0 {
-		return 0
-	}
-	if shape < 1 {
-		return gammaDraw(rng, shape+1) * math.Pow(rng.Float64(), 1/shape)
-	}
-	d := shape - 1.0/3
-	c := 1 / math.Sqrt(9*d)
-	for {
-		x := rng.NormFloat64()
-		v := 1 + c*x
-		if v <= 0 {
-			continue
-		}
-		v = v * v * v
-		u := rng.Float64()
-		if math.Log(u) < 0.5*x*x+d-d*v+d*math.Log(v) {
-			return d * v
-		}
-	}
-}
-
-// noticeDraw draws p from the posterior of the notice-success mixture
-// prior (regret.go) after committed and lost interruptions.
-func noticeDraw(rng *rand.Rand, committed, lost int) float64 {
-	noticeMix := checkpoint.NoticeMix()
-	c, l := float64(committed), float64(lost)
-	var w [len(noticeMix)]float64
-	top := math.Inf(-1)
-	for m, ab := range noticeMix {
-		w[m] = lbeta(ab[0]+c, ab[1]+l) - lbeta(ab[0], ab[1])
-		top = max(top, w[m])
-	}
-	var sw float64
-	for m := range w {
-		w[m] = math.Exp(w[m] - top)
-		sw += w[m]
-	}
-	u, m := rng.Float64()*sw, 0
-	for m < len(w)-1 && u > w[m] {
-		u -= w[m]
-		m++
-	}
-	x := gammaDraw(rng, noticeMix[m][0]+c)
-	y := gammaDraw(rng, noticeMix[m][1]+l)
-	if x+y == 0 {
-		return 0.5
-	}
-	return x / (x + y)
-}
-
-func lbeta(a, b float64) float64 {
-	x, _ := math.Lgamma(a)
-	y, _ := math.Lgamma(b)
-	z, _ := math.Lgamma(a + b)
-	return x + y - z
-}

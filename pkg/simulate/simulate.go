@@ -199,14 +199,14 @@ func ReadTrace(r io.Reader) ([]Event, error) {
 	}
 	evs := make([]Event, 0, len(rows))
 	for _, rw := range rows {
-		at := time.Duration(rw.secs * float64(time.Second))
+		at := secondsDur(rw.secs)
 		if rw.isAbs {
 			at = rw.abs.Sub(start)
 		}
 		if at < 0 {
 			return nil, fmt.Errorf("trace: negative time %v", at)
 		}
-		evs = append(evs, Event{At: at, Kind: rw.kind, Lead: time.Duration(rw.leadSec * float64(time.Second))})
+		evs = append(evs, Event{At: at, Kind: rw.kind, Lead: secondsDur(rw.leadSec)})
 	}
 	slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
 	return evs, nil

@@ -111,17 +111,24 @@ func TestSimulate_AdaptiveLearnsNotices(t *testing.T) {
 	}
 }
 
+// readTestTrace reads the trace file at path.
+func readTestTrace(t *testing.T, path string) []Event {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	evs, err := ReadTrace(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
 func TestReadTrace(t *testing.T) {
 	t.Run("Seconds", func(t *testing.T) {
-		f, err := os.Open("testdata/trace_small.csv")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		evs, err := ReadTrace(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		evs := readTestTrace(t, "testdata/trace_small.csv")
 		if got, want := len(evs), 4; got != want {
 			t.Fatalf("%d events, want %d", got, want)
 		}
@@ -134,15 +141,7 @@ func TestReadTrace(t *testing.T) {
 		}
 	})
 	t.Run("RFC3339", func(t *testing.T) {
-		f, err := os.Open("testdata/trace_rfc3339.csv")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		evs, err := ReadTrace(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		evs := readTestTrace(t, "testdata/trace_rfc3339.csv")
 		if len(evs) != 3 || evs[0].At != 0 || evs[1].At != time.Hour || evs[2].At != 150*time.Minute {
 			t.Fatalf("events %+v, want at 0, 1h, 2h30m", evs)
 		}

@@ -82,7 +82,7 @@ func (c *Config) defaults() {
 		c.KillAfter = 5 * time.Second
 	}
 	if c.Margin <= 0 {
-		c.Margin = 5 * time.Second
+		c.Margin = checkpoint.DefaultMargin
 	}
 	if c.OnRebalance == "" {
 		c.OnRebalance = "checkpoint"
