@@ -98,6 +98,10 @@ func main() {
 		step("notice → checkpoint committed, end to end")
 		must(benchE2E(&c, r, env))
 	}
+	if env != nil {
+		env.stopGCS() // only transfer and e2e use it
+		logf("fake-gcs-server stopped (the later sections use MinIO)")
+	}
 	if c.only["footprint"] {
 		step("idle footprint")
 		must(benchIdle(&c, r))
