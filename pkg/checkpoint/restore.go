@@ -224,7 +224,7 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 			return nil, err
 		}
 	}
-	tmp, err := mkdirTemp(dest, ".partial-"+name+"-")
+	tmp, err := MkdirTemp(dest, ".partial-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -250,8 +250,9 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 	return res, nil
 }
 
-// mkdirTemp creates a new directory prefix+random below root.
-func mkdirTemp(root *os.Root, prefix string) (string, error) {
+// MkdirTemp creates a new directory prefix+random below root (0700) and
+// returns its name: os.MkdirTemp through a root.
+func MkdirTemp(root *os.Root, prefix string) (string, error) {
 	for range 100 {
 		var b [6]byte
 		rand.Read(b[:])

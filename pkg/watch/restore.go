@@ -2,14 +2,12 @@ package watch
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -49,7 +47,7 @@ var ErrNotWatched = errors.New("checkpoint was not committed in watch mode")
 // when the store holds none.
 func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.RestoreOptions) (*Restored, error) {
 	dir := w.root
-	tmp, err := mkdirTemp(dir, reserved+"restore-")
+	tmp, err := checkpoint.MkdirTemp(dir, reserved+"restore-")
 	if err != nil {
 		return nil, fmt.Errorf("restore into %s: %w", w.cfg.Dir, err)
 	}
@@ -90,23 +88,6 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 		return nil, fmt.Errorf("restore into %s: %w", res.Path, err)
 	}
 	return res, nil
-}
-
-// mkdirTemp creates a new directory prefix+random below root.
-func mkdirTemp(root *os.Root, prefix string) (string, error) {
-	for range 100 {
-		var b [6]byte
-		rand.Read(b[:])
-		name := prefix + hex.EncodeToString(b[:])
-		err := root.Mkdir(name, 0o700)
-		if err == nil {
-			return name, nil
-		}
-		if !errors.Is(err, fs.ErrExist) {
-			return "", err
-		}
-	}
-	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
 }
 
 func originOf(m *checkpoint.Manifest) (origin, error) {
