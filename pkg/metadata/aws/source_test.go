@@ -2,8 +2,12 @@ package aws_test
 
 import (
 	"context"
+	"math/bits"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/aws"
@@ -260,12 +264,22 @@ func TestWatch_GarbageElsewhereKeepsSpotCadence(t *testing.T) {
 	f := fake.NewAWS(fake.AWSOptions{})
 	defer f.Close()
 	f.SetLifecycleState("Pending:Garbage")
+	core, logs := observer.New(zap.InfoLevel)
 	src := aws.New(aws.Config{Endpoint: f.URL(), PollInterval: 20 * time.Millisecond, SpotPollInterval: 5 * time.Millisecond,
-		RequestTimeout: 200 * time.Millisecond, MaxBackoff: time.Hour}, nil)
+		RequestTimeout: 200 * time.Millisecond, MaxBackoff: time.Hour}, zap.New(core))
 	ch, _ := metatest.Watch(t, src)
 	metatest.WaitFor(t, 10*time.Second, "five reads of the bad path", func() bool { return f.Reads("autoscaling/target-lifecycle-state") >= 5 })
 	if bad, spot := f.Reads("autoscaling/target-lifecycle-state"), f.Reads("spot/instance-action"); spot < 3*bad {
 		t.Fatalf("spot path read %d times against %d reads of the bad path, want ≥ 3× (its own cadence)", spot, bad)
+	}
+	// The bad path fails every full round: one failure run, logged at 1,
+	// 2, 4, ... in a row, never "recovered" by the spot-only rounds between.
+	if n := logs.FilterMessage("imds poll recovered").Len(); n != 0 {
+		t.Fatalf("%d \"recovered\" logs while the bad path kept failing, want 0", n)
+	}
+	failed := logs.FilterMessage("imds poll failed").Len()
+	if bad := f.Reads("autoscaling/target-lifecycle-state"); failed > bits.Len(uint(bad)) {
+		t.Fatalf("%d \"failed\" logs for at most %d failures in a row, want ≤ %d (the 1st, 2nd, 4th, ...)", failed, bad, bits.Len(uint(bad)))
 	}
 	f.Terminate("terminate", time.Now().Add(2*time.Minute))
 	if n := metatest.Next(t, ch, 10*time.Second); n.Kind != metadata.KindTermination {

@@ -21,7 +21,8 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 	// Every every-th round reads all paths; the others only the spot one.
 	every := max(1, int(s.cfg.PollInterval/s.cfg.SpotPollInterval))
 	for round := 0; ; round++ {
-		unwell, err := w.poll(ctx, round%every == 0)
+		all := round%every == 0
+		unwell, err := w.poll(ctx, all)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -40,7 +41,9 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 			w.faults.Fail(err)
 			bo.Reset()
 		default:
-			w.faults.OK()
+			if all { // a spot-only round says nothing of the other paths
+				w.faults.OK()
+			}
 			bo.Reset()
 		}
 		if watchloop.Sleep(ctx, wait) != nil {
