@@ -93,7 +93,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	}
 	root := req.Root
 	if root == nil {
-		if root, err = openCheckpointDir(req.Dir); err != nil {
+		if root, err = OpenLocalDir(req.Dir); err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
 		}
 		defer root.Close()

@@ -78,9 +78,10 @@ func scanDir(root *os.Root, dir string, files *[]localFile) error {
 	return nil
 }
 
-// openCheckpointDir opens dir, which must be a directory and not a
-// symlink, for a commit or a check of a local copy.
-func openCheckpointDir(dir string) (*os.Root, error) {
+// OpenLocalDir opens dir, which must be a directory and not a symlink, and
+// makes sure what it opened is what it checked: for a commit, a check of a
+// local copy, or watch mode's handle on DIR.
+func OpenLocalDir(dir string) (*os.Root, error) {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint directory: %w", err)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // DefaultQuiet is how long a checkpoint must go without any change before
@@ -123,17 +125,9 @@ func openDir(dir string) (*os.Root, error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
-	fi, err := os.Lstat(dir)
+	root, err := checkpoint.OpenLocalDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", dir, err)
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", dir, err)
-	}
-	if got, err := root.Stat("."); err != nil || !os.SameFile(fi, got) {
-		root.Close()
-		return nil, fmt.Errorf("watch %s: replaced while it was opened: %w", dir, errRefused)
 	}
 	return root, nil
 }
