@@ -226,10 +226,14 @@ func (p *Pipeline) committed(m *Manifest) {
 }
 
 // deleteUnused removes the objects of piped files whose keys keep does not
-// list; best effort (retention removes them later otherwise).
+// list; best effort (retention removes them later otherwise). It outlives
+// the end of p's parent by up to 10 s: an agent that exits right after a
+// failed save (a sidecar told to stop) still removes its early uploads.
 func (p *Pipeline) deleteUnused(keep map[string]bool) {
-	ctx, cancel := context.WithTimeout(p.parent, time.Minute)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.parent), time.Minute)
 	defer cancel()
+	stop := context.AfterFunc(p.parent, func() { time.AfterFunc(10*time.Second, cancel) })
+	defer stop()
 	for _, f := range p.files {
 		if keep[f.key] || !f.started {
 			continue

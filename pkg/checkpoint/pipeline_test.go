@@ -290,6 +290,33 @@ func TestPipeline_Abort(t *testing.T) {
 	}
 }
 
+// An abort whose parent context has ended (the agent is exiting) still
+// deletes the early uploads: the deletion outlives the parent by up to 10 s.
+func TestPipeline_AbortAfterParentEnded(t *testing.T) {
+	st := newStore(t)
+	dir := writeDir(t, map[string]string{"model.pt": "m"})
+	c := &Committer{Store: st, RunID: "run"}
+	parent, end := context.WithCancel(context.Background())
+	p := c.NewPipeline(parent, openRoot(t, dir), 1, "par")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	key := Prefix(1, "par") + "model.pt"
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := st.Stat(context.Background(), key); err != nil; _, err = st.Stat(context.Background(), key) {
+		if time.Now().After(deadline) {
+			t.Fatalf("early upload never landed: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	end()
+	p.Abort()
+	p.Wait()
+	if _, err := st.Stat(context.Background(), key); !errors.Is(err, cloud.ErrNotExist) {
+		t.Fatalf("early upload still there after Abort with the parent ended (stat: %v)", err)
+	}
+}
+
 // done with another step than the pipeline's: the manifest points at the
 // early objects, and the checkpoint restores.
 func TestPipeline_OtherStepAtDone(t *testing.T) {
