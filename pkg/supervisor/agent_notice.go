@@ -80,6 +80,7 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	}
 	a.log.Info("trainer connected", fields...)
 	a.checkHelloTopology(m) // agent_job.go
+	a.noteLocalWorld(m)
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		c.Send(s.stopMessage())
@@ -175,13 +176,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		s.record.Deadline = &d
 	}
 	a.stopping = s
-	// Leave room to upload: the previous checkpoint's size at the measured
-	// throughput, plus a margin. If that leaves too little, split the time.
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
-	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
-	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
-		reqDeadline = now.Add(deadline.Sub(now) / 2)
-	}
+	reqDeadline := a.requestDeadline(deadline, now)
 	if a.watch != nil {
 		a.watchStop(s, reqDeadline, now) // agent_watch.go
 		return
@@ -219,6 +214,19 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		return
 	}
 	a.stopRequested(s, r, r.sent)
+}
+
+// requestDeadline is when the trainer must have saved a checkpoint that
+// must commit by deadline: room is left to upload (the previous
+// checkpoint's size at the measured throughput) and for the margin; if
+// that leaves too little, the time is split in two.
+func (a *Agent) requestDeadline(deadline, now time.Time) time.Time {
+	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	return reqDeadline
 }
 
 // stopRequested records that r, asked for at sent, is s's checkpoint.

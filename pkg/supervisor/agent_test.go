@@ -165,6 +165,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
 		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, Log: zap.NewNop(),
+		SignalWindow: -1, // tests send their second signal at once; TestAgent_SignalsWithinWindowAreOne turns it on
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -496,5 +497,54 @@ func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || !j.Interruptions[0].CommitOK {
 		t.Fatalf("journal interruptions=%+v err=%v, want one committed", j.Interruptions, err)
+	}
+}
+
+// TestAgent_SignalsWithinWindowAreOne: GNU timeout, `kill 0` and some init
+// systems signal the agent and the trainer's group at once, so the agent
+// sees two SIGTERMs within milliseconds. They are one shutdown: the final
+// checkpoint still commits and the agent exits 75, not 143 (issue 24.9).
+// A second signal after the window still stops at once.
+func TestAgent_SignalsWithinWindowAreOne(t *testing.T) {
+	release := filepath.Join(shortDir(t), "release")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
+		c.SignalWindow = time.Hour // whatever the machine's speed, both signals fall inside it
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	if req.Reason != ReasonShutdown {
+		t.Fatalf("request reason %q, want shutdown", req.Reason)
+	}
+	tr.save(req, 9, "w")
+	tr.expect(TypeCommitted)
+	tr.expect(TypeStop)
+	os.WriteFile(release, nil, 0o600)
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d: two signals within the window must be one shutdown", code, ExitInterrupted)
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), ar.store); err != nil || l.Step != 9 {
+		t.Fatalf("latest = %+v, %v; want step 9", l, err)
+	}
+}
+
+// TestAgent_SecondSignalAfterWindowStops: past the window, a second signal
+// is a deliberate second Ctrl-C and stops the trainer at once.
+func TestAgent_SecondSignalAfterWindowStops(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.TermGrace = time.Hour
+		c.SignalWindow = time.Nanosecond // any later signal is past it
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.expect(TypeCheckpoint) // never answered
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
 	}
 }
