@@ -76,6 +76,12 @@ type Agent struct {
 
 	warnedTopology bool // agent_job.go
 	localWorld     int  // ranks on this node, as hellos said (part mode)
+
+	// saidBye: connections whose trainer said it finished; byes counts
+	// them; leftUnfinished: one left without bye since the last start.
+	saidBye        map[uint64]bool
+	byes           int
+	leftUnfinished bool
 }
 
 type committedCheckpoint struct {
@@ -195,7 +201,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{},
+		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{}, saidBye: map[uint64]bool{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
 	}

@@ -45,7 +45,17 @@ func (a *Agent) onEvent(ev Event) {
 		a.onJoin(c, m) // agent_job.go
 	case TypeStatus:
 		a.onStatus(c)
+	case TypeBye:
+		a.seeStep(m.Step)
+		if _, ok := a.conns[c.ID()]; ok {
+			a.saidBye[c.ID()] = true
+			a.byes++
+		}
 	case TypeDisconnected:
+		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
+			a.leftUnfinished = true
+		}
+		delete(a.saidBye, c.ID())
 		delete(a.conns, c.ID())
 		for _, r := range a.pending {
 			if r.waiting[c.ID()] {
@@ -71,6 +81,9 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	if err := c.Send(w); err != nil {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
+	}
+	if len(a.conns) == 0 {
+		a.leftUnfinished = false // a new start of the trainer(s)
 	}
 	a.conns[c.ID()] = c
 	a.hadTrainer = true
@@ -181,6 +194,13 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		a.watchStop(s, reqDeadline, now) // agent_watch.go
 		return
 	}
+	if a.trainersFinished() {
+		// A sidecar outlives its trainer: the kubelet stops it after the
+		// trainer exited 0. Nothing was interrupted and nothing is lost.
+		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
+		s.finished, s.stopSent = true, true // no stop to send, nothing to journal
+		return
+	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
 		a.stopFailed(s, "no trainer connected", now)
@@ -214,6 +234,13 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		return
 	}
 	a.stopRequested(s, r, r.sent)
+}
+
+// trainersFinished reports whether the trainers came, said bye (finished
+// their work) and left: none is connected, and every one that left since
+// the last start said bye first.
+func (a *Agent) trainersFinished() bool {
+	return a.hadTrainer && len(a.conns) == 0 && len(a.saidBye) == 0 && !a.leftUnfinished && a.byes > 0
 }
 
 // requestDeadline is when the trainer must have saved a checkpoint that

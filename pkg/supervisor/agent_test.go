@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"os"
 	"path/filepath"
@@ -546,5 +547,45 @@ func TestAgent_SecondSignalAfterWindowStops(t *testing.T) {
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
+
+// Issue 24.7: the kubelet always SIGTERMs a sidecar, also after its
+// trainer exited 0. A trainer that said bye before leaving finished its
+// work: the SIGTERM interrupts nothing and the journal records no
+// interruption and no lost work. One that left without bye (crashed)
+// still counts as interrupted.
+func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
+	for _, bye := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bye=%v", bye), func(t *testing.T) {
+			ar := startAgent(t, nil) // no command: a sidecar
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.hello()
+			tr.send(map[string]any{"type": "progress", "step": 46})
+			if bye {
+				tr.send(map[string]any{"type": "bye", "step": 46})
+			}
+			ar.waitStatus(t, "the trainer's progress", func(s Status) bool { return s.Trainers == 1 && s.Step == 46 })
+			tr.c.Close()
+			ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 0 })
+			ar.sigs <- syscall.SIGTERM
+			if code := ar.wait(t); code != 0 {
+				t.Fatalf("sidecar exit code %d, want 0", code)
+			}
+			j, err := checkpoint.ReadJournal(context.Background(), ar.store, ar.cfg.RunID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(j.Interruptions); (got == 0) != bye {
+				t.Fatalf("bye=%v: %d interruptions recorded %+v", bye, got, j.Interruptions)
+			}
+			g, err := checkpoint.Account(j, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lost := g.Seconds[checkpoint.BucketLost]; bye && lost != 0 {
+				t.Fatalf("a finished trainer lost %.3fs of work", lost)
+			}
+		})
 	}
 }
