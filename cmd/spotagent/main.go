@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/internal/child"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -40,7 +40,7 @@ var commands = []command{
 }
 
 func main() {
-	supervisor.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
+	child.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
 	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Fencing: two agents on one run (an ASG with Capacity Rebalancing starts
@@ -158,7 +159,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	}
 	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
-	a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: err.Error()})
+	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
 	case a.stopping == nil:
 		a.onFenced(fenceNotice(a.lease()))
@@ -172,9 +173,9 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 func stopReason(n metadata.Notice) string {
 	switch n.Cloud {
 	case metadata.CloudSignal:
-		return ReasonShutdown
+		return protocol.ReasonShutdown
 	case cloudFence:
 		return ReasonFenced
 	}
-	return ReasonInterruption
+	return protocol.ReasonInterruption
 }

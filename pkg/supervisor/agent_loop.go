@@ -12,8 +12,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -30,10 +32,10 @@ type Agent struct {
 	log        *zap.Logger
 	life       context.Context
 	endLife    context.CancelFunc
-	bg         sync.WaitGroup   // every goroutine below, and the rest the agent starts
-	conns      map[uint64]*Conn // trainers that said hello to this run
-	acks       sync.WaitGroup   // cloud event acknowledgements in flight
-	journals   sync.WaitGroup   // journal updates in flight
+	bg         sync.WaitGroup            // every goroutine below, and the rest the agent starts
+	conns      map[uint64]*protocol.Conn // trainers that said hello to this run
+	acks       sync.WaitGroup            // cloud event acknowledgements in flight
+	journals   sync.WaitGroup            // journal updates in flight
 	hadTrainer bool
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
@@ -42,9 +44,9 @@ type Agent struct {
 	started   time.Time // this session
 	session   string    // its id in the journal (Session.ID)
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
-	resume    *Resume
+	resume    *protocol.Resume
 
-	child     *Child
+	child     *child.Child
 	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
 	childDone <-chan struct{}
 	restarts  int
@@ -152,7 +154,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		if err := a.startChild(); err != nil {
 			a.abort()
-			return ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
+			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
 	cfg.Metrics.Ready(true)
@@ -180,8 +182,8 @@ func (a *Agent) goBg(fn func()) {
 
 // serveSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
-func serveSocket(cfg ServerConfig) (*Server, func(), error) {
-	srv, err := Listen(cfg)
+func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
+	srv, err := protocol.Listen(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
 	}
@@ -201,7 +203,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{}, saidBye: map[uint64]bool{},
+		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
 	}
@@ -253,7 +255,7 @@ func (a *Agent) startChild() error {
 		a.lastBlock = time.Now()
 		a.lastCommit.trainedAt = a.lastBlock
 	}
-	c, err := StartChild(ChildConfig{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
+	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
 	}
@@ -265,7 +267,7 @@ func (a *Agent) startChild() error {
 
 // awaitTrainer handles socket events until a trainer has said hello, or
 // for at most timeout.
-func (a *Agent) awaitTrainer(events <-chan Event, timeout time.Duration) {
+func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for len(a.conns) == 0 {
@@ -280,7 +282,7 @@ func (a *Agent) awaitTrainer(events <-chan Event, timeout time.Duration) {
 }
 
 // loop is the agent's single state-owning goroutine.
-func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan metadata.Notice, signals <-chan os.Signal) {
+func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices <-chan metadata.Notice, signals <-chan os.Signal) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for !a.done {
@@ -362,7 +364,7 @@ func (a *Agent) tick(now time.Time) {
 	}
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
 		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
-		a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkDone()
 }
@@ -451,7 +453,7 @@ func (a *Agent) onChildExit() {
 // multi-node job whose checkpoint committed (torchrun: agent_job.go).
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stopping
-	if s == nil || (s.reason != ReasonInterruption && s.reason != ReasonShutdown) {
+	if s == nil || (s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown) {
 		return code
 	}
 	switch {

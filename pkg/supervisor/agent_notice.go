@@ -8,6 +8,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // LateNoticeGrace is the deadline given to a termination notice whose own
@@ -27,31 +28,31 @@ type stopState struct {
 	record   checkpoint.Interruption
 }
 
-func (a *Agent) onEvent(ev Event) {
+func (a *Agent) onEvent(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	switch m.Type {
-	case TypeHello:
+	case protocol.TypeHello:
 		a.onHello(c, m)
-	case TypeProgress:
+	case protocol.TypeProgress:
 		a.seeStep(m.Step)
-	case TypeDone:
+	case protocol.TypeDone:
 		a.seeStep(m.Step)
 		a.onDone(c, m)
-	case TypeSaved:
+	case protocol.TypeSaved:
 		a.onSaved(c, m) // agent_pipeline.go
-	case TypeFailed:
+	case protocol.TypeFailed:
 		a.onFailed(c, m)
-	case TypeJoin:
+	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
-	case TypeStatus:
+	case protocol.TypeStatus:
 		a.onStatus(c)
-	case TypeBye:
+	case protocol.TypeBye:
 		a.seeStep(m.Step)
 		if _, ok := a.conns[c.ID()]; ok {
 			a.saidBye[c.ID()] = true
 			a.byes++
 		}
-	case TypeDisconnected:
+	case protocol.TypeDisconnected:
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
@@ -76,8 +77,8 @@ func (a *Agent) seeStep(step *int64) {
 	}
 }
 
-func (a *Agent) onHello(c *Conn, m Message) {
-	w := Message{Type: TypeWelcome, Version: ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
+	w := protocol.Message{Type: protocol.TypeWelcome, Version: protocol.ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
 	if err := c.Send(w); err != nil {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
@@ -100,7 +101,7 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	}
 }
 
-func (a *Agent) onFailed(c *Conn, m Message) {
+func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
@@ -139,7 +140,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
 		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
-			a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
@@ -332,9 +333,9 @@ func (a *Agent) sendStop(s *stopState) {
 	a.broadcast(s.stopMessage())
 }
 
-func (s *stopState) stopMessage() Message {
+func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()
-	return Message{Type: TypeStop, Reason: s.reason, Deadline: &dl}
+	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
 }
 
 // tickStop enforces the interruption's deadlines: past the notice deadline

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -31,20 +33,20 @@ func shortDir(t *testing.T) string {
 }
 
 type testServer struct {
-	*Server
+	*protocol.Server
 	logs *observer.ObservedLogs
 }
 
 // startServer listens on cfg.Path (a fresh one if empty) and serves until
 // the test ends; cleanup checks that Serve returned.
-func startServer(t *testing.T, cfg ServerConfig) *testServer {
+func startServer(t *testing.T, cfg protocol.ServerConfig) *testServer {
 	t.Helper()
 	if cfg.Path == "" {
 		cfg.Path = filepath.Join(shortDir(t), "agent.sock")
 	}
 	core, logs := observer.New(zap.DebugLevel)
 	cfg.Log = zap.New(core)
-	s, err := Listen(cfg)
+	s, err := protocol.Listen(cfg)
 	if err != nil {
 		t.Fatalf("Listen: %v", err)
 	}
@@ -66,7 +68,7 @@ func startServer(t *testing.T, cfg ServerConfig) *testServer {
 }
 
 // nextEvent returns the next event, failing the test after testWait.
-func (s *testServer) nextEvent(t *testing.T) Event {
+func (s *testServer) nextEvent(t *testing.T) protocol.Event {
 	t.Helper()
 	select {
 	case ev, ok := <-s.Events():
@@ -77,11 +79,11 @@ func (s *testServer) nextEvent(t *testing.T) Event {
 	case <-time.After(testWait):
 		t.Fatal("no event")
 	}
-	return Event{}
+	return protocol.Event{}
 }
 
 // nextEventFor skips events of other connections.
-func (s *testServer) nextEventFor(t *testing.T, id uint64) Event {
+func (s *testServer) nextEventFor(t *testing.T, id uint64) protocol.Event {
 	t.Helper()
 	for {
 		if ev := s.nextEvent(t); ev.Conn.ID() == id {
@@ -115,14 +117,14 @@ func (c *client) send(t *testing.T, lines ...string) {
 	}
 }
 
-func (c *client) read(t *testing.T) Message {
+func (c *client) read(t *testing.T) protocol.Message {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(testWait))
 	line, err := c.r.ReadBytes('\n')
 	if err != nil {
 		t.Fatalf("read: %v (got %q)", err, line)
 	}
-	var m Message
+	var m protocol.Message
 	if err := json.Unmarshal(line, &m); err != nil {
 		t.Fatalf("reply %q: %v", line, err)
 	}
@@ -130,13 +132,13 @@ func (c *client) read(t *testing.T) Message {
 }
 
 // hello connects, says hello and returns the client and its server Conn.
-func (s *testServer) hello(t *testing.T, rank int) (*client, *Conn) {
+func (s *testServer) hello(t *testing.T, rank int) (*client, *protocol.Conn) {
 	t.Helper()
 	c := dial(t, s.Path())
-	b, _ := json.Marshal(Message{Type: TypeHello, PID: os.Getpid(), Rank: &rank})
+	b, _ := json.Marshal(protocol.Message{Type: protocol.TypeHello, PID: os.Getpid(), Rank: &rank})
 	c.send(t, string(b))
 	ev := s.nextEvent(t)
-	if ev.Msg.Type != TypeHello || ev.Msg.Rank == nil || *ev.Msg.Rank != rank {
+	if ev.Msg.Type != protocol.TypeHello || ev.Msg.Rank == nil || *ev.Msg.Rank != rank {
 		t.Fatalf("event = %+v, want hello from rank %d", ev.Msg, rank)
 	}
 	return c, ev.Conn
@@ -158,3 +160,7 @@ func isEOF(err error) bool {
 	return err != nil && (errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "EOF") ||
 		strings.Contains(err.Error(), "connection reset"))
 }
+
+// The agent's children run with a guard: a copy of this test binary
+// started with child.GuardArg, which must become the guard at once.
+func init() { child.RunGuardIfAsked() }

@@ -1,4 +1,4 @@
-package supervisor
+package child
 
 import (
 	"bufio"
@@ -26,9 +26,9 @@ func startSh(t *testing.T, script string, env ...string) (*Child, <-chan string)
 			lines <- sc.Text()
 		}
 	}()
-	c, err := StartChild(ChildConfig{Args: []string{"/bin/sh", "-c", script}, Env: env, Stdout: pw})
+	c, err := Start(Config{Args: []string{"/bin/sh", "-c", script}, Env: env, Stdout: pw})
 	if err != nil {
-		t.Fatalf("StartChild: %v", err)
+		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() {
 		c.Signal(syscall.SIGKILL)
@@ -95,7 +95,7 @@ func TestChild_ExitCode(t *testing.T) {
 func TestChild_EnvDirOutput(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	c, err := StartChild(ChildConfig{
+	c, err := Start(Config{
 		Args:   []string{"/bin/sh", "-c", `printf '%s|%s|%s' "$SPOTAGENT_RUN_ID" "$PWD" "$HOME"; echo oops >&2`},
 		Env:    []string{"SPOTAGENT_RUN_ID=old", "SPOTAGENT_RUN_ID=run42"},
 		Dir:    dir,
@@ -205,12 +205,12 @@ func TestChild_StopHonoursContext(t *testing.T) {
 }
 
 func TestChild_StartErrors(t *testing.T) {
-	if _, err := StartChild(ChildConfig{}); err == nil {
-		t.Error("StartChild with no args succeeded")
+	if _, err := Start(Config{}); err == nil {
+		t.Error("Start with no args succeeded")
 	}
-	_, err := StartChild(ChildConfig{Args: []string{"/nonexistent/trainer"}})
+	_, err := Start(Config{Args: []string{"/nonexistent/trainer"}})
 	if err == nil {
-		t.Fatal("StartChild of a missing command succeeded")
+		t.Fatal("Start of a missing command succeeded")
 	}
 	if got := ExitCodeFromError(err); got != 127 {
 		t.Errorf("ExitCodeFromError(%v)=%d, want 127", err, got)
@@ -232,7 +232,7 @@ func parentHelper(pidFile string) int {
 	if s := os.Getenv(parentCmdEnv); s != "" {
 		script = s
 	}
-	c, err := StartChild(ChildConfig{Args: []string{"/bin/sh", "-c", script}})
+	c, err := Start(Config{Args: []string{"/bin/sh", "-c", script}})
 	if err != nil {
 		return 1
 	}

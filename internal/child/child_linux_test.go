@@ -1,4 +1,4 @@
-package supervisor
+package child
 
 import (
 	"os"
@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The test binary can be a guard too: StartChild re-runs /proc/self/exe.
+// The test binary can be a guard too: Start re-runs /proc/self/exe.
 func init() { RunGuardIfAsked() }
 
 func TestChild_DiesWithAgent(t *testing.T) {

@@ -1,4 +1,7 @@
-package supervisor
+// Package child runs the trainer as a child process: its own process group,
+// the guard that takes the group down with the agent, Stop (SIGTERM, then
+// SIGKILL), and the exit codes a shell would give.
+package child
 
 import (
 	"bytes"
@@ -17,8 +20,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// ChildConfig configures StartChild.
-type ChildConfig struct {
+// Config configures Start.
+type Config struct {
 	Args   []string  // command and arguments; Args[0] is looked up in PATH
 	Env    []string  // added to the agent's environment; later entries win
 	Dir    string    // working directory; empty: the agent's
@@ -52,8 +55,8 @@ type Child struct {
 	guard *guard // nil: none (not Linux, or it could not start)
 }
 
-// StartChild starts the command in a new process group. Stdin is /dev/null.
-func StartChild(cfg ChildConfig) (*Child, error) {
+// Start starts the command in a new process group. Stdin is /dev/null.
+func Start(cfg Config) (*Child, error) {
 	if len(cfg.Args) == 0 {
 		return nil, errors.New("start child: empty command")
 	}
@@ -215,7 +218,7 @@ func groupHasLiveMember(pgid, except int) (live, ok bool) {
 	return false, true
 }
 
-// ExitCodeFromError maps an error from StartChild or exec to a shell-style
+// ExitCodeFromError maps an error from Start or exec to a shell-style
 // exit code: 0 for nil, the status (or 128+N for signal N) for an exit
 // error, 127 for a command not found, 126 for one not executable, else 1.
 func ExitCodeFromError(err error) int {

@@ -1,4 +1,4 @@
-package supervisor
+package protocol
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package supervisor
+package child
 
 import (
 	"errors"
@@ -30,7 +30,7 @@ func childAttr() *syscall.SysProcAttr {
 // process group.
 const GuardArg = "__spotagent_guard"
 
-// guardStartTimeout bounds how long StartChild waits for a guard to say it
+// guardStartTimeout bounds how long Start waits for a guard to say it
 // is ready; past it the trainer runs without one.
 const guardStartTimeout = 5 * time.Second
 

@@ -1,4 +1,4 @@
-package supervisor
+package protocol
 
 import (
 	"bytes"
@@ -21,9 +21,6 @@ const dialHelperEnv = "SPOTAGENT_TEST_DIAL"
 func TestMain(m *testing.M) {
 	if path := os.Getenv(dialHelperEnv); path != "" {
 		os.Exit(dialHelper(path))
-	}
-	if pidFile := os.Getenv(parentHelperEnv); pidFile != "" {
-		os.Exit(parentHelper(pidFile))
 	}
 	os.Exit(m.Run())
 }
@@ -142,5 +139,38 @@ func copyExecutable(t *testing.T, dst string) {
 	}
 	if err := os.WriteFile(dst, b, 0o755); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestPodFromCgroup(t *testing.T) {
+	const uid = "0f6a3c8e-1b2d-4e5f-9a8b-7c6d5e4f3a2b"
+	for _, tc := range []struct{ name, cgroup, want string }{
+		{"V1Cgroupfs", "12:memory:/kubepods/burstable/pod" + uid + "/4f1c9c\n11:cpu:/kubepods/burstable/pod" + uid + "/4f1c9c\n", uid},
+		{"V2Systemd", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
+		{"V2BestEffortNamespaced", "0::/../../kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
+		{"V2Guaranteed", "0::/kubepods/pod" + strings.ToUpper(uid) + "/abc\n", uid},
+		{"NotKubernetes", "0::/user.slice/user-1000.slice/session-3.scope\n", ""},
+		{"PodWordOnly", "0::/system.slice/pod" + uid + ".service\n", ""},
+		{"Root", "0::/\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := podFromCgroup(tc.cgroup); got != tc.want {
+				t.Errorf("podFromCgroup=%q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPeerIdentity(t *testing.T) {
+	// This process is not in a pod: its identity is its uid. A pid that
+	// is not visible (another pid namespace: 0) falls back to the uid too.
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err == nil && podFromCgroup(string(self)) != "" {
+		t.Skip("running inside a Kubernetes pod")
+	}
+	for _, cred := range []peerCredentials{{UID: 1234, PID: os.Getpid()}, {UID: 1234, PID: 0}} {
+		if got, want := peerIdentity(cred), fmt.Sprintf("uid:%d", cred.UID); got != want {
+			t.Errorf("peerIdentity(%+v)=%q, want %q", cred, got, want)
+		}
 	}
 }

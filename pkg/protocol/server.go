@@ -1,4 +1,4 @@
-package supervisor
+package protocol
 
 import (
 	"cmp"
@@ -73,8 +73,9 @@ type ServerConfig struct {
 	IdentifyPeers bool
 	Log           *zap.Logger // nil: no logs
 
-	// identify replaces peerIdentity in tests.
-	identify func(peerCredentials) string
+	// Identify, when set, names each peer in place of its pod or uid
+	// (peerIdentity): tests play several pods from one process.
+	Identify func(uid, pid int) string
 }
 
 func (c *ServerConfig) defaults() {
@@ -102,8 +103,8 @@ func (c *ServerConfig) defaults() {
 	if c.Log == nil {
 		c.Log = zap.NewNop()
 	}
-	if c.identify == nil && c.IdentifyPeers {
-		c.identify = peerIdentity
+	if c.Identify == nil && c.IdentifyPeers {
+		c.Identify = func(uid, pid int) string { return peerIdentity(peerCredentials{UID: uid, PID: pid}) }
 	}
 }
 
@@ -460,8 +461,8 @@ func (s *Server) admit(nc *net.UnixConn) {
 		return
 	}
 	var ident string
-	if s.cfg.identify != nil {
-		ident = s.cfg.identify(cred)
+	if s.cfg.Identify != nil {
+		ident = s.cfg.Identify(cred.UID, cred.PID)
 	}
 	s.mu.Lock()
 	if s.closed() {
