@@ -36,7 +36,7 @@ type LeaseRecord struct {
 type Lease struct {
 	LeaseRecord
 	st    cloud.Store
-	dir   string // leaseDir, or leaseDir+node+"/" for a part lease
+	dir   string       // leaseDir, or leaseDir+node+"/" for a part lease
 	newer atomic.Int64 // highest newer epoch seen; 0: none
 }
 
