@@ -153,6 +153,18 @@ func (c *Conn) SendNoWait(m Message, closeAfter bool) {
 	}
 }
 
+// Post queues m for sending, as SendNoWait, and reports at once a
+// connection that is already closed. The agent's loop sends only this
+// way: a trainer that stops reading costs its own connection (closed once
+// maxQueued messages wait), never the loop WriteTimeout per message.
+func (c *Conn) Post(m Message) error {
+	if c.closed.Load() {
+		return fmt.Errorf("send %s: %w", m.Type, ErrConnClosed)
+	}
+	c.SendNoWait(m, false)
+	return nil
+}
+
 // flush sends what SendNoWait queued until the queue is empty.
 func (c *Conn) flush() {
 	for {

@@ -172,7 +172,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		if !r.answeredBy[c.ID()] {
 			r.waiting[c.ID()] = true
 		}
-		if err := c.Send(r.message()); err != nil {
+		if err := c.Post(r.message()); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 		return

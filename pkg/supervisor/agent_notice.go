@@ -79,7 +79,7 @@ func (a *Agent) seeStep(step *int64) {
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 	w := protocol.Message{Type: protocol.TypeWelcome, Version: protocol.ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
-	if err := c.Send(w); err != nil {
+	if err := c.Post(w); err != nil {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
@@ -97,7 +97,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 	a.noteLocalWorld(m)
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
-		c.Send(s.stopMessage())
+		c.Post(s.stopMessage())
 	}
 }
 
@@ -222,7 +222,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
 					if c := a.conns[cid]; c != nil {
-						c.Send(r.message())
+						c.Post(r.message())
 					}
 				}
 			}

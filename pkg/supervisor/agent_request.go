@@ -85,7 +85,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	msg := r.message()
 	dl := deadline.UTC()
 	for _, c := range a.conns {
-		if err := c.Send(msg); err != nil {
+		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
 		}
@@ -417,14 +417,14 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 
 func (a *Agent) broadcast(m protocol.Message) {
 	for _, c := range a.conns {
-		if err := c.Send(m); err != nil {
+		if err := c.Post(m); err != nil {
 			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
 }
 
 func (a *Agent) reply(c *protocol.Conn, id, text string) {
-	if err := c.Send(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
+	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
 		a.log.Debug("error reply not delivered", zap.Error(err))
 	}
 }

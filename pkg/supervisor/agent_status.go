@@ -72,5 +72,5 @@ func (a *Agent) onStatus(c *protocol.Conn) {
 		a.reply(c, "", "status: "+err.Error())
 		return
 	}
-	c.Send(protocol.Message{Type: protocol.TypeStatus, Status: b})
+	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})
 }

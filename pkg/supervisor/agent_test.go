@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -589,4 +590,23 @@ func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAgent_LoopNeverWaitsOnATrainer (issue 26.2): a trainer that stops
+// reading its socket (here: floods status requests and reads nothing)
+// costs its own connection, never the loop. With a write timeout of an
+// hour, a loop that waited on that socket would welcome nobody else.
+func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
+	ar := startAgent(t, func(c *Config) { c.Server.WriteTimeout = time.Hour })
+	other := dialTrainer(t, ar.cfg.Server.Path) // waits for the socket
+	stuck, err := net.Dial("unix", ar.cfg.Server.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	flood := []byte(strings.Repeat("{\"type\":\"status\"}\n", 4000))
+	go stuck.Write(flood) // never reads a reply
+	ar.waitStatus(t, "the flood read", func(Status) bool { return true })
+	other.hello()
+	ar.waitStatus(t, "the loop answering", func(s Status) bool { return s.Trainers == 1 })
 }
