@@ -61,6 +61,7 @@ type Agent struct {
 	pending    map[string]*request
 	uploads    map[string]*upload
 	results    chan commitResult
+	fences     chan struct{} // the lease check found a newer session (agent_fence.go)
 	lastCommit committedCheckpoint
 	lastBlock  time.Time // when the trainer last finished saving (or started)
 	blocked    float64   // seconds blocked in checkpoints this session (goodput)
@@ -141,8 +142,8 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.watchFence(notices) // agent_fence.go
-	a.startWatch()        // agent_watch.go
+	a.watchFence() // agent_fence.go
+	a.startWatch() // agent_watch.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
@@ -204,7 +205,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
 		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
-		results:   make(chan commitResult, 4),
+		results: make(chan commitResult, 4), fences: make(chan struct{}, 1),
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
@@ -309,6 +310,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onNotice(n)
 		case sig := <-signals:
 			a.onSignal(sig)
+		case <-a.fences:
+			a.onFenced() // agent_fence.go
 		case r := <-a.results:
 			a.onCommitResult(r)
 			a.watchCommitted(r) // agent_watch.go

@@ -120,10 +120,6 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
-	if n.Cloud == cloudFence { // agent_fence.go
-		a.onFenced(n)
-		return
-	}
 	now := time.Now()
 	a.noticesSeen++
 	a.lastNotice = &n
@@ -136,7 +132,11 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		a.beginStop(n, now)
+		reason := protocol.ReasonInterruption
+		if n.Cloud == metadata.CloudSignal {
+			reason = protocol.ReasonShutdown
+		}
+		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
 		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
@@ -158,7 +158,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 
 // beginStop starts (or tightens) the interruption sequence: checkpoint with
 // a deadline that leaves room to upload, commit, stop, then the child.
-func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
+func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	deadline := n.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(a.cfg.TermGrace)
@@ -178,7 +178,6 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		}
 		return
 	}
-	reason := stopReason(n) // agent_fence.go
 	id := a.cfg.Identity
 	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
 		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,

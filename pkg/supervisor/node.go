@@ -283,7 +283,7 @@ func (n *node) start(id, part string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
-		a.watchFence(r.notices) // agent_fence.go
+		a.watchFence() // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
 		a.finish()
 		log.Info("node: run done")
