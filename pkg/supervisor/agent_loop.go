@@ -452,8 +452,9 @@ func (a *Agent) onChildExit() {
 // itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
 // ExitInterrupted (the previous committed checkpoint stands). Any other code
 // (a trainer that crashed on its own, or one stopped by a second signal)
-// passes through, as it does without a stop, except a launcher's 1 in a
-// multi-node job whose checkpoint committed (torchrun: agent_job.go).
+// passes through, as it does without a stop, except a launcher's 1 after
+// the stop's checkpoint committed and its ranks were told to stop
+// (torchrun turns its workers' 75 into 1).
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stopping
 	if s == nil || (s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown) {
@@ -464,10 +465,11 @@ func (a *Agent) exitCodeFor(code int) int {
 		return ExitInterrupted
 	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)):
 		return ExitInterrupted
-	case code == 1 && a.partMode() && s.record.CommitOK:
-		// torchrun reports workers that exited 75 as its own exit 1; the
-		// job's checkpoint is committed and every rank was told to stop.
-		a.log.Info("launcher exited 1 after the job's checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
+	case code == 1 && s.record.CommitOK && s.stopSent:
+		// torchrun reports workers that exited 75 as its own exit 1
+		// (docs/distributed.md has the measurements); the checkpoint is
+		// committed and every rank was told to stop: run me again.
+		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
 	}
 	return code

@@ -418,6 +418,8 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 		{"clean exit after notice", true, 0, ExitInterrupted},
 		{"client's 75 after notice", true, 75, ExitInterrupted},
 		{"crash after notice", true, 3, 3},
+		{"torchrun's 1 after the committed stop", true, 1, ExitInterrupted},
+		{"1 without a notice", false, 1, 1},
 		{"clean exit, no notice", false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
