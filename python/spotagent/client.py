@@ -78,6 +78,13 @@ _BACKOFF_MAX = 2.0
 DEFAULT_SYNC_EVERY = 1
 #: Longest wait in poll for the agent's answer to a join ($SPOTAGENT_JOIN_TIMEOUT).
 DEFAULT_JOIN_TIMEOUT = 10.0
+#: Seconds between a SIGTERM and the end of the trainer's grace
+#: ($SPOTAGENT_SIGTERM_GRACE): the agent's own --term-grace default, i.e.
+#: Kubernetes' default terminationGracePeriodSeconds (30 s) less the 5 s
+#: the agent keeps to stop its trainer.
+DEFAULT_SIGTERM_GRACE = 25.0
+#: Kept before the end of the grace for the upload (the agent's --margin).
+SIGTERM_MARGIN = 5.0
 
 
 class UploadFailed(Exception):
@@ -349,8 +356,8 @@ class _SigtermRequest(CheckpointRequest):
     reports it as an unsolicited checkpoint, waits until the agent has
     committed it (at most ``wait`` seconds), then sets ``should_stop``."""
 
-    def __init__(self, agent: "Agent", dir: str, wait: float) -> None:
-        CheckpointRequest.__init__(self, agent, -1, id="", dir=dir, reason="shutdown", deadline=None)
+    def __init__(self, agent: "Agent", dir: str, wait: float, deadline: Optional[datetime.datetime]) -> None:
+        CheckpointRequest.__init__(self, agent, -1, id="", dir=dir, reason="shutdown", deadline=deadline)
         self._wait = wait
 
     def done(self, step: int, metadata: Optional[Mapping[str, Any]] = None) -> None:
@@ -450,8 +457,11 @@ class Agent(object):
         self._resume_from_welcome = None  # type: Optional[Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]]
         self._should_stop = False
         self._sigterm = False  # set by the SIGTERM handler, see handle_sigterm
+        self._sigterm_at = None  # type: Optional[float]  # time.time() of that SIGTERM
         self._sigterm_handled = False
+        self._sigterm_deadline = None  # type: Optional[datetime.datetime]  # of the offered checkpoint
         self.sigterm_wait = _env_float("SPOTAGENT_SIGTERM_WAIT", 60.0)
+        self.sigterm_grace = _env_float("SPOTAGENT_SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE)
         # The newest interruption/shutdown request from the agent: a SIGTERM
         # that comes while it runs is folded into it (no second checkpoint).
         self._urgent = None  # type: Optional[CheckpointRequest]
@@ -603,6 +613,8 @@ class Agent(object):
             return False
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            if not self._sigterm:
+                self._sigterm_at = time.time()
             self._sigterm = True
 
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -636,7 +648,28 @@ class Agent(object):
                 self._stop_reason = "shutdown"
             return None
         d = os.path.join(ckdir, "sigterm-%d-%d" % (int(step), os.getpid()))
-        return _SigtermRequest(self, d, self.sigterm_wait)
+        return _SigtermRequest(self, d, self.sigterm_wait, self._shutdown_deadline())
+
+    def _shutdown_deadline(self) -> datetime.datetime:
+        """The deadline of a checkpoint this process asks for on SIGTERM,
+        computed as the agent computes its own on SIGTERM (agent_notice.go
+        beginStop): the grace (``sigterm_grace``, 25 s) from the signal,
+        less a margin for the upload, but at least half the grace. A stop
+        deadline the agent already sent is kept if it is earlier."""
+        at = self._sigterm_at if self._sigterm_at is not None else time.time()
+        grace = max(self.sigterm_grace, 0.0)
+        left = max(grace - SIGTERM_MARGIN, grace / 2)
+        deadline = datetime.datetime.fromtimestamp(at, datetime.timezone.utc) + datetime.timedelta(seconds=left)
+        now = _utcnow()
+        if deadline <= now:
+            # The signal was handled late (a long step): best effort, as
+            # the agent does with a notice seen late (LateNoticeGrace).
+            deadline = now + datetime.timedelta(seconds=min(10.0, max(grace / 2, 1.0)))
+        with self._lock:
+            told = self._stop_deadline
+        if told is not None and now < told < deadline:
+            deadline = told
+        return deadline
 
     def poll(self, step: Optional[int] = None) -> Optional[CheckpointRequest]:
         """Never blocks. Reports progress (at most every ``progress_interval``
@@ -698,7 +731,10 @@ class Agent(object):
                 # saves it. It has no agent id yet: make one (the MAX picks
                 # one of several).
                 self._sigterm_id = os.urandom(6).hex()
-                log.info("spotagent: SIGTERM: asking the job for a final checkpoint (%s)", self._sigterm_id)
+                # Always with a deadline: the agent's join requires one.
+                self._sigterm_deadline = self._shutdown_deadline()
+                log.info("spotagent: SIGTERM: asking the job for a final checkpoint (%s, deadline %s)",
+                         self._sigterm_id, _format_time(self._sigterm_deadline))
         bg = self._background
         if bg is not None and bg._unstarted:
             bg._start_writes()
@@ -721,7 +757,7 @@ class Agent(object):
                 return ((_dist.STOP << _dist.ID_BITS) | code, _dist.NO_DEADLINE)
             best = _dist.NOTHING
             if self._sigterm_id is not None:
-                best = _dist.encode(_dist.URGENCY["shutdown"], int(self._sigterm_id, 16), None)
+                best = _dist.encode(_dist.URGENCY["shutdown"], int(self._sigterm_id, 16), self._sigterm_deadline)
             keep = deque()  # type: Deque[CheckpointRequest]
             for req in self._requests:
                 if req._conn != self._conn or not self._connected:
@@ -790,15 +826,15 @@ class Agent(object):
         if not self.path:
             self._join_failed(rid, "no agent")
             return None
-        timeout = self.join_timeout
-        if deadline is not None:
-            timeout = min(timeout, (deadline - _utcnow()).total_seconds())
+        if deadline is None:
+            # Every contribution carries a deadline (the agent's requests,
+            # a SIGTERM's); should none, the join still needs one.
+            deadline = self._shutdown_deadline()
+        timeout = min(self.join_timeout, (deadline - _utcnow()).total_seconds())
         if timeout <= 0:
             self._join_failed(rid, "its deadline has passed")
             return None
-        msg = {"type": "join", "id": rid, "reason": reason}  # type: Dict[str, Any]
-        if deadline is not None:
-            msg["deadline"] = _format_time(deadline)
+        msg = {"type": "join", "id": rid, "reason": reason, "deadline": _format_time(deadline)}  # type: Dict[str, Any]
         if step is not None:
             msg["step"] = int(step)
 

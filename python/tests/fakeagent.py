@@ -142,10 +142,13 @@ class FakeAgent(object):
                 if msg.get("type") == "hello" and self.welcome is not None:
                     reply = self.welcome
                 elif msg.get("type") == "join" and self.join_dir is not None:
-                    reply = {"type": "checkpoint", "id": msg["id"], "reason": msg.get("reason"),
-                             "dir": os.path.join(self.join_dir, msg["id"])}
-                    if msg.get("deadline"):
-                        reply["deadline"] = msg["deadline"]
+                    if not msg.get("deadline"):
+                        # As the real agent (agent_job.go onJoin).
+                        reply = {"type": "error", "id": msg.get("id"),
+                                 "error": "join: a deadline in the future is required"}
+                    else:
+                        reply = {"type": "checkpoint", "id": msg["id"], "reason": msg.get("reason"),
+                                 "dir": os.path.join(self.join_dir, msg["id"]), "deadline": msg["deadline"]}
                 elif msg.get("type") == "done" and self.commit and msg.get("id"):
                     reply = {"type": "committed", "id": msg["id"], "uri": "file:///fake/" + msg["id"],
                              "step": msg.get("step")}
