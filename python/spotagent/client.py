@@ -31,6 +31,7 @@ from . import dist as _dist
 
 __all__ = [
     "Agent",
+    "AgentRefused",
     "CheckpointRequest",
     "Committed",
     "UploadFailed",
@@ -66,6 +67,9 @@ ENV_RESUME_MANIFEST = "SPOTAGENT_RESUME_MANIFEST"
 #: The uid the agent runs as; set by ``spotagent run`` for its trainer. When
 #: absent the client accepts an agent running as itself or as root.
 ENV_AGENT_UID = "SPOTAGENT_AGENT_UID"
+#: Set to 1 to train on, without an agent, after the agent refused this
+#: trainer for good (connect(allow_unprotected=True) does the same).
+ENV_ALLOW_UNPROTECTED = "SPOTAGENT_ALLOW_UNPROTECTED"
 
 # Outbound messages kept while the agent is not reading (progress is
 # coalesced, so these are done/failed messages). Beyond this, the oldest are
@@ -85,6 +89,43 @@ DEFAULT_JOIN_TIMEOUT = 10.0
 DEFAULT_SIGTERM_GRACE = 25.0
 #: Kept before the end of the grace for the upload (the agent's --margin).
 SIGTERM_MARGIN = 5.0
+
+
+#: Seconds a refusal the agent says heals ("busy", "try again") may last
+#: before it counts as permanent ($SPOTAGENT_REFUSED_TIMEOUT).
+DEFAULT_REFUSED_TIMEOUT = 120.0
+
+
+class AgentRefused(Exception):
+    """The agent refused this trainer for good (a node agent's ``error`` to
+    ``hello``: a bad run id, a run that could not start; or a socket owned by
+    another uid). Training on would checkpoint nothing, so :func:`connect`
+    raises it, or the next ``poll`` when it came later. Opt out with
+    ``$SPOTAGENT_ALLOW_UNPROTECTED=1`` or ``connect(allow_unprotected=True)``:
+    then a warning on stderr and a no-op agent."""
+
+    def __init__(self, path: str, error: str) -> None:
+        super().__init__(
+            "spotagent: the agent at %s refused this trainer: %s; nothing would be checkpointed. "
+            "Fix the cause, or set %s=1 (connect(allow_unprotected=True)) to train without an agent"
+            % (path, error, ENV_ALLOW_UNPROTECTED))
+        self.path = path
+        self.error = error
+
+
+def refusal_is_permanent(msg: Mapping[str, Any]) -> bool:
+    """Whether an ``error`` answering ``hello`` will be the answer to every
+    later hello. A boolean ``permanent`` field says so; without it, the
+    agent's wording (pkg/supervisor node.go, server.go): a refusal that says
+    it heals ("try again", "busy", "frees once they close", "too many
+    connections") is retried; any other (a bad run id, "run could not
+    start: ...") is permanent: a restarted pod retries those, not a trainer
+    training on unprotected."""
+    flag = msg.get("permanent")
+    if isinstance(flag, bool):
+        return flag
+    text = str(msg.get("error") or "").lower()
+    return not any(w in text for w in ("try again", "busy", "frees once", "too many connections"))
 
 
 class UploadFailed(Exception):
@@ -412,8 +453,17 @@ class Agent(object):
         env: Optional[Mapping[str, str]] = None,
         process_group: Any = None,
         sync_every: Optional[int] = None,
+        allow_unprotected: Optional[bool] = None,
     ) -> None:
         env = os.environ if env is None else env
+        if allow_unprotected is None:
+            allow_unprotected = (env.get(ENV_ALLOW_UNPROTECTED) or "").strip().lower() in ("1", "true", "yes")
+        #: Train on without an agent after a permanent refusal (else raise).
+        self.allow_unprotected = bool(allow_unprotected)
+        self.refused_timeout = _env_float("SPOTAGENT_REFUSED_TIMEOUT", DEFAULT_REFUSED_TIMEOUT)
+        self._refusal = None  # type: Optional[AgentRefused]  # raised by poll
+        self._refused_since = None  # type: Optional[float]  # monotonic: first healable refusal
+        self._welcomed_conn = 0  # the connection that got the newest welcome
         self.path = path
         self.rank = rank
         self.world_size = world_size
@@ -467,7 +517,7 @@ class Agent(object):
         self._urgent = None  # type: Optional[CheckpointRequest]
         self._fold_until = None  # type: Optional[float]  # monotonic; see _fold_sigterm
         self._agent_uids = _expected_agent_uids(env)
-        self._refused = False
+        self._refused = False  # refused for good: runs as a no-op (see _refuse)
         self._stop_reason = None  # type: Optional[str]
         self._stop_deadline = None  # type: Optional[datetime.datetime]
 
@@ -682,6 +732,7 @@ class Agent(object):
         (or None on a rank whose agent cannot take part). A rank whose own
         agent did not ask sends ``join`` and waits for the agent's answer
         (at most ``join_timeout`` seconds, never past the deadline)."""
+        self._raise_refusal()
         if self._sync.active or self._sync.detect():
             return self._poll_job(step)
         if self._sigterm and not self._sigterm_handled:
@@ -701,6 +752,62 @@ class Agent(object):
                     return self._hand_out(req)
                 log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
         return None
+
+    def _raise_refusal(self) -> None:
+        """Raise the agent's permanent refusal (every call once it came)."""
+        with self._lock:
+            err = self._refusal
+        if err is not None:
+            raise err
+
+    def _refuse(self, why: str) -> None:
+        """The agent refused this trainer for good: stop connecting; raise
+        from connect() or the next poll, or with allow_unprotected run on
+        as a no-op agent."""
+        path = self.path
+        # Said before the state changes: connect() returns (or raises) then.
+        if self.allow_unprotected:
+            _stderr("spotagent: WARNING: the agent at %s refused this trainer: %s; running WITHOUT an agent "
+                    "(%s): nothing will be checkpointed" % (path, why, ENV_ALLOW_UNPROTECTED))
+        else:
+            _stderr("spotagent: ERROR: the agent at %s refused this trainer: %s" % (path, why))
+        with _live_lock:
+            _live.discard(self)
+        with self._lock:
+            self.path = None
+            self._refused = True
+            self._closed.set()
+            sock = self._sock
+            if not self.allow_unprotected:
+                self._refusal = AgentRefused(str(path), why)
+            self._cond.notify_all()
+        if sock is not None:
+            _shutdown(sock)
+
+    def _hello_refused(self, msg: Mapping[str, Any]) -> None:
+        """An ``error`` before this connection's welcome: the agent refused
+        its hello. Permanent ones stop the client (see refusal_is_permanent);
+        others are retried, at most ``refused_timeout`` seconds in all."""
+        why = str(msg.get("error") or "refused")
+        if refusal_is_permanent(msg):
+            self._refuse(why)
+            return
+        now = time.monotonic()
+        with self._lock:
+            first = self._refused_since is None
+            if first:
+                self._refused_since = now
+            lasting = now - (self._refused_since or now)
+            sock = self._sock
+        if lasting >= self.refused_timeout:
+            self._refuse("%s (still refused after %.0fs)" % (why, lasting))
+            return
+        if first:
+            _stderr("spotagent: WARNING: the agent at %s refused this trainer (%s); retrying for up to %.0fs"
+                    % (self.path, why, self.refused_timeout))
+        log.warning("spotagent: hello refused (%s); reconnecting", why)
+        if sock is not None:
+            _shutdown(sock)  # the agent closes it too; reconnect with backoff
 
     def _report_progress(self, step: Optional[int]) -> None:
         # lock held
@@ -1072,12 +1179,7 @@ class Agent(object):
             # Someone else's socket: it could choose where the trainer
             # resumes from (and so what it unpickles) and stop the run.
             sock.close()
-            with self._lock:
-                path, self.path = self.path, None
-                self._refused = True
-                self._closed.set()
-                self._cond.notify_all()
-            _stderr("spotagent: WARNING: refusing the agent at %s: %s; running without an agent" % (path, why))
+            self._refuse("refusing the agent: %s" % why)
             return
         hello = {"type": "hello", "pid": os.getpid()}  # type: Dict[str, Any]
         if self.rank is not None:
@@ -1244,6 +1346,8 @@ class Agent(object):
                 )
             with self._lock:
                 self._welcome = msg
+                self._welcomed_conn = self._conn
+                self._refused_since = None
                 # Resume information is fixed by the first welcome: a
                 # reconnect mid-run must not change where this run started.
                 if self._resume_from_welcome is None:
@@ -1301,8 +1405,13 @@ class Agent(object):
                 _trim(self._failed_uploads, 256)
                 self._cond.notify_all()
         elif t == "error":
-            log.warning("spotagent: agent reported an error: %s", msg.get("error"))
             eid = str(msg.get("id") or "")
+            with self._lock:
+                before_welcome = self._welcomed_conn != self._conn
+            if before_welcome and not eid:
+                self._hello_refused(msg)
+                return
+            log.warning("spotagent: agent reported an error: %s", msg.get("error"))
             if eid:
                 with self._lock:
                     self._errors[eid] = str(msg.get("error") or "")
@@ -1336,6 +1445,7 @@ def connect(
     handle_sigterm: Optional[bool] = None,
     process_group: Any = None,
     sync_every: Optional[int] = None,
+    allow_unprotected: Optional[bool] = None,
 ) -> Agent:
     """Connect to the local agent.
 
@@ -1355,6 +1465,12 @@ def connect(
     ``sync_every=0`` turns the agreement off (a job that polls on some ranks
     only: each rank then behaves as a single trainer).
     ``rank``/``world_size`` then default to the default group's.
+
+    Raises :class:`AgentRefused` when the agent refuses this trainer for
+    good (a node agent's answer to a bad run id; a socket of another uid),
+    unless ``allow_unprotected`` (default $SPOTAGENT_ALLOW_UNPROTECTED=1):
+    training on would checkpoint nothing. A refusal that comes later is
+    raised by the next ``poll``.
     """
     if path is None:
         path = os.environ.get(ENV_SOCKET) or None
@@ -1368,7 +1484,7 @@ def connect(
     if world_size is None:
         world_size = dist_world if dist_world is not None else _env_int("WORLD_SIZE")
     agent = Agent(path, rank=rank, world_size=world_size, run_id=run_id, progress_interval=progress_interval,
-                  process_group=process_group, sync_every=sync_every)
+                  process_group=process_group, sync_every=sync_every, allow_unprotected=allow_unprotected)
     # A process group initialised already: switch the agreement on here,
     # where every rank comes by once (on NCCL this creates the gloo group).
     agent._sync.detect()
@@ -1380,7 +1496,13 @@ def connect(
         end = time.monotonic() + welcome_timeout
         agent._attempted.wait(welcome_timeout)
         if agent.connected:
-            agent._welcomed.wait(max(0.0, end - time.monotonic()))
+            with agent._cond:
+                agent._cond.wait_for(lambda: agent._welcomed.is_set() or agent._refused,
+                                     max(0.0, end - time.monotonic()))
+        if agent._refusal is not None:
+            err = agent._refusal
+            agent.close(timeout=0.1)
+            raise err
         if not agent._welcomed.is_set() and not agent._refused:
             log.warning("spotagent: no welcome from %s yet; using the environment for resume information", path)
     return agent
