@@ -394,7 +394,7 @@ class TestRobustness(Base):
         self.assertLess(worst, 0.5, "poll/checkpoint_done blocked for %.3fs" % worst)
         # The writer really is stuck: messages are still queued.
         with a._cond:
-            self.assertTrue(a._outbound and a._in_flight)
+            self.assertTrue(a._transport.outbound and a._transport.in_flight)
         t0 = time.monotonic()
         a.close(timeout=0.5)
         self.assertLess(time.monotonic() - t0, 3.0)
@@ -628,7 +628,7 @@ class TestRefusedHello(Base):
         err = io.StringIO()
         with mock.patch.object(sys, "stderr", err):
             a = self.connect(run_id="../x")
-        self.assertTrue(a._refused)
+        self.assertTrue(a._transport.refused)
         self.assertFalse(a.enabled)
         self.assertIsNone(a.poll(1))
         self.assertIn("running WITHOUT an agent", err.getvalue())
@@ -643,7 +643,7 @@ class TestRefusedHello(Base):
         srv.wait_message("hello")
         with mock.patch.object(sys, "stderr", io.StringIO()):
             srv.send({"type": "error", "error": "run could not start: store s3://b/run-42: access denied"})
-            self.assertTrue(wait_agent(a, lambda: a._refusal is not None))
+            self.assertTrue(wait_agent(a, lambda: a._transport.refusal is not None))
         for _ in range(2):  # every call, until the trainer gives up
             with self.assertRaises(spotagent.AgentRefused):
                 a.poll(2)
@@ -667,7 +667,7 @@ class TestRefusedHello(Base):
 
         with mock.patch.object(sys, "stderr", io.StringIO()):
             a = self.connect(run_id="run-42", welcome_timeout=0)
-            self.assertTrue(wait_agent(a, lambda: a._refusal is not None))
+            self.assertTrue(wait_agent(a, lambda: a._transport.refusal is not None))
         with self.assertRaises(spotagent.AgentRefused) as cm:
             a.poll(1)
         self.assertIn("still refused", str(cm.exception))
@@ -703,7 +703,7 @@ class TestPeerCredentials(Base):
         err = io.StringIO()
         with mock.patch.object(sys, "stderr", err):
             a = self.connect(welcome_timeout=2.0, allow_unprotected=True)
-            self.assertTrue(wait_agent(a, lambda: a._refused))
+            self.assertTrue(wait_agent(a, lambda: a._transport.refused))
         self.assertFalse(a.enabled)
         self.assertIsNone(a.resume_dir)  # the welcome's resume was never trusted
         self.assertIsNone(a.poll(1))

@@ -328,7 +328,7 @@ class TestAgreement(Base):
         srv = self.server(join_dir=self.tmp, commit=True)
         a = self.job_agent()
         srv.wait_message("hello")
-        a._sigterm = True  # what the handler does
+        a._sigterm.pending = True  # what the handler does
         req = a.poll(4)
         self.assertIsNotNone(req)
         u, idv, _ = sdist.decode(a._sync.sent[-1])
