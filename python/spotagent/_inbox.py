@@ -31,9 +31,9 @@ class Inbox(object):
                     req = r
                     break
             if req is None:
-                r = a._issued.get(cid)
-                if r is not None and r._conn == a._conn:
-                    req = r
+                issued = a._issued.get(cid)
+                if issued is not None and issued._conn == a._conn:
+                    req = issued
             if req is None:
                 return False
             if not req._answered:

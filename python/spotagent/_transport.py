@@ -94,6 +94,7 @@ def check_peer(sock: socket.socket, uids: Optional[Tuple[int, ...]]) -> Optional
         return "cannot read its credentials (%s)" % e
     if uid not in uids:
         return "it runs as uid %d, expected %s" % (uid, " or ".join(str(u) for u in uids))
+    return None
 
 
 class Transport(object):

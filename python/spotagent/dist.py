@@ -278,14 +278,14 @@ class Agreement(object):
                     a._requests.remove(req)
                     req.deadline = deadline
                     return a._hand_out(req)
-        req = self.join(rid, reason, deadline, step)
+        joined = self.join(rid, reason, deadline, step)
         if sigterm == rid:
-            if req is None:
+            if joined is None:
                 a._stop("shutdown")
             else:
-                mine = req
-                req._after_done = lambda s: self.stop_after_commit(mine)
-        return req
+                mine = joined
+                joined._after_done = lambda s: self.stop_after_commit(mine)
+        return joined
 
     def join(self, rid: str, reason: str, deadline: Optional[datetime.datetime],
              step: Optional[int]) -> "Optional[CheckpointRequest]":
