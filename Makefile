@@ -44,7 +44,12 @@ lint:
 test-go:
 	$(GO) test -race -tags '$(TAGS)' -timeout 30m ./...
 
+# mypy --strict over the client (Debian's mypy package), then the tests.
+# tests/realagent.py builds ./cmd/spotagent for the tests that run the real
+# agent (SPOTAGENT_BIN= a built binary skips the build).
+MYPY ?= mypy
 test-python:
+	cd python && $(MYPY) --strict spotagent
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a
