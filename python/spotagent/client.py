@@ -341,14 +341,24 @@ class Agent(object):
         """Wait up to ``timeout`` seconds for the agent's ``welcome``."""
         return self._welcomed.wait(timeout) if self.path else False
 
-    def close(self, timeout: float = 2.0) -> None:
+    def close(self, timeout: float = 2.0, finished: bool = True) -> None:
         """Stop the background threads (bounded by ``timeout``); queued
         messages are flushed first if the agent is reading. A background save
         still writing (``write_async``, ``spotagent.torch.save``) is waited
         for first, until its request's deadline if that is later: its
-        ``done`` must reach the agent."""
+        ``done`` must reach the agent.
+
+        Unless a stop is in effect (or ``finished`` is False, as when leaving
+        a ``with`` block on an exception), it tells the agent the trainer
+        finished its work (``bye``): a sidecar stopped afterwards (the
+        kubelet always stops it) then records no interruption."""
         if self._closed.is_set():
             return
+        if finished and self.path and not self._local_stop():
+            bye = {"type": "bye"}  # type: Dict[str, Any]
+            if self._last_step is not None:
+                bye["step"] = self._last_step
+            self._send(bye, conn=None)
         self._forget()
         self._write_exit_file()
         end = time.monotonic() + timeout
@@ -372,7 +382,7 @@ class Agent(object):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.close(finished=exc[0] is None)
 
     def __repr__(self) -> str:
         if not self.path:

@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Set
 
 #: Message types a trainer may send (anything else: "unknown message type").
-TRAINER_TYPES = ("hello", "progress", "done", "saved", "failed", "status", "join")
+TRAINER_TYPES = ("hello", "progress", "done", "saved", "failed", "status", "join", "bye")
 REASONS = ("periodic", "manual", "shutdown", "interruption")
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -56,7 +56,7 @@ class FakeAgent(object):
         self.pending = {}  # type: Dict[str, str]
         self._requests = {}  # type: Dict[str, Dict[str, Any]]  # id -> the checkpoint message
         self.saved_paths = {}  # type: Dict[str, Set[str]]
-        self._hello = set()  # type: Set[int]
+        self._hello = {}  # type: Dict[int, bool]  # connection -> a rank of a multi-rank job
         self._threads = []  # type: List[threading.Thread]
         self._listener = None  # type: Optional[socket.socket]
         self._stopped = False
@@ -189,7 +189,8 @@ class FakeAgent(object):
             return _error(mid, "unknown message type %s" % json.dumps(t))
         if t == "hello":
             with self.cond:
-                self._hello.add(id(c))
+                ws, nodes = msg.get("world_size"), msg.get("nodes")
+                self._hello[id(c)] = (isinstance(ws, int) and ws > 1) or (isinstance(nodes, int) and nodes > 1)
             return self.welcome
         if t == "done":
             return self._done(msg, mid)
@@ -250,8 +251,12 @@ class FakeAgent(object):
     def _join(self, c: socket.socket, msg: Dict[str, Any], mid: str) -> Optional[Dict[str, Any]]:
         with self.cond:
             said_hello = id(c) in self._hello
+            multi = self._hello.get(id(c), False)
         if not said_hello:
             return _error(mid, "join: say hello first")
+        if not multi:
+            # As the real agent: only a rank of a multi-rank job joins.
+            return _error(mid, "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)")
         if not _ID.match(mid):
             return _error(mid, "join: id must be 12 lowercase hex digits")
         with self.cond:
@@ -260,12 +265,17 @@ class FakeAgent(object):
         reason = msg.get("reason")
         if reason not in REASONS:
             return _error(mid, "join: unknown reason %s" % json.dumps(reason))
+        now = datetime.datetime.now(datetime.timezone.utc)
         deadline = _parse(msg.get("deadline"))
-        if deadline is None or deadline <= datetime.datetime.now(datetime.timezone.utc):
-            # As the real agent (agent_job.go onJoin).
+        if deadline is None and "deadline" not in msg and reason in ("shutdown", "interruption"):
+            # As the real agent (agent_job.go onJoin): a rank's own SIGTERM
+            # offered to the job gets the agent's grace (25 s less the margin).
+            deadline = now + datetime.timedelta(seconds=20)
+        elif deadline is None or deadline <= now:
             return _error(mid, "join: a deadline in the future is required")
         d = os.path.join(self.join_dir or "", mid)
-        req = {"type": "checkpoint", "id": mid, "reason": reason, "dir": d, "deadline": msg["deadline"]}
+        dl = deadline.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        req = {"type": "checkpoint", "id": mid, "reason": reason, "dir": d, "deadline": dl}
         with self.cond:
             self.pending[mid] = d
             self._requests[mid] = req

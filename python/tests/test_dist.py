@@ -213,6 +213,10 @@ class TestAgreement(Base):
     """The client's side of the agreement, with a stand-in collective."""
 
     def job_agent(self, other=sdist.NOTHING, every=1, **kw):
+        # A rank of a job of two, as the default group would make it: the
+        # agent takes joins only from ranks of a multi-rank job.
+        kw.setdefault("rank", 0)
+        kw.setdefault("world_size", 2)
         a = self.connect(**kw)
         a._sync = FakeSync(other, every)
         return a
