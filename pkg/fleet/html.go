@@ -1,0 +1,5 @@
+package fleet
+
+import "io"
+
+func WriteHTML(w io.Writer, rep *Report) error { return nil }
