@@ -21,11 +21,11 @@ const SummaryKey = "fleet-summary.json"
 // SummaryFormat names the summary schema.
 const SummaryFormat = "spotagent.fleet/v1"
 
-// maxSummary bounds what is read as a summary: 10,000 runs take ~5 MB.
+// maxSummary bounds what is read as a summary: 10,000 runs take ~10 MB.
 const maxSummary = 512 << 20
 
 // Summary is every run's Run, keyed by the run's directory under the fleet
-// root. It is small next to the journals (one entry of ~0.5 kB per run)
+// root. It is small next to the journals (one entry of ~1 kB per run)
 // and written only by Update, a compare-and-swap.
 type Summary struct {
 	Format  string          `json:"format"`
@@ -68,9 +68,9 @@ func readSummary(ctx context.Context, st cloud.Store) (*Summary, string, error) 
 	return s, info.Version, nil
 }
 
-// maxAttempts bounds Update's compare-and-swap loop; with the jittered
-// backoff below, 64 agents racing on one object all got through in under
-// 20 attempts in TestRecordSession_Race.
+// maxAttempts bounds Update's compare-and-swap loop. Each lost race means
+// another writer succeeded, so with the jittered backoff below every writer
+// of a burst gets through well before it (TestRecordSession_Race).
 const maxAttempts = 100
 
 // Update applies fn to the summary in st and writes the result with a

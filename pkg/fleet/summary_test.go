@@ -1,0 +1,132 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// Many agents end sessions at once, each refreshing its run's entry with a
+// compare-and-swap on the one summary object: none is lost.
+func TestRecordSession_Race(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
+		const agents, sessions = 24, 3
+		var wg sync.WaitGroup
+		errs := make(chan error, agents*sessions)
+		for a := range agents {
+			wg.Go(func() {
+				id := fmt.Sprintf("run-%02d", a)
+				j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
+				for s := range sessions {
+					start := at(time.Duration(s) * time.Hour)
+					j.Sessions = append(j.Sessions, checkpoint.Session{ID: fmt.Sprint(s), Start: start, End: tp(time.Duration(s)*time.Hour + 50*time.Minute),
+						Instance: p4dA, BlockedSeconds: fp(0)})
+					if err := RecordSession(context.Background(), root, id, j, int64(100*(s+1))); err != nil {
+						errs <- fmt.Errorf("%s session %d: %w", id, s, err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		s, err := ReadSummary(t.Context(), root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(s.Runs); got != agents {
+			t.Fatalf("summary has %d runs, want %d", got, agents)
+		}
+		for dir, r := range s.Runs {
+			if r.Sessions != sessions || r.Steps != 100*sessions || !near(r.Total().Machine, sessions*50*60) {
+				t.Errorf("%s: %d sessions, step %d, %v s on machines; want %d, %d, %d (a lost update)",
+					dir, r.Sessions, r.Steps, r.Total().Machine, sessions, 100*sessions, sessions*50*60)
+			}
+		}
+	})
+}
+
+// Two agents of one job share a journal: the one that writes last with an
+// older snapshot does not undo the newer entry.
+func TestRecordSession_KeepsFullerJournal(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
+		j := &checkpoint.Journal{RunID: "job", Sessions: []checkpoint.Session{
+			{ID: "a", Start: at(0), End: tp(time.Hour), Instance: p4dA},
+			{ID: "b", Start: at(0), End: tp(time.Hour), Instance: p4dB},
+		}}
+		if err := RecordSession(t.Context(), root, "job", j, 0); err != nil {
+			t.Fatal(err)
+		}
+		old := &checkpoint.Journal{RunID: "job", Sessions: j.Sessions[:1]}
+		if err := RecordSession(t.Context(), root, "job", old, 0); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ReadSummary(t.Context(), root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Runs["job"].Sessions; got != 2 {
+			t.Errorf("sessions=%d, want 2", got)
+		}
+	})
+}
+
+// fleet reads the summary; its figures are the recount's. A summary that
+// no longer parses is replaced by the next update, and --recount ignores it.
+func TestLoad(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, open func(string) cloud.Store) {
+		writeFleet(t, open)
+		now := at(100 * time.Hour)
+		ctx := t.Context()
+		s, src, damaged, err := Load(ctx, root, false, true, now)
+		if err != nil || src != "recount" || len(damaged) != 2 {
+			t.Fatalf("no summary yet: source %q, %d damaged, err %v; want a recount with 2", src, len(damaged), err)
+		}
+		want, _ := Build(s, Options{Now: now}, "", nil)
+		s2, src, _, err := Load(ctx, root, false, false, now)
+		if err != nil || src != "summary" {
+			t.Fatalf("source %q, err %v; want the summary saved by the recount", src, err)
+		}
+		got, _ := Build(s2, Options{Now: now}, "", nil)
+		if got.Total.Interruptions != want.Total.Interruptions || !near(got.Total.MachineHours, want.Total.MachineHours) ||
+			!near(got.Total.Goodput, want.Total.Goodput) || len(got.Runs) != len(want.Runs) {
+			t.Errorf("from the summary %+v, recount %+v", got.Total, want.Total)
+		}
+
+		junk := []byte("{not a summary")
+		if err := root.Put(ctx, SummaryKey, bytes.NewReader(junk), int64(len(junk)), cloud.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, err := Load(ctx, root, false, false, now); err == nil {
+			t.Fatal("a damaged summary was read")
+		}
+		if _, src, _, err := Load(ctx, root, true, false, now); err != nil || src != "recount" {
+			t.Fatalf("--recount over a damaged summary: %q, %v", src, err)
+		}
+		j := &checkpoint.Journal{RunID: "new", Sessions: []checkpoint.Session{{Start: at(0), End: tp(time.Hour), Instance: a2}}}
+		if err := RecordSession(ctx, root, "new", j, 0); err != nil {
+			t.Fatal(err)
+		}
+		s3, err := ReadSummary(ctx, root)
+		if err != nil || len(s3.Runs) != 1 {
+			t.Fatalf("after a session over a damaged summary: %v runs, err %v", s3, err)
+		}
+	})
+}
+
+func TestReadSummary_Missing(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
+		if _, err := ReadSummary(t.Context(), root); !errors.Is(err, cloud.ErrNotExist) {
+			t.Fatalf("err=%v, want ErrNotExist", err)
+		}
+	})
+}
