@@ -130,3 +130,29 @@ func TestReadSummary_Missing(t *testing.T) {
 		}
 	})
 }
+
+func TestPriorFor(t *testing.T) {
+	s := &Summary{Runs: map[string]*Run{
+		"a": {Cells: []Cell{{Key: Key{"aws", "p5", "z1"}, Machine: 100 * 3600, Interruptions: 10}}},
+		"b": {Cells: []Cell{{Key: Key{"aws", "p5", "z2"}, Machine: 20 * 3600, Interruptions: 1},
+			{Key: Key{"aws", "p4d", "z1"}, Machine: 10 * 3600, Interruptions: 3}}},
+	}}
+	for _, c := range []struct {
+		k      Key
+		source string
+		rate   float64
+	}{
+		{Key{"aws", "p5", "z1"}, "zone", (0.05*24 + 10) / 124},
+		{Key{"aws", "p5", "z2"}, "instance type", (0.05*24 + 11) / 144}, // 20 h in z2 < 48
+		{Key{"aws", "p4d", "z1"}, "flag", 0.05},
+		{Key{"gcp", "p5", "z1"}, "flag", 0.05},
+	} {
+		p := PriorFor(s, c.k, 0.05, DefaultMinHours)
+		if p.Source != c.source || !near(p.Rate, c.rate) {
+			t.Errorf("%v: %s %v, want %s %v", c.k, p.Source, p.Rate, c.source, c.rate)
+		}
+	}
+	if p := PriorFor(nil, Key{"aws", "p5", "z1"}, 0.05, DefaultMinHours); p.Source != "flag" || p.Rate != 0.05 {
+		t.Errorf("no summary: %+v", p)
+	}
+}
