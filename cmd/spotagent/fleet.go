@@ -28,7 +28,7 @@ func cmdFleet(args []string) int {
 		fs.StringVar(&since, "since", "", "only runs active in this last period: 30d, 36h (default: every run)")
 		fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?)")
 		fs.BoolVar(&recount, "recount", false, "read every run journal instead of the fleet summary")
-		fs.BoolVar(&save, "save-summary", false, "with --recount (or no summary yet): write the recount back as the fleet summary")
+		fs.BoolVar(&save, "save-summary", false, "with --recount: write the recount back as the fleet summary (done anyway, best effort, when the summary is missing or not complete)")
 		fs.StringVar(&priceFile, "prices", "", "price file: lines of instance_type,spot_per_hour,on_demand_per_hour")
 		fs.Float64Var(&prices.Default.Spot, "price-per-hour", 0, "spot price per machine hour for instance types not in --prices")
 		fs.Float64Var(&prices.Default.OnDemand, "on-demand-price-per-hour", 0, "on-demand price per machine hour for instance types not in --prices")
@@ -58,11 +58,15 @@ func cmdFleet(args []string) int {
 				return err
 			}
 		}
-		s, source, damaged, err := fleet.Load(ctx, st, recount, save, o.Now)
+		l, err := fleet.Load(ctx, st, recount, save, o.Now)
 		if err != nil {
 			return err
 		}
-		rep, err := fleet.Build(s, o, source, damaged)
+		if l.SaveErr != nil {
+			fmt.Fprintf(os.Stderr, "spotagent fleet: warning: the recount was not saved as the fleet summary (the next run recounts again): %v\n", l.SaveErr)
+		}
+		damaged := l.Damaged
+		rep, err := fleet.Build(l.Summary, o, l.Source, damaged)
 		if err != nil {
 			return err
 		}

@@ -11,26 +11,41 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
+// Loaded is what Load found.
+type Loaded struct {
+	Summary *Summary
+	Source  string    // "summary" or "recount"
+	Damaged []Damaged // journals a recount could not read cleanly
+	// SaveErr is why a recount that had to be saved (no complete summary
+	// yet) could not be: the report stands, the next one recounts again.
+	SaveErr error
+}
+
 // Load returns the runs under the root of st: from the summary, or from
-// every journal when recount is set or there is no summary yet (source
-// says which: "summary" or "recount"). With save, a recount is written back
-// as the summary (Update: an entry an agent refreshed meanwhile from a
-// fuller journal is kept).
-func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time) (s *Summary, source string, damaged []Damaged, err error) {
+// every journal when recount is set or the summary is not complete (none
+// yet, or one that agents started and no recount has filled with the runs
+// from before: Summary.Baseline is zero). A recount is written back as the
+// summary when save is set (an error) or the summary was not complete (best
+// effort, SaveErr), keeping any entry an agent refreshed meanwhile from a
+// fuller journal. A summary that does not parse is an error unless recount.
+func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time) (*Loaded, error) {
 	if !recount {
-		s, err = ReadSummary(ctx, st)
-		if err == nil {
-			return s, "summary", nil, nil
-		}
-		if !errors.Is(err, cloud.ErrNotExist) {
-			return nil, "", nil, fmt.Errorf("%w (--recount reads the journals instead)", err)
+		s, err := ReadSummary(ctx, st)
+		switch {
+		case err == nil && !s.Baseline.IsZero():
+			return &Loaded{Summary: s, Source: "summary"}, nil
+		case err == nil, errors.Is(err, cloud.ErrNotExist):
+			// Not complete: recount, and save it so that the next is fast.
+		default:
+			return nil, fmt.Errorf("%w (--recount reads the journals instead)", err)
 		}
 	}
-	s, damaged, err = Recount(ctx, st, now)
+	s, damaged, err := Recount(ctx, st, now)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
 	}
-	if save {
+	l := &Loaded{Summary: s, Source: "recount", Damaged: damaged}
+	if save || !recount {
 		err = Update(ctx, st, func(cur *Summary) {
 			old := cur.Runs
 			cur.Runs = map[string]*Run{}
@@ -40,12 +55,19 @@ func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time
 				}
 				cur.Runs[r.Dir] = r
 			}
+			for dir, o := range old { // recorded after the listing
+				if _, ok := cur.Runs[dir]; !ok {
+					cur.Runs[dir] = o
+				}
+			}
+			cur.Baseline = now.UTC()
 		})
-		if err != nil {
-			return nil, "", nil, err
+		if err != nil && save {
+			return nil, err
 		}
+		l.SaveErr = err
 	}
-	return s, "recount", damaged, nil
+	return l, nil
 }
 
 // ParseSince parses --since: a Go duration (36h) or a number of days (30d).

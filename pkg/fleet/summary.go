@@ -28,9 +28,13 @@ const maxSummary = 512 << 20
 // root. It is small next to the journals (one entry of ~1 kB per run)
 // and written only by Update, a compare-and-swap.
 type Summary struct {
-	Format  string          `json:"format"`
-	Updated time.Time       `json:"updated"`
-	Runs    map[string]*Run `json:"runs"`
+	Format  string    `json:"format"`
+	Updated time.Time `json:"updated"`
+	// Baseline is when a recount last filled the summary with every run
+	// under the root. Zero: agents created it (or replaced a damaged one)
+	// and it holds only the runs they recorded since, so Load recounts.
+	Baseline time.Time       `json:"baseline,omitzero"`
+	Runs     map[string]*Run `json:"runs"`
 }
 
 // ReadSummary reads the summary at the root of st; a missing one is

@@ -80,25 +80,36 @@ func TestRecordSession_KeepsFullerJournal(t *testing.T) {
 	})
 }
 
-// fleet reads the summary; its figures are the recount's. A summary that
-// no longer parses is replaced by the next update, and --recount ignores it.
+// fleet reads the summary; its figures are the recount's. Without a
+// complete summary (none, or one only agents wrote) it recounts and saves
+// one. A summary that no longer parses is an error unless --recount, and is
+// replaced by the next update.
 func TestLoad(t *testing.T) {
 	stores(t, func(t *testing.T, root cloud.Store, open func(string) cloud.Store) {
 		writeFleet(t, open)
 		now := at(100 * time.Hour)
 		ctx := t.Context()
-		s, src, damaged, err := Load(ctx, root, false, true, now)
-		if err != nil || src != "recount" || len(damaged) != 2 {
-			t.Fatalf("no summary yet: source %q, %d damaged, err %v; want a recount with 2", src, len(damaged), err)
+		// An agent ends a session before anyone ran fleet: the summary it
+		// creates knows only its run.
+		j, err := checkpoint.ReadJournal(ctx, open("eval-c"), "eval-c")
+		if err != nil {
+			t.Fatal(err)
 		}
-		want, _ := Build(s, Options{Now: now}, "", nil)
-		s2, src, _, err := Load(ctx, root, false, false, now)
-		if err != nil || src != "summary" {
-			t.Fatalf("source %q, err %v; want the summary saved by the recount", src, err)
+		if err := RecordSession(ctx, root, "eval-c", j, 1000); err != nil {
+			t.Fatal(err)
 		}
-		got, _ := Build(s2, Options{Now: now}, "", nil)
+		l, err := Load(ctx, root, false, false, now)
+		if err != nil || l.Source != "recount" || len(l.Damaged) != 2 || l.SaveErr != nil || len(l.Summary.Runs) != 4 {
+			t.Fatalf("partial summary: %+v, err %v; want a recount of 4 runs with 2 damaged, saved", l, err)
+		}
+		want, _ := Build(l.Summary, Options{Now: now}, "", nil)
+		l2, err := Load(ctx, root, false, false, now)
+		if err != nil || l2.Source != "summary" {
+			t.Fatalf("source %+v, err %v; want the summary the recount saved", l2, err)
+		}
+		got, _ := Build(l2.Summary, Options{Now: now}, "", nil)
 		if got.Total.Interruptions != want.Total.Interruptions || !near(got.Total.MachineHours, want.Total.MachineHours) ||
-			!near(got.Total.Goodput, want.Total.Goodput) || len(got.Runs) != len(want.Runs) {
+			!near(got.Total.Goodput, want.Total.Goodput) || len(got.Runs) != len(want.Runs) || len(got.Runs) != 4 {
 			t.Errorf("from the summary %+v, recount %+v", got.Total, want.Total)
 		}
 
@@ -106,19 +117,19 @@ func TestLoad(t *testing.T) {
 		if err := root.Put(ctx, SummaryKey, bytes.NewReader(junk), int64(len(junk)), cloud.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := Load(ctx, root, false, false, now); err == nil {
+		if _, err := Load(ctx, root, false, false, now); err == nil {
 			t.Fatal("a damaged summary was read")
 		}
-		if _, src, _, err := Load(ctx, root, true, false, now); err != nil || src != "recount" {
-			t.Fatalf("--recount over a damaged summary: %q, %v", src, err)
+		if l, err := Load(ctx, root, true, false, now); err != nil || l.Source != "recount" {
+			t.Fatalf("--recount over a damaged summary: %+v, %v", l, err)
 		}
-		j := &checkpoint.Journal{RunID: "new", Sessions: []checkpoint.Session{{Start: at(0), End: tp(time.Hour), Instance: a2}}}
-		if err := RecordSession(ctx, root, "new", j, 0); err != nil {
+		nj := &checkpoint.Journal{RunID: "new", Sessions: []checkpoint.Session{{Start: at(0), End: tp(time.Hour), Instance: a2}}}
+		if err := RecordSession(ctx, root, "new", nj, 0); err != nil {
 			t.Fatal(err)
 		}
 		s3, err := ReadSummary(ctx, root)
-		if err != nil || len(s3.Runs) != 1 {
-			t.Fatalf("after a session over a damaged summary: %v runs, err %v", s3, err)
+		if err != nil || len(s3.Runs) != 1 || !s3.Baseline.IsZero() {
+			t.Fatalf("after a session over a damaged summary: %+v, err %v; want 1 run, no baseline", s3, err)
 		}
 	})
 }
