@@ -197,7 +197,7 @@ func breakdownSVG(rep *Report) string {
 	fmt.Fprintf(&b, `<svg id="breakdown" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", svgWidth, height, svgWidth, height)
 	fmt.Fprintf(&b, `<text x="%d" y="18">hours: productive (blue) · blocked (light blue) · wasted by interruptions (orange) · between machines (grey)%s</text>`+"\n",
 		svgLeft, map[bool]string{true: "; money: useful spend (blue), wasted (orange), on demand (outline)", false: ""}[priced])
-	segs := func(y int, total float64, scale float64, parts []float64, colors []string, class string) float64 {
+	segs := func(y int, scale float64, parts []float64, colors []string, class string) float64 {
 		xx := float64(svgLeft)
 		for i, v := range parts {
 			if v <= 0 || scale <= 0 {
@@ -223,12 +223,12 @@ func breakdownSVG(rep *Report) string {
 		wasted := f.LostHours + f.RestoreHours + (f.BetweenHours - gapHours(f))
 		productive := f.WallHours * f.Goodput
 		blocked := max(f.MachineHours-productive-wasted, 0)
-		end := segs(y, f.WallHours, scaleH, []float64{productive, blocked, wasted, gapHours(f)},
+		end := segs(y, scaleH, []float64{productive, blocked, wasted, gapHours(f)},
 			[]string{colorGood, colorBlock, colorWaste, colorGap}, "hours")
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%.1f h</text>`+"\n", end+6, y+svgLane/2+2, f.WallHours)
 		if m := f.Money; priced && m != nil {
 			y += svgLane
-			end := segs(y, m.Spend, scaleM, []float64{m.Spend - m.Wasted, m.Wasted}, []string{colorGood, colorWaste}, "money")
+			end := segs(y, scaleM, []float64{m.Spend - m.Wasted, m.Wasted}, []string{colorGood, colorWaste}, "money")
 			if m.OnDemand > 0 && scaleM > 0 {
 				fmt.Fprintf(&b, `<rect class="on-demand" x="%d" y="%d" width="%.1f" height="%d" fill="none" stroke="#212121" stroke-dasharray="4 2"/>`+"\n",
 					svgLeft, y, plotW*m.OnDemand/scaleM, svgLane-8)
