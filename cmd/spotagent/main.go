@@ -33,6 +33,7 @@ var commands = []command{
 	{"restore", cmdRestore, "download and verify a checkpoint into a directory"},
 	{"history", cmdHistory, "print the run journal: interruptions, restores, lost work"},
 	{"report", cmdReport, "goodput of a run: where its wall time (and money) went"},
+	{"fleet", cmdFleet, "every run under a store prefix: interruptions, lost work, goodput and money by cloud, instance type and zone"},
 	{"watch", cmdWatch, "print interruption notices as JSON lines"},
 	{"simulate", cmdSimulate, "compare checkpoint interval policies on an interruption trace"},
 	{"fake-metadata", cmdFakeMetadata, "serve a fake cloud metadata service for demos and tests"},
