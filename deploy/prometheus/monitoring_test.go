@@ -42,10 +42,7 @@ var prometheusOwn = []string{"up", "scrape_duration_seconds", "scrape_samples_sc
 // afterEvents are series a live agent exports only after an event (a
 // labelled vector has no series before its first labels): checked against
 // the real registry after the call the agent makes on that event.
-// spotagent_instance_info belongs here only until pkg/supervisor calls
-// Metrics.Machine at start; then the live agent has it from the first scrape.
 var afterEvents = map[string]func(m *metrics.Metrics){
-	"spotagent_instance_info": func(m *metrics.Metrics) { m.Machine("aws", "p4d.24xlarge", "us-east-1a") },
 	"spotagent_notices_total": func(m *metrics.Metrics) { m.Notice("aws", "termination") },
 }
 

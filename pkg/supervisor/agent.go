@@ -73,6 +73,13 @@ type Config struct {
 	Node       string
 	RestoreAll bool
 
+	// Fleet, when set, is the store at the fleet's root (the parent of the
+	// run's store, or --store-prefix): the agent reads the fleet summary
+	// for its scheduler's prior at start and records its session in it at
+	// the end (pkg/fleet). FleetDir is the run's directory under it.
+	Fleet    cloud.Store
+	FleetDir string
+
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -230,13 +232,14 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
 	a.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
-	cfg.Scheduler.ObserveHistory(checkpoint.History{
+	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
+	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(checkpoint.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
-	})
+	}))
 	if err := a.takeLease(ctx); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
@@ -556,7 +559,42 @@ func (a *Agent) finish() {
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
+	a.recordFleet(ctx)
 	a.release()
+}
+
+// fleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
+	flat := a.cfg.Scheduler.PriorRate()
+	var s *fleet.Summary
+	if a.cfg.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		s, err = fleet.ReadSummary(rctx, a.cfg.Fleet)
+		cancel()
+		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
+			a.log.Warn("fleet summary unreadable: using the flat prior", zap.Error(err))
+			s = nil
+		}
+	}
+	id := a.cfg.Identity
+	p := fleet.PriorFor(s, fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}, flat, fleet.DefaultMinHours)
+	a.log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
+}
+
+// recordFleet refreshes this run's entry in the fleet summary from the
+// journal as the session leaves it; a failure costs only the summary
+// (spotagent fleet --recount rebuilds it).
+func (a *Agent) recordFleet(ctx context.Context) {
+	if a.cfg.Fleet == nil || a.fenced() {
+		return
+	}
+	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step); err != nil {
+		a.log.Warn("could not update the fleet summary", zap.Error(err))
+	}
 }
 
 // abort ends the life of an agent whose loop never ran.

@@ -270,6 +270,7 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
 	s.record.LostSteps = max(a.lastStep-res.Manifest.Step, 0)
+	a.noticeOutcome(s, true, now)
 	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	a.finishStop(s)
@@ -302,10 +303,24 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.record.LostSteps = max(a.lastStep-a.lastCommit.step, 0)
+	a.noticeOutcome(s, false, now)
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
 	a.finishStop(s)
+}
+
+// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
+// shutdown, a fence or another node's notice joined here.
+func (a *Agent) noticeOutcome(s *stopState, committed bool, now time.Time) {
+	if s.joined || s.reason != protocol.ReasonInterruption {
+		return
+	}
+	var lead time.Duration
+	if !s.notice.Deadline.IsZero() {
+		lead = s.notice.Deadline.Sub(s.notice.Detected)
+	}
+	a.cfg.Metrics.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
 }
 
 func (a *Agent) finishStop(s *stopState) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -611,4 +612,37 @@ func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
 	ar.waitStatus(t, "the flood read", func(Status) bool { return true })
 	other.hello()
 	ar.waitStatus(t, "the loop answering", func(s Status) bool { return s.Trainers == 1 })
+}
+
+// Issue 29: an agent with a fleet store records its session in the fleet
+// summary at its end, so that `spotagent fleet` and the next run's prior
+// need not read every journal.
+func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
+	root := shortDir(t)
+	fl, err := file.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := startAgent(t, func(c *Config) {
+		st, err := file.New(filepath.Join(root, "r1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Store, c.Fleet, c.FleetDir = st, fl, "r1"
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.save(tr.expect(protocol.TypeCheckpoint), 12, "w")
+	tr.expect(protocol.TypeCommitted)
+	tr.expect(protocol.TypeStop)
+	tr.c.Close()
+	ar.wait(t)
+	s, err := fleet.ReadSummary(context.Background(), fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Runs["r1"]; r == nil {
+		t.Fatalf("fleet summary %+v: no entry for run r1", s.Runs)
+	}
 }
