@@ -80,7 +80,7 @@ func sampleStatus(now time.Time) supervisor.Status {
 		Child:    &supervisor.ChildStatus{PID: 4242, Running: true, Restarts: 1},
 		Trainers: 1,
 		LastCheckpoint: &supervisor.CheckpointStatus{
-			ID: "000000001200-3f9a1c", Step: 1200, At: now.Add(-4*time.Minute - 12*time.Second), Bytes: 3 << 29,
+			ID: "3f9a1c07b2e4", Step: 1200, At: now.Add(-4*time.Minute - 12*time.Second), Bytes: 3 << 29,
 		},
 		NextCheckpoint: &next,
 		Interval:       "15m0s",
@@ -112,7 +112,7 @@ started:         2026-05-04 09:57:00 (2h3m0s ago)
 child:           pid 4242, running, 1 restarts
 trainers:        1 connected
 step:            1530 (newest progress)
-last checkpoint: step 1200, id 000000001200-3f9a1c, 4m12s ago, 1.5 GiB
+last checkpoint: step 1200, id 3f9a1c07b2e4, 4m12s ago, 1.5 GiB
 next checkpoint: in 10m48s (2026-05-04 12:10:48)
 interval:        15m0s
 uploading:       1 (requests awaiting the trainer: 0)
@@ -147,6 +147,12 @@ stopping:        no
 	})
 }
 
+// runStatus runs `spotagent status ARGS` in-process.
+func runStatus(t *testing.T, args []string, stdout, stderr *bytes.Buffer) int {
+	t.Helper()
+	return execute(append([]string{"status"}, args...), stdout, stderr)
+}
+
 func TestRunStatus(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Second)
 
@@ -154,11 +160,11 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		fakeAgent(t, path, sampleStatus(now), false)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		for _, want := range []string{"run:             exp42\n", "child:           pid 4242, running, 1 restarts\n",
-			"last checkpoint: step 1200, id 000000001200-3f9a1c, "} {
+			"last checkpoint: step 1200, id 3f9a1c07b2e4, "} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
 			}
@@ -168,7 +174,7 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		fakeAgent(t, path, sampleStatus(now), false)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path, "--json"}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path, "--json"}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		var got supervisor.Status
@@ -183,7 +189,7 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		hellos := fakeAgent(t, path, sampleStatus(now), true)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		if len(hellos) != 1 {
@@ -198,7 +204,7 @@ func TestRunStatus(t *testing.T) {
 		fakeAgent(t, defaultSocket("exp42"), sampleStatus(now), false)
 		for _, args := range [][]string{{"--run-id", "exp42"}, {"--store", "s3://bucket/runs/exp42"}, nil} {
 			var out, errb bytes.Buffer
-			if code := runStatus(args, &out, &errb); code != 0 {
+			if code := runStatus(t, args, &out, &errb); code != 0 {
 				t.Fatalf("%v: exit %d, stderr %q", args, code, errb.String())
 			}
 			if !strings.HasPrefix(out.String(), "run:             exp42\n") {
@@ -221,7 +227,7 @@ func TestRunStatus(t *testing.T) {
 		}
 		for _, path := range []string{filepath.Join(dir, "missing.sock"), stale} {
 			var out, errb bytes.Buffer
-			if code := runStatus([]string{"--socket", path}, &out, &errb); code != 1 {
+			if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 1 {
 				t.Fatalf("%s: exit %d, want 1", path, code)
 			}
 			want := fmt.Sprintf("spotagent status: no agent listening at %s\n", path)
@@ -233,7 +239,7 @@ func TestRunStatus(t *testing.T) {
 	t.Run("ErrNoSocketDir", func(t *testing.T) {
 		t.Setenv("TMPDIR", shortTempDir(t))
 		var out, errb bytes.Buffer
-		if code := runStatus(nil, &out, &errb); code != 1 {
+		if code := runStatus(t, nil, &out, &errb); code != 1 {
 			t.Fatalf("exit %d, want 1", code)
 		}
 		if !strings.Contains(errb.String(), "no agent socket in") || strings.Count(errb.String(), "\n") != 1 {
