@@ -94,17 +94,26 @@ func sampleStatus(now time.Time) supervisor.Status {
 	}
 }
 
+// statusSample is what status prints for sampleStatus, in UTC.
+func statusSample(t *testing.T) string {
+	t.Helper()
+	defer func(l *time.Location) { time.Local = l }(time.Local)
+	time.Local = time.UTC
+	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
+	st := sampleStatus(now)
+	var out bytes.Buffer
+	if err := writeStatus(&out, &st, now); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
 func TestWriteStatus(t *testing.T) {
 	defer func(l *time.Location) { time.Local = l }(time.Local)
 	time.Local = time.UTC
 	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 
 	t.Run("Running", func(t *testing.T) {
-		st := sampleStatus(now)
-		var out bytes.Buffer
-		if err := writeStatus(&out, &st, now); err != nil {
-			t.Fatal(err)
-		}
 		want := `run:             exp42
 store:           s3://bucket/runs/exp42
 cloud:           aws (i-0abc, g5.xlarge, us-east-1a, spot)
@@ -119,7 +128,7 @@ uploading:       1 (requests awaiting the trainer: 0)
 notices seen:    2, last: aws rebalance seen 5m0s ago
 stopping:        no
 `
-		if got := out.String(); got != want {
+		if got := statusSample(t); got != want {
 			t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 		}
 	})
