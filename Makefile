@@ -8,6 +8,9 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # client): ~150 fewer package inits, ~7 MiB less idle RSS. CGO_ENABLED=0
 # makes a static binary (no libc); tests keep cgo for the race detector.
 TAGS    := disable_grpc_modules
+# Tests, the demo and the benchmarks never ask the cloud's link-local
+# metadata address for credentials: the AWS SDK's chain stops before IMDS.
+export AWS_EC2_METADATA_DISABLED := true
 
 .PHONY: all build release image demo test test-go test-python fuzz lint bench soak clean
 
