@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -375,5 +376,69 @@ func TestCLI_ReadOnlyS3NoIMDS(t *testing.T) {
 	}
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("the metadata service was asked %d times", n)
+	}
+}
+
+// TestRestore_ProgressLog: not on a terminal, a transfer logs structured
+// progress lines: the checkpoint's bytes and files read so far, of the
+// total, and the rate. Manifests and latest.json do not count.
+func TestRestore_ProgressLog(t *testing.T) {
+	st, _ := testStore(t, nil)
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = time.Millisecond
+	cs := &countingStore{Store: st}
+	core, logs := observer.New(zap.InfoLevel)
+	stop := showProgress(cs, "restore", 7, 1, &bytes.Buffer{}, zap.New(core))
+	defer stop()
+	entries, err := checkpoint.ListManifests(t.Context(), cs)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("entries %v, err %v", entries, err)
+	}
+	for _, f := range entries[0].Manifest.Files {
+		r, err := cs.Get(t.Context(), f.Key, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, r)
+		r.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, e := range logs.FilterMessage("restore progress").All() {
+			f := e.ContextMap()
+			if f["bytes"] == int64(7) && f["total"] == int64(7) && f["files"] == int64(1) && f["total_files"] == int64(1) {
+				if _, ok := f["mb_per_s"]; ok {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no progress line with 7 of 7 bytes, 1 of 1 files: %v", logs.All())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBusy: a read of a store that takes longer than busyAfter says so
+// (not on a terminal: a log line every progressEvery), and list's table
+// still comes whole.
+func TestBusy(t *testing.T) {
+	defer func(d, e time.Duration) { busyAfter, progressEvery = d, e }(busyAfter, progressEvery)
+	busyAfter, progressEvery = 0, time.Millisecond
+	core, logs := observer.New(zap.InfoLevel)
+	stop := busy(&bytes.Buffer{}, "reading s", zap.New(core))
+	deadline := time.Now().Add(10 * time.Second)
+	for logs.FilterMessage("reading s").Len() < 2 {
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("no busy lines: %v", logs.All())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	_, uri := testStore(t, nil)
+	code, out, _ := cli(t, "list", "--store", uri)
+	if code != 0 || !strings.HasPrefix(out, "STEP") || !strings.Contains(out, "c42") {
+		t.Fatalf("exit %d, stdout %q", code, out)
 	}
 }

@@ -130,12 +130,29 @@ func newRestoreCmd() *cobra.Command {
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		return o.run(cmd, check, func(ctx context.Context, st cloud.Store, log *zap.Logger) error {
+			var want *checkpoint.Manifest // what will most likely be restored, for the progress total
 			if id != "" {
-				if err := knownID(ctx, st, id); err != nil {
+				m, err := knownID(ctx, st, id)
+				if err != nil {
 					return err
 				}
+				want = m
+			} else if l, err := checkpoint.ReadLatest(ctx, st); err == nil {
+				want, _ = checkpoint.ReadManifest(ctx, st, l.Manifest)
 			}
-			r, err := checkpoint.RestoreDir(ctx, st, dest, force, checkpoint.RestoreOptions{ID: id, Log: log, Part: part})
+			var total int64
+			var files int
+			if want != nil {
+				total, files = want.Bytes(), len(want.Files)
+			}
+			plog, err := newLoggerTo(cmd.ErrOrStderr(), o.logFormat, "info") // progress lines whatever --log-level says
+			if err != nil {
+				return err
+			}
+			cs := &countingStore{Store: st}
+			stop := showProgress(cs, "restore", total, files, cmd.ErrOrStderr(), plog)
+			r, err := checkpoint.RestoreDir(ctx, cs, dest, force, checkpoint.RestoreOptions{ID: id, Log: log, Part: part})
+			stop()
 			if errors.Is(err, checkpoint.ErrDestNotEmpty) {
 				return fmt.Errorf("%w: --force replaces its contents", err)
 			}
@@ -145,7 +162,7 @@ func newRestoreCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			files := len(r.Manifest.Files)
+			files = len(r.Manifest.Files)
 			if len(r.Parts) > 0 {
 				files = 0
 				for _, p := range r.Parts {
@@ -171,29 +188,29 @@ func newRestoreCmd() *cobra.Command {
 	return cmd
 }
 
-// knownID fails unless some manifest, or some job checkpoint still
+// knownID returns the manifest of checkpoint id. It fails unless some manifest, or some job checkpoint still
 // missing parts, in st has the id: an unknown id is a typo, not a store
 // without complete checkpoints.
-func knownID(ctx context.Context, st cloud.Store, id string) error {
+func knownID(ctx context.Context, st cloud.Store, id string) (*checkpoint.Manifest, error) {
 	entries, err := checkpoint.ListManifests(ctx, st)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, e := range entries {
 		if e.Manifest != nil && e.Manifest.ID == id {
-			return nil
+			return e.Manifest, nil
 		}
 	}
 	incomplete, err := checkpoint.ListIncomplete(ctx, st)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, in := range incomplete {
 		if in.ID == id {
-			return fmt.Errorf("checkpoint %s in %s is incomplete (parts missing): it cannot be restored", id, st.URI(""))
+			return nil, fmt.Errorf("checkpoint %s in %s is incomplete (parts missing): it cannot be restored", id, st.URI(""))
 		}
 	}
-	return fmt.Errorf("no checkpoint with id %q in %s: `spotagent list --store %s` prints the ids", id, st.URI(""), st.URI(""))
+	return nil, fmt.Errorf("no checkpoint with id %q in %s: `spotagent list --store %s` prints the ids", id, st.URI(""), st.URI(""))
 }
 
 func humanBytes(n int64) string {

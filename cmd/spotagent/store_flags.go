@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,7 +105,22 @@ func (o *readOptions) run(cmd *cobra.Command, check func() error, fn func(ctx co
 	} else if empty {
 		return failf(cmd, fmt.Errorf("%s %w", st.URI(""), errNoRun))
 	}
-	if err := fn(ctx, st, log); err != nil {
+	if cmd.Name() == "restore" { // it shows its own progress
+		err = fn(ctx, st, log)
+	} else {
+		// What fn prints waits until the spinner is gone.
+		out, buf := cmd.OutOrStdout(), &bytes.Buffer{}
+		plog, _ := newLoggerTo(cmd.ErrOrStderr(), o.logFormat, "info") // the format was checked above
+		stop := busy(cmd.ErrOrStderr(), "reading "+st.URI(""), plog)
+		cmd.SetOut(buf)
+		err = fn(ctx, st, log)
+		stop()
+		cmd.SetOut(out)
+		if _, werr := out.Write(buf.Bytes()); err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
 		return failf(cmd, err)
 	}
 	return nil
