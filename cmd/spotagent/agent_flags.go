@@ -35,9 +35,10 @@ type agentOptions struct {
 	sourceFlags                                               sourceOptions
 	logFormat, logLevel                                       string
 	fenceInterval                                             time.Duration
-	watch                                                     watchOptions // run and sidecar (watch_flags.go)
-	nodeRank, restore                                         string       // multi-node jobs (docs/distributed.md)
-	node                                                      string       // the part name nodeRank gives
+	watch                                                     watchOptions            // run and sidecar (watch_flags.go)
+	watchCfg                                                  *supervisor.WatchConfig // from watch, by resolve
+	nodeRank, restore                                         string                  // multi-node jobs (docs/distributed.md)
+	node                                                      string                  // the part name nodeRank gives
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -192,10 +193,12 @@ func (o *agentOptions) check(node bool) error {
 	if _, err := o.serverConfig(nil); err != nil {
 		return err
 	}
-	if !node {
-		if _, err := o.watch.config(); err != nil {
+	if !node { // node has no watch flags
+		c, err := o.watch.config()
+		if err != nil {
 			return err
 		}
+		o.watchCfg = c
 	}
 	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
 		return err

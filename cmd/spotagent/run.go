@@ -101,10 +101,6 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err != nil {
 		return fail(err)
 	}
-	watchCfg, err := o.watch.config()
-	if err != nil {
-		return fail(err)
-	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -149,7 +145,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		}
 		return nil
 	}
-	cfg.Watch = watchCfg
+	cfg.Watch = o.watchCfg
 	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
 		fail(err)
