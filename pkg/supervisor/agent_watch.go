@@ -44,7 +44,7 @@ type watchState struct {
 	dir      *os.Root                // the watched directory (the watcher's handle)
 	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
 	inflight map[string]*watchUpload // request id →
-	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
+	next     *watchStaged            // newest complete, staged, waiting for the upload in flight
 	newest   *watch.Checkpoint       // newest complete one reported
 	written  time.Time               // when the newest committed one was written (this session)
 	doneAt   time.Time               // when it was found complete
@@ -65,6 +65,16 @@ type watchPruner struct {
 
 // testHookWatchPrune, when set, runs before each prune, off the loop.
 var testHookWatchPrune func()
+
+// watchStaged is a checkpoint staged (hard-linked into the stage) and not
+// yet handed to the committer: staged as soon as it is complete, so that
+// a trainer that rotates its checkpoints (save_total_limit) cannot delete
+// it while an older upload is in flight.
+type watchStaged struct {
+	cp   *watch.Checkpoint
+	id   string
+	held *os.Root // the stage directory, as staged
+}
 
 type watchUpload struct {
 	cp       *watch.Checkpoint
@@ -187,6 +197,10 @@ func (a *Agent) startWatch() {
 // closeWatch releases the watcher's handles, once it has stopped.
 func (a *Agent) closeWatch() {
 	if ws := a.watch; ws != nil {
+		if sc := ws.next; sc != nil {
+			ws.next = nil
+			sc.held.Close()
+		}
 		ws.stage.Close()
 		ws.w.Close() // ws.dir with it
 	}
@@ -219,8 +233,11 @@ func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
 		}
 	}
 	if len(ws.inflight) > 0 && ws.stop == nil {
-		if ws.next == nil || cp.Step >= ws.next.Step {
-			ws.next = cp
+		if ws.next == nil || cp.Step >= ws.next.cp.Step {
+			if sc := a.watchStage(cp); sc != nil {
+				a.watchDropNext()
+				ws.next = sc
+			}
 		}
 		return
 	}
@@ -230,18 +247,17 @@ func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
 			up.cancel()
 		}
 	}
-	a.watchCommit(cp)
+	a.watchCommit(a.watchStage(cp))
 }
 
-// watchCommit stages cp and commits it.
-func (a *Agent) watchCommit(cp *watch.Checkpoint) {
+// watchStage stages cp for upload (nil: it could not be; it is retried
+// once it is quiet again).
+func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
 	ws := a.watch
-	ws.next = nil
 	id := newID()
-	var held *os.Root
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
-	defer ws.prune.setBusy(cp.Name, -1)
+	var held *os.Root
 	err := cp.StageIn(ws.dir, watchStage+"/"+id)
 	if err == nil {
 		if held, err = checkpoint.OpenDir(ws.stage, id); err != nil {
@@ -249,20 +265,50 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 		}
 	}
 	if err != nil {
+		ws.prune.setBusy(cp.Name, -1)
 		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		ws.w.Retry(cp.Name) // once it is quiet again
+		return nil
+	}
+	return &watchStaged{cp: cp, id: id, held: held}
+}
+
+// watchDropNext discards the staged checkpoint waiting for the upload in
+// flight (a newer one replaces it, or it is already superseded).
+func (a *Agent) watchDropNext() {
+	ws := a.watch
+	sc := ws.next
+	if sc == nil {
 		return
 	}
+	ws.next = nil
+	checkpoint.RemoveDir(ws.stage, sc.id, sc.held)
+	sc.held.Close()
+	ws.prune.setBusy(sc.cp.Name, -1)
+}
+
+// watchCommit commits a staged checkpoint (nil: nothing to commit).
+func (a *Agent) watchCommit(sc *watchStaged) {
+	ws := a.watch
+	if sc == nil {
+		return
+	}
+	if ws.next == sc {
+		ws.next = nil
+	} else {
+		a.watchDropNext()
+	}
+	cp, id := sc.cp, sc.id
 	now := time.Now()
 	reason := ReasonPeriodic
 	if ws.stop != nil {
 		reason = ws.stop.s.reason
 	}
-	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
+	// The staging's busy mark stays until the commit ends (watchCommitted).
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	ws.prune.setBusy(cp.Name, 1)
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
@@ -297,10 +343,10 @@ func (a *Agent) watchCommitted(cr commitResult) {
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if a.lastCommit.id == "" || n.Step > a.lastCommit.step {
+		if a.lastCommit.id == "" || n.cp.Step > a.lastCommit.step {
 			a.watchCommit(n)
 		} else {
-			ws.next = nil
+			a.watchDropNext()
 		}
 	}
 	a.tickWatch(time.Now())
@@ -432,7 +478,12 @@ func (a *Agent) tickWatch(now time.Time) {
 		return
 	}
 	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
-		a.watchCommit(n) // failed or not started: once more, before the deadline
+		// Failed or not started: once more, before the deadline.
+		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
+			a.watchCommit(sc)
+		} else {
+			a.watchCommit(a.watchStage(n))
+		}
 		if len(ws.inflight) > 0 {
 			return
 		}

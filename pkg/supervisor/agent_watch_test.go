@@ -1,15 +1,19 @@
 package supervisor
 
 import (
+	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
@@ -129,4 +133,66 @@ func TestSignalName(t *testing.T) {
 			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
 		}
 	}
+}
+
+// slowStore delays every data object's Put: an upload that takes longer
+// than the trainer's save period.
+type slowStore struct {
+	cloud.Store
+	delay time.Duration
+}
+
+func (s slowStore) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	if strings.HasPrefix(key, "checkpoints/") && !strings.HasSuffix(key, "manifest.json") {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.Store.Put(ctx, key, r, size, opts)
+}
+
+// TestWatch_Rotation: a Hugging Face trainer with save_total_limit=1 and
+// the default 10 s quiet window saves every 400 ms and deletes the older
+// checkpoint after each save; an upload takes longer than that. The
+// staged hard links keep each checkpoint's data: commits land while the
+// trainer runs (none was rejected as "changed"), each complete one is
+// staged as soon as it is complete, and the newest at the trainer's exit
+// is committed.
+func TestWatch_Rotation(t *testing.T) {
+	out := t.TempDir()
+	var st cloud.Store
+	startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		st = c.Store
+		c.Store = slowStore{Store: c.Store, delay: 500 * time.Millisecond}
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
+	})
+	const saves = 12
+	for i := 1; i <= saves; i++ {
+		writeHF(t, out, i*10, true)
+		if i > 1 {
+			os.RemoveAll(filepath.Join(out, "checkpoint-"+itoa((i-1)*10)))
+		}
+		time.Sleep(400 * time.Millisecond) // the trainer's save period, not synchronisation
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []int64
+	for _, e := range entries {
+		if e.Manifest != nil {
+			steps = append(steps, e.Manifest.Step)
+		}
+	}
+	if len(steps) < 2 {
+		t.Fatalf("committed steps %v while the trainer rotated %d checkpoints: want at least 2", steps, saves)
+	}
+	waitFor(t, "the newest checkpoint committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), st)
+		return err == nil && l.Step == saves*10
+	})
 }

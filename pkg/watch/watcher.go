@@ -26,6 +26,13 @@ import (
 // two minutes) for the upload.
 const DefaultQuiet = 10 * time.Second
 
+// DefaultMarkerQuiet is the quiet window of a checkpoint that holds its
+// completion marker (trainer_state.json, written last): the marker, not
+// the window, says it is complete; the window only lets the few small
+// files some versions write after it (rng_state.pth) land. A checkpoint
+// that changes after all is caught when its upload is verified.
+const DefaultMarkerQuiet = time.Second
+
 // DefaultWarnAfter is how long DIR may hold no checkpoint at all before
 // the watcher warns (with what it did see).
 const DefaultWarnAfter = 30 * time.Minute
@@ -47,6 +54,9 @@ type Config struct {
 	StepRegex string        // default: the last integer in the name
 	Marker    string        // MarkerAuto (default), MarkerNone, or a file a directory checkpoint must hold
 	Quiet     time.Duration // default DefaultQuiet
+	// MarkerQuiet is the quiet window once the marker is there; default
+	// DefaultMarkerQuiet, never more than Quiet.
+	MarkerQuiet time.Duration
 	Rescan    time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
 	WarnAfter time.Duration // default DefaultWarnAfter
 	Log       *zap.Logger
@@ -71,6 +81,7 @@ type Watcher struct {
 	matched   time.Time         // last scan that matched something, or start
 	lastWarn  time.Time
 	notifying map[string]bool // directories added to the fsnotify watcher
+	due       time.Time       // when a checkpoint seen may next become complete (zero: none)
 }
 
 // seen is what the watcher knows of one matching entry.
@@ -80,6 +91,7 @@ type seen struct {
 	fp       fingerprint
 	since    time.Time // when fp was first seen
 	reported bool      // fp was reported complete
+	stable   int       // scans since since that saw fp unchanged
 	problem  string    // why it cannot be complete (yet)
 }
 
@@ -97,6 +109,10 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Quiet <= 0 {
 		cfg.Quiet = DefaultQuiet
 	}
+	if cfg.MarkerQuiet <= 0 {
+		cfg.MarkerQuiet = DefaultMarkerQuiet
+	}
+	cfg.MarkerQuiet = min(cfg.MarkerQuiet, cfg.Quiet)
 	if cfg.Rescan <= 0 {
 		cfg.Rescan = min(max(cfg.Quiet/4, 50*time.Millisecond), 2*time.Second)
 	}
@@ -220,6 +236,8 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	w.mu.Unlock()
 	tick := time.NewTicker(w.cfg.Rescan)
 	defer tick.Stop()
+	wake := time.NewTimer(time.Hour)
+	defer wake.Stop()
 	for {
 		for _, c := range w.Scan(time.Now()) {
 			select {
@@ -231,9 +249,20 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 		if fsw != nil {
 			w.notify(fsw)
 		}
+		// Wake when the next checkpoint's quiet window ends, not a rescan
+		// period later.
+		var due <-chan time.Time
+		w.mu.Lock()
+		next := w.due
+		w.mu.Unlock()
+		if !next.IsZero() {
+			wake.Reset(max(time.Until(next), time.Millisecond))
+			due = wake.C
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-due:
 		case <-tick.C:
 		case _, ok := <-events:
 			if !ok {
@@ -330,8 +359,18 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 			}
 		}
 	}
+	// A newer checkpoint in DIR says the trainer is done with the older
+	// ones: with rotation (save_total_limit) an older one may be deleted
+	// long before any quiet window longer than the save period passes.
+	top := int64(-1)
+	for name := range snaps {
+		if st, err := w.namer.Step(name, kindOf(snaps[name].fp) == KindFile); err == nil && st > top {
+			top = st
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.due = time.Time{}
 	var ready []*Checkpoint
 	present := map[string]bool{}
 	var others []string
@@ -344,7 +383,7 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 			continue
 		}
 		present[name] = true
-		if c := w.look(name, e.Type(), snaps[name], now); c != nil {
+		if c := w.look(name, e.Type(), snaps[name], top, now); c != nil {
 			ready = append(ready, c)
 		}
 	}
@@ -376,8 +415,14 @@ type snap struct {
 }
 
 // look updates the state of one matching entry; it returns the entry when
-// it has just become complete. w.mu is held.
-func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Checkpoint {
+// it has just become complete. top is the highest step in DIR. w.mu is
+// held.
+//
+// Complete means: not empty, holding its marker if its layout has one,
+// and either quiet (unchanged) for the quiet window (the short
+// MarkerQuiet once the marker is there), or unchanged since the previous
+// scan while a newer checkpoint exists in DIR.
+func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now time.Time) *Checkpoint {
 	kind := KindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
 		kind = KindDir
@@ -398,7 +443,7 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Ch
 	}
 	fp, err := sn.fp, sn.err
 	if err != nil {
-		s.fp, s.since, s.reported = nil, now, false
+		s.fp, s.since, s.reported, s.stable = nil, now, false, 0
 		if errors.Is(err, errRefused) {
 			s.problem = "refused: " + err.Error()
 			w.problemLocked(name, s.problem)
@@ -411,24 +456,39 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Ch
 	// Not equal: the agent's own hard links (staging) move ctimes, and
 	// must not make a checkpoint look written again.
 	if !fp.sameData(s.fp) {
-		s.fp, s.since, s.reported = fp, now, false
+		s.fp, s.since, s.reported, s.stable = fp, now, false, 0
+	} else {
+		s.stable++
 	}
 	s.problem = ""
-	if m := w.marker(name, s.kind); m != "" && !fp.has(m) {
-		s.problem = "waiting for " + m
-		return nil
+	quiet := w.quietLocked()
+	if m := w.marker(name, s.kind); m != "" {
+		if !fp.has(m) {
+			s.problem = "waiting for " + m
+			return nil
+		}
+		quiet = min(quiet, w.cfg.MarkerQuiet)
 	}
 	if fp.files() == 0 {
 		s.problem = "empty"
 		return nil
 	}
-	if s.reported || now.Sub(s.since) < w.cfg.Quiet {
+	if s.reported {
+		return nil
+	}
+	if now.Sub(s.since) < quiet && (top <= step || s.stable == 0) {
+		if d := s.since.Add(quiet); w.due.IsZero() || d.Before(w.due) {
+			w.due = d
+		}
 		return nil
 	}
 	s.reported = true
 	delete(w.warned, name)
 	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp, root: w.root}
 }
+
+// quietLocked is the quiet window now. w.mu is held.
+func (w *Watcher) quietLocked() time.Duration { return w.cfg.Quiet }
 
 func kindOf(fp fingerprint) string {
 	if len(fp) == 1 && fp[0].rel == "." && !fp[0].dir {

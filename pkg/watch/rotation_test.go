@@ -1,0 +1,146 @@
+package watch
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+)
+
+// TestVerify_Rotation: a trainer with save_total_limit deletes a
+// checkpoint while its staged copy is being uploaded. The staged hard
+// links still hold the complete data: Verify passes and the commit lands,
+// with the data as it was found complete.
+func TestVerify_Rotation(t *testing.T) {
+	for _, kind := range []string{"dir", "file", "partly-deleted"} {
+		t.Run(kind, func(t *testing.T) {
+			cfg := Config{}
+			name := "checkpoint-4"
+			if kind == "file" {
+				cfg.Pattern, name = "*.pt", "model-4.pt"
+			}
+			w, _ := newWatcher(t, cfg)
+			p := filepath.Join(w.cfg.Dir, name)
+			if kind == "file" {
+				write(t, p, "weights4")
+			} else {
+				write(t, filepath.Join(p, "pytorch_model.bin"), "weights4")
+				write(t, filepath.Join(p, "sub", "optimizer.pt"), "opt4")
+				write(t, filepath.Join(p, HFMarker), "{}")
+			}
+			t0 := time.Now()
+			w.Scan(t0)
+			cps := w.Scan(t0.Add(time.Hour))
+			if len(cps) != 1 {
+				t.Fatal("not complete")
+			}
+			cp := cps[0]
+			fst, _ := file.New(t.TempDir())
+			vs := NewVerifyStore(fst)
+			stage := stageIn(t, cp, "r1")
+			// Rotation: the trainer's next save deletes this one.
+			if kind == "partly-deleted" {
+				os.Remove(filepath.Join(p, "pytorch_model.bin"))
+			} else if err := os.RemoveAll(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := cp.Verify(); err != nil {
+				t.Fatalf("Verify after the original was deleted: %v", err)
+			}
+			defer vs.Expect(cp.Step, "r1", cp.Verify)()
+			c := &checkpoint.Committer{Store: vs, RunID: "r"}
+			if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: stage, ID: "r1", Step: cp.Step, Metadata: cp.Metadata()}); err != nil {
+				t.Fatalf("commit of a rotated checkpoint: %v", err)
+			}
+			l, err := checkpoint.ReadLatest(t.Context(), fst)
+			if err != nil || l.Step != 4 {
+				t.Fatalf("latest %+v, %v", l, err)
+			}
+		})
+	}
+}
+
+// TestVerify_RotationThenRewrite: deleting the original is no change; a
+// write into the staged data through the original name before it, or a
+// new checkpoint of the same name made meanwhile, is.
+func TestVerify_RotationThenRewrite(t *testing.T) {
+	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	p := filepath.Join(w.cfg.Dir, "checkpoint-1")
+	write(t, filepath.Join(p, "a.bin"), "aaaa")
+	t0 := time.Now()
+	w.Scan(t0)
+	cps := w.Scan(t0.Add(time.Hour))
+	stageIn(t, cps[0], "s1")
+	f, _ := os.OpenFile(filepath.Join(p, "a.bin"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("more")
+	f.Close()
+	os.RemoveAll(p)
+	if err := cps[0].Verify(); !errors.Is(err, ErrChanged) {
+		t.Fatalf("Verify after a write then a delete: %v, want ErrChanged", err)
+	}
+
+	w2, _ := newWatcher(t, Config{Marker: MarkerNone})
+	p2 := filepath.Join(w2.cfg.Dir, "checkpoint-2")
+	write(t, filepath.Join(p2, "a.bin"), "aaaa")
+	w2.Scan(t0)
+	cps = w2.Scan(t0.Add(time.Hour))
+	stageIn(t, cps[0], "s2")
+	os.RemoveAll(p2)
+	write(t, filepath.Join(p2, "a.bin"), "bbbb") // saved again under the same name
+	if err := cps[0].Verify(); !errors.Is(err, ErrChanged) {
+		t.Fatalf("Verify with a new checkpoint of the same name: %v, want ErrChanged", err)
+	}
+}
+
+// TestScan_MarkerShortQuiet: a trainer saving every 3 s with the default
+// 10 s quiet window: a checkpoint holding its marker is complete after
+// the short marker window, not the full one.
+func TestScan_MarkerShortQuiet(t *testing.T) {
+	w, _ := newWatcher(t, Config{Quiet: 10 * time.Second})
+	d := filepath.Join(w.cfg.Dir, "checkpoint-3")
+	write(t, filepath.Join(d, "pytorch_model.bin"), "w")
+	t0 := time.Now()
+	w.Scan(t0)
+	write(t, filepath.Join(d, HFMarker), "{}")
+	w.Scan(t0.Add(100 * time.Millisecond))
+	if got := w.Scan(t0.Add(500 * time.Millisecond)); len(got) != 0 {
+		t.Fatalf("reported within the marker window: %s", names(got))
+	}
+	got := w.Scan(t0.Add(100*time.Millisecond + DefaultMarkerQuiet))
+	if names(got) != "checkpoint-3" {
+		t.Fatalf("got %q %s after the marker's quiet window, want checkpoint-3", names(got), w.state["checkpoint-3"].problem)
+	}
+}
+
+// TestScan_NewerMeansDone: without a marker, a newer checkpoint appearing
+// says the older one is complete once a scan saw it unchanged, long
+// before the quiet window; the newest waits for its window.
+func TestScan_NewerMeansDone(t *testing.T) {
+	w, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
+	write(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
+	t0 := time.Now()
+	w.Scan(t0)
+	write(t, filepath.Join(w.cfg.Dir, "model-6.pt"), "six")
+	got := w.Scan(t0.Add(time.Second))
+	if names(got) != "model-3.pt" {
+		t.Fatalf("got %q, want model-3.pt once model-6.pt appeared", names(got))
+	}
+	if got := w.Scan(t0.Add(2 * time.Second)); len(got) != 0 {
+		t.Fatalf("the newest reported before its quiet window: %s", names(got))
+	}
+	// One first seen with a newer one already there still needs a scan
+	// that sees it unchanged.
+	w2, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
+	write(t, filepath.Join(w2.cfg.Dir, "model-3.pt"), "three")
+	write(t, filepath.Join(w2.cfg.Dir, "model-6.pt"), "six")
+	if got := w2.Scan(t0); len(got) != 0 {
+		t.Fatalf("reported at first sight: %s", names(got))
+	}
+	if got := w2.Scan(t0.Add(time.Second)); names(got) != "model-3.pt" {
+		t.Fatalf("got %q, want model-3.pt", names(got))
+	}
+}
