@@ -57,9 +57,9 @@ type Config struct {
 	// MarkerQuiet is the quiet window once the marker is there; default
 	// DefaultMarkerQuiet, never more than Quiet.
 	MarkerQuiet time.Duration
-	Rescan    time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
-	WarnAfter time.Duration // default DefaultWarnAfter
-	Log       *zap.Logger
+	Rescan      time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
+	WarnAfter   time.Duration // default DefaultWarnAfter
+	Log         *zap.Logger
 }
 
 // Watcher scans DIR for checkpoints and reports each one once it is
