@@ -306,7 +306,7 @@ func UpdateLatest(ctx context.Context, st cloud.Store, l Latest) error {
 		switch {
 		case err == nil:
 			opts = cloud.PutOptions{IfVersion: info.Version}
-			if cur, err := ReadLatest(ctx, st); err == nil && cur.Step > l.Step {
+			if cur, err := ReadLatest(ctx, st); err == nil && cur.PointsAt() > l.Step {
 				return nil
 			}
 		case !errors.Is(err, cloud.ErrNotExist):
