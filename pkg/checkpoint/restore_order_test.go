@@ -125,4 +125,3 @@ func TestRestore_StopsAtFirstFailure(t *testing.T) {
 		t.Fatalf("%d objects fetched after the first one failed, want at most 20", n)
 	}
 }
-
