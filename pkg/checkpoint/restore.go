@@ -47,6 +47,9 @@ type RestoreOptions struct {
 	// every object of every part exists with its size. A checkpoint
 	// without that part (a single-node one) is restored whole.
 	Part string
+	// Stall fails a store request that makes no progress (no answer, no
+	// byte of its body) for this long; 0: DefaultStall, < 0: never.
+	Stall time.Duration
 }
 
 // Restored describes a checkpoint copied to local disk and verified.
@@ -100,6 +103,10 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if opts.Stall == 0 {
+		opts.Stall = DefaultStall
+	}
+	st = withStall(st, opts.Stall)
 	var skipped []string
 	var abort error // not the checkpoint's fault: the disk, the network, ctx
 	try := func(key string, m *Manifest) (*Restored, bool) {
@@ -113,6 +120,9 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		}
 		var r *Restored
 		if err == nil {
+			// A long restore logs its progress (bytes, rate, eta) every 5 s.
+			log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
+				zap.Int("files", len(view.Files)), zap.Int64("bytes", view.Bytes()))
 			r, err = restoreOne(ctx, st, dest, destPath, key, m, view, log)
 		}
 		if err == nil {
@@ -178,6 +188,9 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			m, err := ReadManifest(ctx, st, k)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if errors.Is(err, ErrStalled) {
+				return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
 			}
 			entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
 		}

@@ -3,11 +3,13 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -123,5 +125,89 @@ func TestRestore_StopsAtFirstFailure(t *testing.T) {
 	}
 	if n := st.data.Load(); n > 20 {
 		t.Fatalf("%d objects fetched after the first one failed, want at most 20", n)
+	}
+}
+
+// silentStore never answers a Get of key (until the request's context
+// ends), nor a Get of any object when key is "".
+type silentStore struct {
+	cloud.Store
+	key string
+}
+
+func (s silentStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if s.key == "" || key == s.key {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// stallAfterStore answers one byte of each object "m", then nothing.
+type stallAfterStore struct{ cloud.Store }
+
+type oneByteThenSilence struct {
+	ctx  context.Context
+	sent bool
+}
+
+func (r *oneByteThenSilence) Read(p []byte) (int, error) {
+	if !r.sent {
+		r.sent = true
+		p[0] = 'x'
+		return 1, nil
+	}
+	<-r.ctx.Done()
+	return 0, r.ctx.Err()
+}
+func (r *oneByteThenSilence) Close() error { return nil }
+
+func (s stallAfterStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if strings.HasSuffix(key, "/m") {
+		return &oneByteThenSilence{ctx: ctx}, nil
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// TestRestore_StallTimesOut: a store whose GETs never answer, and an
+// object whose body stops after one byte, fail the restore with
+// ErrStalled after the stall timeout instead of hanging; a latest.json
+// alone that never answers is passed over (the listing is used); and
+// cancelling ctx ends a restore at once.
+func TestRestore_StallTimesOut(t *testing.T) {
+	inner := newStore(t)
+	commit(t, inner, 10, "a", map[string]string{"m": "ten"})
+	for _, tc := range []struct {
+		name string
+		st   cloud.Store
+	}{
+		{"no Get answers", silentStore{Store: inner}},
+		{"body stops", stallAfterStore{inner}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Restore(context.Background(), tc.st, t.TempDir(), RestoreOptions{Stall: 200 * time.Millisecond})
+			if !errors.Is(err, ErrStalled) {
+				t.Fatalf("err=%v, want ErrStalled", err)
+			}
+		})
+	}
+	r, err := Restore(context.Background(), silentStore{Store: inner, key: LatestKey}, t.TempDir(), RestoreOptions{Stall: 200 * time.Millisecond})
+	if err != nil || r.Manifest.Step != 10 {
+		t.Fatalf("restore with latest.json silent: %+v, %v; want step 10 from the listing", r, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := Restore(ctx, silentStore{Store: inner}, t.TempDir(), RestoreOptions{})
+		errc <- err
+	}()
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err=%v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a cancelled restore did not return")
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
@@ -195,4 +196,66 @@ func TestWatch_Rotation(t *testing.T) {
 		l, err := checkpoint.ReadLatest(t.Context(), st)
 		return err == nil && l.Step == saves*10
 	})
+}
+
+// silentGets is a store no Get of which ever answers (until cancelled).
+type silentGets struct {
+	cloud.Store
+	entered chan string // each Get's key, when there is room
+}
+
+func (s silentGets) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	select {
+	case s.entered <- key:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStart_SignalCancelsRestore: a start-up (journal, lease, restore)
+// held up by a store that never answers is cancelled by SIGTERM: Run returns 143 with the
+// reason, and the trainer is never started.
+func TestStart_SignalCancelsRestore(t *testing.T) {
+	dir := shortDir(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := filepath.Join(dir, "ran")
+	cfg := Config{
+		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: silentGets{st, make(chan string, 64)},
+		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
+		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: -1,
+		Command: []string{"/bin/sh", "-c", "touch " + ran},
+		Watch:   &WatchConfig{Config: watch.Config{Dir: t.TempDir()}},
+	}
+	sigs := make(chan os.Signal, 1)
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, err := Run(context.Background(), cfg, sigs)
+		done <- result{code, err}
+	}()
+	select {
+	case <-cfg.Store.(silentGets).entered: // the start waits for the store
+	case <-time.After(testWait):
+		t.Fatal("the start never read the store")
+	}
+	sigs <- syscall.SIGTERM
+	select {
+	case r := <-done:
+		if r.code != 128+int(syscall.SIGTERM) || r.err == nil || !strings.Contains(r.err.Error(), "start-up cancelled by terminated") {
+			t.Fatalf("Run=%d, %v; want 143 and start-up cancelled", r.code, r.err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("SIGTERM did not end a start-up held up by the store")
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("the trainer was started")
+	}
 }
