@@ -25,9 +25,13 @@ func TestStartup_SlowStoreCancelled(t *testing.T) {
 		wait  string // a line that says the start is held up
 	}{
 		{"never-answers", faultproxy.Fault{Mode: faultproxy.Stall, Stall: 10 * time.Minute,
-			Match: func(r *http.Request) bool { return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/latest.json") }}, ""},
+			Match: func(r *http.Request) bool {
+				return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/latest.json")
+			}}, ""},
 		{"trickle", faultproxy.Fault{Mode: faultproxy.Slow, Rate: 100,
-			Match: func(r *http.Request) bool { return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/state.bin") }},
+			Match: func(r *http.Request) bool {
+				return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/state.bin")
+			}},
 			`restore progress`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
