@@ -352,6 +352,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
+	cost = a.watchCost(r.id, cost) // agent_watch.go: measured, not the default
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
 	jobStats, session := a.asksPeriodic(), a.session

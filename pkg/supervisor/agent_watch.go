@@ -73,13 +73,15 @@ var testHookWatchPrune func()
 type watchStaged struct {
 	cp   *watch.Checkpoint
 	id   string
-	held *os.Root // the stage directory, as staged
+	held *os.Root      // the stage directory, as staged
+	took time.Duration // the staging (hard links and their check)
 }
 
 type watchUpload struct {
 	cp       *watch.Checkpoint
 	unexpect func()
-	started  time.Time // found complete, upload begun
+	started  time.Time     // found complete, upload begun
+	staging  time.Duration // what staging it took
 }
 
 // watchStop is an interruption in zero-code mode.
@@ -241,13 +243,30 @@ func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
 		}
 		return
 	}
-	for id, u := range ws.inflight {
-		if up := a.uploads[id]; up != nil && u.cp.Step < cp.Step {
+	a.watchSupersede(cp.Step)
+	a.watchCommit(a.watchStage(cp))
+}
+
+// watchSupersede cancels the uploads in flight older than step (during an
+// interruption: the newest goes at once).
+func (a *Agent) watchSupersede(step int64) {
+	for id, u := range a.watch.inflight {
+		if up := a.uploads[id]; up != nil && u.cp.Step < step {
 			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 			up.cancel()
 		}
 	}
-	a.watchCommit(a.watchStage(cp))
+}
+
+// watchInflight reports whether a checkpoint of step or newer is being
+// uploaded.
+func (a *Agent) watchInflight(step int64) bool {
+	for _, u := range a.watch.inflight {
+		if u.cp.Step >= step {
+			return true
+		}
+	}
+	return false
 }
 
 // watchStage stages cp for upload (nil: it could not be; it is retried
@@ -258,6 +277,7 @@ func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
 	var held *os.Root
+	begun := time.Now()
 	err := cp.StageIn(ws.dir, watchStage+"/"+id)
 	if err == nil {
 		if held, err = checkpoint.OpenDir(ws.stage, id); err != nil {
@@ -271,7 +291,7 @@ func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
 		ws.w.Retry(cp.Name) // once it is quiet again
 		return nil
 	}
-	return &watchStaged{cp: cp, id: id, held: held}
+	return &watchStaged{cp: cp, id: id, held: held, took: time.Since(begun)}
 }
 
 // watchDropNext discards the staged checkpoint waiting for the upload in
@@ -308,11 +328,28 @@ func (a *Agent) watchCommit(sc *watchStaged) {
 	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
 	// The staging's busy mark stays until the commit ends (watchCommitted).
-	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
+	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now, staging: sc.took}
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
 	a.commit(r)
+}
+
+// watchCost is the checkpoint cost the journal records for the commit id:
+// in zero-code mode what was measured (the staging, and the upload and
+// commit), since the trainer's own save is not seen; otherwise cost. It
+// feeds the scheduler's estimate too.
+func (a *Agent) watchCost(id string, cost float64) float64 {
+	if a.watch == nil {
+		return cost
+	}
+	u := a.watch.inflight[id]
+	if u == nil {
+		return cost
+	}
+	d := u.staging + time.Since(u.started)
+	a.cfg.Scheduler.ObserveCost(d)
+	return d.Seconds()
 }
 
 // watchCommitted follows a commit of a watched checkpoint (after
@@ -412,6 +449,17 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 		st.baseline = max(st.baseline, a.lastCommit.step)
 	}
 	ws.stop = st
+	// Completeness cannot wait past the upload deadline.
+	ws.w.SetDeadline(uploadBy)
+	// Safety first: the newest complete checkpoint not committed yet goes
+	// at once (an older upload in flight is cancelled for it).
+	if sc := ws.next; sc != nil {
+		a.watchSupersede(sc.cp.Step)
+		a.watchCommit(sc)
+	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !a.watchInflight(n.Step) {
+		a.watchSupersede(n.Step)
+		a.watchCommit(a.watchStage(n))
+	}
 	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
 		if err := a.child.Signal(sig); err != nil {
 			a.log.Warn("could not signal the trainer", zap.Error(err))
@@ -443,9 +491,12 @@ func (a *Agent) watchWake() time.Time {
 // trainerGone: the child exited (or there never was one to wait for).
 func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
 
-// tickWatch decides the interruption: done once a checkpoint newer than
-// the notice is committed, or at uploadBy (or when the trainer is gone
-// and nothing more is being written) once the newest complete one is.
+// tickWatch decides the interruption. The trainer keeps running while a
+// newer complete checkpoint can still be committed before the upload
+// deadline (uploadBy): each one is committed as it comes. At uploadBy (or
+// once the trainer is gone and nothing more is being written), the newest
+// complete one is committed if it is not yet, and once nothing is in
+// flight the trainer is stopped: the last safe moment.
 func (a *Agent) tickWatch(now time.Time) {
 	ws := a.watch
 	if ws == nil {
@@ -458,7 +509,8 @@ func (a *Agent) tickWatch(now time.Time) {
 	}
 	st := ws.stop
 	active := st != nil && !st.s.finished
-	if (active && a.trainerGone()) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+	late := active && !now.Before(st.uploadBy)
+	if (active && (a.trainerGone() || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: watchBusy uses its result.
 		for _, cp := range ws.w.Scan(now) {
@@ -469,11 +521,7 @@ func (a *Agent) tickWatch(now time.Time) {
 		return
 	}
 	committed := a.lastCommit.id != ""
-	if committed && a.lastCommit.step > st.baseline && len(ws.inflight) == 0 && (ws.newest == nil || a.lastCommit.step >= ws.newest.Step) {
-		a.watchFinish(st, now)
-		return
-	}
-	late := !now.Before(st.uploadBy) || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
+	late = late || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -156,7 +158,7 @@ func (s slowStore) Put(ctx context.Context, key string, r io.Reader, size int64,
 
 // TestWatch_Rotation: a Hugging Face trainer with save_total_limit=1 and
 // the default 10 s quiet window saves every 400 ms and deletes the older
-// checkpoint after each save; an upload takes longer than that. The
+// checkpoint after each save; an upload takes longer than that (1 s). The
 // staged hard links keep each checkpoint's data: commits land while the
 // trainer runs (none was rejected as "changed"), each complete one is
 // staged as soon as it is complete, and the newest at the trainer's exit
@@ -169,7 +171,12 @@ func TestWatch_Rotation(t *testing.T) {
 		c.FenceInterval = -1
 		st = c.Store
 		c.Store = slowStore{Store: c.Store, delay: 500 * time.Millisecond}
-		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
+		// The default 10 s quiet window; the marker's window shortened in
+		// proportion to the 400 ms save period (1 s against HF's seconds).
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, MarkerQuiet: 150 * time.Millisecond}}
+		if os.Getenv("WATCH_DEBUG") != "" {
+			c.Log = zaptest.NewLogger(t)
+		}
 	})
 	const saves = 12
 	for i := 1; i <= saves; i++ {
@@ -257,5 +264,70 @@ func TestStart_SignalCancelsRestore(t *testing.T) {
 	}
 	if _, err := os.Stat(ran); err == nil {
 		t.Fatal("the trainer was started")
+	}
+}
+
+// TestWatch_NoticeCommitsEachNewer: a trainer that knows nothing of the
+// agent keeps saving (every 600 ms) after an 8 s notice. The agent keeps
+// it running while a newer checkpoint can still be committed before the
+// upload deadline, commits each newer one, and stops it at the last safe
+// moment: the interruption leaves the last checkpoint written, no step
+// lost. (It used to stop the trainer once the first newer one committed.)
+// The journal's cost_seconds is what the commits measured.
+func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
+	out := t.TempDir()
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Source = src
+		c.FenceInterval = -1
+		c.Margin = time.Second
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
+	})
+	writeHF(t, out, 10, true)
+	waitFor(t, "checkpoint-10 committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+		return err == nil && l.Step == 10
+	})
+	notice := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: notice.Add(8 * time.Second), Detected: notice}
+	last := 10
+	for step := 20; time.Since(notice) < 4*time.Second; step += 10 {
+		writeHF(t, out, step, true)
+		last = step
+		time.Sleep(600 * time.Millisecond) // the trainer's save period, not synchronisation
+	}
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	in := j.Interruptions[0]
+	if !in.CommitOK || in.Step != int64(last) || in.LostSteps != 0 {
+		t.Fatalf("interruption %+v: want step %d committed (the last the trainer wrote), 0 steps lost", in, last)
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), ar.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := 0
+	for _, e := range entries {
+		if e.Manifest != nil && e.Manifest.Step > 10 {
+			after++
+		}
+	}
+	if after < 2 {
+		t.Fatalf("%d checkpoints committed after the notice, want each newer one (at least 2)", after)
+	}
+	// The cost recorded is what was measured (staging and upload of a few
+	// bytes to a local store), not the 30 s default.
+	if c := j.Stats.CostSeconds; c <= 0 || c >= 5 {
+		t.Fatalf("journal cost_seconds %.3f, want the measured cost (well under 5 s)", c)
 	}
 }

@@ -144,3 +144,20 @@ func TestScan_NewerMeansDone(t *testing.T) {
 		t.Fatalf("got %q, want model-3.pt", names(got))
 	}
 }
+
+// TestScan_DeadlineShrinksQuiet: under a notice's upload deadline a
+// checkpoint without a marker is complete at the deadline at the latest,
+// not after the full quiet window.
+func TestScan_DeadlineShrinksQuiet(t *testing.T) {
+	w, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
+	write(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
+	t0 := time.Now()
+	w.Scan(t0)
+	w.SetDeadline(t0.Add(3 * time.Second))
+	if got := w.Scan(t0.Add(2 * time.Second)); len(got) != 0 {
+		t.Fatalf("reported before the deadline: %s", names(got))
+	}
+	if got := w.Scan(t0.Add(3 * time.Second)); names(got) != "model-3.pt" {
+		t.Fatalf("got %q at the deadline, want model-3.pt", names(got))
+	}
+}

@@ -82,6 +82,7 @@ type Watcher struct {
 	lastWarn  time.Time
 	notifying map[string]bool // directories added to the fsnotify watcher
 	due       time.Time       // when a checkpoint seen may next become complete (zero: none)
+	deadline  time.Time       // SetDeadline's; zero: none
 }
 
 // seen is what the watcher knows of one matching entry.
@@ -203,6 +204,16 @@ func (w *Watcher) Pending(step int64) bool {
 		}
 	}
 	return false
+}
+
+// SetDeadline shrinks the quiet window to what deadline allows (a
+// termination notice's upload deadline): a checkpoint unchanged since it
+// was first seen is complete at deadline at the latest (after MarkerQuiet
+// at least). The zero time lifts it.
+func (w *Watcher) SetDeadline(deadline time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.deadline = deadline
 }
 
 // Retry forgets that name was reported complete: once it is quiet again
@@ -468,6 +479,12 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 			return nil
 		}
 		quiet = min(quiet, w.cfg.MarkerQuiet)
+	}
+	if !w.deadline.IsZero() {
+		// Under a deadline a checkpoint unchanged since since is complete
+		// by the deadline at the latest: the upload's verification still
+		// catches one that was not.
+		quiet = min(quiet, max(w.deadline.Sub(s.since), w.cfg.MarkerQuiet))
 	}
 	if fp.files() == 0 {
 		s.problem = "empty"
