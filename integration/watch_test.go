@@ -186,7 +186,6 @@ func TestWatch_BadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"missing", watchArgs(dir, filepath.Join(dir, "nope"), store), "no such directory"},
 		{"pattern", watchArgs(dir, out, store, "--watch-pattern", "a/b"), "without '/'"},
 		{"regex", watchArgs(dir, out, store, "--watch-step-regex", "("), "watch step regex"},
 		{"signal", watchArgs(dir, out, store, "--notice-signal", "SIGKILL"), "--notice-signal"},
@@ -214,5 +213,21 @@ func TestWatch_BadInput(t *testing.T) {
 		if code := p.wait(time.Minute); code == 0 || !strings.Contains(p.output(), "not writable") {
 			t.Fatalf("read-only dir: exit %d:\n%s", code, p.output())
 		}
+	}
+}
+
+// TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
+// exist yet: the agent creates it (parents too) before the trainer runs.
+func TestWatch_CreatesMissingDir(t *testing.T) {
+	dir := shortTemp(t)
+	store := "file://" + filepath.Join(dir, "store")
+	out := filepath.Join(dir, "fresh", "out")
+	ran := filepath.Join(dir, "ran")
+	p := start(t, nil, append(watchArgs(dir, out, store), "--", "/bin/sh", "-c", "test -d "+out+" && touch "+ran)...)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatal("the trainer did not find DIR")
 	}
 }

@@ -161,3 +161,21 @@ func TestScan_DeadlineShrinksQuiet(t *testing.T) {
 		t.Fatalf("got %q at the deadline, want model-3.pt", names(got))
 	}
 }
+
+// TestCreateDir_OtherOwner: a directory that appears, owned by another
+// user, while the agent creates DIR is refused.
+func TestCreateDir_OtherOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a directory of another user")
+	}
+	d := filepath.Join(t.TempDir(), "out")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(d, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createDir(d); err == nil {
+		t.Fatal("another user's directory accepted as the one the agent created")
+	}
+}

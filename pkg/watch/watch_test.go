@@ -96,8 +96,18 @@ func TestStep(t *testing.T) {
 
 func TestCheckDir(t *testing.T) {
 	dir := t.TempDir()
-	if err := checkDir(filepath.Join(dir, "nope")); err == nil || !strings.Contains(err.Error(), "no such directory") {
+	// A missing one is created, parents too, owned by the agent's user.
+	fresh := filepath.Join(dir, "new", "out")
+	if err := checkDir(fresh); err != nil {
 		t.Fatalf("missing dir: %v", err)
+	}
+	if fi, err := os.Lstat(fresh); err != nil || !fi.IsDir() {
+		t.Fatalf("missing dir not created: %v", err)
+	}
+	link := filepath.Join(dir, "link")
+	os.Symlink(t.TempDir(), link)
+	if err := checkDir(link); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("symlink: %v", err)
 	}
 	write(t, filepath.Join(dir, "f"), "x")
 	if err := checkDir(filepath.Join(dir, "f")); err == nil || !strings.Contains(err.Error(), "not a directory") {

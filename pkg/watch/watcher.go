@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -156,15 +157,22 @@ func (w *Watcher) Root() *os.Root { return w.root }
 func (w *Watcher) Close() error { return w.root.Close() }
 
 // checkDir accepts an existing directory (not a symlink to one) the agent
-// can write to.
+// can write to. A missing one is created (parents too, mode 0755): on a
+// fresh machine, the very case that resumes, the trainer has not made it
+// yet. What the agent created must be a directory owned by its own user:
+// a symlink or another user's directory that appears at the name
+// meanwhile is refused.
 func checkDir(dir string) error {
 	if dir == "" {
 		return errors.New("watch: no directory")
 	}
 	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if fi, err = createDir(dir); err != nil {
+			return err
+		}
+	}
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("watch %s: no such directory: create it (mkdir -p) or point --watch at the directory the trainer saves into", dir)
 	case err != nil:
 		return fmt.Errorf("watch %s: %w", dir, err)
 	case fi.Mode()&os.ModeSymlink != 0:
@@ -176,6 +184,28 @@ func checkDir(dir string) error {
 		return fmt.Errorf("watch %s: not writable by the agent (uid %d): a restore writes into it: %w", dir, os.Getuid(), err)
 	}
 	return nil
+}
+
+// createDir makes the missing directory dir and returns what is there
+// now, which must be a directory of the agent's user.
+func createDir(dir string) (os.FileInfo, error) {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("watch %s: create: %w", dir, err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("watch %s: create: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return nil, fmt.Errorf("watch %s: a symlink appeared while the agent created the directory: refused", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("watch %s: appeared owned by uid %d while the agent (uid %d) created it: refused", dir, st.Uid, os.Geteuid())
+	}
+	return fi, nil
 }
 
 // Config returns the effective configuration.
