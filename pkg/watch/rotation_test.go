@@ -1,9 +1,11 @@
 package watch
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,5 +179,66 @@ func TestCreateDir_OtherOwner(t *testing.T) {
 	}
 	if _, err := createDir(d); err == nil {
 		t.Fatal("another user's directory accepted as the one the agent created")
+	}
+}
+
+// TestRun_WalksOnlyWhatChanged: with filesystem events, an idle DIR is
+// not walked again every rescan period; a write into one checkpoint
+// walks that one only, and it is still reported once complete.
+func TestRun_WalksOnlyWhatChanged(t *testing.T) {
+	w, _ := newWatcher(t, Config{Marker: MarkerNone, Quiet: 200 * time.Millisecond, Rescan: 50 * time.Millisecond})
+	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3"} {
+		write(t, filepath.Join(w.cfg.Dir, n, "a.bin"), n)
+	}
+	var mu sync.Mutex
+	walks := map[string]int{}
+	testHookSnapshot = func(name string) {
+		mu.Lock()
+		walks[name]++
+		mu.Unlock()
+	}
+	t.Cleanup(func() { testHookSnapshot = nil })
+	count := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return walks[name]
+	}
+	out := make(chan *Checkpoint, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx, out) }()
+	t.Cleanup(func() { cancel(); <-done })
+	got := map[string]bool{}
+	for len(got) < 3 {
+		select {
+		case c := <-out:
+			got[c.Name] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("reported %v, want all three", got)
+		}
+	}
+	before := count("checkpoint-1")
+	idle := time.Now()
+	for time.Since(idle) < time.Second { // 20 rescan periods
+		time.Sleep(50 * time.Millisecond) // letting idle time pass, not synchronisation
+	}
+	if n := count("checkpoint-1") - before; n > 1 {
+		t.Fatalf("an unchanged checkpoint was walked %d times in 20 idle rescan periods, want at most once", n)
+	}
+	b1, b3 := count("checkpoint-1"), count("checkpoint-3")
+	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "b.bin"), "more")
+	select {
+	case c := <-out:
+		if c.Name != "checkpoint-3" || c.fp.files() != 2 {
+			t.Fatalf("got %s with %d files, want checkpoint-3 with 2", c.Name, c.fp.files())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the changed checkpoint was not reported again")
+	}
+	if count("checkpoint-3") == b3 {
+		t.Fatal("the changed checkpoint was not walked")
+	}
+	if n := count("checkpoint-1") - b1; n > 1 {
+		t.Fatalf("an unchanged checkpoint was walked %d times for a write elsewhere", n)
 	}
 }

@@ -84,7 +84,18 @@ type Watcher struct {
 	notifying map[string]bool // directories added to the fsnotify watcher
 	due       time.Time       // when a checkpoint seen may next become complete (zero: none)
 	deadline  time.Time       // SetDeadline's; zero: none
+	dirty     map[string]bool // entries of DIR events said changed since the last scan
+	topDirty  bool            // DIR's own listing changed (an entry added, removed, renamed)
+
+	ents []os.DirEntry // DIR's listing as the last scan read it; scanMu guards it
 }
+
+// fullRescan is how often Run walks every checkpoint in DIR although no
+// event said anything changed: events can be lost (a full queue is
+// reported and handled at once; a filesystem that drops some silently is
+// not). Between full walks only what events name is walked again, so a
+// DIR of 100,000 files costs next to nothing while idle.
+var fullRescan = time.Minute
 
 // seen is what the watcher knows of one matching entry.
 type seen struct {
@@ -259,16 +270,26 @@ func (w *Watcher) Retry(name string) {
 // Run scans DIR until ctx ends, sending each checkpoint that becomes
 // complete to out (a checkpoint that changes and settles again is sent
 // again). It returns when ctx is done.
+//
+// Filesystem events (fsnotify: inotify on Linux) drive it: an event marks
+// the entry of DIR it is in, and a scan walks again only the entries
+// marked, reusing what it knew of the others. Every fullRescan (and after
+// an event queue overflow) it walks everything. Without events (NFS, a
+// full inotify table: the watch cannot be added) every scan, every
+// Rescan, walks everything, as the watcher always did.
 func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	fsw, err := fsnotify.NewWatcher()
 	var events chan fsnotify.Event
 	var errs chan error
+	evOK := false
 	if err != nil {
 		w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
 	} else {
 		defer fsw.Close()
 		if err := fsw.Add(w.cfg.Dir); err != nil {
 			w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
+		} else {
+			evOK = true
 		}
 		events, errs = fsw.Events, fsw.Errors
 	}
@@ -279,16 +300,27 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	defer tick.Stop()
 	wake := time.NewTimer(time.Hour)
 	defer wake.Stop()
+	var lastFull time.Time
 	for {
-		for _, c := range w.Scan(time.Now()) {
+		now := time.Now()
+		full := !evOK || now.Sub(lastFull) >= fullRescan
+		if full {
+			lastFull = now
+		}
+		for _, c := range w.scan(now, full) {
 			select {
 			case out <- c:
 			case <-ctx.Done():
 				return
 			}
 		}
-		if fsw != nil {
-			w.notify(fsw)
+		if evOK && !w.notify(fsw) {
+			w.log.Warn("filesystem events incomplete (a checkpoint directory could not be watched): scanning everything periodically",
+				zap.Duration("rescan", w.cfg.Rescan))
+			evOK = false
+		}
+		if evOK && w.hasDirty() {
+			continue // directories just watched: walk them again now
 		}
 		// Wake when the next checkpoint's quiet window ends, not a rescan
 		// period later.
@@ -305,21 +337,51 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 			return
 		case <-due:
 		case <-tick.C:
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
-				events = nil
+				events, evOK = nil, false
+				continue
 			}
-			// A burst of writes is one scan: the ticker's period is short
-			// and the quiet period has to pass anyway.
-			drain(events)
+			// A burst of writes is one scan.
+			w.event(ev)
+			drain(events, w.event)
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
 			} else {
+				if errors.Is(err, fsnotify.ErrEventOverflow) {
+					lastFull = time.Time{} // events were lost: walk everything
+				}
 				w.log.Warn("filesystem events: relying on the periodic scan", zap.Error(err))
 			}
 		}
 	}
+}
+
+// event marks the entry of DIR that ev is about.
+func (w *Watcher) event(ev fsnotify.Event) {
+	rel, err := filepath.Rel(w.cfg.Dir, ev.Name)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dirty == nil {
+		w.dirty = map[string]bool{}
+	}
+	first, _, nested := strings.Cut(filepath.ToSlash(rel), "/")
+	if !nested {
+		w.topDirty = true // an entry of DIR itself: added, removed, renamed
+	}
+	if first != "." {
+		w.dirty[first] = true
+	}
+}
+
+func (w *Watcher) hasDirty() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.dirty) > 0 || w.topDirty
 }
 
 // readDir lists the directory rel below root, in name order; opened
@@ -335,13 +397,14 @@ func readDir(root *os.Root, rel string) ([]os.DirEntry, error) {
 	return ents, err
 }
 
-func drain(events chan fsnotify.Event) {
+func drain(events chan fsnotify.Event, fn func(fsnotify.Event)) {
 	for {
 		select {
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
 				return
 			}
+			fn(ev)
 		default:
 			return
 		}
@@ -349,10 +412,15 @@ func drain(events chan fsnotify.Event) {
 }
 
 // notify adds the checkpoint directories seen to the fsnotify watcher, so
-// that writes inside them wake the scan too.
-func (w *Watcher) notify(fsw *fsnotify.Watcher) {
+// that writes inside them are events too. An entry whose directory was
+// just added is marked, to be walked again: what was written in it before
+// the watch was there raised no event. It returns false when a directory
+// that still exists could not be watched (the inotify table is full):
+// events then cannot be relied on.
+func (w *Watcher) notify(fsw *fsnotify.Watcher) bool {
 	w.mu.Lock()
-	var add []string
+	type dir struct{ path, entry string }
+	var add []dir
 	for name, s := range w.state {
 		if s.kind != KindDir {
 			continue
@@ -362,7 +430,7 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 				p := filepath.Join(w.cfg.Dir, name, filepath.FromSlash(e.rel))
 				if !w.notifying[p] {
 					w.notifying[p] = true
-					add = append(add, p)
+					add = append(add, dir{p, name})
 				}
 			}
 		}
@@ -373,32 +441,75 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 		}
 	}
 	w.mu.Unlock()
-	for _, p := range add {
-		fsw.Add(p) // best effort: the scan does not depend on it
+	ok := true
+	for _, d := range add {
+		if err := fsw.Add(d.path); err != nil {
+			if _, lerr := os.Lstat(d.path); lerr == nil {
+				ok = false
+			}
+			continue
+		}
+		w.mu.Lock()
+		if w.dirty == nil {
+			w.dirty = map[string]bool{}
+		}
+		w.dirty[d.entry] = true
+		w.mu.Unlock()
 	}
+	return ok
 }
 
 // Scan looks at DIR once, as at now, and returns the checkpoints that
 // became complete. Run calls it; tests call it with their own clock.
-func (w *Watcher) Scan(now time.Time) []*Checkpoint {
+func (w *Watcher) Scan(now time.Time) []*Checkpoint { return w.scan(now, true) }
+
+// scan is Scan; unless full, it walks again only the entries events
+// marked (and reads DIR's listing only if an entry was added, removed or
+// renamed), and takes the others as they were.
+func (w *Watcher) scan(now time.Time, full bool) []*Checkpoint {
 	w.scanMu.Lock()
 	defer w.scanMu.Unlock()
-	ents, err := readDir(w.root, ".")
-	if err != nil {
-		w.problem("", "cannot read the directory: "+err.Error())
-		return nil
+	w.mu.Lock()
+	dirty, listed := w.dirty, w.topDirty
+	w.dirty, w.topDirty = nil, false
+	w.mu.Unlock()
+	full = full || w.ents == nil
+	ents := w.ents
+	if full || listed {
+		var err error
+		if ents, err = readDir(w.root, "."); err != nil {
+			w.ents = nil
+			w.problem("", "cannot read the directory: "+err.Error())
+			return nil
+		}
+		w.ents = ents
 	}
 	// The walk, which takes long for a large checkpoint, happens before
 	// w.mu is taken: Pending, Retry and NewestStep (the agent's loop) do
 	// not wait for it.
 	snaps := map[string]snap{}
 	for _, e := range ents {
-		if name := e.Name(); w.namer.Match(name) {
-			if _, err := w.namer.Step(name, !e.IsDir()); err == nil {
-				fp, err := snapshot(w.root, name)
-				snaps[name] = snap{fp, err}
+		name := e.Name()
+		if !w.namer.Match(name) {
+			continue
+		}
+		if _, err := w.namer.Step(name, !e.IsDir()); err != nil {
+			continue
+		}
+		if !full && !dirty[name] {
+			w.mu.Lock()
+			var fp fingerprint
+			if s := w.state[name]; s != nil {
+				fp = s.fp
+			}
+			w.mu.Unlock()
+			if fp != nil { // unchanged, as far as events tell
+				snaps[name] = snap{fp, nil}
+				continue
 			}
 		}
+		fp, err := snapshot(w.root, name)
+		snaps[name] = snap{fp, err}
 	}
 	// A newer checkpoint in DIR says the trainer is done with the older
 	// ones: with rotation (save_total_limit) an older one may be deleted
