@@ -292,6 +292,7 @@ func (a *Agent) commit(r *request) {
 	}
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe,
 		Part: a.partFor(r)}
+	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
 	report := func(cr commitResult) {
 		select {
@@ -301,6 +302,7 @@ func (a *Agent) commit(r *request) {
 	}
 	a.goBg(func() {
 		defer cancel()
+		defer unown()
 		if openErr != nil {
 			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
