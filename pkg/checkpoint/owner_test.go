@@ -19,7 +19,7 @@ func TestCommit_OwnedBy(t *testing.T) {
 	}
 	const uid = 4242
 	for _, tc := range []struct {
-		name string
+		name  string
 		plant func(t *testing.T, dir string)
 		ok    bool
 	}{
