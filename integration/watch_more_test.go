@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,10 +38,10 @@ func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 	out := filepath.Join(dir, "out") // created by the agent
 	fk := startFake(t, "aws")
 	a := start(t, []string{"AWS_EC2_METADATA_DISABLED=true"}, append(watchArgs(dir, out, store, cloudArgs(t, "aws", fk.URL())...), rotatingTrainer(out, "0.7")...)...)
-	a.waitLine(`checkpoint committed`, time.Minute)
-	a.waitLine(`checkpoint committed`, time.Minute) // a second one: rotation does not stop commits
-	m := a.waitLine(`saved step (\d+)`, time.Minute)
-	atNotice := atoi(t, m[1])
+	waitCount(t, a, `checkpoint committed`, 2, time.Minute) // rotation does not stop commits
+	a.waitLine(`saved step`, time.Minute)
+	saved := regexp.MustCompile(`saved step (\d+)`).FindAllStringSubmatch(a.output(), -1)
+	atNotice := atoi(t, saved[len(saved)-1][1])
 	fk.(*fake.AWS).Terminate("terminate", time.Now().Add(15*time.Second))
 	if code := a.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
@@ -132,4 +133,45 @@ func newestComplete(t *testing.T, out string) int64 {
 		t.Fatal("no complete checkpoint in " + out)
 	}
 	return best
+}
+
+// TestWatch_HFRotation: the HF-layout trainer (real PyTorch) saving every
+// second with save_total_limit=1, under the default 10 s --watch-quiet.
+// Before, nothing committed until the trainer exited (the newest was
+// never 10 s quiet, the older ones deleted first); now its checkpoints
+// commit while it trains, and the last one when it ends.
+func TestWatch_HFRotation(t *testing.T) {
+	requirePython(t, true)
+	dir := shortTemp(t)
+	store := "file://" + filepath.Join(dir, "store")
+	out := filepath.Join(dir, "out")
+	a := start(t, nil, append(watchArgs(dir, out, store, "--watch-quiet", "10s"), "--", python, hfTrainer, "--output-dir", out,
+		"--steps", "240", "--save-steps", "20", "--step-time", "0.05", "--save-total-limit", "1")...)
+	waitCount(t, a, `checkpoint committed`, 3, time.Minute)
+	if strings.Contains(a.output(), "finished 240 steps") {
+		t.Fatal("the trainer finished before three of its checkpoints were committed: too fast to test anything")
+	}
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	st := openTestStore(t, store, all.Options{})
+	if l := readLatestPointer(t, st); l.Step != 240 {
+		t.Fatalf("latest step %d, want 240", l.Step)
+	}
+	if strings.Contains(a.output(), "checkpoint changed under the agent") {
+		t.Fatal("a rotated checkpoint was rejected as changed")
+	}
+}
+
+// waitCount waits until n lines of p's output match re.
+func waitCount(t *testing.T, p *proc, re string, n int, timeout time.Duration) {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	for len(rx.FindAllString(p.output(), -1)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d lines matching %q within %s", n, re, timeout)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by deadline
+	}
 }

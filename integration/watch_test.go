@@ -32,7 +32,8 @@ func hfReference(t *testing.T, steps string) string {
 
 // watchArgs: spotagent run --watch out, with its own scratch dir and socket.
 func watchArgs(dir, out, store string, extra ...string) []string {
-	args := []string{"run", "--store", store, "--run-id", "it", "--watch", out, "--watch-quiet", "500ms",
+	// --cloud none unless extra names a fake (the last --cloud wins).
+	args := []string{"run", "--store", store, "--run-id", "it", "--cloud", "none", "--watch", out, "--watch-quiet", "500ms",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
 		"--poll-interval", "100ms", "--log-level", "info"}
 	return append(args, extra...)

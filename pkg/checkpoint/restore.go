@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -173,7 +174,7 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		keys = nil // latest.json's checkpoint alone, then the error
 	}
 	order := restoreOrder(keys, pointer, pointerStep, opts.ID)
-	newerWarned := false
+	newerWarned, freed := false, false
 	for i := 0; i < len(order); {
 		// One step at a time: usually one manifest; several of one step
 		// (two sessions) are ordered by creation, newest first.
@@ -183,6 +184,13 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		}
 		group := order[i:j]
 		i = j
+		if freed {
+			// The previous manifest was large and did not restore: give
+			// its memory back before the next is read, so that a store of
+			// many large manifests costs the memory of one.
+			debug.FreeOSMemory()
+			freed = false
+		}
 		entries := make([]Entry, 0, len(group))
 		for _, k := range group {
 			m, err := ReadManifest(ctx, st, k)
@@ -222,6 +230,7 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			if r, ok := try(e.Key, e.Manifest); ok || abort != nil {
 				return r, abort
 			}
+			freed = freed || len(e.Manifest.Files) >= bigManifest
 		}
 	}
 	if listErr != nil {
@@ -235,6 +244,10 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 	}
 	return nil, ErrNoCheckpoint
 }
+
+// bigManifest is the number of files from which a manifest that did not
+// restore has its memory returned before the next one is read.
+const bigManifest = 20000
 
 // restoreOrder is the order in which restore tries the manifests at keys:
 // newest first by the step their key names, the one latest.json points at

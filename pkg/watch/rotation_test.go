@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -109,7 +110,7 @@ func TestScan_MarkerShortQuiet(t *testing.T) {
 	w.Scan(t0)
 	write(t, filepath.Join(d, HFMarker), "{}")
 	w.Scan(t0.Add(100 * time.Millisecond))
-	if got := w.Scan(t0.Add(500 * time.Millisecond)); len(got) != 0 {
+	if got := w.Scan(t0.Add(100*time.Millisecond + DefaultMarkerQuiet/2)); len(got) != 0 {
 		t.Fatalf("reported within the marker window: %s", names(got))
 	}
 	got := w.Scan(t0.Add(100*time.Millisecond + DefaultMarkerQuiet))
@@ -240,5 +241,43 @@ func TestRun_WalksOnlyWhatChanged(t *testing.T) {
 	}
 	if n := count("checkpoint-1") - b1; n > 1 {
 		t.Fatalf("an unchanged checkpoint was walked %d times for a write elsewhere", n)
+	}
+}
+
+// TestRun_RotationEverySecond: an HF trainer saving every second with
+// save_total_limit=1 (each checkpoint deleted about a second after its
+// marker) under the default 10 s quiet window: the watcher reports the
+// checkpoints while they exist, so that the agent can stage them.
+func TestRun_RotationEverySecond(t *testing.T) {
+	w, _ := newWatcher(t, Config{Quiet: 10 * time.Second})
+	out := make(chan *Checkpoint, 64)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx, out) }()
+	t.Cleanup(func() { cancel(); <-done })
+	staged := 0
+	for i := 1; i <= 6; i++ {
+		d := filepath.Join(w.cfg.Dir, fmt.Sprintf("checkpoint-%d", i*20))
+		write(t, filepath.Join(d, "pytorch_model.bin"), "w")
+		write(t, filepath.Join(d, "optimizer.pt"), "o")
+		write(t, filepath.Join(d, HFMarker), "{}")
+		if i > 1 {
+			os.RemoveAll(filepath.Join(w.cfg.Dir, fmt.Sprintf("checkpoint-%d", (i-1)*20)))
+		}
+		end := time.Now().Add(time.Second)
+		for time.Now().Before(end) { // the trainer's next second of training
+			select {
+			case c := <-out:
+				if err := c.StageIn(w.root, ".stage/"+c.Name); err == nil {
+					staged++
+				} else {
+					t.Logf("stage %s: %v", c.Name, err)
+				}
+			case <-time.After(time.Until(end)):
+			}
+		}
+	}
+	if staged < 3 {
+		t.Fatalf("staged %d of 6 checkpoints saved every second, want most", staged)
 	}
 }

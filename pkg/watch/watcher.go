@@ -30,9 +30,12 @@ const DefaultQuiet = 10 * time.Second
 // DefaultMarkerQuiet is the quiet window of a checkpoint that holds its
 // completion marker (trainer_state.json, written last): the marker, not
 // the window, says it is complete; the window only lets the few small
-// files some versions write after it (rng_state.pth) land. A checkpoint
-// that changes after all is caught when its upload is verified.
-const DefaultMarkerQuiet = time.Second
+// files some versions write right after it (rng_state.pth) land. It must
+// stay well under the save period of a trainer that rotates its
+// checkpoints (save_total_limit=1 deletes each one as soon as the next is
+// saved, which can be a second later). A checkpoint that changes after all
+// is caught when its upload is verified.
+const DefaultMarkerQuiet = 250 * time.Millisecond
 
 // DefaultWarnAfter is how long DIR may hold no checkpoint at all before
 // the watcher warns (with what it did see).
@@ -96,6 +99,9 @@ type Watcher struct {
 // not). Between full walks only what events name is walked again, so a
 // DIR of 100,000 files costs next to nothing while idle.
 var fullRescan = time.Minute
+
+// eventSettle is how long Run gathers events before it scans.
+const eventSettle = 200 * time.Millisecond
 
 // seen is what the watcher knows of one matching entry.
 type seen struct {
@@ -342,9 +348,29 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 				events, evOK = nil, false
 				continue
 			}
-			// A burst of writes is one scan.
+			// A burst of writes is one scan: events are gathered for
+			// eventSettle first. Completeness needs a quiet window
+			// anyway, and walking a checkpoint being written at every
+			// event would cost a core.
 			w.event(ev)
-			drain(events, w.event)
+			settle := time.NewTimer(eventSettle)
+		gather:
+			for {
+				select {
+				case <-ctx.Done():
+					settle.Stop()
+					return
+				case <-settle.C:
+					break gather
+				case ev, ok := <-events:
+					if !ok {
+						events, evOK = nil, false
+						settle.Stop()
+						break gather
+					}
+					w.event(ev)
+				}
+			}
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
@@ -395,20 +421,6 @@ func readDir(root *os.Root, rel string) ([]os.DirEntry, error) {
 	d.Close()
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 	return ents, err
-}
-
-func drain(events chan fsnotify.Event, fn func(fsnotify.Event)) {
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				return
-			}
-			fn(ev)
-		default:
-			return
-		}
-	}
 }
 
 // notify adds the checkpoint directories seen to the fsnotify watcher, so
@@ -572,8 +584,9 @@ type snap struct {
 //
 // Complete means: not empty, holding its marker if its layout has one,
 // and either quiet (unchanged) for the quiet window (the short
-// MarkerQuiet once the marker is there), or unchanged since the previous
-// scan while a newer checkpoint exists in DIR.
+// MarkerQuiet once the marker is there), or a newer checkpoint exists in
+// DIR and this one holds its marker, or (no marker) a scan saw it
+// unchanged.
 func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now time.Time) *Checkpoint {
 	kind := KindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
@@ -614,12 +627,13 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 	}
 	s.problem = ""
 	quiet := w.quietLocked()
+	marked := false
 	if m := w.marker(name, s.kind); m != "" {
 		if !fp.has(m) {
 			s.problem = "waiting for " + m
 			return nil
 		}
-		quiet = min(quiet, w.cfg.MarkerQuiet)
+		quiet, marked = min(quiet, w.cfg.MarkerQuiet), true
 	}
 	if !w.deadline.IsZero() {
 		// Under a deadline a checkpoint unchanged since since is complete
@@ -634,7 +648,11 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 	if s.reported {
 		return nil
 	}
-	if now.Sub(s.since) < quiet && (top <= step || s.stable == 0) {
+	// A newer checkpoint in DIR: with its marker this one is done (a
+	// trainer never writes into an older checkpoint once it started a
+	// newer one); without a marker, once a scan saw it unchanged.
+	newer := top > step && (marked || s.stable > 0)
+	if now.Sub(s.since) < quiet && !newer {
 		if d := s.since.Add(quiet); w.due.IsZero() || d.Before(w.due) {
 			w.due = d
 		}
