@@ -211,3 +211,27 @@ func TestRestore_StallTimesOut(t *testing.T) {
 		t.Fatal("a cancelled restore did not return")
 	}
 }
+
+// TestDecodeManifest: the streaming decoder reads what json.Unmarshal
+// reads, and refuses what it refuses.
+func TestDecodeManifest(t *testing.T) {
+	good := `{"format":"spotagent.checkpoint/v1","id":"a","step":3,"Files":[{"path":"m","key":"k/m","size":1,"sha256":"x"}],"metadata":{"files":[1]},"epoch":2,"extra":[1,{"b":2}]}`
+	var want Manifest
+	if err := json.Unmarshal([]byte(good), &want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeManifest(strings.NewReader(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(want)
+	b, _ := json.Marshal(got)
+	if string(a) != string(b) {
+		t.Fatalf("streamed %s, want %s", b, a)
+	}
+	for _, bad := range []string{`[]`, `{"files":{}}`, `{"files":[1]}`, `{"id":"a"} x`, `{"id":`} {
+		if _, err := decodeManifest(strings.NewReader(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
