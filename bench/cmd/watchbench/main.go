@@ -2,6 +2,14 @@
 //
 //	go run ./bench/cmd/watchbench idle -files 100000        # watcher CPU, idle and while a checkpoint is written
 //	go run ./bench/cmd/watchbench restore-rss -manifests 50 -mib 50
+//	go run ./bench/cmd/watchbench notice -bin bin/spotagent -save 10s -notice 30s
+//
+// notice: spotagent run --watch (no --notice-signal) with a shell trainer
+// that trains 10 steps a second and saves an HF layout checkpoint every
+// -save, rotating (save_total_limit=1); a spot notice from the fake AWS
+// metadata server, -notice ahead, comes -after the start. It reports the
+// steps the trainer had trained when it was stopped, the step committed,
+// and the difference: the steps lost.
 //
 // idle: DIR holds 100 checkpoint-<N> directories (HF layout, with
 // trainer_state.json) of files/100 small files each. A watch.Watcher runs
@@ -26,6 +34,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -35,6 +44,8 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -49,6 +60,8 @@ func main() {
 		err = idle(os.Args[2:])
 	case "restore-rss":
 		err = restoreRSS(os.Args[2:])
+	case "notice":
+		err = notice(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
 	}
@@ -223,5 +236,61 @@ func restoreRSS(args []string) error {
 	}
 	fmt.Printf("restore: %d manifests of ~%d MiB (%d files each), all tried newest first: %s, peak RSS %s\n",
 		*manifests, *mib, st.files, time.Since(t0).Round(time.Millisecond), peakRSS())
+	return nil
+}
+
+func notice(args []string) error {
+	fs := flag.NewFlagSet("notice", flag.ExitOnError)
+	bin := fs.String("bin", "bin/spotagent", "spotagent binary")
+	save := fs.Duration("save", 10*time.Second, "the trainer's save period")
+	lead := fs.Duration("notice", 30*time.Second, "notice lead time")
+	after := fs.Duration("after", 25*time.Second, "notice this long after the start")
+	fs.Parse(args)
+	work, err := os.MkdirTemp("", "watchbench-notice-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	aws, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
+	if err != nil {
+		return err
+	}
+	defer aws.Close()
+	out := filepath.Join(work, "out")
+	every := int(save.Seconds() * 10) // steps between saves, at 10 steps/s
+	script := fmt.Sprintf(`trap 'echo "stopped at step $i"; exit 143' TERM; i=0; while :; do sleep 0.1; i=$((i+1)); `+
+		`if [ $((i %% %d)) -eq 0 ]; then d="$OUT/checkpoint-$i"; mkdir -p "$d"; head -c 1048576 /dev/urandom > "$d/pytorch_model.bin"; `+
+		`echo "{\"global_step\": $i}" > "$d/trainer_state.json"; rm -rf "$OUT/checkpoint-$((i-%d))"; fi; done`, every, every)
+	cmd := exec.Command(*bin, "run", "--store", "file://"+filepath.Join(work, "store"), "--run-id", "bench", "--watch", out,
+		"--cloud", "aws", "--aws-imds-endpoint", aws.URL(), "--checkpoint-dir", filepath.Join(work, "ckpt"),
+		"--socket", filepath.Join(work, "a.sock"), "--log-level", "info", "--", "/usr/bin/env", "OUT="+out, "/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
+	var buf strings.Builder
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	time.Sleep(*after)
+	noticeAt := time.Now()
+	aws.Terminate("terminate", noticeAt.Add(*lead))
+	err = cmd.Wait()
+	took := time.Since(noticeAt)
+	st, oerr := file.New(filepath.Join(work, "store"))
+	if oerr != nil {
+		return oerr
+	}
+	j, jerr := checkpoint.ReadJournal(context.Background(), st, "bench")
+	if jerr != nil || len(j.Interruptions) != 1 {
+		return fmt.Errorf("journal: %v (%v)\n%s", jerr, err, buf.String())
+	}
+	in := j.Interruptions[0]
+	stopped := -1
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(l), "stopped at step "); ok {
+			stopped, _ = strconv.Atoi(n)
+		}
+	}
+	fmt.Printf("notice %s ahead, save every %s (%d steps): trainer stopped %s after the notice at step %d; committed step %d (ok %v); lost %d steps; journal lost_steps %d, lost_seconds %.1f\n",
+		*lead, *save, every, took.Round(100*time.Millisecond), stopped, in.Step, in.CommitOK, int64(stopped)-in.Step, in.LostSteps, in.LostSeconds)
 	return nil
 }
