@@ -149,7 +149,7 @@ func (l *Lease) Publish(ctx context.Context, next Latest) error {
 	}
 	next.Epoch = l.Epoch
 	return writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
-		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.Step > next.Step {
+		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.PointsAt() > next.Step {
 			return cur, false
 		}
 		next.Updated = time.Now().UTC()

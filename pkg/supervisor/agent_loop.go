@@ -121,7 +121,15 @@ const ExitInterrupted = 75
 // journal write still unfinished 10s after the loop ended: those are
 // abandoned on purpose, each bounded by its own deadline (see finish).
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
-	a, err := newAgent(ctx, cfg)
+	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
+	defer stopSignals()
+	a, err := newAgent(sctx, cfg)
+	if sig := started(); sig != nil {
+		if err == nil {
+			a.abort()
+		}
+		return startCancelled(sig)
+	}
 	if err != nil {
 		return 1, err
 	}
