@@ -16,6 +16,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -64,13 +65,13 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	}
 	fs.IntVar(&o.maxConns, "max-connections", maxConns, "open socket connections at most (at most a quarter of the open-file limit); more are refused")
 	fs.StringVar(&o.interval, "interval", "auto", "periodic checkpoint interval: auto (Young/Daly) or a duration such as 15m")
-	fs.DurationVar(&o.minInterval, "min-interval", checkpoint.DefaultMinInterval, "shortest adaptive interval")
-	fs.DurationVar(&o.maxInterval, "max-interval", checkpoint.DefaultMaxInterval, "longest adaptive interval")
-	fs.Float64Var(&o.interruptionRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "prior interruptions per hour, for the adaptive interval")
+	fs.DurationVar(&o.minInterval, "min-interval", schedule.DefaultMinInterval, "shortest adaptive interval")
+	fs.DurationVar(&o.maxInterval, "max-interval", schedule.DefaultMaxInterval, "longest adaptive interval")
+	fs.Float64Var(&o.interruptionRate, "interruption-rate", schedule.DefaultInterruptionRate, "prior interruptions per hour, for the adaptive interval")
 	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
-	fs.DurationVar(&o.margin, "margin", checkpoint.DefaultMargin, "safety margin kept before a notice deadline")
+	fs.DurationVar(&o.margin, "margin", schedule.DefaultMargin, "safety margin kept before a notice deadline")
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
 	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
@@ -219,13 +220,13 @@ func defaultRunID(store string) string {
 	return s
 }
 
-func (o *agentOptions) scheduler(log *zap.Logger) (*checkpoint.Scheduler, error) {
-	cfg := checkpoint.SchedulerConfig{Min: o.minInterval, Max: o.maxInterval, InterruptionRate: o.interruptionRate, Log: log}
+func (o *agentOptions) scheduler(log *zap.Logger) (*schedule.Scheduler, error) {
+	cfg := schedule.SchedulerConfig{Min: o.minInterval, Max: o.maxInterval, InterruptionRate: o.interruptionRate, Log: log}
 	var err error
 	if cfg.Fixed, err = parseInterval(o.interval); err != nil {
 		return nil, err
 	}
-	return checkpoint.NewScheduler(cfg), nil
+	return schedule.NewScheduler(cfg), nil
 }
 
 // parseInterval parses --interval (of run, sidecar, node and report): 0

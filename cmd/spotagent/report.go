@@ -15,6 +15,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
@@ -79,10 +80,10 @@ func newReportCmd() *cobra.Command {
 	fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
 	fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
 	fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
-	fs.DurationVar(&ac.Margin, "margin", checkpoint.DefaultMargin, "advice: the run's current --margin")
-	fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
-	fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
-	fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
+	fs.DurationVar(&ac.Margin, "margin", schedule.DefaultMargin, "advice: the run's current --margin")
+	fs.DurationVar(&ac.Min, "min-interval", schedule.DefaultMinInterval, "advice: the run's --min-interval")
+	fs.DurationVar(&ac.Max, "max-interval", schedule.DefaultMaxInterval, "advice: the run's --max-interval")
+	fs.Float64Var(&ac.PriorRate, "interruption-rate", schedule.DefaultInterruptionRate, "advice: the run's --interruption-rate")
 	fs.IntVar(&ac.Runs, "advice-runs", 100, "advice: simulated runs per candidate policy; 0 = no advice")
 	fs.DurationVar(&ac.Horizon, "advice-horizon", 7*24*time.Hour, "advice: length of one simulated run")
 	inGroup(fs, groupAdvice, "interval", "margin", "min-interval", "max-interval", "interruption-rate", "advice-runs", "advice-horizon")

@@ -12,6 +12,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/fleet"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -152,7 +153,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
 				return o.storeFlags.openStore(ctx, uri, log)
 			},
-			NewScheduler: func() *checkpoint.Scheduler { s, _ := o.scheduler(log); return s },
+			NewScheduler: func() *schedule.Scheduler { s, _ := o.scheduler(log); return s },
 			Run:          cfg, Log: log,
 		}, sigs)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
@@ -38,9 +39,9 @@ func newSimulateCmd() *cobra.Command {
 	oldDelta := fs.Duration("compare-delta", 0, "also simulate the same traces at this δ, e.g. a blocking save's cost beside --delta a background save's staging time")
 	restart := fs.Duration("restart", 5*time.Minute, "time from a machine's loss to training again")
 	upload := fs.Duration("upload", time.Minute, "upload time of one checkpoint (background)")
-	prior := fs.Float64("interruption-rate", checkpoint.DefaultInterruptionRate, "adaptive policy's prior interruptions per hour")
-	minIv := fs.Duration("min-interval", checkpoint.DefaultMinInterval, "lower clamp of every policy")
-	maxIv := fs.Duration("max-interval", checkpoint.DefaultMaxInterval, "upper clamp of every policy")
+	prior := fs.Float64("interruption-rate", schedule.DefaultInterruptionRate, "adaptive policy's prior interruptions per hour")
+	minIv := fs.Duration("min-interval", schedule.DefaultMinInterval, "lower clamp of every policy")
+	maxIv := fs.Duration("max-interval", schedule.DefaultMaxInterval, "upper clamp of every policy")
 	grid := fs.Bool("grid", false, "print the docs/frequency.md table (ignores the other trace flags except seed, runs, duration, restart, upload, clamps and interruption-rate)")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "grid: parallel simulations")
 	inGroup(fs, "synthetic traces", "rate", "notice-success", "seed", "runs")

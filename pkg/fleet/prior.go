@@ -5,7 +5,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // DefaultMinHours is how many machine hours a cell needs before its
@@ -15,7 +15,7 @@ import (
 const DefaultMinHours = 48
 
 // priorHours is what the flat rate is worth in PriorRate: the scheduler's
-// own prior weight (checkpoint.Scheduler, one day of run time).
+// own prior weight (schedule.Scheduler, one day of run time).
 const priorHours = 24
 
 // MaxPriorHours caps the weight of the fleet's experience in a run's
@@ -38,14 +38,14 @@ type Prior struct {
 }
 
 // Seed adds the fleet's experience to the history a run's scheduler
-// starts from (checkpoint.Scheduler.ObserveHistory), as if the run had
+// starts from (schedule.Scheduler.ObserveHistory), as if the run had
 // lived it: run time, interruptions and committed notices, capped at
 // MaxPriorHours with the counts scaled alike. The interruption rate then
 // starts near the fleet's (the --interruption-rate prior keeps its one
 // day of weight) and so does the notice-success estimate p, which a flat
 // prior cannot know. A flag prior returns h unchanged. Never write the
 // result to the journal: it is a prior, not the run's history.
-func (p Prior) Seed(h checkpoint.History) checkpoint.History {
+func (p Prior) Seed(h schedule.History) schedule.History {
 	if p.Source == "flag" || p.Hours <= 0 {
 		return h
 	}

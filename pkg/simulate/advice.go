@@ -9,6 +9,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/beta"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Advice from a run's own history (docs/goodput.md, "Advice"): the
@@ -107,16 +108,16 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 		c.Seed = 1
 	}
 	if c.Min <= 0 {
-		c.Min = checkpoint.DefaultMinInterval
+		c.Min = schedule.DefaultMinInterval
 	}
 	if c.Max <= 0 {
-		c.Max = checkpoint.DefaultMaxInterval
+		c.Max = schedule.DefaultMaxInterval
 	}
 	if c.PriorRate <= 0 {
-		c.PriorRate = checkpoint.DefaultInterruptionRate
+		c.PriorRate = schedule.DefaultInterruptionRate
 	}
 	if c.Margin <= 0 {
-		c.Margin = checkpoint.DefaultMargin
+		c.Margin = schedule.DefaultMargin
 	}
 	cal, hist := calibrate(j, g, c.PriorRate)
 	a := &Advice{Calibration: cal, Runs: c.Runs, HorizonSeconds: c.Horizon.Seconds()}
@@ -134,7 +135,7 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 	}
 	daly := c.Max
 	if u := cal.Rate * (1 - cal.NoticeSuccess); u > 0 {
-		daly = checkpoint.DalyInterval(delta, time.Duration(float64(time.Hour)/u))
+		daly = schedule.DalyInterval(delta, time.Duration(float64(time.Hour)/u))
 	}
 	fixed = append(fixed, min(max(daly, c.Min, upload), c.Max).Round(time.Minute))
 	if c.Current > 0 {
@@ -151,13 +152,13 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 
 	// Traces: each run draws λ and p from their posteriors (common to
 	// every policy: paired comparison).
-	w := checkpoint.PriorWeight.Hours()
+	w := schedule.PriorWeight.Hours()
 	shape, rate := c.PriorRate*w+float64(cal.Interruptions), w+cal.RunHours
 	traces := make([][]Event, c.Runs)
 	for i := range traces {
 		rng := rand.New(rand.NewPCG(c.Seed+uint64(i), 0xad71ce))
 		lam := beta.Gamma(rng, shape) / rate
-		ps := checkpoint.NoticeMix().Draw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
+		ps := schedule.NoticeMix().Draw(rng, cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 		traces[i] = SyntheticTrace(SynthConfig{Rate: lam, Duration: c.Horizon, NoticeSuccess: ps,
 			Lead: Lead(delta, upload), Seed: c.Seed + uint64(i)})
 	}
@@ -196,7 +197,7 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 
 // calibrate reads the simulator's inputs from the journal, and the history
 // the adaptive policy starts from (what a restarted agent would read).
-func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Calibration, checkpoint.History) {
+func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Calibration, schedule.History) {
 	cal := Calibration{Sources: map[string]string{}}
 	runSec := j.Stats.RunSeconds
 	if runSec <= 0 && g != nil {
@@ -216,9 +217,9 @@ func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Cal
 	if cal.RunHours > 0 {
 		cal.ObservedRate = float64(cal.Interruptions) / cal.RunHours
 	}
-	w := checkpoint.PriorWeight.Hours()
+	w := schedule.PriorWeight.Hours()
 	cal.Rate = (prior*w + float64(cal.Interruptions)) / (w + cal.RunHours)
-	cal.NoticeSuccess = checkpoint.NoticeMean(cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
+	cal.NoticeSuccess = schedule.NoticeMean(cal.NoticeCommitted, cal.Interruptions-cal.NoticeCommitted)
 
 	// δ: blocked seconds per checkpoint.
 	var blocked float64
@@ -235,7 +236,7 @@ func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Cal
 	case j.Stats.CostSeconds > 0:
 		cal.DeltaSeconds, cal.Sources["delta"] = j.Stats.CostSeconds, "journal: stats.cost_seconds"
 	default:
-		cal.DeltaSeconds, cal.Sources["delta"] = checkpoint.DefaultCost.Seconds(), "default (no checkpoint timed)"
+		cal.DeltaSeconds, cal.Sources["delta"] = schedule.DefaultCost.Seconds(), "default (no checkpoint timed)"
 	}
 	// Upload: the newest checkpoint's size at the measured throughput.
 	var ups []float64
@@ -287,7 +288,7 @@ func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Cal
 	} else {
 		cal.RestartSeconds, cal.Sources["restart"] = (5 * time.Minute).Seconds(), "default (no restart observed)"
 	}
-	h := checkpoint.History{RunTime: secondsDur(runSec), Interruptions: cal.Interruptions, NoticeCommitted: cal.NoticeCommitted,
+	h := schedule.History{RunTime: secondsDur(runSec), Interruptions: cal.Interruptions, NoticeCommitted: cal.NoticeCommitted,
 		Cost: secondsDur(j.Stats.CostSeconds), Throughput: j.Stats.BytesPerSec}
 	return cal, h
 }
@@ -340,7 +341,7 @@ func adviseMargin(j *checkpoint.Journal, cur time.Duration) MarginAdvice {
 		return m
 	}
 	m.Room = max(room, 0)
-	need := math.Ceil(max(checkpoint.DefaultMargin.Seconds(), 2*m.MaxOverrun))
+	need := math.Ceil(max(schedule.DefaultMargin.Seconds(), 2*m.MaxOverrun))
 	m.Recommended = need
 	m.Basis = fmt.Sprintf("%d committed notice(s): worst upload overrun over its estimate %.1f s, so a margin ≥ max(5 s, 2 × overrun) = %.0f s; the shortest lead (%.0f s) leaves %.0f s after save and upload",
 		m.Notices, m.MaxOverrun, need, m.MinLead, m.Room)

@@ -7,8 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/fleet"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // PriorCell is one cloud × instance type × zone with its true rate.
@@ -50,7 +50,7 @@ func PublishedRates() []PriorCell {
 // DefaultPriorConfig is the comparison of docs/frequency.md.
 func DefaultPriorConfig() PriorConfig {
 	return PriorConfig{
-		Cells: PublishedRates(), FleetHours: 500, Flat: checkpoint.DefaultInterruptionRate,
+		Cells: PublishedRates(), FleetHours: 500, Flat: schedule.DefaultInterruptionRate,
 		Notices: []float64{0, 0.9}, Runs: 2000, Duration: 24 * time.Hour,
 		Delta: 30 * time.Second, Upload: time.Minute, Restart: 5 * time.Minute, Seed: 1,
 	}
@@ -79,7 +79,7 @@ func ComparePriors(c PriorConfig) []PriorRow {
 		for ni, ns := range c.Notices {
 			row := PriorRow{Cell: cell, Notice: ns}
 			p := Params{Delta: c.Delta, Restart: c.Restart, Upload: c.Upload, Duration: c.Duration,
-				Min: checkpoint.DefaultMinInterval, Max: checkpoint.DefaultMaxInterval}
+				Min: schedule.DefaultMinInterval, Max: schedule.DefaultMaxInterval}
 			rng := rand.New(rand.NewPCG(c.Seed, uint64(ci*16+ni)))
 			var sum float64
 			for i := range c.Runs {
@@ -95,10 +95,10 @@ func ComparePriors(c PriorConfig) []PriorRow {
 					Lead: Lead(c.Delta, c.Upload), Seed: c.Seed*1_000_003 + uint64(ci*1000+ni)*100_000 + uint64(i)})
 				for _, v := range []struct {
 					rate float64
-					hist checkpoint.History
+					hist schedule.History
 					r    *Result
-				}{{c.Flat, checkpoint.History{}, &row.Flat}, {pr.Rate, checkpoint.History{}, &row.RateOnly},
-					{c.Flat, pr.Seed(checkpoint.History{}), &row.Fleet}} {
+				}{{c.Flat, schedule.History{}, &row.Flat}, {pr.Rate, schedule.History{}, &row.RateOnly},
+					{c.Flat, pr.Seed(schedule.History{}), &row.Fleet}} {
 					p.PriorRate, p.History = v.rate, v.hist
 					v.r.Add(Simulate(tr, Policy{Name: "adaptive"}, p))
 				}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Kinds of Event.
@@ -43,7 +44,7 @@ type Params struct {
 	// History is what the run journal holds before the simulated run
 	// starts (zero: a new run); the adaptive policy's first Scheduler is
 	// seeded with it, and later lives with it plus what they saw.
-	History checkpoint.History
+	History schedule.History
 }
 
 // Policy is a checkpoint policy: adaptive (Fixed == 0) or a fixed interval.
@@ -251,7 +252,7 @@ func Simulate(trace []Event, pol Policy, p Params) Result {
 	}
 	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmp.Compare(a.act, b.act) })
 
-	cfg := checkpoint.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
+	cfg := schedule.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
 	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }
 	end := p.Duration
 	var (
@@ -278,7 +279,7 @@ func Simulate(trace []Event, pol Policy, p Params) Result {
 		if now >= end {
 			break
 		}
-		s := checkpoint.NewScheduler(cfg)
+		s := schedule.NewScheduler(cfg)
 		s.ObserveHistory(hist)
 		lifeStart, last := now, now
 		var (
@@ -395,9 +396,9 @@ func DefaultGrid() GridConfig {
 		Duration:  30 * 24 * time.Hour,
 		Runs:      200,
 		Seed:      1,
-		Min:       checkpoint.DefaultMinInterval,
-		Max:       checkpoint.DefaultMaxInterval,
-		PriorRate: checkpoint.DefaultInterruptionRate,
+		Min:       schedule.DefaultMinInterval,
+		Max:       schedule.DefaultMaxInterval,
+		PriorRate: schedule.DefaultInterruptionRate,
 		Workers:   2,
 	}
 }
@@ -488,7 +489,7 @@ func runCell(c GridConfig, cell *GridCell) {
 	// success, widened while the best lies on an edge, within [Min, Max].
 	ideal := c.Max
 	if u := cell.Rate * (1 - cell.Notice); u > 0 {
-		ideal = min(max(checkpoint.DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
+		ideal = min(max(schedule.DalyInterval(cell.Delta, time.Duration(float64(time.Hour)/u)), c.Min, c.Upload), c.Max)
 	}
 	lo, hi := max(ideal/4, c.Min), min(ideal*4, c.Max)
 	for {

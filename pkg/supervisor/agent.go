@@ -21,6 +21,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Config wires one agent: a run, its store, its trainer.
@@ -33,7 +34,7 @@ type Config struct {
 	Store         cloud.Store
 	Source        metadata.Source // nil: no cloud notices
 	Identity      metadata.Identity
-	Scheduler     *checkpoint.Scheduler
+	Scheduler     *schedule.Scheduler
 	Server        protocol.ServerConfig
 
 	Command   []string      // the trainer; empty runs without a child (sidecar)
@@ -115,7 +116,7 @@ func (c *Config) defaults() {
 		c.SignalWindow = DefaultSignalWindow
 	}
 	if c.Margin <= 0 {
-		c.Margin = checkpoint.DefaultMargin
+		c.Margin = schedule.DefaultMargin
 	}
 	if c.OnRebalance == "" {
 		c.OnRebalance = "checkpoint"
@@ -130,7 +131,7 @@ func (c *Config) defaults() {
 		c.Metrics = nopMetrics{}
 	}
 	if c.Scheduler == nil {
-		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Log: c.Log})
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Log: c.Log})
 	}
 }
 

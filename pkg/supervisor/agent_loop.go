@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -251,7 +252,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
-	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(checkpoint.History{
+	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,

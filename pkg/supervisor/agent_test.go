@@ -22,6 +22,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // trainer is a protocol client driven by the test: a trainer process
@@ -168,7 +169,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 	cfg := Config{
 		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
 		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
-		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour}),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, Log: zap.NewNop(),
 		SignalWindow: -1, // tests send their second signal at once; TestAgent_SignalsWithinWindowAreOne turns it on
 	}
@@ -254,7 +255,7 @@ func TestAgent_ShutdownCheckpoint(t *testing.T) {
 
 func TestAgent_Periodic(t *testing.T) {
 	ar := startAgent(t, func(c *Config) {
-		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: 50 * time.Millisecond})
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
 	})
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
@@ -345,7 +346,7 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
 	ar := startAgent(t, func(c *Config) {
 		c.Source = src
-		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: 10 * time.Millisecond})
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 10 * time.Millisecond})
 	})
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()

@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -234,7 +235,7 @@ func TestStart_SignalCancelsRestore(t *testing.T) {
 	cfg := Config{
 		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: silentGets{st, make(chan string, 64)},
 		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
-		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour}),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: -1,
 		Command: []string{"/bin/sh", "-c", "touch " + ran},
 		Watch:   &WatchConfig{Config: watch.Config{Dir: t.TempDir()}},

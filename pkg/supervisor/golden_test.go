@@ -42,8 +42,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 type goldenLine struct {
@@ -115,7 +115,7 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 	}
 	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
 	ar := startAgent(t, func(c *Config) {
-		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: interval})
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval})
 		c.Source = src
 		if cfg.Node != nil {
 			c.Node = NodePart(*cfg.Node)

@@ -13,11 +13,11 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // blockingStore holds every Put of a checkpoint's data file until its ctx
@@ -58,7 +58,7 @@ func runLifecycleAgent(t *testing.T, dir string, mutate func(*Config)) *lifecycl
 	cfg := Config{
 		RunID: "life", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
 		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
-		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour}),
 		Source:    &fakeSource{ch: make(chan metadata.Notice)},
 		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: 20 * time.Millisecond, Log: zap.NewNop(),
 		SignalWindow: -1,
@@ -150,7 +150,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			entered := make(chan string, 1)
 			la := runLifecycleAgent(t, dir, func(c *Config) {
 				c.Store = &blockingStore{Store: c.Store, entered: entered}
-				c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: 20 * time.Millisecond})
+				c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 20 * time.Millisecond})
 			})
 			tr := dialTrainer(t, la.cfg.Server.Path)
 			tr.hello()

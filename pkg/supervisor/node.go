@@ -16,6 +16,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // NodeConfig wires a node agent: one socket for every trainer on the
@@ -33,7 +34,7 @@ type NodeConfig struct {
 	// OnRebalance, Metrics, Log); RunID, Store, CheckpointDir and Scheduler
 	// are filled per run.
 	Run          Config
-	NewScheduler func() *checkpoint.Scheduler
+	NewScheduler func() *schedule.Scheduler
 	Log          *zap.Logger
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // nodeRunning is a node agent (RunNode) serving until the test ends.
@@ -56,8 +57,8 @@ func startNode(t *testing.T, open func(uri string)) *nodeRunning {
 			}
 			return file.New(strings.TrimPrefix(uri, "file://"))
 		},
-		NewScheduler: func() *checkpoint.Scheduler {
-			return checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour})
+		NewScheduler: func() *schedule.Scheduler {
+			return schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour})
 		},
 		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second},
 	}

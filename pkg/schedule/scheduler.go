@@ -1,4 +1,9 @@
-package checkpoint
+// Package schedule decides when to checkpoint: the adaptive (Young/Daly)
+// interval from the measured cost, throughput and interruption rate (the
+// run's journal, live hazards such as rebalance or maintenance notices),
+// the regret model of notices that may not commit in time, and the margin
+// kept before a notice's deadline. It uses no storage code.
+package schedule
 
 import (
 	"math"
