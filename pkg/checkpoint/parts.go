@@ -464,6 +464,11 @@ func PartCleanup(node string) cloud.CleanupOptions {
 	}}
 }
 
+// ErrNoPart means the newest checkpoint of a job has no part of the node
+// restoring it: restore fails rather than hand that node another node's
+// files.
+var ErrNoPart = errors.New("no part for this node:")
+
 // ErrPathClash means two parts of a job checkpoint hold different files
 // at one path, so they cannot be restored into one directory: restore one
 // part at a time (RestoreOptions.Part).
@@ -484,11 +489,17 @@ func selectFiles(m *Manifest, part string, log *zap.Logger) (*Manifest, []string
 	var parts []string
 	if part != "" {
 		if m.Part(part) == nil {
-			log.Warn("checkpoint has no such part: restoring every part", zap.String("id", m.ID), zap.String("part", part))
-			part = ""
-		} else {
-			parts = []string{part}
+			// Another node's files are not this node's state: resuming
+			// from them would mix ranks. A changed topology restores
+			// every part on purpose (RestoreOptions.Part "").
+			var have []string
+			for _, p := range m.Parts {
+				have = append(have, p.Node)
+			}
+			return nil, nil, fmt.Errorf("checkpoint %d-%s has parts %v: %w %s (to restore every part, as after a change of topology, use --restore all)",
+				m.Step, m.ID, have, ErrNoPart, part)
 		}
+		parts = []string{part}
 	}
 	byPath := map[string]File{}
 	for _, f := range m.Files {

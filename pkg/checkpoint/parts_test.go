@@ -283,7 +283,6 @@ func TestRestoreParts_Select(t *testing.T) {
 		{"node-1", []string{"rank-2.pt", "rank-3.pt"}, []string{"node-1"}},
 		{"node-0", []string{"rank-0.pt", "rank-1.pt"}, []string{"node-0"}},
 		{"", []string{"rank-0.pt", "rank-1.pt", "rank-2.pt", "rank-3.pt"}, []string{"node-0", "node-1"}},
-		{"node-7", []string{"rank-0.pt", "rank-1.pt", "rank-2.pt", "rank-3.pt"}, []string{"node-0", "node-1"}},
 	} {
 		r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: c.part})
 		if err != nil {
@@ -300,6 +299,12 @@ func TestRestoreParts_Select(t *testing.T) {
 				t.Fatalf("%s=%q, want %q", name, got, want)
 			}
 		}
+	}
+	// A node the checkpoint has no part of gets an error, never another
+	// node's files (issue 24.2: node 0 restored node 1's rank-1.pt).
+	if r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-7"}); !errors.Is(err, ErrNoPart) ||
+		!strings.Contains(err.Error(), "--restore all") {
+		t.Fatalf("part node-7: %+v, %v; want ErrNoPart naming --restore all", r, err)
 	}
 	// A single-node checkpoint asked for a part: all of it.
 	commit(t, st, 20, "single", map[string]string{"m": "x"})

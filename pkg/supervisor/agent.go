@@ -35,13 +35,16 @@ type Config struct {
 	Scheduler     *checkpoint.Scheduler
 	Server        ServerConfig
 
-	Command     []string      // the trainer; empty runs without a child (sidecar)
-	Keep        int           // checkpoints kept by retention (default 3)
-	TermGrace   time.Duration // deadline of the shutdown checkpoint (default 25s)
-	KillAfter   time.Duration // SIGTERM → SIGKILL for the child (default 5s)
-	MaxRestarts int           // restarts of a child that failed on its own
-	Margin      time.Duration // safety margin kept before a notice deadline (default 5s)
-	OnRebalance string        // "checkpoint" (default) or "none"
+	Command   []string      // the trainer; empty runs without a child (sidecar)
+	Keep      int           // checkpoints kept by retention (default 3)
+	TermGrace time.Duration // deadline of the shutdown checkpoint (default 25s)
+	KillAfter time.Duration // SIGTERM → SIGKILL for the child (default 5s)
+	// SignalWindow: a SIGTERM/SIGINT within this long of the first one is
+	// the same signal, not the second that stops at once (default 1s; < 0: off).
+	SignalWindow time.Duration
+	MaxRestarts  int           // restarts of a child that failed on its own
+	Margin       time.Duration // safety margin kept before a notice deadline (default 5s)
+	OnRebalance  string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
 	// the protocol: each checkpoint request is written to RequestFile and
 	// the child is sent this signal; DoneMarker in the dir answers it.
@@ -71,6 +74,23 @@ type Config struct {
 	Log     *zap.Logger
 }
 
+// check refuses what cannot work together. A multi-node job's parts come
+// from ranks that agree on each checkpoint through the protocol: the
+// signal fallback and zero-code mode have neither ranks nor agreement, and
+// each node's checkpoints would stand for the whole job.
+func (c *Config) check() error {
+	if c.Node == "" {
+		return nil
+	}
+	if c.Signal != 0 {
+		return errors.New("--signal cannot be used with --node-rank: a multi-node job's ranks must speak the protocol (each node's signalled checkpoint would stand for the whole job)")
+	}
+	if c.Watch != nil {
+		return errors.New("--watch cannot be used with --node-rank: a multi-node job's ranks must speak the protocol (each node's watched checkpoint would stand for the whole job)")
+	}
+	return nil
+}
+
 func (c *Config) defaults() {
 	if c.Keep <= 0 {
 		c.Keep = 3
@@ -80,6 +100,9 @@ func (c *Config) defaults() {
 	}
 	if c.KillAfter <= 0 {
 		c.KillAfter = 5 * time.Second
+	}
+	if c.SignalWindow == 0 {
+		c.SignalWindow = DefaultSignalWindow
 	}
 	if c.Margin <= 0 {
 		c.Margin = checkpoint.DefaultMargin
@@ -105,6 +128,10 @@ func (c *Config) defaults() {
 		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Log: c.Log})
 	}
 }
+
+// DefaultSignalWindow is Config.SignalWindow's default: two signals closer
+// than this are one (docs/reliability.md).
+const DefaultSignalWindow = time.Second
 
 // newID returns a fresh checkpoint id: unique across agents and restarts.
 func newID() string {

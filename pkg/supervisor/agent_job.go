@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -94,25 +95,40 @@ func (r *request) noteRank(c *Conn) {
 	}
 }
 
-// partFor is r's part of the job checkpoint (nil outside part mode). A
-// trainer that said no rank counts as rank 0 of a world of 1.
+// partFor is r's part of the job checkpoint (nil outside part mode).
+// settle has made sure that r's ranks are known (partMissing).
 func (a *Agent) partFor(r *request) *checkpoint.PartSpec {
 	if !a.partMode() {
 		return nil
 	}
-	ranks := make([]int, 0, len(r.ranks))
-	for k := range r.ranks {
-		ranks = append(ranks, k)
+	ranks := slices.Sorted(maps.Keys(r.ranks))
+	return &checkpoint.PartSpec{Node: a.cfg.Node, Ranks: ranks, WorldSize: max(r.world, 1)}
+}
+
+// partMissing says why r, answered by every trainer it waits for, cannot
+// be this node's part yet ("" when it can): a rank that hello said exists
+// on this node has not answered (it may connect and join a few ms late),
+// or no trainer said which rank it is.
+func (a *Agent) partMissing(r *request) string {
+	if !a.partMode() {
+		return ""
 	}
-	slices.Sort(ranks)
-	world := r.world
-	if len(ranks) == 0 {
-		ranks, world = []int{0}, 1
+	if len(r.ranks) == 0 {
+		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
 	}
-	if world < 1 {
-		world = 1
+	if len(r.ranks) < a.localWorld {
+		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), a.localWorld)
 	}
-	return &checkpoint.PartSpec{Node: a.cfg.Node, Ranks: ranks, WorldSize: world}
+	return ""
+}
+
+// noteLocalWorld remembers how many ranks run on this node, as the
+// trainers' hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for
+// all of them, even one that connects after the request was sent.
+func (a *Agent) noteLocalWorld(m Message) {
+	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.localWorld {
+		a.localWorld = *m.LocalWorldSize
+	}
 }
 
 // checkHelloTopology warns when a trainer's hello says it is one node of a
@@ -133,9 +149,18 @@ func (a *Agent) checkHelloTopology(m Message) {
 // asked for (or a rank here whose request lost the agreement). Make the
 // same request here; requests of this agent's own that lost are abandoned,
 // and an interruption of its own hands its stop over to the joined one.
+//
+// Only a rank of a multi-rank job joins: the agreement that makes joins
+// runs among several ranks. A join never gives this node's uploads
+// priority (checkpoint.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *Conn, m Message) {
-	if _, ok := a.conns[c.ID()]; !ok {
+	h, ok := c.Hello()
+	if _, known := a.conns[c.ID()]; !known || !ok {
 		a.reply(c, m.ID, "join: say hello first")
+		return
+	}
+	if !a.partMode() && (h.WorldSize == nil || *h.WorldSize < 2) {
+		a.reply(c, m.ID, "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)")
 		return
 	}
 	if !isRequestID(m.ID) {
@@ -162,11 +187,20 @@ func (a *Agent) onJoin(c *Conn, m Message) {
 		return
 	}
 	now := time.Now()
-	if m.Deadline == nil || !m.Deadline.After(now) {
+	urgent := m.Reason == ReasonInterruption || m.Reason == ReasonShutdown
+	var deadline time.Time
+	switch {
+	case m.Deadline != nil && m.Deadline.After(now):
+		deadline = *m.Deadline
+	case m.Deadline == nil && urgent:
+		// A rank's own SIGTERM (the kubelet's, torchrun's) offered to the
+		// job has no deadline the agent gave: the grace of this node's own
+		// shutdown bounds it, as if this agent had been signalled.
+		deadline = a.requestDeadline(now.Add(a.cfg.TermGrace), now)
+	default:
 		a.reply(c, m.ID, "join: a deadline in the future is required")
 		return
 	}
-	deadline := *m.Deadline
 	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
 		deadline = now.Add(a.cfg.RequestTimeout)
 	}
@@ -186,7 +220,6 @@ func (a *Agent) onJoin(c *Conn, m Message) {
 		a.log.Info("checkpoint request superseded by the job's", zap.String("id", id), zap.String("job_id", m.ID))
 		a.removeDir(r)
 	}
-	urgent := m.Reason == ReasonInterruption || m.Reason == ReasonShutdown
 	if stop == nil && urgent {
 		stop = a.joinedStop(m, deadline, now)
 	}
@@ -225,11 +258,9 @@ func (r *request) message() Message {
 	return Message{Type: TypeCheckpoint, ID: r.id, Reason: r.reason, Dir: r.dir, Deadline: &dl}
 }
 
-// abandonPart: a rank of this node went away before saving r, so this
-// node's part of the job checkpoint would lack its files. Nothing is
+// abandonPart: this node's part of r cannot be made (why): nothing is
 // uploaded; the job checkpoint never completes and the previous one stands.
-func (a *Agent) abandonPart(r *request, now time.Time) {
-	why := fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost)
+func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.removeDir(r)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
 // Issue 15: two agents, one per node, one store; the job's ranks agree on
@@ -138,4 +140,172 @@ func TestJob_JoinRefused(t *testing.T) {
 		t.Fatalf("second join: %+v", req)
 	}
 	n0.waitStatus(t, "one pending request", func(s Status) bool { return s.Pending == 1 })
+}
+
+// helloJob says hello as global rank r of world, local rank lr of lw on
+// node n of nodes.
+func (tr *trainer) helloJob(r, world, lr, lw, n, nodes int) Message {
+	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": world,
+		"local_rank": lr, "local_world_size": lw, "node_rank": n, "nodes": nodes})
+	return tr.expect(TypeWelcome)
+}
+
+// Issue 24.1: a rank's own SIGTERM (the kubelet's: a native sidecar is
+// signalled after the trainer) is offered to the job as a shutdown that no
+// agent asked for, so it has no deadline. Every rank joins it; every
+// agent takes it with its own grace, and one job checkpoint commits.
+func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
+	n0 := startJobNode(t, nil, 0)
+	n1 := startJobNode(t, n0, 1)
+	t0, t1 := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
+	t0.helloRank(0)
+	t1.helloRank(1)
+	const id = "5151abcdef00"
+	before := time.Now()
+	t1.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
+	t0.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
+	r0, r1 := t0.expect(TypeCheckpoint), t1.expect(TypeCheckpoint)
+	for _, r := range []Message{r0, r1} {
+		if r.ID != id || r.Reason != ReasonShutdown || r.Deadline == nil || !r.Deadline.After(before) ||
+			r.Deadline.After(before.Add(n0.cfg.TermGrace)) {
+			t.Fatalf("joined request %+v: want id %s, shutdown, a deadline within --term-grace", r, id)
+		}
+	}
+	mustWrite(t, filepath.Join(r0.Dir, "rank-0.pt"), "zero")
+	mustWrite(t, filepath.Join(r1.Dir, "rank-1.pt"), "one")
+	t0.send(map[string]any{"type": "done", "id": id, "step": 12})
+	t1.send(map[string]any{"type": "done", "id": id, "step": 12})
+	t0.expect(TypeCommitted)
+	t1.expect(TypeCommitted)
+	t0.expect(TypeStop)
+	t1.expect(TypeStop)
+	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
+	if err != nil || l.Step != 12 || l.ID != id {
+		t.Fatalf("latest %+v, %v: want the job's shutdown checkpoint at step 12", l, err)
+	}
+}
+
+// Issue 24.11: the periodic request reaches the one local rank that said
+// hello; the node's second rank connects a few ms later and joins after
+// the first answered done. The part waits for it, and the job checkpoint
+// holds every rank.
+func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
+	n0 := startJobNode(t, nil, 0)
+	n1 := startJobNode(t, n0, 1)
+	a, b := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
+	a.helloJob(0, 3, 0, 2, 0, 2) // node 0 runs ranks 0 and 1
+	b.helloJob(2, 3, 0, 1, 1, 2) // node 1 runs rank 2
+	n0.sigs <- syscall.SIGTERM
+	req := a.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(req.Dir, "rank-0.pt"), "zero")
+	a.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	n0.waitStatus(t, "rank 0's done", func(s Status) bool { return s.Pending == 1 })
+
+	late := dialTrainer(t, n0.cfg.Server.Path)
+	late.helloJob(1, 3, 1, 2, 0, 2)
+	late.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
+	lr := late.expect(TypeCheckpoint)
+	if lr.ID != req.ID || lr.Dir != req.Dir {
+		t.Fatalf("late rank's request %+v, want %s in %s", lr, req.ID, req.Dir)
+	}
+	mustWrite(t, filepath.Join(lr.Dir, "rank-1.pt"), "one")
+	late.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	b.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
+	br := b.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(br.Dir, "rank-2.pt"), "two")
+	b.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	a.expect(TypeCommitted)
+	b.expect(TypeCommitted)
+	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.ReadManifest(context.Background(), n0.store, l.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := m.Part(NodePart(0)); p == nil || len(p.Ranks) != 2 || len(m.Files) != 3 {
+		t.Fatalf("job manifest parts %+v, %d files: want node-0 with ranks [0 1] and 3 files", m.Parts, len(m.Files))
+	}
+}
+
+// Issue 24.2: in part mode a checkpoint one rank took on its own, or one
+// whose trainer said no rank, is never a job checkpoint.
+func TestJob_RefusesWhatIsNoPart(t *testing.T) {
+	n0 := startJobNode(t, nil, 0)
+	tr := dialTrainer(t, n0.cfg.Server.Path)
+	tr.helloRank(0)
+	own := filepath.Join(n0.cfg.CheckpointDir, "mine")
+	mustWrite(t, filepath.Join(own, "rank-0.pt"), "zero")
+	tr.send(map[string]any{"type": "done", "id": "", "step": 150, "dir": own})
+	if e := tr.expect(TypeError); !strings.Contains(e.Error, "every rank saves together") {
+		t.Fatalf("unsolicited done: %q", e.Error)
+	}
+
+	n1 := startJobNode(t, nil, 1)
+	anon := dialTrainer(t, n1.cfg.Server.Path)
+	anon.send(map[string]any{"type": "hello", "pid": os.Getpid()}) // no rank, no world
+	anon.expect(TypeWelcome)
+	n1.sigs <- syscall.SIGTERM
+	req := anon.expect(TypeCheckpoint)
+	mustWrite(t, filepath.Join(req.Dir, "x.pt"), "x")
+	anon.send(map[string]any{"type": "done", "id": req.ID, "step": 3})
+	if f := anon.expect(TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
+		t.Fatalf("rankless part: %q", f.Error)
+	}
+	for _, st := range []*agentRun{n0, n1} {
+		n := 0
+		st.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+			if strings.HasPrefix(o.Key, "checkpoints/") {
+				n++
+			}
+			return nil
+		})
+		if n != 0 {
+			t.Fatalf("%d checkpoint objects in the store; want none", n)
+		}
+	}
+}
+
+// Issue 24.5: a trainer that is no rank of a multi-rank job cannot join
+// (in node mode a pod sent join reason=interruption in a loop); a rank of
+// a single-node multi-rank job can (a SIGTERM on one of its ranks).
+func TestJoin_OnlyRanksOfAJob(t *testing.T) {
+	ar := startAgent(t, nil)
+	single := dialTrainer(t, ar.cfg.Server.Path)
+	single.hello() // world_size 1
+	future := time.Now().Add(time.Minute).UTC()
+	single.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": future})
+	if e := single.expect(TypeError); !strings.Contains(e.Error, "multi-rank") {
+		t.Fatalf("join from a single trainer: %q", e.Error)
+	}
+	ar.waitStatus(t, "no request", func(s Status) bool { return s.Pending == 0 })
+	rank := dialTrainer(t, ar.cfg.Server.Path)
+	rank.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})
+	rank.expect(TypeWelcome)
+	rank.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "shutdown"})
+	if r := rank.expect(TypeCheckpoint); r.ID != "abcdef012345" {
+		t.Fatalf("join from a rank: %+v", r)
+	}
+}
+
+// --signal and --watch have no ranks and no agreement: with --node-rank
+// each node's checkpoint would stand for the whole job (issue 24.2).
+func TestConfig_NodeRefusesSignalAndWatch(t *testing.T) {
+	dir := shortDir(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, mutate := range map[string]func(*Config){
+		"signal": func(c *Config) { c.Signal = syscall.SIGUSR1 },
+		"watch":  func(c *Config) { c.Watch = &WatchConfig{} },
+	} {
+		cfg := Config{RunID: "x", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st, Node: NodePart(1),
+			Server: ServerConfig{Path: filepath.Join(dir, name+".sock")}, Command: []string{"true"}}
+		mutate(&cfg)
+		if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "--node-rank") {
+			t.Errorf("%s with a node rank: %v, want a refusal naming --node-rank", name, err)
+		}
+	}
 }

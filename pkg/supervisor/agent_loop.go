@@ -68,12 +68,20 @@ type Agent struct {
 	stopping    *stopState
 	noticesSeen int
 	lastNotice  *metadata.Notice
-	signals     int  // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
-	done        bool // loop ends
+	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
+	firstSignal time.Time // when the first of them came (SignalWindow)
+	done        bool      // loop ends
 
 	watch *watchState // zero-code mode (agent_watch.go); nil: off
 
 	warnedTopology bool // agent_job.go
+	localWorld     int  // ranks on this node, as hellos said (part mode)
+
+	// saidBye: connections whose trainer said it finished; byes counts
+	// them; leftUnfinished: one left without bye since the last start.
+	saidBye        map[uint64]bool
+	byes           int
+	leftUnfinished bool
 }
 
 type committedCheckpoint struct {
@@ -186,11 +194,14 @@ func serveSocket(cfg ServerConfig) (*Server, func(), error) {
 // newAgent prepares one run: local directories, the journal, cleanup of
 // what a crash left, and the restore of the newest committed checkpoint.
 func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{},
+		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{}, saidBye: map[uint64]bool{},
 		results:   make(chan commitResult, 4),
 		childGone: len(cfg.Command) == 0,
 	}
@@ -279,6 +290,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan me
 		select {
 		case <-ctx.Done():
 			a.log.Info("agent context ended")
+			a.cfg.SignalWindow = 0 // not a signal: the second call must stop at once
 			a.onSignal(os.Interrupt)
 			a.onSignal(os.Interrupt)
 			ctx = context.Background()
@@ -475,8 +487,16 @@ func (a *Agent) restart() {
 
 // onSignal: the first SIGTERM/SIGINT is a notice with a --term-grace
 // deadline (or tightens the interruption under way); the second stops the
-// trainer at once and ends the agent without waiting for uploads.
+// trainer at once and ends the agent without waiting for uploads. Signals
+// within SignalWindow of the first are the same one: GNU timeout, `kill 0`
+// and some init systems signal the agent and its process group together.
 func (a *Agent) onSignal(sig os.Signal) {
+	now := time.Now()
+	if a.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.firstSignal) < a.cfg.SignalWindow {
+		a.log.Info("signal within the window of the first one: the same shutdown", zap.String("signal", sig.String()),
+			zap.Duration("after", now.Sub(a.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
+		return
+	}
 	a.signals++
 	if a.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
@@ -484,6 +504,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		a.checkDone()
 		return
 	}
+	a.firstSignal = now
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
 	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
 	a.checkDone()

@@ -45,7 +45,17 @@ func (a *Agent) onEvent(ev Event) {
 		a.onJoin(c, m) // agent_job.go
 	case TypeStatus:
 		a.onStatus(c)
+	case TypeBye:
+		a.seeStep(m.Step)
+		if _, ok := a.conns[c.ID()]; ok {
+			a.saidBye[c.ID()] = true
+			a.byes++
+		}
 	case TypeDisconnected:
+		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
+			a.leftUnfinished = true
+		}
+		delete(a.saidBye, c.ID())
 		delete(a.conns, c.ID())
 		for _, r := range a.pending {
 			if r.waiting[c.ID()] {
@@ -72,6 +82,9 @@ func (a *Agent) onHello(c *Conn, m Message) {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
+	if len(a.conns) == 0 {
+		a.leftUnfinished = false // a new start of the trainer(s)
+	}
 	a.conns[c.ID()] = c
 	a.hadTrainer = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
@@ -80,6 +93,7 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	}
 	a.log.Info("trainer connected", fields...)
 	a.checkHelloTopology(m) // agent_job.go
+	a.noteLocalWorld(m)
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		c.Send(s.stopMessage())
@@ -175,15 +189,16 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		s.record.Deadline = &d
 	}
 	a.stopping = s
-	// Leave room to upload: the previous checkpoint's size at the measured
-	// throughput, plus a margin. If that leaves too little, split the time.
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
-	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
-	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
-		reqDeadline = now.Add(deadline.Sub(now) / 2)
-	}
+	reqDeadline := a.requestDeadline(deadline, now)
 	if a.watch != nil {
 		a.watchStop(s, reqDeadline, now) // agent_watch.go
+		return
+	}
+	if a.trainersFinished() {
+		// A sidecar outlives its trainer: the kubelet stops it after the
+		// trainer exited 0. Nothing was interrupted and nothing is lost.
+		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
+		s.finished, s.stopSent = true, true // no stop to send, nothing to journal
 		return
 	}
 	if a.trainers() == 0 {
@@ -219,6 +234,26 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		return
 	}
 	a.stopRequested(s, r, r.sent)
+}
+
+// trainersFinished reports whether the trainers came, said bye (finished
+// their work) and left: none is connected, and every one that left since
+// the last start said bye first.
+func (a *Agent) trainersFinished() bool {
+	return a.hadTrainer && len(a.conns) == 0 && len(a.saidBye) == 0 && !a.leftUnfinished && a.byes > 0
+}
+
+// requestDeadline is when the trainer must have saved a checkpoint that
+// must commit by deadline: room is left to upload (the previous
+// checkpoint's size at the measured throughput) and for the margin; if
+// that leaves too little, the time is split in two.
+func (a *Agent) requestDeadline(deadline, now time.Time) time.Time {
+	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	return reqDeadline
 }
 
 // stopRequested records that r, asked for at sent, is s's checkpoint.

@@ -138,6 +138,12 @@ func (a *Agent) onDone(c *Conn, m Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
+		if why := a.partMissing(r); why != "" && r.lost == 0 && len(r.ranks) > 0 {
+			// Another rank of this node will join (its hello came after
+			// the request): the part waits for it, up to r's deadline.
+			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
+			return
+		}
 		a.settle(r)
 	}
 }
@@ -155,7 +161,11 @@ func (a *Agent) settle(r *request) {
 		return
 	}
 	if a.partMode() && r.lost > 0 {
-		a.abandonPart(r, now) // agent_job.go
+		a.abandonPart(r, fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost), now) // agent_job.go
+		return
+	}
+	if why := a.partMissing(r); why != "" {
+		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
 	saved := now.Sub(r.sent)
@@ -182,6 +192,12 @@ func (a *Agent) settle(r *request) {
 func (a *Agent) onUnsolicitedDone(c *Conn, m Message) {
 	if a.stopping != nil {
 		a.reply(c, "", "done: an interruption checkpoint is in progress")
+		return
+	}
+	if a.partMode() {
+		// One node's own checkpoint is no job checkpoint: as a part of
+		// one it would stand for the whole job (docs/distributed.md).
+		a.reply(c, "", "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed")
 		return
 	}
 	rel, err := a.insideCheckpointDir(m.Dir)
@@ -290,7 +306,11 @@ func (a *Agent) commit(r *request) {
 		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
 			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
 	}
-	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: r.urgent(), Pipeline: r.pipe,
+	// Upload priority over other runs (node mode) comes only from this
+	// machine's own notices: a join from a trainer is no notice, and a
+	// pod could send one in a loop to starve its neighbours.
+	ownNotice := r.stop != nil && !r.stop.joined
+	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.partFor(r)}
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
 	report := func(cr commitResult) {

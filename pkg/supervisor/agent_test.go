@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -165,6 +166,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
 		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, Log: zap.NewNop(),
+		SignalWindow: -1, // tests send their second signal at once; TestAgent_SignalsWithinWindowAreOne turns it on
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -496,5 +498,94 @@ func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || !j.Interruptions[0].CommitOK {
 		t.Fatalf("journal interruptions=%+v err=%v, want one committed", j.Interruptions, err)
+	}
+}
+
+// TestAgent_SignalsWithinWindowAreOne: GNU timeout, `kill 0` and some init
+// systems signal the agent and the trainer's group at once, so the agent
+// sees two SIGTERMs within milliseconds. They are one shutdown: the final
+// checkpoint still commits and the agent exits 75, not 143 (issue 24.9).
+// A second signal after the window still stops at once.
+func TestAgent_SignalsWithinWindowAreOne(t *testing.T) {
+	release := filepath.Join(shortDir(t), "release")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
+		c.SignalWindow = time.Hour // whatever the machine's speed, both signals fall inside it
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	ar.sigs <- syscall.SIGTERM
+	req := tr.expect(TypeCheckpoint)
+	if req.Reason != ReasonShutdown {
+		t.Fatalf("request reason %q, want shutdown", req.Reason)
+	}
+	tr.save(req, 9, "w")
+	tr.expect(TypeCommitted)
+	tr.expect(TypeStop)
+	os.WriteFile(release, nil, 0o600)
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d: two signals within the window must be one shutdown", code, ExitInterrupted)
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), ar.store); err != nil || l.Step != 9 {
+		t.Fatalf("latest = %+v, %v; want step 9", l, err)
+	}
+}
+
+// TestAgent_SecondSignalAfterWindowStops: past the window, a second signal
+// is a deliberate second Ctrl-C and stops the trainer at once.
+func TestAgent_SecondSignalAfterWindowStops(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.TermGrace = time.Hour
+		c.SignalWindow = time.Nanosecond // any later signal is past it
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.expect(TypeCheckpoint) // never answered
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+}
+
+// Issue 24.7: the kubelet always SIGTERMs a sidecar, also after its
+// trainer exited 0. A trainer that said bye before leaving finished its
+// work: the SIGTERM interrupts nothing and the journal records no
+// interruption and no lost work. One that left without bye (crashed)
+// still counts as interrupted.
+func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
+	for _, bye := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bye=%v", bye), func(t *testing.T) {
+			ar := startAgent(t, nil) // no command: a sidecar
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.hello()
+			tr.send(map[string]any{"type": "progress", "step": 46})
+			if bye {
+				tr.send(map[string]any{"type": "bye", "step": 46})
+			}
+			ar.waitStatus(t, "the trainer's progress", func(s Status) bool { return s.Trainers == 1 && s.Step == 46 })
+			tr.c.Close()
+			ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 0 })
+			ar.sigs <- syscall.SIGTERM
+			if code := ar.wait(t); code != 0 {
+				t.Fatalf("sidecar exit code %d, want 0", code)
+			}
+			j, err := checkpoint.ReadJournal(context.Background(), ar.store, ar.cfg.RunID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(j.Interruptions); (got == 0) != bye {
+				t.Fatalf("bye=%v: %d interruptions recorded %+v", bye, got, j.Interruptions)
+			}
+			g, err := checkpoint.Account(j, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lost := g.Seconds[checkpoint.BucketLost]; bye && lost != 0 {
+				t.Fatalf("a finished trainer lost %.3fs of work", lost)
+			}
+		})
 	}
 }

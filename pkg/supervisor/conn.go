@@ -332,7 +332,7 @@ func (c *Conn) handle(b []byte) bool {
 			c.dropped.Add(1)
 		}
 		return true
-	case TypeDone, TypeSaved, TypeFailed, TypeStatus, TypeJoin:
+	case TypeDone, TypeSaved, TypeFailed, TypeStatus, TypeJoin, TypeBye:
 	case "":
 		c.replyError(m.ID, "missing type")
 		return true

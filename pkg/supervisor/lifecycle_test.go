@@ -60,6 +60,7 @@ func runLifecycleAgent(t *testing.T, dir string, mutate func(*Config)) *lifecycl
 		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
 		Source:    &fakeSource{ch: make(chan metadata.Notice)},
 		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: 20 * time.Millisecond, Log: zap.NewNop(),
+		SignalWindow: -1,
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -197,7 +197,9 @@ func (n *node) hello(ev Event) {
 		return
 	}
 	peer := c.PeerIdentity()
-	r, ok := n.runs[m.RunID]
+	part := jobPart(m)
+	key := runKey(m.RunID, part)
+	r, ok := n.runs[key]
 	if ok && r.conns > 0 && r.owner != peer {
 		n.log.Warn("node: hello refused: run id in use by another peer", zap.String("run", r.id),
 			zap.String("peer", peer), zap.String("owner", r.owner), zap.Int("owner_conns", r.conns), zap.Uint64("conn", c.ID()))
@@ -205,7 +207,7 @@ func (n *node) hello(ev Event) {
 		return
 	}
 	if !ok {
-		r = n.start(m.RunID, jobPart(m))
+		r = n.start(m.RunID, part)
 	}
 	select {
 	case r.events <- ev:
@@ -245,11 +247,12 @@ func (n *node) deliverLater(r *nodeRun, ev Event) {
 // start begins a run: its store, journal and restore happen in its own
 // goroutine, so a slow restore delays only its own trainers.
 func (n *node) start(id, part string) *nodeRun {
-	r := &nodeRun{id: id, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16),
+	key := runKey(id, part)
+	r := &nodeRun{id: key, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16),
 		signals: make(chan os.Signal, 2), gone: make(chan struct{})}
-	n.runs[id] = r
+	n.runs[key] = r
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
-	log := n.log.With(zap.String("run", id))
+	log := n.log.With(zap.String("run", key))
 	log.Info("node: new run", zap.String("store", uri))
 	n.wg.Go(func() {
 		defer func() { n.finished <- r }()
@@ -261,6 +264,11 @@ func (n *node) start(id, part string) *nodeRun {
 		defer st.Close()
 		rc := n.cfg.Run
 		rc.RunID, rc.Store, rc.CheckpointDir, rc.Command = id, st, filepath.Join(n.cfg.CheckpointRoot, id), nil
+		if part != "" {
+			// Two pods of one job may share this machine: each node of
+			// the job is a run of its own, with a directory of its own.
+			rc.CheckpointDir = filepath.Join(rc.CheckpointDir, part)
+		}
 		rc.Source, rc.Identity, rc.EndWhenIdle, rc.Log = n.cfg.Source, n.cfg.Identity, true, log
 		if part != "" {
 			rc.Node = part // one node of a multi-node job (agent_job.go)
@@ -282,6 +290,16 @@ func (n *node) start(id, part string) *nodeRun {
 	return r
 }
 
+// runKey names a run of the node agent: its run id, and in a multi-node
+// job its part (node-<k>), so that two pods of one job on one machine are
+// two runs (two parts of each checkpoint), not one pod refused.
+func runKey(id, part string) string {
+	if part == "" {
+		return id
+	}
+	return id + "/" + part
+}
+
 // refuse answers every trainer waiting on a run that could not start.
 func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 	log.Error("node: run could not start", zap.Error(err))
@@ -301,7 +319,7 @@ func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 // retire forgets a finished run; events that raced with its end are
 // dispatched again (a hello then starts the run anew).
 func (n *node) retire(r *nodeRun) {
-	delete(n.runs, r.id)
+	delete(n.runs, r.id) // r.id is the run's key
 	close(r.gone)
 	for id, cr := range n.connRun {
 		if cr == r {

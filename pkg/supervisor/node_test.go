@@ -257,3 +257,51 @@ func TestPeerIdentity(t *testing.T) {
 		}
 	}
 }
+
+// Issue 24.4: two pods of one two-node job scheduled on one machine are
+// two runs of the node agent (run id and node rank), each with its own
+// directory, and their checkpoint commits as one job checkpoint. Before,
+// the second pod's hello was refused as "in use by another pod".
+func TestNode_TwoPodsOfOneJob(t *testing.T) {
+	n := startNode(t, nil)
+	pods := []*trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	var dirs []string
+	for k, tr := range pods {
+		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
+		w := tr.expect(TypeWelcome)
+		dirs = append(dirs, w.CheckpointDir)
+	}
+	if dirs[0] == dirs[1] {
+		t.Fatalf("both pods got checkpoint dir %s", dirs[0])
+	}
+	n.sigs <- syscall.SIGTERM // every run takes a shutdown checkpoint
+	var id string
+	for k, tr := range pods {
+		req := tr.expect(TypeCheckpoint)
+		if k == 1 && req.ID != id {
+			// Each node asked on its own: the ranks' agreement picks one, and
+			// the other node joins it.
+			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.expect(TypeCheckpoint)
+		}
+		id = req.ID
+		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
+		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+	}
+	for _, tr := range pods {
+		tr.expect(TypeCommitted)
+	}
+	st, err := file.New(filepath.Join(filepath.Dir(n.sock), "runs", "job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := checkpoint.ReadLatest(context.Background(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.ReadManifest(context.Background(), st, l.Manifest)
+	if err != nil || len(m.Parts) != 2 || m.Step != 40 {
+		t.Fatalf("job manifest %+v, %v: want 2 parts at step 40", m, err)
+	}
+}

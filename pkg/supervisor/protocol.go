@@ -28,6 +28,10 @@ const (
 	// agent asked for it); the agent answers with its own `checkpoint`
 	// for that id, so that this node's ranks save their part of it.
 	TypeJoin = "join"
+	// TypeBye: the trainer finished its work and is about to exit 0
+	// (the client's close after training). A sidecar told to stop once
+	// every trainer said bye has nothing to save: no interruption.
+	TypeBye = "bye"
 )
 
 // Message types, agent → trainer.
