@@ -33,6 +33,14 @@ type Committer struct {
 	// Lease, when set, fences this committer: manifests record its epoch
 	// and latest.json only moves while no newer session exists (lease.go).
 	Lease *Lease
+	// PartLease, when set, fences this node's parts of job checkpoints
+	// (AcquirePartLease): no part is written once a newer copy of the
+	// node took a lease.
+	PartLease *Lease
+	// Session, when set, is a folder of its own for this session's part
+	// data (checkpoints/<dir>/<node>/<session>/...): two live copies of
+	// one node never write, or delete, each other's objects.
+	Session string
 }
 
 // Request names one checkpoint directory to commit.
@@ -86,7 +94,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		if err := req.Part.Validate(); err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
 		}
-		prefix = PartPrefix(req.Step, req.ID, req.Part.Node)
+		prefix = c.partPrefix(req.Step, req.ID, req.Part.Node)
 		if req.Pipeline != nil && !pipelineFits(req.Pipeline, req.ID, req.Part) {
 			return nil, errors.New("commit: the pipeline does not upload under this part (NewPartPipeline)")
 		}

@@ -18,7 +18,8 @@ import (
 // checkpoints but never moves latest.json or the journal again.
 var ErrFenced = errors.New("fenced: a newer session owns the run")
 
-// leaseDir holds one object per session: leases/<epoch:012d>.json.
+// leaseDir holds one object per session: leases/<epoch:012d>.json. In a
+// multi-node job each node has its own: leases/<node>/<epoch:012d>.json.
 const leaseDir = "leases/"
 
 // LeaseRecord is the content of leases/<epoch>.json.
@@ -35,11 +36,12 @@ type LeaseRecord struct {
 type Lease struct {
 	LeaseRecord
 	st    cloud.Store
+	dir   string // leaseDir, or leaseDir+node+"/" for a part lease
 	newer atomic.Int64 // highest newer epoch seen; 0: none
 }
 
-// leaseKey names the lease object of epoch.
-func leaseKey(epoch int64) string { return fmt.Sprintf("%s%012d.json", leaseDir, epoch) }
+// leaseKey names the lease object of epoch in dir.
+func leaseKey(dir string, epoch int64) string { return fmt.Sprintf("%s%012d.json", dir, epoch) }
 
 // AcquireLease takes the next epoch (the highest existing one plus one,
 // written if-absent: of two sessions racing for an epoch, one gets it and
@@ -47,41 +49,72 @@ func leaseKey(epoch int64) string { return fmt.Sprintf("%s%012d.json", leaseDir,
 // older session can move latest.json any more. Restore after AcquireLease.
 // ErrFenced means an even newer session sealed first.
 func AcquireLease(ctx context.Context, st cloud.Store, rec LeaseRecord) (*Lease, error) {
-	top, err := highestEpoch(ctx, st)
+	top, err := highestEpoch(ctx, st, leaseDir)
 	if err != nil {
 		return nil, err
 	}
 	if cur, _, err := readLatestRaw(ctx, st); err == nil && cur.Epoch > top {
 		top = cur.Epoch // leases/ lost or trimmed by hand: never reuse an epoch
 	}
-	l := &Lease{st: st}
-	for attempt := 0; ; attempt++ {
-		rec.Epoch = top + 1
-		body, err := json.MarshalIndent(rec, "", "  ")
-		if err != nil {
-			return nil, err
-		}
-		err = st.Put(ctx, leaseKey(rec.Epoch), bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 16 {
-			return nil, fmt.Errorf("lease: %w", err)
-		}
-		top = rec.Epoch
+	l := &Lease{st: st, dir: leaseDir}
+	if err := l.take(ctx, rec, top); err != nil {
+		return nil, err
 	}
-	l.LeaseRecord = rec
 	if err := l.seal(ctx); err != nil {
 		return l, err
 	}
 	return l, nil
 }
 
-// highestEpoch is the highest epoch in leases/ (0: none).
-func highestEpoch(ctx context.Context, st cloud.Store) (int64, error) {
+// AcquirePartLease takes the next epoch of node's own leases
+// (leases/<node>/), for one node of a multi-node job: the nodes share
+// latest.json, so a part lease seals nothing. It fences a second live copy
+// of the same node (a spot replacement started while the old machine still
+// runs): the older copy's parts stop being written once Check sees the
+// newer epoch (Committer.PartLease).
+func AcquirePartLease(ctx context.Context, st cloud.Store, node string, rec LeaseRecord) (*Lease, error) {
+	if !validNode(node) {
+		return nil, fmt.Errorf("lease: bad part name %q", node)
+	}
+	dir := leaseDir + node + "/"
+	top, err := highestEpoch(ctx, st, dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lease{st: st, dir: dir}
+	if err := l.take(ctx, rec, top); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// take writes rec with the first free epoch above top (if-absent: of two
+// sessions racing for an epoch, one gets it and the other tries the next).
+func (l *Lease) take(ctx context.Context, rec LeaseRecord, top int64) error {
+	for attempt := 0; ; attempt++ {
+		rec.Epoch = top + 1
+		body, err := json.MarshalIndent(rec, "", "  ")
+		if err != nil {
+			return err
+		}
+		err = l.st.Put(ctx, leaseKey(l.dir, rec.Epoch), bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
+		if err == nil {
+			l.LeaseRecord = rec
+			return nil
+		}
+		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 16 {
+			return fmt.Errorf("lease: %w", err)
+		}
+		top = rec.Epoch
+	}
+}
+
+// highestEpoch is the highest epoch in dir (0: none). Only dir's own
+// objects count: leases/ holds the part leases' folders too.
+func highestEpoch(ctx context.Context, st cloud.Store, dir string) (int64, error) {
 	var top int64
-	err := st.List(ctx, leaseDir, func(o cloud.ObjectInfo) error {
-		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, leaseDir), ".json")
+	err := st.List(ctx, dir, func(o cloud.ObjectInfo) error {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, dir), ".json")
 		if e, err := strconv.ParseInt(name, 10, 64); ok && err == nil && e > top {
 			top = e
 		}
@@ -193,7 +226,7 @@ func (l *Lease) Check(ctx context.Context) error {
 	if l.Fenced() {
 		return l.fencedErr()
 	}
-	top, err := highestEpoch(ctx, l.st)
+	top, err := highestEpoch(ctx, l.st, l.dir)
 	if err != nil {
 		return err
 	}

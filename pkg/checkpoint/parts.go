@@ -220,7 +220,17 @@ func (m *Manifest) PartBytes(node string) int64 {
 // expects them.
 func (c *Committer) NewPartPipeline(ctx context.Context, root *os.Root, step int64, id, node string) *Pipeline {
 	p := c.NewPipeline(ctx, root, step, id)
-	p.prefix += node + "/" // nothing was added yet: no upload uses it
+	p.prefix = c.partPrefix(max(step, 0), id, node) // nothing was added yet: no upload uses it
+	return p
+}
+
+// partPrefix is where this committer puts its part's data objects: under
+// the part, in its session's folder when it has one.
+func (c *Committer) partPrefix(step int64, id, node string) string {
+	p := PartPrefix(step, id, node)
+	if c.Session != "" {
+		p += c.Session + "/"
+	}
 	return p
 }
 
@@ -230,7 +240,8 @@ func pipelineFits(pl *Pipeline, id string, part *PartSpec) bool {
 	if part == nil {
 		return true
 	}
-	return strings.HasSuffix(pl.prefix, "-"+id+"/"+part.Node+"/")
+	_, rest, ok := strings.Cut(pl.prefix, "-"+id+"/")
+	return ok && rest == strings.TrimPrefix(pl.c.partPrefix(0, id, part.Node), Prefix(0, id))
 }
 
 // commitPart writes this node's part manifest (its data is durable), waits
@@ -251,9 +262,22 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 		return nil, err
 	}
 	key := PartKey(req.Step, req.ID, req.Part.Node)
+	if c.PartLease != nil {
+		// A newer copy of this node exists: its parts are the node's.
+		if err := c.PartLease.Check(ctx); err != nil {
+			return nil, fmt.Errorf("write part: %w", err)
+		}
+	}
 	if err := putOnce(ctx, c.Store, key, body); err != nil {
 		if errors.Is(err, cloud.ErrPrecondition) {
 			return nil, fmt.Errorf("write part: %s exists, written by another agent: %w", key, ErrPartsDisagree)
+		}
+		if req.Pipeline != nil && !c.partAbsent(key) {
+			// The write may have landed (a deadline that ended after the
+			// store took it): then the part names the early uploads, and
+			// deleting them would break a durable part. Keep them;
+			// retention removes them if no manifest ever lists them.
+			req.Pipeline.committed(m)
 		}
 		return nil, fmt.Errorf("write part: %w", err)
 	}
@@ -289,6 +313,16 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 		return nil, fmt.Errorf("write manifest: %w", err)
 	}
 	return job, nil
+}
+
+// partAbsent reports whether the part manifest key is known not to exist,
+// asked with a short context of its own (the commit's may have ended):
+// false when it exists or the store cannot say.
+func (c *Committer) partAbsent(key string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.Store.Stat(ctx, key)
+	return errors.Is(err, cloud.ErrNotExist)
 }
 
 // sameCheckpoint checks that m is the job manifest own belongs to: same

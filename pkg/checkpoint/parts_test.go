@@ -564,3 +564,109 @@ func TestCommitParts_Pipeline(t *testing.T) {
 		}
 	}
 }
+
+// landsThenFails puts part manifests and then reports a deadline error, as
+// a store does when the caller's deadline ends after it took the write.
+type landsThenFails struct{ cloud.Store }
+
+func (s *landsThenFails) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
+	err := s.Store.Put(ctx, key, r, size, o)
+	if err == nil && strings.Contains(key, "/"+partsDir) {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// Issue 24.10: a part write that landed but returned an error fails the
+// commit, and the Abort after it must not delete the early uploads that
+// the durable part names: the other node can still complete the job
+// checkpoint, and restore must find every object.
+func TestCommitParts_LandedPartKeepsEarlyUploads(t *testing.T) {
+	base := newStore(t)
+	const id = "abcabcabcabc"
+	p0 := twoNodes[0]
+	files := partFiles(p0, 5)
+	root := openRoot(t, writeDir(t, files))
+	c := &Committer{Store: &landsThenFails{base}, RunID: "run", Session: "s0"}
+	p := c.NewPartPipeline(t.Context(), root, 5, id, p0.Node)
+	for rel := range files {
+		if err := p.Add(rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Commit(t.Context(), Request{Root: root, ID: id, Step: 5, Reason: "periodic", Pipeline: p, Part: &p0}); err == nil {
+		t.Fatal("commit succeeded; want the part write's error")
+	}
+	p.Abort()
+	p.Wait()
+	commitJob(t, base, 5, id, twoNodes[1])
+	r, err := Restore(t.Context(), base, t.TempDir(), RestoreOptions{Part: p0.Node})
+	if err != nil || r.Manifest.Step != 5 {
+		t.Fatalf("restore of the part whose write landed: %+v, %v", r, err)
+	}
+}
+
+// Issue 24.3: two live copies of one node. Each session's part data goes
+// to a folder of its own, so the older copy never overwrites the newer's
+// objects, and once the newer copy took the node's lease the older one
+// writes no part: the committed checkpoint stays whole.
+func TestCommitParts_SecondCopyOfANode(t *testing.T) {
+	st := newStore(t)
+	ctx := t.Context()
+	old, err := AcquirePartLease(ctx, st, "node-1", LeaseRecord{Session: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commitJob(t, st, 100, "111111111111")
+	fresh, err := AcquirePartLease(ctx, st, "node-1", LeaseRecord{Session: "new"})
+	if err != nil || fresh.Epoch != old.Epoch+1 {
+		t.Fatalf("second copy's lease: %+v, %v; want epoch %d", fresh, err, old.Epoch+1)
+	}
+	if other, err := AcquirePartLease(ctx, st, "node-0", LeaseRecord{Session: "n0"}); err != nil || other.Epoch != 1 {
+		t.Fatalf("node 0's lease: %+v, %v: another node's leases are its own", other, err)
+	}
+	// Both copies save step 200 of the same job checkpoint.
+	p1 := twoNodes[1]
+	var keys []map[string]bool
+	for _, cp := range []struct {
+		lease   *Lease
+		session string
+		want    error
+	}{{fresh, "new", nil}, {old, "old", ErrFenced}} {
+		req := partRequest(t, p1, 200, "222222222222")
+		c := &Committer{Store: st, RunID: "run", PartLease: cp.lease, Session: cp.session}
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := c.Commit(pctx, req)
+		cancel()
+		if cp.want != nil && !errors.Is(err, cp.want) {
+			t.Fatalf("copy %s: %v, want %v", cp.session, err, cp.want)
+		}
+		if cp.want == nil && !errors.Is(err, ErrIncomplete) { // node 0 has not saved yet
+			t.Fatalf("copy %s: %v, want ErrIncomplete", cp.session, err)
+		}
+		got := map[string]bool{}
+		st.List(ctx, PartPrefix(200, "222222222222", p1.Node), func(o cloud.ObjectInfo) error {
+			got[o.Key] = true
+			return nil
+		})
+		keys = append(keys, got)
+	}
+	for k := range keys[1] {
+		if !keys[0][k] && !strings.Contains(k, "/old/") {
+			t.Fatalf("the fenced copy wrote %s outside its own folder", k)
+		}
+	}
+	if !old.Fenced() {
+		t.Fatal("the older copy does not know it is fenced")
+	}
+	commitJob(t, st, 200, "222222222222", twoNodes[0])
+	r, err := Restore(ctx, st, t.TempDir(), RestoreOptions{Part: p1.Node})
+	if err != nil || r.Manifest.Step != 200 {
+		t.Fatalf("restore: %+v, %v", r, err)
+	}
+	for _, f := range r.Manifest.Files {
+		if f.Part == p1.Node && !strings.Contains(f.Key, "/new/") {
+			t.Fatalf("the job checkpoint lists %s, not the newer copy's object", f.Key)
+		}
+	}
+}

@@ -60,13 +60,15 @@ type Config struct {
 	RequestTimeout time.Duration
 	// FenceInterval is how often the session's lease is checked for a
 	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
+	// In part mode the lease is the node's own (a second copy of node K
+	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
 	// Watch, when set, is zero-code mode (agent_watch.go).
 	Watch *WatchConfig
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).
-	// There is no lease in part mode (agent_job.go, docs/distributed.md).
+	// Its lease is the node's (agent_fence.go, docs/distributed.md).
 	Node       string
 	RestoreAll bool
 
@@ -115,11 +117,6 @@ func (c *Config) defaults() {
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()
-	}
-	if c.Node != "" {
-		// Every node of a job takes a session at each start: epochs
-		// would fence the other nodes. See docs/distributed.md.
-		c.FenceInterval = -1
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}

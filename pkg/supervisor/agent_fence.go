@@ -36,29 +36,49 @@ const cloudFence metadata.Cloud = "fence"
 // defaultFenceInterval is how often an agent lists leases/ (one List).
 const defaultFenceInterval = 30 * time.Second
 
-// lease is this session's lease, nil when fencing is off.
-func (a *Agent) lease() *checkpoint.Lease { return a.committer.Lease }
+// lease is this session's lease: the run's, or in part mode the node's;
+// nil when fencing is off.
+func (a *Agent) lease() *checkpoint.Lease {
+	if a.committer.PartLease != nil {
+		return a.committer.PartLease
+	}
+	return a.committer.Lease
+}
 
-// fenced reports whether a newer session took the run over.
+// fenced reports whether a newer session took the run (or this node of
+// the job) over.
 func (a *Agent) fenced() bool { return a.lease().Fenced() }
 
-// epoch is this session's epoch (0: no lease).
+// epoch is this session's epoch of the run's lease (0: none, or part
+// mode, where epochs count one node's sessions and manifests carry none).
 func (a *Agent) epoch() int64 {
-	if l := a.lease(); l != nil {
+	if l := a.committer.Lease; l != nil {
 		return l.Epoch
 	}
 	return 0
 }
 
 // takeLease takes this session's lease, before the restore: the restore
-// then starts from what latest.json held when the lease sealed it.
+// then starts from what latest.json held when the lease sealed it. In
+// part mode it takes the node's lease: a second live copy of node K (a
+// spot replacement while the old machine still runs, a Job's pod
+// replacement) fences the older copy, whose parts are then never written.
 func (a *Agent) takeLease(ctx context.Context) error {
 	if a.cfg.FenceInterval < 0 {
 		return nil
 	}
-	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, checkpoint.LeaseRecord{
-		Session: newID(), Instance: machineOf(a.cfg.Identity), Started: a.started.UTC(),
-	})
+	rec := checkpoint.LeaseRecord{Session: a.session, Instance: machineOf(a.cfg.Identity), Started: a.started.UTC()}
+	if a.partMode() {
+		l, err := checkpoint.AcquirePartLease(ctx, a.cfg.Store, a.cfg.Node, rec)
+		if err != nil {
+			return fmt.Errorf("take lease of %s: %w", a.cfg.Node, err)
+		}
+		a.committer.PartLease = l
+		a.journal.FenceWith(l)
+		a.log.Info("lease of this node taken", zap.String("part", a.cfg.Node), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+		return nil
+	}
+	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, rec)
 	if err != nil {
 		return fmt.Errorf("take lease: %w", err)
 	}
@@ -116,8 +136,17 @@ func (a *Agent) onFenced(n metadata.Notice) {
 	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
 		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
-	n.Deadline = time.Now().Add(a.cfg.TermGrace)
-	a.beginStop(n, time.Now())
+	now := time.Now()
+	n.Deadline = now.Add(a.cfg.TermGrace)
+	if a.partMode() && a.stopping == nil {
+		// No last checkpoint: no part of this copy can be written any
+		// more. Its trainers stop; the newer copy carries the node on.
+		s := &stopState{notice: n, reason: ReasonFenced, deadline: n.Deadline}
+		a.stopping = s
+		a.stopFailed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
+		return
+	}
+	a.beginStop(n, now)
 }
 
 // onFencedCommit handles a commit that uploaded (its manifest is in the

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,5 +308,52 @@ func TestConfig_NodeRefusesSignalAndWatch(t *testing.T) {
 		if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "--node-rank") {
 			t.Errorf("%s with a node rank: %v, want a refusal naming --node-rank", name, err)
 		}
+	}
+}
+
+// Issue 24.3, agent side: a second live copy of node 1 starts (a spot
+// replacement while the old machine still runs). The old copy's next part
+// is refused (fenced: upload_failed, then stop with reason fenced) and
+// the job checkpoint committed before stays whole.
+func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
+	n0 := startJobNode(t, nil, 0)
+	a := startJobNode(t, n0, 1)
+	t0, ta := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, a.cfg.Server.Path)
+	t0.helloRank(0)
+	ta.helloRank(1)
+	future := time.Now().Add(time.Minute).UTC()
+	save := func(tr *trainer, id string, rank int, body string, step int64) {
+		tr.send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": future})
+		req := tr.expect(TypeCheckpoint)
+		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", rank)), body)
+		tr.send(map[string]any{"type": "done", "id": id, "step": step})
+	}
+	save(t0, "100000000000", 0, "zero@100", 100)
+	save(ta, "100000000000", 1, "one@100", 100)
+	t0.expect(TypeCommitted)
+	ta.expect(TypeCommitted)
+
+	b := startJobNode(t, n0, 1) // the second copy of node 1
+	tb := dialTrainer(t, b.cfg.Server.Path)
+	if w := tb.helloRank(1); w.Resume == nil || w.Resume.Step != 100 {
+		t.Fatalf("second copy's welcome %+v: want the resume of step 100", w.Resume)
+	}
+	save(ta, "200000000000", 1, "stale@200", 200)
+	if f := ta.expect(TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
+		t.Fatalf("the old copy's part: %q, want fenced", f.Error)
+	}
+	if s := ta.expect(TypeStop); s.Reason != ReasonFenced {
+		t.Fatalf("the old copy's stop: %+v", s)
+	}
+	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
+	if err != nil || l.Step != 100 {
+		t.Fatalf("latest %+v, %v: want step 100", l, err)
+	}
+	r, err := checkpoint.Restore(context.Background(), n0.store, t.TempDir(), checkpoint.RestoreOptions{Part: NodePart(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one@100" {
+		t.Fatalf("node 1's committed rank-1.pt = %q, want one@100", got)
 	}
 }

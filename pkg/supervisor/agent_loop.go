@@ -207,6 +207,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	if cfg.Node != "" {
+		a.committer.Session = a.session // part data of this session only (parts.go)
+	}
 	if err := a.initWatch(); err != nil { // agent_watch.go
 		endLife()
 		return nil, err
