@@ -187,7 +187,7 @@ def fit_models(med: dict, predict: int, hop_us: float) -> None:
         a, h = fit(xs, ys)
         res = ", ".join("%+.0f" % (y - (a + h * x)) for x, y in zip(xs, ys))
         here = a + h * hops(predict)
-        net = a + hop_us * hops(predict)
+        net = max(a, 0.0) + hop_us * hops(predict)  # a < 0: a fit's artefact, not a cost
         print("| %s | %s | %.1f | %.1f | %s | %.1f ms | %.1f ms |" % (
             name, "2(N-1)" if name == "ring" else "log2 N", a, h, res, here / 1000.0, net / 1000.0))
 
