@@ -8,6 +8,8 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # client): ~150 fewer package inits, ~7 MiB less idle RSS. CGO_ENABLED=0
 # makes a static binary (no libc); tests keep cgo for the race detector.
 TAGS    := disable_grpc_modules
+# deadcode reports functions no main and no test reaches (make lint).
+DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 
 .PHONY: all build release image demo test test-go test-python fuzz lint bench soak clean
 
@@ -40,11 +42,17 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(TAGS)' ./...
 	cd tools && $(GO) vet ./...
+	@out=$$($(GO) run $(DEADCODE) -test -tags '$(TAGS)' ./...); if [ -n "$$out" ]; then echo "dead code (unreachable from any main or test):"; echo "$$out"; exit 1; fi
 
 test-go:
 	$(GO) test -race -tags '$(TAGS)' -timeout 30m ./...
 
+# mypy --strict over the client (Debian's mypy package), then the tests.
+# tests/realagent.py builds ./cmd/spotagent for the tests that run the real
+# agent (SPOTAGENT_BIN= a built binary skips the build).
+MYPY ?= mypy
 test-python:
+	cd python && $(MYPY) --strict spotagent
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a

@@ -18,7 +18,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Issue 15 item 9, with the real binary: two sidecar agents (one per node,
@@ -43,18 +43,18 @@ func distTrials(t *testing.T) int {
 type rankConn struct {
 	t    *testing.T
 	rank int
-	c    *supervisor.Client
-	msgs chan supervisor.Message
+	c    *protocol.Client
+	msgs chan protocol.Message
 }
 
 func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	var c *supervisor.Client
+	var c *protocol.Client
 	for {
 		var err error
-		if c, err = supervisor.Dial(ctx, sock); err == nil {
+		if c, err = protocol.Dial(ctx, sock); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -63,16 +63,16 @@ func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 		time.Sleep(20 * time.Millisecond) // polling for the socket to appear, bounded by ctx
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
-	if _, err := c.Hello(ctx, supervisor.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
+	if _, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
 		LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}); err != nil {
 		t.Fatalf("rank %d: %v", rank, err)
 	}
-	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan supervisor.Message, 64)}
+	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan protocol.Message, 64)}
 	go func() {
 		defer close(r.msgs)
 		for {
 			m, err := c.Recv(context.Background())
-			if errors.Is(err, supervisor.ErrBadMessage) {
+			if errors.Is(err, protocol.ErrBadMessage) {
 				continue
 			}
 			if err != nil {
@@ -86,24 +86,24 @@ func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 }
 
 // next returns the next message of type typ, skipping others.
-func (r *rankConn) next(typ string, timeout time.Duration) (supervisor.Message, bool) {
+func (r *rankConn) next(typ string, timeout time.Duration) (protocol.Message, bool) {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case m, ok := <-r.msgs:
 			if !ok {
-				return supervisor.Message{}, false
+				return protocol.Message{}, false
 			}
 			if m.Type == typ {
 				return m, true
 			}
 		case <-deadline:
-			return supervisor.Message{}, false
+			return protocol.Message{}, false
 		}
 	}
 }
 
-func (r *rankConn) send(m supervisor.Message) {
+func (r *rankConn) send(m protocol.Message) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	r.c.Send(ctx, m) // a dead agent is part of the test
@@ -120,22 +120,22 @@ func rankFile(step int64, r int) []byte {
 // the request's id.
 func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 	t.Helper()
-	req, ok := ranks[0].next(supervisor.TypeCheckpoint, time.Minute)
+	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("rank 0: no checkpoint request")
 	}
 	dirs := map[int]string{0: req.Dir}
 	for _, r := range ranks[1:] {
 		if r.rank < len(ranks)/2 { // rank 0's node: asked already
-			m, ok := r.next(supervisor.TypeCheckpoint, time.Minute)
+			m, ok := r.next(protocol.TypeCheckpoint, time.Minute)
 			if !ok || m.ID != req.ID {
 				t.Fatalf("rank %d: request %+v, want id %s", r.rank, m, req.ID)
 			}
 			dirs[r.rank] = m.Dir
 			continue
 		}
-		r.send(supervisor.Message{Type: supervisor.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
-		m, ok := r.next(supervisor.TypeCheckpoint, time.Minute)
+		r.send(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
+		m, ok := r.next(protocol.TypeCheckpoint, time.Minute)
 		if !ok || m.ID != req.ID {
 			t.Fatalf("rank %d: joined request %+v, want id %s", r.rank, m, req.ID)
 		}
@@ -147,7 +147,7 @@ func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 		}
 	}
 	for _, r := range ranks {
-		r.send(supervisor.Message{Type: supervisor.TypeDone, ID: req.ID, Step: &step})
+		r.send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
 	}
 	return req.ID
 }
@@ -199,7 +199,7 @@ func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn)
 	}
 	saveJobStep(t, ranks, 10)
 	for _, r := range ranks {
-		if _, ok := r.next(supervisor.TypeCommitted, time.Minute); !ok {
+		if _, ok := r.next(protocol.TypeCommitted, time.Minute); !ok {
 			t.Fatalf("rank %d: step 10 not committed", r.rank)
 		}
 	}
@@ -259,33 +259,33 @@ func TestDistributed_RankDiesMidSave(t *testing.T) {
 	st := openTestStore(t, uri, all.Options{})
 	agents, ranks := startJobAt10(t, env, uri)
 	// Step 20: rank 3 dies instead of answering.
-	req, ok := ranks[0].next(supervisor.TypeCheckpoint, time.Minute)
+	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("no second request")
 	}
 	step := int64(20)
 	for _, r := range ranks[2:] {
-		r.send(supervisor.Message{Type: supervisor.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
+		r.send(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
 	}
-	m2, ok := ranks[2].next(supervisor.TypeCheckpoint, time.Minute)
+	m2, ok := ranks[2].next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("rank 2: no joined request")
 	}
 	os.WriteFile(filepath.Join(m2.Dir, "rank-2.bin"), rankFile(20, 2), 0o600)
-	ranks[2].send(supervisor.Message{Type: supervisor.TypeDone, ID: req.ID, Step: &step})
+	ranks[2].send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
 	ranks[3].c.Close()
-	f, ok := ranks[2].next(supervisor.TypeUploadFailed, time.Minute)
+	f, ok := ranks[2].next(protocol.TypeUploadFailed, time.Minute)
 	if !ok || f.ID != req.ID || !strings.Contains(f.Error, "abandoned") {
 		t.Fatalf("rank 2: %+v, want upload_failed for %s saying abandoned", f, req.ID)
 	}
 	agents[1].waitEntry("checkpoint abandoned", time.Minute, nil)
-	m1, ok := ranks[1].next(supervisor.TypeCheckpoint, time.Minute)
+	m1, ok := ranks[1].next(protocol.TypeCheckpoint, time.Minute)
 	if !ok || m1.ID != req.ID {
 		t.Fatalf("rank 1: request %+v, want %s", m1, req.ID)
 	}
 	for _, r := range ranks[:2] {
 		os.WriteFile(filepath.Join(req.Dir, fmt.Sprintf("rank-%d.bin", r.rank)), rankFile(20, r.rank), 0o600)
-		r.send(supervisor.Message{Type: supervisor.TypeDone, ID: req.ID, Step: &step})
+		r.send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
 	}
 	if got := checkRestorable(t, st, world); got != 10 {
 		t.Fatalf("restore gave step %d, want the previous checkpoint, 10", got)

@@ -19,7 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // trainerProc runs the stdlib example trainer as its own process, the way a
@@ -150,12 +150,12 @@ func TestNode(t *testing.T) {
 	agent.waitLine(`socket listening`, time.Minute)
 
 	// A hostile run id is refused with an error reply, and nothing is created.
-	c, err := supervisor.Dial(context.Background(), sock)
+	c, err := protocol.Dial(context.Background(), sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	_, err = c.Hello(ctx, supervisor.Message{PID: 1, RunID: "../other"})
+	_, err = c.Hello(ctx, protocol.Message{PID: 1, RunID: "../other"})
 	cancel()
 	if err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("hello with run_id ../other: %v, want an error reply", err)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs when it is missing: Debian's python3-torch
 # (the end-to-end tests train a real model under /usr/bin/python3), shellcheck
-# and systemd-analyze (the deploy/ checks), curl and bash (user-data test).
+# and systemd-analyze (the deploy/ checks), curl and bash (user-data test),
+# promtool (Debian package prometheus: the alert rules in deploy/prometheus).
 set -euo pipefail
 
 missing=()
@@ -9,6 +10,7 @@ missing=()
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus) # promtool: deploy/prometheus rules
 [ -x /usr/bin/python3 ] || missing+=(python3)
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -57,9 +58,9 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
 	fs.StringVar(&o.allowUID, "allow-uid", "", "comma-separated uids allowed to connect besides the agent's own and root")
-	maxConns := supervisor.DefaultMaxConns
+	maxConns := protocol.DefaultMaxConns
 	if node {
-		maxConns = supervisor.DefaultNodeMaxConns
+		maxConns = protocol.DefaultNodeMaxConns
 	}
 	fs.IntVar(&o.maxConns, "max-connections", maxConns, "open socket connections at most (at most a quarter of the open-file limit); more are refused")
 	fs.StringVar(&o.interval, "interval", "auto", "periodic checkpoint interval: auto (Young/Daly) or a duration such as 15m")
@@ -177,10 +178,10 @@ func parseInterval(s string) (time.Duration, error) {
 	return d, nil
 }
 
-func (o *agentOptions) serverConfig(log *zap.Logger) (supervisor.ServerConfig, error) {
+func (o *agentOptions) serverConfig(log *zap.Logger) (protocol.ServerConfig, error) {
 	mode, err := strconv.ParseUint(o.socketMode, 8, 32)
 	if err != nil || mode > 0o777 {
-		return supervisor.ServerConfig{}, fmt.Errorf("--socket-mode: want an octal mode such as 0600, got %q", o.socketMode)
+		return protocol.ServerConfig{}, fmt.Errorf("--socket-mode: want an octal mode such as 0600, got %q", o.socketMode)
 	}
 	var uids []int
 	for _, s := range strings.Split(o.allowUID, ",") {
@@ -189,11 +190,11 @@ func (o *agentOptions) serverConfig(log *zap.Logger) (supervisor.ServerConfig, e
 		}
 		u, err := strconv.Atoi(s)
 		if err != nil || u < 0 {
-			return supervisor.ServerConfig{}, fmt.Errorf("--allow-uid: bad uid %q", s)
+			return protocol.ServerConfig{}, fmt.Errorf("--allow-uid: bad uid %q", s)
 		}
 		uids = append(uids, u)
 	}
-	return supervisor.ServerConfig{Path: o.socket, PrivateDir: o.socketDefault, Mode: os.FileMode(mode), AllowUIDs: uids,
+	return protocol.ServerConfig{Path: o.socket, PrivateDir: o.socketDefault, Mode: os.FileMode(mode), AllowUIDs: uids,
 		MaxConns: o.maxConns, Log: log}, nil
 }
 

@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/internal/child"
 )
 
 // version is set with -ldflags "-X main.version=...".
@@ -33,6 +33,7 @@ var commands = []command{
 	{"restore", cmdRestore, "download and verify a checkpoint into a directory"},
 	{"history", cmdHistory, "print the run journal: interruptions, restores, lost work"},
 	{"report", cmdReport, "goodput of a run: where its wall time (and money) went"},
+	{"fleet", cmdFleet, "every run under a store prefix: interruptions, lost work, goodput and money by cloud, instance type and zone"},
 	{"watch", cmdWatch, "print interruption notices as JSON lines"},
 	{"simulate", cmdSimulate, "compare checkpoint interval policies on an interruption trace"},
 	{"fake-metadata", cmdFakeMetadata, "serve a fake cloud metadata service for demos and tests"},
@@ -40,7 +41,7 @@ var commands = []command{
 }
 
 func main() {
-	supervisor.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
+	child.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
 	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 }
 

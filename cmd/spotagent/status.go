@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -111,9 +112,9 @@ func names(paths []string) []string {
 	return out
 }
 
-// queryStatus asks the agent at path for its status (supervisor.Client.Status).
+// queryStatus asks the agent at path for its status (protocol.Client.Status).
 func queryStatus(ctx context.Context, path string) (json.RawMessage, error) {
-	c, err := supervisor.Dial(ctx, path)
+	c, err := protocol.Dial(ctx, path)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -27,12 +28,12 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-// fakeAgent serves a real supervisor.Server at path and answers every status
+// fakeAgent serves a real protocol.Server at path and answers every status
 // request with st. With needHello it refuses status on a connection that has
 // not said hello, as a stricter agent might.
 func fakeAgent(t *testing.T, path string, st supervisor.Status, needHello bool) (hellos <-chan struct{}) {
 	t.Helper()
-	srv, err := supervisor.Listen(supervisor.ServerConfig{Path: path})
+	srv, err := protocol.Listen(protocol.ServerConfig{Path: path})
 	if err != nil {
 		t.Fatalf("Listen: %v", err)
 	}
@@ -45,19 +46,19 @@ func fakeAgent(t *testing.T, path string, st supervisor.Status, needHello bool) 
 		defer close(handled)
 		for ev := range srv.Events() {
 			switch ev.Msg.Type {
-			case supervisor.TypeHello:
+			case protocol.TypeHello:
 				hello <- struct{}{}
-				ev.Conn.Send(supervisor.Message{Type: supervisor.TypeWelcome, Version: 1, RunID: st.RunID})
-			case supervisor.TypeStatus:
+				ev.Conn.Send(protocol.Message{Type: protocol.TypeWelcome, Version: 1, RunID: st.RunID})
+			case protocol.TypeStatus:
 				if _, ok := ev.Conn.Hello(); needHello && !ok {
-					ev.Conn.Send(supervisor.Message{Type: supervisor.TypeError, Error: "say hello first"})
+					ev.Conn.Send(protocol.Message{Type: protocol.TypeError, Error: "say hello first"})
 					continue
 				}
 				b, err := json.Marshal(st)
 				if err != nil {
 					panic(err)
 				}
-				ev.Conn.Send(supervisor.Message{Type: supervisor.TypeStatus, Status: b})
+				ev.Conn.Send(protocol.Message{Type: protocol.TypeStatus, Status: b})
 			}
 		}
 	}()

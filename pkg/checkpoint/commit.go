@@ -176,17 +176,8 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		if m, err = c.commitPart(ctx, log, req, m, unslot); err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
 		}
-	} else {
-		body, err := marshalManifest(m)
-		if err != nil {
-			return nil, fmt.Errorf("commit: %w", err)
-		}
-		if err := putOnce(ctx, c.Store, key, body); err != nil {
-			return nil, fmt.Errorf("commit: write manifest: %w", err)
-		}
-		if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
-			req.Pipeline.committed(m)
-		}
+	} else if err := c.commitSingle(ctx, req, m); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
 	}
 	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
 		// The manifest is durable: restore lists the manifests newer
@@ -202,6 +193,22 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)), zap.Int("early", len(piped)),
 		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
 	return res, nil
+}
+
+// commitSingle writes the manifest of a single-node checkpoint, whose
+// data is durable (the part path is commitPart, parts.go).
+func (c *Committer) commitSingle(ctx context.Context, req Request, m *Manifest) error {
+	body, err := marshalManifest(m)
+	if err != nil {
+		return err
+	}
+	if err := putOnce(ctx, c.Store, ManifestKey(req.Step, req.ID), body); err != nil {
+		return fmt.Errorf("write manifest: %w", err)
+	}
+	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
+		req.Pipeline.committed(m)
+	}
+	return nil
 }
 
 // upload puts the files indexed by todo (total bytes in all) concurrently
@@ -304,52 +311,6 @@ func putOnce(ctx context.Context, st cloud.Store, key string, body []byte) error
 	return err
 }
 
-// UpdateLatest points latest.json at l unless it already points at a newer
-// step. It is a compare-and-swap on the object's version, retried when
-// another writer got there first, so two agents cannot lose a commit.
-func UpdateLatest(ctx context.Context, st cloud.Store, l Latest) error {
-	for attempt := 0; ; attempt++ {
-		opts := cloud.PutOptions{IfAbsent: true}
-		info, err := st.Stat(ctx, LatestKey)
-		switch {
-		case err == nil:
-			opts = cloud.PutOptions{IfVersion: info.Version}
-			if cur, err := ReadLatest(ctx, st); err == nil && cur.Step > l.Step {
-				return nil
-			}
-		case !errors.Is(err, cloud.ErrNotExist):
-			return fmt.Errorf("stat latest: %w", err)
-		}
-		l.Updated = time.Now().UTC()
-		body, err := json.MarshalIndent(l, "", "  ")
-		if err != nil {
-			return err
-		}
-		err = st.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 4 {
-			return fmt.Errorf("write latest: %w", err)
-		}
-	}
-}
-
-// ReadLatest reads and parses latest.json.
-func ReadLatest(ctx context.Context, st cloud.Store) (Latest, error) {
-	var l Latest
-	if err := readJSON(ctx, st, LatestKey, 1<<20, &l); err != nil {
-		return Latest{}, err
-	}
-	if l.Manifest == "" && l.Epoch > 0 { // sealed by a lease before any commit (lease.go)
-		return Latest{}, fmt.Errorf("latest: no checkpoint yet: %w", cloud.ErrNotExist)
-	}
-	if err := SafeRel(l.Manifest); err != nil {
-		return Latest{}, fmt.Errorf("latest: %w", err)
-	}
-	return l, nil
-}
-
 // readJSON reads a small JSON object, refusing anything over limit bytes.
 func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
 	b, err := readSmall(ctx, st, key, limit)
@@ -377,4 +338,20 @@ func readSmall(ctx context.Context, st cloud.Store, key string, limit int64) ([]
 		return nil, fmt.Errorf("read %s: larger than %d bytes", key, limit)
 	}
 	return b, nil
+}
+
+// epoch is the epoch a committer records in its manifests (0: no lease).
+func (c *Committer) epoch() int64 {
+	if c.Lease == nil {
+		return 0
+	}
+	return c.Lease.Epoch
+}
+
+// publish moves latest.json: fenced by the lease when there is one.
+func (c *Committer) publish(ctx context.Context, l Latest) error {
+	if c.Lease == nil {
+		return UpdateLatest(ctx, c.Store, l)
+	}
+	return c.Lease.Publish(ctx, l)
 }

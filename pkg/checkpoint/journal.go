@@ -198,3 +198,10 @@ func (w *JournalWriter) Snapshot() *Journal {
 	defer w.mu.Unlock()
 	return w.copyOf(w.j)
 }
+
+// FenceWith makes w write nothing once l is fenced.
+func (w *JournalWriter) FenceWith(l *Lease) {
+	w.mu.Lock()
+	w.lease = l
+	w.mu.Unlock()
+}

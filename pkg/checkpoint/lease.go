@@ -36,7 +36,7 @@ type LeaseRecord struct {
 type Lease struct {
 	LeaseRecord
 	st    cloud.Store
-	dir   string // leaseDir, or leaseDir+node+"/" for a part lease
+	dir   string       // leaseDir, or leaseDir+node+"/" for a part lease
 	newer atomic.Int64 // highest newer epoch seen; 0: none
 }
 
@@ -129,7 +129,7 @@ func highestEpoch(ctx context.Context, st cloud.Store, dir string) (int64, error
 // seal rewrites latest.json with this lease's epoch (same pointer), or
 // writes a pointer-less one when there is none yet.
 func (l *Lease) seal(ctx context.Context) error {
-	return l.casLatest(ctx, func(cur Latest, exists bool) (Latest, bool) {
+	return writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
 		cur.Epoch = l.Epoch
 		if !exists {
 			cur.Updated = time.Now().UTC()
@@ -148,76 +148,13 @@ func (l *Lease) Publish(ctx context.Context, next Latest) error {
 		return err
 	}
 	next.Epoch = l.Epoch
-	return l.casLatest(ctx, func(cur Latest, exists bool) (Latest, bool) {
+	return writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
 		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.Step > next.Step {
 			return cur, false
 		}
 		next.Updated = time.Now().UTC()
 		return next, true
 	})
-}
-
-// casLatest reads latest.json with its version, refuses (ErrFenced) when
-// it carries a newer epoch, and writes what fn returns, if-version (or
-// if-absent); a lost race re-reads and tries again.
-func (l *Lease) casLatest(ctx context.Context, fn func(cur Latest, exists bool) (Latest, bool)) error {
-	for attempt := 0; ; attempt++ {
-		cur, version, err := readLatestRaw(ctx, l.st)
-		exists := err == nil
-		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
-			return fmt.Errorf("read latest: %w", err)
-		}
-		if cur.Epoch > l.Epoch {
-			l.sawEpoch(cur.Epoch)
-			return fmt.Errorf("latest.json sealed by epoch %d, this session is %d: %w", cur.Epoch, l.Epoch, ErrFenced)
-		}
-		next, write := fn(cur, exists)
-		if !write {
-			return nil
-		}
-		body, err := json.MarshalIndent(next, "", "  ")
-		if err != nil {
-			return err
-		}
-		opts := cloud.PutOptions{IfAbsent: true}
-		if exists {
-			opts = cloud.PutOptions{IfVersion: version}
-		}
-		err = l.st.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 8 {
-			return fmt.Errorf("write latest: %w", err)
-		}
-	}
-}
-
-// readLatestRaw reads latest.json and the version it had: stat first, so
-// that a write landing between stat and read makes the later if-version
-// write fail rather than overwrite something never read. A latest.json
-// that does not parse counts as epoch 0 with no pointer.
-func readLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) {
-	info, err := st.Stat(ctx, LatestKey)
-	if err != nil {
-		return Latest{}, "", err
-	}
-	var cur Latest
-	if err := readJSON(ctx, st, LatestKey, 1<<20, &cur); err != nil {
-		if errors.Is(err, cloud.ErrNotExist) {
-			return Latest{}, "", err
-		}
-		if ctx.Err() != nil {
-			return Latest{}, "", ctx.Err()
-		}
-		var syn *json.SyntaxError
-		var typ *json.UnmarshalTypeError
-		if !errors.As(err, &syn) && !errors.As(err, &typ) {
-			return Latest{}, "", err
-		}
-		cur = Latest{}
-	}
-	return cur, info.Version, nil
 }
 
 // Check lists leases/ (one List) and reports ErrFenced once a newer epoch
@@ -254,33 +191,4 @@ func (l *Lease) sawEpoch(e int64) {
 
 func (l *Lease) fencedErr() error {
 	return fmt.Errorf("epoch %d exists, this session is %d: %w", l.newer.Load(), l.Epoch, ErrFenced)
-}
-
-// epoch is the epoch a committer records in its manifests (0: no lease).
-func (c *Committer) epoch() int64 {
-	if c.Lease == nil {
-		return 0
-	}
-	return c.Lease.Epoch
-}
-
-// publish moves latest.json: fenced by the lease when there is one.
-func (c *Committer) publish(ctx context.Context, l Latest) error {
-	if c.Lease == nil {
-		return UpdateLatest(ctx, c.Store, l)
-	}
-	return c.Lease.Publish(ctx, l)
-}
-
-// skipEpoch reports whether restore must pass over m: it was committed by
-// a newer session than the one restoring (which that session fenced).
-func (o RestoreOptions) skipEpoch(m *Manifest) bool {
-	return o.MaxEpoch > 0 && m.Epoch > o.MaxEpoch
-}
-
-// FenceWith makes w write nothing once l is fenced.
-func (w *JournalWriter) FenceWith(l *Lease) {
-	w.mu.Lock()
-	w.lease = l
-	w.mu.Unlock()
 }

@@ -398,3 +398,9 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 	}
 	return nil
 }
+
+// skipEpoch reports whether restore must pass over m: it was committed by
+// a newer session than the one restoring (which that session fenced).
+func (o RestoreOptions) skipEpoch(m *Manifest) bool {
+	return o.MaxEpoch > 0 && m.Epoch > o.MaxEpoch
+}

@@ -104,6 +104,10 @@ type Scheduler struct {
 	regretOK   bool
 }
 
+// PriorRate is the flat prior rate of interruptions per hour the scheduler
+// was configured with (--interruption-rate).
+func (s *Scheduler) PriorRate() float64 { return s.cfg.InterruptionRate }
+
 // NewScheduler returns a Scheduler with cfg's zero values defaulted.
 func NewScheduler(cfg SchedulerConfig) *Scheduler {
 	if cfg.Min <= 0 {

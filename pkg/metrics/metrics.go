@@ -38,6 +38,11 @@ type Metrics struct {
 	readyGauge      prometheus.Gauge
 	goodputRatio    prometheus.Gauge
 	goodputSeconds  *prometheus.GaugeVec
+	// The fleet's labels and notice outcomes (issue 29, deploy/grafana).
+	instanceInfo      *prometheus.GaugeVec
+	noticeCheckpoints *prometheus.CounterVec
+	noticeToCommitted prometheus.Histogram
+	noticeLead        prometheus.Histogram
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -111,11 +116,30 @@ func New() *Metrics {
 			Name: "spotagent_ready",
 			Help: "1 while the agent serves trainers (after restore, before shutdown).",
 		}),
+		instanceInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotagent_instance_info",
+			Help: "1, labelled with the machine the agent runs on: join it on instance to label any series by cloud, instance type and zone.",
+		}, []string{"cloud", "instance_type", "zone"}),
+		noticeCheckpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spotagent_notice_checkpoints_total",
+			Help: "Interruption (notice) checkpoints by result: committed before the machine went, or failed (work since the previous checkpoint lost).",
+		}, []string{"result"}),
+		noticeToCommitted: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "spotagent_notice_to_committed_seconds",
+			Help:    "Time from detecting a notice to its checkpoint committed.",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12), // 0.5 s … ~17 min
+		}),
+		noticeLead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "spotagent_notice_lead_seconds",
+			Help:    "Time from detecting a notice to its deadline (the machine's end), for notices with a deadline.",
+			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
+		}),
 	}
 	m.reg.MustRegister(
 		m.notices, m.noticeToRequest, m.phase, m.uploadedBytes, m.throughput,
 		m.lastStep, m.lastCommitted, m.interval, m.commitFailures, m.errors,
 		m.restoreSeconds, m.restoreBytes, m.readyGauge, m.goodputRatio, m.goodputSeconds,
+		m.instanceInfo, m.noticeCheckpoints, m.noticeToCommitted, m.noticeLead,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -125,7 +149,34 @@ func New() *Metrics {
 	for _, b := range checkpoint.Buckets {
 		m.goodputSeconds.WithLabelValues(b)
 	}
+	for _, r := range []string{"committed", "failed"} {
+		m.noticeCheckpoints.WithLabelValues(r)
+	}
 	return m
+}
+
+// Machine labels the agent's series with its machine: the one
+// spotagent_instance_info series carries cloud, instance type and zone
+// (empty when the metadata does not say).
+func (m *Metrics) Machine(cloud, instanceType, zone string) {
+	m.instanceInfo.Reset()
+	m.instanceInfo.WithLabelValues(cloud, instanceType, zone).Set(1)
+}
+
+// NoticeCheckpoint records how an interruption's checkpoint ended:
+// committed or not, took from the notice's detection to the commit (or
+// the failure), and lead from the detection to the notice's deadline (0:
+// the notice had none).
+func (m *Metrics) NoticeCheckpoint(committed bool, took, lead time.Duration) {
+	if committed {
+		m.noticeCheckpoints.WithLabelValues("committed").Inc()
+		m.noticeToCommitted.Observe(took.Seconds())
+	} else {
+		m.noticeCheckpoints.WithLabelValues("failed").Inc()
+	}
+	if lead > 0 {
+		m.noticeLead.Observe(lead.Seconds())
+	}
 }
 
 // Registry is the registry /metrics serves, for adding collectors.

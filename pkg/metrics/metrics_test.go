@@ -111,6 +111,14 @@ func TestMetrics_Moves(t *testing.T) {
 			"spotagent_restore_bytes", nil, 1 << 20},
 		{"Ready", func() { m.Ready(true) },
 			"spotagent_ready", nil, 1},
+		{"Machine", func() { m.Machine("aws", "p4d.24xlarge", "us-east-1a") },
+			"spotagent_instance_info", []string{"cloud", "aws", "instance_type", "p4d.24xlarge", "zone", "us-east-1a"}, 1},
+		{"NoticeCommitted", func() { m.NoticeCheckpoint(true, 40*time.Second, 2*time.Minute) },
+			"spotagent_notice_checkpoints_total", []string{"result", "committed"}, 1},
+		{"NoticeToCommitted", nil, "spotagent_notice_to_committed_seconds", nil, 1},
+		{"NoticeFailed", func() { m.NoticeCheckpoint(false, 30*time.Second, 30*time.Second) },
+			"spotagent_notice_checkpoints_total", []string{"result", "failed"}, 1},
+		{"NoticeLead", nil, "spotagent_notice_lead_seconds", nil, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -146,6 +154,9 @@ func TestMetrics_Families(t *testing.T) {
 		if _, ok := fams[name]; !ok {
 			t.Errorf("%s missing", name)
 		}
+	}
+	if got, ok := value(fams, "spotagent_notice_checkpoints_total", "result", "failed"); !ok || got != 0 {
+		t.Errorf("failed notice checkpoints=%v (present %v), want 0: the alert on them needs the series", got, ok)
 	}
 	if got, ok := value(fams, "spotagent_checkpoint_phase_seconds", "phase", "commit"); !ok || got != 0 {
 		t.Errorf("commit phase=%v (present %v), want 0", got, ok)
@@ -282,5 +293,20 @@ func TestMetrics_Goodput(t *testing.T) {
 	}
 	if got, _ := value(fams, "spotagent_goodput_seconds", "bucket", "lost"); got != 100 {
 		t.Errorf("lost=%v, want 100", got)
+	}
+}
+
+// A new machine replaces the info series: one agent, one machine.
+func TestMetrics_MachineReplaces(t *testing.T) {
+	m := New()
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	m.Machine("aws", "p5.48xlarge", "us-east-1a")
+	m.Machine("gcp", "a3-highgpu-8g", "us-central1-a")
+	if got := len(scrape(t, srv.URL)["spotagent_instance_info"].GetMetric()); got != 1 {
+		t.Fatalf("%d instance_info series, want 1", got)
+	}
+	if _, ok := value(scrape(t, srv.URL), "spotagent_instance_info", "cloud", "gcp", "instance_type", "a3-highgpu-8g", "zone", "us-central1-a"); !ok {
+		t.Fatal("the second machine's series is missing")
 	}
 }

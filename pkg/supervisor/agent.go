@@ -20,6 +20,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Config wires one agent: a run, its store, its trainer.
@@ -33,7 +34,7 @@ type Config struct {
 	Source        metadata.Source // nil: no cloud notices
 	Identity      metadata.Identity
 	Scheduler     *checkpoint.Scheduler
-	Server        ServerConfig
+	Server        protocol.ServerConfig
 
 	Command   []string      // the trainer; empty runs without a child (sidecar)
 	Keep      int           // checkpoints kept by retention (default 3)
@@ -71,6 +72,13 @@ type Config struct {
 	// Its lease is the node's (agent_fence.go, docs/distributed.md).
 	Node       string
 	RestoreAll bool
+
+	// Fleet, when set, is the store at the fleet's root (the parent of the
+	// run's store, or --store-prefix): the agent reads the fleet summary
+	// for its scheduler's prior at start and records its session in it at
+	// the end (pkg/fleet). FleetDir is the run's directory under it.
+	Fleet    cloud.Store
+	FleetDir string
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
@@ -276,7 +284,7 @@ func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, rest
 
 // restore copies the newest committed checkpoint into the restore area and
 // returns the resume information (nil when starting fresh).
-func (a *Agent) restore(ctx context.Context) (*Resume, error) {
+func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) {
 	if a.watch != nil {
 		return a.restoreWatch(ctx) // agent_watch.go
 	}
@@ -328,7 +336,7 @@ func (a *Agent) restore(ctx context.Context) (*Resume, error) {
 // restored records a restore (metrics, journal, the newest committed
 // checkpoint) and returns what the trainer is told: dir, where the files
 // are now, and manifest, the local copy of the manifest.
-func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *Resume {
+func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
 	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
 	a.journalAsync(func(j *checkpoint.Journal) {
 		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
@@ -337,7 +345,7 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 		})
 	})
 	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
+	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
 }
 
 // cleanup removes what a crashed agent left behind: the store's temp files

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Issue 13: the agent reads, writes and deletes only inside its own
@@ -92,9 +93,9 @@ func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 	tr := dialTrainer(t, first.cfg.Server.Path)
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
-	tr.expect(TypeCommitted)
+	tr.expect(protocol.TypeCommitted)
 	first.sigs <- syscall.SIGTERM
-	tr.expect(TypeCheckpoint) // not answered: the shutdown checkpoint fails
+	tr.expect(protocol.TypeCheckpoint) // not answered: the shutdown checkpoint fails
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 
@@ -142,7 +143,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	hold()
-	c := tr.expect(TypeCommitted)
+	c := tr.expect(protocol.TypeCommitted)
 	r, err := checkpoint.Restore(context.Background(), ar.store, shortDir(t), checkpoint.RestoreOptions{})
 	if err != nil || r.Manifest.ID != c.ID {
 		t.Fatalf("restore: %v", err)
@@ -151,7 +152,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 		t.Fatalf("committed %q, want the original %q", got, "mine")
 	}
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(TypeCheckpoint)
+	tr.expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.wait(t)
 	if got := mustRead(t, filepath.Join(victim, "mine", "w")); got != "evil" {
@@ -166,7 +167,7 @@ func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 	tr := dialTrainer(t, first.cfg.Server.Path)
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
-	c := tr.expect(TypeCommitted)
+	c := tr.expect(protocol.TypeCommitted)
 	first.sigs <- syscall.SIGTERM
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
@@ -204,9 +205,9 @@ func TestAgent_LowerStepKept(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "step": 100, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "a")})
-	high := tr.expect(TypeCommitted)
+	high := tr.expect(protocol.TypeCommitted)
 	tr.send(map[string]any{"type": "done", "step": 50, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "b")})
-	low := tr.expect(TypeCommitted)
+	low := tr.expect(protocol.TypeCommitted)
 	for _, k := range []string{checkpoint.ManifestKey(50, low.ID), checkpoint.ManifestKey(100, high.ID)} {
 		if _, err := checkpoint.ReadManifest(context.Background(), ar.store, k); err != nil {
 			t.Fatalf("%s after retention: %v", k, err)
@@ -224,9 +225,9 @@ func TestAgent_UnsolicitedDirNames(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "step": 1, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "restore_mine")})
-	tr.expect(TypeCommitted)
+	tr.expect(protocol.TypeCommitted)
 	tr.send(map[string]any{"type": "done", "step": 2, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "spotagent-test/restore/x")})
-	if e := tr.expect(TypeError); !strings.Contains(e.Error, "own area") {
+	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "own area") {
 		t.Fatalf("error %q, want a refusal of the agent's own area", e.Error)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Fencing: two agents on one run (an ASG with Capacity Rebalancing starts
@@ -30,7 +31,8 @@ const ExitFenced = 76
 // message of a fenced agent.
 const ReasonFenced = "fenced"
 
-// cloudFence marks the notice the lease check sends the loop.
+// cloudFence is the cloud of a fenced stop's record: no cloud's notice,
+// the agent's own lease check.
 const cloudFence metadata.Cloud = "fence"
 
 // defaultFenceInterval is how often an agent lists leases/ (one List).
@@ -89,8 +91,9 @@ func (a *Agent) takeLease(ctx context.Context) error {
 }
 
 // watchFence checks the lease every FenceInterval, until the agent's life
-// ends, and once fenced sends the loop a notice on out.
-func (a *Agent) watchFence(out chan<- metadata.Notice) {
+// ends, and once fenced tells the loop (a.fences: its own event, not a
+// notice).
+func (a *Agent) watchFence() {
 	l := a.lease()
 	if l == nil {
 		return
@@ -112,8 +115,8 @@ func (a *Agent) watchFence(out chan<- metadata.Notice) {
 			err := l.Check(ctx)
 			if errors.Is(err, checkpoint.ErrFenced) {
 				select {
-				case out <- fenceNotice(l):
-				case <-ctx.Done():
+				case a.fences <- struct{}{}:
+				default: // the loop knows already
 				}
 				return
 			}
@@ -124,19 +127,18 @@ func (a *Agent) watchFence(out chan<- metadata.Notice) {
 	})
 }
 
-func fenceNotice(l *checkpoint.Lease) metadata.Notice {
-	now := time.Now()
-	return metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
-		ID: fmt.Sprintf("fenced-by-%d", l.FencedBy()), Action: ReasonFenced}
-}
-
 // onFenced starts the fenced stop: a last checkpoint (uploaded, never
 // published), then stop, with --term-grace as the deadline.
-func (a *Agent) onFenced(n metadata.Notice) {
+func (a *Agent) onFenced() {
+	if a.stopping != nil && a.stopping.reason == ReasonFenced {
+		return
+	}
+	now := time.Now()
+	n := metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
+		ID: fmt.Sprintf("fenced-by-%d", a.lease().FencedBy()), Action: ReasonFenced}
 	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
 		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
-	now := time.Now()
 	n.Deadline = now.Add(a.cfg.TermGrace)
 	if a.partMode() && a.stopping == nil {
 		// No last checkpoint: no part of this copy can be written any
@@ -146,7 +148,7 @@ func (a *Agent) onFenced(n metadata.Notice) {
 		a.stopFailed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
 		return
 	}
-	a.beginStop(n, now)
+	a.beginStop(n, ReasonFenced, now)
 }
 
 // onFencedCommit handles a commit that uploaded (its manifest is in the
@@ -158,23 +160,12 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	}
 	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
-	a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: err.Error()})
+	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
 	case a.stopping == nil:
-		a.onFenced(fenceNotice(a.lease()))
+		a.onFenced()
 	case r.stop != nil && !r.stop.finished:
 		a.finishStop(r.stop)
 	}
 	return true
-}
-
-// stopReason is the reason of the stop that notice n begins.
-func stopReason(n metadata.Notice) string {
-	switch n.Cloud {
-	case metadata.CloudSignal:
-		return ReasonShutdown
-	case cloudFence:
-		return ReasonFenced
-	}
-	return ReasonInterruption
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // A newer session's lease fences a running agent: its lease check sends
@@ -23,15 +24,15 @@ func TestAgent_Fenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := tr.expect(TypeCheckpoint)
+	req := tr.expect(protocol.TypeCheckpoint)
 	if req.Reason != ReasonFenced || req.Deadline == nil {
 		t.Fatalf("checkpoint request=%+v, want reason fenced", req)
 	}
 	tr.save(req, 7, "weights")
-	if f := tr.expect(TypeUploadFailed); f.ID != req.ID {
+	if f := tr.expect(protocol.TypeUploadFailed); f.ID != req.ID {
 		t.Fatalf("upload_failed=%+v", f)
 	}
-	if s := tr.expect(TypeStop); s.Reason != ReasonFenced {
+	if s := tr.expect(protocol.TypeStop); s.Reason != ReasonFenced {
 		t.Fatalf("stop=%+v, want reason fenced", s)
 	}
 	m, err := checkpoint.ReadManifest(ctx, ar.store, checkpoint.ManifestKey(7, req.ID))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Distributed jobs: several nodes, one agent each, one store. The agents
@@ -41,7 +42,7 @@ func ParseNodeRank(s string) (int, error) {
 
 // jobPart is the part a node agent's run commits, from the hello that
 // starts it: "" unless the trainer is one node of several.
-func jobPart(m Message) string {
+func jobPart(m protocol.Message) string {
 	if m.NodeRank == nil || *m.NodeRank < 0 || !multiNode(m) {
 		return ""
 	}
@@ -49,7 +50,7 @@ func jobPart(m Message) string {
 }
 
 // multiNode reports whether a hello comes from one node of several.
-func multiNode(m Message) bool {
+func multiNode(m protocol.Message) bool {
 	return (m.Nodes != nil && *m.Nodes > 1) ||
 		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
 }
@@ -81,7 +82,7 @@ func (a *Agent) asksPeriodic() bool {
 }
 
 // noteRank records which rank answered r, for its part.
-func (r *request) noteRank(c *Conn) {
+func (r *request) noteRank(c *protocol.Conn) {
 	h, ok := c.Hello()
 	if !ok || h.Rank == nil {
 		return
@@ -125,7 +126,7 @@ func (a *Agent) partMissing(r *request) string {
 // noteLocalWorld remembers how many ranks run on this node, as the
 // trainers' hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for
 // all of them, even one that connects after the request was sent.
-func (a *Agent) noteLocalWorld(m Message) {
+func (a *Agent) noteLocalWorld(m protocol.Message) {
 	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.localWorld {
 		a.localWorld = *m.LocalWorldSize
 	}
@@ -134,7 +135,7 @@ func (a *Agent) noteLocalWorld(m Message) {
 // checkHelloTopology warns when a trainer's hello says it is one node of a
 // job and this agent was not told its node rank: its commits would then
 // be whole checkpoints made of one node's files.
-func (a *Agent) checkHelloTopology(m Message) {
+func (a *Agent) checkHelloTopology(m protocol.Message) {
 	if a.partMode() || a.warnedTopology {
 		return
 	}
@@ -153,7 +154,7 @@ func (a *Agent) checkHelloTopology(m Message) {
 // Only a rank of a multi-rank job joins: the agreement that makes joins
 // runs among several ranks. A join never gives this node's uploads
 // priority (checkpoint.Request.Urgent): only the machine's own notices do.
-func (a *Agent) onJoin(c *Conn, m Message) {
+func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
 	if _, known := a.conns[c.ID()]; !known || !ok {
 		a.reply(c, m.ID, "join: say hello first")
@@ -171,7 +172,7 @@ func (a *Agent) onJoin(c *Conn, m Message) {
 		if !r.answeredBy[c.ID()] {
 			r.waiting[c.ID()] = true
 		}
-		if err := c.Send(r.message()); err != nil {
+		if err := c.Post(r.message()); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 		return
@@ -181,13 +182,13 @@ func (a *Agent) onJoin(c *Conn, m Message) {
 		return
 	}
 	switch m.Reason {
-	case ReasonPeriodic, ReasonManual, ReasonShutdown, ReasonInterruption:
+	case protocol.ReasonPeriodic, protocol.ReasonManual, protocol.ReasonShutdown, protocol.ReasonInterruption:
 	default:
 		a.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
 		return
 	}
 	now := time.Now()
-	urgent := m.Reason == ReasonInterruption || m.Reason == ReasonShutdown
+	urgent := m.Reason == protocol.ReasonInterruption || m.Reason == protocol.ReasonShutdown
 	var deadline time.Time
 	switch {
 	case m.Deadline != nil && m.Deadline.After(now):
@@ -240,7 +241,7 @@ func (a *Agent) onJoin(c *Conn, m Message) {
 // another node: after the job's checkpoint commits, this node's ranks stop
 // too, so that the whole job exits and its scheduler restarts it. It is
 // not journalled: the node that got the notice records the interruption.
-func (a *Agent) joinedStop(m Message, reqDeadline, now time.Time) *stopState {
+func (a *Agent) joinedStop(m protocol.Message, reqDeadline, now time.Time) *stopState {
 	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
 	s := &stopState{
 		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
@@ -253,9 +254,9 @@ func (a *Agent) joinedStop(m Message, reqDeadline, now time.Time) *stopState {
 }
 
 // message is r's checkpoint request as sent to a trainer.
-func (r *request) message() Message {
+func (r *request) message() protocol.Message {
 	dl := r.deadline.UTC()
-	return Message{Type: TypeCheckpoint, ID: r.id, Reason: r.reason, Dir: r.dir, Deadline: &dl}
+	return protocol.Message{Type: protocol.TypeCheckpoint, ID: r.id, Reason: r.reason, Dir: r.dir, Deadline: &dl}
 }
 
 // abandonPart: this node's part of r cannot be made (why): nothing is
@@ -264,7 +265,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.removeDir(r)
-	a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: why})
+	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stopFailed(r.stop, why, now)

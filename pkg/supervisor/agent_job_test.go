@@ -13,6 +13,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Issue 15: two agents, one per node, one store; the job's ranks agree on
@@ -31,10 +32,10 @@ func startJobNode(t *testing.T, storeOf *agentRun, k int) *agentRun {
 }
 
 // helloRank says hello as global rank r of a world of 2, one rank per node.
-func (tr *trainer) helloRank(r int) Message {
+func (tr *trainer) helloRank(r int) protocol.Message {
 	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": 2,
 		"local_rank": 0, "local_world_size": 1, "node_rank": r, "nodes": 2})
-	return tr.expect(TypeWelcome)
+	return tr.expect(protocol.TypeWelcome)
 }
 
 func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
@@ -45,14 +46,14 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 	t1.helloRank(1)
 
 	n1.sigs <- syscall.SIGTERM // node 1 alone is told to shut down
-	req1 := t1.expect(TypeCheckpoint)
-	if req1.Reason != ReasonShutdown {
+	req1 := t1.expect(protocol.TypeCheckpoint)
+	if req1.Reason != protocol.ReasonShutdown {
 		t.Fatalf("node 1 asked for %q, want shutdown", req1.Reason)
 	}
 	// The collective told rank 0 the job's checkpoint; its agent never asked.
 	t0.send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline, "step": 7})
-	req0 := t0.expect(TypeCheckpoint)
-	if req0.ID != req1.ID || req0.Reason != ReasonShutdown || !req0.Deadline.Equal(*req1.Deadline) {
+	req0 := t0.expect(protocol.TypeCheckpoint)
+	if req0.ID != req1.ID || req0.Reason != protocol.ReasonShutdown || !req0.Deadline.Equal(*req1.Deadline) {
 		t.Fatalf("joined request %+v, want id %s, shutdown, deadline %v", req0, req1.ID, req1.Deadline)
 	}
 	if req0.Dir == req1.Dir || !strings.HasPrefix(req0.Dir, n0.cfg.CheckpointDir) {
@@ -60,7 +61,7 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 	}
 	// A second join for the same id is answered with the same request.
 	t0.send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline})
-	if again := t0.expect(TypeCheckpoint); again.Dir != req0.Dir {
+	if again := t0.expect(protocol.TypeCheckpoint); again.Dir != req0.Dir {
 		t.Fatalf("second join: dir %s, want %s", again.Dir, req0.Dir)
 	}
 	mustWrite(t, filepath.Join(req0.Dir, "rank-0.pt"), "zero")
@@ -71,12 +72,12 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 		t.Fatal("latest.json written with one part of two")
 	}
 	t0.send(map[string]any{"type": "done", "id": req0.ID, "step": 7})
-	c0, c1 := t0.expect(TypeCommitted), t1.expect(TypeCommitted)
+	c0, c1 := t0.expect(protocol.TypeCommitted), t1.expect(protocol.TypeCommitted)
 	if c0.URI != c1.URI {
 		t.Fatalf("the nodes committed different checkpoints: %s and %s", c0.URI, c1.URI)
 	}
-	t0.expect(TypeStop) // the joined node stops too
-	t1.expect(TypeStop)
+	t0.expect(protocol.TypeStop) // the joined node stops too
+	t1.expect(protocol.TypeStop)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestJob_JoinRefused(t *testing.T) {
 		{map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": past}, "deadline"},
 	} {
 		t0.send(tc.msg)
-		e := t0.expect(TypeError)
+		e := t0.expect(protocol.TypeError)
 		if !strings.Contains(e.Error, tc.want) {
 			t.Errorf("join %v: error %q, want %q", tc.msg, e.Error, tc.want)
 		}
@@ -126,18 +127,18 @@ func TestJob_JoinRefused(t *testing.T) {
 	// Only a trainer (a connection that said hello) can join.
 	stranger := dialTrainer(t, n0.cfg.Server.Path)
 	stranger.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
-	if e := stranger.expect(TypeError); !strings.Contains(e.Error, "hello first") {
+	if e := stranger.expect(protocol.TypeError); !strings.Contains(e.Error, "hello first") {
 		t.Errorf("join without hello: error %q", e.Error)
 	}
 	// A request of this agent's own that lost the agreement is dropped
 	// for the job's: one request pending, in the job's id.
 	t0.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
-	if req := t0.expect(TypeCheckpoint); req.ID != "abcdef012345" {
+	if req := t0.expect(protocol.TypeCheckpoint); req.ID != "abcdef012345" {
 		t.Fatalf("joined request id %s", req.ID)
 	}
 	t0.send(map[string]any{"type": "join", "id": "0123456789ab", "reason": "interruption", "deadline": future})
-	req := t0.expect(TypeCheckpoint)
-	if req.ID != "0123456789ab" || req.Reason != ReasonInterruption {
+	req := t0.expect(protocol.TypeCheckpoint)
+	if req.ID != "0123456789ab" || req.Reason != protocol.ReasonInterruption {
 		t.Fatalf("second join: %+v", req)
 	}
 	n0.waitStatus(t, "one pending request", func(s Status) bool { return s.Pending == 1 })
@@ -145,10 +146,10 @@ func TestJob_JoinRefused(t *testing.T) {
 
 // helloJob says hello as global rank r of world, local rank lr of lw on
 // node n of nodes.
-func (tr *trainer) helloJob(r, world, lr, lw, n, nodes int) Message {
+func (tr *trainer) helloJob(r, world, lr, lw, n, nodes int) protocol.Message {
 	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": world,
 		"local_rank": lr, "local_world_size": lw, "node_rank": n, "nodes": nodes})
-	return tr.expect(TypeWelcome)
+	return tr.expect(protocol.TypeWelcome)
 }
 
 // Issue 24.1: a rank's own SIGTERM (the kubelet's: a native sidecar is
@@ -165,9 +166,9 @@ func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 	before := time.Now()
 	t1.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
 	t0.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
-	r0, r1 := t0.expect(TypeCheckpoint), t1.expect(TypeCheckpoint)
-	for _, r := range []Message{r0, r1} {
-		if r.ID != id || r.Reason != ReasonShutdown || r.Deadline == nil || !r.Deadline.After(before) ||
+	r0, r1 := t0.expect(protocol.TypeCheckpoint), t1.expect(protocol.TypeCheckpoint)
+	for _, r := range []protocol.Message{r0, r1} {
+		if r.ID != id || r.Reason != protocol.ReasonShutdown || r.Deadline == nil || !r.Deadline.After(before) ||
 			r.Deadline.After(before.Add(n0.cfg.TermGrace)) {
 			t.Fatalf("joined request %+v: want id %s, shutdown, a deadline within --term-grace", r, id)
 		}
@@ -176,10 +177,10 @@ func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 	mustWrite(t, filepath.Join(r1.Dir, "rank-1.pt"), "one")
 	t0.send(map[string]any{"type": "done", "id": id, "step": 12})
 	t1.send(map[string]any{"type": "done", "id": id, "step": 12})
-	t0.expect(TypeCommitted)
-	t1.expect(TypeCommitted)
-	t0.expect(TypeStop)
-	t1.expect(TypeStop)
+	t0.expect(protocol.TypeCommitted)
+	t1.expect(protocol.TypeCommitted)
+	t0.expect(protocol.TypeStop)
+	t1.expect(protocol.TypeStop)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil || l.Step != 12 || l.ID != id {
 		t.Fatalf("latest %+v, %v: want the job's shutdown checkpoint at step 12", l, err)
@@ -197,7 +198,7 @@ func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 	a.helloJob(0, 3, 0, 2, 0, 2) // node 0 runs ranks 0 and 1
 	b.helloJob(2, 3, 0, 1, 1, 2) // node 1 runs rank 2
 	n0.sigs <- syscall.SIGTERM
-	req := a.expect(TypeCheckpoint)
+	req := a.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "rank-0.pt"), "zero")
 	a.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	n0.waitStatus(t, "rank 0's done", func(s Status) bool { return s.Pending == 1 })
@@ -205,18 +206,18 @@ func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 	late := dialTrainer(t, n0.cfg.Server.Path)
 	late.helloJob(1, 3, 1, 2, 0, 2)
 	late.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
-	lr := late.expect(TypeCheckpoint)
+	lr := late.expect(protocol.TypeCheckpoint)
 	if lr.ID != req.ID || lr.Dir != req.Dir {
 		t.Fatalf("late rank's request %+v, want %s in %s", lr, req.ID, req.Dir)
 	}
 	mustWrite(t, filepath.Join(lr.Dir, "rank-1.pt"), "one")
 	late.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	b.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
-	br := b.expect(TypeCheckpoint)
+	br := b.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(br.Dir, "rank-2.pt"), "two")
 	b.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
-	a.expect(TypeCommitted)
-	b.expect(TypeCommitted)
+	a.expect(protocol.TypeCommitted)
+	b.expect(protocol.TypeCommitted)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil {
 		t.Fatal(err)
@@ -239,19 +240,19 @@ func TestJob_RefusesWhatIsNoPart(t *testing.T) {
 	own := filepath.Join(n0.cfg.CheckpointDir, "mine")
 	mustWrite(t, filepath.Join(own, "rank-0.pt"), "zero")
 	tr.send(map[string]any{"type": "done", "id": "", "step": 150, "dir": own})
-	if e := tr.expect(TypeError); !strings.Contains(e.Error, "every rank saves together") {
+	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "every rank saves together") {
 		t.Fatalf("unsolicited done: %q", e.Error)
 	}
 
 	n1 := startJobNode(t, nil, 1)
 	anon := dialTrainer(t, n1.cfg.Server.Path)
 	anon.send(map[string]any{"type": "hello", "pid": os.Getpid()}) // no rank, no world
-	anon.expect(TypeWelcome)
+	anon.expect(protocol.TypeWelcome)
 	n1.sigs <- syscall.SIGTERM
-	req := anon.expect(TypeCheckpoint)
+	req := anon.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "x.pt"), "x")
 	anon.send(map[string]any{"type": "done", "id": req.ID, "step": 3})
-	if f := anon.expect(TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
+	if f := anon.expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
 		t.Fatalf("rankless part: %q", f.Error)
 	}
 	for _, st := range []*agentRun{n0, n1} {
@@ -277,15 +278,15 @@ func TestJoin_OnlyRanksOfAJob(t *testing.T) {
 	single.hello() // world_size 1
 	future := time.Now().Add(time.Minute).UTC()
 	single.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": future})
-	if e := single.expect(TypeError); !strings.Contains(e.Error, "multi-rank") {
+	if e := single.expect(protocol.TypeError); !strings.Contains(e.Error, "multi-rank") {
 		t.Fatalf("join from a single trainer: %q", e.Error)
 	}
 	ar.waitStatus(t, "no request", func(s Status) bool { return s.Pending == 0 })
 	rank := dialTrainer(t, ar.cfg.Server.Path)
 	rank.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})
-	rank.expect(TypeWelcome)
+	rank.expect(protocol.TypeWelcome)
 	rank.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "shutdown"})
-	if r := rank.expect(TypeCheckpoint); r.ID != "abcdef012345" {
+	if r := rank.expect(protocol.TypeCheckpoint); r.ID != "abcdef012345" {
 		t.Fatalf("join from a rank: %+v", r)
 	}
 }
@@ -303,7 +304,7 @@ func TestConfig_NodeRefusesSignalAndWatch(t *testing.T) {
 		"watch":  func(c *Config) { c.Watch = &WatchConfig{} },
 	} {
 		cfg := Config{RunID: "x", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st, Node: NodePart(1),
-			Server: ServerConfig{Path: filepath.Join(dir, name+".sock")}, Command: []string{"true"}}
+			Server: protocol.ServerConfig{Path: filepath.Join(dir, name+".sock")}, Command: []string{"true"}}
 		mutate(&cfg)
 		if _, err := Run(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), "--node-rank") {
 			t.Errorf("%s with a node rank: %v, want a refusal naming --node-rank", name, err)
@@ -324,14 +325,14 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	future := time.Now().Add(time.Minute).UTC()
 	save := func(tr *trainer, id string, rank int, body string, step int64) {
 		tr.send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": future})
-		req := tr.expect(TypeCheckpoint)
+		req := tr.expect(protocol.TypeCheckpoint)
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", rank)), body)
 		tr.send(map[string]any{"type": "done", "id": id, "step": step})
 	}
 	save(t0, "100000000000", 0, "zero@100", 100)
 	save(ta, "100000000000", 1, "one@100", 100)
-	t0.expect(TypeCommitted)
-	ta.expect(TypeCommitted)
+	t0.expect(protocol.TypeCommitted)
+	ta.expect(protocol.TypeCommitted)
 
 	b := startJobNode(t, n0, 1) // the second copy of node 1
 	tb := dialTrainer(t, b.cfg.Server.Path)
@@ -339,10 +340,10 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 		t.Fatalf("second copy's welcome %+v: want the resume of step 100", w.Resume)
 	}
 	save(ta, "200000000000", 1, "stale@200", 200)
-	if f := ta.expect(TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
+	if f := ta.expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
 		t.Fatalf("the old copy's part: %q, want fenced", f.Error)
 	}
-	if s := ta.expect(TypeStop); s.Reason != ReasonFenced {
+	if s := ta.expect(protocol.TypeStop); s.Reason != ReasonFenced {
 		t.Fatalf("the old copy's stop: %+v", s)
 	}
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)

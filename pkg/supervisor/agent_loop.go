@@ -12,8 +12,12 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -30,10 +34,10 @@ type Agent struct {
 	log        *zap.Logger
 	life       context.Context
 	endLife    context.CancelFunc
-	bg         sync.WaitGroup   // every goroutine below, and the rest the agent starts
-	conns      map[uint64]*Conn // trainers that said hello to this run
-	acks       sync.WaitGroup   // cloud event acknowledgements in flight
-	journals   sync.WaitGroup   // journal updates in flight
+	bg         sync.WaitGroup            // every goroutine below, and the rest the agent starts
+	conns      map[uint64]*protocol.Conn // trainers that said hello to this run
+	acks       sync.WaitGroup            // cloud event acknowledgements in flight
+	journals   sync.WaitGroup            // journal updates in flight
 	hadTrainer bool
 	journal    *checkpoint.JournalWriter
 	committer  *checkpoint.Committer
@@ -42,9 +46,9 @@ type Agent struct {
 	started   time.Time // this session
 	session   string    // its id in the journal (Session.ID)
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
-	resume    *Resume
+	resume    *protocol.Resume
 
-	child     *Child
+	child     *child.Child
 	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
 	childDone <-chan struct{}
 	restarts  int
@@ -59,6 +63,7 @@ type Agent struct {
 	pending    map[string]*request
 	uploads    map[string]*upload
 	results    chan commitResult
+	fences     chan struct{} // the lease check found a newer session (agent_fence.go)
 	lastCommit committedCheckpoint
 	lastBlock  time.Time // when the trainer last finished saving (or started)
 	blocked    float64   // seconds blocked in checkpoints this session (goodput)
@@ -139,8 +144,8 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.watchFence(notices) // agent_fence.go
-	a.startWatch()        // agent_watch.go
+	a.watchFence() // agent_fence.go
+	a.startWatch() // agent_watch.go
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
@@ -152,7 +157,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		if err := a.startChild(); err != nil {
 			a.abort()
-			return ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
+			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
 	cfg.Metrics.Ready(true)
@@ -180,8 +185,8 @@ func (a *Agent) goBg(fn func()) {
 
 // serveSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
-func serveSocket(cfg ServerConfig) (*Server, func(), error) {
-	srv, err := Listen(cfg)
+func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
+	srv, err := protocol.Listen(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
 	}
@@ -201,8 +206,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*Conn{}, saidBye: map[uint64]bool{},
-		results:   make(chan commitResult, 4),
+		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
+		results: make(chan commitResult, 4), fences: make(chan struct{}, 1),
 		childGone: len(cfg.Command) == 0,
 	}
 	a.lastBlock = a.started
@@ -227,13 +232,14 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
 	a.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
-	cfg.Scheduler.ObserveHistory(checkpoint.History{
+	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
+	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(checkpoint.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
-	})
+	}))
 	if err := a.takeLease(ctx); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
@@ -253,7 +259,7 @@ func (a *Agent) startChild() error {
 		a.lastBlock = time.Now()
 		a.lastCommit.trainedAt = a.lastBlock
 	}
-	c, err := StartChild(ChildConfig{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
+	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
 	}
@@ -265,7 +271,7 @@ func (a *Agent) startChild() error {
 
 // awaitTrainer handles socket events until a trainer has said hello, or
 // for at most timeout.
-func (a *Agent) awaitTrainer(events <-chan Event, timeout time.Duration) {
+func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for len(a.conns) == 0 {
@@ -280,7 +286,7 @@ func (a *Agent) awaitTrainer(events <-chan Event, timeout time.Duration) {
 }
 
 // loop is the agent's single state-owning goroutine.
-func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan metadata.Notice, signals <-chan os.Signal) {
+func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices <-chan metadata.Notice, signals <-chan os.Signal) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for !a.done {
@@ -307,6 +313,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan Event, notices <-chan me
 			a.onNotice(n)
 		case sig := <-signals:
 			a.onSignal(sig)
+		case <-a.fences:
+			a.onFenced() // agent_fence.go
 		case r := <-a.results:
 			a.onCommitResult(r)
 			a.watchCommitted(r) // agent_watch.go
@@ -362,7 +370,7 @@ func (a *Agent) tick(now time.Time) {
 	}
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
 		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
-		a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkDone()
 }
@@ -447,11 +455,12 @@ func (a *Agent) onChildExit() {
 // itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
 // ExitInterrupted (the previous committed checkpoint stands). Any other code
 // (a trainer that crashed on its own, or one stopped by a second signal)
-// passes through, as it does without a stop, except a launcher's 1 in a
-// multi-node job whose checkpoint committed (torchrun: agent_job.go).
+// passes through, as it does without a stop, except a launcher's 1 after
+// the stop's checkpoint committed and its ranks were told to stop
+// (torchrun turns its workers' 75 into 1).
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stopping
-	if s == nil || (s.reason != ReasonInterruption && s.reason != ReasonShutdown) {
+	if s == nil || (s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown) {
 		return code
 	}
 	switch {
@@ -459,10 +468,11 @@ func (a *Agent) exitCodeFor(code int) int {
 		return ExitInterrupted
 	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)):
 		return ExitInterrupted
-	case code == 1 && a.partMode() && s.record.CommitOK:
-		// torchrun reports workers that exited 75 as its own exit 1; the
-		// job's checkpoint is committed and every rank was told to stop.
-		a.log.Info("launcher exited 1 after the job's checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
+	case code == 1 && s.record.CommitOK && s.stopSent:
+		// torchrun reports workers that exited 75 as its own exit 1
+		// (docs/distributed.md has the measurements); the checkpoint is
+		// committed and every rank was told to stop: run me again.
+		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
 	}
 	return code
@@ -549,7 +559,42 @@ func (a *Agent) finish() {
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
+	a.recordFleet(ctx)
 	a.release()
+}
+
+// fleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
+	flat := a.cfg.Scheduler.PriorRate()
+	var s *fleet.Summary
+	if a.cfg.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		s, err = fleet.ReadSummary(rctx, a.cfg.Fleet)
+		cancel()
+		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
+			a.log.Warn("fleet summary unreadable: using the flat prior", zap.Error(err))
+			s = nil
+		}
+	}
+	id := a.cfg.Identity
+	p := fleet.PriorFor(s, fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}, flat, fleet.DefaultMinHours)
+	a.log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
+}
+
+// recordFleet refreshes this run's entry in the fleet summary from the
+// journal as the session leaves it; a failure costs only the summary
+// (spotagent fleet --recount rebuilds it).
+func (a *Agent) recordFleet(ctx context.Context) {
+	if a.cfg.Fleet == nil || a.fenced() {
+		return
+	}
+	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step); err != nil {
+		a.log.Warn("could not update the fleet summary", zap.Error(err))
+	}
 }
 
 // abort ends the life of an agent whose loop never ran.

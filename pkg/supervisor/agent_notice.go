@@ -8,6 +8,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // LateNoticeGrace is the deadline given to a termination notice whose own
@@ -27,31 +28,31 @@ type stopState struct {
 	record   checkpoint.Interruption
 }
 
-func (a *Agent) onEvent(ev Event) {
+func (a *Agent) onEvent(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	switch m.Type {
-	case TypeHello:
+	case protocol.TypeHello:
 		a.onHello(c, m)
-	case TypeProgress:
+	case protocol.TypeProgress:
 		a.seeStep(m.Step)
-	case TypeDone:
+	case protocol.TypeDone:
 		a.seeStep(m.Step)
 		a.onDone(c, m)
-	case TypeSaved:
+	case protocol.TypeSaved:
 		a.onSaved(c, m) // agent_pipeline.go
-	case TypeFailed:
+	case protocol.TypeFailed:
 		a.onFailed(c, m)
-	case TypeJoin:
+	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
-	case TypeStatus:
+	case protocol.TypeStatus:
 		a.onStatus(c)
-	case TypeBye:
+	case protocol.TypeBye:
 		a.seeStep(m.Step)
 		if _, ok := a.conns[c.ID()]; ok {
 			a.saidBye[c.ID()] = true
 			a.byes++
 		}
-	case TypeDisconnected:
+	case protocol.TypeDisconnected:
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
@@ -76,9 +77,9 @@ func (a *Agent) seeStep(step *int64) {
 	}
 }
 
-func (a *Agent) onHello(c *Conn, m Message) {
-	w := Message{Type: TypeWelcome, Version: ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
-	if err := c.Send(w); err != nil {
+func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
+	w := protocol.Message{Type: protocol.TypeWelcome, Version: protocol.ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+	if err := c.Post(w); err != nil {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
@@ -96,11 +97,11 @@ func (a *Agent) onHello(c *Conn, m Message) {
 	a.noteLocalWorld(m)
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
-		c.Send(s.stopMessage())
+		c.Post(s.stopMessage())
 	}
 }
 
-func (a *Agent) onFailed(c *Conn, m Message) {
+func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
@@ -119,10 +120,6 @@ func (a *Agent) onFailed(c *Conn, m Message) {
 
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
-	if n.Cloud == cloudFence { // agent_fence.go
-		a.onFenced(n)
-		return
-	}
 	now := time.Now()
 	a.noticesSeen++
 	a.lastNotice = &n
@@ -135,11 +132,15 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		a.beginStop(n, now)
+		reason := protocol.ReasonInterruption
+		if n.Cloud == metadata.CloudSignal {
+			reason = protocol.ReasonShutdown
+		}
+		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
 		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
-			a.request(ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
@@ -157,7 +158,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 
 // beginStop starts (or tightens) the interruption sequence: checkpoint with
 // a deadline that leaves room to upload, commit, stop, then the child.
-func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
+func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	deadline := n.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(a.cfg.TermGrace)
@@ -177,7 +178,6 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 		}
 		return
 	}
-	reason := stopReason(n) // agent_fence.go
 	id := a.cfg.Identity
 	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
 		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
@@ -221,7 +221,7 @@ func (a *Agent) beginStop(n metadata.Notice, now time.Time) {
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
 					if c := a.conns[cid]; c != nil {
-						c.Send(r.message())
+						c.Post(r.message())
 					}
 				}
 			}
@@ -270,6 +270,7 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
 	s.record.LostSteps = max(a.lastStep-res.Manifest.Step, 0)
+	a.noticeOutcome(s, true, now)
 	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	a.finishStop(s)
@@ -302,10 +303,24 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.record.LostSteps = max(a.lastStep-a.lastCommit.step, 0)
+	a.noticeOutcome(s, false, now)
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
 	a.finishStop(s)
+}
+
+// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
+// shutdown, a fence or another node's notice joined here.
+func (a *Agent) noticeOutcome(s *stopState, committed bool, now time.Time) {
+	if s.joined || s.reason != protocol.ReasonInterruption {
+		return
+	}
+	var lead time.Duration
+	if !s.notice.Deadline.IsZero() {
+		lead = s.notice.Deadline.Sub(s.notice.Detected)
+	}
+	a.cfg.Metrics.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
 }
 
 func (a *Agent) finishStop(s *stopState) {
@@ -332,9 +347,9 @@ func (a *Agent) sendStop(s *stopState) {
 	a.broadcast(s.stopMessage())
 }
 
-func (s *stopState) stopMessage() Message {
+func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()
-	return Message{Type: TypeStop, Reason: s.reason, Deadline: &dl}
+	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
 }
 
 // tickStop enforces the interruption's deadlines: past the notice deadline

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // onSaved starts uploading one file of a requested checkpoint before the
@@ -19,7 +20,7 @@ import (
 // verifies every file whatever `saved` said, so a refused hint costs only
 // speed, whereas failing the whole checkpoint would let a trainer bug (or
 // a file name it got wrong) lose an interruption checkpoint.
-func (a *Agent) onSaved(c *Conn, m Message) {
+func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.pending[m.ID]
 	if m.ID == "" || !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
@@ -32,7 +33,7 @@ func (a *Agent) onSaved(c *Conn, m Message) {
 	}
 }
 
-func (a *Agent) startEarly(r *request, m Message) error {
+func (a *Agent) startEarly(r *request, m protocol.Message) error {
 	rel, err := savedRel(r.dir, m.Path)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Issue 16: `saved` starts a file's upload before done; done still decides.
@@ -22,7 +23,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	tr.hello()
 	tr.send(map[string]any{"type": "progress", "step": 42})
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(TypeCheckpoint)
+	req := tr.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
 	key := checkpoint.Prefix(42, req.ID) + "model.pt"
@@ -36,8 +37,8 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	mustWrite(t, filepath.Join(req.Dir, "sub", "optim.pt"), "moments")
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": filepath.Join(req.Dir, "sub", "optim.pt")})
 	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 42, "blocked_ms": 1})
-	tr.expect(TypeCommitted)
-	tr.expect(TypeStop)
+	tr.expect(protocol.TypeCommitted)
+	tr.expect(protocol.TypeStop)
 	// δ is the time training was blocked, not request → done.
 	if got, want := ar.cfg.Scheduler.Cost(), time.Millisecond; got != want {
 		t.Fatalf("scheduler cost=%v, want %v (the trainer's blocked_ms)", got, want)
@@ -59,7 +60,7 @@ func TestAgent_SavedRefused(t *testing.T) {
 	tr.hello()
 	mustWrite(t, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not for the store")
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(TypeCheckpoint)
+	req := tr.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	os.Symlink(filepath.Join(ar.cfg.CheckpointDir, "secret"), filepath.Join(req.Dir, "link"))
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt"})
@@ -75,7 +76,7 @@ func TestAgent_SavedRefused(t *testing.T) {
 		{"", "model.pt", "unknown checkpoint id"},
 	} {
 		tr.send(map[string]any{"type": "saved", "id": tc.id, "path": tc.path})
-		e := tr.expect(TypeError)
+		e := tr.expect(protocol.TypeError)
 		if e.ID != tc.id || !strings.Contains(e.Error, tc.want) {
 			t.Errorf("saved %q: error %+v, want id %q and %q", tc.path, e, tc.id, tc.want)
 		}
@@ -83,7 +84,7 @@ func TestAgent_SavedRefused(t *testing.T) {
 	os.Remove(filepath.Join(req.Dir, "link"))
 	mustWrite(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
 	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 5})
-	tr.expect(TypeCommitted)
+	tr.expect(protocol.TypeCommitted)
 	r, err := checkpoint.Restore(context.Background(), ar.store, t.TempDir(), checkpoint.RestoreOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func TestAgent_SavedThenFailed(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(TypeCheckpoint)
+	req := tr.expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
 	key := checkpoint.Prefix(3, req.ID) + "model.pt"
@@ -119,7 +120,7 @@ func TestAgent_SavedThenFailed(t *testing.T) {
 		return err == nil
 	})
 	tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
-	tr.expect(TypeStop)
+	tr.expect(protocol.TypeStop)
 	waitFor(t, "the early upload deleted", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return errors.Is(err, cloud.ErrNotExist)

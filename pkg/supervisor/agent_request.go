@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // maxDoneMetadata bounds the metadata object a trainer stores with a checkpoint.
@@ -84,7 +85,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	msg := r.message()
 	dl := deadline.UTC()
 	for _, c := range a.conns {
-		if err := c.Send(msg); err != nil {
+		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
 		}
@@ -102,7 +103,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 }
 
 // onDone handles a trainer's done: for a request, or unsolicited.
-func (a *Agent) onDone(c *Conn, m Message) {
+func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	if len(m.Metadata) > maxDoneMetadata || (len(m.Metadata) > 0 && !json.Valid(m.Metadata)) {
 		a.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
 		return
@@ -189,7 +190,7 @@ func (a *Agent) settle(r *request) {
 // onUnsolicitedDone commits a checkpoint the trainer took on its own. Its
 // directory must be inside the agent's checkpoint directory: a trainer can
 // never make the agent upload anything else.
-func (a *Agent) onUnsolicitedDone(c *Conn, m Message) {
+func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	if a.stopping != nil {
 		a.reply(c, "", "done: an interruption checkpoint is in progress")
 		return
@@ -214,7 +215,7 @@ func (a *Agent) onUnsolicitedDone(c *Conn, m Message) {
 	}
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
 	now := time.Now()
-	r := &request{id: newID(), reason: ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	a.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
@@ -354,7 +355,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
-		a.broadcast(Message{Type: TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stopFailed(r.stop, "upload: "+cr.err.Error(), now)
@@ -370,7 +371,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	if res.Manifest.Step >= a.lastCommit.step { // restore resumes from the newest step
 		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
-	a.broadcast(Message{Type: TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
+	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
@@ -414,16 +415,16 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	}
 }
 
-func (a *Agent) broadcast(m Message) {
+func (a *Agent) broadcast(m protocol.Message) {
 	for _, c := range a.conns {
-		if err := c.Send(m); err != nil {
+		if err := c.Post(m); err != nil {
 			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
 }
 
-func (a *Agent) reply(c *Conn, id, text string) {
-	if err := c.Send(Message{Type: TypeError, ID: id, Error: text}); err != nil {
+func (a *Agent) reply(c *protocol.Conn, id, text string) {
+	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
 		a.log.Debug("error reply not delivered", zap.Error(err))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Status is what `spotagent status` prints: the reply to a status message.
@@ -65,11 +66,11 @@ func (a *Agent) status() Status {
 	return st
 }
 
-func (a *Agent) onStatus(c *Conn) {
+func (a *Agent) onStatus(c *protocol.Conn) {
 	b, err := json.Marshal(a.status())
 	if err != nil {
 		a.reply(c, "", "status: "+err.Error())
 		return
 	}
-	c.Send(Message{Type: TypeStatus, Status: b})
+	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,24 +18,26 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // trainer is a protocol client driven by the test: a trainer process
 // reduced to its socket, speaking through Client.
 type trainer struct {
 	t    *testing.T
-	c    *Client
-	msgs chan Message
+	c    *protocol.Client
+	msgs chan protocol.Message
 }
 
 func dialTrainer(t *testing.T, path string) *trainer {
 	t.Helper()
-	var c *Client
+	var c *protocol.Client
 	deadline := time.Now().Add(testWait)
 	for {
 		var err error
-		if c, err = Dial(context.Background(), path); err == nil {
+		if c, err = protocol.Dial(context.Background(), path); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -42,12 +45,12 @@ func dialTrainer(t *testing.T, path string) *trainer {
 		}
 		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
 	}
-	tr := &trainer{t: t, c: c, msgs: make(chan Message, 64)}
+	tr := &trainer{t: t, c: c, msgs: make(chan protocol.Message, 64)}
 	go func() {
 		defer close(tr.msgs)
 		for {
 			m, err := c.Recv(context.Background())
-			if errors.Is(err, ErrBadMessage) {
+			if errors.Is(err, protocol.ErrBadMessage) {
 				continue
 			}
 			if err != nil {
@@ -63,7 +66,7 @@ func dialTrainer(t *testing.T, path string) *trainer {
 // send sends m (a Message, or a map of its fields) as one line.
 func (tr *trainer) send(m any) {
 	tr.t.Helper()
-	msg, ok := m.(Message)
+	msg, ok := m.(protocol.Message)
 	if !ok {
 		b, _ := json.Marshal(m)
 		if err := json.Unmarshal(b, &msg); err != nil {
@@ -76,7 +79,7 @@ func (tr *trainer) send(m any) {
 }
 
 // expect returns the next message, which must have type typ.
-func (tr *trainer) expect(typ string) Message {
+func (tr *trainer) expect(typ string) protocol.Message {
 	tr.t.Helper()
 	select {
 	case m, ok := <-tr.msgs:
@@ -90,7 +93,7 @@ func (tr *trainer) expect(typ string) Message {
 	case <-time.After(testWait):
 		tr.t.Fatalf("no %s message", typ)
 	}
-	return Message{}
+	return protocol.Message{}
 }
 
 // waitStatus asks the agent for its status over a connection of its own
@@ -102,7 +105,7 @@ func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool
 	for {
 		tr.send(map[string]any{"type": "status"})
 		var s Status
-		if err := json.Unmarshal(tr.expect(TypeStatus).Status, &s); err != nil {
+		if err := json.Unmarshal(tr.expect(protocol.TypeStatus).Status, &s); err != nil {
 			t.Fatalf("status: %v", err)
 		}
 		if cond(s) {
@@ -115,13 +118,13 @@ func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool
 	}
 }
 
-func (tr *trainer) hello() Message {
+func (tr *trainer) hello() protocol.Message {
 	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1})
-	return tr.expect(TypeWelcome)
+	return tr.expect(protocol.TypeWelcome)
 }
 
 // save writes a checkpoint into dir and answers done.
-func (tr *trainer) save(req Message, step int64, body string) {
+func (tr *trainer) save(req protocol.Message, step int64, body string) {
 	if err := os.WriteFile(filepath.Join(req.Dir, "state.bin"), []byte(body), 0o600); err != nil {
 		tr.t.Fatal(err)
 	}
@@ -163,7 +166,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 	}
 	cfg := Config{
 		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
-		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
+		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
 		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, Log: zap.NewNop(),
 		SignalWindow: -1, // tests send their second signal at once; TestAgent_SignalsWithinWindowAreOne turns it on
@@ -219,15 +222,15 @@ func TestAgent_ShutdownCheckpoint(t *testing.T) {
 		t.Fatalf("welcome=%+v", w)
 	}
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(TypeCheckpoint)
-	if req.Reason != ReasonShutdown || req.Deadline == nil || !strings.HasPrefix(req.Dir, ar.cfg.CheckpointDir) {
+	req := tr.expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonShutdown || req.Deadline == nil || !strings.HasPrefix(req.Dir, ar.cfg.CheckpointDir) {
 		t.Fatalf("checkpoint request=%+v", req)
 	}
 	tr.save(req, 42, "weights")
-	if c := tr.expect(TypeCommitted); c.ID != req.ID || !strings.Contains(c.URI, "000000000042-"+req.ID) {
+	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID || !strings.Contains(c.URI, "000000000042-"+req.ID) {
 		t.Fatalf("committed=%+v", c)
 	}
-	if s := tr.expect(TypeStop); s.Reason != ReasonShutdown {
+	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
 		t.Fatalf("stop=%+v", s)
 	}
 	if code := ar.wait(t); code != 0 {
@@ -255,12 +258,12 @@ func TestAgent_Periodic(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	for step := int64(1); step <= 3; step++ {
-		req := tr.expect(TypeCheckpoint)
-		if req.Reason != ReasonPeriodic {
+		req := tr.expect(protocol.TypeCheckpoint)
+		if req.Reason != protocol.ReasonPeriodic {
 			t.Fatalf("reason=%s", req.Reason)
 		}
 		tr.save(req, step*10, "w")
-		tr.expect(TypeCommitted)
+		tr.expect(protocol.TypeCommitted)
 	}
 	if got := latestStep(t, ar); got != 30 {
 		t.Fatalf("latest step=%d, want 30", got)
@@ -272,17 +275,17 @@ func TestAgent_BadMessages(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "id": "nope", "step": 1})
-	if e := tr.expect(TypeError); !strings.Contains(e.Error, "unknown checkpoint id") {
+	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "unknown checkpoint id") {
 		t.Fatalf("error=%q", e.Error)
 	}
 	tr.send(map[string]any{"type": "done", "step": 1, "dir": "/etc"})
-	if e := tr.expect(TypeError); !strings.Contains(e.Error, "not inside the checkpoint directory") {
+	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "not inside the checkpoint directory") {
 		t.Fatalf("error=%q", e.Error)
 	}
 	tr.send(map[string]any{"type": "done", "step": 1, "dir": ar.cfg.CheckpointDir + "/../../etc"})
-	tr.expect(TypeError)
+	tr.expect(protocol.TypeError)
 	tr.send(map[string]any{"type": "done", "id": "x"})
-	if e := tr.expect(TypeError); !strings.Contains(e.Error, "step") {
+	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "step") {
 		t.Fatalf("error=%q", e.Error)
 	}
 	// Still serving: an unsolicited checkpoint inside the directory commits.
@@ -290,7 +293,7 @@ func TestAgent_BadMessages(t *testing.T) {
 	os.MkdirAll(own, 0o700)
 	os.WriteFile(filepath.Join(own, "w"), []byte("x"), 0o600)
 	tr.send(map[string]any{"type": "done", "step": 7, "dir": own})
-	if c := tr.expect(TypeCommitted); c.Step == nil || *c.Step != 7 {
+	if c := tr.expect(protocol.TypeCommitted); c.Step == nil || *c.Step != 7 {
 		t.Fatalf("committed=%+v", c)
 	}
 }
@@ -306,16 +309,16 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	tr.hello()
 	// A committed checkpoint first: the one that must stand.
 	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
-	tr.expect(TypeCommitted)
+	tr.expect(protocol.TypeCommitted)
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Second)}
-	req := tr.expect(TypeCheckpoint)
-	if req.Reason != ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
+	req := tr.expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
 		t.Fatalf("request=%+v", req)
 	}
 	// The trainer never answers: stop comes anyway, the child is killed at
 	// the deadline, and the run is one to continue elsewhere.
-	tr.expect(TypeStop)
+	tr.expect(protocol.TypeStop)
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code=%d, want %d (killed at the stop deadline)", code, ExitInterrupted)
 	}
@@ -345,7 +348,7 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 	})
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
-	req := tr.expect(TypeCheckpoint) // periodic, not answered yet
+	req := tr.expect(protocol.TypeCheckpoint) // periodic, not answered yet
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 	// The notice and the done race inside the agent: answer only once the
@@ -353,14 +356,14 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 	ar.waitStatus(t, "the notice taken in", func(s Status) bool { return s.Stopping != "" })
 	// No second request: answering the pending one commits the interruption checkpoint.
 	tr.save(req, 9, "w")
-	if c := tr.expect(TypeCommitted); c.ID != req.ID {
+	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID {
 		t.Fatalf("committed=%+v, want id %s", c, req.ID)
 	}
-	if s := tr.expect(TypeStop); s.Reason != ReasonInterruption {
+	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
 		t.Fatalf("stop=%+v", s)
 	}
 	m, err := checkpoint.ReadManifest(context.Background(), ar.store, checkpoint.ManifestKey(9, req.ID))
-	if err != nil || m.Reason != ReasonInterruption {
+	if err != nil || m.Reason != protocol.ReasonInterruption {
 		t.Fatalf("manifest=%+v err=%v, want reason interruption", m, err)
 	}
 }
@@ -396,7 +399,7 @@ func TestAgent_SecondSignalStopsAtOnce(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(TypeCheckpoint) // never answered
+	tr.expect(protocol.TypeCheckpoint) // never answered
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
@@ -416,6 +419,8 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 		{"clean exit after notice", true, 0, ExitInterrupted},
 		{"client's 75 after notice", true, 75, ExitInterrupted},
 		{"crash after notice", true, 3, 3},
+		{"torchrun's 1 after the committed stop", true, 1, ExitInterrupted},
+		{"1 without a notice", false, 1, 1},
 		{"clean exit, no notice", false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -430,9 +435,9 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 			if tc.notice {
 				now := time.Now()
 				src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
-				tr.save(tr.expect(TypeCheckpoint), 3, "w")
-				tr.expect(TypeCommitted)
-				if s := tr.expect(TypeStop); s.Reason != ReasonInterruption {
+				tr.save(tr.expect(protocol.TypeCheckpoint), 3, "w")
+				tr.expect(protocol.TypeCommitted)
+				if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
 					t.Fatalf("stop=%+v", s)
 				}
 			}
@@ -454,14 +459,14 @@ func TestAgent_LateNotice(t *testing.T) {
 	tr.hello()
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
-	req := tr.expect(TypeCheckpoint)
-	if req.Reason != ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(LateNoticeGrace)) {
+	req := tr.expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(LateNoticeGrace)) {
 		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, LateNoticeGrace)
 	}
 	tr.save(req, 8, "w")
-	tr.expect(TypeCommitted)
-	s := tr.expect(TypeStop)
-	if s.Reason != ReasonInterruption || s.Deadline == nil || !s.Deadline.After(now) {
+	tr.expect(protocol.TypeCommitted)
+	s := tr.expect(protocol.TypeStop)
+	if s.Reason != protocol.ReasonInterruption || s.Deadline == nil || !s.Deadline.After(now) {
 		t.Fatalf("stop=%+v", s)
 	}
 	if got := latestStep(t, ar); got != 8 {
@@ -480,16 +485,16 @@ func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 	now := time.Now()
 	deadline := now.Add(time.Minute).Truncate(time.Millisecond)
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: deadline}
-	req := tr.expect(TypeCheckpoint)
+	req := tr.expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.waitStatus(t, "the signal taken in", func(s Status) bool { return s.NoticesSeen == 2 })
 	tr.save(req, 11, "w")
 	// A second checkpoint request here would fail these expectations.
-	if c := tr.expect(TypeCommitted); c.ID != req.ID {
+	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID {
 		t.Fatalf("committed=%+v, want %s", c, req.ID)
 	}
-	s := tr.expect(TypeStop)
-	if s.Reason != ReasonInterruption || s.Deadline == nil || !s.Deadline.Equal(deadline) {
+	s := tr.expect(protocol.TypeStop)
+	if s.Reason != protocol.ReasonInterruption || s.Deadline == nil || !s.Deadline.Equal(deadline) {
 		t.Fatalf("stop=%+v, want reason interruption and the notice's deadline %v", s, deadline)
 	}
 	if code := ar.wait(t); code != 0 {
@@ -516,13 +521,13 @@ func TestAgent_SignalsWithinWindowAreOne(t *testing.T) {
 	tr.hello()
 	ar.sigs <- syscall.SIGTERM
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(TypeCheckpoint)
-	if req.Reason != ReasonShutdown {
+	req := tr.expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonShutdown {
 		t.Fatalf("request reason %q, want shutdown", req.Reason)
 	}
 	tr.save(req, 9, "w")
-	tr.expect(TypeCommitted)
-	tr.expect(TypeStop)
+	tr.expect(protocol.TypeCommitted)
+	tr.expect(protocol.TypeStop)
 	os.WriteFile(release, nil, 0o600)
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d: two signals within the window must be one shutdown", code, ExitInterrupted)
@@ -543,7 +548,7 @@ func TestAgent_SecondSignalAfterWindowStops(t *testing.T) {
 	tr := dialTrainer(t, ar.cfg.Server.Path)
 	tr.hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(TypeCheckpoint) // never answered
+	tr.expect(protocol.TypeCheckpoint) // never answered
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
@@ -587,5 +592,57 @@ func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
 				t.Fatalf("a finished trainer lost %.3fs of work", lost)
 			}
 		})
+	}
+}
+
+// TestAgent_LoopNeverWaitsOnATrainer (issue 26.2): a trainer that stops
+// reading its socket (here: floods status requests and reads nothing)
+// costs its own connection, never the loop. With a write timeout of an
+// hour, a loop that waited on that socket would welcome nobody else.
+func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
+	ar := startAgent(t, func(c *Config) { c.Server.WriteTimeout = time.Hour })
+	other := dialTrainer(t, ar.cfg.Server.Path) // waits for the socket
+	stuck, err := net.Dial("unix", ar.cfg.Server.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	flood := []byte(strings.Repeat("{\"type\":\"status\"}\n", 4000))
+	go stuck.Write(flood) // never reads a reply
+	ar.waitStatus(t, "the flood read", func(Status) bool { return true })
+	other.hello()
+	ar.waitStatus(t, "the loop answering", func(s Status) bool { return s.Trainers == 1 })
+}
+
+// Issue 29: an agent with a fleet store records its session in the fleet
+// summary at its end, so that `spotagent fleet` and the next run's prior
+// need not read every journal.
+func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
+	root := shortDir(t)
+	fl, err := file.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := startAgent(t, func(c *Config) {
+		st, err := file.New(filepath.Join(root, "r1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Store, c.Fleet, c.FleetDir = st, fl, "r1"
+	})
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.save(tr.expect(protocol.TypeCheckpoint), 12, "w")
+	tr.expect(protocol.TypeCommitted)
+	tr.expect(protocol.TypeStop)
+	tr.c.Close()
+	ar.wait(t)
+	s, err := fleet.ReadSummary(context.Background(), fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Runs["r1"]; r == nil {
+		t.Fatalf("fleet summary %+v: no entry for run r1", s.Runs)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -152,7 +153,7 @@ func nested(p, dir string) bool {
 
 // restoreWatch puts the newest committed checkpoint back into DIR under
 // its original name (restore in zero-code mode).
-func (a *Agent) restoreWatch(ctx context.Context) (*Resume, error) {
+func (a *Agent) restoreWatch(ctx context.Context) (*protocol.Resume, error) {
 	ws := a.watch
 	start := time.Now()
 	r, err := ws.w.Restore(ctx, a.cfg.Store, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
@@ -255,7 +256,7 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 		return
 	}
 	now := time.Now()
-	reason := ReasonPeriodic
+	reason := protocol.ReasonPeriodic
 	if ws.stop != nil {
 		reason = ws.stop.s.reason
 	}

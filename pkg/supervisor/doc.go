@@ -1,6 +1,8 @@
-// Package supervisor is the agent: the trainer protocol (wire types, the
-// socket server, one Go client), the loop that asks for checkpoints and
-// commits them, the trainer as a child process, and node mode.
+// Package supervisor is the agent: the loop that asks for checkpoints and
+// commits them, reacts to notices and supervises the trainer, and node
+// mode. The wire protocol (types, the socket server, the Go client) is
+// pkg/protocol; the trainer process and its group guard are
+// internal/child.
 //
 // A checkpoint goes request → settle → upload → committed or failed. The
 // loop sends `checkpoint` to every trainer (request); once each has
@@ -24,27 +26,16 @@
 //
 // Files:
 //
-//	protocol.go, client.go     wire types and constants; the Go client
-//	server.go, conn.go         the socket: accept, peer checks, bounded lines
-//	peercred_*.go              SO_PEERCRED and the peer identity (pods)
 //	agent.go                   Config, local directories, restore, cleanup
 //	agent_loop.go              Run, the loop, the child's exit, the lifetime
+//	agent_notice.go            trainer events (onEvent), notices and the stop sequence
 //	agent_request.go           requests, settle, commit, results
-//	agent_notice.go            notices and the stop sequence
 //	agent_pipeline.go          `saved`: uploads that start before `done`
-//	agent_fence.go             the lease, fencing by a newer session
+//	agent_job.go               part mode: one node of a multi-node job (join, parts)
+//	agent_fence.go             the lease, fencing by a newer session (or copy of a node)
 //	agent_watch.go             zero-code mode (a watched directory)
 //	agent_status.go            the status reply
 //	signal_bridge.go           the signal fallback for trainers without the protocol
-//	child*.go                  the trainer process and its group guard
-//	node.go                    node mode: one socket, one agent per run id
+//	node.go                    node mode: one socket, one agent per run (and node rank)
 //	machine.go, metrics.go     the identity written to the store; the Metrics hook
-//
-// The split this package is heading for, not made yet: `protocol` (wire
-// types and the client, docs/protocol.md's Go side) that trainers,
-// status, the bridge and the bench import without the agent; `agent` (the
-// loop and its files above); `node` on top of `agent`; the socket server
-// in `protocol` or its own package. Today the server, the client and the
-// loop share Conn, Event and unexported helpers (encodeLine): that is what
-// a split has to untangle.
 package supervisor

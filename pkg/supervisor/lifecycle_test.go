@@ -17,6 +17,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // blockingStore holds every Put of a checkpoint's data file until its ctx
@@ -56,7 +57,7 @@ func runLifecycleAgent(t *testing.T, dir string, mutate func(*Config)) *lifecycl
 	}
 	cfg := Config{
 		RunID: "life", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
-		Server:    ServerConfig{Path: filepath.Join(dir, "a.sock")},
+		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
 		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
 		Source:    &fakeSource{ch: make(chan metadata.Notice)},
 		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: 20 * time.Millisecond, Log: zap.NewNop(),
@@ -102,9 +103,9 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr := dialTrainer(t, la.cfg.Server.Path)
 			tr.hello()
 			la.sigs <- syscall.SIGTERM
-			tr.save(tr.expect(TypeCheckpoint), 7, "w")
-			tr.expect(TypeCommitted)
-			tr.expect(TypeStop)
+			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
+			tr.expect(protocol.TypeCommitted)
+			tr.expect(protocol.TypeStop)
 			la.sigs <- syscall.SIGTERM // the child ignores stop: the second signal ends it
 			la.wait(t)
 			tr.c.Close()
@@ -114,10 +115,10 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 				c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 				c.Signal = syscall.SIGUSR1
 			})
-			c, err := Dial(context.Background(), la.cfg.Server.Path)
+			c, err := protocol.Dial(context.Background(), la.cfg.Server.Path)
 			for deadline := time.Now().Add(testWait); err != nil && time.Now().Before(deadline); {
 				time.Sleep(10 * time.Millisecond) // polling for the socket, bounded by deadline
-				c, err = Dial(context.Background(), la.cfg.Server.Path)
+				c, err = protocol.Dial(context.Background(), la.cfg.Server.Path)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -136,9 +137,9 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr := dialTrainer(t, la.cfg.Server.Path)
 			tr.hello()
 			la.sigs <- syscall.SIGTERM
-			tr.save(tr.expect(TypeCheckpoint), 7, "w")
-			tr.expect(TypeCommitted)
-			tr.expect(TypeStop)
+			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
+			tr.expect(protocol.TypeCommitted)
+			tr.expect(protocol.TypeStop)
 			if code := la.wait(t); code != 0 {
 				t.Errorf("exit code %d, want 0", code)
 			}
@@ -153,7 +154,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			})
 			tr := dialTrainer(t, la.cfg.Server.Path)
 			tr.hello()
-			tr.save(tr.expect(TypeCheckpoint), 1, "w")
+			tr.save(tr.expect(protocol.TypeCheckpoint), 1, "w")
 			select {
 			case <-entered:
 			case <-time.After(testWait):
@@ -170,7 +171,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			go func() { done <- RunNode(ctx, cfg, nil) }()
 			tr := dialTrainer(t, sock)
 			tr.helloRun("r1")
-			tr.expect(TypeWelcome)
+			tr.expect(protocol.TypeWelcome)
 			cancel() // stops the run at once; RunNode returns once it is done
 			select {
 			case err := <-done:
@@ -188,16 +189,16 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- RunNode(context.Background(), cfg, sigs) }()
 			stranger := dialTrainer(t, sock) // answered in the background (SendNoWait)
-			stranger.send(Message{Type: TypeDone, ID: "x"})
-			stranger.expect(TypeError)
+			stranger.send(protocol.Message{Type: protocol.TypeDone, ID: "x"})
+			stranger.expect(protocol.TypeError)
 			stranger.c.Close()
 			tr := dialTrainer(t, sock)
 			tr.helloRun("r1")
-			tr.expect(TypeWelcome)
+			tr.expect(protocol.TypeWelcome)
 			sigs <- syscall.SIGTERM
-			tr.save(tr.expect(TypeCheckpoint), 3, "w")
-			tr.expect(TypeCommitted)
-			tr.expect(TypeStop)
+			tr.save(tr.expect(protocol.TypeCheckpoint), 3, "w")
+			tr.expect(protocol.TypeCommitted)
+			tr.expect(protocol.TypeStop)
 			tr.c.Close()
 			select {
 			case err := <-done:
@@ -225,7 +226,7 @@ func lifecycleNode(t *testing.T) (NodeConfig, string) {
 	return NodeConfig{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
 		Source: &fakeSource{ch: make(chan metadata.Notice)}, Log: zap.NewNop(),
-		Server: ServerConfig{Path: sock, identify: func(peerCredentials) string { return "uid:test" }},
+		Server: protocol.ServerConfig{Path: sock, Identify: func(int, int) string { return "uid:test" }},
 		OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
 			return file.New(strings.TrimPrefix(uri, "file://"))
 		},

@@ -21,18 +21,25 @@ type Metrics interface {
 	Ready(ok bool)
 	// Goodput is the run's accounting after each journal write.
 	Goodput(g *checkpoint.Goodput)
+	// Machine labels the agent's series by machine (cloud, type, zone).
+	Machine(cloud, instanceType, zone string)
+	// NoticeCheckpoint is one notice's checkpoint: committed or not, how
+	// long notice → end took, and the notice's lead (0: no deadline).
+	NoticeCheckpoint(committed bool, took, lead time.Duration)
 }
 
 type nopMetrics struct{}
 
-func (nopMetrics) Notice(string, string)         {}
-func (nopMetrics) NoticeToRequest(time.Duration) {}
-func (nopMetrics) Phase(string, time.Duration)   {}
-func (nopMetrics) Uploaded(int64, time.Duration) {}
-func (nopMetrics) Committed(int64, time.Time)    {}
-func (nopMetrics) CommitFailed(string)           {}
-func (nopMetrics) Interval(time.Duration)        {}
-func (nopMetrics) Error(string)                  {}
-func (nopMetrics) Restored(int64, time.Duration) {}
-func (nopMetrics) Ready(bool)                    {}
-func (nopMetrics) Goodput(*checkpoint.Goodput)   {}
+func (nopMetrics) Notice(string, string)                               {}
+func (nopMetrics) NoticeToRequest(time.Duration)                       {}
+func (nopMetrics) Phase(string, time.Duration)                         {}
+func (nopMetrics) Uploaded(int64, time.Duration)                       {}
+func (nopMetrics) Committed(int64, time.Time)                          {}
+func (nopMetrics) CommitFailed(string)                                 {}
+func (nopMetrics) Interval(time.Duration)                              {}
+func (nopMetrics) Error(string)                                        {}
+func (nopMetrics) Restored(int64, time.Duration)                       {}
+func (nopMetrics) Ready(bool)                                          {}
+func (nopMetrics) Goodput(*checkpoint.Goodput)                         {}
+func (nopMetrics) Machine(string, string, string)                      {}
+func (nopMetrics) NoticeCheckpoint(bool, time.Duration, time.Duration) {}

@@ -15,6 +15,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // NodeConfig wires a node agent: one socket for every trainer on the
@@ -27,7 +28,7 @@ type NodeConfig struct {
 	CheckpointRoot string // each run's local directory is CheckpointRoot/<run id>
 	Source         metadata.Source
 	Identity       metadata.Identity
-	Server         ServerConfig
+	Server         protocol.ServerConfig
 	// Run is the template of every run's Config (Keep, TermGrace, Margin,
 	// OnRebalance, Metrics, Log); RunID, Store, CheckpointDir and Scheduler
 	// are filled per run.
@@ -40,7 +41,7 @@ type NodeConfig struct {
 // owner and conns belong to the dispatcher.
 type nodeRun struct {
 	id      string
-	events  chan Event
+	events  chan protocol.Event
 	notices chan metadata.Notice
 	signals chan os.Signal
 	gone    chan struct{} // closed when the run is retired
@@ -64,7 +65,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	}
 	cfg.Server.IdentifyPeers = true
 	if cfg.Server.MaxConns <= 0 {
-		cfg.Server.MaxConns = DefaultNodeMaxConns
+		cfg.Server.MaxConns = protocol.DefaultNodeMaxConns
 	}
 	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
@@ -137,19 +138,19 @@ type node struct {
 // dispatch routes a connection's event to its run; hello picks (or starts)
 // it. It never waits on a run: one whose queue is full (a long restore, a
 // stalled loop) costs the connection that sent the message, not the node.
-func (n *node) dispatch(ev Event) {
+func (n *node) dispatch(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	if r, ok := n.connRun[c.ID()]; ok {
-		if n.evicted[c.ID()] && m.Type != TypeDisconnected {
+		if n.evicted[c.ID()] && m.Type != protocol.TypeDisconnected {
 			return // closing: the rest of what it sent goes nowhere
 		}
 		switch m.Type {
-		case TypeDisconnected:
+		case protocol.TypeDisconnected:
 			delete(n.connRun, c.ID())
 			delete(n.evicted, c.ID())
 			r.conns--
 			n.deliverLater(r, ev)
-		case TypeProgress:
+		case protocol.TypeProgress:
 			// Advisory: dropped when the run is busy.
 			select {
 			case r.events <- ev:
@@ -162,25 +163,25 @@ func (n *node) dispatch(ev Event) {
 				n.evicted[c.ID()] = true
 				n.log.Warn("node: run's queue is full: message dropped and its connection closed",
 					zap.String("run", r.id), zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Int("queued", len(r.events)))
-				c.SendNoWait(Message{Type: TypeError, ID: m.ID, Error: fmt.Sprintf("%s dropped: run %s is busy (its queue is full); closing connection", m.Type, r.id)}, true)
+				c.SendNoWait(protocol.Message{Type: protocol.TypeError, ID: m.ID, Error: fmt.Sprintf("%s dropped: run %s is busy (its queue is full); closing connection", m.Type, r.id)}, true)
 			}
 		}
 		return
 	}
 	switch m.Type {
-	case TypeHello:
+	case protocol.TypeHello:
 		n.hello(ev)
-	case TypeStatus:
+	case protocol.TypeStatus:
 		ids := make([]string, 0, len(n.runs))
 		for id := range n.runs {
 			ids = append(ids, id)
 		}
 		sort.Strings(ids)
 		b, _ := json.Marshal(map[string]any{"node": true, "runs": ids, "store_prefix": n.cfg.StorePrefix})
-		c.SendNoWait(Message{Type: TypeStatus, Status: b}, false)
-	case TypeDisconnected:
+		c.SendNoWait(protocol.Message{Type: protocol.TypeStatus, Status: b}, false)
+	case protocol.TypeDisconnected:
 	default:
-		c.SendNoWait(Message{Type: TypeError, Error: m.Type + ": say hello with a run_id first"}, false)
+		c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: m.Type + ": say hello with a run_id first"}, false)
 	}
 }
 
@@ -188,9 +189,9 @@ func (n *node) dispatch(ev Event) {
 // connections from one peer (a pod, or outside Kubernetes a uid), a hello
 // for it from another peer is refused; once they are gone anyone may take
 // it (a later pod of the same Job).
-func (n *node) hello(ev Event) {
+func (n *node) hello(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
-	refuse := func(text string) { c.SendNoWait(Message{Type: TypeError, Error: text}, true) }
+	refuse := func(text string) { c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: text}, true) }
 	if !checkpoint.ValidID(m.RunID) {
 		n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
 		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID))
@@ -230,7 +231,7 @@ func (n *node) hello(ev Event) {
 // deliverLater hands ev to r without blocking the dispatcher: at once if
 // there is room, else from a goroutine that waits for room or the run's
 // end. Used for disconnects, which a run must see to forget a trainer.
-func (n *node) deliverLater(r *nodeRun, ev Event) {
+func (n *node) deliverLater(r *nodeRun, ev protocol.Event) {
 	select {
 	case r.events <- ev:
 		return
@@ -248,7 +249,7 @@ func (n *node) deliverLater(r *nodeRun, ev Event) {
 // goroutine, so a slow restore delays only its own trainers.
 func (n *node) start(id, part string) *nodeRun {
 	key := runKey(id, part)
-	r := &nodeRun{id: key, events: make(chan Event, EventBuffer), notices: make(chan metadata.Notice, 16),
+	r := &nodeRun{id: key, events: make(chan protocol.Event, protocol.EventBuffer), notices: make(chan metadata.Notice, 16),
 		signals: make(chan os.Signal, 2), gone: make(chan struct{})}
 	n.runs[key] = r
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
@@ -282,7 +283,7 @@ func (n *node) start(id, part string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
-		a.watchFence(r.notices) // agent_fence.go
+		a.watchFence() // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
 		a.finish()
 		log.Info("node: run done")
@@ -306,8 +307,8 @@ func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 	for {
 		select {
 		case ev := <-r.events:
-			if ev.Msg.Type == TypeHello {
-				ev.Conn.Send(Message{Type: TypeError, Error: "run could not start: " + err.Error()})
+			if ev.Msg.Type == protocol.TypeHello {
+				ev.Conn.Send(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + err.Error()})
 				ev.Conn.Close()
 			}
 		default:

@@ -17,6 +17,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // nodeRunning is a node agent (RunNode) serving until the test ends.
@@ -41,7 +42,7 @@ func startNode(t *testing.T, open func(uri string)) *nodeRunning {
 	cfg := NodeConfig{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
 		Source: n.src, Log: zap.New(core),
-		Server: ServerConfig{Path: n.sock, identify: func(peerCredentials) string {
+		Server: protocol.ServerConfig{Path: n.sock, Identify: func(int, int) string {
 			select {
 			case id := <-n.idents:
 				return id
@@ -126,14 +127,11 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 	})
 	flood := n.dialAs(t, "pod:a")
 	flood.helloRun("stalled")
-	var b strings.Builder
-	for range 2 * EventBuffer {
-		b.WriteString("{\"type\":\"status\"}\n")
+	for range 2 * protocol.EventBuffer {
+		// Once the node closes the connection, sends fail: that is the point.
+		flood.c.Send(context.Background(), protocol.Message{Type: protocol.TypeStatus})
 	}
-	if _, err := flood.c.nc.Write([]byte(b.String())); err != nil {
-		t.Fatal(err)
-	}
-	m := flood.expect(TypeError)
+	m := flood.expect(protocol.TypeError)
 	if !strings.Contains(m.Error, "is busy") {
 		t.Fatalf("error %q, want the run's queue full", m.Error)
 	}
@@ -144,12 +142,12 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 
 	other := n.dialAs(t, "pod:b")
 	other.helloRun("other")
-	if w := other.expect(TypeWelcome); w.RunID != "other" {
+	if w := other.expect(protocol.TypeWelcome); w.RunID != "other" {
 		t.Fatalf("welcome %+v, want run other", w)
 	}
 	n.src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: time.Now().Add(time.Minute), Detected: time.Now()}
-	if req := other.expect(TypeCheckpoint); req.Reason != ReasonInterruption {
+	if req := other.expect(protocol.TypeCheckpoint); req.Reason != protocol.ReasonInterruption {
 		t.Fatalf("request %+v, want an interruption checkpoint", req)
 	}
 
@@ -165,7 +163,7 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 // helloUntilWelcome says hello as ident until the node welcomes it (as
 // the client library does, reconnecting in the background), returning
 // the welcome. Refusals must be error replies.
-func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) Message {
+func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) protocol.Message {
 	t.Helper()
 	deadline := time.Now().Add(testWait)
 	for i := 0; ; i++ {
@@ -173,10 +171,10 @@ func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) Message
 		tr.helloRun(run)
 		select {
 		case m, ok := <-tr.msgs:
-			if ok && m.Type == TypeWelcome {
+			if ok && m.Type == protocol.TypeWelcome {
 				return m
 			}
-			if !ok || m.Type != TypeError {
+			if !ok || m.Type != protocol.TypeError {
 				t.Fatalf("attempt %d: %+v (open %v), want welcome or error", i, m, ok)
 			}
 		case <-time.After(testWait):
@@ -196,11 +194,11 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 	n := startNode(t, nil)
 	a1 := n.dialAs(t, "pod:a")
 	a1.helloRun("teamB")
-	a1.expect(TypeWelcome)
+	a1.expect(protocol.TypeWelcome)
 
 	b := n.dialAs(t, "pod:b")
 	b.helloRun("teamB")
-	if m := b.expect(TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+	if m := b.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
 		t.Fatalf("error %q, want the run id in use", m.Error)
 	}
 	b.expectClosed()
@@ -212,50 +210,17 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 	// Another rank of the same pod joins the run.
 	a2 := n.dialAs(t, "pod:a")
 	a2.helloRun("teamB")
-	a2.expect(TypeWelcome)
+	a2.expect(protocol.TypeWelcome)
 	// Other run ids are anyone's.
 	bOwn := n.dialAs(t, "pod:b")
 	bOwn.helloRun("teamC")
-	bOwn.expect(TypeWelcome)
+	bOwn.expect(protocol.TypeWelcome)
 
 	a1.c.Close()
 	a2.c.Close()
 	// The next pod of the Job: refused while the old pod's disconnects are
 	// in flight, welcomed once they are through.
 	n.helloUntilWelcome(t, "pod:b", "teamB")
-}
-
-func TestPodFromCgroup(t *testing.T) {
-	const uid = "0f6a3c8e-1b2d-4e5f-9a8b-7c6d5e4f3a2b"
-	for _, tc := range []struct{ name, cgroup, want string }{
-		{"V1Cgroupfs", "12:memory:/kubepods/burstable/pod" + uid + "/4f1c9c\n11:cpu:/kubepods/burstable/pod" + uid + "/4f1c9c\n", uid},
-		{"V2Systemd", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
-		{"V2BestEffortNamespaced", "0::/../../kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-abc.scope\n", uid},
-		{"V2Guaranteed", "0::/kubepods/pod" + strings.ToUpper(uid) + "/abc\n", uid},
-		{"NotKubernetes", "0::/user.slice/user-1000.slice/session-3.scope\n", ""},
-		{"PodWordOnly", "0::/system.slice/pod" + uid + ".service\n", ""},
-		{"Root", "0::/\n", ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := podFromCgroup(tc.cgroup); got != tc.want {
-				t.Errorf("podFromCgroup=%q, want %q", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestPeerIdentity(t *testing.T) {
-	// This process is not in a pod: its identity is its uid. A pid that
-	// is not visible (another pid namespace: 0) falls back to the uid too.
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err == nil && podFromCgroup(string(self)) != "" {
-		t.Skip("running inside a Kubernetes pod")
-	}
-	for _, cred := range []peerCredentials{{UID: 1234, PID: os.Getpid()}, {UID: 1234, PID: 0}} {
-		if got, want := peerIdentity(cred), fmt.Sprintf("uid:%d", cred.UID); got != want {
-			t.Errorf("peerIdentity(%+v)=%q, want %q", cred, got, want)
-		}
-	}
 }
 
 // Issue 24.4: two pods of one two-node job scheduled on one machine are
@@ -269,7 +234,7 @@ func TestNode_TwoPodsOfOneJob(t *testing.T) {
 	for k, tr := range pods {
 		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
 			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		w := tr.expect(TypeWelcome)
+		w := tr.expect(protocol.TypeWelcome)
 		dirs = append(dirs, w.CheckpointDir)
 	}
 	if dirs[0] == dirs[1] {
@@ -278,19 +243,19 @@ func TestNode_TwoPodsOfOneJob(t *testing.T) {
 	n.sigs <- syscall.SIGTERM // every run takes a shutdown checkpoint
 	var id string
 	for k, tr := range pods {
-		req := tr.expect(TypeCheckpoint)
+		req := tr.expect(protocol.TypeCheckpoint)
 		if k == 1 && req.ID != id {
 			// Each node asked on its own: the ranks' agreement picks one, and
 			// the other node joins it.
 			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.expect(TypeCheckpoint)
+			req = tr.expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
 		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {
-		tr.expect(TypeCommitted)
+		tr.expect(protocol.TypeCommitted)
 	}
 	st, err := file.New(filepath.Join(filepath.Dir(n.sock), "runs", "job"))
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // The signal fallback for trainers that do not speak the protocol (a
@@ -82,20 +83,20 @@ func (b *signalBridge) serve(ctx context.Context) {
 // run serves one connection until ctx ends or the agent closes it. Its
 // reader ends before it returns.
 func (b *signalBridge) run(ctx context.Context) error {
-	c, err := Dial(ctx, b.socket)
+	c, err := protocol.Dial(ctx, b.socket)
 	if err != nil {
 		return fmt.Errorf("signal bridge: %w", err)
 	}
 	b.area.Remove(RequestFile) // what an earlier agent left
 
-	msgs := make(chan Message, 8)
+	msgs := make(chan protocol.Message, 8)
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
 		defer close(msgs)
 		for {
 			m, err := c.Recv(ctx)
-			if errors.Is(err, ErrBadMessage) {
+			if errors.Is(err, protocol.ErrBadMessage) {
 				continue
 			}
 			if err != nil {
@@ -109,9 +110,9 @@ func (b *signalBridge) run(ctx context.Context) error {
 		}
 	}()
 	defer func() { c.Close(); <-read }()
-	send := func(m Message) error { return c.Send(ctx, m) }
+	send := func(m protocol.Message) error { return c.Send(ctx, m) }
 	zero, one := 0, 1
-	if err := send(Message{Type: TypeHello, PID: os.Getpid(), Rank: &zero, WorldSize: &one}); err != nil {
+	if err := send(protocol.Message{Type: protocol.TypeHello, PID: os.Getpid(), Rank: &zero, WorldSize: &one}); err != nil {
 		return fmt.Errorf("signal bridge: hello: %w", err)
 	}
 
@@ -131,29 +132,29 @@ func (b *signalBridge) run(ctx context.Context) error {
 				return errors.New("connection closed by the agent")
 			}
 			switch m.Type {
-			case TypeWelcome:
+			case protocol.TypeWelcome:
 				if m.Resume != nil {
 					lastStep = m.Resume.Step
 				}
-			case TypeCheckpoint:
+			case protocol.TypeCheckpoint:
 				pid, err := b.signal(m)
 				if err != nil {
 					b.log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
-					send(Message{Type: TypeFailed, ID: m.ID, Error: err.Error()})
+					send(protocol.Message{Type: protocol.TypeFailed, ID: m.ID, Error: err.Error()})
 					continue
 				}
 				open[m.ID] = &bridgeRequest{id: m.ID, name: b.requestName(m.Dir), deadline: derefTime(m.Deadline), pid: pid}
 				ticker.Reset(b.poll)
-			case TypeCommitted:
+			case protocol.TypeCommitted:
 				if m.Step != nil && *m.Step > lastStep {
 					lastStep = *m.Step
 				}
-			case TypeStop:
+			case protocol.TypeStop:
 				if pid := b.pid(); pid > 0 {
 					b.log.Info("signal fallback: stop, SIGTERM to the trainer", zap.Int("pid", pid), zap.String("reason", m.Reason))
 					syscall.Kill(-pid, syscall.SIGTERM)
 				}
-			case TypeError:
+			case protocol.TypeError:
 				b.log.Warn("signal fallback: agent reported an error", zap.String("id", m.ID), zap.String("error", m.Error))
 			}
 		case now := <-ticker.C:
@@ -172,7 +173,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 				}
 				delete(open, id)
 				lastStep = max(lastStep, step)
-				if err := send(Message{Type: TypeDone, ID: id, Step: &step}); err != nil {
+				if err := send(protocol.Message{Type: protocol.TypeDone, ID: id, Step: &step}); err != nil {
 					return fmt.Errorf("signal bridge: done: %w", err)
 				}
 			}
@@ -186,7 +187,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 
 // signal writes the request file, then signals the child, unless the child
 // would die of the signal: a process that has not installed a handler yet.
-func (b *signalBridge) signal(m Message) (int, error) {
+func (b *signalBridge) signal(m protocol.Message) (int, error) {
 	pid := b.pid()
 	if pid <= 0 {
 		return 0, errors.New("trainer not running")

@@ -164,9 +164,6 @@ func checkDir(dir string) error {
 // Config returns the effective configuration.
 func (w *Watcher) Config() Config { return w.cfg }
 
-// Namer returns the watcher's name rules.
-func (w *Watcher) Namer() *Namer { return w.namer }
-
 // NewestStep is the highest step of any checkpoint seen in DIR, complete
 // or not; -1 when none was seen.
 func (w *Watcher) NewestStep() int64 {

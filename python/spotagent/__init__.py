@@ -27,6 +27,7 @@ from .client import (
     MAX_METADATA,
     PROTOCOL_VERSION,
     Agent,
+    AgentRefused,
     CheckpointRequest,
     Committed,
     UploadFailed,
@@ -38,6 +39,7 @@ from . import torch  # noqa: E402  (imports torch only when used)
 
 __all__ = [
     "Agent",
+    "AgentRefused",
     "CheckpointRequest",
     "Committed",
     "UploadFailed",

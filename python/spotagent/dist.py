@@ -10,13 +10,26 @@ highest id) with the earliest deadline -- at the same call, and saves the same
 step. Urgency 5 is "stop": a rank whose agent said ``stop`` contributes it and
 every rank's ``should_stop`` turns true at that same call.
 
+``Agreement`` runs it in ``poll``: this rank's contribution, the collective,
+then the agreed request handed out (or joined at this rank's agent, which
+answers ``join`` with its own directory for it), or the job's stop.
+
 torch is imported only when it is already loaded (``sys.modules``) or when the
 caller hands over a process group: the client stays standard-library only.
 """
 
 import datetime
+import os
 import sys
-from typing import Any, Optional, Tuple
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
+
+from ._common import DEFAULT_JOIN_TIMEOUT, env_float, format_time, log, stderr, trim, utcnow
+
+if TYPE_CHECKING:
+    from .client import Agent
+    from .request import CheckpointRequest
 
 #: Urgency of a request, by reason; the collective keeps the highest.
 URGENCY = {"periodic": 1, "manual": 2, "shutdown": 3, "interruption": 4}
@@ -165,3 +178,186 @@ def env_ranks() -> Tuple[Optional[int], Optional[int]]:
     except Exception:
         pass
     return (None, None)
+
+
+class Agreement(object):
+    """The job's agreement as one rank's ``poll`` runs it: this rank's
+    contribution (its agent's most urgent request, a SIGTERM, or a stop),
+    the collective, and acting on the result: hand out the agreed request,
+    ``join`` it at this rank's agent (bounded wait), or stop with the job."""
+
+    def __init__(self, agent: "Agent", process_group: Any = None, every: int = 1) -> None:
+        self._agent = agent
+        self.sync = Sync(process_group, every)
+        #: Longest wait in poll for the agent's answer to a join.
+        self.join_timeout = env_float("SPOTAGENT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT)
+        self.stopped = False  # should_stop once the agreement is on
+        self.stop_reason = None  # type: Optional[str]
+        self.sigterm_id = None  # type: Optional[str]  # a SIGTERM checkpoint offered to the job
+        self.sigterm_deadline = None  # type: Optional[datetime.datetime]
+        self.agreed_ids = OrderedDict()  # type: OrderedDict[str, int]  # id -> step agreed at
+        self._warned_join = False
+
+    def poll(self, step: Optional[int]) -> "Optional[CheckpointRequest]":
+        a = self._agent
+        if a._sigterm.take() and not a._sigterm.fold():
+            # Offered to the job as a shutdown checkpoint: every rank
+            # saves it. It has no agent id yet: make one (the MAX picks
+            # one of several). Always with a deadline: join requires one.
+            self.sigterm_id = os.urandom(6).hex()
+            self.sigterm_deadline = a._sigterm.deadline()
+            log.info("spotagent: SIGTERM: asking the job for a final checkpoint (%s, deadline %s)",
+                     self.sigterm_id, format_time(self.sigterm_deadline))
+        a._start_background()
+        a._report_progress(step)
+        if not self.sync.due():
+            return None
+        agreed = self.sync.agree(self.contribution(), a.resume_step, a.enabled)
+        return self.agreed(agreed, step)
+
+    def contribution(self) -> Tuple[int, int]:
+        """This rank's entry in the collective: a stop, else its most urgent
+        pending request (a SIGTERM checkpoint counts as shutdown)."""
+        a = self._agent
+        with a._lock:
+            if a._local_stop():
+                code = STOP_CODES.get(a._stop_reason or "", 0)
+                return ((STOP << ID_BITS) | code, NO_DEADLINE)
+            best = NOTHING
+            if self.sigterm_id is not None:
+                best = encode(URGENCY["shutdown"], int(self.sigterm_id, 16), self.sigterm_deadline)
+            keep = deque()  # type: Deque[CheckpointRequest]
+            for req in a._requests:
+                if req._conn != a._conn or not a._connected:
+                    log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
+                    continue
+                if req.id in self.agreed_ids:
+                    # The answer to a join that came too late: the job
+                    # saved at an earlier step; this rank's part is missing.
+                    log.warning("spotagent: checkpoint %s arrived after the job saved it; refused", req.id)
+                    a._send({"type": "failed", "id": req.id, "error": "rank %s: joined too late" % a.rank},
+                            conn=req._conn)
+                    continue
+                rid = parse_id(req.id)
+                if rid is None:
+                    log.warning("spotagent: checkpoint id %r is not 12 hex digits; ignored in a distributed job", req.id)
+                    continue
+                keep.append(req)
+                c = encode(URGENCY.get(req.reason, 1), rid, req.deadline)
+                if c[0] > best[0]:
+                    best = c
+            a._requests = keep
+            return best
+
+    def agreed(self, agreed: Tuple[int, int], step: Optional[int]) -> "Optional[CheckpointRequest]":
+        a = self._agent
+        urgency, idv, deadline = decode(agreed)
+        if urgency == 0:
+            return None
+        if urgency >= STOP:
+            self.sigterm_id = None  # the job stops anyway: no final checkpoint after it
+            with a._lock:
+                if not self.stopped:
+                    self.stopped = True
+                    self.stop_reason = STOP_REASONS.get(idv) or a._stop_reason or "stop"
+                    a._cond.notify_all()
+                    log.info("spotagent: the job stops (%s)", self.stop_reason)
+            return None
+        rid = format_id(idv)
+        reason = REASONS.get(urgency, "periodic")
+        sigterm, self.sigterm_id = self.sigterm_id, None
+        with a._lock:
+            self.agreed_ids[rid] = -1 if step is None else int(step)
+            trim(self.agreed_ids, 256)
+            if sigterm is not None and sigterm != rid:
+                # Another rank's checkpoint, at least as urgent: this rank's
+                # SIGTERM stops with it instead of taking a second one.
+                a._sigterm.fold_by(deadline)
+            for req in a._requests:
+                if req.id == rid:
+                    a._requests.remove(req)
+                    req.deadline = deadline
+                    return a._hand_out(req)
+        joined = self.join(rid, reason, deadline, step)
+        if sigterm == rid:
+            if joined is None:
+                a._stop("shutdown")
+            else:
+                mine = joined
+                joined._after_done = lambda s: self.stop_after_commit(mine)
+        return joined
+
+    def join(self, rid: str, reason: str, deadline: Optional[datetime.datetime],
+             step: Optional[int]) -> "Optional[CheckpointRequest]":
+        """Ask this rank's agent for its directory for the job's checkpoint
+        rid; bounded wait for its ``checkpoint``. None if it cannot answer."""
+        a = self._agent
+        if not a.path:
+            self.join_failed(rid, "no agent")
+            return None
+        if deadline is None:
+            # Every contribution carries a deadline (the agent's requests,
+            # a SIGTERM's); should none, the join still needs one.
+            deadline = a._sigterm.deadline()
+        timeout = min(self.join_timeout, (deadline - utcnow()).total_seconds())
+        if timeout <= 0:
+            self.join_failed(rid, "its deadline has passed")
+            return None
+        msg = {"type": "join", "id": rid, "reason": reason, "deadline": format_time(deadline)}  # type: Dict[str, Any]
+        if step is not None:
+            msg["step"] = int(step)
+
+        def held() -> "Optional[CheckpointRequest]":
+            for r in a._requests:
+                if r.id == rid and r._conn == a._conn:
+                    return r
+            return None
+
+        with a._lock:
+            if held() is None:  # another local rank's join may have brought it
+                a._send(msg, conn=None)
+            found = [None]  # type: List[Optional[CheckpointRequest]]
+
+            def ready() -> bool:
+                found[0] = held()
+                return found[0] is not None or rid in a._errors or a._closed.is_set()
+
+            a._cond.wait_for(ready, timeout)
+            req = found[0]
+            if req is None:
+                why = a._errors.get(rid)
+                self.join_failed(rid, "agent: %s" % why if why is not None else "no answer within %.1fs" % timeout)
+                return None
+            # The agent abandoned what it had pending for this connection
+            # when the job's checkpoint reached it: those were sent before it.
+            got = req
+            stale = [r for r in a._requests if r is not got and r._seq < got._seq]
+            a._requests = deque(r for r in a._requests if r is not got and r._seq >= got._seq)
+            req.reason = reason
+            req.deadline = deadline
+        for r in stale:
+            log.info("spotagent: checkpoint %s superseded by the job's checkpoint %s", r.id, rid)
+        return a._hand_out(req)
+
+    def join_failed(self, rid: str, why: str) -> None:
+        text = "spotagent: rank %s takes no part in the job's checkpoint %s (%s); that checkpoint will be incomplete" % (
+            self._agent.rank, rid, why)
+        log.warning("%s", text)
+        if not self._warned_join:
+            self._warned_join = True
+            stderr(text)
+
+    def stop_after_commit(self, req: "CheckpointRequest") -> None:
+        """After this rank's SIGTERM checkpoint: wait (bounded) until the
+        agent committed it, then ask the job to stop at the next agreement."""
+        a = self._agent
+        wait = a._sigterm.wait
+        end = time.monotonic() + wait
+        with a._lock:
+            while req.id not in a._committed and req.id not in a._failed_uploads and not a._closed.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    log.warning("spotagent: SIGTERM checkpoint %s not confirmed within %.0fs", req.id, wait)
+                    break
+                a._cond.wait(left)
+        a._stop("shutdown")

@@ -33,7 +33,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .client import CheckpointRequest
 
@@ -95,7 +95,7 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
     deep-copied. Tensors shared within obj stay shared in the copy."""
     torch = _torch()
     memo = {}  # type: Dict[int, Any]
-    syncs = set()  # type: set  # GPUs with copies in flight
+    syncs = set()  # type: Set[Any]  # GPUs with copies in flight
     fresh = {}  # type: Dict[Tuple[Any, ...], Any]
 
     def walk(x: Any, path: Tuple[Any, ...]) -> Any:
@@ -109,7 +109,7 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
             fresh[path] = y
             return y
         if isinstance(x, dict):
-            out = type(x)() if type(x) is not dict else {}
+            out = type(x)() if type(x) is not dict else {}  # type: Any
             for k, v in x.items():
                 out[k] = walk(v, path + (k,))
             meta = getattr(x, "_metadata", None)  # a module state_dict's versions
@@ -131,7 +131,7 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
     return out
 
 
-def _copy_tensor(torch: Any, t: Any, buf: Any, syncs: set) -> Any:
+def _copy_tensor(torch: Any, t: Any, buf: Any, syncs: Set[Any]) -> Any:
     t = t.detach()
     if t.layout != torch.strided or t.is_quantized:
         # copy=True: a CPU tensor is copied too, never aliased.

@@ -2,13 +2,29 @@
 
 Tests drive it explicitly: every received message is recorded, and tests wait
 for conditions with deadlines (threading.Condition), never with sleeps.
+
+What it answers on its own (welcome, error, committed, a join's checkpoint)
+follows the real agent line for line: test_golden.py replays the golden
+transcripts that pkg/supervisor's TestGolden checks against the real agent
+(pkg/supervisor/testdata/golden) against this fake, so the fake cannot accept
+what the agent refuses. What the agent says on its own initiative (a
+periodic or interruption request, stop) the tests send with ``send``; a
+``checkpoint`` sent that way is pending here, as in the agent, until its done
+or failed.
 """
 
+import datetime
 import json
 import os
+import re
 import socket
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
+
+#: Message types a trainer may send (anything else: "unknown message type").
+TRAINER_TYPES = ("hello", "progress", "done", "saved", "failed", "status", "join", "bye")
+REASONS = ("periodic", "manual", "shutdown", "interruption")
+_ID = re.compile(r"^[0-9a-f]{12}$")
 
 DEADLINE = 10.0  # generous upper bound for any wait in the tests
 
@@ -35,6 +51,12 @@ class FakeAgent(object):
         self.raw = []  # type: List[bytes]
         self.conns = []  # type: List[socket.socket]
         self.accepted = 0
+        # As the agent: requests pending an answer (id -> dir), the paths
+        # reported saved for each, and the connections that said hello.
+        self.pending = {}  # type: Dict[str, str]
+        self._requests = {}  # type: Dict[str, Dict[str, Any]]  # id -> the checkpoint message
+        self.saved_paths = {}  # type: Dict[str, Set[str]]
+        self._hello = {}  # type: Dict[int, bool]  # connection -> a rank of a multi-rank job
         self._threads = []  # type: List[threading.Thread]
         self._listener = None  # type: Optional[socket.socket]
         self._stopped = False
@@ -83,6 +105,9 @@ class FakeAgent(object):
         line = msg if isinstance(msg, bytes) else (json.dumps(msg) + "\n").encode()
         with self.cond:
             c = self.conns[conn]
+            if isinstance(msg, dict) and msg.get("type") == "checkpoint" and msg.get("id"):
+                self.pending[str(msg["id"])] = str(msg.get("dir") or "")
+                self._requests[str(msg["id"])] = msg
         c.sendall(line)
 
     # -- waiting
@@ -130,25 +155,18 @@ class FakeAgent(object):
         f = c.makefile("rb")
         try:
             for line in f:
+                if not line.strip():
+                    continue
+                msg = None  # type: Any
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    pass
                 with self.cond:
                     self.raw.append(line)
-                    try:
-                        msg = json.loads(line)
-                    except ValueError:
-                        msg = {"type": "<garbage>", "line": line}
-                    self.received.append(msg)
+                    self.received.append(msg if isinstance(msg, dict) else {"type": "<garbage>", "line": line})
                     self.cond.notify_all()
-                reply = None  # type: Optional[Dict[str, Any]]
-                if msg.get("type") == "hello" and self.welcome is not None:
-                    reply = self.welcome
-                elif msg.get("type") == "join" and self.join_dir is not None:
-                    reply = {"type": "checkpoint", "id": msg["id"], "reason": msg.get("reason"),
-                             "dir": os.path.join(self.join_dir, msg["id"])}
-                    if msg.get("deadline"):
-                        reply["deadline"] = msg["deadline"]
-                elif msg.get("type") == "done" and self.commit and msg.get("id"):
-                    reply = {"type": "committed", "id": msg["id"], "uri": "file:///fake/" + msg["id"],
-                             "step": msg.get("step")}
+                reply = self._answer(c, msg, line)
                 if reply is not None:
                     try:
                         c.sendall((json.dumps(reply) + "\n").encode())
@@ -156,3 +174,130 @@ class FakeAgent(object):
                         return
         except (OSError, ValueError):
             return
+
+    def _answer(self, c: socket.socket, msg: Any, line: bytes) -> Optional[Dict[str, Any]]:
+        """What the real agent answers to msg (None: nothing), as far as the
+        fake's configuration lets it (welcome, join_dir, commit)."""
+        if not isinstance(msg, dict):
+            return {"type": "error", "error": "malformed json: %s" % (line.strip()[:64],)}
+        mid = msg.get("id")
+        mid = mid if isinstance(mid, str) else ""
+        t = msg.get("type")
+        if not t:
+            return _error(mid, "missing type")
+        if t not in TRAINER_TYPES:
+            return _error(mid, "unknown message type %s" % json.dumps(t))
+        if t == "hello":
+            with self.cond:
+                ws, nodes = msg.get("world_size"), msg.get("nodes")
+                self._hello[id(c)] = (isinstance(ws, int) and ws > 1) or (isinstance(nodes, int) and nodes > 1)
+            return self.welcome
+        if t == "done":
+            return self._done(msg, mid)
+        if t == "failed":
+            with self.cond:
+                if mid and mid in self.pending:
+                    del self.pending[mid]
+                    return None
+            return _error(mid, "failed: unknown checkpoint id " + mid)
+        if t == "saved":
+            return self._saved(msg, mid)
+        if t == "join" and self.join_dir is not None:
+            return self._join(c, msg, mid)
+        return None
+
+    def _done(self, msg: Dict[str, Any], mid: str) -> Optional[Dict[str, Any]]:
+        step = msg.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            return _error(mid, "done: step is required and must be >= 0")
+        if not mid:
+            return None  # unsolicited: not modelled
+        with self.cond:
+            if mid not in self.pending:
+                return _error(mid, "done: unknown checkpoint id %s" % json.dumps(mid))
+            del self.pending[mid]
+            self.saved_paths.pop(mid, None)
+        if not self.commit:
+            return None
+        return {"type": "committed", "id": mid, "uri": "file:///fake/" + mid, "step": step}
+
+    def _saved(self, msg: Dict[str, Any], mid: str) -> Optional[Dict[str, Any]]:
+        with self.cond:
+            d = self.pending.get(mid) if mid else None
+        if d is None:
+            return _error(mid, "saved: unknown checkpoint id %s" % json.dumps(mid))
+        path = str(msg.get("path") or "")
+        rel = os.path.normpath(os.path.relpath(path, d) if os.path.isabs(path) else path)
+        why = None
+        if not path or rel == ".." or rel.startswith("../") or os.path.isabs(rel) or rel == ".":
+            why = "not a path inside the checkpoint directory: unsafe path: %s" % json.dumps(path)
+        else:
+            with self.cond:
+                seen = self.saved_paths.setdefault(mid, set())
+                if rel in seen:
+                    why = "already reported saved"
+                else:
+                    full = os.path.join(d, rel)
+                    if not os.path.lexists(full):
+                        why = "open %s: no such file or directory" % rel
+                    elif os.path.islink(full) or not os.path.isfile(full):
+                        why = "%s is not a regular file" % rel
+                    else:
+                        seen.add(rel)
+        if why is not None:
+            return _error(mid, "saved %s: %s" % (json.dumps(path), why))
+        return None
+
+    def _join(self, c: socket.socket, msg: Dict[str, Any], mid: str) -> Optional[Dict[str, Any]]:
+        with self.cond:
+            said_hello = id(c) in self._hello
+            multi = self._hello.get(id(c), False)
+        if not said_hello:
+            return _error(mid, "join: say hello first")
+        if not multi:
+            # As the real agent: only a rank of a multi-rank job joins.
+            return _error(mid, "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)")
+        if not _ID.match(mid):
+            return _error(mid, "join: id must be 12 lowercase hex digits")
+        with self.cond:
+            if mid in self.pending and mid in self._requests:
+                return self._requests[mid]  # a repeated join: the same request again
+        reason = msg.get("reason")
+        if reason not in REASONS:
+            return _error(mid, "join: unknown reason %s" % json.dumps(reason))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        deadline = _parse(msg.get("deadline"))
+        if deadline is None and "deadline" not in msg and reason in ("shutdown", "interruption"):
+            # As the real agent (agent_job.go onJoin): a rank's own SIGTERM
+            # offered to the job gets the agent's grace (25 s less the margin).
+            deadline = now + datetime.timedelta(seconds=20)
+        elif deadline is None or deadline <= now:
+            return _error(mid, "join: a deadline in the future is required")
+        d = os.path.join(self.join_dir or "", mid)
+        dl = deadline.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        req = {"type": "checkpoint", "id": mid, "reason": reason, "dir": d, "deadline": dl}
+        with self.cond:
+            self.pending[mid] = d
+            self._requests[mid] = req
+        return req
+
+
+def _error(mid: str, text: str) -> Dict[str, Any]:
+    m = {"type": "error", "error": text}  # type: Dict[str, Any]
+    if mid:
+        m["id"] = mid
+    return m
+
+
+def _parse(value: Any) -> Optional[datetime.datetime]:
+    if not isinstance(value, str) or not value:
+        return None
+    v = value.replace("Z", "+00:00")
+    m = re.match(r"^(.*T\d{2}:\d{2}:\d{2})(\.\d+)?(.*)$", v)
+    if m is not None and m.group(2):  # fromisoformat takes at most 6 digits
+        v = m.group(1) + m.group(2)[:7] + m.group(3)
+    try:
+        t = datetime.datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None

@@ -29,6 +29,8 @@ ENV_KEYS = [
     "SPOTAGENT_HANDLE_SIGTERM",
     "SPOTAGENT_SIGTERM_WAIT",
     "SPOTAGENT_EXIT_FILE",
+    "SPOTAGENT_ALLOW_UNPROTECTED",
+    "SPOTAGENT_REFUSED_TIMEOUT",
 ]
 
 WELCOME = {
@@ -392,7 +394,7 @@ class TestRobustness(Base):
         self.assertLess(worst, 0.5, "poll/checkpoint_done blocked for %.3fs" % worst)
         # The writer really is stuck: messages are still queued.
         with a._cond:
-            self.assertTrue(a._outbound and a._in_flight)
+            self.assertTrue(a._transport.outbound and a._transport.in_flight)
         t0 = time.monotonic()
         a.close(timeout=0.5)
         self.assertLess(time.monotonic() - t0, 3.0)
@@ -600,6 +602,88 @@ class TestSigtermDuringInterruption(Base):
         self.assertEqual(a.exit_code, 75)
 
 
+BAD_RUN_ID = {"type": "error", "error": "hello: run_id \"../x\" refused: node mode needs a run id of "
+                                        "letters, digits, '-', '_' and '.'"}
+BUSY = {"type": "error", "error": "hello: run run-42 is busy (its queue is full); try again"}
+
+
+class TestRefusedHello(Base):
+    """Issue 24 item 8: a node agent's refusal of hello that cannot heal
+    fails loudly (node.go's wording); one that heals is retried."""
+
+    def test_permanent_refusal_raises_from_connect(self):
+        self.server(welcome=BAD_RUN_ID)
+        import io
+
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            with self.assertRaises(spotagent.AgentRefused) as cm:
+                self.connect(run_id="../x")
+        self.assertIn("node mode needs a run id", cm.exception.error)
+
+    def test_opt_out_by_env_trains_on_without_an_agent(self):
+        srv = self.server(welcome=BAD_RUN_ID)
+        os.environ["SPOTAGENT_ALLOW_UNPROTECTED"] = "1"
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            a = self.connect(run_id="../x")
+        self.assertTrue(a._transport.refused)
+        self.assertFalse(a.enabled)
+        self.assertIsNone(a.poll(1))
+        self.assertIn("running WITHOUT an agent", err.getvalue())
+        self.assertEqual(len(srv.of_type("hello")), 1)  # no reconnecting to a refusal that cannot heal
+
+    def test_refusal_after_connect_is_raised_by_the_next_poll(self):
+        srv = self.server(welcome=None)  # the node agent is still restoring: no answer yet
+        import io
+
+        a = self.connect(run_id="run-42", welcome_timeout=0.2)
+        self.assertIsNone(a.poll(1))
+        srv.wait_message("hello")
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            srv.send({"type": "error", "error": "run could not start: store s3://b/run-42: access denied"})
+            self.assertTrue(wait_agent(a, lambda: a._transport.refusal is not None))
+        for _ in range(2):  # every call, until the trainer gives up
+            with self.assertRaises(spotagent.AgentRefused):
+                a.poll(2)
+
+    def test_healable_refusal_is_retried_then_welcomed(self):
+        srv = self.server(welcome=BUSY)
+        import io
+
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            a = self.connect(run_id="run-42", welcome_timeout=0)
+            srv.wait_message("hello", count=2)  # reconnected after the refusal
+            srv.welcome = WELCOME
+            self.assertTrue(a.wait_welcome(DEADLINE))
+        self.assertIsNone(a.poll(1))
+        self.assertEqual(a.resume_step, 120)
+
+    def test_healable_refusal_that_lasts_becomes_permanent(self):
+        os.environ["SPOTAGENT_REFUSED_TIMEOUT"] = "0.3"
+        self.server(welcome=BUSY)
+        import io
+
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            a = self.connect(run_id="run-42", welcome_timeout=0)
+            self.assertTrue(wait_agent(a, lambda: a._transport.refusal is not None))
+        with self.assertRaises(spotagent.AgentRefused) as cm:
+            a.poll(1)
+        self.assertIn("still refused", str(cm.exception))
+
+    def test_explicit_permanent_field_wins(self):
+        from spotagent.client import refusal_is_permanent
+
+        self.assertTrue(refusal_is_permanent(BAD_RUN_ID))
+        self.assertFalse(refusal_is_permanent(BUSY))
+        self.assertFalse(refusal_is_permanent({"error": "hello: run_id \"a\" refused: it is in use by another pod "
+                                                        "or user on this node (1 connections); it frees once they close"}))
+        self.assertFalse(refusal_is_permanent({"error": "too many connections (64): closing; try again later"}))
+        self.assertTrue(refusal_is_permanent(dict(BUSY, permanent=True)))
+        self.assertFalse(refusal_is_permanent(dict(BAD_RUN_ID, permanent=False)))
+
+
 class TestPeerCredentials(Base):
     """The client trusts an agent only when SO_PEERCRED names the expected
     uid: $SPOTAGENT_AGENT_UID, else itself or root."""
@@ -612,8 +696,14 @@ class TestPeerCredentials(Base):
 
         err = io.StringIO()
         with mock.patch.object(sys, "stderr", err):
-            a = self.connect(welcome_timeout=2.0)
-            self.assertTrue(wait_agent(a, lambda: a._refused))
+            with self.assertRaises(spotagent.AgentRefused) as cm:
+                self.connect(welcome_timeout=2.0)
+        self.assertIn("expected %d" % (os.getuid() + 4242), str(cm.exception))
+        self.assertIn("SPOTAGENT_ALLOW_UNPROTECTED", str(cm.exception))
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            a = self.connect(welcome_timeout=2.0, allow_unprotected=True)
+            self.assertTrue(wait_agent(a, lambda: a._transport.refused))
         self.assertFalse(a.enabled)
         self.assertIsNone(a.resume_dir)  # the welcome's resume was never trusted
         self.assertIsNone(a.poll(1))

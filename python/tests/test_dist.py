@@ -213,6 +213,10 @@ class TestAgreement(Base):
     """The client's side of the agreement, with a stand-in collective."""
 
     def job_agent(self, other=sdist.NOTHING, every=1, **kw):
+        # A rank of a job of two, as the default group would make it: the
+        # agent takes joins only from ranks of a multi-rank job.
+        kw.setdefault("rank", 0)
+        kw.setdefault("world_size", 2)
         a = self.connect(**kw)
         a._sync = FakeSync(other, every)
         return a
@@ -328,14 +332,22 @@ class TestAgreement(Base):
         srv = self.server(join_dir=self.tmp, commit=True)
         a = self.job_agent()
         srv.wait_message("hello")
-        a._sigterm = True  # what the handler does
+        a._sigterm.pending = True  # what the handler does
         req = a.poll(4)
         self.assertIsNotNone(req)
         u, idv, _ = sdist.decode(a._sync.sent[-1])
         self.assertEqual((u, sdist.format_id(idv)), (3, req.id))
         self.assertEqual(req.reason, "shutdown")
         self.assertIsNotNone(sdist.parse_id(req.id))
-        self.assertEqual(srv.of_type("join")[0]["id"], req.id)
+        join = srv.of_type("join")[0]
+        self.assertEqual(join["id"], req.id)
+        # The real agent refuses a join without a deadline (onJoin): the
+        # SIGTERM's is the grace (25 s) less the margin (5 s), as the agent's.
+        deadline = parse_time(join.get("deadline"))
+        self.assertIsNotNone(deadline, join)
+        left = (deadline - datetime.datetime.now(UTC)).total_seconds()
+        self.assertTrue(10 < left <= 20, left)
+        self.assertEqual(req.deadline, deadline)
         req.done(4)  # waits until committed, then asks the job to stop
         self.assertFalse(a.should_stop)
         self.assertIsNone(a.poll(5))
@@ -534,7 +546,9 @@ class TestGloo(GlooBase):
         self.start([{"SOCKET": a0, "DW_AFTER": 50},
                     {"SOCKET": a1, "DW_AFTER": 50, "DW_SIGTERM_AT": 2, "SPOTAGENT_HANDLE_SIGTERM": 1}])
         outs = self.finish()
-        self.same_request(outs, outs[1]["events"][0]["id"], "shutdown", None)
+        ev = outs[1]["events"][0]
+        self.assertIsNotNone(ev["deadline"], ev)  # the real agent's join requires one
+        self.same_request(outs, ev["id"], "shutdown", datetime.datetime.fromisoformat(ev["deadline"]))
         rid = outs[0]["events"][0]["id"]
         self.assertEqual(outs[0]["events"][0]["step"], 3)
         for a in (a0, a1):
@@ -547,9 +561,10 @@ class TestGloo(GlooBase):
         common = {"SPOTAGENT_SYNC_EVERY": 4, "DW_CONNECT_FIRST": 1}
         self.start([dict(common, SOCKET=a0, DW_WAIT="request", DW_WAIT_AT=2), dict(common, SOCKET=a1)])
         self.wait_line(0, "waiting 2")
-        a0.send({"type": "checkpoint", "id": "0000000000aa", "reason": "manual", "dir": self.tmp})
+        dl, t = self.deadline()  # the real agent's requests always carry one
+        a0.send({"type": "checkpoint", "id": "0000000000aa", "reason": "manual", "dir": self.tmp, "deadline": dl})
         outs = self.finish()
-        self.assertEqual(self.same_request(outs, "0000000000aa", "manual", None), 5)  # syncs at calls 1, 5, 9...
+        self.assertEqual(self.same_request(outs, "0000000000aa", "manual", t), 5)  # syncs at calls 1, 5, 9...
         self.assertEqual([o["events"][0]["call"] for o in outs], [5, 5])
 
     def test_world_size_one_is_the_single_trainer_behaviour(self):

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // A notice source fake plus how to expose one termination notice and
@@ -169,9 +169,9 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 		}
 	}()
 
-	var conn *supervisor.Client
+	var conn *protocol.Client
 	for deadline := time.Now().Add(15 * time.Second); ; {
-		if conn, err = supervisor.Dial(context.Background(), sock); err == nil {
+		if conn, err = protocol.Dial(context.Background(), sock); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -181,12 +181,12 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer conn.Close()
-	read := func(want string, timeout time.Duration) (supervisor.Message, error) {
+	read := func(want string, timeout time.Duration) (protocol.Message, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		for {
 			m, err := conn.Recv(ctx)
-			if errors.Is(err, supervisor.ErrBadMessage) {
+			if errors.Is(err, protocol.ErrBadMessage) {
 				continue
 			}
 			if err != nil {
@@ -198,7 +198,7 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 		}
 	}
 	hctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err = conn.Hello(hctx, supervisor.Message{PID: os.Getpid()})
+	_, err = conn.Hello(hctx, protocol.Message{PID: os.Getpid()})
 	cancel()
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w (log %s)", err, logPath)
@@ -214,7 +214,7 @@ func oneNotice(c *config, dir string, cl latencyCloud, i int) (time.Duration, ti
 	// Answer like a trainer so the agent commits and exits on its own.
 	if err := os.WriteFile(filepath.Join(m.Dir, "state.bin"), []byte("x"), 0o644); err == nil {
 		step := int64(1)
-		conn.Send(context.Background(), supervisor.Message{Type: supervisor.TypeDone, ID: m.ID, Step: &step})
+		conn.Send(context.Background(), protocol.Message{Type: protocol.TypeDone, ID: m.ID, Step: &step})
 	}
 	read("stop", 10*time.Second)
 	conn.Close()

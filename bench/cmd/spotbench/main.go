@@ -8,7 +8,8 @@
 //
 // Sections (-only picks some): latency, transfer, e2e, footprint, simulate,
 // pipeline (issue 16: serial vs pipelined save and commit, PyTorch),
-// distributed (issue 15: notice → job-wide commit, 2 nodes × 2 ranks).
+// distributed (issue 15: notice → job-wide commit, 2 nodes × 2 ranks),
+// fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -54,7 +55,7 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet", "sections to run")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Parse()
 	c.pollInterval = time.Second
@@ -117,6 +118,10 @@ func main() {
 	if c.only["simulate"] {
 		step("simulate --grid")
 		must(benchSimulate(&c, r))
+	}
+	if c.only["fleet"] {
+		step("fleet view over 10,000 runs")
+		must(benchFleet(&c, r))
 	}
 	r.took = time.Since(start)
 	text := r.Markdown()

@@ -36,11 +36,6 @@ func Start(bucket string) (*Server, error) {
 	return &Server{Host: u.Host, Bucket: bucket, fake: fake}, nil
 }
 
-// CreateBucket adds another bucket.
-func (s *Server) CreateBucket(name string) {
-	s.fake.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: name})
-}
-
 // Env is what a spotagent process needs to use this server with
 // --store gs://<Bucket>/<prefix>.
 func (s *Server) Env() []string { return []string{"STORAGE_EMULATOR_HOST=" + s.Host} }

@@ -98,9 +98,6 @@ func (s *Server) checkCRC32C(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// CreateBucket adds another bucket.
-func (s *Server) CreateBucket(name string) error { return s.backend.CreateBucket(name) }
-
 // Env is what a spotagent process needs to use this server with
 // --store s3://<Bucket>/<prefix>.
 func (s *Server) Env() []string {

@@ -1,8 +1,6 @@
 package gcs_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
@@ -37,12 +35,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConformanceRealGCS(t *testing.T) {
-	bucket := os.Getenv("SPOTAGENT_TEST_GCS_BUCKET")
-	if bucket == "" {
-		fmt.Println("real GCS: not run (SPOTAGENT_TEST_GCS_BUCKET is unset)")
-		t.Log("real GCS: not run (SPOTAGENT_TEST_GCS_BUCKET is unset)")
-		return
-	}
+	bucket := cloudtest.CloudEnv(t, "SPOTAGENT_TEST_GCS_BUCKET", "real GCS")
 	cloudtest.Run(t, func(t *testing.T) cloud.Store {
 		return newStore(t, bucket, gcs.Options{})
 	})

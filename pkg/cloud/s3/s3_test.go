@@ -2,9 +2,7 @@ package s3_test
 
 import (
 	"bytes"
-	"fmt"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -41,12 +39,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConformanceRealS3(t *testing.T) {
-	bucket := os.Getenv("SPOTAGENT_TEST_S3_BUCKET")
-	if bucket == "" {
-		fmt.Println("real S3: not run (SPOTAGENT_TEST_S3_BUCKET is unset)")
-		t.Log("real S3: not run (SPOTAGENT_TEST_S3_BUCKET is unset)")
-		return
-	}
+	bucket := cloudtest.CloudEnv(t, "SPOTAGENT_TEST_S3_BUCKET", "real S3")
 	cloudtest.Run(t, func(t *testing.T) cloud.Store {
 		return newStore(t, bucket, s3.Options{PartSize: 5 << 20})
 	})

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/s3"
+	"github.com/spotagent/spotagent/pkg/fleet"
+)
+
+// stdout runs fn with os.Stdout captured.
+func stdout(t *testing.T, fn func() int) (int, string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = w
+	done := make(chan string)
+	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
+	code := fn()
+	os.Stdout = old
+	w.Close()
+	return code, <-done
+}
+
+// spotagent fleet over an S3 prefix (the in-process server, through the
+// same URI and flags a user gives): the runs' journals written by the
+// agent's journal writer, then the summary that --save-summary leaves.
+func TestCmdFleet_S3(t *testing.T) {
+	srv := s3test.New(t)
+	ctx := context.Background()
+	t0 := time.Now().Add(-48 * time.Hour).UTC()
+	for i, id := range []string{"llm-1", "llm-2", "eval-1"} {
+		st, err := s3.New(ctx, srv.Bucket, "teams/runs/"+id, s3.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		end := t0.Add(time.Duration(i+1) * time.Hour)
+		w := checkpoint.NewJournalWriter(st, &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id})
+		err = w.Update(ctx, func(j *checkpoint.Journal) {
+			j.Sessions = append(j.Sessions, checkpoint.Session{Start: t0, End: &end,
+				Instance: checkpoint.Machine{Cloud: "aws", InstanceType: "p4d.24xlarge", Zone: "us-east-1a"}})
+		})
+		st.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	uri := "s3://" + srv.Bucket + "/teams/runs"
+	for _, c := range []struct {
+		args   []string
+		source string
+		runs   int
+		hours  float64
+	}{
+		{[]string{"--store", uri, "--format", "json", "--save-summary", "--price-per-hour", "10"}, "recount", 3, 6},
+		{[]string{"--store", uri, "--format", "json", "--run-id", "llm-*"}, "summary", 2, 3},
+	} {
+		code, out := stdout(t, func() int { return cmdFleet(c.args) })
+		if code != 0 {
+			t.Fatalf("spotagent fleet %v: exit %d\n%s", c.args, code, out)
+		}
+		var rep fleet.Report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v: %v\n%s", c.args, err, out)
+		}
+		if rep.Source != c.source || rep.Total.Runs != c.runs || rep.Total.MachineHours < c.hours-1e-6 || rep.Total.MachineHours > c.hours+1e-6 {
+			t.Errorf("%v: source %s, %d runs, %v h; want %s, %d, %v", c.args, rep.Source, rep.Total.Runs, rep.Total.MachineHours, c.source, c.runs, c.hours)
+		}
+	}
+	if code, _ := stdout(t, func() int { return cmdFleet([]string{"--store", uri, "--format", "xml"}) }); code != 1 {
+		t.Errorf("--format xml: exit %d, want 1", code)
+	}
+}

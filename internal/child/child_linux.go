@@ -1,0 +1,130 @@
+package child
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// childAttr puts the trainer in its own process group, and has the kernel
+// kill it if the agent dies (kill -9, OOM): a trainer left behind would keep
+// a GPU busy and reconnect to the next agent beside the trainer that agent
+// starts. Pdeathsig follows the thread that started the child; the agent
+// never locks goroutines to threads, so Go does not retire that thread.
+// Pdeathsig reaches the trainer alone: its own children (sh -c "python
+// ...", torchrun's workers, dataloaders) are left to the guard.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// GuardArg is the only argument of a guard process: the agent's own
+// executable started again (/proc/self/exe) to watch over a trainer's
+// process group.
+const GuardArg = "__spotagent_guard"
+
+// guardStartTimeout bounds how long Start waits for a guard to say it
+// is ready; past it the trainer runs without one.
+const guardStartTimeout = 5 * time.Second
+
+// RunGuardIfAsked turns this process into a guard, and never returns, when
+// it was started as one. Call it first thing in main (and in a test
+// binary's init, for the tests that start trainers).
+func RunGuardIfAsked() {
+	if len(os.Args) == 2 && os.Args[1] == GuardArg {
+		os.Exit(runGuard())
+	}
+}
+
+// runGuard sits in the trainer's process group, ignoring the signals the
+// agent sends that group, and holds the read end of a pipe whose write end
+// only the agent has. When the pipe reaches EOF -- the agent released the
+// trainer, or died in any way, SIGKILL included, since the kernel closes a
+// dead process's files -- it SIGKILLs the whole group, itself included:
+// every grandchild that stayed in the group goes with the agent.
+func runGuard() int {
+	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	ready := os.NewFile(4, "ready")
+	ready.Write([]byte{1})
+	ready.Close()
+	io.Copy(io.Discard, os.NewFile(3, "lifeline"))
+	syscall.Kill(0, syscall.SIGKILL)
+	return 1 // not reached
+}
+
+// guard is the agent's side of one guard process.
+type guard struct {
+	pid      int
+	lifeline *os.File // write end: closing it makes the guard kill the group
+	reaped   chan struct{}
+	once     sync.Once
+}
+
+// startGuard starts a guard in process group pgid and waits until it
+// ignores the group's signals. It returns nil (the trainer then runs
+// without one) when the guard cannot start.
+func startGuard(pgid int, log *zap.Logger) (*guard, error) {
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		lifeR.Close()
+		lifeW.Close()
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	defer readyR.Close()
+	cmd := exec.Command("/proc/self/exe", GuardArg)
+	cmd.ExtraFiles = []*os.File{lifeR, readyW} // fds 3 and 4
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
+	err = cmd.Start()
+	lifeR.Close()
+	readyW.Close()
+	if err != nil {
+		lifeW.Close()
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	reaped := make(chan struct{})
+	go func() { cmd.Wait(); close(reaped) }() // release waits for it
+	readyR.SetReadDeadline(time.Now().Add(guardStartTimeout))
+	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+		cmd.Process.Kill()
+		lifeW.Close()
+		if errors.Is(err, io.EOF) {
+			err = errors.New("exited before it was ready")
+		}
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	log.Debug("trainer guard started", zap.Int("guard_pid", cmd.Process.Pid), zap.Int("pgid", pgid))
+	return &guard{pid: cmd.Process.Pid, lifeline: lifeW, reaped: reaped}, nil
+}
+
+// release makes the guard SIGKILL what is left of the group, and exit,
+// and waits (bounded) until it is reaped: nothing the agent started is
+// left behind it.
+func (g *guard) release() {
+	if g == nil {
+		return
+	}
+	g.once.Do(func() { g.lifeline.Close() })
+	select {
+	case <-g.reaped:
+	case <-time.After(5 * time.Second): // it SIGKILLs itself with the group: never seen
+	}
+}
+
+func (g *guard) PID() int {
+	if g == nil {
+		return 0
+	}
+	return g.pid
+}

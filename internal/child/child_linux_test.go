@@ -1,0 +1,113 @@
+package child
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary can be a guard too: Start re-runs /proc/self/exe.
+func init() { RunGuardIfAsked() }
+
+func TestChild_DiesWithAgent(t *testing.T) {
+	pidFile := filepath.Join(shortDir(t), "pid")
+	agent := exec.Command(os.Args[0], "-test.run=^$")
+	agent.Env = append(os.Environ(), parentHelperEnv+"="+pidFile)
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	deadline := time.Now().Add(testWait)
+	for {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("helper agent did not start its child")
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the pid file, bounded by deadline
+	}
+	agent.Process.Signal(syscall.SIGKILL)
+	agent.Wait()
+	for syscall.Kill(pid, 0) == nil {
+		if stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); strings.Contains(string(stat), ") Z ") {
+			break // killed, waiting to be reaped by init
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trainer %d still running after its agent was killed", pid)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the process to go, bounded by deadline
+	}
+}
+
+// TestChild_GrandchildDiesWithAgent: SIGKILL the agent and the trainer's
+// own children go too, not just the trainer (Pdeathsig covers only that
+// one): sh -c "sleep & wait; echo" leaves sleep under PID 1 otherwise.
+func TestChild_GrandchildDiesWithAgent(t *testing.T) {
+	dir := shortDir(t)
+	pidFile, gpidFile := filepath.Join(dir, "pid"), filepath.Join(dir, "gpid")
+	agent := exec.Command(os.Args[0], "-test.run=^$")
+	agent.Env = append(os.Environ(), parentHelperEnv+"="+pidFile,
+		parentCmdEnv+"=sleep 600 & echo $! > "+gpidFile+".tmp; mv "+gpidFile+".tmp "+gpidFile+"; wait; echo")
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	gpid := readPid(t, gpidFile)
+	readPid(t, pidFile) // the guard is in place once the helper wrote this
+	agent.Process.Signal(syscall.SIGKILL)
+	agent.Wait()
+	deadline := time.Now().Add(testWait)
+	for !processGone(gpid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("grandchild %d still running after its agent was killed", gpid)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the process to go, bounded by deadline
+	}
+}
+
+// TestChild_CloseKillsLeftovers: once released, what the trainer left in
+// its group is killed; before, Stop does not wait for the guard.
+func TestChild_CloseKillsLeftovers(t *testing.T) {
+	gpidFile := filepath.Join(shortDir(t), "gpid")
+	c, _ := startSh(t, "sleep 600 & echo $! > "+gpidFile+".tmp; mv "+gpidFile+".tmp "+gpidFile+"; exit 0")
+	gpid := readPid(t, gpidFile)
+	if code := waitExit(t, c); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if c.guard == nil {
+		t.Fatal("no guard started")
+	}
+	if processGone(gpid) {
+		t.Fatal("the leftover died before Close")
+	}
+	c.Close()
+	deadline := time.Now().Add(testWait)
+	for !processGone(gpid) || !processGone(c.guard.PID()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leftover %d or guard %d still running after Close", gpid, c.guard.PID())
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the processes to go, bounded by deadline
+	}
+}
+
+func readPid(t *testing.T, file string) int {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for {
+		if b, err := os.ReadFile(file); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pid in %s", file)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the file, bounded by deadline
+	}
+}

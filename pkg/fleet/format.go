@@ -1,0 +1,213 @@
+package fleet
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Formats are what Write writes.
+var Formats = []string{"table", "json", "csv", "html"}
+
+// Write writes rep in format: table, json, csv or html.
+func Write(w io.Writer, rep *Report, format string) error {
+	switch format {
+	case "table":
+		return writeTable(w, rep)
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	case "csv":
+		return writeCSV(w, rep)
+	case "html":
+		return WriteHTML(w, rep)
+	}
+	return fmt.Errorf("format %q: want table, json, csv or html", format)
+}
+
+// column is one figure as the table and the CSV show it.
+type column struct {
+	head  string
+	money bool
+	table func(f *Figures) string
+}
+
+func num(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+
+func optNum(v *float64, prec int) string {
+	if v == nil {
+		return ""
+	}
+	return num(*v, prec)
+}
+
+func dur(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return time.Duration(*v * float64(time.Second)).Round(time.Second).String()
+}
+
+func money(f *Figures, get func(m *Money) float64) string {
+	if f.Money == nil {
+		return ""
+	}
+	return num(get(f.Money), 2)
+}
+
+var columns = []column{
+	{"RUNS", false, func(f *Figures) string { return strconv.Itoa(f.Runs) }},
+	{"MACHINE H", false, func(f *Figures) string { return num(f.MachineHours, 1) }},
+	{"INTERRUPTIONS", false, func(f *Figures) string { return strconv.Itoa(f.Interruptions) }},
+	{"RATE/H (90 %)", false, func(f *Figures) string {
+		if f.Rate == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.4f (%.4f–%.4f)", *f.Rate, *f.RateLow, *f.RateHigh)
+	}},
+	{"NOTICE COMMITTED", false, func(f *Figures) string {
+		if f.Interruptions == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%d/%d", f.NoticeCommits, f.Interruptions)
+	}},
+	{"LEAD MEDIAN (MIN)", false, func(f *Figures) string {
+		if f.LeadMedian == nil {
+			return "-"
+		}
+		return dur(f.LeadMedian) + " (" + dur(f.LeadMin) + ")"
+	}},
+	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }},
+	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }},
+	{"GOODPUT", false, func(f *Figures) string { return num(100*f.Goodput, 1) + " %" }},
+	{"SPEND", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Spend }) }},
+	{"WASTED", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Wasted }) }},
+	{"SAVING", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Saving }) }},
+	{"PER 1K STEPS", true, func(f *Figures) string {
+		if f.Money == nil || f.Money.CostPer1kSteps == nil {
+			return "-"
+		}
+		return num(*f.Money.CostPer1kSteps, 4)
+	}},
+	{"30D FORECAST", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Forecast30d }) }},
+}
+
+func writeTable(w io.Writer, rep *Report) error {
+	priced := rep.Total.Money != nil
+	row := func(tw io.Writer, lead string, f *Figures) {
+		fmt.Fprint(tw, lead)
+		for _, c := range columns {
+			if c.money && !priced {
+				continue
+			}
+			fmt.Fprintf(tw, "\t%s", c.table(f))
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	head := func(tw io.Writer, lead string) {
+		fmt.Fprint(tw, lead)
+		for _, c := range columns {
+			if !c.money || priced {
+				fmt.Fprintf(tw, "\t%s", c.head)
+			}
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	head(tw, "CLOUD\tINSTANCE TYPE\tZONE")
+	for i := range rep.Cells {
+		c := &rep.Cells[i]
+		row(tw, orDash(c.Cloud)+"\t"+orDash(c.InstanceType)+"\t"+orDash(c.Zone), &c.Figures)
+	}
+	row(tw, "fleet\t\t", &rep.Total)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	head(tw, "RUN\tSTART\tEND")
+	for i := range rep.Runs {
+		r := &rep.Runs[i]
+		row(tw, r.ID+"\t"+r.Start.UTC().Format(time.DateTime)+"\t"+r.End.UTC().Format(time.DateTime), &r.Figures)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	t := &rep.Total
+	fmt.Fprintf(w, "fleet (%s): %d run(s), %.1f machine hours, %d interruption(s)", rep.Source, t.Runs, t.MachineHours, t.Interruptions)
+	if t.Rate != nil {
+		fmt.Fprintf(w, ", %.4f/h (90 %% interval %.4f–%.4f)", *t.Rate, *t.RateLow, *t.RateHigh)
+	}
+	fmt.Fprintf(w, ", %d with the notice checkpoint committed, %.2f h of work lost, goodput %.1f %%\n",
+		t.NoticeCommits, t.LostHours, 100*t.Goodput)
+	if m := t.Money; m != nil {
+		fmt.Fprintf(w, "spend %.2f, of which %.2f wasted by interruptions; on demand %.2f, saving %.2f", m.Spend, m.Wasted, m.OnDemand, m.Saving)
+		if m.CostPer1kSteps != nil {
+			fmt.Fprintf(w, "; %.4f per 1,000 steps", *m.CostPer1kSteps)
+		}
+		fmt.Fprintf(w, "\nforecast for the next %d days at the usage of the last %.1f day(s): spend %.2f, saving %.2f\n",
+			ForecastDays, rep.WindowDays, m.Forecast30d, m.ForecastSaving30d)
+		if m.UnpricedHours > 0 {
+			fmt.Fprintf(w, "%.1f machine hours have no price (instance types missing from the price file): not in spend\n", m.UnpricedHours)
+		}
+	}
+	for _, d := range rep.Damaged {
+		state := "not counted"
+		if d.Counted {
+			state = "the rest counted"
+		}
+		fmt.Fprintf(w, "damaged journal %s (%s): %s\n", d.Key, state, strings.Join(d.Problems, "; "))
+	}
+	return nil
+}
+
+var csvHead = []string{"scope", "cloud", "instance_type", "zone", "run", "start", "end",
+	"runs", "machine_hours", "wall_hours", "interruptions", "rate_per_hour", "rate_low", "rate_high",
+	"notice_commits", "lead_median_s", "lead_min_s", "lost_hours", "lost_steps", "between_hours",
+	"between_per_interruption_s", "restore_hours", "goodput", "steps",
+	"spend", "wasted", "on_demand", "saving", "cost_per_1k_steps", "forecast_30d", "forecast_saving_30d"}
+
+func csvRow(scope string, k Key, run string, start, end time.Time, f *Figures) []string {
+	ts := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	r := []string{scope, k.Cloud, k.InstanceType, k.Zone, run, ts(start), ts(end),
+		strconv.Itoa(f.Runs), num(f.MachineHours, 4), num(f.WallHours, 4), strconv.Itoa(f.Interruptions),
+		optNum(f.Rate, 6), optNum(f.RateLow, 6), optNum(f.RateHigh, 6), strconv.Itoa(f.NoticeCommits),
+		optNum(f.LeadMedian, 1), optNum(f.LeadMin, 1), num(f.LostHours, 4), strconv.FormatInt(f.LostSteps, 10),
+		num(f.BetweenHours, 4), optNum(f.BetweenPerInterruption, 1), num(f.RestoreHours, 4),
+		num(f.Goodput, 4), num(f.Steps, 0)}
+	if m := f.Money; m != nil {
+		r = append(r, num(m.Spend, 4), num(m.Wasted, 4), num(m.OnDemand, 4), num(m.Saving, 4),
+			optNum(m.CostPer1kSteps, 6), num(m.Forecast30d, 4), num(m.ForecastSaving30d, 4))
+	} else {
+		r = append(r, "", "", "", "", "", "", "")
+	}
+	return r
+}
+
+func writeCSV(w io.Writer, rep *Report) error {
+	cw := csv.NewWriter(w)
+	cw.Write(csvHead)
+	for i := range rep.Cells {
+		c := &rep.Cells[i]
+		cw.Write(csvRow("cell", c.Key, "", time.Time{}, time.Time{}, &c.Figures))
+	}
+	for i := range rep.Runs {
+		r := &rep.Runs[i]
+		cw.Write(csvRow("run", Key{}, r.ID, r.Start, r.End, &r.Figures))
+	}
+	cw.Write(csvRow("fleet", Key{}, "", time.Time{}, time.Time{}, &rep.Total))
+	cw.Flush()
+	return cw.Error()
+}

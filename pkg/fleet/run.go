@@ -1,0 +1,182 @@
+package fleet
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// Key is where a machine ran: the cells of the fleet table.
+type Key struct {
+	Cloud        string `json:"cloud"`
+	InstanceType string `json:"instance_type"`
+	Zone         string `json:"zone"`
+}
+
+func (k Key) String() string {
+	return fmt.Sprintf("%s/%s/%s", orDash(k.Cloud), orDash(k.InstanceType), orDash(k.Zone))
+}
+
+func compareKeys(a, b Key) int {
+	return cmp.Or(cmp.Compare(a.Cloud, b.Cloud), cmp.Compare(a.InstanceType, b.InstanceType), cmp.Compare(a.Zone, b.Zone))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// Cell is one run's time on machines of one Key, in seconds. Productive,
+// Blocked, Lost and Restore are checkpoint.Account's buckets; its "between"
+// bucket is split into After (on the machine after an interruption, paid)
+// and Gap (from a session's end to the next one's start, no machine,
+// counted against the machine before the gap). Machine is the paid time:
+// every bucket but Gap.
+type Cell struct {
+	Key
+	Machine       float64 `json:"machine_s"`
+	Productive    float64 `json:"productive_s"`
+	Blocked       float64 `json:"blocked_s"`
+	Lost          float64 `json:"lost_s"`
+	Restore       float64 `json:"restore_s"`
+	After         float64 `json:"after_s"`
+	Gap           float64 `json:"gap_s"`
+	Interruptions int     `json:"interruptions"`
+	NoticeCommits int     `json:"notice_commits"`
+	LostSteps     int64   `json:"lost_steps,omitempty"`
+}
+
+// Wall is the cell's share of the run's wall time.
+func (c *Cell) Wall() float64 { return c.Machine + c.Gap }
+
+func (c *Cell) add(o *Cell) {
+	c.Machine += o.Machine
+	c.Productive += o.Productive
+	c.Blocked += o.Blocked
+	c.Lost += o.Lost
+	c.Restore += o.Restore
+	c.After += o.After
+	c.Gap += o.Gap
+	c.Interruptions += o.Interruptions
+	c.NoticeCommits += o.NoticeCommits
+	c.LostSteps += o.LostSteps
+}
+
+// Event is one interruption of a run.
+type Event struct {
+	At        time.Time `json:"at"`               // detected
+	Cell      int       `json:"cell"`             // index into Run.Cells
+	Committed bool      `json:"committed"`        // the notice checkpoint committed
+	Lead      *float64  `json:"lead_s,omitempty"` // notice → deadline, when both are known
+	Lost      float64   `json:"lost_s"`
+}
+
+// Run is one run's contribution to the fleet, from its journal.
+type Run struct {
+	ID       string    `json:"id"`  // the journal's run_id, or its directory
+	Dir      string    `json:"dir"` // the run's prefix under the fleet root ("" for the root)
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+	Sessions int       `json:"sessions"`
+	// Steps is the newest training step known (latest.json, or the
+	// journal's restores and interruptions): the progress the run kept.
+	Steps  int64   `json:"steps"`
+	Cells  []Cell  `json:"cells"`
+	Events []Event `json:"events,omitempty"`
+	// Damage names what a damaged journal lost (checkpoint.SalvageJournal);
+	// the rest is counted.
+	Damage []string `json:"damage,omitempty"`
+	// Entries counts the journal's sessions and interruptions: a summary
+	// keeps the entry computed from the fuller journal (RecordSession).
+	Entries int `json:"entries"`
+}
+
+// Total is the run's cells added up (Key zero).
+func (r *Run) Total() Cell {
+	var t Cell
+	for i := range r.Cells {
+		t.add(&r.Cells[i])
+	}
+	return t
+}
+
+// RunFromJournal accounts j (checkpoint.Account, with now ending a session
+// that has none) and splits the result by the machine each session ran on.
+// dir is the run's prefix under the fleet root; steps the newest committed
+// step if known (0: the journal's newest).
+func RunFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+	g, err := checkpoint.Account(j, now)
+	if err != nil {
+		return nil, err
+	}
+	sess := slices.Clone(j.Sessions)
+	slices.SortStableFunc(sess, func(a, b checkpoint.Session) int { return a.Start.Compare(b.Start) })
+	r := &Run{ID: cmp.Or(j.RunID, dir), Dir: dir, Start: g.Start, End: g.End, Sessions: len(sess),
+		Steps: steps, Entries: len(j.Sessions) + len(j.Interruptions)}
+	cells := map[Key]int{}
+	cellOf := func(k Key) int {
+		i, ok := cells[k]
+		if !ok {
+			i = len(r.Cells)
+			cells[k] = i
+			r.Cells = append(r.Cells, Cell{Key: k})
+		}
+		return i
+	}
+	seen := map[int]bool{}
+	prev := -1
+	for i, gs := range g.Sessions {
+		m := sess[i].Instance
+		k := Key{m.Cloud, m.InstanceType, m.Zone}
+		// Interruptions in this session, as Account places them.
+		var ins []checkpoint.Interruption
+		for n, in := range j.Interruptions {
+			if seen[n] || in.Detected.Before(gs.Start) || in.Detected.After(gs.End) {
+				continue
+			}
+			seen[n] = true
+			ins = append(ins, in)
+		}
+		if k.InstanceType == "" && k.Zone == "" && len(ins) > 0 {
+			// An older agent's session without its machine: the notice knows it.
+			k = Key{cmp.Or(k.Cloud, ins[0].Cloud), ins[0].InstanceType, ins[0].Zone}
+		}
+		c := cellOf(k)
+		gap := 0.0
+		if i > 0 {
+			gap = max(gs.Start.Sub(g.Sessions[i-1].End).Seconds(), 0)
+			r.Cells[prev].Gap += gap
+		}
+		cl := &r.Cells[c]
+		cl.Machine += gs.Wall - gap
+		cl.Productive += gs.Seconds[checkpoint.BucketProductive]
+		cl.Blocked += gs.Seconds[checkpoint.BucketBlocked]
+		cl.Lost += gs.Seconds[checkpoint.BucketLost]
+		cl.Restore += gs.Seconds[checkpoint.BucketRestore]
+		cl.After += gs.Seconds[checkpoint.BucketBetween] - gap
+		for _, in := range ins {
+			cl.Interruptions++
+			if in.CommitOK {
+				cl.NoticeCommits++
+			}
+			cl.LostSteps += in.LostSteps
+			e := Event{At: in.Detected, Cell: c, Committed: in.CommitOK, Lost: in.LostSeconds}
+			if in.Deadline != nil && !in.Notice.IsZero() {
+				lead := in.Deadline.Sub(in.Notice).Seconds()
+				e.Lead = &lead
+			}
+			r.Events = append(r.Events, e)
+			r.Steps = max(r.Steps, in.Step)
+		}
+		prev = c
+	}
+	for _, rs := range j.Restores {
+		r.Steps = max(r.Steps, rs.Step)
+	}
+	return r, nil
+}

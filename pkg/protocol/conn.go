@@ -1,0 +1,362 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Why a connection ended, as Event.Err of its TypeDisconnected event.
+var (
+	// ErrLineTooLong: the trainer sent a line longer than MaxLine. The
+	// stream cannot be trusted past it, so the connection is closed.
+	ErrLineTooLong = errors.New("line too long")
+	// ErrConnClosed: the agent closed the connection (Close, or shutdown).
+	ErrConnClosed = errors.New("connection closed")
+	// ErrHelloTimeout: the connection said no hello and sent no line for
+	// the server's HelloTimeout.
+	ErrHelloTimeout = errors.New("no hello in time")
+	// ErrLineTimeout: a started line was not finished within LineTimeout.
+	ErrLineTimeout = errors.New("line not finished in time")
+	// ErrBufferBudget: holding this connection's unfinished line would
+	// exceed the bytes the server holds for all connections together.
+	ErrBufferBudget = errors.New("line buffer budget exceeded")
+)
+
+// Conn is one trainer connection. Send is safe for concurrent use.
+type Conn struct {
+	srv   *Server
+	id    uint64
+	nc    *net.UnixConn
+	cred  peerCredentials
+	ident string // PeerIdentity
+	log   *zap.Logger
+
+	wmu sync.Mutex // serialises writes
+
+	mu       sync.Mutex
+	hello    *Message
+	cause    error // why the agent closed it; nil while open or closed by the peer
+	outq     []queuedSend
+	flushing bool
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+	dropped   atomic.Uint64 // progress messages dropped on a full Events buffer
+}
+
+func newConn(s *Server, id uint64, nc *net.UnixConn, cred peerCredentials, ident string) *Conn {
+	fields := []zap.Field{zap.Uint64("conn", id), zap.Int("uid", cred.UID), zap.Int("pid", cred.PID)}
+	if ident != "" {
+		fields = append(fields, zap.String("peer", ident))
+	}
+	return &Conn{
+		srv:   s,
+		id:    id,
+		nc:    nc,
+		cred:  cred,
+		ident: ident,
+		log:   s.log.With(fields...),
+	}
+}
+
+// PeerIdentity names the peer for node mode's run binding: "pod:<uid>"
+// or "uid:<uid>" (empty unless the server has IdentifyPeers set).
+func (c *Conn) PeerIdentity() string { return c.ident }
+
+// ID is unique among the connections of one Server, increasing.
+func (c *Conn) ID() uint64 { return c.id }
+
+// PeerUID is the peer's uid at connect time (SO_PEERCRED).
+func (c *Conn) PeerUID() int { return c.cred.UID }
+
+// PeerPID is the peer's pid at connect time (SO_PEERCRED).
+func (c *Conn) PeerPID() int { return c.cred.PID }
+
+// Hello returns the last hello the trainer sent, if any.
+func (c *Conn) Hello() (Message, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hello == nil {
+		return Message{}, false
+	}
+	return *c.hello, true
+}
+
+// DroppedProgress counts progress messages dropped because Events was full.
+func (c *Conn) DroppedProgress() uint64 { return c.dropped.Load() }
+
+// Send writes m as one line. A write that does not finish within the
+// server's write timeout fails, and a failed write closes the connection.
+func (c *Conn) Send(m Message) error {
+	b, err := encodeLine(m)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", m.Type, err)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed.Load() {
+		return fmt.Errorf("send %s: %w", m.Type, ErrConnClosed)
+	}
+	err = c.nc.SetWriteDeadline(time.Now().Add(c.srv.cfg.WriteTimeout))
+	if err == nil {
+		_, err = c.nc.Write(b)
+	}
+	if err != nil {
+		err = fmt.Errorf("send %s: %w", m.Type, err)
+		c.closeWith(err)
+		return err
+	}
+	return nil
+}
+
+// maxQueued bounds the replies SendNoWait holds for one connection.
+const maxQueued = 16
+
+type queuedSend struct {
+	m          Message
+	closeAfter bool
+}
+
+// SendNoWait sends m in the background, in order with other SendNoWait
+// calls, for a caller that must not wait on a peer (node mode's
+// dispatcher). A peer with maxQueued replies still unsent is not reading
+// them: it is closed instead. With closeAfter the connection is closed
+// once m is sent.
+func (c *Conn) SendNoWait(m Message, closeAfter bool) {
+	c.mu.Lock()
+	if len(c.outq) >= maxQueued {
+		c.mu.Unlock()
+		c.log.Warn("peer does not read its replies: closing the connection", zap.String("type", m.Type))
+		c.closeWith(fmt.Errorf("send %s: peer does not read: %w", m.Type, ErrConnClosed))
+		return
+	}
+	c.outq = append(c.outq, queuedSend{m, closeAfter})
+	start := !c.flushing
+	c.flushing = true
+	c.mu.Unlock()
+	if start {
+		c.srv.flushers.Add(1) // Serve waits for them
+		go func() {
+			defer c.srv.flushers.Done()
+			c.flush()
+		}()
+	}
+}
+
+// Post queues m for sending, as SendNoWait, and reports at once a
+// connection that is already closed. The agent's loop sends only this
+// way: a trainer that stops reading costs its own connection (closed once
+// maxQueued messages wait), never the loop WriteTimeout per message.
+func (c *Conn) Post(m Message) error {
+	if c.closed.Load() {
+		return fmt.Errorf("send %s: %w", m.Type, ErrConnClosed)
+	}
+	c.SendNoWait(m, false)
+	return nil
+}
+
+// flush sends what SendNoWait queued until the queue is empty.
+func (c *Conn) flush() {
+	for {
+		c.mu.Lock()
+		if len(c.outq) == 0 {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		q := c.outq[0]
+		c.outq = c.outq[1:]
+		c.mu.Unlock()
+		c.Send(q.m)
+		if q.closeAfter {
+			c.Close()
+		}
+	}
+}
+
+// Close closes the connection; its reader then emits TypeDisconnected.
+func (c *Conn) Close() error {
+	return c.closeWith(ErrConnClosed)
+}
+
+func (c *Conn) closeWith(cause error) error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.cause = cause
+		c.mu.Unlock()
+		c.closed.Store(true)
+		err = c.nc.Close()
+	})
+	return err
+}
+
+// serve reads until the connection ends, then reports it: one log line and
+// one TypeDisconnected event.
+func (c *Conn) serve() {
+	partial, err := c.readLoop()
+	c.closeWith(nil)
+	c.srv.forget(c)
+	c.mu.Lock()
+	if c.cause != nil {
+		err = c.cause
+	}
+	c.mu.Unlock()
+	fields := []zap.Field{zap.Uint64("dropped_progress", c.dropped.Load())}
+	if h, ok := c.Hello(); ok && h.Rank != nil {
+		fields = append(fields, zap.Int("rank", *h.Rank))
+	}
+	switch {
+	case err != nil:
+		c.log.Warn("connection closed", append(fields, zap.Error(err))...)
+	case partial > 0:
+		c.log.Warn("connection closed by peer mid-line; partial line discarded",
+			append(fields, zap.Int("partial_bytes", partial))...)
+	default:
+		c.log.Info("connection closed by peer", fields...)
+	}
+	c.srv.emit(Event{Conn: c, Msg: Message{Type: TypeDisconnected}, Err: err})
+}
+
+// readLoop handles complete lines until EOF, an error, an oversized line
+// or a timeout. A trailing line without newline is discarded; its length
+// is returned. A clean EOF returns a nil error.
+//
+// Before hello, a connection that sends no complete line for HelloTimeout
+// is closed; after hello it may stay silent forever (trainers do). A
+// started line must end within LineTimeout, and the bytes of unfinished
+// lines are accounted against the server's MaxBuffered across all
+// connections: a line that would exceed it closes its connection.
+func (c *Conn) readLoop() (int, error) {
+	cfg := &c.srv.cfg
+	buf := make([]byte, 16<<10)
+	var (
+		pending   []byte // the unfinished line, accounted in srv.buffered
+		lineStart time.Time
+		lastLine  = time.Now()
+	)
+	defer func() { c.srv.release(len(pending)) }()
+	for {
+		var dl time.Time
+		if _, ok := c.Hello(); !ok {
+			dl = lastLine.Add(cfg.HelloTimeout)
+		}
+		if len(pending) > 0 {
+			if ld := lineStart.Add(cfg.LineTimeout); dl.IsZero() || ld.Before(dl) {
+				dl = ld
+			}
+		}
+		c.nc.SetReadDeadline(dl)
+		n, err := c.nc.Read(buf)
+		data := buf[:n]
+		for len(data) > 0 {
+			i := bytes.IndexByte(data, '\n')
+			seg := data
+			if i >= 0 {
+				seg = data[:i+1]
+			}
+			data = data[len(seg):]
+			if len(pending)+len(seg) > MaxLine {
+				c.replyError("", fmt.Sprintf("line exceeds %d bytes; closing connection", MaxLine))
+				c.closeWith(ErrLineTooLong)
+				return 0, ErrLineTooLong
+			}
+			if i < 0 {
+				if !c.srv.reserve(len(seg)) {
+					c.log.Warn("line buffer budget exceeded: closing the connection",
+						zap.Int("partial_bytes", len(pending)+len(seg)), zap.Int64("buffered_bytes", c.srv.Buffered()),
+						zap.Int64("max_buffered", cfg.MaxBuffered))
+					c.replyError("", fmt.Sprintf("agent is holding too many unfinished lines (%d bytes): closing connection", cfg.MaxBuffered))
+					c.closeWith(ErrBufferBudget)
+					return 0, ErrBufferBudget
+				}
+				if len(pending) == 0 {
+					lineStart = time.Now()
+				}
+				pending = append(pending, seg...)
+				break
+			}
+			line := seg
+			if len(pending) > 0 {
+				line = append(pending, seg...)
+			}
+			ok := c.handle(line)
+			c.srv.release(len(pending))
+			pending = pending[:0]
+			if cap(pending) > 64<<10 {
+				pending = nil // do not keep a megabyte per idle connection
+			}
+			lastLine = time.Now()
+			if !ok {
+				return 0, nil
+			}
+		}
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF):
+				return len(pending), nil
+			case errors.Is(err, os.ErrDeadlineExceeded) && len(pending) > 0:
+				c.replyError("", fmt.Sprintf("line not finished within %s; closing connection", cfg.LineTimeout))
+				c.closeWith(ErrLineTimeout)
+				return 0, ErrLineTimeout
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				c.replyError("", fmt.Sprintf("no hello within %s; closing connection", cfg.HelloTimeout))
+				c.closeWith(ErrHelloTimeout)
+				return 0, ErrHelloTimeout
+			}
+			return len(pending), err
+		}
+	}
+}
+
+// handle decodes one line and delivers it. It returns false once the server
+// is shutting down.
+func (c *Conn) handle(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return true
+	}
+	var m Message
+	if err := json.Unmarshal(b, &m); err != nil {
+		c.log.Debug("malformed line", zap.Error(err))
+		c.replyError("", "malformed json: "+err.Error())
+		return true
+	}
+	switch m.Type {
+	case TypeHello:
+		c.mu.Lock()
+		c.hello = &m
+		c.mu.Unlock()
+	case TypeProgress:
+		// Progress is advisory and the next one supersedes it: rather than
+		// block a trainer's reader on a full buffer, drop it.
+		if !c.srv.tryEmit(Event{Conn: c, Msg: m}) {
+			c.dropped.Add(1)
+		}
+		return true
+	case TypeDone, TypeSaved, TypeFailed, TypeStatus, TypeJoin, TypeBye:
+	case "":
+		c.replyError(m.ID, "missing type")
+		return true
+	default:
+		c.log.Debug("unknown message type", zap.String("type", m.Type))
+		c.replyError(m.ID, fmt.Sprintf("unknown message type %q", m.Type))
+		return true
+	}
+	return c.srv.emit(Event{Conn: c, Msg: m})
+}
+
+func (c *Conn) replyError(id, text string) {
+	// A failed reply closes the connection; the read loop then ends.
+	c.Send(Message{Type: TypeError, ID: id, Error: text})
+}

@@ -1,0 +1,127 @@
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Protocol v1: one JSON object per line over a Unix stream socket, UTF-8,
+// at most MaxLine bytes per line. Every message has "type". Unknown fields
+// are ignored; an unknown type gets an "error" reply and the connection
+// stays open. docs/protocol.md is the reference for trainer authors.
+
+// MaxLine is the longest accepted line, newline included.
+const MaxLine = 1 << 20
+
+// ProtocolVersion is sent in welcome.
+const ProtocolVersion = 1
+
+// Message types, trainer → agent.
+const (
+	TypeHello    = "hello"
+	TypeProgress = "progress"
+	TypeDone     = "done"
+	TypeSaved    = "saved" // one file of a requested checkpoint is complete
+	TypeFailed   = "failed"
+	TypeStatus   = "status" // asks for a status reply (spotagent status)
+	// TypeJoin: the job's ranks agreed on checkpoint id (another node's
+	// agent asked for it); the agent answers with its own `checkpoint`
+	// for that id, so that this node's ranks save their part of it.
+	TypeJoin = "join"
+	// TypeBye: the trainer finished its work and is about to exit 0
+	// (the client's close after training). A sidecar told to stop once
+	// every trainer said bye has nothing to save: no interruption.
+	TypeBye = "bye"
+)
+
+// Message types, agent → trainer.
+const (
+	TypeWelcome      = "welcome"
+	TypeCheckpoint   = "checkpoint"
+	TypeCommitted    = "committed"
+	TypeUploadFailed = "upload_failed"
+	TypeStop         = "stop"
+	TypeError        = "error"
+)
+
+// TypeDisconnected marks the Event a Server emits when a connection ends.
+// It is internal: never sent on the wire, and refused if a trainer sends it.
+const TypeDisconnected = "disconnected"
+
+// Checkpoint reasons.
+const (
+	ReasonPeriodic     = "periodic"
+	ReasonInterruption = "interruption"
+	ReasonShutdown     = "shutdown"
+	ReasonManual       = "manual"
+)
+
+// Message is the union of every protocol message; each type uses the
+// fields listed beside it and omits the rest.
+type Message struct {
+	Type string `json:"type"`
+
+	// hello
+	PID       int    `json:"pid,omitempty"`
+	Rank      *int   `json:"rank,omitempty"`
+	WorldSize *int   `json:"world_size,omitempty"`
+	RunID     string `json:"run_id,omitempty"` // hello (node mode) and welcome
+	// hello, from torchrun's environment when the trainer has it: the
+	// rank on its node, ranks per node, the node's rank and node count
+	LocalRank      *int `json:"local_rank,omitempty"`
+	LocalWorldSize *int `json:"local_world_size,omitempty"`
+	NodeRank       *int `json:"node_rank,omitempty"`
+	Nodes          *int `json:"nodes,omitempty"`
+
+	// progress, done, join
+	Step *int64 `json:"step,omitempty"`
+
+	// checkpoint, done, failed, committed, upload_failed, join
+	ID string `json:"id,omitempty"`
+
+	// done
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// done: how long the trainer's training was blocked by this
+	// checkpoint (staging it), when it saved in the background
+	BlockedMS *int64 `json:"blocked_ms,omitempty"`
+
+	// saved: the file, relative to the request's dir or absolute inside it
+	Path string `json:"path,omitempty"`
+
+	// failed, upload_failed, error
+	Error string `json:"error,omitempty"`
+
+	// welcome
+	Version       int     `json:"version,omitempty"`
+	CheckpointDir string  `json:"checkpoint_dir,omitempty"`
+	Resume        *Resume `json:"resume,omitempty"`
+
+	// checkpoint, stop, join
+	Reason   string     `json:"reason,omitempty"`
+	Dir      string     `json:"dir,omitempty"`
+	Deadline *time.Time `json:"deadline,omitempty"`
+
+	// committed
+	URI string `json:"uri,omitempty"`
+
+	// status reply
+	Status json.RawMessage `json:"status,omitempty"`
+}
+
+// encodeLine encodes m as one protocol line, newline included.
+func encodeLine(m Message) ([]byte, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// Resume tells a trainer where the restored checkpoint is.
+type Resume struct {
+	Dir      string          `json:"dir"`
+	Step     int64           `json:"step"`
+	ID       string          `json:"id"`
+	Manifest string          `json:"manifest"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}

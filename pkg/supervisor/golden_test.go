@@ -1,0 +1,322 @@
+package supervisor
+
+// Golden transcripts of the trainer protocol (testdata/golden/*.jsonl),
+// replayed against a real Agent here and against python/tests/fakeagent.py
+// by python/tests/test_golden.py: the Python stand-in cannot accept what the
+// agent refuses (it once accepted a join without a deadline), because both
+// must answer every transcript line for line.
+//
+// One JSON object per line:
+//
+//	{"golden": {"interval": "200ms", "node": 0}}   config (first line; node: part mode)
+//	{"trainer": {...}}          the trainer sends this message
+//	{"trainer_raw": "text"}     the trainer sends this line as is (garbage)
+//	{"agent": {...}}            the agent's next line is this message: the answer
+//	                            to the trainer's last line (the fake must make it)
+//	{"agent": {...}, "own": true}  the agent's next line, on its own initiative
+//	                            (a periodic request, after a signal or notice,
+//	                            a stop): the Python replay injects it
+//	{"do": "write", "dir": "$DIR", "file": "f", "data": "x"}  the trainer writes a file
+//	{"do": "signal"}            SIGTERM to the agent
+//	{"do": "notice", "in": "60s"}  an interruption notice due in that time
+//	{"#": "..."}                a comment
+//
+// Placeholders in agent lines: "$ANY" matches any value, "$TIME" any RFC 3339
+// time, "$NAME" binds on first sight and must be equal after, a string ending
+// in "$*" matches any string with that prefix. In trainer lines "$NAME" is
+// the bound value, "$PID" this process's pid, "$FUTURE" now + 30 s and
+// "$PAST" a minute ago. An agent line's keys must be exactly the message's.
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+type goldenLine struct {
+	Golden     *goldenConfig  `json:"golden"`
+	Trainer    map[string]any `json:"trainer"`
+	TrainerRaw *string        `json:"trainer_raw"`
+	Agent      map[string]any `json:"agent"`
+	Own        bool           `json:"own"`
+	Do         string         `json:"do"`
+	Dir        string         `json:"dir"`
+	File       string         `json:"file"`
+	Data       string         `json:"data"`
+	In         string         `json:"in"`
+	Comment    string         `json:"#"`
+}
+
+type goldenConfig struct {
+	Interval string `json:"interval"` // periodic interval (default 1h: none)
+	Node     *int   `json:"node"`     // part mode: this agent is node K of a job
+}
+
+func TestGolden(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "golden", "*.jsonl"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden transcripts (%v)", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".jsonl"), func(t *testing.T) {
+			replayGolden(t, readGolden(t, f))
+		})
+	}
+}
+
+func readGolden(t *testing.T, path string) []goldenLine {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []goldenLine
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		var g goldenLine
+		d := json.NewDecoder(strings.NewReader(l))
+		d.UseNumber()
+		d.DisallowUnknownFields()
+		if err := d.Decode(&g); err != nil {
+			t.Fatalf("%s:%d: %v", path, i+1, err)
+		}
+		lines = append(lines, g)
+	}
+	if len(lines) == 0 || lines[0].Golden == nil {
+		t.Fatalf("%s: the first line must be {\"golden\": {...}}", path)
+	}
+	return lines
+}
+
+func replayGolden(t *testing.T, lines []goldenLine) {
+	cfg := lines[0].Golden
+	interval := time.Hour
+	if cfg.Interval != "" {
+		d, err := time.ParseDuration(cfg.Interval)
+		if err != nil {
+			t.Fatal(err)
+		}
+		interval = d
+	}
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Scheduler = checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: interval})
+		c.Source = src
+		if cfg.Node != nil {
+			c.Node = NodePart(*cfg.Node)
+		}
+	})
+	conn := dialGolden(t, ar.cfg.Server.Path)
+	in := make(chan string, 64)
+	go func() {
+		defer close(in)
+		r := bufio.NewReaderSize(conn, 2<<20)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			in <- strings.TrimSpace(l)
+		}
+	}()
+	vars := map[string]any{}
+	for i, g := range lines[1:] {
+		where := fmt.Sprintf("line %d", i+2)
+		switch {
+		case g.Trainer != nil:
+			b, err := json.Marshal(substituteGolden(g.Trainer, vars))
+			if err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			sendGolden(t, conn, string(b))
+		case g.TrainerRaw != nil:
+			sendGolden(t, conn, *g.TrainerRaw)
+		case g.Agent != nil:
+			var got string
+			select {
+			case l, ok := <-in:
+				if !ok {
+					t.Fatalf("%s: connection closed, want %v", where, g.Agent)
+				}
+				got = l
+			case <-time.After(testWait):
+				t.Fatalf("%s: no line from the agent, want %v", where, g.Agent)
+			}
+			var m map[string]any
+			d := json.NewDecoder(strings.NewReader(got))
+			d.UseNumber()
+			if err := d.Decode(&m); err != nil {
+				t.Fatalf("%s: agent sent %q: %v", where, got, err)
+			}
+			if err := matchGolden(g.Agent, m, vars, ""); err != nil {
+				t.Fatalf("%s: agent sent %s\nwant %v\n%v", where, got, g.Agent, err)
+			}
+		case g.Do == "write":
+			dir, ok := vars[strings.TrimPrefix(g.Dir, "$")].(string)
+			if !ok {
+				t.Fatalf("%s: %s is not bound to a directory", where, g.Dir)
+			}
+			if err := os.WriteFile(filepath.Join(dir, g.File), []byte(g.Data), 0o600); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+		case g.Do == "signal":
+			ar.sigs <- syscall.SIGTERM
+		case g.Do == "notice":
+			d, err := time.ParseDuration(g.In)
+			if err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			now := time.Now()
+			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "golden",
+				Action: "terminate", Deadline: now.Add(d), Detected: now}
+		case g.Comment != "":
+		default:
+			t.Fatalf("%s: nothing to do", where)
+		}
+	}
+}
+
+func dialGolden(t *testing.T, path string) net.Conn {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial %s: %v", path, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
+	}
+}
+
+func sendGolden(t *testing.T, c net.Conn, line string) {
+	t.Helper()
+	c.SetWriteDeadline(time.Now().Add(testWait))
+	if _, err := c.Write([]byte(line + "\n")); err != nil {
+		t.Fatalf("write %q: %v", line, err)
+	}
+}
+
+var goldenVar = regexp.MustCompile(`^\$[A-Z][A-Z0-9_]*$`)
+
+// substituteGolden replaces placeholders in a trainer line.
+func substituteGolden(v any, vars map[string]any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = substituteGolden(e, vars)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = substituteGolden(e, vars)
+		}
+		return out
+	case string:
+		switch {
+		case x == "$PID":
+			return os.Getpid()
+		case x == "$FUTURE":
+			return time.Now().Add(30 * time.Second).UTC().Format(time.RFC3339Nano)
+		case x == "$PAST":
+			return time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+		case goldenVar.MatchString(x):
+			if b, ok := vars[x[1:]]; ok {
+				return b
+			}
+		}
+	}
+	return v
+}
+
+// matchGolden checks got against the expected value want, binding variables.
+func matchGolden(want, got any, vars map[string]any, path string) error {
+	if s, ok := want.(string); ok {
+		switch {
+		case s == "$ANY":
+			return nil
+		case s == "$TIME":
+			g, ok := got.(string)
+			if _, err := time.Parse(time.RFC3339Nano, g); !ok || err != nil {
+				return fmt.Errorf("%s: %v is not an RFC 3339 time", path, got)
+			}
+			return nil
+		case strings.HasSuffix(s, "$*"):
+			g, ok := got.(string)
+			if !ok || !strings.HasPrefix(g, strings.TrimSuffix(s, "$*")) {
+				return fmt.Errorf("%s: %v does not start with %q", path, got, strings.TrimSuffix(s, "$*"))
+			}
+			return nil
+		case goldenVar.MatchString(s):
+			name := s[1:]
+			if b, ok := vars[name]; ok {
+				if !reflect.DeepEqual(b, got) {
+					return fmt.Errorf("%s: %v, want %s = %v", path, got, s, b)
+				}
+				return nil
+			}
+			vars[name] = got
+			return nil
+		}
+	}
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: %v is not an object", path, got)
+		}
+		if wk, gk := goldenKeys(w), goldenKeys(g); !reflect.DeepEqual(wk, gk) {
+			return fmt.Errorf("%s: keys %v, want %v", path, gk, wk)
+		}
+		for k, e := range w {
+			if err := matchGolden(e, g[k], vars, path+"."+k); err != nil {
+				return err
+			}
+		}
+		return nil
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return fmt.Errorf("%s: %v, want %v", path, got, want)
+		}
+		for i := range w {
+			if err := matchGolden(w[i], g[i], vars, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if !reflect.DeepEqual(want, got) {
+		return fmt.Errorf("%s: %v (%T), want %v (%T)", path, got, got, want, want)
+	}
+	return nil
+}
+
+func goldenKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,135 @@
+"""What the agent says (``Inbox``): every message read from the socket
+updates the agent's state here, under its lock, on the connection thread."""
+
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+from ._common import PROTOCOL_VERSION, log, parse_time, trim
+from .request import CheckpointRequest, Committed
+
+if TYPE_CHECKING:
+    from .client import Agent
+
+
+class Inbox(object):
+    def __init__(self, agent: "Agent") -> None:
+        self._agent = agent
+
+    def update_request(self, msg: Dict[str, Any]) -> bool:
+        """A ``checkpoint`` for an id this client already holds (pending, or
+        returned by poll and not answered yet) updates its reason and
+        deadline in place: the agent re-sends a pending periodic request when
+        it becomes the interruption checkpoint, and answers a repeated join
+        with the same request. True when msg was such a repeat."""
+        a = self._agent
+        cid = str(msg.get("id") or "")
+        if not cid:
+            return False
+        with a._lock:
+            req = None  # type: Optional[CheckpointRequest]
+            for r in a._requests:
+                if r.id == cid and r._conn == a._conn:
+                    req = r
+                    break
+            if req is None:
+                issued = a._issued.get(cid)
+                if issued is not None and issued._conn == a._conn:
+                    req = issued
+            if req is None:
+                return False
+            if not req._answered:
+                reason = str(msg.get("reason") or "")
+                if reason:
+                    req.reason = reason
+                if "deadline" in msg:
+                    req.deadline = parse_time(msg.get("deadline"))
+                if req.reason in ("interruption", "shutdown"):
+                    a._urgent = req
+                a._cond.notify_all()
+        return True
+
+    def dispatch(self, msg: Dict[str, Any]) -> None:
+        a = self._agent
+        t = msg["type"]
+        if t == "welcome":
+            resume = msg.get("resume")
+            parsed = (None, None, None)  # type: Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
+            if isinstance(resume, dict) and resume.get("dir"):
+                meta = resume.get("metadata")
+                parsed = (
+                    str(resume["dir"]),
+                    int(resume["step"]) if resume.get("step") is not None else None,
+                    meta if isinstance(meta, dict) else None,
+                )
+            with a._lock:
+                a._welcome = msg
+                a._transport.welcomed()
+                # Resume information is fixed by the first welcome: a
+                # reconnect mid-run must not change where this run started.
+                if a._resume_from_welcome is None:
+                    a._resume_from_welcome = parsed
+                a._cond.notify_all()
+            version = msg.get("version")
+            if version not in (None, PROTOCOL_VERSION):
+                log.warning("spotagent: agent speaks protocol version %r, this client %d", version, PROTOCOL_VERSION)
+            a._welcomed.set()
+        elif t == "checkpoint":
+            if self.update_request(msg):
+                return
+            with a._lock:
+                conn = a._conn
+            req = CheckpointRequest(
+                a,
+                conn,
+                id=str(msg.get("id") or ""),
+                dir=str(msg.get("dir") or ""),
+                reason=str(msg.get("reason") or ""),
+                deadline=parse_time(msg.get("deadline")),
+            )
+            with a._lock:
+                a._seq += 1
+                req._seq = a._seq
+                a._requests.append(req)
+                if req.reason in ("interruption", "shutdown"):
+                    a._urgent = req
+                a._cond.notify_all()
+        elif t == "stop":
+            deadline = parse_time(msg.get("deadline"))
+            with a._lock:
+                a._should_stop = True
+                a._stop_reason = str(msg.get("reason") or "") or None
+                a._stop_deadline = deadline
+                a._cond.notify_all()
+            log.info("spotagent: stop requested (%s)", msg.get("reason"))
+        elif t == "committed":
+            cid = str(msg.get("id") or "")
+            with a._lock:
+                step = msg.get("step")
+                if not isinstance(step, int) or isinstance(step, bool):
+                    step = a._done_steps.get(cid)
+                c = Committed(cid, str(msg.get("uri") or ""), step)
+                a._committed[cid] = c
+                trim(a._committed, 256)
+                a._last_committed = c
+                a._cond.notify_all()
+        elif t == "upload_failed":
+            cid = str(msg.get("id") or "")
+            err = str(msg.get("error") or "")
+            log.warning("spotagent: checkpoint %s: upload failed: %s", cid, err)
+            with a._lock:
+                a._failed_uploads[cid] = err
+                trim(a._failed_uploads, 256)
+                a._cond.notify_all()
+        elif t == "error":
+            eid = str(msg.get("id") or "")
+            if not eid and a._transport.before_welcome():
+                a._transport.hello_refused(msg)
+                return
+            log.warning("spotagent: agent reported an error: %s", msg.get("error"))
+            if eid:
+                with a._lock:
+                    a._errors[eid] = str(msg.get("error") or "")
+                    trim(a._errors, 256)
+                    a._cond.notify_all()
+        else:
+            log.debug("spotagent: unknown message type %r ignored", t)
+

@@ -1,0 +1,150 @@
+"""SIGTERM in the trainer (``handle_sigterm``): where the trainer, not the
+agent, gets the signal first (a Kubernetes sidecar or node agent), it becomes
+a final ``shutdown`` checkpoint, or joins the agent's stop sequence already
+running. In a distributed job dist.py offers it to the job instead."""
+
+import datetime
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from ._common import DEFAULT_SIGTERM_GRACE, SIGTERM_MARGIN, env_float, log, utcnow
+from .request import CheckpointRequest
+
+if TYPE_CHECKING:
+    from .client import Agent
+
+
+class Sigterm(object):
+    """One process's SIGTERM: set by the handler, taken by ``poll``."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self._agent = agent
+        self.pending = False  # set by the handler
+        self.at = None  # type: Optional[float]  # time.time() of the first SIGTERM
+        self.handled = False  # poll took it
+        #: Longest wait for the commit of a SIGTERM checkpoint ($SPOTAGENT_SIGTERM_WAIT).
+        self.wait = env_float("SPOTAGENT_SIGTERM_WAIT", 60.0)
+        #: From the signal to the end of the grace ($SPOTAGENT_SIGTERM_GRACE).
+        self.grace = env_float("SPOTAGENT_SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE)
+        # monotonic: a folded SIGTERM stops by then whatever comes (Agent._local_stop)
+        self.fold_until = None  # type: Optional[float]
+
+    def install(self) -> bool:
+        """The signal handler (see Agent.handle_sigterm)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("spotagent: handle_sigterm() must be called from the main thread")
+            return False
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if not self.pending:
+                self.at = time.time()
+            self.pending = True
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return True
+
+    def take(self) -> bool:
+        """True once, at the first poll after a SIGTERM."""
+        if self.pending and not self.handled:
+            self.handled = True
+            return True
+        return False
+
+    def fold(self) -> bool:
+        """A SIGTERM while the agent's interruption (or shutdown) checkpoint
+        is in flight or committed -- a node drain on the same spot notice --
+        joins that stop sequence instead of asking for a second checkpoint:
+        the agent sends ``stop`` once it commits (or at its deadline). If no
+        stop comes by the request's deadline (plus a little), stop anyway."""
+        agent = self._agent
+        with agent._lock:
+            if agent._should_stop:
+                return True
+            urgent = agent._urgent
+            if urgent is None:
+                return False
+            self.fold_by(urgent.deadline)
+        log.info("spotagent: SIGTERM during the %s checkpoint %s: no second checkpoint, stopping with it",
+                 urgent.reason, urgent.id)
+        return True
+
+    def fold_by(self, deadline: Optional[datetime.datetime]) -> None:
+        """Stop 5 s after deadline (at most ``wait`` from now) unless the
+        agent's ``stop`` comes first."""
+        left = None if deadline is None else (deadline - utcnow()).total_seconds()
+        wait = self.wait if left is None else min(max(left, 0.0) + 5.0, self.wait)
+        self.fold_until = time.monotonic() + wait
+
+    def request(self, step: Optional[int]) -> Optional[CheckpointRequest]:
+        """The single-process SIGTERM checkpoint (None: just stop)."""
+        agent = self._agent
+        log.info("spotagent: SIGTERM: taking a final checkpoint")
+        ckdir = agent.checkpoint_dir
+        if not agent.path or not ckdir or step is None:
+            agent._stop("shutdown")
+            return None
+        d = os.path.join(ckdir, "sigterm-%d-%d" % (int(step), os.getpid()))
+        return SigtermRequest(agent, d, self.wait, self.deadline())
+
+    def deadline(self) -> datetime.datetime:
+        """The deadline of a checkpoint this process asks for on SIGTERM,
+        computed as the agent computes its own on SIGTERM (agent_notice.go
+        beginStop): the grace (25 s) from the signal, less a margin for the
+        upload, but at least half the grace. A stop deadline the agent
+        already sent is kept if it is earlier."""
+        at = self.at if self.at is not None else time.time()
+        grace = max(self.grace, 0.0)
+        left = max(grace - SIGTERM_MARGIN, grace / 2)
+        deadline = datetime.datetime.fromtimestamp(at, datetime.timezone.utc) + datetime.timedelta(seconds=left)
+        now = utcnow()
+        if deadline <= now:
+            # The signal was handled late (a long step): best effort, as
+            # the agent does with a notice seen late (LateNoticeGrace).
+            deadline = now + datetime.timedelta(seconds=min(10.0, max(grace / 2, 1.0)))
+        told = self._agent.stop_deadline
+        if told is not None and now < told < deadline:
+            deadline = told
+        return deadline
+
+
+class SigtermRequest(CheckpointRequest):
+    """The checkpoint a trainer takes because it got SIGTERM (a Kubernetes
+    pod deletion reaches the trainer container before its sidecar). ``done``
+    reports it as an unsolicited checkpoint, waits until the agent has
+    committed it (at most ``wait`` seconds), then sets ``should_stop``."""
+
+    def __init__(self, agent: "Agent", dir: str, wait: float, deadline: Optional[datetime.datetime]) -> None:
+        CheckpointRequest.__init__(self, agent, -1, id="", dir=dir, reason="shutdown", deadline=deadline)
+        self._wait = wait
+
+    def done(self, step: int, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        if not self._claim("done"):
+            return
+        agent = self._agent
+        self._join_writes()  # background writes: the files must be complete
+        self._finished.set()
+        if self._write_errors:
+            self._answered = False
+            self.fail("; ".join(self._write_errors))
+            return
+        with agent._lock:
+            before = set(agent._committed)
+        agent.checkpoint_done(step, self.dir, metadata)
+        end = time.monotonic() + self._wait
+        with agent._lock:
+            while True:
+                new = [c for k, c in agent._committed.items() if k not in before and c.step == int(step)]
+                left = end - time.monotonic()
+                if new or left <= 0 or agent._closed.is_set():
+                    break
+                agent._cond.wait(left)
+            if not new:
+                log.warning("spotagent: SIGTERM checkpoint at step %d not confirmed within %.0fs", step, self._wait)
+        agent._stop("shutdown")
+
+    def fail(self, error: str) -> None:
+        if self._claim("fail"):
+            self._agent._stop("shutdown")

@@ -1,0 +1,137 @@
+"""The Python client against the real agent binary (tests/realagent.py):
+where the fake could disagree with the agent, the agent decides."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import spotagent  # noqa: E402
+from realagent import NodeAgent, binary  # noqa: E402
+from test_client import Base  # noqa: E402
+from test_dist import GlooBase  # noqa: E402
+
+
+class FakePath(object):
+    """What GlooBase.start takes for SOCKET: anything with .path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class TestNodeRefusedHello(Base):
+    """Issue 24 item 8: `spotagent node` refuses SPOTAGENT_RUN_ID=../x; the
+    trainer must not train on unprotected without saying so."""
+
+    def setUp(self):
+        Base.setUp(self)
+        self.node = NodeAgent(self.tmp)
+
+    def tearDown(self):
+        self.node.stop()
+        Base.tearDown(self)
+
+    def test_bad_run_id_raises_from_connect(self):
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            with self.assertRaises(spotagent.AgentRefused) as cm:
+                self.connect(path=self.node.socket, run_id="../x", welcome_timeout=10)
+        self.assertIn("refused", cm.exception.error)
+        self.assertIn("run id", cm.exception.error)
+
+    def test_good_run_id_is_welcomed(self):
+        a = self.connect(path=self.node.socket, run_id="exp-1", welcome_timeout=10)
+        self.assertEqual(a.run_id, "exp-1")
+        self.assertIsNone(a.poll(1))
+
+    def test_trainer_exits_non_zero_unless_opted_out(self):
+        code = "import spotagent, sys; a = spotagent.connect(welcome_timeout=10); a.poll(1); a.close()"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTAGENT_")}
+        env.update(SPOTAGENT_SOCKET=self.node.socket, SPOTAGENT_RUN_ID="../x",
+                   PYTHONPATH=os.path.join(HERE, ".."))
+        r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(b"AgentRefused", r.stderr)
+        env["SPOTAGENT_ALLOW_UNPROTECTED"] = "1"
+        r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(b"running WITHOUT an agent", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+class Sidecar(object):
+    """``spotagent sidecar --node-rank K``: node K's agent of a multi-node job."""
+
+    def __init__(self, tmp: str, k: int, store: str) -> None:
+        self.socket = os.path.join(tmp, "node%d.sock" % k)
+        self.log_path = os.path.join(tmp, "node%d.log" % k)
+        args = [binary(), "sidecar", "--cloud", "none", "--store", store, "--run-id", "job",
+                "--node-rank", str(k), "--socket", self.socket, "--checkpoint-dir", os.path.join(tmp, "ck%d" % k),
+                "--interval", "1h", "--log-format", "json"]
+        env = dict(os.environ, AWS_EC2_METADATA_DISABLED="true")
+        env = {key: v for key, v in env.items() if not key.startswith("SPOTAGENT_")}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 20
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise AssertionError("sidecar %d did not listen:\n%s" % (k, self.log()))
+            time.sleep(0.02)  # polling for a file the agent creates, with a deadline
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class TestSigtermRealSidecars(GlooBase):
+    """Issue 24 item 1, with the real agent: two sidecars (--node-rank 0/1),
+    a 2-rank gloo job, SIGTERM (SPOTAGENT_HANDLE_SIGTERM=1) to rank 1. The
+    shutdown checkpoint offered to the job carries a deadline, both agents
+    take the join, the job checkpoint commits, and every rank stops with 75.
+    Before the fix every rank got "join: a deadline in the future is
+    required" and the store stayed empty."""
+
+    def test_sigterm_on_one_rank_commits_a_job_checkpoint(self):
+        store = os.path.join(self.tmp, "store")
+        nodes = [Sidecar(self.tmp, k, "file://" + store) for k in (0, 1)]
+        for n in nodes:
+            self.addCleanup(n.stop)
+        common = {"GROUP_WORLD_SIZE": 2, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1, "DW_AFTER": 50,
+                  "SPOTAGENT_ALLOW_UNPROTECTED": 0}
+        self.start([dict(common, SOCKET=FakePath(nodes[0].socket), GROUP_RANK=0),
+                    dict(common, SOCKET=FakePath(nodes[1].socket), GROUP_RANK=1, DW_SIGTERM_AT=2,
+                         SPOTAGENT_HANDLE_SIGTERM=1)])
+        outs = self.finish()
+        logs = "\n".join(n.log()[-3000:] for n in nodes)
+        evs = [o["events"] for o in outs]
+        self.assertEqual([len(e) for e in evs], [1, 1], logs)
+        self.assertEqual(len({(e[0]["id"], e[0]["step"], e[0]["reason"]) for e in evs}), 1, evs)
+        self.assertEqual(evs[0][0]["reason"], "shutdown")
+        self.assertIsNotNone(evs[0][0]["deadline"])
+        self.assertNotIn("deadline in the future is required", logs + "".join(o["stderr"] for o in outs))
+        self.assertEqual([o["exit_code"] for o in outs], [75, 75], logs)
+        with open(os.path.join(store, "latest.json")) as f:
+            latest = json.load(f)
+        self.assertEqual(latest.get("step"), evs[0][0]["step"], latest)
