@@ -18,6 +18,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
 // Issue 24, "What must be true": the orders in which Kubernetes (and
@@ -469,5 +470,75 @@ func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
 	}
 	if code != exitInterrupted {
 		t.Fatalf("spotagent run exited %d after a committed shutdown checkpoint and ranks that exited 75 (torchrun's own code: 1), want %d", code, exitInterrupted)
+	}
+}
+
+// (d) Node mode: one `spotagent node` for the machine, two pods of one
+// job on it (node ranks 0 and 1, SPOTAGENT_RUN_ID the job's name): each
+// pod's ranks are a part of their own, a notice on the machine makes one
+// job checkpoint of both parts, and the pods started again resume from it
+// bit-identically through the same node agent.
+func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
+	requirePython(t, true)
+	ref := ddpRef(t)
+	dir := shortTemp(t)
+	imds := fake.NewAWS(fake.AWSOptions{})
+	t.Cleanup(imds.Close)
+	sock := filepath.Join(dir, "agent.sock")
+	prefix := "file://" + filepath.Join(dir, "runs")
+	agent := start(t, nil, "node", "--store-prefix", prefix, "--checkpoint-root", filepath.Join(dir, "ckpt"),
+		"--socket", sock, "--interval", "1h", "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", "100ms",
+		"--log-format", "json")
+	agent.waitLine(`socket listening`, time.Minute)
+	st := openTestStore(t, prefix+"/it", all.Options{})
+	pods := func(sleepMS int) []*proc {
+		port := freePort(t)
+		var trs []*proc
+		for k := 0; k < ddpNodes; k++ {
+			cmd := exec.Command(python, ddpLauncher(k, port)[1:]...)
+			cmd.Dir = repo
+			cmd.Env = append(append(cleanEnv(), ddpEnv(sleepMS)...), "SPOTAGENT_SOCKET="+sock, "SPOTAGENT_RUN_ID=it")
+			trs = append(trs, startCmd(t, cmd))
+		}
+		return trs
+	}
+	first := pods(50)
+	first[1].waitLine(`rank 2 step 30\b`, 3*time.Minute)
+	imds.Notice()
+	for k, tr := range first {
+		if code := tr.wait(3 * time.Minute); code != 1 {
+			t.Errorf("pod %d: torchrun exited %d, want 1 (its workers' 75)", k, code)
+		}
+	}
+	ms := manifests(t, st)
+	if len(ms) != 1 {
+		t.Fatalf("%d committed checkpoints, want one job-wide interruption checkpoint", len(ms))
+	}
+	jobCheckpoint(t, ms[0])
+	if ms[0].Reason != "interruption" {
+		t.Errorf("checkpoint reason %q, want interruption", ms[0].Reason)
+	}
+	saved := savedSteps(first[0].output(), first[1].output())
+	for r := 0; r < ddpNodes*ddpRanks; r++ {
+		if len(saved[r]) != 1 || !strings.HasSuffix(saved[r][0], fmt.Sprintf(" %d", ms[0].Step)) {
+			t.Errorf("rank %d saved %v, want one checkpoint at step %d", r, saved[r], ms[0].Step)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	second := pods(0)
+	var outs []string
+	for k, tr := range second {
+		if code := tr.wait(3 * time.Minute); code != 0 {
+			t.Fatalf("pod %d: resumed torchrun exited %d", k, code)
+		}
+		tr.waitLine(fmt.Sprintf(`rank \d+ resuming from step %d\b`, ms[0].Step), time.Second)
+		outs = append(outs, tr.output())
+	}
+	sameFinals(t, ref, finals(t, outs...))
+	agent.signal(syscall.SIGTERM)
+	if code := agent.wait(time.Minute); code != 0 {
+		t.Errorf("node agent exit code %d, want 0", code)
 	}
 }
