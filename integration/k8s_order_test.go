@@ -542,3 +542,36 @@ func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
 		t.Errorf("node agent exit code %d, want 0", code)
 	}
 }
+
+// The stop deadline under torchrun: ranks that never answer the shutdown
+// request are SIGTERMed with their launcher's group at the deadline, as
+// a single trainer is; torchrun then exits 1 (its SignalException), never
+// 128+15. `spotagent run` must exit 75 as it does for a single trainer
+// stopped at the deadline (docs/protocol.md, "Exit codes": the previous
+// committed checkpoint stands), not pass the 1 through as a crash.
+func TestTorchrun_DeadlineKillExits75(t *testing.T) {
+	requirePython(t, true)
+	dir := shortTemp(t)
+	script := filepath.Join(dir, "deaf.py")
+	// Connects, says it is rank RANK of WORLD_SIZE, and never polls.
+	if err := os.WriteFile(script, []byte(`import os, sys, time
+sys.path.insert(0, os.path.join(os.getcwd(), "python"))
+import spotagent
+agent = spotagent.connect(sync_every=0)
+print("rank %s connected" % os.environ["RANK"], flush=True)
+while True:
+    time.sleep(1)
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, nil, append([]string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "it",
+		"--checkpoint-dir", filepath.Join(dir, "ck"), "--socket", filepath.Join(dir, "s.sock"),
+		"--cloud", "none", "--log-format", "json", "--interval", "1h", "--term-grace", "4s", "--margin", "1s", "--"},
+		torchrunCmd(1, 0, 2, freePort(t), script)...)...)
+	a.waitLine(`rank 0 connected`, 2*time.Minute)
+	a.waitLine(`rank 1 connected`, 2*time.Minute)
+	a.signal(syscall.SIGTERM)
+	if code := a.wait(2 * time.Minute); code != exitInterrupted {
+		t.Fatalf("spotagent run exited %d after stopping a deaf torchrun job at the deadline, want %d", code, exitInterrupted)
+	}
+}
