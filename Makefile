@@ -10,6 +10,9 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 TAGS    := disable_grpc_modules
 # deadcode reports functions no main and no test reaches (make lint).
 DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
+# Tests, the demo and the benchmarks never ask the cloud's link-local
+# metadata address for credentials: the AWS SDK's chain stops before IMDS.
+export AWS_EC2_METADATA_DISABLED := true
 
 .PHONY: all build release image demo test test-go test-python fuzz lint bench soak clean
 

@@ -213,7 +213,8 @@ func TestSystemdUnitSettings(t *testing.T) {
 		// 75 = EX_TEMPFAIL: interrupted, checkpoint committed, run again.
 		"RestartForceExitStatus": "75",
 		// 76: fenced by a newer session; a restart would fence it back.
-		"RestartPreventExitStatus": "76",
+		// 2, 126, 127: bad usage, trainer not executable / not found.
+		"RestartPreventExitStatus": "2 76 126 127",
 	} {
 		if got := one(t, svc, key); got != want {
 			t.Errorf("%s=%s, want %s", key, got, want)

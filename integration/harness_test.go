@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// No spotagent or SDK started here asks the link-local metadata
+	// address for credentials (tests that fake IMDS point at their fake).
+	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	bin = filepath.Join(dir, "spotagent")
 	// The tag of the shipped build (Makefile TAGS), with the race detector.
 	build := exec.Command("go", "build", "-race", "-tags", "disable_grpc_modules", "-o", bin, "./cmd/spotagent")

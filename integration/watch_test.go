@@ -32,7 +32,8 @@ func hfReference(t *testing.T, steps string) string {
 
 // watchArgs: spotagent run --watch out, with its own scratch dir and socket.
 func watchArgs(dir, out, store string, extra ...string) []string {
-	args := []string{"run", "--store", store, "--run-id", "it", "--watch", out, "--watch-quiet", "500ms",
+	// --cloud none unless extra names a fake (the last --cloud wins).
+	args := []string{"run", "--store", store, "--run-id", "it", "--cloud", "none", "--watch", out, "--watch-quiet", "500ms",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
 		"--poll-interval", "100ms", "--log-level", "info"}
 	return append(args, extra...)
@@ -186,7 +187,6 @@ func TestWatch_BadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"missing", watchArgs(dir, filepath.Join(dir, "nope"), store), "no such directory"},
 		{"pattern", watchArgs(dir, out, store, "--watch-pattern", "a/b"), "without '/'"},
 		{"regex", watchArgs(dir, out, store, "--watch-step-regex", "("), "watch step regex"},
 		{"signal", watchArgs(dir, out, store, "--notice-signal", "SIGKILL"), "--notice-signal"},
@@ -214,5 +214,21 @@ func TestWatch_BadInput(t *testing.T) {
 		if code := p.wait(time.Minute); code == 0 || !strings.Contains(p.output(), "not writable") {
 			t.Fatalf("read-only dir: exit %d:\n%s", code, p.output())
 		}
+	}
+}
+
+// TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
+// exist yet: the agent creates it (parents too) before the trainer runs.
+func TestWatch_CreatesMissingDir(t *testing.T) {
+	dir := shortTemp(t)
+	store := "file://" + filepath.Join(dir, "store")
+	out := filepath.Join(dir, "fresh", "out")
+	ran := filepath.Join(dir, "ran")
+	p := start(t, nil, append(watchArgs(dir, out, store), "--", "/bin/sh", "-c", "test -d "+out+" && touch "+ran)...)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatal("the trainer did not find DIR")
 	}
 }

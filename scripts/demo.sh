@@ -11,12 +11,18 @@
 #  6. The same trainer runs once more without any interruption (no sleeps:
 #     a second or two); the resumed run's final parameters must be
 #     identical to its, bit for bit, or the demo fails.
+#  7. `spotagent report` on the store, which the demo keeps (its path is
+#     printed) so that list, history and report can be tried afterwards.
+# Nothing here talks to a cloud: the metadata service is a fake on
+# loopback and the AWS SDK never asks the link-local address for credentials.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/spotagent}
+export AWS_EC2_METADATA_DISABLED=true
 work=$(mktemp -d /tmp/spotagent-demo.XXXXXX)
+keep=$(mktemp -d /tmp/spotagent-demo-store.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-store="file://$work/store"
+store="file://$keep/store"
 
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
@@ -33,6 +39,8 @@ port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 
 agent_flags=(--store "$store" --run-id demo --checkpoint-dir "$work/ckpt" --socket "$work/agent.sock"
   --cloud aws --interval 10s --log-format console)
+
+say "0/5  the store: $store (kept after the demo)"
 
 say "1/5  a fake EC2 metadata service that will announce a spot interruption in 20s"
 p1=$(port)
@@ -75,3 +83,16 @@ if [ "$resumed" != "$reference" ]; then
   exit 1
 fi
 echo "identical: the interruption cost no training state"
+
+say "the run's goodput (spotagent report)"
+"$BIN" report --store "$store" --advice-runs 0
+
+cat <<EOF
+
+The store is kept: try
+  $BIN list    --store $store
+  $BIN history --store $store
+  $BIN report  --store $store
+  $BIN restore --store $store --dest /tmp/restored
+Clean up with: rm -rf $keep
+EOF

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,10 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -37,12 +36,13 @@ type agentOptions struct {
 	sourceFlags                                               sourceOptions
 	logFormat, logLevel                                       string
 	fenceInterval                                             time.Duration
-	watch                                                     watchOptions // run and sidecar (watch_flags.go)
-	nodeRank, restore                                         string       // multi-node jobs (docs/distributed.md)
-	node                                                      string       // the part name nodeRank gives
+	watch                                                     watchOptions            // run and sidecar (watch_flags.go)
+	watchCfg                                                  *supervisor.WatchConfig // from watch, by resolve
+	nodeRank, restore                                         string                  // multi-node jobs (docs/distributed.md)
+	node                                                      string                  // the part name nodeRank gives
 }
 
-func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
+func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	if node {
 		fs.StringVar(&o.store, "store-prefix", "", "each run's store is this prefix + its run id: s3://bucket/runs, gs://bucket/runs, file:///dir")
 		fs.StringVar(&o.checkpointDir, "checkpoint-root", "/var/lib/spotagent", "local directory; each run gets CHECKPOINT-ROOT/RUN-ID")
@@ -78,15 +78,37 @@ func (o *agentOptions) register(fs *flag.FlagSet, node bool) {
 	o.sourceFlags.register(fs)
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+
+	if node {
+		inGroup(fs, groupRequired, "store-prefix")
+	} else {
+		inGroup(fs, groupRequired, "store")
+		inGroup(fs, groupMultiNode, "node-rank")
+	}
+	inGroup(fs, groupMultiNode, "restore")
+	inGroup(fs, groupNotices, "margin", "on-rebalance")
+	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep")
+	inGroup(fs, groupTrainer, "term-grace", "kill-after")
+	inGroup(fs, groupSecurity, "socket", "socket-mode", "allow-uid", "max-connections", "fence-interval")
+	inGroup(fs, groupOutput, "metrics-addr", "log-format", "log-level")
 }
 
-// resolve fills the defaults that depend on other flags.
-func (o *agentOptions) resolve() error {
-	if o.runID == "" && o.store != "" {
-		o.runID = defaultRunID(o.store)
-	}
-	if o.runID != "" && !checkpoint.ValidID(o.runID) {
-		return fmt.Errorf("--run-id %q: use letters, digits, '-', '_' and '.'", o.runID)
+// completions offers the fixed values of the agent's flags to the shell.
+func (o *agentOptions) completions(cmd *cobra.Command) {
+	completeWords(cmd, "interval", "auto", "5m", "15m", "30m")
+	completeWords(cmd, "on-rebalance", "checkpoint", "none")
+	completeWords(cmd, "restore", "own", "all")
+	completeWords(cmd, "cloud", clouds...)
+	completeWords(cmd, "log-format", "console", "json")
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+}
+
+// resolve fills the defaults that depend on other flags and checks every
+// flag, so that a bad value fails (exit 2) before the store or the network
+// is touched. The errors are usageErrors.
+func (o *agentOptions) resolve(node bool) error {
+	if err := o.check(node); err != nil {
+		return usageError{err}
 	}
 	if o.checkpointDir == "" {
 		base, err := os.UserCacheDir()
@@ -103,8 +125,36 @@ func (o *agentOptions) resolve() error {
 	if o.socket == "" {
 		o.socket, o.socketDefault = defaultSocket(o.runID), true
 	}
+	if o.fenceInterval == 0 {
+		o.fenceInterval = -1 // supervisor.Config: no lease
+	}
+	return nil
+}
+
+func (o *agentOptions) check(node bool) error {
+	if o.store == "" {
+		if node {
+			return errors.New("--store-prefix is required (s3://bucket/runs, gs://bucket/runs or file:///dir)")
+		}
+		return errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path)")
+	}
+	if o.runID == "" {
+		o.runID = defaultRunID(o.store)
+	}
+	if !checkpoint.ValidID(o.runID) {
+		return fmt.Errorf("--run-id %q: use letters, digits, '-', '_' and '.'", o.runID)
+	}
+	if err := o.sourceFlags.check(); err != nil {
+		return err
+	}
+	if _, err := parseInterval(o.interval); err != nil {
+		return err
+	}
 	if o.maxConns < 1 {
 		return fmt.Errorf("--max-connections must be at least 1")
+	}
+	if node && o.concurrentCommits < 1 {
+		return fmt.Errorf("--concurrent-commits must be at least 1")
 	}
 	if o.onRebalance != "checkpoint" && o.onRebalance != "none" {
 		return fmt.Errorf("--on-rebalance: want checkpoint or none, got %q", o.onRebalance)
@@ -112,11 +162,11 @@ func (o *agentOptions) resolve() error {
 	if o.fenceInterval < 0 {
 		return fmt.Errorf("--fence-interval must not be negative")
 	}
-	if o.fenceInterval == 0 {
-		o.fenceInterval = -1 // supervisor.Config: no lease
-	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
+	}
+	if o.maxRestarts < 0 {
+		return fmt.Errorf("--max-restarts must not be negative")
 	}
 	if o.restore != "own" && o.restore != "all" {
 		return fmt.Errorf("--restore: want own or all, got %q", o.restore)
@@ -140,6 +190,19 @@ func (o *agentOptions) resolve() error {
 			return fmt.Errorf("--signal: %w", err)
 		}
 		o.sig = sig
+	}
+	if _, err := o.serverConfig(nil); err != nil {
+		return err
+	}
+	if !node { // node has no watch flags
+		c, err := o.watch.config()
+		if err != nil {
+			return err
+		}
+		o.watchCfg = c
+	}
+	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
+		return err
 	}
 	return nil
 }
@@ -198,22 +261,22 @@ func (o *agentOptions) serverConfig(log *zap.Logger) (protocol.ServerConfig, err
 		MaxConns: o.maxConns, Log: log}, nil
 }
 
-// logConfig logs the effective configuration once at start.
-func logConfig(log *zap.Logger, fs *flag.FlagSet) {
-	fields := []zap.Field{}
-	fs.VisitAll(func(f *flag.Flag) {
+// logConfig logs the effective configuration once at start: at info level
+// the flags set on the command line or by the environment, at debug level
+// every flag.
+func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
+	all := log.Core().Enabled(zap.DebugLevel)
+	var fields []zap.Field
+	fs.VisitAll(func(f *pflag.Flag) {
+		if skipEnv(f.Name) || !all && !isSet(fs, f.Name) {
+			return
+		}
 		fields = append(fields, zap.String(f.Name, f.Value.String()))
 	})
-	log.Info("effective configuration", fields...)
-}
-
-// openStore opens the store and checks it is reachable, so that a bad
-// URI or credentials fail before any trainer starts.
-func openStore(ctx context.Context, uri string, so storeOptions, log *zap.Logger) (cloud.Store, error) {
-	if uri == "" {
-		return nil, errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path)")
+	if all {
+		log.Debug("effective configuration", fields...)
+		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return so.open(ctx, uri, log) // its errors name the store already
+	fields = append(fields, zap.String("others", "defaults (--log-level debug logs every flag)"))
+	log.Info("effective configuration", fields...)
 }

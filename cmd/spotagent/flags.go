@@ -1,71 +1,227 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
-// newFlagSet returns a FlagSet for one command. Parse it with parseFlags;
-// on an error return flagExit(err).
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("spotagent "+name, flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: spotagent %s [flags]\n\nflags:\n", name)
-		fs.PrintDefaults()
+// Flag groups, in the order a command's help prints them. A flag is put in
+// one with inGroup; flags in none print under "flags".
+const (
+	groupRequired  = "required"
+	groupNotices   = "notices"
+	groupSchedule  = "schedule"
+	groupTrainer   = "trainer"
+	groupStore     = "store tuning"
+	groupWatch     = "watch (zero-code mode, docs/watch.md)"
+	groupMultiNode = "multi-node (docs/distributed.md)"
+	groupSecurity  = "socket and security"
+	groupAdvice    = "advice"
+	groupOutput    = "output"
+	groupStoreURI  = "store"
+)
+
+var groupOrder = []string{groupRequired, "", groupStoreURI, groupNotices, groupSchedule, groupTrainer, groupStore, groupWatch,
+	groupMultiNode, groupSecurity, groupAdvice, groupOutput}
+
+const (
+	groupKey  = "spotagent_group"
+	envSetKey = "spotagent_env" // the flag's value came from its environment variable
+)
+
+// inGroup files the named flags of fs under group in the help.
+func inGroup(fs *pflag.FlagSet, group string, names ...string) {
+	for _, n := range names {
+		if err := fs.SetAnnotation(n, groupKey, []string{group}); err != nil {
+			panic(err) // a flag name misspelt in this package
+		}
 	}
-	return fs
 }
 
-// parseFlags applies the environment fallbacks, then parses args: every
-// flag takes its default from SPOTAGENT_<FLAG> (upper case, dashes as
-// underscores) when that is set. Asked for with -h or --help, the usage
-// goes to stdout (unless the FlagSet has its own output) and the error is
-// flag.ErrHelp; a bad flag prints the error and usage to stderr.
-func parseFlags(fs *flag.FlagSet, args []string) error {
+// envName is the environment variable a flag takes its default from:
+// SPOTAGENT_<FLAG>, upper case, dashes as underscores.
+func envName(flagName string) string {
+	return "SPOTAGENT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// skipEnv are cobra's own flags: no environment variable sets them.
+func skipEnv(name string) bool { return name == "help" || name == "version" }
+
+// noteEnv appends "(env SPOTAGENT_<FLAG>)" to the usage of every flag of
+// cmd and its subcommands (deploy/ reads these notes from `run -h`).
+func noteEnv(cmd *cobra.Command) {
+	cmd.Flags().SortFlags = false // the help lists them as registered
+	cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		if !skipEnv(f.Name) {
+			f.Usage += " (env " + envName(f.Name) + ")"
+		}
+	})
+	for _, c := range cmd.Commands() {
+		noteEnv(c)
+	}
+}
+
+// applyEnv sets every flag of cmd whose environment variable is set, before
+// the command line is parsed (so the command line wins), and shows that
+// value as the flag's default in the help.
+func applyEnv(cmd *cobra.Command) error {
 	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil {
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if err != nil || skipEnv(f.Name) {
 			return
 		}
 		env := envName(f.Name)
-		if v, ok := os.LookupEnv(env); ok {
-			if e := f.Value.Set(v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", env, v, e)
-				return
-			}
-			f.DefValue = v
+		v, ok := os.LookupEnv(env)
+		if !ok {
+			return
 		}
-		f.Usage += " (env " + env + ")"
+		if e := f.Value.Set(v); e != nil {
+			err = fmt.Errorf("%s=%q: %w", env, v, e)
+			return
+		}
+		f.DefValue = v
+		if f.Annotations == nil {
+			f.Annotations = map[string][]string{}
+		}
+		f.Annotations[envSetKey] = []string{"1"}
 	})
-	if err != nil {
-		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
-		return err
-	}
-	out := fs.Output()
-	var buf bytes.Buffer
-	fs.SetOutput(&buf)
-	err = fs.Parse(args)
-	fs.SetOutput(out)
-	if errors.Is(err, flag.ErrHelp) && out == os.Stderr {
-		out = os.Stdout
-	}
-	out.Write(buf.Bytes())
 	return err
 }
 
-// flagExit is the exit code for an error from parseFlags: 0 when help was
-// asked for, 2 (bad usage) otherwise.
-func flagExit(err error) int {
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	return 2
+// isSet reports whether the flag was given on the command line or by its
+// environment variable.
+func isSet(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && (f.Changed || f.Annotations[envSetKey] != nil)
 }
 
-func envName(flagName string) string {
-	return "SPOTAGENT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+// normalizeArgs rewrites the single-dash long flags that Go's flag package
+// accepted (-store URI, -dest=DIR, -help) to the double-dash form pflag
+// wants, with one warning on stderr. Earlier releases printed `-store` in
+// their help, so scripts written from it keep working. It stops at "--"
+// and at the first argument that is neither a flag nor a flag's value nor
+// the command's name: `run`'s trainer command and its flags are never
+// touched.
+func normalizeArgs(cmd *cobra.Command, args []string, stderr io.Writer) []string {
+	out := slices.Clone(args)
+	var old []string
+	named := false
+	for i := 0; i < len(out); i++ {
+		a := out[i]
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			if !named && a == cmd.Name() {
+				named = true
+				continue
+			}
+			break
+		}
+		double := strings.HasPrefix(a, "--")
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := cmd.Flags().Lookup(name)
+		if !double && len(name) > 1 && (f != nil || name == "help") {
+			out[i] = "-" + a
+			old = append(old, a)
+		}
+		if !double && len(name) == 1 {
+			f = cmd.Flags().ShorthandLookup(name)
+		}
+		if f != nil && !hasValue && f.NoOptDefVal == "" {
+			i++ // its value, whatever it looks like
+		}
+	}
+	if len(old) > 0 {
+		fmt.Fprintf(stderr, "spotagent: %s: single-dash long flags are deprecated; use two dashes (--%s)\n",
+			strings.Join(old, " "), strings.TrimLeft(old[0], "-"))
+	}
+	return out
+}
+
+// helpFunc prints a command's help: usage, a one-line example, what it
+// does, then its flags by group.
+func helpFunc(cmd *cobra.Command, _ []string) {
+	w := cmd.OutOrStdout()
+	if !cmd.HasParent() {
+		rootHelp(w, cmd)
+		return
+	}
+	fmt.Fprintf(w, "usage: %s\n", cmd.UseLine())
+	if cmd.Example != "" {
+		fmt.Fprintf(w, "e.g.   %s\n", cmd.Example)
+	}
+	fmt.Fprintln(w)
+	if cmd.Long != "" {
+		fmt.Fprintln(w, strings.TrimSpace(cmd.Long))
+	} else {
+		fmt.Fprintln(w, upperFirst(cmd.Short)+".")
+	}
+	if cmd.HasAvailableSubCommands() {
+		fmt.Fprintln(w, "\ncommands:")
+		for _, c := range cmd.Commands() {
+			if c.IsAvailableCommand() {
+				fmt.Fprintf(w, "  %-14s %s\n", c.Name(), c.Short)
+			}
+		}
+	}
+	groups := map[string]*pflag.FlagSet{}
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		g := ""
+		if v := f.Annotations[groupKey]; len(v) > 0 {
+			g = v[0]
+		}
+		if groups[g] == nil {
+			groups[g] = pflag.NewFlagSet(g, pflag.ContinueOnError)
+			groups[g].SortFlags = false
+		}
+		groups[g].AddFlag(f)
+	})
+	for _, g := range groupOrder {
+		fs := groups[g]
+		if fs == nil {
+			continue
+		}
+		title := g
+		if title == "" {
+			title = "flags"
+		}
+		// Not wrapped: "(env SPOTAGENT_X)" stays on its flag's line.
+		fmt.Fprintf(w, "\n%s:\n%s", title, fs.FlagUsagesWrapped(0))
+	}
+	fmt.Fprintln(w, "\nEvery flag also takes its default from the environment variable named after it.")
+}
+
+func rootHelp(w io.Writer, root *cobra.Command) {
+	fmt.Fprintf(w, "%s\n\nusage: spotagent COMMAND [flags]\ne.g.   %s\n\ncommands:\n", root.Short, root.Example)
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() || c.Name() == "help" {
+			fmt.Fprintf(w, "  %-14s %s\n", c.Name(), c.Short)
+		}
+	}
+	fmt.Fprintf(w, "\nflags:\n%s", root.Flags().FlagUsagesWrapped(0))
+	fmt.Fprintln(w, "\nspotagent COMMAND --help prints a command's flags.")
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// completeWords completes a flag's value from a fixed list.
+func completeWords(cmd *cobra.Command, flag string, words ...string) {
+	if err := cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
+		panic(err) // a flag name misspelt in this package
+	}
 }

@@ -1,10 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"os"
 	"testing"
 	"time"
 
@@ -15,20 +14,11 @@ import (
 )
 
 // stdout runs fn with os.Stdout captured.
-func stdout(t *testing.T, fn func() int) (int, string) {
+func fleetCLI(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := os.Stdout
-	os.Stdout = w
-	done := make(chan string)
-	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
-	code := fn()
-	os.Stdout = old
-	w.Close()
-	return code, <-done
+	var out, errOut bytes.Buffer
+	code := execute(append([]string{"fleet"}, args...), &out, &errOut)
+	return code, out.String() + errOut.String()
 }
 
 // spotagent fleet over an S3 prefix (the in-process server, through the
@@ -64,7 +54,7 @@ func TestCmdFleet_S3(t *testing.T) {
 		{[]string{"--store", uri, "--format", "json", "--save-summary", "--price-per-hour", "10"}, "recount", 3, 6},
 		{[]string{"--store", uri, "--format", "json", "--run-id", "llm-*"}, "summary", 2, 3},
 	} {
-		code, out := stdout(t, func() int { return cmdFleet(c.args) })
+		code, out := fleetCLI(t, c.args...)
 		if code != 0 {
 			t.Fatalf("spotagent fleet %v: exit %d\n%s", c.args, code, out)
 		}
@@ -76,7 +66,7 @@ func TestCmdFleet_S3(t *testing.T) {
 			t.Errorf("%v: source %s, %d runs, %v h; want %s, %d, %v", c.args, rep.Source, rep.Total.Runs, rep.Total.MachineHours, c.source, c.runs, c.hours)
 		}
 	}
-	if code, _ := stdout(t, func() int { return cmdFleet([]string{"--store", uri, "--format", "xml"}) }); code != 1 {
-		t.Errorf("--format xml: exit %d, want 1", code)
+	if code, _ := fleetCLI(t, "--store", uri, "--format", "xml"); code != 2 {
+		t.Errorf("--format xml: exit %d, want 2 (bad usage)", code)
 	}
 }

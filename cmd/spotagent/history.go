@@ -3,34 +3,46 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
+	"io"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-func cmdHistory(args []string) int {
-	return storeCommand("history", args, nil, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
-		j, err := checkpoint.ReadJournal(ctx, st, "")
-		if err != nil {
-			return err
-		}
-		if len(j.Sessions) == 0 {
-			fmt.Fprintln(os.Stderr, "no run journal in", st.URI(""))
-			return nil
-		}
-		printJournal(j)
-		return printJobCheckpoints(ctx, st)
-	})
+func newHistoryCmd() *cobra.Command {
+	var o readOptions
+	cmd := &cobra.Command{
+		Use:     "history",
+		Short:   "print the run journal: interruptions, restores, lost work",
+		Example: "spotagent history --store s3://my-bucket/runs/exp1",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.run(cmd, nil, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
+				j, err := checkpoint.ReadJournal(ctx, st, "")
+				if err != nil {
+					return err
+				}
+				if len(j.Sessions) == 0 {
+					return fmt.Errorf("no run journal in %s", st.URI(""))
+				}
+				out := cmd.OutOrStdout()
+				printJournal(out, j)
+				return printJobCheckpoints(ctx, st, out)
+			})
+		},
+	}
+	o.register(cmd)
+	return cmd
 }
 
 // printJobCheckpoints lists the checkpoints made of parts, with their
 // parts: which node wrote which ranks' files.
-func printJobCheckpoints(ctx context.Context, st cloud.Store) error {
+func printJobCheckpoints(ctx context.Context, st cloud.Store, out io.Writer) error {
 	entries, err := checkpoint.ListManifests(ctx, st)
 	if err != nil {
 		return err
@@ -49,50 +61,74 @@ func printJobCheckpoints(ctx context.Context, st cloud.Store) error {
 		return nil
 	}
 	latest, _ := checkpoint.ReadLatest(ctx, st)
-	fmt.Println()
-	fmt.Println("checkpoints made of parts (one per node):")
-	printCheckpoints(os.Stdout, jobs, incomplete, latest)
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "checkpoints made of parts (one per node):")
+	printCheckpoints(out, jobs, incomplete, latest)
 	return nil
 }
 
-func printJournal(j *checkpoint.Journal) {
+// printJournal prints the run's summary, its interruptions and its
+// restores; a table with no rows is left out.
+func printJournal(out io.Writer, j *checkpoint.Journal) {
 	s := j.Stats
-	fmt.Printf("run %s: %d sessions, %d checkpoints committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n\n",
+	fmt.Fprintf(out, "run %s: %d sessions, %d checkpoints committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
 		j.RunID, len(j.Sessions), s.Checkpoints, s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
 		s.CostSeconds, humanBytes(int64(s.BytesPerSec)))
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "INTERRUPTION\tCLOUD\tKIND\tINSTANCE\tDEADLINE IN\tSAVED IN\tCOMMITTED IN\tSTEP\tBYTES\tOK\tLOST\t")
-	for _, in := range j.Interruptions {
-		since := func(t *time.Time) string {
-			if t == nil {
-				return "-"
+	if len(j.Interruptions) == 0 {
+		fmt.Fprintln(out, "no interruptions")
+	} else {
+		fmt.Fprintln(out)
+		w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "INTERRUPTION\tCLOUD\tKIND\tINSTANCE\tDEADLINE IN\tSAVED IN\tCOMMITTED IN\tSTEP\tBYTES\tOK\tLOST\t")
+		for _, in := range j.Interruptions {
+			since := func(t *time.Time) string {
+				if t == nil {
+					return "-"
+				}
+				return t.Sub(in.Detected).Round(10 * time.Millisecond).String()
 			}
-			return t.Sub(in.Detected).Round(10 * time.Millisecond).String()
+			lost := seconds(in.LostSeconds).Round(time.Second).String()
+			if in.LostSteps > 0 {
+				lost += fmt.Sprintf(" (%d steps)", in.LostSteps)
+			}
+			ok, step, size := "yes", fmt.Sprint(in.Step), humanBytes(in.Bytes)
+			if !in.CommitOK {
+				ok = "NO: " + in.Error
+			}
+			if !in.CommitOK && in.Step == 0 && in.Bytes == 0 {
+				step, size = "-", "-" // nothing was saved: not step 0, 0 bytes
+			}
+			inst := in.InstanceID
+			if in.InstanceType != "" {
+				inst += " " + in.InstanceType
+			}
+			if in.Zone != "" {
+				inst += " " + in.Zone
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", in.Detected.Local().Format(time.DateTime),
+				in.Cloud, in.Kind, orDash(inst), since(in.Deadline), since(in.Done), since(in.Committed), step,
+				size, ok, lost)
 		}
-		lost := seconds(in.LostSeconds).Round(time.Second).String()
-		if in.LostSteps > 0 {
-			lost += fmt.Sprintf(" (%d steps)", in.LostSteps)
-		}
-		ok := "yes"
-		if !in.CommitOK {
-			ok = "NO: " + in.Error
-		}
-		inst := in.InstanceID
-		if in.InstanceType != "" {
-			inst += " " + in.InstanceType
-		}
-		if in.Zone != "" {
-			inst += " " + in.Zone
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", in.Detected.Local().Format(time.DateTime),
-			in.Cloud, in.Kind, orDash(inst), since(in.Deadline), since(in.Done), since(in.Committed), in.Step,
-			humanBytes(in.Bytes), ok, lost)
+		w.Flush()
 	}
-	w.Flush()
-	fmt.Println()
-	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	if len(j.Restores) == 0 {
+		fmt.Fprintln(out, "no restores")
+		return
+	}
+	nodes := false // a multi-node job: say which node each restore was
+	for _, r := range j.Restores {
+		nodes = nodes || r.Node != ""
+	}
+	fmt.Fprintln(out)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	if nodes {
+		fmt.Fprint(w, "NODE\t")
+	}
 	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tTOOK\tSKIPPED\t")
 	for _, r := range j.Restores {
+		if nodes {
+			fmt.Fprintf(w, "%s\t", orDash(r.Node))
+		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
 			humanBytes(r.Bytes), seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
 	}

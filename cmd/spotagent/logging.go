@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 
 	"go.uber.org/zap"
@@ -11,6 +12,11 @@ import (
 // newLogger builds the zap logger for --log-format and --log-level. Logs go
 // to stderr; the trainer's own output passes through unchanged.
 func newLogger(format, level string) (*zap.Logger, error) {
+	return newLoggerTo(os.Stderr, format, level)
+}
+
+// newLoggerTo is newLogger writing to w.
+func newLoggerTo(w io.Writer, format, level string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
@@ -28,6 +34,6 @@ func newLogger(format, level string) (*zap.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format: want json or console, got %q", format)
 	}
-	core := zapcore.NewCore(encoder, zapcore.Lock(os.Stderr), lvl)
+	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core).Named("spotagent"), nil
 }

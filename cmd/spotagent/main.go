@@ -3,87 +3,160 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/spf13/cobra"
 	"github.com/spotagent/spotagent/internal/child"
 )
 
 // version is set with -ldflags "-X main.version=...".
 var version = "dev"
 
-// A command is one subcommand: spotagent NAME [flags]. run returns the
-// process's exit code: 0 ok, 1 failed, 2 bad usage (flags), or the code
-// the command documents (run: the trainer's, 75, 126, 127).
-type command struct {
-	name  string
-	run   func(args []string) int
-	usage string
-}
-
-// commands is every subcommand, in the order `spotagent help` lists them.
-// Adding one is a function plus one line here; no init() registers any.
-var commands = []command{
-	{"run", cmdRun, "run a trainer: restore, checkpoint on notices and periodically, commit to the store"},
-	{"sidecar", cmdSidecar, "serve a trainer in another container (Kubernetes sidecar): no child"},
-	{"node", cmdNode, "serve every trainer on the machine, one run per run id (Kubernetes DaemonSet)"},
-	{"status", cmdStatus, "ask a running agent what it is doing: child, checkpoints, notices"},
-	{"list", cmdList, "list the checkpoints in a store"},
-	{"restore", cmdRestore, "download and verify a checkpoint into a directory"},
-	{"history", cmdHistory, "print the run journal: interruptions, restores, lost work"},
-	{"report", cmdReport, "goodput of a run: where its wall time (and money) went"},
-	{"fleet", cmdFleet, "every run under a store prefix: interruptions, lost work, goodput and money by cloud, instance type and zone"},
-	{"watch", cmdWatch, "print interruption notices as JSON lines"},
-	{"simulate", cmdSimulate, "compare checkpoint interval policies on an interruption trace"},
-	{"fake-metadata", cmdFakeMetadata, "serve a fake cloud metadata service for demos and tests"},
-	{"version", cmdVersion, "print the version"},
+// commands builds every subcommand, in the order `spotagent help` lists
+// them. Adding one is a constructor returning a *cobra.Command plus one
+// line here; no init() registers any.
+var commands = []func() *cobra.Command{
+	newRunCmd,
+	newSidecarCmd,
+	newNodeCmd,
+	newStatusCmd,
+	newListCmd,
+	newRestoreCmd,
+	newHistoryCmd,
+	newReportCmd,
+	newFleetCmd,
+	newWatchCmd,
+	newSimulateCmd,
+	newFakeMetadataCmd,
+	newVersionCmd,
 }
 
 func main() {
 	child.RunGuardIfAsked() // a guard of a trainer's process group (run); never returns
-	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// dispatch runs the command args[0] names. `spotagent help` (or -h,
-// --help) lists the commands on stdout and exits 0; `spotagent help CMD`
-// is `spotagent CMD --help`. No command or an unknown one exits 2.
-func dispatch(args []string, stdout, stderr io.Writer) int {
+// exitCode is how a command's RunE reports its exit code: 0 ok, 1 failed,
+// or the code the command documents (run: the trainer's, 75, 126, 127).
+// Any other error from cobra is bad usage: exit 2.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// exit is nil for 0, else the exitCode.
+func exit(code int) error {
+	if code == 0 {
+		return nil
+	}
+	return exitCode(code)
+}
+
+// usageError is a flag value that parsed but is not allowed (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// newRoot builds the command tree writing to stdout and stderr.
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	cobra.EnableCommandSorting = false // `spotagent help` lists them in the table's order
+	root := &cobra.Command{
+		Use:           "spotagent",
+		Short:         "spotagent keeps ML training on spot machines from losing work.",
+		Example:       "spotagent run --store s3://my-bucket/runs/exp1 -- python3 train.py",
+		Version:       version,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("spotagent {{.Version}}\n")
+	root.SetHelpFunc(helpFunc)
+	root.Flags().Bool("version", false, "print the version")
+	for _, c := range commands {
+		root.AddCommand(c())
+	}
+	noteEnv(root)
+	root.InitDefaultHelpFlag()
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			c.Short = "print a command's help: spotagent help COMMAND"
+		case "completion":
+			c.Short = "print a shell completion script: spotagent completion bash|zsh|fish"
+		}
+	}
+	return root
+}
+
+// execute runs the command args name and returns the exit code.
+// `spotagent help`, --help or -h lists the commands on stdout (exit 0);
+// `spotagent help CMD` is `spotagent CMD --help`. No command, an unknown
+// one, a bad flag or a flag value that is not allowed exit 2, with the
+// reason on stderr.
+func execute(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
 	if len(args) == 0 {
-		usage(stderr)
+		rootHelp(stderr, root)
 		return 2
 	}
-	name := args[0]
-	if name == "-h" || name == "--help" || name == "-help" || name == "help" {
-		if name == "help" && len(args) > 1 {
-			return dispatch([]string{args[1], "--help"}, stdout, stderr)
+	if cmd, _, err := root.Find(args); err == nil && cmd != root {
+		args = normalizeArgs(cmd, args, stderr)
+		if err := applyEnv(cmd); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
+			return 2
 		}
-		usage(stdout)
+	}
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	var code exitCode
+	switch {
+	case err == nil:
 		return 0
+	case errors.As(err, &code):
+		return int(code)
 	}
-	for _, c := range commands {
-		if c.name == name {
-			return c.run(args[1:])
-		}
-	}
-	fmt.Fprintf(stderr, "spotagent: unknown command %q\n", name)
-	usage(stderr)
+	fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), err)
+	fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 	return 2
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: spotagent COMMAND [flags]\n\ncommands:")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.usage)
+// failf prints "spotagent CMD: err" on stderr; its exit code is 2 for a
+// usageError, else 1.
+func failf(cmd *cobra.Command, err error) error {
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", cmd.CommandPath(), err)
+	if errors.As(err, new(usageError)) {
+		return exitCode(2)
 	}
-	fmt.Fprintln(w, "\nspotagent COMMAND --help prints a command's flags.")
+	return exitCode(1)
 }
 
-func cmdVersion(args []string) int {
-	fs := newFlagSet("version")
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
+// badUsage is a usageError formatted like fmt.Errorf.
+func badUsage(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Short:   "print the version",
+		Example: "spotagent version",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(cmd.OutOrStdout(), "spotagent", version)
+			return nil
+		},
 	}
-	fmt.Println("spotagent", version)
-	return 0
+}
+
+// failCode is failf for a function that returns an exit code.
+func failCode(cmd *cobra.Command, err error) int {
+	var code exitCode
+	errors.As(failf(cmd, err), &code)
+	return int(code)
 }

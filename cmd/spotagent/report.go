@@ -4,14 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -19,61 +18,77 @@ import (
 	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
-func cmdReport(args []string) int {
+func newReportCmd() *cobra.Command {
+	var o readOptions
 	var format, interval string
 	var price, onDemand float64
 	var ac simulate.AdviceConfig
-	more := func(fs *flag.FlagSet) {
-		fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
-		fs.DurationVar(&ac.Margin, "margin", checkpoint.DefaultMargin, "advice: the run's current --margin")
-		fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
-		fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
-		fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
-		fs.IntVar(&ac.Runs, "advice-runs", 100, "advice: simulated runs per candidate policy; 0 = no advice")
-		fs.DurationVar(&ac.Horizon, "advice-horizon", 7*24*time.Hour, "advice: length of one simulated run")
-		fs.StringVar(&format, "format", "table", "table or json")
-		fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
-		fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
+	cmd := &cobra.Command{
+		Use:     "report",
+		Short:   "goodput of a run: where its wall time (and money) went",
+		Example: "spotagent report --store s3://my-bucket/runs/exp1 --price-per-hour 1.2",
+		Args:    cobra.NoArgs,
 	}
-	return storeCommand("report", args, more, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
+	check := func() error {
 		if format != "table" && format != "json" {
-			return fmt.Errorf("--format %q: want table or json", format)
+			return badUsage("--format %q: want table or json", format)
 		}
 		var err error
 		if ac.Current, err = parseInterval(interval); err != nil {
-			return err
-		}
-		j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
-		if errors.Is(err, cloud.ErrNotExist) {
-			return fmt.Errorf("no run journal in %s", st.URI(""))
-		}
-		if err != nil {
-			return err
-		}
-		g, err := checkpoint.Account(j, time.Now())
-		if err != nil {
-			if len(damage) > 0 {
-				return fmt.Errorf("%s in %s is damaged and %w: %s", checkpoint.JournalKey, st.URI(""), err, strings.Join(damage, "; "))
-			}
-			return fmt.Errorf("no run journal in %s: %w", st.URI(""), err)
-		}
-		for _, d := range damage {
-			g.Missing = append(g.Missing, "damaged journal: "+d)
-		}
-		var adv *simulate.Advice
-		if ac.Runs > 0 {
-			adv = simulate.Advise(j, g, ac)
-		}
-		if err := writeReport(os.Stdout, g, adv, price, onDemand, format); err != nil {
-			return err
-		}
-		if len(damage) > 0 {
-			// The report above is what could be read; the exit status says
-			// that it is partial.
-			return fmt.Errorf("%s is damaged: %s", checkpoint.JournalKey, strings.Join(damage, "; "))
+			return usageError{err}
 		}
 		return nil
-	})
+	}
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return o.run(cmd, check, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
+			j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
+			if errors.Is(err, cloud.ErrNotExist) {
+				return fmt.Errorf("no run journal in %s", st.URI(""))
+			}
+			if err != nil {
+				return err
+			}
+			g, err := checkpoint.Account(j, time.Now())
+			if err != nil {
+				if len(damage) > 0 {
+					return fmt.Errorf("%s in %s is damaged and %w: %s", checkpoint.JournalKey, st.URI(""), err, strings.Join(damage, "; "))
+				}
+				return fmt.Errorf("no run journal in %s: %w", st.URI(""), err)
+			}
+			for _, d := range damage {
+				g.Missing = append(g.Missing, "damaged journal: "+d)
+			}
+			var adv *simulate.Advice
+			if ac.Runs > 0 {
+				adv = simulate.Advise(j, g, ac)
+			}
+			if err := writeReport(cmd.OutOrStdout(), j, g, adv, price, onDemand, format); err != nil {
+				return err
+			}
+			if len(damage) > 0 {
+				// The report above is what could be read; the exit status says
+				// that it is partial.
+				return fmt.Errorf("%s is damaged: %s", checkpoint.JournalKey, strings.Join(damage, "; "))
+			}
+			return nil
+		})
+	}
+	o.register(cmd)
+	fs := cmd.Flags()
+	fs.StringVar(&format, "format", "table", "table or json")
+	fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
+	fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
+	fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
+	fs.DurationVar(&ac.Margin, "margin", checkpoint.DefaultMargin, "advice: the run's current --margin")
+	fs.DurationVar(&ac.Min, "min-interval", checkpoint.DefaultMinInterval, "advice: the run's --min-interval")
+	fs.DurationVar(&ac.Max, "max-interval", checkpoint.DefaultMaxInterval, "advice: the run's --max-interval")
+	fs.Float64Var(&ac.PriorRate, "interruption-rate", checkpoint.DefaultInterruptionRate, "advice: the run's --interruption-rate")
+	fs.IntVar(&ac.Runs, "advice-runs", 100, "advice: simulated runs per candidate policy; 0 = no advice")
+	fs.DurationVar(&ac.Horizon, "advice-horizon", 7*24*time.Hour, "advice: length of one simulated run")
+	inGroup(fs, groupAdvice, "interval", "margin", "min-interval", "max-interval", "interruption-rate", "advice-runs", "advice-horizon")
+	inGroup(fs, groupOutput, "format")
+	completeWords(cmd, "format", "table", "json")
+	return cmd
 }
 
 type reportJSON struct {
@@ -82,7 +97,8 @@ type reportJSON struct {
 	Advice *simulate.Advice  `json:"advice,omitempty"`
 }
 
-func writeReport(w io.Writer, g *checkpoint.Goodput, adv *simulate.Advice, price, onDemand float64, format string) error {
+// writeReport prints the goodput g of the run journal j.
+func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -105,7 +121,7 @@ func writeReport(w io.Writer, g *checkpoint.Goodput, adv *simulate.Advice, price
 		for _, b := range checkpoint.Buckets {
 			fmt.Fprintf(tw, "\t%s", secs(s.Seconds[b]))
 		}
-		ended := "-"
+		ended := endedBy(j, s)
 		if s.Interrupted {
 			ended = "interruption (lost work)"
 			if s.NoticeOK {
@@ -168,6 +184,25 @@ func writeAdvice(w io.Writer, a *simulate.Advice) {
 		a.RecommendedFlag, seconds(a.Margin.Recommended), a.Waste, a.CurrentWaste,
 		a.CurrentWaste-a.Waste, a.DiffSE)
 	fmt.Fprintf(w, "margin (not simulated): %s\n", a.Margin.Basis)
+}
+
+// endedBy says how a session that no interruption ended ended: finished
+// (with its exit code when not 0), or still running, or with no end
+// recorded (an agent killed outright).
+func endedBy(j *checkpoint.Journal, s checkpoint.GoodputSession) string {
+	if j == nil || s.Index < 1 || s.Index > len(j.Sessions) {
+		return "-"
+	}
+	js := j.Sessions[s.Index-1]
+	switch {
+	case js.End != nil && js.ExitCode != nil && *js.ExitCode != 0:
+		return fmt.Sprintf("finished (exit %d)", *js.ExitCode)
+	case js.End != nil:
+		return "finished"
+	case s.Index == len(j.Sessions):
+		return "running (no end recorded)"
+	}
+	return "no end recorded (agent killed?)"
 }
 
 // seconds converts a journal's or the advice's float seconds.

@@ -2,113 +2,118 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-func cmdRun(args []string) int {
-	fs := newFlagSet("run")
+func newRunCmd() *cobra.Command {
 	var o agentOptions
+	cmd := &cobra.Command{
+		Use:     "run [flags] -- COMMAND [ARGS...]",
+		Short:   "run a trainer: restore, checkpoint on notices and periodically, commit to the store",
+		Example: "spotagent run --store s3://my-bucket/runs/exp1 --cloud auto -- python3 train.py",
+		Long: `Run a trainer under the agent: restore the newest checkpoint of the run, start COMMAND, ask it
+to checkpoint on interruption notices and periodically, commit each checkpoint to the store.
+Exit codes: the trainer's; 75 after an interruption whose checkpoint committed (run again);
+76 fenced by a newer session; 126/127 trainer not executable/not found; 1 a failure of the
+agent; 2 bad usage.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return failf(cmd, badUsage("no trainer command: spotagent run [flags] -- COMMAND [ARGS...]"))
+			}
+			return runAgent(cmd, &o, args, false)
+		},
+	}
+	fs := cmd.Flags()
+	fs.SetInterspersed(false) // the trainer's flags are its own
 	o.register(fs, false)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
 	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1 or SIGUSR2) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: spotagent run [flags] -- COMMAND [ARGS...]\n\nflags:")
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
-	}
-	command := fs.Args()
-	if len(command) == 0 {
-		fmt.Fprintln(os.Stderr, "spotagent run: no trainer command: spotagent run [flags] -- COMMAND [ARGS...]")
-		return 2
-	}
-	return runAgent(fs, &o, command, false)
+	inGroup(fs, groupTrainer, "max-restarts", "signal")
+	o.completions(cmd)
+	completeWords(cmd, "signal", "SIGUSR1", "SIGUSR2")
+	return cmd
 }
 
-func cmdSidecar(args []string) int {
-	fs := newFlagSet("sidecar")
+func newSidecarCmd() *cobra.Command {
 	var o agentOptions
-	o.register(fs, false)
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
+	cmd := &cobra.Command{
+		Use:     "sidecar",
+		Short:   "serve a trainer in another container (Kubernetes sidecar): no child",
+		Example: "spotagent sidecar --store s3://my-bucket/runs/exp1 --socket /var/run/spotagent/agent.sock",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runAgent(cmd, &o, nil, false)
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "spotagent sidecar: takes no command; the trainer runs in its own container")
-		return 2
-	}
-	return runAgent(fs, &o, nil, false)
+	o.register(cmd.Flags(), false)
+	o.completions(cmd)
+	return cmd
 }
 
-func cmdNode(args []string) int {
-	fs := newFlagSet("node")
+func newNodeCmd() *cobra.Command {
 	var o agentOptions
+	cmd := &cobra.Command{
+		Use:     "node",
+		Short:   "serve every trainer on the machine, one run per run id (Kubernetes DaemonSet)",
+		Example: "spotagent node --store-prefix s3://my-bucket/runs/ --socket /var/run/spotagent/agent.sock",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runAgent(cmd, &o, nil, true)
+		},
+	}
+	fs := cmd.Flags()
 	o.register(fs, true)
 	fs.IntVar(&o.concurrentCommits, "concurrent-commits", 2, "checkpoints uploaded at once across the node's runs; the rest wait, interruption checkpoints first, then the earliest deadline, then the smallest")
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "spotagent node: takes no command; trainers connect to the socket")
-		return 2
-	}
-	if o.store == "" {
-		fmt.Fprintln(os.Stderr, "spotagent node: --store-prefix is required")
-		return 2
-	}
-	if o.concurrentCommits < 1 {
-		fmt.Fprintln(os.Stderr, "spotagent node: --concurrent-commits must be at least 1")
-		return 2
-	}
-	return runAgent(fs, &o, nil, true)
+	inGroup(fs, groupStore, "concurrent-commits")
+	o.completions(cmd)
+	return cmd
 }
 
-// runAgent wires the packages together and runs the agent. A bad store,
-// socket or cloud setting fails here with one line, before any trainer runs.
-// With node set it serves every run on the machine (spotagent node).
-func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) int {
-	name := strings.TrimPrefix(fs.Name(), "spotagent ")
-	fail := func(err error) int { return failf(name, err) }
-	if err := o.resolve(); err != nil {
+// runAgent wires the packages together and runs the agent. Every flag is
+// checked first (exit 2); a bad store, socket or cloud setting then fails
+// with one line (exit 1), before any trainer runs. With node set it serves
+// every run on the machine (spotagent node).
+func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) error {
+	fail := func(err error) error { return failf(cmd, err) }
+	if err := o.resolve(node); err != nil {
 		return fail(err)
 	}
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
 		return fail(err)
 	}
-	defer log.Sync()
-	logConfig(log, fs)
+	defer func() { _ = log.Sync() }()
+	logConfig(log, cmd.Flags())
+	sched, err := o.scheduler(log)
+	if err != nil {
+		return fail(err)
+	}
+	srvCfg, err := o.serverConfig(log)
+	if err != nil {
+		return fail(err)
+	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 	ctx := context.Background()
 
-	st, err := openStore(ctx, o.store, o.storeFlags, log)
+	st, err := o.storeFlags.openStore(ctx, o.store, log)
 	if err != nil {
 		return fail(err)
 	}
 	defer st.Close()
 	src, ident, err := o.sourceFlags.open(ctx, log)
-	if err != nil {
-		return fail(err)
-	}
-	sched, err := o.scheduler(log)
-	if err != nil {
-		return fail(err)
-	}
-	srvCfg, err := o.serverConfig(log)
 	if err != nil {
 		return fail(err)
 	}
@@ -126,12 +131,26 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
 		Node: o.node, RestoreAll: o.restore == "all",
 	}
+	// The fleet's root: the parent of the run's store (--store-prefix in
+	// node mode), where the fleet summary lives (docs/fleet.md).
+	root, dir := fleet.RootOf(o.store)
+	if node {
+		root = o.store
+	}
+	if dir != "" || node {
+		if fst, err := o.storeFlags.openStore(ctx, root, log); err != nil {
+			log.Warn("fleet summary store unusable: no fleet prior, no fleet record", zap.String("store", root), zap.Error(err))
+		} else {
+			defer fst.Close()
+			cfg.Fleet, cfg.FleetDir = fst, dir
+		}
+	}
 	if node {
 		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)
 		err := supervisor.RunNode(ctx, supervisor.NodeConfig{
 			StorePrefix: o.store, CheckpointRoot: o.checkpointDir, Source: src, Identity: ident, Server: srvCfg,
 			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
-				return openStore(ctx, uri, o.storeFlags, log)
+				return o.storeFlags.openStore(ctx, uri, log)
 			},
 			NewScheduler: func() *checkpoint.Scheduler { s, _ := o.scheduler(log); return s },
 			Run:          cfg, Log: log,
@@ -139,15 +158,13 @@ func runAgent(fs *flag.FlagSet, o *agentOptions, command []string, node bool) in
 		if err != nil {
 			return fail(err)
 		}
-		return 0
+		return nil
 	}
-	if cfg.Watch, err = o.watch.config(); err != nil {
-		return fail(err)
-	}
+	cfg.Watch = o.watchCfg
 	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
 		fail(err)
-		return code // 1, or 127/126 for a trainer command not found/not executable
+		return exit(code) // 1, or 127/126 for a trainer command not found/not executable
 	}
-	return code
+	return exit(code)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,14 +10,23 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/simulate"
 )
 
-// cmdSimulate compares checkpoint interval policies on an interruption trace
-// (--trace) or synthetic ones, or prints the table of docs/frequency.md (--grid).
-func cmdSimulate(args []string) int {
-	fs := newFlagSet("simulate")
+// newSimulateCmd compares checkpoint interval policies on an interruption
+// trace (--trace) or synthetic ones, or prints the table of
+// docs/frequency.md (--grid).
+func newSimulateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "simulate",
+		Short:   "compare checkpoint interval policies on an interruption trace",
+		Example: "spotagent simulate --rate 0.1 --delta 45s --policies adaptive,fixed:15m",
+		Args:    cobra.NoArgs,
+	}
+	fs := cmd.Flags()
 	trace := fs.String("trace", "", "interruption trace: a run journal (journal.json) or CSV time,kind,lead_seconds (time: seconds from start or RFC 3339; kind: announced|unannounced|rebalance); empty = synthetic")
 	rate := fs.Float64("rate", 0.05, "synthetic: interruptions per hour")
 	duration := fs.Duration("duration", 30*24*time.Hour, "length of one run (with --trace and unset: the last event + 1h)")
@@ -35,28 +43,52 @@ func cmdSimulate(args []string) int {
 	maxIv := fs.Duration("max-interval", checkpoint.DefaultMaxInterval, "upper clamp of every policy")
 	grid := fs.Bool("grid", false, "print the docs/frequency.md table (ignores the other trace flags except seed, runs, duration, restart, upload, clamps and interruption-rate)")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "grid: parallel simulations")
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
+	inGroup(fs, "synthetic traces", "rate", "notice-success", "seed", "runs")
+	inGroup(fs, groupSchedule, "policies", "interruption-rate", "min-interval", "max-interval")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		code := simulateRun(cmd, simArgs{trace: *trace, rate: *rate, duration: *duration, notice: *notice, seed: *seed,
+			runs: *runs, policies: *policies, delta: *delta, oldDelta: *oldDelta, restart: *restart, upload: *upload,
+			prior: *prior, minIv: *minIv, maxIv: *maxIv, grid: *grid, workers: *workers})
+		return exit(code)
 	}
+	return cmd
+}
+
+// simArgs are simulate's flag values.
+type simArgs struct {
+	trace, policies                                          string
+	rate, notice, prior                                      float64
+	seed                                                     uint64
+	runs, workers                                            int
+	duration, delta, oldDelta, restart, upload, minIv, maxIv time.Duration
+	grid                                                     bool
+}
+
+func simulateRun(cmd *cobra.Command, a simArgs) int {
+	fs := cmd.Flags()
+	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	trace, duration, seed, runs, restart, upload := &a.trace, &a.duration, &a.seed, &a.runs, &a.restart, &a.upload
+	minIv, maxIv, prior, workers, grid, policies := &a.minIv, &a.maxIv, &a.prior, &a.workers, &a.grid, &a.policies
+	delta, oldDelta, rate, notice := &a.delta, &a.oldDelta, &a.rate, &a.notice
 	if *grid {
 		g := simulate.DefaultGrid()
 		g.Seed, g.Duration, g.Restart, g.Upload = *seed, *duration, *restart, *upload
-		if flagSet(fs, "runs") {
+		if isSet(fs, "runs") {
 			g.Runs = *runs
 		}
 		g.Min, g.Max, g.PriorRate, g.Workers = *minIv, *maxIv, *prior, *workers
 		start := time.Now()
 		cells := simulate.RunGrid(g)
-		if err := simulate.WriteGrid(os.Stdout, g, cells); err != nil {
-			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+		if err := simulate.WriteGrid(stdout, g, cells); err != nil {
+			fmt.Fprintln(stderr, "spotagent simulate:", err)
 			return 1
 		}
-		fmt.Fprintf(os.Stderr, "grid: %d cells in %s\n", len(cells), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "grid: %d cells in %s\n", len(cells), time.Since(start).Round(time.Millisecond))
 		return 0
 	}
 	pols, err := simulate.ParsePolicies(*policies)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+		fmt.Fprintln(stderr, "spotagent simulate:", err)
 		return 2
 	}
 	p := simulate.Params{Delta: *delta, Restart: *restart, Upload: *upload, Duration: *duration,
@@ -65,10 +97,10 @@ func cmdSimulate(args []string) int {
 	if *trace != "" {
 		evs, wall, err := readTraceFile(*trace)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "spotagent simulate:", err)
+			fmt.Fprintln(stderr, "spotagent simulate:", err)
 			return 1
 		}
-		if !flagSet(fs, "duration") {
+		if !isSet(fs, "duration") {
 			if wall > 0 {
 				p.Duration = wall
 			} else if len(evs) > 0 {
@@ -88,7 +120,7 @@ func cmdSimulate(args []string) int {
 			results[i].Add(simulate.Simulate(tr, pol, p))
 		}
 	}
-	writeSimTable(os.Stdout, pols, results, len(traces), p.Duration)
+	writeSimTable(stdout, pols, results, len(traces), p.Duration)
 	if *oldDelta > 0 {
 		q := p
 		q.Delta = *oldDelta
@@ -98,8 +130,8 @@ func cmdSimulate(args []string) int {
 				old[i].Add(simulate.Simulate(tr, pol, q))
 			}
 		}
-		fmt.Fprintf(os.Stdout, "\nthe same traces at δ=%s (above: δ=%s)\n", q.Delta, p.Delta)
-		writeSimTable(os.Stdout, pols, old, len(traces), q.Duration)
+		fmt.Fprintf(stdout, "\nthe same traces at δ=%s (above: δ=%s)\n", q.Delta, p.Delta)
+		writeSimTable(stdout, pols, old, len(traces), q.Duration)
 	}
 	return 0
 }
@@ -120,13 +152,6 @@ func readTraceFile(path string) ([]simulate.Event, time.Duration, error) {
 	}
 	evs, err := simulate.ReadTrace(bytes.NewReader(b))
 	return evs, 0, err
-}
-
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	_, env := os.LookupEnv(envName(name))
-	return set || env
 }
 
 func writeSimTable(w io.Writer, pols []simulate.Policy, rs []simulate.Result, runs int, d time.Duration) {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
+	"fmt"
+	"slices"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -17,13 +19,28 @@ type sourceOptions struct {
 	cfg   detect.Config
 }
 
-func (o *sourceOptions) register(fs *flag.FlagSet) {
+// clouds are the values of --cloud (detect.Open's names).
+var clouds = []string{"auto", "aws", "gcp", "azure", "none"}
+
+func (o *sourceOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.cloud, "cloud", "auto", "where notices come from: auto, aws, gcp, azure or none")
 	fs.DurationVar(&o.cfg.PollInterval, "poll-interval", time.Second, "metadata poll interval (AWS, Azure; GCP uses hanging GETs)")
 	fs.DurationVar(&o.cfg.AWSSpotPollInterval, "aws-spot-poll-interval", 250*time.Millisecond, "poll interval of AWS spot/instance-action (at most --poll-interval)")
 	fs.StringVar(&o.cfg.AWSEndpoint, "aws-imds-endpoint", "", "AWS IMDS endpoint (default from AWS_EC2_METADATA_SERVICE_ENDPOINT)")
 	fs.StringVar(&o.cfg.GCPHost, "gcp-metadata-host", "", "GCE metadata host:port (default from GCE_METADATA_HOST)")
 	fs.StringVar(&o.cfg.AzureEndpoint, "azure-metadata-endpoint", "", "Azure IMDS endpoint (default http://169.254.169.254)")
+	inGroup(fs, groupNotices, "cloud", "poll-interval", "aws-spot-poll-interval", "aws-imds-endpoint", "gcp-metadata-host", "azure-metadata-endpoint")
+}
+
+// check validates the flags without touching the network.
+func (o *sourceOptions) check() error {
+	if !slices.Contains(clouds, o.cloud) {
+		return fmt.Errorf("--cloud %q: want auto, aws, gcp, azure or none", o.cloud)
+	}
+	if o.cfg.PollInterval < 0 || o.cfg.AWSSpotPollInterval < 0 {
+		return fmt.Errorf("--poll-interval and --aws-spot-poll-interval must not be negative")
+	}
+	return nil
 }
 
 // open returns the source and the machine's identity. An identity that

@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
@@ -37,48 +39,48 @@ func socketDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-%d", os.Geteuid()))
 }
 
-func cmdStatus(args []string) int {
-	return runStatus(args, os.Stdout, os.Stderr)
-}
-
-// runStatus is cmdStatus with its output streams, for tests.
-func runStatus(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("status")
-	fs.SetOutput(stderr)
-	socket := fs.String("socket", "", "the agent's socket (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock or $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
-	runID := fs.String("run-id", "", "run id of the agent, to find its default socket")
-	store := fs.String("store", "", "the agent's --store, to find its default socket when --run-id is not set")
-	asJSON := fs.Bool("json", false, "print the agent's status reply as JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the agent")
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
+func newStatusCmd() *cobra.Command {
+	var socket, runID, store string
+	var asJSON bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:     "status",
+		Short:   "ask a running agent what it is doing: child, checkpoints, notices",
+		Example: "spotagent status --run-id exp1",
+		Args:    cobra.NoArgs,
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "spotagent status: %v\n", err)
-		return 1
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		stdout := cmd.OutOrStdout()
+		path, err := statusSocket(socket, runID, store)
+		if err != nil {
+			return failf(cmd, err)
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+		defer cancel()
+		raw, err := queryStatus(ctx, path)
+		if err != nil {
+			return failf(cmd, err)
+		}
+		if asJSON {
+			fmt.Fprintf(stdout, "%s\n", raw)
+			return nil
+		}
+		var st supervisor.Status
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return failf(cmd, fmt.Errorf("decode status: %w", err))
+		}
+		if err := writeStatus(stdout, &st, time.Now()); err != nil {
+			return failf(cmd, err)
+		}
+		return nil
 	}
-	path, err := statusSocket(*socket, *runID, *store)
-	if err != nil {
-		return fail(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	raw, err := queryStatus(ctx, path)
-	if err != nil {
-		return fail(err)
-	}
-	if *asJSON {
-		fmt.Fprintf(stdout, "%s\n", raw)
-		return 0
-	}
-	var st supervisor.Status
-	if err := json.Unmarshal(raw, &st); err != nil {
-		return fail(fmt.Errorf("decode status: %w", err))
-	}
-	if err := writeStatus(stdout, &st, time.Now()); err != nil {
-		return fail(err)
-	}
-	return 0
+	fs := cmd.Flags()
+	fs.StringVar(&socket, "socket", "", "the agent's socket (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock or $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
+	fs.StringVar(&runID, "run-id", "", "run id of the agent, to find its default socket")
+	fs.StringVar(&store, "store", "", "the agent's --store, to find its default socket when --run-id is not set")
+	fs.BoolVar(&asJSON, "json", false, "print the agent's status reply as JSON")
+	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the agent")
+	return cmd
 }
 
 // statusSocket picks the socket as the agent does: --socket, else the

@@ -81,7 +81,7 @@ func sampleStatus(now time.Time) supervisor.Status {
 		Child:    &supervisor.ChildStatus{PID: 4242, Running: true, Restarts: 1},
 		Trainers: 1,
 		LastCheckpoint: &supervisor.CheckpointStatus{
-			ID: "000000001200-3f9a1c", Step: 1200, At: now.Add(-4*time.Minute - 12*time.Second), Bytes: 3 << 29,
+			ID: "3f9a1c07b2e4", Step: 1200, At: now.Add(-4*time.Minute - 12*time.Second), Bytes: 3 << 29,
 		},
 		NextCheckpoint: &next,
 		Interval:       "15m0s",
@@ -95,17 +95,26 @@ func sampleStatus(now time.Time) supervisor.Status {
 	}
 }
 
+// statusSample is what status prints for sampleStatus, in UTC.
+func statusSample(t *testing.T) string {
+	t.Helper()
+	defer func(l *time.Location) { time.Local = l }(time.Local)
+	time.Local = time.UTC
+	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
+	st := sampleStatus(now)
+	var out bytes.Buffer
+	if err := writeStatus(&out, &st, now); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
 func TestWriteStatus(t *testing.T) {
 	defer func(l *time.Location) { time.Local = l }(time.Local)
 	time.Local = time.UTC
 	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 
 	t.Run("Running", func(t *testing.T) {
-		st := sampleStatus(now)
-		var out bytes.Buffer
-		if err := writeStatus(&out, &st, now); err != nil {
-			t.Fatal(err)
-		}
 		want := `run:             exp42
 store:           s3://bucket/runs/exp42
 cloud:           aws (i-0abc, g5.xlarge, us-east-1a, spot)
@@ -113,14 +122,14 @@ started:         2026-05-04 09:57:00 (2h3m0s ago)
 child:           pid 4242, running, 1 restarts
 trainers:        1 connected
 step:            1530 (newest progress)
-last checkpoint: step 1200, id 000000001200-3f9a1c, 4m12s ago, 1.5 GiB
+last checkpoint: step 1200, id 3f9a1c07b2e4, 4m12s ago, 1.5 GiB
 next checkpoint: in 10m48s (2026-05-04 12:10:48)
 interval:        15m0s
 uploading:       1 (requests awaiting the trainer: 0)
 notices seen:    2, last: aws rebalance seen 5m0s ago
 stopping:        no
 `
-		if got := out.String(); got != want {
+		if got := statusSample(t); got != want {
 			t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 		}
 	})
@@ -148,6 +157,12 @@ stopping:        no
 	})
 }
 
+// runStatus runs `spotagent status ARGS` in-process.
+func runStatus(t *testing.T, args []string, stdout, stderr *bytes.Buffer) int {
+	t.Helper()
+	return execute(append([]string{"status"}, args...), stdout, stderr)
+}
+
 func TestRunStatus(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Second)
 
@@ -155,11 +170,11 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		fakeAgent(t, path, sampleStatus(now), false)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		for _, want := range []string{"run:             exp42\n", "child:           pid 4242, running, 1 restarts\n",
-			"last checkpoint: step 1200, id 000000001200-3f9a1c, "} {
+			"last checkpoint: step 1200, id 3f9a1c07b2e4, "} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
 			}
@@ -169,7 +184,7 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		fakeAgent(t, path, sampleStatus(now), false)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path, "--json"}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path, "--json"}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		var got supervisor.Status
@@ -184,7 +199,7 @@ func TestRunStatus(t *testing.T) {
 		path := filepath.Join(shortTempDir(t), "exp42.sock")
 		hellos := fakeAgent(t, path, sampleStatus(now), true)
 		var out, errb bytes.Buffer
-		if code := runStatus([]string{"--socket", path}, &out, &errb); code != 0 {
+		if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 0 {
 			t.Fatalf("exit %d, stderr %q", code, errb.String())
 		}
 		if len(hellos) != 1 {
@@ -199,7 +214,7 @@ func TestRunStatus(t *testing.T) {
 		fakeAgent(t, defaultSocket("exp42"), sampleStatus(now), false)
 		for _, args := range [][]string{{"--run-id", "exp42"}, {"--store", "s3://bucket/runs/exp42"}, nil} {
 			var out, errb bytes.Buffer
-			if code := runStatus(args, &out, &errb); code != 0 {
+			if code := runStatus(t, args, &out, &errb); code != 0 {
 				t.Fatalf("%v: exit %d, stderr %q", args, code, errb.String())
 			}
 			if !strings.HasPrefix(out.String(), "run:             exp42\n") {
@@ -222,7 +237,7 @@ func TestRunStatus(t *testing.T) {
 		}
 		for _, path := range []string{filepath.Join(dir, "missing.sock"), stale} {
 			var out, errb bytes.Buffer
-			if code := runStatus([]string{"--socket", path}, &out, &errb); code != 1 {
+			if code := runStatus(t, []string{"--socket", path}, &out, &errb); code != 1 {
 				t.Fatalf("%s: exit %d, want 1", path, code)
 			}
 			want := fmt.Sprintf("spotagent status: no agent listening at %s\n", path)
@@ -234,7 +249,7 @@ func TestRunStatus(t *testing.T) {
 	t.Run("ErrNoSocketDir", func(t *testing.T) {
 		t.Setenv("TMPDIR", shortTempDir(t))
 		var out, errb bytes.Buffer
-		if code := runStatus(nil, &out, &errb); code != 1 {
+		if code := runStatus(t, nil, &out, &errb); code != 1 {
 			t.Fatalf("exit %d, want 1", code)
 		}
 		if !strings.Contains(errb.String(), "no agent socket in") || strings.Count(errb.String(), "\n") != 1 {

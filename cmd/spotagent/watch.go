@@ -3,30 +3,44 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
-// cmdWatch prints the machine's identity (to the log, stderr) and every
+// newWatchCmd prints the machine's identity (to the log, stderr) and every
 // interruption notice as one JSON line on stdout, until SIGINT/SIGTERM.
-func cmdWatch(args []string) int {
-	fs := newFlagSet("watch")
+func newWatchCmd() *cobra.Command {
 	var so sourceOptions
-	so.register(fs)
-	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if err := parseFlags(fs, args); err != nil {
-		return flagExit(err)
+	var level string
+	cmd := &cobra.Command{
+		Use:     "watch",
+		Short:   "print interruption notices as JSON lines",
+		Example: "spotagent watch --cloud aws",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return exit(watchNotices(cmd, &so, level))
+		},
 	}
-	log, err := newLogger("console", *level) // stderr: stdout is for the notices
+	so.register(cmd.Flags())
+	cmd.Flags().StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	inGroup(cmd.Flags(), groupOutput, "log-level")
+	completeWords(cmd, "cloud", clouds...)
+	return cmd
+}
+
+func watchNotices(cmd *cobra.Command, so *sourceOptions, level string) int {
+	if err := so.check(); err != nil {
+		return failCode(cmd, usageError{err})
+	}
+	log, err := newLogger("console", level) // stderr: stdout is for the notices
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "spotagent watch:", err)
-		return 2
+		return failCode(cmd, usageError{err})
 	}
 	defer func() { _ = log.Sync() }()
 
@@ -42,7 +56,7 @@ func cmdWatch(args []string) int {
 	notices := make(chan metadata.Notice, 16)
 	done := make(chan error, 1)
 	go func() { done <- src.Watch(ctx, notices) }()
-	enc := json.NewEncoder(os.Stdout)
+	enc := json.NewEncoder(cmd.OutOrStdout())
 	for {
 		select {
 		case n := <-notices:

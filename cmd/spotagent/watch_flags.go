@@ -1,9 +1,10 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/spotagent/spotagent/pkg/supervisor"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -16,13 +17,14 @@ type watchOptions struct {
 	prune                                         bool
 }
 
-func (o *watchOptions) register(fs *flag.FlagSet) {
+func (o *watchOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.dir, "watch", "", "zero-code mode: commit the checkpoints the trainer saves on its own into this directory, and restore the newest into it before the trainer starts (docs/watch.md)")
 	fs.StringVar(&o.pattern, "watch-pattern", watch.DefaultPattern, "with --watch: glob of checkpoint names directly in the directory, directories or files (e.g. '*.ckpt', 'model_*.pt')")
 	fs.StringVar(&o.stepRegex, "watch-step-regex", "", "with --watch: regexp whose first group (or whole match) is the step in a checkpoint's name (default: the last integer in the name, a file's extension dropped)")
 	fs.StringVar(&o.marker, "watch-marker", watch.MarkerAuto, "with --watch: file a directory checkpoint must hold to be complete: auto (trainer_state.json for checkpoint-<N>, Hugging Face), none, or a name")
 	fs.DurationVar(&o.quiet, "watch-quiet", watch.DefaultQuiet, "with --watch: a checkpoint is complete once nothing in it changed for this long (and its marker is there)")
 	fs.BoolVar(&o.prune, "watch-prune", false, "with --watch: delete checkpoints older than the newest committed one from the directory, keeping --keep of them (off: the trainer's files are never deleted)")
+	defer inGroup(fs, groupWatch, "watch", "watch-pattern", "watch-step-regex", "watch-marker", "watch-quiet", "watch-prune", "notice-signal")
 	fs.StringVar(&o.noticeSignal, "notice-signal", "", "with --watch: on a termination notice send this signal (e.g. SIGTERM) to the trainer's process group, for frameworks that save when signalled (default: none)")
 }
 

@@ -260,9 +260,13 @@ TimeoutStopSec=90s
 # Exit 76 means a newer session (the ASG's replacement, started before this
 # instance ends) took the run over through the store's lease: restarting would
 # take it back and fence the newer one, so it is never restarted.
+# Exit 126/127: the trainer command is not executable / not found, and 2: bad
+# usage (a flag or SPOTAGENT_* value in the env file that is not allowed, or
+# the trainer's own usage error). They fail the same way every time: a restart
+# would only loop; fix the env file and start the unit again.
 Restart=on-failure
 RestartForceExitStatus=75
-RestartPreventExitStatus=76
+RestartPreventExitStatus=2 76 126 127
 RestartSec=15s
 SyslogIdentifier=spotagent-%i
 

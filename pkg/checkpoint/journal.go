@@ -78,6 +78,9 @@ type RestoreEntry struct {
 	Bytes        int64     `json:"bytes"`
 	Seconds      float64   `json:"seconds"`
 	Skipped      []string  `json:"skipped,omitempty"`
+	// Node is the part of a multi-node job whose agent restored
+	// (node-<k>); empty for a single-node run.
+	Node string `json:"node,omitempty"`
 }
 
 // Stats are the running measurements a restarted run starts from.

@@ -63,7 +63,9 @@ func writeLatest(ctx context.Context, st cloud.Store, epoch int64, sawEpoch func
 // Lease.Publish for the fenced write.
 func UpdateLatest(ctx context.Context, st cloud.Store, l Latest) error {
 	return writeLatest(ctx, st, 0, nil, func(cur Latest, exists bool) (Latest, bool) {
-		if exists && cur.Manifest != "" && cur.Step > l.Step {
+		// The manifest's own step, not the pointer's step field: a pointer
+		// whose step disagrees with its manifest gets repaired.
+		if exists && cur.Manifest != "" && cur.PointsAt() > l.Step {
 			return cur, false
 		}
 		l.Updated = time.Now().UTC()

@@ -63,7 +63,30 @@ func AcquireLease(ctx context.Context, st cloud.Store, rec LeaseRecord) (*Lease,
 	if err := l.seal(ctx); err != nil {
 		return l, err
 	}
+	l.prune(ctx)
 	return l, nil
+}
+
+// leasesKept is how many of the newest lease objects prune keeps: fencing
+// needs only the newest (an older session is fenced by any higher epoch,
+// and latest.json's epoch keeps epochs from being reused); the rest say
+// who ran the run lately.
+const leasesKept = 8
+
+// prune deletes the lease objects more than leasesKept epochs below this
+// one, best effort: without it leases/ grows by one object per session.
+func (l *Lease) prune(ctx context.Context) {
+	var old []string
+	l.st.List(ctx, l.dir, func(o cloud.ObjectInfo) error {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, l.dir), ".json")
+		if e, err := strconv.ParseInt(name, 10, 64); ok && err == nil && e <= l.Epoch-leasesKept {
+			old = append(old, o.Key)
+		}
+		return nil
+	})
+	for _, k := range old {
+		l.st.Delete(ctx, k)
+	}
 }
 
 // AcquirePartLease takes the next epoch of node's own leases
@@ -85,6 +108,7 @@ func AcquirePartLease(ctx context.Context, st cloud.Store, node string, rec Leas
 	if err := l.take(ctx, rec, top); err != nil {
 		return nil, err
 	}
+	l.prune(ctx)
 	return l, nil
 }
 
@@ -149,7 +173,7 @@ func (l *Lease) Publish(ctx context.Context, next Latest) error {
 	}
 	next.Epoch = l.Epoch
 	return writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
-		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.Step > next.Step {
+		if exists && cur.Epoch == l.Epoch && cur.Manifest != "" && cur.PointsAt() > next.Step {
 			return cur, false
 		}
 		next.Updated = time.Now().UTC()

@@ -248,3 +248,32 @@ func TestJournal_ConditionalAndFenced(t *testing.T) {
 		}
 	})
 }
+
+// Issue 28.2: leases/ keeps the newest leasesKept objects, not one per
+// session ever started, and pruning never unfences an older session.
+func TestLease_Pruned(t *testing.T) {
+	st := newStore(t)
+	ctx := t.Context()
+	first, err := AcquireLease(ctx, st, LeaseRecord{Session: "s0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last *Lease
+	for i := range 3 * leasesKept {
+		if last, err = AcquireLease(ctx, st, LeaseRecord{Session: fmt.Sprint("s", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	st.List(ctx, leaseDir, func(cloud.ObjectInfo) error { n++; return nil })
+	if n != leasesKept {
+		t.Fatalf("%d lease objects, want the newest %d", n, leasesKept)
+	}
+	if err := first.Check(ctx); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the first session after pruning: %v, want ErrFenced", err)
+	}
+	next, err := AcquireLease(ctx, st, LeaseRecord{Session: "next"})
+	if err != nil || next.Epoch != last.Epoch+1 {
+		t.Fatalf("next lease %+v, %v: want epoch %d", next, err, last.Epoch+1)
+	}
+}

@@ -2,7 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 
@@ -21,11 +24,22 @@ type Entry struct {
 	Err      error
 }
 
-// ReadManifest reads and validates one manifest.
+// ReadManifest reads and validates one manifest. It is decoded as it is
+// read, one file entry at a time: a manifest of tens of MiB costs the
+// memory of its entries, not also of its bytes.
 func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, error) {
-	var m Manifest
-	if err := readJSON(ctx, st, key, maxManifest, &m); err != nil {
-		return nil, err
+	r, err := st.Get(ctx, key, 0, -1)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	defer r.Close()
+	lr := &io.LimitedReader{R: r, N: maxManifest + 1}
+	m, err := decodeManifest(lr)
+	if lr.N <= 0 {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", key, maxManifest)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", key, err)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", key, err)
@@ -33,6 +47,72 @@ func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, e
 	if want := ManifestKey(m.Step, m.ID); want != key {
 		return nil, fmt.Errorf("manifest %s: names step %d id %s, which belong at %s", key, m.Step, m.ID, want)
 	}
+	return m, nil
+}
+
+// decodeManifest decodes one manifest object from r as json.Unmarshal
+// would (unknown fields ignored, keys matched case-insensitively, the
+// last of a repeated key wins), streaming the "files" array entry by
+// entry; the other fields are small and decoded at the end.
+func decodeManifest(r io.Reader) (*Manifest, error) {
+	dec := json.NewDecoder(r)
+	if t, err := dec.Token(); err != nil {
+		return nil, err
+	} else if d, ok := t.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("not a JSON object")
+	}
+	rest := map[string]json.RawMessage{}
+	var files []File
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		k, _ := t.(string)
+		if !strings.EqualFold(k, "files") {
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return nil, err
+			}
+			rest[k] = v
+			continue
+		}
+		files = nil
+		if t, err = dec.Token(); err != nil {
+			return nil, err
+		}
+		if t == nil { // "files": null
+			continue
+		}
+		if d, ok := t.(json.Delim); !ok || d != '[' {
+			return nil, errors.New("files: not an array")
+		}
+		for dec.More() {
+			var f File
+			if err := dec.Decode(&f); err != nil {
+				return nil, fmt.Errorf("files: %w", err)
+			}
+			files = append(files, f)
+		}
+		if _, err := dec.Token(); err != nil { // ]
+			return nil, err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // }
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the manifest object")
+	}
+	b, err := json.Marshal(rest)
+	if err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	m.Files = files
 	return &m, nil
 }
 

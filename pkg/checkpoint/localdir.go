@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 )
 
 // Local directories a trainer can write to are handled through os.Root
@@ -99,6 +101,9 @@ func checkRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 	if !info.Mode().IsRegular() {
 		return fmt.Errorf("%s is not a regular file (%s): %w", rel, info.Mode().Type(), ErrRefused)
 	}
+	if err := checkOwner(root, rel, info); err != nil {
+		return err
+	}
 	if info.Size() != want {
 		return fmt.Errorf("%s changed after the scan: %d bytes, scanned %d", rel, info.Size(), want)
 	}
@@ -108,6 +113,47 @@ func checkRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 		return fmt.Errorf("%s was replaced while it was opened: %w", rel, ErrRefused)
 	}
 	return nil
+}
+
+// owners holds the roots OwnedBy marked: root → the uids whose files may
+// be read through it.
+var owners sync.Map
+
+// OwnedBy marks root, a checkpoint directory written by a trainer of
+// another user than the agent's (node and sidecar modes, an agent running
+// as root), as that trainer's: until the returned func is called, every
+// file read through root for an upload or a verification must be owned by
+// one of uids and have a single link. Otherwise a trainer could hard-link
+// a file only the agent may read (fs.protected_hardlinks=0) into its
+// checkpoint and read it back from the store. No uids: nothing is marked.
+func OwnedBy(root *os.Root, uids ...int) func() {
+	if root == nil || len(uids) == 0 {
+		return func() {}
+	}
+	owners.Store(root, uids)
+	return func() { owners.Delete(root) }
+}
+
+// checkOwner applies OwnedBy's rule to the file rel below root (info: its
+// fstat).
+func checkOwner(root *os.Root, rel string, info fs.FileInfo) error {
+	v, ok := owners.Load(root)
+	if !ok {
+		return nil
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	if st.Nlink > 1 {
+		return fmt.Errorf("%s has %d hard links: %w (a trainer of another user must not hard-link files into its checkpoint)", rel, st.Nlink, ErrRefused)
+	}
+	for _, uid := range v.([]int) {
+		if int(st.Uid) == uid {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is owned by uid %d, not by the trainer (uid %v): %w", rel, st.Uid, v, ErrRefused)
 }
 
 // RemoveDir deletes the directory rel below parent. held, when not nil, is

@@ -74,6 +74,17 @@ type Latest struct {
 	Epoch    int64     `json:"epoch,omitempty"` // newest session lease that wrote it (lease.go)
 }
 
+// PointsAt is the step of the manifest l points at, as its key names it:
+// what restore and UpdateLatest trust over l.Step, which a damaged or
+// hand-edited latest.json can get wrong (a step too high would otherwise
+// keep every later commit from moving it). l.Step when the key names none.
+func (l Latest) PointsAt() int64 {
+	if s := stepOf(dirOf(l.Manifest)); s >= 0 {
+		return s
+	}
+	return l.Step
+}
+
 // Prefix returns the store prefix of a checkpoint, ending in "/".
 func Prefix(step int64, id string) string {
 	return fmt.Sprintf("%s%012d-%s/", prefixDir, step, id)

@@ -12,6 +12,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -45,6 +48,9 @@ type RestoreOptions struct {
 	// every object of every part exists with its size. A checkpoint
 	// without that part (a single-node one) is restored whole.
 	Part string
+	// Stall fails a store request that makes no progress (no answer, no
+	// byte of its body) for this long; 0: DefaultStall, < 0: never.
+	Stall time.Duration
 }
 
 // Restored describes a checkpoint copied to local disk and verified.
@@ -81,32 +87,43 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // manifest validates and whose every file verifies. latest.json is a
 // shortcut to it, not the truth: a commit whose latest.json write failed
 // leaves a newer complete manifest (manifests are written only after
-// their data), so manifests with a higher step than latest.json's are
-// tried first. When latest.json is missing, broken or points at a
-// damaged checkpoint, the older manifests are tried, newest first, with a
-// warning. A checkpoint is only returned once every file verified, and
-// its directory only appears (by rename) after that.
+// their data), so manifests with a higher step than the one latest.json
+// points at are tried first, except those committed under a lower epoch
+// than latest.json's: a session fenced by a newer one, whose commit was
+// refused at publish. The step latest.json points at is its manifest's (the
+// key names it), whatever its "step" field says. When latest.json is
+// missing, broken or points at a damaged checkpoint, the older manifests
+// are tried, newest first, with a warning. Manifests are read one at a
+// time (each bounded in size), newest first, and only until one restores:
+// a store of many large manifests costs the memory of one. A checkpoint
+// is only returned once every file verified, and its directory only
+// appears (by rename) after that.
 func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
 	start := time.Now()
 	log := opts.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if opts.Stall == 0 {
+		opts.Stall = DefaultStall
+	}
+	st = withStall(st, opts.Stall)
 	var skipped []string
 	var abort error // not the checkpoint's fault: the disk, the network, ctx
-	tried := map[string]bool{}
 	try := func(key string, m *Manifest) (*Restored, bool) {
 		if opts.skipEpoch(m) {
 			log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
 			return nil, false
 		}
-		tried[key] = true
 		view, parts, err := selectFiles(m, opts.Part, log)
 		if err == nil && len(m.Parts) > 0 {
 			err = checkParts(ctx, st, m, view)
 		}
 		var r *Restored
 		if err == nil {
+			// A long restore logs its progress (bytes, rate, eta) every 5 s.
+			log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
+				zap.Int("files", len(view.Files)), zap.Int64("bytes", view.Bytes()))
 			r, err = restoreOne(ctx, st, dest, destPath, key, m, view, log)
 		}
 		if err == nil {
@@ -116,6 +133,8 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		case err == nil:
 			r.Took, r.Skipped = time.Since(start), skipped
 			return r, true
+		case ctx.Err() != nil:
+			abort = ctx.Err()
 		case errors.Is(err, ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
 			log.Warn("checkpoint damaged, trying an older one", zap.String("manifest", key), zap.Error(err))
 			skipped = append(skipped, fmt.Sprintf("%s: %v", key, err))
@@ -126,78 +145,96 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		}
 		return nil, false
 	}
-	// tryKeys reads the manifests not tried yet and tries them, newest first.
-	tryKeys := func(keys []string) (*Restored, bool) {
-		var todo []string
-		for _, k := range keys {
-			if !tried[k] {
-				todo = append(todo, k)
-			}
-		}
-		entries, err := readManifests(ctx, st, todo)
-		if err != nil {
-			abort = fmt.Errorf("restore: %w", err)
-			return nil, false
-		}
-		for _, e := range entries {
-			if opts.ID != "" && (e.Manifest == nil || e.Manifest.ID != opts.ID) {
-				continue
-			}
-			if e.Err != nil {
-				tried[e.Key] = true
-				log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
-				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
-				continue
-			}
-			if r, ok := try(e.Key, e.Manifest); ok || abort != nil {
-				return r, ok
-			}
-		}
-		return nil, false
-	}
 	keys, listErr := listManifestKeys(ctx, st)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	var pointer string // the manifest latest.json points at
+	pointerStep, floor := int64(-1), int64(0)
 	if opts.ID == "" {
 		l, err := ReadLatest(ctx, st)
 		switch {
 		case err == nil:
-			var newer []string
-			for _, k := range keys {
-				if stepOf(dirOf(k)) > l.Step {
-					newer = append(newer, k)
-				}
+			pointer, floor = l.Manifest, l.Epoch
+			if pointerStep = l.PointsAt(); pointerStep != l.Step {
+				log.Warn("latest.json's step disagrees with the manifest it points at: trusting the manifest (the next commit repairs latest.json)",
+					zap.String("manifest", l.Manifest), zap.Int64("latest_step", l.Step), zap.Int64("manifest_step", pointerStep))
 			}
-			if len(newer) > 0 {
-				log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", l.Step), zap.Int("newer", len(newer)))
-				if r, ok := tryKeys(newer); ok || abort != nil {
-					return r, abort
-				}
-			}
-			if tried[l.Manifest] {
-				break
-			}
-			m, err := ReadManifest(ctx, st, l.Manifest)
-			if err == nil {
-				if r, ok := try(l.Manifest, m); ok || abort != nil {
-					return r, abort
-				}
-			} else {
-				tried[l.Manifest] = true
-				log.Warn("latest.json points at a broken manifest", zap.String("manifest", l.Manifest), zap.Error(err))
-				skipped = append(skipped, fmt.Sprintf("%s: %v", l.Manifest, err))
-			}
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
 		case errors.Is(err, cloud.ErrNotExist):
 		default:
 			log.Warn("latest.json unreadable, falling back to listing", zap.Error(err))
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
+	if listErr != nil {
+		if pointer == "" {
+			return nil, fmt.Errorf("restore: %w", listErr)
+		}
+		keys = nil // latest.json's checkpoint alone, then the error
+	}
+	order := restoreOrder(keys, pointer, pointerStep, opts.ID)
+	newerWarned, freed := false, false
+	for i := 0; i < len(order); {
+		// One step at a time: usually one manifest; several of one step
+		// (two sessions) are ordered by creation, newest first.
+		j := i + 1
+		for j < len(order) && order[i] != pointer && order[j] != pointer && stepOf(dirOf(order[j])) == stepOf(dirOf(order[i])) {
+			j++
+		}
+		group := order[i:j]
+		i = j
+		if freed {
+			// The previous manifest was large and did not restore: give
+			// its memory back before the next is read, so that a store of
+			// many large manifests costs the memory of one.
+			debug.FreeOSMemory()
+			freed = false
+		}
+		entries := make([]Entry, 0, len(group))
+		for _, k := range group {
+			m, err := ReadManifest(ctx, st, k)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, ErrStalled) {
+				return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
+			}
+			entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
+		}
+		sort.SliceStable(entries, func(a, b int) bool { return newer(entries[a], entries[b]) })
+		for _, e := range entries {
+			switch {
+			case e.Err != nil && e.Key == pointer:
+				log.Warn("latest.json points at a broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
+				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
+				continue
+			case e.Err != nil:
+				log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
+				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
+				continue
+			case opts.ID != "" && e.Manifest.ID != opts.ID:
+				continue
+			}
+			if pointer != "" && e.Manifest.Step > pointerStep {
+				if e.Manifest.Epoch < floor {
+					log.Info("skipping a fenced session's checkpoint: committed under an older epoch than latest.json's",
+						zap.String("manifest", e.Key), zap.Int64("epoch", e.Manifest.Epoch), zap.Int64("latest_epoch", floor))
+					continue
+				}
+				if !newerWarned {
+					newerWarned = true
+					log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", pointerStep))
+				}
+			}
+			if r, ok := try(e.Key, e.Manifest); ok || abort != nil {
+				return r, abort
+			}
+			freed = freed || len(e.Manifest.Files) >= bigManifest
+		}
 	}
 	if listErr != nil {
 		return nil, fmt.Errorf("restore: %w", listErr)
-	}
-	if r, ok := tryKeys(keys); ok || abort != nil {
-		return r, abort
 	}
 	if len(skipped) > 0 {
 		return nil, fmt.Errorf("%w: %d damaged (%s)", ErrAllDamaged, len(skipped), strings.Join(skipped, "; "))
@@ -206,6 +243,39 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		return nil, fmt.Errorf("restore %s: %w", opts.ID, ErrNoCheckpoint)
 	}
 	return nil, ErrNoCheckpoint
+}
+
+// bigManifest is the number of files from which a manifest that did not
+// restore has its memory returned before the next one is read.
+const bigManifest = 20000
+
+// restoreOrder is the order in which restore tries the manifests at keys:
+// newest first by the step their key names, the one latest.json points at
+// (pointer, of step pointerStep) first among those of its step, and only
+// those of checkpoint id when id is set.
+func restoreOrder(keys []string, pointer string, pointerStep int64, id string) []string {
+	order := make([]string, 0, len(keys)+1)
+	for _, k := range keys {
+		if k == pointer {
+			continue
+		}
+		if id != "" && !strings.HasSuffix(strings.TrimSuffix(dirOf(k), "/"), "-"+id) {
+			continue
+		}
+		order = append(order, k)
+	}
+	sort.Slice(order, func(i, j int) bool {
+		si, sj := stepOf(dirOf(order[i])), stepOf(dirOf(order[j]))
+		if si != sj {
+			return si > sj
+		}
+		return order[i] > order[j]
+	})
+	if pointer != "" {
+		at := sort.Search(len(order), func(i int) bool { return stepOf(dirOf(order[i])) <= pointerStep })
+		order = slices.Insert(order, at, pointer)
+	}
+	return order
 }
 
 // restoreOne downloads and verifies one checkpoint into dest/<name>. An
@@ -277,14 +347,23 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	for _, f := range m.Files {
+		if gctx.Err() != nil {
+			break // a file failed (or ctx ended): create no more
+		}
 		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err // g.Wait returns the first error, the cause
+			}
 			if err := downloadFile(gctx, st, root, f, p); err != nil {
 				return fmt.Errorf("%s: %w", f.Path, err)
 			}
 			return nil
 		})
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err() // ended before any file failed: not every file is there
 }
 
 // rangedAbove is the size from which a file downloads with parallel ranged

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -121,7 +122,24 @@ const ExitInterrupted = 75
 // journal write still unfinished 10s after the loop ended: those are
 // abandoned on purpose, each bounded by its own deadline (see finish).
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
-	a, err := newAgent(ctx, cfg)
+	if len(cfg.Command) > 0 {
+		// A trainer that cannot start takes no lease, restores nothing
+		// and writes no journal: a restart loop on a typo leaves no trace
+		// in the store.
+		if _, err := exec.LookPath(cfg.Command[0]); err != nil {
+			err = fmt.Errorf("start trainer: %w", err)
+			return child.ExitCodeFromError(err), err
+		}
+	}
+	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
+	defer stopSignals()
+	a, err := newAgent(sctx, cfg)
+	if sig := started(); sig != nil {
+		if err == nil {
+			a.abort()
+		}
+		return startCancelled(sig)
+	}
 	if err != nil {
 		return 1, err
 	}

@@ -313,6 +313,7 @@ func (a *Agent) commit(r *request) {
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.partFor(r)}
+	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
 	report := func(cr commitResult) {
 		select {
@@ -322,6 +323,7 @@ func (a *Agent) commit(r *request) {
 	}
 	a.goBg(func() {
 		defer cancel()
+		defer unown()
 		if openErr != nil {
 			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
@@ -373,6 +375,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
+	cost = a.watchCost(r.id, cost) // agent_watch.go: measured, not the default
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
 	jobStats, session := a.asksPeriodic(), a.session

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -644,5 +645,26 @@ func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
 	}
 	if r := s.Runs["r1"]; r == nil {
 		t.Fatalf("fleet summary %+v: no entry for run r1", s.Runs)
+	}
+}
+
+// Issue 28.2: a trainer command that cannot start exits 127 (126) before
+// the agent touches the store: no lease, no journal, nothing restored.
+func TestAgent_TrainerThatCannotStartTouchesNoStore(t *testing.T) {
+	dir := shortDir(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{RunID: "x", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
+		Server: protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")}, Command: []string{filepath.Join(dir, "no-such-trainer")}}
+	code, err := Run(context.Background(), cfg, nil)
+	if code != 127 || err == nil {
+		t.Fatalf("Run: %d, %v; want 127 and an error", code, err)
+	}
+	n := 0
+	st.List(context.Background(), "", func(o cloud.ObjectInfo) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d objects in the store after a start that failed; want none", n)
 	}
 }

@@ -45,7 +45,7 @@ type watchState struct {
 	dir      *os.Root                // the watched directory (the watcher's handle)
 	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
 	inflight map[string]*watchUpload // request id →
-	next     *watch.Checkpoint       // newest complete, waiting for the upload in flight
+	next     *watchStaged            // newest complete, staged, waiting for the upload in flight
 	newest   *watch.Checkpoint       // newest complete one reported
 	written  time.Time               // when the newest committed one was written (this session)
 	doneAt   time.Time               // when it was found complete
@@ -67,10 +67,22 @@ type watchPruner struct {
 // testHookWatchPrune, when set, runs before each prune, off the loop.
 var testHookWatchPrune func()
 
+// watchStaged is a checkpoint staged (hard-linked into the stage) and not
+// yet handed to the committer: staged as soon as it is complete, so that
+// a trainer that rotates its checkpoints (save_total_limit) cannot delete
+// it while an older upload is in flight.
+type watchStaged struct {
+	cp   *watch.Checkpoint
+	id   string
+	held *os.Root      // the stage directory, as staged
+	took time.Duration // the staging (hard links and their check)
+}
+
 type watchUpload struct {
 	cp       *watch.Checkpoint
 	unexpect func()
-	started  time.Time // found complete, upload begun
+	started  time.Time     // found complete, upload begun
+	staging  time.Duration // what staging it took
 }
 
 // watchStop is an interruption in zero-code mode.
@@ -188,6 +200,10 @@ func (a *Agent) startWatch() {
 // closeWatch releases the watcher's handles, once it has stopped.
 func (a *Agent) closeWatch() {
 	if ws := a.watch; ws != nil {
+		if sc := ws.next; sc != nil {
+			ws.next = nil
+			sc.held.Close()
+		}
 		ws.stage.Close()
 		ws.w.Close() // ws.dir with it
 	}
@@ -220,29 +236,49 @@ func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
 		}
 	}
 	if len(ws.inflight) > 0 && ws.stop == nil {
-		if ws.next == nil || cp.Step >= ws.next.Step {
-			ws.next = cp
+		if ws.next == nil || cp.Step >= ws.next.cp.Step {
+			if sc := a.watchStage(cp); sc != nil {
+				a.watchDropNext()
+				ws.next = sc
+			}
 		}
 		return
 	}
-	for id, u := range ws.inflight {
-		if up := a.uploads[id]; up != nil && u.cp.Step < cp.Step {
+	a.watchSupersede(cp.Step)
+	a.watchCommit(a.watchStage(cp))
+}
+
+// watchSupersede cancels the uploads in flight older than step (during an
+// interruption: the newest goes at once).
+func (a *Agent) watchSupersede(step int64) {
+	for id, u := range a.watch.inflight {
+		if up := a.uploads[id]; up != nil && u.cp.Step < step {
 			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 			up.cancel()
 		}
 	}
-	a.watchCommit(cp)
 }
 
-// watchCommit stages cp and commits it.
-func (a *Agent) watchCommit(cp *watch.Checkpoint) {
+// watchInflight reports whether a checkpoint of step or newer is being
+// uploaded.
+func (a *Agent) watchInflight(step int64) bool {
+	for _, u := range a.watch.inflight {
+		if u.cp.Step >= step {
+			return true
+		}
+	}
+	return false
+}
+
+// watchStage stages cp for upload (nil: it could not be; it is retried
+// once it is quiet again).
+func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
 	ws := a.watch
-	ws.next = nil
 	id := newID()
-	var held *os.Root
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
-	defer ws.prune.setBusy(cp.Name, -1)
+	var held *os.Root
+	begun := time.Now()
 	err := cp.StageIn(ws.dir, watchStage+"/"+id)
 	if err == nil {
 		if held, err = checkpoint.OpenDir(ws.stage, id); err != nil {
@@ -250,24 +286,71 @@ func (a *Agent) watchCommit(cp *watch.Checkpoint) {
 		}
 	}
 	if err != nil {
+		ws.prune.setBusy(cp.Name, -1)
 		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		ws.w.Retry(cp.Name) // once it is quiet again
+		return nil
+	}
+	return &watchStaged{cp: cp, id: id, held: held, took: time.Since(begun)}
+}
+
+// watchDropNext discards the staged checkpoint waiting for the upload in
+// flight (a newer one replaces it, or it is already superseded).
+func (a *Agent) watchDropNext() {
+	ws := a.watch
+	sc := ws.next
+	if sc == nil {
 		return
 	}
+	ws.next = nil
+	checkpoint.RemoveDir(ws.stage, sc.id, sc.held)
+	sc.held.Close()
+	ws.prune.setBusy(sc.cp.Name, -1)
+}
+
+// watchCommit commits a staged checkpoint (nil: nothing to commit).
+func (a *Agent) watchCommit(sc *watchStaged) {
+	ws := a.watch
+	if sc == nil {
+		return
+	}
+	if ws.next == sc {
+		ws.next = nil
+	} else {
+		a.watchDropNext()
+	}
+	cp, id := sc.cp, sc.id
 	now := time.Now()
 	reason := protocol.ReasonPeriodic
 	if ws.stop != nil {
 		reason = ws.stop.s.reason
 	}
-	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
-	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	ws.prune.setBusy(cp.Name, 1)
+	// The staging's busy mark stays until the commit ends (watchCommitted).
+	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now, staging: sc.took}
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
 	a.commit(r)
+}
+
+// watchCost is the checkpoint cost the journal records for the commit id:
+// in zero-code mode what was measured (the staging, and the upload and
+// commit), since the trainer's own save is not seen; otherwise cost. It
+// feeds the scheduler's estimate too.
+func (a *Agent) watchCost(id string, cost float64) float64 {
+	if a.watch == nil {
+		return cost
+	}
+	u := a.watch.inflight[id]
+	if u == nil {
+		return cost
+	}
+	d := u.staging + time.Since(u.started)
+	a.cfg.Scheduler.ObserveCost(d)
+	return d.Seconds()
 }
 
 // watchCommitted follows a commit of a watched checkpoint (after
@@ -298,10 +381,10 @@ func (a *Agent) watchCommitted(cr commitResult) {
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if a.lastCommit.id == "" || n.Step > a.lastCommit.step {
+		if a.lastCommit.id == "" || n.cp.Step > a.lastCommit.step {
 			a.watchCommit(n)
 		} else {
-			ws.next = nil
+			a.watchDropNext()
 		}
 	}
 	a.tickWatch(time.Now())
@@ -367,6 +450,17 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 		st.baseline = max(st.baseline, a.lastCommit.step)
 	}
 	ws.stop = st
+	// Completeness cannot wait past the upload deadline.
+	ws.w.SetDeadline(uploadBy)
+	// Safety first: the newest complete checkpoint not committed yet goes
+	// at once (an older upload in flight is cancelled for it).
+	if sc := ws.next; sc != nil {
+		a.watchSupersede(sc.cp.Step)
+		a.watchCommit(sc)
+	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !a.watchInflight(n.Step) {
+		a.watchSupersede(n.Step)
+		a.watchCommit(a.watchStage(n))
+	}
 	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
 		if err := a.child.Signal(sig); err != nil {
 			a.log.Warn("could not signal the trainer", zap.Error(err))
@@ -398,9 +492,12 @@ func (a *Agent) watchWake() time.Time {
 // trainerGone: the child exited (or there never was one to wait for).
 func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
 
-// tickWatch decides the interruption: done once a checkpoint newer than
-// the notice is committed, or at uploadBy (or when the trainer is gone
-// and nothing more is being written) once the newest complete one is.
+// tickWatch decides the interruption. The trainer keeps running while a
+// newer complete checkpoint can still be committed before the upload
+// deadline (uploadBy): each one is committed as it comes. At uploadBy (or
+// once the trainer is gone and nothing more is being written), the newest
+// complete one is committed if it is not yet, and once nothing is in
+// flight the trainer is stopped: the last safe moment.
 func (a *Agent) tickWatch(now time.Time) {
 	ws := a.watch
 	if ws == nil {
@@ -413,7 +510,8 @@ func (a *Agent) tickWatch(now time.Time) {
 	}
 	st := ws.stop
 	active := st != nil && !st.s.finished
-	if (active && a.trainerGone()) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+	late := active && !now.Before(st.uploadBy)
+	if (active && (a.trainerGone() || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: watchBusy uses its result.
 		for _, cp := range ws.w.Scan(now) {
@@ -424,16 +522,17 @@ func (a *Agent) tickWatch(now time.Time) {
 		return
 	}
 	committed := a.lastCommit.id != ""
-	if committed && a.lastCommit.step > st.baseline && len(ws.inflight) == 0 && (ws.newest == nil || a.lastCommit.step >= ws.newest.Step) {
-		a.watchFinish(st, now)
-		return
-	}
-	late := !now.Before(st.uploadBy) || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
+	late = late || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}
 	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
-		a.watchCommit(n) // failed or not started: once more, before the deadline
+		// Failed or not started: once more, before the deadline.
+		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
+			a.watchCommit(sc)
+		} else {
+			a.watchCommit(a.watchStage(n))
+		}
 		if len(ws.inflight) > 0 {
 			return
 		}

@@ -1,16 +1,24 @@
 package supervisor
 
 import (
+	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -128,5 +136,199 @@ func TestSignalName(t *testing.T) {
 		if got := signalName(sig); got != want {
 			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
 		}
+	}
+}
+
+// slowStore delays every data object's Put: an upload that takes longer
+// than the trainer's save period.
+type slowStore struct {
+	cloud.Store
+	delay time.Duration
+}
+
+func (s slowStore) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	if strings.HasPrefix(key, "checkpoints/") && !strings.HasSuffix(key, "manifest.json") {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.Store.Put(ctx, key, r, size, opts)
+}
+
+// TestWatch_Rotation: a Hugging Face trainer with save_total_limit=1 and
+// the default 10 s quiet window saves every 400 ms and deletes the older
+// checkpoint after each save; an upload takes longer than that (1 s). The
+// staged hard links keep each checkpoint's data: commits land while the
+// trainer runs (none was rejected as "changed"), each complete one is
+// staged as soon as it is complete, and the newest at the trainer's exit
+// is committed.
+func TestWatch_Rotation(t *testing.T) {
+	out := t.TempDir()
+	var st cloud.Store
+	startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		st = c.Store
+		c.Store = slowStore{Store: c.Store, delay: 500 * time.Millisecond}
+		// The default 10 s quiet window; the marker's window shortened in
+		// proportion to the 400 ms save period (1 s against HF's seconds).
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, MarkerQuiet: 150 * time.Millisecond}}
+		if os.Getenv("WATCH_DEBUG") != "" {
+			c.Log = zaptest.NewLogger(t)
+		}
+	})
+	const saves = 12
+	for i := 1; i <= saves; i++ {
+		writeHF(t, out, i*10, true)
+		if i > 1 {
+			os.RemoveAll(filepath.Join(out, "checkpoint-"+itoa((i-1)*10)))
+		}
+		time.Sleep(400 * time.Millisecond) // the trainer's save period, not synchronisation
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []int64
+	for _, e := range entries {
+		if e.Manifest != nil {
+			steps = append(steps, e.Manifest.Step)
+		}
+	}
+	if len(steps) < 2 {
+		t.Fatalf("committed steps %v while the trainer rotated %d checkpoints: want at least 2", steps, saves)
+	}
+	waitFor(t, "the newest checkpoint committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), st)
+		return err == nil && l.Step == saves*10
+	})
+}
+
+// silentGets is a store no Get of which ever answers (until cancelled).
+type silentGets struct {
+	cloud.Store
+	entered chan string // each Get's key, when there is room
+}
+
+func (s silentGets) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	select {
+	case s.entered <- key:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStart_SignalCancelsRestore: a start-up (journal, lease, restore)
+// held up by a store that never answers is cancelled by SIGTERM: Run returns 143 with the
+// reason, and the trainer is never started.
+func TestStart_SignalCancelsRestore(t *testing.T) {
+	dir := shortDir(t)
+	st, err := file.New(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := filepath.Join(dir, "ran")
+	cfg := Config{
+		RunID: "test", CheckpointDir: filepath.Join(dir, "ckpt"), Store: silentGets{st, make(chan string, 64)},
+		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
+		Scheduler: checkpoint.NewScheduler(checkpoint.SchedulerConfig{Fixed: time.Hour}),
+		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: -1,
+		Command: []string{"/bin/sh", "-c", "touch " + ran},
+		Watch:   &WatchConfig{Config: watch.Config{Dir: t.TempDir()}},
+	}
+	sigs := make(chan os.Signal, 1)
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, err := Run(context.Background(), cfg, sigs)
+		done <- result{code, err}
+	}()
+	select {
+	case <-cfg.Store.(silentGets).entered: // the start waits for the store
+	case <-time.After(testWait):
+		t.Fatal("the start never read the store")
+	}
+	sigs <- syscall.SIGTERM
+	select {
+	case r := <-done:
+		if r.code != 128+int(syscall.SIGTERM) || r.err == nil || !strings.Contains(r.err.Error(), "start-up cancelled by terminated") {
+			t.Fatalf("Run=%d, %v; want 143 and start-up cancelled", r.code, r.err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("SIGTERM did not end a start-up held up by the store")
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("the trainer was started")
+	}
+}
+
+// TestWatch_NoticeCommitsEachNewer: a trainer that knows nothing of the
+// agent keeps saving (every 600 ms) after an 8 s notice. The agent keeps
+// it running while a newer checkpoint can still be committed before the
+// upload deadline, commits each newer one, and stops it at the last safe
+// moment: the interruption leaves the last checkpoint written, no step
+// lost. (It used to stop the trainer once the first newer one committed.)
+// The journal's cost_seconds is what the commits measured.
+func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
+	out := t.TempDir()
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Source = src
+		c.FenceInterval = -1
+		c.Margin = time.Second
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
+	})
+	writeHF(t, out, 10, true)
+	waitFor(t, "checkpoint-10 committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+		return err == nil && l.Step == 10
+	})
+	notice := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: notice.Add(8 * time.Second), Detected: notice}
+	last := 10
+	for step := 20; time.Since(notice) < 4*time.Second; step += 10 {
+		writeHF(t, out, step, true)
+		last = step
+		time.Sleep(600 * time.Millisecond) // the trainer's save period, not synchronisation
+	}
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	in := j.Interruptions[0]
+	if !in.CommitOK || in.Step != int64(last) || in.LostSteps != 0 {
+		t.Fatalf("interruption %+v: want step %d committed (the last the trainer wrote), 0 steps lost", in, last)
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), ar.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := 0
+	for _, e := range entries {
+		if e.Manifest != nil && e.Manifest.Step > 10 {
+			after++
+		}
+	}
+	if after < 2 {
+		t.Fatalf("%d checkpoints committed after the notice, want each newer one (at least 2)", after)
+	}
+	// The cost recorded is what was measured (staging and upload of a few
+	// bytes to a local store), not the 30 s default.
+	if c := j.Stats.CostSeconds; c <= 0 || c >= 5 {
+		t.Fatalf("journal cost_seconds %.3f, want the measured cost (well under 5 s)", c)
 	}
 }

@@ -31,6 +31,7 @@ type entry struct {
 	size  int64
 	mtime int64 // UnixNano
 	id    checkpoint.FileIdent
+	nlink uint64 // hard links: the agent's staging adds one, a deletion of the original takes one
 }
 
 // fingerprint lists a checkpoint's entries; equal fingerprints mean
@@ -95,6 +96,9 @@ type Checkpoint struct {
 	Path string // DIR/Name
 	fp   fingerprint
 	root *os.Root // DIR, the watcher's handle on it
+
+	stage  string      // where StageIn linked it, relative to root ("": not staged)
+	staged fingerprint // the staged links as StageIn left them
 }
 
 // Bytes is the checkpoint's size when it was found complete.
@@ -114,17 +118,87 @@ type origin struct {
 	Step int64  `json:"step"`
 }
 
-// Verify checks that nothing in c changed since it was staged (or found
-// complete): same files, each the same (device, inode, size, mtime and
-// ctime, as the committer checks in protocol mode). It is called after the
+// Verify checks that what is staged for upload is still the checkpoint
+// found complete. Once staged, the hard links in the stage are what the
+// committer uploads, so they are what is checked: each the same file
+// (device, inode), size and mtime, and the same ctime unless the only
+// change is a link fewer (the trainer deleting or rotating the original:
+// the links still hold its complete data). What is left of the original
+// must not have changed either: a file added or replaced there, or written
+// through the original name, says the checkpoint was not complete when it
+// was found (a short quiet window after the marker can be wrong); a
+// checkpoint deleted in part or in whole is not a change. Before staging
+// (tests), the original is checked as it is. Verify is called after the
 // upload and before the manifest is written.
 func (c *Checkpoint) Verify() error {
-	fp, err := snapshot(c.root, c.Name)
+	if c.stage == "" {
+		fp, err := snapshot(c.root, c.Name)
+		if err != nil {
+			return fmt.Errorf("%s: %w: %v", c.Name, ErrChanged, err)
+		}
+		if !fp.equal(c.fp) {
+			return fmt.Errorf("%s: %w: a file was written, added, removed or replaced during the upload", c.Name, ErrChanged)
+		}
+		return nil
+	}
+	sp, err := snapshot(c.root, c.stagedName())
 	if err != nil {
+		return fmt.Errorf("%s: %w: the staged copy: %v", c.Name, ErrChanged, err)
+	}
+	if err := sameStaged(c.staged, sp, true); err != nil {
 		return fmt.Errorf("%s: %w: %v", c.Name, ErrChanged, err)
 	}
-	if !fp.equal(c.fp) {
-		return fmt.Errorf("%s: %w: a file was written, added, removed or replaced during the upload", c.Name, ErrChanged)
+	fp, err := snapshot(c.root, c.Name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // deleted (rotated) meanwhile, or being deleted: the links hold it
+	case err != nil:
+		return fmt.Errorf("%s: %w: %v", c.Name, ErrChanged, err)
+	}
+	for _, e := range fp {
+		if e.dir {
+			continue
+		}
+		s := c.fp.find(e.rel)
+		if s == nil || s.dir || !s.id.SameData(e.id) {
+			return fmt.Errorf("%s: %w: %s was written, added or replaced during the upload", c.Name, ErrChanged, e.rel)
+		}
+	}
+	return nil
+}
+
+// stagedName is the staged copy below root: the stage directory for a
+// directory checkpoint, the file in it for a file checkpoint.
+func (c *Checkpoint) stagedName() string {
+	if c.Kind == KindFile {
+		return path.Join(c.stage, c.Name)
+	}
+	return c.stage
+}
+
+// sameStaged compares the staged links now (got) with as they were staged
+// (want): the same files, each the same file, size and mtime; with
+// ctimes, unchanged but for a ctime moved by the original's removal (a
+// link fewer).
+func sameStaged(want, got fingerprint, ctimes bool) error {
+	if want.files() != got.files() {
+		return fmt.Errorf("the staged copy has %d files, staged %d", got.files(), want.files())
+	}
+	for _, e := range got {
+		if e.dir {
+			continue
+		}
+		w := want.find(e.rel)
+		switch {
+		case w == nil || w.dir:
+			return fmt.Errorf("%s appeared in the staged copy", e.rel)
+		case !w.id.SameData(e.id):
+			return fmt.Errorf("%s was written during the upload", e.rel)
+		case ctimes && w.id != e.id && e.nlink >= w.nlink:
+			// ctime moved with no link removed: written in place with its
+			// mtime put back, or its mode changed.
+			return fmt.Errorf("%s was modified during the upload", e.rel)
+		}
 	}
 	return nil
 }
@@ -197,7 +271,7 @@ func walk(dir *os.Root, name string, sub *os.Root, rel string, fp *fingerprint) 
 }
 
 func stat(rel string, fi fs.FileInfo) entry {
-	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime().UnixNano(), id: checkpoint.IdentOf(fi)}
+	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime().UnixNano(), id: checkpoint.IdentOf(fi), nlink: nlinkOf(fi)}
 	if e.dir {
 		e.size = 0 // a directory's size says nothing a file's entry does not
 	}
@@ -224,26 +298,30 @@ func refused(dir *os.Root, rel string, m fs.FileMode) error {
 // so a trainer that swaps a path for a symlink meanwhile cannot make the
 // agent link or create anything outside it. Links share the trainer's
 // inodes, so Verify still sees a write in place; a file the trainer
-// replaces keeps its old, complete content in the link.
+// replaces or deletes (checkpoint rotation) keeps its old, complete
+// content in the link.
 func (c *Checkpoint) StageIn(dir *os.Root, stage string) error {
 	if err := dir.MkdirAll(stage, 0o700); err != nil {
 		return err
 	}
 	if err := c.link(dir, stage); err != nil {
 		dir.RemoveAll(stage)
-		return fmt.Errorf("stage %s: %w", c.Name, err)
+		return fmt.Errorf("stage %s: %w: %v", c.Name, ErrChanged, err)
 	}
-	// The links moved the files' ctimes: what Verify compares with is the
-	// checkpoint as linked, once it is known to be the one found complete.
-	fp, err := snapshot(dir, c.Name)
-	if err == nil && !fp.sameData(c.fp) {
-		err = errors.New("a file was written, added, removed or replaced since it was found complete")
+	// The links are what is uploaded: they must be the files found
+	// complete (a file replaced or written between the scan and the link
+	// would not be).
+	c.stage = stage
+	sp, err := snapshot(dir, c.stagedName())
+	if err == nil {
+		err = sameStaged(c.fp, sp, false)
 	}
 	if err != nil {
 		dir.RemoveAll(stage)
+		c.stage = ""
 		return fmt.Errorf("stage %s: %w: %v", c.Name, ErrChanged, err)
 	}
-	c.fp = fp
+	c.staged = sp
 	return nil
 }
 

@@ -101,7 +101,12 @@ func originOf(m *checkpoint.Manifest) (origin, error) {
 	}
 	o := meta.Watch
 	if o == nil {
-		return origin{}, fmt.Errorf("checkpoint %s (step %d): %w: no original name to restore it under (run without --watch, or use a new --store)", m.ID, m.Step, ErrNotWatched)
+		// Not restored under a made-up name: the framework's resume would
+		// load whatever layout the client library's trainer wrote.
+		return origin{}, fmt.Errorf("checkpoint %s (step %d): %w: it was committed through the client library (protocol mode), "+
+			"which records no name in the watched directory, so it cannot be put back where the framework's resume looks: "+
+			"run this trainer without --watch to resume it (SPOTAGENT_RESUME_DIR), or copy it out with "+
+			"`spotagent restore --id %s --dest DIR/<name>` and use a new --store for --watch", m.ID, m.Step, ErrNotWatched, m.ID)
 	}
 	if err := validName(o.Name); err != nil {
 		return origin{}, fmt.Errorf("checkpoint %s: %w", m.ID, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -26,6 +27,16 @@ import (
 // two minutes) for the upload.
 const DefaultQuiet = 10 * time.Second
 
+// DefaultMarkerQuiet is the quiet window of a checkpoint that holds its
+// completion marker (trainer_state.json, written last): the marker, not
+// the window, says it is complete; the window only lets the few small
+// files some versions write right after it (rng_state.pth) land. It must
+// stay well under the save period of a trainer that rotates its
+// checkpoints (save_total_limit=1 deletes each one as soon as the next is
+// saved, which can be a second later). A checkpoint that changes after all
+// is caught when its upload is verified.
+const DefaultMarkerQuiet = 250 * time.Millisecond
+
 // DefaultWarnAfter is how long DIR may hold no checkpoint at all before
 // the watcher warns (with what it did see).
 const DefaultWarnAfter = 30 * time.Minute
@@ -47,9 +58,12 @@ type Config struct {
 	StepRegex string        // default: the last integer in the name
 	Marker    string        // MarkerAuto (default), MarkerNone, or a file a directory checkpoint must hold
 	Quiet     time.Duration // default DefaultQuiet
-	Rescan    time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
-	WarnAfter time.Duration // default DefaultWarnAfter
-	Log       *zap.Logger
+	// MarkerQuiet is the quiet window once the marker is there; default
+	// DefaultMarkerQuiet, never more than Quiet.
+	MarkerQuiet time.Duration
+	Rescan      time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
+	WarnAfter   time.Duration // default DefaultWarnAfter
+	Log         *zap.Logger
 }
 
 // Watcher scans DIR for checkpoints and reports each one once it is
@@ -71,7 +85,23 @@ type Watcher struct {
 	matched   time.Time         // last scan that matched something, or start
 	lastWarn  time.Time
 	notifying map[string]bool // directories added to the fsnotify watcher
+	due       time.Time       // when a checkpoint seen may next become complete (zero: none)
+	deadline  time.Time       // SetDeadline's; zero: none
+	dirty     map[string]bool // entries of DIR events said changed since the last scan
+	topDirty  bool            // DIR's own listing changed (an entry added, removed, renamed)
+
+	ents []os.DirEntry // DIR's listing as the last scan read it; scanMu guards it
 }
+
+// fullRescan is how often Run walks every checkpoint in DIR although no
+// event said anything changed: events can be lost (a full queue is
+// reported and handled at once; a filesystem that drops some silently is
+// not). Between full walks only what events name is walked again, so a
+// DIR of 100,000 files costs next to nothing while idle.
+var fullRescan = time.Minute
+
+// eventSettle is how long Run gathers events before it scans.
+const eventSettle = 200 * time.Millisecond
 
 // seen is what the watcher knows of one matching entry.
 type seen struct {
@@ -80,6 +110,7 @@ type seen struct {
 	fp       fingerprint
 	since    time.Time // when fp was first seen
 	reported bool      // fp was reported complete
+	stable   int       // scans since since that saw fp unchanged
 	problem  string    // why it cannot be complete (yet)
 }
 
@@ -97,6 +128,10 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Quiet <= 0 {
 		cfg.Quiet = DefaultQuiet
 	}
+	if cfg.MarkerQuiet <= 0 {
+		cfg.MarkerQuiet = DefaultMarkerQuiet
+	}
+	cfg.MarkerQuiet = min(cfg.MarkerQuiet, cfg.Quiet)
 	if cfg.Rescan <= 0 {
 		cfg.Rescan = min(max(cfg.Quiet/4, 50*time.Millisecond), 2*time.Second)
 	}
@@ -139,15 +174,22 @@ func (w *Watcher) Root() *os.Root { return w.root }
 func (w *Watcher) Close() error { return w.root.Close() }
 
 // checkDir accepts an existing directory (not a symlink to one) the agent
-// can write to.
+// can write to. A missing one is created (parents too, mode 0755): on a
+// fresh machine, the very case that resumes, the trainer has not made it
+// yet. What the agent created must be a directory owned by its own user:
+// a symlink or another user's directory that appears at the name
+// meanwhile is refused.
 func checkDir(dir string) error {
 	if dir == "" {
 		return errors.New("watch: no directory")
 	}
 	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if fi, err = createDir(dir); err != nil {
+			return err
+		}
+	}
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("watch %s: no such directory: create it (mkdir -p) or point --watch at the directory the trainer saves into", dir)
 	case err != nil:
 		return fmt.Errorf("watch %s: %w", dir, err)
 	case fi.Mode()&os.ModeSymlink != 0:
@@ -159,6 +201,28 @@ func checkDir(dir string) error {
 		return fmt.Errorf("watch %s: not writable by the agent (uid %d): a restore writes into it: %w", dir, os.Getuid(), err)
 	}
 	return nil
+}
+
+// createDir makes the missing directory dir and returns what is there
+// now, which must be a directory of the agent's user.
+func createDir(dir string) (os.FileInfo, error) {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("watch %s: create: %w", dir, err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("watch %s: create: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return nil, fmt.Errorf("watch %s: a symlink appeared while the agent created the directory: refused", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("watch %s: appeared owned by uid %d while the agent (uid %d) created it: refused", dir, st.Uid, os.Geteuid())
+	}
+	return fi, nil
 }
 
 // Config returns the effective configuration.
@@ -186,6 +250,16 @@ func (w *Watcher) Pending(step int64) bool {
 	return false
 }
 
+// SetDeadline shrinks the quiet window to what deadline allows (a
+// termination notice's upload deadline): a checkpoint unchanged since it
+// was first seen is complete at deadline at the latest (after MarkerQuiet
+// at least). The zero time lifts it.
+func (w *Watcher) SetDeadline(deadline time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.deadline = deadline
+}
+
 // Retry forgets that name was reported complete: once it is quiet again
 // it is reported again (after a failed or torn upload).
 func (w *Watcher) Retry(name string) {
@@ -199,16 +273,26 @@ func (w *Watcher) Retry(name string) {
 // Run scans DIR until ctx ends, sending each checkpoint that becomes
 // complete to out (a checkpoint that changes and settles again is sent
 // again). It returns when ctx is done.
+//
+// Filesystem events (fsnotify: inotify on Linux) drive it: an event marks
+// the entry of DIR it is in, and a scan walks again only the entries
+// marked, reusing what it knew of the others. Every fullRescan (and after
+// an event queue overflow) it walks everything. Without events (NFS, a
+// full inotify table: the watch cannot be added) every scan, every
+// Rescan, walks everything, as the watcher always did.
 func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	fsw, err := fsnotify.NewWatcher()
 	var events chan fsnotify.Event
 	var errs chan error
+	evOK := false
 	if err != nil {
 		w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
 	} else {
 		defer fsw.Close()
 		if err := fsw.Add(w.cfg.Dir); err != nil {
 			w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
+		} else {
+			evOK = true
 		}
 		events, errs = fsw.Events, fsw.Errors
 	}
@@ -217,36 +301,110 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 	w.mu.Unlock()
 	tick := time.NewTicker(w.cfg.Rescan)
 	defer tick.Stop()
+	wake := time.NewTimer(time.Hour)
+	defer wake.Stop()
+	var lastFull time.Time
 	for {
-		for _, c := range w.Scan(time.Now()) {
+		now := time.Now()
+		full := !evOK || now.Sub(lastFull) >= fullRescan
+		if full {
+			lastFull = now
+		}
+		for _, c := range w.scan(now, full) {
 			select {
 			case out <- c:
 			case <-ctx.Done():
 				return
 			}
 		}
-		if fsw != nil {
-			w.notify(fsw)
+		if evOK && !w.notify(fsw) {
+			w.log.Warn("filesystem events incomplete (a checkpoint directory could not be watched): scanning everything periodically",
+				zap.Duration("rescan", w.cfg.Rescan))
+			evOK = false
+		}
+		if evOK && w.hasDirty() {
+			continue // directories just watched: walk them again now
+		}
+		// Wake when the next checkpoint's quiet window ends, not a rescan
+		// period later.
+		var due <-chan time.Time
+		w.mu.Lock()
+		next := w.due
+		w.mu.Unlock()
+		if !next.IsZero() {
+			wake.Reset(max(time.Until(next), time.Millisecond))
+			due = wake.C
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-due:
 		case <-tick.C:
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
-				events = nil
+				events, evOK = nil, false
+				continue
 			}
-			// A burst of writes is one scan: the ticker's period is short
-			// and the quiet period has to pass anyway.
-			drain(events)
+			// A burst of writes is one scan: events are gathered for
+			// eventSettle first. Completeness needs a quiet window
+			// anyway, and walking a checkpoint being written at every
+			// event would cost a core.
+			w.event(ev)
+			settle := time.NewTimer(eventSettle)
+		gather:
+			for {
+				select {
+				case <-ctx.Done():
+					settle.Stop()
+					return
+				case <-settle.C:
+					break gather
+				case ev, ok := <-events:
+					if !ok {
+						events, evOK = nil, false
+						settle.Stop()
+						break gather
+					}
+					w.event(ev)
+				}
+			}
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
 			} else {
+				if errors.Is(err, fsnotify.ErrEventOverflow) {
+					lastFull = time.Time{} // events were lost: walk everything
+				}
 				w.log.Warn("filesystem events: relying on the periodic scan", zap.Error(err))
 			}
 		}
 	}
+}
+
+// event marks the entry of DIR that ev is about.
+func (w *Watcher) event(ev fsnotify.Event) {
+	rel, err := filepath.Rel(w.cfg.Dir, ev.Name)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dirty == nil {
+		w.dirty = map[string]bool{}
+	}
+	first, _, nested := strings.Cut(filepath.ToSlash(rel), "/")
+	if !nested {
+		w.topDirty = true // an entry of DIR itself: added, removed, renamed
+	}
+	if first != "." {
+		w.dirty[first] = true
+	}
+}
+
+func (w *Watcher) hasDirty() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.dirty) > 0 || w.topDirty
 }
 
 // readDir lists the directory rel below root, in name order; opened
@@ -262,24 +420,16 @@ func readDir(root *os.Root, rel string) ([]os.DirEntry, error) {
 	return ents, err
 }
 
-func drain(events chan fsnotify.Event) {
-	for {
-		select {
-		case _, ok := <-events:
-			if !ok {
-				return
-			}
-		default:
-			return
-		}
-	}
-}
-
 // notify adds the checkpoint directories seen to the fsnotify watcher, so
-// that writes inside them wake the scan too.
-func (w *Watcher) notify(fsw *fsnotify.Watcher) {
+// that writes inside them are events too. An entry whose directory was
+// just added is marked, to be walked again: what was written in it before
+// the watch was there raised no event. It returns false when a directory
+// that still exists could not be watched (the inotify table is full):
+// events then cannot be relied on.
+func (w *Watcher) notify(fsw *fsnotify.Watcher) bool {
 	w.mu.Lock()
-	var add []string
+	type dir struct{ path, entry string }
+	var add []dir
 	for name, s := range w.state {
 		if s.kind != KindDir {
 			continue
@@ -289,7 +439,7 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 				p := filepath.Join(w.cfg.Dir, name, filepath.FromSlash(e.rel))
 				if !w.notifying[p] {
 					w.notifying[p] = true
-					add = append(add, p)
+					add = append(add, dir{p, name})
 				}
 			}
 		}
@@ -300,35 +450,88 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) {
 		}
 	}
 	w.mu.Unlock()
-	for _, p := range add {
-		fsw.Add(p) // best effort: the scan does not depend on it
+	ok := true
+	for _, d := range add {
+		if err := fsw.Add(d.path); err != nil {
+			if _, lerr := os.Lstat(d.path); lerr == nil {
+				ok = false
+			}
+			continue
+		}
+		w.mu.Lock()
+		if w.dirty == nil {
+			w.dirty = map[string]bool{}
+		}
+		w.dirty[d.entry] = true
+		w.mu.Unlock()
 	}
+	return ok
 }
 
 // Scan looks at DIR once, as at now, and returns the checkpoints that
 // became complete. Run calls it; tests call it with their own clock.
-func (w *Watcher) Scan(now time.Time) []*Checkpoint {
+func (w *Watcher) Scan(now time.Time) []*Checkpoint { return w.scan(now, true) }
+
+// scan is Scan; unless full, it walks again only the entries events
+// marked (and reads DIR's listing only if an entry was added, removed or
+// renamed), and takes the others as they were.
+func (w *Watcher) scan(now time.Time, full bool) []*Checkpoint {
 	w.scanMu.Lock()
 	defer w.scanMu.Unlock()
-	ents, err := readDir(w.root, ".")
-	if err != nil {
-		w.problem("", "cannot read the directory: "+err.Error())
-		return nil
+	w.mu.Lock()
+	dirty, listed := w.dirty, w.topDirty
+	w.dirty, w.topDirty = nil, false
+	w.mu.Unlock()
+	full = full || w.ents == nil
+	ents := w.ents
+	if full || listed {
+		var err error
+		if ents, err = readDir(w.root, "."); err != nil {
+			w.ents = nil
+			w.problem("", "cannot read the directory: "+err.Error())
+			return nil
+		}
+		w.ents = ents
 	}
 	// The walk, which takes long for a large checkpoint, happens before
 	// w.mu is taken: Pending, Retry and NewestStep (the agent's loop) do
 	// not wait for it.
 	snaps := map[string]snap{}
 	for _, e := range ents {
-		if name := e.Name(); w.namer.Match(name) {
-			if _, err := w.namer.Step(name, !e.IsDir()); err == nil {
-				fp, err := snapshot(w.root, name)
-				snaps[name] = snap{fp, err}
+		name := e.Name()
+		if !w.namer.Match(name) {
+			continue
+		}
+		if _, err := w.namer.Step(name, !e.IsDir()); err != nil {
+			continue
+		}
+		if !full && !dirty[name] {
+			w.mu.Lock()
+			var fp fingerprint
+			if s := w.state[name]; s != nil {
+				fp = s.fp
 			}
+			w.mu.Unlock()
+			if fp != nil { // unchanged, as far as events tell
+				snaps[name] = snap{fp, nil}
+				continue
+			}
+		}
+		fp, err := snapshot(w.root, name)
+		snaps[name] = snap{fp, err}
+	}
+	// A newer checkpoint in DIR says the trainer is done with the older
+	// ones: with rotation (save_total_limit) an older one may be deleted
+	// long before any quiet window longer than the save period passes.
+	top := int64(-1)
+	for name := range snaps {
+		if st, err := w.namer.Step(name, kindOf(snaps[name].fp) == KindFile); err == nil && st > top {
+			top = st
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.due = time.Time{}
 	var ready []*Checkpoint
 	present := map[string]bool{}
 	var others []string
@@ -341,7 +544,7 @@ func (w *Watcher) Scan(now time.Time) []*Checkpoint {
 			continue
 		}
 		present[name] = true
-		if c := w.look(name, e.Type(), snaps[name], now); c != nil {
+		if c := w.look(name, e.Type(), snaps[name], top, now); c != nil {
 			ready = append(ready, c)
 		}
 	}
@@ -373,8 +576,15 @@ type snap struct {
 }
 
 // look updates the state of one matching entry; it returns the entry when
-// it has just become complete. w.mu is held.
-func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Checkpoint {
+// it has just become complete. top is the highest step in DIR. w.mu is
+// held.
+//
+// Complete means: not empty, holding its marker if its layout has one,
+// and either quiet (unchanged) for the quiet window (the short
+// MarkerQuiet once the marker is there), or a newer checkpoint exists in
+// DIR and this one holds its marker, or (no marker) a scan saw it
+// unchanged.
+func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now time.Time) *Checkpoint {
 	kind := KindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
 		kind = KindDir
@@ -395,7 +605,7 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Ch
 	}
 	fp, err := sn.fp, sn.err
 	if err != nil {
-		s.fp, s.since, s.reported = nil, now, false
+		s.fp, s.since, s.reported, s.stable = nil, now, false, 0
 		if errors.Is(err, errRefused) {
 			s.problem = "refused: " + err.Error()
 			w.problemLocked(name, s.problem)
@@ -408,24 +618,50 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, now time.Time) *Ch
 	// Not equal: the agent's own hard links (staging) move ctimes, and
 	// must not make a checkpoint look written again.
 	if !fp.sameData(s.fp) {
-		s.fp, s.since, s.reported = fp, now, false
+		s.fp, s.since, s.reported, s.stable = fp, now, false, 0
+	} else {
+		s.stable++
 	}
 	s.problem = ""
-	if m := w.marker(name, s.kind); m != "" && !fp.has(m) {
-		s.problem = "waiting for " + m
-		return nil
+	quiet := w.quietLocked()
+	marked := false
+	if m := w.marker(name, s.kind); m != "" {
+		if !fp.has(m) {
+			s.problem = "waiting for " + m
+			return nil
+		}
+		quiet, marked = min(quiet, w.cfg.MarkerQuiet), true
+	}
+	if !w.deadline.IsZero() {
+		// Under a deadline a checkpoint unchanged since since is complete
+		// by the deadline at the latest: the upload's verification still
+		// catches one that was not.
+		quiet = min(quiet, max(w.deadline.Sub(s.since), w.cfg.MarkerQuiet))
 	}
 	if fp.files() == 0 {
 		s.problem = "empty"
 		return nil
 	}
-	if s.reported || now.Sub(s.since) < w.cfg.Quiet {
+	if s.reported {
+		return nil
+	}
+	// A newer checkpoint in DIR: with its marker this one is done (a
+	// trainer never writes into an older checkpoint once it started a
+	// newer one); without a marker, once a scan saw it unchanged.
+	newer := top > step && (marked || s.stable > 0)
+	if now.Sub(s.since) < quiet && !newer {
+		if d := s.since.Add(quiet); w.due.IsZero() || d.Before(w.due) {
+			w.due = d
+		}
 		return nil
 	}
 	s.reported = true
 	delete(w.warned, name)
 	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp, root: w.root}
 }
+
+// quietLocked is the quiet window now. w.mu is held.
+func (w *Watcher) quietLocked() time.Duration { return w.cfg.Quiet }
 
 func kindOf(fp fingerprint) string {
 	if len(fp) == 1 && fp[0].rel == "." && !fp[0].dir {

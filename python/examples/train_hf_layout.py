@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import time
@@ -85,6 +86,8 @@ def main(argv=None):
     ap.add_argument("--step-time", type=float, default=0.05)
     ap.add_argument("--out", help="write the final parameter digests here as JSON")
     ap.add_argument("--save-on-signal", action="store_true", help="on SIGTERM save at the current step and exit 0")
+    ap.add_argument("--save-total-limit", type=int, default=0,
+                    help="after each save delete the oldest checkpoints beyond this many, as TrainingArguments(save_total_limit=N)")
     ap.add_argument("--die-while-saving-at", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -131,6 +134,11 @@ def main(argv=None):
                     "loader_epoch_start": epoch_loader_state}, os.path.join(d, "rng_state.pth"))
         with open(os.path.join(d, "trainer_state.json"), "w") as f:  # last, as the Trainer does
             json.dump({"global_step": at, "epoch": epoch, "batch_in_epoch": batch}, f)
+        if args.save_total_limit > 0:  # the Trainer's _rotate_checkpoints: right after the save
+            found = sorted((int(m.group(1)), n) for n in os.listdir(args.output_dir)
+                           for m in [CHECKPOINT_RE.match(n)] if m)
+            for _, n in found[:-args.save_total_limit]:
+                shutil.rmtree(os.path.join(args.output_dir, n), ignore_errors=True)
         return d
 
     signalled = []

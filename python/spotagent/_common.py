@@ -46,7 +46,7 @@ BACKOFF_MIN = 0.1
 BACKOFF_MAX = 2.0
 #: Polls between two agreements of a torch.distributed job's ranks (see
 #: dist.py and README "Distributed jobs"); $SPOTAGENT_SYNC_EVERY overrides.
-DEFAULT_SYNC_EVERY = 1
+DEFAULT_SYNC_EVERY = -1  # auto: dist.Sync picks k from measured step and collective times
 #: Longest wait in poll for the agent's answer to a join ($SPOTAGENT_JOIN_TIMEOUT).
 DEFAULT_JOIN_TIMEOUT = 10.0
 #: Seconds between a SIGTERM and the end of the trainer's grace

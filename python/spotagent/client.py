@@ -557,9 +557,12 @@ def connect(
     In a torch.distributed job (detected when poll first sees an initialised
     process group of more than one rank, or ``process_group``) the ranks
     agree on every request in ``poll`` every ``sync_every`` calls (default
-    $SPOTAGENT_SYNC_EVERY, else 1); every rank must call poll once per step.
-    ``sync_every=0`` turns the agreement off (a job that polls on some ranks
-    only: each rank then behaves as a single trainer).
+    $SPOTAGENT_SYNC_EVERY, else -1: auto, every k calls with k agreed at
+    each agreement from the measured step and collective times, so that the
+    agreement costs at most 0.5 % of a step while a request waits at most
+    1 s); every rank must call poll once per step. ``sync_every=0`` turns
+    the agreement off (a job that polls on some ranks only: each rank then
+    behaves as a single trainer).
     ``rank``/``world_size`` then default to the default group's.
 
     Raises :class:`AgentRefused` when the agent refuses this trainer for

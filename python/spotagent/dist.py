@@ -19,6 +19,7 @@ caller hands over a process group: the client stays standard-library only.
 """
 
 import datetime
+import math
 import os
 import sys
 import time
@@ -82,6 +83,17 @@ def decode(agreed: Tuple[int, int]) -> Tuple[int, int, Optional[datetime.datetim
     return (v >> ID_BITS, v & ID_MASK, deadline)
 
 
+#: sync_every's default: agree every k polls, k chosen at each agreement
+#: from measured times (Sync.propose), the same k on every rank.
+AUTO = -1
+#: auto: the share of a training step the agreement may cost at most.
+MAX_OVERHEAD = 0.005
+#: auto: how long a request may wait for the next agreement at most (s).
+MAX_LATENCY = 1.0
+#: auto: the most polls between two agreements.
+MAX_K = 1000
+
+
 class Sync(object):
     """The collective of one process. ``detect`` finds the process group
     lazily (``connect`` may run before ``init_process_group``); once it sees
@@ -90,10 +102,15 @@ class Sync(object):
     there -- itself a collective, reached by every rank at the same call --
     so the agreement never touches the GPU."""
 
-    def __init__(self, process_group: Any = None, every: int = 1) -> None:
-        self.every = int(every)  # 0: the agreement is off
+    def __init__(self, process_group: Any = None, every: int = AUTO) -> None:
+        self.every = int(every)  # 0: the agreement is off; < 0: auto
+        self.k = 1 if self.every < 0 else self.every  # polls between agreements
         self.calls = 0  # polls since the agreement was switched on
         self.agreements = 0  # collectives run
+        self._since = 0  # polls since the last agreement (auto)
+        self._last_poll = None  # type: Optional[float]
+        self.step_s = None  # type: Optional[float]  # EWMA of the time between polls
+        self.coll_s = None  # type: Optional[float]  # EWMA of one collective
         self.active = False
         self._user_group = process_group
         self._group = None  # type: Any  # the gloo group the all_reduce runs on
@@ -105,7 +122,7 @@ class Sync(object):
     def detect(self) -> bool:
         if self.active:
             return True
-        if self.every <= 0:
+        if self.every == 0:
             return False
         dist = self._dist
         if dist is None:
@@ -140,8 +157,33 @@ class Sync(object):
 
     def due(self) -> bool:
         """Count one poll; True when this one runs the collective."""
+        now = time.monotonic()
+        if self._last_poll is not None:
+            self.step_s = _ewma(self.step_s, now - self._last_poll)
+        self._last_poll = now
         self.calls += 1
-        return (self.calls - 1) % self.every == 0
+        if self.every > 0:
+            return (self.calls - 1) % self.every == 0
+        self._since += 1
+        if self._since >= self.k:
+            self._since = 0
+            return True
+        return False
+
+    def propose(self) -> int:
+        """This rank's k for the next interval (auto): the fewest polls
+        between agreements that keep one collective within MAX_OVERHEAD of
+        the steps it covers, but never so many that a request waits longer
+        than MAX_LATENCY for the next agreement. The job takes the smallest
+        rank's proposal, agreed in the same all_reduce."""
+        if self.every > 0:
+            return self.every
+        step, coll = self.step_s, self.coll_s
+        if step is None or coll is None or step <= 0:
+            return 1
+        by_cost = int(math.ceil(coll / (MAX_OVERHEAD * step)))
+        by_latency = max(1, int(math.floor(MAX_LATENCY / step + 1e-9)))
+        return max(1, min(by_cost, by_latency, MAX_K))
 
     def agree(self, mine: Tuple[int, int], resumed: Optional[int] = None, agent: bool = True) -> Tuple[int, int]:
         """The job's (MAX) entry. The first agreement also checks, in the
@@ -150,20 +192,28 @@ class Sync(object):
         own, and a rank on another step would hang or corrupt the job."""
         first = self.agreements == 0
         self.agreements += 1
-        vals = list(mine)
+        vals = list(mine) + [-self.propose()]  # MAX of -k: the smallest k
         if first:
             r = -1 if resumed is None else int(resumed)
             vals += [r, -r] if agent else [-(1 << 62), -(1 << 62)]  # no agent: no say
         t = self._torch.tensor(vals, dtype=self._torch.int64)
+        t0 = time.monotonic()
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
+        self.coll_s = _ewma(self.coll_s, time.monotonic() - t0)
         out = t.tolist()
-        if first and out[2] != -(1 << 62) and out[2] != -out[3]:
-            hi, lo = out[2], -out[3]
+        if self.every < 0:
+            self.k = max(1, -out[2])
+        if first and out[3] != -(1 << 62) and out[3] != -out[4]:
+            hi, lo = out[3], -out[4]
             raise RuntimeError(
                 "spotagent: the ranks of this job resumed from different checkpoints "
                 "(steps %s to %s; -1: none): a node restored an older one (see its agent's log)"
                 % (lo, hi))
         return (out[0], out[1])
+
+
+def _ewma(prev: Optional[float], x: float, alpha: float = 0.2) -> float:
+    return x if prev is None else prev + alpha * (x - prev)
 
 
 def env_ranks() -> Tuple[Optional[int], Optional[int]]:

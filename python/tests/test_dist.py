@@ -409,6 +409,9 @@ class GlooBase(Base):
             srv = extra.pop("SOCKET", None)
             if srv is not None:
                 env["SPOTAGENT_SOCKET"] = srv.path
+            # These tests pin the step of each agreement: every poll agrees.
+            # The default (auto k) has its own test below.
+            env["SPOTAGENT_SYNC_EVERY"] = "1"
             env.update({k: str(v) for k, v in extra.items()})
             p = subprocess.Popen([TORCH_PYTHON, WORKER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             p.lines = []
@@ -468,6 +471,18 @@ class TestGloo(GlooBase):
             self.assertEqual((e[0]["id"], e[0]["reason"]), (id, reason))
             self.assertEqual(e[0]["deadline"], deadline.isoformat() if deadline else None)
         return evs[0][0]["step"]
+
+    def test_auto_sync_every_still_saves_at_one_step(self):
+        # The default: k agreed from measured times. Both ranks still see the
+        # interruption at one and the same step, however late.
+        a0, a1 = self.agent(0), self.agent(1)
+        self.start([{"SOCKET": a0, "DW_WAIT": "request", "DW_WAIT_AT": 3, "SPOTAGENT_SYNC_EVERY": -1}, {"SOCKET": a1, "SPOTAGENT_SYNC_EVERY": -1}])
+        self.wait_line(0, "waiting 3")
+        dl, t = self.deadline()
+        a0.send({"type": "checkpoint", "id": "a1b2c3d4e5f6", "reason": "interruption",
+                 "dir": os.path.join(self.tmp, "node0", "a1b2c3d4e5f6"), "deadline": dl})
+        outs = self.finish()
+        self.assertGreaterEqual(self.same_request(outs, "a1b2c3d4e5f6", "interruption", t), 3)
 
     def test_interruption_on_one_node_is_saved_by_both_at_one_step(self):
         a0, a1 = self.agent(0), self.agent(1)
@@ -653,3 +668,34 @@ class TestTrainDDP(GlooBase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestAutoSyncEvery(unittest.TestCase):
+    """sync_every's default (auto): k from the measured step and collective
+    times, bounded by the overhead and by the latency of a request."""
+
+    def k(self, step, coll):
+        s = sdist.Sync(every=sdist.AUTO)
+        s.step_s, s.coll_s = step, coll
+        return s.propose()
+
+    def test_cheap_collective_agrees_every_step(self):
+        self.assertEqual(self.k(step=1.0, coll=0.001), 1)
+
+    def test_costly_collective_spaces_agreements(self):
+        # 1 ms collective, 10 ms steps: every 20 steps is 0.5 %.
+        self.assertEqual(self.k(step=0.010, coll=0.001), 20)
+
+    def test_latency_bound_wins(self):
+        # 1,000 ranks: a 20 ms collective on 5 ms steps would want k = 800,
+        # but a notice must reach every rank within 1 s: k = 200.
+        self.assertEqual(self.k(step=0.005, coll=0.020), 200)
+
+    def test_unknown_times_agree_every_step(self):
+        self.assertEqual(self.k(step=None, coll=None), 1)
+
+    def test_fixed_sync_every_is_kept(self):
+        s = sdist.Sync(every=7)
+        s.step_s, s.coll_s = 0.001, 1.0
+        self.assertEqual(s.propose(), 7)
+        self.assertEqual([s.due() for _ in range(8)], [True] + [False] * 6 + [True])

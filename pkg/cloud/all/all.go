@@ -25,11 +25,22 @@ type Options struct {
 	Log           *zap.Logger
 	// CheckTimeout bounds the access check (default 15 s).
 	CheckTimeout time.Duration
+	// ReadOnly opens the store for a command that only reads it (list,
+	// history, report, restore): nothing is created in it, not even the
+	// file store's directory, whose absence is cloud.ErrBucketNotFound,
+	// and the access check writes nothing.
+	ReadOnly bool
 }
 
 type checker interface {
 	cloud.Store
 	Check(ctx context.Context) error
+}
+
+// readChecker is a backend whose Check writes (the file store's); with
+// ReadOnly, Open calls CheckRead instead.
+type readChecker interface {
+	CheckRead(ctx context.Context) error
 }
 
 // Open parses uri, builds the store and checks access (the bucket exists,
@@ -54,7 +65,11 @@ func Open(ctx context.Context, uri string, opts Options) (cloud.Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", uri, err)
 	}
-	if err := st.Check(ctx); err != nil {
+	check := st.Check
+	if rc, ok := st.(readChecker); ok && opts.ReadOnly {
+		check = rc.CheckRead
+	}
+	if err := check(ctx); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("open store %s: %w", uri, err)
 	}
@@ -65,6 +80,9 @@ func Open(ctx context.Context, uri string, opts Options) (cloud.Store, error) {
 func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (checker, error) {
 	switch scheme {
 	case "file":
+		if opts.ReadOnly {
+			return file.Open(prefix)
+		}
 		return file.New(prefix)
 	case "s3":
 		return s3.New(ctx, bucket, prefix, s3.Options{

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -65,6 +67,43 @@ func TestOpenFile(t *testing.T) {
 	}
 	if _, err := all.Open(t.Context(), "/proc/no/such/dir", all.Options{}); err == nil {
 		t.Fatal("open of an unwritable path succeeded")
+	}
+}
+
+// TestOpenFile_ReadOnly: opened read-only, a missing directory is
+// ErrBucketNotFound naming it, and nothing is created, neither the
+// directory nor a file in an existing one.
+func TestOpenFile_ReadOnly(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nonexistent", "bucket")
+	_, err := all.Open(t.Context(), "file://"+missing, all.Options{ReadOnly: true})
+	wantErr(t, "missing directory", err, cloud.ErrBucketNotFound)
+	if !strings.Contains(err.Error(), missing) {
+		t.Fatalf("error %q does not name %s", err, missing)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nonexistent")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a read-only open created something: %v", err)
+	}
+	notDir := filepath.Join(dir, "f")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = all.Open(t.Context(), notDir, all.Options{ReadOnly: true})
+	wantErr(t, "a file", err, cloud.ErrBucketNotFound)
+
+	existing := filepath.Join(dir, "store")
+	if err := os.Mkdir(existing, 0o500); err != nil { // not writable: the check must not write
+		t.Fatal(err)
+	}
+	st, err := all.Open(t.Context(), existing, all.Options{ReadOnly: true})
+	if os.Geteuid() != 0 && err != nil {
+		t.Fatalf("read-only open of a read-only directory: %v", err)
+	}
+	if err == nil {
+		st.Close()
+	}
+	if ents, _ := os.ReadDir(existing); len(ents) != 0 {
+		t.Fatalf("a read-only open wrote %v", ents)
 	}
 }
 

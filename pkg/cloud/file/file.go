@@ -53,6 +53,36 @@ func New(root string) (*Store, error) {
 	return &Store{root: abs, active: map[string]struct{}{}}, nil
 }
 
+// Open returns a store rooted at root for reading: it creates nothing, and
+// a root that does not exist (or is not a directory) is an error wrapping
+// cloud.ErrBucketNotFound, the file store's missing bucket. Read-only
+// commands use it so that a mistyped path fails instead of reading as an
+// empty store.
+func Open(root string) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("file store: %w", err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, noDirError{abs, "does not exist"}
+		}
+		return nil, fmt.Errorf("file store: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, noDirError{abs, "is not a directory"}
+	}
+	return &Store{root: abs, active: map[string]struct{}{}}, nil
+}
+
+// noDirError is a missing root: it reads as the directory and why, and
+// compares as cloud.ErrBucketNotFound.
+type noDirError struct{ dir, why string }
+
+func (e noDirError) Error() string        { return "directory " + e.dir + " " + e.why }
+func (e noDirError) Is(target error) bool { return target == cloud.ErrBucketNotFound }
+
 // Root is the absolute directory the store writes under.
 func (s *Store) Root() string { return s.root }
 
@@ -158,6 +188,22 @@ func notExist(err error) error {
 		return fmt.Errorf("%w: %w", cloud.ErrNotExist, err)
 	}
 	return err
+}
+
+// CheckRead verifies that the directory can be listed, writing nothing.
+func (s *Store) CheckRead(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	f, err := os.Open(s.root)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.URI(""), err)
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: %w", s.URI(""), err)
+	}
+	return nil
 }
 
 // Check verifies that the directory is writable by creating and removing

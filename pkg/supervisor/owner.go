@@ -1,0 +1,34 @@
+package supervisor
+
+import (
+	"os"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// trainerOwned marks r's directory, as opened for its commit, as written
+// by the trainers that answered r when they run as another user than the
+// agent (node and sidecar modes with an agent running as root): every file
+// uploaded from it must then be owned by one of them and have one link
+// (checkpoint.OwnedBy), so that a trainer cannot make the agent read a
+// file it could not read itself. A trainer of the agent's own user crosses
+// no boundary: nothing is marked. The returned func lifts the mark.
+func (a *Agent) trainerOwned(r *request) func() {
+	if r.held == nil {
+		return func() {}
+	}
+	euid := os.Geteuid()
+	var uids []int
+	for cid := range r.answeredBy {
+		c := a.conns[cid]
+		if c == nil {
+			continue
+		}
+		uid := c.PeerUID()
+		if uid < 0 || uid == euid {
+			return func() {}
+		}
+		uids = append(uids, uid)
+	}
+	return checkpoint.OwnedBy(r.held, uids...)
+}
