@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What spotagent's agreement costs per poll() in a torch.distributed job.
 
-Starts 2 and 4 local ranks (subprocesses with MASTER_ADDR/MASTER_PORT, RANK,
+Starts 2, 4 and 8 local ranks (subprocesses with MASTER_ADDR/MASTER_PORT, RANK,
 WORLD_SIZE; not torchrun) on the gloo backend, connects each to no agent
 (the collective runs all the same) and times agent.poll(step) call by call,
 with sync_every 1 and 10: the all_reduce(MAX) of two int64 every
@@ -9,7 +9,16 @@ sync_every-th call is all the work. Prints a markdown table (median, p99 and
 mean microseconds per poll, over every rank's calls) next to a poll without
 a process group.
 
-    /usr/bin/python3 bench/collective_cost.py [--ranks 2,4] [--sync-every 1,10] [--calls 5000]
+    /usr/bin/python3 bench/collective_cost.py [--ranks 2,4,8] [--sync-every 1,10] [--calls 5000]
+
+Then it fits two models of the agreement's cost to the medians of the
+polls that ran the all_reduce: a ring (gloo's allreduce for a small
+tensor: 2(N-1) sequential hops, cost = a + h * 2(N-1)) and a tree or
+recursive doubling (cost = a + h * log2 N), prints each fit's per-hop
+time and residuals, and what each predicts at --predict ranks (1000),
+both with the per-hop time fitted here (local processes, loopback,
+oversubscribed cores: scheduling included) and with --hop-us (a network
+hop between machines, 25 us by default).
 
 Ranks poll back to back here, so a call also absorbs the skew between ranks
 that a real step's own collectives (DDP's all-reduce) would otherwise take;
@@ -113,7 +122,9 @@ def stats(ns) -> tuple:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--predict", type=int, default=1000)
+    ap.add_argument("--hop-us", type=float, default=25.0)
     ap.add_argument("--sync-every", default="1,10")
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--warmup", type=int, default=200)
@@ -127,7 +138,7 @@ def main() -> None:
 
     import spotagent
 
-    rows = []
+    rows, synced_med = [], {}
     base = spotagent.connect(path=None)  # no process group: the single-trainer poll
     b = stats(time_polls(base, args.calls, args.warmup))
     rows.append(("1 (no process group)", "-") + b + (float("nan"),))
@@ -139,6 +150,8 @@ def main() -> None:
             # The calls that ran the all_reduce: poll number warmup+i+1 of each rank.
             synced = [t for i, t in enumerate(ns) if (args.warmup + i % args.calls) % every == 0]
             rows.append((str(world), str(every)) + stats(ns) + (stats(synced)[0],))
+            if every == 1:
+                synced_med[world] = stats(synced)[0]
     print("poll() cost with the agreement, gloo on 127.0.0.1, %d cores, %d calls per rank, no agent" % (
         os.cpu_count() or 0, args.calls))
     print()
@@ -146,6 +159,37 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(("| %s | %s | %.1f | %.1f | %.1f | %.1f |" % r).replace("nan", "-"))
+    if len(synced_med) >= 2:
+        fit_models(synced_med, args.predict, args.hop_us)
+
+
+def fit(xs, ys):
+    """Least squares y = a + h x: (a, h)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    h = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - h * mx, h
+
+
+def fit_models(med: dict, predict: int, hop_us: float) -> None:
+    """Fits the ring and the log model to {ranks: median µs of an agreeing poll}."""
+    import math
+    worlds = sorted(med)
+    print()
+    print("Models of one agreement (sync_every=1 polls), fitted to the medians above (%s ranks):" % ", ".join(map(str, worlds)))
+    print()
+    print("| model | hops at N | fixed a µs | per hop h µs | residuals µs | at %d ranks, h fitted here | at %d ranks, h = %g µs (network) |" % (predict, predict, hop_us))
+    print("| --- | --- | ---: | ---: | --- | ---: | ---: |")
+    for name, hops in (("ring", lambda n: 2.0 * (n - 1)), ("tree / recursive doubling", lambda n: math.log2(n))):
+        xs = [hops(n) for n in worlds]
+        ys = [med[n] for n in worlds]
+        a, h = fit(xs, ys)
+        res = ", ".join("%+.0f" % (y - (a + h * x)) for x, y in zip(xs, ys))
+        here = a + h * hops(predict)
+        net = max(a, 0.0) + hop_us * hops(predict)  # a < 0: a fit's artefact, not a cost
+        print("| %s | %s | %.1f | %.1f | %s | %.1f ms | %.1f ms |" % (
+            name, "2(N-1)" if name == "ring" else "log2 N", a, h, res, here / 1000.0, net / 1000.0))
 
 
 if __name__ == "__main__":

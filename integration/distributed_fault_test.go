@@ -126,13 +126,15 @@ func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 	}
 	dirs := map[int]string{0: req.Dir}
 	for _, r := range ranks[1:] {
-		if r.rank < len(ranks)/2 { // rank 0's node: asked already
-			m, ok := r.next(protocol.TypeCheckpoint, time.Minute)
-			if !ok || m.ID != req.ID {
-				t.Fatalf("rank %d: request %+v, want id %s", r.rank, m, req.ID)
+		if r.rank < len(ranks)/2 { // rank 0's node: asked already, unless its hello came after the request
+			if m, ok := r.next(protocol.TypeCheckpoint, 2*time.Second); ok {
+				if m.ID != req.ID {
+					t.Fatalf("rank %d: request %+v, want id %s", r.rank, m, req.ID)
+				}
+				dirs[r.rank] = m.Dir
+				continue
 			}
-			dirs[r.rank] = m.Dir
-			continue
+			// As the Python client does: it learns the id from the agreement and joins.
 		}
 		r.send(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
 		m, ok := r.next(protocol.TypeCheckpoint, time.Minute)
@@ -232,7 +234,10 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 		// was durable, else it keeps waiting: stop it and look again.
 		agents[1-victim].signal(syscall.SIGTERM)
 		agents[1-victim].waitEntry("signal received: taking a final checkpoint", time.Minute, nil)
-		agents[1-victim].signal(syscall.SIGTERM) // the second one stops it at once
+		// A second signal within 1 s of the first is the same shutdown
+		// (issue 24 item 9); a deliberate one later stops it at once.
+		time.Sleep(1100 * time.Millisecond) // the scenario's gap, not synchronisation
+		agents[1-victim].signal(syscall.SIGTERM)
 		agents[1-victim].wait(time.Minute)
 		end := checkRestorable(t, st, world)
 		if mid != 10 && mid != 20 || end != 10 && end != 20 || end < mid {

@@ -21,21 +21,29 @@ import (
 
 // A simulated job of ddpNodes nodes × ddpRanks ranks on this machine: one
 // agent per node (own socket, checkpoint directory and fake metadata
-// service), each wrapping a launcher that starts its node's ranks as
-// torchrun would (python/examples/launch_ranks.py), ranks training a small
-// DDP model with gloo (python/examples/train_ddp.py), one shared S3 store.
+// service), each wrapping the real torchrun (its elastic agent, static
+// rendezvous on loopback; python/examples/torchrun.py is torchrun on
+// Debian's torch 1.13 under Python 3.11), ranks training a small DDP model
+// with gloo (python/examples/train_ddp.py), one shared S3 store.
 const (
 	ddpNodes = 2
 	ddpRanks = 2
 	ddpSteps = "400"
 )
 
-// ddpLauncher is the command line of node k's launcher.
+// torchrunCmd is node k's torchrun command line for a job of nodes × ranks
+// whose rendezvous (node 0's store) listens on port; script and its args
+// follow.
+func torchrunCmd(nodes, k, ranks, port int, script ...string) []string {
+	return append([]string{python, "python/examples/torchrun.py", "--nnodes", strconv.Itoa(nodes),
+		"--node_rank", strconv.Itoa(k), "--nproc_per_node", strconv.Itoa(ranks),
+		"--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port)}, script...)
+}
+
+// ddpLauncher is the command line of node k's launcher: the documented
+// `spotagent run --node-rank K -- torchrun --nnodes 2 --node_rank K ...`.
 func ddpLauncher(k, port int) []string {
-	return []string{python, "python/examples/launch_ranks.py", "--nnodes", strconv.Itoa(ddpNodes),
-		"--node-rank", strconv.Itoa(k), "--nproc-per-node", strconv.Itoa(ddpRanks),
-		"--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port),
-		"--", python, "python/examples/train_ddp.py"}
+	return torchrunCmd(ddpNodes, k, ddpRanks, port, "python/examples/train_ddp.py")
 }
 
 // ddpEnv is the trainers' environment (steps, pacing).

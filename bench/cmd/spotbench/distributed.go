@@ -15,7 +15,8 @@ import (
 )
 
 // benchDistributed (issue 15): a job of 2 nodes × 2 ranks on this machine,
-// one `spotagent run --node-rank K` per node around launch_ranks.py, ranks
+// one `spotagent run --node-rank K` per node around the real torchrun
+// (python/examples/torchrun.py: torchrun on Debian's torch 1.13), ranks
 // running python/examples/train_ddp.py (DDP, gloo) with SAVE_BYTES of
 // payload per rank, one MinIO store; a spot notice on node 1 only;
 // measured: notice exposed → the later of the two agents' "checkpoint
@@ -25,7 +26,7 @@ import (
 func benchDistributed(c *config, r *report, s *stores) error {
 	const perRank = 256 << 20
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` per node around `python/examples/launch_ranks.py` (torchrun's environment), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`, `spot/instance-action` read every 250 ms); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
+	fmt.Fprintf(&b, "`spotagent run` per node around the real torchrun (`python/examples/torchrun.py`: torch 1.13's elastic agent, static rendezvous on loopback), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`, `spot/instance-action` read every 250 ms); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
 	b.WriteString("| job | checkpoint | notice → committed s | notice → request ms |\n| --- | --- | --- | --- |\n")
 	for _, shape := range []struct {
 		label        string
@@ -56,7 +57,7 @@ func benchDistributed(c *config, r *report, s *stores) error {
 	b.WriteString("\nThe agreement's cost per `poll` (one `all_reduce(MAX)` of two int64 over gloo, local processes, no agent), from `bench/collective_cost.py`:\n\n")
 	b.Write(out)
 	r.add("8. Multi-node: notice → job-wide commit, and the agreement's cost", b.String())
-	r.command("spotagent run --store URI --run-id dist --node-rank K --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/launch_ranks.py --nnodes 2 --node-rank K --nproc-per-node 2 -- python3 python/examples/train_ddp.py")
+	r.command("spotagent run --store URI --run-id dist --node-rank K --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/torchrun.py --nnodes 2 --node_rank K --nproc_per_node 2 --master_addr 127.0.0.1 --master_port PORT python/examples/train_ddp.py")
 	return nil
 }
 
@@ -100,9 +101,9 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 		if nodes > 1 {
 			args = append(args, "--node-rank", strconv.Itoa(k))
 		}
-		args = append(args, "--", torchPython(), "python/examples/launch_ranks.py", "--nnodes", strconv.Itoa(nodes),
-			"--node-rank", strconv.Itoa(k), "--nproc-per-node", strconv.Itoa(ranks), "--master-port", strconv.Itoa(port),
-			"--", torchPython(), "python/examples/train_ddp.py")
+		args = append(args, "--", torchPython(), "python/examples/torchrun.py", "--nnodes", strconv.Itoa(nodes),
+			"--node_rank", strconv.Itoa(k), "--nproc_per_node", strconv.Itoa(ranks),
+			"--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port), "python/examples/train_ddp.py")
 		cmd := exec.Command(c.bin, args...)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.Env = append(cmd.Env, "TOTAL_STEPS=100000000", "STEP_SLEEP_MS=10", "SAVE_BYTES="+strconv.FormatInt(perRank, 10))
