@@ -135,6 +135,27 @@ func (c *Config) defaults() {
 	}
 }
 
+// exitFileEnv names the file the Python client writes 75 to when it was
+// stopped for an interruption or shutdown; exitFileName is where the agent
+// points it, in its own area, unless the user set one.
+const (
+	exitFileEnv  = "SPOTAGENT_EXIT_FILE"
+	exitFileName = "exit-code"
+)
+
+// childSaid75 reports whether the trainer's ranks wrote 75 to the exit
+// file: they were stopped for an interruption or shutdown.
+func (a *Agent) childSaid75() bool {
+	var b []byte
+	var err error
+	if p := os.Getenv(exitFileEnv); p != "" {
+		b, err = os.ReadFile(p)
+	} else {
+		b, err = a.dirs.area.ReadFile(exitFileName)
+	}
+	return err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(ExitInterrupted)
+}
+
 // DefaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
 const DefaultSignalWindow = time.Second
@@ -430,6 +451,12 @@ func (a *Agent) childEnv() []string {
 			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, RequestFile),
 			"SPOTAGENT_DONE_MARKER="+DoneMarker,
 		)
+	}
+	if os.Getenv(exitFileEnv) == "" {
+		// The client writes 75 here when stopped for an interruption or
+		// shutdown: a launcher that hides its workers' codes (torchrun's
+		// 1) still makes this agent exit 75 (exitCodeFor).
+		env = append(env, exitFileEnv+"="+filepath.Join(a.dirs.areaPath, exitFileName))
 	}
 	if r := a.resume; r != nil {
 		env = append(env,

@@ -278,6 +278,7 @@ func (a *Agent) startChild() error {
 		a.lastBlock = time.Now()
 		a.lastCommit.trainedAt = a.lastBlock
 	}
+	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
 	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
@@ -485,7 +486,13 @@ func (a *Agent) exitCodeFor(code int) int {
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)):
+	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+		// torchrun answers the group's SIGTERM with 1, never 143.
+		return ExitInterrupted
+	case code == 1 && s.stopSent && !s.record.CommitOK && a.childSaid75():
+		// The checkpoint did not commit (the previous one stands), the
+		// ranks were stopped and said 75: a single trainer would exit 75.
+		a.log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
 		return ExitInterrupted
 	case code == 1 && s.record.CommitOK && s.stopSent:
 		// torchrun reports workers that exited 75 as its own exit 1

@@ -669,3 +669,36 @@ func TestAgent_TrainerThatCannotStartTouchesNoStore(t *testing.T) {
 		t.Fatalf("%d objects in the store after a start that failed; want none", n)
 	}
 }
+
+// A launcher that hides its workers' codes (torchrun: 1) after a stop whose
+// checkpoint did not commit: the ranks wrote 75 to $SPOTAGENT_EXIT_FILE,
+// which the agent points into its area, so the agent exits 75 as it would
+// for a single trainer; without that file the 1 stands.
+func TestAgent_LauncherOneWithExitFile(t *testing.T) {
+	for _, wrote := range []bool{true, false} {
+		t.Run(fmt.Sprintf("wrote=%v", wrote), func(t *testing.T) {
+			release := filepath.Join(shortDir(t), "release")
+			write := ""
+			if wrote {
+				write = `echo 75 > "$SPOTAGENT_EXIT_FILE"; `
+			}
+			ar := startAgent(t, func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; " + write + "exit 1"}
+			})
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.hello()
+			ar.sigs <- syscall.SIGTERM
+			req := tr.expect(protocol.TypeCheckpoint)
+			tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
+			tr.expect(protocol.TypeStop)
+			os.WriteFile(release, nil, 0o600)
+			want := 1
+			if wrote {
+				want = ExitInterrupted
+			}
+			if code := ar.wait(t); code != want {
+				t.Fatalf("exit code %d, want %d", code, want)
+			}
+		})
+	}
+}
