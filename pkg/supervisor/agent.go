@@ -363,7 +363,7 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 	a.journalAsync(func(j *checkpoint.Journal) {
 		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
 			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
-			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: a.cfg.Node,
 		})
 	})
 	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
