@@ -7,7 +7,7 @@ is saved into each checkpoint directory the agent asks for, and a resumed run
 continues bit-for-bit: its final parameters equal an uninterrupted run's.
 
     python3 train.py --steps 300 --out final.json            # bare (no agent)
-    spotagent run --store file:///tmp/store -- python3 train.py --out final.json
+    spotagent run --cloud none --store file:///tmp/store -- python3 train.py --out final.json
 
 Test-only: SPOTAGENT_EXAMPLE_STOP_AT=K saves a checkpoint after step K into
 $SPOTAGENT_CHECKPOINT_DIR/example-stop-<K> and exits 0, simulating an
