@@ -216,12 +216,17 @@ func freePorts(n int) ([]int, error) {
 }
 
 func (cp *controlPlane) start(name string, args ...string) error {
+	return cp.startPath(name, filepath.Join(cp.bin, name), args...)
+}
+
+// startPath starts a program, its output in <dir>/<name>.log.
+func (cp *controlPlane) startPath(name, path string, args ...string) error {
 	logPath := filepath.Join(cp.dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(cp.bin, name), args...)
+	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Dir = cp.dir
 	// Dies with the test binary even if TestMain never gets to stop it.
