@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -166,7 +167,40 @@ func checkJobSet(t *testing.T, js *jobSet) (rule string) {
 			}
 		}
 	}
+	checkSameAsMultinodeJob(t, js, rank0)
 	return rule
+}
+
+// checkSameAsMultinodeJob: the JobSet's pods are multinode-job.yaml's but
+// for what a JobSet names differently (rank 0's address, the run id's
+// label, the subdomain the JobSet sets), so the two cannot drift apart.
+func checkSameAsMultinodeJob(t *testing.T, js *jobSet, rank0 string) {
+	t.Helper()
+	job := only[*batchv1.Job](t, decodeManifests(t, "kubernetes/multinode-job.yaml"))
+	want := job.Spec.Template.Spec.DeepCopy()
+	got := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.DeepCopy()
+	got.Subdomain = want.Subdomain
+	for _, cs := range [][]corev1.Container{got.InitContainers, got.Containers} {
+		for i := range cs {
+			c := &cs[i]
+			for k, a := range c.Command {
+				c.Command[k] = strings.Replace(a, "--master_addr="+rank0, "--master_addr="+job.Name+"-0."+want.Subdomain, 1)
+			}
+			for k := range c.Env {
+				if f := c.Env[k].ValueFrom; f != nil && f.FieldRef != nil && f.FieldRef.FieldPath == "metadata.labels['jobset.sigs.k8s.io/jobset-name']" {
+					f.FieldRef.FieldPath = "metadata.labels['batch.kubernetes.io/job-name']"
+				}
+			}
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		g, _ := yaml.Marshal(got)
+		w, _ := yaml.Marshal(want)
+		t.Errorf("the JobSet's pod spec differs from multinode-job.yaml's beyond the JobSet names:\n--- jobset\n%s\n--- job\n%s", g, w)
+	}
+	if js.Spec.ReplicatedJobs[0].Template.Spec.Completions == nil || *js.Spec.ReplicatedJobs[0].Template.Spec.Completions != *job.Spec.Completions {
+		t.Error("the JobSet's node count differs from multinode-job.yaml's")
+	}
 }
 
 // childJob is the Job the JobSet controller creates for replicated job rj,
