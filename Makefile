@@ -44,7 +44,7 @@ test:
 # The real Kubernetes control plane the deploy tests apply the manifests to
 # (etcd, kube-apiserver, kube-controller-manager, kubectl v1.35.4 from the Go
 # module proxy), built once into ~/.cache/spotagent-kcp (XDG_CACHE_HOME):
-# ~5 min and ~2 GB cold on 2 cores, instant when cached. Built here so that
+# 6 min and 2 GB cold on 2 cores, instant when cached. Built here so that
 # the build does not run inside test-go's timeout.
 kcp:
 	GO='$(GO)' scripts/kcp-build.sh >/dev/null

@@ -567,7 +567,7 @@ func TestK8sSidecarJobExitPaths(t *testing.T) {
 		for crash := 1; crash <= 3; crash++ {
 			finished := j.exit(p, map[string]int32{"trainer": 1, "spotagent": 0})
 			var delay time.Duration
-			p, delay = j.replaced(finished, jobBackoff<<(crash-1)+15*time.Second)
+			p, delay = j.replaced(finished, jobBackoff<<(crash-1)+30*time.Second)
 			j.wantRunning(int32(crash))
 			t.Logf("crash %d: replacement after %s", crash, delay.Round(100*time.Millisecond))
 		}
@@ -596,7 +596,7 @@ func TestK8sSidecarJobExitPaths(t *testing.T) {
 		}
 		j.node = "node2-" + j.ns
 		j.cp.node(t, j.node, nil)
-		_, delay := j.replaced(gone, 90*time.Second)
+		_, delay := j.replaced(gone, 150*time.Second)
 		j.wantRunning(0)
 		t.Logf("node deleted: replacement after %s", delay.Round(100*time.Millisecond))
 	})

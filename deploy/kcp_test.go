@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/big"
@@ -79,6 +80,14 @@ func sharedControlPlane(t *testing.T) *controlPlane {
 }
 
 func TestMain(m *testing.M) {
+	// The Kubernetes tests (the only parallel ones here) mostly wait on the
+	// Job controller's backoffs: run them all at once rather than
+	// GOMAXPROCS at a time, unless -test.parallel says otherwise.
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "32")
+	}
 	code := m.Run()
 	if kcp.cp != nil {
 		if code != 0 {
