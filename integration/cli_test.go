@@ -106,7 +106,7 @@ func TestCLI_TrainerNotRunnable(t *testing.T) {
 	}{
 		{"NotFound", "spotagent-no-such-trainer", 127, `spotagent run: .*"spotagent-no-such-trainer": executable file not found in \$PATH`},
 		{"NotFoundPath", filepath.Join(dir, "missing.sh"), 127, `spotagent run: .*missing.sh: no such file or directory`},
-		{"NotExecutable", noexec, 126, `spotagent run: .*train.sh: permission denied`},
+		{"NotExecutable", noexec, 126, `spotagent run: .*train.sh"?: permission denied`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := filepath.Join(dir, tc.name)
