@@ -313,7 +313,7 @@ func putOnce(ctx context.Context, st cloud.Store, key string, body []byte) error
 
 // readJSON reads a small JSON object, refusing anything over limit bytes.
 func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
-	b, err := readSmall(ctx, st, key, limit)
+	b, err := ReadSmall(ctx, st, key, limit)
 	if err != nil {
 		return err
 	}
@@ -323,8 +323,9 @@ func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v an
 	return nil
 }
 
-// readSmall reads a whole object, refusing anything over limit bytes.
-func readSmall(ctx context.Context, st cloud.Store, key string, limit int64) ([]byte, error) {
+// ReadSmall reads a whole object, refusing anything over limit bytes: the
+// one bounded read of small objects (manifests, journals, summaries).
+func ReadSmall(ctx context.Context, st cloud.Store, key string, limit int64) ([]byte, error) {
 	r, err := st.Get(ctx, key, 0, -1)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, err)

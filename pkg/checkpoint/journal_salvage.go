@@ -20,7 +20,7 @@ import (
 // not be read and what was done without it. A missing journal is an error
 // wrapping cloud.ErrNotExist.
 func ReadJournalSalvage(ctx context.Context, st cloud.Store) (*Journal, []string, error) {
-	b, err := readSmall(ctx, st, JournalKey, maxJournal)
+	b, err := ReadSmall(ctx, st, JournalKey, maxJournal)
 	if err != nil {
 		return nil, nil, err
 	}

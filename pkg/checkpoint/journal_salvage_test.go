@@ -84,7 +84,7 @@ func adviceJournal(h time.Duration, ok ...bool) *Journal {
 }
 
 // ReadJournalSalvage reads through the store like every small object
-// (readSmall): a missing journal wraps cloud.ErrNotExist, one over the
+// (ReadSmall): a missing journal wraps cloud.ErrNotExist, one over the
 // limit is refused, a damaged one is salvaged.
 func TestReadJournalSalvage(t *testing.T) {
 	ctx := t.Context()

@@ -126,7 +126,7 @@ func writeFleet(t *testing.T, open func(dir string) cloud.Store) {
 			checkpoint.Session{ID: "s1", Start: at(time.Hour), End: tp(2 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)},
 			checkpoint.Session{ID: "s2", Start: at(3 * time.Hour), End: tp(4 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)})
 	})
-	b, err := readAll(ctx, st, checkpoint.JournalKey, 1<<20)
+	b, err := checkpoint.ReadSmall(ctx, st, checkpoint.JournalKey, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

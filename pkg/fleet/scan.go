@@ -3,9 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"path"
 	"slices"
 	"strings"
@@ -83,7 +81,7 @@ func Recount(ctx context.Context, st cloud.Store, now time.Time) (*Summary, []Da
 // readRun reads one journal and the step of the run's latest.json.
 func readRun(ctx context.Context, st cloud.Store, key string, now time.Time) (*Run, *Damaged) {
 	dir := strings.TrimSuffix(strings.TrimSuffix(key, checkpoint.JournalKey), "/")
-	b, err := readAll(ctx, st, key, 16<<20)
+	b, err := checkpoint.ReadSmall(ctx, st, key, 16<<20)
 	if err != nil {
 		return nil, &Damaged{Key: key, Problems: []string{err.Error()}}
 	}
@@ -107,7 +105,7 @@ func readRun(ctx context.Context, st cloud.Store, key string, now time.Time) (*R
 
 // latestStep is the step of the run's newest committed checkpoint, or 0.
 func latestStep(ctx context.Context, st cloud.Store, dir string) int64 {
-	b, err := readAll(ctx, st, path.Join(dir, checkpoint.LatestKey), 1<<20)
+	b, err := checkpoint.ReadSmall(ctx, st, path.Join(dir, checkpoint.LatestKey), 1<<20)
 	if err != nil {
 		return 0
 	}
@@ -118,22 +116,6 @@ func latestStep(ctx context.Context, st cloud.Store, dir string) int64 {
 		return 0
 	}
 	return l.Step
-}
-
-func readAll(ctx context.Context, st cloud.Store, key string, limit int64) ([]byte, error) {
-	r, err := st.Get(ctx, key, 0, -1)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("read %s: %w", key, errors.New("too large"))
-	}
-	return b, nil
 }
 
 // RootOf splits a run's store URI into the fleet root (its parent) and the

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"time"
 
@@ -49,17 +48,9 @@ func readSummary(ctx context.Context, st cloud.Store) (*Summary, string, error) 
 	if err != nil {
 		return nil, "", fmt.Errorf("fleet summary: %w", err)
 	}
-	r, err := st.Get(ctx, SummaryKey, 0, -1)
+	b, err := checkpoint.ReadSmall(ctx, st, SummaryKey, maxSummary)
 	if err != nil {
 		return nil, "", fmt.Errorf("fleet summary: %w", err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, maxSummary+1))
-	if err != nil {
-		return nil, "", fmt.Errorf("fleet summary: %w", err)
-	}
-	if len(b) > maxSummary {
-		return nil, "", fmt.Errorf("fleet summary: larger than %d bytes", maxSummary)
 	}
 	s := &Summary{}
 	if err := json.Unmarshal(b, s); err != nil {

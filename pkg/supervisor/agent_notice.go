@@ -240,7 +240,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 // their work) and left: none is connected, and every one that left since
 // the last start said bye first.
 func (a *Agent) trainersFinished() bool {
-	return a.hadTrainer && len(a.conns) == 0 && len(a.saidBye) == 0 && !a.leftUnfinished && a.byes > 0
+	return a.hadTrainer && len(a.conns) == 0 && !a.leftUnfinished && a.byes > 0
 }
 
 // requestDeadline is when the trainer must have saved a checkpoint that
