@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,13 +35,38 @@ const GuardArg = "__spotagent_guard"
 // is ready; past it the trainer runs without one.
 const guardStartTimeout = 5 * time.Second
 
+// guardEnv marks a guard process's environment. A process that has it
+// and is about to start a guard is a binary that did not become the guard
+// (it never called RunGuardIfAsked) and is running its main again: it
+// must not start yet another one.
+const guardEnv = "SPOTAGENT_GUARD_PROCESS"
+
+// guardWired is set by RunGuardIfAsked: this binary turns into a guard
+// when started as one. Without it, /proc/self/exe GuardArg would run the
+// binary's main (a test binary: the whole suite, whose trainers start
+// more guards) instead.
+var guardWired atomic.Bool
+
 // RunGuardIfAsked turns this process into a guard, and never returns, when
 // it was started as one. Call it first thing in main (and in a test
-// binary's init, for the tests that start trainers).
+// binary's init, for the tests that start trainers): a binary that does
+// not call it starts its trainers without a guard, with a warning.
 func RunGuardIfAsked() {
+	guardWired.Store(true)
 	if len(os.Args) == 2 && os.Args[1] == GuardArg {
 		os.Exit(runGuard())
 	}
+}
+
+// guardRunnable says why this process must not start a guard, or nil.
+func guardRunnable() error {
+	switch {
+	case os.Getenv(guardEnv) != "":
+		return errors.New("this process was started as a guard but did not become one (RunGuardIfAsked not called): not starting another")
+	case !guardWired.Load():
+		return errors.New("this binary never calls child.RunGuardIfAsked (call it in main, or in a test binary's init), so it cannot be its own guard")
+	}
+	return nil
 }
 
 // runGuard sits in the trainer's process group, ignoring the signals the
@@ -72,6 +98,9 @@ type guard struct {
 // ignores the group's signals. It returns nil (the trainer then runs
 // without one) when the guard cannot start.
 func startGuard(pgid int, log *zap.Logger) (*guard, error) {
+	if err := guardRunnable(); err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
 	lifeR, lifeW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("guard: %w", err)
@@ -85,6 +114,7 @@ func startGuard(pgid int, log *zap.Logger) (*guard, error) {
 	defer readyR.Close()
 	cmd := exec.Command("/proc/self/exe", GuardArg)
 	cmd.ExtraFiles = []*os.File{lifeR, readyW} // fds 3 and 4
+	cmd.Env = append(os.Environ(), guardEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
 	err = cmd.Start()
 	lifeR.Close()

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // The test binary can be a guard too: Start re-runs /proc/self/exe.
@@ -109,5 +111,25 @@ func readPid(t *testing.T, file string) int {
 			t.Fatalf("no pid in %s", file)
 		}
 		time.Sleep(10 * time.Millisecond) // polling for the file, bounded by deadline
+	}
+}
+
+// TestGuard_RefusesWhereItWouldRecurse: a binary that never calls
+// RunGuardIfAsked, or a guard process that did not become one, starts no
+// guard. Without this, /proc/self/exe GuardArg in a test binary that
+// forgot the init re-ran the whole suite in every guard (a fork bomb).
+func TestGuard_RefusesWhereItWouldRecurse(t *testing.T) {
+	if err := guardRunnable(); err != nil {
+		t.Fatalf("this test binary calls RunGuardIfAsked: %v", err)
+	}
+	guardWired.Store(false)
+	err := guardRunnable()
+	guardWired.Store(true)
+	if err == nil || !strings.Contains(err.Error(), "RunGuardIfAsked") {
+		t.Fatalf("unwired binary: %v", err)
+	}
+	t.Setenv(guardEnv, "1")
+	if _, err := startGuard(os.Getpid(), zap.NewNop()); err == nil || !strings.Contains(err.Error(), "not starting another") {
+		t.Fatalf("inside a guard: %v", err)
 	}
 }
