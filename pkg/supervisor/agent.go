@@ -31,6 +31,9 @@ type Config struct {
 	// inside its own area there, <dir>/spotagent-<run-id>/: requests get
 	// <area>/<id>, restores go to <area>/restore. Several runs can share it.
 	CheckpointDir string
+	// dir, when set, is CheckpointDir already opened (node mode makes it
+	// through its root's handle); the agent owns and closes it.
+	dir *os.Root
 	Store         cloud.Store
 	Source        metadata.Source // nil: no cloud notices
 	Identity      metadata.Identity
@@ -205,16 +208,19 @@ type localDirs struct {
 // openDirs creates (or checks) the checkpoint directory and the agent's
 // area in it, and opens both.
 func (a *Agent) openDirs() error {
-	if err := os.MkdirAll(a.cfg.CheckpointDir, 0o700); err != nil {
-		return fmt.Errorf("checkpoint dir: %w", err)
-	}
-	root, err := os.OpenRoot(a.cfg.CheckpointDir)
-	if err != nil {
-		return fmt.Errorf("checkpoint dir: %w", err)
+	root := a.cfg.dir
+	if root == nil {
+		if err := os.MkdirAll(a.cfg.CheckpointDir, 0o700); err != nil {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
+		var err error
+		if root, err = os.OpenRoot(a.cfg.CheckpointDir); err != nil {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
 	}
 	name := areaPrefix + a.cfg.RunID
 	d := localDirs{root: root, areaName: name, areaPath: filepath.Join(a.cfg.CheckpointDir, name)}
-	err = makeArea(root, name, a.cfg.RunID)
+	err := makeArea(root, name, a.cfg.RunID)
 	if err == nil {
 		d.area, err = checkpoint.OpenDir(root, name)
 	}

@@ -68,13 +68,24 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 	if cfg.Server.MaxConns <= 0 {
 		cfg.Server.MaxConns = protocol.DefaultNodeMaxConns
 	}
+	// Each run's directory is made and opened through this handle, never
+	// by path: a pod that can write the hostPath cannot redirect one with
+	// a symlink planted at <root>/<run id> or <root>/<run id>/<node-K>.
+	if err := os.MkdirAll(cfg.CheckpointRoot, 0o700); err != nil {
+		return fmt.Errorf("checkpoint root: %w", err)
+	}
+	root, err := os.OpenRoot(cfg.CheckpointRoot)
+	if err != nil {
+		return fmt.Errorf("checkpoint root: %w", err)
+	}
+	defer root.Close()
 	srv, stopServe, err := serveSocket(cfg.Server)
 	if err != nil {
 		return err
 	}
 	defer stopServe()
 
-	n := &node{cfg: cfg, log: log, ctx: ctx, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{}, evicted: map[uint64]bool{},
+	n := &node{cfg: cfg, log: log, ctx: ctx, root: root, runs: map[string]*nodeRun{}, connRun: map[uint64]*nodeRun{}, evicted: map[uint64]bool{},
 		finished: make(chan *nodeRun, 4)}
 	notices := make(chan metadata.Notice, 16)
 	nctx, stopWatch := context.WithCancel(ctx)
@@ -129,6 +140,7 @@ type node struct {
 	cfg      NodeConfig
 	log      *zap.Logger
 	ctx      context.Context
+	root     *os.Root // CheckpointRoot: every run's directory is made through it
 	runs     map[string]*nodeRun
 	connRun  map[uint64]*nodeRun
 	evicted  map[uint64]bool // connections being closed for a full run queue
@@ -265,11 +277,17 @@ func (n *node) start(id, part string) *nodeRun {
 		}
 		defer st.Close()
 		rc := n.cfg.Run
-		rc.RunID, rc.Store, rc.CheckpointDir, rc.Command = id, st, filepath.Join(n.cfg.CheckpointRoot, id), nil
+		rc.RunID, rc.Store, rc.Command = id, st, nil
+		rel := id
 		if part != "" {
 			// Two pods of one job may share this machine: each node of
 			// the job is a run of its own, with a directory of its own.
-			rc.CheckpointDir = filepath.Join(rc.CheckpointDir, part)
+			rel = id + "/" + part
+		}
+		rc.CheckpointDir = filepath.Join(n.cfg.CheckpointRoot, filepath.FromSlash(rel))
+		if rc.dir, err = openRunDir(n.root, rel); err != nil {
+			n.refuse(r, log, fmt.Errorf("checkpoint dir %s: %w", rc.CheckpointDir, err))
+			return
 		}
 		rc.Source, rc.Identity, rc.EndWhenIdle, rc.Log = n.cfg.Source, n.cfg.Identity, true, log
 		rc.FleetDir = id // the fleet's root is the store prefix
@@ -282,6 +300,7 @@ func (n *node) start(id, part string) *nodeRun {
 		}
 		a, err := newAgent(n.ctx, rc)
 		if err != nil {
+			rc.dir.Close()
 			n.refuse(r, log, err)
 			return
 		}
@@ -291,6 +310,21 @@ func (n *node) start(id, part string) *nodeRun {
 		log.Info("node: run done")
 	})
 	return r
+}
+
+// openRunDir creates rel below root one directory at a time, refusing
+// symlinks and non-directories, and opens it.
+func openRunDir(root *os.Root, rel string) (*os.Root, error) {
+	if err := checkpoint.SafeRel(rel); err != nil {
+		return nil, err
+	}
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		if err := mkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
+			return nil, err
+		}
+	}
+	return checkpoint.OpenDir(root, rel)
 }
 
 // runKey names a run of the node agent: its run id, and in a multi-node

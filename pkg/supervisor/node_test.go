@@ -271,3 +271,35 @@ func TestNode_TwoPodsOfOneJob(t *testing.T) {
 		t.Fatalf("job manifest %+v, %v: want 2 parts at step 40", m, err)
 	}
 }
+
+// TestNode_PlantedSymlinkRefused: a pod that can write the hostPath plants
+// a symlink where a run's directory (or a multi-node part's) will be. The
+// run is refused and nothing is created through the link.
+func TestNode_PlantedSymlinkRefused(t *testing.T) {
+	n := startNode(t, nil)
+	root := filepath.Join(filepath.Dir(n.sock), "ckpt")
+	outside := filepath.Join(filepath.Dir(n.sock), "outside")
+	for _, d := range []string{outside, filepath.Join(root, "job")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, link := range []string{filepath.Join(root, "evil"), filepath.Join(root, "job", "node-1")} {
+		if err := os.Symlink(outside, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	single := n.dialAs(t, "pod:a")
+	single.helloRun("evil")
+	single.expectClosed()
+	part := n.dialAs(t, "pod:b")
+	part.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 1, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
+	part.expectClosed()
+	if ents, err := os.ReadDir(outside); err != nil || len(ents) != 0 {
+		t.Fatalf("created through the planted link: %v, %v", ents, err)
+	}
+	if got := n.logs.FilterMessageSnippet("symlink").Len() + n.logs.FilterFieldKey("error").Len(); got == 0 {
+		t.Fatal("no refusal logged")
+	}
+}
