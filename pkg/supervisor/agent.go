@@ -33,12 +33,12 @@ type Config struct {
 	CheckpointDir string
 	// dir, when set, is CheckpointDir already opened (node mode makes it
 	// through its root's handle); the agent owns and closes it.
-	dir *os.Root
-	Store         cloud.Store
-	Source        metadata.Source // nil: no cloud notices
-	Identity      metadata.Identity
-	Scheduler     *schedule.Scheduler
-	Server        protocol.ServerConfig
+	dir       *os.Root
+	Store     cloud.Store
+	Source    metadata.Source // nil: no cloud notices
+	Identity  metadata.Identity
+	Scheduler *schedule.Scheduler
+	Server    protocol.ServerConfig
 
 	Command   []string      // the trainer; empty runs without a child (sidecar)
 	Keep      int           // checkpoints kept by retention (default 3)
