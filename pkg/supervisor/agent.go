@@ -31,14 +31,11 @@ type Config struct {
 	// inside its own area there, <dir>/spotagent-<run-id>/: requests get
 	// <area>/<id>, restores go to <area>/restore. Several runs can share it.
 	CheckpointDir string
-	// dir, when set, is CheckpointDir already opened (node mode makes it
-	// through its root's handle); the agent owns and closes it.
-	dir       *os.Root
-	Store     cloud.Store
-	Source    metadata.Source // nil: no cloud notices
-	Identity  metadata.Identity
-	Scheduler *schedule.Scheduler
-	Server    protocol.ServerConfig
+	Store         cloud.Store
+	Source        metadata.Source // nil: no cloud notices
+	Identity      metadata.Identity
+	Scheduler     *schedule.Scheduler
+	Server        protocol.ServerConfig
 
 	Command   []string      // the trainer; empty runs without a child (sidecar)
 	Keep      int           // checkpoints kept by retention (default 3)
@@ -86,6 +83,10 @@ type Config struct {
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
+
+	// dir, when set, is CheckpointDir already opened (node mode makes it
+	// through its root's handle); the agent owns and closes it.
+	dir *os.Root
 }
 
 // check refuses what cannot work together. A multi-node job's parts come
