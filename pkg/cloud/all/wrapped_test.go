@@ -15,6 +15,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
+	"github.com/spotagent/spotagent/pkg/cloud/s3"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 )
 
@@ -85,6 +86,9 @@ func TestOpen_Retries(t *testing.T) {
 	obs := &attempts{}
 	st := openWrapped(t, "s3://"+srv.Bucket+"/retries", all.Options{S3Endpoint: proxy.URL, Observer: obs,
 		Retry: wrap.RetryOptions{MinWait: time.Millisecond, MaxWait: 10 * time.Millisecond}})
+	if _, ok := wrap.Plain(st).(*s3.Store); !ok {
+		t.Fatalf("wrap.Plain(%T) is not the S3 backend", st)
+	}
 	ctx := t.Context()
 	if err := st.Put(ctx, "k", strings.NewReader("v"), 1, cloud.PutOptions{}); err != nil {
 		t.Fatal(err)
