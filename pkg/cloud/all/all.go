@@ -54,8 +54,9 @@ type readChecker interface {
 // Open parses uri, builds the store and checks access (the bucket exists,
 // credentials work, the endpoint answers; two attempts) before returning,
 // so a bad --store fails with one clear error before a trainer starts.
-// Errors wrap ErrUnknownScheme, ErrMalformedURI, cloud.ErrBucketNotFound,
-// cloud.ErrAccessDenied or cloud.ErrUnreachable where they apply.
+// Errors name the URI and, where they apply, wrap cloud.ErrBucketNotFound,
+// cloud.ErrAccessDenied or cloud.ErrUnreachable; a malformed URI or an
+// unknown scheme says so in its message.
 //
 // The store it returns is the plain backend wrapped once, here and
 // nowhere else (restic's layering): wrap.Observe (metrics) and wrap.Log
@@ -63,7 +64,7 @@ type readChecker interface {
 // retryable. The backends make one attempt of each operation, except the
 // requests of Put, which their SDKs retry (see wrap.Retry).
 func Open(ctx context.Context, uri string, opts Options) (cloud.Store, error) {
-	scheme, bucket, prefix, err := ParseURI(uri)
+	scheme, bucket, prefix, err := parseURI(uri)
 	if err != nil {
 		return nil, err
 	}
@@ -132,5 +133,5 @@ func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (che
 	case "gs":
 		return gcs.New(ctx, bucket, prefix, gcs.Options{ChunkSize: opts.GCSChunkSize, Log: opts.Log})
 	}
-	return nil, fmt.Errorf("%w: %q", ErrUnknownScheme, scheme)
+	return nil, fmt.Errorf("%w: %q", errUnknownScheme, scheme)
 }

@@ -26,8 +26,8 @@ import (
 // Puts (8 writers at 16 MiB), so memory stays flat however many files a
 // checkpoint has: further Puts wait for a writer to finish.
 const (
-	DefaultChunkSize    = 16 << 20
-	DefaultBufferMemory = 128 << 20
+	defaultChunkSize    = 16 << 20
+	defaultBufferMemory = 128 << 20
 	chunkQuantum        = 256 << 10 // the library rounds ChunkSize up to this
 )
 
@@ -57,11 +57,11 @@ var _ cloud.Store = (*Store)(nil)
 // It makes no request; call Check to verify access.
 func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, error) {
 	if opts.ChunkSize <= 0 {
-		opts.ChunkSize = DefaultChunkSize
+		opts.ChunkSize = defaultChunkSize
 	}
 	opts.ChunkSize = roundUp(opts.ChunkSize, chunkQuantum)
 	if opts.BufferMemory <= 0 {
-		opts.BufferMemory = DefaultBufferMemory
+		opts.BufferMemory = defaultBufferMemory
 	}
 	opts.BufferMemory = max(opts.BufferMemory, int64(opts.ChunkSize))
 	if opts.Log == nil {

@@ -258,7 +258,7 @@ func (u *upload) abort(ctx context.Context, cause error) {
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id,
 	}, u.s.withPutRetries)
 	if err != nil {
-		// Cleanup (AbortIncompleteUploads) on the next start removes it.
+		// Cleanup on the next start removes it.
 		u.s.log.Warn("abort multipart upload failed", zap.String("key", *u.k), zap.NamedError("cause", cause), zap.Error(err))
 		return
 	}

@@ -35,9 +35,9 @@ import (
 //     node agent, upload at once; they share the 8 buffers instead of
 //     multiplying them.
 const (
-	DefaultPartSize     = 16 << 20
-	DefaultConcurrency  = 8
-	DefaultBufferMemory = 128 << 20
+	defaultPartSize     = 16 << 20
+	defaultConcurrency  = 8
+	defaultBufferMemory = 128 << 20
 	minPartSize         = 5 << 20 // S3's minimum for every part but the last
 	maxParts            = 10000   // S3's maximum parts per upload
 	defaultMaxAttempts  = 10      // SDK default is 3; spot networks and stores flap
@@ -136,14 +136,14 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 
 func withDefaults(o Options) Options {
 	if o.PartSize <= 0 {
-		o.PartSize = DefaultPartSize
+		o.PartSize = defaultPartSize
 	}
 	o.PartSize = max(o.PartSize, minPartSize)
 	if o.Concurrency <= 0 {
-		o.Concurrency = DefaultConcurrency
+		o.Concurrency = defaultConcurrency
 	}
 	if o.BufferMemory <= 0 {
-		o.BufferMemory = DefaultBufferMemory
+		o.BufferMemory = defaultBufferMemory
 	}
 	// At least two parts in memory, or uploads would run one part at a time.
 	o.BufferMemory = max(o.BufferMemory, 2*o.PartSize)

@@ -11,15 +11,16 @@ import (
 
 // Observer receives every store operation (each attempt, under Retry) as
 // it ends: the operation (put, get, stat, list, delete, cleanup), its
-// result (see Result) and how long it took (for get, until the first
-// byte). pkg/metrics implements it.
+// result (ok, not_found, precondition, denied, cancelled or error) and
+// how long it took (for get, until the first byte). pkg/metrics
+// implements it.
 type Observer interface {
 	StoreOp(op, result string, took time.Duration)
 }
 
-// Result names the outcome of an operation for a metric label: ok,
+// result names the outcome of an operation for a metric label: ok,
 // not_found, precondition, denied, cancelled or error.
-func Result(err error) string {
+func result(err error) string {
 	switch {
 	case err == nil:
 		return "ok"
@@ -46,7 +47,7 @@ func Observe(st cloud.Store, obs Observer) cloud.Store {
 }
 
 func (o *observed) done(op string, start time.Time, err error) {
-	o.obs.StoreOp(op, Result(err), time.Since(start))
+	o.obs.StoreOp(op, result(err), time.Since(start))
 }
 
 func (o *observed) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
