@@ -113,7 +113,8 @@ func (s *Store) Check(ctx context.Context) error {
 }
 
 // putRetries lets the library retry Put's requests (each chunk of a
-// resumable upload, with its own backoff, until ctx ends): the chunk is in
+// resumable upload, with its own backoff, for up to 32 s per chunk, the
+// writer's default ChunkRetryDeadline, as before): the chunk is in
 // the writer's buffer, so the library can resend it, while the caller's
 // reader has moved on and the wrapper above could not replay it. Writes
 // of checkpoint data are safe to repeat (same bytes, same key), so
