@@ -11,6 +11,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
@@ -109,6 +110,12 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	defer signal.Stop(sigs)
 	ctx := context.Background()
 
+	metrics, stopMetrics, err := serveMetrics(o.metricsAddr, log)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopMetrics()
+	o.storeFlags.observer, _ = metrics.(wrap.Observer) // every store's operations
 	st, err := o.storeFlags.openStore(ctx, o.store, log)
 	if err != nil {
 		return fail(err)
@@ -118,11 +125,6 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err != nil {
 		return fail(err)
 	}
-	metrics, stopMetrics, err := serveMetrics(o.metricsAddr, log)
-	if err != nil {
-		return fail(err)
-	}
-	defer stopMetrics()
 	log.Info("machine", zap.String("cloud", string(ident.Cloud)), zap.String("instance_id", ident.InstanceID),
 		zap.String("instance_type", ident.InstanceType), zap.String("zone", ident.Zone), zap.String("lifecycle", ident.Lifecycle))
 	cfg := supervisor.Config{

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 )
 
 // storeOptions are the flags that tune the store backends (run, sidecar,
@@ -22,6 +23,7 @@ type storeOptions struct {
 	s3PartSize    int64
 	s3Concurrency int
 	gcsChunkSize  int
+	observer      wrap.Observer // the agent's metrics, when served
 }
 
 func (o *storeOptions) register(fs *pflag.FlagSet) {
@@ -44,7 +46,7 @@ func (o *storeOptions) openStore(ctx context.Context, uri string, log *zap.Logge
 	defer cancel()
 	return all.Open(ctx, uri, all.Options{ // its errors name the store
 		S3Endpoint: o.s3Endpoint, S3PartSize: o.s3PartSize, S3Concurrency: o.s3Concurrency,
-		GCSChunkSize: o.gcsChunkSize, Log: log,
+		GCSChunkSize: o.gcsChunkSize, Log: log, Observer: o.observer,
 	})
 }
 

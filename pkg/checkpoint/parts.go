@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -368,12 +369,8 @@ func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartMa
 		case ctx.Err() == nil:
 			log.Warn("could not read the other parts, retrying", zap.Error(err))
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry.Sleep(ctx, wait) != nil {
 			return nil, fmt.Errorf("%w: ranks %v of %d never committed their part (%w)", ErrIncomplete, missing, own.WorldSize, context.Cause(ctx))
-		case <-t.C:
 		}
 	}
 }

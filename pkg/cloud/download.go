@@ -2,12 +2,13 @@ package cloud
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/spotagent/spotagent/internal/retry"
 )
 
 // DownloadOptions tunes Download. The zero value uses the defaults.
@@ -34,7 +35,8 @@ const (
 
 // Download writes the size bytes of key into w with parallel ranged Gets.
 // A chunk whose body breaks off is resumed where it stopped, up to three
-// attempts. The caller verifies the content (sha256) afterwards.
+// attempts (a failed Get is the store's to retry: all.Open's wrapper).
+// The caller verifies the content (sha256) afterwards.
 func Download(ctx context.Context, st Store, key string, size int64, w io.WriterAt, opts DownloadOptions) error {
 	chunk, conc := opts.ChunkSize, opts.Concurrency
 	if chunk <= 0 {
@@ -55,35 +57,39 @@ func Download(ctx context.Context, st Store, key string, size int64, w io.Writer
 	return g.Wait()
 }
 
-// fetch copies [off, off+n) of key into w, resuming after a broken body.
+// fetch copies [off, off+n) of key into w, resuming where a body broke
+// off. A Get that fails is not retried here: the store's retry wrapper
+// (all.Open) already retried it, and a second loop would multiply its
+// attempts.
 func fetch(ctx context.Context, st Store, key string, off, n int64, w io.WriterAt, progress func(int64)) error {
-	var err error
-	for attempt := range chunkAttempts {
-		if attempt > 0 {
-			if werr := wait(ctx, time.Duration(attempt)*200*time.Millisecond); werr != nil {
-				return werr
-			}
-		}
-		var got int64
-		got, err = copyRange(ctx, st, key, off, n, w, progress)
+	p := retry.Policy{
+		Attempts:  chunkAttempts,
+		Backoff:   retry.Backoff{Min: 200 * time.Millisecond, Max: time.Second},
+		Retryable: func(err error) bool { _, failed := err.(getError); return !failed },
+	}
+	err := retry.Do(ctx, p, func(ctx context.Context) error {
+		got, err := copyRange(ctx, st, key, off, n, w, progress)
 		off, n = off+got, n-got
-		if err == nil && n == 0 {
-			return nil
-		}
-		if err == nil {
+		if err == nil && n > 0 {
 			err = fmt.Errorf("short read at %d: %w", off, io.ErrUnexpectedEOF)
 		}
-		if errors.Is(err, ErrNotExist) || ctx.Err() != nil {
-			break
-		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("download %s: %w", key, err)
 	}
-	return fmt.Errorf("download %s: %w", key, err)
+	return nil
 }
+
+// getError is a Get that failed, as opposed to a body that broke off.
+type getError struct{ error }
+
+func (e getError) Unwrap() error { return e.error }
 
 func copyRange(ctx context.Context, st Store, key string, off, n int64, w io.WriterAt, progress func(int64)) (int64, error) {
 	rc, err := st.Get(ctx, key, off, n)
 	if err != nil {
-		return 0, err
+		return 0, getError{err}
 	}
 	defer rc.Close()
 	dst := &offsetWriter{w: w, off: off, progress: progress}
@@ -103,15 +109,4 @@ func (o *offsetWriter) Write(p []byte) (int, error) {
 		o.progress(int64(n))
 	}
 	return n, err
-}
-
-func wait(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -29,9 +29,9 @@ type CleanupOptions struct {
 	MaxAge time.Duration
 }
 
-// DefaultCleanupAge is how old a leftover Owned does not claim must be
+// defaultCleanupAge is how old a leftover Owned does not claim must be
 // before Cleanup removes it: no upload lasts a day.
-const DefaultCleanupAge = 24 * time.Hour
+const defaultCleanupAge = 24 * time.Hour
 
 // Removes reports whether Cleanup with these options removes the leftover
 // of a write of key started at started, as of now.
@@ -41,7 +41,7 @@ func (o CleanupOptions) Removes(key string, started, now time.Time) bool {
 	}
 	age := o.MaxAge
 	if age <= 0 {
-		age = DefaultCleanupAge
+		age = defaultCleanupAge
 	}
 	return !started.IsZero() && now.Sub(started) > age
 }

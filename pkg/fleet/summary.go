@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -103,10 +104,8 @@ func Update(ctx context.Context, st cloud.Store, fn func(*Summary)) error {
 		// Lost a race: back off a random while that grows with the attempts,
 		// so that racing agents spread out instead of colliding again.
 		wait := time.Duration(rand.Int64N(int64(10*time.Millisecond) * int64(min(attempt+1, 20))))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
+		if err := retry.Sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }

@@ -43,6 +43,7 @@ type Metrics struct {
 	noticeCheckpoints *prometheus.CounterVec
 	noticeToCommitted prometheus.Histogram
 	noticeLead        prometheus.Histogram
+	store             storeCollectors
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -143,6 +144,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	m.store = newStoreCollectors(m.reg)
 	for _, p := range Phases {
 		m.phase.WithLabelValues(p)
 	}

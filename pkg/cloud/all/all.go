@@ -4,15 +4,18 @@ package all
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/cloud/gcs"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
+	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 )
 
 // Options carries the backend settings the CLI exposes as flags. Zero
@@ -25,6 +28,11 @@ type Options struct {
 	Log           *zap.Logger
 	// CheckTimeout bounds the access check (default 15 s).
 	CheckTimeout time.Duration
+	// Observer, when set, sees every store operation (metrics).
+	Observer wrap.Observer
+	// Retry tunes the retries of the store's operations; the zero value
+	// takes wrap.Retry's defaults.
+	Retry wrap.RetryOptions
 	// ReadOnly opens the store for a command that only reads it (list,
 	// history, report, restore): nothing is created in it, not even the
 	// file store's directory, whose absence is cloud.ErrBucketNotFound,
@@ -44,12 +52,19 @@ type readChecker interface {
 }
 
 // Open parses uri, builds the store and checks access (the bucket exists,
-// credentials work, the endpoint answers) before returning, so a bad
-// --store fails with one clear error before a trainer starts. Errors wrap
-// ErrUnknownScheme, ErrMalformedURI, cloud.ErrBucketNotFound,
-// cloud.ErrAccessDenied or cloud.ErrUnreachable where they apply.
+// credentials work, the endpoint answers; two attempts) before returning,
+// so a bad --store fails with one clear error before a trainer starts.
+// Errors name the URI and, where they apply, wrap cloud.ErrBucketNotFound,
+// cloud.ErrAccessDenied or cloud.ErrUnreachable; a malformed URI or an
+// unknown scheme says so in its message.
+//
+// The store it returns is the plain backend wrapped once, here and
+// nowhere else (restic's layering): wrap.Observe (metrics) and wrap.Log
+// see each attempt, wrap.Retry outermost retries what the backend judges
+// retryable. The backends make one attempt of each operation, except the
+// requests of Put, which their SDKs retry (see wrap.Retry).
 func Open(ctx context.Context, uri string, opts Options) (cloud.Store, error) {
-	scheme, bucket, prefix, err := ParseURI(uri)
+	scheme, bucket, prefix, err := parseURI(uri)
 	if err != nil {
 		return nil, err
 	}
@@ -69,12 +84,39 @@ func Open(ctx context.Context, uri string, opts Options) (cloud.Store, error) {
 	if rc, ok := st.(readChecker); ok && opts.ReadOnly {
 		check = rc.CheckRead
 	}
-	if err := check(ctx); err != nil {
+	retryable := retryableFor(st)
+	// Two attempts: a down endpoint should fail in seconds, not retry
+	// until the deadline.
+	err = retry.Do(ctx, retry.Policy{Attempts: 2, Backoff: retry.Backoff{Min: 250 * time.Millisecond},
+		Retryable: func(err error) bool { return !wrap.Permanent(err) && retryable(err) }}, check)
+	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("open store %s: %w", uri, err)
 	}
 	opts.Log.Info("store opened", zap.String("uri", st.URI("")))
-	return st, nil
+	return stack(st, retryable, opts), nil
+}
+
+// stack wraps a plain backend in the layers every store gets.
+func stack(st cloud.Store, retryable func(error) bool, opts Options) cloud.Store {
+	if opts.Observer != nil {
+		st = wrap.Observe(st, opts.Observer)
+	}
+	st = wrap.Log(st, opts.Log)
+	ro := opts.Retry
+	ro.Retryable, ro.Log = retryable, opts.Log
+	return wrap.Retry(st, ro)
+}
+
+// retryableFor is the backend's judgement of which errors another attempt
+// may cure (its SDK's classification; an unreachable endpoint always), or
+// every error for a backend without one (file).
+func retryableFor(st cloud.Store) func(error) bool {
+	r, ok := st.(interface{ Retryable(error) bool })
+	if !ok {
+		return func(error) bool { return true }
+	}
+	return func(err error) bool { return errors.Is(err, cloud.ErrUnreachable) || r.Retryable(err) }
 }
 
 func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (checker, error) {
@@ -91,5 +133,5 @@ func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (che
 	case "gs":
 		return gcs.New(ctx, bucket, prefix, gcs.Options{ChunkSize: opts.GCSChunkSize, Log: opts.Log})
 	}
-	return nil, fmt.Errorf("%w: %q", ErrUnknownScheme, scheme)
+	return nil, fmt.Errorf("%w: %q", errUnknownScheme, scheme)
 }

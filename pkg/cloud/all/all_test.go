@@ -16,37 +16,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
-func TestParseURI(t *testing.T) {
-	for _, tc := range []struct{ uri, scheme, bucket, prefix string }{
-		{"s3://bucket/runs/exp42", "s3", "bucket", "runs/exp42"},
-		{"s3://my.bucket-1/", "s3", "my.bucket-1", ""},
-		{"S3://bucket", "s3", "bucket", ""},
-		{"gs://b_k/a/b/", "gs", "b_k", "a/b"},
-		{"file:///var/lib/ck", "file", "", "/var/lib/ck"},
-		{"./ck", "file", "", "./ck"},
-		{"/abs/ck", "file", "", "/abs/ck"},
-	} {
-		s, b, p, err := all.ParseURI(tc.uri)
-		if err != nil || s != tc.scheme || b != tc.bucket || p != tc.prefix {
-			t.Errorf("ParseURI(%q)=%q,%q,%q,%v; want %q,%q,%q", tc.uri, s, b, p, err, tc.scheme, tc.bucket, tc.prefix)
-		}
-	}
-	for uri, want := range map[string]error{
-		"":                  all.ErrMalformedURI,
-		"s3://":             all.ErrMalformedURI,
-		"s3:/bucket":        all.ErrMalformedURI,
-		"s3://Upper/x":      all.ErrMalformedURI,
-		"gs://b/../x":       all.ErrMalformedURI,
-		"file://relative/x": all.ErrMalformedURI,
-		"azure://c/x":       all.ErrUnknownScheme,
-		"http://host/x":     all.ErrUnknownScheme,
-	} {
-		if _, _, _, err := all.ParseURI(uri); !errors.Is(err, want) {
-			t.Errorf("ParseURI(%q) err=%v, want %v", uri, err, want)
-		}
-	}
-}
-
 func TestOpenFile(t *testing.T) {
 	dir := t.TempDir()
 	for _, uri := range []string{"file://" + dir + "/a", dir + "/b"} {
@@ -154,13 +123,6 @@ func TestOpenGCS(t *testing.T) {
 	t.Setenv("STORAGE_EMULATOR_HOST", closedAddr(t))
 	_, err = all.Open(t.Context(), "gs://bucket/x", all.Options{})
 	wantErr(t, "unreachable endpoint", err, cloud.ErrUnreachable)
-}
-
-func TestOpenBadURI(t *testing.T) {
-	_, err := all.Open(t.Context(), "azure://c/x", all.Options{})
-	wantErr(t, "unknown scheme", err, all.ErrUnknownScheme)
-	_, err = all.Open(t.Context(), "s3://", all.Options{})
-	wantErr(t, "malformed", err, all.ErrMalformedURI)
 }
 
 // wantErr checks the sentinel and that the message is one line.

@@ -9,11 +9,11 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// ErrUnknownScheme and ErrMalformedURI describe a store URI that cannot be
+// errUnknownScheme and errMalformedURI describe a store URI that cannot be
 // opened; compare with errors.Is.
 var (
-	ErrUnknownScheme = errors.New("unknown store scheme (want s3://, gs://, file:// or a path)")
-	ErrMalformedURI  = errors.New("malformed store URI")
+	errUnknownScheme = errors.New("unknown store scheme (want s3://, gs://, file:// or a path)")
+	errMalformedURI  = errors.New("malformed store URI")
 )
 
 var (
@@ -23,39 +23,39 @@ var (
 	bucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$`)
 )
 
-// ParseURI splits a store URI. s3://bucket/prefix and gs://bucket/prefix
+// parseURI splits a store URI. s3://bucket/prefix and gs://bucket/prefix
 // give the bucket and the prefix without surrounding slashes; file:///abs
 // and a plain path (relative or absolute) give scheme "file", no bucket and
 // the path as prefix.
-func ParseURI(uri string) (scheme, bucket, prefix string, err error) {
+func parseURI(uri string) (scheme, bucket, prefix string, err error) {
 	if uri == "" {
-		return "", "", "", fmt.Errorf("%w: empty", ErrMalformedURI)
+		return "", "", "", fmt.Errorf("%w: empty", errMalformedURI)
 	}
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
 		if schemeRE.MatchString(uri) {
-			return "", "", "", fmt.Errorf("%w %q: want scheme://bucket/prefix", ErrMalformedURI, uri)
+			return "", "", "", fmt.Errorf("%w %q: want scheme://bucket/prefix", errMalformedURI, uri)
 		}
 		return "file", "", uri, nil
 	}
 	switch strings.ToLower(scheme) {
 	case "file":
 		if !strings.HasPrefix(rest, "/") {
-			return "", "", "", fmt.Errorf("%w %q: want file:///absolute/path", ErrMalformedURI, uri)
+			return "", "", "", fmt.Errorf("%w %q: want file:///absolute/path", errMalformedURI, uri)
 		}
 		return "file", "", rest, nil
 	case "s3", "gs":
 		scheme = strings.ToLower(scheme)
 	default:
-		return "", "", "", fmt.Errorf("%w: %q", ErrUnknownScheme, uri)
+		return "", "", "", fmt.Errorf("%w: %q", errUnknownScheme, uri)
 	}
 	bucket, prefix, _ = strings.Cut(rest, "/")
 	if !bucketRE.MatchString(bucket) || strings.Contains(bucket, "..") {
-		return "", "", "", fmt.Errorf("%w %q: invalid bucket name %q", ErrMalformedURI, uri, bucket)
+		return "", "", "", fmt.Errorf("%w %q: invalid bucket name %q", errMalformedURI, uri, bucket)
 	}
 	prefix = strings.Trim(prefix, "/")
 	if prefix != "" && cloud.ValidKey(prefix) != nil {
-		return "", "", "", fmt.Errorf("%w %q: invalid prefix", ErrMalformedURI, uri)
+		return "", "", "", fmt.Errorf("%w %q: invalid prefix", errMalformedURI, uri)
 	}
 	return scheme, bucket, prefix, nil
 }

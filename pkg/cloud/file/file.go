@@ -104,7 +104,7 @@ func (s *Store) path(key string) (string, error) {
 	}
 	for _, el := range strings.Split(key, "/") {
 		if strings.HasPrefix(el, reservedPrefix) {
-			return "", fmt.Errorf("reserved key %q", key)
+			return "", fmt.Errorf("%w: %q is reserved", cloud.ErrInvalidKey, key)
 		}
 	}
 	return filepath.Join(s.root, filepath.FromSlash(key)), nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 
 	"cloud.google.com/go/storage"
@@ -25,8 +26,8 @@ import (
 // Puts (8 writers at 16 MiB), so memory stays flat however many files a
 // checkpoint has: further Puts wait for a writer to finish.
 const (
-	DefaultChunkSize    = 16 << 20
-	DefaultBufferMemory = 128 << 20
+	defaultChunkSize    = 16 << 20
+	defaultBufferMemory = 128 << 20
 	chunkQuantum        = 256 << 10 // the library rounds ChunkSize up to this
 )
 
@@ -56,11 +57,11 @@ var _ cloud.Store = (*Store)(nil)
 // It makes no request; call Check to verify access.
 func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, error) {
 	if opts.ChunkSize <= 0 {
-		opts.ChunkSize = DefaultChunkSize
+		opts.ChunkSize = defaultChunkSize
 	}
 	opts.ChunkSize = roundUp(opts.ChunkSize, chunkQuantum)
 	if opts.BufferMemory <= 0 {
-		opts.BufferMemory = DefaultBufferMemory
+		opts.BufferMemory = defaultBufferMemory
 	}
 	opts.BufferMemory = max(opts.BufferMemory, int64(opts.ChunkSize))
 	if opts.Log == nil {
@@ -73,9 +74,10 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("gcs client: %w", err)
 	}
-	// Unconditional writes of checkpoint data are safe to repeat (same
-	// bytes, same key), so retry them too, not only the idempotent calls.
-	client.SetRetry(storage.WithPolicy(storage.RetryAlways))
+	// One attempt per request: the store's operations are retried once,
+	// by the wrapper all.Open stacks around it. Put is the exception
+	// (putRetries).
+	client.SetRetry(storage.WithPolicy(storage.RetryNever))
 	prefix = cloud.KeyPrefix(prefix)
 	return &Store{
 		client: client, bucket: client.Bucket(bucket), name: bucket, prefix: prefix, opts: opts,
@@ -102,14 +104,46 @@ func (s *Store) object(key string) (*storage.ObjectHandle, error) {
 // Check verifies that the bucket exists and the credentials may list it,
 // by listing at most one object under the prefix.
 func (s *Store) Check(ctx context.Context) error {
-	// Two attempts: a down endpoint should fail in seconds, not retry
-	// until the caller's deadline.
-	it := s.bucket.Retryer(storage.WithMaxAttempts(2)).Objects(ctx, &storage.Query{Prefix: s.prefix})
+	it := s.bucket.Objects(ctx, &storage.Query{Prefix: s.prefix})
 	it.PageInfo().MaxSize = 1
 	if _, err := it.Next(); err != nil && !errors.Is(err, iterator.Done) {
 		return fmt.Errorf("gs://%s: %w", s.name, translate(err))
 	}
 	return nil
+}
+
+// putRetries lets the library retry Put's requests (each chunk of a
+// resumable upload, with its own backoff, for up to 32 s per chunk, the
+// writer's default ChunkRetryDeadline, as before): the chunk is in
+// the writer's buffer, so the library can resend it, while the caller's
+// reader has moved on and the wrapper above could not replay it. Writes
+// of checkpoint data are safe to repeat (same bytes, same key), so
+// unconditional ones are retried too, not only the idempotent calls.
+// Every other request makes one attempt and is retried by that wrapper,
+// so no request is retried twice.
+func putRetries(o *storage.ObjectHandle) *storage.ObjectHandle {
+	return o.Retryer(storage.WithPolicy(storage.RetryAlways))
+}
+
+// Retryable reports whether an operation that failed with err is worth
+// another attempt, by the library's own classification (429, 5xx,
+// connection resets, unexpected EOF). all.Open's retry wrapper asks it.
+func (s *Store) Retryable(err error) bool {
+	for err != nil {
+		if storage.ShouldRetry(err) {
+			return true
+		}
+		// ShouldRetry follows Unwrap() error only; translate joins two.
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			return slices.ContainsFunc(u.Unwrap(), s.Retryable)
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // translate maps GCS errors to the cloud sentinels.

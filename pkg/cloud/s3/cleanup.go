@@ -15,17 +15,11 @@ import (
 )
 
 // Cleanup implements cloud.Cleaner: it aborts incomplete multipart uploads
-// under the prefix, those opts spares excepted.
+// under the prefix (a writer crashed), those opts spares excepted. Run it
+// at start: without options it also aborts uploads that another live
+// writer under the same prefix has in flight.
 func (s *Store) Cleanup(ctx context.Context, opts ...cloud.CleanupOptions) (int, error) {
 	return s.abortUploads(ctx, cloud.CleanupOpts(opts))
-}
-
-// AbortIncompleteUploads aborts every multipart upload under the store's
-// prefix that was started and never completed (a writer crashed), and
-// returns how many it aborted. Run it at start: it also aborts uploads that
-// another live writer under the same prefix has in flight.
-func (s *Store) AbortIncompleteUploads(ctx context.Context) (int, error) {
-	return s.abortUploads(ctx, cloud.CleanupOptions{})
 }
 
 // abortUploads aborts the incomplete uploads under the prefix that opts

@@ -123,7 +123,7 @@ func (s *Store) putObject(ctx context.Context, k *string, data []byte, crc uint3
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
-	if _, err := s.client.PutObject(ctx, in); err != nil {
+	if _, err := s.client.PutObject(ctx, in, s.withPutRetries); err != nil {
 		return fmt.Errorf("put %s: %w", *k, translate(err))
 	}
 	return nil
@@ -150,7 +150,7 @@ type upload struct {
 func (s *Store) multipart(ctx context.Context, k *string, first []byte, crc uint32, r io.Reader, size, part int64, opts cloud.PutOptions) error {
 	out, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
-	})
+	}, s.withPutRetries)
 	if err != nil {
 		s.pool.put(first)
 		return fmt.Errorf("put %s: create upload: %w", *k, translate(err))
@@ -224,7 +224,7 @@ func (u *upload) part(ctx context.Context, num int32, data []byte, crc uint32) e
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id, PartNumber: aws.Int32(num),
 		Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
-	})
+	}, u.s.withPutRetries)
 	if err != nil {
 		return fmt.Errorf("part %d: %w", num, translate(err))
 	}
@@ -243,7 +243,7 @@ func (u *upload) complete(ctx context.Context, opts cloud.PutOptions) error {
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: u.done},
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
-	if _, err := u.s.client.CompleteMultipartUpload(ctx, in); err != nil {
+	if _, err := u.s.client.CompleteMultipartUpload(ctx, in, u.s.withPutRetries); err != nil {
 		return fmt.Errorf("complete upload: %w", translate(err))
 	}
 	return nil
@@ -256,9 +256,9 @@ func (u *upload) abort(ctx context.Context, cause error) {
 	defer cancel()
 	_, err := u.s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id,
-	})
+	}, u.s.withPutRetries)
 	if err != nil {
-		// Cleanup (AbortIncompleteUploads) on the next start removes it.
+		// Cleanup on the next start removes it.
 		u.s.log.Warn("abort multipart upload failed", zap.String("key", *u.k), zap.NamedError("cause", cause), zap.Error(err))
 		return
 	}

@@ -35,9 +35,9 @@ import (
 //     node agent, upload at once; they share the 8 buffers instead of
 //     multiplying them.
 const (
-	DefaultPartSize     = 16 << 20
-	DefaultConcurrency  = 8
-	DefaultBufferMemory = 128 << 20
+	defaultPartSize     = 16 << 20
+	defaultConcurrency  = 8
+	defaultBufferMemory = 128 << 20
 	minPartSize         = 5 << 20 // S3's minimum for every part but the last
 	maxParts            = 10000   // S3's maximum parts per upload
 	defaultMaxAttempts  = 10      // SDK default is 3; spot networks and stores flap
@@ -66,6 +66,8 @@ type Store struct {
 	opts   Options
 	pool   *bufPool
 	log    *zap.Logger
+	// putRetryer retries each of Put's requests (see withPutRetries).
+	putRetryer aws.Retryer
 }
 
 var (
@@ -87,6 +89,10 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("s3 config: %w", err)
 	}
+	putAttempts := defaultMaxAttempts
+	if cfg.RetryMaxAttempts != 0 {
+		putAttempts = cfg.RetryMaxAttempts // AWS_MAX_ATTEMPTS
+	}
 	overridden := false
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if opts.Endpoint != "" {
@@ -94,17 +100,11 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 		}
 		overridden = o.BaseEndpoint != nil
 		o.UsePathStyle = o.UsePathStyle || overridden
-		if cfg.RetryMaxAttempts == 0 {
-			// Without a rate limiter: the SDK's retry quota (500 tokens,
-			// 5 a retry) is spent by one outage with 32 parts in flight,
-			// and then nothing is retried until 100 requests succeed. The
-			// caller's context (the notice deadline) bounds the retries.
-			o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
-				so.MaxAttempts = defaultMaxAttempts
-				so.MaxBackoff = 20 * time.Second
-				so.RateLimiter = ratelimit.None
-			})
-		}
+		// One attempt per request: the store's operations are retried
+		// once, by the wrapper all.Open stacks around it. Put's requests
+		// are the exception (withPutRetries).
+		o.Retryer = newRetryer(1)
+		o.RetryMaxAttempts = 0
 		// Parts carry a CRC32C checksum that the server verifies, so a
 		// second SHA-256 pass over every byte for SigV4 buys nothing.
 		// Over plain HTTP (MinIO, on-premises) the checksum step would
@@ -121,7 +121,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 		}
 	})
 	if client.Options().Region == "" {
-		region, err := manager.GetBucketRegion(ctx, client, bucket)
+		region, err := manager.GetBucketRegion(ctx, client, bucket, func(o *s3.Options) { o.RetryMaxAttempts = 2 })
 		if err != nil {
 			return nil, fmt.Errorf("s3 bucket %s region: %w", bucket, translate(err))
 		}
@@ -129,21 +129,21 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	}
 	prefix = cloud.KeyPrefix(prefix)
 	return &Store{
-		client: client, bucket: bucket, prefix: prefix, opts: opts,
+		client: client, bucket: bucket, prefix: prefix, opts: opts, putRetryer: newRetryer(putAttempts),
 		pool: sharedPool(opts.BufferMemory, opts.PartSize), log: opts.Log.With(zap.String("store", "s3://"+bucket+"/"+prefix)),
 	}, nil
 }
 
 func withDefaults(o Options) Options {
 	if o.PartSize <= 0 {
-		o.PartSize = DefaultPartSize
+		o.PartSize = defaultPartSize
 	}
 	o.PartSize = max(o.PartSize, minPartSize)
 	if o.Concurrency <= 0 {
-		o.Concurrency = DefaultConcurrency
+		o.Concurrency = defaultConcurrency
 	}
 	if o.BufferMemory <= 0 {
-		o.BufferMemory = DefaultBufferMemory
+		o.BufferMemory = defaultBufferMemory
 	}
 	// At least two parts in memory, or uploads would run one part at a time.
 	o.BufferMemory = max(o.BufferMemory, 2*o.PartSize)
@@ -176,14 +176,41 @@ func (s *Store) key(key string) (*string, error) {
 func (s *Store) Check(ctx context.Context) error {
 	_, err := s.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{
 		Bucket: &s.bucket, Prefix: aws.String(s.prefix), MaxKeys: aws.Int32(1),
-	}, func(o *s3.Options) {
-		// A down endpoint should fail in seconds, not after six backoffs.
-		o.RetryMaxAttempts = 2
 	})
 	if err != nil {
 		return fmt.Errorf("s3://%s: %w", s.bucket, translate(err))
 	}
 	return nil
+}
+
+// newRetryer is the SDK's standard retryer (its classification of
+// errors, exponential backoff with jitter up to 20 s) making at most
+// attempts attempts per request, without a rate limiter: the SDK's retry
+// quota (500 tokens, 5 a retry) is spent by one outage with 32 parts in
+// flight, and then nothing is retried until 100 requests succeed. The
+// caller's context (the notice deadline) bounds the retries.
+func newRetryer(attempts int) aws.Retryer {
+	return retry.NewStandard(func(so *retry.StandardOptions) {
+		so.MaxAttempts = attempts
+		so.MaxBackoff = 20 * time.Second
+		so.RateLimiter = ratelimit.None
+	})
+}
+
+// withPutRetries lets the SDK retry one of Put's requests (PutObject, the
+// parts of a multipart upload, its create, complete and abort) up to
+// defaultMaxAttempts times (AWS_MAX_ATTEMPTS when set). These are the
+// only retries of Put: the bytes of a part are in the store's buffer, so
+// the SDK can resend them, while the caller's reader has moved on and the
+// wrapper above could not replay it. Every other request makes one
+// attempt and is retried by that wrapper, so no request is retried twice.
+func (s *Store) withPutRetries(o *s3.Options) { o.Retryer = s.putRetryer }
+
+// Retryable reports whether an operation that failed with err is worth
+// another attempt, by the SDK's standard classification (throttling, 5xx,
+// connection errors, timeouts). all.Open's retry wrapper asks it.
+func (s *Store) Retryable(err error) bool {
+	return s.putRetryer.IsErrorRetryable(err)
 }
 
 // unsignedEarly marks every request's payload UNSIGNED-PAYLOAD in the build

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
@@ -17,7 +18,7 @@ import (
 // ctx ends. While IMDS fails, it waits PollInterval or longer (backoff).
 func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 	w := &watcher{s: s, out: out, faults: watchloop.NewFaultLog(s.log, "imds poll")}
-	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	// Every every-th round reads all paths; the others only the spot one.
 	every := max(1, int(s.cfg.PollInterval/s.cfg.SpotPollInterval))
 	for round := 0; ; round++ {
@@ -46,7 +47,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 			}
 			bo.Reset()
 		}
-		if watchloop.Sleep(ctx, wait) != nil {
+		if retry.Sleep(ctx, wait) != nil {
 			return nil
 		}
 	}

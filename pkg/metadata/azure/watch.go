@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
@@ -22,7 +23,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 	}
 	w := &watcher{s: s, name: name, out: out, incarnation: -1, active: make(map[string]bool)}
 	faults := watchloop.NewFaultLog(s.log, "scheduled events poll")
-	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		body, err := s.do(ctx, "GET", pathScheduledEvents, nil)
 		if ctx.Err() != nil {
@@ -41,7 +42,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 			bo.Reset()
 			w.update(ctx, doc, string(body), time.Now())
 		}
-		if watchloop.Sleep(ctx, wait) != nil {
+		if retry.Sleep(ctx, wait) != nil {
 			return nil
 		}
 	}
@@ -50,7 +51,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 // vmName reads compute.name, retrying with backoff; false when ctx ended.
 func (s *Source) vmName(ctx context.Context) (string, bool) {
 	faults := watchloop.NewFaultLog(s.log, "instance metadata")
-	bo := watchloop.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
+	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		in, err := s.instance(ctx)
 		if ctx.Err() != nil {
@@ -61,7 +62,7 @@ func (s *Source) vmName(ctx context.Context) (string, bool) {
 			return in.Compute.Name, true
 		}
 		faults.Fail(err)
-		if watchloop.Sleep(ctx, bo.Next()) != nil {
+		if retry.Sleep(ctx, bo.Next()) != nil {
 			return "", false
 		}
 	}

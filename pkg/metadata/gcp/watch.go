@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
 )
@@ -42,7 +43,7 @@ type keyWatch struct {
 
 func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.Notice) {
 	faults := watchloop.NewFaultLog(s.log.With(zap.String("key", k.key)), "metadata watch")
-	bo := watchloop.Backoff{Min: 50 * time.Millisecond, Max: s.cfg.MaxBackoff}
+	bo := retry.Backoff{Min: 50 * time.Millisecond, Max: s.cfg.MaxBackoff}
 	etag := ""
 	for {
 		value, newETag, err := s.fetch(ctx, k.key, etag)
@@ -58,7 +59,7 @@ func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.
 		}
 		if err != nil {
 			faults.Fail(err)
-			if watchloop.Sleep(ctx, bo.Next()) != nil {
+			if retry.Sleep(ctx, bo.Next()) != nil {
 				return
 			}
 			continue
