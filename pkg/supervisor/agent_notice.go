@@ -190,8 +190,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	a.stopping = s
 	reqDeadline := a.requestDeadline(deadline, now)
-	if a.watch != nil {
-		a.watchStop(s, reqDeadline, now) // agent_watch.go
+	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
 	if a.trainersFinished() {
