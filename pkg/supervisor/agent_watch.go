@@ -55,6 +55,16 @@ type watchSource struct {
 	intr     *watchStop              // the interruption under way
 	flushBy  time.Time               // the trainer exited: last checkpoints are awaited until then
 	prune    watchPruner
+
+	// What the trainer's checkpoints show of its progress (reached): its
+	// pace, from those written since paceFrom (the agent's start, or a
+	// restart's restore) with a step above resumed (the restored one's;
+	// -1: none), and when it exited (zero: it runs, or there is none to
+	// wait for).
+	pace     watch.Pace
+	paceFrom time.Time
+	resumed  int64
+	goneAt   time.Time
 }
 
 // watchPruner runs --watch-prune beside the loop, one prune at a time: a
@@ -143,7 +153,7 @@ func newWatchSource(a *Agent) (*watchSource, error) {
 		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
 	ws := &watchSource{a: a, cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
-		work: make(chan func()), dir: droot, stage: stage,
+		work: make(chan func()), dir: droot, stage: stage, paceFrom: a.started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
 	c := *a.committer
 	c.Store = ws.store
@@ -166,6 +176,12 @@ func nested(p, dir string) bool {
 func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	a := ws.a
 	start := time.Now()
+	if a.child != nil {
+		// A restart: the trainer starts again from what is restored.
+		ws.pace.Reset()
+		ws.paceFrom = start
+	}
+	ws.resumed = -1
 	r, err := ws.w.Restore(ctx, a.cfg.Store, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", a.cfg.Store.URI("")))
@@ -184,7 +200,7 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	}
 	a.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	ws.written = time.Time{}
+	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
 	return a.restored(r.Restored, start, r.Path, manifest), nil
 }
 
@@ -233,6 +249,12 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 	a.seeStep(&cp.Step)
 	if ws.newest == nil || cp.Step >= ws.newest.Step {
 		ws.newest = cp
+	}
+	// Written by this trainer: its pace. (A leftover of an earlier run
+	// in DIR is older; mtimes come from the kernel's coarse clock, which
+	// may lag time.Now a little.)
+	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
+		ws.pace.Add(cp.Step, at)
 	}
 	if a.lastCommit.id != "" && cp.Step <= a.lastCommit.step {
 		a.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
@@ -488,6 +510,12 @@ func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDon
 // trainer is stopped: the last safe moment.
 func (ws *watchSource) tick(now time.Time) {
 	a := ws.a
+	switch {
+	case !a.trainerGone():
+		ws.goneAt = time.Time{}
+	case ws.goneAt.IsZero():
+		ws.goneAt = now // the first pass of the loop since it exited
+	}
 	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.exitCode == 0 && a.restartAt.IsZero() {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
@@ -554,6 +582,29 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 		a.deadlineKill = true
 		a.stopChild()
 	}
+}
+
+// reached is the step the trainer reached by now (by its exit, if it
+// exited): what it reported itself if that is newer than anything in DIR
+// (a trainer that speaks the protocol's progress), else its pace
+// extrapolated from its newest checkpoint, else the newest step in DIR
+// (complete or not), which is only a lower bound: a trainer that saves
+// every 10 s and is stopped 9 s after its last save lost 9 s of steps
+// that DIR never shows.
+func (ws *watchSource) reached(now time.Time) (int64, string) {
+	a := ws.a
+	seen := ws.w.NewestStep()
+	if a.lastStep > seen {
+		return a.lastStep, ""
+	}
+	stopped := now
+	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
+		stopped = ws.goneAt
+	}
+	if step, ok := ws.pace.At(stopped); ok {
+		return max(step, seen), checkpoint.LostFromEstimate
+	}
+	return max(seen, a.lastStep), checkpoint.LostFromDir
 }
 
 // busy keeps the agent from ending while an interruption waits for the

@@ -44,6 +44,11 @@ type checkpointSource interface {
 	stop(s *stopState, uploadBy, now time.Time) bool
 	// asks reports whether the agent asks the trainer for checkpoints.
 	asks() bool
+	// reached is the newest step the trainer reached by now as far as the
+	// source knows, and how that was counted (Interruption.LostStepsFrom,
+	// empty: the trainer's reports): an interruption loses the steps past
+	// the committed one.
+	reached(now time.Time) (step int64, from string)
 }
 
 var (
@@ -76,3 +81,6 @@ func (protocolSource) busy(time.Time) bool                        { return false
 func (protocolSource) committed(commitResult)                     {}
 func (protocolSource) stop(*stopState, time.Time, time.Time) bool { return false }
 func (protocolSource) asks() bool                                 { return true }
+
+// reached: what the trainer reported (progress, done, bye).
+func (p protocolSource) reached(time.Time) (int64, string) { return p.a.lastStep, "" }
