@@ -593,8 +593,8 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 // that DIR never shows.
 func (ws *watchSource) reached(now time.Time) (int64, string) {
 	a := ws.a
-	seen := ws.w.NewestStep()
-	if a.lastStep > seen {
+	seen := ws.w.NewestStep() // -1: none
+	if a.lastStep > max(seen, 0) {
 		return a.lastStep, ""
 	}
 	stopped := now

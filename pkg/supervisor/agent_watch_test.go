@@ -421,3 +421,38 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	}
 	t.Logf("trainer stopped at step %d, committed %d: lost %d, journal estimate %d", stopped, in.Step, lost, in.LostSteps)
 }
+
+// TestWatch_LostStepsNothingSaved: a notice before the trainer saved
+// anything. Nothing commits; the journal's lost_steps cannot be counted
+// from anything the trainer wrote, and says so (from DIR: a lower bound),
+// rather than passing for the trainer's own count.
+func TestWatch_LostStepsNothingSaved(t *testing.T) {
+	out := t.TempDir()
+	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Source = src
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}}
+	})
+	waitFor(t, "the agent serving", func() bool {
+		_, err := os.Stat(ar.cfg.Server.Path)
+		return err == nil
+	})
+	now := time.Now()
+	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: now.Add(2 * time.Second), Detected: now}
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	if in := j.Interruptions[0]; in.CommitOK || in.LostStepsFrom != checkpoint.LostFromDir {
+		t.Fatalf("interruption %+v: want nothing committed, lost steps counted from DIR", in)
+	}
+}
