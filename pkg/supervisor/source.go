@@ -18,8 +18,8 @@ import (
 //     checkpoint, restores into that directory and decides an
 //     interruption's end.
 //
-// Every method runs on the loop's goroutine, except restore (before the
-// loop), start (before it) and close (after it and everything beside it).
+// Every method runs on the loop's goroutine or before it starts (restore,
+// start), except close: after the loop and everything beside it ended.
 type checkpointSource interface {
 	// restore puts the newest committed checkpoint where the trainer
 	// resumes from; nil when it starts fresh.
