@@ -6,7 +6,7 @@
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
 # SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
-# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet),
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch),
 # SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,12 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-if [ ! -x "$MINIO" ]; then
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch}
+needs_minio=false # only these sections start MinIO
+for s in transfer e2e footprint pipeline distributed; do
+  case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
+done
+if $needs_minio && [ ! -x "$MINIO" ]; then
   echo "bench: installing MinIO into $CACHE/bin (one time, a few minutes)" >&2
   # From a temp dir: `go install pkg@version` ignores our go.mod, which must
   # not learn about MinIO.
@@ -32,10 +37,11 @@ fi
 
 [ -x bin/spotagent ] || make build GO="$GO" # the shipped build: tags and flags matter for RSS
 "$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
+"$GO" build -o "$CACHE/bin/watchbench" ./bench/cmd/watchbench
 
 cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lean; }
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
-  -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet}" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}"
+  -idle "${SPOTBENCH_IDLE:-60s}" -only "$ONLY" \
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -watchbench "$CACHE/bin/watchbench"

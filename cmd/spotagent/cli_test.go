@@ -336,6 +336,24 @@ func TestHistory_Rows(t *testing.T) {
 	}
 }
 
+// TestHistory_LostSteps: the LOST column says how the steps were counted
+// when the trainer did not report them (zero-code mode).
+func TestHistory_LostSteps(t *testing.T) {
+	for _, c := range []struct{ from, want string }{
+		{"", "(49 steps)"},
+		{checkpoint.LostFromEstimate, "(~49 steps, estimated)"},
+		{checkpoint.LostFromDir, "(at least 49 steps, seen in DIR)"},
+	} {
+		j := sampleJournal()
+		j.Interruptions[0].LostSteps, j.Interruptions[0].LostStepsFrom = 49, c.from
+		var b bytes.Buffer
+		printJournal(&b, j)
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("lost_steps_from %q: want %q in\n%s", c.from, c.want, b.String())
+		}
+	}
+}
+
 func TestReport_EndedBy(t *testing.T) {
 	j := sampleJournal()
 	j.Interruptions = nil

@@ -89,7 +89,7 @@ func printJournal(out io.Writer, j *checkpoint.Journal) {
 			}
 			lost := seconds(in.LostSeconds).Round(time.Second).String()
 			if in.LostSteps > 0 {
-				lost += fmt.Sprintf(" (%d steps)", in.LostSteps)
+				lost += lostSteps(in)
 			}
 			ok, step, size := "yes", fmt.Sprint(in.Step), humanBytes(in.Bytes)
 			if !in.CommitOK {
@@ -140,4 +140,16 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// lostSteps says how many steps an interruption lost, and how that was
+// counted when the trainer did not report it (zero-code mode).
+func lostSteps(in checkpoint.Interruption) string {
+	switch in.LostStepsFrom {
+	case checkpoint.LostFromEstimate:
+		return fmt.Sprintf(" (~%d steps, estimated)", in.LostSteps)
+	case checkpoint.LostFromDir:
+		return fmt.Sprintf(" (at least %d steps, seen in DIR)", in.LostSteps)
+	}
+	return fmt.Sprintf(" (%d steps)", in.LostSteps)
 }

@@ -64,10 +64,25 @@ type Interruption struct {
 	Error        string     `json:"error,omitempty"`
 	// LostSeconds is the training time since the newest committed
 	// checkpoint that this interruption threw away; LostSteps the same in
-	// steps, when the trainer reported progress.
-	LostSeconds float64 `json:"lost_seconds"`
-	LostSteps   int64   `json:"lost_steps,omitempty"`
+	// steps, counted as LostStepsFrom says: empty when from the trainer's
+	// own reports (protocol mode), else LostFromEstimate or LostFromDir.
+	LostSeconds   float64 `json:"lost_seconds"`
+	LostSteps     int64   `json:"lost_steps,omitempty"`
+	LostStepsFrom string  `json:"lost_steps_from,omitempty"`
 }
+
+// How LostSteps was counted in zero-code mode (--watch), where the trainer
+// reports nothing.
+const (
+	// LostFromEstimate: the trainer's step rate, from its successive
+	// checkpoints' steps and write times, extrapolated from its newest
+	// checkpoint to when it was stopped.
+	LostFromEstimate = "estimate"
+	// LostFromDir: no rate known (fewer than two checkpoints this
+	// session): the newest step seen in the watched directory, a lower
+	// bound.
+	LostFromDir = "dir"
+)
 
 // RestoreEntry records one restore at start.
 type RestoreEntry struct {

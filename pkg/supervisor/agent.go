@@ -65,7 +65,8 @@ type Config struct {
 	// In part mode the lease is the node's own (a second copy of node K
 	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
-	// Watch, when set, is zero-code mode (agent_watch.go).
+	// Watch, when set, is zero-code mode: the checkpoint source is the
+	// watched directory (agent_watch.go), not the trainer's protocol.
 	Watch *WatchConfig
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
@@ -311,12 +312,15 @@ func (a *Agent) closeDirs() {
 // restoreDir is where restores go, inside the agent's area.
 func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, restoreSub) }
 
-// restore copies the newest committed checkpoint into the restore area and
-// returns the resume information (nil when starting fresh).
-func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) {
-	if a.watch != nil {
-		return a.restoreWatch(ctx) // agent_watch.go
-	}
+// restore puts the newest committed checkpoint where the trainer resumes
+// from, as the checkpoint source does it (source.go); nil when starting
+// fresh.
+func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) { return a.src.restore(ctx) }
+
+// restoreArea copies the newest committed checkpoint into the restore
+// area and returns the resume information (nil when starting fresh): the
+// protocol source's restore.
+func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 	restoreDir := a.restoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may

@@ -79,7 +79,7 @@ type Agent struct {
 	firstSignal time.Time // when the first of them came (SignalWindow)
 	done        bool      // loop ends
 
-	watch *watchState // zero-code mode (agent_watch.go); nil: off
+	src checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
 
 	warnedTopology bool // agent_job.go
 	localWorld     int  // ranks on this node, as hellos said (part mode)
@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		})
 	}
 	a.watchFence() // agent_fence.go
-	a.startWatch() // agent_watch.go
+	a.src.start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
@@ -234,12 +234,14 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Node != "" {
 		a.committer.Session = a.session // part data of this session only (parts.go)
 	}
-	if err := a.initWatch(); err != nil { // agent_watch.go
+	src, err := a.newSource() // source.go
+	if err != nil {
 		endLife()
 		return nil, err
 	}
+	a.src = src
 	if err := a.openDirs(); err != nil {
-		a.closeWatch()
+		a.src.close()
 		endLife()
 		return nil, err
 	}
@@ -337,9 +339,9 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onFenced() // agent_fence.go
 		case r := <-a.results:
 			a.onCommitResult(r)
-			a.watchCommitted(r) // agent_watch.go
-		case cp := <-a.watchReady():
-			a.onWatchReady(cp)
+			a.src.committed(r)
+		case work := <-a.src.ready():
+			work()
 		case <-a.childDone:
 			a.onChildExit()
 		case <-timer.C:
@@ -362,7 +364,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		earlier(s.deadline)
 	}
 	earlier(a.restartAt)
-	earlier(a.watchWake())
+	earlier(a.src.wake())
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
 	}
@@ -380,7 +382,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	a.tickStop(now)
-	a.tickWatch(now)
+	a.src.tick(now)
 	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 {
 		a.restart()
 	}
@@ -408,7 +410,7 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.watchBusy(time.Now()) { // agent_watch.go
+	if a.src.busy(time.Now()) {
 		return
 	}
 	if len(a.uploads) > 0 {
@@ -663,7 +665,7 @@ func (a *Agent) release() {
 			u.req.held.Close()
 		}
 	}
-	a.closeWatch() // agent_watch.go
+	a.src.close()
 	a.closeDirs()
 }
 
@@ -699,8 +701,8 @@ func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
 // connected while the child it speaks for is not running (exited, or
 // waiting to restart): then nobody can answer a request.
 func (a *Agent) trainers() int {
-	if a.watch != nil {
-		return 0 // zero-code mode: the trainer saves when it decides
+	if !a.src.asks() {
+		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
 	if a.cfg.Signal != 0 && a.childDone == nil {
 		return 0

@@ -190,8 +190,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	a.stopping = s
 	reqDeadline := a.requestDeadline(deadline, now)
-	if a.watch != nil {
-		a.watchStop(s, reqDeadline, now) // agent_watch.go
+	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
 	if a.trainersFinished() {
@@ -269,7 +268,7 @@ func (a *Agent) stopRequested(s *stopState, r *request, sent time.Time) {
 func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	s.record.LostSteps = max(a.lastStep-res.Manifest.Step, 0)
+	a.recordLostSteps(s, res.Manifest.Step, now)
 	a.noticeOutcome(s, true, now)
 	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
@@ -302,12 +301,19 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 		base = a.started
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
-	s.record.LostSteps = max(a.lastStep-a.lastCommit.step, 0)
+	a.recordLostSteps(s, a.lastCommit.step, now)
 	a.noticeOutcome(s, false, now)
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
 	a.finishStop(s)
+}
+
+// recordLostSteps records the steps past committed that the trainer
+// reached, as the checkpoint source counts them.
+func (a *Agent) recordLostSteps(s *stopState, committed int64, now time.Time) {
+	reached, from := a.src.reached(now)
+	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
 }
 
 // noticeOutcome reports a cloud notice's checkpoint to the metrics: not a

@@ -37,6 +37,11 @@ type request struct {
 	stop            *stopState           // set for the interruption/shutdown checkpoint
 	pipe            *checkpoint.Pipeline // files uploaded on `saved`, before done
 	blocked         *time.Duration       // the longest blocked_ms a trainer reported
+	// costFrom, when set, is where the checkpoint's measured cost begins
+	// (zero-code mode: its staging; the trainer's save is not seen): the
+	// journal records what it took to the commit, not the scheduler's
+	// estimate.
+	costFrom time.Time
 }
 
 func (r *request) urgent() bool { return r.stop != nil }
@@ -375,7 +380,11 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
-	cost = a.watchCost(r.id, cost) // agent_watch.go: measured, not the default
+	if !r.costFrom.IsZero() {
+		d := time.Since(r.costFrom)
+		a.cfg.Scheduler.ObserveCost(d)
+		cost = d.Seconds()
+	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
 	jobStats, session := a.asksPeriodic(), a.session

@@ -36,12 +36,15 @@ type WatchConfig struct {
 	NoticeSignal syscall.Signal
 }
 
-// watchState is the agent's zero-code mode; the loop owns it.
-type watchState struct {
+// watchSource is zero-code mode, the agent's checkpoint source when the
+// trainer saves into a watched directory on its own (source.go); the loop
+// owns it.
+type watchSource struct {
+	a        *Agent
 	cfg      WatchConfig
 	w        *watch.Watcher
 	store    *watch.VerifyStore
-	ready    chan *watch.Checkpoint
+	work     chan func()             // checkpoints found complete, for the loop (ready)
 	dir      *os.Root                // the watched directory (the watcher's handle)
 	stage    *os.Root                // dir/watchStage: where commits are staged (hard links)
 	inflight map[string]*watchUpload // request id →
@@ -49,9 +52,19 @@ type watchState struct {
 	newest   *watch.Checkpoint       // newest complete one reported
 	written  time.Time               // when the newest committed one was written (this session)
 	doneAt   time.Time               // when it was found complete
-	stop     *watchStop
-	flushBy  time.Time // the trainer exited: last checkpoints are awaited until then
+	intr     *watchStop              // the interruption under way
+	flushBy  time.Time               // the trainer exited: last checkpoints are awaited until then
 	prune    watchPruner
+
+	// What the trainer's checkpoints show of its progress (reached): its
+	// pace, from those written since paceFrom (the agent's start, or a
+	// restart's restore) with a step above resumed (the restored one's;
+	// -1: none), and when it exited (zero: it runs, or there is none to
+	// wait for).
+	pace     watch.Pace
+	paceFrom time.Time
+	resumed  int64
+	goneAt   time.Time
 }
 
 // watchPruner runs --watch-prune beside the loop, one prune at a time: a
@@ -81,8 +94,7 @@ type watchStaged struct {
 type watchUpload struct {
 	cp       *watch.Checkpoint
 	unexpect func()
-	started  time.Time     // found complete, upload begun
-	staging  time.Duration // what staging it took
+	started  time.Time // found complete, upload begun
 }
 
 // watchStop is an interruption in zero-code mode.
@@ -107,33 +119,30 @@ func ParseNoticeSignal(s string) (syscall.Signal, error) {
 	return 0, fmt.Errorf("want SIGTERM, SIGINT, SIGUSR1 or SIGUSR2, got %q", s)
 }
 
-// initWatch sets zero-code mode up, before the restore: the watched
+// newWatchSource sets zero-code mode up, before the restore: the watched
 // directory, and the committer's store, which checks before each
 // manifest that the checkpoint did not change during its upload.
-func (a *Agent) initWatch() error {
+func newWatchSource(a *Agent) (*watchSource, error) {
 	wc := a.cfg.Watch
-	if wc == nil {
-		return nil
-	}
 	if a.cfg.Signal != 0 {
-		return errors.New("watch: --signal and --watch exclude each other")
+		return nil, errors.New("watch: --signal and --watch exclude each other")
 	}
 	if wc.NoticeSignal != 0 && len(a.cfg.Command) == 0 {
-		return errors.New("watch: --notice-signal needs a trainer command (spotagent run)")
+		return nil, errors.New("watch: --notice-signal needs a trainer command (spotagent run)")
 	}
 	dir, err := filepath.Abs(wc.Dir)
 	if err != nil {
-		return fmt.Errorf("watch: %w", err)
+		return nil, fmt.Errorf("watch: %w", err)
 	}
 	wc.Dir = dir
 	scratch, _ := filepath.Abs(a.cfg.CheckpointDir)
 	if nested(dir, scratch) || nested(scratch, dir) {
-		return fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
+		return nil, fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
 	}
 	wc.Log = a.log.With(zap.String("watch", dir))
 	w, err := watch.New(wc.Config) // checks DIR (exists, a directory, writable) and opens it
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Staged in DIR itself: hard links need one filesystem, and the
 	// checkpoint directory is often on another. Through roots only.
@@ -141,20 +150,19 @@ func (a *Agent) initWatch() error {
 	stage, err := openWatchStage(droot)
 	if err != nil {
 		w.Close()
-		return fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
+		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
-	ws := &watchState{cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
-		ready: make(chan *watch.Checkpoint, 16), dir: droot, stage: stage,
+	ws := &watchSource{a: a, cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
+		work: make(chan func()), dir: droot, stage: stage, paceFrom: a.started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
 	c := *a.committer
 	c.Store = ws.store
 	a.committer = &c
-	a.watch = ws
 	cw := w.Config()
 	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
 		zap.String("notice_signal", signalName(wc.NoticeSignal)))
-	return nil
+	return ws, nil
 }
 
 // nested reports whether p is dir or inside it.
@@ -163,11 +171,17 @@ func nested(p, dir string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-// restoreWatch puts the newest committed checkpoint back into DIR under
-// its original name (restore in zero-code mode).
-func (a *Agent) restoreWatch(ctx context.Context) (*protocol.Resume, error) {
-	ws := a.watch
+// restore puts the newest committed checkpoint back into DIR under its
+// original name.
+func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
+	a := ws.a
 	start := time.Now()
+	if a.child != nil {
+		// A restart: the trainer starts again from what is restored.
+		ws.pace.Reset()
+		ws.paceFrom = start
+	}
+	ws.resumed = -1
 	r, err := ws.w.Restore(ctx, a.cfg.Store, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", a.cfg.Store.URI("")))
@@ -186,45 +200,61 @@ func (a *Agent) restoreWatch(ctx context.Context) (*protocol.Resume, error) {
 	}
 	a.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	ws.written = time.Time{}
+	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
 	return a.restored(r.Restored, start, r.Path, manifest), nil
 }
 
-// startWatch runs the watcher beside the loop until the agent's life ends.
-func (a *Agent) startWatch() {
-	if ws := a.watch; ws != nil {
-		a.goBg(func() { ws.w.Run(a.life, ws.ready) })
-	}
-}
-
-// closeWatch releases the watcher's handles, once it has stopped.
-func (a *Agent) closeWatch() {
-	if ws := a.watch; ws != nil {
-		if sc := ws.next; sc != nil {
-			ws.next = nil
-			sc.held.Close()
+// start runs the watcher beside the loop until the agent's life ends;
+// what it finds complete reaches the loop through ready.
+func (ws *watchSource) start() {
+	a := ws.a
+	found := make(chan *watch.Checkpoint, 16)
+	a.goBg(func() { ws.w.Run(a.life, found) })
+	a.goBg(func() {
+		for {
+			select {
+			case cp := <-found:
+				select {
+				case ws.work <- func() { ws.onReady(cp) }:
+				case <-a.life.Done():
+					return
+				}
+			case <-a.life.Done():
+				return
+			}
 		}
-		ws.stage.Close()
-		ws.w.Close() // ws.dir with it
-	}
+	})
 }
 
-// watchReady is the loop's source of complete checkpoints (nil: none).
-func (a *Agent) watchReady() <-chan *watch.Checkpoint {
-	if a.watch == nil {
-		return nil
+// close releases the watcher's handles, once it has stopped.
+func (ws *watchSource) close() {
+	if sc := ws.next; sc != nil {
+		ws.next = nil
+		sc.held.Close()
 	}
-	return a.watch.ready
+	ws.stage.Close()
+	ws.w.Close() // ws.dir with it
 }
 
-// onWatchReady: cp is complete. Commit it unless something newer is
+func (ws *watchSource) ready() <-chan func() { return ws.work }
+
+// asks: the trainer saves when it decides; the agent never asks it.
+func (ws *watchSource) asks() bool { return false }
+
+// onReady: cp is complete. Commit it unless something newer is
 // committed; one upload at a time, the newest waiting, except during an
 // interruption, when the newest goes at once and older uploads stop.
-func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
-	ws := a.watch
+func (ws *watchSource) onReady(cp *watch.Checkpoint) {
+	a := ws.a
 	a.seeStep(&cp.Step)
 	if ws.newest == nil || cp.Step >= ws.newest.Step {
 		ws.newest = cp
+	}
+	// Written by this trainer: its pace. (A leftover of an earlier run
+	// in DIR is older; mtimes come from the kernel's coarse clock, which
+	// may lag time.Now a little.)
+	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
+		ws.pace.Add(cp.Step, at)
 	}
 	if a.lastCommit.id != "" && cp.Step <= a.lastCommit.step {
 		a.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
@@ -235,23 +265,24 @@ func (a *Agent) onWatchReady(cp *watch.Checkpoint) {
 			return // a newer one is on its way
 		}
 	}
-	if len(ws.inflight) > 0 && ws.stop == nil {
+	if len(ws.inflight) > 0 && ws.intr == nil {
 		if ws.next == nil || cp.Step >= ws.next.cp.Step {
-			if sc := a.watchStage(cp); sc != nil {
-				a.watchDropNext()
+			if sc := ws.stageFor(cp); sc != nil {
+				ws.dropNext()
 				ws.next = sc
 			}
 		}
 		return
 	}
-	a.watchSupersede(cp.Step)
-	a.watchCommit(a.watchStage(cp))
+	ws.supersede(cp.Step)
+	ws.commit(ws.stageFor(cp))
 }
 
-// watchSupersede cancels the uploads in flight older than step (during an
+// supersede cancels the uploads in flight older than step (during an
 // interruption: the newest goes at once).
-func (a *Agent) watchSupersede(step int64) {
-	for id, u := range a.watch.inflight {
+func (ws *watchSource) supersede(step int64) {
+	a := ws.a
+	for id, u := range ws.inflight {
 		if up := a.uploads[id]; up != nil && u.cp.Step < step {
 			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 			up.cancel()
@@ -259,10 +290,10 @@ func (a *Agent) watchSupersede(step int64) {
 	}
 }
 
-// watchInflight reports whether a checkpoint of step or newer is being
+// uploading reports whether a checkpoint of step or newer is being
 // uploaded.
-func (a *Agent) watchInflight(step int64) bool {
-	for _, u := range a.watch.inflight {
+func (ws *watchSource) uploading(step int64) bool {
+	for _, u := range ws.inflight {
 		if u.cp.Step >= step {
 			return true
 		}
@@ -270,10 +301,10 @@ func (a *Agent) watchInflight(step int64) bool {
 	return false
 }
 
-// watchStage stages cp for upload (nil: it could not be; it is retried
+// stageFor stages cp for upload (nil: it could not be; it is retried
 // once it is quiet again).
-func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
-	ws := a.watch
+func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
+	a := ws.a
 	id := newID()
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
@@ -295,10 +326,9 @@ func (a *Agent) watchStage(cp *watch.Checkpoint) *watchStaged {
 	return &watchStaged{cp: cp, id: id, held: held, took: time.Since(begun)}
 }
 
-// watchDropNext discards the staged checkpoint waiting for the upload in
+// dropNext discards the staged checkpoint waiting for the upload in
 // flight (a newer one replaces it, or it is already superseded).
-func (a *Agent) watchDropNext() {
-	ws := a.watch
+func (ws *watchSource) dropNext() {
 	sc := ws.next
 	if sc == nil {
 		return
@@ -309,57 +339,39 @@ func (a *Agent) watchDropNext() {
 	ws.prune.setBusy(sc.cp.Name, -1)
 }
 
-// watchCommit commits a staged checkpoint (nil: nothing to commit).
-func (a *Agent) watchCommit(sc *watchStaged) {
-	ws := a.watch
+// commit commits a staged checkpoint (nil: nothing to commit).
+func (ws *watchSource) commit(sc *watchStaged) {
+	a := ws.a
 	if sc == nil {
 		return
 	}
 	if ws.next == sc {
 		ws.next = nil
 	} else {
-		a.watchDropNext()
+		ws.dropNext()
 	}
 	cp, id := sc.cp, sc.id
 	now := time.Now()
 	reason := protocol.ReasonPeriodic
-	if ws.stop != nil {
-		reason = ws.stop.s.reason
+	if ws.intr != nil {
+		reason = ws.intr.s.reason
 	}
+	// Its cost is what was measured (the staging, then the upload and
+	// commit): the trainer's own save is not seen.
 	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
-		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata()}
-	// The staging's busy mark stays until the commit ends (watchCommitted).
-	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now, staging: sc.took}
+		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata(), costFrom: now.Add(-sc.took)}
+	// The staging's busy mark stays until the commit ends (committed).
+	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
 	a.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
 	a.commit(r)
 }
 
-// watchCost is the checkpoint cost the journal records for the commit id:
-// in zero-code mode what was measured (the staging, and the upload and
-// commit), since the trainer's own save is not seen; otherwise cost. It
-// feeds the scheduler's estimate too.
-func (a *Agent) watchCost(id string, cost float64) float64 {
-	if a.watch == nil {
-		return cost
-	}
-	u := a.watch.inflight[id]
-	if u == nil {
-		return cost
-	}
-	d := u.staging + time.Since(u.started)
-	a.cfg.Scheduler.ObserveCost(d)
-	return d.Seconds()
-}
-
-// watchCommitted follows a commit of a watched checkpoint (after
-// onCommitResult has recorded it).
-func (a *Agent) watchCommitted(cr commitResult) {
-	ws := a.watch
-	if ws == nil {
-		return
-	}
+// committed follows a commit result (after onCommitResult has recorded
+// it): a watched checkpoint's, or another.
+func (ws *watchSource) committed(cr commitResult) {
+	a := ws.a
 	u, ok := ws.inflight[cr.req.id]
 	if !ok {
 		return
@@ -371,7 +383,7 @@ func (a *Agent) watchCommitted(cr commitResult) {
 	case cr.err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
-			a.watchPrune(cr.res.Manifest.Step)
+			ws.pruneFrom(cr.res.Manifest.Step)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
 		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
@@ -382,19 +394,19 @@ func (a *Agent) watchCommitted(cr commitResult) {
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
 		if a.lastCommit.id == "" || n.cp.Step > a.lastCommit.step {
-			a.watchCommit(n)
+			ws.commit(n)
 		} else {
-			a.watchDropNext()
+			ws.dropNext()
 		}
 	}
-	a.tickWatch(time.Now())
+	ws.tick(time.Now())
 }
 
-// watchPrune deletes from DIR the checkpoints older than committed (the
+// pruneFrom deletes from DIR the checkpoints older than committed (the
 // newest committed step), keeping --keep: off the loop, one prune at a
 // time; a commit during a prune has the next one prune for it.
-func (a *Agent) watchPrune(committed int64) {
-	p := &a.watch.prune
+func (ws *watchSource) pruneFrom(committed int64) {
+	a, p := ws.a, &ws.prune
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.want = max(p.want, committed)
@@ -402,7 +414,7 @@ func (a *Agent) watchPrune(committed int64) {
 		return
 	}
 	p.running = true
-	w := a.watch.w
+	w := ws.w
 	a.goBg(func() {
 		for {
 			p.mu.Lock()
@@ -436,10 +448,11 @@ func (p *watchPruner) isBusy(name string) bool {
 	return p.busy[name] > 0
 }
 
-// watchStop begins an interruption in zero-code mode: signal the trainer
-// if asked, then wait (until uploadBy) for a newer complete checkpoint.
-func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
-	ws := a.watch
+// stop begins an interruption in zero-code mode: signal the trainer if
+// asked, then wait (until uploadBy) for a newer complete checkpoint. The
+// agent sends the trainer no request.
+func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
+	a := ws.a
 	// Done early only for a checkpoint newer than anything complete or
 	// committed (a restored one included) when the notice came.
 	st := &watchStop{s: s, uploadBy: uploadBy, baseline: -1}
@@ -449,17 +462,17 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 	if a.lastCommit.id != "" {
 		st.baseline = max(st.baseline, a.lastCommit.step)
 	}
-	ws.stop = st
+	ws.intr = st
 	// Completeness cannot wait past the upload deadline.
 	ws.w.SetDeadline(uploadBy)
 	// Safety first: the newest complete checkpoint not committed yet goes
 	// at once (an older upload in flight is cancelled for it).
 	if sc := ws.next; sc != nil {
-		a.watchSupersede(sc.cp.Step)
-		a.watchCommit(sc)
-	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !a.watchInflight(n.Step) {
-		a.watchSupersede(n.Step)
-		a.watchCommit(a.watchStage(n))
+		ws.supersede(sc.cp.Step)
+		ws.commit(sc)
+	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !ws.uploading(n.Step) {
+		ws.supersede(n.Step)
+		ws.commit(ws.stageFor(n))
 	}
 	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
 		if err := a.child.Signal(sig); err != nil {
@@ -474,16 +487,13 @@ func (a *Agent) watchStop(s *stopState, uploadBy, now time.Time) {
 	} else {
 		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
 	}
-	a.tickWatch(now)
+	ws.tick(now)
+	return true
 }
 
-// watchWake is when the watch needs the loop next (zero: never).
-func (a *Agent) watchWake() time.Time {
-	ws := a.watch
-	if ws == nil {
-		return time.Time{}
-	}
-	if st := ws.stop; st != nil && !st.s.finished {
+// wake is when the watch needs the loop next (zero: never).
+func (ws *watchSource) wake() time.Time {
+	if st := ws.intr; st != nil && !st.s.finished {
 		return st.uploadBy
 	}
 	return ws.flushBy
@@ -492,30 +502,33 @@ func (a *Agent) watchWake() time.Time {
 // trainerGone: the child exited (or there never was one to wait for).
 func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
 
-// tickWatch decides the interruption. The trainer keeps running while a
-// newer complete checkpoint can still be committed before the upload
-// deadline (uploadBy): each one is committed as it comes. At uploadBy (or
-// once the trainer is gone and nothing more is being written), the newest
-// complete one is committed if it is not yet, and once nothing is in
-// flight the trainer is stopped: the last safe moment.
-func (a *Agent) tickWatch(now time.Time) {
-	ws := a.watch
-	if ws == nil {
-		return
+// tick decides the interruption. The trainer keeps running while a newer
+// complete checkpoint can still be committed before the upload deadline
+// (uploadBy): each one is committed as it comes. At uploadBy (or once the
+// trainer is gone and nothing more is being written), the newest complete
+// one is committed if it is not yet, and once nothing is in flight the
+// trainer is stopped: the last safe moment.
+func (ws *watchSource) tick(now time.Time) {
+	a := ws.a
+	switch {
+	case !a.trainerGone():
+		ws.goneAt = time.Time{}
+	case ws.goneAt.IsZero():
+		ws.goneAt = now // the first pass of the loop since it exited
 	}
 	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.exitCode == 0 && a.restartAt.IsZero() {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
 	}
-	st := ws.stop
+	st := ws.intr
 	active := st != nil && !st.s.finished
 	late := active && !now.Before(st.uploadBy)
 	if (active && (a.trainerGone() || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
-		// scan. The one scan of the loop's pass: watchBusy uses its result.
+		// scan. The one scan of the loop's pass: busy uses its result.
 		for _, cp := range ws.w.Scan(now) {
-			a.onWatchReady(cp)
+			ws.onReady(cp)
 		}
 	}
 	if !active {
@@ -529,21 +542,21 @@ func (a *Agent) tickWatch(now time.Time) {
 	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
 		// Failed or not started: once more, before the deadline.
 		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
-			a.watchCommit(sc)
+			ws.commit(sc)
 		} else {
-			a.watchCommit(a.watchStage(n))
+			ws.commit(ws.stageFor(n))
 		}
 		if len(ws.inflight) > 0 {
 			return
 		}
 	}
-	a.watchFinish(st, now)
+	ws.finish(st, now)
 }
 
-// watchFinish ends the interruption with the newest committed checkpoint,
-// and stops the trainer, which knows nothing of the agent.
-func (a *Agent) watchFinish(st *watchStop, now time.Time) {
-	ws, s := a.watch, st.s
+// finish ends the interruption with the newest committed checkpoint, and
+// stops the trainer, which knows nothing of the agent.
+func (ws *watchSource) finish(st *watchStop, now time.Time) {
+	a, s := ws.a, st.s
 	newest := ws.w.NewestStep()
 	a.seeStep(&newest)
 	if a.lastCommit.id == "" {
@@ -571,21 +584,41 @@ func (a *Agent) watchFinish(st *watchStop, now time.Time) {
 	}
 }
 
-// watchBusy keeps the agent from ending while an interruption waits for
-// the trainer's checkpoint, or a trainer that exited may have left one.
-// It reads what tickWatch (run before it in each pass of the loop) saw.
-func (a *Agent) watchBusy(now time.Time) bool {
-	ws := a.watch
-	if ws == nil {
-		return false
+// reached is the step the trainer reached by now (by its exit, if it
+// exited): what it reported itself if that is newer than anything in DIR
+// (a trainer that speaks the protocol's progress), else its pace
+// extrapolated from its newest checkpoint, else the newest step in DIR
+// (complete or not), which is only a lower bound: a trainer that saves
+// every 10 s and is stopped 9 s after its last save lost 9 s of steps
+// that DIR never shows.
+func (ws *watchSource) reached(now time.Time) (int64, string) {
+	a := ws.a
+	seen := ws.w.NewestStep() // -1: none
+	if a.lastStep > max(seen, 0) {
+		return a.lastStep, ""
 	}
-	if st := ws.stop; st != nil && !st.s.finished {
+	stopped := now
+	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
+		stopped = ws.goneAt
+	}
+	if step, ok := ws.pace.At(stopped); ok {
+		return max(step, seen), checkpoint.LostFromEstimate
+	}
+	return max(seen, a.lastStep), checkpoint.LostFromDir
+}
+
+// busy keeps the agent from ending while an interruption waits for the
+// trainer's checkpoint, or a trainer that exited may have left one. It
+// reads what tick (run before it in each pass of the loop) saw.
+func (ws *watchSource) busy(now time.Time) bool {
+	a := ws.a
+	if st := ws.intr; st != nil && !st.s.finished {
 		return true
 	}
 	if ws.flushBy.IsZero() || !now.Before(ws.flushBy) {
 		return false
 	}
-	// No scan here: tickWatch, earlier in the same pass of the loop, did.
+	// No scan here: tick, earlier in the same pass of the loop, did.
 	return len(ws.inflight) > 0 || ws.w.Pending(a.lastCommit.step)
 }
 

@@ -33,7 +33,8 @@
 //	agent_pipeline.go          `saved`: uploads that start before `done`
 //	agent_job.go               part mode: one node of a multi-node job (join, parts)
 //	agent_fence.go             the lease, fencing by a newer session (or copy of a node)
-//	agent_watch.go             zero-code mode (a watched directory)
+//	source.go                  the checkpoint source the loop drives: the protocol (default) or zero-code mode
+//	agent_watch.go             zero-code mode (a watched directory), one checkpoint source
 //	agent_status.go            the status reply
 //	signal_bridge.go           the signal fallback for trainers without the protocol
 //	node.go                    node mode: one socket, one agent per run (and node rank)

@@ -1,8 +1,9 @@
 // Package watch finds the checkpoints a trainer writes on its own in a
 // directory (zero-code mode, spotagent run --watch DIR): which entries are
 // checkpoints, their steps, when one is complete, how to hand one to the
-// committer without it changing underneath, and how to restore one into the
-// directory under its original name.
+// committer without it changing underneath, how to restore one into the
+// directory under its original name, and the trainer's pace its
+// checkpoints show (pace.go).
 package watch
 
 import (

@@ -9,7 +9,9 @@
 // Sections (-only picks some): latency, transfer, e2e, footprint, simulate,
 // pipeline (issue 16: serial vs pipelined save and commit, PyTorch),
 // distributed (issue 15: notice → job-wide commit, 2 nodes × 2 ranks),
-// fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs).
+// fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs),
+// watch (issue 27: zero-code mode's watcher, restore RSS and lost steps,
+// through bench/cmd/watchbench; -watchbench names its binary).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -34,6 +36,7 @@ type config struct {
 	self                  string
 	pollInterval          time.Duration
 	pipelineGiB           string // checkpoint sizes of the pipeline section
+	watchbench            string // bench/cmd/watchbench, for the watch section
 }
 
 func main() {
@@ -55,7 +58,8 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch", "sections to run")
+	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Parse()
 	c.pollInterval = time.Second
@@ -71,6 +75,9 @@ func main() {
 		fatal(err)
 	}
 	if c.minio, err = filepath.Abs(c.minio); err != nil {
+		fatal(err)
+	}
+	if c.watchbench, err = filepath.Abs(c.watchbench); err != nil {
 		fatal(err)
 	}
 	if err := os.MkdirAll(c.work, 0o755); err != nil {
@@ -122,6 +129,10 @@ func main() {
 	if c.only["fleet"] {
 		step("fleet view over 10,000 runs")
 		must(benchFleet(&c, r))
+	}
+	if c.only["watch"] {
+		step("zero-code mode: watcher, restore RSS, lost steps")
+		must(benchWatch(&c, r))
 	}
 	r.took = time.Since(start)
 	text := r.Markdown()

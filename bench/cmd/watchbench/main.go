@@ -22,13 +22,15 @@
 // read), none of which restores (their objects are missing): restore reads
 // every one, newest first. The process's peak RSS (VmHWM) is reported.
 //
-// It prints one line per figure; bench/README.md records them. It is not a
-// test: nothing here runs in make test.
+// It prints one line per figure, or with -json one JSON object per
+// subcommand (what `make bench` reads: bench/cmd/spotbench/watch.go). It is
+// not a test: nothing here runs in make test.
 package main
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,7 +53,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: watchbench idle|restore-rss [flags]")
+		fmt.Fprintln(os.Stderr, "usage: watchbench idle|restore-rss|notice [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -69,6 +71,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "watchbench:", err)
 		os.Exit(1)
 	}
+}
+
+// emit prints the figures as one JSON object when asked to, else the line.
+func emit(asJSON bool, figures any, format string, args ...any) {
+	if asJSON {
+		b, _ := json.Marshal(figures)
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf(format, args...)
 }
 
 func cpu() time.Duration {
@@ -98,6 +110,7 @@ func idle(args []string) error {
 	files := fs.Int("files", 100000, "files in DIR")
 	idleFor := fs.Duration("idle", 30*time.Second, "idle measurement")
 	work := fs.String("work", "", "scratch directory (default: a temporary one)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Parse(args)
 	dir := *work
 	if dir == "" {
@@ -132,12 +145,18 @@ func idle(args []string) error {
 			return fmt.Errorf("only %d of %d checkpoints reported", n, ckpts)
 		}
 	}
-	fmt.Printf("watch: %d files in %d checkpoints: all complete after %s (first scan)\n", ckpts*per, ckpts, time.Since(t0).Round(time.Millisecond))
+	first := time.Since(t0)
+	if !*asJSON {
+		fmt.Printf("watch: %d files in %d checkpoints: all complete after %s (first scan)\n", ckpts*per, ckpts, first.Round(time.Millisecond))
+	}
 	runtime.GC()
 	c0, w0 := cpu(), time.Now()
 	time.Sleep(*idleFor)
 	c1, w1 := cpu(), time.Now()
-	fmt.Printf("watch idle: %.2f %% of a core over %s with %d files\n", 100*float64(c1-c0)/float64(w1.Sub(w0)), w1.Sub(w0).Round(time.Second), ckpts*per)
+	idlePct := 100 * float64(c1-c0) / float64(w1.Sub(w0))
+	if !*asJSON {
+		fmt.Printf("watch idle: %.2f %% of a core over %s with %d files\n", idlePct, w1.Sub(w0).Round(time.Second), ckpts*per)
+	}
 	if err := writeCheckpoint(dir, (ckpts+1)*10, per, 10*time.Millisecond); err != nil {
 		return err
 	}
@@ -147,8 +166,11 @@ func idle(args []string) error {
 		return errors.New("the new checkpoint was not reported")
 	}
 	c2, w2 := cpu(), time.Now()
-	fmt.Printf("watch writing: %.2f %% of a core while a checkpoint of %d files was written (%s, until reported complete)\n",
-		100*float64(c2-c1)/float64(w2.Sub(w1)), per, w2.Sub(w1).Round(time.Millisecond))
+	writingPct := 100 * float64(c2-c1) / float64(w2.Sub(w1))
+	emit(*asJSON, map[string]any{"files": ckpts * per, "checkpoints": ckpts, "first_scan_s": first.Seconds(),
+		"idle_s": w1.Sub(w0).Seconds(), "idle_cpu_pct": idlePct, "writing_files": per, "writing_s": w2.Sub(w1).Seconds(), "writing_cpu_pct": writingPct},
+		"watch writing: %.2f %% of a core while a checkpoint of %d files was written (%s, until reported complete)\n",
+		writingPct, per, w2.Sub(w1).Round(time.Millisecond))
 	return nil
 }
 
@@ -207,20 +229,25 @@ func (s *genStore) write(w io.Writer, i int) error {
 	return bw.Flush()
 }
 
-func peakRSS() string {
+// peakRSS is this process's VmHWM in bytes (-1: unknown).
+func peakRSS() int64 {
 	b, _ := os.ReadFile("/proc/self/status")
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmHWM:") {
-			return strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:"))
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
 		}
 	}
-	return "?"
+	return -1
 }
 
 func restoreRSS(args []string) error {
 	fs := flag.NewFlagSet("restore-rss", flag.ExitOnError)
 	manifests := fs.Int("manifests", 50, "manifests in the store")
 	mib := fs.Int("mib", 50, "size of each manifest, MiB")
+	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Parse(args)
 	// One entry is about 190 bytes.
 	st := &genStore{n: *manifests, files: *mib << 20 / 190}
@@ -234,8 +261,10 @@ func restoreRSS(args []string) error {
 	if !errors.Is(err, checkpoint.ErrAllDamaged) {
 		return fmt.Errorf("restore: %v, want every checkpoint damaged", err)
 	}
-	fmt.Printf("restore: %d manifests of ~%d MiB (%d files each), all tried newest first: %s, peak RSS %s\n",
-		*manifests, *mib, st.files, time.Since(t0).Round(time.Millisecond), peakRSS())
+	took, rss := time.Since(t0), peakRSS()
+	emit(*asJSON, map[string]any{"manifests": *manifests, "mib": *mib, "files": st.files, "seconds": took.Seconds(), "peak_rss_bytes": rss},
+		"restore: %d manifests of ~%d MiB (%d files each), all tried newest first: %s, peak RSS %.1f MB\n",
+		*manifests, *mib, st.files, took.Round(time.Millisecond), float64(rss)/1e6)
 	return nil
 }
 
@@ -245,6 +274,7 @@ func notice(args []string) error {
 	save := fs.Duration("save", 10*time.Second, "the trainer's save period")
 	lead := fs.Duration("notice", 30*time.Second, "notice lead time")
 	after := fs.Duration("after", 25*time.Second, "notice this long after the start")
+	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Parse(args)
 	work, err := os.MkdirTemp("", "watchbench-notice-")
 	if err != nil {
@@ -290,7 +320,13 @@ func notice(args []string) error {
 			stopped, _ = strconv.Atoi(n)
 		}
 	}
-	fmt.Printf("notice %s ahead, save every %s (%d steps): trainer stopped %s after the notice at step %d; committed step %d (ok %v); lost %d steps; journal lost_steps %d, lost_seconds %.1f\n",
-		*lead, *save, every, took.Round(100*time.Millisecond), stopped, in.Step, in.CommitOK, int64(stopped)-in.Step, in.LostSteps, in.LostSeconds)
+	if stopped < 0 {
+		return fmt.Errorf("the trainer did not say where it was stopped (%v)\n%s", err, buf.String())
+	}
+	emit(*asJSON, map[string]any{"notice_s": lead.Seconds(), "save_s": save.Seconds(), "save_steps": every, "stopped_after_s": took.Seconds(),
+		"stopped_step": stopped, "committed_step": in.Step, "commit_ok": in.CommitOK, "lost_steps": int64(stopped) - in.Step,
+		"journal_lost_steps": in.LostSteps, "journal_lost_steps_from": in.LostStepsFrom, "journal_lost_seconds": in.LostSeconds},
+		"notice %s ahead, save every %s (%d steps): trainer stopped %s after the notice at step %d; committed step %d (ok %v); lost %d steps; journal lost_steps %d (%s), lost_seconds %.1f\n",
+		*lead, *save, every, took.Round(100*time.Millisecond), stopped, in.Step, in.CommitOK, int64(stopped)-in.Step, in.LostSteps, in.LostStepsFrom, in.LostSeconds)
 	return nil
 }
