@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -155,15 +156,13 @@ func ownedBy(rel string, info fs.FileInfo, uids []int) error {
 	if !ok {
 		return nil
 	}
+	if !slices.Contains(uids, int(st.Uid)) {
+		return fmt.Errorf("%s is owned by uid %d, not by the trainer (uid %v): %w", rel, st.Uid, uids, ErrNotOwned)
+	}
 	if st.Nlink > 1 {
 		return fmt.Errorf("%s has %d hard links (a trainer of another user must not hard-link files into its checkpoint): %w", rel, st.Nlink, ErrNotOwned)
 	}
-	for _, uid := range uids {
-		if int(st.Uid) == uid {
-			return nil
-		}
-	}
-	return fmt.Errorf("%s is owned by uid %d, not by the trainer (uid %v): %w", rel, st.Uid, uids, ErrNotOwned)
+	return nil
 }
 
 // RemoveDir deletes the directory rel below parent. held, when not nil, is
