@@ -71,6 +71,9 @@ for line in sys.stdin:
         elif op == "link":
             os.link(c["src"], c["dst"])
             out("ok", None)
+        elif op == "rename":
+            os.rename(c["src"], c["dst"])
+            out("ok", None)
         elif op == "symlink":
             os.symlink(c["src"], c["dst"])
             out("ok", None)
@@ -362,4 +365,80 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	if code := agent.wait(time.Minute); code != 0 {
 		t.Fatalf("sidecar exit code %d", code)
 	}
+}
+
+// TestOwner_SidecarWatchOtherUID: spotagent sidecar --watch DIR, running
+// as root, beside a trainer running as nobody that made DIR (no socket:
+// the trainer's uid is DIR's owner). Its own checkpoints commit; one that
+// holds a hard link to a root-only file is refused with a warning and never
+// reaches the store, and the next one commits all the same.
+func TestOwner_SidecarWatchOtherUID(t *testing.T) {
+	requirePython(t, false)
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
+	}
+	dir := shortTemp(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := mkdir(t, filepath.Join(dir, "out"))
+	if err := os.Chown(out, nobody, nobody); err != nil { // the trainer made it
+		t.Fatal(err)
+	}
+	secretDir := mkdir(t, filepath.Join(dir, "etc"))
+	if err := os.Chmod(secretDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var b [16]byte
+	rand.Read(b[:])
+	secretBody := "ROOT-ONLY-" + hex.EncodeToString(b[:])
+	secret := filepath.Join(secretDir, "shadow")
+	if err := os.WriteFile(secret, []byte(secretBody), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(dir, "store")
+	args := watchArgs(dir, out, "file://"+store, "--watch-marker", "none", "--log-format", "json")
+	args[0] = "sidecar"
+	sc := start(t, nil, args...)
+	sc.waitEntry("zero-code mode: watching the trainer's checkpoints", time.Minute, nil)
+
+	tr := startPuppet(t)
+	// Each checkpoint is written under another name and renamed into
+	// place whole, so that it is never seen half-made.
+	save := func(step int, extra func(d string)) {
+		tmp := filepath.Join(out, "tmp-"+strconv.Itoa(step))
+		tr.must(map[string]any{"op": "write", "path": filepath.Join(tmp, "model.bin"), "data": "weights at " + strconv.Itoa(step)})
+		if extra != nil {
+			extra(tmp)
+		}
+		tr.must(map[string]any{"op": "rename", "src": tmp, "dst": filepath.Join(out, "checkpoint-"+strconv.Itoa(step))})
+	}
+	committed := func(step int) {
+		t.Helper()
+		sc.waitEntry("checkpoint committed", time.Minute, func(e logEntry) bool { return e.num("step") == int64(step) })
+	}
+	save(1, nil)
+	committed(1)
+	save(2, func(d string) { hardLinkAsTrainer(t, tr, secret, filepath.Join(d, "x")) })
+	sc.waitEntry("watched checkpoint not usable", time.Minute, func(e logEntry) bool {
+		return e.str("name") == "checkpoint-2" && strings.Contains(e.str("why"), "checkpoint-2/x is owned by uid 0, not by the trainer (uid 65534")
+	})
+	save(3, nil)
+	committed(3)
+	sc.signal(syscall.SIGTERM)
+	if code := sc.wait(time.Minute); code != 0 && code != exitInterrupted {
+		t.Fatalf("sidecar exit code %d", code)
+	}
+	if step, _ := storeLatest(t, store); step != 3 {
+		t.Fatalf("latest step %d, want 3", step)
+	}
+	filepath.WalkDir(store, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && bytes.Contains(readFile(t, p), []byte(secretBody)) {
+			t.Errorf("the root-only file's bytes reached the store: %s", p)
+		}
+		if err == nil && d.IsDir() && strings.HasPrefix(d.Name(), "000000000002-") {
+			t.Errorf("checkpoint-2 reached the store: %s", p)
+		}
+		return nil
+	})
 }
