@@ -27,7 +27,7 @@ func (o *watchOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.marker, "watch-marker", watch.MarkerAuto, "with --watch: file a directory checkpoint must hold to be complete: auto (trainer_state.json for checkpoint-<N>, Hugging Face), none, or a name")
 	fs.DurationVar(&o.quiet, "watch-quiet", watch.DefaultQuiet, "with --watch: a checkpoint is complete once nothing in it changed for this long (and its marker is there)")
 	fs.BoolVar(&o.prune, "watch-prune", false, "with --watch: delete checkpoints older than the newest committed one from the directory, keeping --keep of them (off: the trainer's files are never deleted)")
-	fs.StringVar(&o.uid, "watch-uid", "", "with --watch: the trainer's uid; every file of a checkpoint must be its own, so that it cannot upload files only the agent may read (default: the directory's owner; no check when that is the agent's own user)")
+	fs.StringVar(&o.uid, "watch-uid", "", "with --watch: the trainer's uid; every file of a checkpoint must be its own, so that it cannot upload files only the agent may read (default: run: the agent's own, sidecar: the directory's owner; no check when that is the agent's own user)")
 	defer inGroup(fs, groupWatch, "watch", "watch-pattern", "watch-step-regex", "watch-marker", "watch-quiet", "watch-prune", "watch-uid", "notice-signal")
 	fs.StringVar(&o.noticeSignal, "notice-signal", "", "with --watch: on a termination notice send this signal (e.g. SIGTERM) to the trainer's process group, for frameworks that save when signalled (default: none)")
 }
