@@ -164,6 +164,12 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		return nil
 	}
 	cfg.Watch = o.watchCfg
+	if w := cfg.Watch; w != nil && w.UID == nil && len(command) > 0 {
+		// run: the trainer is the agent's child, of its user, whoever
+		// owns DIR (docs/watch.md, "Whose files").
+		euid := os.Geteuid()
+		w.UID = &euid
+	}
 	code, err := supervisor.Run(ctx, cfg, sigs)
 	if err != nil {
 		fail(err)

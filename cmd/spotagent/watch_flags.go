@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -15,6 +16,8 @@ type watchOptions struct {
 	dir, pattern, stepRegex, marker, noticeSignal string
 	quiet                                         time.Duration
 	prune                                         bool
+
+	uid string // --watch-uid, as given
 }
 
 func (o *watchOptions) register(fs *pflag.FlagSet) {
@@ -24,7 +27,8 @@ func (o *watchOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.marker, "watch-marker", watch.MarkerAuto, "with --watch: file a directory checkpoint must hold to be complete: auto (trainer_state.json for checkpoint-<N>, Hugging Face), none, or a name")
 	fs.DurationVar(&o.quiet, "watch-quiet", watch.DefaultQuiet, "with --watch: a checkpoint is complete once nothing in it changed for this long (and its marker is there)")
 	fs.BoolVar(&o.prune, "watch-prune", false, "with --watch: delete checkpoints older than the newest committed one from the directory, keeping --keep of them (off: the trainer's files are never deleted)")
-	defer inGroup(fs, groupWatch, "watch", "watch-pattern", "watch-step-regex", "watch-marker", "watch-quiet", "watch-prune", "notice-signal")
+	fs.StringVar(&o.uid, "watch-uid", "", "with --watch: the trainer's uid; every file of a checkpoint must be its own, so that it cannot upload files only the agent may read (default: run: the agent's own, sidecar: the directory's owner; no check when that is the agent's own user)")
+	defer inGroup(fs, groupWatch, "watch", "watch-pattern", "watch-step-regex", "watch-marker", "watch-quiet", "watch-prune", "watch-uid", "notice-signal")
 	fs.StringVar(&o.noticeSignal, "notice-signal", "", "with --watch: on a termination notice send this signal (e.g. SIGTERM) to the trainer's process group, for frameworks that save when signalled (default: none)")
 }
 
@@ -32,8 +36,8 @@ func (o *watchOptions) register(fs *pflag.FlagSet) {
 func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 	if o.dir == "" {
 		if o.noticeSignal != "" || o.prune || o.stepRegex != "" || o.pattern != watch.DefaultPattern ||
-			o.marker != watch.MarkerAuto || o.quiet != watch.DefaultQuiet {
-			return nil, fmt.Errorf("--notice-signal, --watch-prune, --watch-pattern, --watch-step-regex, --watch-marker and --watch-quiet need --watch DIR")
+			o.marker != watch.MarkerAuto || o.quiet != watch.DefaultQuiet || o.uid != "" {
+			return nil, fmt.Errorf("--notice-signal, --watch-prune, --watch-pattern, --watch-step-regex, --watch-marker, --watch-quiet and --watch-uid need --watch DIR")
 		}
 		return nil, nil
 	}
@@ -45,6 +49,13 @@ func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 	}
 	// DIR itself is checked once, by watch.New, when the agent opens it.
 	c := &supervisor.WatchConfig{Config: watch.Config{Dir: o.dir, Pattern: o.pattern, StepRegex: o.stepRegex, Marker: o.marker, Quiet: o.quiet}, Prune: o.prune}
+	if o.uid != "" {
+		uid, err := strconv.Atoi(o.uid)
+		if err != nil || uid < 0 {
+			return nil, fmt.Errorf("--watch-uid: want a numeric uid, got %q", o.uid)
+		}
+		c.UID = &uid
+	}
 	if o.noticeSignal != "" {
 		sig, err := supervisor.ParseNoticeSignal(o.noticeSignal)
 		if err != nil {

@@ -115,7 +115,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	var pipeStart time.Time
 	if req.Pipeline != nil {
 		if piped, pipeStart, err = req.Pipeline.take(ctx, files); err != nil {
-			return nil, fmt.Errorf("commit: waiting for early uploads: %w", err)
+			return nil, fmt.Errorf("commit: %w", err)
 		}
 	}
 	var total int64

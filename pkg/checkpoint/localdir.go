@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -134,6 +135,10 @@ func OwnedBy(root *os.Root, uids ...int) func() {
 	return func() { owners.Delete(root) }
 }
 
+// ErrNotOwned reports a file a trainer of another user than the agent put
+// in its checkpoint that is not its own (OwnedBy's rule): never uploaded.
+var ErrNotOwned = fmt.Errorf("not the trainer's own file: %w", ErrRefused)
+
 // checkOwner applies OwnedBy's rule to the file rel below root (info: its
 // fstat).
 func checkOwner(root *os.Root, rel string, info fs.FileInfo) error {
@@ -141,19 +146,23 @@ func checkOwner(root *os.Root, rel string, info fs.FileInfo) error {
 	if !ok {
 		return nil
 	}
+	return ownedBy(rel, info, v.([]int))
+}
+
+// ownedBy checks that the file rel (info: its fstat) is owned by one of
+// uids and has a single link.
+func ownedBy(rel string, info fs.FileInfo, uids []int) error {
 	st, ok := info.Sys().(*syscall.Stat_t)
 	if !ok {
 		return nil
 	}
+	if !slices.Contains(uids, int(st.Uid)) {
+		return fmt.Errorf("%s is owned by uid %d, not by the trainer (uid %v): %w", rel, st.Uid, uids, ErrNotOwned)
+	}
 	if st.Nlink > 1 {
-		return fmt.Errorf("%s has %d hard links: %w (a trainer of another user must not hard-link files into its checkpoint)", rel, st.Nlink, ErrRefused)
+		return fmt.Errorf("%s has %d hard links (a trainer of another user must not hard-link files into its checkpoint): %w", rel, st.Nlink, ErrNotOwned)
 	}
-	for _, uid := range v.([]int) {
-		if int(st.Uid) == uid {
-			return nil
-		}
-	}
-	return fmt.Errorf("%s is owned by uid %d, not by the trainer (uid %v): %w", rel, st.Uid, v, ErrRefused)
+	return nil
 }
 
 // RemoveDir deletes the directory rel below parent. held, when not nil, is

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // TestCommit_OwnedBy: a checkpoint directory of a trainer running as
@@ -63,4 +65,102 @@ func TestCommit_OwnedBy(t *testing.T) {
 	if _, err := (&Committer{Store: st, RunID: "run"}).Commit(context.Background(), Request{Dir: dir, ID: "b", Step: 1}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPipeline_OwnedBy: a file reported saved by a trainer of another
+// user (uid 4242) is uploaded early only if it is that user's, with one
+// link. A hard link to a root-only file (fs.protected_hardlinks=0), or a
+// root-owned file, is never read: nothing of it reaches the store, every
+// later Add fails, and so does the commit at done, even once the file is
+// gone; the early uploads of the trainer's own files are deleted by the
+// Abort that follows. A file of its own reported saved and then replaced
+// by such a link before done is refused by the commit's mark.
+func TestPipeline_OwnedBy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: files of another user")
+	}
+	const uid = 4242
+	secret := filepath.Join(t.TempDir(), "shadow")
+	if err := os.WriteFile(secret, []byte("root only"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, dir string) // writes "x"
+	}{
+		{"hard link to a root-only file", func(t *testing.T, dir string) {
+			if err := os.Link(secret, filepath.Join(dir, "x")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"root's file", func(t *testing.T, dir string) {
+			if err := os.WriteFile(filepath.Join(dir, "x"), []byte("root only"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &countingStore{Store: newStore(t)}
+			dir := writeDir(t, map[string]string{"model.pt": "weights"})
+			if err := os.Chown(filepath.Join(dir, "model.pt"), uid, uid); err != nil {
+				t.Fatal(err)
+			}
+			tc.plant(t, dir)
+			root := openRoot(t, dir)
+			c := &Committer{Store: st, RunID: "run"}
+			p := c.NewPipeline(context.Background(), root, 3, "own")
+			if err := p.Add("model.pt", uid); err != nil {
+				t.Fatalf("add the trainer's own file: %v", err)
+			}
+			err := p.Add("x", uid)
+			if !errors.Is(err, ErrNotOwned) {
+				t.Fatalf("add x: %v, want ErrNotOwned", err)
+			}
+			if n := st.count(Prefix(3, "own") + "x"); n != 0 {
+				t.Fatalf("x was put %d times: the refused file reached the store", n)
+			}
+			if err := p.Add("model.pt", uid); err == nil || !errors.Is(err, ErrNotOwned) {
+				t.Fatalf("add after a refusal: %v, want the refusal", err)
+			}
+			// Even with x gone by done, the checkpoint is not committed.
+			os.Remove(filepath.Join(dir, "x"))
+			defer OwnedBy(root, uid)()
+			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "own", Step: 3, Pipeline: p}); !errors.Is(err, ErrNotOwned) {
+				t.Fatalf("commit: %v, want ErrNotOwned", err)
+			}
+			p.Abort()
+			p.Wait()
+			var left []string
+			st.List(context.Background(), "", func(o cloud.ObjectInfo) error { left = append(left, o.Key); return nil })
+			if len(left) > 0 {
+				t.Fatalf("objects left after the refused checkpoint: %v", left)
+			}
+		})
+	}
+	t.Run("replaced after saved", func(t *testing.T) {
+		st := &countingStore{Store: newStore(t)}
+		dir := writeDir(t, map[string]string{"model.pt": "weights"})
+		if err := os.Chown(filepath.Join(dir, "model.pt"), uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		root := openRoot(t, dir)
+		c := &Committer{Store: st, RunID: "run"}
+		p := c.NewPipeline(context.Background(), root, 3, "rep")
+		if err := p.Add("model.pt", uid); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, ".tmp")
+		if err := os.Link(secret, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
+			t.Fatal(err)
+		}
+		defer OwnedBy(root, uid)()
+		if _, err := c.Commit(context.Background(), Request{Root: root, ID: "rep", Step: 3, Pipeline: p}); !errors.Is(err, ErrNotOwned) {
+			t.Fatalf("commit: %v, want ErrNotOwned", err)
+		}
+		p.Abort()
+		p.Wait()
+	})
 }

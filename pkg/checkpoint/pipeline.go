@@ -52,6 +52,10 @@ type Pipeline struct {
 	first time.Time // first upload started
 	used  bool      // handed to a Commit: no more Add
 	clean sync.Once // deletes what no manifest lists, once
+
+	// refused is the first file Add refused as not the trainer's own
+	// (ErrNotOwned): the checkpoint fails at done.
+	refused error
 }
 
 type pipedFile struct {
@@ -99,7 +103,14 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 // Add starts uploading rel (relative to the checkpoint directory,
 // "/"-separated). It fails at once, uploading nothing, for an unsafe or
 // duplicate path, a missing file, or anything but a regular file.
-func (p *Pipeline) Add(rel string) error {
+//
+// owners, when given, are the uids of the trainer that reported rel, one
+// of another user than the agent's: the file must be owned by one of them
+// and have a single link (OwnedBy's rule, which the commit applies at
+// done). A file that is not is never read, and fails the checkpoint: it
+// stops the uploads in flight, every later Add fails, and so does the
+// Commit that takes p, so that nothing of it is committed.
+func (p *Pipeline) Add(rel string, owners ...int) error {
 	if err := SafeRel(rel); err != nil {
 		return err
 	}
@@ -107,6 +118,9 @@ func (p *Pipeline) Add(rel string) error {
 	defer p.mu.Unlock()
 	if p.used {
 		return errors.New("checkpoint already done")
+	}
+	if p.refused != nil {
+		return fmt.Errorf("checkpoint refused: %w", p.refused)
 	}
 	if p.ctx.Err() != nil && !p.lazy {
 		return errors.New("checkpoint abandoned")
@@ -121,6 +135,12 @@ func (p *Pipeline) Add(rel string) error {
 	info, err := fh.Stat()
 	if err == nil {
 		err = checkRegular(p.root, rel, fh, info.Size())
+	}
+	if err == nil && len(owners) > 0 {
+		if err = ownedBy(rel, info, owners); err != nil {
+			p.refused = err
+			p.cancel()
+		}
 	}
 	if err != nil {
 		fh.Close()
@@ -250,14 +270,18 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File, time.Time, error) {
 	p.mu.Lock()
 	p.used = true
+	refused := p.refused
 	p.mu.Unlock()
+	if refused != nil {
+		return nil, time.Time{}, fmt.Errorf("a file reported saved: %w", refused)
+	}
 	waited := make(chan struct{})
 	go func() { p.wg.Wait(); close(waited) }()
 	select {
 	case <-waited:
 	case <-ctx.Done():
 		p.cancel()
-		return nil, time.Time{}, ctx.Err()
+		return nil, time.Time{}, fmt.Errorf("waiting for early uploads: %w", ctx.Err())
 	}
 	ok := map[string]File{}
 	for _, lf := range files {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -19,21 +20,31 @@ import (
 // it, and the checkpoint goes on. That is the safer choice: done scans and
 // verifies every file whatever `saved` said, so a refused hint costs only
 // speed, whereas failing the whole checkpoint would let a trainer bug (or
-// a file name it got wrong) lose an interruption checkpoint.
+// a file name it got wrong) lose an interruption checkpoint. The exception
+// is a file a trainer of another user reports that is not its own
+// (checkpoint.ErrNotOwned: another owner, or a hard link): never read, it
+// fails the checkpoint, as it would at done.
 func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.pending[m.ID]
 	if m.ID == "" || !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
 		return
 	}
-	err := a.startEarly(r, m)
-	if err != nil {
+	err := a.startEarly(r, c, m)
+	switch {
+	case errors.Is(err, checkpoint.ErrNotOwned):
+		// Not a wrong hint: a file the trainer may not read. Nothing of
+		// it was read, and the checkpoint fails at done (owner.go).
+		a.log.Error("saved refused: not the trainer's own file: the checkpoint will not be committed", zap.String("id", r.id), zap.String("path", m.Path),
+			zap.Int("peer_uid", c.PeerUID()), zap.Error(err))
+		a.reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))
+	case err != nil:
 		a.log.Warn("saved refused: the file is checked at done like any other", zap.String("id", r.id), zap.String("path", m.Path), zap.Error(err))
 		a.reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
 	}
 }
 
-func (a *Agent) startEarly(r *request, m protocol.Message) error {
+func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) error {
 	rel, err := savedRel(r.dir, m.Path)
 	if err != nil {
 		return err
@@ -59,7 +70,9 @@ func (a *Agent) startEarly(r *request, m protocol.Message) error {
 			r.pipe.Halt()
 		}
 	}
-	return r.pipe.Add(rel)
+	// A trainer of another user uploads only its own files: its peer uid
+	// must own each one (and as at done, one link each).
+	return r.pipe.Add(rel, foreignUID(c)...)
 }
 
 // savedRel turns a saved message's path (relative to dir, or absolute and

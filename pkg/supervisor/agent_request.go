@@ -220,8 +220,10 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	}
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
 	now := time.Now()
+	// answeredBy: a trainer of another user uploads only its own files
+	// (owner.go), here as for a requested checkpoint.
 	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
-		waiting: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
+		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{c.ID(): true}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	a.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)

@@ -4,6 +4,7 @@ import (
 	"os"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // trainerOwned marks r's directory, as opened for its commit, as written
@@ -17,18 +18,28 @@ func (a *Agent) trainerOwned(r *request) func() {
 	if r.held == nil {
 		return func() {}
 	}
-	euid := os.Geteuid()
 	var uids []int
 	for cid := range r.answeredBy {
 		c := a.conns[cid]
 		if c == nil {
 			continue
 		}
-		uid := c.PeerUID()
-		if uid < 0 || uid == euid {
+		uid := foreignUID(c)
+		if uid == nil {
 			return func() {}
 		}
-		uids = append(uids, uid)
+		uids = append(uids, uid...)
 	}
 	return checkpoint.OwnedBy(r.held, uids...)
+}
+
+// foreignUID is c's peer uid when it is another user's than the agent's
+// (the owner a file it reports saved must have: checkpoint.Pipeline.Add);
+// nil when it is the agent's own user, or unknown.
+func foreignUID(c *protocol.Conn) []int {
+	uid := c.PeerUID()
+	if uid < 0 || uid == os.Geteuid() {
+		return nil
+	}
+	return []int{uid}
 }

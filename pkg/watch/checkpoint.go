@@ -32,6 +32,7 @@ type entry struct {
 	mtime int64 // UnixNano
 	id    checkpoint.FileIdent
 	nlink uint64 // hard links: the agent's staging adds one, a deletion of the original takes one
+	uid   int    // owner (-1: unknown)
 }
 
 // fingerprint lists a checkpoint's entries; equal fingerprints mean
@@ -99,6 +100,8 @@ type Checkpoint struct {
 
 	stage  string      // where StageIn linked it, relative to root ("": not staged)
 	staged fingerprint // the staged links as StageIn left them
+
+	owner ownerRule // whose files it may hold (owner.go)
 }
 
 // Bytes is the checkpoint's size when it was found complete.
@@ -271,7 +274,7 @@ func walk(dir *os.Root, name string, sub *os.Root, rel string, fp *fingerprint) 
 }
 
 func stat(rel string, fi fs.FileInfo) entry {
-	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime().UnixNano(), id: checkpoint.IdentOf(fi), nlink: nlinkOf(fi)}
+	e := entry{rel: rel, dir: fi.IsDir(), size: fi.Size(), mtime: fi.ModTime().UnixNano(), id: checkpoint.IdentOf(fi), nlink: nlinkOf(fi), uid: uidOf(fi)}
 	if e.dir {
 		e.size = 0 // a directory's size says nothing a file's entry does not
 	}
@@ -320,6 +323,12 @@ func (c *Checkpoint) StageIn(dir *os.Root, stage string) error {
 		dir.RemoveAll(stage)
 		c.stage = ""
 		return fmt.Errorf("stage %s: %w: %v", c.Name, ErrChanged, err)
+	}
+	// What is uploaded is the staged links' inodes: their owner decides.
+	if err := c.owner.check(sp, c.Name); err != nil {
+		dir.RemoveAll(stage)
+		c.stage = ""
+		return fmt.Errorf("stage: %w", err)
 	}
 	c.staged = sp
 	return nil

@@ -84,6 +84,10 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 			return nil, err
 		}
 	}
+	// The trainer's, as if it had written it (owner.go).
+	if err := w.owner.chownTree(dir, src); err != nil {
+		return nil, fmt.Errorf("restore into %s: give it to uid %d: %w", res.Path, w.owner.uid, err)
+	}
 	if err := dir.Rename(src, o.Name); err != nil {
 		return nil, fmt.Errorf("restore into %s: %w", res.Path, err)
 	}

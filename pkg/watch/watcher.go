@@ -64,6 +64,9 @@ type Config struct {
 	Rescan      time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
 	WarnAfter   time.Duration // default DefaultWarnAfter
 	Log         *zap.Logger
+	// UID, when set, is the trainer's uid (--watch-uid): every file of a
+	// checkpoint must be its own (owner.go). nil: DIR's owner's.
+	UID *int
 }
 
 // Watcher scans DIR for checkpoints and reports each one once it is
@@ -75,6 +78,7 @@ type Watcher struct {
 	namer *Namer
 	log   *zap.Logger
 	root  *os.Root // DIR: everything in it is read, written and deleted through this
+	owner ownerRule
 
 	scanMu sync.Mutex // one Scan at a time (Run's and the agent's loop's)
 
@@ -150,7 +154,12 @@ func New(cfg Config) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Watcher{cfg: cfg, namer: n, log: cfg.Log, root: root, state: map[string]*seen{}, warned: map[string]string{},
+	owner, err := ownerOf(cfg, root, cfg.Log)
+	if err != nil {
+		root.Close()
+		return nil, fmt.Errorf("watch %s: %w", cfg.Dir, err)
+	}
+	return &Watcher{cfg: cfg, namer: n, log: cfg.Log, root: root, owner: owner, state: map[string]*seen{}, warned: map[string]string{},
 		newest: -1, notifying: map[string]bool{}}, nil
 }
 
@@ -604,6 +613,9 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 		w.state[name] = s
 	}
 	fp, err := sn.fp, sn.err
+	if err == nil {
+		err = w.owner.check(fp, name) // owner.go
+	}
 	if err != nil {
 		s.fp, s.since, s.reported, s.stable = nil, now, false, 0
 		if errors.Is(err, errRefused) {
@@ -657,7 +669,7 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 	}
 	s.reported = true
 	delete(w.warned, name)
-	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp, root: w.root}
+	return &Checkpoint{Name: name, Kind: s.kind, Step: step, Path: p, fp: fp, root: w.root, owner: w.owner}
 }
 
 // quietLocked is the quiet window now. w.mu is held.
