@@ -6,8 +6,8 @@
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
 # SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
-# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet),
-# SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,overlap),
+# SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -37,5 +37,5 @@ cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lea
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
-  -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet}" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}"
+  -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,overlap}" \
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}"

@@ -193,7 +193,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	cfg.Metrics.Ready(true)
+	if a.restoring == nil {
+		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
+	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	if a.child != nil {

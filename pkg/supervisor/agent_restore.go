@@ -122,6 +122,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		return
 	}
 	a.recordSession()
+	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
 		a.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
 		now := time.Now()

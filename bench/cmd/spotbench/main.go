@@ -9,7 +9,9 @@
 // Sections (-only picks some): latency, transfer, e2e, footprint, simulate,
 // pipeline (issue 16: serial vs pipelined save and commit, PyTorch),
 // distributed (issue 15: notice → job-wide commit, 2 nodes × 2 ranks),
-// fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs).
+// fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs),
+// overlap (issue 30 item 1: agent start → first resumed step, serial vs
+// overlapped restore).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -33,7 +35,8 @@ type config struct {
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
-	pipelineGiB           string // checkpoint sizes of the pipeline section
+	pipelineGiB           string  // checkpoint sizes of the pipeline section
+	overlapGiB            float64 // checkpoint size of the overlap section
 }
 
 func main() {
@@ -55,8 +58,9 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,overlap", "sections to run")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
+	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
 	flag.Parse()
 	c.pollInterval = time.Second
 	c.only = map[string]bool{}
@@ -122,6 +126,10 @@ func main() {
 	if c.only["fleet"] {
 		step("fleet view over 10,000 runs")
 		must(benchFleet(&c, r))
+	}
+	if c.only["overlap"] {
+		step("restore overlapped with the trainer's start")
+		must(benchOverlap(&c, r))
 	}
 	r.took = time.Since(start)
 	text := r.Markdown()
