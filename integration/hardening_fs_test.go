@@ -88,7 +88,8 @@ func TestHardening_RestoreDirSwappedForSymlink(t *testing.T) {
 	}
 	script := `test -n "$SPOTAGENT_RESUME_DIR" || exit 9; r=$(dirname "$SPOTAGENT_RESUME_DIR"); ` +
 		`test -L "$r" || { mv "$r" "$r.moved" && ln -s ` + victim + ` "$r"; }; exit 3`
-	p := start(t, nil, hostileArgs(dir, "--max-restarts", "1", "--", "/bin/sh", "-c", script)...)
+	// --restore-serial: this trainer reads $SPOTAGENT_RESUME_DIR itself.
+	p := start(t, nil, hostileArgs(dir, "--max-restarts", "1", "--restore-serial", "--", "/bin/sh", "-c", script)...)
 	if code := p.wait(time.Minute); code != 3 {
 		t.Fatalf("exit code %d, want the trainer's 3", code)
 	}

@@ -47,7 +47,9 @@ func TestStartup_SlowStoreCancelled(t *testing.T) {
 			fs.proxy.Set(tc.fault)
 			dir := shortTemp(t)
 			ran := filepath.Join(dir, "ran")
-			a := start(t, append(fs.env, "AWS_EC2_METADATA_DISABLED=true"), append(agentArgs(dir, fs.uri), "--", "/bin/sh", "-c", "touch "+ran)...)
+			// The serial start (restore, then the trainer): the overlapped
+			// one starts the trainer at once (restore_overlap_test.go).
+			a := start(t, append(fs.env, "AWS_EC2_METADATA_DISABLED=true"), append(agentArgs(dir, fs.uri, "--restore-serial"), "--", "/bin/sh", "-c", "touch "+ran)...)
 			if tc.wait != "" {
 				a.waitLine(tc.wait, time.Minute)
 			} else {

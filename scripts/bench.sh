@@ -6,8 +6,8 @@
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
 # SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
-# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch),
-# SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap),
+# SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -21,7 +21,7 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch}
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap}
 needs_minio=false # only these sections start MinIO
 for s in transfer e2e footprint pipeline distributed; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
@@ -44,4 +44,4 @@ trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
   -idle "${SPOTBENCH_IDLE:-60s}" -only "$ONLY" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -watchbench "$CACHE/bin/watchbench"
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench"

@@ -40,6 +40,7 @@ type agentOptions struct {
 	watch                                                     watchOptions            // run and sidecar (watch_flags.go)
 	watchCfg                                                  *supervisor.WatchConfig // from watch, by resolve
 	nodeRank, restore                                         string                  // multi-node jobs (docs/distributed.md)
+	restoreSerial                                             bool                    // run: restore before the trainer starts
 	node                                                      string                  // the part name nodeRank gives
 }
 

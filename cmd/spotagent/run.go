@@ -39,8 +39,9 @@ agent; 2 bad usage.`,
 	fs.SetInterspersed(false) // the trainer's flags are its own
 	o.register(fs, false)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "restart a trainer that exits non-zero on its own, from the newest checkpoint, up to N times")
+	fs.BoolVar(&o.restoreSerial, "restore-serial", false, "restore first, then start the trainer (default: start it at once and restore meanwhile); a trainer that reads $SPOTAGENT_RESUME_DIR itself, without a client that speaks protocol 2, needs this")
 	fs.StringVar(&o.signal, "signal", "", "for a trainer that does not speak the protocol: ask it to checkpoint with this signal (SIGUSR1 or SIGUSR2) and $SPOTAGENT_REQUEST_FILE; it answers by creating SPOTAGENT_DONE in the request's dir")
-	inGroup(fs, groupTrainer, "max-restarts", "signal")
+	inGroup(fs, groupTrainer, "max-restarts", "signal", "restore-serial")
 	o.completions(cmd)
 	completeWords(cmd, "signal", "SIGUSR1", "SIGUSR2")
 	return cmd
@@ -133,6 +134,9 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
 		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
 		Node: o.node, RestoreAll: o.restore == "all",
+		// Only a trainer the agent starts: a sidecar's or node's trainer
+		// starts on its own (docs/protocol.md).
+		OverlapRestore: len(command) > 0 && !o.restoreSerial,
 	}
 	// The fleet's root: the parent of the run's store (--store-prefix in
 	// node mode), where the fleet summary lives (docs/fleet.md).

@@ -13,8 +13,20 @@ import (
 // MaxLine is the longest accepted line, newline included.
 const MaxLine = 1 << 20
 
-// ProtocolVersion is sent in welcome.
-const ProtocolVersion = 1
+// ProtocolVersion is the newest version the agent speaks. A trainer says
+// which it speaks in hello's version (absent: 1); welcome answers with the
+// lower of the two. Version 2 adds the restore that runs while the trainer
+// starts: a welcome with restore "pending", then restored or
+// restore_failed. A version 1 trainer's welcome waits for the restore.
+const ProtocolVersion = 2
+
+// RestorePending and RestoreFailed are welcome's restore field: the
+// restore runs beside the trainer's start (restored or restore_failed
+// follows), or it failed (error says why). Absent: resume is final.
+const (
+	RestorePending = "pending"
+	RestoreFailed  = "failed"
+)
 
 // Message types, trainer → agent.
 const (
@@ -42,6 +54,12 @@ const (
 	TypeUploadFailed = "upload_failed"
 	TypeStop         = "stop"
 	TypeError        = "error"
+	// TypeRestored ends a pending restore (protocol 2): resume is where the
+	// trainer resumes from, absent for a definite fresh start.
+	TypeRestored = "restored"
+	// TypeRestoreFailed ends a pending restore that failed (protocol 2):
+	// the trainer must not start fresh; error says why.
+	TypeRestoreFailed = "restore_failed"
 )
 
 // TypeDisconnected marks the Event a Server emits when a connection ends.
@@ -91,10 +109,12 @@ type Message struct {
 	// failed, upload_failed, error
 	Error string `json:"error,omitempty"`
 
-	// welcome
+	// welcome (and hello: the version the trainer speaks)
 	Version       int     `json:"version,omitempty"`
 	CheckpointDir string  `json:"checkpoint_dir,omitempty"`
-	Resume        *Resume `json:"resume,omitempty"`
+	Resume        *Resume `json:"resume,omitempty"` // welcome, restored
+	// welcome: RestorePending or RestoreFailed; absent when resume is final
+	Restore string `json:"restore,omitempty"`
 
 	// checkpoint, stop, join
 	Reason   string     `json:"reason,omitempty"`

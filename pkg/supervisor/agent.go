@@ -37,10 +37,15 @@ type Config struct {
 	Scheduler     *schedule.Scheduler
 	Server        protocol.ServerConfig
 
-	Command   []string      // the trainer; empty runs without a child (sidecar)
-	Keep      int           // checkpoints kept by retention (default 3)
-	TermGrace time.Duration // deadline of the shutdown checkpoint (default 25s)
-	KillAfter time.Duration // SIGTERM → SIGKILL for the child (default 5s)
+	Command []string // the trainer; empty runs without a child (sidecar)
+	// OverlapRestore starts the trainer at once and restores beside it
+	// (agent_restore.go): the trainer learns where it resumes from over
+	// the socket. Ignored with Signal or Watch, whose trainers read the
+	// environment or DIR: they start after the restore.
+	OverlapRestore bool
+	Keep           int           // checkpoints kept by retention (default 3)
+	TermGrace      time.Duration // deadline of the shutdown checkpoint (default 25s)
+	KillAfter      time.Duration // SIGTERM → SIGKILL for the child (default 5s)
 	// SignalWindow: a SIGTERM/SIGINT within this long of the first one is
 	// the same signal, not the second that stops at once (default 1s; < 0: off).
 	SignalWindow time.Duration
@@ -321,6 +326,29 @@ func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) { return 
 // area and returns the resume information (nil when starting fresh): the
 // protocol source's restore.
 func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
+	f, err := a.fetchRestore(ctx, a.restoreOptions())
+	if err != nil || f == nil {
+		return nil, err
+	}
+	return a.restored(f.r, f.start, f.r.Dir, f.manifest), nil
+}
+
+// restoreOptions are the options of a restore into the agent's area.
+func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
+	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.restorePart()}
+}
+
+// fetched is a restore's files in place, before the loop records it.
+type fetched struct {
+	r        *checkpoint.Restored
+	start    time.Time
+	manifest string // the local copy of the manifest
+}
+
+// fetchRestore is the part of restore that touches only the store and the
+// restore area, never the loop's state: the overlapped restore runs it
+// beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
+func (a *Agent) fetchRestore(ctx context.Context, opts checkpoint.RestoreOptions) (*fetched, error) {
 	restoreDir := a.restoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may
@@ -333,7 +361,7 @@ func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
-	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.restorePart()})
+	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, opts)
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
 		return nil, nil
@@ -363,7 +391,7 @@ func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 	}
 	a.log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	return a.restored(r, start, r.Dir, manifest), nil
+	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
 
 // restored records a restore (metrics, journal, the newest committed
@@ -468,6 +496,16 @@ func (a *Agent) childEnv() []string {
 		// shutdown: a launcher that hides its workers' codes (torchrun's
 		// 1) still makes this agent exit 75 (exitCodeFor).
 		env = append(env, exitFileEnv+"="+filepath.Join(a.dirs.areaPath, exitFileName))
+	}
+	if a.restoring != nil {
+		// The restore runs while the trainer starts (agent_restore.go):
+		// the client blocks where it first needs the files. An older
+		// client waits for its welcome, which the agent holds until the
+		// restore ends: give it all the time that takes.
+		env = append(env, resumeEnv+"="+protocol.RestorePending)
+		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
+			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
+		}
 	}
 	if r := a.resume; r != nil {
 		env = append(env,

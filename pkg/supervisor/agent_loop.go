@@ -50,6 +50,15 @@ type Agent struct {
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
 	resume    *protocol.Resume
 
+	// The restore running beside the trainer's start (agent_restore.go);
+	// aborted: the start was given up meanwhile; restoreGone: why the
+	// trainers will get no resume (it failed or was cancelled);
+	// abandonAt: when a trainer told of a failed restore is stopped.
+	restoring   *pendingRestore
+	aborted     *startAbort
+	restoreGone string
+	abandonAt   time.Time
+
 	child     *child.Child
 	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
 	childDone <-chan struct{}
@@ -174,20 +183,34 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
+	}
+	if a.overlapRestore() {
+		a.startRestore() // agent_restore.go: the trainer starts meanwhile
+	}
+	if len(cfg.Command) > 0 {
 		if err := a.startChild(); err != nil {
 			a.abort()
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	cfg.Metrics.Ready(true)
+	if a.restoring == nil {
+		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
+	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	if a.child != nil {
 		a.child.Close() // what the trainer left in its group goes now
 	}
-	a.finish()
+	if a.aborted != nil {
+		a.abort() // the start was given up: no session to record (agent_restore.go)
+	} else {
+		a.finish()
+	}
 	if a.fenced() { // agent_fence.go
 		return ExitFenced, nil
+	}
+	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
+		return code, err
 	}
 	return a.exitCode, nil
 }
@@ -265,14 +288,23 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
+	if a.overlapRestore() {
+		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
+	}
 	if a.resume, err = a.restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.session, Start: a.started.UTC(), Instance: machineOf(cfg.Identity)})
-	})
+	a.recordSession()
 	return a, nil
+}
+
+// recordSession adds this session to the journal, once the restore worked:
+// a start that fails there leaves no trace in the store.
+func (a *Agent) recordSession() {
+	a.journalAsync(func(j *checkpoint.Journal) {
+		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.session, Start: a.started.UTC(), Instance: machineOf(a.cfg.Identity)})
+	})
 }
 
 func (a *Agent) startChild() error {
@@ -342,6 +374,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.src.committed(r)
 		case work := <-a.src.ready():
 			work()
+		case res := <-a.restoreDone():
+			a.onRestoreDone(res) // agent_restore.go
 		case <-a.childDone:
 			a.onChildExit()
 		case <-timer.C:
@@ -364,6 +398,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		earlier(s.deadline)
 	}
 	earlier(a.restartAt)
+	earlier(a.abandonAt)
 	earlier(a.src.wake())
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
@@ -383,8 +418,13 @@ func (a *Agent) tick(now time.Time) {
 	}
 	a.tickStop(now)
 	a.src.tick(now)
-	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 {
+	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 && a.restoring == nil {
 		a.restart()
+	}
+	if !a.abandonAt.IsZero() && !now.Before(a.abandonAt) {
+		a.abandonAt = time.Time{}
+		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
+		a.stopChild()
 	}
 	if iv := a.cfg.Scheduler.Interval(); iv != a.interval {
 		a.interval = iv
@@ -404,6 +444,18 @@ func (a *Agent) tick(now time.Time) {
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
 	if !a.childGone || !a.restartAt.IsZero() {
+		return
+	}
+	if p := a.restoring; p != nil && len(a.cfg.Command) > 0 {
+		// Nobody is left to resume: the restore's end is awaited, cancelled.
+		if p.why == "" {
+			p.why = "the trainer exited"
+			p.cancel()
+		}
+		return
+	}
+	if a.aborted != nil && len(a.cfg.Command) > 0 {
+		a.done = true
 		return
 	}
 	if a.signals > 1 {
@@ -455,7 +507,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stopping != nil || code == 0:
+	case a.stopping != nil || code == 0 || a.aborted != nil:
 		a.childGone = true
 	case a.restarts < a.cfg.MaxRestarts:
 		a.restarts++
@@ -546,6 +598,10 @@ func (a *Agent) onSignal(sig os.Signal) {
 		return
 	}
 	a.firstSignal = now
+	if a.abortStart("signal "+sig.String(), &startAbort{sig: sig}) { // agent_restore.go
+		a.checkDone()
+		return
+	}
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
 	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
 	a.checkDone()
@@ -706,6 +762,9 @@ func (a *Agent) trainers() int {
 	}
 	if a.cfg.Signal != 0 && a.childDone == nil {
 		return 0
+	}
+	if a.restoring != nil || a.restoreGone != "" {
+		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns)
 }

@@ -53,6 +53,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			a.byes++
 		}
 	case protocol.TypeDisconnected:
+		a.forgetWaiting(c.ID()) // agent_restore.go
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
@@ -78,7 +79,14 @@ func (a *Agent) seeStep(step *int64) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	w := protocol.Message{Type: protocol.TypeWelcome, Version: protocol.ProtocolVersion, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+	if a.helloDuringRestore(protocol.Event{Conn: c, Msg: m}) { // agent_restore.go
+		return
+	}
+	a.admit(c, m, a.welcome(m))
+}
+
+// admit sends the welcome w answering hello m and counts c as a trainer.
+func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) {
 	if err := c.Post(w); err != nil {
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
@@ -132,6 +140,12 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
+		if a.aborted != nil {
+			return // the start was given up: nothing to save
+		}
+		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &startAbort{notice: true}) { // agent_restore.go
+			return
+		}
 		reason := protocol.ReasonInterruption
 		if n.Cloud == metadata.CloudSignal {
 			reason = protocol.ReasonShutdown

@@ -161,6 +161,13 @@ type agentRun struct {
 
 func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 	t.Helper()
+	return startAgentErr(t, mutate, false)
+}
+
+// startAgentErr is startAgent; with allowErr, Run may return an error
+// (a failed restore while the trainer starts).
+func startAgentErr(t *testing.T, mutate func(*Config), allowErr bool) *agentRun {
+	t.Helper()
 	dir := shortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
@@ -179,7 +186,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 	ar := &agentRun{cfg: cfg, sigs: make(chan os.Signal, 2), done: make(chan int, 1), store: st}
 	go func() {
 		code, err := Run(context.Background(), cfg, ar.sigs)
-		if err != nil {
+		if err != nil && !allowErr {
 			t.Errorf("Run: %v", err)
 		}
 		ar.done <- code

@@ -19,6 +19,11 @@ package supervisor
 //	{"do": "write", "dir": "$DIR", "file": "f", "data": "x"}  the trainer writes a file
 //	{"do": "signal"}            SIGTERM to the agent
 //	{"do": "notice", "in": "60s"}  an interruption notice due in that time
+//	{"do": "restore"}           the restore running beside the trainer's
+//	                            start ends (golden "restore": "pending" or
+//	                            "fail": a committed checkpoint of step 7,
+//	                            metadata {"epoch": 1}, whose restore waits
+//	                            for this line, then completes or fails)
 //	{"#": "..."}                a comment
 //
 // Placeholders in agent lines: "$ANY" matches any value, "$TIME" any RFC 3339
@@ -29,8 +34,11 @@ package supervisor
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,10 +46,14 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
@@ -63,6 +75,10 @@ type goldenLine struct {
 type goldenConfig struct {
 	Interval string `json:"interval"` // periodic interval (default 1h: none)
 	Node     *int   `json:"node"`     // part mode: this agent is node K of a job
+	// Restore: "pending" or "fail": the agent restores while the trainer
+	// starts (Config.OverlapRestore), from a store whose checkpoint's
+	// files wait for {"do": "restore"}, then arrive or fail.
+	Restore string `json:"restore"`
 }
 
 func TestGolden(t *testing.T) {
@@ -114,13 +130,20 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 		interval = d
 	}
 	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
-	ar := startAgent(t, func(c *Config) {
+	var gated *gatedStore
+	if cfg.Restore != "" {
+		gated = newGatedStore(t, cfg.Restore == "fail")
+	}
+	ar := startAgentErr(t, func(c *Config) {
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval})
 		c.Source = src
 		if cfg.Node != nil {
 			c.Node = NodePart(*cfg.Node)
 		}
-	})
+		if gated != nil {
+			c.Store, c.OverlapRestore = gated, true
+		}
+	}, cfg.Restore == "fail")
 	conn := dialGolden(t, ar.cfg.Server.Path)
 	in := make(chan string, 64)
 	go func() {
@@ -174,6 +197,11 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 			if err := os.WriteFile(filepath.Join(dir, g.File), []byte(g.Data), 0o600); err != nil {
 				t.Fatalf("%s: %v", where, err)
 			}
+		case g.Do == "restore":
+			if gated == nil {
+				t.Fatalf("%s: restore without golden \"restore\"", where)
+			}
+			gated.release()
 		case g.Do == "signal":
 			ar.sigs <- syscall.SIGTERM
 		case g.Do == "notice":
@@ -319,4 +347,64 @@ func goldenKeys(m map[string]any) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// gatedStore holds a committed checkpoint of step 7 (two files): the
+// restore's first file arrives, the second waits for release, then arrives
+// or (fail) fails half-way with a store error.
+type gatedStore struct {
+	cloud.Store
+	gate     chan struct{}
+	fail     bool
+	mu       sync.Mutex
+	released bool
+	gets     int
+}
+
+func newGatedStore(t *testing.T, fail bool) *gatedStore {
+	t.Helper()
+	st, err := file.New(filepath.Join(shortDir(t), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	for name, body := range map[string]string{"a.bin": "first file", "b.bin": "second file"} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &checkpoint.Committer{Store: st, RunID: "test"}
+	if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: src, ID: "60d0000000a7", Step: 7, Metadata: json.RawMessage(`{"epoch":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	return &gatedStore{Store: st, gate: make(chan struct{}), fail: fail}
+}
+
+func (g *gatedStore) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.released {
+		g.released = true
+		close(g.gate)
+	}
+}
+
+func (g *gatedStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if strings.HasSuffix(key, ".bin") {
+		g.mu.Lock()
+		g.gets++
+		first := g.gets == 1
+		g.mu.Unlock()
+		if !first {
+			select {
+			case <-g.gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if g.fail {
+				return nil, errors.New("connection reset by peer")
+			}
+		}
+	}
+	return g.Store.Get(ctx, key, off, n)
 }

@@ -2,7 +2,8 @@
 
     import spotagent
     agent = spotagent.connect()      # $SPOTAGENT_SOCKET; a no-op agent when unset
-    start = agent.resume_step or 0   # agent.resume_dir, agent.resume_metadata
+    build_model()                    # the agent restores meanwhile
+    start = agent.resume_step or 0   # waits for the restore; agent.resume_dir, agent.resume_metadata
     for step in range(start, total):
         train_one_step()
         req = agent.poll(step + 1)   # non-blocking: None or a CheckpointRequest
@@ -30,6 +31,7 @@ from .client import (
     AgentRefused,
     CheckpointRequest,
     Committed,
+    RestoreFailed,
     UploadFailed,
     connect,
     parse_time,
@@ -42,6 +44,7 @@ __all__ = [
     "AgentRefused",
     "CheckpointRequest",
     "Committed",
+    "RestoreFailed",
     "UploadFailed",
     "connect",
     "parse_time",

@@ -16,8 +16,10 @@ log = logging.getLogger("spotagent")
 MAX_LINE = 1 << 20
 #: Largest ``done`` metadata the agent accepts (encoded JSON bytes).
 MAX_METADATA = 64 << 10
-#: Protocol version this client speaks.
-PROTOCOL_VERSION = 1
+#: Protocol version this client speaks (sent in hello). 2: the agent may
+#: restore while the trainer starts (welcome ``restore: "pending"``, then
+#: ``restored`` or ``restore_failed``).
+PROTOCOL_VERSION = 2
 #: Exit code meaning "interrupted: the checkpoint is committed (or a best
 #: effort was made), run me again" (EX_TEMPFAIL). ``agent.exit_code`` is this
 #: after a stop for an interruption or shutdown; ``spotagent run`` exits with
@@ -31,6 +33,9 @@ ENV_CHECKPOINT_DIR = "SPOTAGENT_CHECKPOINT_DIR"
 ENV_RESUME_DIR = "SPOTAGENT_RESUME_DIR"
 ENV_RESUME_STEP = "SPOTAGENT_RESUME_STEP"
 ENV_RESUME_MANIFEST = "SPOTAGENT_RESUME_MANIFEST"
+#: ``pending``: the agent restores while the trainer starts; where to resume
+#: from comes over the socket (``restored``), never from the variables above.
+ENV_RESUME = "SPOTAGENT_RESUME"
 #: The uid the agent runs as; set by ``spotagent run`` for its trainer. When
 #: absent the client accepts an agent running as itself or as root.
 ENV_AGENT_UID = "SPOTAGENT_AGENT_UID"

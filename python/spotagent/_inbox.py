@@ -47,31 +47,66 @@ class Inbox(object):
                 a._cond.notify_all()
         return True
 
+    # The restore's state (lock held). Final once resumed or failed.
+
+    def restore_pending(self) -> None:
+        a = self._agent
+        if a._resume_from_welcome is None and a._restore_error is None:
+            a._restore_pending = True
+
+    def restored(self, resume: Any) -> None:
+        a = self._agent
+        if a._resume_from_welcome is not None or a._restore_error is not None:
+            return
+        parsed = (None, None, None)  # type: Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
+        if isinstance(resume, dict) and resume.get("dir"):
+            meta = resume.get("metadata")
+            parsed = (
+                str(resume["dir"]),
+                int(resume["step"]) if resume.get("step") is not None else None,
+                meta if isinstance(meta, dict) else None,
+            )
+        a._resume_from_welcome = parsed
+        a._restore_pending = False
+
+    def restore_failed(self, error: Any) -> None:
+        a = self._agent
+        if a._resume_from_welcome is not None or a._restore_error is not None:
+            return
+        a._restore_error = str(error or "restore failed")
+        a._restore_pending = False
+        log.warning("spotagent: the agent's restore failed: %s", a._restore_error)
+
     def dispatch(self, msg: Dict[str, Any]) -> None:
         a = self._agent
         t = msg["type"]
         if t == "welcome":
-            resume = msg.get("resume")
-            parsed = (None, None, None)  # type: Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
-            if isinstance(resume, dict) and resume.get("dir"):
-                meta = resume.get("metadata")
-                parsed = (
-                    str(resume["dir"]),
-                    int(resume["step"]) if resume.get("step") is not None else None,
-                    meta if isinstance(meta, dict) else None,
-                )
+            restore = msg.get("restore")
             with a._lock:
                 a._welcome = msg
                 a._transport.welcomed()
-                # Resume information is fixed by the first welcome: a
-                # reconnect mid-run must not change where this run started.
-                if a._resume_from_welcome is None:
-                    a._resume_from_welcome = parsed
+                # Resume information is fixed by the first welcome that has
+                # it: a reconnect mid-run must not change where this run
+                # started. "pending": a restored or restore_failed follows.
+                if restore == "pending":
+                    self.restore_pending()
+                elif restore == "failed":
+                    self.restore_failed(msg.get("error"))
+                else:
+                    self.restored(msg.get("resume"))
                 a._cond.notify_all()
             version = msg.get("version")
-            if version not in (None, PROTOCOL_VERSION):
+            if version is not None and (not isinstance(version, int) or version > PROTOCOL_VERSION or version < 1):
                 log.warning("spotagent: agent speaks protocol version %r, this client %d", version, PROTOCOL_VERSION)
             a._welcomed.set()
+        elif t == "restored":
+            with a._lock:
+                self.restored(msg.get("resume"))
+                a._cond.notify_all()
+        elif t == "restore_failed":
+            with a._lock:
+                self.restore_failed(msg.get("error"))
+                a._cond.notify_all()
         elif t == "checkpoint":
             if self.update_request(msg):
                 return

@@ -29,6 +29,7 @@ from ._common import (
     DEFAULT_SYNC_EVERY,
     ENV_ALLOW_UNPROTECTED,
     ENV_CHECKPOINT_DIR,
+    ENV_RESUME,
     ENV_RUN_ID,
     ENV_SOCKET,
     EXIT_INTERRUPTED,
@@ -55,6 +56,7 @@ __all__ = [
     "AgentRefused",
     "CheckpointRequest",
     "Committed",
+    "RestoreFailed",
     "UploadFailed",
     "connect",
     "parse_time",
@@ -66,6 +68,23 @@ __all__ = [
 ]
 
 Resume = Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
+
+#: Seconds between two log lines while a trainer waits for the restore.
+RESTORE_LOG_EVERY = 30.0
+
+
+class RestoreFailed(Exception):
+    """The agent's restore did not complete (it failed half-way, was
+    cancelled, or the agent went away before it ended). Raised where the
+    trainer needs the resume information (``resume_dir``, ``resume_step``,
+    ``resume_metadata``, ``wait_restored``) and by ``poll``: a trainer must
+    not start fresh over a committed checkpoint. ``error`` says why; the
+    agent's log and exit code say it too."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__("spotagent: the agent could not restore the run's checkpoint: %s; "
+                         "not starting fresh over it" % error)
+        self.error = error
 
 
 class Agent(object):
@@ -115,6 +134,12 @@ class Agent(object):
         self._env_resume = resume_from_env(env)
         self._welcome = None  # type: Optional[Dict[str, Any]]
         self._resume_from_welcome = None  # type: Optional[Resume]
+        # The agent restores while this trainer starts (protocol 2): the
+        # environment says so before any welcome, welcome's restore after.
+        # Where to resume from then comes only from the agent (restored),
+        # or an error (restore_failed): never a fresh start by default.
+        self._restore_pending = bool(path) and (env.get(ENV_RESUME) or "").strip() == "pending"
+        self._restore_error = None  # type: Optional[str]
 
         # Requests: pending (FIFO), handed out by poll, and the answers.
         self._requests = deque()  # type: Deque[CheckpointRequest]
@@ -182,6 +207,7 @@ class Agent(object):
         return self._env_checkpoint_dir
 
     def _resume(self) -> Resume:
+        self.wait_restored()
         with self._lock:
             if self._resume_from_welcome is not None:
                 return self._resume_from_welcome
@@ -189,18 +215,59 @@ class Agent(object):
 
     @property
     def resume_dir(self) -> Optional[str]:
-        """Directory of the restored checkpoint, or None for a fresh start."""
+        """Directory of the restored checkpoint, or None for a fresh start.
+        While the agent still restores, blocks until it has (see
+        :meth:`wait_restored`)."""
         return self._resume()[0]
 
     @property
     def resume_step(self) -> Optional[int]:
-        """The step reported in ``done`` for the restored checkpoint, or None."""
+        """The step reported in ``done`` for the restored checkpoint, or
+        None. Blocks while the agent still restores, as ``resume_dir``."""
         return self._resume()[1]
 
     @property
     def resume_metadata(self) -> Optional[Dict[str, Any]]:
-        """The metadata reported in ``done`` for the restored checkpoint, or None."""
+        """The metadata reported in ``done`` for the restored checkpoint, or
+        None. Blocks while the agent still restores, as ``resume_dir``."""
         return self._resume()[2]
+
+    @property
+    def restore_pending(self) -> bool:
+        """True while the agent restores beside this trainer's start: the
+        ``resume_*`` properties would block. Never blocks."""
+        with self._lock:
+            return self._restore_pending
+
+    def wait_restored(self, timeout: Optional[float] = None) -> bool:
+        """Block until the resume information is final: the agent restored
+        the run's checkpoint (``resume_dir`` is complete on disk), or said
+        there is none. An agent that restores while the trainer starts
+        (``spotagent run``'s default) says so; otherwise, and without an
+        agent, this returns True at once. False when ``timeout`` (seconds)
+        passed first. Raises :class:`RestoreFailed` when the restore failed
+        or was cancelled, or the agent went away before it ended: the
+        trainer must not start fresh then."""
+        end = None if timeout is None else time.monotonic() + timeout
+        next_log = time.monotonic() + RESTORE_LOG_EVERY
+        started = time.monotonic()
+        with self._lock:
+            while True:
+                if self._restore_error is not None:
+                    raise RestoreFailed(self._restore_error)
+                if not self._restore_pending:
+                    return True
+                if self._closed.is_set() or not self.path:
+                    self._restore_error = "the agent went away before the restore ended"
+                    raise RestoreFailed(self._restore_error)
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    return False
+                if now >= next_log:
+                    log.info("spotagent: waiting for the agent's restore (%.0fs so far)", now - started)
+                    next_log = now + RESTORE_LOG_EVERY
+                left = next_log - now if end is None else min(end, next_log) - now
+                self._cond.wait(max(0.0, left))
 
     @property
     def should_stop(self) -> bool:
@@ -293,6 +360,9 @@ class Agent(object):
         Raises :class:`AgentRefused` once the agent refused this trainer
         for good (see :func:`connect`)."""
         self._transport.raise_refusal()
+        with self._lock:
+            if self._restore_error is not None:
+                raise RestoreFailed(self._restore_error)
         if self._job.sync.active or self._job.sync.detect():
             return self._job.poll(step)
         if self._sigterm.take() and not self._sigterm.fold():
@@ -454,7 +524,7 @@ class Agent(object):
         return req
 
     def _hello(self) -> Dict[str, Any]:
-        hello = {"type": "hello", "pid": os.getpid()}  # type: Dict[str, Any]
+        hello = {"type": "hello", "pid": os.getpid(), "version": PROTOCOL_VERSION}  # type: Dict[str, Any]
         if self.rank is not None:
             hello["rank"] = self.rank
         if self.world_size is not None:

@@ -1,4 +1,4 @@
-"""A fake spotagent: a real Unix socket server in a thread speaking protocol v1.
+"""A fake spotagent: a real Unix socket server in a thread speaking protocol v2.
 
 Tests drive it explicitly: every received message is recorded, and tests wait
 for conditions with deadlines (threading.Condition), never with sleeps.
@@ -27,6 +27,7 @@ REASONS = ("periodic", "manual", "shutdown", "interruption")
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 DEADLINE = 10.0  # generous upper bound for any wait in the tests
+PROTOCOL_VERSION = 2  # the newest the agent speaks (protocol.ProtocolVersion)
 
 
 class FakeAgent(object):
@@ -37,6 +38,7 @@ class FakeAgent(object):
         read: bool = True,
         join_dir: Optional[str] = None,
         commit: bool = False,
+        restore: Optional[str] = None,
     ) -> None:
         self.path = path
         self.welcome = welcome  # sent in reply to hello; None = send nothing
@@ -46,6 +48,15 @@ class FakeAgent(object):
         self.join_dir = join_dir
         # Answer done {id, step} with committed {id, uri, step}.
         self.commit = commit
+        # "pending": as an agent restoring beside the trainer's start
+        # (protocol 2): a hello with version >= 2 is welcomed at once with
+        # restore "pending" (and waits in self.waiting for restored or
+        # restore_failed), one without is held (self.held: its welcome comes
+        # with the resume); see restore_done. None: resume is final.
+        self.restore = restore
+        self.restore_error = None  # type: Optional[str]
+        self.waiting = []  # type: List[socket.socket]
+        self.held = []  # type: List[socket.socket]
         self.cond = threading.Condition()
         self.received = []  # type: List[Dict[str, Any]]
         self.raw = []  # type: List[bytes]
@@ -191,7 +202,7 @@ class FakeAgent(object):
             with self.cond:
                 ws, nodes = msg.get("world_size"), msg.get("nodes")
                 self._hello[id(c)] = (isinstance(ws, int) and ws > 1) or (isinstance(nodes, int) and nodes > 1)
-            return self.welcome
+            return self._welcome(c, msg)
         if t == "done":
             return self._done(msg, mid)
         if t == "failed":
@@ -205,6 +216,55 @@ class FakeAgent(object):
         if t == "join" and self.join_dir is not None:
             return self._join(c, msg, mid)
         return None
+
+    def _welcome(self, c: socket.socket, hello: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """As the agent's onHello: the version both speak; while restoring,
+        "pending" for protocol 2 and nothing (held) for protocol 1; after a
+        failed restore, "failed" (protocol 1: a permanent error)."""
+        if self.welcome is None:
+            return None
+        v = hello.get("version")
+        v = v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+        w = dict(self.welcome)
+        if "version" in w:
+            w["version"] = min(v, PROTOCOL_VERSION)
+        with self.cond:
+            if self.restore is None and self.restore_error is None:
+                return w
+            if v < 2:
+                if self.restore_error is not None:
+                    return {"type": "error", "error": "run could not start: " + self.restore_error}
+                self.held.append(c)
+                return None
+            if self.restore_error is not None:
+                w["restore"], w["error"] = "failed", self.restore_error
+            else:
+                w["restore"] = "pending"
+                self.waiting.append(c)
+            w.pop("resume", None)
+            return w
+
+    def restore_done(self, resume: Optional[Dict[str, Any]] = None, error: Optional[str] = None) -> None:
+        """The restore ends: restored {resume} (or restore_failed {error})
+        to the trainers told "pending", the held welcome (or a permanent
+        error) to the others."""
+        with self.cond:
+            waiting, held = self.waiting, self.held
+            self.waiting, self.held = [], []
+            self.restore = None
+            self.restore_error = error
+            if error is None and resume is not None and self.welcome is not None:
+                self.welcome = dict(self.welcome, resume=resume)
+        for c in waiting:
+            m = {"type": "restore_failed", "error": error} if error is not None else {"type": "restored"}
+            if error is None and resume is not None:
+                m["resume"] = resume
+            c.sendall((json.dumps(m) + "\n").encode())
+        for c in held:
+            if error is not None:
+                c.sendall((json.dumps({"type": "error", "error": "run could not start: " + error}) + "\n").encode())
+            elif self.welcome is not None:
+                c.sendall((json.dumps(dict(self.welcome, version=1)) + "\n").encode())
 
     def _done(self, msg: Dict[str, Any], mid: str) -> Optional[Dict[str, Any]]:
         step = msg.get("step")

@@ -114,7 +114,8 @@ class TestGolden(unittest.TestCase):
     def test_transcripts_exist(self):
         names = {os.path.basename(p) for p in glob.glob(os.path.join(GOLDEN, "*.jsonl"))}
         for must in ("hello_welcome.jsonl", "periodic.jsonl", "shutdown_stop.jsonl", "interruption.jsonl",
-                     "failed.jsonl", "garbage.jsonl", "saved.jsonl", "join.jsonl", "join_errors.jsonl"):
+                     "failed.jsonl", "garbage.jsonl", "saved.jsonl", "join.jsonl", "join_errors.jsonl",
+                     "restore_pending.jsonl", "restore_held_v1.jsonl", "restore_failed.jsonl"):
             self.assertIn(must, names)
 
     def test_fake_answers_as_the_real_agent(self):
@@ -129,8 +130,10 @@ class TestGolden(unittest.TestCase):
         self.addCleanup(shutil.rmtree, tmp, True)
         ckpt = os.path.join(tmp, "ckpt")
         os.makedirs(ckpt)
+        restore = lines[0]["golden"].get("restore")
         srv = FakeAgent(os.path.join(tmp, "a.sock"), commit=True, join_dir=os.path.join(ckpt, "job"),
-                        welcome={"type": "welcome", "version": 1, "run_id": "test", "checkpoint_dir": ckpt})
+                        welcome={"type": "welcome", "version": 1, "run_id": "test", "checkpoint_dir": ckpt},
+                        restore="pending" if restore else None)
         self.addCleanup(srv.stop)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(srv.path)
@@ -168,6 +171,15 @@ class TestGolden(unittest.TestCase):
                 d = vars[g["dir"][1:]]
                 with open(os.path.join(d, g["file"]), "w") as f:
                     f.write(g.get("data", ""))
+            elif g.get("do") == "restore":
+                # The restore's end: the fake's state changes as the
+                # agent's; what the agent then sends on its own (restored,
+                # a held welcome, restore_failed) is an "own" line.
+                with srv.cond:
+                    srv.waiting, srv.held = [], []
+                    srv.restore = None
+                    if restore == "fail":
+                        srv.restore_error = "restore: the fake's store failed half-way"
             elif g.get("do") in ("signal", "notice") or "#" in g:
                 pass  # the agent's own lines that follow are sent by own()
             else:

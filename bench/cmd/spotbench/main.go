@@ -12,6 +12,8 @@
 // fleet (issue 29: `spotagent fleet` over 10,000 synthetic runs),
 // watch (issue 27: zero-code mode's watcher, restore RSS and lost steps,
 // through bench/cmd/watchbench; -watchbench names its binary).
+// overlap (issue 30 item 1: agent start → first resumed step, serial vs
+// overlapped restore).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -35,8 +37,9 @@ type config struct {
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
-	pipelineGiB           string // checkpoint sizes of the pipeline section
-	watchbench            string // bench/cmd/watchbench, for the watch section
+	pipelineGiB           string  // checkpoint sizes of the pipeline section
+	overlapGiB            float64 // checkpoint size of the overlap section
+	watchbench            string  // bench/cmd/watchbench, for the watch section
 }
 
 func main() {
@@ -58,9 +61,10 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
+	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
 	flag.Parse()
 	c.pollInterval = time.Second
 	c.only = map[string]bool{}
@@ -133,6 +137,10 @@ func main() {
 	if c.only["watch"] {
 		step("zero-code mode: watcher, restore RSS, lost steps")
 		must(benchWatch(&c, r))
+	}
+	if c.only["overlap"] {
+		step("restore overlapped with the trainer's start")
+		must(benchOverlap(&c, r))
 	}
 	r.took = time.Since(start)
 	text := r.Markdown()

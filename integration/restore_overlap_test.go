@@ -1,0 +1,216 @@
+package integration
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// overlapTrainer is a real trainer on the Python client: it says when it
+// booted and whether the restore was still running when it connected,
+// then asks for its resume step (which blocks until the restore ended)
+// and prints what it resumed from, with the sha256 of model.bin.
+const overlapTrainer = `
+import hashlib, json, os, sys
+import spotagent
+
+def log(*a):
+    sys.stdout.write(" ".join(["trainer:"] + [str(x) for x in a]) + "\n")
+    sys.stdout.flush()
+
+log("booted pid", os.getpid())
+agent = spotagent.connect()
+log("connected pending=%s" % agent.restore_pending)
+try:
+    step = agent.resume_step
+except spotagent.RestoreFailed as e:
+    log("restore failed:", e.error)
+    sys.exit(3)
+if step is None:
+    log("fresh start")
+else:
+    with open(os.path.join(agent.resume_dir, "model.bin"), "rb") as f:
+        h = hashlib.sha256(f.read()).hexdigest()
+    log("resumed at step %d sha256 %s metadata %s" % (step, h, json.dumps(agent.resume_metadata, sort_keys=True)))
+agent.poll((step or 0) + 1)
+agent.close()
+`
+
+// overlapSetup is a store (S3 behind the fault proxy) holding, unless
+// empty, a committed checkpoint of step 40 whose model.bin is 1 MiB of
+// random bytes; the trainer script; the agent's arguments.
+type overlapSetup struct {
+	fs       *faultStores
+	dir      string
+	args     []string
+	env      []string
+	modelSum string
+}
+
+func newOverlapSetup(t *testing.T, name string, empty bool) *overlapSetup {
+	t.Helper()
+	requirePython(t, false)
+	s := &overlapSetup{fs: newFaultStores(t, "s3", "overlap-"+name), dir: shortTemp(t)}
+	if !empty {
+		src := t.TempDir()
+		model := make([]byte, 1<<20)
+		for i := range model {
+			model[i] = byte(rand.IntN(256))
+		}
+		sum := sha256.Sum256(model)
+		s.modelSum = hex.EncodeToString(sum[:])
+		if err := os.WriteFile(filepath.Join(src, "model.bin"), model, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, "state.json"), []byte(`{"step": 40}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := &checkpoint.Committer{Store: s.fs.direct, RunID: "it"}
+		if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: src, ID: "c1", Step: 40, Metadata: json.RawMessage(`{"epoch":4}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := filepath.Join(s.dir, "overlap_trainer.py")
+	if err := os.WriteFile(script, []byte(overlapTrainer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.env = append(s.fs.env, "AWS_EC2_METADATA_DISABLED=true", "PYTHONPATH="+filepath.Join(repo, "python"))
+	s.args = append(agentArgs(s.dir, s.fs.uri), "--", python, script)
+	return s
+}
+
+// modelGets matches the GETs of the checkpoint's model.bin.
+func modelGets(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/model.bin")
+}
+
+// lineIndex is the index of the first output line matching re (-1: none).
+func (p *proc) lineIndex(re string) int {
+	rx := regexp.MustCompile(re)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, l := range p.lines {
+		if rx.MatchString(l) {
+			return i
+		}
+	}
+	return -1
+}
+
+// noPartialRestore fails if the restore area holds a partial directory.
+func noPartialRestore(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, "ckpt", "spotagent-it", "restore"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".partial-") {
+			t.Fatalf("a partial restore was left behind: %s", e.Name())
+		}
+	}
+}
+
+// TestRestoreOverlap_TrainerStartsFirst (issue 30 item 1 (a)): the restore
+// is slowed to 256 KiB/s (about 4 s for model.bin). The trainer starts at
+// once, connects while the restore runs (restore pending), blocks at
+// resume_step, and resumes at step 40 with model.bin byte for byte. With
+// the serial start the trainer connected only after "restored checkpoint".
+func TestRestoreOverlap_TrainerStartsFirst(t *testing.T) {
+	s := newOverlapSetup(t, "first", false)
+	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10, Match: modelGets})
+	p := start(t, s.env, s.args...)
+	if code := p.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	got := p.waitLine(`trainer: resumed at step (\d+) sha256 ([0-9a-f]+) metadata (.*)$`, time.Second)
+	if got[1] != "40" || got[2] != s.modelSum || got[3] != `{"epoch": 4}` {
+		t.Fatalf("resumed at step %s sha256 %s metadata %s, want 40 %s {\"epoch\": 4}", got[1], got[2], got[3], s.modelSum)
+	}
+	connected, restored := p.lineIndex(`trainer: connected pending=True`), p.lineIndex(`restored checkpoint`)
+	if connected < 0 || restored < 0 || connected > restored {
+		t.Fatalf("the trainer did not connect while the restore ran (connected at line %d, restored at line %d)", connected, restored)
+	}
+	if p.lineIndex(`trainer: fresh start`) >= 0 {
+		t.Fatal("the trainer started fresh")
+	}
+}
+
+// TestRestoreOverlap_FailsHalfWay (b): model.bin's download waits until
+// the trainer connected (restore pending), then is cut off after 64 KiB,
+// every time: the restore fails while the trainer waits at resume_step.
+// The trainer gets RestoreFailed (never a fresh start), the agent exits 1
+// and says why, and no partial restore is left.
+func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
+	s := newOverlapSetup(t, "fail", false)
+	gate := make(chan struct{})
+	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetResponse, After: 64 << 10, Match: func(r *http.Request) bool {
+		if !modelGets(r) {
+			return false
+		}
+		<-gate // the proxy's other requests wait too: the restore has no others
+		return true
+	}})
+	p := start(t, s.env, s.args...)
+	p.waitLine(`trainer: connected pending=True`, time.Minute)
+	close(gate)
+	if code := p.wait(2 * time.Minute); code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+	p.waitLine(`trainer: restore failed: restore: `, time.Second)
+	p.waitLine(`restore failed: the trainer is told and stopped`, time.Second)
+	p.waitLine(`spotagent run: restore: `, time.Second)
+	if p.lineIndex(`trainer: (fresh start|resumed)`) >= 0 {
+		t.Fatal("the trainer went on after the failed restore")
+	}
+	noPartialRestore(t, s.dir)
+}
+
+// TestRestoreOverlap_NoCheckpoint (c): an empty store is a definite fresh
+// start: resume_step answers None, the run ends 0.
+func TestRestoreOverlap_NoCheckpoint(t *testing.T) {
+	s := newOverlapSetup(t, "none", true)
+	p := start(t, s.env, s.args...)
+	if code := p.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	p.waitLine(`trainer: fresh start`, time.Second)
+	p.waitLine(`no committed checkpoint`, time.Second)
+}
+
+// TestRestoreOverlap_SigtermDuringRestore: SIGTERM while the restore (held
+// by a store that never answers the GET of model.bin) runs beside the
+// trainer: the restore is cancelled, the trainer stopped without resuming,
+// the agent exits 143 as for any start-up cancelled, nothing partial left.
+func TestRestoreOverlap_SigtermDuringRestore(t *testing.T) {
+	s := newOverlapSetup(t, "sigterm", false)
+	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: 10 * time.Minute, Match: modelGets})
+	p := start(t, s.env, s.args...)
+	pid := atoi(t, p.waitLine(`trainer: booted pid (\d+)`, time.Minute)[1])
+	p.waitLine(`trainer: connected pending=True`, time.Minute)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(30 * time.Second); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d after SIGTERM during the restore, want 143", code)
+	}
+	p.waitLine(`start-up cancelled by terminated`, time.Second)
+	if p.lineIndex(`trainer: (fresh start|resumed)`) >= 0 {
+		t.Fatal("the trainer went on although the restore was cancelled")
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the trainer (pid %d) is still there: %v", pid, err)
+	}
+	noPartialRestore(t, s.dir)
+}

@@ -1,0 +1,239 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// The overlapped restore (Config.OverlapRestore): the trainer starts at
+// once and the restore runs beside the loop, so that a new machine pays
+// max(restore, trainer boot) rather than their sum. What the trainer learns,
+// and when (docs/protocol.md, "Restore while the trainer starts"):
+//
+//   - a protocol 2 hello is welcomed at once with restore "pending"; the
+//     restore's end follows as restored {resume} (no resume: a definite
+//     fresh start) or restore_failed {error};
+//   - a protocol 1 hello (an older client) is held: its welcome, with the
+//     resume, is sent when the restore ends, as if the restore had run
+//     first; a failed restore answers it with a permanent error;
+//   - the environment says SPOTAGENT_RESUME=pending instead of
+//     SPOTAGENT_RESUME_DIR, and gives an older Python client's connect a
+//     long SPOTAGENT_WELCOME_TIMEOUT, so that it waits for its welcome.
+//
+// No checkpoint is asked for until the restore ended (trainers() is 0): a
+// trainer that has not resumed has nothing worth saving. A signal or a
+// termination notice meanwhile cancels the restore (its partial directory
+// goes), tells the trainers, and stops the trainer: nothing is saved, the
+// newest committed checkpoint stays what the next start resumes from. A
+// failed restore stops the trainer after KillAfter (it was told, and should
+// exit with the error itself) and the agent exits 1 with the error.
+
+const (
+	resumeEnv         = "SPOTAGENT_RESUME"
+	welcomeTimeoutEnv = "SPOTAGENT_WELCOME_TIMEOUT"
+	// heldWelcomeTimeout bounds an older client's wait for its welcome
+	// (seconds): the restore's own stall detection ends a stuck one first.
+	heldWelcomeTimeout = "86400"
+)
+
+// pendingRestore is the restore running beside the loop; the loop owns it.
+type pendingRestore struct {
+	cancel  context.CancelFunc
+	done    chan restoreResult
+	held    []protocol.Event          // protocol 1 hellos waiting for it
+	waiting map[uint64]*protocol.Conn // protocol 2 trainers told "pending"
+	why     string                    // cancelled: why (a signal, a notice, no trainer left)
+}
+
+type restoreResult struct {
+	f   *fetched
+	err error
+}
+
+// startAbort is why the start was given up while the restore ran.
+type startAbort struct {
+	sig    os.Signal // a signal: exit 128+N, as a cancelled start
+	notice bool      // a termination notice: exit 75, run me again
+	err    error     // the restore failed: exit 1 with it
+}
+
+// overlapRestore reports whether this agent restores while its trainer
+// starts. The signal fallback's trainer and zero-code mode's read the
+// environment and DIR, which cannot say "pending".
+func (a *Agent) overlapRestore() bool {
+	return a.cfg.OverlapRestore && a.cfg.Signal == 0 && a.cfg.Watch == nil
+}
+
+// startRestore runs the restore beside the loop; its end reaches the loop
+// through restoreDone.
+func (a *Agent) startRestore() {
+	ctx, cancel := context.WithCancel(a.life)
+	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
+	a.restoring = p
+	opts := a.restoreOptions()
+	a.log.Info("restoring while the trainer starts")
+	a.goBg(func() {
+		defer cancel()
+		f, err := a.fetchRestore(ctx, opts)
+		p.done <- restoreResult{f: f, err: err}
+	})
+}
+
+// restoreDone is the loop's source of the restore's end (nil: none running).
+func (a *Agent) restoreDone() <-chan restoreResult {
+	if a.restoring == nil {
+		return nil
+	}
+	return a.restoring.done
+}
+
+// onRestoreDone: the overlapped restore ended; the trainers learn how.
+func (a *Agent) onRestoreDone(res restoreResult) {
+	p := a.restoring
+	a.restoring = nil
+	switch {
+	case p.why != "":
+		if res.f != nil {
+			a.log.Info("restore finished after the start was given up: not used", zap.String("why", p.why))
+		}
+		a.restoreGone = "restore cancelled: " + p.why
+		a.tellRestoreFailed(p, a.restoreGone)
+		return
+	case res.err != nil:
+		err := res.err // "restore: ..." (fetchRestore)
+		a.log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
+		a.cfg.Metrics.Error("restore")
+		a.aborted = &startAbort{err: err}
+		a.restoreGone = err.Error()
+		a.tellRestoreFailed(p, err.Error())
+		if !a.restartAt.IsZero() { // it exited meanwhile: no restart
+			a.restartAt = time.Time{}
+			a.childGone = true
+		}
+		if a.childDone != nil {
+			// It was told: it should exit with the error itself.
+			a.abandonAt = time.Now().Add(a.cfg.KillAfter)
+		}
+		return
+	}
+	a.recordSession()
+	a.cfg.Metrics.Ready(true)
+	if res.f != nil {
+		a.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
+		now := time.Now()
+		a.lastBlock = now
+		a.lastCommit.trainedAt = now
+	}
+	for _, c := range p.waiting {
+		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.resume}); err != nil {
+			a.log.Warn("restored not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
+		}
+	}
+	for _, ev := range p.held {
+		a.onHello(ev.Conn, ev.Msg)
+	}
+}
+
+// tellRestoreFailed tells the trainers waiting for the restore that it
+// will not come: restore_failed, or to a held hello a permanent refusal.
+func (a *Agent) tellRestoreFailed(p *pendingRestore, why string) {
+	for _, c := range p.waiting {
+		c.Post(protocol.Message{Type: protocol.TypeRestoreFailed, Error: why})
+	}
+	for _, ev := range p.held {
+		ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + why}, true)
+	}
+}
+
+// helloDuringRestore answers a hello while the restore runs or after it
+// failed; false: the restore is over and ok, the hello is served as usual.
+func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
+	c, m := ev.Conn, ev.Msg
+	failed := a.restoreGone
+	if failed == "" && a.restoring == nil {
+		return false
+	}
+	if m.Version < 2 {
+		if failed != "" {
+			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + failed}, true)
+			return true
+		}
+		a.log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
+		a.restoring.held = append(a.restoring.held, ev)
+		return true
+	}
+	w := a.welcome(m)
+	if failed != "" {
+		w.Restore, w.Error = protocol.RestoreFailed, failed
+	} else {
+		w.Restore = protocol.RestorePending
+		a.restoring.waiting[c.ID()] = c
+	}
+	a.admit(c, m, w)
+	return true
+}
+
+// welcome is the answer to hello m, in the version both sides speak.
+func (a *Agent) welcome(m protocol.Message) protocol.Message {
+	v := min(max(m.Version, 1), protocol.ProtocolVersion)
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+}
+
+// forgetWaiting drops a connection that closed from the restore's waiters.
+func (a *Agent) forgetWaiting(id uint64) {
+	p := a.restoring
+	if p == nil {
+		return
+	}
+	delete(p.waiting, id)
+	for i, ev := range p.held {
+		if ev.Conn.ID() == id {
+			p.held = append(p.held[:i], p.held[i+1:]...)
+			break
+		}
+	}
+}
+
+// abortStart gives the start up while the restore runs (a signal or a
+// termination notice): the restore is cancelled, its partial directory
+// removed, and the trainer, which has not resumed and has nothing to save,
+// is stopped. True when there was a restore to abort.
+func (a *Agent) abortStart(why string, ab *startAbort) bool {
+	p := a.restoring
+	if p == nil {
+		return false
+	}
+	if a.aborted == nil {
+		a.aborted = ab
+	}
+	if !a.restartAt.IsZero() { // it exited meanwhile: no restart
+		a.restartAt = time.Time{}
+		a.childGone = true
+	}
+	p.why = why
+	p.cancel()
+	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
+	a.stopChild()
+	return true
+}
+
+// restoreExit is Run's answer after a start given up during the restore
+// (ok false: none was).
+func (a *Agent) restoreExit() (code int, err error, ok bool) {
+	ab := a.aborted
+	switch {
+	case ab == nil:
+		return 0, nil, false
+	case ab.sig != nil:
+		code, err = startCancelled(ab.sig)
+		return code, err, true
+	case ab.notice:
+		return ExitInterrupted, nil, true
+	}
+	return 1, ab.err, true
+}

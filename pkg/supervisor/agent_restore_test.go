@@ -1,0 +1,80 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// TestAgent_OverlapRestoreSignal: SIGTERM while the restore runs beside
+// the trainer's start (its files held by the store): the restore is
+// cancelled, the waiting trainer told restore_failed, the trainer process
+// stopped, and Run exits 143 as a cancelled start does. The env said
+// SPOTAGENT_RESUME=pending.
+func TestAgent_OverlapRestoreSignal(t *testing.T) {
+	gated := newGatedStore(t, false)
+	envOut := filepath.Join(shortDir(t), "env")
+	ar := startAgentErr(t, func(c *Config) {
+		c.Store, c.OverlapRestore = gated, true
+		c.Command = []string{"/bin/sh", "-c", `env > ` + envOut + `.tmp && mv ` + envOut + `.tmp ` + envOut + `; sleep 60`}
+	}, true)
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	if w := tr.expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending || w.Resume != nil || w.Version != 2 {
+		t.Fatalf("welcome %+v, want version 2, restore pending, no resume", w)
+	}
+	waitFor(t, "the trainer's environment", func() bool { _, err := os.Stat(envOut); return err == nil })
+	env, err := os.ReadFile(envOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(env), "SPOTAGENT_RESUME=pending\n") || strings.Contains(string(env), "SPOTAGENT_RESUME_DIR=") {
+		t.Fatalf("trainer environment does not say the restore is pending:\n%s", env)
+	}
+	ar.sigs <- syscall.SIGTERM
+	if f := tr.expect(protocol.TypeRestoreFailed); !strings.Contains(f.Error, "restore cancelled") {
+		t.Fatalf("restore_failed %q, want it to say the restore was cancelled", f.Error)
+	}
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit code %d, want 143", code)
+	}
+}
+
+// TestAgent_OverlapRestoreHeldWelcome: a protocol 1 trainer that connects
+// while the restore runs gets no welcome until the restore is in place,
+// and then the resume; a protocol 2 trainer gets restored, with the same
+// files in place.
+func TestAgent_OverlapRestoreHeldWelcome(t *testing.T) {
+	gated := newGatedStore(t, false)
+	ar := startAgent(t, func(c *Config) { c.Store, c.OverlapRestore = gated, true })
+	v2 := dialTrainer(t, ar.cfg.Server.Path)
+	v2.send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	v2.expect(protocol.TypeWelcome)
+	v1 := dialTrainer(t, ar.cfg.Server.Path)
+	v1.send(map[string]any{"type": "hello", "pid": os.Getpid()})
+	// The v1 hello is in the loop before the store is released: a status
+	// round trip on the same connection comes after it.
+	v1.send(map[string]any{"type": "status"})
+	if m := v1.expect(protocol.TypeStatus); m.Type != protocol.TypeStatus {
+		t.Fatalf("got %+v", m)
+	}
+	gated.release()
+	r := v2.expect(protocol.TypeRestored)
+	w := v1.expect(protocol.TypeWelcome)
+	for _, res := range []*protocol.Resume{r.Resume, w.Resume} {
+		if res == nil || res.Step != 7 || res.ID != "60d0000000a7" {
+			t.Fatalf("resume %+v, want step 7", res)
+		}
+		b, err := os.ReadFile(filepath.Join(res.Dir, "b.bin"))
+		if err != nil || string(b) != "second file" {
+			t.Fatalf("restored b.bin = %q %v", b, err)
+		}
+	}
+	if w.Version != 1 || w.Restore != "" {
+		t.Fatalf("welcome to protocol 1: %+v", w)
+	}
+}
