@@ -53,6 +53,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			a.byes++
 		}
 	case protocol.TypeDisconnected:
+		a.rankLeft(c) // agent_peers.go
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
@@ -95,6 +96,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 	a.log.Info("trainer connected", fields...)
 	a.checkHelloTopology(m) // agent_job.go
 	a.noteLocalWorld(m)
+	a.rankHello(m) // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		c.Post(s.stopMessage())
