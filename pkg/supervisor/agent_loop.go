@@ -281,6 +281,9 @@ func (a *Agent) startChild() error {
 		a.lastCommit.trainedAt = a.lastBlock
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
+	if p := os.Getenv(exitFileEnv); p != "" {
+		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
+	}
 	a.resetRanks()
 	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
 	if err != nil {
