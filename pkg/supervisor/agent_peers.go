@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -241,8 +242,15 @@ var errStopList = errors.New("found")
 
 // peerLossExit is the agent's code for a child that exited with code
 // (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
-// another node recorded a crash of its own (or the store cannot say).
+// another node recorded a crash of its own (or the store cannot say). After
+// a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
 func (a *Agent) peerLossExit(code int) int {
+	if a.ranks.verdict == verdictCrash && a.ranks.ended &&
+		(code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
+		// The agent's own SIGTERM ended the launcher (torchrun answers it
+		// with 1, or dies of it while it exits on its own): a crash is 1.
+		return 1
+	}
 	if !a.peerLost() || code == 0 {
 		return code
 	}
