@@ -245,11 +245,11 @@ var errStopList = errors.New("found")
 // another node recorded a crash of its own (or the store cannot say). After
 // a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
 func (a *Agent) peerLossExit(code int) int {
-	if a.ranks.verdict == verdictCrash && a.ranks.ended &&
-		(code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
+	if a.ranks.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
 		// The agent's own SIGTERM ended the launcher (torchrun answers it
-		// with 1, or dies of it while it exits on its own): a crash is 1.
-		return 1
+		// with 1, or dies of it while it exits on its own): its ranks
+		// failed, which torchrun reports as 1.
+		code = 1
 	}
 	if !a.peerLost() || code == 0 {
 		return code
