@@ -488,7 +488,9 @@ func (a *Agent) onChildExit() {
 // (a trainer that crashed on its own, or one stopped by a second signal)
 // passes through, as it does without a stop, except a launcher's 1 after
 // the stop's checkpoint committed and its ranks were told to stop
-// (torchrun turns its workers' 75 into 1).
+// (torchrun turns its workers' 75 into 1). Without a stop, ranks that
+// ended because a peer of the job is gone make it ExitInterrupted too
+// (agent_peers.go).
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stopping
 	if s == nil {
