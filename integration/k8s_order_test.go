@@ -6,17 +6,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
@@ -26,37 +22,6 @@ import (
 // 2-rank job, each under the real torchrun (python/examples/torchrun.py)
 // and the real agent binary, each resuming bit-identically where a
 // checkpoint is due.
-
-var (
-	refMu    sync.Mutex
-	refCache map[int]string
-)
-
-// ddpRef is ddpReference, computed once per package run.
-func ddpRef(t *testing.T) map[int]string {
-	t.Helper()
-	refMu.Lock()
-	defer refMu.Unlock()
-	if refCache == nil {
-		refCache = ddpReference(t)
-	}
-	return refCache
-}
-
-// s3Store starts an in-process S3 for the test and returns the agents'
-// environment and the store's URI under prefix.
-func s3Store(t *testing.T, prefix string) ([]string, string, cloud.Store) {
-	t.Helper()
-	srv, err := s3test.Start("spotagent-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	env := s3Env(srv)
-	setenvPairs(t, env)
-	uri := "s3://" + srv.Bucket + "/" + prefix
-	return env, uri, openTestStore(t, uri, all.Options{})
-}
 
 // waitFile waits until path exists (a sidecar's socket).
 func waitFile(t *testing.T, path string, timeout time.Duration) {
@@ -138,57 +103,6 @@ func finishedJob(t *testing.T, env []string, uri string, from int64) map[int]str
 		}
 	}
 	return finals(t, outs...)
-}
-
-// sameFinals compares a resumed job's final lines with the reference.
-func sameFinals(t *testing.T, ref, got map[int]string) {
-	t.Helper()
-	for r, want := range ref {
-		if got[r] != want {
-			t.Errorf("rank %d: resumed job ended with %q, uninterrupted with %q", r, got[r], want)
-		}
-	}
-}
-
-// manifests lists the committed checkpoints of the store.
-func manifests(t *testing.T, st cloud.Store) []*checkpoint.Manifest {
-	t.Helper()
-	es, err := checkpoint.ListManifests(t.Context(), st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms []*checkpoint.Manifest
-	for _, e := range es {
-		if e.Err != nil {
-			t.Fatalf("%s: %v", e.Key, e.Err)
-		}
-		ms = append(ms, e.Manifest)
-	}
-	return ms
-}
-
-// jobCheckpoint checks that m is one checkpoint of the whole job: a part
-// from every node, rank-R.pt of every rank in its node's part.
-func jobCheckpoint(t *testing.T, m *checkpoint.Manifest) {
-	t.Helper()
-	var nodes []string
-	for _, p := range m.Parts {
-		nodes = append(nodes, p.Node)
-	}
-	sort.Strings(nodes)
-	if strings.Join(nodes, ",") != "node-0,node-1" {
-		t.Fatalf("checkpoint %s (step %d) has parts %v, want node-0 and node-1", m.ID, m.Step, nodes)
-	}
-	in := map[string]string{}
-	for _, f := range m.Files {
-		in[f.Path] = f.Part
-	}
-	for r := 0; r < ddpNodes*ddpRanks; r++ {
-		name := fmt.Sprintf("rank-%d.pt", r)
-		if want := fmt.Sprintf("node-%d", r/ddpRanks); in[name] != want {
-			t.Errorf("%s in part %q, want %q (files: %v)", name, in[name], want, in)
-		}
-	}
 }
 
 // savedSteps is every "rank R checkpoint ID (REASON) at step S" line of
@@ -325,25 +239,6 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 	sameFinals(t, ref, finishedJob(t, env, uri, m.Step))
 }
 
-// runGroup starts `spotagent run` in a process group of its own (as a
-// shell job, `timeout` or an init system does).
-func runGroup(t *testing.T, env []string, args ...string) *proc {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	return startCmd(t, cmd)
-}
-
-// runNodeArgs is `spotagent run --node-rank k` of a job on uri.
-func runNodeArgs(uri, dir string, k int, extra ...string) []string {
-	args := []string{"run", "--store", uri, "--run-id", "it",
-		"--checkpoint-dir", filepath.Join(dir, fmt.Sprintf("n%d", k)), "--socket", filepath.Join(dir, fmt.Sprintf("n%d.sock", k)),
-		"--cloud", "none", "--log-format", "json", "--node-rank", strconv.Itoa(k)}
-	return append(args, extra...)
-}
-
 // (c) SIGTERM to node 1's agent's whole process group twice within a
 // second (GNU timeout, `kill 0`, some init systems): one signal, one
 // job-wide shutdown checkpoint, both agents exit 75, bit-identical resume.
@@ -351,13 +246,7 @@ func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-c")
-	dir := shortTemp(t)
-	port := freePort(t)
-	var agents []*proc
-	for k := 0; k < ddpNodes; k++ {
-		args := append(runNodeArgs(uri, dir, k, "--interval", "1h"), "--")
-		agents = append(agents, runGroup(t, append(append([]string{}, env...), ddpEnv(50)...), append(args, ddpLauncher(k, port)...)...))
-	}
+	agents := runJob(t, env, uri, shortTemp(t), freePort(t), []string{"--interval", "1h"}, ddpEnv(50))
 	agents[1].waitLine(`rank 2 step 30\b`, 3*time.Minute)
 	pg := agents[1].cmd.Process.Pid
 	syscall.Kill(-pg, syscall.SIGTERM)
@@ -391,13 +280,8 @@ func TestK8sOrder_DuplicateNode(t *testing.T) {
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-e")
 	dir := shortTemp(t)
-	port := freePort(t)
 	jobEnv := append(append([]string{}, env...), ddpEnv(50)...)
-	var agents []*proc
-	for k := 0; k < ddpNodes; k++ {
-		args := append(runNodeArgs(uri, dir, k, "--interval", "2s", "--fence-interval", "500ms"), "--")
-		agents = append(agents, runGroup(t, jobEnv, append(args, ddpLauncher(k, port)...)...))
-	}
+	agents := runJob(t, env, uri, dir, freePort(t), []string{"--interval", "2s", "--fence-interval", "500ms"}, ddpEnv(50))
 	agents[1].waitEntry("checkpoint committed", 3*time.Minute, nil)
 	before := readLatestPointer(t, st)
 	// The second copy of node 1: its own directory; its torchrun cannot

@@ -218,6 +218,21 @@ func groupHasLiveMember(pgid, except int) (live, ok bool) {
 	return false, true
 }
 
+// Alive reports whether process pid runs: it exists and, where /proc can
+// be read, is not a zombie (a launcher's worker that exited stays one until
+// the launcher reaps it: torchrun does at its next monitor tick, up to 5 s).
+func Alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return len(f) < 1 || f[0] != "Z"
+}
+
 // ExitCodeFromError maps an error from Start or exec to a shell-style
 // exit code: 0 for nil, the status (or 128+N for signal N) for an exit
 // error, 127 for a command not found, 126 for one not executable, else 1.

@@ -133,3 +133,35 @@ func TestGuard_RefusesWhereItWouldRecurse(t *testing.T) {
 		t.Fatalf("inside a guard: %v", err)
 	}
 }
+
+// Alive: a running process is, a zombie (exited, not reaped: a launcher's
+// worker until the launcher polls it) and a reaped one are not.
+func TestChild_Alive(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "read x")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	if !Alive(pid) {
+		t.Fatal("a running process is not Alive")
+	}
+	in.Close() // it exits; not reaped yet
+	deadline := time.Now().Add(10 * time.Second)
+	for Alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("an exited, unreaped process (a zombie) is still Alive after 10s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling /proc, bounded by the deadline
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("the zombie is gone already (%v): the test did not see one", err)
+	}
+	cmd.Wait()
+	if Alive(pid) || Alive(0) || Alive(-1) {
+		t.Fatal("a reaped process, or pid <= 0, is Alive")
+	}
+}

@@ -93,6 +93,8 @@ type Agent struct {
 	warnedTopology bool // agent_job.go
 	localWorld     int  // ranks on this node, as hellos said (part mode)
 
+	ranks rankWatch // the child's ranks, and a lost peer (agent_peers.go)
+
 	// saidBye: connections whose trainer said it finished; byes counts
 	// them; leftUnfinished: one left without bye since the last start.
 	saidBye        map[uint64]bool
@@ -313,6 +315,10 @@ func (a *Agent) startChild() error {
 		a.lastCommit.trainedAt = a.lastBlock
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
+	if p := os.Getenv(exitFileEnv); p != "" {
+		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
+	}
+	a.resetRanks()
 	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
@@ -400,6 +406,9 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	earlier(a.restartAt)
 	earlier(a.abandonAt)
 	earlier(a.src.wake())
+	if a.ranksPending() { // agent_peers.go
+		earlier(now.Add(rankPoll))
+	}
 	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
 	}
@@ -417,6 +426,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	a.tickStop(now)
+	a.tickRanks(now) // agent_peers.go
 	a.src.tick(now)
 	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 && a.restoring == nil {
 		a.restart()
@@ -507,7 +517,8 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stopping != nil || code == 0 || a.aborted != nil:
+	case a.stopping != nil || code == 0 || a.aborted != nil || a.peerLost():
+		// A lost peer: restarting this node alone cannot bring the job back.
 		a.childGone = true
 	case a.restarts < a.cfg.MaxRestarts:
 		a.restarts++
@@ -531,10 +542,15 @@ func (a *Agent) onChildExit() {
 // (a trainer that crashed on its own, or one stopped by a second signal)
 // passes through, as it does without a stop, except a launcher's 1 after
 // the stop's checkpoint committed and its ranks were told to stop
-// (torchrun turns its workers' 75 into 1).
+// (torchrun turns its workers' 75 into 1). Without a stop, ranks that
+// ended because a peer of the job is gone make it ExitInterrupted too
+// (agent_peers.go).
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stopping
-	if s == nil || (s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown) {
+	if s == nil {
+		return a.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
+	}
+	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
 	}
 	switch {

@@ -54,6 +54,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.forgetWaiting(c.ID()) // agent_restore.go
+		a.rankLeft(c) // agent_peers.go
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
@@ -103,6 +104,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.log.Info("trainer connected", fields...)
 	a.checkHelloTopology(m) // agent_job.go
 	a.noteLocalWorld(m)
+	a.rankHello(m) // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		c.Post(s.stopMessage())

@@ -14,7 +14,8 @@ Start the ranks yourself (or with torchrun, which sets the same variables):
 Environment: TOTAL_STEPS (default 200); STEP_SLEEP_MS (each rank sleeps a
 random 0..N ms per step, seeded by its rank: ranks at different speeds).
 SAVE_BYTES adds a random payload of that size per rank to each checkpoint
-(for benchmarks). Prints `rank <r> step <n>` after every step (flushed) and
+(for benchmarks). FAIL_RANK and FAIL_AT_STEP make that rank raise a
+ValueError at that step (a bug of its own, for tests: exit 1, not 75). Prints `rank <r> step <n>` after every step (flushed) and
 at the end `rank <r> final sha256=<hex> step=<n>`, the sha256 of the concatenated parameter bytes:
 an interrupted and resumed job ends with the same line as an uninterrupted one.
 Exits with agent.exit_code (75 after an interruption: run me again).
@@ -91,6 +92,8 @@ def main() -> int:
     sleep_ms = float(os.environ.get("STEP_SLEEP_MS") or 0)
     save_bytes = int(os.environ.get("SAVE_BYTES") or 0)
     payload = os.urandom(save_bytes) if save_bytes > 0 else None
+    fail_rank = int(os.environ.get("FAIL_RANK") or -1)
+    fail_at = int(os.environ.get("FAIL_AT_STEP") or -1)
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -151,6 +154,8 @@ def main() -> int:
             loss.backward()  # DDP's all-reduce of the gradients
             optimizer.step()
             step += 1
+            if rank == fail_rank and step == fail_at:
+                raise ValueError("train_ddp: FAIL_AT_STEP=%d on rank %d" % (step, rank))
             if sleep_ms > 0:
                 time.sleep(jitter.uniform(0, sleep_ms) / 1000.0)
             print("rank %d step %d" % (rank, step), flush=True)

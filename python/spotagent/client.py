@@ -19,6 +19,7 @@ stop) and the public API. Each concern beside it has its own module:
 import atexit
 import datetime
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -163,6 +164,9 @@ class Agent(object):
         self._should_stop = False
         self._stop_reason = None  # type: Optional[str]
         self._stop_deadline = None  # type: Optional[datetime.datetime]
+        # A collective failed because a peer of the job is gone (dist.py):
+        # the error, and exit_code is 75.
+        self._peer_loss = None  # type: Optional[str]
 
         if sync_every is None:
             sync_every = env_int("SPOTAGENT_SYNC_EVERY", env)
@@ -287,10 +291,23 @@ class Agent(object):
         once it was stopped for an interruption or a shutdown (``stop`` from
         the agent, or SIGTERM), so that the orchestrator runs it again and it
         resumes; 0 otherwise. End the training script with
-        ``sys.exit(agent.exit_code)``."""
+        ``sys.exit(agent.exit_code)``.
+
+        Also 75 once a collective of a distributed job failed because a
+        peer is gone (:attr:`peer_lost`): the job is to be restarted as a
+        whole from its last committed checkpoint."""
+        if self._peer_loss is not None:
+            return EXIT_INTERRUPTED
         if self.should_stop and self.stop_reason in ("interruption", "shutdown"):
             return EXIT_INTERRUPTED
         return 0
+
+    @property
+    def peer_lost(self) -> Optional[str]:
+        """The error of the collective that failed because a peer of the
+        job is gone (``spotagent.dist.is_peer_loss``), or None."""
+        with self._lock:
+            return self._peer_loss
 
     @property
     def stop_reason(self) -> Optional[str]:
@@ -424,7 +441,18 @@ class Agent(object):
         kubelet always stops it) then records no interruption."""
         if self._closed.is_set():
             return
-        if finished and self.path and not self._local_stop():
+        exc = sys.exc_info()[1]
+        if isinstance(exc, Exception) and self._job.sync.active:
+            # Called while an exception propagates (a `finally:`): this rank
+            # did not finish. A peer loss makes it exit 75; anything else is
+            # its own crash, which a local peer's 75 written later must not
+            # hide (the exit file's first answer stands).
+            finished = False
+            if _dist.is_peer_loss(exc):
+                self._peer_lost(exc)
+            else:
+                self._write_exit_file(1)
+        if finished and self.path and not self._local_stop() and self._peer_loss is None:
             bye = {"type": "bye"}  # type: Dict[str, Any]
             if self._last_step is not None:
                 bye["step"] = self._last_step
@@ -566,20 +594,48 @@ class Agent(object):
                 log.info("spotagent: checkpoint %s waits for checkpoint %s to finish writing", req.id or "(sigterm)", prev.id)
             prev._join_writes()
 
-    def _write_exit_file(self) -> None:
+    def _write_exit_file(self, code: Optional[int] = None) -> None:
         """Writes ``75`` to ``$SPOTAGENT_EXIT_FILE`` when stopped for an
-        interruption or shutdown: a launcher that hides its workers' exit
-        codes (torchrun exits 1 when a worker exits 75) can be wrapped by a
-        shell that exits 75 when the file says so
-        (deploy/kubernetes/multinode-job.yaml)."""
+        interruption or shutdown, or when a peer of the job is gone: a
+        launcher that hides its workers' exit codes (torchrun exits 1 when
+        a worker exits 75) can be wrapped by a shell that exits 75 when the
+        file says so (deploy/kubernetes/multinode-job.yaml), and
+        ``spotagent run`` reads it too. ``code`` 1: this rank crashed (an
+        exception of its own, in a distributed job).
+
+        The first rank of the node to write it decides (the file is created
+        exclusively): a rank that crashed writes 1 before its sockets close,
+        and the 75 of the local ranks that then lose it as a peer does not
+        replace it."""
         path = os.environ.get("SPOTAGENT_EXIT_FILE")
-        if not path or self.exit_code != EXIT_INTERRUPTED:
-            return
+        if code is None:
+            code = self.exit_code
+            if code != EXIT_INTERRUPTED:
+                return
         try:
-            with open(path, "w") as f:
-                f.write("%d\n" % EXIT_INTERRUPTED)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if path else -1
+        except FileExistsError:
+            return
         except OSError as e:
             stderr("spotagent: could not write %s: %s" % (path, e))
+            return
+        if fd < 0:
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write("%d\n" % code)
+
+    def _peer_lost(self, exc: BaseException) -> None:
+        """A collective failed because a peer of the job is gone: exit_code
+        becomes 75, and the exit file says so."""
+        with self._lock:
+            first = self._peer_loss is None
+            if first:
+                self._peer_loss = str(exc).strip() or type(exc).__name__
+                self._cond.notify_all()
+        if first:
+            log.warning("spotagent: a peer of this job is gone (%s): this rank exits %d", self._peer_loss,
+                        EXIT_INTERRUPTED)
+        self._write_exit_file(EXIT_INTERRUPTED)
 
     def _forget(self) -> None:
         """No longer closed at exit (closed, or refused)."""
@@ -656,7 +712,8 @@ def connect(
                   process_group=process_group, sync_every=sync_every, allow_unprotected=allow_unprotected)
     # A process group initialised already: switch the agreement on here,
     # where every rank comes by once (on NCCL this creates the gloo group).
-    agent._sync.detect()
+    if agent._sync.detect():
+        _dist.install_excepthook(agent)
     if handle_sigterm is None:
         handle_sigterm = os.environ.get("SPOTAGENT_HANDLE_SIGTERM", "") in ("1", "true", "yes")
     if handle_sigterm:

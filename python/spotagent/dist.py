@@ -14,6 +14,16 @@ every rank's ``should_stop`` turns true at that same call.
 then the agreed request handed out (or joined at this rank's agent, which
 answers ``join`` with its own directory for it), or the job's stop.
 
+A lost peer (#25): a collective that fails because another rank's process or
+machine is gone (``is_peer_loss``: gloo's "Connection reset/closed by peer",
+"Timed out waiting", NCCL's aborted communicator) ends this rank with
+:data:`EXIT_INTERRUPTED` (75) and 75 in ``$SPOTAGENT_EXIT_FILE``: the job is
+to be restarted as a whole from its last committed checkpoint, which is not
+a crash of its own. In the agreement this raises :class:`PeerLost`; in the
+user's own collective (DDP's all-reduce) the exception hook the client
+installs in a distributed job (``install_excepthook``) exits 75 for it. Any
+other exception stays a crash (exit 1, and 1 in the exit file).
+
 torch is imported only when it is already loaded (``sys.modules``) or when the
 caller hands over a process group: the client stays standard-library only.
 """
@@ -26,7 +36,7 @@ import time
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
-from ._common import DEFAULT_JOIN_TIMEOUT, env_float, format_time, log, stderr, trim, utcnow
+from ._common import DEFAULT_JOIN_TIMEOUT, EXIT_INTERRUPTED, env_float, format_time, log, stderr, trim, utcnow
 
 if TYPE_CHECKING:
     from .client import Agent
@@ -48,6 +58,45 @@ NO_DEADLINE = -(1 << 62)
 NOTHING = (0, NO_DEADLINE)
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+#: What gloo's transport says when a peer's connection ends or never
+#: answers: the peer's process died (its sockets closed: "closed"/"reset"),
+#: or its machine stopped answering ("Timed out waiting ...", after the
+#: process group's timeout). Only together with gloo's own location
+#: ("gloo/transport/" in the message): a user's RuntimeError about some
+#: other connection is no peer loss.
+_GLOO_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "Timed out waiting", "Read error", "Write error")
+#: What NCCL (torch's ProcessGroupNCCL) says when a peer is gone.
+_NCCL_PEER = ("NCCL communicator was aborted", "remote process exited or there was a network error",
+              "Watchdog caught collective operation timeout")
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """True when exc (or an exception it was raised from) is a collective's
+    failure because another rank of the job is gone: its process died or
+    its machine stopped answering (gloo's transport errors, NCCL's aborted
+    communicator). Such a rank exits 75 ("run the job again"), not 1."""
+    e = exc  # type: Optional[BaseException]
+    for _ in range(8):  # the chain of __cause__/__context__, bounded
+        if e is None:
+            return False
+        if isinstance(e, PeerLost):
+            return True
+        if isinstance(e, RuntimeError):  # torch 2's DistBackendError is one too
+            text = str(e)
+            if "gloo/transport/" in text and any(p in text for p in _GLOO_PEER):
+                return True
+            if any(p in text for p in _NCCL_PEER):
+                return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class PeerLost(RuntimeError):
+    """The agreement's collective failed because a peer of the job is gone
+    (see :func:`is_peer_loss`). Let it propagate: the rank then exits 75
+    and the job is restarted from its last committed checkpoint."""
 
 
 def parse_id(id: str) -> Optional[int]:
@@ -260,9 +309,17 @@ class Agreement(object):
                      self.sigterm_id, format_time(self.sigterm_deadline))
         a._start_background()
         a._report_progress(step)
+        install_excepthook(a)
         if not self.sync.due():
             return None
-        agreed = self.sync.agree(self.contribution(), a.resume_step, a.enabled)
+        try:
+            agreed = self.sync.agree(self.contribution(), a.resume_step, a.enabled)
+        except Exception as e:
+            if not is_peer_loss(e):
+                raise
+            a._peer_lost(e)
+            raise PeerLost("spotagent: a peer of this job is gone (%s): exit %d, the job restarts from its last "
+                           "committed checkpoint" % (str(e).strip(), EXIT_INTERRUPTED)) from e
         return self.agreed(agreed, step)
 
     def contribution(self) -> Tuple[int, int]:
@@ -411,3 +468,52 @@ class Agreement(object):
                     break
                 a._cond.wait(left)
         a._stop("shutdown")
+
+
+#: Agents of distributed jobs the exception hook speaks for.
+_hooked = []  # type: List[Agent]
+_prev_hook = None  # type: Any
+
+
+def install_excepthook(agent: "Agent") -> None:
+    """Once per process, in a distributed job with an agent: an uncaught
+    exception that is a peer loss (is_peer_loss: DDP's all-reduce failed
+    because another node vanished) ends the process with 75 after the
+    usual traceback, and writes 75 to $SPOTAGENT_EXIT_FILE; any other
+    uncaught exception writes 1 there (a crash of this rank, which a local
+    peer's later 75 must not hide) and exits 1 as Python does.
+    SPOTAGENT_PEER_LOSS_EXIT=0 leaves sys.excepthook alone."""
+    global _prev_hook
+    if not agent.enabled or agent in _hooked:
+        return
+    if os.environ.get("SPOTAGENT_PEER_LOSS_EXIT", "1").strip().lower() in ("0", "false", "no"):
+        return
+    _hooked.append(agent)
+    if _prev_hook is None:
+        _prev_hook = sys.excepthook
+        sys.excepthook = _excepthook
+
+
+def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+    prev = _prev_hook if _prev_hook is not None else sys.__excepthook__
+    prev(tp, value, tb)
+    if value is None or not _hooked or isinstance(value, KeyboardInterrupt):
+        return
+    if not is_peer_loss(value):
+        for a in _hooked:
+            a._write_exit_file(1)
+        return
+    for a in _hooked:
+        a._peer_lost(value)
+        a.close(timeout=1.0, finished=False)  # writes 75 to the exit file
+        a._write_exit_file(EXIT_INTERRUPTED)
+    stderr("spotagent: a peer of this job is gone: exiting %d (the job restarts from its last committed checkpoint)"
+           % EXIT_INTERRUPTED)
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    # The interpreter would exit 1 after this hook; os._exit skips the
+    # atexit handlers left (the agents are closed already).
+    os._exit(EXIT_INTERRUPTED)

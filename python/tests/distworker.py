@@ -12,6 +12,13 @@ process group has a short timeout). Knobs (env):
   DW_SIGTERM_AT     send SIGTERM to itself after poll at that step
   DW_AFTER          steps to run on after the first request (default 2)
   DW_MAX_SECONDS    give up (default 20)
+  DW_PG_TIMEOUT     the process group's timeout, seconds (default 20)
+  DW_VANISH_AT      N:where: at step N this rank vanishes. where: "poll"
+                    (before poll: the others fail in the agreement),
+                    "collective" (after it: in the all_reduce standing for
+                    DDP's); how: DW_VANISH (kill: SIGKILL; stop: SIGSTOP,
+                    a partitioned machine; raise: a bug of its own,
+                    ValueError)
 """
 
 import datetime
@@ -31,7 +38,19 @@ import spotagent  # noqa: E402
 
 
 def init() -> None:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    timeout = float(os.environ.get("DW_PG_TIMEOUT") or 20)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+
+
+def vanish(step: int, where: str) -> None:
+    at, _, w = (os.environ.get("DW_VANISH_AT") or "").partition(":")
+    if not at or int(at) != step or w != where:
+        return
+    how = os.environ.get("DW_VANISH") or "kill"
+    print("vanishing (%s) at step %d" % (how, step), flush=True)
+    if how == "raise":
+        raise ValueError("a bug of this rank's own at step %d" % step)
+    os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
 def main() -> int:
@@ -57,7 +76,9 @@ def main() -> int:
                 ok = agent._cond.wait_for(
                     lambda: bool(agent._requests) if wait == "request" else agent._should_stop, 10)
             out["waited"] = ok
+        vanish(step, "poll")
         req = agent.poll(step)
+        vanish(step, "collective")
         if req is not None:
             events.append({"step": step, "call": agent._sync.calls, "id": req.id, "reason": req.reason,
                            "deadline": req.deadline.isoformat() if req.deadline else None, "dir": req.dir})

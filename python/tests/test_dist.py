@@ -152,9 +152,46 @@ class FakeSync(object):
         self.calls += 1
         return (self.calls - 1) % self.every == 0
 
+    fail = None  # an exception the collective raises
+
     def agree(self, mine, resumed=None, agent=True):
         self.sent.append(mine)
+        if self.fail is not None:
+            raise self.fail
         return (max(mine[0], self.other[0]), max(mine[1], self.other[1]))
+
+
+GLOO_RESET = ("[./gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:17794: Connection reset by peer")
+GLOO_CLOSED = "[./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:4000"
+GLOO_TIMEOUT = "[./gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation to complete"
+
+
+class TestPeerLoss(unittest.TestCase):
+    """Which errors are a lost peer (exit 75), and which a crash (exit 1).
+    The gloo messages are torch 1.13's, as a rank saw them when its peer
+    was SIGKILLed (reset, closed) or SIGSTOPped (timed out)."""
+
+    def test_gloo_and_nccl_peer_errors(self):
+        for text in (GLOO_RESET, GLOO_CLOSED, GLOO_TIMEOUT,
+                     "NCCL communicator was aborted on rank 3.",
+                     "NCCL error: remote process exited or there was a network error"):
+            self.assertTrue(sdist.is_peer_loss(RuntimeError(text)), text)
+
+    def test_other_errors_are_not(self):
+        for e in (ValueError("Connection reset by peer"), RuntimeError("Connection reset by peer"),
+                  RuntimeError("CUDA out of memory"), KeyError("x"), OSError(104, "Connection reset by peer"),
+                  RuntimeError("[./gloo/transport/tcp/device.cc:83] ai_family mismatch")):
+            self.assertFalse(sdist.is_peer_loss(e), repr(e))
+
+    def test_chained(self):
+        try:
+            try:
+                raise RuntimeError(GLOO_CLOSED)
+            except RuntimeError as e:
+                raise KeyError("wrapped") from e
+        except KeyError as e:
+            self.assertTrue(sdist.is_peer_loss(e))
+        self.assertTrue(sdist.is_peer_loss(sdist.PeerLost("x")))
 
 
 class TestHello(Base):
@@ -364,6 +401,115 @@ def free_port():
     return port
 
 
+class TestPeerLossClient(Base):
+    """What the client does with a lost peer, and with a crash of its own."""
+
+    def setUp(self):
+        Base.setUp(self)
+        self.exit_file = os.path.join(self.tmp, "exit")
+        os.environ["SPOTAGENT_EXIT_FILE"] = self.exit_file
+        os.environ["SPOTAGENT_PEER_LOSS_EXIT"] = "0"  # not this test process's sys.excepthook
+
+    def exit_file_says(self):
+        with open(self.exit_file) as f:
+            return f.read().strip()
+
+    def job_agent(self):
+        a = self.connect(rank=0, world_size=2)
+        a._sync = FakeSync()
+        return a
+
+    def test_agreement_on_a_lost_peer_raises_peer_lost_and_exits_75(self):
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        self.assertIsNone(a.poll(1))
+        a._sync.fail = RuntimeError(GLOO_RESET)
+        with self.assertRaises(sdist.PeerLost) as cm:
+            a.poll(2)
+        self.assertIsInstance(cm.exception.__cause__, RuntimeError)
+        self.assertEqual(a.exit_code, 75)
+        self.assertIn("Connection reset by peer", a.peer_lost)
+        self.assertEqual(self.exit_file_says(), "75")
+        a.close()
+        self.assertEqual(srv.of_type("bye"), [])  # not finished: no bye
+
+    def test_agreement_on_another_error_is_a_crash(self):
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        a._sync.fail = RuntimeError("something else")
+        with self.assertRaises(RuntimeError) as cm:
+            a.poll(1)
+        self.assertNotIsInstance(cm.exception, sdist.PeerLost)
+        self.assertEqual(a.exit_code, 0)
+        self.assertIsNone(a.peer_lost)
+        self.assertFalse(os.path.exists(self.exit_file))
+
+    def test_close_while_a_peer_loss_propagates(self):
+        # DDP's own all-reduce failed; the training loop's `finally:` closes.
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        a.poll(1)
+        with self.assertRaises(RuntimeError):
+            try:
+                raise RuntimeError(GLOO_CLOSED)
+            finally:
+                a.close()
+        self.assertEqual(a.exit_code, 75)
+        self.assertEqual(self.exit_file_says(), "75")
+        self.assertEqual(srv.of_type("bye"), [])
+
+    def test_a_crash_writes_1_first_and_a_later_75_does_not_replace_it(self):
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        a.poll(1)
+        with self.assertRaises(ValueError):
+            try:
+                raise ValueError("a bug")
+            finally:
+                a.close()
+        self.assertEqual(a.exit_code, 0)
+        self.assertEqual(self.exit_file_says(), "1")
+        self.assertEqual(srv.of_type("bye"), [])
+        # Another rank of this node loses this one as a peer afterwards.
+        b = self.job_agent()
+        b._peer_lost(RuntimeError(GLOO_CLOSED))
+        self.assertEqual(b.exit_code, 75)
+        self.assertEqual(self.exit_file_says(), "1")
+
+    def test_a_single_trainer_is_unchanged(self):
+        srv = self.server()
+        a = self.connect()
+        srv.wait_message("hello")
+        with self.assertRaises(RuntimeError):
+            try:
+                raise RuntimeError(GLOO_CLOSED)  # not a distributed job: no peers
+            finally:
+                a.close()
+        self.assertEqual(a.exit_code, 0)
+        self.assertFalse(os.path.exists(self.exit_file))
+
+    def test_excepthook(self):
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        exits = []
+        with mock.patch.object(sdist, "_hooked", [a]), mock.patch.object(sdist, "_prev_hook", lambda *x: None), \
+                mock.patch.object(sdist.os, "_exit", exits.append):
+            sdist._excepthook(ValueError, ValueError("a bug"), None)
+            self.assertEqual(exits, [])  # a crash: Python's own exit 1
+            self.assertEqual(self.exit_file_says(), "1")
+            os.remove(self.exit_file)
+            e = RuntimeError(GLOO_TIMEOUT)
+            sdist._excepthook(RuntimeError, e, None)
+            self.assertEqual(exits, [75])
+            self.assertEqual(self.exit_file_says(), "75")
+            self.assertTrue(a._closed.is_set())
+
+
 class GlooBase(Base):
     """Real gloo jobs: ranks are processes of TORCH_PYTHON."""
 
@@ -434,6 +580,13 @@ class GlooBase(Base):
         with self.cond:
             ok = self.cond.wait_for(lambda: line in p.lines or p.poll() is not None, DEADLINE * 3)
         self.assertTrue(ok and line in p.lines, "rank %d never printed %r" % (rank, line))
+
+    def exited(self, rank, timeout=60):
+        """rank's exit code and stderr (it must exit within timeout)."""
+        p = self.procs[rank]
+        err = p.stderr.read()
+        p.wait(timeout)
+        return p.returncode, err.decode()
 
     def finish(self):
         outs = []
@@ -590,6 +743,65 @@ class TestGloo(GlooBase):
         outs = self.finish()
         self.assertFalse(outs[0]["active"])
         self.assertEqual([(e["id"], e["step"]) for e in outs[0]["events"]], [("not-hex-id", 1)])
+
+
+class TestGlooPeerLoss(GlooBase):
+    """Real 2-rank gloo jobs whose rank 1 vanishes: rank 0 exits 75 at
+    once (its sockets reset) or after the process group's timeout (a
+    partitioned peer: nothing resets), with 75 in its exit file; a rank
+    that crashes on a bug of its own exits 1, with 1 in its exit file."""
+
+    def run(self, result=None):
+        # SPOTAGENT_PEER_LOSS_EXIT from an outer environment must not turn
+        # the hook off in the ranks.
+        os.environ.pop("SPOTAGENT_PEER_LOSS_EXIT", None)
+        return GlooBase.run(self, result)
+
+    def job(self, vanish, how="kill", pg_timeout=20):
+        a0, a1 = self.agent(0), self.agent(1)
+        files = [os.path.join(self.tmp, "exit%d" % r) for r in (0, 1)]
+        self.start([{"SOCKET": a0, "SPOTAGENT_EXIT_FILE": files[0], "DW_PG_TIMEOUT": pg_timeout},
+                    {"SOCKET": a1, "SPOTAGENT_EXIT_FILE": files[1], "DW_VANISH_AT": vanish, "DW_VANISH": how,
+                     "DW_PG_TIMEOUT": pg_timeout}])
+        self.wait_line(1, "vanishing (%s) at step %s" % (how, vanish.split(":")[0]))
+        t0 = time.monotonic()
+        code, err = self.exited(0)
+        return code, err, time.monotonic() - t0, files
+
+    def said(self, path):
+        with open(path) as f:
+            return f.read().strip()
+
+    def test_peer_killed_in_the_agreement(self):
+        code, err, took, files = self.job("5:poll")
+        self.assertEqual(code, 75, err[-3000:])
+        self.assertIn("PeerLost", err)
+        self.assertEqual(self.said(files[0]), "75")
+        self.assertLess(took, 15)
+
+    def test_peer_killed_in_the_training_collective(self):
+        code, err, took, files = self.job("5:collective")
+        self.assertEqual(code, 75, err[-3000:])
+        self.assertIn("a peer of this job is gone", err)
+        self.assertEqual(self.said(files[0]), "75")
+        self.assertLess(took, 15)
+
+    def test_partitioned_peer_after_the_group_timeout(self):
+        code, err, took, files = self.job("5:collective", how="stop", pg_timeout=3)
+        self.procs[1].kill()
+        self.assertEqual(code, 75, err[-3000:])
+        self.assertIn("Timed out waiting", err)
+        self.assertEqual(self.said(files[0]), "75")
+        self.assertGreaterEqual(took, 2.0)  # the group's timeout (3 s from the last collective's start)
+        self.assertLess(took, 20)
+
+    def test_a_crash_of_its_own_exits_1(self):
+        code, err, _, files = self.job("5:collective", how="raise")
+        self.assertEqual(code, 75, err[-3000:])  # rank 0 lost rank 1 as a peer
+        code1, err1 = self.exited(1)
+        self.assertEqual(code1, 1, err1[-3000:])
+        self.assertIn("ValueError: a bug of this rank's own", err1)
+        self.assertEqual(self.said(files[1]), "1")
 
 
 class TestTrainDDP(GlooBase):

@@ -1,0 +1,272 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// A lost peer (#25): a node of a multi-node job vanishes without a notice
+// (its machine, agent and ranks gone at once). The other nodes' ranks fail
+// in their next collective; the Python client makes a rank whose
+// collective failed because a peer is gone exit 75 and write 75 to the
+// exit file, and a rank that crashed on its own write 1 there first (the
+// file's first answer stands: the crashed rank writes before its sockets
+// close, so before its local peers see it gone). torchrun then waits in its
+// exit barrier for the vanished node (300 s in torch 1.13) and exits 1.
+//
+// The agent watches its ranks (the processes that said hello as ranks of
+// a multi-rank job): when the first of them leaves without bye and no stop
+// sequence runs, the exit file as it was then is this node's verdict: 75,
+// a lost peer; anything else (1, nothing: a rank killed by the OOM killer),
+// a crash. Once every rank's process is gone it ends the launcher (SIGTERM
+// to its group, SIGKILL after KillAfter), since nothing is left for it to
+// do but wait for the vanished node, and exits 75 for a lost peer: the job
+// restarts as a whole from its last committed checkpoint, not counted as a
+// failure. A crash keeps the launcher's code.
+//
+// Across nodes: a crash on one node is a lost peer to the others. A node
+// whose verdict is a crash writes crashes/<node>-<session>.json to the
+// store at once; a node whose verdict is a lost peer looks for such a
+// record of this incarnation of the job (written since this session
+// started) peerCrashSettle after its own verdict, and finding one exits
+// with the launcher's code instead of 75: a bug stays a counted failure
+// on every node.
+
+// peerCrashSettle is how long after its lost-peer verdict an agent waits
+// before it looks for another node's crash record: that node's agent
+// writes it as soon as its own first rank left, within milliseconds of
+// the ranks here failing; the store write gets this long.
+const peerCrashSettle = 3 * time.Second
+
+// peerReconnectGrace: a rank whose connection ended without bye but whose
+// process still runs this long after is reconnecting, not gone.
+const peerReconnectGrace = 3 * time.Second
+
+// crashDir holds the crash records of a job's nodes.
+const crashDir = "crashes/"
+
+const (
+	verdictPeerLost = "peer_lost"
+	verdictCrash    = "crash"
+)
+
+// rankWatch follows the ranks of the running child.
+type rankWatch struct {
+	pids      map[int]bool   // ranks (pids) that said hello since the child started
+	left      map[int]string // pid → the exit file when its connection ended without bye
+	leftAt    map[int]time.Time
+	order     []int  // pids in the order they left
+	verdict   string // "", verdictPeerLost, verdictCrash
+	verdictAt time.Time
+	ended     bool // the launcher's group was sent SIGTERM
+}
+
+// resetRanks forgets the ranks of an earlier start of the child.
+func (a *Agent) resetRanks() { a.ranks = rankWatch{} }
+
+// rankHello notes a rank of a multi-rank job that said hello.
+func (a *Agent) rankHello(m protocol.Message) {
+	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || a.childDone == nil {
+		return
+	}
+	if a.ranks.pids == nil {
+		a.ranks.pids = map[int]bool{}
+	}
+	a.ranks.pids[m.PID] = true
+	delete(a.ranks.left, m.PID) // it reconnected
+}
+
+// rankLeft: a connection ended. A rank that leaves without bye while no
+// stop sequence runs ended on an error: note what the exit file said then.
+func (a *Agent) rankLeft(c *protocol.Conn) {
+	h, ok := c.Hello()
+	w := &a.ranks
+	if !ok || !w.pids[h.PID] || a.saidBye[c.ID()] || a.stopping != nil || a.childDone == nil || w.verdict != "" {
+		return
+	}
+	if w.left == nil {
+		w.left, w.leftAt = map[int]string{}, map[int]time.Time{}
+	}
+	if _, seen := w.left[h.PID]; seen {
+		return
+	}
+	w.left[h.PID] = a.exitFileSays()
+	w.leftAt[h.PID] = time.Now()
+	w.order = append(w.order, h.PID)
+}
+
+// rankPoll is how often the loop looks at the processes of ranks that left.
+const rankPoll = 100 * time.Millisecond
+
+// ranksPending reports whether tickRanks waits for ranks' processes to end.
+func (a *Agent) ranksPending() bool {
+	w := &a.ranks
+	return a.childDone != nil && a.stopping == nil && !w.ended && len(w.order) > 0
+}
+
+// tickRanks decides the verdict once the first rank that left is gone,
+// and ends the launcher once every rank is.
+func (a *Agent) tickRanks(now time.Time) {
+	w := &a.ranks
+	if !a.ranksPending() {
+		return
+	}
+	for w.verdict == "" && len(w.order) > 0 {
+		pid := w.order[0]
+		if child.Alive(pid) {
+			if now.Sub(w.leftAt[pid]) < peerReconnectGrace {
+				return
+			}
+			w.order = w.order[1:] // still running: it reconnects
+			delete(w.left, pid)
+			continue
+		}
+		w.verdict, w.verdictAt = verdictCrash, now
+		if strings.TrimSpace(w.left[pid]) == strconv.Itoa(ExitInterrupted) {
+			w.verdict = verdictPeerLost
+		}
+		a.log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
+			zap.String("exit_file", strings.TrimSpace(w.left[pid])))
+		if w.verdict == verdictCrash {
+			a.recordCrash(pid)
+		}
+	}
+	if w.verdict == "" {
+		return
+	}
+	for pid := range w.pids {
+		if child.Alive(pid) {
+			return
+		}
+	}
+	w.ended = true
+	a.log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
+		zap.String("verdict", w.verdict), zap.Duration("kill_after", a.cfg.KillAfter))
+	a.stopChild()
+}
+
+// peerLost reports whether the child's ranks ended because a peer of the
+// job is gone (and no other node reported a crash of its own).
+func (a *Agent) peerLost() bool { return a.ranks.verdict == verdictPeerLost }
+
+// exitFileSays is the exit file's content ("" when there is none).
+func (a *Agent) exitFileSays() string {
+	var b []byte
+	if p := os.Getenv(exitFileEnv); p != "" {
+		b, _ = os.ReadFile(p)
+	} else {
+		b, _ = a.dirs.area.ReadFile(exitFileName)
+	}
+	return string(b)
+}
+
+// crashRecord is crashes/<node>-<session>.json.
+type crashRecord struct {
+	Node    string    `json:"node"`
+	Session string    `json:"session"`
+	PID     int       `json:"pid"`
+	At      time.Time `json:"at"`
+}
+
+// recordCrash tells the job's other nodes that a rank here crashed on its
+// own (they see it as a lost peer).
+func (a *Agent) recordCrash(pid int) {
+	if !a.partMode() {
+		return
+	}
+	rec := crashRecord{Node: a.cfg.Node, Session: a.session, PID: pid, At: time.Now().UTC()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return
+	}
+	key := crashDir + a.cfg.Node + "-" + a.session + ".json"
+	st := a.cfg.Store
+	ctx := context.WithoutCancel(a.life) // lands even when the agent ends meanwhile
+	a.goBg(func() {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
+			a.log.Warn("could not record the crash for the job's other nodes", zap.String("key", key), zap.Error(err))
+			return
+		}
+		a.log.Info("crash recorded for the job's other nodes", zap.String("key", key))
+	})
+}
+
+// peerCrashed reports whether another node of the job recorded a crash of
+// its own since this session started (a crash there is a lost peer here).
+// It first waits until peerCrashSettle has passed since the verdict.
+func (a *Agent) peerCrashed() (string, error) {
+	if !a.partMode() {
+		return "", nil
+	}
+	if d := time.Until(a.ranks.verdictAt.Add(peerCrashSettle)); d > 0 {
+		time.Sleep(d) // the loop has nothing left to do: its child has exited
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
+	defer cancel()
+	since := a.started.Add(-2 * time.Second) // clocks of store and machine differ a little
+	var found string
+	err := a.cfg.Store.List(ctx, crashDir, func(o cloud.ObjectInfo) error {
+		name := strings.TrimPrefix(o.Key, crashDir)
+		if strings.HasPrefix(name, a.cfg.Node+"-") || o.Modified.Before(since) {
+			return nil
+		}
+		found = o.Key
+		return errStopList
+	})
+	if errors.Is(err, errStopList) {
+		err = nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("list %s: %w", crashDir, err)
+	}
+	return found, nil
+}
+
+var errStopList = errors.New("found")
+
+// peerLossExit is the agent's code for a child that exited with code
+// (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
+// another node recorded a crash of its own (or the store cannot say). After
+// a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
+func (a *Agent) peerLossExit(code int) int {
+	if a.ranks.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
+		// The agent's own SIGTERM ended the launcher (torchrun answers it
+		// with 1, or dies of it while it exits on its own): its ranks
+		// failed, which torchrun reports as 1.
+		code = 1
+	}
+	if !a.peerLost() || code == 0 {
+		return code
+	}
+	key, err := a.peerCrashed()
+	switch {
+	case err != nil:
+		a.log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
+			zap.Int("code", code), zap.Error(err))
+		return code
+	case key != "":
+		a.log.Warn("ranks lost a peer, which crashed on its own (its node recorded it): exiting with the launcher's code",
+			zap.Int("code", code), zap.String("record", key))
+		return code
+	}
+	a.cfg.Metrics.Error("peer_lost")
+	a.log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
+		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(a.ranks.verdictAt).Round(time.Millisecond)))
+	return ExitInterrupted
+}
