@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -228,15 +227,16 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", f.rel, err)
 			}
-			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, SHA256: sum}
+			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, CRC32C: sum}
 			return nil
 		})
 	}
 	return g.Wait()
 }
 
-// uploadFile streams one file to the store, hashing it on the way: the file
-// is read once. A file that changes size while it is read is an error.
+// uploadFile streams one file to the store, taking its CRC32C on the way:
+// the file is read once. A file that changes size while it is read is an
+// error.
 func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f localFile, p *progress) (string, error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
@@ -245,7 +245,7 @@ func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f
 		return "", err
 	}
 	defer fh.Close()
-	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p}
+	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: newCRC32C(), p: p}
 	if err := c.Store.Put(ctx, key, cr, f.size, cloud.PutOptions{}); err != nil {
 		return "", err
 	}

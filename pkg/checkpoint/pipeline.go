@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -162,7 +161,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		return
 	}
 	opened := time.Now()
-	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p.p}
+	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: newCRC32C(), p: p.p}
 	if err := p.c.Store.Put(p.ctx, f.key, cr, f.size, cloud.PutOptions{}); err != nil {
 		f.err = err
 		return
@@ -269,7 +268,7 @@ func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File
 			p.log.Warn("file changed after it was reported saved: uploading it again", zap.String("path", f.rel), zap.String("why", why))
 			continue
 		}
-		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, SHA256: f.sum}
+		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum}
 	}
 	return ok, p.first, nil
 }
@@ -292,7 +291,7 @@ func (p *Pipeline) stale(f *pipedFile, lf localFile) string {
 		return err.Error()
 	}
 	defer fh.Close()
-	h := sha256.New()
+	h := newCRC32C()
 	if _, err := io.Copy(h, fh); err != nil {
 		return err.Error()
 	}
