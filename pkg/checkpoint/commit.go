@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +39,8 @@ type Committer struct {
 	// data (checkpoints/<dir>/<node>/<session>/...): two live copies of
 	// one node never write, or delete, each other's objects.
 	Session string
+
+	pace earlyPace // early uploads or not (pace.go)
 }
 
 // Request names one checkpoint directory to commit.
@@ -167,6 +168,9 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
+	if req.Pipeline != nil {
+		req.Pipeline.score(m.Bytes(), uploaded)
+	}
 	key := ManifestKey(req.Step, req.ID)
 	if req.Part != nil {
 		// The part's data is durable. Waiting for the other nodes frees
@@ -245,14 +249,15 @@ func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f
 		return "", err
 	}
 	defer fh.Close()
-	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: newCRC32C(), p: p}
-	if err := c.Store.Put(ctx, key, cr, f.size, cloud.PutOptions{}); err != nil {
+	ur := newUploadReader(fh, f.size, p)
+	if err := c.Store.Put(ctx, key, ur, f.size, cloud.PutOptions{}); err != nil {
 		return "", err
 	}
-	if cr.n != f.size {
-		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", cr.n, f.size)
+	n, sum := ur.result()
+	if n != f.size {
+		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.size)
 	}
-	return hex.EncodeToString(cr.h.Sum(nil)), nil
+	return sum, nil
 }
 
 // marshalManifest encodes m and checks that it decodes to the same paths

@@ -36,6 +36,11 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 	if err != nil {
 		return err
 	}
+	if src, ok := r.(cloud.FileSource); ok && size >= 0 {
+		if _, fsize := src.SourceFile(); fsize == size {
+			return s.putFile(ctx, k, src, opts)
+		}
+	}
 	part := s.partSize(size)
 	first := part
 	if size >= 0 && size <= part {
@@ -120,9 +125,15 @@ func atEOF(r io.Reader) (bool, error) {
 }
 
 func (s *Store) putObject(ctx context.Context, k *string, data []byte, crc uint32, opts cloud.PutOptions) error {
+	return s.putObjectFrom(ctx, k, bytes.NewReader(data), int64(len(data)), crc, opts)
+}
+
+// putObjectFrom sends body (n bytes, CRC32C crc) in one PutObject; the SDK
+// rewinds body by Seek for a retry.
+func (s *Store) putObjectFrom(ctx context.Context, k *string, body io.ReadSeeker, n int64, crc uint32, opts cloud.PutOptions) error {
 	in := &s3.PutObjectInput{
-		Bucket: &s.bucket, Key: k, Body: bytes.NewReader(data),
-		ContentLength:     aws.Int64(int64(len(data))),
+		Bucket: &s.bucket, Key: k, Body: body,
+		ContentLength:     aws.Int64(n),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
@@ -230,9 +241,15 @@ func (u *upload) send(ctx context.Context, buf []byte, crc uint32, r io.Reader, 
 }
 
 func (u *upload) part(ctx context.Context, num int32, data []byte, crc uint32) error {
+	return u.partFrom(ctx, num, bytes.NewReader(data), int64(len(data)), crc)
+}
+
+// partFrom uploads part num from body (n bytes, CRC32C crc); the SDK
+// rewinds body by Seek for a retry.
+func (u *upload) partFrom(ctx context.Context, num int32, body io.ReadSeeker, n int64, crc uint32) error {
 	out, err := u.s.client.UploadPart(ctx, &s3.UploadPartInput{
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id, PartNumber: aws.Int32(num),
-		Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
+		Body: body, ContentLength: aws.Int64(n),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	})
 	if err != nil {
