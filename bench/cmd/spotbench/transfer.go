@@ -271,7 +271,7 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					case tool == "spotagent":
 						args := []string{"restore", "--store", saURI, "--dest", restoreDir}
 						d, rss, cpu, err = run(env, io.Discard, c.bin, args...)
-						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + sha256 verify (also gs://)")
+						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + CRC32C verify (also gs://)")
 					case tool == "aws cli":
 						d, rss, cpu, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.url,
 							strings.TrimSuffix(saURI, "/")+"/checkpoints/", restoreDir)
@@ -320,8 +320,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "Loopback, %d repetitions per cell after one unrecorded warm-up round, tools alternating (the order rotates every repetition). MB/s = 10⁶ bytes/s of checkpoint data over the wall time of the whole command (process start included: that is what a user waits for). Medians, with min–max. Source files are in the page cache. S3: MinIO (single drive, data on tmpfs). The 1 GiB upload also runs against a second MinIO started with `--no-compat`, which skips the MD5 it otherwise takes of every byte for the ETag (half of its CPU in these uploads; neither client asks for it): with the server's work off the shared cores, as with a real bucket, that row shows the clients more than the server. GCS: fake-gcs-server (in memory, separate process); no AWS CLI there, so spotagent vs the single-stream ceiling only.\n\n", c.reps)
-	fmt.Fprintf(&b, "- **spotagent upload** = a real checkpoint commit through `pkg/checkpoint` (`Committer`, the agent's defaults: 4 files at once, 16 MiB × 8 S3 parts, sha256 while streaming, manifest, latest.json).\n")
-	fmt.Fprintf(&b, "- **spotagent restore** = `spotagent restore` (manifest, parallel ranged reads, sha256 verify).\n")
+	fmt.Fprintf(&b, "- **spotagent upload** = a real checkpoint commit through `pkg/checkpoint` (`Committer`, the agent's defaults: 4 files at once, 16 MiB × 8 S3 parts sent from the files, CRC32C while streaming, manifest, latest.json).\n")
+	fmt.Fprintf(&b, "- **spotagent restore** = `spotagent restore` (manifest, parallel ranged reads, CRC32C verify).\n")
 	fmt.Fprintf(&b, "- **curl** = one PUT (S3 presigned / GCS media upload) or one GET of the same bytes concatenated into one object: the single-stream ceiling.\n\n")
 	b.WriteString("| store | data set | op | spotagent MB/s | aws cli MB/s | curl 1-stream MB/s | spotagent ÷ aws cli | spotagent ÷ curl | spotagent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	cell := func(k key) (string, float64) {
