@@ -7,6 +7,8 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"sort"
+	"sync"
 )
 
 // Checksums. A manifest records one checksum per file, taken while the
@@ -58,4 +60,113 @@ func (f File) Verify(r io.Reader) error {
 // size and checksum (of the same kind).
 func (f File) sameContent(g File) bool {
 	return f.Size == g.Size && f.CRC32C == g.CRC32C && f.SHA256 == g.SHA256
+}
+
+// crc32cCombine returns the CRC32C of A followed by B from crcA, crcB and
+// the length of B (zlib's crc32_combine, for the Castagnoli polynomial):
+// the CRC of an object downloaded in ranges, from the ranges' CRCs.
+func crc32cCombine(crcA, crcB uint32, lenB int64) uint32 {
+	if lenB <= 0 {
+		return crcA
+	}
+	var even, odd [32]uint32
+	odd[0] = 0x82f63b78 // Castagnoli, reflected
+	row := uint32(1)
+	for n := 1; n < 32; n++ {
+		odd[n] = row
+		row <<= 1
+	}
+	gf2Square(&even, &odd) // the operator for two zero bits
+	gf2Square(&odd, &even) // four
+	for {
+		gf2Square(&even, &odd) // one zero byte, then 4, 16, ...
+		if lenB&1 != 0 {
+			crcA = gf2Times(&even, crcA)
+		}
+		if lenB >>= 1; lenB == 0 {
+			break
+		}
+		gf2Square(&odd, &even)
+		if lenB&1 != 0 {
+			crcA = gf2Times(&odd, crcA)
+		}
+		if lenB >>= 1; lenB == 0 {
+			break
+		}
+	}
+	return crcA ^ crcB
+}
+
+func gf2Times(mat *[32]uint32, vec uint32) uint32 {
+	var sum uint32
+	for i := 0; vec != 0; i, vec = i+1, vec>>1 {
+		if vec&1 != 0 {
+			sum ^= mat[i]
+		}
+	}
+	return sum
+}
+
+func gf2Square(square, mat *[32]uint32) {
+	for n := range 32 {
+		square[n] = gf2Times(mat, mat[n])
+	}
+}
+
+// crcWriterAt takes the CRC32C of what is written through it at any
+// offsets, as runs of contiguous writes (a ranged download writes each
+// range in order, several ranges at once): the file's CRC32C without
+// reading it back.
+type crcWriterAt struct {
+	w    io.WriterAt
+	mu   sync.Mutex
+	runs map[int64]*crcRun // by end offset
+}
+
+type crcRun struct {
+	off, n int64
+	crc    uint32
+}
+
+func newCRCWriterAt(w io.WriterAt) *crcWriterAt {
+	return &crcWriterAt{w: w, runs: map[int64]*crcRun{}}
+}
+
+func (c *crcWriterAt) WriteAt(p []byte, off int64) (int, error) {
+	n, err := c.w.WriteAt(p, off)
+	if n > 0 {
+		c.mu.Lock()
+		r := c.runs[off]
+		if r == nil {
+			r = &crcRun{off: off}
+		} else {
+			delete(c.runs, off)
+		}
+		r.crc = crc32.Update(r.crc, castagnoli, p[:n])
+		r.n += int64(n)
+		c.runs[r.off+r.n] = r
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// sum is the CRC32C of [0, size) if the writes covered exactly that, each
+// byte once; ok is false otherwise (a range written twice, a gap).
+func (c *crcWriterAt) sum(size int64) (crc uint32, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	runs := make([]*crcRun, 0, len(c.runs))
+	for _, r := range c.runs {
+		runs = append(runs, r)
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].off < runs[j].off })
+	var at int64
+	for _, r := range runs {
+		if r.off != at {
+			return 0, false
+		}
+		crc = crc32cCombine(crc, r.crc, r.n)
+		at += r.n
+	}
+	return crc, at == size
 }

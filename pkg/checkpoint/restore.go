@@ -345,11 +345,24 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 	go p.report(pctx, log, "restore")
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
-	for _, f := range m.Files {
+	// No file starts more than aheadMax files after one still running:
+	// a failure stops the restore within that many files however the
+	// goroutines are scheduled (small files are fetched and verified in
+	// microseconds, faster than a failing one may get to report).
+	done := make([]chan struct{}, len(m.Files))
+	for i, f := range m.Files {
+		if i >= aheadMax {
+			select {
+			case <-done[i-aheadMax]:
+			case <-gctx.Done():
+			}
+		}
 		if gctx.Err() != nil {
 			break // a file failed (or ctx ended): create no more
 		}
+		done[i] = make(chan struct{})
 		g.Go(func() error {
+			defer close(done[i])
 			if err := gctx.Err(); err != nil {
 				return err // g.Wait returns the first error, the cause
 			}
@@ -364,6 +377,10 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 	}
 	return ctx.Err() // ended before any file failed: not every file is there
 }
+
+// aheadMax bounds how far the restore of a checkpoint's files runs ahead of
+// the earliest one still being fetched.
+const aheadMax = 16
 
 // rangedAbove is the size from which a file downloads with parallel ranged
 // reads (then is hashed from local disk, still hot in the page cache);
@@ -406,8 +423,8 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 	return out.Close()
 }
 
-// downloadRanged fetches a large object with parallel ranged reads, then
-// verifies what landed on disk.
+// downloadRanged fetches a large object with parallel ranged reads and
+// verifies what it wrote to disk.
 func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *progress) error {
 	info, err := st.Stat(ctx, f.Key)
 	if err != nil {
@@ -416,8 +433,18 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 	if info.Size != f.Size {
 		return sizeMismatch(info.Size, f.Size)
 	}
-	if err := cloud.Download(ctx, st, f.Key, f.Size, out, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
+	cw := newCRCWriterAt(out)
+	if err := cloud.Download(ctx, st, f.Key, f.Size, cw, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
 		return err
+	}
+	// The CRC32C of what was written, range by range, spares reading the
+	// file back (a copy of every byte); a sha256 manifest, or writes that
+	// did not cover the file exactly once, are verified from disk.
+	if crc, ok := cw.sum(f.Size); ok && f.CRC32C != "" {
+		if got := CRC32CHex(crc); got != f.CRC32C {
+			return fmt.Errorf("%w: crc32c %s, manifest says %s", ErrCorrupt, got, f.CRC32C)
+		}
+		return nil
 	}
 	if _, err := out.Seek(0, io.SeekStart); err != nil {
 		return err
