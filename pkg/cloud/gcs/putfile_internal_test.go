@@ -21,7 +21,7 @@ type testSource struct {
 	sent bool
 }
 
-func (s *testSource) Read([]byte) (int, error)        { return 0, io.ErrClosedPipe } // must not be read
+func (s *testSource) Read([]byte) (int, error)      { return 0, io.ErrClosedPipe } // must not be read
 func (s *testSource) SourceFile() (*os.File, int64) { return s.f, s.size }
 func (s *testSource) Sent(n int64, crc uint32)      { s.n, s.crc, s.sent = n, crc, true }
 
