@@ -40,7 +40,7 @@ type Committer struct {
 	// one node never write, or delete, each other's objects.
 	Session string
 
-	pace earlyPace // early uploads or not (pace.go)
+	pace *earlyPace // early uploads or not (pace.go); paceState creates it
 }
 
 // Request names one checkpoint directory to commit.

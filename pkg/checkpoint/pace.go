@@ -29,6 +29,20 @@ type earlyPace struct {
 	n       int        // pipelines decided
 }
 
+// paceMu guards the creation of Committer.pace: a Committer is a struct
+// literal, and may be copied (watch mode swaps its Store), so the state
+// lives behind a pointer the copies share.
+var paceMu sync.Mutex
+
+func (c *Committer) paceState() *earlyPace {
+	paceMu.Lock()
+	defer paceMu.Unlock()
+	if c.pace == nil {
+		c.pace = &earlyPace{}
+	}
+	return c.pace
+}
+
 const (
 	paceDeferred = 0
 	paceEarly    = 1

@@ -56,8 +56,8 @@ func TestEarlyPace_Decides(t *testing.T) {
 func TestEarlyPace_DeferredPipelineUploadsAtDone(t *testing.T) {
 	st := newStore(t)
 	c := &Committer{Store: st, RunID: "run"}
-	c.pace.perByte = [2]float64{1e-9, 2e-9} // early measured slower
-	c.pace.n = 1
+	c.paceState().perByte = [2]float64{1e-9, 2e-9} // early measured slower
+	c.paceState().n = 1
 	dir := writeDir(t, map[string]string{"a": "alpha", "b": "beta"})
 	root, err := os.OpenRoot(dir)
 	if err != nil {

@@ -98,7 +98,7 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 		log: c.log().With(zap.String("id", id)),
 	}
 	if !p.lazy {
-		p.scored, p.early = true, c.pace.early()
+		p.scored, p.early = true, c.paceState().early()
 		p.lazy = !p.early
 		if !p.early {
 			p.log.Debug("early uploads deferred to done: they were slower than the serial path here")
@@ -114,7 +114,7 @@ func (p *Pipeline) score(bytes int64, uploaded time.Time) {
 	scored, born := p.scored, p.born
 	p.mu.Unlock()
 	if scored && !born.IsZero() {
-		p.c.pace.record(p.early, bytes, uploaded.Sub(born))
+		p.c.paceState().record(p.early, bytes, uploaded.Sub(born))
 	}
 }
 
