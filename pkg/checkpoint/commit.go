@@ -3,8 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +39,8 @@ type Committer struct {
 	// data (checkpoints/<dir>/<node>/<session>/...): two live copies of
 	// one node never write, or delete, each other's objects.
 	Session string
+
+	pace *earlyPace // early uploads or not (pace.go); paceState creates it
 }
 
 // Request names one checkpoint directory to commit.
@@ -168,6 +168,9 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
+	if req.Pipeline != nil {
+		req.Pipeline.score(m.Bytes(), uploaded)
+	}
 	key := ManifestKey(req.Step, req.ID)
 	if req.Part != nil {
 		// The part's data is durable. Waiting for the other nodes frees
@@ -228,15 +231,16 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", f.rel, err)
 			}
-			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, SHA256: sum}
+			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, CRC32C: sum}
 			return nil
 		})
 	}
 	return g.Wait()
 }
 
-// uploadFile streams one file to the store, hashing it on the way: the file
-// is read once. A file that changes size while it is read is an error.
+// uploadFile streams one file to the store, taking its CRC32C on the way:
+// the file is read once. A file that changes size while it is read is an
+// error.
 func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f localFile, p *progress) (string, error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
@@ -245,14 +249,15 @@ func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f
 		return "", err
 	}
 	defer fh.Close()
-	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p}
-	if err := c.Store.Put(ctx, key, cr, f.size, cloud.PutOptions{}); err != nil {
+	ur := newUploadReader(fh, f.size, p)
+	if err := c.Store.Put(ctx, key, ur, f.size, cloud.PutOptions{}); err != nil {
 		return "", err
 	}
-	if cr.n != f.size {
-		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", cr.n, f.size)
+	n, sum := ur.result()
+	if n != f.size {
+		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.size)
 	}
-	return hex.EncodeToString(cr.h.Sum(nil)), nil
+	return sum, nil
 }
 
 // marshalManifest encodes m and checks that it decodes to the same paths

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -58,10 +59,14 @@ type Machine struct {
 
 // File is one object of a checkpoint.
 type File struct {
-	Path   string `json:"path"` // relative to the checkpoint directory, "/"-separated
-	Key    string `json:"key"`  // object key relative to the store root
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`         // hex
+	Path string `json:"path"` // relative to the checkpoint directory, "/"-separated
+	Key  string `json:"key"`  // object key relative to the store root
+	Size int64  `json:"size"`
+	// CRC32C of the content, 8 hex digits (checksum.go); what this
+	// version writes. SHA256 (64 hex digits) is what older versions
+	// wrote: restore checks whichever is set, CRC32C first.
+	CRC32C string `json:"crc32c,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
 	Part   string `json:"part,omitempty"` // the part (node) that wrote it, in a job checkpoint
 }
 
@@ -139,7 +144,13 @@ func validateFiles(files []File) error {
 		if f.Size < 0 {
 			return fmt.Errorf("file %q: negative size", f.Path)
 		}
-		if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != 32 {
+		if f.CRC32C == "" && f.SHA256 == "" {
+			return fmt.Errorf("file %q: no checksum", f.Path)
+		}
+		if b, err := hex.DecodeString(f.CRC32C); f.CRC32C != "" && (err != nil || len(b) != 4 || f.CRC32C != strings.ToLower(f.CRC32C)) {
+			return fmt.Errorf("file %q: bad crc32c %q", f.Path, f.CRC32C)
+		}
+		if b, err := hex.DecodeString(f.SHA256); f.SHA256 != "" && (err != nil || len(b) != 32) {
 			return fmt.Errorf("file %q: bad sha256 %q", f.Path, f.SHA256)
 		}
 	}

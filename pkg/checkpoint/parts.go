@@ -538,7 +538,7 @@ func selectFiles(m *Manifest, part string, log *zap.Logger) (*Manifest, []string
 			continue
 		}
 		if prev, ok := byPath[f.Path]; ok {
-			if prev.SHA256 != f.SHA256 || prev.Size != f.Size {
+			if !prev.sameContent(f) {
 				return nil, nil, fmt.Errorf("%q in parts %s and %s: %w", f.Path, prev.Part, f.Part, ErrPathClash)
 			}
 			continue

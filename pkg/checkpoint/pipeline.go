@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -43,7 +42,12 @@ type Pipeline struct {
 	sem    chan struct{}
 	wg     sync.WaitGroup // uploads
 	bg     sync.WaitGroup // uploads and the deletion after them (Wait)
-	lazy   bool           // with a Gate: validate only, upload at done
+	lazy   bool           // with a Gate, or deferred: validate only, upload at done
+	// scored: the choice of early uploads (pace.go) this pipeline is a
+	// measure of; false once a Gate or Halt decided instead.
+	scored bool
+	early  bool      // the choice
+	born   time.Time // first file reported saved
 	p      *progress
 	log    *zap.Logger
 
@@ -97,7 +101,25 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 		files: map[string]*pipedFile{}, p: &progress{start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
 	}
+	if !p.lazy {
+		p.scored, p.early = true, c.paceState().early()
+		p.lazy = !p.early
+		if !p.early {
+			p.log.Debug("early uploads deferred to done: they were slower than the serial path here")
+		}
+	}
 	return p
+}
+
+// score reports the pipeline's time to durable data to the committer's
+// pace, unless something other than the pace decided its uploads.
+func (p *Pipeline) score(bytes int64, uploaded time.Time) {
+	p.mu.Lock()
+	scored, born := p.scored, p.born
+	p.mu.Unlock()
+	if scored && !born.IsZero() {
+		p.c.paceState().record(p.early, bytes, uploaded.Sub(born))
+	}
 }
 
 // Add starts uploading rel (relative to the checkpoint directory,
@@ -148,6 +170,9 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 	}
 	f := &pipedFile{rel: rel, key: p.prefix + rel, size: info.Size()}
 	p.files[rel] = f
+	if p.born.IsZero() {
+		p.born = time.Now()
+	}
 	if p.lazy {
 		fh.Close()
 		f.err = errNotEarly
@@ -182,21 +207,22 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		return
 	}
 	opened := time.Now()
-	cr := &countingReader{r: io.LimitReader(fh, f.size+1), h: sha256.New(), p: p.p}
-	if err := p.c.Store.Put(p.ctx, f.key, cr, f.size, cloud.PutOptions{}); err != nil {
+	ur := newUploadReader(fh, f.size, p.p)
+	if err := p.c.Store.Put(p.ctx, f.key, ur, f.size, cloud.PutOptions{}); err != nil {
 		f.err = err
 		return
 	}
+	n, sum := ur.result()
 	after, err := fh.Stat()
 	switch {
 	case err != nil:
 		f.err = err
-	case cr.n != f.size || identOf(after) != identOf(before):
+	case n != f.size || identOf(after) != identOf(before):
 		f.err = errors.New("file changed while it was uploaded")
 	}
 	f.ident = identOf(after)
 	f.racy = !after.ModTime().Before(opened.Add(-racyWindow))
-	f.sum = hex.EncodeToString(cr.h.Sum(nil))
+	f.sum = sum
 }
 
 // Halt stops the uploads in flight without deleting anything; files
@@ -204,7 +230,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 // uploaded at done.
 func (p *Pipeline) Halt() {
 	p.mu.Lock()
-	p.lazy = true
+	p.lazy, p.scored = true, false
 	p.mu.Unlock()
 	p.cancel()
 }
@@ -293,7 +319,7 @@ func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File
 			p.log.Warn("file changed after it was reported saved: uploading it again", zap.String("path", f.rel), zap.String("why", why))
 			continue
 		}
-		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, SHA256: f.sum}
+		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum}
 	}
 	return ok, p.first, nil
 }
@@ -316,7 +342,7 @@ func (p *Pipeline) stale(f *pipedFile, lf localFile) string {
 		return err.Error()
 	}
 	defer fh.Close()
-	h := sha256.New()
+	h := newCRC32C()
 	if _, err := io.Copy(h, fh); err != nil {
 		return err.Error()
 	}

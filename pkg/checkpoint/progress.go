@@ -2,12 +2,16 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/hex"
 	"hash"
 	"io"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // progressEvery is how often long transfers log their progress.
@@ -74,4 +78,38 @@ func (c *countingReader) Read(b []byte) (int, error) {
 		c.p.add(n)
 	}
 	return n, err
+}
+
+// uploadReader is what a commit hands to Store.Put for one file: a
+// countingReader taking the file's CRC32C as the store reads it, or, for a
+// store that sends straight from the file (cloud.FileSource), the CRC32C
+// that store took and had the server verify.
+type uploadReader struct {
+	countingReader
+	f    *os.File
+	size int64
+	sent bool
+	crc  uint32
+}
+
+var _ cloud.FileSource = (*uploadReader)(nil)
+
+func newUploadReader(fh *os.File, size int64, p *progress) *uploadReader {
+	return &uploadReader{countingReader: countingReader{r: io.LimitReader(fh, size+1), h: newCRC32C(), p: p}, f: fh, size: size}
+}
+
+func (u *uploadReader) SourceFile() (*os.File, int64) { return u.f, u.size }
+
+func (u *uploadReader) Sent(n int64, crc32c uint32) {
+	u.sent, u.crc = true, crc32c
+	u.n += n
+	u.p.add(int(n))
+}
+
+// result is what was uploaded: its length and CRC32C (hex).
+func (u *uploadReader) result() (int64, string) {
+	if u.sent {
+		return u.n, CRC32CHex(u.crc)
+	}
+	return u.n, hex.EncodeToString(u.h.Sum(nil))
 }

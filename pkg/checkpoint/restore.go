@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -66,7 +65,7 @@ type Restored struct {
 
 // Restore copies the newest complete checkpoint (or opts.ID) into a new
 // directory under dest (created if missing) and verifies every file's size
-// and sha256 before it returns. See RestoreInto.
+// and checksum before it returns. See RestoreInto.
 func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptions) (*Restored, error) {
 	if err := os.MkdirAll(dest, 0o700); err != nil {
 		return nil, err
@@ -338,7 +337,7 @@ func MkdirTemp(root *os.Root, prefix string) (string, error) {
 	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
 }
 
-// download fetches every file of m into dir, verifying size and sha256.
+// download fetches every file of m into dir, verifying size and checksum.
 func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, log *zap.Logger) error {
 	p := &progress{start: time.Now(), total: m.Bytes()}
 	pctx, stop := context.WithCancel(ctx)
@@ -346,11 +345,24 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 	go p.report(pctx, log, "restore")
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
-	for _, f := range m.Files {
+	// No file starts more than aheadMax files after one still running:
+	// a failure stops the restore within that many files however the
+	// goroutines are scheduled (small files are fetched and verified in
+	// microseconds, faster than a failing one may get to report).
+	done := make([]chan struct{}, len(m.Files))
+	for i, f := range m.Files {
+		if i >= aheadMax {
+			select {
+			case <-done[i-aheadMax]:
+			case <-gctx.Done():
+			}
+		}
 		if gctx.Err() != nil {
 			break // a file failed (or ctx ended): create no more
 		}
+		done[i] = make(chan struct{})
 		g.Go(func() error {
+			defer close(done[i])
 			if err := gctx.Err(); err != nil {
 				return err // g.Wait returns the first error, the cause
 			}
@@ -365,6 +377,10 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 	}
 	return ctx.Err() // ended before any file failed: not every file is there
 }
+
+// aheadMax bounds how far the restore of a checkpoint's files runs ahead of
+// the earliest one still being fetched.
+const aheadMax = 16
 
 // rangedAbove is the size from which a file downloads with parallel ranged
 // reads (then is hashed from local disk, still hot in the page cache);
@@ -382,67 +398,62 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 		return err
 	}
 	defer out.Close()
-	var sum []byte
 	if f.Size >= rangedAbove {
-		if sum, err = downloadRanged(ctx, st, out, f, p); err != nil {
+		if err := downloadRanged(ctx, st, out, f, p); err != nil {
 			return err
 		}
-	} else {
-		r, err := st.Get(ctx, f.Key, 0, -1)
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		cr := &countingReader{r: io.LimitReader(r, f.Size+1), h: sha256.New(), p: p}
-		if _, err := io.Copy(out, cr); err != nil {
-			return err
-		}
-		if cr.n != f.Size {
-			return sizeMismatch(cr.n, f.Size)
-		}
-		sum = cr.h.Sum(nil)
+		return out.Close()
 	}
-	if got := hex.EncodeToString(sum); got != f.SHA256 {
-		return fmt.Errorf("%w: sha256 %s, manifest says %s", ErrCorrupt, got, f.SHA256)
+	r, err := st.Get(ctx, f.Key, 0, -1)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	h, want, name := f.digest()
+	cr := &countingReader{r: io.LimitReader(r, f.Size+1), h: h, p: p}
+	if _, err := io.Copy(out, cr); err != nil {
+		return err
+	}
+	if cr.n != f.Size {
+		return sizeMismatch(cr.n, f.Size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
 	}
 	return out.Close()
 }
 
-// downloadRanged fetches a large object with parallel ranged reads, then
-// hashes what landed on disk.
-func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *progress) ([]byte, error) {
+// downloadRanged fetches a large object with parallel ranged reads and
+// verifies what it wrote to disk.
+func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *progress) error {
 	info, err := st.Stat(ctx, f.Key)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if info.Size != f.Size {
-		return nil, sizeMismatch(info.Size, f.Size)
+		return sizeMismatch(info.Size, f.Size)
 	}
-	if err := cloud.Download(ctx, st, f.Key, f.Size, out, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
-		return nil, err
+	cw := newCRCWriterAt(out)
+	if err := cloud.Download(ctx, st, f.Key, f.Size, cw, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
+		return err
+	}
+	// The CRC32C of what was written, range by range, spares reading the
+	// file back (a copy of every byte); a sha256 manifest, or writes that
+	// did not cover the file exactly once, are verified from disk.
+	if crc, ok := cw.sum(f.Size); ok && f.CRC32C != "" {
+		if got := CRC32CHex(crc); got != f.CRC32C {
+			return fmt.Errorf("%w: crc32c %s, manifest says %s", ErrCorrupt, got, f.CRC32C)
+		}
+		return nil
 	}
 	if _, err := out.Seek(0, io.SeekStart); err != nil {
-		return nil, err
+		return err
 	}
-	sum, n, err := sha256Of(out)
-	if err != nil {
-		return nil, err
-	}
-	if n != f.Size {
-		return nil, sizeMismatch(n, f.Size)
-	}
-	return sum, nil
+	return f.Verify(out)
 }
 
 func sizeMismatch(got, want int64) error {
 	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
-}
-
-// sha256Of hashes what r holds; n is its length.
-func sha256Of(r io.Reader) (sum []byte, n int64, err error) {
-	h := sha256.New()
-	n, err = io.Copy(h, r)
-	return h.Sum(nil), n, err
 }
 
 // verifyLocal checks the local copy dir (below parent) against the
@@ -466,13 +477,13 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 		if err != nil {
 			return err
 		}
-		sum, _, err := sha256Of(fh)
+		err = f.Verify(fh)
 		fh.Close()
+		if errors.Is(err, ErrCorrupt) {
+			return fmt.Errorf("%s: checksum differs", f.Path)
+		}
 		if err != nil {
 			return err
-		}
-		if hex.EncodeToString(sum) != f.SHA256 {
-			return fmt.Errorf("%s: checksum differs", f.Path)
 		}
 	}
 	return nil

@@ -2,12 +2,9 @@ package watch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -161,7 +158,7 @@ func (w *Watcher) aside(name, why string) error {
 var testHookSameAs func()
 
 // sameAs checks the local checkpoint name against a manifest: the same
-// files, sizes and sha256. Nothing is followed out of DIR and nothing but
+// files, sizes and checksums. Nothing is followed out of DIR and nothing but
 // a regular file is read: each file is opened O_NONBLOCK|O_NOFOLLOW (a
 // FIFO or device swapped in cannot block) and must be, by fstat, a regular
 // file and the very one listed.
@@ -212,13 +209,9 @@ func sameFile(dir *os.Root, rel string, e *entry, f checkpoint.File) error {
 	if !fi.Mode().IsRegular() || !checkpoint.IdentOf(fi).SameData(e.id) {
 		return fmt.Errorf("%s: replaced while it was checked (%s): %w", f.Path, fi.Mode().Type(), checkpoint.ErrRefused)
 	}
-	h := sha256.New()
-	n, err := io.Copy(h, io.LimitReader(fh, f.Size+1))
-	if err != nil {
-		return err
-	}
-	if n != f.Size || hex.EncodeToString(h.Sum(nil)) != f.SHA256 {
+	err = f.Verify(fh)
+	if errors.Is(err, checkpoint.ErrCorrupt) {
 		return fmt.Errorf("%s differs", f.Path)
 	}
-	return nil
+	return err
 }

@@ -128,6 +128,11 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice, 1 s after the second periodic commit plus a random phase of the agent's spot poll; notice → committed from the agent's json log; *notice → request* is the detection (AWS `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) up to the agent's \"checkpoint requested\". *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
 	b.WriteString("| checkpoint | path | notice → committed s | notice → request s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, gib := range sizes {
+		if why := pipelineRoom(c, gib); why != "" {
+			logf("pipeline: skipping %g GiB: %s", gib, why)
+			fmt.Fprintf(&b, "| %g GiB | skipped: %s | | | | | | | | | | |\n", gib, why)
+			continue
+		}
 		med := map[string]pipeRun{}
 		for _, mode := range []string{"serial", "pipelined"} {
 			var runs []pipeRun
@@ -333,4 +338,38 @@ func torchPython() string {
 		return py
 	}
 	return "/usr/bin/python3"
+}
+
+// pipelineRoom says why a checkpoint of gib GiB cannot run here, or "":
+// the trainer holds the state and a staging copy in memory (about twice
+// the checkpoint), the checkpoint's files go under the work directory,
+// and MinIO keeps up to three checkpoints (on tmpfs when there is room,
+// which takes memory too).
+func pipelineRoom(c *config, gib float64) string {
+	need := int64(gib * (1 << 30))
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(c.work, &st); err == nil {
+		if free := int64(st.Bavail) * int64(st.Bsize); free < 4*need {
+			return fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files and a store copy)", float64(free)/(1<<30), c.work, 4*gib)
+		}
+	}
+	if avail := memAvailable(); avail > 0 && avail < 3*need {
+		return fmt.Sprintf("%.1f GiB of memory available, want %.0f GiB (state, staging copy, page cache)", float64(avail)/(1<<30), 3*gib)
+	}
+	return ""
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes, 0 if unknown.
+func memAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }

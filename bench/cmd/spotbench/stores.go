@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -344,14 +345,27 @@ func cmdGCSServer(args []string) int {
 
 // cmdCommit commits one directory to a store through pkg/checkpoint's
 // Committer with the agent's defaults: the code path `spotagent run` takes
-// for every checkpoint (scan, concurrent streamed upload with sha256,
+// for every checkpoint (scan, concurrent streamed upload with CRC32C,
 // manifest, latest.json). It prints the result as one JSON line.
+// SPOTBENCH_CPUPROFILE=FILE writes a CPU profile of the commit (pprof).
 func cmdCommit(args []string) int {
 	fs := flag.NewFlagSet("commit", flag.ExitOnError)
 	uri := fs.String("store", "", "store URI")
 	dir := fs.String("dir", "", "checkpoint directory")
 	fs.Parse(args)
 	ctx := context.Background()
+	if p := os.Getenv("SPOTBENCH_CPUPROFILE"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "commit:", err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "commit:", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	st, err := all.Open(ctx, *uri, all.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "commit:", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -118,13 +119,49 @@ func transferRuns(s *stores, sets []dataset) []transferRun {
 			big = append(big, ds)
 		}
 	}
-	return []transferRun{
+	all := []transferRun{
 		{name: "s3", label: "S3 (MinIO)", minio: s.minio, sets: sets, restore: true},
 		// The 1 GiB upload only: MinIO's MD5 is an upload cost, and the
 		// restore (GET) path is the same with or without it.
 		{name: "s3-lean", label: "S3 (MinIO --no-compat)", suffix: ", MinIO --no-compat", minio: s.lean, sets: big},
 		{name: "gcs", label: "GCS (fake-gcs-server)", sets: sets, restore: true},
 	}
+	// SPOTBENCH_TRANSFER_STORES=s3,s3-lean,gcs picks some stores.
+	if only := os.Getenv("SPOTBENCH_TRANSFER_STORES"); only != "" {
+		var out []transferRun
+		for _, tr := range all {
+			if slices.Contains(strings.Split(only, ","), tr.name) {
+				out = append(out, tr)
+			}
+		}
+		return out
+	}
+	return all
+}
+
+// transferSets: SPOTBENCH_TRANSFER_SETS=1gib,small picks some data sets.
+func transferSets(sets []dataset) []dataset {
+	only := os.Getenv("SPOTBENCH_TRANSFER_SETS")
+	if only == "" {
+		return sets
+	}
+	var out []dataset
+	for _, ds := range sets {
+		if slices.Contains(strings.Split(only, ","), ds.name) {
+			out = append(out, ds)
+		}
+	}
+	return out
+}
+
+// A baseline, for figures side by side in one run: SPOTBENCH_BASELINE is
+// a spotbench binary built from an older commit (its `commit` subcommand
+// uploads), SPOTBENCH_BASELINE_BIN that commit's spotagent (restores).
+// The baseline takes turns with the other tools as "spotagent (base)".
+const baseTool = "spotagent (base)"
+
+func baseline() (spotbench, agent string) {
+	return os.Getenv("SPOTBENCH_BASELINE"), os.Getenv("SPOTBENCH_BASELINE_BIN")
 }
 
 // benchTransfer: upload then restore, per store and data set, N
@@ -136,6 +173,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 	if err != nil {
 		return err
 	}
+	sets = transferSets(sets)
+	baseBench, baseAgent := baseline()
 	res := map[key]*sample{}
 	add := func(k key, bytes int64, d time.Duration, rssKiB int64, cpu, srvCPU float64) {
 		if res[k] == nil {
@@ -154,6 +193,12 @@ func benchTransfer(c *config, r *report, s *stores) error {
 		store, m, env, tools, scheme := sr.name, sr.minio, s.gcsEnv(), []string{"spotagent", "curl"}, "gs"
 		if m != nil {
 			env, tools, scheme = m.env(), []string{"spotagent", "aws cli", "curl"}, "s3"
+			if os.Getenv("SPOTBENCH_NO_AWSCLI") != "" {
+				tools = []string{"spotagent", "curl"}
+			}
+		}
+		if baseBench != "" {
+			tools = append(tools, baseTool)
 		}
 		for _, ds := range sr.sets {
 			// Repetition -1 is a warm-up, not recorded: the first transfer
@@ -166,6 +211,7 @@ func benchTransfer(c *config, r *report, s *stores) error {
 				order := append(tools[r0%len(tools):], tools[:r0%len(tools)]...)
 				order = append([]string(nil), order...)
 				saURI := fmt.Sprintf("%s://%s/up/sa-%s-%d", scheme, bucket, ds.name, rep)
+				baseURI := fmt.Sprintf("%s://%s/up/base-%s-%d", scheme, bucket, ds.name, rep)
 				rawKey := fmt.Sprintf("up/raw-%s-%d", ds.name, rep)
 				cliPrefix := fmt.Sprintf("s3://%s/up/cli-%s-%d/", bucket, ds.name, rep)
 				// Upload.
@@ -176,6 +222,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					var err error
 					srv0 := m.cpu()
 					switch {
+					case tool == baseTool:
+						d, rss, cpu, err = run(env, io.Discard, baseBench, "commit", "--store", baseURI, "--dir", ds.dir)
 					case tool == "spotagent":
 						d, rss, cpu, err = run(env, io.Discard, c.self, "commit", "--store", saURI, "--dir", ds.dir)
 						r.command("spotbench commit --store s3://bench/up/sa-DATASET-REP --dir DATASET_DIR   # pkg/checkpoint Committer, the agent's defaults (also gs://)")
@@ -215,10 +263,15 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					var err error
 					srv0 := m.cpu()
 					switch {
+					case tool == baseTool:
+						if baseAgent == "" {
+							continue
+						}
+						d, rss, cpu, err = run(env, io.Discard, baseAgent, "restore", "--store", baseURI, "--dest", restoreDir)
 					case tool == "spotagent":
 						args := []string{"restore", "--store", saURI, "--dest", restoreDir}
 						d, rss, cpu, err = run(env, io.Discard, c.bin, args...)
-						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + sha256 verify (also gs://)")
+						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + CRC32C verify (also gs://)")
 					case tool == "aws cli":
 						d, rss, cpu, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.url,
 							strings.TrimSuffix(saURI, "/")+"/checkpoints/", restoreDir)
@@ -246,6 +299,9 @@ func benchTransfer(c *config, r *report, s *stores) error {
 				clean()
 				// Free the server's memory before the next repetition.
 				uris := []string{saURI}
+				if baseBench != "" {
+					uris = append(uris, baseURI)
+				}
 				if m != nil {
 					uris = append(uris, strings.TrimSuffix(cliPrefix, "/"))
 				}
@@ -264,8 +320,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "Loopback, %d repetitions per cell after one unrecorded warm-up round, tools alternating (the order rotates every repetition). MB/s = 10⁶ bytes/s of checkpoint data over the wall time of the whole command (process start included: that is what a user waits for). Medians, with min–max. Source files are in the page cache. S3: MinIO (single drive, data on tmpfs). The 1 GiB upload also runs against a second MinIO started with `--no-compat`, which skips the MD5 it otherwise takes of every byte for the ETag (half of its CPU in these uploads; neither client asks for it): with the server's work off the shared cores, as with a real bucket, that row shows the clients more than the server. GCS: fake-gcs-server (in memory, separate process); no AWS CLI there, so spotagent vs the single-stream ceiling only.\n\n", c.reps)
-	fmt.Fprintf(&b, "- **spotagent upload** = a real checkpoint commit through `pkg/checkpoint` (`Committer`, the agent's defaults: 4 files at once, 16 MiB × 8 S3 parts, sha256 while streaming, manifest, latest.json).\n")
-	fmt.Fprintf(&b, "- **spotagent restore** = `spotagent restore` (manifest, parallel ranged reads, sha256 verify).\n")
+	fmt.Fprintf(&b, "- **spotagent upload** = a real checkpoint commit through `pkg/checkpoint` (`Committer`, the agent's defaults: 4 files at once, 16 MiB × 8 S3 parts sent from the files, CRC32C while streaming, manifest, latest.json).\n")
+	fmt.Fprintf(&b, "- **spotagent restore** = `spotagent restore` (manifest, parallel ranged reads, CRC32C verify).\n")
 	fmt.Fprintf(&b, "- **curl** = one PUT (S3 presigned / GCS media upload) or one GET of the same bytes concatenated into one object: the single-stream ceiling.\n\n")
 	b.WriteString("| store | data set | op | spotagent MB/s | aws cli MB/s | curl 1-stream MB/s | spotagent ÷ aws cli | spotagent ÷ curl | spotagent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	cell := func(k key) (string, float64) {
@@ -315,13 +371,45 @@ func benchTransfer(c *config, r *report, s *stores) error {
 		if sr.minio == nil {
 			continue
 		}
-		for _, tool := range []string{"spotagent", "aws cli", "curl"} {
+		for _, tool := range []string{"spotagent", baseTool, "aws cli", "curl"} {
 			sm := res[key{sr.name, "1gib", "upload", tool}]
 			if sm == nil {
 				continue
 			}
 			cpu, srv := median(sm.cpu), median(sm.srvCPU)
 			fmt.Fprintf(&b, "| %s | %s | %.0f | %.2f | %.2f | %.2f |\n", sr.label, tool, median(sm.mbps), cpu, srv, cpu+srv)
+		}
+	}
+	if baseBench != "" {
+		b.WriteString("\nSide by side with the baseline (" + baseTool + ", the same run, turns alternating): medians, CPU in core-seconds (user + system) of the tool's process.\n\n")
+		b.WriteString("| store | data set | op | spotagent MB/s | base MB/s | curl MB/s | spotagent ÷ curl | base ÷ curl | spotagent CPU s | base CPU s | curl CPU s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, sr := range transferRuns(s, sets) {
+			for _, ds := range sr.sets {
+				for _, op := range []string{"upload", "restore"} {
+					sa, base, raw := res[key{sr.name, ds.name, op, "spotagent"}], res[key{sr.name, ds.name, op, baseTool}], res[key{sr.name, ds.name, op, "curl"}]
+					if sa == nil {
+						continue
+					}
+					f := func(sm *sample, cpu bool) float64 {
+						if sm == nil {
+							return 0
+						}
+						if cpu {
+							return median(sm.cpu)
+						}
+						return median(sm.mbps)
+					}
+					ratio := func(a, b float64) string {
+						if b == 0 || a == 0 {
+							return "–"
+						}
+						return fmt.Sprintf("%.2f×", a/b)
+					}
+					fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %.2f | %.2f | %.2f |\n", sr.label, ds.label, op,
+						f(sa, false), f(base, false), f(raw, false), ratio(f(sa, false), f(raw, false)), ratio(f(base, false), f(raw, false)),
+						f(sa, true), f(base, true), f(raw, true))
+				}
+			}
 		}
 	}
 	r.add("2–3. Upload and restore throughput", b.String())

@@ -27,6 +27,11 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 	if o, err = conditional(putRetries(o), opts); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
+	if src, ok := r.(cloud.FileSource); ok && size >= 0 && size <= singleMax {
+		if _, fsize := src.SourceFile(); fsize == size {
+			return s.putFile(ctx, o, key, src)
+		}
+	}
 	chunk := s.opts.ChunkSize
 	if size >= 0 && size < int64(chunk) {
 		// One request, and a buffer no larger than the object.

@@ -13,6 +13,7 @@ import (
 	"testing/iotest"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
@@ -43,7 +44,8 @@ func TestFill(t *testing.T) {
 			want := make([]byte, size)
 			wn, werr := io.ReadFull(mk(), want)
 			got := make([]byte, size)
-			n, crc, err := fill(mk(), got)
+			whole := crc32.Checksum([]byte("before"), castagnoli)
+			n, crc, err := fill(mk(), got, &whole)
 			if n != wn || fmt.Sprint(err) != fmt.Sprint(werr) {
 				t.Errorf("%s, buf %d: fill = %d, %v; io.ReadFull = %d, %v", name, size, n, err, wn, werr)
 				continue
@@ -53,6 +55,9 @@ func TestFill(t *testing.T) {
 			}
 			if w := crc32.Checksum(got[:n], castagnoli); crc != w {
 				t.Errorf("%s, buf %d: crc %08x, want %08x", name, size, crc, w)
+			}
+			if w := crc32.Checksum(append([]byte("before"), got[:n]...), castagnoli); whole != w {
+				t.Errorf("%s, buf %d: whole crc %08x, want %08x", name, size, whole, w)
 			}
 		}
 	}
@@ -76,6 +81,7 @@ func TestChecksumsComeFromTheStore(t *testing.T) {
 	}
 	var mu sync.Mutex
 	given := map[string]int{} // operation → inputs that arrived with a CRC32C set
+	var whole *string         // CompleteMultipartUpload's full-object CRC32C
 	capture := middleware.InitializeMiddlewareFunc("captureChecksum", func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 		mu.Lock()
 		switch p := in.Parameters.(type) {
@@ -87,6 +93,15 @@ func TestChecksumsComeFromTheStore(t *testing.T) {
 			if p.ChecksumCRC32C != nil {
 				given["PutObject"]++
 			}
+		case *s3.CreateMultipartUploadInput:
+			if p.ChecksumType == types.ChecksumTypeFullObject {
+				given["Create FULL_OBJECT"]++
+			}
+		case *s3.CompleteMultipartUploadInput:
+			if p.ChecksumType == types.ChecksumTypeFullObject {
+				given["Complete FULL_OBJECT"]++
+			}
+			whole = p.ChecksumCRC32C
 		}
 		mu.Unlock()
 		return next.HandleInitialize(ctx, in)
@@ -101,8 +116,13 @@ func TestChecksumsComeFromTheStore(t *testing.T) {
 	if err := st.Put(t.Context(), "small", bytes.NewReader(data[:100]), 100, cloud.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if given["UploadPart"] != 2 || given["PutObject"] != 1 {
-		t.Fatalf("inputs with the store's CRC32C: %v, want 2 UploadPart and 1 PutObject", given)
+	if given["UploadPart"] != 2 || given["PutObject"] != 1 || given["Create FULL_OBJECT"] != 1 || given["Complete FULL_OBJECT"] != 1 {
+		t.Fatalf("inputs with the store's CRC32C: %v, want 2 UploadPart, 1 PutObject and a full-object upload", given)
+	}
+	// The whole object's CRC32C, which the committer records in the
+	// manifest, is what the server checks at Complete.
+	if want := checksum(crc32.Checksum(data, castagnoli)); whole == nil || *whole != *want {
+		t.Fatalf("Complete sent crc32c %v, want %s", whole, *want)
 	}
 	if got := srv.Verified(); got != 3 {
 		t.Fatalf("server verified %d checksums, want 3", got)

@@ -111,7 +111,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 		// still hash every part with SHA-256 unless the payload hash is
 		// decided before it runs: unsignedEarly does that.
 		o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware, unsignedEarly)
-		// Objects are verified by the caller's sha256; validating response
+		// Objects are verified by the caller's CRC32C; validating response
 		// checksums would also fail on servers that send the whole-object
 		// checksum with a ranged GET (gofakes3).
 		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
@@ -217,7 +217,7 @@ func (s *Store) Retryable(err error) bool {
 // step, before the SDK's checksum step (finalize), which otherwise computes
 // a SHA-256 of each part beside its CRC32C on non-TLS connections: 35 % of
 // the agent's CPU in an upload to MinIO. Integrity rests on the CRC32C the
-// server verifies and the manifest's sha256, checked on restore.
+// server verifies and the manifest's CRC32C, checked on restore.
 func unsignedEarly(stack *middleware.Stack) error {
 	return stack.Build.Add(middleware.BuildMiddlewareFunc("spotagentUnsignedPayloadEarly",
 		func(ctx context.Context, in middleware.BuildInput, next middleware.BuildHandler) (middleware.BuildOutput, middleware.Metadata, error) {

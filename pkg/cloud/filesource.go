@@ -1,0 +1,19 @@
+package cloud
+
+import "os"
+
+// A FileSource is a reader over a whole regular file, handed to Put. A
+// store that can send straight from the file, by positioned reads, without
+// copying it through Read into buffers of its own (the S3 store: no part
+// buffers, one copy less per byte), may do so instead of calling Read; it
+// then calls Sent with what it uploaded, and the checksum the server
+// verified. A store that does not know the interface just reads it.
+type FileSource interface {
+	Read(p []byte) (int, error)
+	// SourceFile is the file the reader reads from its start, and the size
+	// Put was given.
+	SourceFile() (*os.File, int64)
+	// Sent records that the store uploaded the file's first n bytes, whose
+	// CRC32C (Castagnoli) is crc32c, and checked that nothing follows them.
+	Sent(n int64, crc32c uint32)
+}

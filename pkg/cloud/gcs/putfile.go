@@ -1,0 +1,85 @@
+package gcs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+
+	"cloud.google.com/go/storage"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// singleMax is the largest file uploaded in one request. A checkpoint
+// file (cloud.FileSource) up to this size goes in a single request
+// (storage.Writer with ChunkSize 0: no chunk buffer, no per-chunk round
+// trips) with its CRC32C, taken by reading the file once before, sent for
+// the server to check before it creates the object. GCS documents
+// single-request uploads as the most efficient when a failed upload can
+// simply be sent again; chunked resumable uploads cost a request per chunk.
+// On fake-gcs-server a 256 MiB file went at 39-49 MB/s in 16 MiB chunks,
+// 118-126 MB/s as one 256 MiB chunk and 166-178 MB/s in one request (its
+// resumable path re-reads the whole object at every chunk). Without a
+// chunk buffer the library cannot resend, so Put does: the file can be
+// read again. Larger files keep the resumable, chunked upload.
+const singleMax = 1 << 30
+
+// singleAttempts bounds the sends of a single-request upload.
+const singleAttempts = 3
+
+// putFile uploads src in one request.
+func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string, src cloud.FileSource) error {
+	f, size := src.SourceFile()
+	crc, err := fileCRC(ctx, f, size)
+	if err != nil {
+		return fmt.Errorf("put %s: read: %w", key, err)
+	}
+	for attempt := 1; ; attempt++ {
+		err = s.putOnce(ctx, o, io.NewSectionReader(f, 0, size), crc)
+		if err == nil {
+			src.Sent(size, crc)
+			return nil
+		}
+		if attempt == singleAttempts || ctx.Err() != nil || !storage.ShouldRetry(err) {
+			return fmt.Errorf("put %s: %w", key, translate(err))
+		}
+	}
+}
+
+func (s *Store) putOnce(ctx context.Context, o *storage.ObjectHandle, r io.Reader, crc uint32) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := o.NewWriter(wctx)
+	w.ChunkSize = 0
+	w.ContentType = "application/octet-stream"
+	w.CRC32C, w.SendCRC32C = crc, true
+	if _, err := io.Copy(w, cloud.ContextReader(ctx, r)); err != nil {
+		cancel()
+		_ = w.Close()
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if got := w.Attrs().CRC32C; got != crc {
+		return fmt.Errorf("server crc32c %08x, sent %08x", got, crc)
+	}
+	return nil
+}
+
+// fileCRC reads f's size bytes and returns their CRC32C; a file of
+// another length is an error.
+func fileCRC(ctx context.Context, f *os.File, size int64) (uint32, error) {
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(h, cloud.ContextReader(ctx, io.NewSectionReader(f, 0, size+1)))
+	if err != nil {
+		return 0, err
+	}
+	if n != size {
+		return 0, errors.New("file changed size while it was read")
+	}
+	return h.Sum32(), nil
+}
