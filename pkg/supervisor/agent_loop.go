@@ -72,6 +72,7 @@ type Agent struct {
 	lastStep   int64
 	interval   time.Duration
 
+	promise     promiseState // the notice checkpoint's prediction (agent_promise.go)
 	stopping    *stopState
 	noticesSeen int
 	lastNotice  *metadata.Notice
@@ -179,6 +180,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
+	a.promiseAtStart() // agent_promise.go
 	cfg.Metrics.Ready(true)
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
