@@ -182,6 +182,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	a.promiseAtStart() // agent_promise.go
 	cfg.Metrics.Ready(true)
+	releaseStartup(a.log) // memory.go
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	if a.child != nil {
