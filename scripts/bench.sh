@@ -5,7 +5,9 @@
 # /tmp/spotbench) and is removed at the end. Never part of `make test`.
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
-# SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
+# SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s), SPOTBENCH_IDLE_RUNS (5),
+# SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
+# the footprint section),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet),
 # SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
@@ -21,7 +23,10 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-if [ ! -x "$MINIO" ]; then
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet}
+needs_minio=no
+case ",$ONLY," in *,transfer,*|*,e2e,*|*,pipeline,*|*,distributed,*) needs_minio=yes ;; esac
+if [ "$needs_minio" = yes ] && [ ! -x "$MINIO" ]; then
   echo "bench: installing MinIO into $CACHE/bin (one time, a few minutes)" >&2
   # From a temp dir: `go install pkg@version` ignores our go.mod, which must
   # not learn about MinIO.
@@ -37,5 +42,5 @@ cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lea
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
-  -idle "${SPOTBENCH_IDLE:-60s}" -only "${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet}" \
+  -idle "${SPOTBENCH_IDLE:-60s}" -idle-runs "${SPOTBENCH_IDLE_RUNS:-5}" -baseline-bin "${SPOTBENCH_BASELINE_BIN:-}" -only "$ONLY" \
   -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}"
