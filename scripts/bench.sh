@@ -5,7 +5,9 @@
 # /tmp/spotbench) and is removed at the end. Never part of `make test`.
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
-# SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s),
+# SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s), SPOTBENCH_IDLE_RUNS (5),
+# SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
+# the footprint and transfer sections),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap),
 # SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
@@ -23,7 +25,7 @@ aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS C
 
 ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap}
 needs_minio=false # only these sections start MinIO
-for s in transfer e2e footprint pipeline distributed; do
+for s in transfer e2e pipeline distributed; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
 done
 if $needs_minio && [ ! -x "$MINIO" ]; then
@@ -43,5 +45,5 @@ cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lea
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
-  -idle "${SPOTBENCH_IDLE:-60s}" -only "$ONLY" \
+  -idle "${SPOTBENCH_IDLE:-60s}" -idle-runs "${SPOTBENCH_IDLE_RUNS:-5}" -baseline-bin "${SPOTBENCH_BASELINE_BIN:-}" -only "$ONLY" \
   -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench"

@@ -17,6 +17,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 func newReportCmd() *cobra.Command {
@@ -63,7 +64,8 @@ func newReportCmd() *cobra.Command {
 			if ac.Runs > 0 {
 				adv = simulate.Advise(j, g, ac)
 			}
-			if err := writeReport(cmd.OutOrStdout(), j, g, adv, price, onDemand, format); err != nil {
+			promise := reportPromise(j, ac.Margin)
+			if err := writeReport(cmd.OutOrStdout(), j, g, adv, promise, price, onDemand, format); err != nil {
 				return err
 			}
 			if len(damage) > 0 {
@@ -96,10 +98,13 @@ type reportJSON struct {
 	*checkpoint.Goodput
 	Money  *checkpoint.Money `json:"money,omitempty"`
 	Advice *simulate.Advice  `json:"advice,omitempty"`
+	// NoticePromise: whether a notice checkpoint of the newest measured
+	// size commits within each cloud's notice (--margin kept).
+	NoticePromise *supervisor.PromiseStatus `json:"notice_promise,omitempty"`
 }
 
 // writeReport prints the goodput g of the run journal j.
-func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, price, onDemand float64, format string) error {
+func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -108,7 +113,7 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(reportJSON{g, m, adv})
+		return enc.Encode(reportJSON{g, m, adv, promise})
 	}
 	secs := func(s float64) string { return seconds(s).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -156,6 +161,15 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 	}
 	for _, s := range g.Missing {
 		fmt.Fprintln(w, "incomplete journal:", s)
+	}
+	if promise != nil {
+		fmt.Fprintf(w, "on a notice: %s\n", describePromise(promise))
+		if promise.Problem != "" {
+			fmt.Fprintf(w, "  too slow: %s\n", promise.Problem)
+			for _, a := range promise.Advice {
+				fmt.Fprintf(w, "  advice: %s\n", a)
+			}
+		}
 	}
 	if adv != nil {
 		writeAdvice(w, adv)
@@ -217,4 +231,16 @@ func upper(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// reportPromise judges the journal's newest checkpoint against each
+// cloud's notice: the run's own cloud is the newest session's.
+func reportPromise(j *checkpoint.Journal, margin time.Duration) *supervisor.PromiseStatus {
+	own := schedule.CloudNotice{Cloud: "signal", Name: "a shutdown (--term-grace)", Lead: 25 * time.Second}
+	if n := len(j.Sessions); n > 0 {
+		if c, ok := schedule.NoticeFor(j.Sessions[n-1].Instance.Cloud); ok {
+			own = c
+		}
+	}
+	return supervisor.DescribePromise(supervisor.PromiseFromJournal(j), own, margin)
 }

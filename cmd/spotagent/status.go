@@ -16,6 +16,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -162,6 +163,17 @@ func writeStatus(w io.Writer, st *supervisor.Status, now time.Time) error {
 		line("next checkpoint", "due now")
 	}
 	line("interval", "%s", st.Interval)
+	if p := st.NoticePromise; p != nil {
+		line("on a notice", "%s", describePromise(p))
+		if p.Problem != "" {
+			line("  too slow", "%s", p.Problem)
+			for _, a := range p.Advice {
+				line("  advice", "%s", a)
+			}
+		}
+	} else {
+		line("on a notice", "no checkpoint measured yet")
+	}
 	line("uploading", "%d (requests awaiting the trainer: %d)", st.Uploading, st.Pending)
 	if n := st.LastNotice; n != nil {
 		line("notices seen", "%d, last: %s", st.NoticesSeen, describeNotice(n, now))
@@ -217,4 +229,49 @@ func age(d time.Duration) string {
 		return d.Round(time.Minute).String()
 	}
 	return d.Round(time.Second).String()
+}
+
+// describePromise says how long a notice checkpoint is predicted to take
+// and which clouds' notices it fits, e.g. "checkpoint needs ~12s (1.5
+// GiB, save 2s, 500 MB/s upload, this session's newest checkpoint); fits
+// aws 1m55s; NOT gcp 25s, azure 25s (notice − --margin 5s)".
+func describePromise(p *supervisor.PromiseStatus) string {
+	var b strings.Builder
+	b.WriteString("checkpoint needs ")
+	if p.LowerBound {
+		b.WriteString("at least ")
+	} else {
+		b.WriteString("~")
+	}
+	b.WriteString(schedule.RoundSeconds(seconds(p.NeedSeconds)).String())
+	parts := []string{humanBytes(p.Bytes)}
+	if p.SaveSeconds > 0 {
+		parts = append(parts, "save "+schedule.RoundSeconds(seconds(p.SaveSeconds)).String())
+	}
+	if p.BytesPerSec > 0 {
+		parts = append(parts, schedule.Rate(p.BytesPerSec)+" upload")
+	}
+	if p.Pipelined {
+		parts = append(parts, "pipelined")
+	}
+	parts = append(parts, map[string]string{"checkpoint": "this session's newest checkpoint", "journal": "the journal's newest checkpoint",
+		"restore": "the restore: size and download rate only"}[p.Source])
+	fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
+	var fits, not []string
+	for _, c := range p.Clouds {
+		s := fmt.Sprintf("%s %s", c.Cloud, seconds(c.BudgetSeconds).Round(time.Second))
+		if c.Fits {
+			fits = append(fits, s)
+		} else {
+			not = append(not, s)
+		}
+	}
+	if len(fits) > 0 {
+		fmt.Fprintf(&b, "; fits %s", strings.Join(fits, ", "))
+	}
+	if len(not) > 0 {
+		fmt.Fprintf(&b, "; NOT %s", strings.Join(not, ", "))
+	}
+	fmt.Fprintf(&b, " (notice − --margin %s)", seconds(p.MarginSeconds))
+	return b.String()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -92,6 +93,9 @@ func sampleStatus(now time.Time) supervisor.Status {
 			Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance, ID: "r1", Detected: now.Add(-5 * time.Minute),
 		},
 		Step: 1530,
+		NoticePromise: supervisor.DescribePromise(schedule.Promise{Bytes: 3 << 29, Save: 1200 * time.Millisecond,
+			Upload: 3100 * time.Millisecond, Took: 4400 * time.Millisecond, Rate: 519e6, Source: "checkpoint"},
+			schedule.CloudNotices[0], 5*time.Second),
 	}
 }
 
@@ -125,6 +129,7 @@ step:            1530 (newest progress)
 last checkpoint: step 1200, id 3f9a1c07b2e4, 4m12s ago, 1.5 GiB
 next checkpoint: in 10m48s (2026-05-04 12:10:48)
 interval:        15m0s
+on a notice:     checkpoint needs ~4.4s (1.5 GiB, save 1.2s, 519 MB/s upload, this session's newest checkpoint); fits aws 1m55s, gcp 25s, azure 25s (notice − --margin 5s)
 uploading:       1 (requests awaiting the trainer: 0)
 notices seen:    2, last: aws rebalance seen 5m0s ago
 stopping:        no

@@ -107,6 +107,13 @@ type Stats struct {
 	LastBytes     int64   `json:"last_bytes"`     // size of the newest checkpoint
 	RunSeconds    float64 `json:"run_seconds"`    // training time over all sessions
 	NoticeCommits int     `json:"notice_commits"` // interruptions whose checkpoint committed
+	// SaveSeconds and CheckpointSeconds are the newest checkpoint's save
+	// (request → done) and request → committed; Pipelined: its files were
+	// uploaded on `saved`, overlapping the save. They predict a notice
+	// checkpoint at the next start (docs/operations.md).
+	SaveSeconds       float64 `json:"save_seconds,omitempty"`
+	CheckpointSeconds float64 `json:"checkpoint_seconds,omitempty"`
+	Pipelined         bool    `json:"pipelined,omitempty"`
 }
 
 // SessionByID returns the session named id, or nil: an agent updates its

@@ -44,6 +44,10 @@ type Metrics struct {
 	noticeToCommitted prometheus.Histogram
 	noticeLead        prometheus.Histogram
 	store             storeCollectors
+	// The deadline the agent can promise (issue 30).
+	noticePredicted prometheus.Gauge
+	noticeBudget    *prometheus.GaugeVec
+	noticeFits      *prometheus.GaugeVec
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -135,12 +139,25 @@ func New() *Metrics {
 			Help:    "Time from detecting a notice to its deadline (the machine's end), for notices with a deadline.",
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
 		}),
+		noticePredicted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_notice_checkpoint_predicted_seconds",
+			Help: "Predicted time from a notice checkpoint's request to its commit, from the newest checkpoint's measured save and upload (0: nothing measured yet).",
+		}),
+		noticeBudget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotagent_notice_budget_seconds",
+			Help: "Time a cloud's documented notice leaves for the checkpoint: the notice minus --margin.",
+		}, []string{"cloud"}),
+		noticeFits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotagent_notice_checkpoint_fits",
+			Help: "1 when the predicted notice checkpoint commits within the cloud's budget, else 0; absent before anything was measured.",
+		}, []string{"cloud"}),
 	}
 	m.reg.MustRegister(
 		m.notices, m.noticeToRequest, m.phase, m.uploadedBytes, m.throughput,
 		m.lastStep, m.lastCommitted, m.interval, m.commitFailures, m.errors,
 		m.restoreSeconds, m.restoreBytes, m.readyGauge, m.goodputRatio, m.goodputSeconds,
 		m.instanceInfo, m.noticeCheckpoints, m.noticeToCommitted, m.noticeLead,
+		m.noticePredicted, m.noticeBudget, m.noticeFits,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -178,6 +195,20 @@ func (m *Metrics) NoticeCheckpoint(committed bool, took, lead time.Duration) {
 	}
 	if lead > 0 {
 		m.noticeLead.Observe(lead.Seconds())
+	}
+}
+
+// NoticePromise exports the predicted notice checkpoint (request →
+// committed) and, per cloud, its budget and whether it fits.
+func (m *Metrics) NoticePromise(need time.Duration, budgets map[string]time.Duration) {
+	m.noticePredicted.Set(need.Seconds())
+	for cloud, b := range budgets {
+		m.noticeBudget.WithLabelValues(cloud).Set(b.Seconds())
+		fits := 0.0
+		if need <= b {
+			fits = 1
+		}
+		m.noticeFits.WithLabelValues(cloud).Set(fits)
 	}
 }
 

@@ -119,6 +119,15 @@ func TestMetrics_Moves(t *testing.T) {
 		{"NoticeFailed", func() { m.NoticeCheckpoint(false, 30*time.Second, 30*time.Second) },
 			"spotagent_notice_checkpoints_total", []string{"result", "failed"}, 1},
 		{"NoticeLead", nil, "spotagent_notice_lead_seconds", nil, 2},
+		{"NoticePredicted", func() {
+			m.NoticePromise(40*time.Second, map[string]time.Duration{"aws": 115 * time.Second, "gcp": 25 * time.Second})
+		}, "spotagent_notice_checkpoint_predicted_seconds", nil, 40},
+		{"NoticeBudget", nil, "spotagent_notice_budget_seconds", []string{"cloud", "gcp"}, 25},
+		{"NoticeFitsAWS", nil, "spotagent_notice_checkpoint_fits", []string{"cloud", "aws"}, 1},
+		{"NoticeFitsGCP", nil, "spotagent_notice_checkpoint_fits", []string{"cloud", "gcp"}, 0},
+		{"NoticeFitsAgain", func() {
+			m.NoticePromise(20*time.Second, map[string]time.Duration{"aws": 115 * time.Second, "gcp": 25 * time.Second})
+		}, "spotagent_notice_checkpoint_fits", []string{"cloud", "gcp"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

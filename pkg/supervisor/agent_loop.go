@@ -81,6 +81,7 @@ type Agent struct {
 	lastStep   int64
 	interval   time.Duration
 
+	promise     promiseState // the notice checkpoint's prediction (agent_promise.go)
 	stopping    *stopState
 	noticesSeen int
 	lastNotice  *metadata.Notice
@@ -195,9 +196,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
+	a.promiseAtStart() // agent_promise.go
 	if a.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
+	releaseStartup(a.log) // memory.go
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	if a.child != nil {

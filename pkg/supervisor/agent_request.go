@@ -377,6 +377,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("upload", res.Upload)
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
+	a.notePromise(r, res, u.start, now) // agent_promise.go
+	pr := a.promise.p
 	if res.Manifest.Step >= a.lastCommit.step { // restore resumes from the newest step
 		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
@@ -399,6 +401,9 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		}
 		j.Stats.Checkpoints++
 		j.Stats.CostSeconds, j.Stats.BytesPerSec, j.Stats.LastBytes = cost, bps, res.Bytes
+		if pr.Source == "checkpoint" {
+			j.Stats.SaveSeconds, j.Stats.CheckpointSeconds, j.Stats.Pipelined = pr.Save.Seconds(), pr.Took.Seconds(), pr.Pipelined
+		}
 		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {

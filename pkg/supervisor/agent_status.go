@@ -26,6 +26,9 @@ type Status struct {
 	LastNotice     *metadata.Notice  `json:"last_notice,omitempty"`
 	Stopping       string            `json:"stopping,omitempty"` // reason, while an interruption runs
 	Step           int64             `json:"step"`               // newest progress reported
+	// NoticePromise: whether a notice checkpoint commits within each
+	// cloud's notice, from the newest measurements (agent_promise.go).
+	NoticePromise *PromiseStatus `json:"notice_promise,omitempty"`
 }
 
 // ChildStatus describes the trainer process.
@@ -49,7 +52,7 @@ func (a *Agent) status() Status {
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
 		Started: a.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
 		Uploading: len(a.uploads), Pending: len(a.pending), NoticesSeen: a.noticesSeen, LastNotice: a.lastNotice,
-		Step: a.lastStep,
+		Step: a.lastStep, NoticePromise: a.promiseStatus(),
 	}
 	if a.child != nil {
 		st.Child = &ChildStatus{PID: a.child.PID(), Running: a.childDone != nil, Restarts: a.restarts}

@@ -26,20 +26,24 @@ type Metrics interface {
 	// NoticeCheckpoint is one notice's checkpoint: committed or not, how
 	// long notice → end took, and the notice's lead (0: no deadline).
 	NoticeCheckpoint(committed bool, took, lead time.Duration)
+	// NoticePromise is the predicted request → committed of a notice
+	// checkpoint and each cloud's budget for it (notice − margin).
+	NoticePromise(need time.Duration, budgets map[string]time.Duration)
 }
 
 type nopMetrics struct{}
 
-func (nopMetrics) Notice(string, string)                               {}
-func (nopMetrics) NoticeToRequest(time.Duration)                       {}
-func (nopMetrics) Phase(string, time.Duration)                         {}
-func (nopMetrics) Uploaded(int64, time.Duration)                       {}
-func (nopMetrics) Committed(int64, time.Time)                          {}
-func (nopMetrics) CommitFailed(string)                                 {}
-func (nopMetrics) Interval(time.Duration)                              {}
-func (nopMetrics) Error(string)                                        {}
-func (nopMetrics) Restored(int64, time.Duration)                       {}
-func (nopMetrics) Ready(bool)                                          {}
-func (nopMetrics) Goodput(*checkpoint.Goodput)                         {}
-func (nopMetrics) Machine(string, string, string)                      {}
-func (nopMetrics) NoticeCheckpoint(bool, time.Duration, time.Duration) {}
+func (nopMetrics) Notice(string, string)                                 {}
+func (nopMetrics) NoticeToRequest(time.Duration)                         {}
+func (nopMetrics) Phase(string, time.Duration)                           {}
+func (nopMetrics) Uploaded(int64, time.Duration)                         {}
+func (nopMetrics) Committed(int64, time.Time)                            {}
+func (nopMetrics) CommitFailed(string)                                   {}
+func (nopMetrics) Interval(time.Duration)                                {}
+func (nopMetrics) Error(string)                                          {}
+func (nopMetrics) Restored(int64, time.Duration)                         {}
+func (nopMetrics) Ready(bool)                                            {}
+func (nopMetrics) Goodput(*checkpoint.Goodput)                           {}
+func (nopMetrics) Machine(string, string, string)                        {}
+func (nopMetrics) NoticeCheckpoint(bool, time.Duration, time.Duration)   {}
+func (nopMetrics) NoticePromise(time.Duration, map[string]time.Duration) {}

@@ -221,88 +221,163 @@ func cpuTicks(pid int) (int64, error) {
 
 const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
 
-// benchIdle: the agent (`spotagent run` with an idle child) and
-// `spotagent watch`, polling the AWS fake every second, side by side for
-// the window: CPU from /proc/PID/stat, RSS from /proc/PID/status.
+// idleSample is one process's figures over one idle window.
+type idleSample struct {
+	cpu                    float64 // % of one core
+	rssMedian, rssMax, hwm float64 // MiB (VmRSS sampled every second; VmHWM)
+	anon, file             float64 // MiB, RssAnon and RssFile at the window's end
+}
+
+// benchIdle: the agent (`spotagent run` with an idle child) and `spotagent
+// watch`, polling the AWS fake every second, side by side for the window:
+// CPU from /proc/PID/stat, RSS from /proc/PID/status. c.idleRuns runs, each
+// with fresh processes; the table shows medians over the runs. With
+// c.baselineBin the same processes of that binary run beside them, polling
+// the same fake (before/after on one machine at one time).
 func benchIdle(c *config, r *report) error {
 	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
 	if err != nil {
 		return err
 	}
 	defer imds.Close()
-	dir := filepath.Join(c.work, "idle")
-	os.MkdirAll(dir, 0o700)
-	procs := []struct {
-		name string
-		args []string
-	}{
-		{"spotagent run (agent process; child: sleep)", []string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--checkpoint-dir", filepath.Join(dir, "ckpt"),
-			"--socket", filepath.Join(dir, "agent.sock"), "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String(),
-			"--log-format", "json", "--", "sleep", "100000"}},
-		{"spotagent watch", []string{"watch", "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String()}},
+	type binSpec struct{ label, path string }
+	bins := []binSpec{{"spotagent", c.bin}}
+	if c.baselineBin != "" {
+		bins = append(bins, binSpec{"baseline", c.baselineBin})
 	}
-	var cmds []*exec.Cmd
-	defer func() {
-		for _, cmd := range cmds {
-			cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(40 * time.Second):
-				cmd.Process.Kill()
-			}
-		}
-	}()
-	for _, p := range procs {
-		cmd := exec.Command(c.bin, p.args...)
-		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		cmds = append(cmds, cmd)
-	}
-	time.Sleep(5 * time.Second) // start-up is not idle
-	reqs0 := imds.Requests()
-	t0 := make([]int64, len(cmds))
-	for i, cmd := range cmds {
-		if t0[i], err = cpuTicks(cmd.Process.Pid); err != nil {
-			return err
-		}
-	}
-	start := time.Now()
-	rss := make([][]float64, len(cmds))
-	for time.Since(start) < c.idle {
-		time.Sleep(time.Second)
-		for i, cmd := range cmds {
-			rss[i] = append(rss[i], float64(vmKiB(cmd.Process.Pid, "VmRSS"))/1024)
-		}
-	}
-	el := time.Since(start)
-	var b strings.Builder
-	fmt.Fprintf(&b, "Both processes poll the AWS fake every %s, side by side, for %s after a 5 s warm-up (%d metadata requests in the window). CPU = Δ(utime+stime) from /proc/PID/stat over the window; RSS sampled every second from /proc/PID/status.\n\n", c.pollInterval, el.Round(time.Second), imds.Requests()-reqs0)
-	b.WriteString("| process | CPU % of one core | RSS median MiB | RSS max MiB | VmHWM MiB | RssAnon MiB (heap, stacks) | RssFile MiB (binary text mapped) |\n| --- | --- | --- | --- | --- | --- | --- |\n")
-	for i, cmd := range cmds {
-		t1, err := cpuTicks(cmd.Process.Pid)
+	procNames := []string{"spotagent run (agent process; child: sleep)", "spotagent watch"}
+	samples := map[[2]int][]idleSample{} // [bin, proc] → one sample per run
+	var reqs int64
+	var window time.Duration
+	for run := range c.idleRuns {
+		got, n, el, err := idleRun(c, imds, c.bin, c.baselineBin, run)
 		if err != nil {
 			return err
 		}
-		cpu := float64(t1-t0[i]) / clkTck / el.Seconds() * 100
-		_, hi := minmax(rss[i])
-		pid := cmd.Process.Pid
-		fmt.Fprintf(&b, "| %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", procs[i].name, cpu, median(rss[i]), hi, float64(vmKiB(pid, "VmHWM"))/1024,
-			float64(vmKiB(pid, "RssAnon"))/1024, float64(vmKiB(pid, "RssFile"))/1024)
-		logf("%s: CPU %.2f %%, RSS %.1f MiB", procs[i].name, cpu, median(rss[i]))
-		if i == 0 {
-			mb := hi * (1 << 20) / 1e6
-			r.target(target{name: "idle RSS (agent, polling AWS at 1 s)", want: "≤ 30 MB", got: fmt.Sprintf("%.1f MiB = %.1f MB (max)", hi, mb), met: mb <= 30, margin: fmt.Sprintf("%+.1f MB", 30-mb)})
-			r.target(target{name: "idle CPU (agent)", want: "≤ 0.5 % of one core", got: fmt.Sprintf("%.2f %%", cpu), met: cpu <= 0.5, margin: fmt.Sprintf("%+.2f points", 0.5-cpu)})
+		reqs += n
+		window = el
+		for k, v := range got {
+			samples[k] = append(samples[k], v)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Both processes poll the AWS fake every %s, side by side, for %s after a 5 s warm-up; %d runs, each with fresh processes (%d metadata requests in all). CPU = Δ(utime+stime) from /proc/PID/stat over the window; RSS sampled every second from /proc/PID/status (VmRSS); RssAnon (heap, stacks, written data) and RssFile (the binary's pages mapped from the file) at the window's end. Medians over the runs; RSS max and VmHWM are the largest of any run.", c.pollInterval, window.Round(time.Second), c.idleRuns, reqs)
+	if len(bins) > 1 {
+		fmt.Fprintf(&b, " *baseline* is %s, run beside the binary under test against the same fake.", c.baselineBin)
+	}
+	b.WriteString("\n\n| binary | process | CPU % of one core | RSS median MiB | RSS max MiB | VmHWM MiB | RssAnon MiB | RssFile MiB | binary size MB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for bi, bin := range bins {
+		size := 0.0
+		if fi, err := os.Stat(bin.path); err == nil {
+			size = float64(fi.Size()) / 1e6
+		}
+		for pi, name := range procNames {
+			xs := samples[[2]int{bi, pi}]
+			get := func(f func(idleSample) float64) []float64 {
+				var out []float64
+				for _, x := range xs {
+					out = append(out, f(x))
+				}
+				return out
+			}
+			cpu := median(get(func(x idleSample) float64 { return x.cpu }))
+			rss := median(get(func(x idleSample) float64 { return x.rssMedian }))
+			_, hi := minmax(get(func(x idleSample) float64 { return x.rssMax }))
+			_, hwm := minmax(get(func(x idleSample) float64 { return x.hwm }))
+			anon := median(get(func(x idleSample) float64 { return x.anon }))
+			file := median(get(func(x idleSample) float64 { return x.file }))
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bin.label, name, cpu, rss, hi, hwm, anon, file, size)
+			logf("%s, %s: CPU %.2f %%, RSS %.1f MiB (anon %.1f, file %.1f), medians of %d", bin.label, name, cpu, rss, anon, file, len(xs))
+			if bi == 0 && pi == 0 {
+				mb := rss * (1 << 20) / 1e6
+				r.target(target{name: "idle RSS (agent, polling AWS at 1 s)", want: fmt.Sprintf("median of %d runs ≤ 28 MB", c.idleRuns),
+					got: fmt.Sprintf("%.1f MiB = %.1f MB (RssAnon %.1f + RssFile %.1f MiB; max %.1f MiB)", rss, mb, anon, file, hi),
+					met: mb <= 28, margin: fmt.Sprintf("%+.1f MB", 28-mb)})
+				r.target(target{name: "idle CPU (agent)", want: "≤ 0.5 % of one core", got: fmt.Sprintf("%.2f %%", cpu), met: cpu <= 0.5, margin: fmt.Sprintf("%+.2f points", 0.5-cpu)})
+			}
 		}
 	}
 	r.add("5. Footprint while idle-polling", b.String())
 	r.command("spotagent run --store file:///TMP/store --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s -- sleep 100000   # sampled via /proc/PID")
 	r.command("spotagent watch --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s")
+	r.command("SPOTBENCH_ONLY=footprint SPOTBENCH_BASELINE_BIN=OLD_BINARY make bench   # this section alone, an older build beside this one")
 	return nil
+}
+
+// idleRun runs the idle processes of bin (and of baseline, when set) once
+// and returns each one's figures, keyed by [binary, process], the metadata
+// requests in the window and the window's length.
+func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]int]idleSample, int64, time.Duration, error) {
+	dir := filepath.Join(c.work, fmt.Sprintf("idle-%d", run))
+	os.RemoveAll(dir)
+	os.MkdirAll(dir, 0o700)
+	type proc struct {
+		key [2]int
+		cmd *exec.Cmd
+	}
+	var procs []proc
+	defer func() {
+		for _, p := range procs {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { p.cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(40 * time.Second):
+				p.cmd.Process.Kill()
+			}
+		}
+	}()
+	for bi, path := range []string{bin, baseline} {
+		if path == "" {
+			continue
+		}
+		sub := filepath.Join(dir, strconv.Itoa(bi))
+		argv := [][]string{
+			{"run", "--store", "file://" + filepath.Join(sub, "store"), "--checkpoint-dir", filepath.Join(sub, "ckpt"),
+				"--socket", filepath.Join(sub, "agent.sock"), "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String(),
+				"--log-format", "json", "--", "sleep", "100000"},
+			{"watch", "--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", c.pollInterval.String()},
+		}
+		for pi, args := range argv {
+			cmd := exec.Command(path, args...)
+			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+			if err := cmd.Start(); err != nil {
+				return nil, 0, 0, err
+			}
+			procs = append(procs, proc{[2]int{bi, pi}, cmd})
+		}
+	}
+	time.Sleep(5 * time.Second) // start-up is not idle
+	reqs0 := imds.Requests()
+	t0 := make([]int64, len(procs))
+	for i, p := range procs {
+		var err error
+		if t0[i], err = cpuTicks(p.cmd.Process.Pid); err != nil {
+			return nil, 0, 0, err
+		}
+	}
+	start := time.Now()
+	rss := make([][]float64, len(procs))
+	for time.Since(start) < c.idle {
+		time.Sleep(time.Second)
+		for i, p := range procs {
+			rss[i] = append(rss[i], float64(vmKiB(p.cmd.Process.Pid, "VmRSS"))/1024)
+		}
+	}
+	el := time.Since(start)
+	out := map[[2]int]idleSample{}
+	for i, p := range procs {
+		pid := p.cmd.Process.Pid
+		t1, err := cpuTicks(pid)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		_, hi := minmax(rss[i])
+		out[p.key] = idleSample{cpu: float64(t1-t0[i]) / clkTck / el.Seconds() * 100, rssMedian: median(rss[i]), rssMax: hi,
+			hwm: float64(vmKiB(pid, "VmHWM")) / 1024, anon: float64(vmKiB(pid, "RssAnon")) / 1024, file: float64(vmKiB(pid, "RssFile")) / 1024}
+	}
+	return out, imds.Requests() - reqs0, el, nil
 }
 
 func benchSimulate(c *config, r *report) error {

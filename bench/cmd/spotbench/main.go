@@ -34,6 +34,8 @@ type config struct {
 	reps, notices         int
 	e2eReps               int
 	idle                  time.Duration
+	idleRuns              int    // runs of the footprint section
+	baselineBin           string // an older build measured beside c.bin in the footprint section
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
@@ -61,6 +63,8 @@ func main() {
 	flag.IntVar(&c.e2eReps, "e2e-reps", 3, "repetitions of each end-to-end notice → committed run")
 	flag.IntVar(&c.notices, "notices", 50, "notices per cloud for the latency figure")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
+	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
+	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
 	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
@@ -95,7 +99,12 @@ func main() {
 		must(benchLatency(&c, r))
 	}
 	var env *stores
-	if c.only["transfer"] || c.only["e2e"] || c.only["footprint"] || c.only["pipeline"] || c.only["distributed"] {
+	if c.baselineBin != "" {
+		if c.baselineBin, err = filepath.Abs(c.baselineBin); err != nil {
+			fatal(err)
+		}
+	}
+	if c.only["transfer"] || c.only["e2e"] || c.only["pipeline"] || c.only["distributed"] {
 		step("starting MinIO and fake-gcs-server")
 		env, err = startStores(&c)
 		must(err)
@@ -106,7 +115,7 @@ func main() {
 		step("upload and restore throughput")
 		must(benchTransfer(&c, r, env))
 	}
-	if c.only["e2e"] || c.only["footprint"] {
+	if c.only["e2e"] {
 		step("notice → checkpoint committed, end to end")
 		must(benchE2E(&c, r, env))
 	}

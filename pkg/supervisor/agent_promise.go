@@ -1,0 +1,177 @@
+package supervisor
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
+)
+
+// The deadline the agent can promise (issue 30, item 5): from the newest
+// checkpoint's measured save, upload and commit, whether a notice
+// checkpoint commits within each cloud's notice, --margin kept. It is
+// said at start (from the journal of an earlier session) and after each
+// checkpoint when the verdict for this machine's notice changes: one
+// warning when it stops fitting, one line when it fits again.
+
+// promiseState is the newest prediction and what was last said about it.
+type promiseState struct {
+	p      schedule.Promise
+	misfit bool // the last verdict logged for this machine's notice was "does not fit"
+}
+
+// PromiseStatus is the notice checkpoint's prediction in `spotagent
+// status` and `spotagent report`.
+type PromiseStatus struct {
+	Bytes         int64   `json:"bytes"`
+	NeedSeconds   float64 `json:"need_seconds"`          // request → committed, predicted
+	LowerBound    bool    `json:"lower_bound,omitempty"` // need is at least this (restore figures only)
+	SaveSeconds   float64 `json:"save_seconds,omitempty"`
+	UploadSeconds float64 `json:"upload_seconds,omitempty"`
+	BytesPerSec   float64 `json:"bytes_per_sec,omitempty"`
+	Pipelined     bool    `json:"pipelined"`
+	Source        string  `json:"source"` // checkpoint, journal or restore
+	MarginSeconds float64 `json:"margin_seconds"`
+	// Notice is this machine's: a cloud's, or "signal" (the shutdown
+	// grace) without one.
+	Notice  string         `json:"notice"`
+	Clouds  []CloudPromise `json:"clouds"`
+	Problem string         `json:"problem,omitempty"` // why it does not fit this machine's notice
+	Advice  []string       `json:"advice,omitempty"`
+}
+
+// CloudPromise is the verdict for one notice.
+type CloudPromise struct {
+	Cloud         string  `json:"cloud"`
+	NoticeSeconds float64 `json:"notice_seconds"`
+	BudgetSeconds float64 `json:"budget_seconds"` // notice − margin
+	Fits          bool    `json:"fits"`
+}
+
+// DescribePromise is p judged against every cloud's notice and own (this
+// machine's), margin kept; nil when nothing is known.
+func DescribePromise(p schedule.Promise, own schedule.CloudNotice, margin time.Duration) *PromiseStatus {
+	if !p.Known() {
+		return nil
+	}
+	st := &PromiseStatus{
+		Bytes: p.Bytes, NeedSeconds: p.Need().Seconds(), LowerBound: p.Lower, SaveSeconds: p.Save.Seconds(),
+		UploadSeconds: p.Upload.Seconds(), BytesPerSec: p.Rate, Pipelined: p.Pipelined, Source: p.Source,
+		MarginSeconds: margin.Seconds(), Notice: own.Cloud,
+	}
+	notices := schedule.CloudNotices
+	if _, ok := schedule.NoticeFor(own.Cloud); !ok {
+		notices = append(append([]schedule.CloudNotice(nil), notices...), own)
+	}
+	for _, c := range notices {
+		st.Clouds = append(st.Clouds, CloudPromise{Cloud: c.Cloud, NoticeSeconds: c.Lead.Seconds(),
+			BudgetSeconds: schedule.Budget(c.Lead, margin).Seconds(), Fits: p.Fits(c.Lead, margin)})
+	}
+	if st.Problem = p.Problem(own, margin); st.Problem != "" {
+		st.Advice = p.Advice(schedule.Budget(own.Lead, margin))
+	}
+	return st
+}
+
+// PromiseFromJournal is the prediction a journal allows: its newest
+// checkpoint's figures, else (lower bound) its newest restore's size at
+// the restore's rate.
+func PromiseFromJournal(j *checkpoint.Journal) schedule.Promise {
+	s := j.Stats
+	if s.LastBytes > 0 && s.BytesPerSec > 0 {
+		p := schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
+			Upload: seconds(float64(s.LastBytes) / s.BytesPerSec), Save: seconds(s.SaveSeconds), Took: seconds(s.CheckpointSeconds)}
+		if s.SaveSeconds == 0 && s.CheckpointSeconds == 0 {
+			p.Lower = true // an older agent's journal: the save was not recorded
+		}
+		return p
+	}
+	for i := len(j.Restores) - 1; i >= 0; i-- {
+		r := j.Restores[i]
+		if r.Bytes > 0 && r.Seconds > 0 {
+			// Downloads are usually faster than uploads: what the restore
+			// took is the least the upload of the same bytes takes.
+			return schedule.Promise{Bytes: r.Bytes, Rate: float64(r.Bytes) / r.Seconds, Upload: seconds(r.Seconds), Source: "restore", Lower: true}
+		}
+	}
+	return schedule.Promise{}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// ownNotice is the notice this machine gets: its cloud's, or without one
+// the shutdown grace (--term-grace) a SIGTERM gives.
+func (a *Agent) ownNotice() schedule.CloudNotice {
+	cloud := a.cfg.Identity.Cloud
+	if (cloud == "" || cloud == metadata.CloudNone) && a.cfg.Source != nil {
+		cloud = a.cfg.Source.Cloud()
+	}
+	if c, ok := schedule.NoticeFor(string(cloud)); ok {
+		return c
+	}
+	return schedule.CloudNotice{Cloud: string(metadata.CloudSignal), Name: "a shutdown (--term-grace)", Lead: a.cfg.TermGrace}
+}
+
+// promiseStatus is the status's view of the newest prediction.
+func (a *Agent) promiseStatus() *PromiseStatus {
+	return DescribePromise(a.promise.p, a.ownNotice(), a.cfg.Margin)
+}
+
+// promiseAtStart predicts from the journal an earlier session wrote and
+// says whether a notice checkpoint fits.
+func (a *Agent) promiseAtStart() {
+	if a.journal == nil {
+		return
+	}
+	a.setPromise(PromiseFromJournal(a.journal.Snapshot()), true)
+}
+
+// notePromise records what the checkpoint r, committed now as res (its
+// commit having started at commitStart), measured.
+func (a *Agent) notePromise(r *request, res *checkpoint.Result, commitStart, now time.Time) {
+	if r.reason == protocol.ReasonManual || !a.src.asks() || res.Bytes <= 0 {
+		// A trainer's own checkpoint has no measured save; zero-code mode
+		// has no request (its save is the trainer's business).
+		return
+	}
+	p := schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(r.sent), Upload: res.Upload, Took: now.Sub(r.sent),
+		Pipelined: r.pipe != nil, Source: "checkpoint"}
+	if res.Upload > 0 {
+		p.Rate = float64(res.Bytes) / res.Upload.Seconds()
+	}
+	a.setPromise(p, false)
+}
+
+// setPromise makes p the newest prediction, exports it and logs a change
+// of verdict for this machine's notice (at start, any verdict).
+func (a *Agent) setPromise(p schedule.Promise, start bool) {
+	if !p.Known() {
+		return
+	}
+	a.promise.p = p
+	own := a.ownNotice()
+	budgets := map[string]time.Duration{}
+	for _, c := range schedule.CloudNotices {
+		budgets[c.Cloud] = schedule.Budget(c.Lead, a.cfg.Margin)
+	}
+	a.cfg.Metrics.NoticePromise(p.Need(), budgets)
+	fields := []zap.Field{zap.String("notice", own.Cloud), zap.Duration("need", p.Need().Round(time.Millisecond)),
+		zap.Duration("budget", schedule.Budget(own.Lead, a.cfg.Margin)), zap.Int64("bytes", p.Bytes), zap.String("source", p.Source)}
+	if problem := p.Problem(own, a.cfg.Margin); problem != "" {
+		if a.promise.misfit && !start {
+			return // said once; said again only after it fitted in between
+		}
+		a.promise.misfit = true
+		a.log.Warn("a notice checkpoint will not commit before the machine goes: "+problem,
+			append(fields, zap.Strings("advice", p.Advice(schedule.Budget(own.Lead, a.cfg.Margin))))...)
+		return
+	}
+	if start || a.promise.misfit {
+		a.promise.misfit = false
+		a.log.Info("a notice checkpoint commits within the notice", fields...)
+	}
+}
