@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/internal/memtrim"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -53,10 +52,6 @@ func watchNotices(cmd *cobra.Command, so *sourceOptions, level string) int {
 		return 2
 	}
 	log.Info("identity", zap.Any("identity", id))
-	// Start-up is over: what only it used need not stay mapped.
-	if _, err := memtrim.Release(); err != nil {
-		log.Debug("start-up pages not released", zap.Error(err))
-	}
 
 	notices := make(chan metadata.Notice, 16)
 	done := make(chan error, 1)

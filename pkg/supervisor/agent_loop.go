@@ -200,7 +200,6 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if a.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
-	releaseStartup(a.log) // memory.go
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	if a.child != nil {

@@ -98,7 +98,6 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 		m.Ready(true)
 		defer m.Ready(false)
 	}
-	releaseStartup(n.log) // memory.go
 	stopping := false
 	cancelled := ctx.Done()
 	for {
