@@ -54,7 +54,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.forgetWaiting(c.ID()) // agent_restore.go
-		a.rankLeft(c) // agent_peers.go
+		a.rankLeft(c)           // agent_peers.go
 		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
 			a.leftUnfinished = true
 		}
