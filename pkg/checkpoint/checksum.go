@@ -25,9 +25,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // it: SSE4.2 on amd64, CRC32 instructions on arm64).
 func newCRC32C() hash.Hash32 { return crc32.New(castagnoli) }
 
-// CRC32CHex is how a manifest writes a CRC32C: 8 lowercase hex digits,
+// crc32cHex is how a manifest writes a CRC32C: 8 lowercase hex digits,
 // big-endian (the byte order of S3's and GCS's base64 form).
-func CRC32CHex(v uint32) string { return fmt.Sprintf("%08x", v) }
+func crc32cHex(v uint32) string { return fmt.Sprintf("%08x", v) }
 
 // digest returns a fresh hash of the kind f's manifest entry records, the
 // value it must produce (hex), and its name for messages.

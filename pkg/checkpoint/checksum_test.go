@@ -28,7 +28,7 @@ func TestChecksum_CRC32CRecordedAndChecked(t *testing.T) {
 			commit(t, st, 10, "a", map[string]string{"m": "ten"})
 			res := commit(t, st, 20, "b", map[string]string{"m": body})
 			f := res.Manifest.Files[0]
-			if want := CRC32CHex(crc32.Checksum([]byte(body), castagnoli)); f.CRC32C != want || f.SHA256 != "" {
+			if want := crc32cHex(crc32.Checksum([]byte(body), castagnoli)); f.CRC32C != want || f.SHA256 != "" {
 				t.Fatalf("manifest entry crc32c %q sha256 %q, want crc32c %s and no sha256", f.CRC32C, f.SHA256, want)
 			}
 			if got := restoredStep(t, st); got != 20 {
@@ -101,7 +101,7 @@ func TestChecksum_Validate(t *testing.T) {
 			t.Errorf("%s: Validate = %v, want error %v", c.name, err, c.bad)
 		}
 	}
-	if err := (File{Size: 3, CRC32C: CRC32CHex(crc32.Checksum([]byte("abc"), castagnoli))}).Verify(strings.NewReader("abcd")); !errors.Is(err, ErrCorrupt) {
+	if err := (File{Size: 3, CRC32C: crc32cHex(crc32.Checksum([]byte("abc"), castagnoli))}).Verify(strings.NewReader("abcd")); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Verify of a longer object = %v, want ErrCorrupt", err)
 	}
 }

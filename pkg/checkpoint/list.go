@@ -208,7 +208,7 @@ func ListIncomplete(ctx context.Context, st cloud.Store) ([]Incomplete, error) {
 		in := Incomplete{Step: stepOf(d)}
 		_, in.ID, _ = strings.Cut(strings.TrimSuffix(strings.TrimPrefix(d, prefixDir), "/"), "-")
 		for _, k := range keys {
-			p, err := ReadPart(ctx, st, k)
+			p, err := readPart(ctx, st, k)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

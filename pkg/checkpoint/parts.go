@@ -30,8 +30,8 @@ import (
 // (if-absent: one writer wins, the others read and accept it). docs/storage.md
 // has the argument.
 
-// PartFormat names the part manifest schema.
-const PartFormat = "spotagent.part/v1"
+// partFormat names the part manifest schema.
+const partFormat = "spotagent.part/v1"
 
 // partsDir holds the part manifests of a job checkpoint.
 const partsDir = "parts/"
@@ -80,8 +80,8 @@ type PartManifest struct {
 // PartPrefix is the store prefix of one part's data objects, ending in "/".
 func PartPrefix(step int64, id, node string) string { return Prefix(step, id) + node + "/" }
 
-// PartKey is the key of one part's manifest.
-func PartKey(step int64, id, node string) string {
+// partKey is the key of one part's manifest.
+func partKey(step int64, id, node string) string {
 	return Prefix(step, id) + partsDir + node + ".json"
 }
 
@@ -121,7 +121,7 @@ func checkRanks(ranks []int, world int) error {
 
 // Validate checks a part manifest as Validate checks a manifest.
 func (p *PartManifest) Validate() error {
-	if p.Format != PartFormat {
+	if p.Format != partFormat {
 		return fmt.Errorf("unknown part format %q", p.Format)
 	}
 	if !ValidID(p.ID) {
@@ -254,7 +254,7 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 		m.Files[i].Part = req.Part.Node
 	}
 	own := &PartManifest{
-		Format: PartFormat, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
+		Format: partFormat, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
 		Node: req.Part.Node, Ranks: slices.Sorted(slices.Values(req.Part.Ranks)), WorldSize: req.Part.WorldSize,
 		Created: m.Created, Source: m.Source, Metadata: m.Metadata, Files: m.Files,
 	}
@@ -262,7 +262,7 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 	if err != nil {
 		return nil, err
 	}
-	key := PartKey(req.Step, req.ID, req.Part.Node)
+	key := partKey(req.Step, req.ID, req.Part.Node)
 	if c.PartLease != nil {
 		// A newer copy of this node exists: its parts are the node's.
 		if err := c.PartLease.Check(ctx); err != nil {
@@ -353,7 +353,7 @@ func sameCheckpoint(m *Manifest, own *PartManifest) error {
 // 1 s) until the parts cover every rank of own's world exactly once, and
 // returns the job manifest they make. ctx ending first: ErrIncomplete.
 func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartManifest) (*Manifest, error) {
-	cache := map[string]*PartManifest{PartKey(own.Step, own.ID, own.Node): own}
+	cache := map[string]*PartManifest{partKey(own.Step, own.ID, own.Node): own}
 	_, missing, _ := joinParts(own, []*PartManifest{own}) // until the first listing
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		parts, err := readParts(ctx, c.Store, own.Step, own.ID, cache)
@@ -393,7 +393,7 @@ func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache
 	for _, k := range keys {
 		p := cache[k]
 		if p == nil {
-			p, err = ReadPart(ctx, st, k)
+			p, err = readPart(ctx, st, k)
 			if errors.Is(err, cloud.ErrNotExist) {
 				continue // deleted since the listing (retention)
 			}
@@ -407,9 +407,9 @@ func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache
 	return parts, nil
 }
 
-// ReadPart reads and validates a part manifest. One that does not parse,
+// readPart reads and validates a part manifest. One that does not parse,
 // validate or belong at its key is ErrPartsDisagree.
-func ReadPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, error) {
+func readPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, error) {
 	var p PartManifest
 	if err := readJSON(ctx, st, key, maxManifest, &p); err != nil {
 		var syn *json.SyntaxError
@@ -422,7 +422,7 @@ func ReadPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, e
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("part %s: %w: %w", key, ErrPartsDisagree, err)
 	}
-	if want := PartKey(p.Step, p.ID, p.Node); want != key {
+	if want := partKey(p.Step, p.ID, p.Node); want != key {
 		return nil, fmt.Errorf("part %s: names step %d id %s node %s, which belong at %s: %w", key, p.Step, p.ID, p.Node, want, ErrPartsDisagree)
 	}
 	return &p, nil

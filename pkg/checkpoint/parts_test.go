@@ -138,7 +138,7 @@ func TestCommitParts_Missing(t *testing.T) {
 		if _, err := st.Stat(t.Context(), ManifestKey(20, "bbbbbbbbbbbb")); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("manifest of the incomplete checkpoint: %v", err)
 		}
-		if _, err := st.Stat(t.Context(), PartKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
+		if _, err := st.Stat(t.Context(), partKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
 			t.Fatalf("the part is gone: %v", err)
 		}
 		for _, p := range []string{"", "node-0", "node-1"} {
@@ -247,13 +247,13 @@ func TestCommitParts_Disagree(t *testing.T) {
 		t.Run("part claiming another step", func(t *testing.T) {
 			// A part manifest copied under another checkpoint's prefix.
 			commitParts(t, short(t), st, 5, id, twoNodes[1])
-			rc, err := st.Get(t.Context(), PartKey(5, id, "node-1"), 0, -1)
+			rc, err := st.Get(t.Context(), partKey(5, id, "node-1"), 0, -1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			body, _ := io.ReadAll(rc)
 			rc.Close()
-			put(t, st, PartKey(6, id, "node-1"), string(body))
+			put(t, st, partKey(6, id, "node-1"), string(body))
 			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
 			if !errors.Is(errs[0], ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])

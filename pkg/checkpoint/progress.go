@@ -109,7 +109,7 @@ func (u *uploadReader) Sent(n int64, crc32c uint32) {
 // result is what was uploaded: its length and CRC32C (hex).
 func (u *uploadReader) result() (int64, string) {
 	if u.sent {
-		return u.n, CRC32CHex(u.crc)
+		return u.n, crc32cHex(u.crc)
 	}
 	return u.n, hex.EncodeToString(u.h.Sum(nil))
 }

@@ -48,7 +48,7 @@ type RestoreOptions struct {
 	// without that part (a single-node one) is restored whole.
 	Part string
 	// Stall fails a store request that makes no progress (no answer, no
-	// byte of its body) for this long; 0: DefaultStall, < 0: never.
+	// byte of its body) for this long; 0: defaultStall, < 0: never.
 	Stall time.Duration
 }
 
@@ -104,7 +104,7 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 		log = zap.NewNop()
 	}
 	if opts.Stall == 0 {
-		opts.Stall = DefaultStall
+		opts.Stall = defaultStall
 	}
 	st = withStall(st, opts.Stall)
 	var skipped []string
@@ -441,7 +441,7 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 	// file back (a copy of every byte); a sha256 manifest, or writes that
 	// did not cover the file exactly once, are verified from disk.
 	if crc, ok := cw.sum(f.Size); ok && f.CRC32C != "" {
-		if got := CRC32CHex(crc); got != f.CRC32C {
+		if got := crc32cHex(crc); got != f.CRC32C {
 			return fmt.Errorf("%w: crc32c %s, manifest says %s", ErrCorrupt, got, f.CRC32C)
 		}
 		return nil

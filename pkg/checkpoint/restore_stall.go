@@ -11,10 +11,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// DefaultStall is how long a restore waits for a store request that makes
+// defaultStall is how long a restore waits for a store request that makes
 // no progress (no answer, or no byte of the body) before it fails it: a
 // GET that never answers must not hold the trainer's start forever.
-const DefaultStall = time.Minute
+const defaultStall = time.Minute
 
 // ErrStalled reports a store request that made no progress for the stall
 // timeout.

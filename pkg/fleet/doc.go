@@ -3,7 +3,7 @@
 // cloud × instance type × zone, lost work, goodput and money
 // (`spotagent fleet`, docs/fleet.md).
 //
-// Each run contributes a Run, computed from its journal by RunFromJournal
+// Each run contributes a Run, computed from its journal by runFromJournal
 // with the same accounting as `spotagent report` (checkpoint.Account). A
 // small Summary object at the prefix holds every run's Run; agents refresh
 // their run's entry at session end with a compare-and-swap (RecordSession),

@@ -211,7 +211,7 @@ func TestFleet_Recount(t *testing.T) {
 		if a.BetweenPerInterruption == nil || !near(*a.BetweenPerInterruption, 29*60) {
 			t.Errorf("us-east-1a between=%v, want 29 min (the gap; the session ended at the commit)", a.BetweenPerInterruption)
 		}
-		lo, hi := RateInterval(1, a.MachineHours, 0.9)
+		lo, hi := rateInterval(1, a.MachineHours, 0.9)
 		if !near(*a.Rate, 1/a.MachineHours) || !near(*a.RateLow, lo) || !near(*a.RateHigh, hi) {
 			t.Errorf("us-east-1a rate %v [%v, %v], want %v [%v, %v]", *a.Rate, *a.RateLow, *a.RateHigh, 1/a.MachineHours, lo, hi)
 		}

@@ -26,7 +26,7 @@ func Write(w io.Writer, rep *Report, format string) error {
 	case "csv":
 		return writeCSV(w, rep)
 	case "html":
-		return WriteHTML(w, rep)
+		return writeHTML(w, rep)
 	}
 	return fmt.Errorf("format %q: want table, json, csv or html", format)
 }
@@ -153,7 +153,7 @@ func writeTable(w io.Writer, rep *Report) error {
 			fmt.Fprintf(w, "; %.4f per 1,000 steps", *m.CostPer1kSteps)
 		}
 		fmt.Fprintf(w, "\nforecast for the next %d days at the usage of the last %.1f day(s): spend %.2f, saving %.2f\n",
-			ForecastDays, rep.WindowDays, m.Forecast30d, m.ForecastSaving30d)
+			forecastDays, rep.WindowDays, m.Forecast30d, m.ForecastSaving30d)
 		if m.UnpricedHours > 0 {
 			fmt.Fprintf(w, "%.1f machine hours have no price (instance types missing from the price file): not in spend\n", m.UnpricedHours)
 		}

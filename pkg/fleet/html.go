@@ -25,12 +25,12 @@ const (
 	colorGap   = "#bdbdbd" // between machines
 )
 
-// WriteHTML writes rep as one self-contained HTML page: the fleet table,
+// writeHTML writes rep as one self-contained HTML page: the fleet table,
 // interruptions over time (one lane per cell, a dot per interruption:
 // green when its notice checkpoint committed, red when work was lost) and
 // where each cell's time and money went (stacked bars). No scripts, no
 // external resources: it opens from a file or an email attachment.
-func WriteHTML(w io.Writer, rep *Report) error {
+func writeHTML(w io.Writer, rep *Report) error {
 	return pageTmpl.Execute(w, map[string]any{
 		"R":             rep,
 		"Interruptions": template.HTML(interruptionsSVG(rep)),

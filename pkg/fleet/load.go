@@ -46,7 +46,7 @@ func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time
 	}
 	l := &Loaded{Summary: s, Source: "recount", Damaged: damaged}
 	if save || !recount {
-		err = Update(ctx, st, func(cur *Summary) {
+		err = update(ctx, st, func(cur *Summary) {
 			old := cur.Runs
 			cur.Runs = map[string]*Run{}
 			for _, r := range s.Runs {

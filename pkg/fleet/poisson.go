@@ -5,12 +5,12 @@ import "math"
 // Confidence is the coverage of the rate intervals in reports.
 const Confidence = 0.90
 
-// RateInterval is the exact (Garwood) two-sided interval for a Poisson rate
+// rateInterval is the exact (Garwood) two-sided interval for a Poisson rate
 // from k events in exposure t (hours): [G(α/2; k), G(1−α/2; k+1)] / t with
 // G(q; a) the q-quantile of Gamma(a, 1) and α = 1 − conf. It covers the
 // true rate with probability ≥ conf, also for k = 0 (the lower end is then
 // 0 and the upper −ln(α/2)/t: 3.0/t at 90 %). t ≤ 0 gives NaN.
-func RateInterval(k int, t, conf float64) (lo, hi float64) {
+func rateInterval(k int, t, conf float64) (lo, hi float64) {
 	if t <= 0 {
 		return math.NaN(), math.NaN()
 	}

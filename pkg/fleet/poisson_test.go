@@ -21,12 +21,12 @@ func TestRateInterval(t *testing.T) {
 		{10, 50, 5.4254 / 50, 16.962 / 50},
 		{200, 1000, 0.177320, 0.224874}, // by bisection on the Poisson tail in Python
 	} {
-		lo, hi := RateInterval(c.k, c.t, 0.90)
+		lo, hi := rateInterval(c.k, c.t, 0.90)
 		if math.Abs(lo-c.lo) > 1e-3*max(c.lo, 1e-9)+1e-6 || math.Abs(hi-c.hi) > 1e-3*c.hi {
 			t.Errorf("RateInterval(%d, %g)=[%.6g, %.6g], want [%.6g, %.6g]", c.k, c.t, lo, hi, c.lo, c.hi)
 		}
 	}
-	if lo, hi := RateInterval(3, 0, 0.9); !math.IsNaN(lo) || !math.IsNaN(hi) {
+	if lo, hi := rateInterval(3, 0, 0.9); !math.IsNaN(lo) || !math.IsNaN(hi) {
 		t.Errorf("no exposure: [%v, %v], want NaN", lo, hi)
 	}
 }
@@ -38,7 +38,7 @@ func TestRateInterval_Coverage(t *testing.T) {
 		var cover float64
 		p := math.Exp(-mean) // Poisson pmf, k = 0
 		for k := 0; k < 200; k++ {
-			lo, hi := RateInterval(k, 1, 0.90)
+			lo, hi := rateInterval(k, 1, 0.90)
 			if lo <= mean && mean <= hi {
 				cover += p
 			}

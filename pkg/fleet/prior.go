@@ -18,11 +18,11 @@ const DefaultMinHours = 48
 // own prior weight (schedule.Scheduler, one day of run time).
 const priorHours = 24
 
-// MaxPriorHours caps the weight of the fleet's experience in a run's
+// maxPriorHours caps the weight of the fleet's experience in a run's
 // scheduler (Seed): at most this many machine hours, its counts scaled
 // down, so that a run whose own interruptions disagree (a cell whose rate
 // changed) moves its estimate within days.
-const MaxPriorHours = 1000
+const maxPriorHours = 1000
 
 // Prior is what a new run's scheduler starts from: the fleet's
 // interruptions and notice commits on machines like its own.
@@ -40,7 +40,7 @@ type Prior struct {
 // Seed adds the fleet's experience to the history a run's scheduler
 // starts from (schedule.Scheduler.ObserveHistory), as if the run had
 // lived it: run time, interruptions and committed notices, capped at
-// MaxPriorHours with the counts scaled alike. The interruption rate then
+// maxPriorHours with the counts scaled alike. The interruption rate then
 // starts near the fleet's (the --interruption-rate prior keeps its one
 // day of weight) and so does the notice-success estimate p, which a flat
 // prior cannot know. A flag prior returns h unchanged. Never write the
@@ -57,7 +57,7 @@ func (p Prior) Seed(h schedule.History) schedule.History {
 }
 
 func (p Prior) scaled() (hours float64, k, c int) {
-	f := min(1, MaxPriorHours/p.Hours)
+	f := min(1, maxPriorHours/p.Hours)
 	return p.Hours * f, int(math.Round(float64(p.Interruptions) * f)), int(math.Round(float64(p.NoticeCommits) * f))
 }
 

@@ -21,8 +21,8 @@ type Options struct {
 	Prices Prices
 }
 
-// ForecastDays is the horizon of the spend forecast.
-const ForecastDays = 30
+// forecastDays is the horizon of the spend forecast.
+const forecastDays = 30
 
 // Figures are the numbers of one table row: a cell, a run or the fleet.
 type Figures struct {
@@ -31,7 +31,7 @@ type Figures struct {
 	WallHours     float64 `json:"wall_hours"`    // machine hours + time between machines
 	Interruptions int     `json:"interruptions"`
 	// Rate is interruptions per machine hour, RateLow..RateHigh its exact
-	// 90 % Poisson interval (RateInterval); nil without machine time.
+	// 90 % Poisson interval (rateInterval); nil without machine time.
 	Rate     *float64 `json:"rate_per_hour"`
 	RateLow  *float64 `json:"rate_low"`
 	RateHigh *float64 `json:"rate_high"`
@@ -252,7 +252,7 @@ func (a *acc) addCell(run string, c *Cell, steps float64, p Price, frac float64,
 	a.spend += spend
 	a.wasted += p.Spot * (c.Lost + c.Restore + c.After) / 3600
 	a.onDemand += od
-	scale := frac * ForecastDays * 24 * time.Hour.Hours() / window.Hours()
+	scale := frac * forecastDays * 24 * time.Hour.Hours() / window.Hours()
 	a.fcSpend += spend * scale
 	if p.OnDemand > 0 {
 		a.fcSaving += (od - spend) * scale
@@ -270,7 +270,7 @@ func (a *acc) figures() Figures {
 		BetweenHours: (c.After + c.Gap) / 3600, Steps: a.steps,
 	}
 	if h := c.Machine / 3600; h > 0 {
-		lo, hi := RateInterval(c.Interruptions, h, Confidence)
+		lo, hi := rateInterval(c.Interruptions, h, Confidence)
 		f.Rate, f.RateLow, f.RateHigh = ptr(float64(c.Interruptions)/h), ptr(lo), ptr(hi)
 	}
 	if c.Interruptions > 0 {

@@ -105,11 +105,11 @@ func (r *Run) Total() Cell {
 	return t
 }
 
-// RunFromJournal accounts j (checkpoint.Account, with now ending a session
+// runFromJournal accounts j (checkpoint.Account, with now ending a session
 // that has none) and splits the result by the machine each session ran on.
 // dir is the run's prefix under the fleet root; steps the newest committed
 // step if known (0: the journal's newest).
-func RunFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
 	g, err := checkpoint.Account(j, now)
 	if err != nil {
 		return nil, err

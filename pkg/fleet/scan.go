@@ -41,7 +41,7 @@ func Recount(ctx context.Context, st cloud.Store, now time.Time) (*Summary, []Da
 	if err != nil {
 		return nil, nil, fmt.Errorf("list journals: %w", err)
 	}
-	s := &Summary{Format: SummaryFormat, Updated: now.UTC(), Runs: map[string]*Run{}}
+	s := &Summary{Format: summaryFormat, Updated: now.UTC(), Runs: map[string]*Run{}}
 	var (
 		mu      sync.Mutex
 		damaged []Damaged
@@ -92,7 +92,7 @@ func readRun(ctx context.Context, st cloud.Store, key string, now time.Time) (*R
 	if j.RunID == "" {
 		j.RunID = path.Base("/" + dir)
 	}
-	r, err := RunFromJournal(j, dir, latestStep(ctx, st, dir), now)
+	r, err := runFromJournal(j, dir, latestStep(ctx, st, dir), now)
 	if err != nil {
 		return nil, &Damaged{Key: key, Problems: append(damage, err.Error())}
 	}

@@ -14,19 +14,19 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// SummaryKey is the fleet summary's key at the fleet root (the prefix the
+// summaryKey is the fleet summary's key at the fleet root (the prefix the
 // runs' stores share: s3://bucket/runs for s3://bucket/runs/RUN-ID).
-const SummaryKey = "fleet-summary.json"
+const summaryKey = "fleet-summary.json"
 
-// SummaryFormat names the summary schema.
-const SummaryFormat = "spotagent.fleet/v1"
+// summaryFormat names the summary schema.
+const summaryFormat = "spotagent.fleet/v1"
 
 // maxSummary bounds what is read as a summary: 10,000 runs take ~10 MB.
 const maxSummary = 512 << 20
 
 // Summary is every run's Run, keyed by the run's directory under the fleet
 // root. It is small next to the journals (one entry of ~1 kB per run)
-// and written only by Update, a compare-and-swap.
+// and written only by update, a compare-and-swap.
 type Summary struct {
 	Format  string    `json:"format"`
 	Updated time.Time `json:"updated"`
@@ -45,17 +45,17 @@ func ReadSummary(ctx context.Context, st cloud.Store) (*Summary, error) {
 }
 
 func readSummary(ctx context.Context, st cloud.Store) (*Summary, string, error) {
-	info, err := st.Stat(ctx, SummaryKey)
+	info, err := st.Stat(ctx, summaryKey)
 	if err != nil {
 		return nil, "", fmt.Errorf("fleet summary: %w", err)
 	}
-	b, err := checkpoint.ReadSmall(ctx, st, SummaryKey, maxSummary)
+	b, err := checkpoint.ReadSmall(ctx, st, summaryKey, maxSummary)
 	if err != nil {
 		return nil, "", fmt.Errorf("fleet summary: %w", err)
 	}
 	s := &Summary{}
 	if err := json.Unmarshal(b, s); err != nil {
-		// The version says what a rewrite may replace (Update).
+		// The version says what a rewrite may replace (update).
 		return nil, info.Version, fmt.Errorf("parse fleet summary: %w", err)
 	}
 	if s.Runs == nil {
@@ -64,17 +64,17 @@ func readSummary(ctx context.Context, st cloud.Store) (*Summary, string, error) 
 	return s, info.Version, nil
 }
 
-// maxAttempts bounds Update's compare-and-swap loop. Each lost race means
+// maxAttempts bounds update's compare-and-swap loop. Each lost race means
 // another writer succeeded, so with the jittered backoff below every writer
 // of a burst gets through well before it (TestRecordSession_Race).
 const maxAttempts = 100
 
-// Update applies fn to the summary in st and writes the result with a
+// update applies fn to the summary in st and writes the result with a
 // compare-and-swap on the object's version (if-absent when there is none):
 // when another writer got there first, it reads again and re-applies fn
 // after a short random wait. fn may run more than once. A summary that no
 // longer parses is replaced (Recount rebuilds it from the journals).
-func Update(ctx context.Context, st cloud.Store, fn func(*Summary)) error {
+func update(ctx context.Context, st cloud.Store, fn func(*Summary)) error {
 	for attempt := 0; ; attempt++ {
 		s, ver, err := readSummary(ctx, st)
 		opts := cloud.PutOptions{IfVersion: ver}
@@ -89,12 +89,12 @@ func Update(ctx context.Context, st cloud.Store, fn func(*Summary)) error {
 			s = &Summary{Runs: map[string]*Run{}}
 		}
 		fn(s)
-		s.Format, s.Updated = SummaryFormat, time.Now().UTC()
+		s.Format, s.Updated = summaryFormat, time.Now().UTC()
 		body, err := json.Marshal(s)
 		if err != nil {
 			return err
 		}
-		err = st.Put(ctx, SummaryKey, bytes.NewReader(body), int64(len(body)), opts)
+		err = st.Put(ctx, summaryKey, bytes.NewReader(body), int64(len(body)), opts)
 		if err == nil {
 			return nil
 		}
@@ -126,9 +126,9 @@ func (s *Summary) put(r *Run) {
 // recomputed from the whole journal, so calling it again (a retry, another
 // agent of the same job) never counts a session twice.
 func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64) error {
-	r, err := RunFromJournal(j, dir, step, time.Now())
+	r, err := runFromJournal(j, dir, step, time.Now())
 	if err != nil {
 		return fmt.Errorf("fleet summary: %w", err)
 	}
-	return Update(ctx, fleetStore, func(s *Summary) { s.put(r) })
+	return update(ctx, fleetStore, func(s *Summary) { s.put(r) })
 }

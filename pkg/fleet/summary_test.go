@@ -114,7 +114,7 @@ func TestLoad(t *testing.T) {
 		}
 
 		junk := []byte("{not a summary")
-		if err := root.Put(ctx, SummaryKey, bytes.NewReader(junk), int64(len(junk)), cloud.PutOptions{}); err != nil {
+		if err := root.Put(ctx, summaryKey, bytes.NewReader(junk), int64(len(junk)), cloud.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := Load(ctx, root, false, false, now); err == nil {

@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// ShutdownTimeout bounds how long stop waits for scrapes in flight.
-const ShutdownTimeout = 5 * time.Second
+// shutdownTimeout bounds how long stop waits for scrapes in flight.
+const shutdownTimeout = 5 * time.Second
 
 // Serve listens on addr at once, so that a bad or busy address fails before
 // any trainer starts, then serves m.Handler in the background until ctx ends
@@ -47,7 +47,7 @@ func Serve(ctx context.Context, addr string, m *Metrics, log *zap.Logger) (stop 
 	go func() {
 		defer close(shutdownDone)
 		<-ctx.Done()
-		sctx, scancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		sctx, scancel := context.WithTimeout(context.Background(), shutdownTimeout)
 		defer scancel()
 		if err := srv.Shutdown(sctx); err != nil {
 			srv.Close()

@@ -69,7 +69,7 @@ func (c *Client) Send(ctx context.Context, m Message) error {
 	return nil
 }
 
-// Recv reads the next message. A line longer than MaxLine ends the
+// Recv reads the next message. A line longer than maxLine ends the
 // connection's usefulness (ErrLineTooLong); one that is not JSON is
 // ErrBadMessage; the agent closing the connection is io.EOF.
 func (c *Client) Recv(ctx context.Context) (Message, error) {
@@ -85,15 +85,15 @@ func (c *Client) Recv(ctx context.Context) (Message, error) {
 	return m, nil
 }
 
-// readLine reads one line, newline included, of at most MaxLine bytes.
-// A line is too long as soon as MaxLine bytes came without a newline.
+// readLine reads one line, newline included, of at most maxLine bytes.
+// A line is too long as soon as maxLine bytes came without a newline.
 func (c *Client) readLine() ([]byte, error) {
 	var line []byte
 	for {
 		frag, err := c.r.ReadSlice('\n')
 		line = append(line, frag...)
 		switch {
-		case len(line) > MaxLine, errors.Is(err, bufio.ErrBufferFull) && len(line) >= MaxLine:
+		case len(line) > maxLine, errors.Is(err, bufio.ErrBufferFull) && len(line) >= maxLine:
 			return nil, ErrLineTooLong
 		case err == nil:
 			return line, nil

@@ -91,7 +91,7 @@ func TestClient_Status(t *testing.T) {
 func TestClient_Recv(t *testing.T) {
 	t.Run("ErrLineTooLong", func(t *testing.T) {
 		path := fakeAgent(t, func(c net.Conn, r *bufio.Reader) {
-			c.Write(bytes.Repeat([]byte("x"), MaxLine+1))
+			c.Write(bytes.Repeat([]byte("x"), maxLine+1))
 			readType(r) // until the client closes
 		})
 		cl, err := Dial(context.Background(), path)
@@ -105,7 +105,7 @@ func TestClient_Recv(t *testing.T) {
 	})
 	t.Run("MaxLineOK", func(t *testing.T) {
 		head, tail := `{"type":"stop","error":"`, `"}`+"\n"
-		line := head + strings.Repeat("x", MaxLine-len(head)-len(tail)) + tail
+		line := head + strings.Repeat("x", maxLine-len(head)-len(tail)) + tail
 		path := fakeAgent(t, func(c net.Conn, r *bufio.Reader) {
 			c.Write([]byte(line))
 			readType(r)

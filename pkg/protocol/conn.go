@@ -17,7 +17,7 @@ import (
 
 // Why a connection ended, as Event.Err of its TypeDisconnected event.
 var (
-	// ErrLineTooLong: the trainer sent a line longer than MaxLine. The
+	// ErrLineTooLong: the trainer sent a line longer than maxLine. The
 	// stream cannot be trusted past it, so the connection is closed.
 	ErrLineTooLong = errors.New("line too long")
 	// ErrConnClosed: the agent closed the connection (Close, or shutdown).
@@ -266,8 +266,8 @@ func (c *Conn) readLoop() (int, error) {
 				seg = data[:i+1]
 			}
 			data = data[len(seg):]
-			if len(pending)+len(seg) > MaxLine {
-				c.replyError("", fmt.Sprintf("line exceeds %d bytes; closing connection", MaxLine))
+			if len(pending)+len(seg) > maxLine {
+				c.replyError("", fmt.Sprintf("line exceeds %d bytes; closing connection", maxLine))
 				c.closeWith(ErrLineTooLong)
 				return 0, ErrLineTooLong
 			}

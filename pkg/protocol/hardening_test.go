@@ -323,7 +323,7 @@ func TestServer_LineTimeout(t *testing.T) {
 func TestServer_BufferBudget(t *testing.T) {
 	const budget = 2 << 20
 	const conns = 8
-	const part = MaxLine - 100
+	const part = maxLine - 100
 	s := startServer(t, ServerConfig{MaxBuffered: budget, MaxConns: 64})
 	tr, trConn := s.hello(t, 0)
 

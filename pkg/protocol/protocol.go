@@ -6,12 +6,12 @@ import (
 )
 
 // Protocol v1: one JSON object per line over a Unix stream socket, UTF-8,
-// at most MaxLine bytes per line. Every message has "type". Unknown fields
+// at most maxLine bytes per line. Every message has "type". Unknown fields
 // are ignored; an unknown type gets an "error" reply and the connection
 // stays open. docs/protocol.md is the reference for trainer authors.
 
-// MaxLine is the longest accepted line, newline included.
-const MaxLine = 1 << 20
+// maxLine is the longest accepted line, newline included.
+const maxLine = 1 << 20
 
 // ProtocolVersion is the newest version the agent speaks. A trainer says
 // which it speaks in hello's version (absent: 1); welcome answers with the

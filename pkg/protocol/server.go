@@ -20,9 +20,9 @@ import (
 // EventBuffer is the capacity of the channel returned by Server.Events.
 const EventBuffer = 256
 
-// DefaultWriteTimeout bounds one Conn.Send, so that a trainer that stops
+// defaultWriteTimeout bounds one Conn.Send, so that a trainer that stops
 // reading cannot block the agent.
-const DefaultWriteTimeout = 5 * time.Second
+const defaultWriteTimeout = 5 * time.Second
 
 // Limits on what connections may hold, so that a hostile local process
 // cannot exhaust the agent's file descriptors or memory.
@@ -31,19 +31,19 @@ const (
 	DefaultMaxConns = 64
 	// DefaultNodeMaxConns is the connection cap of a node agent.
 	DefaultNodeMaxConns = 256
-	// DefaultHelloTimeout closes a connection that has not said hello
+	// defaultHelloTimeout closes a connection that has not said hello
 	// and sent no complete line for this long. After hello a trainer may
 	// stay silent for as long as it likes.
-	DefaultHelloTimeout = 30 * time.Second
-	// DefaultLineTimeout closes a connection whose started line is not
+	defaultHelloTimeout = 30 * time.Second
+	// defaultLineTimeout closes a connection whose started line is not
 	// finished within this.
-	DefaultLineTimeout = 10 * time.Second
-	// DefaultMaxBuffered bounds the bytes of unfinished lines held
+	defaultLineTimeout = 10 * time.Second
+	// defaultMaxBuffered bounds the bytes of unfinished lines held
 	// across all connections.
-	DefaultMaxBuffered = 16 << 20
-	// DefaultSocketCheck is how often the socket file is checked to still
+	defaultMaxBuffered = 16 << 20
+	// defaultSocketCheck is how often the socket file is checked to still
 	// be the one the agent created.
-	DefaultSocketCheck = 5 * time.Second
+	defaultSocketCheck = 5 * time.Second
 )
 
 // ServerConfig configures Listen.
@@ -59,15 +59,15 @@ type ServerConfig struct {
 	PrivateDir   bool
 	Mode         os.FileMode   // socket file mode; default 0600
 	AllowUIDs    []int         // peers allowed besides the agent's own uid and root
-	WriteTimeout time.Duration // bound on one Send; default DefaultWriteTimeout
+	WriteTimeout time.Duration // bound on one Send; default defaultWriteTimeout
 	// MaxConns caps open connections (default DefaultMaxConns); further
 	// ones are refused with an error line. It is lowered to a quarter of
 	// the file descriptor limit, so that commits keep the rest.
 	MaxConns     int
-	HelloTimeout time.Duration // default DefaultHelloTimeout
-	LineTimeout  time.Duration // default DefaultLineTimeout
-	MaxBuffered  int64         // default DefaultMaxBuffered
-	SocketCheck  time.Duration // default DefaultSocketCheck
+	HelloTimeout time.Duration // default defaultHelloTimeout
+	LineTimeout  time.Duration // default defaultLineTimeout
+	MaxBuffered  int64         // default defaultMaxBuffered
+	SocketCheck  time.Duration // default defaultSocketCheck
 	// IdentifyPeers reads each peer's pod (from its cgroup) or else its
 	// uid at accept time, for Conn.PeerIdentity (node mode).
 	IdentifyPeers bool
@@ -83,22 +83,22 @@ func (c *ServerConfig) defaults() {
 		c.Mode = 0o600
 	}
 	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = DefaultWriteTimeout
+		c.WriteTimeout = defaultWriteTimeout
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = DefaultMaxConns
 	}
 	if c.HelloTimeout <= 0 {
-		c.HelloTimeout = DefaultHelloTimeout
+		c.HelloTimeout = defaultHelloTimeout
 	}
 	if c.LineTimeout <= 0 {
-		c.LineTimeout = DefaultLineTimeout
+		c.LineTimeout = defaultLineTimeout
 	}
 	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = DefaultMaxBuffered
+		c.MaxBuffered = defaultMaxBuffered
 	}
 	if c.SocketCheck <= 0 {
-		c.SocketCheck = DefaultSocketCheck
+		c.SocketCheck = defaultSocketCheck
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()

@@ -213,9 +213,9 @@ func TestServer_LineAtLimit(t *testing.T) {
 	c, _ := s.hello(t, 0)
 	head := `{"type":"failed","id":"big","error":"`
 	tail := `"}`
-	line := head + strings.Repeat("e", MaxLine-1-len(head)-len(tail)) + tail // plus "\n" = MaxLine
+	line := head + strings.Repeat("e", maxLine-1-len(head)-len(tail)) + tail // plus "\n" = maxLine
 	c.send(t, line)
-	if ev := s.nextEvent(t); ev.Msg.Type != TypeFailed || len(ev.Msg.Error) != MaxLine-1-len(head)-len(tail) {
+	if ev := s.nextEvent(t); ev.Msg.Type != TypeFailed || len(ev.Msg.Error) != maxLine-1-len(head)-len(tail) {
 		t.Errorf("event type %q error len %d, want failed with the whole line", ev.Msg.Type, len(ev.Msg.Error))
 	}
 }

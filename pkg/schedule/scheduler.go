@@ -21,14 +21,14 @@ const (
 
 	// DefaultCost is the blocking cost assumed before the first checkpoint.
 	DefaultCost = 30 * time.Second
-	// DefaultThroughput (bytes/s) sizes uploads before the first one is measured.
-	DefaultThroughput = 50e6
-	// DefaultRebalanceFactor multiplies the interruption rate after a
+	// defaultThroughput (bytes/s) sizes uploads before the first one is measured.
+	defaultThroughput = 50e6
+	// defaultRebalanceFactor multiplies the interruption rate after a
 	// rebalance recommendation (or a maintenance event without a time).
-	DefaultRebalanceFactor = 10.0
-	// DefaultHazardDecay is the time constant with which a raised hazard
+	defaultRebalanceFactor = 10.0
+	// defaultHazardDecay is the time constant with which a raised hazard
 	// without an end decays back to the base rate.
-	DefaultHazardDecay = 2 * time.Hour
+	defaultHazardDecay = 2 * time.Hour
 	// DefaultMargin is the safety margin kept before a notice deadline
 	// (--margin, supervisor.Config.Margin); the simulator's advice never
 	// recommends less.
@@ -130,7 +130,7 @@ func NewScheduler(cfg SchedulerConfig) *Scheduler {
 		cfg.InterruptionRate = DefaultInterruptionRate
 	}
 	if cfg.RebalanceFactor < 1 {
-		cfg.RebalanceFactor = DefaultRebalanceFactor
+		cfg.RebalanceFactor = defaultRebalanceFactor
 	}
 	log := cfg.Log
 	if log == nil {
@@ -269,12 +269,12 @@ func (s *Scheduler) Cost() time.Duration {
 }
 
 // Throughput returns the upload throughput estimate in bytes/s
-// (DefaultThroughput before any measurement).
+// (defaultThroughput before any measurement).
 func (s *Scheduler) Throughput() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.throughput == 0 {
-		return DefaultThroughput
+		return defaultThroughput
 	}
 	return s.throughput
 }
@@ -352,7 +352,7 @@ func (s *Scheduler) hazardLocked() float64 {
 		}
 		return 1
 	}
-	return 1 + (k-1)*math.Exp(-s.now.Sub(s.hazardAt).Seconds()/DefaultHazardDecay.Seconds())
+	return 1 + (k-1)*math.Exp(-s.now.Sub(s.hazardAt).Seconds()/defaultHazardDecay.Seconds())
 }
 
 func (s *Scheduler) intervalLocked() time.Duration {

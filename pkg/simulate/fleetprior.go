@@ -33,10 +33,10 @@ type PriorConfig struct {
 	Seed       uint64
 }
 
-// PublishedRates are the per-GPU spot interruption rates of issue 29
+// publishedRates are the per-GPU spot interruption rates of issue 29
 // (0.8 %/h V100, 2.3 %/h A100, 4.1 %/h H100), each in a region at that rate
 // and in one 3× higher.
-func PublishedRates() []PriorCell {
+func publishedRates() []PriorCell {
 	var cs []PriorCell
 	for _, g := range []struct {
 		name string
@@ -47,10 +47,10 @@ func PublishedRates() []PriorCell {
 	return cs
 }
 
-// DefaultPriorConfig is the comparison of docs/frequency.md.
-func DefaultPriorConfig() PriorConfig {
+// defaultPriorConfig is the comparison of docs/frequency.md.
+func defaultPriorConfig() PriorConfig {
 	return PriorConfig{
-		Cells: PublishedRates(), FleetHours: 500, Flat: schedule.DefaultInterruptionRate,
+		Cells: publishedRates(), FleetHours: 500, Flat: schedule.DefaultInterruptionRate,
 		Notices: []float64{0, 0.9}, Runs: 2000, Duration: 24 * time.Hour,
 		Delta: 30 * time.Second, Upload: time.Minute, Restart: 5 * time.Minute, Seed: 1,
 	}
@@ -67,13 +67,13 @@ type PriorRow struct {
 	Fleet     Result  // the fleet's experience as history (fleet.Prior.Seed)
 }
 
-// ComparePriors runs c: for each new run, a fleet history of FleetHours in
+// comparePriors runs c: for each new run, a fleet history of FleetHours in
 // the run's cell is drawn at the true rate (so the learned prior carries
 // the sampling error a real fleet's has), the prior is
 // fleet.PriorRate(flat, interruptions, hours), and the run's first
 // Duration is simulated with the adaptive scheduler under the flat, the
 // learned and the true rate as its prior.
-func ComparePriors(c PriorConfig) []PriorRow {
+func comparePriors(c PriorConfig) []PriorRow {
 	var rows []PriorRow
 	for ci, cell := range c.Cells {
 		for ni, ns := range c.Notices {
@@ -119,8 +119,8 @@ func poisson(rng *rand.Rand, mean float64) int {
 	return n
 }
 
-// WritePriors prints rows as the table of docs/frequency.md.
-func WritePriors(w io.Writer, c PriorConfig, rows []PriorRow) error {
+// writePriors prints rows as the table of docs/frequency.md.
+func writePriors(w io.Writer, c PriorConfig, rows []PriorRow) error {
 	fmt.Fprintf(w, "first %s of %d new runs per row; fleet history %.0f machine hours per cell; flat prior %.3g/h; δ %s, upload %s, restart %s\n",
 		fmtDur(c.Duration), c.Runs, c.FleetHours, c.Flat, fmtDur(c.Delta), fmtDur(c.Upload), fmtDur(c.Restart))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

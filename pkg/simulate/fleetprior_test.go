@@ -11,13 +11,13 @@ import (
 // rates and a 3× regional spread (docs/frequency.md). SPOTAGENT_PRIOR_TABLE=1
 // prints the full table (2,000 runs per row) as the doc shows it.
 func TestComparePriors(t *testing.T) {
-	c := DefaultPriorConfig()
+	c := defaultPriorConfig()
 	if os.Getenv("SPOTAGENT_PRIOR_TABLE") == "" {
 		c.Runs = 300
 	}
-	rows := ComparePriors(c)
+	rows := comparePriors(c)
 	var b strings.Builder
-	if err := WritePriors(&b, c, rows); err != nil {
+	if err := writePriors(&b, c, rows); err != nil {
 		t.Fatal(err)
 	}
 	t.Log("\n" + b.String())

@@ -531,8 +531,8 @@ type GridSummary struct {
 	BestSum       float64   // best fixed in hindsight, per cell, summed
 }
 
-// Summarize computes the targets of issue 6 over cells.
-func Summarize(cells []GridCell) GridSummary {
+// summarize computes the targets of issue 6 over cells.
+func summarize(cells []GridCell) GridSummary {
 	var s GridSummary
 	if len(cells) == 0 {
 		return s
@@ -581,7 +581,7 @@ func WriteGrid(w io.Writer, c GridConfig, cells []GridCell) error {
 		}
 		fmt.Fprintf(&b, " %.3f @ %s | %.3f%s |\n", cell.Best.Waste(), fmtDur(cell.BestInterval), cell.Ratio(), mark)
 	}
-	s := Summarize(cells)
+	s := summarize(cells)
 	fmt.Fprintf(&b, "| **sum** | | | **%.3f** |", s.AdaptiveSum)
 	for _, f := range s.FixedSum {
 		fmt.Fprintf(&b, " %.3f |", f)

@@ -211,7 +211,7 @@ func TestSummarize(t *testing.T) {
 		{Adaptive: mk(h, time.Hour)[0], Best: mk(h, time.Hour)[0], Fixed: mk(h, 2*time.Hour, time.Hour)},
 		{Adaptive: mk(h, 2*time.Hour)[0], Best: mk(h, time.Hour)[0], Fixed: mk(h, 3*time.Hour, time.Hour)},
 	}
-	s := Summarize(cells)
+	s := summarize(cells)
 	if s.CellsOver != 1 || s.WorstRatio != 2 || s.AdaptiveSum != 3 || s.BeatsAllFixed {
 		t.Fatalf("summary %+v", s)
 	}

@@ -53,8 +53,8 @@ type Config struct {
 	Margin       time.Duration // safety margin kept before a notice deadline (default 5s)
 	OnRebalance  string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
-	// the protocol: each checkpoint request is written to RequestFile and
-	// the child is sent this signal; DoneMarker in the dir answers it.
+	// the protocol: each checkpoint request is written to requestFile and
+	// the child is sent this signal; doneMarker in the dir answers it.
 	Signal syscall.Signal
 	// EndWhenIdle ends a run without a child once a trainer has come and
 	// gone and nothing is uploading (node mode).
@@ -123,7 +123,7 @@ func (c *Config) defaults() {
 		c.KillAfter = 5 * time.Second
 	}
 	if c.SignalWindow == 0 {
-		c.SignalWindow = DefaultSignalWindow
+		c.SignalWindow = defaultSignalWindow
 	}
 	if c.Margin <= 0 {
 		c.Margin = schedule.DefaultMargin
@@ -166,9 +166,9 @@ func (a *Agent) childSaid75() bool {
 	return err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(ExitInterrupted)
 }
 
-// DefaultSignalWindow is Config.SignalWindow's default: two signals closer
+// defaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
-const DefaultSignalWindow = time.Second
+const defaultSignalWindow = time.Second
 
 // newID returns a fresh checkpoint id: unique across agents and restarts.
 func newID() string {
@@ -487,8 +487,8 @@ func (a *Agent) childEnv() []string {
 		// library in the child runs as if there were no agent.
 		env = append(env,
 			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
-			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, RequestFile),
-			"SPOTAGENT_DONE_MARKER="+DoneMarker,
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, requestFile),
+			"SPOTAGENT_DONE_MARKER="+doneMarker,
 		)
 	}
 	if os.Getenv(exitFileEnv) == "" {

@@ -243,8 +243,8 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
 	var reqs []string
 	for _, d := range []string{ckpt, filepath.Join(ckpt, "spotagent-test")} {
-		reqs = append(reqs, filepath.Join(d, RequestFile))
-		for _, n := range []string{RequestFile + ".tmp"} {
+		reqs = append(reqs, filepath.Join(d, requestFile))
+		for _, n := range []string{requestFile + ".tmp"} {
 			if err := os.Symlink(victim, filepath.Join(d, n)); err != nil {
 				t.Fatal(err)
 			}

@@ -20,16 +20,16 @@ import (
 // commit cannot publish (checkpoint.ErrFenced) or from the lease check
 // every Config.FenceInterval: it asks its trainer for a last checkpoint,
 // uploads it without publishing it as latest, tells the trainer to stop,
-// writes no more journal and exits with ExitFenced.
+// writes no more journal and exits with exitFenced.
 
-// ExitFenced is the exit code of an agent whose run a newer session took
+// exitFenced is the exit code of an agent whose run a newer session took
 // over. It is not 75 ("interrupted, run me again"): restarting a fenced
 // agent would fence the newer session in turn.
-const ExitFenced = 76
+const exitFenced = 76
 
-// ReasonFenced is the reason of the last checkpoint request and the stop
+// reasonFenced is the reason of the last checkpoint request and the stop
 // message of a fenced agent.
-const ReasonFenced = "fenced"
+const reasonFenced = "fenced"
 
 // cloudFence is the cloud of a fenced stop's record: no cloud's notice,
 // the agent's own lease check.
@@ -130,12 +130,12 @@ func (a *Agent) watchFence() {
 // onFenced starts the fenced stop: a last checkpoint (uploaded, never
 // published), then stop, with --term-grace as the deadline.
 func (a *Agent) onFenced() {
-	if a.stopping != nil && a.stopping.reason == ReasonFenced {
+	if a.stopping != nil && a.stopping.reason == reasonFenced {
 		return
 	}
 	now := time.Now()
 	n := metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
-		ID: fmt.Sprintf("fenced-by-%d", a.lease().FencedBy()), Action: ReasonFenced}
+		ID: fmt.Sprintf("fenced-by-%d", a.lease().FencedBy()), Action: reasonFenced}
 	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
 		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
@@ -143,12 +143,12 @@ func (a *Agent) onFenced() {
 	if a.partMode() && a.stopping == nil {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
-		s := &stopState{notice: n, reason: ReasonFenced, deadline: n.Deadline}
+		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
 		a.stopping = s
 		a.stopFailed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
 		return
 	}
-	a.beginStop(n, ReasonFenced, now)
+	a.beginStop(n, reasonFenced, now)
 }
 
 // onFencedCommit handles a commit that uploaded (its manifest is in the

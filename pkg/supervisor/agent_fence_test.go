@@ -14,7 +14,7 @@ import (
 // the trainer a last checkpoint request (reason fenced), the checkpoint is
 // uploaded with its epoch but latest.json stays where the newer session
 // sealed it, the trainer gets upload_failed and stop (fenced), and the
-// agent exits ExitFenced.
+// agent exits exitFenced.
 func TestAgent_Fenced(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.FenceInterval = 20 * time.Millisecond })
 	tr := dialTrainer(t, ar.cfg.Server.Path)
@@ -25,14 +25,14 @@ func TestAgent_Fenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := tr.expect(protocol.TypeCheckpoint)
-	if req.Reason != ReasonFenced || req.Deadline == nil {
+	if req.Reason != reasonFenced || req.Deadline == nil {
 		t.Fatalf("checkpoint request=%+v, want reason fenced", req)
 	}
 	tr.save(req, 7, "weights")
 	if f := tr.expect(protocol.TypeUploadFailed); f.ID != req.ID {
 		t.Fatalf("upload_failed=%+v", f)
 	}
-	if s := tr.expect(protocol.TypeStop); s.Reason != ReasonFenced {
+	if s := tr.expect(protocol.TypeStop); s.Reason != reasonFenced {
 		t.Fatalf("stop=%+v, want reason fenced", s)
 	}
 	m, err := checkpoint.ReadManifest(ctx, ar.store, checkpoint.ManifestKey(7, req.ID))
@@ -43,7 +43,7 @@ func TestAgent_Fenced(t *testing.T) {
 		t.Fatal("latest.json names a checkpoint: the fenced agent published")
 	}
 	ar.sigs <- syscall.SIGTERM
-	if code := ar.wait(t); code != ExitFenced {
-		t.Fatalf("exit code %d, want %d", code, ExitFenced)
+	if code := ar.wait(t); code != exitFenced {
+		t.Fatalf("exit code %d, want %d", code, exitFenced)
 	}
 }

@@ -343,7 +343,7 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	if f := ta.expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
 		t.Fatalf("the old copy's part: %q, want fenced", f.Error)
 	}
-	if s := ta.expect(protocol.TypeStop); s.Reason != ReasonFenced {
+	if s := ta.expect(protocol.TypeStop); s.Reason != reasonFenced {
 		t.Fatalf("the old copy's stop: %+v", s)
 	}
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)

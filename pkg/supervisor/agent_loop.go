@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		a.finish()
 	}
 	if a.fenced() { // agent_fence.go
-		return ExitFenced, nil
+		return exitFenced, nil
 	}
 	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
 		return code, err

@@ -11,10 +11,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
-// LateNoticeGrace is the deadline given to a termination notice whose own
+// lateNoticeGrace is the deadline given to a termination notice whose own
 // deadline has already passed when the agent sees it: short, because the
 // machine may go at any moment, but long enough for a small checkpoint.
-const LateNoticeGrace = 10 * time.Second
+const lateNoticeGrace = 10 * time.Second
 
 // stopState is the interruption (or shutdown) in progress.
 type stopState struct {
@@ -184,8 +184,8 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		// the machine may still live a moment. Try a checkpoint anyway
 		// rather than stop the trainer at once with nothing saved.
 		a.log.Warn("notice deadline already passed: trying a best-effort checkpoint",
-			zap.Time("notice_deadline", deadline), zap.Duration("grace", LateNoticeGrace))
-		deadline = now.Add(LateNoticeGrace)
+			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
+		deadline = now.Add(lateNoticeGrace)
 	}
 	if s := a.stopping; s != nil {
 		if deadline.Before(s.deadline) {

@@ -469,8 +469,8 @@ func TestAgent_LateNotice(t *testing.T) {
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
 	req := tr.expect(protocol.TypeCheckpoint)
-	if req.Reason != protocol.ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(LateNoticeGrace)) {
-		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, LateNoticeGrace)
+	if req.Reason != protocol.ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(lateNoticeGrace)) {
+		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, lateNoticeGrace)
 	}
 	tr.save(req, 8, "w")
 	tr.expect(protocol.TypeCommitted)

@@ -17,7 +17,7 @@
 // cancelled → its commit → `stop` to the
 // trainers → the child exits (SIGTERM at the deadline, SIGKILL after
 // KillAfter) → the agent exits 75 (ExitInterrupted: run me again), 76
-// (ExitFenced: a newer session owns the run) or the child's own code. A
+// (exitFenced: a newer session owns the run) or the child's own code. A
 // second signal, or cancelling Run's ctx, skips to the child's SIGTERM.
 //
 // One goroutine, the loop, owns the agent's state; everything else it

@@ -21,17 +21,17 @@ import (
 
 // The signal fallback for trainers that do not speak the protocol (a
 // framework's own SIGUSR1 handler, a script): the agent writes the request
-// to RequestFile in the agent's area of the checkpoint directory and
+// to requestFile in the agent's area of the checkpoint directory and
 // signals the trainer; the
-// trainer saves into the request's dir and then creates DoneMarker in it,
+// trainer saves into the request's dir and then creates doneMarker in it,
 // holding the step number (or nothing).
 const (
-	RequestFile = "request.json"
-	DoneMarker  = "SPOTAGENT_DONE"
+	requestFile = "request.json"
+	doneMarker  = "SPOTAGENT_DONE"
 )
 
-// SignalRequest is what RequestFile holds.
-type SignalRequest struct {
+// signalRequest is what requestFile holds.
+type signalRequest struct {
 	ID       string    `json:"id"`
 	Dir      string    `json:"dir"`
 	Reason   string    `json:"reason"`
@@ -45,7 +45,7 @@ type signalBridge struct {
 	socket string
 	sig    syscall.Signal
 	// area is the agent's area of the checkpoint directory (areaPath):
-	// RequestFile and the request directories live there. The bridge
+	// requestFile and the request directories live there. The bridge
 	// reads and writes only through it.
 	area     *os.Root
 	areaPath string
@@ -87,7 +87,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("signal bridge: %w", err)
 	}
-	b.area.Remove(RequestFile) // what an earlier agent left
+	b.area.Remove(requestFile) // what an earlier agent left
 
 	msgs := make(chan protocol.Message, 8)
 	read := make(chan struct{})
@@ -179,7 +179,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 			}
 			if len(open) == 0 {
 				ticker.Stop()
-				b.area.Remove(RequestFile)
+				b.area.Remove(requestFile)
 			}
 		}
 	}
@@ -195,14 +195,14 @@ func (b *signalBridge) signal(m protocol.Message) (int, error) {
 	if caught, known := signalCaught(pid, b.sig); known && !caught {
 		return 0, fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, signalName(b.sig))
 	}
-	body, err := json.MarshalIndent(SignalRequest{ID: m.ID, Dir: m.Dir, Reason: m.Reason, Deadline: derefTime(m.Deadline)}, "", "  ")
+	body, err := json.MarshalIndent(signalRequest{ID: m.ID, Dir: m.Dir, Reason: m.Reason, Deadline: derefTime(m.Deadline)}, "", "  ")
 	if err != nil {
 		return 0, err
 	}
 	// Through a temp file created with O_EXCL and renamed: a symlink
 	// planted at either name is never followed.
-	if err := checkpoint.WriteFile(b.area, RequestFile, body, 0o600); err != nil {
-		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
+	if err := checkpoint.WriteFile(b.area, requestFile, body, 0o600); err != nil {
+		return 0, fmt.Errorf("write %s: %w", requestFile, err)
 	}
 	if err := syscall.Kill(pid, b.sig); err != nil {
 		return 0, fmt.Errorf("signal %s to pid %d: %w", signalName(b.sig), pid, err)
@@ -246,7 +246,7 @@ func (r *bridgeRequest) check(area *os.Root, lastStep int64) (int64, markerState
 	if r.name == "" {
 		return 0, markerMissing
 	}
-	p := r.name + "/" + DoneMarker
+	p := r.name + "/" + doneMarker
 	f, err := area.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return 0, markerMissing

@@ -33,7 +33,7 @@ func TestBridgeMarker(t *testing.T) {
 			if _, st := r.check(root, 10); st != markerMissing {
 				t.Fatalf("no marker: state %v", st)
 			}
-			os.WriteFile(filepath.Join(dir, DoneMarker), []byte(tc.content), 0o600)
+			os.WriteFile(filepath.Join(dir, doneMarker), []byte(tc.content), 0o600)
 			step, st := r.check(root, 10)
 			if st == markerMissing && tc.content == "" {
 				step, st = r.check(root, 10)
@@ -41,7 +41,7 @@ func TestBridgeMarker(t *testing.T) {
 			if step != tc.want || st != tc.state {
 				t.Fatalf("check = %d, %v; want %d, %v", step, st, tc.want, tc.state)
 			}
-			if _, err := os.Stat(filepath.Join(dir, DoneMarker)); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(dir, doneMarker)); !os.IsNotExist(err) {
 				t.Fatalf("marker left in the checkpoint: %v", err)
 			}
 		})

@@ -16,8 +16,8 @@ import (
 
 // Kinds of checkpoint.
 const (
-	KindDir  = "dir"
-	KindFile = "file"
+	kindDir  = "dir"
+	kindFile = "file"
 )
 
 // ErrChanged reports a checkpoint that changed since it was found
@@ -92,7 +92,7 @@ func (f fingerprint) has(rel string) bool {
 // Checkpoint is one complete checkpoint found in DIR.
 type Checkpoint struct {
 	Name string // its name in DIR: what a restore puts back
-	Kind string // KindDir or KindFile
+	Kind string // kindDir or kindFile
 	Step int64
 	Path string // DIR/Name
 	fp   fingerprint
@@ -173,7 +173,7 @@ func (c *Checkpoint) Verify() error {
 // stagedName is the staged copy below root: the stage directory for a
 // directory checkpoint, the file in it for a file checkpoint.
 func (c *Checkpoint) stagedName() string {
-	if c.Kind == KindFile {
+	if c.Kind == kindFile {
 		return path.Join(c.stage, c.Name)
 	}
 	return c.stage
@@ -296,7 +296,7 @@ func refused(dir *os.Root, rel string, m fs.FileMode) error {
 
 // StageIn makes the directory stage (relative to dir, the watched
 // directory opened as a root; created, parents too) holding hard links to
-// c's files (KindFile: the file itself, under its name), for the
+// c's files (kindFile: the file itself, under its name), for the
 // committer to upload and remove afterwards. Everything goes through dir,
 // so a trainer that swaps a path for a symlink meanwhile cannot make the
 // agent link or create anything outside it. Links share the trainer's
@@ -335,7 +335,7 @@ func (c *Checkpoint) StageIn(dir *os.Root, stage string) error {
 }
 
 func (c *Checkpoint) link(dir *os.Root, stage string) error {
-	if c.Kind == KindFile {
+	if c.Kind == kindFile {
 		return dir.Link(c.Name, path.Join(stage, c.Name))
 	}
 	for _, e := range c.fp {

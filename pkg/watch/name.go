@@ -30,20 +30,20 @@ var lastInt = regexp.MustCompile(`[0-9]+`)
 // hfName is the name Hugging Face's get_last_checkpoint looks for.
 var hfName = regexp.MustCompile(`^checkpoint-[0-9]+$`)
 
-// Namer matches checkpoint names and parses their steps.
+// namer matches checkpoint names and parses their steps.
 //
 // The step rule: with no step regex, the step is the last run of decimal
 // digits in the name, after a file's extension (from its last dot) is
 // dropped: checkpoint-500 → 500, epoch=3-step=1200.ckpt → 1200,
 // model_v2_00300.pt → 300. A step regex replaces that rule: its first
 // capturing group (or, without one, the whole match) is the step.
-type Namer struct {
+type namer struct {
 	Pattern string         // a filepath.Match glob on the entry's base name
 	StepRE  *regexp.Regexp // nil: the last integer
 }
 
 // NewNamer checks pattern and compiles stepRegex (empty: the default rule).
-func NewNamer(pattern, stepRegex string) (*Namer, error) {
+func NewNamer(pattern, stepRegex string) (*namer, error) {
 	if pattern == "" {
 		pattern = DefaultPattern
 	}
@@ -53,7 +53,7 @@ func NewNamer(pattern, stepRegex string) (*Namer, error) {
 	if _, err := filepath.Match(pattern, ""); err != nil {
 		return nil, fmt.Errorf("watch pattern %q: %w", pattern, err)
 	}
-	n := &Namer{Pattern: pattern}
+	n := &namer{Pattern: pattern}
 	if stepRegex != "" {
 		re, err := regexp.Compile(stepRegex)
 		if err != nil {
@@ -69,7 +69,7 @@ func NewNamer(pattern, stepRegex string) (*Namer, error) {
 
 // Match reports whether name is a checkpoint name (the agent's own
 // ".spotagent-" entries never are).
-func (n *Namer) Match(name string) bool {
+func (n *namer) Match(name string) bool {
 	if strings.HasPrefix(name, reserved) {
 		return false
 	}
@@ -79,7 +79,7 @@ func (n *Namer) Match(name string) bool {
 
 // Step parses the step of a checkpoint named name; isFile says whether it
 // is a file (whose extension is dropped first).
-func (n *Namer) Step(name string, isFile bool) (int64, error) {
+func (n *namer) Step(name string, isFile bool) (int64, error) {
 	var digits string
 	if n.StepRE != nil {
 		m := n.StepRE.FindStringSubmatch(name)

@@ -57,7 +57,7 @@ func TestOwner_WatchedDirOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	chownAll(t, dir, trainerUID)
-	w, logs := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, logs := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	write(t, filepath.Join(dir, "checkpoint-1", "model.bin"), "weights")
 	write(t, filepath.Join(dir, "checkpoint-2", "model.bin"), "weights")
 	if err := os.Link(secret, filepath.Join(dir, "checkpoint-2", "x")); err != nil {
@@ -116,7 +116,7 @@ func TestOwner_WatchUID(t *testing.T) {
 		t.Skip("needs root: files of another user")
 	}
 	uid := trainerUID
-	w, _ := newWatcher(t, Config{Marker: MarkerNone, UID: &uid})
+	w, _ := newWatcher(t, Config{Marker: markerNone, UID: &uid})
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-1", "model.bin"), "weights")
 	chownAll(t, filepath.Join(w.cfg.Dir, "checkpoint-1"), trainerUID)
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-2", "model.bin"), "root's")
@@ -130,7 +130,7 @@ func TestOwner_WatchUID(t *testing.T) {
 	if err := os.Chmod(open, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	_, logs := newWatcher(t, Config{Dir: open, Marker: MarkerNone})
+	_, logs := newWatcher(t, Config{Dir: open, Marker: markerNone})
 	if n := logs.FilterMessageSnippet("other users may write to it").Len(); n != 1 {
 		t.Fatalf("%d warnings about a DIR others may write to, want 1", n)
 	}
@@ -146,7 +146,7 @@ func TestOwner_RestoreGivesToTrainer(t *testing.T) {
 	st := committedDir(t)
 	dir := t.TempDir()
 	chownAll(t, dir, trainerUID)
-	w, _ := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	if _, err := restoreWithin(t, w, st); err != nil {
 		t.Fatal(err)
 	}

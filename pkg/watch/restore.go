@@ -63,7 +63,7 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 		return nil, err
 	}
 	src := path.Join(tmp, filepath.Base(r.Dir))
-	if o.Kind == KindFile {
+	if o.Kind == kindFile {
 		if len(r.Manifest.Files) != 1 || r.Manifest.Files[0].Path != o.Name {
 			return nil, fmt.Errorf("restore %s: a file checkpoint must hold exactly the file %q", r.Key, o.Name)
 		}
@@ -112,7 +112,7 @@ func originOf(m *checkpoint.Manifest) (origin, error) {
 	if err := validName(o.Name); err != nil {
 		return origin{}, fmt.Errorf("checkpoint %s: %w", m.ID, err)
 	}
-	if o.Kind != KindDir && o.Kind != KindFile {
+	if o.Kind != kindDir && o.Kind != kindFile {
 		return origin{}, fmt.Errorf("checkpoint %s: unknown kind %q", m.ID, o.Kind)
 	}
 	o.Step = m.Step
@@ -132,7 +132,7 @@ func (w *Watcher) asideTorn(step int64) {
 			continue
 		}
 		s, err := w.namer.Step(name, false)
-		m := w.marker(name, KindDir)
+		m := w.marker(name, kindDir)
 		if err != nil || s <= step || m == "" {
 			continue
 		}
@@ -171,7 +171,7 @@ func (w *Watcher) sameAs(name, kind string, m *checkpoint.Manifest) error {
 		return fmt.Errorf("%d files, manifest lists %d", fp.files(), len(m.Files))
 	}
 	dir := w.root
-	if kind == KindDir {
+	if kind == kindDir {
 		if dir, err = checkpoint.OpenDir(w.root, name); err != nil {
 			return err
 		}
@@ -182,7 +182,7 @@ func (w *Watcher) sameAs(name, kind string, m *checkpoint.Manifest) error {
 	}
 	for _, f := range m.Files {
 		rel, at := f.Path, f.Path
-		if kind == KindFile {
+		if kind == kindFile {
 			rel, at = ".", name
 		}
 		if err := sameFile(dir, at, fp.find(rel), f); err != nil {

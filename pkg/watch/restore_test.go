@@ -20,7 +20,7 @@ func committedDir(t *testing.T) cloud.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "a.bin"), "aaaa")
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "b.bin"), "bbbb")
 	t0 := time.Now()
@@ -92,7 +92,7 @@ func TestRestore_FIFOSwappedIn(t *testing.T) {
 			f.Close()
 		}
 	}()
-	w, logs := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, logs := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	r, err := restoreWithin(t, w, st)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestRestore_SymlinkOut(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(dir, "checkpoint-7")); err != nil {
 		t.Fatal(err)
 	}
-	w, logs := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, logs := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	r, err := restoreWithin(t, w, st)
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestRestore_DirSwapped(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	moved := filepath.Join(parent, "moved")
 	if err := os.Rename(dir, moved); err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestRestore_SameKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, logs := newWatcher(t, Config{Dir: dir, Marker: MarkerNone})
+	w, logs := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 	if _, err := restoreWithin(t, w, st); err != nil {
 		t.Fatal(err)
 	}

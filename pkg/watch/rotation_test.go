@@ -71,7 +71,7 @@ func TestVerify_Rotation(t *testing.T) {
 // write into the staged data through the original name before it, or a
 // new checkpoint of the same name made meanwhile, is.
 func TestVerify_RotationThenRewrite(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	p := filepath.Join(w.cfg.Dir, "checkpoint-1")
 	write(t, filepath.Join(p, "a.bin"), "aaaa")
 	t0 := time.Now()
@@ -86,7 +86,7 @@ func TestVerify_RotationThenRewrite(t *testing.T) {
 		t.Fatalf("Verify after a write then a delete: %v, want ErrChanged", err)
 	}
 
-	w2, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w2, _ := newWatcher(t, Config{Marker: markerNone})
 	p2 := filepath.Join(w2.cfg.Dir, "checkpoint-2")
 	write(t, filepath.Join(p2, "a.bin"), "aaaa")
 	w2.Scan(t0)
@@ -110,10 +110,10 @@ func TestScan_MarkerShortQuiet(t *testing.T) {
 	w.Scan(t0)
 	write(t, filepath.Join(d, HFMarker), "{}")
 	w.Scan(t0.Add(100 * time.Millisecond))
-	if got := w.Scan(t0.Add(100*time.Millisecond + DefaultMarkerQuiet/2)); len(got) != 0 {
+	if got := w.Scan(t0.Add(100*time.Millisecond + defaultMarkerQuiet/2)); len(got) != 0 {
 		t.Fatalf("reported within the marker window: %s", names(got))
 	}
-	got := w.Scan(t0.Add(100*time.Millisecond + DefaultMarkerQuiet))
+	got := w.Scan(t0.Add(100*time.Millisecond + defaultMarkerQuiet))
 	if names(got) != "checkpoint-3" {
 		t.Fatalf("got %q %s after the marker's quiet window, want checkpoint-3", names(got), w.state["checkpoint-3"].problem)
 	}
@@ -187,7 +187,7 @@ func TestCreateDir_OtherOwner(t *testing.T) {
 // not walked again every rescan period; a write into one checkpoint
 // walks that one only, and it is still reported once complete.
 func TestRun_WalksOnlyWhatChanged(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone, Quiet: 200 * time.Millisecond, Rescan: 50 * time.Millisecond})
+	w, _ := newWatcher(t, Config{Marker: markerNone, Quiet: 200 * time.Millisecond, Rescan: 50 * time.Millisecond})
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3"} {
 		write(t, filepath.Join(w.cfg.Dir, n, "a.bin"), n)
 	}

@@ -143,16 +143,16 @@ func TestScan_HFLayout(t *testing.T) {
 	t1 := time.Now()
 	w.Scan(t1)
 	// With its marker, the short window: the marker says complete.
-	if got := w.Scan(t1.Add(DefaultMarkerQuiet / 2)); len(got) != 0 {
+	if got := w.Scan(t1.Add(defaultMarkerQuiet / 2)); len(got) != 0 {
 		t.Fatalf("reported before the marker's quiet window: %s", names(got))
 	}
 	write(t, filepath.Join(d, "rng_state.pth"), "rng") // a late file
-	w.Scan(t1.Add(DefaultMarkerQuiet / 2))
-	if got := w.Scan(t1.Add(DefaultMarkerQuiet)); len(got) != 0 {
+	w.Scan(t1.Add(defaultMarkerQuiet / 2))
+	if got := w.Scan(t1.Add(defaultMarkerQuiet)); len(got) != 0 {
 		t.Fatalf("reported too soon after a write: %s", names(got))
 	}
-	got := w.Scan(t1.Add(2 * DefaultMarkerQuiet))
-	if len(got) != 1 || got[0].Step != 100 || got[0].Kind != KindDir {
+	got := w.Scan(t1.Add(2 * defaultMarkerQuiet))
+	if len(got) != 1 || got[0].Step != 100 || got[0].Kind != kindDir {
 		t.Fatalf("got %+v, want checkpoint-100 complete", got)
 	}
 	if again := w.Scan(t1.Add(time.Hour)); len(again) != 0 {
@@ -180,7 +180,7 @@ func TestScan_Files(t *testing.T) {
 	t0 := time.Now()
 	w.Scan(t0)
 	got := w.Scan(t0.Add(time.Minute))
-	if names(got) != "epoch=0-step=50.ckpt" || got[0].Kind != KindFile || got[0].Step != 50 {
+	if names(got) != "epoch=0-step=50.ckpt" || got[0].Kind != kindFile || got[0].Step != 50 {
 		t.Fatalf("got %s, want only epoch=0-step=50.ckpt", names(got))
 	}
 	if n := logs.FilterMessage("watched checkpoint not usable").FilterFieldKey("why").Len(); n != 2 {
@@ -202,7 +202,7 @@ func TestScan_Files(t *testing.T) {
 // TestScan_SymlinkInside: a directory checkpoint holding a symlink is
 // refused as a whole.
 func TestScan_SymlinkInside(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-5")
 	write(t, filepath.Join(d, "a.bin"), "a")
 	os.Symlink("/etc/passwd", filepath.Join(d, "b.bin"))
@@ -239,7 +239,7 @@ func TestScan_WarnsWhenNothingMatches(t *testing.T) {
 func TestVerify_Changed(t *testing.T) {
 	for _, change := range []string{"append", "add", "replace", "rewrite-keeping-mtime"} {
 		t.Run(change, func(t *testing.T) {
-			w, _ := newWatcher(t, Config{Marker: MarkerNone})
+			w, _ := newWatcher(t, Config{Marker: markerNone})
 			d := filepath.Join(w.cfg.Dir, "checkpoint-1")
 			write(t, filepath.Join(d, "a.bin"), "aaaa")
 			write(t, filepath.Join(d, "sub", "c.bin"), "cccc")
@@ -279,7 +279,7 @@ func TestVerify_Changed(t *testing.T) {
 // TestCommit_ChangedDuringUpload: the committer with a VerifyStore does
 // not commit a checkpoint a file of which changes during the upload.
 func TestCommit_ChangedDuringUpload(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-7")
 	write(t, filepath.Join(d, "a.bin"), "aaaa")
 	t0 := time.Now()
@@ -415,7 +415,7 @@ func TestRestore_FileAndAside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(readFile(t, r.Path)); r.Kind != KindFile || got != "thirty" {
+	if got := string(readFile(t, r.Path)); r.Kind != kindFile || got != "thirty" {
 		t.Fatalf("restored %s kind %s: %q", r.Path, r.Kind, got)
 	}
 	if logs.FilterMessage("moved a local checkpoint aside").Len() != 1 {
@@ -489,7 +489,7 @@ func TestPrune(t *testing.T) {
 // removing the stage after the commit) move the files' ctimes; that must
 // not make the checkpoint look written again and be reported twice.
 func TestScan_StagingIsNotAWrite(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
 	t0 := time.Now()
 	w.Scan(t0)
@@ -516,7 +516,7 @@ func TestScan_StagingIsNotAWrite(t *testing.T) {
 // for a large one), Pending, Retry and NewestStep, which the agent's loop
 // calls, answer at once.
 func TestScan_WalkDoesNotHoldState(t *testing.T) {
-	w, _ := newWatcher(t, Config{Marker: MarkerNone})
+	w, _ := newWatcher(t, Config{Marker: markerNone})
 	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
 	w.Scan(time.Now())
 	walking, release := make(chan struct{}), make(chan struct{})

@@ -27,7 +27,7 @@ import (
 // two minutes) for the upload.
 const DefaultQuiet = 10 * time.Second
 
-// DefaultMarkerQuiet is the quiet window of a checkpoint that holds its
+// defaultMarkerQuiet is the quiet window of a checkpoint that holds its
 // completion marker (trainer_state.json, written last): the marker, not
 // the window, says it is complete; the window only lets the few small
 // files some versions write right after it (rng_state.pth) land. It must
@@ -35,11 +35,11 @@ const DefaultQuiet = 10 * time.Second
 // checkpoints (save_total_limit=1 deletes each one as soon as the next is
 // saved, which can be a second later). A checkpoint that changes after all
 // is caught when its upload is verified.
-const DefaultMarkerQuiet = 250 * time.Millisecond
+const defaultMarkerQuiet = 250 * time.Millisecond
 
-// DefaultWarnAfter is how long DIR may hold no checkpoint at all before
+// defaultWarnAfter is how long DIR may hold no checkpoint at all before
 // the watcher warns (with what it did see).
-const DefaultWarnAfter = 30 * time.Minute
+const defaultWarnAfter = 30 * time.Minute
 
 // HFMarker is the file Hugging Face's Trainer writes last into a
 // checkpoint-<step> directory.
@@ -48,7 +48,7 @@ const HFMarker = "trainer_state.json"
 // Marker settings.
 const (
 	MarkerAuto = "auto" // HFMarker for checkpoint-<step> directories, none otherwise
-	MarkerNone = "none" // the quiet period alone
+	markerNone = "none" // the quiet period alone
 )
 
 // Config sets up a Watcher.
@@ -56,13 +56,13 @@ type Config struct {
 	Dir       string
 	Pattern   string        // default DefaultPattern
 	StepRegex string        // default: the last integer in the name
-	Marker    string        // MarkerAuto (default), MarkerNone, or a file a directory checkpoint must hold
+	Marker    string        // MarkerAuto (default), markerNone, or a file a directory checkpoint must hold
 	Quiet     time.Duration // default DefaultQuiet
 	// MarkerQuiet is the quiet window once the marker is there; default
-	// DefaultMarkerQuiet, never more than Quiet.
+	// defaultMarkerQuiet, never more than Quiet.
 	MarkerQuiet time.Duration
 	Rescan      time.Duration // fallback scan period; default Quiet/4, within [50ms, 2s]
-	WarnAfter   time.Duration // default DefaultWarnAfter
+	WarnAfter   time.Duration // default defaultWarnAfter
 	Log         *zap.Logger
 	// UID, when set, is the trainer's uid (--watch-uid): every file of a
 	// checkpoint must be its own (owner.go). nil: DIR's owner's.
@@ -75,7 +75,7 @@ type Config struct {
 // inotify table) delays a checkpoint by at most one rescan period.
 type Watcher struct {
 	cfg   Config
-	namer *Namer
+	namer *namer
 	log   *zap.Logger
 	root  *os.Root // DIR: everything in it is read, written and deleted through this
 	owner ownerRule
@@ -126,21 +126,21 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Marker == "" {
 		cfg.Marker = MarkerAuto
 	}
-	if cfg.Marker != MarkerAuto && cfg.Marker != MarkerNone && validName(cfg.Marker) != nil {
+	if cfg.Marker != MarkerAuto && cfg.Marker != markerNone && validName(cfg.Marker) != nil {
 		return nil, fmt.Errorf("watch marker %q: want auto, none or a file name", cfg.Marker)
 	}
 	if cfg.Quiet <= 0 {
 		cfg.Quiet = DefaultQuiet
 	}
 	if cfg.MarkerQuiet <= 0 {
-		cfg.MarkerQuiet = DefaultMarkerQuiet
+		cfg.MarkerQuiet = defaultMarkerQuiet
 	}
 	cfg.MarkerQuiet = min(cfg.MarkerQuiet, cfg.Quiet)
 	if cfg.Rescan <= 0 {
 		cfg.Rescan = min(max(cfg.Quiet/4, 50*time.Millisecond), 2*time.Second)
 	}
 	if cfg.WarnAfter <= 0 {
-		cfg.WarnAfter = DefaultWarnAfter
+		cfg.WarnAfter = defaultWarnAfter
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
@@ -440,7 +440,7 @@ func (w *Watcher) notify(fsw *fsnotify.Watcher) bool {
 	type dir struct{ path, entry string }
 	var add []dir
 	for name, s := range w.state {
-		if s.kind != KindDir {
+		if s.kind != kindDir {
 			continue
 		}
 		for _, e := range s.fp {
@@ -534,7 +534,7 @@ func (w *Watcher) scan(now time.Time, full bool) []*Checkpoint {
 	// long before any quiet window longer than the save period passes.
 	top := int64(-1)
 	for name := range snaps {
-		if st, err := w.namer.Step(name, kindOf(snaps[name].fp) == KindFile); err == nil && st > top {
+		if st, err := w.namer.Step(name, kindOf(snaps[name].fp) == kindFile); err == nil && st > top {
 			top = st
 		}
 	}
@@ -594,11 +594,11 @@ type snap struct {
 // DIR and this one holds its marker, or (no marker) a scan saw it
 // unchanged.
 func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now time.Time) *Checkpoint {
-	kind := KindFile // how to parse the name: a symlink or device is refused below
+	kind := kindFile // how to parse the name: a symlink or device is refused below
 	if typ.IsDir() {
-		kind = KindDir
+		kind = kindDir
 	}
-	step, err := w.namer.Step(name, kind == KindFile)
+	step, err := w.namer.Step(name, kind == kindFile)
 	if err != nil {
 		w.problemLocked(name, "ignored: "+err.Error())
 		return nil
@@ -677,19 +677,19 @@ func (w *Watcher) quietLocked() time.Duration { return w.cfg.Quiet }
 
 func kindOf(fp fingerprint) string {
 	if len(fp) == 1 && fp[0].rel == "." && !fp[0].dir {
-		return KindFile
+		return kindFile
 	}
-	return KindDir
+	return kindDir
 }
 
 // marker is the file a directory checkpoint called name must hold to be
 // complete ("": none).
 func (w *Watcher) marker(name, kind string) string {
-	if kind != KindDir {
+	if kind != kindDir {
 		return ""
 	}
 	switch w.cfg.Marker {
-	case MarkerNone:
+	case markerNone:
 		return ""
 	case MarkerAuto:
 		if hfName.MatchString(name) {

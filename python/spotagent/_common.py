@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 log = logging.getLogger("spotagent")
 
-#: Longest line either side accepts, newline included (supervisor.MaxLine).
+#: Longest line either side accepts, newline included (pkg/protocol maxLine).
 MAX_LINE = 1 << 20
 #: Largest ``done`` metadata the agent accepts (encoded JSON bytes).
 MAX_METADATA = 64 << 10

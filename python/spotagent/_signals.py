@@ -102,7 +102,7 @@ class Sigterm(object):
         now = utcnow()
         if deadline <= now:
             # The signal was handled late (a long step): best effort, as
-            # the agent does with a notice seen late (LateNoticeGrace).
+            # the agent does with a notice seen late (lateNoticeGrace).
             deadline = now + datetime.timedelta(seconds=min(10.0, max(grace / 2, 1.0)))
         told = self._agent.stop_deadline
         if told is not None and now < told < deadline:
