@@ -12,6 +12,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 func newHistoryCmd() *cobra.Command {
@@ -73,7 +74,7 @@ func printJournal(out io.Writer, j *checkpoint.Journal) {
 	s := j.Stats
 	fmt.Fprintf(out, "run %s: %d sessions, %d checkpoints committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
 		j.RunID, len(j.Sessions), s.Checkpoints, s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
-		s.CostSeconds, humanBytes(int64(s.BytesPerSec)))
+		s.CostSeconds, schedule.HumanBytes(int64(s.BytesPerSec)))
 	if len(j.Interruptions) == 0 {
 		fmt.Fprintln(out, "no interruptions")
 	} else {
@@ -91,7 +92,7 @@ func printJournal(out io.Writer, j *checkpoint.Journal) {
 			if in.LostSteps > 0 {
 				lost += lostSteps(in)
 			}
-			ok, step, size := "yes", fmt.Sprint(in.Step), humanBytes(in.Bytes)
+			ok, step, size := "yes", fmt.Sprint(in.Step), schedule.HumanBytes(in.Bytes)
 			if !in.CommitOK {
 				ok = "NO: " + in.Error
 			}
@@ -130,7 +131,7 @@ func printJournal(out io.Writer, j *checkpoint.Journal) {
 			fmt.Fprintf(w, "%s\t", orDash(r.Node))
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
-			humanBytes(r.Bytes), seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
+			schedule.HumanBytes(r.Bytes), seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
 	}
 	w.Flush()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 func newListCmd() *cobra.Command {
@@ -66,9 +67,9 @@ func printCheckpoints(out io.Writer, entries []checkpoint.Entry, incomplete []ch
 		if e.Key == latest.Manifest {
 			id += " (latest)"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t\n", m.Step, id, m.Reason, len(m.Files), humanBytes(m.Bytes()), m.Created.Local().Format(time.DateTime))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t\n", m.Step, id, m.Reason, len(m.Files), schedule.HumanBytes(m.Bytes()), m.Created.Local().Format(time.DateTime))
 		for _, p := range m.Parts {
-			fmt.Fprintf(w, "\t  part %s\tranks %s\t%d\t%s\t\t\n", p.Node, ranges(p.Ranks), p.Files, humanBytes(p.Bytes))
+			fmt.Fprintf(w, "\t  part %s\tranks %s\t%d\t%s\t\t\n", p.Node, ranges(p.Ranks), p.Files, schedule.HumanBytes(p.Bytes))
 		}
 	}
 	for _, in := range incomplete {
@@ -85,7 +86,7 @@ func printCheckpoints(out io.Writer, entries []checkpoint.Entry, incomplete []ch
 			for _, f := range p.Files {
 				n += f.Size
 			}
-			fmt.Fprintf(w, "\t  part %s\tranks %s of %d\t%d\t%s\t%s\t\n", p.Node, ranges(p.Ranks), p.WorldSize, len(p.Files), humanBytes(n), p.Created.Local().Format(time.DateTime))
+			fmt.Fprintf(w, "\t  part %s\tranks %s of %d\t%d\t%s\t%s\t\n", p.Node, ranges(p.Ranks), p.WorldSize, len(p.Files), schedule.HumanBytes(n), p.Created.Local().Format(time.DateTime))
 		}
 	}
 	w.Flush()
@@ -171,7 +172,7 @@ func newRestoreCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "restored step %d (checkpoint %s, %d files, %s) into %s in %s\n", r.Manifest.Step, r.Manifest.ID,
-				files, humanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
+				files, schedule.HumanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
 			if len(r.Parts) > 0 {
 				fmt.Fprintf(out, "parts: %s\n", strings.Join(r.Parts, ", "))
 			}
@@ -211,17 +212,4 @@ func knownID(ctx context.Context, st cloud.Store, id string) (*checkpoint.Manife
 		}
 	}
 	return nil, fmt.Errorf("no checkpoint with id %q in %s: `spotagent list --store %s` prints the ids", id, st.URI(""), st.URI(""))
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

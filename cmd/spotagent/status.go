@@ -148,7 +148,7 @@ func writeStatus(w io.Writer, st *supervisor.Status, now time.Time) error {
 	line("trainers", "%d connected", st.Trainers)
 	line("step", "%d (newest progress)", st.Step)
 	if c := st.LastCheckpoint; c != nil {
-		line("last checkpoint", "step %d, id %s, %s ago, %s", c.Step, c.ID, age(now.Sub(c.At)), humanBytes(c.Bytes))
+		line("last checkpoint", "step %d, id %s, %s ago, %s", c.Step, c.ID, age(now.Sub(c.At)), schedule.HumanBytes(c.Bytes))
 	} else {
 		line("last checkpoint", "none committed yet")
 	}
@@ -244,7 +244,7 @@ func describePromise(p *supervisor.PromiseStatus) string {
 		b.WriteString("~")
 	}
 	b.WriteString(schedule.RoundSeconds(seconds(p.NeedSeconds)).String())
-	parts := []string{humanBytes(p.Bytes)}
+	parts := []string{schedule.HumanBytes(p.Bytes)}
 	if p.SaveSeconds > 0 {
 		parts = append(parts, "save "+schedule.RoundSeconds(seconds(p.SaveSeconds)).String())
 	}

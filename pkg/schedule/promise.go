@@ -92,7 +92,7 @@ func (p Promise) Problem(c CloudNotice, margin time.Duration) string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "checkpoint %s needs ", humanBytes(p.Bytes))
+	fmt.Fprintf(&b, "checkpoint %s needs ", HumanBytes(p.Bytes))
 	if p.Lower {
 		b.WriteString("at least ")
 	} else {
@@ -133,7 +133,7 @@ func (p Promise) Advice(budget time.Duration) []string {
 		if left > 0 {
 			fit := int64(p.Rate * left.Seconds())
 			if fit < p.Bytes {
-				out = append(out, fmt.Sprintf("save fewer bytes: at %s about %s fits (e.g. the model without the optimizer state, or lower precision)", Rate(p.Rate), humanBytes(fit)))
+				out = append(out, fmt.Sprintf("save fewer bytes: at %s about %s fits (e.g. the model without the optimizer state, or lower precision)", Rate(p.Rate), HumanBytes(fit)))
 			}
 		} else {
 			out = append(out, "save faster: the trainer's save alone takes longer than the notice leaves")
@@ -143,8 +143,8 @@ func (p Promise) Advice(budget time.Duration) []string {
 	return out
 }
 
-// humanBytes prints n in binary units: 1.5 GiB, 640 MiB, 12 KiB, 3 B.
-func humanBytes(n int64) string {
+// HumanBytes prints n in binary units: 1.5 GiB, 640 MiB, 12 KiB, 3 B.
+func HumanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)
