@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -155,15 +156,31 @@ const (
 
 // childSaid75 reports whether the trainer's ranks wrote 75 to the exit
 // file: they were stopped for an interruption or shutdown.
-func (a *Agent) childSaid75() bool {
-	var b []byte
+func (a *Agent) childSaid75() bool { return a.exitFileSays() == strconv.Itoa(ExitInterrupted) }
+
+// exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
+// nothing). The trainer can replace the file: it is opened without
+// blocking (a FIFO), a user-named path without following a symlink, and
+// only a few bytes of a regular file are read.
+func (a *Agent) exitFileSays() string {
+	const flags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
+	var f *os.File
 	var err error
 	if p := os.Getenv(exitFileEnv); p != "" {
-		b, err = os.ReadFile(p)
+		f, err = os.OpenFile(p, flags, 0)
 	} else {
-		b, err = a.dirs.area.ReadFile(exitFileName)
+		f, err = a.dirs.area.OpenFile(exitFileName, flags, 0) // stays inside the area
 	}
-	return err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(ExitInterrupted)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
+	b := make([]byte, 16)
+	n, _ := io.ReadFull(f, b)
+	return strings.TrimSpace(string(b[:n]))
 }
 
 // defaultSignalWindow is Config.SignalWindow's default: two signals closer

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -136,11 +135,11 @@ func (a *Agent) tickRanks(now time.Time) {
 			continue
 		}
 		w.verdict, w.verdictAt = verdictCrash, now
-		if strings.TrimSpace(w.left[pid]) == strconv.Itoa(ExitInterrupted) {
+		if w.left[pid] == strconv.Itoa(ExitInterrupted) {
 			w.verdict = verdictPeerLost
 		}
 		a.log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
-			zap.String("exit_file", strings.TrimSpace(w.left[pid])))
+			zap.String("exit_file", w.left[pid]))
 		if w.verdict == verdictCrash {
 			a.recordCrash(pid)
 		}
@@ -162,17 +161,6 @@ func (a *Agent) tickRanks(now time.Time) {
 // peerLost reports whether the child's ranks ended because a peer of the
 // job is gone (and no other node reported a crash of its own).
 func (a *Agent) peerLost() bool { return a.ranks.verdict == verdictPeerLost }
-
-// exitFileSays is the exit file's content ("" when there is none).
-func (a *Agent) exitFileSays() string {
-	var b []byte
-	if p := os.Getenv(exitFileEnv); p != "" {
-		b, _ = os.ReadFile(p)
-	} else {
-		b, _ = a.dirs.area.ReadFile(exitFileName)
-	}
-	return string(b)
-}
 
 // crashRecord is crashes/<node>-<session>.json.
 type crashRecord struct {

@@ -171,3 +171,40 @@ func TestAgent_CrashIsRecordedForTheOtherNodes(t *testing.T) {
 		t.Fatalf("crash records %v, want one of node-1", keys)
 	}
 }
+
+// TestExitFileSays_TrainerReplacedIt: the trainer can replace the exit
+// file. A symlink (to a file the agent may read and the trainer may not)
+// is not followed, a FIFO does not block the loop, and only the first
+// bytes count.
+func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
+	dir := shortDir(t)
+	secret, p := filepath.Join(dir, "secret"), filepath.Join(dir, "exit")
+	mustWrite(t, secret, "75\n")
+	t.Setenv(exitFileEnv, p)
+	a := &Agent{}
+	mustWrite(t, p, " 75\n")
+	if got := a.exitFileSays(); got != "75" {
+		t.Fatalf("regular file: %q, want 75", got)
+	}
+	os.Remove(p)
+	if err := os.Symlink(secret, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.exitFileSays(); got != "" {
+		t.Fatalf("a symlink was followed: %q", got)
+	}
+	os.Remove(p)
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	said := make(chan string, 1)
+	go func() { said <- a.exitFileSays() }()
+	select {
+	case got := <-said:
+		if got != "" {
+			t.Fatalf("a FIFO: %q", got)
+		}
+	case <-time.After(testWait):
+		t.Fatal("reading a FIFO at the exit file's path blocked")
+	}
+}
