@@ -10,6 +10,7 @@ import (
 
 	"cloud.google.com/go/storage"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -37,16 +38,14 @@ func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string
 	if err != nil {
 		return fmt.Errorf("put %s: read: %w", key, err)
 	}
-	for attempt := 1; ; attempt++ {
-		err = s.putOnce(ctx, o, io.NewSectionReader(f, 0, size), crc)
-		if err == nil {
-			src.Sent(size, crc)
-			return nil
-		}
-		if attempt == singleAttempts || ctx.Err() != nil || !storage.ShouldRetry(err) {
-			return fmt.Errorf("put %s: %w", key, translate(err))
-		}
+	err = retry.Do(ctx, retry.Policy{Attempts: singleAttempts, Retryable: storage.ShouldRetry}, func(ctx context.Context) error {
+		return s.putOnce(ctx, o, io.NewSectionReader(f, 0, size), crc)
+	})
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, translate(err))
 	}
+	src.Sent(size, crc)
+	return nil
 }
 
 func (s *Store) putOnce(ctx context.Context, o *storage.ObjectHandle, r io.Reader, crc uint32) error {
