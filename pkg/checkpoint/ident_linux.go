@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"os"
 	"syscall"
+	"time"
 )
 
 // fileIdent is what must stay the same for an uploaded file to still be
@@ -24,3 +25,15 @@ func identOf(fi os.FileInfo) fileIdent {
 }
 
 func (id fileIdent) noCtime() fileIdent { id.ctime = 0; return id }
+
+// changed is when fi's file last changed: the later of its mtime and
+// ctime (a chmod or link moves only ctime, which identOf compares too).
+func changed(fi os.FileInfo) time.Time {
+	t := fi.ModTime()
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		if c := time.Unix(st.Ctim.Unix()); c.After(t) {
+			t = c
+		}
+	}
+	return t
+}

@@ -2,7 +2,10 @@
 
 package checkpoint
 
-import "os"
+import (
+	"os"
+	"time"
+)
 
 // fileIdent is what must stay the same for an uploaded file to still be
 // the file on disk. Outside Linux: size and mtime (os.SameFile is checked
@@ -17,3 +20,6 @@ func identOf(fi os.FileInfo) fileIdent {
 }
 
 func (id fileIdent) noCtime() fileIdent { return id }
+
+// changed is when fi's file last changed (its mtime: identOf's only time).
+func changed(fi os.FileInfo) time.Time { return fi.ModTime() }

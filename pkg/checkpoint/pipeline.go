@@ -206,6 +206,20 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		f.err = p.ctx.Err()
 		return
 	}
+	// A file read within racyWindow of its last change could change again
+	// without its mtime or ctime moving, and would be read once more at done to
+	// prove it did not: waiting out the rest of the window (a trainer
+	// reports saved right after its last write) costs less.
+	if d := time.Until(changed(before).Add(racyWindow)); d > 0 && d <= racyWindow {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			t.Stop()
+			f.err = p.ctx.Err()
+			return
+		}
+	}
 	opened := time.Now()
 	ur := newUploadReader(fh, f.size, p.p)
 	if err := p.c.Store.Put(p.ctx, f.key, ur, f.size, cloud.PutOptions{}); err != nil {
@@ -221,7 +235,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		f.err = errors.New("file changed while it was uploaded")
 	}
 	f.ident = identOf(after)
-	f.racy = !after.ModTime().Before(opened.Add(-racyWindow))
+	f.racy = !changed(after).Before(opened.Add(-racyWindow))
 	f.sum = sum
 }
 

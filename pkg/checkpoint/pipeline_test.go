@@ -378,3 +378,48 @@ func TestPipeline_HaltedAndGated(t *testing.T) {
 		})
 	}
 }
+
+// A file reported saved right after its last write is read once: the
+// upload waits out the rest of racyWindow instead of reading the whole
+// file again at done to prove it unchanged. A write after the wait moves
+// its mtime, so it is still caught.
+func TestPipeline_JustWrittenReadOnce(t *testing.T) {
+	st := &countingStore{Store: newStore(t)}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.pt")
+	if err := os.WriteFile(path, []byte(strings.Repeat("m", 100000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := openRoot(t, dir)
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(context.Background(), root, 5, "fresh")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	p.wg.Wait()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.files["model.pt"]
+	if f.err != nil || f.racy {
+		t.Fatalf("early upload err=%v racy=%v, want a clean, non-racy upload", f.err, f.racy)
+	}
+	if f.ident != identOf(fi) {
+		t.Fatal("uploaded identity differs from the file's")
+	}
+	// Rewritten now (same size): mtime and ctime move, so done uploads it again.
+	want := strings.Repeat("n", 100000)
+	if err := os.WriteFile(path, []byte(want), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(context.Background(), Request{Root: root, ID: "fresh", Step: 5, Reason: "periodic", Pipeline: p}); err != nil {
+		t.Fatal(err)
+	}
+	if _, got := restoredFiles(t, st); got["model.pt"] != want {
+		t.Fatalf("model.pt committed as %.10q…, want %.10q…", got["model.pt"], want)
+	}
+	if n := st.count(Prefix(5, "fresh") + "model.pt"); n != 2 {
+		t.Fatalf("puts of model.pt=%d, want 2", n)
+	}
+}

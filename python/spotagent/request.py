@@ -1,11 +1,12 @@
 """A checkpoint request as the trainer sees it (``CheckpointRequest``), and
 what the agent answers about it (``Committed``, ``UploadFailed``)."""
 
+import contextlib
 import datetime
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Set
 
 from ._common import fsync_dir, log, metadata_dict
 
@@ -80,6 +81,8 @@ class CheckpointRequest(object):
         self._write_errors = []  # type: List[str]
         self._saved_names = set()  # type: Set[str]
         self._running = 0
+        self._queued = 0  # background writes submitted
+        self._turn = 0  # the one whose turn it is to write (submission order)
         self._blocked = 0.0
         self._finished = threading.Event()  # done/failed queued (or never to be)
         self._step_hint = None  # type: Optional[int]  # the step poll() was at
@@ -154,8 +157,9 @@ class CheckpointRequest(object):
 
     def saved(self, name: str) -> None:
         """Tell the agent that the file ``name`` (relative to ``dir``, or an
-        absolute path inside it) is complete, fsynced, and will not change:
-        the agent uploads it at once instead of at ``done``. Optional; a
+        absolute path inside it) is complete (written; the agent reads it
+        from the page cache, so it need not be fsynced yet) and will not
+        change: the agent uploads it at once instead of at ``done``. Optional; a
         file changed after ``saved`` is uploaded again at ``done``."""
         if not self.id or self._finished.is_set():
             return
@@ -167,8 +171,9 @@ class CheckpointRequest(object):
     def write_async(self, name: str, write: Callable[[Any], None]) -> None:
         """Write the file ``name`` (relative to ``dir``) in a background
         thread: ``write(f)`` gets the open binary file; it is then flushed,
-        fsynced and reported ``saved``. Files of one request are written in
-        parallel, one thread each, started once the caller is done staging:
+        reported ``saved`` and fsynced. Files of one request are written one
+        at a time, in the order of these calls (the first is uploading while
+        the next is written), started once the caller is done staging:
         at :meth:`done`, the next ``poll``, or a wait. Call :meth:`done` once
         every file is submitted. ``write`` must only read data nobody changes meanwhile:
         stage a copy first (``spotagent.torch.save`` does).
@@ -188,8 +193,10 @@ class CheckpointRequest(object):
                 raise ValueError("spotagent: %s written twice for checkpoint %s" % (rel, self.id))
             self._saved_names.add(rel)
             self._running += 1
+            turn = self._queued
+            self._queued += 1
         self._blocked += time.monotonic() - t0
-        t = threading.Thread(target=self._write, args=(rel, write), name="spotagent-write", daemon=True)
+        t = threading.Thread(target=self._write, args=(rel, write, turn), name="spotagent-write", daemon=True)
         with self._agent._lock:
             self._writes.append(t)
             self._unstarted.append(t)
@@ -204,17 +211,32 @@ class CheckpointRequest(object):
         for t in ts:
             t.start()
 
-    def _write(self, rel: str, write: Callable[[Any], None]) -> None:
+    def _write(self, rel: str, write: Callable[[Any], None], turn: int) -> None:
         path = os.path.join(self.dir, rel)
         try:
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            with open(path, "wb") as f:
-                write(f)
-                f.flush()
+            # One file at a time, in the order they were submitted: the
+            # first is then complete (and uploading) after its own write
+            # rather than at the end of all of them, and the writes leave
+            # the other cores to the upload. The turn passes on whatever
+            # happens here.
+            with self._write_turn(turn):
+                parent = os.path.dirname(path)
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+                f = open(path, "wb")
+                try:
+                    write(f)
+                    f.flush()
+                except BaseException:
+                    f.close()
+                    raise
+            with f:
+                # The bytes are in the page cache, where the agent reads
+                # them: it is told now, and uploads while the fsync (the
+                # local copy's durability, which done still reports) runs
+                # beside the next file's write.
+                self.saved(rel)
                 os.fsync(f.fileno())
-            self.saved(rel)
         except Exception as e:  # reported as failed at done
             log.warning("spotagent: writing %s for checkpoint %s failed: %s", path, self.id, e)
             with self._agent._lock:
@@ -222,6 +244,18 @@ class CheckpointRequest(object):
         finally:
             with self._agent._lock:
                 self._running -= 1
+                self._agent._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _write_turn(self, turn: int) -> Iterator[None]:
+        with self._agent._lock:
+            while self._turn != turn:
+                self._agent._cond.wait()
+        try:
+            yield
+        finally:
+            with self._agent._lock:
+                self._turn += 1
                 self._agent._cond.notify_all()
 
     def _join_writes(self, timeout: Optional[float] = None) -> bool:

@@ -11,9 +11,10 @@
 ``save`` copies every tensor to CPU memory in the caller -- the only part
 that blocks training; large CPU tensors are copied in chunks by a few
 threads, GPU tensors into pinned memory -- then writes the copy with ``torch.save`` in a
-background thread, fsyncs it and tells the agent (``saved``), which uploads
-it at once. ``done`` goes to the agent when the last file of the request is
-written. Several files of one request are written in parallel.
+background thread and tells the agent (``saved``), which uploads it at once,
+then fsyncs it. ``done`` goes to the agent when the last file of the
+request is written and fsynced. The files of one request are written one at
+a time, in the order of the ``save`` calls.
 
 Memory: the staged copy is one more copy of the state in CPU RAM while it
 is written. A request's first ``save`` waits while an earlier request's

@@ -229,23 +229,72 @@ class TestBackgroundSave(TorchBase):
         req.done(3)
         self.assertEqual(srv.wait_message("done")[0]["id"], "lazy")
 
-    def test_files_of_one_request_written_in_parallel(self):
+    def test_files_written_one_at_a_time_and_saved_before_fsync(self):
+        """A request's files are written one at a time, in the order they
+        were submitted, and each is reported saved once written, before its
+        fsync: the agent uploads the first while the next is written, and
+        the fsyncs hold up neither (issue 30 item 8)."""
         srv = self.server()
         a = self.connect()
-        req = self.request(srv, a, "par", 1)
-        both = threading.Barrier(2, timeout=DEADLINE)
+        req = self.request(srv, a, "order", 1)
+        order, overlapped, writing = [], [], []
+        lock = threading.Lock()
 
-        def meet(obj, f):
-            both.wait()  # breaks (BrokenBarrierError) unless both writers run at once
+        def record(obj, f):
+            with lock:
+                writing.append(1)
+                overlapped.append(len(writing) > 1)
+                order.extend(obj.keys())
+            f.write(b"x")
+            with lock:
+                writing.pop()
+
+        release = threading.Event()
+        real_fsync = os.fsync
+
+        def held_fsync(fd):
+            if not release.wait(DEADLINE):
+                raise RuntimeError("fsync never released")
+            real_fsync(fd)
+
+        with mock.patch.object(torch, "save", record), mock.patch.object(os, "fsync", held_fsync):
+            for n in "abcd":
+                satorch.save(req, {n: torch.ones(1)}, n + ".pt")
+            req.done(1)
+            # Every file is reported while every fsync is still held.
+            saved = srv.wait_message("saved", 4)
+            self.assertEqual(srv.of_type("done"), [])
+            release.set()
+            self.assertTrue(req.wait(DEADLINE))
+        self.assertEqual([m["path"] for m in saved], ["a.pt", "b.pt", "c.pt", "d.pt"])
+        self.assertEqual(order, list("abcd"))
+        self.assertEqual(overlapped, [False] * 4)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "order")
+        self.assertEqual(srv.of_type("failed"), [])
+
+    def test_a_failed_write_passes_the_turn_on(self):
+        """A file that cannot be written fails the checkpoint at done, and
+        the files after it are still written (the turn is not lost)."""
+        srv = self.server()
+        a = self.connect()
+        req = self.request(srv, a, "turn", 2)
+        calls = []
+
+        def first_fails(obj, f):
+            (n,) = obj.keys()
+            calls.append(n)
+            if n == "a":
+                raise OSError("disk full")
             f.write(b"x")
 
-        with mock.patch.object(torch, "save", meet):
-            satorch.save(req, {"a": torch.ones(1)}, "a.pt")
-            satorch.save(req, {"b": torch.ones(1)}, "b.pt")
-            req.done(1)
+        with mock.patch.object(torch, "save", first_fails):
+            for n in "abc":
+                satorch.save(req, {n: torch.ones(1)}, n + ".pt")
+            req.done(2)
             self.assertTrue(req.wait(DEADLINE))
-        self.assertEqual(srv.wait_message("done")[0]["id"], "par")
-        self.assertEqual(srv.of_type("failed"), [])
+        self.assertEqual(calls, ["a", "b", "c"])
+        self.assertIn("disk full", srv.wait_message("failed")[0]["error"])
+        self.assertEqual(sorted(m["path"] for m in srv.of_type("saved")), ["b.pt", "c.pt"])
 
     def test_next_request_waits_for_the_previous_writes(self):
         """At most one staged copy: a new request's save blocks while the
