@@ -91,7 +91,9 @@ func main() {
 	if err := os.MkdirAll(c.work, 0o755); err != nil {
 		fatal(err)
 	}
-	defer os.RemoveAll(c.work)
+	if os.Getenv("SPOTBENCH_KEEP_WORK") == "" { // set: keep the logs (and data) for a post-mortem
+		defer os.RemoveAll(c.work)
+	}
 	r := newReport(&c)
 	start := time.Now()
 	if c.only["latency"] {

@@ -92,6 +92,10 @@ type pipeRun struct {
 	periodicBlocked       float64       // seconds: the second periodic checkpoint's (warm)
 	idleRate, bgRate      float64       // steps/s
 	peakKiB               int64
+	// CPU seconds (user + system) from the notice to the commit of the
+	// trainer (all its threads), the agent and the store's server: on a
+	// small machine the write and the upload share its cores.
+	cpuTrainer, cpuAgent, cpuStore float64
 }
 
 var benchLine = regexp.MustCompile(`^bench: request (\S+) (\S+) blocked ([\d.]+) written ([\d.]+)(?: bg_steps_per_s ([\d.]+))?`)
@@ -126,11 +130,11 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	const files = 4
 	var b strings.Builder
 	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice, 1 s after the second periodic commit plus a random phase of the agent's spot poll; notice → committed from the agent's json log; *notice → request* is the detection (AWS `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) up to the agent's \"checkpoint requested\". *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
-	b.WriteString("| checkpoint | path | notice → committed s | notice → request s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| checkpoint | path | notice → committed s | notice → request s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB | CPU s, notice → committed: trainer / agent / store (cores busy) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, gib := range sizes {
 		if why := pipelineRoom(c, gib); why != "" {
 			logf("pipeline: skipping %g GiB: %s", gib, why)
-			fmt.Fprintf(&b, "| %g GiB | skipped: %s | | | | | | | | | | |\n", gib, why)
+			fmt.Fprintf(&b, "| %g GiB | skipped: %s | | | | | | | | | | | |\n", gib, why)
 			continue
 		}
 		med := map[string]pipeRun{}
@@ -138,12 +142,12 @@ func benchPipeline(c *config, r *report, s *stores) error {
 			var runs []pipeRun
 			for rep := range c.e2eReps {
 				uri := fmt.Sprintf("s3://%s/pipe-%s-%g-%d", bucket, mode, gib, rep)
-				res, err := onePipeline(c, imds, s.minio.env(), uri, py, script, mode, gib, files)
+				res, err := onePipeline(c, imds, s.minio, uri, py, script, mode, gib, files)
 				if err != nil {
 					return fmt.Errorf("pipeline %s %g GiB: %w", mode, gib, err)
 				}
-				logf("%-9s %g GiB notice→committed %.2fs (request %.2fs, write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB",
-					mode, gib, res.total.Seconds(), res.toRequest.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024)
+				logf("%-9s %g GiB notice→committed %.2fs (request %.2fs, write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB, CPU s trainer %.2f agent %.2f store %.2f",
+					mode, gib, res.total.Seconds(), res.toRequest.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024, res.cpuTrainer, res.cpuAgent, res.cpuStore)
 				runs = append(runs, res)
 				if err := deletePrefix(s.minio.env(), uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
@@ -156,8 +160,9 @@ func benchPipeline(c *config, r *report, s *stores) error {
 			if mode == "pipelined" {
 				bg = fmt.Sprintf("%.1f", m.bgRate)
 			}
-			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f |\n", gib, mode, m.total.Seconds(), m.toRequest.Seconds(), m.written, m.upload.Seconds(),
-				m.coldBlocked, m.periodicBlocked, m.periodicBlocked/gib, m.blocked, m.idleRate, bg, float64(m.peakKiB)/1024)
+			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f | %.2f / %.2f / %.2f (%.1f) |\n", gib, mode, m.total.Seconds(), m.toRequest.Seconds(), m.written, m.upload.Seconds(),
+				m.coldBlocked, m.periodicBlocked, m.periodicBlocked/gib, m.blocked, m.idleRate, bg, float64(m.peakKiB)/1024,
+				m.cpuTrainer, m.cpuAgent, m.cpuStore, (m.cpuTrainer+m.cpuAgent+m.cpuStore)/m.total.Seconds())
 		}
 		ser, pip := med["serial"], med["pipelined"]
 		bound := 1.15 * max(ser.written, ser.upload.Seconds())
@@ -199,12 +204,16 @@ func medianPipe(runs []pipeRun) pipeRun {
 		periodicBlocked: get(func(x pipeRun) float64 { return x.periodicBlocked }),
 		coldBlocked:     get(func(x pipeRun) float64 { return x.coldBlocked }),
 		idleRate:        get(func(x pipeRun) float64 { return x.idleRate }),
+		cpuTrainer:      get(func(x pipeRun) float64 { return x.cpuTrainer }),
+		cpuAgent:        get(func(x pipeRun) float64 { return x.cpuAgent }),
+		cpuStore:        get(func(x pipeRun) float64 { return x.cpuStore }),
 		bgRate:          get(func(x pipeRun) float64 { return x.bgRate }),
 		peakKiB:         peak,
 	}
 }
 
-func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode string, gib float64, files int) (pipeRun, error) {
+func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, mode string, gib float64, files int) (pipeRun, error) {
+	env := srv.env()
 	imds.ClearTermination()
 	dir := filepath.Join(c.work, "pipe")
 	os.RemoveAll(dir)
@@ -216,8 +225,8 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 	interval := 10*time.Second + time.Duration(gib*4*float64(time.Second))
 	cmd := exec.Command(c.bin, "run", "--store", uri, "--cloud", "aws", "--aws-imds-endpoint", imds.URL(),
 		"--poll-interval", c.pollInterval.String(), "--interval", interval.String(), "--checkpoint-dir", filepath.Join(dir, "ckpt"),
-		"--socket", filepath.Join(dir, "agent.sock"), "--log-format", "json",
-		"--", py, script, mode, strconv.FormatFloat(gib, 'g', -1, 64), strconv.Itoa(files))
+		"--socket", filepath.Join(dir, "agent.sock"), "--log-format", "json")
+	cmd.Args = append(cmd.Args, "--", py, script, mode, strconv.FormatFloat(gib, 'g', -1, 64), strconv.Itoa(files))
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -247,6 +256,7 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 	}
 	timeout := time.After(10 * time.Minute)
 	var res pipeRun
+	trainer := 0 // the trainer's pid, from the agent's log
 	// wait returns the next line match accepts, noting the trainer's
 	// numbers on the way.
 	wait := func(what string, match func(logLine) bool) (logLine, error) {
@@ -258,6 +268,9 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 				}
 				if v, ok := strings.CutPrefix(l.text, "bench: idle_steps_per_s "); ok {
 					res.idleRate, _ = strconv.ParseFloat(v, 64)
+				}
+				if v, ok := l.raw["child_pid"].(float64); ok && l.msg() == "child started" {
+					trainer = int(v)
 				}
 				if match(l) {
 					return l, nil
@@ -292,6 +305,12 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 	// periodic checkpoint is still under way, and the detection delay is
 	// drawn as on a real machine (uniform over the poll interval).
 	time.Sleep(time.Second + rand.N(awsSpotPoll))
+	cpu := func() [3]float64 {
+		t, _ := cpuTicks(trainer)
+		a, _ := cpuTicks(cmd.Process.Pid)
+		return [3]float64{float64(t) / clkTck, float64(a) / clkTck, srv.cpu()}
+	}
+	cpu0 := cpu()
 	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
 	var com logLine
 	var saw [2]bool
@@ -316,6 +335,8 @@ func onePipeline(c *config, imds *fake.AWS, env []string, uri, py, script, mode 
 		}
 		com, saw[1] = l, true
 		res.peakKiB = vmKiB(cmd.Process.Pid, "VmHWM")
+		cpu1 := cpu()
+		res.cpuTrainer, res.cpuAgent, res.cpuStore = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
 	}
 	res.total = com.at.Sub(exposed)
 	if v, ok := com.raw["total"].(float64); ok {
