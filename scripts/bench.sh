@@ -6,10 +6,11 @@
 #
 # Knobs (environment): SPOTBENCH_REPS (5), SPOTBENCH_E2E_REPS (3),
 # SPOTBENCH_NOTICES (50), SPOTBENCH_IDLE (60s), SPOTBENCH_IDLE_RUNS (5),
-# SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
+# SPOTBENCH_KEEP_WORK (set: keep $SPOTBENCH_WORK, the agents' logs, for a
+# post-mortem), SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
 # the footprint and transfer sections),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap),
-# SPOTBENCH_PIPELINE_GIB (1,4), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
+# SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -41,9 +42,9 @@ fi
 "$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
 "$GO" build -o "$CACHE/bin/watchbench" ./bench/cmd/watchbench
 
-cleanup() { rm -rf "$WORK" /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lean; }
+cleanup() { [ -n "${SPOTBENCH_KEEP_WORK:-}" ] || rm -rf "$WORK"; rm -rf /dev/shm/spotbench-minio /dev/shm/spotbench-minio-lean; }
 trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
   -idle "${SPOTBENCH_IDLE:-60s}" -idle-runs "${SPOTBENCH_IDLE_RUNS:-5}" -baseline-bin "${SPOTBENCH_BASELINE_BIN:-}" -only "$ONLY" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench"
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4,8}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench"

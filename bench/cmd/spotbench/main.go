@@ -67,7 +67,7 @@ func main() {
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
 	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
-	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4", "checkpoint sizes (GiB) of the pipeline section")
+	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
 	flag.Parse()
 	c.pollInterval = time.Second

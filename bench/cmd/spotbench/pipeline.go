@@ -3,11 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,29 +129,38 @@ func benchPipeline(c *config, r *report, s *stores) error {
 		}
 		sizes = append(sizes, g)
 	}
-	const files = 4
 	var b strings.Builder
-	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in %d tensors, one file each; a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice, 1 s after the second periodic commit plus a random phase of the agent's spot poll; notice → committed from the agent's json log; *notice → request* is the detection (AWS `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) up to the agent's \"checkpoint requested\". *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. %d run(s) per cell, medians.\n\n", files, c.e2eReps)
+	fmt.Fprintf(&b, "`spotagent run` (AWS fake) with a PyTorch trainer holding N GiB of float32 state in 4 tensors up to 4 GiB, 1 GiB each above, one file each (a sharded checkpoint); a step updates every tensor in place and runs a 256×256 matmul (one thread). *serial*: `torch.save` + fsync per file, then `done` (today's path). *pipelined*: `spotagent.torch.save` per file (tensors copied to CPU memory in the caller, then written and fsynced by background threads, each file reported `saved` and uploaded by the agent at once), `done` after the last. After an interruption's save the trainer stops stepping (python/README.md: further steps would be lost). First two periodic checkpoints (training blocked: *first* with fresh staging buffers, *steady* the second, whose staging reuses them, as every later one does), then a spot notice, 1 s after the second periodic commit plus a random phase of the agent's spot poll; notice → committed from the agent's json log; *notice → request* is the detection (AWS `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) up to the agent's \"checkpoint requested\". *write* is the trainer's time to write its files (serial: the whole save), *upload* the agent's data upload (for pipelined, from the first early upload). Target: notice → committed ≤ 1.15 × max(write, upload) of the serial run. MinIO keeps its data on tmpfs when tmpfs and memory hold three checkpoints beside the trainer's state and staging copy; otherwise (*store on disk*) a second stock MinIO keeps it on this machine's disk, which the trainer's fsyncs share. *CPU s*: user + system seconds from the notice to the commit of the trainer (every thread), the agent and MinIO; *cores busy* is their sum over that time (this machine has %d). %d run(s) per cell, medians.\n\n", runtime.NumCPU(), c.e2eReps)
 	b.WriteString("| checkpoint | path | notice → committed s | notice → request s | write s | upload s | blocked s, first periodic | blocked s (s/GiB), steady periodic | blocked s, interruption | steps/s idle | steps/s during a background (periodic) save | agent peak RSS MiB | CPU s, notice → committed: trainer / agent / store (cores busy) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	var fits []string
 	for _, gib := range sizes {
-		if why := pipelineRoom(c, gib); why != "" {
+		files := 4
+		if gib > 4 {
+			files = int(math.Ceil(gib))
+		}
+		srv, where, why := pipelineStore(c, s, gib)
+		if why != "" {
 			logf("pipeline: skipping %g GiB: %s", gib, why)
 			fmt.Fprintf(&b, "| %g GiB | skipped: %s | | | | | | | | | | | |\n", gib, why)
 			continue
+		}
+		label := fmt.Sprintf("%g GiB", gib)
+		if where != "" {
+			label += ", " + where
 		}
 		med := map[string]pipeRun{}
 		for _, mode := range []string{"serial", "pipelined"} {
 			var runs []pipeRun
 			for rep := range c.e2eReps {
 				uri := fmt.Sprintf("s3://%s/pipe-%s-%g-%d", bucket, mode, gib, rep)
-				res, err := onePipeline(c, imds, s.minio, uri, py, script, mode, gib, files)
+				res, err := onePipeline(c, imds, srv, uri, py, script, mode, gib, files)
 				if err != nil {
 					return fmt.Errorf("pipeline %s %g GiB: %w", mode, gib, err)
 				}
 				logf("%-9s %g GiB notice→committed %.2fs (request %.2fs, write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB, CPU s trainer %.2f agent %.2f store %.2f",
 					mode, gib, res.total.Seconds(), res.toRequest.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024, res.cpuTrainer, res.cpuAgent, res.cpuStore)
 				runs = append(runs, res)
-				if err := deletePrefix(s.minio.env(), uri); err != nil {
+				if err := deletePrefix(srv.env(), uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
 				}
 				s.emptyTrash()
@@ -160,24 +171,32 @@ func benchPipeline(c *config, r *report, s *stores) error {
 			if mode == "pipelined" {
 				bg = fmt.Sprintf("%.1f", m.bgRate)
 			}
-			fmt.Fprintf(&b, "| %g GiB | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f | %.2f / %.2f / %.2f (%.1f) |\n", gib, mode, m.total.Seconds(), m.toRequest.Seconds(), m.written, m.upload.Seconds(),
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f (%.3f) | %.3f | %.1f | %s | %.0f | %.2f / %.2f / %.2f (%.1f) |\n", label, mode, m.total.Seconds(), m.toRequest.Seconds(), m.written, m.upload.Seconds(),
 				m.coldBlocked, m.periodicBlocked, m.periodicBlocked/gib, m.blocked, m.idleRate, bg, float64(m.peakKiB)/1024,
 				m.cpuTrainer, m.cpuAgent, m.cpuStore, (m.cpuTrainer+m.cpuAgent+m.cpuStore)/m.total.Seconds())
 		}
 		ser, pip := med["serial"], med["pipelined"]
+		fits = append(fits, fmt.Sprintf("from %s, serial %.1f GiB, pipelined %.1f GiB", label, 30*gib/ser.total.Seconds(), 30*gib/pip.total.Seconds()))
 		bound := 1.15 * max(ser.written, ser.upload.Seconds())
-		r.target(target{name: fmt.Sprintf("notice → committed, %g GiB, pipelined", gib), want: "≤ 1.15 × max(write, upload)",
+		r.target(target{name: fmt.Sprintf("notice → committed, %s, pipelined", label), want: "≤ 1.15 × max(write, upload)",
 			got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", pip.total.Seconds(), bound, ser.total.Seconds()),
 			met: pip.total.Seconds() <= bound, margin: fmt.Sprintf("%+.2f s", bound-pip.total.Seconds())})
 		perGiB := pip.periodicBlocked / gib
-		r.target(target{name: fmt.Sprintf("training blocked per periodic checkpoint, %g GiB", gib), want: "≤ 0.25 s/GiB",
-			got: fmt.Sprintf("%.3f s/GiB (serial %.3f s/GiB)", perGiB, ser.periodicBlocked/gib), met: perGiB <= 0.25, margin: fmt.Sprintf("%+.3f s/GiB", 0.25-perGiB)})
+		limit := 0.25 // issue 16; issue 30 asks 0.1 of the 8 GiB checkpoint
+		if gib >= 8 {
+			limit = 0.1
+		}
+		r.target(target{name: fmt.Sprintf("training blocked per periodic checkpoint, %s", label), want: fmt.Sprintf("≤ %g s/GiB", limit),
+			got: fmt.Sprintf("%.3f s/GiB (serial %.3f s/GiB)", perGiB, ser.periodicBlocked/gib), met: perGiB <= limit, margin: fmt.Sprintf("%+.3f s/GiB", limit-perGiB)})
 		peak := max(ser.peakKiB, pip.peakKiB)
 		mb := float64(peak) * 1024 / 1e6
-		r.target(target{name: fmt.Sprintf("agent peak RSS, %g GiB checkpoint", gib), want: "≤ 200 MB", got: fmt.Sprintf("%.0f MB", mb), met: mb <= 200, margin: fmt.Sprintf("%+.0f MB", 200-mb)})
+		r.target(target{name: fmt.Sprintf("agent peak RSS, %s checkpoint", label), want: "≤ 200 MB", got: fmt.Sprintf("%.0f MB", mb), met: mb <= 200, margin: fmt.Sprintf("%+.0f MB", 200-mb)})
+	}
+	if len(fits) > 0 {
+		fmt.Fprintf(&b, "\nLargest checkpoint that commits within a GCP-style 30 s notice here, at each size's measured notice → committed rate (linear: fixed costs are small against these sizes): %s.\n", strings.Join(fits, "; "))
 	}
 	r.add("7. Pipelined commit and non-blocking save (issue 16)", b.String())
-	r.command("SPOTBENCH_ONLY=pipeline make bench   # this section alone; SPOTBENCH_PIPELINE_GIB=1,4")
+	r.command("SPOTBENCH_ONLY=pipeline make bench   # this section alone; SPOTBENCH_PIPELINE_GIB=1,4,8")
 	return nil
 }
 
@@ -361,23 +380,43 @@ func torchPython() string {
 	return "/usr/bin/python3"
 }
 
-// pipelineRoom says why a checkpoint of gib GiB cannot run here, or "":
-// the trainer holds the state and a staging copy in memory (about twice
-// the checkpoint), the checkpoint's files go under the work directory,
-// and MinIO keeps up to three checkpoints (on tmpfs when there is room,
-// which takes memory too).
-func pipelineRoom(c *config, gib float64) string {
+// pipelineStore picks the MinIO of a gib GiB checkpoint: the tmpfs one
+// when tmpfs and memory hold its three checkpoints (two periodic, one at
+// the notice) beside the trainer's state and staging copy, else one with
+// its data on disk, started here once. where says which ("" for tmpfs);
+// why says why the size cannot run here at all.
+func pipelineStore(c *config, s *stores, gib float64) (srv *minioServer, where, why string) {
 	need := int64(gib * (1 << 30))
+	const slack = 2 << 30 // the agent, MinIO, Python, the files being uploaded
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(c.work, &st); err == nil {
-		if free := int64(st.Bavail) * int64(st.Bsize); free < 4*need {
-			return fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files and a store copy)", float64(free)/(1<<30), c.work, 4*gib)
+	free := func(path string) int64 {
+		if syscall.Statfs(path, &st) != nil {
+			return -1
+		}
+		return int64(st.Bavail) * int64(st.Bsize)
+	}
+	avail := memAvailable()
+	if avail > 0 && avail < 2*need+slack {
+		return nil, "", fmt.Sprintf("%.1f GiB of memory available, want %.0f GiB (state, staging copy)", float64(avail)/(1<<30), float64(2*need+slack)/(1<<30))
+	}
+	onTmpfs := strings.HasPrefix(s.minio.data, "/dev/shm/")
+	if !onTmpfs || (free("/dev/shm") >= 3*need+slack && (avail <= 0 || avail >= 5*need+slack)) {
+		if f := free(c.work); f >= 0 && f < 2*need {
+			return nil, "", fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files)", float64(f)/(1<<30), c.work, 2*gib)
+		}
+		return s.minio, "", ""
+	}
+	if f := free(c.work); f >= 0 && f < 5*need {
+		return nil, "", fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files and a store on disk)", float64(f)/(1<<30), c.work, 5*gib)
+	}
+	if s.disk == nil {
+		m, err := s.startMinIOIn(c, "minio-disk", filepath.Join(c.work, "minio-disk"))
+		s.disk = m
+		if err != nil {
+			return nil, "", fmt.Sprintf("minio on disk: %v", err)
 		}
 	}
-	if avail := memAvailable(); avail > 0 && avail < 3*need {
-		return fmt.Sprintf("%.1f GiB of memory available, want %.0f GiB (state, staging copy, page cache)", float64(avail)/(1<<30), 3*gib)
-	}
-	return ""
+	return s.disk, "store on disk", ""
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes, 0 if unknown.

@@ -44,7 +44,11 @@ type stores struct {
 	// ETag (half of MinIO's CPU in an upload). The 1 GiB upload is also
 	// measured against it, to show the clients with less of the server's
 	// work on the shared cores, as with a real bucket.
-	lean    *minioServer
+	lean *minioServer
+	// disk is a stock MinIO with its data on disk (under the work
+	// directory), started by the pipeline section for checkpoints that
+	// tmpfs and memory cannot hold beside the trainer's state.
+	disk    *minioServer
 	gcsHost string // 127.0.0.1:PORT
 	gcs     *exec.Cmd
 	procs   []*exec.Cmd
@@ -92,7 +96,7 @@ func (m *minioServer) env() []string {
 func (s *stores) gcsEnv() []string { return []string{"STORAGE_EMULATOR_HOST=" + s.gcsHost} }
 
 func (s *stores) Close() {
-	for _, m := range []*minioServer{s.minio, s.lean} {
+	for _, m := range []*minioServer{s.minio, s.lean, s.disk} {
 		if m != nil {
 			defer os.RemoveAll(m.data)
 		}
@@ -185,11 +189,16 @@ func startStores(c *config) (*stores, error) {
 // startMinIO starts a MinIO server named name (its data directory and log
 // file) with the bench bucket.
 func (s *stores) startMinIO(c *config, name string, flags ...string) (*minioServer, error) {
+	return s.startMinIOIn(c, name, minioDataDir(c, name), flags...)
+}
+
+// startMinIOIn is startMinIO with its data in data.
+func (s *stores) startMinIOIn(c *config, name, data string, flags ...string) (*minioServer, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	m := &minioServer{url: "http://" + addr, data: minioDataDir(c, name)}
+	m := &minioServer{url: "http://" + addr, data: data}
 	// Errors return m too: the caller's Close removes m.data.
 	os.RemoveAll(m.data)
 	if err := os.MkdirAll(m.data, 0o700); err != nil {
@@ -318,7 +327,10 @@ func (s *stores) deleteRaw(m *minioServer, key string) error {
 // emptyTrash frees what MinIO keeps of deleted objects (it moves them to
 // .minio.sys/tmp/.trash and purges later): on tmpfs that is memory.
 func (s *stores) emptyTrash() {
-	for _, m := range []*minioServer{s.minio, s.lean} {
+	for _, m := range []*minioServer{s.minio, s.lean, s.disk} {
+		if m == nil {
+			continue
+		}
 		trash := filepath.Join(m.data, ".minio.sys", "tmp", ".trash")
 		ents, _ := os.ReadDir(trash)
 		for _, e := range ents {
