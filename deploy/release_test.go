@@ -164,7 +164,7 @@ func checkReleaseBinary(t *testing.T, path, arch, version string) {
 	for _, s := range info.Settings {
 		settings[s.Key] = s.Value
 	}
-	for k, want := range map[string]string{"CGO_ENABLED": "0", "-trimpath": "true", "-tags": "disable_grpc_modules", "GOARCH": arch, "GOOS": "linux"} {
+	for k, want := range map[string]string{"CGO_ENABLED": "0", "-trimpath": "true", "-tags": "disable_grpc_modules,grpcnotrace", "GOARCH": arch, "GOOS": "linux"} {
 		if settings[k] != want {
 			t.Errorf("%s: build setting %s=%q, want %q", path, k, settings[k], want)
 		}

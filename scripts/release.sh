@@ -21,7 +21,7 @@ PKG=${PKG:-./cmd/spotagent}          # the test builds a small stand-in instead
 PLATFORMS=${PLATFORMS:-linux/amd64 linux/arm64}
 REVISION=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
-TAGS=disable_grpc_modules
+TAGS=disable_grpc_modules,grpcnotrace # as the Makefile's TAGS
 
 [[ "$VERSION" =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] || { echo "release: bad VERSION '$VERSION'" >&2; exit 1; }
 mkdir -p "$DIST"

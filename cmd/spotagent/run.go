@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
@@ -96,6 +97,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		return fail(err)
 	}
 	defer func() { _ = log.Sync() }()
+	defer idlegc.Start()() // a smaller heap while nothing is being checkpointed
 	logConfig(log, cmd.Flags())
 	sched, err := o.scheduler(log)
 	if err != nil {

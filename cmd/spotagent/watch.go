@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -43,6 +44,7 @@ func watchNotices(cmd *cobra.Command, so *sourceOptions, level string) int {
 		return failCode(cmd, usageError{err})
 	}
 	defer func() { _ = log.Sync() }()
+	defer idlegc.Start()() // a smaller heap while it polls
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

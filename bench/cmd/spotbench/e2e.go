@@ -246,11 +246,32 @@ func benchIdle(c *config, r *report) error {
 		bins = append(bins, binSpec{"baseline", c.baselineBin})
 	}
 	procNames := []string{"spotagent run (agent process; child: sleep)", "spotagent watch"}
+	// The processes run copies of the binaries, dropped from the page cache
+	// before each run: every run execs them cold, as a new machine does. Run
+	// in place, a binary the Go linker has just written maps ~1 MiB more
+	// (RssFile) than the same bytes copied or read from disk, so a fresh build
+	// measured beside a copied baseline looked ~1 MiB worse than it is.
+	staged := make([]string, len(bins))
+	for i, b := range bins {
+		var err error
+		if staged[i], err = stageBinary(filepath.Join(c.work, "idle-bin", b.label), b.path); err != nil {
+			return err
+		}
+	}
+	stagedBase := ""
+	if len(staged) > 1 {
+		stagedBase = staged[1]
+	}
 	samples := map[[2]int][]idleSample{} // [bin, proc] → one sample per run
 	var reqs int64
 	var window time.Duration
 	for run := range c.idleRuns {
-		got, n, el, err := idleRun(c, imds, c.bin, c.baselineBin, run)
+		for _, p := range staged {
+			if err := dropCached(p); err != nil {
+				return err
+			}
+		}
+		got, n, el, err := idleRun(c, imds, staged[0], stagedBase, run)
 		if err != nil {
 			return err
 		}
@@ -261,7 +282,7 @@ func benchIdle(c *config, r *report) error {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Both processes poll the AWS fake every %s, side by side, for %s after a 5 s warm-up; %d runs, each with fresh processes (%d metadata requests in all). CPU = Δ(utime+stime) from /proc/PID/stat over the window; RSS sampled every second from /proc/PID/status (VmRSS); RssAnon (heap, stacks, written data) and RssFile (the binary's pages mapped from the file) at the window's end. Medians over the runs; RSS max and VmHWM are the largest of any run.", c.pollInterval, window.Round(time.Second), c.idleRuns, reqs)
+	fmt.Fprintf(&b, "Both processes poll the AWS fake every %s, side by side, for %s after a 5 s warm-up; %d runs, each with fresh processes (%d metadata requests in all). CPU = Δ(utime+stime) from /proc/PID/stat over the window; RSS sampled every second from /proc/PID/status (VmRSS); RssAnon (heap, stacks, written data) and RssFile (the binary's pages mapped from the file) at the window's end. Medians over the runs; RSS max and VmHWM are the largest of any run. Each binary runs from a copy dropped from the page cache before every run (a cold exec, as on a new machine).", c.pollInterval, window.Round(time.Second), c.idleRuns, reqs)
 	if len(bins) > 1 {
 		fmt.Fprintf(&b, " *baseline* is %s, run beside the binary under test against the same fake.", c.baselineBin)
 	}
@@ -301,6 +322,48 @@ func benchIdle(c *config, r *report) error {
 	r.command("spotagent run --store file:///TMP/store --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s -- sleep 100000   # sampled via /proc/PID")
 	r.command("spotagent watch --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s")
 	r.command("SPOTBENCH_ONLY=footprint SPOTBENCH_BASELINE_BIN=OLD_BINARY make bench   # this section alone, an older build beside this one")
+	return nil
+}
+
+// stageBinary copies the binary at src to dir/spotagent (fsynced) and
+// returns the copy's path.
+func stageBinary(dir, src string) (string, error) {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, "spotagent")
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return "", err
+	}
+	return dst, f.Close()
+}
+
+// dropCached drops the file's clean pages from the page cache
+// (posix_fadvise POSIX_FADV_DONTNEED), so that the next exec reads it from
+// disk.
+func dropCached(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const fadvDontneed = 4
+	if _, _, e := syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, fadvDontneed, 0, 0); e != 0 {
+		return fmt.Errorf("fadvise %s: %w", path, e)
+	}
 	return nil
 }
 
