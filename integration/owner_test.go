@@ -243,18 +243,8 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	if err := os.Chmod(ckpt, 0o1777); err != nil { // like an emptyDir
 		t.Fatal(err)
 	}
-	// A root-only file on the checkpoint's filesystem (hard links need one).
-	secretDir := filepath.Join(dir, "etc")
-	if err := os.Mkdir(secretDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var b [16]byte
-	rand.Read(b[:])
-	secretBody := "ROOT-ONLY-" + hex.EncodeToString(b[:])
-	secret := filepath.Join(secretDir, "shadow")
-	if err := os.WriteFile(secret, []byte(secretBody), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	sec := newRootSecret(t, dir)
+	secret := sec.path
 	store := filepath.Join(dir, "store")
 	sock := filepath.Join(dir, "agent.sock")
 	agent := start(t, nil, "sidecar", "--store", "file://"+store, "--run-id", "own", "--checkpoint-dir", ckpt,
@@ -339,12 +329,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	if step, _ := storeLatest(t, store); step != 10 {
 		t.Fatalf("latest step %d, want 10 (the refused checkpoints must not commit)", step)
 	}
-	filepath.WalkDir(store, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && bytes.Contains(readFile(t, p), []byte(secretBody)) {
-			t.Errorf("the root-only file's bytes reached the store: %s", p)
-		}
-		return nil
-	})
+	sec.notIn(t, store)
 	dest := filepath.Join(dir, "restored")
 	if out, err := exec.Command(bin, "restore", "--store", "file://"+store, "--dest", dest).CombinedOutput(); err != nil {
 		t.Fatalf("restore: %v\n%s", err, out)
@@ -385,17 +370,8 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	if err := os.Chown(out, nobody, nobody); err != nil { // the trainer made it
 		t.Fatal(err)
 	}
-	secretDir := mkdir(t, filepath.Join(dir, "etc"))
-	if err := os.Chmod(secretDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var b [16]byte
-	rand.Read(b[:])
-	secretBody := "ROOT-ONLY-" + hex.EncodeToString(b[:])
-	secret := filepath.Join(secretDir, "shadow")
-	if err := os.WriteFile(secret, []byte(secretBody), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	sec := newRootSecret(t, dir)
+	secret := sec.path
 	store := filepath.Join(dir, "store")
 	args := watchArgs(dir, out, "file://"+store, "--watch-marker", "none", "--log-format", "json")
 	args[0] = "sidecar"
@@ -432,12 +408,45 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	if step, _ := storeLatest(t, store); step != 3 {
 		t.Fatalf("latest step %d, want 3", step)
 	}
+	sec.notIn(t, store)
 	filepath.WalkDir(store, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && bytes.Contains(readFile(t, p), []byte(secretBody)) {
-			t.Errorf("the root-only file's bytes reached the store: %s", p)
-		}
 		if err == nil && d.IsDir() && strings.HasPrefix(d.Name(), "000000000002-") {
 			t.Errorf("checkpoint-2 reached the store: %s", p)
+		}
+		return nil
+	})
+}
+
+// rootSecret is a root-only (0600) file with a random body in DIR/etc, on
+// the checkpoint's filesystem (a hard link to it needs one): what a
+// hostile trainer reaches for.
+type rootSecret struct{ path, body string }
+
+func newRootSecret(t *testing.T, dir string) rootSecret {
+	t.Helper()
+	d := filepath.Join(dir, "etc")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d, 0o755); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	var b [16]byte
+	rand.Read(b[:])
+	s := rootSecret{path: filepath.Join(d, "shadow"), body: "ROOT-ONLY-" + hex.EncodeToString(b[:])}
+	if err := os.WriteFile(s.path, []byte(s.body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// notIn fails t for every regular file under store that holds the
+// secret's bytes.
+func (s rootSecret) notIn(t *testing.T, store string) {
+	t.Helper()
+	filepath.WalkDir(store, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && bytes.Contains(readFile(t, p), []byte(s.body)) {
+			t.Errorf("the root-only file's bytes reached the store: %s", p)
 		}
 		return nil
 	})

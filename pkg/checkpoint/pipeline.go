@@ -199,17 +199,11 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 // upload streams fh to the store. Only this goroutine writes f until
 // wg.Wait returns.
 func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
-	select {
-	case p.sem <- struct{}{}:
-		defer func() { <-p.sem }()
-	case <-p.ctx.Done():
-		f.err = p.ctx.Err()
-		return
-	}
 	// A file read within racyWindow of its last change could change again
-	// without its mtime or ctime moving, and would be read once more at done to
-	// prove it did not: waiting out the rest of the window (a trainer
-	// reports saved right after its last write) costs less.
+	// without its mtime or ctime moving, and would be read once more at
+	// done to prove it did not: waiting out the rest of the window (a
+	// trainer reports saved right after its last write) costs less. It is
+	// waited before taking an upload slot, which it would hold idle.
 	if d := time.Until(changed(before).Add(racyWindow)); d > 0 && d <= racyWindow {
 		t := time.NewTimer(d)
 		select {
@@ -219,6 +213,13 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 			f.err = p.ctx.Err()
 			return
 		}
+	}
+	select {
+	case p.sem <- struct{}{}:
+		defer func() { <-p.sem }()
+	case <-p.ctx.Done():
+		f.err = p.ctx.Err()
+		return
 	}
 	opened := time.Now()
 	ur := newUploadReader(fh, f.size, p.p)

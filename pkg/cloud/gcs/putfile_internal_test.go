@@ -4,26 +4,12 @@ import (
 	"bytes"
 	"hash/crc32"
 	"io"
-	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 )
-
-type testSource struct {
-	f    *os.File
-	size int64
-	n    int64
-	crc  uint32
-	sent bool
-}
-
-func (s *testSource) Read([]byte) (int, error)      { return 0, io.ErrClosedPipe } // must not be read
-func (s *testSource) SourceFile() (*os.File, int64) { return s.f, s.size }
-func (s *testSource) Sent(n int64, crc uint32)      { s.n, s.crc, s.sent = n, crc, true }
 
 // A file goes in one request with its CRC32C, which the server checks:
 // a wrong one leaves no object.
@@ -34,25 +20,12 @@ func TestPutFile_OneRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	data := make([]byte, 3<<20+5) // several chunks: the chunked path would take 13 requests
-	for i := range data {
-		data[i] = byte(rand.Uint32())
-	}
-	p := filepath.Join(t.TempDir(), "f")
-	if err := os.WriteFile(p, data, 0o600); err != nil {
+	data, src := cloudtest.RandomFile(t, 3<<20+5) // several chunks: the chunked path would take 13 requests
+	if err := st.Put(t.Context(), "obj", src, src.Size, cloud.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	src := &testSource{f: f, size: int64(len(data))}
-	if err := st.Put(t.Context(), "obj", src, src.size, cloud.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if want := crc32.Checksum(data, castagnoli); !src.sent || src.n != src.size || src.crc != want {
-		t.Fatalf("Sent(%d, %08x) called %v, want %d, %08x", src.n, src.crc, src.sent, src.size, want)
+	if want := crc32.Checksum(data, castagnoli); !src.Reported || src.N != src.Size || src.CRC != want {
+		t.Fatalf("Sent(%d, %08x) called %v, want %d, %08x", src.N, src.CRC, src.Reported, src.Size, want)
 	}
 	r, err := st.Get(t.Context(), "obj", 0, -1)
 	if err != nil {
