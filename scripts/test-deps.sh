@@ -11,6 +11,7 @@ command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus) # promtool: deploy/prometheus rules
+command -v mypy >/dev/null 2>&1 || missing+=(mypy) # make test-python: mypy --strict over the client
 [ -x /usr/bin/python3 ] || missing+=(python3)
 
 if [ ${#missing[@]} -eq 0 ]; then
