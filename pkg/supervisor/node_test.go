@@ -224,6 +224,40 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 	n.helloUntilWelcome(t, "pod:b", "teamB")
 }
 
+// TestNode_PartFieldsDoNotTakeARun (issue 36 item 2): a hello naming a
+// live run of another pod, with node_rank/nodes/world_size added, used to
+// make a run of its own (the key held the part) and get the victim's
+// checkpoint restored. A run belongs to one owner across all its parts:
+// it is refused, as is a whole-run hello for a job another pod runs as
+// parts.
+func TestNode_PartFieldsDoNotTakeARun(t *testing.T) {
+	n := startNode(t, nil)
+	victim := n.dialAs(t, "pod:a")
+	victim.helloRun("victim")
+	victim.expect(protocol.TypeWelcome)
+	thief := n.dialAs(t, "pod:b")
+	thief.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "victim", "rank": 1, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
+	if m := thief.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+		t.Fatalf("error %q, want the run id in use", m.Error)
+	}
+	thief.expectClosed()
+
+	job := n.dialAs(t, "pod:a")
+	job.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 0, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 0, "nodes": 2})
+	job.expect(protocol.TypeWelcome)
+	whole := n.dialAs(t, "pod:b")
+	whole.helloRun("job")
+	if m := whole.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+		t.Fatalf("error %q, want the run id in use", m.Error)
+	}
+	whole.expectClosed()
+	if got := len(n.logs.FilterMessage("node: new run").All()); got != 2 {
+		t.Fatalf("%d runs started, want 2 (the victim's and the job's part)", got)
+	}
+}
+
 // Issue 24.4: two pods of one two-node job scheduled on one machine are
 // two runs of the node agent (run id and node rank), each with its own
 // directory, and their checkpoint commits as one job checkpoint. Before,
