@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -220,13 +221,36 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
-// for it. fn must return once a.life ends.
-func (a *Agent) goBg(fn func()) {
+// for it. fn must return once a.life ends. A panic in fn fails that work,
+// never the agent (nor, in node mode, every run on the machine): it is
+// logged with its stack (recovered).
+func (a *Agent) goBg(fn func()) { a.goBgFail(fn, nil) }
+
+// goBgFail is goBg for work whose result the loop waits for: a panic in
+// fn is handed to fail as an error, which must report it as the work's
+// result.
+func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	a.bg.Add(1)
 	go func() {
 		defer a.bg.Done()
+		defer func() {
+			if err := recovered(a.log, recover()); err != nil && fail != nil {
+				fail(err)
+			}
+		}()
 		fn()
 	}()
+}
+
+// recovered logs p, a recovered panic (nil: none), with its stack and
+// returns it as an error.
+func recovered(log *zap.Logger, p any) error {
+	if p == nil {
+		return nil
+	}
+	err := fmt.Errorf("internal error (panic): %v", p)
+	log.Error("background work panicked: it fails, the agent goes on", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+	return err
 }
 
 // serveSocket listens and serves the socket until the returned stop is

@@ -330,7 +330,7 @@ func (a *Agent) commit(r *request) {
 		case <-life.Done(): // the loop has ended: nobody reads results
 		}
 	}
-	a.goBg(func() {
+	a.goBgFail(func() {
 		defer cancel()
 		defer unown()
 		if openErr != nil {
@@ -346,7 +346,7 @@ func (a *Agent) commit(r *request) {
 			}
 		}
 		report(commitResult{req: r, res: res, err: err})
-	})
+	}, func(err error) { report(commitResult{req: r, err: fmt.Errorf("commit: %w", err)}) })
 }
 
 func (a *Agent) onCommitResult(cr commitResult) {

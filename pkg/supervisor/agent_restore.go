@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -77,11 +78,11 @@ func (a *Agent) startRestore() {
 	a.restoring = p
 	opts := a.restoreOptions()
 	a.log.Info("restoring while the trainer starts")
-	a.goBg(func() {
+	a.goBgFail(func() {
 		defer cancel()
 		f, err := a.fetchRestore(ctx, opts)
 		p.done <- restoreResult{f: f, err: err}
-	})
+	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
 }
 
 // restoreDone is the loop's source of the restore's end (nil: none running).

@@ -293,6 +293,12 @@ func (n *node) start(id, part string) *nodeRun {
 	log.Info("node: new run", zap.String("store", uri))
 	n.wg.Go(func() {
 		defer func() { n.finished <- r }()
+		defer func() {
+			// A panic fails this run, not every run on the machine.
+			if err := recovered(log, recover()); err != nil {
+				n.refuse(r, log, err)
+			}
+		}()
 		st, err := n.cfg.OpenStore(n.ctx, uri)
 		if err != nil {
 			n.refuse(r, log, fmt.Errorf("store %s: %w", uri, err))

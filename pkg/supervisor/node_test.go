@@ -337,3 +337,25 @@ func TestNode_PlantedSymlinkRefused(t *testing.T) {
 		t.Fatal("no refusal logged")
 	}
 }
+
+// TestNode_PanicFailsOneRun (issue 36 item 5): a panic in one run's work
+// (here its store's opening) fails that run, logged with its stack; the
+// node agent and its other runs go on. Before, it took every run on the
+// machine down.
+func TestNode_PanicFailsOneRun(t *testing.T) {
+	n := startNode(t, func(uri string) {
+		if strings.HasSuffix(uri, "/boom") {
+			_ = make([]byte, -len(uri)) // a makeslice panic, as world_size 2^62 caused
+		}
+	})
+	boom := n.dialAs(t, "pod:a")
+	boom.helloRun("boom")
+	if m := boom.expect(protocol.TypeError); !strings.Contains(m.Error, "run could not start: internal error (panic)") {
+		t.Fatalf("error %q, want the run failed by its panic", m.Error)
+	}
+	logs := n.logs.FilterMessage("background work panicked: it fails, the agent goes on").All()
+	if len(logs) != 1 || !strings.Contains(logs[0].ContextMap()["stack"].(string), "node.go") {
+		t.Fatalf("logs %+v, want one panic logged with its stack", logs)
+	}
+	n.helloUntilWelcome(t, "pod:b", "fine")
+}

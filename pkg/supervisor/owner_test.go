@@ -6,9 +6,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -79,4 +83,27 @@ s.close()
 	defer held.Close()
 	r.held = held
 	a.trainerOwned(r)()
+}
+
+// TestGoBg_PanicFailsTheWork (issue 36 item 5): a panic in background
+// work is recovered and logged with its stack; work whose result the loop
+// waits for reports it as its error.
+func TestGoBg_PanicFailsTheWork(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	a := &Agent{log: zap.New(core)}
+	failed := make(chan error, 1)
+	a.goBgFail(func() { panic("boom") }, func(err error) { failed <- err })
+	a.goBg(func() { panic("bang") })
+	a.bg.Wait()
+	select {
+	case err := <-failed:
+		if !strings.Contains(err.Error(), "internal error (panic): boom") {
+			t.Fatalf("error %v, want the panic", err)
+		}
+	default:
+		t.Fatal("the failed work reported nothing")
+	}
+	if got := logs.FilterMessage("background work panicked: it fails, the agent goes on").Len(); got != 2 {
+		t.Fatalf("%d panics logged, want 2", got)
+	}
 }
