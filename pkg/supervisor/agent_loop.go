@@ -145,6 +145,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err
 		}
 	}
+	if err := protocol.CheckFree(cfg.Server.Path); err != nil {
+		return 1, socketInUse(err) // before the lease: it would fence the other agent's run
+	}
 	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
 	defer stopSignals()
 	a, err := newAgent(sctx, cfg)
@@ -253,10 +256,19 @@ func recovered(log *zap.Logger, p any) error {
 	return err
 }
 
+// socketInUse says how to part two agents whose run ids default alike
+// (the store's last path element) and so would share one socket.
+func socketInUse(err error) error {
+	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+}
+
 // serveSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
 func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
+	if errors.Is(err, protocol.ErrSocketInUse) {
+		return nil, nil, socketInUse(err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
 	}
