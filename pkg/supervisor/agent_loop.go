@@ -572,7 +572,9 @@ func (a *Agent) onChildExit() {
 	}
 }
 
-// exitCodeFor maps the trainer's exit code to the agent's. After an
+// exitCodeFor maps the trainer's exit code to the agent's (the table is in
+// docs/protocol.md "Exit codes"). A trainer that exits 0 before anything
+// told it to stop finished: 0, even during a stop. After an
 // interruption or shutdown (a stop sequence ran) the run is to be continued
 // elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
 // itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
@@ -590,6 +592,13 @@ func (a *Agent) exitCodeFor(code int) int {
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
+	}
+	if code == 0 && !s.told && !a.deadlineKill && !a.killing {
+		// Nothing told it to stop (it said bye, or ended on its own before
+		// the stop reached it): it finished its work. Run again, it would
+		// repeat a completed job.
+		a.log.Info("trainer exited 0 before anything told it to stop: it finished; exiting 0", zap.String("reason", s.reason))
+		return 0
 	}
 	switch {
 	case code == 0, code == ExitInterrupted:
