@@ -133,6 +133,9 @@ func failf(cmd *cobra.Command, err error) error {
 	if errors.As(err, new(usageError)) {
 		return exitCode(2)
 	}
+	if se := (signalExit{}); errors.As(err, &se) {
+		return exitCode(se.code())
+	}
 	return exitCode(1)
 }
 
