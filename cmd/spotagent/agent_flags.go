@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -152,6 +153,15 @@ func (o *agentOptions) check(node bool) error {
 	if _, err := parseInterval(o.interval); err != nil {
 		return err
 	}
+	if err := checkSchedule(o.minInterval, o.maxInterval, o.interruptionRate, o.margin); err != nil {
+		return err
+	}
+	if o.termGrace <= 0 {
+		return fmt.Errorf("--term-grace %s: want a positive duration", o.termGrace)
+	}
+	if o.killAfter < 0 {
+		return fmt.Errorf("--kill-after %s: must not be negative", o.killAfter)
+	}
 	if o.maxConns < 1 {
 		return fmt.Errorf("--max-connections must be at least 1")
 	}
@@ -228,6 +238,34 @@ func (o *agentOptions) scheduler(log *zap.Logger) (*schedule.Scheduler, error) {
 		return nil, err
 	}
 	return schedule.NewScheduler(cfg), nil
+}
+
+// checkSchedule checks the flags of the adaptive interval and the notice
+// margin (run, sidecar, node and report's advice).
+func checkSchedule(minIv, maxIv time.Duration, rate float64, margin time.Duration) error {
+	switch {
+	case minIv <= 0:
+		return fmt.Errorf("--min-interval %s: want a positive duration", minIv)
+	case maxIv <= 0:
+		return fmt.Errorf("--max-interval %s: want a positive duration", maxIv)
+	case minIv > maxIv:
+		return fmt.Errorf("--min-interval %s is longer than --max-interval %s", minIv, maxIv)
+	}
+	if err := nonNegative("--interruption-rate", rate); err != nil {
+		return err
+	}
+	if margin < 0 {
+		return fmt.Errorf("--margin %s: must not be negative", margin)
+	}
+	return nil
+}
+
+// nonNegative checks a number flag: finite and >= 0.
+func nonNegative(flag string, v float64) error {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		return fmt.Errorf("%s %v: want a number >= 0", flag, v)
+	}
+	return nil
 }
 
 // parseInterval parses --interval (of run, sidecar, node and report): 0

@@ -34,6 +34,17 @@ func newFleetCmd() *cobra.Command {
 		if !slices.Contains(fleet.Formats, format) {
 			return badUsage("--format %q: want table, json, csv or html", format)
 		}
+		if _, err := fleet.ParseSince(since); err != nil {
+			return usageError{err}
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"--price-per-hour", prices.Default.Spot}, {"--on-demand-price-per-hour", prices.Default.OnDemand}} {
+			if err := nonNegative(f.name, f.v); err != nil {
+				return usageError{err}
+			}
+		}
 		return nil
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
