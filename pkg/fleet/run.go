@@ -118,6 +118,12 @@ func (r *Run) Total() Cell {
 	return t
 }
 
+// RunOf is the run's contribution to the fleet as its journal j gives it
+// (what a session record holds): for tools and the bench.
+func RunOf(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+	return runFromJournal(j, dir, steps, now)
+}
+
 // runFromJournal accounts j (checkpoint.Account, with now ending a session
 // that has none) and splits the result by the machine each session ran on.
 // dir is the run's prefix under the fleet root; steps the newest committed
