@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/fleet"
@@ -52,7 +53,7 @@ func TestRun_FleetRecordStaysInNamedStores(t *testing.T) {
 				t.Errorf("beside the store: %v, want %v", names, c.beside)
 			}
 			code, out, errOut := cli(t, "fleet", "--store", filepath.Join(dir, c.report), "--format", "json")
-			if code != 0 {
+			if code != 0 || strings.Contains(errOut, "warning") {
 				t.Fatalf("fleet: exit %d\n%s%s", code, out, errOut)
 			}
 			var rep fleet.Report
