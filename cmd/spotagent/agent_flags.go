@@ -43,6 +43,7 @@ type agentOptions struct {
 	nodeRank, restore                                         string                  // multi-node jobs (docs/distributed.md)
 	restoreSerial                                             bool                    // run: restore before the trainer starts
 	node                                                      string                  // the part name nodeRank gives
+	fleet                                                     string                  // --fleet (fleet_store.go)
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -77,6 +78,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
 	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
+	fs.StringVar(&o.fleet, "fleet", "", "the fleet's store, where this agent records its sessions for the fleet view and reads its interruption prior: a `URI` every run of the fleet names, such as s3://bucket/runs; default: the run's own store (node: --store-prefix); off: none")
 	o.storeFlags.register(fs)
 	o.sourceFlags.register(fs)
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
@@ -90,7 +92,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
-	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep")
+	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep", "fleet")
 	inGroup(fs, groupTrainer, "term-grace", "kill-after")
 	inGroup(fs, groupSecurity, "socket", "socket-mode", "allow-uid", "max-connections", "fence-interval")
 	inGroup(fs, groupOutput, "metrics-addr", "log-format", "log-level")

@@ -16,7 +16,6 @@ import (
 
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -715,19 +714,17 @@ func (a *Agent) finish() {
 // has enough hours, else the flat --interruption-rate (pkg/fleet).
 func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
 	flat := a.cfg.Scheduler.PriorRate()
-	var s *fleet.Summary
+	id := a.cfg.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
 	if a.cfg.Fleet != nil {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var err error
-		s, err = fleet.ReadSummary(rctx, a.cfg.Fleet)
-		cancel()
-		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
-			a.log.Warn("fleet summary unreadable: using the flat prior", zap.Error(err))
-			s = nil
+		if p, err = fleet.PriorFrom(rctx, a.cfg.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			a.log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
 		}
+		cancel()
 	}
-	id := a.cfg.Identity
-	p := fleet.PriorFor(s, fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}, flat, fleet.DefaultMinHours)
 	a.log.Info("interruption prior", zap.Stringer("prior", p))
 	return p
 }
@@ -740,7 +737,7 @@ func (a *Agent) recordFleet(ctx context.Context) {
 		return
 	}
 	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step); err != nil {
-		a.log.Warn("could not update the fleet summary", zap.Error(err))
+		a.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }
 
