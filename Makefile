@@ -37,8 +37,8 @@ image: release
 demo: build
 	scripts/demo.sh
 
-# Everything CI runs. Installs missing test dependencies (python3-torch,
-# shellcheck, systemd-analyze) with apt-get.
+# Everything CI runs. Installs missing test dependencies with apt-get
+# (scripts/test-deps.sh lists them; scripts/testdeps_test.go keeps it complete).
 test: 
 	scripts/test-deps.sh
 	$(MAKE) lint kcp test-go test-python fuzz
