@@ -74,7 +74,7 @@ test-go:
 # agent (SPOTAGENT_BIN= a built binary skips the build).
 MYPY ?= mypy
 test-python:
-	cd python && $(MYPY) --strict spotagent
+	cd python && $(MYPY) --strict spotagent spotagent_build.py
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a
