@@ -186,7 +186,14 @@ func helpFunc(cmd *cobra.Command, _ []string) {
 		}
 		groups[g].AddFlag(f)
 	})
-	for _, g := range groupOrder {
+	order := slices.Clone(groupOrder)
+	for g := range groups { // a group missing from groupOrder still prints, last
+		if !slices.Contains(order, g) {
+			order = append(order, g)
+		}
+	}
+	slices.Sort(order[len(groupOrder):])
+	for _, g := range order {
 		fs := groups[g]
 		if fs == nil {
 			continue
