@@ -34,7 +34,9 @@ image: release
 
 # The main job on the embedded default: a trainer under `spotagent run` with
 # a file:// store, a spot notice part-way, a restart that resumes.
-demo: build
+demo:
+	@echo "demo: building $(BIN) (a first build downloads and compiles the Go modules: about 3 minutes on 2 cores)"
+	@$(MAKE) --no-print-directory build
 	scripts/demo.sh
 
 # Everything CI runs. Installs missing test dependencies with apt-get
