@@ -32,7 +32,7 @@ func newFleetCmd() *cobra.Command {
 	}
 	check := func() error {
 		if !slices.Contains(fleet.Formats, format) {
-			return badUsage("--format %q: want table, json, csv or html", format)
+			return badUsage("--format %q: want table, wide, json, csv or html", format)
 		}
 		return nil
 	}
@@ -83,7 +83,7 @@ func newFleetCmd() *cobra.Command {
 	o.register(cmd)
 	fs := cmd.Flags()
 	fs.Lookup("store").Usage = "the prefix the runs' stores are under (each run's store is PREFIX/RUN-ID): s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path"
-	fs.StringVar(&format, "format", "table", "table, json, csv or html")
+	fs.StringVar(&format, "format", "table", "table (fits 120 columns), wide (every column), json, csv or html")
 	fs.StringVar(&since, "since", "", "only runs active in this last period: 30d, 36h (default: every run)")
 	fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?); never taken from SPOTAGENT_RUN_ID, which the agent exports to its trainers")
 	if err := fs.SetAnnotation("run-id", noEnvKey, []string{"1"}); err != nil {
