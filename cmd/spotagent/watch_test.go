@@ -13,3 +13,11 @@ func TestCLI_WatchCloudNone(t *testing.T) {
 		t.Fatalf("watch --cloud none: exit %d, stdout %q, stderr %q; want 2 and the reason", code, out, errOut)
 	}
 }
+
+func TestPlural(t *testing.T) {
+	for n, want := range map[int]string{0: "0 sessions", 1: "1 session", 2: "2 sessions"} {
+		if got := plural(n, "session"); got != want {
+			t.Errorf("plural(%d)=%q, want %q", n, got, want)
+		}
+	}
+}
