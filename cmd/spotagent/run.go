@@ -8,12 +8,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/fleet"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -128,8 +130,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err != nil {
 		return fail(err)
 	}
-	log.Info("machine", zap.String("cloud", string(ident.Cloud)), zap.String("instance_id", ident.InstanceID),
-		zap.String("instance_type", ident.InstanceType), zap.String("zone", ident.Zone), zap.String("lifecycle", ident.Lifecycle))
+	logMachine(log, ident)
 	cfg := supervisor.Config{
 		RunID: o.runID, CheckpointDir: o.checkpointDir, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
@@ -147,11 +148,15 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		root = o.store
 	}
 	if dir != "" || node {
-		if fst, err := o.storeFlags.openStore(ctx, root, log); err != nil {
+		// Its own "store opened" line would read as a second store: the
+		// fleet root is named once, here.
+		quiet := log.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
+		if fst, err := o.storeFlags.openStore(ctx, root, quiet); err != nil {
 			log.Warn("fleet summary store unusable: no fleet prior, no fleet record", zap.String("store", root), zap.Error(err))
 		} else {
 			defer fst.Close()
 			cfg.Fleet, cfg.FleetDir = fst, dir
+			log.Debug("fleet summary at the store's parent", zap.String("uri", fst.URI("")))
 		}
 	}
 	if node {
@@ -182,4 +187,21 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		return exit(code) // 1, or 127/126 for a trainer command not found/not executable
 	}
 	return exit(code)
+}
+
+// logMachine logs the machine the agent runs on, with only the fields the
+// metadata gave; without a metadata service it says what that means.
+func logMachine(log *zap.Logger, id metadata.Identity) {
+	if id.Cloud == metadata.CloudNone || id.Cloud == "" {
+		log.Info("no cloud metadata service (--cloud none, or none answered): only SIGTERM and SIGINT announce an interruption, and the journal records no machine")
+		return
+	}
+	fields := []zap.Field{zap.String("cloud", string(id.Cloud))}
+	for _, f := range []struct{ k, v string }{{"instance_id", id.InstanceID}, {"instance_type", id.InstanceType},
+		{"zone", id.Zone}, {"lifecycle", id.Lifecycle}} {
+		if f.v != "" {
+			fields = append(fields, zap.String(f.k, f.v))
+		}
+	}
+	log.Info("machine", fields...)
 }
