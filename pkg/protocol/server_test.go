@@ -122,6 +122,10 @@ func TestListen(t *testing.T) {
 		if after, err := os.Lstat(first.Path()); err != nil || !os.SameFile(before, after) {
 			t.Fatalf("the first agent's socket file was replaced (%v)", err)
 		}
+		// The probe that found the socket live was a connection of its own.
+		if ev := first.nextEvent(t); ev.Msg.Type != TypeDisconnected {
+			t.Fatalf("event = %+v, want the probe's disconnect", ev.Msg)
+		}
 		first.hello(t, 0)
 	})
 	t.Run("RegularFileRefused", func(t *testing.T) {
