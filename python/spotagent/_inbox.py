@@ -3,7 +3,7 @@ updates the agent's state here, under its lock, on the connection thread."""
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
-from ._common import PROTOCOL_VERSION, log, parse_time, trim
+from ._common import PROTOCOL_VERSION, URGENT_REASONS, log, parse_time, trim
 from .request import CheckpointRequest, Committed
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Inbox(object):
                     req.reason = reason
                 if "deadline" in msg:
                     req.deadline = parse_time(msg.get("deadline"))
-                if req.reason in ("interruption", "shutdown"):
+                if req.reason in URGENT_REASONS:
                     a._urgent = req
                 a._cond.notify_all()
         return True
@@ -124,7 +124,7 @@ class Inbox(object):
                 a._seq += 1
                 req._seq = a._seq
                 a._requests.append(req)
-                if req.reason in ("interruption", "shutdown"):
+                if req.reason in URGENT_REASONS:
                     a._urgent = req
                 a._cond.notify_all()
         elif t == "stop":

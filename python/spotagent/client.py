@@ -33,12 +33,14 @@ from ._common import (
     ENV_RESUME,
     ENV_RUN_ID,
     ENV_SOCKET,
+    EXIT_FENCED,
     EXIT_INTERRUPTED,
     MAX_LINE,
     MAX_METADATA,
     PROTOCOL_VERSION,
     env_float,
     env_int,
+    exit_code_for_stop,
     first_int,
     log,
     metadata_dict,
@@ -62,6 +64,7 @@ __all__ = [
     "connect",
     "parse_time",
     "refusal_is_permanent",
+    "EXIT_FENCED",
     "EXIT_INTERRUPTED",
     "MAX_LINE",
     "MAX_METADATA",
@@ -287,19 +290,26 @@ class Agent(object):
 
     @property
     def exit_code(self) -> int:
-        """What the trainer should exit with: :data:`EXIT_INTERRUPTED` (75)
-        once it was stopped for an interruption or a shutdown (``stop`` from
-        the agent, or SIGTERM), so that the orchestrator runs it again and it
-        resumes; 0 otherwise. End the training script with
-        ``sys.exit(agent.exit_code)``.
+        """What the trainer should exit with, by why it stopped (the same
+        table as the agent's, docs/protocol.md "Exit codes"):
 
-        Also 75 once a collective of a distributed job failed because a
-        peer is gone (:attr:`peer_lost`): the job is to be restarted as a
-        whole from its last committed checkpoint."""
+        * :data:`EXIT_INTERRUPTED` (75) once it was stopped for an
+          interruption or a shutdown (``stop`` from the agent, or SIGTERM),
+          so that the orchestrator runs it again and it resumes; also once a
+          collective of a distributed job failed because a peer is gone
+          (:attr:`peer_lost`): the job is restarted as a whole from its last
+          committed checkpoint; and for a ``stop`` whose reason this client
+          does not know (a stop never means finished);
+        * :data:`EXIT_FENCED` (76) once it was stopped because a newer
+          session of the run fenced this one: not finished, never 0, so a
+          Kubernetes Job is not marked Succeeded;
+        * 0 otherwise: not stopped (finished its work).
+
+        End the training script with ``sys.exit(agent.exit_code)``."""
         if self._peer_loss is not None:
             return EXIT_INTERRUPTED
-        if self.should_stop and self.stop_reason in ("interruption", "shutdown"):
-            return EXIT_INTERRUPTED
+        if self.should_stop:
+            return exit_code_for_stop(self.stop_reason)
         return 0
 
     @property
@@ -595,13 +605,14 @@ class Agent(object):
             prev._join_writes()
 
     def _write_exit_file(self, code: Optional[int] = None) -> None:
-        """Writes ``75`` to ``$SPOTAGENT_EXIT_FILE`` when stopped for an
-        interruption or shutdown, or when a peer of the job is gone: a
-        launcher that hides its workers' exit codes (torchrun exits 1 when
-        a worker exits 75) can be wrapped by a shell that exits 75 when the
-        file says so (deploy/kubernetes/multinode-job.yaml), and
-        ``spotagent run`` reads it too. ``code`` 1: this rank crashed (an
-        exception of its own, in a distributed job).
+        """Writes the exit code to ``$SPOTAGENT_EXIT_FILE`` when it is not 0
+        (``75`` when stopped for an interruption or shutdown, or when a peer
+        of the job is gone; ``76`` when fenced): a launcher that hides its
+        workers' exit codes (torchrun exits 1 when a worker exits 75 or 76)
+        can be wrapped by a shell that exits with what the file says
+        (deploy/kubernetes/multinode-job.yaml), and ``spotagent run`` reads
+        it too. ``code`` 1: this rank crashed (an exception of its own, in
+        a distributed job).
 
         The first rank of the node to write it decides (the file is created
         exclusively): a rank that crashed writes 1 before its sockets close,
@@ -610,7 +621,7 @@ class Agent(object):
         path = os.environ.get("SPOTAGENT_EXIT_FILE")
         if code is None:
             code = self.exit_code
-            if code != EXIT_INTERRUPTED:
+            if code == 0:
                 return
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if path else -1

@@ -45,10 +45,13 @@ if TYPE_CHECKING:
 #: Urgency of a request, by reason; the collective keeps the highest.
 URGENCY = {"periodic": 1, "manual": 2, "shutdown": 3, "interruption": 4}
 REASONS = {v: k for k, v in URGENCY.items()}
+#: A fenced session's last checkpoint is as urgent as an interruption's.
+URGENCY["fenced"] = URGENCY["interruption"]
 #: A rank whose agent (or SIGTERM) stops it: every rank stops at this sync.
 STOP = 5
-#: Low bits of a STOP contribution: why (the highest wins, so exit codes agree).
-STOP_CODES = {"shutdown": 1, "interruption": 2}
+#: Low bits of a STOP contribution: why (the highest wins, so exit codes
+#: agree on every rank: fenced's 76 over interruption's and shutdown's 75).
+STOP_CODES = {"shutdown": 1, "interruption": 2, "fenced": 3}
 STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
 
 ID_BITS = 48

@@ -365,6 +365,23 @@ class TestAgreement(Base):
         self.assertTrue(a.should_stop)
         self.assertEqual((a.stop_reason, a.exit_code), ("shutdown", spotagent.EXIT_INTERRUPTED))
 
+    def test_a_fenced_rank_stops_the_job_with_76(self):
+        # #36 item 1: one rank's agent was fenced; every rank exits 76, and
+        # fenced wins over another rank's interruption (one code per job).
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        srv.send({"type": "stop", "reason": "fenced"})
+        self.assertTrue(wait_agent(a, lambda: a._should_stop))
+        self.assertIsNone(a.poll(1))
+        self.assertEqual(a._sync.sent[-1], ((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["fenced"], sdist.NO_DEADLINE))
+        self.assertEqual((a.stop_reason, a.exit_code), ("fenced", spotagent.EXIT_FENCED))
+        self.server()
+        b = self.job_agent(other=((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["fenced"], sdist.NO_DEADLINE))
+        self.assertIsNone(b.poll(1))
+        self.assertEqual((b.stop_reason, b.exit_code), ("fenced", spotagent.EXIT_FENCED))
+        self.assertGreater(sdist.STOP_CODES["fenced"], sdist.STOP_CODES["interruption"])
+
     def test_sigterm_is_offered_as_shutdown_with_a_fresh_id(self):
         srv = self.server(join_dir=self.tmp, commit=True)
         a = self.job_agent()
