@@ -514,7 +514,7 @@ class TestPeerLossClient(Base):
         a = self.job_agent()
         srv.wait_message("hello")
         exits = []
-        with mock.patch.object(sdist, "_hooked", [a]), mock.patch.object(sdist, "_prev_hook", lambda *x: None), \
+        with mock.patch.object(sdist, "_hooked", [a._job.exits]), mock.patch.object(sdist, "_prev_hook", lambda *x: None), \
                 mock.patch.object(sdist.os, "_exit", exits.append):
             sdist._excepthook(ValueError, ValueError("a bug"), None)
             self.assertEqual(exits, [])  # a crash: Python's own exit 1
