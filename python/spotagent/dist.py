@@ -195,9 +195,11 @@ class Sync(object):
             return False
         group = pg
         if dist.get_backend(pg) != "gloo":
+            # NCCL, or torch 2's per-device backends ("cpu:gloo,cuda:nccl"):
+            # the agreement runs on a gloo group over the same ranks.
             ranks = None
             if self._user_group is not None:
-                ranks = sorted(dist.distributed_c10d._pg_group_ranks[pg].keys())
+                ranks = group_ranks(dist, pg)
             group = dist.new_group(ranks=ranks, backend="gloo")
         self._torch = sys.modules["torch"]
         self._group = group
@@ -261,6 +263,17 @@ class Sync(object):
                 "(steps %s to %s; -1: none): a node restored an older one (see its agent's log)"
                 % (lo, hi))
         return (out[0], out[1])
+
+
+def group_ranks(dist: Any, pg: Any) -> List[int]:
+    """The global ranks of process group pg, sorted. torch >= 2.0 says so
+    in public (``get_process_group_ranks``); 1.13 only in a private map of
+    distributed_c10d (``_pg_group_ranks``: group -> {global: group rank}),
+    which later releases moved and renamed."""
+    public = getattr(dist, "get_process_group_ranks", None)
+    if public is not None:
+        return sorted(int(r) for r in public(pg))
+    return sorted(int(r) for r in dist.distributed_c10d._pg_group_ranks[pg].keys())
 
 
 def _ewma(prev: Optional[float], x: float, alpha: float = 0.2) -> float:

@@ -125,7 +125,11 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
 
     out = walk(obj, ())
     for dev in syncs:
-        torch.cuda.synchronize(dev)
+        # The copies were queued on the device's current stream, behind the
+        # step that produced the tensors: wait for that stream only. A
+        # device-wide synchronize would also wait for other streams' work
+        # (NCCL's, a data prefetcher's) and count it as staging time.
+        torch.cuda.current_stream(dev).synchronize()
     if reuse is not None:
         reuse.clear()
         reuse.update(fresh)
