@@ -230,13 +230,14 @@ case2() {
   local t_kill="" vcode=none vwait=none
   if wait_for "$d/van-0.log" 'rank 0 step 30$' 120; then
     t_kill=$(now)
-    # The agent itself (timeout's child), then timeout.
+    # The agent itself (timeout's child), then timeout (disowned: no job
+    # notice from the shell for it).
+    disown "${pids[1]}"
     kill -KILL "$(pgrep -P "${pids[1]}")" "${pids[1]}"
   fi
   wait "${pids[0]}"
   vcode=$?
   [ -n "$t_kill" ] && vwait=$(secs "$t_kill" "$(now)")
-  wait "${pids[1]}" 2>/dev/null
   for f in "$d"/*.log; do cp "$f" "$OUT/c2-$(basename "$f")"; done
   local figs
   figs="backend=$backend torch=$TORCH interrupted_exits=${codes[*]} torchrun_codes=$(trainer_code "$d/int-0.agent.log"),$(trainer_code "$d/int-1.agent.log") notice_to_exit_s=$([ -n "${t_sig:-}" ] && secs "$t_sig" "$t_end" || echo none) stops=[$stops] resumed=[$resumed] resumed_exits=${rcodes[*]} vanished_node0_exit=$vcode vanished_to_exit_s=$vwait vanished_torchrun_code=$(trainer_code "$d/van-0.agent.log")"
