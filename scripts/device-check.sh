@@ -68,11 +68,13 @@ except Exception: v = None
 print("" if v is None else v)' "$1" "$2"; }
 now() { date +%s.%N; }
 secs() { "$PY" -c 'import sys; print("%.2f" % (float(sys.argv[2]) - float(sys.argv[1])))' "$1" "$2"; }
-# wait_for FILE REGEX SECONDS: until a line of FILE matches (a polled condition with a deadline).
+# wait_for FILE REGEX SECONDS [PID]: until a line of FILE matches (a polled
+# condition with a deadline); 1 at the deadline or once PID has exited.
 wait_for() {
   local end=$((SECONDS + $3))
   while [ $SECONDS -lt $end ]; do
     grep -Eq "$2" "$1" 2>/dev/null && return 0
+    if [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null; then return 1; fi
     sleep 0.2
   done
   return 1
@@ -107,7 +109,9 @@ fi
 case1() {
   local d=$work/c1 dev=cpu gib=0.05 steps=40 code t_sig stop_at rc
   mkdir -p "$d"
-  if [ "$CUDA" = 1 ]; then dev=cuda gib=${DEVICE_CHECK_GIB:-4}; fi
+  # On a GPU the first commit of GiB takes seconds: steps enough to be
+  # training still when the notice comes (the resumed run trains fast).
+  if [ "$CUDA" = 1 ]; then dev=cuda gib=${DEVICE_CHECK_GIB:-4} steps=400; fi
   local tr=("$PY" "$ROOT/python/devicecheck/big_state.py" --device "$dev" --gib "$gib" --steps "$steps")
   (unset SPOTAGENT_SOCKET; "${tr[@]}" --out "$d/ref.json" >"$d/ref.log" 2>&1) || {
     cp "$d/ref.log" "$OUT/c1-ref.log"; result 1 FAIL "uninterrupted run failed (c1-ref.log)"; return; }
@@ -117,7 +121,7 @@ case1() {
   "${A[@]}" --checkpoint-dir "$d/ck1" --socket "$d/a1.sock" --interval 4s --term-grace 90s -- \
     "${tr[@]}" --step-time 0.25 --out "$d/int.json" >"$d/int.log" 2>"$d/int.agent.log" &
   local pid=$!
-  if ! wait_for "$d/int.log" '^committed' 150; then
+  if ! wait_for "$d/int.log" '^committed' 150 $pid; then
     kill -TERM $pid; wait $pid
     for f in "$d"/int*.log; do cp "$f" "$OUT/c1-$(basename "$f")"; done
     result 1 FAIL "no checkpoint committed within 150 s"; return
@@ -193,7 +197,7 @@ case2() {
       --interval 1h --term-grace 40s -- "${N[@]}" >"$d/int-$k.log" 2>"$d/int-$k.agent.log" &
     pids+=($!)
   done
-  if wait_for "$d/int-0.log" 'rank 0 step 40$' 120; then
+  if wait_for "$d/int-0.log" 'rank 0 step 40$' 120 "${pids[0]}"; then
     t_sig=$(now)
     kill -TERM "${pids[0]}"
   fi
@@ -228,7 +232,7 @@ case2() {
     pids+=($!)
   done
   local t_kill="" vcode=none vwait=none
-  if wait_for "$d/van-0.log" 'rank 0 step 30$' 120; then
+  if wait_for "$d/van-0.log" 'rank 0 step 30$' 120 "${pids[0]}"; then
     t_kill=$(now)
     # The agent itself (timeout's child), then timeout (disowned: no job
     # notice from the shell for it).
@@ -267,7 +271,7 @@ watch_case() {
     --term-grace 12s --margin 2s --watch-quiet 1s -- "${tr[@]}" "$dirflag" "$d/run1" --step-time 0.15 \
     --out "$d/int.json" >"$d/int.log" 2>"$d/int.agent.log" &
   local pid=$!
-  if wait_for "$d/int.log" '^step (2[5-9]|[3-9][0-9])$' 120; then
+  if wait_for "$d/int.log" '^step (2[5-9]|[3-9][0-9])$' 120 $pid; then
     t_sig=$(now)
     kill -TERM $pid
   fi
@@ -276,9 +280,11 @@ watch_case() {
   t_end=$(now)
   local listed
   listed=$("$BIN" list --store "file://$d/store" 2>&1 | tail -n +2 | wc -l)
+  # An empty machine: the same paths, nothing in them.
+  rm -rf "$d/run1"
   agent "$name"
-  "${A[@]}" --checkpoint-dir "$d/ck2" --socket "$d/a2.sock" --watch "$d/run2" "${wf[@]}" --watch-quiet 1s -- \
-    "${tr[@]}" "$dirflag" "$d/run2" --out "$d/res.json" >"$d/res.log" 2>"$d/res.agent.log"
+  "${A[@]}" --checkpoint-dir "$d/ck2" --socket "$d/a2.sock" --watch "$d/run1" "${wf[@]}" --watch-quiet 1s -- \
+    "${tr[@]}" "$dirflag" "$d/run1" --out "$d/res.json" >"$d/res.log" 2>"$d/res.agent.log"
   rc=$?
   for f in "$d"/*.log "$d"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/c$n-$(basename "$f")"; done
   local ref res from stopped
@@ -326,7 +332,7 @@ case5() {
   "${A[@]}" --checkpoint-dir "$d/ck1" --socket "$d/a1.sock" --interval 3s --term-grace 30s -- \
     "${tr[@]}" --step-time 0.1 --out "$d/int.json" >"$d/int.log" 2>"$d/int.agent.log" &
   local pid=$!
-  wait_for "$d/int.log" '^checkpoint .* \(periodic\)' 60 && wait_for "$d/int.log" '^step 40$' 60
+  wait_for "$d/int.log" '^checkpoint .* \(periodic\)' 60 $pid && wait_for "$d/int.log" '^step 40$' 60 $pid
   kill -TERM $pid
   wait $pid
   code=$?

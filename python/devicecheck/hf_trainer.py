@@ -7,7 +7,8 @@ A tiny Llama built from a config (no download), ``save_steps`` and
 and on start ``resume_from_checkpoint`` with the newest checkpoint in
 --output-dir, as its users write it. Deterministic (``full_determinism``,
 ``seed``/``data_seed``, no dropout): a resumed run's final weights equal an
-uninterrupted run's (``sha256`` in the --out JSON).
+uninterrupted run's (``sha256`` in the --out JSON). Eager attention: the
+fused kernels' backward passes need not be deterministic.
 
     python3 hf_trainer.py --output-dir out --steps 120 --save-steps 10 --out result.json
 """
@@ -63,7 +64,7 @@ def main() -> int:
 
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ,
-                      attention_dropout=0.0)
+                      attention_dropout=0.0, attn_implementation="eager")
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     targs = TrainingArguments(

@@ -47,11 +47,9 @@ from ._common import (
     exit_code_for_stop,
     first_int,
     log,
-    metadata_dict,
     parse_time,
     resume_from_env,
     stderr,
-    trim,
 )
 from ._inbox import Inbox
 from ._signals import Sigterm
@@ -345,9 +343,7 @@ class Agent(object):
         """Report a checkpoint the trainer took on its own (not requested):
         ``done`` with an empty id and the directory it wrote. Queued until a
         connection exists; a no-op without an agent."""
-        msg = {"type": "done", "id": "", "step": int(step), "dir": str(dir), "metadata": metadata_dict(metadata)}
-        if self.path:
-            self._state.send(msg, conn=None, step=int(step))
+        self._state.checkpoint_done(step, dir, metadata)
 
     def wait_committed(self, id: str, timeout: Optional[float] = None) -> Optional[Committed]:
         """Block until the checkpoint ``id`` is committed; None on timeout or
