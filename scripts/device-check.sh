@@ -13,7 +13,8 @@
 #      path): notice -> one job checkpoint -> bit-identical resume; a
 #      vanished node -> 75; the launcher's exit codes and timings;
 #   3. Hugging Face Trainer (save_steps, save_total_limit=2) under --watch;
-#   4. Lightning ModelCheckpoint(every_n_train_steps) under --watch;
+#   4. Lightning ModelCheckpoint(every_n_train_steps) under --watch; 4b:
+#      the --signal fallback as a Lightning callback;
 #   5. DCP async_save into the request directory, `saved` once complete.
 #
 # Each case prints PASS, FAIL or SKIP (with why) and its figures. On a CPU
@@ -315,6 +316,33 @@ case4() {
     return
   fi
   watch_case 4 c4 'last-*.ckpt' --ckpt-dir lightning_trainer.py --steps 120 --every 10
+  # 4b: the --signal fallback wired into Lightning as a callback (a notice at
+  # step 40; the resume reads $SPOTAGENT_RESUME_DIR, so --restore-serial).
+  local d=$work/c4b code rc
+  mkdir -p "$d"
+  local tr=("$PY" "$ROOT/python/devicecheck/lightning_trainer.py" --signal-mode --ckpt-dir "$d/unused" --steps 120)
+  agent c4b
+  "${A[@]}" --checkpoint-dir "$d/ck1" --socket "$d/a1.sock" --signal SIGUSR1 --restore-serial --interval 1h \
+    --term-grace 30s -- "${tr[@]}" --step-time 0.15 --out "$d/int.json" >"$d/int.log" 2>"$d/int.agent.log" &
+  local pid=$!
+  wait_for "$d/int.log" '^step 40$' 120 $pid && kill -TERM $pid
+  wait $pid
+  code=$?
+  agent c4b
+  "${A[@]}" --checkpoint-dir "$d/ck2" --socket "$d/a2.sock" --signal SIGUSR1 --restore-serial --interval 1h -- \
+    "${tr[@]}" --out "$d/res.json" >"$d/res.log" 2>"$d/res.agent.log"
+  rc=$?
+  for f in "$d"/*.log "$d"/*.json; do [ -f "$f" ] && cp "$f" "$OUT/c4b-$(basename "$f")"; done
+  local ref res
+  ref=$(json "$work/c4/ref.json" sha256)
+  res=$(json "$d/res.json" sha256)
+  local figs
+  figs="signal: interrupted_exit=$code trainer_code=$(trainer_code "$d/int.agent.log") $(grep -ho 'checkpoint saved at step [0-9]*' "$d/int.log" | tail -1) resumed_from=$(json "$d/res.json" resumed_from) resumed_exit=$rc"
+  if [ "$code" = 75 ] && [ "$rc" = 0 ] && [ -n "$ref" ] && [ "$ref" = "$res" ]; then
+    result 4b PASS "$figs final weights equal"
+  else
+    result 4b FAIL "$figs sha256 ref=${ref:0:12} resumed=${res:0:12}"
+  fi
 }
 
 # ------------------------------------------------------------------ case 5
