@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak clean
+.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean
 
 all: build
 
@@ -93,6 +93,13 @@ fuzz:
 
 bench: build
 	scripts/bench.sh
+
+# The prepared GPU check of issue 39 (scripts/device-check.sh): torch 2.x,
+# HF Trainer, Lightning, DCP; on a CPU machine with torch 1.13 it runs what
+# it can and says what it skipped. Needs bin/spotagent (make build here: the
+# GPU machine has no Go); the report goes to $OUT. Not part of make test.
+device-check:
+	scripts/device-check.sh
 
 soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/
