@@ -42,6 +42,7 @@ from ._common import (
     MAX_LINE,
     MAX_METADATA,
     PROTOCOL_VERSION,
+    STOP_FENCED,
     env_float,
     env_int,
     exit_code_for_stop,
@@ -235,15 +236,25 @@ class Agent(object):
           does not know (a stop never means finished);
         * :data:`EXIT_FENCED` (76) once it was stopped because a newer
           session of the run fenced this one: not finished, never 0, so a
-          Kubernetes Job is not marked Succeeded;
+          Kubernetes Job is not marked Succeeded. In a distributed job only
+          the ranks whose own agent was fenced exit 76; the job's other
+          ranks stop with it and exit 75 (run again, with the newer copy);
         * 0 otherwise: not stopped (finished its work).
 
         End the training script with ``sys.exit(agent.exit_code)``."""
         if self._state.peer_loss is not None:
             return EXIT_INTERRUPTED
-        if self.should_stop:
-            return exit_code_for_stop(self.stop_reason)
-        return 0
+        if not self.should_stop:
+            return 0
+        reason = self.stop_reason
+        if reason == STOP_FENCED and self._job.sync.active:
+            with self._state.lock:
+                own = self._state.stop_reason
+            if own != STOP_FENCED:
+                # Another node's copy was fenced: this node's ranks stop with
+                # the job, and the job is run again with the newer copy.
+                return EXIT_INTERRUPTED
+        return exit_code_for_stop(reason)
 
     @property
     def peer_lost(self) -> Optional[str]:

@@ -397,8 +397,9 @@ class TestAgreement(Base):
         self.assertEqual((a.stop_reason, a.exit_code), ("shutdown", spotagent.EXIT_INTERRUPTED))
 
     def test_a_fenced_rank_stops_the_job_with_76(self):
-        # #36 item 1: one rank's agent was fenced; every rank exits 76, and
-        # fenced wins over another rank's interruption (one code per job).
+        # #36 item 1: one rank's agent was fenced: the job stops (fenced
+        # wins the agreement's reason), that rank exits 76; a rank whose own
+        # agent was not fenced exits 75: the job runs again, with the newer copy.
         srv = self.server()
         a = self.job_agent()
         srv.wait_message("hello")
@@ -410,7 +411,7 @@ class TestAgreement(Base):
         self.server()
         b = self.job_agent(other=((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["fenced"], sdist.NO_DEADLINE))
         self.assertIsNone(b.poll(1))
-        self.assertEqual((b.stop_reason, b.exit_code), ("fenced", spotagent.EXIT_FENCED))
+        self.assertEqual((b.stop_reason, b.exit_code), ("fenced", spotagent.EXIT_INTERRUPTED))
         self.assertGreater(sdist.STOP_CODES["fenced"], sdist.STOP_CODES["interruption"])
 
     def test_sigterm_is_offered_as_shutdown_with_a_fresh_id(self):
