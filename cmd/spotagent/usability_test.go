@@ -54,3 +54,18 @@ func TestLogMachine(t *testing.T) {
 		t.Fatalf("machine logged %v, want cloud and instance_type only", got)
 	}
 }
+
+// Console logs give durations with their unit; JSON keeps seconds.
+func TestLogDurationUnits(t *testing.T) {
+	for format, want := range map[string]string{"console": `"upload": "81ms"`, "json": `"upload":0.081321945`} {
+		var b strings.Builder
+		log, err := newLoggerTo(&b, format, "info")
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("checkpoint committed", zap.Duration("upload", 81321945*time.Nanosecond))
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("%s: %q lacks %s", format, b.String(), want)
+		}
+	}
+}
