@@ -126,3 +126,21 @@ func TestExitCodes_RunFenced(t *testing.T) {
 		})
 	}
 }
+
+// TestExitCodes_WatchFenced: in --watch mode a newer session's lease
+// fences the agent; it stops its trainer and exits 76, whatever the
+// trainer's own code.
+func TestExitCodes_WatchFenced(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.FenceInterval = 20 * time.Millisecond
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: t.TempDir(), Quiet: 200 * time.Millisecond}}
+	})
+	ar.waitStatus(t, "the trainer running", func(s Status) bool { return s.Child != nil && s.Child.Running })
+	if _, err := checkpoint.AcquireLease(context.Background(), ar.store, checkpoint.LeaseRecord{Session: "newer"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ar.wait(t); got != exitFenced {
+		t.Fatalf("exit code %d, want %d", got, exitFenced)
+	}
+}
