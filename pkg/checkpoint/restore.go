@@ -88,8 +88,10 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // leaves a newer complete manifest (manifests are written only after
 // their data), so manifests with a higher step than the one latest.json
 // points at are tried first, except those committed under a lower epoch
-// than latest.json's: a session fenced by a newer one, whose commit was
-// refused at publish. The step latest.json points at is its manifest's (the
+// than latest.json's (every one, when a seal left latest.json without a
+// pointer): a fenced session's, committed after a newer session sealed
+// latest.json (the seal adopts every checkpoint committed before it,
+// lease.go). The step latest.json points at is its manifest's (the
 // key names it), whatever its "step" field says. When latest.json is
 // missing, broken or points at a damaged checkpoint, the older manifests
 // are tried, newest first, with a warning. Manifests are read one at a
@@ -151,8 +153,10 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 	var pointer string // the manifest latest.json points at
 	pointerStep, floor := int64(-1), int64(0)
 	if opts.ID == "" {
-		l, err := ReadLatest(ctx, st)
+		l, err := readLatest(ctx, st)
 		switch {
+		case err == nil && l.Manifest == "": // sealed before any commit: it fences all the same
+			floor = l.Epoch
 		case err == nil:
 			pointer, floor = l.Manifest, l.Epoch
 			if pointerStep = l.PointsAt(); pointerStep != l.Step {
@@ -215,13 +219,13 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			case opts.ID != "" && e.Manifest.ID != opts.ID:
 				continue
 			}
-			if pointer != "" && e.Manifest.Step > pointerStep {
+			if e.Manifest.Step > pointerStep {
 				if e.Manifest.Epoch < floor {
-					log.Info("skipping a fenced session's checkpoint: committed under an older epoch than latest.json's",
+					log.Info("skipping a fenced session's checkpoint: committed under an older epoch than latest.json's, above the checkpoint its seal adopted",
 						zap.String("manifest", e.Key), zap.Int64("epoch", e.Manifest.Epoch), zap.Int64("latest_epoch", floor))
 					continue
 				}
-				if !newerWarned {
+				if pointer != "" && !newerWarned {
 					newerWarned = true
 					log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", pointerStep))
 				}
