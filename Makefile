@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak clean
+.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp k8s-delays fuzz lint bench soak clean
 
 all: build
 
@@ -41,7 +41,7 @@ demo: build
 # shellcheck, systemd-analyze) with apt-get.
 test: 
 	scripts/test-deps.sh
-	$(MAKE) lint kcp test-go test-python fuzz
+	$(MAKE) lint kcp test-go test-sim test-python fuzz
 
 # The real Kubernetes control plane the deploy tests apply the manifests to
 # (etcd, kube-apiserver, kube-controller-manager, kubectl v1.35.4 from the Go
@@ -91,6 +91,15 @@ fuzz:
 
 bench: build
 	scripts/bench.sh
+
+# The store protocol by deterministic simulation (pkg/checkpoint/sim_test.go):
+# 100,000 schedules without the race detector (test-go runs a sample under it);
+# soak-sim runs 2,000,000 (SPOTAGENT_SIM_SCHEDULES), from SPOTAGENT_SIM_FIRST.
+test-sim:
+	$(GO) test -tags '$(TAGS)' -count=1 -run 'TestSim' -v ./pkg/checkpoint
+
+soak-sim:
+	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint
 
 soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/

@@ -100,6 +100,18 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // is only returned once every file verified, and its directory only
 // appears (by rename) after that.
 func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
+	return restoreWith(ctx, st, opts, destPath, func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
+		return restoreOne(ctx, st, dest, destPath, key, m, view, log)
+	})
+}
+
+// fetchFunc copies the files view lists (of manifest m, at key) and
+// verifies them: restoreOne, or the simulation's check in memory.
+type fetchFunc func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error)
+
+// restoreWith chooses the checkpoint as RestoreInto describes and copies it
+// with fetch (destPath names the destination in errors).
+func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destPath string, fetch fetchFunc) (*Restored, error) {
 	start := time.Now()
 	log := opts.Log
 	if log == nil {
@@ -125,7 +137,7 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			// A long restore logs its progress (bytes, rate, eta) every 5 s.
 			log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
 				zap.Int("files", len(view.Files)), zap.Int64("bytes", view.Bytes()))
-			r, err = restoreOne(ctx, st, dest, destPath, key, m, view, log)
+			r, err = fetch(ctx, st, key, m, view, log)
 		}
 		if err == nil {
 			r.Parts = parts

@@ -83,7 +83,8 @@ type Store struct {
 	Faults Faults
 	// Lag, when > 0, makes List show the store as it was Lag writes ago:
 	// newer objects are missing and newer deletions still listed (with
-	// the version they had).
+	// the version they had). With Faults set, only the listings of
+	// actors (see Sched) lag.
 	Lag int64
 	// Clock, when set, gives Modified (a simulation's own clock);
 	// otherwise time.Now.
@@ -220,7 +221,10 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(cloud.ObjectInf
 		return fmt.Errorf("list %s: %w", prefix, err)
 	}
 	s.mu.Lock()
-	cut := s.tick - max(s.Lag, 0)
+	cut := s.tick
+	if s.Faults == nil || ActorOf(ctx) != nil {
+		cut -= max(s.Lag, 0) // an oracle's listing (no actor) sees all
+	}
 	var out []cloud.ObjectInfo
 	for k, o := range s.objs {
 		if !strings.HasPrefix(k, prefix) {
