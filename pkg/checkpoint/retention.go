@@ -35,120 +35,158 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin .
 	if log == nil {
 		log = zap.NewNop()
 	}
-	// One listing: the manifests, and every object with its size.
-	sizes := map[string]int64{}
+	p, err := planPrune(ctx, st, keep, pin)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for _, k := range p.deletions() {
+		if err := st.Delete(ctx, k); err != nil {
+			return deleted, fmt.Errorf("prune: delete %s: %w", k, err)
+		}
+		deleted++
+	}
+	if deleted > 0 {
+		log.Info("retention pruned old checkpoints", zap.Int("checkpoints", len(p.drop)), zap.Int("objects", deleted), zap.Int("keep", keep))
+	}
+	return deleted, nil
+}
+
+// prunePlan is what one retention pass found and decided.
+type prunePlan struct {
+	sizes       map[string]int64 // every object listed under checkpoints/, with its size
+	fence       Latest           // latest.json (zero: none)
+	pinned      map[string]bool  // manifests kept whatever they are
+	kept        map[string]bool  // object keys a kept manifest needs
+	keptDir     map[string]bool  // checkpoint prefixes kept
+	manifestDir map[string]bool  // checkpoint prefixes with a manifest, readable or not
+	drop        []Entry          // manifests to delete, then their objects
+	oldestKept  int64            // lowest step kept; -1: none
+}
+
+// planPrune lists the store once, reads the manifests (and the pinned ones
+// the listing does not show yet) and decides what stays.
+func planPrune(ctx context.Context, st cloud.Store, keep int, pin []string) (*prunePlan, error) {
+	p := &prunePlan{sizes: map[string]int64{}, pinned: map[string]bool{}, kept: map[string]bool{},
+		keptDir: map[string]bool{}, manifestDir: map[string]bool{}, oldestKept: -1}
 	var keys []string
 	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		sizes[o.Key] = o.Size
+		p.sizes[o.Key] = o.Size
 		if isManifestKey(o.Key) {
 			keys = append(keys, o.Key)
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("prune: list checkpoints: %w", err)
+		return nil, fmt.Errorf("prune: list checkpoints: %w", err)
 	}
-	pinned := map[string]bool{}
 	for _, k := range pin {
-		pinned[k] = true
+		p.pinned[k] = true
 	}
-	var fence Latest
 	if l, err := readLatest(ctx, st); err == nil {
-		fence = l
+		p.fence = l
 		if l.Manifest != "" {
-			pinned[l.Manifest] = true
+			p.pinned[l.Manifest] = true
 		}
 	} else if ctx.Err() != nil {
-		return 0, ctx.Err()
+		return nil, ctx.Err()
 	}
-	for k := range pinned {
-		if _, listed := sizes[k]; !listed && isManifestKey(k) {
+	for k := range p.pinned {
+		if _, listed := p.sizes[k]; !listed && isManifestKey(k) {
 			keys = append(keys, k) // committed after the listing was taken
 		}
 	}
 	entries, err := readManifests(ctx, st, keys)
 	if err != nil {
-		return 0, fmt.Errorf("prune: %w", err)
+		return nil, fmt.Errorf("prune: %w", err)
 	}
-	restorable := func(m *Manifest) bool {
-		if fenced(m, fence) {
-			return false
-		}
-		for _, f := range m.Files {
-			if n, ok := sizes[f.Key]; !ok || n != f.Size {
-				return false
-			}
-		}
-		return true
-	}
-	kept := map[string]bool{}        // object keys a kept manifest needs
-	keptDir := map[string]bool{}     // checkpoint prefixes kept
-	dropDir := map[string]bool{}     // checkpoint prefixes whose manifest goes
-	manifestDir := map[string]bool{} // checkpoint prefixes with a manifest, readable or not
-	var drop, later []Entry
+	p.decide(entries, keep)
+	return p, nil
+}
+
+// decide keeps the pinned manifests and the newest keep restorable ones,
+// then the others that are not restorable above the oldest kept; the rest
+// are dropped. Unreadable manifests are never dropped.
+func (p *prunePlan) decide(entries []Entry, keep int) {
+	var later []Entry
 	n := 0
-	oldestKept := int64(-1)
-	keepEntry := func(e Entry) {
-		keptDir[dirOf(e.Key)] = true
-		for _, f := range e.Manifest.Files {
-			kept[f.Key] = true
-		}
-	}
 	for _, e := range entries {
-		manifestDir[dirOf(e.Key)] = true
+		p.manifestDir[dirOf(e.Key)] = true
 		if e.Err != nil {
 			if errors.Is(e.Err, cloud.ErrNotExist) {
-				delete(manifestDir, dirOf(e.Key)) // gone since the listing
+				delete(p.manifestDir, dirOf(e.Key)) // gone since the listing
 			}
 			continue // never delete what we cannot read: a person may want it
 		}
-		ok := restorable(e.Manifest)
+		ok := p.restorable(e.Manifest)
 		switch {
-		case pinned[e.Key] || ok && n < keep:
+		case p.pinned[e.Key] || ok && n < keep:
 			if ok {
 				n++
 			}
-			keepEntry(e)
-			if oldestKept < 0 || e.Manifest.Step < oldestKept {
-				oldestKept = e.Manifest.Step
+			p.keep(e)
+			if p.oldestKept < 0 || e.Manifest.Step < p.oldestKept {
+				p.oldestKept = e.Manifest.Step
 			}
 		case !ok:
 			later = append(later, e) // kept if above the oldest kept
 		default:
-			drop = append(drop, e)
+			p.drop = append(p.drop, e)
 		}
 	}
 	for _, e := range later {
-		if oldestKept < 0 || e.Manifest.Step > oldestKept {
-			keepEntry(e)
+		if p.oldestKept < 0 || e.Manifest.Step > p.oldestKept {
+			p.keep(e)
 		} else {
-			drop = append(drop, e)
+			p.drop = append(p.drop, e)
 		}
 	}
-	for _, e := range drop {
+}
+
+// restorable: every object of m listed with its size, and not a fenced
+// session's. What restore could pick; only these count toward --keep.
+func (p *prunePlan) restorable(m *Manifest) bool {
+	if fenced(m, p.fence) {
+		return false
+	}
+	for _, f := range m.Files {
+		if n, ok := p.sizes[f.Key]; !ok || n != f.Size {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *prunePlan) keep(e Entry) {
+	p.keptDir[dirOf(e.Key)] = true
+	for _, f := range e.Manifest.Files {
+		p.kept[f.Key] = true
+	}
+}
+
+// deletions is the order of deletes: the dropped manifests first (a
+// half-deleted checkpoint is never restorable), then their objects, then
+// what no manifest lists below the oldest kept step: the part manifests of
+// a job checkpoint that never completed before its data (a node still
+// waiting for them then never sees it complete), then the data.
+func (p *prunePlan) deletions() []string {
+	dropDir := map[string]bool{}
+	var out []string
+	for _, e := range p.drop {
 		dropDir[dirOf(e.Key)] = true
+		out = append(out, e.Key)
 	}
-	deleted := 0
-	for _, e := range drop {
-		if err := st.Delete(ctx, e.Key); err != nil {
-			return deleted, fmt.Errorf("prune: delete %s: %w", e.Key, err)
-		}
-		deleted++
-	}
-	// The part manifests of a job checkpoint that never completed go
-	// before its data: a node still waiting for them then never sees it
-	// complete.
-	var victims, orphanParts, orphanData []string
-	for _, k := range slices.Sorted(maps.Keys(sizes)) {
+	var orphanParts, orphanData []string
+	for _, k := range slices.Sorted(maps.Keys(p.sizes)) {
 		d := dirOf(k)
-		if kept[k] || keptDir[d] || isManifestKey(k) {
+		if p.kept[k] || p.keptDir[d] || isManifestKey(k) {
 			continue
 		}
 		s := stepOf(d)
 		switch {
 		case dropDir[d]:
-			victims = append(victims, k)
-		case !manifestDir[d] && s >= 0 && oldestKept >= 0 && s < oldestKept:
+			out = append(out, k)
+		case !p.manifestDir[d] && s >= 0 && p.oldestKept >= 0 && s < p.oldestKept:
 			if strings.HasPrefix(k, d+partsDir) {
 				orphanParts = append(orphanParts, k)
 			} else {
@@ -156,17 +194,7 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin .
 			}
 		}
 	}
-	victims = append(append(victims, orphanParts...), orphanData...)
-	for _, k := range victims {
-		if err := st.Delete(ctx, k); err != nil {
-			return deleted, fmt.Errorf("prune: delete %s: %w", k, err)
-		}
-		deleted++
-	}
-	if deleted > 0 {
-		log.Info("retention pruned old checkpoints", zap.Int("checkpoints", len(drop)), zap.Int("objects", deleted), zap.Int("keep", keep))
-	}
-	return deleted, nil
+	return append(append(out, orphanParts...), orphanData...)
 }
 
 // fenced reports whether restore skips m as a fenced session's under
