@@ -22,7 +22,7 @@ import (
 // fleet records live"):
 //
 //	fleet/sessions/CLOUD/TYPE/ZONE/DIR/M.K.N.E.RAND.json  one per session end, written once
-//	fleet/summary.json                                     every run, written only by compaction
+//	fleet/summary.gob                                      every run (encoding/gob), written only by compaction
 //	fleet/prior/CLOUD/TYPE.json                            per-zone sums, written only by compaction
 //
 // An agent writes one new session record and nothing else: no object is
@@ -32,7 +32,7 @@ import (
 // names; its body is the run as the whole journal gives it (a Run).
 const (
 	recordsPrefix  = "fleet/sessions/"
-	snapshotKey    = "fleet/summary.json"
+	snapshotKey    = "fleet/summary.gob"
 	priorPrefix    = "fleet/prior/"
 	legacyKey      = "fleet-summary.json" // spotagent.fleet/v1, at the fleet root
 	recordFormat   = "spotagent.fleet-record/v1"

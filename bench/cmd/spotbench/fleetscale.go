@@ -337,14 +337,14 @@ func newFleetReport(ctx context.Context, st cloud.Store) error {
 	if err != nil {
 		return err
 	}
-	if l.SaveErr != nil {
-		return l.SaveErr
-	}
 	rep, err := fleet.Build(l.Summary, fleet.Options{Now: time.Now()}, l.Source, l.Damaged)
 	if err != nil {
 		return err
 	}
-	return fleet.Write(io.Discard, rep, "table")
+	if err := fleet.Write(io.Discard, rep, "table"); err != nil {
+		return err
+	}
+	return l.Compact(ctx)
 }
 
 // oldReport is what `spotagent fleet` did before issue 40, in process.
