@@ -159,6 +159,13 @@ type record struct {
 // session that ended last. It never rewrites an object: every call writes
 // a key of its own, so any number of agents may record at once.
 func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64) error {
+	return RecordSessionOf(ctx, fleetStore, dir, j, step, "")
+}
+
+// RecordSessionOf is RecordSession filed under the session with this id
+// (the agents of a job share a journal: each records its own session),
+// or the one that ended last when there is none with it.
+func RecordSessionOf(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64, session string) error {
 	now := time.Now()
 	r, err := runFromJournal(j, dir, step, now)
 	if err != nil {
@@ -170,6 +177,11 @@ func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *c
 	last := r.shares[0]
 	for _, sh := range r.shares[1:] {
 		if !sh.end.Before(last.end) {
+			last = sh
+		}
+	}
+	for _, sh := range r.shares {
+		if session != "" && sh.session == session {
 			last = sh
 		}
 	}

@@ -490,3 +490,31 @@ func TestPriorFor(t *testing.T) {
 		t.Errorf("no summary: %+v", p)
 	}
 }
+
+// The agents of a job share a journal and end together: each files its
+// record under its own session's machine.
+func TestRecordSessionOf_OwnSession(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
+		j := &checkpoint.Journal{RunID: "job", Sessions: []checkpoint.Session{
+			{ID: "a", Start: at(0), End: tp(time.Hour), Instance: p4dA},
+			{ID: "b", Start: at(0), End: tp(time.Hour), Instance: p4dB},
+		}}
+		for _, id := range []string{"a", "b"} {
+			if err := RecordSessionOf(t.Context(), root, "job", j, 0, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		zones := map[string]int{}
+		root.List(t.Context(), recordsPrefix, func(o cloud.ObjectInfo) error {
+			rk, ok := parseRecordName(o.Key)
+			if !ok || rk.Tally.Machine != 3600 {
+				t.Errorf("record %s: %+v", o.Key, rk)
+			}
+			zones[rk.Zone]++
+			return nil
+		})
+		if zones[p4dA.Zone] != 1 || zones[p4dB.Zone] != 1 {
+			t.Errorf("records by zone %v, want one in each session's zone", zones)
+		}
+	})
+}
