@@ -739,7 +739,7 @@ func (a *Agent) recordFleet(ctx context.Context) {
 	if a.cfg.Fleet == nil || a.fenced() {
 		return
 	}
-	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step); err != nil {
+	if err := fleet.RecordSessionOf(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step, a.session); err != nil {
 		a.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }
