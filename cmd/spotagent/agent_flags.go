@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
@@ -178,6 +179,11 @@ func (o *agentOptions) check(node bool) error {
 	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
+	}
+	if o.fleet != "" && o.fleet != fleetOff {
+		if err := all.CheckURI(o.fleet); err != nil {
+			return fmt.Errorf("--fleet: %w (or off)", err)
+		}
 	}
 	if o.maxRestarts < 0 {
 		return fmt.Errorf("--max-restarts must not be negative")
