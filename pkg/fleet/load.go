@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -90,7 +91,8 @@ func ParseSince(s string) (time.Duration, error) {
 	}
 	if d, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(d, 64)
-		if err != nil || n < 0 {
+		// NaN fails both comparisons; above ~106,000 days the duration overflows.
+		if err != nil || !(n >= 0) || n*24 > float64(math.MaxInt64/int64(time.Hour)) {
 			return 0, fmt.Errorf("--since %q: want a duration (36h) or days (30d)", s)
 		}
 		return time.Duration(n * 24 * float64(time.Hour)), nil
