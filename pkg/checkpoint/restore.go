@@ -50,6 +50,9 @@ type RestoreOptions struct {
 	// Stall fails a store request that makes no progress (no answer, no
 	// byte of its body) for this long; 0: defaultStall, < 0: never.
 	Stall time.Duration
+	// Tiers are copies nearer than the store, nearest first (tier.go):
+	// asked for each file of the checkpoint chosen, never for the choice.
+	Tiers []Tier
 }
 
 // Restored describes a checkpoint copied to local disk and verified.
@@ -61,6 +64,9 @@ type Restored struct {
 	Took     time.Duration
 	Skipped  []string // manifests tried first and found broken, with why
 	Parts    []string // the parts restored, of a job checkpoint; nil: single-node
+	// From is the bytes restored from each source: a tier's name, or
+	// FromStore.
+	From map[string]int64
 }
 
 // Restore copies the newest complete checkpoint (or opts.ID) into a new
@@ -101,7 +107,7 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // appears (by rename) after that.
 func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
 	return restoreWith(ctx, st, opts, destPath, func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
-		return restoreOne(ctx, st, dest, destPath, key, m, view, log)
+		return restoreOne(ctx, st, dest, destPath, key, &sources{m: m, tiers: opts.Tiers, log: log}, view)
 	})
 }
 
@@ -348,13 +354,15 @@ func restoreOrder(keys []string, pointer string, pointerStep int64, id string) [
 // restoreOne downloads and verifies one checkpoint into dest/<name>. An
 // existing local copy that verifies is reused without downloading.
 // Only the files view lists are fetched (m, or a part of it).
-func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
+func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, src *sources, view *Manifest) (*Restored, error) {
 	name := path.Base(path.Dir(key))
 	final := filepath.Join(destPath, name)
-	res := &Restored{Dir: final, Key: key, Manifest: m, Bytes: view.Bytes()}
+	log := src.log
+	res := &Restored{Dir: final, Key: key, Manifest: src.m, Bytes: view.Bytes()}
 	if _, err := dest.Lstat(name); err == nil {
 		if verifyLocal(dest, name, view) == nil {
 			log.Info("local copy of checkpoint verified, not downloading", zap.String("dir", final))
+			res.From = map[string]int64{FromLocal: res.Bytes}
 			return res, nil
 		}
 		if err := dest.RemoveAll(name); err != nil {
@@ -375,7 +383,7 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 	if err != nil {
 		return nil, err
 	}
-	err = download(ctx, st, dir, view, log)
+	err = download(ctx, st, dir, view, src)
 	dir.Close()
 	if err != nil {
 		return nil, err
@@ -384,6 +392,7 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 		return nil, err
 	}
 	ok = true
+	res.From = src.from()
 	return res, nil
 }
 
@@ -406,7 +415,8 @@ func MkdirTemp(root *os.Root, prefix string) (string, error) {
 }
 
 // download fetches every file of m into dir, verifying size and checksum.
-func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, log *zap.Logger) error {
+func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, src *sources) error {
+	log := src.log
 	p := &progress{start: time.Now(), total: m.Bytes()}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -434,7 +444,7 @@ func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, l
 			if err := gctx.Err(); err != nil {
 				return err // g.Wait returns the first error, the cause
 			}
-			if err := downloadFile(gctx, st, root, f, p); err != nil {
+			if err := downloadFile(gctx, st, root, f, p, src); err != nil {
 				return fmt.Errorf("%s: %w", f.Path, err)
 			}
 			return nil
@@ -455,7 +465,7 @@ const aheadMax = 16
 // smaller files stream through the hash in one read.
 var rangedAbove int64 = 64 << 20
 
-func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p *progress) error {
+func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p *progress, src *sources) error {
 	if d := path.Dir(f.Path); d != "." {
 		if err := root.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -466,17 +476,36 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 		return err
 	}
 	defer out.Close()
-	if f.Size >= rangedAbove {
-		if err := downloadRanged(ctx, st, out, f, p); err != nil {
-			return err
-		}
-		return out.Close()
+	if near, err := src.fromTiers(ctx, out, f, p); near || err != nil {
+		return err
 	}
+	if f.Size >= rangedAbove {
+		err = downloadRanged(ctx, st, out, f, p)
+	} else {
+		err = getVerified(ctx, st, out, f, p)
+	}
+	if err == nil {
+		err = out.Close()
+	}
+	if err == nil {
+		src.add(FromStore, f.Size)
+	}
+	return err
+}
+
+// getVerified fetches f from the store into out in one read.
+func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *progress) error {
 	r, err := st.Get(ctx, f.Key, 0, -1)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
+	return copyVerified(out, r, f, p)
+}
+
+// copyVerified copies r to out, checking what passes against f's size and
+// checksum.
+func copyVerified(out io.Writer, r io.Reader, f File, p *progress) error {
 	h, want, name := f.digest()
 	cr := &countingReader{r: io.LimitReader(r, f.Size+1), h: h, p: p}
 	if _, err := io.Copy(out, cr); err != nil {
@@ -488,7 +517,7 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
 		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
 	}
-	return out.Close()
+	return nil
 }
 
 // downloadRanged fetches a large object with parallel ranged reads and

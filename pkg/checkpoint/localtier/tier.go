@@ -1,0 +1,275 @@
+// Package localtier keeps this machine's copy of the newest committed
+// checkpoints, so that an agent restarting on the same machine restores
+// from its own disk rather than from the store (docs/storage.md, "The
+// local tier").
+//
+// A copy is kept only once its commit landed (the manifest and
+// latest.json are written), from the very files the commit uploaded:
+// hard links into the tier's directory where the file system allows,
+// else a copy checked against the manifest. It is never trusted: restore
+// chooses the checkpoint by the store's rules, then reads each file
+// through the manifest's size and CRC32C (checkpoint.Tier), and fetches
+// any file that fails from the store. A trainer that rewrites a file in
+// place after its commit (the hard link shares it) costs that file's
+// download, nothing more.
+package localtier
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// Options tunes a Tier.
+type Options struct {
+	// Keep is how many committed checkpoints are kept, highest step
+	// first (restore's order); < 1 means 1.
+	Keep int
+	// MaxBytes > 0 bounds the bytes kept: older copies go first, and a
+	// checkpoint larger than the bound is not kept at all.
+	MaxBytes int64
+	Log      *zap.Logger
+}
+
+// Tier is the local tier: checkpoint copies in one directory below a
+// root that also holds the directories commits upload from.
+type Tier struct {
+	parent *os.Root // holds both the tier and the request directories
+	rel    string   // the tier's directory below parent, "/"-separated
+	opts   Options
+	log    *zap.Logger
+	mu     sync.Mutex // one Keep at a time
+}
+
+var _ checkpoint.Tier = (*Tier)(nil)
+
+// staging prefixes a copy being kept: never offered, removed by Open.
+const staging = ".keeping-"
+
+// Open opens the tier in the directory rel below parent, creating it
+// (0700), and removes what an interrupted Keep left.
+func Open(parent *os.Root, rel string, opts Options) (*Tier, error) {
+	rel = path.Clean(rel)
+	if err := checkpoint.SafeRel(rel); err != nil {
+		return nil, err
+	}
+	if opts.Keep < 1 {
+		opts.Keep = 1
+	}
+	t := &Tier{parent: parent, rel: rel, opts: opts, log: opts.Log}
+	if t.log == nil {
+		t.log = zap.NewNop()
+	}
+	if err := parent.MkdirAll(rel, 0o700); err != nil {
+		return nil, fmt.Errorf("local tier: %w", err)
+	}
+	dir, err := t.dir()
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	for _, n := range names(dir) {
+		if strings.HasPrefix(n, staging) {
+			dir.RemoveAll(n)
+		}
+	}
+	return t, nil
+}
+
+// Name is checkpoint.FromLocal.
+func (t *Tier) Name() string { return checkpoint.FromLocal }
+
+// dir opens the tier's directory, refusing a symlink anywhere on the way.
+func (t *Tier) dir() (*os.Root, error) {
+	d, err := checkpoint.OpenDir(t.parent, t.rel)
+	if err != nil {
+		return nil, fmt.Errorf("local tier: %w", err)
+	}
+	return d, nil
+}
+
+// dirName is the directory of checkpoint m's copy: its store folder's name.
+func dirName(m *checkpoint.Manifest) string {
+	return path.Base(strings.TrimSuffix(checkpoint.Prefix(m.Step, m.ID), "/"))
+}
+
+// Open returns the kept copy of file f of checkpoint m; an error wrapping
+// fs.ErrNotExist when there is none. The caller verifies what it reads.
+func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
+	dir, err := t.dir()
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return checkpoint.OpenRegular(dir, dirName(m)+"/"+f.Path, f.Size)
+}
+
+// Keep makes the files of part of the committed checkpoint m ("": a
+// single-node checkpoint's, all of them), found at their paths in the
+// directory src below the tier's parent, the tier's copy of m, then drops
+// the copies beyond the budget. Call it only once m's commit landed and
+// before src is deleted. A file that cannot be kept is left to the store
+// at restore: Keep's error is for the log, never the commit's.
+func (t *Tier) Keep(ctx context.Context, src string, m *checkpoint.Manifest, part string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	files, bytes := partFiles(m, part)
+	if t.opts.MaxBytes > 0 && bytes > t.opts.MaxBytes {
+		t.log.Info("checkpoint larger than the local tier's budget: not kept", zap.Int64("bytes", bytes), zap.Int64("max_bytes", t.opts.MaxBytes))
+		return nil
+	}
+	dir, err := t.dir()
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	tmp, err := checkpoint.MkdirTemp(dir, staging)
+	if err != nil {
+		return fmt.Errorf("local tier: %w", err)
+	}
+	defer dir.RemoveAll(tmp) // a no-op once renamed
+	copied := 0
+	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		linked, err := t.keepFile(dir, src, tmp, f)
+		if err != nil {
+			return fmt.Errorf("local tier: keep %s: %w", f.Path, err)
+		}
+		if !linked {
+			copied++
+		}
+	}
+	name := dirName(m)
+	if err := dir.RemoveAll(name); err != nil { // a copy of the same checkpoint, kept before
+		return fmt.Errorf("local tier: %w", err)
+	}
+	if err := dir.Rename(tmp, name); err != nil {
+		return fmt.Errorf("local tier: %w", err)
+	}
+	t.log.Info("kept a local copy of the committed checkpoint", zap.String("id", m.ID), zap.Int64("step", m.Step),
+		zap.Int("files", len(files)), zap.Int("copied", copied), zap.Int64("bytes", bytes))
+	t.prune(dir)
+	return nil
+}
+
+// partFiles are the files of m a node keeps, and their bytes.
+func partFiles(m *checkpoint.Manifest, part string) ([]checkpoint.File, int64) {
+	var out []checkpoint.File
+	var n int64
+	for _, f := range m.Files {
+		if f.Part == part || len(m.Parts) == 0 {
+			out = append(out, f)
+			n += f.Size
+		}
+	}
+	return out, n
+}
+
+// keepFile puts f (src/f.Path below the parent) at tmp/f.Path below dir: a
+// hard link (true), or a copy checked against f where the link fails
+// (another file system, fs.protected_hardlinks).
+func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File) (bool, error) {
+	if d := path.Dir(f.Path); d != "." {
+		if err := dir.MkdirAll(path.Join(tmp, d), 0o700); err != nil {
+			return false, err
+		}
+	}
+	from := path.Join(src, f.Path)
+	// os.Root.Link links a symlink itself, never its target: such a
+	// copy is refused when it is read back (OpenRegular).
+	if err := t.parent.Link(from, path.Join(t.rel, tmp, f.Path)); err == nil {
+		return true, nil
+	}
+	in, err := checkpoint.OpenRegular(t.parent, from, f.Size)
+	if err != nil {
+		return false, err
+	}
+	defer in.Close()
+	out, err := dir.OpenFile(path.Join(tmp, f.Path), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false, err
+	}
+	defer out.Close()
+	if err := verifyCopy(out, in, f); err != nil {
+		return false, err
+	}
+	return false, out.Close()
+}
+
+// verifyCopy copies r to w, checking it against f.
+func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {
+	return f.Verify(io.TeeReader(r, w))
+}
+
+// prune drops the copies beyond the budget: beyond Keep, highest step
+// first, and beyond MaxBytes, oldest first.
+func (t *Tier) prune(dir *os.Root) {
+	var kept []string
+	for _, n := range names(dir) {
+		if isCopy(n) {
+			kept = append(kept, n)
+		}
+	}
+	// Names are <step:012d>-<id>: by name is by step.
+	slices.Sort(kept)
+	slices.Reverse(kept)
+	var total int64
+	for i, n := range kept {
+		size := dirBytes(dir, n)
+		total += size
+		if i < t.opts.Keep && (t.opts.MaxBytes <= 0 || total <= t.opts.MaxBytes) {
+			continue
+		}
+		if err := dir.RemoveAll(n); err != nil {
+			t.log.Warn("local tier: could not drop an old copy", zap.String("dir", n), zap.Error(err))
+			continue
+		}
+		t.log.Info("local tier: dropped an old copy", zap.String("dir", n), zap.Int64("bytes", size))
+	}
+}
+
+// dirBytes is the size of the regular files below name.
+func dirBytes(dir *os.Root, name string) int64 {
+	var n int64
+	fs.WalkDir(dir.FS(), name, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// isCopy reports whether name is a kept copy's: <step:012d>-<id>.
+func isCopy(name string) bool {
+	step, id, ok := strings.Cut(name, "-")
+	if !ok || len(step) != 12 || !checkpoint.ValidID(id) {
+		return false
+	}
+	return strings.Trim(step, "0123456789") == ""
+}
+
+// names lists dir's entries; what cannot be read is left out.
+func names(dir *os.Root) []string {
+	f, err := dir.Open(".")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	n, _ := f.Readdirnames(-1)
+	return n
+}

@@ -1,0 +1,354 @@
+package localtier
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// countingStore counts the bytes read from each object.
+type countingStore struct {
+	cloud.Store
+	mu   sync.Mutex
+	read map[string]int64
+}
+
+func (c *countingStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	rc, err := c.Store.Get(ctx, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return &countedBody{ReadCloser: rc, c: c, key: key}, nil
+}
+
+type countedBody struct {
+	io.ReadCloser
+	c   *countingStore
+	key string
+}
+
+func (b *countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.c.mu.Lock()
+	b.c.read[b.key] += int64(n)
+	b.c.mu.Unlock()
+	return n, err
+}
+
+// dataRead is the bytes read from objects other than manifests and
+// latest.json, by key.
+func (c *countingStore) dataRead() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int64{}
+	for k, n := range c.read {
+		if n > 0 && !strings.HasSuffix(k, "manifest.json") && k != checkpoint.LatestKey {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// rig is a checkpoint directory (the tier's parent), a store and a tier.
+type rig struct {
+	t      *testing.T
+	dir    string
+	parent *os.Root
+	st     *countingStore
+	tier   *Tier
+}
+
+func newRig(t *testing.T, opts Options) *rig {
+	t.Helper()
+	dir := t.TempDir()
+	parent, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { parent.Close() })
+	tier, err := Open(parent, "area/committed", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, dir: dir, parent: parent, st: &countingStore{Store: storesim.New(), read: map[string]int64{}}, tier: tier}
+}
+
+var files = []string{"model.bin", "optim/rank0.bin", "meta.json"}
+
+// save writes a trainer's request directory for step and returns its
+// files' contents.
+func (r *rig) save(name string, step int64) map[string][]byte {
+	r.t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(step), 1))
+	out := map[string][]byte{}
+	for i, f := range files {
+		b := make([]byte, 100_000*(i+1))
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		p := filepath.Join(r.dir, name, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			r.t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			r.t.Fatal(err)
+		}
+		out[f] = b
+	}
+	return out
+}
+
+// commit commits request directory name as checkpoint id at step.
+func (r *rig) commit(name, id string, step int64) *checkpoint.Manifest {
+	r.t.Helper()
+	c := &checkpoint.Committer{Store: r.st.Store, RunID: "run"}
+	res, err := c.Commit(context.Background(), checkpoint.Request{Dir: filepath.Join(r.dir, name), ID: id, Step: step, Reason: "periodic"})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return res.Manifest
+}
+
+// saveCommitKeep is what the agent does: the trainer saves, the commit
+// lands, the tier keeps the files, the request directory goes.
+func (r *rig) saveCommitKeep(id string, step int64) (*checkpoint.Manifest, map[string][]byte) {
+	r.t.Helper()
+	want := r.save("req-"+id, step)
+	m := r.commit("req-"+id, id, step)
+	if err := r.tier.Keep(context.Background(), "req-"+id, m, ""); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(r.dir, "req-"+id)); err != nil {
+		r.t.Fatal(err)
+	}
+	return m, want
+}
+
+func (r *rig) restore() *checkpoint.Restored {
+	r.t.Helper()
+	res, err := checkpoint.Restore(context.Background(), r.st, filepath.Join(r.dir, "area", "restore"), checkpoint.RestoreOptions{Tiers: []checkpoint.Tier{r.tier}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return res
+}
+
+func (r *rig) keptPath(m *checkpoint.Manifest, f string) string {
+	return filepath.Join(r.dir, "area", "committed", dirName(m), f)
+}
+
+func checkFiles(t *testing.T, dir string, want map[string][]byte) {
+	t.Helper()
+	for f, b := range want {
+		got, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, b) {
+			t.Fatalf("%s: restored content differs", f)
+		}
+	}
+}
+
+func TestRestoreFromLocal(t *testing.T) {
+	r := newRig(t, Options{})
+	m, want := r.saveCommitKeep("c1", 10)
+	res := r.restore()
+	if got := r.st.dataRead(); len(got) != 0 {
+		t.Fatalf("data read from the store: %v, want none", got)
+	}
+	if got, want := res.From[checkpoint.FromLocal], m.Bytes(); got != want {
+		t.Fatalf("From[local]=%d, want %d", got, want)
+	}
+	if got := res.From[checkpoint.FromStore]; got != 0 {
+		t.Fatalf("From[store]=%d, want 0", got)
+	}
+	checkFiles(t, res.Dir, want)
+}
+
+func TestDamagedLocalFileComesFromStore(t *testing.T) {
+	damage := map[string]func(p string) error{
+		"corrupt": func(p string) error {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			b[len(b)/2] ^= 0xff
+			return os.WriteFile(p, b, 0o600) // in place: the same size
+		},
+		"truncated": func(p string) error { return os.Truncate(p, 10) },
+		"missing":   os.Remove,
+		"symlink": func(p string) error {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return os.Symlink("../../../elsewhere", p)
+		},
+	}
+	for name, fn := range damage {
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, Options{})
+			m, want := r.saveCommitKeep("c1", 10)
+			bad := m.Files[slices.IndexFunc(m.Files, func(f checkpoint.File) bool { return f.Path == "optim/rank0.bin" })]
+			if err := fn(r.keptPath(m, bad.Path)); err != nil {
+				t.Fatal(err)
+			}
+			res := r.restore()
+			got := r.st.dataRead()
+			if len(got) != 1 || got[bad.Key] != bad.Size {
+				t.Fatalf("data read from the store: %v, want only %s (%d bytes)", got, bad.Key, bad.Size)
+			}
+			if res.From[checkpoint.FromStore] != bad.Size || res.From[checkpoint.FromLocal] != m.Bytes()-bad.Size {
+				t.Fatalf("From=%v, want store %d, local %d", res.From, bad.Size, m.Bytes()-bad.Size)
+			}
+			checkFiles(t, res.Dir, want)
+		})
+	}
+}
+
+// A trainer that rewrites a file of its request directory in place after
+// the commit changes the kept copy too (a hard link): restore sees it.
+func TestRewrittenInPlaceAfterKeep(t *testing.T) {
+	r := newRig(t, Options{})
+	want := r.save("req", 10)
+	m := r.commit("req", "c1", 10)
+	if err := r.tier.Keep(context.Background(), "req", m, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "req", "model.bin"), bytes.Repeat([]byte{7}, len(want["model.bin"])), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := r.restore()
+	if got := r.st.dataRead(); len(got) != 1 {
+		t.Fatalf("data read from the store: %v, want model.bin only", got)
+	}
+	checkFiles(t, res.Dir, want)
+}
+
+func TestNewerCommitInStoreWins(t *testing.T) {
+	r := newRig(t, Options{})
+	r.saveCommitKeep("c1", 10)
+	want := r.save("req-c2", 20) // committed by another machine: not kept here
+	m2 := r.commit("req-c2", "c2", 20)
+	res := r.restore()
+	if res.Manifest.Step != 20 {
+		t.Fatalf("restored step %d, want 20", res.Manifest.Step)
+	}
+	if got := res.From[checkpoint.FromStore]; got != m2.Bytes() {
+		t.Fatalf("From[store]=%d, want %d", got, m2.Bytes())
+	}
+	checkFiles(t, res.Dir, want)
+}
+
+// A newer save that never committed (the request directory, a copy
+// staged by a Keep that was cut short, or a copy of a checkpoint the
+// store has no manifest for) is never restored.
+func TestUncommittedNewerLocalNeverUsed(t *testing.T) {
+	r := newRig(t, Options{})
+	_, want := r.saveCommitKeep("c1", 10)
+	r.save("req-c3", 30) // the trainer's half-written newer save
+	newer := &checkpoint.Manifest{Step: 30, ID: "c3"}
+	for _, d := range []string{staging + "x", dirName(newer)} {
+		if err := os.CopyFS(filepath.Join(r.dir, "area", "committed", d), os.DirFS(filepath.Join(r.dir, "req-c3"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tier, err := Open(r.parent, "area/committed", Options{}) // a restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tier = tier
+	if _, err := os.Stat(filepath.Join(r.dir, "area", "committed", staging+"x")); !os.IsNotExist(err) {
+		t.Fatalf("a staged copy survived Open: %v", err)
+	}
+	res := r.restore()
+	if res.Manifest.Step != 10 {
+		t.Fatalf("restored step %d, want 10", res.Manifest.Step)
+	}
+	if got := r.st.dataRead(); len(got) != 0 {
+		t.Fatalf("data read from the store: %v, want none", got)
+	}
+	checkFiles(t, res.Dir, want)
+}
+
+func TestBudget(t *testing.T) {
+	kept := func(r *rig) []string {
+		var out []string
+		for _, n := range names(must(r.tier.dir())) {
+			out = append(out, n)
+		}
+		slices.Sort(out)
+		return out
+	}
+	t.Run("newest only by default", func(t *testing.T) {
+		r := newRig(t, Options{})
+		r.saveCommitKeep("c1", 10)
+		r.saveCommitKeep("c3", 30)
+		r.saveCommitKeep("c2", 20) // a rollback: step 30 is still the newest
+		if got, want := kept(r), []string{"000000000030-c3"}; !slices.Equal(got, want) {
+			t.Fatalf("kept %v, want %v", got, want)
+		}
+	})
+	t.Run("keep 2", func(t *testing.T) {
+		r := newRig(t, Options{Keep: 2})
+		for i, id := range []string{"c1", "c2", "c3"} {
+			r.saveCommitKeep(id, int64(10*(i+1)))
+		}
+		if got, want := kept(r), []string{"000000000020-c2", "000000000030-c3"}; !slices.Equal(got, want) {
+			t.Fatalf("kept %v, want %v", got, want)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		r := newRig(t, Options{Keep: 5, MaxBytes: 700_000}) // one checkpoint is 600,000 bytes
+		r.saveCommitKeep("c1", 10)
+		r.saveCommitKeep("c2", 20)
+		if got, want := kept(r), []string{"000000000020-c2"}; !slices.Equal(got, want) {
+			t.Fatalf("kept %v, want %v", got, want)
+		}
+		r.tier.opts.MaxBytes = 500_000
+		r.saveCommitKeep("c3", 30) // larger than the budget: not kept, and the older copy stays
+		if got, want := kept(r), []string{"000000000020-c2"}; !slices.Equal(got, want) {
+			t.Fatalf("kept %v, want %v", got, want)
+		}
+	})
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// Keep links, never copies, on one file system: the kept copy costs no
+// bytes while the request directory exists, and no write at all.
+func TestKeepLinks(t *testing.T) {
+	r := newRig(t, Options{})
+	r.save("req", 10)
+	m := r.commit("req", "c1", 10)
+	if err := r.tier.Keep(context.Background(), "req", m, ""); err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.Stat(filepath.Join(r.dir, "req", "model.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.Stat(r.keptPath(m, "model.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(a, b) {
+		t.Fatal("kept file is a copy, want a hard link")
+	}
+}
