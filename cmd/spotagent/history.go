@@ -125,13 +125,17 @@ func printJournal(out io.Writer, j *checkpoint.Journal) {
 	if nodes {
 		fmt.Fprint(w, "NODE\t")
 	}
-	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tTOOK\tSKIPPED\t")
+	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tFROM\tSTORE BYTES\tTOOK\tSKIPPED\t")
 	for _, r := range j.Restores {
 		if nodes {
 			fmt.Fprintf(w, "%s\t", orDash(r.Node))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
-			schedule.HumanBytes(r.Bytes), seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
+		storeBytes := "-" // a journal from before sources were recorded
+		if r.From != nil {
+			storeBytes = schedule.HumanBytes(r.From[checkpoint.FromStore])
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
+			schedule.HumanBytes(r.Bytes), orDash(r.Sources()), storeBytes, seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
 	}
 	w.Flush()
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -169,6 +171,7 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 			secs(g.Seconds[checkpoint.BucketLost]+g.Seconds[checkpoint.BucketRestore]+g.Seconds[checkpoint.BucketBetween]),
 			secs(g.Seconds[checkpoint.BucketLost]), secs(g.Seconds[checkpoint.BucketRestore]), secs(g.Seconds[checkpoint.BucketBetween]))
 	}
+	writeRestoreSources(w, j.Restores)
 	if m != nil {
 		fmt.Fprintf(w, "spend %.2f at %.4g/h, of which %.2f wasted by interruptions", m.Spend, m.PricePerHour, m.Wasted)
 		if m.OnDemand > 0 {
@@ -260,4 +263,30 @@ func reportPromise(j *checkpoint.Journal, margin time.Duration) *supervisor.Prom
 		}
 	}
 	return supervisor.DescribePromise(supervisor.PromiseFromJournal(j), own, margin)
+}
+
+// writeRestoreSources says where the run's restores read their bytes
+// (#38): how many came from each source, and the bytes from each.
+func writeRestoreSources(w io.Writer, rs []checkpoint.RestoreEntry) {
+	count, bytes := map[string]int{}, map[string]int64{}
+	for _, r := range rs {
+		if r.From == nil {
+			continue // a journal from before sources were recorded
+		}
+		count[orDash(r.Sources())]++
+		for s, n := range r.From {
+			bytes[s] += n
+		}
+	}
+	if len(count) == 0 {
+		return
+	}
+	var by, read []string
+	for _, s := range slices.Sorted(maps.Keys(count)) {
+		by = append(by, fmt.Sprintf("%d from %s", count[s], s))
+	}
+	for _, s := range slices.Sorted(maps.Keys(bytes)) {
+		read = append(read, fmt.Sprintf("%s from %s", schedule.HumanBytes(bytes[s]), s))
+	}
+	fmt.Fprintf(w, "restores: %s; read %s\n", strings.Join(by, ", "), strings.Join(read, ", "))
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +98,26 @@ type RestoreEntry struct {
 	// Node is the part of a multi-node job whose agent restored
 	// (node-<k>); empty for a single-node run.
 	Node string `json:"node,omitempty"`
+	// From is the bytes restored from each source (Restored.From:
+	// "local", "store"); empty in journals written before it.
+	From map[string]int64 `json:"from,omitempty"`
+}
+
+// Sources says where a restore's bytes came from, nearest first (the
+// store last): "local", "store", "local+store"; "" when the journal does
+// not say or nothing was read.
+func (e RestoreEntry) Sources() string {
+	var out []string
+	for s, n := range e.From {
+		if n > 0 && s != FromStore {
+			out = append(out, s)
+		}
+	}
+	sort.Strings(out)
+	if e.From[FromStore] > 0 {
+		out = append(out, FromStore)
+	}
+	return strings.Join(out, "+")
 }
 
 // Stats are the running measurements a restarted run starts from.

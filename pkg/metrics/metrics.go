@@ -35,6 +35,7 @@ type Metrics struct {
 	errors          *prometheus.CounterVec
 	restoreSeconds  prometheus.Gauge
 	restoreBytes    prometheus.Gauge
+	restoreFrom     *prometheus.GaugeVec
 	readyGauge      prometheus.Gauge
 	goodputRatio    prometheus.Gauge
 	goodputSeconds  *prometheus.GaugeVec
@@ -121,6 +122,10 @@ func New() *Metrics {
 			Name: "spotagent_restore_bytes",
 			Help: "Bytes restored at start.",
 		}),
+		restoreFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spotagent_restore_source_bytes",
+			Help: "Bytes of the restore at start by where they came from: local (this machine's copy) or store.",
+		}, []string{"source"}),
 		goodputRatio: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spotagent_goodput_ratio",
 			Help: "Productive training time over the run's wall time, from the run journal (docs/goodput.md).",
@@ -167,7 +172,7 @@ func New() *Metrics {
 	m.reg.MustRegister(
 		m.notices, m.noticeToRequest, m.phase, m.uploadedBytes, m.throughput,
 		m.lastStep, m.lastCommitted, m.interval, m.commitFailures, m.errors,
-		m.restoreSeconds, m.restoreBytes, m.readyGauge, m.goodputRatio, m.goodputSeconds,
+		m.restoreSeconds, m.restoreBytes, m.restoreFrom, m.readyGauge, m.goodputRatio, m.goodputSeconds,
 		m.instanceInfo, m.noticeCheckpoints, m.noticeToCommitted, m.noticeLead,
 		m.noticePredicted, m.noticeBudget, m.noticeFits,
 		collectors.NewGoCollector(),
@@ -277,6 +282,17 @@ func (m *Metrics) Error(component string) { m.errors.WithLabelValues(component).
 func (m *Metrics) Restored(bytes int64, d time.Duration) {
 	m.restoreBytes.Set(float64(bytes))
 	m.restoreSeconds.Set(d.Seconds())
+}
+
+// RestoredFrom records where the restore at start read its bytes
+// (checkpoint.Restored.From): local and store are always exported.
+func (m *Metrics) RestoredFrom(from map[string]int64) {
+	m.restoreFrom.Reset()
+	m.restoreFrom.WithLabelValues(checkpoint.FromLocal).Set(0)
+	m.restoreFrom.WithLabelValues(checkpoint.FromStore).Set(0)
+	for s, n := range from {
+		m.restoreFrom.WithLabelValues(s).Set(float64(n))
+	}
 }
 
 // Goodput exports the run's goodput accounting (checkpoint.Account).
