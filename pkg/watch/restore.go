@@ -53,6 +53,9 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 	if err != nil {
 		return nil, fmt.Errorf("restore into %s: %w", w.cfg.Dir, err)
 	}
+	// DIR's own copy of the checkpoint, if it is still there, first: only
+	// what it lacks, or what differs, is read from the store.
+	opts.Tiers = append([]checkpoint.Tier{w.Tier()}, opts.Tiers...)
 	r, err := checkpoint.RestoreInto(ctx, st, into, filepath.Join(w.cfg.Dir, tmp), opts)
 	into.Close()
 	if err != nil {
