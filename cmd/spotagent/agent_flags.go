@@ -45,6 +45,8 @@ type agentOptions struct {
 	restoreSerial                                             bool                    // run: restore before the trainer starts
 	node                                                      string                  // the part name nodeRank gives
 	fleet                                                     string                  // --fleet (fleet_store.go)
+	localKeep                                                 int                     // the local tier (#38): copies kept, 0 off
+	localMaxBytes                                             int64
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -73,6 +75,8 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	fs.DurationVar(&o.maxInterval, "max-interval", schedule.DefaultMaxInterval, "longest adaptive interval")
 	fs.Float64Var(&o.interruptionRate, "interruption-rate", schedule.DefaultInterruptionRate, "prior interruptions per hour, for the adaptive interval")
 	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
+	fs.IntVar(&o.localKeep, "local-keep", 1, "committed checkpoints kept on this machine, in the checkpoint directory, for a restart here to restore from without the store (every file verified by CRC32C); 0: none")
+	fs.Int64Var(&o.localMaxBytes, "local-max-bytes", 0, "bound on the bytes --local-keep keeps; a larger checkpoint is not kept (0: no bound)")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
 	fs.DurationVar(&o.margin, "margin", schedule.DefaultMargin, "safety margin kept before a notice deadline")
@@ -93,7 +97,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
-	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep", "fleet")
+	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep", "local-keep", "local-max-bytes", "fleet")
 	inGroup(fs, groupTrainer, "term-grace", "kill-after")
 	inGroup(fs, groupSecurity, "socket", "socket-mode", "allow-uid", "max-connections", "fence-interval")
 	inGroup(fs, groupOutput, "metrics-addr", "log-format", "log-level")
@@ -179,6 +183,9 @@ func (o *agentOptions) check(node bool) error {
 	}
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
+	}
+	if o.localKeep < 0 || o.localMaxBytes < 0 {
+		return fmt.Errorf("--local-keep and --local-max-bytes must not be negative")
 	}
 	if o.fleet != "" && o.fleet != fleetOff {
 		if err := all.CheckURI(o.fleet); err != nil {
