@@ -1,6 +1,11 @@
 package supervisor
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,11 +23,20 @@ import (
 // ranks (their connections close, so the other nodes' ranks fail at once
 // and their agents take the same path) and exits 75 after the crash
 // records are read.
+//
+// A sidecar (no child) cannot signal the trainer container's processes: it
+// creates peerLostFile beside its socket, in the directory the trainer
+// container shares, and the trainer's script (deploy/kubernetes/
+// multinode-job.yaml) ends torchrun and exits 75 when it appears.
+
+// peerLostFile is the sidecar's word to the trainer container's script.
+const peerLostFile = "peer-lost"
 
 // startLiveness starts the heartbeats at the first hello of a rank of a
-// multi-node job run by this agent's child (the hello says how many nodes).
+// multi-node job (the hello says how many nodes) run by this agent's child
+// or beside this sidecar.
 func (a *Agent) startLiveness(m protocol.Message) {
-	if a.live != nil || a.cfg.Liveness.Timeout < 0 || !a.partMode() || len(a.cfg.Command) == 0 || m.Nodes == nil || *m.Nodes < 2 {
+	if a.live != nil || a.cfg.Liveness.Timeout < 0 || !a.partMode() || a.cfg.Watch != nil || m.Nodes == nil || *m.Nodes < 2 {
 		return
 	}
 	k, err := ParseNodeRank(a.cfg.Node[len("node-"):])
@@ -52,6 +66,10 @@ func (a *Agent) liveSilent() <-chan liveness.Silence {
 // stop sequence, no verdict yet), that is a lost peer: end the ranks.
 func (a *Agent) onPeerSilent(s liveness.Silence) {
 	silent := time.Since(s.Since).Round(time.Millisecond)
+	if len(a.cfg.Command) == 0 && a.stopping == nil {
+		a.tellTrainerPeerLost(s, silent)
+		return
+	}
 	if a.childDone == nil || a.stopping != nil || a.ranks.verdict != "" {
 		a.log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
 		return
@@ -70,4 +88,25 @@ func (a *Agent) stopLiveness() {
 	if a.live != nil {
 		a.live.Close()
 	}
+}
+
+// tellTrainerPeerLost creates peerLostFile beside the socket (a sidecar's
+// trainer container shares that directory). Created exclusively and never
+// through a symlink: one the trainer planted there is left alone.
+func (a *Agent) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
+	p := filepath.Join(filepath.Dir(a.cfg.Server.Path), peerLostFile)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+	if err == nil {
+		_, err = f.WriteString("75\n")
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		a.log.Error("a neighbour node's agent is silent, but the trainer container cannot be told", zap.String("path", p), zap.Error(err))
+		return
+	}
+	a.cfg.Metrics.Error("peer_silent")
+	a.log.Warn("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
+		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent), zap.String("path", p))
 }

@@ -2,6 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/liveness"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // startSilentPeerJob is node 0 of a two-node job (launcherJob) with the
@@ -56,5 +60,52 @@ func TestAgent_PeerThatLeavesIsNoLoss(t *testing.T) {
 	case code := <-j.ar.done:
 		t.Fatalf("agent exited %d after its neighbour left in order", code)
 	default:
+	}
+}
+
+// A sidecar cannot signal the trainer container: on a silent neighbour it
+// creates peer-lost beside its socket, where the trainer's script looks.
+// A symlink planted there is not written through.
+func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
+	for _, planted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("symlink=%v", planted), func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			lc := liveness.Config{Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond}
+			ar := startAgent(t, func(c *Config) { c.Node, c.Liveness, c.Log = NodePart(0), lc, zap.New(core) })
+			lost := filepath.Join(filepath.Dir(ar.cfg.Server.Path), peerLostFile)
+			target := filepath.Join(shortDir(t), "target")
+			if planted {
+				mustWrite(t, target, "mine")
+				if err := os.Symlink(target, lost); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 2, "local_world_size": 1,
+				"node_rank": 0, "nodes": 2})
+			tr.expect(protocol.TypeWelcome)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			peer := lc
+			peer.Store, peer.RunID, peer.Node, peer.Nodes, peer.Session = ar.store, ar.cfg.RunID, 1, 2, "peer-session"
+			if _, err := liveness.Start(ctx, peer); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the sidecar to hear node 1", func() bool { return logs.FilterMessage("liveness: a neighbour heard").Len() > 0 })
+			cancel()
+			if planted {
+				waitFor(t, "the silence", func() bool {
+					return logs.FilterMessageSnippet("a neighbour node's agent is silent").Len() > 0
+				})
+				if b, _ := os.ReadFile(target); string(b) != "mine" {
+					t.Fatalf("written through the planted symlink: %q", b)
+				}
+				return
+			}
+			waitFor(t, "peer-lost beside the socket", func() bool {
+				b, err := os.ReadFile(lost)
+				return err == nil && string(b) == "75\n"
+			})
+		})
 	}
 }
