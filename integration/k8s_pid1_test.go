@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // Issue #37 items 2 and 3: the trainer container of the shipped multi-node
@@ -124,6 +125,56 @@ func startPID1Trainer(t *testing.T, c corev1.Container, k, port int, sock, dir s
 	return &pid1Trainer{p: startCmd(t, cmd), exitFile: exitFile}
 }
 
+// startPID1Job starts a job of ddpNodes pods: in each, a sidecar agent and
+// the manifest's trainer container c as PID 1 of a PID namespace.
+func startPID1Job(t *testing.T, c corev1.Container, name string, agentArgs ...string) ([]*proc, []*pid1Trainer, cloud.Store) {
+	t.Helper()
+	env, uri, st := s3Store(t, name)
+	dir := shortTemp(t)
+	port := freePort(t)
+	var sidecars []*proc
+	var trainers []*pid1Trainer
+	for k := 0; k < ddpNodes; k++ {
+		sock := filepath.Join(dir, fmt.Sprintf("s%d", k), "agent.sock") // the pod's agent-socket volume
+		if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		sidecars = append(sidecars, start(t, env, append([]string{"sidecar", "--store", uri, "--run-id", "it",
+			"--checkpoint-dir", filepath.Join(dir, fmt.Sprintf("n%d", k)), "--socket", sock,
+			"--cloud", "none", "--log-format", "json", "--node-rank", strconv.Itoa(k),
+			"--interval", "1h", "--term-grace", "50s", "--kill-after", "5s"}, agentArgs...)...))
+		waitFile(t, sock, time.Minute)
+		trainers = append(trainers, startPID1Trainer(t, c, k, port, sock, dir, ddpEnv(50)))
+	}
+	return sidecars, trainers, st
+}
+
+// tree is pid and every process below it (from /proc).
+func tree(pid int) []int {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 1 {
+			pp, _ := strconv.Atoi(f[1])
+			children[pp] = append(children[pp], p)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
+}
+
 func writeExec(t *testing.T, path, body string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
@@ -152,20 +203,7 @@ func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
 	const grace = 110 * time.Second // the manifest's terminationGracePeriodSeconds
 	for _, order := range []string{"trainer-first", "all-at-once"} {
 		t.Run(order, func(t *testing.T) {
-			env, uri, st := s3Store(t, "pid1-"+order)
-			dir := shortTemp(t)
-			port := freePort(t)
-			var sidecars []*proc
-			var trainers []*pid1Trainer
-			for k := 0; k < ddpNodes; k++ {
-				sock := filepath.Join(dir, fmt.Sprintf("n%d.sock", k))
-				sidecars = append(sidecars, start(t, env, "sidecar", "--store", uri, "--run-id", "it",
-					"--checkpoint-dir", filepath.Join(dir, fmt.Sprintf("n%d", k)), "--socket", sock,
-					"--cloud", "none", "--log-format", "json", "--node-rank", strconv.Itoa(k),
-					"--interval", "1h", "--term-grace", "50s", "--kill-after", "5s"))
-				waitFile(t, sock, time.Minute)
-				trainers = append(trainers, startPID1Trainer(t, c, k, port, sock, dir, ddpEnv(50)))
-			}
+			sidecars, trainers, st := startPID1Job(t, c, "pid1-"+order)
 			trainers[1].p.waitLine(`rank 2 step 30\b`, 3*time.Minute)
 			t0 := time.Now()
 			if err := syscall.Kill(trainers[1].init(t), syscall.SIGTERM); err != nil {
@@ -205,5 +243,45 @@ func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
 			}
 			jobCheckpoint(t, m)
 		})
+	}
+}
+
+// TestK8sPID1_SilentNodeTrainerExits75: node 1's pod stops answering (its
+// sidecar and its trainer container's every process SIGSTOPped: no RST).
+// Node 0's sidecar finds node 1's silent and creates peer-lost beside its
+// socket; node 0's trainer script ends torchrun, whose ranks wait in a
+// collective, and exits 75, well before the ranks' 60 s process-group
+// timeout.
+func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
+	requirePython(t, true)
+	if os.Geteuid() != 0 {
+		t.Skip("a PID namespace (unshare --pid) needs root")
+	}
+	c := manifestTrainer(t, "deploy/kubernetes/multinode-job.yaml")
+	sidecars, trainers, _ := startPID1Job(t, c, "pid1-silent")
+	trainers[1].p.waitLine(`rank 2 step 30\b`, 3*time.Minute)
+	for _, s := range sidecars {
+		s.waitEntry("liveness: a neighbour heard", time.Second, nil)
+	}
+	stopped := append(tree(trainers[1].p.cmd.Process.Pid), sidecars[1].cmd.Process.Pid)
+	t.Cleanup(func() {
+		for _, p := range stopped {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	t0 := time.Now()
+	for _, p := range stopped {
+		syscall.Kill(p, syscall.SIGSTOP)
+	}
+	code := trainers[0].p.wait(2 * time.Minute)
+	took := time.Since(t0)
+	t.Logf("node 1 stopped: node 0's trainer container exited %d after %s", code, took.Round(time.Millisecond))
+	if code != exitInterrupted {
+		t.Fatalf("node 0's trainer container exited %d, want %d", code, exitInterrupted)
+	}
+	sidecars[0].waitEntry("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
+		time.Second, func(e logEntry) bool { return e.num("peer_node") == 1 })
+	if took > 50*time.Second {
+		t.Errorf("node 0's trainer container took %s, want well under the ranks' 60 s process-group timeout", took)
 	}
 }
