@@ -92,9 +92,14 @@ type Monitor struct {
 	cfg    Config
 	conn   *net.UDPConn
 	silent chan Silence
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	log    *zap.Logger
+	// unheardAfter: a neighbour whose record was read but who is not heard
+	// this long after the start is worth a warning (a firewall on the UDP
+	// port leaves the job unwatched, never falsely lost).
+	unheardAfter time.Duration
+	begun        time.Time
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	log          *zap.Logger
 
 	mu      sync.Mutex
 	token   []byte // nil until read from the store
@@ -114,6 +119,7 @@ type peer struct {
 	heard   time.Time // zero: never heard, not watched
 	left    bool      // it said it leaves
 	silent  bool      // reported
+	warned  bool      // not heard: said so
 }
 
 // Neighbours are node's ring neighbours among nodes, without duplicates
@@ -162,7 +168,7 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	m := &Monitor{
 		cfg: cfg, conn: conn, cancel: cancel, log: cfg.Log.With(zap.Int("node", cfg.Node)),
-		started: time.Now().UnixNano(), peers: map[int]*peer{},
+		started: time.Now().UnixNano(), peers: map[int]*peer{}, unheardAfter: time.Minute, begun: time.Now(),
 	}
 	nb := Neighbours(cfg.Node, cfg.Nodes)
 	m.silent = make(chan Silence, len(nb))
@@ -278,6 +284,11 @@ func (m *Monitor) sendLocked(leave bool) {
 // checkLocked reports the neighbours heard once and silent since Timeout.
 func (m *Monitor) checkLocked(now time.Time) {
 	for n, p := range m.peers {
+		if p.heard.IsZero() && !p.warned && len(p.record) > 0 && now.Sub(m.begun) > m.unheardAfter {
+			p.warned = true
+			m.log.Warn("liveness: a neighbour's agent is not heard: its loss would go unseen (is UDP reachable between the nodes?)",
+				zap.Int("peer", n), zap.Stringers("peer_addrs", p.record), zap.Int("listen_port", m.Addr().Port))
+		}
 		if p.heard.IsZero() || p.left || p.silent || now.Sub(p.heard) < m.cfg.Timeout {
 			continue
 		}

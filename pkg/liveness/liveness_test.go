@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -303,5 +305,41 @@ func TestEnsureToken(t *testing.T) {
 	}
 	if string(a) != string(b) || len(a) != 64 {
 		t.Fatalf("tokens %q and %q, want one of 64 hex digits", a, b)
+	}
+}
+
+// A neighbour whose record names an address nobody answers on (a firewall
+// on the UDP port) is warned about once, and never reported silent.
+func TestMonitor_UnheardNeighbourWarned(t *testing.T) {
+	st := newStore(t)
+	dead, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close() // bound, never read: the packets go nowhere
+	if err := putJSON(context.Background(), st, recordKey(1), record{Node: 1, Session: "x", Addrs: []string{dead.LocalAddr().String()}}); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, err := Start(ctx, Config{Store: st, RunID: "job", Node: 0, Nodes: 2, Session: "s0", Listen: "127.0.0.1:0",
+		Advertise: []string{"127.0.0.1"}, Interval: testInterval, Timeout: testTimeout, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	m.unheardAfter = 3 * testTimeout
+	m.mu.Unlock()
+	waitFor(t, "the warning", func() bool { return logs.FilterMessageSnippet("is not heard").Len() == 1 })
+	select {
+	case s := <-m.Silent():
+		t.Fatalf("node %d reported silent, never having been heard", s.Node)
+	default:
+	}
+	cancel()
+	m.wg.Wait()
+	if n := logs.FilterMessageSnippet("is not heard").Len(); n != 1 {
+		t.Fatalf("warned %d times, want once", n)
 	}
 }
