@@ -621,6 +621,8 @@ func (a *Agent) exitCodeFor(code int) int {
 		// committed and every rank was told to stop: run me again.
 		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
+	case code == 1 && a.partMode():
+		return a.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
 	}
 	return code
 }
