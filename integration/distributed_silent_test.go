@@ -56,10 +56,11 @@ func TestDistributed_SilentNodeEndsJob(t *testing.T) {
 }
 
 // TestDistributed_StoppedTrainerIsNoLoss: the agents heartbeat, not the
-// ranks. Node 1's torchrun and both its ranks SIGSTOPped for three times
-// --peer-timeout (a long save, a data-loader stall, a straggler, a GC
-// pause: node 0's ranks wait in a collective meanwhile) is no loss: the job
-// trains on once they continue, and both agents exit 0.
+// ranks. One rank of node 1 SIGSTOPped (a straggler, a GC pause: every
+// other rank waits in a long collective), then node 1's torchrun and both
+// its ranks (a long save, a data-loader stall), each for three times
+// --peer-timeout, is no loss: the job trains on once they continue, and
+// both agents exit 0.
 func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 	requirePython(t, true)
 	dir := shortTemp(t)
@@ -71,10 +72,20 @@ func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 		a.waitEntry("liveness: a neighbour heard", time.Second, nil)
 	}
 	pid := int(agents[1].waitEntry("trainer started", time.Second, nil).num("pid"))
-	syscall.Kill(-pid, syscall.SIGSTOP)
-	stopped := time.Now()
-	waitUntil(t, "three peer timeouts", func() bool { return time.Since(stopped) > 3*timeout })
-	syscall.Kill(-pid, syscall.SIGCONT)
+	pause := func(what string, stop, cont func()) {
+		t.Helper()
+		stop()
+		stopped := time.Now()
+		waitUntil(t, what+" stopped for three peer timeouts", func() bool { return time.Since(stopped) > 3*timeout })
+		cont()
+	}
+	// A straggler: one rank of node 1 stopped, every other rank waiting
+	// for it in a collective.
+	rank := tree(pid)[len(tree(pid))-1]
+	pause("one rank", func() { syscall.Kill(rank, syscall.SIGSTOP) }, func() { syscall.Kill(rank, syscall.SIGCONT) })
+	agents[1].waitLine(`rank 2 step 60\b`, 3*time.Minute)
+	// The whole trainer: torchrun and both ranks.
+	pause("node 1's trainer", func() { syscall.Kill(-pid, syscall.SIGSTOP) }, func() { syscall.Kill(-pid, syscall.SIGCONT) })
 	for k, a := range agents {
 		if code := a.wait(3 * time.Minute); code != 0 {
 			t.Fatalf("node %d: agent exited %d after node 1's trainer was stopped %s and continued, want 0", k, code, 3*timeout)
