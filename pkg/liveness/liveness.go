@@ -18,7 +18,8 @@
 // incarnation) costs nothing: the neighbour writes its own before it reads
 // ours, so the later of the two always finds the other, and the earlier
 // one learns the later one's address from its first heartbeat. The store
-// sees three requests per node at start and none after.
+// sees at most five requests per node at start (the token, the record, two
+// neighbours' records) and none after.
 //
 // Every packet carries an HMAC-SHA256 keyed with the job's token
 // (liveness/token, created if absent by the first agent and read by the
