@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 TRAINER_TYPES = ("hello", "progress", "done", "saved", "failed", "status", "join", "bye")
 REASONS = ("periodic", "manual", "shutdown", "interruption")
 _ID = re.compile(r"^[0-9a-f]{12}$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 DEADLINE = 10.0  # generous upper bound for any wait in the tests
 PROTOCOL_VERSION = 2  # the newest the agent speaks (protocol.ProtocolVersion)
@@ -381,6 +382,9 @@ def _undecodable(msg: Dict[str, Any]) -> Optional[str]:
         v = msg.get(k)
         if v is not None and not isinstance(v, str):
             return "json: cannot unmarshal %s into Go struct field Message.%s of type string" % (json.dumps(v), k)
+    dl = msg.get("deadline")  # a *time.Time: an RFC 3339 string or null
+    if dl is not None and (not isinstance(dl, str) or not _RFC3339.match(dl) or _parse(dl) is None):
+        return "parsing time %s as RFC 3339" % json.dumps(dl)
     return None
 
 
