@@ -17,6 +17,7 @@ import (
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/fleet"
+	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -94,7 +95,8 @@ type Agent struct {
 	warnedTopology bool // agent_job.go
 	localWorld     int  // ranks on this node, as hellos said (part mode)
 
-	ranks rankWatch // the child's ranks, and a lost peer (agent_peers.go)
+	ranks rankWatch         // the child's ranks, and a lost peer (agent_peers.go)
+	live  *liveness.Monitor // heartbeats of the job's nodes (agent_liveness.go)
 
 	// saidBye: connections whose trainer said it finished; byes counts
 	// them; leftUnfinished: one left without bye since the last start.
@@ -204,6 +206,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
+	a.stopLiveness() // agent_liveness.go
 	cfg.Metrics.Ready(false)
 	if a.child != nil {
 		a.child.Close() // what the trainer left in its group goes now
@@ -421,6 +424,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.childDone:
 			a.onChildExit()
+		case s := <-a.liveSilent():
+			a.onPeerSilent(s) // agent_liveness.go
 		case <-timer.C:
 		}
 	}
@@ -619,6 +624,8 @@ func (a *Agent) exitCodeFor(code int) int {
 		// committed and every rank was told to stop: run me again.
 		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
+	case code == 1 && a.partMode():
+		return a.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
 	}
 	return code
 }

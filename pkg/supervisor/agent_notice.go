@@ -105,7 +105,8 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.log.Info("trainer connected", fields...)
 	a.checkHelloTopology(m) // agent_job.go
 	a.noteLocalWorld(m)
-	a.rankHello(m) // agent_peers.go
+	a.rankHello(m)     // agent_peers.go
+	a.startLiveness(m) // agent_liveness.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stopping; s != nil && s.stopSent {
 		s.told = true
