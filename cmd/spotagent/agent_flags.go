@@ -48,7 +48,7 @@ type agentOptions struct {
 	fleet                                                     string                  // --fleet (fleet_store.go)
 	localKeep                                                 int                     // the local tier (#38): copies kept, 0 off
 	localMaxBytes                                             int64
-	peerTimeout                                               time.Duration           // liveness heartbeats (pkg/liveness)
+	peerTimeout                                               time.Duration // liveness heartbeats (pkg/liveness)
 	peerListen, peerAdvertise                                 string
 }
 
