@@ -103,18 +103,21 @@ type RestoreEntry struct {
 	From map[string]int64 `json:"from,omitempty"`
 }
 
-// Sources says where a restore's bytes came from, nearest first (the
-// store last): "local", "store", "local+store"; "" when the journal does
-// not say or nothing was read.
-func (e RestoreEntry) Sources() string {
+// Sources says where the restore's bytes came from (Sources).
+func (e RestoreEntry) Sources() string { return Sources(e.From) }
+
+// Sources says where a restore's bytes came from (Restored.From), nearest
+// first, the store last: "local", "store", "local+store"; "" when nothing
+// was read or nothing is known.
+func Sources(from map[string]int64) string {
 	var out []string
-	for s, n := range e.From {
+	for s, n := range from {
 		if n > 0 && s != FromStore {
 			out = append(out, s)
 		}
 	}
 	sort.Strings(out)
-	if e.From[FromStore] > 0 {
+	if from[FromStore] > 0 {
 		out = append(out, FromStore)
 	}
 	return strings.Join(out, "+")
