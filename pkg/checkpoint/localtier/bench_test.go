@@ -44,7 +44,7 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := r.tier.Keep(context.Background(), "req", res.Manifest, ""); err != nil {
+	if err := r.tier.Keep(context.Background(), "req", res.Manifest, "", true); err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(res.Manifest.Bytes())

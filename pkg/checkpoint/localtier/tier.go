@@ -117,10 +117,12 @@ func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.Fi
 // Keep makes the files of part of the committed checkpoint m ("": a
 // single-node checkpoint's, all of them), found at their paths in the
 // directory src below the tier's parent, the tier's copy of m, then drops
-// the copies beyond the budget. Call it only once m's commit landed and
-// before src is deleted. A file that cannot be kept is left to the store
-// at restore: Keep's error is for the log, never the commit's.
-func (t *Tier) Keep(ctx context.Context, src string, m *checkpoint.Manifest, part string) error {
+// the copies beyond the budget. Files are hard-linked; where a link is
+// refused they are copied, unless copyOK is false (a checkpoint someone
+// waits for: then nothing is kept). Call it only once m's commit landed
+// and before src is deleted. Keep's error is for the log, never the
+// commit's: a restore then reads the store.
+func (t *Tier) Keep(ctx context.Context, src string, m *checkpoint.Manifest, part string, copyOK bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	files, bytes := partFiles(m, part)
@@ -143,7 +145,7 @@ func (t *Tier) Keep(ctx context.Context, src string, m *checkpoint.Manifest, par
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		linked, err := t.keepFile(dir, src, tmp, f)
+		linked, err := t.keepFile(dir, src, tmp, f, copyOK)
 		if err != nil {
 			return fmt.Errorf("local tier: keep %s: %w", f.Path, err)
 		}
@@ -178,9 +180,9 @@ func partFiles(m *checkpoint.Manifest, part string) ([]checkpoint.File, int64) {
 }
 
 // keepFile puts f (src/f.Path below the parent) at tmp/f.Path below dir: a
-// hard link (true), or a copy checked against f where the link fails
-// (another file system, fs.protected_hardlinks).
-func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File) (bool, error) {
+// hard link (true), or, if copyOK, a copy checked against f where the link
+// fails (another file system, fs.protected_hardlinks).
+func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File, copyOK bool) (bool, error) {
 	if d := path.Dir(f.Path); d != "." {
 		if err := dir.MkdirAll(path.Join(tmp, d), 0o700); err != nil {
 			return false, err
@@ -189,8 +191,12 @@ func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File) (bool,
 	from := path.Join(src, f.Path)
 	// os.Root.Link links a symlink itself, never its target: such a
 	// copy is refused when it is read back (OpenRegular).
-	if err := t.parent.Link(from, path.Join(t.rel, tmp, f.Path)); err == nil {
+	err := link(t.parent, from, path.Join(t.rel, tmp, f.Path))
+	if err == nil {
 		return true, nil
+	}
+	if !copyOK {
+		return false, fmt.Errorf("hard link refused, and no time to copy: %w", err)
 	}
 	in, err := checkpoint.OpenRegular(t.parent, from, f.Size)
 	if err != nil {
@@ -207,6 +213,9 @@ func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File) (bool,
 	}
 	return false, out.Close()
 }
+
+// link is os.Root.Link; tests make it fail.
+var link = (*os.Root).Link
 
 // verifyCopy copies r to w, checking it against f.
 func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {

@@ -126,7 +126,7 @@ func (r *rig) saveCommitKeep(id string, step int64) (*checkpoint.Manifest, map[s
 	r.t.Helper()
 	want := r.save("req-"+id, step)
 	m := r.commit("req-"+id, id, step)
-	if err := r.tier.Keep(context.Background(), "req-"+id, m, ""); err != nil {
+	if err := r.tier.Keep(context.Background(), "req-"+id, m, "", true); err != nil {
 		r.t.Fatal(err)
 	}
 	if err := os.RemoveAll(filepath.Join(r.dir, "req-"+id)); err != nil {
@@ -223,7 +223,7 @@ func TestRewrittenInPlaceAfterKeep(t *testing.T) {
 	r := newRig(t, Options{})
 	want := r.save("req", 10)
 	m := r.commit("req", "c1", 10)
-	if err := r.tier.Keep(context.Background(), "req", m, ""); err != nil {
+	if err := r.tier.Keep(context.Background(), "req", m, "", true); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(r.dir, "req", "model.bin"), bytes.Repeat([]byte{7}, len(want["model.bin"])), 0o600); err != nil {
@@ -337,7 +337,7 @@ func TestKeepLinks(t *testing.T) {
 	r := newRig(t, Options{})
 	r.save("req", 10)
 	m := r.commit("req", "c1", 10)
-	if err := r.tier.Keep(context.Background(), "req", m, ""); err != nil {
+	if err := r.tier.Keep(context.Background(), "req", m, "", true); err != nil {
 		t.Fatal(err)
 	}
 	a, err := os.Stat(filepath.Join(r.dir, "req", "model.bin"))
@@ -351,4 +351,44 @@ func TestKeepLinks(t *testing.T) {
 	if !os.SameFile(a, b) {
 		t.Fatal("kept file is a copy, want a hard link")
 	}
+}
+
+// Where a hard link is refused (another file system, protected_hardlinks),
+// Keep copies each file through its manifest checksum; for a checkpoint
+// someone waits for (copyOK false) it keeps nothing rather than copy.
+func TestKeepCopies(t *testing.T) {
+	link = func(*os.Root, string, string) error { return os.ErrPermission }
+	t.Cleanup(func() { link = (*os.Root).Link })
+	t.Run("copy", func(t *testing.T) {
+		r := newRig(t, Options{})
+		m, want := r.saveCommitKeep("c1", 10)
+		res := r.restore()
+		if got := r.st.dataRead(); len(got) != 0 || res.From[checkpoint.FromLocal] != m.Bytes() {
+			t.Fatalf("data read from the store: %v, From %v", got, res.From)
+		}
+		checkFiles(t, res.Dir, want)
+	})
+	t.Run("no time to copy", func(t *testing.T) {
+		r := newRig(t, Options{})
+		r.save("req", 10)
+		m := r.commit("req", "c1", 10)
+		if err := r.tier.Keep(context.Background(), "req", m, "", false); err == nil {
+			t.Fatal("Keep without links nor copies: no error")
+		}
+		if n := names(must(r.tier.dir())); len(n) != 0 {
+			t.Fatalf("tier holds %v, want nothing", n)
+		}
+	})
+	t.Run("changed since the commit", func(t *testing.T) {
+		r := newRig(t, Options{})
+		want := r.save("req", 10)
+		m := r.commit("req", "c1", 10)
+		os.WriteFile(filepath.Join(r.dir, "req", "meta.json"), bytes.Repeat([]byte{1}, len(want["meta.json"])), 0o600)
+		if err := r.tier.Keep(context.Background(), "req", m, "", true); err == nil {
+			t.Fatal("Keep copied a file that differs from its manifest")
+		}
+		if n := names(must(r.tier.dir())); len(n) != 0 {
+			t.Fatalf("tier holds %v, want nothing", n)
+		}
+	})
 }
