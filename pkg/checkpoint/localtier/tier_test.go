@@ -392,3 +392,66 @@ func TestKeepCopies(t *testing.T) {
 		}
 	})
 }
+
+// A node of a job keeps its own part: it restores that part with no data
+// byte from the store; another node's part, or every part (--restore
+// all), reads from the store only what this node does not hold.
+func TestKeepPart(t *testing.T) {
+	r := newRig(t, Options{})
+	parts := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
+	res := make([]*checkpoint.Result, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		for _, rank := range p.Ranks {
+			fp := filepath.Join(r.dir, "req-"+p.Node, "rank-"+string(rune('0'+rank))+".pt")
+			os.MkdirAll(filepath.Dir(fp), 0o700)
+			if err := os.WriteFile(fp, bytes.Repeat([]byte{byte(rank)}, 1000*(rank+1)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Go(func() {
+			c := &checkpoint.Committer{Store: r.st.Store, RunID: "run"}
+			res[i], errs[i] = c.Commit(context.Background(), checkpoint.Request{Dir: filepath.Join(r.dir, "req-"+p.Node), ID: "j1", Step: 7, Part: &p})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := res[0].Manifest
+	if err := r.tier.Keep(context.Background(), "req-node-0", m, "node-0", true); err != nil {
+		t.Fatal(err)
+	}
+	bytesOf := func(node string) int64 {
+		var n int64
+		for _, f := range m.Files {
+			if f.Part == node || node == "" {
+				n += f.Size
+			}
+		}
+		return n
+	}
+	for _, c := range []struct{ part, from string }{{"node-0", "local"}, {"node-1", "store"}, {"", "local+store"}} {
+		t.Run("part="+c.part, func(t *testing.T) {
+			r.st.read = map[string]int64{}
+			got, err := checkpoint.Restore(context.Background(), r.st, filepath.Join(r.dir, "restore-"+c.part), checkpoint.RestoreOptions{Part: c.part, Tiers: []checkpoint.Tier{r.tier}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var read int64
+			for _, n := range r.st.dataRead() {
+				read += n
+			}
+			wantStore := bytesOf(c.part)
+			if c.part != "node-1" {
+				wantStore -= bytesOf("node-0")
+			}
+			if checkpoint.Sources(got.From) != c.from || read != wantStore || got.From[checkpoint.FromStore] != wantStore {
+				t.Fatalf("from %v, %d data bytes read from the store; want %s, %d", got.From, read, c.from, wantStore)
+			}
+		})
+	}
+}
