@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak clean
+.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak clean arch
 
 all: build
 
@@ -82,6 +82,11 @@ test-python:
 # fails with a bare "context deadline exceeded" (golang/go#75804, fixed in
 # Go 1.27), as it did once in CI.
 FUZZTIME ?= 200000x
+# The code's shape against issue 35's targets, measured (internal/arch,
+# go/parser only, ~2 s): docs/architecture.md, "Targets".
+arch:
+	$(GO) run ./internal/arch
+
 fuzz:
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz' || true); do \
