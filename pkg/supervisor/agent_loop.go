@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,17 +58,7 @@ type Agent struct {
 	restoreGone string
 	abandonAt   time.Time
 
-	child     *child.Child
-	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
-	childDone <-chan struct{}
-	restarts  int
-	restartAt time.Time // zero: no restart pending
-	exitCode  int
-	childGone bool // exited for good (or never had one)
-	killing   bool // child.Stop running
-	// deadlineKill: the stop sequence's deadline passed with the trainer
-	// still running, and the agent sent it SIGTERM (SIGKILL after KillAfter).
-	deadlineKill bool
+	proc *process // the trainer's child process (process.go)
 
 	pending    map[string]*request
 	uploads    map[string]*upload
@@ -180,7 +169,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
-				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
+				pid: func() int { return int(a.proc.pid.Load()) }, poll: 50 * time.Millisecond, log: a.log}
 			a.goBg(func() { b.serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
@@ -202,9 +191,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
-	if a.child != nil {
-		a.child.Close() // what the trainer left in its group goes now
-	}
+	a.proc.close() // what the trainer left in its group goes now
 	if a.aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
@@ -216,7 +203,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
 		return code, err
 	}
-	return a.exitCode, nil
+	return a.proc.exitCode, nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -254,7 +241,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
 		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
 		results: make(chan commitResult, 4), fences: make(chan struct{}, 1),
-		childGone: len(cfg.Command) == 0,
+		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.lastBlock = a.started
 	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
@@ -321,14 +308,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
 	}
 	a.resetRanks()
-	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
-	if err != nil {
-		return fmt.Errorf("start trainer: %w", err)
-	}
-	a.child, a.childDone = c, c.Done()
-	a.childPID.Store(int64(c.PID()))
-	a.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", a.cfg.Command), zap.Int("restarts", a.restarts))
-	return nil
+	return a.proc.start(a.childEnv())
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -384,7 +364,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			work()
 		case res := <-a.restoreDone():
 			a.onRestoreDone(res) // agent_restore.go
-		case <-a.childDone:
+		case <-a.proc.done:
 			a.onChildExit()
 		case <-timer.C:
 		}
@@ -405,7 +385,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if s := a.stopping; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.restartAt)
+	earlier(a.proc.restartAt)
 	earlier(a.abandonAt)
 	earlier(a.src.wake())
 	if a.ranksPending() { // agent_peers.go
@@ -430,7 +410,7 @@ func (a *Agent) tick(now time.Time) {
 	a.tickStop(now)
 	a.tickRanks(now) // agent_peers.go
 	a.src.tick(now)
-	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 && a.restoring == nil {
+	if a.proc.restartDue(now) && len(a.uploads) == 0 && a.restoring == nil {
 		a.restart()
 	}
 	if !a.abandonAt.IsZero() && !now.Before(a.abandonAt) {
@@ -455,7 +435,7 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.childGone || !a.restartAt.IsZero() {
+	if !a.proc.gone || !a.proc.restartAt.IsZero() {
 		return
 	}
 	if p := a.restoring; p != nil && len(a.cfg.Command) > 0 {
@@ -494,12 +474,9 @@ func (a *Agent) checkDone() {
 }
 
 func (a *Agent) onChildExit() {
-	code := a.child.ExitCode()
-	a.childPID.Store(0) // the pid may be reused: nothing may signal it now
-	a.childDone = nil
-	a.exitCode = a.exitCodeFor(code)
-	a.killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()), zap.Int("agent_exit_code", a.exitCode))
+	code := a.proc.exited()
+	a.proc.exitCode = a.exitCodeFor(code)
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
 	for id, r := range a.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -521,18 +498,9 @@ func (a *Agent) onChildExit() {
 	switch {
 	case a.stopping != nil || code == 0 || a.aborted != nil || a.peerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.childGone = true
-	case a.restarts < a.cfg.MaxRestarts:
-		a.restarts++
-		backoff := time.Second << min(a.restarts-1, 6)
-		a.restartAt = time.Now().Add(backoff)
-		a.log.Warn("trainer failed: restarting from the newest committed checkpoint",
-			zap.Int("code", code), zap.Int("restart", a.restarts), zap.Int("max_restarts", a.cfg.MaxRestarts), zap.Duration("backoff", backoff))
+		a.proc.gone = true
 	default:
-		a.childGone = true
-		if a.cfg.MaxRestarts > 0 {
-			a.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", a.restarts))
-		}
+		a.proc.restartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
 }
 
@@ -558,7 +526,7 @@ func (a *Agent) exitCodeFor(code int) int {
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case a.proc.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && a.childSaid75():
@@ -578,21 +546,21 @@ func (a *Agent) exitCodeFor(code int) int {
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.restartAt = time.Time{}
-	a.child.Close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.restartAt = time.Time{}
+	a.proc.close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.childGone = true
+		a.proc.gone = true
 		return
 	}
 	a.resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.childGone = true
+		a.proc.gone = true
 	}
 }
 
@@ -627,14 +595,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 
 // stopChild sends SIGTERM to the trainer's group, SIGKILL after KillAfter.
 func (a *Agent) stopChild() {
-	if a.child == nil || a.childDone == nil || a.killing {
-		return
-	}
-	a.killing = true
-	c := a.child
-	// Not cut short by the end of the agent's life: the loop waits for
-	// the child's exit, and Stop is bounded by KillAfter.
-	a.goBg(func() { c.Stop(context.WithoutCancel(a.life), a.cfg.KillAfter) })
+	a.proc.stop(a.life, a.goBg)
 }
 
 // finish ends the agent's life after the loop: it cancels what runs
@@ -648,7 +609,7 @@ func (a *Agent) finish() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.exitCode, a.blocked
+	code, blocked := a.proc.exitCode, a.blocked
 	session := a.session
 	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
@@ -778,7 +739,7 @@ func (a *Agent) trainers() int {
 	if !a.src.asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.childDone == nil {
+	if a.cfg.Signal != 0 && a.proc.done == nil {
 		return 0
 	}
 	if a.restoring != nil || a.restoreGone != "" {

@@ -385,10 +385,9 @@ func (a *Agent) tickStop(now time.Time) {
 		if !s.finished {
 			a.stopFailed(s, "deadline passed", now)
 		}
-		if a.childDone != nil && !a.killing {
+		if a.proc.running() && !a.proc.killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
-			a.deadlineKill = true
-			a.stopChild()
+			a.proc.stopAtDeadline(a.life, a.goBg)
 		}
 	}
 	a.checkDone()

@@ -79,7 +79,7 @@ func (a *Agent) resetRanks() { a.ranks = rankWatch{} }
 
 // rankHello notes a rank of a multi-rank job that said hello.
 func (a *Agent) rankHello(m protocol.Message) {
-	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || a.childDone == nil {
+	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || a.proc.done == nil {
 		return
 	}
 	if a.ranks.pids == nil {
@@ -94,7 +94,7 @@ func (a *Agent) rankHello(m protocol.Message) {
 func (a *Agent) rankLeft(c *protocol.Conn) {
 	h, ok := c.Hello()
 	w := &a.ranks
-	if !ok || !w.pids[h.PID] || a.saidBye[c.ID()] || a.stopping != nil || a.childDone == nil || w.verdict != "" {
+	if !ok || !w.pids[h.PID] || a.saidBye[c.ID()] || a.stopping != nil || a.proc.done == nil || w.verdict != "" {
 		return
 	}
 	if w.left == nil {
@@ -114,7 +114,7 @@ const rankPoll = 100 * time.Millisecond
 // ranksPending reports whether tickRanks waits for ranks' processes to end.
 func (a *Agent) ranksPending() bool {
 	w := &a.ranks
-	return a.childDone != nil && a.stopping == nil && !w.ended && len(w.order) > 0
+	return a.proc.done != nil && a.stopping == nil && !w.ended && len(w.order) > 0
 }
 
 // tickRanks decides the verdict once the first rank that left is gone,

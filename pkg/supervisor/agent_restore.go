@@ -111,11 +111,8 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		a.aborted = &startAbort{err: err}
 		a.restoreGone = err.Error()
 		a.tellRestoreFailed(p, err.Error())
-		if !a.restartAt.IsZero() { // it exited meanwhile: no restart
-			a.restartAt = time.Time{}
-			a.childGone = true
-		}
-		if a.childDone != nil {
+		a.proc.cancelRestart() // it exited meanwhile: no restart
+		if a.proc.done != nil {
 			// It was told: it should exit with the error itself.
 			a.abandonAt = time.Now().Add(a.cfg.KillAfter)
 		}
@@ -211,10 +208,7 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 	if a.aborted == nil {
 		a.aborted = ab
 	}
-	if !a.restartAt.IsZero() { // it exited meanwhile: no restart
-		a.restartAt = time.Time{}
-		a.childGone = true
-	}
+	a.proc.cancelRestart() // it exited meanwhile: no restart
 	p.why = why
 	p.cancel()
 	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))

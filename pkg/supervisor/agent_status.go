@@ -54,8 +54,8 @@ func (a *Agent) status() Status {
 		Uploading: len(a.uploads), Pending: len(a.pending), NoticesSeen: a.noticesSeen, LastNotice: a.lastNotice,
 		Step: a.lastStep, NoticePromise: a.promiseStatus(),
 	}
-	if a.child != nil {
-		st.Child = &ChildStatus{PID: a.child.PID(), Running: a.childDone != nil, Restarts: a.restarts}
+	if a.proc.c != nil {
+		st.Child = &ChildStatus{PID: a.proc.c.PID(), Running: a.proc.done != nil, Restarts: a.proc.restarts}
 	}
 	if a.lastCommit.id != "" {
 		st.LastCheckpoint = &CheckpointStatus{ID: a.lastCommit.id, Step: a.lastCommit.step, At: a.lastCommit.at, Bytes: a.lastCommit.bytes}

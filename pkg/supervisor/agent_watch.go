@@ -176,7 +176,7 @@ func nested(p, dir string) bool {
 func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	a := ws.a
 	start := time.Now()
-	if a.child != nil {
+	if a.proc.c != nil {
 		// A restart: the trainer starts again from what is restored.
 		ws.pace.Reset()
 		ws.paceFrom = start
@@ -474,14 +474,14 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
-	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
-		if err := a.child.Signal(sig); err != nil {
+	if sig := ws.cfg.NoticeSignal; sig != 0 && a.proc.c != nil && a.proc.done != nil {
+		if err := a.proc.c.Signal(sig); err != nil {
 			a.log.Warn("could not signal the trainer", zap.Error(err))
 		} else {
 			at := now.UTC()
 			s.record.Requested = &at
 			// The trainer may die of it: that is the stop it was told of.
-			a.deadlineKill = true
+			a.proc.deadlineKill = true
 			a.log.Info("notice: signalled the trainer to save", zap.String("signal", signalName(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
@@ -500,7 +500,7 @@ func (ws *watchSource) wake() time.Time {
 }
 
 // trainerGone: the child exited (or there never was one to wait for).
-func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
+func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.proc.done == nil }
 
 // tick decides the interruption. The trainer keeps running while a newer
 // complete checkpoint can still be committed before the upload deadline
@@ -516,7 +516,7 @@ func (ws *watchSource) tick(now time.Time) {
 	case ws.goneAt.IsZero():
 		ws.goneAt = now // the first pass of the loop since it exited
 	}
-	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.exitCode == 0 && a.restartAt.IsZero() {
+	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.proc.exitCode == 0 && a.proc.restartAt.IsZero() {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
@@ -578,10 +578,7 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.lastCommit.id, Step: a.lastCommit.step}, Bytes: a.lastCommit.bytes}
 		a.stopCommitted(s, res, now)
 	}
-	if a.childDone != nil && !a.killing {
-		a.deadlineKill = true
-		a.stopChild()
-	}
+	a.proc.stopAtDeadline(a.life, a.goBg)
 }
 
 // reached is the step the trainer reached by now (by its exit, if it
