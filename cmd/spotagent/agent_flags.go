@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -187,7 +188,7 @@ func (o *agentOptions) check(node bool) error {
 		}
 	}
 	if o.signal != "" {
-		sig, err := supervisor.ParseSignal(o.signal)
+		sig, err := sigbridge.Parse(o.signal)
 		if err != nil {
 			return fmt.Errorf("--signal: %w", err)
 		}

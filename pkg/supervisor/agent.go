@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -54,8 +55,8 @@ type Config struct {
 	Margin       time.Duration // safety margin kept before a notice deadline (default 5s)
 	OnRebalance  string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
-	// the protocol: each checkpoint request is written to requestFile and
-	// the child is sent this signal; doneMarker in the dir answers it.
+	// the protocol: each checkpoint request is written to sigbridge.RequestFile and
+	// the child is sent this signal; sigbridge.DoneMarker in the dir answers it.
 	Signal syscall.Signal
 	// EndWhenIdle ends a run without a child once a trainer has come and
 	// gone and nothing is uploading (node mode).
@@ -422,7 +423,7 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: a.cfg.Node,
 		})
 	})
-	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
+	a.commits.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
 	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
 }
 
@@ -503,9 +504,9 @@ func (a *Agent) childEnv() []string {
 		// No socket: the bridge is the trainer's one voice; a client
 		// library in the child runs as if there were no agent.
 		env = append(env,
-			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
-			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, requestFile),
-			"SPOTAGENT_DONE_MARKER="+doneMarker,
+			"SPOTAGENT_SIGNAL="+sigbridge.Name(a.cfg.Signal),
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, sigbridge.RequestFile),
+			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
 		)
 	}
 	if os.Getenv(exitFileEnv) == "" {
@@ -514,7 +515,7 @@ func (a *Agent) childEnv() []string {
 		// 1) still makes this agent exit 75 (exitCodeFor).
 		env = append(env, exitFileEnv+"="+filepath.Join(a.dirs.areaPath, exitFileName))
 	}
-	if a.restoring != nil {
+	if a.boot.restoring != nil {
 		// The restore runs while the trainer starts (agent_restore.go):
 		// the client blocks where it first needs the files. An older
 		// client waits for its welcome, which the agent holds until the
@@ -524,7 +525,7 @@ func (a *Agent) childEnv() []string {
 			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
 		}
 	}
-	if r := a.resume; r != nil {
+	if r := a.boot.resume; r != nil {
 		env = append(env,
 			"SPOTAGENT_RESUME_DIR="+r.Dir,
 			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -243,8 +244,8 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
 	var reqs []string
 	for _, d := range []string{ckpt, filepath.Join(ckpt, "spotagent-test")} {
-		reqs = append(reqs, filepath.Join(d, requestFile))
-		for _, n := range []string{requestFile + ".tmp"} {
+		reqs = append(reqs, filepath.Join(d, sigbridge.RequestFile))
+		for _, n := range []string{sigbridge.RequestFile + ".tmp"} {
 			if err := os.Symlink(victim, filepath.Join(d, n)); err != nil {
 				t.Fatal(err)
 			}

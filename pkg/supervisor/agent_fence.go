@@ -41,10 +41,10 @@ const defaultFenceInterval = 30 * time.Second
 // lease is this session's lease: the run's, or in part mode the node's;
 // nil when fencing is off.
 func (a *Agent) lease() *checkpoint.Lease {
-	if a.committer.PartLease != nil {
-		return a.committer.PartLease
+	if a.commits.committer.PartLease != nil {
+		return a.commits.committer.PartLease
 	}
-	return a.committer.Lease
+	return a.commits.committer.Lease
 }
 
 // fenced reports whether a newer session took the run (or this node of
@@ -54,7 +54,7 @@ func (a *Agent) fenced() bool { return a.lease().Fenced() }
 // epoch is this session's epoch of the run's lease (0: none, or part
 // mode, where epochs count one node's sessions and manifests carry none).
 func (a *Agent) epoch() int64 {
-	if l := a.committer.Lease; l != nil {
+	if l := a.commits.committer.Lease; l != nil {
 		return l.Epoch
 	}
 	return 0
@@ -69,14 +69,14 @@ func (a *Agent) takeLease(ctx context.Context) error {
 	if a.cfg.FenceInterval < 0 {
 		return nil
 	}
-	rec := checkpoint.LeaseRecord{Session: a.session, Instance: machineOf(a.cfg.Identity), Started: a.started.UTC()}
+	rec := checkpoint.LeaseRecord{Session: a.sess.id, Instance: machineOf(a.cfg.Identity), Started: a.sess.started.UTC()}
 	if a.partMode() {
 		l, err := checkpoint.AcquirePartLease(ctx, a.cfg.Store, a.cfg.Node, rec)
 		if err != nil {
 			return fmt.Errorf("take lease of %s: %w", a.cfg.Node, err)
 		}
-		a.committer.PartLease = l
-		a.journal.FenceWith(l)
+		a.commits.committer.PartLease = l
+		a.sess.journal.FenceWith(l)
 		a.log.Info("lease of this node taken", zap.String("part", a.cfg.Node), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 		return nil
 	}
@@ -84,8 +84,8 @@ func (a *Agent) takeLease(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("take lease: %w", err)
 	}
-	a.committer.Lease = l
-	a.journal.FenceWith(l)
+	a.commits.committer.Lease = l
+	a.sess.journal.FenceWith(l)
 	a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 	return nil
 }
@@ -130,7 +130,7 @@ func (a *Agent) watchFence() {
 // onFenced starts the fenced stop: a last checkpoint (uploaded, never
 // published), then stop, with --term-grace as the deadline.
 func (a *Agent) onFenced() {
-	if a.stopping != nil && a.stopping.reason == reasonFenced {
+	if a.stops.current != nil && a.stops.current.reason == reasonFenced {
 		return
 	}
 	now := time.Now()
@@ -140,11 +140,11 @@ func (a *Agent) onFenced() {
 		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
 	n.Deadline = now.Add(a.cfg.TermGrace)
-	if a.partMode() && a.stopping == nil {
+	if a.partMode() && a.stops.current == nil {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
-		a.stopping = s
+		a.stops.current = s
 		a.stopFailed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
 		return
 	}
@@ -162,7 +162,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
 	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
-	case a.stopping == nil:
+	case a.stops.current == nil:
 		a.onFenced()
 	case r.stop != nil && !r.stop.finished:
 		a.finishStop(r.stop)

@@ -73,7 +73,7 @@ func (a *Agent) asksPeriodic() bool {
 	if !a.partMode() {
 		return true
 	}
-	for _, c := range a.conns {
+	for _, c := range a.conns.byID {
 		if h, ok := c.Hello(); ok && h.Rank != nil && *h.Rank == 0 {
 			return true
 		}
@@ -117,8 +117,8 @@ func (a *Agent) partMissing(r *request) string {
 	if len(r.ranks) == 0 {
 		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
 	}
-	if len(r.ranks) < a.localWorld {
-		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), a.localWorld)
+	if len(r.ranks) < a.conns.localWorld {
+		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), a.conns.localWorld)
 	}
 	return ""
 }
@@ -127,8 +127,8 @@ func (a *Agent) partMissing(r *request) string {
 // trainers' hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for
 // all of them, even one that connects after the request was sent.
 func (a *Agent) noteLocalWorld(m protocol.Message) {
-	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.localWorld {
-		a.localWorld = *m.LocalWorldSize
+	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.conns.localWorld {
+		a.conns.localWorld = *m.LocalWorldSize
 	}
 }
 
@@ -136,11 +136,11 @@ func (a *Agent) noteLocalWorld(m protocol.Message) {
 // job and this agent was not told its node rank: its commits would then
 // be whole checkpoints made of one node's files.
 func (a *Agent) checkHelloTopology(m protocol.Message) {
-	if a.partMode() || a.warnedTopology {
+	if a.partMode() || a.conns.warnedTopology {
 		return
 	}
 	if multiNode(m) {
-		a.warnedTopology = true
+		a.conns.warnedTopology = true
 		a.log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
 			zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
 	}
@@ -156,7 +156,7 @@ func (a *Agent) checkHelloTopology(m protocol.Message) {
 // priority (checkpoint.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
-	if _, known := a.conns[c.ID()]; !known || !ok {
+	if _, known := a.conns.byID[c.ID()]; !known || !ok {
 		a.reply(c, m.ID, "join: say hello first")
 		return
 	}
@@ -168,7 +168,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}
-	if r, ok := a.pending[m.ID]; ok {
+	if r, ok := a.commits.pending[m.ID]; ok {
 		if !r.answeredBy[c.ID()] {
 			r.waiting[c.ID()] = true
 		}
@@ -177,7 +177,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		}
 		return
 	}
-	if _, ok := a.uploads[m.ID]; ok {
+	if _, ok := a.commits.uploads[m.ID]; ok {
 		a.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
 		return
 	}
@@ -205,15 +205,15 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
 		deadline = now.Add(a.cfg.RequestTimeout)
 	}
-	if s := a.stopping; s != nil && (s.req == nil || a.pending[s.req.id] != s.req) {
+	if s := a.stops.current; s != nil && (s.req == nil || a.commits.pending[s.req.id] != s.req) {
 		// This node's interruption checkpoint is saved (or failed)
 		// already: the job's ranks cannot be asked for another one.
 		a.reply(c, m.ID, "join: this node is already stopping")
 		return
 	}
 	var stop *stopState
-	for id, r := range a.pending {
-		delete(a.pending, id)
+	for id, r := range a.commits.pending {
+		delete(a.commits.pending, id)
 		if r.stop != nil {
 			stop = r.stop
 			r.stop = nil
@@ -242,14 +242,14 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 // too, so that the whole job exits and its scheduler restarts it. It is
 // not journalled: the node that got the notice records the interruption.
 func (a *Agent) joinedStop(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	upload := a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes)
 	s := &stopState{
 		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
 		reason:   m.Reason,
 		deadline: reqDeadline.Add(upload + a.cfg.Margin),
 		joined:   true,
 	}
-	a.stopping = s
+	a.stops.current = s
 	return s
 }
 

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/fleet"
@@ -31,65 +32,23 @@ import (
 // end). acks and journals count the subset that must land after the loop
 // ends (created with context.WithoutCancel): finish waits for them, bounded.
 type Agent struct {
-	cfg        Config
-	log        *zap.Logger
-	life       context.Context
-	endLife    context.CancelFunc
-	bg         sync.WaitGroup            // every goroutine below, and the rest the agent starts
-	conns      map[uint64]*protocol.Conn // trainers that said hello to this run
-	acks       sync.WaitGroup            // cloud event acknowledgements in flight
-	journals   sync.WaitGroup            // journal updates in flight
-	hadTrainer bool
-	journal    *checkpoint.JournalWriter
-	committer  *checkpoint.Committer
-	dirs       localDirs
+	cfg     Config
+	log     *zap.Logger
+	life    context.Context
+	endLife context.CancelFunc
+	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
+	dirs    localDirs
 
-	started   time.Time // this session
-	session   string    // its id in the journal (Session.ID)
-	ranBefore float64   // run time of earlier sessions, seconds (journal)
-	resume    *protocol.Resume
-
-	// The restore running beside the trainer's start (agent_restore.go);
-	// aborted: the start was given up meanwhile; restoreGone: why the
-	// trainers will get no resume (it failed or was cancelled);
-	// abandonAt: when a trainer told of a failed restore is stopped.
-	restoring   *pendingRestore
-	aborted     *startAbort
-	restoreGone string
-	abandonAt   time.Time
-
-	proc *process // the trainer's child process (process.go)
-
-	pending    map[string]*request
-	uploads    map[string]*upload
-	results    chan commitResult
-	fences     chan struct{} // the lease check found a newer session (agent_fence.go)
-	lastCommit committedCheckpoint
-	lastBlock  time.Time // when the trainer last finished saving (or started)
-	blocked    float64   // seconds blocked in checkpoints this session (goodput)
-	lastStep   int64
-	interval   time.Duration
-
-	promise     promiseState // the notice checkpoint's prediction (agent_promise.go)
-	stopping    *stopState
-	noticesSeen int
-	lastNotice  *metadata.Notice
-	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
-	firstSignal time.Time // when the first of them came (SignalWindow)
-	done        bool      // loop ends
-
-	src checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
-
-	warnedTopology bool // agent_job.go
-	localWorld     int  // ranks on this node, as hellos said (part mode)
-
-	ranks rankWatch // the child's ranks, and a lost peer (agent_peers.go)
-
-	// saidBye: connections whose trainer said it finished; byes counts
-	// them; leftUnfinished: one left without bye since the last start.
-	saidBye        map[uint64]bool
-	byes           int
-	leftUnfinished bool
+	sess    session          // this session and the run's journal (session.go)
+	boot    bootRestore      // the start-up restore beside the trainer's start (agent_restore.go)
+	proc    *process         // the trainer's child process (process.go)
+	conns   trainerConns     // the trainers and their connections (trainers.go)
+	commits commits          // requests, uploads and commits (commits.go)
+	stops   stopSequence     // notices, signals and the stop sequence (agent_notice.go)
+	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
+	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
+	src     checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
+	done    bool             // loop ends
 }
 
 type committedCheckpoint struct {
@@ -168,9 +127,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	a.src.start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
-			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
-				pid: func() int { return int(a.proc.pid.Load()) }, poll: 50 * time.Millisecond, log: a.log}
-			a.goBg(func() { b.serve(a.life) })
+			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
+				PID: func() int { return int(a.proc.pid.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
@@ -186,13 +145,13 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 	}
 	a.promiseAtStart() // agent_promise.go
-	if a.restoring == nil {
+	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	cfg.Metrics.Ready(false)
 	a.proc.close() // what the trainer left in its group goes now
-	if a.aborted != nil {
+	if a.boot.aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
 		a.finish()
@@ -238,15 +197,16 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
-		results: make(chan commitResult, 4), fences: make(chan struct{}, 1),
-		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
+		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID()}, life: life, endLife: endLife,
+		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
+		conns:   trainerConns{byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
+		fences:  make(chan struct{}, 1),
+		proc:    newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.lastBlock = a.started
-	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.commits.lastBlock = a.sess.started
+	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	if cfg.Node != "" {
-		a.committer.Session = a.session // part data of this session only (parts.go)
+		a.commits.committer.Session = a.sess.id // part data of this session only (parts.go)
 	}
 	src, err := a.newSource() // source.go
 	if err != nil {
@@ -264,8 +224,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
 		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
 	}
-	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
-	a.ranBefore = j.Stats.RunSeconds
+	a.sess.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	a.sess.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(schedule.History{
@@ -282,7 +242,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.resume, err = a.restore(ctx); err != nil {
+	if a.boot.resume, err = a.restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
@@ -294,14 +254,14 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 // a start that fails there leaves no trace in the store.
 func (a *Agent) recordSession() {
 	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.session, Start: a.started.UTC(), Instance: machineOf(a.cfg.Identity)})
+		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.sess.id, Start: a.sess.started.UTC(), Instance: machineOf(a.cfg.Identity)})
 	})
 }
 
 func (a *Agent) startChild() error {
-	if a.resume != nil {
-		a.lastBlock = time.Now()
-		a.lastCommit.trainedAt = a.lastBlock
+	if a.boot.resume != nil {
+		a.commits.lastBlock = time.Now()
+		a.commits.last.trainedAt = a.commits.lastBlock
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(exitFileEnv); p != "" {
@@ -316,7 +276,7 @@ func (a *Agent) startChild() error {
 func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for len(a.conns) == 0 {
+	for len(a.conns.byID) == 0 {
 		select {
 		case ev := <-events:
 			a.onEvent(ev)
@@ -357,11 +317,13 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onSignal(sig)
 		case <-a.fences:
 			a.onFenced() // agent_fence.go
-		case r := <-a.results:
+		case r := <-a.commits.results:
 			a.onCommitResult(r)
 			a.src.committed(r)
 		case work := <-a.src.ready():
 			work()
+		case res := <-a.crashLookupDone():
+			a.onCrashLookup(res) // agent_peers.go
 		case res := <-a.restoreDone():
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
@@ -379,20 +341,20 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 			wake = t
 		}
 	}
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		earlier(r.deadline)
 	}
-	if s := a.stopping; s != nil {
+	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
 	earlier(a.proc.restartAt)
-	earlier(a.abandonAt)
+	earlier(a.boot.abandonAt)
 	earlier(a.src.wake())
 	if a.ranksPending() { // agent_peers.go
 		earlier(now.Add(rankPoll))
 	}
-	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
-		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
+		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
 	if wake.Before(now) {
 		wake = now
@@ -402,7 +364,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 
 // tick does whatever is due at now.
 func (a *Agent) tick(now time.Time) {
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if !now.Before(r.deadline) {
 			a.requestExpired(r, now)
 		}
@@ -410,20 +372,20 @@ func (a *Agent) tick(now time.Time) {
 	a.tickStop(now)
 	a.tickRanks(now) // agent_peers.go
 	a.src.tick(now)
-	if a.proc.restartDue(now) && len(a.uploads) == 0 && a.restoring == nil {
+	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
-	if !a.abandonAt.IsZero() && !now.Before(a.abandonAt) {
-		a.abandonAt = time.Time{}
+	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
+		a.boot.abandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
 		a.stopChild()
 	}
-	if iv := a.cfg.Scheduler.Interval(); iv != a.interval {
-		a.interval = iv
+	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
+		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
-		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
+		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkDone()
@@ -438,7 +400,7 @@ func (a *Agent) checkDone() {
 	if !a.proc.gone || !a.proc.restartAt.IsZero() {
 		return
 	}
-	if p := a.restoring; p != nil && len(a.cfg.Command) > 0 {
+	if p := a.boot.restoring; p != nil && len(a.cfg.Command) > 0 {
 		// Nobody is left to resume: the restore's end is awaited, cancelled.
 		if p.why == "" {
 			p.why = "the trainer exited"
@@ -446,29 +408,32 @@ func (a *Agent) checkDone() {
 		}
 		return
 	}
-	if a.aborted != nil && len(a.cfg.Command) > 0 {
+	if a.boot.aborted != nil && len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
-	if a.signals > 1 {
+	if a.stops.signals > 1 {
 		a.done = true
 		return
+	}
+	if a.ranks.lookup != nil {
+		return // the exit code waits for the crash-record lookup (agent_peers.go)
 	}
 	if a.src.busy(time.Now()) {
 		return
 	}
-	if len(a.uploads) > 0 {
+	if len(a.commits.uploads) > 0 {
 		return
 	}
 	if len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
-	if a.signals > 0 && (a.stopping == nil || a.stopping.finished) {
+	if a.stops.signals > 0 && (a.stops.current == nil || a.stops.current.finished) {
 		a.done = true
 		return
 	}
-	if a.cfg.EndWhenIdle && a.hadTrainer && len(a.conns) == 0 && len(a.pending) == 0 {
+	if a.cfg.EndWhenIdle && a.conns.had && len(a.conns.byID) == 0 && len(a.commits.pending) == 0 {
 		a.done = true
 	}
 }
@@ -477,14 +442,14 @@ func (a *Agent) onChildExit() {
 	code := a.proc.exited()
 	a.proc.exitCode = a.exitCodeFor(code)
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
-	for id, r := range a.pending {
+	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
 		// child alone and stays connected, so nobody else will answer.
 		if r.urgent() && a.cfg.Signal == 0 {
 			continue
 		}
-		delete(a.pending, id)
+		delete(a.commits.pending, id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
 		a.removeDir(r)
@@ -496,7 +461,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stopping != nil || code == 0 || a.aborted != nil || a.peerLost():
+	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.peerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.gone = true
 	default:
@@ -516,7 +481,7 @@ func (a *Agent) onChildExit() {
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (agent_peers.go).
 func (a *Agent) exitCodeFor(code int) int {
-	s := a.stopping
+	s := a.stops.current
 	if s == nil {
 		return a.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
 	}
@@ -526,7 +491,7 @@ func (a *Agent) exitCodeFor(code int) int {
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case a.proc.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case a.proc.deadlineKill && a.stops.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && a.childSaid75():
@@ -557,7 +522,7 @@ func (a *Agent) restart() {
 		a.proc.gone = true
 		return
 	}
-	a.resume = r
+	a.boot.resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
 		a.proc.gone = true
@@ -571,19 +536,19 @@ func (a *Agent) restart() {
 // and some init systems signal the agent and its process group together.
 func (a *Agent) onSignal(sig os.Signal) {
 	now := time.Now()
-	if a.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.firstSignal) < a.cfg.SignalWindow {
+	if a.stops.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.stops.firstSignal) < a.cfg.SignalWindow {
 		a.log.Info("signal within the window of the first one: the same shutdown", zap.String("signal", sig.String()),
-			zap.Duration("after", now.Sub(a.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
+			zap.Duration("after", now.Sub(a.stops.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
 		return
 	}
-	a.signals++
-	if a.signals > 1 {
+	a.stops.signals++
+	if a.stops.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
 		a.stopChild()
 		a.checkDone()
 		return
 	}
-	a.firstSignal = now
+	a.stops.firstSignal = now
 	if a.abortStart("signal "+sig.String(), &startAbort{sig: sig}) { // agent_restore.go
 		a.checkDone()
 		return
@@ -609,9 +574,9 @@ func (a *Agent) finish() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.proc.exitCode, a.blocked
-	session := a.session
-	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
+	code, blocked := a.proc.exitCode, a.commits.blocked
+	session := a.sess.id
+	err := a.sess.journal.Update(ctx, func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
@@ -655,7 +620,7 @@ func (a *Agent) recordFleet(ctx context.Context) {
 	if a.cfg.Fleet == nil || a.fenced() {
 		return
 	}
-	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step); err != nil {
+	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.sess.journal.Snapshot(), a.commits.last.step); err != nil {
 		a.log.Warn("could not update the fleet summary", zap.Error(err))
 	}
 }
@@ -672,7 +637,7 @@ func (a *Agent) abort() {
 // loop, and each has a deadline of its own. Past 10s they are abandoned.
 func (a *Agent) awaitLanding() {
 	landed := make(chan struct{})
-	go func() { a.acks.Wait(); a.journals.Wait(); close(landed) }()
+	go func() { a.sess.acks.Wait(); a.sess.journals.Wait(); close(landed) }()
 	select {
 	case <-landed:
 	case <-time.After(10 * time.Second):
@@ -683,19 +648,19 @@ func (a *Agent) awaitLanding() {
 // release waits for every goroutine the agent started beside the loop
 // (a.life has ended: they are returning) and closes its local handles.
 func (a *Agent) release() {
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.pipe != nil {
 			r.pipe.Abort()
 			a.goBg(r.pipe.Wait)
 		}
 	}
 	a.bg.Wait()
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.held != nil {
 			r.held.Close()
 		}
 	}
-	for _, u := range a.uploads { // cancelled, their results never read
+	for _, u := range a.commits.uploads { // cancelled, their results never read
 		if u.req.held != nil {
 			u.req.held.Close()
 		}
@@ -706,19 +671,19 @@ func (a *Agent) release() {
 
 // runSeconds is the run's time on machines, this session included; the
 // journal keeps it current at every commit, so a crash loses little of it.
-func (a *Agent) runSeconds() float64 { return a.ranBefore + time.Since(a.started).Seconds() }
+func (a *Agent) runSeconds() float64 { return a.sess.ranBefore + time.Since(a.sess.started).Seconds() }
 
 // journalAsync applies fn to the journal and saves it in the background.
 func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
-	a.journals.Add(1)
+	a.sess.journals.Add(1)
 	go func() {
-		defer a.journals.Done()
+		defer a.sess.journals.Done()
 		// Outlives the loop: the interruption's record and the session's
 		// stats must land after it ends (awaitLanding).
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), time.Minute)
 		defer cancel()
 		var g *checkpoint.Goodput
-		err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
+		err := a.sess.journal.Update(ctx, func(j *checkpoint.Journal) {
 			fn(j)
 			g, _ = checkpoint.Account(j, time.Now()) // the journal as written
 		})
@@ -742,8 +707,8 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && a.proc.done == nil {
 		return 0
 	}
-	if a.restoring != nil || a.restoreGone != "" {
+	if a.boot.restoring != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
-	return len(a.conns)
+	return len(a.conns.byID)
 }

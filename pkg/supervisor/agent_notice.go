@@ -11,6 +11,16 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
+// stopSequence is the notices and signals this session got, and the stop
+// sequence under way (current, nil: none).
+type stopSequence struct {
+	current     *stopState
+	noticesSeen int
+	lastNotice  *metadata.Notice
+	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
+	firstSignal time.Time // when the first of them came (SignalWindow)
+}
+
 // lateNoticeGrace is the deadline given to a termination notice whose own
 // deadline has already passed when the agent sees it: short, because the
 // machine may go at any moment, but long enough for a small checkpoint.
@@ -48,19 +58,19 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		a.onStatus(c)
 	case protocol.TypeBye:
 		a.seeStep(m.Step)
-		if _, ok := a.conns[c.ID()]; ok {
-			a.saidBye[c.ID()] = true
-			a.byes++
+		if _, ok := a.conns.byID[c.ID()]; ok {
+			a.conns.saidBye[c.ID()] = true
+			a.conns.byes++
 		}
 	case protocol.TypeDisconnected:
 		a.forgetWaiting(c.ID()) // agent_restore.go
 		a.rankLeft(c)           // agent_peers.go
-		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
-			a.leftUnfinished = true
+		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
+			a.conns.leftUnfinished = true
 		}
-		delete(a.saidBye, c.ID())
-		delete(a.conns, c.ID())
-		for _, r := range a.pending {
+		delete(a.conns.saidBye, c.ID())
+		delete(a.conns.byID, c.ID())
+		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
 				r.lost++
@@ -74,8 +84,8 @@ func (a *Agent) onEvent(ev protocol.Event) {
 
 // seeStep notes the newest step a trainer reported.
 func (a *Agent) seeStep(step *int64) {
-	if step != nil && *step > a.lastStep {
-		a.lastStep = *step
+	if step != nil && *step > a.commits.lastStep {
+		a.commits.lastStep = *step
 	}
 }
 
@@ -92,11 +102,11 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
-	if len(a.conns) == 0 {
-		a.leftUnfinished = false // a new start of the trainer(s)
+	if len(a.conns.byID) == 0 {
+		a.conns.leftUnfinished = false // a new start of the trainer(s)
 	}
-	a.conns[c.ID()] = c
-	a.hadTrainer = true
+	a.conns.byID[c.ID()] = c
+	a.conns.had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
@@ -106,23 +116,23 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.noteLocalWorld(m)
 	a.rankHello(m) // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
-	if s := a.stopping; s != nil && s.stopSent {
+	if s := a.stops.current; s != nil && s.stopSent {
 		c.Post(s.stopMessage())
 	}
 }
 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
 		return
 	}
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
 	a.cfg.Metrics.CommitFailed("trainer")
-	delete(a.pending, r.id)
+	delete(a.commits.pending, r.id)
 	a.removeDir(r) // what the failed save left would keep a full disk full
 	now := time.Now()
-	a.lastBlock = now
+	a.commits.lastBlock = now
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer failed: "+m.Error, now)
 	}
@@ -131,8 +141,8 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
 	now := time.Now()
-	a.noticesSeen++
-	a.lastNotice = &n
+	a.stops.noticesSeen++
+	a.stops.lastNotice = &n
 	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
 	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
@@ -142,7 +152,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		if a.aborted != nil {
+		if a.boot.aborted != nil {
 			return // the start was given up: nothing to save
 		}
 		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &startAbort{notice: true}) { // agent_restore.go
@@ -155,19 +165,19 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.asksPeriodic() {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
 	case metadata.KindCancelled:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if s := a.stopping; s != nil && s.notice.ID == n.ID && !s.stopSent {
+		if s := a.stops.current; s != nil && s.notice.ID == n.ID && !s.stopSent {
 			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
 			if s.req != nil {
 				s.req.stop = nil
 			}
-			a.stopping = nil
+			a.stops.current = nil
 		}
 	}
 }
@@ -187,7 +197,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
 		deadline = now.Add(lateNoticeGrace)
 	}
-	if s := a.stopping; s != nil {
+	if s := a.stops.current; s != nil {
 		if deadline.Before(s.deadline) {
 			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
 			s.deadline = deadline
@@ -204,7 +214,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		d := n.Deadline.UTC()
 		s.record.Deadline = &d
 	}
-	a.stopping = s
+	a.stops.current = s
 	reqDeadline := a.requestDeadline(deadline, now)
 	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
@@ -223,7 +233,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	// A periodic request the trainer has not answered yet becomes the
 	// interruption checkpoint: asking again would make it save twice.
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.stop == nil {
 			r.stop, r.reason = s, reason
 			if reqDeadline.Before(r.deadline) {
@@ -235,7 +245,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
-					if c := a.conns[cid]; c != nil {
+					if c := a.conns.byID[cid]; c != nil {
 						c.Post(r.message())
 					}
 				}
@@ -255,7 +265,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 // their work) and left: none is connected, and every one that left since
 // the last start said bye first.
 func (a *Agent) trainersFinished() bool {
-	return a.hadTrainer && len(a.conns) == 0 && !a.leftUnfinished && a.byes > 0
+	return a.conns.had && len(a.conns.byID) == 0 && !a.conns.leftUnfinished && a.conns.byes > 0
 }
 
 // requestDeadline is when the trainer must have saved a checkpoint that
@@ -263,7 +273,7 @@ func (a *Agent) trainersFinished() bool {
 // checkpoint's size at the measured throughput) and for the margin; if
 // that leaves too little, the time is split in two.
 func (a *Agent) requestDeadline(deadline, now time.Time) time.Time {
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
+	upload := a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes)
 	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
 	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
 		reqDeadline = now.Add(deadline.Sub(now) / 2)
@@ -290,9 +300,9 @@ func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Tim
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	a.finishStop(s)
 	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
-		a.acks.Add(1)
+		a.sess.acks.Add(1)
 		go func(id string) {
-			defer a.acks.Done()
+			defer a.sess.acks.Done()
 			// Outlives the loop, up to the notice's deadline (awaitLanding).
 			ctx, cancel := context.WithDeadline(context.WithoutCancel(a.life), s.deadline)
 			defer cancel()
@@ -312,15 +322,15 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 		return
 	}
 	s.record.Error = why
-	base := a.lastCommit.trainedAt
+	base := a.commits.last.trainedAt
 	if base.IsZero() {
-		base = a.started
+		base = a.sess.started
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
-	a.recordLostSteps(s, a.lastCommit.step, now)
+	a.recordLostSteps(s, a.commits.last.step, now)
 	a.noticeOutcome(s, false, now)
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
-		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.String("why", why), zap.Int64("committed_step", a.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
 	a.finishStop(s)
 }
@@ -377,7 +387,7 @@ func (s *stopState) stopMessage() protocol.Message {
 // tickStop enforces the interruption's deadlines: past the notice deadline
 // the child gets SIGTERM (SIGKILL after KillAfter).
 func (a *Agent) tickStop(now time.Time) {
-	s := a.stopping
+	s := a.stops.current
 	if s == nil {
 		return
 	}

@@ -72,6 +72,17 @@ type rankWatch struct {
 	verdict   string // "", verdictPeerLost, verdictCrash
 	verdictAt time.Time
 	ended     bool // the launcher's group was sent SIGTERM
+	// lookup, while not nil, brings the crash-record lookup's answer back
+	// to the loop (crashLookup): the agent's exit code waits for it.
+	lookup chan crashLookup
+}
+
+// crashLookup is the answer of the lookup for another node's crash record
+// (peerCrashed), for the launcher's exit code.
+type crashLookup struct {
+	code int    // the launcher's exit code
+	key  string // the record found, "" none
+	err  error
 }
 
 // resetRanks forgets the ranks of an earlier start of the child.
@@ -94,7 +105,7 @@ func (a *Agent) rankHello(m protocol.Message) {
 func (a *Agent) rankLeft(c *protocol.Conn) {
 	h, ok := c.Hello()
 	w := &a.ranks
-	if !ok || !w.pids[h.PID] || a.saidBye[c.ID()] || a.stopping != nil || a.proc.done == nil || w.verdict != "" {
+	if !ok || !w.pids[h.PID] || a.conns.saidBye[c.ID()] || a.stops.current != nil || a.proc.done == nil || w.verdict != "" {
 		return
 	}
 	if w.left == nil {
@@ -114,7 +125,7 @@ const rankPoll = 100 * time.Millisecond
 // ranksPending reports whether tickRanks waits for ranks' processes to end.
 func (a *Agent) ranksPending() bool {
 	w := &a.ranks
-	return a.proc.done != nil && a.stopping == nil && !w.ended && len(w.order) > 0
+	return a.proc.done != nil && a.stops.current == nil && !w.ended && len(w.order) > 0
 }
 
 // tickRanks decides the verdict once the first rank that left is gone,
@@ -176,12 +187,12 @@ func (a *Agent) recordCrash(pid int) {
 	if !a.partMode() {
 		return
 	}
-	rec := crashRecord{Node: a.cfg.Node, Session: a.session, PID: pid, At: time.Now().UTC()}
+	rec := crashRecord{Node: a.cfg.Node, Session: a.sess.id, PID: pid, At: time.Now().UTC()}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return
 	}
-	key := crashDir + a.cfg.Node + "-" + a.session + ".json"
+	key := crashDir + a.cfg.Node + "-" + a.sess.id + ".json"
 	st := a.cfg.Store
 	ctx := context.WithoutCancel(a.life) // lands even when the agent ends meanwhile
 	a.goBg(func() {
@@ -195,23 +206,42 @@ func (a *Agent) recordCrash(pid int) {
 	})
 }
 
-// peerCrashed reports whether another node of the job recorded a crash of
-// its own since this session started (a crash there is a lost peer here).
-// It first waits until peerCrashSettle has passed since the verdict.
-func (a *Agent) peerCrashed() (string, error) {
+// lookForPeerCrash starts the lookup for another node's crash record
+// beside the loop (owned by the agent's lifetime); its answer comes back
+// as a loop event (onCrashLookup). Outside part mode there is no record
+// to look for: the answer is at once "none".
+func (a *Agent) lookForPeerCrash(code int) {
+	done := make(chan crashLookup, 1)
+	a.ranks.lookup = done
 	if !a.partMode() {
-		return "", nil
+		done <- crashLookup{code: code}
+		return
 	}
-	if d := time.Until(a.ranks.verdictAt.Add(peerCrashSettle)); d > 0 {
-		time.Sleep(d) // the loop has nothing left to do: its child has exited
+	st, node, since, settle := a.cfg.Store, a.cfg.Node, a.sess.started, a.ranks.verdictAt.Add(peerCrashSettle)
+	a.goBg(func() {
+		key, err := peerCrashed(a.life, st, node, since, settle)
+		done <- crashLookup{code: code, key: key, err: err}
+	})
+}
+
+// peerCrashed reports whether another node of the job recorded a crash of
+// its own since this session started at since (a crash there is a lost
+// peer here). It first waits until settle, or until ctx ends.
+func peerCrashed(ctx context.Context, st cloud.Store, node string, since, settle time.Time) (string, error) {
+	t := time.NewTimer(time.Until(settle))
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+		return "", fmt.Errorf("list %s: %w", crashDir, ctx.Err())
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	since := a.started.Add(-2 * time.Second) // clocks of store and machine differ a little
+	since = since.Add(-2 * time.Second) // clocks of store and machine differ a little
 	var found string
-	err := a.cfg.Store.List(ctx, crashDir, func(o cloud.ObjectInfo) error {
+	err := st.List(ctx, crashDir, func(o cloud.ObjectInfo) error {
 		name := strings.TrimPrefix(o.Key, crashDir)
-		if strings.HasPrefix(name, a.cfg.Node+"-") || o.Modified.Before(since) {
+		if strings.HasPrefix(name, node+"-") || o.Modified.Before(since) {
 			return nil
 		}
 		found = o.Key
@@ -232,6 +262,8 @@ var errStopList = errors.New("found")
 // (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
 // another node recorded a crash of its own (or the store cannot say). After
 // a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
+// After a lost peer the answer needs the store: the launcher's code stands
+// until the lookup (lookForPeerCrash) comes back to the loop.
 func (a *Agent) peerLossExit(code int) int {
 	if a.ranks.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
 		// The agent's own SIGTERM ended the launcher (torchrun answers it
@@ -242,7 +274,21 @@ func (a *Agent) peerLossExit(code int) int {
 	if !a.peerLost() || code == 0 {
 		return code
 	}
-	key, err := a.peerCrashed()
+	a.lookForPeerCrash(code)
+	return code
+}
+
+// crashLookupDone is the pending crash-record lookup's answer (nil: none).
+func (a *Agent) crashLookupDone() <-chan crashLookup { return a.ranks.lookup }
+
+// onCrashLookup: the lookup for another node's crash record answered;
+// it decides the exit code of a launcher whose ranks lost a peer.
+func (a *Agent) onCrashLookup(res crashLookup) {
+	a.ranks.lookup = nil
+	a.proc.exitCode = a.peerLookupExit(res.code, res.key, res.err)
+}
+
+func (a *Agent) peerLookupExit(code int, key string, err error) int {
 	switch {
 	case err != nil:
 		a.log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",

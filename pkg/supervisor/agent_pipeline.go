@@ -25,7 +25,7 @@ import (
 // (checkpoint.ErrNotOwned: another owner, or a hard link): never read, it
 // fails the checkpoint, as it would at done.
 func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if m.ID == "" || !ok || !r.waiting[c.ID()] {
 		a.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
 		return
@@ -57,16 +57,16 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 		}
 	}
 	if r.pipe == nil {
-		step := a.lastStep
+		step := a.commits.lastStep
 		if m.Step != nil && *m.Step >= 0 {
 			step = *m.Step
 		}
 		if a.partMode() {
-			r.pipe = a.committer.NewPartPipeline(a.life, r.held, step, r.id, a.cfg.Node)
+			r.pipe = a.commits.committer.NewPartPipeline(a.life, r.held, step, r.id, a.cfg.Node)
 		} else {
-			r.pipe = a.committer.NewPipeline(a.life, r.held, step, r.id)
+			r.pipe = a.commits.committer.NewPipeline(a.life, r.held, step, r.id)
 		}
-		if a.stopping != nil && !r.urgent() {
+		if a.stops.current != nil && !r.urgent() {
 			r.pipe.Halt()
 		}
 	}
@@ -99,7 +99,7 @@ func savedRel(dir, p string) (string, error) {
 // saved: an interruption checkpoint needs the bandwidth. Their files are
 // uploaded at done, as without `saved`.
 func (a *Agent) haltPipelines() {
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.pipe != nil && !r.urgent() {
 			r.pipe.Halt()
 		}

@@ -118,16 +118,16 @@ func (a *Agent) ownNotice() schedule.CloudNotice {
 
 // promiseStatus is the status's view of the newest prediction.
 func (a *Agent) promiseStatus() *PromiseStatus {
-	return DescribePromise(a.promise.p, a.ownNotice(), a.cfg.Margin)
+	return DescribePromise(a.commits.promise.p, a.ownNotice(), a.cfg.Margin)
 }
 
 // promiseAtStart predicts from the journal an earlier session wrote and
 // says whether a notice checkpoint fits.
 func (a *Agent) promiseAtStart() {
-	if a.journal == nil {
+	if a.sess.journal == nil {
 		return
 	}
-	a.setPromise(PromiseFromJournal(a.journal.Snapshot()), true)
+	a.setPromise(PromiseFromJournal(a.sess.journal.Snapshot()), true)
 }
 
 // notePromise records what the checkpoint r, committed now as res (its
@@ -152,7 +152,7 @@ func (a *Agent) setPromise(p schedule.Promise, start bool) {
 	if !p.Known() {
 		return
 	}
-	a.promise.p = p
+	a.commits.promise.p = p
 	own := a.ownNotice()
 	budgets := map[string]time.Duration{}
 	for _, c := range schedule.CloudNotices {
@@ -162,16 +162,16 @@ func (a *Agent) setPromise(p schedule.Promise, start bool) {
 	fields := []zap.Field{zap.String("notice", own.Cloud), zap.Duration("need", p.Need().Round(time.Millisecond)),
 		zap.Duration("budget", schedule.Budget(own.Lead, a.cfg.Margin)), zap.Int64("bytes", p.Bytes), zap.String("source", p.Source)}
 	if problem := p.Problem(own, a.cfg.Margin); problem != "" {
-		if a.promise.misfit && !start {
+		if a.commits.promise.misfit && !start {
 			return // said once; said again only after it fitted in between
 		}
-		a.promise.misfit = true
+		a.commits.promise.misfit = true
 		a.log.Warn("a notice checkpoint will not commit before the machine goes: "+problem,
 			append(fields, zap.Strings("advice", p.Advice(schedule.Budget(own.Lead, a.cfg.Margin))))...)
 		return
 	}
-	if start || a.promise.misfit {
-		a.promise.misfit = false
+	if start || a.commits.promise.misfit {
+		a.commits.promise.misfit = false
 		a.log.Info("a notice checkpoint commits within the notice", fields...)
 	}
 }

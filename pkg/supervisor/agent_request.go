@@ -89,7 +89,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	for _, c := range a.conns {
+	for _, c := range a.conns.byID {
 		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
@@ -101,7 +101,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
 		return nil
 	}
-	a.pending[id] = r
+	a.commits.pending[id] = r
 	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
 		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)))
 	return r
@@ -121,7 +121,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		a.onUnsolicitedDone(c, m)
 		return
 	}
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.log.Warn("done for an unknown checkpoint id", zap.String("id", m.ID), zap.Uint64("conn", c.ID()))
 		a.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
@@ -156,7 +156,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 
 // settle is called when no connection owes r an answer any more.
 func (a *Agent) settle(r *request) {
-	delete(a.pending, r.id)
+	delete(a.commits.pending, r.id)
 	now := time.Now()
 	if r.answered == 0 {
 		a.removeDir(r)
@@ -183,8 +183,8 @@ func (a *Agent) settle(r *request) {
 	}
 	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
-	a.lastBlock = now
-	a.blocked += cost.Seconds()
+	a.commits.lastBlock = now
+	a.commits.blocked += cost.Seconds()
 	if r.stop != nil {
 		r.stop.record.Done = &now
 		r.stop.record.Step = r.step
@@ -196,7 +196,7 @@ func (a *Agent) settle(r *request) {
 // directory must be inside the agent's checkpoint directory: a trainer can
 // never make the agent upload anything else.
 func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
-	if a.stopping != nil {
+	if a.stops.current != nil {
 		a.reply(c, "", "done: an interruption checkpoint is in progress")
 		return
 	}
@@ -224,7 +224,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	// (owner.go), here as for a requested checkpoint.
 	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{c.ID(): true}, answered: 1, step: *m.Step, metadata: m.Metadata}
-	a.lastBlock = now
+	a.commits.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
 }
@@ -286,7 +286,7 @@ func (a *Agent) commit(r *request) {
 	// in upload_failed rather than a commit that never returns. The
 	// interruption commit must end before the trainer is stopped at the
 	// deadline, so that upload_failed can still reach it.
-	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes))
+	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes))
 	//
 	// Both end with the agent's life too: the loop ends with an upload in
 	// flight only when told to stop at once (a second signal, Run's ctx),
@@ -295,7 +295,7 @@ func (a *Agent) commit(r *request) {
 	if r.stop != nil {
 		cancel()
 		ctx, cancel = context.WithDeadline(a.life, r.stop.deadline.Add(-a.cfg.Margin/2))
-		for id, u := range a.uploads {
+		for id, u := range a.commits.uploads {
 			if !u.req.urgent() {
 				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
 				u.cancel()
@@ -303,16 +303,16 @@ func (a *Agent) commit(r *request) {
 		}
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
-	a.uploads[r.id] = u
+	a.commits.uploads[r.id] = u
 	var openErr error
 	if r.held == nil {
 		r.held, openErr = checkpoint.OpenDir(a.parentRoot(r), r.rel)
 	}
-	if r.step < a.lastCommit.step {
+	if r.step < a.commits.last.step {
 		// Committed all the same (a trainer may have rolled back on
 		// purpose), and retention keeps it; restore prefers the newest step.
 		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
-			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
+			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.commits.last.step))
 	}
 	// Upload priority over other runs (node mode) comes only from this
 	// machine's own notices: a join from a trainer is no notice, and a
@@ -321,7 +321,7 @@ func (a *Agent) commit(r *request) {
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.partFor(r)}
 	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
-	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
+	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life
 	report := func(cr commitResult) {
 		select {
 		case results <- cr:
@@ -335,7 +335,7 @@ func (a *Agent) commit(r *request) {
 			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
 		}
-		res, err := a.committer.Commit(ctx, req)
+		res, err := a.commits.committer.Commit(ctx, req)
 		if err == nil {
 			// Never the checkpoint just committed, even when its step is
 			// lower than the newest: the trainer was told it is durable.
@@ -349,8 +349,8 @@ func (a *Agent) commit(r *request) {
 
 func (a *Agent) onCommitResult(cr commitResult) {
 	r := cr.req
-	u := a.uploads[r.id]
-	delete(a.uploads, r.id)
+	u := a.commits.uploads[r.id]
+	delete(a.commits.uploads, r.id)
 	now := time.Now()
 	a.removeDir(r)
 	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
@@ -378,12 +378,12 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
 	a.notePromise(r, res, u.start, now) // agent_promise.go
-	pr := a.promise.p
-	if res.Manifest.Step >= a.lastCommit.step { // restore resumes from the newest step
-		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	pr := a.commits.promise.p
+	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
+		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
 	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
 		a.cfg.Scheduler.ObserveCost(d)
@@ -391,7 +391,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.asksPeriodic(), a.session
+	jobStats, session := a.asksPeriodic(), a.sess.id
 	a.journalAsync(func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
@@ -413,7 +413,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 
 // requestExpired handles a request whose deadline passed unanswered.
 func (a *Agent) requestExpired(r *request, now time.Time) {
-	delete(a.pending, r.id)
+	delete(a.commits.pending, r.id)
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
@@ -435,7 +435,7 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 }
 
 func (a *Agent) broadcast(m protocol.Message) {
-	for _, c := range a.conns {
+	for _, c := range a.conns.byID {
 		if err := c.Post(m); err != nil {
 			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
 		}

@@ -10,6 +10,19 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
+// bootRestore is the restore at the start: the resume the trainers are
+// told of, and the restore running beside the trainer's start (restoring);
+// aborted: the start was given up meanwhile; gone: why the trainers will
+// get no resume (it failed or was cancelled); abandonAt: when a trainer
+// told of a failed restore is stopped.
+type bootRestore struct {
+	resume    *protocol.Resume
+	restoring *pendingRestore
+	aborted   *startAbort
+	gone      string
+	abandonAt time.Time
+}
+
 // The overlapped restore (Config.OverlapRestore): the trainer starts at
 // once and the restore runs beside the loop, so that a new machine pays
 // max(restore, trainer boot) rather than their sum. What the trainer learns,
@@ -74,7 +87,7 @@ func (a *Agent) overlapRestore() bool {
 func (a *Agent) startRestore() {
 	ctx, cancel := context.WithCancel(a.life)
 	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
-	a.restoring = p
+	a.boot.restoring = p
 	opts := a.restoreOptions()
 	a.log.Info("restoring while the trainer starts")
 	a.goBg(func() {
@@ -86,48 +99,48 @@ func (a *Agent) startRestore() {
 
 // restoreDone is the loop's source of the restore's end (nil: none running).
 func (a *Agent) restoreDone() <-chan restoreResult {
-	if a.restoring == nil {
+	if a.boot.restoring == nil {
 		return nil
 	}
-	return a.restoring.done
+	return a.boot.restoring.done
 }
 
 // onRestoreDone: the overlapped restore ended; the trainers learn how.
 func (a *Agent) onRestoreDone(res restoreResult) {
-	p := a.restoring
-	a.restoring = nil
+	p := a.boot.restoring
+	a.boot.restoring = nil
 	switch {
 	case p.why != "":
 		if res.f != nil {
 			a.log.Info("restore finished after the start was given up: not used", zap.String("why", p.why))
 		}
-		a.restoreGone = "restore cancelled: " + p.why
-		a.tellRestoreFailed(p, a.restoreGone)
+		a.boot.gone = "restore cancelled: " + p.why
+		a.tellRestoreFailed(p, a.boot.gone)
 		return
 	case res.err != nil:
 		err := res.err // "restore: ..." (fetchRestore)
 		a.log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.aborted = &startAbort{err: err}
-		a.restoreGone = err.Error()
+		a.boot.aborted = &startAbort{err: err}
+		a.boot.gone = err.Error()
 		a.tellRestoreFailed(p, err.Error())
 		a.proc.cancelRestart() // it exited meanwhile: no restart
 		if a.proc.done != nil {
 			// It was told: it should exit with the error itself.
-			a.abandonAt = time.Now().Add(a.cfg.KillAfter)
+			a.boot.abandonAt = time.Now().Add(a.cfg.KillAfter)
 		}
 		return
 	}
 	a.recordSession()
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
+		a.boot.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
 		now := time.Now()
-		a.lastBlock = now
-		a.lastCommit.trainedAt = now
+		a.commits.lastBlock = now
+		a.commits.last.trainedAt = now
 	}
 	for _, c := range p.waiting {
-		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.resume}); err != nil {
+		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.boot.resume}); err != nil {
 			a.log.Warn("restored not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
@@ -151,8 +164,8 @@ func (a *Agent) tellRestoreFailed(p *pendingRestore, why string) {
 // failed; false: the restore is over and ok, the hello is served as usual.
 func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 	c, m := ev.Conn, ev.Msg
-	failed := a.restoreGone
-	if failed == "" && a.restoring == nil {
+	failed := a.boot.gone
+	if failed == "" && a.boot.restoring == nil {
 		return false
 	}
 	if m.Version < 2 {
@@ -161,7 +174,7 @@ func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 			return true
 		}
 		a.log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
-		a.restoring.held = append(a.restoring.held, ev)
+		a.boot.restoring.held = append(a.boot.restoring.held, ev)
 		return true
 	}
 	w := a.welcome(m)
@@ -169,7 +182,7 @@ func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {
 		w.Restore = protocol.RestorePending
-		a.restoring.waiting[c.ID()] = c
+		a.boot.restoring.waiting[c.ID()] = c
 	}
 	a.admit(c, m, w)
 	return true
@@ -178,12 +191,12 @@ func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 // welcome is the answer to hello m, in the version both sides speak.
 func (a *Agent) welcome(m protocol.Message) protocol.Message {
 	v := min(max(m.Version, 1), protocol.ProtocolVersion)
-	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.boot.resume}
 }
 
 // forgetWaiting drops a connection that closed from the restore's waiters.
 func (a *Agent) forgetWaiting(id uint64) {
-	p := a.restoring
+	p := a.boot.restoring
 	if p == nil {
 		return
 	}
@@ -201,12 +214,12 @@ func (a *Agent) forgetWaiting(id uint64) {
 // removed, and the trainer, which has not resumed and has nothing to save,
 // is stopped. True when there was a restore to abort.
 func (a *Agent) abortStart(why string, ab *startAbort) bool {
-	p := a.restoring
+	p := a.boot.restoring
 	if p == nil {
 		return false
 	}
-	if a.aborted == nil {
-		a.aborted = ab
+	if a.boot.aborted == nil {
+		a.boot.aborted = ab
 	}
 	a.proc.cancelRestart() // it exited meanwhile: no restart
 	p.why = why
@@ -219,7 +232,7 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 // restoreExit is Run's answer after a start given up during the restore
 // (ok false: none was).
 func (a *Agent) restoreExit() (code int, err error, ok bool) {
-	ab := a.aborted
+	ab := a.boot.aborted
 	switch {
 	case ab == nil:
 		return 0, nil, false

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -152,16 +153,16 @@ func newWatchSource(a *Agent) (*watchSource, error) {
 		w.Close()
 		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
-	ws := &watchSource{a: a, cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
-		work: make(chan func()), dir: droot, stage: stage, paceFrom: a.started, resumed: -1,
+	ws := &watchSource{a: a, cfg: *wc, w: w, store: watch.NewVerifyStore(a.commits.committer.Store),
+		work: make(chan func()), dir: droot, stage: stage, paceFrom: a.sess.started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
-	c := *a.committer
+	c := *a.commits.committer
 	c.Store = ws.store
-	a.committer = &c
+	a.commits.committer = &c
 	cw := w.Config()
 	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
-		zap.String("notice_signal", signalName(wc.NoticeSignal)))
+		zap.String("notice_signal", sigbridge.Name(wc.NoticeSignal)))
 	return ws, nil
 }
 
@@ -256,7 +257,7 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
 		ws.pace.Add(cp.Step, at)
 	}
-	if a.lastCommit.id != "" && cp.Step <= a.lastCommit.step {
+	if a.commits.last.id != "" && cp.Step <= a.commits.last.step {
 		a.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
 		return
 	}
@@ -283,7 +284,7 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 func (ws *watchSource) supersede(step int64) {
 	a := ws.a
 	for id, u := range ws.inflight {
-		if up := a.uploads[id]; up != nil && u.cp.Step < step {
+		if up := a.commits.uploads[id]; up != nil && u.cp.Step < step {
 			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 			up.cancel()
 		}
@@ -362,7 +363,7 @@ func (ws *watchSource) commit(sc *watchStaged) {
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata(), costFrom: now.Add(-sc.took)}
 	// The staging's busy mark stays until the commit ends (committed).
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	a.lastBlock = now
+	a.commits.lastBlock = now
 	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
 	a.commit(r)
@@ -393,7 +394,7 @@ func (ws *watchSource) committed(cr commitResult) {
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if a.lastCommit.id == "" || n.cp.Step > a.lastCommit.step {
+		if a.commits.last.id == "" || n.cp.Step > a.commits.last.step {
 			ws.commit(n)
 		} else {
 			ws.dropNext()
@@ -459,8 +460,8 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if ws.newest != nil {
 		st.baseline = ws.newest.Step
 	}
-	if a.lastCommit.id != "" {
-		st.baseline = max(st.baseline, a.lastCommit.step)
+	if a.commits.last.id != "" {
+		st.baseline = max(st.baseline, a.commits.last.step)
 	}
 	ws.intr = st
 	// Completeness cannot wait past the upload deadline.
@@ -470,7 +471,7 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if sc := ws.next; sc != nil {
 		ws.supersede(sc.cp.Step)
 		ws.commit(sc)
-	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !ws.uploading(n.Step) {
+	} else if n := ws.newest; n != nil && (a.commits.last.id == "" || n.Step > a.commits.last.step) && !ws.uploading(n.Step) {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
@@ -482,7 +483,7 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 			s.record.Requested = &at
 			// The trainer may die of it: that is the stop it was told of.
 			a.proc.deadlineKill = true
-			a.log.Info("notice: signalled the trainer to save", zap.String("signal", signalName(sig)), zap.Time("upload_by", uploadBy))
+			a.log.Info("notice: signalled the trainer to save", zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
@@ -516,7 +517,7 @@ func (ws *watchSource) tick(now time.Time) {
 	case ws.goneAt.IsZero():
 		ws.goneAt = now // the first pass of the loop since it exited
 	}
-	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.proc.exitCode == 0 && a.proc.restartAt.IsZero() {
+	if a.trainerGone() && a.stops.current == nil && ws.flushBy.IsZero() && a.proc.exitCode == 0 && a.proc.restartAt.IsZero() {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
@@ -534,12 +535,12 @@ func (ws *watchSource) tick(now time.Time) {
 	if !active {
 		return
 	}
-	committed := a.lastCommit.id != ""
-	late = late || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
+	committed := a.commits.last.id != ""
+	late = late || (a.trainerGone() && !ws.w.Pending(max(a.commits.last.step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}
-	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
+	if n := ws.newest; n != nil && (!committed || n.Step > a.commits.last.step) {
 		// Failed or not started: once more, before the deadline.
 		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
 			ws.commit(sc)
@@ -559,23 +560,23 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 	a, s := ws.a, st.s
 	newest := ws.w.NewestStep()
 	a.seeStep(&newest)
-	if a.lastCommit.id == "" {
+	if a.commits.last.id == "" {
 		a.stopFailed(s, "no complete checkpoint in the watched directory", now)
 	} else {
 		base := ws.written
 		if base.IsZero() {
-			base = a.lastCommit.trainedAt
+			base = a.commits.last.trainedAt
 		}
 		if base.IsZero() {
-			base = a.started
+			base = a.sess.started
 		}
-		s.record.CheckpointID, s.record.Step = a.lastCommit.id, a.lastCommit.step
+		s.record.CheckpointID, s.record.Step = a.commits.last.id, a.commits.last.step
 		s.record.LostSeconds = max(now.Sub(base).Seconds(), 0)
-		if a.lastCommit.step > st.baseline && !ws.doneAt.IsZero() {
+		if a.commits.last.step > st.baseline && !ws.doneAt.IsZero() {
 			done := ws.doneAt
 			s.record.Done = &done // the trainer's checkpoint after the notice was complete
 		}
-		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.lastCommit.id, Step: a.lastCommit.step}, Bytes: a.lastCommit.bytes}
+		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.commits.last.id, Step: a.commits.last.step}, Bytes: a.commits.last.bytes}
 		a.stopCommitted(s, res, now)
 	}
 	a.proc.stopAtDeadline(a.life, a.goBg)
@@ -591,8 +592,8 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 func (ws *watchSource) reached(now time.Time) (int64, string) {
 	a := ws.a
 	seen := ws.w.NewestStep() // -1: none
-	if a.lastStep > max(seen, 0) {
-		return a.lastStep, ""
+	if a.commits.lastStep > max(seen, 0) {
+		return a.commits.lastStep, ""
 	}
 	stopped := now
 	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
@@ -601,7 +602,7 @@ func (ws *watchSource) reached(now time.Time) (int64, string) {
 	if step, ok := ws.pace.At(stopped); ok {
 		return max(step, seen), checkpoint.LostFromEstimate
 	}
-	return max(seen, a.lastStep), checkpoint.LostFromDir
+	return max(seen, a.commits.lastStep), checkpoint.LostFromDir
 }
 
 // busy keeps the agent from ending while an interruption waits for the
@@ -616,7 +617,7 @@ func (ws *watchSource) busy(now time.Time) bool {
 		return false
 	}
 	// No scan here: tick, earlier in the same pass of the loop, did.
-	return len(ws.inflight) > 0 || ws.w.Pending(a.lastCommit.step)
+	return len(ws.inflight) > 0 || ws.w.Pending(a.commits.last.step)
 }
 
 // watchStage is the directory in DIR where watched checkpoints are staged

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -135,8 +136,8 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 func TestSignalName(t *testing.T) {
 	for sig, want := range map[syscall.Signal]string{0: "none", syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT",
 		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2"} {
-		if got := signalName(sig); got != want {
-			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
+		if got := sigbridge.Name(sig); got != want {
+			t.Errorf("sigbridge.Name(%d)=%q, want %q", sig, got, want)
 		}
 	}
 }

@@ -20,7 +20,7 @@ func (a *Agent) trainerOwned(r *request) func() {
 	}
 	var uids []int
 	for cid := range r.answeredBy {
-		c := a.conns[cid]
+		c := a.conns.byID[cid]
 		if c == nil {
 			continue
 		}

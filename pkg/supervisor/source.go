@@ -83,4 +83,4 @@ func (protocolSource) stop(*stopState, time.Time, time.Time) bool { return false
 func (protocolSource) asks() bool                                 { return true }
 
 // reached: what the trainer reported (progress, done, bye).
-func (p protocolSource) reached(time.Time) (int64, string) { return p.a.lastStep, "" }
+func (p protocolSource) reached(time.Time) (int64, string) { return p.a.commits.lastStep, "" }
