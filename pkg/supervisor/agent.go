@@ -353,7 +353,7 @@ func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 
 // restoreOptions are the options of a restore into the agent's area.
 func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
-	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.restorePart()}
+	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.job.restorePart()}
 }
 
 // fetched is a restore's files in place, before the loop records it.
@@ -436,13 +436,7 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 func (a *Agent) cleanup(ctx context.Context) {
 	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		var opts []cloud.CleanupOptions
-		if a.partMode() {
-			// Other nodes' uploads in flight are theirs: only this
-			// node's part, or what is older than a day.
-			opts = append(opts, checkpoint.PartCleanup(a.cfg.Node))
-		}
-		n, err := c.Cleanup(cctx, opts...)
+		n, err := c.Cleanup(cctx, a.job.cleanup()...) // job_policy.go
 		cancel()
 		switch {
 		case err != nil:

@@ -70,23 +70,16 @@ func (a *Agent) takeLease(ctx context.Context) error {
 		return nil
 	}
 	rec := checkpoint.LeaseRecord{Session: a.sess.id, Instance: machineOf(a.cfg.Identity), Started: a.sess.started.UTC()}
-	if a.partMode() {
-		l, err := checkpoint.AcquirePartLease(ctx, a.cfg.Store, a.cfg.Node, rec)
-		if err != nil {
-			return fmt.Errorf("take lease of %s: %w", a.cfg.Node, err)
-		}
-		a.commits.committer.PartLease = l
-		a.sess.journal.FenceWith(l)
-		a.log.Info("lease of this node taken", zap.String("part", a.cfg.Node), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
-		return nil
-	}
-	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, rec)
+	l, err := a.job.takeLease(ctx, a.cfg.Store, rec, a.commits.committer) // job_policy.go
 	if err != nil {
-		return fmt.Errorf("take lease: %w", err)
+		return err
 	}
-	a.commits.committer.Lease = l
 	a.sess.journal.FenceWith(l)
-	a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	if part := a.job.part(); part != "" {
+		a.log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	} else {
+		a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	}
 	return nil
 }
 
@@ -140,7 +133,7 @@ func (a *Agent) onFenced() {
 		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
 	n.Deadline = now.Add(a.cfg.TermGrace)
-	if a.partMode() && a.stops.current == nil {
+	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}

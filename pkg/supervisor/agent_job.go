@@ -2,8 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,32 +53,6 @@ func multiNode(m protocol.Message) bool {
 		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
 }
 
-// restorePart is the part a restore fetches: this node's, or every part.
-func (a *Agent) restorePart() string {
-	if a.cfg.RestoreAll {
-		return ""
-	}
-	return a.cfg.Node
-}
-
-// partMode reports whether this agent commits parts of a job checkpoint.
-func (a *Agent) partMode() bool { return a.cfg.Node != "" }
-
-// asksPeriodic reports whether this agent's schedule asks for periodic
-// checkpoints: in a job, only the node hosting rank 0 does (the others'
-// ranks join its requests), so that the job has one schedule.
-func (a *Agent) asksPeriodic() bool {
-	if !a.partMode() {
-		return true
-	}
-	for _, c := range a.conns.byID {
-		if h, ok := c.Hello(); ok && h.Rank != nil && *h.Rank == 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // noteRank records which rank answered r, for its part.
 func (r *request) noteRank(c *protocol.Conn) {
 	h, ok := c.Hello()
@@ -93,56 +65,6 @@ func (r *request) noteRank(c *protocol.Conn) {
 	r.ranks[*h.Rank] = true
 	if h.WorldSize != nil && *h.WorldSize > r.world {
 		r.world = *h.WorldSize
-	}
-}
-
-// partFor is r's part of the job checkpoint (nil outside part mode).
-// settle has made sure that r's ranks are known (partMissing).
-func (a *Agent) partFor(r *request) *checkpoint.PartSpec {
-	if !a.partMode() {
-		return nil
-	}
-	ranks := slices.Sorted(maps.Keys(r.ranks))
-	return &checkpoint.PartSpec{Node: a.cfg.Node, Ranks: ranks, WorldSize: max(r.world, 1)}
-}
-
-// partMissing says why r, answered by every trainer it waits for, cannot
-// be this node's part yet ("" when it can): a rank that hello said exists
-// on this node has not answered (it may connect and join a few ms late),
-// or no trainer said which rank it is.
-func (a *Agent) partMissing(r *request) string {
-	if !a.partMode() {
-		return ""
-	}
-	if len(r.ranks) == 0 {
-		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
-	}
-	if len(r.ranks) < a.conns.localWorld {
-		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), a.conns.localWorld)
-	}
-	return ""
-}
-
-// noteLocalWorld remembers how many ranks run on this node, as the
-// trainers' hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for
-// all of them, even one that connects after the request was sent.
-func (a *Agent) noteLocalWorld(m protocol.Message) {
-	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.conns.localWorld {
-		a.conns.localWorld = *m.LocalWorldSize
-	}
-}
-
-// checkHelloTopology warns when a trainer's hello says it is one node of a
-// job and this agent was not told its node rank: its commits would then
-// be whole checkpoints made of one node's files.
-func (a *Agent) checkHelloTopology(m protocol.Message) {
-	if a.partMode() || a.conns.warnedTopology {
-		return
-	}
-	if multiNode(m) {
-		a.conns.warnedTopology = true
-		a.log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
-			zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
 	}
 }
 
@@ -160,8 +82,8 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.reply(c, m.ID, "join: say hello first")
 		return
 	}
-	if !a.partMode() && (h.WorldSize == nil || *h.WorldSize < 2) {
-		a.reply(c, m.ID, "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)")
+	if why := a.job.mayJoin(h); why != "" {
+		a.reply(c, m.ID, why)
 		return
 	}
 	if !isRequestID(m.ID) {

@@ -47,6 +47,7 @@ type Agent struct {
 	stops   stopSequence     // notices, signals and the stop sequence (agent_notice.go)
 	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
 	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
+	job     jobPolicy        // single node or one node's part of a job (job_policy.go)
 	src     checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
 	done    bool             // loop ends
 }
@@ -200,14 +201,12 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID()}, life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
 		conns:   trainerConns{byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
-		fences:  make(chan struct{}, 1),
-		proc:    newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
+		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
+		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.commits.lastBlock = a.sess.started
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	if cfg.Node != "" {
-		a.commits.committer.Session = a.sess.id // part data of this session only (parts.go)
-	}
+	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
@@ -384,7 +383,7 @@ func (a *Agent) tick(now time.Time) {
 		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.job.asksPeriodic(a.conns.byID) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}

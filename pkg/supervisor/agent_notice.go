@@ -112,9 +112,8 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
-	a.checkHelloTopology(m) // agent_job.go
-	a.noteLocalWorld(m)
-	a.rankHello(m) // agent_peers.go
+	a.job.hello(m, &a.conns, a.log) // job_policy.go
+	a.rankHello(m)                  // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
 		c.Post(s.stopMessage())
@@ -165,7 +164,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.asksPeriodic() {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.job.asksPeriodic(a.conns.byID) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
@@ -241,7 +240,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			}
 			a.stopRequested(s, r, now)
 			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
-			if a.partMode() {
+			if a.job.ranksAgree() {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {

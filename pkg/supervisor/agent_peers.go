@@ -184,7 +184,7 @@ type crashRecord struct {
 // recordCrash tells the job's other nodes that a rank here crashed on its
 // own (they see it as a lost peer).
 func (a *Agent) recordCrash(pid int) {
-	if !a.partMode() {
+	if !a.job.crashRecords() {
 		return
 	}
 	rec := crashRecord{Node: a.cfg.Node, Session: a.sess.id, PID: pid, At: time.Now().UTC()}
@@ -213,7 +213,7 @@ func (a *Agent) recordCrash(pid int) {
 func (a *Agent) lookForPeerCrash(code int) {
 	done := make(chan crashLookup, 1)
 	a.ranks.lookup = done
-	if !a.partMode() {
+	if !a.job.crashRecords() {
 		done <- crashLookup{code: code}
 		return
 	}

@@ -61,11 +61,7 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 		if m.Step != nil && *m.Step >= 0 {
 			step = *m.Step
 		}
-		if a.partMode() {
-			r.pipe = a.commits.committer.NewPartPipeline(a.life, r.held, step, r.id, a.cfg.Node)
-		} else {
-			r.pipe = a.commits.committer.NewPipeline(a.life, r.held, step, r.id)
-		}
+		r.pipe = a.job.pipeline(a.life, a.commits.committer, r.held, step, r.id)
 		if a.stops.current != nil && !r.urgent() {
 			r.pipe.Halt()
 		}

@@ -144,7 +144,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.partMissing(r); why != "" && r.lost == 0 && len(r.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -166,11 +166,11 @@ func (a *Agent) settle(r *request) {
 		}
 		return
 	}
-	if a.partMode() && r.lost > 0 {
-		a.abandonPart(r, fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost), now) // agent_job.go
+	if why := a.job.lost(r); why != "" {
+		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}
-	if why := a.partMissing(r); why != "" {
+	if why := a.job.partMissing(r, a.conns.localWorld); why != "" {
 		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
@@ -200,10 +200,8 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 		a.reply(c, "", "done: an interruption checkpoint is in progress")
 		return
 	}
-	if a.partMode() {
-		// One node's own checkpoint is no job checkpoint: as a part of
-		// one it would stand for the whole job (docs/distributed.md).
-		a.reply(c, "", "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed")
+	if why := a.job.ownCheckpoint(); why != "" {
+		a.reply(c, "", why)
 		return
 	}
 	rel, err := a.insideCheckpointDir(m.Dir)
@@ -319,7 +317,7 @@ func (a *Agent) commit(r *request) {
 	// pod could send one in a loop to starve its neighbours.
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
-		Part: a.partFor(r)}
+		Part: a.job.partFor(r)}
 	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life
 	report := func(cr commitResult) {
@@ -391,7 +389,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.asksPeriodic(), a.sess.id
+	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
 	a.journalAsync(func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked

@@ -43,7 +43,6 @@ type WatchConfig struct {
 type watchSource struct {
 	host     sourceHost
 	env      watchEnv
-	log      *zap.Logger
 	cfg      WatchConfig
 	w        *watch.Watcher
 	store    *watch.VerifyStore
@@ -166,7 +165,7 @@ func newWatchSource(h sourceHost, env watchEnv) (*watchSource, error) {
 		w.Close()
 		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
-	ws := &watchSource{host: h, env: env, log: env.log, cfg: *wc, w: w, store: watch.NewVerifyStore(env.cfg.Store),
+	ws := &watchSource{host: h, env: env, cfg: *wc, w: w, store: watch.NewVerifyStore(env.cfg.Store),
 		work: make(chan func()), dir: droot, stage: stage, paceFrom: env.started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
 	cw := w.Config()
@@ -193,9 +192,9 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 		ws.paceFrom = start
 	}
 	ws.resumed = -1
-	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, checkpoint.RestoreOptions{Log: ws.log, MaxEpoch: h.epoch()})
+	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, checkpoint.RestoreOptions{Log: ws.env.log, MaxEpoch: h.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		ws.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.cfg.Store.URI("")))
+		ws.env.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.cfg.Store.URI("")))
 		return nil, nil
 	}
 	if err != nil {
@@ -206,10 +205,10 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	manifest := filepath.Join(ws.env.dirs.areaPath, watchManifest)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
 		if err := checkpoint.WriteFile(ws.env.dirs.area, watchManifest, b, 0o600); err != nil {
-			ws.log.Warn("could not write the local manifest copy", zap.Error(err))
+			ws.env.log.Warn("could not write the local manifest copy", zap.Error(err))
 		}
 	}
-	ws.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+	ws.env.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
 	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
 	return h.restored(r.Restored, start, r.Path, manifest), nil
@@ -269,7 +268,7 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 		ws.pace.Add(cp.Step, at)
 	}
 	if last := h.last(); last.id != "" && cp.Step <= last.step {
-		ws.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
+		ws.env.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
 		return
 	}
 	for _, u := range ws.inflight {
@@ -295,7 +294,7 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 func (ws *watchSource) supersede(step int64) {
 	for id, u := range ws.inflight {
 		if u.cp.Step < step && ws.host.cancelUpload(id) {
-			ws.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
+			ws.env.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 		}
 	}
 }
@@ -327,7 +326,7 @@ func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
 	}
 	if err != nil {
 		ws.prune.setBusy(cp.Name, -1)
-		ws.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
+		ws.env.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
 		ws.env.cfg.Metrics.Error("checkpoint")
 		ws.w.Retry(cp.Name) // once it is quiet again
 		return nil
@@ -371,7 +370,7 @@ func (ws *watchSource) commit(sc *watchStaged) {
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata(), costFrom: now.Add(-sc.took)}
 	// The staging's busy mark stays until the commit ends (committed).
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	ws.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
+	ws.env.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
 	h.commit(r, now)
 }
@@ -394,7 +393,7 @@ func (ws *watchSource) committed(cr commitResult) {
 			ws.pruneFrom(cr.res.Manifest.Step)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
-		ws.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
+		ws.env.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
 			zap.String("name", u.cp.Name), zap.Error(cr.err))
 		ws.w.Retry(u.cp.Name)
 	default:
@@ -485,14 +484,14 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if sig := ws.cfg.NoticeSignal; sig != 0 && h.trainer().running {
 		// The trainer may die of it: that is the stop it was told of.
 		if err := h.signalTrainer(sig); err != nil {
-			ws.log.Warn("could not signal the trainer", zap.Error(err))
+			ws.env.log.Warn("could not signal the trainer", zap.Error(err))
 		} else {
 			at := now.UTC()
 			s.record.Requested = &at
-			ws.log.Info("notice: signalled the trainer to save", zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
+			ws.env.log.Info("notice: signalled the trainer to save", zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
-		ws.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
+		ws.env.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
 	}
 	ws.tick(now)
 	return true
