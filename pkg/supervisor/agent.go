@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -155,35 +154,6 @@ const (
 	exitFileName = "exit-code"
 )
 
-// childSaid75 reports whether the trainer's ranks wrote 75 to the exit
-// file: they were stopped for an interruption or shutdown.
-func (a *Agent) childSaid75() bool { return a.exitFileSays() == strconv.Itoa(ExitInterrupted) }
-
-// exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
-// nothing). The trainer can replace the file: it is opened without
-// blocking (a FIFO), a user-named path without following a symlink, and
-// only a few bytes of a regular file are read.
-func (a *Agent) exitFileSays() string {
-	const flags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
-	var f *os.File
-	var err error
-	if p := os.Getenv(exitFileEnv); p != "" {
-		f, err = os.OpenFile(p, flags, 0)
-	} else {
-		f, err = a.dirs.area.OpenFile(exitFileName, flags, 0) // stays inside the area
-	}
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return ""
-	}
-	b := make([]byte, 16)
-	n, _ := io.ReadFull(f, b)
-	return strings.TrimSpace(string(b[:n]))
-}
-
 // defaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
 const defaultSignalWindow = time.Second
@@ -219,89 +189,6 @@ const (
 	restoreSub = "restore"
 )
 
-// localDirs are the agent's handles on its local directories: every
-// operation below the checkpoint directory goes through them, never by
-// path, so that a trainer swapping a directory for a symlink cannot
-// redirect a write or a delete.
-type localDirs struct {
-	root     *os.Root // --checkpoint-dir
-	area     *os.Root // root/areaName
-	areaName string
-	areaPath string
-}
-
-// openDirs creates (or checks) the checkpoint directory and the agent's
-// area in it, and opens both.
-func (a *Agent) openDirs() error {
-	root := a.cfg.dir
-	if root == nil {
-		if err := os.MkdirAll(a.cfg.CheckpointDir, 0o700); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
-		}
-		var err error
-		if root, err = os.OpenRoot(a.cfg.CheckpointDir); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
-		}
-	}
-	name := areaPrefix + a.cfg.RunID
-	d := localDirs{root: root, areaName: name, areaPath: filepath.Join(a.cfg.CheckpointDir, name)}
-	err := makeArea(root, name, a.cfg.RunID)
-	if err == nil {
-		d.area, err = checkpoint.OpenDir(root, name)
-	}
-	if err == nil {
-		err = mkdirIn(d.area, restoreSub)
-	}
-	if err != nil {
-		root.Close()
-		return fmt.Errorf("checkpoint dir: %s: %w", d.areaPath, err)
-	}
-	a.dirs = d
-	return nil
-}
-
-// makeArea creates the area name below root with its marker, or checks
-// that an existing one carries the marker of this run.
-func makeArea(root *os.Root, name, runID string) error {
-	marker := name + "/" + areaMarker
-	if err := root.Mkdir(name, 0o700); err == nil {
-		return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
-	} else if !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	area, err := checkpoint.OpenDir(root, name)
-	if err != nil {
-		return err
-	}
-	defer area.Close()
-	fi, err := area.Lstat(areaMarker)
-	if errors.Is(err, fs.ErrNotExist) {
-		// Empty: nothing of anyone's to lose by adopting it.
-		if f, err := area.Open("."); err == nil {
-			names, _ := f.Readdirnames(1)
-			f.Close()
-			if len(names) == 0 {
-				return checkpoint.WriteFile(area, areaMarker, []byte(runID+"\n"), 0o600)
-			}
-		}
-		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", areaMarker)
-	}
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > 256 {
-		return fmt.Errorf("%s is not a marker file: refused", areaMarker)
-	}
-	b, err := area.ReadFile(areaMarker)
-	if err != nil {
-		return err
-	}
-	if got := strings.TrimSpace(string(b)); got != runID {
-		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
-	}
-	return nil
-}
-
 // mkdirIn creates the directory name below r unless it exists; an
 // existing entry that is not a directory (a symlink, say) is refused.
 func mkdirIn(r *os.Root, name string) error {
@@ -322,19 +209,6 @@ func mkdirIn(r *os.Root, name string) error {
 	return nil
 }
 
-// closeDirs releases the handles; the agent touches no local file after.
-func (a *Agent) closeDirs() {
-	if a.dirs.area != nil {
-		a.dirs.area.Close()
-	}
-	if a.dirs.root != nil {
-		a.dirs.root.Close()
-	}
-}
-
-// restoreDir is where restores go, inside the agent's area.
-func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, restoreSub) }
-
 // restore puts the newest committed checkpoint where the trainer resumes
 // from, as the checkpoint source does it (source.go); nil when starting
 // fresh.
@@ -353,7 +227,7 @@ func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 
 // restoreOptions are the options of a restore into the agent's area.
 func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
-	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.job.restorePart()}
+	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.commits.epoch(), Part: a.job.restorePart()}
 }
 
 // fetched is a restore's files in place, before the loop records it.
@@ -367,7 +241,7 @@ type fetched struct {
 // restore area, never the loop's state: the overlapped restore runs it
 // beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
 func (a *Agent) fetchRestore(ctx context.Context, opts checkpoint.RestoreOptions) (*fetched, error) {
-	restoreDir := a.restoreDir()
+	restoreDir := a.dirs.restoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may
 	// have swapped the directory since the last one.
@@ -417,7 +291,7 @@ func (a *Agent) fetchRestore(ctx context.Context, opts checkpoint.RestoreOptions
 // are now, and manifest, the local copy of the manifest.
 func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
 	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
-	a.journalAsync(func(j *checkpoint.Journal) {
+	a.sess.journalAsync(func(j *checkpoint.Journal) {
 		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
 			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
 			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: a.cfg.Node,

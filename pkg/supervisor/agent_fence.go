@@ -38,28 +38,6 @@ const cloudFence metadata.Cloud = "fence"
 // defaultFenceInterval is how often an agent lists leases/ (one List).
 const defaultFenceInterval = 30 * time.Second
 
-// lease is this session's lease: the run's, or in part mode the node's;
-// nil when fencing is off.
-func (a *Agent) lease() *checkpoint.Lease {
-	if a.commits.committer.PartLease != nil {
-		return a.commits.committer.PartLease
-	}
-	return a.commits.committer.Lease
-}
-
-// fenced reports whether a newer session took the run (or this node of
-// the job) over.
-func (a *Agent) fenced() bool { return a.lease().Fenced() }
-
-// epoch is this session's epoch of the run's lease (0: none, or part
-// mode, where epochs count one node's sessions and manifests carry none).
-func (a *Agent) epoch() int64 {
-	if l := a.commits.committer.Lease; l != nil {
-		return l.Epoch
-	}
-	return 0
-}
-
 // takeLease takes this session's lease, before the restore: the restore
 // then starts from what latest.json held when the lease sealed it. In
 // part mode it takes the node's lease: a second live copy of node K (a
@@ -87,7 +65,7 @@ func (a *Agent) takeLease(ctx context.Context) error {
 // ends, and once fenced tells the loop (a.fences: its own event, not a
 // notice).
 func (a *Agent) watchFence() {
-	l := a.lease()
+	l := a.commits.lease()
 	if l == nil {
 		return
 	}
@@ -128,9 +106,9 @@ func (a *Agent) onFenced() {
 	}
 	now := time.Now()
 	n := metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
-		ID: fmt.Sprintf("fenced-by-%d", a.lease().FencedBy()), Action: reasonFenced}
+		ID: fmt.Sprintf("fenced-by-%d", a.commits.lease().FencedBy()), Action: reasonFenced}
 	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
-		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
+		zap.Int64("epoch", a.commits.epoch()), zap.Int64("newer_epoch", a.commits.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
 	n.Deadline = now.Add(a.cfg.TermGrace)
 	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
@@ -153,7 +131,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	}
 	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
-	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
 	case a.stops.current == nil:
 		a.onFenced()

@@ -79,15 +79,15 @@ func (r *request) noteRank(c *protocol.Conn) {
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
 	if _, known := a.conns.byID[c.ID()]; !known || !ok {
-		a.reply(c, m.ID, "join: say hello first")
+		a.conns.reply(c, m.ID, "join: say hello first")
 		return
 	}
 	if why := a.job.mayJoin(h); why != "" {
-		a.reply(c, m.ID, why)
+		a.conns.reply(c, m.ID, why)
 		return
 	}
 	if !isRequestID(m.ID) {
-		a.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
+		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}
 	if r, ok := a.commits.pending[m.ID]; ok {
@@ -100,13 +100,13 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	if _, ok := a.commits.uploads[m.ID]; ok {
-		a.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
+		a.conns.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
 		return
 	}
 	switch m.Reason {
 	case protocol.ReasonPeriodic, protocol.ReasonManual, protocol.ReasonShutdown, protocol.ReasonInterruption:
 	default:
-		a.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
+		a.conns.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
 		return
 	}
 	now := time.Now()
@@ -121,7 +121,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		// shutdown bounds it, as if this agent had been signalled.
 		deadline = a.requestDeadline(now.Add(a.cfg.TermGrace), now)
 	default:
-		a.reply(c, m.ID, "join: a deadline in the future is required")
+		a.conns.reply(c, m.ID, "join: a deadline in the future is required")
 		return
 	}
 	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
@@ -130,7 +130,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	if s := a.stops.current; s != nil && (s.req == nil || a.commits.pending[s.req.id] != s.req) {
 		// This node's interruption checkpoint is saved (or failed)
 		// already: the job's ranks cannot be asked for another one.
-		a.reply(c, m.ID, "join: this node is already stopping")
+		a.conns.reply(c, m.ID, "join: this node is already stopping")
 		return
 	}
 	var stop *stopState
@@ -187,8 +187,8 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.removeDir(r)
-	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
-	a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
+	a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stopFailed(r.stop, why, now)
 	}

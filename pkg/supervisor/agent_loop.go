@@ -157,7 +157,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	} else {
 		a.finish()
 	}
-	if a.fenced() { // agent_fence.go
+	if a.commits.fenced() { // agent_fence.go
 		return exitFenced, nil
 	}
 	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
@@ -198,9 +198,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID()}, life: life, endLife: endLife,
+		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
-		conns:   trainerConns{byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
+		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
@@ -213,7 +213,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.src = src
-	if err := a.openDirs(); err != nil {
+	if err := a.dirs.open(&a.cfg); err != nil {
 		a.src.close()
 		endLife()
 		return nil, err
@@ -245,16 +245,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	a.recordSession()
+	a.sess.recordSession(a.cfg.Identity)
 	return a, nil
-}
-
-// recordSession adds this session to the journal, once the restore worked:
-// a start that fails there leaves no trace in the store.
-func (a *Agent) recordSession() {
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.sess.id, Start: a.sess.started.UTC(), Instance: machineOf(a.cfg.Identity)})
-	})
 }
 
 func (a *Agent) startChild() error {
@@ -377,7 +369,7 @@ func (a *Agent) tick(now time.Time) {
 	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
 		a.boot.abandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
-		a.stopChild()
+		a.proc.stop(a.life, a.goBg)
 	}
 	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
 		a.commits.interval = iv
@@ -493,7 +485,7 @@ func (a *Agent) exitCodeFor(code int) int {
 	case a.proc.deadlineKill && a.stops.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
-	case code == 1 && s.stopSent && !s.record.CommitOK && a.childSaid75():
+	case code == 1 && s.stopSent && !s.record.CommitOK && a.dirs.childSaid75():
 		// The checkpoint did not commit (the previous one stands), the
 		// ranks were stopped and said 75: a single trainer would exit 75.
 		a.log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
@@ -543,7 +535,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 	a.stops.signals++
 	if a.stops.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
-		a.stopChild()
+		a.proc.stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
@@ -557,11 +549,6 @@ func (a *Agent) onSignal(sig os.Signal) {
 	a.checkDone()
 }
 
-// stopChild sends SIGTERM to the trainer's group, SIGKILL after KillAfter.
-func (a *Agent) stopChild() {
-	a.proc.stop(a.life, a.goBg)
-}
-
 // finish ends the agent's life after the loop: it cancels what runs
 // beside the loop (notice source, fence, watcher, bridge, uploads), waits
 // (bounded) for the acknowledgements and journal writes that must land,
@@ -569,7 +556,7 @@ func (a *Agent) stopChild() {
 // else it started and releases the local directories.
 func (a *Agent) finish() {
 	a.endLife()
-	a.awaitLanding()
+	a.sess.awaitLanding()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
@@ -581,7 +568,7 @@ func (a *Agent) finish() {
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
 		}
-		j.Stats.RunSeconds = a.runSeconds()
+		j.Stats.RunSeconds = a.sess.runSeconds()
 	})
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
@@ -616,7 +603,7 @@ func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
 // journal as the session leaves it; a failure costs only the summary
 // (spotagent fleet --recount rebuilds it).
 func (a *Agent) recordFleet(ctx context.Context) {
-	if a.cfg.Fleet == nil || a.fenced() {
+	if a.cfg.Fleet == nil || a.commits.fenced() {
 		return
 	}
 	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.sess.journal.Snapshot(), a.commits.last.step); err != nil {
@@ -627,21 +614,8 @@ func (a *Agent) recordFleet(ctx context.Context) {
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
-	a.awaitLanding()
+	a.sess.awaitLanding()
 	a.release()
-}
-
-// awaitLanding waits, at most 10s, for the acknowledgements and journal
-// writes in flight: created with context.WithoutCancel, they outlive the
-// loop, and each has a deadline of its own. Past 10s they are abandoned.
-func (a *Agent) awaitLanding() {
-	landed := make(chan struct{})
-	go func() { a.sess.acks.Wait(); a.sess.journals.Wait(); close(landed) }()
-	select {
-	case <-landed:
-	case <-time.After(10 * time.Second):
-		a.log.Warn("event acknowledgement or journal update still in flight at exit: abandoned")
-	}
 }
 
 // release waits for every goroutine the agent started beside the loop
@@ -665,35 +639,7 @@ func (a *Agent) release() {
 		}
 	}
 	a.src.close()
-	a.closeDirs()
-}
-
-// runSeconds is the run's time on machines, this session included; the
-// journal keeps it current at every commit, so a crash loses little of it.
-func (a *Agent) runSeconds() float64 { return a.sess.ranBefore + time.Since(a.sess.started).Seconds() }
-
-// journalAsync applies fn to the journal and saves it in the background.
-func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
-	a.sess.journals.Add(1)
-	go func() {
-		defer a.sess.journals.Done()
-		// Outlives the loop: the interruption's record and the session's
-		// stats must land after it ends (awaitLanding).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), time.Minute)
-		defer cancel()
-		var g *checkpoint.Goodput
-		err := a.sess.journal.Update(ctx, func(j *checkpoint.Journal) {
-			fn(j)
-			g, _ = checkpoint.Account(j, time.Now()) // the journal as written
-		})
-		switch {
-		case err == nil && g != nil:
-			a.cfg.Metrics.Goodput(g)
-		case err != nil && !errors.Is(err, context.Canceled):
-			a.log.Warn("could not write the run journal", zap.Error(err))
-			a.cfg.Metrics.Error("journal")
-		}
-	}()
+	a.dirs.close()
 }
 
 // trainers counts connections that said hello. The signal bridge stays

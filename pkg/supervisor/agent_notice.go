@@ -123,7 +123,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
-		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
+		a.conns.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
 		return
 	}
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
@@ -362,7 +362,7 @@ func (a *Agent) finishStop(s *stopState) {
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	a.journalAsync(func(j *checkpoint.Journal) {
+	a.sess.journalAsync(func(j *checkpoint.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++
@@ -375,7 +375,7 @@ func (a *Agent) sendStop(s *stopState) {
 		return
 	}
 	s.stopSent = true
-	a.broadcast(s.stopMessage())
+	a.conns.broadcast(s.stopMessage())
 }
 
 func (s *stopState) stopMessage() protocol.Message {

@@ -114,7 +114,7 @@ func (a *Agent) rankLeft(c *protocol.Conn) {
 	if _, seen := w.left[h.PID]; seen {
 		return
 	}
-	w.left[h.PID] = a.exitFileSays()
+	w.left[h.PID] = a.dirs.exitFileSays()
 	w.leftAt[h.PID] = time.Now()
 	w.order = append(w.order, h.PID)
 }
@@ -166,7 +166,7 @@ func (a *Agent) tickRanks(now time.Time) {
 	w.ended = true
 	a.log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
 		zap.String("verdict", w.verdict), zap.Duration("kill_after", a.cfg.KillAfter))
-	a.stopChild()
+	a.proc.stop(a.life, a.goBg)
 }
 
 // peerLost reports whether the child's ranks ended because a peer of the

@@ -183,14 +183,14 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 	t.Setenv(exitFileEnv, p)
 	a := &Agent{}
 	mustWrite(t, p, " 75\n")
-	if got := a.exitFileSays(); got != "75" {
+	if got := a.dirs.exitFileSays(); got != "75" {
 		t.Fatalf("regular file: %q, want 75", got)
 	}
 	os.Remove(p)
 	if err := os.Symlink(secret, p); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.exitFileSays(); got != "" {
+	if got := a.dirs.exitFileSays(); got != "" {
 		t.Fatalf("a symlink was followed: %q", got)
 	}
 	os.Remove(p)
@@ -198,7 +198,7 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	said := make(chan string, 1)
-	go func() { said <- a.exitFileSays() }()
+	go func() { said <- a.dirs.exitFileSays() }()
 	select {
 	case got := <-said:
 		if got != "" {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,14 +44,6 @@ type request struct {
 }
 
 func (r *request) urgent() bool { return r.stop != nil }
-
-// parentRoot is the open directory r.rel names r's directory in.
-func (a *Agent) parentRoot(r *request) *os.Root {
-	if r.parent != nil {
-		return r.parent
-	}
-	return a.dirs.root
-}
 
 // upload is a commit in flight.
 type upload struct {
@@ -110,11 +101,11 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 // onDone handles a trainer's done: for a request, or unsolicited.
 func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	if len(m.Metadata) > maxDoneMetadata || (len(m.Metadata) > 0 && !json.Valid(m.Metadata)) {
-		a.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
+		a.conns.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
 		return
 	}
 	if m.Step == nil || *m.Step < 0 {
-		a.reply(c, m.ID, "done: step is required and must be >= 0")
+		a.conns.reply(c, m.ID, "done: step is required and must be >= 0")
 		return
 	}
 	if m.ID == "" {
@@ -124,7 +115,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.log.Warn("done for an unknown checkpoint id", zap.String("id", m.ID), zap.Uint64("conn", c.ID()))
-		a.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
+		a.conns.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
 		return
 	}
 	delete(r.waiting, c.ID())
@@ -197,14 +188,14 @@ func (a *Agent) settle(r *request) {
 // never make the agent upload anything else.
 func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	if a.stops.current != nil {
-		a.reply(c, "", "done: an interruption checkpoint is in progress")
+		a.conns.reply(c, "", "done: an interruption checkpoint is in progress")
 		return
 	}
 	if why := a.job.ownCheckpoint(); why != "" {
-		a.reply(c, "", why)
+		a.conns.reply(c, "", why)
 		return
 	}
-	rel, err := a.insideCheckpointDir(m.Dir)
+	rel, err := a.dirs.insideCheckpointDir(m.Dir)
 	var held *os.Root
 	if err == nil {
 		// Held from here to its removal: the commit reads this very
@@ -213,7 +204,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	}
 	if err != nil {
 		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
-		a.reply(c, "", "done: "+err.Error())
+		a.conns.reply(c, "", "done: "+err.Error())
 		return
 	}
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
@@ -227,38 +218,6 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	a.commit(r)
 }
 
-// insideCheckpointDir accepts a directory strictly below the checkpoint
-// directory, outside the areas of spotagent runs (this one's, or another's
-// sharing the directory), and returns it relative to the checkpoint
-// directory, "/"-separated. Symlinks are refused when it is opened.
-func (a *Agent) insideCheckpointDir(dir string) (string, error) {
-	if dir == "" {
-		return "", fmt.Errorf("dir is required")
-	}
-	root, err := filepath.Abs(a.cfg.CheckpointDir)
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Clean(dir)
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(root, p)
-	}
-	rel, err := filepath.Rel(root, p)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-		return "", fmt.Errorf("%s is not inside the checkpoint directory %s", dir, root)
-	}
-	rel = filepath.ToSlash(rel)
-	// Path elements, not a string prefix: "restore_mine" is the trainer's.
-	first, _, _ := strings.Cut(rel, "/")
-	if first == a.dirs.areaName {
-		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, a.dirs.areaPath)
-	}
-	if _, err := a.dirs.root.Lstat(first + "/" + areaMarker); err == nil {
-		return "", fmt.Errorf("%s is inside another spotagent run's area", dir)
-	}
-	return rel, nil
-}
-
 // removeDir deletes r's directory through the agent's handles: never
 // anything outside the checkpoint directory, and, once the directory was
 // opened for the commit, only what that directory holds.
@@ -267,7 +226,7 @@ func (a *Agent) removeDir(r *request) {
 		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
 		a.goBg(r.pipe.Wait)
 	}
-	if err := checkpoint.RemoveDir(a.parentRoot(r), r.rel, r.held); err != nil {
+	if err := checkpoint.RemoveDir(a.dirs.parentRoot(r), r.rel, r.held); err != nil {
 		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
 	}
 	if r.held != nil {
@@ -304,7 +263,7 @@ func (a *Agent) commit(r *request) {
 	a.commits.uploads[r.id] = u
 	var openErr error
 	if r.held == nil {
-		r.held, openErr = checkpoint.OpenDir(a.parentRoot(r), r.rel)
+		r.held, openErr = checkpoint.OpenDir(a.dirs.parentRoot(r), r.rel)
 	}
 	if r.step < a.commits.last.step {
 		// Committed all the same (a trainer may have rolled back on
@@ -362,8 +321,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
-		a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
-		a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stopFailed(r.stop, "upload: "+cr.err.Error(), now)
 		}
@@ -380,8 +339,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
 		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
-	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.commits.blocked
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.runSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
 		a.cfg.Scheduler.ObserveCost(d)
@@ -390,7 +349,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
 	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
-	a.journalAsync(func(j *checkpoint.Journal) {
+	a.sess.journalAsync(func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
 		}
@@ -422,26 +381,12 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	held := r.held
 	r.held = nil
 	a.goBg(func() {
-		checkpoint.RemoveDir(a.parentRoot(r), r.rel, held)
+		checkpoint.RemoveDir(a.dirs.parentRoot(r), r.rel, held)
 		if held != nil {
 			held.Close()
 		}
 	})
 	if r.stop != nil {
 		a.stopFailed(r.stop, "trainer missed the deadline", now)
-	}
-}
-
-func (a *Agent) broadcast(m protocol.Message) {
-	for _, c := range a.conns.byID {
-		if err := c.Post(m); err != nil {
-			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
-		}
-	}
-}
-
-func (a *Agent) reply(c *protocol.Conn, id, text string) {
-	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
-		a.log.Debug("error reply not delivered", zap.Error(err))
 	}
 }

@@ -131,7 +131,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		}
 		return
 	}
-	a.recordSession()
+	a.sess.recordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
 		a.boot.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
@@ -225,7 +225,7 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 	p.why = why
 	p.cancel()
 	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
-	a.stopChild()
+	a.proc.stop(a.life, a.goBg)
 	return true
 }
 

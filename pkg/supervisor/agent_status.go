@@ -72,7 +72,7 @@ func (a *Agent) status() Status {
 func (a *Agent) onStatus(c *protocol.Conn) {
 	b, err := json.Marshal(a.status())
 	if err != nil {
-		a.reply(c, "", "status: "+err.Error())
+		a.conns.reply(c, "", "status: "+err.Error())
 		return
 	}
 	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})

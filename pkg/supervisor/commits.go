@@ -21,3 +21,25 @@ type commits struct {
 	interval  time.Duration
 	promise   promiseState // the notice checkpoint's prediction (agent_promise.go)
 }
+
+// lease is this session's lease: the run's, or in part mode the node's;
+// nil when fencing is off.
+func (c *commits) lease() *checkpoint.Lease {
+	if c.committer.PartLease != nil {
+		return c.committer.PartLease
+	}
+	return c.committer.Lease
+}
+
+// fenced reports whether a newer session took the run (or this node of
+// the job) over.
+func (c *commits) fenced() bool { return c.lease().Fenced() }
+
+// epoch is this session's epoch of the run's lease (0: none, or part
+// mode, where epochs count one node's sessions and manifests carry none).
+func (c *commits) epoch() int64 {
+	if l := c.committer.Lease; l != nil {
+		return l.Epoch
+	}
+	return 0
+}

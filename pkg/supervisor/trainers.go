@@ -1,6 +1,10 @@
 package supervisor
 
-import "github.com/spotagent/spotagent/pkg/protocol"
+import (
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
 
 // trainerConns is the trainers connected to this run: who said hello, who
 // said bye, and what part mode learnt from their hellos.
@@ -14,4 +18,19 @@ type trainerConns struct {
 	leftUnfinished bool
 	localWorld     int  // ranks on this node, as hellos said (part mode)
 	warnedTopology bool // agent_job.go
+	log            *zap.Logger
+}
+
+func (t *trainerConns) broadcast(m protocol.Message) {
+	for _, c := range t.byID {
+		if err := c.Post(m); err != nil {
+			t.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
+		}
+	}
+}
+
+func (t *trainerConns) reply(c *protocol.Conn, id, text string) {
+	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
+		t.log.Debug("error reply not delivered", zap.Error(err))
+	}
 }
