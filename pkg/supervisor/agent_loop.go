@@ -145,7 +145,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.promiseAtStart() // agent_promise.go
+	a.commits.promise.atStart(a.sess.journal) // agent_promise.go
 	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
@@ -205,6 +205,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.commits.lastBlock = a.sess.started
+	a.commits.promise.cfg = &a.cfg
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
@@ -258,7 +259,7 @@ func (a *Agent) startChild() error {
 	if p := os.Getenv(exitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
 	}
-	a.resetRanks()
+	a.ranks.reset()
 	return a.proc.start(a.childEnv())
 }
 
@@ -313,7 +314,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.src.committed(r)
 		case work := <-a.src.ready():
 			work()
-		case res := <-a.crashLookupDone():
+		case res := <-a.ranks.lookupDone():
 			a.onCrashLookup(res) // agent_peers.go
 		case res := <-a.restoreDone():
 			a.onRestoreDone(res) // agent_restore.go
@@ -341,7 +342,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	earlier(a.proc.restartAt)
 	earlier(a.boot.abandonAt)
 	earlier(a.src.wake())
-	if a.ranksPending() { // agent_peers.go
+	if a.ranks.pending(a.proc.running(), a.stops.current != nil) { // agent_peers.go
 		earlier(now.Add(rankPoll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
@@ -452,7 +453,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.peerLost():
+	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.peerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.gone = true
 	default:

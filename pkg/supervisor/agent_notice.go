@@ -112,8 +112,8 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
-	a.job.hello(m, &a.conns, a.log) // job_policy.go
-	a.rankHello(m)                  // agent_peers.go
+	a.job.hello(m, &a.conns, a.log)    // job_policy.go
+	a.ranks.hello(m, a.proc.running()) // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
 		c.Post(s.stopMessage())

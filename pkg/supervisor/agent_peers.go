@@ -85,21 +85,6 @@ type crashLookup struct {
 	err  error
 }
 
-// resetRanks forgets the ranks of an earlier start of the child.
-func (a *Agent) resetRanks() { a.ranks = rankWatch{} }
-
-// rankHello notes a rank of a multi-rank job that said hello.
-func (a *Agent) rankHello(m protocol.Message) {
-	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || a.proc.done == nil {
-		return
-	}
-	if a.ranks.pids == nil {
-		a.ranks.pids = map[int]bool{}
-	}
-	a.ranks.pids[m.PID] = true
-	delete(a.ranks.left, m.PID) // it reconnected
-}
-
 // rankLeft: a connection ended. A rank that leaves without bye while no
 // stop sequence runs ended on an error: note what the exit file said then.
 func (a *Agent) rankLeft(c *protocol.Conn) {
@@ -122,17 +107,11 @@ func (a *Agent) rankLeft(c *protocol.Conn) {
 // rankPoll is how often the loop looks at the processes of ranks that left.
 const rankPoll = 100 * time.Millisecond
 
-// ranksPending reports whether tickRanks waits for ranks' processes to end.
-func (a *Agent) ranksPending() bool {
-	w := &a.ranks
-	return a.proc.done != nil && a.stops.current == nil && !w.ended && len(w.order) > 0
-}
-
 // tickRanks decides the verdict once the first rank that left is gone,
 // and ends the launcher once every rank is.
 func (a *Agent) tickRanks(now time.Time) {
 	w := &a.ranks
-	if !a.ranksPending() {
+	if !a.ranks.pending(a.proc.running(), a.stops.current != nil) {
 		return
 	}
 	for w.verdict == "" && len(w.order) > 0 {
@@ -168,10 +147,6 @@ func (a *Agent) tickRanks(now time.Time) {
 		zap.String("verdict", w.verdict), zap.Duration("kill_after", a.cfg.KillAfter))
 	a.proc.stop(a.life, a.goBg)
 }
-
-// peerLost reports whether the child's ranks ended because a peer of the
-// job is gone (and no other node reported a crash of its own).
-func (a *Agent) peerLost() bool { return a.ranks.verdict == verdictPeerLost }
 
 // crashRecord is crashes/<node>-<session>.json.
 type crashRecord struct {
@@ -271,15 +246,12 @@ func (a *Agent) peerLossExit(code int) int {
 		// failed, which torchrun reports as 1.
 		code = 1
 	}
-	if !a.peerLost() || code == 0 {
+	if !a.ranks.peerLost() || code == 0 {
 		return code
 	}
 	a.lookForPeerCrash(code)
 	return code
 }
-
-// crashLookupDone is the pending crash-record lookup's answer (nil: none).
-func (a *Agent) crashLookupDone() <-chan crashLookup { return a.ranks.lookup }
 
 // onCrashLookup: the lookup for another node's crash record answered;
 // it decides the exit code of a launcher whose ranks lost a peer.
@@ -304,3 +276,30 @@ func (a *Agent) peerLookupExit(code int, key string, err error) int {
 		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(a.ranks.verdictAt).Round(time.Millisecond)))
 	return ExitInterrupted
 }
+
+// reset forgets the ranks of an earlier start of the child.
+func (w *rankWatch) reset() { *w = rankWatch{} }
+
+// hello notes a rank of a multi-rank job that said hello.
+func (w *rankWatch) hello(m protocol.Message, running bool) {
+	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || !running {
+		return
+	}
+	if w.pids == nil {
+		w.pids = map[int]bool{}
+	}
+	w.pids[m.PID] = true
+	delete(w.left, m.PID) // it reconnected
+}
+
+// pending reports whether tickRanks waits for ranks' processes to end.
+func (w *rankWatch) pending(running, stopping bool) bool {
+	return running && !stopping && !w.ended && len(w.order) > 0
+}
+
+// peerLost reports whether the child's ranks ended because a peer of the
+// job is gone (and no other node reported a crash of its own).
+func (w *rankWatch) peerLost() bool { return w.verdict == verdictPeerLost }
+
+// lookupDone is the pending crash-record lookup's answer (nil: none).
+func (w *rankWatch) lookupDone() <-chan crashLookup { return w.lookup }

@@ -52,7 +52,7 @@ func (a *Agent) status() Status {
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
 		Started: a.sess.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
 		Uploading: len(a.commits.uploads), Pending: len(a.commits.pending), NoticesSeen: a.stops.noticesSeen, LastNotice: a.stops.lastNotice,
-		Step: a.commits.lastStep, NoticePromise: a.promiseStatus(),
+		Step: a.commits.lastStep, NoticePromise: a.commits.promise.status(),
 	}
 	if a.proc.c != nil {
 		st.Child = &ChildStatus{PID: a.proc.c.PID(), Running: a.proc.done != nil, Restarts: a.proc.restarts}

@@ -55,7 +55,7 @@ func (d *localDirs) exitFileSays() string {
 // file: they were stopped for an interruption or shutdown.
 func (d *localDirs) childSaid75() bool { return d.exitFileSays() == strconv.Itoa(ExitInterrupted) }
 
-// closeDirs releases the handles; the agent touches no local file after.
+// close releases the handles; the agent touches no local file after.
 func (d *localDirs) close() {
 	if d.area != nil {
 		d.area.Close()
@@ -108,7 +108,7 @@ func (d *localDirs) insideCheckpointDir(dir string) (string, error) {
 	return rel, nil
 }
 
-// openDirs creates (or checks) the checkpoint directory and the agent's
+// open creates (or checks) the checkpoint directory and the agent's
 // area in it, and opens both.
 func (dd *localDirs) open(cfg *Config) error {
 	root := cfg.dir
