@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -218,7 +217,7 @@ func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) { return 
 // area and returns the resume information (nil when starting fresh): the
 // protocol source's restore.
 func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
-	f, err := a.fetchRestore(ctx, a.restoreOptions())
+	f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, a.restoreOptions(), a.log)
 	if err != nil || f == nil {
 		return nil, err
 	}
@@ -228,62 +227,6 @@ func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
 // restoreOptions are the options of a restore into the agent's area.
 func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
 	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.commits.epoch(), Part: a.job.restorePart()}
-}
-
-// fetched is a restore's files in place, before the loop records it.
-type fetched struct {
-	r        *checkpoint.Restored
-	start    time.Time
-	manifest string // the local copy of the manifest
-}
-
-// fetchRestore is the part of restore that touches only the store and the
-// restore area, never the loop's state: the overlapped restore runs it
-// beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
-func (a *Agent) fetchRestore(ctx context.Context, opts checkpoint.RestoreOptions) (*fetched, error) {
-	restoreDir := a.dirs.restoreDir()
-	start := time.Now()
-	// Opened afresh for every restore, refusing a symlink: a trainer may
-	// have swapped the directory since the last one.
-	if err := mkdirIn(a.dirs.area, restoreSub); err != nil {
-		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
-	}
-	dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub)
-	if err != nil {
-		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
-	}
-	defer dest.Close()
-	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, opts)
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	// A local copy of the manifest, beside (not inside) the checkpoint's
-	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
-	name := filepath.Base(r.Dir)
-	manifestName := name + ".manifest.json"
-	manifest := filepath.Join(restoreDir, manifestName)
-	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := checkpoint.WriteFile(dest, manifestName, b, 0o600); err != nil {
-			a.log.Warn("could not write the local manifest copy", zap.Error(err))
-		}
-	}
-	// Older restores are of no further use.
-	if f, err := dest.Open("."); err == nil {
-		names, _ := f.Readdirnames(-1)
-		f.Close()
-		for _, n := range names {
-			if n != name && n != manifestName {
-				dest.RemoveAll(n)
-			}
-		}
-	}
-	a.log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
-		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
 
 // restored records a restore (metrics, journal, the newest committed

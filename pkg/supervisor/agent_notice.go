@@ -44,9 +44,9 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeHello:
 		a.onHello(c, m)
 	case protocol.TypeProgress:
-		a.seeStep(m.Step)
+		a.commits.seeStep(m.Step)
 	case protocol.TypeDone:
-		a.seeStep(m.Step)
+		a.commits.seeStep(m.Step)
 		a.onDone(c, m)
 	case protocol.TypeSaved:
 		a.onSaved(c, m) // agent_pipeline.go
@@ -57,7 +57,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeStatus:
 		a.onStatus(c)
 	case protocol.TypeBye:
-		a.seeStep(m.Step)
+		a.commits.seeStep(m.Step)
 		if _, ok := a.conns.byID[c.ID()]; ok {
 			a.conns.saidBye[c.ID()] = true
 			a.conns.byes++
@@ -79,13 +79,6 @@ func (a *Agent) onEvent(ev protocol.Event) {
 				}
 			}
 		}
-	}
-}
-
-// seeStep notes the newest step a trainer reported.
-func (a *Agent) seeStep(step *int64) {
-	if step != nil && *step > a.commits.lastStep {
-		a.commits.lastStep = *step
 	}
 }
 

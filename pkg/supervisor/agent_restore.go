@@ -92,7 +92,7 @@ func (a *Agent) startRestore() {
 	a.log.Info("restoring while the trainer starts")
 	a.goBg(func() {
 		defer cancel()
-		f, err := a.fetchRestore(ctx, opts)
+		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
 	})
 }

@@ -43,3 +43,10 @@ func (c *commits) epoch() int64 {
 	}
 	return 0
 }
+
+// seeStep notes the newest step a trainer reported.
+func (c *commits) seeStep(step *int64) {
+	if step != nil && *step > c.lastStep {
+		c.lastStep = *step
+	}
+}

@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,8 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // localDirs are the agent's handles on its local directories: every
@@ -178,4 +184,60 @@ func makeArea(root *os.Root, name, runID string) error {
 		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
 	}
 	return nil
+}
+
+// fetched is a restore's files in place, before the loop records it.
+type fetched struct {
+	r        *checkpoint.Restored
+	start    time.Time
+	manifest string // the local copy of the manifest
+}
+
+// fetchRestore is the part of restore that touches only the store and the
+// restore area, never the loop's state: the overlapped restore runs it
+// beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
+func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts checkpoint.RestoreOptions, log *zap.Logger) (*fetched, error) {
+	restoreDir := d.restoreDir()
+	start := time.Now()
+	// Opened afresh for every restore, refusing a symlink: a trainer may
+	// have swapped the directory since the last one.
+	if err := mkdirIn(d.area, restoreSub); err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	dest, err := checkpoint.OpenDir(d.area, restoreSub)
+	if err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	defer dest.Close()
+	r, err := checkpoint.RestoreInto(ctx, st, dest, restoreDir, opts)
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		log.Info("no committed checkpoint: starting fresh", zap.String("store", st.URI("")))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	// A local copy of the manifest, beside (not inside) the checkpoint's
+	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
+	name := filepath.Base(r.Dir)
+	manifestName := name + ".manifest.json"
+	manifest := filepath.Join(restoreDir, manifestName)
+	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
+		if err := checkpoint.WriteFile(dest, manifestName, b, 0o600); err != nil {
+			log.Warn("could not write the local manifest copy", zap.Error(err))
+		}
+	}
+	// Older restores are of no further use.
+	if f, err := dest.Open("."); err == nil {
+		names, _ := f.Readdirnames(-1)
+		f.Close()
+		for _, n := range names {
+			if n != name && n != manifestName {
+				dest.RemoveAll(n)
+			}
+		}
+	}
+	log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+	return &fetched{r: r, start: start, manifest: manifest}, nil
 }

@@ -152,7 +152,7 @@ func (h agentHost) life() context.Context     { return h.a.life }
 func (h agentHost) goBg(fn func())            { h.a.goBg(fn) }
 func (h agentHost) last() committedCheckpoint { return h.a.commits.last }
 func (h agentHost) trainerStep() int64        { return h.a.commits.lastStep }
-func (h agentHost) seeStep(step *int64)       { h.a.seeStep(step) }
+func (h agentHost) seeStep(step *int64)       { h.a.commits.seeStep(step) }
 func (h agentHost) epoch() int64              { return h.a.commits.epoch() }
 func (h agentHost) stopping() bool            { return h.a.stops.current != nil }
 func (h agentHost) stopTrainer()              { h.a.proc.stopAtDeadline(h.a.life, h.a.goBg) }
