@@ -44,8 +44,8 @@ type report struct {
 	typesMeasured int
 }
 
-// fileMap reads docs/architecture.md's file map: for each package
-// directory, its files top first, and its imports of ours.
+// mapRow is one row of docs/architecture.md's file map: | package | what |
+// files, top first | imports of ours |.
 type mapRow struct {
 	files   []string
 	imports []string
@@ -53,6 +53,8 @@ type mapRow struct {
 
 var ticked = regexp.MustCompile("`([^`]+)`")
 
+// readFileMap reads docs/architecture.md's file map ("## File map"): for
+// each package directory, its files top first, and its imports of ours.
 func readFileMap(root string) (map[string]mapRow, error) {
 	f, err := os.Open(filepath.Join(root, "docs", "architecture.md"))
 	if err != nil {
@@ -72,7 +74,7 @@ func readFileMap(root string) (map[string]mapRow, error) {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if len(cells) < 3 {
+		if len(cells) < 4 {
 			continue
 		}
 		pkg := ticked.FindStringSubmatch(cells[0])
@@ -80,10 +82,10 @@ func readFileMap(root string) (map[string]mapRow, error) {
 			continue
 		}
 		var row mapRow
-		for _, m := range ticked.FindAllStringSubmatch(cells[1], -1) {
+		for _, m := range ticked.FindAllStringSubmatch(cells[len(cells)-2], -1) {
 			row.files = append(row.files, m[1])
 		}
-		for _, m := range ticked.FindAllStringSubmatch(cells[2], -1) {
+		for _, m := range ticked.FindAllStringSubmatch(cells[len(cells)-1], -1) {
 			row.imports = append(row.imports, m[1])
 		}
 		rows[pkg[1]] = row
@@ -239,6 +241,13 @@ func funcName(d *ast.FuncDecl) string {
 // the caller's). ok is false when a file of the
 // package is missing from order.
 func crossCalls(afs []*ast.File, names map[*ast.File]string, order map[string]int) (calls, up int, ok bool) {
+	calls, up, ok, _ = crossEdges(afs, names, order)
+	return calls, up, ok
+}
+
+// crossEdges is crossCalls with the calls' count per (from, to) file pair.
+func crossEdges(afs []*ast.File, names map[*ast.File]string, order map[string]int) (calls, up int, ok bool, edges map[[2]string]int) {
+	edges = map[[2]string]int{}
 	funcs := map[string]string{}     // package-level function → file
 	methods := map[string][]string{} // method name → files declaring it
 	for _, af := range afs {
@@ -298,6 +307,7 @@ func crossCalls(afs []*ast.File, names map[*ast.File]string, order map[string]in
 				}
 				seen[callee] = true
 				calls++
+				edges[[2]string{from, to}]++
 				if ti, k := order[to]; k && known && ti < fi {
 					up++
 				}
@@ -305,7 +315,7 @@ func crossCalls(afs []*ast.File, names map[*ast.File]string, order map[string]in
 			})
 		}
 	}
-	return calls, up, ok
+	return calls, up, ok, edges
 }
 
 func (r *report) print(w io.Writer) {
