@@ -10,7 +10,8 @@
 # post-mortem), SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
 # the footprint and transfer sections),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap),
-# SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3).
+# SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
+# SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -26,7 +27,7 @@ aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS C
 
 ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap}
 needs_minio=false # only these sections start MinIO
-for s in transfer e2e pipeline distributed; do
+for s in transfer e2e pipeline distributed fleet; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
 done
 if $needs_minio && [ ! -x "$MINIO" ]; then
@@ -47,4 +48,6 @@ trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
   -idle "${SPOTBENCH_IDLE:-60s}" -idle-runs "${SPOTBENCH_IDLE_RUNS:-5}" -baseline-bin "${SPOTBENCH_BASELINE_BIN:-}" -only "$ONLY" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4,8}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench"
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4,8}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench" \
+  -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
+  -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}"

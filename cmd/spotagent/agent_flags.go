@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,6 +44,7 @@ type agentOptions struct {
 	nodeRank, restore                                         string                  // multi-node jobs (docs/distributed.md)
 	restoreSerial                                             bool                    // run: restore before the trainer starts
 	node                                                      string                  // the part name nodeRank gives
+	fleet                                                     string                  // --fleet (fleet_store.go)
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -77,6 +79,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
 	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
+	fs.StringVar(&o.fleet, "fleet", "", "the fleet's store, where this agent records its sessions for the fleet view and reads its interruption prior: a `URI` every run of the fleet names, such as s3://bucket/runs; default: the run's own store (node: --store-prefix); off: none")
 	o.storeFlags.register(fs)
 	o.sourceFlags.register(fs)
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
@@ -90,7 +93,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
-	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep")
+	inGroup(fs, groupSchedule, "interval", "min-interval", "max-interval", "interruption-rate", "keep", "fleet")
 	inGroup(fs, groupTrainer, "term-grace", "kill-after")
 	inGroup(fs, groupSecurity, "socket", "socket-mode", "allow-uid", "max-connections", "fence-interval")
 	inGroup(fs, groupOutput, "metrics-addr", "log-format", "log-level")
@@ -152,6 +155,15 @@ func (o *agentOptions) check(node bool) error {
 	}
 	if _, err := parseInterval(o.interval); err != nil {
 		return err
+	}
+	if err := checkSchedule(o.minInterval, o.maxInterval, o.interruptionRate, o.margin); err != nil {
+		return err
+	}
+	if o.termGrace <= 0 {
+		return fmt.Errorf("--term-grace %s: want a positive duration", o.termGrace)
+	}
+	if o.killAfter < 0 {
+		return fmt.Errorf("--kill-after %s: must not be negative", o.killAfter)
 	}
 	if o.maxConns < 1 {
 		return fmt.Errorf("--max-connections must be at least 1")
@@ -229,6 +241,34 @@ func (o *agentOptions) scheduler(log *zap.Logger) (*schedule.Scheduler, error) {
 		return nil, err
 	}
 	return schedule.NewScheduler(cfg), nil
+}
+
+// checkSchedule checks the flags of the adaptive interval and the notice
+// margin (run, sidecar, node and report's advice).
+func checkSchedule(minIv, maxIv time.Duration, rate float64, margin time.Duration) error {
+	switch {
+	case minIv <= 0:
+		return fmt.Errorf("--min-interval %s: want a positive duration", minIv)
+	case maxIv <= 0:
+		return fmt.Errorf("--max-interval %s: want a positive duration", maxIv)
+	case minIv > maxIv:
+		return fmt.Errorf("--min-interval %s is longer than --max-interval %s", minIv, maxIv)
+	}
+	if err := nonNegative("--interruption-rate", rate); err != nil {
+		return err
+	}
+	if margin < 0 {
+		return fmt.Errorf("--margin %s: must not be negative", margin)
+	}
+	return nil
+}
+
+// nonNegative checks a number flag: finite and >= 0.
+func nonNegative(flag string, v float64) error {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		return fmt.Errorf("%s %v: want a number >= 0", flag, v)
+	}
+	return nil
 }
 
 // parseInterval parses --interval (of run, sidecar, node and report): 0

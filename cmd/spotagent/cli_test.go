@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -189,6 +190,22 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"sidecar", "--on-rebalance", "maybe"}, "--on-rebalance"},
 		{[]string{"report", "--format", "csv"}, "--format"},
 		{[]string{"restore"}, "--dest is required"},
+		// Issue 36 item 10: these were accepted.
+		{[]string{"run", "--term-grace", "-5s"}, "--term-grace -5s: want a positive duration"},
+		{[]string{"sidecar", "--term-grace", "0s"}, "--term-grace 0s: want a positive duration"},
+		{[]string{"run", "--kill-after", "-1s"}, "--kill-after -1s: must not be negative"},
+		{[]string{"run", "--interruption-rate", "-1"}, "--interruption-rate -1: want a number >= 0"},
+		{[]string{"run", "--interruption-rate", "NaN"}, "--interruption-rate NaN: want a number >= 0"},
+		{[]string{"run", "--min-interval", "2h", "--max-interval", "1m"}, "--min-interval 2h0m0s is longer than --max-interval 1m0s"},
+		{[]string{"run", "--min-interval", "0s"}, "--min-interval 0s: want a positive duration"},
+		{[]string{"run", "--margin", "-1s"}, "--margin -1s: must not be negative"},
+		{[]string{"report", "--price-per-hour", "-1"}, "--price-per-hour -1: want a number >= 0"},
+		{[]string{"report", "--on-demand-price-per-hour", "-2"}, "--on-demand-price-per-hour -2: want a number >= 0"},
+		{[]string{"report", "--min-interval", "2h", "--max-interval", "1m"}, "--min-interval 2h0m0s is longer than --max-interval 1m0s"},
+		{[]string{"report", "--interruption-rate", "-1"}, "--interruption-rate -1"},
+		{[]string{"report", "--advice-horizon", "0s"}, "--advice-horizon 0s"},
+		{[]string{"fleet", "--since", "30x"}, `--since "30x": want a duration (36h) or days (30d)`},
+		{[]string{"fleet", "--price-per-hour", "-1"}, "--price-per-hour -1: want a number >= 0"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)
@@ -458,5 +475,76 @@ func TestBusy(t *testing.T) {
 	code, out, _ := cli(t, "list", "--store", uri)
 	if code != 0 || !strings.HasPrefix(out, "STEP") || !strings.Contains(out, "c42") {
 		t.Fatalf("exit %d, stdout %q", code, out)
+	}
+}
+
+// TestCLI_UnknownHelpTopicAndShell (issue 36 item 10): `completion tcsh`
+// and `help bogus` printed a help and exited 0; they are bad usage now.
+func TestCLI_UnknownHelpTopicAndShell(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"completion", "tcsh"}, 2, `unknown shell "tcsh": want bash, zsh, fish or powershell`},
+		{[]string{"completion"}, 2, "which shell?"},
+		{[]string{"help", "bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"help", "run", "extra"}, 2, `unknown command "run extra"`},
+		{[]string{"help"}, 0, ""},
+		{[]string{"help", "run"}, 0, ""},
+		{[]string{"completion", "bash"}, 0, ""},
+	} {
+		code, out, errOut := cli(t, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+		if code == 0 && out == "" {
+			t.Errorf("%v: nothing printed", tc.args)
+		}
+	}
+}
+
+// TestCLI_EnvNamedInError (issue 41): a bad value from the environment
+// names its variable, not only the flag the user never typed.
+func TestCLI_EnvNamedInError(t *testing.T) {
+	store := filepath.Join(t.TempDir(), "store")
+	t.Setenv("SPOTAGENT_INTERVAL", "5")
+	code, _, errOut := cli(t, "report", "--store", store)
+	if code != 2 || !strings.Contains(errOut, `SPOTAGENT_INTERVAL="5": --interval: want auto or a positive duration`) {
+		t.Fatalf("exit %d, stderr %q; want 2 naming SPOTAGENT_INTERVAL", code, errOut)
+	}
+	t.Setenv("SPOTAGENT_TERM_GRACE", "-5s")
+	code, _, errOut = cli(t, "run", "--store", store, "--interval", "auto", "--", "true")
+	if code != 2 || !strings.Contains(errOut, `SPOTAGENT_TERM_GRACE="-5s": --term-grace -5s`) {
+		t.Fatalf("exit %d, stderr %q; want 2 naming SPOTAGENT_TERM_GRACE", code, errOut)
+	}
+	// Given on the command line, the flag is named alone.
+	code, _, errOut = cli(t, "run", "--store", store, "--interval", "auto", "--term-grace", "-1s", "--", "true")
+	if code != 2 || strings.Contains(errOut, "SPOTAGENT_TERM_GRACE") {
+		t.Fatalf("exit %d, stderr %q; want 2 without the variable", code, errOut)
+	}
+	if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the store was touched")
+	}
+}
+
+// TestCLI_HelpShowsEveryFlag (issue 41): every flag of every command is in
+// its --help (simulate's "synthetic traces" group was missing from the
+// order the help prints groups in, and its flags with it).
+func TestCLI_HelpShowsEveryFlag(t *testing.T) {
+	root := newRoot(io.Discard, io.Discard)
+	for _, c := range root.Commands() {
+		if c.Name() == "help" || c.Name() == "completion" {
+			continue
+		}
+		code, out, errOut := cli(t, c.Name(), "--help")
+		if code != 0 {
+			t.Fatalf("%s --help: exit %d: %s", c.Name(), code, errOut)
+		}
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if !f.Hidden && !strings.Contains(out, "--"+f.Name+" ") {
+				t.Errorf("%s --help does not show --%s", c.Name(), f.Name)
+			}
+		})
 	}
 }

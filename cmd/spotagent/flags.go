@@ -25,10 +25,11 @@ const (
 	groupAdvice    = "advice"
 	groupOutput    = "output"
 	groupStoreURI  = "store"
+	groupSynthetic = "synthetic traces" // simulate
 )
 
 var groupOrder = []string{groupRequired, "", groupStoreURI, groupNotices, groupSchedule, groupTrainer, groupStore, groupWatch,
-	groupMultiNode, groupSecurity, groupAdvice, groupOutput}
+	groupMultiNode, groupSecurity, groupAdvice, groupSynthetic, groupOutput}
 
 const (
 	groupKey  = "spotagent_group"
@@ -186,7 +187,13 @@ func helpFunc(cmd *cobra.Command, _ []string) {
 		}
 		groups[g].AddFlag(f)
 	})
-	for _, g := range groupOrder {
+	order := slices.Clone(groupOrder)
+	for g := range groups {
+		if !slices.Contains(order, g) {
+			order = append(order, g) // never hidden for a group left out of groupOrder
+		}
+	}
+	for _, g := range order {
 		fs := groups[g]
 		if fs == nil {
 			continue

@@ -26,13 +26,24 @@ func newFleetCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:     "fleet",
-		Short:   "every run under a store prefix: interruptions, lost work, goodput and money by cloud, instance type and zone",
+		Short:   "every run of a fleet (the store agents name with --fleet): interruptions, lost work, goodput and money by cloud, instance type and zone",
 		Example: "spotagent fleet --store s3://my-bucket/runs --since 30d --price-per-hour 1.2 --on-demand-price-per-hour 3.9",
 		Args:    cobra.NoArgs,
 	}
 	check := func() error {
 		if !slices.Contains(fleet.Formats, format) {
 			return badUsage("--format %q: want table, json, csv or html", format)
+		}
+		if _, err := fleet.ParseSince(since); err != nil {
+			return usageError{err}
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"--price-per-hour", prices.Default.Spot}, {"--on-demand-price-per-hour", prices.Default.OnDemand}} {
+			if err := nonNegative(f.name, f.v); err != nil {
+				return usageError{err}
+			}
 		}
 		return nil
 	}
@@ -64,7 +75,7 @@ func newFleetCmd() *cobra.Command {
 				return err
 			}
 			if l.SaveErr != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "spotagent fleet: warning: the recount was not saved as the fleet summary (the next run recounts again): %v\n", l.SaveErr)
+				fmt.Fprintf(cmd.ErrOrStderr(), "spotagent fleet: warning: the fleet summary was not rewritten (the next fleet reads the same records, or recounts, again): %v\n", l.SaveErr)
 			}
 			damaged := l.Damaged
 			rep, err := fleet.Build(l.Summary, o, l.Source, damaged)
@@ -85,8 +96,8 @@ func newFleetCmd() *cobra.Command {
 	fs.StringVar(&format, "format", "table", "table, json, csv or html")
 	fs.StringVar(&since, "since", "", "only runs active in this last period: 30d, 36h (default: every run)")
 	fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?)")
-	fs.BoolVar(&recount, "recount", false, "read every run journal instead of the fleet summary")
-	fs.BoolVar(&save, "save-summary", false, "with --recount: write the recount back as the fleet summary (done anyway, best effort, when the summary is missing or not complete)")
+	fs.BoolVar(&recount, "recount", false, "read every run journal under --store instead of the fleet summary and records (finds runs whose agents recorded elsewhere)")
+	fs.BoolVar(&save, "save-summary", false, "with --recount: write the recount back as the fleet summary (done anyway, best effort, when the summary is missing or not complete; without --recount the session records are always folded in, best effort)")
 	fs.StringVar(&priceFile, "prices", "", "price file: lines of instance_type,spot_per_hour,on_demand_per_hour")
 	fs.Float64Var(&prices.Default.Spot, "price-per-hour", 0, "spot price per machine hour for instance types not in --prices")
 	fs.Float64Var(&prices.Default.OnDemand, "on-demand-price-per-hour", 0, "on-demand price per machine hour for instance types not in --prices")

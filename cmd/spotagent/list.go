@@ -130,7 +130,16 @@ func newRestoreCmd() *cobra.Command {
 		return nil
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		// Ctrl-C or SIGTERM cancels the download: RestoreDir removes its
+		// staging directory, and the exit is 128+N with a message.
+		ctx, caught, stopSignals := signalContext(cmd.Context())
+		defer stopSignals()
+		cmd.SetContext(ctx)
 		return o.run(cmd, check, func(ctx context.Context, st cloud.Store, log *zap.Logger) error {
+			if testHookRestoreStore != nil {
+				st = testHookRestoreStore(st)
+			}
+			removeStaleStages(dest, log)
 			var want *checkpoint.Manifest // what will most likely be restored, for the progress total
 			if id != "" {
 				m, err := knownID(ctx, st, id)
@@ -154,6 +163,9 @@ func newRestoreCmd() *cobra.Command {
 			stop := showProgress(cs, "restore", total, files, cmd.ErrOrStderr(), plog)
 			r, err := checkpoint.RestoreDir(ctx, cs, dest, force, checkpoint.RestoreOptions{ID: id, Log: log, Part: part})
 			stop()
+			if s := caught(); s != nil && err != nil {
+				return interrupted(s, dest)
+			}
 			if errors.Is(err, checkpoint.ErrDestNotEmpty) {
 				return fmt.Errorf("%w: --force replaces its contents", err)
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spotagent/spotagent/internal/child"
@@ -87,11 +88,33 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		switch c.Name() {
 		case "help":
 			c.Short = "print a command's help: spotagent help COMMAND"
+			c.Run, c.RunE = nil, func(_ *cobra.Command, args []string) error { return helpTopic(root, args) }
 		case "completion":
 			c.Short = "print a shell completion script: spotagent completion bash|zsh|fish"
+			// cobra prints the help of a command without Run and exits 0,
+			// for `completion` alone and for `completion tcsh` alike.
+			c.Args = cobra.ArbitraryArgs
+			c.RunE = func(_ *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return errors.New("which shell? want bash, zsh, fish or powershell")
+				}
+				return fmt.Errorf("unknown shell %q: want bash, zsh, fish or powershell", args[0])
+			}
 		}
 	}
 	return root
+}
+
+// helpTopic is `spotagent help [COMMAND...]`: the help of the command
+// named, the command list without one; an unknown one is bad usage (exit
+// 2; cobra's own printed "Unknown help topic" and exited 0).
+func helpTopic(root *cobra.Command, args []string) error {
+	cmd, rest, err := root.Find(args)
+	if err != nil || cmd == nil || len(rest) > 0 || (cmd == root && len(args) > 0) {
+		return fmt.Errorf("unknown command %q: `spotagent help` lists them", strings.Join(args, " "))
+	}
+	cmd.InitDefaultHelpFlag()
+	return cmd.Help()
 }
 
 // execute runs the command args name and returns the exit code.
@@ -129,11 +152,34 @@ func execute(args []string, stdout, stderr io.Writer) int {
 // failf prints "spotagent CMD: err" on stderr; its exit code is 2 for a
 // usageError, else 1.
 func failf(cmd *cobra.Command, err error) error {
-	fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", cmd.CommandPath(), err)
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", cmd.CommandPath(), fromEnv(cmd, err))
 	if errors.As(err, new(usageError)) {
 		return exitCode(2)
 	}
+	if se := (signalExit{}); errors.As(err, &se) {
+		return exitCode(se.code())
+	}
 	return exitCode(1)
+}
+
+// fromEnv is err's text, naming the environment variable a flag's value
+// came from when err is about that flag ("--interval: want auto..."
+// reads "SPOTAGENT_INTERVAL=\"5\": --interval: ..."): a value the user
+// never typed on the command line is otherwise hard to find.
+func fromEnv(cmd *cobra.Command, err error) string {
+	text := err.Error()
+	name, ok := strings.CutPrefix(text, "--")
+	if !ok {
+		return text
+	}
+	if i := strings.IndexAny(name, " :="); i >= 0 {
+		name = name[:i]
+	}
+	f := cmd.Flags().Lookup(name)
+	if f == nil || f.Changed || f.Annotations[envSetKey] == nil {
+		return text
+	}
+	return fmt.Sprintf("%s=%q: %s", envName(name), f.Value.String(), text)
 }
 
 // badUsage is a usageError formatted like fmt.Errorf.

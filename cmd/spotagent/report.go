@@ -39,6 +39,23 @@ func newReportCmd() *cobra.Command {
 		if ac.Current, err = parseInterval(interval); err != nil {
 			return usageError{err}
 		}
+		if err := checkSchedule(ac.Min, ac.Max, ac.PriorRate, ac.Margin); err != nil {
+			return usageError{err}
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"--price-per-hour", price}, {"--on-demand-price-per-hour", onDemand}} {
+			if err := nonNegative(f.name, f.v); err != nil {
+				return usageError{err}
+			}
+		}
+		if ac.Runs < 0 {
+			return badUsage("--advice-runs %d: want a number >= 0", ac.Runs)
+		}
+		if ac.Horizon <= 0 {
+			return badUsage("--advice-horizon %s: want a positive duration", ac.Horizon)
+		}
 		return nil
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {

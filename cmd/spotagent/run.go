@@ -13,7 +13,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
-	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -140,20 +139,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		// starts on its own (docs/protocol.md).
 		OverlapRestore: len(command) > 0 && !o.restoreSerial,
 	}
-	// The fleet's root: the parent of the run's store (--store-prefix in
-	// node mode), where the fleet summary lives (docs/fleet.md).
-	root, dir := fleet.RootOf(o.store)
-	if node {
-		root = o.store
-	}
-	if dir != "" || node {
-		if fst, err := o.storeFlags.openStore(ctx, root, log); err != nil {
-			log.Warn("fleet summary store unusable: no fleet prior, no fleet record", zap.String("store", root), zap.Error(err))
-		} else {
-			defer fst.Close()
-			cfg.Fleet, cfg.FleetDir = fst, dir
-		}
-	}
+	defer o.openFleet(ctx, &cfg, node, log)() // docs/fleet.md
 	if node {
 		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)
 		err := supervisor.RunNode(ctx, supervisor.NodeConfig{

@@ -44,7 +44,7 @@ func newSimulateCmd() *cobra.Command {
 	maxIv := fs.Duration("max-interval", schedule.DefaultMaxInterval, "upper clamp of every policy")
 	grid := fs.Bool("grid", false, "print the docs/frequency.md table (ignores the other trace flags except seed, runs, duration, restart, upload, clamps and interruption-rate)")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "grid: parallel simulations")
-	inGroup(fs, "synthetic traces", "rate", "notice-success", "seed", "runs")
+	inGroup(fs, groupSynthetic, "rate", "notice-success", "seed", "runs")
 	inGroup(fs, groupSchedule, "policies", "interruption-rate", "min-interval", "max-interval")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		code := simulateRun(cmd, simArgs{trace: *trace, rate: *rate, duration: *duration, notice: *notice, seed: *seed,

@@ -384,18 +384,3 @@ func TestReadPrices_Errors(t *testing.T) {
 		}
 	}
 }
-
-func TestRootOf(t *testing.T) {
-	for in, want := range map[string][2]string{
-		"s3://b/runs/r1":  {"s3://b/runs", "r1"},
-		"s3://b/runs/r1/": {"s3://b/runs", "r1"},
-		"gs://b/r1":       {"gs://b", "r1"},
-		"file:///data/r1": {"file:///data", "r1"},
-		"/data/runs/r1":   {"/data/runs", "r1"},
-		"s3://b":          {"s3://b", ""},
-	} {
-		if r, d := RootOf(in); r != want[0] || d != want[1] {
-			t.Errorf("RootOf(%q)=%q, %q, want %q, %q", in, r, d, want[0], want[1])
-		}
-	}
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -15,59 +16,63 @@ import (
 type Loaded struct {
 	Summary *Summary
 	Source  string    // "summary" or "recount"
-	Damaged []Damaged // journals a recount could not read cleanly
-	// SaveErr is why a recount that had to be saved (no complete summary
-	// yet) could not be: the report stands, the next one recounts again.
+	Damaged []Damaged // journals a recount could not read cleanly, records that do not parse
+	// SaveErr is why the compaction that folds the session records (and a
+	// recount that had to be saved) into the summary could not be written:
+	// the report stands, the next one reads the records again.
 	SaveErr error
 }
 
-// Load returns the runs under the root of st: from the summary, or from
-// every journal when recount is set or the summary is not complete (none
-// yet, or one that agents started and no recount has filled with the runs
-// from before: Summary.Baseline is zero). A recount is written back as the
-// summary when save is set (an error) or the summary was not complete (best
-// effort, SaveErr), keeping any entry an agent refreshed meanwhile from a
-// fuller journal. A summary that does not parse is an error unless recount.
+// Load returns the runs of the fleet at the root of st: the summary with
+// every session record since merged, or every journal under the root
+// when recount is set or the summary is not complete (none yet, or one no
+// recount has filled with the runs from before: Summary.Baseline is zero).
+// It then compacts, best effort (SaveErr): the records it read and any
+// recount go into the summary, the prior sums are rewritten and the
+// records it took in are deleted. With recount, only when save is set
+// (then a failure is an error). A summary that does not parse is an error
+// unless recount.
 func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time) (*Loaded, error) {
-	if !recount {
-		s, err := ReadSummary(ctx, st)
-		switch {
-		case err == nil && !s.Baseline.IsZero():
-			return &Loaded{Summary: s, Source: "summary"}, nil
-		case err == nil, errors.Is(err, cloud.ErrNotExist):
-			// Not complete: recount, and save it so that the next is fast.
-		default:
-			return nil, fmt.Errorf("%w (--recount reads the journals instead)", err)
-		}
-	}
-	s, damaged, err := Recount(ctx, st, now)
+	s, err := readState(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	l := &Loaded{Summary: s, Source: "recount", Damaged: damaged}
+	if s.snapErr != nil && !recount {
+		return nil, fmt.Errorf("%w (--recount reads the journals instead)", s.snapErr)
+	}
+	l := &Loaded{Summary: s.merged, Source: "summary", Damaged: s.badRecords}
+	if !recount && s.snap != nil && !s.snap.Baseline.IsZero() {
+		if len(s.records) > 0 || len(s.badRecords) > 0 || s.legacy != "" {
+			l.SaveErr = ignoreRace(compact(ctx, st, s, s.merged))
+		}
+		return l, nil
+	}
+	rc, damaged, err := Recount(ctx, st, now)
+	if err != nil {
+		return nil, err
+	}
+	next := &Summary{Runs: maps.Clone(s.merged.Runs), Legacy: s.merged.Legacy}
+	for _, r := range rc.Runs {
+		next.put(r) // keeps a record computed from a fuller journal
+	}
+	next.Baseline = now.UTC()
+	l.Summary, l.Source, l.Damaged = next, "recount", append(damaged, s.badRecords...)
 	if save || !recount {
-		err = update(ctx, st, func(cur *Summary) {
-			old := cur.Runs
-			cur.Runs = map[string]*Run{}
-			for _, r := range s.Runs {
-				if o, ok := old[r.Dir]; ok && o.Entries > r.Entries {
-					r = o
-				}
-				cur.Runs[r.Dir] = r
-			}
-			for dir, o := range old { // recorded after the listing
-				if _, ok := cur.Runs[dir]; !ok {
-					cur.Runs[dir] = o
-				}
-			}
-			cur.Baseline = now.UTC()
-		})
+		err = ignoreRace(compact(ctx, st, s, next))
 		if err != nil && save {
 			return nil, err
 		}
 		l.SaveErr = err
 	}
 	return l, nil
+}
+
+// ignoreRace: a compaction that lost to another is no failure.
+func ignoreRace(err error) error {
+	if errors.Is(err, errCompacted) {
+		return nil
+	}
+	return err
 }
 
 // ParseSince parses --since: a Go duration (36h) or a number of days (30d).

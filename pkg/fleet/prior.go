@@ -82,9 +82,10 @@ func PriorRate(flat float64, interruptions int, hours float64) float64 {
 // PriorFor is the prior rate for a new run on machines of k: the fleet's
 // own cell (cloud, instance type, zone) when it has minHours of machine
 // time, else the instance type over all zones of the cloud, else flat
-// (--interruption-rate). s may be nil (no summary yet).
+// (--interruption-rate). s may be nil (no summary yet). An agent reads
+// only its pool's records instead (PriorFrom).
 func PriorFor(s *Summary, k Key, flat, minHours float64) Prior {
-	var zone, typ Cell
+	var zone, typ Tally
 	if s != nil {
 		for _, r := range s.Runs {
 			for i := range r.Cells {
@@ -92,19 +93,26 @@ func PriorFor(s *Summary, k Key, flat, minHours float64) Prior {
 				if c.Cloud != k.Cloud || c.InstanceType != k.InstanceType {
 					continue
 				}
-				typ.add(c)
+				t := Tally{Machine: c.Machine, Interruptions: c.Interruptions, NoticeCommits: c.NoticeCommits}
+				typ.add(t)
 				if c.Zone == k.Zone {
-					zone.add(c)
+					zone.add(t)
 				}
 			}
 		}
 	}
+	return priorOf(zone, typ, k, flat, minHours)
+}
+
+// priorOf is the prior of k from the fleet's tallies on k's zone and on
+// its instance type over the cloud's zones.
+func priorOf(zone, typ Tally, k Key, flat, minHours float64) Prior {
 	for _, c := range []struct {
-		cell   *Cell
+		t      *Tally
 		source string
 	}{{&zone, "zone"}, {&typ, "instance type"}} {
-		if h := c.cell.Machine / 3600; h >= minHours && k.InstanceType != "" {
-			p := Prior{Source: c.source, Key: k, Hours: h, Interruptions: c.cell.Interruptions, NoticeCommits: c.cell.NoticeCommits}
+		if h := c.t.Machine / 3600; h >= minHours && k.InstanceType != "" {
+			p := Prior{Source: c.source, Key: k, Hours: h, Interruptions: c.t.Interruptions, NoticeCommits: c.t.NoticeCommits}
 			sh, sk, _ := p.scaled()
 			p.Rate = PriorRate(flat, sk, sh)
 			return p

@@ -94,6 +94,19 @@ type Run struct {
 	// Entries counts the journal's sessions and interruptions: a summary
 	// keeps the entry computed from the fuller journal (RecordSession).
 	Entries int `json:"entries"`
+
+	// shares are each session's own part of its cell, in the journal's
+	// order: what a session record adds to its pool's prior (records.go).
+	shares []share
+}
+
+// share is one session's machine time, interruptions and committed
+// notices, all in the cell of the machine it ran on.
+type share struct {
+	session string
+	end     time.Time
+	cell    int
+	Tally
 }
 
 // Total is the run's cells added up (Key zero).
@@ -103,6 +116,12 @@ func (r *Run) Total() Cell {
 		t.add(&r.Cells[i])
 	}
 	return t
+}
+
+// RunOf is the run's contribution to the fleet as its journal j gives it
+// (what a session record holds): for tools and the bench.
+func RunOf(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+	return runFromJournal(j, dir, steps, now)
 }
 
 // runFromJournal accounts j (checkpoint.Account, with now ending a session
@@ -153,6 +172,7 @@ func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Tim
 			r.Cells[prev].Gap += gap
 		}
 		cl := &r.Cells[c]
+		sh := share{session: sess[i].ID, end: gs.End, cell: c, Tally: Tally{Machine: gs.Wall - gap}}
 		cl.Machine += gs.Wall - gap
 		cl.Productive += gs.Seconds[checkpoint.BucketProductive]
 		cl.Blocked += gs.Seconds[checkpoint.BucketBlocked]
@@ -161,8 +181,10 @@ func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Tim
 		cl.After += gs.Seconds[checkpoint.BucketBetween] - gap
 		for _, in := range ins {
 			cl.Interruptions++
+			sh.Interruptions++
 			if in.CommitOK {
 				cl.NoticeCommits++
+				sh.NoticeCommits++
 			}
 			cl.LostSteps += in.LostSteps
 			e := Event{At: in.Detected, Cell: c, Committed: in.CommitOK, Lost: in.LostSeconds}
@@ -173,6 +195,7 @@ func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Tim
 			r.Events = append(r.Events, e)
 			r.Steps = max(r.Steps, in.Step)
 		}
+		r.shares = append(r.shares, sh)
 		prev = c
 	}
 	for _, rs := range j.Restores {

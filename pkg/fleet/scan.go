@@ -117,15 +117,3 @@ func latestStep(ctx context.Context, st cloud.Store, dir string) int64 {
 	}
 	return l.Step
 }
-
-// RootOf splits a run's store URI into the fleet root (its parent) and the
-// run's directory under it: s3://bucket/runs/r1 → s3://bucket/runs, r1.
-// With --store-prefix P, the root is P and the directory the run id.
-func RootOf(storeURI string) (root, dir string) {
-	s := strings.TrimRight(storeURI, "/")
-	i := strings.LastIndex(s, "/")
-	if i < 0 || strings.HasSuffix(s[:i+1], "://") {
-		return s, ""
-	}
-	return s[:i], s[i+1:]
-}

@@ -332,6 +332,13 @@ func (c *Conn) handle(b []byte) bool {
 		c.replyError("", "malformed json: "+err.Error())
 		return true
 	}
+	if err := m.validate(); err != nil {
+		// Refused where it enters: nothing behind the socket sees it (a
+		// refused hello leaves the connection without one).
+		c.log.Debug("message refused", zap.String("type", m.Type), zap.Error(err))
+		c.replyError(m.ID, err.Error())
+		return true
+	}
 	switch m.Type {
 	case TypeHello:
 		c.mu.Lock()

@@ -292,6 +292,23 @@ func connLimit(want int) int {
 	return want
 }
 
+// ErrSocketInUse: the socket path is served by a live agent (a connect
+// succeeded); a socket file nobody answers on is stale and replaced.
+var ErrSocketInUse = errors.New("in use by another live agent")
+
+// CheckFree returns ErrSocketInUse when something answers at path: another
+// agent serves this socket, and binding over it would silently take its
+// trainers (two runs, one socket). An agent checks before it touches its
+// store (a lease would fence the other agent's run), and Listen again.
+func CheckFree(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return nil // nothing there, or a stale file: Listen replaces it
+	}
+	c.Close()
+	return fmt.Errorf("socket %s: %w", path, ErrSocketInUse)
+}
+
 // removeStaleSocket removes path if it is a socket; a missing path is fine,
 // any other kind of file is an error.
 func removeStaleSocket(path string) error {
@@ -304,6 +321,9 @@ func removeStaleSocket(path string) error {
 	}
 	if fi.Mode().Type() != fs.ModeSocket {
 		return fmt.Errorf("socket path %s exists and is not a socket (%s)", path, fi.Mode().Type())
+	}
+	if err := CheckFree(path); err != nil {
+		return err
 	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("remove stale socket: %w", err)

@@ -103,6 +103,27 @@ func TestListen(t *testing.T) {
 		s := startServer(t, ServerConfig{Path: path})
 		s.hello(t, 0)
 	})
+	t.Run("LiveSocketRefused", func(t *testing.T) {
+		// Issue 36 item 8: a second agent bound over the first's live
+		// socket without a word.
+		first := startServer(t, ServerConfig{})
+		before, err := os.Lstat(first.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Listen(ServerConfig{Path: first.Path()})
+		if err == nil {
+			s.Close()
+			t.Fatal("Listen succeeded over a live socket")
+		}
+		if !errors.Is(err, ErrSocketInUse) {
+			t.Errorf("err=%v, want ErrSocketInUse", err)
+		}
+		if after, err := os.Lstat(first.Path()); err != nil || !os.SameFile(before, after) {
+			t.Fatalf("the first agent's socket file was replaced (%v)", err)
+		}
+		first.hello(t, 0)
+	})
 	t.Run("RegularFileRefused", func(t *testing.T) {
 		path := filepath.Join(shortDir(t), "agent.sock")
 		if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -15,7 +16,6 @@ import (
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -93,6 +93,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err
 		}
 	}
+	if err := protocol.CheckFree(cfg.Server.Path); err != nil {
+		return 1, socketInUse(err) // before the lease: it would fence the other agent's run
+	}
 	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
 	defer stopSignals()
 	a, err := newAgent(sctx, cfg)
@@ -167,19 +170,51 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
-// for it. fn must return once a.life ends.
-func (a *Agent) goBg(fn func()) {
+// for it. fn must return once a.life ends. A panic in fn fails that work,
+// never the agent (nor, in node mode, every run on the machine): it is
+// logged with its stack (recovered).
+func (a *Agent) goBg(fn func()) { a.goBgFail(fn, nil) }
+
+// goBgFail is goBg for work whose result the loop waits for: a panic in
+// fn is handed to fail as an error, which must report it as the work's
+// result.
+func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	a.bg.Add(1)
 	go func() {
 		defer a.bg.Done()
+		defer func() {
+			if err := recovered(a.log, recover()); err != nil && fail != nil {
+				fail(err)
+			}
+		}()
 		fn()
 	}()
+}
+
+// recovered logs p, a recovered panic (nil: none), with its stack and
+// returns it as an error.
+func recovered(log *zap.Logger, p any) error {
+	if p == nil {
+		return nil
+	}
+	err := fmt.Errorf("internal error (panic): %v", p)
+	log.Error("background work panicked: it fails, the agent goes on", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+	return err
+}
+
+// socketInUse says how to part two agents whose run ids default alike
+// (the store's last path element) and so would share one socket.
+func socketInUse(err error) error {
+	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
 }
 
 // serveSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
 func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
+	if errors.Is(err, protocol.ErrSocketInUse) {
+		return nil, nil, socketInUse(err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
 	}
@@ -433,6 +468,7 @@ func (a *Agent) checkDone() {
 func (a *Agent) onChildExit() {
 	code := a.proc.exited()
 	a.proc.exitCode = a.exitCodeFor(code)
+	a.proc.killing = false
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
@@ -461,7 +497,9 @@ func (a *Agent) onChildExit() {
 	}
 }
 
-// exitCodeFor maps the trainer's exit code to the agent's. After an
+// exitCodeFor maps the trainer's exit code to the agent's (the table is in
+// docs/protocol.md "Exit codes"). A trainer that exits 0 before anything
+// told it to stop finished: 0, even during a stop. After an
 // interruption or shutdown (a stop sequence ran) the run is to be continued
 // elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
 // itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
@@ -479,6 +517,13 @@ func (a *Agent) exitCodeFor(code int) int {
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
+	}
+	if code == 0 && !s.told && !a.proc.deadlineKill && !a.proc.killing {
+		// Nothing told it to stop (it said bye, or ended on its own before
+		// the stop reached it): it finished its work. Run again, it would
+		// repeat a completed job.
+		a.log.Info("trainer exited 0 before anything told it to stop: it finished; exiting 0", zap.String("reason", s.reason))
+		return 0
 	}
 	switch {
 	case code == 0, code == ExitInterrupted:
@@ -583,19 +628,17 @@ func (a *Agent) finish() {
 // has enough hours, else the flat --interruption-rate (pkg/fleet).
 func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
 	flat := a.cfg.Scheduler.PriorRate()
-	var s *fleet.Summary
+	id := a.cfg.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
 	if a.cfg.Fleet != nil {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		var err error
-		s, err = fleet.ReadSummary(rctx, a.cfg.Fleet)
-		cancel()
-		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
-			a.log.Warn("fleet summary unreadable: using the flat prior", zap.Error(err))
-			s = nil
+		if p, err = fleet.PriorFrom(rctx, a.cfg.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			a.log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
 		}
+		cancel()
 	}
-	id := a.cfg.Identity
-	p := fleet.PriorFor(s, fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}, flat, fleet.DefaultMinHours)
 	a.log.Info("interruption prior", zap.Stringer("prior", p))
 	return p
 }
@@ -608,7 +651,7 @@ func (a *Agent) recordFleet(ctx context.Context) {
 		return
 	}
 	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.sess.journal.Snapshot(), a.commits.last.step); err != nil {
-		a.log.Warn("could not update the fleet summary", zap.Error(err))
+		a.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }
 

@@ -33,6 +33,7 @@ type stopState struct {
 	deadline time.Time // the machine (or the grace) ends here
 	req      *request
 	stopSent bool
+	told     bool // a trainer got the stop message (exitCodeFor)
 	finished bool // committed or failed: nothing more to wait for
 	joined   bool // the notice reached another node of the job (agent_job.go)
 	record   checkpoint.Interruption
@@ -109,6 +110,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.ranks.hello(m, a.proc.running()) // agent_peers.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
+		s.told = true
 		c.Post(s.stopMessage())
 	}
 }
@@ -368,6 +370,7 @@ func (a *Agent) sendStop(s *stopState) {
 		return
 	}
 	s.stopSent = true
+	s.told = len(a.conns.byID) > 0
 	a.conns.broadcast(s.stopMessage())
 }
 

@@ -193,10 +193,10 @@ func (a *Agent) lookForPeerCrash(code int) {
 		return
 	}
 	st, node, since, settle := a.cfg.Store, a.cfg.Node, a.sess.started, a.ranks.verdictAt.Add(peerCrashSettle)
-	a.goBg(func() {
+	a.goBgFail(func() {
 		key, err := peerCrashed(a.life, st, node, since, settle)
 		done <- crashLookup{code: code, key: key, err: err}
-	})
+	}, func(err error) { done <- crashLookup{code: code, err: err} }) // a panic: the store cannot say
 }
 
 // peerCrashed reports whether another node of the job recorded a crash of

@@ -25,8 +25,9 @@ type request struct {
 	parent          *os.Root // what rel is relative to; nil: the checkpoint directory
 	held            *os.Root // dir as opened for the commit, until it is removed
 	sent, deadline  time.Time
-	waiting         map[uint64]bool // connections that still owe an answer
-	answeredBy      map[uint64]bool // connections that answered
+	waiting         map[uint64]bool  // connections that still owe an answer
+	answeredBy      map[uint64]bool  // connections that answered
+	answerUIDs      map[uint64][]int // their foreign uids (owner.go), kept after they close
 	answered        int
 	lost            int          // connections that went away owing an answer
 	ranks           map[int]bool // ranks that answered (part mode, agent_job.go)
@@ -119,7 +120,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
-	r.answeredBy[c.ID()] = true
+	r.noteAnswer(c) // owner.go
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
@@ -212,7 +213,8 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	// answeredBy: a trainer of another user uploads only its own files
 	// (owner.go), here as for a requested checkpoint.
 	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
-		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{c.ID(): true}, answered: 1, step: *m.Step, metadata: m.Metadata}
+		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
+	r.noteAnswer(c) // owner.go
 	a.commits.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
@@ -285,7 +287,7 @@ func (a *Agent) commit(r *request) {
 		case <-life.Done(): // the loop has ended: nobody reads results
 		}
 	}
-	a.goBg(func() {
+	a.goBgFail(func() {
 		defer cancel()
 		defer unown()
 		if openErr != nil {
@@ -301,7 +303,7 @@ func (a *Agent) commit(r *request) {
 			}
 		}
 		report(commitResult{req: r, res: res, err: err})
-	})
+	}, func(err error) { report(commitResult{req: r, err: fmt.Errorf("commit: %w", err)}) })
 }
 
 func (a *Agent) onCommitResult(cr commitResult) {

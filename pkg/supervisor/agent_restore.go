@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -90,11 +91,11 @@ func (a *Agent) startRestore() {
 	a.boot.restoring = p
 	opts := a.restoreOptions()
 	a.log.Info("restoring while the trainer starts")
-	a.goBg(func() {
+	a.goBgFail(func() {
 		defer cancel()
 		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
-	})
+	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
 }
 
 // restoreDone is the loop's source of the restore's end (nil: none running).

@@ -48,6 +48,7 @@ type nodeRun struct {
 	gone    chan struct{} // closed when the run is retired
 
 	owner string // PeerIdentity of the peer whose hello claimed the run
+	uid   int    // that peer's uid
 	conns int    // connections that said hello to this run and are open
 }
 
@@ -214,10 +215,10 @@ func (n *node) hello(ev protocol.Event) {
 	part := jobPart(m)
 	key := runKey(m.RunID, part)
 	r, ok := n.runs[key]
-	if ok && r.conns > 0 && r.owner != peer {
-		n.log.Warn("node: hello refused: run id in use by another peer", zap.String("run", r.id),
-			zap.String("peer", peer), zap.String("owner", r.owner), zap.Int("owner_conns", r.conns), zap.Uint64("conn", c.ID()))
-		refuse(fmt.Sprintf("hello: run_id %q refused: it is in use by another pod or user on this node (%d connections); it frees once they close", m.RunID, r.conns))
+	if o := n.liveOwner(m.RunID, part, peer, c.PeerUID()); o != nil {
+		n.log.Warn("node: hello refused: run id in use by another peer", zap.String("run", o.id),
+			zap.String("peer", peer), zap.String("owner", o.owner), zap.Int("owner_conns", o.conns), zap.Uint64("conn", c.ID()))
+		refuse(fmt.Sprintf("hello: run_id %q refused: it is in use by another pod or user on this node (%d connections); it frees once they close", m.RunID, o.conns))
 		return
 	}
 	if !ok {
@@ -235,10 +236,32 @@ func (n *node) hello(ev protocol.Event) {
 			n.log.Info("node: run id taken over by a new peer: the previous one has no connections left",
 				zap.String("run", r.id), zap.String("peer", peer), zap.String("previous", r.owner))
 		}
-		r.owner = peer
+		r.owner, r.uid = peer, c.PeerUID()
 	}
 	n.connRun[c.ID()] = r
 	r.conns++
+}
+
+// liveOwner is a live run that a hello from peer (of uid) for run id
+// (and part) may not join, nil when it may: a run belongs to one owner
+// across all its parts. The same run and part, or the run as a whole
+// while it runs as parts (or a part while it runs whole), with open
+// connections of another peer are refused; parts of one job may come
+// from several pods (one per node of the job), but never from two users.
+func (n *node) liveOwner(id, part, peer string, uid int) *nodeRun {
+	for _, r := range n.runs {
+		if r.conns == 0 || r.owner == peer {
+			continue
+		}
+		rid, rpart, _ := strings.Cut(r.id, "/")
+		if rid != id {
+			continue
+		}
+		if rpart == part || rpart == "" || part == "" || r.uid != uid {
+			return r
+		}
+	}
+	return nil
 }
 
 // deliverLater hands ev to r without blocking the dispatcher: at once if
@@ -270,6 +293,12 @@ func (n *node) start(id, part string) *nodeRun {
 	log.Info("node: new run", zap.String("store", uri))
 	n.wg.Go(func() {
 		defer func() { n.finished <- r }()
+		defer func() {
+			// A panic fails this run, not every run on the machine.
+			if err := recovered(log, recover()); err != nil {
+				n.refuse(r, log, err)
+			}
+		}()
 		st, err := n.cfg.OpenStore(n.ctx, uri)
 		if err != nil {
 			n.refuse(r, log, fmt.Errorf("store %s: %w", uri, err))

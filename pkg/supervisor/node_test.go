@@ -224,6 +224,40 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 	n.helloUntilWelcome(t, "pod:b", "teamB")
 }
 
+// TestNode_PartFieldsDoNotTakeARun (issue 36 item 2): a hello naming a
+// live run of another pod, with node_rank/nodes/world_size added, used to
+// make a run of its own (the key held the part) and get the victim's
+// checkpoint restored. A run belongs to one owner across all its parts:
+// it is refused, as is a whole-run hello for a job another pod runs as
+// parts.
+func TestNode_PartFieldsDoNotTakeARun(t *testing.T) {
+	n := startNode(t, nil)
+	victim := n.dialAs(t, "pod:a")
+	victim.helloRun("victim")
+	victim.expect(protocol.TypeWelcome)
+	thief := n.dialAs(t, "pod:b")
+	thief.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "victim", "rank": 1, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
+	if m := thief.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+		t.Fatalf("error %q, want the run id in use", m.Error)
+	}
+	thief.expectClosed()
+
+	job := n.dialAs(t, "pod:a")
+	job.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 0, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 0, "nodes": 2})
+	job.expect(protocol.TypeWelcome)
+	whole := n.dialAs(t, "pod:b")
+	whole.helloRun("job")
+	if m := whole.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+		t.Fatalf("error %q, want the run id in use", m.Error)
+	}
+	whole.expectClosed()
+	if got := len(n.logs.FilterMessage("node: new run").All()); got != 2 {
+		t.Fatalf("%d runs started, want 2 (the victim's and the job's part)", got)
+	}
+}
+
 // Issue 24.4: two pods of one two-node job scheduled on one machine are
 // two runs of the node agent (run id and node rank), each with its own
 // directory, and their checkpoint commits as one job checkpoint. Before,
@@ -302,4 +336,26 @@ func TestNode_PlantedSymlinkRefused(t *testing.T) {
 	if got := n.logs.FilterMessageSnippet("symlink").Len() + n.logs.FilterFieldKey("error").Len(); got == 0 {
 		t.Fatal("no refusal logged")
 	}
+}
+
+// TestNode_PanicFailsOneRun (issue 36 item 5): a panic in one run's work
+// (here its store's opening) fails that run, logged with its stack; the
+// node agent and its other runs go on. Before, it took every run on the
+// machine down.
+func TestNode_PanicFailsOneRun(t *testing.T) {
+	n := startNode(t, func(uri string) {
+		if strings.HasSuffix(uri, "/boom") {
+			_ = make([]byte, -len(uri)) // a makeslice panic, as world_size 2^62 caused
+		}
+	})
+	boom := n.dialAs(t, "pod:a")
+	boom.helloRun("boom")
+	if m := boom.expect(protocol.TypeError); !strings.Contains(m.Error, "run could not start: internal error (panic)") {
+		t.Fatalf("error %q, want the run failed by its panic", m.Error)
+	}
+	logs := n.logs.FilterMessage("background work panicked: it fails, the agent goes on").All()
+	if len(logs) != 1 || !strings.Contains(logs[0].ContextMap()["stack"].(string), "node.go") {
+		t.Fatalf("logs %+v, want one panic logged with its stack", logs)
+	}
+	n.helloUntilWelcome(t, "pod:b", "fine")
 }

@@ -18,19 +18,33 @@ func (a *Agent) trainerOwned(r *request) func() {
 	if r.held == nil {
 		return func() {}
 	}
+	return checkpoint.OwnedBy(r.held, r.ownerUIDs()...)
+}
+
+// noteAnswer records that c answered r, with its uid as it connected: the
+// owner rule must hold for a trainer that has disconnected since (the
+// commit starts once the last trainer answers).
+func (r *request) noteAnswer(c *protocol.Conn) {
+	r.answeredBy[c.ID()] = true
+	if r.answerUIDs == nil {
+		r.answerUIDs = map[uint64][]int{}
+	}
+	r.answerUIDs[c.ID()] = foreignUID(c)
+}
+
+// ownerUIDs are the uids every file of r must be owned by: those of the
+// trainers that answered it, nil when one of them is the agent's own user
+// (or its uid is unknown), whether or not it is still connected.
+func (r *request) ownerUIDs() []int {
 	var uids []int
 	for cid := range r.answeredBy {
-		c := a.conns.byID[cid]
-		if c == nil {
-			continue
-		}
-		uid := foreignUID(c)
+		uid := r.answerUIDs[cid]
 		if uid == nil {
-			return func() {}
+			return nil
 		}
 		uids = append(uids, uid...)
 	}
-	return checkpoint.OwnedBy(r.held, uids...)
+	return uids
 }
 
 // foreignUID is c's peer uid when it is another user's than the agent's

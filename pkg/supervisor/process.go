@@ -53,11 +53,12 @@ func (p *process) start(env []string) error {
 }
 
 // exited takes the child's exit (after done closed): its own code.
+// killing still says whether the agent was stopping it (exitCodeFor
+// reads it); the caller clears it after.
 func (p *process) exited() int {
 	code := p.c.ExitCode()
 	p.pid.Store(0) // the pid may be reused: nothing may signal it now
 	p.done = nil
-	p.killing = false
 	return code
 }
 

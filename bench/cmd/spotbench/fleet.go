@@ -53,7 +53,7 @@ func benchFleet(c *config, r *report) error {
 	if err != nil {
 		return err
 	}
-	st, err := os.Stat(filepath.Join(root, "fleet-summary.json"))
+	st, err := os.Stat(filepath.Join(root, "fleet", "summary.json"))
 	if err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func benchFleet(c *config, r *report) error {
 	row("`fleet --format json` (summary)", js)
 	row("`fleet --recount` (every journal and latest.json)", rec)
 	row("`fleet --recount --save-summary` (first build)", []time.Duration{recount})
-	r.add("9. Fleet view: `spotagent fleet` over 10,000 runs", b.String())
+	r.add("9. Fleet view: `spotagent fleet` over 10,000 runs (file store)", b.String())
 	got := med(table)
 	r.target(target{name: "`spotagent fleet` on 10,000 runs from the summary", want: "< 5 s",
 		got: got.Round(time.Millisecond).String(), met: got < 5*time.Second, margin: fmt.Sprintf("%+.2f s", 5-got.Seconds())})
@@ -133,46 +133,10 @@ func syntheticPrices() string {
 // writeSyntheticFleet writes n runs' journal.json and latest.json under root.
 func writeSyntheticFleet(root string, n int) error {
 	rng := rand.New(rand.NewPCG(29, 10000))
-	clouds := []string{"aws", "gcp", "azure"}
 	base := time.Now().Add(-60 * 24 * time.Hour).UTC().Truncate(time.Second)
 	for i := range n {
-		id := fmt.Sprintf("run-%05d", i)
-		cl := clouds[rng.IntN(3)]
-		typ := fleetTypes[cl][rng.IntN(4)]
-		rate := 0.01 * float64(1+rng.IntN(5)) // per hour
-		j := checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
-		t := base.Add(time.Duration(rng.Int64N(int64(55 * 24 * time.Hour))))
-		var step int64
-		for s := range 1 + rng.IntN(6) {
-			zone := fleetClouds[cl][rng.IntN(3)]
-			m := checkpoint.Machine{Cloud: cl, InstanceType: typ, Zone: zone, InstanceID: fmt.Sprintf("i-%d-%d", i, s)}
-			length := time.Duration(rng.ExpFloat64() / rate * float64(time.Hour))
-			length = min(max(length, 10*time.Minute), 48*time.Hour)
-			blocked := length.Seconds() * 0.01
-			end := t.Add(length)
-			sess := checkpoint.Session{ID: fmt.Sprint(s), Start: t, End: &end, Instance: m, BlockedSeconds: &blocked}
-			j.Sessions = append(j.Sessions, sess)
-			if s > 0 {
-				j.Restores = append(j.Restores, checkpoint.RestoreEntry{At: t, Step: step, Seconds: 30 + 60*rng.Float64()})
-			}
-			step += int64(length.Seconds())
-			if rng.Float64() < 0.7 { // ended by an interruption
-				in := checkpoint.Interruption{Cloud: cl, Kind: "spot", InstanceType: typ, Zone: zone, Notice: end.Add(-time.Minute), Detected: end.Add(-time.Minute), Step: step}
-				deadline := in.Notice.Add(2 * time.Minute)
-				in.Deadline = &deadline
-				if rng.Float64() < 0.85 {
-					in.CommitOK = true
-					committed := end
-					in.Committed = &committed
-				} else {
-					in.LostSeconds = 600 * rng.Float64()
-					in.LostSteps = int64(in.LostSeconds)
-				}
-				j.Interruptions = append(j.Interruptions, in)
-			}
-			t = end.Add(time.Duration(rng.Int64N(int64(20 * time.Minute))))
-		}
-		dir := filepath.Join(root, id)
+		j, step, t := syntheticJournal(rng, i, base)
+		dir := filepath.Join(root, j.RunID)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
@@ -189,4 +153,49 @@ func writeSyntheticFleet(root string, n int) error {
 		}
 	}
 	return nil
+}
+
+// syntheticJournal is run i of a synthetic fleet: 1–6 sessions of one
+// instance type over its cloud's zones, Poisson interruptions, 85 % of
+// them with the notice checkpoint committed. It returns the journal, the
+// newest step and the end of its last session.
+func syntheticJournal(rng *rand.Rand, i int, base time.Time) (*checkpoint.Journal, int64, time.Time) {
+	clouds := []string{"aws", "gcp", "azure"}
+	id := fmt.Sprintf("run-%06d", i)
+	cl := clouds[rng.IntN(3)]
+	typ := fleetTypes[cl][rng.IntN(4)]
+	rate := 0.01 * float64(1+rng.IntN(5)) // per hour
+	j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
+	t := base.Add(time.Duration(rng.Int64N(int64(55 * 24 * time.Hour))))
+	var step int64
+	for s := range 1 + rng.IntN(6) {
+		zone := fleetClouds[cl][rng.IntN(3)]
+		m := checkpoint.Machine{Cloud: cl, InstanceType: typ, Zone: zone, InstanceID: fmt.Sprintf("i-%d-%d", i, s)}
+		length := time.Duration(rng.ExpFloat64() / rate * float64(time.Hour))
+		length = min(max(length, 10*time.Minute), 48*time.Hour)
+		blocked := length.Seconds() * 0.01
+		end := t.Add(length)
+		sess := checkpoint.Session{ID: fmt.Sprint(s), Start: t, End: &end, Instance: m, BlockedSeconds: &blocked}
+		j.Sessions = append(j.Sessions, sess)
+		if s > 0 {
+			j.Restores = append(j.Restores, checkpoint.RestoreEntry{At: t, Step: step, Seconds: 30 + 60*rng.Float64()})
+		}
+		step += int64(length.Seconds())
+		if rng.Float64() < 0.7 { // ended by an interruption
+			in := checkpoint.Interruption{Cloud: cl, Kind: "spot", InstanceType: typ, Zone: zone, Notice: end.Add(-time.Minute), Detected: end.Add(-time.Minute), Step: step}
+			deadline := in.Notice.Add(2 * time.Minute)
+			in.Deadline = &deadline
+			if rng.Float64() < 0.85 {
+				in.CommitOK = true
+				committed := end
+				in.Committed = &committed
+			} else {
+				in.LostSeconds = 600 * rng.Float64()
+				in.LostSteps = int64(in.LostSeconds)
+			}
+			j.Interruptions = append(j.Interruptions, in)
+		}
+		t = end.Add(time.Duration(rng.Int64N(int64(20 * time.Minute))))
+	}
+	return j, step, t
 }

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -39,9 +40,13 @@ type config struct {
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
-	pipelineGiB           string  // checkpoint sizes of the pipeline section
-	overlapGiB            float64 // checkpoint size of the overlap section
-	watchbench            string  // bench/cmd/watchbench, for the watch section
+	pipelineGiB           string        // checkpoint sizes of the pipeline section
+	overlapGiB            float64       // checkpoint size of the overlap section
+	watchbench            string        // bench/cmd/watchbench, for the watch section
+	fleetAgents           int           // fleet section: agents ending at once
+	fleetRuns             []int         // fleet section: fleet sizes of the start-up read and `fleet`
+	fleetReps             int           // fleet section: repetitions (at least 3)
+	fleetOldDeadline      time.Duration // fleet section: where the old summary's burst is cut
 }
 
 func main() {
@@ -69,7 +74,19 @@ func main() {
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
+	var fleetRuns string
+	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
+	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
+	flag.IntVar(&c.fleetReps, "fleet-reps", 3, "fleet section: repetitions (at least 3)")
+	flag.DurationVar(&c.fleetOldDeadline, "fleet-old-deadline", 2*time.Minute, "fleet section: the old single summary's burst is cut here (its sessions then lost)")
 	flag.Parse()
+	for _, f := range strings.Split(fleetRuns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			fatal(fmt.Errorf("-fleet-runs %q: want sizes such as 10000,100000", fleetRuns))
+		}
+		c.fleetRuns = append(c.fleetRuns, n)
+	}
 	c.pollInterval = time.Second
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(only, ",") {
@@ -144,6 +161,8 @@ func main() {
 	if c.only["fleet"] {
 		step("fleet view over 10,000 runs")
 		must(benchFleet(&c, r))
+		step("fleet records at fleet scale (MinIO)")
+		must(benchFleetScale(&c, r))
 	}
 	if c.only["watch"] {
 		step("zero-code mode: watcher, restore RSS, lost steps")

@@ -27,13 +27,22 @@ const (
 	lockName       = reservedPrefix + "lock"
 )
 
+// Modes of what the store creates: its objects hold checkpoints, and its
+// lock file must not be held by another user (which would hang every
+// compare-and-swap): the owner's only. Directories that exist already
+// keep theirs.
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
+
 // Store keeps objects as files under root.
 type Store struct {
 	root string
 
 	mu     sync.Mutex          // guards active
 	active map[string]struct{} // temp files of Puts in flight, kept by Cleanup
-	cas    sync.Mutex          // serialises IfVersion puts inside this process
+	cas    chan struct{}       // serialises IfVersion puts inside this process (a ctx-aware mutex)
 }
 
 var (
@@ -47,10 +56,10 @@ func New(root string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file store: %w", err)
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
+	if err := os.MkdirAll(abs, dirMode); err != nil {
 		return nil, fmt.Errorf("file store: %w", err)
 	}
-	return &Store{root: abs, active: map[string]struct{}{}}, nil
+	return &Store{root: abs, active: map[string]struct{}{}, cas: make(chan struct{}, 1)}, nil
 }
 
 // Open returns a store rooted at root for reading: it creates nothing, and
@@ -73,7 +82,7 @@ func Open(root string) (*Store, error) {
 	if !fi.IsDir() {
 		return nil, noDirError{abs, "is not a directory"}
 	}
-	return &Store{root: abs, active: map[string]struct{}{}}, nil
+	return &Store{root: abs, active: map[string]struct{}{}, cas: make(chan struct{}, 1)}, nil
 }
 
 // noDirError is a missing root: it reads as the directory and why, and

@@ -2,9 +2,11 @@ package file_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,5 +105,108 @@ func TestCleanup_Owned(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, theirs)); err != nil {
 		t.Fatalf("cleanup removed another writer's temp file: %v", err)
+	}
+}
+
+// TestModes (issue 36 item 3): what the store creates is its owner's only
+// (directories 0700, objects and the lock file 0600), so that another user
+// can neither read checkpoints nor hold the lock. Was: 0755 and 0644.
+func TestModes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	st, err := file.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Put(ctx, "a/b/c", strings.NewReader("x"), 1, cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Stat(ctx, "a/b/c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(ctx, "a/b/c", strings.NewReader("y"), 1, cloud.PutOptions{IfVersion: info.Version}); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{"": 0o700, "a": 0o700, "a/b": 0o700, "a/b/c": 0o600, ".spotagent-lock": 0o600} {
+		fi, err := os.Stat(filepath.Join(dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("%q: mode %v, want %v", p, got, want)
+		}
+	}
+}
+
+// TestLock_BoundedByContext (issue 36 item 3): a process that holds the
+// store's lock forever used to hang every compare-and-swap (latest.json,
+// the journal) in a blocking flock that ignored its context, and the
+// agent's exit with it. The Put now fails when its context ends.
+func TestLock_BoundedByContext(t *testing.T) {
+	dir := t.TempDir()
+	st, err := file.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Put(ctx, "latest.json", strings.NewReader("x"), 1, cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Stat(ctx, "latest.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.OpenFile(filepath.Join(dir, ".spotagent-lock"), os.O_CREATE|os.O_RDONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if err := syscall.Flock(int(holder.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- st.Put(short, "latest.json", strings.NewReader("y"), 1, cloud.PutOptions{IfVersion: info.Version})
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "held by another process") {
+			t.Fatalf("put under a held lock: %v, want the deadline, saying the lock is held", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("put under a held lock did not end with its context")
+	}
+	// Released, the next one goes through.
+	syscall.Flock(int(holder.Fd()), syscall.LOCK_UN)
+	if err := st.Put(ctx, "latest.json", strings.NewReader("y"), 1, cloud.PutOptions{IfVersion: info.Version}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLock_SymlinkRefused: a symlink at the lock's place is not followed
+// (it could make an agent running as root create a file elsewhere).
+func TestLock_SymlinkRefused(t *testing.T) {
+	dir := t.TempDir()
+	st, err := file.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.Symlink(target, filepath.Join(dir, ".spotagent-lock")); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Put(ctx, "k", strings.NewReader("x"), 1, cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := st.Stat(ctx, "k")
+	if err := st.Put(ctx, "k", strings.NewReader("y"), 1, cloud.PutOptions{IfVersion: info.Version}); err == nil {
+		t.Fatal("a compare-and-swap through a symlinked lock succeeded")
+	}
+	if _, err := os.Lstat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the lock's symlink was followed: %v", err)
 	}
 }

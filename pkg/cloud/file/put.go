@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -41,7 +42,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 func (s *Store) createTemp(dir string) (*os.File, error) {
 	var err error
 	for range 5 {
-		if err = os.MkdirAll(dir, 0o755); err != nil {
+		if err = os.MkdirAll(dir, dirMode); err != nil {
 			return nil, err
 		}
 		var f *os.File
@@ -96,7 +97,7 @@ func (s *Store) commit(ctx context.Context, tmp, p string, opts cloud.PutOptions
 		}
 		return nil
 	case opts.IfVersion != "":
-		unlock, err := s.lock()
+		unlock, err := s.lock(ctx)
 		if err != nil {
 			return err
 		}
@@ -116,23 +117,55 @@ func (s *Store) commit(ctx context.Context, tmp, p string, opts cloud.PutOptions
 }
 
 // lock serialises IfVersion compare-and-rename within this process and,
-// through flock(2) on a lock file in root, with other processes.
-func (s *Store) lock() (func(), error) {
-	s.cas.Lock()
-	f, err := os.OpenFile(filepath.Join(s.root, lockName), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		s.cas.Unlock()
-		return nil, err
+// through flock(2) on a lock file in root, with other processes. Both
+// waits end with ctx: a process that holds the lock forever (another
+// user's cannot: the file is 0600, and a symlink in its place is refused)
+// fails this Put, it never hangs the agent's commits or its exit.
+func (s *Store) lock(ctx context.Context) (func(), error) {
+	select {
+	case s.cas <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("lock: %w", ctx.Err())
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		s.cas.Unlock()
+	release := func() { <-s.cas }
+	f, err := os.OpenFile(filepath.Join(s.root, lockName), os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, fileMode)
+	if err != nil {
+		release()
 		return nil, fmt.Errorf("lock: %w", err)
+	}
+	if err := flockCtx(ctx, f); err != nil {
+		f.Close()
+		release()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
 	return func() {
 		f.Close() // releases the flock
-		s.cas.Unlock()
+		release()
 	}, nil
+}
+
+// flockCtx takes an exclusive flock on f, polling (LOCK_NB) with a
+// backoff of 1 ms doubling to 50 ms until it has it or ctx ends: a blocking
+// flock cannot be cancelled.
+func flockCtx(ctx context.Context, f *os.File) error {
+	wait := time.Millisecond
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("held by another process: %w", ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
 }
 
 func syncDir(dir string) error {

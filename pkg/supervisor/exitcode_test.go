@@ -1,0 +1,97 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/watch"
+)
+
+// TestExitCodes_FinishedIsNeverRerun (issue 36 item 7): every stop reason
+// maps to one agent exit code (docs/protocol.md "Exit codes"). A trainer
+// that finished (bye, or exit 0 before anything told it to stop) makes
+// the agent exit 0, also when a SIGTERM came meanwhile: before, it exited
+// 75 and systemd or the Job ran a completed job again. A trainer the
+// agent told to stop, or stopped itself, is to be continued: 75.
+func TestExitCodes_FinishedIsNeverRerun(t *testing.T) {
+	type cell struct {
+		name  string
+		watch bool
+		// before the SIGTERM: bye (and disconnect), or a trainer that
+		// stays connected; after it: whether the trainer waits for the
+		// stop message before it exits.
+		bye, awaitStop bool
+		exit, want     int
+	}
+	for _, tc := range []cell{
+		{name: "run: bye, then SIGTERM, exit 0", bye: true, exit: 0, want: 0},
+		{name: "run: bye, then SIGTERM, exit 3", bye: true, exit: 3, want: 3},
+		{name: "run: SIGTERM, exit 0 before the stop", exit: 0, want: 0},
+		{name: "run: SIGTERM, stop, exit 0", awaitStop: true, exit: 0, want: ExitInterrupted},
+		{name: "run: SIGTERM, stop, exit 75", awaitStop: true, exit: ExitInterrupted, want: ExitInterrupted},
+		{name: "run: SIGTERM, stop, exit 3", awaitStop: true, exit: 3, want: 3},
+		{name: "watch: SIGTERM, exit 0 on its own", watch: true, exit: 0, want: 0},
+		{name: "watch: SIGTERM, exit 75 on its own", watch: true, exit: ExitInterrupted, want: ExitInterrupted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := filepath.Join(shortDir(t), "release")
+			ar := startAgent(t, func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(tc.exit)}
+				c.TermGrace = time.Minute // the trainer's exit, not the deadline, ends these runs
+				if tc.watch {
+					c.FenceInterval = -1
+					c.Watch = &WatchConfig{Config: watch.Config{Dir: t.TempDir(), Quiet: 200 * time.Millisecond}}
+				}
+			})
+			ar.waitStatus(t, "the trainer running", func(s Status) bool { return s.Child != nil && s.Child.Running })
+			var tr *trainer
+			if !tc.watch {
+				tr = dialTrainer(t, ar.cfg.Server.Path)
+				tr.hello()
+				if tc.bye {
+					tr.send(map[string]any{"type": "bye", "step": 5})
+					tr.c.Close()
+					ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 0 })
+				}
+			}
+			ar.sigs <- syscall.SIGTERM
+			ar.waitStatus(t, "the shutdown under way", func(s Status) bool { return s.Stopping == protocol.ReasonShutdown })
+			if tc.awaitStop {
+				tr.save(tr.expect(protocol.TypeCheckpoint), 5, "w")
+				tr.expect(protocol.TypeCommitted)
+				if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
+					t.Fatalf("stop=%+v", s)
+				}
+			}
+			os.WriteFile(release, nil, 0o600)
+			if got := ar.wait(t); got != tc.want {
+				t.Fatalf("exit code %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestExitCodes_SidecarShutdown: a sidecar's shutdown checkpoint commits,
+// its trainer is told to stop (the trainer exits 75 itself) and leaves;
+// the sidecar exits 0 (docs/protocol.md "Exit codes": a sidecar never
+// exits 75, only 76 when fenced: TestAgent_Fenced).
+func TestExitCodes_SidecarShutdown(t *testing.T) {
+	ar := startAgent(t, nil) // no command: a sidecar
+	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr.hello()
+	ar.sigs <- syscall.SIGTERM
+	tr.save(tr.expect(protocol.TypeCheckpoint), 5, "w")
+	tr.expect(protocol.TypeCommitted)
+	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
+		t.Fatalf("stop=%+v", s)
+	}
+	tr.c.Close()
+	if got := ar.wait(t); got != 0 {
+		t.Fatalf("sidecar exit code %d, want 0", got)
+	}
+}

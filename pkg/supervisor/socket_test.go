@@ -1,0 +1,41 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// TestAgent_SecondAgentRefusesALiveSocket (issue 36 item 8): two agents
+// whose run ids default alike would share one socket; the second used to
+// bind over the first's. It now refuses to start, naming --socket and
+// --run-id, and the first still serves its trainers.
+func TestAgent_SecondAgentRefusesALiveSocket(t *testing.T) {
+	first := startAgent(t, nil)
+	tr := dialTrainer(t, first.cfg.Server.Path)
+	tr.hello()
+	cfg := first.cfg
+	cfg.Store = first.store
+	code, err := Run(context.Background(), cfg, nil)
+	if err == nil || code != 1 {
+		t.Fatalf("second agent: code %d, err %v; want 1 and an error", code, err)
+	}
+	if !errors.Is(err, protocol.ErrSocketInUse) || !strings.Contains(err.Error(), "--socket") || !strings.Contains(err.Error(), "--run-id") {
+		t.Fatalf("error %q, want the socket in use, naming --socket and --run-id", err)
+	}
+	// Refused before it touched the store: its lease would have fenced
+	// the first agent's run.
+	var leases int
+	if err := first.store.List(context.Background(), "leases/", func(cloud.ObjectInfo) error { leases++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if leases != 1 {
+		t.Fatalf("%d leases in the store, want the first agent's only", leases)
+	}
+	again := dialTrainer(t, first.cfg.Server.Path)
+	again.hello()
+}
