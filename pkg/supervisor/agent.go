@@ -295,57 +295,6 @@ func readNames(r *os.Root) []string {
 	return names
 }
 
-// childEnv is the trainer's environment.
-func (a *Agent) childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
-			env = append(env, kv)
-		}
-	}
-	env = append(env,
-		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
-		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
-		// The client checks that the socket's peer has this uid.
-		"SPOTAGENT_AGENT_UID="+strconv.Itoa(os.Geteuid()),
-	)
-	if a.cfg.Signal == 0 {
-		env = append(env, "SPOTAGENT_SOCKET="+a.cfg.Server.Path)
-	} else {
-		// No socket: the bridge is the trainer's one voice; a client
-		// library in the child runs as if there were no agent.
-		env = append(env,
-			"SPOTAGENT_SIGNAL="+sigbridge.Name(a.cfg.Signal),
-			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, sigbridge.RequestFile),
-			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
-		)
-	}
-	if os.Getenv(exitFileEnv) == "" {
-		// The client writes 75 here when stopped for an interruption or
-		// shutdown: a launcher that hides its workers' codes (torchrun's
-		// 1) still makes this agent exit 75 (exitCodeFor).
-		env = append(env, exitFileEnv+"="+filepath.Join(a.dirs.areaPath, exitFileName))
-	}
-	if a.boot.restoring != nil {
-		// The restore runs while the trainer starts (agent_restore.go):
-		// the client blocks where it first needs the files. An older
-		// client waits for its welcome, which the agent holds until the
-		// restore ends: give it all the time that takes.
-		env = append(env, resumeEnv+"="+protocol.RestorePending)
-		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
-			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
-		}
-	}
-	if r := a.boot.resume; r != nil {
-		env = append(env,
-			"SPOTAGENT_RESUME_DIR="+r.Dir,
-			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),
-			"SPOTAGENT_RESUME_MANIFEST="+r.Manifest,
-		)
-	}
-	return env
-}
-
 // signalNotice turns SIGTERM/SIGINT into a shutdown notice.
 func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
 	now := time.Now()
@@ -355,4 +304,62 @@ func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
 	}
 	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
 		Deadline: now.Add(grace), Detected: now, Action: name}
+}
+
+// overlapRestore reports whether this agent restores while its trainer
+// starts. The signal fallback's trainer and zero-code mode's read the
+// environment and DIR, which cannot say "pending".
+func (c *Config) overlapRestore() bool {
+	return c.OverlapRestore && c.Signal == 0 && c.Watch == nil
+}
+
+// childEnv is the trainer's environment.
+func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"SPOTAGENT_RUN_ID="+c.RunID,
+		"SPOTAGENT_CHECKPOINT_DIR="+c.CheckpointDir,
+		// The client checks that the socket's peer has this uid.
+		"SPOTAGENT_AGENT_UID="+strconv.Itoa(os.Geteuid()),
+	)
+	if c.Signal == 0 {
+		env = append(env, "SPOTAGENT_SOCKET="+c.Server.Path)
+	} else {
+		// No socket: the bridge is the trainer's one voice; a client
+		// library in the child runs as if there were no agent.
+		env = append(env,
+			"SPOTAGENT_SIGNAL="+sigbridge.Name(c.Signal),
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(areaPath, sigbridge.RequestFile),
+			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
+		)
+	}
+	if os.Getenv(exitFileEnv) == "" {
+		// The client writes 75 here when stopped for an interruption or
+		// shutdown: a launcher that hides its workers' codes (torchrun's
+		// 1) still makes this agent exit 75 (exitCodeFor).
+		env = append(env, exitFileEnv+"="+filepath.Join(areaPath, exitFileName))
+	}
+	if restorePending {
+		// The restore runs while the trainer starts (agent_restore.go):
+		// the client blocks where it first needs the files. An older
+		// client waits for its welcome, which the agent holds until the
+		// restore ends: give it all the time that takes.
+		env = append(env, resumeEnv+"="+protocol.RestorePending)
+		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
+			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
+		}
+	}
+	if r := resume; r != nil {
+		env = append(env,
+			"SPOTAGENT_RESUME_DIR="+r.Dir,
+			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),
+			"SPOTAGENT_RESUME_MANIFEST="+r.Manifest,
+		)
+	}
+	return env
 }

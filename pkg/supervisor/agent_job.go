@@ -141,7 +141,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 			r.stop = nil
 		}
 		a.log.Info("checkpoint request superseded by the job's", zap.String("id", id), zap.String("job_id", m.ID))
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 	}
 	if stop == nil && urgent {
 		stop = a.joinedStop(m, deadline, now)
@@ -186,7 +186,7 @@ func (r *request) message() protocol.Message {
 func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
-	a.removeDir(r)
+	a.dirs.removeDir(r, a.goBg, a.log)
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {

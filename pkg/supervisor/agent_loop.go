@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 	}
-	if a.overlapRestore() {
+	if a.cfg.overlapRestore() {
 		a.startRestore() // agent_restore.go: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
@@ -163,7 +163,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if a.commits.fenced() { // agent_fence.go
 		return exitFenced, nil
 	}
-	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
+	if code, err, ok := a.boot.exit(); ok { // agent_restore.go
 		return code, err
 	}
 	return a.proc.exitCode, nil
@@ -263,7 +263,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.sess.ranBefore = j.Stats.RunSeconds
 	a.cleanup(ctx)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
-	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(schedule.History{
+	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
@@ -274,7 +274,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	if a.overlapRestore() {
+	if a.cfg.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
 	if a.boot.resume, err = a.restore(ctx); err != nil {
@@ -295,7 +295,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
 	}
 	a.ranks.reset()
-	return a.proc.start(a.childEnv())
+	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -351,7 +351,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			work()
 		case res := <-a.ranks.lookupDone():
 			a.onCrashLookup(res) // agent_peers.go
-		case res := <-a.restoreDone():
+		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
 			a.onChildExit()
@@ -480,7 +480,7 @@ func (a *Agent) onChildExit() {
 		delete(a.commits.pending, id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
 			a.stopFailed(r.stop, "trainer exited before saving", time.Now())
@@ -623,26 +623,6 @@ func (a *Agent) finish() {
 	a.release()
 }
 
-// fleetPrior is the prior of this run's first interval: the fleet's
-// observed rate for this machine's cloud, type and zone where the fleet
-// has enough hours, else the flat --interruption-rate (pkg/fleet).
-func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
-	flat := a.cfg.Scheduler.PriorRate()
-	id := a.cfg.Identity
-	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
-	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
-	if a.cfg.Fleet != nil {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var err error
-		if p, err = fleet.PriorFrom(rctx, a.cfg.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
-			a.log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
-		}
-		cancel()
-	}
-	a.log.Info("interruption prior", zap.Stringer("prior", p))
-	return p
-}
-
 // recordFleet refreshes this run's entry in the fleet summary from the
 // journal as the session leaves it; a failure costs only the summary
 // (spotagent fleet --recount rebuilds it).
@@ -700,4 +680,24 @@ func (a *Agent) trainers() int {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.byID)
+}
+
+// fleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (c *Config) fleetPrior(ctx context.Context) fleet.Prior {
+	flat := c.Scheduler.PriorRate()
+	id := c.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
+	if c.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
+		}
+		cancel()
+	}
+	c.Log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
 }

@@ -64,8 +64,8 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			a.conns.byes++
 		}
 	case protocol.TypeDisconnected:
-		a.forgetWaiting(c.ID()) // agent_restore.go
-		a.rankLeft(c)           // agent_peers.go
+		a.boot.forget(c.ID()) // agent_restore.go
+		a.rankLeft(c)         // agent_peers.go
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
@@ -124,7 +124,7 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.commits.pending, r.id)
-	a.removeDir(r) // what the failed save left would keep a full disk full
+	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
 	now := time.Now()
 	a.commits.lastBlock = now
 	if r.stop != nil {
@@ -213,7 +213,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
-	if a.trainersFinished() {
+	if a.conns.finished() {
 		// A sidecar outlives its trainer: the kubelet stops it after the
 		// trainer exited 0. Nothing was interrupted and nothing is lost.
 		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
@@ -255,13 +255,6 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	a.stopRequested(s, r, r.sent)
 }
 
-// trainersFinished reports whether the trainers came, said bye (finished
-// their work) and left: none is connected, and every one that left since
-// the last start said bye first.
-func (a *Agent) trainersFinished() bool {
-	return a.conns.had && len(a.conns.byID) == 0 && !a.conns.leftUnfinished && a.conns.byes > 0
-}
-
 // requestDeadline is when the trainer must have saved a checkpoint that
 // must commit by deadline: room is left to upload (the previous
 // checkpoint's size at the measured throughput) and for the margin; if
@@ -288,8 +281,8 @@ func (a *Agent) stopRequested(s *stopState, r *request, sent time.Time) {
 func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	a.recordLostSteps(s, res.Manifest.Step, now)
-	a.noticeOutcome(s, true, now)
+	s.recordLostSteps(a.src, res.Manifest.Step, now)
+	s.noticeOutcome(a.cfg.Metrics, true, now)
 	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	a.finishStop(s)
@@ -321,37 +314,17 @@ func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
 		base = a.sess.started
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
-	a.recordLostSteps(s, a.commits.last.step, now)
-	a.noticeOutcome(s, false, now)
+	s.recordLostSteps(a.src, a.commits.last.step, now)
+	s.noticeOutcome(a.cfg.Metrics, false, now)
 	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", a.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
 	a.finishStop(s)
 }
 
-// recordLostSteps records the steps past committed that the trainer
-// reached, as the checkpoint source counts them.
-func (a *Agent) recordLostSteps(s *stopState, committed int64, now time.Time) {
-	reached, from := a.src.reached(now)
-	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
-}
-
-// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
-// shutdown, a fence or another node's notice joined here.
-func (a *Agent) noticeOutcome(s *stopState, committed bool, now time.Time) {
-	if s.joined || s.reason != protocol.ReasonInterruption {
-		return
-	}
-	var lead time.Duration
-	if !s.notice.Deadline.IsZero() {
-		lead = s.notice.Deadline.Sub(s.notice.Detected)
-	}
-	a.cfg.Metrics.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
-}
-
 func (a *Agent) finishStop(s *stopState) {
 	s.finished = true
-	a.sendStop(s)
+	s.send(&a.conns)
 	if s.joined {
 		return // the node that got the notice journals it
 	}
@@ -363,15 +336,6 @@ func (a *Agent) finishStop(s *stopState) {
 			j.Stats.NoticeCommits++
 		}
 	})
-}
-
-func (a *Agent) sendStop(s *stopState) {
-	if s.stopSent {
-		return
-	}
-	s.stopSent = true
-	s.told = len(a.conns.byID) > 0
-	a.conns.broadcast(s.stopMessage())
 }
 
 func (s *stopState) stopMessage() protocol.Message {
@@ -396,4 +360,33 @@ func (a *Agent) tickStop(now time.Time) {
 		}
 	}
 	a.checkDone()
+}
+
+func (s *stopState) send(t *trainerConns) {
+	if s.stopSent {
+		return
+	}
+	s.stopSent = true
+	s.told = len(t.byID) > 0
+	t.broadcast(s.stopMessage())
+}
+
+// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
+// shutdown, a fence or another node's notice joined here.
+func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
+	if s.joined || s.reason != protocol.ReasonInterruption {
+		return
+	}
+	var lead time.Duration
+	if !s.notice.Deadline.IsZero() {
+		lead = s.notice.Deadline.Sub(s.notice.Detected)
+	}
+	m.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
+}
+
+// recordLostSteps records the steps past committed that the trainer
+// reached, as the checkpoint source counts them.
+func (s *stopState) recordLostSteps(src checkpointSource, committed int64, now time.Time) {
+	reached, from := src.reached(now)
+	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
 }

@@ -90,14 +90,3 @@ func savedRel(dir, p string) (string, error) {
 	}
 	return rel, nil
 }
-
-// haltPipelines stops the early uploads of periodic checkpoints still being
-// saved: an interruption checkpoint needs the bandwidth. Their files are
-// uploaded at done, as without `saved`.
-func (a *Agent) haltPipelines() {
-	for _, r := range a.commits.pending {
-		if r.pipe != nil && !r.urgent() {
-			r.pipe.Halt()
-		}
-	}
-}

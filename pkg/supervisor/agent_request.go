@@ -75,7 +75,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		return nil
 	}
 	if stop != nil {
-		a.haltPipelines() // agent_pipeline.go: the interruption's files go first
+		a.commits.haltPipelines() // agent_pipeline.go: the interruption's files go first
 	}
 	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline,
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
@@ -151,7 +151,7 @@ func (a *Agent) settle(r *request) {
 	delete(a.commits.pending, r.id)
 	now := time.Now()
 	if r.answered == 0 {
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
 			a.stopFailed(r.stop, "trainer disconnected before saving", now)
@@ -218,23 +218,6 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	a.commits.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
-}
-
-// removeDir deletes r's directory through the agent's handles: never
-// anything outside the checkpoint directory, and, once the directory was
-// opened for the commit, only what that directory holds.
-func (a *Agent) removeDir(r *request) {
-	if r.pipe != nil {
-		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
-		a.goBg(r.pipe.Wait)
-	}
-	if err := checkpoint.RemoveDir(a.dirs.parentRoot(r), r.rel, r.held); err != nil {
-		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
-	}
-	if r.held != nil {
-		r.held.Close()
-		r.held = nil
-	}
 }
 
 // commit starts uploading r. An urgent (interruption) commit cancels any
@@ -311,7 +294,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	u := a.commits.uploads[r.id]
 	delete(a.commits.uploads, r.id)
 	now := time.Now()
-	a.removeDir(r)
+	a.dirs.removeDir(r, a.goBg, a.log)
 	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
 		return
 	}

@@ -76,13 +76,6 @@ type startAbort struct {
 	err    error     // the restore failed: exit 1 with it
 }
 
-// overlapRestore reports whether this agent restores while its trainer
-// starts. The signal fallback's trainer and zero-code mode's read the
-// environment and DIR, which cannot say "pending".
-func (a *Agent) overlapRestore() bool {
-	return a.cfg.OverlapRestore && a.cfg.Signal == 0 && a.cfg.Watch == nil
-}
-
 // startRestore runs the restore beside the loop; its end reaches the loop
 // through restoreDone.
 func (a *Agent) startRestore() {
@@ -96,14 +89,6 @@ func (a *Agent) startRestore() {
 		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
 	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
-}
-
-// restoreDone is the loop's source of the restore's end (nil: none running).
-func (a *Agent) restoreDone() <-chan restoreResult {
-	if a.boot.restoring == nil {
-		return nil
-	}
-	return a.boot.restoring.done
 }
 
 // onRestoreDone: the overlapped restore ended; the trainers learn how.
@@ -195,21 +180,6 @@ func (a *Agent) welcome(m protocol.Message) protocol.Message {
 	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.boot.resume}
 }
 
-// forgetWaiting drops a connection that closed from the restore's waiters.
-func (a *Agent) forgetWaiting(id uint64) {
-	p := a.boot.restoring
-	if p == nil {
-		return
-	}
-	delete(p.waiting, id)
-	for i, ev := range p.held {
-		if ev.Conn.ID() == id {
-			p.held = append(p.held[:i], p.held[i+1:]...)
-			break
-		}
-	}
-}
-
 // abortStart gives the start up while the restore runs (a signal or a
 // termination notice): the restore is cancelled, its partial directory
 // removed, and the trainer, which has not resumed and has nothing to save,
@@ -230,10 +200,18 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 	return true
 }
 
-// restoreExit is Run's answer after a start given up during the restore
+// done is the loop's source of the restore's end (nil: none running).
+func (b *bootRestore) done() <-chan restoreResult {
+	if b.restoring == nil {
+		return nil
+	}
+	return b.restoring.done
+}
+
+// exit is Run's answer after a start given up during the restore
 // (ok false: none was).
-func (a *Agent) restoreExit() (code int, err error, ok bool) {
-	ab := a.boot.aborted
+func (b *bootRestore) exit() (code int, err error, ok bool) {
+	ab := b.aborted
 	switch {
 	case ab == nil:
 		return 0, nil, false
@@ -244,4 +222,19 @@ func (a *Agent) restoreExit() (code int, err error, ok bool) {
 		return ExitInterrupted, nil, true
 	}
 	return 1, ab.err, true
+}
+
+// forget drops a connection that closed from the restore's waiters.
+func (b *bootRestore) forget(id uint64) {
+	p := b.restoring
+	if p == nil {
+		return
+	}
+	delete(p.waiting, id)
+	for i, ev := range p.held {
+		if ev.Conn.ID() == id {
+			p.held = append(p.held[:i], p.held[i+1:]...)
+			break
+		}
+	}
 }

@@ -50,3 +50,14 @@ func (c *commits) seeStep(step *int64) {
 		c.lastStep = *step
 	}
 }
+
+// haltPipelines stops the early uploads of periodic checkpoints still being
+// saved: an interruption checkpoint needs the bandwidth. Their files are
+// uploaded at done, as without `saved`.
+func (c *commits) haltPipelines() {
+	for _, r := range c.pending {
+		if r.pipe != nil && !r.urgent() {
+			r.pipe.Halt()
+		}
+	}
+}

@@ -241,3 +241,20 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
 	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
+
+// removeDir deletes r's directory through the agent's handles: never
+// anything outside the checkpoint directory, and, once the directory was
+// opened for the commit, only what that directory holds.
+func (d *localDirs) removeDir(r *request, goBg func(func()), log *zap.Logger) {
+	if r.pipe != nil {
+		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
+		goBg(r.pipe.Wait)
+	}
+	if err := checkpoint.RemoveDir(d.parentRoot(r), r.rel, r.held); err != nil {
+		log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
+	}
+	if r.held != nil {
+		r.held.Close()
+		r.held = nil
+	}
+}

@@ -34,3 +34,10 @@ func (t *trainerConns) reply(c *protocol.Conn, id, text string) {
 		t.log.Debug("error reply not delivered", zap.Error(err))
 	}
 }
+
+// finished reports whether the trainers came, said bye (finished
+// their work) and left: none is connected, and every one that left since
+// the last start said bye first.
+func (t *trainerConns) finished() bool {
+	return t.had && len(t.byID) == 0 && !t.leftUnfinished && t.byes > 0
+}
