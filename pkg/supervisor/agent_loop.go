@@ -241,6 +241,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.commits.lastBlock = a.sess.started
 	a.commits.promise.cfg = &a.cfg
+	a.ranks.env = rankEnv{records: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
+		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
@@ -350,7 +352,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.ready():
 			work()
 		case res := <-a.ranks.lookupDone():
-			a.onCrashLookup(res) // agent_peers.go
+			a.proc.exitCode = a.ranks.onLookup(res) // agent_peers.go
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
@@ -397,7 +399,9 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	a.tickStop(now)
-	a.tickRanks(now) // agent_peers.go
+	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
+		a.proc.stop(a.life, a.goBg)
+	} // agent_peers.go
 	a.src.tick(now)
 	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
@@ -513,7 +517,7 @@ func (a *Agent) onChildExit() {
 func (a *Agent) exitCodeFor(code int) int {
 	s := a.stops.current
 	if s == nil {
-		return a.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
+		return a.ranks.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code

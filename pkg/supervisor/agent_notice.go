@@ -64,8 +64,8 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			a.conns.byes++
 		}
 	case protocol.TypeDisconnected:
-		a.boot.forget(c.ID()) // agent_restore.go
-		a.rankLeft(c)         // agent_peers.go
+		a.boot.forget(c.ID())                                                                                        // agent_restore.go
+		a.ranks.connEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // agent_peers.go
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}

@@ -65,6 +65,7 @@ const (
 
 // rankWatch follows the ranks of the running child.
 type rankWatch struct {
+	env       rankEnv
 	pids      map[int]bool   // ranks (pids) that said hello since the child started
 	left      map[int]string // pid → the exit file when its connection ended without bye
 	leftAt    map[int]time.Time
@@ -77,6 +78,22 @@ type rankWatch struct {
 	lookup chan crashLookup
 }
 
+// rankEnv is what the ranks' watch needs of the agent: where crash
+// records go (part mode only: records), this session, and the lifetime
+// that owns the lookup beside the loop.
+type rankEnv struct {
+	records   bool // part mode: crashes are recorded and looked up
+	store     cloud.Store
+	node      string
+	session   string
+	started   time.Time
+	killAfter time.Duration
+	life      context.Context
+	goBg      func(fn func(), fail func(error)) // Agent.goBgFail
+	log       *zap.Logger
+	metrics   Metrics
+}
+
 // crashLookup is the answer of the lookup for another node's crash record
 // (peerCrashed), for the launcher's exit code.
 type crashLookup struct {
@@ -85,68 +102,8 @@ type crashLookup struct {
 	err  error
 }
 
-// rankLeft: a connection ended. A rank that leaves without bye while no
-// stop sequence runs ended on an error: note what the exit file said then.
-func (a *Agent) rankLeft(c *protocol.Conn) {
-	h, ok := c.Hello()
-	w := &a.ranks
-	if !ok || !w.pids[h.PID] || a.conns.saidBye[c.ID()] || a.stops.current != nil || a.proc.done == nil || w.verdict != "" {
-		return
-	}
-	if w.left == nil {
-		w.left, w.leftAt = map[int]string{}, map[int]time.Time{}
-	}
-	if _, seen := w.left[h.PID]; seen {
-		return
-	}
-	w.left[h.PID] = a.dirs.exitFileSays()
-	w.leftAt[h.PID] = time.Now()
-	w.order = append(w.order, h.PID)
-}
-
 // rankPoll is how often the loop looks at the processes of ranks that left.
 const rankPoll = 100 * time.Millisecond
-
-// tickRanks decides the verdict once the first rank that left is gone,
-// and ends the launcher once every rank is.
-func (a *Agent) tickRanks(now time.Time) {
-	w := &a.ranks
-	if !a.ranks.pending(a.proc.running(), a.stops.current != nil) {
-		return
-	}
-	for w.verdict == "" && len(w.order) > 0 {
-		pid := w.order[0]
-		if child.Alive(pid) {
-			if now.Sub(w.leftAt[pid]) < peerReconnectGrace {
-				return
-			}
-			w.order = w.order[1:] // still running: it reconnects
-			delete(w.left, pid)
-			continue
-		}
-		w.verdict, w.verdictAt = verdictCrash, now
-		if w.left[pid] == strconv.Itoa(ExitInterrupted) {
-			w.verdict = verdictPeerLost
-		}
-		a.log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
-			zap.String("exit_file", w.left[pid]))
-		if w.verdict == verdictCrash {
-			a.recordCrash(pid)
-		}
-	}
-	if w.verdict == "" {
-		return
-	}
-	for pid := range w.pids {
-		if child.Alive(pid) {
-			return
-		}
-	}
-	w.ended = true
-	a.log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
-		zap.String("verdict", w.verdict), zap.Duration("kill_after", a.cfg.KillAfter))
-	a.proc.stop(a.life, a.goBg)
-}
 
 // crashRecord is crashes/<node>-<session>.json.
 type crashRecord struct {
@@ -154,49 +111,6 @@ type crashRecord struct {
 	Session string    `json:"session"`
 	PID     int       `json:"pid"`
 	At      time.Time `json:"at"`
-}
-
-// recordCrash tells the job's other nodes that a rank here crashed on its
-// own (they see it as a lost peer).
-func (a *Agent) recordCrash(pid int) {
-	if !a.job.crashRecords() {
-		return
-	}
-	rec := crashRecord{Node: a.cfg.Node, Session: a.sess.id, PID: pid, At: time.Now().UTC()}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return
-	}
-	key := crashDir + a.cfg.Node + "-" + a.sess.id + ".json"
-	st := a.cfg.Store
-	ctx := context.WithoutCancel(a.life) // lands even when the agent ends meanwhile
-	a.goBg(func() {
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
-			a.log.Warn("could not record the crash for the job's other nodes", zap.String("key", key), zap.Error(err))
-			return
-		}
-		a.log.Info("crash recorded for the job's other nodes", zap.String("key", key))
-	})
-}
-
-// lookForPeerCrash starts the lookup for another node's crash record
-// beside the loop (owned by the agent's lifetime); its answer comes back
-// as a loop event (onCrashLookup). Outside part mode there is no record
-// to look for: the answer is at once "none".
-func (a *Agent) lookForPeerCrash(code int) {
-	done := make(chan crashLookup, 1)
-	a.ranks.lookup = done
-	if !a.job.crashRecords() {
-		done <- crashLookup{code: code}
-		return
-	}
-	st, node, since, settle := a.cfg.Store, a.cfg.Node, a.sess.started, a.ranks.verdictAt.Add(peerCrashSettle)
-	a.goBgFail(func() {
-		key, err := peerCrashed(a.life, st, node, since, settle)
-		done <- crashLookup{code: code, key: key, err: err}
-	}, func(err error) { done <- crashLookup{code: code, err: err} }) // a panic: the store cannot say
 }
 
 // peerCrashed reports whether another node of the job recorded a crash of
@@ -233,52 +147,8 @@ func peerCrashed(ctx context.Context, st cloud.Store, node string, since, settle
 
 var errStopList = errors.New("found")
 
-// peerLossExit is the agent's code for a child that exited with code
-// (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
-// another node recorded a crash of its own (or the store cannot say). After
-// a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
-// After a lost peer the answer needs the store: the launcher's code stands
-// until the lookup (lookForPeerCrash) comes back to the loop.
-func (a *Agent) peerLossExit(code int) int {
-	if a.ranks.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
-		// The agent's own SIGTERM ended the launcher (torchrun answers it
-		// with 1, or dies of it while it exits on its own): its ranks
-		// failed, which torchrun reports as 1.
-		code = 1
-	}
-	if !a.ranks.peerLost() || code == 0 {
-		return code
-	}
-	a.lookForPeerCrash(code)
-	return code
-}
-
-// onCrashLookup: the lookup for another node's crash record answered;
-// it decides the exit code of a launcher whose ranks lost a peer.
-func (a *Agent) onCrashLookup(res crashLookup) {
-	a.ranks.lookup = nil
-	a.proc.exitCode = a.peerLookupExit(res.code, res.key, res.err)
-}
-
-func (a *Agent) peerLookupExit(code int, key string, err error) int {
-	switch {
-	case err != nil:
-		a.log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
-			zap.Int("code", code), zap.Error(err))
-		return code
-	case key != "":
-		a.log.Warn("ranks lost a peer, which crashed on its own (its node recorded it): exiting with the launcher's code",
-			zap.Int("code", code), zap.String("record", key))
-		return code
-	}
-	a.cfg.Metrics.Error("peer_lost")
-	a.log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
-		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(a.ranks.verdictAt).Round(time.Millisecond)))
-	return ExitInterrupted
-}
-
 // reset forgets the ranks of an earlier start of the child.
-func (w *rankWatch) reset() { *w = rankWatch{} }
+func (w *rankWatch) reset() { *w = rankWatch{env: w.env} }
 
 // hello notes a rank of a multi-rank job that said hello.
 func (w *rankWatch) hello(m protocol.Message, running bool) {
@@ -303,3 +173,148 @@ func (w *rankWatch) peerLost() bool { return w.verdict == verdictPeerLost }
 
 // lookupDone is the pending crash-record lookup's answer (nil: none).
 func (w *rankWatch) lookupDone() <-chan crashLookup { return w.lookup }
+
+// recordCrash tells the job's other nodes that a rank here crashed on its
+// own (they see it as a lost peer).
+func (w *rankWatch) recordCrash(pid int) {
+	if !w.env.records {
+		return
+	}
+	rec := crashRecord{Node: w.env.node, Session: w.env.session, PID: pid, At: time.Now().UTC()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return
+	}
+	key := crashDir + w.env.node + "-" + w.env.session + ".json"
+	st := w.env.store
+	ctx := context.WithoutCancel(w.env.life) // lands even when the agent ends meanwhile
+	w.env.goBg(func() {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
+			w.env.log.Warn("could not record the crash for the job's other nodes", zap.String("key", key), zap.Error(err))
+			return
+		}
+		w.env.log.Info("crash recorded for the job's other nodes", zap.String("key", key))
+	}, nil)
+}
+
+// lookForPeerCrash starts the lookup for another node's crash record
+// beside the loop (owned by the agent's lifetime); its answer comes back
+// as a loop event (onCrashLookup). Outside part mode there is no record
+// to look for: the answer is at once "none".
+func (w *rankWatch) lookForPeerCrash(code int) {
+	done := make(chan crashLookup, 1)
+	w.lookup = done
+	if !w.env.records {
+		done <- crashLookup{code: code}
+		return
+	}
+	st, node, since, settle := w.env.store, w.env.node, w.env.started, w.verdictAt.Add(peerCrashSettle)
+	w.env.goBg(func() {
+		key, err := peerCrashed(w.env.life, st, node, since, settle)
+		done <- crashLookup{code: code, key: key, err: err}
+	}, func(err error) { done <- crashLookup{code: code, err: err} }) // a panic: the store cannot say
+}
+
+// peerLossExit is the agent's code for a child that exited with code
+// (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
+// another node recorded a crash of its own (or the store cannot say). After
+// a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
+// After a lost peer the answer needs the store: the launcher's code stands
+// until the lookup (lookForPeerCrash) comes back to the loop.
+func (w *rankWatch) peerLossExit(code int) int {
+	if w.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
+		// The agent's own SIGTERM ended the launcher (torchrun answers it
+		// with 1, or dies of it while it exits on its own): its ranks
+		// failed, which torchrun reports as 1.
+		code = 1
+	}
+	if !w.peerLost() || code == 0 {
+		return code
+	}
+	w.lookForPeerCrash(code)
+	return code
+}
+
+func (w *rankWatch) lookupExit(code int, key string, err error) int {
+	switch {
+	case err != nil:
+		w.env.log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
+			zap.Int("code", code), zap.Error(err))
+		return code
+	case key != "":
+		w.env.log.Warn("ranks lost a peer, which crashed on its own (its node recorded it): exiting with the launcher's code",
+			zap.Int("code", code), zap.String("record", key))
+		return code
+	}
+	w.env.metrics.Error("peer_lost")
+	w.env.log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
+		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(w.verdictAt).Round(time.Millisecond)))
+	return ExitInterrupted
+}
+
+// onLookup: the lookup for another node's crash record answered;
+// it decides the exit code of a launcher whose ranks lost a peer.
+func (w *rankWatch) onLookup(res crashLookup) int {
+	w.lookup = nil
+	return w.lookupExit(res.code, res.key, res.err)
+}
+
+// tick decides the verdict once the first rank that left is gone,
+// and ends the launcher once every rank is.
+func (w *rankWatch) tick(now time.Time, running, stopping bool) (endLauncher bool) {
+	if !w.pending(running, stopping) {
+		return false
+	}
+	for w.verdict == "" && len(w.order) > 0 {
+		pid := w.order[0]
+		if child.Alive(pid) {
+			if now.Sub(w.leftAt[pid]) < peerReconnectGrace {
+				return false
+			}
+			w.order = w.order[1:] // still running: it reconnects
+			delete(w.left, pid)
+			continue
+		}
+		w.verdict, w.verdictAt = verdictCrash, now
+		if w.left[pid] == strconv.Itoa(ExitInterrupted) {
+			w.verdict = verdictPeerLost
+		}
+		w.env.log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
+			zap.String("exit_file", w.left[pid]))
+		if w.verdict == verdictCrash {
+			w.recordCrash(pid)
+		}
+	}
+	if w.verdict == "" {
+		return false
+	}
+	for pid := range w.pids {
+		if child.Alive(pid) {
+			return false
+		}
+	}
+	w.ended = true
+	w.env.log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
+		zap.String("verdict", w.verdict), zap.Duration("kill_after", w.env.killAfter))
+	return true
+}
+
+// connEnded: a connection ended. A rank that leaves without bye while no
+// stop sequence runs ended on an error: note what the exit file said then.
+func (w *rankWatch) connEnded(c *protocol.Conn, saidBye, stopping, running bool, exitFile func() string) {
+	h, ok := c.Hello()
+	if !ok || !w.pids[h.PID] || saidBye || stopping || !running || w.verdict != "" {
+		return
+	}
+	if w.left == nil {
+		w.left, w.leftAt = map[int]string{}, map[int]time.Time{}
+	}
+	if _, seen := w.left[h.PID]; seen {
+		return
+	}
+	w.left[h.PID] = exitFile()
+	w.leftAt[h.PID] = time.Now()
+	w.order = append(w.order, h.PID)
+}
