@@ -208,25 +208,15 @@ func mkdirIn(r *os.Root, name string) error {
 	return nil
 }
 
-// restore puts the newest committed checkpoint where the trainer resumes
-// from, as the checkpoint source does it (source.go); nil when starting
-// fresh.
-func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) { return a.src.restore(ctx) }
-
 // restoreArea copies the newest committed checkpoint into the restore
 // area and returns the resume information (nil when starting fresh): the
 // protocol source's restore.
 func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
-	f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, a.restoreOptions(), a.log)
+	f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, a.commits.restoreOptions(a.job.restorePart(), a.log), a.log)
 	if err != nil || f == nil {
 		return nil, err
 	}
 	return a.restored(f.r, f.start, f.r.Dir, f.manifest), nil
-}
-
-// restoreOptions are the options of a restore into the agent's area.
-func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
-	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.commits.epoch(), Part: a.job.restorePart()}
 }
 
 // restored records a restore (metrics, journal, the newest committed

@@ -59,12 +59,12 @@ func (r *request) noteRank(c *protocol.Conn) {
 	if !ok || h.Rank == nil {
 		return
 	}
-	if r.ranks == nil {
-		r.ranks = map[int]bool{}
+	if r.part.ranks == nil {
+		r.part.ranks = map[int]bool{}
 	}
-	r.ranks[*h.Rank] = true
-	if h.WorldSize != nil && *h.WorldSize > r.world {
-		r.world = *h.WorldSize
+	r.part.ranks[*h.Rank] = true
+	if h.WorldSize != nil && *h.WorldSize > r.part.world {
+		r.part.world = *h.WorldSize
 	}
 }
 
@@ -119,7 +119,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		// A rank's own SIGTERM (the kubelet's, torchrun's) offered to the
 		// job has no deadline the agent gave: the grace of this node's own
 		// shutdown bounds it, as if this agent had been signalled.
-		deadline = a.requestDeadline(now.Add(a.cfg.TermGrace), now)
+		deadline = a.cfg.requestDeadline(a.commits.last.bytes, now.Add(a.cfg.TermGrace), now)
 	default:
 		a.conns.reply(c, m.ID, "join: a deadline in the future is required")
 		return

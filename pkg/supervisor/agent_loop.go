@@ -279,7 +279,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.cfg.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.resume, err = a.restore(ctx); err != nil {
+	if a.boot.resume, err = a.src.restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
@@ -556,7 +556,7 @@ func (a *Agent) restart() {
 	a.proc.close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
-	r, err := a.restore(ctx)
+	r, err := a.src.restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
@@ -623,20 +623,8 @@ func (a *Agent) finish() {
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
-	a.recordFleet(ctx)
+	a.sess.recordFleet(ctx, &a.cfg, a.commits.last.step, a.commits.fenced())
 	a.release()
-}
-
-// recordFleet refreshes this run's entry in the fleet summary from the
-// journal as the session leaves it; a failure costs only the summary
-// (spotagent fleet --recount rebuilds it).
-func (a *Agent) recordFleet(ctx context.Context) {
-	if a.cfg.Fleet == nil || a.commits.fenced() {
-		return
-	}
-	if err := fleet.RecordSession(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.sess.journal.Snapshot(), a.commits.last.step); err != nil {
-		a.log.Warn("could not write the fleet record", zap.Error(err))
-	}
 }
 
 // abort ends the life of an agent whose loop never ran.

@@ -209,7 +209,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		s.record.Deadline = &d
 	}
 	a.stops.current = s
-	reqDeadline := a.requestDeadline(deadline, now)
+	reqDeadline := a.cfg.requestDeadline(a.commits.last.bytes, deadline, now)
 	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
@@ -253,19 +253,6 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	a.stopRequested(s, r, r.sent)
-}
-
-// requestDeadline is when the trainer must have saved a checkpoint that
-// must commit by deadline: room is left to upload (the previous
-// checkpoint's size at the measured throughput) and for the margin; if
-// that leaves too little, the time is split in two.
-func (a *Agent) requestDeadline(deadline, now time.Time) time.Time {
-	upload := a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes)
-	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
-	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
-		reqDeadline = now.Add(deadline.Sub(now) / 2)
-	}
-	return reqDeadline
 }
 
 // stopRequested records that r, asked for at sent, is s's checkpoint.
@@ -389,4 +376,17 @@ func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
 func (s *stopState) recordLostSteps(src checkpointSource, committed int64, now time.Time) {
 	reached, from := src.reached(now)
 	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
+}
+
+// requestDeadline is when the trainer must have saved a checkpoint that
+// must commit by deadline: room is left to upload (the previous
+// checkpoint's size at the measured throughput) and for the margin; if
+// that leaves too little, the time is split in two.
+func (c *Config) requestDeadline(lastBytes int64, deadline, now time.Time) time.Time {
+	upload := c.Scheduler.EstimateUpload(lastBytes)
+	reqDeadline := deadline.Add(-upload - c.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	return reqDeadline
 }

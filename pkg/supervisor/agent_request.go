@@ -29,9 +29,8 @@ type request struct {
 	answeredBy      map[uint64]bool  // connections that answered
 	answerUIDs      map[uint64][]int // their foreign uids (owner.go), kept after they close
 	answered        int
-	lost            int          // connections that went away owing an answer
-	ranks           map[int]bool // ranks that answered (part mode, agent_job.go)
-	world           int          // the job's world size, as their hellos said
+	lost            int         // connections that went away owing an answer
+	part            answerRanks // who answered, for a part (part mode, agent_job.go)
 	step            int64
 	metadata        json.RawMessage
 	stop            *stopState           // set for the interruption/shutdown checkpoint
@@ -42,6 +41,13 @@ type request struct {
 	// journal records what it took to the commit, not the scheduler's
 	// estimate.
 	costFrom time.Time
+}
+
+// answerRanks is the ranks that answered a request, and the job's world
+// size as their hellos said: a node's part (part mode, agent_job.go).
+type answerRanks struct {
+	ranks map[int]bool
+	world int
 }
 
 func (r *request) urgent() bool { return r.stop != nil }
@@ -136,7 +142,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -262,7 +268,7 @@ func (a *Agent) commit(r *request) {
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.job.partFor(r)}
-	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
+	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
 	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life
 	report := func(cr commitResult) {
 		select {

@@ -82,7 +82,7 @@ func (a *Agent) startRestore() {
 	ctx, cancel := context.WithCancel(a.life)
 	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
 	a.boot.restoring = p
-	opts := a.restoreOptions()
+	opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
 	a.log.Info("restoring while the trainer starts")
 	a.goBgFail(func() {
 		defer cancel()

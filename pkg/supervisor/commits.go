@@ -3,6 +3,8 @@ package supervisor
 import (
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -60,4 +62,9 @@ func (c *commits) haltPipelines() {
 			r.pipe.Halt()
 		}
 	}
+}
+
+// restoreOptions are the options of a restore into the agent's area.
+func (c *commits) restoreOptions(part string, log *zap.Logger) checkpoint.RestoreOptions {
+	return checkpoint.RestoreOptions{Log: log, MaxEpoch: c.epoch(), Part: part}
 }

@@ -151,19 +151,19 @@ func (p partNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *o
 
 // partFor: settle has made sure that r's ranks are known (partMissing).
 func (p partNode) partFor(r *request) *checkpoint.PartSpec {
-	ranks := slices.Sorted(maps.Keys(r.ranks))
-	return &checkpoint.PartSpec{Node: p.node, Ranks: ranks, WorldSize: max(r.world, 1)}
+	ranks := slices.Sorted(maps.Keys(r.part.ranks))
+	return &checkpoint.PartSpec{Node: p.node, Ranks: ranks, WorldSize: max(r.part.world, 1)}
 }
 
 // partMissing: a rank that hello said exists on this node has not
 // answered (it may connect and join a few ms late), or no trainer said
 // which rank it is.
 func (partNode) partMissing(r *request, localWorld int) string {
-	if len(r.ranks) == 0 {
+	if len(r.part.ranks) == 0 {
 		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
 	}
-	if len(r.ranks) < localWorld {
-		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), localWorld)
+	if len(r.part.ranks) < localWorld {
+		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.part.ranks), localWorld)
 	}
 	return ""
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
 
@@ -75,5 +76,17 @@ func (s *session) awaitLanding() {
 	case <-landed:
 	case <-time.After(10 * time.Second):
 		s.log.Warn("event acknowledgement or journal update still in flight at exit: abandoned")
+	}
+}
+
+// recordFleet refreshes this run's entry in the fleet summary from the
+// journal as the session leaves it; a failure costs only the summary
+// (spotagent fleet --recount rebuilds it).
+func (s *session) recordFleet(ctx context.Context, cfg *Config, step int64, fenced bool) {
+	if cfg.Fleet == nil || fenced {
+		return
+	}
+	if err := fleet.RecordSession(ctx, cfg.Fleet, cfg.FleetDir, s.journal.Snapshot(), step); err != nil {
+		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }
