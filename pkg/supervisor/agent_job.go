@@ -144,35 +144,19 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.dirs.removeDir(r, a.goBg, a.log)
 	}
 	if stop == nil && urgent {
-		stop = a.joinedStop(m, deadline, now)
+		stop = a.stops.joined(m, deadline, now)
 	}
 	r := a.requestID(m.ID, m.Reason, deadline, stop)
 	if r == nil {
 		if stop != nil {
-			a.stopFailed(stop, "checkpoint request not delivered", now)
+			a.stops.failed(stop, "checkpoint request not delivered", now)
 		}
 		return
 	}
 	if stop != nil {
-		a.stopRequested(stop, r, now)
+		a.stops.requested(stop, r, now)
 	}
 	a.log.Info("joined the job's checkpoint", zap.String("id", m.ID), zap.String("reason", m.Reason), zap.Time("deadline", deadline))
-}
-
-// joinedStop starts the stop sequence for an interruption that reached
-// another node: after the job's checkpoint commits, this node's ranks stop
-// too, so that the whole job exits and its scheduler restarts it. It is
-// not journalled: the node that got the notice records the interruption.
-func (a *Agent) joinedStop(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes)
-	s := &stopState{
-		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
-		reason:   m.Reason,
-		deadline: reqDeadline.Add(upload + a.cfg.Margin),
-		joined:   true,
-	}
-	a.stops.current = s
-	return s
 }
 
 // message is r's checkpoint request as sent to a trainer.
@@ -190,6 +174,22 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
-		a.stopFailed(r.stop, why, now)
+		a.stops.failed(r.stop, why, now)
 	}
+}
+
+// joined starts the stop sequence for an interruption that reached
+// another node: after the job's checkpoint commits, this node's ranks stop
+// too, so that the whole job exits and its scheduler restarts it. It is
+// not journalled: the node that got the notice records the interruption.
+func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
+	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
+	s := &stopState{
+		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
+		reason:   m.Reason,
+		deadline: reqDeadline.Add(upload + q.cfg.Margin),
+		joined:   true,
+	}
+	q.current = s
+	return s
 }

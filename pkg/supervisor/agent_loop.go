@@ -241,6 +241,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.commits.lastBlock = a.sess.started
 	a.commits.promise.cfg = &a.cfg
+	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
 	a.ranks.env = rankEnv{records: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
 		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
@@ -250,7 +251,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		endLife()
 		return nil, err
 	}
-	a.src = src
+	a.src, a.stops.src = src, src
 	if err := a.dirs.open(&a.cfg); err != nil {
 		a.src.close()
 		endLife()
@@ -487,7 +488,7 @@ func (a *Agent) onChildExit() {
 		a.dirs.removeDir(r, a.goBg, a.log)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
-			a.stopFailed(r.stop, "trainer exited before saving", time.Now())
+			a.stops.failed(r.stop, "trainer exited before saving", time.Now())
 			continue
 		}
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))

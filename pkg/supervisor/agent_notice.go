@@ -19,6 +19,16 @@ type stopSequence struct {
 	lastNotice  *metadata.Notice
 	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
 	firstSignal time.Time // when the first of them came (SignalWindow)
+
+	// What a stop's end touches: the trainers are told, the session's
+	// journal records it, the newest commit and the source count what
+	// was lost; the cloud's event is acknowledged within life.
+	cfg     *Config
+	life    context.Context
+	conns   *trainerConns
+	sess    *session
+	commits *commits
+	src     checkpointSource
 }
 
 // lateNoticeGrace is the deadline given to a termination notice whose own
@@ -128,7 +138,7 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	now := time.Now()
 	a.commits.lastBlock = now
 	if r.stop != nil {
-		a.stopFailed(r.stop, "trainer failed: "+m.Error, now)
+		a.stops.failed(r.stop, "trainer failed: "+m.Error, now)
 	}
 }
 
@@ -222,7 +232,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
-		a.stopFailed(s, "no trainer connected", now)
+		a.stops.failed(s, "no trainer connected", now)
 		return
 	}
 	// A periodic request the trainer has not answered yet becomes the
@@ -233,7 +243,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			if reqDeadline.Before(r.deadline) {
 				r.deadline = reqDeadline
 			}
-			a.stopRequested(s, r, now)
+			a.stops.requested(s, r, now)
 			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
 			if a.job.ranksAgree() {
 				// The ranks agree on the request's reason and deadline:
@@ -249,80 +259,10 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	r := a.request(reason, reqDeadline, s)
 	if r == nil {
-		a.stopFailed(s, "checkpoint request not delivered", now)
+		a.stops.failed(s, "checkpoint request not delivered", now)
 		return
 	}
-	a.stopRequested(s, r, r.sent)
-}
-
-// stopRequested records that r, asked for at sent, is s's checkpoint.
-func (a *Agent) stopRequested(s *stopState, r *request, sent time.Time) {
-	s.req = r
-	at := sent.UTC()
-	s.record.Requested, s.record.CheckpointID = &at, r.id
-	a.cfg.Metrics.NoticeToRequest(sent.Sub(s.notice.Detected))
-}
-
-// stopCommitted: the interruption checkpoint is safe. Tell the trainer to
-// stop, acknowledge the cloud's event, record it.
-func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
-	t := now.UTC()
-	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	s.recordLostSteps(a.src, res.Manifest.Step, now)
-	s.noticeOutcome(a.cfg.Metrics, true, now)
-	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
-		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
-	a.finishStop(s)
-	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
-		a.sess.acks.Add(1)
-		go func(id string) {
-			defer a.sess.acks.Done()
-			// Outlives the loop, up to the notice's deadline (awaitLanding).
-			ctx, cancel := context.WithDeadline(context.WithoutCancel(a.life), s.deadline)
-			defer cancel()
-			if err := acker.Ack(ctx, id); err != nil {
-				a.log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
-				return
-			}
-			a.log.Info("event acknowledged", zap.String("id", id))
-		}(s.notice.ID)
-	}
-}
-
-// stopFailed: no new checkpoint will commit before the deadline. The
-// previous committed checkpoint stands; the work since then is lost.
-func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
-	if s.finished {
-		return
-	}
-	s.record.Error = why
-	base := a.commits.last.trainedAt
-	if base.IsZero() {
-		base = a.sess.started
-	}
-	s.record.LostSeconds = now.Sub(base).Seconds()
-	s.recordLostSteps(a.src, a.commits.last.step, now)
-	s.noticeOutcome(a.cfg.Metrics, false, now)
-	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
-		zap.String("why", why), zap.Int64("committed_step", a.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
-		zap.Float64("lost_seconds", s.record.LostSeconds))
-	a.finishStop(s)
-}
-
-func (a *Agent) finishStop(s *stopState) {
-	s.finished = true
-	s.send(&a.conns)
-	if s.joined {
-		return // the node that got the notice journals it
-	}
-	rec := s.record
-	committed := rec.CommitOK
-	a.sess.journalAsync(func(j *checkpoint.Journal) {
-		j.Interruptions = append(j.Interruptions, rec)
-		if committed {
-			j.Stats.NoticeCommits++
-		}
-	})
+	a.stops.requested(s, r, r.sent)
 }
 
 func (s *stopState) stopMessage() protocol.Message {
@@ -339,7 +279,7 @@ func (a *Agent) tickStop(now time.Time) {
 	}
 	if !now.Before(s.deadline) {
 		if !s.finished {
-			a.stopFailed(s, "deadline passed", now)
+			a.stops.failed(s, "deadline passed", now)
 		}
 		if a.proc.running() && !a.proc.killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
@@ -389,4 +329,74 @@ func (c *Config) requestDeadline(lastBytes int64, deadline, now time.Time) time.
 		reqDeadline = now.Add(deadline.Sub(now) / 2)
 	}
 	return reqDeadline
+}
+
+// requested records that r, asked for at sent, is s's checkpoint.
+func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
+	s.req = r
+	at := sent.UTC()
+	s.record.Requested, s.record.CheckpointID = &at, r.id
+	q.cfg.Metrics.NoticeToRequest(sent.Sub(s.notice.Detected))
+}
+
+// committed: the interruption checkpoint is safe. Tell the trainer to
+// stop, acknowledge the cloud's event, record it.
+func (q *stopSequence) committed(s *stopState, res *checkpoint.Result, now time.Time) {
+	t := now.UTC()
+	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
+	s.recordLostSteps(q.src, res.Manifest.Step, now)
+	s.noticeOutcome(q.cfg.Metrics, true, now)
+	q.cfg.Log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
+		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
+	q.finish(s)
+	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
+		q.sess.acks.Add(1)
+		go func(id string) {
+			defer q.sess.acks.Done()
+			// Outlives the loop, up to the notice's deadline (awaitLanding).
+			ctx, cancel := context.WithDeadline(context.WithoutCancel(q.life), s.deadline)
+			defer cancel()
+			if err := acker.Ack(ctx, id); err != nil {
+				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
+				return
+			}
+			q.cfg.Log.Info("event acknowledged", zap.String("id", id))
+		}(s.notice.ID)
+	}
+}
+
+// failed: no new checkpoint will commit before the deadline. The
+// previous committed checkpoint stands; the work since then is lost.
+func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
+	if s.finished {
+		return
+	}
+	s.record.Error = why
+	base := q.commits.last.trainedAt
+	if base.IsZero() {
+		base = q.sess.started
+	}
+	s.record.LostSeconds = now.Sub(base).Seconds()
+	s.recordLostSteps(q.src, q.commits.last.step, now)
+	s.noticeOutcome(q.cfg.Metrics, false, now)
+	q.cfg.Log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
+		zap.String("why", why), zap.Int64("committed_step", q.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.Float64("lost_seconds", s.record.LostSeconds))
+	q.finish(s)
+}
+
+func (q *stopSequence) finish(s *stopState) {
+	s.finished = true
+	s.send(q.conns)
+	if s.joined {
+		return // the node that got the notice journals it
+	}
+	rec := s.record
+	committed := rec.CommitOK
+	q.sess.journalAsync(func(j *checkpoint.Journal) {
+		j.Interruptions = append(j.Interruptions, rec)
+		if committed {
+			j.Stats.NoticeCommits++
+		}
+	})
 }

@@ -160,7 +160,7 @@ func (a *Agent) settle(r *request) {
 		a.dirs.removeDir(r, a.goBg, a.log)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
-			a.stopFailed(r.stop, "trainer disconnected before saving", now)
+			a.stops.failed(r.stop, "trainer disconnected before saving", now)
 		}
 		return
 	}
@@ -315,7 +315,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
-			a.stopFailed(r.stop, "upload: "+cr.err.Error(), now)
+			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
 		}
 		return
 	}
@@ -355,7 +355,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {
-		a.stopCommitted(r.stop, res, now)
+		a.stops.committed(r.stop, res, now)
 	}
 }
 
@@ -378,6 +378,6 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 		}
 	})
 	if r.stop != nil {
-		a.stopFailed(r.stop, "trainer missed the deadline", now)
+		a.stops.failed(r.stop, "trainer missed the deadline", now)
 	}
 }

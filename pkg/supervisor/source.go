@@ -190,7 +190,7 @@ func (h agentHost) signalTrainer(sig syscall.Signal) error {
 }
 
 func (h agentHost) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
-	h.a.stopCommitted(s, res, now)
+	h.a.stops.committed(s, res, now)
 }
 
-func (h agentHost) stopFailed(s *stopState, why string, now time.Time) { h.a.stopFailed(s, why, now) }
+func (h agentHost) stopFailed(s *stopState, why string, now time.Time) { h.a.stops.failed(s, why, now) }
