@@ -234,46 +234,6 @@ func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest 
 	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
 }
 
-// cleanup removes what a crashed agent left behind: the store's temp files
-// or incomplete multipart uploads, partial restores, and the checkpoint
-// directories it handed out that no trainer will answer for any more. It
-// deletes only in the agent's own area, and only names it makes. A sidecar
-// leaves request directories alone: its trainer may still be running and
-// own them.
-func (a *Agent) cleanup(ctx context.Context) {
-	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		n, err := c.Cleanup(cctx, a.job.cleanup()...) // job_policy.go
-		cancel()
-		switch {
-		case err != nil:
-			a.log.Warn("store cleanup failed", zap.Error(err))
-		case n > 0:
-			a.log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
-		}
-	}
-	if dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub); err == nil {
-		for _, n := range readNames(dest) {
-			if strings.HasPrefix(n, ".partial-") {
-				dest.RemoveAll(n)
-			}
-		}
-		dest.Close()
-	}
-	if len(a.cfg.Command) == 0 {
-		return
-	}
-	n := 0
-	for _, name := range readNames(a.dirs.area) {
-		if isRequestID(name) && a.dirs.area.RemoveAll(name) == nil {
-			n++
-		}
-	}
-	if n > 0 {
-		a.log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", a.dirs.areaPath))
-	}
-}
-
 // readNames lists the names in r (none if it cannot be read).
 func readNames(r *os.Root) []string {
 	f, err := r.Open(".")

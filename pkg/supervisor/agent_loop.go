@@ -264,7 +264,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.sess.journal = checkpoint.NewJournalWriter(cfg.Store, j)
 	a.sess.ranBefore = j.Stats.RunSeconds
-	a.cleanup(ctx)
+	a.dirs.cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
@@ -399,7 +399,13 @@ func (a *Agent) tick(now time.Time) {
 			a.requestExpired(r, now)
 		}
 	}
-	a.tickStop(now)
+	if s := a.stops.current; s != nil { // agent_notice.go
+		if a.stops.tick(now) && a.proc.running() && !a.proc.killing {
+			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
+			a.proc.stopAtDeadline(a.life, a.goBg)
+		}
+		a.checkDone()
+	}
 	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
 		a.proc.stop(a.life, a.goBg)
 	} // agent_peers.go

@@ -97,7 +97,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 	if a.helloDuringRestore(protocol.Event{Conn: c, Msg: m}) { // agent_restore.go
 		return
 	}
-	a.admit(c, m, a.welcome(m))
+	a.admit(c, m, a.cfg.welcome(m, a.boot.resume))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -270,23 +270,19 @@ func (s *stopState) stopMessage() protocol.Message {
 	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
 }
 
-// tickStop enforces the interruption's deadlines: past the notice deadline
+// tick enforces the interruption's deadlines: past the notice deadline
 // the child gets SIGTERM (SIGKILL after KillAfter).
-func (a *Agent) tickStop(now time.Time) {
-	s := a.stops.current
-	if s == nil {
-		return
+// The trainer is stopped by the loop (stopAtDeadline) when tick reports
+// the deadline passed.
+func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
+	s := q.current
+	if s == nil || now.Before(s.deadline) {
+		return false
 	}
-	if !now.Before(s.deadline) {
-		if !s.finished {
-			a.stops.failed(s, "deadline passed", now)
-		}
-		if a.proc.running() && !a.proc.killing {
-			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
-			a.proc.stopAtDeadline(a.life, a.goBg)
-		}
+	if !s.finished {
+		q.failed(s, "deadline passed", now)
 	}
-	a.checkDone()
+	return true
 }
 
 func (s *stopState) send(t *trainerConns) {

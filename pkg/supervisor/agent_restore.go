@@ -101,7 +101,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 			a.log.Info("restore finished after the start was given up: not used", zap.String("why", p.why))
 		}
 		a.boot.gone = "restore cancelled: " + p.why
-		a.tellRestoreFailed(p, a.boot.gone)
+		p.tellFailed(a.boot.gone)
 		return
 	case res.err != nil:
 		err := res.err // "restore: ..." (fetchRestore)
@@ -109,7 +109,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		a.cfg.Metrics.Error("restore")
 		a.boot.aborted = &startAbort{err: err}
 		a.boot.gone = err.Error()
-		a.tellRestoreFailed(p, err.Error())
+		p.tellFailed(err.Error())
 		a.proc.cancelRestart() // it exited meanwhile: no restart
 		if a.proc.done != nil {
 			// It was told: it should exit with the error itself.
@@ -135,17 +135,6 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 	}
 }
 
-// tellRestoreFailed tells the trainers waiting for the restore that it
-// will not come: restore_failed, or to a held hello a permanent refusal.
-func (a *Agent) tellRestoreFailed(p *pendingRestore, why string) {
-	for _, c := range p.waiting {
-		c.Post(protocol.Message{Type: protocol.TypeRestoreFailed, Error: why})
-	}
-	for _, ev := range p.held {
-		ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + why}, true)
-	}
-}
-
 // helloDuringRestore answers a hello while the restore runs or after it
 // failed; false: the restore is over and ok, the hello is served as usual.
 func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
@@ -163,7 +152,7 @@ func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 		a.boot.restoring.held = append(a.boot.restoring.held, ev)
 		return true
 	}
-	w := a.welcome(m)
+	w := a.cfg.welcome(m, a.boot.resume)
 	if failed != "" {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {
@@ -172,12 +161,6 @@ func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
 	}
 	a.admit(c, m, w)
 	return true
-}
-
-// welcome is the answer to hello m, in the version both sides speak.
-func (a *Agent) welcome(m protocol.Message) protocol.Message {
-	v := min(max(m.Version, 1), protocol.ProtocolVersion)
-	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.boot.resume}
 }
 
 // abortStart gives the start up while the restore runs (a signal or a
@@ -237,4 +220,21 @@ func (b *bootRestore) forget(id uint64) {
 			break
 		}
 	}
+}
+
+// tellRestoreFailed tells the trainers waiting for the restore that it
+// will not come: restore_failed, or to a held hello a permanent refusal.
+func (p *pendingRestore) tellFailed(why string) {
+	for _, c := range p.waiting {
+		c.Post(protocol.Message{Type: protocol.TypeRestoreFailed, Error: why})
+	}
+	for _, ev := range p.held {
+		ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + why}, true)
+	}
+}
+
+// welcome is the answer to hello m, in the version both sides speak.
+func (c *Config) welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
+	v := min(max(m.Version, 1), protocol.ProtocolVersion)
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
 }

@@ -258,3 +258,43 @@ func (d *localDirs) removeDir(r *request, goBg func(func()), log *zap.Logger) {
 		r.held = nil
 	}
 }
+
+// cleanup removes what a crashed agent left behind: the store's temp files
+// or incomplete multipart uploads, partial restores, and the checkpoint
+// directories it handed out that no trainer will answer for any more. It
+// deletes only in the agent's own area, and only names it makes. A sidecar
+// leaves request directories alone: its trainer may still be running and
+// own them.
+func (d *localDirs) cleanup(ctx context.Context, st cloud.Store, opts []cloud.CleanupOptions, requests bool, log *zap.Logger) {
+	if c, ok := st.(cloud.Cleaner); ok {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := c.Cleanup(cctx, opts...) // job_policy.go
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("store cleanup failed", zap.Error(err))
+		case n > 0:
+			log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
+		}
+	}
+	if dest, err := checkpoint.OpenDir(d.area, restoreSub); err == nil {
+		for _, n := range readNames(dest) {
+			if strings.HasPrefix(n, ".partial-") {
+				dest.RemoveAll(n)
+			}
+		}
+		dest.Close()
+	}
+	if !requests {
+		return
+	}
+	n := 0
+	for _, name := range readNames(d.area) {
+		if isRequestID(name) && d.area.RemoveAll(name) == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", d.areaPath))
+	}
+}
