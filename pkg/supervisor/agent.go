@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -206,17 +205,6 @@ func mkdirIn(r *os.Root, name string) error {
 		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
 	}
 	return nil
-}
-
-// restoreArea copies the newest committed checkpoint into the restore
-// area and returns the resume information (nil when starting fresh): the
-// protocol source's restore.
-func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
-	f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, a.commits.restoreOptions(a.job.restorePart(), a.log), a.log)
-	if err != nil || f == nil {
-		return nil, err
-	}
-	return a.restored(f.r, f.start, f.r.Dir, f.manifest), nil
 }
 
 // restored records a restore (metrics, journal, the newest committed

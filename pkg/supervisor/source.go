@@ -5,7 +5,10 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -108,7 +111,7 @@ type trainerState struct {
 func (a *Agent) newSource() (checkpointSource, error) {
 	h := agentHost{a}
 	if a.cfg.Watch == nil {
-		return protocolSource{host: h, restoreTo: a.restoreArea}, nil
+		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
 	}
 	ws, err := newWatchSource(h, watchEnv{cfg: a.cfg, log: a.log, started: a.sess.started, dirs: &a.dirs})
 	if err != nil {
@@ -124,12 +127,22 @@ func (a *Agent) newSource() (checkpointSource, error) {
 
 // protocolSource: the trainer speaks the protocol (the default).
 type protocolSource struct {
-	host      sourceHost
-	restoreTo func(ctx context.Context) (*protocol.Resume, error) // the agent's area (agent.go)
+	host  sourceHost
+	dirs  *localDirs // the restore area
+	store cloud.Store
+	part  string // the part a restore fetches (jobPolicy.restorePart)
+	log   *zap.Logger
 }
 
+// restore copies the newest committed checkpoint into the restore area
+// and returns the resume information (nil when starting fresh).
 func (p protocolSource) restore(ctx context.Context) (*protocol.Resume, error) {
-	return p.restoreTo(ctx)
+	opts := checkpoint.RestoreOptions{Log: p.log, MaxEpoch: p.host.epoch(), Part: p.part}
+	f, err := p.dirs.fetchRestore(ctx, p.store, opts, p.log)
+	if err != nil || f == nil {
+		return nil, err
+	}
+	return p.host.restored(f.r, f.start, f.r.Dir, f.manifest), nil
 }
 
 func (protocolSource) start()                                     {}
