@@ -38,66 +38,6 @@ const cloudFence metadata.Cloud = "fence"
 // defaultFenceInterval is how often an agent lists leases/ (one List).
 const defaultFenceInterval = 30 * time.Second
 
-// takeLease takes this session's lease, before the restore: the restore
-// then starts from what latest.json held when the lease sealed it. In
-// part mode it takes the node's lease: a second live copy of node K (a
-// spot replacement while the old machine still runs, a Job's pod
-// replacement) fences the older copy, whose parts are then never written.
-func (a *Agent) takeLease(ctx context.Context) error {
-	if a.cfg.FenceInterval < 0 {
-		return nil
-	}
-	rec := checkpoint.LeaseRecord{Session: a.sess.id, Instance: machineOf(a.cfg.Identity), Started: a.sess.started.UTC()}
-	l, err := a.job.takeLease(ctx, a.cfg.Store, rec, a.commits.committer) // job_policy.go
-	if err != nil {
-		return err
-	}
-	a.sess.journal.FenceWith(l)
-	if part := a.job.part(); part != "" {
-		a.log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
-	} else {
-		a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
-	}
-	return nil
-}
-
-// watchFence checks the lease every FenceInterval, until the agent's life
-// ends, and once fenced tells the loop (a.fences: its own event, not a
-// notice).
-func (a *Agent) watchFence() {
-	l := a.commits.lease()
-	if l == nil {
-		return
-	}
-	every := a.cfg.FenceInterval
-	if every == 0 {
-		every = defaultFenceInterval
-	}
-	ctx := a.life
-	a.goBg(func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			err := l.Check(ctx)
-			if errors.Is(err, checkpoint.ErrFenced) {
-				select {
-				case a.fences <- struct{}{}:
-				default: // the loop knows already
-				}
-				return
-			}
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn("lease check failed", zap.Error(err))
-			}
-		}
-	})
-}
-
 // onFenced starts the fenced stop: a last checkpoint (uploaded, never
 // published), then stop, with --term-grace as the deadline.
 func (a *Agent) onFenced() {
@@ -139,4 +79,62 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 		a.stops.finish(r.stop)
 	}
 	return true
+}
+
+// takeLease takes this session's lease, before the restore: the restore
+// then starts from what latest.json held when the lease sealed it. In
+// part mode it takes the node's lease: a second live copy of node K (a
+// spot replacement while the old machine still runs, a Job's pod
+// replacement) fences the older copy, whose parts are then never written.
+func (s *session) takeLease(ctx context.Context, cfg *Config, job jobPolicy, c *checkpoint.Committer) error {
+	if cfg.FenceInterval < 0 {
+		return nil
+	}
+	rec := checkpoint.LeaseRecord{Session: s.id, Instance: machineOf(cfg.Identity), Started: s.started.UTC()}
+	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
+	if err != nil {
+		return err
+	}
+	s.journal.FenceWith(l)
+	if part := job.part(); part != "" {
+		s.log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	} else {
+		s.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	}
+	return nil
+}
+
+// watchFence checks the lease every FenceInterval, until the agent's life
+// ends, and once fenced tells the loop (fences: its own event, not a
+// notice).
+func (c *commits) watchFence(ctx context.Context, every time.Duration, fences chan<- struct{}, goBg func(func()), log *zap.Logger) {
+	l := c.lease()
+	if l == nil {
+		return
+	}
+	if every == 0 {
+		every = defaultFenceInterval
+	}
+	goBg(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Check(ctx)
+			if errors.Is(err, checkpoint.ErrFenced) {
+				select {
+				case fences <- struct{}{}:
+				default: // the loop knows already
+				}
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				log.Warn("lease check failed", zap.Error(err))
+			}
+		}
+	})
 }

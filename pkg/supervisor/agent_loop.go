@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"runtime/debug"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -127,7 +126,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.watchFence() // agent_fence.go
+	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 	a.src.start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
@@ -273,7 +272,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := a.takeLease(ctx); err != nil { // agent_fence.go
+	if err := a.sess.takeLease(ctx, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
 	}
@@ -478,7 +477,7 @@ func (a *Agent) checkDone() {
 
 func (a *Agent) onChildExit() {
 	code := a.proc.exited()
-	a.proc.exitCode = a.exitCodeFor(code)
+	a.proc.exitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
 	a.proc.killing = false
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
 	for id, r := range a.commits.pending {
@@ -506,55 +505,6 @@ func (a *Agent) onChildExit() {
 	default:
 		a.proc.restartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
-}
-
-// exitCodeFor maps the trainer's exit code to the agent's (the table is in
-// docs/protocol.md "Exit codes"). A trainer that exits 0 before anything
-// told it to stop finished: 0, even during a stop. After an
-// interruption or shutdown (a stop sequence ran) the run is to be continued
-// elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
-// itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
-// ExitInterrupted (the previous committed checkpoint stands). Any other code
-// (a trainer that crashed on its own, or one stopped by a second signal)
-// passes through, as it does without a stop, except a launcher's 1 after
-// the stop's checkpoint committed and its ranks were told to stop
-// (torchrun turns its workers' 75 into 1). Without a stop, ranks that
-// ended because a peer of the job is gone make it ExitInterrupted too
-// (agent_peers.go).
-func (a *Agent) exitCodeFor(code int) int {
-	s := a.stops.current
-	if s == nil {
-		return a.ranks.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
-	}
-	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
-		return code
-	}
-	if code == 0 && !s.told && !a.proc.deadlineKill && !a.proc.killing {
-		// Nothing told it to stop (it said bye, or ended on its own before
-		// the stop reached it): it finished its work. Run again, it would
-		// repeat a completed job.
-		a.log.Info("trainer exited 0 before anything told it to stop: it finished; exiting 0", zap.String("reason", s.reason))
-		return 0
-	}
-	switch {
-	case code == 0, code == ExitInterrupted:
-		return ExitInterrupted
-	case a.proc.deadlineKill && a.stops.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
-		// torchrun answers the group's SIGTERM with 1, never 143.
-		return ExitInterrupted
-	case code == 1 && s.stopSent && !s.record.CommitOK && a.dirs.childSaid75():
-		// The checkpoint did not commit (the previous one stands), the
-		// ranks were stopped and said 75: a single trainer would exit 75.
-		a.log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
-		return ExitInterrupted
-	case code == 1 && s.record.CommitOK && s.stopSent:
-		// torchrun reports workers that exited 75 as its own exit 1
-		// (docs/distributed.md has the measurements); the checkpoint is
-		// committed and every rank was told to stop: run me again.
-		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
-		return ExitInterrupted
-	}
-	return code
 }
 
 // restart restores the newest committed checkpoint and starts the trainer again.
