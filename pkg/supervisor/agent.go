@@ -207,21 +207,6 @@ func mkdirIn(r *os.Root, name string) error {
 	return nil
 }
 
-// restored records a restore (metrics, journal, the newest committed
-// checkpoint) and returns what the trainer is told: dir, where the files
-// are now, and manifest, the local copy of the manifest.
-func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
-	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
-	a.sess.journalAsync(func(j *checkpoint.Journal) {
-		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
-			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
-			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: a.cfg.Node,
-		})
-	})
-	a.commits.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
-}
-
 // readNames lists the names in r (none if it cannot be read).
 func readNames(r *os.Root) []string {
 	f, err := r.Open(".")

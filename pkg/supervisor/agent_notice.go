@@ -67,7 +67,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
 	case protocol.TypeStatus:
-		a.onStatus(c)
+		a.conns.sendStatus(c, a.status())
 	case protocol.TypeBye:
 		a.commits.seeStep(m.Step)
 		if _, ok := a.conns.byID[c.ID()]; ok {
@@ -95,7 +95,10 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	if a.helloDuringRestore(protocol.Event{Conn: c, Msg: m}) { // agent_restore.go
+	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
+		if w != nil {
+			a.admit(c, m, *w)
+		}
 		return
 	}
 	a.admit(c, m, a.cfg.welcome(m, a.boot.resume))

@@ -162,7 +162,7 @@ func (w *rankWatch) hello(m protocol.Message, running bool) {
 	delete(w.left, m.PID) // it reconnected
 }
 
-// pending reports whether tickRanks waits for ranks' processes to end.
+// pending reports whether tick waits for ranks' processes to end.
 func (w *rankWatch) pending(running, stopping bool) bool {
 	return running && !stopping && !w.ended && len(w.order) > 0
 }

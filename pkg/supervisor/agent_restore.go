@@ -120,7 +120,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 	a.sess.recordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.boot.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
+		a.boot.resume = a.commits.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
 		now := time.Now()
 		a.commits.lastBlock = now
 		a.commits.last.trainedAt = now
@@ -133,34 +133,6 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 	for _, ev := range p.held {
 		a.onHello(ev.Conn, ev.Msg)
 	}
-}
-
-// helloDuringRestore answers a hello while the restore runs or after it
-// failed; false: the restore is over and ok, the hello is served as usual.
-func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
-	c, m := ev.Conn, ev.Msg
-	failed := a.boot.gone
-	if failed == "" && a.boot.restoring == nil {
-		return false
-	}
-	if m.Version < 2 {
-		if failed != "" {
-			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + failed}, true)
-			return true
-		}
-		a.log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
-		a.boot.restoring.held = append(a.boot.restoring.held, ev)
-		return true
-	}
-	w := a.cfg.welcome(m, a.boot.resume)
-	if failed != "" {
-		w.Restore, w.Error = protocol.RestoreFailed, failed
-	} else {
-		w.Restore = protocol.RestorePending
-		a.boot.restoring.waiting[c.ID()] = c
-	}
-	a.admit(c, m, w)
-	return true
 }
 
 // abortStart gives the start up while the restore runs (a signal or a
@@ -222,7 +194,7 @@ func (b *bootRestore) forget(id uint64) {
 	}
 }
 
-// tellRestoreFailed tells the trainers waiting for the restore that it
+// tellFailed tells the trainers waiting for the restore that it
 // will not come: restore_failed, or to a held hello a permanent refusal.
 func (p *pendingRestore) tellFailed(why string) {
 	for _, c := range p.waiting {
@@ -237,4 +209,31 @@ func (p *pendingRestore) tellFailed(why string) {
 func (c *Config) welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
 	v := min(max(m.Version, 1), protocol.ProtocolVersion)
 	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
+}
+
+// hello answers a hello while the restore runs or after it
+// failed; false: the restore is over and ok, the hello is served as usual.
+func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.Message, handled bool) {
+	c, m := ev.Conn, ev.Msg
+	failed := b.gone
+	if failed == "" && b.restoring == nil {
+		return nil, false
+	}
+	if m.Version < 2 {
+		if failed != "" {
+			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + failed}, true)
+			return nil, true
+		}
+		cfg.Log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
+		b.restoring.held = append(b.restoring.held, ev)
+		return nil, true
+	}
+	w := cfg.welcome(m, b.resume)
+	if failed != "" {
+		w.Restore, w.Error = protocol.RestoreFailed, failed
+	} else {
+		w.Restore = protocol.RestorePending
+		b.restoring.waiting[c.ID()] = c
+	}
+	return &w, true
 }

@@ -69,10 +69,10 @@ func (a *Agent) status() Status {
 	return st
 }
 
-func (a *Agent) onStatus(c *protocol.Conn) {
-	b, err := json.Marshal(a.status())
+func (t *trainerConns) sendStatus(c *protocol.Conn, st Status) {
+	b, err := json.Marshal(st)
 	if err != nil {
-		a.conns.reply(c, "", "status: "+err.Error())
+		t.reply(c, "", "status: "+err.Error())
 		return
 	}
 	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})

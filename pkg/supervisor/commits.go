@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // commits is the checkpoints of this session: the requests the trainers
@@ -67,4 +68,19 @@ func (c *commits) haltPipelines() {
 // restoreOptions are the options of a restore into the agent's area.
 func (c *commits) restoreOptions(part string, log *zap.Logger) checkpoint.RestoreOptions {
 	return checkpoint.RestoreOptions{Log: log, MaxEpoch: c.epoch(), Part: part}
+}
+
+// restored records a restore (metrics, journal, the newest committed
+// checkpoint) and returns what the trainer is told: dir, where the files
+// are now, and manifest, the local copy of the manifest.
+func (c *commits) restored(r *checkpoint.Restored, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
+	m.Restored(r.Bytes, time.Since(start))
+	s.journalAsync(func(j *checkpoint.Journal) {
+		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
+			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node,
+		})
+	})
+	c.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
+	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
 }

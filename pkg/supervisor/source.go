@@ -184,7 +184,7 @@ func (h agentHost) cancelUpload(id string) bool {
 }
 
 func (h agentHost) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
-	return h.a.restored(r, start, dir, manifest)
+	return h.a.commits.restored(r, start, dir, manifest, &h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
 }
 
 func (h agentHost) trainer() trainerState {
