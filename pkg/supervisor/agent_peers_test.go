@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -41,7 +42,7 @@ func startLauncherJob(t *testing.T, mutate func(*Config)) *launcherJob {
 		}
 	})
 	var f []string
-	waitFor(t, "the launcher's ranks", func() bool {
+	testutil.WaitFor(t, "the launcher's ranks", func() bool {
 		b, err := os.ReadFile(info)
 		f = strings.Fields(string(b))
 		return err == nil && len(f) == 3
@@ -102,7 +103,7 @@ func TestAgent_CrashFirstKeepsLauncherCode(t *testing.T) {
 			j := startLauncherJob(t, func(c *Config) { c.Log = zap.New(core) })
 			j.end(t, 0, first)
 			// The peer fails a moment later, once the agent took note.
-			waitFor(t, "the agent's verdict", func() bool {
+			testutil.WaitFor(t, "the agent's verdict", func() bool {
 				return logs.FilterMessage("a rank of this node ended on an error").Len() > 0
 			})
 			j.end(t, 1, "75")

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -54,7 +55,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
 	})
 	writeHF(t, out, 10, true)
-	waitFor(t, "checkpoint-10 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 10
 	})
@@ -115,7 +116,7 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 		t.Fatal("no prune after the first commit")
 	}
 	writeHF(t, out, 20, true)
-	waitFor(t, "checkpoint-20 committed while a prune is held up", func() bool {
+	testutil.WaitFor(t, "checkpoint-20 committed while a prune is held up", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 20
 	})
@@ -123,7 +124,7 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 		t.Fatalf("checkpoint-10 gone while the prune was held: %v", err)
 	}
 	once.Do(func() { close(release) })
-	waitFor(t, "checkpoint-10 pruned", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 pruned", func() bool {
 		_, err := os.Lstat(filepath.Join(out, "checkpoint-10"))
 		return os.IsNotExist(err)
 	})
@@ -203,7 +204,7 @@ func TestWatch_Rotation(t *testing.T) {
 	if len(steps) < 2 {
 		t.Fatalf("committed steps %v while the trainer rotated %d checkpoints: want at least 2", steps, saves)
 	}
-	waitFor(t, "the newest checkpoint committed", func() bool {
+	testutil.WaitFor(t, "the newest checkpoint committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), st)
 		return err == nil && l.Step == saves*10
 	})
@@ -290,7 +291,7 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
 	})
 	writeHF(t, out, 10, true)
-	waitFor(t, "checkpoint-10 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 10
 	})
@@ -384,7 +385,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 		c.Margin = 500 * time.Millisecond
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: time.Second}}
 	})
-	waitFor(t, "checkpoint-60 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-60 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 60
 	})
@@ -436,7 +437,7 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 		c.FenceInterval = -1
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}}
 	})
-	waitFor(t, "the agent serving", func() bool {
+	testutil.WaitFor(t, "the agent serving", func() bool {
 		_, err := os.Stat(ar.cfg.Server.Path)
 		return err == nil
 	})
