@@ -86,8 +86,8 @@ func TestOpen_Retries(t *testing.T) {
 	obs := &attempts{}
 	st := openWrapped(t, "s3://"+srv.Bucket+"/retries", all.Options{S3Endpoint: proxy.URL, Observer: obs,
 		Retry: wrap.RetryOptions{MinWait: time.Millisecond, MaxWait: 10 * time.Millisecond}})
-	if _, ok := plain(st).(*s3.Store); !ok {
-		t.Fatalf("plain(%T) is not the S3 backend", st)
+	if _, ok := cloudtest.Plain(st).(*s3.Store); !ok {
+		t.Fatalf("cloudtest.Plain(%T) is not the S3 backend", st)
 	}
 	ctx := t.Context()
 	if err := st.Put(ctx, "k", strings.NewReader("v"), 1, cloud.PutOptions{}); err != nil {
@@ -120,17 +120,5 @@ func TestOpen_Retries(t *testing.T) {
 	}
 	if obs.get("stat not_found") != 1 || obs.get("put precondition") != 1 {
 		t.Fatalf("observed %v", obs.n)
-	}
-}
-
-// plain is the backend under the layers all.Open stacked around it (st
-// itself when it has none).
-func plain(st cloud.Store) cloud.Store {
-	for {
-		u, ok := st.(interface{ Unwrap() cloud.Store })
-		if !ok {
-			return st
-		}
-		st = u.Unwrap()
 	}
 }
