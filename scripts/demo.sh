@@ -34,8 +34,29 @@ else
   kind="standard-library"
 fi
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Bold headings on a terminal only: a log file or a pipe gets no escape codes.
+if [ -t 1 ]; then
+  say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+else
+  say() { printf '\n== %s\n' "$*"; }
+fi
+
+# metadata ARGS...: starts a fake EC2 metadata service on a free port and
+# sets imds to its URL once it is listening (md_pid to its process). It writes `export NAME=URL` on stdout
+# only after it has bound its port, so reading that line (through a FIFO, no
+# polling) is the wait: the trainer never starts before its metadata service.
+metadata() {
+  local fifo="$work/metadata.$RANDOM" line
+  mkfifo "$fifo"
+  "$BIN" fake-metadata --cloud aws --addr 127.0.0.1:0 --log-level warn "$@" >"$fifo" &
+  md_pid=$!
+  if ! read -r -t 30 line <"$fifo"; then
+    echo "demo: the fake metadata service did not start" >&2
+    exit 1
+  fi
+  rm -f "$fifo"
+  imds=${line#*=}
+}
 
 agent_flags=(--store "$store" --run-id demo --checkpoint-dir "$work/ckpt" --socket "$work/agent.sock"
   --cloud aws --interval 10s --log-format console)
@@ -43,27 +64,25 @@ agent_flags=(--store "$store" --run-id demo --checkpoint-dir "$work/ckpt" --sock
 say "0/5  the store: $store (kept after the demo)"
 
 say "1/5  a fake EC2 metadata service that will announce a spot interruption in 20s"
-p1=$(port)
-"$BIN" fake-metadata --cloud aws --addr "127.0.0.1:$p1" --notice-after 20s --log-level warn >/dev/null &
+metadata --notice-after 20s
 say "2/5  the $kind example trainer under spotagent run (periodic checkpoints every 10s)"
 code=0
-"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p1" -- "${trainer[@]}" --out "$work/final.json" || code=$?
+"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "$imds" -- "${trainer[@]}" --out "$work/final.json" || code=$?
 # 75 (EX_TEMPFAIL) is the documented "interrupted, checkpoint committed, run me again".
 if [ "$code" -ne 75 ]; then
   echo "demo: the interrupted run exited $code, expected 75" >&2
   exit 1
 fi
 echo "spotagent exited 75: interrupted, checkpoint committed, run me again"
-kill %1 2>/dev/null || true
-wait 2>/dev/null || true
+kill "$md_pid" 2>/dev/null || true
+wait "$md_pid" 2>/dev/null || true
 
 say "the machine is gone. What the store holds:"
 "$BIN" list --store "$store"
 
 say "3/5  a new machine (no notice this time): restore and finish"
-p2=$(port)
-"$BIN" fake-metadata --cloud aws --addr "127.0.0.1:$p2" --log-level warn >/dev/null &
-"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "http://127.0.0.1:$p2" -- "${trainer[@]}" --out "$work/final.json"
+metadata
+"$BIN" run "${agent_flags[@]}" --aws-imds-endpoint "$imds" -- "${trainer[@]}" --out "$work/final.json"
 
 say "4/5  the run journal (spotagent history)"
 "$BIN" history --store "$store"

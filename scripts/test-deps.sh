@@ -1,24 +1,48 @@
 #!/usr/bin/env bash
-# Installs what `make test` needs when it is missing: Debian's python3-torch
-# (the end-to-end tests train a real model under /usr/bin/python3), shellcheck
-# and systemd-analyze (the deploy/ checks), curl and bash (user-data test),
-# promtool (Debian package prometheus: the alert rules in deploy/prometheus).
+# Installs what `make test` needs when it is missing, then checks that every
+# command is there (a failed install fails the run here, not an hour later).
+# README.md's prerequisites name Go, /usr/bin/python3, git and root or sudo;
+# every other command a test runs is listed in `tools` below, and
+# scripts/testdeps_test.go fails when a test, helper or Makefile recipe runs
+# a command that is neither there nor a prerequisite.
 set -euo pipefail
 
+# command            Debian package   (what runs it)
+tools='
+shellcheck           shellcheck       deploy/: the shell scripts
+systemd-analyze      systemd          deploy/: the systemd unit
+curl                 curl             deploy/: the EC2 user-data script
+promtool             prometheus       deploy/prometheus: the alert rules
+mypy                 mypy             make test-python: mypy --strict over the client
+chromium             chromium         pkg/fleet: the fleet page in a headless browser
+'
+
 missing=()
+while read -r cmd pkg _; do
+  [ -n "$cmd" ] || continue
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+done <<<"$tools"
+# The end-to-end tests train a real model under /usr/bin/python3; the Python
+# client's install test builds a venv with Debian's pip.
 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || missing+=(python3-torch)
-command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
-command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
-command -v curl >/dev/null 2>&1 || missing+=(curl)
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus) # promtool: deploy/prometheus rules
-command -v mypy >/dev/null 2>&1 || missing+=(mypy) # make test-python: mypy --strict over the client
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 [ -x /usr/bin/python3 ] || missing+=(python3)
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing test dependencies: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "installing test dependencies: ${missing[*]}"
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+still=()
+while read -r cmd pkg _; do
+  [ -n "$cmd" ] || continue
+  command -v "$cmd" >/dev/null 2>&1 || still+=("$cmd ($pkg)")
+done <<<"$tools"
+/usr/bin/python3 -c 'import torch, ensurepip, venv' >/dev/null 2>&1 || still+=("/usr/bin/python3 with torch and venv (python3-torch python3-venv)")
+if [ ${#still[@]} -gt 0 ]; then
+  echo "test-deps: still missing after the install: ${still[*]}" >&2
+  exit 1
+fi

@@ -311,7 +311,7 @@ func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
 	all := log.Core().Enabled(zap.DebugLevel)
 	var fields []zap.Field
 	fs.VisitAll(func(f *pflag.Flag) {
-		if skipEnv(f.Name) || !all && !isSet(fs, f.Name) {
+		if skipEnv(f) || !all && !isSet(fs, f.Name) {
 			return
 		}
 		fields = append(fields, zap.String(f.Name, f.Value.String()))

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -525,26 +524,5 @@ func TestCLI_EnvNamedInError(t *testing.T) {
 	}
 	if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("the store was touched")
-	}
-}
-
-// TestCLI_HelpShowsEveryFlag (issue 41): every flag of every command is in
-// its --help (simulate's "synthetic traces" group was missing from the
-// order the help prints groups in, and its flags with it).
-func TestCLI_HelpShowsEveryFlag(t *testing.T) {
-	root := newRoot(io.Discard, io.Discard)
-	for _, c := range root.Commands() {
-		if c.Name() == "help" || c.Name() == "completion" {
-			continue
-		}
-		code, out, errOut := cli(t, c.Name(), "--help")
-		if code != 0 {
-			t.Fatalf("%s --help: exit %d: %s", c.Name(), code, errOut)
-		}
-		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if !f.Hidden && !strings.Contains(out, "--"+f.Name+" ") {
-				t.Errorf("%s --help does not show --%s", c.Name(), f.Name)
-			}
-		})
 	}
 }

@@ -51,15 +51,23 @@ func envName(flagName string) string {
 	return "SPOTAGENT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// skipEnv are cobra's own flags: no environment variable sets them.
-func skipEnv(name string) bool { return name == "help" || name == "version" }
+// noEnvKey marks a flag no environment variable sets: fleet's --run-id,
+// whose SPOTAGENT_RUN_ID the agent exports to every trainer (a `spotagent
+// fleet` run from a trainer's shell would silently count one run).
+const noEnvKey = "spotagent_noenv"
+
+// skipEnv are cobra's own flags and those marked noEnvKey: no environment
+// variable sets them.
+func skipEnv(f *pflag.Flag) bool {
+	return f.Name == "help" || f.Name == "version" || f.Annotations[noEnvKey] != nil
+}
 
 // noteEnv appends "(env SPOTAGENT_<FLAG>)" to the usage of every flag of
 // cmd and its subcommands (deploy/ reads these notes from `run -h`).
 func noteEnv(cmd *cobra.Command) {
 	cmd.Flags().SortFlags = false // the help lists them as registered
 	cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
-		if !skipEnv(f.Name) {
+		if !skipEnv(f) {
 			f.Usage += " (env " + envName(f.Name) + ")"
 		}
 	})
@@ -74,7 +82,7 @@ func noteEnv(cmd *cobra.Command) {
 func applyEnv(cmd *cobra.Command) error {
 	var err error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if err != nil || skipEnv(f.Name) {
+		if err != nil || skipEnv(f) {
 			return
 		}
 		env := envName(f.Name)
@@ -188,11 +196,12 @@ func helpFunc(cmd *cobra.Command, _ []string) {
 		groups[g].AddFlag(f)
 	})
 	order := slices.Clone(groupOrder)
-	for g := range groups {
+	for g := range groups { // a group missing from groupOrder still prints, last
 		if !slices.Contains(order, g) {
-			order = append(order, g) // never hidden for a group left out of groupOrder
+			order = append(order, g)
 		}
 	}
+	slices.Sort(order[len(groupOrder):])
 	for _, g := range order {
 		fs := groups[g]
 		if fs == nil {

@@ -32,7 +32,7 @@ func newFleetCmd() *cobra.Command {
 	}
 	check := func() error {
 		if !slices.Contains(fleet.Formats, format) {
-			return badUsage("--format %q: want table, json, csv or html", format)
+			return badUsage("--format %q: want table, wide, json, csv or html", format)
 		}
 		if _, err := fleet.ParseSince(since); err != nil {
 			return usageError{err}
@@ -93,9 +93,13 @@ func newFleetCmd() *cobra.Command {
 	}
 	o.register(cmd)
 	fs := cmd.Flags()
-	fs.StringVar(&format, "format", "table", "table, json, csv or html")
+	fs.Lookup("store").Usage = "the prefix the runs' stores are under (each run's store is PREFIX/RUN-ID): s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path"
+	fs.StringVar(&format, "format", "table", "table (fits 120 columns), wide (every column), json, csv or html")
 	fs.StringVar(&since, "since", "", "only runs active in this last period: 30d, 36h (default: every run)")
-	fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?)")
+	fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?); never taken from SPOTAGENT_RUN_ID, which the agent exports to its trainers")
+	if err := fs.SetAnnotation("run-id", noEnvKey, []string{"1"}); err != nil {
+		panic(err)
+	}
 	fs.BoolVar(&recount, "recount", false, "read every run journal under --store instead of the fleet summary and records (finds runs whose agents recorded elsewhere)")
 	fs.BoolVar(&save, "save-summary", false, "with --recount: write the recount back as the fleet summary (done anyway, best effort, when the summary is missing or not complete; without --recount the session records are always folded in, best effort)")
 	fs.StringVar(&priceFile, "prices", "", "price file: lines of instance_type,spot_per_hour,on_demand_per_hour")

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -30,7 +31,8 @@ func (o *agentOptions) openFleet(ctx context.Context, cfg *supervisor.Config, no
 	if uri == "" {
 		uri = o.store // node: the runs' prefix
 	}
-	st, err := o.storeFlags.openStore(ctx, uri, log)
+	// Its own "store opened" line would read as a second store.
+	st, err := o.storeFlags.openStore(ctx, uri, log.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)))
 	if err != nil {
 		log.Warn("fleet store unusable: no fleet prior, no fleet record", zap.String("fleet", uri), zap.Error(err))
 		return func() {}

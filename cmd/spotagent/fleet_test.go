@@ -66,6 +66,14 @@ func TestCmdFleet_S3(t *testing.T) {
 			t.Errorf("%v: source %s, %d runs, %v h; want %s, %d, %v", c.args, rep.Source, rep.Total.Runs, rep.Total.MachineHours, c.source, c.runs, c.hours)
 		}
 	}
+	// A shell under `spotagent run` inherits SPOTAGENT_RUN_ID: fleet still
+	// counts every run (#41 item 3).
+	t.Setenv("SPOTAGENT_RUN_ID", "eval-1")
+	code, out := fleetCLI(t, "--store", uri, "--format", "json")
+	var rep fleet.Report
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Total.Runs != 3 {
+		t.Errorf("SPOTAGENT_RUN_ID=eval-1 spotagent fleet: exit %d, %d runs (%v), want 0 and all 3:\n%s", code, rep.Total.Runs, err, out)
+	}
 	if code, _ := fleetCLI(t, "--store", uri, "--format", "xml"); code != 2 {
 		t.Errorf("--format xml: exit %d, want 2 (bad usage)", code)
 	}

@@ -72,8 +72,8 @@ func printJobCheckpoints(ctx context.Context, st cloud.Store, out io.Writer) err
 // restores; a table with no rows is left out.
 func printJournal(out io.Writer, j *checkpoint.Journal) {
 	s := j.Stats
-	fmt.Fprintf(out, "run %s: %d sessions, %d checkpoints committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
-		j.RunID, len(j.Sessions), s.Checkpoints, s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
+	fmt.Fprintf(out, "run %s: %s, %s committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
+		j.RunID, plural(len(j.Sessions), "session"), plural(s.Checkpoints, "checkpoint"), s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
 		s.CostSeconds, schedule.HumanBytes(int64(s.BytesPerSec)))
 	if len(j.Interruptions) == 0 {
 		fmt.Fprintln(out, "no interruptions")
@@ -153,4 +153,12 @@ func lostSteps(in checkpoint.Interruption) string {
 		return fmt.Sprintf(" (at least %d steps, seen in DIR)", in.LostSteps)
 	}
 	return fmt.Sprintf(" (%d steps)", in.LostSteps)
+}
+
+// plural is "1 session", "2 sessions".
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }

@@ -183,8 +183,8 @@ func newRestoreCmd() *cobra.Command {
 				}
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "restored step %d (checkpoint %s, %d files, %s) into %s in %s\n", r.Manifest.Step, r.Manifest.ID,
-				files, schedule.HumanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
+			fmt.Fprintf(out, "restored step %d (checkpoint %s, %s, %s) into %s in %s\n", r.Manifest.Step, r.Manifest.ID,
+				plural(files, "file"), schedule.HumanBytes(r.Bytes), r.Dir, r.Took.Round(time.Millisecond))
 			if len(r.Parts) > 0 {
 				fmt.Fprintf(out, "parts: %s\n", strings.Join(r.Parts, ", "))
 			}

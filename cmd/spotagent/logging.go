@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -30,10 +31,21 @@ func newLoggerTo(w io.Writer, format, level string) (*zap.Logger, error) {
 	case "console", "":
 		enc.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc.ConsoleSeparator = " "
+		enc.EncodeDuration = humanDuration
 		encoder = zapcore.NewConsoleEncoder(enc)
 	default:
 		return nil, fmt.Errorf("--log-format: want json or console, got %q", format)
 	}
 	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core).Named("spotagent"), nil
+}
+
+// humanDuration writes a duration with its unit ("81ms", "1m59.069s") on
+// the console, where a bare 0.081321945 left the reader to guess seconds;
+// JSON keeps seconds as numbers for machines.
+func humanDuration(d time.Duration, e zapcore.PrimitiveArrayEncoder) {
+	if d >= time.Millisecond || d <= -time.Millisecond {
+		d = d.Round(time.Millisecond)
+	}
+	e.AppendString(d.String())
 }

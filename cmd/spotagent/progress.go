@@ -168,7 +168,7 @@ func busy(out io.Writer, what string, log *zap.Logger) (stop func()) {
 			t := time.NewTicker(progressEvery)
 			defer t.Stop()
 			for {
-				log.Info(what, zap.Duration("elapsed", time.Since(start).Round(time.Second)))
+				log.Info(what, zap.Float64("elapsed_s", time.Since(start).Round(time.Second).Seconds()))
 				select {
 				case <-ctx.Done():
 					return

@@ -13,6 +13,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -127,8 +128,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err != nil {
 		return fail(err)
 	}
-	log.Info("machine", zap.String("cloud", string(ident.Cloud)), zap.String("instance_id", ident.InstanceID),
-		zap.String("instance_type", ident.InstanceType), zap.String("zone", ident.Zone), zap.String("lifecycle", ident.Lifecycle))
+	logMachine(log, ident)
 	cfg := supervisor.Config{
 		RunID: o.runID, CheckpointDir: o.checkpointDir, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
@@ -168,4 +168,21 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		return exit(code) // 1, or 127/126 for a trainer command not found/not executable
 	}
 	return exit(code)
+}
+
+// logMachine logs the machine the agent runs on, with only the fields the
+// metadata gave; without a metadata service it says what that means.
+func logMachine(log *zap.Logger, id metadata.Identity) {
+	if id.Cloud == metadata.CloudNone || id.Cloud == "" {
+		log.Info("no cloud metadata service (--cloud none, or none answered): only SIGTERM and SIGINT announce an interruption, and the journal records no machine")
+		return
+	}
+	fields := []zap.Field{zap.String("cloud", string(id.Cloud))}
+	for _, f := range []struct{ k, v string }{{"instance_id", id.InstanceID}, {"instance_type", id.InstanceType},
+		{"zone", id.Zone}, {"lifecycle", id.Lifecycle}} {
+		if f.v != "" {
+			fields = append(fields, zap.String(f.k, f.v))
+		}
+	}
+	log.Info("machine", fields...)
 }

@@ -79,6 +79,21 @@ func simulateRun(cmd *cobra.Command, a simArgs) int {
 		}
 		g.Min, g.Max, g.PriorRate, g.Workers = *minIv, *maxIv, *prior, *workers
 		start := time.Now()
+		// About a minute of work: say how far it is, on one line of a
+		// terminal, else a line per cell.
+		tty := isTerminal(stderr)
+		g.Progress = func(done, total int) {
+			if tty {
+				fmt.Fprintf(stderr, "\rgrid: %d/%d cells, %s", done, total, time.Since(start).Round(time.Second))
+				if done == total {
+					fmt.Fprintln(stderr)
+				}
+				return
+			}
+			fmt.Fprintf(stderr, "grid: %d/%d cells, %s\n", done, total, time.Since(start).Round(time.Second))
+		}
+		fmt.Fprintf(stderr, "grid: simulating %d cells, %d runs of %s per cell and policy, on %d workers\n",
+			len(g.Rates)*len(g.Notices)*len(g.Deltas), g.Runs, g.Duration, max(g.Workers, 1))
 		cells := simulate.RunGrid(g)
 		if err := simulate.WriteGrid(stdout, g, cells); err != nil {
 			fmt.Fprintln(stderr, "spotagent simulate:", err)

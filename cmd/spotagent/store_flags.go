@@ -112,8 +112,9 @@ func (o *readOptions) run(cmd *cobra.Command, check func() error, fn func(ctx co
 	} else {
 		// What fn prints waits until the spinner is gone.
 		out, buf := cmd.OutOrStdout(), &bytes.Buffer{}
-		plog, _ := newLoggerTo(cmd.ErrOrStderr(), o.logFormat, "info") // the format was checked above
-		stop := busy(cmd.ErrOrStderr(), "reading "+st.URI(""), plog)
+		// Off a terminal the "still reading" lines are info: shown at
+		// --log-level info, not at the default warn.
+		stop := busy(cmd.ErrOrStderr(), "reading "+st.URI(""), log)
 		cmd.SetOut(buf)
 		err = fn(ctx, st, log)
 		stop()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -39,6 +40,9 @@ func watchNotices(cmd *cobra.Command, so *sourceOptions, level string) int {
 	if err := so.check(); err != nil {
 		return failCode(cmd, usageError{err})
 	}
+	if so.cloud == string(metadata.CloudNone) {
+		return failCode(cmd, usageError{fmt.Errorf("--cloud none: no metadata service to watch, so no notice could ever print; use auto, aws, gcp or azure")})
+	}
 	log, err := newLogger("console", level) // stderr: stdout is for the notices
 	if err != nil {
 		return failCode(cmd, usageError{err})
@@ -52,6 +56,12 @@ func watchNotices(cmd *cobra.Command, so *sourceOptions, level string) int {
 	if err != nil {
 		log.Error("open metadata source", zap.Error(err))
 		return 2
+	}
+	if src.Cloud() == metadata.CloudNone {
+		// --cloud auto found no metadata service: say so rather than wait
+		// in silence for a notice that cannot come.
+		log.Error("no cloud metadata service answered: not a cloud machine, or the metadata address is blocked; nothing to watch")
+		return 1
 	}
 	log.Info("identity", zap.Any("identity", id))
 

@@ -86,13 +86,14 @@ func (c *countingReader) Read(b []byte) (int, error) {
 // that store took and had the server verify.
 type uploadReader struct {
 	countingReader
-	f    *os.File
-	size int64
-	sent bool
-	crc  uint32
+	f          *os.File
+	size       int64
+	sent       bool
+	crc        uint32
+	progressed atomic.Int64 // what the store's Progress reported before Sent
 }
 
-var _ cloud.FileSource = (*uploadReader)(nil)
+var _ cloud.ProgressSource = (*uploadReader)(nil)
 
 func newUploadReader(fh *os.File, size int64, p *progress) *uploadReader {
 	return &uploadReader{countingReader: countingReader{r: io.LimitReader(fh, size+1), h: newCRC32C(), p: p}, f: fh, size: size}
@@ -103,6 +104,13 @@ func (u *uploadReader) SourceFile() (*os.File, int64) { return u.f, u.size }
 func (u *uploadReader) Sent(n int64, crc32c uint32) {
 	u.sent, u.crc = true, crc32c
 	u.n += n
+	u.p.add(int(n - u.progressed.Load())) // the rest, or less after a resent request
+}
+
+// Progress counts the bytes the store has sent so far (a part, a read of
+// the request body), so that a long upload logs a steady progress.
+func (u *uploadReader) Progress(n int64) {
+	u.progressed.Add(n)
 	u.p.add(int(n))
 }
 

@@ -17,3 +17,22 @@ type FileSource interface {
 	// CRC32C (Castagnoli) is crc32c, and checked that nothing follows them.
 	Sent(n int64, crc32c uint32)
 }
+
+// A ProgressSource is a FileSource that wants to know, during a long
+// upload, how far the store has got: the store calls Progress with each
+// further run of bytes sent (the S3 store after each part, the GCS store as
+// the request body is read), concurrently from its part uploads, so that a
+// 2 GiB upload's progress moves at a steady pace rather than jumping to
+// 100 % at Sent. Sent still reports the whole file; the source counts what
+// Progress had not.
+type ProgressSource interface {
+	FileSource
+	Progress(n int64)
+}
+
+// ReportProgress calls src's Progress with n when it has one.
+func ReportProgress(src FileSource, n int64) {
+	if p, ok := src.(ProgressSource); ok && n > 0 {
+		p.Progress(n)
+	}
+}

@@ -331,7 +331,7 @@ func TestFleet_Formats(t *testing.T) {
 	}
 	t.Run("table", func(t *testing.T) {
 		var b bytes.Buffer
-		if err := Write(&b, rep, "table"); err != nil {
+		if err := Write(&b, rep, "wide"); err != nil {
 			t.Fatal(err)
 		}
 		t.Log("\n" + b.String())

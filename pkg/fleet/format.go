@@ -6,19 +6,29 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 )
 
 // Formats are what Write writes.
-var Formats = []string{"table", "json", "csv", "html"}
+var Formats = []string{"table", "wide", "json", "csv", "html"}
 
-// Write writes rep in format: table, json, csv or html.
+// TableWidth is the most columns the default table takes with ordinary
+// values (cloud names, instance types, zones, run ids up to runIDWidth):
+// it fits a 120-column terminal. "wide" has every column.
+const TableWidth = 120
+
+// runIDWidth is where the default table cuts a run id (with "…"); "wide"
+// and the other formats show it whole.
+const runIDWidth = 20
+
+// Write writes rep in format: table, wide, json, csv or html.
 func Write(w io.Writer, rep *Report, format string) error {
 	switch format {
 	case "table":
-		return writeTable(w, rep)
+		return writeTable(w, rep, false)
+	case "wide":
+		return writeTable(w, rep, true)
 	case "json":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -28,14 +38,16 @@ func Write(w io.Writer, rep *Report, format string) error {
 	case "html":
 		return writeHTML(w, rep)
 	}
-	return fmt.Errorf("format %q: want table, json, csv or html", format)
+	return fmt.Errorf("format %q: want table, wide, json, csv or html", format)
 }
 
-// column is one figure as the table and the CSV show it.
+// column is one figure as the table and the CSV show it. short is its
+// head in the default table; "" leaves it to the wide table.
 type column struct {
 	head  string
 	money bool
 	table func(f *Figures) string
+	short string
 }
 
 func num(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
@@ -62,65 +74,96 @@ func money(f *Figures, get func(m *Money) float64) string {
 }
 
 var columns = []column{
-	{"RUNS", false, func(f *Figures) string { return strconv.Itoa(f.Runs) }},
-	{"MACHINE H", false, func(f *Figures) string { return num(f.MachineHours, 1) }},
-	{"INTERRUPTIONS", false, func(f *Figures) string { return strconv.Itoa(f.Interruptions) }},
+	{"RUNS", false, func(f *Figures) string { return strconv.Itoa(f.Runs) }, "RUNS"},
+	{"MACHINE H", false, func(f *Figures) string { return num(f.MachineHours, 1) }, "HOURS"},
+	{"INTERRUPTIONS", false, func(f *Figures) string { return strconv.Itoa(f.Interruptions) }, "INTR"},
 	{"RATE/H (90 %)", false, func(f *Figures) string {
 		if f.Rate == nil {
 			return "-"
 		}
 		return fmt.Sprintf("%.4f (%.4f–%.4f)", *f.Rate, *f.RateLow, *f.RateHigh)
-	}},
+	}, ""},
+	{"RATE/H", false, func(f *Figures) string {
+		if f.Rate == nil {
+			return "-"
+		}
+		return num(*f.Rate, 4)
+	}, "RATE/H"}, // the default table's rate, without its interval
 	{"NOTICE COMMITTED", false, func(f *Figures) string {
 		if f.Interruptions == 0 {
 			return "-"
 		}
 		return fmt.Sprintf("%d/%d", f.NoticeCommits, f.Interruptions)
-	}},
+	}, "NOTICE"},
 	{"LEAD MEDIAN (MIN)", false, func(f *Figures) string {
 		if f.LeadMedian == nil {
 			return "-"
 		}
 		return dur(f.LeadMedian) + " (" + dur(f.LeadMin) + ")"
-	}},
-	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }},
-	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }},
-	{"GOODPUT", false, func(f *Figures) string { return num(100*f.Goodput, 1) + " %" }},
-	{"SPEND", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Spend }) }},
-	{"WASTED", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Wasted }) }},
-	{"SAVING", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Saving }) }},
+	}, ""},
+	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }, "LOST H"},
+	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }, ""},
+	{"GOODPUT", false, func(f *Figures) string { return num(100*f.Goodput, 1) + " %" }, "GOODPUT"},
+	{"SPEND", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Spend }) }, "SPEND"},
+	{"WASTED", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Wasted }) }, "WASTED"},
+	{"SAVING", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Saving }) }, ""},
 	{"PER 1K STEPS", true, func(f *Figures) string {
 		if f.Money == nil || f.Money.CostPer1kSteps == nil {
 			return "-"
 		}
 		return num(*f.Money.CostPer1kSteps, 4)
-	}},
-	{"30D FORECAST", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Forecast30d }) }},
+	}, ""},
+	{"30D FORECAST", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Forecast30d }) }, ""},
 }
 
-func writeTable(w io.Writer, rep *Report) error {
+// shown reports whether the table shows c, and under which head.
+func (c column) shown(wide, priced bool) (string, bool) {
+	if c.money && !priced {
+		return "", false
+	}
+	if wide {
+		return c.head, c.head != "RATE/H" // the wide table has the rate with its interval
+	}
+	return c.short, c.short != ""
+}
+
+// cut shortens s to n runes, ending in "…".
+func cut(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// writeTable writes the terminal table: by default the figures that fit
+// TableWidth columns, wide every column.
+func writeTable(w io.Writer, rep *Report, wide bool) error {
 	priced := rep.Total.Money != nil
 	row := func(tw io.Writer, lead string, f *Figures) {
 		fmt.Fprint(tw, lead)
 		for _, c := range columns {
-			if c.money && !priced {
-				continue
+			if _, ok := c.shown(wide, priced); ok {
+				fmt.Fprintf(tw, "\t%s", c.table(f))
 			}
-			fmt.Fprintf(tw, "\t%s", c.table(f))
 		}
-		fmt.Fprintln(tw, "\t")
+		fmt.Fprintln(tw)
 	}
 	head := func(tw io.Writer, lead string) {
 		fmt.Fprint(tw, lead)
 		for _, c := range columns {
-			if !c.money || priced {
-				fmt.Fprintf(tw, "\t%s", c.head)
+			if h, ok := c.shown(wide, priced); ok {
+				fmt.Fprintf(tw, "\t%s", h)
 			}
 		}
-		fmt.Fprintln(tw, "\t")
+		fmt.Fprintln(tw)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	head(tw, "CLOUD\tINSTANCE TYPE\tZONE")
+	if wide {
+		head(tw, "CLOUD\tINSTANCE TYPE\tZONE")
+	} else {
+		head(tw, "CLOUD\tINSTANCE\tZONE")
+	}
 	for i := range rep.Cells {
 		c := &rep.Cells[i]
 		row(tw, orDash(c.Cloud)+"\t"+orDash(c.InstanceType)+"\t"+orDash(c.Zone), &c.Figures)
@@ -131,10 +174,18 @@ func writeTable(w io.Writer, rep *Report) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	head(tw, "RUN\tSTART\tEND")
+	if wide {
+		head(tw, "RUN\tSTART\tEND")
+	} else {
+		head(tw, "RUN\tSTART (UTC)")
+	}
 	for i := range rep.Runs {
 		r := &rep.Runs[i]
-		row(tw, r.ID+"\t"+r.Start.UTC().Format(time.DateTime)+"\t"+r.End.UTC().Format(time.DateTime), &r.Figures)
+		if wide {
+			row(tw, r.ID+"\t"+r.Start.UTC().Format(time.DateTime)+"\t"+r.End.UTC().Format(time.DateTime), &r.Figures)
+		} else {
+			row(tw, cut(r.ID, runIDWidth)+"\t"+r.Start.UTC().Format("2006-01-02 15:04"), &r.Figures)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -145,12 +196,12 @@ func writeTable(w io.Writer, rep *Report) error {
 	if t.Rate != nil {
 		fmt.Fprintf(w, ", %.4f/h (90 %% interval %.4f–%.4f)", *t.Rate, *t.RateLow, *t.RateHigh)
 	}
-	fmt.Fprintf(w, ", %d with the notice checkpoint committed, %.2f h of work lost, goodput %.1f %%\n",
+	fmt.Fprintf(w, ",\n%d with the notice checkpoint committed, %.2f h of work lost, goodput %.1f %%\n",
 		t.NoticeCommits, t.LostHours, 100*t.Goodput)
 	if m := t.Money; m != nil {
 		fmt.Fprintf(w, "spend %.2f, of which %.2f wasted by interruptions; on demand %.2f, saving %.2f", m.Spend, m.Wasted, m.OnDemand, m.Saving)
 		if m.CostPer1kSteps != nil {
-			fmt.Fprintf(w, "; %.4f per 1,000 steps", *m.CostPer1kSteps)
+			fmt.Fprintf(w, ";\n%.4f per 1,000 steps", *m.CostPer1kSteps)
 		}
 		fmt.Fprintf(w, "\nforecast for the next %d days at the usage of the last %.1f day(s): spend %.2f, saving %.2f\n",
 			forecastDays, rep.WindowDays, m.Forecast30d, m.ForecastSaving30d)
@@ -163,7 +214,10 @@ func writeTable(w io.Writer, rep *Report) error {
 		if d.Counted {
 			state = "the rest counted"
 		}
-		fmt.Fprintf(w, "damaged journal %s (%s): %s\n", d.Key, state, strings.Join(d.Problems, "; "))
+		fmt.Fprintf(w, "damaged journal %s (%s):\n", d.Key, state)
+		for _, p := range d.Problems { // one a line: the table stays narrow
+			fmt.Fprintf(w, "  %s\n", p)
+		}
 	}
 	return nil
 }

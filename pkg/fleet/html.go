@@ -10,19 +10,23 @@ import (
 )
 
 // svg geometry of the two charts.
+// svgWidth fits a 1280-pixel window with the page's margins; the charts
+// also shrink with a narrower one (max-width: 100 %).
 const (
-	svgWidth   = 960
-	svgLeft    = 260 // room for the cell names
-	svgRight   = 20
-	svgLane    = 26
-	svgTop     = 30
-	svgBottom  = 40
-	colorOK    = "#2e7d32" // notice checkpoint committed
-	colorLost  = "#c62828" // work lost
-	colorGood  = "#1565c0" // productive
-	colorBlock = "#90caf9" // blocked in checkpoints
-	colorWaste = "#ef6c00" // lost + restore + after an interruption
-	colorGap   = "#bdbdbd" // between machines
+	svgWidth     = 1100
+	svgLeft      = 260 // room for the cell names (cut at svgNameChars)
+	svgRight     = 20
+	svgLabels    = 300 // right of the breakdown's bars: their hour and money labels
+	svgNameChars = 36
+	svgLane      = 26
+	svgTop       = 30
+	svgBottom    = 40
+	colorOK      = "#2e7d32" // notice checkpoint committed
+	colorLost    = "#c62828" // work lost
+	colorGood    = "#1565c0" // productive
+	colorBlock   = "#90caf9" // blocked in checkpoints
+	colorWaste   = "#ef6c00" // lost + restore + after an interruption
+	colorGap     = "#bdbdbd" // between machines
 )
 
 // writeHTML writes rep as one self-contained HTML page: the fleet table,
@@ -49,25 +53,36 @@ func htmlRows(rep *Report) []htmlRow {
 	add := func(name string, f *Figures) {
 		r := htmlRow{Name: name}
 		for _, c := range columns {
-			if c.money && rep.Total.Money == nil {
-				continue
+			if _, ok := c.shown(true, rep.Total.Money != nil); ok {
+				r.Cells = append(r.Cells, htmlCell(c.table(f)))
 			}
-			r.Cells = append(r.Cells, c.table(f))
 		}
 		rows = append(rows, r)
 	}
 	for i := range rep.Cells {
-		add(rep.Cells[i].Key.String(), &rep.Cells[i].Figures)
+		k := rep.Cells[i].Key.String() // cloud/type/ on one line, the zone below
+		if j := strings.LastIndex(k, "/"); j >= 0 {
+			k = k[:j+1] + "\n" + k[j+1:]
+		}
+		add(k, &rep.Cells[i].Figures)
 	}
 	add("fleet", &rep.Total)
 	return rows
 }
 
+// htmlCell puts a figure's parenthesis on a line of its own ("0.0768
+// (0.0039–0.3644)" on two lines; td is white-space: pre, so nothing else
+// wraps): the table then fits a 1280-pixel window.
+func htmlCell(v string) string { return strings.ReplaceAll(v, " (", "\n(") }
+
+// breakAfterSlash lets a head wrap after its slashes.
+func breakAfterSlash(s string) string { return strings.ReplaceAll(s, "/", "/\u200b") }
+
 func htmlHeads(rep *Report) []string {
 	var h []string
 	for _, c := range columns {
-		if !c.money || rep.Total.Money != nil {
-			h = append(h, c.head)
+		if head, ok := c.shown(true, rep.Total.Money != nil); ok {
+			h = append(h, breakAfterSlash(head))
 		}
 	}
 	return h
@@ -76,6 +91,7 @@ func htmlHeads(rep *Report) []string {
 var pageTmpl = template.Must(template.New("fleet").Funcs(template.FuncMap{
 	"heads": htmlHeads,
 	"mulf":  func(v float64) float64 { return 100 * v },
+	"join":  strings.Join,
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -83,8 +99,11 @@ var pageTmpl = template.Must(template.New("fleet").Funcs(template.FuncMap{
 <title>spotagent fleet</title>
 <style>
 body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
-table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; white-space: nowrap; }
+table { border-collapse: collapse; font-size: 12px; }
+th, td { border: 1px solid #ddd; padding: 3px 5px; text-align: right; }
+td { white-space: pre; }
+th { vertical-align: bottom; }
+svg { max-width: 100%; height: auto; }
 th:first-child, td:first-child { text-align: left; }
 tr:last-child td { font-weight: bold; }
 svg text { font-size: 12px; fill: #424242; }
@@ -95,14 +114,14 @@ svg text { font-size: 12px; fill: #424242; }
 <h1>spotagent fleet</h1>
 <p>{{.R.Total.Runs}} run(s), {{printf "%.1f" .R.Total.MachineHours}} machine hours, {{.R.Total.Interruptions}} interruption(s), goodput {{printf "%.1f" (mulf .R.Total.Goodput)}} % — from the {{.R.Source}}, {{.R.Generated.Format "2006-01-02 15:04 UTC"}}.</p>
 <table id="cells">
-<tr><th>cloud/instance type/zone</th>{{range heads .R}}<th>{{.}}</th>{{end}}</tr>
+<tr><th>cloud/&#8203;instance type/&#8203;zone</th>{{range heads .R}}<th>{{.}}</th>{{end}}</tr>
 {{range .Rows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table>
 <h2>Interruptions over time</h2>
 {{.Interruptions}}
 <h2>Where the time{{if .R.Total.Money}} and money{{end}} went</h2>
 {{.Breakdown}}
-{{range .R.Damaged}}<p class="damaged">damaged journal {{.Key}}{{if .Counted}} (the rest counted){{else}} (not counted){{end}}: {{range .Problems}}{{.}} {{end}}</p>
+{{range .R.Damaged}}<p class="damaged">damaged journal {{.Key}}{{if .Counted}} (the rest counted){{else}} (not counted){{end}}: {{join .Problems "; "}}</p>
 {{end}}<p>How each figure is computed: docs/fleet.md.</p>
 </body>
 </html>
@@ -138,10 +157,10 @@ func interruptionsSVG(rep *Report) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg id="interruptions" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", svgWidth, height, svgWidth, height)
-	fmt.Fprintf(&b, `<text x="%d" y="18">● notice checkpoint committed (green) · ● work lost (red)</text>`+"\n", svgLeft)
+	fmt.Fprintf(&b, `<text x="%d" y="18">%s notice checkpoint committed · %s work lost</text>`+"\n", svgLeft, dot(colorOK), dot(colorLost))
 	for i, k := range lanes {
 		y := svgTop + svgLane*i + svgLane/2
-		fmt.Fprintf(&b, `<text x="4" y="%d">%s</text>`+"\n", y+4, esc(k.String()))
+		fmt.Fprintf(&b, `<text x="4" y="%d">%s</text>`+"\n", y+4, esc(cut(k.String(), svgNameChars)))
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#e0e0e0"/>`+"\n", svgLeft, y, svgWidth-svgRight, y)
 	}
 	for _, in := range rep.Interruptions {
@@ -159,7 +178,11 @@ func interruptionsSVG(rep *Report) string {
 	axisY := svgTop + svgLane*max(len(lanes), 1) + 16
 	for i := 0; i <= 4; i++ {
 		t := from.Add(time.Duration(float64(to.Sub(from)) * float64(i) / 4))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(t), axisY, t.UTC().Format("2006-01-02 15:04"))
+		anchor := map[int]string{0: "start", 4: "end"}[i] // the ends stay inside the chart
+		if anchor == "" {
+			anchor = "middle"
+		}
+		fmt.Fprintf(&b, `<text class="axis" x="%.1f" y="%d" text-anchor="%s">%s</text>`+"\n", x(t), axisY, anchor, t.UTC().Format("2006-01-02 15:04"))
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
@@ -184,8 +207,12 @@ func breakdownSVG(rep *Report) string {
 	if priced {
 		per = 2 * svgLane
 	}
-	height := svgTop + per*len(bars) + svgBottom
-	plotW := float64(svgWidth - svgLeft - svgRight - 120)
+	top := svgTop
+	if priced {
+		top += 16 // the money legend's line
+	}
+	height := top + per*len(bars) + svgBottom
+	plotW := float64(svgWidth - svgLeft - svgRight - svgLabels)
 	var maxHours, maxMoney float64
 	for _, br := range bars[:len(bars)-1] { // cells: the fleet bar gets its own scale
 		maxHours = max(maxHours, br.f.WallHours)
@@ -195,8 +222,12 @@ func breakdownSVG(rep *Report) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg id="breakdown" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d">`+"\n", svgWidth, height, svgWidth, height)
-	fmt.Fprintf(&b, `<text x="%d" y="18">hours: productive (blue) · blocked (light blue) · wasted by interruptions (orange) · between machines (grey)%s</text>`+"\n",
-		svgLeft, map[bool]string{true: "; money: useful spend (blue), wasted (orange), on demand (outline)", false: ""}[priced])
+	fmt.Fprintf(&b, `<text x="%d" y="18">hours: %s productive · %s blocked · %s wasted by interruptions · %s between machines</text>`+"\n",
+		svgLeft, dot(colorGood), dot(colorBlock), dot(colorWaste), dot(colorGap))
+	if priced {
+		fmt.Fprintf(&b, `<text x="%d" y="34">money: %s useful spend · %s wasted · ▭ on demand (dashed outline)</text>`+"\n",
+			svgLeft, dot(colorGood), dot(colorWaste))
+	}
 	segs := func(y int, scale float64, parts []float64, colors []string, class string) float64 {
 		xx := float64(svgLeft)
 		for i, v := range parts {
@@ -210,7 +241,7 @@ func breakdownSVG(rep *Report) string {
 		return xx
 	}
 	for i, br := range bars {
-		y := svgTop + per*i
+		y := top + per*i
 		f := br.f
 		scaleH, scaleM := maxHours, maxMoney
 		if i == len(bars)-1 {
@@ -219,7 +250,7 @@ func breakdownSVG(rep *Report) string {
 				scaleM = max(f.Money.Spend, f.Money.OnDemand)
 			}
 		}
-		fmt.Fprintf(&b, `<text x="4" y="%d">%s</text>`+"\n", y+svgLane/2+2, esc(br.name))
+		fmt.Fprintf(&b, `<text x="4" y="%d">%s</text>`+"\n", y+svgLane/2+2, esc(cut(br.name, svgNameChars)))
 		wasted := f.LostHours + f.RestoreHours + (f.BetweenHours - gapHours(f))
 		productive := f.WallHours * f.Goodput
 		blocked := max(f.MachineHours-productive-wasted, 0)
@@ -233,12 +264,16 @@ func breakdownSVG(rep *Report) string {
 				fmt.Fprintf(&b, `<rect class="on-demand" x="%d" y="%d" width="%.1f" height="%d" fill="none" stroke="#212121" stroke-dasharray="4 2"/>`+"\n",
 					svgLeft, y, plotW*m.OnDemand/scaleM, svgLane-8)
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d">spend %.2f (wasted %.2f), on demand %.2f</text>`+"\n", max(end, svgLeft+plotW*m.OnDemand/max(scaleM, 1e-9))+6, y+svgLane/2+2, m.Spend, m.Wasted, m.OnDemand)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d">spend %.2f, wasted %.2f, on demand %.2f</text>`+"\n", max(end, svgLeft+plotW*m.OnDemand/max(scaleM, 1e-9))+6, y+svgLane/2+2, m.Spend, m.Wasted, m.OnDemand)
 		}
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
 }
+
+// dot is a legend's coloured mark: SVG text takes its fill, not the colour
+// its name says, unless the mark has its own.
+func dot(color string) string { return `<tspan fill="` + color + `">●</tspan>` }
 
 // gapHours is the time without a machine: wall − machine.
 func gapHours(f *Figures) float64 { return max(f.WallHours-f.MachineHours, 0) }

@@ -54,6 +54,18 @@ type Metrics struct {
 // their histograms exist (at zero) before the first checkpoint.
 var Phases = []string{"save", "upload", "commit"}
 
+// The labels pre-created at zero, so that dashboards and alerts see a 0
+// rather than "No data" before the first event (#41 item 8):
+// FailureReasons and Components are the fixed values pkg/supervisor passes
+// to CommitFailed and Error (TestMetrics_LabelsPreCreated keeps them in
+// step), NoticeKinds every notice kind, for the machine's cloud once
+// Machine names it and for SIGTERM/SIGINT from the start.
+var (
+	FailureReasons = []string{"deadline", "trainer", "preempted"}
+	Components     = []string{"checkpoint", "restore", "journal", "fenced", "peer_lost"}
+	NoticeKinds    = []string{"termination", "rebalance", "maintenance", "cancelled"}
+)
+
 // New registers every collector, the Go runtime's and the process's on a
 // fresh registry.
 func New() *Metrics {
@@ -171,6 +183,13 @@ func New() *Metrics {
 	for _, r := range []string{"committed", "failed"} {
 		m.noticeCheckpoints.WithLabelValues(r)
 	}
+	for _, r := range FailureReasons {
+		m.commitFailures.WithLabelValues(r)
+	}
+	for _, c := range Components {
+		m.errors.WithLabelValues(c)
+	}
+	m.notices.WithLabelValues("signal", "termination") // SIGTERM/SIGINT
 	return m
 }
 
@@ -180,6 +199,11 @@ func New() *Metrics {
 func (m *Metrics) Machine(cloud, instanceType, zone string) {
 	m.instanceInfo.Reset()
 	m.instanceInfo.WithLabelValues(cloud, instanceType, zone).Set(1)
+	if cloud != "" && cloud != "none" {
+		for _, k := range NoticeKinds {
+			m.notices.WithLabelValues(cloud, k)
+		}
+	}
 }
 
 // NoticeCheckpoint records how an interruption's checkpoint ended:

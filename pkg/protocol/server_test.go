@@ -122,7 +122,19 @@ func TestListen(t *testing.T) {
 		if after, err := os.Lstat(first.Path()); err != nil || !os.SameFile(before, after) {
 			t.Fatalf("the first agent's socket file was replaced (%v)", err)
 		}
-		first.hello(t, 0)
+		// The first still serves (the probe's own connection ends in a
+		// disconnected event, skipped here).
+		c := dial(t, first.Path())
+		c.send(t, `{"type":"hello","pid":1}`)
+		for {
+			ev := first.nextEvent(t)
+			if ev.Msg.Type == TypeHello {
+				break
+			}
+			if ev.Msg.Type != TypeDisconnected {
+				t.Fatalf("event %+v, want the hello", ev.Msg)
+			}
+		}
 	})
 	t.Run("RegularFileRefused", func(t *testing.T) {
 		path := filepath.Join(shortDir(t), "agent.sock")

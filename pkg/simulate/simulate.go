@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -382,6 +383,9 @@ type GridConfig struct {
 	// not the cell's true rate, which it has to learn.
 	PriorRate float64
 	Workers   int
+	// Progress, when set, is called after each cell with the number done
+	// and the total, from one goroutine at a time.
+	Progress func(done, total int)
 }
 
 // DefaultGrid returns the grid of issue 6.
@@ -437,10 +441,18 @@ func RunGrid(c GridConfig) []GridCell {
 	}
 	work := make(chan int)
 	done := make(chan struct{})
+	var mu sync.Mutex
+	finished := 0
 	for range max(c.Workers, 1) {
 		go func() {
 			for i := range work {
 				runCell(c, &cells[i])
+				if c.Progress != nil {
+					mu.Lock()
+					finished++
+					c.Progress(finished, len(cells))
+					mu.Unlock()
+				}
 			}
 			done <- struct{}{}
 		}()

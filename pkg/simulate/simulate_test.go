@@ -189,7 +189,11 @@ func TestRunGrid_Small(t *testing.T) {
 		t.Fatalf("best %v after %d intervals", c.BestInterval, c.Searched)
 	}
 	g.Workers = 1
-	if again := RunGrid(g); again[0].Adaptive != c.Adaptive || again[0].BestInterval != c.BestInterval {
+	var calls []int // progress after each cell, counting to the total
+	g.Progress = func(done, total int) { calls = append(calls, done, total) }
+	if again := RunGrid(g); len(calls) != 2 || calls[0] != 1 || calls[1] != 1 {
+		t.Fatalf("progress calls %v, want [1 1]", calls)
+	} else if again[0].Adaptive != c.Adaptive || again[0].BestInterval != c.BestInterval {
 		t.Fatal("grid depends on the number of workers")
 	}
 	var b strings.Builder

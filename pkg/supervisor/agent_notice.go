@@ -422,7 +422,10 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWa
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
 	}
-	if code == 0 && !s.told && !p.deadlineKill && !p.killing {
+	// In --signal mode the stop's checkpoint signal is the trainer's only
+	// word of the stop (frameworks exit after a save on signal): told.
+	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
+	if code == 0 && !told && !p.deadlineKill && !p.killing {
 		// Nothing told it to stop (it said bye, or ended on its own before
 		// the stop reached it): it finished its work. Run again, it would
 		// repeat a completed job.

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
@@ -93,5 +95,52 @@ func TestExitCodes_SidecarShutdown(t *testing.T) {
 	tr.c.Close()
 	if got := ar.wait(t); got != 0 {
 		t.Fatalf("sidecar exit code %d, want 0", got)
+	}
+}
+
+// TestExitCodes_RunFenced (issue 36 item 1, agent side): under `spotagent
+// run`, a fenced trainer that exits 0 (as the Python client did before it
+// learnt 76) or 76 still makes the agent exit 76, never 0 or 75.
+func TestExitCodes_RunFenced(t *testing.T) {
+	for _, exit := range []int{0, exitFenced, ExitInterrupted} {
+		t.Run(strconv.Itoa(exit), func(t *testing.T) {
+			release := filepath.Join(shortDir(t), "release")
+			ar := startAgent(t, func(c *Config) {
+				c.FenceInterval = 20 * time.Millisecond
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(exit)}
+			})
+			tr := dialTrainer(t, ar.cfg.Server.Path)
+			tr.hello()
+			if _, err := checkpoint.AcquireLease(context.Background(), ar.store, checkpoint.LeaseRecord{Session: "newer"}); err != nil {
+				t.Fatal(err)
+			}
+			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
+			tr.expect(protocol.TypeUploadFailed)
+			if s := tr.expect(protocol.TypeStop); s.Reason != reasonFenced {
+				t.Fatalf("stop=%+v, want reason fenced", s)
+			}
+			os.WriteFile(release, nil, 0o600)
+			if got := ar.wait(t); got != exitFenced {
+				t.Fatalf("exit code %d, want %d", got, exitFenced)
+			}
+		})
+	}
+}
+
+// TestExitCodes_WatchFenced: in --watch mode a newer session's lease
+// fences the agent; it stops its trainer and exits 76, whatever the
+// trainer's own code.
+func TestExitCodes_WatchFenced(t *testing.T) {
+	ar := startAgent(t, func(c *Config) {
+		c.FenceInterval = 20 * time.Millisecond
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: t.TempDir(), Quiet: 200 * time.Millisecond}}
+	})
+	ar.waitStatus(t, "the trainer running", func(s Status) bool { return s.Child != nil && s.Child.Running })
+	if _, err := checkpoint.AcquireLease(context.Background(), ar.store, checkpoint.LeaseRecord{Session: "newer"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ar.wait(t); got != exitFenced {
+		t.Fatalf("exit code %d, want %d", got, exitFenced)
 	}
 }

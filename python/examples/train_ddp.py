@@ -14,7 +14,8 @@ Start the ranks yourself (or with torchrun, which sets the same variables):
 Environment: TOTAL_STEPS (default 200); STEP_SLEEP_MS (each rank sleeps a
 random 0..N ms per step, seeded by its rank: ranks at different speeds).
 SAVE_BYTES adds a random payload of that size per rank to each checkpoint
-(for benchmarks). FAIL_RANK and FAIL_AT_STEP make that rank raise a
+(for benchmarks). TRAIN_DDP_BACKEND: the process group's backend (default
+gloo; "cpu:gloo,cuda:nccl" on torch 2). FAIL_RANK and FAIL_AT_STEP make that rank raise a
 ValueError at that step (a bug of its own, for tests: exit 1, not 75). Prints `rank <r> step <n>` after every step (flushed) and
 at the end `rank <r> final sha256=<hex> step=<n>`, the sha256 of the concatenated parameter bytes:
 an interrupted and resumed job ends with the same line as an uninterrupted one.
@@ -97,7 +98,11 @@ def main() -> int:
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # TRAIN_DDP_BACKEND: e.g. torch 2's "cpu:gloo,cuda:nccl" (the model stays
+    # on the CPU: no CUDA collective; the client's agreement then runs on a
+    # gloo group of its own, as on an NCCL job).
+    backend = os.environ.get("TRAIN_DDP_BACKEND") or "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(SEED)  # the same initial weights on every rank

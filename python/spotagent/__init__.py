@@ -15,7 +15,7 @@
         if agent.should_stop:
             break
     agent.close()                    # waits for a background save still writing
-    sys.exit(agent.exit_code)       # 75 after an interruption: run me again
+    sys.exit(agent.exit_code)       # 75 after an interruption: run me again; 76 fenced
 
 In a torch.distributed job the same loop works unchanged, as long as every rank
 calls poll once per step: the ranks agree on each request (and on stopping)
@@ -23,6 +23,7 @@ inside poll, so every rank saves the same step (see spotagent.dist).
 """
 
 from .client import (
+    EXIT_FENCED,
     EXIT_INTERRUPTED,
     MAX_LINE,
     MAX_METADATA,
@@ -48,6 +49,7 @@ __all__ = [
     "UploadFailed",
     "connect",
     "parse_time",
+    "EXIT_FENCED",
     "EXIT_INTERRUPTED",
     "MAX_LINE",
     "MAX_METADATA",

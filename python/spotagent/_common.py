@@ -26,6 +26,30 @@ PROTOCOL_VERSION = 2
 #: it too, and orchestrators restart on it (a Kubernetes Job's
 #: podFailurePolicy ignores it, systemd's Restart=on-failure restarts).
 EXIT_INTERRUPTED = 75
+#: Exit code meaning "fenced: a newer session of this run owns it now; this
+#: copy's work is not finished, but running it again here would only be
+#: fenced again". Never 0: a Kubernetes Job whose trainer was fenced must not
+#: be Succeeded. ``spotagent run`` exits with it too (pkg/supervisor exitFenced).
+EXIT_FENCED = 76
+#: Stop reasons the agent sends (pkg/protocol Reason*, supervisor reasonFenced).
+STOP_INTERRUPTION = "interruption"
+STOP_SHUTDOWN = "shutdown"
+STOP_FENCED = "fenced"
+#: The exit code of each stop reason, the same table as the agent's
+#: (docs/protocol.md, "Exit codes"). A stop whose reason is missing or not
+#: known is never "finished": it gets EXIT_INTERRUPTED.
+STOP_EXIT_CODES = {
+    STOP_INTERRUPTION: EXIT_INTERRUPTED,
+    STOP_SHUTDOWN: EXIT_INTERRUPTED,
+    STOP_FENCED: EXIT_FENCED,
+}
+#: Reasons of a request the trainer must treat as the last one before a stop.
+URGENT_REASONS = (STOP_INTERRUPTION, STOP_SHUTDOWN, STOP_FENCED)
+
+
+def exit_code_for_stop(reason: Optional[str]) -> int:
+    """The exit code of a trainer stopped for ``reason`` (see STOP_EXIT_CODES)."""
+    return STOP_EXIT_CODES.get(reason or "", EXIT_INTERRUPTED)
 
 ENV_SOCKET = "SPOTAGENT_SOCKET"
 ENV_RUN_ID = "SPOTAGENT_RUN_ID"

@@ -8,20 +8,18 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ._common import DEFAULT_SIGTERM_GRACE, SIGTERM_MARGIN, env_float, log, utcnow
+from ._state import State
 from .request import CheckpointRequest
-
-if TYPE_CHECKING:
-    from .client import Agent
 
 
 class Sigterm(object):
     """One process's SIGTERM: set by the handler, taken by ``poll``."""
 
-    def __init__(self, agent: "Agent") -> None:
-        self._agent = agent
+    def __init__(self, state: State) -> None:
+        self._state = state
         self.pending = False  # set by the handler
         self.at = None  # type: Optional[float]  # time.time() of the first SIGTERM
         self.handled = False  # poll took it
@@ -29,8 +27,6 @@ class Sigterm(object):
         self.wait = env_float("SPOTAGENT_SIGTERM_WAIT", 60.0)
         #: From the signal to the end of the grace ($SPOTAGENT_SIGTERM_GRACE).
         self.grace = env_float("SPOTAGENT_SIGTERM_GRACE", DEFAULT_SIGTERM_GRACE)
-        # monotonic: a folded SIGTERM stops by then whatever comes (Agent._local_stop)
-        self.fold_until = None  # type: Optional[float]
 
     def install(self) -> bool:
         """The signal handler (see Agent.handle_sigterm)."""
@@ -59,11 +55,11 @@ class Sigterm(object):
         joins that stop sequence instead of asking for a second checkpoint:
         the agent sends ``stop`` once it commits (or at its deadline). If no
         stop comes by the request's deadline (plus a little), stop anyway."""
-        agent = self._agent
-        with agent._lock:
-            if agent._should_stop:
+        state = self._state
+        with state.lock:
+            if state.should_stop:
                 return True
-            urgent = agent._urgent
+            urgent = state.urgent
             if urgent is None:
                 return False
             self.fold_by(urgent.deadline)
@@ -76,18 +72,19 @@ class Sigterm(object):
         agent's ``stop`` comes first."""
         left = None if deadline is None else (deadline - utcnow()).total_seconds()
         wait = self.wait if left is None else min(max(left, 0.0) + 5.0, self.wait)
-        self.fold_until = time.monotonic() + wait
+        # State.local_stop stops by then whatever comes.
+        self._state.fold_until = time.monotonic() + wait
 
     def request(self, step: Optional[int]) -> Optional[CheckpointRequest]:
         """The single-process SIGTERM checkpoint (None: just stop)."""
-        agent = self._agent
+        state = self._state
         log.info("spotagent: SIGTERM: taking a final checkpoint")
-        ckdir = agent.checkpoint_dir
-        if not agent.path or not ckdir or step is None:
-            agent._stop("shutdown")
+        ckdir = state.checkpoint_dir
+        if not state.path or not ckdir or step is None:
+            state.stop("shutdown")
             return None
         d = os.path.join(ckdir, "sigterm-%d-%d" % (int(step), os.getpid()))
-        return SigtermRequest(agent, d, self.wait, self.deadline())
+        return SigtermRequest(state, d, self.wait, self.deadline())
 
     def deadline(self) -> datetime.datetime:
         """The deadline of a checkpoint this process asks for on SIGTERM,
@@ -104,7 +101,8 @@ class Sigterm(object):
             # The signal was handled late (a long step): best effort, as
             # the agent does with a notice seen late (lateNoticeGrace).
             deadline = now + datetime.timedelta(seconds=min(10.0, max(grace / 2, 1.0)))
-        told = self._agent.stop_deadline
+        with self._state.lock:
+            told = self._state.stop_deadline
         if told is not None and now < told < deadline:
             deadline = told
         return deadline
@@ -116,35 +114,36 @@ class SigtermRequest(CheckpointRequest):
     reports it as an unsolicited checkpoint, waits until the agent has
     committed it (at most ``wait`` seconds), then sets ``should_stop``."""
 
-    def __init__(self, agent: "Agent", dir: str, wait: float, deadline: Optional[datetime.datetime]) -> None:
-        CheckpointRequest.__init__(self, agent, -1, id="", dir=dir, reason="shutdown", deadline=deadline)
+    def __init__(self, state: State, dir: str, wait: float, deadline: Optional[datetime.datetime]) -> None:
+        CheckpointRequest.__init__(self, state, -1, id="", dir=dir, reason="shutdown", deadline=deadline)
+        self._state = state
         self._wait = wait
 
     def done(self, step: int, metadata: Optional[Mapping[str, Any]] = None) -> None:
         if not self._claim("done"):
             return
-        agent = self._agent
+        state = self._state
         self._join_writes()  # background writes: the files must be complete
         self._finished.set()
         if self._write_errors:
             self._answered = False
             self.fail("; ".join(self._write_errors))
             return
-        with agent._lock:
-            before = set(agent._committed)
-        agent.checkpoint_done(step, self.dir, metadata)
+        with state.lock:
+            before = set(state.committed)
+        state.checkpoint_done(step, self.dir, metadata)
         end = time.monotonic() + self._wait
-        with agent._lock:
+        with state.lock:
             while True:
-                new = [c for k, c in agent._committed.items() if k not in before and c.step == int(step)]
+                new = [c for k, c in state.committed.items() if k not in before and c.step == int(step)]
                 left = end - time.monotonic()
-                if new or left <= 0 or agent._closed.is_set():
+                if new or left <= 0 or state.closed.is_set():
                     break
-                agent._cond.wait(left)
+                state.cond.wait(left)
             if not new:
                 log.warning("spotagent: SIGTERM checkpoint at step %d not confirmed within %.0fs", step, self._wait)
-        agent._stop("shutdown")
+        state.stop("shutdown")
 
     def fail(self, error: str) -> None:
         if self._claim("fail"):
-            self._agent._stop("shutdown")
+            self._state.stop("shutdown")

@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from ._common import (
     BACKOFF_MAX,
@@ -31,9 +31,7 @@ from ._common import (
     shutdown_socket,
     stderr,
 )
-
-if TYPE_CHECKING:
-    from .client import Agent
+from ._state import State
 
 
 class AgentRefused(Exception):
@@ -98,14 +96,27 @@ def check_peer(sock: socket.socket, uids: Optional[Tuple[int, ...]]) -> Optional
 
 
 class Transport(object):
-    """The agent's connection. It shares the agent's lock and condition:
-    every state change (connected, a message queued or sent) notifies it."""
+    """The agent's connection. It shares the state's lock and condition:
+    every change (connected, a message queued or sent) notifies it.
+    ``hello`` makes this trainer's hello, ``dispatch`` takes each message
+    read (the Inbox), ``forget`` is called on a permanent refusal."""
 
-    def __init__(self, agent: "Agent", env: Mapping[str, str], allow_unprotected: bool) -> None:
-        self._agent = agent
-        self._lock = agent._lock
-        self._cond = agent._cond
-        self._closed = agent._closed
+    def __init__(
+        self,
+        state: State,
+        hello: Callable[[], Dict[str, Any]],
+        dispatch: Callable[[Dict[str, Any]], None],
+        forget: Callable[[], None],
+        env: Mapping[str, str],
+        allow_unprotected: bool,
+    ) -> None:
+        self._state = state
+        self._hello = hello
+        self._dispatch = dispatch
+        self._forget = forget
+        self._lock = state.lock
+        self._cond = state.cond
+        self._closed = state.closed
         self.conn = 0  # generation of the current connection; 0 = none yet
         self.connected = False
         self.sock = None  # type: Optional[socket.socket]
@@ -195,17 +206,17 @@ class Transport(object):
         """The agent refused this trainer for good: stop connecting; raise
         from connect() or the next poll, or with allow_unprotected run on
         as a no-op agent."""
-        agent = self._agent
-        path = agent.path
+        state = self._state
+        path = state.path
         # Said before the state changes: connect() returns (or raises) then.
         if self.allow_unprotected:
             stderr("spotagent: WARNING: the agent at %s refused this trainer: %s; running WITHOUT an agent "
                    "(%s): nothing will be checkpointed" % (path, why, ENV_ALLOW_UNPROTECTED))
         else:
             stderr("spotagent: ERROR: the agent at %s refused this trainer: %s" % (path, why))
-        agent._forget()
+        self._forget()
         with self._lock:
-            agent.path = None
+            state.path = None
             self.refused = True
             self._closed.set()
             sock = self.sock
@@ -235,7 +246,7 @@ class Transport(object):
             return
         if first:
             stderr("spotagent: WARNING: the agent at %s refused this trainer (%s); retrying for up to %.0fs"
-                   % (self._agent.path, why, self.refused_timeout))
+                   % (self._state.path, why, self.refused_timeout))
         log.warning("spotagent: hello refused (%s); reconnecting", why)
         if sock is not None:
             shutdown_socket(sock)  # the agent closes it too; reconnect with backoff
@@ -255,7 +266,7 @@ class Transport(object):
         backoff = BACKOFF_MIN
         warned = False
         while not self._closed.is_set():
-            path = self._agent.path
+            path = self._state.path
             if not path:
                 break
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -293,7 +304,7 @@ class Transport(object):
             sock.close()
             self.refuse("refusing the agent: %s" % why)
             return
-        hello = self._agent._hello()
+        hello = self._hello()
         with self._lock:
             if self._closed.is_set():
                 sock.close()
@@ -304,7 +315,7 @@ class Transport(object):
             self.sock = sock
             # hello goes first on every connection; the last step seen goes
             # with it so the agent learns where training is at once.
-            last = self._agent._last_step
+            last = self._state.last_step
             if last is not None:
                 self.outbound.appendleft((conn, {"type": "progress", "step": last}))
             self.outbound.appendleft((conn, hello))
@@ -322,7 +333,7 @@ class Transport(object):
                 # Answers tied to this connection are meaningless on the next.
                 self.outbound = deque(m for m in self.outbound if m[0] == 0)
                 self._cond.notify_all()
-            self._agent._connection_lost(conn)
+            self._state.connection_lost(conn)
             shutdown_socket(sock)
             writer.join(1.0)
             sock.close()
@@ -396,6 +407,6 @@ class Transport(object):
             log.warning("spotagent: message without a type ignored: %.200r", raw)
             return
         try:
-            self._agent._inbox.dispatch(msg)
+            self._dispatch(msg)
         except (TypeError, ValueError, AttributeError) as e:
             log.warning("spotagent: bad %s message ignored (%s): %.200r", msg.get("type"), e, raw)

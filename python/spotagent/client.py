@@ -8,12 +8,17 @@ a slow, stuck or missing agent can never stall training.
 ``Agent`` holds the trainer's view of the run (resume, requests, commits,
 stop) and the public API. Each concern beside it has its own module:
 
+  * _state.py: the trainer's view of the run (what the agent said, the
+    requests, the commits, the stop), under one lock;
   * _transport.py: the connection (connect with backoff, peer check, hello,
     reader and writer threads, a refused hello);
-  * _inbox.py: what the agent says, applied to the agent's state;
+  * _inbox.py: what the agent says, applied to the state;
   * request.py: ``CheckpointRequest`` and the background writes;
   * _signals.py: SIGTERM in the trainer;
   * dist.py: the agreement between the ranks of a torch.distributed job.
+
+Each of them takes the state (and the few callables it needs), never the
+``Agent``: the modules import one way, and this one last.
 """
 
 import atexit
@@ -22,8 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections import OrderedDict, deque
-from typing import Any, Deque, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Mapping, Optional, Set
 
 from . import dist as _dist
 from ._common import (
@@ -33,22 +37,24 @@ from ._common import (
     ENV_RESUME,
     ENV_RUN_ID,
     ENV_SOCKET,
+    EXIT_FENCED,
     EXIT_INTERRUPTED,
     MAX_LINE,
     MAX_METADATA,
     PROTOCOL_VERSION,
+    STOP_FENCED,
     env_float,
     env_int,
+    exit_code_for_stop,
     first_int,
     log,
-    metadata_dict,
     parse_time,
     resume_from_env,
     stderr,
-    trim,
 )
 from ._inbox import Inbox
 from ._signals import Sigterm
+from ._state import Resume, RestoreFailed, State
 from ._transport import AgentRefused, Transport, refusal_is_permanent
 from .request import CheckpointRequest, Committed, UploadFailed
 
@@ -62,30 +68,12 @@ __all__ = [
     "connect",
     "parse_time",
     "refusal_is_permanent",
+    "EXIT_FENCED",
     "EXIT_INTERRUPTED",
     "MAX_LINE",
     "MAX_METADATA",
     "PROTOCOL_VERSION",
 ]
-
-Resume = Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
-
-#: Seconds between two log lines while a trainer waits for the restore.
-RESTORE_LOG_EVERY = 30.0
-
-
-class RestoreFailed(Exception):
-    """The agent's restore did not complete (it failed half-way, was
-    cancelled, or the agent went away before it ended). Raised where the
-    trainer needs the resume information (``resume_dir``, ``resume_step``,
-    ``resume_metadata``, ``wait_restored``) and by ``poll``: a trainer must
-    not start fresh over a committed checkpoint. ``error`` says why; the
-    agent's log and exit code say it too."""
-
-    def __init__(self, error: str) -> None:
-        super().__init__("spotagent: the agent could not restore the run's checkpoint: %s; "
-                         "not starting fresh over it" % error)
-        self.error = error
 
 
 class Agent(object):
@@ -111,7 +99,12 @@ class Agent(object):
         env = os.environ if env is None else env
         if allow_unprotected is None:
             allow_unprotected = (env.get(ENV_ALLOW_UNPROTECTED) or "").strip().lower() in ("1", "true", "yes")
-        self.path = path
+        # The agent restores while this trainer starts (protocol 2): the
+        # environment says so before any welcome.
+        restore_pending = bool(path) and (env.get(ENV_RESUME) or "").strip() == "pending"
+        self._state = state = State(path, rank, run_id or env.get(ENV_RUN_ID) or None,
+                                    env.get(ENV_CHECKPOINT_DIR) or None, resume_from_env(env), restore_pending,
+                                    progress_interval)
         self.rank = rank
         self.world_size = world_size
         # torchrun's view of the node, sent in hello when known.
@@ -119,66 +112,25 @@ class Agent(object):
         self.local_world_size = env_int("LOCAL_WORLD_SIZE", env)
         self.node_rank = first_int(env, "GROUP_RANK", "NODE_RANK")
         self.nodes = first_int(env, "GROUP_WORLD_SIZE", "NNODES")
-        self.progress_interval = progress_interval
         # Sent in hello: a node agent (one per machine) picks the run's
         # store from it; an agent that wraps the trainer ignores it.
         self._hello_run_id = run_id or env.get(ENV_RUN_ID) or None
-
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)  # state changes (welcome, committed, ...)
-        self._closed = threading.Event()
-        self._welcomed = threading.Event()
-
-        # Fallbacks from the environment, used until a welcome arrives.
-        self._env_run_id = run_id or env.get(ENV_RUN_ID) or None
-        self._env_checkpoint_dir = env.get(ENV_CHECKPOINT_DIR) or None
-        self._env_resume = resume_from_env(env)
-        self._welcome = None  # type: Optional[Dict[str, Any]]
-        self._resume_from_welcome = None  # type: Optional[Resume]
-        # The agent restores while this trainer starts (protocol 2): the
-        # environment says so before any welcome, welcome's restore after.
-        # Where to resume from then comes only from the agent (restored),
-        # or an error (restore_failed): never a fresh start by default.
-        self._restore_pending = bool(path) and (env.get(ENV_RESUME) or "").strip() == "pending"
-        self._restore_error = None  # type: Optional[str]
-
-        # Requests: pending (FIFO), handed out by poll, and the answers.
-        self._requests = deque()  # type: Deque[CheckpointRequest]
-        self._issued = OrderedDict()  # type: OrderedDict[str, CheckpointRequest]  # returned by poll
-        self._seq = 0  # arrival order of requests
-        # The newest interruption/shutdown request from the agent: a SIGTERM
-        # that comes while it runs is folded into it (no second checkpoint).
-        self._urgent = None  # type: Optional[CheckpointRequest]
-        # The newest request with background writes (write_async): a later
-        # request's first write waits for it, so at most one staged copy.
-        self._background = None  # type: Optional[CheckpointRequest]
-        self._committed = OrderedDict()  # type: OrderedDict[str, Committed]
-        self._failed_uploads = OrderedDict()  # type: OrderedDict[str, str]
-        self._errors = OrderedDict()  # type: OrderedDict[str, str]  # error {id} from the agent
-        self._last_committed = None  # type: Optional[Committed]
-        self._done_steps = OrderedDict()  # type: OrderedDict[str, int]
-        self._last_progress_at = None  # type: Optional[float]
-        self._last_step = None  # type: Optional[int]
-
-        # This process's stop: the agent's ``stop``, or SIGTERM.
-        self._should_stop = False
-        self._stop_reason = None  # type: Optional[str]
-        self._stop_deadline = None  # type: Optional[datetime.datetime]
-        # A collective failed because a peer of the job is gone (dist.py):
-        # the error, and exit_code is 75.
-        self._peer_loss = None  # type: Optional[str]
 
         if sync_every is None:
             sync_every = env_int("SPOTAGENT_SYNC_EVERY", env)
             if sync_every is None:
                 sync_every = DEFAULT_SYNC_EVERY
+        self._sigterm = Sigterm(state)
         # The agreement between the ranks of a torch.distributed job: off
         # (exactly the single-trainer behaviour) until poll sees an
         # initialised process group of more than one rank.
-        self._job = _dist.Agreement(self, process_group, sync_every)
-        self._sigterm = Sigterm(self)
-        self._inbox = Inbox(self)
-        self._transport = Transport(self, env, bool(allow_unprotected))
+        exits = _dist.Exits(self._peer_lost, lambda: self._write_exit_file(1),
+                            lambda: self.close(timeout=1.0, finished=False))
+        self._job = _dist.Agreement(state, self._sigterm, exits, process_group, sync_every)
+        self._inbox = Inbox(state)
+        self._transport = Transport(state, self._hello, self._inbox.dispatch, self._forget, env,
+                                    bool(allow_unprotected))
+        state.wire = self._transport
         if path:
             self._transport.start()
             with _live_lock:
@@ -187,35 +139,39 @@ class Agent(object):
     # ------------------------------------------------------------------ API
 
     @property
+    def path(self) -> Optional[str]:
+        """The agent's socket; None for the no-op agent (or once refused)."""
+        return self._state.path
+
+    @property
+    def progress_interval(self) -> float:
+        """Seconds between two ``progress`` messages at most."""
+        return self._state.progress_interval
+
+    @progress_interval.setter
+    def progress_interval(self, value: float) -> None:
+        self._state.progress_interval = value
+
+    @property
     def enabled(self) -> bool:
         """False for the no-op agent (no SPOTAGENT_SOCKET)."""
-        return bool(self.path)
+        return bool(self._state.path)
 
     @property
     def connected(self) -> bool:
-        with self._lock:
+        with self._state.lock:
             return self._transport.connected
 
     @property
     def run_id(self) -> Optional[str]:
-        with self._lock:
-            if self._welcome is not None and self._welcome.get("run_id"):
-                return str(self._welcome["run_id"])
-        return self._env_run_id
+        return self._state.run_id
 
     @property
     def checkpoint_dir(self) -> Optional[str]:
-        with self._lock:
-            if self._welcome is not None and self._welcome.get("checkpoint_dir"):
-                return str(self._welcome["checkpoint_dir"])
-        return self._env_checkpoint_dir
+        return self._state.checkpoint_dir
 
     def _resume(self) -> Resume:
-        self.wait_restored()
-        with self._lock:
-            if self._resume_from_welcome is not None:
-                return self._resume_from_welcome
-        return self._env_resume
+        return self._state.resume()
 
     @property
     def resume_dir(self) -> Optional[str]:
@@ -240,8 +196,8 @@ class Agent(object):
     def restore_pending(self) -> bool:
         """True while the agent restores beside this trainer's start: the
         ``resume_*`` properties would block. Never blocks."""
-        with self._lock:
-            return self._restore_pending
+        with self._state.lock:
+            return self._state.restore_pending
 
     def wait_restored(self, timeout: Optional[float] = None) -> bool:
         """Block until the resume information is final: the agent restored
@@ -252,26 +208,7 @@ class Agent(object):
         passed first. Raises :class:`RestoreFailed` when the restore failed
         or was cancelled, or the agent went away before it ended: the
         trainer must not start fresh then."""
-        end = None if timeout is None else time.monotonic() + timeout
-        next_log = time.monotonic() + RESTORE_LOG_EVERY
-        started = time.monotonic()
-        with self._lock:
-            while True:
-                if self._restore_error is not None:
-                    raise RestoreFailed(self._restore_error)
-                if not self._restore_pending:
-                    return True
-                if self._closed.is_set() or not self.path:
-                    self._restore_error = "the agent went away before the restore ended"
-                    raise RestoreFailed(self._restore_error)
-                now = time.monotonic()
-                if end is not None and now >= end:
-                    return False
-                if now >= next_log:
-                    log.info("spotagent: waiting for the agent's restore (%.0fs so far)", now - started)
-                    next_log = now + RESTORE_LOG_EVERY
-                left = next_log - now if end is None else min(end, next_log) - now
-                self._cond.wait(max(0.0, left))
+        return self._state.wait_restored(timeout)
 
     @property
     def should_stop(self) -> bool:
@@ -281,51 +218,68 @@ class Agent(object):
         ``poll``, on every rank at the same call: a rank stops when any rank's
         agent said ``stop`` (or SIGTERM stopped it), never on its own."""
         if self._job.sync.active:
-            with self._lock:
+            with self._state.lock:
                 return self._job.stopped
-        return self._local_stop()
+        return self._state.local_stop()
 
     @property
     def exit_code(self) -> int:
-        """What the trainer should exit with: :data:`EXIT_INTERRUPTED` (75)
-        once it was stopped for an interruption or a shutdown (``stop`` from
-        the agent, or SIGTERM), so that the orchestrator runs it again and it
-        resumes; 0 otherwise. End the training script with
-        ``sys.exit(agent.exit_code)``.
+        """What the trainer should exit with, by why it stopped (the same
+        table as the agent's, docs/protocol.md "Exit codes"):
 
-        Also 75 once a collective of a distributed job failed because a
-        peer is gone (:attr:`peer_lost`): the job is to be restarted as a
-        whole from its last committed checkpoint."""
-        if self._peer_loss is not None:
+        * :data:`EXIT_INTERRUPTED` (75) once it was stopped for an
+          interruption or a shutdown (``stop`` from the agent, or SIGTERM),
+          so that the orchestrator runs it again and it resumes; also once a
+          collective of a distributed job failed because a peer is gone
+          (:attr:`peer_lost`): the job is restarted as a whole from its last
+          committed checkpoint; and for a ``stop`` whose reason this client
+          does not know (a stop never means finished);
+        * :data:`EXIT_FENCED` (76) once it was stopped because a newer
+          session of the run fenced this one: not finished, never 0, so a
+          Kubernetes Job is not marked Succeeded. In a distributed job only
+          the ranks whose own agent was fenced exit 76; the job's other
+          ranks stop with it and exit 75 (run again, with the newer copy);
+        * 0 otherwise: not stopped (finished its work).
+
+        End the training script with ``sys.exit(agent.exit_code)``."""
+        if self._state.peer_loss is not None:
             return EXIT_INTERRUPTED
-        if self.should_stop and self.stop_reason in ("interruption", "shutdown"):
-            return EXIT_INTERRUPTED
-        return 0
+        if not self.should_stop:
+            return 0
+        reason = self.stop_reason
+        if reason == STOP_FENCED and self._job.sync.active:
+            with self._state.lock:
+                own = self._state.stop_reason
+            if own != STOP_FENCED:
+                # Another node's copy was fenced: this node's ranks stop with
+                # the job, and the job is run again with the newer copy.
+                return EXIT_INTERRUPTED
+        return exit_code_for_stop(reason)
 
     @property
     def peer_lost(self) -> Optional[str]:
         """The error of the collective that failed because a peer of the
         job is gone (``spotagent.dist.is_peer_loss``), or None."""
-        with self._lock:
-            return self._peer_loss
+        with self._state.lock:
+            return self._state.peer_loss
 
     @property
     def stop_reason(self) -> Optional[str]:
-        with self._lock:
+        with self._state.lock:
             if self._job.sync.active:
                 return self._job.stop_reason
-            return self._stop_reason
+            return self._state.stop_reason
 
     @property
     def stop_deadline(self) -> Optional[datetime.datetime]:
-        with self._lock:
-            return self._stop_deadline
+        with self._state.lock:
+            return self._state.stop_deadline
 
     @property
     def last_committed(self) -> Optional[Committed]:
         """The newest ``committed`` message received, or None."""
-        with self._lock:
-            return self._last_committed
+        with self._state.lock:
+            return self._state.last_committed
 
     @property
     def join_timeout(self) -> float:
@@ -377,22 +331,22 @@ class Agent(object):
         Raises :class:`AgentRefused` once the agent refused this trainer
         for good (see :func:`connect`)."""
         self._transport.raise_refusal()
-        with self._lock:
-            if self._restore_error is not None:
-                raise RestoreFailed(self._restore_error)
+        with self._state.lock:
+            if self._state.restore_error is not None:
+                raise RestoreFailed(self._state.restore_error)
         if self._job.sync.active or self._job.sync.detect():
             return self._job.poll(step)
         if self._sigterm.take() and not self._sigterm.fold():
             return self._sigterm.request(step)
-        self._start_background()
+        self._state.start_background()
         if not self.path:
             return None
-        with self._lock:
-            self._report_progress(step)
-            while self._requests:
-                req = self._requests.popleft()
-                if req._conn == self._conn and self._connected:
-                    return self._hand_out(req)
+        with self._state.lock:
+            self._state.report_progress(step)
+            while self._state.requests:
+                req = self._state.requests.popleft()
+                if req._conn == self._transport.conn and self._transport.connected:
+                    return self._state.hand_out(req)
                 log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
         return None
 
@@ -400,9 +354,7 @@ class Agent(object):
         """Report a checkpoint the trainer took on its own (not requested):
         ``done`` with an empty id and the directory it wrote. Queued until a
         connection exists; a no-op without an agent."""
-        msg = {"type": "done", "id": "", "step": int(step), "dir": str(dir), "metadata": metadata_dict(metadata)}
-        if self.path:
-            self._send(msg, conn=None, step=int(step))
+        self._state.checkpoint_done(step, dir, metadata)
 
     def wait_committed(self, id: str, timeout: Optional[float] = None) -> Optional[Committed]:
         """Block until the checkpoint ``id`` is committed; None on timeout or
@@ -411,22 +363,22 @@ class Agent(object):
         if not self.path:
             return None
         end = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._state.lock:
             while True:
-                if id in self._committed:
-                    return self._committed[id]
-                if id in self._failed_uploads:
-                    raise UploadFailed(id, self._failed_uploads[id])
-                if self._closed.is_set():
+                if id in self._state.committed:
+                    return self._state.committed[id]
+                if id in self._state.failed_uploads:
+                    raise UploadFailed(id, self._state.failed_uploads[id])
+                if self._state.closed.is_set():
                     return None
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._cond.wait(left)
+                self._state.cond.wait(left)
 
     def wait_welcome(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the agent's ``welcome``."""
-        return self._welcomed.wait(timeout) if self.path else False
+        return self._state.welcomed.wait(timeout) if self.path else False
 
     def close(self, timeout: float = 2.0, finished: bool = True) -> None:
         """Stop the background threads (bounded by ``timeout``); queued
@@ -439,7 +391,7 @@ class Agent(object):
         a ``with`` block on an exception), it tells the agent the trainer
         finished its work (``bye``): a sidecar stopped afterwards (the
         kubelet always stops it) then records no interruption."""
-        if self._closed.is_set():
+        if self._state.closed.is_set():
             return
         exc = sys.exc_info()[1]
         if isinstance(exc, Exception) and self._job.sync.active:
@@ -452,16 +404,16 @@ class Agent(object):
                 self._peer_lost(exc)
             else:
                 self._write_exit_file(1)
-        if finished and self.path and not self._local_stop() and self._peer_loss is None:
+        if finished and self.path and not self._state.local_stop() and self._state.peer_loss is None:
             bye = {"type": "bye"}  # type: Dict[str, Any]
-            if self._last_step is not None:
-                bye["step"] = self._last_step
-            self._send(bye, conn=None)
+            if self._state.last_step is not None:
+                bye["step"] = self._state.last_step
+            self._state.send(bye, conn=None)
         self._forget()
         self._write_exit_file()
         end = time.monotonic() + timeout
-        with self._lock:
-            bg = self._background
+        with self._state.lock:
+            bg = self._state.background
         if bg is not None:
             left = bg.time_left()
             wait = timeout if left is None else max(timeout, left)
@@ -470,9 +422,9 @@ class Agent(object):
         if self.path:
             # Give the writer a moment to flush what is queued.
             self._transport.flush(end)
-        self._closed.set()
-        with self._lock:
-            self._cond.notify_all()
+        self._state.closed.set()
+        with self._state.lock:
+            self._state.cond.notify_all()
         self._transport.wake()
         self._transport.join(end)
 
@@ -489,14 +441,41 @@ class Agent(object):
 
     # ------------------------------------------------------------ internals
 
+    # The state's lock, condition and a few of its fields under the names
+    # the tests wait on (read-only).
+
+    @property
+    def _lock(self) -> Any:
+        return self._state.lock
+
+    @property
+    def _cond(self) -> threading.Condition:
+        return self._state.cond
+
+    @property
+    def _closed(self) -> threading.Event:
+        return self._state.closed
+
+    @property
+    def _requests(self) -> Any:
+        return self._state.requests
+
+    @property
+    def _errors(self) -> Dict[str, str]:
+        return self._state.errors
+
+    @property
+    def _welcome(self) -> Optional[Dict[str, Any]]:
+        return self._state.welcome
+
+    @property
+    def _should_stop(self) -> bool:
+        return self._state.should_stop
+
     @property
     def _conn(self) -> int:
         """Generation of the current connection (0: none yet)."""
         return self._transport.conn
-
-    @property
-    def _connected(self) -> bool:
-        return self._transport.connected
 
     @property
     def _sync(self) -> _dist.Sync:
@@ -506,50 +485,6 @@ class Agent(object):
     @_sync.setter
     def _sync(self, value: Any) -> None:
         self._job.sync = value
-
-    def _local_stop(self) -> bool:
-        """This process's own stop: the agent's ``stop``, or SIGTERM."""
-        with self._lock:
-            until = self._sigterm.fold_until
-            if not self._should_stop and until is not None and time.monotonic() >= until:
-                # A folded SIGTERM whose interruption never ended in a stop
-                # (the agent went away, or the notice was withdrawn).
-                log.warning("spotagent: no stop after SIGTERM and the interruption checkpoint: stopping")
-                self._should_stop = True
-                self._stop_reason = "shutdown"
-            return self._should_stop
-
-    def _stop(self, reason: str) -> None:
-        with self._lock:
-            self._should_stop = True
-            self._stop_reason = reason
-            self._cond.notify_all()
-
-    def _start_background(self) -> None:
-        """Start the queued writers of the current background request (the
-        caller's staging is over: it is polling again)."""
-        bg = self._background
-        if bg is not None and bg._unstarted:
-            bg._start_writes()
-
-    def _report_progress(self, step: Optional[int]) -> None:
-        if step is None:
-            return
-        now = time.monotonic()
-        with self._lock:
-            self._last_step = int(step)
-            if self._connected and (
-                self._last_progress_at is None or now - self._last_progress_at >= self.progress_interval
-            ):
-                self._last_progress_at = now
-                self._transport.queue_progress(int(step))
-
-    def _hand_out(self, req: CheckpointRequest) -> CheckpointRequest:
-        with self._lock:
-            req._step_hint = self._last_step
-            self._issued[req.id] = req
-            trim(self._issued, 256)
-        return req
 
     def _hello(self) -> Dict[str, Any]:
         hello = {"type": "hello", "pid": os.getpid(), "version": PROTOCOL_VERSION}  # type: Dict[str, Any]
@@ -565,43 +500,15 @@ class Agent(object):
             hello["run_id"] = self._hello_run_id
         return hello
 
-    def _connection_lost(self, conn: int) -> None:
-        """Requests of a lost connection cannot be answered on the next."""
-        with self._lock:
-            dropped = [r.id for r in self._requests if r._conn == conn]
-            self._requests = deque(r for r in self._requests if r._conn != conn)
-            self._cond.notify_all()
-        for rid in dropped:
-            log.warning("spotagent: dropping checkpoint %s: connection lost before it was answered", rid)
-
-    def _send(self, msg: Dict[str, Any], conn: Optional[int], step: Optional[int] = None) -> None:
-        """Queue a message. ``conn`` ties it to one connection (answers to a
-        request); None means "whichever connection is next"."""
-        with self._lock:
-            if self._transport.send(msg, conn) and msg.get("type") == "done" and msg.get("id") and step is not None:
-                self._done_steps[msg["id"]] = step
-                trim(self._done_steps, 256)
-
-    def _await_background(self, req: CheckpointRequest) -> None:
-        """Before req's first background write: wait while an earlier
-        request's writes run (one staged copy at a time), then make req the
-        current one."""
-        with self._lock:
-            prev = self._background
-            self._background = req
-        if prev is not None and prev is not req:
-            if prev.writing:
-                log.info("spotagent: checkpoint %s waits for checkpoint %s to finish writing", req.id or "(sigterm)", prev.id)
-            prev._join_writes()
-
     def _write_exit_file(self, code: Optional[int] = None) -> None:
-        """Writes ``75`` to ``$SPOTAGENT_EXIT_FILE`` when stopped for an
-        interruption or shutdown, or when a peer of the job is gone: a
-        launcher that hides its workers' exit codes (torchrun exits 1 when
-        a worker exits 75) can be wrapped by a shell that exits 75 when the
-        file says so (deploy/kubernetes/multinode-job.yaml), and
-        ``spotagent run`` reads it too. ``code`` 1: this rank crashed (an
-        exception of its own, in a distributed job).
+        """Writes the exit code to ``$SPOTAGENT_EXIT_FILE`` when it is not 0
+        (``75`` when stopped for an interruption or shutdown, or when a peer
+        of the job is gone; ``76`` when fenced): a launcher that hides its
+        workers' exit codes (torchrun exits 1 when a worker exits 75 or 76)
+        can be wrapped by a shell that exits with what the file says
+        (deploy/kubernetes/multinode-job.yaml), and ``spotagent run`` reads
+        it too. ``code`` 1: this rank crashed (an exception of its own, in
+        a distributed job).
 
         The first rank of the node to write it decides (the file is created
         exclusively): a rank that crashed writes 1 before its sockets close,
@@ -610,7 +517,7 @@ class Agent(object):
         path = os.environ.get("SPOTAGENT_EXIT_FILE")
         if code is None:
             code = self.exit_code
-            if code != EXIT_INTERRUPTED:
+            if code == 0:
                 return
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if path else -1
@@ -627,13 +534,13 @@ class Agent(object):
     def _peer_lost(self, exc: BaseException) -> None:
         """A collective failed because a peer of the job is gone: exit_code
         becomes 75, and the exit file says so."""
-        with self._lock:
-            first = self._peer_loss is None
+        with self._state.lock:
+            first = self._state.peer_loss is None
             if first:
-                self._peer_loss = str(exc).strip() or type(exc).__name__
-                self._cond.notify_all()
+                self._state.peer_loss = str(exc).strip() or type(exc).__name__
+                self._state.cond.notify_all()
         if first:
-            log.warning("spotagent: a peer of this job is gone (%s): this rank exits %d", self._peer_loss,
+            log.warning("spotagent: a peer of this job is gone (%s): this rank exits %d", self._state.peer_loss,
                         EXIT_INTERRUPTED)
         self._write_exit_file(EXIT_INTERRUPTED)
 
@@ -713,7 +620,7 @@ def connect(
     # A process group initialised already: switch the agreement on here,
     # where every rank comes by once (on NCCL this creates the gloo group).
     if agent._sync.detect():
-        _dist.install_excepthook(agent)
+        agent._job.install_excepthook()
     if handle_sigterm is None:
         handle_sigterm = os.environ.get("SPOTAGENT_HANDLE_SIGTERM", "") in ("1", "true", "yes")
     if handle_sigterm:
@@ -722,10 +629,11 @@ def connect(
         end = time.monotonic() + welcome_timeout
         tr = agent._transport
         tr.attempted.wait(welcome_timeout)
+        welcomed = agent._state.welcomed
         if agent.connected:
             with agent._cond:
-                agent._cond.wait_for(lambda: agent._welcomed.is_set() or tr.refused, max(0.0, end - time.monotonic()))
+                agent._cond.wait_for(lambda: welcomed.is_set() or tr.refused, max(0.0, end - time.monotonic()))
         tr.raise_refusal()
-        if not agent._welcomed.is_set() and not tr.refused:
+        if not welcomed.is_set() and not tr.refused:
             log.warning("spotagent: no welcome from %s yet; using the environment for resume information", path)
     return agent

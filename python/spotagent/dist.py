@@ -34,21 +34,23 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ._common import DEFAULT_JOIN_TIMEOUT, EXIT_INTERRUPTED, env_float, format_time, log, stderr, trim, utcnow
-
-if TYPE_CHECKING:
-    from .client import Agent
-    from .request import CheckpointRequest
+from ._signals import Sigterm
+from ._state import State
+from .request import CheckpointRequest
 
 #: Urgency of a request, by reason; the collective keeps the highest.
 URGENCY = {"periodic": 1, "manual": 2, "shutdown": 3, "interruption": 4}
 REASONS = {v: k for k, v in URGENCY.items()}
+#: A fenced session's last checkpoint is as urgent as an interruption's.
+URGENCY["fenced"] = URGENCY["interruption"]
 #: A rank whose agent (or SIGTERM) stops it: every rank stops at this sync.
 STOP = 5
-#: Low bits of a STOP contribution: why (the highest wins, so exit codes agree).
-STOP_CODES = {"shutdown": 1, "interruption": 2}
+#: Low bits of a STOP contribution: why (the highest wins, so exit codes
+#: agree on every rank: fenced's 76 over interruption's and shutdown's 75).
+STOP_CODES = {"shutdown": 1, "interruption": 2, "fenced": 3}
 STOP_REASONS = {v: k for k, v in STOP_CODES.items()}
 
 ID_BITS = 48
@@ -193,9 +195,11 @@ class Sync(object):
             return False
         group = pg
         if dist.get_backend(pg) != "gloo":
+            # NCCL, or torch 2's per-device backends ("cpu:gloo,cuda:nccl"):
+            # the agreement runs on a gloo group over the same ranks.
             ranks = None
             if self._user_group is not None:
-                ranks = sorted(dist.distributed_c10d._pg_group_ranks[pg].keys())
+                ranks = group_ranks(dist, pg)
             group = dist.new_group(ranks=ranks, backend="gloo")
         self._torch = sys.modules["torch"]
         self._group = group
@@ -261,6 +265,17 @@ class Sync(object):
         return (out[0], out[1])
 
 
+def group_ranks(dist: Any, pg: Any) -> List[int]:
+    """The global ranks of process group pg, sorted. torch >= 2.0 says so
+    in public (``get_process_group_ranks``); 1.13 only in a private map of
+    distributed_c10d (``_pg_group_ranks``: group -> {global: group rank}),
+    which later releases moved and renamed."""
+    public = getattr(dist, "get_process_group_ranks", None)
+    if public is not None:
+        return sorted(int(r) for r in public(pg))
+    return sorted(int(r) for r in dist.distributed_c10d._pg_group_ranks[pg].keys())
+
+
 def _ewma(prev: Optional[float], x: float, alpha: float = 0.2) -> float:
     return x if prev is None else prev + alpha * (x - prev)
 
@@ -279,14 +294,32 @@ def env_ranks() -> Tuple[Optional[int], Optional[int]]:
     return (None, None)
 
 
+class Exits(object):
+    """How this rank ends, as the client decides it (its exit code and
+    ``$SPOTAGENT_EXIT_FILE``): what the agreement and the exception hook
+    call on a lost peer or a crash."""
+
+    def __init__(self, peer_lost: Callable[[BaseException], None], crashed: Callable[[], None],
+                 close: Callable[[], None]) -> None:
+        #: A peer of the job is gone: exit code 75, and 75 in the exit file.
+        self.peer_lost = peer_lost
+        #: This rank crashed (an exception of its own): 1 in the exit file.
+        self.crashed = crashed
+        #: Close the client without a ``bye`` (bounded).
+        self.close = close
+
+
 class Agreement(object):
     """The job's agreement as one rank's ``poll`` runs it: this rank's
     contribution (its agent's most urgent request, a SIGTERM, or a stop),
     the collective, and acting on the result: hand out the agreed request,
     ``join`` it at this rank's agent (bounded wait), or stop with the job."""
 
-    def __init__(self, agent: "Agent", process_group: Any = None, every: int = 1) -> None:
-        self._agent = agent
+    def __init__(self, state: State, sigterm: Sigterm, exits: Exits, process_group: Any = None,
+                 every: int = 1) -> None:
+        self._state = state
+        self._sigterm = sigterm
+        self.exits = exits
         self.sync = Sync(process_group, every)
         #: Longest wait in poll for the agent's answer to a join.
         self.join_timeout = env_float("SPOTAGENT_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT)
@@ -297,27 +330,32 @@ class Agreement(object):
         self.agreed_ids = OrderedDict()  # type: OrderedDict[str, int]  # id -> step agreed at
         self._warned_join = False
 
+    def install_excepthook(self) -> None:
+        """See :func:`install_excepthook` (only with an agent)."""
+        if self._state.path:
+            install_excepthook(self.exits)
+
     def poll(self, step: Optional[int]) -> "Optional[CheckpointRequest]":
-        a = self._agent
-        if a._sigterm.take() and not a._sigterm.fold():
+        a = self._state
+        if self._sigterm.take() and not self._sigterm.fold():
             # Offered to the job as a shutdown checkpoint: every rank
             # saves it. It has no agent id yet: make one (the MAX picks
             # one of several). Always with a deadline: join requires one.
             self.sigterm_id = os.urandom(6).hex()
-            self.sigterm_deadline = a._sigterm.deadline()
+            self.sigterm_deadline = self._sigterm.deadline()
             log.info("spotagent: SIGTERM: asking the job for a final checkpoint (%s, deadline %s)",
                      self.sigterm_id, format_time(self.sigterm_deadline))
-        a._start_background()
-        a._report_progress(step)
-        install_excepthook(a)
+        a.start_background()
+        a.report_progress(step)
+        self.install_excepthook()
         if not self.sync.due():
             return None
         try:
-            agreed = self.sync.agree(self.contribution(), a.resume_step, a.enabled)
+            agreed = self.sync.agree(self.contribution(), a.resume()[1], bool(a.path))
         except Exception as e:
             if not is_peer_loss(e):
                 raise
-            a._peer_lost(e)
+            self.exits.peer_lost(e)
             raise PeerLost("spotagent: a peer of this job is gone (%s): exit %d, the job restarts from its last "
                            "committed checkpoint" % (str(e).strip(), EXIT_INTERRUPTED)) from e
         return self.agreed(agreed, step)
@@ -325,24 +363,24 @@ class Agreement(object):
     def contribution(self) -> Tuple[int, int]:
         """This rank's entry in the collective: a stop, else its most urgent
         pending request (a SIGTERM checkpoint counts as shutdown)."""
-        a = self._agent
-        with a._lock:
-            if a._local_stop():
-                code = STOP_CODES.get(a._stop_reason or "", 0)
+        a = self._state
+        with a.lock:
+            if a.local_stop():
+                code = STOP_CODES.get(a.stop_reason or "", 0)
                 return ((STOP << ID_BITS) | code, NO_DEADLINE)
             best = NOTHING
             if self.sigterm_id is not None:
                 best = encode(URGENCY["shutdown"], int(self.sigterm_id, 16), self.sigterm_deadline)
             keep = deque()  # type: Deque[CheckpointRequest]
-            for req in a._requests:
-                if req._conn != a._conn or not a._connected:
+            for req in a.requests:
+                if req._conn != a.wire.conn or not a.wire.connected:
                     log.info("spotagent: dropping checkpoint %s: its connection was lost", req.id)
                     continue
                 if req.id in self.agreed_ids:
                     # The answer to a join that came too late: the job
                     # saved at an earlier step; this rank's part is missing.
                     log.warning("spotagent: checkpoint %s arrived after the job saved it; refused", req.id)
-                    a._send({"type": "failed", "id": req.id, "error": "rank %s: joined too late" % a.rank},
+                    a.send({"type": "failed", "id": req.id, "error": "rank %s: joined too late" % a.rank},
                             conn=req._conn)
                     continue
                 rid = parse_id(req.id)
@@ -353,42 +391,42 @@ class Agreement(object):
                 c = encode(URGENCY.get(req.reason, 1), rid, req.deadline)
                 if c[0] > best[0]:
                     best = c
-            a._requests = keep
+            a.requests = keep
             return best
 
     def agreed(self, agreed: Tuple[int, int], step: Optional[int]) -> "Optional[CheckpointRequest]":
-        a = self._agent
+        a = self._state
         urgency, idv, deadline = decode(agreed)
         if urgency == 0:
             return None
         if urgency >= STOP:
             self.sigterm_id = None  # the job stops anyway: no final checkpoint after it
-            with a._lock:
+            with a.lock:
                 if not self.stopped:
                     self.stopped = True
-                    self.stop_reason = STOP_REASONS.get(idv) or a._stop_reason or "stop"
-                    a._cond.notify_all()
+                    self.stop_reason = STOP_REASONS.get(idv) or a.stop_reason or "stop"
+                    a.cond.notify_all()
                     log.info("spotagent: the job stops (%s)", self.stop_reason)
             return None
         rid = format_id(idv)
         reason = REASONS.get(urgency, "periodic")
         sigterm, self.sigterm_id = self.sigterm_id, None
-        with a._lock:
+        with a.lock:
             self.agreed_ids[rid] = -1 if step is None else int(step)
             trim(self.agreed_ids, 256)
             if sigterm is not None and sigterm != rid:
                 # Another rank's checkpoint, at least as urgent: this rank's
                 # SIGTERM stops with it instead of taking a second one.
-                a._sigterm.fold_by(deadline)
-            for req in a._requests:
+                self._sigterm.fold_by(deadline)
+            for req in a.requests:
                 if req.id == rid:
-                    a._requests.remove(req)
+                    a.requests.remove(req)
                     req.deadline = deadline
-                    return a._hand_out(req)
+                    return a.hand_out(req)
         joined = self.join(rid, reason, deadline, step)
         if sigterm == rid:
             if joined is None:
-                a._stop("shutdown")
+                a.stop("shutdown")
             else:
                 mine = joined
                 joined._after_done = lambda s: self.stop_after_commit(mine)
@@ -398,14 +436,14 @@ class Agreement(object):
              step: Optional[int]) -> "Optional[CheckpointRequest]":
         """Ask this rank's agent for its directory for the job's checkpoint
         rid; bounded wait for its ``checkpoint``. None if it cannot answer."""
-        a = self._agent
+        a = self._state
         if not a.path:
             self.join_failed(rid, "no agent")
             return None
         if deadline is None:
             # Every contribution carries a deadline (the agent's requests,
             # a SIGTERM's); should none, the join still needs one.
-            deadline = a._sigterm.deadline()
+            deadline = self._sigterm.deadline()
         timeout = min(self.join_timeout, (deadline - utcnow()).total_seconds())
         if timeout <= 0:
             self.join_failed(rid, "its deadline has passed")
@@ -415,40 +453,40 @@ class Agreement(object):
             msg["step"] = int(step)
 
         def held() -> "Optional[CheckpointRequest]":
-            for r in a._requests:
-                if r.id == rid and r._conn == a._conn:
+            for r in a.requests:
+                if r.id == rid and r._conn == a.wire.conn:
                     return r
             return None
 
-        with a._lock:
+        with a.lock:
             if held() is None:  # another local rank's join may have brought it
-                a._send(msg, conn=None)
+                a.send(msg, conn=None)
             found = [None]  # type: List[Optional[CheckpointRequest]]
 
             def ready() -> bool:
                 found[0] = held()
-                return found[0] is not None or rid in a._errors or a._closed.is_set()
+                return found[0] is not None or rid in a.errors or a.closed.is_set()
 
-            a._cond.wait_for(ready, timeout)
+            a.cond.wait_for(ready, timeout)
             req = found[0]
             if req is None:
-                why = a._errors.get(rid)
+                why = a.errors.get(rid)
                 self.join_failed(rid, "agent: %s" % why if why is not None else "no answer within %.1fs" % timeout)
                 return None
             # The agent abandoned what it had pending for this connection
             # when the job's checkpoint reached it: those were sent before it.
             got = req
-            stale = [r for r in a._requests if r is not got and r._seq < got._seq]
-            a._requests = deque(r for r in a._requests if r is not got and r._seq >= got._seq)
+            stale = [r for r in a.requests if r is not got and r._seq < got._seq]
+            a.requests = deque(r for r in a.requests if r is not got and r._seq >= got._seq)
             req.reason = reason
             req.deadline = deadline
         for r in stale:
             log.info("spotagent: checkpoint %s superseded by the job's checkpoint %s", r.id, rid)
-        return a._hand_out(req)
+        return a.hand_out(req)
 
     def join_failed(self, rid: str, why: str) -> None:
         text = "spotagent: rank %s takes no part in the job's checkpoint %s (%s); that checkpoint will be incomplete" % (
-            self._agent.rank, rid, why)
+            self._state.rank, rid, why)
         log.warning("%s", text)
         if not self._warned_join:
             self._warned_join = True
@@ -457,25 +495,25 @@ class Agreement(object):
     def stop_after_commit(self, req: "CheckpointRequest") -> None:
         """After this rank's SIGTERM checkpoint: wait (bounded) until the
         agent committed it, then ask the job to stop at the next agreement."""
-        a = self._agent
-        wait = a._sigterm.wait
+        a = self._state
+        wait = self._sigterm.wait
         end = time.monotonic() + wait
-        with a._lock:
-            while req.id not in a._committed and req.id not in a._failed_uploads and not a._closed.is_set():
+        with a.lock:
+            while req.id not in a.committed and req.id not in a.failed_uploads and not a.closed.is_set():
                 left = end - time.monotonic()
                 if left <= 0:
                     log.warning("spotagent: SIGTERM checkpoint %s not confirmed within %.0fs", req.id, wait)
                     break
-                a._cond.wait(left)
-        a._stop("shutdown")
+                a.cond.wait(left)
+        a.stop("shutdown")
 
 
-#: Agents of distributed jobs the exception hook speaks for.
-_hooked = []  # type: List[Agent]
+#: The exits of the distributed jobs' clients the exception hook speaks for.
+_hooked = []  # type: List[Exits]
 _prev_hook = None  # type: Any
 
 
-def install_excepthook(agent: "Agent") -> None:
+def install_excepthook(exits: Exits) -> None:
     """Once per process, in a distributed job with an agent: an uncaught
     exception that is a peer loss (is_peer_loss: DDP's all-reduce failed
     because another node vanished) ends the process with 75 after the
@@ -484,11 +522,11 @@ def install_excepthook(agent: "Agent") -> None:
     peer's later 75 must not hide) and exits 1 as Python does.
     SPOTAGENT_PEER_LOSS_EXIT=0 leaves sys.excepthook alone."""
     global _prev_hook
-    if not agent.enabled or agent in _hooked:
+    if exits in _hooked:
         return
     if os.environ.get("SPOTAGENT_PEER_LOSS_EXIT", "1").strip().lower() in ("0", "false", "no"):
         return
-    _hooked.append(agent)
+    _hooked.append(exits)
     if _prev_hook is None:
         _prev_hook = sys.excepthook
         sys.excepthook = _excepthook
@@ -500,13 +538,12 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     if value is None or not _hooked or isinstance(value, KeyboardInterrupt):
         return
     if not is_peer_loss(value):
-        for a in _hooked:
-            a._write_exit_file(1)
+        for e in _hooked:
+            e.crashed()
         return
-    for a in _hooked:
-        a._peer_lost(value)
-        a.close(timeout=1.0, finished=False)  # writes 75 to the exit file
-        a._write_exit_file(EXIT_INTERRUPTED)
+    for e in _hooked:
+        e.peer_lost(value)  # writes 75 to the exit file
+        e.close()
     stderr("spotagent: a peer of this job is gone: exiting %d (the job restarts from its last committed checkpoint)"
            % EXIT_INTERRUPTED)
     for f in (sys.stdout, sys.stderr):

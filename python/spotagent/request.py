@@ -6,14 +6,31 @@ import datetime
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Set, Union, cast
 
 from ._common import fsync_dir, log, metadata_dict
 
-if TYPE_CHECKING:
-    from .client import Agent
-
 __all__ = ["CheckpointRequest", "Committed", "UploadFailed"]
+
+
+class Host(Protocol):
+    """What a request needs of the client (``_state.State`` has it): the
+    lock and condition its writers share with the rest of the client, a way
+    to queue its answer, and the one-staged-copy rule of background writes."""
+
+    @property
+    def lock(self) -> "threading.RLock":
+        ...
+
+    @property
+    def cond(self) -> threading.Condition:
+        ...
+
+    def send(self, msg: Dict[str, Any], conn: Optional[int], step: Optional[int] = None) -> None:
+        ...
+
+    def await_background(self, req: "CheckpointRequest") -> None:
+        ...
 
 
 class UploadFailed(Exception):
@@ -54,14 +71,16 @@ class CheckpointRequest(object):
 
     def __init__(
         self,
-        agent: "Agent",
+        host: Union[Host, Any],
         conn: int,
         id: str,
         dir: str,
         reason: str,
         deadline: Optional[datetime.datetime],
     ) -> None:
-        self._agent = agent
+        # The client's state, or an Agent (its state): a request made by
+        # hand, as tests do, gets the agent it names.
+        self._host = cast(Host, getattr(host, "_state", host))
         self._conn = conn
         self._answered = False
         #: Checkpoint id chosen by the agent; echo it in done/failed.
@@ -123,10 +142,10 @@ class CheckpointRequest(object):
         msg = {"type": "done", "id": self.id, "step": int(step), "metadata": metadata_dict(metadata)}
         if not self._claim("done"):
             return
-        with self._agent._lock:
+        with self._host.lock:
             background = bool(self._writes)
         if not background:
-            self._agent._send(msg, conn=self._conn, step=int(step))
+            self._host.send(msg, conn=self._conn, step=int(step))
             self._finished.set()
         else:
             msg["blocked_ms"] = int(round(self._blocked * 1000))
@@ -147,13 +166,13 @@ class CheckpointRequest(object):
                     errors.append("fsync %s: %s" % (self.dir, e))
             if errors:
                 log.warning("spotagent: checkpoint %s not saved: %s", self.id, "; ".join(errors))
-                self._agent._send({"type": "failed", "id": self.id, "error": "; ".join(errors)}, conn=self._conn)
+                self._host.send({"type": "failed", "id": self.id, "error": "; ".join(errors)}, conn=self._conn)
             else:
-                self._agent._send(msg, conn=self._conn, step=msg["step"])
+                self._host.send(msg, conn=self._conn, step=msg["step"])
         finally:
             self._finished.set()
-            with self._agent._lock:
-                self._agent._cond.notify_all()
+            with self._host.lock:
+                self._host.cond.notify_all()
 
     def saved(self, name: str) -> None:
         """Tell the agent that the file ``name`` (relative to ``dir``, or an
@@ -166,7 +185,7 @@ class CheckpointRequest(object):
         msg = {"type": "saved", "id": self.id, "path": str(name)}  # type: Dict[str, Any]
         if self._step_hint is not None:
             msg["step"] = self._step_hint
-        self._agent._send(msg, conn=self._conn)
+        self._host.send(msg, conn=self._conn)
 
     def write_async(self, name: str, write: Callable[[Any], None]) -> None:
         """Write the file ``name`` (relative to ``dir``) in a background
@@ -187,8 +206,8 @@ class CheckpointRequest(object):
         if os.path.isabs(rel) or rel.startswith(".."):
             raise ValueError("spotagent: %r is not a path inside the checkpoint directory" % (name,))
         t0 = time.monotonic()
-        self._agent._await_background(self)
-        with self._agent._lock:
+        self._host.await_background(self)
+        with self._host.lock:
             if rel in self._saved_names:
                 raise ValueError("spotagent: %s written twice for checkpoint %s" % (rel, self.id))
             self._saved_names.add(rel)
@@ -197,7 +216,7 @@ class CheckpointRequest(object):
             self._queued += 1
         self._blocked += time.monotonic() - t0
         t = threading.Thread(target=self._write, args=(rel, write, turn), name="spotagent-write", daemon=True)
-        with self._agent._lock:
+        with self._host.lock:
             self._writes.append(t)
             self._unstarted.append(t)
 
@@ -206,7 +225,7 @@ class CheckpointRequest(object):
         staging (its done(), its next poll(), or a wait): started at once,
         a writer's CPU and disk would slow the staging of the next file,
         which is the part training waits for."""
-        with self._agent._lock:
+        with self._host.lock:
             ts, self._unstarted = self._unstarted, []
         for t in ts:
             t.start()
@@ -239,40 +258,40 @@ class CheckpointRequest(object):
                 os.fsync(f.fileno())
         except Exception as e:  # reported as failed at done
             log.warning("spotagent: writing %s for checkpoint %s failed: %s", path, self.id, e)
-            with self._agent._lock:
+            with self._host.lock:
                 self._write_errors.append("%s: %s" % (rel, e))
         finally:
-            with self._agent._lock:
+            with self._host.lock:
                 self._running -= 1
-                self._agent._cond.notify_all()
+                self._host.cond.notify_all()
 
     @contextlib.contextmanager
     def _write_turn(self, turn: int) -> Iterator[None]:
-        with self._agent._lock:
+        with self._host.lock:
             while self._turn != turn:
-                self._agent._cond.wait()
+                self._host.cond.wait()
         try:
             yield
         finally:
-            with self._agent._lock:
+            with self._host.lock:
                 self._turn += 1
-                self._agent._cond.notify_all()
+                self._host.cond.notify_all()
 
     def _join_writes(self, timeout: Optional[float] = None) -> bool:
         self._start_writes()
         end = None if timeout is None else time.monotonic() + timeout
-        with self._agent._lock:
+        with self._host.lock:
             while self._running > 0:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._agent._cond.wait(left)
+                self._host.cond.wait(left)
         return True
 
     @property
     def writing(self) -> bool:
         """True while background writes of this request are running."""
-        with self._agent._lock:
+        with self._host.lock:
             return self._running > 0
 
     @property
@@ -293,7 +312,7 @@ class CheckpointRequest(object):
     def fail(self, error: str) -> None:
         """Report that this checkpoint could not be written."""
         if self._claim("fail"):
-            self._agent._send({"type": "failed", "id": self.id, "error": str(error)}, conn=self._conn)
+            self._host.send({"type": "failed", "id": self.id, "error": str(error)}, conn=self._conn)
             self._finished.set()
 
     def _claim(self, what: str) -> bool:

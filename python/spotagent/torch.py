@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from .client import CheckpointRequest
+from .request import CheckpointRequest
 
 __all__ = ["save", "stage", "forget_buffers"]
 
@@ -125,7 +125,11 @@ def stage(obj: Any, reuse: Optional[Dict[Tuple[Any, ...], Any]] = None) -> Any:
 
     out = walk(obj, ())
     for dev in syncs:
-        torch.cuda.synchronize(dev)
+        # The copies were queued on the device's current stream, behind the
+        # step that produced the tensors: wait for that stream only. A
+        # device-wide synchronize would also wait for other streams' work
+        # (NCCL's, a data prefetcher's) and count it as staging time.
+        torch.cuda.current_stream(dev).synchronize()
     if reuse is not None:
         reuse.clear()
         reuse.update(fresh)
@@ -205,10 +209,10 @@ def save(req: CheckpointRequest, obj: Any, name: str, reuse_buffers: bool = True
     if str(name) in req._saved_names:  # before staging: its buffers are being written
         raise ValueError("spotagent: %s written twice for checkpoint %s" % (name, req.id))
     t0 = time.monotonic()
-    agent = req._agent
+    host = req._host
     # Waits for an earlier request's writes: their buffers are the ones reused.
-    agent._await_background(req)
-    reuse = _reuse_for(agent, req, str(name)) if reuse_buffers else None
+    host.await_background(req)
+    reuse = _reuse_for(host, req, str(name)) if reuse_buffers else None
     staged = stage(obj, reuse)
     req._blocked += time.monotonic() - t0
 

@@ -337,8 +337,12 @@ class TestStop(Base):
         with open(path) as f:
             self.assertEqual(f.read(), "75\n")
 
-    def test_exit_code_shutdown_and_other_reasons(self):
-        for reason, want in (("shutdown", 75), ("fenced", 0), ("", 0)):
+    def test_exit_code_of_every_stop_reason(self):
+        # The table of docs/protocol.md "Exit codes" and python/README.md:
+        # 75 run me again, 76 fenced, never 0 for a stop (#36 item 1: a
+        # fenced trainer under a sidecar exited 0, and its Job Succeeded).
+        self.assertEqual(spotagent.EXIT_FENCED, 76)
+        for reason, want in (("interruption", 75), ("shutdown", 75), ("fenced", 76), ("", 75), ("new-reason", 75)):
             srv = self.server()
             a = self.connect()
             srv.send({"type": "stop", "reason": reason})
@@ -346,6 +350,19 @@ class TestStop(Base):
             self.assertEqual(a.exit_code, want, reason)
             a.close()
             srv.stop()
+
+    def test_exit_file_when_fenced(self):
+        # A shell around torchrun (which reports its workers' 76 as 1)
+        # passes on what the exit file says.
+        path = os.path.join(self.tmp, "exit")
+        os.environ["SPOTAGENT_EXIT_FILE"] = path  # ENV_KEYS: restored by tearDown
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "stop", "reason": "fenced"})
+        self.assertTrue(wait_agent(a, lambda: a.should_stop))
+        a.close()
+        with open(path) as f:
+            self.assertEqual(f.read(), "76\n")
 
     def test_noop_exit_code(self):
         self.assertEqual(spotagent.connect(path="").exit_code, 0)

@@ -109,6 +109,37 @@ class TestDetect(unittest.TestCase):
         self.assertEqual(fake.new_groups, [])
         self.assertIs(s._group, fake.group.WORLD)
 
+    def test_a_users_group_on_a_mixed_backend_gets_a_gloo_group_over_its_ranks(self):
+        # torch 2's per-device backend string is not "gloo": the agreement
+        # makes its own gloo group, over the ranks of the user's group,
+        # asked through the public get_process_group_ranks (#39).
+        fake = FakeDist(backend="cpu:gloo,cuda:nccl")
+        fake.initialised = True
+        fake.get_process_group_ranks = lambda pg: [3, 1] if pg == "users" else []
+        with self.modules(fake):
+            s = sdist.Sync("users", 1)
+            self.assertTrue(s.detect())
+        self.assertEqual(fake.new_groups, [([1, 3], "gloo")])
+
+    def test_group_ranks_falls_back_to_torch_1_13s_map(self):
+        fake = FakeDist()
+        fake.distributed_c10d = types.SimpleNamespace(_pg_group_ranks={"users": {5: 1, 2: 0}})
+        self.assertEqual(sdist.group_ranks(fake, "users"), [2, 5])
+
+    def test_group_ranks_of_the_real_torch(self):
+        # Whatever torch TORCH_PYTHON has (1.13 here: the private map; 2.x:
+        # the public call), a group of ranks [0] answers [0].
+        code = ("import sys, tempfile, os; sys.path.insert(0, %r)\n"
+                "import torch.distributed as d\n"
+                "from spotagent import dist as sd\n"
+                "f = os.path.join(tempfile.mkdtemp(), 'store')\n"
+                "d.init_process_group('gloo', init_method='file://' + f, rank=0, world_size=1)\n"
+                "g = d.new_group(ranks=[0], backend='gloo')\n"
+                "print(sd.group_ranks(d, g), hasattr(d, 'get_process_group_ranks'))\n" % os.path.join(HERE, ".."))
+        r = subprocess.run([TORCH_PYTHON, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertTrue(r.stdout.decode().startswith("[0] "), r.stdout.decode())
+
     def test_without_torch_loaded_nothing_is_imported(self):
         with mock.patch.dict(sys.modules, {"torch.distributed": None}):
             del sys.modules["torch.distributed"]
@@ -365,6 +396,24 @@ class TestAgreement(Base):
         self.assertTrue(a.should_stop)
         self.assertEqual((a.stop_reason, a.exit_code), ("shutdown", spotagent.EXIT_INTERRUPTED))
 
+    def test_a_fenced_rank_stops_the_job_with_76(self):
+        # #36 item 1: one rank's agent was fenced: the job stops (fenced
+        # wins the agreement's reason), that rank exits 76; a rank whose own
+        # agent was not fenced exits 75: the job runs again, with the newer copy.
+        srv = self.server()
+        a = self.job_agent()
+        srv.wait_message("hello")
+        srv.send({"type": "stop", "reason": "fenced"})
+        self.assertTrue(wait_agent(a, lambda: a._should_stop))
+        self.assertIsNone(a.poll(1))
+        self.assertEqual(a._sync.sent[-1], ((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["fenced"], sdist.NO_DEADLINE))
+        self.assertEqual((a.stop_reason, a.exit_code), ("fenced", spotagent.EXIT_FENCED))
+        self.server()
+        b = self.job_agent(other=((sdist.STOP << sdist.ID_BITS) | sdist.STOP_CODES["fenced"], sdist.NO_DEADLINE))
+        self.assertIsNone(b.poll(1))
+        self.assertEqual((b.stop_reason, b.exit_code), ("fenced", spotagent.EXIT_INTERRUPTED))
+        self.assertGreater(sdist.STOP_CODES["fenced"], sdist.STOP_CODES["interruption"])
+
     def test_sigterm_is_offered_as_shutdown_with_a_fresh_id(self):
         srv = self.server(join_dir=self.tmp, commit=True)
         a = self.job_agent()
@@ -497,7 +546,7 @@ class TestPeerLossClient(Base):
         a = self.job_agent()
         srv.wait_message("hello")
         exits = []
-        with mock.patch.object(sdist, "_hooked", [a]), mock.patch.object(sdist, "_prev_hook", lambda *x: None), \
+        with mock.patch.object(sdist, "_hooked", [a._job.exits]), mock.patch.object(sdist, "_prev_hook", lambda *x: None), \
                 mock.patch.object(sdist.os, "_exit", exits.append):
             sdist._excepthook(ValueError, ValueError("a bug"), None)
             self.assertEqual(exits, [])  # a crash: Python's own exit 1

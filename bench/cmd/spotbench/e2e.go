@@ -445,9 +445,12 @@ func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]i
 
 func benchSimulate(c *config, r *report) error {
 	start := time.Now()
-	out, err := exec.Command(c.bin, "simulate", "--grid").CombinedOutput()
+	cmd := exec.Command(c.bin, "simulate", "--grid")
+	var progress strings.Builder
+	cmd.Stderr = &progress // its progress lines; the table is stdout
+	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("simulate --grid: %w: %s", err, out)
+		return fmt.Errorf("simulate --grid: %w: %s", err, progress.String())
 	}
 	r.add("6. Checkpoint frequency: `spotagent simulate --grid`", fmt.Sprintf("Verbatim output (took %s):\n\n%s\n", time.Since(start).Round(time.Second), strings.TrimSpace(string(out))))
 	r.command("spotagent simulate --grid")

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -14,10 +15,15 @@ import (
 type FileSource struct {
 	F        *os.File
 	Size     int64
-	N        int64  // the bytes Sent reported
-	CRC      uint32 // and their CRC32C
-	Reported bool   // Sent was called
+	N        int64   // the bytes Sent reported
+	CRC      uint32  // and their CRC32C
+	Reported bool    // Sent was called
+	Reports  []int64 // what each call to Progress reported
+	mu       sync.Mutex
 }
+
+// Progress records a store's progress report (cloud.ProgressSource).
+func (s *FileSource) Progress(n int64) { s.mu.Lock(); s.Reports = append(s.Reports, n); s.mu.Unlock() }
 
 func (s *FileSource) Read([]byte) (int, error) {
 	return 0, errors.New("cloudtest: a file source must not be read")

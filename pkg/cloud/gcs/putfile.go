@@ -39,7 +39,9 @@ func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string
 		return fmt.Errorf("put %s: read: %w", key, err)
 	}
 	err = retry.Do(ctx, retry.Policy{Attempts: singleAttempts, Retryable: storage.ShouldRetry}, func(ctx context.Context) error {
-		return s.putOnce(ctx, o, io.NewSectionReader(f, 0, size), crc)
+		// Progress as the body is read: a retry counts again, and Sent
+		// settles the total.
+		return s.putOnce(ctx, o, &progressReader{r: io.NewSectionReader(f, 0, size), src: src}, crc)
 	})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, translate(err))
@@ -81,4 +83,16 @@ func fileCRC(ctx context.Context, f *os.File, size int64) (uint32, error) {
 		return 0, errors.New("file changed size while it was read")
 	}
 	return h.Sum32(), nil
+}
+
+// progressReader reports each read of a file source's body to its Progress.
+type progressReader struct {
+	r   io.Reader
+	src cloud.FileSource
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	cloud.ReportProgress(p.src, int64(n))
+	return n, err
 }

@@ -27,6 +27,15 @@ func TestPutFile_OneRequest(t *testing.T) {
 	if want := crc32.Checksum(data, castagnoli); !src.Reported || src.N != src.Size || src.CRC != want {
 		t.Fatalf("Sent(%d, %08x) called %v, want %d, %08x", src.N, src.CRC, src.Reported, src.Size, want)
 	}
+	// Progress as the body went (#41 item 5): several reports, adding up to
+	// at least the file (a resent request counts again).
+	var sum int64
+	for _, n := range src.Reports {
+		sum += n
+	}
+	if len(src.Reports) < 2 || sum < src.Size {
+		t.Fatalf("progress reports %d adding to %d, want several adding to at least %d", len(src.Reports), sum, src.Size)
+	}
 	r, err := st.Get(t.Context(), "obj", 0, -1)
 	if err != nil {
 		t.Fatal(err)

@@ -103,7 +103,7 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 	}
 	u := &upload{s: s, k: k, id: out.UploadId}
 	start := time.Now()
-	err = u.sendFile(ctx, f, size, part)
+	err = u.sendFile(ctx, f, size, part, func(n int64) { cloud.ReportProgress(src, n) })
 	if err == nil {
 		err = u.complete(ctx, opts)
 	}
@@ -118,8 +118,8 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 }
 
 // sendFile checksums f part by part, in order, and uploads the parts
-// concurrently as sections of f.
-func (u *upload) sendFile(ctx context.Context, f *os.File, size, part int64) error {
+// concurrently as sections of f; sent is called with each part's size once it is uploaded.
+func (u *upload) sendFile(ctx context.Context, f *os.File, size, part int64, sent func(int64)) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(u.s.opts.Concurrency)
 	num := int32(0)
@@ -144,7 +144,11 @@ func (u *upload) sendFile(ctx context.Context, f *os.File, size, part int64) err
 		pn := num
 		g.Go(func() error {
 			defer u.s.pool.sem.Release(min(n, u.s.pool.budget))
-			return u.partFrom(gctx, pn, io.NewSectionReader(f, off, n), n, crc)
+			if err := u.partFrom(gctx, pn, io.NewSectionReader(f, off, n), n, crc); err != nil {
+				return err
+			}
+			sent(n)
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {

@@ -27,6 +27,15 @@ func TestPutFile(t *testing.T) {
 		if !src.Reported || src.N != int64(size) || src.CRC != crc32.Checksum(data, castagnoli) {
 			t.Fatalf("size %d: Sent(%d, %08x) called %v, want %d, %08x", size, src.N, src.CRC, src.Reported, size, crc32.Checksum(data, castagnoli))
 		}
+		// A multipart upload reports each part as it is sent (#41 item 5):
+		// a long upload's progress moves, instead of jumping at Sent.
+		var sum int64
+		for _, n := range src.Reports {
+			sum += n
+		}
+		if wantParts := (size + 5<<20 - 1) / (5 << 20); size > 5<<20 && (len(src.Reports) != wantParts || sum != int64(size)) {
+			t.Fatalf("size %d: progress %v, want %d parts adding to the size", size, src.Reports, wantParts)
+		}
 		r, err := st.Get(t.Context(), "obj", 0, -1)
 		if err != nil {
 			t.Fatal(err)
