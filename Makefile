@@ -84,11 +84,6 @@ test-python:
 # fails with a bare "context deadline exceeded" (golang/go#75804, fixed in
 # Go 1.27), as it did once in CI.
 FUZZTIME ?= 200000x
-# The code's shape against issue 35's targets, measured (internal/arch,
-# go/parser only, ~2 s): docs/architecture.md, "Targets".
-arch:
-	$(GO) run ./internal/arch
-
 fuzz:
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz' || true); do \
@@ -111,3 +106,8 @@ soak:
 
 clean:
 	rm -rf bin dist
+
+# The code's shape against issue 35's targets, measured (internal/arch,
+# go/parser only, ~2 s): docs/architecture.md, "Targets".
+arch:
+	$(GO) run ./internal/arch
