@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -207,5 +209,36 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("reading a FIFO at the exit file's path blocked")
+	}
+}
+
+// TestPeerCrashed_BesideTheLoop (issue 35 item 2): the lookup for another
+// node's crash record ends with its context, settle or not (the agent's
+// end cancels it), and finds another node's record of this session's
+// time, never this node's own.
+func TestPeerCrashed_BesideTheLoop(t *testing.T) {
+	st, err := file.New(filepath.Join(shortDir(t), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := peerCrashed(ctx, st, "node-0", time.Now(), time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled lookup: %v, want context.Canceled", err)
+	}
+	since := time.Now()
+	put := func(key string) {
+		t.Helper()
+		if err := st.Put(t.Context(), key, strings.NewReader("{}"), 2, cloud.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(crashDir + "node-0-s1.json") // this node's own
+	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != "" {
+		t.Fatalf("own record only: %q, %v; want none", key, err)
+	}
+	put(crashDir + "node-1-s2.json")
+	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != crashDir+"node-1-s2.json" {
+		t.Fatalf("another node's record: %q, %v", key, err)
 	}
 }
