@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean arch
+.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean arch
 
 all: build
 
@@ -43,7 +43,7 @@ demo:
 # (scripts/test-deps.sh lists them; scripts/testdeps_test.go keeps it complete).
 test: 
 	scripts/test-deps.sh
-	$(MAKE) lint kcp test-go test-python fuzz
+	$(MAKE) lint kcp test-go test-sim test-python fuzz
 
 # The real Kubernetes control plane the deploy tests apply the manifests to
 # (etcd, kube-apiserver, kube-controller-manager, kubectl v1.35.4 from the Go
@@ -100,6 +100,15 @@ bench: build
 # GPU machine has no Go); the report goes to $OUT. Not part of make test.
 device-check:
 	scripts/device-check.sh
+
+# The store protocol by deterministic simulation (pkg/checkpoint/sim_test.go):
+# 100,000 schedules without the race detector (test-go runs a sample under it);
+# soak-sim runs 2,000,000 (SPOTAGENT_SIM_SCHEDULES), from SPOTAGENT_SIM_FIRST.
+test-sim:
+	$(GO) test -tags '$(TAGS)' -count=1 -run 'TestSim' -v ./pkg/checkpoint
+
+soak-sim:
+	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint
 
 soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/

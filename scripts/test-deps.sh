@@ -15,6 +15,8 @@ curl                 curl             deploy/: the EC2 user-data script
 promtool             prometheus       deploy/prometheus: the alert rules
 mypy                 mypy             make test-python: mypy --strict over the client
 chromium             chromium         pkg/fleet: the fleet page in a headless browser
+ip                   iproute2         integration: network namespaces for a real partition (#37)
+unshare              util-linux       integration: the shipped trainer script as PID 1 of a PID namespace (#37)
 '
 
 missing=()

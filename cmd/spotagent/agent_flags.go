@@ -17,6 +17,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
@@ -45,6 +47,8 @@ type agentOptions struct {
 	restoreSerial                                             bool                    // run: restore before the trainer starts
 	node                                                      string                  // the part name nodeRank gives
 	fleet                                                     string                  // --fleet (fleet_store.go)
+	peerTimeout                                               time.Duration           // liveness heartbeats (pkg/liveness)
+	peerListen, peerAdvertise                                 string
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -58,6 +62,9 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 		o.watch.register(fs)
 		fs.StringVar(&o.nodeRank, "node-rank", "", "this machine's node rank in a multi-node job (torchrun's --node_rank; default $SPOTAGENT_NODE_RANK): commit this node's part of each job checkpoint")
+		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75); 0 turns the heartbeats off")
+		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on")
+		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 	}
 	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
@@ -89,7 +96,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		inGroup(fs, groupRequired, "store-prefix")
 	} else {
 		inGroup(fs, groupRequired, "store")
-		inGroup(fs, groupMultiNode, "node-rank")
+		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise")
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
@@ -180,8 +187,16 @@ func (o *agentOptions) check(node bool) error {
 	if o.keep < 1 {
 		return fmt.Errorf("--keep must be at least 1")
 	}
+	if o.fleet != "" && o.fleet != fleetOff {
+		if err := all.CheckURI(o.fleet); err != nil {
+			return fmt.Errorf("--fleet: %w (or off)", err)
+		}
+	}
 	if o.maxRestarts < 0 {
 		return fmt.Errorf("--max-restarts must not be negative")
+	}
+	if o.peerTimeout < 0 {
+		return fmt.Errorf("--peer-timeout must not be negative")
 	}
 	if o.restore != "own" && o.restore != "all" {
 		return fmt.Errorf("--restore: want own or all, got %q", o.restore)
@@ -322,4 +337,19 @@ func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
 	}
 	fields = append(fields, zap.String("others", "defaults (--log-level debug logs every flag)"))
 	log.Info("effective configuration", fields...)
+}
+
+// liveness is the heartbeats' configuration (pkg/liveness): a heartbeat
+// every eighth of the timeout.
+func (o *agentOptions) liveness() liveness.Config {
+	if o.peerTimeout == 0 {
+		return liveness.Config{Timeout: -1}
+	}
+	c := liveness.Config{Listen: o.peerListen, Timeout: o.peerTimeout, Interval: o.peerTimeout / 8}
+	for _, h := range strings.Split(o.peerAdvertise, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			c.Advertise = append(c.Advertise, h)
+		}
+	}
+	return c
 }

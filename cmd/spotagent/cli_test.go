@@ -205,6 +205,8 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"report", "--advice-horizon", "0s"}, "--advice-horizon 0s"},
 		{[]string{"fleet", "--since", "30x"}, `--since "30x": want a duration (36h) or days (30d)`},
 		{[]string{"fleet", "--price-per-hour", "-1"}, "--price-per-hour -1: want a number >= 0"},
+		{[]string{"run", "--fleet", "ftp://host/x"}, "--fleet: "},
+		{[]string{"sidecar", "--fleet", "s3://B/x"}, "--fleet: "},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)

@@ -74,9 +74,6 @@ func newFleetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if l.SaveErr != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "spotagent fleet: warning: the fleet summary was not rewritten (the next fleet reads the same records, or recounts, again): %v\n", l.SaveErr)
-			}
 			damaged := l.Damaged
 			rep, err := fleet.Build(l.Summary, o, l.Source, damaged)
 			if err != nil {
@@ -84,6 +81,10 @@ func newFleetCmd() *cobra.Command {
 			}
 			if err := fleet.Write(cmd.OutOrStdout(), rep, format); err != nil {
 				return err
+			}
+			// After the report: fold the records read into the summary.
+			if err := l.Compact(ctx); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "spotagent fleet: warning: the fleet summary was not rewritten (the next fleet reads the same records, or recounts, again): %v\n", err)
 			}
 			if len(damaged) > 0 {
 				return fmt.Errorf("%d damaged journal(s) (named above); the rest is counted", len(damaged))

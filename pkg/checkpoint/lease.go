@@ -2,10 +2,12 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -150,16 +152,73 @@ func highestEpoch(ctx context.Context, st cloud.Store, dir string) (int64, error
 	return top, nil
 }
 
-// seal rewrites latest.json with this lease's epoch (same pointer), or
-// writes a pointer-less one when there is none yet.
+// seal rewrites latest.json with this lease's epoch. It also moves the
+// pointer to the newest checkpoint committed before the seal that
+// latest.json does not name yet (a commit whose latest.json write never
+// landed: the machine died between the two): listed just before each
+// attempt of the write, so that every checkpoint the older sessions
+// committed until then stays restorable. From the seal on, a checkpoint of
+// an older epoch above the pointer is a fenced session's (restore skips
+// it; docs/reliability.md). With no checkpoint at all, the seal writes a
+// pointer-less latest.json.
 func (l *Lease) seal(ctx context.Context) error {
-	return writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
-		cur.Epoch = l.Epoch
-		if !exists {
-			cur.Updated = time.Now().UTC()
+	var listErr error
+	err := writeLatest(ctx, l.st, l.Epoch, l.sawEpoch, func(cur Latest, exists bool) (Latest, bool) {
+		adopt, err := newestUnpublished(ctx, l.st, cur)
+		if err != nil {
+			listErr = err
+			return cur, false
 		}
+		if adopt != nil {
+			cur.Manifest, cur.Step, cur.ID = adopt.Manifest, adopt.Step, adopt.ID
+		}
+		cur.Epoch = l.Epoch
+		cur.Updated = time.Now().UTC()
 		return cur, true
 	})
+	if listErr != nil {
+		return fmt.Errorf("seal: %w", listErr)
+	}
+	return err
+}
+
+// newestUnpublished returns a pointer to the newest readable manifest with
+// a higher step than the one cur points at (any, when cur points at none)
+// committed under cur's epoch or a newer one; nil when there is none. A
+// manifest of an older epoch than cur's was committed after that epoch's
+// seal: a fenced session's, never adopted.
+func newestUnpublished(ctx context.Context, st cloud.Store, cur Latest) (*Latest, error) {
+	keys, err := listManifestKeys(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	floor := int64(-1)
+	if cur.Manifest != "" {
+		floor = cur.PointsAt()
+	}
+	keys = slices.DeleteFunc(keys, func(k string) bool { return stepOf(dirOf(k)) <= floor })
+	slices.SortFunc(keys, func(a, b string) int {
+		if sa, sb := stepOf(dirOf(a)), stepOf(dirOf(b)); sa != sb {
+			return cmp.Compare(sb, sa)
+		}
+		return strings.Compare(b, a)
+	})
+	for _, k := range keys {
+		m, err := ReadManifest(ctx, st, k)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		switch {
+		case errors.Is(err, cloud.ErrNotExist) || isBadManifest(err):
+			continue // deleted since the listing, or broken: restore skips it too
+		case err != nil:
+			return nil, err // adopting none would fence a committed checkpoint
+		case m.Epoch < cur.Epoch:
+			continue // fenced by an earlier seal
+		}
+		return &Latest{Manifest: k, Step: m.Step, ID: m.ID}, nil
+	}
+	return nil, nil
 }
 
 // Publish points latest.json at next unless this session is fenced (a

@@ -159,7 +159,8 @@ func (s *sealBeforePut) Put(ctx context.Context, key string, r io.Reader, size i
 }
 
 // The race the conditional write closes: a fence check that passed, then a
-// newer session's seal, then the older write. It must fail, not land.
+// newer session's seal, then the older write. It must fail, not land (the
+// seal took the older session's manifest, committed before it, as latest).
 func TestLease_SealBetweenCheckAndWrite(t *testing.T) {
 	leaseStores(t, func(t *testing.T, st cloud.Store) {
 		racy := &sealBeforePut{Store: st}
@@ -176,8 +177,10 @@ func TestLease_SealBetweenCheckAndWrite(t *testing.T) {
 		if !errors.Is(err, ErrFenced) {
 			t.Fatalf("write after the seal: err=%v, want ErrFenced", err)
 		}
-		if l := latestRaw(t, st); l.ID != "a" || l.Epoch != newer.Epoch {
-			t.Fatalf("latest=%+v, want a sealed by epoch %d", l, newer.Epoch)
+		// b's manifest landed before the newer session sealed: the seal
+		// adopts it (a committed checkpoint), though its own write failed.
+		if l := latestRaw(t, st); l.ID != "b" || l.Epoch != newer.Epoch {
+			t.Fatalf("latest=%+v, want b sealed by epoch %d", l, newer.Epoch)
 		}
 		if !old.Fenced() {
 			t.Fatal("old session does not know it is fenced")

@@ -33,21 +33,53 @@ func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, e
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	defer r.Close()
-	lr := &io.LimitedReader{R: r, N: maxManifest + 1}
+	rr := &readErr{r: r}
+	lr := &io.LimitedReader{R: rr, N: maxManifest + 1}
 	m, err := decodeManifest(lr)
 	if lr.N <= 0 {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", key, maxManifest)
+		return nil, badManifest{fmt.Errorf("read %s: larger than %d bytes", key, maxManifest)}
+	}
+	if rr.err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, rr.err) // the store's failure, not the manifest's
 	}
 	if err != nil {
-		return nil, fmt.Errorf("parse %s: %w", key, err)
+		return nil, badManifest{fmt.Errorf("parse %s: %w", key, err)}
 	}
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", key, err)
+		return nil, badManifest{fmt.Errorf("manifest %s: %w", key, err)}
 	}
 	if want := ManifestKey(m.Step, m.ID); want != key {
-		return nil, fmt.Errorf("manifest %s: names step %d id %s, which belong at %s", key, m.Step, m.ID, want)
+		return nil, badManifest{fmt.Errorf("manifest %s: names step %d id %s, which belong at %s", key, m.Step, m.ID, want)}
 	}
 	return m, nil
+}
+
+// badManifest marks a manifest that was read whole but is not one restore
+// can use (too large, does not parse or validate): unlike a failed read,
+// reading it again would not help.
+type badManifest struct{ error }
+
+func (b badManifest) Unwrap() error { return b.error }
+
+// isBadManifest reports whether err, from ReadManifest, is the manifest's
+// fault rather than the store's.
+func isBadManifest(err error) bool {
+	var b badManifest
+	return errors.As(err, &b)
+}
+
+// readErr remembers the error its reader returned, other than io.EOF.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
 }
 
 // decodeManifest decodes one manifest object from r as json.Unmarshal

@@ -349,6 +349,10 @@ func sameCheckpoint(m *Manifest, own *PartManifest) error {
 	return nil
 }
 
+// partsSleep is awaitParts' back-off between listings; the simulation
+// (sim_test.go) makes it a step of its schedule instead of a real wait.
+var partsSleep = retry.Sleep
+
 // awaitParts polls the checkpoint's parts/ listing (100 ms, doubling to
 // 1 s) until the parts cover every rank of own's world exactly once, and
 // returns the job manifest they make. ctx ending first: ErrIncomplete.
@@ -369,7 +373,7 @@ func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartMa
 		case ctx.Err() == nil:
 			log.Warn("could not read the other parts, retrying", zap.Error(err))
 		}
-		if retry.Sleep(ctx, wait) != nil {
+		if partsSleep(ctx, wait) != nil {
 			return nil, fmt.Errorf("%w: ranks %v of %d never committed their part (%w)", ErrIncomplete, missing, own.WorldSize, context.Cause(ctx))
 		}
 	}

@@ -497,12 +497,26 @@ func TestPrune_PartsOnly(t *testing.T) {
 	}
 	left := map[string]int{}
 	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	// 15 is above the oldest checkpoint kept: it may be a job checkpoint
+	// still being assembled (after a rollback past a newer damaged one).
 	want := map[string]int{
-		Prefix(10, "aaaaaaaaaaaa"): 7, Prefix(16, "cccccccccccc"): 1, Prefix(20, "dddddddddddd"): 7,
-		Prefix(30, "eeeeeeeeeeee"): 3,
+		Prefix(10, "aaaaaaaaaaaa"): 7, Prefix(15, "bbbbbbbbbbbb"): 3, Prefix(16, "cccccccccccc"): 1,
+		Prefix(20, "dddddddddddd"): 7, Prefix(30, "eeeeeeeeeeee"): 3,
 	}
 	if fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Fatalf("left %v, want %v", left, want)
+	}
+	// Once the oldest kept checkpoint is above them, they go: parts and
+	// data of 15, the upload of 16, and 10, the third newest.
+	commitJob(t, st, 40, "ffffffffffff")
+	if _, err := Prune(t.Context(), st, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	left = map[string]int{}
+	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	want = map[string]int{Prefix(20, "dddddddddddd"): 7, Prefix(30, "eeeeeeeeeeee"): 3, Prefix(40, "ffffffffffff"): 7}
+	if fmt.Sprint(left) != fmt.Sprint(want) {
+		t.Fatalf("after a newer commit: left %v, want %v", left, want)
 	}
 }
 

@@ -88,8 +88,10 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // leaves a newer complete manifest (manifests are written only after
 // their data), so manifests with a higher step than the one latest.json
 // points at are tried first, except those committed under a lower epoch
-// than latest.json's: a session fenced by a newer one, whose commit was
-// refused at publish. The step latest.json points at is its manifest's (the
+// than latest.json's (every one, when a seal left latest.json without a
+// pointer): a fenced session's, committed after a newer session sealed
+// latest.json (the seal adopts every checkpoint committed before it,
+// lease.go). The step latest.json points at is its manifest's (the
 // key names it), whatever its "step" field says. When latest.json is
 // missing, broken or points at a damaged checkpoint, the older manifests
 // are tried, newest first, with a warning. Manifests are read one at a
@@ -98,87 +100,105 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // is only returned once every file verified, and its directory only
 // appears (by rename) after that.
 func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
-	start := time.Now()
-	log := opts.Log
-	if log == nil {
-		log = zap.NewNop()
+	return restoreWith(ctx, st, opts, destPath, func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
+		return restoreOne(ctx, st, dest, destPath, key, m, view, log)
+	})
+}
+
+// fetchFunc copies the files view lists (of manifest m, at key) and
+// verifies them: restoreOne, or the simulation's check in memory.
+type fetchFunc func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error)
+
+// restoreWith chooses the checkpoint as RestoreInto describes and copies it
+// with fetch (destPath names the destination in errors).
+func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destPath string, fetch fetchFunc) (*Restored, error) {
+	r := &restorer{ctx: ctx, opts: opts, log: opts.Log, fetch: fetch, destPath: destPath, start: time.Now(), pointerStep: -1}
+	if r.log == nil {
+		r.log = zap.NewNop()
 	}
-	if opts.Stall == 0 {
-		opts.Stall = defaultStall
+	if r.opts.Stall == 0 {
+		r.opts.Stall = defaultStall
 	}
-	st = withStall(st, opts.Stall)
-	var skipped []string
-	var abort error // not the checkpoint's fault: the disk, the network, ctx
-	try := func(key string, m *Manifest) (*Restored, bool) {
-		if opts.skipEpoch(m) {
-			log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
-			return nil, false
-		}
-		view, parts, err := selectFiles(m, opts.Part, log)
-		if err == nil && len(m.Parts) > 0 {
-			err = checkParts(ctx, st, m, view)
-		}
-		var r *Restored
-		if err == nil {
-			// A long restore logs its progress (bytes, rate, eta) every 5 s.
-			log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
-				zap.Int("files", len(view.Files)), zap.Int64("bytes", view.Bytes()))
-			r, err = restoreOne(ctx, st, dest, destPath, key, m, view, log)
-		}
-		if err == nil {
-			r.Parts = parts
-		}
-		switch {
-		case err == nil:
-			r.Took, r.Skipped = time.Since(start), skipped
-			return r, true
-		case ctx.Err() != nil:
-			abort = ctx.Err()
-		case errors.Is(err, ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
-			log.Warn("checkpoint damaged, trying an older one", zap.String("manifest", key), zap.Error(err))
-			skipped = append(skipped, fmt.Sprintf("%s: %v", key, err))
-		default:
-			// An older checkpoint would fail the same way, and giving up
-			// on all of them would make the run start from scratch.
-			abort = fmt.Errorf("restore %s into %s: %w", key, destPath, err)
-		}
-		return nil, false
-	}
-	keys, listErr := listManifestKeys(ctx, st)
+	r.st = withStall(st, r.opts.Stall)
+	keys, listErr := listManifestKeys(ctx, r.st)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	var pointer string // the manifest latest.json points at
-	pointerStep, floor := int64(-1), int64(0)
 	if opts.ID == "" {
-		l, err := ReadLatest(ctx, st)
-		switch {
-		case err == nil:
-			pointer, floor = l.Manifest, l.Epoch
-			if pointerStep = l.PointsAt(); pointerStep != l.Step {
-				log.Warn("latest.json's step disagrees with the manifest it points at: trusting the manifest (the next commit repairs latest.json)",
-					zap.String("manifest", l.Manifest), zap.Int64("latest_step", l.Step), zap.Int64("manifest_step", pointerStep))
-			}
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case errors.Is(err, cloud.ErrNotExist):
-		default:
-			log.Warn("latest.json unreadable, falling back to listing", zap.Error(err))
+		if err := r.readPointer(); err != nil {
+			return nil, err
 		}
 	}
 	if listErr != nil {
-		if pointer == "" {
+		if r.pointer == "" {
 			return nil, fmt.Errorf("restore: %w", listErr)
 		}
 		keys = nil // latest.json's checkpoint alone, then the error
 	}
-	order := restoreOrder(keys, pointer, pointerStep, opts.ID)
-	newerWarned, freed := false, false
+	if res, done, err := r.walk(restoreOrder(keys, r.pointer, r.pointerStep, opts.ID)); done {
+		return res, err
+	}
+	if listErr != nil {
+		return nil, fmt.Errorf("restore: %w", listErr)
+	}
+	if len(r.skipped) > 0 {
+		return nil, fmt.Errorf("%w: %d damaged (%s)", ErrAllDamaged, len(r.skipped), strings.Join(r.skipped, "; "))
+	}
+	if opts.ID != "" {
+		return nil, fmt.Errorf("restore %s: %w", opts.ID, ErrNoCheckpoint)
+	}
+	return nil, ErrNoCheckpoint
+}
+
+// restorer is one restore's state: what latest.json says, what was skipped.
+type restorer struct {
+	ctx      context.Context
+	st       cloud.Store
+	opts     RestoreOptions
+	log      *zap.Logger
+	fetch    fetchFunc
+	destPath string
+	start    time.Time
+
+	pointer     string // the manifest latest.json points at
+	pointerStep int64  // its step; -1: none
+	floor       int64  // latest.json's epoch: older epochs above the pointer are fenced
+	newerWarned bool
+	skipped     []string
+	abort       error // not the checkpoint's fault: the disk, the network, ctx
+}
+
+// readPointer reads latest.json: its pointer and epoch, if any.
+func (r *restorer) readPointer() error {
+	l, err := readLatest(r.ctx, r.st)
+	switch {
+	case err == nil && l.Manifest == "": // sealed before any commit: it fences all the same
+		r.floor = l.Epoch
+	case err == nil:
+		r.pointer, r.floor = l.Manifest, l.Epoch
+		if r.pointerStep = l.PointsAt(); r.pointerStep != l.Step {
+			r.log.Warn("latest.json's step disagrees with the manifest it points at: trusting the manifest (the next commit repairs latest.json)",
+				zap.String("manifest", l.Manifest), zap.Int64("latest_step", l.Step), zap.Int64("manifest_step", r.pointerStep))
+		}
+	case r.ctx.Err() != nil:
+		return r.ctx.Err()
+	case errors.Is(err, cloud.ErrNotExist):
+	default:
+		r.log.Warn("latest.json unreadable, falling back to listing", zap.Error(err))
+	}
+	return nil
+}
+
+// walk tries the manifests in order, one step at a time, until one
+// restores (done) or something that is not a checkpoint's fault stops it
+// (done, with the error).
+func (r *restorer) walk(order []string) (*Restored, bool, error) {
+	freed := false
 	for i := 0; i < len(order); {
 		// One step at a time: usually one manifest; several of one step
 		// (two sessions) are ordered by creation, newest first.
 		j := i + 1
-		for j < len(order) && order[i] != pointer && order[j] != pointer && stepOf(dirOf(order[j])) == stepOf(dirOf(order[i])) {
+		for j < len(order) && order[i] != r.pointer && order[j] != r.pointer && stepOf(dirOf(order[j])) == stepOf(dirOf(order[i])) {
 			j++
 		}
 		group := order[i:j]
@@ -190,58 +210,106 @@ func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath st
 			debug.FreeOSMemory()
 			freed = false
 		}
-		entries := make([]Entry, 0, len(group))
-		for _, k := range group {
-			m, err := ReadManifest(ctx, st, k)
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if errors.Is(err, ErrStalled) {
-				return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
-			}
-			entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
+		entries, err := r.readGroup(group)
+		if err != nil {
+			return nil, true, err
 		}
-		sort.SliceStable(entries, func(a, b int) bool { return newer(entries[a], entries[b]) })
 		for _, e := range entries {
-			switch {
-			case e.Err != nil && e.Key == pointer:
-				log.Warn("latest.json points at a broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
-				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
-				continue
-			case e.Err != nil:
-				log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
-				skipped = append(skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
-				continue
-			case opts.ID != "" && e.Manifest.ID != opts.ID:
+			if !r.eligible(e) {
 				continue
 			}
-			if pointer != "" && e.Manifest.Step > pointerStep {
-				if e.Manifest.Epoch < floor {
-					log.Info("skipping a fenced session's checkpoint: committed under an older epoch than latest.json's",
-						zap.String("manifest", e.Key), zap.Int64("epoch", e.Manifest.Epoch), zap.Int64("latest_epoch", floor))
-					continue
-				}
-				if !newerWarned {
-					newerWarned = true
-					log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", pointerStep))
-				}
-			}
-			if r, ok := try(e.Key, e.Manifest); ok || abort != nil {
-				return r, abort
+			if res, ok := r.try(e.Key, e.Manifest); ok || r.abort != nil {
+				return res, true, r.abort
 			}
 			freed = freed || len(e.Manifest.Files) >= bigManifest
 		}
 	}
-	if listErr != nil {
-		return nil, fmt.Errorf("restore: %w", listErr)
+	return nil, false, nil
+}
+
+// readGroup reads the manifests of one step, newest first.
+func (r *restorer) readGroup(group []string) ([]Entry, error) {
+	entries := make([]Entry, 0, len(group))
+	for _, k := range group {
+		m, err := ReadManifest(r.ctx, r.st, k)
+		if r.ctx.Err() != nil {
+			return nil, r.ctx.Err()
+		}
+		if errors.Is(err, ErrStalled) {
+			return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
+		}
+		entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
 	}
-	if len(skipped) > 0 {
-		return nil, fmt.Errorf("%w: %d damaged (%s)", ErrAllDamaged, len(skipped), strings.Join(skipped, "; "))
+	sort.SliceStable(entries, func(a, b int) bool { return newer(entries[a], entries[b]) })
+	return entries, nil
+}
+
+// eligible reports whether restore tries e: a readable manifest, of the
+// checkpoint asked for, not a fenced session's (above latest.json's
+// pointer under an older epoch than latest.json's).
+func (r *restorer) eligible(e Entry) bool {
+	switch {
+	case e.Err != nil && e.Key == r.pointer:
+		r.log.Warn("latest.json points at a broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
+		r.skipped = append(r.skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
+		return false
+	case e.Err != nil:
+		r.log.Warn("skipping broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
+		r.skipped = append(r.skipped, fmt.Sprintf("%s: %v", e.Key, e.Err))
+		return false
+	case r.opts.ID != "" && e.Manifest.ID != r.opts.ID:
+		return false
 	}
-	if opts.ID != "" {
-		return nil, fmt.Errorf("restore %s: %w", opts.ID, ErrNoCheckpoint)
+	if e.Manifest.Step <= r.pointerStep {
+		return true
 	}
-	return nil, ErrNoCheckpoint
+	if e.Manifest.Epoch < r.floor {
+		r.log.Info("skipping a fenced session's checkpoint: committed under an older epoch than latest.json's, above the checkpoint its seal adopted",
+			zap.String("manifest", e.Key), zap.Int64("epoch", e.Manifest.Epoch), zap.Int64("latest_epoch", r.floor))
+		return false
+	}
+	if r.pointer != "" && !r.newerWarned {
+		r.newerWarned = true
+		r.log.Warn("manifests newer than latest.json: trying them first", zap.Int64("latest_step", r.pointerStep))
+	}
+	return true
+}
+
+// try restores the checkpoint of manifest m (at key): true once it did.
+// A damaged one is recorded and false; anything else sets r.abort.
+func (r *restorer) try(key string, m *Manifest) (*Restored, bool) {
+	log := r.log
+	if r.opts.skipEpoch(m) {
+		log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
+		return nil, false
+	}
+	view, parts, err := selectFiles(m, r.opts.Part, log)
+	if err == nil && len(m.Parts) > 0 {
+		err = checkParts(r.ctx, r.st, m, view)
+	}
+	var res *Restored
+	if err == nil {
+		// A long restore logs its progress (bytes, rate, eta) every 5 s.
+		log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
+			zap.Int("files", len(view.Files)), zap.Int64("bytes", view.Bytes()))
+		res, err = r.fetch(r.ctx, r.st, key, m, view, log)
+	}
+	switch {
+	case err == nil:
+		res.Parts = parts
+		res.Took, res.Skipped = time.Since(r.start), r.skipped
+		return res, true
+	case r.ctx.Err() != nil:
+		r.abort = r.ctx.Err()
+	case errors.Is(err, ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
+		log.Warn("checkpoint damaged, trying an older one", zap.String("manifest", key), zap.Error(err))
+		r.skipped = append(r.skipped, fmt.Sprintf("%s: %v", key, err))
+	default:
+		// An older checkpoint would fail the same way, and giving up
+		// on all of them would make the run start from scratch.
+		r.abort = fmt.Errorf("restore %s into %s: %w", key, r.destPath, err)
+	}
+	return nil, false
 }
 
 // bigManifest is the number of files from which a manifest that did not

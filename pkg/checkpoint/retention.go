@@ -2,7 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"go.uber.org/zap"
@@ -10,18 +13,21 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// Prune keeps the newest keep complete checkpoints (and always the one
-// latest.json names, and the manifests named in pin: say, the checkpoint
-// just committed, whatever its step) and deletes the others. Each checkpoint loses its
-// manifest first, so a half-deleted checkpoint is never restorable; then
-// every object that no kept manifest lists goes. Objects without a manifest
-// (an upload a crash cut short) are removed only when they are older by
-// step than the oldest kept checkpoint, so an upload in flight is safe.
-// Parts of a job checkpoint that never got its manifest (parts/ but no
-// manifest.json) go once a newer checkpoint is committed: the job moved on
-// without it. Nothing above the newest committed step is ever deleted:
-// other nodes may still be assembling it. It returns the number of
-// objects deleted.
+// Prune keeps the newest keep restorable checkpoints (complete: every
+// object listed with its size; and not a fenced session's, which restore
+// skips), always the one latest.json names and the manifests named in pin
+// (say, the checkpoint just committed, whatever its step, read even when
+// the listing does not show it yet), and every checkpoint above the oldest
+// of those kept that is not restorable now (damaged, or fenced: a person
+// may want it, and it costs nothing restore relies on). It deletes the
+// others. Each checkpoint loses its manifest first, so a half-deleted
+// checkpoint is never restorable; then every object that no kept manifest
+// lists goes. Objects without a manifest (an upload a crash cut short, or
+// the parts of a job checkpoint that never completed) are removed only
+// when they are older by step than the oldest kept checkpoint: an upload
+// in flight, or a job checkpoint still being assembled below a newer
+// damaged one (a rollback), is safe. Manifests that cannot be read are
+// never deleted. It returns the number of objects deleted.
 func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin ...string) (int, error) {
 	if keep < 1 {
 		return 0, fmt.Errorf("prune: keep must be at least 1, got %d", keep)
@@ -29,95 +35,183 @@ func Prune(ctx context.Context, st cloud.Store, keep int, log *zap.Logger, pin .
 	if log == nil {
 		log = zap.NewNop()
 	}
-	entries, err := ListManifests(ctx, st)
+	p, err := planPrune(ctx, st, keep, pin)
 	if err != nil {
-		return 0, fmt.Errorf("prune: %w", err)
-	}
-	pinned := map[string]bool{}
-	for _, k := range pin {
-		pinned[k] = true
-	}
-	if l, err := ReadLatest(ctx, st); err == nil {
-		pinned[l.Manifest] = true
-	}
-	kept := map[string]bool{}        // object keys a kept manifest needs
-	keptDir := map[string]bool{}     // checkpoint prefixes kept
-	dropDir := map[string]bool{}     // checkpoint prefixes whose manifest goes
-	manifestDir := map[string]bool{} // checkpoint prefixes with a manifest, readable or not
-	var drop []Entry
-	n := 0
-	oldestKept, newest := int64(-1), int64(-1)
-	for _, e := range entries {
-		manifestDir[dirOf(e.Key)] = true
-		if e.Err != nil {
-			continue // never delete what we cannot read: a person may want it
-		}
-		newest = max(newest, e.Manifest.Step)
-		if n < keep || pinned[e.Key] {
-			n++
-			keptDir[dirOf(e.Key)] = true
-			for _, f := range e.Manifest.Files {
-				kept[f.Key] = true
-			}
-			if oldestKept < 0 || e.Manifest.Step < oldestKept {
-				oldestKept = e.Manifest.Step
-			}
-			continue
-		}
-		drop = append(drop, e)
-		dropDir[dirOf(e.Key)] = true
+		return 0, err
 	}
 	deleted := 0
-	for _, e := range drop {
-		if err := st.Delete(ctx, e.Key); err != nil {
-			return deleted, fmt.Errorf("prune: delete %s: %w", e.Key, err)
-		}
-		deleted++
-	}
-	var victims, partsOnly []string
-	hasParts := map[string]bool{} // prefixes with parts/ and no manifest
-	err = st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		d := dirOf(o.Key)
-		if kept[o.Key] || keptDir[d] {
-			return nil
-		}
-		s := stepOf(d)
-		switch {
-		case dropDir[d] || (oldestKept >= 0 && !manifestDir[d] && s >= 0 && s < oldestKept):
-			// An object of a dropped checkpoint, or one a crash left (no
-			// manifest) older than every kept checkpoint.
-			victims = append(victims, o.Key)
-		case !manifestDir[d] && s >= 0 && s < newest:
-			// Perhaps part of a job checkpoint that never completed.
-			partsOnly = append(partsOnly, o.Key)
-			if strings.HasPrefix(o.Key, d+partsDir) {
-				hasParts[d] = true
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return deleted, fmt.Errorf("prune: %w", err)
-	}
-	// The part manifests first: a node still waiting for them then never
-	// sees the checkpoint complete.
-	for _, first := range []bool{true, false} {
-		for _, k := range partsOnly {
-			if d := dirOf(k); hasParts[d] && strings.HasPrefix(k, d+partsDir) == first {
-				victims = append(victims, k)
-			}
-		}
-	}
-	for _, k := range victims {
+	for _, k := range p.deletions() {
 		if err := st.Delete(ctx, k); err != nil {
 			return deleted, fmt.Errorf("prune: delete %s: %w", k, err)
 		}
 		deleted++
 	}
 	if deleted > 0 {
-		log.Info("retention pruned old checkpoints", zap.Int("checkpoints", len(drop)), zap.Int("objects", deleted), zap.Int("keep", keep))
+		log.Info("retention pruned old checkpoints", zap.Int("checkpoints", len(p.drop)), zap.Int("objects", deleted), zap.Int("keep", keep))
 	}
 	return deleted, nil
+}
+
+// prunePlan is what one retention pass found and decided.
+type prunePlan struct {
+	sizes       map[string]int64 // every object listed under checkpoints/, with its size
+	fence       Latest           // latest.json (zero: none)
+	pinned      map[string]bool  // manifests kept whatever they are
+	kept        map[string]bool  // object keys a kept manifest needs
+	keptDir     map[string]bool  // checkpoint prefixes kept
+	manifestDir map[string]bool  // checkpoint prefixes with a manifest, readable or not
+	drop        []Entry          // manifests to delete, then their objects
+	oldestKept  int64            // lowest step kept; -1: none
+}
+
+// planPrune lists the store once, reads the manifests (and the pinned ones
+// the listing does not show yet) and decides what stays.
+func planPrune(ctx context.Context, st cloud.Store, keep int, pin []string) (*prunePlan, error) {
+	p := &prunePlan{sizes: map[string]int64{}, pinned: map[string]bool{}, kept: map[string]bool{},
+		keptDir: map[string]bool{}, manifestDir: map[string]bool{}, oldestKept: -1}
+	var keys []string
+	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
+		p.sizes[o.Key] = o.Size
+		if isManifestKey(o.Key) {
+			keys = append(keys, o.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("prune: list checkpoints: %w", err)
+	}
+	for _, k := range pin {
+		p.pinned[k] = true
+	}
+	if l, err := readLatest(ctx, st); err == nil {
+		p.fence = l
+		if l.Manifest != "" {
+			p.pinned[l.Manifest] = true
+		}
+	} else if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	for k := range p.pinned {
+		if _, listed := p.sizes[k]; !listed && isManifestKey(k) {
+			keys = append(keys, k) // committed after the listing was taken
+		}
+	}
+	entries, err := readManifests(ctx, st, keys)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	p.decide(entries, keep)
+	return p, nil
+}
+
+// decide keeps the pinned manifests and the newest keep restorable ones,
+// then the others that are not restorable above the oldest kept; the rest
+// are dropped. Unreadable manifests are never dropped.
+func (p *prunePlan) decide(entries []Entry, keep int) {
+	var later []Entry
+	n := 0
+	for _, e := range entries {
+		p.manifestDir[dirOf(e.Key)] = true
+		if e.Err != nil {
+			if errors.Is(e.Err, cloud.ErrNotExist) {
+				delete(p.manifestDir, dirOf(e.Key)) // gone since the listing
+			}
+			continue // never delete what we cannot read: a person may want it
+		}
+		ok := p.restorable(e.Manifest)
+		switch {
+		case p.pinned[e.Key] || ok && n < keep:
+			if ok {
+				n++
+			}
+			p.keep(e)
+			if p.oldestKept < 0 || e.Manifest.Step < p.oldestKept {
+				p.oldestKept = e.Manifest.Step
+			}
+		case !ok:
+			later = append(later, e) // kept if above the oldest kept
+		default:
+			p.drop = append(p.drop, e)
+		}
+	}
+	for _, e := range later {
+		if p.oldestKept < 0 || e.Manifest.Step > p.oldestKept {
+			p.keep(e)
+		} else {
+			p.drop = append(p.drop, e)
+		}
+	}
+}
+
+// restorable: every object of m listed with its size, and not a fenced
+// session's. What restore could pick; only these count toward --keep.
+func (p *prunePlan) restorable(m *Manifest) bool {
+	if fenced(m, p.fence) {
+		return false
+	}
+	for _, f := range m.Files {
+		if n, ok := p.sizes[f.Key]; !ok || n != f.Size {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *prunePlan) keep(e Entry) {
+	p.keptDir[dirOf(e.Key)] = true
+	for _, f := range e.Manifest.Files {
+		p.kept[f.Key] = true
+	}
+}
+
+// deletions is the order of deletes: the dropped manifests first (a
+// half-deleted checkpoint is never restorable), then their objects, then
+// what no manifest lists below the oldest kept step: the part manifests of
+// a job checkpoint that never completed before its data (a node still
+// waiting for them then never sees it complete), then the data.
+func (p *prunePlan) deletions() []string {
+	dropDir := map[string]bool{}
+	var out []string
+	for _, e := range p.drop {
+		dropDir[dirOf(e.Key)] = true
+		out = append(out, e.Key)
+	}
+	var orphanParts, orphanData []string
+	for _, k := range slices.Sorted(maps.Keys(p.sizes)) {
+		d := dirOf(k)
+		if p.kept[k] || p.keptDir[d] || isManifestKey(k) {
+			continue
+		}
+		s := stepOf(d)
+		switch {
+		case dropDir[d]:
+			out = append(out, k)
+		case !p.manifestDir[d] && s >= 0 && p.oldestKept >= 0 && s < p.oldestKept:
+			if strings.HasPrefix(k, d+partsDir) {
+				orphanParts = append(orphanParts, k)
+			} else {
+				orphanData = append(orphanData, k)
+			}
+		}
+	}
+	return append(append(out, orphanParts...), orphanData...)
+}
+
+// fenced reports whether restore skips m as a fenced session's under
+// latest.json l: committed under an older epoch, above the checkpoint l's
+// seal adopted (restore.go, lease.go).
+func fenced(m *Manifest, l Latest) bool {
+	ptr := int64(-1)
+	if l.Manifest != "" {
+		ptr = l.PointsAt()
+	}
+	return m.Epoch < l.Epoch && m.Step > ptr
+}
+
+// isManifestKey reports whether key is a checkpoint's manifest.
+func isManifestKey(key string) bool {
+	d := dirOf(key)
+	return d != "" && key == d+manifestObj
 }
 
 // dirOf returns "checkpoints/<name>/" for a key below a checkpoint.

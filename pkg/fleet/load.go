@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -17,21 +18,28 @@ type Loaded struct {
 	Summary *Summary
 	Source  string    // "summary" or "recount"
 	Damaged []Damaged // journals a recount could not read cleanly, records that do not parse
-	// SaveErr is why the compaction that folds the session records (and a
-	// recount that had to be saved) into the summary could not be written:
-	// the report stands, the next one reads the records again.
-	SaveErr error
+	compact func(ctx context.Context) error
+}
+
+// Compact folds what Load read (the session records, a v1 summary, a
+// recount that had to be saved) into the summary and deletes the records
+// it took in: best effort, after the report is out. An error (a read-only
+// credential) leaves the fleet as it was: the next Load reads the same.
+func (l *Loaded) Compact(ctx context.Context) error {
+	if l.compact == nil {
+		return nil
+	}
+	return ignoreRace(l.compact(ctx))
 }
 
 // Load returns the runs of the fleet at the root of st: the summary with
 // every session record since merged, or every journal under the root
 // when recount is set or the summary is not complete (none yet, or one no
 // recount has filled with the runs from before: Summary.Baseline is zero).
-// It then compacts, best effort (SaveErr): the records it read and any
-// recount go into the summary, the prior sums are rewritten and the
-// records it took in are deleted. With recount, only when save is set
-// (then a failure is an error). A summary that does not parse is an error
-// unless recount.
+// Loaded.Compact then folds the records it read and any recount into the
+// summary, rewrites the prior sums and deletes the records it took in.
+// With recount and save, Load compacts itself (a failure is an error). A
+// summary that does not parse is an error unless recount.
 func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time) (*Loaded, error) {
 	s, err := readState(ctx, st)
 	if err != nil {
@@ -43,7 +51,7 @@ func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time
 	l := &Loaded{Summary: s.merged, Source: "summary", Damaged: s.badRecords}
 	if !recount && s.snap != nil && !s.snap.Baseline.IsZero() {
 		if len(s.records) > 0 || len(s.badRecords) > 0 || s.legacy != "" {
-			l.SaveErr = ignoreRace(compact(ctx, st, s, s.merged))
+			l.compact = func(ctx context.Context) error { return compact(ctx, st, s, s.merged) }
 		}
 		return l, nil
 	}
@@ -57,12 +65,13 @@ func Load(ctx context.Context, st cloud.Store, recount, save bool, now time.Time
 	}
 	next.Baseline = now.UTC()
 	l.Summary, l.Source, l.Damaged = next, "recount", append(damaged, s.badRecords...)
-	if save || !recount {
-		err = ignoreRace(compact(ctx, st, s, next))
-		if err != nil && save {
+	switch {
+	case save:
+		if err := ignoreRace(compact(ctx, st, s, next)); err != nil {
 			return nil, err
 		}
-		l.SaveErr = err
+	case !recount:
+		l.compact = func(ctx context.Context) error { return compact(ctx, st, s, next) }
 	}
 	return l, nil
 }
@@ -82,7 +91,8 @@ func ParseSince(s string) (time.Duration, error) {
 	}
 	if d, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(d, 64)
-		if err != nil || n < 0 {
+		// NaN fails both comparisons; above ~106,000 days the duration overflows.
+		if err != nil || !(n >= 0) || n*24 > float64(math.MaxInt64/int64(time.Hour)) {
 			return 0, fmt.Errorf("--since %q: want a duration (36h) or days (30d)", s)
 		}
 		return time.Duration(n * 24 * float64(time.Hour)), nil

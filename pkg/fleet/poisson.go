@@ -1,6 +1,9 @@
 package fleet
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // Confidence is the coverage of the rate intervals in reports.
 const Confidence = 0.90
@@ -22,10 +25,24 @@ func rateInterval(k int, t, conf float64) (lo, hi float64) {
 	return lo, hi
 }
 
+// quantiles remembers gammaQuantile's answers: a report asks for the same
+// few (q, k) for every one of 100,000 runs, and each costs ~100 gammaP.
+var quantiles sync.Map // [2]float64{q, a} → float64
+
 // gammaQuantile returns x with P(a, x) = q, P the regularized lower
 // incomplete gamma function (the CDF of Gamma(a, 1)), by bisection: P is
 // monotone in x, and 200 halvings reach float64 precision from any bracket.
 func gammaQuantile(q, a float64) float64 {
+	key := [2]float64{q, a}
+	if x, ok := quantiles.Load(key); ok {
+		return x.(float64)
+	}
+	x := bisectGamma(q, a)
+	quantiles.Store(key, x)
+	return x
+}
+
+func bisectGamma(q, a float64) float64 {
 	lo, hi := 0.0, a+10*math.Sqrt(a)+10
 	for gammaP(a, hi) < q {
 		lo, hi = hi, 2*hi

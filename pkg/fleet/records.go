@@ -22,7 +22,7 @@ import (
 // fleet records live"):
 //
 //	fleet/sessions/CLOUD/TYPE/ZONE/DIR/M.K.N.E.RAND.json  one per session end, written once
-//	fleet/summary.json                                     every run, written only by compaction
+//	fleet/summary.gob                                      every run (encoding/gob), written only by compaction
 //	fleet/prior/CLOUD/TYPE.json                            per-zone sums, written only by compaction
 //
 // An agent writes one new session record and nothing else: no object is
@@ -32,7 +32,7 @@ import (
 // names; its body is the run as the whole journal gives it (a Run).
 const (
 	recordsPrefix  = "fleet/sessions/"
-	snapshotKey    = "fleet/summary.json"
+	snapshotKey    = "fleet/summary.gob"
 	priorPrefix    = "fleet/prior/"
 	legacyKey      = "fleet-summary.json" // spotagent.fleet/v1, at the fleet root
 	recordFormat   = "spotagent.fleet-record/v1"
@@ -159,6 +159,13 @@ type record struct {
 // session that ended last. It never rewrites an object: every call writes
 // a key of its own, so any number of agents may record at once.
 func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64) error {
+	return RecordSessionOf(ctx, fleetStore, dir, j, step, "")
+}
+
+// RecordSessionOf is RecordSession filed under the session with this id
+// (the agents of a job share a journal: each records its own session),
+// or the one that ended last when there is none with it.
+func RecordSessionOf(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64, session string) error {
 	now := time.Now()
 	r, err := runFromJournal(j, dir, step, now)
 	if err != nil {
@@ -170,6 +177,11 @@ func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *c
 	last := r.shares[0]
 	for _, sh := range r.shares[1:] {
 		if !sh.end.Before(last.end) {
+			last = sh
+		}
+	}
+	for _, sh := range r.shares {
+		if session != "" && sh.session == session {
 			last = sh
 		}
 	}

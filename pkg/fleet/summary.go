@@ -3,10 +3,12 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"encoding/gob"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,7 +30,7 @@ const maxSummary = 1 << 30
 const ioWorkers = 32
 
 // Summary is every run's Run, keyed by the run's directory under the fleet
-// root. The one at fleet/summary.json is written only by a compaction
+// root. The one at fleet/summary.gob is written only by a compaction
 // (compact), never by an agent.
 type Summary struct {
 	Format  string    `json:"format"`
@@ -206,7 +208,12 @@ func readSummaryAt(ctx context.Context, st cloud.Store, key string) (*Summary, s
 		return nil, "", fmt.Errorf("fleet summary: %w", err)
 	}
 	s := &Summary{}
-	if err := json.Unmarshal(b, s); err != nil {
+	if strings.HasSuffix(key, ".gob") {
+		err = gob.NewDecoder(bytes.NewReader(b)).Decode(s)
+	} else {
+		err = json.Unmarshal(b, s)
+	}
+	if err != nil {
 		return nil, info.Version, fmt.Errorf("parse fleet summary %s: %w", key, err)
 	}
 	if s.Format != summaryFormat && s.Format != summaryFormatV1 {
@@ -302,10 +309,13 @@ func compact(ctx context.Context, st cloud.Store, s *state, next *Summary) error
 	if s.legacy != "" {
 		next.Legacy = s.legacy
 	}
-	body, err := json.Marshal(next)
-	if err != nil {
+	// gob, not JSON: 100,000 runs are 30 MB instead of 100 and decode
+	// eight times faster (bench section 9b).
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(next); err != nil {
 		return err
 	}
+	body := buf.Bytes()
 	opts := cloud.PutOptions{IfVersion: s.snapVersion}
 	if s.snapVersion == "" {
 		opts = cloud.PutOptions{IfAbsent: true}

@@ -186,7 +186,7 @@ func TestCompact_DuringRecords(t *testing.T) {
 						return
 					default:
 					}
-					if l, err := Load(context.Background(), st, false, false, now); err == nil && l.SaveErr == nil {
+					if l, err := Load(context.Background(), st, false, false, now); err == nil && l.Compact(context.Background()) == nil {
 						compactions.Add(1)
 						once.Do(func() { close(first) })
 					}
@@ -219,7 +219,10 @@ func TestCompact_DuringRecords(t *testing.T) {
 			t.Fatal("no compaction ran while the agents recorded")
 		}
 		l, err := Load(t.Context(), root, false, false, now)
-		if err != nil || l.SaveErr != nil || l.Source != "summary" {
+		if err == nil {
+			err = l.Compact(t.Context())
+		}
+		if err != nil || l.Source != "summary" {
 			t.Fatalf("last compaction: %+v, %v", l, err)
 		}
 		var left []string
@@ -283,7 +286,10 @@ func TestLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		l, err := Load(ctx, root, false, false, now)
-		if err != nil || l.Source != "recount" || len(l.Damaged) != 2 || l.SaveErr != nil || len(l.Summary.Runs) != 4 {
+		if err == nil {
+			err = l.Compact(ctx)
+		}
+		if err != nil || l.Source != "recount" || len(l.Damaged) != 2 || len(l.Summary.Runs) != 4 {
 			t.Fatalf("no summary: %+v, err %v; want a recount of 4 runs with 2 damaged, saved", l, err)
 		}
 		want, _ := Build(l.Summary, Options{Now: now}, "", nil)
@@ -302,7 +308,7 @@ func TestLoad(t *testing.T) {
 		if err := RecordSession(ctx, root, "new", nj, 0); err != nil {
 			t.Fatal(err)
 		}
-		if l, err := Load(ctx, root, false, false, now); err != nil || l.Source != "summary" || len(l.Summary.Runs) != 5 || l.SaveErr != nil {
+		if l, err := Load(ctx, root, false, false, now); err != nil || l.Source != "summary" || len(l.Summary.Runs) != 5 || l.Compact(ctx) != nil {
 			t.Fatalf("after a new record: %+v, %v; want 5 runs from the summary", l, err)
 		}
 		snap, _, err := readSummaryAt(ctx, root, snapshotKey)
@@ -352,7 +358,10 @@ func TestLoad_LegacySummary(t *testing.T) {
 		}
 		putV1("old-a", "old-b")
 		l, err := Load(ctx, root, false, false, now)
-		if err != nil || l.SaveErr != nil || len(l.Summary.Runs) != 2 {
+		if err == nil {
+			err = l.Compact(ctx)
+		}
+		if err != nil || len(l.Summary.Runs) != 2 {
 			t.Fatalf("first fleet over a v1 summary: %+v, %v; want its 2 runs", l, err)
 		}
 		snap, _, err := readSummaryAt(ctx, root, snapshotKey)
@@ -365,6 +374,9 @@ func TestLoad_LegacySummary(t *testing.T) {
 		}
 		putV1("old-a", "old-b", "old-c") // an agent not yet upgraded
 		l, err = Load(ctx, root, false, false, now)
+		if err == nil {
+			err = l.Compact(ctx)
+		}
 		if err != nil || len(l.Summary.Runs) != 3 {
 			t.Fatalf("after an old agent's update: %+v, %v; want 3 runs", l, err)
 		}
@@ -477,4 +489,32 @@ func TestPriorFor(t *testing.T) {
 	if p := PriorFor(nil, Key{"aws", "p5", "z1"}, 0.05, DefaultMinHours); p.Source != "flag" || p.Rate != 0.05 {
 		t.Errorf("no summary: %+v", p)
 	}
+}
+
+// The agents of a job share a journal and end together: each files its
+// record under its own session's machine.
+func TestRecordSessionOf_OwnSession(t *testing.T) {
+	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
+		j := &checkpoint.Journal{RunID: "job", Sessions: []checkpoint.Session{
+			{ID: "a", Start: at(0), End: tp(time.Hour), Instance: p4dA},
+			{ID: "b", Start: at(0), End: tp(time.Hour), Instance: p4dB},
+		}}
+		for _, id := range []string{"a", "b"} {
+			if err := RecordSessionOf(t.Context(), root, "job", j, 0, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		zones := map[string]int{}
+		root.List(t.Context(), recordsPrefix, func(o cloud.ObjectInfo) error {
+			rk, ok := parseRecordName(o.Key)
+			if !ok || rk.Tally.Machine != 3600 {
+				t.Errorf("record %s: %+v", o.Key, rk)
+			}
+			zones[rk.Zone]++
+			return nil
+		})
+		if zones[p4dA.Zone] != 1 || zones[p4dB.Zone] != 1 {
+			t.Errorf("records by zone %v, want one in each session's zone", zones)
+		}
+	})
 }

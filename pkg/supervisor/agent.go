@@ -18,6 +18,7 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -78,6 +79,9 @@ type Config struct {
 	// Its lease is the node's (agent_fence.go, docs/distributed.md).
 	Node       string
 	RestoreAll bool
+	// Liveness: the heartbeats of a multi-node job's agents (agent_liveness.go;
+	// Timeout < 0: none). The agent fills in the store, node and session.
+	Liveness liveness.Config
 
 	// Fleet, when set, is the store at the fleet's root (the parent of the
 	// run's store, or --store-prefix): the agent reads the fleet summary

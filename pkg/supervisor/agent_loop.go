@@ -46,6 +46,7 @@ type Agent struct {
 	stops   stopSequence     // notices, signals and the stop sequence (agent_notice.go)
 	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
 	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
+	live    heartbeats       // heartbeats of the job's nodes (agent_liveness.go)
 	job     jobPolicy        // single node or one node's part of a job (job_policy.go)
 	src     checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
 	done    bool             // loop ends
@@ -152,6 +153,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
+	a.live.stop() // agent_liveness.go
 	cfg.Metrics.Ready(false)
 	a.proc.close() // what the trainer left in its group goes now
 	if a.boot.aborted != nil {
@@ -241,7 +243,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.commits.lastBlock = a.sess.started
 	a.commits.promise.cfg = &a.cfg
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
-	a.ranks.env = rankEnv{records: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
+	a.ranks.env = rankEnv{part: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
 		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
@@ -357,6 +359,10 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
 			a.onChildExit()
+		case s := <-a.live.silent(): // agent_liveness.go
+			if a.ranks.onPeerSilent(s, &a.cfg, a.proc.running(), a.stops.current != nil) {
+				a.proc.stop(a.life, a.goBg)
+			}
 		case <-timer.C:
 		}
 	}

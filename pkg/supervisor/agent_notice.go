@@ -120,8 +120,9 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
-	a.job.hello(m, &a.conns, a.log)    // job_policy.go
-	a.ranks.hello(m, a.proc.running()) // agent_peers.go
+	a.job.hello(m, &a.conns, a.log)                          // job_policy.go
+	a.ranks.hello(m, a.proc.running())                       // agent_peers.go
+	a.live.start(m, &a.cfg, a.job.part(), a.sess.id, a.life) // agent_liveness.go
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
 		s.told = true
@@ -449,6 +450,8 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWa
 		// committed and every rank was told to stop: run me again.
 		q.cfg.Log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
+	case code == 1 && w.env.part:
+		return w.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
 	}
 	return code
 }

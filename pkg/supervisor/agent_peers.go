@@ -82,7 +82,7 @@ type rankWatch struct {
 // records go (part mode only: records), this session, and the lifetime
 // that owns the lookup beside the loop.
 type rankEnv struct {
-	records   bool // part mode: crashes are recorded and looked up
+	part      bool // part mode: crashes are recorded and looked up; a launcher's 1 during a stop (agent_interrupted.go)
 	store     cloud.Store
 	node      string
 	session   string
@@ -177,7 +177,7 @@ func (w *rankWatch) lookupDone() <-chan crashLookup { return w.lookup }
 // recordCrash tells the job's other nodes that a rank here crashed on its
 // own (they see it as a lost peer).
 func (w *rankWatch) recordCrash(pid int) {
-	if !w.env.records {
+	if !w.env.part {
 		return
 	}
 	rec := crashRecord{Node: w.env.node, Session: w.env.session, PID: pid, At: time.Now().UTC()}
@@ -206,7 +206,7 @@ func (w *rankWatch) recordCrash(pid int) {
 func (w *rankWatch) lookForPeerCrash(code int) {
 	done := make(chan crashLookup, 1)
 	w.lookup = done
-	if !w.env.records {
+	if !w.env.part {
 		done <- crashLookup{code: code}
 		return
 	}

@@ -86,7 +86,7 @@ func (s *session) recordFleet(ctx context.Context, cfg *Config, step int64, fenc
 	if cfg.Fleet == nil || fenced {
 		return
 	}
-	if err := fleet.RecordSession(ctx, cfg.Fleet, cfg.FleetDir, s.journal.Snapshot(), step); err != nil {
+	if err := fleet.RecordSessionOf(ctx, cfg.Fleet, cfg.FleetDir, s.journal.Snapshot(), step, s.id); err != nil {
 		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }

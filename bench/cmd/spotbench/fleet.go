@@ -53,7 +53,7 @@ func benchFleet(c *config, r *report) error {
 	if err != nil {
 		return err
 	}
-	st, err := os.Stat(filepath.Join(root, "fleet", "summary.json"))
+	st, err := os.Stat(filepath.Join(root, "fleet", "summary.gob"))
 	if err != nil {
 		return err
 	}

@@ -59,3 +59,10 @@ func parseURI(uri string) (scheme, bucket, prefix string, err error) {
 	}
 	return scheme, bucket, prefix, nil
 }
+
+// CheckURI reports whether uri is a store URI Open could parse, without
+// opening anything: for flags checked before the agent touches a store.
+func CheckURI(uri string) error {
+	_, _, _, err := parseURI(uri)
+	return err
+}

@@ -1,0 +1,7 @@
+//go:build race
+
+package checkpoint
+
+// simDefault is TestSim's number of schedules. Under the race detector
+// (make test-go) a sample: make test-sim runs the full count without it.
+const simDefault = 2_000
