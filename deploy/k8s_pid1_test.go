@@ -1,6 +1,8 @@
 package deploy
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,5 +101,46 @@ func TestTrainerPID1HandlesSIGTERM(t *testing.T) {
 				t.Errorf("shellcheck of the trainer script: %v\n%s", err, out)
 			}
 		})
+	}
+}
+
+// TestTrainerScriptExitCodes runs each shipped trainer script with a
+// stand-in torchrun that ends as the ranks' launcher would: the script
+// must pass on what the client wrote to the exit file (75 run me again,
+// 76 fenced: never 0), and a crash without it stays 1.
+func TestTrainerScriptExitCodes(t *testing.T) {
+	for path, c := range shippedTrainers(t) {
+		if len(c.Command) != 3 || c.Command[0] != "sh" || !strings.Contains(c.Command[2], "torchrun ") {
+			continue
+		}
+		sh := regexp.MustCompile(`\$\(([A-Z_][A-Z0-9_]*)\)`).ReplaceAllString(c.Command[2], `"$$$1"`)
+		for _, tc := range []struct {
+			said string // written to the exit file by the ranks
+			code int    // torchrun's own exit
+			want int
+		}{{"75", 1, 75}, {"76", 1, 76}, {"76", 137, 76}, {"", 1, 1}, {"", 0, 0}, {"75", 0, 0}} {
+			t.Run(fmt.Sprintf("%s/said%s-exit%d", filepath.Base(path), tc.said, tc.code), func(t *testing.T) {
+				dir := t.TempDir()
+				exitFile := filepath.Join(dir, "exit")
+				fake := fmt.Sprintf("#!/bin/sh\n[ -z %q ] || echo %q > %q\nexit %d\n", tc.said, tc.said, exitFile, tc.code)
+				if err := os.WriteFile(filepath.Join(dir, "torchrun"), []byte(fake), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command("sh", "-c", sh)
+				cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "SPOTAGENT_EXIT_FILE="+exitFile,
+					"SPOTAGENT_SOCKET="+filepath.Join(dir, "agent.sock"), "JOB_COMPLETION_INDEX=0", "JOB_INDEX=0", "REPLICATED_JOB_INDEX=0")
+				err := cmd.Run()
+				got := 0
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					got = ee.ExitCode()
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				if got != tc.want {
+					t.Errorf("exit %d, want %d", got, tc.want)
+				}
+			})
+		}
 	}
 }
