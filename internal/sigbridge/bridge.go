@@ -85,18 +85,14 @@ func (b *Bridge) Serve(ctx context.Context) {
 
 // run serves one connection until ctx ends or the agent closes it. Its
 // reader ends before it returns.
-func (b *Bridge) run(ctx context.Context) error {
-	c, err := protocol.Dial(ctx, b.Socket)
-	if err != nil {
-		return fmt.Errorf("signal bridge: %w", err)
-	}
-	b.Area.Remove(RequestFile) // what an earlier agent left
-
-	msgs := make(chan protocol.Message, 8)
-	read := make(chan struct{})
+// receive reads the agent's messages into msgs until the connection or
+// ctx ends; read closes once the reader has returned.
+func receive(ctx context.Context, c *protocol.Client) (msgs <-chan protocol.Message, read <-chan struct{}) {
+	ms := make(chan protocol.Message, 8)
+	done := make(chan struct{})
 	go func() {
-		defer close(read)
-		defer close(msgs)
+		defer close(done)
+		defer close(ms)
 		for {
 			m, err := c.Recv(ctx)
 			if errors.Is(err, protocol.ErrBadMessage) {
@@ -106,12 +102,23 @@ func (b *Bridge) run(ctx context.Context) error {
 				return
 			}
 			select {
-			case msgs <- m:
+			case ms <- m:
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
+	return ms, done
+}
+
+func (b *Bridge) run(ctx context.Context) error {
+	c, err := protocol.Dial(ctx, b.Socket)
+	if err != nil {
+		return fmt.Errorf("signal bridge: %w", err)
+	}
+	b.Area.Remove(RequestFile) // what an earlier agent left
+
+	msgs, read := receive(ctx, c)
 	defer func() { c.Close(); <-read }()
 	send := func(m protocol.Message) error { return c.Send(ctx, m) }
 	zero, one := 0, 1
