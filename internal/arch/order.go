@@ -42,6 +42,9 @@ func suggestOrder(root string, w io.Writer) error {
 		}
 		_, _, _, edges := crossEdges(byDir[d], names, nil)
 		order := eades(nodes, edges)
+		if len(nodes) <= 7 {
+			order = fewestUp(nodes, edges)
+		}
 		pos := map[string]int{}
 		for i, n := range order {
 			pos[n] = i
@@ -109,4 +112,38 @@ func eades(nodes []string, edges map[[2]string]int) []string {
 		}
 	}
 	return append(front, back...)
+}
+
+// fewestUp tries every order of a few files and keeps the first with the
+// fewest weighted edges running back up.
+func fewestUp(nodes []string, edges map[[2]string]int) []string {
+	sort.Strings(nodes)
+	best, bestUp := append([]string(nil), nodes...), -1
+	perm := append([]string(nil), nodes...)
+	var try func(k int)
+	try = func(k int) {
+		if k == len(perm) {
+			pos := map[string]int{}
+			for i, n := range perm {
+				pos[n] = i
+			}
+			up := 0
+			for e, c := range edges {
+				if pos[e[1]] < pos[e[0]] {
+					up += c
+				}
+			}
+			if bestUp < 0 || up < bestUp {
+				best, bestUp = append(best[:0], perm...), up
+			}
+			return
+		}
+		for i := k; i < len(perm); i++ {
+			perm[k], perm[i] = perm[i], perm[k]
+			try(k + 1)
+			perm[k], perm[i] = perm[i], perm[k]
+		}
+	}
+	try(0)
+	return best
 }

@@ -43,7 +43,7 @@ type Agent struct {
 	proc    *process         // the trainer's child process (process.go)
 	conns   trainerConns     // the trainers and their connections (trainers.go)
 	commits commits          // requests, uploads and commits (commits.go)
-	stops   stopSequence     // notices, signals and the stop sequence (agent_notice.go)
+	stops   stopSequence     // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
 	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
 	live    heartbeats       // heartbeats of the job's nodes (agent_liveness.go)
@@ -404,7 +404,7 @@ func (a *Agent) tick(now time.Time) {
 			a.requestExpired(r, now)
 		}
 	}
-	if s := a.stops.current; s != nil { // agent_notice.go
+	if s := a.stops.current; s != nil { // stop.go
 		if a.stops.tick(now) && a.proc.running() && !a.proc.killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
 			a.proc.stopAtDeadline(a.life, a.goBg)
