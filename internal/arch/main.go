@@ -33,7 +33,15 @@ import (
 func main() {
 	root := flag.String("root", ".", "the repository's root")
 	order := flag.Bool("order", false, "print, per package, a file order in which few calls run back up (for the file map)")
+	fileMap := flag.Bool("map", false, "print docs/architecture.md's file map table brought up to date (new files appended, gone ones dropped, imports as the source says)")
 	flag.Parse()
+	if *fileMap {
+		if err := printMap(*root, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "arch:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *order {
 		if err := suggestOrder(*root, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "arch:", err)

@@ -138,3 +138,19 @@ func TestCycles(t *testing.T) {
 		t.Fatalf("cycles of a chain = %v", c)
 	}
 }
+
+// TestPrintMap_CurrentMapUnchanged: `-map` on a current file map prints
+// the table as docs/architecture.md has it, so its output can replace it.
+func TestPrintMap_CurrentMapUnchanged(t *testing.T) {
+	var b strings.Builder
+	if err := printMap(repoRoot, &b); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(repoRoot + "/docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), b.String()) {
+		t.Fatalf("-map prints a table docs/architecture.md does not hold:\n%s", b.String())
+	}
+}
