@@ -64,7 +64,7 @@ func TestSignalCaught(t *testing.T) {
 	}
 }
 
-func TestParseSignal(t *testing.T) {
+func TestParse(t *testing.T) {
 	for in, want := range map[string]syscall.Signal{"SIGUSR1": syscall.SIGUSR1, "usr2": syscall.SIGUSR2} {
 		if got, err := Parse(in); err != nil || got != want {
 			t.Errorf("Parse(%q) = %v, %v", in, got, err)
