@@ -16,6 +16,9 @@ log = logging.getLogger("spotagent")
 MAX_LINE = 1 << 20
 #: Largest ``done`` metadata the agent accepts (encoded JSON bytes).
 MAX_METADATA = 64 << 10
+#: Largest step the agent accepts (pkg/protocol MaxStep: 2^53, exact in a
+#: float64); steps are 0..MAX_STEP.
+MAX_STEP = 1 << 53
 #: Protocol version this client speaks (sent in hello). 2: the agent may
 #: restore while the trainer starts (welcome ``restore: "pending"``, then
 #: ``restored`` or ``restore_failed``).
@@ -88,6 +91,25 @@ SIGTERM_MARGIN = 5.0
 #: Seconds a refusal the agent says heals ("busy", "try again") may last
 #: before it counts as permanent ($SPOTAGENT_REFUSED_TIMEOUT).
 DEFAULT_REFUSED_TIMEOUT = 120.0
+
+
+def valid_step(step: Any) -> Optional[int]:
+    """step as the int the agent accepts (0..MAX_STEP), or None."""
+    try:
+        n = int(step)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return n if 0 <= n <= MAX_STEP else None
+
+
+def check_step(step: Any) -> int:
+    """step as an int the agent accepts; ValueError (in the caller) for
+    anything else: the agent would refuse the message with it."""
+    n = valid_step(step)
+    if n is None:
+        raise ValueError("spotagent: step %r out of range (0..%d): report the number of completed steps"
+                         % (step, MAX_STEP))
+    return n
 
 
 def stderr(msg: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ._common import PROTOCOL_VERSION, URGENT_REASONS, log, parse_time, trim
 from ._state import State
+from ._transport import refuses_hello
 from .request import CheckpointRequest, Committed
 
 
@@ -155,7 +156,7 @@ class Inbox(object):
                 a.cond.notify_all()
         elif t == "error":
             eid = str(msg.get("id") or "")
-            if not eid and a.wire.before_welcome():
+            if not eid and a.wire.before_welcome() and refuses_hello(msg):
                 a.wire.hello_refused(msg)
                 return
             log.warning("spotagent: agent reported an error: %s", msg.get("error"))

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Deque, Dict, Mapping, Optional, Protocol, Tuple
 
-from ._common import log, metadata_dict, trim
+from ._common import MAX_STEP, check_step, log, metadata_dict, stderr, trim, valid_step
 from .request import CheckpointRequest, Committed
 
 Resume = Tuple[Optional[str], Optional[int], Optional[Dict[str, Any]]]
@@ -144,6 +144,7 @@ class State(object):
         self.done_steps = OrderedDict()  # type: OrderedDict[str, int]
         self.last_progress_at = None  # type: Optional[float]
         self.last_step = None  # type: Optional[int]
+        self.bad_step_warned = False  # poll got a step the agent would refuse
 
         # This process's stop: the agent's ``stop``, or SIGTERM.
         self.should_stop = False
@@ -233,9 +234,10 @@ class State(object):
 
     def checkpoint_done(self, step: int, dir: str, metadata: Optional[Mapping[str, Any]] = None) -> None:
         """``done`` with an empty id: a checkpoint the trainer took on its own."""
-        msg = {"type": "done", "id": "", "step": int(step), "dir": str(dir), "metadata": metadata_dict(metadata)}
+        n = check_step(step)
+        msg = {"type": "done", "id": "", "step": n, "dir": str(dir), "metadata": metadata_dict(metadata)}
         if self.path:
-            self.send(msg, conn=None, step=int(step))
+            self.send(msg, conn=None, step=n)
 
     def hand_out(self, req: CheckpointRequest) -> CheckpointRequest:
         with self.lock:
@@ -247,14 +249,24 @@ class State(object):
     def report_progress(self, step: Optional[int]) -> None:
         if step is None:
             return
+        n = valid_step(step)
+        if n is None:
+            # The agent would refuse it (an error every progress_interval):
+            # not reported, said once; poll never raises for advisory progress.
+            with self.lock:
+                first, self.bad_step_warned = not self.bad_step_warned, True
+            if first:
+                stderr("spotagent: WARNING: poll(step=%r): a step must be an integer 0..%d (the number of completed "
+                       "steps); not reported to the agent" % (step, MAX_STEP))
+            return
         now = time.monotonic()
         with self.lock:
-            self.last_step = int(step)
+            self.last_step = n
             if self.wire.connected and (
                 self.last_progress_at is None or now - self.last_progress_at >= self.progress_interval
             ):
                 self.last_progress_at = now
-                self.wire.queue_progress(int(step))
+                self.wire.queue_progress(n)
 
     def connection_lost(self, conn: int) -> None:
         """Requests of a lost connection cannot be answered on the next."""

@@ -66,6 +66,22 @@ def refusal_is_permanent(msg: Mapping[str, Any]) -> bool:
     return not any(w in text for w in ("try again", "busy", "frees once", "too many connections"))
 
 
+#: Messages this client sends besides hello. The agent's error about one of
+#: them starts with its type ("progress: step ... too large"): one without an
+#: id that comes before the welcome is not the hello's refusal.
+_NOT_HELLO = ("progress", "done", "saved", "failed", "status", "join", "bye")
+
+#: hello's numbers (pkg/protocol validate.go checks them) and where the client takes them from.
+_HELLO_NUMBERS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nodes")
+
+
+def refuses_hello(msg: Mapping[str, Any]) -> bool:
+    """Whether an ``error`` without an id, before the welcome, answers the
+    hello: not when it names another message this client sends."""
+    text = str(msg.get("error") or "")
+    return not any(text.startswith(t + ":") for t in _NOT_HELLO)
+
+
 def expected_agent_uids(env: Mapping[str, str]) -> Optional[Tuple[int, ...]]:
     """The uids an agent may run as: $SPOTAGENT_AGENT_UID when set (spotagent
     run sets it for its trainer), else this process's own uid or root."""
@@ -207,6 +223,9 @@ class Transport(object):
         from connect() or the next poll, or with allow_unprotected run on
         as a no-op agent."""
         state = self._state
+        with self._lock:
+            if self.refused:
+                return  # the first refusal stands (and names the agent)
         path = state.path
         # Said before the state changes: connect() returns (or raises) then.
         if self.allow_unprotected:
@@ -232,6 +251,8 @@ class Transport(object):
         others are retried, at most ``refused_timeout`` seconds in all."""
         why = str(msg.get("error") or "refused")
         if refusal_is_permanent(msg):
+            if why.startswith("hello: ") and any(" %s " % k in why for k in _HELLO_NUMBERS):
+                why += self._numbers_hint()
             self.refuse(why)
             return
         now = time.monotonic()
@@ -250,6 +271,17 @@ class Transport(object):
         log.warning("spotagent: hello refused (%s); reconnecting", why)
         if sock is not None:
             shutdown_socket(sock)  # the agent closes it too; reconnect with backoff
+
+    def _numbers_hint(self) -> str:
+        """Where the hello's numbers came from, for a refusal that names one."""
+        try:
+            hello = self._hello()
+        except Exception:  # only a hint: never let it hide the refusal
+            return ""
+        said = " ".join("%s=%s" % (k, hello[k]) for k in _HELLO_NUMBERS if k in hello)
+        return (" (this trainer's hello said %s: from connect()'s rank/world_size, the process group, or the "
+                "environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, "
+                "GROUP_WORLD_SIZE/NNODES)" % (said or "none of rank, world_size"))
 
     def welcomed(self) -> None:
         """A welcome on the current connection (lock held)."""

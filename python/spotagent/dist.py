@@ -36,7 +36,8 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from ._common import DEFAULT_JOIN_TIMEOUT, EXIT_INTERRUPTED, env_float, format_time, log, stderr, trim, utcnow
+from ._common import (DEFAULT_JOIN_TIMEOUT, EXIT_INTERRUPTED, env_float, format_time, log, stderr, trim, utcnow,
+                      valid_step)
 from ._signals import Sigterm
 from ._state import State
 from .request import CheckpointRequest
@@ -449,8 +450,9 @@ class Agreement(object):
             self.join_failed(rid, "its deadline has passed")
             return None
         msg = {"type": "join", "id": rid, "reason": reason, "deadline": format_time(deadline)}  # type: Dict[str, Any]
-        if step is not None:
-            msg["step"] = int(step)
+        n = valid_step(step)  # one the agent would refuse stays out (poll warned)
+        if n is not None:
+            msg["step"] = n
 
         def held() -> "Optional[CheckpointRequest]":
             for r in a.requests:

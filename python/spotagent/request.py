@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Set, Union, cast
 
-from ._common import fsync_dir, log, metadata_dict
+from ._common import check_step, fsync_dir, log, metadata_dict
 
 __all__ = ["CheckpointRequest", "Committed", "UploadFailed"]
 
@@ -139,7 +139,8 @@ class CheckpointRequest(object):
         the last file is written and fsynced (``failed`` if one could not be),
         with ``blocked_ms``, the time training was blocked by this checkpoint.
         """
-        msg = {"type": "done", "id": self.id, "step": int(step), "metadata": metadata_dict(metadata)}
+        step = check_step(step)  # ValueError here, in the caller: the agent would refuse it
+        msg = {"type": "done", "id": self.id, "step": step, "metadata": metadata_dict(metadata)}
         if not self._claim("done"):
             return
         with self._host.lock:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 TRAINER_TYPES = ("hello", "progress", "done", "saved", "failed", "status", "join", "bye")
 REASONS = ("periodic", "manual", "shutdown", "interruption")
 _ID = re.compile(r"^[0-9a-f]{12}$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 DEADLINE = 10.0  # generous upper bound for any wait in the tests
 PROTOCOL_VERSION = 2  # the newest the agent speaks (protocol.ProtocolVersion)
@@ -191,9 +192,18 @@ class FakeAgent(object):
         fake's configuration lets it (welcome, join_dir, commit)."""
         if not isinstance(msg, dict):
             return {"type": "error", "error": "malformed json: %s" % (line.strip()[:64],)}
+        why = _undecodable(msg)
+        if why is not None:
+            return {"type": "error", "error": "malformed json: " + why}
         mid = msg.get("id")
         mid = mid if isinstance(mid, str) else ""
         t = msg.get("type")
+        why = _out_of_bounds(msg)
+        if why is not None:
+            # As pkg/protocol's Conn.handle: refused where it enters, before
+            # its type is looked at; nothing else sees it (a refused hello
+            # leaves the connection without one).
+            return _error(mid, "%s: %s" % (t if isinstance(t, str) else "", why))
         if not t:
             return _error(mid, "missing type")
         if t not in TRAINER_TYPES:
@@ -340,6 +350,81 @@ class FakeAgent(object):
             self.pending[mid] = d
             self._requests[mid] = req
         return req
+
+
+# The bounds of pkg/protocol/validate.go: every number a trainer sends is
+# checked against them where it enters (test_golden.py replays
+# bad_numbers*.jsonl against this fake and TestGolden against the agent).
+MAX_WORLD_SIZE = 1 << 20
+MAX_STEP = 1 << 53
+MAX_BLOCKED_MS = 1 << 40
+MAX_PID = 1 << 22
+MAX_VERSION = 1 << 16
+_INT_FIELDS = ("pid", "rank", "world_size", "local_rank", "local_world_size", "node_rank", "nodes", "step",
+               "blocked_ms", "version")
+_STR_FIELDS = ("type", "run_id", "id", "path", "error", "checkpoint_dir", "restore", "reason", "dir", "uri")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _undecodable(msg: Dict[str, Any]) -> Optional[str]:
+    """Why Go's encoding/json cannot decode msg into protocol.Message (its
+    "malformed json" reply), for the fields the fake models: a number field
+    that holds no integer a Go int64 holds, a string field that is no
+    string (null leaves a field unset)."""
+    for k in _INT_FIELDS:
+        v = msg.get(k)
+        if v is not None and (not _is_int(v) or not -(1 << 63) <= v < (1 << 63)):
+            return "json: cannot unmarshal %s into Go struct field Message.%s" % (json.dumps(v), k)
+    for k in _STR_FIELDS:
+        v = msg.get(k)
+        if v is not None and not isinstance(v, str):
+            return "json: cannot unmarshal %s into Go struct field Message.%s of type string" % (json.dumps(v), k)
+    dl = msg.get("deadline")  # a *time.Time: an RFC 3339 string or null
+    if dl is not None and (not isinstance(dl, str) or not _RFC3339.match(dl) or _parse(dl) is None):
+        return "parsing time %s as RFC 3339" % json.dumps(dl)
+    return None
+
+
+def _out_of_bounds(m: Dict[str, Any]) -> Optional[str]:
+    """pkg/protocol's Message.validate, line for line: the first number out
+    of its bounds, or None. A field that is absent or null is unset (pid and
+    version then count as 0, as a Go int does)."""
+    pid, version = m.get("pid") or 0, m.get("version") or 0
+    if not 0 <= pid <= MAX_PID:
+        return "pid %d out of range (0..%d)" % (pid, MAX_PID)
+    if not 0 <= version <= MAX_VERSION:
+        return "version %d out of range (0..%d)" % (version, MAX_VERSION)
+    for name in ("world_size", "local_world_size", "nodes"):
+        v = m.get(name)
+        if v is not None and not 1 <= v <= MAX_WORLD_SIZE:
+            return "%s %d out of range (1..%d)" % (name, v, MAX_WORLD_SIZE)
+    for name, of in (("rank", "world_size"), ("local_rank", "local_world_size"), ("node_rank", "nodes")):
+        v, n = m.get(name), m.get(of)
+        if v is None:
+            continue
+        if not 0 <= v < MAX_WORLD_SIZE:
+            return "%s %d out of range (0..%d)" % (name, v, MAX_WORLD_SIZE - 1)
+        if n is not None and v >= n:
+            return "%s %d must be below %s %d" % (name, v, of, n)
+    ws = m.get("world_size")
+    if ws is not None:
+        for name in ("local_world_size", "nodes"):
+            v = m.get(name)
+            if v is not None and v > ws:
+                return "%s %d exceeds world_size %d" % (name, v, ws)
+    step = m.get("step")
+    if step is not None:
+        if step < 0:
+            return "step is required and must be >= 0"
+        if step > MAX_STEP:
+            return "step %d too large (at most %d)" % (step, MAX_STEP)
+    blocked = m.get("blocked_ms")
+    if blocked is not None and not 0 <= blocked <= MAX_BLOCKED_MS:
+        return "blocked_ms %d out of range (0..%d)" % (blocked, MAX_BLOCKED_MS)
+    return None
 
 
 def _error(mid: str, text: str) -> Dict[str, Any]:

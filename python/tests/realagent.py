@@ -8,6 +8,7 @@ SPOTAGENT_ALLOW_NO_GO=1 (then it is skipped, saying why).
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -48,6 +49,17 @@ def binary() -> str:
         return out
 
 
+def _accepts(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 class NodeAgent(object):
     """``spotagent node`` on a socket in tmp, its runs' stores under tmp."""
 
@@ -63,11 +75,14 @@ class NodeAgent(object):
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         end = time.monotonic() + DEADLINE
-        while not os.path.exists(self.socket):
+        # Listening, not only bound: the socket file exists a moment before
+        # the agent listens, and a client whose first connect fails does not
+        # wait in connect() (it retries in the background).
+        while not _accepts(self.socket):
             if self.proc.poll() is not None or time.monotonic() > end:
                 self.stop()
                 raise AssertionError("spotagent node did not listen on %s:\n%s" % (self.socket, self.log()))
-            time.sleep(0.02)  # polling for a file the agent creates, with a deadline
+            time.sleep(0.02)  # polling for the agent to listen, with a deadline
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:

@@ -703,6 +703,103 @@ class TestRefusedHello(Base):
         self.assertFalse(refusal_is_permanent(dict(BAD_RUN_ID, permanent=False)))
 
 
+class TestBadNumbers(Base):
+    """Issue 36 item 5: the agent refuses a message with a number out of
+    bounds (pkg/protocol validate.go; the fake answers as it does, held by
+    golden/bad_numbers*.jsonl). A refused hello fails as loudly as any
+    permanent refusal, naming the field and where the client took it from;
+    a step the agent would refuse is never sent."""
+
+    def test_hello_with_rank_beyond_world_size_raises_from_connect(self):
+        self.server()
+        os.environ.update(RANK="2", WORLD_SIZE="2")  # a misconfigured launcher
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            with self.assertRaises(spotagent.AgentRefused) as cm:
+                self.connect()
+        self.assertIn("hello: rank 2 must be below world_size 2", cm.exception.error)
+        self.assertIn("rank=2 world_size=2", cm.exception.error)
+        self.assertIn("WORLD_SIZE", str(cm.exception))
+        self.assertIn("ERROR", err.getvalue())
+        self.assertIn("rank 2 must be below world_size 2", err.getvalue())
+
+    def test_opt_out_trains_on_and_says_so_once(self):
+        srv = self.server()
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            a = self.connect(rank=0, world_size=0, allow_unprotected=True)
+            self.assertIsNone(a.poll(1))
+            self.assertIsNone(a.poll(2))
+        self.assertFalse(a.enabled)
+        self.assertEqual(err.getvalue().count("running WITHOUT an agent"), 1, err.getvalue())
+        self.assertIn("hello: world_size 0 out of range (1..1048576)", err.getvalue())
+        self.assertEqual(len(srv.of_type("hello")), 1)  # no reconnecting to a refusal that cannot heal
+
+    def test_bad_step_in_poll_is_not_sent_and_said_once(self):
+        srv = self.server()
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            a = self.connect(progress_interval=0)
+            for bad in (-1, 2 ** 53 + 1, "x", -5):
+                self.assertIsNone(a.poll(bad))
+            self.assertIsNone(a.poll(7))
+            srv.wait_for(lambda: any(m.get("step") == 7 for m in srv.received))
+        self.assertEqual(err.getvalue().count("poll(step="), 1, err.getvalue())
+        self.assertIn("poll(step=-1)", err.getvalue())
+        self.assertEqual([m["step"] for m in srv.of_type("progress")], [7])
+        self.assertFalse(a._transport.refused)
+        self.assertEqual(a._state.last_step, 7)
+
+    def test_done_with_bad_step_raises_in_the_caller(self):
+        srv = self.server(commit=True)
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "c1", "reason": "manual", "dir": self.tmp})
+        self.pending(a)
+        req = a.poll(3)
+        for bad in (-1, 2 ** 53 + 1, None):
+            with self.assertRaises(ValueError) as cm:
+                req.done(bad)
+            self.assertIn("out of range", str(cm.exception))
+        with self.assertRaises(ValueError):
+            a.checkpoint_done(-2, self.tmp)
+        req.done(3)  # the request is still open: the bad calls sent nothing
+        self.assertEqual(a.wait_committed("c1", DEADLINE).step, 3)
+        self.assertEqual([m["step"] for m in srv.of_type("done")], [3])
+
+    def test_error_about_another_message_before_welcome_is_no_refusal(self):
+        # A node agent welcomes once it restored the run; an error about a
+        # progress sent meanwhile is not the hello's answer.
+        srv = self.server(welcome=None)
+        a = self.connect(welcome_timeout=0.2)
+        srv.wait_message("hello")
+        srv.send({"type": "error", "error": "progress: step 9007199254740993 too large (at most 9007199254740992)"})
+        srv.send(WELCOME)
+        self.assertTrue(a.wait_welcome(DEADLINE))
+        self.assertFalse(a._transport.refused)
+        self.assertIsNone(a.poll(1))
+
+    def test_first_refusal_stands(self):
+        srv = self.server(welcome=None)
+        import io
+
+        a = self.connect(welcome_timeout=0.2)
+        srv.wait_message("hello")
+        with mock.patch.object(sys, "stderr", io.StringIO()):
+            srv.send(b'{"type":"error","error":"hello: rank 2 must be below world_size 2"}\n'
+                     b'{"type":"error","error":"run could not start: later"}\n')
+            self.assertTrue(wait_agent(a, lambda: a._transport.refusal is not None))
+        with self.assertRaises(spotagent.AgentRefused) as cm:
+            a.poll(1)
+        self.assertIn("rank 2 must be below world_size 2", cm.exception.error)
+        self.assertEqual(cm.exception.path, self.sock)
+
+
 class TestPeerCredentials(Base):
     """The client trusts an agent only when SO_PEERCRED names the expected
     uid: $SPOTAGENT_AGENT_UID, else itself or root."""

@@ -115,7 +115,8 @@ class TestGolden(unittest.TestCase):
         names = {os.path.basename(p) for p in glob.glob(os.path.join(GOLDEN, "*.jsonl"))}
         for must in ("hello_welcome.jsonl", "periodic.jsonl", "shutdown_stop.jsonl", "interruption.jsonl",
                      "failed.jsonl", "garbage.jsonl", "saved.jsonl", "join.jsonl", "join_errors.jsonl",
-                     "restore_pending.jsonl", "restore_held_v1.jsonl", "restore_failed.jsonl"):
+                     "restore_pending.jsonl", "restore_held_v1.jsonl", "restore_failed.jsonl",
+                     "bad_numbers.jsonl", "bad_numbers_done.jsonl"):
             self.assertIn(must, names)
 
     def test_fake_answers_as_the_real_agent(self):

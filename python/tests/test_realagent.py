@@ -3,6 +3,7 @@ where the fake could disagree with the agent, the agent decides."""
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ sys.path.insert(0, HERE)
 
 import spotagent  # noqa: E402
 from realagent import NodeAgent, binary  # noqa: E402
-from test_client import Base  # noqa: E402
+from test_client import Base, wait_agent  # noqa: E402
 from test_dist import GlooBase  # noqa: E402
 
 
@@ -36,6 +37,8 @@ class TestNodeRefusedHello(Base):
         self.node = NodeAgent(self.tmp)
 
     def tearDown(self):
+        for a in self.agents:  # before the agent stops: it would wait for a shutdown checkpoint
+            a.close(timeout=1.0)
         self.node.stop()
         Base.tearDown(self)
 
@@ -45,6 +48,46 @@ class TestNodeRefusedHello(Base):
                 self.connect(path=self.node.socket, run_id="../x", welcome_timeout=10)
         self.assertIn("refused", cm.exception.error)
         self.assertIn("run id", cm.exception.error)
+
+    def test_bad_numbers_in_hello_raise_from_connect(self):
+        """Issue 36 item 5: the agent refuses a hello whose rank is not
+        below its world_size (a misconfigured launcher); the trainer fails
+        at connect() with the agent's words and where the numbers came from,
+        instead of training for hours with nothing checkpointed."""
+        os.environ.update(RANK="2", WORLD_SIZE="2")
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            with self.assertRaises(spotagent.AgentRefused) as cm:
+                self.connect(path=self.node.socket, run_id="exp-1", welcome_timeout=10)
+        self.assertIn("hello: rank 2 must be below world_size 2", cm.exception.error)
+        self.assertIn("rank=2 world_size=2", cm.exception.error)
+        self.assertIn("refused this trainer: hello: rank 2 must be below world_size 2", err.getvalue())
+
+    def test_bad_step_never_reaches_the_agent(self):
+        """poll(-1) sends no progress the agent would refuse (an id-less error
+        would otherwise be logged every progress_interval); done(-1) raises."""
+        a = self.connect(path=self.node.socket, run_id="exp-1", welcome_timeout=10, progress_interval=0)
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            for _ in range(3):
+                self.assertIsNone(a.poll(-1))
+            self.assertIsNone(a.poll(2 ** 53 + 1))
+        self.assertEqual(err.getvalue().count("poll(step="), 1, err.getvalue())
+        with self.assertRaises(ValueError):
+            a.checkpoint_done(-1, os.path.join(self.tmp, "x"))
+        # The agent's errors come in order: once it answered an unsolicited
+        # done of a missing directory, it would have answered a progress -1.
+        seen = []  # type: list
+        handler = logging.Handler()
+        handler.emit = lambda r: seen.append(r.getMessage())  # type: ignore
+        logger = logging.getLogger("spotagent")
+        logger.addHandler(handler)
+        self.addCleanup(logger.removeHandler, handler)
+        logger.setLevel(logging.WARNING)
+        a.checkpoint_done(5, os.path.join(self.tmp, "missing"))
+        self.assertTrue(wait_agent(a, lambda: any("done" in m for m in seen)), seen)
+        self.assertEqual([m for m in seen if "progress" in m], [])
+        self.assertFalse(a._transport.refused)
 
     def test_good_run_id_is_welcomed(self):
         a = self.connect(path=self.node.socket, run_id="exp-1", welcome_timeout=10)
