@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean
+.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean arch
 
 all: build
 
@@ -115,3 +115,8 @@ soak:
 
 clean:
 	rm -rf bin dist
+
+# The code's shape against issue 35's targets, measured (internal/arch,
+# go/parser only, ~2 s): docs/architecture.md, "Targets".
+arch:
+	$(GO) run ./internal/arch

@@ -27,8 +27,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
-	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 )
 
 // victimEnv makes the test binary a crash victim instead of a test run:
@@ -254,7 +254,7 @@ func leftovers(ctx context.Context, st cloud.Store, root string) (int, error) {
 
 // leftoverNames names them: temp file paths, or "key upload-id".
 func leftoverNames(ctx context.Context, st cloud.Store, root string) ([]string, error) {
-	switch s := wrap.Plain(st).(type) {
+	switch s := cloudtest.Plain(st).(type) {
 	case *s3.Store:
 		out, err := s.Client().ListMultipartUploads(ctx, &awss3.ListMultipartUploadsInput{
 			Bucket: &root, Prefix: ptr(strings.TrimPrefix(strings.TrimPrefix(s.URI(""), "s3://"+root+"/"), "/")),

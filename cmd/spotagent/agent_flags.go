@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/liveness"
@@ -221,7 +222,7 @@ func (o *agentOptions) check(node bool) error {
 		}
 	}
 	if o.signal != "" {
-		sig, err := supervisor.ParseSignal(o.signal)
+		sig, err := sigbridge.Parse(o.signal)
 		if err != nil {
 			return fmt.Errorf("--signal: %w", err)
 		}

@@ -1,14 +1,14 @@
+// Package protocol is the trainer protocol's Go side. Protocol v1: one
+// JSON object per line over a Unix stream socket, UTF-8, at most maxLine
+// bytes per line. Every message has "type". Unknown fields are ignored; an
+// unknown type gets an "error" reply and the connection stays open.
+// docs/protocol.md is the reference for trainer authors.
 package protocol
 
 import (
 	"encoding/json"
 	"time"
 )
-
-// Protocol v1: one JSON object per line over a Unix stream socket, UTF-8,
-// at most maxLine bytes per line. Every message has "type". Unknown fields
-// are ignored; an unknown type gets an "error" reply and the connection
-// stays open. docs/protocol.md is the reference for trainer authors.
 
 // maxLine is the longest accepted line, newline included.
 const maxLine = 1 << 20

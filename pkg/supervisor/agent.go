@@ -1,13 +1,10 @@
 package supervisor
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -18,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
@@ -55,8 +53,8 @@ type Config struct {
 	Margin       time.Duration // safety margin kept before a notice deadline (default 5s)
 	OnRebalance  string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
-	// the protocol: each checkpoint request is written to requestFile and
-	// the child is sent this signal; doneMarker in the dir answers it.
+	// the protocol: each checkpoint request is written to sigbridge.RequestFile and
+	// the child is sent this signal; sigbridge.DoneMarker in the dir answers it.
 	Signal syscall.Signal
 	// EndWhenIdle ends a run without a child once a trainer has come and
 	// gone and nothing is uploading (node mode).
@@ -158,35 +156,6 @@ const (
 	exitFileName = "exit-code"
 )
 
-// childSaid75 reports whether the trainer's ranks wrote 75 to the exit
-// file: they were stopped for an interruption or shutdown.
-func (a *Agent) childSaid75() bool { return a.exitFileSays() == strconv.Itoa(ExitInterrupted) }
-
-// exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
-// nothing). The trainer can replace the file: it is opened without
-// blocking (a FIFO), a user-named path without following a symlink, and
-// only a few bytes of a regular file are read.
-func (a *Agent) exitFileSays() string {
-	const flags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
-	var f *os.File
-	var err error
-	if p := os.Getenv(exitFileEnv); p != "" {
-		f, err = os.OpenFile(p, flags, 0)
-	} else {
-		f, err = a.dirs.area.OpenFile(exitFileName, flags, 0) // stays inside the area
-	}
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return ""
-	}
-	b := make([]byte, 16)
-	n, _ := io.ReadFull(f, b)
-	return strings.TrimSpace(string(b[:n]))
-}
-
 // defaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
 const defaultSignalWindow = time.Second
@@ -222,89 +191,6 @@ const (
 	restoreSub = "restore"
 )
 
-// localDirs are the agent's handles on its local directories: every
-// operation below the checkpoint directory goes through them, never by
-// path, so that a trainer swapping a directory for a symlink cannot
-// redirect a write or a delete.
-type localDirs struct {
-	root     *os.Root // --checkpoint-dir
-	area     *os.Root // root/areaName
-	areaName string
-	areaPath string
-}
-
-// openDirs creates (or checks) the checkpoint directory and the agent's
-// area in it, and opens both.
-func (a *Agent) openDirs() error {
-	root := a.cfg.dir
-	if root == nil {
-		if err := os.MkdirAll(a.cfg.CheckpointDir, 0o700); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
-		}
-		var err error
-		if root, err = os.OpenRoot(a.cfg.CheckpointDir); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
-		}
-	}
-	name := areaPrefix + a.cfg.RunID
-	d := localDirs{root: root, areaName: name, areaPath: filepath.Join(a.cfg.CheckpointDir, name)}
-	err := makeArea(root, name, a.cfg.RunID)
-	if err == nil {
-		d.area, err = checkpoint.OpenDir(root, name)
-	}
-	if err == nil {
-		err = mkdirIn(d.area, restoreSub)
-	}
-	if err != nil {
-		root.Close()
-		return fmt.Errorf("checkpoint dir: %s: %w", d.areaPath, err)
-	}
-	a.dirs = d
-	return nil
-}
-
-// makeArea creates the area name below root with its marker, or checks
-// that an existing one carries the marker of this run.
-func makeArea(root *os.Root, name, runID string) error {
-	marker := name + "/" + areaMarker
-	if err := root.Mkdir(name, 0o700); err == nil {
-		return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
-	} else if !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	area, err := checkpoint.OpenDir(root, name)
-	if err != nil {
-		return err
-	}
-	defer area.Close()
-	fi, err := area.Lstat(areaMarker)
-	if errors.Is(err, fs.ErrNotExist) {
-		// Empty: nothing of anyone's to lose by adopting it.
-		if f, err := area.Open("."); err == nil {
-			names, _ := f.Readdirnames(1)
-			f.Close()
-			if len(names) == 0 {
-				return checkpoint.WriteFile(area, areaMarker, []byte(runID+"\n"), 0o600)
-			}
-		}
-		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", areaMarker)
-	}
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > 256 {
-		return fmt.Errorf("%s is not a marker file: refused", areaMarker)
-	}
-	b, err := area.ReadFile(areaMarker)
-	if err != nil {
-		return err
-	}
-	if got := strings.TrimSpace(string(b)); got != runID {
-		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
-	}
-	return nil
-}
-
 // mkdirIn creates the directory name below r unless it exists; an
 // existing entry that is not a directory (a symlink, say) is refused.
 func mkdirIn(r *os.Root, name string) error {
@@ -325,157 +211,6 @@ func mkdirIn(r *os.Root, name string) error {
 	return nil
 }
 
-// closeDirs releases the handles; the agent touches no local file after.
-func (a *Agent) closeDirs() {
-	if a.dirs.area != nil {
-		a.dirs.area.Close()
-	}
-	if a.dirs.root != nil {
-		a.dirs.root.Close()
-	}
-}
-
-// restoreDir is where restores go, inside the agent's area.
-func (a *Agent) restoreDir() string { return filepath.Join(a.dirs.areaPath, restoreSub) }
-
-// restore puts the newest committed checkpoint where the trainer resumes
-// from, as the checkpoint source does it (source.go); nil when starting
-// fresh.
-func (a *Agent) restore(ctx context.Context) (*protocol.Resume, error) { return a.src.restore(ctx) }
-
-// restoreArea copies the newest committed checkpoint into the restore
-// area and returns the resume information (nil when starting fresh): the
-// protocol source's restore.
-func (a *Agent) restoreArea(ctx context.Context) (*protocol.Resume, error) {
-	f, err := a.fetchRestore(ctx, a.restoreOptions())
-	if err != nil || f == nil {
-		return nil, err
-	}
-	return a.restored(f.r, f.start, f.r.Dir, f.manifest), nil
-}
-
-// restoreOptions are the options of a restore into the agent's area.
-func (a *Agent) restoreOptions() checkpoint.RestoreOptions {
-	return checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch(), Part: a.restorePart()}
-}
-
-// fetched is a restore's files in place, before the loop records it.
-type fetched struct {
-	r        *checkpoint.Restored
-	start    time.Time
-	manifest string // the local copy of the manifest
-}
-
-// fetchRestore is the part of restore that touches only the store and the
-// restore area, never the loop's state: the overlapped restore runs it
-// beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
-func (a *Agent) fetchRestore(ctx context.Context, opts checkpoint.RestoreOptions) (*fetched, error) {
-	restoreDir := a.restoreDir()
-	start := time.Now()
-	// Opened afresh for every restore, refusing a symlink: a trainer may
-	// have swapped the directory since the last one.
-	if err := mkdirIn(a.dirs.area, restoreSub); err != nil {
-		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
-	}
-	dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub)
-	if err != nil {
-		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
-	}
-	defer dest.Close()
-	r, err := checkpoint.RestoreInto(ctx, a.cfg.Store, dest, restoreDir, opts)
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		a.log.Info("no committed checkpoint: starting fresh", zap.String("store", a.cfg.Store.URI("")))
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	// A local copy of the manifest, beside (not inside) the checkpoint's
-	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
-	name := filepath.Base(r.Dir)
-	manifestName := name + ".manifest.json"
-	manifest := filepath.Join(restoreDir, manifestName)
-	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := checkpoint.WriteFile(dest, manifestName, b, 0o600); err != nil {
-			a.log.Warn("could not write the local manifest copy", zap.Error(err))
-		}
-	}
-	// Older restores are of no further use.
-	if f, err := dest.Open("."); err == nil {
-		names, _ := f.Readdirnames(-1)
-		f.Close()
-		for _, n := range names {
-			if n != name && n != manifestName {
-				dest.RemoveAll(n)
-			}
-		}
-	}
-	a.log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
-		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
-	return &fetched{r: r, start: start, manifest: manifest}, nil
-}
-
-// restored records a restore (metrics, journal, the newest committed
-// checkpoint) and returns what the trainer is told: dir, where the files
-// are now, and manifest, the local copy of the manifest.
-func (a *Agent) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
-	a.cfg.Metrics.Restored(r.Bytes, time.Since(start))
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
-			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
-			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: a.cfg.Node,
-		})
-	})
-	a.lastCommit = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
-}
-
-// cleanup removes what a crashed agent left behind: the store's temp files
-// or incomplete multipart uploads, partial restores, and the checkpoint
-// directories it handed out that no trainer will answer for any more. It
-// deletes only in the agent's own area, and only names it makes. A sidecar
-// leaves request directories alone: its trainer may still be running and
-// own them.
-func (a *Agent) cleanup(ctx context.Context) {
-	if c, ok := a.cfg.Store.(cloud.Cleaner); ok {
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		var opts []cloud.CleanupOptions
-		if a.partMode() {
-			// Other nodes' uploads in flight are theirs: only this
-			// node's part, or what is older than a day.
-			opts = append(opts, checkpoint.PartCleanup(a.cfg.Node))
-		}
-		n, err := c.Cleanup(cctx, opts...)
-		cancel()
-		switch {
-		case err != nil:
-			a.log.Warn("store cleanup failed", zap.Error(err))
-		case n > 0:
-			a.log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
-		}
-	}
-	if dest, err := checkpoint.OpenDir(a.dirs.area, restoreSub); err == nil {
-		for _, n := range readNames(dest) {
-			if strings.HasPrefix(n, ".partial-") {
-				dest.RemoveAll(n)
-			}
-		}
-		dest.Close()
-	}
-	if len(a.cfg.Command) == 0 {
-		return
-	}
-	n := 0
-	for _, name := range readNames(a.dirs.area) {
-		if isRequestID(name) && a.dirs.area.RemoveAll(name) == nil {
-			n++
-		}
-	}
-	if n > 0 {
-		a.log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", a.dirs.areaPath))
-	}
-}
-
 // readNames lists the names in r (none if it cannot be read).
 func readNames(r *os.Root) []string {
 	f, err := r.Open(".")
@@ -487,57 +222,6 @@ func readNames(r *os.Root) []string {
 	return names
 }
 
-// childEnv is the trainer's environment.
-func (a *Agent) childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
-			env = append(env, kv)
-		}
-	}
-	env = append(env,
-		"SPOTAGENT_RUN_ID="+a.cfg.RunID,
-		"SPOTAGENT_CHECKPOINT_DIR="+a.cfg.CheckpointDir,
-		// The client checks that the socket's peer has this uid.
-		"SPOTAGENT_AGENT_UID="+strconv.Itoa(os.Geteuid()),
-	)
-	if a.cfg.Signal == 0 {
-		env = append(env, "SPOTAGENT_SOCKET="+a.cfg.Server.Path)
-	} else {
-		// No socket: the bridge is the trainer's one voice; a client
-		// library in the child runs as if there were no agent.
-		env = append(env,
-			"SPOTAGENT_SIGNAL="+signalName(a.cfg.Signal),
-			"SPOTAGENT_REQUEST_FILE="+filepath.Join(a.dirs.areaPath, requestFile),
-			"SPOTAGENT_DONE_MARKER="+doneMarker,
-		)
-	}
-	if os.Getenv(exitFileEnv) == "" {
-		// The client writes 75 here when stopped for an interruption or
-		// shutdown: a launcher that hides its workers' codes (torchrun's
-		// 1) still makes this agent exit 75 (exitCodeFor).
-		env = append(env, exitFileEnv+"="+filepath.Join(a.dirs.areaPath, exitFileName))
-	}
-	if a.restoring != nil {
-		// The restore runs while the trainer starts (agent_restore.go):
-		// the client blocks where it first needs the files. An older
-		// client waits for its welcome, which the agent holds until the
-		// restore ends: give it all the time that takes.
-		env = append(env, resumeEnv+"="+protocol.RestorePending)
-		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
-			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
-		}
-	}
-	if r := a.resume; r != nil {
-		env = append(env,
-			"SPOTAGENT_RESUME_DIR="+r.Dir,
-			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),
-			"SPOTAGENT_RESUME_MANIFEST="+r.Manifest,
-		)
-	}
-	return env
-}
-
 // signalNotice turns SIGTERM/SIGINT into a shutdown notice.
 func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
 	now := time.Now()
@@ -547,4 +231,62 @@ func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
 	}
 	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
 		Deadline: now.Add(grace), Detected: now, Action: name}
+}
+
+// overlapRestore reports whether this agent restores while its trainer
+// starts. The signal fallback's trainer and zero-code mode's read the
+// environment and DIR, which cannot say "pending".
+func (c *Config) overlapRestore() bool {
+	return c.OverlapRestore && c.Signal == 0 && c.Watch == nil
+}
+
+// childEnv is the trainer's environment.
+func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"SPOTAGENT_RUN_ID="+c.RunID,
+		"SPOTAGENT_CHECKPOINT_DIR="+c.CheckpointDir,
+		// The client checks that the socket's peer has this uid.
+		"SPOTAGENT_AGENT_UID="+strconv.Itoa(os.Geteuid()),
+	)
+	if c.Signal == 0 {
+		env = append(env, "SPOTAGENT_SOCKET="+c.Server.Path)
+	} else {
+		// No socket: the bridge is the trainer's one voice; a client
+		// library in the child runs as if there were no agent.
+		env = append(env,
+			"SPOTAGENT_SIGNAL="+sigbridge.Name(c.Signal),
+			"SPOTAGENT_REQUEST_FILE="+filepath.Join(areaPath, sigbridge.RequestFile),
+			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
+		)
+	}
+	if os.Getenv(exitFileEnv) == "" {
+		// The client writes 75 here when stopped for an interruption or
+		// shutdown: a launcher that hides its workers' codes (torchrun's
+		// 1) still makes this agent exit 75 (exitCodeFor).
+		env = append(env, exitFileEnv+"="+filepath.Join(areaPath, exitFileName))
+	}
+	if restorePending {
+		// The restore runs while the trainer starts (agent_restore.go):
+		// the client blocks where it first needs the files. An older
+		// client waits for its welcome, which the agent holds until the
+		// restore ends: give it all the time that takes.
+		env = append(env, resumeEnv+"="+protocol.RestorePending)
+		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
+			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
+		}
+	}
+	if r := resume; r != nil {
+		env = append(env,
+			"SPOTAGENT_RESUME_DIR="+r.Dir,
+			"SPOTAGENT_RESUME_STEP="+strconv.FormatInt(r.Step, 10),
+			"SPOTAGENT_RESUME_MANIFEST="+r.Manifest,
+		)
+	}
+	return env
 }

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -135,7 +137,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 	victim := filepath.Join(shortDir(t), "victim")
 	mustWrite(t, filepath.Join(victim, "mine", "w"), "evil")
 	tr.send(map[string]any{"type": "done", "step": 3, "dir": filepath.Join(sub, "mine")})
-	waitFor(t, "the commit scanned and waiting for its upload slot", func() bool { return gate.Waiting() == 1 })
+	testutil.WaitFor(t, "the commit scanned and waiting for its upload slot", func() bool { return gate.Waiting() == 1 })
 	if err := os.Rename(sub, sub+".moved"); err != nil {
 		t.Fatal(err)
 	}
@@ -243,8 +245,8 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
 	var reqs []string
 	for _, d := range []string{ckpt, filepath.Join(ckpt, "spotagent-test")} {
-		reqs = append(reqs, filepath.Join(d, requestFile))
-		for _, n := range []string{requestFile + ".tmp"} {
+		reqs = append(reqs, filepath.Join(d, sigbridge.RequestFile))
+		for _, n := range []string{sigbridge.RequestFile + ".tmp"} {
 			if err := os.Symlink(victim, filepath.Join(d, n)); err != nil {
 				t.Fatal(err)
 			}
@@ -255,9 +257,9 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 		c.Signal = syscall.SIGUSR1
 		c.Command = []string{"/bin/sh", "-c", `trap 'echo signalled' USR1; touch ` + filepath.Join(dir, "ready") + `; while :; do sleep 0.05; done`}
 	})
-	waitFor(t, "the trainer's handler", func() bool { _, err := os.Stat(filepath.Join(dir, "ready")); return err == nil })
+	testutil.WaitFor(t, "the trainer's handler", func() bool { _, err := os.Stat(filepath.Join(dir, "ready")); return err == nil })
 	ar.sigs <- syscall.SIGTERM // a shutdown checkpoint: request.json, then SIGUSR1
-	waitFor(t, "request.json written", func() bool {
+	testutil.WaitFor(t, "request.json written", func() bool {
 		for _, p := range reqs {
 			if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
 				return true

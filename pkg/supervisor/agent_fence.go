@@ -38,114 +38,25 @@ const cloudFence metadata.Cloud = "fence"
 // defaultFenceInterval is how often an agent lists leases/ (one List).
 const defaultFenceInterval = 30 * time.Second
 
-// lease is this session's lease: the run's, or in part mode the node's;
-// nil when fencing is off.
-func (a *Agent) lease() *checkpoint.Lease {
-	if a.committer.PartLease != nil {
-		return a.committer.PartLease
-	}
-	return a.committer.Lease
-}
-
-// fenced reports whether a newer session took the run (or this node of
-// the job) over.
-func (a *Agent) fenced() bool { return a.lease().Fenced() }
-
-// epoch is this session's epoch of the run's lease (0: none, or part
-// mode, where epochs count one node's sessions and manifests carry none).
-func (a *Agent) epoch() int64 {
-	if l := a.committer.Lease; l != nil {
-		return l.Epoch
-	}
-	return 0
-}
-
-// takeLease takes this session's lease, before the restore: the restore
-// then starts from what latest.json held when the lease sealed it. In
-// part mode it takes the node's lease: a second live copy of node K (a
-// spot replacement while the old machine still runs, a Job's pod
-// replacement) fences the older copy, whose parts are then never written.
-func (a *Agent) takeLease(ctx context.Context) error {
-	if a.cfg.FenceInterval < 0 {
-		return nil
-	}
-	rec := checkpoint.LeaseRecord{Session: a.session, Instance: machineOf(a.cfg.Identity), Started: a.started.UTC()}
-	if a.partMode() {
-		l, err := checkpoint.AcquirePartLease(ctx, a.cfg.Store, a.cfg.Node, rec)
-		if err != nil {
-			return fmt.Errorf("take lease of %s: %w", a.cfg.Node, err)
-		}
-		a.committer.PartLease = l
-		a.journal.FenceWith(l)
-		a.log.Info("lease of this node taken", zap.String("part", a.cfg.Node), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
-		return nil
-	}
-	l, err := checkpoint.AcquireLease(ctx, a.cfg.Store, rec)
-	if err != nil {
-		return fmt.Errorf("take lease: %w", err)
-	}
-	a.committer.Lease = l
-	a.journal.FenceWith(l)
-	a.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
-	return nil
-}
-
-// watchFence checks the lease every FenceInterval, until the agent's life
-// ends, and once fenced tells the loop (a.fences: its own event, not a
-// notice).
-func (a *Agent) watchFence() {
-	l := a.lease()
-	if l == nil {
-		return
-	}
-	every := a.cfg.FenceInterval
-	if every == 0 {
-		every = defaultFenceInterval
-	}
-	ctx := a.life
-	a.goBg(func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			err := l.Check(ctx)
-			if errors.Is(err, checkpoint.ErrFenced) {
-				select {
-				case a.fences <- struct{}{}:
-				default: // the loop knows already
-				}
-				return
-			}
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn("lease check failed", zap.Error(err))
-			}
-		}
-	})
-}
-
 // onFenced starts the fenced stop: a last checkpoint (uploaded, never
 // published), then stop, with --term-grace as the deadline.
 func (a *Agent) onFenced() {
-	if a.stopping != nil && a.stopping.reason == reasonFenced {
+	if a.stops.current != nil && a.stops.current.reason == reasonFenced {
 		return
 	}
 	now := time.Now()
 	n := metadata.Notice{Cloud: cloudFence, Kind: metadata.KindTermination, Detected: now,
-		ID: fmt.Sprintf("fenced-by-%d", a.lease().FencedBy()), Action: reasonFenced}
+		ID: fmt.Sprintf("fenced-by-%d", a.commits.lease().FencedBy()), Action: reasonFenced}
 	a.log.Error("fenced: a newer session owns the run; taking a last checkpoint, which will not become latest, then stopping",
-		zap.Int64("epoch", a.epoch()), zap.Int64("newer_epoch", a.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
+		zap.Int64("epoch", a.commits.epoch()), zap.Int64("newer_epoch", a.commits.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
 	n.Deadline = now.Add(a.cfg.TermGrace)
-	if a.partMode() && a.stopping == nil {
+	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
-		a.stopping = s
-		a.stopFailed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
+		a.stops.current = s
+		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
 		return
 	}
 	a.beginStop(n, reasonFenced, now)
@@ -160,12 +71,70 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	}
 	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
-	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
-	case a.stopping == nil:
+	case a.stops.current == nil:
 		a.onFenced()
 	case r.stop != nil && !r.stop.finished:
-		a.finishStop(r.stop)
+		a.stops.finish(r.stop)
 	}
 	return true
+}
+
+// takeLease takes this session's lease, before the restore: the restore
+// then starts from what latest.json held when the lease sealed it. In
+// part mode it takes the node's lease: a second live copy of node K (a
+// spot replacement while the old machine still runs, a Job's pod
+// replacement) fences the older copy, whose parts are then never written.
+func (s *session) takeLease(ctx context.Context, cfg *Config, job jobPolicy, c *checkpoint.Committer) error {
+	if cfg.FenceInterval < 0 {
+		return nil
+	}
+	rec := checkpoint.LeaseRecord{Session: s.id, Instance: machineOf(cfg.Identity), Started: s.started.UTC()}
+	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
+	if err != nil {
+		return err
+	}
+	s.journal.FenceWith(l)
+	if part := job.part(); part != "" {
+		s.log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	} else {
+		s.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+	}
+	return nil
+}
+
+// watchFence checks the lease every FenceInterval, until the agent's life
+// ends, and once fenced tells the loop (fences: its own event, not a
+// notice).
+func (c *commits) watchFence(ctx context.Context, every time.Duration, fences chan<- struct{}, goBg func(func()), log *zap.Logger) {
+	l := c.lease()
+	if l == nil {
+		return
+	}
+	if every == 0 {
+		every = defaultFenceInterval
+	}
+	goBg(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := l.Check(ctx)
+			if errors.Is(err, checkpoint.ErrFenced) {
+				select {
+				case fences <- struct{}{}:
+				default: // the loop knows already
+				}
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				log.Warn("lease check failed", zap.Error(err))
+			}
+		}
+	})
 }

@@ -16,19 +16,18 @@ import (
 // a rank of this node crashed before the stop (a bug stays 1), and after a
 // peer lost before the stop, whatever the other nodes' crash records say
 // (peerLossExit).
-func (a *Agent) stopLauncherExit(code int) int {
-	w := &a.ranks
+func (w *rankWatch) stopLauncherExit(code int) int {
 	for pid, said := range w.left { // noted only while no stop ran: before it
 		if said != strconv.Itoa(ExitInterrupted) {
-			a.log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
+			w.env.log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
 				zap.Int("code", code), zap.Int("rank_pid", pid), zap.String("exit_file", said))
 			return code
 		}
 	}
 	if w.verdict == verdictPeerLost {
-		return a.peerLossExit(code) // agent_peers.go
+		return w.peerLossExit(code) // agent_peers.go
 	}
-	a.log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
+	w.env.log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
 		zap.Int("code", code))
 	return ExitInterrupted
 }

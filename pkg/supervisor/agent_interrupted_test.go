@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -35,7 +36,7 @@ func startStopJob(t *testing.T) *stopJob {
 			`while [ ! -e ` + trigger + ` ]; do sleep 0.05; done; exit 1`}
 	})
 	var f []string
-	waitFor(t, "the launcher's ranks", func() bool {
+	testutil.WaitFor(t, "the launcher's ranks", func() bool {
 		b, err := os.ReadFile(info)
 		f = strings.Fields(string(b))
 		return err == nil && len(f) == 3
@@ -64,12 +65,12 @@ func TestAgent_StopLauncherOneIs75UnlessCrashedBefore(t *testing.T) {
 			j := startStopJob(t)
 			if crashedBefore {
 				j.end(t, 0, "1")
-				waitFor(t, "the crash verdict", func() bool {
+				testutil.WaitFor(t, "the crash verdict", func() bool {
 					return j.logs.FilterMessage("a rank of this node ended on an error").Len() > 0
 				})
 			}
 			j.ar.sigs <- syscall.SIGTERM
-			waitFor(t, "the stop", func() bool {
+			testutil.WaitFor(t, "the stop", func() bool {
 				return j.logs.FilterMessage("signal received: taking a final checkpoint").Len() > 0
 			})
 			for r := range j.conns {

@@ -2,8 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,94 +53,18 @@ func multiNode(m protocol.Message) bool {
 		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
 }
 
-// restorePart is the part a restore fetches: this node's, or every part.
-func (a *Agent) restorePart() string {
-	if a.cfg.RestoreAll {
-		return ""
-	}
-	return a.cfg.Node
-}
-
-// partMode reports whether this agent commits parts of a job checkpoint.
-func (a *Agent) partMode() bool { return a.cfg.Node != "" }
-
-// asksPeriodic reports whether this agent's schedule asks for periodic
-// checkpoints: in a job, only the node hosting rank 0 does (the others'
-// ranks join its requests), so that the job has one schedule.
-func (a *Agent) asksPeriodic() bool {
-	if !a.partMode() {
-		return true
-	}
-	for _, c := range a.conns {
-		if h, ok := c.Hello(); ok && h.Rank != nil && *h.Rank == 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // noteRank records which rank answered r, for its part.
 func (r *request) noteRank(c *protocol.Conn) {
 	h, ok := c.Hello()
 	if !ok || h.Rank == nil {
 		return
 	}
-	if r.ranks == nil {
-		r.ranks = map[int]bool{}
+	if r.part.ranks == nil {
+		r.part.ranks = map[int]bool{}
 	}
-	r.ranks[*h.Rank] = true
-	if h.WorldSize != nil && *h.WorldSize > r.world {
-		r.world = *h.WorldSize
-	}
-}
-
-// partFor is r's part of the job checkpoint (nil outside part mode).
-// settle has made sure that r's ranks are known (partMissing).
-func (a *Agent) partFor(r *request) *checkpoint.PartSpec {
-	if !a.partMode() {
-		return nil
-	}
-	ranks := slices.Sorted(maps.Keys(r.ranks))
-	return &checkpoint.PartSpec{Node: a.cfg.Node, Ranks: ranks, WorldSize: max(r.world, 1)}
-}
-
-// partMissing says why r, answered by every trainer it waits for, cannot
-// be this node's part yet ("" when it can): a rank that hello said exists
-// on this node has not answered (it may connect and join a few ms late),
-// or no trainer said which rank it is.
-func (a *Agent) partMissing(r *request) string {
-	if !a.partMode() {
-		return ""
-	}
-	if len(r.ranks) == 0 {
-		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
-	}
-	if len(r.ranks) < a.localWorld {
-		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.ranks), a.localWorld)
-	}
-	return ""
-}
-
-// noteLocalWorld remembers how many ranks run on this node, as the
-// trainers' hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for
-// all of them, even one that connects after the request was sent.
-func (a *Agent) noteLocalWorld(m protocol.Message) {
-	if a.partMode() && m.LocalWorldSize != nil && *m.LocalWorldSize > a.localWorld {
-		a.localWorld = *m.LocalWorldSize
-	}
-}
-
-// checkHelloTopology warns when a trainer's hello says it is one node of a
-// job and this agent was not told its node rank: its commits would then
-// be whole checkpoints made of one node's files.
-func (a *Agent) checkHelloTopology(m protocol.Message) {
-	if a.partMode() || a.warnedTopology {
-		return
-	}
-	if multiNode(m) {
-		a.warnedTopology = true
-		a.log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
-			zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
+	r.part.ranks[*h.Rank] = true
+	if h.WorldSize != nil && *h.WorldSize > r.part.world {
+		r.part.world = *h.WorldSize
 	}
 }
 
@@ -156,19 +78,19 @@ func (a *Agent) checkHelloTopology(m protocol.Message) {
 // priority (checkpoint.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
-	if _, known := a.conns[c.ID()]; !known || !ok {
-		a.reply(c, m.ID, "join: say hello first")
+	if _, known := a.conns.byID[c.ID()]; !known || !ok {
+		a.conns.reply(c, m.ID, "join: say hello first")
 		return
 	}
-	if !a.partMode() && (h.WorldSize == nil || *h.WorldSize < 2) {
-		a.reply(c, m.ID, "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)")
+	if why := a.job.mayJoin(h); why != "" {
+		a.conns.reply(c, m.ID, why)
 		return
 	}
 	if !isRequestID(m.ID) {
-		a.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
+		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}
-	if r, ok := a.pending[m.ID]; ok {
+	if r, ok := a.commits.pending[m.ID]; ok {
 		if !r.answeredBy[c.ID()] {
 			r.waiting[c.ID()] = true
 		}
@@ -177,14 +99,14 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		}
 		return
 	}
-	if _, ok := a.uploads[m.ID]; ok {
-		a.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
+	if _, ok := a.commits.uploads[m.ID]; ok {
+		a.conns.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
 		return
 	}
 	switch m.Reason {
 	case protocol.ReasonPeriodic, protocol.ReasonManual, protocol.ReasonShutdown, protocol.ReasonInterruption:
 	default:
-		a.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
+		a.conns.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
 		return
 	}
 	now := time.Now()
@@ -197,60 +119,44 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		// A rank's own SIGTERM (the kubelet's, torchrun's) offered to the
 		// job has no deadline the agent gave: the grace of this node's own
 		// shutdown bounds it, as if this agent had been signalled.
-		deadline = a.requestDeadline(now.Add(a.cfg.TermGrace), now)
+		deadline = a.cfg.requestDeadline(a.commits.last.bytes, now.Add(a.cfg.TermGrace), now)
 	default:
-		a.reply(c, m.ID, "join: a deadline in the future is required")
+		a.conns.reply(c, m.ID, "join: a deadline in the future is required")
 		return
 	}
 	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
 		deadline = now.Add(a.cfg.RequestTimeout)
 	}
-	if s := a.stopping; s != nil && (s.req == nil || a.pending[s.req.id] != s.req) {
+	if s := a.stops.current; s != nil && (s.req == nil || a.commits.pending[s.req.id] != s.req) {
 		// This node's interruption checkpoint is saved (or failed)
 		// already: the job's ranks cannot be asked for another one.
-		a.reply(c, m.ID, "join: this node is already stopping")
+		a.conns.reply(c, m.ID, "join: this node is already stopping")
 		return
 	}
 	var stop *stopState
-	for id, r := range a.pending {
-		delete(a.pending, id)
+	for id, r := range a.commits.pending {
+		delete(a.commits.pending, id)
 		if r.stop != nil {
 			stop = r.stop
 			r.stop = nil
 		}
 		a.log.Info("checkpoint request superseded by the job's", zap.String("id", id), zap.String("job_id", m.ID))
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 	}
 	if stop == nil && urgent {
-		stop = a.joinedStop(m, deadline, now)
+		stop = a.stops.joined(m, deadline, now)
 	}
 	r := a.requestID(m.ID, m.Reason, deadline, stop)
 	if r == nil {
 		if stop != nil {
-			a.stopFailed(stop, "checkpoint request not delivered", now)
+			a.stops.failed(stop, "checkpoint request not delivered", now)
 		}
 		return
 	}
 	if stop != nil {
-		a.stopRequested(stop, r, now)
+		a.stops.requested(stop, r, now)
 	}
 	a.log.Info("joined the job's checkpoint", zap.String("id", m.ID), zap.String("reason", m.Reason), zap.Time("deadline", deadline))
-}
-
-// joinedStop starts the stop sequence for an interruption that reached
-// another node: after the job's checkpoint commits, this node's ranks stop
-// too, so that the whole job exits and its scheduler restarts it. It is
-// not journalled: the node that got the notice records the interruption.
-func (a *Agent) joinedStop(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
-	s := &stopState{
-		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
-		reason:   m.Reason,
-		deadline: reqDeadline.Add(upload + a.cfg.Margin),
-		joined:   true,
-	}
-	a.stopping = s
-	return s
 }
 
 // message is r's checkpoint request as sent to a trainer.
@@ -264,10 +170,26 @@ func (r *request) message() protocol.Message {
 func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
-	a.removeDir(r)
-	a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
-	a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+	a.dirs.removeDir(r, a.goBg, a.log)
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
+	a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
-		a.stopFailed(r.stop, why, now)
+		a.stops.failed(r.stop, why, now)
 	}
+}
+
+// joined starts the stop sequence for an interruption that reached
+// another node: after the job's checkpoint commits, this node's ranks stop
+// too, so that the whole job exits and its scheduler restarts it. It is
+// not journalled: the node that got the notice records the interruption.
+func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
+	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
+	s := &stopState{
+		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
+		reason:   m.Reason,
+		deadline: reqDeadline.Add(upload + q.cfg.Margin),
+		joined:   true,
+	}
+	q.current = s
+	return s
 }

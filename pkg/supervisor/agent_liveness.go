@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -32,69 +33,73 @@ import (
 // peerLostFile is the sidecar's word to the trainer container's script.
 const peerLostFile = "peer-lost"
 
-// startLiveness starts the heartbeats at the first hello of a rank of a
+// heartbeats is the liveness monitor of a multi-node job's agents (nil
+// until the first hello of a rank of such a job).
+type heartbeats struct{ mon *liveness.Monitor }
+
+// start starts the heartbeats at the first hello of a rank of a
 // multi-node job (the hello says how many nodes) run by this agent's child
-// or beside this sidecar.
-func (a *Agent) startLiveness(m protocol.Message) {
-	if a.live != nil || a.cfg.Liveness.Timeout < 0 || !a.partMode() || a.cfg.Watch != nil || m.Nodes == nil || *m.Nodes < 2 {
+// or beside this sidecar; part is this node's part ("" not part mode).
+func (h *heartbeats) start(m protocol.Message, cfg *Config, part, session string, life context.Context) {
+	if h.mon != nil || cfg.Liveness.Timeout < 0 || part == "" || cfg.Watch != nil || m.Nodes == nil || *m.Nodes < 2 {
 		return
 	}
-	k, err := ParseNodeRank(a.cfg.Node[len("node-"):])
+	k, err := ParseNodeRank(cfg.Node[len("node-"):])
 	if err != nil || k >= *m.Nodes {
-		a.log.Error("no liveness heartbeats: this node's rank is not one of the job's nodes", zap.String("node", a.cfg.Node), zap.Int("nodes", *m.Nodes))
+		cfg.Log.Error("no liveness heartbeats: this node's rank is not one of the job's nodes", zap.String("node", cfg.Node), zap.Int("nodes", *m.Nodes))
 		return
 	}
-	c := a.cfg.Liveness
-	c.Store, c.RunID, c.Node, c.Nodes, c.Session, c.Log = a.cfg.Store, a.cfg.RunID, k, *m.Nodes, a.session, a.log
-	mon, err := liveness.Start(a.life, c)
+	c := cfg.Liveness
+	c.Store, c.RunID, c.Node, c.Nodes, c.Session, c.Log = cfg.Store, cfg.RunID, k, *m.Nodes, session, cfg.Log
+	mon, err := liveness.Start(life, c)
 	if err != nil {
-		a.log.Error("no liveness heartbeats", zap.Error(err))
+		cfg.Log.Error("no liveness heartbeats", zap.Error(err))
 		return
 	}
-	a.live = mon
+	h.mon = mon
 }
 
-// liveSilent is where the silent neighbours arrive (nil: no heartbeats).
-func (a *Agent) liveSilent() <-chan liveness.Silence {
-	if a.live == nil {
+// silent is where the silent neighbours arrive (nil: no heartbeats).
+func (h *heartbeats) silent() <-chan liveness.Silence {
+	if h.mon == nil {
 		return nil
 	}
-	return a.live.Silent()
+	return h.mon.Silent()
 }
 
 // onPeerSilent: a neighbour's agent is silent. While the ranks train (no
-// stop sequence, no verdict yet), that is a lost peer: end the ranks.
-func (a *Agent) onPeerSilent(s liveness.Silence) {
+// stop sequence, no verdict yet), that is a lost peer: end the ranks
+// (endRanks: the loop stops the launcher).
+func (w *rankWatch) onPeerSilent(s liveness.Silence, cfg *Config, running, stopping bool) (endRanks bool) {
 	silent := time.Since(s.Since).Round(time.Millisecond)
-	if len(a.cfg.Command) == 0 && a.stopping == nil {
-		a.tellTrainerPeerLost(s, silent)
-		return
+	if len(cfg.Command) == 0 && !stopping {
+		tellTrainerPeerLost(cfg, s, silent)
+		return false
 	}
-	if a.childDone == nil || a.stopping != nil || a.ranks.verdict != "" {
-		a.log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
-		return
+	if !running || stopping || w.verdict != "" {
+		cfg.Log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
+		return false
 	}
-	w := &a.ranks
 	w.verdict, w.verdictAt, w.ended = verdictPeerLost, time.Now(), true
-	a.cfg.Metrics.Error("peer_silent")
-	a.log.Warn("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
+	cfg.Metrics.Error("peer_silent")
+	cfg.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
 		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent),
-		zap.Duration("kill_after", a.cfg.KillAfter))
-	a.stopChild()
+		zap.Duration("kill_after", cfg.KillAfter))
+	return true
 }
 
-// stopLiveness tells the neighbours this agent leaves, and stops.
-func (a *Agent) stopLiveness() {
-	if a.live != nil {
-		a.live.Close()
+// stop tells the neighbours this agent leaves, and stops.
+func (h *heartbeats) stop() {
+	if h.mon != nil {
+		h.mon.Close()
 	}
 }
 
 // tellTrainerPeerLost creates peerLostFile beside the socket (a sidecar's
 // trainer container shares that directory). Created exclusively and never
 // through a symlink: one the trainer planted there is left alone.
-func (a *Agent) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
-	p := filepath.Join(filepath.Dir(a.cfg.Server.Path), peerLostFile)
+func tellTrainerPeerLost(cfg *Config, s liveness.Silence, silent time.Duration) {
+	p := filepath.Join(filepath.Dir(cfg.Server.Path), peerLostFile)
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
 	if err == nil {
 		_, err = f.WriteString("75\n")
@@ -103,10 +108,10 @@ func (a *Agent) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
 		}
 	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
-		a.log.Error("a neighbour node's agent is silent, but the trainer container cannot be told", zap.String("path", p), zap.Error(err))
+		cfg.Log.Error("a neighbour node's agent is silent, but the trainer container cannot be told", zap.String("path", p), zap.Error(err))
 		return
 	}
-	a.cfg.Metrics.Error("peer_silent")
-	a.log.Warn("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
+	cfg.Metrics.Error("peer_silent")
+	cfg.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
 		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent), zap.String("path", p))
 }

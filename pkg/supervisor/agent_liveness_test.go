@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -31,7 +32,7 @@ func startSilentPeerJob(t *testing.T) (*launcherJob, *liveness.Monitor, context.
 		t.Fatal(err)
 	}
 	t.Cleanup(cancel)
-	waitFor(t, "node 0's agent to hear node 1", func() bool { return logs.FilterMessage("liveness: a neighbour heard").Len() > 0 })
+	testutil.WaitFor(t, "node 0's agent to hear node 1", func() bool { return logs.FilterMessage("liveness: a neighbour heard").Len() > 0 })
 	return j, m, cancel, logs
 }
 
@@ -53,9 +54,9 @@ func TestAgent_SilentPeerEndsRanksAndExits75(t *testing.T) {
 func TestAgent_PeerThatLeavesIsNoLoss(t *testing.T) {
 	j, m, _, logs := startSilentPeerJob(t)
 	m.Close()
-	waitFor(t, "the leave", func() bool { return logs.FilterMessage("liveness: a neighbour's agent left in order").Len() > 0 })
+	testutil.WaitFor(t, "the leave", func() bool { return logs.FilterMessage("liveness: a neighbour's agent left in order").Len() > 0 })
 	left := time.Now()
-	waitFor(t, "the timeout to pass", func() bool { return time.Since(left) > time.Second })
+	testutil.WaitFor(t, "the timeout to pass", func() bool { return time.Since(left) > time.Second })
 	select {
 	case code := <-j.ar.done:
 		t.Fatalf("agent exited %d after its neighbour left in order", code)
@@ -91,10 +92,10 @@ func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
 			if _, err := liveness.Start(ctx, peer); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the sidecar to hear node 1", func() bool { return logs.FilterMessage("liveness: a neighbour heard").Len() > 0 })
+			testutil.WaitFor(t, "the sidecar to hear node 1", func() bool { return logs.FilterMessage("liveness: a neighbour heard").Len() > 0 })
 			cancel()
 			if planted {
-				waitFor(t, "the silence", func() bool {
+				testutil.WaitFor(t, "the silence", func() bool {
 					return logs.FilterMessageSnippet("a neighbour node's agent is silent").Len() > 0
 				})
 				if b, _ := os.ReadFile(target); string(b) != "mine" {
@@ -102,7 +103,7 @@ func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
 				}
 				return
 			}
-			waitFor(t, "peer-lost beside the socket", func() bool {
+			testutil.WaitFor(t, "peer-lost beside the socket", func() bool {
 				b, err := os.ReadFile(lost)
 				return err == nil && string(b) == "75\n"
 			})

@@ -8,16 +8,14 @@ import (
 	"os/exec"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/fleet"
-	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -33,76 +31,25 @@ import (
 // end). acks and journals count the subset that must land after the loop
 // ends (created with context.WithoutCancel): finish waits for them, bounded.
 type Agent struct {
-	cfg        Config
-	log        *zap.Logger
-	life       context.Context
-	endLife    context.CancelFunc
-	bg         sync.WaitGroup            // every goroutine below, and the rest the agent starts
-	conns      map[uint64]*protocol.Conn // trainers that said hello to this run
-	acks       sync.WaitGroup            // cloud event acknowledgements in flight
-	journals   sync.WaitGroup            // journal updates in flight
-	hadTrainer bool
-	journal    *checkpoint.JournalWriter
-	committer  *checkpoint.Committer
-	dirs       localDirs
+	cfg     Config
+	log     *zap.Logger
+	life    context.Context
+	endLife context.CancelFunc
+	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
+	dirs    localDirs
 
-	started   time.Time // this session
-	session   string    // its id in the journal (Session.ID)
-	ranBefore float64   // run time of earlier sessions, seconds (journal)
-	resume    *protocol.Resume
-
-	// The restore running beside the trainer's start (agent_restore.go);
-	// aborted: the start was given up meanwhile; restoreGone: why the
-	// trainers will get no resume (it failed or was cancelled);
-	// abandonAt: when a trainer told of a failed restore is stopped.
-	restoring   *pendingRestore
-	aborted     *startAbort
-	restoreGone string
-	abandonAt   time.Time
-
-	child     *child.Child
-	childPID  atomic.Int64 // for the signal bridge, which runs beside the loop
-	childDone <-chan struct{}
-	restarts  int
-	restartAt time.Time // zero: no restart pending
-	exitCode  int
-	childGone bool // exited for good (or never had one)
-	killing   bool // child.Stop running
-	// deadlineKill: the stop sequence's deadline passed with the trainer
-	// still running, and the agent sent it SIGTERM (SIGKILL after KillAfter).
-	deadlineKill bool
-
-	pending    map[string]*request
-	uploads    map[string]*upload
-	results    chan commitResult
-	fences     chan struct{} // the lease check found a newer session (agent_fence.go)
-	lastCommit committedCheckpoint
-	lastBlock  time.Time // when the trainer last finished saving (or started)
-	blocked    float64   // seconds blocked in checkpoints this session (goodput)
-	lastStep   int64
-	interval   time.Duration
-
-	promise     promiseState // the notice checkpoint's prediction (agent_promise.go)
-	stopping    *stopState
-	noticesSeen int
-	lastNotice  *metadata.Notice
-	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
-	firstSignal time.Time // when the first of them came (SignalWindow)
-	done        bool      // loop ends
-
-	src checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
-
-	warnedTopology bool // agent_job.go
-	localWorld     int  // ranks on this node, as hellos said (part mode)
-
-	ranks rankWatch         // the child's ranks, and a lost peer (agent_peers.go)
-	live  *liveness.Monitor // heartbeats of the job's nodes (agent_liveness.go)
-
-	// saidBye: connections whose trainer said it finished; byes counts
-	// them; leftUnfinished: one left without bye since the last start.
-	saidBye        map[uint64]bool
-	byes           int
-	leftUnfinished bool
+	sess    session          // this session and the run's journal (session.go)
+	boot    bootRestore      // the start-up restore beside the trainer's start (agent_restore.go)
+	proc    *process         // the trainer's child process (process.go)
+	conns   trainerConns     // the trainers and their connections (trainers.go)
+	commits commits          // requests, uploads and commits (commits.go)
+	stops   stopSequence     // notices, signals and the stop sequence (stop.go)
+	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
+	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
+	live    heartbeats       // heartbeats of the job's nodes (agent_liveness.go)
+	job     jobPolicy        // single node or one node's part of a job (job_policy.go)
+	src     checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
+	done    bool             // loop ends
 }
 
 type committedCheckpoint struct {
@@ -180,19 +127,19 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.watchFence() // agent_fence.go
+	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 	a.src.start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
-			b := &signalBridge{socket: cfg.Server.Path, sig: cfg.Signal, area: a.dirs.area, areaPath: a.dirs.areaPath,
-				pid: func() int { return int(a.childPID.Load()) }, poll: 50 * time.Millisecond, log: a.log}
-			a.goBg(func() { b.serve(a.life) })
+			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
+				PID: func() int { return int(a.proc.pid.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 	}
-	if a.overlapRestore() {
+	if a.cfg.overlapRestore() {
 		a.startRestore() // agent_restore.go: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
@@ -201,28 +148,26 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.promiseAtStart() // agent_promise.go
-	if a.restoring == nil {
+	a.commits.promise.atStart(a.sess.journal) // agent_promise.go
+	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
-	a.stopLiveness() // agent_liveness.go
+	a.live.stop() // agent_liveness.go
 	cfg.Metrics.Ready(false)
-	if a.child != nil {
-		a.child.Close() // what the trainer left in its group goes now
-	}
-	if a.aborted != nil {
+	a.proc.close() // what the trainer left in its group goes now
+	if a.boot.aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
 		a.finish()
 	}
-	if a.fenced() { // agent_fence.go
+	if a.commits.fenced() { // agent_fence.go
 		return exitFenced, nil
 	}
-	if code, err, ok := a.restoreExit(); ok { // agent_restore.go
+	if code, err, ok := a.boot.exit(); ok { // agent_restore.go
 		return code, err
 	}
-	return a.exitCode, nil
+	return a.proc.exitCode, nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -289,23 +234,26 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, started: time.Now(), session: newID(), life: life, endLife: endLife,
-		pending: map[string]*request{}, uploads: map[string]*upload{}, conns: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{},
-		results: make(chan commitResult, 4), fences: make(chan struct{}, 1),
-		childGone: len(cfg.Command) == 0,
+		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
+		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
+		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
+		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
+		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.lastBlock = a.started
-	a.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	if cfg.Node != "" {
-		a.committer.Session = a.session // part data of this session only (parts.go)
-	}
+	a.commits.lastBlock = a.sess.started
+	a.commits.promise.cfg = &a.cfg
+	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
+	a.ranks.env = rankEnv{part: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
+		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
+	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
 		return nil, err
 	}
-	a.src = src
-	if err := a.openDirs(); err != nil {
+	a.src, a.stops.src = src, src
+	if err := a.dirs.open(&a.cfg); err != nil {
 		a.src.close()
 		endLife()
 		return nil, err
@@ -315,58 +263,43 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
 		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
 	}
-	a.journal = checkpoint.NewJournalWriter(cfg.Store, j)
-	a.ranBefore = j.Stats.RunSeconds
-	a.cleanup(ctx)
+	a.sess.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	a.sess.ranBefore = j.Stats.RunSeconds
+	a.dirs.cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
-	cfg.Scheduler.ObserveHistory(a.fleetPrior(ctx).Seed(schedule.History{
+	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := a.takeLease(ctx); err != nil { // agent_fence.go
+	if err := a.sess.takeLease(ctx, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
 	}
-	if a.overlapRestore() {
+	if a.cfg.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.resume, err = a.restore(ctx); err != nil {
+	if a.boot.resume, err = a.src.restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
-	a.recordSession()
+	a.sess.recordSession(a.cfg.Identity)
 	return a, nil
 }
 
-// recordSession adds this session to the journal, once the restore worked:
-// a start that fails there leaves no trace in the store.
-func (a *Agent) recordSession() {
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: a.session, Start: a.started.UTC(), Instance: machineOf(a.cfg.Identity)})
-	})
-}
-
 func (a *Agent) startChild() error {
-	if a.resume != nil {
-		a.lastBlock = time.Now()
-		a.lastCommit.trainedAt = a.lastBlock
+	if a.boot.resume != nil {
+		a.commits.lastBlock = time.Now()
+		a.commits.last.trainedAt = a.commits.lastBlock
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(exitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
 	}
-	a.resetRanks()
-	c, err := child.Start(child.Config{Args: a.cfg.Command, Env: a.childEnv(), Log: a.log})
-	if err != nil {
-		return fmt.Errorf("start trainer: %w", err)
-	}
-	a.child, a.childDone = c, c.Done()
-	a.childPID.Store(int64(c.PID()))
-	a.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", a.cfg.Command), zap.Int("restarts", a.restarts))
-	return nil
+	a.ranks.reset()
+	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -374,7 +307,7 @@ func (a *Agent) startChild() error {
 func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for len(a.conns) == 0 {
+	for len(a.conns.byID) == 0 {
 		select {
 		case ev := <-events:
 			a.onEvent(ev)
@@ -415,17 +348,21 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onSignal(sig)
 		case <-a.fences:
 			a.onFenced() // agent_fence.go
-		case r := <-a.results:
+		case r := <-a.commits.results:
 			a.onCommitResult(r)
 			a.src.committed(r)
 		case work := <-a.src.ready():
 			work()
-		case res := <-a.restoreDone():
+		case res := <-a.ranks.lookupDone():
+			a.proc.exitCode = a.ranks.onLookup(res) // agent_peers.go
+		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
-		case <-a.childDone:
+		case <-a.proc.done:
 			a.onChildExit()
-		case s := <-a.liveSilent():
-			a.onPeerSilent(s) // agent_liveness.go
+		case s := <-a.live.silent(): // agent_liveness.go
+			if a.ranks.onPeerSilent(s, &a.cfg, a.proc.running(), a.stops.current != nil) {
+				a.proc.stop(a.life, a.goBg)
+			}
 		case <-timer.C:
 		}
 	}
@@ -439,20 +376,20 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 			wake = t
 		}
 	}
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		earlier(r.deadline)
 	}
-	if s := a.stopping; s != nil {
+	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.restartAt)
-	earlier(a.abandonAt)
+	earlier(a.proc.restartAt)
+	earlier(a.boot.abandonAt)
 	earlier(a.src.wake())
-	if a.ranksPending() { // agent_peers.go
+	if a.ranks.pending(a.proc.running(), a.stops.current != nil) { // agent_peers.go
 		earlier(now.Add(rankPoll))
 	}
-	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 {
-		earlier(a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now))
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
+		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
 	if wake.Before(now) {
 		wake = now
@@ -462,28 +399,36 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 
 // tick does whatever is due at now.
 func (a *Agent) tick(now time.Time) {
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if !now.Before(r.deadline) {
 			a.requestExpired(r, now)
 		}
 	}
-	a.tickStop(now)
-	a.tickRanks(now) // agent_peers.go
+	if s := a.stops.current; s != nil { // stop.go
+		if a.stops.tick(now) && a.proc.running() && !a.proc.killing {
+			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
+			a.proc.stopAtDeadline(a.life, a.goBg)
+		}
+		a.checkDone()
+	}
+	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
+		a.proc.stop(a.life, a.goBg)
+	} // agent_peers.go
 	a.src.tick(now)
-	if !a.restartAt.IsZero() && !now.Before(a.restartAt) && len(a.uploads) == 0 && a.restoring == nil {
+	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
-	if !a.abandonAt.IsZero() && !now.Before(a.abandonAt) {
-		a.abandonAt = time.Time{}
+	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
+		a.boot.abandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
-		a.stopChild()
+		a.proc.stop(a.life, a.goBg)
 	}
-	if iv := a.cfg.Scheduler.Interval(); iv != a.interval {
-		a.interval = iv
+	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
+		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stopping == nil && len(a.pending) == 0 && a.trainers() > 0 && a.asksPeriodic() &&
-		a.cfg.Scheduler.Due(now, a.lastBlock, len(a.uploads) > 0) {
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.job.asksPeriodic(a.conns.byID) &&
+		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkDone()
@@ -495,10 +440,10 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.childGone || !a.restartAt.IsZero() {
+	if !a.proc.gone || !a.proc.restartAt.IsZero() {
 		return
 	}
-	if p := a.restoring; p != nil && len(a.cfg.Command) > 0 {
+	if p := a.boot.restoring; p != nil && len(a.cfg.Command) > 0 {
 		// Nobody is left to resume: the restore's end is awaited, cancelled.
 		if p.why == "" {
 			p.why = "the trainer exited"
@@ -506,147 +451,85 @@ func (a *Agent) checkDone() {
 		}
 		return
 	}
-	if a.aborted != nil && len(a.cfg.Command) > 0 {
+	if a.boot.aborted != nil && len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
-	if a.signals > 1 {
+	if a.stops.signals > 1 {
 		a.done = true
 		return
+	}
+	if a.ranks.lookup != nil {
+		return // the exit code waits for the crash-record lookup (agent_peers.go)
 	}
 	if a.src.busy(time.Now()) {
 		return
 	}
-	if len(a.uploads) > 0 {
+	if len(a.commits.uploads) > 0 {
 		return
 	}
 	if len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
-	if a.signals > 0 && (a.stopping == nil || a.stopping.finished) {
+	if a.stops.signals > 0 && (a.stops.current == nil || a.stops.current.finished) {
 		a.done = true
 		return
 	}
-	if a.cfg.EndWhenIdle && a.hadTrainer && len(a.conns) == 0 && len(a.pending) == 0 {
+	if a.cfg.EndWhenIdle && a.conns.had && len(a.conns.byID) == 0 && len(a.commits.pending) == 0 {
 		a.done = true
 	}
 }
 
 func (a *Agent) onChildExit() {
-	code := a.child.ExitCode()
-	a.childPID.Store(0) // the pid may be reused: nothing may signal it now
-	a.childDone = nil
-	a.exitCode = a.exitCodeFor(code)
-	a.killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.child.PID()), zap.Int("agent_exit_code", a.exitCode))
-	for id, r := range a.pending {
+	code := a.proc.exited()
+	a.proc.exitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
+	a.proc.killing = false
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
+	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
 		// child alone and stays connected, so nobody else will answer.
 		if r.urgent() && a.cfg.Signal == 0 {
 			continue
 		}
-		delete(a.pending, id)
+		delete(a.commits.pending, id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
-			a.stopFailed(r.stop, "trainer exited before saving", time.Now())
+			a.stops.failed(r.stop, "trainer exited before saving", time.Now())
 			continue
 		}
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stopping != nil || code == 0 || a.aborted != nil || a.peerLost():
+	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.peerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.childGone = true
-	case a.restarts < a.cfg.MaxRestarts:
-		a.restarts++
-		backoff := time.Second << min(a.restarts-1, 6)
-		a.restartAt = time.Now().Add(backoff)
-		a.log.Warn("trainer failed: restarting from the newest committed checkpoint",
-			zap.Int("code", code), zap.Int("restart", a.restarts), zap.Int("max_restarts", a.cfg.MaxRestarts), zap.Duration("backoff", backoff))
+		a.proc.gone = true
 	default:
-		a.childGone = true
-		if a.cfg.MaxRestarts > 0 {
-			a.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", a.restarts))
-		}
+		a.proc.restartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
-}
-
-// exitCodeFor maps the trainer's exit code to the agent's (the table is in
-// docs/protocol.md "Exit codes"). A trainer that exits 0 before anything
-// told it to stop finished: 0, even during a stop. After an
-// interruption or shutdown (a stop sequence ran) the run is to be continued
-// elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
-// itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
-// ExitInterrupted (the previous committed checkpoint stands). Any other code
-// (a trainer that crashed on its own, or one stopped by a second signal)
-// passes through, as it does without a stop, except a launcher's 1 after
-// the stop's checkpoint committed and its ranks were told to stop
-// (torchrun turns its workers' 75 into 1). Without a stop, ranks that
-// ended because a peer of the job is gone make it ExitInterrupted too
-// (agent_peers.go).
-func (a *Agent) exitCodeFor(code int) int {
-	s := a.stopping
-	if s == nil {
-		return a.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
-	}
-	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
-		return code
-	}
-	// In --signal mode the stop's checkpoint signal is the trainer's only
-	// word of the stop (frameworks exit after a save on signal): told.
-	told := s.told || (a.cfg.Signal != 0 && s.req != nil)
-	if code == 0 && !told && !a.deadlineKill && !a.killing {
-		// Nothing told it to stop (it said bye, or ended on its own before
-		// the stop reached it): it finished its work. Run again, it would
-		// repeat a completed job.
-		a.log.Info("trainer exited 0 before anything told it to stop: it finished; exiting 0", zap.String("reason", s.reason))
-		return 0
-	}
-	switch {
-	case code == 0, code == ExitInterrupted:
-		return ExitInterrupted
-	case a.deadlineKill && a.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
-		// torchrun answers the group's SIGTERM with 1, never 143.
-		return ExitInterrupted
-	case code == 1 && s.stopSent && !s.record.CommitOK && a.childSaid75():
-		// The checkpoint did not commit (the previous one stands), the
-		// ranks were stopped and said 75: a single trainer would exit 75.
-		a.log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
-		return ExitInterrupted
-	case code == 1 && s.record.CommitOK && s.stopSent:
-		// torchrun reports workers that exited 75 as its own exit 1
-		// (docs/distributed.md has the measurements); the checkpoint is
-		// committed and every rank was told to stop: run me again.
-		a.log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
-		return ExitInterrupted
-	case code == 1 && a.partMode():
-		return a.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
-	}
-	return code
 }
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.restartAt = time.Time{}
-	a.child.Close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.restartAt = time.Time{}
+	a.proc.close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
-	r, err := a.restore(ctx)
+	r, err := a.src.restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.childGone = true
+		a.proc.gone = true
 		return
 	}
-	a.resume = r
+	a.boot.resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.childGone = true
+		a.proc.gone = true
 	}
 }
 
@@ -657,19 +540,19 @@ func (a *Agent) restart() {
 // and some init systems signal the agent and its process group together.
 func (a *Agent) onSignal(sig os.Signal) {
 	now := time.Now()
-	if a.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.firstSignal) < a.cfg.SignalWindow {
+	if a.stops.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.stops.firstSignal) < a.cfg.SignalWindow {
 		a.log.Info("signal within the window of the first one: the same shutdown", zap.String("signal", sig.String()),
-			zap.Duration("after", now.Sub(a.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
+			zap.Duration("after", now.Sub(a.stops.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
 		return
 	}
-	a.signals++
-	if a.signals > 1 {
+	a.stops.signals++
+	if a.stops.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
-		a.stopChild()
+		a.proc.stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
-	a.firstSignal = now
+	a.stops.firstSignal = now
 	if a.abortStart("signal "+sig.String(), &startAbort{sig: sig}) { // agent_restore.go
 		a.checkDone()
 		return
@@ -679,18 +562,6 @@ func (a *Agent) onSignal(sig os.Signal) {
 	a.checkDone()
 }
 
-// stopChild sends SIGTERM to the trainer's group, SIGKILL after KillAfter.
-func (a *Agent) stopChild() {
-	if a.child == nil || a.childDone == nil || a.killing {
-		return
-	}
-	a.killing = true
-	c := a.child
-	// Not cut short by the end of the agent's life: the loop waits for
-	// the child's exit, and Stop is bounded by KillAfter.
-	a.goBg(func() { c.Stop(context.WithoutCancel(a.life), a.cfg.KillAfter) })
-}
-
 // finish ends the agent's life after the loop: it cancels what runs
 // beside the loop (notice source, fence, watcher, bridge, uploads), waits
 // (bounded) for the acknowledgements and journal writes that must land,
@@ -698,129 +569,56 @@ func (a *Agent) stopChild() {
 // else it started and releases the local directories.
 func (a *Agent) finish() {
 	a.endLife()
-	a.awaitLanding()
+	a.sess.awaitLanding()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.exitCode, a.blocked
-	session := a.session
-	err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
+	code, blocked := a.proc.exitCode, a.commits.blocked
+	session := a.sess.id
+	err := a.sess.journal.Update(ctx, func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
 		}
-		j.Stats.RunSeconds = a.runSeconds()
+		j.Stats.RunSeconds = a.sess.runSeconds()
 	})
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
-	a.recordFleet(ctx)
+	a.sess.recordFleet(ctx, &a.cfg, a.commits.last.step, a.commits.fenced())
 	a.release()
-}
-
-// fleetPrior is the prior of this run's first interval: the fleet's
-// observed rate for this machine's cloud, type and zone where the fleet
-// has enough hours, else the flat --interruption-rate (pkg/fleet).
-func (a *Agent) fleetPrior(ctx context.Context) fleet.Prior {
-	flat := a.cfg.Scheduler.PriorRate()
-	id := a.cfg.Identity
-	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
-	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
-	if a.cfg.Fleet != nil {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var err error
-		if p, err = fleet.PriorFrom(rctx, a.cfg.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
-			a.log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
-		}
-		cancel()
-	}
-	a.log.Info("interruption prior", zap.Stringer("prior", p))
-	return p
-}
-
-// recordFleet refreshes this run's entry in the fleet summary from the
-// journal as the session leaves it; a failure costs only the summary
-// (spotagent fleet --recount rebuilds it).
-func (a *Agent) recordFleet(ctx context.Context) {
-	if a.cfg.Fleet == nil || a.fenced() {
-		return
-	}
-	if err := fleet.RecordSessionOf(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.journal.Snapshot(), a.lastCommit.step, a.session); err != nil {
-		a.log.Warn("could not write the fleet record", zap.Error(err))
-	}
 }
 
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
-	a.awaitLanding()
+	a.sess.awaitLanding()
 	a.release()
-}
-
-// awaitLanding waits, at most 10s, for the acknowledgements and journal
-// writes in flight: created with context.WithoutCancel, they outlive the
-// loop, and each has a deadline of its own. Past 10s they are abandoned.
-func (a *Agent) awaitLanding() {
-	landed := make(chan struct{})
-	go func() { a.acks.Wait(); a.journals.Wait(); close(landed) }()
-	select {
-	case <-landed:
-	case <-time.After(10 * time.Second):
-		a.log.Warn("event acknowledgement or journal update still in flight at exit: abandoned")
-	}
 }
 
 // release waits for every goroutine the agent started beside the loop
 // (a.life has ended: they are returning) and closes its local handles.
 func (a *Agent) release() {
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.pipe != nil {
 			r.pipe.Abort()
 			a.goBg(r.pipe.Wait)
 		}
 	}
 	a.bg.Wait()
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.held != nil {
 			r.held.Close()
 		}
 	}
-	for _, u := range a.uploads { // cancelled, their results never read
+	for _, u := range a.commits.uploads { // cancelled, their results never read
 		if u.req.held != nil {
 			u.req.held.Close()
 		}
 	}
 	a.src.close()
-	a.closeDirs()
-}
-
-// runSeconds is the run's time on machines, this session included; the
-// journal keeps it current at every commit, so a crash loses little of it.
-func (a *Agent) runSeconds() float64 { return a.ranBefore + time.Since(a.started).Seconds() }
-
-// journalAsync applies fn to the journal and saves it in the background.
-func (a *Agent) journalAsync(fn func(*checkpoint.Journal)) {
-	a.journals.Add(1)
-	go func() {
-		defer a.journals.Done()
-		// Outlives the loop: the interruption's record and the session's
-		// stats must land after it ends (awaitLanding).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), time.Minute)
-		defer cancel()
-		var g *checkpoint.Goodput
-		err := a.journal.Update(ctx, func(j *checkpoint.Journal) {
-			fn(j)
-			g, _ = checkpoint.Account(j, time.Now()) // the journal as written
-		})
-		switch {
-		case err == nil && g != nil:
-			a.cfg.Metrics.Goodput(g)
-		case err != nil && !errors.Is(err, context.Canceled):
-			a.log.Warn("could not write the run journal", zap.Error(err))
-			a.cfg.Metrics.Error("journal")
-		}
-	}()
+	a.dirs.close()
 }
 
 // trainers counts connections that said hello. The signal bridge stays
@@ -830,11 +628,31 @@ func (a *Agent) trainers() int {
 	if !a.src.asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.childDone == nil {
+	if a.cfg.Signal != 0 && a.proc.done == nil {
 		return 0
 	}
-	if a.restoring != nil || a.restoreGone != "" {
+	if a.boot.restoring != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
-	return len(a.conns)
+	return len(a.conns.byID)
+}
+
+// fleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (c *Config) fleetPrior(ctx context.Context) fleet.Prior {
+	flat := c.Scheduler.PriorRate()
+	id := c.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
+	if c.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
+		}
+		cancel()
+	}
+	c.Log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
 }

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,33 +10,15 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
-// lateNoticeGrace is the deadline given to a termination notice whose own
-// deadline has already passed when the agent sees it: short, because the
-// machine may go at any moment, but long enough for a small checkpoint.
-const lateNoticeGrace = 10 * time.Second
-
-// stopState is the interruption (or shutdown) in progress.
-type stopState struct {
-	notice   metadata.Notice
-	reason   string    // interruption | shutdown
-	deadline time.Time // the machine (or the grace) ends here
-	req      *request
-	stopSent bool
-	told     bool // a trainer got the stop message (exitCodeFor)
-	finished bool // committed or failed: nothing more to wait for
-	joined   bool // the notice reached another node of the job (agent_job.go)
-	record   checkpoint.Interruption
-}
-
 func (a *Agent) onEvent(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	switch m.Type {
 	case protocol.TypeHello:
 		a.onHello(c, m)
 	case protocol.TypeProgress:
-		a.seeStep(m.Step)
+		a.commits.seeStep(m.Step)
 	case protocol.TypeDone:
-		a.seeStep(m.Step)
+		a.commits.seeStep(m.Step)
 		a.onDone(c, m)
 	case protocol.TypeSaved:
 		a.onSaved(c, m) // agent_pipeline.go
@@ -46,22 +27,22 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
 	case protocol.TypeStatus:
-		a.onStatus(c)
+		a.conns.sendStatus(c, a.status())
 	case protocol.TypeBye:
-		a.seeStep(m.Step)
-		if _, ok := a.conns[c.ID()]; ok {
-			a.saidBye[c.ID()] = true
-			a.byes++
+		a.commits.seeStep(m.Step)
+		if _, ok := a.conns.byID[c.ID()]; ok {
+			a.conns.saidBye[c.ID()] = true
+			a.conns.byes++
 		}
 	case protocol.TypeDisconnected:
-		a.forgetWaiting(c.ID()) // agent_restore.go
-		a.rankLeft(c)           // agent_peers.go
-		if _, ok := a.conns[c.ID()]; ok && !a.saidBye[c.ID()] {
-			a.leftUnfinished = true
+		a.boot.forget(c.ID())                                                                                        // agent_restore.go
+		a.ranks.connEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // agent_peers.go
+		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
+			a.conns.leftUnfinished = true
 		}
-		delete(a.saidBye, c.ID())
-		delete(a.conns, c.ID())
-		for _, r := range a.pending {
+		delete(a.conns.saidBye, c.ID())
+		delete(a.conns.byID, c.ID())
+		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
 				r.lost++
@@ -73,18 +54,14 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	}
 }
 
-// seeStep notes the newest step a trainer reported.
-func (a *Agent) seeStep(step *int64) {
-	if step != nil && *step > a.lastStep {
-		a.lastStep = *step
-	}
-}
-
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	if a.helloDuringRestore(protocol.Event{Conn: c, Msg: m}) { // agent_restore.go
+	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
+		if w != nil {
+			a.admit(c, m, *w)
+		}
 		return
 	}
-	a.admit(c, m, a.welcome(m))
+	a.admit(c, m, a.cfg.welcome(m, a.boot.resume))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -93,49 +70,48 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
-	if len(a.conns) == 0 {
-		a.leftUnfinished = false // a new start of the trainer(s)
+	if len(a.conns.byID) == 0 {
+		a.conns.leftUnfinished = false // a new start of the trainer(s)
 	}
-	a.conns[c.ID()] = c
-	a.hadTrainer = true
+	a.conns.byID[c.ID()] = c
+	a.conns.had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
-	a.checkHelloTopology(m) // agent_job.go
-	a.noteLocalWorld(m)
-	a.rankHello(m)     // agent_peers.go
-	a.startLiveness(m) // agent_liveness.go
+	a.job.hello(m, &a.conns, a.log)                          // job_policy.go
+	a.ranks.hello(m, a.proc.running())                       // agent_peers.go
+	a.live.start(m, &a.cfg, a.job.part(), a.sess.id, a.life) // agent_liveness.go
 	// A trainer that connects during an interruption is told at once.
-	if s := a.stopping; s != nil && s.stopSent {
+	if s := a.stops.current; s != nil && s.stopSent {
 		s.told = true
 		c.Post(s.stopMessage())
 	}
 }
 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
-		a.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
+		a.conns.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
 		return
 	}
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
 	a.cfg.Metrics.CommitFailed("trainer")
-	delete(a.pending, r.id)
-	a.removeDir(r) // what the failed save left would keep a full disk full
+	delete(a.commits.pending, r.id)
+	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
 	now := time.Now()
-	a.lastBlock = now
+	a.commits.lastBlock = now
 	if r.stop != nil {
-		a.stopFailed(r.stop, "trainer failed: "+m.Error, now)
+		a.stops.failed(r.stop, "trainer failed: "+m.Error, now)
 	}
 }
 
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
 	now := time.Now()
-	a.noticesSeen++
-	a.lastNotice = &n
+	a.stops.noticesSeen++
+	a.stops.lastNotice = &n
 	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
 	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
@@ -145,7 +121,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		if a.aborted != nil {
+		if a.boot.aborted != nil {
 			return // the start was given up: nothing to save
 		}
 		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &startAbort{notice: true}) { // agent_restore.go
@@ -158,19 +134,19 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stopping == nil && len(a.pending) == 0 && len(a.uploads) == 0 && a.asksPeriodic() {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.job.asksPeriodic(a.conns.byID) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
 	case metadata.KindCancelled:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if s := a.stopping; s != nil && s.notice.ID == n.ID && !s.stopSent {
+		if s := a.stops.current; s != nil && s.notice.ID == n.ID && !s.stopSent {
 			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
 			if s.req != nil {
 				s.req.stop = nil
 			}
-			a.stopping = nil
+			a.stops.current = nil
 		}
 	}
 }
@@ -190,7 +166,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
 		deadline = now.Add(lateNoticeGrace)
 	}
-	if s := a.stopping; s != nil {
+	if s := a.stops.current; s != nil {
 		if deadline.Before(s.deadline) {
 			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
 			s.deadline = deadline
@@ -207,12 +183,12 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		d := n.Deadline.UTC()
 		s.record.Deadline = &d
 	}
-	a.stopping = s
-	reqDeadline := a.requestDeadline(deadline, now)
+	a.stops.current = s
+	reqDeadline := a.cfg.requestDeadline(a.commits.last.bytes, deadline, now)
 	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
-	if a.trainersFinished() {
+	if a.conns.finished() {
 		// A sidecar outlives its trainer: the kubelet stops it after the
 		// trainer exited 0. Nothing was interrupted and nothing is lost.
 		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
@@ -221,24 +197,24 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
-		a.stopFailed(s, "no trainer connected", now)
+		a.stops.failed(s, "no trainer connected", now)
 		return
 	}
 	// A periodic request the trainer has not answered yet becomes the
 	// interruption checkpoint: asking again would make it save twice.
-	for _, r := range a.pending {
+	for _, r := range a.commits.pending {
 		if r.stop == nil {
 			r.stop, r.reason = s, reason
 			if reqDeadline.Before(r.deadline) {
 				r.deadline = reqDeadline
 			}
-			a.stopRequested(s, r, now)
+			a.stops.requested(s, r, now)
 			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
-			if a.partMode() {
+			if a.job.ranksAgree() {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
-					if c := a.conns[cid]; c != nil {
+					if c := a.conns.byID[cid]; c != nil {
 						c.Post(r.message())
 					}
 				}
@@ -248,152 +224,21 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	r := a.request(reason, reqDeadline, s)
 	if r == nil {
-		a.stopFailed(s, "checkpoint request not delivered", now)
+		a.stops.failed(s, "checkpoint request not delivered", now)
 		return
 	}
-	a.stopRequested(s, r, r.sent)
-}
-
-// trainersFinished reports whether the trainers came, said bye (finished
-// their work) and left: none is connected, and every one that left since
-// the last start said bye first.
-func (a *Agent) trainersFinished() bool {
-	return a.hadTrainer && len(a.conns) == 0 && !a.leftUnfinished && a.byes > 0
+	a.stops.requested(s, r, r.sent)
 }
 
 // requestDeadline is when the trainer must have saved a checkpoint that
 // must commit by deadline: room is left to upload (the previous
 // checkpoint's size at the measured throughput) and for the margin; if
 // that leaves too little, the time is split in two.
-func (a *Agent) requestDeadline(deadline, now time.Time) time.Time {
-	upload := a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes)
-	reqDeadline := deadline.Add(-upload - a.cfg.Margin)
+func (c *Config) requestDeadline(lastBytes int64, deadline, now time.Time) time.Time {
+	upload := c.Scheduler.EstimateUpload(lastBytes)
+	reqDeadline := deadline.Add(-upload - c.Margin)
 	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
 		reqDeadline = now.Add(deadline.Sub(now) / 2)
 	}
 	return reqDeadline
-}
-
-// stopRequested records that r, asked for at sent, is s's checkpoint.
-func (a *Agent) stopRequested(s *stopState, r *request, sent time.Time) {
-	s.req = r
-	at := sent.UTC()
-	s.record.Requested, s.record.CheckpointID = &at, r.id
-	a.cfg.Metrics.NoticeToRequest(sent.Sub(s.notice.Detected))
-}
-
-// stopCommitted: the interruption checkpoint is safe. Tell the trainer to
-// stop, acknowledge the cloud's event, record it.
-func (a *Agent) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
-	t := now.UTC()
-	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	a.recordLostSteps(s, res.Manifest.Step, now)
-	a.noticeOutcome(s, true, now)
-	a.log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
-		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
-	a.finishStop(s)
-	if acker, ok := a.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == a.cfg.Source.Cloud() {
-		a.acks.Add(1)
-		go func(id string) {
-			defer a.acks.Done()
-			// Outlives the loop, up to the notice's deadline (awaitLanding).
-			ctx, cancel := context.WithDeadline(context.WithoutCancel(a.life), s.deadline)
-			defer cancel()
-			if err := acker.Ack(ctx, id); err != nil {
-				a.log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
-				return
-			}
-			a.log.Info("event acknowledged", zap.String("id", id))
-		}(s.notice.ID)
-	}
-}
-
-// stopFailed: no new checkpoint will commit before the deadline. The
-// previous committed checkpoint stands; the work since then is lost.
-func (a *Agent) stopFailed(s *stopState, why string, now time.Time) {
-	if s.finished {
-		return
-	}
-	s.record.Error = why
-	base := a.lastCommit.trainedAt
-	if base.IsZero() {
-		base = a.started
-	}
-	s.record.LostSeconds = now.Sub(base).Seconds()
-	a.recordLostSteps(s, a.lastCommit.step, now)
-	a.noticeOutcome(s, false, now)
-	a.log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
-		zap.String("why", why), zap.Int64("committed_step", a.lastCommit.step), zap.Int64("lost_steps", s.record.LostSteps),
-		zap.Float64("lost_seconds", s.record.LostSeconds))
-	a.finishStop(s)
-}
-
-// recordLostSteps records the steps past committed that the trainer
-// reached, as the checkpoint source counts them.
-func (a *Agent) recordLostSteps(s *stopState, committed int64, now time.Time) {
-	reached, from := a.src.reached(now)
-	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
-}
-
-// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
-// shutdown, a fence or another node's notice joined here.
-func (a *Agent) noticeOutcome(s *stopState, committed bool, now time.Time) {
-	if s.joined || s.reason != protocol.ReasonInterruption {
-		return
-	}
-	var lead time.Duration
-	if !s.notice.Deadline.IsZero() {
-		lead = s.notice.Deadline.Sub(s.notice.Detected)
-	}
-	a.cfg.Metrics.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
-}
-
-func (a *Agent) finishStop(s *stopState) {
-	s.finished = true
-	a.sendStop(s)
-	if s.joined {
-		return // the node that got the notice journals it
-	}
-	rec := s.record
-	committed := rec.CommitOK
-	a.journalAsync(func(j *checkpoint.Journal) {
-		j.Interruptions = append(j.Interruptions, rec)
-		if committed {
-			j.Stats.NoticeCommits++
-		}
-	})
-}
-
-func (a *Agent) sendStop(s *stopState) {
-	if s.stopSent {
-		return
-	}
-	s.stopSent = true
-	s.told = len(a.conns) > 0
-	a.broadcast(s.stopMessage())
-}
-
-func (s *stopState) stopMessage() protocol.Message {
-	dl := s.deadline.UTC()
-	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
-}
-
-// tickStop enforces the interruption's deadlines: past the notice deadline
-// the child gets SIGTERM (SIGKILL after KillAfter).
-func (a *Agent) tickStop(now time.Time) {
-	s := a.stopping
-	if s == nil {
-		return
-	}
-	if !now.Before(s.deadline) {
-		if !s.finished {
-			a.stopFailed(s, "deadline passed", now)
-		}
-		if a.childDone != nil && !a.killing {
-			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
-			a.deadlineKill = true
-			a.stopChild()
-		}
-	}
-	a.checkDone()
 }

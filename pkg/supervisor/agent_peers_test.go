@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,7 +14,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -41,7 +44,7 @@ func startLauncherJob(t *testing.T, mutate func(*Config)) *launcherJob {
 		}
 	})
 	var f []string
-	waitFor(t, "the launcher's ranks", func() bool {
+	testutil.WaitFor(t, "the launcher's ranks", func() bool {
 		b, err := os.ReadFile(info)
 		f = strings.Fields(string(b))
 		return err == nil && len(f) == 3
@@ -102,7 +105,7 @@ func TestAgent_CrashFirstKeepsLauncherCode(t *testing.T) {
 			j := startLauncherJob(t, func(c *Config) { c.Log = zap.New(core) })
 			j.end(t, 0, first)
 			// The peer fails a moment later, once the agent took note.
-			waitFor(t, "the agent's verdict", func() bool {
+			testutil.WaitFor(t, "the agent's verdict", func() bool {
 				return logs.FilterMessage("a rank of this node ended on an error").Len() > 0
 			})
 			j.end(t, 1, "75")
@@ -183,14 +186,14 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 	t.Setenv(exitFileEnv, p)
 	a := &Agent{}
 	mustWrite(t, p, " 75\n")
-	if got := a.exitFileSays(); got != "75" {
+	if got := a.dirs.exitFileSays(); got != "75" {
 		t.Fatalf("regular file: %q, want 75", got)
 	}
 	os.Remove(p)
 	if err := os.Symlink(secret, p); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.exitFileSays(); got != "" {
+	if got := a.dirs.exitFileSays(); got != "" {
 		t.Fatalf("a symlink was followed: %q", got)
 	}
 	os.Remove(p)
@@ -198,7 +201,7 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	said := make(chan string, 1)
-	go func() { said <- a.exitFileSays() }()
+	go func() { said <- a.dirs.exitFileSays() }()
 	select {
 	case got := <-said:
 		if got != "" {
@@ -206,5 +209,36 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("reading a FIFO at the exit file's path blocked")
+	}
+}
+
+// TestPeerCrashed_BesideTheLoop (issue 35 item 2): the lookup for another
+// node's crash record ends with its context, settle or not (the agent's
+// end cancels it), and finds another node's record of this session's
+// time, never this node's own.
+func TestPeerCrashed_BesideTheLoop(t *testing.T) {
+	st, err := file.New(filepath.Join(shortDir(t), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := peerCrashed(ctx, st, "node-0", time.Now(), time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled lookup: %v, want context.Canceled", err)
+	}
+	since := time.Now()
+	put := func(key string) {
+		t.Helper()
+		if err := st.Put(t.Context(), key, strings.NewReader("{}"), 2, cloud.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(crashDir + "node-0-s1.json") // this node's own
+	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != "" {
+		t.Fatalf("own record only: %q, %v; want none", key, err)
+	}
+	put(crashDir + "node-1-s2.json")
+	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != crashDir+"node-1-s2.json" {
+		t.Fatalf("another node's record: %q, %v", key, err)
 	}
 }

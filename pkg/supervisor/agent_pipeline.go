@@ -25,9 +25,9 @@ import (
 // (checkpoint.ErrNotOwned: another owner, or a hard link): never read, it
 // fails the checkpoint, as it would at done.
 func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if m.ID == "" || !ok || !r.waiting[c.ID()] {
-		a.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
+		a.conns.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
 		return
 	}
 	err := a.startEarly(r, c, m)
@@ -37,10 +37,10 @@ func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 		// it was read, and the checkpoint fails at done (owner.go).
 		a.log.Error("saved refused: not the trainer's own file: the checkpoint will not be committed", zap.String("id", r.id), zap.String("path", m.Path),
 			zap.Int("peer_uid", c.PeerUID()), zap.Error(err))
-		a.reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))
+		a.conns.reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))
 	case err != nil:
 		a.log.Warn("saved refused: the file is checked at done like any other", zap.String("id", r.id), zap.String("path", m.Path), zap.Error(err))
-		a.reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
+		a.conns.reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
 	}
 }
 
@@ -57,16 +57,12 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 		}
 	}
 	if r.pipe == nil {
-		step := a.lastStep
+		step := a.commits.lastStep
 		if m.Step != nil && *m.Step >= 0 {
 			step = *m.Step
 		}
-		if a.partMode() {
-			r.pipe = a.committer.NewPartPipeline(a.life, r.held, step, r.id, a.cfg.Node)
-		} else {
-			r.pipe = a.committer.NewPipeline(a.life, r.held, step, r.id)
-		}
-		if a.stopping != nil && !r.urgent() {
+		r.pipe = a.job.pipeline(a.life, a.commits.committer, r.held, step, r.id)
+		if a.stops.current != nil && !r.urgent() {
 			r.pipe.Halt()
 		}
 	}
@@ -93,15 +89,4 @@ func savedRel(dir, p string) (string, error) {
 		return "", fmt.Errorf("not a path inside the checkpoint directory: %w", err)
 	}
 	return rel, nil
-}
-
-// haltPipelines stops the early uploads of periodic checkpoints still being
-// saved: an interruption checkpoint needs the bandwidth. Their files are
-// uploaded at done, as without `saved`.
-func (a *Agent) haltPipelines() {
-	for _, r := range a.pending {
-		if r.pipe != nil && !r.urgent() {
-			r.pipe.Halt()
-		}
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -27,7 +28,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
 	key := checkpoint.Prefix(42, req.ID) + "model.pt"
-	waitFor(t, "model.pt uploaded before done", func() bool {
+	testutil.WaitFor(t, "model.pt uploaded before done", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return err == nil
 	})
@@ -115,13 +116,13 @@ func TestAgent_SavedThenFailed(t *testing.T) {
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
 	key := checkpoint.Prefix(3, req.ID) + "model.pt"
-	waitFor(t, "the early upload", func() bool {
+	testutil.WaitFor(t, "the early upload", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return err == nil
 	})
 	tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
 	tr.expect(protocol.TypeStop)
-	waitFor(t, "the early upload deleted", func() bool {
+	testutil.WaitFor(t, "the early upload deleted", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return errors.Is(err, cloud.ErrNotExist)
 	})

@@ -22,6 +22,7 @@ import (
 type promiseState struct {
 	p      schedule.Promise
 	misfit bool // the last verdict logged for this machine's notice was "does not fit"
+	cfg    *Config
 }
 
 // PromiseStatus is the notice checkpoint's prediction in `spotagent
@@ -105,35 +106,65 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 // ownNotice is the notice this machine gets: its cloud's, or without one
 // the shutdown grace (--term-grace) a SIGTERM gives.
-func (a *Agent) ownNotice() schedule.CloudNotice {
-	cloud := a.cfg.Identity.Cloud
-	if (cloud == "" || cloud == metadata.CloudNone) && a.cfg.Source != nil {
-		cloud = a.cfg.Source.Cloud()
+func (ps *promiseState) ownNotice() schedule.CloudNotice {
+	cloud := ps.cfg.Identity.Cloud
+	if (cloud == "" || cloud == metadata.CloudNone) && ps.cfg.Source != nil {
+		cloud = ps.cfg.Source.Cloud()
 	}
 	if c, ok := schedule.NoticeFor(string(cloud)); ok {
 		return c
 	}
-	return schedule.CloudNotice{Cloud: string(metadata.CloudSignal), Name: "a shutdown (--term-grace)", Lead: a.cfg.TermGrace}
+	return schedule.CloudNotice{Cloud: string(metadata.CloudSignal), Name: "a shutdown (--term-grace)", Lead: ps.cfg.TermGrace}
 }
 
-// promiseStatus is the status's view of the newest prediction.
-func (a *Agent) promiseStatus() *PromiseStatus {
-	return DescribePromise(a.promise.p, a.ownNotice(), a.cfg.Margin)
+// status is the status's view of the newest prediction.
+func (ps *promiseState) status() *PromiseStatus {
+	return DescribePromise(ps.p, ps.ownNotice(), ps.cfg.Margin)
 }
 
-// promiseAtStart predicts from the journal an earlier session wrote and
-// says whether a notice checkpoint fits.
-func (a *Agent) promiseAtStart() {
-	if a.journal == nil {
+// set makes p the newest prediction, exports it and logs a change
+// of verdict for this machine's notice (at start, any verdict).
+func (ps *promiseState) set(p schedule.Promise, start bool) {
+	if !p.Known() {
 		return
 	}
-	a.setPromise(PromiseFromJournal(a.journal.Snapshot()), true)
+	ps.p = p
+	own := ps.ownNotice()
+	budgets := map[string]time.Duration{}
+	for _, c := range schedule.CloudNotices {
+		budgets[c.Cloud] = schedule.Budget(c.Lead, ps.cfg.Margin)
+	}
+	ps.cfg.Metrics.NoticePromise(p.Need(), budgets)
+	fields := []zap.Field{zap.String("notice", own.Cloud), zap.Duration("need", p.Need().Round(time.Millisecond)),
+		zap.Duration("budget", schedule.Budget(own.Lead, ps.cfg.Margin)), zap.Int64("bytes", p.Bytes), zap.String("source", p.Source)}
+	if problem := p.Problem(own, ps.cfg.Margin); problem != "" {
+		if ps.misfit && !start {
+			return // said once; said again only after it fitted in between
+		}
+		ps.misfit = true
+		ps.cfg.Log.Warn("a notice checkpoint will not commit before the machine goes: "+problem,
+			append(fields, zap.Strings("advice", p.Advice(schedule.Budget(own.Lead, ps.cfg.Margin))))...)
+		return
+	}
+	if start || ps.misfit {
+		ps.misfit = false
+		ps.cfg.Log.Info("a notice checkpoint commits within the notice", fields...)
+	}
 }
 
-// notePromise records what the checkpoint r, committed now as res (its
+// atStart predicts from the journal an earlier session wrote and
+// says whether a notice checkpoint fits.
+func (ps *promiseState) atStart(j *checkpoint.JournalWriter) {
+	if j == nil {
+		return
+	}
+	ps.set(PromiseFromJournal(j.Snapshot()), true)
+}
+
+// note records what the checkpoint r, committed now as res (its
 // commit having started at commitStart), measured.
-func (a *Agent) notePromise(r *request, res *checkpoint.Result, commitStart, now time.Time) {
-	if r.reason == protocol.ReasonManual || !a.src.asks() || res.Bytes <= 0 {
+func (ps *promiseState) note(r *request, res *checkpoint.Result, commitStart, now time.Time, asks bool) {
+	if r.reason == protocol.ReasonManual || !asks || res.Bytes <= 0 {
 		// A trainer's own checkpoint has no measured save; zero-code mode
 		// has no request (its save is the trainer's business).
 		return
@@ -143,35 +174,5 @@ func (a *Agent) notePromise(r *request, res *checkpoint.Result, commitStart, now
 	if res.Upload > 0 {
 		p.Rate = float64(res.Bytes) / res.Upload.Seconds()
 	}
-	a.setPromise(p, false)
-}
-
-// setPromise makes p the newest prediction, exports it and logs a change
-// of verdict for this machine's notice (at start, any verdict).
-func (a *Agent) setPromise(p schedule.Promise, start bool) {
-	if !p.Known() {
-		return
-	}
-	a.promise.p = p
-	own := a.ownNotice()
-	budgets := map[string]time.Duration{}
-	for _, c := range schedule.CloudNotices {
-		budgets[c.Cloud] = schedule.Budget(c.Lead, a.cfg.Margin)
-	}
-	a.cfg.Metrics.NoticePromise(p.Need(), budgets)
-	fields := []zap.Field{zap.String("notice", own.Cloud), zap.Duration("need", p.Need().Round(time.Millisecond)),
-		zap.Duration("budget", schedule.Budget(own.Lead, a.cfg.Margin)), zap.Int64("bytes", p.Bytes), zap.String("source", p.Source)}
-	if problem := p.Problem(own, a.cfg.Margin); problem != "" {
-		if a.promise.misfit && !start {
-			return // said once; said again only after it fitted in between
-		}
-		a.promise.misfit = true
-		a.log.Warn("a notice checkpoint will not commit before the machine goes: "+problem,
-			append(fields, zap.Strings("advice", p.Advice(schedule.Budget(own.Lead, a.cfg.Margin))))...)
-		return
-	}
-	if start || a.promise.misfit {
-		a.promise.misfit = false
-		a.log.Info("a notice checkpoint commits within the notice", fields...)
-	}
+	ps.set(p, false)
 }

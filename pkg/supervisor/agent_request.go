@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,9 +29,8 @@ type request struct {
 	answeredBy      map[uint64]bool  // connections that answered
 	answerUIDs      map[uint64][]int // their foreign uids (owner.go), kept after they close
 	answered        int
-	lost            int          // connections that went away owing an answer
-	ranks           map[int]bool // ranks that answered (part mode, agent_job.go)
-	world           int          // the job's world size, as their hellos said
+	lost            int         // connections that went away owing an answer
+	part            answerRanks // who answered, for a part (part mode, agent_job.go)
 	step            int64
 	metadata        json.RawMessage
 	stop            *stopState           // set for the interruption/shutdown checkpoint
@@ -45,15 +43,14 @@ type request struct {
 	costFrom time.Time
 }
 
-func (r *request) urgent() bool { return r.stop != nil }
-
-// parentRoot is the open directory r.rel names r's directory in.
-func (a *Agent) parentRoot(r *request) *os.Root {
-	if r.parent != nil {
-		return r.parent
-	}
-	return a.dirs.root
+// answerRanks is the ranks that answered a request, and the job's world
+// size as their hellos said: a node's part (part mode, agent_job.go).
+type answerRanks struct {
+	ranks map[int]bool
+	world int
 }
+
+func (r *request) urgent() bool { return r.stop != nil }
 
 // upload is a commit in flight.
 type upload struct {
@@ -84,13 +81,13 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		return nil
 	}
 	if stop != nil {
-		a.haltPipelines() // agent_pipeline.go: the interruption's files go first
+		a.commits.haltPipelines() // agent_pipeline.go: the interruption's files go first
 	}
 	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline,
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	for _, c := range a.conns {
+	for _, c := range a.conns.byID {
 		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
@@ -102,7 +99,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
 		return nil
 	}
-	a.pending[id] = r
+	a.commits.pending[id] = r
 	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
 		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)))
 	return r
@@ -111,21 +108,21 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 // onDone handles a trainer's done: for a request, or unsolicited.
 func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	if len(m.Metadata) > maxDoneMetadata || (len(m.Metadata) > 0 && !json.Valid(m.Metadata)) {
-		a.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
+		a.conns.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
 		return
 	}
 	if m.Step == nil || *m.Step < 0 {
-		a.reply(c, m.ID, "done: step is required and must be >= 0")
+		a.conns.reply(c, m.ID, "done: step is required and must be >= 0")
 		return
 	}
 	if m.ID == "" {
 		a.onUnsolicitedDone(c, m)
 		return
 	}
-	r, ok := a.pending[m.ID]
+	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.log.Warn("done for an unknown checkpoint id", zap.String("id", m.ID), zap.Uint64("conn", c.ID()))
-		a.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
+		a.conns.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
 		return
 	}
 	delete(r.waiting, c.ID())
@@ -145,7 +142,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.partMissing(r); why != "" && r.lost == 0 && len(r.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -157,21 +154,21 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 
 // settle is called when no connection owes r an answer any more.
 func (a *Agent) settle(r *request) {
-	delete(a.pending, r.id)
+	delete(a.commits.pending, r.id)
 	now := time.Now()
 	if r.answered == 0 {
-		a.removeDir(r)
+		a.dirs.removeDir(r, a.goBg, a.log)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
-			a.stopFailed(r.stop, "trainer disconnected before saving", now)
+			a.stops.failed(r.stop, "trainer disconnected before saving", now)
 		}
 		return
 	}
-	if a.partMode() && r.lost > 0 {
-		a.abandonPart(r, fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost), now) // agent_job.go
+	if why := a.job.lost(r); why != "" {
+		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}
-	if why := a.partMissing(r); why != "" {
+	if why := a.job.partMissing(r, a.conns.localWorld); why != "" {
 		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
@@ -184,8 +181,8 @@ func (a *Agent) settle(r *request) {
 	}
 	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
-	a.lastBlock = now
-	a.blocked += cost.Seconds()
+	a.commits.lastBlock = now
+	a.commits.blocked += cost.Seconds()
 	if r.stop != nil {
 		r.stop.record.Done = &now
 		r.stop.record.Step = r.step
@@ -197,17 +194,15 @@ func (a *Agent) settle(r *request) {
 // directory must be inside the agent's checkpoint directory: a trainer can
 // never make the agent upload anything else.
 func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
-	if a.stopping != nil {
-		a.reply(c, "", "done: an interruption checkpoint is in progress")
+	if a.stops.current != nil {
+		a.conns.reply(c, "", "done: an interruption checkpoint is in progress")
 		return
 	}
-	if a.partMode() {
-		// One node's own checkpoint is no job checkpoint: as a part of
-		// one it would stand for the whole job (docs/distributed.md).
-		a.reply(c, "", "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed")
+	if why := a.job.ownCheckpoint(); why != "" {
+		a.conns.reply(c, "", why)
 		return
 	}
-	rel, err := a.insideCheckpointDir(m.Dir)
+	rel, err := a.dirs.insideCheckpointDir(m.Dir)
 	var held *os.Root
 	if err == nil {
 		// Held from here to its removal: the commit reads this very
@@ -216,7 +211,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	}
 	if err != nil {
 		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
-		a.reply(c, "", "done: "+err.Error())
+		a.conns.reply(c, "", "done: "+err.Error())
 		return
 	}
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
@@ -226,58 +221,9 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	r.noteAnswer(c) // owner.go
-	a.lastBlock = now
+	a.commits.lastBlock = now
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
-}
-
-// insideCheckpointDir accepts a directory strictly below the checkpoint
-// directory, outside the areas of spotagent runs (this one's, or another's
-// sharing the directory), and returns it relative to the checkpoint
-// directory, "/"-separated. Symlinks are refused when it is opened.
-func (a *Agent) insideCheckpointDir(dir string) (string, error) {
-	if dir == "" {
-		return "", fmt.Errorf("dir is required")
-	}
-	root, err := filepath.Abs(a.cfg.CheckpointDir)
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Clean(dir)
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(root, p)
-	}
-	rel, err := filepath.Rel(root, p)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-		return "", fmt.Errorf("%s is not inside the checkpoint directory %s", dir, root)
-	}
-	rel = filepath.ToSlash(rel)
-	// Path elements, not a string prefix: "restore_mine" is the trainer's.
-	first, _, _ := strings.Cut(rel, "/")
-	if first == a.dirs.areaName {
-		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, a.dirs.areaPath)
-	}
-	if _, err := a.dirs.root.Lstat(first + "/" + areaMarker); err == nil {
-		return "", fmt.Errorf("%s is inside another spotagent run's area", dir)
-	}
-	return rel, nil
-}
-
-// removeDir deletes r's directory through the agent's handles: never
-// anything outside the checkpoint directory, and, once the directory was
-// opened for the commit, only what that directory holds.
-func (a *Agent) removeDir(r *request) {
-	if r.pipe != nil {
-		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
-		a.goBg(r.pipe.Wait)
-	}
-	if err := checkpoint.RemoveDir(a.parentRoot(r), r.rel, r.held); err != nil {
-		a.log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
-	}
-	if r.held != nil {
-		r.held.Close()
-		r.held = nil
-	}
 }
 
 // commit starts uploading r. An urgent (interruption) commit cancels any
@@ -288,7 +234,7 @@ func (a *Agent) commit(r *request) {
 	// in upload_failed rather than a commit that never returns. The
 	// interruption commit must end before the trainer is stopped at the
 	// deadline, so that upload_failed can still reach it.
-	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.lastCommit.bytes))
+	bound := max(10*time.Minute, 4*a.cfg.Scheduler.EstimateUpload(a.commits.last.bytes))
 	//
 	// Both end with the agent's life too: the loop ends with an upload in
 	// flight only when told to stop at once (a second signal, Run's ctx),
@@ -297,7 +243,7 @@ func (a *Agent) commit(r *request) {
 	if r.stop != nil {
 		cancel()
 		ctx, cancel = context.WithDeadline(a.life, r.stop.deadline.Add(-a.cfg.Margin/2))
-		for id, u := range a.uploads {
+		for id, u := range a.commits.uploads {
 			if !u.req.urgent() {
 				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
 				u.cancel()
@@ -305,25 +251,25 @@ func (a *Agent) commit(r *request) {
 		}
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
-	a.uploads[r.id] = u
+	a.commits.uploads[r.id] = u
 	var openErr error
 	if r.held == nil {
-		r.held, openErr = checkpoint.OpenDir(a.parentRoot(r), r.rel)
+		r.held, openErr = checkpoint.OpenDir(a.dirs.parentRoot(r), r.rel)
 	}
-	if r.step < a.lastCommit.step {
+	if r.step < a.commits.last.step {
 		// Committed all the same (a trainer may have rolled back on
 		// purpose), and retention keeps it; restore prefers the newest step.
 		a.log.Warn("checkpoint is older than the newest committed one: committing it, but restore prefers the newest step",
-			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.lastCommit.step))
+			zap.String("id", r.id), zap.Int64("step", r.step), zap.Int64("newest_step", a.commits.last.step))
 	}
 	// Upload priority over other runs (node mode) comes only from this
 	// machine's own notices: a join from a trainer is no notice, and a
 	// pod could send one in a loop to starve its neighbours.
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
-		Part: a.partFor(r)}
-	unown := a.trainerOwned(r) // owner.go: a trainer of another user uploads only its own files
-	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.results, a.life
+		Part: a.job.partFor(r)}
+	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
+	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life
 	report := func(cr commitResult) {
 		select {
 		case results <- cr:
@@ -337,7 +283,7 @@ func (a *Agent) commit(r *request) {
 			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
 		}
-		res, err := a.committer.Commit(ctx, req)
+		res, err := a.commits.committer.Commit(ctx, req)
 		if err == nil {
 			// Never the checkpoint just committed, even when its step is
 			// lower than the newest: the trainer was told it is durable.
@@ -351,10 +297,10 @@ func (a *Agent) commit(r *request) {
 
 func (a *Agent) onCommitResult(cr commitResult) {
 	r := cr.req
-	u := a.uploads[r.id]
-	delete(a.uploads, r.id)
+	u := a.commits.uploads[r.id]
+	delete(a.commits.uploads, r.id)
 	now := time.Now()
-	a.removeDir(r)
+	a.dirs.removeDir(r, a.goBg, a.log)
 	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
 		return
 	}
@@ -366,10 +312,10 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
-		a.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
-		a.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
-			a.stopFailed(r.stop, "upload: "+cr.err.Error(), now)
+			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
 		}
 		return
 	}
@@ -379,13 +325,13 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("upload", res.Upload)
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
-	a.notePromise(r, res, u.start, now) // agent_promise.go
-	pr := a.promise.p
-	if res.Manifest.Step >= a.lastCommit.step { // restore resumes from the newest step
-		a.lastCommit = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	a.commits.promise.note(r, res, u.start, now, a.src.asks()) // agent_promise.go
+	pr := a.commits.promise.p
+	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
+		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
-	a.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.runSeconds(), a.blocked
+	a.conns.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.runSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
 		a.cfg.Scheduler.ObserveCost(d)
@@ -393,8 +339,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.asksPeriodic(), a.session
-	a.journalAsync(func(j *checkpoint.Journal) {
+	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
+	a.sess.journalAsync(func(j *checkpoint.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
 		}
@@ -409,13 +355,13 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {
-		a.stopCommitted(r.stop, res, now)
+		a.stops.committed(r.stop, res, now)
 	}
 }
 
 // requestExpired handles a request whose deadline passed unanswered.
 func (a *Agent) requestExpired(r *request, now time.Time) {
-	delete(a.pending, r.id)
+	delete(a.commits.pending, r.id)
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
@@ -426,26 +372,12 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	held := r.held
 	r.held = nil
 	a.goBg(func() {
-		checkpoint.RemoveDir(a.parentRoot(r), r.rel, held)
+		checkpoint.RemoveDir(a.dirs.parentRoot(r), r.rel, held)
 		if held != nil {
 			held.Close()
 		}
 	})
 	if r.stop != nil {
-		a.stopFailed(r.stop, "trainer missed the deadline", now)
-	}
-}
-
-func (a *Agent) broadcast(m protocol.Message) {
-	for _, c := range a.conns {
-		if err := c.Post(m); err != nil {
-			a.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
-		}
-	}
-}
-
-func (a *Agent) reply(c *protocol.Conn, id, text string) {
-	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
-		a.log.Debug("error reply not delivered", zap.Error(err))
+		a.stops.failed(r.stop, "trainer missed the deadline", now)
 	}
 }

@@ -11,6 +11,19 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
+// bootRestore is the restore at the start: the resume the trainers are
+// told of, and the restore running beside the trainer's start (restoring);
+// aborted: the start was given up meanwhile; gone: why the trainers will
+// get no resume (it failed or was cancelled); abandonAt: when a trainer
+// told of a failed restore is stopped.
+type bootRestore struct {
+	resume    *protocol.Resume
+	restoring *pendingRestore
+	aborted   *startAbort
+	gone      string
+	abandonAt time.Time
+}
+
 // The overlapped restore (Config.OverlapRestore): the trainer starts at
 // once and the restore runs beside the loop, so that a new machine pays
 // max(restore, trainer boot) rather than their sum. What the trainer learns,
@@ -63,75 +76,57 @@ type startAbort struct {
 	err    error     // the restore failed: exit 1 with it
 }
 
-// overlapRestore reports whether this agent restores while its trainer
-// starts. The signal fallback's trainer and zero-code mode's read the
-// environment and DIR, which cannot say "pending".
-func (a *Agent) overlapRestore() bool {
-	return a.cfg.OverlapRestore && a.cfg.Signal == 0 && a.cfg.Watch == nil
-}
-
 // startRestore runs the restore beside the loop; its end reaches the loop
 // through restoreDone.
 func (a *Agent) startRestore() {
 	ctx, cancel := context.WithCancel(a.life)
 	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
-	a.restoring = p
-	opts := a.restoreOptions()
+	a.boot.restoring = p
+	opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
 	a.log.Info("restoring while the trainer starts")
 	a.goBgFail(func() {
 		defer cancel()
-		f, err := a.fetchRestore(ctx, opts)
+		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
 	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
 }
 
-// restoreDone is the loop's source of the restore's end (nil: none running).
-func (a *Agent) restoreDone() <-chan restoreResult {
-	if a.restoring == nil {
-		return nil
-	}
-	return a.restoring.done
-}
-
 // onRestoreDone: the overlapped restore ended; the trainers learn how.
 func (a *Agent) onRestoreDone(res restoreResult) {
-	p := a.restoring
-	a.restoring = nil
+	p := a.boot.restoring
+	a.boot.restoring = nil
 	switch {
 	case p.why != "":
 		if res.f != nil {
 			a.log.Info("restore finished after the start was given up: not used", zap.String("why", p.why))
 		}
-		a.restoreGone = "restore cancelled: " + p.why
-		a.tellRestoreFailed(p, a.restoreGone)
+		a.boot.gone = "restore cancelled: " + p.why
+		p.tellFailed(a.boot.gone)
 		return
 	case res.err != nil:
 		err := res.err // "restore: ..." (fetchRestore)
 		a.log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.aborted = &startAbort{err: err}
-		a.restoreGone = err.Error()
-		a.tellRestoreFailed(p, err.Error())
-		if !a.restartAt.IsZero() { // it exited meanwhile: no restart
-			a.restartAt = time.Time{}
-			a.childGone = true
-		}
-		if a.childDone != nil {
+		a.boot.aborted = &startAbort{err: err}
+		a.boot.gone = err.Error()
+		p.tellFailed(err.Error())
+		a.proc.cancelRestart() // it exited meanwhile: no restart
+		if a.proc.done != nil {
 			// It was told: it should exit with the error itself.
-			a.abandonAt = time.Now().Add(a.cfg.KillAfter)
+			a.boot.abandonAt = time.Now().Add(a.cfg.KillAfter)
 		}
 		return
 	}
-	a.recordSession()
+	a.sess.recordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.resume = a.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest)
+		a.boot.resume = a.commits.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
 		now := time.Now()
-		a.lastBlock = now
-		a.lastCommit.trainedAt = now
+		a.commits.lastBlock = now
+		a.commits.last.trainedAt = now
 	}
 	for _, c := range p.waiting {
-		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.resume}); err != nil {
+		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.boot.resume}); err != nil {
 			a.log.Warn("restored not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
@@ -140,54 +135,53 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 	}
 }
 
-// tellRestoreFailed tells the trainers waiting for the restore that it
-// will not come: restore_failed, or to a held hello a permanent refusal.
-func (a *Agent) tellRestoreFailed(p *pendingRestore, why string) {
-	for _, c := range p.waiting {
-		c.Post(protocol.Message{Type: protocol.TypeRestoreFailed, Error: why})
-	}
-	for _, ev := range p.held {
-		ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + why}, true)
-	}
-}
-
-// helloDuringRestore answers a hello while the restore runs or after it
-// failed; false: the restore is over and ok, the hello is served as usual.
-func (a *Agent) helloDuringRestore(ev protocol.Event) bool {
-	c, m := ev.Conn, ev.Msg
-	failed := a.restoreGone
-	if failed == "" && a.restoring == nil {
+// abortStart gives the start up while the restore runs (a signal or a
+// termination notice): the restore is cancelled, its partial directory
+// removed, and the trainer, which has not resumed and has nothing to save,
+// is stopped. True when there was a restore to abort.
+func (a *Agent) abortStart(why string, ab *startAbort) bool {
+	p := a.boot.restoring
+	if p == nil {
 		return false
 	}
-	if m.Version < 2 {
-		if failed != "" {
-			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + failed}, true)
-			return true
-		}
-		a.log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
-		a.restoring.held = append(a.restoring.held, ev)
-		return true
+	if a.boot.aborted == nil {
+		a.boot.aborted = ab
 	}
-	w := a.welcome(m)
-	if failed != "" {
-		w.Restore, w.Error = protocol.RestoreFailed, failed
-	} else {
-		w.Restore = protocol.RestorePending
-		a.restoring.waiting[c.ID()] = c
-	}
-	a.admit(c, m, w)
+	a.proc.cancelRestart() // it exited meanwhile: no restart
+	p.why = why
+	p.cancel()
+	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
+	a.proc.stop(a.life, a.goBg)
 	return true
 }
 
-// welcome is the answer to hello m, in the version both sides speak.
-func (a *Agent) welcome(m protocol.Message) protocol.Message {
-	v := min(max(m.Version, 1), protocol.ProtocolVersion)
-	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: a.cfg.RunID, CheckpointDir: a.cfg.CheckpointDir, Resume: a.resume}
+// done is the loop's source of the restore's end (nil: none running).
+func (b *bootRestore) done() <-chan restoreResult {
+	if b.restoring == nil {
+		return nil
+	}
+	return b.restoring.done
 }
 
-// forgetWaiting drops a connection that closed from the restore's waiters.
-func (a *Agent) forgetWaiting(id uint64) {
-	p := a.restoring
+// exit is Run's answer after a start given up during the restore
+// (ok false: none was).
+func (b *bootRestore) exit() (code int, err error, ok bool) {
+	ab := b.aborted
+	switch {
+	case ab == nil:
+		return 0, nil, false
+	case ab.sig != nil:
+		code, err = startCancelled(ab.sig)
+		return code, err, true
+	case ab.notice:
+		return ExitInterrupted, nil, true
+	}
+	return 1, ab.err, true
+}
+
+// forget drops a connection that closed from the restore's waiters.
+func (b *bootRestore) forget(id uint64) {
+	p := b.restoring
 	if p == nil {
 		return
 	}
@@ -200,41 +194,46 @@ func (a *Agent) forgetWaiting(id uint64) {
 	}
 }
 
-// abortStart gives the start up while the restore runs (a signal or a
-// termination notice): the restore is cancelled, its partial directory
-// removed, and the trainer, which has not resumed and has nothing to save,
-// is stopped. True when there was a restore to abort.
-func (a *Agent) abortStart(why string, ab *startAbort) bool {
-	p := a.restoring
-	if p == nil {
-		return false
+// tellFailed tells the trainers waiting for the restore that it
+// will not come: restore_failed, or to a held hello a permanent refusal.
+func (p *pendingRestore) tellFailed(why string) {
+	for _, c := range p.waiting {
+		c.Post(protocol.Message{Type: protocol.TypeRestoreFailed, Error: why})
 	}
-	if a.aborted == nil {
-		a.aborted = ab
+	for _, ev := range p.held {
+		ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + why}, true)
 	}
-	if !a.restartAt.IsZero() { // it exited meanwhile: no restart
-		a.restartAt = time.Time{}
-		a.childGone = true
-	}
-	p.why = why
-	p.cancel()
-	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
-	a.stopChild()
-	return true
 }
 
-// restoreExit is Run's answer after a start given up during the restore
-// (ok false: none was).
-func (a *Agent) restoreExit() (code int, err error, ok bool) {
-	ab := a.aborted
-	switch {
-	case ab == nil:
-		return 0, nil, false
-	case ab.sig != nil:
-		code, err = startCancelled(ab.sig)
-		return code, err, true
-	case ab.notice:
-		return ExitInterrupted, nil, true
+// welcome is the answer to hello m, in the version both sides speak.
+func (c *Config) welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
+	v := min(max(m.Version, 1), protocol.ProtocolVersion)
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
+}
+
+// hello answers a hello while the restore runs or after it
+// failed; false: the restore is over and ok, the hello is served as usual.
+func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.Message, handled bool) {
+	c, m := ev.Conn, ev.Msg
+	failed := b.gone
+	if failed == "" && b.restoring == nil {
+		return nil, false
 	}
-	return 1, ab.err, true
+	if m.Version < 2 {
+		if failed != "" {
+			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + failed}, true)
+			return nil, true
+		}
+		cfg.Log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
+		b.restoring.held = append(b.restoring.held, ev)
+		return nil, true
+	}
+	w := cfg.welcome(m, b.resume)
+	if failed != "" {
+		w.Restore, w.Error = protocol.RestoreFailed, failed
+	} else {
+		w.Restore = protocol.RestorePending
+		b.restoring.waiting[c.ID()] = c
+	}
+	return &w, true
 }

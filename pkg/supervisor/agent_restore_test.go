@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -27,7 +28,7 @@ func TestAgent_OverlapRestoreSignal(t *testing.T) {
 	if w := tr.expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending || w.Resume != nil || w.Version != 2 {
 		t.Fatalf("welcome %+v, want version 2, restore pending, no resume", w)
 	}
-	waitFor(t, "the trainer's environment", func() bool { _, err := os.Stat(envOut); return err == nil })
+	testutil.WaitFor(t, "the trainer's environment", func() bool { _, err := os.Stat(envOut); return err == nil })
 	env, err := os.ReadFile(envOut)
 	if err != nil {
 		t.Fatal(err)

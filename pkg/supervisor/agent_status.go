@@ -50,29 +50,29 @@ func (a *Agent) status() Status {
 	now := time.Now()
 	st := Status{
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
-		Started: a.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
-		Uploading: len(a.uploads), Pending: len(a.pending), NoticesSeen: a.noticesSeen, LastNotice: a.lastNotice,
-		Step: a.lastStep, NoticePromise: a.promiseStatus(),
+		Started: a.sess.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
+		Uploading: len(a.commits.uploads), Pending: len(a.commits.pending), NoticesSeen: a.stops.noticesSeen, LastNotice: a.stops.lastNotice,
+		Step: a.commits.lastStep, NoticePromise: a.commits.promise.status(),
 	}
-	if a.child != nil {
-		st.Child = &ChildStatus{PID: a.child.PID(), Running: a.childDone != nil, Restarts: a.restarts}
+	if a.proc.c != nil {
+		st.Child = &ChildStatus{PID: a.proc.c.PID(), Running: a.proc.done != nil, Restarts: a.proc.restarts}
 	}
-	if a.lastCommit.id != "" {
-		st.LastCheckpoint = &CheckpointStatus{ID: a.lastCommit.id, Step: a.lastCommit.step, At: a.lastCommit.at, Bytes: a.lastCommit.bytes}
+	if a.commits.last.id != "" {
+		st.LastCheckpoint = &CheckpointStatus{ID: a.commits.last.id, Step: a.commits.last.step, At: a.commits.last.at, Bytes: a.commits.last.bytes}
 	}
-	if a.stopping == nil {
-		next := a.cfg.Scheduler.Next(a.lastBlock, len(a.uploads) > 0, now).UTC()
+	if a.stops.current == nil {
+		next := a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now).UTC()
 		st.NextCheckpoint = &next
 	} else {
-		st.Stopping = a.stopping.reason
+		st.Stopping = a.stops.current.reason
 	}
 	return st
 }
 
-func (a *Agent) onStatus(c *protocol.Conn) {
-	b, err := json.Marshal(a.status())
+func (t *trainerConns) sendStatus(c *protocol.Conn, st Status) {
+	b, err := json.Marshal(st)
 	if err != nil {
-		a.reply(c, "", "status: "+err.Error())
+		t.reply(c, "", "status: "+err.Error())
 		return
 	}
 	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -40,7 +41,8 @@ type WatchConfig struct {
 // trainer saves into a watched directory on its own (source.go); the loop
 // owns it.
 type watchSource struct {
-	a        *Agent
+	host     sourceHost
+	env      watchEnv
 	cfg      WatchConfig
 	w        *watch.Watcher
 	store    *watch.VerifyStore
@@ -65,6 +67,17 @@ type watchSource struct {
 	paceFrom time.Time
 	resumed  int64
 	goneAt   time.Time
+}
+
+// watchEnv is what zero-code mode is set up with: the agent's Config
+// (Watch, the store, --keep, the request timeout, the metrics), its area
+// of the checkpoint directory (the local manifest copy) and the session's
+// start (the trainer's pace is counted from it).
+type watchEnv struct {
+	cfg     Config
+	log     *zap.Logger
+	started time.Time
+	dirs    *localDirs // opened after the source is made
 }
 
 // watchPruner runs --watch-prune beside the loop, one prune at a time: a
@@ -122,12 +135,12 @@ func ParseNoticeSignal(s string) (syscall.Signal, error) {
 // newWatchSource sets zero-code mode up, before the restore: the watched
 // directory, and the committer's store, which checks before each
 // manifest that the checkpoint did not change during its upload.
-func newWatchSource(a *Agent) (*watchSource, error) {
-	wc := a.cfg.Watch
-	if a.cfg.Signal != 0 {
+func newWatchSource(h sourceHost, env watchEnv) (*watchSource, error) {
+	wc := env.cfg.Watch
+	if env.cfg.Signal != 0 {
 		return nil, errors.New("watch: --signal and --watch exclude each other")
 	}
-	if wc.NoticeSignal != 0 && len(a.cfg.Command) == 0 {
+	if wc.NoticeSignal != 0 && len(env.cfg.Command) == 0 {
 		return nil, errors.New("watch: --notice-signal needs a trainer command (spotagent run)")
 	}
 	dir, err := filepath.Abs(wc.Dir)
@@ -135,11 +148,11 @@ func newWatchSource(a *Agent) (*watchSource, error) {
 		return nil, fmt.Errorf("watch: %w", err)
 	}
 	wc.Dir = dir
-	scratch, _ := filepath.Abs(a.cfg.CheckpointDir)
+	scratch, _ := filepath.Abs(env.cfg.CheckpointDir)
 	if nested(dir, scratch) || nested(scratch, dir) {
 		return nil, fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
 	}
-	wc.Log = a.log.With(zap.String("watch", dir))
+	wc.Log = env.log.With(zap.String("watch", dir))
 	w, err := watch.New(wc.Config) // checks DIR (exists, a directory, writable) and opens it
 	if err != nil {
 		return nil, err
@@ -152,16 +165,13 @@ func newWatchSource(a *Agent) (*watchSource, error) {
 		w.Close()
 		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
-	ws := &watchSource{a: a, cfg: *wc, w: w, store: watch.NewVerifyStore(a.committer.Store),
-		work: make(chan func()), dir: droot, stage: stage, paceFrom: a.started, resumed: -1,
+	ws := &watchSource{host: h, env: env, cfg: *wc, w: w, store: watch.NewVerifyStore(env.cfg.Store),
+		work: make(chan func()), dir: droot, stage: stage, paceFrom: env.started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
-	c := *a.committer
-	c.Store = ws.store
-	a.committer = &c
 	cw := w.Config()
-	a.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
+	env.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
-		zap.String("notice_signal", signalName(wc.NoticeSignal)))
+		zap.String("notice_signal", sigbridge.Name(wc.NoticeSignal)))
 	return ws, nil
 }
 
@@ -174,17 +184,17 @@ func nested(p, dir string) bool {
 // restore puts the newest committed checkpoint back into DIR under its
 // original name.
 func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
-	a := ws.a
+	h := ws.host
 	start := time.Now()
-	if a.child != nil {
+	if h.trainer().started {
 		// A restart: the trainer starts again from what is restored.
 		ws.pace.Reset()
 		ws.paceFrom = start
 	}
 	ws.resumed = -1
-	r, err := ws.w.Restore(ctx, a.cfg.Store, checkpoint.RestoreOptions{Log: a.log, MaxEpoch: a.epoch()})
+	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, checkpoint.RestoreOptions{Log: ws.env.log, MaxEpoch: h.epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		a.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", a.cfg.Store.URI("")))
+		ws.env.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.cfg.Store.URI("")))
 		return nil, nil
 	}
 	if err != nil {
@@ -192,34 +202,35 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	}
 	// The local manifest copy (SPOTAGENT_RESUME_MANIFEST) goes in the
 	// agent's area, through its root, never through a planted symlink.
-	manifest := filepath.Join(a.dirs.areaPath, watchManifest)
+	manifest := filepath.Join(ws.env.dirs.areaPath, watchManifest)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := checkpoint.WriteFile(a.dirs.area, watchManifest, b, 0o600); err != nil {
-			a.log.Warn("could not write the local manifest copy", zap.Error(err))
+		if err := checkpoint.WriteFile(ws.env.dirs.area, watchManifest, b, 0o600); err != nil {
+			ws.env.log.Warn("could not write the local manifest copy", zap.Error(err))
 		}
 	}
-	a.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+	ws.env.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
 	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
-	return a.restored(r.Restored, start, r.Path, manifest), nil
+	return h.restored(r.Restored, start, r.Path, manifest), nil
 }
 
 // start runs the watcher beside the loop until the agent's life ends;
 // what it finds complete reaches the loop through ready.
 func (ws *watchSource) start() {
-	a := ws.a
+	h := ws.host
+	life := h.life()
 	found := make(chan *watch.Checkpoint, 16)
-	a.goBg(func() { ws.w.Run(a.life, found) })
-	a.goBg(func() {
+	h.goBg(func() { ws.w.Run(life, found) })
+	h.goBg(func() {
 		for {
 			select {
 			case cp := <-found:
 				select {
 				case ws.work <- func() { ws.onReady(cp) }:
-				case <-a.life.Done():
+				case <-life.Done():
 					return
 				}
-			case <-a.life.Done():
+			case <-life.Done():
 				return
 			}
 		}
@@ -245,8 +256,8 @@ func (ws *watchSource) asks() bool { return false }
 // committed; one upload at a time, the newest waiting, except during an
 // interruption, when the newest goes at once and older uploads stop.
 func (ws *watchSource) onReady(cp *watch.Checkpoint) {
-	a := ws.a
-	a.seeStep(&cp.Step)
+	h := ws.host
+	h.seeStep(&cp.Step)
 	if ws.newest == nil || cp.Step >= ws.newest.Step {
 		ws.newest = cp
 	}
@@ -256,8 +267,8 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
 		ws.pace.Add(cp.Step, at)
 	}
-	if a.lastCommit.id != "" && cp.Step <= a.lastCommit.step {
-		a.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
+	if last := h.last(); last.id != "" && cp.Step <= last.step {
+		ws.env.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
 		return
 	}
 	for _, u := range ws.inflight {
@@ -281,11 +292,9 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 // supersede cancels the uploads in flight older than step (during an
 // interruption: the newest goes at once).
 func (ws *watchSource) supersede(step int64) {
-	a := ws.a
 	for id, u := range ws.inflight {
-		if up := a.uploads[id]; up != nil && u.cp.Step < step {
-			a.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
-			up.cancel()
+		if u.cp.Step < step && ws.host.cancelUpload(id) {
+			ws.env.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 		}
 	}
 }
@@ -304,7 +313,6 @@ func (ws *watchSource) uploading(step int64) bool {
 // stageFor stages cp for upload (nil: it could not be; it is retried
 // once it is quiet again).
 func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
-	a := ws.a
 	id := newID()
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
@@ -318,8 +326,8 @@ func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
 	}
 	if err != nil {
 		ws.prune.setBusy(cp.Name, -1)
-		a.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
-		a.cfg.Metrics.Error("checkpoint")
+		ws.env.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
+		ws.env.cfg.Metrics.Error("checkpoint")
 		ws.w.Retry(cp.Name) // once it is quiet again
 		return nil
 	}
@@ -341,7 +349,7 @@ func (ws *watchSource) dropNext() {
 
 // commit commits a staged checkpoint (nil: nothing to commit).
 func (ws *watchSource) commit(sc *watchStaged) {
-	a := ws.a
+	h := ws.host
 	if sc == nil {
 		return
 	}
@@ -358,20 +366,19 @@ func (ws *watchSource) commit(sc *watchStaged) {
 	}
 	// Its cost is what was measured (the staging, then the upload and
 	// commit): the trainer's own save is not seen.
-	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(ws.env.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata(), costFrom: now.Add(-sc.took)}
 	// The staging's busy mark stays until the commit ends (committed).
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	a.lastBlock = now
-	a.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
+	ws.env.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
-	a.commit(r)
+	h.commit(r, now)
 }
 
 // committed follows a commit result (after onCommitResult has recorded
 // it): a watched checkpoint's, or another.
 func (ws *watchSource) committed(cr commitResult) {
-	a := ws.a
+	h := ws.host
 	u, ok := ws.inflight[cr.req.id]
 	if !ok {
 		return
@@ -386,14 +393,14 @@ func (ws *watchSource) committed(cr commitResult) {
 			ws.pruneFrom(cr.res.Manifest.Step)
 		}
 	case errors.Is(cr.err, watch.ErrChanged):
-		a.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
+		ws.env.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
 			zap.String("name", u.cp.Name), zap.Error(cr.err))
 		ws.w.Retry(u.cp.Name)
 	default:
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if a.lastCommit.id == "" || n.cp.Step > a.lastCommit.step {
+		if h.last().id == "" || n.cp.Step > h.last().step {
 			ws.commit(n)
 		} else {
 			ws.dropNext()
@@ -406,7 +413,7 @@ func (ws *watchSource) committed(cr commitResult) {
 // newest committed step), keeping --keep: off the loop, one prune at a
 // time; a commit during a prune has the next one prune for it.
 func (ws *watchSource) pruneFrom(committed int64) {
-	a, p := ws.a, &ws.prune
+	h, p := ws.host, &ws.prune
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.want = max(p.want, committed)
@@ -414,13 +421,13 @@ func (ws *watchSource) pruneFrom(committed int64) {
 		return
 	}
 	p.running = true
-	w := ws.w
-	a.goBg(func() {
+	w, life := ws.w, h.life()
+	h.goBg(func() {
 		for {
 			p.mu.Lock()
 			step := p.want
 			p.want = -1
-			if step < 0 || a.life.Err() != nil {
+			if step < 0 || life.Err() != nil {
 				p.running = false
 				p.mu.Unlock()
 				return
@@ -429,7 +436,7 @@ func (ws *watchSource) pruneFrom(committed int64) {
 			if testHookWatchPrune != nil {
 				testHookWatchPrune()
 			}
-			w.Prune(a.life, step, a.cfg.Keep, p.isBusy)
+			w.Prune(life, step, ws.env.cfg.Keep, p.isBusy)
 		}
 	})
 }
@@ -452,15 +459,15 @@ func (p *watchPruner) isBusy(name string) bool {
 // asked, then wait (until uploadBy) for a newer complete checkpoint. The
 // agent sends the trainer no request.
 func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
-	a := ws.a
+	h := ws.host
 	// Done early only for a checkpoint newer than anything complete or
 	// committed (a restored one included) when the notice came.
 	st := &watchStop{s: s, uploadBy: uploadBy, baseline: -1}
 	if ws.newest != nil {
 		st.baseline = ws.newest.Step
 	}
-	if a.lastCommit.id != "" {
-		st.baseline = max(st.baseline, a.lastCommit.step)
+	if h.last().id != "" {
+		st.baseline = max(st.baseline, h.last().step)
 	}
 	ws.intr = st
 	// Completeness cannot wait past the upload deadline.
@@ -470,22 +477,21 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if sc := ws.next; sc != nil {
 		ws.supersede(sc.cp.Step)
 		ws.commit(sc)
-	} else if n := ws.newest; n != nil && (a.lastCommit.id == "" || n.Step > a.lastCommit.step) && !ws.uploading(n.Step) {
+	} else if n := ws.newest; n != nil && (h.last().id == "" || n.Step > h.last().step) && !ws.uploading(n.Step) {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
-	if sig := ws.cfg.NoticeSignal; sig != 0 && a.child != nil && a.childDone != nil {
-		if err := a.child.Signal(sig); err != nil {
-			a.log.Warn("could not signal the trainer", zap.Error(err))
+	if sig := ws.cfg.NoticeSignal; sig != 0 && h.trainer().running {
+		// The trainer may die of it: that is the stop it was told of.
+		if err := h.signalTrainer(sig); err != nil {
+			ws.env.log.Warn("could not signal the trainer", zap.Error(err))
 		} else {
 			at := now.UTC()
 			s.record.Requested = &at
-			// The trainer may die of it: that is the stop it was told of.
-			a.deadlineKill = true
-			a.log.Info("notice: signalled the trainer to save", zap.String("signal", signalName(sig)), zap.Time("upload_by", uploadBy))
+			ws.env.log.Info("notice: signalled the trainer to save", zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
-		a.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
+		ws.env.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
 	}
 	ws.tick(now)
 	return true
@@ -499,9 +505,6 @@ func (ws *watchSource) wake() time.Time {
 	return ws.flushBy
 }
 
-// trainerGone: the child exited (or there never was one to wait for).
-func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDone == nil }
-
 // tick decides the interruption. The trainer keeps running while a newer
 // complete checkpoint can still be committed before the upload deadline
 // (uploadBy): each one is committed as it comes. At uploadBy (or once the
@@ -509,14 +512,14 @@ func (a *Agent) trainerGone() bool { return len(a.cfg.Command) > 0 && a.childDon
 // one is committed if it is not yet, and once nothing is in flight the
 // trainer is stopped: the last safe moment.
 func (ws *watchSource) tick(now time.Time) {
-	a := ws.a
+	h := ws.host
 	switch {
-	case !a.trainerGone():
+	case !h.trainer().gone:
 		ws.goneAt = time.Time{}
 	case ws.goneAt.IsZero():
 		ws.goneAt = now // the first pass of the loop since it exited
 	}
-	if a.trainerGone() && a.stopping == nil && ws.flushBy.IsZero() && a.exitCode == 0 && a.restartAt.IsZero() {
+	if t := h.trainer(); t.gone && !h.stopping() && ws.flushBy.IsZero() && t.exitCode == 0 && !t.restartPending {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
@@ -524,7 +527,7 @@ func (ws *watchSource) tick(now time.Time) {
 	st := ws.intr
 	active := st != nil && !st.s.finished
 	late := active && !now.Before(st.uploadBy)
-	if (active && (a.trainerGone() || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+	if (active && (h.trainer().gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: busy uses its result.
 		for _, cp := range ws.w.Scan(now) {
@@ -534,12 +537,12 @@ func (ws *watchSource) tick(now time.Time) {
 	if !active {
 		return
 	}
-	committed := a.lastCommit.id != ""
-	late = late || (a.trainerGone() && !ws.w.Pending(max(a.lastCommit.step, st.baseline)))
+	committed := h.last().id != ""
+	late = late || (h.trainer().gone && !ws.w.Pending(max(h.last().step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}
-	if n := ws.newest; n != nil && (!committed || n.Step > a.lastCommit.step) {
+	if n := ws.newest; n != nil && (!committed || n.Step > h.last().step) {
 		// Failed or not started: once more, before the deadline.
 		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
 			ws.commit(sc)
@@ -556,32 +559,29 @@ func (ws *watchSource) tick(now time.Time) {
 // finish ends the interruption with the newest committed checkpoint, and
 // stops the trainer, which knows nothing of the agent.
 func (ws *watchSource) finish(st *watchStop, now time.Time) {
-	a, s := ws.a, st.s
+	h, s := ws.host, st.s
 	newest := ws.w.NewestStep()
-	a.seeStep(&newest)
-	if a.lastCommit.id == "" {
-		a.stopFailed(s, "no complete checkpoint in the watched directory", now)
+	h.seeStep(&newest)
+	if h.last().id == "" {
+		h.stopFailed(s, "no complete checkpoint in the watched directory", now)
 	} else {
 		base := ws.written
 		if base.IsZero() {
-			base = a.lastCommit.trainedAt
+			base = h.last().trainedAt
 		}
 		if base.IsZero() {
-			base = a.started
+			base = ws.env.started
 		}
-		s.record.CheckpointID, s.record.Step = a.lastCommit.id, a.lastCommit.step
+		s.record.CheckpointID, s.record.Step = h.last().id, h.last().step
 		s.record.LostSeconds = max(now.Sub(base).Seconds(), 0)
-		if a.lastCommit.step > st.baseline && !ws.doneAt.IsZero() {
+		if h.last().step > st.baseline && !ws.doneAt.IsZero() {
 			done := ws.doneAt
 			s.record.Done = &done // the trainer's checkpoint after the notice was complete
 		}
-		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: a.lastCommit.id, Step: a.lastCommit.step}, Bytes: a.lastCommit.bytes}
-		a.stopCommitted(s, res, now)
+		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: h.last().id, Step: h.last().step}, Bytes: h.last().bytes}
+		h.stopCommitted(s, res, now)
 	}
-	if a.childDone != nil && !a.killing {
-		a.deadlineKill = true
-		a.stopChild()
-	}
+	h.stopTrainer()
 }
 
 // reached is the step the trainer reached by now (by its exit, if it
@@ -592,10 +592,10 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 // every 10 s and is stopped 9 s after its last save lost 9 s of steps
 // that DIR never shows.
 func (ws *watchSource) reached(now time.Time) (int64, string) {
-	a := ws.a
+	h := ws.host
 	seen := ws.w.NewestStep() // -1: none
-	if a.lastStep > max(seen, 0) {
-		return a.lastStep, ""
+	if h.trainerStep() > max(seen, 0) {
+		return h.trainerStep(), ""
 	}
 	stopped := now
 	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
@@ -604,14 +604,14 @@ func (ws *watchSource) reached(now time.Time) (int64, string) {
 	if step, ok := ws.pace.At(stopped); ok {
 		return max(step, seen), checkpoint.LostFromEstimate
 	}
-	return max(seen, a.lastStep), checkpoint.LostFromDir
+	return max(seen, h.trainerStep()), checkpoint.LostFromDir
 }
 
 // busy keeps the agent from ending while an interruption waits for the
 // trainer's checkpoint, or a trainer that exited may have left one. It
 // reads what tick (run before it in each pass of the loop) saw.
 func (ws *watchSource) busy(now time.Time) bool {
-	a := ws.a
+	h := ws.host
 	if st := ws.intr; st != nil && !st.s.finished {
 		return true
 	}
@@ -619,7 +619,7 @@ func (ws *watchSource) busy(now time.Time) bool {
 		return false
 	}
 	// No scan here: tick, earlier in the same pass of the loop, did.
-	return len(ws.inflight) > 0 || ws.w.Pending(a.lastCommit.step)
+	return len(ws.inflight) > 0 || ws.w.Pending(h.last().step)
 }
 
 // watchStage is the directory in DIR where watched checkpoints are staged

@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/spotagent/spotagent/internal/sigbridge"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -53,7 +55,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
 	})
 	writeHF(t, out, 10, true)
-	waitFor(t, "checkpoint-10 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 10
 	})
@@ -114,7 +116,7 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 		t.Fatal("no prune after the first commit")
 	}
 	writeHF(t, out, 20, true)
-	waitFor(t, "checkpoint-20 committed while a prune is held up", func() bool {
+	testutil.WaitFor(t, "checkpoint-20 committed while a prune is held up", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 20
 	})
@@ -122,7 +124,7 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 		t.Fatalf("checkpoint-10 gone while the prune was held: %v", err)
 	}
 	once.Do(func() { close(release) })
-	waitFor(t, "checkpoint-10 pruned", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 pruned", func() bool {
 		_, err := os.Lstat(filepath.Join(out, "checkpoint-10"))
 		return os.IsNotExist(err)
 	})
@@ -135,8 +137,8 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 func TestSignalName(t *testing.T) {
 	for sig, want := range map[syscall.Signal]string{0: "none", syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT",
 		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2"} {
-		if got := signalName(sig); got != want {
-			t.Errorf("signalName(%d)=%q, want %q", sig, got, want)
+		if got := sigbridge.Name(sig); got != want {
+			t.Errorf("sigbridge.Name(%d)=%q, want %q", sig, got, want)
 		}
 	}
 }
@@ -202,7 +204,7 @@ func TestWatch_Rotation(t *testing.T) {
 	if len(steps) < 2 {
 		t.Fatalf("committed steps %v while the trainer rotated %d checkpoints: want at least 2", steps, saves)
 	}
-	waitFor(t, "the newest checkpoint committed", func() bool {
+	testutil.WaitFor(t, "the newest checkpoint committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), st)
 		return err == nil && l.Step == saves*10
 	})
@@ -289,7 +291,7 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
 	})
 	writeHF(t, out, 10, true)
-	waitFor(t, "checkpoint-10 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 10
 	})
@@ -383,7 +385,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 		c.Margin = 500 * time.Millisecond
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: time.Second}}
 	})
-	waitFor(t, "checkpoint-60 committed", func() bool {
+	testutil.WaitFor(t, "checkpoint-60 committed", func() bool {
 		l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 		return err == nil && l.Step == 60
 	})
@@ -435,7 +437,7 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 		c.FenceInterval = -1
 		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}}
 	})
-	waitFor(t, "the agent serving", func() bool {
+	testutil.WaitFor(t, "the agent serving", func() bool {
 		_, err := os.Stat(ar.cfg.Server.Path)
 		return err == nil
 	})

@@ -20,23 +20,12 @@
 // (exitFenced: a newer session owns the run) or the child's own code. A
 // second signal, or cancelling Run's ctx, skips to the child's SIGTERM.
 //
-// One goroutine, the loop, owns the agent's state; everything else it
-// starts is owned by the agent's lifetime (Agent.life, Agent.bg) and ended
-// and waited for before Run returns (agent_loop.go).
-//
-// Files:
-//
-//	agent.go                   Config, local directories, restore, cleanup
-//	agent_loop.go              Run, the loop, the child's exit, the lifetime
-//	agent_notice.go            trainer events (onEvent), notices and the stop sequence
-//	agent_request.go           requests, settle, commit, results
-//	agent_pipeline.go          `saved`: uploads that start before `done`
-//	agent_job.go               part mode: one node of a multi-node job (join, parts)
-//	agent_fence.go             the lease, fencing by a newer session (or copy of a node)
-//	source.go                  the checkpoint source the loop drives: the protocol (default) or zero-code mode
-//	agent_watch.go             zero-code mode (a watched directory), one checkpoint source
-//	agent_status.go            the status reply
-//	signal_bridge.go           the signal fallback for trainers without the protocol
-//	node.go                    node mode: one socket, one agent per run (and node rank)
-//	machine.go, metrics.go     the identity written to the store; the Metrics hook
+// One goroutine, the loop, owns the agent's state, grouped by owner: the
+// child process, the trainers and their connections, the commits, the stop
+// sequence, the start-up restore, the session and its journal, the ranks;
+// Agent keeps the loop's select and one field per owner. Everything else
+// it starts is owned by the agent's lifetime (Agent.life, Agent.bg) and
+// ended and waited for before Run returns (agent_loop.go). The file map,
+// file by file, is docs/architecture.md (the only one; a test keeps it
+// complete).
 package supervisor

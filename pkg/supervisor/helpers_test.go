@@ -16,12 +16,6 @@ func shortDir(t *testing.T) string {
 	return testutil.ShortDir(t)
 }
 
-// waitFor polls cond until it holds or testWait passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	testutil.WaitFor(t, what, cond)
-}
-
 // The agent's children run with a guard: a copy of this test binary
 // started with child.GuardArg, which must become the guard at once.
 func init() { child.RunGuardIfAsked() }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -123,7 +124,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the bridge's hello", func() bool {
+			testutil.WaitFor(t, "the bridge's hello", func() bool {
 				raw, err := c.Status(context.Background())
 				return err == nil && strings.Contains(string(raw), `"trainers":1`)
 			})

@@ -333,8 +333,8 @@ func (n *node) start(id, part string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
-		defer a.endLife() // after a panic too: its background work stops
-		a.watchFence()    // agent_fence.go
+		defer a.endLife()                                                          // after a panic too: its background work stops
+		a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
 		a.finish()
 		log.Info("node: run done")

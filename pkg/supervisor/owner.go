@@ -7,20 +7,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
-// trainerOwned marks r's directory, as opened for its commit, as written
-// by the trainers that answered r when they run as another user than the
-// agent (node and sidecar modes with an agent running as root): every file
-// uploaded from it must then be owned by one of them and have one link
-// (checkpoint.OwnedBy), so that a trainer cannot make the agent read a
-// file it could not read itself. A trainer of the agent's own user crosses
-// no boundary: nothing is marked. The returned func lifts the mark.
-func (a *Agent) trainerOwned(r *request) func() {
-	if r.held == nil {
-		return func() {}
-	}
-	return checkpoint.OwnedBy(r.held, r.ownerUIDs()...)
-}
-
 // noteAnswer records that c answered r, with its uid as it connected: the
 // owner rule must hold for a trainer that has disconnected since (the
 // commit starts once the last trainer answers).
@@ -56,4 +42,18 @@ func foreignUID(c *protocol.Conn) []int {
 		return nil
 	}
 	return []int{uid}
+}
+
+// trainerOwned marks r's directory, as opened for its commit, as written
+// by the trainers that answered r when they run as another user than the
+// agent (node and sidecar modes with an agent running as root): every file
+// uploaded from it must then be owned by one of them and have one link
+// (checkpoint.OwnedBy), so that a trainer cannot make the agent read a
+// file it could not read itself. A trainer of the agent's own user crosses
+// no boundary: nothing is marked. The returned func lifts the mark.
+func (r *request) trainerOwned() func() {
+	if r.held == nil {
+		return func() {}
+	}
+	return checkpoint.OwnedBy(r.held, r.ownerUIDs()...)
 }

@@ -71,8 +71,7 @@ s.close()
 	}
 	r := &request{answeredBy: map[uint64]bool{}}
 	r.noteAnswer(c)
-	c.Close()
-	a := &Agent{conns: map[uint64]*protocol.Conn{}} // the connection is gone
+	c.Close() // the connection is gone: the uids come from the answer alone
 	if got := r.ownerUIDs(); !slices.Equal(got, []int{nobody}) {
 		t.Fatalf("owner uids %v after the trainer closed, want [%d]", got, nobody)
 	}
@@ -82,7 +81,7 @@ s.close()
 	}
 	defer held.Close()
 	r.held = held
-	a.trainerOwned(r)()
+	r.trainerOwned()()
 }
 
 // TestGoBg_PanicFailsTheWork (issue 36 item 5): a panic in background

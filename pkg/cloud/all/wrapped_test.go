@@ -86,8 +86,8 @@ func TestOpen_Retries(t *testing.T) {
 	obs := &attempts{}
 	st := openWrapped(t, "s3://"+srv.Bucket+"/retries", all.Options{S3Endpoint: proxy.URL, Observer: obs,
 		Retry: wrap.RetryOptions{MinWait: time.Millisecond, MaxWait: 10 * time.Millisecond}})
-	if _, ok := wrap.Plain(st).(*s3.Store); !ok {
-		t.Fatalf("wrap.Plain(%T) is not the S3 backend", st)
+	if _, ok := cloudtest.Plain(st).(*s3.Store); !ok {
+		t.Fatalf("cloudtest.Plain(%T) is not the S3 backend", st)
 	}
 	ctx := t.Context()
 	if err := st.Put(ctx, "k", strings.NewReader("v"), 1, cloud.PutOptions{}); err != nil {

@@ -37,3 +37,15 @@ func Empty(t testing.TB, st cloud.Store) {
 		}
 	}
 }
+
+// Plain is the backend under the layers all.Open stacks around it (st
+// itself when it has none), for tests that need the backend's own methods.
+func Plain(st cloud.Store) cloud.Store {
+	for {
+		u, ok := st.(interface{ Unwrap() cloud.Store })
+		if !ok {
+			return st
+		}
+		st = u.Unwrap()
+	}
+}

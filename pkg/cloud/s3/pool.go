@@ -146,10 +146,3 @@ func (p *bufPool) drain(epoch int) {
 		p.release()
 	}
 }
-
-// idle reports the buffers kept for reuse (for tests).
-func (p *bufPool) idle() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.free)
-}

@@ -5,18 +5,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor is testutil.WaitFor (the module's one bounded wait).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, what, cond)
 }
 
 // TestBufPool_ReusesWhileBusyDropsWhenIdle: standard buffers are reused
@@ -139,4 +135,11 @@ func TestBufPool_CollectsDuringLongUploads(t *testing.T) {
 	p.put(b)
 	waitFor(t, "a collection after 8 KiB of parts", func() bool { return collected.Load() == 1 })
 	p.put(held)
+}
+
+// idle reports the buffers kept for reuse .
+func (p *bufPool) idle() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.free)
 }

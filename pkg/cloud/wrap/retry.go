@@ -180,16 +180,3 @@ func cleanup(ctx context.Context, st cloud.Store, opts []cloud.CleanupOptions) (
 	}
 	return 0, nil
 }
-
-// Plain returns the backend under the layers all.Open stacked around it
-// (st itself when it has none), for tests and tools that need the
-// backend's own methods.
-func Plain(st cloud.Store) cloud.Store {
-	for {
-		u, ok := st.(interface{ Unwrap() cloud.Store })
-		if !ok {
-			return st
-		}
-		st = u.Unwrap()
-	}
-}

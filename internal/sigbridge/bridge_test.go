@@ -1,4 +1,4 @@
-package supervisor
+package sigbridge
 
 import (
 	"os"
@@ -33,7 +33,7 @@ func TestBridgeMarker(t *testing.T) {
 			if _, st := r.check(root, 10); st != markerMissing {
 				t.Fatalf("no marker: state %v", st)
 			}
-			os.WriteFile(filepath.Join(dir, doneMarker), []byte(tc.content), 0o600)
+			os.WriteFile(filepath.Join(dir, DoneMarker), []byte(tc.content), 0o600)
 			step, st := r.check(root, 10)
 			if st == markerMissing && tc.content == "" {
 				step, st = r.check(root, 10)
@@ -41,7 +41,7 @@ func TestBridgeMarker(t *testing.T) {
 			if step != tc.want || st != tc.state {
 				t.Fatalf("check = %d, %v; want %d, %v", step, st, tc.want, tc.state)
 			}
-			if _, err := os.Stat(filepath.Join(dir, doneMarker)); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(dir, DoneMarker)); !os.IsNotExist(err) {
 				t.Fatalf("marker left in the checkpoint: %v", err)
 			}
 		})
@@ -64,15 +64,15 @@ func TestSignalCaught(t *testing.T) {
 	}
 }
 
-func TestParseSignal(t *testing.T) {
+func TestParse(t *testing.T) {
 	for in, want := range map[string]syscall.Signal{"SIGUSR1": syscall.SIGUSR1, "usr2": syscall.SIGUSR2} {
-		if got, err := ParseSignal(in); err != nil || got != want {
-			t.Errorf("ParseSignal(%q) = %v, %v", in, got, err)
+		if got, err := Parse(in); err != nil || got != want {
+			t.Errorf("Parse(%q) = %v, %v", in, got, err)
 		}
 	}
 	for _, in := range []string{"SIGTERM", "KILL", "HUP", "", "9"} {
-		if _, err := ParseSignal(in); err == nil {
-			t.Errorf("ParseSignal(%q) accepted", in)
+		if _, err := Parse(in); err == nil {
+			t.Errorf("Parse(%q) accepted", in)
 		}
 	}
 }

@@ -1,4 +1,7 @@
-package supervisor
+// Package sigbridge is the signal fallback for trainers that do not speak
+// the protocol: a trainer of its own that speaks the protocol to the agent
+// for them, and turns each checkpoint request into a file and a signal.
+package sigbridge
 
 import (
 	"context"
@@ -21,16 +24,16 @@ import (
 
 // The signal fallback for trainers that do not speak the protocol (a
 // framework's own SIGUSR1 handler, a script): the agent writes the request
-// to requestFile in the agent's area of the checkpoint directory and
+// to RequestFile in the agent's area of the checkpoint directory and
 // signals the trainer; the
-// trainer saves into the request's dir and then creates doneMarker in it,
+// trainer saves into the request's dir and then creates DoneMarker in it,
 // holding the step number (or nothing).
 const (
-	requestFile = "request.json"
-	doneMarker  = "SPOTAGENT_DONE"
+	RequestFile = "request.json"
+	DoneMarker  = "SPOTAGENT_DONE"
 )
 
-// signalRequest is what requestFile holds.
+// signalRequest is what RequestFile holds.
 type signalRequest struct {
 	ID       string    `json:"id"`
 	Dir      string    `json:"dir"`
@@ -38,40 +41,40 @@ type signalRequest struct {
 	Deadline time.Time `json:"deadline"`
 }
 
-// signalBridge speaks the protocol on behalf of the child: it connects to
+// Bridge speaks the protocol on behalf of the child: it connects to
 // the agent's socket like any trainer, so the agent's request, deadline,
 // commit and stop logic is the same for both kinds of trainer.
-type signalBridge struct {
-	socket string
-	sig    syscall.Signal
-	// area is the agent's area of the checkpoint directory (areaPath):
-	// requestFile and the request directories live there. The bridge
+type Bridge struct {
+	Socket string
+	Sig    syscall.Signal
+	// Area is the agent's area of the checkpoint directory (AreaPath):
+	// RequestFile and the request directories live there. The bridge
 	// reads and writes only through it.
-	area     *os.Root
-	areaPath string
-	pid      func() int // the child's pid now (0: not running)
-	poll     time.Duration
-	log      *zap.Logger
+	Area     *os.Root
+	AreaPath string
+	PID      func() int // the child's pid now (0: not running)
+	Poll     time.Duration
+	Log      *zap.Logger
 }
 
-// serve runs the bridge until ctx ends, connecting again (after a second)
+// Serve runs the bridge until ctx ends, connecting again (after a second)
 // if the agent drops the connection: without the bridge the trainer would
 // get no checkpoint requests at all.
-func (b *signalBridge) serve(ctx context.Context) {
+func (b *Bridge) Serve(ctx context.Context) {
 	// A handle of its own: the agent closes its handles when it finishes.
-	area, err := b.area.OpenRoot(".")
+	area, err := b.Area.OpenRoot(".")
 	if err != nil {
-		b.log.Error("signal fallback: checkpoint directory unusable", zap.Error(err))
+		b.Log.Error("signal fallback: checkpoint directory unusable", zap.Error(err))
 		return
 	}
 	defer area.Close()
-	b.area = area
+	b.Area = area
 	for {
 		err := b.run(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		b.log.Error("signal fallback: connection to the agent lost, reconnecting", zap.Error(err))
+		b.Log.Error("signal fallback: connection to the agent lost, reconnecting", zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return
@@ -82,18 +85,14 @@ func (b *signalBridge) serve(ctx context.Context) {
 
 // run serves one connection until ctx ends or the agent closes it. Its
 // reader ends before it returns.
-func (b *signalBridge) run(ctx context.Context) error {
-	c, err := protocol.Dial(ctx, b.socket)
-	if err != nil {
-		return fmt.Errorf("signal bridge: %w", err)
-	}
-	b.area.Remove(requestFile) // what an earlier agent left
-
-	msgs := make(chan protocol.Message, 8)
-	read := make(chan struct{})
+// receive reads the agent's messages into msgs until the connection or
+// ctx ends; read closes once the reader has returned.
+func receive(ctx context.Context, c *protocol.Client) (msgs <-chan protocol.Message, read <-chan struct{}) {
+	ms := make(chan protocol.Message, 8)
+	done := make(chan struct{})
 	go func() {
-		defer close(read)
-		defer close(msgs)
+		defer close(done)
+		defer close(ms)
 		for {
 			m, err := c.Recv(ctx)
 			if errors.Is(err, protocol.ErrBadMessage) {
@@ -103,12 +102,23 @@ func (b *signalBridge) run(ctx context.Context) error {
 				return
 			}
 			select {
-			case msgs <- m:
+			case ms <- m:
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
+	return ms, done
+}
+
+func (b *Bridge) run(ctx context.Context) error {
+	c, err := protocol.Dial(ctx, b.Socket)
+	if err != nil {
+		return fmt.Errorf("signal bridge: %w", err)
+	}
+	b.Area.Remove(RequestFile) // what an earlier agent left
+
+	msgs, read := receive(ctx, c)
 	defer func() { c.Close(); <-read }()
 	send := func(m protocol.Message) error { return c.Send(ctx, m) }
 	zero, one := 0, 1
@@ -120,7 +130,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 	open := map[string]*bridgeRequest{} // requests signalled, marker not seen yet
 	// The marker is polled only while a request is open: an idle bridge
 	// does not wake up.
-	ticker := time.NewTicker(b.poll)
+	ticker := time.NewTicker(b.Poll)
 	ticker.Stop()
 	defer ticker.Stop()
 	for {
@@ -139,37 +149,37 @@ func (b *signalBridge) run(ctx context.Context) error {
 			case protocol.TypeCheckpoint:
 				pid, err := b.signal(m)
 				if err != nil {
-					b.log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
+					b.Log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
 					send(protocol.Message{Type: protocol.TypeFailed, ID: m.ID, Error: err.Error()})
 					continue
 				}
 				open[m.ID] = &bridgeRequest{id: m.ID, name: b.requestName(m.Dir), deadline: derefTime(m.Deadline), pid: pid}
-				ticker.Reset(b.poll)
+				ticker.Reset(b.Poll)
 			case protocol.TypeCommitted:
 				if m.Step != nil && *m.Step > lastStep {
 					lastStep = *m.Step
 				}
 			case protocol.TypeStop:
-				if pid := b.pid(); pid > 0 {
-					b.log.Info("signal fallback: stop, SIGTERM to the trainer", zap.Int("pid", pid), zap.String("reason", m.Reason))
+				if pid := b.PID(); pid > 0 {
+					b.Log.Info("signal fallback: stop, SIGTERM to the trainer", zap.Int("pid", pid), zap.String("reason", m.Reason))
 					syscall.Kill(-pid, syscall.SIGTERM)
 				}
 			case protocol.TypeError:
-				b.log.Warn("signal fallback: agent reported an error", zap.String("id", m.ID), zap.String("error", m.Error))
+				b.Log.Warn("signal fallback: agent reported an error", zap.String("id", m.ID), zap.String("error", m.Error))
 			}
 		case now := <-ticker.C:
 			for id, r := range open {
-				step, state := r.check(b.area, lastStep)
+				step, state := r.check(b.Area, lastStep)
 				if state == markerMissing {
 					// Dropped when the trainer exited or restarted, or at
 					// the deadline: the agent has settled it either way.
-					if b.pid() != r.pid || (!r.deadline.IsZero() && now.After(r.deadline)) {
+					if b.PID() != r.pid || (!r.deadline.IsZero() && now.After(r.deadline)) {
 						delete(open, id)
 					}
 					continue
 				}
 				if state == markerUnreadable {
-					b.log.Warn("signal fallback: done marker without a step number: numbering it", zap.String("id", id), zap.Int64("step", step))
+					b.Log.Warn("signal fallback: done marker without a step number: numbering it", zap.String("id", id), zap.Int64("step", step))
 				}
 				delete(open, id)
 				lastStep = max(lastStep, step)
@@ -179,7 +189,7 @@ func (b *signalBridge) run(ctx context.Context) error {
 			}
 			if len(open) == 0 {
 				ticker.Stop()
-				b.area.Remove(requestFile)
+				b.Area.Remove(RequestFile)
 			}
 		}
 	}
@@ -187,13 +197,13 @@ func (b *signalBridge) run(ctx context.Context) error {
 
 // signal writes the request file, then signals the child, unless the child
 // would die of the signal: a process that has not installed a handler yet.
-func (b *signalBridge) signal(m protocol.Message) (int, error) {
-	pid := b.pid()
+func (b *Bridge) signal(m protocol.Message) (int, error) {
+	pid := b.PID()
 	if pid <= 0 {
 		return 0, errors.New("trainer not running")
 	}
-	if caught, known := signalCaught(pid, b.sig); known && !caught {
-		return 0, fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, signalName(b.sig))
+	if caught, known := signalCaught(pid, b.Sig); known && !caught {
+		return 0, fmt.Errorf("trainer (pid %d) has no %s handler (yet): not signalled, it would have died of it", pid, Name(b.Sig))
 	}
 	body, err := json.MarshalIndent(signalRequest{ID: m.ID, Dir: m.Dir, Reason: m.Reason, Deadline: derefTime(m.Deadline)}, "", "  ")
 	if err != nil {
@@ -201,20 +211,20 @@ func (b *signalBridge) signal(m protocol.Message) (int, error) {
 	}
 	// Through a temp file created with O_EXCL and renamed: a symlink
 	// planted at either name is never followed.
-	if err := checkpoint.WriteFile(b.area, requestFile, body, 0o600); err != nil {
-		return 0, fmt.Errorf("write %s: %w", requestFile, err)
+	if err := checkpoint.WriteFile(b.Area, RequestFile, body, 0o600); err != nil {
+		return 0, fmt.Errorf("write %s: %w", RequestFile, err)
 	}
-	if err := syscall.Kill(pid, b.sig); err != nil {
-		return 0, fmt.Errorf("signal %s to pid %d: %w", signalName(b.sig), pid, err)
+	if err := syscall.Kill(pid, b.Sig); err != nil {
+		return 0, fmt.Errorf("signal %s to pid %d: %w", Name(b.Sig), pid, err)
 	}
-	b.log.Info("signal fallback: trainer signalled", zap.String("id", m.ID), zap.Int("pid", pid), zap.String("signal", signalName(b.sig)))
+	b.Log.Info("signal fallback: trainer signalled", zap.String("id", m.ID), zap.Int("pid", pid), zap.String("signal", Name(b.Sig)))
 	return pid, nil
 }
 
 // requestName is dir relative to the agent's area ("" if outside it: no
 // marker will be found there).
-func (b *signalBridge) requestName(dir string) string {
-	rel, err := filepath.Rel(b.areaPath, dir)
+func (b *Bridge) requestName(dir string) string {
+	rel, err := filepath.Rel(b.AreaPath, dir)
 	if err != nil || checkpoint.SafeRel(filepath.ToSlash(rel)) != nil {
 		return ""
 	}
@@ -246,7 +256,7 @@ func (r *bridgeRequest) check(area *os.Root, lastStep int64) (int64, markerState
 	if r.name == "" {
 		return 0, markerMissing
 	}
-	p := r.name + "/" + doneMarker
+	p := r.name + "/" + DoneMarker
 	f, err := area.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return 0, markerMissing
@@ -293,8 +303,8 @@ func signalCaught(pid int, sig syscall.Signal) (caught, known bool) {
 	return false, false
 }
 
-// ParseSignal accepts the signals a trainer may be asked to checkpoint with.
-func ParseSignal(s string) (syscall.Signal, error) {
+// Parse accepts the signals a trainer may be asked to checkpoint with.
+func Parse(s string) (syscall.Signal, error) {
 	switch strings.TrimPrefix(strings.ToUpper(s), "SIG") {
 	case "USR1":
 		return syscall.SIGUSR1, nil
@@ -306,9 +316,9 @@ func ParseSignal(s string) (syscall.Signal, error) {
 	return 0, fmt.Errorf("want SIGUSR1 or SIGUSR2, got %q", s)
 }
 
-// signalName names the signals a trainer may be sent (--signal,
+// Name names the signals a trainer may be sent (--signal,
 // --notice-signal) as the flags spell them; 0 is "none".
-func signalName(sig syscall.Signal) string {
+func Name(sig syscall.Signal) string {
 	switch sig {
 	case 0:
 		return "none"

@@ -1,0 +1,86 @@
+package supervisor
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// commits is the checkpoints of this session: the requests the trainers
+// were sent (agent_request.go), the uploads under way, their results, the
+// newest committed checkpoint, and the trainer's pace between them.
+type commits struct {
+	committer *checkpoint.Committer
+	pending   map[string]*request
+	uploads   map[string]*upload
+	results   chan commitResult
+	last      committedCheckpoint
+	lastBlock time.Time // when the trainer last finished saving (or started)
+	blocked   float64   // seconds blocked in checkpoints this session (goodput)
+	lastStep  int64
+	interval  time.Duration
+	promise   promiseState // the notice checkpoint's prediction (agent_promise.go)
+}
+
+// lease is this session's lease: the run's, or in part mode the node's;
+// nil when fencing is off.
+func (c *commits) lease() *checkpoint.Lease {
+	if c.committer.PartLease != nil {
+		return c.committer.PartLease
+	}
+	return c.committer.Lease
+}
+
+// fenced reports whether a newer session took the run (or this node of
+// the job) over.
+func (c *commits) fenced() bool { return c.lease().Fenced() }
+
+// epoch is this session's epoch of the run's lease (0: none, or part
+// mode, where epochs count one node's sessions and manifests carry none).
+func (c *commits) epoch() int64 {
+	if l := c.committer.Lease; l != nil {
+		return l.Epoch
+	}
+	return 0
+}
+
+// seeStep notes the newest step a trainer reported.
+func (c *commits) seeStep(step *int64) {
+	if step != nil && *step > c.lastStep {
+		c.lastStep = *step
+	}
+}
+
+// haltPipelines stops the early uploads of periodic checkpoints still being
+// saved: an interruption checkpoint needs the bandwidth. Their files are
+// uploaded at done, as without `saved`.
+func (c *commits) haltPipelines() {
+	for _, r := range c.pending {
+		if r.pipe != nil && !r.urgent() {
+			r.pipe.Halt()
+		}
+	}
+}
+
+// restoreOptions are the options of a restore into the agent's area.
+func (c *commits) restoreOptions(part string, log *zap.Logger) checkpoint.RestoreOptions {
+	return checkpoint.RestoreOptions{Log: log, MaxEpoch: c.epoch(), Part: part}
+}
+
+// restored records a restore (metrics, journal, the newest committed
+// checkpoint) and returns what the trainer is told: dir, where the files
+// are now, and manifest, the local copy of the manifest.
+func (c *commits) restored(r *checkpoint.Restored, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
+	m.Restored(r.Bytes, time.Since(start))
+	s.journalAsync(func(j *checkpoint.Journal) {
+		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
+			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node,
+		})
+	})
+	c.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
+	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
+}

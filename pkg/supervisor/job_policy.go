@@ -1,0 +1,207 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// jobPolicy is where single-node and part mode (one node of a multi-node
+// job, agent_job.go) differ: the loop asks it and never which mode runs.
+// newJobPolicy is the one place that names the two.
+type jobPolicy interface {
+	// part is the part this agent commits ("" a whole checkpoint);
+	// restorePart the part a restore fetches ("" every one).
+	part() string
+	restorePart() string
+	// cleanup is what the store's cleanup may delete of uploads in flight.
+	cleanup() []cloud.CleanupOptions
+	// committer sets up the session's committer (session: its id).
+	committer(c *checkpoint.Committer, session string)
+	// takeLease takes the session's lease (the run's or the node's) into c.
+	takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error)
+	// pipeline starts the upload of a checkpoint the trainer is saving.
+	pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline
+	// partFor is r's part of a job checkpoint (nil: a whole one);
+	// partMissing why r cannot be committed yet ("" it can), with
+	// localWorld ranks on this node; lost why r, which lost trainers
+	// before they saved, is abandoned ("" it is not).
+	partFor(r *request) *checkpoint.PartSpec
+	partMissing(r *request, localWorld int) string
+	lost(r *request) string
+	// asksPeriodic: this agent's schedule asks for periodic checkpoints.
+	asksPeriodic(conns map[uint64]*protocol.Conn) bool
+	// hello notes what a trainer's hello says of the job.
+	hello(m protocol.Message, t *trainerConns, log *zap.Logger)
+	// ownCheckpoint: why a checkpoint a trainer took on its own is refused
+	// ("" it is committed); mayJoin: why a join is refused ("" allowed).
+	ownCheckpoint() string
+	mayJoin(h protocol.Message) string
+	// ranksAgree: the ranks agree on each request's reason and deadline,
+	// and are told when they change; crashRecords: a crash here is
+	// recorded for the job's other nodes, and theirs looked for;
+	// fencedStopsAtOnce: a fenced copy takes no last checkpoint.
+	ranksAgree() bool
+	crashRecords() bool
+	fencedStopsAtOnce() bool
+}
+
+func newJobPolicy(cfg *Config) jobPolicy {
+	if cfg.Node == "" {
+		return singleNode{}
+	}
+	return partNode{node: cfg.Node, restoreAll: cfg.RestoreAll}
+}
+
+// singleNode: the agent commits whole checkpoints of the run.
+type singleNode struct{}
+
+func (singleNode) part() string                                { return "" }
+func (singleNode) restorePart() string                         { return "" }
+func (singleNode) cleanup() []cloud.CleanupOptions             { return nil }
+func (singleNode) partFor(*request) *checkpoint.PartSpec       { return nil }
+func (singleNode) partMissing(*request, int) string            { return "" }
+func (singleNode) lost(*request) string                        { return "" }
+func (singleNode) asksPeriodic(map[uint64]*protocol.Conn) bool { return true }
+func (singleNode) ownCheckpoint() string                       { return "" }
+func (singleNode) ranksAgree() bool                            { return false }
+func (singleNode) crashRecords() bool                          { return false }
+func (singleNode) fencedStopsAtOnce() bool                     { return false }
+func (singleNode) committer(*checkpoint.Committer, string)     {}
+
+func (singleNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error) {
+	l, err := checkpoint.AcquireLease(ctx, st, rec)
+	if err != nil {
+		return nil, fmt.Errorf("take lease: %w", err)
+	}
+	c.Lease = l
+	return l, nil
+}
+
+func (singleNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline {
+	return c.NewPipeline(ctx, held, step, id)
+}
+
+// hello warns when a trainer's hello says it is one node of a job and
+// this agent was not told its node rank: its commits would then be whole
+// checkpoints made of one node's files.
+func (singleNode) hello(m protocol.Message, t *trainerConns, log *zap.Logger) {
+	if t.warnedTopology || !multiNode(m) {
+		return
+	}
+	t.warnedTopology = true
+	log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
+		zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
+}
+
+// mayJoin: only a rank of a multi-rank job joins: the agreement that
+// makes joins runs among several ranks.
+func (singleNode) mayJoin(h protocol.Message) string {
+	if h.WorldSize == nil || *h.WorldSize < 2 {
+		return "join: only a rank of a multi-rank job joins a checkpoint (this trainer said no world_size > 1)"
+	}
+	return ""
+}
+
+// partNode: the agent is one node of a multi-node job and commits its
+// ranks' files as its part of each job checkpoint (agent_job.go).
+type partNode struct {
+	node       string
+	restoreAll bool
+}
+
+func (p partNode) part() string { return p.node }
+
+// committer: part data of this session only (parts.go).
+func (partNode) committer(c *checkpoint.Committer, session string) { c.Session = session }
+
+func (p partNode) restorePart() string {
+	if p.restoreAll {
+		return ""
+	}
+	return p.node
+}
+
+// cleanup: other nodes' uploads in flight are theirs: only this node's
+// part, or what is older than a day.
+func (p partNode) cleanup() []cloud.CleanupOptions {
+	return []cloud.CleanupOptions{checkpoint.PartCleanup(p.node)}
+}
+
+func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error) {
+	l, err := checkpoint.AcquirePartLease(ctx, st, p.node, rec)
+	if err != nil {
+		return nil, fmt.Errorf("take lease of %s: %w", p.node, err)
+	}
+	c.PartLease = l
+	return l, nil
+}
+
+func (p partNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline {
+	return c.NewPartPipeline(ctx, held, step, id, p.node)
+}
+
+// partFor: settle has made sure that r's ranks are known (partMissing).
+func (p partNode) partFor(r *request) *checkpoint.PartSpec {
+	ranks := slices.Sorted(maps.Keys(r.part.ranks))
+	return &checkpoint.PartSpec{Node: p.node, Ranks: ranks, WorldSize: max(r.part.world, 1)}
+}
+
+// partMissing: a rank that hello said exists on this node has not
+// answered (it may connect and join a few ms late), or no trainer said
+// which rank it is.
+func (partNode) partMissing(r *request, localWorld int) string {
+	if len(r.part.ranks) == 0 {
+		return "no trainer of this node said its rank: a part of a job checkpoint needs rank and world_size in hello"
+	}
+	if len(r.part.ranks) < localWorld {
+		return fmt.Sprintf("%d of this node's %d ranks saved it", len(r.part.ranks), localWorld)
+	}
+	return ""
+}
+
+func (partNode) lost(r *request) string {
+	if r.lost == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d trainer(s) of this node disconnected before saving: job checkpoint abandoned", r.lost)
+}
+
+// asksPeriodic: in a job, only the node hosting rank 0 asks (the others'
+// ranks join its requests), so that the job has one schedule.
+func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
+	for _, c := range conns {
+		if h, ok := c.Hello(); ok && h.Rank != nil && *h.Rank == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// hello remembers how many ranks run on this node, as the trainers'
+// hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for all of them,
+// even one that connects after the request was sent.
+func (partNode) hello(m protocol.Message, t *trainerConns, _ *zap.Logger) {
+	if m.LocalWorldSize != nil && *m.LocalWorldSize > t.localWorld {
+		t.localWorld = *m.LocalWorldSize
+	}
+}
+
+// ownCheckpoint: one node's own checkpoint is no job checkpoint: as a
+// part of one it would stand for the whole job (docs/distributed.md).
+func (partNode) ownCheckpoint() string {
+	return "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed"
+}
+
+func (partNode) mayJoin(protocol.Message) string { return "" }
+func (partNode) ranksAgree() bool                { return true }
+func (partNode) crashRecords() bool              { return true }
+func (partNode) fencedStopsAtOnce() bool         { return true }

@@ -1,0 +1,224 @@
+package supervisor
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// stopSequence is the notices and signals this session got, and the stop
+// sequence under way (current, nil: none).
+type stopSequence struct {
+	current     *stopState
+	noticesSeen int
+	lastNotice  *metadata.Notice
+	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
+	firstSignal time.Time // when the first of them came (SignalWindow)
+
+	// What a stop's end touches: the trainers are told, the session's
+	// journal records it, the newest commit and the source count what
+	// was lost; the cloud's event is acknowledged within life.
+	cfg     *Config
+	life    context.Context
+	conns   *trainerConns
+	sess    *session
+	commits *commits
+	src     checkpointSource
+}
+
+// lateNoticeGrace is the deadline given to a termination notice whose own
+// deadline has already passed when the agent sees it: short, because the
+// machine may go at any moment, but long enough for a small checkpoint.
+const lateNoticeGrace = 10 * time.Second
+
+// stopState is the interruption (or shutdown) in progress.
+type stopState struct {
+	notice   metadata.Notice
+	reason   string    // interruption | shutdown
+	deadline time.Time // the machine (or the grace) ends here
+	req      *request
+	stopSent bool
+	told     bool // a trainer got the stop message (exitCodeFor)
+	finished bool // committed or failed: nothing more to wait for
+	joined   bool // the notice reached another node of the job (agent_job.go)
+	record   checkpoint.Interruption
+}
+
+func (s *stopState) stopMessage() protocol.Message {
+	dl := s.deadline.UTC()
+	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
+}
+
+// tick enforces the interruption's deadlines: past the notice deadline
+// the child gets SIGTERM (SIGKILL after KillAfter).
+// The trainer is stopped by the loop (stopAtDeadline) when tick reports
+// the deadline passed.
+func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
+	s := q.current
+	if s == nil || now.Before(s.deadline) {
+		return false
+	}
+	if !s.finished {
+		q.failed(s, "deadline passed", now)
+	}
+	return true
+}
+
+func (s *stopState) send(t *trainerConns) {
+	if s.stopSent {
+		return
+	}
+	s.stopSent = true
+	s.told = len(t.byID) > 0
+	t.broadcast(s.stopMessage())
+}
+
+// noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
+// shutdown, a fence or another node's notice joined here.
+func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
+	if s.joined || s.reason != protocol.ReasonInterruption {
+		return
+	}
+	var lead time.Duration
+	if !s.notice.Deadline.IsZero() {
+		lead = s.notice.Deadline.Sub(s.notice.Detected)
+	}
+	m.NoticeCheckpoint(committed, now.Sub(s.notice.Detected), lead)
+}
+
+// recordLostSteps records the steps past committed that the trainer
+// reached, as the checkpoint source counts them.
+func (s *stopState) recordLostSteps(src checkpointSource, committed int64, now time.Time) {
+	reached, from := src.reached(now)
+	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
+}
+
+// requested records that r, asked for at sent, is s's checkpoint.
+func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
+	s.req = r
+	at := sent.UTC()
+	s.record.Requested, s.record.CheckpointID = &at, r.id
+	q.cfg.Metrics.NoticeToRequest(sent.Sub(s.notice.Detected))
+}
+
+// committed: the interruption checkpoint is safe. Tell the trainer to
+// stop, acknowledge the cloud's event, record it.
+func (q *stopSequence) committed(s *stopState, res *checkpoint.Result, now time.Time) {
+	t := now.UTC()
+	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
+	s.recordLostSteps(q.src, res.Manifest.Step, now)
+	s.noticeOutcome(q.cfg.Metrics, true, now)
+	q.cfg.Log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
+		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
+	q.finish(s)
+	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
+		q.sess.acks.Add(1)
+		go func(id string) {
+			defer q.sess.acks.Done()
+			// Outlives the loop, up to the notice's deadline (awaitLanding).
+			ctx, cancel := context.WithDeadline(context.WithoutCancel(q.life), s.deadline)
+			defer cancel()
+			if err := acker.Ack(ctx, id); err != nil {
+				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
+				return
+			}
+			q.cfg.Log.Info("event acknowledged", zap.String("id", id))
+		}(s.notice.ID)
+	}
+}
+
+// failed: no new checkpoint will commit before the deadline. The
+// previous committed checkpoint stands; the work since then is lost.
+func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
+	if s.finished {
+		return
+	}
+	s.record.Error = why
+	base := q.commits.last.trainedAt
+	if base.IsZero() {
+		base = q.sess.started
+	}
+	s.record.LostSeconds = now.Sub(base).Seconds()
+	s.recordLostSteps(q.src, q.commits.last.step, now)
+	s.noticeOutcome(q.cfg.Metrics, false, now)
+	q.cfg.Log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
+		zap.String("why", why), zap.Int64("committed_step", q.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.Float64("lost_seconds", s.record.LostSeconds))
+	q.finish(s)
+}
+
+func (q *stopSequence) finish(s *stopState) {
+	s.finished = true
+	s.send(q.conns)
+	if s.joined {
+		return // the node that got the notice journals it
+	}
+	rec := s.record
+	committed := rec.CommitOK
+	q.sess.journalAsync(func(j *checkpoint.Journal) {
+		j.Interruptions = append(j.Interruptions, rec)
+		if committed {
+			j.Stats.NoticeCommits++
+		}
+	})
+}
+
+// exitCodeFor maps the trainer's exit code to the agent's (the table is in
+// docs/protocol.md "Exit codes"). A trainer that exits 0 before anything
+// told it to stop finished: 0, even during a stop. After an
+// interruption or shutdown (a stop sequence ran) the run is to be continued
+// elsewhere: a trainer that exited 0 or ExitInterrupted, or that the agent
+// itself had to SIGTERM/SIGKILL at the stop deadline, makes the agent exit
+// ExitInterrupted (the previous committed checkpoint stands). Any other code
+// (a trainer that crashed on its own, or one stopped by a second signal)
+// passes through, as it does without a stop, except a launcher's 1 after
+// the stop's checkpoint committed and its ranks were told to stop
+// (torchrun turns its workers' 75 into 1). Without a stop, ranks that
+// ended because a peer of the job is gone make it ExitInterrupted too
+// (agent_peers.go).
+func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWatch) int {
+	s := q.current
+	if s == nil {
+		return w.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
+	}
+	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
+		return code
+	}
+	// In --signal mode the stop's checkpoint signal is the trainer's only
+	// word of the stop (frameworks exit after a save on signal): told.
+	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
+	if code == 0 && !told && !p.deadlineKill && !p.killing {
+		// Nothing told it to stop (it said bye, or ended on its own before
+		// the stop reached it): it finished its work. Run again, it would
+		// repeat a completed job.
+		q.cfg.Log.Info("trainer exited 0 before anything told it to stop: it finished; exiting 0", zap.String("reason", s.reason))
+		return 0
+	}
+	switch {
+	case code == 0, code == ExitInterrupted:
+		return ExitInterrupted
+	case p.deadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+		// torchrun answers the group's SIGTERM with 1, never 143.
+		return ExitInterrupted
+	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():
+		// The checkpoint did not commit (the previous one stands), the
+		// ranks were stopped and said 75: a single trainer would exit 75.
+		q.cfg.Log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
+		return ExitInterrupted
+	case code == 1 && s.record.CommitOK && s.stopSent:
+		// torchrun reports workers that exited 75 as its own exit 1
+		// (docs/distributed.md has the measurements); the checkpoint is
+		// committed and every rank was told to stop: run me again.
+		q.cfg.Log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
+		return ExitInterrupted
+	case code == 1 && w.env.part:
+		return w.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
+	}
+	return code
+}
