@@ -90,6 +90,12 @@ type Config struct {
 	Fleet    cloud.Store
 	FleetDir string
 
+	// LocalKeep is how many committed checkpoints the local tier keeps on
+	// this machine (docs/storage.md, "The local tier"); 0: none.
+	// LocalMaxBytes bounds their bytes; 0: no bound.
+	LocalKeep     int
+	LocalMaxBytes int64
+
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
 
@@ -189,6 +195,7 @@ const (
 	areaPrefix = "spotagent-"
 	areaMarker = ".spotagent-run"
 	restoreSub = "restore"
+	tierSub    = "committed" // the local tier (dirs.go)
 )
 
 // mkdirIn creates the directory name below r unless it exists; an

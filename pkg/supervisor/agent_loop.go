@@ -258,6 +258,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		endLife()
 		return nil, err
 	}
+	a.dirs.tier = a.dirs.openTier(&a.cfg, a.log)
 	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))

@@ -269,7 +269,7 @@ func (a *Agent) commit(r *request) {
 	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.job.partFor(r)}
 	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
-	keep, st, log, results, life := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life
+	keep, st, log, results, life, dirs := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life, &a.dirs
 	report := func(cr commitResult) {
 		select {
 		case results <- cr:
@@ -290,6 +290,7 @@ func (a *Agent) commit(r *request) {
 			if _, perr := checkpoint.Prune(ctx, st, keep, log, res.ManifestKey); perr != nil {
 				log.Warn("retention failed", zap.Error(perr))
 			}
+			dirs.keep(ctx, r, res, req.Part, r.stop == nil, log) // the local tier
 		}
 		report(commitResult{req: r, res: res, err: err})
 	}, func(err error) { report(commitResult{req: r, err: fmt.Errorf("commit: %w", err)}) })

@@ -209,7 +209,8 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 		}
 	}
 	ws.env.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
-		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
+		zap.String("from", checkpoint.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
 	return h.restored(r.Restored, start, r.Path, manifest), nil
 }

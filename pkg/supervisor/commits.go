@@ -75,10 +75,11 @@ func (c *commits) restoreOptions(part string, log *zap.Logger) checkpoint.Restor
 // are now, and manifest, the local copy of the manifest.
 func (c *commits) restored(r *checkpoint.Restored, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
 	m.Restored(r.Bytes, time.Since(start))
+	m.RestoredFrom(r.From)
 	s.journalAsync(func(j *checkpoint.Journal) {
 		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
 			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
-			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node,
+			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node, From: r.From,
 		})
 	})
 	c.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}

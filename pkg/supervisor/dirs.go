@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -30,6 +31,7 @@ type localDirs struct {
 	path     string   // --checkpoint-dir, as given
 	areaName string
 	areaPath string
+	tier     *localtier.Tier // this machine's copies (openTier); nil: off
 }
 
 // exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
@@ -209,6 +211,9 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
+	if d.tier != nil { // asked only for the checkpoint the store's rules chose
+		opts.Tiers = append(opts.Tiers, d.tier)
+	}
 	r, err := checkpoint.RestoreInto(ctx, st, dest, restoreDir, opts)
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		log.Info("no committed checkpoint: starting fresh", zap.String("store", st.URI("")))
@@ -238,7 +243,8 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 		}
 	}
 	log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
-		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)))
+		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
+		zap.String("from", checkpoint.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
 
@@ -296,5 +302,46 @@ func (d *localDirs) cleanup(ctx context.Context, st cloud.Store, opts []cloud.Cl
 	}
 	if n > 0 {
 		log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", d.areaPath))
+	}
+}
+
+// openTier opens the local tier, <area>/committed (docs/storage.md, "The
+// local tier"): nil when cfg turns it off (what an earlier start kept is
+// deleted then), in watch mode (the watched directory is its own local
+// copy) or when it cannot be opened (logged: restores come from the
+// store).
+func (d *localDirs) openTier(cfg *Config, log *zap.Logger) *localtier.Tier {
+	if cfg.Watch != nil {
+		return nil
+	}
+	if cfg.LocalKeep < 1 {
+		if err := d.area.RemoveAll(tierSub); err != nil {
+			log.Warn("could not delete the local tier's copies", zap.Error(err))
+		}
+		return nil
+	}
+	t, err := localtier.Open(d.root, d.areaName+"/"+tierSub, localtier.Options{Keep: cfg.LocalKeep, MaxBytes: cfg.LocalMaxBytes, Log: log})
+	if err != nil {
+		log.Warn("local tier off: restores come from the store", zap.Error(err))
+		return nil
+	}
+	return t
+}
+
+// keep makes the committed checkpoint of r (res) the local tier's copy,
+// when there is a tier and r's directory is below the checkpoint
+// directory (not watch mode's stage); only by hard links when copyOK is
+// false (a stop's checkpoint: the trainer waits for committed). Run in
+// the commit's goroutine, before the loop deletes r's directory.
+func (d *localDirs) keep(ctx context.Context, r *request, res *checkpoint.Result, part *checkpoint.PartSpec, copyOK bool, log *zap.Logger) {
+	if d.tier == nil || r.parent != nil {
+		return
+	}
+	node := ""
+	if part != nil {
+		node = part.Node
+	}
+	if err := d.tier.Keep(ctx, r.rel, res.Manifest, node, copyOK); err != nil {
+		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
 	}
 }

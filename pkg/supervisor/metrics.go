@@ -18,6 +18,8 @@ type Metrics interface {
 	Interval(d time.Duration)
 	Error(component string)
 	Restored(bytes int64, d time.Duration)
+	// RestoredFrom is where that restore's bytes came from (Restored.From).
+	RestoredFrom(from map[string]int64)
 	Ready(ok bool)
 	// Goodput is the run's accounting after each journal write.
 	Goodput(g *checkpoint.Goodput)
@@ -42,6 +44,7 @@ func (nopMetrics) CommitFailed(string)                                   {}
 func (nopMetrics) Interval(time.Duration)                                {}
 func (nopMetrics) Error(string)                                          {}
 func (nopMetrics) Restored(int64, time.Duration)                         {}
+func (nopMetrics) RestoredFrom(map[string]int64)                         {}
 func (nopMetrics) Ready(bool)                                            {}
 func (nopMetrics) Goodput(*checkpoint.Goodput)                           {}
 func (nopMetrics) Machine(string, string, string)                        {}
