@@ -476,12 +476,15 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 		return err
 	}
 	defer out.Close()
-	if near, err := src.fromTiers(ctx, out, f, p); near || err != nil {
+	near, err := src.fromTiers(ctx, out, f, p)
+	switch {
+	case err != nil:
 		return err
-	}
-	if f.Size >= rangedAbove {
+	case near:
+		return out.Close()
+	case f.Size >= rangedAbove:
 		err = downloadRanged(ctx, st, out, f, p)
-	} else {
+	default:
 		err = getVerified(ctx, st, out, f, p)
 	}
 	if err == nil {
