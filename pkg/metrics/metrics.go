@@ -195,6 +195,7 @@ func New() *Metrics {
 		m.errors.WithLabelValues(c)
 	}
 	m.notices.WithLabelValues("signal", "termination") // SIGTERM/SIGINT
+	m.RestoredFrom(nil)                                // local and store at 0 until a restore
 	return m
 }
 
@@ -285,7 +286,8 @@ func (m *Metrics) Restored(bytes int64, d time.Duration) {
 }
 
 // RestoredFrom records where the restore at start read its bytes
-// (checkpoint.Restored.From): local and store are always exported.
+// (checkpoint.Restored.From): local and store are always exported, at 0
+// before any restore.
 func (m *Metrics) RestoredFrom(from map[string]int64) {
 	m.restoreFrom.Reset()
 	m.restoreFrom.WithLabelValues(checkpoint.FromLocal).Set(0)

@@ -17,7 +17,8 @@ func TestMetrics_LabelsPreCreated(t *testing.T) {
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 	fams := scrape(t, srv.URL)
-	want := [][]string{{"spotagent_notices_total", "cloud", "signal", "kind", "termination"}}
+	want := [][]string{{"spotagent_notices_total", "cloud", "signal", "kind", "termination"},
+		{"spotagent_restore_source_bytes", "source", "local"}, {"spotagent_restore_source_bytes", "source", "store"}}
 	for _, r := range FailureReasons {
 		want = append(want, []string{"spotagent_commit_failures_total", "reason", r})
 	}
