@@ -34,7 +34,7 @@ type nodeRunning struct {
 // startNode runs a node agent with file stores under a temp dir. open,
 // when set, runs before each run's store is opened (to stall a run).
 // Every connection's peer identity is fed by the test through dialAs.
-func startNode(t *testing.T, open func(uri string)) *nodeRunning {
+func startNode(t *testing.T, open func(uri string), mutate ...func(*NodeConfig)) *nodeRunning {
 	t.Helper()
 	dir := shortDir(t)
 	core, logs := observer.New(zap.InfoLevel)
@@ -61,6 +61,9 @@ func startNode(t *testing.T, open func(uri string)) *nodeRunning {
 			return schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour})
 		},
 		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second},
+	}
+	for _, m := range mutate {
+		m(&cfg)
 	}
 	go func() { n.done <- RunNode(context.Background(), cfg, n.sigs) }()
 	t.Cleanup(func() {
