@@ -63,7 +63,7 @@ var Phases = []string{"save", "upload", "commit"}
 // Machine names it and for SIGTERM/SIGINT from the start.
 var (
 	FailureReasons = []string{"deadline", "trainer", "preempted"}
-	Components     = []string{"checkpoint", "restore", "journal", "fenced", "peer_lost"}
+	Components     = []string{"checkpoint", "restore", "journal", "fenced", "peer_lost", "peer_silent"}
 	NoticeKinds    = []string{"termination", "rebalance", "maintenance", "cancelled"}
 )
 
