@@ -253,6 +253,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.src, a.stops.src = src, src
+	if !src.asks() {
+		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
+	}
 	if err := a.dirs.open(&a.cfg); err != nil {
 		a.src.close()
 		endLife()
