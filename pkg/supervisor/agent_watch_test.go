@@ -522,3 +522,35 @@ func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 		})
 	}
 }
+
+// TestWatch_IntervalNotLogged (#41 item 5): in --watch the agent never
+// asks for a checkpoint, so its interval is nobody's business: each
+// commit's cost sample moves it, and it used to be logged at info after
+// every commit. Now at debug only.
+func TestWatch_IntervalNotLogged(t *testing.T) {
+	out := t.TempDir()
+	core, logs := observer.New(zap.DebugLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Log: zap.New(core)}) // adaptive: moves with each cost
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	for _, step := range []int{10, 20} {
+		writeHF(t, out, step, true)
+		testutil.WaitFor(t, "checkpoint committed", func() bool {
+			l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+			return err == nil && l.Step == int64(step)
+		})
+	}
+	ar.waitStatus(t, "a status (the interval computed)", func(Status) bool { return true })
+	e := logs.FilterMessage("checkpoint interval").All()
+	if len(e) == 0 {
+		t.Fatal("no interval computed at all: the test proves nothing")
+	}
+	for _, l := range e {
+		if l.Level != zap.DebugLevel {
+			t.Fatalf("interval logged at %v in --watch: %v", l.Level, l.ContextMap())
+		}
+	}
+}
