@@ -507,8 +507,11 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 		} else {
 			at := now.UTC()
 			s.record.Requested = &at
-			ws.env.log.Info("notice: signalled the trainer to save; it is stopped once that checkpoint is committed, or at the upload deadline",
-				zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
+			then := "each newer checkpoint is committed until the upload deadline, then it is stopped"
+			if st.prompt {
+				then = "it is stopped once that checkpoint is committed, at the upload deadline at the latest"
+			}
+			ws.env.log.Info("notice: signalled the trainer to save; "+then, zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		ws.logStop(st, now)
