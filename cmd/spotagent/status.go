@@ -278,6 +278,9 @@ func describeInstance(cloud metadata.Cloud, id metadata.Identity) string {
 	if cloud == "" {
 		cloud = id.Cloud
 	}
+	if cloud == "" && len(parts) == 0 {
+		return "none (no metadata service: only SIGTERM and SIGINT announce an interruption)"
+	}
 	if len(parts) == 0 {
 		return string(cloud)
 	}

@@ -76,7 +76,8 @@ func TestRunStatus_NodeAgent(t *testing.T) {
 	})
 	t.Logf("spotagent status against a node agent:\n%s", out.String())
 	for _, want := range []string{"node agent: store prefix file://", ", 2 runs\n", "run:             exp1\n", "run:             exp2\n",
-		"next checkpoint: in ", "interval:        1h0m0s\n"} {
+		"next checkpoint: in ", "interval:        1h0m0s\n",
+		"cloud:           none (no metadata service: only SIGTERM and SIGINT announce an interruption)\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
