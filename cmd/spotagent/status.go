@@ -46,8 +46,8 @@ func newStatusCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:     "status",
-		Short:   "ask a running agent what it is doing: child, checkpoints, notices",
-		Example: "spotagent status --run-id exp1",
+		Short:   "ask a running agent what it is doing: child, checkpoints, notices (a node agent: each of its runs)",
+		Example: "spotagent status --run-id exp1\nspotagent status --socket /var/run/spotagent/agent.sock --run-id exp1   # one run of a node agent",
 		Args:    cobra.NoArgs,
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -61,6 +61,15 @@ func newStatusCmd() *cobra.Command {
 		raw, err := queryStatus(ctx, path)
 		if err != nil {
 			return failf(cmd, err)
+		}
+		if ns, ok, err := nodeStatus(raw, runID); ok || err != nil {
+			if err == nil {
+				err = printNodeStatus(stdout, ns, asJSON, time.Now())
+			}
+			if err != nil {
+				return failf(cmd, err)
+			}
+			return nil
 		}
 		if asJSON {
 			fmt.Fprintf(stdout, "%s\n", raw)
@@ -77,7 +86,7 @@ func newStatusCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&socket, "socket", "", "the agent's socket (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock or $TMPDIR/spotagent-UID/RUN-ID.sock, or the only socket there)")
-	fs.StringVar(&runID, "run-id", "", "run id of the agent, to find its default socket")
+	fs.StringVar(&runID, "run-id", "", "run id of the agent, to find its default socket; against a node agent, the run to show (default: every run)")
 	fs.StringVar(&store, "store", "", "the agent's --store, to find its default socket when --run-id is not set")
 	fs.BoolVar(&asJSON, "json", false, "print the agent's status reply as JSON")
 	fs.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the agent")
@@ -92,7 +101,13 @@ func statusSocket(socket, runID, store string) (string, error) {
 	case socket != "":
 		return socket, nil
 	case runID != "":
-		return defaultSocket(runID), nil
+		p := defaultSocket(runID)
+		if _, err := os.Stat(p); err != nil {
+			if node := defaultSocket("node"); fileExists(node) {
+				return node, nil // spotagent node's default socket: the run is one of its runs
+			}
+		}
+		return p, nil
 	case store != "":
 		return defaultSocket(defaultRunID(store)), nil
 	}
@@ -105,6 +120,71 @@ func statusSocket(socket, runID, store string) (string, error) {
 		return found[0], nil
 	}
 	return "", fmt.Errorf("%d agent sockets in %s (%s): pick one with --run-id or --socket", len(found), dir, strings.Join(names(found), ", "))
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// nodeStatus decodes raw as a node agent's reply (ok false: an agent of
+// one run), keeping only the runs whose id (or key) is runID when set.
+func nodeStatus(raw json.RawMessage, runID string) (*supervisor.NodeStatus, bool, error) {
+	var probe struct {
+		Node bool `json:"node"`
+	}
+	if json.Unmarshal(raw, &probe) != nil || !probe.Node {
+		return nil, false, nil
+	}
+	var ns supervisor.NodeStatus
+	if err := json.Unmarshal(raw, &ns); err != nil {
+		return nil, true, fmt.Errorf("decode node status: %w", err)
+	}
+	if runID == "" {
+		return &ns, true, nil
+	}
+	var keep []supervisor.NodeRunStatus
+	keys := make([]string, 0, len(ns.Runs))
+	for _, r := range ns.Runs {
+		keys = append(keys, r.Key)
+		if id, _, _ := strings.Cut(r.Key, "/"); id == runID || r.Key == runID {
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) == 0 {
+		served := "none"
+		if len(keys) > 0 {
+			served = strings.Join(keys, ", ")
+		}
+		return nil, true, fmt.Errorf("the node agent serves no run %q (its runs: %s)", runID, served)
+	}
+	ns.Runs = keep
+	return &ns, true, nil
+}
+
+// printNodeStatus prints a node agent's runs, each as writeStatus does,
+// or with asJSON the reply (its runs filtered).
+func printNodeStatus(w io.Writer, ns *supervisor.NodeStatus, asJSON bool, now time.Time) error {
+	if asJSON {
+		b, err := json.Marshal(ns)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	fmt.Fprintf(w, "node agent: store prefix %s, %d runs\n", ns.StorePrefix, len(ns.Runs))
+	for _, r := range ns.Runs {
+		fmt.Fprintln(w)
+		if r.Status == nil {
+			fmt.Fprintf(w, "run: %s\nstatus: starting (its store opening or its restore running), or not answering\n", r.Key)
+			continue
+		}
+		if r.Key != r.Status.RunID {
+			fmt.Fprintf(w, "part: %s\n", r.Key)
+		}
+		if err := writeStatus(w, r.Status, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func names(paths []string) []string {
@@ -197,6 +277,9 @@ func describeInstance(cloud metadata.Cloud, id metadata.Identity) string {
 	}
 	if cloud == "" {
 		cloud = id.Cloud
+	}
+	if cloud == "" && len(parts) == 0 {
+		return "none (no metadata service: only SIGTERM and SIGINT announce an interruption)"
 	}
 	if len(parts) == 0 {
 		return string(cloud)

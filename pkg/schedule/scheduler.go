@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Defaults of SchedulerConfig and of the estimates before any measurement.
@@ -103,7 +104,9 @@ type Scheduler struct {
 	hazardAt   time.Time     // when the live hazard was raised; zero = none
 	hazardEnd  time.Time     // when it ends; zero = decays from hazardAt
 	maintAt    time.Time     // scheduled maintenance start; zero = none
-	logged     time.Duration // last interval logged
+	logged     time.Duration // last interval logged (at either level)
+	loggedInfo time.Duration // last interval logged at info; 0 = none
+	quiet      bool          // Quiet: interval changes at debug only
 	regretKey  regretKey     // inputs of regretRate
 	regretRate float64       // cached u_eff per hour
 	regretOK   bool
@@ -372,21 +375,55 @@ func (s *Scheduler) intervalLocked() time.Duration {
 	iv := min(max(DalyInterval(delta, m), s.cfg.Min), s.cfg.Max)
 	iv = max(iv, upload).Round(time.Second)
 	if iv != s.logged {
-		s.logged = iv
-		s.log.Info("checkpoint interval",
-			zap.Duration("interval", iv),
-			zap.Duration("cost", delta),
-			zap.Duration("mttl", m.Round(time.Second)),
-			zap.Float64("rate_per_hour", base),
-			zap.Float64("hazard_factor", factor),
-			zap.Float64("notice_committed", p),
-			zap.Duration("exposure", exposure.Round(time.Second)),
-			zap.Int("interruptions", s.hist.Interruptions),
-			zap.Duration("upload", upload),
-			zap.Duration("min", s.cfg.Min),
-			zap.Duration("max", s.cfg.Max))
+		s.logIntervalLocked(iv, delta, m, base, factor, p, exposure, upload)
 	}
 	return iv
+}
+
+// meaningfulChange is the relative change of the interval logged at info;
+// smaller ones (each commit's cost and upload samples move it by seconds)
+// are logged at debug.
+const meaningfulChange = 0.1
+
+// logIntervalLocked logs a new interval with its inputs, in the units the
+// field names carry, rounded: at info when it moved by meaningfulChange or
+// more since the last info line, else (or when Quiet) at debug.
+func (s *Scheduler) logIntervalLocked(iv, cost, mttl time.Duration, rate, factor, notice float64, exposure, upload time.Duration) {
+	s.logged = iv
+	level := zapcore.DebugLevel
+	if !s.quiet && (s.loggedInfo == 0 || math.Abs(float64(iv-s.loggedInfo)) >= meaningfulChange*float64(s.loggedInfo)) {
+		level, s.loggedInfo = zapcore.InfoLevel, iv
+	}
+	ce := s.log.Check(level, "checkpoint interval")
+	if ce == nil {
+		return
+	}
+	ce.Write(
+		zap.Float64("interval_s", roundTo(iv.Seconds(), 0)),
+		zap.Float64("cost_s", roundTo(cost.Seconds(), 1)),
+		zap.Float64("mttl_h", roundTo(mttl.Hours(), 1)),
+		zap.Float64("rate_per_h", roundTo(rate, 4)),
+		zap.Float64("hazard_factor", roundTo(factor, 2)),
+		zap.Float64("notice_committed", roundTo(notice, 2)),
+		zap.Float64("exposure_h", roundTo(exposure.Hours(), 1)),
+		zap.Int("interruptions", s.hist.Interruptions),
+		zap.Float64("upload_s", roundTo(upload.Seconds(), 1)),
+		zap.Float64("min_s", roundTo(s.cfg.Min.Seconds(), 0)),
+		zap.Float64("max_s", roundTo(s.cfg.Max.Seconds(), 0)))
+}
+
+// roundTo rounds x to decimals places, for log fields a person reads.
+func roundTo(x float64, decimals int) float64 {
+	p := math.Pow10(decimals)
+	return math.Round(x*p) / p
+}
+
+// Quiet logs the interval's changes at debug only: for an agent that never
+// asks for checkpoints (zero-code mode), whose interval nobody acts on.
+func (s *Scheduler) Quiet() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.quiet = true
 }
 
 // lossRateLocked returns u_eff, the effective rate of unannounced losses per

@@ -291,7 +291,39 @@ func TestScheduler_LogsChanges(t *testing.T) {
 		t.Fatalf("%d interval logs after a rebalance, want 2", len(e))
 	}
 	f := e[1].ContextMap()
-	if f["hazard_factor"] != 10.0 || f["cost"] != 30*time.Second {
+	if f["hazard_factor"] != 10.0 || f["cost_s"] != 30.0 || f["rate_per_h"] != 0.05 {
 		t.Fatalf("log fields %v", f)
+	}
+}
+
+// TestScheduler_LogsOnlyMeaningfulChanges: a change under 10 % (each
+// commit's cost sample moves the interval by seconds) is logged at debug;
+// Quiet (zero-code mode, which never asks) logs every change at debug.
+func TestScheduler_LogsOnlyMeaningfulChanges(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	s := NewScheduler(SchedulerConfig{Log: zap.New(core)})
+	s.ObserveCost(30 * time.Second)
+	first := s.Interval()
+	s.ObserveCost(31 * time.Second)
+	if s.Interval() == first {
+		t.Fatal("a new cost sample left the interval as it was: the test proves nothing")
+	}
+	e := logs.FilterMessage("checkpoint interval").All()
+	if len(e) != 2 || e[0].Level != zapcore.InfoLevel || e[1].Level != zapcore.DebugLevel {
+		t.Fatalf("interval logs %v, want one at info then one at debug", e)
+	}
+	q := NewScheduler(SchedulerConfig{Log: zap.New(core)})
+	q.Quiet()
+	q.ObserveCost(30 * time.Second)
+	q.Interval()
+	q.Hazard(t0, "rebalance", time.Time{})
+	quiet := logs.FilterMessage("checkpoint interval").All()[2:]
+	if len(quiet) != 2 {
+		t.Fatalf("%d interval logs from the quiet scheduler, want 2 (at debug)", len(quiet))
+	}
+	for _, l := range quiet {
+		if l.Level != zapcore.DebugLevel {
+			t.Fatalf("a quiet scheduler logged %v at %v", l.ContextMap(), l.Level)
+		}
 	}
 }

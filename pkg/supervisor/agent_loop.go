@@ -38,18 +38,19 @@ type Agent struct {
 	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
 	dirs    localDirs
 
-	sess    session          // this session and the run's journal (session.go)
-	boot    bootRestore      // the start-up restore beside the trainer's start (agent_restore.go)
-	proc    *process         // the trainer's child process (process.go)
-	conns   trainerConns     // the trainers and their connections (trainers.go)
-	commits commits          // requests, uploads and commits (commits.go)
-	stops   stopSequence     // notices, signals and the stop sequence (stop.go)
-	fences  chan struct{}    // the lease check found a newer session (agent_fence.go)
-	ranks   rankWatch        // the child's ranks, and a lost peer (agent_peers.go)
-	live    heartbeats       // heartbeats of the job's nodes (agent_liveness.go)
-	job     jobPolicy        // single node or one node's part of a job (job_policy.go)
-	src     checkpointSource // where checkpoints come from (source.go): the protocol, or zero-code mode
-	done    bool             // loop ends
+	sess    session              // this session and the run's journal (session.go)
+	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
+	proc    *process             // the trainer's child process (process.go)
+	conns   trainerConns         // the trainers and their connections (trainers.go)
+	commits commits              // requests, uploads and commits (commits.go)
+	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
+	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
+	ranks   rankWatch            // the child's ranks, and a lost peer (agent_peers.go)
+	live    heartbeats           // heartbeats of the job's nodes (agent_liveness.go)
+	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
+	src     checkpointSource     // where checkpoints come from (source.go): the protocol, or zero-code mode
+	asks    <-chan chan<- Status // a node agent's status requests for this run (node.go); nil: none
+	done    bool                 // loop ends
 }
 
 type committedCheckpoint struct {
@@ -253,6 +254,9 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.src, a.stops.src = src, src
+	if !src.asks() {
+		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
+	}
 	if err := a.dirs.open(&a.cfg); err != nil {
 		a.src.close()
 		endLife()
@@ -360,6 +364,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
 			a.onChildExit()
+		case reply := <-a.asks: // node.go: buffered, never waits
+			reply <- a.status()
 		case s := <-a.live.silent(): // agent_liveness.go
 			if a.ranks.onPeerSilent(s, &a.cfg, a.proc.running(), a.stops.current != nil) {
 				a.proc.stop(a.life, a.goBg)

@@ -116,7 +116,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
 	if !n.Deadline.IsZero() {
-		fields = append(fields, zap.Time("deadline", n.Deadline), zap.Duration("left", n.Deadline.Sub(now).Round(time.Millisecond)))
+		fields = append(fields, zap.Time("deadline", n.Deadline), zap.Float64("left_s", n.Deadline.Sub(now).Round(time.Millisecond).Seconds()))
 	}
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {

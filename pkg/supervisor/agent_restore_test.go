@@ -1,13 +1,20 @@
 package supervisor
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -77,5 +84,38 @@ func TestAgent_OverlapRestoreHeldWelcome(t *testing.T) {
 	}
 	if w.Version != 1 || w.Restore != "" {
 		t.Fatalf("welcome to protocol 1: %+v", w)
+	}
+}
+
+// TestAgent_TrainerThatExitsAtOnceRecordsNoFleet (#41 item 5): a trainer
+// that exits while the restore still runs beside its start leaves no
+// session in the journal: the agent writes no fleet record and warns of
+// nothing (it once warned "journal has no sessions").
+func TestAgent_TrainerThatExitsAtOnceRecordsNoFleet(t *testing.T) {
+	gated := newGatedStore(t, false)
+	defer gated.release()
+	fl, err := file.New(shortDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	ar := startAgentErr(t, func(c *Config) {
+		c.Store, c.OverlapRestore, c.Fleet, c.FleetDir = gated, true, fl, "r1"
+		c.Command = []string{"/bin/sh", "-c", "exit 0"}
+		c.Log = zap.New(core)
+	}, true)
+	ar.wait(t)
+	for _, e := range logs.All() {
+		if e.Level >= zap.WarnLevel && strings.Contains(e.Message+fmt.Sprint(e.ContextMap()), "fleet") {
+			t.Errorf("%v %q %v", e.Level, e.Message, e.ContextMap())
+		}
+	}
+	if logs.FilterMessageSnippet("no fleet record").Len() != 1 {
+		t.Errorf("no debug line says why no fleet record was written")
+	}
+	n := 0
+	fl.List(context.Background(), "", func(cloud.ObjectInfo) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d objects in the fleet store after a session that never began", n)
 	}
 }

@@ -31,6 +31,24 @@ type Status struct {
 	NoticePromise *PromiseStatus `json:"notice_promise,omitempty"`
 }
 
+// NodeStatus is a node agent's reply to a status message from a
+// connection that named no run (spotagent status): every run it serves.
+type NodeStatus struct {
+	Node        bool            `json:"node"` // always true: tells this reply from a run's Status
+	StorePrefix string          `json:"store_prefix"`
+	Runs        []NodeRunStatus `json:"runs"` // by key
+}
+
+// NodeRunStatus is one run of a node agent.
+type NodeRunStatus struct {
+	// Key is the run id, and for one node of a multi-node job
+	// "<run id>/node-<k>".
+	Key string `json:"key"`
+	// Status is the run's own, nil while it starts (its store opens, its
+	// restore runs) or when its loop did not answer in time.
+	Status *Status `json:"status,omitempty"`
+}
+
 // ChildStatus describes the trainer process.
 type ChildStatus struct {
 	PID      int  `json:"pid"`

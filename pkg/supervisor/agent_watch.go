@@ -17,6 +17,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
@@ -115,6 +116,13 @@ type watchStop struct {
 	s        *stopState
 	uploadBy time.Time // past it, no newer checkpoint is awaited
 	baseline int64     // the newest complete step when the notice came
+	// prompt: a signal to the agent asked it to stop, so the trainer is
+	// stopped at the first commit that leaves nothing behind: the newest
+	// complete checkpoint at the signal, or with awaitNewer the next one
+	// (the one being written then, or the save --notice-signal asks for).
+	// A cloud notice fixes the machine's end instead: the trainer runs on
+	// while a newer checkpoint can still be committed.
+	prompt, awaitNewer bool
 }
 
 // ParseNoticeSignal accepts the signals a trainer may be sent on a notice.
@@ -461,6 +469,11 @@ func (p *watchPruner) isBusy(name string) bool {
 // agent sends the trainer no request.
 func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	h := ws.host
+	// What DIR holds now, not at the watcher's next scan: the newest
+	// complete checkpoint, and whether a newer one is being written.
+	for _, cp := range ws.w.Scan(now) {
+		ws.onReady(cp)
+	}
 	// Done early only for a checkpoint newer than anything complete or
 	// committed (a restored one included) when the notice came.
 	st := &watchStop{s: s, uploadBy: uploadBy, baseline: -1}
@@ -482,6 +495,12 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
+	if s.notice.Cloud == metadata.CloudSignal {
+		st.awaitNewer = ws.w.Pending(st.baseline) || (ws.cfg.NoticeSignal != 0 && h.trainer().running)
+		// With nothing complete and nothing on its way, stopping now
+		// would lose every step: it runs on for a first checkpoint.
+		st.prompt = st.baseline >= 0 || st.awaitNewer
+	}
 	if sig := ws.cfg.NoticeSignal; sig != 0 && h.trainer().running {
 		// The trainer may die of it: that is the stop it was told of.
 		if err := h.signalTrainer(sig); err != nil {
@@ -489,13 +508,37 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 		} else {
 			at := now.UTC()
 			s.record.Requested = &at
-			ws.env.log.Info("notice: signalled the trainer to save", zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
+			then := "each newer checkpoint is committed until the upload deadline, then it is stopped"
+			if st.prompt {
+				then = "it is stopped once that checkpoint is committed, at the upload deadline at the latest"
+			}
+			ws.env.log.Info("notice: signalled the trainer to save; "+then, zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
-		ws.env.log.Info("notice: committing the newest complete checkpoint the trainer writes", zap.Time("upload_by", uploadBy))
+		ws.logStop(st, now)
 	}
 	ws.tick(now)
 	return true
+}
+
+// logStop says, as the interruption begins, how long the trainer runs on
+// and why: the agent cannot ask it for a checkpoint.
+func (ws *watchSource) logStop(st *watchStop, now time.Time) {
+	left := zap.Float64("left_s", st.uploadBy.Sub(now).Round(time.Millisecond).Seconds())
+	switch {
+	case !st.prompt && st.s.notice.Cloud == metadata.CloudSignal:
+		ws.env.log.Info("signal: no complete checkpoint yet: the trainer runs on until the upload deadline for its first one; then it is stopped",
+			zap.Time("upload_by", st.uploadBy), left)
+	case !st.prompt:
+		ws.env.log.Info("notice: the trainer runs on until the upload deadline, so that each newer checkpoint it saves is committed; then it is stopped",
+			zap.Time("upload_by", st.uploadBy), left)
+	case st.awaitNewer:
+		ws.env.log.Info("signal: the trainer is writing a checkpoint: it is stopped once that one is committed (at the upload deadline at the latest)",
+			zap.Int64("newest_complete_step", st.baseline), zap.Time("upload_by", st.uploadBy), left)
+	default:
+		ws.env.log.Info("signal: the trainer is stopped once the newest complete checkpoint is committed (--notice-signal would ask it to save first)",
+			zap.Int64("step", st.baseline))
+	}
 }
 
 // wake is when the watch needs the loop next (zero: never).
@@ -527,7 +570,7 @@ func (ws *watchSource) tick(now time.Time) {
 	}
 	st := ws.intr
 	active := st != nil && !st.s.finished
-	late := active && !now.Before(st.uploadBy)
+	late := active && (!now.Before(st.uploadBy) || st.promptDone(ws.newest))
 	if (active && (h.trainer().gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: busy uses its result.
@@ -557,6 +600,12 @@ func (ws *watchSource) tick(now time.Time) {
 	ws.finish(st, now)
 }
 
+// promptDone: a prompt stop has what it waits for complete (newest is the
+// newest complete checkpoint): its commit is the last.
+func (st *watchStop) promptDone(newest *watch.Checkpoint) bool {
+	return st.prompt && (!st.awaitNewer || (newest != nil && newest.Step > st.baseline))
+}
+
 // finish ends the interruption with the newest committed checkpoint, and
 // stops the trainer, which knows nothing of the agent.
 func (ws *watchSource) finish(st *watchStop, now time.Time) {
@@ -581,6 +630,13 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 		}
 		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: h.last().id, Step: h.last().step}, Bytes: h.last().bytes}
 		h.stopCommitted(s, res, now)
+	}
+	if h.trainer().running && h.last().id != "" {
+		why := "the upload deadline"
+		if st.prompt && now.Before(st.uploadBy) {
+			why = "the signal's checkpoint is committed"
+		}
+		ws.env.log.Info("zero-code stop: stopping the trainer", zap.String("why", why), zap.Int64("committed_step", h.last().step))
 	}
 	h.stopTrainer()
 }

@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
@@ -456,5 +458,99 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 	}
 	if in := j.Interruptions[0]; in.CommitOK || in.LostStepsFrom != checkpoint.LostFromDir {
 		t.Fatalf("interruption %+v: want nothing committed, lost steps counted from DIR", in)
+	}
+}
+
+// TestWatch_SignalStopsAtTheFirstSafeCommit (#41 item 6): SIGTERM to an
+// agent in --watch is a request to stop. The trainer is stopped once the
+// newest complete checkpoint is committed (here at once: it already is;
+// with one being written at the signal: once that one is complete and
+// committed), not at the
+// upload deadline, 10 minutes away here: the agent exits within testWait.
+// The log says so when the signal comes.
+func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
+	for _, writing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "committed", true: "writing"}[writing], func(t *testing.T) {
+			out := t.TempDir()
+			core, logs := observer.New(zap.InfoLevel)
+			ar := startAgent(t, func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "sleep 600"}
+				c.FenceInterval = -1
+				c.TermGrace = 10 * time.Minute
+				c.Log = zap.New(core)
+				c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+			})
+			writeHF(t, out, 10, true)
+			testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
+				l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+				return err == nil && l.Step == 10
+			})
+			writeHF(t, out, 20, true)
+			testutil.WaitFor(t, "checkpoint-20 committed", func() bool {
+				l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+				return err == nil && l.Step == 20
+			})
+			want := int64(20)
+			msg := "signal: the trainer is stopped once the newest complete checkpoint is committed"
+			if writing {
+				writeHF(t, out, 30, false) // being written: no marker yet
+				want, msg = 30, "signal: the trainer is writing a checkpoint"
+			}
+			ar.sigs <- syscall.SIGTERM
+			testutil.WaitFor(t, "the stop's log line", func() bool { return logs.FilterMessageSnippet(msg).Len() == 1 })
+			if writing {
+				writeHF(t, out, 30, true) // its marker: complete
+			}
+			code := ar.wait(t) // the upload deadline is 10 minutes away
+			if code != ExitInterrupted {
+				t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+			}
+			if l := latestStep(t, ar); l != want {
+				t.Fatalf("latest step %d, want %d", l, want)
+			}
+			j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(j.Interruptions) != 1 || !j.Interruptions[0].CommitOK || j.Interruptions[0].Step != want {
+				t.Fatalf("interruptions %+v, want one that committed step %d", j.Interruptions, want)
+			}
+			e := logs.FilterMessage("zero-code stop: stopping the trainer").All()
+			if len(e) != 1 || e[0].ContextMap()["why"] != "the signal's checkpoint is committed" {
+				t.Fatalf("stop logs %+v, want one saying the signal's checkpoint is committed", e)
+			}
+		})
+	}
+}
+
+// TestWatch_IntervalNotLogged (#41 item 5): in --watch the agent never
+// asks for a checkpoint, so its interval is nobody's business: each
+// commit's cost sample moves it, and it used to be logged at info after
+// every commit. Now at debug only.
+func TestWatch_IntervalNotLogged(t *testing.T) {
+	out := t.TempDir()
+	core, logs := observer.New(zap.DebugLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Log: zap.New(core)}) // adaptive: moves with each cost
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	for _, step := range []int{10, 20} {
+		writeHF(t, out, step, true)
+		testutil.WaitFor(t, "checkpoint committed", func() bool {
+			l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+			return err == nil && l.Step == int64(step)
+		})
+	}
+	ar.waitStatus(t, "a status (the interval computed)", func(Status) bool { return true })
+	e := logs.FilterMessage("checkpoint interval").All()
+	if len(e) == 0 {
+		t.Fatal("no interval computed at all: the test proves nothing")
+	}
+	for _, l := range e {
+		if l.Level != zap.DebugLevel {
+			t.Fatalf("interval logged at %v in --watch: %v", l.Level, l.ContextMap())
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -45,7 +46,8 @@ type nodeRun struct {
 	events  chan protocol.Event
 	notices chan metadata.Notice
 	signals chan os.Signal
-	gone    chan struct{} // closed when the run is retired
+	gone    chan struct{}      // closed when the run is retired
+	asks    chan chan<- Status // status requests, answered by the run's loop once its agent exists
 
 	owner string // PeerIdentity of the peer whose hello claimed the run
 	uid   int    // that peer's uid
@@ -186,16 +188,63 @@ func (n *node) dispatch(ev protocol.Event) {
 	case protocol.TypeHello:
 		n.hello(ev)
 	case protocol.TypeStatus:
-		ids := make([]string, 0, len(n.runs))
-		for id := range n.runs {
-			ids = append(ids, id)
-		}
-		sort.Strings(ids)
-		b, _ := json.Marshal(map[string]any{"node": true, "runs": ids, "store_prefix": n.cfg.StorePrefix})
-		c.SendNoWait(protocol.Message{Type: protocol.TypeStatus, Status: b}, false)
+		n.status(c)
 	case protocol.TypeDisconnected:
 	default:
 		c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: m.Type + ": say hello with a run_id first"}, false)
+	}
+}
+
+// nodeStatusWait bounds how long a status request waits for each run's
+// loop; a run that has not answered by then (starting, or stalled) is
+// listed without its status.
+const nodeStatusWait = 2 * time.Second
+
+// status answers c with every run's status. The runs' loops answer beside
+// the dispatcher, which never waits on them.
+func (n *node) status(c *protocol.Conn) {
+	runs := make([]*nodeRun, 0, len(n.runs))
+	for _, r := range n.runs {
+		runs = append(runs, r)
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].id < runs[j].id })
+	n.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(n.ctx, nodeStatusWait)
+		defer cancel()
+		out := NodeStatus{Node: true, StorePrefix: n.cfg.StorePrefix, Runs: make([]NodeRunStatus, len(runs))}
+		var wg sync.WaitGroup
+		for i, r := range runs {
+			out.Runs[i].Key = r.id
+			wg.Go(func() { out.Runs[i].Status = r.askStatus(ctx) })
+		}
+		wg.Wait()
+		b, err := json.Marshal(out)
+		if err != nil {
+			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "status: " + err.Error()}, false)
+			return
+		}
+		c.SendNoWait(protocol.Message{Type: protocol.TypeStatus, Status: b}, false)
+	})
+}
+
+// askStatus is r's status from its loop; nil when the run ended or did
+// not answer before ctx ended.
+func (r *nodeRun) askStatus(ctx context.Context) *Status {
+	reply := make(chan Status, 1)
+	select {
+	case r.asks <- reply:
+	case <-r.gone:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+	select {
+	case st := <-reply:
+		return &st
+	case <-r.gone:
+		return nil
+	case <-ctx.Done():
+		return nil
 	}
 }
 
@@ -286,7 +335,7 @@ func (n *node) deliverLater(r *nodeRun, ev protocol.Event) {
 func (n *node) start(id, part string) *nodeRun {
 	key := runKey(id, part)
 	r := &nodeRun{id: key, events: make(chan protocol.Event, protocol.EventBuffer), notices: make(chan metadata.Notice, 16),
-		signals: make(chan os.Signal, 2), gone: make(chan struct{})}
+		signals: make(chan os.Signal, 2), gone: make(chan struct{}), asks: make(chan chan<- Status)}
 	n.runs[key] = r
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
 	log := n.log.With(zap.String("run", key))
@@ -333,7 +382,8 @@ func (n *node) start(id, part string) *nodeRun {
 			n.refuse(r, log, err)
 			return
 		}
-		defer a.endLife()                                                          // after a panic too: its background work stops
+		defer a.endLife() // after a panic too: its background work stops
+		a.asks = r.asks
 		a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 		a.loop(n.ctx, r.events, r.notices, r.signals)
 		a.finish()

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -361,4 +363,42 @@ func TestNode_PanicFailsOneRun(t *testing.T) {
 		t.Fatalf("logs %+v, want one panic logged with its stack", logs)
 	}
 	n.helloUntilWelcome(t, "pod:b", "fine")
+}
+
+// TestNode_StatusListsRuns (#41 item 4): a status request from a
+// connection that named no run (spotagent status) gets every run the node
+// serves, each with its own status: its trainers, its next checkpoint.
+func TestNode_StatusListsRuns(t *testing.T) {
+	n := startNode(t, nil)
+	for _, run := range []string{"teamB", "teamA"} {
+		tr := n.dialAs(t, "pod:"+run)
+		tr.helloRun(run)
+		tr.expect(protocol.TypeWelcome)
+	}
+	ask := func() NodeStatus {
+		cli := n.dialAs(t, "uid:0")
+		cli.send(map[string]any{"type": "status"})
+		m := cli.expect(protocol.TypeStatus)
+		var st NodeStatus
+		if err := json.Unmarshal(m.Status, &st); err != nil {
+			t.Fatalf("node status %s: %v", m.Status, err)
+		}
+		return st
+	}
+	var st NodeStatus
+	testutil.WaitFor(t, "both runs' trainers in the node's status", func() bool {
+		st = ask()
+		return len(st.Runs) == 2 && st.Runs[0].Status != nil && st.Runs[0].Status.Trainers == 1 &&
+			st.Runs[1].Status != nil && st.Runs[1].Status.Trainers == 1
+	})
+	if !st.Node || !strings.HasPrefix(st.StorePrefix, "file://") {
+		t.Fatalf("node status %+v", st)
+	}
+	for i, want := range []string{"teamA", "teamB"} {
+		r := st.Runs[i]
+		if r.Key != want || r.Status.RunID != want || !strings.HasSuffix(r.Status.Store, "/"+want) ||
+			r.Status.NextCheckpoint == nil || r.Status.Interval != "1h0m0s" {
+			t.Fatalf("run %d: %+v %+v, want %s with its store and next checkpoint", i, r, r.Status, want)
+		}
+	}
 }

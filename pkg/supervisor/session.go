@@ -81,12 +81,18 @@ func (s *session) awaitLanding() {
 
 // recordFleet refreshes this run's entry in the fleet summary from the
 // journal as the session leaves it; a failure costs only the summary
-// (spotagent fleet --recount rebuilds it).
+// (spotagent fleet --recount rebuilds it). A session the journal never
+// recorded (the trainer exited before the restore ended) records nothing.
 func (s *session) recordFleet(ctx context.Context, cfg *Config, step int64, fenced bool) {
 	if cfg.Fleet == nil || fenced {
 		return
 	}
-	if err := fleet.RecordSessionOf(ctx, cfg.Fleet, cfg.FleetDir, s.journal.Snapshot(), step, s.id); err != nil {
+	j := s.journal.Snapshot()
+	if j.SessionByID(s.id) == nil {
+		s.log.Debug("no fleet record: the journal has no record of this session (it ended before its restore)")
+		return
+	}
+	if err := fleet.RecordSessionOf(ctx, cfg.Fleet, cfg.FleetDir, j, step, s.id); err != nil {
 		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }
