@@ -96,8 +96,8 @@ func trustedRoot(abs string, readOnly bool) (string, error) {
 		where = abs + " (-> " + real + ")"
 	}
 	if !trusted(owner) {
-		return "", fmt.Errorf("%w: %s is owned by %s, not by %s that runs spotagent: that user can plant a checkpoint there; chown it, or pick a directory of your own",
-			ErrUntrusted, where, uidName(owner), uidName(euid))
+		return "", fmt.Errorf("%w: %s (mode %s) is owned by %s, not by %s that runs spotagent: that user can plant a checkpoint there; chown it, or pick a directory of your own",
+			ErrUntrusted, where, fi.Mode(), uidName(owner), uidName(euid))
 	}
 	if m := fi.Mode(); m.Perm()&0o022 != 0 {
 		return "", fmt.Errorf("%w: %s (owner %s, mode %s) is writable by group or others: they can plant a checkpoint there; chmod go-w it (chmod 700), or pick a directory of your own",
