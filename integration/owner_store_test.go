@@ -72,3 +72,66 @@ for d in sys.argv[1:3]:
 		t.Fatalf("list of a store another user owns and only they can write was refused:\n%s", out)
 	}
 }
+
+// TestOwner_CheckpointAreaOfAnotherUserRefused (security review item 2):
+// mallory runs `mkdir -m777 /tmp/ckpt /tmp/ckpt/spotagent-RUN`; alice's
+// run adopted the empty area and her trainer wrote its checkpoint where
+// mallory could read and change it. The run now refuses before starting
+// the trainer; so does a --checkpoint-dir others can write without the
+// sticky bit (they could rename the area away).
+func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
+	}
+	requirePython(t, false)
+	dir := shortTemp(t)
+	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil { // like /tmp
+		t.Fatal(err)
+	}
+	ckpt := filepath.Join(dir, "ckpt")
+	asNobody(t, `
+import os, sys
+for d in sys.argv[1:]:
+    os.mkdir(d); os.chmod(d, 0o777)
+`, ckpt, filepath.Join(ckpt, "spotagent-own"))
+	// Root's, sticky like /tmp: only the area inside is hers.
+	sticky, open := filepath.Join(dir, "sticky"), filepath.Join(dir, "open")
+	for d, mode := range map[string]os.FileMode{sticky: os.ModeSticky | 0o777, open: 0o777} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asNobody(t, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", filepath.Join(sticky, "spotagent-own"))
+	ran := filepath.Join(dir, "trainer-ran")
+	for _, c := range []struct{ name, ckpt, want string }{
+		{"checkpoint dir and area of another user", ckpt, "owned by uid 65534"},
+		{"area of another user in a sticky dir", sticky, "spotagent-own: owned by uid 65534"},
+		{"writable checkpoint dir without the sticky bit", open, "without the sticky bit"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
+				"--run-id", "own", "--checkpoint-dir", c.ckpt, "--", "touch", ran)
+			cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), c.want) || !strings.Contains(string(out), c.ckpt) {
+				t.Fatalf("spotagent run: %v, want a refusal naming %s and %q:\n%s", err, c.ckpt, c.want, out)
+			}
+		})
+	}
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Fatalf("the trainer was started: %v", err)
+	}
+	for _, d := range []string{ckpt, sticky} {
+		if _, err := os.Lstat(filepath.Join(d, "spotagent-own", ".spotagent-run")); !os.IsNotExist(err) {
+			t.Fatalf("the agent wrote into the other user's area: %v", err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(open, "spotagent-own")); !os.IsNotExist(err) {
+		t.Fatalf("the agent made its area in a directory others can rename it out of: %v", err)
+	}
+}
