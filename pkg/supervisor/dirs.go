@@ -131,15 +131,13 @@ func (dd *localDirs) open(cfg *Config) error {
 	}
 	name := areaPrefix + cfg.RunID
 	d := localDirs{root: root, path: cfg.CheckpointDir, areaName: name, areaPath: filepath.Join(cfg.CheckpointDir, name)}
-	var err error
-	if cfg.dir == nil { // node mode's run directories are its own, 0700
-		err = checkCheckpointDir(root, cfg.CheckpointDir, len(cfg.Command) == 0, cfg.Log)
-	}
-	if err != nil {
+	// Node mode's run directory too: made 0700 by the node agent, unless
+	// another user made it first.
+	if err := checkCheckpointDir(root, cfg.CheckpointDir, len(cfg.Command) == 0, cfg.Log); err != nil {
 		root.Close()
 		return err
 	}
-	err = makeArea(root, name, cfg.RunID, cfg.Log)
+	err := makeArea(root, name, cfg.RunID, cfg.Log)
 	if err == nil {
 		d.area, err = checkpoint.OpenDir(root, name)
 	}

@@ -99,6 +99,24 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 			t.Fatalf("no warning: %v", logs.All())
 		}
 	})
+	t.Run("node run dir made by another user", func(t *testing.T) {
+		// <checkpoint-root>/<run-id>, made by a pod's user before the
+		// node agent's first run of that id: it could swap the area.
+		runDir := filepath.Join(shortDir(t), run)
+		mkdir(runDir, 0o755, nobody)
+		r, err := os.OpenRoot(runDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d localDirs
+		err = d.open(&Config{RunID: run, CheckpointDir: runDir, dir: r, Log: zap.NewNop()})
+		if err == nil {
+			d.close()
+		}
+		if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Fatalf("open: %v, want a refusal naming the owner", err)
+		}
+	})
 	t.Run("checkpoint dir of another user", func(t *testing.T) {
 		ckpt := filepath.Join(shortDir(t), "ckpt")
 		mkdir(ckpt, 0o755, nobody)
