@@ -131,7 +131,13 @@ func (dd *localDirs) open(cfg *Config) error {
 	}
 	name := areaPrefix + cfg.RunID
 	d := localDirs{root: root, path: cfg.CheckpointDir, areaName: name, areaPath: filepath.Join(cfg.CheckpointDir, name)}
-	err := makeArea(root, name, cfg.RunID)
+	// Node mode's run directory too: made 0700 by the node agent, unless
+	// another user made it first.
+	if err := checkCheckpointDir(root, cfg.CheckpointDir, len(cfg.Command) == 0, cfg.Log); err != nil {
+		root.Close()
+		return err
+	}
+	err := makeArea(root, name, cfg.RunID, cfg.Log)
 	if err == nil {
 		d.area, err = checkpoint.OpenDir(root, name)
 	}
@@ -146,13 +152,51 @@ func (dd *localDirs) open(cfg *Config) error {
 	return nil
 }
 
+// checkCheckpointDir refuses a --checkpoint-dir another user could
+// rename the agent's area out of (and put a directory of theirs in its
+// place, where the trainer then writes): one owned by a user other than
+// the agent's euid or root, or one group or others can write without the
+// sticky bit. In sidecar mode (no command) the pod is the boundary and a
+// Kubernetes emptyDir is 0777 (2777 with fsGroup) without the sticky bit:
+// that is logged instead.
+func checkCheckpointDir(root *os.Root, path string, sidecar bool, log *zap.Logger) error {
+	fi, err := root.Stat(".")
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	euid, owner, m := os.Geteuid(), ownerUID(fi), fi.Mode()
+	if owner != euid && owner != 0 {
+		return fmt.Errorf("checkpoint dir %s is owned by uid %d, not by uid %d that runs spotagent (mode %s): that user can swap the agent's area for a directory of theirs: %w; pick a directory of your own",
+			path, owner, euid, m, checkpoint.ErrRefused)
+	}
+	if m.Perm()&0o022 == 0 || m&fs.ModeSticky != 0 {
+		return nil
+	}
+	if sidecar {
+		log.Warn("checkpoint dir is writable by others without the sticky bit: every container that mounts it must be trusted",
+			zap.String("dir", path), zap.Int("owner_uid", owner), zap.String("mode", m.String()))
+		return nil
+	}
+	return fmt.Errorf("checkpoint dir %s (owner uid %d, mode %s) is writable by group or others without the sticky bit: another user can swap the agent's area for a directory of theirs: %w; chmod +t it (like /tmp) or chmod go-w it, or pick a directory of your own",
+		path, owner, m, checkpoint.ErrRefused)
+}
+
+// ownerUID is fi's owner (-1 when unknown).
+func ownerUID(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
 // makeArea creates the area name below root with its marker, or checks
-// that an existing one carries the marker of this run.
-func makeArea(root *os.Root, name, runID string) error {
+// that an existing one carries the marker of this run. The area must be
+// the agent's euid's (else refused: another user could read and change
+// the checkpoints the trainer writes there) and no one else's to enter
+// (a group/other bit is taken away, and logged).
+func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
 	marker := name + "/" + areaMarker
-	if err := root.Mkdir(name, 0o700); err == nil {
-		return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
-	} else if !errors.Is(err, fs.ErrExist) {
+	if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	area, err := checkpoint.OpenDir(root, name)
@@ -160,16 +204,20 @@ func makeArea(root *os.Root, name, runID string) error {
 		return err
 	}
 	defer area.Close()
-	fi, err := area.Lstat(areaMarker)
-	if errors.Is(err, fs.ErrNotExist) {
-		// Empty: nothing of anyone's to lose by adopting it.
+	if err := ownArea(area, log); err != nil {
+		return err
+	}
+	if _, err := area.Lstat(areaMarker); errors.Is(err, fs.ErrNotExist) {
 		if f, err := area.Open("."); err == nil {
 			names, _ := f.Readdirnames(1)
 			f.Close()
-			if len(names) == 0 {
-				return checkpoint.WriteFile(area, areaMarker, []byte(runID+"\n"), 0o600)
+			if len(names) == 0 { // just made, or empty: nothing of anyone's to lose
+				return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
 			}
 		}
+	}
+	fi, err := area.Lstat(areaMarker)
+	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", areaMarker)
 	}
 	if err != nil {
@@ -184,6 +232,31 @@ func makeArea(root *os.Root, name, runID string) error {
 	}
 	if got := strings.TrimSpace(string(b)); got != runID {
 		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
+	}
+	return nil
+}
+
+// ownArea checks the opened area: owned by the agent's euid, 0700.
+func ownArea(area *os.Root, log *zap.Logger) error {
+	f, err := area.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	euid, owner := os.Geteuid(), ownerUID(fi)
+	if owner != euid {
+		return fmt.Errorf("owned by uid %d, not by uid %d that runs spotagent (mode %s): another user's directory: %w; remove it or pick another --checkpoint-dir",
+			owner, euid, fi.Mode(), checkpoint.ErrRefused)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := f.Chmod(0o700); err != nil {
+			return fmt.Errorf("chmod 700: %w", err)
+		}
+		log.Warn("the agent's area was open to group or others: made 0700", zap.String("mode_was", fi.Mode().String()))
 	}
 	return nil
 }

@@ -12,9 +12,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -59,7 +62,86 @@ func New(root string) (*Store, error) {
 	if err := os.MkdirAll(abs, dirMode); err != nil {
 		return nil, fmt.Errorf("file store: %w", err)
 	}
+	if abs, err = trustedRoot(abs, false); err != nil {
+		return nil, fmt.Errorf("file store: %w", err)
+	}
 	return &Store{root: abs, active: map[string]struct{}{}, cas: make(chan struct{}, 1)}, nil
+}
+
+// trustedRoot resolves root's symlinks and checks that no user the agent
+// does not trust can change what the store holds: a checkpoint planted
+// there is restored, and loading it runs the planter's code. The store's
+// directory must be its owner's alone (not writable by group or others),
+// and each directory above it owned by a trusted user and not writable by
+// group or others unless sticky (like /tmp, where nobody else can rename
+// the store away). Trusted: root and the agent's euid; for a read-only
+// open, also the store's owner (a colleague's store one reads is as
+// trustworthy as the colleague). A store owned by another user is refused
+// for writing. The store keeps the resolved path: a symlink that another
+// user can re-point is not followed again.
+func trustedRoot(abs string, readOnly bool) (string, error) {
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", err
+	}
+	euid := os.Geteuid()
+	owner := ownerOf(fi)
+	trusted := func(uid int) bool { return uid == 0 || uid == euid || (readOnly && uid == owner) }
+	where := real
+	if real != abs {
+		where = abs + " (-> " + real + ")"
+	}
+	if !trusted(owner) {
+		return "", fmt.Errorf("%w: %s (mode %s) is owned by %s, not by %s that runs spotagent: that user can plant a checkpoint there; chown it, or pick a directory of your own",
+			ErrUntrusted, where, fi.Mode(), uidName(owner), uidName(euid))
+	}
+	if m := fi.Mode(); m.Perm()&0o022 != 0 {
+		return "", fmt.Errorf("%w: %s (owner %s, mode %s) is writable by group or others: they can plant a checkpoint there; chmod go-w it (chmod 700), or pick a directory of your own",
+			ErrUntrusted, where, uidName(owner), m)
+	}
+	for d := filepath.Dir(real); ; d = filepath.Dir(d) {
+		fi, err := os.Lstat(d) // real holds no symlink
+		if err != nil {
+			return "", err
+		}
+		m := fi.Mode()
+		switch {
+		case !trusted(ownerOf(fi)):
+			return "", fmt.Errorf("%w: %s, above the store %s, is owned by %s (mode %s): that user can replace the store; pick a directory elsewhere",
+				ErrUntrusted, d, where, uidName(ownerOf(fi)), m)
+		case m.Perm()&0o022 != 0 && m&os.ModeSticky == 0:
+			return "", fmt.Errorf("%w: %s, above the store %s, is writable by group or others and not sticky (owner %s, mode %s): they can replace the store; chmod go-w or +t it, or pick a directory elsewhere",
+				ErrUntrusted, d, where, uidName(ownerOf(fi)), m)
+		}
+		if d == filepath.Dir(d) {
+			return real, nil
+		}
+	}
+}
+
+// ErrUntrusted is a store directory that a user other than the agent's
+// (or root) can change.
+var ErrUntrusted = errors.New("untrusted store directory")
+
+// ownerOf is fi's owner uid (-1: unknown, trusted by nobody).
+func ownerOf(fi os.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
+// uidName is "uid N (name)", the name when the user database has it.
+func uidName(uid int) string {
+	s := "uid " + strconv.Itoa(uid)
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		s += " (" + u.Username + ")"
+	}
+	return s
 }
 
 // Open returns a store rooted at root for reading: it creates nothing, and
@@ -81,6 +163,9 @@ func Open(root string) (*Store, error) {
 	}
 	if !fi.IsDir() {
 		return nil, noDirError{abs, "is not a directory"}
+	}
+	if abs, err = trustedRoot(abs, true); err != nil {
+		return nil, fmt.Errorf("file store: %w", err)
 	}
 	return &Store{root: abs, active: map[string]struct{}{}, cas: make(chan struct{}, 1)}, nil
 }

@@ -210,3 +210,75 @@ func TestLock_SymlinkRefused(t *testing.T) {
 		t.Fatalf("the lock's symlink was followed: %v", err)
 	}
 }
+
+// TestTrust_OtherUsersStoreRefused (security review, item 1): mallory
+// pre-creates the README's example path 0777 (or a symlink there into
+// her own directory) and plants latest.json; the agent used it silently.
+// A store another user can change is refused, for writing and, when
+// others can write it, for reading; a store another user owns that only
+// they can write may be read (it is as trustworthy as its owner).
+func TestTrust_OtherUsersStoreRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the store belongs to uid 65534")
+	}
+	const mallory = 65534
+	base := t.TempDir() // 0700, root's, under sticky /tmp
+	mk := func(name string, mode os.FileMode, uid int) string {
+		t.Helper()
+		p := filepath.Join(base, name)
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	worldWritable := mk("sa-store", 0o777, mallory)
+	hers := mk("hers", 0o755, mallory)
+	mine777 := mk("mine777", 0o777, 0)
+	mk("above", 0o755, mallory)
+	under := mk("above/store", 0o700, 0)
+	mk("sticky", os.ModeSticky|0o777, 0)
+	inSticky := mk("sticky/store", 0o700, 0)
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(hers, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, dir   string
+		write, read bool // accepted?
+		errHas      string
+	}{
+		{"world-writable, another user's", worldWritable, false, false, "owned by uid 65534"},
+		{"another user's, only theirs", hers, false, true, "owned by uid 65534"},
+		{"symlink to another user's", link, false, true, "-> " + hers},
+		{"own but world-writable", mine777, false, false, "mode drwxrwxrwx"},
+		{"own, below another user's directory", under, false, false, "above the store"},
+		{"own, below a sticky directory", inSticky, true, true, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, err := file.New(c.dir)
+			if c.write != (err == nil) {
+				t.Fatalf("New(%s): %v, accepted want %v", c.dir, err, c.write)
+			}
+			if err != nil {
+				if !errors.Is(err, file.ErrUntrusted) || !strings.Contains(err.Error(), c.errHas) {
+					t.Fatalf("New: %v, want ErrUntrusted naming %q", err, c.errHas)
+				}
+			} else if real, _ := filepath.EvalSymlinks(c.dir); st.Root() != real {
+				t.Fatalf("root %s, want the resolved %s", st.Root(), real)
+			}
+			_, err = file.Open(c.dir)
+			if c.read != (err == nil) {
+				t.Fatalf("Open(%s): %v, accepted want %v", c.dir, err, c.read)
+			}
+			if err != nil && !errors.Is(err, file.ErrUntrusted) {
+				t.Fatalf("Open: %v, want ErrUntrusted", err)
+			}
+		})
+	}
+}
