@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -526,5 +527,44 @@ func TestCLI_EnvNamedInError(t *testing.T) {
 	}
 	if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("the store was touched")
+	}
+}
+
+// TestCLI_RefusedSocketLeavesStoreAlone (review, item 1): a start the
+// socket refuses (its default directory not the agent's 0700 one, or a
+// live agent on it) exits 1 before the store is opened: a file:// store's
+// directory is not even created, and no lease can fence the live agent.
+func TestCLI_RefusedSocketLeavesStoreAlone(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("TMPDIR", tmp)
+	if err := os.Mkdir(socketDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(socketDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(t.TempDir(), "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "want no group or other permissions"},
+		{[]string{"--socket", live}, "in use by another live agent"},
+	} {
+		store := filepath.Join(t.TempDir(), "store")
+		args := append(append([]string{"run", "--cloud", "none", "--store", store}, tc.args...), "--", "true")
+		code, _, errOut := cli(t, args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 1 naming %q", tc.args, code, errOut, tc.want)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%v: the store was created by a start the socket refused", tc.args)
+		}
 	}
 }

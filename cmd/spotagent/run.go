@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -106,6 +109,17 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	srvCfg, err := o.serverConfig(log)
 	if err != nil {
 		return fail(err)
+	}
+	if !node {
+		// A refused socket fails before the store is opened (a file://
+		// store's Open creates its directory) and before any lease: a
+		// second agent that gives up must not fence the live one (review, item 1).
+		if err := protocol.CheckStart(srvCfg); err != nil {
+			if errors.Is(err, protocol.ErrSocketInUse) {
+				err = fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+			}
+			return fail(fmt.Errorf("socket: %w", err))
+		}
 	}
 
 	sigs := make(chan os.Signal, 4)

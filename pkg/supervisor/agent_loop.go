@@ -93,8 +93,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err
 		}
 	}
-	if err := protocol.CheckFree(cfg.Server.Path); err != nil {
-		return 1, socketInUse(err) // before the lease: it would fence the other agent's run
+	// Every refusal of the socket comes before the store is touched: a
+	// lease taken by a start that then gives up fences the live agent's
+	// run (review, item 1).
+	if err := protocol.CheckStart(cfg.Server); err != nil {
+		if errors.Is(err, protocol.ErrSocketInUse) {
+			return 1, socketInUse(err)
+		}
+		return 1, fmt.Errorf("socket: %w", err)
 	}
 	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
 	defer stopSignals()
