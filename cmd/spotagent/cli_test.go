@@ -208,6 +208,16 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"fleet", "--price-per-hour", "-1"}, "--price-per-hour -1: want a number >= 0"},
 		{[]string{"run", "--fleet", "ftp://host/x"}, "--fleet: "},
 		{[]string{"sidecar", "--fleet", "s3://B/x"}, "--fleet: "},
+		// The review's item 2: these were accepted, and failed once the job ran.
+		{[]string{"run", "--node-rank", "0", "--peer-timeout", "1ms"}, "--peer-timeout 1ms: want at least 2s"},
+		{[]string{"sidecar", "--node-rank", "1", "--peer-timeout", "1.5s"}, "--peer-timeout 1.5s: want at least 2s"},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", "garbage"}, `--peer-listen "garbage": want HOST:PORT`},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", "1.2.3.4:99999"}, `--peer-listen "1.2.3.4:99999": want HOST:PORT or :PORT with a port from 0 to 65535`},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", ":http"}, `--peer-listen ":http"`},
+		{[]string{"run", "--node-rank", "0", "--peer-advertise", "10.0.0.1:29450"}, "--peer-advertise \"10.0.0.1:29450\": want comma-separated hosts"},
+		{[]string{"run", "--peer-timeout", "10s"}, "need --node-rank"},
+		{[]string{"sidecar", "--peer-listen", ":29450"}, "need --node-rank"},
+		{[]string{"run", "--peer-advertise", "10.0.0.1"}, "need --node-rank"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)
