@@ -391,7 +391,7 @@ func TestReport_EndedBy(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := writeReport(&b, j, g, nil, nil, 0, 0, "table"); err != nil {
+	if err := writeReport(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`(?m)^1 .* finished\s*$`).MatchString(b.String()) {
