@@ -577,4 +577,15 @@ func TestCLI_RefusedSocketLeavesStoreAlone(t *testing.T) {
 			t.Errorf("%v: the store was created by a start the socket refused", tc.args)
 		}
 	}
+	// Nor does a trainer command that cannot start (exit 127, as shells).
+	{
+		store := filepath.Join(t.TempDir(), "store")
+		code, _, errOut := cli(t, "run", "--cloud", "none", "--store", store, "--socket", filepath.Join(t.TempDir(), "a.sock"), "--", "no-such-trainer-xyz")
+		if code != 127 || !strings.Contains(errOut, "no-such-trainer-xyz") {
+			t.Errorf("missing trainer: exit %d, stderr %q; want 127 naming it", code, errOut)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Error("missing trainer: the store was created")
+		}
+	}
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -109,6 +111,15 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	srvCfg, err := o.serverConfig(log)
 	if err != nil {
 		return fail(err)
+	}
+	if len(command) > 0 {
+		// A trainer that cannot start leaves no trace in the store: not
+		// even a file:// store's directory (supervisor.Run checks again).
+		if _, err := exec.LookPath(command[0]); err != nil {
+			err = fmt.Errorf("start trainer: %w", err)
+			fail(err)
+			return exit(child.ExitCodeFromError(err)) // 127 not found, 126 not executable
+		}
 	}
 	if !node {
 		// A refused socket fails before the store is opened (a file://
