@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -60,7 +59,9 @@ func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
 		switch {
 		case err == nil && g != nil:
 			s.metrics.Goodput(g)
-		case err != nil && !errors.Is(err, context.Canceled):
+		case err != nil:
+			// Cancelled only by the exit that stopped waiting for it
+			// (awaitLanding): its error says what held it.
 			s.log.Warn("could not write the run journal", zap.Error(err))
 			s.metrics.Error("journal")
 		}
@@ -104,7 +105,7 @@ func (s *session) awaitLanding(by time.Time) {
 	}
 	s.landingCtx()
 	s.abandon()
-	s.log.Warn("exit: a journal write or event acknowledgement still in flight: abandoned (its error follows; a store lock held by another process is one cause)",
+	s.log.Warn("exit: a journal write or event acknowledgement still in flight: abandoned",
 		zap.Duration("waited", time.Since(start).Round(time.Millisecond)))
 	select {
 	case <-landed:
