@@ -134,6 +134,10 @@ func (s *session) recordFleet(ctx context.Context, cfg *Config, step int64, fenc
 	if cfg.Fleet == nil || fenced {
 		return
 	}
+	if ctx.Err() != nil {
+		s.log.Warn("fleet record not written: the exit's deadline passed (spotagent fleet --recount rebuilds it)")
+		return
+	}
 	if err := fleet.RecordSessionOf(ctx, cfg.Fleet, cfg.FleetDir, s.journal.Snapshot(), step, s.id); err != nil {
 		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
