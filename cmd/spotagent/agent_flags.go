@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,7 +65,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 		o.watch.register(fs)
 		fs.StringVar(&o.nodeRank, "node-rank", "", "this machine's node rank in a multi-node job (torchrun's --node_rank; default $SPOTAGENT_NODE_RANK): commit this node's part of each job checkpoint")
-		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75); 0 turns the heartbeats off")
+		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75): at least 2s, or 0 for no heartbeats")
 		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 	}
@@ -202,8 +203,10 @@ func (o *agentOptions) check(node bool) error {
 	if o.maxRestarts < 0 {
 		return fmt.Errorf("--max-restarts must not be negative")
 	}
-	if o.peerTimeout < 0 {
-		return fmt.Errorf("--peer-timeout must not be negative")
+	if !node { // node has no --peer-* flags
+		if err := o.checkPeers(); err != nil {
+			return err
+		}
 	}
 	if o.restore != "own" && o.restore != "all" {
 		return fmt.Errorf("--restore: want own or all, got %q", o.restore)
@@ -344,6 +347,47 @@ func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
 	}
 	fields = append(fields, zap.String("others", "defaults (--log-level debug logs every flag)"))
 	log.Info("effective configuration", fields...)
+}
+
+// minPeerTimeout is the shortest --peer-timeout accepted. A heartbeat
+// goes every timeout/8 and a neighbour is lost after a whole timeout of
+// silence: below 2 s (a heartbeat every 250 ms) a GC pause, a loaded
+// machine or a busy network path ends healthy jobs with exit 75, again at
+// every restart.
+const minPeerTimeout = 2 * time.Second
+
+// checkPeers checks the heartbeat flags (docs/distributed.md): a timeout
+// of 0 (off) or at least minPeerTimeout, a --peer-listen host:port with a
+// port the kernel can bind, hosts without ports in --peer-advertise, and
+// none of them without --node-rank, where nothing reads them.
+func (o *agentOptions) checkPeers() error {
+	if o.peerTimeout < 0 {
+		return fmt.Errorf("--peer-timeout must not be negative")
+	}
+	if o.peerTimeout > 0 && o.peerTimeout < minPeerTimeout {
+		return fmt.Errorf("--peer-timeout %s: want at least %s (a heartbeat every eighth of it; shorter ends healthy jobs on a GC pause), or 0 for no heartbeats", o.peerTimeout, minPeerTimeout)
+	}
+	host, port, err := net.SplitHostPort(o.peerListen)
+	if err != nil {
+		return fmt.Errorf("--peer-listen %q: want HOST:PORT or :PORT (e.g. :29450): %w", o.peerListen, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil || strings.ContainsAny(host, " /@") {
+		return fmt.Errorf("--peer-listen %q: want HOST:PORT or :PORT with a port from 0 to 65535 (e.g. :29450)", o.peerListen)
+	}
+	for _, h := range strings.Split(o.peerAdvertise, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" || net.ParseIP(h) != nil {
+			continue
+		}
+		if strings.ContainsAny(h, ":/@ ") {
+			return fmt.Errorf("--peer-advertise %q: want comma-separated hosts (IPs or names) without a port; the port is --peer-listen's", o.peerAdvertise)
+		}
+	}
+	if o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" &&
+		(o.peerTimeout != liveness.DefaultTimeout || o.peerListen != ":0" || o.peerAdvertise != "") {
+		return fmt.Errorf("--peer-timeout, --peer-listen and --peer-advertise need --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job send heartbeats")
+	}
+	return nil
 }
 
 // liveness is the heartbeats' configuration (pkg/liveness): a heartbeat

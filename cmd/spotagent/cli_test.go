@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -207,6 +208,16 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"fleet", "--price-per-hour", "-1"}, "--price-per-hour -1: want a number >= 0"},
 		{[]string{"run", "--fleet", "ftp://host/x"}, "--fleet: "},
 		{[]string{"sidecar", "--fleet", "s3://B/x"}, "--fleet: "},
+		// The review's item 2: these were accepted, and failed once the job ran.
+		{[]string{"run", "--node-rank", "0", "--peer-timeout", "1ms"}, "--peer-timeout 1ms: want at least 2s"},
+		{[]string{"sidecar", "--node-rank", "1", "--peer-timeout", "1.5s"}, "--peer-timeout 1.5s: want at least 2s"},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", "garbage"}, `--peer-listen "garbage": want HOST:PORT`},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", "1.2.3.4:99999"}, `--peer-listen "1.2.3.4:99999": want HOST:PORT or :PORT with a port from 0 to 65535`},
+		{[]string{"run", "--node-rank", "0", "--peer-listen", ":http"}, `--peer-listen ":http"`},
+		{[]string{"run", "--node-rank", "0", "--peer-advertise", "10.0.0.1:29450"}, "--peer-advertise \"10.0.0.1:29450\": want comma-separated hosts"},
+		{[]string{"run", "--peer-timeout", "10s"}, "need --node-rank"},
+		{[]string{"sidecar", "--peer-listen", ":29450"}, "need --node-rank"},
+		{[]string{"run", "--peer-advertise", "10.0.0.1"}, "need --node-rank"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)
@@ -380,7 +391,7 @@ func TestReport_EndedBy(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := writeReport(&b, j, g, nil, nil, 0, 0, "table"); err != nil {
+	if err := writeReport(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`(?m)^1 .* finished\s*$`).MatchString(b.String()) {
@@ -526,5 +537,55 @@ func TestCLI_EnvNamedInError(t *testing.T) {
 	}
 	if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("the store was touched")
+	}
+}
+
+// TestCLI_RefusedSocketLeavesStoreAlone (review, item 1): a start the
+// socket refuses (its default directory not the agent's 0700 one, or a
+// live agent on it) exits 1 before the store is opened: a file:// store's
+// directory is not even created, and no lease can fence the live agent.
+func TestCLI_RefusedSocketLeavesStoreAlone(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("TMPDIR", tmp)
+	if err := os.Mkdir(socketDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(socketDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(t.TempDir(), "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "want no group or other permissions"},
+		{[]string{"--socket", live}, "in use by another live agent"},
+	} {
+		store := filepath.Join(t.TempDir(), "store")
+		args := append(append([]string{"run", "--cloud", "none", "--store", store}, tc.args...), "--", "true")
+		code, _, errOut := cli(t, args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 1 naming %q", tc.args, code, errOut, tc.want)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%v: the store was created by a start the socket refused", tc.args)
+		}
+	}
+	// Nor does a trainer command that cannot start (exit 127, as shells).
+	{
+		store := filepath.Join(t.TempDir(), "store")
+		code, _, errOut := cli(t, "run", "--cloud", "none", "--store", store, "--socket", filepath.Join(t.TempDir(), "a.sock"), "--", "no-such-trainer-xyz")
+		if code != 127 || !strings.Contains(errOut, "no-such-trainer-xyz") {
+			t.Errorf("missing trainer: exit %d, stderr %q; want 127 naming it", code, errOut)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Error("missing trainer: the store was created")
+		}
 	}
 }

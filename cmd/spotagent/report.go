@@ -84,7 +84,11 @@ func newReportCmd() *cobra.Command {
 				adv = simulate.Advise(j, g, ac)
 			}
 			promise := reportPromise(j, ac.Margin)
-			if err := writeReport(cmd.OutOrStdout(), j, g, adv, promise, price, onDemand, format); err != nil {
+			note := ""
+			if adv != nil && !cmd.Flags().Changed("interval") {
+				note = noteIntervalDefault
+			}
+			if err := writeReport(cmd.OutOrStdout(), j, g, adv, note, promise, price, onDemand, format); err != nil {
 				return err
 			}
 			if len(damage) > 0 {
@@ -100,7 +104,7 @@ func newReportCmd() *cobra.Command {
 	fs.StringVar(&format, "format", "table", "table or json")
 	fs.Float64Var(&price, "price-per-hour", 0, "machine price per hour: adds spend and spend wasted by interruptions")
 	fs.Float64Var(&onDemand, "on-demand-price-per-hour", 0, "on-demand price per hour: adds the saving against on-demand")
-	fs.StringVar(&interval, "interval", "auto", "advice: the run's current --interval (auto or a duration)")
+	fs.StringVar(&interval, "interval", "auto", "advice: the --interval the run used (auto or a duration; the journal does not record it)")
 	fs.DurationVar(&ac.Margin, "margin", schedule.DefaultMargin, "advice: the run's current --margin")
 	fs.DurationVar(&ac.Min, "min-interval", schedule.DefaultMinInterval, "advice: the run's --min-interval")
 	fs.DurationVar(&ac.Max, "max-interval", schedule.DefaultMaxInterval, "advice: the run's --max-interval")
@@ -120,10 +124,18 @@ type reportJSON struct {
 	// NoticePromise: whether a notice checkpoint of the newest measured
 	// size commits within each cloud's notice (--margin kept).
 	NoticePromise *supervisor.PromiseStatus `json:"notice_promise,omitempty"`
+	// AdviceNote: what the advice's "current" policy is, when report
+	// could not know the run's own (noteIntervalDefault).
+	AdviceNote string `json:"advice_note,omitempty"`
 }
 
+// noteIntervalDefault: the journal does not record the --interval a run
+// used, so the advice's "current" policy is report's own --interval, auto
+// unless given; the report says so rather than call it the run's.
+const noteIntervalDefault = "the run's journal does not record its --interval: \"report's --interval\" above is report's default, auto; pass report --interval as the run had it"
+
 // writeReport prints the goodput g of the run journal j.
-func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
+func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, note string, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -132,7 +144,7 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(reportJSON{g, m, adv, promise})
+		return enc.Encode(reportJSON{g, m, adv, promise, note})
 	}
 	secs := func(s float64) string { return seconds(s).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -192,12 +204,12 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 		}
 	}
 	if adv != nil {
-		writeAdvice(w, adv)
+		writeAdvice(w, adv, note)
 	}
 	return nil
 }
 
-func writeAdvice(w io.Writer, a *simulate.Advice) {
+func writeAdvice(w io.Writer, a *simulate.Advice, note string) {
 	c := a.Calibration
 	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
 		a.Runs, seconds(a.HorizonSeconds), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
@@ -207,7 +219,7 @@ func writeAdvice(w io.Writer, a *simulate.Advice) {
 	for _, p := range a.Policies {
 		mark := ""
 		if p.Current {
-			mark += " (current)"
+			mark += " (report's --interval)"
 		}
 		if p.Policy == a.Recommended {
 			mark += " (recommended)"
@@ -215,10 +227,13 @@ func writeAdvice(w io.Writer, a *simulate.Advice) {
 		fmt.Fprintf(tw, "--interval %s%s\t%.3f %%\t%.2f %%\t\n", p.Flag, mark, p.Waste, 100*p.Goodput)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, current settings %.3f %% (difference %.3f ± %.3f)\n",
+	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, report's --interval and --margin %.3f %% (difference %.3f ± %.3f)\n",
 		a.RecommendedFlag, seconds(a.Margin.Recommended), a.Waste, a.CurrentWaste,
 		a.CurrentWaste-a.Waste, a.DiffSE)
 	fmt.Fprintf(w, "margin (not simulated): %s\n", a.Margin.Basis)
+	if note != "" {
+		fmt.Fprintf(w, "note: %s\n", note)
+	}
 }
 
 // endedBy says how a session that no interruption ended ended: finished

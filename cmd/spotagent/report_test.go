@@ -18,7 +18,7 @@ func TestWriteReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := writeReport(&b, j, g, nil, nil, 1.5, 4, "table"); err != nil {
+	if err := writeReport(&b, j, g, nil, "", nil, 1.5, 4, "table"); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"PRODUCTIVE", "goodput 99.0 %", "no interruptions", "spend 1.50", "saving"} {
@@ -27,7 +27,7 @@ func TestWriteReport(t *testing.T) {
 		}
 	}
 	b.Reset()
-	if err := writeReport(&b, j, g, nil, nil, 1.5, 0, "json"); err != nil {
+	if err := writeReport(&b, j, g, nil, "", nil, 1.5, 0, "json"); err != nil {
 		t.Fatal(err)
 	}
 	var out struct {
@@ -37,5 +37,34 @@ func TestWriteReport(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(b.String()), &out); err != nil || out.Ratio < 0.989 || out.Seconds["blocked"] != 36 || out.Money.Spend != 1.5 {
 		t.Fatalf("json %+v, err %v:\n%s", out, err, b.String())
+	}
+}
+
+// TestReport_AdviceSaysWhoseInterval (review, item 4): report labelled
+// its own --interval default "(current)", as if the run had used it; the
+// journal does not record the run's interval. The row is now "report's
+// --interval", with a note naming the default when --interval was not
+// given, and none when it was.
+func TestReport_AdviceSaysWhoseInterval(t *testing.T) {
+	_, store := testStore(t, sampleJournal())
+	for _, tc := range []struct {
+		args     []string
+		row      string
+		wantNote bool
+	}{
+		{nil, "--interval auto (report's --interval)", true},
+		{[]string{"--interval", "10s"}, "--interval 10s (report's --interval)", false},
+	} {
+		args := append([]string{"report", "--store", store, "--advice-runs", "5", "--advice-horizon", "24h"}, tc.args...)
+		code, out, errOut := cli(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, errOut)
+		}
+		if strings.Contains(out, "(current)") || !strings.Contains(out, tc.row) {
+			t.Errorf("%v: advice rows do not say %q (nor never \"(current)\"):\n%s", tc.args, tc.row, out)
+		}
+		if got := strings.Contains(out, "does not record its --interval"); got != tc.wantNote {
+			t.Errorf("%v: note shown %v, want %v:\n%s", tc.args, got, tc.wantNote, out)
+		}
 	}
 }

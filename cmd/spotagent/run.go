@@ -2,18 +2,23 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -107,6 +112,10 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err != nil {
 		return fail(err)
 	}
+	if code, err := checkStart(command, node, srvCfg); err != nil {
+		fail(err)
+		return exit(code)
+	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -168,6 +177,31 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		return exit(code) // 1, or 127/126 for a trainer command not found/not executable
 	}
 	return exit(code)
+}
+
+// checkStart refuses, before the store is opened, a start that would fail
+// after it: a trainer command that cannot start (code 127 or 126, as
+// shells) leaves no trace in the store, not even a file:// store's
+// directory (supervisor.Run checks again); a refused socket (its
+// directory, or a live agent on it: code 1) takes no lease, which would
+// fence the live agent of the same store (review, item 1).
+func checkStart(command []string, node bool, srv protocol.ServerConfig) (int, error) {
+	if len(command) > 0 {
+		if _, err := exec.LookPath(command[0]); err != nil {
+			err = fmt.Errorf("start trainer: %w", err)
+			return child.ExitCodeFromError(err), err
+		}
+	}
+	if node {
+		return 0, nil
+	}
+	if err := protocol.CheckStart(srv); err != nil {
+		if errors.Is(err, protocol.ErrSocketInUse) {
+			err = fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+		}
+		return 1, fmt.Errorf("socket: %w", err)
+	}
+	return 0, nil
 }
 
 // logMachine logs the machine the agent runs on, with only the fields the

@@ -292,6 +292,23 @@ func connLimit(want int) int {
 	return want
 }
 
+// CheckStart checks, without binding, what Listen would refuse: the
+// socket directory (its owner, mode and parent, as Listen checks them) and
+// a live agent already serving cfg.Path (ErrSocketInUse). An agent calls
+// it before it touches its store: a start refused after its lease was
+// taken would fence the live agent's run (review, item 1). Listen checks
+// again: this is no lock, only the refusals an operator can cause.
+func CheckStart(cfg ServerConfig) error {
+	if cfg.Path == "" {
+		return errors.New("listen: empty socket path")
+	}
+	// Listen logs what it finds; this check stays quiet.
+	if err := prepareSocketDir(filepath.Dir(cfg.Path), cfg.PrivateDir, zap.NewNop()); err != nil {
+		return err
+	}
+	return CheckFree(cfg.Path)
+}
+
 // ErrSocketInUse: the socket path is served by a live agent (a connect
 // succeeded); a socket file nobody answers on is stale and replaced.
 var ErrSocketInUse = errors.New("in use by another live agent")

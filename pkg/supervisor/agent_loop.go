@@ -82,8 +82,9 @@ const ExitInterrupted = 75
 // are cancelled and not waited for, and Run returns once the trainer has
 // exited and the journal records the end of the session. Run returns only
 // when every goroutine it started has ended, except an acknowledgement or
-// journal write still unfinished 10s after the loop ended: those are
-// abandoned on purpose, each bounded by its own deadline (see finish).
+// journal write still unfinished 10s after the loop ended, or at the
+// stop's deadline (--term-grace, the notice's) when that is sooner: those
+// are cancelled and abandoned (see finish).
 func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error) {
 	if len(cfg.Command) > 0 {
 		// A trainer that cannot start takes no lease, restores nothing
@@ -94,8 +95,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err
 		}
 	}
-	if err := protocol.CheckFree(cfg.Server.Path); err != nil {
-		return 1, socketInUse(err) // before the lease: it would fence the other agent's run
+	// Every refusal of the socket comes before the store is touched: a
+	// lease taken by a start that then gives up fences the live agent's
+	// run (review, item 1).
+	if err := protocol.CheckStart(cfg.Server); err != nil {
+		if errors.Is(err, protocol.ErrSocketInUse) {
+			return 1, socketInUse(err)
+		}
+		return 1, fmt.Errorf("socket: %w", err)
 	}
 	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
 	defer stopSignals()
@@ -576,8 +583,9 @@ func (a *Agent) onSignal(sig os.Signal) {
 // else it started and releases the local directories.
 func (a *Agent) finish() {
 	a.endLife()
-	a.sess.awaitLanding()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.life), 10*time.Second)
+	by := a.stops.exitBy(time.Now()) // stop.go: never past the stop's deadline
+	a.sess.awaitLanding(by)
+	ctx, cancel := a.sess.exitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.exitCode, a.commits.blocked
@@ -600,7 +608,7 @@ func (a *Agent) finish() {
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
-	a.sess.awaitLanding()
+	a.sess.awaitLanding(a.stops.exitBy(time.Now()))
 	a.release()
 }
 

@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -28,6 +27,19 @@ type session struct {
 	life    context.Context // the agent's: journal writes outlive it (WithoutCancel)
 	log     *zap.Logger
 	metrics Metrics
+
+	landOnce sync.Once
+	landing  context.Context    // outlives life; cancelled when the exit stops waiting (awaitLanding)
+	abandon  context.CancelFunc // cancels landing
+}
+
+// landingCtx is the context of the writes that outlive the loop: not
+// ended by life, but by the exit once it stops waiting for them, so that
+// an abandoned write (a store lock held elsewhere) gives the journal back
+// at once instead of holding it until its own timeout.
+func (s *session) landingCtx() context.Context {
+	s.landOnce.Do(func() { s.landing, s.abandon = context.WithCancel(context.WithoutCancel(s.life)) })
+	return s.landing
 }
 
 // journalAsync applies fn to the journal and saves it in the background.
@@ -37,7 +49,7 @@ func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
 		defer s.journals.Done()
 		// Outlives the loop: the interruption's record and the session's
 		// stats must land after it ends (awaitLanding).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), time.Minute)
+		ctx, cancel := context.WithTimeout(s.landingCtx(), time.Minute)
 		defer cancel()
 		var g *checkpoint.Goodput
 		err := s.journal.Update(ctx, func(j *checkpoint.Journal) {
@@ -47,7 +59,9 @@ func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
 		switch {
 		case err == nil && g != nil:
 			s.metrics.Goodput(g)
-		case err != nil && !errors.Is(err, context.Canceled):
+		case err != nil:
+			// Cancelled only by the exit that stopped waiting for it
+			// (awaitLanding): its error says what held it.
 			s.log.Warn("could not write the run journal", zap.Error(err))
 			s.metrics.Error("journal")
 		}
@@ -66,17 +80,51 @@ func (s *session) recordSession(id metadata.Identity) {
 // journal keeps it current at every commit, so a crash loses little of it.
 func (s *session) runSeconds() float64 { return s.ranBefore + time.Since(s.started).Seconds() }
 
-// awaitLanding waits, at most 10s, for the acknowledgements and journal
-// writes in flight: created with context.WithoutCancel, they outlive the
-// loop, and each has a deadline of its own. Past 10s they are abandoned.
-func (s *session) awaitLanding() {
+// awaitLanding waits, until by at most, for the acknowledgements and
+// journal writes in flight: created on landingCtx, they outlive the loop.
+// Past by they are abandoned: their context is cancelled (a write waiting
+// on a held store lock returns at once) and they get at most a second
+// more to return, so that the journal is free for the session's end.
+func (s *session) awaitLanding(by time.Time) {
 	landed := make(chan struct{})
 	go func() { s.acks.Wait(); s.journals.Wait(); close(landed) }()
 	select {
 	case <-landed:
-	case <-time.After(10 * time.Second):
-		s.log.Warn("event acknowledgement or journal update still in flight at exit: abandoned")
+		return
+	default:
 	}
+	start := time.Now()
+	wait := max(time.Until(by), 0)
+	s.log.Info("exit: waiting for the journal writes and event acknowledgements in flight", zap.Duration("at_most", wait.Round(time.Millisecond)))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-landed:
+		return
+	case <-t.C:
+	}
+	s.landingCtx()
+	s.abandon()
+	s.log.Warn("exit: a journal write or event acknowledgement still in flight: abandoned",
+		zap.Duration("waited", time.Since(start).Round(time.Millisecond)))
+	select {
+	case <-landed:
+	case <-time.After(time.Second):
+	}
+}
+
+// exitWrite is the context of the session's last journal write and fleet
+// record, bounded by by but given at least a second: the record of how
+// the session ended is worth a second past a deadline already spent.
+func (s *session) exitWrite(by time.Time) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(context.WithoutCancel(s.life), later(by, time.Now().Add(time.Second)))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // recordFleet refreshes this run's entry in the fleet summary from the
@@ -85,6 +133,10 @@ func (s *session) awaitLanding() {
 // recorded (the trainer exited before the restore ended) records nothing.
 func (s *session) recordFleet(ctx context.Context, cfg *Config, step int64, fenced bool) {
 	if cfg.Fleet == nil || fenced {
+		return
+	}
+	if ctx.Err() != nil {
+		s.log.Warn("fleet record not written: the exit's deadline passed (spotagent fleet --recount rebuilds it)")
 		return
 	}
 	j := s.journal.Snapshot()

@@ -55,6 +55,21 @@ func (s *stopState) stopMessage() protocol.Message {
 	return protocol.Message{Type: protocol.TypeStop, Reason: s.reason, Deadline: &dl}
 }
 
+// exitWait is the longest the exit waits for the writes that outlive the
+// loop (journal, acknowledgement, the session's end): 10s, never past the
+// deadline of the stop under way (--term-grace, the notice's deadline).
+const exitWait = 10 * time.Second
+
+// exitBy is when the exit stops waiting (exitWait); a second at least,
+// so that a healthy store's last writes land even past a spent deadline.
+func (q *stopSequence) exitBy(now time.Time) time.Time {
+	by := now.Add(exitWait)
+	if s := q.current; s != nil && s.deadline.Before(by) {
+		by = later(s.deadline, now.Add(time.Second))
+	}
+	return by
+}
+
 // tick enforces the interruption's deadlines: past the notice deadline
 // the child gets SIGTERM (SIGKILL after KillAfter).
 // The trainer is stopped by the loop (stopAtDeadline) when tick reports
@@ -122,7 +137,7 @@ func (q *stopSequence) committed(s *stopState, res *checkpoint.Result, now time.
 		go func(id string) {
 			defer q.sess.acks.Done()
 			// Outlives the loop, up to the notice's deadline (awaitLanding).
-			ctx, cancel := context.WithDeadline(context.WithoutCancel(q.life), s.deadline)
+			ctx, cancel := context.WithDeadline(q.sess.landingCtx(), s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))

@@ -173,7 +173,7 @@ func TestLock_BoundedByContext(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "held by another process") {
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "store lock ") || !strings.Contains(err.Error(), "held by another process") {
 			t.Fatalf("put under a held lock: %v, want the deadline, saying the lock is held", err)
 		}
 	case <-time.After(30 * time.Second):

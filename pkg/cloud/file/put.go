@@ -125,7 +125,7 @@ func (s *Store) lock(ctx context.Context) (func(), error) {
 	select {
 	case s.cas <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("lock: %w", ctx.Err())
+		return nil, fmt.Errorf("store lock: waiting for another write of this process: %w", ctx.Err())
 	}
 	release := func() { <-s.cas }
 	f, err := os.OpenFile(filepath.Join(s.root, lockName), os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, fileMode)
@@ -136,7 +136,7 @@ func (s *Store) lock(ctx context.Context) (func(), error) {
 	if err := flockCtx(ctx, f); err != nil {
 		f.Close()
 		release()
-		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		return nil, fmt.Errorf("store lock %s: %w", f.Name(), err)
 	}
 	return func() {
 		f.Close() // releases the flock
@@ -161,7 +161,7 @@ func flockCtx(ctx context.Context, f *os.File) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("held by another process: %w", ctx.Err())
+			return fmt.Errorf("held by another process (a second agent, or flock(1)): gave up: %w", ctx.Err())
 		case <-t.C:
 		}
 		wait = min(2*wait, 50*time.Millisecond)
