@@ -48,9 +48,8 @@ import (
 // is a counter. Wall-clock times the code records (Created, Updated) are
 // ordered as the schedule orders them and decide nothing else.
 //
-// Extension point: fleet records (issue 40) are not simulated yet; they
-// would be one more kind of actor (runFleet beside runSessions and runJob)
-// and a check in onOp.
+// Fleet records (issue 40) are simulated over the same machinery by
+// pkg/fleet's TestFleetSim.
 //
 // The properties (docs/reliability.md):
 //   - restore (run's, sidecar's and node's with their epoch; restore's

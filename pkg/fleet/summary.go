@@ -26,8 +26,9 @@ const (
 // maxSummary bounds what is read as a summary: 100,000 runs take ~100 MB.
 const maxSummary = 1 << 30
 
-// ioWorkers bounds the records read or deleted at once.
-const ioWorkers = 32
+// ioWorkers bounds the records read or deleted at once (a variable for
+// the simulation, sim_test.go, which needs one store call at a time).
+var ioWorkers = 32
 
 // Summary is every run's Run, keyed by the run's directory under the fleet
 // root. The one at fleet/summary.gob is written only by a compaction

@@ -1,14 +1,16 @@
 // Package storesim is an in-memory cloud.Store for deterministic
-// simulation of the checkpoint store protocol (pkg/checkpoint's sim_test.go):
-// every operation passes through a Faults hook that may hold it (to
-// interleave sessions), fail it before it happens, or fail it after it
-// happened (the reply lost), and lists may lag behind writes. Without a
+// simulation of the store protocols (the sim_test.go of pkg/checkpoint
+// and of pkg/fleet): every operation passes through a Faults hook that
+// may hold it (to interleave sessions), fail it before it happens, or
+// fail it after it happened (the reply lost), and lists may lag behind
+// writes. Without a
 // hook it is an ordinary store and passes the conformance suite
 // (pkg/cloud/cloudtest), so the simulation cannot rely on a behaviour the
 // real backends lack.
 //
-// Fleet records (issue 40) are not simulated yet; they would be more
-// actors of the simulation over this same store.
+// Fleet records (issue 40) are simulated over this same store by
+// pkg/fleet's sim_test.go (TestFleetSim): agents recording session ends
+// and `spotagent fleet` compactions as actors of one Sched.
 package storesim
 
 import (
