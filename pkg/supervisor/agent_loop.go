@@ -583,7 +583,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 // else it started and releases the local directories.
 func (a *Agent) finish() {
 	a.endLife()
-	by := a.stops.exitBy(time.Now()) // stop.go: never past the stop's deadline
+	by := a.stops.exitBy(time.Now()) // stop.go: exitWait from the loop's end
 	a.sess.awaitLanding(by)
 	ctx, cancel := a.sess.exitWrite(by)
 	defer cancel()
