@@ -40,7 +40,8 @@ func TestAgent_HeldStoreLockDoesNotStretchExit(t *testing.T) {
 	req := tr.expect(protocol.TypeCheckpoint)
 	tr.save(req, 7, "weights")
 	tr.c.Close() // the trainer exits; its checkpoint cannot commit under the lock
-	select {     // the bound below, not testWait: the exit may wait exitWait
+	// The bound below, not testWait: the exit may wait exitWait.
+	select {
 	case code := <-ar.done:
 		ar.done <- code
 	case <-time.After(grace + exitWait + time.Second + 20*time.Second):
