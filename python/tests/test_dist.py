@@ -898,7 +898,10 @@ class TestTrainDDP(GlooBase):
 
         welcome = {"type": "welcome", "version": 1}
         a0, a1 = self.agent(0, welcome=welcome), self.agent(1, welcome=welcome)
-        procs = self.run_ranks([{"SPOTAGENT_SOCKET": a0.path}, {"SPOTAGENT_SOCKET": a1.path}], steps)
+        # Slow steps (sleeps only; not part of the result) keep the ranks training until the
+        # stop arrives: at 2 ms a fast machine finished all 300 steps first and exited 0.
+        slow = {"STEP_SLEEP_MS": "200"}
+        procs = self.run_ranks([dict(slow, SPOTAGENT_SOCKET=a0.path), dict(slow, SPOTAGENT_SOCKET=a1.path)], steps)
         self.wait_line(len(self.procs) - 2, "rank 0 step 10")
         rid = "0123456789ab"
         dl, _ = self.deadline()
