@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"hash/crc32"
@@ -21,19 +22,19 @@ import (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// newCRC32C returns a CRC32C hash (hardware accelerated where the CPU has
+// NewCRC32C returns a CRC32C hash (hardware accelerated where the CPU has
 // it: SSE4.2 on amd64, CRC32 instructions on arm64).
-func newCRC32C() hash.Hash32 { return crc32.New(castagnoli) }
+func NewCRC32C() hash.Hash32 { return crc32.New(castagnoli) }
 
-// crc32cHex is how a manifest writes a CRC32C: 8 lowercase hex digits,
+// CRC32CHex is how a manifest writes a CRC32C: 8 lowercase hex digits,
 // big-endian (the byte order of S3's and GCS's base64 form).
-func crc32cHex(v uint32) string { return fmt.Sprintf("%08x", v) }
+func CRC32CHex(v uint32) string { return fmt.Sprintf("%08x", v) }
 
-// digest returns a fresh hash of the kind f's manifest entry records, the
+// Digest returns a fresh hash of the kind f's manifest entry records, the
 // value it must produce (hex), and its name for messages.
-func (f File) digest() (h hash.Hash, want, name string) {
+func (f File) Digest() (h hash.Hash, want, name string) {
 	if f.CRC32C != "" {
-		return newCRC32C(), f.CRC32C, "crc32c"
+		return NewCRC32C(), f.CRC32C, "crc32c"
 	}
 	return sha256.New(), f.SHA256, "sha256"
 }
@@ -42,13 +43,13 @@ func (f File) digest() (h hash.Hash, want, name string) {
 // checksum the manifest records (CRC32C, or sha256 in older manifests).
 // A mismatch wraps ErrCorrupt.
 func (f File) Verify(r io.Reader) error {
-	h, want, name := f.digest()
+	h, want, name := f.Digest()
 	n, err := io.Copy(h, io.LimitReader(r, f.Size+1))
 	if err != nil {
 		return err
 	}
 	if n != f.Size {
-		return sizeMismatch(n, f.Size)
+		return SizeMismatch(n, f.Size)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
 		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
@@ -56,9 +57,9 @@ func (f File) Verify(r io.Reader) error {
 	return nil
 }
 
-// sameContent reports whether a and b record the same content: the same
+// SameContent reports whether a and b record the same content: the same
 // size and checksum (of the same kind).
-func (f File) sameContent(g File) bool {
+func (f File) SameContent(g File) bool {
 	return f.Size == g.Size && f.CRC32C == g.CRC32C && f.SHA256 == g.SHA256
 }
 
@@ -113,11 +114,11 @@ func gf2Square(square, mat *[32]uint32) {
 	}
 }
 
-// crcWriterAt takes the CRC32C of what is written through it at any
+// CRCWriterAt takes the CRC32C of what is written through it at any
 // offsets, as runs of contiguous writes (a ranged download writes each
 // range in order, several ranges at once): the file's CRC32C without
 // reading it back.
-type crcWriterAt struct {
+type CRCWriterAt struct {
 	w    io.WriterAt
 	mu   sync.Mutex
 	runs map[int64]*crcRun // by end offset
@@ -128,11 +129,11 @@ type crcRun struct {
 	crc    uint32
 }
 
-func newCRCWriterAt(w io.WriterAt) *crcWriterAt {
-	return &crcWriterAt{w: w, runs: map[int64]*crcRun{}}
+func NewCRCWriterAt(w io.WriterAt) *CRCWriterAt {
+	return &CRCWriterAt{w: w, runs: map[int64]*crcRun{}}
 }
 
-func (c *crcWriterAt) WriteAt(p []byte, off int64) (int, error) {
+func (c *CRCWriterAt) WriteAt(p []byte, off int64) (int, error) {
 	n, err := c.w.WriteAt(p, off)
 	if n > 0 {
 		c.mu.Lock()
@@ -150,9 +151,9 @@ func (c *crcWriterAt) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// sum is the CRC32C of [0, size) if the writes covered exactly that, each
+// Sum is the CRC32C of [0, size) if the writes covered exactly that, each
 // byte once; ok is false otherwise (a range written twice, a gap).
-func (c *crcWriterAt) sum(size int64) (crc uint32, ok bool) {
+func (c *CRCWriterAt) Sum(size int64) (crc uint32, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	runs := make([]*crcRun, 0, len(c.runs))
@@ -169,4 +170,11 @@ func (c *crcWriterAt) sum(size int64) (crc uint32, ok bool) {
 		at += r.n
 	}
 	return crc, at == size
+}
+
+// ErrCorrupt marks an object whose size or checksum differs from its manifest.
+var ErrCorrupt = errors.New("checkpoint damaged")
+
+func SizeMismatch(got, want int64) error {
+	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
 }

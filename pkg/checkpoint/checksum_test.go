@@ -28,7 +28,7 @@ func TestChecksum_CRC32CRecordedAndChecked(t *testing.T) {
 			commit(t, st, 10, "a", map[string]string{"m": "ten"})
 			res := commit(t, st, 20, "b", map[string]string{"m": body})
 			f := res.Manifest.Files[0]
-			if want := crc32cHex(crc32.Checksum([]byte(body), castagnoli)); f.CRC32C != want || f.SHA256 != "" {
+			if want := CRC32CHex(crc32.Checksum([]byte(body), castagnoli)); f.CRC32C != want || f.SHA256 != "" {
 				t.Fatalf("manifest entry crc32c %q sha256 %q, want crc32c %s and no sha256", f.CRC32C, f.SHA256, want)
 			}
 			if got := restoredStep(t, st); got != 20 {
@@ -101,7 +101,7 @@ func TestChecksum_Validate(t *testing.T) {
 			t.Errorf("%s: Validate = %v, want error %v", c.name, err, c.bad)
 		}
 	}
-	if err := (File{Size: 3, CRC32C: crc32cHex(crc32.Checksum([]byte("abc"), castagnoli))}).Verify(strings.NewReader("abcd")); !errors.Is(err, ErrCorrupt) {
+	if err := (File{Size: 3, CRC32C: CRC32CHex(crc32.Checksum([]byte("abc"), castagnoli))}).Verify(strings.NewReader("abcd")); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Verify of a longer object = %v, want ErrCorrupt", err)
 	}
 }
@@ -117,18 +117,18 @@ func TestCRC32CCombine(t *testing.T) {
 	}
 	// Out-of-order ranged writes, each range in several writes.
 	var sink writerAtDiscard
-	cw := newCRCWriterAt(sink)
+	cw := NewCRCWriterAt(sink)
 	for _, r := range [][2]int{{60000, len(data)}, {0, 30000}, {30000, 60000}} {
 		for off := r[0]; off < r[1]; off += 777 {
 			end := min(off+777, r[1])
 			cw.WriteAt(data[off:end], int64(off))
 		}
 	}
-	if crc, ok := cw.sum(int64(len(data))); !ok || crc != crc32.Checksum(data, castagnoli) {
+	if crc, ok := cw.Sum(int64(len(data))); !ok || crc != crc32.Checksum(data, castagnoli) {
 		t.Fatalf("sum = %08x, %v; want %08x, true", crc, ok, crc32.Checksum(data, castagnoli))
 	}
 	cw.WriteAt(data[:10], 0) // a range written twice: not trusted
-	if _, ok := cw.sum(int64(len(data))); ok {
+	if _, ok := cw.Sum(int64(len(data))); ok {
 		t.Fatal("overlapping writes summed as ok")
 	}
 }

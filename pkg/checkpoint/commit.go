@@ -104,7 +104,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		}
 		defer root.Close()
 	}
-	files, err := scan(root)
+	files, err := Scan(root)
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
@@ -203,7 +203,7 @@ func (c *Committer) commitSingle(ctx context.Context, req Request, m *Manifest) 
 	if err != nil {
 		return err
 	}
-	if err := putOnce(ctx, c.Store, ManifestKey(req.Step, req.ID), body); err != nil {
+	if err := PutOnce(ctx, c.Store, ManifestKey(req.Step, req.ID), body); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
@@ -214,11 +214,11 @@ func (c *Committer) commitSingle(ctx context.Context, req Request, m *Manifest) 
 
 // upload puts the files indexed by todo (total bytes in all) concurrently
 // and fills out with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []localFile, todo []int, total int64, out []File) error {
-	p := &progress{start: time.Now(), total: total}
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []LocalFile, todo []int, total int64, out []File) error {
+	p := &Progress{Start: time.Now(), Total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go p.report(pctx, log, "upload")
+	go p.Report(pctx, log, "upload")
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(c.concurrency())
@@ -239,19 +239,19 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 // uploadFile streams one file to the store, taking its CRC32C on the way:
 // the file is read once. A file that changes size while it is read is an
 // error.
-func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f localFile, p *progress) (string, error) {
+func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f LocalFile, p *Progress) (string, error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
-	fh, err := openRegular(root, f.rel, f.size)
+	fh, err := OpenScanned(root, f.rel, f.size)
 	if err != nil {
 		return "", err
 	}
 	defer fh.Close()
-	ur := newUploadReader(fh, f.size, p)
+	ur := NewUploadReader(fh, f.size, p)
 	if err := c.Store.Put(ctx, key, ur, f.size, cloud.PutOptions{}); err != nil {
 		return "", err
 	}
-	n, sum := ur.result()
+	n, sum := ur.Result()
 	if n != f.size {
 		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.size)
 	}

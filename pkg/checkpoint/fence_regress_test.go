@@ -90,7 +90,7 @@ func TestPrune_RollbackKeepsAssembly(t *testing.T) {
 		t.Fatal(err)
 	}
 	left := map[string]int{}
-	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
 	if left[Prefix(10, "aaaaaaaaaaaa")] == 0 {
 		t.Errorf("retention deleted 10, the checkpoint restore picks (20 is damaged): left %v", left)
 	}
@@ -129,7 +129,7 @@ func TestPrune_PinnedNotYetListed(t *testing.T) {
 		}
 	}
 	key := ManifestKey(15, "c")
-	lag := hideFromList{Store: st, hide: Prefix(15, "c") + manifestObj}
+	lag := hideFromList{Store: st, hide: Prefix(15, "c") + ManifestName}
 	if _, err := Prune(t.Context(), lag, 1, nil, key); err != nil {
 		t.Fatal(err)
 	}

@@ -26,9 +26,9 @@ func identOf(fi os.FileInfo) fileIdent {
 
 func (id fileIdent) noCtime() fileIdent { id.ctime = 0; return id }
 
-// changed is when fi's file last changed: the later of its mtime and
+// ChangeTime is when fi's file last changed: the later of its mtime and
 // ctime (a chmod or link moves only ctime, which identOf compares too).
-func changed(fi os.FileInfo) time.Time {
+func ChangeTime(fi os.FileInfo) time.Time {
 	t := fi.ModTime()
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		if c := time.Unix(st.Ctim.Unix()); c.After(t) {

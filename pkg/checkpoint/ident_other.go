@@ -21,5 +21,5 @@ func identOf(fi os.FileInfo) fileIdent {
 
 func (id fileIdent) noCtime() fileIdent { return id }
 
-// changed is when fi's file last changed (its mtime: identOf's only time).
-func changed(fi os.FileInfo) time.Time { return fi.ModTime() }
+// ChangeTime is when fi's file last changed (its mtime: identOf's only time).
+func ChangeTime(fi os.FileInfo) time.Time { return fi.ModTime() }

@@ -162,7 +162,7 @@ const maxJournal = 16 << 20
 // ReadJournal loads the journal; a missing one is an empty journal.
 func ReadJournal(ctx context.Context, st cloud.Store, runID string) (*Journal, error) {
 	j := &Journal{Format: JournalFormat, RunID: runID}
-	err := readJSON(ctx, st, JournalKey, maxJournal, j)
+	err := ReadJSON(ctx, st, JournalKey, maxJournal, j)
 	if err != nil && !errors.Is(err, cloud.ErrNotExist) {
 		return nil, fmt.Errorf("journal: %w", err)
 	}

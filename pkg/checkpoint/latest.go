@@ -83,7 +83,7 @@ func readLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) 
 		return Latest{}, "", err
 	}
 	var cur Latest
-	if err := readJSON(ctx, st, LatestKey, 1<<20, &cur); err != nil {
+	if err := ReadJSON(ctx, st, LatestKey, 1<<20, &cur); err != nil {
 		if errors.Is(err, cloud.ErrNotExist) {
 			return Latest{}, "", err
 		}
@@ -102,18 +102,18 @@ func readLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) 
 
 // ReadLatest reads and parses latest.json.
 func ReadLatest(ctx context.Context, st cloud.Store) (Latest, error) {
-	l, err := readLatest(ctx, st)
+	l, err := ReadLatestSealed(ctx, st)
 	if err == nil && l.Manifest == "" { // sealed by a lease before any commit (lease.go)
 		return Latest{}, fmt.Errorf("latest: no checkpoint yet: %w", cloud.ErrNotExist)
 	}
 	return l, err
 }
 
-// readLatest is ReadLatest that also returns a latest.json a lease sealed
+// ReadLatestSealed is ReadLatest that also returns a latest.json a lease sealed
 // without a pointer (Manifest ""): its epoch still fences older sessions.
-func readLatest(ctx context.Context, st cloud.Store) (Latest, error) {
+func ReadLatestSealed(ctx context.Context, st cloud.Store) (Latest, error) {
 	var l Latest
-	if err := readJSON(ctx, st, LatestKey, 1<<20, &l); err != nil {
+	if err := ReadJSON(ctx, st, LatestKey, 1<<20, &l); err != nil {
 		return Latest{}, err
 	}
 	if l.Manifest == "" && l.Epoch > 0 {

@@ -188,7 +188,7 @@ func (l *Lease) seal(ctx context.Context) error {
 // manifest of an older epoch than cur's was committed after that epoch's
 // seal: a fenced session's, never adopted.
 func newestUnpublished(ctx context.Context, st cloud.Store, cur Latest) (*Latest, error) {
-	keys, err := listManifestKeys(ctx, st)
+	keys, err := ListManifestKeys(ctx, st)
 	if err != nil {
 		return nil, err
 	}
@@ -196,9 +196,9 @@ func newestUnpublished(ctx context.Context, st cloud.Store, cur Latest) (*Latest
 	if cur.Manifest != "" {
 		floor = cur.PointsAt()
 	}
-	keys = slices.DeleteFunc(keys, func(k string) bool { return stepOf(dirOf(k)) <= floor })
+	keys = slices.DeleteFunc(keys, func(k string) bool { return StepOf(DirOf(k)) <= floor })
 	slices.SortFunc(keys, func(a, b string) int {
-		if sa, sb := stepOf(dirOf(a)), stepOf(dirOf(b)); sa != sb {
+		if sa, sb := StepOf(DirOf(a)), StepOf(DirOf(b)); sa != sb {
 			return cmp.Compare(sb, sa)
 		}
 		return strings.Compare(b, a)

@@ -12,9 +12,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// maxManifest bounds what is read as a manifest: a checkpoint of 100,000
+// MaxManifest bounds what is read as a manifest: a checkpoint of 100,000
 // files fits well inside it.
-const maxManifest = 64 << 20
+const MaxManifest = 64 << 20
 
 // Entry is one manifest found in a store. Err is set when it could not be
 // read or does not validate; such an entry is never restored from.
@@ -34,10 +34,10 @@ func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, e
 	}
 	defer r.Close()
 	rr := &readErr{r: r}
-	lr := &io.LimitedReader{R: rr, N: maxManifest + 1}
+	lr := &io.LimitedReader{R: rr, N: MaxManifest + 1}
 	m, err := decodeManifest(lr)
 	if lr.N <= 0 {
-		return nil, badManifest{fmt.Errorf("read %s: larger than %d bytes", key, maxManifest)}
+		return nil, badManifest{fmt.Errorf("read %s: larger than %d bytes", key, MaxManifest)}
 	}
 	if rr.err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, rr.err) // the store's failure, not the manifest's
@@ -152,20 +152,20 @@ func decodeManifest(r io.Reader) (*Manifest, error) {
 // (highest step, then latest created). Unreadable manifests are included
 // with Err set so that callers can report them.
 func ListManifests(ctx context.Context, st cloud.Store) ([]Entry, error) {
-	keys, err := listManifestKeys(ctx, st)
+	keys, err := ListManifestKeys(ctx, st)
 	if err != nil {
 		return nil, err
 	}
 	return readManifests(ctx, st, keys)
 }
 
-// listManifestKeys lists the keys of every manifest under checkpoints/
+// ListManifestKeys lists the keys of every manifest under checkpoints/
 // without reading them.
-func listManifestKeys(ctx context.Context, st cloud.Store) ([]string, error) {
+func ListManifestKeys(ctx context.Context, st cloud.Store) ([]string, error) {
 	var keys []string
-	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		rest := strings.TrimPrefix(o.Key, prefixDir)
-		if dir, name, ok := strings.Cut(rest, "/"); ok && dir != "" && name == manifestObj {
+	err := st.List(ctx, CheckpointsDir, func(o cloud.ObjectInfo) error {
+		rest := strings.TrimPrefix(o.Key, CheckpointsDir)
+		if dir, name, ok := strings.Cut(rest, "/"); ok && dir != "" && name == ManifestName {
 			keys = append(keys, o.Key)
 		}
 		return nil
@@ -186,12 +186,12 @@ func readManifests(ctx context.Context, st cloud.Store, keys []string) ([]Entry,
 		}
 		entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
 	}
-	sort.SliceStable(entries, func(i, j int) bool { return newer(entries[i], entries[j]) })
+	sort.SliceStable(entries, func(i, j int) bool { return Newer(entries[i], entries[j]) })
 	return entries, nil
 }
 
-// newer orders entries newest first; broken ones last, by key.
-func newer(a, b Entry) bool {
+// Newer orders entries newest first; broken ones last, by key.
+func Newer(a, b Entry) bool {
 	if (a.Err == nil) != (b.Err == nil) {
 		return a.Err == nil
 	}
@@ -219,12 +219,12 @@ type Incomplete struct {
 func ListIncomplete(ctx context.Context, st cloud.Store) ([]Incomplete, error) {
 	partKeys := map[string][]string{}
 	hasManifest := map[string]bool{}
-	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		d := dirOf(o.Key)
+	err := st.List(ctx, CheckpointsDir, func(o cloud.ObjectInfo) error {
+		d := DirOf(o.Key)
 		switch rest := strings.TrimPrefix(o.Key, d); {
-		case rest == manifestObj:
+		case rest == ManifestName:
 			hasManifest[d] = true
-		case strings.HasPrefix(rest, partsDir) && strings.HasSuffix(rest, ".json"):
+		case strings.HasPrefix(rest, PartsDir) && strings.HasSuffix(rest, ".json"):
 			partKeys[d] = append(partKeys[d], o.Key)
 		}
 		return nil
@@ -237,10 +237,10 @@ func ListIncomplete(ctx context.Context, st cloud.Store) ([]Incomplete, error) {
 		if hasManifest[d] {
 			continue
 		}
-		in := Incomplete{Step: stepOf(d)}
-		_, in.ID, _ = strings.Cut(strings.TrimSuffix(strings.TrimPrefix(d, prefixDir), "/"), "-")
+		in := Incomplete{Step: StepOf(d)}
+		_, in.ID, _ = strings.Cut(strings.TrimSuffix(strings.TrimPrefix(d, CheckpointsDir), "/"), "-")
 		for _, k := range keys {
-			p, err := readPart(ctx, st, k)
+			p, err := ReadPart(ctx, st, k)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

@@ -18,7 +18,7 @@ import (
 // handles, never by path: a trainer that swaps a directory for a symlink
 // between two calls cannot make the agent read, write or delete outside.
 // os.Root alone keeps every operation below its directory but follows
-// symlinks that stay inside it; OpenDir and openRegular also refuse those,
+// symlinks that stay inside it; OpenDir and OpenScanned also refuse those,
 // by comparing what they opened with what the name is (Lstat).
 
 // OpenDir opens the directory rel below parent ("/"- or
@@ -77,16 +77,16 @@ func openChildDir(r *os.Root, name string) (*os.Root, error) {
 	return sub, nil
 }
 
-// openRegular opens the regular file rel below root for reading without
+// OpenScanned opens the regular file rel below root for reading without
 // ever blocking in open(2) (a FIFO planted there would) and refuses
 // anything else: a FIFO, a device, a socket, a symlink, or a file whose
 // size is not want (the size the scan saw).
-func openRegular(root *os.Root, rel string, want int64) (*os.File, error) {
-	fh, err := root.OpenFile(rel, os.O_RDONLY|oNonblock, 0)
+func OpenScanned(root *os.Root, rel string, want int64) (*os.File, error) {
+	fh, err := root.OpenFile(rel, os.O_RDONLY|ONonblock, 0)
 	if err != nil {
 		return nil, err
 	}
-	err = checkRegular(root, rel, fh, want)
+	err = CheckRegular(root, rel, fh, want)
 	if err != nil {
 		fh.Close()
 		return nil, err
@@ -94,7 +94,7 @@ func openRegular(root *os.Root, rel string, want int64) (*os.File, error) {
 	return fh, nil
 }
 
-func checkRegular(root *os.Root, rel string, fh *os.File, want int64) error {
+func CheckRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 	info, err := fh.Stat()
 	if err != nil {
 		return err
@@ -146,12 +146,12 @@ func checkOwner(root *os.Root, rel string, info fs.FileInfo) error {
 	if !ok {
 		return nil
 	}
-	return ownedBy(rel, info, v.([]int))
+	return CheckOwnedBy(rel, info, v.([]int))
 }
 
-// ownedBy checks that the file rel (info: its fstat) is owned by one of
+// CheckOwnedBy checks that the file rel (info: its fstat) is owned by one of
 // uids and has a single link.
-func ownedBy(rel string, info fs.FileInfo, uids []int) error {
+func CheckOwnedBy(rel string, info fs.FileInfo, uids []int) error {
 	st, ok := info.Sys().(*syscall.Stat_t)
 	if !ok {
 		return nil
@@ -224,7 +224,7 @@ func WriteFile(root *os.Root, name string, data []byte, perm os.FileMode) error 
 	rand.Read(b[:])
 	dir, base := filepath.Split(name)
 	tmp := filepath.Join(dir, "."+base+".tmp-"+hex.EncodeToString(b[:]))
-	fh, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, perm)
+	fh, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|ONoFollow, perm)
 	if err != nil {
 		return err
 	}
@@ -239,4 +239,22 @@ func WriteFile(root *os.Root, name string, data []byte, perm os.FileMode) error 
 		root.Remove(tmp)
 	}
 	return err
+}
+
+// MkdirTemp creates a new directory prefix+random below root (0700) and
+// returns its name: os.MkdirTemp through a root.
+func MkdirTemp(root *os.Root, prefix string) (string, error) {
+	for range 100 {
+		var b [6]byte
+		rand.Read(b[:])
+		name := prefix + hex.EncodeToString(b[:])
+		err := root.Mkdir(name, 0o700)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
 }

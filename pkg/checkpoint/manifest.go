@@ -20,10 +20,10 @@ const Format = "spotagent.checkpoint/v1"
 
 // Store keys, relative to the store root.
 const (
-	LatestKey   = "latest.json"
-	JournalKey  = "journal.json"
-	prefixDir   = "checkpoints/"
-	manifestObj = "manifest.json"
+	LatestKey      = "latest.json"
+	JournalKey     = "journal.json"
+	CheckpointsDir = "checkpoints/"
+	ManifestName   = "manifest.json"
 )
 
 // Manifest describes one committed checkpoint. It is written only after
@@ -84,7 +84,7 @@ type Latest struct {
 // hand-edited latest.json can get wrong (a step too high would otherwise
 // keep every later commit from moving it). l.Step when the key names none.
 func (l Latest) PointsAt() int64 {
-	if s := stepOf(dirOf(l.Manifest)); s >= 0 {
+	if s := StepOf(DirOf(l.Manifest)); s >= 0 {
 		return s
 	}
 	return l.Step
@@ -92,11 +92,11 @@ func (l Latest) PointsAt() int64 {
 
 // Prefix returns the store prefix of a checkpoint, ending in "/".
 func Prefix(step int64, id string) string {
-	return fmt.Sprintf("%s%012d-%s/", prefixDir, step, id)
+	return fmt.Sprintf("%s%012d-%s/", CheckpointsDir, step, id)
 }
 
 // ManifestKey returns the key of a checkpoint's manifest.
-func ManifestKey(step int64, id string) string { return Prefix(step, id) + manifestObj }
+func ManifestKey(step int64, id string) string { return Prefix(step, id) + ManifestName }
 
 // Bytes is the sum of the file sizes.
 func (m *Manifest) Bytes() int64 {
@@ -119,16 +119,16 @@ func (m *Manifest) Validate() error {
 	if m.Step < 0 {
 		return fmt.Errorf("negative step %d", m.Step)
 	}
-	if err := validateFiles(m.Files); err != nil {
+	if err := ValidateFiles(m.Files); err != nil {
 		return err
 	}
 	return m.validateParts()
 }
 
-// validateFiles checks each file's path, key, size and checksum, and that
+// ValidateFiles checks each file's path, key, size and checksum, and that
 // the files of one part (files with the same Part) can be laid out on disk:
 // no path twice, no path that is also another's directory.
-func validateFiles(files []File) error {
+func ValidateFiles(files []File) error {
 	seen := make(map[string]bool, len(files))
 	for _, f := range files {
 		if err := SafeRel(f.Path); err != nil {

@@ -15,10 +15,10 @@ import (
 // objects (manifests, latest.json, the journal, part manifests, leases)
 // every other file uses.
 
-// putOnce writes body at key unless the key exists. A retried write whose
+// PutOnce writes body at key unless the key exists. A retried write whose
 // first attempt succeeded reports ErrPrecondition: reading the object back
 // tells that case apart from a real clash.
-func putOnce(ctx context.Context, st cloud.Store, key string, body []byte) error {
+func PutOnce(ctx context.Context, st cloud.Store, key string, body []byte) error {
 	err := st.Put(ctx, key, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
 	if !errors.Is(err, cloud.ErrPrecondition) {
 		return err
@@ -35,8 +35,8 @@ func putOnce(ctx context.Context, st cloud.Store, key string, body []byte) error
 	return err
 }
 
-// readJSON reads a small JSON object, refusing anything over limit bytes.
-func readJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
+// ReadJSON reads a small JSON object, refusing anything over limit bytes.
+func ReadJSON(ctx context.Context, st cloud.Store, key string, limit int64, v any) error {
 	b, err := ReadSmall(ctx, st, key, limit)
 	if err != nil {
 		return err

@@ -4,7 +4,7 @@ package checkpoint
 
 // No FIFOs to guard against here; os.Root still refuses escapes.
 const (
-	oNonblock  = 0
+	ONonblock  = 0
 	oDirectory = 0
-	oNoFollow  = 0
+	ONoFollow  = 0
 )

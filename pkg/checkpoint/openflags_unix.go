@@ -8,7 +8,7 @@ import "syscall"
 // FIFO would), open a directory only if it is one, and never follow a
 // symlink at the final name when creating.
 const (
-	oNonblock  = syscall.O_NONBLOCK
+	ONonblock  = syscall.O_NONBLOCK
 	oDirectory = syscall.O_DIRECTORY
-	oNoFollow  = syscall.O_NOFOLLOW
+	ONoFollow  = syscall.O_NOFOLLOW
 )

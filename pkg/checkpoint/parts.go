@@ -33,8 +33,8 @@ import (
 // partFormat names the part manifest schema.
 const partFormat = "spotagent.part/v1"
 
-// partsDir holds the part manifests of a job checkpoint.
-const partsDir = "parts/"
+// PartsDir holds the part manifests of a job checkpoint.
+const PartsDir = "parts/"
 
 // ErrIncomplete means a job checkpoint's parts did not all arrive before
 // the commit's context ended: no manifest, nothing restorable.
@@ -80,15 +80,15 @@ type PartManifest struct {
 // PartPrefix is the store prefix of one part's data objects, ending in "/".
 func PartPrefix(step int64, id, node string) string { return Prefix(step, id) + node + "/" }
 
-// partKey is the key of one part's manifest.
-func partKey(step int64, id, node string) string {
-	return Prefix(step, id) + partsDir + node + ".json"
+// PartKey is the key of one part's manifest.
+func PartKey(step int64, id, node string) string {
+	return Prefix(step, id) + PartsDir + node + ".json"
 }
 
 // validNode accepts a part name that cannot clash with the other names in
 // a checkpoint's prefix.
 func validNode(node string) bool {
-	return ValidID(node) && node != strings.TrimSuffix(partsDir, "/") && node != manifestObj
+	return ValidID(node) && node != strings.TrimSuffix(PartsDir, "/") && node != ManifestName
 }
 
 // Validate checks a PartSpec before anything is uploaded.
@@ -144,7 +144,7 @@ func (p *PartManifest) Validate() error {
 			return fmt.Errorf("part %s: file %q names part %q", p.Node, f.Path, f.Part)
 		}
 	}
-	return validateFiles(p.Files)
+	return ValidateFiles(p.Files)
 }
 
 // validateParts checks a job manifest's parts: every file belongs to a
@@ -262,14 +262,14 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 	if err != nil {
 		return nil, err
 	}
-	key := partKey(req.Step, req.ID, req.Part.Node)
+	key := PartKey(req.Step, req.ID, req.Part.Node)
 	if c.PartLease != nil {
 		// A newer copy of this node exists: its parts are the node's.
 		if err := c.PartLease.Check(ctx); err != nil {
 			return nil, fmt.Errorf("write part: %w", err)
 		}
 	}
-	if err := putOnce(ctx, c.Store, key, body); err != nil {
+	if err := PutOnce(ctx, c.Store, key, body); err != nil {
 		if errors.Is(err, cloud.ErrPrecondition) {
 			return nil, fmt.Errorf("write part: %s exists, written by another agent: %w", key, ErrPartsDisagree)
 		}
@@ -357,7 +357,7 @@ var partsSleep = retry.Sleep
 // 1 s) until the parts cover every rank of own's world exactly once, and
 // returns the job manifest they make. ctx ending first: ErrIncomplete.
 func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartManifest) (*Manifest, error) {
-	cache := map[string]*PartManifest{partKey(own.Step, own.ID, own.Node): own}
+	cache := map[string]*PartManifest{PartKey(own.Step, own.ID, own.Node): own}
 	_, missing, _ := joinParts(own, []*PartManifest{own}) // until the first listing
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		parts, err := readParts(ctx, c.Store, own.Step, own.ID, cache)
@@ -382,7 +382,7 @@ func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *PartMa
 // readParts lists parts/ of checkpoint (step, id) and reads the part
 // manifests not in cache (they are written once: a read is final).
 func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache map[string]*PartManifest) ([]*PartManifest, error) {
-	dir := Prefix(step, id) + partsDir
+	dir := Prefix(step, id) + PartsDir
 	var keys []string
 	err := st.List(ctx, dir, func(o cloud.ObjectInfo) error {
 		if rest := strings.TrimPrefix(o.Key, dir); strings.HasSuffix(rest, ".json") && !strings.Contains(rest, "/") {
@@ -397,7 +397,7 @@ func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache
 	for _, k := range keys {
 		p := cache[k]
 		if p == nil {
-			p, err = readPart(ctx, st, k)
+			p, err = ReadPart(ctx, st, k)
 			if errors.Is(err, cloud.ErrNotExist) {
 				continue // deleted since the listing (retention)
 			}
@@ -411,11 +411,11 @@ func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache
 	return parts, nil
 }
 
-// readPart reads and validates a part manifest. One that does not parse,
+// ReadPart reads and validates a part manifest. One that does not parse,
 // validate or belong at its key is ErrPartsDisagree.
-func readPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, error) {
+func ReadPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, error) {
 	var p PartManifest
-	if err := readJSON(ctx, st, key, maxManifest, &p); err != nil {
+	if err := ReadJSON(ctx, st, key, MaxManifest, &p); err != nil {
 		var syn *json.SyntaxError
 		var typ *json.UnmarshalTypeError
 		if errors.As(err, &syn) || errors.As(err, &typ) {
@@ -426,7 +426,7 @@ func readPart(ctx context.Context, st cloud.Store, key string) (*PartManifest, e
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("part %s: %w: %w", key, ErrPartsDisagree, err)
 	}
-	if want := partKey(p.Step, p.ID, p.Node); want != key {
+	if want := PartKey(p.Step, p.ID, p.Node); want != key {
 		return nil, fmt.Errorf("part %s: names step %d id %s node %s, which belong at %s: %w", key, p.Step, p.ID, p.Node, want, ErrPartsDisagree)
 	}
 	return &p, nil
@@ -490,7 +490,7 @@ func joinParts(own *PartManifest, parts []*PartManifest) (*Manifest, []int, erro
 // agents of the job may have uploads in flight under their own parts.
 func PartCleanup(node string) cloud.CleanupOptions {
 	return cloud.CleanupOptions{Owned: func(key string) bool {
-		rest, ok := strings.CutPrefix(key, prefixDir)
+		rest, ok := strings.CutPrefix(key, CheckpointsDir)
 		if !ok {
 			return false
 		}
@@ -542,7 +542,7 @@ func selectFiles(m *Manifest, part string, log *zap.Logger) (*Manifest, []string
 			continue
 		}
 		if prev, ok := byPath[f.Path]; ok {
-			if !prev.sameContent(f) {
+			if !prev.SameContent(f) {
 				return nil, nil, fmt.Errorf("%q in parts %s and %s: %w", f.Path, prev.Part, f.Part, ErrPathClash)
 			}
 			continue
@@ -561,7 +561,7 @@ func selectFiles(m *Manifest, part string, log *zap.Logger) (*Manifest, []string
 		flat[i] = f
 		flat[i].Part = ""
 	}
-	if err := validateFiles(flat); err != nil {
+	if err := ValidateFiles(flat); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrPathClash, err)
 	}
 	return &view, parts, nil
@@ -588,7 +588,7 @@ func checkParts(ctx context.Context, st cloud.Store, m, view *Manifest) error {
 				return fmt.Errorf("part %s: %s: %w", f.Part, f.Path, err)
 			}
 			if info.Size != f.Size {
-				return fmt.Errorf("part %s: %s: %w", f.Part, f.Path, sizeMismatch(info.Size, f.Size))
+				return fmt.Errorf("part %s: %s: %w", f.Part, f.Path, SizeMismatch(info.Size, f.Size))
 			}
 			return nil
 		})

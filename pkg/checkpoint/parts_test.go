@@ -76,7 +76,7 @@ type manifestWrites struct {
 
 func (s *manifestWrites) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	err := s.Store.Put(ctx, key, r, size, o)
-	if err == nil && strings.HasSuffix(key, "/"+manifestObj) {
+	if err == nil && strings.HasSuffix(key, "/"+ManifestName) {
 		s.n.Add(1)
 	}
 	return err
@@ -138,7 +138,7 @@ func TestCommitParts_Missing(t *testing.T) {
 		if _, err := st.Stat(t.Context(), ManifestKey(20, "bbbbbbbbbbbb")); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("manifest of the incomplete checkpoint: %v", err)
 		}
-		if _, err := st.Stat(t.Context(), partKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
+		if _, err := st.Stat(t.Context(), PartKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
 			t.Fatalf("the part is gone: %v", err)
 		}
 		for _, p := range []string{"", "node-0", "node-1"} {
@@ -247,13 +247,13 @@ func TestCommitParts_Disagree(t *testing.T) {
 		t.Run("part claiming another step", func(t *testing.T) {
 			// A part manifest copied under another checkpoint's prefix.
 			commitParts(t, short(t), st, 5, id, twoNodes[1])
-			rc, err := st.Get(t.Context(), partKey(5, id, "node-1"), 0, -1)
+			rc, err := st.Get(t.Context(), PartKey(5, id, "node-1"), 0, -1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			body, _ := io.ReadAll(rc)
 			rc.Close()
-			put(t, st, partKey(6, id, "node-1"), string(body))
+			put(t, st, PartKey(6, id, "node-1"), string(body))
 			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
 			if !errors.Is(errs[0], ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
@@ -496,7 +496,7 @@ func TestPrune_PartsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	left := map[string]int{}
-	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
 	// 15 is above the oldest checkpoint kept: it may be a job checkpoint
 	// still being assembled (after a rollback past a newer damaged one).
 	want := map[string]int{
@@ -513,7 +513,7 @@ func TestPrune_PartsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	left = map[string]int{}
-	st.List(t.Context(), prefixDir, func(o cloud.ObjectInfo) error { left[dirOf(o.Key)]++; return nil })
+	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
 	want = map[string]int{Prefix(20, "dddddddddddd"): 7, Prefix(30, "eeeeeeeeeeee"): 3, Prefix(40, "ffffffffffff"): 7}
 	if fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Fatalf("after a newer commit: left %v, want %v", left, want)
@@ -585,7 +585,7 @@ type landsThenFails struct{ cloud.Store }
 
 func (s *landsThenFails) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	err := s.Store.Put(ctx, key, r, size, o)
-	if err == nil && strings.Contains(key, "/"+partsDir) {
+	if err == nil && strings.Contains(key, "/"+PartsDir) {
 		return context.DeadlineExceeded
 	}
 	return err

@@ -48,7 +48,7 @@ type Pipeline struct {
 	scored bool
 	early  bool      // the choice
 	born   time.Time // first file reported saved
-	p      *progress
+	p      *Progress
 	log    *zap.Logger
 
 	mu    sync.Mutex
@@ -66,7 +66,7 @@ type pipedFile struct {
 	rel   string
 	key   string
 	size  int64
-	ident fileIdent // after the upload
+	ident FileIdent // after the upload
 	racy  bool
 	sum   string
 	err   error // nil: uploaded, and unchanged while read
@@ -98,7 +98,7 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 	p := &Pipeline{
 		c: c, root: root, prefix: Prefix(max(step, 0), id), parent: parent, ctx: ctx, cancel: cancel,
 		sem: make(chan struct{}, c.concurrency()), lazy: c.Gate != nil,
-		files: map[string]*pipedFile{}, p: &progress{start: time.Now()},
+		files: map[string]*pipedFile{}, p: &Progress{Start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
 	}
 	if !p.lazy {
@@ -150,16 +150,16 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 	if _, dup := p.files[rel]; dup {
 		return fmt.Errorf("%s: %w", rel, ErrDuplicate)
 	}
-	fh, err := p.root.OpenFile(rel, os.O_RDONLY|oNonblock|oNoFollow, 0)
+	fh, err := p.root.OpenFile(rel, os.O_RDONLY|ONonblock|ONoFollow, 0)
 	if err != nil {
 		return err
 	}
 	info, err := fh.Stat()
 	if err == nil {
-		err = checkRegular(p.root, rel, fh, info.Size())
+		err = CheckRegular(p.root, rel, fh, info.Size())
 	}
 	if err == nil && len(owners) > 0 {
-		if err = ownedBy(rel, info, owners); err != nil {
+		if err = CheckOwnedBy(rel, info, owners); err != nil {
 			p.refused = err
 			p.cancel()
 		}
@@ -204,7 +204,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 	// done to prove it did not: waiting out the rest of the window (a
 	// trainer reports saved right after its last write) costs less. It is
 	// waited before taking an upload slot, which it would hold idle.
-	if d := time.Until(changed(before).Add(racyWindow)); d > 0 && d <= racyWindow {
+	if d := time.Until(ChangeTime(before).Add(racyWindow)); d > 0 && d <= racyWindow {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -222,21 +222,21 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		return
 	}
 	opened := time.Now()
-	ur := newUploadReader(fh, f.size, p.p)
+	ur := NewUploadReader(fh, f.size, p.p)
 	if err := p.c.Store.Put(p.ctx, f.key, ur, f.size, cloud.PutOptions{}); err != nil {
 		f.err = err
 		return
 	}
-	n, sum := ur.result()
+	n, sum := ur.Result()
 	after, err := fh.Stat()
 	switch {
 	case err != nil:
 		f.err = err
-	case n != f.size || identOf(after) != identOf(before):
+	case n != f.size || IdentOf(after) != IdentOf(before):
 		f.err = errors.New("file changed while it was uploaded")
 	}
-	f.ident = identOf(after)
-	f.racy = !changed(after).Before(opened.Add(-racyWindow))
+	f.ident = IdentOf(after)
+	f.racy = !ChangeTime(after).Before(opened.Add(-racyWindow))
 	f.sum = sum
 }
 
@@ -308,7 +308,7 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 // take waits for every upload, then returns the entries that still stand
 // for the files scan found now: same identity, and for a racily-clean
 // file, the same content.
-func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File, time.Time, error) {
+func (p *Pipeline) take(ctx context.Context, files []LocalFile) (map[string]File, time.Time, error) {
 	p.mu.Lock()
 	p.used = true
 	refused := p.refused
@@ -340,24 +340,24 @@ func (p *Pipeline) take(ctx context.Context, files []localFile) (map[string]File
 }
 
 // stale says why f no longer stands for the file lf, or "".
-func (p *Pipeline) stale(f *pipedFile, lf localFile) string {
+func (p *Pipeline) stale(f *pipedFile, lf LocalFile) string {
 	info, err := p.root.Lstat(f.rel)
 	switch {
 	case err != nil:
 		return err.Error()
 	case !info.Mode().IsRegular() || lf.size != f.size:
 		return "size or type changed"
-	case identOf(info) != f.ident:
+	case IdentOf(info) != f.ident:
 		return "replaced or modified"
 	case !f.racy:
 		return ""
 	}
-	fh, err := openRegular(p.root, f.rel, f.size)
+	fh, err := OpenScanned(p.root, f.rel, f.size)
 	if err != nil {
 		return err.Error()
 	}
 	defer fh.Close()
-	h := newCRC32C()
+	h := NewCRC32C()
 	if _, err := io.Copy(h, fh); err != nil {
 		return err.Error()
 	}

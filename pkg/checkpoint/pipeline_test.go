@@ -405,7 +405,7 @@ func TestPipeline_JustWrittenReadOnce(t *testing.T) {
 	if f.err != nil || f.racy {
 		t.Fatalf("early upload err=%v racy=%v, want a clean, non-racy upload", f.err, f.racy)
 	}
-	if f.ident != identOf(fi) {
+	if f.ident != IdentOf(fi) {
 		t.Fatal("uploaded identity differs from the file's")
 	}
 	// Rewritten now (same size): mtime and ctime move, so done uploads it again.

@@ -17,18 +17,18 @@ import (
 // progressEvery is how often long transfers log their progress.
 const progressEvery = 5 * time.Second
 
-// progress counts bytes moved by several concurrent transfers and logs the
+// Progress counts bytes moved by several concurrent transfers and logs the
 // total every few seconds while it runs.
-type progress struct {
+type Progress struct {
 	done  atomic.Int64
-	total int64
-	start time.Time
+	Total int64
+	Start time.Time
 }
 
-func (p *progress) add(n int) { p.done.Add(int64(n)) }
+func (p *Progress) Add(n int) { p.done.Add(int64(n)) }
 
-// report logs until ctx ends; call it in its own goroutine.
-func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
+// Report logs until ctx ends; call it in its own goroutine.
+func (p *Progress) Report(ctx context.Context, log *zap.Logger, what string) {
 	t := time.NewTicker(progressEvery)
 	defer t.Stop()
 	for {
@@ -37,21 +37,21 @@ func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
 			return
 		case <-t.C:
 			done := p.done.Load()
-			elapsed := time.Since(p.start).Seconds()
+			elapsed := time.Since(p.Start).Seconds()
 			rate := float64(done) / elapsed
 			fields := []zap.Field{
-				zap.Int64("bytes", done), zap.Int64("total", p.total),
+				zap.Int64("bytes", done), zap.Int64("total", p.Total),
 				zap.Float64("mb_per_s", rate/1e6),
 			}
-			if rate > 0 && p.total > done {
-				fields = append(fields, zap.Duration("eta", time.Duration(float64(p.total-done)/rate*float64(time.Second)).Round(time.Second)))
+			if rate > 0 && p.Total > done {
+				fields = append(fields, zap.Duration("eta", time.Duration(float64(p.Total-done)/rate*float64(time.Second)).Round(time.Second)))
 			}
 			log.Info(what+" progress", fields...)
 		}
 	}
 }
 
-// hashChunk caps each read of a countingReader. A store fills 16 MiB part
+// hashChunk caps each read of a CountingReader. A store fills 16 MiB part
 // buffers with one io.ReadFull; read whole, the bytes have left the CPU
 // cache before sha256 (and the S3 store's CRC32C) get to them. In 256 KiB
 // steps they are hashed while still in L2. A 1 GiB commit to MinIO took
@@ -59,33 +59,33 @@ func (p *progress) report(ctx context.Context, log *zap.Logger, what string) {
 // store's CRC32C in the same pass (64 KiB steps: the same; 1 MiB: 1.6).
 const hashChunk = 256 << 10
 
-// countingReader counts and hashes what passes through it.
-type countingReader struct {
-	r io.Reader
-	h hash.Hash
-	n int64
-	p *progress
+// CountingReader counts and hashes what passes through it.
+type CountingReader struct {
+	R io.Reader
+	H hash.Hash
+	N int64
+	P *Progress
 }
 
-func (c *countingReader) Read(b []byte) (int, error) {
+func (c *CountingReader) Read(b []byte) (int, error) {
 	if len(b) > hashChunk {
 		b = b[:hashChunk]
 	}
-	n, err := c.r.Read(b)
+	n, err := c.R.Read(b)
 	if n > 0 {
-		c.h.Write(b[:n])
-		c.n += int64(n)
-		c.p.add(n)
+		c.H.Write(b[:n])
+		c.N += int64(n)
+		c.P.Add(n)
 	}
 	return n, err
 }
 
-// uploadReader is what a commit hands to Store.Put for one file: a
-// countingReader taking the file's CRC32C as the store reads it, or, for a
+// UploadReader is what a commit hands to Store.Put for one file: a
+// CountingReader taking the file's CRC32C as the store reads it, or, for a
 // store that sends straight from the file (cloud.FileSource), the CRC32C
 // that store took and had the server verify.
-type uploadReader struct {
-	countingReader
+type UploadReader struct {
+	CountingReader
 	f          *os.File
 	size       int64
 	sent       bool
@@ -93,31 +93,31 @@ type uploadReader struct {
 	progressed atomic.Int64 // what the store's Progress reported before Sent
 }
 
-var _ cloud.ProgressSource = (*uploadReader)(nil)
+var _ cloud.ProgressSource = (*UploadReader)(nil)
 
-func newUploadReader(fh *os.File, size int64, p *progress) *uploadReader {
-	return &uploadReader{countingReader: countingReader{r: io.LimitReader(fh, size+1), h: newCRC32C(), p: p}, f: fh, size: size}
+func NewUploadReader(fh *os.File, size int64, p *Progress) *UploadReader {
+	return &UploadReader{CountingReader: CountingReader{R: io.LimitReader(fh, size+1), H: NewCRC32C(), P: p}, f: fh, size: size}
 }
 
-func (u *uploadReader) SourceFile() (*os.File, int64) { return u.f, u.size }
+func (u *UploadReader) SourceFile() (*os.File, int64) { return u.f, u.size }
 
-func (u *uploadReader) Sent(n int64, crc32c uint32) {
+func (u *UploadReader) Sent(n int64, crc32c uint32) {
 	u.sent, u.crc = true, crc32c
-	u.n += n
-	u.p.add(int(n - u.progressed.Load())) // the rest, or less after a resent request
+	u.N += n
+	u.P.Add(int(n - u.progressed.Load())) // the rest, or less after a resent request
 }
 
 // Progress counts the bytes the store has sent so far (a part, a read of
 // the request body), so that a long upload logs a steady progress.
-func (u *uploadReader) Progress(n int64) {
+func (u *UploadReader) Progress(n int64) {
 	u.progressed.Add(n)
-	u.p.add(int(n))
+	u.P.Add(int(n))
 }
 
-// result is what was uploaded: its length and CRC32C (hex).
-func (u *uploadReader) result() (int64, string) {
+// Result is what was uploaded: its length and CRC32C (hex).
+func (u *UploadReader) Result() (int64, string) {
 	if u.sent {
-		return u.n, crc32cHex(u.crc)
+		return u.N, CRC32CHex(u.crc)
 	}
-	return u.n, hex.EncodeToString(u.h.Sum(nil))
+	return u.N, hex.EncodeToString(u.H.Sum(nil))
 }

@@ -5,8 +5,8 @@ import "testing"
 // A store's progress reports move the upload's progress as they come, and
 // Sent adds only the rest: the total is the file, counted once (#41 item 5).
 func TestUploadReader_ProgressThenSent(t *testing.T) {
-	p := &progress{total: 30}
-	u := newUploadReader(nil, 30, p)
+	p := &Progress{Total: 30}
+	u := NewUploadReader(nil, 30, p)
 	u.Progress(10)
 	u.Progress(10)
 	if got := p.done.Load(); got != 20 {
@@ -16,7 +16,7 @@ func TestUploadReader_ProgressThenSent(t *testing.T) {
 	if got := p.done.Load(); got != 30 {
 		t.Fatalf("after Sent: %d bytes, want 30", got)
 	}
-	if n, _ := u.result(); n != 30 {
+	if n, _ := u.Result(); n != 30 {
 		t.Fatalf("result %d bytes, want 30", n)
 	}
 }

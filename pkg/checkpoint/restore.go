@@ -2,12 +2,10 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -30,9 +28,6 @@ var ErrNoCheckpoint = errors.New("no complete checkpoint")
 // ErrAllDamaged means checkpoints were committed but none verifies. A run
 // must not start fresh over them: a person decides.
 var ErrAllDamaged = errors.New("no committed checkpoint verifies")
-
-// ErrCorrupt marks an object whose size or checksum differs from its manifest.
-var ErrCorrupt = errors.New("checkpoint damaged")
 
 // RestoreOptions tunes Restore.
 type RestoreOptions struct {
@@ -126,7 +121,7 @@ func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destP
 		r.opts.Stall = defaultStall
 	}
 	r.st = withStall(st, r.opts.Stall)
-	keys, listErr := listManifestKeys(ctx, r.st)
+	keys, listErr := ListManifestKeys(ctx, r.st)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -176,7 +171,7 @@ type restorer struct {
 
 // readPointer reads latest.json: its pointer and epoch, if any.
 func (r *restorer) readPointer() error {
-	l, err := readLatest(r.ctx, r.st)
+	l, err := ReadLatestSealed(r.ctx, r.st)
 	switch {
 	case err == nil && l.Manifest == "": // sealed before any commit: it fences all the same
 		r.floor = l.Epoch
@@ -204,7 +199,7 @@ func (r *restorer) walk(order []string) (*Restored, bool, error) {
 		// One step at a time: usually one manifest; several of one step
 		// (two sessions) are ordered by creation, newest first.
 		j := i + 1
-		for j < len(order) && order[i] != r.pointer && order[j] != r.pointer && stepOf(dirOf(order[j])) == stepOf(dirOf(order[i])) {
+		for j < len(order) && order[i] != r.pointer && order[j] != r.pointer && StepOf(DirOf(order[j])) == StepOf(DirOf(order[i])) {
 			j++
 		}
 		group := order[i:j]
@@ -246,7 +241,7 @@ func (r *restorer) readGroup(group []string) ([]Entry, error) {
 		}
 		entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
 	}
-	sort.SliceStable(entries, func(a, b int) bool { return newer(entries[a], entries[b]) })
+	sort.SliceStable(entries, func(a, b int) bool { return Newer(entries[a], entries[b]) })
 	return entries, nil
 }
 
@@ -332,20 +327,20 @@ func restoreOrder(keys []string, pointer string, pointerStep int64, id string) [
 		if k == pointer {
 			continue
 		}
-		if id != "" && !strings.HasSuffix(strings.TrimSuffix(dirOf(k), "/"), "-"+id) {
+		if id != "" && !strings.HasSuffix(strings.TrimSuffix(DirOf(k), "/"), "-"+id) {
 			continue
 		}
 		order = append(order, k)
 	}
 	sort.Slice(order, func(i, j int) bool {
-		si, sj := stepOf(dirOf(order[i])), stepOf(dirOf(order[j]))
+		si, sj := StepOf(DirOf(order[i])), StepOf(DirOf(order[j]))
 		if si != sj {
 			return si > sj
 		}
 		return order[i] > order[j]
 	})
 	if pointer != "" {
-		at := sort.Search(len(order), func(i int) bool { return stepOf(dirOf(order[i])) <= pointerStep })
+		at := sort.Search(len(order), func(i int) bool { return StepOf(DirOf(order[i])) <= pointerStep })
 		order = slices.Insert(order, at, pointer)
 	}
 	return order
@@ -396,31 +391,13 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 	return res, nil
 }
 
-// MkdirTemp creates a new directory prefix+random below root (0700) and
-// returns its name: os.MkdirTemp through a root.
-func MkdirTemp(root *os.Root, prefix string) (string, error) {
-	for range 100 {
-		var b [6]byte
-		rand.Read(b[:])
-		name := prefix + hex.EncodeToString(b[:])
-		err := root.Mkdir(name, 0o700)
-		if err == nil {
-			return name, nil
-		}
-		if !errors.Is(err, fs.ErrExist) {
-			return "", err
-		}
-	}
-	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
-}
-
 // download fetches every file of m into dir, verifying size and checksum.
 func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, src *sources) error {
 	log := src.log
-	p := &progress{start: time.Now(), total: m.Bytes()}
+	p := &Progress{Start: time.Now(), Total: m.Bytes()}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go p.report(pctx, log, "restore")
+	go p.Report(pctx, log, "restore")
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	// No file starts more than aheadMax files after one still running:
@@ -465,7 +442,7 @@ const aheadMax = 16
 // smaller files stream through the hash in one read.
 var rangedAbove int64 = 64 << 20
 
-func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p *progress, src *sources) error {
+func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p *Progress, src *sources) error {
 	if d := path.Dir(f.Path); d != "." {
 		if err := root.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -497,7 +474,7 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 }
 
 // getVerified fetches f from the store into out in one read.
-func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *progress) error {
+func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *Progress) error {
 	r, err := st.Get(ctx, f.Key, 0, -1)
 	if err != nil {
 		return err
@@ -508,14 +485,14 @@ func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *
 
 // copyVerified copies r to out, checking what passes against f's size and
 // checksum.
-func copyVerified(out io.Writer, r io.Reader, f File, p *progress) error {
-	h, want, name := f.digest()
-	cr := &countingReader{r: io.LimitReader(r, f.Size+1), h: h, p: p}
+func copyVerified(out io.Writer, r io.Reader, f File, p *Progress) error {
+	h, want, name := f.Digest()
+	cr := &CountingReader{R: io.LimitReader(r, f.Size+1), H: h, P: p}
 	if _, err := io.Copy(out, cr); err != nil {
 		return err
 	}
-	if cr.n != f.Size {
-		return sizeMismatch(cr.n, f.Size)
+	if cr.N != f.Size {
+		return SizeMismatch(cr.N, f.Size)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
 		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
@@ -525,23 +502,23 @@ func copyVerified(out io.Writer, r io.Reader, f File, p *progress) error {
 
 // downloadRanged fetches a large object with parallel ranged reads and
 // verifies what it wrote to disk.
-func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *progress) error {
+func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *Progress) error {
 	info, err := st.Stat(ctx, f.Key)
 	if err != nil {
 		return err
 	}
 	if info.Size != f.Size {
-		return sizeMismatch(info.Size, f.Size)
+		return SizeMismatch(info.Size, f.Size)
 	}
-	cw := newCRCWriterAt(out)
-	if err := cloud.Download(ctx, st, f.Key, f.Size, cw, cloud.DownloadOptions{Progress: func(n int64) { p.add(int(n)) }}); err != nil {
+	cw := NewCRCWriterAt(out)
+	if err := cloud.Download(ctx, st, f.Key, f.Size, cw, cloud.DownloadOptions{Progress: func(n int64) { p.Add(int(n)) }}); err != nil {
 		return err
 	}
 	// The CRC32C of what was written, range by range, spares reading the
 	// file back (a copy of every byte); a sha256 manifest, or writes that
 	// did not cover the file exactly once, are verified from disk.
-	if crc, ok := cw.sum(f.Size); ok && f.CRC32C != "" {
-		if got := crc32cHex(crc); got != f.CRC32C {
+	if crc, ok := cw.Sum(f.Size); ok && f.CRC32C != "" {
+		if got := CRC32CHex(crc); got != f.CRC32C {
 			return fmt.Errorf("%w: crc32c %s, manifest says %s", ErrCorrupt, got, f.CRC32C)
 		}
 		return nil
@@ -550,10 +527,6 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 		return err
 	}
 	return f.Verify(out)
-}
-
-func sizeMismatch(got, want int64) error {
-	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
 }
 
 // verifyLocal checks the local copy dir (below parent) against the
@@ -565,7 +538,7 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 		return err
 	}
 	defer root.Close()
-	local, err := scan(root)
+	local, err := Scan(root)
 	if err != nil {
 		return err
 	}
@@ -573,7 +546,7 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 		return fmt.Errorf("%d files, manifest lists %d", len(local), len(m.Files))
 	}
 	for _, f := range m.Files {
-		fh, err := openRegular(root, f.Path, f.Size)
+		fh, err := OpenScanned(root, f.Path, f.Size)
 		if err != nil {
 			return err
 		}

@@ -72,9 +72,9 @@ type getCounter struct {
 }
 
 func (s *getCounter) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
-	if strings.HasSuffix(key, "/"+manifestObj) {
+	if strings.HasSuffix(key, "/"+ManifestName) {
 		s.manifests.Add(1)
-	} else if strings.HasPrefix(key, prefixDir) {
+	} else if strings.HasPrefix(key, CheckpointsDir) {
 		s.data.Add(1)
 	}
 	return s.Store.Get(ctx, key, off, n)

@@ -70,9 +70,9 @@ func planPrune(ctx context.Context, st cloud.Store, keep int, pin []string) (*pr
 	p := &prunePlan{sizes: map[string]int64{}, pinned: map[string]bool{}, kept: map[string]bool{},
 		keptDir: map[string]bool{}, manifestDir: map[string]bool{}, oldestKept: -1}
 	var keys []string
-	err := st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
+	err := st.List(ctx, CheckpointsDir, func(o cloud.ObjectInfo) error {
 		p.sizes[o.Key] = o.Size
-		if isManifestKey(o.Key) {
+		if IsManifestKey(o.Key) {
 			keys = append(keys, o.Key)
 		}
 		return nil
@@ -83,7 +83,7 @@ func planPrune(ctx context.Context, st cloud.Store, keep int, pin []string) (*pr
 	for _, k := range pin {
 		p.pinned[k] = true
 	}
-	if l, err := readLatest(ctx, st); err == nil {
+	if l, err := ReadLatestSealed(ctx, st); err == nil {
 		p.fence = l
 		if l.Manifest != "" {
 			p.pinned[l.Manifest] = true
@@ -92,7 +92,7 @@ func planPrune(ctx context.Context, st cloud.Store, keep int, pin []string) (*pr
 		return nil, ctx.Err()
 	}
 	for k := range p.pinned {
-		if _, listed := p.sizes[k]; !listed && isManifestKey(k) {
+		if _, listed := p.sizes[k]; !listed && IsManifestKey(k) {
 			keys = append(keys, k) // committed after the listing was taken
 		}
 	}
@@ -111,10 +111,10 @@ func (p *prunePlan) decide(entries []Entry, keep int) {
 	var later []Entry
 	n := 0
 	for _, e := range entries {
-		p.manifestDir[dirOf(e.Key)] = true
+		p.manifestDir[DirOf(e.Key)] = true
 		if e.Err != nil {
 			if errors.Is(e.Err, cloud.ErrNotExist) {
-				delete(p.manifestDir, dirOf(e.Key)) // gone since the listing
+				delete(p.manifestDir, DirOf(e.Key)) // gone since the listing
 			}
 			continue // never delete what we cannot read: a person may want it
 		}
@@ -146,7 +146,7 @@ func (p *prunePlan) decide(entries []Entry, keep int) {
 // restorable: every object of m listed with its size, and not a fenced
 // session's. What restore could pick; only these count toward --keep.
 func (p *prunePlan) restorable(m *Manifest) bool {
-	if fenced(m, p.fence) {
+	if Fenced(m, p.fence) {
 		return false
 	}
 	for _, f := range m.Files {
@@ -158,7 +158,7 @@ func (p *prunePlan) restorable(m *Manifest) bool {
 }
 
 func (p *prunePlan) keep(e Entry) {
-	p.keptDir[dirOf(e.Key)] = true
+	p.keptDir[DirOf(e.Key)] = true
 	for _, f := range e.Manifest.Files {
 		p.kept[f.Key] = true
 	}
@@ -173,21 +173,21 @@ func (p *prunePlan) deletions() []string {
 	dropDir := map[string]bool{}
 	var out []string
 	for _, e := range p.drop {
-		dropDir[dirOf(e.Key)] = true
+		dropDir[DirOf(e.Key)] = true
 		out = append(out, e.Key)
 	}
 	var orphanParts, orphanData []string
 	for _, k := range slices.Sorted(maps.Keys(p.sizes)) {
-		d := dirOf(k)
-		if p.kept[k] || p.keptDir[d] || isManifestKey(k) {
+		d := DirOf(k)
+		if p.kept[k] || p.keptDir[d] || IsManifestKey(k) {
 			continue
 		}
-		s := stepOf(d)
+		s := StepOf(d)
 		switch {
 		case dropDir[d]:
 			out = append(out, k)
 		case !p.manifestDir[d] && s >= 0 && p.oldestKept >= 0 && s < p.oldestKept:
-			if strings.HasPrefix(k, d+partsDir) {
+			if strings.HasPrefix(k, d+PartsDir) {
 				orphanParts = append(orphanParts, k)
 			} else {
 				orphanData = append(orphanData, k)
@@ -197,10 +197,10 @@ func (p *prunePlan) deletions() []string {
 	return append(append(out, orphanParts...), orphanData...)
 }
 
-// fenced reports whether restore skips m as a fenced session's under
+// Fenced reports whether restore skips m as a fenced session's under
 // latest.json l: committed under an older epoch, above the checkpoint l's
 // seal adopted (restore.go, lease.go).
-func fenced(m *Manifest, l Latest) bool {
+func Fenced(m *Manifest, l Latest) bool {
 	ptr := int64(-1)
 	if l.Manifest != "" {
 		ptr = l.PointsAt()
@@ -208,15 +208,15 @@ func fenced(m *Manifest, l Latest) bool {
 	return m.Epoch < l.Epoch && m.Step > ptr
 }
 
-// isManifestKey reports whether key is a checkpoint's manifest.
-func isManifestKey(key string) bool {
-	d := dirOf(key)
-	return d != "" && key == d+manifestObj
+// IsManifestKey reports whether key is a checkpoint's manifest.
+func IsManifestKey(key string) bool {
+	d := DirOf(key)
+	return d != "" && key == d+ManifestName
 }
 
-// dirOf returns "checkpoints/<name>/" for a key below a checkpoint.
-func dirOf(key string) string {
-	rest, ok := strings.CutPrefix(key, prefixDir)
+// DirOf returns "checkpoints/<name>/" for a key below a checkpoint.
+func DirOf(key string) string {
+	rest, ok := strings.CutPrefix(key, CheckpointsDir)
 	if !ok {
 		return ""
 	}
@@ -224,12 +224,12 @@ func dirOf(key string) string {
 	if !ok {
 		return ""
 	}
-	return prefixDir + name + "/"
+	return CheckpointsDir + name + "/"
 }
 
-// stepOf parses the step out of "checkpoints/<step:012d>-<id>/", or -1.
-func stepOf(dir string) int64 {
-	name := strings.TrimSuffix(strings.TrimPrefix(dir, prefixDir), "/")
+// StepOf parses the step out of "checkpoints/<step:012d>-<id>/", or -1.
+func StepOf(dir string) int64 {
+	name := strings.TrimSuffix(strings.TrimPrefix(dir, CheckpointsDir), "/")
 	digits, _, ok := strings.Cut(name, "-")
 	if !ok || len(digits) != 12 {
 		return -1

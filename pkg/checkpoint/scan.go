@@ -13,21 +13,21 @@ import (
 // will not upload: a symlink, a device, a socket, or a path outside it.
 var ErrRefused = errors.New("refused")
 
-// localFile is one regular file found in a checkpoint directory.
-type localFile struct {
+// LocalFile is one regular file found in a checkpoint directory.
+type LocalFile struct {
 	rel  string // "/"-separated, relative to the directory
 	size int64
 }
 
-// scan lists the regular files under root. Anything that is not a regular
+// Scan lists the regular files under root. Anything that is not a regular
 // file or a directory (symlinks included, wherever they point) refuses the
 // whole checkpoint: committing part of what the trainer meant to save would
 // be worse than committing nothing. So does a name that is not UTF-8: the
 // manifest is JSON, which would turn it into another name that no object
 // has. Directories are opened with O_NONBLOCK|O_DIRECTORY, so a FIFO
 // swapped in for one fails at once instead of blocking.
-func scan(root *os.Root) ([]localFile, error) {
-	var files []localFile
+func Scan(root *os.Root) ([]LocalFile, error) {
+	var files []LocalFile
 	if err := scanDir(root, ".", &files); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", root.Name(), err)
 	}
@@ -38,8 +38,8 @@ func scan(root *os.Root) ([]localFile, error) {
 	return files, nil
 }
 
-func scanDir(root *os.Root, dir string, files *[]localFile) error {
-	d, err := root.OpenFile(dir, os.O_RDONLY|oNonblock|oDirectory, 0)
+func scanDir(root *os.Root, dir string, files *[]LocalFile) error {
+	d, err := root.OpenFile(dir, os.O_RDONLY|ONonblock|oDirectory, 0)
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func scanDir(root *os.Root, dir string, files *[]localFile) error {
 		if !info.Mode().IsRegular() { // replaced since the listing
 			return fmt.Errorf("%s: %s is not a regular file: %w", rel, info.Mode().Type(), ErrRefused)
 		}
-		*files = append(*files, localFile{rel: rel, size: info.Size()})
+		*files = append(*files, LocalFile{rel: rel, size: info.Size()})
 	}
 	return nil
 }

@@ -401,8 +401,8 @@ func (w *simWorld) checkContent(who string, r *Restored, read func(path string) 
 func (w *simWorld) damage(ctx context.Context) {
 	var step int64 = -1
 	var obj string
-	w.st.List(ctx, prefixDir, func(o cloud.ObjectInfo) error {
-		if s := stepOf(dirOf(o.Key)); s > step && strings.HasSuffix(o.Key, ".bin") {
+	w.st.List(ctx, CheckpointsDir, func(o cloud.ObjectInfo) error {
+		if s := StepOf(DirOf(o.Key)); s > step && strings.HasSuffix(o.Key, ".bin") {
 			step, obj = s, o.Key
 		}
 		return nil
@@ -490,7 +490,7 @@ func (w *simWorld) onOp(a *storesim.Actor, op storesim.Op, ran bool, err error) 
 	// What restore answers changes only with a manifest, latest.json or a
 	// deletion (a data object is written before its manifest; leases and
 	// part manifests are not read by restore).
-	if op.Kind == storesim.OpDelete || op.Kind == storesim.OpPut && (op.Key == LatestKey || isManifestKey(op.Key)) {
+	if op.Kind == storesim.OpDelete || op.Kind == storesim.OpPut && (op.Key == LatestKey || IsManifestKey(op.Key)) {
 		w.checkLocked()
 	}
 }
@@ -601,7 +601,7 @@ func (w *simWorld) model() (cks []*simCheckpoint, latest *Latest) {
 		}
 	}
 	for k, o := range objs {
-		if !strings.HasPrefix(k, prefixDir) || !strings.HasSuffix(k, "/"+manifestObj) {
+		if !strings.HasPrefix(k, CheckpointsDir) || !strings.HasSuffix(k, "/"+ManifestName) {
 			continue
 		}
 		m, ok := w.manifests[o.Version]

@@ -62,7 +62,7 @@ func (s *sources) from() map[string]int64 {
 
 // fromTiers fills out (new, empty) with f from the first tier whose copy
 // verifies: true. false: none did, out is empty again, the store's turn.
-func (s *sources) fromTiers(ctx context.Context, out *os.File, f File, p *progress) (bool, error) {
+func (s *sources) fromTiers(ctx context.Context, out *os.File, f File, p *Progress) (bool, error) {
 	for _, t := range s.tiers {
 		rc, err := t.Open(ctx, s.m, f)
 		if err != nil {
@@ -97,12 +97,12 @@ func (s *sources) fromTiers(ctx context.Context, out *os.File, f File, p *progre
 func OpenRegular(root *os.Root, rel string, size int64) (*os.File, error) {
 	dir, base := path.Split(rel)
 	if dir == "" {
-		return openRegular(root, base, size)
+		return OpenScanned(root, base, size)
 	}
 	sub, err := OpenDir(root, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer sub.Close()
-	return openRegular(sub, base, size)
+	return OpenScanned(sub, base, size)
 }
