@@ -101,14 +101,14 @@ bench: build
 device-check:
 	scripts/device-check.sh
 
-# The store protocol by deterministic simulation (pkg/checkpoint/sim_test.go):
+# The store protocol by deterministic simulation (pkg/checkpoint/commit/sim_test.go):
 # 100,000 schedules without the race detector (test-go runs a sample under it);
 # soak-sim runs 2,000,000 (SPOTAGENT_SIM_SCHEDULES), from SPOTAGENT_SIM_FIRST.
 test-sim:
-	$(GO) test -tags '$(TAGS)' -count=1 -run 'TestSim' -v ./pkg/checkpoint
+	$(GO) test -tags '$(TAGS)' -count=1 -run 'TestSim' -v ./pkg/checkpoint/commit
 
 soak-sim:
-	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint
+	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint/commit
 
 soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
@@ -142,8 +142,8 @@ func TestCLI_Restore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "cli"}
-	if _, err := c.Commit(context.Background(), checkpoint.Request{Dir: ckpt, ID: "c42", Step: 42, Reason: "manual"}); err != nil {
+	c := &commit.Committer{Store: st, RunID: "cli"}
+	if _, err := c.Commit(context.Background(), commit.Request{Dir: ckpt, ID: "c42", Step: 42, Reason: "manual"}); err != nil {
 		t.Fatal(err)
 	}
 	store := "file://" + filepath.Join(dir, "store")

@@ -17,6 +17,7 @@ import (
 	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
@@ -138,9 +139,9 @@ func runCrashTrials(t *testing.T, st cloud.Store, store string, env []string, ro
 		found += left
 
 		dest := filepath.Join(scratch, "restore-"+strconv.Itoa(i))
-		r, err := checkpoint.Restore(ctx, st, dest, checkpoint.RestoreOptions{})
+		r, err := restore.Checkpoint(ctx, st, dest, restore.Options{})
 		switch {
-		case errors.Is(err, checkpoint.ErrNoCheckpoint) && want < 0:
+		case errors.Is(err, restore.ErrNoCheckpoint) && want < 0:
 			os.RemoveAll(dest)
 			continue // killed before the first commit of the run: nothing to restore, nothing lost
 		case err != nil:

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -158,8 +158,8 @@ func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 // step of every rank; it returns that step (-1: nothing committed).
 func checkRestorable(t *testing.T, st cloud.Store, world int) int64 {
 	t.Helper()
-	r, err := checkpoint.Restore(t.Context(), st, t.TempDir(), checkpoint.RestoreOptions{})
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+	r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{})
+	if errors.Is(err, restore.ErrNoCheckpoint) {
 		return -1
 	}
 	if err != nil {

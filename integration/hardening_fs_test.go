@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
@@ -27,10 +27,10 @@ func seedCheckpoint(t *testing.T, storeDir string, step int64) {
 	if err := os.WriteFile(filepath.Join(src, "w"), []byte("weights"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "hostile"}
+	c := &commit.Committer{Store: st, RunID: "hostile"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.Commit(ctx, checkpoint.Request{Dir: src, ID: "seed", Step: step, Reason: "periodic"}); err != nil {
+	if _, err := c.Commit(ctx, commit.Request{Dir: src, ID: "seed", Step: step, Reason: "periodic"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -25,6 +25,8 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -66,7 +68,7 @@ func runVictim(raw string) int {
 		fmt.Fprintln(os.Stderr, "victim:", err)
 		return 2
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "crash"}
+	c := &commit.Committer{Store: st, RunID: "crash"}
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, "ready")
 	out.Flush()
@@ -77,7 +79,7 @@ func runVictim(raw string) int {
 			fmt.Fprintln(os.Stderr, "victim:", err)
 			return 2
 		}
-		if _, err := c.Commit(ctx, checkpoint.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
+		if _, err := c.Commit(ctx, commit.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
 			fmt.Fprintln(os.Stderr, "victim: commit:", err)
 			return 3
 		}
@@ -319,9 +321,9 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 // readJournal reads journal.json straight from a store.
-func readJournal(t *testing.T, st cloud.Store) *checkpoint.Journal {
+func readJournal(t *testing.T, st cloud.Store) *journal.Journal {
 	t.Helper()
-	j, err := checkpoint.ReadJournal(context.Background(), st, "")
+	j, err := journal.Read(context.Background(), st, "")
 	if err != nil {
 		t.Fatal(err)
 	}

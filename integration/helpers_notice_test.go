@@ -17,6 +17,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -86,9 +87,9 @@ func openTestStore(t *testing.T, uri string, opts all.Options) cloud.Store {
 }
 
 // noticeJournal reads journal.json from the store.
-func noticeJournal(t *testing.T, st cloud.Store) *checkpoint.Journal {
+func noticeJournal(t *testing.T, st cloud.Store) *journal.Journal {
 	t.Helper()
-	j, err := checkpoint.ReadJournal(t.Context(), st, "it")
+	j, err := journal.Read(t.Context(), st, "it")
 	if err != nil {
 		t.Fatalf("read journal: %v", err)
 	}
@@ -96,7 +97,7 @@ func noticeJournal(t *testing.T, st cloud.Store) *checkpoint.Journal {
 }
 
 // oneInterruption returns the journal's only interruption.
-func oneInterruption(t *testing.T, j *checkpoint.Journal) checkpoint.Interruption {
+func oneInterruption(t *testing.T, j *journal.Journal) journal.Interruption {
 	t.Helper()
 	if got, want := len(j.Interruptions), 1; got != want {
 		t.Fatalf("journal has %d interruptions, want %d: %+v", got, want, j.Interruptions)
@@ -115,7 +116,7 @@ func readLatestPointer(t *testing.T, st cloud.Store) checkpoint.Latest {
 
 // committedBeforeDeadline checks the journal says the interruption
 // checkpoint committed, and before the notice's deadline.
-func committedBeforeDeadline(t *testing.T, in checkpoint.Interruption) {
+func committedBeforeDeadline(t *testing.T, in journal.Interruption) {
 	t.Helper()
 	if !in.CommitOK || in.Committed == nil {
 		t.Fatalf("interruption not committed: %+v", in)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
@@ -153,9 +154,9 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 		t.Fatalf("report exit %d: %s", code, errOut)
 	}
 	rep := parseReport(t, out)
-	if rep.Interruptions != 0 || rep.Seconds[checkpoint.BucketLost] != 0 {
+	if rep.Interruptions != 0 || rep.Seconds[journal.BucketLost] != 0 {
 		t.Errorf("report: %d interruptions, %.1f s lost after a clean finish, want 0 and 0:\n%s",
-			rep.Interruptions, rep.Seconds[checkpoint.BucketLost], out)
+			rep.Interruptions, rep.Seconds[journal.BucketLost], out)
 	}
 }
 

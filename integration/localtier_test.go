@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // TestRun_RestoreFromLocal (#38 items 1 and 3): a real trainer under
@@ -66,7 +66,7 @@ func TestRun_RestoreFromLocal(t *testing.T) {
 	}
 	sameFile(t, filepath.Join(dir, "out.json"), filepath.Join(dir, "ref.json"))
 
-	j, err := checkpoint.ReadJournal(t.Context(), fs.direct, "it")
+	j, err := journal.Read(t.Context(), fs.direct, "it")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -175,7 +176,7 @@ func TestPipeline_ModifiedAfterSaved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := checkpoint.Restore(context.Background(), st, t.TempDir(), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +217,7 @@ func TestPipeline_AgentKilledMidPipeline(t *testing.T) {
 	if early == 0 {
 		t.Fatal("no early upload in the store: the test did not kill the agent mid-pipeline")
 	}
-	r, err := checkpoint.Restore(context.Background(), st, t.TempDir(), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

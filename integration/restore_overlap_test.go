@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
 // overlapTrainer is a real trainer on the Python client: it says when it
@@ -78,8 +78,8 @@ func newOverlapSetup(t *testing.T, name string, empty bool) *overlapSetup {
 		if err := os.WriteFile(filepath.Join(src, "state.json"), []byte(`{"step": 40}`), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		c := &checkpoint.Committer{Store: s.fs.direct, RunID: "it"}
-		if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: src, ID: "c1", Step: 40, Metadata: json.RawMessage(`{"epoch":4}`)}); err != nil {
+		c := &commit.Committer{Store: s.fs.direct, RunID: "it"}
+		if _, err := c.Commit(t.Context(), commit.Request{Dir: src, ID: "c1", Step: 40, Metadata: json.RawMessage(`{"epoch":4}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}

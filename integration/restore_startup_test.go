@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
 // TestStartup_SlowStoreCancelled: the start-up restore through the fault
@@ -40,8 +40,8 @@ func TestStartup_SlowStoreCancelled(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(src, "state.bin"), []byte(strings.Repeat("s", 8<<10)), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			c := &checkpoint.Committer{Store: fs.direct, RunID: "it"}
-			if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: src, ID: "c1", Step: 10}); err != nil {
+			c := &commit.Committer{Store: fs.direct, RunID: "it"}
+			if _, err := c.Commit(t.Context(), commit.Request{Dir: src, ID: "c1", Step: 10}); err != nil {
 				t.Fatal(err)
 			}
 			fs.proxy.Set(tc.fault)

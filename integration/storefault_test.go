@@ -18,6 +18,8 @@ import (
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
@@ -99,7 +101,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
 			fs := newFaultStores(t, backend, "retries")
-			c := &checkpoint.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
+			c := &commit.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
 			ctx := context.Background()
 			for i, f := range faults {
 				name := fmt.Sprintf("%d-%s", i, f.Mode)
@@ -118,7 +120,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 					start := time.Now()
 					cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 					defer cancel()
-					if _, err := c.Commit(cctx, checkpoint.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
+					if _, err := c.Commit(cctx, commit.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
 						t.Fatalf("commit through %s: %v", f.Mode, err)
 					}
 					injected := fs.proxy.Stats().Faults - before
@@ -129,7 +131,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 						t.Fatalf("commit took %s through a %s stall", time.Since(start), f.Stall)
 					}
 					fs.proxy.Clear()
-					r, err := checkpoint.Restore(ctx, fs.direct, t.TempDir(), checkpoint.RestoreOptions{})
+					r, err := restore.Checkpoint(ctx, fs.direct, t.TempDir(), restore.Options{})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -250,7 +252,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	if j.Stats.Failures < 1 && !failedInterruption {
 		t.Fatalf("journal does not record the failed commit: stats %+v, interruptions %+v", j.Stats, j.Interruptions)
 	}
-	r, err := checkpoint.Restore(ctx, fs.direct, filepath.Join(dir, "check"), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(ctx, fs.direct, filepath.Join(dir, "check"), restore.Options{})
 	if err != nil || r.Manifest.ID != firstID {
 		t.Fatalf("restore: %v, got %v, want %s", err, r, firstID)
 	}

@@ -22,6 +22,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -43,7 +45,7 @@ func cli(t *testing.T, args ...string) (int, string, string) {
 
 // testStore is a file store in a fresh directory holding one run: a
 // committed checkpoint (step 42, id c42) and, with journal, a journal.
-func testStore(t *testing.T, journal *checkpoint.Journal) (cloud.Store, string) {
+func testStore(t *testing.T, journal *journal.Journal) (cloud.Store, string) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "store")
 	st, err := file.New(dir)
@@ -54,8 +56,8 @@ func testStore(t *testing.T, journal *checkpoint.Journal) (cloud.Store, string) 
 	if err := os.WriteFile(filepath.Join(ckpt, "model.pt"), []byte("weights"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "exp1"}
-	if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: ckpt, ID: "c42", Step: 42, Reason: "periodic"}); err != nil {
+	c := &commit.Committer{Store: st, RunID: "exp1"}
+	if _, err := c.Commit(t.Context(), commit.Request{Dir: ckpt, ID: "c42", Step: 42, Reason: "periodic"}); err != nil {
 		t.Fatal(err)
 	}
 	if journal != nil {
@@ -64,7 +66,7 @@ func testStore(t *testing.T, journal *checkpoint.Journal) (cloud.Store, string) 
 	return st, "file://" + dir
 }
 
-func putJournal(t *testing.T, st cloud.Store, j *checkpoint.Journal) {
+func putJournal(t *testing.T, st cloud.Store, j *journal.Journal) {
 	t.Helper()
 	b, err := json.Marshal(j)
 	if err != nil {
@@ -328,15 +330,15 @@ func TestLogConfig(t *testing.T) {
 	}
 }
 
-func sampleJournal() *checkpoint.Journal {
+func sampleJournal() *journal.Journal {
 	t0 := time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)
 	end := t0.Add(time.Hour)
 	deadline := t0.Add(2 * time.Hour)
 	zero := 0
-	return &checkpoint.Journal{
+	return &journal.Journal{
 		Format: "spotagent-journal/1", RunID: "exp1",
-		Sessions: []checkpoint.Session{{Start: t0, End: &end, ExitCode: &zero}},
-		Interruptions: []checkpoint.Interruption{{Cloud: "aws", Kind: "termination", Detected: t0.Add(30 * time.Minute),
+		Sessions: []journal.Session{{Start: t0, End: &end, ExitCode: &zero}},
+		Interruptions: []journal.Interruption{{Cloud: "aws", Kind: "termination", Detected: t0.Add(30 * time.Minute),
 			Deadline: &deadline, CommitOK: false, Error: "deadline"}},
 	}
 }
@@ -357,7 +359,7 @@ func TestHistory_Rows(t *testing.T) {
 		t.Fatalf("failed row %q: want STEP and BYTES '-'\n%s", row, out)
 	}
 	at := time.Date(2026, 5, 4, 11, 0, 0, 0, time.UTC)
-	j.Restores = []checkpoint.RestoreEntry{{At: at, CheckpointID: "a1", Step: 10, Node: "node-0"}, {At: at, CheckpointID: "a1", Step: 10, Node: "node-1"}}
+	j.Restores = []journal.RestoreEntry{{At: at, CheckpointID: "a1", Step: 10, Node: "node-0"}, {At: at, CheckpointID: "a1", Step: 10, Node: "node-1"}}
 	b.Reset()
 	printJournal(&b, j)
 	if out := b.String(); !strings.Contains(out, "NODE") || !strings.Contains(out, "node-0") || !strings.Contains(out, "node-1") {
@@ -370,8 +372,8 @@ func TestHistory_Rows(t *testing.T) {
 func TestHistory_LostSteps(t *testing.T) {
 	for _, c := range []struct{ from, want string }{
 		{"", "(49 steps)"},
-		{checkpoint.LostFromEstimate, "(~49 steps, estimated)"},
-		{checkpoint.LostFromDir, "(at least 49 steps, seen in DIR)"},
+		{journal.LostFromEstimate, "(~49 steps, estimated)"},
+		{journal.LostFromDir, "(at least 49 steps, seen in DIR)"},
 	} {
 		j := sampleJournal()
 		j.Interruptions[0].LostSteps, j.Interruptions[0].LostStepsFrom = 49, c.from
@@ -386,7 +388,7 @@ func TestHistory_LostSteps(t *testing.T) {
 func TestReport_EndedBy(t *testing.T) {
 	j := sampleJournal()
 	j.Interruptions = nil
-	g, err := checkpoint.Account(j, time.Now())
+	g, err := journal.Account(j, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

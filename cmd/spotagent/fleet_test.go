@@ -9,6 +9,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
 	"github.com/spotagent/spotagent/pkg/fleet"
 )
@@ -34,9 +35,9 @@ func TestCmdFleet_S3(t *testing.T) {
 			t.Fatal(err)
 		}
 		end := t0.Add(time.Duration(i+1) * time.Hour)
-		w := checkpoint.NewJournalWriter(st, &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id})
-		err = w.Update(ctx, func(j *checkpoint.Journal) {
-			j.Sessions = append(j.Sessions, checkpoint.Session{Start: t0, End: &end,
+		w := journal.NewWriter(st, &journal.Journal{Format: journal.Format, RunID: id})
+		err = w.Update(ctx, func(j *journal.Journal) {
+			j.Sessions = append(j.Sessions, journal.Session{Start: t0, End: &end,
 				Instance: checkpoint.Machine{Cloud: "aws", InstanceType: "p4d.24xlarge", Zone: "us-east-1a"}})
 		})
 		st.Close()

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
@@ -24,7 +25,7 @@ func newHistoryCmd() *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.run(cmd, nil, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
-				j, err := checkpoint.ReadJournal(ctx, st, "")
+				j, err := journal.Read(ctx, st, "")
 				if err != nil {
 					return err
 				}
@@ -70,7 +71,7 @@ func printJobCheckpoints(ctx context.Context, st cloud.Store, out io.Writer) err
 
 // printJournal prints the run's summary, its interruptions and its
 // restores; a table with no rows is left out.
-func printJournal(out io.Writer, j *checkpoint.Journal) {
+func printJournal(out io.Writer, j *journal.Journal) {
 	s := j.Stats
 	fmt.Fprintf(out, "run %s: %s, %s committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
 		j.RunID, plural(len(j.Sessions), "session"), plural(s.Checkpoints, "checkpoint"), s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
@@ -149,11 +150,11 @@ func orDash(s string) string {
 
 // lostSteps says how many steps an interruption lost, and how that was
 // counted when the trainer did not report it (zero-code mode).
-func lostSteps(in checkpoint.Interruption) string {
+func lostSteps(in journal.Interruption) string {
 	switch in.LostStepsFrom {
-	case checkpoint.LostFromEstimate:
+	case journal.LostFromEstimate:
 		return fmt.Sprintf(" (~%d steps, estimated)", in.LostSteps)
-	case checkpoint.LostFromDir:
+	case journal.LostFromDir:
 		return fmt.Sprintf(" (at least %d steps, seen in DIR)", in.LostSteps)
 	}
 	return fmt.Sprintf(" (%d steps)", in.LostSteps)

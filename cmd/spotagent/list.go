@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
@@ -161,15 +162,15 @@ func newRestoreCmd() *cobra.Command {
 			}
 			cs := &countingStore{Store: st}
 			stop := showProgress(cs, "restore", total, files, cmd.ErrOrStderr(), plog)
-			r, err := checkpoint.RestoreDir(ctx, cs, dest, force, checkpoint.RestoreOptions{ID: id, Log: log, Part: part})
+			r, err := restore.Dir(ctx, cs, dest, force, restore.Options{ID: id, Log: log, Part: part})
 			stop()
 			if s := caught(); s != nil && err != nil {
 				return interrupted(s, dest)
 			}
-			if errors.Is(err, checkpoint.ErrDestNotEmpty) {
+			if errors.Is(err, restore.ErrDestNotEmpty) {
 				return fmt.Errorf("%w: --force replaces its contents", err)
 			}
-			if errors.Is(err, checkpoint.ErrNoCheckpoint) && id == "" {
+			if errors.Is(err, restore.ErrNoCheckpoint) && id == "" {
 				return fmt.Errorf("%w in %s: `spotagent list --store %s` shows what it holds", err, st.URI(""), o.uri)
 			}
 			if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -25,8 +26,8 @@ func commitPart(ctx context.Context, t *testing.T, st cloud.Store, step int64, i
 			t.Fatal(err)
 		}
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "run"}
-	_, err := c.Commit(ctx, checkpoint.Request{Dir: dir, ID: id, Step: step, Reason: "periodic",
+	c := &commit.Committer{Store: st, RunID: "run"}
+	_, err := c.Commit(ctx, commit.Request{Dir: dir, ID: id, Step: step, Reason: "periodic",
 		Part: &checkpoint.PartSpec{Node: node, Ranks: ranks, WorldSize: 4}})
 	return err
 }
@@ -47,7 +48,7 @@ func TestPrintCheckpoints_Parts(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if err := commitPart(short, t, st, 20, "bbbbbbbbbbbb", "node-1", 2, 3); !errors.Is(err, checkpoint.ErrIncomplete) {
+	if err := commitPart(short, t, st, 20, "bbbbbbbbbbbb", "node-1", 2, 3); !errors.Is(err, commit.ErrIncomplete) {
 		t.Fatalf("err=%v", err)
 	}
 	entries, err := checkpoint.ListManifests(ctx, st)

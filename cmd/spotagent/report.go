@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
@@ -62,14 +63,14 @@ func newReportCmd() *cobra.Command {
 	}
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		return o.run(cmd, check, func(ctx context.Context, st cloud.Store, _ *zap.Logger) error {
-			j, damage, err := checkpoint.ReadJournalSalvage(ctx, st)
+			j, damage, err := journal.ReadSalvage(ctx, st)
 			if errors.Is(err, cloud.ErrNotExist) {
 				return fmt.Errorf("no run journal in %s", st.URI(""))
 			}
 			if err != nil {
 				return err
 			}
-			g, err := checkpoint.Account(j, time.Now())
+			g, err := journal.Account(j, time.Now())
 			if err != nil {
 				if len(damage) > 0 {
 					return fmt.Errorf("%s in %s is damaged and %w: %s", checkpoint.JournalKey, st.URI(""), err, strings.Join(damage, "; "))
@@ -118,9 +119,9 @@ func newReportCmd() *cobra.Command {
 }
 
 type reportJSON struct {
-	*checkpoint.Goodput
-	Money  *checkpoint.Money `json:"money,omitempty"`
-	Advice *simulate.Advice  `json:"advice,omitempty"`
+	*journal.Goodput
+	Money  *journal.Money   `json:"money,omitempty"`
+	Advice *simulate.Advice `json:"advice,omitempty"`
 	// NoticePromise: whether a notice checkpoint of the newest measured
 	// size commits within each cloud's notice (--margin kept).
 	NoticePromise *supervisor.PromiseStatus `json:"notice_promise,omitempty"`
@@ -135,8 +136,8 @@ type reportJSON struct {
 const noteIntervalDefault = "the run's journal does not record its --interval: \"report's --interval\" above is report's default, auto; pass report --interval as the run had it"
 
 // writeReport prints the goodput g of the run journal j.
-func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, note string, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
-	var m *checkpoint.Money
+func writeReport(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.Advice, note string, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
+	var m *journal.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
 		m = &c
@@ -149,13 +150,13 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 	secs := func(s float64) string { return seconds(s).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "SESSION\tSTART\tINSTANCE\tWALL")
-	for _, b := range checkpoint.Buckets {
+	for _, b := range journal.Buckets {
 		fmt.Fprintf(tw, "\t%s", upper(b))
 	}
 	fmt.Fprintln(tw, "\tGOODPUT\tENDED BY\t")
 	for _, s := range g.Sessions {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s", s.Index, s.Start.Local().Format(time.DateTime), orDash(s.Instance), secs(s.Wall))
-		for _, b := range checkpoint.Buckets {
+		for _, b := range journal.Buckets {
 			fmt.Fprintf(tw, "\t%s", secs(s.Seconds[b]))
 		}
 		ended := endedBy(j, s)
@@ -168,7 +169,7 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 		fmt.Fprintf(tw, "\t%.1f %%\t%s\t\n", 100*s.Ratio(), ended)
 	}
 	fmt.Fprintf(tw, "run\t%s\t\t%s", g.Start.Local().Format(time.DateTime), secs(g.Wall))
-	for _, b := range checkpoint.Buckets {
+	for _, b := range journal.Buckets {
 		fmt.Fprintf(tw, "\t%s", secs(g.Seconds[b]))
 	}
 	fmt.Fprintf(tw, "\t%.1f %%\t\t\n", 100*g.Ratio)
@@ -180,8 +181,8 @@ func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv 
 	default:
 		fmt.Fprintf(w, "goodput %.1f %% over %s in %d session(s); %d interruption(s), %d with the notice checkpoint committed; interruptions cost %s (lost %s, restore %s, between machines %s)\n",
 			100*g.Ratio, secs(g.Wall), len(g.Sessions), g.Interruptions, g.NoticeCommits,
-			secs(g.Seconds[checkpoint.BucketLost]+g.Seconds[checkpoint.BucketRestore]+g.Seconds[checkpoint.BucketBetween]),
-			secs(g.Seconds[checkpoint.BucketLost]), secs(g.Seconds[checkpoint.BucketRestore]), secs(g.Seconds[checkpoint.BucketBetween]))
+			secs(g.Seconds[journal.BucketLost]+g.Seconds[journal.BucketRestore]+g.Seconds[journal.BucketBetween]),
+			secs(g.Seconds[journal.BucketLost]), secs(g.Seconds[journal.BucketRestore]), secs(g.Seconds[journal.BucketBetween]))
 	}
 	writeRestoreSources(w, j.Restores)
 	if m != nil {
@@ -239,7 +240,7 @@ func writeAdvice(w io.Writer, a *simulate.Advice, note string) {
 // endedBy says how a session that no interruption ended ended: finished
 // (with its exit code when not 0), or still running, or with no end
 // recorded (an agent killed outright).
-func endedBy(j *checkpoint.Journal, s checkpoint.GoodputSession) string {
+func endedBy(j *journal.Journal, s journal.GoodputSession) string {
 	if j == nil || s.Index < 1 || s.Index > len(j.Sessions) {
 		return "-"
 	}
@@ -270,7 +271,7 @@ func upper(s string) string {
 
 // reportPromise judges the journal's newest checkpoint against each
 // cloud's notice: the run's own cloud is the newest session's.
-func reportPromise(j *checkpoint.Journal, margin time.Duration) *supervisor.PromiseStatus {
+func reportPromise(j *journal.Journal, margin time.Duration) *supervisor.PromiseStatus {
 	own := schedule.CloudNotice{Cloud: "signal", Name: "a shutdown (--term-grace)", Lead: 25 * time.Second}
 	if n := len(j.Sessions); n > 0 {
 		if c, ok := schedule.NoticeFor(j.Sessions[n-1].Instance.Cloud); ok {
@@ -282,7 +283,7 @@ func reportPromise(j *checkpoint.Journal, margin time.Duration) *supervisor.Prom
 
 // writeRestoreSources says where the run's restores read their bytes
 // (#38): how many came from each source, and the bytes from each.
-func writeRestoreSources(w io.Writer, rs []checkpoint.RestoreEntry) {
+func writeRestoreSources(w io.Writer, rs []journal.RestoreEntry) {
 	count, bytes := map[string]int{}, map[string]int64{}
 	for _, r := range rs {
 		if r.From == nil {

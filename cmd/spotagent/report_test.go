@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 func TestWriteReport(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
 	end, blocked := t0.Add(time.Hour), 36.0
-	j := &checkpoint.Journal{Sessions: []checkpoint.Session{{Start: t0, End: &end, BlockedSeconds: &blocked}}}
-	g, err := checkpoint.Account(j, time.Now())
+	j := &journal.Journal{Sessions: []journal.Session{{Start: t0, End: &end, BlockedSeconds: &blocked}}}
+	g, err := journal.Account(j, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // TestHistory_RestoreSources: history and report say where each restore
@@ -14,7 +14,7 @@ import (
 func TestHistory_RestoreSources(t *testing.T) {
 	at := time.Date(2026, 5, 4, 11, 0, 0, 0, time.UTC)
 	j := sampleJournal()
-	j.Restores = []checkpoint.RestoreEntry{
+	j.Restores = []journal.RestoreEntry{
 		{At: at, CheckpointID: "a1", Step: 10, Bytes: 3 << 20, From: map[string]int64{"local": 3 << 20}},
 		{At: at, CheckpointID: "a2", Step: 20, Bytes: 3 << 20, From: map[string]int64{"local": 2 << 20, "store": 1 << 20}},
 		{At: at, CheckpointID: "a3", Step: 30, Bytes: 3 << 20}, // an older journal

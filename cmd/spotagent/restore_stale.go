@@ -73,7 +73,7 @@ func (e signalExit) code() int {
 
 // removeStaleStages removes what restores into dest that were killed or
 // interrupted left: their staging directories, named by
-// checkpoint.RestoreDir ".<dest>.restore-<digits>" beside dest, or
+// restore.Dir ".<dest>.restore-<digits>" beside dest, or
 // ".spotagent-restore-<digits>" inside a dest that is a mount point, and
 // the partial downloads in them. Only directories of this user are
 // touched, never through a symlink. A restore into the same dest running

@@ -14,7 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/idlegc"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -150,7 +150,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	}
 	defer o.openFleet(ctx, &cfg, node, log)() // docs/fleet.md
 	if node {
-		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)
+		cfg.UploadGate = commit.NewGate(o.concurrentCommits)
 		err := supervisor.RunNode(ctx, supervisor.NodeConfig{
 			StorePrefix: o.store, CheckpointRoot: o.checkpointDir, Source: src, Identity: ident, Server: srvCfg,
 			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
 )
@@ -160,7 +160,7 @@ func readTraceFile(path string) ([]simulate.Event, time.Duration, error) {
 		return nil, 0, fmt.Errorf("open trace: %w", err)
 	}
 	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
-		var j checkpoint.Journal
+		var j journal.Journal
 		if err := json.Unmarshal(t, &j); err != nil {
 			return nil, 0, fmt.Errorf("read journal %s: %w", path, err)
 		}

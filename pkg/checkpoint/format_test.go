@@ -1,4 +1,4 @@
-package checkpoint
+package checkpoint_test
 
 import (
 	"bytes"
@@ -6,22 +6,25 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // TestFormats_ByteCompatible: manifests, journals and leases written before
 // the formats owned their schema (testdata/format, written when they still
 // embedded metadata.Identity, metadata.Cloud and metadata.Kind) decode and
-// re-encode to the same bytes, as commit.go, journal.go and lease.go
+// re-encode to the same bytes, as commit, journal and lease.go
 // encode them.
 func TestFormats_ByteCompatible(t *testing.T) {
 	for _, c := range []struct {
 		file string
 		v    any
 	}{
-		{"manifest.json", &Manifest{}},
-		{"manifest_minimal.json", &Manifest{}},
-		{"journal.json", &Journal{}},
-		{"lease.json", &LeaseRecord{}},
+		{"manifest.json", &checkpoint.Manifest{}},
+		{"manifest_minimal.json", &checkpoint.Manifest{}},
+		{"journal.json", &journal.Journal{}},
+		{"lease.json", &checkpoint.LeaseRecord{}},
 	} {
 		t.Run(c.file, func(t *testing.T) {
 			old, err := os.ReadFile(filepath.Join("testdata", "format", c.file))

@@ -25,7 +25,7 @@ const latestRetries = 8
 // newer epoch is ErrFenced; sawEpoch, when set, is told that epoch.
 func writeLatest(ctx context.Context, st cloud.Store, epoch int64, sawEpoch func(int64), fn func(cur Latest, exists bool) (Latest, bool)) error {
 	for attempt := 0; ; attempt++ {
-		cur, version, err := readLatestRaw(ctx, st)
+		cur, version, err := ReadLatestRaw(ctx, st)
 		exists := err == nil
 		if err != nil && !errors.Is(err, cloud.ErrNotExist) {
 			return fmt.Errorf("read latest: %w", err)
@@ -73,11 +73,11 @@ func UpdateLatest(ctx context.Context, st cloud.Store, l Latest) error {
 	})
 }
 
-// readLatestRaw reads latest.json and the version it had: stat first, so
+// ReadLatestRaw reads latest.json and the version it had: stat first, so
 // that a write landing between stat and read makes the later if-version
 // write fail rather than overwrite something never read. A latest.json
 // that does not parse counts as epoch 0 with no pointer.
-func readLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) {
+func ReadLatestRaw(ctx context.Context, st cloud.Store) (Latest, string, error) {
 	info, err := st.Stat(ctx, LatestKey)
 	if err != nil {
 		return Latest{}, "", err

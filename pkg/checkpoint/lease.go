@@ -20,9 +20,9 @@ import (
 // checkpoints but never moves latest.json or the journal again.
 var ErrFenced = errors.New("fenced: a newer session owns the run")
 
-// leaseDir holds one object per session: leases/<epoch:012d>.json. In a
+// LeaseDir holds one object per session: leases/<epoch:012d>.json. In a
 // multi-node job each node has its own: leases/<node>/<epoch:012d>.json.
-const leaseDir = "leases/"
+const LeaseDir = "leases/"
 
 // LeaseRecord is the content of leases/<epoch>.json.
 type LeaseRecord struct {
@@ -38,7 +38,7 @@ type LeaseRecord struct {
 type Lease struct {
 	LeaseRecord
 	st    cloud.Store
-	dir   string       // leaseDir, or leaseDir+node+"/" for a part lease
+	dir   string       // LeaseDir, or LeaseDir+node+"/" for a part lease
 	newer atomic.Int64 // highest newer epoch seen; 0: none
 }
 
@@ -51,14 +51,14 @@ func leaseKey(dir string, epoch int64) string { return fmt.Sprintf("%s%012d.json
 // older session can move latest.json any more. Restore after AcquireLease.
 // ErrFenced means an even newer session sealed first.
 func AcquireLease(ctx context.Context, st cloud.Store, rec LeaseRecord) (*Lease, error) {
-	top, err := highestEpoch(ctx, st, leaseDir)
+	top, err := highestEpoch(ctx, st, LeaseDir)
 	if err != nil {
 		return nil, err
 	}
-	if cur, _, err := readLatestRaw(ctx, st); err == nil && cur.Epoch > top {
+	if cur, _, err := ReadLatestRaw(ctx, st); err == nil && cur.Epoch > top {
 		top = cur.Epoch // leases/ lost or trimmed by hand: never reuse an epoch
 	}
-	l := &Lease{st: st, dir: leaseDir}
+	l := &Lease{st: st, dir: LeaseDir}
 	if err := l.take(ctx, rec, top); err != nil {
 		return nil, err
 	}
@@ -69,19 +69,19 @@ func AcquireLease(ctx context.Context, st cloud.Store, rec LeaseRecord) (*Lease,
 	return l, nil
 }
 
-// leasesKept is how many of the newest lease objects prune keeps: fencing
+// LeasesKept is how many of the newest lease objects prune keeps: fencing
 // needs only the newest (an older session is fenced by any higher epoch,
 // and latest.json's epoch keeps epochs from being reused); the rest say
 // who ran the run lately.
-const leasesKept = 8
+const LeasesKept = 8
 
-// prune deletes the lease objects more than leasesKept epochs below this
+// prune deletes the lease objects more than LeasesKept epochs below this
 // one, best effort: without it leases/ grows by one object per session.
 func (l *Lease) prune(ctx context.Context) {
 	var old []string
 	l.st.List(ctx, l.dir, func(o cloud.ObjectInfo) error {
 		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, l.dir), ".json")
-		if e, err := strconv.ParseInt(name, 10, 64); ok && err == nil && e <= l.Epoch-leasesKept {
+		if e, err := strconv.ParseInt(name, 10, 64); ok && err == nil && e <= l.Epoch-LeasesKept {
 			old = append(old, o.Key)
 		}
 		return nil
@@ -101,7 +101,7 @@ func AcquirePartLease(ctx context.Context, st cloud.Store, node string, rec Leas
 	if !validNode(node) {
 		return nil, fmt.Errorf("lease: bad part name %q", node)
 	}
-	dir := leaseDir + node + "/"
+	dir := LeaseDir + node + "/"
 	top, err := highestEpoch(ctx, st, dir)
 	if err != nil {
 		return nil, err

@@ -35,7 +35,7 @@ func ReadManifest(ctx context.Context, st cloud.Store, key string) (*Manifest, e
 	defer r.Close()
 	rr := &readErr{r: r}
 	lr := &io.LimitedReader{R: rr, N: MaxManifest + 1}
-	m, err := decodeManifest(lr)
+	m, err := DecodeManifest(lr)
 	if lr.N <= 0 {
 		return nil, badManifest{fmt.Errorf("read %s: larger than %d bytes", key, MaxManifest)}
 	}
@@ -82,11 +82,11 @@ func (e *readErr) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// decodeManifest decodes one manifest object from r as json.Unmarshal
+// DecodeManifest decodes one manifest object from r as json.Unmarshal
 // would (unknown fields ignored, keys matched case-insensitively, the
 // last of a repeated key wins), streaming the "files" array entry by
 // entry; the other fields are small and decoded at the end.
-func decodeManifest(r io.Reader) (*Manifest, error) {
+func DecodeManifest(r io.Reader) (*Manifest, error) {
 	dec := json.NewDecoder(r)
 	if t, err := dec.Token(); err != nil {
 		return nil, err

@@ -2,16 +2,12 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/hex"
 	"hash"
 	"io"
-	"os"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // progressEvery is how often long transfers log their progress.
@@ -26,6 +22,9 @@ type Progress struct {
 }
 
 func (p *Progress) Add(n int) { p.done.Add(int64(n)) }
+
+// Done is the bytes counted so far.
+func (p *Progress) Done() int64 { return p.done.Load() }
 
 // Report logs until ctx ends; call it in its own goroutine.
 func (p *Progress) Report(ctx context.Context, log *zap.Logger, what string) {
@@ -78,46 +77,4 @@ func (c *CountingReader) Read(b []byte) (int, error) {
 		c.P.Add(n)
 	}
 	return n, err
-}
-
-// UploadReader is what a commit hands to Store.Put for one file: a
-// CountingReader taking the file's CRC32C as the store reads it, or, for a
-// store that sends straight from the file (cloud.FileSource), the CRC32C
-// that store took and had the server verify.
-type UploadReader struct {
-	CountingReader
-	f          *os.File
-	size       int64
-	sent       bool
-	crc        uint32
-	progressed atomic.Int64 // what the store's Progress reported before Sent
-}
-
-var _ cloud.ProgressSource = (*UploadReader)(nil)
-
-func NewUploadReader(fh *os.File, size int64, p *Progress) *UploadReader {
-	return &UploadReader{CountingReader: CountingReader{R: io.LimitReader(fh, size+1), H: NewCRC32C(), P: p}, f: fh, size: size}
-}
-
-func (u *UploadReader) SourceFile() (*os.File, int64) { return u.f, u.size }
-
-func (u *UploadReader) Sent(n int64, crc32c uint32) {
-	u.sent, u.crc = true, crc32c
-	u.N += n
-	u.P.Add(int(n - u.progressed.Load())) // the rest, or less after a resent request
-}
-
-// Progress counts the bytes the store has sent so far (a part, a read of
-// the request body), so that a long upload logs a steady progress.
-func (u *UploadReader) Progress(n int64) {
-	u.progressed.Add(n)
-	u.P.Add(int(n))
-}
-
-// Result is what was uploaded: its length and CRC32C (hex).
-func (u *UploadReader) Result() (int64, string) {
-	if u.sent {
-		return u.N, CRC32CHex(u.crc)
-	}
-	return u.N, hex.EncodeToString(u.H.Sum(nil))
 }

@@ -15,8 +15,8 @@ var ErrRefused = errors.New("refused")
 
 // LocalFile is one regular file found in a checkpoint directory.
 type LocalFile struct {
-	rel  string // "/"-separated, relative to the directory
-	size int64
+	Rel  string // "/"-separated, relative to the directory
+	Size int64
 }
 
 // Scan lists the regular files under root. Anything that is not a regular
@@ -34,7 +34,7 @@ func Scan(root *os.Root) ([]LocalFile, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("scan %s: no files", root.Name())
 	}
-	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
+	sort.Slice(files, func(i, j int) bool { return files[i].Rel < files[j].Rel })
 	return files, nil
 }
 
@@ -73,7 +73,7 @@ func scanDir(root *os.Root, dir string, files *[]LocalFile) error {
 		if !info.Mode().IsRegular() { // replaced since the listing
 			return fmt.Errorf("%s: %s is not a regular file: %w", rel, info.Mode().Type(), ErrRefused)
 		}
-		*files = append(*files, LocalFile{rel: rel, size: info.Size()})
+		*files = append(*files, LocalFile{Rel: rel, Size: info.Size()})
 	}
 	return nil
 }

@@ -4,7 +4,7 @@
 // docs/fleet.md).
 //
 // Each run contributes a Run, computed from its journal by runFromJournal
-// with the same accounting as `spotagent report` (checkpoint.Account).
+// with the same accounting as `spotagent report` (journal.Account).
 // Agents write one new record per session end (RecordSession), never
 // rewriting an object; `fleet` merges the last summary with the records
 // since and compacts them into it (Load), writing per-instance-type sums

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -62,9 +63,9 @@ var (
 )
 
 // writeJournal writes a run's journal with the agent's own writer.
-func writeJournal(t *testing.T, st cloud.Store, runID string, fn func(j *checkpoint.Journal)) {
+func writeJournal(t *testing.T, st cloud.Store, runID string, fn func(j *journal.Journal)) {
 	t.Helper()
-	w := checkpoint.NewJournalWriter(st, &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: runID})
+	w := journal.NewWriter(st, &journal.Journal{Format: journal.Format, RunID: runID})
 	if err := w.Update(context.Background(), fn); err != nil {
 		t.Fatal(err)
 	}
@@ -85,31 +86,31 @@ func writeFleet(t *testing.T, open func(dir string) cloud.Store) {
 	// checkpoint committed after 60 s, 30 min without a machine, 9.5 h in
 	// us-east-1b after a 120 s restore.
 	st := open("train-a")
-	writeJournal(t, st, "train-a", func(j *checkpoint.Journal) {
+	writeJournal(t, st, "train-a", func(j *journal.Journal) {
 		j.Sessions = append(j.Sessions,
-			checkpoint.Session{ID: "s1", Start: at(0), End: tp(10*time.Hour + time.Minute), Instance: p4dA, BlockedSeconds: fp(360)},
-			checkpoint.Session{ID: "s2", Start: at(10*time.Hour + 30*time.Minute), End: tp(20 * time.Hour), Instance: p4dB, BlockedSeconds: fp(300)})
-		j.Interruptions = append(j.Interruptions, checkpoint.Interruption{Cloud: "aws", Kind: "spot", InstanceType: p4dA.InstanceType, Zone: p4dA.Zone,
+			journal.Session{ID: "s1", Start: at(0), End: tp(10*time.Hour + time.Minute), Instance: p4dA, BlockedSeconds: fp(360)},
+			journal.Session{ID: "s2", Start: at(10*time.Hour + 30*time.Minute), End: tp(20 * time.Hour), Instance: p4dB, BlockedSeconds: fp(300)})
+		j.Interruptions = append(j.Interruptions, journal.Interruption{Cloud: "aws", Kind: "spot", InstanceType: p4dA.InstanceType, Zone: p4dA.Zone,
 			Notice: at(10 * time.Hour), Detected: at(10 * time.Hour), Deadline: tp(10*time.Hour + 2*time.Minute),
 			Committed: tp(10*time.Hour + time.Minute), CommitOK: true, Step: 9000})
-		j.Restores = append(j.Restores, checkpoint.RestoreEntry{At: at(10*time.Hour + 30*time.Minute), Step: 9000, Seconds: 120})
+		j.Restores = append(j.Restores, journal.RestoreEntry{At: at(10*time.Hour + 30*time.Minute), Step: 9000, Seconds: 120})
 	})
 	writeLatest(t, st, 18000)
 	// train-b: 5 h on GCP a2, lost without notice (30 min, 900 steps), back
 	// after 1 h, 2 h more.
 	st = open("train-b")
-	writeJournal(t, st, "train-b", func(j *checkpoint.Journal) {
+	writeJournal(t, st, "train-b", func(j *journal.Journal) {
 		j.Sessions = append(j.Sessions,
-			checkpoint.Session{ID: "s1", Start: at(0), End: tp(5 * time.Hour), Instance: a2, BlockedSeconds: fp(0)},
-			checkpoint.Session{ID: "s2", Start: at(6 * time.Hour), End: tp(8 * time.Hour), Instance: a2, BlockedSeconds: fp(0)})
-		j.Interruptions = append(j.Interruptions, checkpoint.Interruption{Cloud: "gcp", Kind: "preempted",
+			journal.Session{ID: "s1", Start: at(0), End: tp(5 * time.Hour), Instance: a2, BlockedSeconds: fp(0)},
+			journal.Session{ID: "s2", Start: at(6 * time.Hour), End: tp(8 * time.Hour), Instance: a2, BlockedSeconds: fp(0)})
+		j.Interruptions = append(j.Interruptions, journal.Interruption{Cloud: "gcp", Kind: "preempted",
 			Notice: at(5 * time.Hour), Detected: at(5 * time.Hour), LostSeconds: 1800, LostSteps: 900})
 	})
 	writeLatest(t, st, 20000)
 	// eval-c: 2 h in us-east-1a, started 3 days later, no interruption.
 	st = open("eval-c")
-	writeJournal(t, st, "eval-c", func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: "s1", Start: at(72 * time.Hour), End: tp(74 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)})
+	writeJournal(t, st, "eval-c", func(j *journal.Journal) {
+		j.Sessions = append(j.Sessions, journal.Session{ID: "s1", Start: at(72 * time.Hour), End: tp(74 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)})
 	})
 	writeLatest(t, st, 1000)
 	ctx := context.Background()
@@ -121,10 +122,10 @@ func writeFleet(t *testing.T, open func(dir string) cloud.Store) {
 	put(open("broken"), []byte("\x00\x01 not json"))
 	// partial: the first session (1 h in us-east-1a) survives the cut.
 	st = open("partial")
-	writeJournal(t, st, "partial", func(j *checkpoint.Journal) {
+	writeJournal(t, st, "partial", func(j *journal.Journal) {
 		j.Sessions = append(j.Sessions,
-			checkpoint.Session{ID: "s1", Start: at(time.Hour), End: tp(2 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)},
-			checkpoint.Session{ID: "s2", Start: at(3 * time.Hour), End: tp(4 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)})
+			journal.Session{ID: "s1", Start: at(time.Hour), End: tp(2 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)},
+			journal.Session{ID: "s2", Start: at(3 * time.Hour), End: tp(4 * time.Hour), Instance: p4dA, BlockedSeconds: fp(0)})
 	})
 	b, err := checkpoint.ReadSmall(ctx, st, checkpoint.JournalKey, 1<<20)
 	if err != nil {
@@ -248,11 +249,11 @@ func TestFleet_Recount(t *testing.T) {
 		}
 		// Every run's goodput is `spotagent report`'s.
 		for _, id := range []string{"train-a", "train-b", "eval-c"} {
-			j, err := checkpoint.ReadJournal(t.Context(), open(id), id)
+			j, err := journal.Read(t.Context(), open(id), id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			gp, err := checkpoint.Account(j, now)
+			gp, err := journal.Account(j, now)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -158,14 +159,14 @@ type record struct {
 // record of the fuller journal) and is filed under the machine of the
 // session that ended last. It never rewrites an object: every call writes
 // a key of its own, so any number of agents may record at once.
-func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64) error {
+func RecordSession(ctx context.Context, fleetStore cloud.Store, dir string, j *journal.Journal, step int64) error {
 	return RecordSessionOf(ctx, fleetStore, dir, j, step, "")
 }
 
 // RecordSessionOf is RecordSession filed under the session with this id
 // (the agents of a job share a journal: each records its own session),
 // or the one that ended last when there is none with it.
-func RecordSessionOf(ctx context.Context, fleetStore cloud.Store, dir string, j *checkpoint.Journal, step int64, session string) error {
+func RecordSessionOf(ctx context.Context, fleetStore cloud.Store, dir string, j *journal.Journal, step int64, session string) error {
 	now := time.Now()
 	r, err := runFromJournal(j, dir, step, now)
 	if err != nil {

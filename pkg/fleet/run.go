@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // Key is where a machine ran: the cells of the fleet table.
@@ -32,7 +32,7 @@ func orDash(s string) string {
 }
 
 // Cell is one run's time on machines of one Key, in seconds. Productive,
-// Blocked, Lost and Restore are checkpoint.Account's buckets; its "between"
+// Blocked, Lost and Restore are journal.Account's buckets; its "between"
 // bucket is split into After (on the machine after an interruption, paid)
 // and Gap (from a session's end to the next one's start, no machine,
 // counted against the machine before the gap). Machine is the paid time:
@@ -88,7 +88,7 @@ type Run struct {
 	Steps  int64   `json:"steps"`
 	Cells  []Cell  `json:"cells"`
 	Events []Event `json:"events,omitempty"`
-	// Damage names what a damaged journal lost (checkpoint.SalvageJournal);
+	// Damage names what a damaged journal lost (journal.Salvage);
 	// the rest is counted.
 	Damage []string `json:"damage,omitempty"`
 	// Entries counts the journal's sessions and interruptions: a summary
@@ -120,21 +120,21 @@ func (r *Run) Total() Cell {
 
 // RunOf is the run's contribution to the fleet as its journal j gives it
 // (what a session record holds): for tools and the bench.
-func RunOf(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+func RunOf(j *journal.Journal, dir string, steps int64, now time.Time) (*Run, error) {
 	return runFromJournal(j, dir, steps, now)
 }
 
-// runFromJournal accounts j (checkpoint.Account, with now ending a session
+// runFromJournal accounts j (journal.Account, with now ending a session
 // that has none) and splits the result by the machine each session ran on.
 // dir is the run's prefix under the fleet root; steps the newest committed
 // step if known (0: the journal's newest).
-func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Time) (*Run, error) {
-	g, err := checkpoint.Account(j, now)
+func runFromJournal(j *journal.Journal, dir string, steps int64, now time.Time) (*Run, error) {
+	g, err := journal.Account(j, now)
 	if err != nil {
 		return nil, err
 	}
 	sess := slices.Clone(j.Sessions)
-	slices.SortStableFunc(sess, func(a, b checkpoint.Session) int { return a.Start.Compare(b.Start) })
+	slices.SortStableFunc(sess, func(a, b journal.Session) int { return a.Start.Compare(b.Start) })
 	r := &Run{ID: cmp.Or(j.RunID, dir), Dir: dir, Start: g.Start, End: g.End, Sessions: len(sess),
 		Steps: steps, Entries: len(j.Sessions) + len(j.Interruptions)}
 	cells := map[Key]int{}
@@ -153,7 +153,7 @@ func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Tim
 		m := sess[i].Instance
 		k := Key{m.Cloud, m.InstanceType, m.Zone}
 		// Interruptions in this session, as Account places them.
-		var ins []checkpoint.Interruption
+		var ins []journal.Interruption
 		for n, in := range j.Interruptions {
 			if seen[n] || in.Detected.Before(gs.Start) || in.Detected.After(gs.End) {
 				continue
@@ -174,11 +174,11 @@ func runFromJournal(j *checkpoint.Journal, dir string, steps int64, now time.Tim
 		cl := &r.Cells[c]
 		sh := share{session: sess[i].ID, end: gs.End, cell: c, Tally: Tally{Machine: gs.Wall - gap}}
 		cl.Machine += gs.Wall - gap
-		cl.Productive += gs.Seconds[checkpoint.BucketProductive]
-		cl.Blocked += gs.Seconds[checkpoint.BucketBlocked]
-		cl.Lost += gs.Seconds[checkpoint.BucketLost]
-		cl.Restore += gs.Seconds[checkpoint.BucketRestore]
-		cl.After += gs.Seconds[checkpoint.BucketBetween] - gap
+		cl.Productive += gs.Seconds[journal.BucketProductive]
+		cl.Blocked += gs.Seconds[journal.BucketBlocked]
+		cl.Lost += gs.Seconds[journal.BucketLost]
+		cl.Restore += gs.Seconds[journal.BucketRestore]
+		cl.After += gs.Seconds[journal.BucketBetween] - gap
 		for _, in := range ins {
 			cl.Interruptions++
 			sh.Interruptions++

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -28,7 +29,7 @@ const recountWorkers = 16
 // Recount reads every run journal under the root of st (any key named
 // journal.json, at any depth) and returns a summary built from them, with
 // the journals that were damaged. A journal that parses in part is
-// salvaged (checkpoint.SalvageJournal) and counted; one with nothing left
+// salvaged (journal.Salvage) and counted; one with nothing left
 // to account is named and skipped. now ends sessions that have no end.
 func Recount(ctx context.Context, st cloud.Store, now time.Time) (*Summary, []Damaged, error) {
 	var keys []string
@@ -85,7 +86,7 @@ func readRun(ctx context.Context, st cloud.Store, key string, now time.Time) (*R
 	if err != nil {
 		return nil, &Damaged{Key: key, Problems: []string{err.Error()}}
 	}
-	j, damage := checkpoint.SalvageJournal(b)
+	j, damage := journal.Salvage(b)
 	if len(j.Sessions) == 0 && len(damage) == 0 {
 		return nil, nil // a run that has not started a session yet
 	}

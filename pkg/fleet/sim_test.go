@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 )
 
@@ -155,7 +156,7 @@ func runFleetSim(seed uint64) *fleetSim {
 // the agent's call site does), and so on; a failed record is logged and
 // the run goes on, unless the process died.
 func (w *fleetSim) agent(ctx context.Context, dir string, sessions int) {
-	j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: dir}
+	j := &journal.Journal{Format: journal.Format, RunID: dir}
 	for s := range sessions {
 		session(j, s, []checkpoint.Machine{p4dA, p4dB}[s%2])
 		w.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -88,9 +89,9 @@ func (f *flaky) Delete(ctx context.Context, key string) error {
 }
 
 // session appends session s (50 min on m) to j.
-func session(j *checkpoint.Journal, s int, m checkpoint.Machine) {
+func session(j *journal.Journal, s int, m checkpoint.Machine) {
 	start := at(time.Duration(s) * time.Hour)
-	j.Sessions = append(j.Sessions, checkpoint.Session{ID: fmt.Sprint(s), Start: start, End: tp(time.Duration(s)*time.Hour + 50*time.Minute),
+	j.Sessions = append(j.Sessions, journal.Session{ID: fmt.Sprint(s), Start: start, End: tp(time.Duration(s)*time.Hour + 50*time.Minute),
 		Instance: m, BlockedSeconds: fp(0)})
 }
 
@@ -123,7 +124,7 @@ func TestRecordSession_Race(t *testing.T) {
 		for a := range agents {
 			wg.Go(func() {
 				id := fmt.Sprintf("run-%02d", a)
-				j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
+				j := &journal.Journal{Format: journal.Format, RunID: id}
 				for s := range sessions {
 					session(j, s, p4dA)
 					// What the agent's call site does: one call per session end.
@@ -197,7 +198,7 @@ func TestCompact_DuringRecords(t *testing.T) {
 		for a := range agents {
 			wg.Go(func() {
 				id := fmt.Sprintf("run-%02d", a)
-				j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
+				j := &journal.Journal{Format: journal.Format, RunID: id}
 				for s := range sessions {
 					if s == sessions/2 { // half recorded: let a compaction through
 						select {
@@ -247,14 +248,14 @@ func TestCompact_DuringRecords(t *testing.T) {
 // older snapshot does not undo the newer entry.
 func TestRecordSession_KeepsFullerJournal(t *testing.T) {
 	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
-		j := &checkpoint.Journal{RunID: "job", Sessions: []checkpoint.Session{
+		j := &journal.Journal{RunID: "job", Sessions: []journal.Session{
 			{ID: "a", Start: at(0), End: tp(time.Hour), Instance: p4dA},
 			{ID: "b", Start: at(0), End: tp(time.Hour), Instance: p4dB},
 		}}
 		if err := RecordSession(t.Context(), root, "job", j, 0); err != nil {
 			t.Fatal(err)
 		}
-		old := &checkpoint.Journal{RunID: "job", Sessions: j.Sessions[:1]}
+		old := &journal.Journal{RunID: "job", Sessions: j.Sessions[:1]}
 		if err := RecordSession(t.Context(), root, "job", old, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +279,7 @@ func TestLoad(t *testing.T) {
 		now := at(100 * time.Hour)
 		ctx := t.Context()
 		// An agent ends a session before anyone ran fleet.
-		j, err := checkpoint.ReadJournal(ctx, open("eval-c"), "eval-c")
+		j, err := journal.Read(ctx, open("eval-c"), "eval-c")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +305,7 @@ func TestLoad(t *testing.T) {
 		}
 		// A new run's session: in the next fleet from its record, then
 		// compacted into the summary.
-		nj := &checkpoint.Journal{RunID: "new", Sessions: []checkpoint.Session{{Start: at(0), End: tp(time.Hour), Instance: a2}}}
+		nj := &journal.Journal{RunID: "new", Sessions: []journal.Session{{Start: at(0), End: tp(time.Hour), Instance: a2}}}
 		if err := RecordSession(ctx, root, "new", nj, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -342,7 +343,7 @@ func TestLoad_LegacySummary(t *testing.T) {
 		putV1 := func(runs ...string) {
 			s := Summary{Format: summaryFormatV1, Updated: now, Baseline: now, Runs: map[string]*Run{}}
 			for i, id := range runs {
-				j := &checkpoint.Journal{RunID: id}
+				j := &journal.Journal{RunID: id}
 				session(j, i, p4dA)
 				j.Sessions[0].End = tp(time.Duration(i)*time.Hour + 60*time.Hour) // 60 h on p4dA
 				r, err := runFromJournal(j, id, 0, now)
@@ -407,10 +408,10 @@ func TestPriorFrom(t *testing.T) {
 				if hours == 0 {
 					id += "-late"
 				}
-				j := &checkpoint.Journal{RunID: id, Sessions: []checkpoint.Session{{ID: "s", Start: at(0),
+				j := &journal.Journal{RunID: id, Sessions: []journal.Session{{ID: "s", Start: at(0),
 					End: tp(time.Duration(max(hours, 1) * float64(time.Hour))), Instance: m}}}
 				for k := range notices {
-					j.Interruptions = append(j.Interruptions, checkpoint.Interruption{Cloud: m.Cloud, InstanceType: m.InstanceType, Zone: m.Zone,
+					j.Interruptions = append(j.Interruptions, journal.Interruption{Cloud: m.Cloud, InstanceType: m.InstanceType, Zone: m.Zone,
 						Detected: at(time.Duration(k+1) * time.Minute), CommitOK: k == 0})
 				}
 				if err := RecordSession(ctx, root, id, j, 0); err != nil {
@@ -495,7 +496,7 @@ func TestPriorFor(t *testing.T) {
 // record under its own session's machine.
 func TestRecordSessionOf_OwnSession(t *testing.T) {
 	stores(t, func(t *testing.T, root cloud.Store, _ func(string) cloud.Store) {
-		j := &checkpoint.Journal{RunID: "job", Sessions: []checkpoint.Session{
+		j := &journal.Journal{RunID: "job", Sessions: []journal.Session{
 			{ID: "a", Start: at(0), End: tp(time.Hour), Instance: p4dA},
 			{ID: "b", Start: at(0), End: tp(time.Hour), Instance: p4dB},
 		}}

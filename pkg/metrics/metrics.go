@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -182,7 +183,7 @@ func New() *Metrics {
 	for _, p := range Phases {
 		m.phase.WithLabelValues(p)
 	}
-	for _, b := range checkpoint.Buckets {
+	for _, b := range journal.Buckets {
 		m.goodputSeconds.WithLabelValues(b)
 	}
 	for _, r := range []string{"committed", "failed"} {
@@ -286,7 +287,7 @@ func (m *Metrics) Restored(bytes int64, d time.Duration) {
 }
 
 // RestoredFrom records where the restore at start read its bytes
-// (checkpoint.Restored.From): local and store are always exported, at 0
+// (restore.Result.From): local and store are always exported, at 0
 // before any restore.
 func (m *Metrics) RestoredFrom(from map[string]int64) {
 	m.restoreFrom.Reset()
@@ -297,13 +298,13 @@ func (m *Metrics) RestoredFrom(from map[string]int64) {
 	}
 }
 
-// Goodput exports the run's goodput accounting (checkpoint.Account).
-func (m *Metrics) Goodput(g *checkpoint.Goodput) {
+// Goodput exports the run's goodput accounting (journal.Account).
+func (m *Metrics) Goodput(g *journal.Goodput) {
 	if g == nil {
 		return
 	}
 	m.goodputRatio.Set(g.Ratio)
-	for _, b := range checkpoint.Buckets {
+	for _, b := range journal.Buckets {
 		m.goodputSeconds.WithLabelValues(b).Set(g.Seconds[b])
 	}
 }

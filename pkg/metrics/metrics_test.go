@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // scrape fetches /metrics over HTTP and parses the text format.
@@ -299,7 +299,7 @@ func TestMetrics_Goodput(t *testing.T) {
 	if got, ok := value(scrape(t, srv.URL), "spotagent_goodput_seconds", "bucket", "lost"); !ok || got != 0 {
 		t.Fatalf("lost before any accounting=%v (present %v), want 0", got, ok)
 	}
-	m.Goodput(&checkpoint.Goodput{Ratio: 0.9, Seconds: map[string]float64{"productive": 900, "lost": 100}})
+	m.Goodput(&journal.Goodput{Ratio: 0.9, Seconds: map[string]float64{"productive": 900, "lost": 100}})
 	fams := scrape(t, srv.URL)
 	if got, _ := value(fams, "spotagent_goodput_ratio"); got != 0.9 {
 		t.Errorf("ratio=%v, want 0.9", got)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/beta"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
@@ -97,7 +97,7 @@ const adviceTolerance = 0.02
 // Advise calibrates the simulator on j (and g, its accounting) and compares
 // the candidate policies: adaptive, fixed 5m … 2h, Daly's interval for the
 // posterior means, and the current setting.
-func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advice {
+func Advise(j *journal.Journal, g *journal.Goodput, c AdviceConfig) *Advice {
 	if c.Horizon <= 0 {
 		c.Horizon = 7 * 24 * time.Hour
 	}
@@ -197,11 +197,11 @@ func Advise(j *checkpoint.Journal, g *checkpoint.Goodput, c AdviceConfig) *Advic
 
 // calibrate reads the simulator's inputs from the journal, and the history
 // the adaptive policy starts from (what a restarted agent would read).
-func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Calibration, schedule.History) {
+func calibrate(j *journal.Journal, g *journal.Goodput, prior float64) (Calibration, schedule.History) {
 	cal := Calibration{Sources: map[string]string{}}
 	runSec := j.Stats.RunSeconds
 	if runSec <= 0 && g != nil {
-		runSec = g.Seconds[checkpoint.BucketProductive] + g.Seconds[checkpoint.BucketBlocked] + g.Seconds[checkpoint.BucketLost] + g.Seconds[checkpoint.BucketRestore]
+		runSec = g.Seconds[journal.BucketProductive] + g.Seconds[journal.BucketBlocked] + g.Seconds[journal.BucketLost] + g.Seconds[journal.BucketRestore]
 	}
 	cal.RunHours = runSec / 3600
 	if g != nil {
@@ -258,7 +258,7 @@ func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Cal
 	// detection) to the next session's start, plus that session's restores.
 	var rs []float64
 	sess := slices.Clone(j.Sessions)
-	slices.SortStableFunc(sess, func(a, b checkpoint.Session) int { return a.Start.Compare(b.Start) })
+	slices.SortStableFunc(sess, func(a, b journal.Session) int { return a.Start.Compare(b.Start) })
 	for _, in := range j.Interruptions {
 		end := in.Detected
 		if in.Deadline != nil && in.Deadline.After(end) {
@@ -298,7 +298,7 @@ func calibrate(j *checkpoint.Journal, g *checkpoint.Goodput, prior float64) (Cal
 // margin, and gives the upload until deadline − margin/2: the margin must
 // cover twice the worst overrun of an upload over its estimate, and cannot
 // exceed what the shortest lead leaves after the save and the upload.
-func adviseMargin(j *checkpoint.Journal, cur time.Duration) MarginAdvice {
+func adviseMargin(j *journal.Journal, cur time.Duration) MarginAdvice {
 	m := MarginAdvice{Current: cur.Seconds(), Recommended: cur.Seconds()}
 	bps := j.Stats.BytesPerSec
 	room := math.Inf(1)

@@ -5,26 +5,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // adviceJournal is a run of three sessions of h hours each, ended by two
 // notices (committed or not per ok), with δ = 20 s per checkpoint.
-func adviceJournal(h time.Duration, ok ...bool) *checkpoint.Journal {
+func adviceJournal(h time.Duration, ok ...bool) *journal.Journal {
 	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
-	j := &checkpoint.Journal{RunID: "r"}
+	j := &journal.Journal{RunID: "r"}
 	at := t0
 	for i := 0; i <= len(ok); i++ {
 		end := at.Add(h)
 		blocked := 20.0 * 10
-		j.Sessions = append(j.Sessions, checkpoint.Session{Start: at, End: &end, BlockedSeconds: &blocked})
+		j.Sessions = append(j.Sessions, journal.Session{Start: at, End: &end, BlockedSeconds: &blocked})
 		if i > 0 {
-			j.Restores = append(j.Restores, checkpoint.RestoreEntry{At: at.Add(time.Second), Seconds: 30})
+			j.Restores = append(j.Restores, journal.RestoreEntry{At: at.Add(time.Second), Seconds: 30})
 		}
 		if i < len(ok) {
 			det := end.Add(-2 * time.Minute)
 			dl, done, com := end, det.Add(20*time.Second), det.Add(30*time.Second)
-			in := checkpoint.Interruption{Detected: det, Deadline: &dl, CommitOK: ok[i], Bytes: 100e6}
+			in := journal.Interruption{Detected: det, Deadline: &dl, CommitOK: ok[i], Bytes: 100e6}
 			if ok[i] {
 				in.Done, in.Committed = &done, &com
 			} else {
@@ -34,14 +34,14 @@ func adviceJournal(h time.Duration, ok ...bool) *checkpoint.Journal {
 		}
 		at = end.Add(3 * time.Minute)
 	}
-	j.Stats = checkpoint.Stats{Checkpoints: 30, CostSeconds: 20, BytesPerSec: 10e6, LastBytes: 100e6,
+	j.Stats = journal.Stats{Checkpoints: 30, CostSeconds: 20, BytesPerSec: 10e6, LastBytes: 100e6,
 		RunSeconds: 3 * h.Seconds()}
 	return j
 }
 
 func TestAdvise_Calibration(t *testing.T) {
 	j := adviceJournal(10*time.Hour, true, true)
-	g, err := checkpoint.Account(j, time.Now())
+	g, err := journal.Account(j, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestAdvise_CommittedVersusLost(t *testing.T) {
 	var p [2]float64
 	for i, ok := range []bool{true, false} {
 		j := adviceJournal(5*time.Hour, ok, ok)
-		g, err := checkpoint.Account(j, time.Now())
+		g, err := journal.Account(j, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
@@ -634,7 +634,7 @@ func fmtDur(d time.Duration) string {
 // announced with its notice lead (deadline − detection) when it had a
 // deadline, else unannounced. It also returns the run's wall time (first
 // start to last end, or to the last interruption).
-func TraceFromJournal(j *checkpoint.Journal) ([]Event, time.Duration, error) {
+func TraceFromJournal(j *journal.Journal) ([]Event, time.Duration, error) {
 	if j == nil || len(j.Sessions) == 0 {
 		return nil, 0, errors.New("journal has no sessions")
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 func simParams() Params {
@@ -245,22 +245,22 @@ func ptr[T any](v T) *T { return &v }
 // twoInterruptions (a copy of pkg/checkpoint's) is a journal as the agent writes it: three sessions,
 // the first ended by a notice whose checkpoint committed, the second by an
 // interruption that lost 10 minutes of work; sessions 2 and 3 restored.
-func twoInterruptions() *checkpoint.Journal {
+func twoInterruptions() *journal.Journal {
 	t := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t.Add(d) }
-	return &checkpoint.Journal{
-		Format: checkpoint.JournalFormat, RunID: "r",
-		Sessions: []checkpoint.Session{
+	return &journal.Journal{
+		Format: journal.Format, RunID: "r",
+		Sessions: []journal.Session{
 			{Start: at(0), End: ptr(at(2*time.Hour + 2*time.Minute)), BlockedSeconds: ptr(60.0)},
 			{Start: at(2*time.Hour + 7*time.Minute), End: ptr(at(5 * time.Hour)), BlockedSeconds: ptr(45.0)},
 			{Start: at(5*time.Hour + 4*time.Minute), End: ptr(at(8 * time.Hour)), BlockedSeconds: ptr(30.0)},
 		},
-		Interruptions: []checkpoint.Interruption{
+		Interruptions: []journal.Interruption{
 			{Detected: at(2 * time.Hour), Done: ptr(at(2*time.Hour + 20*time.Second)),
 				Committed: ptr(at(2*time.Hour + 50*time.Second)), CommitOK: true},
 			{Detected: at(4*time.Hour + 59*time.Minute), LostSeconds: 600, Error: "deadline passed"},
 		},
-		Restores: []checkpoint.RestoreEntry{
+		Restores: []journal.RestoreEntry{
 			{At: at(2*time.Hour + 7*time.Minute), Seconds: 40},
 			{At: at(5*time.Hour + 4*time.Minute), Seconds: 35},
 		},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -61,7 +62,7 @@ type Config struct {
 	EndWhenIdle bool
 	// UploadGate, shared by the runs of a node agent, lets their commits
 	// upload a few at a time, the most urgent first (nil: no gate).
-	UploadGate *checkpoint.Gate
+	UploadGate *commit.Gate
 	// RequestTimeout bounds how long a periodic request may go unanswered
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration

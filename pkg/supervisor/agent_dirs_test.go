@@ -11,6 +11,8 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -124,8 +126,8 @@ func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 // its choosing in its place. The commit uploads the original files, and
 // the removal after it deletes nothing outside the checkpoint directory.
 func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
-	gate := checkpoint.NewGate(1)
-	_, hold, err := gate.Acquire(context.Background(), checkpoint.Claim{})
+	gate := commit.NewGate(1)
+	_, hold, err := gate.Acquire(context.Background(), commit.Claim{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 	}
 	hold()
 	c := tr.expect(protocol.TypeCommitted)
-	r, err := checkpoint.Restore(context.Background(), ar.store, shortDir(t), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), ar.store, shortDir(t), restore.Options{})
 	if err != nil || r.Manifest.ID != c.ID {
 		t.Fatalf("restore: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -86,7 +87,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 // part mode it takes the node's lease: a second live copy of node K (a
 // spot replacement while the old machine still runs, a Job's pod
 // replacement) fences the older copy, whose parts are then never written.
-func (s *session) takeLease(ctx context.Context, cfg *Config, job jobPolicy, c *checkpoint.Committer) error {
+func (s *session) takeLease(ctx context.Context, cfg *Config, job jobPolicy, c *commit.Committer) error {
 	if cfg.FenceInterval < 0 {
 		return nil
 	}

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -75,7 +75,7 @@ func (r *request) noteRank(c *protocol.Conn) {
 //
 // Only a rank of a multi-rank job joins: the agreement that makes joins
 // runs among several ranks. A join never gives this node's uploads
-// priority (checkpoint.Request.Urgent): only the machine's own notices do.
+// priority (commit.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
 	if _, known := a.conns.byID[c.ID()]; !known || !ok {
@@ -172,7 +172,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.dirs.removeDir(r, a.goBg, a.log)
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
-	a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+	a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stops.failed(r.stop, why, now)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -90,7 +91,7 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 		t.Fatalf("job manifest: step %d, %d parts, %d files; want 7, 2, 2", m.Step, len(m.Parts), len(m.Files))
 	}
 	// Each node restores its own part by default.
-	r, err := checkpoint.Restore(context.Background(), n0.store, t.TempDir(), checkpoint.RestoreOptions{Part: NodePart(1)})
+	r, err := restore.Checkpoint(context.Background(), n0.store, t.TempDir(), restore.Options{Part: NodePart(1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +351,7 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	if err != nil || l.Step != 100 {
 		t.Fatalf("latest %+v, %v: want step 100", l, err)
 	}
-	r, err := checkpoint.Restore(context.Background(), n0.store, t.TempDir(), checkpoint.RestoreOptions{Part: NodePart(1)})
+	r, err := restore.Checkpoint(context.Background(), n0.store, t.TempDir(), restore.Options{Part: NodePart(1)})
 	if err != nil {
 		t.Fatal(err)
 	}

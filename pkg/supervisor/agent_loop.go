@@ -14,7 +14,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/sigbridge"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -253,7 +254,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
 	a.ranks.env = rankEnv{part: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
 		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
-	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
 	if err != nil {
@@ -270,12 +271,12 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.dirs.tier = a.dirs.openTier(&a.cfg, a.log)
-	j, err := checkpoint.ReadJournal(ctx, cfg.Store, cfg.RunID)
+	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
-		j = &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: cfg.RunID}
+		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
-	a.sess.journal = checkpoint.NewJournalWriter(cfg.Store, j)
+	a.sess.journal = journal.NewWriter(cfg.Store, j)
 	a.sess.ranBefore = j.Stats.RunSeconds
 	a.dirs.cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
@@ -590,7 +591,7 @@ func (a *Agent) finish() {
 	end := time.Now().UTC()
 	code, blocked := a.proc.exitCode, a.commits.blocked
 	session := a.sess.id
-	err := a.sess.journal.Update(ctx, func(j *checkpoint.Journal) {
+	err := a.sess.journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code

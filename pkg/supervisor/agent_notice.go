@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -174,7 +174,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	id := a.cfg.Identity
-	s := &stopState{notice: n, reason: reason, deadline: deadline, record: checkpoint.Interruption{
+	s := &stopState{notice: n, reason: reason, deadline: deadline, record: journal.Interruption{
 		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
 		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
 		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),

@@ -13,7 +13,7 @@ import (
 )
 
 // onSaved starts uploading one file of a requested checkpoint before the
-// trainer is done with the rest (checkpoint.Pipeline). A `saved` the agent
+// trainer is done with the rest (commit.Pipeline). A `saved` the agent
 // cannot use -- no such pending request, a path outside its directory, a
 // path already reported, a missing file or anything but a regular file --
 // gets an error reply and is otherwise ignored: nothing is uploaded from

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -44,7 +45,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	if got, want := ar.cfg.Scheduler.Cost(), time.Millisecond; got != want {
 		t.Fatalf("scheduler cost=%v, want %v (the trainer's blocked_ms)", got, want)
 	}
-	r, err := checkpoint.Restore(context.Background(), ar.store, t.TempDir(), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), ar.store, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestAgent_SavedRefused(t *testing.T) {
 	mustWrite(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
 	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 5})
 	tr.expect(protocol.TypeCommitted)
-	r, err := checkpoint.Restore(context.Background(), ar.store, t.TempDir(), checkpoint.RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), ar.store, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -81,7 +82,7 @@ func DescribePromise(p schedule.Promise, own schedule.CloudNotice, margin time.D
 // PromiseFromJournal is the prediction a journal allows: its newest
 // checkpoint's figures, else (lower bound) its newest restore's size at
 // the restore's rate.
-func PromiseFromJournal(j *checkpoint.Journal) schedule.Promise {
+func PromiseFromJournal(j *journal.Journal) schedule.Promise {
 	s := j.Stats
 	if s.LastBytes > 0 && s.BytesPerSec > 0 {
 		p := schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
@@ -154,7 +155,7 @@ func (ps *promiseState) set(p schedule.Promise, start bool) {
 
 // atStart predicts from the journal an earlier session wrote and
 // says whether a notice checkpoint fits.
-func (ps *promiseState) atStart(j *checkpoint.JournalWriter) {
+func (ps *promiseState) atStart(j *journal.Writer) {
 	if j == nil {
 		return
 	}
@@ -163,7 +164,7 @@ func (ps *promiseState) atStart(j *checkpoint.JournalWriter) {
 
 // note records what the checkpoint r, committed now as res (its
 // commit having started at commitStart), measured.
-func (ps *promiseState) note(r *request, res *checkpoint.Result, commitStart, now time.Time, asks bool) {
+func (ps *promiseState) note(r *request, res *commit.Result, commitStart, now time.Time, asks bool) {
 	if r.reason == protocol.ReasonManual || !asks || res.Bytes <= 0 {
 		// A trainer's own checkpoint has no measured save; zero-code mode
 		// has no request (its save is the trainer's business).

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -33,9 +35,9 @@ type request struct {
 	part            answerRanks // who answered, for a part (part mode, agent_job.go)
 	step            int64
 	metadata        json.RawMessage
-	stop            *stopState           // set for the interruption/shutdown checkpoint
-	pipe            *checkpoint.Pipeline // files uploaded on `saved`, before done
-	blocked         *time.Duration       // the longest blocked_ms a trainer reported
+	stop            *stopState       // set for the interruption/shutdown checkpoint
+	pipe            *commit.Pipeline // files uploaded on `saved`, before done
+	blocked         *time.Duration   // the longest blocked_ms a trainer reported
 	// costFrom, when set, is where the checkpoint's measured cost begins
 	// (zero-code mode: its staging; the trainer's save is not seen): the
 	// journal records what it took to the commit, not the scheduler's
@@ -61,7 +63,7 @@ type upload struct {
 
 type commitResult struct {
 	req *request
-	res *checkpoint.Result
+	res *commit.Result
 	err error
 }
 
@@ -266,7 +268,7 @@ func (a *Agent) commit(r *request) {
 	// machine's own notices: a join from a trainer is no notice, and a
 	// pod could send one in a loop to starve its neighbours.
 	ownNotice := r.stop != nil && !r.stop.joined
-	req := checkpoint.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
+	req := commit.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.job.partFor(r)}
 	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
 	keep, st, log, results, life, dirs := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life, &a.dirs
@@ -306,7 +308,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		return
 	}
 	if cr.err != nil {
-		if errors.Is(cr.err, checkpoint.ErrPreempted) {
+		if errors.Is(cr.err, commit.ErrPreempted) {
 			a.log.Info("periodic checkpoint not committed: another run's interruption checkpoint took its upload slot", zap.String("id", r.id))
 			a.cfg.Metrics.CommitFailed("preempted")
 		} else {
@@ -314,7 +316,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
 		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
-		a.sess.journalAsync(func(j *checkpoint.Journal) { j.Stats.Failures++ })
+		a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
 		}
@@ -341,7 +343,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
 	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
-	a.sess.journalAsync(func(j *checkpoint.Journal) {
+	a.sess.journalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
 		}

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/fleet"
@@ -334,7 +335,7 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	if got := latestStep(t, ar); got != 5 {
 		t.Fatalf("latest step=%d, want 5 (the previous checkpoint stands)", got)
 	}
-	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
+	j, err := journal.Read(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || j.Interruptions[0].CommitOK || j.Interruptions[0].LostSeconds <= 0 {
 		t.Fatalf("journal interruptions=%+v err=%v", j.Interruptions, err)
 	}
@@ -509,7 +510,7 @@ func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 	if code := ar.wait(t); code != 0 {
 		t.Fatalf("exit code=%d, want 0 (no child)", code)
 	}
-	j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
+	j, err := journal.Read(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || !j.Interruptions[0].CommitOK {
 		t.Fatalf("journal interruptions=%+v err=%v, want one committed", j.Interruptions, err)
 	}
@@ -586,18 +587,18 @@ func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
 			if code := ar.wait(t); code != 0 {
 				t.Fatalf("sidecar exit code %d, want 0", code)
 			}
-			j, err := checkpoint.ReadJournal(context.Background(), ar.store, ar.cfg.RunID)
+			j, err := journal.Read(context.Background(), ar.store, ar.cfg.RunID)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := len(j.Interruptions); (got == 0) != bye {
 				t.Fatalf("bye=%v: %d interruptions recorded %+v", bye, got, j.Interruptions)
 			}
-			g, err := checkpoint.Account(j, time.Now())
+			g, err := journal.Account(j, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if lost := g.Seconds[checkpoint.BucketLost]; bye && lost != 0 {
+			if lost := g.Seconds[journal.BucketLost]; bye && lost != 0 {
 				t.Fatalf("a finished trainer lost %.3fs of work", lost)
 			}
 		})

@@ -17,6 +17,9 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -200,8 +203,8 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 		ws.paceFrom = start
 	}
 	ws.resumed = -1
-	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, checkpoint.RestoreOptions{Log: ws.env.log, MaxEpoch: h.epoch()})
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, restore.Options{Log: ws.env.log, MaxEpoch: h.epoch()})
+	if errors.Is(err, restore.ErrNoCheckpoint) {
 		ws.env.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.cfg.Store.URI("")))
 		return nil, nil
 	}
@@ -218,9 +221,9 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	}
 	ws.env.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
-		zap.String("from", checkpoint.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
+		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
-	return h.restored(r.Restored, start, r.Path, manifest), nil
+	return h.restored(r.Result, start, r.Path, manifest), nil
 }
 
 // start runs the watcher beside the loop until the agent's life ends;
@@ -628,7 +631,7 @@ func (ws *watchSource) finish(st *watchStop, now time.Time) {
 			done := ws.doneAt
 			s.record.Done = &done // the trainer's checkpoint after the notice was complete
 		}
-		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: h.last().id, Step: h.last().step}, Bytes: h.last().bytes}
+		res := &commit.Result{Manifest: &checkpoint.Manifest{ID: h.last().id, Step: h.last().step}, Bytes: h.last().bytes}
 		h.stopCommitted(s, res, now)
 	}
 	if h.trainer().running && h.last().id != "" {
@@ -659,9 +662,9 @@ func (ws *watchSource) reached(now time.Time) (int64, string) {
 		stopped = ws.goneAt
 	}
 	if step, ok := ws.pace.At(stopped); ok {
-		return max(step, seen), checkpoint.LostFromEstimate
+		return max(step, seen), journal.LostFromEstimate
 	}
-	return max(seen, h.trainerStep()), checkpoint.LostFromDir
+	return max(seen, h.trainerStep()), journal.LostFromDir
 }
 
 // busy keeps the agent from ending while an interruption waits for the

@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -72,7 +73,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 	if err != nil || l.Step != 20 {
 		t.Fatalf("latest %+v, %v: want step 20", l, err)
 	}
-	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	j, err := journal.Read(t.Context(), ar.store, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 		t.Fatalf("interruptions %+v", j.Interruptions)
 	}
 	in := j.Interruptions[0]
-	if !in.CommitOK || in.Step != 20 || in.CheckpointID != l.ID || in.LostSteps < 10 || in.LostStepsFrom != checkpoint.LostFromEstimate {
+	if !in.CommitOK || in.Step != 20 || in.CheckpointID != l.ID || in.LostSteps < 10 || in.LostStepsFrom != journal.LostFromEstimate {
 		t.Fatalf("interruption %+v: want committed step 20 (id %s), at least 10 steps lost, estimated", in, l.ID)
 	}
 	if _, err := os.Stat(filepath.Join(out, "checkpoint-30")); err != nil {
@@ -311,7 +312,7 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 	}
 	// At most 10 steps per 600 ms from its last save to the agent's exit.
 	maxLost := int64(time.Since(lastAt).Seconds()*10/0.6) + 1
-	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	j, err := journal.Read(t.Context(), ar.store, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 		t.Fatalf("interruptions %+v", j.Interruptions)
 	}
 	in := j.Interruptions[0]
-	if !in.CommitOK || in.Step != int64(last) || in.LostSteps <= 0 || in.LostSteps > maxLost || in.LostStepsFrom != checkpoint.LostFromEstimate {
+	if !in.CommitOK || in.Step != int64(last) || in.LostSteps <= 0 || in.LostSteps > maxLost || in.LostStepsFrom != journal.LostFromEstimate {
 		t.Fatalf("interruption %+v: want step %d committed (the last the trainer wrote), 1..%d steps lost (estimated)", in, last, maxLost)
 	}
 	entries, err := checkpoint.ListManifests(t.Context(), ar.store)
@@ -405,7 +406,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	j, err := journal.Read(t.Context(), ar.store, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +420,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	}
 	// The trainer's pace holds within a factor 1.5 under load: its sleeps
 	// stretch alike before and after its last save.
-	if in.LostStepsFrom != checkpoint.LostFromEstimate || in.LostSteps < lost*2/3 || in.LostSteps > lost*3/2 {
+	if in.LostStepsFrom != journal.LostFromEstimate || in.LostSteps < lost*2/3 || in.LostSteps > lost*3/2 {
 		t.Fatalf("journal lost_steps %d (%q), the trainer lost %d (stopped at %d, committed %d): want an estimate within a factor 1.5",
 			in.LostSteps, in.LostStepsFrom, lost, stopped, in.Step)
 	}
@@ -449,14 +450,14 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
 	}
-	j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+	j, err := journal.Read(t.Context(), ar.store, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(j.Interruptions) != 1 {
 		t.Fatalf("interruptions %+v", j.Interruptions)
 	}
-	if in := j.Interruptions[0]; in.CommitOK || in.LostStepsFrom != checkpoint.LostFromDir {
+	if in := j.Interruptions[0]; in.CommitOK || in.LostStepsFrom != journal.LostFromDir {
 		t.Fatalf("interruption %+v: want nothing committed, lost steps counted from DIR", in)
 	}
 }
@@ -508,7 +509,7 @@ func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 			if l := latestStep(t, ar); l != want {
 				t.Fatalf("latest step %d, want %d", l, want)
 			}
-			j, err := checkpoint.ReadJournal(t.Context(), ar.store, "test")
+			j, err := journal.Read(t.Context(), ar.store, "test")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,6 +6,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -13,7 +16,7 @@ import (
 // were sent (agent_request.go), the uploads under way, their results, the
 // newest committed checkpoint, and the trainer's pace between them.
 type commits struct {
-	committer *checkpoint.Committer
+	committer *commit.Committer
 	pending   map[string]*request
 	uploads   map[string]*upload
 	results   chan commitResult
@@ -66,18 +69,18 @@ func (c *commits) haltPipelines() {
 }
 
 // restoreOptions are the options of a restore into the agent's area.
-func (c *commits) restoreOptions(part string, log *zap.Logger) checkpoint.RestoreOptions {
-	return checkpoint.RestoreOptions{Log: log, MaxEpoch: c.epoch(), Part: part}
+func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
+	return restore.Options{Log: log, MaxEpoch: c.epoch(), Part: part}
 }
 
 // restored records a restore (metrics, journal, the newest committed
 // checkpoint) and returns what the trainer is told: dir, where the files
 // are now, and manifest, the local copy of the manifest.
-func (c *commits) restored(r *checkpoint.Restored, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
+func (c *commits) restored(r *restore.Result, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
 	m.Restored(r.Bytes, time.Since(start))
 	m.RestoredFrom(r.From)
-	s.journalAsync(func(j *checkpoint.Journal) {
-		j.Restores = append(j.Restores, checkpoint.RestoreEntry{
+	s.journalAsync(func(j *journal.Journal) {
+		j.Restores = append(j.Restores, journal.RestoreEntry{
 			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
 			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node, From: r.From,
 		})

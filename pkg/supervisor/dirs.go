@@ -17,7 +17,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -263,7 +266,7 @@ func ownArea(area *os.Root, log *zap.Logger) error {
 
 // fetched is a restore's files in place, before the loop records it.
 type fetched struct {
-	r        *checkpoint.Restored
+	r        *restore.Result
 	start    time.Time
 	manifest string // the local copy of the manifest
 }
@@ -271,7 +274,7 @@ type fetched struct {
 // fetchRestore is the part of restore that touches only the store and the
 // restore area, never the loop's state: the overlapped restore runs it
 // beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
-func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts checkpoint.RestoreOptions, log *zap.Logger) (*fetched, error) {
+func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*fetched, error) {
 	restoreDir := d.restoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may
@@ -287,8 +290,8 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 	if d.tier != nil { // asked only for the checkpoint the store's rules chose
 		opts.Tiers = append(opts.Tiers, d.tier)
 	}
-	r, err := checkpoint.RestoreInto(ctx, st, dest, restoreDir, opts)
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+	r, err := restore.Into(ctx, st, dest, restoreDir, opts)
+	if errors.Is(err, restore.ErrNoCheckpoint) {
 		log.Info("no committed checkpoint: starting fresh", zap.String("store", st.URI("")))
 		return nil, nil
 	}
@@ -317,7 +320,7 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 	}
 	log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
-		zap.String("from", checkpoint.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
+		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
 
@@ -406,7 +409,7 @@ func (d *localDirs) openTier(cfg *Config, log *zap.Logger) *localtier.Tier {
 // directory (not watch mode's stage); only by hard links when copyOK is
 // false (a stop's checkpoint: the trainer waits for committed). Run in
 // the commit's goroutine, before the loop deletes r's directory.
-func (d *localDirs) keep(ctx context.Context, r *request, res *checkpoint.Result, part *checkpoint.PartSpec, copyOK bool, log *zap.Logger) {
+func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, part *checkpoint.PartSpec, copyOK bool, log *zap.Logger) {
 	if d.tier == nil || r.parent != nil {
 		return
 	}

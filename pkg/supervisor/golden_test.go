@@ -51,7 +51,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -373,8 +373,8 @@ func newGatedStore(t *testing.T, fail bool) *gatedStore {
 			t.Fatal(err)
 		}
 	}
-	c := &checkpoint.Committer{Store: st, RunID: "test"}
-	if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: src, ID: "60d0000000a7", Step: 7, Metadata: json.RawMessage(`{"epoch":1}`)}); err != nil {
+	c := &commit.Committer{Store: st, RunID: "test"}
+	if _, err := c.Commit(t.Context(), commit.Request{Dir: src, ID: "60d0000000a7", Step: 7, Metadata: json.RawMessage(`{"epoch":1}`)}); err != nil {
 		t.Fatal(err)
 	}
 	return &gatedStore{Store: st, gate: make(chan struct{}), fail: fail}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -25,11 +26,11 @@ type jobPolicy interface {
 	// cleanup is what the store's cleanup may delete of uploads in flight.
 	cleanup() []cloud.CleanupOptions
 	// committer sets up the session's committer (session: its id).
-	committer(c *checkpoint.Committer, session string)
+	committer(c *commit.Committer, session string)
 	// takeLease takes the session's lease (the run's or the node's) into c.
-	takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error)
+	takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error)
 	// pipeline starts the upload of a checkpoint the trainer is saving.
-	pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline
+	pipeline(ctx context.Context, c *commit.Committer, held *os.Root, step int64, id string) *commit.Pipeline
 	// partFor is r's part of a job checkpoint (nil: a whole one);
 	// partMissing why r cannot be committed yet ("" it can), with
 	// localWorld ranks on this node; lost why r, which lost trainers
@@ -75,9 +76,9 @@ func (singleNode) ownCheckpoint() string                       { return "" }
 func (singleNode) ranksAgree() bool                            { return false }
 func (singleNode) crashRecords() bool                          { return false }
 func (singleNode) fencedStopsAtOnce() bool                     { return false }
-func (singleNode) committer(*checkpoint.Committer, string)     {}
+func (singleNode) committer(*commit.Committer, string)         {}
 
-func (singleNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error) {
+func (singleNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error) {
 	l, err := checkpoint.AcquireLease(ctx, st, rec)
 	if err != nil {
 		return nil, fmt.Errorf("take lease: %w", err)
@@ -86,7 +87,7 @@ func (singleNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.
 	return l, nil
 }
 
-func (singleNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline {
+func (singleNode) pipeline(ctx context.Context, c *commit.Committer, held *os.Root, step int64, id string) *commit.Pipeline {
 	return c.NewPipeline(ctx, held, step, id)
 }
 
@@ -121,7 +122,7 @@ type partNode struct {
 func (p partNode) part() string { return p.node }
 
 // committer: part data of this session only (parts.go).
-func (partNode) committer(c *checkpoint.Committer, session string) { c.Session = session }
+func (partNode) committer(c *commit.Committer, session string) { c.Session = session }
 
 func (p partNode) restorePart() string {
 	if p.restoreAll {
@@ -136,7 +137,7 @@ func (p partNode) cleanup() []cloud.CleanupOptions {
 	return []cloud.CleanupOptions{checkpoint.PartCleanup(p.node)}
 }
 
-func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *checkpoint.Committer) (*checkpoint.Lease, error) {
+func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error) {
 	l, err := checkpoint.AcquirePartLease(ctx, st, p.node, rec)
 	if err != nil {
 		return nil, fmt.Errorf("take lease of %s: %w", p.node, err)
@@ -145,7 +146,7 @@ func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.
 	return l, nil
 }
 
-func (p partNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *os.Root, step int64, id string) *checkpoint.Pipeline {
+func (p partNode) pipeline(ctx context.Context, c *commit.Committer, held *os.Root, step int64, id string) *commit.Pipeline {
 	return c.NewPartPipeline(ctx, held, step, id, p.node)
 }
 

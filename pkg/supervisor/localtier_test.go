@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -31,7 +32,7 @@ func TestAgent_LocalTier(t *testing.T) {
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 
-	restart := func(keep int) checkpoint.RestoreEntry {
+	restart := func(keep int) journal.RestoreEntry {
 		t.Helper()
 		ar := startAgent(t, func(cfg *Config) {
 			cfg.Store, cfg.CheckpointDir, cfg.LocalKeep = first.store, first.cfg.CheckpointDir, keep
@@ -40,7 +41,7 @@ func TestAgent_LocalTier(t *testing.T) {
 		if code := ar.wait(t); code != 0 {
 			t.Fatalf("exit code %d: the trainer did not resume from the checkpoint", code)
 		}
-		j, err := checkpoint.ReadJournal(context.Background(), first.store, "test")
+		j, err := journal.Read(context.Background(), first.store, "test")
 		if err != nil || len(j.Restores) == 0 {
 			t.Fatalf("journal: %v, %v", j, err)
 		}

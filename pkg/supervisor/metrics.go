@@ -3,7 +3,7 @@ package supervisor
 import (
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // Metrics receives the agent's measurements; pkg/metrics exports them to
@@ -22,7 +22,7 @@ type Metrics interface {
 	RestoredFrom(from map[string]int64)
 	Ready(ok bool)
 	// Goodput is the run's accounting after each journal write.
-	Goodput(g *checkpoint.Goodput)
+	Goodput(g *journal.Goodput)
 	// Machine labels the agent's series by machine (cloud, type, zone).
 	Machine(cloud, instanceType, zone string)
 	// NoticeCheckpoint is one notice's checkpoint: committed or not, how
@@ -46,7 +46,7 @@ func (nopMetrics) Error(string)                                          {}
 func (nopMetrics) Restored(int64, time.Duration)                         {}
 func (nopMetrics) RestoredFrom(map[string]int64)                         {}
 func (nopMetrics) Ready(bool)                                            {}
-func (nopMetrics) Goodput(*checkpoint.Goodput)                           {}
+func (nopMetrics) Goodput(*journal.Goodput)                              {}
 func (nopMetrics) Machine(string, string, string)                        {}
 func (nopMetrics) NoticeCheckpoint(bool, time.Duration, time.Duration)   {}
 func (nopMetrics) NoticePromise(time.Duration, map[string]time.Duration) {}

@@ -34,7 +34,7 @@ func (r *request) ownerUIDs() []int {
 }
 
 // foreignUID is c's peer uid when it is another user's than the agent's
-// (the owner a file it reports saved must have: checkpoint.Pipeline.Add);
+// (the owner a file it reports saved must have: commit.Pipeline.Add);
 // nil when it is the agent's own user, or unknown.
 func foreignUID(c *protocol.Conn) []int {
 	uid := c.PeerUID()

@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
@@ -20,7 +20,7 @@ type session struct {
 	started   time.Time // this session
 	id        string    // its id in the journal (Session.ID)
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
-	journal   *checkpoint.JournalWriter
+	journal   *journal.Writer
 	journals  sync.WaitGroup // journal updates in flight
 	acks      sync.WaitGroup // cloud event acknowledgements in flight
 
@@ -43,7 +43,7 @@ func (s *session) landingCtx() context.Context {
 }
 
 // journalAsync applies fn to the journal and saves it in the background.
-func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
+func (s *session) journalAsync(fn func(*journal.Journal)) {
 	s.journals.Add(1)
 	go func() {
 		defer s.journals.Done()
@@ -51,10 +51,10 @@ func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
 		// stats must land after it ends (awaitLanding).
 		ctx, cancel := context.WithTimeout(s.landingCtx(), time.Minute)
 		defer cancel()
-		var g *checkpoint.Goodput
-		err := s.journal.Update(ctx, func(j *checkpoint.Journal) {
+		var g *journal.Goodput
+		err := s.journal.Update(ctx, func(j *journal.Journal) {
 			fn(j)
-			g, _ = checkpoint.Account(j, time.Now()) // the journal as written
+			g, _ = journal.Account(j, time.Now()) // the journal as written
 		})
 		switch {
 		case err == nil && g != nil:
@@ -71,8 +71,8 @@ func (s *session) journalAsync(fn func(*checkpoint.Journal)) {
 // recordSession adds this session to the journal, once the restore worked:
 // a start that fails there leaves no trace in the store.
 func (s *session) recordSession(id metadata.Identity) {
-	s.journalAsync(func(j *checkpoint.Journal) {
-		j.Sessions = append(j.Sessions, checkpoint.Session{ID: s.id, Start: s.started.UTC(), Instance: machineOf(id)})
+	s.journalAsync(func(j *journal.Journal) {
+		j.Sessions = append(j.Sessions, journal.Session{ID: s.id, Start: s.started.UTC(), Instance: machineOf(id)})
 	})
 }
 

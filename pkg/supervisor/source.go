@@ -7,7 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -82,7 +83,7 @@ type sourceHost interface {
 	// restored records a restore (journal, metrics, the newest committed
 	// checkpoint) and is the trainers' resume; epoch is the session's
 	// lease epoch, the newest a restore may pick.
-	restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume
+	restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume
 	epoch() int64
 	// trainer is the child's state now; signalTrainer signals it (it may
 	// die of it: the stop it was told of); stopTrainer ends it (SIGTERM,
@@ -93,7 +94,7 @@ type sourceHost interface {
 	// stopping reports a stop sequence under way; stopCommitted and
 	// stopFailed end the interruption s the source took.
 	stopping() bool
-	stopCommitted(s *stopState, res *checkpoint.Result, now time.Time)
+	stopCommitted(s *stopState, res *commit.Result, now time.Time)
 	stopFailed(s *stopState, why string, now time.Time)
 }
 
@@ -137,7 +138,7 @@ type protocolSource struct {
 // restore copies the newest committed checkpoint into the restore area
 // and returns the resume information (nil when starting fresh).
 func (p protocolSource) restore(ctx context.Context) (*protocol.Resume, error) {
-	opts := checkpoint.RestoreOptions{Log: p.log, MaxEpoch: p.host.epoch(), Part: p.part}
+	opts := restore.Options{Log: p.log, MaxEpoch: p.host.epoch(), Part: p.part}
 	f, err := p.dirs.fetchRestore(ctx, p.store, opts, p.log)
 	if err != nil || f == nil {
 		return nil, err
@@ -183,7 +184,7 @@ func (h agentHost) cancelUpload(id string) bool {
 	return up != nil
 }
 
-func (h agentHost) restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume {
+func (h agentHost) restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume {
 	return h.a.commits.restored(r, start, dir, manifest, &h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
 }
 
@@ -202,7 +203,7 @@ func (h agentHost) signalTrainer(sig syscall.Signal) error {
 	return nil
 }
 
-func (h agentHost) stopCommitted(s *stopState, res *checkpoint.Result, now time.Time) {
+func (h agentHost) stopCommitted(s *stopState, res *commit.Result, now time.Time) {
 	h.a.stops.committed(s, res, now)
 }
 

@@ -7,7 +7,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -47,7 +48,7 @@ type stopState struct {
 	told     bool // a trainer got the stop message (exitCodeFor)
 	finished bool // committed or failed: nothing more to wait for
 	joined   bool // the notice reached another node of the job (agent_job.go)
-	record   checkpoint.Interruption
+	record   journal.Interruption
 }
 
 func (s *stopState) stopMessage() protocol.Message {
@@ -122,7 +123,7 @@ func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
 
 // committed: the interruption checkpoint is safe. Tell the trainer to
 // stop, acknowledge the cloud's event, record it.
-func (q *stopSequence) committed(s *stopState, res *checkpoint.Result, now time.Time) {
+func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time) {
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
 	s.recordLostSteps(q.src, res.Manifest.Step, now)
@@ -174,7 +175,7 @@ func (q *stopSequence) finish(s *stopState) {
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	q.sess.journalAsync(func(j *checkpoint.Journal) {
+	q.sess.journalAsync(func(j *journal.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++

@@ -15,12 +15,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // Restored is a checkpoint put back into DIR under its original name.
 type Restored struct {
-	*checkpoint.Restored
+	*restore.Result
 	Name string
 	Kind string
 	Path string // DIR/Name
@@ -40,9 +41,9 @@ var ErrNotWatched = errors.New("checkpoint was not committed in watch mode")
 // resume would otherwise pick). Everything goes through DIR as New opened
 // it: a symlink the trainer puts anywhere in DIR is never followed out of
 // it, and a FIFO or device is never opened for reading (it is not a
-// verified copy: it is moved aside). It returns checkpoint.ErrNoCheckpoint
+// verified copy: it is moved aside). It returns restore.ErrNoCheckpoint
 // when the store holds none.
-func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.RestoreOptions) (*Restored, error) {
+func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts restore.Options) (*Restored, error) {
 	dir := w.root
 	tmp, err := checkpoint.MkdirTemp(dir, reserved+"restore-")
 	if err != nil {
@@ -56,7 +57,7 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 	// DIR's own copy of the checkpoint, if it is still there, first: only
 	// what it lacks, or what differs, is read from the store.
 	opts.Tiers = append([]checkpoint.Tier{w.Tier()}, opts.Tiers...)
-	r, err := checkpoint.RestoreInto(ctx, st, into, filepath.Join(w.cfg.Dir, tmp), opts)
+	r, err := restore.Into(ctx, st, into, filepath.Join(w.cfg.Dir, tmp), opts)
 	into.Close()
 	if err != nil {
 		return nil, err
@@ -72,7 +73,7 @@ func (w *Watcher) Restore(ctx context.Context, st cloud.Store, opts checkpoint.R
 		}
 		src = path.Join(src, o.Name)
 	}
-	res := &Restored{Restored: r, Name: o.Name, Kind: o.Kind, Path: filepath.Join(w.cfg.Dir, o.Name)}
+	res := &Restored{Result: r, Name: o.Name, Kind: o.Kind, Path: filepath.Join(w.cfg.Dir, o.Name)}
 	w.asideTorn(o.Step)
 	if _, err := dir.Lstat(o.Name); err == nil {
 		err := w.sameAs(o.Name, o.Kind, r.Manifest)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -43,7 +43,7 @@ func restoreWithin(t *testing.T, w *Watcher, st cloud.Store) (*Restored, error) 
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := w.Restore(t.Context(), st, checkpoint.RestoreOptions{})
+		r, err := w.Restore(t.Context(), st, restore.Options{})
 		done <- result{r, err}
 	}()
 	select {

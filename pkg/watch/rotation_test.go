@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
@@ -55,8 +56,8 @@ func TestVerify_Rotation(t *testing.T) {
 				t.Fatalf("Verify after the original was deleted: %v", err)
 			}
 			defer vs.Expect(cp.Step, "r1", cp.Verify)()
-			c := &checkpoint.Committer{Store: vs, RunID: "r"}
-			if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: stage, ID: "r1", Step: cp.Step, Metadata: cp.Metadata()}); err != nil {
+			c := &commit.Committer{Store: vs, RunID: "r"}
+			if _, err := c.Commit(t.Context(), commit.Request{Dir: stage, ID: "r1", Step: cp.Step, Metadata: cp.Metadata()}); err != nil {
 				t.Fatalf("commit of a rotated checkpoint: %v", err)
 			}
 			l, err := checkpoint.ReadLatest(t.Context(), fst)

@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -294,10 +296,10 @@ func TestCommit_ChangedDuringUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	hook := &touchStore{VerifyStore: NewVerifyStore(fst), touch: filepath.Join(d, "a.bin")}
-	c := &checkpoint.Committer{Store: hook, RunID: "r"}
+	c := &commit.Committer{Store: hook, RunID: "r"}
 	stage := stageIn(t, cp, "id1")
 	done := hook.Expect(cp.Step, "id1", cp.Verify)
-	_, err = c.Commit(t.Context(), checkpoint.Request{Dir: stage, ID: "id1", Step: cp.Step, Metadata: cp.Metadata()})
+	_, err = c.Commit(t.Context(), commit.Request{Dir: stage, ID: "id1", Step: cp.Step, Metadata: cp.Metadata()})
 	done()
 	if !errors.Is(err, ErrChanged) {
 		t.Fatalf("commit err=%v, want ErrChanged", err)
@@ -315,14 +317,14 @@ func TestCommit_ChangedDuringUpload(t *testing.T) {
 	hook.touch = ""
 	stage2 := stageIn(t, cps[0], "id2")
 	defer hook.Expect(cps[0].Step, "id2", cps[0].Verify)()
-	if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: stage2, ID: "id2", Step: 7, Metadata: cps[0].Metadata()}); err != nil {
+	if _, err := c.Commit(t.Context(), commit.Request{Dir: stage2, ID: "id2", Step: 7, Metadata: cps[0].Metadata()}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Restore puts it back under its name into an empty directory.
 	empty := t.TempDir()
 	w2, _ := newWatcher(t, Config{Dir: empty})
-	r, err := w2.Restore(t.Context(), fst, checkpoint.RestoreOptions{})
+	r, err := w2.Restore(t.Context(), fst, restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,8 +389,8 @@ func commitOne(t *testing.T, st cloud.Store, cp *Checkpoint, id string) {
 	vs := NewVerifyStore(st)
 	stage := stageIn(t, cp, id)
 	defer vs.Expect(cp.Step, id, cp.Verify)()
-	c := &checkpoint.Committer{Store: vs, RunID: "r"}
-	if _, err := c.Commit(t.Context(), checkpoint.Request{Dir: stage, ID: id, Step: cp.Step, Metadata: cp.Metadata()}); err != nil {
+	c := &commit.Committer{Store: vs, RunID: "r"}
+	if _, err := c.Commit(t.Context(), commit.Request{Dir: stage, ID: id, Step: cp.Step, Metadata: cp.Metadata()}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -411,7 +413,7 @@ func TestRestore_FileAndAside(t *testing.T) {
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, "model-30.pt"), "torn")
 	w2, logs := newWatcher(t, Config{Dir: dir, Pattern: "*.pt"})
-	r, err := w2.Restore(t.Context(), fst, checkpoint.RestoreOptions{})
+	r, err := w2.Restore(t.Context(), fst, restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +439,7 @@ func TestRestore_FileAndAside(t *testing.T) {
 	dir = t.TempDir()
 	write(t, filepath.Join(dir, "checkpoint-20", "m.bin"), "half")
 	w4, _ := newWatcher(t, Config{Dir: dir})
-	if _, err := w4.Restore(t.Context(), hst, checkpoint.RestoreOptions{}); err != nil {
+	if _, err := w4.Restore(t.Context(), hst, restore.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint-20")); !errors.Is(err, os.ErrNotExist) {
@@ -451,11 +453,11 @@ func TestRestore_FileAndAside(t *testing.T) {
 	pst, _ := file.New(t.TempDir())
 	pd := t.TempDir()
 	write(t, filepath.Join(pd, "state.pt"), "s")
-	if _, err := (&checkpoint.Committer{Store: pst, RunID: "r"}).Commit(t.Context(), checkpoint.Request{Dir: pd, ID: "p1", Step: 3}); err != nil {
+	if _, err := (&commit.Committer{Store: pst, RunID: "r"}).Commit(t.Context(), commit.Request{Dir: pd, ID: "p1", Step: 3}); err != nil {
 		t.Fatal(err)
 	}
 	w5, _ := newWatcher(t, Config{})
-	if _, err := w5.Restore(t.Context(), pst, checkpoint.RestoreOptions{}); !errors.Is(err, ErrNotWatched) {
+	if _, err := w5.Restore(t.Context(), pst, restore.Options{}); !errors.Is(err, ErrNotWatched) {
 		t.Fatalf("restore of a protocol-mode checkpoint: %v, want ErrNotWatched", err)
 	}
 	if ents, _ := os.ReadDir(w5.cfg.Dir); len(ents) != 0 {

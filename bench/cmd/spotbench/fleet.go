@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
 // fleetRuns is the fleet size of the fleet section (issue 29: 10,000 runs,
@@ -159,13 +160,13 @@ func writeSyntheticFleet(root string, n int) error {
 // instance type over its cloud's zones, Poisson interruptions, 85 % of
 // them with the notice checkpoint committed. It returns the journal, the
 // newest step and the end of its last session.
-func syntheticJournal(rng *rand.Rand, i int, base time.Time) (*checkpoint.Journal, int64, time.Time) {
+func syntheticJournal(rng *rand.Rand, i int, base time.Time) (*journal.Journal, int64, time.Time) {
 	clouds := []string{"aws", "gcp", "azure"}
 	id := fmt.Sprintf("run-%06d", i)
 	cl := clouds[rng.IntN(3)]
 	typ := fleetTypes[cl][rng.IntN(4)]
 	rate := 0.01 * float64(1+rng.IntN(5)) // per hour
-	j := &checkpoint.Journal{Format: checkpoint.JournalFormat, RunID: id}
+	j := &journal.Journal{Format: journal.Format, RunID: id}
 	t := base.Add(time.Duration(rng.Int64N(int64(55 * 24 * time.Hour))))
 	var step int64
 	for s := range 1 + rng.IntN(6) {
@@ -175,14 +176,14 @@ func syntheticJournal(rng *rand.Rand, i int, base time.Time) (*checkpoint.Journa
 		length = min(max(length, 10*time.Minute), 48*time.Hour)
 		blocked := length.Seconds() * 0.01
 		end := t.Add(length)
-		sess := checkpoint.Session{ID: fmt.Sprint(s), Start: t, End: &end, Instance: m, BlockedSeconds: &blocked}
+		sess := journal.Session{ID: fmt.Sprint(s), Start: t, End: &end, Instance: m, BlockedSeconds: &blocked}
 		j.Sessions = append(j.Sessions, sess)
 		if s > 0 {
-			j.Restores = append(j.Restores, checkpoint.RestoreEntry{At: t, Step: step, Seconds: 30 + 60*rng.Float64()})
+			j.Restores = append(j.Restores, journal.RestoreEntry{At: t, Step: step, Seconds: 30 + 60*rng.Float64()})
 		}
 		step += int64(length.Seconds())
 		if rng.Float64() < 0.7 { // ended by an interruption
-			in := checkpoint.Interruption{Cloud: cl, Kind: "spot", InstanceType: typ, Zone: zone, Notice: end.Add(-time.Minute), Detected: end.Add(-time.Minute), Step: step}
+			in := journal.Interruption{Cloud: cl, Kind: "spot", InstanceType: typ, Zone: zone, Notice: end.Add(-time.Minute), Detected: end.Add(-time.Minute), Step: step}
 			deadline := in.Notice.Add(2 * time.Minute)
 			in.Deadline = &deadline
 			if rng.Float64() < 0.85 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/fleet"
 )
@@ -87,7 +88,7 @@ func oldUpdate(ctx context.Context, st cloud.Store, fn func(*oldSummary)) error 
 }
 
 // oldRecordSession is the agent's session-end call before issue 40.
-func oldRecordSession(ctx context.Context, st cloud.Store, dir string, j *checkpoint.Journal, step int64) error {
+func oldRecordSession(ctx context.Context, st cloud.Store, dir string, j *journal.Journal, step int64) error {
 	r, err := fleet.RunOf(j, dir, step, time.Now())
 	if err != nil {
 		return err

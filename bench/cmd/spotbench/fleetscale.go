@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/fleet"
@@ -277,7 +277,7 @@ func agentsEnd(st *counted, n, rep int, deadline time.Duration, old bool) (burst
 	base := time.Now().Add(-24 * time.Hour).UTC()
 	type agent struct {
 		dir  string
-		j    *checkpoint.Journal
+		j    *journal.Journal
 		step int64
 	}
 	agents := make([]agent, n)

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
@@ -167,8 +167,8 @@ func seedOverlap(work, storeDir string, gib float64) error {
 		return err
 	}
 	defer st.Close()
-	cm := &checkpoint.Committer{Store: st, RunID: "bench-overlap"}
-	_, err = cm.Commit(context.Background(), checkpoint.Request{Dir: src, ID: "0ver1a900001", Step: overlapStep})
+	cm := &commit.Committer{Store: st, RunID: "bench-overlap"}
+	_, err = cm.Commit(context.Background(), commit.Request{Dir: src, ID: "0ver1a900001", Step: overlapStep})
 	return err
 }
 

@@ -26,7 +26,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
@@ -384,9 +384,9 @@ func cmdCommit(args []string) int {
 		return 1
 	}
 	defer st.Close()
-	c := &checkpoint.Committer{Store: st, RunID: "bench"}
+	c := &commit.Committer{Store: st, RunID: "bench"}
 	start := time.Now()
-	res, err := c.Commit(ctx, checkpoint.Request{Dir: *dir, ID: "bench", Step: 1, Reason: "periodic"})
+	res, err := c.Commit(ctx, commit.Request{Dir: *dir, ID: "bench", Step: 1, Reason: "periodic"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "commit:", err)
 		return 1

@@ -45,6 +45,8 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -257,8 +259,8 @@ func restoreRSS(args []string) error {
 	}
 	defer os.RemoveAll(dest)
 	t0 := time.Now()
-	_, err = checkpoint.Restore(context.Background(), st, dest, checkpoint.RestoreOptions{})
-	if !errors.Is(err, checkpoint.ErrAllDamaged) {
+	_, err = restore.Checkpoint(context.Background(), st, dest, restore.Options{})
+	if !errors.Is(err, restore.ErrAllDamaged) {
 		return fmt.Errorf("restore: %v, want every checkpoint damaged", err)
 	}
 	took, rss := time.Since(t0), peakRSS()
@@ -309,7 +311,7 @@ func notice(args []string) error {
 	if oerr != nil {
 		return oerr
 	}
-	j, jerr := checkpoint.ReadJournal(context.Background(), st, "bench")
+	j, jerr := journal.Read(context.Background(), st, "bench")
 	if jerr != nil || len(j.Interruptions) != 1 {
 		return fmt.Errorf("journal: %v (%v)\n%s", jerr, err, buf.String())
 	}

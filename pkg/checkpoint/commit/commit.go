@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -20,7 +21,7 @@ import (
 type Committer struct {
 	Store       cloud.Store
 	RunID       string
-	Source      Machine
+	Source      checkpoint.Machine
 	Concurrency int // files uploaded at once; default 4
 	// Gate, when set, is shared with other runs' committers (node mode):
 	// a commit waits there for a slot, the most urgent first.
@@ -28,11 +29,11 @@ type Committer struct {
 	Log  *zap.Logger
 	// Lease, when set, fences this committer: manifests record its epoch
 	// and latest.json only moves while no newer session exists (lease.go).
-	Lease *Lease
+	Lease *checkpoint.Lease
 	// PartLease, when set, fences this node's parts of job checkpoints
 	// (AcquirePartLease): no part is written once a newer copy of the
 	// node took a lease.
-	PartLease *Lease
+	PartLease *checkpoint.Lease
 	// Session, when set, is a folder of its own for this session's part
 	// data (checkpoints/<dir>/<node>/<session>/...): two live copies of
 	// one node never write, or delete, each other's objects.
@@ -61,12 +62,12 @@ type Request struct {
 	// (parts.go): Commit uploads it, then waits until every part of the
 	// job is durable and commits the job manifest. nil: a single-node
 	// checkpoint.
-	Part *PartSpec
+	Part *checkpoint.PartSpec
 }
 
 // Result describes a committed checkpoint.
 type Result struct {
-	Manifest    *Manifest
+	Manifest    *checkpoint.Manifest
 	ManifestKey string
 	Bytes       int64         // the checkpoint's size; with Request.Part, this part's
 	Upload      time.Duration // data objects only, from the upload slot on
@@ -78,7 +79,7 @@ type Result struct {
 func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err error) {
 	start := time.Now()
 	log := c.log().With(zap.String("id", req.ID), zap.Int64("step", req.Step))
-	if !ValidID(req.ID) {
+	if !checkpoint.ValidID(req.ID) {
 		return nil, fmt.Errorf("commit: bad checkpoint id %q", req.ID)
 	}
 	if req.Step < 0 {
@@ -87,7 +88,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
 		return nil, errors.New("commit: metadata is not valid json")
 	}
-	prefix := Prefix(req.Step, req.ID)
+	prefix := checkpoint.Prefix(req.Step, req.ID)
 	if req.Part != nil {
 		if err := req.Part.Validate(); err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
@@ -99,17 +100,17 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	}
 	root := req.Root
 	if root == nil {
-		if root, err = OpenLocalDir(req.Dir); err != nil {
+		if root, err = checkpoint.OpenLocalDir(req.Dir); err != nil {
 			return nil, fmt.Errorf("commit: %w", err)
 		}
 		defer root.Close()
 	}
-	files, err := Scan(root)
+	files, err := checkpoint.Scan(root)
 	if err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	// Files uploaded early and unchanged since are not uploaded again.
-	var piped map[string]File
+	var piped map[string]checkpoint.File
 	var pipeStart time.Time
 	if req.Pipeline != nil {
 		if piped, pipeStart, err = req.Pipeline.take(ctx, files); err != nil {
@@ -119,8 +120,8 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	var total int64
 	var todo []int
 	for i, f := range files {
-		if _, ok := piped[f.rel]; !ok {
-			total += f.size
+		if _, ok := piped[f.Rel]; !ok {
+			total += f.Size
 			todo = append(todo, i)
 		}
 	}
@@ -149,13 +150,13 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		}()
 	}
 	upStart := time.Now() // the throughput estimate must not count the wait
-	m := &Manifest{
-		Format: Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
+	m := &checkpoint.Manifest{
+		Format: checkpoint.Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
 		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
-		Files: make([]File, len(files)), Epoch: c.epoch(),
+		Files: make([]checkpoint.File, len(files)), Epoch: c.epoch(),
 	}
 	for i, f := range files {
-		if pf, ok := piped[f.rel]; ok {
+		if pf, ok := piped[f.Rel]; ok {
 			m.Files[i] = pf
 		}
 	}
@@ -169,7 +170,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if req.Pipeline != nil {
 		req.Pipeline.score(m.Bytes(), uploaded)
 	}
-	key := ManifestKey(req.Step, req.ID)
+	key := checkpoint.ManifestKey(req.Step, req.ID)
 	if req.Part != nil {
 		// The part's data is durable. Waiting for the other nodes frees
 		// the upload slot, and only the caller's ctx bounds it.
@@ -180,7 +181,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	} else if err := c.commitSingle(ctx, req, m); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	if err := c.publish(ctx, Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
+	if err := c.publish(ctx, checkpoint.Latest{Manifest: key, Step: m.Step, ID: m.ID}); err != nil {
 		// The manifest is durable: restore lists the manifests newer
 		// than latest.json's and still finds this checkpoint. Report
 		// the failure all the same.
@@ -198,12 +199,12 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 
 // commitSingle writes the manifest of a single-node checkpoint, whose
 // data is durable (the part path is commitPart, parts.go).
-func (c *Committer) commitSingle(ctx context.Context, req Request, m *Manifest) error {
+func (c *Committer) commitSingle(ctx context.Context, req Request, m *checkpoint.Manifest) error {
 	body, err := marshalManifest(m)
 	if err != nil {
 		return err
 	}
-	if err := PutOnce(ctx, c.Store, ManifestKey(req.Step, req.ID), body); err != nil {
+	if err := checkpoint.PutOnce(ctx, c.Store, checkpoint.ManifestKey(req.Step, req.ID), body); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists
@@ -214,8 +215,8 @@ func (c *Committer) commitSingle(ctx context.Context, req Request, m *Manifest) 
 
 // upload puts the files indexed by todo (total bytes in all) concurrently
 // and fills out with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []LocalFile, todo []int, total int64, out []File) error {
-	p := &Progress{Start: time.Now(), Total: total}
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []checkpoint.LocalFile, todo []int, total int64, out []checkpoint.File) error {
+	p := &checkpoint.Progress{Start: time.Now(), Total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go p.Report(pctx, log, "upload")
@@ -225,11 +226,11 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 	for _, i := range todo {
 		f := files[i]
 		g.Go(func() error {
-			sum, err := c.uploadFile(gctx, root, prefix+f.rel, f, p)
+			sum, err := c.uploadFile(gctx, root, prefix+f.Rel, f, p)
 			if err != nil {
-				return fmt.Errorf("upload %s: %w", f.rel, err)
+				return fmt.Errorf("upload %s: %w", f.Rel, err)
 			}
-			out[i] = File{Path: f.rel, Key: prefix + f.rel, Size: f.size, CRC32C: sum}
+			out[i] = checkpoint.File{Path: f.Rel, Key: prefix + f.Rel, Size: f.Size, CRC32C: sum}
 			return nil
 		})
 	}
@@ -239,33 +240,33 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 // uploadFile streams one file to the store, taking its CRC32C on the way:
 // the file is read once. A file that changes size while it is read is an
 // error.
-func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f LocalFile, p *Progress) (string, error) {
+func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f checkpoint.LocalFile, p *checkpoint.Progress) (string, error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
-	fh, err := OpenScanned(root, f.rel, f.size)
+	fh, err := checkpoint.OpenScanned(root, f.Rel, f.Size)
 	if err != nil {
 		return "", err
 	}
 	defer fh.Close()
-	ur := NewUploadReader(fh, f.size, p)
-	if err := c.Store.Put(ctx, key, ur, f.size, cloud.PutOptions{}); err != nil {
+	ur := newUploadReader(fh, f.Size, p)
+	if err := c.Store.Put(ctx, key, ur, f.Size, cloud.PutOptions{}); err != nil {
 		return "", err
 	}
-	n, sum := ur.Result()
-	if n != f.size {
-		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.size)
+	n, sum := ur.result()
+	if n != f.Size {
+		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.Size)
 	}
 	return sum, nil
 }
 
 // marshalManifest encodes m and checks that it decodes to the same paths
 // and keys: what restore reads back must name the objects just uploaded.
-func marshalManifest(m *Manifest) ([]byte, error) {
+func marshalManifest(m *checkpoint.Manifest) ([]byte, error) {
 	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	var back Manifest
+	var back checkpoint.Manifest
 	if err := json.Unmarshal(body, &back); err != nil {
 		return nil, fmt.Errorf("manifest does not decode: %w", err)
 	}
@@ -274,7 +275,7 @@ func marshalManifest(m *Manifest) ([]byte, error) {
 	}
 	for i, f := range m.Files {
 		if b := back.Files[i]; b.Path != f.Path || b.Key != f.Key {
-			return nil, fmt.Errorf("file %q does not survive json encoding (reads back as %q): %w", f.Path, b.Path, ErrRefused)
+			return nil, fmt.Errorf("file %q does not survive json encoding (reads back as %q): %w", f.Path, b.Path, checkpoint.ErrRefused)
 		}
 	}
 	return body, nil
@@ -303,9 +304,9 @@ func (c *Committer) epoch() int64 {
 }
 
 // publish moves latest.json: fenced by the lease when there is one.
-func (c *Committer) publish(ctx context.Context, l Latest) error {
+func (c *Committer) publish(ctx context.Context, l checkpoint.Latest) error {
 	if c.Lease == nil {
-		return UpdateLatest(ctx, c.Store, l)
+		return checkpoint.UpdateLatest(ctx, c.Store, l)
 	}
 	return c.Lease.Publish(ctx, l)
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -56,7 +58,7 @@ func TestCommit_RoundTrip(t *testing.T) {
 	if got, want := res.ManifestKey, "checkpoints/000000000120-abc/manifest.json"; got != want {
 		t.Fatalf("manifest key=%q, want %q", got, want)
 	}
-	l, err := ReadLatest(context.Background(), st)
+	l, err := checkpoint.ReadLatest(context.Background(), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestCommit_RoundTrip(t *testing.T) {
 		t.Fatalf("latest=%+v", l)
 	}
 	dest := t.TempDir()
-	r, err := Restore(context.Background(), st, dest, RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, dest, restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +85,7 @@ func TestCommit_RoundTrip(t *testing.T) {
 		}
 	}
 	// A second restore reuses the verified local copy.
-	r2, err := Restore(context.Background(), st, dest, RestoreOptions{})
+	r2, err := restore.Checkpoint(context.Background(), st, dest, restore.Options{})
 	if err != nil || r2.Dir != r.Dir {
 		t.Fatalf("second restore: dir=%v err=%v", r2, err)
 	}
@@ -104,7 +106,7 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 			}
 			c := &Committer{Store: st, RunID: "run"}
 			_, err := c.Commit(context.Background(), Request{Dir: dir, ID: "x", Step: 1})
-			if !errors.Is(err, ErrRefused) {
+			if !errors.Is(err, checkpoint.ErrRefused) {
 				t.Fatalf("err=%v, want ErrRefused", err)
 			}
 			n := 0
@@ -122,7 +124,7 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := (&Committer{Store: st}).Commit(context.Background(), Request{Dir: link, ID: "x", Step: 1})
-		if !errors.Is(err, ErrRefused) {
+		if !errors.Is(err, checkpoint.ErrRefused) {
 			t.Fatalf("err=%v, want ErrRefused", err)
 		}
 	})
@@ -144,7 +146,7 @@ func TestUpdateLatest_NeverMovesBack(t *testing.T) {
 	st := newStore(t)
 	commit(t, st, 200, "new", map[string]string{"a": "1"})
 	commit(t, st, 100, "old", map[string]string{"a": "2"})
-	l, err := ReadLatest(context.Background(), st)
+	l, err := checkpoint.ReadLatest(context.Background(), st)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -20,7 +22,7 @@ func TestLease_SealAdoptsUnpublishedCommit(t *testing.T) {
 		if _, err := commitUnder(old, st, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
-		before, err := ReadSmall(t.Context(), st, LatestKey, 1<<20)
+		before, err := checkpoint.ReadSmall(t.Context(), st, checkpoint.LatestKey, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,13 +30,13 @@ func TestLease_SealAdoptsUnpublishedCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The machine died before latest.json moved: it still names a.
-		put(t, st, LatestKey, string(before))
+		put(t, st, checkpoint.LatestKey, string(before))
 		next := acquire(t, st, "next")
 		if l := latestRaw(t, st); l.ID != "b" || l.Epoch != next.Epoch {
 			t.Fatalf("latest=%+v, want b sealed by epoch %d", l, next.Epoch)
 		}
 		for _, maxEpoch := range []int64{next.Epoch, 0} { // run, restore
-			r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{MaxEpoch: maxEpoch})
+			r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{MaxEpoch: maxEpoch})
 			if err != nil || r.Manifest.ID != "b" {
 				t.Fatalf("max epoch %d: restored %v, %v; want b (step 20)", maxEpoch, r, err)
 			}
@@ -49,19 +51,19 @@ func TestLease_PointerlessSealFences(t *testing.T) {
 	leaseStores(t, func(t *testing.T, st cloud.Store) {
 		old := acquire(t, st, "old")
 		next := acquire(t, st, "next")
-		if _, err := commitUnder(old, st, t, 5, "late"); !errors.Is(err, ErrFenced) {
+		if _, err := commitUnder(old, st, t, 5, "late"); !errors.Is(err, checkpoint.ErrFenced) {
 			t.Fatalf("commit of the fenced session: err=%v, want ErrFenced", err)
 		}
 		for _, maxEpoch := range []int64{next.Epoch, 0} {
-			r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{MaxEpoch: maxEpoch})
-			if !errors.Is(err, ErrNoCheckpoint) {
+			r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{MaxEpoch: maxEpoch})
+			if !errors.Is(err, restore.ErrNoCheckpoint) {
 				t.Fatalf("max epoch %d: restored %v, %v; want ErrNoCheckpoint (late is fenced)", maxEpoch, r, err)
 			}
 		}
 		if _, err := commitUnder(next, st, t, 1, "own"); err != nil {
 			t.Fatal(err)
 		}
-		r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{})
+		r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{})
 		if err != nil || r.Manifest.ID != "own" {
 			t.Fatalf("restored %v, %v; want own (step 1), not the fenced late (step 5)", r, err)
 		}
@@ -86,15 +88,15 @@ func TestPrune_RollbackKeepsAssembly(t *testing.T) {
 	if _, errs := commitParts(t, ctx, st, 12, "cccccccccccc", twoNodes[0]); !errors.Is(errs[0], ErrIncomplete) {
 		t.Fatalf("err=%v", errs[0])
 	}
-	if _, err := Prune(t.Context(), st, 1, nil); err != nil {
+	if _, err := checkpoint.Prune(t.Context(), st, 1, nil); err != nil {
 		t.Fatal(err)
 	}
 	left := map[string]int{}
-	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
-	if left[Prefix(10, "aaaaaaaaaaaa")] == 0 {
+	st.List(t.Context(), checkpoint.CheckpointsDir, func(o cloud.ObjectInfo) error { left[checkpoint.DirOf(o.Key)]++; return nil })
+	if left[checkpoint.Prefix(10, "aaaaaaaaaaaa")] == 0 {
 		t.Errorf("retention deleted 10, the checkpoint restore picks (20 is damaged): left %v", left)
 	}
-	if left[Prefix(12, "cccccccccccc")] == 0 {
+	if left[checkpoint.Prefix(12, "cccccccccccc")] == 0 {
 		t.Errorf("retention deleted the parts of 12, being assembled: left %v", left)
 	}
 }
@@ -128,12 +130,12 @@ func TestPrune_PinnedNotYetListed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := ManifestKey(15, "c")
-	lag := hideFromList{Store: st, hide: Prefix(15, "c") + ManifestName}
-	if _, err := Prune(t.Context(), lag, 1, nil, key); err != nil {
+	key := checkpoint.ManifestKey(15, "c")
+	lag := hideFromList{Store: st, hide: checkpoint.Prefix(15, "c") + checkpoint.ManifestName}
+	if _, err := checkpoint.Prune(t.Context(), lag, 1, nil, key); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{ID: "c"}); err != nil {
+	if _, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{ID: "c"}); err != nil {
 		t.Fatalf("the pinned checkpoint after retention: %v", err)
 	}
 }

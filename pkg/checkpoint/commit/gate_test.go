@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -258,10 +259,10 @@ func TestCommitter_GateAcrossRuns(t *testing.T) {
 	if peak.Load() != 1 || started.Load() != 2 {
 		t.Fatalf("uploads started %d, at most %d at once; want 2, one at a time", started.Load(), peak.Load())
 	}
-	if _, err := ReadLatest(context.Background(), stores[0]); !errors.Is(err, cloud.ErrNotExist) {
+	if _, err := checkpoint.ReadLatest(context.Background(), stores[0]); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("preempted run's latest.json: %v, want none", err)
 	}
-	if l, err := ReadLatest(context.Background(), stores[1]); err != nil || l.ID != "u1" {
+	if l, err := checkpoint.ReadLatest(context.Background(), stores[1]); err != nil || l.ID != "u1" {
 		t.Fatalf("urgent run's latest.json: %+v %v", l, err)
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -62,13 +64,13 @@ func TestCommit_FIFOSwappedInAfterScan(t *testing.T) {
 	release()
 	select {
 	case err := <-done:
-		if err == nil || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "z") {
+		if err == nil || !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "z") {
 			t.Fatalf("commit: %v, want a refusal naming z", err)
 		}
 	case <-time.After(gateWait):
 		t.Fatal("commit blocked on a FIFO swapped in after the scan")
 	}
-	if _, err := ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
+	if _, err := checkpoint.ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("latest.json after a refused commit: %v", err)
 	}
 }
@@ -115,20 +117,20 @@ func TestCommit_NonUTF8Name(t *testing.T) {
 	}
 	c := &Committer{Store: st, RunID: "run"}
 	_, err := c.Commit(context.Background(), Request{Dir: dir, ID: "utf", Step: 1, Reason: "periodic"})
-	if err == nil || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), `caf\xe9`) || !strings.Contains(err.Error(), "UTF-8") {
+	if err == nil || !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), `caf\xe9`) || !strings.Contains(err.Error(), "UTF-8") {
 		t.Fatalf("commit: %v, want a refusal naming caf\\xe9", err)
 	}
-	if _, err := ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
+	if _, err := checkpoint.ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("latest.json after a refused commit: %v", err)
 	}
 }
 
 func TestMarshalManifest_RoundTrip(t *testing.T) {
-	m := &Manifest{Format: Format, ID: "x", Step: 1, Files: []File{{Path: "ok", Key: "checkpoints/000000000001-x/ok"}}}
+	m := &checkpoint.Manifest{Format: checkpoint.Format, ID: "x", Step: 1, Files: []checkpoint.File{{Path: "ok", Key: "checkpoints/000000000001-x/ok"}}}
 	if _, err := marshalManifest(m); err != nil {
 		t.Fatalf("a plain manifest: %v", err)
 	}
-	m.Files = append(m.Files, File{Path: "caf\xe9", Key: "checkpoints/000000000001-x/caf\xe9"})
+	m.Files = append(m.Files, checkpoint.File{Path: "caf\xe9", Key: "checkpoints/000000000001-x/caf\xe9"})
 	if _, err := marshalManifest(m); err == nil || !strings.Contains(err.Error(), `caf\xe9`) {
 		t.Fatalf("a non-UTF-8 path: %v, want an error naming it", err)
 	}
@@ -142,12 +144,12 @@ func TestRestore_NewerThanLatest(t *testing.T) {
 	commit(t, st, 10, "a", map[string]string{"m": "ten"})
 	commit(t, st, 20, "b", map[string]string{"m": "twenty"})
 	commit(t, st, 30, "c", map[string]string{"m": "thirty"})
-	put(t, st, LatestKey, `{"manifest":"checkpoints/000000000010-a/manifest.json","step":10,"id":"a"}`)
+	put(t, st, checkpoint.LatestKey, `{"manifest":"checkpoints/000000000010-a/manifest.json","step":10,"id":"a"}`)
 	if got := restoredStep(t, st); got != 30 {
 		t.Fatalf("restored step %d, want 30 (newer than latest.json's 10)", got)
 	}
 	put(t, st, "checkpoints/000000000030-c/m", "thirtx") // damaged
-	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +166,7 @@ func TestRestore_FileAndDirConflict(t *testing.T) {
 	commit(t, st, 10, "good", map[string]string{"m": "ten"})
 	res := commit(t, st, 20, "bad", map[string]string{"a": "x", "c/b": "y"})
 	m := *res.Manifest
-	m.Files = append([]File(nil), m.Files...)
+	m.Files = append([]checkpoint.File(nil), m.Files...)
 	for i := range m.Files {
 		if m.Files[i].Path == "c/b" {
 			m.Files[i].Path = "a/b"
@@ -172,7 +174,7 @@ func TestRestore_FileAndDirConflict(t *testing.T) {
 	}
 	body, _ := marshalManifest(&m)
 	put(t, st, res.ManifestKey, string(body))
-	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatalf("restore aborted: %v", err)
 	}
@@ -191,7 +193,7 @@ func TestRestore_SymlinkInDest(t *testing.T) {
 	if err := os.Symlink(victim, filepath.Join(dest, "000000000010-a")); err != nil {
 		t.Fatal(err)
 	}
-	r, err := Restore(context.Background(), st, dest, RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, dest, restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,15 +211,15 @@ func TestPrune_Pinned(t *testing.T) {
 	st := newStore(t)
 	commit(t, st, 100, "new", map[string]string{"m": "100"})
 	low := commit(t, st, 50, "low", map[string]string{"m": "50"})
-	if _, err := Prune(context.Background(), st, 1, nil, low.ManifestKey); err != nil {
+	if _, err := checkpoint.Prune(context.Background(), st, 1, nil, low.ManifestKey); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{low.ManifestKey, ManifestKey(100, "new"), "checkpoints/000000000050-low/m"} {
+	for _, k := range []string{low.ManifestKey, checkpoint.ManifestKey(100, "new"), "checkpoints/000000000050-low/m"} {
 		if _, err := st.Stat(context.Background(), k); err != nil {
 			t.Fatalf("%s after prune: %v", k, err)
 		}
 	}
-	if l, err := ReadLatest(context.Background(), st); err != nil || l.Step != 100 {
+	if l, err := checkpoint.ReadLatest(context.Background(), st); err != nil || l.Step != 100 {
 		t.Fatalf("latest %+v %v, want step 100", l, err)
 	}
 }
@@ -233,13 +235,13 @@ func TestOpenDir_RefusesSymlinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	if d, err := OpenDir(root, "a/b"); err != nil {
+	if d, err := checkpoint.OpenDir(root, "a/b"); err != nil {
 		t.Fatalf("a/b: %v", err)
 	} else {
 		d.Close()
 	}
 	for _, p := range []string{"link", "link/b", "../x", "/a"} {
-		if d, err := OpenDir(root, p); err == nil {
+		if d, err := checkpoint.OpenDir(root, p); err == nil {
 			d.Close()
 			t.Fatalf("%s opened, want a refusal", p)
 		}
@@ -259,7 +261,7 @@ func TestWriteFile_NoFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	if err := WriteFile(root, "request.json", []byte("new"), 0o600); err != nil {
+	if err := checkpoint.WriteFile(root, "request.json", []byte("new"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if got := readString(t, victim); got != "keep" {
@@ -283,14 +285,14 @@ func TestRemoveDir_NeverTheRoot(t *testing.T) {
 	}
 	defer root.Close()
 	for _, rel := range []string{"", ".", "./"} {
-		if err := RemoveDir(root, rel, nil); !errors.Is(err, ErrRefused) {
+		if err := checkpoint.RemoveDir(root, rel, nil); !errors.Is(err, checkpoint.ErrRefused) {
 			t.Fatalf("RemoveDir(%q) = %v, want ErrRefused", rel, err)
 		}
-		held, err := OpenDir(root, ".")
+		held, err := checkpoint.OpenDir(root, ".")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := RemoveDir(root, rel, held); !errors.Is(err, ErrRefused) {
+		if err := checkpoint.RemoveDir(root, rel, held); !errors.Is(err, checkpoint.ErrRefused) {
 			t.Fatalf("RemoveDir(%q, held) = %v, want ErrRefused", rel, err)
 		}
 		held.Close()

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
@@ -30,23 +33,23 @@ func leaseStores(t *testing.T, fn func(t *testing.T, st cloud.Store)) {
 	})
 }
 
-func acquire(t *testing.T, st cloud.Store, session string) *Lease {
+func acquire(t *testing.T, st cloud.Store, session string) *checkpoint.Lease {
 	t.Helper()
-	l, err := AcquireLease(context.Background(), st, LeaseRecord{Session: session})
+	l, err := checkpoint.AcquireLease(context.Background(), st, checkpoint.LeaseRecord{Session: session})
 	if err != nil {
 		t.Fatalf("acquire %s: %v", session, err)
 	}
 	return l
 }
 
-func commitUnder(l *Lease, st cloud.Store, t *testing.T, step int64, id string) (*Result, error) {
+func commitUnder(l *checkpoint.Lease, st cloud.Store, t *testing.T, step int64, id string) (*Result, error) {
 	c := &Committer{Store: st, RunID: "run", Lease: l}
 	return c.Commit(context.Background(), Request{Dir: writeDir(t, map[string]string{"w": id}), ID: id, Step: step, Reason: "periodic"})
 }
 
-func latestRaw(t *testing.T, st cloud.Store) Latest {
+func latestRaw(t *testing.T, st cloud.Store) checkpoint.Latest {
 	t.Helper()
-	l, _, err := readLatestRaw(context.Background(), st)
+	l, _, err := checkpoint.ReadLatestRaw(context.Background(), st)
 	if err != nil {
 		t.Fatalf("read latest: %v", err)
 	}
@@ -58,21 +61,21 @@ func latestRaw(t *testing.T, st cloud.Store) Latest {
 func TestLease_ConcurrentAcquire(t *testing.T) {
 	leaseStores(t, func(t *testing.T, st cloud.Store) {
 		const n = 6
-		leases := make([]*Lease, n)
+		leases := make([]*checkpoint.Lease, n)
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				leases[i], errs[i] = AcquireLease(context.Background(), st, LeaseRecord{Session: fmt.Sprint("s", i)})
+				leases[i], errs[i] = checkpoint.AcquireLease(context.Background(), st, checkpoint.LeaseRecord{Session: fmt.Sprint("s", i)})
 			}()
 		}
 		wg.Wait()
 		var epochs []int64
-		var top *Lease
+		var top *checkpoint.Lease
 		for i, l := range leases {
-			if errs[i] != nil && !errors.Is(errs[i], ErrFenced) {
+			if errs[i] != nil && !errors.Is(errs[i], checkpoint.ErrFenced) {
 				t.Fatalf("acquire %d: %v", i, errs[i])
 			}
 			epochs = append(epochs, l.Epoch)
@@ -91,14 +94,14 @@ func TestLease_ConcurrentAcquire(t *testing.T) {
 			if l == top && err != nil {
 				t.Fatalf("newest session (epoch %d) fenced: %v", l.Epoch, err)
 			}
-			if l != top && !errors.Is(err, ErrFenced) {
+			if l != top && !errors.Is(err, checkpoint.ErrFenced) {
 				t.Fatalf("epoch %d not fenced by %d: %v", l.Epoch, top.Epoch, err)
 			}
 		}
 		if got := latestRaw(t, st).Epoch; got != top.Epoch {
 			t.Fatalf("latest.json epoch=%d, want %d", got, top.Epoch)
 		}
-		if _, err := ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
+		if _, err := checkpoint.ReadLatest(context.Background(), st); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("sealed latest.json without a checkpoint: ReadLatest err=%v, want ErrNotExist", err)
 		}
 	})
@@ -117,10 +120,10 @@ func TestLease_FencedCommitDoesNotPublish(t *testing.T) {
 			t.Fatalf("after the new lease latest=%+v, want id a sealed with epoch %d", l, newer.Epoch)
 		}
 		_, err := commitUnder(old, st, t, 20, "b")
-		if !errors.Is(err, ErrFenced) {
+		if !errors.Is(err, checkpoint.ErrFenced) {
 			t.Fatalf("fenced commit err=%v, want ErrFenced", err)
 		}
-		m, err := ReadManifest(context.Background(), st, ManifestKey(20, "b"))
+		m, err := checkpoint.ReadManifest(context.Background(), st, checkpoint.ManifestKey(20, "b"))
 		if err != nil || m.Epoch != old.Epoch {
 			t.Fatalf("fenced checkpoint's manifest=%+v err=%v, want one with epoch %d", m, err, old.Epoch)
 		}
@@ -148,11 +151,11 @@ type sealBeforePut struct {
 func (s *sealBeforePut) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	s.mu.Lock()
 	seal := s.seal
-	if key == LatestKey {
+	if key == checkpoint.LatestKey {
 		s.seal = nil
 	}
 	s.mu.Unlock()
-	if key == LatestKey && seal != nil {
+	if key == checkpoint.LatestKey && seal != nil {
 		seal()
 	}
 	return s.Store.Put(ctx, key, r, size, o)
@@ -168,13 +171,13 @@ func TestLease_SealBetweenCheckAndWrite(t *testing.T) {
 		if _, err := commitUnder(old, racy, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
-		var newer *Lease
+		var newer *checkpoint.Lease
 		racy.seal = func() { newer = acquire(t, st, "new") }
 		_, err := commitUnder(old, racy, t, 20, "b")
 		if newer == nil {
 			t.Fatal("the newer session never took its lease")
 		}
-		if !errors.Is(err, ErrFenced) {
+		if !errors.Is(err, checkpoint.ErrFenced) {
 			t.Fatalf("write after the seal: err=%v, want ErrFenced", err)
 		}
 		// b's manifest landed before the newer session sealed: the seal
@@ -200,15 +203,15 @@ func TestRestore_IgnoresHigherEpochs(t *testing.T) {
 		if _, err := commitUnder(two, st, t, 20, "b"); err != nil {
 			t.Fatal(err)
 		}
-		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{MaxEpoch: one.Epoch})
+		r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{MaxEpoch: one.Epoch})
 		if err != nil || r.Manifest.ID != "a" {
 			t.Fatalf("restore under epoch %d: %+v, %v; want checkpoint a", one.Epoch, r, err)
 		}
-		r, err = Restore(context.Background(), st, t.TempDir(), RestoreOptions{MaxEpoch: two.Epoch})
+		r, err = restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{MaxEpoch: two.Epoch})
 		if err != nil || r.Manifest.ID != "b" {
 			t.Fatalf("restore under epoch %d: %+v, %v; want checkpoint b", two.Epoch, r, err)
 		}
-		if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{MaxEpoch: one.Epoch, ID: "b"}); !errors.Is(err, ErrNoCheckpoint) {
+		if _, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{MaxEpoch: one.Epoch, ID: "b"}); !errors.Is(err, restore.ErrNoCheckpoint) {
 			t.Fatalf("restore of a newer epoch's checkpoint by id: err=%v, want ErrNoCheckpoint", err)
 		}
 	})
@@ -220,62 +223,62 @@ func TestJournal_ConditionalAndFenced(t *testing.T) {
 	leaseStores(t, func(t *testing.T, st cloud.Store) {
 		ctx := context.Background()
 		old := acquire(t, st, "old")
-		j1, _ := ReadJournal(ctx, st, "run")
-		j2, _ := ReadJournal(ctx, st, "run")
-		w1, w2 := NewJournalWriter(st, j1), NewJournalWriter(st, j2)
+		j1, _ := journal.Read(ctx, st, "run")
+		j2, _ := journal.Read(ctx, st, "run")
+		w1, w2 := journal.NewWriter(st, j1), journal.NewWriter(st, j2)
 		w1.FenceWith(old)
-		if err := w1.Update(ctx, func(j *Journal) { j.Stats.Checkpoints++ }); err != nil {
+		if err := w1.Update(ctx, func(j *journal.Journal) { j.Stats.Checkpoints++ }); err != nil {
 			t.Fatal(err)
 		}
 		// w2 read the journal before w1 wrote: its write must not drop w1's.
-		if err := w2.Update(ctx, func(j *Journal) { j.Stats.Failures++ }); err != nil {
+		if err := w2.Update(ctx, func(j *journal.Journal) { j.Stats.Failures++ }); err != nil {
 			t.Fatal(err)
 		}
-		got, _ := ReadJournal(ctx, st, "run")
+		got, _ := journal.Read(ctx, st, "run")
 		if got.Stats.Checkpoints != 1 || got.Stats.Failures != 1 {
 			t.Fatalf("stats=%+v, want both updates", got.Stats)
 		}
 		newer := acquire(t, st, "new")
 		w2.FenceWith(newer)
-		if err := w2.Update(ctx, func(j *Journal) { j.Stats.Failures++ }); err != nil {
+		if err := w2.Update(ctx, func(j *journal.Journal) { j.Stats.Failures++ }); err != nil {
 			t.Fatal(err)
 		}
 		// w1 has not looked at the leases yet: its write loses the race
 		// against w2's, it checks, and finds itself fenced.
-		if err := w1.Update(ctx, func(j *Journal) { j.Stats.Checkpoints += 100 }); !errors.Is(err, ErrFenced) {
+		if err := w1.Update(ctx, func(j *journal.Journal) { j.Stats.Checkpoints += 100 }); !errors.Is(err, checkpoint.ErrFenced) {
 			t.Fatalf("fenced journal write: err=%v, want ErrFenced", err)
 		}
-		got, _ = ReadJournal(ctx, st, "run")
+		got, _ = journal.Read(ctx, st, "run")
 		if got.Stats.Checkpoints != 1 || got.Stats.Failures != 2 {
 			t.Fatalf("stats=%+v after the fenced write, want checkpoints 1, failures 2", got.Stats)
 		}
 	})
 }
 
-// Issue 28.2: leases/ keeps the newest leasesKept objects, not one per
+// Issue 28.2: leases/ keeps the newest LeasesKept objects, not one per
 // session ever started, and pruning never unfences an older session.
 func TestLease_Pruned(t *testing.T) {
 	st := newStore(t)
 	ctx := t.Context()
-	first, err := AcquireLease(ctx, st, LeaseRecord{Session: "s0"})
+	first, err := checkpoint.AcquireLease(ctx, st, checkpoint.LeaseRecord{Session: "s0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last *Lease
-	for i := range 3 * leasesKept {
-		if last, err = AcquireLease(ctx, st, LeaseRecord{Session: fmt.Sprint("s", i+1)}); err != nil {
+	var last *checkpoint.Lease
+	for i := range 3 * checkpoint.LeasesKept {
+		if last, err = checkpoint.AcquireLease(ctx, st, checkpoint.LeaseRecord{Session: fmt.Sprint("s", i+1)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	n := 0
-	st.List(ctx, leaseDir, func(cloud.ObjectInfo) error { n++; return nil })
-	if n != leasesKept {
-		t.Fatalf("%d lease objects, want the newest %d", n, leasesKept)
+	st.List(ctx, checkpoint.LeaseDir, func(cloud.ObjectInfo) error { n++; return nil })
+	if n != checkpoint.LeasesKept {
+		t.Fatalf("%d lease objects, want the newest %d", n, checkpoint.LeasesKept)
 	}
-	if err := first.Check(ctx); !errors.Is(err, ErrFenced) {
+	if err := first.Check(ctx); !errors.Is(err, checkpoint.ErrFenced) {
 		t.Fatalf("the first session after pruning: %v, want ErrFenced", err)
 	}
-	next, err := AcquireLease(ctx, st, LeaseRecord{Session: "next"})
+	next, err := checkpoint.AcquireLease(ctx, st, checkpoint.LeaseRecord{Session: "next"})
 	if err != nil || next.Epoch != last.Epoch+1 {
 		t.Fatalf("next lease %+v, %v: want epoch %d", next, err, last.Epoch+1)
 	}

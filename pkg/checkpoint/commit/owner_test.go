@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -48,13 +49,13 @@ func TestCommit_OwnedBy(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer root.Close()
-			defer OwnedBy(root, uid)()
+			defer checkpoint.OwnedBy(root, uid)()
 			c := &Committer{Store: st, RunID: "run"}
 			_, err = c.Commit(context.Background(), Request{Dir: dir, Root: root, ID: "a", Step: 1})
 			if tc.ok && err != nil {
 				t.Fatalf("commit of the trainer's own files: %v", err)
 			}
-			if !tc.ok && !errors.Is(err, ErrRefused) {
+			if !tc.ok && !errors.Is(err, checkpoint.ErrRefused) {
 				t.Fatalf("commit err=%v, want ErrRefused", err)
 			}
 		})
@@ -113,19 +114,19 @@ func TestPipeline_OwnedBy(t *testing.T) {
 				t.Fatalf("add the trainer's own file: %v", err)
 			}
 			err := p.Add("x", uid)
-			if !errors.Is(err, ErrNotOwned) {
+			if !errors.Is(err, checkpoint.ErrNotOwned) {
 				t.Fatalf("add x: %v, want ErrNotOwned", err)
 			}
-			if n := st.count(Prefix(3, "own") + "x"); n != 0 {
+			if n := st.count(checkpoint.Prefix(3, "own") + "x"); n != 0 {
 				t.Fatalf("x was put %d times: the refused file reached the store", n)
 			}
-			if err := p.Add("model.pt", uid); err == nil || !errors.Is(err, ErrNotOwned) {
+			if err := p.Add("model.pt", uid); err == nil || !errors.Is(err, checkpoint.ErrNotOwned) {
 				t.Fatalf("add after a refusal: %v, want the refusal", err)
 			}
 			// Even with x gone by done, the checkpoint is not committed.
 			os.Remove(filepath.Join(dir, "x"))
-			defer OwnedBy(root, uid)()
-			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "own", Step: 3, Pipeline: p}); !errors.Is(err, ErrNotOwned) {
+			defer checkpoint.OwnedBy(root, uid)()
+			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "own", Step: 3, Pipeline: p}); !errors.Is(err, checkpoint.ErrNotOwned) {
 				t.Fatalf("commit: %v, want ErrNotOwned", err)
 			}
 			p.Abort()
@@ -156,8 +157,8 @@ func TestPipeline_OwnedBy(t *testing.T) {
 		if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
 			t.Fatal(err)
 		}
-		defer OwnedBy(root, uid)()
-		if _, err := c.Commit(context.Background(), Request{Root: root, ID: "rep", Step: 3, Pipeline: p}); !errors.Is(err, ErrNotOwned) {
+		defer checkpoint.OwnedBy(root, uid)()
+		if _, err := c.Commit(context.Background(), Request{Root: root, ID: "rep", Step: 3, Pipeline: p}); !errors.Is(err, checkpoint.ErrNotOwned) {
 			t.Fatalf("commit: %v, want ErrNotOwned", err)
 		}
 		p.Abort()

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
 // The pace tries early uploads, then the serial path, then keeps the
@@ -72,7 +74,7 @@ func TestEarlyPace_DeferredPipelineUploadsAtDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wg.Wait()
-	if _, err := st.Stat(context.Background(), Prefix(5, "x")+"a"); err == nil {
+	if _, err := st.Stat(context.Background(), checkpoint.Prefix(5, "x")+"a"); err == nil {
 		t.Fatal("a deferred pipeline uploaded before done")
 	}
 	res, err := c.Commit(context.Background(), Request{Dir: dir, Root: root, ID: "x", Step: 5, Reason: "periodic", Pipeline: p})

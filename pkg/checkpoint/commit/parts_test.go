@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"bytes"
@@ -17,14 +17,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // twoNodes is the job of the tests: world size 4, two ranks per node.
-var twoNodes = []PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
+var twoNodes = []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
 
 // partFiles is what the ranks of part p save at step.
-func partFiles(p PartSpec, step int64) map[string]string {
+func partFiles(p checkpoint.PartSpec, step int64) map[string]string {
 	files := map[string]string{}
 	for _, r := range p.Ranks {
 		files[fmt.Sprintf("rank-%d.pt", r)] = fmt.Sprintf("rank %d step %d %s", r, step, strings.Repeat("x", r*100))
@@ -32,14 +35,14 @@ func partFiles(p PartSpec, step int64) map[string]string {
 	return files
 }
 
-func partRequest(t *testing.T, p PartSpec, step int64, id string) Request {
+func partRequest(t *testing.T, p checkpoint.PartSpec, step int64, id string) Request {
 	p.Ranks = slices.Clone(p.Ranks)
 	return Request{Dir: writeDir(t, partFiles(p, step)), ID: id, Step: step, Reason: "periodic",
 		Metadata: []byte(fmt.Sprintf(`{"node":%q}`, p.Node)), Part: &p}
 }
 
 // commitJob commits every part at once and fails the test unless each succeeds.
-func commitJob(t *testing.T, st cloud.Store, step int64, id string, parts ...PartSpec) []*Result {
+func commitJob(t *testing.T, st cloud.Store, step int64, id string, parts ...checkpoint.PartSpec) []*Result {
 	t.Helper()
 	res, errs := commitParts(t, context.Background(), st, step, id, parts...)
 	for i, err := range errs {
@@ -50,7 +53,7 @@ func commitJob(t *testing.T, st cloud.Store, step int64, id string, parts ...Par
 	return res
 }
 
-func commitParts(t *testing.T, ctx context.Context, st cloud.Store, step int64, id string, parts ...PartSpec) ([]*Result, []error) {
+func commitParts(t *testing.T, ctx context.Context, st cloud.Store, step int64, id string, parts ...checkpoint.PartSpec) ([]*Result, []error) {
 	t.Helper()
 	if len(parts) == 0 {
 		parts = twoNodes
@@ -76,7 +79,7 @@ type manifestWrites struct {
 
 func (s *manifestWrites) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	err := s.Store.Put(ctx, key, r, size, o)
-	if err == nil && strings.HasSuffix(key, "/"+ManifestName) {
+	if err == nil && strings.HasSuffix(key, "/"+checkpoint.ManifestName) {
 		s.n.Add(1)
 	}
 	return err
@@ -96,7 +99,7 @@ func TestCommitParts_Concurrent(t *testing.T) {
 			if res[0].ManifestKey != res[1].ManifestKey || !res[0].Manifest.Created.Equal(res[1].Manifest.Created) {
 				t.Fatalf("the committers report different manifests: %s %v, %s %v", res[0].ManifestKey, res[0].Manifest.Created, res[1].ManifestKey, res[1].Manifest.Created)
 			}
-			m, err := ReadManifest(t.Context(), st, ManifestKey(step, id))
+			m, err := checkpoint.ReadManifest(t.Context(), st, checkpoint.ManifestKey(step, id))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,12 +112,12 @@ func TestCommitParts_Concurrent(t *testing.T) {
 				t.Fatalf("metadata=%s, want rank 0's part's", m.Metadata)
 			}
 			for _, f := range m.Files {
-				if want := PartPrefix(step, id, f.Part) + f.Path; f.Key != want {
+				if want := checkpoint.PartPrefix(step, id, f.Part) + f.Path; f.Key != want {
 					t.Fatalf("file %s key=%s, want %s", f.Path, f.Key, want)
 				}
 			}
-			l, err := ReadLatest(t.Context(), st)
-			if err != nil || l.Manifest != ManifestKey(step, id) {
+			l, err := checkpoint.ReadLatest(t.Context(), st)
+			if err != nil || l.Manifest != checkpoint.ManifestKey(step, id) {
 				t.Fatalf("latest=%+v, %v", l, err)
 			}
 			if res[1].Bytes != m.PartBytes("node-1") {
@@ -135,14 +138,14 @@ func TestCommitParts_Missing(t *testing.T) {
 		if !errors.Is(errs[0], ErrIncomplete) || !strings.Contains(errs[0].Error(), "[2 3]") {
 			t.Fatalf("err=%v, want ErrIncomplete naming ranks [2 3]", errs[0])
 		}
-		if _, err := st.Stat(t.Context(), ManifestKey(20, "bbbbbbbbbbbb")); !errors.Is(err, cloud.ErrNotExist) {
+		if _, err := st.Stat(t.Context(), checkpoint.ManifestKey(20, "bbbbbbbbbbbb")); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("manifest of the incomplete checkpoint: %v", err)
 		}
-		if _, err := st.Stat(t.Context(), PartKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
+		if _, err := st.Stat(t.Context(), checkpoint.PartKey(20, "bbbbbbbbbbbb", "node-0")); err != nil {
 			t.Fatalf("the part is gone: %v", err)
 		}
 		for _, p := range []string{"", "node-0", "node-1"} {
-			r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: p})
+			r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: p})
 			if err != nil || r.Manifest.Step != 10 {
 				t.Fatalf("restore part %q: %v, want step 10", p, err)
 			}
@@ -163,7 +166,7 @@ func TestRestoreParts_OtherPartDamaged(t *testing.T) {
 			leaseStores(t, func(t *testing.T, st cloud.Store) {
 				commitJob(t, st, 10, "aaaaaaaaaaaa")
 				commitJob(t, st, 20, "bbbbbbbbbbbb")
-				victim := PartPrefix(20, "bbbbbbbbbbbb", "node-1") + "rank-3.pt"
+				victim := checkpoint.PartPrefix(20, "bbbbbbbbbbbb", "node-1") + "rank-3.pt"
 				switch damage {
 				case "missing":
 					if err := st.Delete(t.Context(), victim); err != nil {
@@ -175,14 +178,14 @@ func TestRestoreParts_OtherPartDamaged(t *testing.T) {
 					body := partFiles(twoNodes[1], 20)["rank-3.pt"]
 					put(t, st, victim, strings.ToUpper(body))
 				}
-				r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-1"})
+				r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: "node-1"})
 				if err != nil || r.Manifest.Step != 10 || len(r.Skipped) != 1 {
 					t.Fatalf("node-1 restore: %+v, %v; want step 10, one skipped", r, err)
 				}
 				if damage == "own-corrupt" {
 					return // node-0 cannot tell without downloading node-1's files
 				}
-				r, err = Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-0"})
+				r, err = restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: "node-0"})
 				if err != nil || r.Manifest.Step != 10 || len(r.Skipped) != 1 {
 					t.Fatalf("node-0 restore: %+v, %v; want step 10, one skipped", r, err)
 				}
@@ -201,29 +204,29 @@ func TestCommitParts_Disagree(t *testing.T) {
 	}
 	noManifest := func(t *testing.T, st cloud.Store) {
 		t.Helper()
-		if es, err := ListManifests(t.Context(), st); err != nil || len(es) != 0 {
+		if es, err := checkpoint.ListManifests(t.Context(), st); err != nil || len(es) != 0 {
 			t.Fatalf("manifests: %d, %v; want none", len(es), err)
 		}
-		if _, err := ReadLatest(t.Context(), st); !errors.Is(err, cloud.ErrNotExist) {
+		if _, err := checkpoint.ReadLatest(t.Context(), st); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("latest.json: %v, want none", err)
 		}
 	}
 	leaseStores(t, func(t *testing.T, st cloud.Store) {
 		t.Run("duplicate rank", func(t *testing.T) {
-			_, errs := commitParts(t, short(t), st, 1, id, twoNodes[0], PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4})
+			_, errs := commitParts(t, short(t), st, 1, id, twoNodes[0], checkpoint.PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4})
 			for _, err := range errs {
-				if !errors.Is(err, ErrPartsDisagree) && !errors.Is(err, ErrIncomplete) {
+				if !errors.Is(err, checkpoint.ErrPartsDisagree) && !errors.Is(err, ErrIncomplete) {
 					t.Fatalf("err=%v", err)
 				}
 			}
-			if !errors.Is(errs[0], ErrPartsDisagree) && !errors.Is(errs[1], ErrPartsDisagree) {
+			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) && !errors.Is(errs[1], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
 			}
 			noManifest(t, st)
 		})
 		t.Run("world size", func(t *testing.T) {
-			_, errs := commitParts(t, short(t), st, 2, id, PartSpec{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 3}, PartSpec{Node: "node-1", Ranks: []int{2}, WorldSize: 4})
-			if !errors.Is(errs[0], ErrPartsDisagree) && !errors.Is(errs[1], ErrPartsDisagree) {
+			_, errs := commitParts(t, short(t), st, 2, id, checkpoint.PartSpec{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 3}, checkpoint.PartSpec{Node: "node-1", Ranks: []int{2}, WorldSize: 4})
+			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) && !errors.Is(errs[1], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
 			}
 			noManifest(t, st)
@@ -247,23 +250,23 @@ func TestCommitParts_Disagree(t *testing.T) {
 		t.Run("part claiming another step", func(t *testing.T) {
 			// A part manifest copied under another checkpoint's prefix.
 			commitParts(t, short(t), st, 5, id, twoNodes[1])
-			rc, err := st.Get(t.Context(), PartKey(5, id, "node-1"), 0, -1)
+			rc, err := st.Get(t.Context(), checkpoint.PartKey(5, id, "node-1"), 0, -1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			body, _ := io.ReadAll(rc)
 			rc.Close()
-			put(t, st, PartKey(6, id, "node-1"), string(body))
+			put(t, st, checkpoint.PartKey(6, id, "node-1"), string(body))
 			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
-			if !errors.Is(errs[0], ErrPartsDisagree) {
+			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
 			}
 			noManifest(t, st)
 		})
 		t.Run("same node twice", func(t *testing.T) {
 			commitParts(t, short(t), st, 7, id, twoNodes[0])
-			_, errs := commitParts(t, short(t), st, 7, id, PartSpec{Node: "node-0", Ranks: []int{2, 3}, WorldSize: 4})
-			if !errors.Is(errs[0], ErrPartsDisagree) {
+			_, errs := commitParts(t, short(t), st, 7, id, checkpoint.PartSpec{Node: "node-0", Ranks: []int{2, 3}, WorldSize: 4})
+			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
 			}
 			noManifest(t, st)
@@ -284,7 +287,7 @@ func TestRestoreParts_Select(t *testing.T) {
 		{"node-0", []string{"rank-0.pt", "rank-1.pt"}, []string{"node-0"}},
 		{"", []string{"rank-0.pt", "rank-1.pt", "rank-2.pt", "rank-3.pt"}, []string{"node-0", "node-1"}},
 	} {
-		r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: c.part})
+		r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: c.part})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,13 +305,13 @@ func TestRestoreParts_Select(t *testing.T) {
 	}
 	// A node the checkpoint has no part of gets an error, never another
 	// node's files (issue 24.2: node 0 restored node 1's rank-1.pt).
-	if r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-7"}); !errors.Is(err, ErrNoPart) ||
+	if r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: "node-7"}); !errors.Is(err, restore.ErrNoPart) ||
 		!strings.Contains(err.Error(), "--restore all") {
 		t.Fatalf("part node-7: %+v, %v; want ErrNoPart naming --restore all", r, err)
 	}
 	// A single-node checkpoint asked for a part: all of it.
 	commit(t, st, 20, "single", map[string]string{"m": "x"})
-	r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: "node-1"})
+	r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: "node-1"})
 	if err != nil || r.Manifest.Step != 20 || r.Parts != nil || !slices.Equal(dirFiles(t, r.Dir), []string{"m"}) {
 		t.Fatalf("single-node restore: %+v, %v", r, err)
 	}
@@ -426,9 +429,9 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 			wg.Wait()
 			cancel()
 			committed := errs[0] == nil || errs[1] == nil
-			_, merr := st.Stat(t.Context(), ManifestKey(step, id))
+			_, merr := st.Stat(t.Context(), checkpoint.ManifestKey(step, id))
 			for _, part := range []string{"", "node-0", "node-1"} {
-				r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: part})
+				r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: part})
 				if err != nil {
 					t.Fatalf("seed %d: restore %q: %v", seed, part, err)
 				}
@@ -437,7 +440,7 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 					t.Fatalf("seed %d: restored a checkpoint of %d parts, %d files", seed, len(m.Parts), len(m.Files))
 				}
 				for _, f := range m.Files {
-					if !strings.HasPrefix(f.Key, Prefix(m.Step, m.ID)) {
+					if !strings.HasPrefix(f.Key, checkpoint.Prefix(m.Step, m.ID)) {
 						t.Fatalf("seed %d: file %s of another checkpoint than %d-%s", seed, f.Key, m.Step, m.ID)
 					}
 				}
@@ -489,19 +492,19 @@ func TestPrune_PartsOnly(t *testing.T) {
 	}
 	commitJob(t, st, 10, "aaaaaaaaaaaa")
 	incomplete(15, "bbbbbbbbbbbb")
-	put(t, st, Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
+	put(t, st, checkpoint.Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
 	commitJob(t, st, 20, "dddddddddddd")
 	incomplete(30, "eeeeeeeeeeee")
-	if _, err := Prune(t.Context(), st, 2, nil); err != nil {
+	if _, err := checkpoint.Prune(t.Context(), st, 2, nil); err != nil {
 		t.Fatal(err)
 	}
 	left := map[string]int{}
-	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
+	st.List(t.Context(), checkpoint.CheckpointsDir, func(o cloud.ObjectInfo) error { left[checkpoint.DirOf(o.Key)]++; return nil })
 	// 15 is above the oldest checkpoint kept: it may be a job checkpoint
 	// still being assembled (after a rollback past a newer damaged one).
 	want := map[string]int{
-		Prefix(10, "aaaaaaaaaaaa"): 7, Prefix(15, "bbbbbbbbbbbb"): 3, Prefix(16, "cccccccccccc"): 1,
-		Prefix(20, "dddddddddddd"): 7, Prefix(30, "eeeeeeeeeeee"): 3,
+		checkpoint.Prefix(10, "aaaaaaaaaaaa"): 7, checkpoint.Prefix(15, "bbbbbbbbbbbb"): 3, checkpoint.Prefix(16, "cccccccccccc"): 1,
+		checkpoint.Prefix(20, "dddddddddddd"): 7, checkpoint.Prefix(30, "eeeeeeeeeeee"): 3,
 	}
 	if fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Fatalf("left %v, want %v", left, want)
@@ -509,19 +512,19 @@ func TestPrune_PartsOnly(t *testing.T) {
 	// Once the oldest kept checkpoint is above them, they go: parts and
 	// data of 15, the upload of 16, and 10, the third newest.
 	commitJob(t, st, 40, "ffffffffffff")
-	if _, err := Prune(t.Context(), st, 2, nil); err != nil {
+	if _, err := checkpoint.Prune(t.Context(), st, 2, nil); err != nil {
 		t.Fatal(err)
 	}
 	left = map[string]int{}
-	st.List(t.Context(), CheckpointsDir, func(o cloud.ObjectInfo) error { left[DirOf(o.Key)]++; return nil })
-	want = map[string]int{Prefix(20, "dddddddddddd"): 7, Prefix(30, "eeeeeeeeeeee"): 3, Prefix(40, "ffffffffffff"): 7}
+	st.List(t.Context(), checkpoint.CheckpointsDir, func(o cloud.ObjectInfo) error { left[checkpoint.DirOf(o.Key)]++; return nil })
+	want = map[string]int{checkpoint.Prefix(20, "dddddddddddd"): 7, checkpoint.Prefix(30, "eeeeeeeeeeee"): 3, checkpoint.Prefix(40, "ffffffffffff"): 7}
 	if fmt.Sprint(left) != fmt.Sprint(want) {
 		t.Fatalf("after a newer commit: left %v, want %v", left, want)
 	}
 }
 
 func TestJournal_SessionByID(t *testing.T) {
-	j := &Journal{Sessions: []Session{{ID: "a"}, {}, {ID: "b"}}}
+	j := &journal.Journal{Sessions: []journal.Session{{ID: "a"}, {}, {ID: "b"}}}
 	if s := j.SessionByID("a"); s != &j.Sessions[0] {
 		t.Fatalf("SessionByID(a)=%v", s)
 	}
@@ -563,12 +566,12 @@ func TestCommitParts_Pipeline(t *testing.T) {
 	p.Abort() // what the agent does with a checkpoint that did not commit
 	p.Wait()
 	for rel := range files {
-		if got := st.count(PartPrefix(5, id, p0.Node) + rel); got != 1 {
+		if got := st.count(checkpoint.PartPrefix(5, id, p0.Node) + rel); got != 1 {
 			t.Errorf("puts of %s=%d, want 1", rel, got)
 		}
 	}
 	commitJob(t, st, 5, id, twoNodes[1])
-	r, err := Restore(t.Context(), st, t.TempDir(), RestoreOptions{Part: p0.Node})
+	r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: p0.Node})
 	if err != nil || r.Manifest.Step != 5 {
 		t.Fatalf("restore: %v", err)
 	}
@@ -585,7 +588,7 @@ type landsThenFails struct{ cloud.Store }
 
 func (s *landsThenFails) Put(ctx context.Context, key string, r io.Reader, size int64, o cloud.PutOptions) error {
 	err := s.Store.Put(ctx, key, r, size, o)
-	if err == nil && strings.Contains(key, "/"+PartsDir) {
+	if err == nil && strings.Contains(key, "/"+checkpoint.PartsDir) {
 		return context.DeadlineExceeded
 	}
 	return err
@@ -614,7 +617,7 @@ func TestCommitParts_LandedPartKeepsEarlyUploads(t *testing.T) {
 	p.Abort()
 	p.Wait()
 	commitJob(t, base, 5, id, twoNodes[1])
-	r, err := Restore(t.Context(), base, t.TempDir(), RestoreOptions{Part: p0.Node})
+	r, err := restore.Checkpoint(t.Context(), base, t.TempDir(), restore.Options{Part: p0.Node})
 	if err != nil || r.Manifest.Step != 5 {
 		t.Fatalf("restore of the part whose write landed: %+v, %v", r, err)
 	}
@@ -627,26 +630,26 @@ func TestCommitParts_LandedPartKeepsEarlyUploads(t *testing.T) {
 func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 	st := newStore(t)
 	ctx := t.Context()
-	old, err := AcquirePartLease(ctx, st, "node-1", LeaseRecord{Session: "old"})
+	old, err := checkpoint.AcquirePartLease(ctx, st, "node-1", checkpoint.LeaseRecord{Session: "old"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	commitJob(t, st, 100, "111111111111")
-	fresh, err := AcquirePartLease(ctx, st, "node-1", LeaseRecord{Session: "new"})
+	fresh, err := checkpoint.AcquirePartLease(ctx, st, "node-1", checkpoint.LeaseRecord{Session: "new"})
 	if err != nil || fresh.Epoch != old.Epoch+1 {
 		t.Fatalf("second copy's lease: %+v, %v; want epoch %d", fresh, err, old.Epoch+1)
 	}
-	if other, err := AcquirePartLease(ctx, st, "node-0", LeaseRecord{Session: "n0"}); err != nil || other.Epoch != 1 {
+	if other, err := checkpoint.AcquirePartLease(ctx, st, "node-0", checkpoint.LeaseRecord{Session: "n0"}); err != nil || other.Epoch != 1 {
 		t.Fatalf("node 0's lease: %+v, %v: another node's leases are its own", other, err)
 	}
 	// Both copies save step 200 of the same job checkpoint.
 	p1 := twoNodes[1]
 	var keys []map[string]bool
 	for _, cp := range []struct {
-		lease   *Lease
+		lease   *checkpoint.Lease
 		session string
 		want    error
-	}{{fresh, "new", nil}, {old, "old", ErrFenced}} {
+	}{{fresh, "new", nil}, {old, "old", checkpoint.ErrFenced}} {
 		req := partRequest(t, p1, 200, "222222222222")
 		c := &Committer{Store: st, RunID: "run", PartLease: cp.lease, Session: cp.session}
 		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -659,7 +662,7 @@ func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 			t.Fatalf("copy %s: %v, want ErrIncomplete", cp.session, err)
 		}
 		got := map[string]bool{}
-		st.List(ctx, PartPrefix(200, "222222222222", p1.Node), func(o cloud.ObjectInfo) error {
+		st.List(ctx, checkpoint.PartPrefix(200, "222222222222", p1.Node), func(o cloud.ObjectInfo) error {
 			got[o.Key] = true
 			return nil
 		})
@@ -674,7 +677,7 @@ func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 		t.Fatal("the older copy does not know it is fenced")
 	}
 	commitJob(t, st, 200, "222222222222", twoNodes[0])
-	r, err := Restore(ctx, st, t.TempDir(), RestoreOptions{Part: p1.Node})
+	r, err := restore.Checkpoint(ctx, st, t.TempDir(), restore.Options{Part: p1.Node})
 	if err != nil || r.Manifest.Step != 200 {
 		t.Fatalf("restore: %+v, %v", r, err)
 	}

@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -48,7 +49,7 @@ type Pipeline struct {
 	scored bool
 	early  bool      // the choice
 	born   time.Time // first file reported saved
-	p      *Progress
+	p      *checkpoint.Progress
 	log    *zap.Logger
 
 	mu    sync.Mutex
@@ -66,7 +67,7 @@ type pipedFile struct {
 	rel   string
 	key   string
 	size  int64
-	ident FileIdent // after the upload
+	ident checkpoint.FileIdent // after the upload
 	racy  bool
 	sum   string
 	err   error // nil: uploaded, and unchanged while read
@@ -96,9 +97,9 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{
-		c: c, root: root, prefix: Prefix(max(step, 0), id), parent: parent, ctx: ctx, cancel: cancel,
+		c: c, root: root, prefix: checkpoint.Prefix(max(step, 0), id), parent: parent, ctx: ctx, cancel: cancel,
 		sem: make(chan struct{}, c.concurrency()), lazy: c.Gate != nil,
-		files: map[string]*pipedFile{}, p: &Progress{Start: time.Now()},
+		files: map[string]*pipedFile{}, p: &checkpoint.Progress{Start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
 	}
 	if !p.lazy {
@@ -133,7 +134,7 @@ func (p *Pipeline) score(bytes int64, uploaded time.Time) {
 // stops the uploads in flight, every later Add fails, and so does the
 // Commit that takes p, so that nothing of it is committed.
 func (p *Pipeline) Add(rel string, owners ...int) error {
-	if err := SafeRel(rel); err != nil {
+	if err := checkpoint.SafeRel(rel); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -150,16 +151,16 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 	if _, dup := p.files[rel]; dup {
 		return fmt.Errorf("%s: %w", rel, ErrDuplicate)
 	}
-	fh, err := p.root.OpenFile(rel, os.O_RDONLY|ONonblock|ONoFollow, 0)
+	fh, err := p.root.OpenFile(rel, os.O_RDONLY|checkpoint.ONonblock|checkpoint.ONoFollow, 0)
 	if err != nil {
 		return err
 	}
 	info, err := fh.Stat()
 	if err == nil {
-		err = CheckRegular(p.root, rel, fh, info.Size())
+		err = checkpoint.CheckRegular(p.root, rel, fh, info.Size())
 	}
 	if err == nil && len(owners) > 0 {
-		if err = CheckOwnedBy(rel, info, owners); err != nil {
+		if err = checkpoint.CheckOwnedBy(rel, info, owners); err != nil {
 			p.refused = err
 			p.cancel()
 		}
@@ -204,7 +205,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 	// done to prove it did not: waiting out the rest of the window (a
 	// trainer reports saved right after its last write) costs less. It is
 	// waited before taking an upload slot, which it would hold idle.
-	if d := time.Until(ChangeTime(before).Add(racyWindow)); d > 0 && d <= racyWindow {
+	if d := time.Until(checkpoint.ChangeTime(before).Add(racyWindow)); d > 0 && d <= racyWindow {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -222,21 +223,21 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		return
 	}
 	opened := time.Now()
-	ur := NewUploadReader(fh, f.size, p.p)
+	ur := newUploadReader(fh, f.size, p.p)
 	if err := p.c.Store.Put(p.ctx, f.key, ur, f.size, cloud.PutOptions{}); err != nil {
 		f.err = err
 		return
 	}
-	n, sum := ur.Result()
+	n, sum := ur.result()
 	after, err := fh.Stat()
 	switch {
 	case err != nil:
 		f.err = err
-	case n != f.size || IdentOf(after) != IdentOf(before):
+	case n != f.size || checkpoint.IdentOf(after) != checkpoint.IdentOf(before):
 		f.err = errors.New("file changed while it was uploaded")
 	}
-	f.ident = IdentOf(after)
-	f.racy = !ChangeTime(after).Before(opened.Add(-racyWindow))
+	f.ident = checkpoint.IdentOf(after)
+	f.racy = !checkpoint.ChangeTime(after).Before(opened.Add(-racyWindow))
 	f.sum = sum
 }
 
@@ -275,7 +276,7 @@ func (p *Pipeline) Wait() { p.bg.Wait() }
 // committed deletes, in the background, the early uploads the manifest
 // does not list (files changed or removed after `saved`, or uploaded under
 // another step's prefix and then again).
-func (p *Pipeline) committed(m *Manifest) {
+func (p *Pipeline) committed(m *checkpoint.Manifest) {
 	keep := map[string]bool{}
 	for _, f := range m.Files {
 		keep[f.Key] = true
@@ -308,7 +309,7 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 // take waits for every upload, then returns the entries that still stand
 // for the files scan found now: same identity, and for a racily-clean
 // file, the same content.
-func (p *Pipeline) take(ctx context.Context, files []LocalFile) (map[string]File, time.Time, error) {
+func (p *Pipeline) take(ctx context.Context, files []checkpoint.LocalFile) (map[string]checkpoint.File, time.Time, error) {
 	p.mu.Lock()
 	p.used = true
 	refused := p.refused
@@ -324,9 +325,9 @@ func (p *Pipeline) take(ctx context.Context, files []LocalFile) (map[string]File
 		p.cancel()
 		return nil, time.Time{}, fmt.Errorf("waiting for early uploads: %w", ctx.Err())
 	}
-	ok := map[string]File{}
+	ok := map[string]checkpoint.File{}
 	for _, lf := range files {
-		f := p.files[lf.rel]
+		f := p.files[lf.Rel]
 		if f == nil || f.err != nil {
 			continue
 		}
@@ -334,30 +335,30 @@ func (p *Pipeline) take(ctx context.Context, files []LocalFile) (map[string]File
 			p.log.Warn("file changed after it was reported saved: uploading it again", zap.String("path", f.rel), zap.String("why", why))
 			continue
 		}
-		ok[lf.rel] = File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum}
+		ok[lf.Rel] = checkpoint.File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum}
 	}
 	return ok, p.first, nil
 }
 
 // stale says why f no longer stands for the file lf, or "".
-func (p *Pipeline) stale(f *pipedFile, lf LocalFile) string {
+func (p *Pipeline) stale(f *pipedFile, lf checkpoint.LocalFile) string {
 	info, err := p.root.Lstat(f.rel)
 	switch {
 	case err != nil:
 		return err.Error()
-	case !info.Mode().IsRegular() || lf.size != f.size:
+	case !info.Mode().IsRegular() || lf.Size != f.size:
 		return "size or type changed"
-	case IdentOf(info) != f.ident:
+	case checkpoint.IdentOf(info) != f.ident:
 		return "replaced or modified"
 	case !f.racy:
 		return ""
 	}
-	fh, err := OpenScanned(p.root, f.rel, f.size)
+	fh, err := checkpoint.OpenScanned(p.root, f.rel, f.size)
 	if err != nil {
 		return err.Error()
 	}
 	defer fh.Close()
-	h := NewCRC32C()
+	h := checkpoint.NewCRC32C()
 	if _, err := io.Copy(h, fh); err != nil {
 		return err.Error()
 	}

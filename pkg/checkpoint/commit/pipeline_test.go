@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -32,7 +34,7 @@ func (s *countingStore) Put(ctx context.Context, key string, r io.Reader, size i
 	s.puts[key]++
 	hold := s.hold
 	s.mu.Unlock()
-	if hold != nil && !strings.HasSuffix(key, "manifest.json") && key != LatestKey {
+	if hold != nil && !strings.HasSuffix(key, "manifest.json") && key != checkpoint.LatestKey {
 		select {
 		case <-hold:
 		case <-ctx.Done():
@@ -61,7 +63,7 @@ func openRoot(t *testing.T, dir string) *os.Root {
 // restoredFiles restores the newest checkpoint and returns its files.
 func restoredFiles(t *testing.T, st cloud.Store) (int64, map[string]string) {
 	t.Helper()
-	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +91,9 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 		}
 	}
 	// The uploads started before done: both Puts are in the store's hands.
-	key := Prefix(7, "abc") + "model.pt"
+	key := checkpoint.Prefix(7, "abc") + "model.pt"
 	deadline := time.Now().Add(10 * time.Second)
-	for st.count(key) == 0 || st.count(Prefix(7, "abc")+"sub/opt.pt") == 0 {
+	for st.count(key) == 0 || st.count(checkpoint.Prefix(7, "abc")+"sub/opt.pt") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no upload started before done")
 		}
@@ -109,7 +111,7 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 		t.Fatalf("files=%d, want %d", got, want)
 	}
 	for rel := range files {
-		if got, want := st.count(Prefix(7, "abc")+rel), 1; got != want {
+		if got, want := st.count(checkpoint.Prefix(7, "abc")+rel), 1; got != want {
 			t.Errorf("puts of %s=%d, want %d", rel, got, want)
 		}
 	}
@@ -172,7 +174,7 @@ func TestPipeline_FileChangedAfterSaved(t *testing.T) {
 				// The early object is not left behind under the checkpoint.
 				deadline := time.Now().Add(10 * time.Second)
 				for {
-					_, err := st.Stat(context.Background(), Prefix(3, "chg")+"model.pt")
+					_, err := st.Stat(context.Background(), checkpoint.Prefix(3, "chg")+"model.pt")
 					if errors.Is(err, cloud.ErrNotExist) {
 						break
 					}
@@ -181,7 +183,7 @@ func TestPipeline_FileChangedAfterSaved(t *testing.T) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
-			} else if got, want := st.count(Prefix(3, "chg")+"model.pt"), 2; got != want {
+			} else if got, want := st.count(checkpoint.Prefix(3, "chg")+"model.pt"), 2; got != want {
 				t.Fatalf("puts of model.pt=%d, want %d (uploaded again)", got, want)
 			}
 		})
@@ -199,7 +201,7 @@ func TestPipeline_ChangedDuringUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for st.count(Prefix(1, "dur")+"model.pt") == 0 {
+	for st.count(checkpoint.Prefix(1, "dur")+"model.pt") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("upload did not start")
 		}
@@ -237,14 +239,14 @@ func TestPipeline_AddRefuses(t *testing.T) {
 		want error
 	}{
 		{"model.pt", ErrDuplicate},
-		{"../secret", ErrUnsafePath},
-		{"/etc/passwd", ErrUnsafePath},
-		{"sub/../model.pt", ErrUnsafePath},
+		{"../secret", checkpoint.ErrUnsafePath},
+		{"/etc/passwd", checkpoint.ErrUnsafePath},
+		{"sub/../model.pt", checkpoint.ErrUnsafePath},
 		{"missing", fs.ErrNotExist},
 		{"link", nil},
 		{"inner-link", nil},
-		{"fifo", ErrRefused},
-		{"sub", ErrRefused},
+		{"fifo", checkpoint.ErrRefused},
+		{"sub", checkpoint.ErrRefused},
 	} {
 		err := p.Add(tc.rel)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
@@ -285,7 +287,7 @@ func TestPipeline_Abort(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{}); err == nil {
+	if _, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{}); err == nil {
 		t.Fatal("an aborted pipeline restored")
 	}
 }
@@ -301,7 +303,7 @@ func TestPipeline_AbortAfterParentEnded(t *testing.T) {
 	if err := p.Add("model.pt"); err != nil {
 		t.Fatal(err)
 	}
-	key := Prefix(1, "par") + "model.pt"
+	key := checkpoint.Prefix(1, "par") + "model.pt"
 	deadline := time.Now().Add(10 * time.Second)
 	for _, err := st.Stat(context.Background(), key); err != nil; _, err = st.Stat(context.Background(), key) {
 		if time.Now().After(deadline) {
@@ -335,7 +337,7 @@ func TestPipeline_OtherStepAtDone(t *testing.T) {
 	if step != 6 || got["model.pt"] != "m" || got["b"] != "bb" {
 		t.Fatalf("restored step %d files %v", step, got)
 	}
-	if n := st.count(Prefix(6, "stp") + "model.pt"); n != 0 {
+	if n := st.count(checkpoint.Prefix(6, "stp") + "model.pt"); n != 0 {
 		t.Fatalf("model.pt uploaded again under the done step (%d)", n)
 	}
 }
@@ -362,11 +364,11 @@ func TestPipeline_HaltedAndGated(t *testing.T) {
 			if err := p.Add("a"); !errors.Is(err, ErrDuplicate) {
 				t.Fatalf("second Add: %v, want ErrDuplicate", err)
 			}
-			if err := p.Add("../x"); !errors.Is(err, ErrUnsafePath) {
+			if err := p.Add("../x"); !errors.Is(err, checkpoint.ErrUnsafePath) {
 				t.Fatalf("Add(../x): %v", err)
 			}
 			p.wg.Wait()
-			if n := st.count(Prefix(1, "hlt") + "a"); n != 0 {
+			if n := st.count(checkpoint.Prefix(1, "hlt") + "a"); n != 0 {
 				t.Fatalf("uploaded early %d times", n)
 			}
 			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "hlt", Step: 1, Reason: "periodic", Pipeline: p}); err != nil {
@@ -405,7 +407,7 @@ func TestPipeline_JustWrittenReadOnce(t *testing.T) {
 	if f.err != nil || f.racy {
 		t.Fatalf("early upload err=%v racy=%v, want a clean, non-racy upload", f.err, f.racy)
 	}
-	if f.ident != IdentOf(fi) {
+	if f.ident != checkpoint.IdentOf(fi) {
 		t.Fatal("uploaded identity differs from the file's")
 	}
 	// Rewritten now (same size): mtime and ctime move, so done uploads it again.
@@ -419,7 +421,7 @@ func TestPipeline_JustWrittenReadOnce(t *testing.T) {
 	if _, got := restoredFiles(t, st); got["model.pt"] != want {
 		t.Fatalf("model.pt committed as %.10q…, want %.10q…", got["model.pt"], want)
 	}
-	if n := st.count(Prefix(5, "fresh") + "model.pt"); n != 2 {
+	if n := st.count(checkpoint.Prefix(5, "fresh") + "model.pt"); n != 2 {
 		t.Fatalf("puts of model.pt=%d, want 2", n)
 	}
 }

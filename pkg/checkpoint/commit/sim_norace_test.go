@@ -1,6 +1,6 @@
 //go:build !race
 
-package checkpoint
+package commit
 
 // simDefault is TestSim's number of schedules.
 const simDefault = 100_000

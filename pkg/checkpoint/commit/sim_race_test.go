@@ -1,6 +1,6 @@
 //go:build race
 
-package checkpoint
+package commit
 
 // simDefault is TestSim's number of schedules. Under the race detector
 // (make test-go) a sample: make test-sim runs the full count without it.

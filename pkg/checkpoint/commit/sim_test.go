@@ -1,4 +1,4 @@
-package checkpoint
+package commit
 
 import (
 	"bytes"
@@ -20,6 +20,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -36,7 +38,7 @@ import (
 // every operation (the whole-state ones after every operation that can
 // change what restore answers: a manifest, latest.json, a deletion). A
 // failure prints its seed and schedule; replay one with
-// SPOTAGENT_SIM_SEED=<seed> go test ./pkg/checkpoint -run 'TestSim$' -v.
+// SPOTAGENT_SIM_SEED=<seed> go test ./pkg/checkpoint/commit -run 'TestSim$' -v.
 // SPOTAGENT_SIM_SCHEDULES and SPOTAGENT_SIM_FIRST choose the seeds,
 // SPOTAGENT_SIM_MAXFAIL how many failures stop it (3), SPOTAGENT_SIM_BRIEF
 // leaves the schedules out of the report.
@@ -167,16 +169,16 @@ type simWorld struct {
 	keep int
 
 	mu        sync.Mutex
-	leaseTick map[int64]int64 // epoch: the tick its lease object landed
-	sealTick  map[int64]int64 // epoch: the tick it first sealed latest.json
-	latest    Latest          // latest.json as last written
+	leaseTick map[int64]int64   // epoch: the tick its lease object landed
+	sealTick  map[int64]int64   // epoch: the tick it first sealed latest.json
+	latest    checkpoint.Latest // latest.json as last written
 	latestOK  bool
-	assembly  map[*storesim.Actor]string // a node's job checkpoint (its prefix) while its commit runs
-	epochOf   map[*storesim.Actor]int64  // a session's epoch, once taken
-	pick      string                     // the manifest restore would pick now; "": none
-	pickFiles map[string]bool            // and its object keys
-	checked   int64                      // the store tick last checked
-	manifests map[string]*Manifest       // parsed, by object version (nil: broken)
+	assembly  map[*storesim.Actor]string      // a node's job checkpoint (its prefix) while its commit runs
+	epochOf   map[*storesim.Actor]int64       // a session's epoch, once taken
+	pick      string                          // the manifest restore would pick now; "": none
+	pickFiles map[string]bool                 // and its object keys
+	checked   int64                           // the store tick last checked
+	manifests map[string]*checkpoint.Manifest // parsed, by object version (nil: broken)
 	restores  int
 	bad       []string
 }
@@ -185,7 +187,7 @@ func (w *simWorld) failed() bool { return len(w.bad) > 0 }
 
 func (w *simWorld) report() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "simulation seed %d failed (replay: SPOTAGENT_SIM_SEED=%d go test ./pkg/checkpoint -run 'TestSim$' -v):\n", w.seed, w.seed)
+	fmt.Fprintf(&b, "simulation seed %d failed (replay: SPOTAGENT_SIM_SEED=%d go test ./pkg/checkpoint/commit -run 'TestSim$' -v):\n", w.seed, w.seed)
 	for _, v := range w.bad {
 		fmt.Fprintf(&b, "  VIOLATION %s\n", v)
 	}
@@ -235,7 +237,7 @@ func runSim(t testing.TB, seed uint64) *simWorld {
 	defer os.RemoveAll(dir)
 	w := &simWorld{seed: seed, st: storesim.New(), sc: storesim.NewSched(seed), dir: dir,
 		leaseTick: map[int64]int64{}, sealTick: map[int64]int64{}, assembly: map[*storesim.Actor]string{},
-		epochOf: map[*storesim.Actor]int64{}, checked: -1, manifests: map[string]*Manifest{}}
+		epochOf: map[*storesim.Actor]int64{}, checked: -1, manifests: map[string]*checkpoint.Manifest{}}
 	r := w.sc.Rand()
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	w.st.Clock = func() time.Time { clock = clock.Add(time.Second); return clock }
@@ -284,7 +286,7 @@ func (w *simWorld) runSessions() {
 		w.sc.Go("damage", nil, w.damage)
 	}
 	if r.IntN(2) == 0 {
-		w.sc.Go("restore", nil, func(ctx context.Context) { w.restore(ctx, "restore", RestoreOptions{}) })
+		w.sc.Go("restore", nil, func(ctx context.Context) { w.restore(ctx, "restore", restore.Options{}) })
 	}
 	if err := w.sc.Run(); err != nil {
 		w.violate("%v", err)
@@ -294,14 +296,14 @@ func (w *simWorld) runSessions() {
 // session is one `spotagent run` (or sidecar) session.
 func (w *simWorld) session(ctx context.Context, name string, commits int, gaps []int64) {
 	a := storesim.ActorOf(ctx)
-	l, err := AcquireLease(ctx, w.st, LeaseRecord{Session: name})
+	l, err := checkpoint.AcquireLease(ctx, w.st, checkpoint.LeaseRecord{Session: name})
 	if err != nil {
 		return // fenced already, or the store failed: the agent exits
 	}
 	w.mu.Lock()
 	w.epochOf[a] = l.Epoch
 	w.mu.Unlock()
-	m, ok := w.restore(ctx, name, RestoreOptions{MaxEpoch: l.Epoch})
+	m, ok := w.restore(ctx, name, restore.Options{MaxEpoch: l.Epoch})
 	if !ok {
 		return
 	}
@@ -313,14 +315,14 @@ func (w *simWorld) session(ctx context.Context, name string, commits int, gaps [
 	for j := range commits {
 		step += gaps[j]
 		res, err := w.commit(ctx, c, name, fmt.Sprintf("%s-%d", name, j), step, nil)
-		if errors.Is(err, ErrFenced) && j+1 < commits {
+		if errors.Is(err, checkpoint.ErrFenced) && j+1 < commits {
 			// A fenced agent takes one last checkpoint, which it uploads
 			// without publishing, and stops.
 			w.commit(ctx, c, name, fmt.Sprintf("%s-last", name), step+1, nil)
 			return
 		}
 		if err == nil {
-			Prune(ctx, w.st, w.keep, nil, res.ManifestKey)
+			checkpoint.Prune(ctx, w.st, w.keep, nil, res.ManifestKey)
 		}
 	}
 }
@@ -328,7 +330,7 @@ func (w *simWorld) session(ctx context.Context, name string, commits int, gaps [
 // commit writes one checkpoint directory and commits it: one small file
 // whose content names the checkpoint (and part), so that restore's output
 // shows what it mixed, if anything.
-func (w *simWorld) commit(ctx context.Context, c *Committer, name, id string, step int64, part *PartSpec) (*Result, error) {
+func (w *simWorld) commit(ctx context.Context, c *Committer, name, id string, step int64, part *checkpoint.PartSpec) (*Result, error) {
 	d := filepath.Join(w.dir, name+"-"+id)
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return nil, err
@@ -349,14 +351,14 @@ func simContent(step int64, id, node string) []byte {
 
 // restore runs the real restore into a scratch directory and checks what
 // it returns: complete, one step, not above the session's epoch.
-func (w *simWorld) restore(ctx context.Context, name string, opts RestoreOptions) (*Manifest, bool) {
+func (w *simWorld) restore(ctx context.Context, name string, opts restore.Options) (*checkpoint.Manifest, bool) {
 	opts.Stall = -1
 	w.mu.Lock()
 	w.restores++
 	dest := filepath.Join(w.dir, fmt.Sprintf("restore-%s-%d", name, w.restores))
 	w.mu.Unlock()
-	r, err := Restore(ctx, w.st, dest, opts)
-	if errors.Is(err, ErrNoCheckpoint) {
+	r, err := restore.Checkpoint(ctx, w.st, dest, opts)
+	if errors.Is(err, restore.ErrNoCheckpoint) {
 		return nil, true
 	}
 	if err != nil {
@@ -372,7 +374,7 @@ func (w *simWorld) restore(ctx context.Context, name string, opts RestoreOptions
 }
 
 // checkRestored: every file restored names the checkpoint restored.
-func (w *simWorld) checkRestored(who string, r *Restored) {
+func (w *simWorld) checkRestored(who string, r *restore.Result) {
 	w.checkContent(who, r, func(path string) ([]byte, error) {
 		return os.ReadFile(filepath.Join(r.Dir, filepath.FromSlash(path)))
 	})
@@ -380,7 +382,7 @@ func (w *simWorld) checkRestored(who string, r *Restored) {
 
 // checkContent: every file of r, as read reads it, names r's checkpoint
 // (and its part): nothing partial, nothing of another step.
-func (w *simWorld) checkContent(who string, r *Restored, read func(path string) ([]byte, error)) {
+func (w *simWorld) checkContent(who string, r *restore.Result, read func(path string) ([]byte, error)) {
 	for _, f := range r.Manifest.Files {
 		if opts := r.Parts; len(opts) == 1 && f.Part != opts[0] {
 			continue
@@ -401,8 +403,8 @@ func (w *simWorld) checkContent(who string, r *Restored, read func(path string) 
 func (w *simWorld) damage(ctx context.Context) {
 	var step int64 = -1
 	var obj string
-	w.st.List(ctx, CheckpointsDir, func(o cloud.ObjectInfo) error {
-		if s := StepOf(DirOf(o.Key)); s > step && strings.HasSuffix(o.Key, ".bin") {
+	w.st.List(ctx, checkpoint.CheckpointsDir, func(o cloud.ObjectInfo) error {
+		if s := checkpoint.StepOf(checkpoint.DirOf(o.Key)); s > step && strings.HasSuffix(o.Key, ".bin") {
 			step, obj = s, o.Key
 		}
 		return nil
@@ -439,11 +441,11 @@ func (w *simWorld) runJob() {
 // nodeSession is one node's agent of a job.
 func (w *simWorld) nodeSession(ctx context.Context, name, node string, rank, phase, commits int) {
 	a := storesim.ActorOf(ctx)
-	l, err := AcquirePartLease(ctx, w.st, node, LeaseRecord{Session: name})
+	l, err := checkpoint.AcquirePartLease(ctx, w.st, node, checkpoint.LeaseRecord{Session: name})
 	if err != nil {
 		return
 	}
-	m, ok := w.restore(ctx, name, RestoreOptions{Part: node})
+	m, ok := w.restore(ctx, name, restore.Options{Part: node})
 	if !ok {
 		return
 	}
@@ -452,14 +454,14 @@ func (w *simWorld) nodeSession(ctx context.Context, name, node string, rank, pha
 		step = m.Step
 	}
 	c := &Committer{Store: w.st, RunID: "sim", Concurrency: 1, PartLease: l, Session: name}
-	part := &PartSpec{Node: node, Ranks: []int{rank}, WorldSize: 2}
+	part := &checkpoint.PartSpec{Node: node, Ranks: []int{rank}, WorldSize: 2}
 	for range commits {
 		// Steps of ten, then one at a time after a restart: a rollback
 		// past a damaged checkpoint assembles steps below it.
 		step += [...]int64{0, 10, 1}[phase]
 		id := fmt.Sprintf("p%dj%d", phase, step)
 		w.mu.Lock()
-		w.assembly[a] = Prefix(step, id)
+		w.assembly[a] = checkpoint.Prefix(step, id)
 		w.mu.Unlock()
 		polls := 12
 		cctx, cancel := context.WithCancel(context.WithValue(ctx, simPolls{}, &polls))
@@ -471,7 +473,7 @@ func (w *simWorld) nodeSession(ctx context.Context, name, node string, rank, pha
 		if err != nil {
 			return // the agent gives the checkpoint up; so does the sim
 		}
-		Prune(ctx, w.st, w.keep, nil, res.ManifestKey)
+		checkpoint.Prune(ctx, w.st, w.keep, nil, res.ManifestKey)
 	}
 }
 
@@ -490,7 +492,7 @@ func (w *simWorld) onOp(a *storesim.Actor, op storesim.Op, ran bool, err error) 
 	// What restore answers changes only with a manifest, latest.json or a
 	// deletion (a data object is written before its manifest; leases and
 	// part manifests are not read by restore).
-	if op.Kind == storesim.OpDelete || op.Kind == storesim.OpPut && (op.Key == LatestKey || IsManifestKey(op.Key)) {
+	if op.Kind == storesim.OpDelete || op.Kind == storesim.OpPut && (op.Key == checkpoint.LatestKey || checkpoint.IsManifestKey(op.Key)) {
 		w.checkLocked()
 	}
 }
@@ -518,16 +520,16 @@ func (w *simWorld) beforeOp(a *storesim.Actor, op storesim.Op) {
 // afterPut records leases and seals, and checks latest.json's moves.
 func (w *simWorld) afterPut(a *storesim.Actor, op storesim.Op) {
 	tick := w.st.Tick()
-	if rest, ok := strings.CutPrefix(op.Key, leaseDir); ok && !strings.Contains(rest, "/") {
+	if rest, ok := strings.CutPrefix(op.Key, checkpoint.LeaseDir); ok && !strings.Contains(rest, "/") {
 		if e, err := strconv.ParseInt(strings.TrimSuffix(rest, ".json"), 10, 64); err == nil {
 			w.leaseTick[e] = tick
 		}
 		return
 	}
-	if op.Key != LatestKey {
+	if op.Key != checkpoint.LatestKey {
 		return
 	}
-	var l Latest
+	var l checkpoint.Latest
 	if json.Unmarshal(op.Body, &l) != nil {
 		w.violate("%s wrote a latest.json that does not parse", a.Name)
 		return
@@ -559,7 +561,7 @@ func (w *simWorld) check() {
 // simCheckpoint is a manifest in the store, as the model sees it.
 type simCheckpoint struct {
 	key      string
-	m        *Manifest
+	m        *checkpoint.Manifest
 	created  int64
 	complete bool   // every object there with its size and checksum
 	fenced   string // why it is a fenced session's; "": it is not
@@ -589,25 +591,25 @@ func (w *simWorld) simFenced(c *simCheckpoint) {
 }
 
 // model reads the store as it is (no faults, no lag).
-func (w *simWorld) model() (cks []*simCheckpoint, latest *Latest) {
+func (w *simWorld) model() (cks []*simCheckpoint, latest *checkpoint.Latest) {
 	objs := map[string]storesim.Object{}
 	for _, o := range w.st.Snapshot() {
 		objs[o.Key] = o
 	}
-	if o, ok := objs[LatestKey]; ok {
-		var l Latest
+	if o, ok := objs[checkpoint.LatestKey]; ok {
+		var l checkpoint.Latest
 		if json.Unmarshal(o.Data, &l) == nil && l.Manifest != "" {
 			latest = &l
 		}
 	}
 	for k, o := range objs {
-		if !strings.HasPrefix(k, CheckpointsDir) || !strings.HasSuffix(k, "/"+ManifestName) {
+		if !strings.HasPrefix(k, checkpoint.CheckpointsDir) || !strings.HasSuffix(k, "/"+checkpoint.ManifestName) {
 			continue
 		}
 		m, ok := w.manifests[o.Version]
 		if !ok {
 			var err error
-			if m, err = decodeManifest(bytes.NewReader(o.Data)); err != nil || m.Validate() != nil || ManifestKey(m.Step, m.ID) != k {
+			if m, err = checkpoint.DecodeManifest(bytes.NewReader(o.Data)); err != nil || m.Validate() != nil || checkpoint.ManifestKey(m.Step, m.ID) != k {
 				m = nil
 			}
 			w.manifests[o.Version] = m // a version is never rewritten
@@ -655,10 +657,10 @@ func (w *simWorld) checkLocked() {
 		// damaged ones), its files fetched and verified in memory: the
 		// sessions' own restores write to disk.
 		got := map[string][]byte{}
-		r, err := restoreWith(context.Background(), w.st, RestoreOptions{MaxEpoch: maxEpoch, Stall: -1}, "memory", func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, _ *zap.Logger) (*Restored, error) {
+		r, err := restore.WithFetch(context.Background(), w.st, restore.Options{MaxEpoch: maxEpoch, Stall: -1}, "memory", func(ctx context.Context, st cloud.Store, key string, m, view *checkpoint.Manifest, _ *zap.Logger) (*restore.Result, error) {
 			clear(got)
 			for _, f := range view.Files {
-				b, err := ReadSmall(ctx, st, f.Key, 1<<20)
+				b, err := checkpoint.ReadSmall(ctx, st, f.Key, 1<<20)
 				if err != nil {
 					return nil, err
 				}
@@ -667,7 +669,7 @@ func (w *simWorld) checkLocked() {
 				}
 				got[f.Path] = b
 			}
-			return &Restored{Key: key, Manifest: m}, nil
+			return &restore.Result{Key: key, Manifest: m}, nil
 		})
 		who := fmt.Sprintf("restore (max epoch %d)", maxEpoch)
 		if err != nil {

@@ -1,4 +1,4 @@
-package checkpoint
+package journal
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ func twoInterruptions() *Journal {
 	t := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t.Add(d) }
 	return &Journal{
-		Format: JournalFormat, RunID: "r",
+		Format: Format, RunID: "r",
 		Sessions: []Session{
 			{Start: at(0), End: ptr(at(2*time.Hour + 2*time.Minute)), BlockedSeconds: ptr(60.0)},
 			{Start: at(2*time.Hour + 7*time.Minute), End: ptr(at(5 * time.Hour)), BlockedSeconds: ptr(45.0)},

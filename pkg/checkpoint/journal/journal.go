@@ -1,4 +1,4 @@
-package checkpoint
+package journal
 
 import (
 	"bytes"
@@ -11,11 +11,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// JournalFormat names the journal schema.
-const JournalFormat = "spotagent.journal/v1"
+// Format names the journal schema.
+const Format = "spotagent.journal/v1"
 
 // Journal is the run's memory across machines: what interrupted it, what
 // each interruption cost, what each restart restored, and the measurements
@@ -34,11 +35,11 @@ type Session struct {
 	// ID names the session among those of a job's agents, which share one
 	// journal and append theirs concurrently: find it with SessionByID,
 	// never as the last one. Empty in journals of older agents.
-	ID       string     `json:"id,omitempty"`
-	Start    time.Time  `json:"start"`
-	End      *time.Time `json:"end,omitempty"`
-	Instance Machine    `json:"instance"`
-	ExitCode *int       `json:"exit_code,omitempty"`
+	ID       string             `json:"id,omitempty"`
+	Start    time.Time          `json:"start"`
+	End      *time.Time         `json:"end,omitempty"`
+	Instance checkpoint.Machine `json:"instance"`
+	ExitCode *int               `json:"exit_code,omitempty"`
 	// BlockedSeconds is the time the trainer spent blocked in checkpoints
 	// (request → done) in this session; nil in journals of older agents.
 	BlockedSeconds *float64 `json:"blocked_seconds,omitempty"`
@@ -112,13 +113,13 @@ func (e RestoreEntry) Sources() string { return Sources(e.From) }
 func Sources(from map[string]int64) string {
 	var out []string
 	for s, n := range from {
-		if n > 0 && s != FromStore {
+		if n > 0 && s != checkpoint.FromStore {
 			out = append(out, s)
 		}
 	}
 	sort.Strings(out)
-	if from[FromStore] > 0 {
-		out = append(out, FromStore)
+	if from[checkpoint.FromStore] > 0 {
+		out = append(out, checkpoint.FromStore)
 	}
 	return strings.Join(out, "+")
 }
@@ -159,27 +160,27 @@ func (j *Journal) SessionByID(id string) *Session {
 // maxJournal bounds what is read as a journal.
 const maxJournal = 16 << 20
 
-// ReadJournal loads the journal; a missing one is an empty journal.
-func ReadJournal(ctx context.Context, st cloud.Store, runID string) (*Journal, error) {
-	j := &Journal{Format: JournalFormat, RunID: runID}
-	err := ReadJSON(ctx, st, JournalKey, maxJournal, j)
+// Read loads the journal; a missing one is an empty journal.
+func Read(ctx context.Context, st cloud.Store, runID string) (*Journal, error) {
+	j := &Journal{Format: Format, RunID: runID}
+	err := checkpoint.ReadJSON(ctx, st, checkpoint.JournalKey, maxJournal, j)
 	if err != nil && !errors.Is(err, cloud.ErrNotExist) {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	return j, nil
 }
 
-// JournalWriter serialises changes to a journal and saves it.
-type JournalWriter struct {
+// Writer serialises changes to a journal and saves it.
+type Writer struct {
 	st    cloud.Store
 	mu    sync.Mutex
 	j     *Journal
-	lease *Lease // set: no write once fenced (lease.go)
+	lease *checkpoint.Lease // set: no write once fenced (lease.go)
 }
 
-// NewJournalWriter wraps a journal read with ReadJournal.
-func NewJournalWriter(st cloud.Store, j *Journal) *JournalWriter {
-	return &JournalWriter{st: st, j: j}
+// NewWriter wraps a journal read with Read.
+func NewWriter(st cloud.Store, j *Journal) *Writer {
+	return &Writer{st: st, j: j}
 }
 
 // Update applies fn to the journal in the store and saves the result, a
@@ -188,7 +189,7 @@ func NewJournalWriter(st cloud.Store, j *Journal) *JournalWriter {
 // in between it reads again and re-applies fn. With a lease (FenceWith),
 // a fenced session writes nothing (ErrFenced): the lease is checked before
 // the first attempt and after a lost race. fn may run more than once.
-func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
+func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for attempt := 0; ; attempt++ {
@@ -200,12 +201,12 @@ func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 		}
 		opts := cloud.PutOptions{IfAbsent: true}
 		j := w.copyOf(w.j)
-		info, err := w.st.Stat(ctx, JournalKey)
+		info, err := w.st.Stat(ctx, checkpoint.JournalKey)
 		switch {
 		case err == nil:
 			opts = cloud.PutOptions{IfVersion: info.Version}
 			// A journal that no longer parses is replaced by this one.
-			if fresh, rerr := ReadJournal(ctx, w.st, w.j.RunID); rerr == nil {
+			if fresh, rerr := Read(ctx, w.st, w.j.RunID); rerr == nil {
 				j = fresh
 			} else if ctx.Err() != nil {
 				return ctx.Err()
@@ -218,7 +219,7 @@ func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 		if err != nil {
 			return err
 		}
-		err = w.st.Put(ctx, JournalKey, bytes.NewReader(body), int64(len(body)), opts)
+		err = w.st.Put(ctx, checkpoint.JournalKey, bytes.NewReader(body), int64(len(body)), opts)
 		if err == nil {
 			w.j = j
 			return nil
@@ -235,7 +236,7 @@ func (w *JournalWriter) Update(ctx context.Context, fn func(*Journal)) error {
 	}
 }
 
-func (w *JournalWriter) copyOf(j *Journal) *Journal {
+func (w *Writer) copyOf(j *Journal) *Journal {
 	b, _ := json.Marshal(j)
 	var c Journal
 	_ = json.Unmarshal(b, &c)
@@ -243,14 +244,14 @@ func (w *JournalWriter) copyOf(j *Journal) *Journal {
 }
 
 // Snapshot returns a deep copy of the journal.
-func (w *JournalWriter) Snapshot() *Journal {
+func (w *Writer) Snapshot() *Journal {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.copyOf(w.j)
 }
 
 // FenceWith makes w write nothing once l is fenced.
-func (w *JournalWriter) FenceWith(l *Lease) {
+func (w *Writer) FenceWith(l *checkpoint.Lease) {
 	w.mu.Lock()
 	w.lease = l
 	w.mu.Unlock()

@@ -1,4 +1,4 @@
-package checkpoint
+package journal
 
 import (
 	"bytes"
@@ -11,28 +11,29 @@ import (
 	"slices"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// ReadJournalSalvage reads the journal for a report. A journal that parses
+// ReadSalvage reads the journal for a report. A journal that parses
 // is returned as is (damage nil). One that does not (truncated, a garbled
 // field) is read as far as it can be: damage names each part that could
 // not be read and what was done without it. A missing journal is an error
 // wrapping cloud.ErrNotExist.
-func ReadJournalSalvage(ctx context.Context, st cloud.Store) (*Journal, []string, error) {
-	b, err := ReadSmall(ctx, st, JournalKey, maxJournal)
+func ReadSalvage(ctx context.Context, st cloud.Store) (*Journal, []string, error) {
+	b, err := checkpoint.ReadSmall(ctx, st, checkpoint.JournalKey, maxJournal)
 	if err != nil {
 		return nil, nil, err
 	}
-	j, damage := SalvageJournal(b)
+	j, damage := Salvage(b)
 	return j, damage, nil
 }
 
-// SalvageJournal parses b as a journal, leniently: entries and fields that
+// Salvage parses b as a journal, leniently: entries and fields that
 // do not parse are skipped and named in damage; a truncated journal keeps
 // every entry before the cut. A session without a start or an interruption
 // without a detection time cannot be placed and is dropped (and named).
-func SalvageJournal(b []byte) (*Journal, []string) {
+func Salvage(b []byte) (*Journal, []string) {
 	var j Journal
 	if err := json.Unmarshal(b, &j); err == nil {
 		return &j, nil

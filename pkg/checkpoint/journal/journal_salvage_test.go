@@ -1,4 +1,4 @@
-package checkpoint
+package journal
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -17,7 +18,7 @@ func TestSalvageJournal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j, damage := SalvageJournal(b); damage != nil || len(j.Sessions) != 3 {
+	if j, damage := Salvage(b); damage != nil || len(j.Sessions) != 3 {
 		t.Fatalf("intact journal: damage %v, %d sessions", damage, len(j.Sessions))
 	}
 	// A garbled field: that session has no end, the rest stands.
@@ -25,7 +26,7 @@ func TestSalvageJournal(t *testing.T) {
 	if garbled == string(b) {
 		t.Fatal("test journal lacks the first session's end")
 	}
-	j, damage := SalvageJournal([]byte(garbled))
+	j, damage := Salvage([]byte(garbled))
 	if len(j.Sessions) != 3 || j.Sessions[0].End != nil || j.Sessions[1].End == nil || len(j.Interruptions) != 2 {
 		t.Fatalf("garbled: %d sessions, %d interruptions, first end %v", len(j.Sessions), len(j.Interruptions), j.Sessions[0].End)
 	}
@@ -35,7 +36,7 @@ func TestSalvageJournal(t *testing.T) {
 	// Truncated inside the interruptions: the sessions survive, and the
 	// damage says where the journal stops.
 	cut := strings.Index(string(b), `"interruptions"`) + 60
-	j, damage = SalvageJournal(b[:cut])
+	j, damage = Salvage(b[:cut])
 	if len(j.Sessions) != 3 || len(j.Interruptions) != 0 {
 		t.Fatalf("truncated: %d sessions, %d interruptions", len(j.Sessions), len(j.Interruptions))
 	}
@@ -46,7 +47,7 @@ func TestSalvageJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Not JSON at all: nothing, and that is said.
-	j, damage = SalvageJournal([]byte("garbage"))
+	j, damage = Salvage([]byte("garbage"))
 	if len(j.Sessions) != 0 || len(damage) != 1 || !strings.Contains(damage[0], "byte 0") {
 		t.Fatalf("garbage: %+v, %q", j, damage)
 	}
@@ -83,7 +84,7 @@ func adviceJournal(h time.Duration, ok ...bool) *Journal {
 	return j
 }
 
-// ReadJournalSalvage reads through the store like every small object
+// ReadSalvage reads through the store like every small object
 // (ReadSmall): a missing journal wraps cloud.ErrNotExist, one over the
 // limit is refused, a damaged one is salvaged.
 func TestReadJournalSalvage(t *testing.T) {
@@ -91,12 +92,12 @@ func TestReadJournalSalvage(t *testing.T) {
 	st := newStore(t)
 	put := func(b []byte) {
 		t.Helper()
-		if err := st.Put(ctx, JournalKey, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
+		if err := st.Put(ctx, checkpoint.JournalKey, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Run("ErrNotExist", func(t *testing.T) {
-		if _, _, err := ReadJournalSalvage(ctx, st); !errors.Is(err, cloud.ErrNotExist) {
+		if _, _, err := ReadSalvage(ctx, st); !errors.Is(err, cloud.ErrNotExist) {
 			t.Fatalf("err=%v, want cloud.ErrNotExist", err)
 		}
 	})
@@ -106,14 +107,14 @@ func TestReadJournalSalvage(t *testing.T) {
 			t.Fatal(err)
 		}
 		put(b[:len(b)-10])
-		j, damage, err := ReadJournalSalvage(ctx, st)
+		j, damage, err := ReadSalvage(ctx, st)
 		if err != nil || len(damage) == 0 || len(j.Sessions) != 3 {
 			t.Fatalf("err=%v, damage %q, %d sessions", err, damage, len(j.Sessions))
 		}
 	})
 	t.Run("TooLarge", func(t *testing.T) {
 		put(bytes.Repeat([]byte(" "), maxJournal+1))
-		if _, _, err := ReadJournalSalvage(ctx, st); err == nil || !strings.Contains(err.Error(), "larger than") {
+		if _, _, err := ReadSalvage(ctx, st); err == nil || !strings.Contains(err.Error(), "larger than") {
 			t.Fatalf("err=%v, want larger than %d bytes", err, maxJournal)
 		}
 	})
@@ -131,7 +132,7 @@ func TestSalvageJournal_Unplaced(t *testing.T) {
 	if strings.Count(s, `"later"`)+strings.Count(s, `"soon"`) != 2 {
 		t.Fatalf("test journal lacks the second session's start or the first detection:\n%s", b)
 	}
-	j, damage := SalvageJournal([]byte(s))
+	j, damage := Salvage([]byte(s))
 	if len(j.Sessions) != 2 || len(j.Interruptions) != 1 || !j.Interruptions[0].Detected.Equal(time.Date(2025, 3, 1, 2, 1, 0, 0, time.UTC)) {
 		t.Fatalf("%d sessions, %d interruptions %+v; want 2 and 1 (the second)", len(j.Sessions), len(j.Interruptions), j.Interruptions)
 	}

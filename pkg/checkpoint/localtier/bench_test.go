@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 )
 
@@ -39,8 +41,8 @@ func BenchmarkRestoreLocal(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	c := &checkpoint.Committer{Store: st.Store, RunID: "run"}
-	res, err := c.Commit(context.Background(), checkpoint.Request{Dir: filepath.Join(dir, "req"), ID: "c1", Step: 1})
+	c := &commit.Committer{Store: st.Store, RunID: "run"}
+	res, err := c.Commit(context.Background(), commit.Request{Dir: filepath.Join(dir, "req"), ID: "c1", Step: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -51,7 +53,7 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		dest := filepath.Join(dir, "restore", string(rune('a'+i%26)))
-		got, err := checkpoint.Restore(context.Background(), st, dest, checkpoint.RestoreOptions{Tiers: []checkpoint.Tier{r.tier}})
+		got, err := restore.Checkpoint(context.Background(), st, dest, restore.Options{Tiers: []checkpoint.Tier{r.tier}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,6 +13,9 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -112,8 +115,8 @@ func (r *rig) save(name string, step int64) map[string][]byte {
 // commit commits request directory name as checkpoint id at step.
 func (r *rig) commit(name, id string, step int64) *checkpoint.Manifest {
 	r.t.Helper()
-	c := &checkpoint.Committer{Store: r.st.Store, RunID: "run"}
-	res, err := c.Commit(context.Background(), checkpoint.Request{Dir: filepath.Join(r.dir, name), ID: id, Step: step, Reason: "periodic"})
+	c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+	res, err := c.Commit(context.Background(), commit.Request{Dir: filepath.Join(r.dir, name), ID: id, Step: step, Reason: "periodic"})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -135,9 +138,9 @@ func (r *rig) saveCommitKeep(id string, step int64) (*checkpoint.Manifest, map[s
 	return m, want
 }
 
-func (r *rig) restore() *checkpoint.Restored {
+func (r *rig) restore() *restore.Result {
 	r.t.Helper()
-	res, err := checkpoint.Restore(context.Background(), r.st, filepath.Join(r.dir, "area", "restore"), checkpoint.RestoreOptions{Tiers: []checkpoint.Tier{r.tier}})
+	res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(r.dir, "area", "restore"), restore.Options{Tiers: []checkpoint.Tier{r.tier}})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -399,7 +402,7 @@ func TestKeepCopies(t *testing.T) {
 func TestKeepPart(t *testing.T) {
 	r := newRig(t, Options{})
 	parts := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
-	res := make([]*checkpoint.Result, len(parts))
+	res := make([]*commit.Result, len(parts))
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
 	for i, p := range parts {
@@ -411,8 +414,8 @@ func TestKeepPart(t *testing.T) {
 			}
 		}
 		wg.Go(func() {
-			c := &checkpoint.Committer{Store: r.st.Store, RunID: "run"}
-			res[i], errs[i] = c.Commit(context.Background(), checkpoint.Request{Dir: filepath.Join(r.dir, "req-"+p.Node), ID: "j1", Step: 7, Part: &p})
+			c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+			res[i], errs[i] = c.Commit(context.Background(), commit.Request{Dir: filepath.Join(r.dir, "req-"+p.Node), ID: "j1", Step: 7, Part: &p})
 		})
 	}
 	wg.Wait()
@@ -437,7 +440,7 @@ func TestKeepPart(t *testing.T) {
 	for _, c := range []struct{ part, from string }{{"node-0", "local"}, {"node-1", "store"}, {"", "local+store"}} {
 		t.Run("part="+c.part, func(t *testing.T) {
 			r.st.read = map[string]int64{}
-			got, err := checkpoint.Restore(context.Background(), r.st, filepath.Join(r.dir, "restore-"+c.part), checkpoint.RestoreOptions{Part: c.part, Tiers: []checkpoint.Tier{r.tier}})
+			got, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(r.dir, "restore-"+c.part), restore.Options{Part: c.part, Tiers: []checkpoint.Tier{r.tier}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -449,7 +452,7 @@ func TestKeepPart(t *testing.T) {
 			if c.part != "node-1" {
 				wantStore -= bytesOf("node-0")
 			}
-			if checkpoint.Sources(got.From) != c.from || read != wantStore || got.From[checkpoint.FromStore] != wantStore {
+			if journal.Sources(got.From) != c.from || read != wantStore || got.From[checkpoint.FromStore] != wantStore {
 				t.Fatalf("from %v, %d data bytes read from the store; want %s, %d", got.From, read, c.from, wantStore)
 			}
 		})

@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -29,8 +30,8 @@ var ErrNoCheckpoint = errors.New("no complete checkpoint")
 // must not start fresh over them: a person decides.
 var ErrAllDamaged = errors.New("no committed checkpoint verifies")
 
-// RestoreOptions tunes Restore.
-type RestoreOptions struct {
+// Options tunes Restore.
+type Options struct {
 	ID  string // restore this checkpoint only; empty: the newest complete one
 	Log *zap.Logger
 	// MaxEpoch > 0 passes over checkpoints committed under a higher epoch:
@@ -47,14 +48,14 @@ type RestoreOptions struct {
 	Stall time.Duration
 	// Tiers are copies nearer than the store, nearest first (tier.go):
 	// asked for each file of the checkpoint chosen, never for the choice.
-	Tiers []Tier
+	Tiers []checkpoint.Tier
 }
 
-// Restored describes a checkpoint copied to local disk and verified.
-type Restored struct {
+// Result describes a checkpoint copied to local disk and verified.
+type Result struct {
 	Dir      string // local directory holding the checkpoint's files
 	Key      string // manifest key in the store
-	Manifest *Manifest
+	Manifest *checkpoint.Manifest
 	Bytes    int64
 	Took     time.Duration
 	Skipped  []string // manifests tried first and found broken, with why
@@ -66,8 +67,8 @@ type Restored struct {
 
 // Restore copies the newest complete checkpoint (or opts.ID) into a new
 // directory under dest (created if missing) and verifies every file's size
-// and checksum before it returns. See RestoreInto.
-func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptions) (*Restored, error) {
+// and checksum before it returns. See Into.
+func Checkpoint(ctx context.Context, st cloud.Store, dest string, opts Options) (*Result, error) {
 	if err := os.MkdirAll(dest, 0o700); err != nil {
 		return nil, err
 	}
@@ -76,10 +77,10 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 		return nil, err
 	}
 	defer root.Close()
-	return RestoreInto(ctx, st, root, dest, opts)
+	return Into(ctx, st, root, dest, opts)
 }
 
-// RestoreInto restores into the directory dest, an open handle on
+// Into restores into the directory dest, an open handle on
 // destPath: nothing is read, written or deleted outside it, whatever
 // symlinks appear there meanwhile.
 //
@@ -100,19 +101,19 @@ func Restore(ctx context.Context, st cloud.Store, dest string, opts RestoreOptio
 // a store of many large manifests costs the memory of one. A checkpoint
 // is only returned once every file verified, and its directory only
 // appears (by rename) after that.
-func RestoreInto(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts RestoreOptions) (*Restored, error) {
-	return restoreWith(ctx, st, opts, destPath, func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error) {
+func Into(ctx context.Context, st cloud.Store, dest *os.Root, destPath string, opts Options) (*Result, error) {
+	return WithFetch(ctx, st, opts, destPath, func(ctx context.Context, st cloud.Store, key string, m, view *checkpoint.Manifest, log *zap.Logger) (*Result, error) {
 		return restoreOne(ctx, st, dest, destPath, key, &sources{m: m, tiers: opts.Tiers, log: log}, view)
 	})
 }
 
-// fetchFunc copies the files view lists (of manifest m, at key) and
+// Fetch copies the files view lists (of manifest m, at key) and
 // verifies them: restoreOne, or the simulation's check in memory.
-type fetchFunc func(ctx context.Context, st cloud.Store, key string, m, view *Manifest, log *zap.Logger) (*Restored, error)
+type Fetch func(ctx context.Context, st cloud.Store, key string, m, view *checkpoint.Manifest, log *zap.Logger) (*Result, error)
 
-// restoreWith chooses the checkpoint as RestoreInto describes and copies it
+// WithFetch chooses the checkpoint as Into describes and copies it
 // with fetch (destPath names the destination in errors).
-func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destPath string, fetch fetchFunc) (*Restored, error) {
+func WithFetch(ctx context.Context, st cloud.Store, opts Options, destPath string, fetch Fetch) (*Result, error) {
 	r := &restorer{ctx: ctx, opts: opts, log: opts.Log, fetch: fetch, destPath: destPath, start: time.Now(), pointerStep: -1}
 	if r.log == nil {
 		r.log = zap.NewNop()
@@ -121,7 +122,7 @@ func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destP
 		r.opts.Stall = defaultStall
 	}
 	r.st = withStall(st, r.opts.Stall)
-	keys, listErr := ListManifestKeys(ctx, r.st)
+	keys, listErr := checkpoint.ListManifestKeys(ctx, r.st)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -155,9 +156,9 @@ func restoreWith(ctx context.Context, st cloud.Store, opts RestoreOptions, destP
 type restorer struct {
 	ctx      context.Context
 	st       cloud.Store
-	opts     RestoreOptions
+	opts     Options
 	log      *zap.Logger
-	fetch    fetchFunc
+	fetch    Fetch
 	destPath string
 	start    time.Time
 
@@ -171,7 +172,7 @@ type restorer struct {
 
 // readPointer reads latest.json: its pointer and epoch, if any.
 func (r *restorer) readPointer() error {
-	l, err := ReadLatestSealed(r.ctx, r.st)
+	l, err := checkpoint.ReadLatestSealed(r.ctx, r.st)
 	switch {
 	case err == nil && l.Manifest == "": // sealed before any commit: it fences all the same
 		r.floor = l.Epoch
@@ -193,13 +194,13 @@ func (r *restorer) readPointer() error {
 // walk tries the manifests in order, one step at a time, until one
 // restores (done) or something that is not a checkpoint's fault stops it
 // (done, with the error).
-func (r *restorer) walk(order []string) (*Restored, bool, error) {
+func (r *restorer) walk(order []string) (*Result, bool, error) {
 	freed := false
 	for i := 0; i < len(order); {
 		// One step at a time: usually one manifest; several of one step
 		// (two sessions) are ordered by creation, newest first.
 		j := i + 1
-		for j < len(order) && order[i] != r.pointer && order[j] != r.pointer && StepOf(DirOf(order[j])) == StepOf(DirOf(order[i])) {
+		for j < len(order) && order[i] != r.pointer && order[j] != r.pointer && checkpoint.StepOf(checkpoint.DirOf(order[j])) == checkpoint.StepOf(checkpoint.DirOf(order[i])) {
 			j++
 		}
 		group := order[i:j]
@@ -229,26 +230,26 @@ func (r *restorer) walk(order []string) (*Restored, bool, error) {
 }
 
 // readGroup reads the manifests of one step, newest first.
-func (r *restorer) readGroup(group []string) ([]Entry, error) {
-	entries := make([]Entry, 0, len(group))
+func (r *restorer) readGroup(group []string) ([]checkpoint.Entry, error) {
+	entries := make([]checkpoint.Entry, 0, len(group))
 	for _, k := range group {
-		m, err := ReadManifest(r.ctx, r.st, k)
+		m, err := checkpoint.ReadManifest(r.ctx, r.st, k)
 		if r.ctx.Err() != nil {
 			return nil, r.ctx.Err()
 		}
 		if errors.Is(err, ErrStalled) {
 			return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
 		}
-		entries = append(entries, Entry{Key: k, Manifest: m, Err: err})
+		entries = append(entries, checkpoint.Entry{Key: k, Manifest: m, Err: err})
 	}
-	sort.SliceStable(entries, func(a, b int) bool { return Newer(entries[a], entries[b]) })
+	sort.SliceStable(entries, func(a, b int) bool { return checkpoint.Newer(entries[a], entries[b]) })
 	return entries, nil
 }
 
 // eligible reports whether restore tries e: a readable manifest, of the
 // checkpoint asked for, not a fenced session's (above latest.json's
 // pointer under an older epoch than latest.json's).
-func (r *restorer) eligible(e Entry) bool {
+func (r *restorer) eligible(e checkpoint.Entry) bool {
 	switch {
 	case e.Err != nil && e.Key == r.pointer:
 		r.log.Warn("latest.json points at a broken manifest", zap.String("manifest", e.Key), zap.Error(e.Err))
@@ -278,7 +279,7 @@ func (r *restorer) eligible(e Entry) bool {
 
 // try restores the checkpoint of manifest m (at key): true once it did.
 // A damaged one is recorded and false; anything else sets r.abort.
-func (r *restorer) try(key string, m *Manifest) (*Restored, bool) {
+func (r *restorer) try(key string, m *checkpoint.Manifest) (*Result, bool) {
 	log := r.log
 	if r.opts.skipEpoch(m) {
 		log.Info("skipping a newer session's checkpoint", zap.String("manifest", key), zap.Int64("epoch", m.Epoch))
@@ -288,7 +289,7 @@ func (r *restorer) try(key string, m *Manifest) (*Restored, bool) {
 	if err == nil && len(m.Parts) > 0 {
 		err = checkParts(r.ctx, r.st, m, view)
 	}
-	var res *Restored
+	var res *Result
 	if err == nil {
 		// A long restore logs its progress (bytes, rate, eta) every 5 s.
 		log.Info("restoring checkpoint", zap.String("manifest", key), zap.Int64("step", m.Step),
@@ -302,7 +303,7 @@ func (r *restorer) try(key string, m *Manifest) (*Restored, bool) {
 		return res, true
 	case r.ctx.Err() != nil:
 		r.abort = r.ctx.Err()
-	case errors.Is(err, ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
+	case errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, cloud.ErrNotExist):
 		log.Warn("checkpoint damaged, trying an older one", zap.String("manifest", key), zap.Error(err))
 		r.skipped = append(r.skipped, fmt.Sprintf("%s: %v", key, err))
 	default:
@@ -327,20 +328,20 @@ func restoreOrder(keys []string, pointer string, pointerStep int64, id string) [
 		if k == pointer {
 			continue
 		}
-		if id != "" && !strings.HasSuffix(strings.TrimSuffix(DirOf(k), "/"), "-"+id) {
+		if id != "" && !strings.HasSuffix(strings.TrimSuffix(checkpoint.DirOf(k), "/"), "-"+id) {
 			continue
 		}
 		order = append(order, k)
 	}
 	sort.Slice(order, func(i, j int) bool {
-		si, sj := StepOf(DirOf(order[i])), StepOf(DirOf(order[j]))
+		si, sj := checkpoint.StepOf(checkpoint.DirOf(order[i])), checkpoint.StepOf(checkpoint.DirOf(order[j]))
 		if si != sj {
 			return si > sj
 		}
 		return order[i] > order[j]
 	})
 	if pointer != "" {
-		at := sort.Search(len(order), func(i int) bool { return StepOf(DirOf(order[i])) <= pointerStep })
+		at := sort.Search(len(order), func(i int) bool { return checkpoint.StepOf(checkpoint.DirOf(order[i])) <= pointerStep })
 		order = slices.Insert(order, at, pointer)
 	}
 	return order
@@ -349,22 +350,22 @@ func restoreOrder(keys []string, pointer string, pointerStep int64, id string) [
 // restoreOne downloads and verifies one checkpoint into dest/<name>. An
 // existing local copy that verifies is reused without downloading.
 // Only the files view lists are fetched (m, or a part of it).
-func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, src *sources, view *Manifest) (*Restored, error) {
+func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, key string, src *sources, view *checkpoint.Manifest) (*Result, error) {
 	name := path.Base(path.Dir(key))
 	final := filepath.Join(destPath, name)
 	log := src.log
-	res := &Restored{Dir: final, Key: key, Manifest: src.m, Bytes: view.Bytes()}
+	res := &Result{Dir: final, Key: key, Manifest: src.m, Bytes: view.Bytes()}
 	if _, err := dest.Lstat(name); err == nil {
 		if verifyLocal(dest, name, view) == nil {
 			log.Info("local copy of checkpoint verified, not downloading", zap.String("dir", final))
-			res.From = map[string]int64{FromLocal: res.Bytes}
+			res.From = map[string]int64{checkpoint.FromLocal: res.Bytes}
 			return res, nil
 		}
 		if err := dest.RemoveAll(name); err != nil {
 			return nil, err
 		}
 	}
-	tmp, err := MkdirTemp(dest, ".partial-"+name+"-")
+	tmp, err := checkpoint.MkdirTemp(dest, ".partial-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -374,7 +375,7 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 			dest.RemoveAll(tmp)
 		}
 	}()
-	dir, err := OpenDir(dest, tmp)
+	dir, err := checkpoint.OpenDir(dest, tmp)
 	if err != nil {
 		return nil, err
 	}
@@ -392,9 +393,9 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 }
 
 // download fetches every file of m into dir, verifying size and checksum.
-func download(ctx context.Context, st cloud.Store, root *os.Root, m *Manifest, src *sources) error {
+func download(ctx context.Context, st cloud.Store, root *os.Root, m *checkpoint.Manifest, src *sources) error {
 	log := src.log
-	p := &Progress{Start: time.Now(), Total: m.Bytes()}
+	p := &checkpoint.Progress{Start: time.Now(), Total: m.Bytes()}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go p.Report(pctx, log, "restore")
@@ -442,7 +443,7 @@ const aheadMax = 16
 // smaller files stream through the hash in one read.
 var rangedAbove int64 = 64 << 20
 
-func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p *Progress, src *sources) error {
+func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f checkpoint.File, p *checkpoint.Progress, src *sources) error {
 	if d := path.Dir(f.Path); d != "." {
 		if err := root.MkdirAll(d, 0o700); err != nil {
 			return err
@@ -468,13 +469,13 @@ func downloadFile(ctx context.Context, st cloud.Store, root *os.Root, f File, p 
 		err = out.Close()
 	}
 	if err == nil {
-		src.add(FromStore, f.Size)
+		src.add(checkpoint.FromStore, f.Size)
 	}
 	return err
 }
 
 // getVerified fetches f from the store into out in one read.
-func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *Progress) error {
+func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f checkpoint.File, p *checkpoint.Progress) error {
 	r, err := st.Get(ctx, f.Key, 0, -1)
 	if err != nil {
 		return err
@@ -485,32 +486,32 @@ func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f File, p *
 
 // copyVerified copies r to out, checking what passes against f's size and
 // checksum.
-func copyVerified(out io.Writer, r io.Reader, f File, p *Progress) error {
+func copyVerified(out io.Writer, r io.Reader, f checkpoint.File, p *checkpoint.Progress) error {
 	h, want, name := f.Digest()
-	cr := &CountingReader{R: io.LimitReader(r, f.Size+1), H: h, P: p}
+	cr := &checkpoint.CountingReader{R: io.LimitReader(r, f.Size+1), H: h, P: p}
 	if _, err := io.Copy(out, cr); err != nil {
 		return err
 	}
 	if cr.N != f.Size {
-		return SizeMismatch(cr.N, f.Size)
+		return checkpoint.SizeMismatch(cr.N, f.Size)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
+		return fmt.Errorf("%w: %s %s, manifest says %s", checkpoint.ErrCorrupt, name, got, want)
 	}
 	return nil
 }
 
 // downloadRanged fetches a large object with parallel ranged reads and
 // verifies what it wrote to disk.
-func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p *Progress) error {
+func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f checkpoint.File, p *checkpoint.Progress) error {
 	info, err := st.Stat(ctx, f.Key)
 	if err != nil {
 		return err
 	}
 	if info.Size != f.Size {
-		return SizeMismatch(info.Size, f.Size)
+		return checkpoint.SizeMismatch(info.Size, f.Size)
 	}
-	cw := NewCRCWriterAt(out)
+	cw := checkpoint.NewCRCWriterAt(out)
 	if err := cloud.Download(ctx, st, f.Key, f.Size, cw, cloud.DownloadOptions{Progress: func(n int64) { p.Add(int(n)) }}); err != nil {
 		return err
 	}
@@ -518,8 +519,8 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 	// file back (a copy of every byte); a sha256 manifest, or writes that
 	// did not cover the file exactly once, are verified from disk.
 	if crc, ok := cw.Sum(f.Size); ok && f.CRC32C != "" {
-		if got := CRC32CHex(crc); got != f.CRC32C {
-			return fmt.Errorf("%w: crc32c %s, manifest says %s", ErrCorrupt, got, f.CRC32C)
+		if got := checkpoint.CRC32CHex(crc); got != f.CRC32C {
+			return fmt.Errorf("%w: crc32c %s, manifest says %s", checkpoint.ErrCorrupt, got, f.CRC32C)
 		}
 		return nil
 	}
@@ -532,13 +533,13 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f File, p
 // verifyLocal checks the local copy dir (below parent) against the
 // manifest, file by file; a file the manifest does not list (say, one a
 // trainer added) fails it too, and so does a symlink anywhere in it.
-func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
-	root, err := OpenDir(parent, dir)
+func verifyLocal(parent *os.Root, dir string, m *checkpoint.Manifest) error {
+	root, err := checkpoint.OpenDir(parent, dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	local, err := Scan(root)
+	local, err := checkpoint.Scan(root)
 	if err != nil {
 		return err
 	}
@@ -546,13 +547,13 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 		return fmt.Errorf("%d files, manifest lists %d", len(local), len(m.Files))
 	}
 	for _, f := range m.Files {
-		fh, err := OpenScanned(root, f.Path, f.Size)
+		fh, err := checkpoint.OpenScanned(root, f.Path, f.Size)
 		if err != nil {
 			return err
 		}
 		err = f.Verify(fh)
 		fh.Close()
-		if errors.Is(err, ErrCorrupt) {
+		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return fmt.Errorf("%s: checksum differs", f.Path)
 		}
 		if err != nil {
@@ -564,6 +565,6 @@ func verifyLocal(parent *os.Root, dir string, m *Manifest) error {
 
 // skipEpoch reports whether restore must pass over m: it was committed by
 // a newer session than the one restoring (which that session fenced).
-func (o RestoreOptions) skipEpoch(m *Manifest) bool {
+func (o Options) skipEpoch(m *checkpoint.Manifest) bool {
 	return o.MaxEpoch > 0 && m.Epoch > o.MaxEpoch
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"
@@ -12,12 +12,12 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// ErrDestNotEmpty means RestoreDir's directory holds files and replacing
+// ErrDestNotEmpty means Dir's directory holds files and replacing
 // them was not asked for.
 var ErrDestNotEmpty = errors.New("not empty")
 
-// RestoreDir restores like Restore, but puts the checkpoint's files
-// directly in dir (spotagent restore --dest) and reports dir as Restored.Dir.
+// Dir restores like Restore, but puts the checkpoint's files
+// directly in dir (spotagent restore --dest) and reports dir as Result.Dir.
 // dir must be missing or empty unless replace is set. The checkpoint is
 // downloaded and verified in a temporary directory beside dir, then renamed
 // into place: dir is never left half-written. With replace, dir's old
@@ -26,7 +26,7 @@ var ErrDestNotEmpty = errors.New("not empty")
 // When dir is a mount point (nothing can be renamed onto it) the checkpoint
 // is staged in a hidden directory inside it and moved up entry by entry;
 // replace is refused there.
-func RestoreDir(ctx context.Context, st cloud.Store, dir string, replace bool, opts RestoreOptions) (*Restored, error) {
+func Dir(ctx context.Context, st cloud.Store, dir string, replace bool, opts Options) (*Result, error) {
 	dir = filepath.Clean(dir)
 	fi, err := os.Lstat(dir)
 	exists := err == nil
@@ -70,7 +70,7 @@ func RestoreDir(ctx context.Context, st cloud.Store, dir string, replace bool, o
 		return nil, err
 	}
 	defer os.RemoveAll(stage)
-	r, err := Restore(ctx, st, stage, opts)
+	r, err := Checkpoint(ctx, st, stage, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"
@@ -30,13 +30,13 @@ func dirNames(t *testing.T, dir string) []string {
 func TestRestoreDir(t *testing.T) {
 	ctx := context.Background()
 	st := newStore(t)
-	commit(t, st, 10, "a", map[string]string{"model.pt": "ten", "opt/state": "s10"})
-	commit(t, st, 20, "b", map[string]string{"model.pt": "twenty", "opt/state": "s20"})
+	commitFiles(t, st, 10, "a", map[string]string{"model.pt": "ten", "opt/state": "s10"})
+	commitFiles(t, st, 20, "b", map[string]string{"model.pt": "twenty", "opt/state": "s20"})
 	want := []string{"model.pt", "opt", "opt/state"}
 
 	t.Run("Missing", func(t *testing.T) {
 		dest := filepath.Join(t.TempDir(), "a", "dest")
-		r, err := RestoreDir(ctx, st, dest, false, RestoreOptions{})
+		r, err := Dir(ctx, st, dest, false, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +58,7 @@ func TestRestoreDir(t *testing.T) {
 		if err := os.Chmod(dest, 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := RestoreDir(ctx, st, dest, false, RestoreOptions{ID: "a"}); err != nil {
+		if _, err := Dir(ctx, st, dest, false, Options{ID: "a"}); err != nil {
 			t.Fatal(err)
 		}
 		if got := readString(t, filepath.Join(dest, "model.pt")); got != "ten" {
@@ -73,7 +73,7 @@ func TestRestoreDir(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dest, "mine"), []byte("keep"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := RestoreDir(ctx, st, dest, false, RestoreOptions{})
+		_, err := Dir(ctx, st, dest, false, Options{})
 		if !errors.Is(err, ErrDestNotEmpty) {
 			t.Fatalf("err=%v, want ErrDestNotEmpty", err)
 		}
@@ -90,7 +90,7 @@ func TestRestoreDir(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dest, "model.pt"), []byte("stale"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := RestoreDir(ctx, st, dest, true, RestoreOptions{}); err != nil {
+		if _, err := Dir(ctx, st, dest, true, Options{}); err != nil {
 			t.Fatal(err)
 		}
 		if got := dirNames(t, dest); !slices.Equal(got, want) {
@@ -105,7 +105,7 @@ func TestRestoreDir(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dest, "mine"), []byte("keep"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := RestoreDir(ctx, st, dest, true, RestoreOptions{ID: "no-such-id"})
+		_, err := Dir(ctx, st, dest, true, Options{ID: "no-such-id"})
 		if !errors.Is(err, ErrNoCheckpoint) {
 			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
 		}
@@ -121,7 +121,7 @@ func TestRestoreDir(t *testing.T) {
 		if err := os.WriteFile(dest, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := RestoreDir(ctx, st, dest, true, RestoreOptions{}); err == nil {
+		if _, err := Dir(ctx, st, dest, true, Options{}); err == nil {
 			t.Fatal("restored over a file")
 		}
 	})

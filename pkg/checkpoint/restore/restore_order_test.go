@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -20,16 +21,16 @@ import (
 // latest.json, which a step of 1000 must not block.
 func TestRestore_LatestStepDisagrees(t *testing.T) {
 	st := newStore(t)
-	a := commit(t, st, 100, "a", map[string]string{"m": "100"})
-	commit(t, st, 110, "b", map[string]string{"m": "110"})
-	commit(t, st, 500, "c", map[string]string{"m": "500"})
-	body, _ := json.Marshal(Latest{Manifest: a.ManifestKey, Step: 1000, ID: "a"})
-	put(t, st, LatestKey, string(body))
+	a := commitFiles(t, st, 100, "a", map[string]string{"m": "100"})
+	commitFiles(t, st, 110, "b", map[string]string{"m": "110"})
+	commitFiles(t, st, 500, "c", map[string]string{"m": "500"})
+	body, _ := json.Marshal(checkpoint.Latest{Manifest: a.ManifestKey, Step: 1000, ID: "a"})
+	put(t, st, checkpoint.LatestKey, string(body))
 	if got := restoredStep(t, st); got != 500 {
 		t.Fatalf("restored step %d, want 500 (latest.json's step field is not the truth)", got)
 	}
-	commit(t, st, 600, "d", map[string]string{"m": "600"})
-	l, err := ReadLatest(context.Background(), st)
+	commitFiles(t, st, 600, "d", map[string]string{"m": "600"})
+	l, err := checkpoint.ReadLatest(context.Background(), st)
 	if err != nil || l.Step != 600 || l.ID != "d" {
 		t.Fatalf("latest=%+v, %v after a commit of 600: the pointer was not repaired", l, err)
 	}
@@ -51,13 +52,13 @@ func TestRestore_SkipsFencedSessionsNewer(t *testing.T) {
 		if _, err := commitUnder(one, st, t, 20, "c"); err == nil {
 			t.Fatal("the fenced session's commit succeeded")
 		}
-		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if err != nil || r.Manifest.ID != "b" {
 			t.Fatalf("restore: %+v, %v; want checkpoint b (step 15), not the fenced session's c", r, err)
 		}
 		// Older than latest.json, a lower epoch is an ordinary fallback.
 		st.Delete(context.Background(), "checkpoints/000000000015-b/w")
-		r, err = Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		r, err = Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if err != nil || r.Manifest.ID != "a" {
 			t.Fatalf("restore with b damaged: %+v, %v; want a", r, err)
 		}
@@ -72,9 +73,9 @@ type getCounter struct {
 }
 
 func (s *getCounter) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
-	if strings.HasSuffix(key, "/"+ManifestName) {
+	if strings.HasSuffix(key, "/"+checkpoint.ManifestName) {
 		s.manifests.Add(1)
-	} else if strings.HasPrefix(key, CheckpointsDir) {
+	} else if strings.HasPrefix(key, checkpoint.CheckpointsDir) {
 		s.data.Add(1)
 	}
 	return s.Store.Get(ctx, key, off, n)
@@ -86,9 +87,9 @@ func (s *getCounter) Get(ctx context.Context, key string, off, n int64) (io.Read
 func TestRestore_OneManifestAtATime(t *testing.T) {
 	inner := newStore(t)
 	for i := 1; i <= 30; i++ {
-		commit(t, inner, int64(i*10), fmt.Sprintf("c%d", i), map[string]string{"m": fmt.Sprint(i)})
+		commitFiles(t, inner, int64(i*10), fmt.Sprintf("c%d", i), map[string]string{"m": fmt.Sprint(i)})
 	}
-	inner.Delete(context.Background(), LatestKey)
+	inner.Delete(context.Background(), checkpoint.LatestKey)
 	st := &getCounter{Store: inner}
 	if got := restoredStep(t, st); got != 300 {
 		t.Fatalf("restored %d, want 300", got)
@@ -116,10 +117,10 @@ func TestRestore_StopsAtFirstFailure(t *testing.T) {
 	for i := range 300 {
 		files[fmt.Sprintf("f%03d", i)] = strings.Repeat("x", i)
 	}
-	commit(t, inner, 10, "a", files)
+	commitFiles(t, inner, 10, "a", files)
 	inner.Delete(context.Background(), "checkpoints/000000000010-a/f000")
 	st := &getCounter{Store: inner}
-	_, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	_, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 	if err == nil {
 		t.Fatal("a checkpoint with a missing object restored")
 	}
@@ -176,7 +177,7 @@ func (s stallAfterStore) Get(ctx context.Context, key string, off, n int64) (io.
 // cancelling ctx ends a restore at once.
 func TestRestore_StallTimesOut(t *testing.T) {
 	inner := newStore(t)
-	commit(t, inner, 10, "a", map[string]string{"m": "ten"})
+	commitFiles(t, inner, 10, "a", map[string]string{"m": "ten"})
 	for _, tc := range []struct {
 		name string
 		st   cloud.Store
@@ -185,20 +186,20 @@ func TestRestore_StallTimesOut(t *testing.T) {
 		{"body stops", stallAfterStore{inner}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Restore(context.Background(), tc.st, t.TempDir(), RestoreOptions{Stall: 200 * time.Millisecond})
+			_, err := Checkpoint(context.Background(), tc.st, t.TempDir(), Options{Stall: 200 * time.Millisecond})
 			if !errors.Is(err, ErrStalled) {
 				t.Fatalf("err=%v, want ErrStalled", err)
 			}
 		})
 	}
-	r, err := Restore(context.Background(), silentStore{Store: inner, key: LatestKey}, t.TempDir(), RestoreOptions{Stall: 200 * time.Millisecond})
+	r, err := Checkpoint(context.Background(), silentStore{Store: inner, key: checkpoint.LatestKey}, t.TempDir(), Options{Stall: 200 * time.Millisecond})
 	if err != nil || r.Manifest.Step != 10 {
 		t.Fatalf("restore with latest.json silent: %+v, %v; want step 10 from the listing", r, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := Restore(ctx, silentStore{Store: inner}, t.TempDir(), RestoreOptions{})
+		_, err := Checkpoint(ctx, silentStore{Store: inner}, t.TempDir(), Options{})
 		errc <- err
 	}()
 	cancel()
@@ -209,29 +210,5 @@ func TestRestore_StallTimesOut(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a cancelled restore did not return")
-	}
-}
-
-// TestDecodeManifest: the streaming decoder reads what json.Unmarshal
-// reads, and refuses what it refuses.
-func TestDecodeManifest(t *testing.T) {
-	good := `{"format":"spotagent.checkpoint/v1","id":"a","step":3,"Files":[{"path":"m","key":"k/m","size":1,"sha256":"x"}],"metadata":{"files":[1]},"epoch":2,"extra":[1,{"b":2}]}`
-	var want Manifest
-	if err := json.Unmarshal([]byte(good), &want); err != nil {
-		t.Fatal(err)
-	}
-	got, err := decodeManifest(strings.NewReader(good))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _ := json.Marshal(want)
-	b, _ := json.Marshal(got)
-	if string(a) != string(b) {
-		t.Fatalf("streamed %s, want %s", b, a)
-	}
-	for _, bad := range []string{`[]`, `{"files":{}}`, `{"files":[1]}`, `{"id":"a"} x`, `{"id":`} {
-		if _, err := decodeManifest(strings.NewReader(bad)); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"

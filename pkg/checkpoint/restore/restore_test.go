@@ -1,4 +1,4 @@
-package checkpoint
+package restore
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -22,7 +24,7 @@ func put(t *testing.T, st cloud.Store, key, body string) {
 
 func restoredStep(t *testing.T, st cloud.Store) int64 {
 	t.Helper()
-	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,10 +34,10 @@ func restoredStep(t *testing.T, st cloud.Store) int64 {
 func TestRestore_FallsBack(t *testing.T) {
 	t.Run("corrupted file", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		put(t, st, "checkpoints/000000000020-b/m", "twentx") // same size, other bytes
-		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,8 +47,8 @@ func TestRestore_FallsBack(t *testing.T) {
 	})
 	t.Run("truncated file", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		put(t, st, "checkpoints/000000000020-b/m", "tw")
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
@@ -54,8 +56,8 @@ func TestRestore_FallsBack(t *testing.T) {
 	})
 	t.Run("missing object", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		st.Delete(context.Background(), "checkpoints/000000000020-b/m")
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
@@ -63,24 +65,24 @@ func TestRestore_FallsBack(t *testing.T) {
 	})
 	t.Run("broken latest.json", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
-		put(t, st, LatestKey, "{not json")
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
+		put(t, st, checkpoint.LatestKey, "{not json")
 		if got := restoredStep(t, st); got != 20 {
 			t.Fatalf("step=%d, want 20", got)
 		}
 	})
 	t.Run("latest.json escapes", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		put(t, st, LatestKey, `{"manifest":"../../etc/passwd","step":99,"id":"x"}`)
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		put(t, st, checkpoint.LatestKey, `{"manifest":"../../etc/passwd","step":99,"id":"x"}`)
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
 		}
 	})
 	t.Run("partial checkpoint without manifest", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		put(t, st, "checkpoints/000000000030-c/m", "thirty") // upload cut short: no manifest
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
@@ -88,11 +90,11 @@ func TestRestore_FallsBack(t *testing.T) {
 	})
 	t.Run("manifest with unsafe path", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		put(t, st, "checkpoints/000000000040-d/manifest.json", `{"format":"spotagent.checkpoint/v1","id":"d","step":40,
 			"files":[{"path":"../../escape","key":"checkpoints/000000000010-a/m","size":3,"sha256":"`+strings.Repeat("0", 64)+`"}]}`)
 		dest := t.TempDir()
-		r, err := Restore(context.Background(), st, dest, RestoreOptions{})
+		r, err := Checkpoint(context.Background(), st, dest, Options{})
 		if err != nil || r.Manifest.Step != 10 {
 			t.Fatalf("restore=%v err=%v, want step 10", r, err)
 		}
@@ -103,29 +105,29 @@ func TestRestore_FallsBack(t *testing.T) {
 	t.Run("nothing committed", func(t *testing.T) {
 		st := newStore(t)
 		put(t, st, "checkpoints/000000000030-c/m", "thirty")
-		_, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+		_, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if !errors.Is(err, ErrNoCheckpoint) {
 			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
 		}
 	})
 	t.Run("by id", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 10, "a", map[string]string{"m": "ten"})
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
-		r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: "a"})
+		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
+		r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{ID: "a"})
 		if err != nil || r.Manifest.Step != 10 {
 			t.Fatalf("restore id a: %v %v", r, err)
 		}
-		if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: "zz"}); !errors.Is(err, ErrNoCheckpoint) {
+		if _, err := Checkpoint(context.Background(), st, t.TempDir(), Options{ID: "zz"}); !errors.Is(err, ErrNoCheckpoint) {
 			t.Fatalf("restore id zz: err=%v, want ErrNoCheckpoint", err)
 		}
 	})
 	t.Run("no partial directory left", func(t *testing.T) {
 		st := newStore(t)
-		commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		put(t, st, "checkpoints/000000000020-b/m", "twentx")
 		dest := t.TempDir()
-		if _, err := Restore(context.Background(), st, dest, RestoreOptions{}); !errors.Is(err, ErrAllDamaged) {
+		if _, err := Checkpoint(context.Background(), st, dest, Options{}); !errors.Is(err, ErrAllDamaged) {
 			t.Fatalf("err=%v, want ErrAllDamaged (never a fresh start over committed work)", err)
 		}
 		ents, _ := os.ReadDir(dest)
@@ -138,18 +140,18 @@ func TestRestore_FallsBack(t *testing.T) {
 func TestPrune(t *testing.T) {
 	st := newStore(t)
 	for i, id := range []string{"a", "b", "c", "d", "e"} {
-		commit(t, st, int64(i+1)*10, id, map[string]string{"m": id, "shared": "s"})
+		commitFiles(t, st, int64(i+1)*10, id, map[string]string{"m": id, "shared": "s"})
 	}
 	put(t, st, "checkpoints/000000000005-orphan/m", "x")   // older than every kept: a crash left it
 	put(t, st, "checkpoints/000000000099-inflight/m", "y") // newer: an upload in flight
-	n, err := Prune(context.Background(), st, 3, nil)
+	n, err := checkpoint.Prune(context.Background(), st, 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := n, 2*3+1; got != want {
 		t.Fatalf("deleted %d objects, want %d", got, want)
 	}
-	entries, err := ListManifests(context.Background(), st)
+	entries, err := checkpoint.ListManifests(context.Background(), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +166,7 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("in-flight upload deleted: %v", err)
 	}
 	for _, e := range entries {
-		if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{ID: e.Manifest.ID}); err != nil {
+		if _, err := Checkpoint(context.Background(), st, t.TempDir(), Options{ID: e.Manifest.ID}); err != nil {
 			t.Fatalf("kept checkpoint %s does not restore: %v", e.Manifest.ID, err)
 		}
 	}
@@ -172,18 +174,18 @@ func TestPrune(t *testing.T) {
 
 func TestJournal_RoundTrip(t *testing.T) {
 	st, _ := file.New(t.TempDir())
-	j, err := ReadJournal(context.Background(), st, "run")
+	j, err := journal.Read(context.Background(), st, "run")
 	if err != nil || len(j.Interruptions) != 0 {
 		t.Fatalf("empty journal: %+v %v", j, err)
 	}
-	w := NewJournalWriter(st, j)
-	if err := w.Update(context.Background(), func(j *Journal) {
-		j.Interruptions = append(j.Interruptions, Interruption{Kind: "termination", CommitOK: true, Step: 7})
+	w := journal.NewWriter(st, j)
+	if err := w.Update(context.Background(), func(j *journal.Journal) {
+		j.Interruptions = append(j.Interruptions, journal.Interruption{Kind: "termination", CommitOK: true, Step: 7})
 		j.Stats.Checkpoints = 3
 	}); err != nil {
 		t.Fatal(err)
 	}
-	j2, err := ReadJournal(context.Background(), st, "run")
+	j2, err := journal.Read(context.Background(), st, "run")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +199,8 @@ func TestRestore_Ranged(t *testing.T) {
 	rangedAbove = 1000
 	st := newStore(t)
 	big := strings.Repeat("0123456789abcdef", 3000) // 48,000 bytes: above the lowered threshold
-	commit(t, st, 10, "a", map[string]string{"big": big, "small": "s"})
-	r, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{})
+	commitFiles(t, st, 10, "a", map[string]string{"big": big, "small": "s"})
+	r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +209,7 @@ func TestRestore_Ranged(t *testing.T) {
 	}
 	// A corrupted large object is caught by the hash of what landed on disk.
 	put(t, st, "checkpoints/000000000010-a/big", strings.Repeat("X", len(big)))
-	if _, err := Restore(context.Background(), st, t.TempDir(), RestoreOptions{}); !errors.Is(err, ErrAllDamaged) {
+	if _, err := Checkpoint(context.Background(), st, t.TempDir(), Options{}); !errors.Is(err, ErrAllDamaged) {
 		t.Fatalf("err=%v, want ErrAllDamaged", err)
 	}
 }
@@ -226,10 +228,10 @@ func readString(t *testing.T, p string) string {
 // start the run from scratch.
 func TestRestore_AbortsOnStoreError(t *testing.T) {
 	st := newStore(t)
-	commit(t, st, 10, "a", map[string]string{"m": "ten"})
-	commit(t, st, 20, "b", map[string]string{"m": "twenty"})
+	commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+	commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 	flaky := &failingGets{Store: st, err: errors.New("connection reset by peer")}
-	_, err := Restore(context.Background(), flaky, t.TempDir(), RestoreOptions{})
+	_, err := Checkpoint(context.Background(), flaky, t.TempDir(), Options{})
 	if err == nil || errors.Is(err, ErrNoCheckpoint) || errors.Is(err, ErrAllDamaged) || !strings.Contains(err.Error(), "connection reset") {
 		t.Fatalf("err=%v, want the store's error", err)
 	}

@@ -1,5 +1,5 @@
 // Package storesim is an in-memory cloud.Store for deterministic
-// simulation of the store protocols (the sim_test.go of pkg/checkpoint
+// simulation of the store protocols (the sim_test.go of pkg/checkpoint/commit
 // and of pkg/fleet): every operation passes through a Faults hook that
 // may hold it (to interleave sessions), fail it before it happens, or
 // fail it after it happened (the reply lost), and lists may lag behind

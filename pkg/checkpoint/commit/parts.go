@@ -1,0 +1,270 @@
+package commit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/internal/retry"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// ErrIncomplete means a job checkpoint's parts did not all arrive before
+// the commit's context ended: no manifest, nothing restorable.
+var ErrIncomplete = errors.New("checkpoint incomplete")
+
+// NewPartPipeline is NewPipeline for this node's part of a job checkpoint:
+// early uploads go under the part's prefix, where Commit with req.Part
+// expects them.
+func (c *Committer) NewPartPipeline(ctx context.Context, root *os.Root, step int64, id, node string) *Pipeline {
+	p := c.NewPipeline(ctx, root, step, id)
+	p.prefix = c.partPrefix(max(step, 0), id, node) // nothing was added yet: no upload uses it
+	return p
+}
+
+// partPrefix is where this committer puts its part's data objects: under
+// the part, in its session's folder when it has one.
+func (c *Committer) partPrefix(step int64, id, node string) string {
+	p := checkpoint.PartPrefix(step, id, node)
+	if c.Session != "" {
+		p += c.Session + "/"
+	}
+	return p
+}
+
+// pipelineFits reports whether pl uploads under the part node of checkpoint
+// id (at any step: a done may report another step than expected).
+func pipelineFits(pl *Pipeline, id string, part *checkpoint.PartSpec) bool {
+	if part == nil {
+		return true
+	}
+	_, rest, ok := strings.Cut(pl.prefix, "-"+id+"/")
+	return ok && rest == strings.TrimPrefix(pl.c.partPrefix(0, id, part.Node), checkpoint.Prefix(0, id))
+}
+
+// commitPart writes this node's part manifest (its data is durable), waits
+// for the other parts and commits the job manifest once they cover every
+// rank. unslot frees the commit's upload slot: waiting for other nodes
+// must not hold it.
+func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request, m *checkpoint.Manifest, unslot func()) (*checkpoint.Manifest, error) {
+	for i := range m.Files {
+		m.Files[i].Part = req.Part.Node
+	}
+	own := &checkpoint.PartManifest{
+		Format: checkpoint.PartFormat, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
+		Node: req.Part.Node, Ranks: slices.Sorted(slices.Values(req.Part.Ranks)), WorldSize: req.Part.WorldSize,
+		Created: m.Created, Source: m.Source, Metadata: m.Metadata, Files: m.Files,
+	}
+	body, err := json.MarshalIndent(own, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	key := checkpoint.PartKey(req.Step, req.ID, req.Part.Node)
+	if c.PartLease != nil {
+		// A newer copy of this node exists: its parts are the node's.
+		if err := c.PartLease.Check(ctx); err != nil {
+			return nil, fmt.Errorf("write part: %w", err)
+		}
+	}
+	if err := checkpoint.PutOnce(ctx, c.Store, key, body); err != nil {
+		if errors.Is(err, cloud.ErrPrecondition) {
+			return nil, fmt.Errorf("write part: %s exists, written by another agent: %w", key, checkpoint.ErrPartsDisagree)
+		}
+		if req.Pipeline != nil && !c.partAbsent(key) {
+			// The write may have landed (a deadline that ended after the
+			// store took it): then the part names the early uploads, and
+			// deleting them would break a durable part. Keep them;
+			// retention removes them if no manifest ever lists them.
+			req.Pipeline.committed(m)
+		}
+		return nil, fmt.Errorf("write part: %w", err)
+	}
+	if req.Pipeline != nil { // the part lists its early uploads: never delete them
+		req.Pipeline.committed(m)
+	}
+	unslot()
+	log.Info("part written, waiting for the other parts", zap.String("part", req.Part.Node), zap.Ints("ranks", own.Ranks))
+	job, err := c.awaitParts(ctx, log, own)
+	if err != nil {
+		return nil, err
+	}
+	mkey := checkpoint.ManifestKey(req.Step, req.ID)
+	body, err = marshalManifest(job)
+	if err != nil {
+		return nil, err
+	}
+	err = c.Store.Put(ctx, mkey, bytes.NewReader(body), int64(len(body)), cloud.PutOptions{IfAbsent: true})
+	if errors.Is(err, cloud.ErrPrecondition) {
+		// Another node finished first (or a retried write of ours landed):
+		// its manifest stands if it names this checkpoint and this part.
+		won, rerr := checkpoint.ReadManifest(ctx, c.Store, mkey)
+		if rerr != nil {
+			return nil, fmt.Errorf("read the manifest another agent wrote: %w", rerr)
+		}
+		if err := sameCheckpoint(won, own); err != nil {
+			return nil, fmt.Errorf("manifest %s: %w", mkey, err)
+		}
+		log.Info("another agent wrote the job manifest", zap.String("manifest", mkey))
+		return won, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("write manifest: %w", err)
+	}
+	return job, nil
+}
+
+// partAbsent reports whether the part manifest key is known not to exist,
+// asked with a short context of its own (the commit's may have ended):
+// false when it exists or the store cannot say.
+func (c *Committer) partAbsent(key string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.Store.Stat(ctx, key)
+	return errors.Is(err, cloud.ErrNotExist)
+}
+
+// sameCheckpoint checks that m is the job manifest own belongs to: same
+// id and step, and own's files in it as own lists them.
+func sameCheckpoint(m *checkpoint.Manifest, own *checkpoint.PartManifest) error {
+	if m.ID != own.ID || m.Step != own.Step {
+		return fmt.Errorf("names %d-%s, not %d-%s: %w", m.Step, m.ID, own.Step, own.ID, checkpoint.ErrPartsDisagree)
+	}
+	if m.Part(own.Node) == nil {
+		return fmt.Errorf("lacks part %s: %w", own.Node, checkpoint.ErrPartsDisagree)
+	}
+	have := map[string]checkpoint.File{}
+	for _, f := range m.Files {
+		if f.Part == own.Node {
+			have[f.Path] = f
+		}
+	}
+	for _, f := range own.Files {
+		if have[f.Path] != f {
+			return fmt.Errorf("lists part %s's file %q otherwise: %w", own.Node, f.Path, checkpoint.ErrPartsDisagree)
+		}
+	}
+	return nil
+}
+
+// partsSleep is awaitParts' back-off between listings; the simulation
+// (sim_test.go) makes it a step of its schedule instead of a real wait.
+var partsSleep = retry.Sleep
+
+// awaitParts polls the checkpoint's parts/ listing (100 ms, doubling to
+// 1 s) until the parts cover every rank of own's world exactly once, and
+// returns the job manifest they make. ctx ending first: ErrIncomplete.
+func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *checkpoint.PartManifest) (*checkpoint.Manifest, error) {
+	cache := map[string]*checkpoint.PartManifest{checkpoint.PartKey(own.Step, own.ID, own.Node): own}
+	_, missing, _ := joinParts(own, []*checkpoint.PartManifest{own}) // until the first listing
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		parts, err := readParts(ctx, c.Store, own.Step, own.ID, cache)
+		switch {
+		case err == nil:
+			m, miss, err := joinParts(own, parts)
+			if err != nil || m != nil {
+				return m, err
+			}
+			missing = miss
+		case errors.Is(err, checkpoint.ErrPartsDisagree):
+			return nil, err
+		case ctx.Err() == nil:
+			log.Warn("could not read the other parts, retrying", zap.Error(err))
+		}
+		if partsSleep(ctx, wait) != nil {
+			return nil, fmt.Errorf("%w: ranks %v of %d never committed their part (%w)", ErrIncomplete, missing, own.WorldSize, context.Cause(ctx))
+		}
+	}
+}
+
+// readParts lists parts/ of checkpoint (step, id) and reads the part
+// manifests not in cache (they are written once: a read is final).
+func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache map[string]*checkpoint.PartManifest) ([]*checkpoint.PartManifest, error) {
+	dir := checkpoint.Prefix(step, id) + checkpoint.PartsDir
+	var keys []string
+	err := st.List(ctx, dir, func(o cloud.ObjectInfo) error {
+		if rest := strings.TrimPrefix(o.Key, dir); strings.HasSuffix(rest, ".json") && !strings.Contains(rest, "/") {
+			keys = append(keys, o.Key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list parts: %w", err)
+	}
+	var parts []*checkpoint.PartManifest
+	for _, k := range keys {
+		p := cache[k]
+		if p == nil {
+			p, err = checkpoint.ReadPart(ctx, st, k)
+			if errors.Is(err, cloud.ErrNotExist) {
+				continue // deleted since the listing (retention)
+			}
+			if err != nil {
+				return nil, err
+			}
+			cache[k] = p
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
+}
+
+// joinParts returns the job manifest the parts make once their ranks cover
+// own's world exactly once, or the ranks still missing. Parts that cannot
+// make one checkpoint are ErrPartsDisagree.
+func joinParts(own *checkpoint.PartManifest, parts []*checkpoint.PartManifest) (*checkpoint.Manifest, []int, error) {
+	holder := make([]*checkpoint.PartManifest, own.WorldSize)
+	for _, p := range parts {
+		if p.WorldSize != own.WorldSize || p.RunID != own.RunID {
+			return nil, nil, fmt.Errorf("%w: part %s has run %q world size %d, part %s run %q world size %d",
+				checkpoint.ErrPartsDisagree, p.Node, p.RunID, p.WorldSize, own.Node, own.RunID, own.WorldSize)
+		}
+		for _, r := range p.Ranks {
+			if h := holder[r]; h != nil {
+				return nil, nil, fmt.Errorf("%w: rank %d claimed by parts %s and %s", checkpoint.ErrPartsDisagree, r, h.Node, p.Node)
+			}
+			holder[r] = p
+		}
+	}
+	var missing []int
+	for r, h := range holder {
+		if h == nil {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, missing, nil
+	}
+	// Parts in the order of their lowest rank: the first holds rank 0.
+	var order []*checkpoint.PartManifest
+	for _, h := range holder {
+		if !slices.Contains(order, h) {
+			order = append(order, h)
+		}
+	}
+	first := order[0]
+	m := &checkpoint.Manifest{
+		Format: checkpoint.Format, RunID: own.RunID, ID: own.ID, Step: own.Step, Reason: first.Reason,
+		Created: time.Now().UTC(), Source: first.Source, Metadata: first.Metadata,
+	}
+	for _, p := range order {
+		info := checkpoint.PartInfo{Node: p.Node, Ranks: p.Ranks, Files: len(p.Files)}
+		for _, f := range p.Files {
+			info.Bytes += f.Size
+		}
+		m.Files = append(m.Files, p.Files...)
+		m.Parts = append(m.Parts, info)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", checkpoint.ErrPartsDisagree, err)
+	}
+	return m, nil, nil
+}
