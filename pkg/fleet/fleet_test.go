@@ -104,7 +104,7 @@ func writeFleet(t *testing.T, open func(dir string) cloud.Store) {
 			journal.Session{ID: "s1", Start: at(0), End: tp(5 * time.Hour), Instance: a2, BlockedSeconds: fp(0)},
 			journal.Session{ID: "s2", Start: at(6 * time.Hour), End: tp(8 * time.Hour), Instance: a2, BlockedSeconds: fp(0)})
 		j.Interruptions = append(j.Interruptions, journal.Interruption{Cloud: "gcp", Kind: "preempted",
-			Notice: at(5 * time.Hour), Detected: at(5 * time.Hour), LostSeconds: 1800, LostSteps: 900})
+			Notice: at(5 * time.Hour), Detected: at(5 * time.Hour), Loss: journal.Loss{LostSeconds: 1800, LostSteps: 900}})
 	})
 	writeLatest(t, st, 20000)
 	// eval-c: 2 h in us-east-1a, started 3 days later, no interruption.

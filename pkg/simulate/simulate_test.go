@@ -258,7 +258,7 @@ func twoInterruptions() *journal.Journal {
 		Interruptions: []journal.Interruption{
 			{Detected: at(2 * time.Hour), Done: ptr(at(2*time.Hour + 20*time.Second)),
 				Committed: ptr(at(2*time.Hour + 50*time.Second)), CommitOK: true},
-			{Detected: at(4*time.Hour + 59*time.Minute), LostSeconds: 600, Error: "deadline passed"},
+			{Detected: at(4*time.Hour + 59*time.Minute), Loss: journal.Loss{LostSeconds: 600}, Error: "deadline passed"},
 		},
 		Restores: []journal.RestoreEntry{
 			{At: at(2*time.Hour + 7*time.Minute), Seconds: 40},

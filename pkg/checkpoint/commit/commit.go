@@ -79,24 +79,9 @@ type Result struct {
 func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err error) {
 	start := time.Now()
 	log := c.log().With(zap.String("id", req.ID), zap.Int64("step", req.Step))
-	if !checkpoint.ValidID(req.ID) {
-		return nil, fmt.Errorf("commit: bad checkpoint id %q", req.ID)
-	}
-	if req.Step < 0 {
-		return nil, fmt.Errorf("commit: negative step %d", req.Step)
-	}
-	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
-		return nil, errors.New("commit: metadata is not valid json")
-	}
-	prefix := checkpoint.Prefix(req.Step, req.ID)
-	if req.Part != nil {
-		if err := req.Part.Validate(); err != nil {
-			return nil, fmt.Errorf("commit: %w", err)
-		}
-		prefix = c.partPrefix(req.Step, req.ID, req.Part.Node)
-		if req.Pipeline != nil && !pipelineFits(req.Pipeline, req.ID, req.Part) {
-			return nil, errors.New("commit: the pipeline does not upload under this part (NewPartPipeline)")
-		}
+	prefix, err := c.prefixOf(req)
+	if err != nil {
+		return nil, err
 	}
 	root := req.Root
 	if root == nil {
@@ -117,49 +102,20 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 			return nil, fmt.Errorf("commit: %w", err)
 		}
 	}
-	var total int64
-	var todo []int
-	for i, f := range files {
-		if _, ok := piped[f.Rel]; !ok {
-			total += f.Size
-			todo = append(todo, i)
-		}
-	}
+	total, todo := notPiped(files, piped)
 	outer, unslot := ctx, func() {}
 	if c.Gate != nil {
-		claim := Claim{Urgent: req.Urgent, Bytes: total}
-		if req.Urgent {
-			// Only an interruption's deadline orders the queue; a periodic
-			// commit's bound is a safety net, not a deadline.
-			claim.Deadline, _ = ctx.Deadline()
-		}
-		gctx, release, aerr := c.Gate.Acquire(ctx, claim)
-		if aerr != nil {
-			return nil, fmt.Errorf("commit: waiting for an upload slot: %w", aerr)
+		gctx, release, serr := c.slot(ctx, log, req, total, start)
+		if serr != nil {
+			return nil, serr
 		}
 		defer release()
 		unslot = release
-		if waited := time.Since(start); waited > 100*time.Millisecond {
-			log.Info("upload slot granted", zap.Duration("waited", waited), zap.Int64("bytes", total), zap.Bool("urgent", req.Urgent))
-		}
 		ctx = gctx
-		defer func() {
-			if errors.Is(context.Cause(gctx), ErrPreempted) && err != nil && !errors.Is(err, ErrPreempted) {
-				err = fmt.Errorf("commit: %w", ErrPreempted)
-			}
-		}()
+		defer func() { err = preempted(gctx, err) }()
 	}
 	upStart := time.Now() // the throughput estimate must not count the wait
-	m := &checkpoint.Manifest{
-		Format: checkpoint.Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
-		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
-		Files: make([]checkpoint.File, len(files)), Epoch: c.epoch(),
-	}
-	for i, f := range files {
-		if pf, ok := piped[f.Rel]; ok {
-			m.Files[i] = pf
-		}
-	}
+	m := c.manifest(req, start, files, piped)
 	if !pipeStart.IsZero() && pipeStart.Before(upStart) {
 		upStart = pipeStart // throughput: the early uploads count too
 	}
@@ -195,6 +151,89 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)), zap.Int("early", len(piped)),
 		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
 	return res, nil
+}
+
+// prefixOf checks req and returns the store prefix of its data objects:
+// the checkpoint's, or with req.Part this committer's part's.
+func (c *Committer) prefixOf(req Request) (string, error) {
+	if !checkpoint.ValidID(req.ID) {
+		return "", fmt.Errorf("commit: bad checkpoint id %q", req.ID)
+	}
+	if req.Step < 0 {
+		return "", fmt.Errorf("commit: negative step %d", req.Step)
+	}
+	if len(req.Metadata) > 0 && !json.Valid(req.Metadata) {
+		return "", errors.New("commit: metadata is not valid json")
+	}
+	if req.Part == nil {
+		return checkpoint.Prefix(req.Step, req.ID), nil
+	}
+	if err := req.Part.Validate(); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	if req.Pipeline != nil && !pipelineFits(req.Pipeline, req.ID, req.Part) {
+		return "", errors.New("commit: the pipeline does not upload under this part (NewPartPipeline)")
+	}
+	return c.partPrefix(req.Step, req.ID, req.Part.Node), nil
+}
+
+// notPiped returns the files (their indexes) that piped does not hold,
+// and their bytes: what the commit uploads.
+func notPiped(files []checkpoint.LocalFile, piped map[string]checkpoint.File) (int64, []int) {
+	var total int64
+	var todo []int
+	for i, f := range files {
+		if _, ok := piped[f.Rel]; !ok {
+			total += f.Size
+			todo = append(todo, i)
+		}
+	}
+	return total, todo
+}
+
+// slot waits at the Gate for an upload slot for total bytes; it returns
+// the context the upload runs under (a more urgent commit may preempt it)
+// and the func that frees the slot.
+func (c *Committer) slot(ctx context.Context, log *zap.Logger, req Request, total int64, start time.Time) (context.Context, func(), error) {
+	claim := Claim{Urgent: req.Urgent, Bytes: total}
+	if req.Urgent {
+		// Only an interruption's deadline orders the queue; a periodic
+		// commit's bound is a safety net, not a deadline.
+		claim.Deadline, _ = ctx.Deadline()
+	}
+	gctx, release, err := c.Gate.Acquire(ctx, claim)
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: waiting for an upload slot: %w", err)
+	}
+	if waited := time.Since(start); waited > 100*time.Millisecond {
+		log.Info("upload slot granted", zap.Duration("waited", waited), zap.Int64("bytes", total), zap.Bool("urgent", req.Urgent))
+	}
+	return gctx, release, nil
+}
+
+// preempted is err, or ErrPreempted when the slot's context gctx was
+// preempted and err does not say so already.
+func preempted(gctx context.Context, err error) error {
+	if errors.Is(context.Cause(gctx), ErrPreempted) && err != nil && !errors.Is(err, ErrPreempted) {
+		return fmt.Errorf("commit: %w", ErrPreempted)
+	}
+	return err
+}
+
+// manifest is req's manifest before the upload: the files piped holds
+// filled in, the others' entries left for the upload.
+func (c *Committer) manifest(req Request, start time.Time, files []checkpoint.LocalFile, piped map[string]checkpoint.File) *checkpoint.Manifest {
+	m := &checkpoint.Manifest{
+		Format: checkpoint.Format, RunID: c.RunID, ID: req.ID, Step: req.Step, Reason: req.Reason,
+		Created: start.UTC(), Source: c.Source, Metadata: req.Metadata,
+		Files: make([]checkpoint.File, len(files)), Epoch: c.epoch(),
+	}
+	for i, f := range files {
+		if pf, ok := piped[f.Rel]; ok {
+			m.Files[i] = pf
+		}
+	}
+	return m
 }
 
 // commitSingle writes the manifest of a single-node checkpoint, whose

@@ -67,8 +67,8 @@ func TestEarlyPace_DeferredPipelineUploadsAtDone(t *testing.T) {
 	}
 	defer root.Close()
 	p := c.NewPipeline(context.Background(), root, 5, "x")
-	if p.early || !p.lazy {
-		t.Fatalf("pipeline early=%v lazy=%v, want deferred", p.early, p.lazy)
+	if p.pace.early || !p.lazy {
+		t.Fatalf("pipeline early=%v lazy=%v, want deferred", p.pace.early, p.lazy)
 	}
 	if err := p.Add("a"); err != nil {
 		t.Fatal(err)

@@ -44,11 +44,7 @@ type Pipeline struct {
 	wg     sync.WaitGroup // uploads
 	bg     sync.WaitGroup // uploads and the deletion after them (Wait)
 	lazy   bool           // with a Gate, or deferred: validate only, upload at done
-	// scored: the choice of early uploads (pace.go) this pipeline is a
-	// measure of; false once a Gate or Halt decided instead.
-	scored bool
-	early  bool      // the choice
-	born   time.Time // first file reported saved
+	pace   pipePace       // what its uploads tell the committer's pace
 	p      *checkpoint.Progress
 	log    *zap.Logger
 
@@ -61,6 +57,16 @@ type Pipeline struct {
 	// refused is the first file Add refused as not the trainer's own
 	// (ErrNotOwned): the checkpoint fails at done.
 	refused error
+}
+
+// pipePace is what a pipeline tells the committer's choice of early
+// uploads (pace.go).
+type pipePace struct {
+	// scored: the choice this pipeline is a measure of; false once a Gate
+	// or Halt decided instead.
+	scored bool
+	early  bool      // the choice
+	born   time.Time // first file reported saved
 }
 
 type pipedFile struct {
@@ -103,9 +109,9 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 		log: c.log().With(zap.String("id", id)),
 	}
 	if !p.lazy {
-		p.scored, p.early = true, c.paceState().early()
-		p.lazy = !p.early
-		if !p.early {
+		p.pace.scored, p.pace.early = true, c.paceState().early()
+		p.lazy = !p.pace.early
+		if !p.pace.early {
 			p.log.Debug("early uploads deferred to done: they were slower than the serial path here")
 		}
 	}
@@ -116,10 +122,10 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 // pace, unless something other than the pace decided its uploads.
 func (p *Pipeline) score(bytes int64, uploaded time.Time) {
 	p.mu.Lock()
-	scored, born := p.scored, p.born
+	scored, born := p.pace.scored, p.pace.born
 	p.mu.Unlock()
 	if scored && !born.IsZero() {
-		p.c.paceState().record(p.early, bytes, uploaded.Sub(born))
+		p.c.paceState().record(p.pace.early, bytes, uploaded.Sub(born))
 	}
 }
 
@@ -171,8 +177,8 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 	}
 	f := &pipedFile{rel: rel, key: p.prefix + rel, size: info.Size()}
 	p.files[rel] = f
-	if p.born.IsZero() {
-		p.born = time.Now()
+	if p.pace.born.IsZero() {
+		p.pace.born = time.Now()
 	}
 	if p.lazy {
 		fh.Close()
@@ -246,7 +252,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 // uploaded at done.
 func (p *Pipeline) Halt() {
 	p.mu.Lock()
-	p.lazy, p.scored = true, false
+	p.lazy, p.pace.scored = true, false
 	p.mu.Unlock()
 	p.cancel()
 }

@@ -24,7 +24,7 @@ func twoInterruptions() *Journal {
 		Interruptions: []Interruption{
 			{Detected: at(2 * time.Hour), Done: ptr(at(2*time.Hour + 20*time.Second)),
 				Committed: ptr(at(2*time.Hour + 50*time.Second)), CommitOK: true},
-			{Detected: at(4*time.Hour + 59*time.Minute), LostSeconds: 600, Error: "deadline passed"},
+			{Detected: at(4*time.Hour + 59*time.Minute), Loss: Loss{LostSeconds: 600}, Error: "deadline passed"},
 		},
 		Restores: []RestoreEntry{
 			{At: at(2*time.Hour + 7*time.Minute), Seconds: 40},

@@ -65,10 +65,14 @@ type Interruption struct {
 	Bytes        int64      `json:"bytes,omitempty"`
 	CommitOK     bool       `json:"commit_ok"`
 	Error        string     `json:"error,omitempty"`
-	// LostSeconds is the training time since the newest committed
-	// checkpoint that this interruption threw away; LostSteps the same in
-	// steps, counted as LostStepsFrom says: empty when from the trainer's
-	// own reports (protocol mode), else LostFromEstimate or LostFromDir.
+	Loss                    // its fields inline in the JSON, last
+}
+
+// Loss is what an interruption threw away. LostSeconds is the training
+// time since the newest committed checkpoint; LostSteps the same in
+// steps, counted as LostStepsFrom says: empty when from the trainer's own
+// reports (protocol mode), else LostFromEstimate or LostFromDir.
+type Loss struct {
 	LostSeconds   float64 `json:"lost_seconds"`
 	LostSteps     int64   `json:"lost_steps,omitempty"`
 	LostStepsFrom string  `json:"lost_steps_from,omitempty"`
