@@ -129,6 +129,7 @@ type crcRun struct {
 	crc    uint32
 }
 
+// NewCRCWriterAt wraps w, taking the CRC32C of each range written (Sum).
 func NewCRCWriterAt(w io.WriterAt) *CRCWriterAt {
 	return &CRCWriterAt{w: w, runs: map[int64]*crcRun{}}
 }
@@ -175,6 +176,8 @@ func (c *CRCWriterAt) Sum(size int64) (crc uint32, ok bool) {
 // ErrCorrupt marks an object whose size or checksum differs from its manifest.
 var ErrCorrupt = errors.New("checkpoint damaged")
 
+// SizeMismatch is the ErrCorrupt of an object of size got whose manifest
+// says want.
 func SizeMismatch(got, want int64) error {
 	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
 }

@@ -94,6 +94,9 @@ func OpenScanned(root *os.Root, rel string, want int64) (*os.File, error) {
 	return fh, nil
 }
 
+// CheckRegular checks fh, opened as rel below root, as OpenScanned does:
+// a regular file, the trainer's own where OwnedBy says so, of size want,
+// and still the file at rel.
 func CheckRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 	info, err := fh.Stat()
 	if err != nil {

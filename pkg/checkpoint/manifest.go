@@ -1,6 +1,10 @@
-// Package checkpoint commits checkpoint directories to a store, restores the
-// newest complete one, applies retention, keeps the run journal and decides
-// when the next periodic checkpoint is due.
+// Package checkpoint is the store's layout and rules, which committing
+// (pkg/checkpoint/commit), restoring (pkg/checkpoint/restore) and the
+// journal (pkg/checkpoint/journal) share: the manifest and part manifests,
+// latest.json (one writer), leases and fencing, listing and retention; and
+// the local side: a checkpoint directory scanned and its files opened
+// without following what a trainer could swap in, checksums, progress, and
+// the Tier contract of copies nearer than the store.
 package checkpoint
 
 import (

@@ -21,6 +21,7 @@ type Progress struct {
 	Start time.Time
 }
 
+// Add counts n more bytes moved.
 func (p *Progress) Add(n int) { p.done.Add(int64(n)) }
 
 // Done is the bytes counted so far.

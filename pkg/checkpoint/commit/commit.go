@@ -1,3 +1,9 @@
+// Package commit uploads checkpoint directories to a store and commits
+// them: data objects first, then the manifest, then latest.json. A job
+// checkpoint's parts are assembled into one manifest by whichever node
+// sees them complete (parts.go); a Pipeline uploads files before the
+// checkpoint is done; a Gate orders the uploads of several runs (node
+// mode).
 package commit
 
 import (
@@ -318,28 +324,6 @@ func marshalManifest(m *checkpoint.Manifest) ([]byte, error) {
 		}
 	}
 	return body, nil
-}
-
-func (c *Committer) concurrency() int {
-	if c.Concurrency > 0 {
-		return c.Concurrency
-	}
-	return 4
-}
-
-func (c *Committer) log() *zap.Logger {
-	if c.Log != nil {
-		return c.Log
-	}
-	return zap.NewNop()
-}
-
-// epoch is the epoch a committer records in its manifests (0: no lease).
-func (c *Committer) epoch() int64 {
-	if c.Lease == nil {
-		return 0
-	}
-	return c.Lease.Epoch
 }
 
 // publish moves latest.json: fenced by the lease when there is one.

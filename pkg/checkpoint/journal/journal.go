@@ -1,3 +1,8 @@
+// Package journal keeps the run's memory across machines (journal.json):
+// its sessions, interruptions and restores, and the measurements a
+// restarted run's scheduler starts from; Writer updates it by
+// compare-and-swap, fenced by the session's lease. Account turns it into
+// goodput.
 package journal
 
 import (

@@ -1,3 +1,9 @@
+// Package restore copies the newest complete checkpoint a store holds (or
+// one named) to local disk, verifying every file, and only then makes it
+// appear: Checkpoint into a new directory, Into through an open root, Dir
+// in place of a directory. It passes over fenced sessions' checkpoints and
+// falls back past damaged ones; nearer tiers serve files, never the
+// choice.
 package restore
 
 import (
