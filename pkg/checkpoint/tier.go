@@ -22,7 +22,7 @@ type Tier interface {
 	Open(ctx context.Context, m *Manifest, f File) (io.ReadCloser, error)
 }
 
-// Where restored bytes came from (Restored.From), besides a tier's name.
+// Where restored bytes came from (restore.Result.From), besides a tier's name.
 const (
 	FromStore = "store"
 	// FromLocal is this machine: the local tier, or a verified copy

@@ -18,7 +18,7 @@ type Metrics interface {
 	Interval(d time.Duration)
 	Error(component string)
 	Restored(bytes int64, d time.Duration)
-	// RestoredFrom is where that restore's bytes came from (Restored.From).
+	// RestoredFrom is where that restore's bytes came from (restore.Result.From).
 	RestoredFrom(from map[string]int64)
 	Ready(ok bool)
 	// Goodput is the run's accounting after each journal write.

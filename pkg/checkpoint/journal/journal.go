@@ -108,7 +108,7 @@ type RestoreEntry struct {
 	// Node is the part of a multi-node job whose agent restored
 	// (node-<k>); empty for a single-node run.
 	Node string `json:"node,omitempty"`
-	// From is the bytes restored from each source (Restored.From:
+	// From is the bytes restored from each source (restore.Result.From:
 	// "local", "store"); empty in journals written before it.
 	From map[string]int64 `json:"from,omitempty"`
 }
@@ -116,7 +116,7 @@ type RestoreEntry struct {
 // Sources says where the restore's bytes came from (Sources).
 func (e RestoreEntry) Sources() string { return Sources(e.From) }
 
-// Sources says where a restore's bytes came from (Restored.From), nearest
+// Sources says where a restore's bytes came from (restore.Result.From), nearest
 // first, the store last: "local", "store", "local+store"; "" when nothing
 // was read or nothing is known.
 func Sources(from map[string]int64) string {
