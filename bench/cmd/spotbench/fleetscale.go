@@ -32,7 +32,7 @@ type burst struct {
 }
 
 // benchFleetScale measures the fleet records against MinIO (issue 40),
-// beside the single summary they replace (fleetold.go), in the same run:
+// beside the single summary they replace (fleetsynth/old.go), in the same run:
 // c.fleetAgents agents ending at once, an agent's start-up read and
 // `spotagent fleet` at each of c.fleetRuns.
 func benchFleetScale(c *config, r *report.Report) error {
@@ -61,7 +61,7 @@ func benchFleetScale(c *config, r *report.Report) error {
 	}
 	reps := max(c.fleetReps, 3)
 	var b strings.Builder
-	fmt.Fprintf(&b, "MinIO (single drive, data on tmpfs when there is room), the agents' recording code driven by goroutines of this process through the real S3 store (`all.Open`, retries included). Requests count store operations (a List as one, however many pages); bytes are object bytes written and read. Old: the single `fleet-summary.json` every agent read whole and rewrote with a compare-and-swap (pkg/fleet before issue 40, copied in bench/cmd/spotbench/fleetold.go); new: one record per session, merged and compacted by `spotagent fleet`. Medians of %d.\n\n", reps)
+	fmt.Fprintf(&b, "MinIO (single drive, data on tmpfs when there is room), the agents' recording code driven by goroutines of this process through the real S3 store (`all.Open`, retries included). Requests count store operations (a List as one, however many pages); bytes are object bytes written and read. Old: the single `fleet-summary.json` every agent read whole and rewrote with a compare-and-swap (pkg/fleet before issue 40, copied in bench/internal/fleetsynth/old.go); new: one record per session, merged and compacted by `spotagent fleet`. Medians of %d.\n\n", reps)
 
 	// 1. Agents ending at once.
 	var newB, oldB []burst
