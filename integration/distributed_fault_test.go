@@ -64,7 +64,7 @@ func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
 	if _, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}); err != nil {
+		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}}); err != nil {
 		t.Fatalf("rank %d: %v", rank, err)
 	}
 	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan protocol.Message, 64)}

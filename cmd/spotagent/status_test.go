@@ -16,6 +16,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // shortTempDir keeps socket paths under the 108-byte sun_path limit.
@@ -107,7 +109,7 @@ func statusSample(t *testing.T) string {
 	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 	st := sampleStatus(now)
 	var out bytes.Buffer
-	if err := writeStatus(&out, &st, now); err != nil {
+	if err := render.Status(&out, &st, now); err != nil {
 		t.Fatal(err)
 	}
 	return out.String()
@@ -145,7 +147,7 @@ stopping:        no
 		st.LastNotice = &metadata.Notice{Cloud: metadata.CloudGCP, Kind: metadata.KindTermination, Action: "preempt",
 			Detected: now.Add(-3 * time.Second), Deadline: now.Add(27 * time.Second)}
 		var out bytes.Buffer
-		if err := writeStatus(&out, &st, now); err != nil {
+		if err := render.Status(&out, &st, now); err != nil {
 			t.Fatal(err)
 		}
 		for _, want := range []string{
