@@ -22,7 +22,12 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
+
+// WatchConfig is zero-code mode's configuration (Config.Watch), named
+// here too so that Config's users need not import pkg/supervisor/source.
+type WatchConfig = source.WatchConfig
 
 // Config wires one agent: a run, its store, its trainer.
 type Config struct {
@@ -72,7 +77,7 @@ type Config struct {
 	FenceInterval time.Duration
 	// Watch, when set, is zero-code mode: the checkpoint source is the
 	// watched directory (agent_watch.go), not the trainer's protocol.
-	Watch *WatchConfig
+	Watch *source.WatchConfig
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).

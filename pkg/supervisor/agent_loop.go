@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -48,7 +49,7 @@ type Agent struct {
 	ranks   rankWatch            // the child's ranks, and a lost peer (agent_peers.go)
 	live    heartbeats           // heartbeats of the job's nodes (agent_liveness.go)
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
-	src     checkpointSource     // where checkpoints come from (source.go): the protocol, or zero-code mode
+	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (node.go); nil: none
 	done    bool                 // loop ends
 }
@@ -136,7 +137,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		})
 	}
 	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
-	a.src.start()
+	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
@@ -261,11 +262,11 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.src, a.stops.src = src, src
-	if !src.asks() {
+	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
 	if err := a.dirs.open(&a.cfg); err != nil {
-		a.src.close()
+		a.src.Close()
 		endLife()
 		return nil, err
 	}
@@ -293,7 +294,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.cfg.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.resume, err = a.src.restore(ctx); err != nil {
+	if a.boot.resume, err = a.src.Restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
@@ -362,8 +363,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onFenced() // agent_fence.go
 		case r := <-a.commits.results:
 			a.onCommitResult(r)
-			a.src.committed(r)
-		case work := <-a.src.ready():
+			a.src.Committed(source.Result{ID: r.req.id, Res: r.res, Err: r.err})
+		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.lookupDone():
 			a.proc.exitCode = a.ranks.onLookup(res) // agent_peers.go
@@ -398,7 +399,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	earlier(a.proc.restartAt)
 	earlier(a.boot.abandonAt)
-	earlier(a.src.wake())
+	earlier(a.src.Wake())
 	if a.ranks.pending(a.proc.running(), a.stops.current != nil) { // agent_peers.go
 		earlier(now.Add(rankPoll))
 	}
@@ -428,7 +429,7 @@ func (a *Agent) tick(now time.Time) {
 	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
 		a.proc.stop(a.life, a.goBg)
 	} // agent_peers.go
-	a.src.tick(now)
+	a.src.Tick(now)
 	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
@@ -476,7 +477,7 @@ func (a *Agent) checkDone() {
 	if a.ranks.lookup != nil {
 		return // the exit code waits for the crash-record lookup (agent_peers.go)
 	}
-	if a.src.busy(time.Now()) {
+	if a.src.Busy(time.Now()) {
 		return
 	}
 	if len(a.commits.uploads) > 0 {
@@ -533,7 +534,7 @@ func (a *Agent) restart() {
 	a.proc.close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
-	r, err := a.src.restore(ctx)
+	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
@@ -632,7 +633,7 @@ func (a *Agent) release() {
 			u.req.held.Close()
 		}
 	}
-	a.src.close()
+	a.src.Close()
 	a.dirs.close()
 }
 
@@ -640,7 +641,7 @@ func (a *Agent) release() {
 // connected while the child it speaks for is not running (exited, or
 // waiting to restart): then nobody can answer a request.
 func (a *Agent) trainers() int {
-	if !a.src.asks() {
+	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
 	if a.cfg.Signal != 0 && a.proc.done == nil {

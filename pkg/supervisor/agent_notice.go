@@ -185,7 +185,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	a.stops.current = s
 	reqDeadline := a.cfg.requestDeadline(a.commits.last.bytes, deadline, now)
-	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
+	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
 	if a.conns.finished() {

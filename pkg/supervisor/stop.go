@@ -10,6 +10,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
 // stopSequence is the notices and signals this session got, and the stop
@@ -29,7 +30,7 @@ type stopSequence struct {
 	conns   *trainerConns
 	sess    *session
 	commits *commits
-	src     checkpointSource
+	src     source.Source
 }
 
 // lateNoticeGrace is the deadline given to a termination notice whose own
@@ -49,6 +50,12 @@ type stopState struct {
 	joined   bool // the notice reached another node of the job (agent_job.go)
 	record   checkpoint.Interruption
 }
+
+// The stop as its checkpoint source sees it (source.Stop).
+func (s *stopState) Reason() string                   { return s.reason }
+func (s *stopState) Notice() metadata.Notice          { return s.notice }
+func (s *stopState) Record() *checkpoint.Interruption { return &s.record }
+func (s *stopState) Finished() bool                   { return s.finished }
 
 func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()
@@ -107,8 +114,8 @@ func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
 
 // recordLostSteps records the steps past committed that the trainer
 // reached, as the checkpoint source counts them.
-func (s *stopState) recordLostSteps(src checkpointSource, committed int64, now time.Time) {
-	reached, from := src.reached(now)
+func (s *stopState) recordLostSteps(src source.Source, committed int64, now time.Time) {
+	reached, from := src.Reached(now)
 	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
 }
 
