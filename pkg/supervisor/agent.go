@@ -203,9 +203,9 @@ const (
 	tierSub    = "committed" // the local tier (dirs.go)
 )
 
-// mkdirIn creates the directory name below r unless it exists; an
+// MkdirIn creates the directory name below r unless it exists; an
 // existing entry that is not a directory (a symlink, say) is refused.
-func mkdirIn(r *os.Root, name string) error {
+func MkdirIn(r *os.Root, name string) error {
 	err := r.Mkdir(name, 0o700)
 	if err == nil || !errors.Is(err, fs.ErrExist) {
 		return err

@@ -121,7 +121,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if cfg.Server.Log == nil {
 		cfg.Server.Log = cfg.Log
 	}
-	srv, stopServe, err := serveSocket(cfg.Server)
+	srv, stopServe, err := ServeSocket(cfg.Server)
 	if err != nil {
 		a.abort()
 		return 1, err
@@ -193,7 +193,7 @@ func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	go func() {
 		defer a.bg.Done()
 		defer func() {
-			if err := recovered(a.log, recover()); err != nil && fail != nil {
+			if err := Recovered(a.log, recover()); err != nil && fail != nil {
 				fail(err)
 			}
 		}()
@@ -201,9 +201,9 @@ func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	}()
 }
 
-// recovered logs p, a recovered panic (nil: none), with its stack and
+// Recovered logs p, a recovered panic (nil: none), with its stack and
 // returns it as an error.
-func recovered(log *zap.Logger, p any) error {
+func Recovered(log *zap.Logger, p any) error {
 	if p == nil {
 		return nil
 	}
@@ -218,9 +218,9 @@ func socketInUse(err error) error {
 	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
 }
 
-// serveSocket listens and serves the socket until the returned stop is
+// ServeSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
-func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
+func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
 	if errors.Is(err, protocol.ErrSocketInUse) {
 		return nil, nil, socketInUse(err)
