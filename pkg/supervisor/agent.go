@@ -22,6 +22,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -202,6 +203,17 @@ const (
 	restoreSub = "restore"
 	tierSub    = "committed" // the local tier (dirs.go)
 )
+
+// heartbeats is what the job's heartbeats (ranks.Heartbeats) need of c.
+func (c *Config) heartbeats() ranks.HeartbeatEnv {
+	l := c.Liveness
+	l.Store, l.RunID, l.Log = c.Store, c.RunID, c.Log
+	rank := -1
+	if k, err := ParseNodeRank(strings.TrimPrefix(c.Node, "node-")); err == nil && c.Node != "" {
+		rank = k
+	}
+	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
+}
 
 // MkdirIn creates the directory name below r unless it exists; an
 // existing entry that is not a directory (a symlink, say) is refused.

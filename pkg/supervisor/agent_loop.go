@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -46,8 +47,8 @@ type Agent struct {
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
-	ranks   rankWatch            // the child's ranks, and a lost peer (agent_peers.go)
-	live    heartbeats           // heartbeats of the job's nodes (agent_liveness.go)
+	ranks   ranks.Watch          // the child's ranks, and a lost peer (pkg/supervisor/ranks)
+	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (node.go); nil: none
@@ -68,7 +69,7 @@ type committedCheckpoint struct {
 // interruption or shutdown, and so does spotagent run (see exitCodeFor).
 // Orchestrators restart on it: a Kubernetes Job's podFailurePolicy Ignores
 // it, systemd's Restart=on-failure restarts it.
-const ExitInterrupted = 75
+const ExitInterrupted = ranks.ExitInterrupted
 
 // Run restores, starts the trainer and supervises it until it exits (or,
 // without a child, until a shutdown completes). It returns the exit code the
@@ -162,7 +163,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
-	a.live.stop() // agent_liveness.go
+	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.close() // what the trainer left in its group goes now
 	if a.boot.aborted != nil {
@@ -252,8 +253,8 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.commits.lastBlock = a.sess.started
 	a.commits.promise.cfg = &a.cfg
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
-	a.ranks.env = rankEnv{part: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
-		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
+		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path})
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
@@ -311,7 +312,7 @@ func (a *Agent) startChild() error {
 	if p := os.Getenv(exitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
 	}
-	a.ranks.reset()
+	a.ranks.Reset()
 	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
@@ -366,16 +367,16 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.src.Committed(source.Result{ID: r.req.id, Res: r.res, Err: r.err})
 		case work := <-a.src.Ready():
 			work()
-		case res := <-a.ranks.lookupDone():
-			a.proc.exitCode = a.ranks.onLookup(res) // agent_peers.go
+		case res := <-a.ranks.LookupDone():
+			a.proc.exitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
-		case s := <-a.live.silent(): // agent_liveness.go
-			if a.ranks.onPeerSilent(s, &a.cfg, a.proc.running(), a.stops.current != nil) {
+		case s := <-a.live.Silent(): // pkg/supervisor/ranks
+			if a.ranks.OnPeerSilent(s, a.proc.running(), a.stops.current != nil) {
 				a.proc.stop(a.life, a.goBg)
 			}
 		case <-timer.C:
@@ -400,8 +401,8 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	earlier(a.proc.restartAt)
 	earlier(a.boot.abandonAt)
 	earlier(a.src.Wake())
-	if a.ranks.pending(a.proc.running(), a.stops.current != nil) { // agent_peers.go
-		earlier(now.Add(rankPoll))
+	if a.ranks.Pending(a.proc.running(), a.stops.current != nil) { // pkg/supervisor/ranks
+		earlier(now.Add(ranks.Poll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
@@ -426,7 +427,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 		a.checkDone()
 	}
-	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
+	if a.ranks.Tick(now, a.proc.running(), a.stops.current != nil) {
 		a.proc.stop(a.life, a.goBg)
 	} // agent_peers.go
 	a.src.Tick(now)
@@ -474,7 +475,7 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.ranks.lookup != nil {
+	if a.ranks.Looking() {
 		return // the exit code waits for the crash-record lookup (agent_peers.go)
 	}
 	if a.src.Busy(time.Now()) {
@@ -520,7 +521,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.peerLost():
+	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.gone = true
 	default:

@@ -10,6 +10,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -202,10 +203,10 @@ func (q *stopSequence) finish(s *stopState) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (agent_peers.go).
-func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWatch) int {
+func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.Watch) int {
 	s := q.current
 	if s == nil {
-		return w.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
+		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
@@ -237,8 +238,8 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWa
 		// committed and every rank was told to stop: run me again.
 		q.cfg.Log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
-	case code == 1 && w.env.part:
-		return w.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
+	case code == 1 && w.Part():
+		return w.StopLauncherExit(code) // pkg/supervisor/ranks (#37 item 4)
 	}
 	return code
 }

@@ -1,4 +1,4 @@
-package supervisor
+package ranks
 
 import (
 	"context"
@@ -20,86 +20,95 @@ import (
 // group's timeout (30 min for gloo). The agents of a multi-node job
 // heartbeat their ring neighbours (pkg/liveness), beside the training
 // loop: a neighbour silent for Config.Liveness.Timeout is a lost peer, the
-// verdict the ranks' own RSTs give (agent_peers.go). The agent ends its
+// verdict the ranks' own RSTs give (watch.go). The agent ends its
 // ranks (their connections close, so the other nodes' ranks fail at once
 // and their agents take the same path) and exits 75 after the crash
 // records are read.
 //
 // A sidecar (no child) cannot signal the trainer container's processes: it
-// creates peerLostFile beside its socket, in the directory the trainer
+// creates PeerLostFile beside its socket, in the directory the trainer
 // container shares, and the trainer's script (deploy/kubernetes/
 // multinode-job.yaml) ends torchrun and exits 75 when it appears.
 
-// peerLostFile is the sidecar's word to the trainer container's script.
-const peerLostFile = "peer-lost"
+// PeerLostFile is the sidecar's word to the trainer container's script.
+const PeerLostFile = "peer-lost"
 
-// heartbeats is the liveness monitor of a multi-node job's agents (nil
+// Heartbeats is the liveness monitor of a multi-node job's agents (nil
 // until the first hello of a rank of such a job).
-type heartbeats struct{ mon *liveness.Monitor }
+type Heartbeats struct{ mon *liveness.Monitor }
 
-// start starts the heartbeats at the first hello of a rank of a
+// HeartbeatEnv is what the heartbeats need of the agent's Config: its
+// Liveness (with the store, run id and log set), this node's rank in the
+// job (-1: none), and whether it runs in zero-code mode (no heartbeats).
+type HeartbeatEnv struct {
+	Liveness liveness.Config
+	Rank     int
+	Watch    bool
+}
+
+// Start starts the heartbeats at the first hello of a rank of a
 // multi-node job (the hello says how many nodes) run by this agent's child
 // or beside this sidecar; part is this node's part ("" not part mode).
-func (h *heartbeats) start(m protocol.Message, cfg *Config, part, session string, life context.Context) {
-	if h.mon != nil || cfg.Liveness.Timeout < 0 || part == "" || cfg.Watch != nil || m.Nodes == nil || *m.Nodes < 2 {
+func (h *Heartbeats) Start(m protocol.Message, env HeartbeatEnv, part, session string, life context.Context) {
+	if h.mon != nil || env.Liveness.Timeout < 0 || part == "" || env.Watch || m.Nodes == nil || *m.Nodes < 2 {
 		return
 	}
-	k, err := ParseNodeRank(cfg.Node[len("node-"):])
-	if err != nil || k >= *m.Nodes {
-		cfg.Log.Error("no liveness heartbeats: this node's rank is not one of the job's nodes", zap.String("node", cfg.Node), zap.Int("nodes", *m.Nodes))
+	k, log := env.Rank, env.Liveness.Log
+	if k < 0 || k >= *m.Nodes {
+		log.Error("no liveness heartbeats: this node's rank is not one of the job's nodes", zap.String("node", part), zap.Int("nodes", *m.Nodes))
 		return
 	}
-	c := cfg.Liveness
-	c.Store, c.RunID, c.Node, c.Nodes, c.Session, c.Log = cfg.Store, cfg.RunID, k, *m.Nodes, session, cfg.Log
+	c := env.Liveness
+	c.Node, c.Nodes, c.Session = k, *m.Nodes, session
 	mon, err := liveness.Start(life, c)
 	if err != nil {
-		cfg.Log.Error("no liveness heartbeats", zap.Error(err))
+		log.Error("no liveness heartbeats", zap.Error(err))
 		return
 	}
 	h.mon = mon
 }
 
-// silent is where the silent neighbours arrive (nil: no heartbeats).
-func (h *heartbeats) silent() <-chan liveness.Silence {
+// Silent is where the silent neighbours arrive (nil: no heartbeats).
+func (h *Heartbeats) Silent() <-chan liveness.Silence {
 	if h.mon == nil {
 		return nil
 	}
 	return h.mon.Silent()
 }
 
-// onPeerSilent: a neighbour's agent is silent. While the ranks train (no
+// OnPeerSilent: a neighbour's agent is silent. While the ranks train (no
 // stop sequence, no verdict yet), that is a lost peer: end the ranks
 // (endRanks: the loop stops the launcher).
-func (w *rankWatch) onPeerSilent(s liveness.Silence, cfg *Config, running, stopping bool) (endRanks bool) {
+func (w *Watch) OnPeerSilent(s liveness.Silence, running, stopping bool) (endRanks bool) {
 	silent := time.Since(s.Since).Round(time.Millisecond)
-	if len(cfg.Command) == 0 && !stopping {
-		tellTrainerPeerLost(cfg, s, silent)
+	if w.env.Sidecar && !stopping {
+		w.tellTrainerPeerLost(s, silent)
 		return false
 	}
 	if !running || stopping || w.verdict != "" {
-		cfg.Log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
+		w.env.Log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
 		return false
 	}
 	w.verdict, w.verdictAt, w.ended = verdictPeerLost, time.Now(), true
-	cfg.Metrics.Error("peer_silent")
-	cfg.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
+	w.env.Metrics.Error("peer_silent")
+	w.env.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
 		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent),
-		zap.Duration("kill_after", cfg.KillAfter))
+		zap.Duration("kill_after", w.env.KillAfter))
 	return true
 }
 
-// stop tells the neighbours this agent leaves, and stops.
-func (h *heartbeats) stop() {
+// Stop tells the neighbours this agent leaves, and stops.
+func (h *Heartbeats) Stop() {
 	if h.mon != nil {
 		h.mon.Close()
 	}
 }
 
-// tellTrainerPeerLost creates peerLostFile beside the socket (a sidecar's
+// tellTrainerPeerLost creates PeerLostFile beside the socket (a sidecar's
 // trainer container shares that directory). Created exclusively and never
 // through a symlink: one the trainer planted there is left alone.
-func tellTrainerPeerLost(cfg *Config, s liveness.Silence, silent time.Duration) {
-	p := filepath.Join(filepath.Dir(cfg.Server.Path), peerLostFile)
+func (w *Watch) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
+	p := filepath.Join(filepath.Dir(w.env.SocketPath), PeerLostFile)
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
 	if err == nil {
 		_, err = f.WriteString("75\n")
@@ -108,10 +117,10 @@ func tellTrainerPeerLost(cfg *Config, s liveness.Silence, silent time.Duration) 
 		}
 	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
-		cfg.Log.Error("a neighbour node's agent is silent, but the trainer container cannot be told", zap.String("path", p), zap.Error(err))
+		w.env.Log.Error("a neighbour node's agent is silent, but the trainer container cannot be told", zap.String("path", p), zap.Error(err))
 		return
 	}
-	cfg.Metrics.Error("peer_silent")
-	cfg.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
+	w.env.Metrics.Error("peer_silent")
+	w.env.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
 		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent), zap.String("path", p))
 }
