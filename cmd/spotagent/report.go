@@ -19,7 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 func newReportCmd() *cobra.Command {
@@ -123,7 +123,7 @@ type reportJSON struct {
 	Advice *simulate.Advice  `json:"advice,omitempty"`
 	// NoticePromise: whether a notice checkpoint of the newest measured
 	// size commits within each cloud's notice (--margin kept).
-	NoticePromise *supervisor.PromiseStatus `json:"notice_promise,omitempty"`
+	NoticePromise *promise.Status `json:"notice_promise,omitempty"`
 	// AdviceNote: what the advice's "current" policy is, when report
 	// could not know the run's own (noteIntervalDefault).
 	AdviceNote string `json:"advice_note,omitempty"`
@@ -135,7 +135,7 @@ type reportJSON struct {
 const noteIntervalDefault = "the run's journal does not record its --interval: \"report's --interval\" above is report's default, auto; pass report --interval as the run had it"
 
 // writeReport prints the goodput g of the run journal j.
-func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, note string, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
+func writeReport(w io.Writer, j *checkpoint.Journal, g *checkpoint.Goodput, adv *simulate.Advice, note string, promise *promise.Status, price, onDemand float64, format string) error {
 	var m *checkpoint.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -270,14 +270,14 @@ func upper(s string) string {
 
 // reportPromise judges the journal's newest checkpoint against each
 // cloud's notice: the run's own cloud is the newest session's.
-func reportPromise(j *checkpoint.Journal, margin time.Duration) *supervisor.PromiseStatus {
+func reportPromise(j *checkpoint.Journal, margin time.Duration) *promise.Status {
 	own := schedule.CloudNotice{Cloud: "signal", Name: "a shutdown (--term-grace)", Lead: 25 * time.Second}
 	if n := len(j.Sessions); n > 0 {
 		if c, ok := schedule.NoticeFor(j.Sessions[n-1].Instance.Cloud); ok {
 			own = c
 		}
 	}
-	return supervisor.DescribePromise(supervisor.PromiseFromJournal(j), own, margin)
+	return promise.Describe(promise.FromJournal(j), own, margin)
 }
 
 // writeRestoreSources says where the run's restores read their bytes

@@ -18,6 +18,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 // defaultSocket is the agent's socket path when --socket is not given.
@@ -318,7 +319,7 @@ func age(d time.Duration) string {
 // and which clouds' notices it fits, e.g. "checkpoint needs ~12s (1.5
 // GiB, save 2s, 500 MB/s upload, this session's newest checkpoint); fits
 // aws 1m55s; NOT gcp 25s, azure 25s (notice − --margin 5s)".
-func describePromise(p *supervisor.PromiseStatus) string {
+func describePromise(p *promise.Status) string {
 	var b strings.Builder
 	b.WriteString("checkpoint needs ")
 	if p.LowerBound {

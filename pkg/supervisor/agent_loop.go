@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
@@ -158,7 +159,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.atStart(a.sess.journal) // agent_promise.go
+	a.commits.promise.AtStart(a.sess.journal) // pkg/supervisor/promise
 	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
@@ -251,7 +252,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.commits.lastBlock = a.sess.started
-	a.commits.promise.cfg = &a.cfg
+	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path})
