@@ -77,7 +77,7 @@ type Config struct {
 	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
 	// Watch, when set, is zero-code mode: the checkpoint source is the
-	// watched directory (agent_watch.go), not the trainer's protocol.
+	// watched directory (pkg/supervisor/source), not the trainer's protocol.
 	Watch *source.WatchConfig
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
@@ -85,7 +85,7 @@ type Config struct {
 	// Its lease is the node's (agent_fence.go, docs/distributed.md).
 	Node       string
 	RestoreAll bool
-	// Liveness: the heartbeats of a multi-node job's agents (agent_liveness.go;
+	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
 

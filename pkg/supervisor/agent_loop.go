@@ -52,7 +52,7 @@ type Agent struct {
 	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
-	asks    <-chan chan<- Status // a node agent's status requests for this run (node.go); nil: none
+	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
 	done    bool                 // loop ends
 }
 
@@ -311,7 +311,7 @@ func (a *Agent) startChild() error {
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(exitFileEnv); p != "" {
-		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
+		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
 	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
@@ -430,7 +430,7 @@ func (a *Agent) tick(now time.Time) {
 	}
 	if a.ranks.Tick(now, a.proc.running(), a.stops.current != nil) {
 		a.proc.stop(a.life, a.goBg)
-	} // agent_peers.go
+	} // pkg/supervisor/ranks
 	a.src.Tick(now)
 	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
@@ -477,7 +477,7 @@ func (a *Agent) checkDone() {
 		return
 	}
 	if a.ranks.Looking() {
-		return // the exit code waits for the crash-record lookup (agent_peers.go)
+		return // the exit code waits for the crash-record lookup (pkg/supervisor/ranks)
 	}
 	if a.src.Busy(time.Now()) {
 		return

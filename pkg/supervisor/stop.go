@@ -202,7 +202,7 @@ func (q *stopSequence) finish(s *stopState) {
 // the stop's checkpoint committed and its ranks were told to stop
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
-// (agent_peers.go).
+// (pkg/supervisor/ranks).
 func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.Watch) int {
 	s := q.current
 	if s == nil {

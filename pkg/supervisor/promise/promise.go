@@ -63,10 +63,10 @@ type Status struct {
 	MarginSeconds float64 `json:"margin_seconds"`
 	// Notice is this machine's: a cloud's, or "signal" (the shutdown
 	// grace) without one.
-	Notice  string         `json:"notice"`
-	Clouds  []Cloud `json:"clouds"`
-	Problem string         `json:"problem,omitempty"` // why it does not fit this machine's notice
-	Advice  []string       `json:"advice,omitempty"`
+	Notice  string   `json:"notice"`
+	Clouds  []Cloud  `json:"clouds"`
+	Problem string   `json:"problem,omitempty"` // why it does not fit this machine's notice
+	Advice  []string `json:"advice,omitempty"`
 }
 
 // Cloud is the verdict for one notice.
