@@ -15,7 +15,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 
 	"github.com/spotagent/spotagent/internal/render"
 )
@@ -117,12 +117,12 @@ func newReportCmd() *cobra.Command {
 
 // reportPromise judges the journal's newest checkpoint against each
 // cloud's notice: the run's own cloud is the newest session's.
-func reportPromise(j *journal.Journal, margin time.Duration) *supervisor.PromiseStatus {
+func reportPromise(j *journal.Journal, margin time.Duration) *promise.Status {
 	own := schedule.CloudNotice{Cloud: "signal", Name: "a shutdown (--term-grace)", Lead: 25 * time.Second}
 	if n := len(j.Sessions); n > 0 {
 		if c, ok := schedule.NoticeFor(j.Sessions[n-1].Instance.Cloud); ok {
 			own = c
 		}
 	}
-	return supervisor.DescribePromise(supervisor.PromiseFromJournal(j), own, margin)
+	return promise.Describe(promise.FromJournal(j), own, margin)
 }

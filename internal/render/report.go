@@ -13,7 +13,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/simulate"
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 // reportJSON is `report --format json`: the goodput with its money, advice
@@ -24,7 +24,7 @@ type reportJSON struct {
 	Advice *simulate.Advice `json:"advice,omitempty"`
 	// NoticePromise: whether a notice checkpoint of the newest measured
 	// size commits within each cloud's notice (--margin kept).
-	NoticePromise *supervisor.PromiseStatus `json:"notice_promise,omitempty"`
+	NoticePromise *promise.Status `json:"notice_promise,omitempty"`
 	// AdviceNote: what the advice's "current" policy is, when report
 	// could not know the run's own (NoteIntervalDefault).
 	AdviceNote string `json:"advice_note,omitempty"`
@@ -36,7 +36,7 @@ type reportJSON struct {
 const NoteIntervalDefault = "the run's journal does not record its --interval: \"report's --interval\" above is report's default, auto; pass report --interval as the run had it"
 
 // Report prints the goodput g of the run journal j.
-func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.Advice, note string, promise *supervisor.PromiseStatus, price, onDemand float64, format string) error {
+func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.Advice, note string, np *promise.Status, price, onDemand float64, format string) error {
 	var m *journal.Money
 	if price > 0 {
 		c := g.Cost(price, onDemand)
@@ -45,7 +45,7 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(reportJSON{g, m, adv, promise, note})
+		return enc.Encode(reportJSON{g, m, adv, np, note})
 	}
 	secs := func(s float64) string { return Seconds(s).Round(time.Second).String() }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -95,11 +95,11 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 	for _, s := range g.Missing {
 		fmt.Fprintln(w, "incomplete journal:", s)
 	}
-	if promise != nil {
-		fmt.Fprintf(w, "on a notice: %s\n", Promise(promise))
-		if promise.Problem != "" {
-			fmt.Fprintf(w, "  too slow: %s\n", promise.Problem)
-			for _, a := range promise.Advice {
+	if np != nil {
+		fmt.Fprintf(w, "on a notice: %s\n", Promise(np))
+		if np.Problem != "" {
+			fmt.Fprintf(w, "  too slow: %s\n", np.Problem)
+			for _, a := range np.Advice {
 				fmt.Fprintf(w, "  advice: %s\n", a)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 // NodeStatus prints a node agent's runs, each as Status does,
@@ -143,7 +144,7 @@ func describeNotice(n *metadata.Notice, now time.Time) string {
 // and which clouds' notices it fits, e.g. "checkpoint needs ~12s (1.5
 // GiB, save 2s, 500 MB/s upload, this session's newest checkpoint); fits
 // aws 1m55s; NOT gcp 25s, azure 25s (notice − --margin 5s)".
-func Promise(p *supervisor.PromiseStatus) string {
+func Promise(p *promise.Status) string {
 	var b strings.Builder
 	b.WriteString("checkpoint needs ")
 	if p.LowerBound {
