@@ -1,11 +1,8 @@
 package journal
 
 import (
-	"context"
-	"strings"
 	"testing"
 
-	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
@@ -16,11 +13,4 @@ func newStore(t *testing.T) *file.Store {
 		t.Fatal(err)
 	}
 	return st
-}
-
-func put(t *testing.T, st cloud.Store, key, body string) {
-	t.Helper()
-	if err := st.Put(context.Background(), key, strings.NewReader(body), int64(len(body)), cloud.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
 }
