@@ -242,7 +242,7 @@ func TestRunGrid_NoticesNearlyAlwaysCommit(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// twoInterruptions (a copy of pkg/checkpoint's) is a journal as the agent writes it: three sessions,
+// twoInterruptions (a copy of pkg/checkpoint/journal's) is a journal as the agent writes it: three sessions,
 // the first ended by a notice whose checkpoint committed, the second by an
 // interruption that lost 10 minutes of work; sessions 2 and 3 restored.
 func twoInterruptions() *journal.Journal {

@@ -13,7 +13,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
-// Commit commits one directory to a store through pkg/checkpoint's
+// Commit commits one directory to a store through pkg/checkpoint/commit's
 // Committer with the agent's defaults: the code path `spotagent run` takes
 // for every checkpoint (scan, concurrent streamed upload with CRC32C,
 // manifest, latest.json). It prints the result as one JSON line.
