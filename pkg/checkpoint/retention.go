@@ -199,7 +199,7 @@ func (p *prunePlan) deletions() []string {
 
 // Fenced reports whether restore skips m as a fenced session's under
 // latest.json l: committed under an older epoch, above the checkpoint l's
-// seal adopted (restore.go, lease.go).
+// seal adopted (pkg/checkpoint/restore, lease.go).
 func Fenced(m *Manifest, l Latest) bool {
 	ptr := int64(-1)
 	if l.Manifest != "" {

@@ -184,7 +184,7 @@ type Writer struct {
 	st    cloud.Store
 	mu    sync.Mutex
 	j     *Journal
-	lease *checkpoint.Lease // set: no write once fenced (lease.go)
+	lease *checkpoint.Lease // set: no write once fenced (pkg/checkpoint, lease.go)
 }
 
 // NewWriter wraps a journal read with Read.
