@@ -34,6 +34,8 @@ const (
 	// FromLocal is this machine: the local tier, or a verified copy
 	// already in the restore directory.
 	FromLocal = "local"
+	// FromPeer is another node of the job (pkg/checkpoint/peertier).
+	FromPeer = "peer"
 )
 
 // sources is what one restore fetches from: the tiers, then the store.

@@ -282,3 +282,23 @@ func names(dir *os.Root) []string {
 	n, _ := f.Readdirnames(-1)
 	return n
 }
+
+// Held lists the checkpoints the tier holds a copy of, by their store
+// folder's name (<step:012d>-<id>), highest step first: what a node tells
+// its peers it can serve (pkg/checkpoint/peertier).
+func (t *Tier) Held() []string {
+	dir, err := t.dir()
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	var out []string
+	for _, n := range names(dir) {
+		if isCopy(n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
