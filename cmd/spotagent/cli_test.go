@@ -218,6 +218,8 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"run", "--peer-timeout", "10s"}, "need --node-rank"},
 		{[]string{"sidecar", "--peer-listen", ":29450"}, "need --node-rank"},
 		{[]string{"run", "--peer-advertise", "10.0.0.1"}, "need --node-rank"},
+		{[]string{"run", "--peer-restore"}, "--peer-restore needs --node-rank"},
+		{[]string{"sidecar", "--node-rank", "1", "--peer-restore", "--watch", "/tmp/x"}, "--peer-restore does not work with --watch"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)

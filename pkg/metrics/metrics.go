@@ -124,7 +124,7 @@ func New() *Metrics {
 		}),
 		restoreFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "spotagent_restore_source_bytes",
-			Help: "Bytes of the restore at start by where they came from: local (this machine's copy) or store.",
+			Help: "Bytes of the restore at start by where they came from: local (this machine's copy), peer (another node's copy) or store.",
 		}, []string{"source"}),
 		goodputRatio: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spotagent_goodput_ratio",
@@ -286,11 +286,12 @@ func (m *Metrics) Restored(bytes int64, d time.Duration) {
 }
 
 // RestoredFrom records where the restore at start read its bytes
-// (checkpoint.Restored.From): local and store are always exported, at 0
+// (checkpoint.Restored.From): local, peer and store are always exported, at 0
 // before any restore.
 func (m *Metrics) RestoredFrom(from map[string]int64) {
 	m.restoreFrom.Reset()
 	m.restoreFrom.WithLabelValues(checkpoint.FromLocal).Set(0)
+	m.restoreFrom.WithLabelValues(checkpoint.FromPeer).Set(0)
 	m.restoreFrom.WithLabelValues(checkpoint.FromStore).Set(0)
 	for s, n := range from {
 		m.restoreFrom.WithLabelValues(s).Set(float64(n))
