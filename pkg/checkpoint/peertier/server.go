@@ -7,7 +7,6 @@ import (
 	"log"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,11 +19,10 @@ import (
 // restore's first.
 const maxServing = 16
 
-// copyBuf is the size of one write of a transfer: each gets the stall
-// bound as its deadline.
-const copyBuf = 1 << 20
-
-var bufs = sync.Pool{New: func() any { b := make([]byte, copyBuf); return &b }}
+// copyChunk is the size of one write of a transfer: each gets the stall
+// bound as its deadline (so a transfer slower than copyChunk per stall
+// bound is cut off: 400 KiB/s at the default).
+const copyChunk = 4 << 20
 
 // server answers the peers' requests with files of the local tier.
 type server struct {
@@ -84,10 +82,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(req.size, 10))
 	w.WriteHeader(http.StatusOK)
-	buf := bufs.Get().(*[]byte)
-	defer bufs.Put(buf)
-	dw := deadlineWriter{w: w, rc: http.NewResponseController(w), stall: s.stall}
-	n, err := io.CopyBuffer(dw, io.LimitReader(rc, req.size), *buf)
+	n, err := sendBounded(w, rc, req.size, s.stall)
 	if err != nil || n != req.size {
 		// The client sees a short body: its restore takes the file from the store.
 		s.log.Warn("peer tier: transfer cut short", zap.String("file", req.file), zap.Int64("bytes", n), zap.Int64("size_bytes", req.size), zap.Error(err))
@@ -96,15 +91,20 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.log.Debug("peer tier: file served", zap.String("checkpoint", req.ckpt), zap.String("file", req.file), zap.Int64("bytes", n), zap.String("remote", r.RemoteAddr))
 }
 
-// deadlineWriter gives every write the stall bound: a peer that stops
-// reading is cut off.
-type deadlineWriter struct {
-	w     http.ResponseWriter
-	rc    *http.ResponseController
-	stall time.Duration
-}
-
-func (d deadlineWriter) Write(p []byte) (int, error) {
-	d.rc.SetWriteDeadline(time.Now().Add(d.stall))
-	return d.w.Write(p)
+// sendBounded sends size bytes of r to w in chunks of copyChunk, each
+// with the stall bound as its write deadline: a peer that stops reading is
+// cut off. From a file, each chunk goes by sendfile(2) (http's ReadFrom):
+// a user-space copy cost a third of loopback's rate on 2 cores (make bench).
+func sendBounded(w http.ResponseWriter, r io.Reader, size int64, stall time.Duration) (int64, error) {
+	rc := http.NewResponseController(w)
+	var sent int64
+	for sent < size {
+		rc.SetWriteDeadline(time.Now().Add(stall))
+		n, err := io.CopyN(w, r, min(copyChunk, size-sent))
+		sent += n
+		if err != nil {
+			return sent, err
+		}
+	}
+	return sent, nil
 }
