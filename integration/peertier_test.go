@@ -35,12 +35,12 @@ func peerRankFiles(step int64, r int) map[string][]byte {
 
 // peerSidecar starts node k's sidecar agent with the peer tier on, its
 // checkpoint directory ckpt.
-func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, interval string) *proc {
+func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, interval string, extra ...string) *proc {
 	t.Helper()
-	return start(t, env, "sidecar", "--store", uri, "--run-id", "it", "--checkpoint-dir", ckpt,
+	return start(t, env, append([]string{"sidecar", "--store", uri, "--run-id", "it", "--checkpoint-dir", ckpt,
 		"--socket", filepath.Join(dir, "n"+strconv.Itoa(k)+".sock"), "--interval", interval, "--cloud", "none",
 		"--log-format", "json", "--node-rank", strconv.Itoa(k),
-		"--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1")
+		"--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1"}, extra...)...)
 }
 
 // TestDistributed_RestoreFromPeer (#38 item 2): a job of two real agents
@@ -52,7 +52,19 @@ func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, inter
 // to the store is seen at a proxy in front of it). Both nodes resume the
 // committed step with exactly the bytes saved, and the journal and
 // `history` say where node 1's bytes came from.
-func TestDistributed_RestoreFromPeer(t *testing.T) {
+func TestDistributed_RestoreFromPeer(t *testing.T) { restoreFromPeer(t, false) }
+
+// TestDistributed_RestoreFromPeerReplica is the same job with --replicas
+// 1: node 0 keeps a copy of node 1's part after the commit, so node 1 on
+// an empty machine reads no data byte from the store, its own shards
+// included.
+func TestDistributed_RestoreFromPeerReplica(t *testing.T) { restoreFromPeer(t, true) }
+
+func restoreFromPeer(t *testing.T, replicas bool) {
+	var extra []string
+	if replicas {
+		extra = []string{"--replicas", "1"}
+	}
 	fs := newFaultStores(t, "s3", "peer")
 	var mu sync.Mutex
 	var dataGets []string // keys of data objects read, once counting
@@ -74,7 +86,7 @@ func TestDistributed_RestoreFromPeer(t *testing.T) {
 
 	var agents []*proc
 	for k := range 2 {
-		agents = append(agents, peerSidecar(t, env, fs.uri, dir, ckpt[k], k, "300ms"))
+		agents = append(agents, peerSidecar(t, env, fs.uri, dir, ckpt[k], k, "300ms", extra...))
 	}
 	var ranks []*rankConn
 	for r := range world {
@@ -89,6 +101,9 @@ func TestDistributed_RestoreFromPeer(t *testing.T) {
 	}
 	for _, a := range agents {
 		a.waitEntry("kept a local copy of the committed checkpoint", time.Minute, nil)
+		if replicas {
+			a.waitEntry("kept a copy of another node's part of the committed checkpoint", time.Minute, nil)
+		}
 	}
 	// Both machines lost at once: no notice, no goodbye.
 	for _, a := range agents {
@@ -100,7 +115,7 @@ func TestDistributed_RestoreFromPeer(t *testing.T) {
 	}
 
 	// Node 0 back on its machine: its copy is served once its record says so.
-	n0 := peerSidecar(t, env, fs.uri, dir, ckpt[0], 0, "1h")
+	n0 := peerSidecar(t, env, fs.uri, dir, ckpt[0], 0, "1h", extra...)
 	n0.waitEntry("peer tier: serving this node's local copies", time.Minute, func(e logEntry) bool {
 		h, _ := e["holds"].([]any)
 		return len(h) == 1
@@ -114,23 +129,29 @@ func TestDistributed_RestoreFromPeer(t *testing.T) {
 	mu.Unlock()
 
 	// Node 1 on an empty machine.
-	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h")
+	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h", extra...)
 	r1 := n1.waitEntry("restored checkpoint", time.Minute, nil)
-	if got, want := r1.num("peer_bytes"), int64(2*peerReplicaBytes); got != want {
-		t.Errorf("node 1: %d bytes from its peer, want %d (its replica files)", got, want)
+	// Without replicas its own shards come from the store (at most one
+	// part), its replica files from node 0; with them, everything from node 0.
+	peerBytes, storeBytes, from, storeKeys := int64(2*peerReplicaBytes), int64(2*peerShardBytes), "peer+store", []string{"shard-2.bin", "shard-3.bin"}
+	if replicas {
+		peerBytes, storeBytes, from, storeKeys = peerBytes+storeBytes, 0, "peer", nil
 	}
-	if got, want := r1.num("store_bytes"), int64(2*peerShardBytes); got != want {
-		t.Errorf("node 1: %d bytes from the store, want %d (its own shards: at most one part)", got, want)
+	if got := r1.num("peer_bytes"); got != peerBytes {
+		t.Errorf("node 1: %d bytes from its peer, want %d", got, peerBytes)
 	}
-	if got := r1.str("from"); got != "peer+store" {
-		t.Errorf("node 1 restored from %q, want peer+store", got)
+	if got := r1.num("store_bytes"); got != storeBytes {
+		t.Errorf("node 1: %d bytes from the store, want %d", got, storeBytes)
+	}
+	if got := r1.str("from"); got != from {
+		t.Errorf("node 1 restored from %q, want %s", got, from)
 	}
 	mu.Lock()
 	got := slices.Clone(dataGets)
 	mu.Unlock()
 	slices.Sort(got)
-	if want := []string{"shard-2.bin", "shard-3.bin"}; !slices.Equal(got, want) {
-		t.Errorf("node 1 read the data objects %v from the store, want only %v", got, want)
+	if !slices.Equal(got, storeKeys) {
+		t.Errorf("node 1 read the data objects %v from the store, want only %v", got, storeKeys)
 	}
 
 	// Both nodes' ranks resume the committed step with the bytes saved.
@@ -154,15 +175,15 @@ func TestDistributed_RestoreFromPeer(t *testing.T) {
 	for _, r := range j.Restores {
 		if r.Node == "node-1" {
 			found = true
-			if r.From[checkpoint.FromPeer] != 2*peerReplicaBytes || r.Sources() != "peer+store" {
-				t.Errorf("journal: node 1's restore from %v, want %d bytes from peer", r.From, 2*peerReplicaBytes)
+			if r.From[checkpoint.FromPeer] != peerBytes || r.Sources() != from {
+				t.Errorf("journal: node 1's restore from %v, want %d bytes from peer (%s)", r.From, peerBytes, from)
 			}
 		}
 	}
 	if !found {
 		t.Errorf("journal: no restore of node-1 in %+v", j.Restores)
 	}
-	if out := runSpotagentTool(t, env, "history", "--store", fs.uri); !strings.Contains(out, "peer+store") {
-		t.Errorf("history does not say node 1's restore came from peer+store:\n%s", out)
+	if out := runSpotagentTool(t, env, "history", "--store", fs.uri); !strings.Contains(out, " "+from+" ") {
+		t.Errorf("history does not say node 1's restore came from %s:\n%s", from, out)
 	}
 }

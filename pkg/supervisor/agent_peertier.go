@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 )
 
@@ -18,6 +19,8 @@ type PeerTierConfig struct {
 	Listen    string   // TCP address (":0": the kernel's choice)
 	Advertise []string // hosts the other nodes reach this one at; empty: every address
 	Stall     time.Duration
+	// Replicas 1: keep a copy of the next node's part too (--replicas).
+	Replicas int
 }
 
 // peerStartTimeout bounds the store requests of the peer tier's start (the
@@ -32,7 +35,7 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 		return nil
 	}
 	pc := peertier.Config{Store: cfg.Store, RunID: cfg.RunID, Node: cfg.Node, Session: session,
-		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Log: log}
+		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Log: log}
 	if d.tier != nil {
 		pc.Local = d.tier
 	} else {
@@ -49,12 +52,18 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 }
 
 // publishPeer tells the other nodes what the local tier holds now (after
-// it kept a copy); a failure costs them the store, nothing more.
-func (d *localDirs) publishPeer(ctx context.Context, log *zap.Logger) {
+// it kept a copy of m); a failure costs them the store, nothing more.
+// With --replicas, the next node's part of m is then copied in the
+// background, except for a stop's checkpoint (replicate false): the agent
+// is about to exit, and does not wait for it.
+func (d *localDirs) publishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
 	if d.peer == nil {
 		return
 	}
 	if err := d.peer.Publish(ctx); err != nil {
 		log.Warn("peer tier: record not updated: the other nodes restore this copy from the store", zap.Error(err))
+	}
+	if replicate {
+		d.peer.Replicate(m)
 	}
 }

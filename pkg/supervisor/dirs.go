@@ -427,5 +427,5 @@ func (d *localDirs) keep(ctx context.Context, r *request, res *checkpoint.Result
 		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
 		return
 	}
-	d.publishPeer(ctx, log) // agent_peertier.go
+	d.publishPeer(ctx, res.Manifest, copyOK, log) // agent_peertier.go
 }

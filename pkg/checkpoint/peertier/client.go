@@ -66,16 +66,19 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 // Name is checkpoint.FromPeer.
 func (c *Client) Name() string { return checkpoint.FromPeer }
 
-// candidate is a copy of a file's content in another node's part.
+// candidate is a copy of a file's content in another node's part, or
+// (replica) the copy of f's part another node keeps with --replicas.
 type candidate struct {
-	node string
-	file checkpoint.File
+	node    string
+	file    checkpoint.File
+	replica bool
 }
 
 // candidates lists, for f, the files of other nodes' parts of m with the
 // same size and checksum (f itself, when it is another node's), at most
 // one per node and maxPeers in all, the nodes after this one first (so
-// that the replacements of several nodes spread over the survivors).
+// that the replacements of several nodes spread over the survivors); then
+// the node that keeps a replica of f's part (ringPrev), if not listed.
 func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candidate {
 	seen := map[string]bool{}
 	var out []candidate
@@ -103,6 +106,9 @@ func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candida
 	if len(out) > maxPeers {
 		out = out[:maxPeers]
 	}
+	if h := ringPrev(f.Part, len(m.Parts)); h != "" && h != c.node && !seen[h] {
+		out = append(out, candidate{node: h, file: f, replica: true})
+	}
 	return out
 }
 
@@ -119,7 +125,7 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 	var errs []error
 	for _, cd := range c.candidates(m, f) {
 		rec := c.record(ctx, cd.node)
-		if rec == nil || !slices.Contains(rec.Holds, ck) {
+		if rec == nil || !slices.Contains(rec.Holds, ck) || (cd.replica && rec.Replicas < 1) {
 			continue
 		}
 		for _, addr := range rec.Addrs {

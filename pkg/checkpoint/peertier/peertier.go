@@ -65,18 +65,29 @@ type Config struct {
 	// node serves nothing, and only asks.
 	Local Local
 	Stall time.Duration // default DefaultStall
-	Log   *zap.Logger
+	// Replicas 1: after each commit, copy the next node's part (ring
+	// order: node-<k> copies node-<k+1 mod N>) into the local tier, from
+	// that node, so that a sharded part has a copy on another machine.
+	// Needs a Local that can add parts (localtier). 0: none.
+	Replicas int
+	Log      *zap.Logger
 }
 
 // Node is one agent's peer tier: its server, and the Client its restores ask.
 type Node struct {
 	cfg    Config
+	token  []byte
 	ln     net.Listener
 	srv    *http.Server
 	client *Client
 	log    *zap.Logger
+	life   context.Context // ends with Close: the replica copies
+	end    context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex // one record write at a time
+
+	repMu     sync.Mutex
+	repCancel context.CancelFunc // the replica copy in flight; nil: none
 }
 
 // Start reads (or creates) the job's secret, starts the server and
@@ -103,7 +114,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
-	n := &Node{cfg: cfg, ln: ln, log: log, client: NewClient(cfg.Store, cfg.RunID, cfg.Node, token, cfg.Stall, log)}
+	n := &Node{cfg: cfg, token: token, ln: ln, log: log, client: NewClient(cfg.Store, cfg.RunID, cfg.Node, token, cfg.Stall, log)}
+	n.life, n.end = context.WithCancel(context.Background())
 	n.srv = newServer(&server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)})
 	n.wg.Go(func() {
 		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -127,7 +139,8 @@ func (n *Node) Tier() *Client { return n.client }
 func (n *Node) Publish(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port), Updated: time.Now().UTC()}
+	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port),
+		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
 	if n.cfg.Local != nil {
 		rec.Holds = n.cfg.Local.Held()
 	}
@@ -141,6 +154,7 @@ func (n *Node) Publish(ctx context.Context) error {
 // Close stops the server: transfers in flight end (their readers fall
 // back to the store).
 func (n *Node) Close() {
+	n.end()
 	n.srv.Close()
 	n.wg.Wait()
 }

@@ -159,12 +159,17 @@ func (r *rig) commit(keep ...int) {
 // serve starts node k's peer tier, serving local (default: its tier).
 func (r *rig) serve(k int, local Local, stall time.Duration) *Node {
 	r.t.Helper()
+	return r.serveReplicas(k, local, stall, 0)
+}
+
+func (r *rig) serveReplicas(k int, local Local, stall time.Duration, replicas int) *Node {
+	r.t.Helper()
 	n := r.nodes[k]
 	if local == nil {
 		local = n.tier
 	}
 	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: n.name, Session: "s",
-		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall})
+		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, Replicas: replicas})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -436,5 +441,99 @@ func TestRecordSaysWhatIsHeld(t *testing.T) {
 	}
 	if got, want := rec.Addrs[0], p.Addr().String(); got != want {
 		t.Fatalf("addrs %v, want %s first", rec.Addrs, want)
+	}
+}
+
+// With --replicas 1, node 0 keeps a copy of node 1's part: node 1 replaced
+// by an empty machine reads nothing from the store, its shards included.
+func TestReplicaServesShardedPart(t *testing.T) {
+	r := newRig(t)
+	r.commit(0, 1)
+	p1 := r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	p1.Close() // node 1's machine is gone
+	cl := NewClient(r.st, "run", "node-1", p0.token, 0, nil)
+	res, err := checkpoint.Restore(context.Background(), r.st, t.TempDir(), checkpoint.RestoreOptions{Part: "node-1", Tiers: []checkpoint.Tier{cl}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d (all of node 1's part)", got, want)
+	}
+	if got := r.st.dataRead(); got != 0 {
+		t.Fatalf("data bytes read from the store: %d, want 0", got)
+	}
+	for _, rank := range parts[1].Ranks {
+		for f, b := range rankFiles(rank, 10) {
+			if got, err := os.ReadFile(filepath.Join(res.Dir, f)); err != nil || !bytes.Equal(got, b) {
+				t.Fatalf("%s: %v, or its content differs", f, err)
+			}
+		}
+	}
+}
+
+// Replicate runs in the background and is tried again until the next node
+// has kept its part.
+func TestReplicateWaitsForThePart(t *testing.T) {
+	r := newRig(t)
+	r.commit(0) // node 1 has not kept its part yet
+	p1 := r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	p0.Replicate(r.m)
+	if err := r.nodes[1].tier.Keep(context.Background(), "req", r.m, "node-1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p1.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(r.keptPath(0, "shard-3.bin")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("node 1's part not copied to node 0 within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the background copy, bounded by the deadline
+	}
+}
+
+// A replica that does not fit the local tier's budget is not kept.
+func TestReplicaWithinBudget(t *testing.T) {
+	r := newRig(t)
+	var err error
+	if r.nodes[0].tier, err = localtier.Open(r.nodes[0].parent, "area/committed", localtier.Options{MaxBytes: 2*replicaBytes + 2*shardBytes}); err != nil {
+		t.Fatal(err)
+	}
+	r.commit(0, 1)
+	r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.keptPath(0, "shard-2.bin")); err == nil {
+		t.Fatal("node 1's part kept beyond the budget")
+	}
+	if _, err := os.Stat(r.keptPath(0, "shard-0.bin")); err != nil {
+		t.Fatalf("node 0's own part: %v", err)
+	}
+}
+
+func TestRing(t *testing.T) {
+	for _, c := range []struct {
+		part       string
+		n          int
+		next, prev string
+	}{{"node-0", 2, "node-1", "node-1"}, {"node-1", 2, "node-0", "node-0"}, {"node-3", 4, "node-0", "node-2"},
+		{"node-0", 1, "", ""}, {"node-5", 4, "", ""}, {"rank-0", 4, "", ""}} {
+		if got := ringNext(c.part, c.n); got != c.next {
+			t.Errorf("ringNext(%s, %d)=%q, want %q", c.part, c.n, got, c.next)
+		}
+		if got := ringPrev(c.part, c.n); got != c.prev {
+			t.Errorf("ringPrev(%s, %d)=%q, want %q", c.part, c.n, got, c.prev)
+		}
 	}
 }

@@ -18,11 +18,14 @@ import (
 // (a node gone, an earlier start's port) costs a refused connection, then
 // the store.
 type Record struct {
-	Node    string    `json:"node"`
-	Session string    `json:"session"`
-	Addrs   []string  `json:"addrs"`
-	Holds   []string  `json:"holds"`
-	Updated time.Time `json:"updated"`
+	Node    string   `json:"node"`
+	Session string   `json:"session"`
+	Addrs   []string `json:"addrs"`
+	Holds   []string `json:"holds"`
+	// Replicas > 0: the node also keeps a copy of the next node's part
+	// (ring order) of the checkpoints it holds (--replicas).
+	Replicas int       `json:"replicas,omitempty"`
+	Updated  time.Time `json:"updated"`
 }
 
 const recordDir = "peers/"
