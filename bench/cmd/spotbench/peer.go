@@ -65,19 +65,14 @@ func benchPeer(c *config, r *report) error {
 	if err := seedPeerJob(c, env, uri, work, replica, shard); err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
-	// Node 0 back on its machine, serving its copy, for every run.
-	n0, err := startPeerAgent(c, env, uri, work, filepath.Join(work, "n0"), 0, true, "node0-again")
+	// Node 0 back on its machine, serving its copy, for every run (its
+	// copy of node 1's part, kept by the seeding job's --replicas 1, is not
+	// offered: this node 0 runs without --replicas).
+	n0, err := startNode0(c, env, uri, work, false)
 	if err != nil {
 		return err
 	}
-	defer n0.stop()
-	if _, err := n0.waitMsg("peer tier: serving this node's local copies", time.Minute, func(l logLine) bool {
-		h, _ := l.raw["holds"].([]any)
-		return len(h) > 0
-	}); err != nil {
-		return err
-	}
-	var store, peer []peerRun1
+	var store, peer, replicated []peerRun1
 	n := 0
 	for rep := range max(3, c.e2eReps) {
 		order := []bool{false, true}
@@ -99,6 +94,21 @@ func benchPeer(c *config, r *report) error {
 			logf("%-5s node 1: start → restored %.2fs, %d MiB from the store, %d MiB from node 0", mode, res.took, res.storeBytes>>20, res.peerBytes>>20)
 		}
 	}
+	n0.stop()
+	// Node 0 again, with --replicas 1: it offers its copy of node 1's part.
+	if n0, err = startNode0(c, env, uri, work, true); err != nil {
+		return err
+	}
+	defer n0.stop()
+	for range max(3, c.e2eReps) {
+		n++
+		res, err := onePeerRestore(c, env, uri, work, n, true)
+		if err != nil {
+			return err
+		}
+		replicated = append(replicated, res)
+		logf("peer, --replicas 1 node 1: start → restored %.2fs, %d MiB from the store, %d MiB from node 0", res.took, res.storeBytes>>20, res.peerBytes>>20)
+	}
 	stream, err := peerStream(srv, uri)
 	if err != nil {
 		return err
@@ -113,13 +123,13 @@ func benchPeer(c *config, r *report) error {
 	}
 	tcp := median(tcps)
 	var b strings.Builder
-	fmt.Fprintf(&b, "Two `spotagent sidecar --node-rank K` agents (each its own checkpoint directory; the ranks played over the real protocol by spotbench) commit one checkpoint of %d MiB per node to an in-process S3 (gofakes3 on loopback): each of the 2 ranks per node saves a replica file of %d MiB (the same bytes on every rank, as data-parallel weights are) and a shard of %d MiB of its own. Both machines are lost (SIGKILL); node 0 comes back on its machine (restores from its local tier, then serves it); node 1 comes back on an empty machine, each run a fresh directory. Measured on node 1: agent started → its \"restored checkpoint\" line, and the bytes it read from the store and from node 0 (the agent's own counts, the ones the journal keeps). *store*: node 1 without `--peer-restore` (everything from the store); *peer*: with it. %d runs per mode, alternating, medians (min–max). Everything shares this machine's cores and loopback: the times say little about two real hosts, the bytes are what the peer tier saves. \n\n",
+	fmt.Fprintf(&b, "Two `spotagent sidecar --node-rank K` agents (each its own checkpoint directory; the ranks played over the real protocol by spotbench) commit one checkpoint of %d MiB per node to an in-process S3 (gofakes3 on loopback): each of the 2 ranks per node saves a replica file of %d MiB (the same bytes on every rank, as data-parallel weights are) and a shard of %d MiB of its own. Both machines are lost (SIGKILL); node 0 comes back on its machine (restores from its local tier, then serves it); node 1 comes back on an empty machine, each run a fresh directory. Measured on node 1: agent started → its \"restored checkpoint\" line, and the bytes it read from the store and from node 0 (the agent's own counts, the ones the journal keeps). *store*: node 1 without `--peer-restore` (everything from the store); *peer*: with it (node 0 offers its own part: node 1's replica files); *peer, --replicas 1*: node 0 also offers the copy of node 1's part it kept after the commit (the seeding job ran with `--replicas 1`), so node 1's shards come from it too. %d runs per mode (store and peer alternating), medians (min–max). Everything shares this machine's cores and loopback: the times say little about two real hosts, the bytes are what the peer tier saves. \n\n",
 		c.peerMiB, replica>>20, shard>>20, len(store))
 	b.WriteString("| mode | agent start → restored s | bytes from the store per recovery | bytes from the peer |\n| --- | --- | --- | --- |\n")
 	for _, m := range []struct {
 		name string
 		runs []peerRun1
-	}{{"store", store}, {"peer", peer}} {
+	}{{"store", store}, {"peer", peer}, {"peer, --replicas 1", replicated}} {
 		var t, sb, pb []float64
 		for _, x := range m.runs {
 			t, sb, pb = append(t, x.took), append(sb, float64(x.storeBytes)), append(pb, float64(x.peerBytes))
@@ -131,10 +141,13 @@ func benchPeer(c *config, r *report) error {
 	fmt.Fprintf(&b, "\nOne peer transfer (pkg/checkpoint/peertier's client asking node 0's agent for one %d MiB replica file, signed, into a reader that discards it; %d runs): %.0f MiB/s (%.0f–%.0f); one plain TCP stream on the same loopback, the same bytes from memory, median of 3: %.0f MiB/s. Both share 2 cores with the agents and whatever else runs (see the load average): compare them within one run only.\n",
 		replica>>20, len(stream), median(stream), lo, hi, tcp)
 	r.add(fmt.Sprintf("Restore from a peer: node 1 replaced, %d MiB per node", c.peerMiB), b.String())
-	r.command("spotagent sidecar --store URI --run-id bench-peer --node-rank K --checkpoint-dir DIR --cloud none --interval 1h --log-format json [--peer-restore --peer-listen 127.0.0.1:0 --peer-advertise 127.0.0.1]")
-	var ps, ss []float64
+	r.command("spotagent sidecar --store URI --run-id bench-peer --node-rank K --checkpoint-dir DIR --cloud none --interval 1h --log-format json [--peer-restore --peer-listen 127.0.0.1:0 --peer-advertise 127.0.0.1 [--replicas 1]]")
+	var ps, ss, rs []float64
 	for _, x := range peer {
 		ps = append(ps, float64(x.storeBytes))
+	}
+	for _, x := range replicated {
+		rs = append(rs, float64(x.storeBytes))
 	}
 	for _, x := range store {
 		ss = append(ss, float64(x.storeBytes))
@@ -144,6 +157,8 @@ func benchPeer(c *config, r *report) error {
 	r.target(target{name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, replicas on node 0", c.peerMiB),
 		want: "≤ one part without replication", got: fmt.Sprintf("%.1f MiB (store only: %.1f MiB)", got/(1<<20), median(ss)/(1<<20)),
 		met: got <= part, margin: fmt.Sprintf("%.1f MiB", (part-got)/(1<<20))})
+	r.target(target{name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, --replicas 1", c.peerMiB),
+		want: "0 with replication", got: fmt.Sprintf("%.1f MiB", median(rs)/(1<<20)), met: median(rs) == 0, margin: fmt.Sprintf("%.1f MiB over", median(rs)/(1<<20))})
 	r.target(target{name: fmt.Sprintf("one peer transfer (%d MiB file) against one TCP stream, loopback", replica>>20),
 		want: "≥ 0.9 × the TCP stream", got: fmt.Sprintf("%.0f MiB/s (TCP %.0f MiB/s)", median(stream), tcp),
 		met: median(stream) >= 0.9*tcp, margin: fmt.Sprintf("%.2f×", median(stream)/tcp)})
@@ -183,6 +198,7 @@ func peerStream(srv *s3test.Server, uri string) ([]float64, error) {
 		}
 	}
 	var rates []float64
+	buf := make([]byte, copyBufSize)
 	cl := peertier.NewClient(st, peerRun, "node-1", token, 0, nil)
 	for i := range 4 { // the first reads node 0's record from the store and connects: not counted
 		t0 := time.Now()
@@ -190,7 +206,7 @@ func peerStream(srv *s3test.Server, uri string) ([]float64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("peer transfer: %w", err)
 		}
-		n, err := io.Copy(io.Discard, rc)
+		n, err := io.CopyBuffer(discard{}, rc, buf)
 		rc.Close()
 		if err != nil || n != f.Size {
 			return nil, fmt.Errorf("peer transfer: %d of %d bytes: %v", n, f.Size, err)
@@ -202,6 +218,28 @@ func peerStream(srv *s3test.Server, uri string) ([]float64, error) {
 	return rates, nil
 }
 
+// startNode0 starts node 0 again on its machine and waits until its record
+// offers its copy.
+func startNode0(c *config, env []string, uri, work string, replicas bool) (*peerAgent, error) {
+	name := "node0-again"
+	var extra []string
+	if replicas {
+		name, extra = "node0-replicas", []string{"--replicas", "1"}
+	}
+	n0, err := startPeerAgent(c, env, uri, work, filepath.Join(work, "n0"), 0, true, name, extra...)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := n0.waitMsg("peer tier: serving this node's local copies", time.Minute, func(l logLine) bool {
+		h, _ := l.raw["holds"].([]any)
+		return len(h) > 0
+	}); err != nil {
+		n0.stop()
+		return nil, err
+	}
+	return n0, nil
+}
+
 // peerAgent is one running sidecar and its output.
 type peerAgent struct {
 	cmd   *exec.Cmd
@@ -210,7 +248,7 @@ type peerAgent struct {
 	start time.Time
 }
 
-func startPeerAgent(c *config, env []string, uri, work, ckpt string, k int, withPeer bool, name string) (*peerAgent, error) {
+func startPeerAgent(c *config, env []string, uri, work, ckpt string, k int, withPeer bool, name string, extra ...string) (*peerAgent, error) {
 	args := []string{"sidecar", "--store", uri, "--run-id", peerRun, "--checkpoint-dir", ckpt,
 		"--socket", filepath.Join(work, fmt.Sprintf("n%d.sock", k)), "--cloud", "none", "--log-format", "json",
 		"--node-rank", strconv.Itoa(k), "--interval", "1h"}
@@ -220,6 +258,7 @@ func startPeerAgent(c *config, env []string, uri, work, ckpt string, k int, with
 	if withPeer {
 		args = append(args, "--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1")
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(c.bin, args...)
 	cmd.Env = env
 	logFile, err := os.Create(filepath.Join(work, fmt.Sprintf("agent-%d-%s.log", k, name)))
@@ -268,7 +307,7 @@ func (a *peerAgent) stop() {
 func seedPeerJob(c *config, env []string, uri, work string, replica, shard int64) error {
 	var agents []*peerAgent
 	for k := range peerNodes {
-		a, err := startPeerAgent(c, env, uri, work, filepath.Join(work, fmt.Sprintf("n%d", k)), k, true, "seed")
+		a, err := startPeerAgent(c, env, uri, work, filepath.Join(work, fmt.Sprintf("n%d", k)), k, true, "seed", "--replicas", "1")
 		if err != nil {
 			return err
 		}
@@ -300,6 +339,9 @@ func seedPeerJob(c *config, env []string, uri, work string, replica, shard int64
 	}
 	for _, a := range agents {
 		if _, err := a.waitMsg("kept a local copy of the committed checkpoint", 5*time.Minute, nil); err != nil {
+			return err
+		}
+		if _, err := a.waitMsg("kept a copy of another node's part of the committed checkpoint", 5*time.Minute, nil); err != nil {
 			return err
 		}
 	}
@@ -459,9 +501,17 @@ func loopbackTCP(n int64) (float64, error) {
 	}
 	defer c.Close()
 	t0 := time.Now()
-	got, err := io.Copy(io.Discard, io.LimitReader(c, n))
+	got, err := io.CopyBuffer(discard{}, io.LimitReader(c, n), make([]byte, copyBufSize))
 	if err != nil || got != n {
 		return 0, fmt.Errorf("loopback stream: %d of %d bytes: %v", got, n, err)
 	}
 	return float64(n) / (1 << 20) / time.Since(t0).Seconds(), nil
 }
+
+// Both streams are read the same way: copyBufSize at a time, into nothing
+// (io.Discard would read 8 KiB at a time through its own buffers).
+const copyBufSize = 1 << 20
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -58,6 +58,7 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		MaxIdleConnsPerHost:   maxServing,
 		DisableCompression:    true,
 		IdleConnTimeout:       30 * time.Second,
+		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
 	return &Client{st: st, run: run, node: node, token: token, stall: stall, hc: &http.Client{Transport: tr}, log: log,
 		records: map[string]*Record{}, bad: map[string]bool{}}
