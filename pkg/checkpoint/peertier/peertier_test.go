@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
@@ -89,6 +92,7 @@ type node struct {
 }
 
 type rig struct {
+	log   *zap.Logger // nil: none
 	t     *testing.T
 	st    *countingStore
 	nodes []*node
@@ -169,7 +173,7 @@ func (r *rig) serveReplicas(k int, local Local, stall time.Duration, replicas in
 		local = n.tier
 	}
 	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: n.name, Session: "s",
-		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, Replicas: replicas})
+		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, Replicas: replicas, Log: r.log})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -479,17 +483,26 @@ func TestReplicaServesShardedPart(t *testing.T) {
 // has kept its part.
 func TestReplicateWaitsForThePart(t *testing.T) {
 	r := newRig(t)
+	core, logs := observer.New(zap.InfoLevel)
+	r.log = zap.New(core)
 	r.commit(0) // node 1 has not kept its part yet
 	p1 := r.serve(1, nil, 0)
 	p0 := r.serveReplicas(0, nil, 0, 1)
 	p0.Replicate(r.m)
+	deadline := time.Now().Add(30 * time.Second)
+	for logs.FilterMessage("peer tier: the next node's part is not copied yet (retrying)").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed first attempt within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the background attempt, bounded by the deadline
+	}
 	if err := r.nodes[1].tier.Keep(context.Background(), "req", r.m, "node-1", true); err != nil {
 		t.Fatal(err)
 	}
 	if err := p1.Publish(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		if _, err := os.Stat(r.keptPath(0, "shard-3.bin")); err == nil {
 			break
@@ -534,6 +547,33 @@ func TestRing(t *testing.T) {
 		}
 		if got := ringPrev(c.part, c.n); got != c.prev {
 			t.Errorf("ringPrev(%s, %d)=%q, want %q", c.part, c.n, got, c.prev)
+		}
+	}
+}
+
+// A copy that fails verification (node 1's kept shard damaged in place)
+// leaves no replica, partial or whole: a replacement of node 1 reads its
+// part from the store.
+func TestReplicaBadCopyNotKept(t *testing.T) {
+	r := newRig(t)
+	r.commit(0, 1)
+	p := r.keptPath(1, "shard-3.bin")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err == nil {
+		t.Fatal("replicate: no error for a damaged copy")
+	}
+	for _, f := range []string{"shard-2.bin", "shard-3.bin", "replica-2.bin"} {
+		if _, err := os.Stat(r.keptPath(0, f)); err == nil {
+			t.Fatalf("%s of node 1 kept on node 0 after a failed copy", f)
 		}
 	}
 }
