@@ -50,8 +50,8 @@ func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, inter
 // one. Node 1 restores its part reading from the store only its own
 // shards: its replica files come from node 0's local copy (every request
 // to the store is seen at a proxy in front of it). Both nodes resume the
-// committed step with exactly the bytes saved, and the journal and
-// `history` say where node 1's bytes came from.
+// committed step with exactly the bytes saved, and the journal, `history`
+// and `report` say where node 1's bytes came from.
 func TestDistributed_RestoreFromPeer(t *testing.T) { restoreFromPeer(t, false) }
 
 // TestDistributed_RestoreFromPeerReplica is the same job with --replicas
@@ -185,5 +185,8 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	}
 	if out := runSpotagentTool(t, env, "history", "--store", fs.uri); !strings.Contains(out, " "+from+" ") {
 		t.Errorf("history does not say node 1's restore came from %s:\n%s", from, out)
+	}
+	if out := runSpotagentTool(t, env, "report", "--store", fs.uri); !strings.Contains(out, "from peer") {
+		t.Errorf("report does not say bytes came from peer:\n%s", out)
 	}
 }
