@@ -36,9 +36,13 @@ type Client struct {
 	log   *zap.Logger
 
 	mu      sync.Mutex
-	records map[string]*Record // by node, once read; nil: none
-	bad     map[string]bool    // addresses that failed: not asked again
+	records map[string]*Record   // by node, once read; nil: none
+	bad     map[string]time.Time // addresses that failed, when: not asked again for badFor
 }
+
+// badFor is how long an address that failed is not asked again: the rest
+// of a restore, not the agent's life (a peer's agent may come back).
+const badFor = time.Minute
 
 var _ checkpoint.Tier = (*Client)(nil)
 
@@ -61,7 +65,7 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
 	return &Client{st: st, run: run, node: node, token: token, stall: stall, hc: &http.Client{Transport: tr}, log: log,
-		records: map[string]*Record{}, bad: map[string]bool{}}
+		records: map[string]*Record{}, bad: map[string]time.Time{}}
 }
 
 // Name is checkpoint.FromPeer.
@@ -172,13 +176,14 @@ func (c *Client) record(ctx context.Context, node string) *Record {
 func (c *Client) isBad(addr string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.bad[addr]
+	t, ok := c.bad[addr]
+	return ok && time.Since(t) < badFor
 }
 
 func (c *Client) markBad(addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.bad[addr] = true
+	c.bad[addr] = time.Now()
 }
 
 // get asks the peer at addr for file f of checkpoint ck.

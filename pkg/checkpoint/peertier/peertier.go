@@ -75,16 +75,15 @@ type Config struct {
 
 // Node is one agent's peer tier: its server, and the Client its restores ask.
 type Node struct {
-	cfg    Config
-	token  []byte
-	ln     net.Listener
-	srv    *http.Server
-	client *Client
-	log    *zap.Logger
-	life   context.Context // ends with Close: the replica copies
-	end    context.CancelFunc
-	wg     sync.WaitGroup
-	mu     sync.Mutex // one record write at a time
+	cfg   Config
+	token []byte
+	ln    net.Listener
+	srv   *http.Server
+	log   *zap.Logger
+	life  context.Context // ends with Close: the replica copies
+	end   context.CancelFunc
+	wg    sync.WaitGroup
+	mu    sync.Mutex // one record write at a time
 
 	repMu     sync.Mutex
 	repCancel context.CancelFunc // the replica copy in flight; nil: none
@@ -114,7 +113,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
-	n := &Node{cfg: cfg, token: token, ln: ln, log: log, client: NewClient(cfg.Store, cfg.RunID, cfg.Node, token, cfg.Stall, log)}
+	n := &Node{cfg: cfg, token: token, ln: ln, log: log}
 	n.life, n.end = context.WithCancel(context.Background())
 	n.srv = newServer(&server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)})
 	n.wg.Go(func() {
@@ -131,8 +130,11 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 // Addr is where the server listens.
 func (n *Node) Addr() *net.TCPAddr { return n.ln.Addr().(*net.TCPAddr) }
 
-// Tier is the tier a restore asks: the other nodes' copies.
-func (n *Node) Tier() *Client { return n.client }
+// Tier is the tier one restore asks: the other nodes' copies, their
+// records read afresh.
+func (n *Node) Tier() *Client {
+	return NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
+}
 
 // Publish writes this node's record: its addresses and what its local
 // tier holds now. Call it again whenever the tier keeps a new copy.

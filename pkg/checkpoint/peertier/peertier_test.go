@@ -310,7 +310,7 @@ func TestSymlinkNotServed(t *testing.T) {
 		t.Fatalf("From[peer]=%d, want 0", got)
 	}
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
-	if got := r.ask(p, signed(p.Tier().token, "run", folder(r.m), f, time.Now())); got != http.StatusNotFound {
+	if got := r.ask(p, signed(p.token, "run", folder(r.m), f, time.Now())); got != http.StatusNotFound {
 		t.Fatalf("symlinked file: status %d, want 404", got)
 	}
 }
@@ -374,7 +374,7 @@ func TestServerRefuses(t *testing.T) {
 	r := newRig(t)
 	r.commit(0)
 	p := r.serve(0, nil, 0)
-	tok := p.Tier().token
+	tok := p.token
 	ck := folder(r.m)
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
 	now := time.Now()

@@ -92,8 +92,7 @@ func (n *Node) replicate(ctx context.Context, m *checkpoint.Manifest) error {
 	if part == "" || part == n.cfg.Node {
 		return nil
 	}
-	// A fresh client: the records may have changed since the last attempt.
-	cl := NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
+	cl := n.Tier() // a fresh client: the records may have changed since the last attempt
 	defer cl.hc.CloseIdleConnections()
 	err := n.cfg.Local.(partAdder).AddPart(ctx, m, part, func(ctx context.Context, f checkpoint.File) (io.ReadCloser, error) {
 		return cl.Open(ctx, m, f)
