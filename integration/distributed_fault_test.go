@@ -66,7 +66,7 @@ func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
 	w, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes})
+		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}})
 	if err != nil {
 		t.Fatalf("rank %d: %v", rank, err)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // promiseWarning is the agent's one warning that a notice checkpoint will
-// not commit within this machine's notice (agent_promise.go).
+// not commit within this machine's notice (pkg/supervisor/promise).
 const promiseWarning = `a notice checkpoint will not commit before the machine goes`
 
 // TestNoticePromise: a real trainer (train.py, a 1 MiB payload per

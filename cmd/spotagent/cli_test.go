@@ -24,6 +24,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 func TestMain(m *testing.M) {
@@ -352,7 +354,7 @@ func sampleJournal() *checkpoint.Journal {
 func TestHistory_Rows(t *testing.T) {
 	j := sampleJournal()
 	var b bytes.Buffer
-	printJournal(&b, j)
+	render.Journal(&b, j)
 	out := b.String()
 	if strings.Contains(out, "RESTORE") || !strings.Contains(out, "no restores") {
 		t.Fatalf("an empty RESTORE table:\n%s", out)
@@ -364,7 +366,7 @@ func TestHistory_Rows(t *testing.T) {
 	at := time.Date(2026, 5, 4, 11, 0, 0, 0, time.UTC)
 	j.Restores = []checkpoint.RestoreEntry{{At: at, CheckpointID: "a1", Step: 10, Node: "node-0"}, {At: at, CheckpointID: "a1", Step: 10, Node: "node-1"}}
 	b.Reset()
-	printJournal(&b, j)
+	render.Journal(&b, j)
 	if out := b.String(); !strings.Contains(out, "NODE") || !strings.Contains(out, "node-0") || !strings.Contains(out, "node-1") {
 		t.Fatalf("restores of two nodes without a NODE column:\n%s", out)
 	}
@@ -381,7 +383,7 @@ func TestHistory_LostSteps(t *testing.T) {
 		j := sampleJournal()
 		j.Interruptions[0].LostSteps, j.Interruptions[0].LostStepsFrom = 49, c.from
 		var b bytes.Buffer
-		printJournal(&b, j)
+		render.Journal(&b, j)
 		if !strings.Contains(b.String(), c.want) {
 			t.Errorf("lost_steps_from %q: want %q in\n%s", c.from, c.want, b.String())
 		}
@@ -396,7 +398,7 @@ func TestReport_EndedBy(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := writeReport(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
+	if err := render.Report(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`(?m)^1 .* finished\s*$`).MatchString(b.String()) {

@@ -135,7 +135,7 @@ func TestDocs_Examples(t *testing.T) {
 }
 
 // TestDocs_StatusExample: the status shown in docs/operations.md is what
-// writeStatus prints for sampleStatus.
+// render.Status prints for sampleStatus.
 func TestDocs_StatusExample(t *testing.T) {
 	ex := docExamples(t, "../../docs/operations.md")
 	want, ok := ex["spotagent status --run-id exp42"]

@@ -4,15 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/schedule"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 func newHistoryCmd() *cobra.Command {
@@ -32,7 +31,7 @@ func newHistoryCmd() *cobra.Command {
 					return fmt.Errorf("no run journal in %s", st.URI(""))
 				}
 				out := cmd.OutOrStdout()
-				printJournal(out, j)
+				render.Journal(out, j)
 				return printJobCheckpoints(ctx, st, out)
 			})
 		},
@@ -64,105 +63,6 @@ func printJobCheckpoints(ctx context.Context, st cloud.Store, out io.Writer) err
 	latest, _ := checkpoint.ReadLatest(ctx, st)
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "checkpoints made of parts (one per node):")
-	printCheckpoints(out, jobs, incomplete, latest)
+	render.Checkpoints(out, jobs, incomplete, latest)
 	return nil
-}
-
-// printJournal prints the run's summary, its interruptions and its
-// restores; a table with no rows is left out.
-func printJournal(out io.Writer, j *checkpoint.Journal) {
-	s := j.Stats
-	fmt.Fprintf(out, "run %s: %s, %s committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
-		j.RunID, plural(len(j.Sessions), "session"), plural(s.Checkpoints, "checkpoint"), s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
-		s.CostSeconds, schedule.HumanBytes(int64(s.BytesPerSec)))
-	if len(j.Interruptions) == 0 {
-		fmt.Fprintln(out, "no interruptions")
-	} else {
-		fmt.Fprintln(out)
-		w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "INTERRUPTION\tCLOUD\tKIND\tINSTANCE\tDEADLINE IN\tSAVED IN\tCOMMITTED IN\tSTEP\tBYTES\tOK\tLOST\t")
-		for _, in := range j.Interruptions {
-			since := func(t *time.Time) string {
-				if t == nil {
-					return "-"
-				}
-				return t.Sub(in.Detected).Round(10 * time.Millisecond).String()
-			}
-			lost := seconds(in.LostSeconds).Round(time.Second).String()
-			if in.LostSteps > 0 {
-				lost += lostSteps(in)
-			}
-			ok, step, size := "yes", fmt.Sprint(in.Step), schedule.HumanBytes(in.Bytes)
-			if !in.CommitOK {
-				ok = "NO: " + in.Error
-			}
-			if !in.CommitOK && in.Step == 0 && in.Bytes == 0 {
-				step, size = "-", "-" // nothing was saved: not step 0, 0 bytes
-			}
-			inst := in.InstanceID
-			if in.InstanceType != "" {
-				inst += " " + in.InstanceType
-			}
-			if in.Zone != "" {
-				inst += " " + in.Zone
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", in.Detected.Local().Format(time.DateTime),
-				in.Cloud, in.Kind, orDash(inst), since(in.Deadline), since(in.Done), since(in.Committed), step,
-				size, ok, lost)
-		}
-		w.Flush()
-	}
-	if len(j.Restores) == 0 {
-		fmt.Fprintln(out, "no restores")
-		return
-	}
-	nodes := false // a multi-node job: say which node each restore was
-	for _, r := range j.Restores {
-		nodes = nodes || r.Node != ""
-	}
-	fmt.Fprintln(out)
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	if nodes {
-		fmt.Fprint(w, "NODE\t")
-	}
-	fmt.Fprintln(w, "RESTORE\tCHECKPOINT\tSTEP\tBYTES\tFROM\tSTORE BYTES\tTOOK\tSKIPPED\t")
-	for _, r := range j.Restores {
-		if nodes {
-			fmt.Fprintf(w, "%s\t", orDash(r.Node))
-		}
-		storeBytes := "-" // a journal from before sources were recorded
-		if r.From != nil {
-			storeBytes = schedule.HumanBytes(r.From[checkpoint.FromStore])
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t\n", r.At.Local().Format(time.DateTime), r.CheckpointID, r.Step,
-			schedule.HumanBytes(r.Bytes), orDash(r.Sources()), storeBytes, seconds(r.Seconds).Round(time.Millisecond), len(r.Skipped))
-	}
-	w.Flush()
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-// lostSteps says how many steps an interruption lost, and how that was
-// counted when the trainer did not report it (zero-code mode).
-func lostSteps(in checkpoint.Interruption) string {
-	switch in.LostStepsFrom {
-	case checkpoint.LostFromEstimate:
-		return fmt.Sprintf(" (~%d steps, estimated)", in.LostSteps)
-	case checkpoint.LostFromDir:
-		return fmt.Sprintf(" (at least %d steps, seen in DIR)", in.LostSteps)
-	}
-	return fmt.Sprintf(" (%d steps)", in.LostSteps)
-}
-
-// plural is "1 session", "2 sessions".
-func plural(n int, word string) string {
-	if n == 1 {
-		return "1 " + word
-	}
-	return fmt.Sprintf("%d %ss", n, word)
 }

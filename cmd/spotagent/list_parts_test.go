@@ -15,6 +15,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // commitPart commits node's part (ranks) of a world of 4 ranks.
@@ -60,7 +62,7 @@ func TestPrintCheckpoints_Parts(t *testing.T) {
 	}
 	latest, _ := checkpoint.ReadLatest(ctx, st)
 	var out bytes.Buffer
-	printCheckpoints(&out, entries, incomplete, latest)
+	render.Checkpoints(&out, entries, incomplete, latest)
 	t.Logf("\n%s", out.String())
 	var lines []string // each row with its columns one space apart
 	for l := range strings.Lines(out.String()) {
@@ -78,7 +80,7 @@ func TestPrintCheckpoints_Parts(t *testing.T) {
 }
 
 func TestRanges(t *testing.T) {
-	if got, want := ranges([]int{0, 1, 2, 3, 6, 8, 9}), "0-3,6,8-9"; got != want {
+	if got, want := render.Ranges([]int{0, 1, 2, 3, 6, 8, 9}), "0-3,6,8-9"; got != want {
 		t.Fatalf("ranges=%q, want %q", got, want)
 	}
 }

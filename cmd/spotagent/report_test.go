@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 func TestWriteReport(t *testing.T) {
@@ -18,7 +20,7 @@ func TestWriteReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := writeReport(&b, j, g, nil, "", nil, 1.5, 4, "table"); err != nil {
+	if err := render.Report(&b, j, g, nil, "", nil, 1.5, 4, "table"); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"PRODUCTIVE", "goodput 99.0 %", "no interruptions", "spend 1.50", "saving"} {
@@ -27,7 +29,7 @@ func TestWriteReport(t *testing.T) {
 		}
 	}
 	b.Reset()
-	if err := writeReport(&b, j, g, nil, "", nil, 1.5, 0, "json"); err != nil {
+	if err := render.Report(&b, j, g, nil, "", nil, 1.5, 0, "json"); err != nil {
 		t.Fatal(err)
 	}
 	var out struct {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // TestHistory_RestoreSources: history and report say where each restore
@@ -20,7 +22,7 @@ func TestHistory_RestoreSources(t *testing.T) {
 		{At: at, CheckpointID: "a3", Step: 30, Bytes: 3 << 20}, // an older journal
 	}
 	var b bytes.Buffer
-	printJournal(&b, j)
+	render.Journal(&b, j)
 	lines := strings.Split(b.String(), "\n")
 	find := func(id string) string {
 		for _, l := range lines {
@@ -37,7 +39,7 @@ func TestHistory_RestoreSources(t *testing.T) {
 		}
 	}
 	b.Reset()
-	writeRestoreSources(&b, j.Restores)
+	render.RestoreSources(&b, j.Restores)
 	if got, want := b.String(), "restores: 1 from local, 1 from local+store; read 5.0 MiB from local, 1.0 MiB from store\n"; got != want {
 		t.Errorf("report line %q, want %q", got, want)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/nodemode"
 )
 
 func newRunCmd() *cobra.Command {
@@ -152,7 +153,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	defer o.openFleet(ctx, &cfg, node, log)() // docs/fleet.md
 	if node {
 		cfg.UploadGate = checkpoint.NewGate(o.concurrentCommits)
-		err := supervisor.RunNode(ctx, supervisor.NodeConfig{
+		err := nodemode.Run(ctx, nodemode.Config{
 			StorePrefix: o.store, CheckpointRoot: o.checkpointDir, Source: src, Identity: ident, Server: srvCfg,
 			OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
 				return o.storeFlags.openStore(ctx, uri, log)

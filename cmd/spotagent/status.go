@@ -4,20 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // defaultSocket is the agent's socket path when --socket is not given.
@@ -64,7 +62,7 @@ func newStatusCmd() *cobra.Command {
 		}
 		if ns, ok, err := nodeStatus(raw, runID); ok || err != nil {
 			if err == nil {
-				err = printNodeStatus(stdout, ns, asJSON, time.Now())
+				err = render.NodeStatus(stdout, ns, asJSON, time.Now())
 			}
 			if err != nil {
 				return failf(cmd, err)
@@ -79,7 +77,7 @@ func newStatusCmd() *cobra.Command {
 		if err := json.Unmarshal(raw, &st); err != nil {
 			return failf(cmd, fmt.Errorf("decode status: %w", err))
 		}
-		if err := writeStatus(stdout, &st, time.Now()); err != nil {
+		if err := render.Status(stdout, &st, time.Now()); err != nil {
 			return failf(cmd, err)
 		}
 		return nil
@@ -159,34 +157,6 @@ func nodeStatus(raw json.RawMessage, runID string) (*supervisor.NodeStatus, bool
 	return &ns, true, nil
 }
 
-// printNodeStatus prints a node agent's runs, each as writeStatus does,
-// or with asJSON the reply (its runs filtered).
-func printNodeStatus(w io.Writer, ns *supervisor.NodeStatus, asJSON bool, now time.Time) error {
-	if asJSON {
-		b, err := json.Marshal(ns)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
-	}
-	fmt.Fprintf(w, "node agent: store prefix %s, %d runs\n", ns.StorePrefix, len(ns.Runs))
-	for _, r := range ns.Runs {
-		fmt.Fprintln(w)
-		if r.Status == nil {
-			fmt.Fprintf(w, "run: %s\nstatus: starting (its store opening or its restore running), or not answering\n", r.Key)
-			continue
-		}
-		if r.Key != r.Status.RunID {
-			fmt.Fprintf(w, "part: %s\n", r.Key)
-		}
-		if err := writeStatus(w, r.Status, now); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func names(paths []string) []string {
 	out := make([]string, len(paths))
 	for i, p := range paths {
@@ -203,158 +173,4 @@ func queryStatus(ctx context.Context, path string) (json.RawMessage, error) {
 	}
 	defer c.Close()
 	return c.Status(ctx)
-}
-
-// writeStatus prints st as aligned "key: value" lines; now dates the ages.
-func writeStatus(w io.Writer, st *supervisor.Status, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	line := func(key, format string, args ...any) {
-		fmt.Fprintf(tw, "%s:\t%s\n", key, fmt.Sprintf(format, args...))
-	}
-	line("run", "%s", st.RunID)
-	line("store", "%s", st.Store)
-	line("cloud", "%s", describeInstance(st.Cloud, st.Instance))
-	if !st.Started.IsZero() {
-		line("started", "%s (%s ago)", localTime(st.Started), age(now.Sub(st.Started)))
-	}
-	switch c := st.Child; {
-	case c == nil:
-		line("child", "none (the trainer runs elsewhere)")
-	case c.Running:
-		line("child", "pid %d, running, %d restarts", c.PID, c.Restarts)
-	default:
-		line("child", "pid %d, exited, %d restarts", c.PID, c.Restarts)
-	}
-	line("trainers", "%d connected", st.Trainers)
-	line("step", "%d (newest progress)", st.Step)
-	if c := st.LastCheckpoint; c != nil {
-		line("last checkpoint", "step %d, id %s, %s ago, %s", c.Step, c.ID, age(now.Sub(c.At)), schedule.HumanBytes(c.Bytes))
-	} else {
-		line("last checkpoint", "none committed yet")
-	}
-	switch n := st.NextCheckpoint; {
-	case st.Stopping != "":
-		line("next checkpoint", "none (stopping)")
-	case n == nil:
-		line("next checkpoint", "not scheduled")
-	case n.After(now):
-		line("next checkpoint", "in %s (%s)", age(n.Sub(now)), localTime(*n))
-	default:
-		line("next checkpoint", "due now")
-	}
-	line("interval", "%s", st.Interval)
-	if p := st.NoticePromise; p != nil {
-		line("on a notice", "%s", describePromise(p))
-		if p.Problem != "" {
-			line("  too slow", "%s", p.Problem)
-			for _, a := range p.Advice {
-				line("  advice", "%s", a)
-			}
-		}
-	} else {
-		line("on a notice", "no checkpoint measured yet")
-	}
-	line("uploading", "%d (requests awaiting the trainer: %d)", st.Uploading, st.Pending)
-	if n := st.LastNotice; n != nil {
-		line("notices seen", "%d, last: %s", st.NoticesSeen, describeNotice(n, now))
-	} else {
-		line("notices seen", "%d", st.NoticesSeen)
-	}
-	if st.Stopping != "" {
-		line("stopping", "yes (%s)", st.Stopping)
-	} else {
-		line("stopping", "no")
-	}
-	return tw.Flush()
-}
-
-func describeInstance(cloud metadata.Cloud, id metadata.Identity) string {
-	var parts []string
-	for _, s := range []string{id.InstanceID, id.Name, id.InstanceType, id.Zone, id.Lifecycle} {
-		if s != "" {
-			parts = append(parts, s)
-		}
-	}
-	if cloud == "" {
-		cloud = id.Cloud
-	}
-	if cloud == "" && len(parts) == 0 {
-		return "none (no metadata service: only SIGTERM and SIGINT announce an interruption)"
-	}
-	if len(parts) == 0 {
-		return string(cloud)
-	}
-	return fmt.Sprintf("%s (%s)", cloud, strings.Join(parts, ", "))
-}
-
-func describeNotice(n *metadata.Notice, now time.Time) string {
-	s := fmt.Sprintf("%s %s", n.Cloud, n.Kind)
-	if n.Action != "" {
-		s += " (" + n.Action + ")"
-	}
-	if !n.Detected.IsZero() {
-		s += fmt.Sprintf(" seen %s ago", age(now.Sub(n.Detected)))
-	}
-	if !n.Deadline.IsZero() {
-		s += ", deadline " + localTime(n.Deadline)
-	}
-	return s
-}
-
-func localTime(t time.Time) string { return t.Local().Format(time.DateTime) }
-
-// age rounds d for reading: seconds under an hour, minutes above.
-func age(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	if d >= time.Hour {
-		return d.Round(time.Minute).String()
-	}
-	return d.Round(time.Second).String()
-}
-
-// describePromise says how long a notice checkpoint is predicted to take
-// and which clouds' notices it fits, e.g. "checkpoint needs ~12s (1.5
-// GiB, save 2s, 500 MB/s upload, this session's newest checkpoint); fits
-// aws 1m55s; NOT gcp 25s, azure 25s (notice − --margin 5s)".
-func describePromise(p *supervisor.PromiseStatus) string {
-	var b strings.Builder
-	b.WriteString("checkpoint needs ")
-	if p.LowerBound {
-		b.WriteString("at least ")
-	} else {
-		b.WriteString("~")
-	}
-	b.WriteString(schedule.RoundSeconds(seconds(p.NeedSeconds)).String())
-	parts := []string{schedule.HumanBytes(p.Bytes)}
-	if p.SaveSeconds > 0 {
-		parts = append(parts, "save "+schedule.RoundSeconds(seconds(p.SaveSeconds)).String())
-	}
-	if p.BytesPerSec > 0 {
-		parts = append(parts, schedule.Rate(p.BytesPerSec)+" upload")
-	}
-	if p.Pipelined {
-		parts = append(parts, "pipelined")
-	}
-	parts = append(parts, map[string]string{"checkpoint": "this session's newest checkpoint", "journal": "the journal's newest checkpoint",
-		"restore": "the restore: size and download rate only"}[p.Source])
-	fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
-	var fits, not []string
-	for _, c := range p.Clouds {
-		s := fmt.Sprintf("%s %s", c.Cloud, seconds(c.BudgetSeconds).Round(time.Second))
-		if c.Fits {
-			fits = append(fits, s)
-		} else {
-			not = append(not, s)
-		}
-	}
-	if len(fits) > 0 {
-		fmt.Fprintf(&b, "; fits %s", strings.Join(fits, ", "))
-	}
-	if len(not) > 0 {
-		fmt.Fprintf(&b, "; NOT %s", strings.Join(not, ", "))
-	}
-	fmt.Fprintf(&b, " (notice − --margin %s)", seconds(p.MarginSeconds))
-	return b.String()
 }

@@ -16,16 +16,17 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/nodemode"
 )
 
-// startNodeAgent runs a real node agent (supervisor.RunNode) on file
+// startNodeAgent runs a real node agent (nodemode.Run) on file
 // stores, its socket at sock, until the test ends, with a trainer
 // connected to each of runs.
 func startNodeAgent(t *testing.T, sock string, runs ...string) {
 	t.Helper()
 	dir := shortTempDir(t)
 	sigs, done := make(chan os.Signal, 2), make(chan error, 1)
-	cfg := supervisor.NodeConfig{
+	cfg := nodemode.Config{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
 		Server: protocol.ServerConfig{Path: sock},
 		OpenStore: func(_ context.Context, uri string) (cloud.Store, error) {
@@ -34,11 +35,11 @@ func startNodeAgent(t *testing.T, sock string, runs ...string) {
 		NewScheduler: func() *schedule.Scheduler { return schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour}) },
 		Run:          supervisor.Config{TermGrace: 5 * time.Second},
 	}
-	go func() { done <- supervisor.RunNode(context.Background(), cfg, sigs) }()
+	go func() { done <- nodemode.Run(context.Background(), cfg, sigs) }()
 	t.Cleanup(func() {
 		sigs <- syscall.SIGTERM
 		if err := <-done; err != nil {
-			t.Errorf("RunNode: %v", err)
+			t.Errorf("nodemode.Run: %v", err)
 		}
 	})
 	for _, run := range runs {

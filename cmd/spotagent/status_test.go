@@ -16,6 +16,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // shortTempDir keeps socket paths under the 108-byte sun_path limit.
@@ -93,7 +96,7 @@ func sampleStatus(now time.Time) supervisor.Status {
 			Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance, ID: "r1", Detected: now.Add(-5 * time.Minute),
 		},
 		Step: 1530,
-		NoticePromise: supervisor.DescribePromise(schedule.Promise{Bytes: 3 << 29, Save: 1200 * time.Millisecond,
+		NoticePromise: promise.Describe(schedule.Promise{Bytes: 3 << 29, Save: 1200 * time.Millisecond,
 			Upload: 3100 * time.Millisecond, Took: 4400 * time.Millisecond, Rate: 519e6, Source: "checkpoint"},
 			schedule.CloudNotices[0], 5*time.Second),
 	}
@@ -107,7 +110,7 @@ func statusSample(t *testing.T) string {
 	now := time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 	st := sampleStatus(now)
 	var out bytes.Buffer
-	if err := writeStatus(&out, &st, now); err != nil {
+	if err := render.Status(&out, &st, now); err != nil {
 		t.Fatal(err)
 	}
 	return out.String()
@@ -145,7 +148,7 @@ stopping:        no
 		st.LastNotice = &metadata.Notice{Cloud: metadata.CloudGCP, Kind: metadata.KindTermination, Action: "preempt",
 			Detected: now.Add(-3 * time.Second), Deadline: now.Add(27 * time.Second)}
 		var out bytes.Buffer
-		if err := writeStatus(&out, &st, now); err != nil {
+		if err := render.Status(&out, &st, now); err != nil {
 			t.Fatal(err)
 		}
 		for _, want := range []string{

@@ -9,6 +9,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
+
+	"github.com/spotagent/spotagent/internal/render"
 )
 
 // `watch --cloud none` has nothing to watch: it says so and exits 2 rather
@@ -22,7 +24,7 @@ func TestCLI_WatchCloudNone(t *testing.T) {
 
 func TestPlural(t *testing.T) {
 	for n, want := range map[int]string{0: "0 sessions", 1: "1 session", 2: "2 sessions"} {
-		if got := plural(n, "session"); got != want {
+		if got := render.Plural(n, "session"); got != want {
 			t.Errorf("plural(%d)=%q, want %q", n, got, want)
 		}
 	}

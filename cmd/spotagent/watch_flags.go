@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -33,7 +33,7 @@ func (o *watchOptions) register(fs *pflag.FlagSet) {
 }
 
 // config returns the supervisor's watch config (nil without --watch).
-func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
+func (o *watchOptions) config() (*source.WatchConfig, error) {
 	if o.dir == "" {
 		if o.noticeSignal != "" || o.prune || o.stepRegex != "" || o.pattern != watch.DefaultPattern ||
 			o.marker != watch.MarkerAuto || o.quiet != watch.DefaultQuiet || o.uid != "" {
@@ -48,7 +48,7 @@ func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 		return nil, fmt.Errorf("--watch-pattern/--watch-step-regex: %w", err)
 	}
 	// DIR itself is checked once, by watch.New, when the agent opens it.
-	c := &supervisor.WatchConfig{Config: watch.Config{Dir: o.dir, Pattern: o.pattern, StepRegex: o.stepRegex, Marker: o.marker, Quiet: o.quiet}, Prune: o.prune}
+	c := &source.WatchConfig{Config: watch.Config{Dir: o.dir, Pattern: o.pattern, StepRegex: o.stepRegex, Marker: o.marker, Quiet: o.quiet}, Prune: o.prune}
 	if o.uid != "" {
 		uid, err := strconv.Atoi(o.uid)
 		if err != nil || uid < 0 {
@@ -57,7 +57,7 @@ func (o *watchOptions) config() (*supervisor.WatchConfig, error) {
 		c.UID = &uid
 	}
 	if o.noticeSignal != "" {
-		sig, err := supervisor.ParseNoticeSignal(o.noticeSignal)
+		sig, err := source.ParseNoticeSignal(o.noticeSignal)
 		if err != nil {
 			return nil, fmt.Errorf("--notice-signal: %w", err)
 		}

@@ -131,24 +131,8 @@ func measure(root string) (*report, error) {
 			switch d := d.(type) {
 			case *ast.GenDecl:
 				for _, s := range d.Specs {
-					ts, ok := s.(*ast.TypeSpec)
-					if !ok {
-						continue
-					}
-					st, ok := ts.Type.(*ast.StructType)
-					if !ok {
-						continue
-					}
-					r.typesMeasured++
-					n := 0
-					for _, f := range st.Fields.List {
-						n += max(1, len(f.Names))
-					}
-					if gf.dir == "pkg/supervisor" && ts.Name.Name == "Agent" {
-						r.agentFields = n
-					}
-					if n > maxFields && !isMain && !exempt(ts.Name.Name) {
-						r.bigTypes = append(r.bigTypes, fmt.Sprintf("%s.%s %d", gf.dir, ts.Name.Name, n))
+					if ts, ok := s.(*ast.TypeSpec); ok {
+						r.measureType(gf.dir, ts, isMain)
 					}
 				}
 			case *ast.FuncDecl:
@@ -190,6 +174,27 @@ func measure(root string) (*report, error) {
 	sort.Strings(r.unordered)
 	sort.Strings(r.bigTypes)
 	return r, nil
+}
+
+// measureType counts the fields of ts, declared in dir, when it is a
+// struct: a big one is listed, unless a command's or a flag or config
+// struct.
+func (r *report) measureType(dir string, ts *ast.TypeSpec, isMain bool) {
+	st, ok := ts.Type.(*ast.StructType)
+	if !ok {
+		return
+	}
+	r.typesMeasured++
+	n := 0
+	for _, f := range st.Fields.List {
+		n += max(1, len(f.Names))
+	}
+	if dir == "pkg/supervisor" && ts.Name.Name == "Agent" {
+		r.agentFields = n
+	}
+	if n > maxFields && !isMain && !exempt(ts.Name.Name) {
+		r.bigTypes = append(r.bigTypes, fmt.Sprintf("%s.%s %d", dir, ts.Name.Name, n))
+	}
 }
 
 func contains(s []string, v string) bool {

@@ -9,12 +9,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,61 +97,16 @@ func TestSim(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	n := uint64(simDefault) // SPOTAGENT_SIM_SCHEDULES: make soak-sim
-	if v := os.Getenv("SPOTAGENT_SIM_SCHEDULES"); v != "" {
-		var err error
-		if n, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("SPOTAGENT_SIM_SCHEDULES: %v", err)
-		}
-	}
-	first := uint64(1)
-	if v := os.Getenv("SPOTAGENT_SIM_SEED"); v != "" {
-		seed, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("SPOTAGENT_SIM_SEED: %v", err)
-		}
+	run := storesim.Seeds{Schedules: simDefault, Run: func(seed uint64) ([]string, string) { // SPOTAGENT_SIM_SCHEDULES: make soak-sim
 		w := runSim(t, seed)
-		for _, l := range w.sc.Trace {
-			t.Log(l)
-		}
 		if w.failed() {
-			t.Fatal(w.report())
+			return w.sc.Trace, w.report()
 		}
-		return
+		return w.sc.Trace, ""
+	}}.Test(t)
+	if !run.Replay {
+		t.Logf("%d schedules in %s: %.0f schedules/s", run.N, run.Took.Round(time.Millisecond), float64(run.N)/run.Took.Seconds())
 	}
-	if v := os.Getenv("SPOTAGENT_SIM_FIRST"); v != "" {
-		first, _ = strconv.ParseUint(v, 10, 64)
-	}
-	maxFail := uint64(3)
-	if v := os.Getenv("SPOTAGENT_SIM_MAXFAIL"); v != "" {
-		maxFail, _ = strconv.ParseUint(v, 10, 64)
-	}
-	start := time.Now()
-	var next, fails atomic.Uint64
-	next.Store(first)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				seed := next.Add(1) - 1
-				if seed >= first+n || fails.Load() >= maxFail {
-					return
-				}
-				if w := runSim(t, seed); w.failed() {
-					fails.Add(1)
-					mu.Lock()
-					t.Error(w.report())
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	d := time.Since(start)
-	t.Logf("%d schedules in %s: %.0f schedules/s", n, d.Round(time.Millisecond), float64(n)/d.Seconds())
 }
 
 // simWorld is one schedule: the store, the scheduler, what the checks

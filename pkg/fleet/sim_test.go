@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,18 +253,6 @@ func (w *fleetSim) holds(who string, s *Summary, acked map[string]int) {
 	}
 }
 
-func simSeedEnv(t *testing.T, name string, def uint64) uint64 {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return n
-}
-
 // oneCallAtATime makes every actor's store calls one at a time (see the
 // determinism note above) for the test.
 func oneCallAtATime(t *testing.T) {
@@ -277,54 +263,29 @@ func oneCallAtATime(t *testing.T) {
 
 func TestFleetSim(t *testing.T) {
 	oneCallAtATime(t)
-	if v := os.Getenv("SPOTAGENT_SIM_SEED"); v != "" {
-		seed := simSeedEnv(t, "SPOTAGENT_SIM_SEED", 0)
-		w := runFleetSim(seed)
-		for _, l := range w.sc.Trace {
-			t.Log(l)
-		}
-		if w.failed() {
-			t.Fatal(w.report())
-		}
+	var steps, checks, acked, compactions atomic.Uint64
+	run := storesim.Seeds{
+		Schedules: fleetSimDefault,
+		Short:     200,
+		Workers:   max(8, 4*runtime.GOMAXPROCS(0)), // RecordSession's back-off sleeps for real
+		Run: func(seed uint64) ([]string, string) {
+			w := runFleetSim(seed)
+			steps.Add(uint64(len(w.sc.Trace)))
+			checks.Add(uint64(w.checks))
+			acked.Add(uint64(len(w.acked)))
+			compactions.Add(uint64(w.compactions))
+			if w.failed() {
+				return w.sc.Trace, w.report()
+			}
+			return w.sc.Trace, ""
+		},
+	}.Test(t)
+	if run.Replay {
 		return
 	}
-	n := simSeedEnv(t, "SPOTAGENT_SIM_SCHEDULES", fleetSimDefault)
-	if testing.Short() {
-		n = min(n, 200)
-	}
-	first := simSeedEnv(t, "SPOTAGENT_SIM_FIRST", 1)
-	start := time.Now()
-	var next, fails, steps, checks, acked, compactions atomic.Uint64
-	next.Store(first)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	// More workers than cores: RecordSession's back-off sleeps for real.
-	for range max(8, 4*runtime.GOMAXPROCS(0)) {
-		wg.Go(func() {
-			for {
-				seed := next.Add(1) - 1
-				if seed >= first+n || fails.Load() >= 3 {
-					return
-				}
-				w := runFleetSim(seed)
-				steps.Add(uint64(len(w.sc.Trace)))
-				checks.Add(uint64(w.checks))
-				acked.Add(uint64(len(w.acked)))
-				compactions.Add(uint64(w.compactions))
-				if w.failed() {
-					fails.Add(1)
-					mu.Lock()
-					t.Error(w.report())
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	d := time.Since(start)
 	t.Logf("%d schedules in %s: %.0f schedules/s; %d steps, %d checks, %d runs with an acknowledged record, %d compactions",
-		n, d.Round(time.Millisecond), float64(n)/d.Seconds(), steps.Load(), checks.Load(), acked.Load(), compactions.Load())
-	if fails.Load() == 0 && (acked.Load() == 0 || compactions.Load() == 0) {
+		run.N, run.Took.Round(time.Millisecond), float64(run.N)/run.Took.Seconds(), steps.Load(), checks.Load(), acked.Load(), compactions.Load())
+	if run.Failed == 0 && (acked.Load() == 0 || compactions.Load() == 0) {
 		t.Error("no record was acknowledged, or no compaction ran while agents recorded: the schedules test nothing")
 	}
 }

@@ -54,14 +54,6 @@ const (
 	DefaultTimeout  = 4 * time.Second
 )
 
-// Store keys under the run's store.
-const (
-	dir      = "liveness/"
-	tokenKey = dir + "token"
-)
-
-func recordKey(node int) string { return dir + "node-" + strconv.Itoa(node) + ".json" }
-
 // Config sets up one node's monitor.
 type Config struct {
 	Store   cloud.Store // the run's store: the token and address records

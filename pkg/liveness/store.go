@@ -9,9 +9,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
+
+// Store keys under the run's store.
+const (
+	dir      = "liveness/"
+	tokenKey = dir + "token"
+)
+
+// recordKey is where node's record is.
+func recordKey(node int) string { return dir + "node-" + strconv.Itoa(node) + ".json" }
 
 // record is liveness/node-<k>.json: where node k's agent listens.
 type record struct {

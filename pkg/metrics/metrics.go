@@ -22,33 +22,10 @@ var _ supervisor.Metrics = (*Metrics)(nil)
 type Metrics struct {
 	reg   *prometheus.Registry
 	ready atomic.Bool
-
-	notices         *prometheus.CounterVec
-	noticeToRequest prometheus.Histogram
-	phase           *prometheus.HistogramVec
-	uploadedBytes   prometheus.Counter
-	throughput      prometheus.Gauge
-	lastStep        prometheus.Gauge
-	lastCommitted   prometheus.Gauge
-	interval        prometheus.Gauge
-	commitFailures  *prometheus.CounterVec
-	errors          *prometheus.CounterVec
-	restoreSeconds  prometheus.Gauge
-	restoreBytes    prometheus.Gauge
-	restoreFrom     *prometheus.GaugeVec
-	readyGauge      prometheus.Gauge
-	goodputRatio    prometheus.Gauge
-	goodputSeconds  *prometheus.GaugeVec
-	// The fleet's labels and notice outcomes (issue 29, deploy/grafana).
-	instanceInfo      *prometheus.GaugeVec
-	noticeCheckpoints *prometheus.CounterVec
-	noticeToCommitted prometheus.Histogram
-	noticeLead        prometheus.Histogram
-	store             storeCollectors
-	// The deadline the agent can promise (issue 30).
-	noticePredicted prometheus.Gauge
-	noticeBudget    *prometheus.GaugeVec
-	noticeFits      *prometheus.GaugeVec
+	noticeCollectors
+	checkpointCollectors
+	runCollectors
+	store storeCollectors
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -70,132 +47,19 @@ var (
 // New registers every collector, the Go runtime's and the process's on a
 // fresh registry.
 func New() *Metrics {
-	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		notices: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spotagent_notices_total",
-			Help: "Interruption notices seen, by cloud and kind.",
-		}, []string{"cloud", "kind"}),
-		noticeToRequest: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "spotagent_notice_to_request_seconds",
-			Help:    "Time from detecting a notice to sending the trainer its checkpoint request.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10), // 1ms … ~4.4m
-		}),
-		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "spotagent_checkpoint_phase_seconds",
-			Help:    "Duration of checkpoint phases: save (request to done), upload, commit (done to committed).",
-			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 12), // 10ms … ~4m
-		}, []string{"phase"}),
-		uploadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "spotagent_uploaded_bytes_total",
-			Help: "Bytes uploaded to the store by committed checkpoints.",
-		}),
-		throughput: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_upload_throughput_bytes_per_second",
-			Help: "Throughput of the last upload.",
-		}),
-		lastStep: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_last_committed_step",
-			Help: "Training step of the newest committed checkpoint.",
-		}),
-		lastCommitted: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_last_committed_timestamp_seconds",
-			Help: "Unix time the newest checkpoint was committed; 0 before the first.",
-		}),
-		interval: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_checkpoint_interval_seconds",
-			Help: "Current periodic checkpoint interval.",
-		}),
-		commitFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spotagent_commit_failures_total",
-			Help: "Checkpoints that were not committed, by reason.",
-		}, []string{"reason"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spotagent_errors_total",
-			Help: "Errors by component.",
-		}, []string{"component"}),
-		restoreSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_restore_seconds",
-			Help: "Duration of the restore at start; 0 when nothing was restored.",
-		}),
-		restoreBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_restore_bytes",
-			Help: "Bytes restored at start.",
-		}),
-		restoreFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "spotagent_restore_source_bytes",
-			Help: "Bytes of the restore at start by where they came from: local (this machine's copy), peer (another node's copy) or store.",
-		}, []string{"source"}),
-		goodputRatio: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_goodput_ratio",
-			Help: "Productive training time over the run's wall time, from the run journal (docs/goodput.md).",
-		}),
-		goodputSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "spotagent_goodput_seconds",
-			Help: "The run's wall time by bucket: productive, blocked, lost, restore, between.",
-		}, []string{"bucket"}),
-		readyGauge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_ready",
-			Help: "1 while the agent serves trainers (after restore, before shutdown).",
-		}),
-		instanceInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "spotagent_instance_info",
-			Help: "1, labelled with the machine the agent runs on: join it on instance to label any series by cloud, instance type and zone.",
-		}, []string{"cloud", "instance_type", "zone"}),
-		noticeCheckpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spotagent_notice_checkpoints_total",
-			Help: "Interruption (notice) checkpoints by result: committed before the machine went, or failed (work since the previous checkpoint lost).",
-		}, []string{"result"}),
-		noticeToCommitted: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "spotagent_notice_to_committed_seconds",
-			Help:    "Time from detecting a notice to its checkpoint committed.",
-			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12), // 0.5 s … ~17 min
-		}),
-		noticeLead: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "spotagent_notice_lead_seconds",
-			Help:    "Time from detecting a notice to its deadline (the machine's end), for notices with a deadline.",
-			Buckets: prometheus.ExponentialBuckets(0.5, 2, 12),
-		}),
-		noticePredicted: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "spotagent_notice_checkpoint_predicted_seconds",
-			Help: "Predicted time from a notice checkpoint's request to its commit, from the newest checkpoint's measured save and upload (0: nothing measured yet).",
-		}),
-		noticeBudget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "spotagent_notice_budget_seconds",
-			Help: "Time a cloud's documented notice leaves for the checkpoint: the notice minus --margin.",
-		}, []string{"cloud"}),
-		noticeFits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "spotagent_notice_checkpoint_fits",
-			Help: "1 when the predicted notice checkpoint commits within the cloud's budget, else 0; absent before anything was measured.",
-		}, []string{"cloud"}),
-	}
-	m.reg.MustRegister(
-		m.notices, m.noticeToRequest, m.phase, m.uploadedBytes, m.throughput,
-		m.lastStep, m.lastCommitted, m.interval, m.commitFailures, m.errors,
-		m.restoreSeconds, m.restoreBytes, m.restoreFrom, m.readyGauge, m.goodputRatio, m.goodputSeconds,
-		m.instanceInfo, m.noticeCheckpoints, m.noticeToCommitted, m.noticeLead,
-		m.noticePredicted, m.noticeBudget, m.noticeFits,
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	m.store = newStoreCollectors(m.reg)
-	for _, p := range Phases {
-		m.phase.WithLabelValues(p)
+	m := &Metrics{
+		reg:                  reg,
+		noticeCollectors:     newNoticeCollectors(reg),
+		checkpointCollectors: newCheckpointCollectors(reg),
+		runCollectors:        newRunCollectors(reg),
+		store:                newStoreCollectors(reg),
 	}
-	for _, b := range checkpoint.Buckets {
-		m.goodputSeconds.WithLabelValues(b)
-	}
-	for _, r := range []string{"committed", "failed"} {
-		m.noticeCheckpoints.WithLabelValues(r)
-	}
-	for _, r := range FailureReasons {
-		m.commitFailures.WithLabelValues(r)
-	}
-	for _, c := range Components {
-		m.errors.WithLabelValues(c)
-	}
-	m.notices.WithLabelValues("signal", "termination") // SIGTERM/SIGINT
-	m.RestoredFrom(nil)                                // local and store at 0 until a restore
+	m.RestoredFrom(nil) // local and store at 0 until a restore
 	return m
 }
 

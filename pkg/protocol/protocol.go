@@ -84,12 +84,7 @@ type Message struct {
 	Rank      *int   `json:"rank,omitempty"`
 	WorldSize *int   `json:"world_size,omitempty"`
 	RunID     string `json:"run_id,omitempty"` // hello (node mode) and welcome
-	// hello, from torchrun's environment when the trainer has it: the
-	// rank on its node, ranks per node, the node's rank and node count
-	LocalRank      *int `json:"local_rank,omitempty"`
-	LocalWorldSize *int `json:"local_world_size,omitempty"`
-	NodeRank       *int `json:"node_rank,omitempty"`
-	Nodes          *int `json:"nodes,omitempty"`
+	Topology         // hello
 
 	// progress, done, join
 	Step *int64 `json:"step,omitempty"`
@@ -97,14 +92,7 @@ type Message struct {
 	// checkpoint, done, failed, committed, upload_failed, join
 	ID string `json:"id,omitempty"`
 
-	// done
-	Metadata json.RawMessage `json:"metadata,omitempty"`
-	// done: how long the trainer's training was blocked by this
-	// checkpoint (staging it), when it saved in the background
-	BlockedMS *int64 `json:"blocked_ms,omitempty"`
-
-	// saved: the file, relative to the request's dir or absolute inside it
-	Path string `json:"path,omitempty"`
+	Saved // done, saved
 
 	// failed, upload_failed, error
 	Error string `json:"error,omitempty"`
@@ -126,6 +114,30 @@ type Message struct {
 
 	// status reply
 	Status json.RawMessage `json:"status,omitempty"`
+}
+
+// Topology is where a trainer sits in a torchrun job, sent in its hello
+// from torchrun's environment when the trainer has it: the rank on its
+// node, ranks per node, the node's rank and the node count. Embedded in
+// Message: its fields stay on the message's top level on the wire.
+type Topology struct {
+	LocalRank      *int `json:"local_rank,omitempty"`
+	LocalWorldSize *int `json:"local_world_size,omitempty"`
+	NodeRank       *int `json:"node_rank,omitempty"`
+	Nodes          *int `json:"nodes,omitempty"`
+}
+
+// Saved is what a trainer says of the files it wrote. Embedded in
+// Message: its fields stay on the message's top level on the wire.
+type Saved struct {
+	// done
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// done: how long the trainer's training was blocked by this
+	// checkpoint (staging it), when it saved in the background
+	BlockedMS *int64 `json:"blocked_ms,omitempty"`
+
+	// saved: the file, relative to the request's dir or absolute inside it
+	Path string `json:"path,omitempty"`
 }
 
 // encodeLine encodes m as one protocol line, newline included.

@@ -243,6 +243,23 @@ func Simulate(trace []Event, pol Policy, p Params) Result {
 	if p.Bytes <= 0 {
 		p.Bytes = 1 << 30
 	}
+	cfg := schedule.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
+	sr := &simRun{p: p, evs: actingOrder(trace, p), end: p.Duration, hist: p.History}
+	for sr.now < sr.end {
+		sr.restart()
+		if sr.now >= sr.end {
+			break
+		}
+		sr.life(schedule.NewScheduler(cfg))
+	}
+	sr.r.Useful = sr.progress
+	return sr.r
+}
+
+// actingOrder is trace in the order its events act: an announced
+// interruption whose notice fits δ + upload acts (its notice checkpoint
+// commits) at its notice, every other event at its time.
+func actingOrder(trace []Event, p Params) []simEvent {
 	evs := make([]simEvent, 0, len(trace))
 	for _, e := range trace {
 		se := simEvent{Event: e, act: e.At}
@@ -252,118 +269,151 @@ func Simulate(trace []Event, pol Policy, p Params) Result {
 		evs = append(evs, se)
 	}
 	slices.SortStableFunc(evs, func(a, b simEvent) int { return cmp.Compare(a.act, b.act) })
+	return evs
+}
 
-	cfg := schedule.SchedulerConfig{Fixed: pol.Fixed, Min: p.Min, Max: p.Max, InterruptionRate: p.PriorRate}
-	at := func(d time.Duration) time.Time { return simEpoch.Add(d) }
-	end := p.Duration
-	var (
-		r         Result
-		hist      = p.History
-		progress  time.Duration // useful compute so far
-		committed time.Duration // progress in the newest uploaded checkpoint
-		now       time.Duration
-		ei        int
-	)
-	down := func(until time.Duration) { // not training from now to until
-		r.Restart += min(until, end) - min(now, end)
-		now = until
+// simRun is one simulated run of Simulate: its clock, its progress, what
+// the journal would hold, and the events still to come.
+type simRun struct {
+	p         Params
+	evs       []simEvent
+	ei        int // the next event
+	end, now  time.Duration
+	progress  time.Duration // useful compute so far
+	committed time.Duration // progress in the newest uploaded checkpoint
+	hist      schedule.History
+	r         Result
+}
+
+// simLife is one machine life's checkpoint state.
+type simLife struct {
+	s                   *schedule.Scheduler
+	start, last         time.Duration // the life's start; the last checkpoint's end
+	blocking, uploading bool
+	blockEnd, upEnd     time.Duration
+	snap, upSnap        time.Duration // progress in the checkpoint saving, uploading
+}
+
+// What comes next in a machine life.
+const (
+	doEnd = iota
+	doBlock
+	doUpload
+	doDue
+	doEvent
+)
+
+func simAt(d time.Duration) time.Time { return simEpoch.Add(d) }
+
+// down: not training from now to until.
+func (sr *simRun) down(until time.Duration) {
+	sr.r.Restart += min(until, sr.end) - min(sr.now, sr.end)
+	sr.now = until
+}
+
+// restart counts the interruptions of the replacement machine while it
+// restarts.
+func (sr *simRun) restart() {
+	for sr.ei < len(sr.evs) && sr.evs[sr.ei].At < sr.now {
+		if sr.evs[sr.ei].Kind != Rebalance {
+			sr.r.Interruptions++
+			sr.down(sr.evs[sr.ei].At + sr.p.Restart)
+		}
+		sr.ei++
 	}
-	for now < end {
-		// Interruptions of the replacement machine while restarting.
-		for ei < len(evs) && evs[ei].At < now {
-			if evs[ei].Kind != Rebalance {
-				r.Interruptions++
-				down(evs[ei].At + p.Restart)
-			}
-			ei++
+}
+
+// life runs one machine life with a fresh Scheduler s, until the run's end
+// or an interruption.
+func (sr *simRun) life(s *schedule.Scheduler) {
+	s.ObserveHistory(sr.hist)
+	l := &simLife{s: s, start: sr.now, last: sr.now}
+	for sr.now < sr.end {
+		next, what := sr.next(l)
+		if l.blocking {
+			sr.r.Overhead += next - sr.now
+		} else {
+			sr.progress += next - sr.now
 		}
-		if now >= end {
-			break
-		}
-		s := schedule.NewScheduler(cfg)
-		s.ObserveHistory(hist)
-		lifeStart, last := now, now
-		var (
-			blocking, uploading bool
-			blockEnd, upEnd     time.Duration
-			snap, upSnap        time.Duration
-		)
-	life:
-		for now < end {
-			const (
-				doEnd = iota
-				doBlock
-				doUpload
-				doDue
-				doEvent
-			)
-			next, what := end, doEnd
-			if ei < len(evs) && max(evs[ei].act, now) < next {
-				next, what = max(evs[ei].act, now), doEvent
-			}
-			switch {
-			case blocking:
-				if blockEnd <= next {
-					next, what = blockEnd, doBlock
-				}
-			default:
-				if uploading && upEnd <= next {
-					next, what = upEnd, doUpload
-				} else if due := s.Next(at(last), uploading, at(now)).Sub(simEpoch); due <= next {
-					next, what = max(due, now), doDue
-				}
-			}
-			if blocking {
-				r.Overhead += next - now
-			} else {
-				progress += next - now
-			}
-			now = next
-			switch what {
-			case doEnd:
-				break life
-			case doBlock:
-				blocking, last = false, now
-				s.ObserveCost(p.Delta)
-				hist.Cost = s.Cost()
-				r.Checkpoints++
-				uploading, upEnd, upSnap = true, now+p.Upload, snap
-			case doUpload:
-				uploading = false
-				committed = upSnap
-				s.ObserveUpload(p.Upload, p.Bytes)
-				hist.Throughput = s.Throughput()
-			case doDue:
-				if uploading {
-					continue // re-ask
-				}
-				blocking, blockEnd, snap = true, now+p.Delta, progress
-			case doEvent:
-				e := evs[ei]
-				ei++
-				if e.Kind == Rebalance {
-					s.Hazard(at(now), "rebalance", time.Time{})
-					continue
-				}
-				r.Interruptions++
-				hist.Interruptions++
-				hist.RunTime += e.At - lifeStart
-				if e.committed {
-					hist.NoticeCommitted++
-					r.Overhead += min(p.Delta, end-now)
-					now += p.Delta
-					committed = progress
-				} else {
-					r.Lost += progress - committed
-					progress = committed
-				}
-				down(max(e.At+p.Restart, now))
-				break life
-			}
+		sr.now = next
+		if sr.step(l, what) {
+			return
 		}
 	}
-	r.Useful = progress
-	return r
+}
+
+// next is when the life's next thing happens, and what.
+func (sr *simRun) next(l *simLife) (time.Duration, int) {
+	next, what := sr.end, doEnd
+	if sr.ei < len(sr.evs) && max(sr.evs[sr.ei].act, sr.now) < next {
+		next, what = max(sr.evs[sr.ei].act, sr.now), doEvent
+	}
+	switch {
+	case l.blocking:
+		if l.blockEnd <= next {
+			next, what = l.blockEnd, doBlock
+		}
+	default:
+		if l.uploading && l.upEnd <= next {
+			next, what = l.upEnd, doUpload
+		} else if due := l.s.Next(simAt(l.last), l.uploading, simAt(sr.now)).Sub(simEpoch); due <= next {
+			next, what = max(due, sr.now), doDue
+		}
+	}
+	return next, what
+}
+
+// step does what, now; true when it ends the life.
+func (sr *simRun) step(l *simLife, what int) bool {
+	p := sr.p
+	switch what {
+	case doEnd:
+		return true
+	case doBlock:
+		l.blocking, l.last = false, sr.now
+		l.s.ObserveCost(p.Delta)
+		sr.hist.Cost = l.s.Cost()
+		sr.r.Checkpoints++
+		l.uploading, l.upEnd, l.upSnap = true, sr.now+p.Upload, l.snap
+	case doUpload:
+		l.uploading = false
+		sr.committed = l.upSnap
+		l.s.ObserveUpload(p.Upload, p.Bytes)
+		sr.hist.Throughput = l.s.Throughput()
+	case doDue:
+		if !l.uploading { // else re-ask
+			l.blocking, l.blockEnd, l.snap = true, sr.now+p.Delta, sr.progress
+		}
+	case doEvent:
+		return sr.event(l)
+	}
+	return false
+}
+
+// event handles the next event: a rebalance recommendation is a hazard;
+// an interruption ends the life, its notice checkpoint committed or the
+// work since the last uploaded checkpoint lost.
+func (sr *simRun) event(l *simLife) bool {
+	p, e := sr.p, sr.evs[sr.ei]
+	sr.ei++
+	if e.Kind == Rebalance {
+		l.s.Hazard(simAt(sr.now), "rebalance", time.Time{})
+		return false
+	}
+	sr.r.Interruptions++
+	sr.hist.Interruptions++
+	sr.hist.RunTime += e.At - l.start
+	if e.committed {
+		sr.hist.NoticeCommitted++
+		sr.r.Overhead += min(p.Delta, sr.end-sr.now)
+		sr.now += p.Delta
+		sr.committed = sr.progress
+	} else {
+		sr.r.Lost += sr.progress - sr.committed
+		sr.progress = sr.committed
+	}
+	sr.down(max(e.At+p.Restart, sr.now))
+	return true
 }
 
 // GridConfig is the table of docs/frequency.md: every combination of Rates,

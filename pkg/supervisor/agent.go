@@ -22,7 +22,13 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
+
+// WatchConfig is zero-code mode's configuration (Config.Watch), named
+// here too so that Config's users need not import pkg/supervisor/source.
+type WatchConfig = source.WatchConfig
 
 // Config wires one agent: a run, its store, its trainer.
 type Config struct {
@@ -71,15 +77,15 @@ type Config struct {
 	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
 	// Watch, when set, is zero-code mode: the checkpoint source is the
-	// watched directory (agent_watch.go), not the trainer's protocol.
-	Watch *WatchConfig
+	// watched directory (pkg/supervisor/source), not the trainer's protocol.
+	Watch *source.WatchConfig
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).
 	// Its lease is the node's (agent_fence.go, docs/distributed.md).
 	Node       string
 	RestoreAll bool
-	// Liveness: the heartbeats of a multi-node job's agents (agent_liveness.go;
+	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
 	// PeerTier: restore from the other nodes' local tiers (agent_peertier.go).
@@ -200,9 +206,20 @@ const (
 	tierSub    = "committed" // the local tier (dirs.go)
 )
 
-// mkdirIn creates the directory name below r unless it exists; an
+// heartbeats is what the job's heartbeats (ranks.Heartbeats) need of c.
+func (c *Config) heartbeats() ranks.HeartbeatEnv {
+	l := c.Liveness
+	l.Store, l.RunID, l.Log = c.Store, c.RunID, c.Log
+	rank := -1
+	if k, err := ParseNodeRank(strings.TrimPrefix(c.Node, "node-")); err == nil && c.Node != "" {
+		rank = k
+	}
+	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
+}
+
+// MkdirIn creates the directory name below r unless it exists; an
 // existing entry that is not a directory (a symlink, say) is refused.
-func mkdirIn(r *os.Root, name string) error {
+func MkdirIn(r *os.Root, name string) error {
 	err := r.Mkdir(name, 0o700)
 	if err == nil || !errors.Is(err, fs.ErrExist) {
 		return err

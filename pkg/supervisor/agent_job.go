@@ -38,17 +38,8 @@ func ParseNodeRank(s string) (int, error) {
 	return k, nil
 }
 
-// jobPart is the part a node agent's run commits, from the hello that
-// starts it: "" unless the trainer is one node of several.
-func jobPart(m protocol.Message) string {
-	if m.NodeRank == nil || *m.NodeRank < 0 || !multiNode(m) {
-		return ""
-	}
-	return NodePart(*m.NodeRank)
-}
-
-// multiNode reports whether a hello comes from one node of several.
-func multiNode(m protocol.Message) bool {
+// MultiNode reports whether a hello comes from one node of several.
+func MultiNode(m protocol.Message) bool {
 	return (m.Nodes != nil && *m.Nodes > 1) ||
 		(m.WorldSize != nil && m.LocalWorldSize != nil && *m.WorldSize > *m.LocalWorldSize)
 }

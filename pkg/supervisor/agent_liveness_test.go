@@ -14,6 +14,7 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 )
 
 // startSilentPeerJob is node 0 of a two-node job (launcherJob) with the
@@ -73,7 +74,7 @@ func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)
 			lc := liveness.Config{Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond}
 			ar := startAgent(t, func(c *Config) { c.Node, c.Liveness, c.Log = NodePart(0), lc, zap.New(core) })
-			lost := filepath.Join(filepath.Dir(ar.cfg.Server.Path), peerLostFile)
+			lost := filepath.Join(filepath.Dir(ar.cfg.Server.Path), ranks.PeerLostFile)
 			target := filepath.Join(shortDir(t), "target")
 			if planted {
 				mustWrite(t, target, "mine")

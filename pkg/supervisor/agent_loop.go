@@ -19,6 +19,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -45,11 +48,11 @@ type Agent struct {
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
-	ranks   rankWatch            // the child's ranks, and a lost peer (agent_peers.go)
-	live    heartbeats           // heartbeats of the job's nodes (agent_liveness.go)
+	ranks   ranks.Watch          // the child's ranks, and a lost peer (pkg/supervisor/ranks)
+	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
-	src     checkpointSource     // where checkpoints come from (source.go): the protocol, or zero-code mode
-	asks    <-chan chan<- Status // a node agent's status requests for this run (node.go); nil: none
+	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
+	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
 	done    bool                 // loop ends
 }
 
@@ -67,7 +70,7 @@ type committedCheckpoint struct {
 // interruption or shutdown, and so does spotagent run (see exitCodeFor).
 // Orchestrators restart on it: a Kubernetes Job's podFailurePolicy Ignores
 // it, systemd's Restart=on-failure restarts it.
-const ExitInterrupted = 75
+const ExitInterrupted = ranks.ExitInterrupted
 
 // Run restores, starts the trainer and supervises it until it exits (or,
 // without a child, until a shutdown completes). It returns the exit code the
@@ -120,7 +123,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if cfg.Server.Log == nil {
 		cfg.Server.Log = cfg.Log
 	}
-	srv, stopServe, err := serveSocket(cfg.Server)
+	srv, stopServe, err := ServeSocket(cfg.Server)
 	if err != nil {
 		a.abort()
 		return 1, err
@@ -136,7 +139,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		})
 	}
 	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
-	a.src.start()
+	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
@@ -156,12 +159,12 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.atStart(a.sess.journal) // agent_promise.go
+	a.commits.promise.AtStart(a.sess.journal) // pkg/supervisor/promise
 	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
-	a.live.stop() // agent_liveness.go
+	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.close() // what the trainer left in its group goes now
 	if a.boot.aborted != nil {
@@ -192,7 +195,7 @@ func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	go func() {
 		defer a.bg.Done()
 		defer func() {
-			if err := recovered(a.log, recover()); err != nil && fail != nil {
+			if err := Recovered(a.log, recover()); err != nil && fail != nil {
 				fail(err)
 			}
 		}()
@@ -200,9 +203,9 @@ func (a *Agent) goBgFail(fn func(), fail func(error)) {
 	}()
 }
 
-// recovered logs p, a recovered panic (nil: none), with its stack and
+// Recovered logs p, a recovered panic (nil: none), with its stack and
 // returns it as an error.
-func recovered(log *zap.Logger, p any) error {
+func Recovered(log *zap.Logger, p any) error {
 	if p == nil {
 		return nil
 	}
@@ -217,9 +220,9 @@ func socketInUse(err error) error {
 	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
 }
 
-// serveSocket listens and serves the socket until the returned stop is
+// ServeSocket listens and serves the socket until the returned stop is
 // called; stop returns once Serve has.
-func serveSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
+func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
 	if errors.Is(err, protocol.ErrSocketInUse) {
 		return nil, nil, socketInUse(err)
@@ -249,10 +252,10 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.commits.lastBlock = a.sess.started
-	a.commits.promise.cfg = &a.cfg
+	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
-	a.ranks.env = rankEnv{part: a.job.crashRecords(), store: cfg.Store, node: cfg.Node, session: a.sess.id, started: a.sess.started,
-		killAfter: cfg.KillAfter, life: life, goBg: a.goBgFail, log: cfg.Log, metrics: cfg.Metrics}
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
+		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path})
 	a.commits.committer = &checkpoint.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go
@@ -261,11 +264,11 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.src, a.stops.src = src, src
-	if !src.asks() {
+	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
 	if err := a.dirs.open(&a.cfg); err != nil {
-		a.src.close()
+		a.src.Close()
 		endLife()
 		return nil, err
 	}
@@ -294,7 +297,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.cfg.overlapRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.resume, err = a.src.restore(ctx); err != nil {
+	if a.boot.resume, err = a.src.Restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
@@ -309,9 +312,9 @@ func (a *Agent) startChild() error {
 	}
 	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(exitFileEnv); p != "" {
-		os.Remove(p) // the ranks' first answer decides (agent_peers.go): none may be left from before
+		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
-	a.ranks.reset()
+	a.ranks.Reset()
 	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
@@ -363,19 +366,19 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onFenced() // agent_fence.go
 		case r := <-a.commits.results:
 			a.onCommitResult(r)
-			a.src.committed(r)
-		case work := <-a.src.ready():
+			a.src.Committed(source.Result{ID: r.req.id, Res: r.res, Err: r.err})
+		case work := <-a.src.Ready():
 			work()
-		case res := <-a.ranks.lookupDone():
-			a.proc.exitCode = a.ranks.onLookup(res) // agent_peers.go
+		case res := <-a.ranks.LookupDone():
+			a.proc.exitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
 		case <-a.proc.done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
-		case s := <-a.live.silent(): // agent_liveness.go
-			if a.ranks.onPeerSilent(s, &a.cfg, a.proc.running(), a.stops.current != nil) {
+		case s := <-a.live.Silent(): // pkg/supervisor/ranks
+			if a.ranks.OnPeerSilent(s, a.proc.running(), a.stops.current != nil) {
 				a.proc.stop(a.life, a.goBg)
 			}
 		case <-timer.C:
@@ -399,9 +402,9 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	earlier(a.proc.restartAt)
 	earlier(a.boot.abandonAt)
-	earlier(a.src.wake())
-	if a.ranks.pending(a.proc.running(), a.stops.current != nil) { // agent_peers.go
-		earlier(now.Add(rankPoll))
+	earlier(a.src.Wake())
+	if a.ranks.Pending(a.proc.running(), a.stops.current != nil) { // pkg/supervisor/ranks
+		earlier(now.Add(ranks.Poll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
@@ -426,10 +429,10 @@ func (a *Agent) tick(now time.Time) {
 		}
 		a.checkDone()
 	}
-	if a.ranks.tick(now, a.proc.running(), a.stops.current != nil) {
+	if a.ranks.Tick(now, a.proc.running(), a.stops.current != nil) {
 		a.proc.stop(a.life, a.goBg)
-	} // agent_peers.go
-	a.src.tick(now)
+	} // pkg/supervisor/ranks
+	a.src.Tick(now)
 	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
@@ -474,10 +477,10 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.ranks.lookup != nil {
-		return // the exit code waits for the crash-record lookup (agent_peers.go)
+	if a.ranks.Looking() {
+		return // the exit code waits for the crash-record lookup (pkg/supervisor/ranks)
 	}
-	if a.src.busy(time.Now()) {
+	if a.src.Busy(time.Now()) {
 		return
 	}
 	if len(a.commits.uploads) > 0 {
@@ -520,7 +523,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.peerLost():
+	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.gone = true
 	default:
@@ -534,7 +537,7 @@ func (a *Agent) restart() {
 	a.proc.close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
-	r, err := a.src.restore(ctx)
+	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
@@ -633,7 +636,7 @@ func (a *Agent) release() {
 			u.req.held.Close()
 		}
 	}
-	a.src.close()
+	a.src.Close()
 	a.dirs.close()
 }
 
@@ -641,7 +644,7 @@ func (a *Agent) release() {
 // connected while the child it speaks for is not running (exited, or
 // waiting to restart): then nobody can answer a request.
 func (a *Agent) trainers() int {
-	if !a.src.asks() {
+	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
 	if a.cfg.Signal != 0 && a.proc.done == nil {

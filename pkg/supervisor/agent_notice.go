@@ -36,7 +36,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.boot.forget(c.ID())                                                                                        // agent_restore.go
-		a.ranks.connEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // agent_peers.go
+		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // pkg/supervisor/ranks
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
@@ -80,9 +80,9 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
 	a.log.Info("trainer connected", fields...)
-	a.job.hello(m, &a.conns, a.log)                          // job_policy.go
-	a.ranks.hello(m, a.proc.running())                       // agent_peers.go
-	a.live.start(m, &a.cfg, a.job.part(), a.sess.id, a.life) // agent_liveness.go
+	a.job.hello(m, &a.conns, a.log)                                      // job_policy.go
+	a.ranks.Hello(m, a.proc.running())                                   // pkg/supervisor/ranks
+	a.live.Start(m, a.cfg.heartbeats(), a.job.part(), a.sess.id, a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
 		s.told = true
@@ -185,7 +185,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	a.stops.current = s
 	reqDeadline := a.cfg.requestDeadline(a.commits.last.bytes, deadline, now)
-	if a.src.stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
+	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
 	if a.conns.finished() {

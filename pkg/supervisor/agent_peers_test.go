@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,8 +15,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 )
 
 // launcherJob is a stand-in for torchrun under the agent: a shell that
@@ -142,7 +141,7 @@ func TestAgent_LostPeerThatCrashedIsNo75(t *testing.T) {
 			j := startLauncherJob(t, func(c *Config) { c.Node = NodePart(0) })
 			if crashed {
 				rec := `{"node":"node-1","session":"x"}`
-				if err := j.ar.store.Put(context.Background(), crashDir+"node-1-x.json", strings.NewReader(rec), int64(len(rec)), cloud.PutOptions{}); err != nil {
+				if err := j.ar.store.Put(context.Background(), ranks.CrashDir+"node-1-x.json", strings.NewReader(rec), int64(len(rec)), cloud.PutOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -152,8 +151,8 @@ func TestAgent_LostPeerThatCrashedIsNo75(t *testing.T) {
 			if want := map[bool]bool{false: true, true: false}[crashed]; (code == ExitInterrupted) != want {
 				t.Fatalf("exit code %d (crash record of node-1: %v)", code, crashed)
 			}
-			if took < peerCrashSettle-time.Second {
-				t.Errorf("decided %s after the ranks' exit, before the other nodes' crash records could land (%s)", took, peerCrashSettle)
+			if took < ranks.PeerCrashSettle-time.Second {
+				t.Errorf("decided %s after the ranks' exit, before the other nodes' crash records could land (%s)", took, ranks.PeerCrashSettle)
 			}
 		})
 	}
@@ -166,11 +165,11 @@ func TestAgent_CrashIsRecordedForTheOtherNodes(t *testing.T) {
 	j.end(t, 1, "75")
 	j.exits(t)
 	var keys []string
-	j.ar.store.List(context.Background(), crashDir, func(o cloud.ObjectInfo) error {
+	j.ar.store.List(context.Background(), ranks.CrashDir, func(o cloud.ObjectInfo) error {
 		keys = append(keys, o.Key)
 		return nil
 	})
-	if len(keys) != 1 || !strings.HasPrefix(keys[0], crashDir+"node-1-") {
+	if len(keys) != 1 || !strings.HasPrefix(keys[0], ranks.CrashDir+"node-1-") {
 		t.Fatalf("crash records %v, want one of node-1", keys)
 	}
 }
@@ -209,36 +208,5 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("reading a FIFO at the exit file's path blocked")
-	}
-}
-
-// TestPeerCrashed_BesideTheLoop (issue 35 item 2): the lookup for another
-// node's crash record ends with its context, settle or not (the agent's
-// end cancels it), and finds another node's record of this session's
-// time, never this node's own.
-func TestPeerCrashed_BesideTheLoop(t *testing.T) {
-	st, err := file.New(filepath.Join(shortDir(t), "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	if _, err := peerCrashed(ctx, st, "node-0", time.Now(), time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled lookup: %v, want context.Canceled", err)
-	}
-	since := time.Now()
-	put := func(key string) {
-		t.Helper()
-		if err := st.Put(t.Context(), key, strings.NewReader("{}"), 2, cloud.PutOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put(crashDir + "node-0-s1.json") // this node's own
-	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != "" {
-		t.Fatalf("own record only: %q, %v; want none", key, err)
-	}
-	put(crashDir + "node-1-s2.json")
-	if key, err := peerCrashed(t.Context(), st, "node-0", since, time.Now()); err != nil || key != crashDir+"node-1-s2.json" {
-		t.Fatalf("another node's record: %q, %v", key, err)
 	}
 }

@@ -326,8 +326,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("upload", res.Upload)
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
-	a.commits.promise.note(r, res, u.start, now, a.src.asks()) // agent_promise.go
-	pr := a.commits.promise.p
+	a.commits.promise.Note(r.reason, r.sent, r.pipe != nil, res, u.start, now, a.src.Asks()) // pkg/supervisor/promise
+	pr := a.commits.promise.Promise()
 	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
 		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}

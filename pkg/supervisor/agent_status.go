@@ -6,6 +6,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 // Status is what `spotagent status` prints: the reply to a status message.
@@ -27,8 +28,8 @@ type Status struct {
 	Stopping       string            `json:"stopping,omitempty"` // reason, while an interruption runs
 	Step           int64             `json:"step"`               // newest progress reported
 	// NoticePromise: whether a notice checkpoint commits within each
-	// cloud's notice, from the newest measurements (agent_promise.go).
-	NoticePromise *PromiseStatus `json:"notice_promise,omitempty"`
+	// cloud's notice, from the newest measurements (pkg/supervisor/promise).
+	NoticePromise *promise.Status `json:"notice_promise,omitempty"`
 }
 
 // NodeStatus is a node agent's reply to a status message from a
@@ -70,7 +71,7 @@ func (a *Agent) status() Status {
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
 		Started: a.sess.started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
 		Uploading: len(a.commits.uploads), Pending: len(a.commits.pending), NoticesSeen: a.stops.noticesSeen, LastNotice: a.stops.lastNotice,
-		Step: a.commits.lastStep, NoticePromise: a.commits.promise.status(),
+		Step: a.commits.lastStep, NoticePromise: a.commits.promise.Status(),
 	}
 	if a.proc.c != nil {
 		st.Child = &ChildStatus{PID: a.proc.c.PID(), Running: a.proc.done != nil, Restarts: a.proc.restarts}

@@ -24,6 +24,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -95,14 +96,14 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 func TestWatch_PruneOffLoop(t *testing.T) {
 	out := t.TempDir()
 	entered, release := make(chan struct{}, 16), make(chan struct{})
-	testHookWatchPrune = func() {
+	source.TestHookPrune = func() {
 		select {
 		case entered <- struct{}{}:
 		default:
 		}
 		<-release
 	}
-	t.Cleanup(func() { testHookWatchPrune = nil })
+	t.Cleanup(func() { source.TestHookPrune = nil })
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.FenceInterval = -1

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 )
 
 // commits is the checkpoints of this session: the requests the trainers
@@ -22,7 +23,7 @@ type commits struct {
 	blocked   float64   // seconds blocked in checkpoints this session (goodput)
 	lastStep  int64
 	interval  time.Duration
-	promise   promiseState // the notice checkpoint's prediction (agent_promise.go)
+	promise   promise.State // the notice checkpoint's prediction (pkg/supervisor/promise)
 }
 
 // lease is this session's lease: the run's, or in part mode the node's;

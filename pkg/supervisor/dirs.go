@@ -147,7 +147,7 @@ func (dd *localDirs) open(cfg *Config) error {
 		d.area, err = checkpoint.OpenDir(root, name)
 	}
 	if err == nil {
-		err = mkdirIn(d.area, restoreSub)
+		err = MkdirIn(d.area, restoreSub)
 	}
 	if err != nil {
 		root.Close()
@@ -281,7 +281,7 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts check
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may
 	// have swapped the directory since the last one.
-	if err := mkdirIn(d.area, restoreSub); err != nil {
+	if err := MkdirIn(d.area, restoreSub); err != nil {
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	dest, err := checkpoint.OpenDir(d.area, restoreSub)

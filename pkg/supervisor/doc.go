@@ -1,7 +1,11 @@
 // Package supervisor is the agent: the loop that asks for checkpoints and
-// commits them, reacts to notices and supervises the trainer, and node
-// mode. The wire protocol (types, the socket server, the Go client) is
-// pkg/protocol; the trainer process and its group guard are
+// commits them, reacts to notices and supervises the trainer. Node mode,
+// which hosts one agent per run (RunHosted), is pkg/supervisor/nodemode;
+// the checkpoint sources' interface and zero-code mode are
+// pkg/supervisor/source, the ranks' watch and the heartbeats
+// pkg/supervisor/ranks, the notice checkpoint's promise
+// pkg/supervisor/promise. The wire protocol (types, the socket server, the
+// Go client) is pkg/protocol; the trainer process and its group guard are
 // internal/child.
 //
 // A checkpoint goes request → settle → upload → committed or failed. The

@@ -94,7 +94,7 @@ func (singleNode) pipeline(ctx context.Context, c *checkpoint.Committer, held *o
 // this agent was not told its node rank: its commits would then be whole
 // checkpoints made of one node's files.
 func (singleNode) hello(m protocol.Message, t *trainerConns, log *zap.Logger) {
-	if t.warnedTopology || !multiNode(m) {
+	if t.warnedTopology || !MultiNode(m) {
 		return
 	}
 	t.warnedTopology = true

@@ -94,8 +94,7 @@ func (la *lifecycleAgent) wait(t *testing.T) int {
 
 // TestLifecycle_NoGoroutineLeftBehind starts and stops agents many times,
 // in every mode and with a stop in the middle of a commit, and then finds
-// no goroutine that any of them started still running: Run (and RunNode)
-// return only once everything they started has finished.
+// no goroutine that any of them started still running: Run returns only once everything they started has finished.
 func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	cycles := map[string]func(t *testing.T){
@@ -165,51 +164,6 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			la.wait(t)
 			tr.c.Close()
 		},
-		"NodeCancel": func(t *testing.T) {
-			cfg, sock := lifecycleNode(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- RunNode(ctx, cfg, nil) }()
-			tr := dialTrainer(t, sock)
-			tr.helloRun("r1")
-			tr.expect(protocol.TypeWelcome)
-			cancel() // stops the run at once; RunNode returns once it is done
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("RunNode: %v", err)
-				}
-			case <-time.After(2 * testWait):
-				t.Fatal("RunNode did not return after its ctx ended")
-			}
-			tr.c.Close()
-		},
-		"Node": func(t *testing.T) {
-			cfg, sock := lifecycleNode(t)
-			sigs := make(chan os.Signal, 2)
-			done := make(chan error, 1)
-			go func() { done <- RunNode(context.Background(), cfg, sigs) }()
-			stranger := dialTrainer(t, sock) // answered in the background (SendNoWait)
-			stranger.send(protocol.Message{Type: protocol.TypeDone, ID: "x"})
-			stranger.expect(protocol.TypeError)
-			stranger.c.Close()
-			tr := dialTrainer(t, sock)
-			tr.helloRun("r1")
-			tr.expect(protocol.TypeWelcome)
-			sigs <- syscall.SIGTERM
-			tr.save(tr.expect(protocol.TypeCheckpoint), 3, "w")
-			tr.expect(protocol.TypeCommitted)
-			tr.expect(protocol.TypeStop)
-			tr.c.Close()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("RunNode: %v", err)
-				}
-			case <-time.After(2 * testWait):
-				t.Fatal("RunNode did not return")
-			}
-		},
 	}
 	for round := 0; round < 3; round++ {
 		for name, cycle := range cycles {
@@ -217,20 +171,4 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 		}
 	}
 	goleak.VerifyNone(t, ignore)
-}
-
-// lifecycleNode is a node agent's config with file stores under a fresh
-// dir, and its socket.
-func lifecycleNode(t *testing.T) (NodeConfig, string) {
-	dir := shortDir(t)
-	sock := filepath.Join(dir, "node.sock")
-	return NodeConfig{
-		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
-		Source: &fakeSource{ch: make(chan metadata.Notice)}, Log: zap.NewNop(),
-		Server: protocol.ServerConfig{Path: sock, Identify: func(int, int) string { return "uid:test" }},
-		OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
-			return file.New(strings.TrimPrefix(uri, "file://"))
-		},
-		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second, FenceInterval: 20 * time.Millisecond},
-	}, sock
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
 // stopSequence is the notices and signals this session got, and the stop
@@ -29,7 +31,7 @@ type stopSequence struct {
 	conns   *trainerConns
 	sess    *session
 	commits *commits
-	src     checkpointSource
+	src     source.Source
 }
 
 // lateNoticeGrace is the deadline given to a termination notice whose own
@@ -49,6 +51,12 @@ type stopState struct {
 	joined   bool // the notice reached another node of the job (agent_job.go)
 	record   checkpoint.Interruption
 }
+
+// The stop as its checkpoint source sees it (source.Stop).
+func (s *stopState) Reason() string                   { return s.reason }
+func (s *stopState) Notice() metadata.Notice          { return s.notice }
+func (s *stopState) Record() *checkpoint.Interruption { return &s.record }
+func (s *stopState) Finished() bool                   { return s.finished }
 
 func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()
@@ -107,8 +115,8 @@ func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
 
 // recordLostSteps records the steps past committed that the trainer
 // reached, as the checkpoint source counts them.
-func (s *stopState) recordLostSteps(src checkpointSource, committed int64, now time.Time) {
-	reached, from := src.reached(now)
+func (s *stopState) recordLostSteps(src source.Source, committed int64, now time.Time) {
+	reached, from := src.Reached(now)
 	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
 }
 
@@ -194,11 +202,11 @@ func (q *stopSequence) finish(s *stopState) {
 // the stop's checkpoint committed and its ranks were told to stop
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
-// (agent_peers.go).
-func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWatch) int {
+// (pkg/supervisor/ranks).
+func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.Watch) int {
 	s := q.current
 	if s == nil {
-		return w.peerLossExit(code) // agent_peers.go: 75 when the ranks lost a peer
+		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
@@ -230,8 +238,8 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *rankWa
 		// committed and every rank was told to stop: run me again.
 		q.cfg.Log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
-	case code == 1 && w.env.part:
-		return w.stopLauncherExit(code) // agent_interrupted.go (#37 item 4)
+	case code == 1 && w.Part():
+		return w.StopLauncherExit(code) // pkg/supervisor/ranks (#37 item 4)
 	}
 	return code
 }

@@ -290,19 +290,11 @@ func (w *Watcher) Retry(name string) {
 // full inotify table: the watch cannot be added) every scan, every
 // Rescan, walks everything, as the watcher always did.
 func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
-	fsw, err := fsnotify.NewWatcher()
+	fsw, evOK := w.watchDir()
 	var events chan fsnotify.Event
 	var errs chan error
-	evOK := false
-	if err != nil {
-		w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
-	} else {
+	if fsw != nil {
 		defer fsw.Close()
-		if err := fsw.Add(w.cfg.Dir); err != nil {
-			w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
-		} else {
-			evOK = true
-		}
 		events, errs = fsw.Events, fsw.Errors
 	}
 	w.mu.Lock()
@@ -359,23 +351,12 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 			// anyway, and walking a checkpoint being written at every
 			// event would cost a core.
 			w.event(ev)
-			settle := time.NewTimer(eventSettle)
-		gather:
-			for {
-				select {
-				case <-ctx.Done():
-					settle.Stop()
-					return
-				case <-settle.C:
-					break gather
-				case ev, ok := <-events:
-					if !ok {
-						events, evOK = nil, false
-						settle.Stop()
-						break gather
-					}
-					w.event(ev)
-				}
+			open, live := w.settle(ctx, events)
+			if !live {
+				return
+			}
+			if !open {
+				events, evOK = nil, false
 			}
 		case err, ok := <-errs:
 			if !ok {
@@ -386,6 +367,40 @@ func (w *Watcher) Run(ctx context.Context, out chan<- *Checkpoint) {
 				}
 				w.log.Warn("filesystem events: relying on the periodic scan", zap.Error(err))
 			}
+		}
+	}
+}
+
+// watchDir starts filesystem events on DIR; ok false: none, DIR is
+// scanned periodically only (fsw, when not nil, still needs closing).
+func (w *Watcher) watchDir() (fsw *fsnotify.Watcher, ok bool) {
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		fsw = nil
+	} else if err = fsw.Add(w.cfg.Dir); err == nil {
+		return fsw, true
+	}
+	w.log.Warn("filesystem events unavailable: scanning periodically only", zap.Error(err), zap.Duration("rescan", w.cfg.Rescan))
+	return fsw, false
+}
+
+// settle gathers the events of a burst for eventSettle, so that a burst of
+// writes is one scan. open false: events closed meanwhile; live false: ctx
+// ended.
+func (w *Watcher) settle(ctx context.Context, events <-chan fsnotify.Event) (open, live bool) {
+	t := time.NewTimer(eventSettle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return true, false
+		case <-t.C:
+			return true, true
+		case ev, ok := <-events:
+			if !ok {
+				return false, true
+			}
+			w.event(ev)
 		}
 	}
 }

@@ -12,6 +12,11 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
+
+	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 // benchDistributed (issue 15): a job of 2 nodes × 2 ranks on this machine,
@@ -23,7 +28,7 @@ import (
 // committed" (the job-wide commit). Next to it, the single-node figure:
 // one agent, 2 ranks, same bytes per rank, no --node-rank. Then the
 // client's collective cost per poll (bench/collective_cost.py).
-func benchDistributed(c *config, r *report, s *stores) error {
+func benchDistributed(c *config, r *report.Report, s *benchstore.Stores) error {
 	const perRank = 256 << 20
 	var b strings.Builder
 	fmt.Fprintf(&b, "`spotagent run` per node around the real torchrun (`python/examples/torchrun.py`: torch 1.13's elastic agent, static rendezvous on loopback), ranks running `python/examples/train_ddp.py` (DDP, gloo, CPU) with a %d MiB random payload per rank in each checkpoint (written and fsynced by the rank), MinIO; an AWS spot notice on node 1 only (`--poll-interval 1s`, `spot/instance-action` read every 250 ms); measured: notice exposed → the last agent's \"checkpoint committed\" (for the job: every node's part durable, manifest and latest.json written). %d runs per cell, medians (min–max). All nodes share this machine's 2 cores, its disk and one MinIO: 2 × 2 moves twice the bytes of 1 × 2 through the same machine, so compare it with 1 × 4.\n\n", perRank>>20, c.e2eReps)
@@ -35,29 +40,29 @@ func benchDistributed(c *config, r *report, s *stores) error {
 		{"2 nodes × 2 ranks (parts)", 2, 2}} {
 		var tot, req []float64
 		for rep := range c.e2eReps {
-			uri := fmt.Sprintf("s3://%s/dist-%d-%d-%d", bucket, shape.nodes, shape.ranks, rep)
-			t, q, err := oneDistributed(c, s.minio.env(), uri, shape.nodes, shape.ranks, perRank)
+			uri := fmt.Sprintf("s3://%s/dist-%d-%d-%d", benchstore.Bucket, shape.nodes, shape.ranks, rep)
+			t, q, err := oneDistributed(c, s.MinIO.Env(), uri, shape.nodes, shape.ranks, perRank)
 			if err != nil {
 				return fmt.Errorf("distributed %s: %w", shape.label, err)
 			}
-			logf("%s: notice→committed %.2fs (request %.0f ms)", shape.label, t.Seconds(), ms(q))
-			tot, req = append(tot, t.Seconds()), append(req, ms(q))
-			if err := deletePrefix(s.minio.env(), uri); err != nil {
+			logf("%s: notice→committed %.2fs (request %.0f ms)", shape.label, t.Seconds(), stats.MS(q))
+			tot, req = append(tot, t.Seconds()), append(req, stats.MS(q))
+			if err := benchstore.DeletePrefix(s.MinIO.Env(), uri); err != nil {
 				logf("cleanup %s: %v", uri, err)
 			}
-			s.emptyTrash()
+			s.EmptyTrash()
 		}
-		lo, hi := minmax(tot)
-		fmt.Fprintf(&b, "| %s | %d MiB | %.2f (%.2f–%.2f) | %.0f |\n", shape.label, shape.nodes*shape.ranks*perRank>>20, median(tot), lo, hi, median(req))
+		lo, hi := stats.MinMax(tot)
+		fmt.Fprintf(&b, "| %s | %d MiB | %.2f (%.2f–%.2f) | %.0f |\n", shape.label, shape.nodes*shape.ranks*perRank>>20, stats.Median(tot), lo, hi, stats.Median(req))
 	}
-	out, err := exec.Command(torchPython(), "bench/collective_cost.py").Output()
+	out, err := exec.Command(proc.TorchPython(), "bench/collective_cost.py").Output()
 	if err != nil {
 		return fmt.Errorf("bench/collective_cost.py: %w", err)
 	}
 	b.WriteString("\nThe agreement's cost per `poll` (one `all_reduce(MAX)` of two int64 over gloo, local processes, no agent), from `bench/collective_cost.py`:\n\n")
 	b.Write(out)
-	r.add("8. Multi-node: notice → job-wide commit, and the agreement's cost", b.String())
-	r.command("spotagent run --store URI --run-id dist --node-rank K --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/torchrun.py --nnodes 2 --node_rank K --nproc_per_node 2 --master_addr 127.0.0.1 --master_port PORT python/examples/train_ddp.py")
+	r.Add("8. Multi-node: notice → job-wide commit, and the agreement's cost", b.String())
+	r.Command("spotagent run --store URI --run-id dist --node-rank K --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/torchrun.py --nnodes 2 --node_rank K --nproc_per_node 2 --master_addr 127.0.0.1 --master_port PORT python/examples/train_ddp.py")
 	return nil
 }
 
@@ -73,7 +78,7 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 	l.Close()
 	type agent struct {
 		cmd   *exec.Cmd
-		lines <-chan logLine
+		lines <-chan proc.LogLine
 		imds  *fake.AWS
 		done  chan struct{}
 	}
@@ -101,7 +106,7 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 		if nodes > 1 {
 			args = append(args, "--node-rank", strconv.Itoa(k))
 		}
-		args = append(args, "--", torchPython(), "python/examples/torchrun.py", "--nnodes", strconv.Itoa(nodes),
+		args = append(args, "--", proc.TorchPython(), "python/examples/torchrun.py", "--nnodes", strconv.Itoa(nodes),
 			"--node_rank", strconv.Itoa(k), "--nproc_per_node", strconv.Itoa(ranks),
 			"--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port), "python/examples/train_ddp.py")
 		cmd := exec.Command(c.bin, args...)
@@ -116,26 +121,26 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 		if err := cmd.Start(); err != nil {
 			return 0, 0, err
 		}
-		a := &agent{cmd: cmd, lines: readLines(stderr, logFile, 256), imds: imds, done: make(chan struct{})}
+		a := &agent{cmd: cmd, lines: proc.ReadLines(stderr, logFile, 256), imds: imds, done: make(chan struct{})}
 		go func() { cmd.Wait(); close(a.done) }()
 		agents = append(agents, a)
 	}
 	timeout := time.After(5 * time.Minute)
-	wait := func(a *agent, msg string, n int) (logLine, error) {
+	wait := func(a *agent, msg string, n int) (proc.LogLine, error) {
 		seen := 0
 		for {
 			select {
 			case l, ok := <-a.lines:
 				if !ok {
-					return logLine{}, fmt.Errorf("agent exited before %q", msg)
+					return proc.LogLine{}, fmt.Errorf("agent exited before %q", msg)
 				}
-				if l.msg() == msg {
+				if l.Msg() == msg {
 					if seen++; seen == n {
 						return l, nil
 					}
 				}
 			case <-timeout:
-				return logLine{}, fmt.Errorf("timed out waiting for %q", msg)
+				return proc.LogLine{}, fmt.Errorf("timed out waiting for %q", msg)
 			}
 		}
 	}
@@ -157,8 +162,8 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 		if err != nil {
 			return 0, 0, err
 		}
-		if com.at.After(end) {
-			end = com.at
+		if com.At.After(end) {
+			end = com.At
 		}
 	}
 	for _, a := range agents {
@@ -167,5 +172,5 @@ func oneDistributed(c *config, env []string, uri string, nodes, ranks int, perRa
 			}
 		}()
 	}
-	return end.Sub(exposed), reqLine.at.Sub(exposed), nil
+	return end.Sub(exposed), reqLine.At.Sub(exposed), nil
 }

@@ -13,6 +13,11 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
+
+	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 type e2eRun struct {
@@ -24,7 +29,7 @@ type e2eRun struct {
 // N-byte random payload per checkpoint, a fake AWS spot notice part-way;
 // notice exposed → "checkpoint committed" read from the agent's json log.
 // The 1 GiB runs also give the agent's peak RSS (VmHWM) during the upload.
-func benchE2E(c *config, r *report, s *stores) error {
+func benchE2E(c *config, r *report.Report, s *benchstore.Stores) error {
 	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
 	if err != nil {
 		return err
@@ -41,8 +46,8 @@ func benchE2E(c *config, r *report, s *stores) error {
 	type storeSpec struct{ name, label, uri string }
 	storesList := []storeSpec{
 		{"file", "file (local disk)", "file://" + filepath.Join(c.work, "e2e-store")},
-		{"s3", "S3 (MinIO)", "s3://" + bucket + "/e2e"},
-		{"gcs", "GCS (fake-gcs-server)", "gs://" + bucket + "/e2e"},
+		{"s3", "S3 (MinIO)", "s3://" + benchstore.Bucket + "/e2e"},
+		{"gcs", "GCS (fake-gcs-server)", "gs://" + benchstore.Bucket + "/e2e"},
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "`spotagent run` (AWS fake, `--poll-interval 1s`; `spot/instance-action` read every 250 ms, the default `--aws-spot-poll-interval`) with `python/examples/train.py --save-bytes N` (a random payload in each checkpoint, written and fsynced by Python); a spot `terminate` notice is exposed at a random phase ~1–2 s after the trainer connects; measured: notice exposed → the agent's \"checkpoint committed\" log line. %d runs per cell, medians (min–max). Breakdown (medians): *notice → request* is the poll phase, *trainer save* is Python writing the checkpoint, *commit* is the agent's upload + manifest + latest.json (its own `total` field). Peak RSS is the agent's VmHWM (not the trainer's) read when the commit is logged.\n\n", c.e2eReps)
@@ -50,9 +55,9 @@ func benchE2E(c *config, r *report, s *stores) error {
 	var peakMax int64
 	peakWhere := ""
 	for _, st := range storesList {
-		env := s.minio.env()
+		env := s.MinIO.Env()
 		if st.name == "gcs" {
-			env = s.gcsEnv()
+			env = s.GCSEnv()
 		}
 		for _, sz := range sizes {
 			var runs []e2eRun
@@ -63,17 +68,17 @@ func benchE2E(c *config, r *report, s *stores) error {
 					return fmt.Errorf("e2e %s %s: %w", st.name, sz.label, err)
 				}
 				logf("%-4s %-7s notice→committed %.2fs (request %.0f ms, trainer %.2fs, commit %.2fs), agent peak RSS %d MiB",
-					st.name, sz.label, res.total.Seconds(), ms(res.toRequest), res.trainer.Seconds(), res.commit.Seconds(), res.peakKiB/1024)
+					st.name, sz.label, res.total.Seconds(), stats.MS(res.toRequest), res.trainer.Seconds(), res.commit.Seconds(), res.peakKiB/1024)
 				runs = append(runs, res)
 				if sz.n == 1<<30 && res.peakKiB > peakMax {
 					peakMax, peakWhere = res.peakKiB, st.label
 				}
 				if st.name == "file" {
 					os.RemoveAll(strings.TrimPrefix(uri, "file://"))
-				} else if err := deletePrefix(env, uri); err != nil {
+				} else if err := benchstore.DeletePrefix(env, uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
 				}
-				s.emptyTrash()
+				s.EmptyTrash()
 			}
 			get := func(f func(e2eRun) float64) []float64 {
 				var xs []float64
@@ -83,21 +88,21 @@ func benchE2E(c *config, r *report, s *stores) error {
 				return xs
 			}
 			tot := get(func(x e2eRun) float64 { return x.total.Seconds() })
-			lo, hi := minmax(tot)
-			commit := median(get(func(x e2eRun) float64 { return x.commit.Seconds() }))
-			fmt.Fprintf(&b, "| %s | %s | %.2f (%.2f–%.2f) | %.0f | %.2f | %.2f | %.0f | %.0f |\n", st.label, sz.label, median(tot), lo, hi,
-				median(get(func(x e2eRun) float64 { return ms(x.toRequest) })),
-				median(get(func(x e2eRun) float64 { return x.trainer.Seconds() })), commit,
+			lo, hi := stats.MinMax(tot)
+			commit := stats.Median(get(func(x e2eRun) float64 { return x.commit.Seconds() }))
+			fmt.Fprintf(&b, "| %s | %s | %.2f (%.2f–%.2f) | %.0f | %.2f | %.2f | %.0f | %.0f |\n", st.label, sz.label, stats.Median(tot), lo, hi,
+				stats.Median(get(func(x e2eRun) float64 { return stats.MS(x.toRequest) })),
+				stats.Median(get(func(x e2eRun) float64 { return x.trainer.Seconds() })), commit,
 				float64(sz.n)/commit/1e6,
 				slicesMax(get(func(x e2eRun) float64 { return float64(x.peakKiB) / 1024 })))
 		}
 	}
-	r.add("4. Notice → checkpoint committed, end to end", b.String())
-	r.command("spotagent run --store URI --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/train.py --steps 10000000 --step-time 0.01 --save-bytes N")
+	r.Add("4. Notice → checkpoint committed, end to end", b.String())
+	r.Command("spotagent run --store URI --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s --interval 1h --log-format json -- python3 python/examples/train.py --steps 10000000 --step-time 0.01 --save-bytes N")
 	if peakMax > 0 {
 		mib := float64(peakMax) / 1024
-		r.target(target{name: "agent peak RSS during a 1 GiB upload", want: "≤ 200 MB", got: fmt.Sprintf("%.0f MiB = %.0f MB (max over stores: %s)", mib, float64(peakMax)*1024/1e6, peakWhere),
-			met: float64(peakMax)*1024 <= 200e6, margin: fmt.Sprintf("%+.0f MB", 200-float64(peakMax)*1024/1e6)})
+		r.Target(report.Target{Name: "agent peak RSS during a 1 GiB upload", Want: "≤ 200 MB", Got: fmt.Sprintf("%.0f MiB = %.0f MB (max over stores: %s)", mib, float64(peakMax)*1024/1e6, peakWhere),
+			Met: float64(peakMax)*1024 <= 200e6, Margin: fmt.Sprintf("%+.0f MB", 200-float64(peakMax)*1024/1e6)})
 	}
 	return nil
 }
@@ -125,7 +130,7 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 	if err := cmd.Start(); err != nil {
 		return e2eRun{}, err
 	}
-	lines := readLines(stderr, logFile, 256)
+	lines := proc.ReadLines(stderr, logFile, 256)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	defer func() {
@@ -141,18 +146,18 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 		return e2eRun{}, fmt.Errorf("%w (log %s)", err, logPath)
 	}
 	timeout := time.After(5 * time.Minute)
-	wait := func(msg string) (logLine, error) {
+	wait := func(msg string) (proc.LogLine, error) {
 		for {
 			select {
 			case l, ok := <-lines:
 				if !ok {
-					return logLine{}, fmt.Errorf("agent exited before %q", msg)
+					return proc.LogLine{}, fmt.Errorf("agent exited before %q", msg)
 				}
-				if l.msg() == msg {
+				if l.Msg() == msg {
 					return l, nil
 				}
 			case <-timeout:
-				return logLine{}, fmt.Errorf("timed out waiting for %q", msg)
+				return proc.LogLine{}, fmt.Errorf("timed out waiting for %q", msg)
 			}
 		}
 	}
@@ -169,15 +174,15 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 	if err != nil {
 		return fail(err)
 	}
-	peak := vmKiB(cmd.Process.Pid, "VmHWM")
-	res := e2eRun{total: com.at.Sub(exposed), toRequest: req.at.Sub(exposed), peakKiB: peak}
-	if v, ok := com.raw["total"].(float64); ok {
+	peak := proc.VMKiB(cmd.Process.Pid, "VmHWM")
+	res := e2eRun{total: com.At.Sub(exposed), toRequest: req.At.Sub(exposed), peakKiB: peak}
+	if v, ok := com.Raw["total"].(float64); ok {
 		res.commit = time.Duration(v * float64(time.Second))
 	}
-	if v, ok := com.raw["upload"].(float64); ok {
+	if v, ok := com.Raw["upload"].(float64); ok {
 		res.upload = time.Duration(v * float64(time.Second))
 	}
-	res.trainer = com.at.Sub(req.at) - res.commit
+	res.trainer = com.At.Sub(req.At) - res.commit
 	// Drain the rest so the agent never blocks on a full pipe.
 	go func() {
 		for range lines {
@@ -185,41 +190,6 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 	}()
 	return res, nil
 }
-
-// vmKiB reads a Vm* field (kB) of /proc/PID/status.
-func vmKiB(pid int, field string) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			f := strings.Fields(v)
-			if len(f) > 0 {
-				n, _ := strconv.ParseInt(f[0], 10, 64)
-				return n
-			}
-		}
-	}
-	return 0
-}
-
-// cpuTicks is utime+stime of /proc/PID/stat, in clock ticks.
-func cpuTicks(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	f := strings.Fields(s[i+2:])
-	// after "pid (comm) ": state is f[0]; utime is field 14 → f[11], stime f[12].
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st, nil
-}
-
-const clkTck = 100 // sysconf(_SC_CLK_TCK) on Linux
 
 // idleSample is one process's figures over one idle window.
 type idleSample struct {
@@ -234,7 +204,7 @@ type idleSample struct {
 // with fresh processes; the table shows medians over the runs. With
 // c.baselineBin the same processes of that binary run beside them, polling
 // the same fake (before/after on one machine at one time).
-func benchIdle(c *config, r *report) error {
+func benchIdle(c *config, r *report.Report) error {
 	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
 	if err != nil {
 		return err
@@ -254,7 +224,7 @@ func benchIdle(c *config, r *report) error {
 	staged := make([]string, len(bins))
 	for i, b := range bins {
 		var err error
-		if staged[i], err = stageBinary(filepath.Join(c.work, "idle-bin", b.label), b.path); err != nil {
+		if staged[i], err = proc.StageBinary(filepath.Join(c.work, "idle-bin", b.label), b.path); err != nil {
 			return err
 		}
 	}
@@ -267,7 +237,7 @@ func benchIdle(c *config, r *report) error {
 	var window time.Duration
 	for run := range c.idleRuns {
 		for _, p := range staged {
-			if err := dropCached(p); err != nil {
+			if err := proc.DropCached(p); err != nil {
 				return err
 			}
 		}
@@ -301,69 +271,27 @@ func benchIdle(c *config, r *report) error {
 				}
 				return out
 			}
-			cpu := median(get(func(x idleSample) float64 { return x.cpu }))
-			rss := median(get(func(x idleSample) float64 { return x.rssMedian }))
-			_, hi := minmax(get(func(x idleSample) float64 { return x.rssMax }))
-			_, hwm := minmax(get(func(x idleSample) float64 { return x.hwm }))
-			anon := median(get(func(x idleSample) float64 { return x.anon }))
-			file := median(get(func(x idleSample) float64 { return x.file }))
+			cpu := stats.Median(get(func(x idleSample) float64 { return x.cpu }))
+			rss := stats.Median(get(func(x idleSample) float64 { return x.rssMedian }))
+			_, hi := stats.MinMax(get(func(x idleSample) float64 { return x.rssMax }))
+			_, hwm := stats.MinMax(get(func(x idleSample) float64 { return x.hwm }))
+			anon := stats.Median(get(func(x idleSample) float64 { return x.anon }))
+			file := stats.Median(get(func(x idleSample) float64 { return x.file }))
 			fmt.Fprintf(&b, "| %s | %s | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bin.label, name, cpu, rss, hi, hwm, anon, file, size)
 			logf("%s, %s: CPU %.2f %%, RSS %.1f MiB (anon %.1f, file %.1f), medians of %d", bin.label, name, cpu, rss, anon, file, len(xs))
 			if bi == 0 && pi == 0 {
 				mb := rss * (1 << 20) / 1e6
-				r.target(target{name: "idle RSS (agent, polling AWS at 1 s)", want: fmt.Sprintf("median of %d runs ≤ 28 MB", c.idleRuns),
-					got: fmt.Sprintf("%.1f MiB = %.1f MB (RssAnon %.1f + RssFile %.1f MiB; max %.1f MiB)", rss, mb, anon, file, hi),
-					met: mb <= 28, margin: fmt.Sprintf("%+.1f MB", 28-mb)})
-				r.target(target{name: "idle CPU (agent)", want: "≤ 0.5 % of one core", got: fmt.Sprintf("%.2f %%", cpu), met: cpu <= 0.5, margin: fmt.Sprintf("%+.2f points", 0.5-cpu)})
+				r.Target(report.Target{Name: "idle RSS (agent, polling AWS at 1 s)", Want: fmt.Sprintf("median of %d runs ≤ 28 MB", c.idleRuns),
+					Got: fmt.Sprintf("%.1f MiB = %.1f MB (RssAnon %.1f + RssFile %.1f MiB; max %.1f MiB)", rss, mb, anon, file, hi),
+					Met: mb <= 28, Margin: fmt.Sprintf("%+.1f MB", 28-mb)})
+				r.Target(report.Target{Name: "idle CPU (agent)", Want: "≤ 0.5 % of one core", Got: fmt.Sprintf("%.2f %%", cpu), Met: cpu <= 0.5, Margin: fmt.Sprintf("%+.2f points", 0.5-cpu)})
 			}
 		}
 	}
-	r.add("5. Footprint while idle-polling", b.String())
-	r.command("spotagent run --store file:///TMP/store --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s -- sleep 100000   # sampled via /proc/PID")
-	r.command("spotagent watch --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s")
-	r.command("SPOTBENCH_ONLY=footprint SPOTBENCH_BASELINE_BIN=OLD_BINARY make bench   # this section alone, an older build beside this one")
-	return nil
-}
-
-// stageBinary copies the binary at src to dir/spotagent (fsynced) and
-// returns the copy's path.
-func stageBinary(dir, src string) (string, error) {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	dst := filepath.Join(dir, "spotagent")
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		return "", err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return "", err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return "", err
-	}
-	return dst, f.Close()
-}
-
-// dropCached drops the file's clean pages from the page cache
-// (posix_fadvise POSIX_FADV_DONTNEED), so that the next exec reads it from
-// disk.
-func dropCached(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	const fadvDontneed = 4
-	if _, _, e := syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, fadvDontneed, 0, 0); e != 0 {
-		return fmt.Errorf("fadvise %s: %w", path, e)
-	}
+	r.Add("5. Footprint while idle-polling", b.String())
+	r.Command("spotagent run --store file:///TMP/store --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s -- sleep 100000   # sampled via /proc/PID")
+	r.Command("spotagent watch --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT --poll-interval 1s")
+	r.Command("SPOTBENCH_ONLY=footprint SPOTBENCH_BASELINE_BIN=OLD_BINARY make bench   # this section alone, an older build beside this one")
 	return nil
 }
 
@@ -374,11 +302,11 @@ func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]i
 	dir := filepath.Join(c.work, fmt.Sprintf("idle-%d", run))
 	os.RemoveAll(dir)
 	os.MkdirAll(dir, 0o700)
-	type proc struct {
+	type idleProc struct {
 		key [2]int
 		cmd *exec.Cmd
 	}
-	var procs []proc
+	var procs []idleProc
 	defer func() {
 		for _, p := range procs {
 			p.cmd.Process.Signal(syscall.SIGTERM)
@@ -408,7 +336,7 @@ func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]i
 			if err := cmd.Start(); err != nil {
 				return nil, 0, 0, err
 			}
-			procs = append(procs, proc{[2]int{bi, pi}, cmd})
+			procs = append(procs, idleProc{[2]int{bi, pi}, cmd})
 		}
 	}
 	time.Sleep(5 * time.Second) // start-up is not idle
@@ -416,7 +344,7 @@ func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]i
 	t0 := make([]int64, len(procs))
 	for i, p := range procs {
 		var err error
-		if t0[i], err = cpuTicks(p.cmd.Process.Pid); err != nil {
+		if t0[i], err = proc.CPUTicks(p.cmd.Process.Pid); err != nil {
 			return nil, 0, 0, err
 		}
 	}
@@ -425,25 +353,25 @@ func idleRun(c *config, imds *fake.AWS, bin, baseline string, run int) (map[[2]i
 	for time.Since(start) < c.idle {
 		time.Sleep(time.Second)
 		for i, p := range procs {
-			rss[i] = append(rss[i], float64(vmKiB(p.cmd.Process.Pid, "VmRSS"))/1024)
+			rss[i] = append(rss[i], float64(proc.VMKiB(p.cmd.Process.Pid, "VmRSS"))/1024)
 		}
 	}
 	el := time.Since(start)
 	out := map[[2]int]idleSample{}
 	for i, p := range procs {
 		pid := p.cmd.Process.Pid
-		t1, err := cpuTicks(pid)
+		t1, err := proc.CPUTicks(pid)
 		if err != nil {
 			return nil, 0, 0, err
 		}
-		_, hi := minmax(rss[i])
-		out[p.key] = idleSample{cpu: float64(t1-t0[i]) / clkTck / el.Seconds() * 100, rssMedian: median(rss[i]), rssMax: hi,
-			hwm: float64(vmKiB(pid, "VmHWM")) / 1024, anon: float64(vmKiB(pid, "RssAnon")) / 1024, file: float64(vmKiB(pid, "RssFile")) / 1024}
+		_, hi := stats.MinMax(rss[i])
+		out[p.key] = idleSample{cpu: float64(t1-t0[i]) / proc.ClkTck / el.Seconds() * 100, rssMedian: stats.Median(rss[i]), rssMax: hi,
+			hwm: float64(proc.VMKiB(pid, "VmHWM")) / 1024, anon: float64(proc.VMKiB(pid, "RssAnon")) / 1024, file: float64(proc.VMKiB(pid, "RssFile")) / 1024}
 	}
 	return out, imds.Requests() - reqs0, el, nil
 }
 
-func benchSimulate(c *config, r *report) error {
+func benchSimulate(c *config, r *report.Report) error {
 	start := time.Now()
 	cmd := exec.Command(c.bin, "simulate", "--grid")
 	var progress strings.Builder
@@ -452,7 +380,7 @@ func benchSimulate(c *config, r *report) error {
 	if err != nil {
 		return fmt.Errorf("simulate --grid: %w: %s", err, progress.String())
 	}
-	r.add("6. Checkpoint frequency: `spotagent simulate --grid`", fmt.Sprintf("Verbatim output (took %s):\n\n%s\n", time.Since(start).Round(time.Second), strings.TrimSpace(string(out))))
-	r.command("spotagent simulate --grid")
+	r.Add("6. Checkpoint frequency: `spotagent simulate --grid`", fmt.Sprintf("Verbatim output (took %s):\n\n%s\n", time.Since(start).Round(time.Second), strings.TrimSpace(string(out))))
+	r.Command("spotagent simulate --grid")
 	return nil
 }

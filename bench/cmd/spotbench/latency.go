@@ -16,6 +16,9 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 	"github.com/spotagent/spotagent/pkg/protocol"
+
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 // A notice source fake plus how to expose one termination notice and
@@ -84,7 +87,7 @@ func latencyClouds() ([]latencyCloud, error) {
 // message read on the trainer's socket. An interruption ends the agent, so
 // every notice is a fresh run: start-up is not measured, the agent's
 // steady state is.
-func benchLatency(c *config, r *report) error {
+func benchLatency(c *config, r *report.Report) error {
 	clouds, err := latencyClouds()
 	if err != nil {
 		return err
@@ -105,30 +108,30 @@ func benchLatency(c *config, r *report) error {
 			if err != nil {
 				return fmt.Errorf("latency %s #%d: %w", cl.name, i, err)
 			}
-			lat = append(lat, ms(d))
+			lat = append(lat, stats.MS(d))
 			if in >= 0 {
-				internal = append(internal, ms(in))
+				internal = append(internal, stats.MS(in))
 			}
 		}
-		lo, hi := minmax(lat)
-		p99 := pct(lat, 0.99)
-		fmt.Fprintf(&body, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", cl.name, len(lat), median(lat), pct(lat, 0.9), p99, hi, lo, median(internal))
-		logf("%s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", cl.name, median(lat), p99, hi)
-		limit := ms(c.pollInterval) + 50
+		lo, hi := stats.MinMax(lat)
+		p99 := stats.Pct(lat, 0.99)
+		fmt.Fprintf(&body, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", cl.name, len(lat), stats.Median(lat), stats.Pct(lat, 0.9), p99, hi, lo, stats.Median(internal))
+		logf("%s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", cl.name, stats.Median(lat), p99, hi)
+		limit := stats.MS(c.pollInterval) + 50
 		want := fmt.Sprintf("p99 ≤ %.0f ms (poll interval + 50 ms)", limit)
 		switch cl.name {
 		case "gcp":
 			limit, want = 100, "p99 ≤ 100 ms"
 		case "aws":
-			limit = ms(awsSpotPoll) + 50
+			limit = stats.MS(awsSpotPoll) + 50
 			want = fmt.Sprintf("p99 ≤ %.0f ms (spot poll interval + 50 ms)", limit)
 		}
-		r.target(target{name: "notice → `checkpoint` message, " + cl.name, want: want, got: fmt.Sprintf("p99 %.1f ms (p50 %.1f)", p99, median(lat)),
-			met: p99 <= limit, margin: fmt.Sprintf("%+.1f ms", limit-p99)})
+		r.Target(report.Target{Name: "notice → `checkpoint` message, " + cl.name, Want: want, Got: fmt.Sprintf("p99 %.1f ms (p50 %.1f)", p99, stats.Median(lat)),
+			Met: p99 <= limit, Margin: fmt.Sprintf("%+.1f ms", limit-p99)})
 	}
 	body.WriteString("\nThe last column is the agent's own view (the notice's `detected` field → the \"checkpoint requested\" log line): the rest of the latency is the poll phase.\n")
-	r.add("1. Notice → `checkpoint` message latency", body.String())
-	r.command("spotagent sidecar --store file:///TMP/store --socket TMP/agent.sock --interval 1h --poll-interval 1s --log-format json --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT   # (gcp: --gcp-metadata-host, azure: --azure-metadata-endpoint); fakes from pkg/metadata/fake in the bench process")
+	r.Add("1. Notice → `checkpoint` message latency", body.String())
+	r.Command("spotagent sidecar --store file:///TMP/store --socket TMP/agent.sock --interval 1h --poll-interval 1s --log-format json --cloud aws --aws-imds-endpoint http://127.0.0.1:PORT   # (gcp: --gcp-metadata-host, azure: --azure-metadata-endpoint); fakes from pkg/metadata/fake in the bench process")
 	return nil
 }
 

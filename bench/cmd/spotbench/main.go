@@ -30,6 +30,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/report"
 )
 
 type config struct {
@@ -56,9 +59,9 @@ func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "commit":
-			os.Exit(cmdCommit(os.Args[2:]))
+			os.Exit(benchstore.Commit(os.Args[2:]))
 		case "gcs-server":
-			os.Exit(cmdGCSServer(os.Args[2:]))
+			os.Exit(benchstore.ServeGCS(os.Args[2:]))
 		}
 	}
 	var c config
@@ -115,13 +118,13 @@ func main() {
 	if os.Getenv("SPOTBENCH_KEEP_WORK") == "" { // set: keep the logs (and data) for a post-mortem
 		defer os.RemoveAll(c.work)
 	}
-	r := newReport(&c)
+	r := report.New(c.bin, c.minio)
 	start := time.Now()
 	if c.only["latency"] {
 		step("notice → checkpoint latency")
 		must(benchLatency(&c, r))
 	}
-	var env *stores
+	var env *benchstore.Stores
 	if c.baselineBin != "" {
 		if c.baselineBin, err = filepath.Abs(c.baselineBin); err != nil {
 			fatal(err)
@@ -129,8 +132,9 @@ func main() {
 	}
 	if c.only["transfer"] || c.only["e2e"] || c.only["pipeline"] || c.only["distributed"] {
 		step("starting MinIO and fake-gcs-server")
-		env, err = startStores(&c)
+		env, err = benchstore.Start(c.minio, c.work, c.self)
 		must(err)
+		logf("minio %s (data %s), minio --no-compat %s, fake-gcs-server %s", env.MinIO.URL, env.MinIO.Data, env.Lean.URL, env.GCSHost)
 		defer env.Close()
 		atFatal = append(atFatal, env.Close) // fatal exits without running defers
 	}
@@ -143,7 +147,7 @@ func main() {
 		must(benchE2E(&c, r, env))
 	}
 	if env != nil {
-		env.stopGCS() // only transfer and e2e use it
+		env.StopGCS() // only transfer and e2e use it
 		logf("fake-gcs-server stopped (the later sections use MinIO)")
 	}
 	if c.only["footprint"] {
@@ -180,36 +184,12 @@ func main() {
 		step("restore from a peer: node 1 replaced")
 		must(benchPeer(&c, r))
 	}
-	r.took = time.Since(start)
+	r.Took = time.Since(start)
 	text := r.Markdown()
 	if err := os.WriteFile(c.out, []byte(text), 0o644); err != nil {
 		fatal(err)
 	}
 	fmt.Println()
 	fmt.Print(text)
-	fmt.Fprintf(os.Stderr, "spotbench: wrote %s in %s\n", c.out, r.took.Round(time.Second))
-}
-
-func step(s string) { fmt.Fprintf(os.Stderr, "== %s  %s\n", time.Now().Format("15:04:05"), s) }
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "   "+format+"\n", args...)
-}
-
-func must(err error) {
-	if err != nil {
-		fatal(err)
-	}
-}
-
-// atFatal is run by fatal before it exits: servers must not outlive a
-// failed run (a second run's MinIO on the same data dir corrupts both).
-var atFatal []func()
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "spotbench:", err)
-	for _, f := range atFatal {
-		f()
-	}
-	os.Exit(1)
+	fmt.Fprintf(os.Stderr, "spotbench: wrote %s in %s\n", c.out, r.Took.Round(time.Second))
 }

@@ -16,6 +16,10 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 // overlapTrainer boots in BOOT seconds (a sleep: what importing torch,
@@ -50,7 +54,7 @@ type overlapRun struct {
 // and a trainer that boots in B s (B ≈ the restore time), serial
 // (--restore-serial: restore, then start the trainer) vs overlapped (the
 // default: start it at once, restore meanwhile).
-func benchOverlap(c *config, r *report) error {
+func benchOverlap(c *config, r *report.Report) error {
 	work := filepath.Join(c.work, "overlap")
 	os.RemoveAll(work)
 	defer os.RemoveAll(work)
@@ -116,17 +120,17 @@ func benchOverlap(c *config, r *report) error {
 		runs []overlapRun
 	}{{"serial", serial}, {"overlapped", overlapped}} {
 		t := col(m.runs, tot)
-		lo, hi := minmax(t)
-		rs := median(col(m.runs, rst))
-		fmt.Fprintf(&b, "| %s | %.2f (%.2f–%.2f) | %.2f | %.1f | %.2f | %.2f |\n", m.name, median(t), lo, hi, rs, boot, max(rs, boot), rs+boot)
+		lo, hi := stats.MinMax(t)
+		rs := stats.Median(col(m.runs, rst))
+		fmt.Fprintf(&b, "| %s | %.2f (%.2f–%.2f) | %.2f | %.1f | %.2f | %.2f |\n", m.name, stats.Median(t), lo, hi, rs, boot, max(rs, boot), rs+boot)
 	}
-	r.add(fmt.Sprintf("Restore overlapped with the trainer's start (%g GiB)", c.overlapGiB), b.String())
-	r.command("spotagent run [--restore-serial] --store file://DIR --cloud none --interval 1h --log-format json -- python3 trainer.py B")
-	got := median(col(overlapped, tot))
-	bound := 1.1 * max(median(col(overlapped, rst)), boot)
-	r.target(target{name: fmt.Sprintf("agent start → first resumed step, %g GiB, trainer boot B = %.1f s", c.overlapGiB, boot),
-		want: "overlapped ≤ 1.1 × max(restore, B)", got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", got, bound, median(col(serial, tot))),
-		met: got <= bound, margin: fmt.Sprintf("%+.2f s", bound-got)})
+	r.Add(fmt.Sprintf("Restore overlapped with the trainer's start (%g GiB)", c.overlapGiB), b.String())
+	r.Command("spotagent run [--restore-serial] --store file://DIR --cloud none --interval 1h --log-format json -- python3 trainer.py B")
+	got := stats.Median(col(overlapped, tot))
+	bound := 1.1 * max(stats.Median(col(overlapped, rst)), boot)
+	r.Target(report.Target{Name: fmt.Sprintf("agent start → first resumed step, %g GiB, trainer boot B = %.1f s", c.overlapGiB, boot),
+		Want: "overlapped ≤ 1.1 × max(restore, B)", Got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", got, bound, stats.Median(col(serial, tot))),
+		Met: got <= bound, Margin: fmt.Sprintf("%+.2f s", bound-got)})
 	return nil
 }
 
@@ -194,7 +198,7 @@ func oneOverlap(c *config, work, storeDir, script string, n int, serial bool, bo
 	t0 := time.Now()
 	err := cmd.Run()
 	if err != nil {
-		return overlapRun{}, fmt.Errorf("spotagent run: %w\n%s", err, tail(out.String(), 3000))
+		return overlapRun{}, fmt.Errorf("spotagent run: %w\n%s", err, proc.Tail(out.String(), 3000))
 	}
 	var res overlapRun
 	first, took := false, false
@@ -228,14 +232,7 @@ func oneOverlap(c *config, work, storeDir, script string, n int, serial bool, bo
 		}
 	}
 	if !first || !took {
-		return res, fmt.Errorf("no first step or restore time in the output:\n%s", tail(out.String(), 3000))
+		return res, fmt.Errorf("no first step or restore time in the output:\n%s", proc.Tail(out.String(), 3000))
 	}
 	return res, nil
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[len(s)-n:]
 }

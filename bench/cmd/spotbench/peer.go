@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
@@ -44,7 +47,7 @@ type peerRun1 struct {
 	peerBytes  int64
 }
 
-func benchPeer(c *config, r *report) error {
+func benchPeer(c *config, r *report.Report) error {
 	work := filepath.Join(c.work, "peer")
 	os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o700); err != nil {
@@ -121,7 +124,7 @@ func benchPeer(c *config, r *report) error {
 		}
 		tcps = append(tcps, t)
 	}
-	tcp := median(tcps)
+	tcp := stats.Median(tcps)
 	var b strings.Builder
 	fmt.Fprintf(&b, "Two `spotagent sidecar --node-rank K` agents (each its own checkpoint directory; the ranks played over the real protocol by spotbench) commit one checkpoint of %d MiB per node to an in-process S3 (gofakes3 on loopback): each of the 2 ranks per node saves a replica file of %d MiB (the same bytes on every rank, as data-parallel weights are) and a shard of %d MiB of its own. Both machines are lost (SIGKILL); node 0 comes back on its machine (restores from its local tier, then serves it); node 1 comes back on an empty machine, each run a fresh directory. Measured on node 1: agent started → its \"restored checkpoint\" line, and the bytes it read from the store and from node 0 (the agent's own counts, the ones the journal keeps). *store*: node 1 without `--peer-restore` (everything from the store); *peer*: with it (node 0 offers its own part: node 1's replica files); *peer, --replicas 1*: node 0 also offers the copy of node 1's part it kept after the commit (the seeding job ran with `--replicas 1`), so node 1's shards come from it too. %d runs per mode (store and peer alternating), medians (min–max). Everything shares this machine's cores and loopback: the times say little about two real hosts, the bytes are what the peer tier saves. \n\n",
 		c.peerMiB, replica>>20, shard>>20, len(store))
@@ -134,14 +137,14 @@ func benchPeer(c *config, r *report) error {
 		for _, x := range m.runs {
 			t, sb, pb = append(t, x.took), append(sb, float64(x.storeBytes)), append(pb, float64(x.peerBytes))
 		}
-		lo, hi := minmax(t)
-		fmt.Fprintf(&b, "| %s | %.2f (%.2f–%.2f) | %.1f MiB | %.1f MiB |\n", m.name, median(t), lo, hi, median(sb)/(1<<20), median(pb)/(1<<20))
+		lo, hi := stats.MinMax(t)
+		fmt.Fprintf(&b, "| %s | %.2f (%.2f–%.2f) | %.1f MiB | %.1f MiB |\n", m.name, stats.Median(t), lo, hi, stats.Median(sb)/(1<<20), stats.Median(pb)/(1<<20))
 	}
-	lo, hi := minmax(stream)
+	lo, hi := stats.MinMax(stream)
 	fmt.Fprintf(&b, "\nOne peer transfer (pkg/checkpoint/peertier's client asking node 0's agent for one %d MiB replica file, signed, into a reader that discards it; %d runs): %.0f MiB/s (%.0f–%.0f); one plain TCP stream on the same loopback, the same bytes from memory, median of 3: %.0f MiB/s. Both share 2 cores with the agents and whatever else runs (see the load average): compare them within one run only.\n",
-		replica>>20, len(stream), median(stream), lo, hi, tcp)
-	r.add(fmt.Sprintf("Restore from a peer: node 1 replaced, %d MiB per node", c.peerMiB), b.String())
-	r.command("spotagent sidecar --store URI --run-id bench-peer --node-rank K --checkpoint-dir DIR --cloud none --interval 1h --log-format json [--peer-restore --peer-listen 127.0.0.1:0 --peer-advertise 127.0.0.1 [--replicas 1]]")
+		replica>>20, len(stream), stats.Median(stream), lo, hi, tcp)
+	r.Add(fmt.Sprintf("Restore from a peer: node 1 replaced, %d MiB per node", c.peerMiB), b.String())
+	r.Command("spotagent sidecar --store URI --run-id bench-peer --node-rank K --checkpoint-dir DIR --cloud none --interval 1h --log-format json [--peer-restore --peer-listen 127.0.0.1:0 --peer-advertise 127.0.0.1 [--replicas 1]]")
 	var ps, ss, rs []float64
 	for _, x := range peer {
 		ps = append(ps, float64(x.storeBytes))
@@ -153,15 +156,15 @@ func benchPeer(c *config, r *report) error {
 		ss = append(ss, float64(x.storeBytes))
 	}
 	part := float64(peerRanks * (replica + shard))
-	got := median(ps)
-	r.target(target{name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, replicas on node 0", c.peerMiB),
-		want: "≤ one part without replication", got: fmt.Sprintf("%.1f MiB (store only: %.1f MiB)", got/(1<<20), median(ss)/(1<<20)),
-		met: got <= part, margin: fmt.Sprintf("%.1f MiB", (part-got)/(1<<20))})
-	r.target(target{name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, --replicas 1", c.peerMiB),
-		want: "0 with replication", got: fmt.Sprintf("%.1f MiB", median(rs)/(1<<20)), met: median(rs) == 0, margin: fmt.Sprintf("%.1f MiB over", median(rs)/(1<<20))})
-	r.target(target{name: fmt.Sprintf("one peer transfer (%d MiB file) against one TCP stream, loopback", replica>>20),
-		want: "≥ 0.9 × the TCP stream", got: fmt.Sprintf("%.0f MiB/s (TCP %.0f MiB/s)", median(stream), tcp),
-		met: median(stream) >= 0.9*tcp, margin: fmt.Sprintf("%.2f×", median(stream)/tcp)})
+	got := stats.Median(ps)
+	r.Target(report.Target{Name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, replicas on node 0", c.peerMiB),
+		Want: "≤ one part without replication", Got: fmt.Sprintf("%.1f MiB (store only: %.1f MiB)", got/(1<<20), stats.Median(ss)/(1<<20)),
+		Met: got <= part, Margin: fmt.Sprintf("%.1f MiB", (part-got)/(1<<20))})
+	r.Target(report.Target{Name: fmt.Sprintf("bytes from the store per recovery of node 1, %d MiB part, --replicas 1", c.peerMiB),
+		Want: "0 with replication", Got: fmt.Sprintf("%.1f MiB", stats.Median(rs)/(1<<20)), Met: stats.Median(rs) == 0, Margin: fmt.Sprintf("%.1f MiB over", stats.Median(rs)/(1<<20))})
+	r.Target(report.Target{Name: fmt.Sprintf("one peer transfer (%d MiB file) against one TCP stream, loopback", replica>>20),
+		Want: "≥ 0.9 × the TCP stream", Got: fmt.Sprintf("%.0f MiB/s (TCP %.0f MiB/s)", stats.Median(stream), tcp),
+		Met: stats.Median(stream) >= 0.9*tcp, Margin: fmt.Sprintf("%.2f×", stats.Median(stream)/tcp)})
 	return nil
 }
 
@@ -230,8 +233,8 @@ func startNode0(c *config, env []string, uri, work string, replicas bool) (*peer
 	if err != nil {
 		return nil, err
 	}
-	if _, err := n0.waitMsg("peer tier: serving this node's local copies", time.Minute, func(l logLine) bool {
-		h, _ := l.raw["holds"].([]any)
+	if _, err := n0.waitMsg("peer tier: serving this node's local copies", time.Minute, func(l proc.LogLine) bool {
+		h, _ := l.Raw["holds"].([]any)
 		return len(h) > 0
 	}); err != nil {
 		n0.stop()
@@ -243,7 +246,7 @@ func startNode0(c *config, env []string, uri, work string, replicas bool) (*peer
 // peerAgent is one running sidecar and its output.
 type peerAgent struct {
 	cmd   *exec.Cmd
-	lines <-chan logLine
+	lines <-chan proc.LogLine
 	log   *os.File
 	start time.Time
 }
@@ -267,7 +270,7 @@ func startPeerAgent(c *config, env []string, uri, work, ckpt string, k int, with
 	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	a := &peerAgent{cmd: cmd, log: logFile, lines: readLines(pr, logFile, 1024), start: time.Now()}
+	a := &peerAgent{cmd: cmd, log: logFile, lines: proc.ReadLines(pr, logFile, 1024), start: time.Now()}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -276,19 +279,19 @@ func startPeerAgent(c *config, env []string, uri, work, ckpt string, k int, with
 }
 
 // waitMsg waits for the agent's log line msg for which match (nil: any) holds.
-func (a *peerAgent) waitMsg(msg string, timeout time.Duration, match func(logLine) bool) (logLine, error) {
+func (a *peerAgent) waitMsg(msg string, timeout time.Duration, match func(proc.LogLine) bool) (proc.LogLine, error) {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case l, ok := <-a.lines:
 			if !ok {
-				return logLine{}, fmt.Errorf("agent exited before %q (log %s)", msg, a.log.Name())
+				return proc.LogLine{}, fmt.Errorf("agent exited before %q (log %s)", msg, a.log.Name())
 			}
-			if l.msg() == msg && (match == nil || match(l)) {
+			if l.Msg() == msg && (match == nil || match(l)) {
 				return l, nil
 			}
 		case <-deadline:
-			return logLine{}, fmt.Errorf("no %q within %s (log %s)", msg, timeout, a.log.Name())
+			return proc.LogLine{}, fmt.Errorf("no %q within %s (log %s)", msg, timeout, a.log.Name())
 		}
 	}
 }
@@ -362,11 +365,11 @@ func onePeerRestore(c *config, env []string, uri, work string, n int, withPeer b
 	if err != nil {
 		return peerRun1{}, err
 	}
-	num := func(k string) int64 { f, _ := l.raw[k].(float64); return int64(f) }
+	num := func(k string) int64 { f, _ := l.Raw[k].(float64); return int64(f) }
 	if step := num("step"); step != peerStep {
 		return peerRun1{}, fmt.Errorf("node 1 restored step %d, want %d", step, peerStep)
 	}
-	return peerRun1{took: l.at.Sub(a.start).Seconds(), storeBytes: num("store_bytes"), peerBytes: num("peer_bytes")}, nil
+	return peerRun1{took: l.At.Sub(a.start).Seconds(), storeBytes: num("store_bytes"), peerBytes: num("peer_bytes")}, nil
 }
 
 // benchRank is one rank of the seeding job, over the real protocol.
@@ -390,7 +393,7 @@ func dialBenchRank(ctx context.Context, sock string, rank, world, perNode int) (
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
 	if _, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}); err != nil {
+		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}}); err != nil {
 		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
 	r := &benchRank{rank: rank, c: c, msgs: make(chan protocol.Message, 64)}

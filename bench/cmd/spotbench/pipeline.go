@@ -16,6 +16,11 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
+
+	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 // pipelineTrainer is the PyTorch trainer of the pipeline section: GIB GiB
@@ -106,7 +111,7 @@ var benchLine = regexp.MustCompile(`^bench: request (\S+) (\S+) blocked ([\d.]+)
 // with spotagent.torch.save + `saved` (pipelined), side by side, on MinIO:
 // two periodic checkpoints (the second reuses the first's staging
 // buffers, as every later one does), then a spot notice.
-func benchPipeline(c *config, r *report, s *stores) error {
+func benchPipeline(c *config, r *report.Report, s *benchstore.Stores) error {
 	imds, err := fake.StartAWS("127.0.0.1:0", fake.AWSOptions{})
 	if err != nil {
 		return err
@@ -120,7 +125,7 @@ func benchPipeline(c *config, r *report, s *stores) error {
 	if err := os.WriteFile(script, []byte("REPO = "+strconv.Quote(repo)+"\n"+pipelineTrainer), 0o644); err != nil {
 		return err
 	}
-	py := torchPython()
+	py := proc.TorchPython()
 	var sizes []float64
 	for _, f := range strings.Split(c.pipelineGiB, ",") {
 		g, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -152,7 +157,7 @@ func benchPipeline(c *config, r *report, s *stores) error {
 		for _, mode := range []string{"serial", "pipelined"} {
 			var runs []pipeRun
 			for rep := range c.e2eReps {
-				uri := fmt.Sprintf("s3://%s/pipe-%s-%g-%d", bucket, mode, gib, rep)
+				uri := fmt.Sprintf("s3://%s/pipe-%s-%g-%d", benchstore.Bucket, mode, gib, rep)
 				res, err := onePipeline(c, imds, srv, uri, py, script, mode, gib, files)
 				if err != nil {
 					return fmt.Errorf("pipeline %s %g GiB: %w", mode, gib, err)
@@ -160,10 +165,10 @@ func benchPipeline(c *config, r *report, s *stores) error {
 				logf("%-9s %g GiB notice→committed %.2fs (request %.2fs, write %.2fs, upload %.2fs), blocked first %.3fs steady %.3fs interruption %.3fs, steps/s idle %.1f bg %.1f, agent peak RSS %d MiB, CPU s trainer %.2f agent %.2f store %.2f",
 					mode, gib, res.total.Seconds(), res.toRequest.Seconds(), res.written, res.upload.Seconds(), res.coldBlocked, res.periodicBlocked, res.blocked, res.idleRate, res.bgRate, res.peakKiB/1024, res.cpuTrainer, res.cpuAgent, res.cpuStore)
 				runs = append(runs, res)
-				if err := deletePrefix(srv.env(), uri); err != nil {
+				if err := benchstore.DeletePrefix(srv.Env(), uri); err != nil {
 					logf("cleanup %s: %v", uri, err)
 				}
-				s.emptyTrash()
+				s.EmptyTrash()
 			}
 			m := medianPipe(runs)
 			med[mode] = m
@@ -178,25 +183,25 @@ func benchPipeline(c *config, r *report, s *stores) error {
 		ser, pip := med["serial"], med["pipelined"]
 		fits = append(fits, fmt.Sprintf("from %s, serial %.1f GiB, pipelined %.1f GiB", label, 30*gib/ser.total.Seconds(), 30*gib/pip.total.Seconds()))
 		bound := 1.15 * max(ser.written, ser.upload.Seconds())
-		r.target(target{name: fmt.Sprintf("notice → committed, %s, pipelined", label), want: "≤ 1.15 × max(write, upload)",
-			got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", pip.total.Seconds(), bound, ser.total.Seconds()),
-			met: pip.total.Seconds() <= bound, margin: fmt.Sprintf("%+.2f s", bound-pip.total.Seconds())})
+		r.Target(report.Target{Name: fmt.Sprintf("notice → committed, %s, pipelined", label), Want: "≤ 1.15 × max(write, upload)",
+			Got: fmt.Sprintf("%.2f s (bound %.2f s; serial %.2f s)", pip.total.Seconds(), bound, ser.total.Seconds()),
+			Met: pip.total.Seconds() <= bound, Margin: fmt.Sprintf("%+.2f s", bound-pip.total.Seconds())})
 		perGiB := pip.periodicBlocked / gib
 		limit := 0.25 // issue 16; issue 30 asks 0.1 of the 8 GiB checkpoint
 		if gib >= 8 {
 			limit = 0.1
 		}
-		r.target(target{name: fmt.Sprintf("training blocked per periodic checkpoint, %s", label), want: fmt.Sprintf("≤ %g s/GiB", limit),
-			got: fmt.Sprintf("%.3f s/GiB (serial %.3f s/GiB)", perGiB, ser.periodicBlocked/gib), met: perGiB <= limit, margin: fmt.Sprintf("%+.3f s/GiB", limit-perGiB)})
+		r.Target(report.Target{Name: fmt.Sprintf("training blocked per periodic checkpoint, %s", label), Want: fmt.Sprintf("≤ %g s/GiB", limit),
+			Got: fmt.Sprintf("%.3f s/GiB (serial %.3f s/GiB)", perGiB, ser.periodicBlocked/gib), Met: perGiB <= limit, Margin: fmt.Sprintf("%+.3f s/GiB", limit-perGiB)})
 		peak := max(ser.peakKiB, pip.peakKiB)
 		mb := float64(peak) * 1024 / 1e6
-		r.target(target{name: fmt.Sprintf("agent peak RSS, %s", label), want: "≤ 200 MB", got: fmt.Sprintf("%.0f MB", mb), met: mb <= 200, margin: fmt.Sprintf("%+.0f MB", 200-mb)})
+		r.Target(report.Target{Name: fmt.Sprintf("agent peak RSS, %s", label), Want: "≤ 200 MB", Got: fmt.Sprintf("%.0f MB", mb), Met: mb <= 200, Margin: fmt.Sprintf("%+.0f MB", 200-mb)})
 	}
 	if len(fits) > 0 {
 		fmt.Fprintf(&b, "\nLargest checkpoint that commits within a GCP-style 30 s notice here, at each size's measured notice → committed rate (linear: fixed costs are small against these sizes): %s.\n", strings.Join(fits, "; "))
 	}
-	r.add("7. Pipelined commit and non-blocking save (issue 16)", b.String())
-	r.command("SPOTBENCH_ONLY=pipeline make bench   # this section alone; SPOTBENCH_PIPELINE_GIB=1,4,8")
+	r.Add("7. Pipelined commit and non-blocking save (issue 16)", b.String())
+	r.Command("SPOTBENCH_ONLY=pipeline make bench   # this section alone; SPOTBENCH_PIPELINE_GIB=1,4,8")
 	return nil
 }
 
@@ -206,7 +211,7 @@ func medianPipe(runs []pipeRun) pipeRun {
 		for _, x := range runs {
 			xs = append(xs, f(x))
 		}
-		return median(xs)
+		return stats.Median(xs)
 	}
 	var peak int64
 	for _, x := range runs {
@@ -231,8 +236,8 @@ func medianPipe(runs []pipeRun) pipeRun {
 	}
 }
 
-func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, mode string, gib float64, files int) (pipeRun, error) {
-	env := srv.env()
+func onePipeline(c *config, imds *fake.AWS, srv *benchstore.MinIO, uri, py, script, mode string, gib float64, files int) (pipeRun, error) {
+	env := srv.Env()
 	imds.ClearTermination()
 	dir := filepath.Join(c.work, "pipe")
 	os.RemoveAll(dir)
@@ -258,7 +263,7 @@ func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, m
 	if err := cmd.Start(); err != nil {
 		return pipeRun{}, err
 	}
-	lines := readLines(out, logFile, 1024)
+	lines := proc.ReadLines(out, logFile, 1024)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	defer func() {
@@ -278,39 +283,42 @@ func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, m
 	trainer := 0 // the trainer's pid, from the agent's log
 	// wait returns the next line match accepts, noting the trainer's
 	// numbers on the way.
-	wait := func(what string, match func(logLine) bool) (logLine, error) {
+	wait := func(what string, match func(proc.LogLine) bool) (proc.LogLine, error) {
 		for {
 			select {
 			case l, ok := <-lines:
 				if !ok {
-					return logLine{}, fmt.Errorf("agent exited before %s", what)
+					return proc.LogLine{}, fmt.Errorf("agent exited before %s", what)
 				}
-				if v, ok := strings.CutPrefix(l.text, "bench: idle_steps_per_s "); ok {
+				if v, ok := strings.CutPrefix(l.Text, "bench: idle_steps_per_s "); ok {
 					res.idleRate, _ = strconv.ParseFloat(v, 64)
 				}
-				if v, ok := l.raw["child_pid"].(float64); ok && l.msg() == "child started" {
+				if v, ok := l.Raw["child_pid"].(float64); ok && l.Msg() == "child started" {
 					trainer = int(v)
 				}
 				if match(l) {
 					return l, nil
 				}
 			case <-timeout:
-				return logLine{}, fmt.Errorf("timed out waiting for %s", what)
+				return proc.LogLine{}, fmt.Errorf("timed out waiting for %s", what)
 			}
 		}
 	}
-	msg := func(m string) func(logLine) bool {
-		return func(l logLine) bool { return l.msg() == m }
+	msg := func(m string) func(proc.LogLine) bool {
+		return func(l proc.LogLine) bool { return l.Msg() == m }
 	}
-	bench := func(reason string) func(logLine) bool {
-		return func(l logLine) bool { m := benchLine.FindStringSubmatch(l.text); return m != nil && m[2] == reason }
+	bench := func(reason string) func(proc.LogLine) bool {
+		return func(l proc.LogLine) bool {
+			m := benchLine.FindStringSubmatch(l.Text)
+			return m != nil && m[2] == reason
+		}
 	}
 	for i, into := range []*float64{&res.coldBlocked, &res.periodicBlocked} {
 		l, err := wait(fmt.Sprintf("periodic checkpoint %d's save", i+1), bench("periodic"))
 		if err != nil {
 			return fail(err)
 		}
-		m := benchLine.FindStringSubmatch(l.text)
+		m := benchLine.FindStringSubmatch(l.Text)
 		*into, _ = strconv.ParseFloat(m[3], 64)
 		if m[5] != "" { // training throughput while this periodic save was written
 			res.bgRate, _ = strconv.ParseFloat(m[5], 64)
@@ -325,43 +333,43 @@ func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, m
 	// drawn as on a real machine (uniform over the poll interval).
 	time.Sleep(time.Second + rand.N(awsSpotPoll))
 	cpu := func() [3]float64 {
-		t, _ := cpuTicks(trainer)
-		a, _ := cpuTicks(cmd.Process.Pid)
-		return [3]float64{float64(t) / clkTck, float64(a) / clkTck, srv.cpu()}
+		t, _ := proc.CPUTicks(trainer)
+		a, _ := proc.CPUTicks(cmd.Process.Pid)
+		return [3]float64{float64(t) / proc.ClkTck, float64(a) / proc.ClkTck, srv.CPU()}
 	}
 	cpu0 := cpu()
 	exposed := imds.Terminate("terminate", time.Now().Add(2*time.Minute).Truncate(time.Second))
-	var com logLine
+	var com proc.LogLine
 	var saw [2]bool
 	for !saw[0] || !saw[1] {
-		l, err := wait("the interruption checkpoint", func(l logLine) bool {
+		l, err := wait("the interruption checkpoint", func(l proc.LogLine) bool {
 			return msg("checkpoint committed")(l) || bench("interruption")(l) || msg("checkpoint requested")(l)
 		})
 		if err != nil {
 			return fail(err)
 		}
-		if l.msg() == "checkpoint requested" {
+		if l.Msg() == "checkpoint requested" {
 			if res.toRequest == 0 {
-				res.toRequest = l.at.Sub(exposed)
+				res.toRequest = l.At.Sub(exposed)
 			}
 			continue
 		}
-		if m := benchLine.FindStringSubmatch(l.text); m != nil {
+		if m := benchLine.FindStringSubmatch(l.Text); m != nil {
 			res.blocked, _ = strconv.ParseFloat(m[3], 64)
 			res.written, _ = strconv.ParseFloat(m[4], 64)
 			saw[0] = true
 			continue
 		}
 		com, saw[1] = l, true
-		res.peakKiB = vmKiB(cmd.Process.Pid, "VmHWM")
+		res.peakKiB = proc.VMKiB(cmd.Process.Pid, "VmHWM")
 		cpu1 := cpu()
 		res.cpuTrainer, res.cpuAgent, res.cpuStore = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
 	}
-	res.total = com.at.Sub(exposed)
-	if v, ok := com.raw["total"].(float64); ok {
+	res.total = com.At.Sub(exposed)
+	if v, ok := com.Raw["total"].(float64); ok {
 		res.commit = time.Duration(v * float64(time.Second))
 	}
-	if v, ok := com.raw["upload"].(float64); ok {
+	if v, ok := com.Raw["upload"].(float64); ok {
 		res.upload = time.Duration(v * float64(time.Second))
 	}
 	go func() { io.Copy(io.Discard, out) }()
@@ -372,20 +380,12 @@ func onePipeline(c *config, imds *fake.AWS, srv *minioServer, uri, py, script, m
 	return res, nil
 }
 
-// torchPython is the interpreter that has PyTorch (Debian's python3-torch).
-func torchPython() string {
-	if py := os.Getenv("SPOTBENCH_TORCH_PYTHON"); py != "" {
-		return py
-	}
-	return "/usr/bin/python3"
-}
-
 // pipelineStore picks the MinIO of a gib GiB checkpoint: the tmpfs one
 // when tmpfs and memory hold its three checkpoints (two periodic, one at
 // the notice) beside the trainer's state and staging copy, else one with
 // its data on disk, started here once. where says which ("" for tmpfs);
 // why says why the size cannot run here at all.
-func pipelineStore(c *config, s *stores, gib float64) (srv *minioServer, where, why string) {
+func pipelineStore(c *config, s *benchstore.Stores, gib float64) (srv *benchstore.MinIO, where, why string) {
 	need := int64(gib * (1 << 30))
 	const slack = 2 << 30 // the agent, MinIO, Python, the files being uploaded
 	var st syscall.Statfs_t
@@ -395,41 +395,26 @@ func pipelineStore(c *config, s *stores, gib float64) (srv *minioServer, where, 
 		}
 		return int64(st.Bavail) * int64(st.Bsize)
 	}
-	avail := memAvailable()
+	avail := proc.MemAvailable()
 	if avail > 0 && avail < 2*need+slack {
 		return nil, "", fmt.Sprintf("%.1f GiB of memory available, want %.0f GiB (state, staging copy)", float64(avail)/(1<<30), float64(2*need+slack)/(1<<30))
 	}
-	onTmpfs := strings.HasPrefix(s.minio.data, "/dev/shm/")
+	onTmpfs := strings.HasPrefix(s.MinIO.Data, "/dev/shm/")
 	if !onTmpfs || (free("/dev/shm") >= 3*need+slack && (avail <= 0 || avail >= 5*need+slack)) {
 		if f := free(c.work); f >= 0 && f < 2*need {
 			return nil, "", fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files)", float64(f)/(1<<30), c.work, 2*gib)
 		}
-		return s.minio, "", ""
+		return s.MinIO, "", ""
 	}
 	if f := free(c.work); f >= 0 && f < 5*need {
 		return nil, "", fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files and a store on disk)", float64(f)/(1<<30), c.work, 5*gib)
 	}
-	if s.disk == nil {
-		m, err := s.startMinIOIn(c, "minio-disk", filepath.Join(c.work, "minio-disk"))
-		s.disk = m
+	if s.Disk == nil {
+		m, err := s.StartMinIOIn("minio-disk", filepath.Join(c.work, "minio-disk"))
+		s.Disk = m
 		if err != nil {
 			return nil, "", fmt.Sprintf("minio on disk: %v", err)
 		}
 	}
-	return s.disk, "store on disk", ""
-}
-
-// memAvailable is /proc/meminfo's MemAvailable in bytes, 0 if unknown.
-func memAvailable() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	return s.Disk, "store on disk", ""
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,8 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/proc"
+	"github.com/spotagent/spotagent/bench/internal/report"
+	"github.com/spotagent/spotagent/bench/internal/stats"
 )
 
 type dataset struct {
@@ -74,26 +77,6 @@ func makeDatasets(c *config) ([]dataset, error) {
 	return out, nil
 }
 
-// run runs a command, returns its wall time, peak RSS (KiB) and CPU time
-// (user + system, seconds).
-func run(env []string, stdout io.Writer, name string, args ...string) (time.Duration, int64, float64, error) {
-	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = stdout, &errb
-	start := time.Now()
-	err := cmd.Run()
-	d := time.Since(start)
-	if err != nil {
-		return d, 0, 0, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
-	}
-	var rss int64
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		rss = ru.Maxrss
-	}
-	return d, rss, (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), nil
-}
-
 type sample struct {
 	mbps   []float64
 	rss    []float64 // MiB
@@ -106,13 +89,13 @@ type key struct{ store, ds, op, tool string }
 // transferRun is one server's share of the transfer section.
 type transferRun struct {
 	name, label string
-	suffix      string       // appended to its target names
-	minio       *minioServer // nil: fake-gcs-server
+	suffix      string            // appended to its target names
+	minio       *benchstore.MinIO // nil: fake-gcs-server
 	sets        []dataset
 	restore     bool
 }
 
-func transferRuns(s *stores, sets []dataset) []transferRun {
+func transferRuns(s *benchstore.Stores, sets []dataset) []transferRun {
 	var big []dataset
 	for _, ds := range sets {
 		if ds.name == "1gib" {
@@ -120,10 +103,10 @@ func transferRuns(s *stores, sets []dataset) []transferRun {
 		}
 	}
 	all := []transferRun{
-		{name: "s3", label: "S3 (MinIO)", minio: s.minio, sets: sets, restore: true},
+		{name: "s3", label: "S3 (MinIO)", minio: s.MinIO, sets: sets, restore: true},
 		// The 1 GiB upload only: MinIO's MD5 is an upload cost, and the
 		// restore (GET) path is the same with or without it.
-		{name: "s3-lean", label: "S3 (MinIO --no-compat)", suffix: ", MinIO --no-compat", minio: s.lean, sets: big},
+		{name: "s3-lean", label: "S3 (MinIO --no-compat)", suffix: ", MinIO --no-compat", minio: s.Lean, sets: big},
 		{name: "gcs", label: "GCS (fake-gcs-server)", sets: sets, restore: true},
 	}
 	// SPOTBENCH_TRANSFER_STORES=s3,s3-lean,gcs picks some stores.
@@ -167,7 +150,7 @@ func baseline() (spotbench, agent string) {
 // benchTransfer: upload then restore, per store and data set, N
 // repetitions; within a repetition the tools take turns, in an order that
 // rotates each repetition so that none always goes first.
-func benchTransfer(c *config, r *report, s *stores) error {
+func benchTransfer(c *config, r *report.Report, s *benchstore.Stores) error {
 	logf("writing the data sets")
 	sets, err := makeDatasets(c)
 	if err != nil {
@@ -180,19 +163,19 @@ func benchTransfer(c *config, r *report, s *stores) error {
 		if res[k] == nil {
 			res[k] = &sample{}
 		}
-		res[k].mbps = append(res[k].mbps, mbps(bytes, d))
+		res[k].mbps = append(res[k].mbps, stats.MBps(bytes, d))
 		res[k].rss = append(res[k].rss, float64(rssKiB)/1024)
 		res[k].cpu = append(res[k].cpu, cpu)
 		res[k].srvCPU = append(res[k].srvCPU, srvCPU)
 		logf("%-7s %-6s %-8s %-10s %7.1f MB/s  %5.2fs  peak RSS %4d MiB  cpu %.2fs, server %.2fs", k.store, k.ds, k.op, k.tool,
-			mbps(bytes, d), d.Seconds(), rssKiB/1024, cpu, srvCPU)
+			stats.MBps(bytes, d), d.Seconds(), rssKiB/1024, cpu, srvCPU)
 	}
 	restoreDir := filepath.Join(c.work, "restore")
 	clean := func() { os.RemoveAll(restoreDir) }
 	for _, sr := range transferRuns(s, sets) {
-		store, m, env, tools, scheme := sr.name, sr.minio, s.gcsEnv(), []string{"spotagent", "curl"}, "gs"
+		store, m, env, tools, scheme := sr.name, sr.minio, s.GCSEnv(), []string{"spotagent", "curl"}, "gs"
 		if m != nil {
-			env, tools, scheme = m.env(), []string{"spotagent", "aws cli", "curl"}, "s3"
+			env, tools, scheme = m.Env(), []string{"spotagent", "aws cli", "curl"}, "s3"
 			if os.Getenv("SPOTBENCH_NO_AWSCLI") != "" {
 				tools = []string{"spotagent", "curl"}
 			}
@@ -210,44 +193,44 @@ func benchTransfer(c *config, r *report, s *stores) error {
 				r0 := max(rep, 0)
 				order := append(tools[r0%len(tools):], tools[:r0%len(tools)]...)
 				order = append([]string(nil), order...)
-				saURI := fmt.Sprintf("%s://%s/up/sa-%s-%d", scheme, bucket, ds.name, rep)
-				baseURI := fmt.Sprintf("%s://%s/up/base-%s-%d", scheme, bucket, ds.name, rep)
+				saURI := fmt.Sprintf("%s://%s/up/sa-%s-%d", scheme, benchstore.Bucket, ds.name, rep)
+				baseURI := fmt.Sprintf("%s://%s/up/base-%s-%d", scheme, benchstore.Bucket, ds.name, rep)
 				rawKey := fmt.Sprintf("up/raw-%s-%d", ds.name, rep)
-				cliPrefix := fmt.Sprintf("s3://%s/up/cli-%s-%d/", bucket, ds.name, rep)
+				cliPrefix := fmt.Sprintf("s3://%s/up/cli-%s-%d/", benchstore.Bucket, ds.name, rep)
 				// Upload.
 				for _, tool := range order {
 					var d time.Duration
 					var rss int64
 					var cpu float64
 					var err error
-					srv0 := m.cpu()
+					srv0 := m.CPU()
 					switch {
 					case tool == baseTool:
-						d, rss, cpu, err = run(env, io.Discard, baseBench, "commit", "--store", baseURI, "--dir", ds.dir)
+						d, rss, cpu, err = proc.Run(env, io.Discard, baseBench, "commit", "--store", baseURI, "--dir", ds.dir)
 					case tool == "spotagent":
-						d, rss, cpu, err = run(env, io.Discard, c.self, "commit", "--store", saURI, "--dir", ds.dir)
-						r.command("spotbench commit --store s3://bench/up/sa-DATASET-REP --dir DATASET_DIR   # pkg/checkpoint Committer, the agent's defaults (also gs://)")
+						d, rss, cpu, err = proc.Run(env, io.Discard, c.self, "commit", "--store", saURI, "--dir", ds.dir)
+						r.Command("spotbench commit --store s3://bench/up/sa-DATASET-REP --dir DATASET_DIR   # pkg/checkpoint Committer, the agent's defaults (also gs://)")
 					case tool == "aws cli":
-						d, rss, cpu, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.url, ds.dir, cliPrefix)
-						r.command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT DATASET_DIR s3://bench/up/cli-DATASET-REP/")
+						d, rss, cpu, err = proc.Run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.URL, ds.dir, cliPrefix)
+						r.Command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT DATASET_DIR s3://bench/up/cli-DATASET-REP/")
 					case m != nil:
 						var u string
-						if u, err = m.presignPut(rawKey); err == nil {
-							d, rss, cpu, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-T", ds.cat, u)
+						if u, err = m.PresignPut(rawKey); err == nil {
+							d, rss, cpu, err = proc.Run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-T", ds.cat, u)
 						}
-						r.command("curl -sS -f -o /dev/null -T DATASET.cat 'PRESIGNED_PUT_URL'   # one stream, all the bytes")
+						r.Command("curl -sS -f -o /dev/null -T DATASET.cat 'PRESIGNED_PUT_URL'   # one stream, all the bytes")
 					default:
-						u := fmt.Sprintf("http://%s/upload/storage/v1/b/%s/o?uploadType=media&name=%s", s.gcsHost, bucket, url.QueryEscape(rawKey))
-						d, rss, cpu, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-X", "POST", "-H", "Content-Type: application/octet-stream", "-T", ds.cat, u)
-						r.command("curl -sS -f -o /dev/null -X POST -H 'Content-Type: application/octet-stream' -T DATASET.cat 'http://127.0.0.1:PORT/upload/storage/v1/b/bench/o?uploadType=media&name=KEY'")
+						u := fmt.Sprintf("http://%s/upload/storage/v1/b/%s/o?uploadType=media&name=%s", s.GCSHost, benchstore.Bucket, url.QueryEscape(rawKey))
+						d, rss, cpu, err = proc.Run(nil, io.Discard, "curl", "-sS", "-f", "-o", "/dev/null", "-X", "POST", "-H", "Content-Type: application/octet-stream", "-T", ds.cat, u)
+						r.Command("curl -sS -f -o /dev/null -X POST -H 'Content-Type: application/octet-stream' -T DATASET.cat 'http://127.0.0.1:PORT/upload/storage/v1/b/bench/o?uploadType=media&name=KEY'")
 					}
 					if err != nil {
 						return err
 					}
 					if record {
-						add(key{store, ds.name, "upload", tool}, ds.bytes, d, rss, cpu, m.cpu()-srv0)
+						add(key{store, ds.name, "upload", tool}, ds.bytes, d, rss, cpu, m.CPU()-srv0)
 					} else {
-						logf("%-7s %-6s %-8s %-10s %7.1f MB/s  (warm-up, not recorded)", store, ds.name, "upload", tool, mbps(ds.bytes, d))
+						logf("%-7s %-6s %-8s %-10s %7.1f MB/s  (warm-up, not recorded)", store, ds.name, "upload", tool, stats.MBps(ds.bytes, d))
 					}
 				}
 				// Restore (download + verify for spotagent) of the same objects.
@@ -261,39 +244,39 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					var rss int64
 					var cpu float64
 					var err error
-					srv0 := m.cpu()
+					srv0 := m.CPU()
 					switch {
 					case tool == baseTool:
 						if baseAgent == "" {
 							continue
 						}
-						d, rss, cpu, err = run(env, io.Discard, baseAgent, "restore", "--store", baseURI, "--dest", restoreDir)
+						d, rss, cpu, err = proc.Run(env, io.Discard, baseAgent, "restore", "--store", baseURI, "--dest", restoreDir)
 					case tool == "spotagent":
 						args := []string{"restore", "--store", saURI, "--dest", restoreDir}
-						d, rss, cpu, err = run(env, io.Discard, c.bin, args...)
-						r.command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + CRC32C verify (also gs://)")
+						d, rss, cpu, err = proc.Run(env, io.Discard, c.bin, args...)
+						r.Command("spotagent restore --store s3://bench/up/sa-DATASET-REP --dest TMP/restore   # download + CRC32C verify (also gs://)")
 					case tool == "aws cli":
-						d, rss, cpu, err = run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.url,
+						d, rss, cpu, err = proc.Run(env, io.Discard, "aws", "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", m.URL,
 							strings.TrimSuffix(saURI, "/")+"/checkpoints/", restoreDir)
-						r.command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT s3://bench/up/sa-DATASET-REP/checkpoints/ TMP/restore   # the same objects")
+						r.Command("aws s3 cp --recursive --only-show-errors --endpoint-url http://127.0.0.1:PORT s3://bench/up/sa-DATASET-REP/checkpoints/ TMP/restore   # the same objects")
 					case m != nil:
 						var u string
-						if u, err = m.presignGet(rawKey); err == nil {
+						if u, err = m.PresignGet(rawKey); err == nil {
 							os.MkdirAll(restoreDir, 0o755)
-							d, rss, cpu, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
+							d, rss, cpu, err = proc.Run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
 						}
-						r.command("curl -sS -f -o TMP/restore/raw 'PRESIGNED_GET_URL'")
+						r.Command("curl -sS -f -o TMP/restore/raw 'PRESIGNED_GET_URL'")
 					default:
 						os.MkdirAll(restoreDir, 0o755)
-						u := fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s?alt=media", s.gcsHost, bucket, url.PathEscape(rawKey))
-						d, rss, cpu, err = run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
-						r.command("curl -sS -f -o TMP/restore/raw 'http://127.0.0.1:PORT/storage/v1/b/bench/o/KEY?alt=media'")
+						u := fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s?alt=media", s.GCSHost, benchstore.Bucket, url.PathEscape(rawKey))
+						d, rss, cpu, err = proc.Run(nil, io.Discard, "curl", "-sS", "-f", "-o", filepath.Join(restoreDir, "raw"), u)
+						r.Command("curl -sS -f -o TMP/restore/raw 'http://127.0.0.1:PORT/storage/v1/b/bench/o/KEY?alt=media'")
 					}
 					if err != nil {
 						return err
 					}
 					if record {
-						add(key{store, ds.name, "restore", tool}, ds.bytes, d, rss, cpu, m.cpu()-srv0)
+						add(key{store, ds.name, "restore", tool}, ds.bytes, d, rss, cpu, m.CPU()-srv0)
 					}
 				}
 				clean()
@@ -306,14 +289,14 @@ func benchTransfer(c *config, r *report, s *stores) error {
 					uris = append(uris, strings.TrimSuffix(cliPrefix, "/"))
 				}
 				for _, u := range uris {
-					if err := deletePrefix(env, u); err != nil {
+					if err := benchstore.DeletePrefix(env, u); err != nil {
 						logf("cleanup %s: %v", u, err)
 					}
 				}
-				if err := s.deleteRaw(m, rawKey); err != nil {
+				if err := s.DeleteRaw(m, rawKey); err != nil {
 					logf("cleanup %s: %v", rawKey, err)
 				}
-				s.emptyTrash()
+				s.EmptyTrash()
 			}
 		}
 	}
@@ -329,8 +312,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 		if sm == nil {
 			return "–", 0
 		}
-		lo, hi := minmax(sm.mbps)
-		m := median(sm.mbps)
+		lo, hi := stats.MinMax(sm.mbps)
+		m := stats.Median(sm.mbps)
 		return fmt.Sprintf("%.0f (%.0f–%.0f)", m, lo, hi), m
 	}
 	for _, sr := range transferRuns(s, sets) {
@@ -357,8 +340,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sr.label, ds.label, op, sa, cli, raw, ratio(saM, cliM), ratio(saM, rawM), rss)
 				if sr.minio != nil && cliM > 0 {
 					x := saM / cliM
-					r.target(target{name: fmt.Sprintf("%s vs AWS CLI, %s%s", op, ds.label, sr.suffix), want: "≥ 1.5× aws s3 cp",
-						got: fmt.Sprintf("%.2f× (%.0f vs %.0f MB/s)", x, saM, cliM), met: x >= 1.5, margin: fmt.Sprintf("%+.2f×", x-1.5)})
+					r.Target(report.Target{Name: fmt.Sprintf("%s vs AWS CLI, %s%s", op, ds.label, sr.suffix), Want: "≥ 1.5× aws s3 cp",
+						Got: fmt.Sprintf("%.2f× (%.0f vs %.0f MB/s)", x, saM, cliM), Met: x >= 1.5, Margin: fmt.Sprintf("%+.2f×", x-1.5)})
 				}
 			}
 		}
@@ -376,8 +359,8 @@ func benchTransfer(c *config, r *report, s *stores) error {
 			if sm == nil {
 				continue
 			}
-			cpu, srv := median(sm.cpu), median(sm.srvCPU)
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.2f | %.2f | %.2f |\n", sr.label, tool, median(sm.mbps), cpu, srv, cpu+srv)
+			cpu, srv := stats.Median(sm.cpu), stats.Median(sm.srvCPU)
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.2f | %.2f | %.2f |\n", sr.label, tool, stats.Median(sm.mbps), cpu, srv, cpu+srv)
 		}
 	}
 	if baseBench != "" {
@@ -395,9 +378,9 @@ func benchTransfer(c *config, r *report, s *stores) error {
 							return 0
 						}
 						if cpu {
-							return median(sm.cpu)
+							return stats.Median(sm.cpu)
 						}
-						return median(sm.mbps)
+						return stats.Median(sm.mbps)
 					}
 					ratio := func(a, b float64) string {
 						if b == 0 || a == 0 {
@@ -412,11 +395,11 @@ func benchTransfer(c *config, r *report, s *stores) error {
 			}
 		}
 	}
-	r.add("2–3. Upload and restore throughput", b.String())
+	r.Add("2–3. Upload and restore throughput", b.String())
 	return nil
 }
 
 func slicesMax(xs []float64) float64 {
-	_, hi := minmax(xs)
+	_, hi := stats.MinMax(xs)
 	return hi
 }

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/spotagent/spotagent/bench/internal/report"
 )
 
 // watchIdle is the idle window of the watcher figure: past a minute, so
@@ -21,7 +23,7 @@ const watchSaveSteps = 100
 // the watcher's CPU idle with 100,000 files in DIR, the restore's peak RSS
 // over 50 manifests of 50 MiB, and the steps a trainer saving every 10 s
 // loses at 30 s and 120 s notices (the real binary, no --notice-signal).
-func benchWatch(c *config, r *report) error {
+func benchWatch(c *config, r *report.Report) error {
 	var idle struct {
 		Files         int     `json:"files"`
 		FirstScanS    float64 `json:"first_scan_s"`
@@ -82,25 +84,25 @@ func benchWatch(c *config, r *report) error {
 		fmt.Fprintf(&b, "| %.0f s | %.1f s | %d | %d (ok %v) | %d | %d | %s | %.1f |\n", n.NoticeS, n.StoppedAfterS, n.StoppedStep, n.CommittedStep, n.CommitOK,
 			n.LostSteps, n.JournalLost, orDash(n.JournalLostFrom), n.JournalLostSecsS)
 	}
-	r.add("10. Zero-code mode (`--watch`): watcher, restore, lost steps (issue 27)", b.String())
+	r.Add("10. Zero-code mode (`--watch`): watcher, restore, lost steps (issue 27)", b.String())
 
-	r.target(target{name: "watcher idle CPU, 100,000 files in DIR", want: "≤ 1 % of a core",
-		got: fmt.Sprintf("%.2f %%", idle.IdleCPUPct), met: idle.IdleCPUPct <= 1, margin: fmt.Sprintf("%+.2f points", 1-idle.IdleCPUPct)})
+	r.Target(report.Target{Name: "watcher idle CPU, 100,000 files in DIR", Want: "≤ 1 % of a core",
+		Got: fmt.Sprintf("%.2f %%", idle.IdleCPUPct), Met: idle.IdleCPUPct <= 1, Margin: fmt.Sprintf("%+.2f points", 1-idle.IdleCPUPct)})
 	mb := float64(rst.PeakRSSBytes) / 1e6
-	r.target(target{name: "restore peak RSS, 50 manifests of 50 MiB", want: "≤ 200 MB",
-		got: fmt.Sprintf("%.0f MB", mb), met: rst.PeakRSSBytes > 0 && mb <= 200, margin: fmt.Sprintf("%+.0f MB", 200-mb)})
+	r.Target(report.Target{Name: "restore peak RSS, 50 manifests of 50 MiB", Want: "≤ 200 MB",
+		Got: fmt.Sprintf("%.0f MB", mb), Met: rst.PeakRSSBytes > 0 && mb <= 200, Margin: fmt.Sprintf("%+.0f MB", 200-mb)})
 	// At most the steps since the last save that could still be uploaded:
 	// the trainer runs to the upload deadline, so one save period, plus
 	// the second the marker's quiet window and a 1 MiB upload take.
 	bound := int64(watchSaveSteps + 10)
 	for _, n := range notices {
-		r.target(target{name: fmt.Sprintf("steps lost at a %.0f s notice, a save every 10 s (100 steps)", n.NoticeS),
-			want: fmt.Sprintf("≤ %d (one save period + 1 s)", bound), got: fmt.Sprintf("%d (journal: %d, %s)", n.LostSteps, n.JournalLost, orDash(n.JournalLostFrom)),
-			met: n.CommitOK && n.LostSteps <= bound, margin: fmt.Sprintf("%+d steps", bound-n.LostSteps)})
+		r.Target(report.Target{Name: fmt.Sprintf("steps lost at a %.0f s notice, a save every 10 s (100 steps)", n.NoticeS),
+			Want: fmt.Sprintf("≤ %d (one save period + 1 s)", bound), Got: fmt.Sprintf("%d (journal: %d, %s)", n.LostSteps, n.JournalLost, orDash(n.JournalLostFrom)),
+			Met: n.CommitOK && n.LostSteps <= bound, Margin: fmt.Sprintf("%+d steps", bound-n.LostSteps)})
 	}
-	r.command("watchbench idle -files 100000 -idle 70s -json")
-	r.command("watchbench restore-rss -manifests 50 -mib 50 -json")
-	r.command("watchbench notice -bin spotagent -save 10s -notice 30s -json   # and -notice 120s")
+	r.Command("watchbench idle -files 100000 -idle 70s -json")
+	r.Command("watchbench restore-rss -manifests 50 -mib 50 -json")
+	r.Command("watchbench notice -bin spotagent -save 10s -notice 30s -json   # and -notice 120s")
 	return nil
 }
 

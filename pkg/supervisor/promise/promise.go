@@ -1,4 +1,8 @@
-package supervisor
+// Package promise is the deadline the agent can promise (issue 30, item
+// 5): whether a notice checkpoint, as the newest measurements predict it,
+// commits within each cloud's notice, --margin kept; said in the log, the
+// metrics, `spotagent status` and `spotagent report`.
+package promise
 
 import (
 	"time"
@@ -18,16 +22,36 @@ import (
 // checkpoint when the verdict for this machine's notice changes: one
 // warning when it stops fitting, one line when it fits again.
 
-// promiseState is the newest prediction and what was last said about it.
-type promiseState struct {
+// State is the newest prediction and what was last said about it.
+type State struct {
 	p      schedule.Promise
 	misfit bool // the last verdict logged for this machine's notice was "does not fit"
-	cfg    *Config
+	cfg    Env
 }
 
-// PromiseStatus is the notice checkpoint's prediction in `spotagent
+// Env is what the prediction needs of the agent's Config: the machine's
+// cloud (Identity, else Source), the shutdown grace, the margin, where
+// the verdict goes.
+type Env struct {
+	Identity  metadata.Identity
+	Source    metadata.Source
+	TermGrace time.Duration
+	Margin    time.Duration
+	Metrics   interface {
+		NoticePromise(need time.Duration, budgets map[string]time.Duration)
+	}
+	Log *zap.Logger
+}
+
+// NewState is the prediction of an agent with env, nothing known yet.
+func NewState(env Env) State { return State{cfg: env} }
+
+// Promise is the newest prediction.
+func (ps *State) Promise() schedule.Promise { return ps.p }
+
+// Status is the notice checkpoint's prediction in `spotagent
 // status` and `spotagent report`.
-type PromiseStatus struct {
+type Status struct {
 	Bytes         int64   `json:"bytes"`
 	NeedSeconds   float64 `json:"need_seconds"`          // request → committed, predicted
 	LowerBound    bool    `json:"lower_bound,omitempty"` // need is at least this (restore figures only)
@@ -39,27 +63,27 @@ type PromiseStatus struct {
 	MarginSeconds float64 `json:"margin_seconds"`
 	// Notice is this machine's: a cloud's, or "signal" (the shutdown
 	// grace) without one.
-	Notice  string         `json:"notice"`
-	Clouds  []CloudPromise `json:"clouds"`
-	Problem string         `json:"problem,omitempty"` // why it does not fit this machine's notice
-	Advice  []string       `json:"advice,omitempty"`
+	Notice  string   `json:"notice"`
+	Clouds  []Cloud  `json:"clouds"`
+	Problem string   `json:"problem,omitempty"` // why it does not fit this machine's notice
+	Advice  []string `json:"advice,omitempty"`
 }
 
-// CloudPromise is the verdict for one notice.
-type CloudPromise struct {
+// Cloud is the verdict for one notice.
+type Cloud struct {
 	Cloud         string  `json:"cloud"`
 	NoticeSeconds float64 `json:"notice_seconds"`
 	BudgetSeconds float64 `json:"budget_seconds"` // notice − margin
 	Fits          bool    `json:"fits"`
 }
 
-// DescribePromise is p judged against every cloud's notice and own (this
+// Describe is p judged against every cloud's notice and own (this
 // machine's), margin kept; nil when nothing is known.
-func DescribePromise(p schedule.Promise, own schedule.CloudNotice, margin time.Duration) *PromiseStatus {
+func Describe(p schedule.Promise, own schedule.CloudNotice, margin time.Duration) *Status {
 	if !p.Known() {
 		return nil
 	}
-	st := &PromiseStatus{
+	st := &Status{
 		Bytes: p.Bytes, NeedSeconds: p.Need().Seconds(), LowerBound: p.Lower, SaveSeconds: p.Save.Seconds(),
 		UploadSeconds: p.Upload.Seconds(), BytesPerSec: p.Rate, Pipelined: p.Pipelined, Source: p.Source,
 		MarginSeconds: margin.Seconds(), Notice: own.Cloud,
@@ -69,7 +93,7 @@ func DescribePromise(p schedule.Promise, own schedule.CloudNotice, margin time.D
 		notices = append(append([]schedule.CloudNotice(nil), notices...), own)
 	}
 	for _, c := range notices {
-		st.Clouds = append(st.Clouds, CloudPromise{Cloud: c.Cloud, NoticeSeconds: c.Lead.Seconds(),
+		st.Clouds = append(st.Clouds, Cloud{Cloud: c.Cloud, NoticeSeconds: c.Lead.Seconds(),
 			BudgetSeconds: schedule.Budget(c.Lead, margin).Seconds(), Fits: p.Fits(c.Lead, margin)})
 	}
 	if st.Problem = p.Problem(own, margin); st.Problem != "" {
@@ -78,10 +102,10 @@ func DescribePromise(p schedule.Promise, own schedule.CloudNotice, margin time.D
 	return st
 }
 
-// PromiseFromJournal is the prediction a journal allows: its newest
+// FromJournal is the prediction a journal allows: its newest
 // checkpoint's figures, else (lower bound) its newest restore's size at
 // the restore's rate.
-func PromiseFromJournal(j *checkpoint.Journal) schedule.Promise {
+func FromJournal(j *checkpoint.Journal) schedule.Promise {
 	s := j.Stats
 	if s.LastBytes > 0 && s.BytesPerSec > 0 {
 		p := schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
@@ -106,7 +130,7 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 // ownNotice is the notice this machine gets: its cloud's, or without one
 // the shutdown grace (--term-grace) a SIGTERM gives.
-func (ps *promiseState) ownNotice() schedule.CloudNotice {
+func (ps *State) ownNotice() schedule.CloudNotice {
 	cloud := ps.cfg.Identity.Cloud
 	if (cloud == "" || cloud == metadata.CloudNone) && ps.cfg.Source != nil {
 		cloud = ps.cfg.Source.Cloud()
@@ -117,14 +141,14 @@ func (ps *promiseState) ownNotice() schedule.CloudNotice {
 	return schedule.CloudNotice{Cloud: string(metadata.CloudSignal), Name: "a shutdown (--term-grace)", Lead: ps.cfg.TermGrace}
 }
 
-// status is the status's view of the newest prediction.
-func (ps *promiseState) status() *PromiseStatus {
-	return DescribePromise(ps.p, ps.ownNotice(), ps.cfg.Margin)
+// Status is the status's view of the newest prediction.
+func (ps *State) Status() *Status {
+	return Describe(ps.p, ps.ownNotice(), ps.cfg.Margin)
 }
 
 // set makes p the newest prediction, exports it and logs a change
 // of verdict for this machine's notice (at start, any verdict).
-func (ps *promiseState) set(p schedule.Promise, start bool) {
+func (ps *State) set(p schedule.Promise, start bool) {
 	if !p.Known() {
 		return
 	}
@@ -152,25 +176,26 @@ func (ps *promiseState) set(p schedule.Promise, start bool) {
 	}
 }
 
-// atStart predicts from the journal an earlier session wrote and
+// AtStart predicts from the journal an earlier session wrote and
 // says whether a notice checkpoint fits.
-func (ps *promiseState) atStart(j *checkpoint.JournalWriter) {
+func (ps *State) AtStart(j *checkpoint.JournalWriter) {
 	if j == nil {
 		return
 	}
-	ps.set(PromiseFromJournal(j.Snapshot()), true)
+	ps.set(FromJournal(j.Snapshot()), true)
 }
 
-// note records what the checkpoint r, committed now as res (its
+// Note records what the checkpoint requested at sent for reason (its
+// files uploaded before done when pipelined), committed now as res (its
 // commit having started at commitStart), measured.
-func (ps *promiseState) note(r *request, res *checkpoint.Result, commitStart, now time.Time, asks bool) {
-	if r.reason == protocol.ReasonManual || !asks || res.Bytes <= 0 {
+func (ps *State) Note(reason string, sent time.Time, pipelined bool, res *checkpoint.Result, commitStart, now time.Time, asks bool) {
+	if reason == protocol.ReasonManual || !asks || res.Bytes <= 0 {
 		// A trainer's own checkpoint has no measured save; zero-code mode
 		// has no request (its save is the trainer's business).
 		return
 	}
-	p := schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(r.sent), Upload: res.Upload, Took: now.Sub(r.sent),
-		Pipelined: r.pipe != nil, Source: "checkpoint"}
+	p := schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(sent), Upload: res.Upload, Took: now.Sub(sent),
+		Pipelined: pipelined, Source: "checkpoint"}
 	if res.Upload > 0 {
 		p.Rate = float64(res.Bytes) / res.Upload.Seconds()
 	}

@@ -1,4 +1,7 @@
-package supervisor
+// Package nodemode is node mode (spotagent node): one socket for every
+// trainer on the machine, one agent (pkg/supervisor) per run id, and in a
+// multi-node job per (run id, node rank), each hosted by RunHosted.
+package nodemode
 
 import (
 	"context"
@@ -18,11 +21,12 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-// NodeConfig wires a node agent: one socket for every trainer on the
+// Config wires a node agent: one socket for every trainer on the
 // machine, one run (store, journal, scheduler) per run id named in hello.
-type NodeConfig struct {
+type Config struct {
 	// StorePrefix is joined with each run id: a trainer that says
 	// run_id "exp42" writes to StorePrefix/exp42 and nowhere else.
 	StorePrefix    string
@@ -31,10 +35,10 @@ type NodeConfig struct {
 	Source         metadata.Source
 	Identity       metadata.Identity
 	Server         protocol.ServerConfig
-	// Run is the template of every run's Config (Keep, TermGrace, Margin,
+	// Run is the template of every run's supervisor.Config (Keep, TermGrace, Margin,
 	// OnRebalance, Metrics, Log); RunID, Store, CheckpointDir and Scheduler
 	// are filled per run.
-	Run          Config
+	Run          supervisor.Config
 	NewScheduler func() *schedule.Scheduler
 	Log          *zap.Logger
 }
@@ -46,20 +50,20 @@ type nodeRun struct {
 	events  chan protocol.Event
 	notices chan metadata.Notice
 	signals chan os.Signal
-	gone    chan struct{}      // closed when the run is retired
-	asks    chan chan<- Status // status requests, answered by the run's loop once its agent exists
+	gone    chan struct{}                 // closed when the run is retired
+	asks    chan chan<- supervisor.Status // status requests, answered by the run's loop once its agent exists
 
 	owner string // PeerIdentity of the peer whose hello claimed the run
 	uid   int    // that peer's uid
 	conns int    // connections that said hello to this run and are open
 }
 
-// RunNode serves trainers of any run until a shutdown signal has been
+// Run serves trainers of any run until a shutdown signal has been
 // handled by every run. A notice from the machine reaches every run.
-// Cancelling ctx stops every run at once (as Run's ctx does) and RunNode
-// returns once they are all done. RunNode returns only when every
-// goroutine it started has ended (see Run for the exception).
-func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) error {
+// Cancelling ctx stops every run at once (as supervisor.Run's ctx does) and Run
+// returns once they are all done. Run returns only when every
+// goroutine it started has ended (see supervisor.Run for the exception).
+func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()
@@ -82,7 +86,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 		return fmt.Errorf("checkpoint root: %w", err)
 	}
 	defer root.Close()
-	srv, stopServe, err := serveSocket(cfg.Server)
+	srv, stopServe, err := supervisor.ServeSocket(cfg.Server)
 	if err != nil {
 		return err
 	}
@@ -140,7 +144,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, signals <-chan os.Signal) erro
 }
 
 type node struct {
-	cfg      NodeConfig
+	cfg      Config
 	log      *zap.Logger
 	ctx      context.Context
 	root     *os.Root // CheckpointRoot: every run's directory is made through it
@@ -211,7 +215,7 @@ func (n *node) status(c *protocol.Conn) {
 	n.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(n.ctx, nodeStatusWait)
 		defer cancel()
-		out := NodeStatus{Node: true, StorePrefix: n.cfg.StorePrefix, Runs: make([]NodeRunStatus, len(runs))}
+		out := supervisor.NodeStatus{Node: true, StorePrefix: n.cfg.StorePrefix, Runs: make([]supervisor.NodeRunStatus, len(runs))}
 		var wg sync.WaitGroup
 		for i, r := range runs {
 			out.Runs[i].Key = r.id
@@ -229,8 +233,8 @@ func (n *node) status(c *protocol.Conn) {
 
 // askStatus is r's status from its loop; nil when the run ended or did
 // not answer before ctx ended.
-func (r *nodeRun) askStatus(ctx context.Context) *Status {
-	reply := make(chan Status, 1)
+func (r *nodeRun) askStatus(ctx context.Context) *supervisor.Status {
+	reply := make(chan supervisor.Status, 1)
 	select {
 	case r.asks <- reply:
 	case <-r.gone:
@@ -335,7 +339,7 @@ func (n *node) deliverLater(r *nodeRun, ev protocol.Event) {
 func (n *node) start(id, part string) *nodeRun {
 	key := runKey(id, part)
 	r := &nodeRun{id: key, events: make(chan protocol.Event, protocol.EventBuffer), notices: make(chan metadata.Notice, 16),
-		signals: make(chan os.Signal, 2), gone: make(chan struct{}), asks: make(chan chan<- Status)}
+		signals: make(chan os.Signal, 2), gone: make(chan struct{}), asks: make(chan chan<- supervisor.Status)}
 	n.runs[key] = r
 	uri := strings.TrimRight(n.cfg.StorePrefix, "/") + "/" + id
 	log := n.log.With(zap.String("run", key))
@@ -344,7 +348,7 @@ func (n *node) start(id, part string) *nodeRun {
 		defer func() { n.finished <- r }()
 		defer func() {
 			// A panic fails this run, not every run on the machine.
-			if err := recovered(log, recover()); err != nil {
+			if err := supervisor.Recovered(log, recover()); err != nil {
 				n.refuse(r, log, err)
 			}
 		}()
@@ -363,7 +367,8 @@ func (n *node) start(id, part string) *nodeRun {
 			rel = id + "/" + part
 		}
 		rc.CheckpointDir = filepath.Join(n.cfg.CheckpointRoot, filepath.FromSlash(rel))
-		if rc.dir, err = openRunDir(n.root, rel); err != nil {
+		dir, err := openRunDir(n.root, rel)
+		if err != nil {
 			n.refuse(r, log, fmt.Errorf("checkpoint dir %s: %w", rc.CheckpointDir, err))
 			return
 		}
@@ -376,20 +381,23 @@ func (n *node) start(id, part string) *nodeRun {
 		if n.cfg.NewScheduler != nil {
 			rc.Scheduler = n.cfg.NewScheduler()
 		}
-		a, err := newAgent(n.ctx, rc)
+		err = supervisor.RunHosted(n.ctx, rc, supervisor.Hosted{Dir: dir, Events: r.events, Notices: r.notices, Signals: r.signals, Asks: r.asks})
 		if err != nil {
-			rc.dir.Close()
 			n.refuse(r, log, err)
 			return
 		}
-		defer a.endLife() // after a panic too: its background work stops
-		a.asks = r.asks
-		a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
-		a.loop(n.ctx, r.events, r.notices, r.signals)
-		a.finish()
 		log.Info("node: run done")
 	})
 	return r
+}
+
+// jobPart is the part a node agent's run commits, from the hello that
+// starts it: "" unless the trainer is one node of several.
+func jobPart(m protocol.Message) string {
+	if m.NodeRank == nil || *m.NodeRank < 0 || !supervisor.MultiNode(m) {
+		return ""
+	}
+	return supervisor.NodePart(*m.NodeRank)
 }
 
 // openRunDir creates rel below root one directory at a time, refusing
@@ -400,7 +408,7 @@ func openRunDir(root *os.Root, rel string) (*os.Root, error) {
 	}
 	parts := strings.Split(rel, "/")
 	for i := range parts {
-		if err := mkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
+		if err := supervisor.MkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
 			return nil, err
 		}
 	}

@@ -1,4 +1,8 @@
-package supervisor
+// Package ranks watches the ranks of the agent's child in a multi-rank
+// job (Watch): a lost peer (a node vanished) ends the launcher and the agent
+// exits 75; a crash of its own keeps its code and is recorded for the other
+// nodes. Heartbeats (pkg/liveness) find a silent neighbour.
+package ranks
 
 import (
 	"bytes"
@@ -41,31 +45,35 @@ import (
 // whose verdict is a crash writes crashes/<node>-<session>.json to the
 // store at once; a node whose verdict is a lost peer looks for such a
 // record of this incarnation of the job (written since this session
-// started) peerCrashSettle after its own verdict, and finding one exits
+// started) PeerCrashSettle after its own verdict, and finding one exits
 // with the launcher's code instead of 75: a bug stays a counted failure
 // on every node.
 
-// peerCrashSettle is how long after its lost-peer verdict an agent waits
+// ExitInterrupted is supervisor.ExitInterrupted (75: interrupted, run me
+// again), which a rank that lost a peer writes to the exit file.
+const ExitInterrupted = 75
+
+// PeerCrashSettle is how long after its lost-peer verdict an agent waits
 // before it looks for another node's crash record: that node's agent
 // writes it as soon as its own first rank left, within milliseconds of
 // the ranks here failing; the store write gets this long.
-const peerCrashSettle = 3 * time.Second
+const PeerCrashSettle = 3 * time.Second
 
 // peerReconnectGrace: a rank whose connection ended without bye but whose
 // process still runs this long after is reconnecting, not gone.
 const peerReconnectGrace = 3 * time.Second
 
-// crashDir holds the crash records of a job's nodes.
-const crashDir = "crashes/"
+// CrashDir holds the crash records of a job's nodes.
+const CrashDir = "crashes/"
 
 const (
 	verdictPeerLost = "peer_lost"
 	verdictCrash    = "crash"
 )
 
-// rankWatch follows the ranks of the running child.
-type rankWatch struct {
-	env       rankEnv
+// Watch follows the ranks of the running child.
+type Watch struct {
+	env       Env
 	pids      map[int]bool   // ranks (pids) that said hello since the child started
 	left      map[int]string // pid → the exit file when its connection ended without bye
 	leftAt    map[int]time.Time
@@ -74,36 +82,39 @@ type rankWatch struct {
 	verdictAt time.Time
 	ended     bool // the launcher's group was sent SIGTERM
 	// lookup, while not nil, brings the crash-record lookup's answer back
-	// to the loop (crashLookup): the agent's exit code waits for it.
-	lookup chan crashLookup
+	// to the loop (Lookup): the agent's exit code waits for it.
+	lookup chan Lookup
 }
 
-// rankEnv is what the ranks' watch needs of the agent: where crash
-// records go (part mode only: records), this session, and the lifetime
-// that owns the lookup beside the loop.
-type rankEnv struct {
-	part      bool // part mode: crashes are recorded and looked up; a launcher's 1 during a stop (agent_interrupted.go)
-	store     cloud.Store
-	node      string
-	session   string
-	started   time.Time
-	killAfter time.Duration
-	life      context.Context
-	goBg      func(fn func(), fail func(error)) // Agent.goBgFail
-	log       *zap.Logger
-	metrics   Metrics
+// Env is what the ranks' watch needs of the agent: where crash records
+// go (part mode only: records), this session, the lifetime that owns the
+// lookup beside the loop, and for a silent neighbour (heartbeats.go)
+// whether the agent is a sidecar (no child) and its socket's path.
+type Env struct {
+	Part       bool // part mode: crashes are recorded and looked up; a launcher's 1 during a stop (interrupted.go)
+	Store      cloud.Store
+	Node       string
+	Session    string
+	Started    time.Time
+	KillAfter  time.Duration
+	Life       context.Context
+	GoBg       func(fn func(), fail func(error)) // Agent.goBgFail
+	Log        *zap.Logger
+	Metrics    interface{ Error(component string) }
+	Sidecar    bool
+	SocketPath string
 }
 
-// crashLookup is the answer of the lookup for another node's crash record
+// Lookup is the answer of the lookup for another node's crash record
 // (peerCrashed), for the launcher's exit code.
-type crashLookup struct {
+type Lookup struct {
 	code int    // the launcher's exit code
 	key  string // the record found, "" none
 	err  error
 }
 
-// rankPoll is how often the loop looks at the processes of ranks that left.
-const rankPoll = 100 * time.Millisecond
+// Poll is how often the loop looks at the processes of ranks that left.
+const Poll = 100 * time.Millisecond
 
 // crashRecord is crashes/<node>-<session>.json.
 type crashRecord struct {
@@ -122,14 +133,14 @@ func peerCrashed(ctx context.Context, st cloud.Store, node string, since, settle
 	case <-t.C:
 	case <-ctx.Done():
 		t.Stop()
-		return "", fmt.Errorf("list %s: %w", crashDir, ctx.Err())
+		return "", fmt.Errorf("list %s: %w", CrashDir, ctx.Err())
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	since = since.Add(-2 * time.Second) // clocks of store and machine differ a little
 	var found string
-	err := st.List(ctx, crashDir, func(o cloud.ObjectInfo) error {
-		name := strings.TrimPrefix(o.Key, crashDir)
+	err := st.List(ctx, CrashDir, func(o cloud.ObjectInfo) error {
+		name := strings.TrimPrefix(o.Key, CrashDir)
 		if strings.HasPrefix(name, node+"-") || o.Modified.Before(since) {
 			return nil
 		}
@@ -140,18 +151,28 @@ func peerCrashed(ctx context.Context, st cloud.Store, node string, since, settle
 		err = nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("list %s: %w", crashDir, err)
+		return "", fmt.Errorf("list %s: %w", CrashDir, err)
 	}
 	return found, nil
 }
 
 var errStopList = errors.New("found")
 
-// reset forgets the ranks of an earlier start of the child.
-func (w *rankWatch) reset() { *w = rankWatch{env: w.env} }
+// NewWatch is the ranks' watch of an agent with env.
+func NewWatch(env Env) Watch { return Watch{env: env} }
 
-// hello notes a rank of a multi-rank job that said hello.
-func (w *rankWatch) hello(m protocol.Message, running bool) {
+// Part reports part mode (Env.Part).
+func (w *Watch) Part() bool { return w.env.Part }
+
+// Looking reports a crash-record lookup under way: the agent's exit code
+// waits for it.
+func (w *Watch) Looking() bool { return w.lookup != nil }
+
+// Reset forgets the ranks of an earlier start of the child.
+func (w *Watch) Reset() { *w = Watch{env: w.env} }
+
+// Hello notes a rank of a multi-rank job that said hello.
+func (w *Watch) Hello(m protocol.Message, running bool) {
 	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || !running {
 		return
 	}
@@ -162,109 +183,109 @@ func (w *rankWatch) hello(m protocol.Message, running bool) {
 	delete(w.left, m.PID) // it reconnected
 }
 
-// pending reports whether tick waits for ranks' processes to end.
-func (w *rankWatch) pending(running, stopping bool) bool {
+// Pending reports whether tick waits for ranks' processes to end.
+func (w *Watch) Pending(running, stopping bool) bool {
 	return running && !stopping && !w.ended && len(w.order) > 0
 }
 
-// peerLost reports whether the child's ranks ended because a peer of the
+// PeerLost reports whether the child's ranks ended because a peer of the
 // job is gone (and no other node reported a crash of its own).
-func (w *rankWatch) peerLost() bool { return w.verdict == verdictPeerLost }
+func (w *Watch) PeerLost() bool { return w.verdict == verdictPeerLost }
 
-// lookupDone is the pending crash-record lookup's answer (nil: none).
-func (w *rankWatch) lookupDone() <-chan crashLookup { return w.lookup }
+// LookupDone is the pending crash-record lookup's answer (nil: none).
+func (w *Watch) LookupDone() <-chan Lookup { return w.lookup }
 
 // recordCrash tells the job's other nodes that a rank here crashed on its
 // own (they see it as a lost peer).
-func (w *rankWatch) recordCrash(pid int) {
-	if !w.env.part {
+func (w *Watch) recordCrash(pid int) {
+	if !w.env.Part {
 		return
 	}
-	rec := crashRecord{Node: w.env.node, Session: w.env.session, PID: pid, At: time.Now().UTC()}
+	rec := crashRecord{Node: w.env.Node, Session: w.env.Session, PID: pid, At: time.Now().UTC()}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return
 	}
-	key := crashDir + w.env.node + "-" + w.env.session + ".json"
-	st := w.env.store
-	ctx := context.WithoutCancel(w.env.life) // lands even when the agent ends meanwhile
-	w.env.goBg(func() {
+	key := CrashDir + w.env.Node + "-" + w.env.Session + ".json"
+	st := w.env.Store
+	ctx := context.WithoutCancel(w.env.Life) // lands even when the agent ends meanwhile
+	w.env.GoBg(func() {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := st.Put(ctx, key, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {
-			w.env.log.Warn("could not record the crash for the job's other nodes", zap.String("key", key), zap.Error(err))
+			w.env.Log.Warn("could not record the crash for the job's other nodes", zap.String("key", key), zap.Error(err))
 			return
 		}
-		w.env.log.Info("crash recorded for the job's other nodes", zap.String("key", key))
+		w.env.Log.Info("crash recorded for the job's other nodes", zap.String("key", key))
 	}, nil)
 }
 
 // lookForPeerCrash starts the lookup for another node's crash record
 // beside the loop (owned by the agent's lifetime); its answer comes back
-// as a loop event (onCrashLookup). Outside part mode there is no record
+// as a loop event (OnLookup). Outside part mode there is no record
 // to look for: the answer is at once "none".
-func (w *rankWatch) lookForPeerCrash(code int) {
-	done := make(chan crashLookup, 1)
+func (w *Watch) lookForPeerCrash(code int) {
+	done := make(chan Lookup, 1)
 	w.lookup = done
-	if !w.env.part {
-		done <- crashLookup{code: code}
+	if !w.env.Part {
+		done <- Lookup{code: code}
 		return
 	}
-	st, node, since, settle := w.env.store, w.env.node, w.env.started, w.verdictAt.Add(peerCrashSettle)
-	w.env.goBg(func() {
-		key, err := peerCrashed(w.env.life, st, node, since, settle)
-		done <- crashLookup{code: code, key: key, err: err}
-	}, func(err error) { done <- crashLookup{code: code, err: err} }) // a panic: the store cannot say
+	st, node, since, settle := w.env.Store, w.env.Node, w.env.Started, w.verdictAt.Add(PeerCrashSettle)
+	w.env.GoBg(func() {
+		key, err := peerCrashed(w.env.Life, st, node, since, settle)
+		done <- Lookup{code: code, key: key, err: err}
+	}, func(err error) { done <- Lookup{code: code, err: err} }) // a panic: the store cannot say
 }
 
-// peerLossExit is the agent's code for a child that exited with code
+// PeerLossExit is the agent's code for a child that exited with code
 // (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
 // another node recorded a crash of its own (or the store cannot say). After
 // a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
 // After a lost peer the answer needs the store: the launcher's code stands
 // until the lookup (lookForPeerCrash) comes back to the loop.
-func (w *rankWatch) peerLossExit(code int) int {
+func (w *Watch) PeerLossExit(code int) int {
 	if w.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
 		// The agent's own SIGTERM ended the launcher (torchrun answers it
 		// with 1, or dies of it while it exits on its own): its ranks
 		// failed, which torchrun reports as 1.
 		code = 1
 	}
-	if !w.peerLost() || code == 0 {
+	if !w.PeerLost() || code == 0 {
 		return code
 	}
 	w.lookForPeerCrash(code)
 	return code
 }
 
-func (w *rankWatch) lookupExit(code int, key string, err error) int {
+func (w *Watch) lookupExit(code int, key string, err error) int {
 	switch {
 	case err != nil:
-		w.env.log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
+		w.env.Log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
 			zap.Int("code", code), zap.Error(err))
 		return code
 	case key != "":
-		w.env.log.Warn("ranks lost a peer, which crashed on its own (its node recorded it): exiting with the launcher's code",
+		w.env.Log.Warn("ranks lost a peer, which crashed on its own (its node recorded it): exiting with the launcher's code",
 			zap.Int("code", code), zap.String("record", key))
 		return code
 	}
-	w.env.metrics.Error("peer_lost")
-	w.env.log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
+	w.env.Metrics.Error("peer_lost")
+	w.env.Log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
 		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(w.verdictAt).Round(time.Millisecond)))
 	return ExitInterrupted
 }
 
-// onLookup: the lookup for another node's crash record answered;
+// OnLookup: the lookup for another node's crash record answered;
 // it decides the exit code of a launcher whose ranks lost a peer.
-func (w *rankWatch) onLookup(res crashLookup) int {
+func (w *Watch) OnLookup(res Lookup) int {
 	w.lookup = nil
 	return w.lookupExit(res.code, res.key, res.err)
 }
 
-// tick decides the verdict once the first rank that left is gone,
+// Tick decides the verdict once the first rank that left is gone,
 // and ends the launcher once every rank is.
-func (w *rankWatch) tick(now time.Time, running, stopping bool) (endLauncher bool) {
-	if !w.pending(running, stopping) {
+func (w *Watch) Tick(now time.Time, running, stopping bool) (endLauncher bool) {
+	if !w.Pending(running, stopping) {
 		return false
 	}
 	for w.verdict == "" && len(w.order) > 0 {
@@ -281,7 +302,7 @@ func (w *rankWatch) tick(now time.Time, running, stopping bool) (endLauncher boo
 		if w.left[pid] == strconv.Itoa(ExitInterrupted) {
 			w.verdict = verdictPeerLost
 		}
-		w.env.log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
+		w.env.Log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
 			zap.String("exit_file", w.left[pid]))
 		if w.verdict == verdictCrash {
 			w.recordCrash(pid)
@@ -296,14 +317,14 @@ func (w *rankWatch) tick(now time.Time, running, stopping bool) (endLauncher boo
 		}
 	}
 	w.ended = true
-	w.env.log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
-		zap.String("verdict", w.verdict), zap.Duration("kill_after", w.env.killAfter))
+	w.env.Log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
+		zap.String("verdict", w.verdict), zap.Duration("kill_after", w.env.KillAfter))
 	return true
 }
 
-// connEnded: a connection ended. A rank that leaves without bye while no
+// ConnEnded: a connection ended. A rank that leaves without bye while no
 // stop sequence runs ended on an error: note what the exit file said then.
-func (w *rankWatch) connEnded(c *protocol.Conn, saidBye, stopping, running bool, exitFile func() string) {
+func (w *Watch) ConnEnded(c *protocol.Conn, saidBye, stopping, running bool, exitFile func() string) {
 	h, ok := c.Hello()
 	if !ok || !w.pids[h.PID] || saidBye || stopping || !running || w.verdict != "" {
 		return

@@ -1,4 +1,4 @@
-package supervisor
+package source
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -38,12 +39,12 @@ type WatchConfig struct {
 	NoticeSignal syscall.Signal
 }
 
-// watchSource is zero-code mode, the agent's checkpoint source when the
+// Watch is zero-code mode, the agent's checkpoint source when the
 // trainer saves into a watched directory on its own (source.go); the loop
 // owns it.
-type watchSource struct {
-	host     sourceHost
-	env      watchEnv
+type Watch struct {
+	host     Host
+	env      Env
 	cfg      WatchConfig
 	w        *watch.Watcher
 	store    *watch.VerifyStore
@@ -70,15 +71,20 @@ type watchSource struct {
 	goneAt   time.Time
 }
 
-// watchEnv is what zero-code mode is set up with: the agent's Config
-// (Watch, the store, --keep, the request timeout, the metrics), its area
-// of the checkpoint directory (the local manifest copy) and the session's
-// start (the trainer's pace is counted from it).
-type watchEnv struct {
-	cfg     Config
-	log     *zap.Logger
-	started time.Time
-	dirs    *localDirs // opened after the source is made
+// Env is what zero-code mode is set up with: the agent's Config (Watch,
+// whether it has a trainer command, its --signal, the store, --keep, the
+// metrics), its checkpoint directory (which the watched one must not
+// overlap) and the session's start (the trainer's pace is counted from it).
+type Env struct {
+	Watch         *WatchConfig
+	HasCommand    bool
+	Signal        syscall.Signal
+	CheckpointDir string
+	Store         cloud.Store
+	Keep          int
+	Metrics       interface{ Error(component string) }
+	Log           *zap.Logger
+	Started       time.Time
 }
 
 // watchPruner runs --watch-prune beside the loop, one prune at a time: a
@@ -91,8 +97,8 @@ type watchPruner struct {
 	busy    map[string]int // names staged or uploading (→ how many times): never pruned
 }
 
-// testHookWatchPrune, when set, runs before each prune, off the loop.
-var testHookWatchPrune func()
+// TestHookPrune, when set (tests only), runs before each prune, off the loop.
+var TestHookPrune func()
 
 // watchStaged is a checkpoint staged (hard-linked into the stage) and not
 // yet handed to the committer: staged as soon as it is complete, so that
@@ -113,7 +119,7 @@ type watchUpload struct {
 
 // watchStop is an interruption in zero-code mode.
 type watchStop struct {
-	s        *stopState
+	s        Stop
 	uploadBy time.Time // past it, no newer checkpoint is awaited
 	baseline int64     // the newest complete step when the notice came
 	// prompt: a signal to the agent asked it to stop, so the trainer is
@@ -140,15 +146,15 @@ func ParseNoticeSignal(s string) (syscall.Signal, error) {
 	return 0, fmt.Errorf("want SIGTERM, SIGINT, SIGUSR1 or SIGUSR2, got %q", s)
 }
 
-// newWatchSource sets zero-code mode up, before the restore: the watched
+// NewWatch sets zero-code mode up, before the restore: the watched
 // directory, and the committer's store, which checks before each
 // manifest that the checkpoint did not change during its upload.
-func newWatchSource(h sourceHost, env watchEnv) (*watchSource, error) {
-	wc := env.cfg.Watch
-	if env.cfg.Signal != 0 {
+func NewWatch(h Host, env Env) (*Watch, error) {
+	wc := env.Watch
+	if env.Signal != 0 {
 		return nil, errors.New("watch: --signal and --watch exclude each other")
 	}
-	if wc.NoticeSignal != 0 && len(env.cfg.Command) == 0 {
+	if wc.NoticeSignal != 0 && !env.HasCommand {
 		return nil, errors.New("watch: --notice-signal needs a trainer command (spotagent run)")
 	}
 	dir, err := filepath.Abs(wc.Dir)
@@ -156,11 +162,11 @@ func newWatchSource(h sourceHost, env watchEnv) (*watchSource, error) {
 		return nil, fmt.Errorf("watch: %w", err)
 	}
 	wc.Dir = dir
-	scratch, _ := filepath.Abs(env.cfg.CheckpointDir)
+	scratch, _ := filepath.Abs(env.CheckpointDir)
 	if nested(dir, scratch) || nested(scratch, dir) {
 		return nil, fmt.Errorf("watch %s: must not contain, or be inside, the agent's --checkpoint-dir %s (the agent cleans that one up)", dir, scratch)
 	}
-	wc.Log = env.log.With(zap.String("watch", dir))
+	wc.Log = env.Log.With(zap.String("watch", dir))
 	w, err := watch.New(wc.Config) // checks DIR (exists, a directory, writable) and opens it
 	if err != nil {
 		return nil, err
@@ -173,11 +179,11 @@ func newWatchSource(h sourceHost, env watchEnv) (*watchSource, error) {
 		w.Close()
 		return nil, fmt.Errorf("watch: staging directory %s: %w", filepath.Join(dir, watchStage), err)
 	}
-	ws := &watchSource{host: h, env: env, cfg: *wc, w: w, store: watch.NewVerifyStore(env.cfg.Store),
-		work: make(chan func()), dir: droot, stage: stage, paceFrom: env.started, resumed: -1,
+	ws := &Watch{host: h, env: env, cfg: *wc, w: w, store: watch.NewVerifyStore(env.Store),
+		work: make(chan func()), dir: droot, stage: stage, paceFrom: env.Started, resumed: -1,
 		inflight: map[string]*watchUpload{}, prune: watchPruner{want: -1, busy: map[string]int{}}}
 	cw := w.Config()
-	env.log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
+	env.Log.Info("zero-code mode: watching the trainer's checkpoints", zap.String("dir", dir), zap.String("pattern", cw.Pattern),
 		zap.String("marker", cw.Marker), zap.Duration("quiet", cw.Quiet), zap.Bool("prune", wc.Prune),
 		zap.String("notice_signal", sigbridge.Name(wc.NoticeSignal)))
 	return ws, nil
@@ -189,20 +195,20 @@ func nested(p, dir string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-// restore puts the newest committed checkpoint back into DIR under its
+// Restore puts the newest committed checkpoint back into DIR under its
 // original name.
-func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
+func (ws *Watch) Restore(ctx context.Context) (*protocol.Resume, error) {
 	h := ws.host
 	start := time.Now()
-	if h.trainer().started {
+	if h.Trainer().Started {
 		// A restart: the trainer starts again from what is restored.
 		ws.pace.Reset()
 		ws.paceFrom = start
 	}
 	ws.resumed = -1
-	r, err := ws.w.Restore(ctx, ws.env.cfg.Store, checkpoint.RestoreOptions{Log: ws.env.log, MaxEpoch: h.epoch()})
+	r, err := ws.w.Restore(ctx, ws.env.Store, checkpoint.RestoreOptions{Log: ws.env.Log, MaxEpoch: h.Epoch()})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		ws.env.log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.cfg.Store.URI("")))
+		ws.env.Log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.Store.URI("")))
 		return nil, nil
 	}
 	if err != nil {
@@ -210,27 +216,28 @@ func (ws *watchSource) restore(ctx context.Context) (*protocol.Resume, error) {
 	}
 	// The local manifest copy (SPOTAGENT_RESUME_MANIFEST) goes in the
 	// agent's area, through its root, never through a planted symlink.
-	manifest := filepath.Join(ws.env.dirs.areaPath, watchManifest)
+	area, areaPath := h.Area()
+	manifest := filepath.Join(areaPath, watchManifest)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
-		if err := checkpoint.WriteFile(ws.env.dirs.area, watchManifest, b, 0o600); err != nil {
-			ws.env.log.Warn("could not write the local manifest copy", zap.Error(err))
+		if err := checkpoint.WriteFile(area, watchManifest, b, 0o600); err != nil {
+			ws.env.Log.Warn("could not write the local manifest copy", zap.Error(err))
 		}
 	}
-	ws.env.log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+	ws.env.Log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
 		zap.String("from", checkpoint.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
-	return h.restored(r.Restored, start, r.Path, manifest), nil
+	return h.Restored(r.Restored, start, r.Path, manifest), nil
 }
 
-// start runs the watcher beside the loop until the agent's life ends;
-// what it finds complete reaches the loop through ready.
-func (ws *watchSource) start() {
+// Start runs the watcher beside the loop until the agent's life ends;
+// what it finds complete reaches the loop through Ready.
+func (ws *Watch) Start() {
 	h := ws.host
-	life := h.life()
+	life := h.Life()
 	found := make(chan *watch.Checkpoint, 16)
-	h.goBg(func() { ws.w.Run(life, found) })
-	h.goBg(func() {
+	h.GoBg(func() { ws.w.Run(life, found) })
+	h.GoBg(func() {
 		for {
 			select {
 			case cp := <-found:
@@ -246,8 +253,8 @@ func (ws *watchSource) start() {
 	})
 }
 
-// close releases the watcher's handles, once it has stopped.
-func (ws *watchSource) close() {
+// Close releases the watcher's handles, once it has stopped.
+func (ws *Watch) Close() {
 	if sc := ws.next; sc != nil {
 		ws.next = nil
 		sc.held.Close()
@@ -256,17 +263,21 @@ func (ws *watchSource) close() {
 	ws.w.Close() // ws.dir with it
 }
 
-func (ws *watchSource) ready() <-chan func() { return ws.work }
+func (ws *Watch) Ready() <-chan func() { return ws.work }
 
-// asks: the trainer saves when it decides; the agent never asks it.
-func (ws *watchSource) asks() bool { return false }
+// Store is the committer's store in zero-code mode: it checks before each
+// manifest that the checkpoint did not change during its upload.
+func (ws *Watch) Store() *watch.VerifyStore { return ws.store }
+
+// Asks: the trainer saves when it decides; the agent never asks it.
+func (ws *Watch) Asks() bool { return false }
 
 // onReady: cp is complete. Commit it unless something newer is
 // committed; one upload at a time, the newest waiting, except during an
 // interruption, when the newest goes at once and older uploads stop.
-func (ws *watchSource) onReady(cp *watch.Checkpoint) {
+func (ws *Watch) onReady(cp *watch.Checkpoint) {
 	h := ws.host
-	h.seeStep(&cp.Step)
+	h.SeeStep(&cp.Step)
 	if ws.newest == nil || cp.Step >= ws.newest.Step {
 		ws.newest = cp
 	}
@@ -276,8 +287,8 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
 		ws.pace.Add(cp.Step, at)
 	}
-	if last := h.last(); last.id != "" && cp.Step <= last.step {
-		ws.env.log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
+	if last := h.Last(); last.ID != "" && cp.Step <= last.Step {
+		ws.env.Log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
 		return
 	}
 	for _, u := range ws.inflight {
@@ -300,17 +311,17 @@ func (ws *watchSource) onReady(cp *watch.Checkpoint) {
 
 // supersede cancels the uploads in flight older than step (during an
 // interruption: the newest goes at once).
-func (ws *watchSource) supersede(step int64) {
+func (ws *Watch) supersede(step int64) {
 	for id, u := range ws.inflight {
-		if u.cp.Step < step && ws.host.cancelUpload(id) {
-			ws.env.log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
+		if u.cp.Step < step && ws.host.CancelUpload(id) {
+			ws.env.Log.Info("interruption: a newer checkpoint supersedes the upload in flight", zap.String("id", id), zap.String("name", u.cp.Name))
 		}
 	}
 }
 
 // uploading reports whether a checkpoint of step or newer is being
 // uploaded.
-func (ws *watchSource) uploading(step int64) bool {
+func (ws *Watch) uploading(step int64) bool {
 	for _, u := range ws.inflight {
 		if u.cp.Step >= step {
 			return true
@@ -321,8 +332,8 @@ func (ws *watchSource) uploading(step int64) bool {
 
 // stageFor stages cp for upload (nil: it could not be; it is retried
 // once it is quiet again).
-func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
-	id := newID()
+func (ws *Watch) stageFor(cp *watch.Checkpoint) *watchStaged {
+	id := ws.host.NewID()
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
 	var held *os.Root
@@ -335,8 +346,8 @@ func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
 	}
 	if err != nil {
 		ws.prune.setBusy(cp.Name, -1)
-		ws.env.log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
-		ws.env.cfg.Metrics.Error("checkpoint")
+		ws.env.Log.Error("cannot stage a watched checkpoint for upload", zap.String("name", cp.Name), zap.Error(err))
+		ws.env.Metrics.Error("checkpoint")
 		ws.w.Retry(cp.Name) // once it is quiet again
 		return nil
 	}
@@ -345,7 +356,7 @@ func (ws *watchSource) stageFor(cp *watch.Checkpoint) *watchStaged {
 
 // dropNext discards the staged checkpoint waiting for the upload in
 // flight (a newer one replaces it, or it is already superseded).
-func (ws *watchSource) dropNext() {
+func (ws *Watch) dropNext() {
 	sc := ws.next
 	if sc == nil {
 		return
@@ -357,7 +368,7 @@ func (ws *watchSource) dropNext() {
 }
 
 // commit commits a staged checkpoint (nil: nothing to commit).
-func (ws *watchSource) commit(sc *watchStaged) {
+func (ws *Watch) commit(sc *watchStaged) {
 	h := ws.host
 	if sc == nil {
 		return
@@ -371,57 +382,57 @@ func (ws *watchSource) commit(sc *watchStaged) {
 	now := time.Now()
 	reason := protocol.ReasonPeriodic
 	if ws.intr != nil {
-		reason = ws.intr.s.reason
+		reason = ws.intr.s.Reason()
 	}
 	// Its cost is what was measured (the staging, then the upload and
 	// commit): the trainer's own save is not seen.
-	r := &request{id: id, reason: reason, dir: filepath.Join(ws.cfg.Dir, watchStage, id), rel: id, parent: ws.stage, held: sc.held, sent: now, deadline: now.Add(ws.env.cfg.RequestTimeout),
-		waiting: map[uint64]bool{}, answered: 1, step: cp.Step, metadata: cp.Metadata(), costFrom: now.Add(-sc.took)}
+	u := Upload{ID: id, Reason: reason, Dir: filepath.Join(ws.cfg.Dir, watchStage, id), Rel: id, Parent: ws.stage, Held: sc.held,
+		Step: cp.Step, Metadata: cp.Metadata(), CostFrom: now.Add(-sc.took)}
 	// The staging's busy mark stays until the commit ends (committed).
 	ws.inflight[id] = &watchUpload{cp: cp, unexpect: ws.store.Expect(cp.Step, id, cp.Verify), started: now}
-	ws.env.log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
+	ws.env.Log.Info("watched checkpoint complete: committing", zap.String("id", id), zap.String("name", cp.Name),
 		zap.Int64("step", cp.Step), zap.Int64("bytes", cp.Bytes()), zap.String("reason", reason))
-	h.commit(r, now)
+	h.Commit(u, now)
 }
 
-// committed follows a commit result (after onCommitResult has recorded
+// Committed follows a commit result (after onCommitResult has recorded
 // it): a watched checkpoint's, or another.
-func (ws *watchSource) committed(cr commitResult) {
+func (ws *Watch) Committed(cr Result) {
 	h := ws.host
-	u, ok := ws.inflight[cr.req.id]
+	u, ok := ws.inflight[cr.ID]
 	if !ok {
 		return
 	}
-	delete(ws.inflight, cr.req.id)
+	delete(ws.inflight, cr.ID)
 	ws.prune.setBusy(u.cp.Name, -1)
 	u.unexpect()
 	switch {
-	case cr.err == nil:
+	case cr.Err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
 		if ws.cfg.Prune {
-			ws.pruneFrom(cr.res.Manifest.Step)
+			ws.pruneFrom(cr.Res.Manifest.Step)
 		}
-	case errors.Is(cr.err, watch.ErrChanged):
-		ws.env.log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
-			zap.String("name", u.cp.Name), zap.Error(cr.err))
+	case errors.Is(cr.Err, watch.ErrChanged):
+		ws.env.Log.Warn("watched checkpoint changed during its upload: not committed, retried once it is quiet again",
+			zap.String("name", u.cp.Name), zap.Error(cr.Err))
 		ws.w.Retry(u.cp.Name)
 	default:
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if h.last().id == "" || n.cp.Step > h.last().step {
+		if h.Last().ID == "" || n.cp.Step > h.Last().Step {
 			ws.commit(n)
 		} else {
 			ws.dropNext()
 		}
 	}
-	ws.tick(time.Now())
+	ws.Tick(time.Now())
 }
 
 // pruneFrom deletes from DIR the checkpoints older than committed (the
 // newest committed step), keeping --keep: off the loop, one prune at a
 // time; a commit during a prune has the next one prune for it.
-func (ws *watchSource) pruneFrom(committed int64) {
+func (ws *Watch) pruneFrom(committed int64) {
 	h, p := ws.host, &ws.prune
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -430,8 +441,8 @@ func (ws *watchSource) pruneFrom(committed int64) {
 		return
 	}
 	p.running = true
-	w, life := ws.w, h.life()
-	h.goBg(func() {
+	w, life := ws.w, h.Life()
+	h.GoBg(func() {
 		for {
 			p.mu.Lock()
 			step := p.want
@@ -442,10 +453,10 @@ func (ws *watchSource) pruneFrom(committed int64) {
 				return
 			}
 			p.mu.Unlock()
-			if testHookWatchPrune != nil {
-				testHookWatchPrune()
+			if TestHookPrune != nil {
+				TestHookPrune()
 			}
-			w.Prune(life, step, ws.env.cfg.Keep, p.isBusy)
+			w.Prune(life, step, ws.env.Keep, p.isBusy)
 		}
 	})
 }
@@ -464,10 +475,10 @@ func (p *watchPruner) isBusy(name string) bool {
 	return p.busy[name] > 0
 }
 
-// stop begins an interruption in zero-code mode: signal the trainer if
+// Stop begins an interruption in zero-code mode: signal the trainer if
 // asked, then wait (until uploadBy) for a newer complete checkpoint. The
 // agent sends the trainer no request.
-func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
+func (ws *Watch) Stop(s Stop, uploadBy, now time.Time) bool {
 	h := ws.host
 	// What DIR holds now, not at the watcher's next scan: the newest
 	// complete checkpoint, and whether a newer one is being written.
@@ -480,8 +491,8 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if ws.newest != nil {
 		st.baseline = ws.newest.Step
 	}
-	if h.last().id != "" {
-		st.baseline = max(st.baseline, h.last().step)
+	if h.Last().ID != "" {
+		st.baseline = max(st.baseline, h.Last().Step)
 	}
 	ws.intr = st
 	// Completeness cannot wait past the upload deadline.
@@ -491,87 +502,87 @@ func (ws *watchSource) stop(s *stopState, uploadBy, now time.Time) bool {
 	if sc := ws.next; sc != nil {
 		ws.supersede(sc.cp.Step)
 		ws.commit(sc)
-	} else if n := ws.newest; n != nil && (h.last().id == "" || n.Step > h.last().step) && !ws.uploading(n.Step) {
+	} else if n := ws.newest; n != nil && (h.Last().ID == "" || n.Step > h.Last().Step) && !ws.uploading(n.Step) {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
-	if s.notice.Cloud == metadata.CloudSignal {
-		st.awaitNewer = ws.w.Pending(st.baseline) || (ws.cfg.NoticeSignal != 0 && h.trainer().running)
+	if s.Notice().Cloud == metadata.CloudSignal {
+		st.awaitNewer = ws.w.Pending(st.baseline) || (ws.cfg.NoticeSignal != 0 && h.Trainer().Running)
 		// With nothing complete and nothing on its way, stopping now
 		// would lose every step: it runs on for a first checkpoint.
 		st.prompt = st.baseline >= 0 || st.awaitNewer
 	}
-	if sig := ws.cfg.NoticeSignal; sig != 0 && h.trainer().running {
+	if sig := ws.cfg.NoticeSignal; sig != 0 && h.Trainer().Running {
 		// The trainer may die of it: that is the stop it was told of.
-		if err := h.signalTrainer(sig); err != nil {
-			ws.env.log.Warn("could not signal the trainer", zap.Error(err))
+		if err := h.SignalTrainer(sig); err != nil {
+			ws.env.Log.Warn("could not signal the trainer", zap.Error(err))
 		} else {
 			at := now.UTC()
-			s.record.Requested = &at
+			s.Record().Requested = &at
 			then := "each newer checkpoint is committed until the upload deadline, then it is stopped"
 			if st.prompt {
 				then = "it is stopped once that checkpoint is committed, at the upload deadline at the latest"
 			}
-			ws.env.log.Info("notice: signalled the trainer to save; "+then, zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
+			ws.env.Log.Info("notice: signalled the trainer to save; "+then, zap.String("signal", sigbridge.Name(sig)), zap.Time("upload_by", uploadBy))
 		}
 	} else {
 		ws.logStop(st, now)
 	}
-	ws.tick(now)
+	ws.Tick(now)
 	return true
 }
 
 // logStop says, as the interruption begins, how long the trainer runs on
 // and why: the agent cannot ask it for a checkpoint.
-func (ws *watchSource) logStop(st *watchStop, now time.Time) {
+func (ws *Watch) logStop(st *watchStop, now time.Time) {
 	left := zap.Float64("left_s", st.uploadBy.Sub(now).Round(time.Millisecond).Seconds())
 	switch {
-	case !st.prompt && st.s.notice.Cloud == metadata.CloudSignal:
-		ws.env.log.Info("signal: no complete checkpoint yet: the trainer runs on until the upload deadline for its first one; then it is stopped",
+	case !st.prompt && st.s.Notice().Cloud == metadata.CloudSignal:
+		ws.env.Log.Info("signal: no complete checkpoint yet: the trainer runs on until the upload deadline for its first one; then it is stopped",
 			zap.Time("upload_by", st.uploadBy), left)
 	case !st.prompt:
-		ws.env.log.Info("notice: the trainer runs on until the upload deadline, so that each newer checkpoint it saves is committed; then it is stopped",
+		ws.env.Log.Info("notice: the trainer runs on until the upload deadline, so that each newer checkpoint it saves is committed; then it is stopped",
 			zap.Time("upload_by", st.uploadBy), left)
 	case st.awaitNewer:
-		ws.env.log.Info("signal: the trainer is writing a checkpoint: it is stopped once that one is committed (at the upload deadline at the latest)",
+		ws.env.Log.Info("signal: the trainer is writing a checkpoint: it is stopped once that one is committed (at the upload deadline at the latest)",
 			zap.Int64("newest_complete_step", st.baseline), zap.Time("upload_by", st.uploadBy), left)
 	default:
-		ws.env.log.Info("signal: the trainer is stopped once the newest complete checkpoint is committed (--notice-signal would ask it to save first)",
+		ws.env.Log.Info("signal: the trainer is stopped once the newest complete checkpoint is committed (--notice-signal would ask it to save first)",
 			zap.Int64("step", st.baseline))
 	}
 }
 
-// wake is when the watch needs the loop next (zero: never).
-func (ws *watchSource) wake() time.Time {
-	if st := ws.intr; st != nil && !st.s.finished {
+// Wake is when the watch needs the loop next (zero: never).
+func (ws *Watch) Wake() time.Time {
+	if st := ws.intr; st != nil && !st.s.Finished() {
 		return st.uploadBy
 	}
 	return ws.flushBy
 }
 
-// tick decides the interruption. The trainer keeps running while a newer
+// Tick decides the interruption. The trainer keeps running while a newer
 // complete checkpoint can still be committed before the upload deadline
 // (uploadBy): each one is committed as it comes. At uploadBy (or once the
 // trainer is gone and nothing more is being written), the newest complete
 // one is committed if it is not yet, and once nothing is in flight the
 // trainer is stopped: the last safe moment.
-func (ws *watchSource) tick(now time.Time) {
+func (ws *Watch) Tick(now time.Time) {
 	h := ws.host
 	switch {
-	case !h.trainer().gone:
+	case !h.Trainer().Gone:
 		ws.goneAt = time.Time{}
 	case ws.goneAt.IsZero():
 		ws.goneAt = now // the first pass of the loop since it exited
 	}
-	if t := h.trainer(); t.gone && !h.stopping() && ws.flushBy.IsZero() && t.exitCode == 0 && !t.restartPending {
+	if t := h.Trainer(); t.Gone && !h.Stopping() && ws.flushBy.IsZero() && t.ExitCode == 0 && !t.RestartPending {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
 	}
 	st := ws.intr
-	active := st != nil && !st.s.finished
+	active := st != nil && !st.s.Finished()
 	late := active && (!now.Before(st.uploadBy) || st.promptDone(ws.newest))
-	if (active && (h.trainer().gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+	if (active && (h.Trainer().Gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: busy uses its result.
 		for _, cp := range ws.w.Scan(now) {
@@ -581,12 +592,12 @@ func (ws *watchSource) tick(now time.Time) {
 	if !active {
 		return
 	}
-	committed := h.last().id != ""
-	late = late || (h.trainer().gone && !ws.w.Pending(max(h.last().step, st.baseline)))
+	committed := h.Last().ID != ""
+	late = late || (h.Trainer().Gone && !ws.w.Pending(max(h.Last().Step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}
-	if n := ws.newest; n != nil && (!committed || n.Step > h.last().step) {
+	if n := ws.newest; n != nil && (!committed || n.Step > h.Last().Step) {
 		// Failed or not started: once more, before the deadline.
 		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
 			ws.commit(sc)
@@ -608,51 +619,51 @@ func (st *watchStop) promptDone(newest *watch.Checkpoint) bool {
 
 // finish ends the interruption with the newest committed checkpoint, and
 // stops the trainer, which knows nothing of the agent.
-func (ws *watchSource) finish(st *watchStop, now time.Time) {
+func (ws *Watch) finish(st *watchStop, now time.Time) {
 	h, s := ws.host, st.s
 	newest := ws.w.NewestStep()
-	h.seeStep(&newest)
-	if h.last().id == "" {
-		h.stopFailed(s, "no complete checkpoint in the watched directory", now)
+	h.SeeStep(&newest)
+	if h.Last().ID == "" {
+		h.StopFailed(s, "no complete checkpoint in the watched directory", now)
 	} else {
 		base := ws.written
 		if base.IsZero() {
-			base = h.last().trainedAt
+			base = h.Last().TrainedAt
 		}
 		if base.IsZero() {
-			base = ws.env.started
+			base = ws.env.Started
 		}
-		s.record.CheckpointID, s.record.Step = h.last().id, h.last().step
-		s.record.LostSeconds = max(now.Sub(base).Seconds(), 0)
-		if h.last().step > st.baseline && !ws.doneAt.IsZero() {
+		s.Record().CheckpointID, s.Record().Step = h.Last().ID, h.Last().Step
+		s.Record().LostSeconds = max(now.Sub(base).Seconds(), 0)
+		if h.Last().Step > st.baseline && !ws.doneAt.IsZero() {
 			done := ws.doneAt
-			s.record.Done = &done // the trainer's checkpoint after the notice was complete
+			s.Record().Done = &done // the trainer's checkpoint after the notice was complete
 		}
-		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: h.last().id, Step: h.last().step}, Bytes: h.last().bytes}
-		h.stopCommitted(s, res, now)
+		res := &checkpoint.Result{Manifest: &checkpoint.Manifest{ID: h.Last().ID, Step: h.Last().Step}, Bytes: h.Last().Bytes}
+		h.StopCommitted(s, res, now)
 	}
-	if h.trainer().running && h.last().id != "" {
+	if h.Trainer().Running && h.Last().ID != "" {
 		why := "the upload deadline"
 		if st.prompt && now.Before(st.uploadBy) {
 			why = "the signal's checkpoint is committed"
 		}
-		ws.env.log.Info("zero-code stop: stopping the trainer", zap.String("why", why), zap.Int64("committed_step", h.last().step))
+		ws.env.Log.Info("zero-code stop: stopping the trainer", zap.String("why", why), zap.Int64("committed_step", h.Last().Step))
 	}
-	h.stopTrainer()
+	h.StopTrainer()
 }
 
-// reached is the step the trainer reached by now (by its exit, if it
+// Reached is the step the trainer reached by now (by its exit, if it
 // exited): what it reported itself if that is newer than anything in DIR
 // (a trainer that speaks the protocol's progress), else its pace
 // extrapolated from its newest checkpoint, else the newest step in DIR
 // (complete or not), which is only a lower bound: a trainer that saves
 // every 10 s and is stopped 9 s after its last save lost 9 s of steps
 // that DIR never shows.
-func (ws *watchSource) reached(now time.Time) (int64, string) {
+func (ws *Watch) Reached(now time.Time) (int64, string) {
 	h := ws.host
 	seen := ws.w.NewestStep() // -1: none
-	if h.trainerStep() > max(seen, 0) {
-		return h.trainerStep(), ""
+	if h.TrainerStep() > max(seen, 0) {
+		return h.TrainerStep(), ""
 	}
 	stopped := now
 	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
@@ -661,22 +672,22 @@ func (ws *watchSource) reached(now time.Time) (int64, string) {
 	if step, ok := ws.pace.At(stopped); ok {
 		return max(step, seen), checkpoint.LostFromEstimate
 	}
-	return max(seen, h.trainerStep()), checkpoint.LostFromDir
+	return max(seen, h.TrainerStep()), checkpoint.LostFromDir
 }
 
-// busy keeps the agent from ending while an interruption waits for the
+// Busy keeps the agent from ending while an interruption waits for the
 // trainer's checkpoint, or a trainer that exited may have left one. It
 // reads what tick (run before it in each pass of the loop) saw.
-func (ws *watchSource) busy(now time.Time) bool {
+func (ws *Watch) Busy(now time.Time) bool {
 	h := ws.host
-	if st := ws.intr; st != nil && !st.s.finished {
+	if st := ws.intr; st != nil && !st.s.Finished() {
 		return true
 	}
 	if ws.flushBy.IsZero() || !now.Before(ws.flushBy) {
 		return false
 	}
 	// No scan here: tick, earlier in the same pass of the loop, did.
-	return len(ws.inflight) > 0 || ws.w.Pending(h.last().step)
+	return len(ws.inflight) > 0 || ws.w.Pending(h.Last().Step)
 }
 
 // watchStage is the directory in DIR where watched checkpoints are staged

@@ -1,11 +1,12 @@
-package main
+// Package benchstore runs the protocol servers spotbench measures against:
+// MinIO (stock, --no-compat, on disk) and fake-gcs-server, each in its own
+// process so that their CPU is not the client's.
+package benchstore
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,7 +15,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +26,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
@@ -34,38 +33,41 @@ import (
 const (
 	minioUser   = "spotbench"
 	minioSecret = "spotbench-secret-key"
-	bucket      = "bench"
+	// Bucket is the bucket every server holds.
+	Bucket = "bench"
 )
 
-// stores are the protocol servers every transfer figure uses.
-type stores struct {
-	minio *minioServer // stock settings
+// Stores are the protocol servers every transfer figure uses.
+type Stores struct {
+	MinIO *MinIO // stock settings
 	// lean is MinIO started with --no-compat: no MD5 of every byte for the
 	// ETag (half of MinIO's CPU in an upload). The 1 GiB upload is also
 	// measured against it, to show the clients with less of the server's
 	// work on the shared cores, as with a real bucket.
-	lean *minioServer
+	Lean *MinIO
 	// disk is a stock MinIO with its data on disk (under the work
 	// directory), started by the pipeline section for checkpoints that
 	// tmpfs and memory cannot hold beside the trainer's state.
-	disk    *minioServer
-	gcsHost string // 127.0.0.1:PORT
+	Disk    *MinIO
+	GCSHost string // 127.0.0.1:PORT
 	gcs     *exec.Cmd
 	procs   []*exec.Cmd
+	bin     string // the MinIO binary
+	work    string // where logs (and data off tmpfs) go
 }
 
-// minioServer is one MinIO process holding the bench bucket.
-type minioServer struct {
-	url     string // http://127.0.0.1:PORT
-	data    string // its data directory
-	client  *s3.Client
+// MinIO is one MinIO process holding the bench bucket.
+type MinIO struct {
+	URL     string // http://127.0.0.1:PORT
+	Data    string // its data directory
+	Client  *s3.Client
 	presign *s3.PresignClient
 	pid     int
 }
 
-// cpu is the server's CPU time so far (user + system, seconds); 0 for nil
+// CPU is the server's CPU time so far (user + system, seconds); 0 for nil
 // (fake-gcs-server is not measured).
-func (m *minioServer) cpu() float64 {
+func (m *MinIO) CPU() float64 {
 	if m == nil {
 		return 0
 	}
@@ -84,43 +86,45 @@ func (m *minioServer) cpu() float64 {
 	return (ut + st) / 100
 }
 
-// env is the environment for spotagent, the AWS CLI and the SDK.
-func (m *minioServer) env() []string {
+// Env is the environment for spotagent, the AWS CLI and the SDK.
+func (m *MinIO) Env() []string {
 	return []string{
 		"AWS_ACCESS_KEY_ID=" + minioUser, "AWS_SECRET_ACCESS_KEY=" + minioSecret, "AWS_REGION=us-east-1",
-		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + m.url,
+		"AWS_DEFAULT_REGION=us-east-1", "AWS_ENDPOINT_URL_S3=" + m.URL,
 		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null",
 	}
 }
 
-func (s *stores) gcsEnv() []string { return []string{"STORAGE_EMULATOR_HOST=" + s.gcsHost} }
+// GCSEnv is the environment that points clients at fake-gcs-server.
+func (s *Stores) GCSEnv() []string { return []string{"STORAGE_EMULATOR_HOST=" + s.GCSHost} }
 
-func (s *stores) Close() {
-	for _, m := range []*minioServer{s.minio, s.lean, s.disk} {
+// Close stops every server and removes their data.
+func (s *Stores) Close() {
+	for _, m := range []*MinIO{s.MinIO, s.Lean, s.Disk} {
 		if m != nil {
-			defer os.RemoveAll(m.data)
+			defer os.RemoveAll(m.Data)
 		}
 	}
 	for _, p := range s.procs {
-		stop(p)
+		Stop(p)
 	}
 }
 
-// stopGCS ends fake-gcs-server once the sections that use it are done: it
+// StopGCS ends fake-gcs-server once the sections that use it are done: it
 // keeps garbage-collecting against its GOMEMLIMIT while idle (about 40 %
 // of a core after the 1 GiB runs), which the later sections would share
 // the machine with.
-func (s *stores) stopGCS() {
+func (s *Stores) StopGCS() {
 	if s.gcs == nil {
 		return
 	}
-	stop(s.gcs)
+	Stop(s.gcs)
 	s.procs = slices.DeleteFunc(s.procs, func(p *exec.Cmd) bool { return p == s.gcs })
-	s.gcs, s.gcsHost = nil, ""
+	s.gcs, s.GCSHost = nil, ""
 }
 
-// stop ends p: SIGTERM, SIGKILL after 10 s.
-func stop(p *exec.Cmd) {
+// Stop ends p: SIGTERM, SIGKILL after 10 s.
+func Stop(p *exec.Cmd) {
 	p.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { p.Wait(); close(done) }()
@@ -132,7 +136,8 @@ func stop(p *exec.Cmd) {
 	}
 }
 
-func freePort() (string, error) {
+// FreePort is a loopback address no one listens on (yet).
+func FreePort() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
@@ -141,26 +146,27 @@ func freePort() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// startStores starts two MinIO servers (single drive, data on tmpfs so that
+// Start starts two MinIO servers (single drive, data on tmpfs so that
 // the server's disk is not what is measured: real S3 has no local disk in
 // the way), one stock and one --no-compat, and fake-gcs-server (in memory,
-// in a child process).
-func startStores(c *config) (*stores, error) {
-	s := &stores{}
-	if _, err := os.Stat(c.minio); err != nil {
+// in a child process: self is spotbench, run as `self gcs-server`). bin is
+// the MinIO binary; work holds the servers' logs.
+func Start(bin, work, self string) (*Stores, error) {
+	s := New(bin, work)
+	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("minio binary: %w (scripts/bench.sh installs it)", err)
 	}
 	var err error
-	if s.minio, err = s.startMinIO(c, "minio"); err != nil {
+	if s.MinIO, err = s.StartMinIO("minio"); err != nil {
 		s.Close()
 		return nil, err
 	}
-	if s.lean, err = s.startMinIO(c, "minio-lean", "--no-compat"); err != nil {
+	if s.Lean, err = s.StartMinIO("minio-lean", "--no-compat"); err != nil {
 		s.Close()
 		return nil, err
 	}
 
-	g := exec.Command(c.self, "gcs-server")
+	g := exec.Command(self, "gcs-server")
 	// fake-gcs-server keeps objects in memory and recomputes checksums over
 	// the whole object on every resumable chunk: a lot of garbage. Without a
 	// limit its heap reached 8 GB and pushed the machine into reclaim.
@@ -181,65 +187,68 @@ func startStores(c *config) (*stores, error) {
 		s.Close()
 		return nil, fmt.Errorf("gcs-server: %w", err)
 	}
-	s.gcsHost = strings.TrimSpace(line)
-	logf("minio %s (data %s), minio --no-compat %s, fake-gcs-server %s", s.minio.url, s.minio.data, s.lean.url, s.gcsHost)
+	s.GCSHost = strings.TrimSpace(line)
 	return s, nil
 }
 
-// startMinIO starts a MinIO server named name (its data directory and log
+// New is an empty set of servers: MinIO binary bin, logs under work.
+func New(bin, work string) *Stores { return &Stores{bin: bin, work: work} }
+
+// StartMinIO starts a MinIO server named name (its data directory and log
 // file) with the bench bucket.
-func (s *stores) startMinIO(c *config, name string, flags ...string) (*minioServer, error) {
-	return s.startMinIOIn(c, name, minioDataDir(c, name), flags...)
+func (s *Stores) StartMinIO(name string, flags ...string) (*MinIO, error) {
+	return s.StartMinIOIn(name, DataDir(s.work, name), flags...)
 }
 
-// startMinIOIn is startMinIO with its data in data.
-func (s *stores) startMinIOIn(c *config, name, data string, flags ...string) (*minioServer, error) {
-	addr, err := freePort()
+// StartMinIOIn is StartMinIO with its data in data.
+func (s *Stores) StartMinIOIn(name, data string, flags ...string) (*MinIO, error) {
+	addr, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	m := &minioServer{url: "http://" + addr, data: data}
-	// Errors return m too: the caller's Close removes m.data.
-	os.RemoveAll(m.data)
-	if err := os.MkdirAll(m.data, 0o700); err != nil {
+	m := &MinIO{URL: "http://" + addr, Data: data}
+	// Errors return m too: the caller's Close removes m.Data.
+	os.RemoveAll(m.Data)
+	if err := os.MkdirAll(m.Data, 0o700); err != nil {
 		return m, err
 	}
 	args := append([]string{"server", "--quiet", "--address", addr, "--console-address", "127.0.0.1:0"}, flags...)
-	cmd := exec.Command(c.minio, append(args, m.data)...)
+	cmd := exec.Command(s.bin, append(args, m.Data)...)
 	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+minioUser, "MINIO_ROOT_PASSWORD="+minioSecret,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off")
-	mlog, _ := os.Create(filepath.Join(c.work, name+".log"))
+	mlog, _ := os.Create(filepath.Join(s.work, name+".log"))
 	cmd.Stdout, cmd.Stderr = mlog, mlog
 	if err := cmd.Start(); err != nil {
 		return m, err
 	}
 	s.procs = append(s.procs, cmd)
 	m.pid = cmd.Process.Pid
-	if err := waitHTTP(m.url+"/minio/health/live", 60*time.Second); err != nil {
+	if err := WaitHTTP(m.URL+"/minio/health/live", 60*time.Second); err != nil {
 		return m, fmt.Errorf("%s: %w (log %s)", name, err, mlog.Name())
 	}
-	m.client = s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(m.url), UsePathStyle: true,
+	m.Client = s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(m.URL), UsePathStyle: true,
 		Credentials: credentials.NewStaticCredentialsProvider(minioUser, minioSecret, ""),
 	})
-	m.presign = s3.NewPresignClient(m.client)
-	if _, err := m.client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+	m.presign = s3.NewPresignClient(m.Client)
+	if _, err := m.Client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(Bucket)}); err != nil {
 		return m, fmt.Errorf("%s: create bucket: %w", name, err)
 	}
 	return m, nil
 }
 
-// minioDataDir is on tmpfs when there is room: the figures are about the
+// DataDir is on tmpfs when there is room: the figures are about the
 // client, not the local disk under a test server.
-func minioDataDir(c *config, name string) string {
+func DataDir(work, name string) string {
 	var st syscall.Statfs_t
 	if syscall.Statfs("/dev/shm", &st) == nil && int64(st.Bavail)*int64(st.Bsize) > 12<<30 {
 		return "/dev/shm/spotbench-" + name
 	}
-	return filepath.Join(c.work, name)
+	return filepath.Join(work, name)
 }
 
-func waitHTTP(url string, timeout time.Duration) error {
+// WaitHTTP polls url until it answers 200, for at most timeout.
+func WaitHTTP(url string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		resp, err := http.Get(url)
@@ -259,8 +268,9 @@ func waitHTTP(url string, timeout time.Duration) error {
 	}
 }
 
-func (m *minioServer) presignPut(key string) (string, error) {
-	req, err := m.presign.PresignPutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
+// PresignPut is a presigned PUT URL of key.
+func (m *MinIO) PresignPut(key string) (string, error) {
+	req, err := m.presign.PresignPutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String(Bucket), Key: aws.String(key)},
 		s3.WithPresignExpires(time.Hour))
 	if err != nil {
 		return "", err
@@ -268,8 +278,9 @@ func (m *minioServer) presignPut(key string) (string, error) {
 	return req.URL, nil
 }
 
-func (m *minioServer) presignGet(key string) (string, error) {
-	req, err := m.presign.PresignGetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)},
+// PresignGet is a presigned GET URL of key.
+func (m *MinIO) PresignGet(key string) (string, error) {
+	req, err := m.presign.PresignGetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(Bucket), Key: aws.String(key)},
 		s3.WithPresignExpires(time.Hour))
 	if err != nil {
 		return "", err
@@ -277,9 +288,9 @@ func (m *minioServer) presignGet(key string) (string, error) {
 	return req.URL, nil
 }
 
-// deletePrefix removes every object under uri (s3://bench/p or
+// DeletePrefix removes every object under uri (s3://bench/p or
 // gs://bench/p), reaching the store through env.
-func deletePrefix(env []string, uri string) error {
+func DeletePrefix(env []string, uri string) error {
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v)
@@ -302,14 +313,14 @@ func deletePrefix(env []string, uri string) error {
 	return nil
 }
 
-// deleteRaw removes the single-stream object key ("up/raw-...") from m, or
+// DeleteRaw removes the single-stream object key ("up/raw-...") from m, or
 // from fake-gcs-server when m is nil.
-func (s *stores) deleteRaw(m *minioServer, key string) error {
+func (s *Stores) DeleteRaw(m *MinIO, key string) error {
 	if m != nil {
-		_, err := m.client.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+		_, err := m.Client.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: aws.String(Bucket), Key: aws.String(key)})
 		return err
 	}
-	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s", s.gcsHost, bucket, url.PathEscape(key)), nil)
+	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://%s/storage/v1/b/%s/o/%s", s.GCSHost, Bucket, url.PathEscape(key)), nil)
 	if err != nil {
 		return err
 	}
@@ -324,14 +335,14 @@ func (s *stores) deleteRaw(m *minioServer, key string) error {
 	return nil
 }
 
-// emptyTrash frees what MinIO keeps of deleted objects (it moves them to
+// EmptyTrash frees what MinIO keeps of deleted objects (it moves them to
 // .minio.sys/tmp/.trash and purges later): on tmpfs that is memory.
-func (s *stores) emptyTrash() {
-	for _, m := range []*minioServer{s.minio, s.lean, s.disk} {
+func (s *Stores) EmptyTrash() {
+	for _, m := range []*MinIO{s.MinIO, s.Lean, s.Disk} {
 		if m == nil {
 			continue
 		}
-		trash := filepath.Join(m.data, ".minio.sys", "tmp", ".trash")
+		trash := filepath.Join(m.Data, ".minio.sys", "tmp", ".trash")
 		ents, _ := os.ReadDir(trash)
 		for _, e := range ents {
 			os.RemoveAll(filepath.Join(trash, e.Name()))
@@ -339,10 +350,10 @@ func (s *stores) emptyTrash() {
 	}
 }
 
-// cmdGCSServer serves fake-gcs-server (in memory) with the bench bucket,
+// ServeGCS serves fake-gcs-server (in memory) with the bench bucket,
 // prints its host:port on stdout, and runs until SIGTERM/SIGINT.
-func cmdGCSServer(args []string) int {
-	srv, err := gcstest.Start(bucket)
+func ServeGCS(args []string) int {
+	srv, err := gcstest.Start(Bucket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gcs-server:", err)
 		return 1
@@ -352,48 +363,5 @@ func cmdGCSServer(args []string) int {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
-	return 0
-}
-
-// cmdCommit commits one directory to a store through pkg/checkpoint's
-// Committer with the agent's defaults: the code path `spotagent run` takes
-// for every checkpoint (scan, concurrent streamed upload with CRC32C,
-// manifest, latest.json). It prints the result as one JSON line.
-// SPOTBENCH_CPUPROFILE=FILE writes a CPU profile of the commit (pprof).
-func cmdCommit(args []string) int {
-	fs := flag.NewFlagSet("commit", flag.ExitOnError)
-	uri := fs.String("store", "", "store URI")
-	dir := fs.String("dir", "", "checkpoint directory")
-	fs.Parse(args)
-	ctx := context.Background()
-	if p := os.Getenv("SPOTBENCH_CPUPROFILE"); p != "" {
-		f, err := os.Create(p)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "commit:", err)
-			return 1
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "commit:", err)
-			return 1
-		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
-	}
-	st, err := all.Open(ctx, *uri, all.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "commit:", err)
-		return 1
-	}
-	defer st.Close()
-	c := &checkpoint.Committer{Store: st, RunID: "bench"}
-	start := time.Now()
-	res, err := c.Commit(ctx, checkpoint.Request{Dir: *dir, ID: "bench", Step: 1, Reason: "periodic"})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "commit:", err)
-		return 1
-	}
-	json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"bytes": res.Bytes, "upload_s": res.Upload.Seconds(), "total_s": res.Total.Seconds(),
-		"wall_s": time.Since(start).Seconds(), "manifest": res.ManifestKey,
-	})
 	return 0
 }

@@ -1,4 +1,4 @@
-package supervisor
+package ranks
 
 import (
 	"strconv"
@@ -6,7 +6,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// stopLauncherExit is the agent's code for a node of a multi-node job
+// StopLauncherExit is the agent's code for a node of a multi-node job
 // whose launcher exited 1 while the job's interruption or shutdown stop
 // ran, and none of exitCodeFor's
 // other cases applied (#37 item 4): the stop's checkpoint did not commit
@@ -16,18 +16,18 @@ import (
 // a rank of this node crashed before the stop (a bug stays 1), and after a
 // peer lost before the stop, whatever the other nodes' crash records say
 // (peerLossExit).
-func (w *rankWatch) stopLauncherExit(code int) int {
+func (w *Watch) StopLauncherExit(code int) int {
 	for pid, said := range w.left { // noted only while no stop ran: before it
 		if said != strconv.Itoa(ExitInterrupted) {
-			w.env.log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
+			w.env.Log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
 				zap.Int("code", code), zap.Int("rank_pid", pid), zap.String("exit_file", said))
 			return code
 		}
 	}
 	if w.verdict == verdictPeerLost {
-		return w.peerLossExit(code) // agent_peers.go
+		return w.PeerLossExit(code) // watch.go
 	}
-	w.env.log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
+	w.env.Log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
 		zap.Int("code", code))
 	return ExitInterrupted
 }

@@ -1,4 +1,4 @@
-package supervisor
+package nodemode
 
 import (
 	"context"
@@ -21,9 +21,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-// nodeRunning is a node agent (RunNode) serving until the test ends.
+// nodeRunning is a node agent (Run) serving until the test ends.
 type nodeRunning struct {
 	sock   string
 	src    *fakeSource
@@ -36,13 +37,13 @@ type nodeRunning struct {
 // startNode runs a node agent with file stores under a temp dir. open,
 // when set, runs before each run's store is opened (to stall a run).
 // Every connection's peer identity is fed by the test through dialAs.
-func startNode(t *testing.T, open func(uri string), mutate ...func(*NodeConfig)) *nodeRunning {
+func startNode(t *testing.T, open func(uri string), mutate ...func(*Config)) *nodeRunning {
 	t.Helper()
 	dir := shortDir(t)
 	core, logs := observer.New(zap.InfoLevel)
 	n := &nodeRunning{sock: filepath.Join(dir, "node.sock"), src: &fakeSource{ch: make(chan metadata.Notice, 4)},
 		sigs: make(chan os.Signal, 2), done: make(chan error, 1), logs: logs, idents: make(chan string)}
-	cfg := NodeConfig{
+	cfg := Config{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
 		Source: n.src, Log: zap.New(core),
 		Server: protocol.ServerConfig{Path: n.sock, Identify: func(int, int) string {
@@ -62,21 +63,21 @@ func startNode(t *testing.T, open func(uri string), mutate ...func(*NodeConfig))
 		NewScheduler: func() *schedule.Scheduler {
 			return schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour})
 		},
-		Run: Config{TermGrace: 5 * time.Second, Margin: time.Second},
+		Run: supervisor.Config{TermGrace: 5 * time.Second, Margin: time.Second},
 	}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	go func() { n.done <- RunNode(context.Background(), cfg, n.sigs) }()
+	go func() { n.done <- Run(context.Background(), cfg, n.sigs) }()
 	t.Cleanup(func() {
 		n.sigs <- syscall.SIGTERM
 		select {
 		case err := <-n.done:
 			if err != nil {
-				t.Errorf("RunNode: %v", err)
+				t.Errorf("Run: %v", err)
 			}
 		case <-time.After(2 * testWait):
-			t.Errorf("RunNode did not return after SIGTERM")
+			t.Errorf("Run did not return after SIGTERM")
 		}
 	})
 	return n
@@ -375,17 +376,17 @@ func TestNode_StatusListsRuns(t *testing.T) {
 		tr.helloRun(run)
 		tr.expect(protocol.TypeWelcome)
 	}
-	ask := func() NodeStatus {
+	ask := func() supervisor.NodeStatus {
 		cli := n.dialAs(t, "uid:0")
 		cli.send(map[string]any{"type": "status"})
 		m := cli.expect(protocol.TypeStatus)
-		var st NodeStatus
+		var st supervisor.NodeStatus
 		if err := json.Unmarshal(m.Status, &st); err != nil {
 			t.Fatalf("node status %s: %v", m.Status, err)
 		}
 		return st
 	}
-	var st NodeStatus
+	var st supervisor.NodeStatus
 	testutil.WaitFor(t, "both runs' trainers in the node's status", func() bool {
 		st = ask()
 		return len(st.Runs) == 2 && st.Runs[0].Status != nil && st.Runs[0].Status.Trainers == 1 &&

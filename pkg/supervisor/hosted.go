@@ -1,0 +1,42 @@
+package supervisor
+
+import (
+	"context"
+	"os"
+
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// Hosted is what a host that serves the socket itself (node mode,
+// pkg/supervisor/nodemode) hands one of its runs: the run's checkpoint
+// directory, opened by the host (Dir, closed with the run), the events of
+// its trainers' connections, the machine's notices, signals, and the
+// status requests its loop answers (Asks; nil: none).
+type Hosted struct {
+	Dir     *os.Root
+	Events  <-chan protocol.Event
+	Notices <-chan metadata.Notice
+	Signals <-chan os.Signal
+	Asks    <-chan chan<- Status
+}
+
+// RunHosted runs one agent of a host until its loop ends: cfg.CheckpointDir
+// names in.Dir, and the host owns the socket, the notice source and the
+// signals. An agent that cannot be made returns its error (in.Dir closed);
+// otherwise RunHosted returns nil once the agent's loop and its exit are
+// done (see Run for what an exit abandons). ctx ends the run at once.
+func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
+	cfg.dir = in.Dir
+	a, err := newAgent(ctx, cfg)
+	if err != nil {
+		in.Dir.Close()
+		return err
+	}
+	defer a.endLife() // after a panic too: its background work stops
+	a.asks = in.Asks
+	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
+	a.loop(ctx, in.Events, in.Notices, in.Signals)
+	a.finish()
+	return nil
+}

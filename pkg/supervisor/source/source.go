@@ -1,0 +1,149 @@
+// Package source is where the agent's checkpoints come from: the
+// interface the agent's loop drives (Source), what a source may ask of the
+// agent (Host), and zero-code mode (Watch), the source that commits what
+// the trainer saves into a watched directory on its own. The default
+// source, the protocol's (the agent asks the trainer and restores into its
+// own area), lives with the agent in pkg/supervisor, which names the kinds.
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+// Source is where the agent's checkpoints come from. The loop drives it
+// and does not know which kind it drives:
+//
+//   - the protocol's, the default (pkg/supervisor): the trainer speaks the
+//     protocol. The agent asks it for checkpoints and restores into its
+//     own area; the source has nothing else to do.
+//   - Watch (watch.go), zero-code mode: the trainer saves into a watched
+//     directory on its own. The source commits each complete checkpoint,
+//     restores into that directory and decides an interruption's end.
+//
+// Every method runs on the loop's goroutine or before it starts (Restore,
+// Start), except Close: after the loop and everything beside it ended.
+type Source interface {
+	// Restore puts the newest committed checkpoint where the trainer
+	// resumes from; nil when it starts fresh.
+	Restore(ctx context.Context) (*protocol.Resume, error)
+	// Start runs what the source needs beside the loop, owned by the
+	// agent's lifetime (Host.GoBg); Close releases its handles once all of
+	// that has ended, or when the loop never ran.
+	Start()
+	Close()
+	// Ready yields work the source asks the loop to do (a checkpoint
+	// found complete); nil: never.
+	Ready() <-chan func()
+	// Tick is the loop's pass at now; Wake is when the source next needs
+	// one (zero: never); Busy keeps the agent from ending.
+	Tick(now time.Time)
+	Wake() time.Time
+	Busy(now time.Time) bool
+	// Committed follows each commit result, after the agent recorded it.
+	Committed(cr Result)
+	// Stop begins the interruption s, whose checkpoint must be uploaded
+	// by uploadBy. false: the agent asks the trainer for it.
+	Stop(s Stop, uploadBy, now time.Time) bool
+	// Asks reports whether the agent asks the trainer for checkpoints.
+	Asks() bool
+	// Reached is the newest step the trainer reached by now as far as the
+	// source knows, and how that was counted (Interruption.LostStepsFrom,
+	// empty: the trainer's reports): an interruption loses the steps past
+	// the committed one.
+	Reached(now time.Time) (step int64, from string)
+}
+
+var _ Source = (*Watch)(nil)
+
+// Host is what a checkpoint source may ask of the agent, on the loop's
+// goroutine (or before the loop starts): the agent keeps its state, a
+// source only its own, and changes the agent's only through these calls.
+type Host interface {
+	// Life ends with the agent; GoBg runs fn beside the loop, owned by it.
+	Life() context.Context
+	GoBg(fn func())
+	// Last is the newest committed checkpoint; TrainerStep the newest step
+	// the trainer reported, SeeStep raises it.
+	Last() Committed
+	TrainerStep() int64
+	SeeStep(step *int64)
+	// NewID names a new checkpoint request; Area is the agent's area of
+	// the checkpoint directory (opened after the source is made).
+	NewID() string
+	Area() (root *os.Root, path string)
+	// Commit uploads u beside the loop (the trainer's save ended at now);
+	// its result comes back through Committed. CancelUpload cancels the
+	// upload of request id, if it is in flight.
+	Commit(u Upload, now time.Time)
+	CancelUpload(id string) bool
+	// Restored records a restore (journal, metrics, the newest committed
+	// checkpoint) and is the trainers' resume; Epoch is the session's
+	// lease epoch, the newest a restore may pick.
+	Restored(r *checkpoint.Restored, start time.Time, dir, manifest string) *protocol.Resume
+	Epoch() int64
+	// Trainer is the child's state now; SignalTrainer signals it (it may
+	// die of it: the stop it was told of); StopTrainer ends it (SIGTERM,
+	// SIGKILL after KillAfter) if it still runs.
+	Trainer() Trainer
+	SignalTrainer(sig syscall.Signal) error
+	StopTrainer()
+	// Stopping reports a stop sequence under way; StopCommitted and
+	// StopFailed end the interruption s the source took.
+	Stopping() bool
+	StopCommitted(s Stop, res *checkpoint.Result, now time.Time)
+	StopFailed(s Stop, why string, now time.Time)
+}
+
+// Trainer is the trainer (a child) as a source sees it.
+type Trainer struct {
+	Started        bool // a child was started (this is a restart's restore)
+	Running        bool
+	Gone           bool // it exited (or there never was one to wait for)
+	ExitCode       int  // the agent's code from its last exit
+	RestartPending bool
+}
+
+// Committed is the newest committed checkpoint as a source sees it.
+type Committed struct {
+	ID        string
+	Step      int64
+	Bytes     int64
+	TrainedAt time.Time // when, in this session, the trainer's state matched it
+}
+
+// Upload is a checkpoint a source hands the agent to commit: its request
+// id, why, where it lies (Dir; Rel relative to Parent, held open as Held),
+// its step and metadata, and where its measured cost begins (CostFrom).
+type Upload struct {
+	ID, Reason, Dir string
+	Rel             string
+	Parent, Held    *os.Root
+	Step            int64
+	Metadata        json.RawMessage
+	CostFrom        time.Time
+}
+
+// Result is a commit's result: of request ID, Res on success, else Err.
+type Result struct {
+	ID  string
+	Res *checkpoint.Result
+	Err error
+}
+
+// Stop is an interruption under way, as a source sees it: why, the notice
+// that began it, its journal record (the source fills in what it knows)
+// and whether it has ended.
+type Stop interface {
+	Reason() string
+	Notice() metadata.Notice
+	Record() *checkpoint.Interruption
+	Finished() bool
+}
