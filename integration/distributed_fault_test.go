@@ -45,6 +45,8 @@ type rankConn struct {
 	rank int
 	c    *protocol.Client
 	msgs chan protocol.Message
+	// welcome is the agent's answer to the hello (its resume, if any).
+	welcome protocol.Message
 }
 
 func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
@@ -63,11 +65,12 @@ func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
 		time.Sleep(20 * time.Millisecond) // polling for the socket to appear, bounded by ctx
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
-	if _, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}}); err != nil {
+	w, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
+		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}})
+	if err != nil {
 		t.Fatalf("rank %d: %v", rank, err)
 	}
-	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan protocol.Message, 64)}
+	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan protocol.Message, 64), welcome: w}
 	go func() {
 		defer close(r.msgs)
 		for {
@@ -120,6 +123,14 @@ func rankFile(step int64, r int) []byte {
 // the request's id.
 func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 	t.Helper()
+	return saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte {
+		return map[string][]byte{fmt.Sprintf("rank-%d.bin", r): rankFile(step, r)}
+	})
+}
+
+// saveJobStepFiles is saveJobStep with the files each rank r writes.
+func saveJobStepFiles(t *testing.T, ranks []*rankConn, step int64, files func(r int) map[string][]byte) string {
+	t.Helper()
 	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("rank 0: no checkpoint request")
@@ -144,8 +155,10 @@ func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
 		dirs[r.rank] = m.Dir
 	}
 	for _, r := range ranks {
-		if err := os.WriteFile(filepath.Join(dirs[r.rank], fmt.Sprintf("rank-%d.bin", r.rank)), rankFile(step, r.rank), 0o600); err != nil {
-			t.Fatal(err)
+		for name, b := range files(r.rank) {
+			if err := os.WriteFile(filepath.Join(dirs[r.rank], name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for _, r := range ranks {

@@ -52,6 +52,8 @@ type agentOptions struct {
 	localMaxBytes                                             int64
 	peerTimeout                                               time.Duration // liveness heartbeats (pkg/liveness)
 	peerListen, peerAdvertise                                 string
+	peerRestore                                               bool // the peer tier (pkg/checkpoint/peertier)
+	replicas                                                  int
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -68,6 +70,8 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75): at least 2s, or 0 for no heartbeats")
 		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
+		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of the next node's part (node K copies node K+1's, from it, after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
+		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and CRC32C: data-parallel replicas)")
 	}
 	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
@@ -101,7 +105,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		inGroup(fs, groupRequired, "store-prefix")
 	} else {
 		inGroup(fs, groupRequired, "store")
-		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise")
+		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
@@ -387,7 +391,37 @@ func (o *agentOptions) checkPeers() error {
 		(o.peerTimeout != liveness.DefaultTimeout || o.peerListen != ":0" || o.peerAdvertise != "") {
 		return fmt.Errorf("--peer-timeout, --peer-listen and --peer-advertise need --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job send heartbeats")
 	}
+	if o.peerRestore && o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" {
+		return fmt.Errorf("--peer-restore needs --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job have peers")
+	}
+	if o.replicas < 0 || o.replicas > 1 {
+		return fmt.Errorf("--replicas %d: want 0 or 1", o.replicas)
+	}
+	if o.replicas > 0 && !o.peerRestore {
+		return fmt.Errorf("--replicas needs --peer-restore: the copies are served to the other nodes by the peer tier")
+	}
+	if o.replicas > 0 && o.localKeep < 1 {
+		return fmt.Errorf("--replicas needs --local-keep 1 or more: the copies are kept in the local tier")
+	}
+	if o.peerRestore && o.watch.dir != "" {
+		return fmt.Errorf("--peer-restore does not work with --watch: the watched directory is its own local copy, and watch mode keeps no local tier to serve")
+	}
 	return nil
+}
+
+// peerTier is the peer tier's configuration: --peer-listen's address over
+// TCP, --peer-advertise's hosts.
+func (o *agentOptions) peerTier() supervisor.PeerTierConfig {
+	if !o.peerRestore {
+		return supervisor.PeerTierConfig{}
+	}
+	c := supervisor.PeerTierConfig{Enabled: true, Listen: o.peerListen, Replicas: o.replicas}
+	for _, h := range strings.Split(o.peerAdvertise, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			c.Advertise = append(c.Advertise, h)
+		}
+	}
+	return c
 }
 
 // liveness is the heartbeats' configuration (pkg/liveness): a heartbeat

@@ -222,6 +222,11 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"run", "--peer-timeout", "10s"}, "need --node-rank"},
 		{[]string{"sidecar", "--peer-listen", ":29450"}, "need --node-rank"},
 		{[]string{"run", "--peer-advertise", "10.0.0.1"}, "need --node-rank"},
+		{[]string{"run", "--peer-restore"}, "--peer-restore needs --node-rank"},
+		{[]string{"run", "--node-rank", "0", "--replicas", "1"}, "--replicas needs --peer-restore"},
+		{[]string{"run", "--node-rank", "0", "--peer-restore", "--replicas", "2"}, "--replicas 2: want 0 or 1"},
+		{[]string{"run", "--node-rank", "0", "--peer-restore", "--replicas", "1", "--local-keep", "0"}, "--replicas needs --local-keep 1"},
+		{[]string{"sidecar", "--node-rank", "1", "--peer-restore", "--watch", "/tmp/x"}, "--peer-restore does not work with --watch"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)

@@ -145,6 +145,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
 		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
 		Node: o.node, RestoreAll: o.restore == "all", LocalKeep: o.localKeep, LocalMaxBytes: o.localMaxBytes, Liveness: o.liveness(),
+		PeerTier: o.peerTier(),
 		// Only a trainer the agent starts: a sidecar's or node's trainer
 		// starts on its own (docs/protocol.md).
 		OverlapRestore: len(command) > 0 && !o.restoreSerial,

@@ -28,6 +28,8 @@ const (
 	// FromLocal is this machine: the local tier, or a verified copy
 	// already in the restore directory.
 	FromLocal = "local"
+	// FromPeer is another node of the job (pkg/checkpoint/peertier).
+	FromPeer = "peer"
 )
 
 // OpenRegular opens the regular file rel below root for reading, of size

@@ -202,7 +202,7 @@ func (m *Monitor) Close() {
 // record, then reads its neighbours'. Each step is retried while the
 // store fails.
 func (m *Monitor) discover(ctx context.Context) {
-	token, err := retry(ctx, m.log, "read the job's liveness token", func() ([]byte, error) { return ensureToken(ctx, m.cfg.Store) })
+	token, err := retry(ctx, m.log, "read the job's liveness token", func() ([]byte, error) { return Token(ctx, m.cfg.Store) })
 	if err != nil {
 		return
 	}
@@ -357,12 +357,18 @@ func (m *Monitor) acceptLocked(pkt []byte, from *net.UDPAddr, now time.Time) boo
 }
 
 // advertise lists the addresses this node's record gives.
-func (m *Monitor) advertise() []string {
-	port := strconv.Itoa(m.Addr().Port)
+func (m *Monitor) advertise() []string { return Advertise(m.cfg.Advertise, m.Addr().Port) }
+
+// Advertise lists host:port for each of hosts; with no hosts, for every
+// unicast address of the machine's interfaces that are up, loopback only
+// when there is no other: where the other nodes of a job reach this one
+// (the heartbeats' UDP port, the peer tier's TCP port).
+func Advertise(hosts []string, port int) []string {
+	p := strconv.Itoa(port)
 	var out []string
-	if len(m.cfg.Advertise) > 0 {
-		for _, h := range m.cfg.Advertise {
-			out = append(out, net.JoinHostPort(h, port))
+	if len(hosts) > 0 {
+		for _, h := range hosts {
+			out = append(out, net.JoinHostPort(h, p))
 		}
 		return out
 	}
@@ -373,7 +379,7 @@ func (m *Monitor) advertise() []string {
 		if !ok || ipn.IP.IsLinkLocalUnicast() || ipn.IP.IsMulticast() {
 			continue
 		}
-		hp := net.JoinHostPort(ipn.IP.String(), port)
+		hp := net.JoinHostPort(ipn.IP.String(), p)
 		if ipn.IP.IsLoopback() {
 			loop = append(loop, hp)
 			continue

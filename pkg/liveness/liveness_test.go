@@ -295,11 +295,11 @@ func TestStart_BadConfig(t *testing.T) {
 // The job's token is created once; every later agent reads the same.
 func TestEnsureToken(t *testing.T) {
 	st := newStore(t)
-	a, err := ensureToken(context.Background(), st)
+	a, err := Token(context.Background(), st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ensureToken(context.Background(), st)
+	b, err := Token(context.Background(), st)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,9 +31,11 @@ type record struct {
 	Addrs   []string `json:"addrs"`
 }
 
-// ensureToken returns the job's token, creating it if absent: whichever
-// agent writes first wins, the others read what it wrote.
-func ensureToken(ctx context.Context, st cloud.Store) ([]byte, error) {
+// Token returns the job's secret (liveness/token), creating it if absent:
+// whichever agent writes first wins, the others read what it wrote. Only
+// the job's store credentials can read it: the heartbeats' HMAC key, and
+// the peer tier's (pkg/checkpoint/peertier).
+func Token(ctx context.Context, st cloud.Store) ([]byte, error) {
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
 		return nil, fmt.Errorf("token: %w", err)

@@ -162,7 +162,7 @@ func newRunCollectors(reg prometheus.Registerer) runCollectors {
 		}),
 		restoreFrom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "spotagent_restore_source_bytes",
-			Help: "Bytes of the restore at start by where they came from: local (this machine's copy) or store.",
+			Help: "Bytes of the restore at start by where they came from: local (this machine's copy), peer (another node's copy) or store.",
 		}, []string{"source"}),
 		goodputRatio: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spotagent_goodput_ratio",

@@ -151,11 +151,12 @@ func (m *Metrics) Restored(bytes int64, d time.Duration) {
 }
 
 // RestoredFrom records where the restore at start read its bytes
-// (restore.Result.From): local and store are always exported, at 0
+// (restore.Result.From): local, peer and store are always exported, at 0
 // before any restore.
 func (m *Metrics) RestoredFrom(from map[string]int64) {
 	m.restoreFrom.Reset()
 	m.restoreFrom.WithLabelValues(checkpoint.FromLocal).Set(0)
+	m.restoreFrom.WithLabelValues(checkpoint.FromPeer).Set(0)
 	m.restoreFrom.WithLabelValues(checkpoint.FromStore).Set(0)
 	for s, n := range from {
 		m.restoreFrom.WithLabelValues(s).Set(float64(n))

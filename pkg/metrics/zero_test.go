@@ -18,7 +18,8 @@ func TestMetrics_LabelsPreCreated(t *testing.T) {
 	defer srv.Close()
 	fams := scrape(t, srv.URL)
 	want := [][]string{{"spotagent_notices_total", "cloud", "signal", "kind", "termination"},
-		{"spotagent_restore_source_bytes", "source", "local"}, {"spotagent_restore_source_bytes", "source", "store"}}
+		{"spotagent_restore_source_bytes", "source", "local"}, {"spotagent_restore_source_bytes", "source", "peer"},
+		{"spotagent_restore_source_bytes", "source", "store"}}
 	for _, r := range FailureReasons {
 		want = append(want, []string{"spotagent_commit_failures_total", "reason", r})
 	}

@@ -89,6 +89,8 @@ type Config struct {
 	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
+	// PeerTier: restore from the other nodes' local tiers (agent_peertier.go).
+	PeerTier PeerTierConfig
 
 	// Fleet, when set, is the store at the fleet's root (the parent of the
 	// run's store, or --store-prefix): the agent reads the fleet summary

@@ -274,6 +274,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.dirs.tier = a.dirs.openTier(&a.cfg, a.log)
+	a.dirs.peer = a.dirs.openPeer(ctx, &a.cfg, a.sess.id, a.log) // agent_peertier.go
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))

@@ -20,6 +20,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -35,6 +36,7 @@ type localDirs struct {
 	areaName string
 	areaPath string
 	tier     *localtier.Tier // this machine's copies (openTier); nil: off
+	peer     *peertier.Node  // the other nodes' copies (agent_peertier.go); nil: off
 }
 
 // exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
@@ -68,6 +70,9 @@ func (d *localDirs) childSaid75() bool { return d.exitFileSays() == strconv.Itoa
 
 // close releases the handles; the agent touches no local file after.
 func (d *localDirs) close() {
+	if d.peer != nil {
+		d.peer.Close()
+	}
 	if d.area != nil {
 		d.area.Close()
 	}
@@ -290,6 +295,9 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts resto
 	if d.tier != nil { // asked only for the checkpoint the store's rules chose
 		opts.Tiers = append(opts.Tiers, d.tier)
 	}
+	if d.peer != nil { // after this machine's copy, before the store
+		opts.Tiers = append(opts.Tiers, d.peer.Tier())
+	}
 	r, err := restore.Into(ctx, st, dest, restoreDir, opts)
 	if errors.Is(err, restore.ErrNoCheckpoint) {
 		log.Info("no committed checkpoint: starting fresh", zap.String("store", st.URI("")))
@@ -320,7 +328,8 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts resto
 	}
 	log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
-		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
+		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("peer_bytes", r.From[checkpoint.FromPeer]),
+		zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
 	return &fetched{r: r, start: start, manifest: manifest}, nil
 }
 
@@ -419,5 +428,7 @@ func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, pa
 	}
 	if err := d.tier.Keep(ctx, r.rel, res.Manifest, node, copyOK); err != nil {
 		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
+		return
 	}
+	d.publishPeer(ctx, res.Manifest, copyOK, log) // agent_peertier.go
 }

@@ -14,6 +14,8 @@
 // through bench/cmd/watchbench; -watchbench names its binary).
 // overlap (issue 30 item 1: agent start → first resumed step, serial vs
 // overlapped restore).
+// peer (issue 38 item 2: node 1 replaced, bytes from the store and agent
+// start → restored, store vs peer; peer.go).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -45,6 +47,7 @@ type config struct {
 	pollInterval          time.Duration
 	pipelineGiB           string        // checkpoint sizes of the pipeline section
 	overlapGiB            float64       // checkpoint size of the overlap section
+	peerMiB               int           // peer section: bytes per node (peer.go)
 	watchbench            string        // bench/cmd/watchbench, for the watch section
 	fleetAgents           int           // fleet section: agents ending at once
 	fleetRuns             []int         // fleet section: fleet sizes of the start-up read and `fleet`
@@ -73,10 +76,11 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
+	flag.IntVar(&c.peerMiB, "peer-mib", 1024, "peer section: checkpoint bytes per node (MiB)")
 	var fleetRuns string
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
@@ -175,6 +179,10 @@ func main() {
 	if c.only["overlap"] {
 		step("restore overlapped with the trainer's start")
 		must(benchOverlap(&c, r))
+	}
+	if c.only["peer"] {
+		step("restore from a peer: node 1 replaced")
+		must(benchPeer(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()

@@ -282,3 +282,99 @@ func names(dir *os.Root) []string {
 	n, _ := f.Readdirnames(-1)
 	return n
 }
+
+// Held lists the checkpoints the tier holds a copy of, by their store
+// folder's name (<step:012d>-<id>), highest step first: what a node tells
+// its peers it can serve (pkg/checkpoint/peertier).
+func (t *Tier) Held() []string {
+	dir, err := t.dir()
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	var out []string
+	for _, n := range names(dir) {
+		if isCopy(n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
+
+// AddPart adds the files of another node's part of the committed job
+// checkpoint m to the tier's copy of m (made if there is none), each read
+// from open and checked against the manifest: a replica a peer asks for
+// when that node is gone (pkg/checkpoint/peertier, --replicas). Nothing is
+// added beyond the budget (MaxBytes), or when a file fails.
+func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(m.Parts) == 0 {
+		return fmt.Errorf("local tier: not a job checkpoint")
+	}
+	files, bytes := partFiles(m, part)
+	if len(files) == 0 {
+		return fmt.Errorf("local tier: checkpoint %s has no files of part %s", m.ID, part)
+	}
+	dir, err := t.dir()
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	name := dirName(m)
+	if t.opts.MaxBytes > 0 && dirBytes(dir, name)+bytes > t.opts.MaxBytes {
+		t.log.Info("another node's part does not fit the local tier's budget: not kept", zap.String("part", part), zap.Int64("bytes", bytes), zap.Int64("max_bytes", t.opts.MaxBytes))
+		return nil
+	}
+	tmp, err := checkpoint.MkdirTemp(dir, staging)
+	if err != nil {
+		return fmt.Errorf("local tier: %w", err)
+	}
+	defer dir.RemoveAll(tmp)
+	for _, f := range files {
+		if err := addFile(ctx, dir, path.Join(tmp, f.Path), f, open); err != nil {
+			return fmt.Errorf("local tier: %s of %s: %w", f.Path, part, err)
+		}
+	}
+	for _, f := range files {
+		if d := path.Dir(f.Path); d != "." {
+			if err := dir.MkdirAll(path.Join(name, d), 0o700); err != nil {
+				return fmt.Errorf("local tier: %w", err)
+			}
+		} else if err := dir.MkdirAll(name, 0o700); err != nil {
+			return fmt.Errorf("local tier: %w", err)
+		}
+		if err := dir.Rename(path.Join(tmp, f.Path), path.Join(name, f.Path)); err != nil {
+			return fmt.Errorf("local tier: %w", err)
+		}
+	}
+	t.log.Info("kept a copy of another node's part of the committed checkpoint", zap.String("id", m.ID), zap.Int64("step", m.Step),
+		zap.String("part", part), zap.Int("files", len(files)), zap.Int64("bytes", bytes))
+	t.prune(dir)
+	return nil
+}
+
+// addFile writes f, read from open, at rel below dir, checked against f.
+func addFile(ctx context.Context, dir *os.Root, rel string, f checkpoint.File, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	if d := path.Dir(rel); d != "." {
+		if err := dir.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	in, err := open(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := dir.OpenFile(rel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := verifyCopy(out, in, f); err != nil {
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,193 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+)
+
+// The job of the peer tier's test: 2 nodes × 2 ranks. Every rank saves
+// replica-<r>.bin, the same bytes on every rank (data-parallel weights and
+// optimizer state), and shard-<r>.bin, its own.
+const (
+	peerReplicaBytes = 2 << 20
+	peerShardBytes   = 1 << 20
+)
+
+func peerRankFiles(step int64, r int) map[string][]byte {
+	return map[string][]byte{
+		fmt.Sprintf("replica-%d.bin", r): bytes.Repeat([]byte(fmt.Sprintf("weights@%07d\n", step)), peerReplicaBytes/16),
+		fmt.Sprintf("shard-%d.bin", r):   bytes.Repeat([]byte(fmt.Sprintf("r%dshard@%07d\n", r, step)), peerShardBytes/16),
+	}
+}
+
+// peerSidecar starts node k's sidecar agent with the peer tier on, its
+// checkpoint directory ckpt.
+func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, interval string, extra ...string) *proc {
+	t.Helper()
+	return start(t, env, append([]string{"sidecar", "--store", uri, "--run-id", "it", "--checkpoint-dir", ckpt,
+		"--socket", filepath.Join(dir, "n"+strconv.Itoa(k)+".sock"), "--interval", interval, "--cloud", "none",
+		"--log-format", "json", "--node-rank", strconv.Itoa(k),
+		"--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1"}, extra...)...)
+}
+
+// TestDistributed_RestoreFromPeer (#38 item 2): a job of two real agents
+// (sidecars, --peer-restore, each its own checkpoint directory; the ranks
+// played over the real protocol) commits a checkpoint; both machines are
+// lost (SIGKILL). Node 0 comes back on its machine, node 1 on an empty
+// one. Node 1 restores its part reading from the store only its own
+// shards: its replica files come from node 0's local copy (every request
+// to the store is seen at a proxy in front of it). Both nodes resume the
+// committed step with exactly the bytes saved, and the journal, `history`
+// and `report` say where node 1's bytes came from.
+func TestDistributed_RestoreFromPeer(t *testing.T) { restoreFromPeer(t, false) }
+
+// TestDistributed_RestoreFromPeerReplica is the same job with --replicas
+// 1: node 0 keeps a copy of node 1's part after the commit, so node 1 on
+// an empty machine reads no data byte from the store, its own shards
+// included.
+func TestDistributed_RestoreFromPeerReplica(t *testing.T) { restoreFromPeer(t, true) }
+
+func restoreFromPeer(t *testing.T, replicas bool) {
+	var extra []string
+	if replicas {
+		extra = []string{"--replicas", "1"}
+	}
+	fs := newFaultStores(t, "s3", "peer")
+	var mu sync.Mutex
+	var dataGets []string // keys of data objects read, once counting
+	counting := false
+	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, ".json") {
+			mu.Lock()
+			if counting {
+				dataGets = append(dataGets, r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:])
+			}
+			mu.Unlock()
+		}
+		return false // a fault that never fires: it sees every request
+	}})
+	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
+	const world, perNode = 4, 2
+	dir := shortTemp(t)
+	ckpt := []string{filepath.Join(dir, "n0"), filepath.Join(dir, "n1")}
+
+	var agents []*proc
+	for k := range 2 {
+		agents = append(agents, peerSidecar(t, env, fs.uri, dir, ckpt[k], k, "300ms", extra...))
+	}
+	var ranks []*rankConn
+	for r := range world {
+		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
+	}
+	const step = 10
+	saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte { return peerRankFiles(step, r) })
+	for _, r := range ranks {
+		if _, ok := r.next("committed", time.Minute); !ok {
+			t.Fatalf("rank %d: step %d not committed", r.rank, step)
+		}
+	}
+	for _, a := range agents {
+		a.waitEntry("kept a local copy of the committed checkpoint", time.Minute, nil)
+		if replicas {
+			a.waitEntry("kept a copy of another node's part of the committed checkpoint", time.Minute, nil)
+		}
+	}
+	// Both machines lost at once: no notice, no goodbye.
+	for _, a := range agents {
+		a.signal(syscall.SIGKILL)
+		a.wait(time.Minute)
+	}
+	for _, r := range ranks {
+		r.c.Close()
+	}
+
+	// Node 0 back on its machine: its copy is served once its record says so.
+	n0 := peerSidecar(t, env, fs.uri, dir, ckpt[0], 0, "1h", extra...)
+	n0.waitEntry("peer tier: serving this node's local copies", time.Minute, func(e logEntry) bool {
+		h, _ := e["holds"].([]any)
+		return len(h) == 1
+	})
+	r0 := n0.waitEntry("restored checkpoint", time.Minute, nil)
+	if r0.str("from") != "local" || r0.num("store_bytes") != 0 {
+		t.Fatalf("node 0 restored from %q with %d bytes from the store, want local and 0", r0.str("from"), r0.num("store_bytes"))
+	}
+	mu.Lock()
+	counting = true
+	mu.Unlock()
+
+	// Node 1 on an empty machine.
+	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h", extra...)
+	r1 := n1.waitEntry("restored checkpoint", time.Minute, nil)
+	// Without replicas its own shards come from the store (at most one
+	// part), its replica files from node 0; with them, everything from node 0.
+	peerBytes, storeBytes, from, storeKeys := int64(2*peerReplicaBytes), int64(2*peerShardBytes), "peer+store", []string{"shard-2.bin", "shard-3.bin"}
+	if replicas {
+		peerBytes, storeBytes, from, storeKeys = peerBytes+storeBytes, 0, "peer", nil
+	}
+	if got := r1.num("peer_bytes"); got != peerBytes {
+		t.Errorf("node 1: %d bytes from its peer, want %d", got, peerBytes)
+	}
+	if got := r1.num("store_bytes"); got != storeBytes {
+		t.Errorf("node 1: %d bytes from the store, want %d", got, storeBytes)
+	}
+	if got := r1.str("from"); got != from {
+		t.Errorf("node 1 restored from %q, want %s", got, from)
+	}
+	mu.Lock()
+	got := slices.Clone(dataGets)
+	mu.Unlock()
+	slices.Sort(got)
+	if !slices.Equal(got, storeKeys) {
+		t.Errorf("node 1 read the data objects %v from the store, want only %v", got, storeKeys)
+	}
+
+	// Both nodes' ranks resume the committed step with the bytes saved.
+	for r := range world {
+		rc := dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode)
+		res := rc.welcome.Resume
+		if res == nil || res.Step != step {
+			t.Fatalf("rank %d: resume %+v, want step %d", r, res, step)
+		}
+		for name, want := range peerRankFiles(step, r) {
+			if b, err := os.ReadFile(filepath.Join(res.Dir, name)); err != nil || !bytes.Equal(b, want) {
+				t.Fatalf("rank %d: %s in the resume directory: %v (content equal: %v)", r, name, err, bytes.Equal(b, want))
+			}
+		}
+	}
+	j, err := journal.Read(t.Context(), fs.direct, "it")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, r := range j.Restores {
+		if r.Node == "node-1" {
+			found = true
+			if r.From[checkpoint.FromPeer] != peerBytes || r.Sources() != from {
+				t.Errorf("journal: node 1's restore from %v, want %d bytes from peer (%s)", r.From, peerBytes, from)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("journal: no restore of node-1 in %+v", j.Restores)
+	}
+	if out := runSpotagentTool(t, env, "history", "--store", fs.uri); !strings.Contains(out, " "+from+" ") {
+		t.Errorf("history does not say node 1's restore came from %s:\n%s", from, out)
+	}
+	if out := runSpotagentTool(t, env, "report", "--store", fs.uri); !strings.Contains(out, "from peer") {
+		t.Errorf("report does not say bytes came from peer:\n%s", out)
+	}
+}

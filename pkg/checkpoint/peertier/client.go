@@ -1,0 +1,260 @@
+package peertier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// maxPeers bounds the peers asked for one file (and so the records read):
+// at 1,000 nodes a replica file is listed by every part, and one or two
+// peers that answer are enough.
+const maxPeers = 4
+
+// Client is the peer tier as restore sees it (checkpoint.Tier): it asks
+// the other nodes of the job for files of the checkpoint restore chose.
+type Client struct {
+	st    cloud.Store
+	run   string
+	node  string
+	token []byte
+	stall time.Duration
+	hc    *http.Client
+	log   *zap.Logger
+
+	mu      sync.Mutex
+	records map[string]*Record   // by node, once read; nil: none
+	bad     map[string]time.Time // addresses that failed, when: not asked again for badFor
+}
+
+// badFor is how long an address that failed is not asked again: the rest
+// of a restore, not the agent's life (a peer's agent may come back).
+const badFor = time.Minute
+
+var _ checkpoint.Tier = (*Client)(nil)
+
+// NewClient returns the peer tier of node (its own part is never asked
+// for from itself), signing with token.
+func NewClient(st cloud.Store, run, node string, token []byte, stall time.Duration, log *zap.Logger) *Client {
+	if stall <= 0 {
+		stall = DefaultStall
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	tr := &http.Transport{
+		Proxy:                 nil, // a peer is on the job's network, never behind the environment's proxy
+		DialContext:           (&net.Dialer{Timeout: min(stall, 5*time.Second)}).DialContext,
+		ResponseHeaderTimeout: stall,
+		MaxIdleConnsPerHost:   maxServing,
+		DisableCompression:    true,
+		IdleConnTimeout:       30 * time.Second,
+		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
+	}
+	return &Client{st: st, run: run, node: node, token: token, stall: stall, hc: &http.Client{Transport: tr}, log: log,
+		records: map[string]*Record{}, bad: map[string]time.Time{}}
+}
+
+// Name is checkpoint.FromPeer.
+func (c *Client) Name() string { return checkpoint.FromPeer }
+
+// candidate is a copy of a file's content in another node's part, or
+// (replica) the copy of f's part another node keeps with --replicas.
+type candidate struct {
+	node    string
+	file    checkpoint.File
+	replica bool
+}
+
+// candidates lists, for f, the files of other nodes' parts of m with the
+// same size and checksum (f itself, when it is another node's), at most
+// one per node and maxPeers in all, the nodes after this one first (so
+// that the replacements of several nodes spread over the survivors); then
+// the node that keeps a replica of f's part (ringPrev), if not listed.
+func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candidate {
+	seen := map[string]bool{}
+	var out []candidate
+	for _, g := range m.Files {
+		if g.Part == "" || g.Part == c.node || seen[g.Part] || !sameContent(f, g) {
+			continue
+		}
+		seen[g.Part] = true
+		out = append(out, candidate{node: g.Part, file: g})
+	}
+	slices.SortFunc(out, func(a, b candidate) int {
+		ax, bx := a.node > c.node, b.node > c.node
+		switch {
+		case ax != bx && ax:
+			return -1
+		case ax != bx:
+			return 1
+		case a.node < b.node:
+			return -1
+		case a.node > b.node:
+			return 1
+		}
+		return 0
+	})
+	if len(out) > maxPeers {
+		out = out[:maxPeers]
+	}
+	if h := ringPrev(f.Part, len(m.Parts)); h != "" && h != c.node && !seen[h] {
+		out = append(out, candidate{node: h, file: f, replica: true})
+	}
+	return out
+}
+
+// sameContent: the same size and a checksum, equal.
+func sameContent(a, b checkpoint.File) bool {
+	return a.Size == b.Size && (a.CRC32C != "" || a.SHA256 != "") && a.CRC32C == b.CRC32C && a.SHA256 == b.SHA256
+}
+
+// Open returns a peer's copy of file f of checkpoint m, as a body bounded
+// by the stall timeout and f's size; an error wrapping fs.ErrNotExist
+// when no peer holds one. Restore verifies what it reads.
+func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
+	ck := folder(m)
+	var errs []error
+	for _, cd := range c.candidates(m, f) {
+		rec := c.record(ctx, cd.node)
+		if rec == nil || !slices.Contains(rec.Holds, ck) || (cd.replica && rec.Replicas < 1) {
+			continue
+		}
+		for _, addr := range rec.Addrs {
+			if c.isBad(addr) {
+				continue
+			}
+			rc, err := c.get(ctx, addr, ck, cd.file)
+			if err == nil {
+				return rc, nil
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				break // that node's copy is gone: the next node
+			}
+			errs = append(errs, fmt.Errorf("%s at %s: %w", cd.node, addr, err))
+		}
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("peer: no peer holds %s: %w", f.Path, fs.ErrNotExist)
+	}
+	return nil, fmt.Errorf("peer: %w", errors.Join(errs...))
+}
+
+// record is node's record, read once; nil when it has none or it is unreadable.
+func (c *Client) record(ctx context.Context, node string) *Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.records[node]; ok {
+		return r
+	}
+	r, err := getRecord(ctx, c.st, node)
+	if err != nil {
+		c.log.Warn("peer tier: a peer's record is unreadable: its files come from the store", zap.String("node", node), zap.Error(err))
+	}
+	if ctx.Err() == nil {
+		c.records[node] = r
+	}
+	return r
+}
+
+func (c *Client) isBad(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.bad[addr]
+	return ok && time.Since(t) < badFor
+}
+
+func (c *Client) markBad(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bad[addr] = time.Now()
+}
+
+// get asks the peer at addr for file f of checkpoint ck.
+func (c *Client) get(ctx context.Context, addr, ck string, f checkpoint.File) (io.ReadCloser, error) {
+	r := signed(c.token, c.run, ck, f, time.Now())
+	tctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(tctx, http.MethodGet, "http://"+addr+filePath+"?"+r.query(), nil)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		cancel()
+		c.markBad(addr) // refused or silent: not asked again by this restore
+		return nil, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		resp.Body.Close()
+		cancel()
+		return nil, fmt.Errorf("%s: %w", resp.Status, fs.ErrNotExist)
+	case resp.StatusCode != http.StatusOK:
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode == http.StatusForbidden {
+			c.markBad(addr) // another job's agent, or another secret
+		}
+		return nil, fmt.Errorf("%s", resp.Status)
+	case resp.ContentLength != f.Size:
+		resp.Body.Close()
+		cancel()
+		return nil, fmt.Errorf("%d bytes offered, want %d", resp.ContentLength, f.Size)
+	}
+	return newStallBody(resp.Body, cancel, c.stall), nil
+}
+
+// errStalled: a peer sent no byte for the stall bound.
+var errStalled = errors.New("peer stalled")
+
+// stallBody ends a transfer that makes no progress for stall.
+type stallBody struct {
+	rc      io.ReadCloser
+	cancel  context.CancelFunc
+	stall   time.Duration
+	t       *time.Timer
+	stalled atomic.Bool
+}
+
+func newStallBody(rc io.ReadCloser, cancel context.CancelFunc, stall time.Duration) *stallBody {
+	b := &stallBody{rc: rc, cancel: cancel, stall: stall}
+	b.t = time.AfterFunc(stall, func() {
+		b.stalled.Store(true)
+		cancel()
+	})
+	return b
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.t.Reset(b.stall)
+	}
+	if err != nil && err != io.EOF && b.stalled.Load() {
+		err = fmt.Errorf("no byte for %s: %w", b.stall, errStalled)
+	}
+	return n, err
+}
+
+func (b *stallBody) Close() error {
+	b.t.Stop()
+	b.cancel()
+	return b.rc.Close()
+}

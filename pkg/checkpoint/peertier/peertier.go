@@ -1,0 +1,162 @@
+// Package peertier lets a node of a multi-node job restore files of the
+// checkpoint the store chose from another node's local tier instead of
+// the store (docs/distributed.md, "Restore from a peer").
+//
+// Each agent runs a small HTTP/1.1 server that serves only files of its
+// own local tier (localtier, through checkpoint.OpenRegular below one
+// os.Root), and publishes where it listens and which checkpoints its tier
+// holds in the run's store (peers/<node>.json). A restoring node's Client
+// is one more checkpoint.Tier, asked after the local tier and before the
+// store: for a file of its part it asks a peer whose part lists a file of
+// the same size and CRC32C (data-parallel replicas write identical files)
+// and, with --restore all, the owner of another part for that part's
+// files. What a peer sends is verified by restore like any download; a
+// file that is refused, stalls, or fails verification comes from the
+// store. The choice of the checkpoint stays the store's: a peer can make
+// a restore faster, never older or different.
+//
+// Only the job's agents can read: every request carries an HMAC-SHA256,
+// keyed with the job's secret (liveness.Token: liveness/token in the
+// store, created if absent, readable only with the job's store
+// credentials), of the run, the checkpoint, the file, its size and an
+// expiry. The server refuses any other request.
+package peertier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/liveness"
+)
+
+// DefaultStall bounds a transfer that makes no progress (no answer, no
+// byte of the body) for this long: then the file comes from the store.
+const DefaultStall = 10 * time.Second
+
+// Local is what a node serves its peers from: its local tier.
+type Local interface {
+	checkpoint.Tier
+	// Held lists the checkpoints it holds (<step:012d>-<id>).
+	Held() []string
+}
+
+// Config sets up one node's peer tier.
+type Config struct {
+	Store   cloud.Store // the run's store: the secret and the records
+	RunID   string
+	Node    string // this node's part, node-<k>
+	Session string
+	// Listen is the TCP address the server listens on (":0": a port of
+	// the kernel's choice, published in the record).
+	Listen string
+	// Advertise are the hosts the other nodes reach this one at; empty:
+	// every address of the machine (liveness.Advertise).
+	Advertise []string
+	// Local is this node's local tier: what the server serves. nil: the
+	// node serves nothing, and only asks.
+	Local Local
+	Stall time.Duration // default DefaultStall
+	// Replicas 1: after each commit, copy the next node's part (ring
+	// order: node-<k> copies node-<k+1 mod N>) into the local tier, from
+	// that node, so that a sharded part has a copy on another machine.
+	// Needs a Local that can add parts (localtier). 0: none.
+	Replicas int
+	Log      *zap.Logger
+}
+
+// Node is one agent's peer tier: its server, and the Client its restores ask.
+type Node struct {
+	cfg   Config
+	token []byte
+	ln    net.Listener
+	srv   *http.Server
+	log   *zap.Logger
+	life  context.Context // ends with Close: the replica copies
+	end   context.CancelFunc
+	wg    sync.WaitGroup
+	mu    sync.Mutex // one record write at a time
+
+	repMu     sync.Mutex
+	repCancel context.CancelFunc // the replica copy in flight; nil: none
+}
+
+// Start reads (or creates) the job's secret, starts the server and
+// publishes this node's record. The server stops with Close.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
+	if !checkpoint.ValidID(cfg.Node) {
+		return nil, fmt.Errorf("peer tier: node %q is not a valid part name", cfg.Node)
+	}
+	if cfg.Stall <= 0 {
+		cfg.Stall = DefaultStall
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = ":0"
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	token, err := liveness.Token(ctx, cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("peer tier: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("peer tier: %w", err)
+	}
+	n := &Node{cfg: cfg, token: token, ln: ln, log: log}
+	n.life, n.end = context.WithCancel(context.Background())
+	n.srv = newServer(&server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)})
+	n.wg.Go(func() {
+		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("peer tier: server stopped", zap.Error(err))
+		}
+	})
+	if err := n.Publish(ctx); err != nil {
+		log.Warn("peer tier: record not written: peers restore from the store", zap.Error(err))
+	}
+	return n, nil
+}
+
+// Addr is where the server listens.
+func (n *Node) Addr() *net.TCPAddr { return n.ln.Addr().(*net.TCPAddr) }
+
+// Tier is the tier one restore asks: the other nodes' copies, their
+// records read afresh.
+func (n *Node) Tier() *Client {
+	return NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
+}
+
+// Publish writes this node's record: its addresses and what its local
+// tier holds now. Call it again whenever the tier keeps a new copy.
+func (n *Node) Publish(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port),
+		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
+	if n.cfg.Local != nil {
+		rec.Holds = n.cfg.Local.Held()
+	}
+	if err := putRecord(ctx, n.cfg.Store, rec); err != nil {
+		return err
+	}
+	n.log.Info("peer tier: serving this node's local copies", zap.Strings("addrs", rec.Addrs), zap.Strings("holds", rec.Holds))
+	return nil
+}
+
+// Close stops the server: transfers in flight end (their readers fall
+// back to the store).
+func (n *Node) Close() {
+	n.end()
+	n.srv.Close()
+	n.wg.Wait()
+}

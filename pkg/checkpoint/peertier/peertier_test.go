@@ -1,0 +1,582 @@
+package peertier
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// countingStore counts the bytes read from each object.
+type countingStore struct {
+	cloud.Store
+	mu   sync.Mutex
+	read map[string]int64
+}
+
+func (c *countingStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	rc, err := c.Store.Get(ctx, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return &countedBody{ReadCloser: rc, c: c, key: key}, nil
+}
+
+type countedBody struct {
+	io.ReadCloser
+	c   *countingStore
+	key string
+}
+
+func (b *countedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.c.mu.Lock()
+	b.c.read[b.key] += int64(n)
+	b.c.mu.Unlock()
+	return n, err
+}
+
+// dataRead is the bytes read from checkpoint data objects.
+func (c *countingStore) dataRead() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for k, b := range c.read {
+		if strings.HasPrefix(k, "checkpoints/") && !strings.HasSuffix(k, ".json") {
+			n += b
+		}
+	}
+	return n
+}
+
+// The job of the tests: 2 nodes × 2 ranks. Every rank writes replica-<r>.bin,
+// the same bytes on every rank (data-parallel weights), and shard-<r>.bin,
+// its own.
+var parts = []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
+
+const (
+	replicaBytes = 300_000
+	shardBytes   = 100_000
+)
+
+func rankFiles(r int, step int64) map[string][]byte {
+	return map[string][]byte{
+		fmt.Sprintf("replica-%d.bin", r): bytes.Repeat([]byte(fmt.Sprintf("weights step %d;", step)), replicaBytes/15)[:replicaBytes],
+		fmt.Sprintf("shard-%d.bin", r):   bytes.Repeat([]byte(fmt.Sprintf("rank %d step %d;", r, step)), shardBytes/10)[:shardBytes],
+	}
+}
+
+// node is one simulated machine: its checkpoint directory, local tier
+// and peer tier.
+type node struct {
+	name   string
+	dir    string
+	parent *os.Root
+	tier   *localtier.Tier
+	peer   *Node
+}
+
+type rig struct {
+	log   *zap.Logger // nil: none
+	t     *testing.T
+	st    *countingStore
+	nodes []*node
+	m     *checkpoint.Manifest
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	r := &rig{t: t, st: &countingStore{Store: storesim.New(), read: map[string]int64{}}}
+	for _, p := range parts {
+		n := &node{name: p.Node, dir: t.TempDir()}
+		var err error
+		if n.parent, err = os.OpenRoot(n.dir); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.parent.Close() })
+		if n.tier, err = localtier.Open(n.parent, "area/committed", localtier.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		r.nodes = append(r.nodes, n)
+	}
+	return r
+}
+
+// commit has every node save step 10 and commits the job's checkpoint;
+// the local tier of each node in keep keeps its part.
+func (r *rig) commit(keep ...int) {
+	r.t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(parts))
+	for i, p := range parts {
+		src := filepath.Join(r.nodes[i].dir, "req")
+		for _, rank := range p.Ranks {
+			for f, b := range rankFiles(rank, 10) {
+				if err := os.MkdirAll(src, 0o700); err != nil {
+					r.t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(src, f), b, 0o600); err != nil {
+					r.t.Fatal(err)
+				}
+			}
+		}
+		wg.Go(func() {
+			c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+			_, errs[i] = c.Commit(context.Background(), commit.Request{Dir: src, ID: "c10", Step: 10, Reason: "periodic", Part: &p})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	l, err := checkpoint.ReadLatest(context.Background(), r.st.Store)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if r.m, err = checkpoint.ReadManifest(context.Background(), r.st.Store, l.Manifest); err != nil {
+		r.t.Fatal(err)
+	}
+	for _, k := range keep {
+		if err := r.nodes[k].tier.Keep(context.Background(), "req", r.m, parts[k].Node, true); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// serve starts node k's peer tier, serving local (default: its tier).
+func (r *rig) serve(k int, local Local, stall time.Duration) *Node {
+	r.t.Helper()
+	return r.serveReplicas(k, local, stall, 0)
+}
+
+func (r *rig) serveReplicas(k int, local Local, stall time.Duration, replicas int) *Node {
+	r.t.Helper()
+	n := r.nodes[k]
+	if local == nil {
+		local = n.tier
+	}
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: n.name, Session: "s",
+		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, Replicas: replicas, Log: r.log})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(p.Close)
+	n.peer = p
+	return p
+}
+
+// restore restores node k's part into a new directory through its peer
+// tier (started if it was not).
+func (r *rig) restore(k int, stall time.Duration) *restore.Result {
+	r.t.Helper()
+	p := r.nodes[k].peer
+	if p == nil {
+		p = r.serve(k, nil, stall)
+	}
+	res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(r.t.TempDir(), "restore"),
+		restore.Options{Part: parts[k].Node, Tiers: []checkpoint.Tier{p.Tier()}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, rank := range parts[k].Ranks {
+		for f, b := range rankFiles(rank, 10) {
+			got, err := os.ReadFile(filepath.Join(res.Dir, f))
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			if !bytes.Equal(got, b) {
+				r.t.Fatalf("%s: restored content differs", f)
+			}
+		}
+	}
+	return res
+}
+
+// keptPath is node k's kept copy of file f.
+func (r *rig) keptPath(k int, f string) string {
+	return filepath.Join(r.nodes[k].dir, "area", "committed", folder(r.m), f)
+}
+
+func TestRestoreFromPeer(t *testing.T) {
+	r := newRig(t)
+	r.commit(0) // node 1 is a new, empty machine
+	r.serve(0, nil, 0)
+	res := r.restore(1, 0)
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d (node 1's two replica files)", got, want)
+	}
+	if got, want := res.From[checkpoint.FromStore], int64(2*shardBytes); got != want {
+		t.Fatalf("From[store]=%d, want %d (node 1's own shards)", got, want)
+	}
+	if got, want := r.st.dataRead(), int64(2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d", got, want)
+	}
+	if got, want := journal.Sources(res.From), "peer+store"; got != want {
+		t.Fatalf("Sources=%q, want %q", got, want)
+	}
+}
+
+func TestRestoreAllFromPeer(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	r.serve(0, nil, 0)
+	p := r.serve(1, nil, 0)
+	res, err := restore.Checkpoint(context.Background(), r.st, t.TempDir(), restore.Options{Tiers: []checkpoint.Tier{p.Tier()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Node 0's part from its owner; node 1's replicas from node 0 too.
+	if got, want := res.From[checkpoint.FromPeer], int64(4*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d", got, want)
+	}
+}
+
+// A peer down, a stale record: the store, at the cost of one refused
+// connection.
+func TestPeerGoneFallsBackToStore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	r.serve(0, nil, 0).Close()
+	res := r.restore(1, 0)
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got, want := r.st.dataRead(), int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d", got, want)
+	}
+}
+
+// A kept copy damaged in place (the same size): the peer serves it, restore's
+// CRC32C check refuses it, the file comes from the store.
+func TestBadCRCFallsBackToStore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	for _, f := range []string{"replica-0.bin", "replica-1.bin"} {
+		p := r.keptPath(0, f)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0xff
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.serve(0, nil, 0)
+	res := r.restore(1, 0)
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0: every copy was damaged", got)
+	}
+}
+
+// A symlink in the kept copy (to a file of the same size outside it) is
+// never served.
+func TestSymlinkNotServed(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, make([]byte, replicaBytes), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"replica-0.bin", "replica-1.bin"} {
+		p := r.keptPath(0, f)
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(outside, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := r.serve(0, nil, 0)
+	res := r.restore(1, 0)
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
+	if got := r.ask(p, signed(p.token, "run", folder(r.m), f, time.Now())); got != http.StatusNotFound {
+		t.Fatalf("symlinked file: status %d, want 404", got)
+	}
+}
+
+// stuckLocal serves a tier whose reads stop half-way (a dying disk, a
+// peer that stops sending) until the request ends.
+type stuckLocal struct{ *localtier.Tier }
+
+func (s stuckLocal) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
+	rc, err := s.Tier.Open(ctx, m, f)
+	if err != nil {
+		return nil, err
+	}
+	return &stuckReader{ReadCloser: rc, ctx: ctx, left: f.Size / 2}, nil
+}
+
+type stuckReader struct {
+	io.ReadCloser
+	ctx  context.Context
+	left int64
+}
+
+func (s *stuckReader) Read(p []byte) (int, error) {
+	if s.left <= 0 {
+		<-s.ctx.Done()
+		return 0, s.ctx.Err()
+	}
+	n, err := s.ReadCloser.Read(p[:min(int64(len(p)), s.left)])
+	s.left -= int64(n)
+	return n, err
+}
+
+func TestStallFallsBackToStore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	r.serve(0, stuckLocal{r.nodes[0].tier}, 0)
+	start := time.Now()
+	res := r.restore(1, 200*time.Millisecond)
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got, want := res.From[checkpoint.FromStore], int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[store]=%d, want %d", got, want)
+	}
+	t.Logf("restore with a stalled peer took %s", time.Since(start))
+}
+
+// ask sends a request to node p's server and returns the status.
+func (r *rig) ask(p *Node, req request) int {
+	r.t.Helper()
+	resp, err := http.Get("http://" + p.Addr().String() + filePath + "?" + req.query())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestServerRefuses(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	p := r.serve(0, nil, 0)
+	tok := p.token
+	ck := folder(r.m)
+	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
+	now := time.Now()
+	if got := r.ask(p, signed(tok, "run", ck, f, now)); got != http.StatusOK {
+		t.Fatalf("a valid request: status %d, want 200", got)
+	}
+	cases := map[string]struct {
+		req  request
+		want int
+	}{
+		"no mac":        {request{ckpt: ck, file: f.Path, size: f.Size, expiry: now.Add(time.Minute).Unix()}, http.StatusForbidden},
+		"another key":   {signed([]byte("not the job's secret, 32 bytes.."), "run", ck, f, now), http.StatusForbidden},
+		"another run":   {signed(tok, "other", ck, f, now), http.StatusForbidden},
+		"expired":       {signed(tok, "run", ck, f, now.Add(-expiryAhead-time.Second)), http.StatusForbidden},
+		"too far ahead": {signed(tok, "run", ck, f, now.Add(maxAhead)), http.StatusForbidden},
+		"other file":    {signed(tok, "run", ck, checkpoint.File{Path: "shard-2.bin", Size: shardBytes}, now), http.StatusNotFound},
+		"other size":    {signed(tok, "run", ck, checkpoint.File{Path: f.Path, Size: f.Size - 1}, now), http.StatusNotFound},
+		"escape":        {signed(tok, "run", ck, checkpoint.File{Path: "../../../etc/passwd", Size: 1}, now), http.StatusBadRequest},
+		"bad name":      {signed(tok, "run", "../committed", f, now), http.StatusBadRequest},
+		"not held":      {signed(tok, "run", "000000000011-c11", f, now), http.StatusNotFound},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			if got := r.ask(p, c.req); got != c.want {
+				t.Fatalf("status %d, want %d", got, c.want)
+			}
+		})
+	}
+	// A signature of one file does not open another.
+	forged := signed(tok, "run", ck, f, now)
+	forged.file = "shard-0.bin"
+	forged.size = shardBytes
+	if got := r.ask(p, forged); got != http.StatusForbidden {
+		t.Fatalf("a signature of another file: status %d, want 403", got)
+	}
+	resp, err := http.Get("http://" + p.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET /: status %d, want 404", resp.StatusCode)
+	}
+}
+
+func TestRecordSaysWhatIsHeld(t *testing.T) {
+	r := newRig(t)
+	r.commit()
+	p := r.serve(0, nil, 0)
+	rec, err := getRecord(context.Background(), r.st, "node-0")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if len(rec.Holds) != 0 {
+		t.Fatalf("holds %v before any copy was kept, want none", rec.Holds)
+	}
+	if err := r.nodes[0].tier.Keep(context.Background(), "req", r.m, "node-0", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = getRecord(context.Background(), r.st, "node-0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(rec.Holds, ","), folder(r.m); got != want {
+		t.Fatalf("holds %q, want %q", got, want)
+	}
+	if got, want := rec.Addrs[0], p.Addr().String(); got != want {
+		t.Fatalf("addrs %v, want %s first", rec.Addrs, want)
+	}
+}
+
+// With --replicas 1, node 0 keeps a copy of node 1's part: node 1 replaced
+// by an empty machine reads nothing from the store, its shards included.
+func TestReplicaServesShardedPart(t *testing.T) {
+	r := newRig(t)
+	r.commit(0, 1)
+	p1 := r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	p1.Close() // node 1's machine is gone
+	cl := NewClient(r.st, "run", "node-1", p0.token, 0, nil)
+	res, err := restore.Checkpoint(context.Background(), r.st, t.TempDir(), restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{cl}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d (all of node 1's part)", got, want)
+	}
+	if got := r.st.dataRead(); got != 0 {
+		t.Fatalf("data bytes read from the store: %d, want 0", got)
+	}
+	for _, rank := range parts[1].Ranks {
+		for f, b := range rankFiles(rank, 10) {
+			if got, err := os.ReadFile(filepath.Join(res.Dir, f)); err != nil || !bytes.Equal(got, b) {
+				t.Fatalf("%s: %v, or its content differs", f, err)
+			}
+		}
+	}
+}
+
+// Replicate runs in the background and is tried again until the next node
+// has kept its part.
+func TestReplicateWaitsForThePart(t *testing.T) {
+	r := newRig(t)
+	core, logs := observer.New(zap.InfoLevel)
+	r.log = zap.New(core)
+	r.commit(0) // node 1 has not kept its part yet
+	p1 := r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	p0.Replicate(r.m)
+	deadline := time.Now().Add(30 * time.Second)
+	for logs.FilterMessage("peer tier: the next node's part is not copied yet (retrying)").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed first attempt within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the background attempt, bounded by the deadline
+	}
+	if err := r.nodes[1].tier.Keep(context.Background(), "req", r.m, "node-1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p1.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(r.keptPath(0, "shard-3.bin")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("node 1's part not copied to node 0 within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the background copy, bounded by the deadline
+	}
+}
+
+// A replica that does not fit the local tier's budget is not kept.
+func TestReplicaWithinBudget(t *testing.T) {
+	r := newRig(t)
+	var err error
+	if r.nodes[0].tier, err = localtier.Open(r.nodes[0].parent, "area/committed", localtier.Options{MaxBytes: 2*replicaBytes + 2*shardBytes}); err != nil {
+		t.Fatal(err)
+	}
+	r.commit(0, 1)
+	r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.keptPath(0, "shard-2.bin")); err == nil {
+		t.Fatal("node 1's part kept beyond the budget")
+	}
+	if _, err := os.Stat(r.keptPath(0, "shard-0.bin")); err != nil {
+		t.Fatalf("node 0's own part: %v", err)
+	}
+}
+
+func TestRing(t *testing.T) {
+	for _, c := range []struct {
+		part       string
+		n          int
+		next, prev string
+	}{{"node-0", 2, "node-1", "node-1"}, {"node-1", 2, "node-0", "node-0"}, {"node-3", 4, "node-0", "node-2"},
+		{"node-0", 1, "", ""}, {"node-5", 4, "", ""}, {"rank-0", 4, "", ""}} {
+		if got := ringNext(c.part, c.n); got != c.next {
+			t.Errorf("ringNext(%s, %d)=%q, want %q", c.part, c.n, got, c.next)
+		}
+		if got := ringPrev(c.part, c.n); got != c.prev {
+			t.Errorf("ringPrev(%s, %d)=%q, want %q", c.part, c.n, got, c.prev)
+		}
+	}
+}
+
+// A copy that fails verification (node 1's kept shard damaged in place)
+// leaves no replica, partial or whole: a replacement of node 1 reads its
+// part from the store.
+func TestReplicaBadCopyNotKept(t *testing.T) {
+	r := newRig(t)
+	r.commit(0, 1)
+	p := r.keptPath(1, "shard-3.bin")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.serve(1, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err == nil {
+		t.Fatal("replicate: no error for a damaged copy")
+	}
+	for _, f := range []string{"shard-2.bin", "shard-3.bin", "replica-2.bin"} {
+		if _, err := os.Stat(r.keptPath(0, f)); err == nil {
+			t.Fatalf("%s of node 1 kept on node 0 after a failed copy", f)
+		}
+	}
+}

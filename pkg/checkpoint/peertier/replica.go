@@ -1,0 +1,104 @@
+package peertier
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+)
+
+// partAdder is a Local that can keep another node's part: localtier.Tier.
+type partAdder interface {
+	AddPart(ctx context.Context, m *checkpoint.Manifest, part string, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error
+}
+
+// replicaTries bounds the attempts of one replica copy: the next node may
+// not have kept its part yet when this one's commit lands.
+const replicaTries = 5
+
+// nodeIndex is k of a part named node-<k>.
+func nodeIndex(part string) (int, bool) {
+	s, ok := strings.CutPrefix(part, "node-")
+	k, err := strconv.Atoi(s)
+	return k, ok && err == nil && k >= 0
+}
+
+// ringNext is the part whose copy node keeps with --replicas 1, in a
+// job of n parts; ringPrev is the node that keeps part's copy. "" when
+// the names are not node-<k> or n < 2.
+func ringNext(node string, n int) string { return ringStep(node, n, 1) }
+func ringPrev(part string, n int) string { return ringStep(part, n, -1) }
+
+func ringStep(part string, n, d int) string {
+	k, ok := nodeIndex(part)
+	if !ok || n < 2 || k >= n {
+		return ""
+	}
+	return "node-" + strconv.Itoa((k+d+n)%n)
+}
+
+// Replicate copies, in the background, the next node's part of the
+// committed checkpoint m into the local tier (Config.Replicas), from that
+// node, then publishes the record. A newer call cancels an older copy in
+// flight. A no-op without Replicas, a Local that can add parts, or a job
+// checkpoint.
+func (n *Node) Replicate(m *checkpoint.Manifest) {
+	if n.cfg.Replicas < 1 || len(m.Parts) < 2 {
+		return
+	}
+	if _, ok := n.cfg.Local.(partAdder); !ok {
+		return
+	}
+	n.repMu.Lock()
+	if n.repCancel != nil {
+		n.repCancel()
+	}
+	ctx, cancel := context.WithCancel(n.life)
+	n.repCancel = cancel
+	n.repMu.Unlock()
+	n.wg.Go(func() {
+		defer cancel()
+		wait := time.Second
+		for try := 1; ; try++ {
+			err := n.replicate(ctx, m)
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+			if try == replicaTries {
+				n.log.Warn("peer tier: no copy of the next node's part: a replacement of it reads that part from the store", zap.String("id", m.ID), zap.Error(err))
+				return
+			}
+			n.log.Info("peer tier: the next node's part is not copied yet (retrying)", zap.Duration("retry_in", wait), zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait *= 2
+		}
+	})
+}
+
+// replicate is one attempt of Replicate: every file of the next node's
+// part, from the peers that hold it (that node first), verified.
+func (n *Node) replicate(ctx context.Context, m *checkpoint.Manifest) error {
+	part := ringNext(n.cfg.Node, len(m.Parts))
+	if part == "" || part == n.cfg.Node {
+		return nil
+	}
+	cl := n.Tier() // a fresh client: the records may have changed since the last attempt
+	defer cl.hc.CloseIdleConnections()
+	err := n.cfg.Local.(partAdder).AddPart(ctx, m, part, func(ctx context.Context, f checkpoint.File) (io.ReadCloser, error) {
+		return cl.Open(ctx, m, f)
+	})
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", part, err)
+	}
+	return n.Publish(ctx)
+}

@@ -1,0 +1,69 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
+)
+
+// PeerTierConfig turns on the peer tier of a multi-node job's node
+// (pkg/checkpoint/peertier, docs/distributed.md "Restore from a peer"):
+// the agent serves its local tier's copies to the job's other agents and
+// restores files from theirs before the store.
+type PeerTierConfig struct {
+	Enabled   bool
+	Listen    string   // TCP address (":0": the kernel's choice)
+	Advertise []string // hosts the other nodes reach this one at; empty: every address
+	Stall     time.Duration
+	// Replicas 1: keep a copy of the next node's part too (--replicas).
+	Replicas int
+}
+
+// peerStartTimeout bounds the store requests of the peer tier's start (the
+// secret, the record): a slow store delays the start no longer than this.
+const peerStartTimeout = 30 * time.Second
+
+// openPeer starts the peer tier when cfg asks for it (a node of a job, not
+// watch mode): nil when off or when it cannot start (logged: restores then
+// come from the local tier and the store).
+func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, log *zap.Logger) *peertier.Node {
+	if !cfg.PeerTier.Enabled || cfg.Node == "" || cfg.Watch != nil {
+		return nil
+	}
+	pc := peertier.Config{Store: cfg.Store, RunID: cfg.RunID, Node: cfg.Node, Session: session,
+		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Log: log}
+	if d.tier != nil {
+		pc.Local = d.tier
+	} else {
+		log.Warn("peer tier: no local tier (--local-keep 0): this node serves its peers nothing, and only asks them")
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerStartTimeout)
+	defer cancel()
+	n, err := peertier.Start(ctx, pc)
+	if err != nil {
+		log.Warn("peer tier off: restores come from this machine and the store", zap.Error(err))
+		return nil
+	}
+	return n
+}
+
+// publishPeer tells the other nodes what the local tier holds now (after
+// it kept a copy of m); a failure costs them the store, nothing more.
+// With --replicas, the next node's part of m is then copied in the
+// background, except for a stop's checkpoint (replicate false): the agent
+// is about to exit, and does not wait for it.
+func (d *localDirs) publishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
+	if d.peer == nil {
+		return
+	}
+	if err := d.peer.Publish(ctx); err != nil {
+		log.Warn("peer tier: record not updated: the other nodes restore this copy from the store", zap.Error(err))
+	}
+	if replicate {
+		d.peer.Replicate(m)
+	}
+}
