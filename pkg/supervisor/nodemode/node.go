@@ -18,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -41,6 +42,12 @@ type Config struct {
 	Run          supervisor.Config
 	NewScheduler func() *schedule.Scheduler
 	Log          *zap.Logger
+	// PeerListen is the UDP address of the node agent's one heartbeat
+	// socket (pkg/liveness): every multi-node run it hosts heartbeats its
+	// job's other nodes through it, each a member of its own job's ring
+	// (Run.Liveness sets the timeout and the advertised hosts; a timeout
+	// < 0: no heartbeats, no socket). Default ":0".
+	PeerListen string
 }
 
 // nodeRun is one run served by the node agent, owned by its goroutine.
@@ -86,6 +93,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 		return fmt.Errorf("checkpoint root: %w", err)
 	}
 	defer root.Close()
+	stopPeers, err := listenPeers(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopPeers()
 	srv, stopServe, err := supervisor.ServeSocket(cfg.Server)
 	if err != nil {
 		return err
@@ -389,6 +401,26 @@ func (n *node) start(id, part string) *nodeRun {
 		log.Info("node: run done")
 	})
 	return r
+}
+
+// listenPeers opens the heartbeat socket every hosted run of a multi-node
+// job shares (cfg.Run.Liveness.Mux), unless heartbeats are off.
+func listenPeers(cfg *Config, log *zap.Logger) (stop func(), err error) {
+	if cfg.Run.Liveness.Timeout < 0 {
+		log.Info("node agent: no liveness heartbeats (--peer-timeout 0): a silent node of a multi-node job is bounded by its process group's timeout only")
+		return func() {}, nil
+	}
+	addr := cfg.PeerListen
+	if addr == "" {
+		addr = ":0"
+	}
+	x, err := liveness.Listen(addr)
+	if err != nil {
+		return nil, fmt.Errorf("peer listen: %w", err)
+	}
+	cfg.Run.Liveness.Mux = x
+	log.Info("node agent: heartbeats of hosted multi-node runs on one UDP socket", zap.Stringer("addr", x.Addr()))
+	return func() { x.Close() }, nil
 }
 
 // jobPart is the part a node agent's run commits, from the hello that

@@ -105,11 +105,24 @@ func (h *Heartbeats) Stop() {
 }
 
 // tellTrainerPeerLost creates PeerLostFile beside the socket (a sidecar's
-// trainer container shares that directory). Created exclusively and never
-// through a symlink: one the trainer planted there is left alone.
+// trainer container shares that directory), in node mode in the run's
+// directory (Env.RunDir: the node's socket directory is every run's).
+// Created exclusively and never through a symlink: one the trainer planted
+// there is left alone.
 func (w *Watch) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
-	p := filepath.Join(filepath.Dir(w.env.SocketPath), PeerLostFile)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL | syscall.O_NOFOLLOW
+	var (
+		p   string
+		f   *os.File
+		err error
+	)
+	if w.env.RunDir != nil {
+		p = filepath.Join(w.env.RunDir.Name(), PeerLostFile)
+		f, err = w.env.RunDir.OpenFile(PeerLostFile, flags, 0o644)
+	} else {
+		p = filepath.Join(filepath.Dir(w.env.SocketPath), PeerLostFile)
+		f, err = os.OpenFile(p, flags, 0o644)
+	}
 	if err == nil {
 		_, err = f.WriteString("75\n")
 		if cerr := f.Close(); err == nil {
