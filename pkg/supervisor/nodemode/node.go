@@ -271,9 +271,9 @@ func (r *nodeRun) askStatus(ctx context.Context) *supervisor.Status {
 func (n *node) hello(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	refuse := func(text string) { c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: text}, true) }
-	if !checkpoint.ValidID(m.RunID) {
+	if !validRunID(m.RunID) {
 		n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
-		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID))
+		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of %s", m.RunID, runIDRule))
 		return
 	}
 	peer := c.PeerIdentity()
@@ -305,6 +305,17 @@ func (n *node) hello(ev protocol.Event) {
 	}
 	n.connRun[c.ID()] = r
 	r.conns++
+}
+
+// runIDRule is what validRunID accepts, for the refusal's message.
+const runIDRule = "1 to 128 letters, digits, '-', '_' and '.', neither beginning nor ending with '.'"
+
+// validRunID: a run id names a directory under the checkpoint root and a
+// child of the store prefix, so node mode takes only a plain, visible name:
+// none of "...", ".hidden" (hidden, and beside the node's own files) or
+// "x." (the same directory as "x" on some filesystems and stores).
+func validRunID(id string) bool {
+	return checkpoint.ValidID(id) && id[0] != '.' && id[len(id)-1] != '.'
 }
 
 // liveOwner is a live run that a hello from peer (of uid) for run id
