@@ -28,7 +28,11 @@ import (
 // A sidecar (no child) cannot signal the trainer container's processes: it
 // creates PeerLostFile beside its socket, in the directory the trainer
 // container shares, and the trainer's script (deploy/kubernetes/
-// multinode-job.yaml) ends torchrun and exits 75 when it appears.
+// multinode-job.yaml) ends torchrun and exits 75 when it appears. A run
+// of the node agent (pkg/supervisor/nodemode: no child either) creates it in
+// the run's own directory instead (Env.RunDir), which the pod's script
+// names in SPOTAGENT_PEER_LOST; its heartbeats share the node agent's one
+// socket (liveness.Mux, set in Liveness by the node agent).
 
 // PeerLostFile is the sidecar's word to the trainer container's script.
 const PeerLostFile = "peer-lost"
