@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
@@ -871,6 +872,8 @@ func decodeManifests(t *testing.T, path string) []any {
 			obj = &appsv1.DaemonSet{}
 		case "batch/v1/Job":
 			obj = &batchv1.Job{}
+		case "networking.k8s.io/v1/NetworkPolicy":
+			obj = &networkingv1.NetworkPolicy{}
 		default:
 			t.Fatalf("%s doc %d: unexpected %s %s", path, i, tm.APIVersion, tm.Kind)
 		}

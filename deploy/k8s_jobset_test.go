@@ -66,7 +66,12 @@ type jobSet struct {
 
 func readJobSet(t *testing.T) (*jobSet, manifestDoc) {
 	t.Helper()
-	docs := manifestDocs(t, jobSetPath)
+	var docs []manifestDoc // the JobSet; its NetworkPolicy is not this test's
+	for _, d := range manifestDocs(t, jobSetPath) {
+		if d.kind != "NetworkPolicy" {
+			docs = append(docs, d)
+		}
+	}
 	if len(docs) != 1 || docs[0].kind != "JobSet" || docs[0].apiVersion != "jobset.x-k8s.io/v1alpha2" {
 		t.Fatalf("%s: want one jobset.x-k8s.io/v1alpha2 JobSet", jobSetPath)
 	}

@@ -83,7 +83,7 @@ func TestTrainerPID1HandlesSIGTERM(t *testing.T) {
 			}
 			script := c.Command[2]
 			for _, want := range []string{`trap 'sig=1; kill -TERM $pid`, "' TERM INT", "wait $pid", `torchrun `, ` &` + "\n" + `pid=$!`, "exit 75",
-				`lost=$(dirname "$SPOTAGENT_SOCKET")/peer-lost`} {
+				`lost=${SPOTAGENT_PEER_LOST:-$(dirname "$SPOTAGENT_SOCKET")/peer-lost}`} {
 				if !strings.Contains(script, want) {
 					t.Errorf("script lacks %q:\n%s", want, script)
 				}

@@ -64,15 +64,16 @@ var apiResources = map[string]struct {
 	plural     string
 	namespaced bool
 }{
-	"v1/Namespace":                    {"namespaces", false},
-	"v1/Node":                         {"nodes", false},
-	"v1/ResourceQuota":                {"resourcequotas", true},
-	"v1/ServiceAccount":               {"serviceaccounts", true},
-	"v1/Service":                      {"services", true},
-	"v1/Pod":                          {"pods", true},
-	"batch/v1/Job":                    {"jobs", true},
-	"apps/v1/DaemonSet":               {"daemonsets", true},
-	"jobset.x-k8s.io/v1alpha2/JobSet": {"jobsets", true},
+	"v1/Namespace":                       {"namespaces", false},
+	"v1/Node":                            {"nodes", false},
+	"v1/ResourceQuota":                   {"resourcequotas", true},
+	"v1/ServiceAccount":                  {"serviceaccounts", true},
+	"v1/Service":                         {"services", true},
+	"v1/Pod":                             {"pods", true},
+	"batch/v1/Job":                       {"jobs", true},
+	"apps/v1/DaemonSet":                  {"daemonsets", true},
+	"networking.k8s.io/v1/NetworkPolicy": {"networkpolicies", true},
+	"jobset.x-k8s.io/v1alpha2/JobSet":    {"jobsets", true},
 	"apiextensions.k8s.io/v1/CustomResourceDefinition": {"customresourcedefinitions", false},
 }
 

@@ -61,6 +61,9 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.StringVar(&o.store, "store-prefix", "", "each run's store is this prefix + its run id: s3://bucket/runs, gs://bucket/runs, file:///dir")
 		fs.StringVar(&o.checkpointDir, "checkpoint-root", "/var/lib/spotagent", "local directory; each run gets CHECKPOINT-ROOT/RUN-ID")
 		o.runID = "node"
+		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "a neighbour node's agent of a hosted multi-node run silent this long is a lost node (peer-lost in the run's directory: its pod ends its ranks, exit 75): at least 2s, or 0 for no heartbeats")
+		fs.StringVar(&o.peerListen, "peer-listen", ":0", "UDP address of the one socket every hosted multi-node run's heartbeats arrive on (e.g. :29450)")
+		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 	} else {
 		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
@@ -103,6 +106,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 
 	if node {
 		inGroup(fs, groupRequired, "store-prefix")
+		inGroup(fs, groupMultiNode, "peer-timeout", "peer-listen", "peer-advertise")
 	} else {
 		inGroup(fs, groupRequired, "store")
 		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
@@ -207,10 +211,8 @@ func (o *agentOptions) check(node bool) error {
 	if o.maxRestarts < 0 {
 		return fmt.Errorf("--max-restarts must not be negative")
 	}
-	if !node { // node has no --peer-* flags
-		if err := o.checkPeers(); err != nil {
-			return err
-		}
+	if err := o.checkPeers(node); err != nil {
+		return err
 	}
 	if o.restore != "own" && o.restore != "all" {
 		return fmt.Errorf("--restore: want own or all, got %q", o.restore)
@@ -363,8 +365,9 @@ const minPeerTimeout = 2 * time.Second
 // checkPeers checks the heartbeat flags (docs/distributed.md): a timeout
 // of 0 (off) or at least minPeerTimeout, a --peer-listen host:port with a
 // port the kernel can bind, hosts without ports in --peer-advertise, and
-// none of them without --node-rank, where nothing reads them.
-func (o *agentOptions) checkPeers() error {
+// none of them without --node-rank (but in node mode), where nothing reads
+// them.
+func (o *agentOptions) checkPeers(node bool) error {
 	if o.peerTimeout < 0 {
 		return fmt.Errorf("--peer-timeout must not be negative")
 	}
@@ -387,7 +390,7 @@ func (o *agentOptions) checkPeers() error {
 			return fmt.Errorf("--peer-advertise %q: want comma-separated hosts (IPs or names) without a port; the port is --peer-listen's", o.peerAdvertise)
 		}
 	}
-	if o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" &&
+	if !node && o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" &&
 		(o.peerTimeout != liveness.DefaultTimeout || o.peerListen != ":0" || o.peerAdvertise != "") {
 		return fmt.Errorf("--peer-timeout, --peer-listen and --peer-advertise need --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job send heartbeats")
 	}

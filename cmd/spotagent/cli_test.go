@@ -243,6 +243,31 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 	}
 }
 
+// TestCLI_NodePeerFlags: node mode takes the heartbeat flags without
+// --node-rank (it hosts every node rank that connects) and checks them as
+// run and sidecar do, before the store prefix is touched (#37).
+func TestCLI_NodePeerFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--peer-timeout", "1s"}, "--peer-timeout 1s: want at least 2s"},
+		{[]string{"--peer-listen", "garbage"}, `--peer-listen "garbage": want HOST:PORT`},
+		{[]string{"--peer-listen", ":70000"}, `--peer-listen ":70000": want HOST:PORT or :PORT with a port from 0 to 65535`},
+		{[]string{"--peer-advertise", "10.0.0.1:29450"}, "--peer-advertise \"10.0.0.1:29450\": want comma-separated hosts"},
+	} {
+		store := filepath.Join(t.TempDir(), "store")
+		args := append([]string{"node", "--store-prefix", "file://" + store, "--checkpoint-root", t.TempDir()}, tc.args...)
+		code, _, errOut := cli(t, args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line naming %q", tc.args, code, errOut, tc.want)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%v: the store was touched before the flags were checked", tc.args)
+		}
+	}
+}
+
 // TestCLI_ReadOnlyStore: list, history, report and restore never create
 // a store; one that does not exist, holds nothing, or lacks what the
 // command reads exits 1 with one line naming it.

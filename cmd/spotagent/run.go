@@ -159,7 +159,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 				return o.storeFlags.openStore(ctx, uri, log)
 			},
 			NewScheduler: func() *schedule.Scheduler { s, _ := o.scheduler(log); return s },
-			Run:          cfg, Log: log,
+			Run:          cfg, Log: log, PeerListen: o.peerListen,
 		}, sigs)
 		if err != nil {
 			return fail(err)

@@ -64,6 +64,9 @@ type Config struct {
 	// Listen is the UDP address heartbeats arrive on (default ":0", a port
 	// of the kernel's choice, published in the record).
 	Listen string
+	// Mux, when set, is the node agent's shared socket (Listen is then
+	// not used): one UDP port for every run the node agent hosts.
+	Mux *Mux
 	// Advertise are the hosts (IPs or names) the other nodes reach this one
 	// at; empty: every unicast address of the machine's interfaces that are
 	// up, loopback only when there is no other.
@@ -84,6 +87,7 @@ type Silence struct {
 type Monitor struct {
 	cfg    Config
 	conn   *net.UDPConn
+	in     <-chan datagram // from the Mux; nil: this monitor reads conn
 	silent chan Silence
 	// unheardAfter: a neighbour whose record was read but who is not heard
 	// this long after the start is worth a warning (a firewall on the UDP
@@ -150,17 +154,30 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	la, err := net.ResolveUDPAddr("udp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("liveness: listen %s: %w", cfg.Listen, err)
-	}
-	conn, err := net.ListenUDP("udp", la)
-	if err != nil {
-		return nil, fmt.Errorf("liveness: listen %s: %w", cfg.Listen, err)
+	var (
+		conn  *net.UDPConn
+		in    <-chan datagram
+		leave func()
+	)
+	if cfg.Mux != nil {
+		var err error
+		if in, leave, err = cfg.Mux.join(cfg.RunID, cfg.Node); err != nil {
+			return nil, err
+		}
+		conn = cfg.Mux.conn
+	} else {
+		la, err := net.ResolveUDPAddr("udp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("liveness: listen %s: %w", cfg.Listen, err)
+		}
+		if conn, err = net.ListenUDP("udp", la); err != nil {
+			return nil, fmt.Errorf("liveness: listen %s: %w", cfg.Listen, err)
+		}
+		leave = func() { conn.Close() } // ends receive
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := &Monitor{
-		cfg: cfg, conn: conn, cancel: cancel, log: cfg.Log.With(zap.Int("node", cfg.Node)),
+		cfg: cfg, conn: conn, in: in, cancel: cancel, log: cfg.Log.With(zap.Int("node", cfg.Node)),
 		started: time.Now().UnixNano(), peers: map[int]*peer{}, unheardAfter: time.Minute, begun: time.Now(),
 	}
 	nb := Neighbours(cfg.Node, cfg.Nodes)
@@ -170,9 +187,9 @@ func Start(ctx context.Context, cfg Config) (*Monitor, error) {
 	}
 	m.wg.Add(4)
 	go func() { defer m.wg.Done(); m.discover(ctx) }()
-	go func() { defer m.wg.Done(); m.receive() }()
+	go func() { defer m.wg.Done(); m.receive(ctx) }()
 	go func() { defer m.wg.Done(); m.beat(ctx) }()
-	go func() { defer m.wg.Done(); <-ctx.Done(); conn.Close() }() // ends receive
+	go func() { defer m.wg.Done(); <-ctx.Done(); leave() }()
 	return m, nil
 }
 
@@ -295,8 +312,21 @@ func (m *Monitor) checkLocked(now time.Time) {
 	}
 }
 
-// receive accepts the neighbours' packets until the socket closes.
-func (m *Monitor) receive() {
+// receive accepts the neighbours' packets until the socket closes (or,
+// on a Mux, until ctx ends).
+func (m *Monitor) receive(ctx context.Context) {
+	if m.in != nil {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case d := <-m.in:
+				m.mu.Lock()
+				m.acceptLocked(d.b, d.from, time.Now())
+				m.mu.Unlock()
+			}
+		}
+	}
 	buf := make([]byte, maxPacket+1)
 	for {
 		n, from, err := m.conn.ReadFromUDP(buf)

@@ -256,7 +256,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
-		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path})
+		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: cfg.dir})
 	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
 	a.job.committer(a.commits.committer, a.sess.id)
 	src, err := a.newSource() // source.go

@@ -37,6 +37,7 @@ func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
 	a.asks = in.Asks
 	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 	a.loop(ctx, in.Events, in.Notices, in.Signals)
+	a.live.Stop() // pkg/supervisor/ranks: the neighbours hear this node leave
 	a.finish()
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -41,6 +42,12 @@ type Config struct {
 	Run          supervisor.Config
 	NewScheduler func() *schedule.Scheduler
 	Log          *zap.Logger
+	// PeerListen is the UDP address of the node agent's one heartbeat
+	// socket (pkg/liveness): every multi-node run it hosts heartbeats its
+	// job's other nodes through it, each a member of its own job's ring
+	// (Run.Liveness sets the timeout and the advertised hosts; a timeout
+	// < 0: no heartbeats, no socket). Default ":0".
+	PeerListen string
 }
 
 // nodeRun is one run served by the node agent, owned by its goroutine.
@@ -86,6 +93,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 		return fmt.Errorf("checkpoint root: %w", err)
 	}
 	defer root.Close()
+	stopPeers, err := listenPeers(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopPeers()
 	srv, stopServe, err := supervisor.ServeSocket(cfg.Server)
 	if err != nil {
 		return err
@@ -259,9 +271,9 @@ func (r *nodeRun) askStatus(ctx context.Context) *supervisor.Status {
 func (n *node) hello(ev protocol.Event) {
 	c, m := ev.Conn, ev.Msg
 	refuse := func(text string) { c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: text}, true) }
-	if !checkpoint.ValidID(m.RunID) {
+	if !validRunID(m.RunID) {
 		n.log.Warn("node: hello refused: bad run id", zap.String("run_id", m.RunID), zap.Uint64("conn", c.ID()), zap.Int("peer_uid", c.PeerUID()))
-		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of letters, digits, '-', '_' and '.'", m.RunID))
+		refuse(fmt.Sprintf("hello: run_id %q refused: node mode needs a run id of %s", m.RunID, runIDRule))
 		return
 	}
 	peer := c.PeerIdentity()
@@ -293,6 +305,17 @@ func (n *node) hello(ev protocol.Event) {
 	}
 	n.connRun[c.ID()] = r
 	r.conns++
+}
+
+// runIDRule is what validRunID accepts, for the refusal's message.
+const runIDRule = "1 to 128 letters, digits, '-', '_' and '.', neither beginning nor ending with '.'"
+
+// validRunID: a run id names a directory under the checkpoint root and a
+// child of the store prefix, so node mode takes only a plain, visible name:
+// none of "...", ".hidden" (hidden, and beside the node's own files) or
+// "x." (the same directory as "x" on some filesystems and stores).
+func validRunID(id string) bool {
+	return checkpoint.ValidID(id) && id[0] != '.' && id[len(id)-1] != '.'
 }
 
 // liveOwner is a live run that a hello from peer (of uid) for run id
@@ -389,6 +412,26 @@ func (n *node) start(id, part string) *nodeRun {
 		log.Info("node: run done")
 	})
 	return r
+}
+
+// listenPeers opens the heartbeat socket every hosted run of a multi-node
+// job shares (cfg.Run.Liveness.Mux), unless heartbeats are off.
+func listenPeers(cfg *Config, log *zap.Logger) (stop func(), err error) {
+	if cfg.Run.Liveness.Timeout < 0 {
+		log.Info("node agent: no liveness heartbeats (--peer-timeout 0): a silent node of a multi-node job is bounded by its process group's timeout only")
+		return func() {}, nil
+	}
+	addr := cfg.PeerListen
+	if addr == "" {
+		addr = ":0"
+	}
+	x, err := liveness.Listen(addr)
+	if err != nil {
+		return nil, fmt.Errorf("peer listen: %w", err)
+	}
+	cfg.Run.Liveness.Mux = x
+	log.Info("node agent: heartbeats of hosted multi-node runs on one UDP socket", zap.Stringer("addr", x.Addr()))
+	return func() { x.Close() }, nil
 }
 
 // jobPart is the part a node agent's run commits, from the hello that

@@ -403,3 +403,29 @@ func TestNode_StatusListsRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestNode_DotRunIDsRefused (#37 item 4): run ids of dots only, hidden ones
+// and ones ending in a dot name no plain directory or store prefix: refused
+// with the rule spelled out, nothing created. A dot inside is fine.
+func TestNode_DotRunIDsRefused(t *testing.T) {
+	n := startNode(t, nil)
+	dir := filepath.Dir(n.sock)
+	for _, id := range []string{"...", ".hidden", "x.", ".", ".."} {
+		tr := n.dialAs(t, "pod:a")
+		tr.helloRun(id)
+		m := tr.expect(protocol.TypeError)
+		if !strings.Contains(m.Error, "refused") || !strings.Contains(m.Error, "neither beginning nor ending with '.'") {
+			t.Errorf("run id %q: error %q, want a refusal that says a run id may neither begin nor end with '.'", id, m.Error)
+		}
+		tr.expectClosed()
+	}
+	for _, sub := range []string{"ckpt", "runs"} {
+		ents, _ := os.ReadDir(filepath.Join(dir, sub))
+		for _, e := range ents {
+			t.Errorf("%s/%s created for a refused run id", sub, e.Name())
+		}
+	}
+	ok := n.dialAs(t, "pod:a")
+	ok.helloRun("exp.42")
+	ok.expect(protocol.TypeWelcome)
+}

@@ -28,7 +28,11 @@ import (
 // A sidecar (no child) cannot signal the trainer container's processes: it
 // creates PeerLostFile beside its socket, in the directory the trainer
 // container shares, and the trainer's script (deploy/kubernetes/
-// multinode-job.yaml) ends torchrun and exits 75 when it appears.
+// multinode-job.yaml) ends torchrun and exits 75 when it appears. A run
+// of the node agent (pkg/supervisor/nodemode: no child either) creates it in
+// the run's own directory instead (Env.RunDir), which the pod's script
+// names in SPOTAGENT_PEER_LOST; its heartbeats share the node agent's one
+// socket (liveness.Mux, set in Liveness by the node agent).
 
 // PeerLostFile is the sidecar's word to the trainer container's script.
 const PeerLostFile = "peer-lost"
@@ -105,11 +109,24 @@ func (h *Heartbeats) Stop() {
 }
 
 // tellTrainerPeerLost creates PeerLostFile beside the socket (a sidecar's
-// trainer container shares that directory). Created exclusively and never
-// through a symlink: one the trainer planted there is left alone.
+// trainer container shares that directory), in node mode in the run's
+// directory (Env.RunDir: the node's socket directory is every run's).
+// Created exclusively and never through a symlink: one the trainer planted
+// there is left alone.
 func (w *Watch) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
-	p := filepath.Join(filepath.Dir(w.env.SocketPath), PeerLostFile)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL | syscall.O_NOFOLLOW
+	var (
+		p   string
+		f   *os.File
+		err error
+	)
+	if w.env.RunDir != nil {
+		p = filepath.Join(w.env.RunDir.Name(), PeerLostFile)
+		f, err = w.env.RunDir.OpenFile(PeerLostFile, flags, 0o644)
+	} else {
+		p = filepath.Join(filepath.Dir(w.env.SocketPath), PeerLostFile)
+		f, err = os.OpenFile(p, flags, 0o644)
+	}
 	if err == nil {
 		_, err = f.WriteString("75\n")
 		if cerr := f.Close(); err == nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -103,6 +104,10 @@ type Env struct {
 	Metrics    interface{ Error(component string) }
 	Sidecar    bool
 	SocketPath string
+	// RunDir, in node mode, is the run's own directory (shared with the
+	// trainer pod, unlike the node's socket directory): PeerLostFile goes
+	// there.
+	RunDir *os.Root
 }
 
 // Lookup is the answer of the lookup for another node's crash record

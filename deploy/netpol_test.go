@@ -1,0 +1,172 @@
+package deploy
+
+import (
+	"net"
+	"strconv"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// heartbeatPort is the UDP port of c's --peer-listen, which its container
+// port named heartbeat must declare.
+func heartbeatPort(t *testing.T, c corev1.Container) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(flagValue(c, "peer-listen"))
+	port, perr := strconv.Atoi(p)
+	if err != nil || perr != nil || port == 0 {
+		t.Fatalf("%s: --peer-listen %q: want a fixed port, for a firewall or NetworkPolicy to name", c.Name, flagValue(c, "peer-listen"))
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == "heartbeat" {
+			if int(cp.ContainerPort) != port || cp.Protocol != corev1.ProtocolUDP {
+				t.Errorf("%s: container port heartbeat %d/%s, want %d/UDP (its --peer-listen)", c.Name, cp.ContainerPort, cp.Protocol, port)
+			}
+			return port
+		}
+	}
+	t.Errorf("%s: no container port named heartbeat", c.Name)
+	return port
+}
+
+// admits says whether pol lets a pod labelled from (in the policy's
+// namespace) reach port/proto of a pod whose containers are cs.
+func admits(pol *networkingv1.NetworkPolicy, from map[string]string, proto corev1.Protocol, port int, cs []corev1.Container) bool {
+	named := map[string]int{}
+	for _, c := range cs {
+		for _, p := range c.Ports {
+			named[p.Name] = int(p.ContainerPort)
+		}
+	}
+	for _, r := range pol.Spec.Ingress {
+		portOK := len(r.Ports) == 0
+		for _, p := range r.Ports {
+			pr := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				pr = *p.Protocol
+			}
+			if pr != proto {
+				continue
+			}
+			switch {
+			case p.Port == nil:
+				portOK = true
+			case p.Port.StrVal != "":
+				portOK = portOK || named[p.Port.StrVal] == port
+			default:
+				portOK = portOK || int(p.Port.IntVal) == port
+			}
+		}
+		if !portOK {
+			continue
+		}
+		if len(r.From) == 0 {
+			return true
+		}
+		for _, peer := range r.From {
+			if peer.IPBlock != nil || peer.NamespaceSelector != nil || peer.PodSelector == nil {
+				return true // wider than this namespace's pods: counted as anyone
+			}
+			sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+			if err == nil && sel.Matches(labels.Set(from)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestMultinodeHeartbeatPolicy (#37): the multi-node manifests'
+// NetworkPolicy selects the job's pods and lets UDP reach their sidecars'
+// heartbeat port from the job's own pods only, while the rendezvous, the
+// collectives and metrics (TCP) stay open. The real control plane accepts
+// it (TestK8sManifestsApply).
+func TestMultinodeHeartbeatPolicy(t *testing.T) {
+	objs := decodeManifests(t, "kubernetes/multinode-job.yaml")
+	job := only[*batchv1.Job](t, objs)
+	t.Run("job", func(t *testing.T) {
+		checkHeartbeatPolicy(t, only[*networkingv1.NetworkPolicy](t, objs), job.Spec.Template,
+			"batch.kubernetes.io/job-name", job.Name)
+	})
+	t.Run("jobset", func(t *testing.T) {
+		js, _ := readJobSet(t)
+		var pol networkingv1.NetworkPolicy
+		n := 0
+		for _, d := range manifestDocs(t, jobSetPath) {
+			if d.kind == "NetworkPolicy" {
+				n++
+				if err := yaml.UnmarshalStrict(d.yaml, &pol); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%s: %d NetworkPolicies, want 1", jobSetPath, n)
+		}
+		checkHeartbeatPolicy(t, &pol, js.Spec.ReplicatedJobs[0].Template.Spec.Template,
+			"jobset.sigs.k8s.io/jobset-name", js.Metadata.Name)
+	})
+}
+
+// checkHeartbeatPolicy checks pol against the pods of tmpl, which their
+// controller labels key=name.
+func checkHeartbeatPolicy(t *testing.T, pol *networkingv1.NetworkPolicy, tmpl corev1.PodTemplateSpec, key, name string) {
+	t.Helper()
+	spec := tmpl.Spec
+	var sidecar corev1.Container
+	for _, c := range spec.InitContainers {
+		if c.Name == "spotagent" {
+			sidecar = c
+		}
+	}
+	port := heartbeatPort(t, sidecar)
+	pod := map[string]string{key: name}
+	other := map[string]string{key: "another-job"}
+	for k, v := range tmpl.Labels {
+		pod[k], other[k] = v, v
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&pol.Spec.PodSelector)
+	if err != nil || !sel.Matches(labels.Set(pod)) || sel.Matches(labels.Set(other)) {
+		t.Errorf("the policy's podSelector %v must select this job's pods, not another job's with the same template (%v)", pol.Spec.PodSelector, err)
+	}
+	ingress := false
+	for _, pt := range pol.Spec.PolicyTypes {
+		ingress = ingress || pt == networkingv1.PolicyTypeIngress
+	}
+	if !ingress {
+		t.Error("policyTypes must include Ingress")
+	}
+	cs := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
+	if !admits(pol, pod, corev1.ProtocolUDP, port, cs) {
+		t.Errorf("the job's pods cannot send heartbeats (UDP %d) to each other", port)
+	}
+	if admits(pol, other, corev1.ProtocolUDP, port, cs) || admits(pol, map[string]string{}, corev1.ProtocolUDP, port, cs) {
+		t.Errorf("pods outside the job may send to the heartbeat port (UDP %d)", port)
+	}
+	for _, p := range []int{29500, 9090, 45000} { // the rendezvous, metrics, a collective's port
+		if !admits(pol, map[string]string{"app": "prometheus"}, corev1.ProtocolTCP, p, cs) {
+			t.Errorf("the policy closes TCP %d: only the heartbeat port is its business", p)
+		}
+	}
+}
+
+// TestDaemonSetHeartbeatPort (#37): the node agent listens for the
+// heartbeats of the multi-node runs it hosts on a fixed port of the node,
+// declared as a UDP container port, bound to and advertised at the node IP.
+func TestDaemonSetHeartbeatPort(t *testing.T) {
+	ds := only[*appsv1.DaemonSet](t, decodeManifests(t, "kubernetes/daemonset.yaml"))
+	c := ds.Spec.Template.Spec.Containers[0]
+	heartbeatPort(t, c)
+	if !ds.Spec.Template.Spec.HostNetwork {
+		t.Error("the node agent's heartbeat port must be on the node's network (hostNetwork)")
+	}
+	if host, _, _ := net.SplitHostPort(flagValue(c, "peer-listen")); host != "$(POD_IP)" || flagValue(c, "peer-advertise") != "$(POD_IP)" {
+		t.Errorf("--peer-listen %q --peer-advertise %q: bind and advertise the node IP, $(POD_IP)", flagValue(c, "peer-listen"), flagValue(c, "peer-advertise"))
+	}
+}

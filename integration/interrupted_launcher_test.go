@@ -1,0 +1,99 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Issue #37, "Interruptions are never counted failures": node 0 of a
+// two-node job whose other node never answers (so the stop's job
+// checkpoint cannot commit) is stopped for a shutdown (SIGTERM). Its two
+// ranks are real Python trainers of the spotagent client under a shell
+// launcher that exits 1 when a rank failed, as torchrun does. The ranks
+// take the stop's checkpoint request as the save whose collective loses
+// the other node, catch the error and exit 1 (as training scripts that
+// catch exceptions do: nothing in the exit file); the launcher exits 1.
+// The agent exits 75: an interruption is not the job's bug. When a rank
+// had crashed before the stop (a native crash: no bye, no exit file), the
+// same launcher exit stays 1.
+
+// stopRankPy is a rank: it trains until the agent asks for a checkpoint,
+// which it answers as a save whose collective lost the other node; with
+// CRASH_TRIGGER set and present, rank 0 crashes first.
+const stopRankPy = `import os, sys, time
+import spotagent
+rank = os.environ["RANK"]
+agent = spotagent.connect()
+print("rank %s training" % rank, flush=True)
+step = 0
+try:
+    while True:
+        step += 1
+        trig = os.environ.get("CRASH_TRIGGER")
+        if rank == "0" and trig and os.path.exists(trig):
+            print("rank 0: a native crash", flush=True)
+            os._exit(1)
+        if agent.poll(step) is not None:
+            raise ConnectionError("the save's collective lost the other node")
+        time.sleep(0.02)
+except ConnectionError as e:
+    print("rank %s: %s: exiting 1" % (rank, e), flush=True)
+    sys.exit(1)
+`
+
+// stopLauncherSh starts the node's two ranks and exits 1 when one of them
+// failed, as torchrun does.
+const stopLauncherSh = `export WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 GROUP_WORLD_SIZE=2
+RANK=0 LOCAL_RANK=0 "$PY" "$RANK_PY" & a=$!
+RANK=1 LOCAL_RANK=1 "$PY" "$RANK_PY" & b=$!
+wait $a; ra=$?; wait $b; rb=$?
+echo "launcher: ranks exited $ra and $rb"
+[ "$ra" = 0 ] && [ "$rb" = 0 ] || exit 1
+`
+
+func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
+	requirePython(t, false)
+	for _, tc := range []struct {
+		name          string
+		crashedBefore bool
+		want          int
+		log           string
+	}{
+		{"no crash", false, exitInterrupted, "trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)"},
+		{"rank crashed before the stop", true, 1, "trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := shortTemp(t)
+			rankPy, launcher := filepath.Join(dir, "rank.py"), filepath.Join(dir, "launcher.sh")
+			writeExec(t, rankPy, stopRankPy)
+			writeExec(t, launcher, stopLauncherSh)
+			trigger := filepath.Join(dir, "crash")
+			env := []string{"PY=" + python, "RANK_PY=" + rankPy, "PYTHONPATH=" + filepath.Join(repo, "python"), "PYTHONUNBUFFERED=1"}
+			if tc.crashedBefore {
+				env = append(env, "CRASH_TRIGGER="+trigger)
+			}
+			// Node 1 never comes: no heartbeats to wait for, and no job
+			// checkpoint can commit.
+			args := runNodeArgs("file://"+filepath.Join(dir, "store"), dir, 0, "--interval", "1h", "--term-grace", "20s", "--peer-timeout", "0")
+			a := runGroup(t, env, append(append(args, "--", "/bin/sh"), launcher)...)
+			a.waitLine(`rank 0 training`, time.Minute)
+			a.waitLine(`rank 1 training`, time.Minute)
+			if tc.crashedBefore {
+				if err := os.WriteFile(trigger, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				a.waitEntry("a rank of this node ended on an error", time.Minute, nil)
+			}
+			a.cmd.Process.Signal(syscall.SIGTERM) // the shutdown stop
+			code := a.wait(2 * time.Minute)
+			a.waitLine(`launcher: ranks exited`, time.Second)
+			if code != tc.want {
+				t.Fatalf("agent exited %d, want %d\n%s", code, tc.want, a.output())
+			}
+			a.waitEntry(tc.log, time.Second, nil)
+		})
+	}
+}
