@@ -73,7 +73,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75): at least 2s, or 0 for no heartbeats")
 		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
-		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of the next node's part (node K copies node K+1's, from it, after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
+		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of another node's part (one in another zone, else of another instance type, else node K+1's; copied from it after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
 		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and CRC32C: data-parallel replicas)")
 	}
 	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")

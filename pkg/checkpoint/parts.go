@@ -48,6 +48,10 @@ type PartInfo struct {
 	Ranks []int  `json:"ranks"`
 	Files int    `json:"files"`
 	Bytes int64  `json:"bytes"`
+	// Source is the machine that wrote the part (its part manifest's),
+	// when the metadata named one: where --replicas places its copy
+	// (pkg/checkpoint/peertier, placement.go).
+	Source *Machine `json:"source,omitempty"`
 }
 
 // PartManifest is the content of parts/<node>.json: one node's files of a

@@ -19,7 +19,7 @@ type PeerTierConfig struct {
 	Listen    string   // TCP address (":0": the kernel's choice)
 	Advertise []string // hosts the other nodes reach this one at; empty: every address
 	Stall     time.Duration
-	// Replicas 1: keep a copy of the next node's part too (--replicas).
+	// Replicas 1: keep a copy of another node's part too, a far one (--replicas).
 	Replicas int
 }
 
@@ -35,7 +35,7 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 		return nil
 	}
 	pc := peertier.Config{Store: cfg.Store, RunID: cfg.RunID, Node: cfg.Node, Session: session,
-		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Log: log}
+		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Machine: machineOf(cfg.Identity), Log: log}
 	if d.tier != nil {
 		pc.Local = d.tier
 	} else {
@@ -53,7 +53,7 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 
 // publishPeer tells the other nodes what the local tier holds now (after
 // it kept a copy of m); a failure costs them the store, nothing more.
-// With --replicas, the next node's part of m is then copied in the
+// With --replicas, the part of m this node keeps is then copied in the
 // background, except for a stop's checkpoint (replicate false): the agent
 // is about to exit, and does not wait for it.
 func (d *localDirs) publishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {

@@ -257,6 +257,9 @@ func joinParts(own *checkpoint.PartManifest, parts []*checkpoint.PartManifest) (
 	}
 	for _, p := range order {
 		info := checkpoint.PartInfo{Node: p.Node, Ranks: p.Ranks, Files: len(p.Files)}
+		if p.Source != (checkpoint.Machine{}) {
+			info.Source = &p.Source
+		}
 		for _, f := range p.Files {
 			info.Bytes += f.Size
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -685,5 +686,36 @@ func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 		if f.Part == p1.Node && !strings.Contains(f.Key, "/new/") {
 			t.Fatalf("the job checkpoint lists %s, not the newer copy's object", f.Key)
 		}
+	}
+}
+
+// The job manifest names the machine that wrote each part (where
+// --replicas places its copies, pkg/checkpoint/peertier), and none for a
+// part whose machine is unknown.
+func TestCommitParts_SourcePerPart(t *testing.T) {
+	st := storesim.New()
+	machines := []checkpoint.Machine{{Cloud: "aws", Zone: "us-east-1a", InstanceType: "p5.48xlarge"}, {}}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, p := range twoNodes {
+		req := partRequest(t, p, 7, "c7")
+		wg.Go(func() {
+			c := &Committer{Store: st, RunID: "run", Source: machines[i]}
+			_, errs[i] = c.Commit(t.Context(), req)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	m, err := checkpoint.ReadManifest(t.Context(), st, checkpoint.ManifestKey(7, "c7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Parts[0].Source; got == nil || *got != machines[0] {
+		t.Fatalf("part node-0 source=%v, want %+v", got, machines[0])
+	}
+	if got := m.Parts[1].Source; got != nil {
+		t.Fatalf("part node-1 source=%+v, want none (unknown machine)", *got)
 	}
 }

@@ -38,6 +38,21 @@ type Client struct {
 	mu      sync.Mutex
 	records map[string]*Record   // by node, once read; nil: none
 	bad     map[string]time.Time // addresses that failed, when: not asked again for badFor
+	placed  string               // the checkpoint whose keepers are in keepers
+	keepers map[string]string    // part → the node that keeps its copy
+}
+
+// keeperOf is keeperOf(m, part), the placement computed once per checkpoint.
+func (c *Client) keeperOf(m *checkpoint.Manifest, part string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ck := folder(m); c.placed != ck {
+		c.placed, c.keepers = ck, map[string]string{}
+		for i, j := range keeps(m.Parts) {
+			c.keepers[m.Parts[j].Node] = m.Parts[i].Node
+		}
+	}
+	return c.keepers[part]
 }
 
 // badFor is how long an address that failed is not asked again: the rest
@@ -83,7 +98,7 @@ type candidate struct {
 // same size and checksum (f itself, when it is another node's), at most
 // one per node and maxPeers in all, the nodes after this one first (so
 // that the replacements of several nodes spread over the survivors); then
-// the node that keeps a replica of f's part (ringPrev), if not listed.
+// the node that keeps a replica of f's part (placement.go), if not listed.
 func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candidate {
 	seen := map[string]bool{}
 	var out []candidate
@@ -111,7 +126,7 @@ func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candida
 	if len(out) > maxPeers {
 		out = out[:maxPeers]
 	}
-	if h := ringPrev(f.Part, len(m.Parts)); h != "" && h != c.node && !seen[h] {
+	if h := c.keeperOf(m, f.Part); h != "" && h != c.node && !seen[h] {
 		out = append(out, candidate{node: h, file: f, replica: true})
 	}
 	return out

@@ -65,12 +65,17 @@ type Config struct {
 	// node serves nothing, and only asks.
 	Local Local
 	Stall time.Duration // default DefaultStall
-	// Replicas 1: after each commit, copy the next node's part (ring
-	// order: node-<k> copies node-<k+1 mod N>) into the local tier, from
-	// that node, so that a sharded part has a copy on another machine.
-	// Needs a Local that can add parts (localtier). 0: none.
+	// Replicas 1: after each commit, copy another node's part into the
+	// local tier, from that node, so that a sharded part has a copy on
+	// another machine: one in another zone, else of another instance
+	// type, else the ring's next (placement.go). Needs a Local that can
+	// add parts (localtier). 0: none.
 	Replicas int
-	Log      *zap.Logger
+	// Machine is this node's machine, from its metadata: published in
+	// the record, for the operator and the other nodes. (The placement
+	// reads the machines from the manifest, PartInfo.Source.)
+	Machine checkpoint.Machine
+	Log     *zap.Logger
 }
 
 // Node is one agent's peer tier: its server, and the Client its restores ask.
@@ -143,6 +148,9 @@ func (n *Node) Publish(ctx context.Context) error {
 	defer n.mu.Unlock()
 	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port),
 		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
+	if n.cfg.Machine != (checkpoint.Machine{}) {
+		rec.Machine = &n.cfg.Machine
+	}
 	if n.cfg.Local != nil {
 		rec.Holds = n.cfg.Local.Held()
 	}

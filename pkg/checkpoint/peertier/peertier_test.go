@@ -482,8 +482,8 @@ func TestReplicaServesShardedPart(t *testing.T) {
 	}
 }
 
-// Replicate runs in the background and is tried again until the next node
-// has kept its part.
+// Replicate runs in the background and is tried again until the kept
+// part's node has kept its part.
 func TestReplicateWaitsForThePart(t *testing.T) {
 	r := newRig(t)
 	core, logs := observer.New(zap.InfoLevel)
@@ -493,7 +493,7 @@ func TestReplicateWaitsForThePart(t *testing.T) {
 	p0 := r.serveReplicas(0, nil, 0, 1)
 	p0.Replicate(r.m)
 	deadline := time.Now().Add(30 * time.Second)
-	for logs.FilterMessage("peer tier: the next node's part is not copied yet (retrying)").Len() == 0 {
+	for logs.FilterMessage("peer tier: the kept part is not copied yet (retrying)").Len() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no failed first attempt within 30 s")
 		}
@@ -535,22 +535,6 @@ func TestReplicaWithinBudget(t *testing.T) {
 	}
 	if _, err := os.Stat(r.keptPath(0, "shard-0.bin")); err != nil {
 		t.Fatalf("node 0's own part: %v", err)
-	}
-}
-
-func TestRing(t *testing.T) {
-	for _, c := range []struct {
-		part       string
-		n          int
-		next, prev string
-	}{{"node-0", 2, "node-1", "node-1"}, {"node-1", 2, "node-0", "node-0"}, {"node-3", 4, "node-0", "node-2"},
-		{"node-0", 1, "", ""}, {"node-5", 4, "", ""}, {"rank-0", 4, "", ""}} {
-		if got := ringNext(c.part, c.n); got != c.next {
-			t.Errorf("ringNext(%s, %d)=%q, want %q", c.part, c.n, got, c.next)
-		}
-		if got := ringPrev(c.part, c.n); got != c.prev {
-			t.Errorf("ringPrev(%s, %d)=%q, want %q", c.part, c.n, got, c.prev)
-		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -22,10 +23,13 @@ type Record struct {
 	Session string   `json:"session"`
 	Addrs   []string `json:"addrs"`
 	Holds   []string `json:"holds"`
-	// Replicas > 0: the node also keeps a copy of the next node's part
-	// (ring order) of the checkpoints it holds (--replicas).
-	Replicas int       `json:"replicas,omitempty"`
-	Updated  time.Time `json:"updated"`
+	// Replicas > 0: the node also keeps a copy of another node's part
+	// (placement.go) of the checkpoints it holds (--replicas).
+	Replicas int `json:"replicas,omitempty"`
+	// Machine is where the node runs (cloud, zone, instance type), when
+	// its metadata said.
+	Machine *checkpoint.Machine `json:"machine,omitempty"`
+	Updated time.Time           `json:"updated"`
 }
 
 const recordDir = "peers/"

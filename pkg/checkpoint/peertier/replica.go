@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,34 +16,13 @@ type partAdder interface {
 	AddPart(ctx context.Context, m *checkpoint.Manifest, part string, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error
 }
 
-// replicaTries bounds the attempts of one replica copy: the next node may
-// not have kept its part yet when this one's commit lands.
+// replicaTries bounds the attempts of one replica copy: the kept part's
+// node may not have kept its part yet when this one's commit lands.
 const replicaTries = 5
 
-// nodeIndex is k of a part named node-<k>.
-func nodeIndex(part string) (int, bool) {
-	s, ok := strings.CutPrefix(part, "node-")
-	k, err := strconv.Atoi(s)
-	return k, ok && err == nil && k >= 0
-}
-
-// ringNext is the part whose copy node keeps with --replicas 1, in a
-// job of n parts; ringPrev is the node that keeps part's copy. "" when
-// the names are not node-<k> or n < 2.
-func ringNext(node string, n int) string { return ringStep(node, n, 1) }
-func ringPrev(part string, n int) string { return ringStep(part, n, -1) }
-
-func ringStep(part string, n, d int) string {
-	k, ok := nodeIndex(part)
-	if !ok || n < 2 || k >= n {
-		return ""
-	}
-	return "node-" + strconv.Itoa((k+d+n)%n)
-}
-
-// Replicate copies, in the background, the next node's part of the
-// committed checkpoint m into the local tier (Config.Replicas), from that
-// node, then publishes the record. A newer call cancels an older copy in
+// Replicate copies, in the background, the part of the committed
+// checkpoint m that this node keeps (placement.go: a far one) into the
+// local tier (Config.Replicas), from that node, then publishes the record. A newer call cancels an older copy in
 // flight. A no-op without Replicas, a Local that can add parts, or a job
 // checkpoint.
 func (n *Node) Replicate(m *checkpoint.Manifest) {
@@ -71,10 +48,10 @@ func (n *Node) Replicate(m *checkpoint.Manifest) {
 				return
 			}
 			if try == replicaTries {
-				n.log.Warn("peer tier: no copy of the next node's part: a replacement of it reads that part from the store", zap.String("id", m.ID), zap.Error(err))
+				n.log.Warn("peer tier: no copy of the kept part: a replacement of its node reads that part from the store", zap.String("part", keptPart(m, n.cfg.Node)), zap.String("id", m.ID), zap.Error(err))
 				return
 			}
-			n.log.Info("peer tier: the next node's part is not copied yet (retrying)", zap.Duration("retry_in", wait), zap.Error(err))
+			n.log.Info("peer tier: the kept part is not copied yet (retrying)", zap.Duration("retry_in", wait), zap.Error(err))
 			select {
 			case <-ctx.Done():
 				return
@@ -85,10 +62,10 @@ func (n *Node) Replicate(m *checkpoint.Manifest) {
 	})
 }
 
-// replicate is one attempt of Replicate: every file of the next node's
-// part, from the peers that hold it (that node first), verified.
+// replicate is one attempt of Replicate: every file of the part this node
+// keeps, from the peers that hold it (that part's node first), verified.
 func (n *Node) replicate(ctx context.Context, m *checkpoint.Manifest) error {
-	part := ringNext(n.cfg.Node, len(m.Parts))
+	part := keptPart(m, n.cfg.Node)
 	if part == "" || part == n.cfg.Node {
 		return nil
 	}
