@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -369,7 +370,7 @@ func TestFleet_Formats(t *testing.T) {
 			t.Fatalf("csv rows=%d, want %d", got, want)
 		}
 		last := rows[len(rows)-1]
-		if last[0] != "fleet" || last[10] != "2" || last[len(csvHead)-7] == "" {
+		if last[0] != "fleet" || last[10] != "2" || last[slices.Index(csvHead, "spend")] == "" {
 			t.Errorf("fleet row=%v", last)
 		}
 	})

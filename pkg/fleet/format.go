@@ -5,9 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Formats are what Write writes.
@@ -103,6 +109,7 @@ var columns = []column{
 	}, ""},
 	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }, "LOST H"},
 	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }, ""},
+	{"RESTORED FROM", false, func(f *Figures) string { return restoredFrom(f, " ") }, ""},
 	{"GOODPUT", false, func(f *Figures) string { return num(100*f.Goodput, 1) + " %" }, "GOODPUT"},
 	{"SPEND", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Spend }) }, "SPEND"},
 	{"WASTED", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Wasted }) }, "WASTED"},
@@ -198,6 +205,13 @@ func writeTable(w io.Writer, rep *Report, wide bool) error {
 	}
 	fmt.Fprintf(w, ",\n%d with the notice checkpoint committed, %.2f h of work lost, goodput %.1f %%\n",
 		t.NoticeCommits, t.LostHours, 100*t.Goodput)
+	if t.Restores > 0 {
+		fmt.Fprintf(w, "%d restore(s)", t.Restores)
+		if len(t.RestoredBytes) > 0 {
+			fmt.Fprintf(w, ", read from %s", restoredFrom(t, ", "))
+		}
+		fmt.Fprintln(w)
+	}
 	if m := t.Money; m != nil {
 		fmt.Fprintf(w, "spend %.2f, of which %.2f wasted by interruptions; on demand %.2f, saving %.2f", m.Spend, m.Wasted, m.OnDemand, m.Saving)
 		if m.CostPer1kSteps != nil {
@@ -226,7 +240,33 @@ var csvHead = []string{"scope", "cloud", "instance_type", "zone", "run", "start"
 	"runs", "machine_hours", "wall_hours", "interruptions", "rate_per_hour", "rate_low", "rate_high",
 	"notice_commits", "lead_median_s", "lead_min_s", "lost_hours", "lost_steps", "between_hours",
 	"between_per_interruption_s", "restore_hours", "goodput", "steps",
-	"spend", "wasted", "on_demand", "saving", "cost_per_1k_steps", "forecast_30d", "forecast_saving_30d"}
+	"spend", "wasted", "on_demand", "saving", "cost_per_1k_steps", "forecast_30d", "forecast_saving_30d",
+	"restores", "restored_local_bytes", "restored_peer_bytes", "restored_store_bytes"}
+
+// sourceOrder is where restores read from, nearest first.
+var sourceOrder = []string{checkpoint.FromLocal, checkpoint.FromPeer, checkpoint.FromStore}
+
+// restoredFrom says how many bytes the restores read from each source,
+// nearest first ("local 2.0 GiB, peer 1.0 GiB, store 0 B" with sep ", ");
+// "-" when none is known.
+func restoredFrom(f *Figures, sep string) string {
+	srcs := slices.Clone(sourceOrder)
+	for _, src := range slices.Sorted(maps.Keys(f.RestoredBytes)) {
+		if !slices.Contains(srcs, src) {
+			srcs = append(srcs, src) // from a newer agent: shown, last
+		}
+	}
+	var out []string
+	for _, src := range srcs {
+		if n, ok := f.RestoredBytes[src]; ok {
+			out = append(out, src+" "+schedule.HumanBytes(n))
+		}
+	}
+	if len(out) == 0 {
+		return "-"
+	}
+	return strings.Join(out, sep)
+}
 
 func csvRow(scope string, k Key, run string, start, end time.Time, f *Figures) []string {
 	ts := func(t time.Time) string {
@@ -246,6 +286,10 @@ func csvRow(scope string, k Key, run string, start, end time.Time, f *Figures) [
 			optNum(m.CostPer1kSteps, 6), num(m.Forecast30d, 4), num(m.ForecastSaving30d, 4))
 	} else {
 		r = append(r, "", "", "", "", "", "", "")
+	}
+	r = append(r, strconv.Itoa(f.Restores))
+	for _, src := range sourceOrder {
+		r = append(r, strconv.FormatInt(f.RestoredBytes[src], 10))
 	}
 	return r
 }

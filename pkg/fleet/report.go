@@ -3,6 +3,7 @@ package fleet
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -49,9 +50,14 @@ type Figures struct {
 	BetweenHours           float64  `json:"between_hours"`
 	BetweenPerInterruption *float64 `json:"between_per_interruption_s"`
 	RestoreHours           float64  `json:"restore_hours"`
-	Goodput                float64  `json:"goodput"` // productive / wall
-	Steps                  float64  `json:"steps"`   // training steps kept
-	Money                  *Money   `json:"money,omitempty"`
+	// Restores counts the restores; RestoredBytes is their bytes by
+	// source: local (the machine's own copy), peer (another node's),
+	// store. Restores recorded before sources were have none.
+	Restores      int              `json:"restores"`
+	RestoredBytes map[string]int64 `json:"restored_bytes,omitempty"`
+	Goodput       float64          `json:"goodput"` // productive / wall
+	Steps         float64          `json:"steps"`   // training steps kept
+	Money         *Money           `json:"money,omitempty"`
 }
 
 // Money is what the machine time cost at the report's prices.
@@ -268,6 +274,7 @@ func (a *acc) figures() Figures {
 		Interruptions: c.Interruptions, NoticeCommits: c.NoticeCommits,
 		LostHours: c.Lost / 3600, LostSteps: c.LostSteps, RestoreHours: c.Restore / 3600,
 		BetweenHours: (c.After + c.Gap) / 3600, Steps: a.steps,
+		Restores: c.Restores, RestoredBytes: maps.Clone(c.RestoredFrom),
 	}
 	if h := c.Machine / 3600; h > 0 {
 		lo, hi := rateInterval(c.Interruptions, h, Confidence)

@@ -49,6 +49,11 @@ type Cell struct {
 	Interruptions int     `json:"interruptions"`
 	NoticeCommits int     `json:"notice_commits"`
 	LostSteps     int64   `json:"lost_steps,omitempty"`
+	// Restores counts the restores at the start of sessions on these
+	// machines; RestoredFrom is their bytes by source (local, peer,
+	// store: journal.RestoreEntry.From; none from a journal before it).
+	Restores     int              `json:"restores,omitempty"`
+	RestoredFrom map[string]int64 `json:"restored_from_bytes,omitempty"`
 }
 
 // Wall is the cell's share of the run's wall time.
@@ -65,6 +70,13 @@ func (c *Cell) add(o *Cell) {
 	c.Interruptions += o.Interruptions
 	c.NoticeCommits += o.NoticeCommits
 	c.LostSteps += o.LostSteps
+	c.Restores += o.Restores
+	for src, n := range o.RestoredFrom {
+		if c.RestoredFrom == nil {
+			c.RestoredFrom = map[string]int64{}
+		}
+		c.RestoredFrom[src] += n
+	}
 }
 
 // Event is one interruption of a run.
@@ -200,6 +212,18 @@ func runFromJournal(j *journal.Journal, dir string, steps int64, now time.Time) 
 	}
 	for _, rs := range j.Restores {
 		r.Steps = max(r.Steps, rs.Step)
+		if len(r.shares) == 0 {
+			continue
+		}
+		// A restore belongs to the session it started: the last one that
+		// began at or before it (the first, for one logged earlier).
+		c := r.shares[0].cell
+		for i, gs := range g.Sessions {
+			if !gs.Start.After(rs.At) {
+				c = r.shares[i].cell
+			}
+		}
+		r.Cells[c].add(&Cell{Restores: 1, RestoredFrom: rs.From})
 	}
 	return r, nil
 }
