@@ -181,3 +181,52 @@ var ErrCorrupt = errors.New("checkpoint damaged")
 func SizeMismatch(got, want int64) error {
 	return fmt.Errorf("%w: size %d, manifest says %d", ErrCorrupt, got, want)
 }
+
+// CopyVerified copies f's content from r to w, counting it into p, and
+// checks its size (at most f.Size+1 bytes are read) and checksum against
+// f as it goes: the caller's copy is what the manifest says, or an error.
+func CopyVerified(w io.Writer, r io.Reader, f File, p *Progress) error {
+	h, want, name := f.Digest()
+	lr := io.LimitReader(r, f.Size+1)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var total int64
+	for {
+		n, err := io.ReadFull(lr, buf)
+		for off := 0; off < n; off += hashChunk {
+			h.Write(buf[off:min(off+hashChunk, n)])
+		}
+		if n > 0 {
+			total += int64(n)
+			if p != nil {
+				p.Add(n)
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if total != f.Size {
+		return SizeMismatch(total, f.Size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return fmt.Errorf("%w: %s %s, manifest says %s", ErrCorrupt, name, got, want)
+	}
+	return nil
+}
+
+// copyBufs are CopyVerified's buffers. Each is filled (several reads,
+// each straight from the socket past an HTTP client's 256 KiB read
+// buffer), hashed in hashChunk steps and written in one call: against
+// io.Copy into the *os.File (32 KiB reads through that buffer, one copy
+// more, and 32 KiB writes), a peer transfer into a verified file went from
+// 600–690 to 840–1,140 MiB/s on a shared 2-core loopback, and both ends'
+// CPU from ~1.05 to ~0.8 s per GiB (BenchmarkTransfer, peertier).
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}

@@ -1,10 +1,14 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
+	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 func TestChecksum_Validate(t *testing.T) {
@@ -64,3 +68,47 @@ func TestCRC32CCombine(t *testing.T) {
 type writerAtDiscard struct{}
 
 func (writerAtDiscard) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+// CopyVerified writes what it reads and accepts exactly f's bytes: across
+// its buffer's size, with and without a Progress; a short, long or
+// different body, or a failing writer, is an error.
+func TestCopyVerified(t *testing.T) {
+	content := make([]byte, 3<<20+12345) // three buffers and a bit
+	for i := range content {
+		content[i] = byte(i * 31)
+	}
+	f := File{Path: "w.bin", Size: int64(len(content)), CRC32C: fmt.Sprintf("%08x", crc32.Checksum(content, crc32.MakeTable(crc32.Castagnoli)))}
+	for _, p := range []*Progress{nil, {}} {
+		var out bytes.Buffer
+		if err := CopyVerified(&out, iotest.HalfReader(bytes.NewReader(content)), f, p); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out.Bytes(), content) {
+			t.Fatal("written bytes differ")
+		}
+		if p != nil && p.Done() != f.Size {
+			t.Fatalf("progress %d, want %d", p.Done(), f.Size)
+		}
+	}
+	bad := bytes.Clone(content)
+	bad[2<<20] ^= 1
+	for name, c := range map[string]struct {
+		body []byte
+		want error
+	}{
+		"short": {content[:len(content)-1], nil}, "long": {append(bytes.Clone(content), 0), nil}, "changed": {bad, ErrCorrupt},
+	} {
+		err := CopyVerified(io.Discard, bytes.NewReader(c.body), f, nil)
+		if err == nil || c.want != nil && !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want an error (%v)", name, err, c.want)
+		}
+	}
+	wantErr := errors.New("disk full")
+	if err := CopyVerified(failWriter{wantErr}, bytes.NewReader(content), f, nil); !errors.Is(err, wantErr) {
+		t.Errorf("failing writer: %v, want %v", err, wantErr)
+	}
+}
+
+type failWriter struct{ err error }
+
+func (w failWriter) Write([]byte) (int, error) { return 0, w.err }

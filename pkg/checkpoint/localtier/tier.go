@@ -219,7 +219,7 @@ var link = (*os.Root).Link
 
 // verifyCopy copies r to w, checking it against f.
 func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {
-	return f.Verify(io.TeeReader(r, w))
+	return checkpoint.CopyVerified(w, r, f, nil)
 }
 
 // prune drops the copies beyond the budget: beyond Keep, highest step

@@ -8,7 +8,6 @@ package restore
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -493,18 +492,7 @@ func getVerified(ctx context.Context, st cloud.Store, out io.Writer, f checkpoin
 // copyVerified copies r to out, checking what passes against f's size and
 // checksum.
 func copyVerified(out io.Writer, r io.Reader, f checkpoint.File, p *checkpoint.Progress) error {
-	h, want, name := f.Digest()
-	cr := &checkpoint.CountingReader{R: io.LimitReader(r, f.Size+1), H: h, P: p}
-	if _, err := io.Copy(out, cr); err != nil {
-		return err
-	}
-	if cr.N != f.Size {
-		return checkpoint.SizeMismatch(cr.N, f.Size)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return fmt.Errorf("%w: %s %s, manifest says %s", checkpoint.ErrCorrupt, name, got, want)
-	}
-	return nil
+	return checkpoint.CopyVerified(out, r, f, p)
 }
 
 // downloadRanged fetches a large object with parallel ranged reads and
