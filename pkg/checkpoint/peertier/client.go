@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -152,7 +153,7 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 			if c.isBad(addr) {
 				continue
 			}
-			rc, err := c.get(ctx, addr, ck, cd.file)
+			rc, err := c.get(ctx, addr, cd.node, ck, cd.file)
 			if err == nil {
 				return rc, nil
 			}
@@ -201,11 +202,14 @@ func (c *Client) markBad(addr string) {
 	c.bad[addr] = time.Now()
 }
 
-// get asks the peer at addr for file f of checkpoint ck.
-func (c *Client) get(ctx context.Context, addr, ck string, f checkpoint.File) (io.ReadCloser, error) {
+// get asks node's peer at addr for file f of checkpoint ck.
+func (c *Client) get(ctx context.Context, addr, node, ck string, f checkpoint.File) (io.ReadCloser, error) {
 	r := signed(c.token, c.run, ck, f, time.Now())
 	tctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(tctx, http.MethodGet, "http://"+addr+filePath+"?"+r.query(), nil)
+	// r and n route the request on a shared listener (node mode); a
+	// listener of the node's own ignores them.
+	route := url.Values{"r": {c.run}, "n": {node}}.Encode()
+	req, err := http.NewRequestWithContext(tctx, http.MethodGet, "http://"+addr+filePath+"?"+r.query()+"&"+route, nil)
 	if err != nil {
 		cancel()
 		return nil, err

@@ -58,6 +58,10 @@ type Config struct {
 	// Listen is the TCP address the server listens on (":0": a port of
 	// the kernel's choice, published in the record).
 	Listen string
+	// Shared, when set, serves this node on that listener (node mode's
+	// one listener for every hosted run) instead of one of its own:
+	// Listen is then unused.
+	Shared *Listener
 	// Advertise are the hosts the other nodes reach this one at; empty:
 	// every address of the machine (liveness.Advertise).
 	Advertise []string
@@ -82,13 +86,15 @@ type Config struct {
 type Node struct {
 	cfg   Config
 	token []byte
-	ln    net.Listener
-	srv   *http.Server
-	log   *zap.Logger
-	life  context.Context // ends with Close: the replica copies
-	end   context.CancelFunc
-	wg    sync.WaitGroup
-	mu    sync.Mutex // one record write at a time
+	ln    net.Listener // its own, or the Shared one's
+	srv   *http.Server // nil on a Shared listener
+	// serving answers the requests for this node's files.
+	serving *server
+	log     *zap.Logger
+	life    context.Context // ends with Close: the replica copies
+	end     context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex // one record write at a time
 
 	repMu     sync.Mutex
 	repCancel context.CancelFunc // the replica copy in flight; nil: none
@@ -114,18 +120,25 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("peer tier: %w", err)
-	}
-	n := &Node{cfg: cfg, token: token, ln: ln, log: log}
-	n.life, n.end = context.WithCancel(context.Background())
-	n.srv = newServer(&server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)})
-	n.wg.Go(func() {
-		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("peer tier: server stopped", zap.Error(err))
+	n := &Node{cfg: cfg, token: token, log: log}
+	n.serving = &server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
+	if cfg.Shared != nil {
+		if err := cfg.Shared.add(cfg.RunID, cfg.Node, n.serving); err != nil {
+			return nil, err
 		}
-	})
+		n.ln = cfg.Shared.ln
+	} else {
+		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return nil, fmt.Errorf("peer tier: %w", err)
+		}
+		n.srv = newServer(n.serving)
+		n.wg.Go(func() {
+			if err := n.srv.Serve(n.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Warn("peer tier: server stopped", zap.Error(err))
+			}
+		})
+	}
+	n.life, n.end = context.WithCancel(context.Background())
 	if err := n.Publish(ctx); err != nil {
 		log.Warn("peer tier: record not written: peers restore from the store", zap.Error(err))
 	}
@@ -162,9 +175,14 @@ func (n *Node) Publish(ctx context.Context) error {
 }
 
 // Close stops the server: transfers in flight end (their readers fall
-// back to the store).
+// back to the store). On a Shared listener, the node is no longer
+// served; its transfers in flight end within the stall bound.
 func (n *Node) Close() {
 	n.end()
-	n.srv.Close()
+	if n.srv != nil {
+		n.srv.Close()
+	} else {
+		n.cfg.Shared.remove(n.cfg.RunID, n.cfg.Node, n.serving)
+	}
 	n.wg.Wait()
 }

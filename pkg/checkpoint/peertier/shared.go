@@ -1,0 +1,93 @@
+package peertier
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// Listener is one TCP listener that serves the peer tier of several runs:
+// a node agent's (spotagent node) hosted runs of multi-node jobs, as their
+// heartbeats share one UDP socket (pkg/liveness). Each request names the
+// run and node it asks (query r and n: routing only); the run's server
+// then checks the request as a listener of its own would, against that
+// job's secret. A run stops being served when its Node closes; transfers
+// in flight then end within the stall bound.
+type Listener struct {
+	ln  net.Listener
+	srv *http.Server
+	wg  sync.WaitGroup
+
+	mu   sync.Mutex
+	runs map[string]*server // by run + "\x00" + node
+}
+
+// Listen starts a shared listener on the TCP address addr (":0": a port
+// of the kernel's choice). Close stops it.
+func Listen(addr string, log *zap.Logger) (*Listener, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("peer tier: %w", err)
+	}
+	l := &Listener{ln: ln, runs: map[string]*server{}}
+	l.srv = newServer(&server{stall: DefaultStall, log: log}) // for the timeouts; l routes
+	l.srv.Handler = l
+	l.wg.Go(func() {
+		if err := l.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("peer tier: shared server stopped", zap.Error(err))
+		}
+	})
+	return l, nil
+}
+
+// Addr is where the listener listens.
+func (l *Listener) Addr() *net.TCPAddr { return l.ln.Addr().(*net.TCPAddr) }
+
+// Close stops the listener and every transfer in flight.
+func (l *Listener) Close() {
+	l.srv.Close()
+	l.wg.Wait()
+}
+
+func routeKey(run, node string) string { return run + "\x00" + node }
+
+// add serves run's node with s; an error if that node of that run is
+// served already (a second agent of the same node on this machine).
+func (l *Listener) add(run, node string, s *server) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := routeKey(run, node)
+	if _, ok := l.runs[k]; ok {
+		return fmt.Errorf("peer tier: %s of run %s is served on this listener already", node, run)
+	}
+	l.runs[k] = s
+	return nil
+}
+
+// remove stops serving run's node, if s still serves it.
+func (l *Listener) remove(run, node string, s *server) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if k := routeKey(run, node); l.runs[k] == s {
+		delete(l.runs, k)
+	}
+}
+
+func (l *Listener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	l.mu.Lock()
+	s := l.runs[routeKey(q.Get("r"), q.Get("n"))]
+	l.mu.Unlock()
+	if s == nil {
+		http.NotFound(w, r) // no such run here: the asker takes the store
+		return
+	}
+	s.ServeHTTP(w, r)
+}
