@@ -64,6 +64,8 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "a neighbour node's agent of a hosted multi-node run silent this long is a lost node (peer-lost in the run's directory: its pod ends its ranks, exit 75): at least 2s, or 0 for no heartbeats")
 		fs.StringVar(&o.peerListen, "peer-listen", ":0", "UDP address of the one socket every hosted multi-node run's heartbeats arrive on (e.g. :29450)")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
+		fs.BoolVar(&o.peerRestore, "peer-restore", false, "every hosted multi-node run serves this machine's local copies (--local-keep) to its job's other agents on one TCP listener at --peer-listen's address, and restores from theirs before the store")
+		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps, for each hosted multi-node run, a copy of another node's part (one in another zone, else of another instance type, else node K+1's) after each periodic commit, within --local-max-bytes; 0: none")
 	} else {
 		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
@@ -106,7 +108,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 
 	if node {
 		inGroup(fs, groupRequired, "store-prefix")
-		inGroup(fs, groupMultiNode, "peer-timeout", "peer-listen", "peer-advertise")
+		inGroup(fs, groupMultiNode, "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
 	} else {
 		inGroup(fs, groupRequired, "store")
 		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
@@ -394,7 +396,7 @@ func (o *agentOptions) checkPeers(node bool) error {
 		(o.peerTimeout != liveness.DefaultTimeout || o.peerListen != ":0" || o.peerAdvertise != "") {
 		return fmt.Errorf("--peer-timeout, --peer-listen and --peer-advertise need --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job send heartbeats")
 	}
-	if o.peerRestore && o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" {
+	if !node && o.peerRestore && o.nodeRank == "" && os.Getenv("SPOTAGENT_NODE_RANK") == "" {
 		return fmt.Errorf("--peer-restore needs --node-rank (or SPOTAGENT_NODE_RANK): only the nodes of a multi-node job have peers")
 	}
 	if o.replicas < 0 || o.replicas > 1 {

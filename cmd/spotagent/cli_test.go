@@ -255,6 +255,8 @@ func TestCLI_NodePeerFlags(t *testing.T) {
 		{[]string{"--peer-listen", "garbage"}, `--peer-listen "garbage": want HOST:PORT`},
 		{[]string{"--peer-listen", ":70000"}, `--peer-listen ":70000": want HOST:PORT or :PORT with a port from 0 to 65535`},
 		{[]string{"--peer-advertise", "10.0.0.1:29450"}, "--peer-advertise \"10.0.0.1:29450\": want comma-separated hosts"},
+		{[]string{"--replicas", "1"}, "--replicas needs --peer-restore"},
+		{[]string{"--peer-restore", "--replicas", "1", "--local-keep", "0"}, "--replicas needs --local-keep 1"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append([]string{"node", "--store-prefix", "file://" + store, "--checkpoint-root", t.TempDir()}, tc.args...)

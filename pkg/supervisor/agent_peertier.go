@@ -21,6 +21,8 @@ type PeerTierConfig struct {
 	Stall     time.Duration
 	// Replicas 1: keep a copy of another node's part too, a far one (--replicas).
 	Replicas int
+	// Shared: serve on this listener, not one of the run's own (node mode).
+	Shared *peertier.Listener
 }
 
 // peerStartTimeout bounds the store requests of the peer tier's start (the
@@ -35,7 +37,7 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 		return nil
 	}
 	pc := peertier.Config{Store: cfg.Store, RunID: cfg.RunID, Node: cfg.Node, Session: session,
-		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Machine: machineOf(cfg.Identity), Log: log}
+		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Machine: machineOf(cfg.Identity), Shared: cfg.PeerTier.Shared, Log: log}
 	if d.tier != nil {
 		pc.Local = d.tier
 	} else {

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -98,6 +99,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 		return err
 	}
 	defer stopPeers()
+	stopPeerTier, err := listenPeerTier(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopPeerTier()
 	srv, stopServe, err := supervisor.ServeSocket(cfg.Server)
 	if err != nil {
 		return err
@@ -432,6 +438,28 @@ func listenPeers(cfg *Config, log *zap.Logger) (stop func(), err error) {
 	cfg.Run.Liveness.Mux = x
 	log.Info("node agent: heartbeats of hosted multi-node runs on one UDP socket", zap.Stringer("addr", x.Addr()))
 	return func() { x.Close() }, nil
+}
+
+// listenPeerTier opens the TCP listener every hosted run of a multi-node
+// job serves its local copies to its job's other nodes on
+// (cfg.Run.PeerTier.Shared, pkg/checkpoint/peertier), when the peer tier
+// is on: one port for the node agent, as the heartbeats' one socket.
+func listenPeerTier(cfg *Config, log *zap.Logger) (stop func(), err error) {
+	pc := &cfg.Run.PeerTier
+	if !pc.Enabled {
+		return func() {}, nil
+	}
+	addr := pc.Listen
+	if addr == "" {
+		addr = ":0"
+	}
+	l, err := peertier.Listen(addr, log)
+	if err != nil {
+		return nil, fmt.Errorf("peer tier listen: %w", err)
+	}
+	pc.Shared = l
+	log.Info("node agent: hosted multi-node runs serve their local copies on one TCP listener", zap.Stringer("addr", l.Addr()))
+	return l.Close, nil
 }
 
 // jobPart is the part a node agent's run commits, from the hello that

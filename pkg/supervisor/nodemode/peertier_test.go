@@ -1,0 +1,86 @@
+package nodemode
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
+	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor"
+)
+
+// TestNode_PeerTierOneListener (#38 item 4): with the peer tier on, every
+// hosted node of a multi-node job serves its local copies on the node
+// agent's one TCP listener: both parts' records name the same port, and a
+// request there reaches the run's own server (which refuses a bad
+// signature: 403), while a run the node agent does not host is not found.
+func TestNode_PeerTierOneListener(t *testing.T) {
+	n := startNode(t, nil, func(c *Config) {
+		c.Run.LocalKeep = 1
+		c.Run.PeerTier = supervisor.PeerTierConfig{Enabled: true, Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}}
+	})
+	pods := []*trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	for k, tr := range pods {
+		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
+		tr.expect(protocol.TypeWelcome)
+	}
+	var ports []string
+	for k := range pods {
+		var rec peertier.Record
+		b, err := os.ReadFile(filepath.Join(filepath.Dir(n.sock), "runs", "job", "peers", fmt.Sprintf("node-%d.json", k)))
+		if err != nil {
+			t.Fatalf("node-%d's peer record: %v", k, err)
+		}
+		if err := json.Unmarshal(b, &rec); err != nil || len(rec.Addrs) == 0 {
+			t.Fatalf("node-%d's peer record %s: %v", k, b, err)
+		}
+		_, port, _ := strings.Cut(rec.Addrs[0], ":")
+		ports = append(ports, port)
+	}
+	if ports[0] != ports[1] {
+		t.Fatalf("the two nodes serve on ports %v, want the node agent's one", ports)
+	}
+	get := func(run string) int {
+		q := url.Values{"c": {"000000000001-abc"}, "f": {"rank-0.pt"}, "s": {"1"}, "e": {strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)},
+			"mac": {"00"}, "r": {run}, "n": {"node-0"}}
+		resp, err := http.Get("http://127.0.0.1:" + ports[0] + "/spotagent/peer/v1/file?" + q.Encode())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get("job"); got != http.StatusForbidden {
+		t.Fatalf("a bad signature for run job: status %d, want 403 from the run's server", got)
+	}
+	if got := get("other"); got != http.StatusNotFound {
+		t.Fatalf("a run not hosted: status %d, want 404", got)
+	}
+
+	// A clean stop: both nodes commit the stop's checkpoint.
+	n.sigs <- syscall.SIGTERM
+	var id string
+	for k, tr := range pods {
+		req := tr.expect(protocol.TypeCheckpoint)
+		if k == 1 && req.ID != id {
+			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.expect(protocol.TypeCheckpoint)
+		}
+		id = req.ID
+		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
+		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+	}
+	for _, tr := range pods {
+		tr.expect(protocol.TypeCommitted)
+	}
+}
