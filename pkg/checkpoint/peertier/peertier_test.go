@@ -95,17 +95,22 @@ type node struct {
 }
 
 type rig struct {
-	log   *zap.Logger // nil: none
-	t     *testing.T
-	st    *countingStore
-	nodes []*node
-	m     *checkpoint.Manifest
+	log      *zap.Logger // nil: none
+	t        *testing.T
+	st       *countingStore
+	nodes    []*node
+	m        *checkpoint.Manifest
+	parts    []checkpoint.PartSpec
+	machines []checkpoint.Machine // each node's, as its committer records it; nil: none
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T) *rig { return newRigOf(t, parts, nil) }
+
+// newRigOf is a rig of the job ps, node k on machines[k] (nil: unknown).
+func newRigOf(t *testing.T, ps []checkpoint.PartSpec, machines []checkpoint.Machine) *rig {
 	t.Helper()
-	r := &rig{t: t, st: &countingStore{Store: storesim.New(), read: map[string]int64{}}}
-	for _, p := range parts {
+	r := &rig{t: t, st: &countingStore{Store: storesim.New(), read: map[string]int64{}}, parts: ps, machines: machines}
+	for _, p := range ps {
 		n := &node{name: p.Node, dir: t.TempDir()}
 		var err error
 		if n.parent, err = os.OpenRoot(n.dir); err != nil {
@@ -125,8 +130,8 @@ func newRig(t *testing.T) *rig {
 func (r *rig) commit(keep ...int) {
 	r.t.Helper()
 	var wg sync.WaitGroup
-	errs := make([]error, len(parts))
-	for i, p := range parts {
+	errs := make([]error, len(r.parts))
+	for i, p := range r.parts {
 		src := filepath.Join(r.nodes[i].dir, "req")
 		for _, rank := range p.Ranks {
 			for f, b := range rankFiles(rank, 10) {
@@ -140,6 +145,9 @@ func (r *rig) commit(keep ...int) {
 		}
 		wg.Go(func() {
 			c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+			if r.machines != nil {
+				c.Source = r.machines[i]
+			}
 			_, errs[i] = c.Commit(context.Background(), commit.Request{Dir: src, ID: "c10", Step: 10, Reason: "periodic", Part: &p})
 		})
 	}
@@ -157,7 +165,7 @@ func (r *rig) commit(keep ...int) {
 		r.t.Fatal(err)
 	}
 	for _, k := range keep {
-		if err := r.nodes[k].tier.Keep(context.Background(), "req", r.m, parts[k].Node, true); err != nil {
+		if err := r.nodes[k].tier.Keep(context.Background(), "req", r.m, r.parts[k].Node, true); err != nil {
 			r.t.Fatal(err)
 		}
 	}
@@ -194,11 +202,11 @@ func (r *rig) restore(k int, stall time.Duration) *restore.Result {
 		p = r.serve(k, nil, stall)
 	}
 	res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(r.t.TempDir(), "restore"),
-		restore.Options{Part: parts[k].Node, Tiers: []checkpoint.Tier{p.Tier()}})
+		restore.Options{Part: r.parts[k].Node, Tiers: []checkpoint.Tier{p.Tier()}})
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	for _, rank := range parts[k].Ranks {
+	for _, rank := range r.parts[k].Ranks {
 		for f, b := range rankFiles(rank, 10) {
 			got, err := os.ReadFile(filepath.Join(res.Dir, f))
 			if err != nil {

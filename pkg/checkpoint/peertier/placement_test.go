@@ -1,12 +1,14 @@
 package peertier
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 )
 
 // job is a job checkpoint's parts on machines in zones (cloud aws) of
@@ -180,5 +182,42 @@ func TestKeptPartAndKeeper(t *testing.T) {
 	}
 	if got := keptPart(m, "node-7"); got != "" {
 		t.Fatalf("a node outside the job keeps %q", got)
+	}
+}
+
+// With --replicas 1 on a 4-node job in two zones (nodes 0 and 1 in
+// us-east-1a, 2 and 3 in us-east-1b), node 0 keeps a copy of a part in
+// the other zone, not of its ring neighbour node 1; that part's node,
+// replaced by an empty machine, restores its whole part from node 0,
+// reading no data byte from the store.
+func TestReplicaIsFar(t *testing.T) {
+	ps := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0}, WorldSize: 4}, {Node: "node-1", Ranks: []int{1}, WorldSize: 4},
+		{Node: "node-2", Ranks: []int{2}, WorldSize: 4}, {Node: "node-3", Ranks: []int{3}, WorldSize: 4}}
+	zone := func(z string) checkpoint.Machine {
+		return checkpoint.Machine{Cloud: "aws", Zone: z, InstanceType: "p5.48xlarge"}
+	}
+	r := newRigOf(t, ps, []checkpoint.Machine{zone("us-east-1a"), zone("us-east-1a"), zone("us-east-1b"), zone("us-east-1b")})
+	r.commit(0, 1, 2, 3)
+	kept := keptPart(r.m, "node-0")
+	if kept != "node-2" && kept != "node-3" {
+		t.Fatalf("node-0 keeps %q, want a part in us-east-1b", kept)
+	}
+	k := int(kept[len(kept)-1] - '0')
+	owner := r.serve(k, nil, 0)
+	p0 := r.serveReplicas(0, nil, 0, 1)
+	if err := p0.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	owner.Close() // the kept part's machine is gone
+	cl := NewClient(r.st, "run", kept, p0.token, 0, nil)
+	res, err := restore.Checkpoint(context.Background(), r.st, t.TempDir(), restore.Options{Part: kept, Tiers: []checkpoint.Tier{cl}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.From[checkpoint.FromPeer], r.m.PartBytes(kept); got != want {
+		t.Fatalf("From[peer]=%d, want %d (all of %s's part, from node 0)", got, want, kept)
+	}
+	if got := r.st.dataRead(); got != 0 {
+		t.Fatalf("data bytes read from the store: %d, want 0", got)
 	}
 }
