@@ -221,3 +221,28 @@ func TestReplicaIsFar(t *testing.T) {
 		t.Fatalf("data bytes read from the store: %d, want 0", got)
 	}
 }
+
+// A node's record names its machine (from the metadata), and none when
+// the metadata said nothing.
+func TestRecordNamesMachine(t *testing.T) {
+	r := newRig(t)
+	m := checkpoint.Machine{Cloud: "gcp", Zone: "us-central1-a", InstanceType: "a3-highgpu-8g"}
+	for k, machine := range []checkpoint.Machine{m, {}} {
+		p, err := Start(context.Background(), Config{Store: r.st, RunID: "run", Node: r.nodes[k].name, Listen: "127.0.0.1:0", Machine: machine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+		rec, err := getRecord(context.Background(), r.st, r.nodes[k].name)
+		if err != nil || rec == nil {
+			t.Fatalf("record: %v %v", rec, err)
+		}
+		if machine == (checkpoint.Machine{}) {
+			if rec.Machine != nil {
+				t.Errorf("%s: machine %+v, want none", rec.Node, *rec.Machine)
+			}
+		} else if rec.Machine == nil || *rec.Machine != machine {
+			t.Errorf("%s: machine %v, want %+v", rec.Node, rec.Machine, machine)
+		}
+	}
+}
