@@ -1,11 +1,7 @@
 package supervisor
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,13 +12,13 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
@@ -163,49 +159,9 @@ func (c *Config) defaults() {
 	}
 }
 
-// exitFileEnv names the file the Python client writes 75 to when it was
-// stopped for an interruption or shutdown; exitFileName is where the agent
-// points it, in its own area, unless the user set one.
-const (
-	exitFileEnv  = "SPOTAGENT_EXIT_FILE"
-	exitFileName = "exit-code"
-)
-
 // defaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
 const defaultSignalWindow = time.Second
-
-// newID returns a fresh checkpoint id: unique across agents and restarts.
-func newID() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// isRequestID tells the names newID makes: 12 lowercase hex digits.
-func isRequestID(s string) bool {
-	if len(s) != 12 {
-		return false
-	}
-	for _, c := range s {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// The agent's area inside --checkpoint-dir holds everything it creates
-// there. It is per run, so that runs sharing a checkpoint directory never
-// touch each other's files, and carries a marker naming the run: the agent
-// deletes nothing in a directory it did not make, and nothing outside its
-// area.
-const (
-	areaPrefix = "spotagent-"
-	areaMarker = ".spotagent-run"
-	restoreSub = "restore"
-	tierSub    = "committed" // the local tier (dirs.go)
-)
 
 // heartbeats is what the job's heartbeats (ranks.Heartbeats) need of c.
 func (c *Config) heartbeats() ranks.HeartbeatEnv {
@@ -216,37 +172,6 @@ func (c *Config) heartbeats() ranks.HeartbeatEnv {
 		rank = k
 	}
 	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
-}
-
-// MkdirIn creates the directory name below r unless it exists; an
-// existing entry that is not a directory (a symlink, say) is refused.
-func MkdirIn(r *os.Root, name string) error {
-	err := r.Mkdir(name, 0o700)
-	if err == nil || !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	fi, err := r.Lstat(name)
-	if err != nil {
-		return err
-	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
-	}
-	return nil
-}
-
-// readNames lists the names in r (none if it cannot be read).
-func readNames(r *os.Root) []string {
-	f, err := r.Open(".")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(-1)
-	return names
 }
 
 // signalNotice turns SIGTERM/SIGINT into a shutdown notice.
@@ -292,11 +217,11 @@ func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol
 			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
 		)
 	}
-	if os.Getenv(exitFileEnv) == "" {
+	if os.Getenv(localdirs.ExitFileEnv) == "" {
 		// The client writes 75 here when stopped for an interruption or
 		// shutdown: a launcher that hides its workers' codes (torchrun's
 		// 1) still makes this agent exit 75 (exitCodeFor).
-		env = append(env, exitFileEnv+"="+filepath.Join(areaPath, exitFileName))
+		env = append(env, localdirs.ExitFileEnv+"="+filepath.Join(areaPath, localdirs.ExitFileName))
 	}
 	if restorePending {
 		// The restore runs while the trainer starts (agent_restore.go):

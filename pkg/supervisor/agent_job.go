@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
 // Distributed jobs: several nodes, one agent each, one store. The agents
@@ -77,7 +78,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.conns.reply(c, m.ID, why)
 		return
 	}
-	if !isRequestID(m.ID) {
+	if !localdirs.IsRequestID(m.ID) {
 		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}

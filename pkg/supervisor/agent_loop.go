@@ -20,6 +20,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
@@ -143,7 +144,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
-			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
+			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
 				PID: func() int { return int(a.proc.pid.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
@@ -246,7 +247,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	cfg.defaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
+		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: localdirs.NewRequestID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
 		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
@@ -268,13 +269,15 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
-	if err := a.dirs.open(&a.cfg); err != nil {
+	if a.dirs.Dirs, err = localdirs.Open(cfg.dir, cfg.CheckpointDir, cfg.RunID, len(cfg.Command) == 0, cfg.Log); err != nil {
 		a.src.Close()
 		endLife()
 		return nil, err
 	}
-	a.dirs.tier = a.dirs.openTier(&a.cfg, a.log)
-	a.dirs.peer = a.dirs.openPeer(ctx, &a.cfg, a.sess.id, a.log) // agent_peertier.go
+	if cfg.Watch == nil { // the watched directory is its own local copy
+		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
+		a.dirs.Peer = a.dirs.OpenPeer(ctx, cfg.PeerTier, cfg.Store, cfg.RunID, cfg.Node, a.sess.id, a.log)
+	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
@@ -282,7 +285,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.sess.journal = journal.NewWriter(cfg.Store, j)
 	a.sess.ranBefore = j.Stats.RunSeconds
-	a.dirs.cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
+	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
@@ -311,12 +314,12 @@ func (a *Agent) startChild() error {
 		a.commits.lastBlock = time.Now()
 		a.commits.last.trainedAt = a.commits.lastBlock
 	}
-	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
-	if p := os.Getenv(exitFileEnv); p != "" {
+	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
+	if p := os.Getenv(localdirs.ExitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
+	return a.proc.start(a.cfg.childEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -638,7 +641,7 @@ func (a *Agent) release() {
 		}
 	}
 	a.src.Close()
-	a.dirs.close()
+	a.dirs.Close()
 }
 
 // trainers counts connections that said hello. The signal bridge stays

@@ -36,7 +36,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.boot.forget(c.ID())                                                                                        // agent_restore.go
-		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // pkg/supervisor/ranks
+		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
 // bootRestore is the restore at the start: the resume the trainers are
@@ -65,7 +66,7 @@ type pendingRestore struct {
 }
 
 type restoreResult struct {
-	f   *fetched
+	f   *localdirs.Fetched
 	err error
 }
 
@@ -86,7 +87,7 @@ func (a *Agent) startRestore() {
 	a.log.Info("restoring while the trainer starts")
 	a.goBgFail(func() {
 		defer cancel()
-		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
+		f, err := a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
 	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
 }
@@ -120,7 +121,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 	a.sess.recordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.boot.resume = a.commits.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
+		a.boot.resume = a.commits.restored(res.f.R, res.f.Start, res.f.R.Dir, res.f.Manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
 		now := time.Now()
 		a.commits.lastBlock = now
 		a.commits.last.trainedAt = now

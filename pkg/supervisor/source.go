@@ -12,6 +12,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -54,11 +55,11 @@ type protocolSource struct {
 // and returns the resume information (nil when starting fresh).
 func (p protocolSource) Restore(ctx context.Context) (*protocol.Resume, error) {
 	opts := restore.Options{Log: p.log, MaxEpoch: p.host.Epoch(), Part: p.part}
-	f, err := p.dirs.fetchRestore(ctx, p.store, opts, p.log)
+	f, err := p.dirs.FetchRestore(ctx, p.store, opts, p.log)
 	if err != nil || f == nil {
 		return nil, err
 	}
-	return p.host.Restored(f.r, f.start, f.r.Dir, f.manifest), nil
+	return p.host.Restored(f.R, f.Start, f.R.Dir, f.Manifest), nil
 }
 
 func (protocolSource) Start()                                      {}
@@ -89,9 +90,9 @@ func (h agentHost) Epoch() int64        { return h.a.commits.epoch() }
 func (h agentHost) Stopping() bool      { return h.a.stops.current != nil }
 func (h agentHost) StopTrainer()        { h.a.proc.stopAtDeadline(h.a.life, h.a.goBg) }
 
-func (h agentHost) NewID() string { return newID() }
+func (h agentHost) NewID() string { return localdirs.NewRequestID() }
 
-func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.area, h.a.dirs.areaPath }
+func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.Area, h.a.dirs.AreaPath }
 
 // Commit: a source's checkpoint is answered, as by one trainer, when it
 // is handed over; its request is due within RequestTimeout.

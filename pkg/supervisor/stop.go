@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
@@ -231,7 +232,7 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.
 	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():
 		// The checkpoint did not commit (the previous one stands), the
 		// ranks were stopped and said 75: a single trainer would exit 75.
-		q.cfg.Log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
+		q.cfg.Log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + localdirs.ExitFileEnv + ": exiting 75")
 		return ExitInterrupted
 	case code == 1 && s.record.CommitOK && s.stopSent:
 		// torchrun reports workers that exited 75 as its own exit 1

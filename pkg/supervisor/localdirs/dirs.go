@@ -1,7 +1,14 @@
+// Package localdirs is the agent's local directories: the checkpoint
+// directory and the agent's area in it, opened once and then used only
+// through their handles; their ownership checks, the restore area and the
+// start-up cleanup; the local tier, and the peer tier (peertier.go) that
+// serves restores from the job's other nodes.
 package localdirs
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +16,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,7 +23,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
@@ -25,32 +30,32 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// localDirs are the agent's handles on its local directories: every
+// Dirs are the agent's handles on its local directories: every
 // operation below the checkpoint directory goes through them, never by
 // path, so that a trainer swapping a directory for a symlink cannot
 // redirect a write or a delete.
-type localDirs struct {
-	root     *os.Root // --checkpoint-dir
-	area     *os.Root // root/areaName
-	path     string   // --checkpoint-dir, as given
-	areaName string
-	areaPath string
-	tier     *localtier.Tier // this machine's copies (openTier); nil: off
-	peer     *peertier.Node  // the other nodes' copies (agent_peertier.go); nil: off
+type Dirs struct {
+	Root     *os.Root // --checkpoint-dir
+	Area     *os.Root // Root/AreaName
+	Path     string   // --checkpoint-dir, as given
+	AreaName string
+	AreaPath string
+	Tier     *localtier.Tier // this machine's copies (OpenTier); nil: off
+	Peer     *peertier.Node  // the other nodes' copies (peertier.go); nil: off
 }
 
-// exitFileSays is what the ranks wrote to the exit file, trimmed ("" when
+// ExitFileSays is what the ranks wrote to the exit file, trimmed ("" when
 // nothing). The trainer can replace the file: it is opened without
 // blocking (a FIFO), a user-named path without following a symlink, and
 // only a few bytes of a regular file are read.
-func (d *localDirs) exitFileSays() string {
+func (d *Dirs) ExitFileSays() string {
 	const flags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
 	var f *os.File
 	var err error
-	if p := os.Getenv(exitFileEnv); p != "" {
+	if p := os.Getenv(ExitFileEnv); p != "" {
 		f, err = os.OpenFile(p, flags, 0)
 	} else {
-		f, err = d.area.OpenFile(exitFileName, flags, 0) // stays inside the area
+		f, err = d.Area.OpenFile(ExitFileName, flags, 0) // stays inside the area
 	}
 	if err != nil {
 		return ""
@@ -64,43 +69,31 @@ func (d *localDirs) exitFileSays() string {
 	return strings.TrimSpace(string(b[:n]))
 }
 
-// childSaid75 reports whether the trainer's ranks wrote 75 to the exit
-// file: they were stopped for an interruption or shutdown.
-func (d *localDirs) childSaid75() bool { return d.exitFileSays() == strconv.Itoa(ExitInterrupted) }
-
-// close releases the handles; the agent touches no local file after.
-func (d *localDirs) close() {
-	if d.peer != nil {
-		d.peer.Close()
+// Close releases the handles; the agent touches no local file after.
+func (d *Dirs) Close() {
+	if d.Peer != nil {
+		d.Peer.Close()
 	}
-	if d.area != nil {
-		d.area.Close()
+	if d.Area != nil {
+		d.Area.Close()
 	}
-	if d.root != nil {
-		d.root.Close()
+	if d.Root != nil {
+		d.Root.Close()
 	}
 }
 
-// restoreDir is where restores go, inside the agent's area.
-func (d *localDirs) restoreDir() string { return filepath.Join(d.areaPath, restoreSub) }
+// RestoreDir is where restores go, inside the agent's area.
+func (d *Dirs) RestoreDir() string { return filepath.Join(d.AreaPath, RestoreSub) }
 
-// parentRoot is the open directory r.rel names r's directory in.
-func (d *localDirs) parentRoot(r *request) *os.Root {
-	if r.parent != nil {
-		return r.parent
-	}
-	return d.root
-}
-
-// insideCheckpointDir accepts a directory strictly below the checkpoint
+// InsideCheckpointDir accepts a directory strictly below the checkpoint
 // directory, outside the areas of spotagent runs (this one's, or another's
 // sharing the directory), and returns it relative to the checkpoint
 // directory, "/"-separated. Symlinks are refused when it is opened.
-func (d *localDirs) insideCheckpointDir(dir string) (string, error) {
+func (d *Dirs) InsideCheckpointDir(dir string) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("dir is required")
 	}
-	root, err := filepath.Abs(d.path)
+	root, err := filepath.Abs(d.Path)
 	if err != nil {
 		return "", err
 	}
@@ -115,49 +108,50 @@ func (d *localDirs) insideCheckpointDir(dir string) (string, error) {
 	rel = filepath.ToSlash(rel)
 	// Path elements, not a string prefix: "restore_mine" is the trainer's.
 	first, _, _ := strings.Cut(rel, "/")
-	if first == d.areaName {
-		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, d.areaPath)
+	if first == d.AreaName {
+		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, d.AreaPath)
 	}
-	if _, err := d.root.Lstat(first + "/" + areaMarker); err == nil {
+	if _, err := d.Root.Lstat(first + "/" + AreaMarker); err == nil {
 		return "", fmt.Errorf("%s is inside another spotagent run's area", dir)
 	}
 	return rel, nil
 }
 
-// open creates (or checks) the checkpoint directory and the agent's
-// area in it, and opens both.
-func (dd *localDirs) open(cfg *Config) error {
-	root := cfg.dir
+// Open creates (or checks) the checkpoint directory path and the
+// agent's area in it for run runID, and opens both. root, when not nil,
+// is path already opened (node mode makes it through its root's handle):
+// the Dirs own and close it. A sidecar (no command) has a laxer check of
+// path's mode (checkCheckpointDir).
+func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dirs, error) {
 	if root == nil {
-		if err := os.MkdirAll(cfg.CheckpointDir, 0o700); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			return Dirs{}, fmt.Errorf("checkpoint dir: %w", err)
 		}
 		var err error
-		if root, err = os.OpenRoot(cfg.CheckpointDir); err != nil {
-			return fmt.Errorf("checkpoint dir: %w", err)
+		if root, err = os.OpenRoot(path); err != nil {
+			return Dirs{}, fmt.Errorf("checkpoint dir: %w", err)
 		}
 	}
-	name := areaPrefix + cfg.RunID
-	d := localDirs{root: root, path: cfg.CheckpointDir, areaName: name, areaPath: filepath.Join(cfg.CheckpointDir, name)}
+	name := AreaPrefix + runID
+	d := Dirs{Root: root, Path: path, AreaName: name, AreaPath: filepath.Join(path, name)}
 	// Node mode's run directory too: made 0700 by the node agent, unless
 	// another user made it first.
-	if err := checkCheckpointDir(root, cfg.CheckpointDir, len(cfg.Command) == 0, cfg.Log); err != nil {
+	if err := checkCheckpointDir(root, path, sidecar, log); err != nil {
 		root.Close()
-		return err
+		return Dirs{}, err
 	}
-	err := makeArea(root, name, cfg.RunID, cfg.Log)
+	err := makeArea(root, name, runID, log)
 	if err == nil {
-		d.area, err = checkpoint.OpenDir(root, name)
+		d.Area, err = checkpoint.OpenDir(root, name)
 	}
 	if err == nil {
-		err = MkdirIn(d.area, restoreSub)
+		err = MkdirIn(d.Area, RestoreSub)
 	}
 	if err != nil {
 		root.Close()
-		return fmt.Errorf("checkpoint dir: %s: %w", d.areaPath, err)
+		return Dirs{}, fmt.Errorf("checkpoint dir: %s: %w", d.AreaPath, err)
 	}
-	*dd = d
-	return nil
+	return d, nil
 }
 
 // checkCheckpointDir refuses a --checkpoint-dir another user could
@@ -203,7 +197,7 @@ func ownerUID(fi fs.FileInfo) int {
 // the checkpoints the trainer writes there) and no one else's to enter
 // (a group/other bit is taken away, and logged).
 func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
-	marker := name + "/" + areaMarker
+	marker := name + "/" + AreaMarker
 	if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
@@ -215,7 +209,7 @@ func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
 	if err := ownArea(area, log); err != nil {
 		return err
 	}
-	if _, err := area.Lstat(areaMarker); errors.Is(err, fs.ErrNotExist) {
+	if _, err := area.Lstat(AreaMarker); errors.Is(err, fs.ErrNotExist) {
 		if f, err := area.Open("."); err == nil {
 			names, _ := f.Readdirnames(1)
 			f.Close()
@@ -224,22 +218,22 @@ func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
 			}
 		}
 	}
-	fi, err := area.Lstat(areaMarker)
+	fi, err := area.Lstat(AreaMarker)
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", areaMarker)
+		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", AreaMarker)
 	}
 	if err != nil {
 		return err
 	}
 	if !fi.Mode().IsRegular() || fi.Size() > 256 {
-		return fmt.Errorf("%s is not a marker file: refused", areaMarker)
+		return fmt.Errorf("%s is not a marker file: refused", AreaMarker)
 	}
-	b, err := area.ReadFile(areaMarker)
+	b, err := area.ReadFile(AreaMarker)
 	if err != nil {
 		return err
 	}
 	if got := strings.TrimSpace(string(b)); got != runID {
-		return fmt.Errorf("marker %s names run %q, not %q: refused", areaMarker, got, runID)
+		return fmt.Errorf("marker %s names run %q, not %q: refused", AreaMarker, got, runID)
 	}
 	return nil
 }
@@ -269,34 +263,34 @@ func ownArea(area *os.Root, log *zap.Logger) error {
 	return nil
 }
 
-// fetched is a restore's files in place, before the loop records it.
-type fetched struct {
-	r        *restore.Result
-	start    time.Time
-	manifest string // the local copy of the manifest
+// Fetched is a restore's files in place, before the loop records it.
+type Fetched struct {
+	R        *restore.Result
+	Start    time.Time
+	Manifest string // the local copy of the manifest
 }
 
-// fetchRestore is the part of restore that touches only the store and the
+// FetchRestore is the part of restore that touches only the store and the
 // restore area, never the loop's state: the overlapped restore runs it
-// beside the loop (agent_restore.go). nil, nil: no committed checkpoint.
-func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*fetched, error) {
-	restoreDir := d.restoreDir()
+// beside the loop (pkg/supervisor's agent_restore.go). nil, nil: no committed checkpoint.
+func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*Fetched, error) {
+	restoreDir := d.RestoreDir()
 	start := time.Now()
 	// Opened afresh for every restore, refusing a symlink: a trainer may
 	// have swapped the directory since the last one.
-	if err := MkdirIn(d.area, restoreSub); err != nil {
+	if err := MkdirIn(d.Area, RestoreSub); err != nil {
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
-	dest, err := checkpoint.OpenDir(d.area, restoreSub)
+	dest, err := checkpoint.OpenDir(d.Area, RestoreSub)
 	if err != nil {
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
-	if d.tier != nil { // asked only for the checkpoint the store's rules chose
-		opts.Tiers = append(opts.Tiers, d.tier)
+	if d.Tier != nil { // asked only for the checkpoint the store's rules chose
+		opts.Tiers = append(opts.Tiers, d.Tier)
 	}
-	if d.peer != nil { // after this machine's copy, before the store
-		opts.Tiers = append(opts.Tiers, d.peer.Tier())
+	if d.Peer != nil { // after this machine's copy, before the store
+		opts.Tiers = append(opts.Tiers, d.Peer.Tier())
 	}
 	r, err := restore.Into(ctx, st, dest, restoreDir, opts)
 	if errors.Is(err, restore.ErrNoCheckpoint) {
@@ -330,36 +324,19 @@ func (d *localDirs) fetchRestore(ctx context.Context, st cloud.Store, opts resto
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
 		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("peer_bytes", r.From[checkpoint.FromPeer]),
 		zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
-	return &fetched{r: r, start: start, manifest: manifest}, nil
+	return &Fetched{R: r, Start: start, Manifest: manifest}, nil
 }
 
-// removeDir deletes r's directory through the agent's handles: never
-// anything outside the checkpoint directory, and, once the directory was
-// opened for the commit, only what that directory holds.
-func (d *localDirs) removeDir(r *request, goBg func(func()), log *zap.Logger) {
-	if r.pipe != nil {
-		r.pipe.Abort() // after a commit, a no-op; else its early uploads go
-		goBg(r.pipe.Wait)
-	}
-	if err := checkpoint.RemoveDir(d.parentRoot(r), r.rel, r.held); err != nil {
-		log.Warn("could not remove a checkpoint directory", zap.String("dir", r.dir), zap.Error(err))
-	}
-	if r.held != nil {
-		r.held.Close()
-		r.held = nil
-	}
-}
-
-// cleanup removes what a crashed agent left behind: the store's temp files
+// Cleanup removes what a crashed agent left behind: the store's temp files
 // or incomplete multipart uploads, partial restores, and the checkpoint
 // directories it handed out that no trainer will answer for any more. It
 // deletes only in the agent's own area, and only names it makes. A sidecar
 // leaves request directories alone: its trainer may still be running and
 // own them.
-func (d *localDirs) cleanup(ctx context.Context, st cloud.Store, opts []cloud.CleanupOptions, requests bool, log *zap.Logger) {
+func (d *Dirs) Cleanup(ctx context.Context, st cloud.Store, opts []cloud.CleanupOptions, requests bool, log *zap.Logger) {
 	if c, ok := st.(cloud.Cleaner); ok {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		n, err := c.Cleanup(cctx, opts...) // job_policy.go
+		n, err := c.Cleanup(cctx, opts...) // the job policy's (pkg/supervisor)
 		cancel()
 		switch {
 		case err != nil:
@@ -368,7 +345,7 @@ func (d *localDirs) cleanup(ctx context.Context, st cloud.Store, opts []cloud.Cl
 			log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
 		}
 	}
-	if dest, err := checkpoint.OpenDir(d.area, restoreSub); err == nil {
+	if dest, err := checkpoint.OpenDir(d.Area, RestoreSub); err == nil {
 		for _, n := range readNames(dest) {
 			if strings.HasPrefix(n, ".partial-") {
 				dest.RemoveAll(n)
@@ -380,32 +357,30 @@ func (d *localDirs) cleanup(ctx context.Context, st cloud.Store, opts []cloud.Cl
 		return
 	}
 	n := 0
-	for _, name := range readNames(d.area) {
-		if isRequestID(name) && d.area.RemoveAll(name) == nil {
+	for _, name := range readNames(d.Area) {
+		if IsRequestID(name) && d.Area.RemoveAll(name) == nil {
 			n++
 		}
 	}
 	if n > 0 {
-		log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", d.areaPath))
+		log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", d.AreaPath))
 	}
 }
 
-// openTier opens the local tier, <area>/committed (docs/storage.md, "The
-// local tier"): nil when cfg turns it off (what an earlier start kept is
-// deleted then), in watch mode (the watched directory is its own local
-// copy) or when it cannot be opened (logged: restores come from the
-// store).
-func (d *localDirs) openTier(cfg *Config, log *zap.Logger) *localtier.Tier {
-	if cfg.Watch != nil {
-		return nil
-	}
-	if cfg.LocalKeep < 1 {
-		if err := d.area.RemoveAll(tierSub); err != nil {
+// OpenTier opens the local tier, <area>/committed (docs/storage.md, "The
+// local tier"), keeping keep checkpoints of at most maxBytes (0: no
+// bound): nil when keep < 1 turns it off (what an earlier start kept is
+// deleted then) or when it cannot be opened (logged: restores come from
+// the store). Watch mode opens none (the watched directory is its own
+// local copy).
+func (d *Dirs) OpenTier(keep int, maxBytes int64, log *zap.Logger) *localtier.Tier {
+	if keep < 1 {
+		if err := d.Area.RemoveAll(TierSub); err != nil {
 			log.Warn("could not delete the local tier's copies", zap.Error(err))
 		}
 		return nil
 	}
-	t, err := localtier.Open(d.root, d.areaName+"/"+tierSub, localtier.Options{Keep: cfg.LocalKeep, MaxBytes: cfg.LocalMaxBytes, Log: log})
+	t, err := localtier.Open(d.Root, d.AreaName+"/"+TierSub, localtier.Options{Keep: keep, MaxBytes: maxBytes, Log: log})
 	if err != nil {
 		log.Warn("local tier off: restores come from the store", zap.Error(err))
 		return nil
@@ -413,22 +388,74 @@ func (d *localDirs) openTier(cfg *Config, log *zap.Logger) *localtier.Tier {
 	return t
 }
 
-// keep makes the committed checkpoint of r (res) the local tier's copy,
-// when there is a tier and r's directory is below the checkpoint
-// directory (not watch mode's stage); only by hard links when copyOK is
-// false (a stop's checkpoint: the trainer waits for committed). Run in
-// the commit's goroutine, before the loop deletes r's directory.
-func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, part *checkpoint.PartSpec, copyOK bool, log *zap.Logger) {
-	if d.tier == nil || r.parent != nil {
-		return
+// ExitFileEnv names the file the Python client writes 75 to when it was
+// stopped for an interruption or shutdown; ExitFileName is where the agent
+// points it, in its own area, unless the user set one.
+const (
+	ExitFileEnv  = "SPOTAGENT_EXIT_FILE"
+	ExitFileName = "exit-code"
+)
+
+// The agent's area inside --checkpoint-dir holds everything it creates
+// there. It is per run, so that runs sharing a checkpoint directory never
+// touch each other's files, and carries a marker naming the run: the agent
+// deletes nothing in a directory it did not make, and nothing outside its
+// area.
+const (
+	AreaPrefix = "spotagent-"
+	AreaMarker = ".spotagent-run"
+	RestoreSub = "restore"
+	TierSub    = "committed" // the local tier (OpenTier)
+)
+
+// NewRequestID returns a fresh checkpoint id: unique across agents and
+// restarts.
+func NewRequestID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsRequestID tells the names NewRequestID makes: 12 lowercase hex digits.
+func IsRequestID(s string) bool {
+	if len(s) != 12 {
+		return false
 	}
-	node := ""
-	if part != nil {
-		node = part.Node
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
 	}
-	if err := d.tier.Keep(ctx, r.rel, res.Manifest, node, copyOK); err != nil {
-		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
-		return
+	return true
+}
+
+// MkdirIn creates the directory name below r unless it exists; an
+// existing entry that is not a directory (a symlink, say) is refused.
+func MkdirIn(r *os.Root, name string) error {
+	err := r.Mkdir(name, 0o700)
+	if err == nil || !errors.Is(err, fs.ErrExist) {
+		return err
 	}
-	d.publishPeer(ctx, res.Manifest, copyOK, log) // agent_peertier.go
+	fi, err := r.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
+	}
+	return nil
+}
+
+// readNames lists the names in r (none if it cannot be read).
+func readNames(r *os.Root) []string {
+	f, err := r.Open(".")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return names
 }
