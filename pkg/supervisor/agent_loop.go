@@ -16,7 +16,6 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
-	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -111,7 +110,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
 	defer stopSignals()
-	a, err := newAgent(sctx, cfg)
+	a, err := newAgent(sctx, cfg, nil)
 	if sig := started(); sig != nil {
 		if err == nil {
 			a.abort()
@@ -152,7 +151,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 	}
-	if a.cfg.overlapRestore() {
+	if a.cfg.OverlapsRestore() {
 		a.startRestore() // agent_restore.go: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
@@ -240,11 +239,11 @@ func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 
 // newAgent prepares one run: local directories, the journal, cleanup of
 // what a crash left, and the restore of the newest committed checkpoint.
-func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
-	if err := cfg.check(); err != nil {
+func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	cfg.defaults()
+	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: localdirs.NewRequestID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
@@ -269,7 +268,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
-	if a.dirs.Dirs, err = localdirs.Open(cfg.dir, cfg.CheckpointDir, cfg.RunID, len(cfg.Command) == 0, cfg.Log); err != nil {
+	if a.dirs.Dirs, err = localdirs.Open(dir, cfg.CheckpointDir, cfg.RunID, len(cfg.Command) == 0, cfg.Log); err != nil {
 		a.src.Close()
 		endLife()
 		return nil, err
@@ -287,7 +286,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	a.sess.ranBefore = j.Stats.RunSeconds
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
-	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
+	cfg.Scheduler.ObserveHistory(a.cfg.FleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
@@ -298,7 +297,7 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	if a.cfg.overlapRestore() {
+	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
 	if a.boot.resume, err = a.src.Restore(ctx); err != nil {
@@ -319,7 +318,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.start(a.cfg.childEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
+	return a.proc.start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -658,24 +657,4 @@ func (a *Agent) trainers() int {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.byID)
-}
-
-// fleetPrior is the prior of this run's first interval: the fleet's
-// observed rate for this machine's cloud, type and zone where the fleet
-// has enough hours, else the flat --interruption-rate (pkg/fleet).
-func (c *Config) fleetPrior(ctx context.Context) fleet.Prior {
-	flat := c.Scheduler.PriorRate()
-	id := c.Identity
-	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
-	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
-	if c.Fleet != nil {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var err error
-		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
-			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
-		}
-		cancel()
-	}
-	c.Log.Info("interruption prior", zap.Stringer("prior", p))
-	return p
 }

@@ -48,14 +48,6 @@ type bootRestore struct {
 // failed restore stops the trainer after KillAfter (it was told, and should
 // exit with the error itself) and the agent exits 1 with the error.
 
-const (
-	resumeEnv         = "SPOTAGENT_RESUME"
-	welcomeTimeoutEnv = "SPOTAGENT_WELCOME_TIMEOUT"
-	// heldWelcomeTimeout bounds an older client's wait for its welcome
-	// (seconds): the restore's own stall detection ends a stuck one first.
-	heldWelcomeTimeout = "86400"
-)
-
 // pendingRestore is the restore running beside the loop; the loop owns it.
 type pendingRestore struct {
 	cancel  context.CancelFunc
@@ -206,12 +198,6 @@ func (p *pendingRestore) tellFailed(why string) {
 	}
 }
 
-// welcome is the answer to hello m, in the version both sides speak.
-func (c *Config) welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
-	v := min(max(m.Version, 1), protocol.ProtocolVersion)
-	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
-}
-
 // hello answers a hello while the restore runs or after it
 // failed; false: the restore is over and ok, the hello is served as usual.
 func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.Message, handled bool) {
@@ -229,7 +215,7 @@ func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.M
 		b.restoring.held = append(b.restoring.held, ev)
 		return nil, true
 	}
-	w := cfg.welcome(m, b.resume)
+	w := cfg.Welcome(m, b.resume)
 	if failed != "" {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {

@@ -6,7 +6,9 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"go.uber.org/zap"
 )
 
@@ -73,4 +75,15 @@ func startCancelled(s os.Signal) (int, error) {
 		code = 128 + int(sig)
 	}
 	return code, fmt.Errorf("start-up cancelled by %s", s)
+}
+
+// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
+func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
 }

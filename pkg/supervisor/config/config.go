@@ -1,6 +1,11 @@
+// Package config is one agent's configuration (Config, named
+// supervisor.Config too), its defaults and checks, and what it alone
+// decides: the trainer's environment, its welcome, a request's deadline,
+// the scheduler's prior; and the agent's measurements (Metrics).
 package config
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,18 +19,14 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
-
-// WatchConfig is zero-code mode's configuration (Config.Watch), named
-// here too so that Config's users need not import pkg/supervisor/source.
-type WatchConfig = source.WatchConfig
 
 // Config wires one agent: a run, its store, its trainer.
 type Config struct {
@@ -42,7 +43,7 @@ type Config struct {
 
 	Command []string // the trainer; empty runs without a child (sidecar)
 	// OverlapRestore starts the trainer at once and restores beside it
-	// (agent_restore.go): the trainer learns where it resumes from over
+	// (pkg/supervisor's agent_restore.go): the trainer learns where it resumes from over
 	// the socket. Ignored with Signal or Watch, whose trainers read the
 	// environment or DIR: they start after the restore.
 	OverlapRestore bool
@@ -85,8 +86,8 @@ type Config struct {
 	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
-	// PeerTier: restore from the other nodes' local tiers (agent_peertier.go).
-	PeerTier PeerTierConfig
+	// PeerTier: restore from the other nodes' local tiers (pkg/supervisor/localdirs).
+	PeerTier localdirs.PeerTierConfig
 
 	// Fleet, when set, is the store at the fleet's root (the parent of the
 	// run's store, or --store-prefix): the agent reads the fleet summary
@@ -103,17 +104,13 @@ type Config struct {
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
-
-	// dir, when set, is CheckpointDir already opened (node mode makes it
-	// through its root's handle); the agent owns and closes it.
-	dir *os.Root
 }
 
-// check refuses what cannot work together. A multi-node job's parts come
+// Check refuses what cannot work together. A multi-node job's parts come
 // from ranks that agree on each checkpoint through the protocol: the
 // signal fallback and zero-code mode have neither ranks nor agreement, and
 // each node's checkpoints would stand for the whole job.
-func (c *Config) check() error {
+func (c *Config) Check() error {
 	if c.Node == "" {
 		return nil
 	}
@@ -126,7 +123,8 @@ func (c *Config) check() error {
 	return nil
 }
 
-func (c *Config) defaults() {
+// SetDefaults fills in what was left zero.
+func (c *Config) SetDefaults() {
 	if c.Keep <= 0 {
 		c.Keep = 3
 	}
@@ -137,7 +135,7 @@ func (c *Config) defaults() {
 		c.KillAfter = 5 * time.Second
 	}
 	if c.SignalWindow == 0 {
-		c.SignalWindow = defaultSignalWindow
+		c.SignalWindow = DefaultSignalWindow
 	}
 	if c.Margin <= 0 {
 		c.Margin = schedule.DefaultMargin
@@ -159,41 +157,19 @@ func (c *Config) defaults() {
 	}
 }
 
-// defaultSignalWindow is Config.SignalWindow's default: two signals closer
+// DefaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
-const defaultSignalWindow = time.Second
+const DefaultSignalWindow = time.Second
 
-// heartbeats is what the job's heartbeats (ranks.Heartbeats) need of c.
-func (c *Config) heartbeats() ranks.HeartbeatEnv {
-	l := c.Liveness
-	l.Store, l.RunID, l.Log = c.Store, c.RunID, c.Log
-	rank := -1
-	if k, err := ParseNodeRank(strings.TrimPrefix(c.Node, "node-")); err == nil && c.Node != "" {
-		rank = k
-	}
-	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
-}
-
-// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
-func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
-	now := time.Now()
-	name := sig.String()
-	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
-		name = "SIGTERM"
-	}
-	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
-		Deadline: now.Add(grace), Detected: now, Action: name}
-}
-
-// overlapRestore reports whether this agent restores while its trainer
-// starts. The signal fallback's trainer and zero-code mode's read the
+// OverlapsRestore reports whether this agent restores while its trainer
+// starts: OverlapRestore asked for it, and the trainer can wait. The signal fallback's trainer and zero-code mode's read the
 // environment and DIR, which cannot say "pending".
-func (c *Config) overlapRestore() bool {
+func (c *Config) OverlapsRestore() bool {
 	return c.OverlapRestore && c.Signal == 0 && c.Watch == nil
 }
 
-// childEnv is the trainer's environment.
-func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
+// ChildEnv is the trainer's environment.
+func (c *Config) ChildEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
@@ -220,17 +196,17 @@ func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol
 	if os.Getenv(localdirs.ExitFileEnv) == "" {
 		// The client writes 75 here when stopped for an interruption or
 		// shutdown: a launcher that hides its workers' codes (torchrun's
-		// 1) still makes this agent exit 75 (exitCodeFor).
+		// 1) still makes this agent exit 75 (pkg/supervisor's exitCodeFor).
 		env = append(env, localdirs.ExitFileEnv+"="+filepath.Join(areaPath, localdirs.ExitFileName))
 	}
 	if restorePending {
-		// The restore runs while the trainer starts (agent_restore.go):
+		// The restore runs while the trainer starts (pkg/supervisor's agent_restore.go):
 		// the client blocks where it first needs the files. An older
 		// client waits for its welcome, which the agent holds until the
 		// restore ends: give it all the time that takes.
-		env = append(env, resumeEnv+"="+protocol.RestorePending)
-		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
-			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
+		env = append(env, ResumeEnv+"="+protocol.RestorePending)
+		if _, ok := os.LookupEnv(WelcomeTimeoutEnv); !ok {
+			env = append(env, WelcomeTimeoutEnv+"="+HeldWelcomeTimeout)
 		}
 	}
 	if r := resume; r != nil {
@@ -241,4 +217,54 @@ func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol
 		)
 	}
 	return env
+}
+
+// The trainer's environment for an overlapped restore (ChildEnv):
+// SPOTAGENT_RESUME says "pending", and an older client's connect waits
+// for its welcome.
+const (
+	ResumeEnv         = "SPOTAGENT_RESUME"
+	WelcomeTimeoutEnv = "SPOTAGENT_WELCOME_TIMEOUT"
+	// HeldWelcomeTimeout bounds an older client's wait for its welcome
+	// (seconds): the restore's own stall detection ends a stuck one first.
+	HeldWelcomeTimeout = "86400"
+)
+
+// Welcome is the answer to hello m, in the version both sides speak.
+func (c *Config) Welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
+	v := min(max(m.Version, 1), protocol.ProtocolVersion)
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
+}
+
+// RequestDeadline is when the trainer must have saved a checkpoint that
+// must commit by deadline: room is left to upload (the previous
+// checkpoint's size at the measured throughput) and for the margin; if
+// that leaves too little, the time is split in two.
+func (c *Config) RequestDeadline(lastBytes int64, deadline, now time.Time) time.Time {
+	upload := c.Scheduler.EstimateUpload(lastBytes)
+	reqDeadline := deadline.Add(-upload - c.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	return reqDeadline
+}
+
+// FleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (c *Config) FleetPrior(ctx context.Context) fleet.Prior {
+	flat := c.Scheduler.PriorRate()
+	id := c.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
+	if c.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
+		}
+		cancel()
+	}
+	c.Log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
 }
