@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
@@ -44,7 +45,7 @@ type Agent struct {
 
 	sess    session              // this session and the run's journal (session.go)
 	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
-	proc    *process             // the trainer's child process (process.go)
+	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
 	conns   trainerConns         // the trainers and their connections (trainers.go)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
@@ -144,7 +145,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
-				PID: func() int { return int(a.proc.pid.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+				PID: func() int { return int(a.proc.PID.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
@@ -167,7 +168,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
-	a.proc.close() // what the trainer left in its group goes now
+	a.proc.Close() // what the trainer left in its group goes now
 	if a.boot.aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
@@ -179,7 +180,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if code, err, ok := a.boot.exit(); ok { // agent_restore.go
 		return code, err
 	}
-	return a.proc.exitCode, nil
+	return a.proc.ExitCode, nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -250,7 +251,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
 		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
-		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
+		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
 	a.commits.lastBlock = a.sess.started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
@@ -318,7 +319,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
+	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -373,16 +374,16 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.LookupDone():
-			a.proc.exitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
+			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
-		case <-a.proc.done:
+		case <-a.proc.Done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
 		case s := <-a.live.Silent(): // pkg/supervisor/ranks
-			if a.ranks.OnPeerSilent(s, a.proc.running(), a.stops.current != nil) {
-				a.proc.stop(a.life, a.goBg)
+			if a.ranks.OnPeerSilent(s, a.proc.Running(), a.stops.current != nil) {
+				a.proc.Stop(a.life, a.goBg)
 			}
 		case <-timer.C:
 		}
@@ -403,10 +404,10 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.proc.restartAt)
+	earlier(a.proc.RestartAt)
 	earlier(a.boot.abandonAt)
 	earlier(a.src.Wake())
-	if a.ranks.Pending(a.proc.running(), a.stops.current != nil) { // pkg/supervisor/ranks
+	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
@@ -426,23 +427,23 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	if s := a.stops.current; s != nil { // stop.go
-		if a.stops.tick(now) && a.proc.running() && !a.proc.killing {
+		if a.stops.tick(now) && a.proc.Running() && !a.proc.Killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
-			a.proc.stopAtDeadline(a.life, a.goBg)
+			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
 		a.checkDone()
 	}
-	if a.ranks.Tick(now, a.proc.running(), a.stops.current != nil) {
-		a.proc.stop(a.life, a.goBg)
+	if a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) {
+		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
 	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
 		a.boot.abandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
-		a.proc.stop(a.life, a.goBg)
+		a.proc.Stop(a.life, a.goBg)
 	}
 	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
 		a.commits.interval = iv
@@ -461,7 +462,7 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.proc.gone || !a.proc.restartAt.IsZero() {
+	if !a.proc.Gone || !a.proc.RestartAt.IsZero() {
 		return
 	}
 	if p := a.boot.restoring; p != nil && len(a.cfg.Command) > 0 {
@@ -503,10 +504,10 @@ func (a *Agent) checkDone() {
 }
 
 func (a *Agent) onChildExit() {
-	code := a.proc.exited()
-	a.proc.exitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
-	a.proc.killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
+	code := a.proc.Exited()
+	a.proc.ExitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
+	a.proc.Killing = false
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.Child.PID()), zap.Int("agent_exit_code", a.proc.ExitCode))
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -528,29 +529,29 @@ func (a *Agent) onChildExit() {
 	switch {
 	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.proc.gone = true
+		a.proc.Gone = true
 	default:
-		a.proc.restartOrGiveUp(code, a.cfg.MaxRestarts)
+		a.proc.RestartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
 }
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.proc.restartAt = time.Time{}
-	a.proc.close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.RestartAt = time.Time{}
+	a.proc.Close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.proc.gone = true
+		a.proc.Gone = true
 		return
 	}
 	a.boot.resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.proc.gone = true
+		a.proc.Gone = true
 	}
 }
 
@@ -569,7 +570,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 	a.stops.signals++
 	if a.stops.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
-		a.proc.stop(a.life, a.goBg)
+		a.proc.Stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
@@ -595,7 +596,7 @@ func (a *Agent) finish() {
 	ctx, cancel := a.sess.exitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.proc.exitCode, a.commits.blocked
+	code, blocked := a.proc.ExitCode, a.commits.blocked
 	session := a.sess.id
 	err := a.sess.journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
@@ -650,7 +651,7 @@ func (a *Agent) trainers() int {
 	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.proc.done == nil {
+	if a.cfg.Signal != 0 && a.proc.Done == nil {
 		return 0
 	}
 	if a.boot.restoring != nil || a.boot.gone != "" {

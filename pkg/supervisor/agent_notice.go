@@ -36,7 +36,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.boot.forget(c.ID())                                                                                        // agent_restore.go
-		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
@@ -81,7 +81,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	}
 	a.log.Info("trainer connected", fields...)
 	a.job.hello(m, &a.conns, a.log)                                        // job_policy.go
-	a.ranks.Hello(m, a.proc.running())                                     // pkg/supervisor/ranks
+	a.ranks.Hello(m, a.proc.Running())                                     // pkg/supervisor/ranks
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.id, a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {

@@ -103,8 +103,8 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		a.boot.aborted = &startAbort{err: err}
 		a.boot.gone = err.Error()
 		p.tellFailed(err.Error())
-		a.proc.cancelRestart() // it exited meanwhile: no restart
-		if a.proc.done != nil {
+		a.proc.CancelRestart() // it exited meanwhile: no restart
+		if a.proc.Done != nil {
 			// It was told: it should exit with the error itself.
 			a.boot.abandonAt = time.Now().Add(a.cfg.KillAfter)
 		}
@@ -140,11 +140,11 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 	if a.boot.aborted == nil {
 		a.boot.aborted = ab
 	}
-	a.proc.cancelRestart() // it exited meanwhile: no restart
+	a.proc.CancelRestart() // it exited meanwhile: no restart
 	p.why = why
 	p.cancel()
 	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
-	a.proc.stop(a.life, a.goBg)
+	a.proc.Stop(a.life, a.goBg)
 	return true
 }
 

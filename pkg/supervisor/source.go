@@ -88,7 +88,7 @@ func (h agentHost) TrainerStep() int64  { return h.a.commits.lastStep }
 func (h agentHost) SeeStep(step *int64) { h.a.commits.seeStep(step) }
 func (h agentHost) Epoch() int64        { return h.a.commits.epoch() }
 func (h agentHost) Stopping() bool      { return h.a.stops.current != nil }
-func (h agentHost) StopTrainer()        { h.a.proc.stopAtDeadline(h.a.life, h.a.goBg) }
+func (h agentHost) StopTrainer()        { h.a.proc.StopAtDeadline(h.a.life, h.a.goBg) }
 
 func (h agentHost) NewID() string { return localdirs.NewRequestID() }
 
@@ -117,16 +117,16 @@ func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest st
 
 func (h agentHost) Trainer() source.Trainer {
 	p := h.a.proc
-	return source.Trainer{Started: p.c != nil, Running: p.running(), Gone: len(h.a.cfg.Command) > 0 && !p.running(),
-		ExitCode: p.exitCode, RestartPending: !p.restartAt.IsZero()}
+	return source.Trainer{Started: p.Child != nil, Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
+		ExitCode: p.ExitCode, RestartPending: !p.RestartAt.IsZero()}
 }
 
 func (h agentHost) SignalTrainer(sig syscall.Signal) error {
 	p := h.a.proc
-	if err := p.c.Signal(sig); err != nil {
+	if err := p.Child.Signal(sig); err != nil {
 		return err
 	}
-	p.deadlineKill = true
+	p.DeadlineKill = true
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
@@ -205,7 +206,7 @@ func (q *stopSequence) finish(s *stopState) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (pkg/supervisor/ranks).
-func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.Watch) int {
+func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs, w *ranks.Watch) int {
 	s := q.current
 	if s == nil {
 		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
@@ -216,7 +217,7 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.
 	// In --signal mode the stop's checkpoint signal is the trainer's only
 	// word of the stop (frameworks exit after a save on signal): told.
 	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
-	if code == 0 && !told && !p.deadlineKill && !p.killing {
+	if code == 0 && !told && !p.DeadlineKill && !p.Killing {
 		// Nothing told it to stop (it said bye, or ended on its own before
 		// the stop reached it): it finished its work. Run again, it would
 		// repeat a completed job.
@@ -226,7 +227,7 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case p.deadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case p.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():

@@ -1,3 +1,7 @@
+// Package childproc is the trainer as the agent's child process: started,
+// restarted after a failure of its own with backoff, stopped (SIGTERM,
+// SIGKILL after KillAfter). The process itself and its group guard are
+// internal/child.
 package childproc
 
 import (
@@ -11,114 +15,115 @@ import (
 	"github.com/spotagent/spotagent/internal/child"
 )
 
-// process is the trainer as the agent's child process: started, restarted
+// Process is the trainer as the agent's child process: started, restarted
 // after a failure of its own, stopped. The loop owns it; only pid is read
 // beside the loop (the signal bridge).
-type process struct {
+type Process struct {
 	cmd       []string
 	killAfter time.Duration
 	log       *zap.Logger
 
-	c         *child.Child
-	pid       atomic.Int64    // for the signal bridge, which runs beside the loop
-	done      <-chan struct{} // nil: not running
-	restarts  int
-	restartAt time.Time // zero: no restart pending
-	exitCode  int       // the agent's exit code from the trainer's (exitCodeFor)
-	gone      bool      // exited for good (or never had one)
-	killing   bool      // child.Stop running
-	// deadlineKill: the stop sequence's deadline passed with the trainer
+	Child     *child.Child
+	PID       atomic.Int64    // for the signal bridge, which runs beside the loop
+	Done      <-chan struct{} // nil: not running
+	Restarts  int
+	RestartAt time.Time // zero: no restart pending
+	ExitCode  int       // the agent's exit code from the trainer's (supervisor's exitCodeFor)
+	Gone      bool      // exited for good (or never had one)
+	Killing   bool      // child.Stop running
+	// DeadlineKill: the stop sequence's deadline passed with the trainer
 	// still running, and the agent sent it SIGTERM (SIGKILL after KillAfter),
 	// or zero-code mode signalled it to save: it may die of it.
-	deadlineKill bool
+	DeadlineKill bool
 }
 
-func newProcess(cmd []string, killAfter time.Duration, log *zap.Logger) *process {
-	return &process{cmd: cmd, killAfter: killAfter, log: log, gone: len(cmd) == 0}
+// New is the trainer cmd (none: the agent runs without a child).
+func New(cmd []string, killAfter time.Duration, log *zap.Logger) *Process {
+	return &Process{cmd: cmd, killAfter: killAfter, log: log, Gone: len(cmd) == 0}
 }
 
-// running: a child was started and has not exited yet.
-func (p *process) running() bool { return p.done != nil }
+// Running: a child was started and has not exited yet.
+func (p *Process) Running() bool { return p.Done != nil }
 
-// start starts the trainer with env.
-func (p *process) start(env []string) error {
+// Start starts the trainer with env.
+func (p *Process) Start(env []string) error {
 	c, err := child.Start(child.Config{Args: p.cmd, Env: env, Log: p.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
 	}
-	p.c, p.done = c, c.Done()
-	p.pid.Store(int64(c.PID()))
-	p.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", p.cmd), zap.Int("restarts", p.restarts))
+	p.Child, p.Done = c, c.Done()
+	p.PID.Store(int64(c.PID()))
+	p.log.Info("trainer started", zap.Int("pid", c.PID()), zap.Strings("command", p.cmd), zap.Int("restarts", p.Restarts))
 	return nil
 }
 
-// exited takes the child's exit (after done closed): its own code.
-// killing still says whether the agent was stopping it (exitCodeFor
-// reads it); the caller clears it after.
-func (p *process) exited() int {
-	code := p.c.ExitCode()
-	p.pid.Store(0) // the pid may be reused: nothing may signal it now
-	p.done = nil
+// Exited takes the child's exit (after done closed): its own code.
+// Killing still says whether the agent was stopping it (supervisor's
+// exitCodeFor reads it); the caller clears it after.
+func (p *Process) Exited() int {
+	code := p.Child.ExitCode()
+	p.PID.Store(0) // the pid may be reused: nothing may signal it now
+	p.Done = nil
 	return code
 }
 
-// restartOrGiveUp schedules a restart of a trainer that failed on its own,
+// RestartOrGiveUp schedules a restart of a trainer that failed on its own,
 // with backoff, while maxRestarts allow; else it is gone for good.
-func (p *process) restartOrGiveUp(code, maxRestarts int) {
-	if p.restarts >= maxRestarts {
-		p.gone = true
+func (p *Process) RestartOrGiveUp(code, maxRestarts int) {
+	if p.Restarts >= maxRestarts {
+		p.Gone = true
 		if maxRestarts > 0 {
-			p.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", p.restarts))
+			p.log.Error("trainer failed and no restarts are left", zap.Int("code", code), zap.Int("restarts", p.Restarts))
 		}
 		return
 	}
-	p.restarts++
-	backoff := time.Second << min(p.restarts-1, 6)
-	p.restartAt = time.Now().Add(backoff)
+	p.Restarts++
+	backoff := time.Second << min(p.Restarts-1, 6)
+	p.RestartAt = time.Now().Add(backoff)
 	p.log.Warn("trainer failed: restarting from the newest committed checkpoint",
-		zap.Int("code", code), zap.Int("restart", p.restarts), zap.Int("max_restarts", maxRestarts), zap.Duration("backoff", backoff))
+		zap.Int("code", code), zap.Int("restart", p.Restarts), zap.Int("max_restarts", maxRestarts), zap.Duration("backoff", backoff))
 }
 
-// restartDue: a restart is pending and its backoff has passed.
-func (p *process) restartDue(now time.Time) bool {
-	return !p.restartAt.IsZero() && !now.Before(p.restartAt)
+// RestartDue: a restart is pending and its backoff has passed.
+func (p *Process) RestartDue(now time.Time) bool {
+	return !p.RestartAt.IsZero() && !now.Before(p.RestartAt)
 }
 
-// cancelRestart: a restart pending is not to happen; the trainer is gone.
-func (p *process) cancelRestart() {
-	if !p.restartAt.IsZero() {
-		p.restartAt = time.Time{}
-		p.gone = true
+// CancelRestart: a restart pending is not to happen; the trainer is gone.
+func (p *Process) CancelRestart() {
+	if !p.RestartAt.IsZero() {
+		p.RestartAt = time.Time{}
+		p.Gone = true
 	}
 }
 
-// stop sends SIGTERM to the trainer's group, SIGKILL after killAfter, in
+// Stop sends SIGTERM to the trainer's group, SIGKILL after killAfter, in
 // a goroutine that goBg owns. Not cut short by the end of the agent's
 // life (ctx without its cancel): the loop waits for the child's exit, and
 // Stop is bounded by killAfter.
-func (p *process) stop(ctx context.Context, goBg func(func())) {
-	if p.c == nil || p.done == nil || p.killing {
+func (p *Process) Stop(ctx context.Context, goBg func(func())) {
+	if p.Child == nil || p.Done == nil || p.Killing {
 		return
 	}
-	p.killing = true
-	c, ctx := p.c, context.WithoutCancel(ctx)
+	p.Killing = true
+	c, ctx := p.Child, context.WithoutCancel(ctx)
 	goBg(func() { c.Stop(ctx, p.killAfter) })
 }
 
-// stopAtDeadline stops a trainer still running when the stop sequence
+// StopAtDeadline stops a trainer still running when the stop sequence
 // ends; its death by that signal is the stop it was told of.
-func (p *process) stopAtDeadline(ctx context.Context, goBg func(func())) bool {
-	if p.done == nil || p.killing {
+func (p *Process) StopAtDeadline(ctx context.Context, goBg func(func())) bool {
+	if p.Done == nil || p.Killing {
 		return false
 	}
-	p.deadlineKill = true
-	p.stop(ctx, goBg)
+	p.DeadlineKill = true
+	p.Stop(ctx, goBg)
 	return true
 }
 
-// close takes down what the trainer left in its group.
-func (p *process) close() {
-	if p.c != nil {
-		p.c.Close()
+// Close takes down what the trainer left in its group.
+func (p *Process) Close() {
+	if p.Child != nil {
+		p.Child.Close()
 	}
 }
