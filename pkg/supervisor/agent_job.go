@@ -165,7 +165,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.dirs.removeDir(r, a.goBg, a.log)
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
-	a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+	a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stops.failed(r.stop, why, now)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -43,7 +44,7 @@ type Agent struct {
 	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
 	dirs    localDirs
 
-	sess    session              // this session and the run's journal (session.go)
+	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
 	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
 	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
 	conns   trainerConns         // the trainers and their connections (trainers.go)
@@ -161,7 +162,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.AtStart(a.sess.journal) // pkg/supervisor/promise
+	a.commits.promise.AtStart(a.sess.Journal) // pkg/supervisor/promise
 	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
@@ -247,19 +248,19 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: localdirs.NewRequestID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
+		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
 		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.commits.lastBlock = a.sess.started
+	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
-	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
-	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
+	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID, Started: a.sess.Started,
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path})
-	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	a.job.committer(a.commits.committer, a.sess.id)
+	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.job.committer(a.commits.committer, a.sess.ID)
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
@@ -276,15 +277,15 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	if cfg.Watch == nil { // the watched directory is its own local copy
 		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
-		a.dirs.Peer = a.dirs.OpenPeer(ctx, cfg.PeerTier, cfg.Store, cfg.RunID, cfg.Node, a.sess.id, a.log)
+		a.dirs.Peer = a.dirs.OpenPeer(ctx, cfg.PeerTier, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID, a.log)
 	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
 		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
-	a.sess.journal = journal.NewWriter(cfg.Store, j)
-	a.sess.ranBefore = j.Stats.RunSeconds
+	a.sess.Journal = journal.NewWriter(cfg.Store, j)
+	a.sess.RanBefore = j.Stats.RunSeconds
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.cfg.FleetPrior(ctx).Seed(schedule.History{
@@ -294,7 +295,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := a.sess.takeLease(ctx, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
+	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
 	}
@@ -305,7 +306,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	a.sess.recordSession(a.cfg.Identity)
+	a.sess.RecordSession(a.cfg.Identity)
 	return a, nil
 }
 
@@ -592,31 +593,31 @@ func (a *Agent) onSignal(sig os.Signal) {
 func (a *Agent) finish() {
 	a.endLife()
 	by := a.stops.exitBy(time.Now()) // stop.go: exitWait from the loop's end
-	a.sess.awaitLanding(by)
-	ctx, cancel := a.sess.exitWrite(by)
+	a.sess.AwaitLanding(by)
+	ctx, cancel := a.sess.ExitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode, a.commits.blocked
-	session := a.sess.id
-	err := a.sess.journal.Update(ctx, func(j *journal.Journal) {
+	session := a.sess.ID
+	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
 		}
-		j.Stats.RunSeconds = a.sess.runSeconds()
+		j.Stats.RunSeconds = a.sess.RunSeconds()
 	})
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
-	a.sess.recordFleet(ctx, &a.cfg, a.commits.last.step, a.commits.fenced())
+	a.sess.RecordFleet(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.commits.last.step, a.commits.fenced())
 	a.release()
 }
 
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
-	a.sess.awaitLanding(a.stops.exitBy(time.Now()))
+	a.sess.AwaitLanding(a.stops.exitBy(time.Now()))
 	a.release()
 }
 

@@ -317,7 +317,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
 		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
-		a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
 		}
@@ -335,7 +335,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.runSeconds(), a.commits.blocked
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.RunSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
 		a.cfg.Scheduler.ObserveCost(d)
@@ -343,8 +343,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
-	a.sess.journalAsync(func(j *journal.Journal) {
+	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.ID
+	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
 		}

@@ -110,10 +110,10 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		}
 		return
 	}
-	a.sess.recordSession(a.cfg.Identity)
+	a.sess.RecordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.boot.resume = a.commits.restored(res.f.R, res.f.Start, res.f.R.Dir, res.f.Manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
+		a.boot.resume = a.commits.restored(res.f.R, res.f.Start, res.f.R.Dir, res.f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node)
 		now := time.Now()
 		a.commits.lastBlock = now
 		a.commits.last.trainedAt = now

@@ -30,7 +30,7 @@ func (a *Agent) newSource() (source.Source, error) {
 		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
 	}
 	ws, err := source.NewWatch(h, source.Env{Watch: a.cfg.Watch, HasCommand: len(a.cfg.Command) > 0, Signal: a.cfg.Signal,
-		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.started})
+		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started})
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (h agentHost) CancelUpload(id string) bool {
 }
 
 func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume {
-	return h.a.commits.restored(r, start, dir, manifest, &h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
+	return h.a.commits.restored(r, start, dir, manifest, h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
 }
 
 func (h agentHost) Trainer() source.Trainer {

@@ -14,6 +14,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -32,7 +33,7 @@ type stopSequence struct {
 	cfg     *Config
 	life    context.Context
 	conns   *trainerConns
-	sess    *session
+	sess    *session.Session
 	commits *commits
 	src     source.Source
 }
@@ -142,11 +143,11 @@ func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	q.finish(s)
 	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
-		q.sess.acks.Add(1)
+		q.sess.Acks.Add(1)
 		go func(id string) {
-			defer q.sess.acks.Done()
-			// Outlives the loop, up to the notice's deadline (awaitLanding).
-			ctx, cancel := context.WithDeadline(q.sess.landingCtx(), s.deadline)
+			defer q.sess.Acks.Done()
+			// Outlives the loop, up to the notice's deadline (session.AwaitLanding).
+			ctx, cancel := context.WithDeadline(q.sess.LandingCtx(), s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
@@ -166,7 +167,7 @@ func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
 	s.record.Error = why
 	base := q.commits.last.trainedAt
 	if base.IsZero() {
-		base = q.sess.started
+		base = q.sess.Started
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.recordLostSteps(q.src, q.commits.last.step, now)
@@ -185,7 +186,7 @@ func (q *stopSequence) finish(s *stopState) {
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	q.sess.journalAsync(func(j *journal.Journal) {
+	q.sess.JournalAsync(func(j *journal.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++
