@@ -24,6 +24,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
+	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -110,14 +111,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
-	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
+	sctx, signals, started, stopSignals := sigrelay.Start(ctx, signals, cfg.Log)
 	defer stopSignals()
 	a, err := newAgent(sctx, cfg, nil)
 	if sig := started(); sig != nil {
 		if err == nil {
 			a.abort()
 		}
-		return startCancelled(sig)
+		return sigrelay.StartCancelled(sig)
 	}
 	if err != nil {
 		return 1, err
@@ -581,7 +582,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		return
 	}
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
-	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
+	a.onNotice(sigrelay.Notice(sig, a.cfg.TermGrace))
 	a.checkDone()
 }
 

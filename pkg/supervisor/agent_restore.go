@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
 // bootRestore is the restore at the start: the resume the trainers are
@@ -164,7 +165,7 @@ func (b *bootRestore) exit() (code int, err error, ok bool) {
 	case ab == nil:
 		return 0, nil, false
 	case ab.sig != nil:
-		code, err = startCancelled(ab.sig)
+		code, err = sigrelay.StartCancelled(ab.sig)
 		return code, err, true
 	case ab.notice:
 		return ExitInterrupted, nil, true
