@@ -98,7 +98,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		p.tellFailed(a.boot.gone)
 		return
 	case res.err != nil:
-		err := res.err // "restore: ..." (fetchRestore)
+		err := res.err // "restore: ..." (localdirs.FetchRestore)
 		a.log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
 		a.boot.aborted = &startAbort{err: err}
