@@ -43,9 +43,9 @@ type Config struct {
 
 	Command []string // the trainer; empty runs without a child (sidecar)
 	// OverlapRestore starts the trainer at once and restores beside it
-	// (pkg/supervisor's agent_restore.go): the trainer learns where it resumes from over
-	// the socket. Ignored with Signal or Watch, whose trainers read the
-	// environment or DIR: they start after the restore.
+	// (pkg/supervisor's agent_restore.go): the trainer learns where it
+	// resumes from over the socket. Ignored with Signal or Watch, whose
+	// trainers read the environment or DIR: they start after the restore.
 	OverlapRestore bool
 	Keep           int           // checkpoints kept by retention (default 3)
 	TermGrace      time.Duration // deadline of the shutdown checkpoint (default 25s)
@@ -70,7 +70,8 @@ type Config struct {
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration
 	// FenceInterval is how often the session's lease is checked for a
-	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
+	// newer session (pkg/supervisor's agent_fence.go); 0: 30s, < 0: no
+	// lease, no fencing.
 	// In part mode the lease is the node's own (a second copy of node K
 	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
@@ -80,7 +81,8 @@ type Config struct {
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).
-	// Its lease is the node's (agent_fence.go, docs/distributed.md).
+	// Its lease is the node's (pkg/supervisor's agent_fence.go,
+	// docs/distributed.md).
 	Node       string
 	RestoreAll bool
 	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
@@ -200,7 +202,7 @@ func (c *Config) ChildEnv(areaPath string, restorePending bool, resume *protocol
 		env = append(env, localdirs.ExitFileEnv+"="+filepath.Join(areaPath, localdirs.ExitFileName))
 	}
 	if restorePending {
-		// The restore runs while the trainer starts (pkg/supervisor's agent_restore.go):
+		// The restore runs while the trainer starts (agent_restore.go):
 		// the client blocks where it first needs the files. An older
 		// client waits for its welcome, which the agent holds until the
 		// restore ends: give it all the time that takes.

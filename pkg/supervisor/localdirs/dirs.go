@@ -272,7 +272,8 @@ type Fetched struct {
 
 // FetchRestore is the part of restore that touches only the store and the
 // restore area, never the loop's state: the overlapped restore runs it
-// beside the loop (pkg/supervisor's agent_restore.go). nil, nil: no committed checkpoint.
+// beside the loop (pkg/supervisor's agent_restore.go). nil, nil: no
+// committed checkpoint.
 func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*Fetched, error) {
 	restoreDir := d.RestoreDir()
 	start := time.Now()
