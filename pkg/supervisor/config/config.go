@@ -202,7 +202,7 @@ func (c *Config) ChildEnv(areaPath string, restorePending bool, resume *protocol
 		env = append(env, localdirs.ExitFileEnv+"="+filepath.Join(areaPath, localdirs.ExitFileName))
 	}
 	if restorePending {
-		// The restore runs while the trainer starts (agent_restore.go):
+		// The restore runs while the trainer starts (pkg/supervisor):
 		// the client blocks where it first needs the files. An older
 		// client waits for its welcome, which the agent holds until the
 		// restore ends: give it all the time that takes.
