@@ -1,0 +1,157 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+func ip(v int) *int { return &v }
+
+func TestDeclaredRanks(t *testing.T) {
+	ranked := func(rank, world int) protocol.Message {
+		return protocol.Message{Type: protocol.TypeHello, Rank: ip(rank), WorldSize: ip(world)}
+	}
+	onNode := func(rank, world, local, node int) protocol.Message {
+		m := ranked(rank, world)
+		m.LocalWorldSize, m.NodeRank = ip(local), ip(node)
+		return m
+	}
+	none := protocol.Message{Type: protocol.TypeHello}
+	for _, tc := range []struct {
+		name   string
+		hellos []protocol.Message // in order of precedence
+		want   []uint64           // ids (1-based positions) waited for
+		why    map[uint64]string  // a word of why each other one is left out
+	}{
+		{"OneTrainerNoRank", []protocol.Message{none}, []uint64{1}, nil},
+		{"SecondWithoutRank", []protocol.Message{none, none}, []uint64{1}, map[uint64]string{2: "single-process"}},
+		{"RankedJob", []protocol.Message{ranked(0, 2), ranked(1, 2)}, []uint64{1, 2}, nil},
+		{"NoRankInRankedJob", []protocol.Message{ranked(0, 2), none, ranked(1, 2)}, []uint64{1, 3}, map[uint64]string{2: "no rank"}},
+		{"DuplicateRank", []protocol.Message{ranked(0, 2), ranked(0, 2), ranked(1, 2)}, []uint64{1, 3}, map[uint64]string{2: "held by an earlier"}},
+		{"BeyondWorld", []protocol.Message{ranked(0, 2), ranked(5, 8)}, []uint64{1}, map[uint64]string{2: "beyond the job's world_size 2"}},
+		{"OtherWorld", []protocol.Message{ranked(0, 2), ranked(1, 4)}, []uint64{1}, map[uint64]string{2: "world_size 4"}},
+		{"RankedAfterSingle", []protocol.Message{none, ranked(0, 1)}, []uint64{1}, map[uint64]string{2: "single-process"}},
+		{"OtherNode", []protocol.Message{onNode(0, 4, 2, 0), onNode(2, 4, 2, 1)}, []uint64{1}, map[uint64]string{2: "node_rank 1"}},
+		{"MoreThanTheNodeDeclared", []protocol.Message{onNode(0, 4, 2, 0), onNode(1, 4, 2, 0), onNode(3, 4, 2, 0)}, []uint64{1, 2},
+			map[uint64]string{3: "local_world_size"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var conns []helloConn
+			for i, h := range tc.hellos {
+				conns = append(conns, helloConn{id: uint64(i + 1), hello: h})
+			}
+			got, _, out := declaredRanks(conns)
+			if len(got) != len(tc.want) {
+				t.Fatalf("waited for %v, want %v (left out %v)", got, tc.want, out)
+			}
+			for _, id := range tc.want {
+				if !got[id] {
+					t.Fatalf("waited for %v, want %v (left out %v)", got, tc.want, out)
+				}
+			}
+			for id, word := range tc.why {
+				if !strings.Contains(out[id], word) {
+					t.Errorf("conn %d left out because %q, want it to say %q", id, out[id], word)
+				}
+			}
+			if len(out)+len(got) != len(conns) {
+				t.Fatalf("%d waited for and %d left out of %d", len(got), len(out), len(conns))
+			}
+		})
+	}
+}
+
+func TestInGroup(t *testing.T) {
+	if !inGroup(os.Getpid(), syscall.Getpgrp()) {
+		t.Fatal("this process is not in its own process group")
+	}
+	if inGroup(os.Getpid(), syscall.Getpgrp()+1) || inGroup(0, syscall.Getpgrp()) {
+		t.Fatal("in a group it is not in")
+	}
+}
+
+// Issue 36 (hostile review): a connected client that says hello and then
+// never answers holds no checkpoint hostage, the interruption one
+// included: the request goes to the job's declared ranks only.
+func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		trainer       map[string]any   // the job's trainer's hello
+		silent, ranks []map[string]any // hellos of clients that then never answer; more ranks of the job
+	}{
+		{name: "SingleProcess", trainer: map[string]any{"type": "hello"},
+			silent: []map[string]any{{"type": "hello"}, {"type": "hello", "rank": 0, "world_size": 1},
+				{"type": "hello", "rank": 1, "world_size": 2}}},
+		{name: "Ranks", trainer: map[string]any{"type": "hello", "rank": 0, "world_size": 2},
+			ranks: []map[string]any{{"type": "hello", "rank": 1, "world_size": 2}},
+			silent: []map[string]any{{"type": "hello"}, {"type": "hello", "rank": 1, "world_size": 2},
+				{"type": "hello", "rank": 7, "world_size": 8}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+			ar := startAgent(t, func(c *Config) { c.Source = src })
+			say := func(h map[string]any) *trainer {
+				tr := dialTrainer(t, ar.cfg.Server.Path)
+				tr.send(h)
+				tr.expect(protocol.TypeWelcome)
+				return tr
+			}
+			job := []*trainer{say(tc.trainer)}
+			for _, h := range tc.ranks {
+				job = append(job, say(h))
+			}
+			var silent []*trainer
+			for _, h := range tc.silent {
+				silent = append(silent, say(h))
+			}
+			ar.waitStatus(t, "every hello taken in", func(s Status) bool { return s.Trainers == len(job)+len(silent) })
+			// A join would make the request wait for it: refused.
+			last := silent[len(silent)-1]
+			last.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": time.Now().Add(time.Minute)})
+			if e := last.expect(protocol.TypeError); !strings.Contains(e.Error, "not one of the job's declared ranks") {
+				t.Fatalf("join from a silent client: %q", e.Error)
+			}
+			now := time.Now()
+			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+			var id string
+			for i, tr := range job {
+				req := tr.expect(protocol.TypeCheckpoint)
+				id = req.ID
+				mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d", i)), "w")
+				tr.send(map[string]any{"type": "done", "id": req.ID, "step": 17})
+			}
+			// Committed well before the silent clients' deadline (a minute).
+			for _, tr := range job {
+				if c := tr.expect(protocol.TypeCommitted); c.ID != id {
+					t.Fatalf("committed %+v, want %s", c, id)
+				}
+			}
+			for _, tr := range silent {
+				if m := tr.expect(protocol.TypeCommitted); m.ID != id { // never asked: its first message is the commit
+					t.Fatalf("silent client got %+v", m)
+				}
+			}
+			if got := latestStep(t, ar); got != 17 {
+				t.Fatalf("latest step %d, want 17", got)
+			}
+			for _, tr := range append(job, silent...) {
+				tr.expect(protocol.TypeStop)
+			}
+			testutil.WaitFor(t, "the interruption journaled as committed", func() bool {
+				j, err := checkpoint.ReadJournal(context.Background(), ar.store, "test")
+				return err == nil && len(j.Interruptions) == 1 && j.Interruptions[0].CommitOK
+			})
+		})
+	}
+}
