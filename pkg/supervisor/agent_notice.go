@@ -40,9 +40,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
-		delete(a.conns.saidBye, c.ID())
-		delete(a.conns.byID, c.ID())
-		delete(a.conns.leftOut, c.ID())
+		a.conns.forget(c.ID()) // trainers.go
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -75,6 +73,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.conns.leftUnfinished = false // a new start of the trainer(s)
 	}
 	a.conns.byID[c.ID()] = c
+	a.conns.noteHello(c) // trainers.go: the child's own connections go first
 	a.conns.had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {

@@ -26,8 +26,10 @@ type trainerConns struct {
 	leftUnfinished bool
 	warnedTopology bool // agent_job.go
 	// childGroup is the trainer's process group when the agent started it
-	// (run mode): its connections go first in jobRanks. Nil: none.
+	// (run mode; 0: none); fromChild the connections that came from it, as
+	// they said hello: they go first in jobRanks.
 	childGroup func() int
+	fromChild  map[uint64]bool
 	// leftOut: connections a request was not sent to, warned once each.
 	leftOut map[uint64]bool
 	log     *zap.Logger
@@ -133,12 +135,8 @@ func deref(p *int) int {
 // jobRanks applies declaredRanks to the connected trainers: the ones a
 // checkpoint request goes to and waits for, and the job's shape.
 func (t *trainerConns) jobRanks() (map[uint64]*protocol.Conn, jobShape, map[uint64]string) {
-	group := 0
-	if t.childGroup != nil {
-		group = t.childGroup()
-	}
 	key := func(c *protocol.Conn) int {
-		if group > 0 && inGroup(c.PeerPID(), group) {
+		if t.fromChild[c.ID()] {
 			return 0
 		}
 		return 1
@@ -157,6 +155,28 @@ func (t *trainerConns) jobRanks() (map[uint64]*protocol.Conn, jobShape, map[uint
 		ranks[id] = t.byID[id]
 	}
 	return ranks, shape, out
+}
+
+// noteHello records whether c, which just said hello, comes from the
+// agent's child (its process group), for jobRanks.
+func (t *trainerConns) noteHello(c *protocol.Conn) {
+	if t.childGroup == nil {
+		return
+	}
+	if g := t.childGroup(); g > 0 && inGroup(c.PeerPID(), g) {
+		if t.fromChild == nil {
+			t.fromChild = map[uint64]bool{}
+		}
+		t.fromChild[c.ID()] = true
+	}
+}
+
+// forget drops what was noted of connection id, which ended.
+func (t *trainerConns) forget(id uint64) {
+	delete(t.saidBye, id)
+	delete(t.byID, id)
+	delete(t.leftOut, id)
+	delete(t.fromChild, id)
 }
 
 // localWorld is the ranks on this node, as the job declared (part mode).

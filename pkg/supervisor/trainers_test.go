@@ -155,3 +155,48 @@ func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
 		})
 	}
 }
+
+// childTrainer is the agent's child: once the file argv[2] exists it
+// connects to argv[1], says hello with no rank and answers each
+// checkpoint request at step 21, then exits on stop.
+const childTrainer = `
+import json, os, socket, sys, time
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b'{"type":"hello","pid":%d}\n' % os.getpid())
+for line in s.makefile("rb"):
+    m = json.loads(line)
+    if m["type"] == "checkpoint":
+        open(os.path.join(m["dir"], "w"), "w").write("21")
+        s.sendall(json.dumps({"type": "done", "id": m["id"], "step": 21}).encode() + b"\n")
+    if m["type"] == "stop":
+        break
+`
+
+// Under spotagent run, the child's own connection is the job even when
+// another client said hello first: that one cannot take the trainer's
+// place (docs/protocol.md, "Who a checkpoint waits for").
+func TestAgent_ChildGoesFirst(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Fatalf("this test runs a trainer under /usr/bin/python3: %v", err)
+	}
+	gate := filepath.Join(t.TempDir(), "go")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/usr/bin/python3", "-c", childTrainer, c.Server.Path, gate}
+	})
+	first := dialTrainer(t, ar.cfg.Server.Path)
+	first.send(map[string]any{"type": "hello"})
+	first.expect(protocol.TypeWelcome)
+	ar.waitStatus(t, "the first client's hello", func(s Status) bool { return s.Trainers == 1 })
+	mustWrite(t, gate, "")
+	ar.waitStatus(t, "the child's hello", func(s Status) bool { return s.Trainers == 2 })
+	ar.sigs <- syscall.SIGTERM
+	if m := first.expect(protocol.TypeCommitted); m.Step == nil || *m.Step != 21 {
+		t.Fatalf("first client got %+v, want the child's commit at step 21 (and no request)", m)
+	}
+	if got := latestStep(t, ar); got != 21 {
+		t.Fatalf("latest step %d, want the child's 21", got)
+	}
+}
