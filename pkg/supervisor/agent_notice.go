@@ -79,7 +79,12 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	a.log.Info("trainer connected", fields...)
+	// One line: connected, or connected but left out (trainers.go).
+	if why := a.conns.review(c.ID()); why != "" {
+		a.log.Warn(leftOutMsg, append(fields, zap.String("why", why))...)
+	} else {
+		a.log.Info("trainer connected", fields...)
+	}
 	a.job.hello(m, &a.conns, a.log)                                      // job_policy.go
 	a.ranks.Hello(m, a.proc.running())                                   // pkg/supervisor/ranks
 	a.live.Start(m, a.cfg.heartbeats(), a.job.part(), a.sess.id, a.life) // pkg/supervisor/ranks

@@ -135,7 +135,8 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
-	r.noteAnswer(c) // owner.go
+	a.conns.answered(c.ID()) // trainers.go
+	r.noteAnswer(c)          // owner.go
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {

@@ -30,7 +30,9 @@ type trainerConns struct {
 	// they said hello: they go first in jobRanks.
 	childGroup func() int
 	fromChild  map[uint64]bool
-	// leftOut: connections a request was not sent to, warned once each.
+	// leftOut: connections the rule left out (warned once each); they go
+	// behind every other in jobRanks until they answer a checkpoint, so
+	// that a silent one cannot take the place of a trainer that restarts.
 	leftOut map[uint64]bool
 	log     *zap.Logger
 }
@@ -136,10 +138,13 @@ func deref(p *int) int {
 // checkpoint request goes to and waits for, and the job's shape.
 func (t *trainerConns) jobRanks() (map[uint64]*protocol.Conn, jobShape, map[uint64]string) {
 	key := func(c *protocol.Conn) int {
-		if t.fromChild[c.ID()] {
+		switch {
+		case t.fromChild[c.ID()]:
 			return 0
+		case !t.leftOut[c.ID()]:
+			return 1
 		}
-		return 1
+		return 2
 	}
 	conns := slices.SortedFunc(maps.Values(t.byID), func(a, b *protocol.Conn) int {
 		return cmp.Or(cmp.Compare(key(a), key(b)), cmp.Compare(a.ID(), b.ID()))
@@ -185,21 +190,47 @@ func (t *trainerConns) localWorld() int {
 	return shape.local
 }
 
-// warnLeftOut logs, once per connection, that a request was not sent to it.
+// leftOutMsg is the warning, once per connection, that the rule left it out.
+const leftOutMsg = "connection is not one of the job's declared ranks: checkpoints never wait for it"
+
+// review applies the rule after connection id's hello: why it is left
+// out ("" it is one of the job's ranks; the caller logs which). A
+// connection left out goes behind the others from then on; any other one
+// the hello leaves out (the child's, going first) is warned of here.
+func (t *trainerConns) review(id uint64) string {
+	_, _, out := t.jobRanks()
+	why := out[id]
+	if why != "" {
+		t.mark(id)
+	}
+	delete(out, id)
+	t.warnLeftOut(out)
+	return why
+}
+
+func (t *trainerConns) mark(id uint64) {
+	if t.leftOut == nil {
+		t.leftOut = map[uint64]bool{}
+	}
+	t.leftOut[id] = true
+}
+
+// answered: connection id answered a checkpoint request, as a trainer
+// does: it no longer goes behind the others.
+func (t *trainerConns) answered(id uint64) { delete(t.leftOut, id) }
+
+// warnLeftOut logs, once per connection, that the rule left it out.
 func (t *trainerConns) warnLeftOut(out map[uint64]string) {
 	for id, why := range out {
 		if t.leftOut[id] {
 			continue
 		}
-		if t.leftOut == nil {
-			t.leftOut = map[uint64]bool{}
-		}
-		t.leftOut[id] = true
+		t.mark(id)
 		fields := []zap.Field{zap.Uint64("conn", id), zap.String("why", why)}
 		if c := t.byID[id]; c != nil {
 			fields = append(fields, zap.Int("peer_uid", c.PeerUID()), zap.Int("peer_pid", c.PeerPID()))
 		}
-		t.log.Warn("connection is not one of the job's declared ranks: checkpoints never wait for it", fields...)
+		t.log.Warn(leftOutMsg, fields...)
 	}
 }
 

@@ -200,3 +200,33 @@ func TestAgent_ChildGoesFirst(t *testing.T) {
 		t.Fatalf("latest step %d, want the child's 21", got)
 	}
 }
+
+// A client left out while the trainer was connected stays behind the
+// trainer that comes back after a restart (sidecar: no child to tell
+// them apart): it cannot take the job's place in between.
+func TestAgent_LeftOutStaysBehindARestartedTrainer(t *testing.T) {
+	ar := startAgent(t, nil)
+	hello := func() *trainer {
+		tr := dialTrainer(t, ar.cfg.Server.Path)
+		tr.send(map[string]any{"type": "hello"})
+		tr.expect(protocol.TypeWelcome)
+		return tr
+	}
+	old := hello()
+	ar.waitStatus(t, "the trainer's hello", func(s Status) bool { return s.Trainers == 1 })
+	silent := hello()
+	ar.waitStatus(t, "the silent client's hello", func(s Status) bool { return s.Trainers == 2 })
+	old.c.Close() // the trainer restarts
+	ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 1 })
+	back := hello()
+	ar.waitStatus(t, "the trainer back", func(s Status) bool { return s.Trainers == 2 })
+	ar.sigs <- syscall.SIGTERM
+	req := back.expect(protocol.TypeCheckpoint)
+	back.save(req, 33, "w")
+	if m := silent.expect(protocol.TypeCommitted); m.ID != req.ID {
+		t.Fatalf("silent client got %+v, want the commit of %s (and no request)", m, req.ID)
+	}
+	if got := latestStep(t, ar); got != 33 {
+		t.Fatalf("latest step %d, want 33", got)
+	}
+}
