@@ -83,6 +83,11 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}
+	if ranks, _, out := a.conns.jobRanks(); ranks[c.ID()] == nil {
+		// trainers.go: a join would make every request wait for it.
+		a.conns.reply(c, m.ID, "join: this connection is not one of the job's declared ranks ("+out[c.ID()]+")")
+		return
+	}
 	if r, ok := a.commits.pending[m.ID]; ok {
 		if !r.answeredBy[c.ID()] {
 			r.waiting[c.ID()] = true

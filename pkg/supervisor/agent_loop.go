@@ -255,6 +255,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
+	a.conns.childGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
 	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
@@ -451,7 +452,7 @@ func (a *Agent) tick(now time.Time) {
 		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.job.asksPeriodic(a.conns.byID) &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.conns.asking(a.job) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}

@@ -40,8 +40,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
-		delete(a.conns.saidBye, c.ID())
-		delete(a.conns.byID, c.ID())
+		a.conns.forget(c.ID()) // trainers.go
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -74,12 +73,18 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.conns.leftUnfinished = false // a new start of the trainer(s)
 	}
 	a.conns.byID[c.ID()] = c
+	a.conns.noteHello(c) // trainers.go: the child's own connections go first
 	a.conns.had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	a.log.Info("trainer connected", fields...)
+	// One line: connected, or connected but left out (trainers.go).
+	if why := a.conns.review(c.ID()); why != "" {
+		a.log.Warn(leftOutMsg, append(fields, zap.String("why", why))...)
+	} else {
+		a.log.Info("trainer connected", fields...)
+	}
 	a.job.hello(m, &a.conns, a.log)                                        // job_policy.go
 	a.ranks.Hello(m, a.proc.Running())                                     // pkg/supervisor/ranks
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID, a.life) // pkg/supervisor/ranks
@@ -134,7 +139,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.job.asksPeriodic(a.conns.byID) {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.conns.asking(a.job) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:

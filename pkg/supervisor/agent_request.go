@@ -90,7 +90,9 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	for _, c := range a.conns.byID {
+	ranks, _, out := a.conns.jobRanks() // trainers.go: the job's declared ranks, and only they
+	a.conns.warnLeftOut(out)
+	for _, c := range ranks {
 		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
@@ -104,7 +106,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	}
 	a.commits.pending[id] = r
 	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
-		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)))
+		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)), zap.Int("not_waited_for", len(out)))
 	return r
 }
 
@@ -129,7 +131,8 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
-	r.noteAnswer(c) // owner.go
+	a.conns.answered(c.ID()) // trainers.go
+	r.noteAnswer(c)          // owner.go
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
@@ -145,7 +148,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.localWorld()); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -171,7 +174,7 @@ func (a *Agent) settle(r *request) {
 		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}
-	if why := a.job.partMissing(r, a.conns.localWorld); why != "" {
+	if why := a.job.partMissing(r, a.conns.localWorld()); why != "" {
 		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
@@ -343,7 +346,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.ID
+	jobStats, session := a.conns.asking(a.job), a.sess.ID
 	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
