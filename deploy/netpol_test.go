@@ -82,11 +82,13 @@ func admits(pol *networkingv1.NetworkPolicy, from map[string]string, proto corev
 	return false
 }
 
-// TestMultinodeHeartbeatPolicy (#37): the multi-node manifests'
-// NetworkPolicy selects the job's pods and lets UDP reach their sidecars'
-// heartbeat port from the job's own pods only, while the rendezvous, the
-// collectives and metrics (TCP) stay open. The real control plane accepts
-// it (TestK8sManifestsApply).
+// TestMultinodeHeartbeatPolicy (#37, review): the multi-node manifests'
+// NetworkPolicy selects the job's pods; the job's own pods reach each other
+// on every port (the heartbeats, the rendezvous, the collectives, the peer
+// tier); anyone else reaches only the metrics port, so that in a namespace
+// with a default-deny policy it opens nothing more. Its ports are numbers
+// (some CNIs do not resolve a native sidecar's named ports). The real
+// control plane accepts it (TestK8sManifestsApply).
 func TestMultinodeHeartbeatPolicy(t *testing.T) {
 	objs := decodeManifests(t, "kubernetes/multinode-job.yaml")
 	job := only[*batchv1.Job](t, objs)
@@ -149,9 +151,20 @@ func checkHeartbeatPolicy(t *testing.T, pol *networkingv1.NetworkPolicy, tmpl co
 	if admits(pol, other, corev1.ProtocolUDP, port, cs) || admits(pol, map[string]string{}, corev1.ProtocolUDP, port, cs) {
 		t.Errorf("pods outside the job may send to the heartbeat port (UDP %d)", port)
 	}
-	for _, p := range []int{29500, 9090, 45000} { // the rendezvous, metrics, a collective's port
-		if !admits(pol, map[string]string{"app": "prometheus"}, corev1.ProtocolTCP, p, cs) {
-			t.Errorf("the policy closes TCP %d: only the heartbeat port is its business", p)
+	outsider := map[string]string{"app": "prometheus"}
+	for _, p := range []int{29500, 9090, 45000, port} { // the rendezvous, metrics, a collective's port, the peer tier
+		if !admits(pol, pod, corev1.ProtocolTCP, p, cs) {
+			t.Errorf("the job's pods cannot reach each other on TCP %d", p)
+		}
+		if got, want := admits(pol, outsider, corev1.ProtocolTCP, p, cs), p == 9090; got != want {
+			t.Errorf("a pod outside the job reaches TCP %d: %v, want %v (only metrics)", p, got, want)
+		}
+	}
+	for _, r := range pol.Spec.Ingress {
+		for _, p := range r.Ports {
+			if p.Port != nil && p.Port.StrVal != "" {
+				t.Errorf("port %q: name a number (some CNIs do not resolve a native sidecar's named ports)", p.Port.StrVal)
+			}
 		}
 	}
 }

@@ -81,7 +81,9 @@ func Start(cfg Config) (*Child, error) {
 		return nil, fmt.Errorf("start child: %w", err)
 	}
 	c := &Child{cmd: cmd, pid: cmd.Process.Pid, log: log.With(zap.Int("child_pid", cmd.Process.Pid)), done: make(chan struct{})}
-	c.log.Info("child started", zap.Strings("args", cfg.Args))
+	// Debug: the supervisor logs the event (its "trainer started"), one
+	// message per event.
+	c.log.Debug("child started", zap.Strings("args", cfg.Args))
 	go c.wait()
 	// The trainer runs already: a grandchild it forks before the guard
 	// joins (the guard takes milliseconds, an interpreter longer to start)

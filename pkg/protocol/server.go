@@ -517,7 +517,9 @@ func (s *Server) admit(nc *net.UnixConn) {
 	s.conns[c.id] = c
 	s.readers.Add(1)
 	s.mu.Unlock()
-	c.log.Info("connection accepted")
+	// Debug: a trainer's connection is logged once, as its hello is
+	// welcomed ("trainer connected"); a status call once, as it closes.
+	c.log.Debug("connection accepted")
 	go func() {
 		defer s.readers.Done()
 		c.serve()

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestServer_Hello(t *testing.T) {
@@ -426,5 +429,27 @@ func TestConn_Close(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(testWait))
 	if _, err := c.r.ReadByte(); !isEOF(err) {
 		t.Errorf("client read: %v, want EOF", err)
+	}
+}
+
+// One message per event (issue 36, review): a status call (connect, ask,
+// close) logs one info line, its close; the accept is at debug.
+func TestServer_StatusCallLogsOnce(t *testing.T) {
+	s := startServer(t, ServerConfig{})
+	c := dial(t, s.Path())
+	c.send(t, `{"type":"status"}`)
+	if ev := s.nextEvent(t); ev.Msg.Type != TypeStatus {
+		t.Fatalf("event %+v, want status", ev.Msg)
+	}
+	c.Close()
+	if ev := s.nextEvent(t); ev.Msg.Type != TypeDisconnected {
+		t.Fatalf("event %+v, want disconnected", ev.Msg)
+	}
+	info := s.logs.Filter(func(e observer.LoggedEntry) bool {
+		_, ofConn := e.ContextMap()["conn"]
+		return e.Level >= zap.InfoLevel && ofConn
+	}).All()
+	if len(info) != 1 || info[0].Message != "connection closed by peer" {
+		t.Fatalf("info lines %+v, want one: connection closed by peer", info)
 	}
 }

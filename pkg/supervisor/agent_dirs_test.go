@@ -79,7 +79,7 @@ func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = newAgent(context.Background(), Config{RunID: "test", CheckpointDir: ckpt, Store: st})
+	_, err = newAgent(context.Background(), Config{RunID: "test", CheckpointDir: ckpt, Store: st}, nil)
 	if err == nil || !strings.Contains(err.Error(), "marker") {
 		t.Fatalf("newAgent: %v, want a refusal naming the marker", err)
 	}

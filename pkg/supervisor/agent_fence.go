@@ -12,6 +12,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
 )
 
 // Fencing: two agents on one run (an ASG with Capacity Rebalancing starts
@@ -87,20 +88,20 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 // part mode it takes the node's lease: a second live copy of node K (a
 // spot replacement while the old machine still runs, a Job's pod
 // replacement) fences the older copy, whose parts are then never written.
-func (s *session) takeLease(ctx context.Context, cfg *Config, job jobPolicy, c *commit.Committer) error {
+func takeLease(ctx context.Context, s *session.Session, cfg *Config, job jobPolicy, c *commit.Committer) error {
 	if cfg.FenceInterval < 0 {
 		return nil
 	}
-	rec := checkpoint.LeaseRecord{Session: s.id, Instance: machineOf(cfg.Identity), Started: s.started.UTC()}
+	rec := checkpoint.LeaseRecord{Session: s.ID, Instance: session.MachineOf(cfg.Identity), Started: s.Started.UTC()}
 	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
 	if err != nil {
 		return err
 	}
-	s.journal.FenceWith(l)
+	s.Journal.FenceWith(l)
 	if part := job.part(); part != "" {
-		s.log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+		cfg.Log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 	} else {
-		s.log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
+		cfg.Log.Info("lease taken", zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 )
 
 // Distributed jobs: several nodes, one agent each, one store. The agents
@@ -77,8 +79,13 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.conns.reply(c, m.ID, why)
 		return
 	}
-	if !isRequestID(m.ID) {
+	if !localdirs.IsRequestID(m.ID) {
 		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
+		return
+	}
+	if ranks, _, out := a.conns.jobRanks(); ranks[c.ID()] == nil {
+		// trainers.go: a join would make every request wait for it.
+		a.conns.reply(c, m.ID, "join: this connection is not one of the job's declared ranks ("+out[c.ID()]+")")
 		return
 	}
 	if r, ok := a.commits.pending[m.ID]; ok {
@@ -110,7 +117,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		// A rank's own SIGTERM (the kubelet's, torchrun's) offered to the
 		// job has no deadline the agent gave: the grace of this node's own
 		// shutdown bounds it, as if this agent had been signalled.
-		deadline = a.cfg.requestDeadline(a.commits.last.bytes, now.Add(a.cfg.TermGrace), now)
+		deadline = a.cfg.RequestDeadline(a.commits.last.bytes, now.Add(a.cfg.TermGrace), now)
 	default:
 		a.conns.reply(c, m.ID, "join: a deadline in the future is required")
 		return
@@ -163,7 +170,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.dirs.removeDir(r, a.goBg, a.log)
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
-	a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+	a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stops.failed(r.stop, why, now)
 	}
@@ -183,4 +190,15 @@ func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *s
 	}
 	q.current = s
 	return s
+}
+
+// heartbeatEnv is what the job's heartbeats (ranks.Heartbeats) need of c.
+func heartbeatEnv(c *Config) ranks.HeartbeatEnv {
+	l := c.Liveness
+	l.Store, l.RunID, l.Log = c.Store, c.RunID, c.Log
+	rank := -1
+	if k, err := ParseNodeRank(strings.TrimPrefix(c.Node, "node-")); err == nil && c.Node != "" {
+		rank = k
+	}
+	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
 }

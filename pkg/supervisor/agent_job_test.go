@@ -283,7 +283,10 @@ func TestJoin_OnlyRanksOfAJob(t *testing.T) {
 		t.Fatalf("join from a single trainer: %q", e.Error)
 	}
 	ar.waitStatus(t, "no request", func(s Status) bool { return s.Pending == 0 })
-	rank := dialTrainer(t, ar.cfg.Server.Path)
+	// Another run: beside the single trainer, a rank 1 of 2 is no rank of
+	// its job (trainers.go, declaredRanks) and could not join.
+	multi := startAgent(t, nil)
+	rank := dialTrainer(t, multi.cfg.Server.Path)
 	rank.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})
 	rank.expect(protocol.TypeWelcome)
 	rank.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "shutdown"})

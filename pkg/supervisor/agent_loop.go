@@ -16,12 +16,15 @@ import (
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
-	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
+	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -42,9 +45,9 @@ type Agent struct {
 	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
 	dirs    localDirs
 
-	sess    session              // this session and the run's journal (session.go)
+	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
 	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
-	proc    *process             // the trainer's child process (process.go)
+	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
 	conns   trainerConns         // the trainers and their connections (trainers.go)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
@@ -108,14 +111,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
-	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log) // startup.go
+	sctx, signals, started, stopSignals := sigrelay.Start(ctx, signals, cfg.Log)
 	defer stopSignals()
-	a, err := newAgent(sctx, cfg)
+	a, err := newAgent(sctx, cfg, nil)
 	if sig := started(); sig != nil {
 		if err == nil {
 			a.abort()
 		}
-		return startCancelled(sig)
+		return sigrelay.StartCancelled(sig)
 	}
 	if err != nil {
 		return 1, err
@@ -143,15 +146,15 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
-			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.area, AreaPath: a.dirs.areaPath,
-				PID: func() int { return int(a.proc.pid.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
+				PID: func() int { return int(a.proc.PID.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
 	}
-	if a.cfg.overlapRestore() {
+	if a.cfg.OverlapsRestore() {
 		a.startRestore() // agent_restore.go: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
@@ -160,14 +163,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.AtStart(a.sess.journal) // pkg/supervisor/promise
+	a.commits.promise.AtStart(a.sess.Journal) // pkg/supervisor/promise
 	if a.boot.restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
-	a.proc.close() // what the trainer left in its group goes now
+	a.proc.Close() // what the trainer left in its group goes now
 	if a.boot.aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
@@ -179,7 +182,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if code, err, ok := a.boot.exit(); ok { // agent_restore.go
 		return code, err
 	}
-	return a.proc.exitCode, nil
+	return a.proc.ExitCode, nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -239,26 +242,27 @@ func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 
 // newAgent prepares one run: local directories, the journal, cleanup of
 // what a crash left, and the restore of the newest committed checkpoint.
-func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
-	if err := cfg.check(); err != nil {
+func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	cfg.defaults()
+	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
 	a := &Agent{
-		cfg: cfg, log: cfg.Log, sess: session{started: time.Now(), id: newID(), life: life, log: cfg.Log, metrics: cfg.Metrics}, life: life, endLife: endLife,
+		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
 		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
-		proc: newProcess(cfg.Command, cfg.KillAfter, cfg.Log),
+		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.commits.lastBlock = a.sess.started
+	a.conns.childGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
+	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
-	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, &a.sess, &a.commits
-	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.id, Started: a.sess.started,
-		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: cfg.dir})
-	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: machineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	a.job.committer(a.commits.committer, a.sess.id)
+	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID, Started: a.sess.Started,
+		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
+	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.job.committer(a.commits.committer, a.sess.ID)
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
@@ -268,41 +272,45 @@ func newAgent(ctx context.Context, cfg Config) (*Agent, error) {
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
-	if err := a.dirs.open(&a.cfg); err != nil {
+	if a.dirs.Dirs, err = localdirs.Open(dir, cfg.CheckpointDir, cfg.RunID, len(cfg.Command) == 0, cfg.Log); err != nil {
 		a.src.Close()
 		endLife()
 		return nil, err
 	}
-	a.dirs.tier = a.dirs.openTier(&a.cfg, a.log)
-	a.dirs.peer = a.dirs.openPeer(ctx, &a.cfg, a.sess.id, a.log) // agent_peertier.go
+	if cfg.Watch == nil { // the watched directory is its own local copy
+		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
+		pc := cfg.PeerTier
+		pc.Machine = session.MachineOf(cfg.Identity)
+		a.dirs.Peer = a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID, a.log)
+	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
 		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
-	a.sess.journal = journal.NewWriter(cfg.Store, j)
-	a.sess.ranBefore = j.Stats.RunSeconds
-	a.dirs.cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
+	a.sess.Journal = journal.NewWriter(cfg.Store, j)
+	a.sess.RanBefore = j.Stats.RunSeconds
+	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
-	cfg.Scheduler.ObserveHistory(a.cfg.fleetPrior(ctx).Seed(schedule.History{
+	cfg.Scheduler.ObserveHistory(a.cfg.FleetPrior(ctx).Seed(schedule.History{
 		RunTime:         time.Duration(j.Stats.RunSeconds * float64(time.Second)),
 		Interruptions:   len(j.Interruptions),
 		NoticeCommitted: j.Stats.NoticeCommits,
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := a.sess.takeLease(ctx, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
+	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
 		a.abort()
 		return nil, err
 	}
-	if a.cfg.overlapRestore() {
+	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
 	if a.boot.resume, err = a.src.Restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
-	a.sess.recordSession(a.cfg.Identity)
+	a.sess.RecordSession(a.cfg.Identity)
 	return a, nil
 }
 
@@ -311,12 +319,12 @@ func (a *Agent) startChild() error {
 		a.commits.lastBlock = time.Now()
 		a.commits.last.trainedAt = a.commits.lastBlock
 	}
-	a.dirs.area.Remove(exitFileName) // what an earlier start wrote is no answer of this one
-	if p := os.Getenv(exitFileEnv); p != "" {
+	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
+	if p := os.Getenv(localdirs.ExitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.start(a.cfg.childEnv(a.dirs.areaPath, a.boot.restoring != nil, a.boot.resume))
+	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -371,16 +379,16 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.LookupDone():
-			a.proc.exitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
+			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
-		case <-a.proc.done:
+		case <-a.proc.Done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
 		case s := <-a.live.Silent(): // pkg/supervisor/ranks
-			if a.ranks.OnPeerSilent(s, a.proc.running(), a.stops.current != nil) {
-				a.proc.stop(a.life, a.goBg)
+			if a.ranks.OnPeerSilent(s, a.proc.Running(), a.stops.current != nil) {
+				a.proc.Stop(a.life, a.goBg)
 			}
 		case <-timer.C:
 		}
@@ -401,10 +409,10 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.proc.restartAt)
+	earlier(a.proc.RestartAt)
 	earlier(a.boot.abandonAt)
 	earlier(a.src.Wake())
-	if a.ranks.Pending(a.proc.running(), a.stops.current != nil) { // pkg/supervisor/ranks
+	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
@@ -424,29 +432,29 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	if s := a.stops.current; s != nil { // stop.go
-		if a.stops.tick(now) && a.proc.running() && !a.proc.killing {
+		if a.stops.tick(now) && a.proc.Running() && !a.proc.Killing {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
-			a.proc.stopAtDeadline(a.life, a.goBg)
+			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
 		a.checkDone()
 	}
-	if a.ranks.Tick(now, a.proc.running(), a.stops.current != nil) {
-		a.proc.stop(a.life, a.goBg)
+	if a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) {
+		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.restartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
 		a.restart()
 	}
 	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
 		a.boot.abandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
-		a.proc.stop(a.life, a.goBg)
+		a.proc.Stop(a.life, a.goBg)
 	}
 	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
 		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.job.asksPeriodic(a.conns.byID) &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.conns.asking(a.job) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
@@ -459,7 +467,7 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.proc.gone || !a.proc.restartAt.IsZero() {
+	if !a.proc.Gone || !a.proc.RestartAt.IsZero() {
 		return
 	}
 	if p := a.boot.restoring; p != nil && len(a.cfg.Command) > 0 {
@@ -501,10 +509,10 @@ func (a *Agent) checkDone() {
 }
 
 func (a *Agent) onChildExit() {
-	code := a.proc.exited()
-	a.proc.exitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
-	a.proc.killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.c.PID()), zap.Int("agent_exit_code", a.proc.exitCode))
+	code := a.proc.Exited()
+	a.proc.ExitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
+	a.proc.Killing = false
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.Child.PID()), zap.Int("agent_exit_code", a.proc.ExitCode))
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -526,29 +534,29 @@ func (a *Agent) onChildExit() {
 	switch {
 	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.proc.gone = true
+		a.proc.Gone = true
 	default:
-		a.proc.restartOrGiveUp(code, a.cfg.MaxRestarts)
+		a.proc.RestartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
 }
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.proc.restartAt = time.Time{}
-	a.proc.close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.RestartAt = time.Time{}
+	a.proc.Close() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.proc.gone = true
+		a.proc.Gone = true
 		return
 	}
 	a.boot.resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.proc.gone = true
+		a.proc.Gone = true
 	}
 }
 
@@ -567,7 +575,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 	a.stops.signals++
 	if a.stops.signals > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
-		a.proc.stop(a.life, a.goBg)
+		a.proc.Stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
@@ -577,7 +585,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		return
 	}
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
-	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
+	a.onNotice(sigrelay.Notice(sig, a.cfg.TermGrace))
 	a.checkDone()
 }
 
@@ -589,31 +597,31 @@ func (a *Agent) onSignal(sig os.Signal) {
 func (a *Agent) finish() {
 	a.endLife()
 	by := a.stops.exitBy(time.Now()) // stop.go: exitWait from the loop's end
-	a.sess.awaitLanding(by)
-	ctx, cancel := a.sess.exitWrite(by)
+	a.sess.AwaitLanding(by)
+	ctx, cancel := a.sess.ExitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.proc.exitCode, a.commits.blocked
-	session := a.sess.id
-	err := a.sess.journal.Update(ctx, func(j *journal.Journal) {
+	code, blocked := a.proc.ExitCode, a.commits.blocked
+	session := a.sess.ID
+	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
 		}
-		j.Stats.RunSeconds = a.sess.runSeconds()
+		j.Stats.RunSeconds = a.sess.RunSeconds()
 	})
 	if err != nil {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
-	a.sess.recordFleet(ctx, &a.cfg, a.commits.last.step, a.commits.fenced())
+	a.sess.RecordFleet(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.commits.last.step, a.commits.fenced())
 	a.release()
 }
 
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
-	a.sess.awaitLanding(a.stops.exitBy(time.Now()))
+	a.sess.AwaitLanding(a.stops.exitBy(time.Now()))
 	a.release()
 }
 
@@ -638,7 +646,7 @@ func (a *Agent) release() {
 		}
 	}
 	a.src.Close()
-	a.dirs.close()
+	a.dirs.Close()
 }
 
 // trainers counts connections that said hello. The signal bridge stays
@@ -648,31 +656,11 @@ func (a *Agent) trainers() int {
 	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.proc.done == nil {
+	if a.cfg.Signal != 0 && a.proc.Done == nil {
 		return 0
 	}
 	if a.boot.restoring != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.byID)
-}
-
-// fleetPrior is the prior of this run's first interval: the fleet's
-// observed rate for this machine's cloud, type and zone where the fleet
-// has enough hours, else the flat --interruption-rate (pkg/fleet).
-func (c *Config) fleetPrior(ctx context.Context) fleet.Prior {
-	flat := c.Scheduler.PriorRate()
-	id := c.Identity
-	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
-	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
-	if c.Fleet != nil {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var err error
-		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
-			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
-		}
-		cancel()
-	}
-	c.Log.Info("interruption prior", zap.Stringer("prior", p))
-	return p
 }

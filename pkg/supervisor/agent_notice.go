@@ -36,12 +36,11 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		}
 	case protocol.TypeDisconnected:
 		a.boot.forget(c.ID())                                                                                        // agent_restore.go
-		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.running(), a.dirs.exitFileSays) // pkg/supervisor/ranks
+		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
 		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
 			a.conns.leftUnfinished = true
 		}
-		delete(a.conns.saidBye, c.ID())
-		delete(a.conns.byID, c.ID())
+		a.conns.forget(c.ID()) // trainers.go
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -61,7 +60,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 		}
 		return
 	}
-	a.admit(c, m, a.cfg.welcome(m, a.boot.resume))
+	a.admit(c, m, a.cfg.Welcome(m, a.boot.resume))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -74,15 +73,21 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.conns.leftUnfinished = false // a new start of the trainer(s)
 	}
 	a.conns.byID[c.ID()] = c
+	a.conns.noteHello(c) // trainers.go: the child's own connections go first
 	a.conns.had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	a.log.Info("trainer connected", fields...)
-	a.job.hello(m, &a.conns, a.log)                                      // job_policy.go
-	a.ranks.Hello(m, a.proc.running())                                   // pkg/supervisor/ranks
-	a.live.Start(m, a.cfg.heartbeats(), a.job.part(), a.sess.id, a.life) // pkg/supervisor/ranks
+	// One line: connected, or connected but left out (trainers.go).
+	if why := a.conns.review(c.ID()); why != "" {
+		a.log.Warn(leftOutMsg, append(fields, zap.String("why", why))...)
+	} else {
+		a.log.Info("trainer connected", fields...)
+	}
+	a.job.hello(m, &a.conns, a.log)                                        // job_policy.go
+	a.ranks.Hello(m, a.proc.Running())                                     // pkg/supervisor/ranks
+	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID, a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
 	if s := a.stops.current; s != nil && s.stopSent {
 		s.told = true
@@ -134,7 +139,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.job.asksPeriodic(a.conns.byID) {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.conns.asking(a.job) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
@@ -184,7 +189,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		s.record.Deadline = &d
 	}
 	a.stops.current = s
-	reqDeadline := a.cfg.requestDeadline(a.commits.last.bytes, deadline, now)
+	reqDeadline := a.cfg.RequestDeadline(a.commits.last.bytes, deadline, now)
 	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
@@ -228,17 +233,4 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	a.stops.requested(s, r, r.sent)
-}
-
-// requestDeadline is when the trainer must have saved a checkpoint that
-// must commit by deadline: room is left to upload (the previous
-// checkpoint's size at the measured throughput) and for the margin; if
-// that leaves too little, the time is split in two.
-func (c *Config) requestDeadline(lastBytes int64, deadline, now time.Time) time.Time {
-	upload := c.Scheduler.EstimateUpload(lastBytes)
-	reqDeadline := deadline.Add(-upload - c.Margin)
-	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
-		reqDeadline = now.Add(deadline.Sub(now) / 2)
-	}
-	return reqDeadline
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 )
 
@@ -182,17 +183,17 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 	dir := shortDir(t)
 	secret, p := filepath.Join(dir, "secret"), filepath.Join(dir, "exit")
 	mustWrite(t, secret, "75\n")
-	t.Setenv(exitFileEnv, p)
+	t.Setenv(localdirs.ExitFileEnv, p)
 	a := &Agent{}
 	mustWrite(t, p, " 75\n")
-	if got := a.dirs.exitFileSays(); got != "75" {
+	if got := a.dirs.ExitFileSays(); got != "75" {
 		t.Fatalf("regular file: %q, want 75", got)
 	}
 	os.Remove(p)
 	if err := os.Symlink(secret, p); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.dirs.exitFileSays(); got != "" {
+	if got := a.dirs.ExitFileSays(); got != "" {
 		t.Fatalf("a symlink was followed: %q", got)
 	}
 	os.Remove(p)
@@ -200,7 +201,7 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	said := make(chan string, 1)
-	go func() { said <- a.dirs.exitFileSays() }()
+	go func() { said <- a.dirs.ExitFileSays() }()
 	select {
 	case got := <-said:
 		if got != "" {

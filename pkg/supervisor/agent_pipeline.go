@@ -52,7 +52,7 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 	if r.held == nil {
 		// Held from here to its removal, as for the commit: every early
 		// upload reads through this handle, never by path.
-		if r.held, err = checkpoint.OpenDir(a.dirs.root, r.rel); err != nil {
+		if r.held, err = checkpoint.OpenDir(a.dirs.Root, r.rel); err != nil {
 			return err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
 // maxDoneMetadata bounds the metadata object a trainer stores with a checkpoint.
@@ -69,15 +70,15 @@ type commitResult struct {
 
 // request sends a checkpoint request to every trainer.
 func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *request {
-	return a.requestID(newID(), reason, deadline, stop)
+	return a.requestID(localdirs.NewRequestID(), reason, deadline, stop)
 }
 
 // requestID sends the checkpoint request id (a fresh one, or one the job
 // agreed on: agent_job.go) to every trainer.
 func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState) *request {
 	now := time.Now()
-	dir := filepath.Join(a.dirs.areaPath, id)
-	if err := a.dirs.area.Mkdir(id, 0o700); err != nil {
+	dir := filepath.Join(a.dirs.AreaPath, id)
+	if err := a.dirs.Area.Mkdir(id, 0o700); err != nil {
 		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		return nil
@@ -85,11 +86,13 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	if stop != nil {
 		a.commits.haltPipelines() // agent_pipeline.go: the interruption's files go first
 	}
-	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.areaName + "/" + id, sent: now, deadline: deadline,
+	r := &request{id: id, reason: reason, dir: dir, rel: a.dirs.AreaName + "/" + id, sent: now, deadline: deadline,
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	for _, c := range a.conns.byID {
+	ranks, _, out := a.conns.jobRanks() // trainers.go: the job's declared ranks, and only they
+	a.conns.warnLeftOut(out)
+	for _, c := range ranks {
 		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 			continue
@@ -97,13 +100,13 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		r.waiting[c.ID()] = true
 	}
 	if len(r.waiting) == 0 {
-		a.dirs.area.Remove(id)
+		a.dirs.Area.Remove(id)
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
 		return nil
 	}
 	a.commits.pending[id] = r
 	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
-		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)))
+		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)), zap.Int("not_waited_for", len(out)))
 	return r
 }
 
@@ -128,7 +131,8 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
-	r.noteAnswer(c) // owner.go
+	a.conns.answered(c.ID()) // trainers.go
+	r.noteAnswer(c)          // owner.go
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
@@ -144,7 +148,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.job.partMissing(r, a.conns.localWorld); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.localWorld()); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -170,7 +174,7 @@ func (a *Agent) settle(r *request) {
 		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}
-	if why := a.job.partMissing(r, a.conns.localWorld); why != "" {
+	if why := a.job.partMissing(r, a.conns.localWorld()); why != "" {
 		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
@@ -204,12 +208,12 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 		a.conns.reply(c, "", why)
 		return
 	}
-	rel, err := a.dirs.insideCheckpointDir(m.Dir)
+	rel, err := a.dirs.InsideCheckpointDir(m.Dir)
 	var held *os.Root
 	if err == nil {
 		// Held from here to its removal: the commit reads this very
 		// directory, whatever is renamed or swapped meanwhile.
-		held, err = checkpoint.OpenDir(a.dirs.root, rel)
+		held, err = checkpoint.OpenDir(a.dirs.Root, rel)
 	}
 	if err != nil {
 		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
@@ -220,7 +224,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	now := time.Now()
 	// answeredBy: a trainer of another user uploads only its own files
 	// (owner.go), here as for a requested checkpoint.
-	r := &request{id: newID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
+	r := &request{id: localdirs.NewRequestID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	r.noteAnswer(c) // owner.go
 	a.commits.lastBlock = now
@@ -316,7 +320,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
 		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
-		a.sess.journalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
 		}
@@ -334,7 +338,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
 	a.conns.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
-	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.runSeconds(), a.commits.blocked
+	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.RunSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
 		a.cfg.Scheduler.ObserveCost(d)
@@ -342,8 +346,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.job.asksPeriodic(a.conns.byID), a.sess.id
-	a.sess.journalAsync(func(j *journal.Journal) {
+	jobStats, session := a.conns.asking(a.job), a.sess.ID
+	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
 		}

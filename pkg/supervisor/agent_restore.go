@@ -9,6 +9,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
 // bootRestore is the restore at the start: the resume the trainers are
@@ -47,14 +49,6 @@ type bootRestore struct {
 // failed restore stops the trainer after KillAfter (it was told, and should
 // exit with the error itself) and the agent exits 1 with the error.
 
-const (
-	resumeEnv         = "SPOTAGENT_RESUME"
-	welcomeTimeoutEnv = "SPOTAGENT_WELCOME_TIMEOUT"
-	// heldWelcomeTimeout bounds an older client's wait for its welcome
-	// (seconds): the restore's own stall detection ends a stuck one first.
-	heldWelcomeTimeout = "86400"
-)
-
 // pendingRestore is the restore running beside the loop; the loop owns it.
 type pendingRestore struct {
 	cancel  context.CancelFunc
@@ -65,7 +59,7 @@ type pendingRestore struct {
 }
 
 type restoreResult struct {
-	f   *fetched
+	f   *localdirs.Fetched
 	err error
 }
 
@@ -86,7 +80,7 @@ func (a *Agent) startRestore() {
 	a.log.Info("restoring while the trainer starts")
 	a.goBgFail(func() {
 		defer cancel()
-		f, err := a.dirs.fetchRestore(ctx, a.cfg.Store, opts, a.log)
+		f, err := a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 		p.done <- restoreResult{f: f, err: err}
 	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
 }
@@ -104,23 +98,23 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		p.tellFailed(a.boot.gone)
 		return
 	case res.err != nil:
-		err := res.err // "restore: ..." (fetchRestore)
+		err := res.err // "restore: ..." (localdirs.FetchRestore)
 		a.log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
 		a.boot.aborted = &startAbort{err: err}
 		a.boot.gone = err.Error()
 		p.tellFailed(err.Error())
-		a.proc.cancelRestart() // it exited meanwhile: no restart
-		if a.proc.done != nil {
+		a.proc.CancelRestart() // it exited meanwhile: no restart
+		if a.proc.Done != nil {
 			// It was told: it should exit with the error itself.
 			a.boot.abandonAt = time.Now().Add(a.cfg.KillAfter)
 		}
 		return
 	}
-	a.sess.recordSession(a.cfg.Identity)
+	a.sess.RecordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
 	if res.f != nil {
-		a.boot.resume = a.commits.restored(res.f.r, res.f.start, res.f.r.Dir, res.f.manifest, &a.sess, a.cfg.Metrics, a.cfg.Node)
+		a.boot.resume = a.commits.restored(res.f.R, res.f.Start, res.f.R.Dir, res.f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node)
 		now := time.Now()
 		a.commits.lastBlock = now
 		a.commits.last.trainedAt = now
@@ -147,11 +141,11 @@ func (a *Agent) abortStart(why string, ab *startAbort) bool {
 	if a.boot.aborted == nil {
 		a.boot.aborted = ab
 	}
-	a.proc.cancelRestart() // it exited meanwhile: no restart
+	a.proc.CancelRestart() // it exited meanwhile: no restart
 	p.why = why
 	p.cancel()
 	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
-	a.proc.stop(a.life, a.goBg)
+	a.proc.Stop(a.life, a.goBg)
 	return true
 }
 
@@ -171,7 +165,7 @@ func (b *bootRestore) exit() (code int, err error, ok bool) {
 	case ab == nil:
 		return 0, nil, false
 	case ab.sig != nil:
-		code, err = startCancelled(ab.sig)
+		code, err = sigrelay.StartCancelled(ab.sig)
 		return code, err, true
 	case ab.notice:
 		return ExitInterrupted, nil, true
@@ -205,12 +199,6 @@ func (p *pendingRestore) tellFailed(why string) {
 	}
 }
 
-// welcome is the answer to hello m, in the version both sides speak.
-func (c *Config) welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
-	v := min(max(m.Version, 1), protocol.ProtocolVersion)
-	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
-}
-
 // hello answers a hello while the restore runs or after it
 // failed; false: the restore is over and ok, the hello is served as usual.
 func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.Message, handled bool) {
@@ -228,7 +216,7 @@ func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.M
 		b.restoring.held = append(b.restoring.held, ev)
 		return nil, true
 	}
-	w := cfg.welcome(m, b.resume)
+	w := cfg.Welcome(m, b.resume)
 	if failed != "" {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {

@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
 )
 
 // commits is the checkpoints of this session: the requests the trainers
@@ -77,10 +78,10 @@ func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
 // restored records a restore (metrics, journal, the newest committed
 // checkpoint) and returns what the trainer is told: dir, where the files
 // are now, and manifest, the local copy of the manifest.
-func (c *commits) restored(r *restore.Result, start time.Time, dir, manifest string, s *session, m Metrics, node string) *protocol.Resume {
+func (c *commits) restored(r *restore.Result, start time.Time, dir, manifest string, s *session.Session, m Metrics, node string) *protocol.Resume {
 	m.Restored(r.Bytes, time.Since(start))
 	m.RestoredFrom(r.From)
-	s.journalAsync(func(j *journal.Journal) {
+	s.JournalAsync(func(j *journal.Journal) {
 		j.Restores = append(j.Restores, journal.RestoreEntry{
 			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
 			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node, From: r.From,

@@ -4,9 +4,14 @@
 // the checkpoint sources' interface and zero-code mode are
 // pkg/supervisor/source, the ranks' watch and the heartbeats
 // pkg/supervisor/ranks, the notice checkpoint's promise
-// pkg/supervisor/promise. The wire protocol (types, the socket server, the
-// Go client) is pkg/protocol; the trainer process and its group guard are
-// internal/child.
+// pkg/supervisor/promise. Owners of the agent's state that need nothing of
+// the others are packages below it too: Config (pkg/supervisor/config),
+// the local directories (pkg/supervisor/localdirs), the child process
+// (pkg/supervisor/childproc), the session and its journal
+// (pkg/supervisor/session); so are the start-up's signals
+// (pkg/supervisor/sigrelay) and the status types (pkg/supervisor/status).
+// The wire protocol (types, the socket server, the Go client) is
+// pkg/protocol; the trainer process and its group guard are internal/child.
 //
 // A checkpoint goes request → settle → upload → committed or failed. The
 // loop sends `checkpoint` to every trainer (request); once each has

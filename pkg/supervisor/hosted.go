@@ -27,8 +27,7 @@ type Hosted struct {
 // otherwise RunHosted returns nil once the agent's loop and its exit are
 // done (see Run for what an exit abandons). ctx ends the run at once.
 func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
-	cfg.dir = in.Dir
-	a, err := newAgent(ctx, cfg)
+	a, err := newAgent(ctx, cfg, in.Dir)
 	if err != nil {
 		in.Dir.Close()
 		return err

@@ -187,14 +187,10 @@ func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
 	return false
 }
 
-// hello remembers how many ranks run on this node, as the trainers'
-// hellos say (torchrun's LOCAL_WORLD_SIZE): a part waits for all of them,
-// even one that connects after the request was sent.
-func (partNode) hello(m protocol.Message, t *trainerConns, _ *zap.Logger) {
-	if m.LocalWorldSize != nil && *m.LocalWorldSize > t.localWorld {
-		t.localWorld = *m.LocalWorldSize
-	}
-}
+// hello: how many ranks run on this node is the job's declared shape
+// (trainers.go, jobRanks): a part waits for all of them, even one that
+// connects after the request was sent, and never for more.
+func (partNode) hello(protocol.Message, *trainerConns, *zap.Logger) {}
 
 // ownCheckpoint: one node's own checkpoint is no job checkpoint: as a
 // part of one it would stand for the whole job (docs/distributed.md).

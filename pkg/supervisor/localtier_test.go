@@ -10,6 +10,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
 // TestAgent_LocalTier (#38): a committed checkpoint is kept in the area's
@@ -22,7 +23,7 @@ func TestAgent_LocalTier(t *testing.T) {
 	tr.hello()
 	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
 	c := tr.expect(protocol.TypeCommitted)
-	tier := filepath.Join(first.cfg.CheckpointDir, "spotagent-test", tierSub)
+	tier := filepath.Join(first.cfg.CheckpointDir, "spotagent-test", localdirs.TierSub)
 	if b, err := os.ReadFile(filepath.Join(tier, "000000000005-"+c.ID, "w")); err != nil || string(b) != "first" {
 		t.Fatalf("kept copy: %q, %v", b, err)
 	}

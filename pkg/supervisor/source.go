@@ -12,6 +12,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -29,7 +30,7 @@ func (a *Agent) newSource() (source.Source, error) {
 		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
 	}
 	ws, err := source.NewWatch(h, source.Env{Watch: a.cfg.Watch, HasCommand: len(a.cfg.Command) > 0, Signal: a.cfg.Signal,
-		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.started})
+		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started})
 	if err != nil {
 		return nil, err
 	}
@@ -54,11 +55,11 @@ type protocolSource struct {
 // and returns the resume information (nil when starting fresh).
 func (p protocolSource) Restore(ctx context.Context) (*protocol.Resume, error) {
 	opts := restore.Options{Log: p.log, MaxEpoch: p.host.Epoch(), Part: p.part}
-	f, err := p.dirs.fetchRestore(ctx, p.store, opts, p.log)
+	f, err := p.dirs.FetchRestore(ctx, p.store, opts, p.log)
 	if err != nil || f == nil {
 		return nil, err
 	}
-	return p.host.Restored(f.r, f.start, f.r.Dir, f.manifest), nil
+	return p.host.Restored(f.R, f.Start, f.R.Dir, f.Manifest), nil
 }
 
 func (protocolSource) Start()                                      {}
@@ -87,11 +88,11 @@ func (h agentHost) TrainerStep() int64  { return h.a.commits.lastStep }
 func (h agentHost) SeeStep(step *int64) { h.a.commits.seeStep(step) }
 func (h agentHost) Epoch() int64        { return h.a.commits.epoch() }
 func (h agentHost) Stopping() bool      { return h.a.stops.current != nil }
-func (h agentHost) StopTrainer()        { h.a.proc.stopAtDeadline(h.a.life, h.a.goBg) }
+func (h agentHost) StopTrainer()        { h.a.proc.StopAtDeadline(h.a.life, h.a.goBg) }
 
-func (h agentHost) NewID() string { return newID() }
+func (h agentHost) NewID() string { return localdirs.NewRequestID() }
 
-func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.area, h.a.dirs.areaPath }
+func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.Area, h.a.dirs.AreaPath }
 
 // Commit: a source's checkpoint is answered, as by one trainer, when it
 // is handed over; its request is due within RequestTimeout.
@@ -111,21 +112,21 @@ func (h agentHost) CancelUpload(id string) bool {
 }
 
 func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume {
-	return h.a.commits.restored(r, start, dir, manifest, &h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
+	return h.a.commits.restored(r, start, dir, manifest, h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
 }
 
 func (h agentHost) Trainer() source.Trainer {
 	p := h.a.proc
-	return source.Trainer{Started: p.c != nil, Running: p.running(), Gone: len(h.a.cfg.Command) > 0 && !p.running(),
-		ExitCode: p.exitCode, RestartPending: !p.restartAt.IsZero()}
+	return source.Trainer{Started: p.Child != nil, Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
+		ExitCode: p.ExitCode, RestartPending: !p.RestartAt.IsZero()}
 }
 
 func (h agentHost) SignalTrainer(sig syscall.Signal) error {
 	p := h.a.proc
-	if err := p.c.Signal(sig); err != nil {
+	if err := p.Child.Signal(sig); err != nil {
 		return err
 	}
-	p.deadlineKill = true
+	p.DeadlineKill = true
 	return nil
 }
 

@@ -11,7 +11,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -30,7 +33,7 @@ type stopSequence struct {
 	cfg     *Config
 	life    context.Context
 	conns   *trainerConns
-	sess    *session
+	sess    *session.Session
 	commits *commits
 	src     source.Source
 }
@@ -140,11 +143,11 @@ func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	q.finish(s)
 	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
-		q.sess.acks.Add(1)
+		q.sess.Acks.Add(1)
 		go func(id string) {
-			defer q.sess.acks.Done()
-			// Outlives the loop, up to the notice's deadline (awaitLanding).
-			ctx, cancel := context.WithDeadline(q.sess.landingCtx(), s.deadline)
+			defer q.sess.Acks.Done()
+			// Outlives the loop, up to the notice's deadline (session.AwaitLanding).
+			ctx, cancel := context.WithDeadline(q.sess.LandingCtx(), s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
@@ -164,7 +167,7 @@ func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
 	s.record.Error = why
 	base := q.commits.last.trainedAt
 	if base.IsZero() {
-		base = q.sess.started
+		base = q.sess.Started
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.recordLostSteps(q.src, q.commits.last.step, now)
@@ -183,7 +186,7 @@ func (q *stopSequence) finish(s *stopState) {
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	q.sess.journalAsync(func(j *journal.Journal) {
+	q.sess.JournalAsync(func(j *journal.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++
@@ -204,7 +207,7 @@ func (q *stopSequence) finish(s *stopState) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (pkg/supervisor/ranks).
-func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.Watch) int {
+func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs, w *ranks.Watch) int {
 	s := q.current
 	if s == nil {
 		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
@@ -215,7 +218,7 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.
 	// In --signal mode the stop's checkpoint signal is the trainer's only
 	// word of the stop (frameworks exit after a save on signal): told.
 	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
-	if code == 0 && !told && !p.deadlineKill && !p.killing {
+	if code == 0 && !told && !p.DeadlineKill && !p.Killing {
 		// Nothing told it to stop (it said bye, or ended on its own before
 		// the stop reached it): it finished its work. Run again, it would
 		// repeat a completed job.
@@ -225,13 +228,13 @@ func (q *stopSequence) exitCodeFor(code int, p *process, d *localDirs, w *ranks.
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case p.deadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case p.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():
 		// The checkpoint did not commit (the previous one stands), the
 		// ranks were stopped and said 75: a single trainer would exit 75.
-		q.cfg.Log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + exitFileEnv + ": exiting 75")
+		q.cfg.Log.Info("trainer exited 1 after its ranks were stopped and wrote 75 to " + localdirs.ExitFileEnv + ": exiting 75")
 		return ExitInterrupted
 	case code == 1 && s.record.CommitOK && s.stopSent:
 		// torchrun reports workers that exited 75 as its own exit 1

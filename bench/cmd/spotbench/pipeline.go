@@ -293,7 +293,7 @@ func onePipeline(c *config, imds *fake.AWS, srv *benchstore.MinIO, uri, py, scri
 				if v, ok := strings.CutPrefix(l.Text, "bench: idle_steps_per_s "); ok {
 					res.idleRate, _ = strconv.ParseFloat(v, 64)
 				}
-				if v, ok := l.Raw["child_pid"].(float64); ok && l.Msg() == "child started" {
+				if v, ok := l.Raw["pid"].(float64); ok && l.Msg() == "trainer started" {
 					trainer = int(v)
 				}
 				if match(l) {

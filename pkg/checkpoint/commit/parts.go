@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -162,10 +163,21 @@ var partsSleep = retry.Sleep
 // awaitParts polls the checkpoint's parts/ listing (100 ms, doubling to
 // 1 s) until the parts cover every rank of own's world exactly once, and
 // returns the job manifest they make. ctx ending first: ErrIncomplete.
+//
+// From partsWarnAfter on it says so (a warning naming the missing ranks and
+// the time left, then one a minute), and gives up at once when no other
+// node's agent ever took part in the run (checkOtherNodes).
 func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *checkpoint.PartManifest) (*checkpoint.Manifest, error) {
 	cache := map[string]*checkpoint.PartManifest{checkpoint.PartKey(own.Step, own.ID, own.Node): own}
 	_, missing, _ := joinParts(own, []*checkpoint.PartManifest{own}) // until the first listing
+	start, warnAt := time.Now(), partsWarnAfter
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if waited := time.Since(start); waited >= warnAt && ctx.Err() == nil {
+			warnAt = waited + time.Minute
+			if err := c.checkOtherNodes(ctx, log, own, missing, waited); err != nil {
+				return nil, err
+			}
+		}
 		parts, err := readParts(ctx, c.Store, own.Step, own.ID, cache)
 		switch {
 		case err == nil:
@@ -183,6 +195,36 @@ func (c *Committer) awaitParts(ctx context.Context, log *zap.Logger, own *checkp
 			return nil, fmt.Errorf("%w: ranks %v of %d never committed their part (%w)", ErrIncomplete, missing, own.WorldSize, context.Cause(ctx))
 		}
 	}
+}
+
+// partsWarnAfter is how long awaitParts waits for the other parts before
+// it says so: other nodes' parts come within a second or two of this one
+// when their ranks save together.
+var partsWarnAfter = 10 * time.Second
+
+// checkOtherNodes warns that the job checkpoint is still waiting for the
+// ranks missing, and fails it (ErrIncomplete) when no other node's agent
+// ever took a part lease of this run: nobody will write their part (a node
+// runs its trainer without spotagent, or without --node-rank).
+func (c *Committer) checkOtherNodes(ctx context.Context, log *zap.Logger, own *checkpoint.PartManifest, missing []int, waited time.Duration) error {
+	others := map[string]bool{}
+	err := c.Store.List(ctx, checkpoint.LeaseDir, func(o cloud.ObjectInfo) error {
+		if node, _, ok := strings.Cut(strings.TrimPrefix(o.Key, checkpoint.LeaseDir), "/"); ok && node != own.Node {
+			others[node] = true
+		}
+		return nil
+	})
+	fields := []zap.Field{zap.String("id", own.ID), zap.Int64("step", own.Step), zap.Ints("missing_ranks", missing),
+		zap.Int("world_size", own.WorldSize), zap.Strings("other_nodes_leased", slices.Sorted(maps.Keys(others))), zap.Float64("waited_s", waited.Seconds())}
+	if dl, ok := ctx.Deadline(); ok {
+		fields = append(fields, zap.Float64("left_s", time.Until(dl).Seconds()))
+	}
+	log.Warn("job checkpoint still waiting for the other nodes' parts", fields...)
+	if err == nil && len(others) == 0 {
+		return fmt.Errorf("%w: ranks %v of %d: no other node's agent ever took part in this run (no part lease besides %s's): run spotagent with --node-rank on every node",
+			ErrIncomplete, missing, own.WorldSize, own.Node)
+	}
+	return nil
 }
 
 // readParts lists parts/ of checkpoint (step, id) and reads the part

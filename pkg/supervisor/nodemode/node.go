@@ -24,6 +24,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
 // Config wires a node agent: one socket for every trainer on the
@@ -479,7 +480,7 @@ func openRunDir(root *os.Root, rel string) (*os.Root, error) {
 	}
 	parts := strings.Split(rel, "/")
 	for i := range parts {
-		if err := supervisor.MkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
+		if err := localdirs.MkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
 			return nil, err
 		}
 	}

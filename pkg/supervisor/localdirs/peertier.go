@@ -1,4 +1,4 @@
-package supervisor
+package localdirs
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 // PeerTierConfig turns on the peer tier of a multi-node job's node
@@ -23,23 +24,27 @@ type PeerTierConfig struct {
 	Replicas int
 	// Shared: serve on this listener, not one of the run's own (node mode).
 	Shared *peertier.Listener
+	// Machine is this node's machine (the agent fills it from its
+	// metadata): published in its record.
+	Machine checkpoint.Machine
 }
 
 // peerStartTimeout bounds the store requests of the peer tier's start (the
 // secret, the record): a slow store delays the start no longer than this.
 const peerStartTimeout = 30 * time.Second
 
-// openPeer starts the peer tier when cfg asks for it (a node of a job, not
-// watch mode): nil when off or when it cannot start (logged: restores then
-// come from the local tier and the store).
-func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, log *zap.Logger) *peertier.Node {
-	if !cfg.PeerTier.Enabled || cfg.Node == "" || cfg.Watch != nil {
+// OpenPeer starts the peer tier of node (of run runID in st, this
+// session's) when c asks for it: nil when off, when this agent is no node
+// of a job (node "") or when it cannot start (logged: restores then come
+// from the local tier and the store). Watch mode opens none.
+func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, runID, node, session string, log *zap.Logger) *peertier.Node {
+	if !c.Enabled || node == "" {
 		return nil
 	}
-	pc := peertier.Config{Store: cfg.Store, RunID: cfg.RunID, Node: cfg.Node, Session: session,
-		Listen: cfg.PeerTier.Listen, Advertise: cfg.PeerTier.Advertise, Stall: cfg.PeerTier.Stall, Replicas: cfg.PeerTier.Replicas, Machine: machineOf(cfg.Identity), Shared: cfg.PeerTier.Shared, Log: log}
-	if d.tier != nil {
-		pc.Local = d.tier
+	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
+		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
+	if d.Tier != nil {
+		pc.Local = d.Tier
 	} else {
 		log.Warn("peer tier: no local tier (--local-keep 0): this node serves its peers nothing, and only asks them")
 	}
@@ -53,19 +58,19 @@ func (d *localDirs) openPeer(ctx context.Context, cfg *Config, session string, l
 	return n
 }
 
-// publishPeer tells the other nodes what the local tier holds now (after
+// PublishPeer tells the other nodes what the local tier holds now (after
 // it kept a copy of m); a failure costs them the store, nothing more.
 // With --replicas, the part of m this node keeps is then copied in the
 // background, except for a stop's checkpoint (replicate false): the agent
 // is about to exit, and does not wait for it.
-func (d *localDirs) publishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
-	if d.peer == nil {
+func (d *Dirs) PublishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
+	if d.Peer == nil {
 		return
 	}
-	if err := d.peer.Publish(ctx); err != nil {
+	if err := d.Peer.Publish(ctx); err != nil {
 		log.Warn("peer tier: record not updated: the other nodes restore this copy from the store", zap.Error(err))
 	}
 	if replicate {
-		d.peer.Replicate(m)
+		d.Peer.Replicate(m)
 	}
 }

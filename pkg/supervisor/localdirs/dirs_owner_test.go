@@ -1,4 +1,4 @@
-package supervisor
+package localdirs
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -39,33 +40,28 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 	const run = "own"
 	open := func(ckpt string, sidecar bool) (*observer.ObservedLogs, error) {
 		core, logs := observer.New(zap.InfoLevel)
-		cfg := &Config{RunID: run, CheckpointDir: ckpt, Log: zap.New(core)}
-		if !sidecar {
-			cfg.Command = []string{"train"}
-		}
-		var d localDirs
-		err := d.open(cfg)
+		d, err := Open(nil, ckpt, run, sidecar, zap.New(core))
 		if err == nil {
-			d.close()
+			d.Close()
 		}
 		return logs, err
 	}
-	area := func(ckpt string) string { return filepath.Join(ckpt, areaPrefix+run) }
+	area := func(ckpt string) string { return filepath.Join(ckpt, AreaPrefix+run) }
 
 	t.Run("area made by another user", func(t *testing.T) {
-		ckpt := filepath.Join(shortDir(t), "ckpt")
+		ckpt := filepath.Join(testutil.ShortDir(t), "ckpt")
 		mkdir(ckpt, os.ModeSticky|0o777, 0)
 		mkdir(area(ckpt), 0o777, nobody)
 		_, err := open(ckpt, false)
 		if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "owned by uid 65534") || !strings.Contains(err.Error(), area(ckpt)) {
 			t.Fatalf("open: %v, want a refusal naming the area and its owner", err)
 		}
-		if _, err := os.Lstat(filepath.Join(area(ckpt), areaMarker)); !os.IsNotExist(err) {
+		if _, err := os.Lstat(filepath.Join(area(ckpt), AreaMarker)); !os.IsNotExist(err) {
 			t.Fatalf("the marker was written into the other user's area: %v", err)
 		}
 	})
 	t.Run("own area open to others is made 0700", func(t *testing.T) {
-		ckpt := filepath.Join(shortDir(t), "ckpt")
+		ckpt := filepath.Join(testutil.ShortDir(t), "ckpt")
 		mkdir(ckpt, os.ModeSticky|0o777, 0)
 		mkdir(area(ckpt), 0o777, os.Geteuid())
 		logs, err := open(ckpt, false)
@@ -81,7 +77,7 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 		}
 	})
 	t.Run("writable checkpoint dir without sticky bit", func(t *testing.T) {
-		ckpt := filepath.Join(shortDir(t), "ckpt")
+		ckpt := filepath.Join(testutil.ShortDir(t), "ckpt")
 		mkdir(ckpt, 0o777, 0)
 		_, err := open(ckpt, false)
 		if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "sticky") || !strings.Contains(err.Error(), ckpt) {
@@ -102,23 +98,22 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 	t.Run("node run dir made by another user", func(t *testing.T) {
 		// <checkpoint-root>/<run-id>, made by a pod's user before the
 		// node agent's first run of that id: it could swap the area.
-		runDir := filepath.Join(shortDir(t), run)
+		runDir := filepath.Join(testutil.ShortDir(t), run)
 		mkdir(runDir, 0o755, nobody)
 		r, err := os.OpenRoot(runDir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var d localDirs
-		err = d.open(&Config{RunID: run, CheckpointDir: runDir, dir: r, Log: zap.NewNop()})
+		d, err := Open(r, runDir, run, true, zap.NewNop()) // no command: a sidecar
 		if err == nil {
-			d.close()
+			d.Close()
 		}
 		if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "owned by uid 65534") {
 			t.Fatalf("open: %v, want a refusal naming the owner", err)
 		}
 	})
 	t.Run("checkpoint dir of another user", func(t *testing.T) {
-		ckpt := filepath.Join(shortDir(t), "ckpt")
+		ckpt := filepath.Join(testutil.ShortDir(t), "ckpt")
 		mkdir(ckpt, 0o755, nobody)
 		if _, err := open(ckpt, true); !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), "owned by uid 65534") {
 			t.Fatalf("open: %v, want a refusal naming the owner", err)

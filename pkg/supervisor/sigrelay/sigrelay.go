@@ -1,4 +1,7 @@
-package supervisor
+// Package sigrelay is the agent's signals before its loop reads them: a
+// SIGTERM/SIGINT cancels the start-up (Start, StartCancelled), and the
+// loop turns one into a shutdown notice (Notice).
+package sigrelay
 
 import (
 	"context"
@@ -6,18 +9,20 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"go.uber.org/zap"
 )
 
-// startSignals lets SIGTERM/SIGINT cancel the agent's start (the lease,
+// Start lets SIGTERM/SIGINT cancel the agent's start (the lease,
 // the journal read, the restore, which a slow or silent store can hold
 // up for long) before the loop reads signals itself. ctx is cancelled by
 // the first signal that arrives while starting; started ends the start:
 // it returns the signal that cancelled it (nil: none), and from then on
 // every signal goes to the returned channel, for the loop. stop ends the
-// relay (Run returns).
-func startSignals(parent context.Context, signals <-chan os.Signal, log *zap.Logger) (ctx context.Context, loop <-chan os.Signal, started func() os.Signal, stop func()) {
+// relay (the agent's Run returns).
+func Start(parent context.Context, signals <-chan os.Signal, log *zap.Logger) (ctx context.Context, loop <-chan os.Signal, started func() os.Signal, stop func()) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -65,12 +70,23 @@ func startSignals(parent context.Context, signals <-chan os.Signal, log *zap.Log
 		}
 }
 
-// startCancelled is Run's answer to a signal during start-up: the exit
+// StartCancelled is the agent's answer to a signal during start-up: the exit
 // code a shell gives for that signal (143 for SIGTERM, 130 for SIGINT).
-func startCancelled(s os.Signal) (int, error) {
+func StartCancelled(s os.Signal) (int, error) {
 	code := 1
 	if sig, ok := s.(syscall.Signal); ok {
 		code = 128 + int(sig)
 	}
 	return code, fmt.Errorf("start-up cancelled by %s", s)
+}
+
+// Notice turns SIGTERM/SIGINT into a shutdown notice.
+func Notice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
 }

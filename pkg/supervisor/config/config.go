@@ -1,11 +1,12 @@
-package supervisor
+// Package config is one agent's configuration (Config, named
+// supervisor.Config too), its defaults and checks, and what it alone
+// decides: the trainer's environment, its welcome, a request's deadline,
+// the scheduler's prior; and the agent's measurements (Metrics).
+package config
 
 import (
-	"crypto/rand"
-	"encoding/hex"
+	"context"
 	"errors"
-	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,20 +17,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
-
-// WatchConfig is zero-code mode's configuration (Config.Watch), named
-// here too so that Config's users need not import pkg/supervisor/source.
-type WatchConfig = source.WatchConfig
 
 // Config wires one agent: a run, its store, its trainer.
 type Config struct {
@@ -46,9 +43,9 @@ type Config struct {
 
 	Command []string // the trainer; empty runs without a child (sidecar)
 	// OverlapRestore starts the trainer at once and restores beside it
-	// (agent_restore.go): the trainer learns where it resumes from over
-	// the socket. Ignored with Signal or Watch, whose trainers read the
-	// environment or DIR: they start after the restore.
+	// (pkg/supervisor's agent_restore.go): the trainer learns where it
+	// resumes from over the socket. Ignored with Signal or Watch, whose
+	// trainers read the environment or DIR: they start after the restore.
 	OverlapRestore bool
 	Keep           int           // checkpoints kept by retention (default 3)
 	TermGrace      time.Duration // deadline of the shutdown checkpoint (default 25s)
@@ -73,7 +70,8 @@ type Config struct {
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration
 	// FenceInterval is how often the session's lease is checked for a
-	// newer session (agent_fence.go); 0: 30s, < 0: no lease, no fencing.
+	// newer session (pkg/supervisor's agent_fence.go); 0: 30s, < 0: no
+	// lease, no fencing.
 	// In part mode the lease is the node's own (a second copy of node K
 	// fences the first), never the run's: the nodes share latest.json.
 	FenceInterval time.Duration
@@ -83,14 +81,15 @@ type Config struct {
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).
-	// Its lease is the node's (agent_fence.go, docs/distributed.md).
+	// Its lease is the node's (pkg/supervisor's agent_fence.go,
+	// docs/distributed.md).
 	Node       string
 	RestoreAll bool
 	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
-	// PeerTier: restore from the other nodes' local tiers (agent_peertier.go).
-	PeerTier PeerTierConfig
+	// PeerTier: restore from the other nodes' local tiers (pkg/supervisor/localdirs).
+	PeerTier localdirs.PeerTierConfig
 
 	// Fleet, when set, is the store at the fleet's root (the parent of the
 	// run's store, or --store-prefix): the agent reads the fleet summary
@@ -107,17 +106,13 @@ type Config struct {
 
 	Metrics Metrics // nil: none
 	Log     *zap.Logger
-
-	// dir, when set, is CheckpointDir already opened (node mode makes it
-	// through its root's handle); the agent owns and closes it.
-	dir *os.Root
 }
 
-// check refuses what cannot work together. A multi-node job's parts come
+// Check refuses what cannot work together. A multi-node job's parts come
 // from ranks that agree on each checkpoint through the protocol: the
 // signal fallback and zero-code mode have neither ranks nor agreement, and
 // each node's checkpoints would stand for the whole job.
-func (c *Config) check() error {
+func (c *Config) Check() error {
 	if c.Node == "" {
 		return nil
 	}
@@ -130,7 +125,8 @@ func (c *Config) check() error {
 	return nil
 }
 
-func (c *Config) defaults() {
+// SetDefaults fills in what was left zero.
+func (c *Config) SetDefaults() {
 	if c.Keep <= 0 {
 		c.Keep = 3
 	}
@@ -141,7 +137,7 @@ func (c *Config) defaults() {
 		c.KillAfter = 5 * time.Second
 	}
 	if c.SignalWindow == 0 {
-		c.SignalWindow = defaultSignalWindow
+		c.SignalWindow = DefaultSignalWindow
 	}
 	if c.Margin <= 0 {
 		c.Margin = schedule.DefaultMargin
@@ -163,112 +159,19 @@ func (c *Config) defaults() {
 	}
 }
 
-// exitFileEnv names the file the Python client writes 75 to when it was
-// stopped for an interruption or shutdown; exitFileName is where the agent
-// points it, in its own area, unless the user set one.
-const (
-	exitFileEnv  = "SPOTAGENT_EXIT_FILE"
-	exitFileName = "exit-code"
-)
-
-// defaultSignalWindow is Config.SignalWindow's default: two signals closer
+// DefaultSignalWindow is Config.SignalWindow's default: two signals closer
 // than this are one (docs/reliability.md).
-const defaultSignalWindow = time.Second
+const DefaultSignalWindow = time.Second
 
-// newID returns a fresh checkpoint id: unique across agents and restarts.
-func newID() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// isRequestID tells the names newID makes: 12 lowercase hex digits.
-func isRequestID(s string) bool {
-	if len(s) != 12 {
-		return false
-	}
-	for _, c := range s {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// The agent's area inside --checkpoint-dir holds everything it creates
-// there. It is per run, so that runs sharing a checkpoint directory never
-// touch each other's files, and carries a marker naming the run: the agent
-// deletes nothing in a directory it did not make, and nothing outside its
-// area.
-const (
-	areaPrefix = "spotagent-"
-	areaMarker = ".spotagent-run"
-	restoreSub = "restore"
-	tierSub    = "committed" // the local tier (dirs.go)
-)
-
-// heartbeats is what the job's heartbeats (ranks.Heartbeats) need of c.
-func (c *Config) heartbeats() ranks.HeartbeatEnv {
-	l := c.Liveness
-	l.Store, l.RunID, l.Log = c.Store, c.RunID, c.Log
-	rank := -1
-	if k, err := ParseNodeRank(strings.TrimPrefix(c.Node, "node-")); err == nil && c.Node != "" {
-		rank = k
-	}
-	return ranks.HeartbeatEnv{Liveness: l, Rank: rank, Watch: c.Watch != nil}
-}
-
-// MkdirIn creates the directory name below r unless it exists; an
-// existing entry that is not a directory (a symlink, say) is refused.
-func MkdirIn(r *os.Root, name string) error {
-	err := r.Mkdir(name, 0o700)
-	if err == nil || !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	fi, err := r.Lstat(name)
-	if err != nil {
-		return err
-	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
-	}
-	return nil
-}
-
-// readNames lists the names in r (none if it cannot be read).
-func readNames(r *os.Root) []string {
-	f, err := r.Open(".")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(-1)
-	return names
-}
-
-// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
-func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
-	now := time.Now()
-	name := sig.String()
-	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
-		name = "SIGTERM"
-	}
-	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
-		Deadline: now.Add(grace), Detected: now, Action: name}
-}
-
-// overlapRestore reports whether this agent restores while its trainer
-// starts. The signal fallback's trainer and zero-code mode's read the
+// OverlapsRestore reports whether this agent restores while its trainer
+// starts: OverlapRestore asked for it, and the trainer can wait. The signal fallback's trainer and zero-code mode's read the
 // environment and DIR, which cannot say "pending".
-func (c *Config) overlapRestore() bool {
+func (c *Config) OverlapsRestore() bool {
 	return c.OverlapRestore && c.Signal == 0 && c.Watch == nil
 }
 
-// childEnv is the trainer's environment.
-func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
+// ChildEnv is the trainer's environment.
+func (c *Config) ChildEnv(areaPath string, restorePending bool, resume *protocol.Resume) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "SPOTAGENT_SOCKET=") { // set below, or withheld
@@ -292,20 +195,20 @@ func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol
 			"SPOTAGENT_DONE_MARKER="+sigbridge.DoneMarker,
 		)
 	}
-	if os.Getenv(exitFileEnv) == "" {
+	if os.Getenv(localdirs.ExitFileEnv) == "" {
 		// The client writes 75 here when stopped for an interruption or
 		// shutdown: a launcher that hides its workers' codes (torchrun's
-		// 1) still makes this agent exit 75 (exitCodeFor).
-		env = append(env, exitFileEnv+"="+filepath.Join(areaPath, exitFileName))
+		// 1) still makes this agent exit 75 (pkg/supervisor's exitCodeFor).
+		env = append(env, localdirs.ExitFileEnv+"="+filepath.Join(areaPath, localdirs.ExitFileName))
 	}
 	if restorePending {
-		// The restore runs while the trainer starts (agent_restore.go):
+		// The restore runs while the trainer starts (pkg/supervisor):
 		// the client blocks where it first needs the files. An older
 		// client waits for its welcome, which the agent holds until the
 		// restore ends: give it all the time that takes.
-		env = append(env, resumeEnv+"="+protocol.RestorePending)
-		if _, ok := os.LookupEnv(welcomeTimeoutEnv); !ok {
-			env = append(env, welcomeTimeoutEnv+"="+heldWelcomeTimeout)
+		env = append(env, ResumeEnv+"="+protocol.RestorePending)
+		if _, ok := os.LookupEnv(WelcomeTimeoutEnv); !ok {
+			env = append(env, WelcomeTimeoutEnv+"="+HeldWelcomeTimeout)
 		}
 	}
 	if r := resume; r != nil {
@@ -316,4 +219,54 @@ func (c *Config) childEnv(areaPath string, restorePending bool, resume *protocol
 		)
 	}
 	return env
+}
+
+// The trainer's environment for an overlapped restore (ChildEnv):
+// SPOTAGENT_RESUME says "pending", and an older client's connect waits
+// for its welcome.
+const (
+	ResumeEnv         = "SPOTAGENT_RESUME"
+	WelcomeTimeoutEnv = "SPOTAGENT_WELCOME_TIMEOUT"
+	// HeldWelcomeTimeout bounds an older client's wait for its welcome
+	// (seconds): the restore's own stall detection ends a stuck one first.
+	HeldWelcomeTimeout = "86400"
+)
+
+// Welcome is the answer to hello m, in the version both sides speak.
+func (c *Config) Welcome(m protocol.Message, resume *protocol.Resume) protocol.Message {
+	v := min(max(m.Version, 1), protocol.ProtocolVersion)
+	return protocol.Message{Type: protocol.TypeWelcome, Version: v, RunID: c.RunID, CheckpointDir: c.CheckpointDir, Resume: resume}
+}
+
+// RequestDeadline is when the trainer must have saved a checkpoint that
+// must commit by deadline: room is left to upload (the previous
+// checkpoint's size at the measured throughput) and for the margin; if
+// that leaves too little, the time is split in two.
+func (c *Config) RequestDeadline(lastBytes int64, deadline, now time.Time) time.Time {
+	upload := c.Scheduler.EstimateUpload(lastBytes)
+	reqDeadline := deadline.Add(-upload - c.Margin)
+	if reqDeadline.Sub(now) < deadline.Sub(now)/2 {
+		reqDeadline = now.Add(deadline.Sub(now) / 2)
+	}
+	return reqDeadline
+}
+
+// FleetPrior is the prior of this run's first interval: the fleet's
+// observed rate for this machine's cloud, type and zone where the fleet
+// has enough hours, else the flat --interruption-rate (pkg/fleet).
+func (c *Config) FleetPrior(ctx context.Context) fleet.Prior {
+	flat := c.Scheduler.PriorRate()
+	id := c.Identity
+	k := fleet.Key{Cloud: string(id.Cloud), InstanceType: id.InstanceType, Zone: id.Zone}
+	p := fleet.PriorFor(nil, k, flat, fleet.DefaultMinHours)
+	if c.Fleet != nil {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var err error
+		if p, err = fleet.PriorFrom(rctx, c.Fleet, k, flat, fleet.DefaultMinHours); err != nil {
+			c.Log.Warn("fleet records unreadable: using the flat prior", zap.Error(err))
+		}
+		cancel()
+	}
+	c.Log.Info("interruption prior", zap.Stringer("prior", p))
+	return p
 }

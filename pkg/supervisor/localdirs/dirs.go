@@ -1,0 +1,462 @@
+// Package localdirs is the agent's local directories: the checkpoint
+// directory and the agent's area in it, opened once and then used only
+// through their handles; their ownership checks, the restore area and the
+// start-up cleanup; the local tier, and the peer tier (peertier.go) that
+// serves restores from the job's other nodes.
+package localdirs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+// Dirs are the agent's handles on its local directories: every
+// operation below the checkpoint directory goes through them, never by
+// path, so that a trainer swapping a directory for a symlink cannot
+// redirect a write or a delete.
+type Dirs struct {
+	Root     *os.Root // --checkpoint-dir
+	Area     *os.Root // Root/AreaName
+	Path     string   // --checkpoint-dir, as given
+	AreaName string
+	AreaPath string
+	Tier     *localtier.Tier // this machine's copies (OpenTier); nil: off
+	Peer     *peertier.Node  // the other nodes' copies (peertier.go); nil: off
+}
+
+// ExitFileSays is what the ranks wrote to the exit file, trimmed ("" when
+// nothing). The trainer can replace the file: it is opened without
+// blocking (a FIFO), a user-named path without following a symlink, and
+// only a few bytes of a regular file are read.
+func (d *Dirs) ExitFileSays() string {
+	const flags = os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_NOFOLLOW
+	var f *os.File
+	var err error
+	if p := os.Getenv(ExitFileEnv); p != "" {
+		f, err = os.OpenFile(p, flags, 0)
+	} else {
+		f, err = d.Area.OpenFile(ExitFileName, flags, 0) // stays inside the area
+	}
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
+	b := make([]byte, 16)
+	n, _ := io.ReadFull(f, b)
+	return strings.TrimSpace(string(b[:n]))
+}
+
+// Close releases the handles; the agent touches no local file after.
+func (d *Dirs) Close() {
+	if d.Peer != nil {
+		d.Peer.Close()
+	}
+	if d.Area != nil {
+		d.Area.Close()
+	}
+	if d.Root != nil {
+		d.Root.Close()
+	}
+}
+
+// RestoreDir is where restores go, inside the agent's area.
+func (d *Dirs) RestoreDir() string { return filepath.Join(d.AreaPath, RestoreSub) }
+
+// InsideCheckpointDir accepts a directory strictly below the checkpoint
+// directory, outside the areas of spotagent runs (this one's, or another's
+// sharing the directory), and returns it relative to the checkpoint
+// directory, "/"-separated. Symlinks are refused when it is opened.
+func (d *Dirs) InsideCheckpointDir(dir string) (string, error) {
+	if dir == "" {
+		return "", fmt.Errorf("dir is required")
+	}
+	root, err := filepath.Abs(d.Path)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Clean(dir)
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(root, p)
+	}
+	rel, err := filepath.Rel(root, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is not inside the checkpoint directory %s", dir, root)
+	}
+	rel = filepath.ToSlash(rel)
+	// Path elements, not a string prefix: "restore_mine" is the trainer's.
+	first, _, _ := strings.Cut(rel, "/")
+	if first == d.AreaName {
+		return "", fmt.Errorf("%s is inside the agent's own area %s", dir, d.AreaPath)
+	}
+	if _, err := d.Root.Lstat(first + "/" + AreaMarker); err == nil {
+		return "", fmt.Errorf("%s is inside another spotagent run's area", dir)
+	}
+	return rel, nil
+}
+
+// Open creates (or checks) the checkpoint directory path and the
+// agent's area in it for run runID, and opens both. root, when not nil,
+// is path already opened (node mode makes it through its root's handle):
+// the Dirs own and close it. A sidecar (no command) has a laxer check of
+// path's mode (checkCheckpointDir).
+func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dirs, error) {
+	if root == nil {
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			return Dirs{}, fmt.Errorf("checkpoint dir: %w", err)
+		}
+		var err error
+		if root, err = os.OpenRoot(path); err != nil {
+			return Dirs{}, fmt.Errorf("checkpoint dir: %w", err)
+		}
+	}
+	name := AreaPrefix + runID
+	d := Dirs{Root: root, Path: path, AreaName: name, AreaPath: filepath.Join(path, name)}
+	// Node mode's run directory too: made 0700 by the node agent, unless
+	// another user made it first.
+	if err := checkCheckpointDir(root, path, sidecar, log); err != nil {
+		root.Close()
+		return Dirs{}, err
+	}
+	err := makeArea(root, name, runID, log)
+	if err == nil {
+		d.Area, err = checkpoint.OpenDir(root, name)
+	}
+	if err == nil {
+		err = MkdirIn(d.Area, RestoreSub)
+	}
+	if err != nil {
+		root.Close()
+		return Dirs{}, fmt.Errorf("checkpoint dir: %s: %w", d.AreaPath, err)
+	}
+	return d, nil
+}
+
+// checkCheckpointDir refuses a --checkpoint-dir another user could
+// rename the agent's area out of (and put a directory of theirs in its
+// place, where the trainer then writes): one owned by a user other than
+// the agent's euid or root, or one group or others can write without the
+// sticky bit. In sidecar mode (no command) the pod is the boundary and a
+// Kubernetes emptyDir is 0777 (2777 with fsGroup) without the sticky bit:
+// that is logged instead.
+func checkCheckpointDir(root *os.Root, path string, sidecar bool, log *zap.Logger) error {
+	fi, err := root.Stat(".")
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	euid, owner, m := os.Geteuid(), ownerUID(fi), fi.Mode()
+	if owner != euid && owner != 0 {
+		return fmt.Errorf("checkpoint dir %s is owned by uid %d, not by uid %d that runs spotagent (mode %s): that user can swap the agent's area for a directory of theirs: %w; pick a directory of your own",
+			path, owner, euid, m, checkpoint.ErrRefused)
+	}
+	if m.Perm()&0o022 == 0 || m&fs.ModeSticky != 0 {
+		return nil
+	}
+	if sidecar {
+		log.Warn("checkpoint dir is writable by others without the sticky bit: every container that mounts it must be trusted",
+			zap.String("dir", path), zap.Int("owner_uid", owner), zap.String("mode", m.String()))
+		return nil
+	}
+	return fmt.Errorf("checkpoint dir %s (owner uid %d, mode %s) is writable by group or others without the sticky bit: another user can swap the agent's area for a directory of theirs: %w; chmod +t it (like /tmp) or chmod go-w it, or pick a directory of your own",
+		path, owner, m, checkpoint.ErrRefused)
+}
+
+// ownerUID is fi's owner (-1 when unknown).
+func ownerUID(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
+// makeArea creates the area name below root with its marker, or checks
+// that an existing one carries the marker of this run. The area must be
+// the agent's euid's (else refused: another user could read and change
+// the checkpoints the trainer writes there) and no one else's to enter
+// (a group/other bit is taken away, and logged).
+func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
+	marker := name + "/" + AreaMarker
+	if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	area, err := checkpoint.OpenDir(root, name)
+	if err != nil {
+		return err
+	}
+	defer area.Close()
+	if err := ownArea(area, log); err != nil {
+		return err
+	}
+	if _, err := area.Lstat(AreaMarker); errors.Is(err, fs.ErrNotExist) {
+		if f, err := area.Open("."); err == nil {
+			names, _ := f.Readdirnames(1)
+			f.Close()
+			if len(names) == 0 { // just made, or empty: nothing of anyone's to lose
+				return checkpoint.WriteFile(root, marker, []byte(runID+"\n"), 0o600)
+			}
+		}
+	}
+	fi, err := area.Lstat(AreaMarker)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("exists without the marker %s that spotagent writes: not spotagent's, refused", AreaMarker)
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > 256 {
+		return fmt.Errorf("%s is not a marker file: refused", AreaMarker)
+	}
+	b, err := area.ReadFile(AreaMarker)
+	if err != nil {
+		return err
+	}
+	if got := strings.TrimSpace(string(b)); got != runID {
+		return fmt.Errorf("marker %s names run %q, not %q: refused", AreaMarker, got, runID)
+	}
+	return nil
+}
+
+// ownArea checks the opened area: owned by the agent's euid, 0700.
+func ownArea(area *os.Root, log *zap.Logger) error {
+	f, err := area.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	euid, owner := os.Geteuid(), ownerUID(fi)
+	if owner != euid {
+		return fmt.Errorf("owned by uid %d, not by uid %d that runs spotagent (mode %s): another user's directory: %w; remove it or pick another --checkpoint-dir",
+			owner, euid, fi.Mode(), checkpoint.ErrRefused)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := f.Chmod(0o700); err != nil {
+			return fmt.Errorf("chmod 700: %w", err)
+		}
+		log.Warn("the agent's area was open to group or others: made 0700", zap.String("mode_was", fi.Mode().String()))
+	}
+	return nil
+}
+
+// Fetched is a restore's files in place, before the loop records it.
+type Fetched struct {
+	R        *restore.Result
+	Start    time.Time
+	Manifest string // the local copy of the manifest
+}
+
+// FetchRestore is the part of restore that touches only the store and the
+// restore area, never the loop's state: the overlapped restore runs it
+// beside the loop (pkg/supervisor's agent_restore.go). nil, nil: no
+// committed checkpoint.
+func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*Fetched, error) {
+	restoreDir := d.RestoreDir()
+	start := time.Now()
+	// Opened afresh for every restore, refusing a symlink: a trainer may
+	// have swapped the directory since the last one.
+	if err := MkdirIn(d.Area, RestoreSub); err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	dest, err := checkpoint.OpenDir(d.Area, RestoreSub)
+	if err != nil {
+		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
+	}
+	defer dest.Close()
+	if d.Tier != nil { // asked only for the checkpoint the store's rules chose
+		opts.Tiers = append(opts.Tiers, d.Tier)
+	}
+	if d.Peer != nil { // after this machine's copy, before the store
+		opts.Tiers = append(opts.Tiers, d.Peer.Tier())
+	}
+	r, err := restore.Into(ctx, st, dest, restoreDir, opts)
+	if errors.Is(err, restore.ErrNoCheckpoint) {
+		log.Info("no committed checkpoint: starting fresh", zap.String("store", st.URI("")))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	// A local copy of the manifest, beside (not inside) the checkpoint's
+	// directory: SPOTAGENT_RESUME_MANIFEST points at it.
+	name := filepath.Base(r.Dir)
+	manifestName := name + ".manifest.json"
+	manifest := filepath.Join(restoreDir, manifestName)
+	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
+		if err := checkpoint.WriteFile(dest, manifestName, b, 0o600); err != nil {
+			log.Warn("could not write the local manifest copy", zap.Error(err))
+		}
+	}
+	// Older restores are of no further use.
+	if f, err := dest.Open("."); err == nil {
+		names, _ := f.Readdirnames(-1)
+		f.Close()
+		for _, n := range names {
+			if n != name && n != manifestName {
+				dest.RemoveAll(n)
+			}
+		}
+	}
+	log.Info("restored checkpoint", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
+		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
+		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("peer_bytes", r.From[checkpoint.FromPeer]),
+		zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
+	return &Fetched{R: r, Start: start, Manifest: manifest}, nil
+}
+
+// Cleanup removes what a crashed agent left behind: the store's temp files
+// or incomplete multipart uploads, partial restores, and the checkpoint
+// directories it handed out that no trainer will answer for any more. It
+// deletes only in the agent's own area, and only names it makes. A sidecar
+// leaves request directories alone: its trainer may still be running and
+// own them.
+func (d *Dirs) Cleanup(ctx context.Context, st cloud.Store, opts []cloud.CleanupOptions, requests bool, log *zap.Logger) {
+	if c, ok := st.(cloud.Cleaner); ok {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := c.Cleanup(cctx, opts...) // the job policy's (pkg/supervisor)
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("store cleanup failed", zap.Error(err))
+		case n > 0:
+			log.Info("store cleanup: removed what an earlier crash left", zap.Int("objects", n))
+		}
+	}
+	if dest, err := checkpoint.OpenDir(d.Area, RestoreSub); err == nil {
+		for _, n := range readNames(dest) {
+			if strings.HasPrefix(n, ".partial-") {
+				dest.RemoveAll(n)
+			}
+		}
+		dest.Close()
+	}
+	if !requests {
+		return
+	}
+	n := 0
+	for _, name := range readNames(d.Area) {
+		if IsRequestID(name) && d.Area.RemoveAll(name) == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		log.Info("removed checkpoint directories an earlier run left", zap.Int("dirs", n), zap.String("area", d.AreaPath))
+	}
+}
+
+// OpenTier opens the local tier, <area>/committed (docs/storage.md, "The
+// local tier"), keeping keep checkpoints of at most maxBytes (0: no
+// bound): nil when keep < 1 turns it off (what an earlier start kept is
+// deleted then) or when it cannot be opened (logged: restores come from
+// the store). Watch mode opens none (the watched directory is its own
+// local copy).
+func (d *Dirs) OpenTier(keep int, maxBytes int64, log *zap.Logger) *localtier.Tier {
+	if keep < 1 {
+		if err := d.Area.RemoveAll(TierSub); err != nil {
+			log.Warn("could not delete the local tier's copies", zap.Error(err))
+		}
+		return nil
+	}
+	t, err := localtier.Open(d.Root, d.AreaName+"/"+TierSub, localtier.Options{Keep: keep, MaxBytes: maxBytes, Log: log})
+	if err != nil {
+		log.Warn("local tier off: restores come from the store", zap.Error(err))
+		return nil
+	}
+	return t
+}
+
+// ExitFileEnv names the file the Python client writes 75 to when it was
+// stopped for an interruption or shutdown; ExitFileName is where the agent
+// points it, in its own area, unless the user set one.
+const (
+	ExitFileEnv  = "SPOTAGENT_EXIT_FILE"
+	ExitFileName = "exit-code"
+)
+
+// The agent's area inside --checkpoint-dir holds everything it creates
+// there. It is per run, so that runs sharing a checkpoint directory never
+// touch each other's files, and carries a marker naming the run: the agent
+// deletes nothing in a directory it did not make, and nothing outside its
+// area.
+const (
+	AreaPrefix = "spotagent-"
+	AreaMarker = ".spotagent-run"
+	RestoreSub = "restore"
+	TierSub    = "committed" // the local tier (OpenTier)
+)
+
+// NewRequestID returns a fresh checkpoint id: unique across agents and
+// restarts.
+func NewRequestID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsRequestID tells the names NewRequestID makes: 12 lowercase hex digits.
+func IsRequestID(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// MkdirIn creates the directory name below r unless it exists; an
+// existing entry that is not a directory (a symlink, say) is refused.
+func MkdirIn(r *os.Root, name string) error {
+	err := r.Mkdir(name, 0o700)
+	if err == nil || !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	fi, err := r.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symlink: %w", name, checkpoint.ErrRefused)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%s): %w", name, fi.Mode().Type(), checkpoint.ErrRefused)
+	}
+	return nil
+}
+
+// readNames lists the names in r (none if it cannot be read).
+func readNames(r *os.Root) []string {
+	f, err := r.Open(".")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return names
+}

@@ -1,0 +1,168 @@
+// Package session is this session of a run as the agent records it: the
+// run's journal and its writes in flight, which outlive the agent's loop,
+// the session's end in the journal and in the fleet summary.
+package session
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/fleet"
+	"github.com/spotagent/spotagent/pkg/metadata"
+)
+
+// Session is this session of the run and the run's journal, which
+// records it: when it started, its id, the run time of the sessions
+// before it, and the journal writes and cloud acknowledgements in flight
+// (they outlive the loop: AwaitLanding).
+type Session struct {
+	Started   time.Time // this session
+	ID        string    // its id in the journal (journal.Session.ID)
+	RanBefore float64   // run time of earlier sessions, seconds (journal)
+	Journal   *journal.Writer
+	journals  sync.WaitGroup // journal updates in flight
+	Acks      sync.WaitGroup // cloud event acknowledgements in flight
+
+	life    context.Context // the agent's: journal writes outlive it (WithoutCancel)
+	log     *zap.Logger
+	metrics Metrics
+
+	landOnce sync.Once
+	landing  context.Context    // outlives life; cancelled when the exit stops waiting (AwaitLanding)
+	abandon  context.CancelFunc // cancels landing
+}
+
+// Metrics is what a session reports: the goodput after each journal
+// write, and a write that failed.
+type Metrics interface {
+	Goodput(g *journal.Goodput)
+	Error(component string)
+}
+
+// New is a session started now with the fresh id id; life is the agent's
+// (journal writes outlive it).
+func New(id string, life context.Context, log *zap.Logger, m Metrics) *Session {
+	return &Session{Started: time.Now(), ID: id, life: life, log: log, metrics: m}
+}
+
+// LandingCtx is the context of the writes that outlive the loop: not
+// ended by life, but by the exit once it stops waiting for them, so that
+// an abandoned write (a store lock held elsewhere) gives the journal back
+// at once instead of holding it until its own timeout.
+func (s *Session) LandingCtx() context.Context {
+	s.landOnce.Do(func() { s.landing, s.abandon = context.WithCancel(context.WithoutCancel(s.life)) })
+	return s.landing
+}
+
+// JournalAsync applies fn to the journal and saves it in the background.
+func (s *Session) JournalAsync(fn func(*journal.Journal)) {
+	s.journals.Add(1)
+	go func() {
+		defer s.journals.Done()
+		// Outlives the loop: the interruption's record and the session's
+		// stats must land after it ends (AwaitLanding).
+		ctx, cancel := context.WithTimeout(s.LandingCtx(), time.Minute)
+		defer cancel()
+		var g *journal.Goodput
+		err := s.Journal.Update(ctx, func(j *journal.Journal) {
+			fn(j)
+			g, _ = journal.Account(j, time.Now()) // the journal as written
+		})
+		switch {
+		case err == nil && g != nil:
+			s.metrics.Goodput(g)
+		case err != nil:
+			// Cancelled only by the exit that stopped waiting for it
+			// (AwaitLanding): its error says what held it.
+			s.log.Warn("could not write the run journal", zap.Error(err))
+			s.metrics.Error("journal")
+		}
+	}()
+}
+
+// RecordSession adds this session to the journal, once the restore worked:
+// a start that fails there leaves no trace in the store.
+func (s *Session) RecordSession(id metadata.Identity) {
+	s.JournalAsync(func(j *journal.Journal) {
+		j.Sessions = append(j.Sessions, journal.Session{ID: s.ID, Start: s.Started.UTC(), Instance: MachineOf(id)})
+	})
+}
+
+// RunSeconds is the run's time on machines, this session included; the
+// Journal keeps it current at every commit, so a crash loses little of it.
+func (s *Session) RunSeconds() float64 { return s.RanBefore + time.Since(s.Started).Seconds() }
+
+// AwaitLanding waits, until by at most, for the acknowledgements and
+// Journal writes in flight: created on LandingCtx, they outlive the loop.
+// Past by they are abandoned: their context is cancelled (a write waiting
+// on a held store lock returns at once) and they get at most a second
+// more to return, so that the journal is free for the session's end.
+func (s *Session) AwaitLanding(by time.Time) {
+	landed := make(chan struct{})
+	go func() { s.Acks.Wait(); s.journals.Wait(); close(landed) }()
+	select {
+	case <-landed:
+		return
+	default:
+	}
+	start := time.Now()
+	wait := max(time.Until(by), 0)
+	s.log.Info("exit: waiting for the journal writes and event acknowledgements in flight", zap.Duration("at_most", wait.Round(time.Millisecond)))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-landed:
+		return
+	case <-t.C:
+	}
+	s.LandingCtx()
+	s.abandon()
+	s.log.Warn("exit: a journal write or event acknowledgement still in flight: abandoned",
+		zap.Duration("waited", time.Since(start).Round(time.Millisecond)))
+	select {
+	case <-landed:
+	case <-time.After(time.Second):
+	}
+}
+
+// ExitWrite is the context of the session's last journal write and fleet
+// record, bounded by by but given at least a second: the record of how
+// the session ended is worth a second past a deadline already spent.
+func (s *Session) ExitWrite(by time.Time) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(context.WithoutCancel(s.life), later(by, time.Now().Add(time.Second)))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// RecordFleet refreshes this run's entry in the fleet summary (fleetStore,
+// the run's directory fleetDir) from the
+// Journal as the session leaves it; a failure costs only the summary
+// (spotagent fleet --recount rebuilds it). A session the journal never
+// recorded (the trainer exited before the restore ended) records nothing.
+func (s *Session) RecordFleet(ctx context.Context, fleetStore cloud.Store, fleetDir string, step int64, fenced bool) {
+	if fleetStore == nil || fenced {
+		return
+	}
+	if ctx.Err() != nil {
+		s.log.Warn("fleet record not written: the exit's deadline passed (spotagent fleet --recount rebuilds it)")
+		return
+	}
+	j := s.Journal.Snapshot()
+	if j.SessionByID(s.ID) == nil {
+		s.log.Debug("no fleet record: the journal has no record of this session (it ended before its restore)")
+		return
+	}
+	if err := fleet.RecordSessionOf(ctx, fleetStore, fleetDir, j, step, s.ID); err != nil {
+		s.log.Warn("could not write the fleet record", zap.Error(err))
+	}
+}

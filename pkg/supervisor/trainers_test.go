@@ -1,0 +1,232 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
+)
+
+func ip(v int) *int { return &v }
+
+func TestDeclaredRanks(t *testing.T) {
+	ranked := func(rank, world int) protocol.Message {
+		return protocol.Message{Type: protocol.TypeHello, Rank: ip(rank), WorldSize: ip(world)}
+	}
+	onNode := func(rank, world, local, node int) protocol.Message {
+		m := ranked(rank, world)
+		m.LocalWorldSize, m.NodeRank = ip(local), ip(node)
+		return m
+	}
+	none := protocol.Message{Type: protocol.TypeHello}
+	for _, tc := range []struct {
+		name   string
+		hellos []protocol.Message // in order of precedence
+		want   []uint64           // ids (1-based positions) waited for
+		why    map[uint64]string  // a word of why each other one is left out
+	}{
+		{"OneTrainerNoRank", []protocol.Message{none}, []uint64{1}, nil},
+		{"SecondWithoutRank", []protocol.Message{none, none}, []uint64{1}, map[uint64]string{2: "single-process"}},
+		{"RankedJob", []protocol.Message{ranked(0, 2), ranked(1, 2)}, []uint64{1, 2}, nil},
+		{"NoRankInRankedJob", []protocol.Message{ranked(0, 2), none, ranked(1, 2)}, []uint64{1, 3}, map[uint64]string{2: "no rank"}},
+		{"DuplicateRank", []protocol.Message{ranked(0, 2), ranked(0, 2), ranked(1, 2)}, []uint64{1, 3}, map[uint64]string{2: "held by an earlier"}},
+		{"BeyondWorld", []protocol.Message{ranked(0, 2), ranked(5, 8)}, []uint64{1}, map[uint64]string{2: "beyond the job's world_size 2"}},
+		{"OtherWorld", []protocol.Message{ranked(0, 2), ranked(1, 4)}, []uint64{1}, map[uint64]string{2: "world_size 4"}},
+		{"RankedAfterSingle", []protocol.Message{none, ranked(0, 1)}, []uint64{1}, map[uint64]string{2: "single-process"}},
+		{"OtherNode", []protocol.Message{onNode(0, 4, 2, 0), onNode(2, 4, 2, 1)}, []uint64{1}, map[uint64]string{2: "node_rank 1"}},
+		{"MoreThanTheNodeDeclared", []protocol.Message{onNode(0, 4, 2, 0), onNode(1, 4, 2, 0), onNode(3, 4, 2, 0)}, []uint64{1, 2},
+			map[uint64]string{3: "local_world_size"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var conns []helloConn
+			for i, h := range tc.hellos {
+				conns = append(conns, helloConn{id: uint64(i + 1), hello: h})
+			}
+			got, _, out := declaredRanks(conns)
+			if len(got) != len(tc.want) {
+				t.Fatalf("waited for %v, want %v (left out %v)", got, tc.want, out)
+			}
+			for _, id := range tc.want {
+				if !got[id] {
+					t.Fatalf("waited for %v, want %v (left out %v)", got, tc.want, out)
+				}
+			}
+			for id, word := range tc.why {
+				if !strings.Contains(out[id], word) {
+					t.Errorf("conn %d left out because %q, want it to say %q", id, out[id], word)
+				}
+			}
+			if len(out)+len(got) != len(conns) {
+				t.Fatalf("%d waited for and %d left out of %d", len(got), len(out), len(conns))
+			}
+		})
+	}
+}
+
+func TestInGroup(t *testing.T) {
+	if !inGroup(os.Getpid(), syscall.Getpgrp()) {
+		t.Fatal("this process is not in its own process group")
+	}
+	if inGroup(os.Getpid(), syscall.Getpgrp()+1) || inGroup(0, syscall.Getpgrp()) {
+		t.Fatal("in a group it is not in")
+	}
+}
+
+// Issue 36 (hostile review): a connected client that says hello and then
+// never answers holds no checkpoint hostage, the interruption one
+// included: the request goes to the job's declared ranks only.
+func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		trainer       map[string]any   // the job's trainer's hello
+		silent, ranks []map[string]any // hellos of clients that then never answer; more ranks of the job
+	}{
+		{name: "SingleProcess", trainer: map[string]any{"type": "hello"},
+			silent: []map[string]any{{"type": "hello"}, {"type": "hello", "rank": 0, "world_size": 1},
+				{"type": "hello", "rank": 1, "world_size": 2}}},
+		{name: "Ranks", trainer: map[string]any{"type": "hello", "rank": 0, "world_size": 2},
+			ranks: []map[string]any{{"type": "hello", "rank": 1, "world_size": 2}},
+			silent: []map[string]any{{"type": "hello"}, {"type": "hello", "rank": 1, "world_size": 2},
+				{"type": "hello", "rank": 7, "world_size": 8}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+			ar := startAgent(t, func(c *Config) { c.Source = src })
+			say := func(h map[string]any) *trainer {
+				tr := dialTrainer(t, ar.cfg.Server.Path)
+				tr.send(h)
+				tr.expect(protocol.TypeWelcome)
+				return tr
+			}
+			job := []*trainer{say(tc.trainer)}
+			for _, h := range tc.ranks {
+				job = append(job, say(h))
+			}
+			var silent []*trainer
+			for _, h := range tc.silent {
+				silent = append(silent, say(h))
+			}
+			ar.waitStatus(t, "every hello taken in", func(s Status) bool { return s.Trainers == len(job)+len(silent) })
+			// A join would make the request wait for it: refused.
+			last := silent[len(silent)-1]
+			last.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": time.Now().Add(time.Minute)})
+			if e := last.expect(protocol.TypeError); !strings.Contains(e.Error, "not one of the job's declared ranks") {
+				t.Fatalf("join from a silent client: %q", e.Error)
+			}
+			now := time.Now()
+			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+			var id string
+			for i, tr := range job {
+				req := tr.expect(protocol.TypeCheckpoint)
+				id = req.ID
+				mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d", i)), "w")
+				tr.send(map[string]any{"type": "done", "id": req.ID, "step": 17})
+			}
+			// Committed well before the silent clients' deadline (a minute).
+			for _, tr := range job {
+				if c := tr.expect(protocol.TypeCommitted); c.ID != id {
+					t.Fatalf("committed %+v, want %s", c, id)
+				}
+			}
+			for _, tr := range silent {
+				if m := tr.expect(protocol.TypeCommitted); m.ID != id { // never asked: its first message is the commit
+					t.Fatalf("silent client got %+v", m)
+				}
+			}
+			if got := latestStep(t, ar); got != 17 {
+				t.Fatalf("latest step %d, want 17", got)
+			}
+			for _, tr := range append(job, silent...) {
+				tr.expect(protocol.TypeStop)
+			}
+			testutil.WaitFor(t, "the interruption journaled as committed", func() bool {
+				j, err := journal.Read(context.Background(), ar.store, "test")
+				return err == nil && len(j.Interruptions) == 1 && j.Interruptions[0].CommitOK
+			})
+		})
+	}
+}
+
+// childTrainer is the agent's child: once the file argv[2] exists it
+// connects to argv[1], says hello with no rank and answers each
+// checkpoint request at step 21, then exits on stop.
+const childTrainer = `
+import json, os, socket, sys, time
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(b'{"type":"hello","pid":%d}\n' % os.getpid())
+for line in s.makefile("rb"):
+    m = json.loads(line)
+    if m["type"] == "checkpoint":
+        open(os.path.join(m["dir"], "w"), "w").write("21")
+        s.sendall(json.dumps({"type": "done", "id": m["id"], "step": 21}).encode() + b"\n")
+    if m["type"] == "stop":
+        break
+`
+
+// Under spotagent run, the child's own connection is the job even when
+// another client said hello first: that one cannot take the trainer's
+// place (docs/protocol.md, "Who a checkpoint waits for").
+func TestAgent_ChildGoesFirst(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Fatalf("this test runs a trainer under /usr/bin/python3: %v", err)
+	}
+	gate := filepath.Join(t.TempDir(), "go")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/usr/bin/python3", "-c", childTrainer, c.Server.Path, gate}
+	})
+	first := dialTrainer(t, ar.cfg.Server.Path)
+	first.send(map[string]any{"type": "hello"})
+	first.expect(protocol.TypeWelcome)
+	ar.waitStatus(t, "the first client's hello", func(s Status) bool { return s.Trainers == 1 })
+	mustWrite(t, gate, "")
+	ar.waitStatus(t, "the child's hello", func(s Status) bool { return s.Trainers == 2 })
+	ar.sigs <- syscall.SIGTERM
+	if m := first.expect(protocol.TypeCommitted); m.Step == nil || *m.Step != 21 {
+		t.Fatalf("first client got %+v, want the child's commit at step 21 (and no request)", m)
+	}
+	if got := latestStep(t, ar); got != 21 {
+		t.Fatalf("latest step %d, want the child's 21", got)
+	}
+}
+
+// A client left out while the trainer was connected stays behind the
+// trainer that comes back after a restart (sidecar: no child to tell
+// them apart): it cannot take the job's place in between.
+func TestAgent_LeftOutStaysBehindARestartedTrainer(t *testing.T) {
+	ar := startAgent(t, nil)
+	hello := func() *trainer {
+		tr := dialTrainer(t, ar.cfg.Server.Path)
+		tr.send(map[string]any{"type": "hello"})
+		tr.expect(protocol.TypeWelcome)
+		return tr
+	}
+	old := hello()
+	ar.waitStatus(t, "the trainer's hello", func(s Status) bool { return s.Trainers == 1 })
+	silent := hello()
+	ar.waitStatus(t, "the silent client's hello", func(s Status) bool { return s.Trainers == 2 })
+	old.c.Close() // the trainer restarts
+	ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 1 })
+	back := hello()
+	ar.waitStatus(t, "the trainer back", func(s Status) bool { return s.Trainers == 2 })
+	ar.sigs <- syscall.SIGTERM
+	req := back.expect(protocol.TypeCheckpoint)
+	back.save(req, 33, "w")
+	if m := silent.expect(protocol.TypeCommitted); m.ID != req.ID {
+		t.Fatalf("silent client got %+v, want the commit of %s (and no request)", m, req.ID)
+	}
+	if got := latestStep(t, ar); got != 33 {
+		t.Fatalf("latest step %d, want 33", got)
+	}
+}
