@@ -73,7 +73,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	}
 	a.log.Warn("checkpoint uploaded but not published: a newer session owns the run",
 		zap.String("id", r.id), zap.Int64("step", r.step), zap.String("reason", r.reason), zap.Error(err))
-	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
+	a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: err.Error()})
 	switch {
 	case a.stops.current == nil:
 		a.onFenced()

@@ -71,21 +71,21 @@ func (r *request) noteRank(c *protocol.Conn) {
 // priority (commit.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
-	if _, known := a.conns.byID[c.ID()]; !known || !ok {
-		a.conns.reply(c, m.ID, "join: say hello first")
+	if _, known := a.conns.ByID[c.ID()]; !known || !ok {
+		a.conns.Reply(c, m.ID, "join: say hello first")
 		return
 	}
 	if why := a.job.mayJoin(h); why != "" {
-		a.conns.reply(c, m.ID, why)
+		a.conns.Reply(c, m.ID, why)
 		return
 	}
 	if !localdirs.IsRequestID(m.ID) {
-		a.conns.reply(c, m.ID, "join: id must be 12 lowercase hex digits")
+		a.conns.Reply(c, m.ID, "join: id must be 12 lowercase hex digits")
 		return
 	}
-	if ranks, _, out := a.conns.jobRanks(); ranks[c.ID()] == nil {
-		// trainers.go: a join would make every request wait for it.
-		a.conns.reply(c, m.ID, "join: this connection is not one of the job's declared ranks ("+out[c.ID()]+")")
+	if ranks, _, out := a.conns.JobRanks(); ranks[c.ID()] == nil {
+		// pkg/supervisor/trainers: a join would make every request wait for it.
+		a.conns.Reply(c, m.ID, "join: this connection is not one of the job's declared ranks ("+out[c.ID()]+")")
 		return
 	}
 	if r, ok := a.commits.pending[m.ID]; ok {
@@ -98,13 +98,13 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	if _, ok := a.commits.uploads[m.ID]; ok {
-		a.conns.reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
+		a.conns.Reply(c, m.ID, "join: checkpoint "+m.ID+" was already saved on this node")
 		return
 	}
 	switch m.Reason {
 	case protocol.ReasonPeriodic, protocol.ReasonManual, protocol.ReasonShutdown, protocol.ReasonInterruption:
 	default:
-		a.conns.reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
+		a.conns.Reply(c, m.ID, fmt.Sprintf("join: unknown reason %q", m.Reason))
 		return
 	}
 	now := time.Now()
@@ -119,7 +119,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		// shutdown bounds it, as if this agent had been signalled.
 		deadline = a.cfg.RequestDeadline(a.commits.last.bytes, now.Add(a.cfg.TermGrace), now)
 	default:
-		a.conns.reply(c, m.ID, "join: a deadline in the future is required")
+		a.conns.Reply(c, m.ID, "join: a deadline in the future is required")
 		return
 	}
 	if deadline.After(now.Add(a.cfg.RequestTimeout)) {
@@ -128,7 +128,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	if s := a.stops.current; s != nil && (s.req == nil || a.commits.pending[s.req.id] != s.req) {
 		// This node's interruption checkpoint is saved (or failed)
 		// already: the job's ranks cannot be asked for another one.
-		a.conns.reply(c, m.ID, "join: this node is already stopping")
+		a.conns.Reply(c, m.ID, "join: this node is already stopping")
 		return
 	}
 	var stop *stopState
@@ -169,7 +169,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.log.Warn("checkpoint abandoned", zap.String("id", r.id), zap.String("reason", r.reason), zap.String("why", why))
 	a.cfg.Metrics.CommitFailed("trainer")
 	a.dirs.removeDir(r, a.goBg, a.log)
-	a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
+	a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
 		a.stops.failed(r.stop, why, now)

@@ -26,6 +26,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
+	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -48,7 +49,7 @@ type Agent struct {
 	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
 	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
 	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
-	conns   trainerConns         // the trainers and their connections (trainers.go)
+	conns   trainers.Conns       // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
@@ -251,11 +252,11 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
-		conns:   trainerConns{log: cfg.Log, byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}},
+		conns:   trainers.Conns{Log: cfg.Log, ByID: map[uint64]*protocol.Conn{}, SaidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.conns.childGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
+	a.conns.ChildGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
 	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
@@ -332,7 +333,7 @@ func (a *Agent) startChild() error {
 func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for len(a.conns.byID) == 0 {
+	for len(a.conns.ByID) == 0 {
 		select {
 		case ev := <-events:
 			a.onEvent(ev)
@@ -454,7 +455,7 @@ func (a *Agent) tick(now time.Time) {
 		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && a.conns.asking(a.job) &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(&a.conns, a.job) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
@@ -503,7 +504,7 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.cfg.EndWhenIdle && a.conns.had && len(a.conns.byID) == 0 && len(a.commits.pending) == 0 {
+	if a.cfg.EndWhenIdle && a.conns.Had && len(a.conns.ByID) == 0 && len(a.commits.pending) == 0 {
 		a.done = true
 	}
 }
@@ -662,5 +663,5 @@ func (a *Agent) trainers() int {
 	if a.boot.restoring != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
-	return len(a.conns.byID)
+	return len(a.conns.ByID)
 }

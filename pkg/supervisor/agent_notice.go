@@ -8,6 +8,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 func (a *Agent) onEvent(ev protocol.Event) {
@@ -27,20 +28,20 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
 	case protocol.TypeStatus:
-		a.conns.sendStatus(c, a.status())
+		sendStatus(&a.conns, c, a.status())
 	case protocol.TypeBye:
 		a.commits.seeStep(m.Step)
-		if _, ok := a.conns.byID[c.ID()]; ok {
-			a.conns.saidBye[c.ID()] = true
-			a.conns.byes++
+		if _, ok := a.conns.ByID[c.ID()]; ok {
+			a.conns.SaidBye[c.ID()] = true
+			a.conns.Byes++
 		}
 	case protocol.TypeDisconnected:
 		a.boot.forget(c.ID())                                                                                        // agent_restore.go
-		a.ranks.ConnEnded(c, a.conns.saidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
-		if _, ok := a.conns.byID[c.ID()]; ok && !a.conns.saidBye[c.ID()] {
-			a.conns.leftUnfinished = true
+		a.ranks.ConnEnded(c, a.conns.SaidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		if _, ok := a.conns.ByID[c.ID()]; ok && !a.conns.SaidBye[c.ID()] {
+			a.conns.LeftUnfinished = true
 		}
-		a.conns.forget(c.ID()) // trainers.go
+		a.conns.Forget(c.ID()) // pkg/supervisor/trainers
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -69,19 +70,19 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
-	if len(a.conns.byID) == 0 {
-		a.conns.leftUnfinished = false // a new start of the trainer(s)
+	if len(a.conns.ByID) == 0 {
+		a.conns.LeftUnfinished = false // a new start of the trainer(s)
 	}
-	a.conns.byID[c.ID()] = c
-	a.conns.noteHello(c) // trainers.go: the child's own connections go first
-	a.conns.had = true
+	a.conns.ByID[c.ID()] = c
+	a.conns.NoteHello(c) // pkg/supervisor/trainers: the child's own connections go first
+	a.conns.Had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	// One line: connected, or connected but left out (trainers.go).
-	if why := a.conns.review(c.ID()); why != "" {
-		a.log.Warn(leftOutMsg, append(fields, zap.String("why", why))...)
+	// One line: connected, or connected but left out (pkg/supervisor/trainers).
+	if why := a.conns.Review(c.ID()); why != "" {
+		a.log.Warn(trainers.LeftOutMsg, append(fields, zap.String("why", why))...)
 	} else {
 		a.log.Info("trainer connected", fields...)
 	}
@@ -98,7 +99,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
-		a.conns.reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
+		a.conns.Reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
 		return
 	}
 	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
@@ -139,7 +140,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && a.conns.asking(a.job) {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(&a.conns, a.job) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
@@ -193,7 +194,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
 	}
-	if a.conns.finished() {
+	if a.conns.Finished() {
 		// A sidecar outlives its trainer: the kubelet stops it after the
 		// trainer exited 0. Nothing was interrupted and nothing is lost.
 		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
@@ -219,7 +220,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
-					if c := a.conns.byID[cid]; c != nil {
+					if c := a.conns.ByID[cid]; c != nil {
 						c.Post(r.message())
 					}
 				}

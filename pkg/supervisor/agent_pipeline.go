@@ -27,7 +27,7 @@ import (
 func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.commits.pending[m.ID]
 	if m.ID == "" || !ok || !r.waiting[c.ID()] {
-		a.conns.reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
+		a.conns.Reply(c, m.ID, fmt.Sprintf("saved: unknown checkpoint id %q", m.ID))
 		return
 	}
 	err := a.startEarly(r, c, m)
@@ -37,10 +37,10 @@ func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 		// it was read, and the checkpoint fails at done (owner.go).
 		a.log.Error("saved refused: not the trainer's own file: the checkpoint will not be committed", zap.String("id", r.id), zap.String("path", m.Path),
 			zap.Int("peer_uid", c.PeerUID()), zap.Error(err))
-		a.conns.reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))
+		a.conns.Reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))
 	case err != nil:
 		a.log.Warn("saved refused: the file is checked at done like any other", zap.String("id", r.id), zap.String("path", m.Path), zap.Error(err))
-		a.conns.reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
+		a.conns.Reply(c, m.ID, fmt.Sprintf("saved %q: %v", m.Path, err))
 	}
 }
 

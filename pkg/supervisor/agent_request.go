@@ -90,8 +90,8 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	ranks, _, out := a.conns.jobRanks() // trainers.go: the job's declared ranks, and only they
-	a.conns.warnLeftOut(out)
+	ranks, _, out := a.conns.JobRanks() // pkg/supervisor/trainers: the job's declared ranks, and only they
+	a.conns.WarnLeftOut(out)
 	for _, c := range ranks {
 		if err := c.Post(msg); err != nil {
 			a.log.Warn("checkpoint request not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
@@ -113,11 +113,11 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 // onDone handles a trainer's done: for a request, or unsolicited.
 func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	if len(m.Metadata) > maxDoneMetadata || (len(m.Metadata) > 0 && !json.Valid(m.Metadata)) {
-		a.conns.reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
+		a.conns.Reply(c, m.ID, "done: metadata must be a JSON object under 64 KiB")
 		return
 	}
 	if m.Step == nil || *m.Step < 0 {
-		a.conns.reply(c, m.ID, "done: step is required and must be >= 0")
+		a.conns.Reply(c, m.ID, "done: step is required and must be >= 0")
 		return
 	}
 	if m.ID == "" {
@@ -127,11 +127,11 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	r, ok := a.commits.pending[m.ID]
 	if !ok || !r.waiting[c.ID()] {
 		a.log.Warn("done for an unknown checkpoint id", zap.String("id", m.ID), zap.Uint64("conn", c.ID()))
-		a.conns.reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
+		a.conns.Reply(c, m.ID, fmt.Sprintf("done: unknown checkpoint id %q", m.ID))
 		return
 	}
 	delete(r.waiting, c.ID())
-	a.conns.answered(c.ID()) // trainers.go
+	a.conns.Answered(c.ID()) // pkg/supervisor/trainers
 	r.noteAnswer(c)          // owner.go
 	r.noteRank(c)
 	r.answered++
@@ -148,7 +148,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		}
 	}
 	if len(r.waiting) == 0 {
-		if why := a.job.partMissing(r, a.conns.localWorld()); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
+		if why := a.job.partMissing(r, a.conns.LocalWorld()); why != "" && r.lost == 0 && len(r.part.ranks) > 0 {
 			// Another rank of this node will join (its hello came after
 			// the request): the part waits for it, up to r's deadline.
 			a.log.Info("part waits for this node's other ranks", zap.String("id", r.id), zap.String("why", why))
@@ -174,7 +174,7 @@ func (a *Agent) settle(r *request) {
 		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}
-	if why := a.job.partMissing(r, a.conns.localWorld()); why != "" {
+	if why := a.job.partMissing(r, a.conns.LocalWorld()); why != "" {
 		a.abandonPart(r, why+": job checkpoint abandoned", now)
 		return
 	}
@@ -201,11 +201,11 @@ func (a *Agent) settle(r *request) {
 // never make the agent upload anything else.
 func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	if a.stops.current != nil {
-		a.conns.reply(c, "", "done: an interruption checkpoint is in progress")
+		a.conns.Reply(c, "", "done: an interruption checkpoint is in progress")
 		return
 	}
 	if why := a.job.ownCheckpoint(); why != "" {
-		a.conns.reply(c, "", why)
+		a.conns.Reply(c, "", why)
 		return
 	}
 	rel, err := a.dirs.InsideCheckpointDir(m.Dir)
@@ -217,7 +217,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	}
 	if err != nil {
 		a.log.Warn("unsolicited done refused", zap.String("dir", m.Dir), zap.Error(err))
-		a.conns.reply(c, "", "done: "+err.Error())
+		a.conns.Reply(c, "", "done: "+err.Error())
 		return
 	}
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
@@ -319,7 +319,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
-		a.conns.broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
@@ -337,7 +337,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
 		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
 	}
-	a.conns.broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
+	a.conns.Broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.RunSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
 		d := time.Since(r.costFrom)
@@ -346,7 +346,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := a.conns.asking(a.job), a.sess.ID
+	jobStats, session := asking(&a.conns, a.job), a.sess.ID
 	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked

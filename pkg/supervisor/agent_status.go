@@ -6,6 +6,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/status"
+	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // Status is what `spotagent status` prints (pkg/supervisor/status).
@@ -43,10 +44,10 @@ func (a *Agent) status() Status {
 	return st
 }
 
-func (t *trainerConns) sendStatus(c *protocol.Conn, st Status) {
+func sendStatus(t *trainers.Conns, c *protocol.Conn, st Status) {
 	b, err := json.Marshal(st)
 	if err != nil {
-		t.reply(c, "", "status: "+err.Error())
+		t.Reply(c, "", "status: "+err.Error())
 		return
 	}
 	c.Post(protocol.Message{Type: protocol.TypeStatus, Status: b})

@@ -13,6 +13,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // jobPolicy is where single-node and part mode (one node of a multi-node
@@ -41,7 +42,7 @@ type jobPolicy interface {
 	// asksPeriodic: this agent's schedule asks for periodic checkpoints.
 	asksPeriodic(conns map[uint64]*protocol.Conn) bool
 	// hello notes what a trainer's hello says of the job.
-	hello(m protocol.Message, t *trainerConns, log *zap.Logger)
+	hello(m protocol.Message, t *trainers.Conns, log *zap.Logger)
 	// ownCheckpoint: why a checkpoint a trainer took on its own is refused
 	// ("" it is committed); mayJoin: why a join is refused ("" allowed).
 	ownCheckpoint() string
@@ -94,11 +95,11 @@ func (singleNode) pipeline(ctx context.Context, c *commit.Committer, held *os.Ro
 // hello warns when a trainer's hello says it is one node of a job and
 // this agent was not told its node rank: its commits would then be whole
 // checkpoints made of one node's files.
-func (singleNode) hello(m protocol.Message, t *trainerConns, log *zap.Logger) {
-	if t.warnedTopology || !MultiNode(m) {
+func (singleNode) hello(m protocol.Message, t *trainers.Conns, log *zap.Logger) {
+	if t.WarnedTopology || !MultiNode(m) {
 		return
 	}
-	t.warnedTopology = true
+	t.WarnedTopology = true
 	log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
 		zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
 }
@@ -188,9 +189,9 @@ func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
 }
 
 // hello: how many ranks run on this node is the job's declared shape
-// (trainers.go, jobRanks): a part waits for all of them, even one that
+// (pkg/supervisor/trainers, JobRanks): a part waits for all of them, even one that
 // connects after the request was sent, and never for more.
-func (partNode) hello(protocol.Message, *trainerConns, *zap.Logger) {}
+func (partNode) hello(protocol.Message, *trainers.Conns, *zap.Logger) {}
 
 // ownCheckpoint: one node's own checkpoint is no job checkpoint: as a
 // part of one it would stand for the whole job (docs/distributed.md).
@@ -202,3 +203,10 @@ func (partNode) mayJoin(protocol.Message) string { return "" }
 func (partNode) ranksAgree() bool                { return true }
 func (partNode) crashRecords() bool              { return true }
 func (partNode) fencedStopsAtOnce() bool         { return true }
+
+// asking: this agent's schedule asks for periodic checkpoints, as
+// job (the node hosting rank 0, in a job) decides from the declared ranks.
+func asking(t *trainers.Conns, job jobPolicy) bool {
+	ranks, _, _ := t.JobRanks()
+	return job.asksPeriodic(ranks)
+}

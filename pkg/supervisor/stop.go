@@ -16,6 +16,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
+	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // stopSequence is the notices and signals this session got, and the stop
@@ -32,7 +33,7 @@ type stopSequence struct {
 	// was lost; the cloud's event is acknowledged within life.
 	cfg     *Config
 	life    context.Context
-	conns   *trainerConns
+	conns   *trainers.Conns
 	sess    *session.Session
 	commits *commits
 	src     source.Source
@@ -95,13 +96,13 @@ func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
 	return true
 }
 
-func (s *stopState) send(t *trainerConns) {
+func (s *stopState) send(t *trainers.Conns) {
 	if s.stopSent {
 		return
 	}
 	s.stopSent = true
-	s.told = len(t.byID) > 0
-	t.broadcast(s.stopMessage())
+	s.told = len(t.ByID) > 0
+	t.Broadcast(s.stopMessage())
 }
 
 // noticeOutcome reports a cloud notice's checkpoint to the metrics: not a
