@@ -109,7 +109,7 @@ var columns = []column{
 	}, ""},
 	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }, "LOST H"},
 	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }, ""},
-	{"RESTORED FROM", false, func(f *Figures) string { return restoredFrom(f, " ") }, ""},
+	{restoredHead, false, func(f *Figures) string { return restoredFrom(f, " ") }, ""},
 	{"GOODPUT", false, func(f *Figures) string { return num(100*f.Goodput, 1) + " %" }, "GOODPUT"},
 	{"SPEND", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Spend }) }, "SPEND"},
 	{"WASTED", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Wasted }) }, "WASTED"},
@@ -242,6 +242,9 @@ var csvHead = []string{"scope", "cloud", "instance_type", "zone", "run", "start"
 	"between_per_interruption_s", "restore_hours", "goodput", "steps",
 	"spend", "wasted", "on_demand", "saving", "cost_per_1k_steps", "forecast_30d", "forecast_saving_30d",
 	"restores", "restored_local_bytes", "restored_peer_bytes", "restored_store_bytes"}
+
+// restoredHead heads the column of where restores read from.
+const restoredHead = "RESTORED FROM"
 
 // sourceOrder is where restores read from, nearest first.
 var sourceOrder = []string{checkpoint.FromLocal, checkpoint.FromPeer, checkpoint.FromStore}

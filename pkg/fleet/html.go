@@ -54,7 +54,11 @@ func htmlRows(rep *Report) []htmlRow {
 		r := htmlRow{Name: name}
 		for _, c := range columns {
 			if _, ok := c.shown(true, rep.Total.Money != nil); ok {
-				r.Cells = append(r.Cells, htmlCell(c.table(f)))
+				v := c.table(f)
+				if c.head == restoredHead {
+					v = restoredFrom(f, "\n") // a source a line
+				}
+				r.Cells = append(r.Cells, htmlCell(v))
 			}
 		}
 		rows = append(rows, r)
@@ -99,7 +103,7 @@ var pageTmpl = template.Must(template.New("fleet").Funcs(template.FuncMap{
 <title>spotagent fleet</title>
 <style>
 body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
-table { border-collapse: collapse; font-size: 12px; }
+table { border-collapse: collapse; font-size: 11px; }
 th, td { border: 1px solid #ddd; padding: 3px 5px; text-align: right; }
 td { white-space: pre; }
 th { vertical-align: bottom; }
