@@ -171,6 +171,36 @@ func TestRetry_StopsAtCancel(t *testing.T) {
 	}
 }
 
+// WithMaxWait bounds the waits of the operations made with its context:
+// a store whose own waits are an hour retries within the bound, and the
+// same store without it still waits its hour.
+func TestRetry_WithMaxWait(t *testing.T) {
+	f, _ := newFlaky(t, errTransient, errTransient)
+	st := wrap.Retry(f, wrap.RetryOptions{MinWait: time.Hour, MaxWait: time.Hour})
+	done := make(chan error, 1)
+	go func() { _, err := st.Stat(wrap.WithMaxWait(t.Context(), time.Millisecond), "a"); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil || f.calls != 3 {
+			t.Fatalf("err=%v after %d calls, want the object after 3", err, f.calls)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("WithMaxWait's bound was not applied: the wrapper waits its hour")
+	}
+	f.fails, f.calls = []error{errTransient}, 0
+	f.called = make(chan int, 10)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { _, err := st.Stat(ctx, "a"); done <- err }()
+	<-f.called
+	select {
+	case err := <-done:
+		t.Fatalf("without WithMaxWait the retry came at once (err=%v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	<-done
+}
+
 // A listing that breaks off is retried and resumes after the last key
 // delivered: fn sees each key once, in order. fn's own error is not
 // retried.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/fleet"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
@@ -66,7 +67,10 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 		defer s.journals.Done()
 		// Outlives the loop: the interruption's record and the session's
 		// stats must land after it ends (AwaitLanding).
-		ctx, cancel := context.WithTimeout(s.LandingCtx(), time.Minute)
+		// Retried at least every journalRetryMax while the store is down, so
+		// that a write in flight lands soon after it is back, before the
+		// exit stops waiting (TestStoreFault_DownDuringInterruption).
+		ctx, cancel := context.WithTimeout(wrap.WithMaxWait(s.LandingCtx(), journalRetryMax), time.Minute)
 		defer cancel()
 		var g *journal.Goodput
 		err := s.Journal.Update(ctx, func(j *journal.Journal) {
@@ -84,6 +88,11 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 		}
 	}()
 }
+
+// journalRetryMax bounds the wait between a journal write's retries: the
+// store's own longest wait (20 s) could outlast the exit's 10 s wait for a
+// write in flight after the store came back.
+const journalRetryMax = 2 * time.Second
 
 // RecordSession adds this session to the journal, once the restore worked:
 // a start that fails there leaves no trace in the store.
