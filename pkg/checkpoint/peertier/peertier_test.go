@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -570,5 +572,76 @@ func TestReplicaBadCopyNotKept(t *testing.T) {
 		if _, err := os.Stat(r.keptPath(0, f)); err == nil {
 			t.Fatalf("%s of node 1 kept on node 0 after a failed copy", f)
 		}
+	}
+}
+
+// dripPeer is node-0's peer server gone sick (or hostile): it answers
+// every request with the right header, then one byte every 20 ms, each
+// flushed, never silent for a stall bound.
+func dripPeer(t *testing.T, r *rig, opens *atomic.Int64) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		opens.Add(1)
+		w.Header().Set("Content-Length", req.URL.Query().Get("s"))
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		for {
+			select {
+			case <-req.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := w.Write([]byte{0}); err != nil {
+				return
+			}
+			rc.Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	rec := Record{Node: "node-0", Session: "s", Addrs: []string{strings.TrimPrefix(srv.URL, "http://")}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, rec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A peer that sends a byte now and then (never silent for the stall
+// bound) is cut off once its average rate is under the minimum after the
+// grace period: its file, and every later file it would have served, come
+// from the store, and the restore ends (review S1).
+func TestSlowPeerFallsBackToStore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	var opens atomic.Int64
+	dripPeer(t, r, &opens)
+	p := r.serve(1, nil, 0) // the default stall bound: each byte resets it
+	cl := p.Tier()
+	cl.minRate, cl.grace = 1<<20, 300*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := restore.Checkpoint(ctx, r.st, filepath.Join(t.TempDir(), "restore"),
+		restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{cl}})
+	if err != nil {
+		t.Fatalf("restore with a dripping peer: %v", err)
+	}
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got, want := res.From[checkpoint.FromStore], int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[store]=%d, want %d", got, want)
+	}
+	t.Logf("restore with a dripping peer took %s", res.Took)
+	// Files asked for at once may each have gone to it; none after the cut.
+	asked := opens.Load()
+	var f checkpoint.File
+	for _, g := range r.m.Files {
+		if g.Part == "node-1" && strings.HasPrefix(g.Path, "replica-") {
+			f = g
+		}
+	}
+	if _, err := cl.Open(ctx, r.m, f); err == nil {
+		t.Fatal("a peer cut off for its rate was asked again by the same restore")
+	}
+	if got := opens.Load(); got != asked {
+		t.Fatalf("the dripping peer was asked for %d files after it was cut off, want 0", got-asked)
 	}
 }
