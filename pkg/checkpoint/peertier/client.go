@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,7 +157,7 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 			if c.isBad(addr) {
 				continue
 			}
-			rc, err := c.get(ctx, addr, cd.node, ck, cd.file)
+			rc, err := c.get(ctx, addr, target{cd.node, rec.Session}, ck, cd.file)
 			if err == nil {
 				return rc, nil
 			}
@@ -205,23 +206,24 @@ func (c *Client) markBad(addr string) {
 	c.bad[addr] = time.Now()
 }
 
-// get asks node's peer at addr for file f of checkpoint ck.
-func (c *Client) get(ctx context.Context, addr, node, ck string, f checkpoint.File) (io.ReadCloser, error) {
-	r := signed(c.token, c.run, ck, f, time.Now())
+// get asks the peer to at addr for file f of checkpoint ck. Its errors
+// never carry the request's URL: the signature is not logged.
+func (c *Client) get(ctx context.Context, addr string, to target, ck string, f checkpoint.File) (io.ReadCloser, error) {
+	r := signed(c.token, c.run, to, ck, f, time.Now())
 	tctx, cancel := context.WithCancel(ctx)
 	// r and n route the request on a shared listener (node mode); a
-	// listener of the node's own ignores them.
-	route := url.Values{"r": {c.run}, "n": {node}}.Encode()
+	// listener of the node's own ignores r.
+	route := url.Values{"r": {c.run}}.Encode()
 	req, err := http.NewRequestWithContext(tctx, http.MethodGet, "http://"+addr+filePath+"?"+r.query()+"&"+route, nil)
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, fmt.Errorf("request for %s: %w", f.Path, unURL(err))
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		cancel()
 		c.markBad(addr) // refused or silent: not asked again by this restore
-		return nil, err
+		return nil, unURL(err)
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
@@ -255,6 +257,15 @@ const (
 	MinRate = 4 << 20 // bytes per second
 	Grace   = 10 * time.Second
 )
+
+// unURL is err without the URL an *url.Error names (it holds the signature).
+func unURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
+	}
+	return err
+}
 
 // errStalled: a peer sent no byte for the stall bound.
 var errStalled = errors.New("peer stalled")

@@ -121,7 +121,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
 	n := &Node{cfg: cfg, token: token, log: log}
-	n.serving = &server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
+	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
 	if cfg.Shared != nil {
 		if err := cfg.Shared.add(cfg.RunID, cfg.Node, n.serving); err != nil {
 			return nil, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -323,7 +324,7 @@ func TestSymlinkNotServed(t *testing.T) {
 		t.Fatalf("From[peer]=%d, want 0", got)
 	}
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
-	if got := r.ask(p, signed(p.token, "run", folder(r.m), f, time.Now())); got != http.StatusNotFound {
+	if got := r.ask(p, signed(p.token, "run", target{"node-0", "s"}, folder(r.m), f, time.Now())); got != http.StatusNotFound {
 		t.Fatalf("symlinked file: status %d, want 404", got)
 	}
 }
@@ -390,24 +391,27 @@ func TestServerRefuses(t *testing.T) {
 	tok := p.token
 	ck := folder(r.m)
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
+	to := target{"node-0", "s"}
 	now := time.Now()
-	if got := r.ask(p, signed(tok, "run", ck, f, now)); got != http.StatusOK {
+	if got := r.ask(p, signed(tok, "run", to, ck, f, now)); got != http.StatusOK {
 		t.Fatalf("a valid request: status %d, want 200", got)
 	}
 	cases := map[string]struct {
 		req  request
 		want int
 	}{
-		"no mac":        {request{ckpt: ck, file: f.Path, size: f.Size, expiry: now.Add(time.Minute).Unix()}, http.StatusForbidden},
-		"another key":   {signed([]byte("not the job's secret, 32 bytes.."), "run", ck, f, now), http.StatusForbidden},
-		"another run":   {signed(tok, "other", ck, f, now), http.StatusForbidden},
-		"expired":       {signed(tok, "run", ck, f, now.Add(-expiryAhead-time.Second)), http.StatusForbidden},
-		"too far ahead": {signed(tok, "run", ck, f, now.Add(maxAhead)), http.StatusForbidden},
-		"other file":    {signed(tok, "run", ck, checkpoint.File{Path: "shard-2.bin", Size: shardBytes}, now), http.StatusNotFound},
-		"other size":    {signed(tok, "run", ck, checkpoint.File{Path: f.Path, Size: f.Size - 1}, now), http.StatusNotFound},
-		"escape":        {signed(tok, "run", ck, checkpoint.File{Path: "../../../etc/passwd", Size: 1}, now), http.StatusBadRequest},
-		"bad name":      {signed(tok, "run", "../committed", f, now), http.StatusBadRequest},
-		"not held":      {signed(tok, "run", "000000000011-c11", f, now), http.StatusNotFound},
+		"another node":    {signed(tok, "run", target{"node-1", "s"}, ck, f, now), http.StatusForbidden},
+		"another session": {signed(tok, "run", target{"node-0", "s-before"}, ck, f, now), http.StatusForbidden},
+		"no mac":          {request{node: "node-0", session: "s", ckpt: ck, file: f.Path, size: f.Size, expiry: now.Add(time.Minute).Unix()}, http.StatusForbidden},
+		"another key":     {signed([]byte("not the job's secret, 32 bytes.."), "run", to, ck, f, now), http.StatusForbidden},
+		"another run":     {signed(tok, "other", to, ck, f, now), http.StatusForbidden},
+		"expired":         {signed(tok, "run", to, ck, f, now.Add(-expiryAhead-time.Second)), http.StatusForbidden},
+		"too far ahead":   {signed(tok, "run", to, ck, f, now.Add(maxAhead)), http.StatusForbidden},
+		"other file":      {signed(tok, "run", to, ck, checkpoint.File{Path: "shard-2.bin", Size: shardBytes}, now), http.StatusNotFound},
+		"other size":      {signed(tok, "run", to, ck, checkpoint.File{Path: f.Path, Size: f.Size - 1}, now), http.StatusNotFound},
+		"escape":          {signed(tok, "run", to, ck, checkpoint.File{Path: "../../../etc/passwd", Size: 1}, now), http.StatusBadRequest},
+		"bad name":        {signed(tok, "run", to, "../committed", f, now), http.StatusBadRequest},
+		"not held":        {signed(tok, "run", to, "000000000011-c11", f, now), http.StatusNotFound},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -417,7 +421,7 @@ func TestServerRefuses(t *testing.T) {
 		})
 	}
 	// A signature of one file does not open another.
-	forged := signed(tok, "run", ck, f, now)
+	forged := signed(tok, "run", to, ck, f, now)
 	forged.file = "shard-0.bin"
 	forged.size = shardBytes
 	if got := r.ask(p, forged); got != http.StatusForbidden {
@@ -643,5 +647,70 @@ func TestSlowPeerFallsBackToStore(t *testing.T) {
 	}
 	if got := opens.Load(); got != asked {
 		t.Fatalf("the dripping peer was asked for %d files after it was cut off, want 0", got-asked)
+	}
+}
+
+// A restore's warning about a peer it could not read names the peer and
+// the file, never the signed URL (review M1c).
+func TestPeerErrorHidesSignature(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	rec := Record{Node: "node-0", Session: "s", Addrs: []string{dead}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, rec); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	p := r.serve(1, nil, 0)
+	if _, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(t.TempDir(), "restore"),
+		restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{p.Tier()}, Log: zap.New(core)}); err != nil {
+		t.Fatal(err)
+	}
+	warned := 0
+	for _, e := range logs.All() {
+		for k, v := range e.ContextMap() {
+			if s := fmt.Sprint(v); strings.Contains(s, "mac=") || strings.Contains(s, filePath) {
+				t.Fatalf("%q logs the signed URL in %s: %s", e.Message, k, s)
+			}
+			if k == "error" && strings.Contains(fmt.Sprint(v), dead) {
+				warned++
+			}
+		}
+	}
+	if warned == 0 {
+		t.Fatalf("no warning names the peer %s: %v", dead, logs.All())
+	}
+}
+
+// A flood of refused requests (unsigned, 4 KB names) logs one warning
+// per interval, counting them, its file name truncated (review m1).
+func TestRefusalsRateLimited(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	core, logs := observer.New(zap.InfoLevel)
+	r.log = zap.New(core)
+	p := r.serve(0, nil, 0)
+	long := strings.Repeat("x", 4096)
+	for range 200 {
+		req := request{node: "node-0", session: "s", ckpt: folder(r.m), file: long, size: 1, expiry: time.Now().Add(time.Minute).Unix()}
+		if got := r.ask(p, req); got != http.StatusForbidden {
+			t.Fatalf("status %d, want 403", got)
+		}
+	}
+	var bytes int
+	refused := logs.FilterMessage("peer tier: requests refused").All()
+	for _, e := range refused {
+		bytes += len(fmt.Sprint(e.ContextMap()))
+	}
+	if len(refused) != 1 || bytes > 1024 {
+		t.Fatalf("%d refusal warnings, %d bytes, want 1 of at most 1 KiB", len(refused), bytes)
+	}
+	if n := refused[0].ContextMap()["refused"]; n != int64(1) {
+		t.Fatalf("the first warning counts %v refusals, want 1", n)
 	}
 }
