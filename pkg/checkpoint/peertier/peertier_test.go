@@ -223,6 +223,12 @@ func (r *rig) restore(k int, stall time.Duration) *restore.Result {
 	return res
 }
 
+// keptPartPath is node k's kept copy of file f of another node's part
+// (--replicas 1: localtier keeps it apart from the node's own).
+func (r *rig) keptPartPath(k int, part, f string) string {
+	return filepath.Join(r.nodes[k].dir, "area", "committed", folder(r.m)+"+"+part, f)
+}
+
 // keptPath is node k's kept copy of file f.
 func (r *rig) keptPath(k int, f string) string {
 	return filepath.Join(r.nodes[k].dir, "area", "committed", folder(r.m), f)
@@ -521,7 +527,7 @@ func TestReplicateWaitsForThePart(t *testing.T) {
 	}
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(r.keptPath(0, "shard-3.bin")); err == nil {
+		if _, err := os.Stat(r.keptPartPath(0, "node-1", "shard-3.bin")); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -544,7 +550,7 @@ func TestReplicaWithinBudget(t *testing.T) {
 	if err := p0.replicate(context.Background(), r.m); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(r.keptPath(0, "shard-2.bin")); err == nil {
+	if _, err := os.Stat(r.keptPartPath(0, "node-1", "shard-2.bin")); err == nil {
 		t.Fatal("node 1's part kept beyond the budget")
 	}
 	if _, err := os.Stat(r.keptPath(0, "shard-0.bin")); err != nil {
@@ -573,7 +579,7 @@ func TestReplicaBadCopyNotKept(t *testing.T) {
 		t.Fatal("replicate: no error for a damaged copy")
 	}
 	for _, f := range []string{"shard-2.bin", "shard-3.bin", "replica-2.bin"} {
-		if _, err := os.Stat(r.keptPath(0, f)); err == nil {
+		if _, err := os.Stat(r.keptPartPath(0, "node-1", f)); err == nil {
 			t.Fatalf("%s of node 1 kept on node 0 after a failed copy", f)
 		}
 	}
