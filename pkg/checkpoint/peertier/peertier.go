@@ -129,6 +129,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.ln = cfg.Shared.ln
 	} else {
 		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			// The previous session's record may still name this port
+			// (now another program's, or nobody's): withdraw it, so
+			// that no peer is sent there.
+			withdraw := Record{Node: cfg.Node, Session: cfg.Session, Updated: time.Now().UTC()}
+			if werr := putRecord(ctx, cfg.Store, withdraw); werr != nil {
+				log.Warn("peer tier: record not withdrawn: peers may try its old address, then the store", zap.Error(werr))
+			}
 			return nil, fmt.Errorf("peer tier: %w", err)
 		}
 		n.srv = newServer(n.serving)

@@ -720,3 +720,31 @@ func TestRefusalsRateLimited(t *testing.T) {
 		t.Fatalf("the first warning counts %v refusals, want 1", n)
 	}
 }
+
+// A node whose port cannot be bound withdraws its record (no address):
+// the previous session's, naming that port, sends nobody there (review M1b).
+func TestListenFailureWithdrawsRecord(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	old := Record{Node: "node-0", Session: "before", Addrs: []string{taken.Addr().String()}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, old); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "now",
+		Listen: taken.Addr().String(), Local: r.nodes[0].tier})
+	if err == nil {
+		t.Fatal("start on a port in use: no error")
+	}
+	rec, err := getRecord(context.Background(), r.st.Store, "node-0")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if rec.Session != "now" || len(rec.Addrs) != 0 || len(rec.Holds) != 0 {
+		t.Fatalf("record after a failed start: %+v, want this session's, no address", rec)
+	}
+}
