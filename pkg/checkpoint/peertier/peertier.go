@@ -166,7 +166,7 @@ func (n *Node) Tier() *Client {
 func (n *Node) Publish(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port),
+	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.advertise(), n.Addr().Port),
 		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
 	if n.cfg.Machine != (checkpoint.Machine{}) {
 		rec.Machine = &n.cfg.Machine
@@ -177,7 +177,26 @@ func (n *Node) Publish(ctx context.Context) error {
 	if err := putRecord(ctx, n.cfg.Store, rec); err != nil {
 		return err
 	}
-	n.log.Info("peer tier: serving this node's local copies", zap.Strings("addrs", rec.Addrs), zap.Strings("holds", rec.Holds))
+	if n.cfg.Local == nil {
+		// The agent warned at its start that it serves nothing (localdirs).
+		n.log.Debug("peer tier: record published: this node serves nothing, and only asks", zap.Strings("addrs", rec.Addrs))
+	} else {
+		n.log.Info("peer tier: serving this node's local copies", zap.Strings("addrs", rec.Addrs), zap.Strings("holds", rec.Holds))
+	}
+	return nil
+}
+
+// advertise is the hosts the record names: Advertise; else, when the
+// server listens on one address (--peer-listen 127.0.0.1:0), that one,
+// not the machine's others, where nothing listens; else none (every
+// address of the machine).
+func (n *Node) advertise() []string {
+	if len(n.cfg.Advertise) > 0 {
+		return n.cfg.Advertise
+	}
+	if ip := n.Addr().IP; ip != nil && !ip.IsUnspecified() {
+		return []string{ip.String()}
+	}
 	return nil
 }
 

@@ -748,3 +748,35 @@ func TestListenFailureWithdrawsRecord(t *testing.T) {
 		t.Fatalf("record after a failed start: %+v, want this session's, no address", rec)
 	}
 }
+
+// A server listening on one address, without Advertise, publishes that
+// address, not the machine's others where nothing listens (review m2).
+func TestRecordNamesSpecificListenHost(t *testing.T) {
+	r := newRig(t)
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "s", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rec, err := getRecord(context.Background(), r.st.Store, "node-0")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if got, want := strings.Join(rec.Addrs, ","), p.Addr().String(); got != want {
+		t.Fatalf("addrs %q, want %q only", got, want)
+	}
+}
+
+// A node without a local tier never says it serves copies (review m3).
+func TestNoLocalSaysServesNothing(t *testing.T) {
+	r := newRig(t)
+	core, logs := observer.New(zap.InfoLevel)
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "s", Listen: "127.0.0.1:0", Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if n := logs.FilterMessage("peer tier: serving this node's local copies").Len(); n != 0 {
+		t.Fatalf("%d 'serving' messages without a local tier", n)
+	}
+}
