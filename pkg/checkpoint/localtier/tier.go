@@ -125,12 +125,24 @@ func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.Fi
 	}
 	defer dir.Close()
 	if f.Part != "" && checkpoint.ValidID(f.Part) {
-		rc, err := checkpoint.OpenRegular(dir, partDirName(m, f.Part)+"/"+f.Path, f.Size)
+		rc, err := openSized(dir, partDirName(m, f.Part)+"/"+f.Path, f.Size)
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			return rc, err
 		}
 	}
-	return checkpoint.OpenRegular(dir, dirName(m)+"/"+f.Path, f.Size)
+	return openSized(dir, dirName(m)+"/"+f.Path, f.Size)
+}
+
+// openSized is checkpoint.OpenRegular, whose error for a file of another
+// size speaks of a scan: here it says the copy is not the manifest's size.
+func openSized(dir *os.Root, rel string, size int64) (*os.File, error) {
+	fh, err := checkpoint.OpenRegular(dir, rel, size)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if fi, lerr := dir.Lstat(rel); lerr == nil && fi.Mode().IsRegular() && fi.Size() != size {
+			return nil, fmt.Errorf("local tier: %s is %d bytes, the manifest says %d", rel, fi.Size(), size)
+		}
+	}
+	return fh, err
 }
 
 // Keep makes the files of part of the committed checkpoint m ("": a

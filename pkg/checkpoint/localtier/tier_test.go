@@ -528,3 +528,16 @@ func TestAddPartSamePathAsOwn(t *testing.T) {
 		}
 	}
 }
+
+// A kept file asked for with another size is refused as such, not as a
+// file that changed after a scan (review m3).
+func TestOpenOtherSizeSaysSo(t *testing.T) {
+	r := newRig(t, Options{})
+	m, _ := r.saveCommitKeep("a1", 1)
+	f := m.Files[0]
+	f.Size++
+	_, err := r.tier.Open(context.Background(), m, f)
+	if err == nil || strings.Contains(err.Error(), "scan") || !strings.Contains(err.Error(), "the manifest says") {
+		t.Fatalf("open with another size: %v", err)
+	}
+}
