@@ -11,15 +11,17 @@
 // the same size and CRC32C (data-parallel replicas write identical files)
 // and, with --restore all, the owner of another part for that part's
 // files. What a peer sends is verified by restore like any download; a
-// file that is refused, stalls, or fails verification comes from the
-// store. The choice of the checkpoint stays the store's: a peer can make
+// file that is refused, stalls, is too slow (MinRate) or fails
+// verification comes from the store. The choice of the checkpoint stays the store's: a peer can make
 // a restore faster, never older or different.
 //
 // Only the job's agents can read: every request carries an HMAC-SHA256,
 // keyed with the job's secret (liveness.Token: liveness/token in the
 // store, created if absent, readable only with the job's store
-// credentials), of the run, the checkpoint, the file, its size and an
-// expiry. The server refuses any other request.
+// credentials), of the run, the node asked and its session (from its
+// record), the checkpoint, the file, its part, its size and an expiry.
+// The server refuses any other request, and one for another node or
+// session.
 package peertier
 
 import (
