@@ -62,7 +62,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.StringVar(&o.checkpointDir, "checkpoint-root", "/var/lib/spotagent", "local directory; each run gets CHECKPOINT-ROOT/RUN-ID")
 		o.runID = "node"
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "a neighbour node's agent of a hosted multi-node run silent this long is a lost node (peer-lost in the run's directory: its pod ends its ranks, exit 75): at least 2s, or 0 for no heartbeats")
-		fs.StringVar(&o.peerListen, "peer-listen", ":0", "UDP address of the one socket every hosted multi-node run's heartbeats arrive on (e.g. :29450)")
+		fs.StringVar(&o.peerListen, "peer-listen", ":0", "UDP address of the one socket every hosted multi-node run's heartbeats arrive on (e.g. :29450); with --peer-restore, also the TCP address the peer tier listens on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 		fs.BoolVar(&o.peerRestore, "peer-restore", false, "every hosted multi-node run serves this machine's local copies (--local-keep) to its job's other agents on one TCP listener at --peer-listen's address, and restores from theirs before the store")
 		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps, for each hosted multi-node run, a copy of another node's part (one in another zone, else of another instance type, else node K+1's) after each periodic commit, within --local-max-bytes; 0: none")
@@ -73,7 +73,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		o.watch.register(fs)
 		fs.StringVar(&o.nodeRank, "node-rank", "", "this machine's node rank in a multi-node job (torchrun's --node_rank; default $SPOTAGENT_NODE_RANK): commit this node's part of each job checkpoint")
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75): at least 2s, or 0 for no heartbeats")
-		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on")
+		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on; with --peer-restore, also the TCP address the peer tier listens on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of another node's part (one in another zone, else of another instance type, else node K+1's; copied from it after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
 		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and CRC32C: data-parallel replicas)")

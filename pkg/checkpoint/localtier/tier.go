@@ -16,6 +16,7 @@ package localtier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -103,15 +104,45 @@ func dirName(m *checkpoint.Manifest) string {
 	return path.Base(strings.TrimSuffix(checkpoint.Prefix(m.Step, m.ID), "/"))
 }
 
+// partSep joins a checkpoint's directory name and another node's part
+// in the name of the directory that part's copy is kept in (AddPart):
+// <step:012d>-<id>+<node>. '+' is in no id, so no kept copy, nor any
+// file of one, can have that name.
+const partSep = "+"
+
+// partDirName is the directory of the copy of another node's part of m.
+func partDirName(m *checkpoint.Manifest, part string) string { return dirName(m) + partSep + part }
+
 // Open returns the kept copy of file f of checkpoint m; an error wrapping
-// fs.ErrNotExist when there is none. The caller verifies what it reads.
+// fs.ErrNotExist when there is none. A file of another node's part is
+// read from that part's own directory when the tier keeps one (AddPart):
+// the manifest allows the same path in two parts. The caller verifies
+// what it reads.
 func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	dir, err := t.dir()
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
-	return checkpoint.OpenRegular(dir, dirName(m)+"/"+f.Path, f.Size)
+	if f.Part != "" && checkpoint.ValidID(f.Part) {
+		rc, err := openSized(dir, partDirName(m, f.Part)+"/"+f.Path, f.Size)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return rc, err
+		}
+	}
+	return openSized(dir, dirName(m)+"/"+f.Path, f.Size)
+}
+
+// openSized is checkpoint.OpenRegular, whose error for a file of another
+// size speaks of a scan: here it says the copy is not the manifest's size.
+func openSized(dir *os.Root, rel string, size int64) (*os.File, error) {
+	fh, err := checkpoint.OpenRegular(dir, rel, size)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if fi, lerr := dir.Lstat(rel); lerr == nil && fi.Mode().IsRegular() && fi.Size() != size {
+			return nil, fmt.Errorf("local tier: %s is %d bytes, the manifest says %d", rel, fi.Size(), size)
+		}
+	}
+	return fh, err
 }
 
 // Keep makes the files of part of the committed checkpoint m ("": a
@@ -223,12 +254,17 @@ func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {
 }
 
 // prune drops the copies beyond the budget: beyond Keep, highest step
-// first, and beyond MaxBytes, oldest first.
+// first, and beyond MaxBytes, oldest first. A copy's directories of other
+// nodes' parts (AddPart) count with it and go with it; one whose copy is
+// gone goes too.
 func (t *Tier) prune(dir *os.Root) {
 	var kept []string
+	extra := map[string][]string{} // copy → its part directories
 	for _, n := range names(dir) {
 		if isCopy(n) {
 			kept = append(kept, n)
+		} else if ck, ok := isPartDir(n); ok {
+			extra[ck] = append(extra[ck], n)
 		}
 	}
 	// Names are <step:012d>-<id>: by name is by step.
@@ -237,8 +273,12 @@ func (t *Tier) prune(dir *os.Root) {
 	var total int64
 	for i, n := range kept {
 		size := dirBytes(dir, n)
+		for _, e := range extra[n] {
+			size += dirBytes(dir, e)
+		}
 		total += size
 		if i < t.opts.Keep && (t.opts.MaxBytes <= 0 || total <= t.opts.MaxBytes) {
+			delete(extra, n)
 			continue
 		}
 		if err := dir.RemoveAll(n); err != nil {
@@ -247,6 +287,31 @@ func (t *Tier) prune(dir *os.Root) {
 		}
 		t.log.Info("local tier: dropped an old copy", zap.String("dir", n), zap.Int64("bytes", size))
 	}
+	for _, es := range extra { // of copies dropped, or never kept
+		for _, e := range es {
+			if err := dir.RemoveAll(e); err != nil {
+				t.log.Warn("local tier: could not drop an old copy", zap.String("dir", e), zap.Error(err))
+			}
+		}
+	}
+}
+
+// isPartDir reports whether name is the directory of another node's part
+// of a kept copy (partDirName), and that copy's name.
+func isPartDir(name string) (string, bool) {
+	ck, part, ok := strings.Cut(name, partSep)
+	return ck, ok && isCopy(ck) && checkpoint.ValidID(part)
+}
+
+// copyBytes is the size of the kept copy name with its part directories.
+func copyBytes(dir *os.Root, name string) int64 {
+	n := dirBytes(dir, name)
+	for _, e := range names(dir) {
+		if ck, ok := isPartDir(e); ok && ck == name {
+			n += dirBytes(dir, e)
+		}
+	}
+	return n
 }
 
 // dirBytes is the size of the regular files below name.
@@ -314,6 +379,9 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 	if len(m.Parts) == 0 {
 		return fmt.Errorf("local tier: not a job checkpoint")
 	}
+	if !checkpoint.ValidID(part) {
+		return fmt.Errorf("local tier: bad part %q", part)
+	}
 	files, bytes := partFiles(m, part)
 	if len(files) == 0 {
 		return fmt.Errorf("local tier: checkpoint %s has no files of part %s", m.ID, part)
@@ -323,8 +391,8 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 		return err
 	}
 	defer dir.Close()
-	name := dirName(m)
-	if t.opts.MaxBytes > 0 && dirBytes(dir, name)+bytes > t.opts.MaxBytes {
+	name, pname := dirName(m), partDirName(m, part)
+	if t.opts.MaxBytes > 0 && copyBytes(dir, name)-dirBytes(dir, pname)+bytes > t.opts.MaxBytes {
 		t.log.Info("another node's part does not fit the local tier's budget: not kept", zap.String("part", part), zap.Int64("bytes", bytes), zap.Int64("max_bytes", t.opts.MaxBytes))
 		return nil
 	}
@@ -332,23 +400,23 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 	if err != nil {
 		return fmt.Errorf("local tier: %w", err)
 	}
-	defer dir.RemoveAll(tmp)
+	defer dir.RemoveAll(tmp) // a no-op once renamed
 	for _, f := range files {
 		if err := addFile(ctx, dir, path.Join(tmp, f.Path), f, open); err != nil {
 			return fmt.Errorf("local tier: %s of %s: %w", f.Path, part, err)
 		}
 	}
-	for _, f := range files {
-		if d := path.Dir(f.Path); d != "." {
-			if err := dir.MkdirAll(path.Join(name, d), 0o700); err != nil {
-				return fmt.Errorf("local tier: %w", err)
-			}
-		} else if err := dir.MkdirAll(name, 0o700); err != nil {
-			return fmt.Errorf("local tier: %w", err)
-		}
-		if err := dir.Rename(path.Join(tmp, f.Path), path.Join(name, f.Path)); err != nil {
-			return fmt.Errorf("local tier: %w", err)
-		}
+	// The part has a directory of its own, beside this node's copy (made
+	// empty if there is none, so that the checkpoint is listed as held):
+	// a file of the same path in both parts overwrites neither.
+	if err := dir.MkdirAll(name, 0o700); err != nil {
+		return fmt.Errorf("local tier: %w", err)
+	}
+	if err := dir.RemoveAll(pname); err != nil { // a copy of the same part, kept before
+		return fmt.Errorf("local tier: %w", err)
+	}
+	if err := dir.Rename(tmp, pname); err != nil {
+		return fmt.Errorf("local tier: %w", err)
 	}
 	t.log.Info("kept a copy of another node's part of the committed checkpoint", zap.String("id", m.ID), zap.Int64("step", m.Step),
 		zap.String("part", part), zap.Int("files", len(files)), zap.Int64("bytes", bytes))

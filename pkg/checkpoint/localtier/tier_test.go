@@ -458,3 +458,86 @@ func TestKeepPart(t *testing.T) {
 		})
 	}
 }
+
+// Two parts may hold a file of the same path (the manifest allows it):
+// the copy of another node's part (AddPart, --replicas 1) is kept apart
+// from this node's own, so neither overwrites the other, each part reads
+// back its own bytes, and both go when the copy is dropped (review M2).
+func TestAddPartSamePathAsOwn(t *testing.T) {
+	r := newRig(t, Options{Keep: 1})
+	parts := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0}, WorldSize: 2}, {Node: "node-1", Ranks: []int{1}, WorldSize: 2}}
+	content := map[string][]byte{"node-0": bytes.Repeat([]byte("node zero;"), 1000), "node-1": bytes.Repeat([]byte("node one;;"), 1000)}
+	commitJob := func(id string, step int64) *checkpoint.Manifest {
+		res := make([]*commit.Result, len(parts))
+		errs := make([]error, len(parts))
+		var wg sync.WaitGroup
+		for i, p := range parts {
+			src := filepath.Join(r.dir, "req-"+id+"-"+p.Node)
+			os.MkdirAll(filepath.Join(src, "sub"), 0o700)
+			for _, f := range []string{"model.bin", "sub/opt.bin"} {
+				if err := os.WriteFile(filepath.Join(src, f), content[p.Node], 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			wg.Go(func() {
+				c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+				res[i], errs[i] = c.Commit(context.Background(), commit.Request{Dir: src, ID: id, Step: step, Part: &p})
+			})
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return res[0].Manifest
+	}
+	m := commitJob("j1", 7)
+	if err := r.tier.Keep(context.Background(), "req-j1-node-0", m, "node-0", true); err != nil {
+		t.Fatal(err)
+	}
+	fromStore := func(ctx context.Context, f checkpoint.File) (io.ReadCloser, error) {
+		return r.st.Get(ctx, f.Key, 0, -1)
+	}
+	if err := r.tier.AddPart(context.Background(), m, "node-1", fromStore); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range m.Files {
+		rc, err := r.tier.Open(context.Background(), m, f)
+		if err != nil {
+			t.Fatalf("%s of %s: %v", f.Path, f.Part, err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, content[f.Part]) {
+			t.Fatalf("%s of %s: %.20q (%v), want %.20q", f.Path, f.Part, got, err, content[f.Part])
+		}
+	}
+	if got := r.tier.Held(); len(got) != 1 {
+		t.Fatalf("held %v, want the one checkpoint", got)
+	}
+	// A newer copy drops the older one with its other part.
+	m2 := commitJob("j2", 8)
+	if err := r.tier.Keep(context.Background(), "req-j2-node-0", m2, "node-0", true); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := os.ReadDir(filepath.Join(r.dir, filepath.FromSlash(r.tier.rel)))
+	for _, e := range left {
+		if strings.HasPrefix(e.Name(), dirName(m)) {
+			t.Fatalf("%s left after its copy was dropped", e.Name())
+		}
+	}
+}
+
+// A kept file asked for with another size is refused as such, not as a
+// file that changed after a scan (review m3).
+func TestOpenOtherSizeSaysSo(t *testing.T) {
+	r := newRig(t, Options{})
+	m, _ := r.saveCommitKeep("a1", 1)
+	f := m.Files[0]
+	f.Size++
+	_, err := r.tier.Open(context.Background(), m, f)
+	if err == nil || strings.Contains(err.Error(), "scan") || !strings.Contains(err.Error(), "the manifest says") {
+		t.Fatalf("open with another size: %v", err)
+	}
+}

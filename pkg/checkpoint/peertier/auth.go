@@ -15,7 +15,12 @@ import (
 )
 
 // filePath is the server's one path; the query names the file:
-// c=<step:012d>-<id>&f=<path>&s=<size>&e=<expiry, unix s>&mac=<hex>.
+// n=<node>&t=<session>&c=<step:012d>-<id>&f=<path>&p=<part>&s=<size>&e=<expiry, unix s>&mac=<hex>.
+// n and t are the node asked and its session, from its record: a request
+// signed for one node and session is refused by any other (a URL sent to
+// a stale or squatted address cannot be replayed at the real node). p is
+// the part the file belongs to (a replica of another node's part is kept
+// apart from the node's own: localtier).
 const filePath = "/spotagent/peer/v1/file"
 
 // macDomain keeps a peer request's MAC apart from the heartbeats', which
@@ -31,34 +36,40 @@ const (
 
 // request names one file of one checkpoint copy.
 type request struct {
-	ckpt   string // <step:012d>-<id>
-	file   string
-	size   int64
-	expiry int64
-	mac    string
+	node    string // the node asked
+	session string // its session, from its record
+	ckpt    string // <step:012d>-<id>
+	file    string
+	part    string // the part file belongs to
+	size    int64
+	expiry  int64
+	mac     string
 }
 
 func (r request) sum(token []byte, run string) string {
 	h := hmac.New(sha256.New, token)
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%d\x00%d", macDomain, run, r.ckpt, r.file, r.size, r.expiry)
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%s\x00%s\x00%d\x00%d", macDomain, run, r.node, r.session, r.ckpt, r.file, r.part, r.size, r.expiry)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
 func (r request) query() string {
-	return url.Values{"c": {r.ckpt}, "f": {r.file}, "s": {strconv.FormatInt(r.size, 10)},
+	return url.Values{"n": {r.node}, "t": {r.session}, "c": {r.ckpt}, "f": {r.file}, "p": {r.part}, "s": {strconv.FormatInt(r.size, 10)},
 		"e": {strconv.FormatInt(r.expiry, 10)}, "mac": {r.mac}}.Encode()
 }
 
-// signed is the request for file f of checkpoint ckpt, valid from now on.
-func signed(token []byte, run, ckpt string, f checkpoint.File, now time.Time) request {
-	r := request{ckpt: ckpt, file: f.Path, size: f.Size, expiry: now.Add(expiryAhead).Unix()}
+// target is the node a request is for, and its session (its record's).
+type target struct{ node, session string }
+
+// signed is the request to node to for file f of checkpoint ckpt, valid from now on.
+func signed(token []byte, run string, to target, ckpt string, f checkpoint.File, now time.Time) request {
+	r := request{node: to.node, session: to.session, ckpt: ckpt, file: f.Path, part: f.Part, size: f.Size, expiry: now.Add(expiryAhead).Unix()}
 	r.mac = r.sum(token, run)
 	return r
 }
 
 // parseRequest reads a request from a query, refusing a malformed one.
 func parseRequest(q url.Values) (request, error) {
-	r := request{ckpt: q.Get("c"), file: q.Get("f"), mac: q.Get("mac")}
+	r := request{node: q.Get("n"), session: q.Get("t"), ckpt: q.Get("c"), file: q.Get("f"), part: q.Get("p"), mac: q.Get("mac")}
 	var err error
 	if r.size, err = strconv.ParseInt(q.Get("s"), 10, 64); err != nil || r.size < 0 {
 		return r, fmt.Errorf("bad size")
@@ -72,10 +83,14 @@ func parseRequest(q url.Values) (request, error) {
 	if err := checkpoint.SafeRel(r.file); err != nil {
 		return r, err
 	}
+	if r.part != "" && !checkpoint.ValidID(r.part) {
+		return r, fmt.Errorf("bad part")
+	}
 	return r, nil
 }
 
 // authorized reports whether r carries a valid MAC and has not expired.
+// (Whether it is for this node and session is the server's check.)
 func (r request) authorized(token []byte, run string, now time.Time) bool {
 	if r.expiry < now.Unix() || r.expiry > now.Add(maxAhead).Unix() {
 		return false

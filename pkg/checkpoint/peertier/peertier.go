@@ -11,15 +11,17 @@
 // the same size and CRC32C (data-parallel replicas write identical files)
 // and, with --restore all, the owner of another part for that part's
 // files. What a peer sends is verified by restore like any download; a
-// file that is refused, stalls, or fails verification comes from the
-// store. The choice of the checkpoint stays the store's: a peer can make
+// file that is refused, stalls, is too slow (MinRate) or fails
+// verification comes from the store. The choice of the checkpoint stays the store's: a peer can make
 // a restore faster, never older or different.
 //
 // Only the job's agents can read: every request carries an HMAC-SHA256,
 // keyed with the job's secret (liveness.Token: liveness/token in the
 // store, created if absent, readable only with the job's store
-// credentials), of the run, the checkpoint, the file, its size and an
-// expiry. The server refuses any other request.
+// credentials), of the run, the node asked and its session (from its
+// record), the checkpoint, the file, its part, its size and an expiry.
+// The server refuses any other request, and one for another node or
+// session.
 package peertier
 
 import (
@@ -121,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
 	n := &Node{cfg: cfg, token: token, log: log}
-	n.serving = &server{token: token, run: cfg.RunID, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
+	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
 	if cfg.Shared != nil {
 		if err := cfg.Shared.add(cfg.RunID, cfg.Node, n.serving); err != nil {
 			return nil, err
@@ -129,6 +131,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.ln = cfg.Shared.ln
 	} else {
 		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			// The previous session's record may still name this port
+			// (now another program's, or nobody's): withdraw it, so
+			// that no peer is sent there.
+			withdraw := Record{Node: cfg.Node, Session: cfg.Session, Updated: time.Now().UTC()}
+			if werr := putRecord(ctx, cfg.Store, withdraw); werr != nil {
+				log.Warn("peer tier: record not withdrawn: peers may try its old address, then the store", zap.Error(werr))
+			}
 			return nil, fmt.Errorf("peer tier: %w", err)
 		}
 		n.srv = newServer(n.serving)
@@ -159,7 +168,7 @@ func (n *Node) Tier() *Client {
 func (n *Node) Publish(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.cfg.Advertise, n.Addr().Port),
+	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.advertise(), n.Addr().Port),
 		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
 	if n.cfg.Machine != (checkpoint.Machine{}) {
 		rec.Machine = &n.cfg.Machine
@@ -170,7 +179,26 @@ func (n *Node) Publish(ctx context.Context) error {
 	if err := putRecord(ctx, n.cfg.Store, rec); err != nil {
 		return err
 	}
-	n.log.Info("peer tier: serving this node's local copies", zap.Strings("addrs", rec.Addrs), zap.Strings("holds", rec.Holds))
+	if n.cfg.Local == nil {
+		// The agent warned at its start that it serves nothing (localdirs).
+		n.log.Debug("peer tier: record published: this node serves nothing, and only asks", zap.Strings("addrs", rec.Addrs))
+	} else {
+		n.log.Info("peer tier: serving this node's local copies", zap.Strings("addrs", rec.Addrs), zap.Strings("holds", rec.Holds))
+	}
+	return nil
+}
+
+// advertise is the hosts the record names: Advertise; else, when the
+// server listens on one address (--peer-listen 127.0.0.1:0), that one,
+// not the machine's others, where nothing listens; else none (every
+// address of the machine).
+func (n *Node) advertise() []string {
+	if len(n.cfg.Advertise) > 0 {
+		return n.cfg.Advertise
+	}
+	if ip := n.Addr().IP; ip != nil && !ip.IsUnspecified() {
+		return []string{ip.String()}
+	}
 	return nil
 }
 

@@ -5,11 +5,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -220,6 +223,12 @@ func (r *rig) restore(k int, stall time.Duration) *restore.Result {
 	return res
 }
 
+// keptPartPath is node k's kept copy of file f of another node's part
+// (--replicas 1: localtier keeps it apart from the node's own).
+func (r *rig) keptPartPath(k int, part, f string) string {
+	return filepath.Join(r.nodes[k].dir, "area", "committed", folder(r.m)+"+"+part, f)
+}
+
 // keptPath is node k's kept copy of file f.
 func (r *rig) keptPath(k int, f string) string {
 	return filepath.Join(r.nodes[k].dir, "area", "committed", folder(r.m), f)
@@ -321,7 +330,7 @@ func TestSymlinkNotServed(t *testing.T) {
 		t.Fatalf("From[peer]=%d, want 0", got)
 	}
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
-	if got := r.ask(p, signed(p.token, "run", folder(r.m), f, time.Now())); got != http.StatusNotFound {
+	if got := r.ask(p, signed(p.token, "run", target{"node-0", "s"}, folder(r.m), f, time.Now())); got != http.StatusNotFound {
 		t.Fatalf("symlinked file: status %d, want 404", got)
 	}
 }
@@ -388,24 +397,27 @@ func TestServerRefuses(t *testing.T) {
 	tok := p.token
 	ck := folder(r.m)
 	f := checkpoint.File{Path: "replica-0.bin", Size: replicaBytes}
+	to := target{"node-0", "s"}
 	now := time.Now()
-	if got := r.ask(p, signed(tok, "run", ck, f, now)); got != http.StatusOK {
+	if got := r.ask(p, signed(tok, "run", to, ck, f, now)); got != http.StatusOK {
 		t.Fatalf("a valid request: status %d, want 200", got)
 	}
 	cases := map[string]struct {
 		req  request
 		want int
 	}{
-		"no mac":        {request{ckpt: ck, file: f.Path, size: f.Size, expiry: now.Add(time.Minute).Unix()}, http.StatusForbidden},
-		"another key":   {signed([]byte("not the job's secret, 32 bytes.."), "run", ck, f, now), http.StatusForbidden},
-		"another run":   {signed(tok, "other", ck, f, now), http.StatusForbidden},
-		"expired":       {signed(tok, "run", ck, f, now.Add(-expiryAhead-time.Second)), http.StatusForbidden},
-		"too far ahead": {signed(tok, "run", ck, f, now.Add(maxAhead)), http.StatusForbidden},
-		"other file":    {signed(tok, "run", ck, checkpoint.File{Path: "shard-2.bin", Size: shardBytes}, now), http.StatusNotFound},
-		"other size":    {signed(tok, "run", ck, checkpoint.File{Path: f.Path, Size: f.Size - 1}, now), http.StatusNotFound},
-		"escape":        {signed(tok, "run", ck, checkpoint.File{Path: "../../../etc/passwd", Size: 1}, now), http.StatusBadRequest},
-		"bad name":      {signed(tok, "run", "../committed", f, now), http.StatusBadRequest},
-		"not held":      {signed(tok, "run", "000000000011-c11", f, now), http.StatusNotFound},
+		"another node":    {signed(tok, "run", target{"node-1", "s"}, ck, f, now), http.StatusForbidden},
+		"another session": {signed(tok, "run", target{"node-0", "s-before"}, ck, f, now), http.StatusForbidden},
+		"no mac":          {request{node: "node-0", session: "s", ckpt: ck, file: f.Path, size: f.Size, expiry: now.Add(time.Minute).Unix()}, http.StatusForbidden},
+		"another key":     {signed([]byte("not the job's secret, 32 bytes.."), "run", to, ck, f, now), http.StatusForbidden},
+		"another run":     {signed(tok, "other", to, ck, f, now), http.StatusForbidden},
+		"expired":         {signed(tok, "run", to, ck, f, now.Add(-expiryAhead-time.Second)), http.StatusForbidden},
+		"too far ahead":   {signed(tok, "run", to, ck, f, now.Add(maxAhead)), http.StatusForbidden},
+		"other file":      {signed(tok, "run", to, ck, checkpoint.File{Path: "shard-2.bin", Size: shardBytes}, now), http.StatusNotFound},
+		"other size":      {signed(tok, "run", to, ck, checkpoint.File{Path: f.Path, Size: f.Size - 1}, now), http.StatusNotFound},
+		"escape":          {signed(tok, "run", to, ck, checkpoint.File{Path: "../../../etc/passwd", Size: 1}, now), http.StatusBadRequest},
+		"bad name":        {signed(tok, "run", to, "../committed", f, now), http.StatusBadRequest},
+		"not held":        {signed(tok, "run", to, "000000000011-c11", f, now), http.StatusNotFound},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -415,7 +427,7 @@ func TestServerRefuses(t *testing.T) {
 		})
 	}
 	// A signature of one file does not open another.
-	forged := signed(tok, "run", ck, f, now)
+	forged := signed(tok, "run", to, ck, f, now)
 	forged.file = "shard-0.bin"
 	forged.size = shardBytes
 	if got := r.ask(p, forged); got != http.StatusForbidden {
@@ -515,7 +527,7 @@ func TestReplicateWaitsForThePart(t *testing.T) {
 	}
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(r.keptPath(0, "shard-3.bin")); err == nil {
+		if _, err := os.Stat(r.keptPartPath(0, "node-1", "shard-3.bin")); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -538,7 +550,7 @@ func TestReplicaWithinBudget(t *testing.T) {
 	if err := p0.replicate(context.Background(), r.m); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(r.keptPath(0, "shard-2.bin")); err == nil {
+	if _, err := os.Stat(r.keptPartPath(0, "node-1", "shard-2.bin")); err == nil {
 		t.Fatal("node 1's part kept beyond the budget")
 	}
 	if _, err := os.Stat(r.keptPath(0, "shard-0.bin")); err != nil {
@@ -567,8 +579,204 @@ func TestReplicaBadCopyNotKept(t *testing.T) {
 		t.Fatal("replicate: no error for a damaged copy")
 	}
 	for _, f := range []string{"shard-2.bin", "shard-3.bin", "replica-2.bin"} {
-		if _, err := os.Stat(r.keptPath(0, f)); err == nil {
+		if _, err := os.Stat(r.keptPartPath(0, "node-1", f)); err == nil {
 			t.Fatalf("%s of node 1 kept on node 0 after a failed copy", f)
 		}
+	}
+}
+
+// dripPeer is node-0's peer server gone sick (or hostile): it answers
+// every request with the right header, then one byte every 20 ms, each
+// flushed, never silent for a stall bound.
+func dripPeer(t *testing.T, r *rig, opens *atomic.Int64) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		opens.Add(1)
+		w.Header().Set("Content-Length", req.URL.Query().Get("s"))
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		for {
+			select {
+			case <-req.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := w.Write([]byte{0}); err != nil {
+				return
+			}
+			rc.Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	rec := Record{Node: "node-0", Session: "s", Addrs: []string{strings.TrimPrefix(srv.URL, "http://")}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, rec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A peer that sends a byte now and then (never silent for the stall
+// bound) is cut off once its average rate is under the minimum after the
+// grace period: its file, and every later file it would have served, come
+// from the store, and the restore ends (review S1).
+func TestSlowPeerFallsBackToStore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	var opens atomic.Int64
+	dripPeer(t, r, &opens)
+	p := r.serve(1, nil, 0) // the default stall bound: each byte resets it
+	cl := p.Tier()
+	cl.minRate, cl.grace = 1<<20, 300*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := restore.Checkpoint(ctx, r.st, filepath.Join(t.TempDir(), "restore"),
+		restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{cl}})
+	if err != nil {
+		t.Fatalf("restore with a dripping peer: %v", err)
+	}
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got, want := res.From[checkpoint.FromStore], int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("From[store]=%d, want %d", got, want)
+	}
+	t.Logf("restore with a dripping peer took %s", res.Took)
+	// Files asked for at once may each have gone to it; none after the cut.
+	asked := opens.Load()
+	var f checkpoint.File
+	for _, g := range r.m.Files {
+		if g.Part == "node-1" && strings.HasPrefix(g.Path, "replica-") {
+			f = g
+		}
+	}
+	if _, err := cl.Open(ctx, r.m, f); err == nil {
+		t.Fatal("a peer cut off for its rate was asked again by the same restore")
+	}
+	if got := opens.Load(); got != asked {
+		t.Fatalf("the dripping peer was asked for %d files after it was cut off, want 0", got-asked)
+	}
+}
+
+// A restore's warning about a peer it could not read names the peer and
+// the file, never the signed URL (review M1c).
+func TestPeerErrorHidesSignature(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	rec := Record{Node: "node-0", Session: "s", Addrs: []string{dead}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, rec); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	p := r.serve(1, nil, 0)
+	if _, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(t.TempDir(), "restore"),
+		restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{p.Tier()}, Log: zap.New(core)}); err != nil {
+		t.Fatal(err)
+	}
+	warned := 0
+	for _, e := range logs.All() {
+		for k, v := range e.ContextMap() {
+			if s := fmt.Sprint(v); strings.Contains(s, "mac=") || strings.Contains(s, filePath) {
+				t.Fatalf("%q logs the signed URL in %s: %s", e.Message, k, s)
+			}
+			if k == "error" && strings.Contains(fmt.Sprint(v), dead) {
+				warned++
+			}
+		}
+	}
+	if warned == 0 {
+		t.Fatalf("no warning names the peer %s: %v", dead, logs.All())
+	}
+}
+
+// A flood of refused requests (unsigned, 4 KB names) logs one warning
+// per interval, counting them, its file name truncated (review m1).
+func TestRefusalsRateLimited(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	core, logs := observer.New(zap.InfoLevel)
+	r.log = zap.New(core)
+	p := r.serve(0, nil, 0)
+	long := strings.Repeat("x", 4096)
+	for range 200 {
+		req := request{node: "node-0", session: "s", ckpt: folder(r.m), file: long, size: 1, expiry: time.Now().Add(time.Minute).Unix()}
+		if got := r.ask(p, req); got != http.StatusForbidden {
+			t.Fatalf("status %d, want 403", got)
+		}
+	}
+	var bytes int
+	refused := logs.FilterMessage("peer tier: requests refused").All()
+	for _, e := range refused {
+		bytes += len(fmt.Sprint(e.ContextMap()))
+	}
+	if len(refused) != 1 || bytes > 1024 {
+		t.Fatalf("%d refusal warnings, %d bytes, want 1 of at most 1 KiB", len(refused), bytes)
+	}
+	if n := refused[0].ContextMap()["refused"]; n != int64(1) {
+		t.Fatalf("the first warning counts %v refusals, want 1", n)
+	}
+}
+
+// A node whose port cannot be bound withdraws its record (no address):
+// the previous session's, naming that port, sends nobody there (review M1b).
+func TestListenFailureWithdrawsRecord(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	old := Record{Node: "node-0", Session: "before", Addrs: []string{taken.Addr().String()}, Holds: []string{folder(r.m)}}
+	if err := putRecord(context.Background(), r.st.Store, old); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "now",
+		Listen: taken.Addr().String(), Local: r.nodes[0].tier})
+	if err == nil {
+		t.Fatal("start on a port in use: no error")
+	}
+	rec, err := getRecord(context.Background(), r.st.Store, "node-0")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if rec.Session != "now" || len(rec.Addrs) != 0 || len(rec.Holds) != 0 {
+		t.Fatalf("record after a failed start: %+v, want this session's, no address", rec)
+	}
+}
+
+// A server listening on one address, without Advertise, publishes that
+// address, not the machine's others where nothing listens (review m2).
+func TestRecordNamesSpecificListenHost(t *testing.T) {
+	r := newRig(t)
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "s", Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rec, err := getRecord(context.Background(), r.st.Store, "node-0")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v %v", rec, err)
+	}
+	if got, want := strings.Join(rec.Addrs, ","), p.Addr().String(); got != want {
+		t.Fatalf("addrs %q, want %q only", got, want)
+	}
+}
+
+// A node without a local tier never says it serves copies (review m3).
+func TestNoLocalSaysServesNothing(t *testing.T) {
+	r := newRig(t)
+	core, logs := observer.New(zap.InfoLevel)
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "s", Listen: "127.0.0.1:0", Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if n := logs.FilterMessage("peer tier: serving this node's local copies").Len(); n != 0 {
+		t.Fatalf("%d 'serving' messages without a local tier", n)
 	}
 }

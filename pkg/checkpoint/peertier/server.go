@@ -7,6 +7,7 @@ import (
 	"log"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,10 +29,41 @@ const copyChunk = 4 << 20
 type server struct {
 	token []byte
 	run   string
-	local checkpoint.Tier // nil: serves nothing
-	stall time.Duration
-	log   *zap.Logger
-	slots chan struct{}
+	// node and session: only requests signed for them are served.
+	node, session string
+	local         checkpoint.Tier // nil: serves nothing
+	stall         time.Duration
+	log           *zap.Logger
+	slots         chan struct{}
+
+	refMu     sync.Mutex
+	refLogged time.Time // the last refusal warning; zero: none yet
+	refused   int       // refusals since (the warning counts them)
+}
+
+// refuseEvery: refused requests log one warning per this interval, with
+// their count (a flood of them must not fill the disk with logs).
+const refuseEvery = time.Minute
+
+// maxLoggedName bounds the bytes of a refused request's file name logged.
+const maxLoggedName = 128
+
+// refuse logs a refused request: the first at once, then at most one
+// warning per refuseEvery, counting those it stands for.
+func (s *server) refuse(why, remote, file string) {
+	s.refMu.Lock()
+	defer s.refMu.Unlock()
+	s.refused++
+	now := time.Now()
+	if !s.refLogged.IsZero() && now.Sub(s.refLogged) < refuseEvery {
+		return
+	}
+	if len(file) > maxLoggedName {
+		file = file[:maxLoggedName] + "…"
+	}
+	s.log.Warn("peer tier: requests refused", zap.String("reason", why), zap.String("remote", remote),
+		zap.String("file", file), zap.Int("refused", s.refused), zap.Duration("interval", refuseEvery))
+	s.refLogged, s.refused = now, 0
 }
 
 func newServer(s *server) *http.Server {
@@ -54,7 +86,14 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !req.authorized(s.token, s.run, time.Now()) {
-		s.log.Warn("peer tier: request refused: no valid signature of this job", zap.String("remote", r.RemoteAddr), zap.String("file", req.file))
+		s.refuse("no valid signature of this job", r.RemoteAddr, req.file)
+		http.Error(w, "forbidden", http.StatusForbidden)
+		return
+	}
+	if req.node != s.node || req.session != s.session {
+		// Signed by the job for another node or an earlier session of
+		// this one: a URL sent to a stale address, replayed here.
+		s.refuse("signed for another node or session", r.RemoteAddr, req.file)
 		http.Error(w, "forbidden", http.StatusForbidden)
 		return
 	}
@@ -70,7 +109,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	step, id, _ := parseCheckpoint(req.ckpt) // checked by parseRequest
-	rc, err := s.local.Open(r.Context(), &checkpoint.Manifest{Step: step, ID: id}, checkpoint.File{Path: req.file, Size: req.size})
+	rc, err := s.local.Open(r.Context(), &checkpoint.Manifest{Step: step, ID: id}, checkpoint.File{Path: req.file, Size: req.size, Part: req.part})
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("peer tier: local copy not served", zap.String("checkpoint", req.ckpt), zap.String("file", req.file), zap.Error(err))

@@ -73,7 +73,7 @@ func TestSharedListener(t *testing.T) {
 
 	po.Close()
 	cl = NewClient(other, "other", "node-1", po.token, 0, nil)
-	if _, err := cl.get(context.Background(), l.Addr().String(), "node-0", folder(r.m), r.m.Files[0]); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := cl.get(context.Background(), l.Addr().String(), target{"node-0", ""}, folder(r.m), r.m.Files[0]); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a closed run's node: %v, want not found", err)
 	}
 	if got := r.restore(1, 0).From[checkpoint.FromPeer]; got != int64(2*replicaBytes) {
