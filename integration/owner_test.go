@@ -222,11 +222,11 @@ func hardLinkAsTrainer(t *testing.T, p *puppet, src, dst string) {
 // `done`: the checkpoint is not committed, the trainer is told why, and the
 // file's bytes never reach the store.
 //
-// Requested checkpoints go into the agent's area, which only root may
-// enter (0700): for the `saved` cases the test (root) hands the request
-// directory to the trainer and lets it through the area, as a deployment
-// would have to; the `done` cases use directories the trainer makes itself
-// in a world-writable --checkpoint-dir, as on a Kubernetes emptyDir.
+// Requested checkpoints go into the agent's area: the agent hands each
+// request's directory to the trainer's uid (0700) and lets it through the
+// area (search bit only); the `done` cases use directories the trainer
+// makes itself in a world-writable --checkpoint-dir, as on a Kubernetes
+// emptyDir.
 func TestOwner_OtherUIDTrainer(t *testing.T) {
 	requirePython(t, false)
 	if os.Geteuid() != 0 {
@@ -293,13 +293,6 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 		t.Helper()
 		req := tr.recv("", "checkpoint")
 		id, d := req["id"].(string), req["dir"].(string)
-		// The deployment's part (see above): the trainer may write there.
-		if err := os.Chmod(filepath.Dir(d), 0o711); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, nobody, nobody); err != nil {
-			t.Fatal(err)
-		}
 		tr.must(map[string]any{"op": "write", "path": filepath.Join(d, "model.pt"), "data": "weights at " + strconv.Itoa(step)})
 		tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "saved", "id": id, "path": "model.pt", "step": step}})
 		plant(d)

@@ -134,7 +134,7 @@ func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dir
 	}
 	name := AreaPrefix + runID
 	d := Dirs{Root: root, Path: path, AreaName: name, AreaPath: filepath.Join(path, name)}
-	// Node mode's run directory too: made 0700 by the node agent, unless
+	// Node mode's run directory too: made 0700 (0711 with --allow-uid) by the node agent, unless
 	// another user made it first.
 	if err := checkCheckpointDir(root, path, sidecar, log); err != nil {
 		root.Close()
@@ -238,7 +238,8 @@ func makeArea(root *os.Root, name, runID string, log *zap.Logger) error {
 	return nil
 }
 
-// ownArea checks the opened area: owned by the agent's euid, 0700.
+// ownArea checks the opened area: owned by the agent's euid, 0700 (0711
+// once a trainer of another uid was handed a directory in it).
 func ownArea(area *os.Root, log *zap.Logger) error {
 	f, err := area.Open(".")
 	if err != nil {
@@ -254,11 +255,13 @@ func ownArea(area *os.Root, log *zap.Logger) error {
 		return fmt.Errorf("owned by uid %d, not by uid %d that runs spotagent (mode %s): another user's directory: %w; remove it or pick another --checkpoint-dir",
 			owner, euid, fi.Mode(), checkpoint.ErrRefused)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		if err := f.Chmod(0o700); err != nil {
+	// Search (x) alone is let through (LetThrough): it lists nothing and
+	// writes nothing; a trainer of another uid reaches its directory by name.
+	if fi.Mode().Perm()&0o066 != 0 {
+		if err := f.Chmod(fi.Mode().Perm() &^ 0o066); err != nil {
 			return fmt.Errorf("chmod 700: %w", err)
 		}
-		log.Warn("the agent's area was open to group or others: made 0700", zap.String("mode_was", fi.Mode().String()))
+		log.Warn("the agent's area was open to group or others: read and write taken away", zap.String("mode_was", fi.Mode().String()))
 	}
 	return nil
 }
@@ -459,4 +462,49 @@ func readNames(r *os.Root) []string {
 	defer f.Close()
 	names, _ := f.Readdirnames(-1)
 	return names
+}
+
+// LetThrough adds the search bit (x) for group and others to the
+// directory r is open on, when the agent's euid owns it: a trainer of
+// another uid can then reach a directory below it by name (HandTo), but
+// neither list nor write this one. Through the handle: never a symlink.
+func LetThrough(r *os.Root) error {
+	f, err := r.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	perm := fi.Mode().Perm()
+	if ownerUID(fi) != os.Geteuid() || perm&0o011 == 0o011 {
+		return nil
+	}
+	if err := f.Chmod(perm | 0o011); err != nil {
+		return fmt.Errorf("chmod %o: %w", perm|0o011, err)
+	}
+	return nil
+}
+
+// HandTo gives the directory name below r, which the agent just made
+// (0700), to uid: the trainer of that uid writes its checkpoint there and
+// nobody else can (the agent, root, still reads it to upload). Opened
+// through r refusing a symlink, and changed through that handle.
+func HandTo(r *os.Root, name string, uid int) error {
+	d, err := checkpoint.OpenDir(r, name)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	f, err := d.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Chown(uid, -1); err != nil {
+		return fmt.Errorf("chown %d: %w", uid, err)
+	}
+	return f.Chmod(0o700)
 }

@@ -60,7 +60,7 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 			t.Fatalf("the marker was written into the other user's area: %v", err)
 		}
 	})
-	t.Run("own area open to others is made 0700", func(t *testing.T) {
+	t.Run("own area open to others loses read and write", func(t *testing.T) {
 		ckpt := filepath.Join(testutil.ShortDir(t), "ckpt")
 		mkdir(ckpt, os.ModeSticky|0o777, 0)
 		mkdir(area(ckpt), 0o777, os.Geteuid())
@@ -69,10 +69,12 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		fi, err := os.Stat(area(ckpt))
-		if err != nil || fi.Mode().Perm() != 0o700 {
-			t.Fatalf("area mode %v (%v), want 0700", fi.Mode(), err)
+		// The search bit stays: it lets a trainer of another uid reach
+		// the directory it was handed (LetThrough), and lists nothing.
+		if err != nil || fi.Mode().Perm() != 0o711 {
+			t.Fatalf("area mode %v (%v), want 0711", fi.Mode(), err)
 		}
-		if logs.FilterMessageSnippet("made 0700").Len() != 1 {
+		if logs.FilterMessageSnippet("read and write taken away").Len() != 1 {
 			t.Fatalf("the chmod was not logged: %v", logs.All())
 		}
 	})
@@ -119,4 +121,63 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 			t.Fatalf("open: %v, want a refusal naming the owner", err)
 		}
 	})
+}
+
+// TestHandTo: a request's directory is given to the trainer's uid through
+// the area's handle, 0700; a symlink planted in its place is refused and
+// its target left alone. LetThrough adds only the search bit, and only to
+// a directory of the agent's euid.
+func TestHandTo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: gives a directory to uid 65534")
+	}
+	dir := testutil.ShortDir(t)
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := os.Mkdir(filepath.Join(dir, "req"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := HandTo(r, "req", 65534); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "req"))
+	if err != nil || ownerUID(fi) != 65534 || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("handed directory: %v owner %d (%v), want 0700 owned by 65534", fi.Mode(), ownerUID(fi), err)
+	}
+	target := filepath.Join(dir, "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("target", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := HandTo(r, "link", 65534); err == nil {
+		t.Fatal("HandTo followed a symlink")
+	}
+	if fi, _ := os.Stat(target); ownerUID(fi) != 0 {
+		t.Fatalf("the symlink's target was given away: owner %d", ownerUID(fi))
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := LetThrough(r); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o711 {
+		t.Fatalf("after LetThrough: %v, want 0711", fi.Mode())
+	}
+	other, err := os.OpenRoot(filepath.Join(dir, "req")) // 65534's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := LetThrough(other); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "req")); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("LetThrough changed another user's directory: %v", fi.Mode())
+	}
 }

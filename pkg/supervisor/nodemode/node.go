@@ -95,6 +95,13 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 		return fmt.Errorf("checkpoint root: %w", err)
 	}
 	defer root.Close()
+	if len(cfg.Server.AllowUIDs) > 0 {
+		// A trainer of another uid reaches the directory a request hands
+		// it (pkg/supervisor handDir) through the root: search bit only.
+		if err := localdirs.LetThrough(root); err != nil {
+			return fmt.Errorf("checkpoint root: %w", err)
+		}
+	}
 	stopPeers, err := listenPeers(&cfg, log)
 	if err != nil {
 		return err
@@ -397,7 +404,7 @@ func (n *node) start(id, part string) *nodeRun {
 			rel = id + "/" + part
 		}
 		rc.CheckpointDir = filepath.Join(n.cfg.CheckpointRoot, filepath.FromSlash(rel))
-		dir, err := openRunDir(n.root, rel)
+		dir, err := openRunDir(n.root, rel, len(n.cfg.Server.AllowUIDs) > 0)
 		if err != nil {
 			n.refuse(r, log, fmt.Errorf("checkpoint dir %s: %w", rc.CheckpointDir, err))
 			return
@@ -473,14 +480,29 @@ func jobPart(m protocol.Message) string {
 }
 
 // openRunDir creates rel below root one directory at a time, refusing
-// symlinks and non-directories, and opens it.
-func openRunDir(root *os.Root, rel string) (*os.Root, error) {
+// symlinks and non-directories, and opens it. letThrough (--allow-uid)
+// gives each level the search bit (localdirs.LetThrough), so that a
+// trainer of another uid can reach the directory a request hands it.
+func openRunDir(root *os.Root, rel string, letThrough bool) (*os.Root, error) {
 	if err := checkpoint.SafeRel(rel); err != nil {
 		return nil, err
 	}
 	parts := strings.Split(rel, "/")
 	for i := range parts {
-		if err := localdirs.MkdirIn(root, strings.Join(parts[:i+1], "/")); err != nil {
+		level := strings.Join(parts[:i+1], "/")
+		if err := localdirs.MkdirIn(root, level); err != nil {
+			return nil, err
+		}
+		if !letThrough {
+			continue
+		}
+		d, err := checkpoint.OpenDir(root, level)
+		if err != nil {
+			return nil, err
+		}
+		err = localdirs.LetThrough(d)
+		d.Close()
+		if err != nil {
 			return nil, err
 		}
 	}
