@@ -92,7 +92,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	dl := deadline.UTC()
 	ranks, _, out := a.conns.JobRanks() // pkg/supervisor/trainers: the job's declared ranks, and only they
 	a.conns.WarnLeftOut(out)
-	if err := a.handDir(id, ranks); err != nil {
+	if err := a.dirs.handDir(a.log, id, ranks); err != nil {
 		a.log.Error("cannot hand the checkpoint directory to the trainer's uid", zap.String("dir", dir), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		a.dirs.Area.Remove(id)
@@ -393,39 +393,4 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	if r.stop != nil {
 		a.stops.failed(r.stop, "trainer missed the deadline", now)
 	}
-}
-
-// handDir gives the request directory id to the uid of the trainers it
-// goes to when that is another user's than the agent's and the agent runs
-// as root (node or sidecar mode with --allow-uid): that uid alone may
-// write it, and the agent's directories above it get the search bit so
-// that the trainer can reach it by name (localdirs.LetThrough). Trainers
-// of two other uids cannot share one directory: it stays the agent's
-// (logged), and they cannot write it.
-func (a *Agent) handDir(id string, ranks map[uint64]*protocol.Conn) error {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	uid := -1
-	for _, c := range ranks {
-		u := foreignUID(c)
-		if u == nil {
-			continue
-		}
-		if uid >= 0 && u[0] != uid {
-			a.log.Warn("trainers of two other uids answer one request: its directory stays root's, they cannot write it",
-				zap.String("id", id), zap.Int("uid", uid), zap.Int("other_uid", u[0]))
-			return nil
-		}
-		uid = u[0]
-	}
-	if uid < 0 {
-		return nil
-	}
-	for _, r := range []*os.Root{a.dirs.Root, a.dirs.Area} {
-		if err := localdirs.LetThrough(r); err != nil {
-			return err
-		}
-	}
-	return localdirs.HandTo(a.dirs.Area, id, uid)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
@@ -68,4 +69,39 @@ func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, pa
 		return
 	}
 	d.PublishPeer(ctx, res.Manifest, copyOK, log) // pkg/supervisor/localdirs
+}
+
+// handDir gives the request directory id to the uid of the trainers it
+// goes to when that is another user's than the agent's and the agent runs
+// as root (node or sidecar mode with --allow-uid): that uid alone may
+// write it, and the agent's directories above it get the search bit so
+// that the trainer can reach it by name (localdirs.LetThrough). Trainers
+// of two other uids cannot share one directory: it stays the agent's
+// (logged), and they cannot write it.
+func (d *localDirs) handDir(log *zap.Logger, id string, ranks map[uint64]*protocol.Conn) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	uid := -1
+	for _, c := range ranks {
+		u := foreignUID(c)
+		if u == nil {
+			continue
+		}
+		if uid >= 0 && u[0] != uid {
+			log.Warn("trainers of two other uids answer one request: its directory stays root's, they cannot write it",
+				zap.String("id", id), zap.Int("uid", uid), zap.Int("other_uid", u[0]))
+			return nil
+		}
+		uid = u[0]
+	}
+	if uid < 0 {
+		return nil
+	}
+	for _, r := range []*os.Root{d.Root, d.Area} {
+		if err := localdirs.LetThrough(r); err != nil {
+			return err
+		}
+	}
+	return localdirs.HandTo(d.Area, id, uid)
 }
