@@ -14,8 +14,8 @@
 // through bench/cmd/watchbench; -watchbench names its binary).
 // overlap (issue 30 item 1: agent start → first resumed step, serial vs
 // overlapped restore).
-// peer (issue 38 item 2: node 1 replaced, bytes from the store and agent
-// start → restored, store vs peer; peer.go).
+// peer (issue 38 item 2: node 1 replaced, 2 × 2 and 4 × 1 jobs: bytes from the store,
+// agent start → restored and → first resumed step on every node, store vs peer; peer.go).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`

@@ -16,14 +16,17 @@ import (
 
 // Rank is one rank of a job, over the real protocol.
 type Rank struct {
-	N    int // its rank
-	C    *protocol.Client
-	msgs chan protocol.Message
+	N       int // its rank
+	C       *protocol.Client
+	Welcome protocol.Message // the agent's answer to its hello (resume: where it resumes)
+	msgs    chan protocol.Message
 }
 
 // Dial connects rank of world (perNode ranks a node) to the agent at
 // sock, retrying until the socket appears or ctx ends, and says hello with
-// its topology; its messages are then read beside it (Next).
+// its topology; its messages are then read beside it (Next). A version 1
+// hello: the welcome (Welcome) waits for the agent's restore and names
+// the resumed checkpoint.
 func Dial(ctx context.Context, sock string, rank, world, perNode int) (*Rank, error) {
 	var c *protocol.Client
 	for {
@@ -37,11 +40,12 @@ func Dial(ctx context.Context, sock string, rank, world, perNode int) (*Rank, er
 		time.Sleep(20 * time.Millisecond) // the socket appears once the agent is up; bounded by ctx
 	}
 	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
-	if _, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}}); err != nil {
+	w, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
+		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}})
+	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", rank, err)
 	}
-	r := &Rank{N: rank, C: c, msgs: make(chan protocol.Message, 64)}
+	r := &Rank{N: rank, C: c, Welcome: w, msgs: make(chan protocol.Message, 64)}
 	go func() {
 		defer close(r.msgs)
 		for {

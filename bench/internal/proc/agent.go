@@ -61,3 +61,32 @@ func (a *Agent) Kill() {
 	}
 	a.log.Close()
 }
+
+// WaitEach waits until the agent has logged every message of want (msg →
+// match, nil: any), in whichever order, and returns the lines by message.
+func (a *Agent) WaitEach(timeout time.Duration, want map[string]func(LogLine) bool) (map[string]LogLine, error) {
+	got := map[string]LogLine{}
+	deadline := time.After(timeout)
+	for len(got) < len(want) {
+		select {
+		case l, ok := <-a.lines:
+			if !ok {
+				return got, fmt.Errorf("agent exited before %d of %d messages (log %s)", len(want)-len(got), len(want), a.log.Name())
+			}
+			if match, ok := want[l.Msg()]; ok && (match == nil || match(l)) {
+				if _, seen := got[l.Msg()]; !seen {
+					got[l.Msg()] = l
+				}
+			}
+		case <-deadline:
+			var miss []string
+			for m := range want {
+				if _, ok := got[m]; !ok {
+					miss = append(miss, m)
+				}
+			}
+			return got, fmt.Errorf("no %q within %s (log %s)", miss, timeout, a.log.Name())
+		}
+	}
+	return got, nil
+}
