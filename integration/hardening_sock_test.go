@@ -15,12 +15,10 @@ import (
 // Issue 13, items 1, 6 and 8: a hostile local user or pod against the
 // agent's socket, on the real binary.
 
-// TestHardeningSock_ForeignDefaultDir: another user pre-creates the
-// default socket directory, world-writable, to swap its own socket in.
-// The agent refuses to start, says why, and runs no trainer. With
-// XDG_RUNTIME_DIR set, the socket goes there instead.
-func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
-	requirePython(t, false)
+// sharedTemp is a short directory other uids may enter (0755), for a test
+// that plays another uid: it must run as root, as CI does.
+func sharedTemp(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
@@ -28,6 +26,16 @@ func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// TestHardeningSock_ForeignDefaultDir: another user pre-creates the
+// default socket directory, world-writable, to swap its own socket in.
+// The agent refuses to start, says why, and runs no trainer. With
+// XDG_RUNTIME_DIR set, the socket goes there instead.
+func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
+	requirePython(t, false)
+	dir := sharedTemp(t)
 	tmp := filepath.Join(dir, "tmp")
 	if err := os.Mkdir(tmp, 0o755); err != nil {
 		t.Fatal(err)
@@ -93,13 +101,7 @@ func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
 // notices, says so and binds its socket again.
 func TestHardeningSock_SocketReplaced(t *testing.T) {
 	requirePython(t, false)
-	if os.Geteuid() != 0 {
-		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
-	}
-	dir := shortTemp(t)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := sharedTemp(t)
 	shared := filepath.Join(dir, "shared")
 	if err := os.Mkdir(shared, 0o777); err != nil {
 		t.Fatal(err)
@@ -268,13 +270,7 @@ while True:
 // are connected, and welcomed once they are gone.
 func TestHardeningSock_NodeRunBinding(t *testing.T) {
 	requirePython(t, false)
-	if os.Geteuid() != 0 {
-		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
-	}
-	dir := shortTemp(t)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := sharedTemp(t)
 	sock := filepath.Join(dir, "node.sock")
 	p := start(t, nil, "node", "--store-prefix", "file://"+filepath.Join(dir, "runs"), "--checkpoint-root", filepath.Join(dir, "ckpt"),
 		"--socket", sock, "--socket-mode", "0666", "--allow-uid", "65534", "--cloud", "none", "--interval", "1h", "--log-format", "json")

@@ -252,18 +252,12 @@ func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
 // socket; node 0's trainer script ends torchrun, whose ranks wait in a
 // collective, and exits 75, well before the ranks' 60 s process-group
 // timeout.
-func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
-	requirePython(t, true)
-	if os.Geteuid() != 0 {
-		t.Skip("a PID namespace (unshare --pid) needs root")
-	}
-	c := manifestTrainer(t, "deploy/kubernetes/multinode-job.yaml")
-	sidecars, trainers, _ := startPID1Job(t, c, "pid1-silent")
-	trainers[1].p.waitLine(`rank 2 step 30\b`, 3*time.Minute)
-	for _, s := range sidecars {
-		s.waitEntry("liveness: a neighbour heard", time.Second, nil)
-	}
-	stopped := append(tree(trainers[1].p.cmd.Process.Pid), sidecars[1].cmd.Process.Pid)
+// stopNodeOne stops node 1's whole process tree and its agent (SIGSTOP: a
+// machine that goes silent without a word), waits for node 0's trainer
+// container to exit 75, and returns how long that took.
+func stopNodeOne(t *testing.T, trainers []*pid1Trainer, agent1 *proc) time.Duration {
+	t.Helper()
+	stopped := append(tree(trainers[1].p.cmd.Process.Pid), agent1.cmd.Process.Pid)
 	t.Cleanup(func() {
 		for _, p := range stopped {
 			syscall.Kill(p, syscall.SIGKILL)
@@ -279,6 +273,21 @@ func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
 	if code != exitInterrupted {
 		t.Fatalf("node 0's trainer container exited %d, want %d", code, exitInterrupted)
 	}
+	return took
+}
+
+func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
+	requirePython(t, true)
+	if os.Geteuid() != 0 {
+		t.Skip("a PID namespace (unshare --pid) needs root")
+	}
+	c := manifestTrainer(t, "deploy/kubernetes/multinode-job.yaml")
+	sidecars, trainers, _ := startPID1Job(t, c, "pid1-silent")
+	trainers[1].p.waitLine(`rank 2 step 30\b`, 3*time.Minute)
+	for _, s := range sidecars {
+		s.waitEntry("liveness: a neighbour heard", time.Second, nil)
+	}
+	took := stopNodeOne(t, trainers, sidecars[1])
 	sidecars[0].waitEntry("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
 		time.Second, func(e logEntry) bool { return e.num("peer_node") == 1 })
 	if took > 50*time.Second {

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -56,22 +55,7 @@ func TestNodeMode_SilentNodeEndsJob(t *testing.T) {
 	for _, a := range agents {
 		a.waitEntry("liveness: a neighbour heard", time.Minute, nil)
 	}
-	stopped := append(tree(trainers[1].p.cmd.Process.Pid), agents[1].cmd.Process.Pid)
-	t.Cleanup(func() {
-		for _, p := range stopped {
-			syscall.Kill(p, syscall.SIGKILL)
-		}
-	})
-	t0 := time.Now()
-	for _, p := range stopped {
-		syscall.Kill(p, syscall.SIGSTOP)
-	}
-	code := trainers[0].p.wait(2 * time.Minute)
-	took := time.Since(t0)
-	t.Logf("node 1 stopped: node 0's trainer container exited %d after %s", code, took.Round(time.Millisecond))
-	if code != exitInterrupted {
-		t.Fatalf("node 0's trainer container exited %d, want %d", code, exitInterrupted)
-	}
+	took := stopNodeOne(t, trainers, agents[1])
 	agents[0].waitEntry("a neighbour node's agent is silent (its machine stopped answering): told the trainer container to end its ranks",
 		time.Second, func(e logEntry) bool { return e.num("peer_node") == 1 && e.str("run") == run+"/node-0" })
 	if took > 50*time.Second {
