@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -94,12 +95,12 @@ func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
 // trainer's code) and the target keeps its files.
 func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 	first := startAgent(t, nil)
-	tr := dialTrainer(t, first.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
-	tr.expect(protocol.TypeCommitted)
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
+	tr.Expect(protocol.TypeCommitted)
 	first.sigs <- syscall.SIGTERM
-	tr.expect(protocol.TypeCheckpoint) // not answered: the shutdown checkpoint fails
+	tr.Expect(protocol.TypeCheckpoint) // not answered: the shutdown checkpoint fails
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 
@@ -132,13 +133,13 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	ar := startAgent(t, func(c *Config) { c.UploadGate = gate })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	sub := filepath.Join(ar.cfg.CheckpointDir, "sub")
 	mustWrite(t, filepath.Join(sub, "mine", "w"), "mine")
 	victim := filepath.Join(shortDir(t), "victim")
 	mustWrite(t, filepath.Join(victim, "mine", "w"), "evil")
-	tr.send(map[string]any{"type": "done", "step": 3, "dir": filepath.Join(sub, "mine")})
+	tr.Send(map[string]any{"type": "done", "step": 3, "dir": filepath.Join(sub, "mine")})
 	testutil.WaitFor(t, "the commit scanned and waiting for its upload slot", func() bool { return gate.Waiting() == 1 })
 	if err := os.Rename(sub, sub+".moved"); err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	hold()
-	c := tr.expect(protocol.TypeCommitted)
+	c := tr.Expect(protocol.TypeCommitted)
 	r, err := restore.Checkpoint(context.Background(), ar.store, shortDir(t), restore.Options{})
 	if err != nil || r.Manifest.ID != c.ID {
 		t.Fatalf("restore: %v", err)
@@ -156,7 +157,7 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 		t.Fatalf("committed %q, want the original %q", got, "mine")
 	}
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(protocol.TypeCheckpoint)
+	tr.Expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.wait(t)
 	if got := mustRead(t, filepath.Join(victim, "mine", "w")); got != "evil" {
@@ -168,10 +169,10 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 // local manifest copy goes is replaced, not written through.
 func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 	first := startAgent(t, nil)
-	tr := dialTrainer(t, first.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
-	c := tr.expect(protocol.TypeCommitted)
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
+	c := tr.Expect(protocol.TypeCommitted)
 	first.sigs <- syscall.SIGTERM
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
@@ -189,7 +190,7 @@ func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 		}
 	}
 	ar := startAgent(t, func(c *Config) { c.Store = first.store; c.CheckpointDir = ckpt })
-	w := dialTrainer(t, ar.cfg.Server.Path).hello()
+	w := trainertest.Dial(t, ar.cfg.Server.Path).Hello()
 	if w.Resume == nil || w.Resume.Step != 5 {
 		t.Fatalf("resume %+v", w.Resume)
 	}
@@ -206,12 +207,12 @@ func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 // newest, which latest.json names).
 func TestAgent_LowerStepKept(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.Keep = 1 })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "step": 100, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "a")})
-	high := tr.expect(protocol.TypeCommitted)
-	tr.send(map[string]any{"type": "done", "step": 50, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "b")})
-	low := tr.expect(protocol.TypeCommitted)
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 100, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "a")})
+	high := tr.Expect(protocol.TypeCommitted)
+	tr.Send(map[string]any{"type": "done", "step": 50, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "b")})
+	low := tr.Expect(protocol.TypeCommitted)
 	for _, k := range []string{checkpoint.ManifestKey(50, low.ID), checkpoint.ManifestKey(100, high.ID)} {
 		if _, err := checkpoint.ReadManifest(context.Background(), ar.store, k); err != nil {
 			t.Fatalf("%s after retention: %v", k, err)
@@ -226,12 +227,12 @@ func TestAgent_LowerStepKept(t *testing.T) {
 // path element: "restore_mine" is the trainer's; the agent's area is not.
 func TestAgent_UnsolicitedDirNames(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "step": 1, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "restore_mine")})
-	tr.expect(protocol.TypeCommitted)
-	tr.send(map[string]any{"type": "done", "step": 2, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "spotagent-test/restore/x")})
-	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "own area") {
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 1, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "restore_mine")})
+	tr.Expect(protocol.TypeCommitted)
+	tr.Send(map[string]any{"type": "done", "step": 2, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "spotagent-test/restore/x")})
+	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "own area") {
 		t.Fatalf("error %q, want a refusal of the agent's own area", e.Error)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -17,22 +18,22 @@ import (
 // agent exits exitFenced.
 func TestAgent_Fenced(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.FenceInterval = 20 * time.Millisecond })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ctx := context.Background()
 	newer, err := checkpoint.AcquireLease(ctx, ar.store, checkpoint.LeaseRecord{Session: "newer"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != reasonFenced || req.Deadline == nil {
 		t.Fatalf("checkpoint request=%+v, want reason fenced", req)
 	}
-	tr.save(req, 7, "weights")
-	if f := tr.expect(protocol.TypeUploadFailed); f.ID != req.ID {
+	tr.Save(req, 7, "weights")
+	if f := tr.Expect(protocol.TypeUploadFailed); f.ID != req.ID {
 		t.Fatalf("upload_failed=%+v", f)
 	}
-	if s := tr.expect(protocol.TypeStop); s.Reason != reasonFenced {
+	if s := tr.Expect(protocol.TypeStop); s.Reason != reasonFenced {
 		t.Fatalf("stop=%+v, want reason fenced", s)
 	}
 	m, err := checkpoint.ReadManifest(ctx, ar.store, checkpoint.ManifestKey(7, req.ID))

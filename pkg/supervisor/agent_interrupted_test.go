@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -45,10 +46,10 @@ func startStopJob(t *testing.T) *stopJob {
 	for r, s := range f[:2] {
 		pid, _ := strconv.Atoi(s)
 		j.pids = append(j.pids, pid)
-		tr := dialTrainer(t, ar.cfg.Server.Path)
-		tr.send(map[string]any{"type": "hello", "pid": pid, "rank": r, "world_size": 4, "local_world_size": 2,
+		tr := trainertest.Dial(t, ar.cfg.Server.Path)
+		tr.Send(map[string]any{"type": "hello", "pid": pid, "rank": r, "world_size": 4, "local_world_size": 2,
 			"node_rank": 0, "nodes": 2})
-		tr.expect(protocol.TypeWelcome)
+		tr.Expect(protocol.TypeWelcome)
 		j.conns = append(j.conns, tr)
 	}
 	return j

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -33,27 +34,25 @@ func startJobNode(t *testing.T, storeOf *agentRun, k int) *agentRun {
 }
 
 // helloRank says hello as global rank r of a world of 2, one rank per node.
-func (tr *trainer) helloRank(r int) protocol.Message {
-	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": 2,
-		"local_rank": 0, "local_world_size": 1, "node_rank": r, "nodes": 2})
-	return tr.expect(protocol.TypeWelcome)
+func helloRank(tr *trainertest.Trainer, r int) protocol.Message {
+	return tr.HelloJob(r, 2, 0, 1, r, 2)
 }
 
 func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
 	n1 := startJobNode(t, n0, 1)
-	t0, t1 := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
-	t0.helloRank(0)
-	t1.helloRank(1)
+	t0, t1 := trainertest.Dial(t, n0.cfg.Server.Path), trainertest.Dial(t, n1.cfg.Server.Path)
+	helloRank(t0, 0)
+	helloRank(t1, 1)
 
 	n1.sigs <- syscall.SIGTERM // node 1 alone is told to shut down
-	req1 := t1.expect(protocol.TypeCheckpoint)
+	req1 := t1.Expect(protocol.TypeCheckpoint)
 	if req1.Reason != protocol.ReasonShutdown {
 		t.Fatalf("node 1 asked for %q, want shutdown", req1.Reason)
 	}
 	// The collective told rank 0 the job's checkpoint; its agent never asked.
-	t0.send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline, "step": 7})
-	req0 := t0.expect(protocol.TypeCheckpoint)
+	t0.Send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline, "step": 7})
+	req0 := t0.Expect(protocol.TypeCheckpoint)
 	if req0.ID != req1.ID || req0.Reason != protocol.ReasonShutdown || !req0.Deadline.Equal(*req1.Deadline) {
 		t.Fatalf("joined request %+v, want id %s, shutdown, deadline %v", req0, req1.ID, req1.Deadline)
 	}
@@ -61,24 +60,24 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 		t.Fatalf("node 0's directory %s must be its own (node 1: %s)", req0.Dir, req1.Dir)
 	}
 	// A second join for the same id is answered with the same request.
-	t0.send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline})
-	if again := t0.expect(protocol.TypeCheckpoint); again.Dir != req0.Dir {
+	t0.Send(map[string]any{"type": "join", "id": req1.ID, "reason": req1.Reason, "deadline": req1.Deadline})
+	if again := t0.Expect(protocol.TypeCheckpoint); again.Dir != req0.Dir {
 		t.Fatalf("second join: dir %s, want %s", again.Dir, req0.Dir)
 	}
 	mustWrite(t, filepath.Join(req0.Dir, "rank-0.pt"), "zero")
 	mustWrite(t, filepath.Join(req1.Dir, "rank-1.pt"), "one")
-	t1.send(map[string]any{"type": "done", "id": req1.ID, "step": 7})
+	t1.Send(map[string]any{"type": "done", "id": req1.ID, "step": 7})
 	// Node 1's part alone is not a checkpoint.
 	if _, err := checkpoint.ReadLatest(context.Background(), n0.store); err == nil {
 		t.Fatal("latest.json written with one part of two")
 	}
-	t0.send(map[string]any{"type": "done", "id": req0.ID, "step": 7})
-	c0, c1 := t0.expect(protocol.TypeCommitted), t1.expect(protocol.TypeCommitted)
+	t0.Send(map[string]any{"type": "done", "id": req0.ID, "step": 7})
+	c0, c1 := t0.Expect(protocol.TypeCommitted), t1.Expect(protocol.TypeCommitted)
 	if c0.URI != c1.URI {
 		t.Fatalf("the nodes committed different checkpoints: %s and %s", c0.URI, c1.URI)
 	}
-	t0.expect(protocol.TypeStop) // the joined node stops too
-	t1.expect(protocol.TypeStop)
+	t0.Expect(protocol.TypeStop) // the joined node stops too
+	t1.Expect(protocol.TypeStop)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil {
 		t.Fatal(err)
@@ -105,8 +104,8 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 
 func TestJob_JoinRefused(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
-	t0 := dialTrainer(t, n0.cfg.Server.Path)
-	t0.helloRank(0)
+	t0 := trainertest.Dial(t, n0.cfg.Server.Path)
+	helloRank(t0, 0)
 	future := time.Now().Add(time.Minute).UTC()
 	past := time.Now().Add(-time.Minute).UTC()
 	for _, tc := range []struct {
@@ -119,38 +118,30 @@ func TestJob_JoinRefused(t *testing.T) {
 		{map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic"}, "deadline"},
 		{map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": past}, "deadline"},
 	} {
-		t0.send(tc.msg)
-		e := t0.expect(protocol.TypeError)
+		t0.Send(tc.msg)
+		e := t0.Expect(protocol.TypeError)
 		if !strings.Contains(e.Error, tc.want) {
 			t.Errorf("join %v: error %q, want %q", tc.msg, e.Error, tc.want)
 		}
 	}
 	// Only a trainer (a connection that said hello) can join.
-	stranger := dialTrainer(t, n0.cfg.Server.Path)
-	stranger.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
-	if e := stranger.expect(protocol.TypeError); !strings.Contains(e.Error, "hello first") {
+	stranger := trainertest.Dial(t, n0.cfg.Server.Path)
+	stranger.Send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
+	if e := stranger.Expect(protocol.TypeError); !strings.Contains(e.Error, "hello first") {
 		t.Errorf("join without hello: error %q", e.Error)
 	}
 	// A request of this agent's own that lost the agreement is dropped
 	// for the job's: one request pending, in the job's id.
-	t0.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
-	if req := t0.expect(protocol.TypeCheckpoint); req.ID != "abcdef012345" {
+	t0.Send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "periodic", "deadline": future})
+	if req := t0.Expect(protocol.TypeCheckpoint); req.ID != "abcdef012345" {
 		t.Fatalf("joined request id %s", req.ID)
 	}
-	t0.send(map[string]any{"type": "join", "id": "0123456789ab", "reason": "interruption", "deadline": future})
-	req := t0.expect(protocol.TypeCheckpoint)
+	t0.Send(map[string]any{"type": "join", "id": "0123456789ab", "reason": "interruption", "deadline": future})
+	req := t0.Expect(protocol.TypeCheckpoint)
 	if req.ID != "0123456789ab" || req.Reason != protocol.ReasonInterruption {
 		t.Fatalf("second join: %+v", req)
 	}
 	n0.waitStatus(t, "one pending request", func(s Status) bool { return s.Pending == 1 })
-}
-
-// helloJob says hello as global rank r of world, local rank lr of lw on
-// node n of nodes.
-func (tr *trainer) helloJob(r, world, lr, lw, n, nodes int) protocol.Message {
-	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": world,
-		"local_rank": lr, "local_world_size": lw, "node_rank": n, "nodes": nodes})
-	return tr.expect(protocol.TypeWelcome)
 }
 
 // Issue 24.1: a rank's own SIGTERM (the kubelet's: a native sidecar is
@@ -160,14 +151,14 @@ func (tr *trainer) helloJob(r, world, lr, lw, n, nodes int) protocol.Message {
 func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
 	n1 := startJobNode(t, n0, 1)
-	t0, t1 := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
-	t0.helloRank(0)
-	t1.helloRank(1)
+	t0, t1 := trainertest.Dial(t, n0.cfg.Server.Path), trainertest.Dial(t, n1.cfg.Server.Path)
+	helloRank(t0, 0)
+	helloRank(t1, 1)
 	const id = "5151abcdef00"
 	before := time.Now()
-	t1.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
-	t0.send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
-	r0, r1 := t0.expect(protocol.TypeCheckpoint), t1.expect(protocol.TypeCheckpoint)
+	t1.Send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
+	t0.Send(map[string]any{"type": "join", "id": id, "reason": "shutdown", "step": 12})
+	r0, r1 := t0.Expect(protocol.TypeCheckpoint), t1.Expect(protocol.TypeCheckpoint)
 	for _, r := range []protocol.Message{r0, r1} {
 		if r.ID != id || r.Reason != protocol.ReasonShutdown || r.Deadline == nil || !r.Deadline.After(before) ||
 			r.Deadline.After(before.Add(n0.cfg.TermGrace)) {
@@ -176,12 +167,12 @@ func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 	}
 	mustWrite(t, filepath.Join(r0.Dir, "rank-0.pt"), "zero")
 	mustWrite(t, filepath.Join(r1.Dir, "rank-1.pt"), "one")
-	t0.send(map[string]any{"type": "done", "id": id, "step": 12})
-	t1.send(map[string]any{"type": "done", "id": id, "step": 12})
-	t0.expect(protocol.TypeCommitted)
-	t1.expect(protocol.TypeCommitted)
-	t0.expect(protocol.TypeStop)
-	t1.expect(protocol.TypeStop)
+	t0.Send(map[string]any{"type": "done", "id": id, "step": 12})
+	t1.Send(map[string]any{"type": "done", "id": id, "step": 12})
+	t0.Expect(protocol.TypeCommitted)
+	t1.Expect(protocol.TypeCommitted)
+	t0.Expect(protocol.TypeStop)
+	t1.Expect(protocol.TypeStop)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil || l.Step != 12 || l.ID != id {
 		t.Fatalf("latest %+v, %v: want the job's shutdown checkpoint at step 12", l, err)
@@ -195,30 +186,30 @@ func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
 	n1 := startJobNode(t, n0, 1)
-	a, b := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, n1.cfg.Server.Path)
-	a.helloJob(0, 3, 0, 2, 0, 2) // node 0 runs ranks 0 and 1
-	b.helloJob(2, 3, 0, 1, 1, 2) // node 1 runs rank 2
+	a, b := trainertest.Dial(t, n0.cfg.Server.Path), trainertest.Dial(t, n1.cfg.Server.Path)
+	a.HelloJob(0, 3, 0, 2, 0, 2) // node 0 runs ranks 0 and 1
+	b.HelloJob(2, 3, 0, 1, 1, 2) // node 1 runs rank 2
 	n0.sigs <- syscall.SIGTERM
-	req := a.expect(protocol.TypeCheckpoint)
+	req := a.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "rank-0.pt"), "zero")
-	a.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	a.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	n0.waitStatus(t, "rank 0's done", func(s Status) bool { return s.Pending == 1 })
 
-	late := dialTrainer(t, n0.cfg.Server.Path)
-	late.helloJob(1, 3, 1, 2, 0, 2)
-	late.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
-	lr := late.expect(protocol.TypeCheckpoint)
+	late := trainertest.Dial(t, n0.cfg.Server.Path)
+	late.HelloJob(1, 3, 1, 2, 0, 2)
+	late.Send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
+	lr := late.Expect(protocol.TypeCheckpoint)
 	if lr.ID != req.ID || lr.Dir != req.Dir {
 		t.Fatalf("late rank's request %+v, want %s in %s", lr, req.ID, req.Dir)
 	}
 	mustWrite(t, filepath.Join(lr.Dir, "rank-1.pt"), "one")
-	late.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
-	b.send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
-	br := b.expect(protocol.TypeCheckpoint)
+	late.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	b.Send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
+	br := b.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(br.Dir, "rank-2.pt"), "two")
-	b.send(map[string]any{"type": "done", "id": req.ID, "step": 30})
-	a.expect(protocol.TypeCommitted)
-	b.expect(protocol.TypeCommitted)
+	b.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
+	a.Expect(protocol.TypeCommitted)
+	b.Expect(protocol.TypeCommitted)
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)
 	if err != nil {
 		t.Fatal(err)
@@ -236,24 +227,24 @@ func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 // whose trainer said no rank, is never a job checkpoint.
 func TestJob_RefusesWhatIsNoPart(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
-	tr := dialTrainer(t, n0.cfg.Server.Path)
-	tr.helloRank(0)
+	tr := trainertest.Dial(t, n0.cfg.Server.Path)
+	helloRank(tr, 0)
 	own := filepath.Join(n0.cfg.CheckpointDir, "mine")
 	mustWrite(t, filepath.Join(own, "rank-0.pt"), "zero")
-	tr.send(map[string]any{"type": "done", "id": "", "step": 150, "dir": own})
-	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "every rank saves together") {
+	tr.Send(map[string]any{"type": "done", "id": "", "step": 150, "dir": own})
+	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "every rank saves together") {
 		t.Fatalf("unsolicited done: %q", e.Error)
 	}
 
 	n1 := startJobNode(t, nil, 1)
-	anon := dialTrainer(t, n1.cfg.Server.Path)
-	anon.send(map[string]any{"type": "hello", "pid": os.Getpid()}) // no rank, no world
-	anon.expect(protocol.TypeWelcome)
+	anon := trainertest.Dial(t, n1.cfg.Server.Path)
+	anon.Send(map[string]any{"type": "hello", "pid": os.Getpid()}) // no rank, no world
+	anon.Expect(protocol.TypeWelcome)
 	n1.sigs <- syscall.SIGTERM
-	req := anon.expect(protocol.TypeCheckpoint)
+	req := anon.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "x.pt"), "x")
-	anon.send(map[string]any{"type": "done", "id": req.ID, "step": 3})
-	if f := anon.expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
+	anon.Send(map[string]any{"type": "done", "id": req.ID, "step": 3})
+	if f := anon.Expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
 		t.Fatalf("rankless part: %q", f.Error)
 	}
 	for _, st := range []*agentRun{n0, n1} {
@@ -275,22 +266,22 @@ func TestJob_RefusesWhatIsNoPart(t *testing.T) {
 // a single-node multi-rank job can (a SIGTERM on one of its ranks).
 func TestJoin_OnlyRanksOfAJob(t *testing.T) {
 	ar := startAgent(t, nil)
-	single := dialTrainer(t, ar.cfg.Server.Path)
-	single.hello() // world_size 1
+	single := trainertest.Dial(t, ar.cfg.Server.Path)
+	single.Hello() // world_size 1
 	future := time.Now().Add(time.Minute).UTC()
-	single.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": future})
-	if e := single.expect(protocol.TypeError); !strings.Contains(e.Error, "multi-rank") {
+	single.Send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": future})
+	if e := single.Expect(protocol.TypeError); !strings.Contains(e.Error, "multi-rank") {
 		t.Fatalf("join from a single trainer: %q", e.Error)
 	}
 	ar.waitStatus(t, "no request", func(s Status) bool { return s.Pending == 0 })
 	// Another run: beside the single trainer, a rank 1 of 2 is no rank of
 	// its job (pkg/supervisor/trainers, declaredRanks) and could not join.
 	multi := startAgent(t, nil)
-	rank := dialTrainer(t, multi.cfg.Server.Path)
-	rank.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})
-	rank.expect(protocol.TypeWelcome)
-	rank.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "shutdown"})
-	if r := rank.expect(protocol.TypeCheckpoint); r.ID != "abcdef012345" {
+	rank := trainertest.Dial(t, multi.cfg.Server.Path)
+	rank.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})
+	rank.Expect(protocol.TypeWelcome)
+	rank.Send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "shutdown"})
+	if r := rank.Expect(protocol.TypeCheckpoint); r.ID != "abcdef012345" {
 		t.Fatalf("join from a rank: %+v", r)
 	}
 }
@@ -323,31 +314,31 @@ func TestConfig_NodeRefusesSignalAndWatch(t *testing.T) {
 func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	n0 := startJobNode(t, nil, 0)
 	a := startJobNode(t, n0, 1)
-	t0, ta := dialTrainer(t, n0.cfg.Server.Path), dialTrainer(t, a.cfg.Server.Path)
-	t0.helloRank(0)
-	ta.helloRank(1)
+	t0, ta := trainertest.Dial(t, n0.cfg.Server.Path), trainertest.Dial(t, a.cfg.Server.Path)
+	helloRank(t0, 0)
+	helloRank(ta, 1)
 	future := time.Now().Add(time.Minute).UTC()
-	save := func(tr *trainer, id string, rank int, body string, step int64) {
-		tr.send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": future})
-		req := tr.expect(protocol.TypeCheckpoint)
+	save := func(tr *trainertest.Trainer, id string, rank int, body string, step int64) {
+		tr.Send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": future})
+		req := tr.Expect(protocol.TypeCheckpoint)
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", rank)), body)
-		tr.send(map[string]any{"type": "done", "id": id, "step": step})
+		tr.Send(map[string]any{"type": "done", "id": id, "step": step})
 	}
 	save(t0, "100000000000", 0, "zero@100", 100)
 	save(ta, "100000000000", 1, "one@100", 100)
-	t0.expect(protocol.TypeCommitted)
-	ta.expect(protocol.TypeCommitted)
+	t0.Expect(protocol.TypeCommitted)
+	ta.Expect(protocol.TypeCommitted)
 
 	b := startJobNode(t, n0, 1) // the second copy of node 1
-	tb := dialTrainer(t, b.cfg.Server.Path)
-	if w := tb.helloRank(1); w.Resume == nil || w.Resume.Step != 100 {
+	tb := trainertest.Dial(t, b.cfg.Server.Path)
+	if w := helloRank(tb, 1); w.Resume == nil || w.Resume.Step != 100 {
 		t.Fatalf("second copy's welcome %+v: want the resume of step 100", w.Resume)
 	}
 	save(ta, "200000000000", 1, "stale@200", 200)
-	if f := ta.expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
+	if f := ta.Expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "fenced") {
 		t.Fatalf("the old copy's part: %q, want fenced", f.Error)
 	}
-	if s := ta.expect(protocol.TypeStop); s.Reason != reasonFenced {
+	if s := ta.Expect(protocol.TypeStop); s.Reason != reasonFenced {
 		t.Fatalf("the old copy's stop: %+v", s)
 	}
 	l, err := checkpoint.ReadLatest(context.Background(), n0.store)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
@@ -82,10 +83,10 @@ func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			tr := dialTrainer(t, ar.cfg.Server.Path)
-			tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 2, "local_world_size": 1,
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 2, "local_world_size": 1,
 				"node_rank": 0, "nodes": 2})
-			tr.expect(protocol.TypeWelcome)
+			tr.Expect(protocol.TypeWelcome)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			peer := lc

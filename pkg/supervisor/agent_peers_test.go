@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
@@ -28,7 +29,7 @@ import (
 type launcherJob struct {
 	ar       *agentRun
 	pids     []int
-	conns    []*trainer
+	conns    []*trainertest.Trainer
 	exitFile string
 }
 
@@ -53,10 +54,10 @@ func startLauncherJob(t *testing.T, mutate func(*Config)) *launcherJob {
 	for r, s := range f[:2] {
 		pid, _ := strconv.Atoi(s)
 		j.pids = append(j.pids, pid)
-		tr := dialTrainer(t, ar.cfg.Server.Path)
-		tr.send(map[string]any{"type": "hello", "pid": pid, "rank": r, "world_size": 4, "local_world_size": 2,
+		tr := trainertest.Dial(t, ar.cfg.Server.Path)
+		tr.Send(map[string]any{"type": "hello", "pid": pid, "rank": r, "world_size": 4, "local_world_size": 2,
 			"node_rank": 0, "nodes": 2})
-		tr.expect(protocol.TypeWelcome)
+		tr.Expect(protocol.TypeWelcome)
 		j.conns = append(j.conns, tr)
 	}
 	return j
@@ -71,7 +72,7 @@ func (j *launcherJob) end(t *testing.T, r int, write string) {
 			os.WriteFile(j.exitFile, []byte(write+"\n"), 0o644)
 		}
 	}
-	j.conns[r].c.Close()
+	j.conns[r].Close()
 	syscall.Kill(j.pids[r], syscall.SIGKILL)
 }
 
@@ -123,7 +124,7 @@ func TestAgent_CrashFirstKeepsLauncherCode(t *testing.T) {
 func TestAgent_FinishedRanksLeaveLauncherAlone(t *testing.T) {
 	j := startLauncherJob(t, nil)
 	for r := range j.conns {
-		j.conns[r].send(map[string]any{"type": "bye", "step": 10})
+		j.conns[r].Send(map[string]any{"type": "bye", "step": 10})
 		j.end(t, r, "")
 	}
 	select {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -21,13 +22,13 @@ import (
 
 func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "progress", "step": 42})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "progress", "step": 42})
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
-	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
+	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
 	key := checkpoint.Prefix(42, req.ID) + "model.pt"
 	testutil.WaitFor(t, "model.pt uploaded before done", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
@@ -37,10 +38,10 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 		t.Fatalf("latest.json before done: %v", err)
 	}
 	mustWrite(t, filepath.Join(req.Dir, "sub", "optim.pt"), "moments")
-	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": filepath.Join(req.Dir, "sub", "optim.pt")})
-	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 42, "blocked_ms": 1})
-	tr.expect(protocol.TypeCommitted)
-	tr.expect(protocol.TypeStop)
+	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": filepath.Join(req.Dir, "sub", "optim.pt")})
+	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 42, "blocked_ms": 1})
+	tr.Expect(protocol.TypeCommitted)
+	tr.Expect(protocol.TypeStop)
 	// δ is the time training was blocked, not request → done.
 	if got, want := ar.cfg.Scheduler.Cost(), time.Millisecond; got != want {
 		t.Fatalf("scheduler cost=%v, want %v (the trainer's blocked_ms)", got, want)
@@ -58,14 +59,14 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 // uploads nothing, and the checkpoint still commits what done finds.
 func TestAgent_SavedRefused(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	mustWrite(t, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not for the store")
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	os.Symlink(filepath.Join(ar.cfg.CheckpointDir, "secret"), filepath.Join(req.Dir, "link"))
-	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt"})
+	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt"})
 	for _, tc := range []struct{ id, path, want string }{
 		{req.ID, "../secret", "not a path inside"},
 		{req.ID, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not inside the checkpoint directory"},
@@ -77,16 +78,16 @@ func TestAgent_SavedRefused(t *testing.T) {
 		{"nope", "model.pt", "unknown checkpoint id"},
 		{"", "model.pt", "unknown checkpoint id"},
 	} {
-		tr.send(map[string]any{"type": "saved", "id": tc.id, "path": tc.path})
-		e := tr.expect(protocol.TypeError)
+		tr.Send(map[string]any{"type": "saved", "id": tc.id, "path": tc.path})
+		e := tr.Expect(protocol.TypeError)
 		if e.ID != tc.id || !strings.Contains(e.Error, tc.want) {
 			t.Errorf("saved %q: error %+v, want id %q and %q", tc.path, e, tc.id, tc.want)
 		}
 	}
 	os.Remove(filepath.Join(req.Dir, "link"))
 	mustWrite(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
-	tr.send(map[string]any{"type": "done", "id": req.ID, "step": 5})
-	tr.expect(protocol.TypeCommitted)
+	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 5})
+	tr.Expect(protocol.TypeCommitted)
 	r, err := restore.Checkpoint(context.Background(), ar.store, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -110,19 +111,19 @@ func TestAgent_SavedRefused(t *testing.T) {
 // its early uploads in the store.
 func TestAgent_SavedThenFailed(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
-	tr.send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
+	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
 	key := checkpoint.Prefix(3, req.ID) + "model.pt"
 	testutil.WaitFor(t, "the early upload", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return err == nil
 	})
-	tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
-	tr.expect(protocol.TypeStop)
+	tr.Send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
+	tr.Expect(protocol.TypeStop)
 	testutil.WaitFor(t, "the early upload deleted", func() bool {
 		_, err := ar.store.Stat(context.Background(), key)
 		return errors.Is(err, cloud.ErrNotExist)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -30,9 +31,9 @@ func TestAgent_OverlapRestoreSignal(t *testing.T) {
 		c.Store, c.OverlapRestore = gated, true
 		c.Command = []string{"/bin/sh", "-c", `env > ` + envOut + `.tmp && mv ` + envOut + `.tmp ` + envOut + `; sleep 60`}
 	}, true)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
-	if w := tr.expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending || w.Resume != nil || w.Version != 2 {
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	if w := tr.Expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending || w.Resume != nil || w.Version != 2 {
 		t.Fatalf("welcome %+v, want version 2, restore pending, no resume", w)
 	}
 	testutil.WaitFor(t, "the trainer's environment", func() bool { _, err := os.Stat(envOut); return err == nil })
@@ -44,7 +45,7 @@ func TestAgent_OverlapRestoreSignal(t *testing.T) {
 		t.Fatalf("trainer environment does not say the restore is pending:\n%s", env)
 	}
 	ar.sigs <- syscall.SIGTERM
-	if f := tr.expect(protocol.TypeRestoreFailed); !strings.Contains(f.Error, "restore cancelled") {
+	if f := tr.Expect(protocol.TypeRestoreFailed); !strings.Contains(f.Error, "restore cancelled") {
 		t.Fatalf("restore_failed %q, want it to say the restore was cancelled", f.Error)
 	}
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
@@ -59,20 +60,20 @@ func TestAgent_OverlapRestoreSignal(t *testing.T) {
 func TestAgent_OverlapRestoreHeldWelcome(t *testing.T) {
 	gated := newGatedStore(t, false)
 	ar := startAgent(t, func(c *Config) { c.Store, c.OverlapRestore = gated, true })
-	v2 := dialTrainer(t, ar.cfg.Server.Path)
-	v2.send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
-	v2.expect(protocol.TypeWelcome)
-	v1 := dialTrainer(t, ar.cfg.Server.Path)
-	v1.send(map[string]any{"type": "hello", "pid": os.Getpid()})
+	v2 := trainertest.Dial(t, ar.cfg.Server.Path)
+	v2.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	v2.Expect(protocol.TypeWelcome)
+	v1 := trainertest.Dial(t, ar.cfg.Server.Path)
+	v1.Send(map[string]any{"type": "hello", "pid": os.Getpid()})
 	// The v1 hello is in the loop before the store is released: a status
 	// round trip on the same connection comes after it.
-	v1.send(map[string]any{"type": "status"})
-	if m := v1.expect(protocol.TypeStatus); m.Type != protocol.TypeStatus {
+	v1.Send(map[string]any{"type": "status"})
+	if m := v1.Expect(protocol.TypeStatus); m.Type != protocol.TypeStatus {
 		t.Fatalf("got %+v", m)
 	}
 	gated.release()
-	r := v2.expect(protocol.TypeRestored)
-	w := v1.expect(protocol.TypeWelcome)
+	r := v2.Expect(protocol.TypeRestored)
+	w := v1.Expect(protocol.TypeWelcome)
 	for _, res := range []*protocol.Resume{r.Resume, w.Resume} {
 		if res == nil || res.Step != 7 || res.ID != "60d0000000a7" {
 			t.Fatalf("resume %+v, want step 7", res)

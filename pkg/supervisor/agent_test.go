@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -26,89 +26,16 @@ import (
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
-// trainer is a protocol client driven by the test: a trainer process
-// reduced to its socket, speaking through Client.
-type trainer struct {
-	t    *testing.T
-	c    *protocol.Client
-	msgs chan protocol.Message
-}
-
-func dialTrainer(t *testing.T, path string) *trainer {
-	t.Helper()
-	var c *protocol.Client
-	deadline := time.Now().Add(testWait)
-	for {
-		var err error
-		if c, err = protocol.Dial(context.Background(), path); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dial %s: %v", path, err)
-		}
-		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
-	}
-	tr := &trainer{t: t, c: c, msgs: make(chan protocol.Message, 64)}
-	go func() {
-		defer close(tr.msgs)
-		for {
-			m, err := c.Recv(context.Background())
-			if errors.Is(err, protocol.ErrBadMessage) {
-				continue
-			}
-			if err != nil {
-				return
-			}
-			tr.msgs <- m
-		}
-	}()
-	t.Cleanup(func() { c.Close() })
-	return tr
-}
-
-// send sends m (a Message, or a map of its fields) as one line.
-func (tr *trainer) send(m any) {
-	tr.t.Helper()
-	msg, ok := m.(protocol.Message)
-	if !ok {
-		b, _ := json.Marshal(m)
-		if err := json.Unmarshal(b, &msg); err != nil {
-			tr.t.Fatalf("send %s: %v", b, err)
-		}
-	}
-	if err := tr.c.Send(context.Background(), msg); err != nil {
-		tr.t.Fatalf("send: %v", err)
-	}
-}
-
-// expect returns the next message, which must have type typ.
-func (tr *trainer) expect(typ string) protocol.Message {
-	tr.t.Helper()
-	select {
-	case m, ok := <-tr.msgs:
-		if !ok {
-			tr.t.Fatalf("connection closed waiting for %s", typ)
-		}
-		if m.Type != typ {
-			tr.t.Fatalf("got %s (%+v), want %s", m.Type, m, typ)
-		}
-		return m
-	case <-time.After(testWait):
-		tr.t.Fatalf("no %s message", typ)
-	}
-	return protocol.Message{}
-}
-
 // waitStatus asks the agent for its status over a connection of its own
 // until cond holds, failing the test at testWait.
 func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool) {
 	t.Helper()
-	tr := dialTrainer(t, ar.cfg.Server.Path)
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	deadline := time.Now().Add(testWait)
 	for {
-		tr.send(map[string]any{"type": "status"})
+		tr.Send(map[string]any{"type": "status"})
 		var s Status
-		if err := json.Unmarshal(tr.expect(protocol.TypeStatus).Status, &s); err != nil {
+		if err := json.Unmarshal(tr.Expect(protocol.TypeStatus).Status, &s); err != nil {
 			t.Fatalf("status: %v", err)
 		}
 		if cond(s) {
@@ -119,19 +46,6 @@ func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
 	}
-}
-
-func (tr *trainer) hello() protocol.Message {
-	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1})
-	return tr.expect(protocol.TypeWelcome)
-}
-
-// save writes a checkpoint into dir and answers done.
-func (tr *trainer) save(req protocol.Message, step int64, body string) {
-	if err := os.WriteFile(filepath.Join(req.Dir, "state.bin"), []byte(body), 0o600); err != nil {
-		tr.t.Fatal(err)
-	}
-	tr.send(map[string]any{"type": "done", "id": req.ID, "step": step, "metadata": map[string]int64{"step": step}})
 }
 
 // fakeSource delivers notices the test pushes: the agent's view of a cloud
@@ -227,20 +141,20 @@ func latestStep(t *testing.T, ar *agentRun) int64 {
 
 func TestAgent_ShutdownCheckpoint(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	if w := tr.hello(); w.RunID != "test" || w.Resume != nil || w.CheckpointDir != ar.cfg.CheckpointDir {
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	if w := tr.Hello(); w.RunID != "test" || w.Resume != nil || w.CheckpointDir != ar.cfg.CheckpointDir {
 		t.Fatalf("welcome=%+v", w)
 	}
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonShutdown || req.Deadline == nil || !strings.HasPrefix(req.Dir, ar.cfg.CheckpointDir) {
 		t.Fatalf("checkpoint request=%+v", req)
 	}
-	tr.save(req, 42, "weights")
-	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID || !strings.Contains(c.URI, "000000000042-"+req.ID) {
+	tr.Save(req, 42, "weights")
+	if c := tr.Expect(protocol.TypeCommitted); c.ID != req.ID || !strings.Contains(c.URI, "000000000042-"+req.ID) {
 		t.Fatalf("committed=%+v", c)
 	}
-	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
+	if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
 		t.Fatalf("stop=%+v", s)
 	}
 	if code := ar.wait(t); code != 0 {
@@ -251,7 +165,7 @@ func TestAgent_ShutdownCheckpoint(t *testing.T) {
 	}
 	// The next agent on the same store resumes from it.
 	ar2 := startAgent(t, func(c *Config) { c.Store = ar.store })
-	w := dialTrainer(t, ar2.cfg.Server.Path).hello()
+	w := trainertest.Dial(t, ar2.cfg.Server.Path).Hello()
 	if w.Resume == nil || w.Resume.Step != 42 {
 		t.Fatalf("second welcome resume=%+v, want step 42", w.Resume)
 	}
@@ -265,15 +179,15 @@ func TestAgent_Periodic(t *testing.T) {
 	ar := startAgent(t, func(c *Config) {
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	for step := int64(1); step <= 3; step++ {
-		req := tr.expect(protocol.TypeCheckpoint)
+		req := tr.Expect(protocol.TypeCheckpoint)
 		if req.Reason != protocol.ReasonPeriodic {
 			t.Fatalf("reason=%s", req.Reason)
 		}
-		tr.save(req, step*10, "w")
-		tr.expect(protocol.TypeCommitted)
+		tr.Save(req, step*10, "w")
+		tr.Expect(protocol.TypeCommitted)
 	}
 	if got := latestStep(t, ar); got != 30 {
 		t.Fatalf("latest step=%d, want 30", got)
@@ -282,28 +196,28 @@ func TestAgent_Periodic(t *testing.T) {
 
 func TestAgent_BadMessages(t *testing.T) {
 	ar := startAgent(t, nil)
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "id": "nope", "step": 1})
-	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "unknown checkpoint id") {
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "id": "nope", "step": 1})
+	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "unknown checkpoint id") {
 		t.Fatalf("error=%q", e.Error)
 	}
-	tr.send(map[string]any{"type": "done", "step": 1, "dir": "/etc"})
-	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "not inside the checkpoint directory") {
+	tr.Send(map[string]any{"type": "done", "step": 1, "dir": "/etc"})
+	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "not inside the checkpoint directory") {
 		t.Fatalf("error=%q", e.Error)
 	}
-	tr.send(map[string]any{"type": "done", "step": 1, "dir": ar.cfg.CheckpointDir + "/../../etc"})
-	tr.expect(protocol.TypeError)
-	tr.send(map[string]any{"type": "done", "id": "x"})
-	if e := tr.expect(protocol.TypeError); !strings.Contains(e.Error, "step") {
+	tr.Send(map[string]any{"type": "done", "step": 1, "dir": ar.cfg.CheckpointDir + "/../../etc"})
+	tr.Expect(protocol.TypeError)
+	tr.Send(map[string]any{"type": "done", "id": "x"})
+	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "step") {
 		t.Fatalf("error=%q", e.Error)
 	}
 	// Still serving: an unsolicited checkpoint inside the directory commits.
 	own := filepath.Join(ar.cfg.CheckpointDir, "mine")
 	os.MkdirAll(own, 0o700)
 	os.WriteFile(filepath.Join(own, "w"), []byte("x"), 0o600)
-	tr.send(map[string]any{"type": "done", "step": 7, "dir": own})
-	if c := tr.expect(protocol.TypeCommitted); c.Step == nil || *c.Step != 7 {
+	tr.Send(map[string]any{"type": "done", "step": 7, "dir": own})
+	if c := tr.Expect(protocol.TypeCommitted); c.Step == nil || *c.Step != 7 {
 		t.Fatalf("committed=%+v", c)
 	}
 }
@@ -315,20 +229,20 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Margin = 100 * time.Millisecond
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	// A committed checkpoint first: the one that must stand.
-	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
-	tr.expect(protocol.TypeCommitted)
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
+	tr.Expect(protocol.TypeCommitted)
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Second)}
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
 		t.Fatalf("request=%+v", req)
 	}
 	// The trainer never answers: stop comes anyway, the child is killed at
 	// the deadline, and the run is one to continue elsewhere.
-	tr.expect(protocol.TypeStop)
+	tr.Expect(protocol.TypeStop)
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code=%d, want %d (killed at the stop deadline)", code, ExitInterrupted)
 	}
@@ -356,20 +270,20 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 		c.Source = src
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 10 * time.Millisecond})
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
-	req := tr.expect(protocol.TypeCheckpoint) // periodic, not answered yet
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	req := tr.Expect(protocol.TypeCheckpoint) // periodic, not answered yet
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 	// The notice and the done race inside the agent: answer only once the
 	// agent has taken the notice in, or the periodic commit comes first.
 	ar.waitStatus(t, "the notice taken in", func(s Status) bool { return s.Stopping != "" })
 	// No second request: answering the pending one commits the interruption checkpoint.
-	tr.save(req, 9, "w")
-	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID {
+	tr.Save(req, 9, "w")
+	if c := tr.Expect(protocol.TypeCommitted); c.ID != req.ID {
 		t.Fatalf("committed=%+v, want id %s", c, req.ID)
 	}
-	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
+	if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
 		t.Fatalf("stop=%+v", s)
 	}
 	m, err := checkpoint.ReadManifest(context.Background(), ar.store, checkpoint.ManifestKey(9, req.ID))
@@ -406,10 +320,10 @@ func TestAgent_SecondSignalStopsAtOnce(t *testing.T) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.TermGrace = time.Hour // only the second signal can end this quickly
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(protocol.TypeCheckpoint) // never answered
+	tr.Expect(protocol.TypeCheckpoint) // never answered
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
@@ -440,14 +354,14 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 				c.Source = src
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(tc.exit)}
 			})
-			tr := dialTrainer(t, ar.cfg.Server.Path)
-			tr.hello()
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
 			if tc.notice {
 				now := time.Now()
 				src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
-				tr.save(tr.expect(protocol.TypeCheckpoint), 3, "w")
-				tr.expect(protocol.TypeCommitted)
-				if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
+				tr.Save(tr.Expect(protocol.TypeCheckpoint), 3, "w")
+				tr.Expect(protocol.TypeCommitted)
+				if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
 					t.Fatalf("stop=%+v", s)
 				}
 			}
@@ -465,17 +379,17 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 func TestAgent_LateNotice(t *testing.T) {
 	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
 	ar := startAgent(t, func(c *Config) { c.Source = src; c.Margin = 100 * time.Millisecond })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	now := time.Now()
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(lateNoticeGrace)) {
 		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, lateNoticeGrace)
 	}
-	tr.save(req, 8, "w")
-	tr.expect(protocol.TypeCommitted)
-	s := tr.expect(protocol.TypeStop)
+	tr.Save(req, 8, "w")
+	tr.Expect(protocol.TypeCommitted)
+	s := tr.Expect(protocol.TypeStop)
 	if s.Reason != protocol.ReasonInterruption || s.Deadline == nil || !s.Deadline.After(now) {
 		t.Fatalf("stop=%+v", s)
 	}
@@ -490,20 +404,20 @@ func TestAgent_LateNotice(t *testing.T) {
 func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
 	ar := startAgent(t, func(c *Config) { c.Source = src; c.TermGrace = time.Hour })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	now := time.Now()
 	deadline := now.Add(time.Minute).Truncate(time.Millisecond)
 	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: deadline}
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.waitStatus(t, "the signal taken in", func(s Status) bool { return s.NoticesSeen == 2 })
-	tr.save(req, 11, "w")
+	tr.Save(req, 11, "w")
 	// A second checkpoint request here would fail these expectations.
-	if c := tr.expect(protocol.TypeCommitted); c.ID != req.ID {
+	if c := tr.Expect(protocol.TypeCommitted); c.ID != req.ID {
 		t.Fatalf("committed=%+v, want %s", c, req.ID)
 	}
-	s := tr.expect(protocol.TypeStop)
+	s := tr.Expect(protocol.TypeStop)
 	if s.Reason != protocol.ReasonInterruption || s.Deadline == nil || !s.Deadline.Equal(deadline) {
 		t.Fatalf("stop=%+v, want reason interruption and the notice's deadline %v", s, deadline)
 	}
@@ -527,17 +441,17 @@ func TestAgent_SignalsWithinWindowAreOne(t *testing.T) {
 		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
 		c.SignalWindow = time.Hour // whatever the machine's speed, both signals fall inside it
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
+	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonShutdown {
 		t.Fatalf("request reason %q, want shutdown", req.Reason)
 	}
-	tr.save(req, 9, "w")
-	tr.expect(protocol.TypeCommitted)
-	tr.expect(protocol.TypeStop)
+	tr.Save(req, 9, "w")
+	tr.Expect(protocol.TypeCommitted)
+	tr.Expect(protocol.TypeStop)
 	os.WriteFile(release, nil, 0o600)
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d: two signals within the window must be one shutdown", code, ExitInterrupted)
@@ -555,10 +469,10 @@ func TestAgent_SecondSignalAfterWindowStops(t *testing.T) {
 		c.TermGrace = time.Hour
 		c.SignalWindow = time.Nanosecond // any later signal is past it
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.expect(protocol.TypeCheckpoint) // never answered
+	tr.Expect(protocol.TypeCheckpoint) // never answered
 	ar.sigs <- syscall.SIGTERM
 	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGTERM))
@@ -574,14 +488,14 @@ func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
 	for _, bye := range []bool{true, false} {
 		t.Run(fmt.Sprintf("bye=%v", bye), func(t *testing.T) {
 			ar := startAgent(t, nil) // no command: a sidecar
-			tr := dialTrainer(t, ar.cfg.Server.Path)
-			tr.hello()
-			tr.send(map[string]any{"type": "progress", "step": 46})
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
+			tr.Send(map[string]any{"type": "progress", "step": 46})
 			if bye {
-				tr.send(map[string]any{"type": "bye", "step": 46})
+				tr.Send(map[string]any{"type": "bye", "step": 46})
 			}
 			ar.waitStatus(t, "the trainer's progress", func(s Status) bool { return s.Trainers == 1 && s.Step == 46 })
-			tr.c.Close()
+			tr.Close()
 			ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 0 })
 			ar.sigs <- syscall.SIGTERM
 			if code := ar.wait(t); code != 0 {
@@ -611,7 +525,7 @@ func TestSidecar_SignalAfterTrainerFinished(t *testing.T) {
 // hour, a loop that waited on that socket would welcome nobody else.
 func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.Server.WriteTimeout = time.Hour })
-	other := dialTrainer(t, ar.cfg.Server.Path) // waits for the socket
+	other := trainertest.Dial(t, ar.cfg.Server.Path) // waits for the socket
 	stuck, err := net.Dial("unix", ar.cfg.Server.Path)
 	if err != nil {
 		t.Fatal(err)
@@ -620,7 +534,7 @@ func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
 	flood := []byte(strings.Repeat("{\"type\":\"status\"}\n", 4000))
 	go stuck.Write(flood) // never reads a reply
 	ar.waitStatus(t, "the flood read", func(Status) bool { return true })
-	other.hello()
+	other.Hello()
 	ar.waitStatus(t, "the loop answering", func(s Status) bool { return s.Trainers == 1 })
 }
 
@@ -640,13 +554,13 @@ func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
 		}
 		c.Store, c.Fleet, c.FleetDir = st, fl, "r1"
 	})
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.save(tr.expect(protocol.TypeCheckpoint), 12, "w")
-	tr.expect(protocol.TypeCommitted)
-	tr.expect(protocol.TypeStop)
-	tr.c.Close()
+	tr.Save(tr.Expect(protocol.TypeCheckpoint), 12, "w")
+	tr.Expect(protocol.TypeCommitted)
+	tr.Expect(protocol.TypeStop)
+	tr.Close()
 	ar.wait(t)
 	s, err := fleet.ReadSummary(context.Background(), fl)
 	if err != nil {
@@ -693,12 +607,12 @@ func TestAgent_LauncherOneWithExitFile(t *testing.T) {
 			ar := startAgent(t, func(c *Config) {
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; " + write + "exit 1"}
 			})
-			tr := dialTrainer(t, ar.cfg.Server.Path)
-			tr.hello()
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
 			ar.sigs <- syscall.SIGTERM
-			req := tr.expect(protocol.TypeCheckpoint)
-			tr.send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
-			tr.expect(protocol.TypeStop)
+			req := tr.Expect(protocol.TypeCheckpoint)
+			tr.Send(map[string]any{"type": "failed", "id": req.ID, "error": "disk full"})
+			tr.Expect(protocol.TypeStop)
 			os.WriteFile(release, nil, 0o600)
 			want := 1
 			if wrote {

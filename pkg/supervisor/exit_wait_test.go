@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -25,8 +26,8 @@ func TestAgent_HeldStoreLockDoesNotStretchExit(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	const grace = 2 * time.Second
 	ar := startAgent(t, func(c *Config) { c.TermGrace = grace; c.Log = zap.New(core) })
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	holder, err := os.OpenFile(filepath.Join(ar.store.Root(), ".spotagent-lock"), os.O_CREATE|os.O_RDONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -37,9 +38,9 @@ func TestAgent_HeldStoreLockDoesNotStretchExit(t *testing.T) {
 	}
 	sent := time.Now()
 	ar.sigs <- syscall.SIGTERM
-	req := tr.expect(protocol.TypeCheckpoint)
-	tr.save(req, 7, "weights")
-	tr.c.Close() // the trainer exits; its checkpoint cannot commit under the lock
+	req := tr.Expect(protocol.TypeCheckpoint)
+	tr.Save(req, 7, "weights")
+	tr.Close() // the trainer exits; its checkpoint cannot commit under the lock
 	// The bound below, not testWait: the exit may wait exitWait.
 	select {
 	case code := <-ar.done:

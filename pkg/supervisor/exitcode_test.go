@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -51,22 +52,22 @@ func TestExitCodes_FinishedIsNeverRerun(t *testing.T) {
 				}
 			})
 			ar.waitStatus(t, "the trainer running", func(s Status) bool { return s.Child != nil && s.Child.Running })
-			var tr *trainer
+			var tr *trainertest.Trainer
 			if !tc.watch {
-				tr = dialTrainer(t, ar.cfg.Server.Path)
-				tr.hello()
+				tr = trainertest.Dial(t, ar.cfg.Server.Path)
+				tr.Hello()
 				if tc.bye {
-					tr.send(map[string]any{"type": "bye", "step": 5})
-					tr.c.Close()
+					tr.Send(map[string]any{"type": "bye", "step": 5})
+					tr.Close()
 					ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 0 })
 				}
 			}
 			ar.sigs <- syscall.SIGTERM
 			ar.waitStatus(t, "the shutdown under way", func(s Status) bool { return s.Stopping == protocol.ReasonShutdown })
 			if tc.awaitStop {
-				tr.save(tr.expect(protocol.TypeCheckpoint), 5, "w")
-				tr.expect(protocol.TypeCommitted)
-				if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
+				tr.Save(tr.Expect(protocol.TypeCheckpoint), 5, "w")
+				tr.Expect(protocol.TypeCommitted)
+				if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
 					t.Fatalf("stop=%+v", s)
 				}
 			}
@@ -84,15 +85,15 @@ func TestExitCodes_FinishedIsNeverRerun(t *testing.T) {
 // exits 75, only 76 when fenced: TestAgent_Fenced).
 func TestExitCodes_SidecarShutdown(t *testing.T) {
 	ar := startAgent(t, nil) // no command: a sidecar
-	tr := dialTrainer(t, ar.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
-	tr.save(tr.expect(protocol.TypeCheckpoint), 5, "w")
-	tr.expect(protocol.TypeCommitted)
-	if s := tr.expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
+	tr.Save(tr.Expect(protocol.TypeCheckpoint), 5, "w")
+	tr.Expect(protocol.TypeCommitted)
+	if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonShutdown {
 		t.Fatalf("stop=%+v", s)
 	}
-	tr.c.Close()
+	tr.Close()
 	if got := ar.wait(t); got != 0 {
 		t.Fatalf("sidecar exit code %d, want 0", got)
 	}
@@ -109,14 +110,14 @@ func TestExitCodes_RunFenced(t *testing.T) {
 				c.FenceInterval = 20 * time.Millisecond
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(exit)}
 			})
-			tr := dialTrainer(t, ar.cfg.Server.Path)
-			tr.hello()
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
 			if _, err := checkpoint.AcquireLease(context.Background(), ar.store, checkpoint.LeaseRecord{Session: "newer"}); err != nil {
 				t.Fatal(err)
 			}
-			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
-			tr.expect(protocol.TypeUploadFailed)
-			if s := tr.expect(protocol.TypeStop); s.Reason != reasonFenced {
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 7, "w")
+			tr.Expect(protocol.TypeUploadFailed)
+			if s := tr.Expect(protocol.TypeStop); s.Reason != reasonFenced {
 				t.Fatalf("stop=%+v, want reason fenced", s)
 			}
 			os.WriteFile(release, nil, 0o600)

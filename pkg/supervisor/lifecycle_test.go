@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -100,15 +101,15 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 	cycles := map[string]func(t *testing.T){
 		"RunWithChild": func(t *testing.T) {
 			la := runLifecycleAgent(t, shortDir(t), func(c *Config) { c.Command = []string{"/bin/sh", "-c", "sleep 60"} })
-			tr := dialTrainer(t, la.cfg.Server.Path)
-			tr.hello()
+			tr := trainertest.Dial(t, la.cfg.Server.Path)
+			tr.Hello()
 			la.sigs <- syscall.SIGTERM
-			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
-			tr.expect(protocol.TypeCommitted)
-			tr.expect(protocol.TypeStop)
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 7, "w")
+			tr.Expect(protocol.TypeCommitted)
+			tr.Expect(protocol.TypeStop)
 			la.sigs <- syscall.SIGTERM // the child ignores stop: the second signal ends it
 			la.wait(t)
-			tr.c.Close()
+			tr.Close()
 		},
 		"SignalBridge": func(t *testing.T) {
 			la := runLifecycleAgent(t, shortDir(t), func(c *Config) {
@@ -134,16 +135,16 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 		},
 		"Sidecar": func(t *testing.T) {
 			la := runLifecycleAgent(t, shortDir(t), nil)
-			tr := dialTrainer(t, la.cfg.Server.Path)
-			tr.hello()
+			tr := trainertest.Dial(t, la.cfg.Server.Path)
+			tr.Hello()
 			la.sigs <- syscall.SIGTERM
-			tr.save(tr.expect(protocol.TypeCheckpoint), 7, "w")
-			tr.expect(protocol.TypeCommitted)
-			tr.expect(protocol.TypeStop)
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 7, "w")
+			tr.Expect(protocol.TypeCommitted)
+			tr.Expect(protocol.TypeStop)
 			if code := la.wait(t); code != 0 {
 				t.Errorf("exit code %d, want 0", code)
 			}
-			tr.c.Close()
+			tr.Close()
 		},
 		"StopDuringCommit": func(t *testing.T) {
 			dir := shortDir(t)
@@ -152,9 +153,9 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 				c.Store = &blockingStore{Store: c.Store, entered: entered}
 				c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 20 * time.Millisecond})
 			})
-			tr := dialTrainer(t, la.cfg.Server.Path)
-			tr.hello()
-			tr.save(tr.expect(protocol.TypeCheckpoint), 1, "w")
+			tr := trainertest.Dial(t, la.cfg.Server.Path)
+			tr.Hello()
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 1, "w")
 			select {
 			case <-entered:
 			case <-time.After(testWait):
@@ -162,7 +163,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			}
 			la.cancel() // stop now, the upload still in flight
 			la.wait(t)
-			tr.c.Close()
+			tr.Close()
 		},
 	}
 	for round := 0; round < 3; round++ {

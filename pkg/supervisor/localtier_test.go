@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -19,16 +20,16 @@ import (
 // --local-keep 0 the copies are deleted.
 func TestAgent_LocalTier(t *testing.T) {
 	first := startAgent(t, func(c *Config) { c.LocalKeep = 1 })
-	tr := dialTrainer(t, first.cfg.Server.Path)
-	tr.hello()
-	tr.send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
-	c := tr.expect(protocol.TypeCommitted)
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, first.cfg.CheckpointDir, "first")})
+	c := tr.Expect(protocol.TypeCommitted)
 	tier := filepath.Join(first.cfg.CheckpointDir, "spotagent-test", localdirs.TierSub)
 	if b, err := os.ReadFile(filepath.Join(tier, "000000000005-"+c.ID, "w")); err != nil || string(b) != "first" {
 		t.Fatalf("kept copy: %q, %v", b, err)
 	}
 	first.sigs <- syscall.SIGTERM
-	tr.expect(protocol.TypeCheckpoint) // not answered: the shutdown checkpoint fails
+	tr.Expect(protocol.TypeCheckpoint) // not answered: the shutdown checkpoint fails
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 

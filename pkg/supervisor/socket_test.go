@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -18,8 +19,8 @@ import (
 // --run-id, and the first still serves its trainers.
 func TestAgent_SecondAgentRefusesALiveSocket(t *testing.T) {
 	first := startAgent(t, nil)
-	tr := dialTrainer(t, first.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
 	cfg := first.cfg
 	cfg.Store = first.store
 	code, err := Run(context.Background(), cfg, nil)
@@ -38,8 +39,8 @@ func TestAgent_SecondAgentRefusesALiveSocket(t *testing.T) {
 	if leases != 1 {
 		t.Fatalf("%d leases in the store, want the first agent's only", leases)
 	}
-	again := dialTrainer(t, first.cfg.Server.Path)
-	again.hello()
+	again := trainertest.Dial(t, first.cfg.Server.Path)
+	again.Hello()
 }
 
 // TestAgent_SecondAgentRefusedSocketDirTakesNoLease (review, item 1): a
@@ -50,8 +51,8 @@ func TestAgent_SecondAgentRefusesALiveSocket(t *testing.T) {
 // still serves its trainers.
 func TestAgent_SecondAgentRefusedSocketDirTakesNoLease(t *testing.T) {
 	first := startAgent(t, nil)
-	tr := dialTrainer(t, first.cfg.Server.Path)
-	tr.hello()
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
 	dir := filepath.Join(t.TempDir(), "spotagent-x")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -74,6 +75,6 @@ func TestAgent_SecondAgentRefusedSocketDirTakesNoLease(t *testing.T) {
 	if leases != 1 {
 		t.Fatalf("%d leases in the store, want the first agent's only", leases)
 	}
-	again := dialTrainer(t, first.cfg.Server.Path)
-	again.hello()
+	again := trainertest.Dial(t, first.cfg.Server.Path)
+	again.Hello()
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -36,44 +37,44 @@ func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
 			ar := startAgent(t, func(c *Config) { c.Source = src })
-			say := func(h map[string]any) *trainer {
-				tr := dialTrainer(t, ar.cfg.Server.Path)
-				tr.send(h)
-				tr.expect(protocol.TypeWelcome)
+			say := func(h map[string]any) *trainertest.Trainer {
+				tr := trainertest.Dial(t, ar.cfg.Server.Path)
+				tr.Send(h)
+				tr.Expect(protocol.TypeWelcome)
 				return tr
 			}
-			job := []*trainer{say(tc.trainer)}
+			job := []*trainertest.Trainer{say(tc.trainer)}
 			for _, h := range tc.ranks {
 				job = append(job, say(h))
 			}
-			var silent []*trainer
+			var silent []*trainertest.Trainer
 			for _, h := range tc.silent {
 				silent = append(silent, say(h))
 			}
 			ar.waitStatus(t, "every hello taken in", func(s Status) bool { return s.Trainers == len(job)+len(silent) })
 			// A join would make the request wait for it: refused.
 			last := silent[len(silent)-1]
-			last.send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": time.Now().Add(time.Minute)})
-			if e := last.expect(protocol.TypeError); !strings.Contains(e.Error, "not one of the job's declared ranks") {
+			last.Send(map[string]any{"type": "join", "id": "abcdef012345", "reason": "interruption", "deadline": time.Now().Add(time.Minute)})
+			if e := last.Expect(protocol.TypeError); !strings.Contains(e.Error, "not one of the job's declared ranks") {
 				t.Fatalf("join from a silent client: %q", e.Error)
 			}
 			now := time.Now()
 			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 			var id string
 			for i, tr := range job {
-				req := tr.expect(protocol.TypeCheckpoint)
+				req := tr.Expect(protocol.TypeCheckpoint)
 				id = req.ID
 				mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d", i)), "w")
-				tr.send(map[string]any{"type": "done", "id": req.ID, "step": 17})
+				tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 17})
 			}
 			// Committed well before the silent clients' deadline (a minute).
 			for _, tr := range job {
-				if c := tr.expect(protocol.TypeCommitted); c.ID != id {
+				if c := tr.Expect(protocol.TypeCommitted); c.ID != id {
 					t.Fatalf("committed %+v, want %s", c, id)
 				}
 			}
 			for _, tr := range silent {
-				if m := tr.expect(protocol.TypeCommitted); m.ID != id { // never asked: its first message is the commit
+				if m := tr.Expect(protocol.TypeCommitted); m.ID != id { // never asked: its first message is the commit
 					t.Fatalf("silent client got %+v", m)
 				}
 			}
@@ -81,7 +82,7 @@ func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
 				t.Fatalf("latest step %d, want 17", got)
 			}
 			for _, tr := range append(job, silent...) {
-				tr.expect(protocol.TypeStop)
+				tr.Expect(protocol.TypeStop)
 			}
 			testutil.WaitFor(t, "the interruption journaled as committed", func() bool {
 				j, err := journal.Read(context.Background(), ar.store, "test")
@@ -121,14 +122,14 @@ func TestAgent_ChildGoesFirst(t *testing.T) {
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/usr/bin/python3", "-c", childTrainer, c.Server.Path, gate}
 	})
-	first := dialTrainer(t, ar.cfg.Server.Path)
-	first.send(map[string]any{"type": "hello"})
-	first.expect(protocol.TypeWelcome)
+	first := trainertest.Dial(t, ar.cfg.Server.Path)
+	first.Send(map[string]any{"type": "hello"})
+	first.Expect(protocol.TypeWelcome)
 	ar.waitStatus(t, "the first client's hello", func(s Status) bool { return s.Trainers == 1 })
 	mustWrite(t, gate, "")
 	ar.waitStatus(t, "the child's hello", func(s Status) bool { return s.Trainers == 2 })
 	ar.sigs <- syscall.SIGTERM
-	if m := first.expect(protocol.TypeCommitted); m.Step == nil || *m.Step != 21 {
+	if m := first.Expect(protocol.TypeCommitted); m.Step == nil || *m.Step != 21 {
 		t.Fatalf("first client got %+v, want the child's commit at step 21 (and no request)", m)
 	}
 	if got := latestStep(t, ar); got != 21 {
@@ -141,24 +142,24 @@ func TestAgent_ChildGoesFirst(t *testing.T) {
 // them apart): it cannot take the job's place in between.
 func TestAgent_LeftOutStaysBehindARestartedTrainer(t *testing.T) {
 	ar := startAgent(t, nil)
-	hello := func() *trainer {
-		tr := dialTrainer(t, ar.cfg.Server.Path)
-		tr.send(map[string]any{"type": "hello"})
-		tr.expect(protocol.TypeWelcome)
+	hello := func() *trainertest.Trainer {
+		tr := trainertest.Dial(t, ar.cfg.Server.Path)
+		tr.Send(map[string]any{"type": "hello"})
+		tr.Expect(protocol.TypeWelcome)
 		return tr
 	}
 	old := hello()
 	ar.waitStatus(t, "the trainer's hello", func(s Status) bool { return s.Trainers == 1 })
 	silent := hello()
 	ar.waitStatus(t, "the silent client's hello", func(s Status) bool { return s.Trainers == 2 })
-	old.c.Close() // the trainer restarts
+	old.Close() // the trainer restarts
 	ar.waitStatus(t, "the trainer gone", func(s Status) bool { return s.Trainers == 1 })
 	back := hello()
 	ar.waitStatus(t, "the trainer back", func(s Status) bool { return s.Trainers == 2 })
 	ar.sigs <- syscall.SIGTERM
-	req := back.expect(protocol.TypeCheckpoint)
-	back.save(req, 33, "w")
-	if m := silent.expect(protocol.TypeCommitted); m.ID != req.ID {
+	req := back.Expect(protocol.TypeCheckpoint)
+	back.Save(req, 33, "w")
+	if m := silent.Expect(protocol.TypeCommitted); m.ID != req.ID {
 		t.Fatalf("silent client got %+v, want the commit of %s (and no request)", m, req.ID)
 	}
 	if got := latestStep(t, ar); got != 33 {

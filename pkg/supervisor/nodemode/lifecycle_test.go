@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -31,9 +32,9 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg, nil) }()
-			tr := dialTrainer(t, sock)
-			tr.helloRun("r1")
-			tr.expect(protocol.TypeWelcome)
+			tr := trainertest.Dial(t, sock)
+			helloRun(tr, "r1")
+			tr.Expect(protocol.TypeWelcome)
 			cancel() // stops the run at once; Run returns once it is done
 			select {
 			case err := <-done:
@@ -43,25 +44,25 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			case <-time.After(2 * testWait):
 				t.Fatal("Run did not return after its ctx ended")
 			}
-			tr.c.Close()
+			tr.Close()
 		},
 		"Node": func(t *testing.T) {
 			cfg, sock := lifecycleNode(t)
 			sigs := make(chan os.Signal, 2)
 			done := make(chan error, 1)
 			go func() { done <- Run(context.Background(), cfg, sigs) }()
-			stranger := dialTrainer(t, sock) // answered in the background (SendNoWait)
-			stranger.send(protocol.Message{Type: protocol.TypeDone, ID: "x"})
-			stranger.expect(protocol.TypeError)
-			stranger.c.Close()
-			tr := dialTrainer(t, sock)
-			tr.helloRun("r1")
-			tr.expect(protocol.TypeWelcome)
+			stranger := trainertest.Dial(t, sock) // answered in the background (SendNoWait)
+			stranger.Send(protocol.Message{Type: protocol.TypeDone, ID: "x"})
+			stranger.Expect(protocol.TypeError)
+			stranger.Close()
+			tr := trainertest.Dial(t, sock)
+			helloRun(tr, "r1")
+			tr.Expect(protocol.TypeWelcome)
 			sigs <- syscall.SIGTERM
-			tr.save(tr.expect(protocol.TypeCheckpoint), 3, "w")
-			tr.expect(protocol.TypeCommitted)
-			tr.expect(protocol.TypeStop)
-			tr.c.Close()
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 3, "w")
+			tr.Expect(protocol.TypeCommitted)
+			tr.Expect(protocol.TypeStop)
+			tr.Close()
 			select {
 			case err := <-done:
 				if err != nil {

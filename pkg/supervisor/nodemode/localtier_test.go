@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -15,26 +16,26 @@ import (
 // checkpoint is never copied while the trainer waits), in its run's area.
 func TestNode_LocalTierKeepsEachPart(t *testing.T) {
 	n := startNode(t, nil, func(c *Config) { c.Run.LocalKeep = 1 })
-	pods := []*trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
 	for k, tr := range pods {
-		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
 			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		tr.expect(protocol.TypeWelcome)
+		tr.Expect(protocol.TypeWelcome)
 	}
 	n.sigs <- syscall.SIGTERM
 	var id string
 	for k, tr := range pods {
-		req := tr.expect(protocol.TypeCheckpoint)
+		req := tr.Expect(protocol.TypeCheckpoint)
 		if k == 1 && req.ID != id {
-			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.expect(protocol.TypeCheckpoint)
+			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.Expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
-		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {
-		tr.expect(protocol.TypeCommitted)
+		tr.Expect(protocol.TypeCommitted)
 	}
 	for k := range pods {
 		part := fmt.Sprintf("node-%d", k)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -84,9 +85,9 @@ func startNode(t *testing.T, open func(uri string), mutate ...func(*Config)) *no
 }
 
 // dialAs connects as a peer with the given identity.
-func (n *nodeRunning) dialAs(t *testing.T, ident string) *trainer {
+func (n *nodeRunning) dialAs(t *testing.T, ident string) *trainertest.Trainer {
 	t.Helper()
-	tr := dialTrainer(t, n.sock)
+	tr := trainertest.Dial(t, n.sock)
 	select {
 	case n.idents <- ident:
 	case <-time.After(testWait):
@@ -95,24 +96,9 @@ func (n *nodeRunning) dialAs(t *testing.T, ident string) *trainer {
 	return tr
 }
 
-func (tr *trainer) helloRun(run string) {
-	tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1, "run_id": run})
-}
-
-// expectClosed waits for the connection to end, skipping what comes first.
-func (tr *trainer) expectClosed() {
-	tr.t.Helper()
-	deadline := time.After(testWait)
-	for {
-		select {
-		case _, ok := <-tr.msgs:
-			if !ok {
-				return
-			}
-		case <-deadline:
-			tr.t.Fatal("connection still open")
-		}
-	}
+// helloRun says hello as the one rank of run's world of 1.
+func helloRun(tr *trainertest.Trainer, run string) {
+	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1, "run_id": run})
 }
 
 // TestNode_StalledRunDoesNotBlock (issue 13 item 7): one run's loop does
@@ -133,28 +119,28 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 		}
 	})
 	flood := n.dialAs(t, "pod:a")
-	flood.helloRun("stalled")
+	helloRun(flood, "stalled")
 	for range 2 * protocol.EventBuffer {
 		// Once the node closes the connection, sends fail: that is the point.
-		flood.c.Send(context.Background(), protocol.Message{Type: protocol.TypeStatus})
+		flood.Conn().Send(context.Background(), protocol.Message{Type: protocol.TypeStatus})
 	}
-	m := flood.expect(protocol.TypeError)
+	m := flood.Expect(protocol.TypeError)
 	if !strings.Contains(m.Error, "is busy") {
 		t.Fatalf("error %q, want the run's queue full", m.Error)
 	}
-	flood.expectClosed()
+	flood.ExpectClosed()
 	if logs := n.logs.FilterMessage("node: run's queue is full: message dropped and its connection closed").All(); len(logs) != 1 || logs[0].ContextMap()["run"] != "stalled" {
 		t.Errorf("logs %+v, want one drop for run stalled", logs)
 	}
 
 	other := n.dialAs(t, "pod:b")
-	other.helloRun("other")
-	if w := other.expect(protocol.TypeWelcome); w.RunID != "other" {
+	helloRun(other, "other")
+	if w := other.Expect(protocol.TypeWelcome); w.RunID != "other" {
 		t.Fatalf("welcome %+v, want run other", w)
 	}
 	n.src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: time.Now().Add(time.Minute), Detected: time.Now()}
-	if req := other.expect(protocol.TypeCheckpoint); req.Reason != protocol.ReasonInterruption {
+	if req := other.Expect(protocol.TypeCheckpoint); req.Reason != protocol.ReasonInterruption {
 		t.Fatalf("request %+v, want an interruption checkpoint", req)
 	}
 
@@ -175,9 +161,9 @@ func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) protoco
 	deadline := time.Now().Add(testWait)
 	for i := 0; ; i++ {
 		tr := n.dialAs(t, ident)
-		tr.helloRun(run)
+		helloRun(tr, run)
 		select {
-		case m, ok := <-tr.msgs:
+		case m, ok := <-tr.Msgs():
 			if ok && m.Type == protocol.TypeWelcome {
 				return m
 			}
@@ -200,15 +186,15 @@ func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) protoco
 func TestNode_RunBoundToPeer(t *testing.T) {
 	n := startNode(t, nil)
 	a1 := n.dialAs(t, "pod:a")
-	a1.helloRun("teamB")
-	a1.expect(protocol.TypeWelcome)
+	helloRun(a1, "teamB")
+	a1.Expect(protocol.TypeWelcome)
 
 	b := n.dialAs(t, "pod:b")
-	b.helloRun("teamB")
-	if m := b.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+	helloRun(b, "teamB")
+	if m := b.Expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
 		t.Fatalf("error %q, want the run id in use", m.Error)
 	}
-	b.expectClosed()
+	b.ExpectClosed()
 	logs := n.logs.FilterMessage("node: hello refused: run id in use by another peer").All()
 	if len(logs) != 1 || logs[0].ContextMap()["peer"] != "pod:b" || logs[0].ContextMap()["owner"] != "pod:a" {
 		t.Fatalf("logs %+v, want one refusal of pod:b, owner pod:a", logs)
@@ -216,15 +202,15 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 
 	// Another rank of the same pod joins the run.
 	a2 := n.dialAs(t, "pod:a")
-	a2.helloRun("teamB")
-	a2.expect(protocol.TypeWelcome)
+	helloRun(a2, "teamB")
+	a2.Expect(protocol.TypeWelcome)
 	// Other run ids are anyone's.
 	bOwn := n.dialAs(t, "pod:b")
-	bOwn.helloRun("teamC")
-	bOwn.expect(protocol.TypeWelcome)
+	helloRun(bOwn, "teamC")
+	bOwn.Expect(protocol.TypeWelcome)
 
-	a1.c.Close()
-	a2.c.Close()
+	a1.Close()
+	a2.Close()
 	// The next pod of the Job: refused while the old pod's disconnects are
 	// in flight, welcomed once they are through.
 	n.helloUntilWelcome(t, "pod:b", "teamB")
@@ -239,26 +225,26 @@ func TestNode_RunBoundToPeer(t *testing.T) {
 func TestNode_PartFieldsDoNotTakeARun(t *testing.T) {
 	n := startNode(t, nil)
 	victim := n.dialAs(t, "pod:a")
-	victim.helloRun("victim")
-	victim.expect(protocol.TypeWelcome)
+	helloRun(victim, "victim")
+	victim.Expect(protocol.TypeWelcome)
 	thief := n.dialAs(t, "pod:b")
-	thief.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "victim", "rank": 1, "world_size": 2,
+	thief.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "victim", "rank": 1, "world_size": 2,
 		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
-	if m := thief.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+	if m := thief.Expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
 		t.Fatalf("error %q, want the run id in use", m.Error)
 	}
-	thief.expectClosed()
+	thief.ExpectClosed()
 
 	job := n.dialAs(t, "pod:a")
-	job.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 0, "world_size": 2,
+	job.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 0, "world_size": 2,
 		"local_rank": 0, "local_world_size": 1, "node_rank": 0, "nodes": 2})
-	job.expect(protocol.TypeWelcome)
+	job.Expect(protocol.TypeWelcome)
 	whole := n.dialAs(t, "pod:b")
-	whole.helloRun("job")
-	if m := whole.expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
+	helloRun(whole, "job")
+	if m := whole.Expect(protocol.TypeError); !strings.Contains(m.Error, "in use by another pod or user") {
 		t.Fatalf("error %q, want the run id in use", m.Error)
 	}
-	whole.expectClosed()
+	whole.ExpectClosed()
 	if got := len(n.logs.FilterMessage("node: new run").All()); got != 2 {
 		t.Fatalf("%d runs started, want 2 (the victim's and the job's part)", got)
 	}
@@ -270,12 +256,12 @@ func TestNode_PartFieldsDoNotTakeARun(t *testing.T) {
 // the second pod's hello was refused as "in use by another pod".
 func TestNode_TwoPodsOfOneJob(t *testing.T) {
 	n := startNode(t, nil)
-	pods := []*trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
 	var dirs []string
 	for k, tr := range pods {
-		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
 			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		w := tr.expect(protocol.TypeWelcome)
+		w := tr.Expect(protocol.TypeWelcome)
 		dirs = append(dirs, w.CheckpointDir)
 	}
 	if dirs[0] == dirs[1] {
@@ -284,19 +270,19 @@ func TestNode_TwoPodsOfOneJob(t *testing.T) {
 	n.sigs <- syscall.SIGTERM // every run takes a shutdown checkpoint
 	var id string
 	for k, tr := range pods {
-		req := tr.expect(protocol.TypeCheckpoint)
+		req := tr.Expect(protocol.TypeCheckpoint)
 		if k == 1 && req.ID != id {
 			// Each node asked on its own: the ranks' agreement picks one, and
 			// the other node joins it.
-			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.expect(protocol.TypeCheckpoint)
+			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.Expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
-		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {
-		tr.expect(protocol.TypeCommitted)
+		tr.Expect(protocol.TypeCommitted)
 	}
 	st, err := file.New(filepath.Join(filepath.Dir(n.sock), "runs", "job"))
 	if err != nil {
@@ -330,12 +316,12 @@ func TestNode_PlantedSymlinkRefused(t *testing.T) {
 		}
 	}
 	single := n.dialAs(t, "pod:a")
-	single.helloRun("evil")
-	single.expectClosed()
+	helloRun(single, "evil")
+	single.ExpectClosed()
 	part := n.dialAs(t, "pod:b")
-	part.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 1, "world_size": 2,
+	part.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": 1, "world_size": 2,
 		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
-	part.expectClosed()
+	part.ExpectClosed()
 	if ents, err := os.ReadDir(outside); err != nil || len(ents) != 0 {
 		t.Fatalf("created through the planted link: %v, %v", ents, err)
 	}
@@ -355,8 +341,8 @@ func TestNode_PanicFailsOneRun(t *testing.T) {
 		}
 	})
 	boom := n.dialAs(t, "pod:a")
-	boom.helloRun("boom")
-	if m := boom.expect(protocol.TypeError); !strings.Contains(m.Error, "run could not start: internal error (panic)") {
+	helloRun(boom, "boom")
+	if m := boom.Expect(protocol.TypeError); !strings.Contains(m.Error, "run could not start: internal error (panic)") {
 		t.Fatalf("error %q, want the run failed by its panic", m.Error)
 	}
 	logs := n.logs.FilterMessage("background work panicked: it fails, the agent goes on").All()
@@ -373,13 +359,13 @@ func TestNode_StatusListsRuns(t *testing.T) {
 	n := startNode(t, nil)
 	for _, run := range []string{"teamB", "teamA"} {
 		tr := n.dialAs(t, "pod:"+run)
-		tr.helloRun(run)
-		tr.expect(protocol.TypeWelcome)
+		helloRun(tr, run)
+		tr.Expect(protocol.TypeWelcome)
 	}
 	ask := func() supervisor.NodeStatus {
 		cli := n.dialAs(t, "uid:0")
-		cli.send(map[string]any{"type": "status"})
-		m := cli.expect(protocol.TypeStatus)
+		cli.Send(map[string]any{"type": "status"})
+		m := cli.Expect(protocol.TypeStatus)
 		var st supervisor.NodeStatus
 		if err := json.Unmarshal(m.Status, &st); err != nil {
 			t.Fatalf("node status %s: %v", m.Status, err)
@@ -412,12 +398,12 @@ func TestNode_DotRunIDsRefused(t *testing.T) {
 	dir := filepath.Dir(n.sock)
 	for _, id := range []string{"...", ".hidden", "x.", ".", ".."} {
 		tr := n.dialAs(t, "pod:a")
-		tr.helloRun(id)
-		m := tr.expect(protocol.TypeError)
+		helloRun(tr, id)
+		m := tr.Expect(protocol.TypeError)
 		if !strings.Contains(m.Error, "refused") || !strings.Contains(m.Error, "neither beginning nor ending with '.'") {
 			t.Errorf("run id %q: error %q, want a refusal that says a run id may neither begin nor end with '.'", id, m.Error)
 		}
-		tr.expectClosed()
+		tr.ExpectClosed()
 	}
 	for _, sub := range []string{"ckpt", "runs"} {
 		ents, _ := os.ReadDir(filepath.Join(dir, sub))
@@ -426,6 +412,6 @@ func TestNode_DotRunIDsRefused(t *testing.T) {
 		}
 	}
 	ok := n.dialAs(t, "pod:a")
-	ok.helloRun("exp.42")
-	ok.expect(protocol.TypeWelcome)
+	helloRun(ok, "exp.42")
+	ok.Expect(protocol.TypeWelcome)
 }

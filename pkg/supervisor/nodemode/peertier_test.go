@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
@@ -28,11 +29,11 @@ func TestNode_PeerTierOneListener(t *testing.T) {
 		c.Run.LocalKeep = 1
 		c.Run.PeerTier = supervisor.PeerTierConfig{Enabled: true, Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}}
 	})
-	pods := []*trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
 	for k, tr := range pods {
-		tr.send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
 			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		tr.expect(protocol.TypeWelcome)
+		tr.Expect(protocol.TypeWelcome)
 	}
 	var ports []string
 	for k := range pods {
@@ -71,16 +72,16 @@ func TestNode_PeerTierOneListener(t *testing.T) {
 	n.sigs <- syscall.SIGTERM
 	var id string
 	for k, tr := range pods {
-		req := tr.expect(protocol.TypeCheckpoint)
+		req := tr.Expect(protocol.TypeCheckpoint)
 		if k == 1 && req.ID != id {
-			tr.send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.expect(protocol.TypeCheckpoint)
+			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.Expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
 		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
-		tr.send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {
-		tr.expect(protocol.TypeCommitted)
+		tr.Expect(protocol.TypeCommitted)
 	}
 }
