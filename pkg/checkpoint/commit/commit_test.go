@@ -11,40 +11,15 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
-
-func newStore(t *testing.T) *file.Store {
-	t.Helper()
-	st, err := file.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// writeDir creates a checkpoint directory holding files.
-func writeDir(t *testing.T, files map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	for name, body := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 func commit(t *testing.T, st cloud.Store, step int64, id string, files map[string]string) *Result {
 	t.Helper()
 	c := &Committer{Store: st, RunID: "run"}
-	res, err := c.Commit(context.Background(), Request{Dir: writeDir(t, files), ID: id, Step: step, Reason: "periodic", Metadata: []byte(`{"epoch":1}`)})
+	res, err := c.Commit(context.Background(), Request{Dir: cptest.WriteDir(t, files), ID: id, Step: step, Reason: "periodic", Metadata: []byte(`{"epoch":1}`)})
 	if err != nil {
 		t.Fatalf("commit %s: %v", id, err)
 	}
@@ -52,7 +27,7 @@ func commit(t *testing.T, st cloud.Store, step int64, id string, files map[strin
 }
 
 func TestCommit_RoundTrip(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	files := map[string]string{"model.pt": strings.Repeat("m", 100000), "sub/opt.pt": "optimizer", "empty": ""}
 	res := commit(t, st, 120, "abc", files)
 	if got, want := res.ManifestKey, "checkpoints/000000000120-abc/manifest.json"; got != want {
@@ -99,8 +74,8 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 		"fifo":                   func(dir string) error { return mkfifo(filepath.Join(dir, "pipe")) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			st := newStore(t)
-			dir := writeDir(t, map[string]string{"model.pt": "weights"})
+			st := cptest.NewStore(t)
+			dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 			if err := plant(dir); err != nil {
 				t.Fatal(err)
 			}
@@ -117,8 +92,8 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 		})
 	}
 	t.Run("directory is a symlink", func(t *testing.T) {
-		st := newStore(t)
-		real := writeDir(t, map[string]string{"model.pt": "weights"})
+		st := cptest.NewStore(t)
+		real := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 		link := filepath.Join(t.TempDir(), "ckpt")
 		if err := os.Symlink(real, link); err != nil {
 			t.Fatal(err)
@@ -129,13 +104,13 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 		}
 	})
 	t.Run("empty directory", func(t *testing.T) {
-		_, err := (&Committer{Store: newStore(t)}).Commit(context.Background(), Request{Dir: t.TempDir(), ID: "x", Step: 1})
+		_, err := (&Committer{Store: cptest.NewStore(t)}).Commit(context.Background(), Request{Dir: t.TempDir(), ID: "x", Step: 1})
 		if err == nil || !strings.Contains(err.Error(), "no files") {
 			t.Fatalf("err=%v, want no files", err)
 		}
 	})
 	t.Run("bad id", func(t *testing.T) {
-		_, err := (&Committer{Store: newStore(t)}).Commit(context.Background(), Request{Dir: t.TempDir(), ID: "../x", Step: 1})
+		_, err := (&Committer{Store: cptest.NewStore(t)}).Commit(context.Background(), Request{Dir: t.TempDir(), ID: "../x", Step: 1})
 		if err == nil {
 			t.Fatal("commit accepted id ../x")
 		}
@@ -143,7 +118,7 @@ func TestCommit_RefusesEscapes(t *testing.T) {
 }
 
 func TestUpdateLatest_NeverMovesBack(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commit(t, st, 200, "new", map[string]string{"a": "1"})
 	commit(t, st, 100, "old", map[string]string{"a": "2"})
 	l, err := checkpoint.ReadLatest(context.Background(), st)

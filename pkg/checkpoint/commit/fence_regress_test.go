@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -17,8 +18,8 @@ import (
 // it, and its restore (and `spotagent restore`) resume it, not the older
 // one latest.json named.
 func TestLease_SealAdoptsUnpublishedCommit(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
-		old := acquire(t, st, "old")
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
+		old := cptest.Acquire(t, st, "old")
 		if _, err := commitUnder(old, st, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
@@ -30,8 +31,8 @@ func TestLease_SealAdoptsUnpublishedCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The machine died before latest.json moved: it still names a.
-		put(t, st, checkpoint.LatestKey, string(before))
-		next := acquire(t, st, "next")
+		cptest.Put(t, st, checkpoint.LatestKey, string(before))
+		next := cptest.Acquire(t, st, "next")
 		if l := latestRaw(t, st); l.ID != "b" || l.Epoch != next.Epoch {
 			t.Fatalf("latest=%+v, want b sealed by epoch %d", l, next.Epoch)
 		}
@@ -48,9 +49,9 @@ func TestLease_SealAdoptsUnpublishedCommit(t *testing.T) {
 // at fences all the same. The older session's commit after it is a fenced
 // session's: neither the newer session nor `spotagent restore` resumes it.
 func TestLease_PointerlessSealFences(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
-		old := acquire(t, st, "old")
-		next := acquire(t, st, "next")
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
+		old := cptest.Acquire(t, st, "old")
+		next := cptest.Acquire(t, st, "next")
 		if _, err := commitUnder(old, st, t, 5, "late"); !errors.Is(err, checkpoint.ErrFenced) {
 			t.Fatalf("commit of the fenced session: err=%v, want ErrFenced", err)
 		}
@@ -75,7 +76,7 @@ func TestLease_PointerlessSealFences(t *testing.T) {
 // the damaged one does not count as kept: the checkpoint the job resumed
 // from stays.
 func TestPrune_RollbackKeepsAssembly(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commitJob(t, st, 10, "aaaaaaaaaaaa")
 	res := commitJob(t, st, 20, "bbbbbbbbbbbb")
 	if err := st.Delete(t.Context(), res[0].Manifest.Files[0].Key); err != nil { // damaged
@@ -120,13 +121,13 @@ func (h hideFromList) List(ctx context.Context, prefix string, fn func(cloud.Obj
 // must not make retention delete that checkpoint's objects (it is pinned:
 // read directly, not from the listing).
 func TestPrune_PinnedNotYetListed(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	c := &Committer{Store: st, RunID: "run"}
 	for _, s := range []struct {
 		step int64
 		id   string
 	}{{10, "a"}, {20, "b"}, {15, "c"}} {
-		if _, err := c.Commit(t.Context(), Request{Dir: writeDir(t, map[string]string{"w": s.id}), ID: s.id, Step: s.step}); err != nil {
+		if _, err := c.Commit(t.Context(), Request{Dir: cptest.WriteDir(t, map[string]string{"w": s.id}), ID: s.id, Step: s.step}); err != nil {
 			t.Fatal(err)
 		}
 	}

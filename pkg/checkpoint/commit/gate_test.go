@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -223,7 +224,7 @@ func TestCommitter_GateAcrossRuns(t *testing.T) {
 		stores[i] = &slowStore{Store: st, peak: &peak, started: &started, hold: hold, live: live}
 		cms[i] = &Committer{Store: stores[i], RunID: fmt.Sprint("run", i), Gate: g}
 	}
-	mk := func(name string) string { return writeDir(t, map[string]string{"w": name}) }
+	mk := func(name string) string { return cptest.WriteDir(t, map[string]string{"w": name}) }
 	periodic := make(chan error, 1)
 	go func() {
 		_, err := cms[0].Commit(context.Background(), Request{Dir: mk("p"), ID: "p1", Step: 1, Reason: "periodic"})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -45,8 +46,8 @@ func commitBehindGate(t *testing.T, st cloud.Store, dir string, step int64, id s
 // after the scan fails the commit at once, naming it, instead of blocking
 // in open(2) for ever.
 func TestCommit_FIFOSwappedInAfterScan(t *testing.T) {
-	st := newStore(t)
-	dir := writeDir(t, map[string]string{"a": "weights", "z": "zz"})
+	st := cptest.NewStore(t)
+	dir := cptest.WriteDir(t, map[string]string{"a": "weights", "z": "zz"})
 	release, done := commitBehindGate(t, st, dir, 1, "fifo")
 	z := filepath.Join(dir, "z")
 	if err := os.Remove(z); err != nil {
@@ -80,12 +81,12 @@ func TestCommit_FIFOSwappedInAfterScan(t *testing.T) {
 // and sizes put in its place between the scan and the upload. The commit
 // uploads the original files or nothing, never the other directory's.
 func TestCommit_DirSwappedForSymlink(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "ck")
 	os.Mkdir(dir, 0o700)
 	os.WriteFile(filepath.Join(dir, "w"), []byte("mine"), 0o600)
-	other := writeDir(t, map[string]string{"w": "evil"})
+	other := cptest.WriteDir(t, map[string]string{"w": "evil"})
 	release, done := commitBehindGate(t, st, dir, 1, "swap")
 	if err := os.Rename(dir, dir+".moved"); err != nil {
 		t.Fatal(err)
@@ -110,8 +111,8 @@ func TestCommit_DirSwappedForSymlink(t *testing.T) {
 // TestCommit_NonUTF8Name (item 4): a file name that is not UTF-8 refuses
 // the commit, naming the file (escaped); JSON would have changed it.
 func TestCommit_NonUTF8Name(t *testing.T) {
-	st := newStore(t)
-	dir := writeDir(t, map[string]string{"ok": "x"})
+	st := cptest.NewStore(t)
+	dir := cptest.WriteDir(t, map[string]string{"ok": "x"})
 	if err := os.WriteFile(filepath.Join(dir, "caf\xe9"), []byte("y"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -140,15 +141,15 @@ func TestMarshalManifest_RoundTrip(t *testing.T) {
 // the newest commit (its write failed): restore still resumes from the
 // newest complete checkpoint, and falls back past a newer damaged one.
 func TestRestore_NewerThanLatest(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commit(t, st, 10, "a", map[string]string{"m": "ten"})
 	commit(t, st, 20, "b", map[string]string{"m": "twenty"})
 	commit(t, st, 30, "c", map[string]string{"m": "thirty"})
-	put(t, st, checkpoint.LatestKey, `{"manifest":"checkpoints/000000000010-a/manifest.json","step":10,"id":"a"}`)
+	cptest.Put(t, st, checkpoint.LatestKey, `{"manifest":"checkpoints/000000000010-a/manifest.json","step":10,"id":"a"}`)
 	if got := restoredStep(t, st); got != 30 {
 		t.Fatalf("restored step %d, want 30 (newer than latest.json's 10)", got)
 	}
-	put(t, st, "checkpoints/000000000030-c/m", "thirtx") // damaged
+	cptest.Put(t, st, "checkpoints/000000000030-c/m", "thirtx") // damaged
 	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +163,7 @@ func TestRestore_NewerThanLatest(t *testing.T) {
 // and "a/b" is skipped like any broken one: restore falls back to the
 // older good checkpoint instead of aborting.
 func TestRestore_FileAndDirConflict(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commit(t, st, 10, "good", map[string]string{"m": "ten"})
 	res := commit(t, st, 20, "bad", map[string]string{"a": "x", "c/b": "y"})
 	m := *res.Manifest
@@ -173,7 +174,7 @@ func TestRestore_FileAndDirConflict(t *testing.T) {
 		}
 	}
 	body, _ := marshalManifest(&m)
-	put(t, st, res.ManifestKey, string(body))
+	cptest.Put(t, st, res.ManifestKey, string(body))
 	r, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{})
 	if err != nil {
 		t.Fatalf("restore aborted: %v", err)
@@ -186,10 +187,10 @@ func TestRestore_FileAndDirConflict(t *testing.T) {
 // TestRestore_SymlinkInDest (item 3a): a symlink planted where the
 // checkpoint's directory goes is removed itself; its target is untouched.
 func TestRestore_SymlinkInDest(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commit(t, st, 10, "a", map[string]string{"m": "ten"})
 	dest := t.TempDir()
-	victim := writeDir(t, map[string]string{"precious": "keep"})
+	victim := cptest.WriteDir(t, map[string]string{"precious": "keep"})
 	if err := os.Symlink(victim, filepath.Join(dest, "000000000010-a")); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestRestore_SymlinkInDest(t *testing.T) {
 // TestPrune_Pinned (item 11): with keep 1, a checkpoint committed with a
 // lower step than the newest survives retention when pinned.
 func TestPrune_Pinned(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commit(t, st, 100, "new", map[string]string{"m": "100"})
 	low := commit(t, st, 50, "low", map[string]string{"m": "50"})
 	if _, err := checkpoint.Prune(context.Background(), st, 1, nil, low.ManifestKey); err != nil {

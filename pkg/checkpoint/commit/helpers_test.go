@@ -3,22 +3,15 @@ package commit
 import (
 	"context"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
-// Helpers the commit tests share with pkg/checkpoint/restore's
-// (restore_test.go there): an object put as is, the step restore picks.
-
-func put(t *testing.T, st cloud.Store, key, body string) {
-	t.Helper()
-	if err := st.Put(context.Background(), key, strings.NewReader(body), int64(len(body)), cloud.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
+// The step restore picks; restore's own tests have it too (restore_test.go
+// there): a shared package that imports restore cannot serve them. What
+// needs neither package is pkg/checkpoint/internal/cptest.
 
 func restoredStep(t *testing.T, st cloud.Store) int64 {
 	t.Helper()

@@ -9,42 +9,16 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
-	"github.com/spotagent/spotagent/pkg/cloud/s3"
 )
-
-// leaseStores runs fn against the file store and the in-process S3 fake:
-// the conditional writes fencing relies on differ most between them.
-func leaseStores(t *testing.T, fn func(t *testing.T, st cloud.Store)) {
-	t.Run("file", func(t *testing.T) { fn(t, newStore(t)) })
-	t.Run("s3", func(t *testing.T) {
-		srv := s3test.New(t)
-		st, err := s3.New(t.Context(), srv.Bucket, cloudtest.Prefix(), s3.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		fn(t, st)
-	})
-}
-
-func acquire(t *testing.T, st cloud.Store, session string) *checkpoint.Lease {
-	t.Helper()
-	l, err := checkpoint.AcquireLease(context.Background(), st, checkpoint.LeaseRecord{Session: session})
-	if err != nil {
-		t.Fatalf("acquire %s: %v", session, err)
-	}
-	return l
-}
 
 func commitUnder(l *checkpoint.Lease, st cloud.Store, t *testing.T, step int64, id string) (*Result, error) {
 	c := &Committer{Store: st, RunID: "run", Lease: l}
-	return c.Commit(context.Background(), Request{Dir: writeDir(t, map[string]string{"w": id}), ID: id, Step: step, Reason: "periodic"})
+	return c.Commit(context.Background(), Request{Dir: cptest.WriteDir(t, map[string]string{"w": id}), ID: id, Step: step, Reason: "periodic"})
 }
 
 func latestRaw(t *testing.T, st cloud.Store) checkpoint.Latest {
@@ -59,7 +33,7 @@ func latestRaw(t *testing.T, st cloud.Store) checkpoint.Latest {
 // Sessions starting at once each get their own epoch; the newest owns the
 // run, every other one is fenced, and latest.json carries the newest epoch.
 func TestLease_ConcurrentAcquire(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		const n = 6
 		leases := make([]*checkpoint.Lease, n)
 		errs := make([]error, n)
@@ -110,12 +84,12 @@ func TestLease_ConcurrentAcquire(t *testing.T) {
 // An older session's commit after a newer lease uploads its manifest
 // (with its epoch) but never moves latest.json; the newer one publishes.
 func TestLease_FencedCommitDoesNotPublish(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
-		old := acquire(t, st, "old")
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
+		old := cptest.Acquire(t, st, "old")
 		if _, err := commitUnder(old, st, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
-		newer := acquire(t, st, "new")
+		newer := cptest.Acquire(t, st, "new")
 		if l := latestRaw(t, st); l.Epoch != newer.Epoch || l.ID != "a" {
 			t.Fatalf("after the new lease latest=%+v, want id a sealed with epoch %d", l, newer.Epoch)
 		}
@@ -165,14 +139,14 @@ func (s *sealBeforePut) Put(ctx context.Context, key string, r io.Reader, size i
 // newer session's seal, then the older write. It must fail, not land (the
 // seal took the older session's manifest, committed before it, as latest).
 func TestLease_SealBetweenCheckAndWrite(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		racy := &sealBeforePut{Store: st}
-		old := acquire(t, racy, "old")
+		old := cptest.Acquire(t, racy, "old")
 		if _, err := commitUnder(old, racy, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
 		var newer *checkpoint.Lease
-		racy.seal = func() { newer = acquire(t, st, "new") }
+		racy.seal = func() { newer = cptest.Acquire(t, st, "new") }
 		_, err := commitUnder(old, racy, t, 20, "b")
 		if newer == nil {
 			t.Fatal("the newer session never took its lease")
@@ -194,12 +168,12 @@ func TestLease_SealBetweenCheckAndWrite(t *testing.T) {
 // Restore passes over checkpoints of a newer epoch (the session that fenced
 // the one restoring), also when latest.json names one.
 func TestRestore_IgnoresHigherEpochs(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
-		one := acquire(t, st, "one")
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
+		one := cptest.Acquire(t, st, "one")
 		if _, err := commitUnder(one, st, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
-		two := acquire(t, st, "two")
+		two := cptest.Acquire(t, st, "two")
 		if _, err := commitUnder(two, st, t, 20, "b"); err != nil {
 			t.Fatal(err)
 		}
@@ -220,9 +194,9 @@ func TestRestore_IgnoresHigherEpochs(t *testing.T) {
 // Two journal writers: neither loses the other's update; a fenced one
 // writes nothing.
 func TestJournal_ConditionalAndFenced(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		ctx := context.Background()
-		old := acquire(t, st, "old")
+		old := cptest.Acquire(t, st, "old")
 		j1, _ := journal.Read(ctx, st, "run")
 		j2, _ := journal.Read(ctx, st, "run")
 		w1, w2 := journal.NewWriter(st, j1), journal.NewWriter(st, j2)
@@ -238,7 +212,7 @@ func TestJournal_ConditionalAndFenced(t *testing.T) {
 		if got.Stats.Checkpoints != 1 || got.Stats.Failures != 1 {
 			t.Fatalf("stats=%+v, want both updates", got.Stats)
 		}
-		newer := acquire(t, st, "new")
+		newer := cptest.Acquire(t, st, "new")
 		w2.FenceWith(newer)
 		if err := w2.Update(ctx, func(j *journal.Journal) { j.Stats.Failures++ }); err != nil {
 			t.Fatal(err)
@@ -258,7 +232,7 @@ func TestJournal_ConditionalAndFenced(t *testing.T) {
 // Issue 28.2: leases/ keeps the newest LeasesKept objects, not one per
 // session ever started, and pruning never unfences an older session.
 func TestLease_Pruned(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	ctx := t.Context()
 	first, err := checkpoint.AcquireLease(ctx, st, checkpoint.LeaseRecord{Session: "s0"})
 	if err != nil {

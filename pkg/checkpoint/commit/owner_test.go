@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -40,8 +41,8 @@ func TestCommit_OwnedBy(t *testing.T) {
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := newStore(t)
-			dir := writeDir(t, map[string]string{"model.pt": "weights"})
+			st := cptest.NewStore(t)
+			dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 			os.Chown(filepath.Join(dir, "model.pt"), uid, uid)
 			tc.plant(t, dir)
 			root, err := os.OpenRoot(dir)
@@ -61,8 +62,8 @@ func TestCommit_OwnedBy(t *testing.T) {
 		})
 	}
 	// Not marked: no owner rule (the agent's own user's trainer).
-	st := newStore(t)
-	dir := writeDir(t, map[string]string{"model.pt": "weights"})
+	st := cptest.NewStore(t)
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 	if _, err := (&Committer{Store: st, RunID: "run"}).Commit(context.Background(), Request{Dir: dir, ID: "b", Step: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +102,8 @@ func TestPipeline_OwnedBy(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &countingStore{Store: newStore(t)}
-			dir := writeDir(t, map[string]string{"model.pt": "weights"})
+			st := &countingStore{Store: cptest.NewStore(t)}
+			dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 			if err := os.Chown(filepath.Join(dir, "model.pt"), uid, uid); err != nil {
 				t.Fatal(err)
 			}
@@ -139,8 +140,8 @@ func TestPipeline_OwnedBy(t *testing.T) {
 		})
 	}
 	t.Run("replaced after saved", func(t *testing.T) {
-		st := &countingStore{Store: newStore(t)}
-		dir := writeDir(t, map[string]string{"model.pt": "weights"})
+		st := &countingStore{Store: cptest.NewStore(t)}
+		dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 		if err := os.Chown(filepath.Join(dir, "model.pt"), uid, uid); err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 )
 
 // The pace tries early uploads, then the serial path, then keeps the
@@ -56,11 +57,11 @@ func TestEarlyPace_Decides(t *testing.T) {
 // A pipeline the pace defers uploads nothing before done, and its commit
 // uploads the files all the same.
 func TestEarlyPace_DeferredPipelineUploadsAtDone(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	c := &Committer{Store: st, RunID: "run"}
 	c.paceState().perByte = [2]float64{1e-9, 2e-9} // early measured slower
 	c.paceState().n = 1
-	dir := writeDir(t, map[string]string{"a": "alpha", "b": "beta"})
+	dir := cptest.WriteDir(t, map[string]string{"a": "alpha", "b": "beta"})
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		t.Fatal(err)

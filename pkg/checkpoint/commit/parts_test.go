@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
@@ -38,7 +39,7 @@ func partFiles(p checkpoint.PartSpec, step int64) map[string]string {
 
 func partRequest(t *testing.T, p checkpoint.PartSpec, step int64, id string) Request {
 	p.Ranks = slices.Clone(p.Ranks)
-	return Request{Dir: writeDir(t, partFiles(p, step)), ID: id, Step: step, Reason: "periodic",
+	return Request{Dir: cptest.WriteDir(t, partFiles(p, step)), ID: id, Step: step, Reason: "periodic",
 		Metadata: []byte(fmt.Sprintf(`{"node":%q}`, p.Node)), Part: &p}
 }
 
@@ -89,7 +90,7 @@ func (s *manifestWrites) Put(ctx context.Context, key string, r io.Reader, size 
 // Two agents finish one job checkpoint at once: both succeed, one manifest
 // write wins, and latest.json points at it.
 func TestCommitParts_Concurrent(t *testing.T) {
-	leaseStores(t, func(t *testing.T, raw cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, raw cloud.Store) {
 		for i := range 4 {
 			st := &manifestWrites{Store: raw}
 			step, id := int64(100+i), fmt.Sprintf("%012x", i)
@@ -131,7 +132,7 @@ func TestCommitParts_Concurrent(t *testing.T) {
 // A part that never arrives: ErrIncomplete naming its ranks, no manifest,
 // the part stays, and restore keeps returning the previous checkpoint.
 func TestCommitParts_Missing(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		commitJob(t, st, 10, "aaaaaaaaaaaa")
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
@@ -164,7 +165,7 @@ func TestCommitParts_Missing(t *testing.T) {
 func TestRestoreParts_OtherPartDamaged(t *testing.T) {
 	for _, damage := range []string{"missing", "short", "own-corrupt"} {
 		t.Run(damage, func(t *testing.T) {
-			leaseStores(t, func(t *testing.T, st cloud.Store) {
+			cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 				commitJob(t, st, 10, "aaaaaaaaaaaa")
 				commitJob(t, st, 20, "bbbbbbbbbbbb")
 				victim := checkpoint.PartPrefix(20, "bbbbbbbbbbbb", "node-1") + "rank-3.pt"
@@ -174,10 +175,10 @@ func TestRestoreParts_OtherPartDamaged(t *testing.T) {
 						t.Fatal(err)
 					}
 				case "short":
-					put(t, st, victim, "cut")
+					cptest.Put(t, st, victim, "cut")
 				case "own-corrupt": // same size, other bytes: only a download sees it
 					body := partFiles(twoNodes[1], 20)["rank-3.pt"]
-					put(t, st, victim, strings.ToUpper(body))
+					cptest.Put(t, st, victim, strings.ToUpper(body))
 				}
 				r, err := restore.Checkpoint(t.Context(), st, t.TempDir(), restore.Options{Part: "node-1"})
 				if err != nil || r.Manifest.Step != 10 || len(r.Skipped) != 1 {
@@ -212,7 +213,7 @@ func TestCommitParts_Disagree(t *testing.T) {
 			t.Fatalf("latest.json: %v, want none", err)
 		}
 	}
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		t.Run("duplicate rank", func(t *testing.T) {
 			_, errs := commitParts(t, short(t), st, 1, id, twoNodes[0], checkpoint.PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4})
 			for _, err := range errs {
@@ -257,7 +258,7 @@ func TestCommitParts_Disagree(t *testing.T) {
 			}
 			body, _ := io.ReadAll(rc)
 			rc.Close()
-			put(t, st, checkpoint.PartKey(6, id, "node-1"), string(body))
+			cptest.Put(t, st, checkpoint.PartKey(6, id, "node-1"), string(body))
 			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
 			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
@@ -277,7 +278,7 @@ func TestCommitParts_Disagree(t *testing.T) {
 
 // A part restore gets its own files; "" gets every part's.
 func TestRestoreParts_Select(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commitJob(t, st, 10, "aaaaaaaaaaaa")
 	for _, c := range []struct {
 		part  string
@@ -337,7 +338,7 @@ func dirFiles(t *testing.T, dir string) []string {
 
 // A single-node commit writes the manifest it always did: no part fields.
 func TestCommit_SingleNodeHasNoParts(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	res := commit(t, st, 1, "abc", map[string]string{"m": "x"})
 	rc, err := st.Get(t.Context(), res.ManifestKey, 0, -1)
 	if err != nil {
@@ -393,7 +394,7 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 	if testing.Short() {
 		seeds = 8
 	}
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		commitJob(t, st, 10, "000000000010")
 		counts := map[string]int{}
 		for seed := range seeds {
@@ -483,7 +484,7 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 // once a newer one is committed, and never touches a prefix above the
 // newest committed step: other nodes may still be assembling it.
 func TestPrune_PartsOnly(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	incomplete := func(step int64, id string) {
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		defer cancel()
@@ -493,7 +494,7 @@ func TestPrune_PartsOnly(t *testing.T) {
 	}
 	commitJob(t, st, 10, "aaaaaaaaaaaa")
 	incomplete(15, "bbbbbbbbbbbb")
-	put(t, st, checkpoint.Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
+	cptest.Put(t, st, checkpoint.Prefix(16, "cccccccccccc")+"node-0/rank-0.pt", "data, no part yet") // in flight
 	commitJob(t, st, 20, "dddddddddddd")
 	incomplete(30, "eeeeeeeeeeee")
 	if _, err := checkpoint.Prune(t.Context(), st, 2, nil); err != nil {
@@ -538,11 +539,11 @@ func TestJournal_SessionByID(t *testing.T) {
 // that ends incomplete keeps them (Abort after it deletes nothing the part
 // manifest lists), so the late part can still complete the checkpoint.
 func TestCommitParts_Pipeline(t *testing.T) {
-	st := &countingStore{Store: newStore(t)}
+	st := &countingStore{Store: cptest.NewStore(t)}
 	const id = "fedcbafedcba"
 	p0 := twoNodes[0]
 	files := partFiles(p0, 5)
-	root := openRoot(t, writeDir(t, files))
+	root := openRoot(t, cptest.WriteDir(t, files))
 	c := &Committer{Store: st, RunID: "run"}
 
 	wrong := c.NewPipeline(t.Context(), root, 5, id)
@@ -600,11 +601,11 @@ func (s *landsThenFails) Put(ctx context.Context, key string, r io.Reader, size 
 // the durable part names: the other node can still complete the job
 // checkpoint, and restore must find every object.
 func TestCommitParts_LandedPartKeepsEarlyUploads(t *testing.T) {
-	base := newStore(t)
+	base := cptest.NewStore(t)
 	const id = "abcabcabcabc"
 	p0 := twoNodes[0]
 	files := partFiles(p0, 5)
-	root := openRoot(t, writeDir(t, files))
+	root := openRoot(t, cptest.WriteDir(t, files))
 	c := &Committer{Store: &landsThenFails{base}, RunID: "run", Session: "s0"}
 	p := c.NewPartPipeline(t.Context(), root, 5, id, p0.Node)
 	for rel := range files {
@@ -629,7 +630,7 @@ func TestCommitParts_LandedPartKeepsEarlyUploads(t *testing.T) {
 // objects, and once the newer copy took the node's lease the older one
 // writes no part: the committed checkpoint stays whole.
 func TestCommitParts_SecondCopyOfANode(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	ctx := t.Context()
 	old, err := checkpoint.AcquirePartLease(ctx, st, "node-1", checkpoint.LeaseRecord{Session: "old"})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -30,7 +31,7 @@ func TestCommitParts_WaitSaysWhatIsMissing(t *testing.T) {
 		return err
 	}
 	t.Run("NoOtherAgent", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		if _, err := checkpoint.AcquirePartLease(t.Context(), st, "node-0", checkpoint.LeaseRecord{Session: "s0"}); err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +51,7 @@ func TestCommitParts_WaitSaysWhatIsMissing(t *testing.T) {
 		}
 	})
 	t.Run("OtherAgentSilent", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		if _, err := checkpoint.AcquirePartLease(t.Context(), st, "node-1", checkpoint.LeaseRecord{Session: "s1"}); err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -79,9 +80,9 @@ func restoredFiles(t *testing.T, st cloud.Store) (int64, map[string]string) {
 }
 
 func TestPipeline_UploadsEarlyOnce(t *testing.T) {
-	st := &countingStore{Store: newStore(t), hold: make(chan struct{})}
+	st := &countingStore{Store: cptest.NewStore(t), hold: make(chan struct{})}
 	files := map[string]string{"model.pt": strings.Repeat("m", 300000), "sub/opt.pt": "optimizer", "late": "written after"}
-	dir := writeDir(t, map[string]string{"model.pt": files["model.pt"], "sub/opt.pt": files["sub/opt.pt"]})
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": files["model.pt"], "sub/opt.pt": files["sub/opt.pt"]})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
 	p := c.NewPipeline(context.Background(), root, 7, "abc")
@@ -132,8 +133,8 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 func TestPipeline_FileChangedAfterSaved(t *testing.T) {
 	for _, name := range []string{"rewritten", "rewritten, mtime restored", "replaced", "removed"} {
 		t.Run(name, func(t *testing.T) {
-			st := &countingStore{Store: newStore(t)}
-			dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 100000), "keep": "k"})
+			st := &countingStore{Store: cptest.NewStore(t)}
+			dir := cptest.WriteDir(t, map[string]string{"model.pt": strings.Repeat("a", 100000), "keep": "k"})
 			root := openRoot(t, dir)
 			c := &Committer{Store: st, RunID: "run"}
 			p := c.NewPipeline(context.Background(), root, 3, "chg")
@@ -192,8 +193,8 @@ func TestPipeline_FileChangedAfterSaved(t *testing.T) {
 
 // A file written to while it is uploaded is never taken as uploaded.
 func TestPipeline_ChangedDuringUpload(t *testing.T) {
-	st := &countingStore{Store: newStore(t), hold: make(chan struct{})}
-	dir := writeDir(t, map[string]string{"model.pt": strings.Repeat("a", 1<<20)})
+	st := &countingStore{Store: cptest.NewStore(t), hold: make(chan struct{})}
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": strings.Repeat("a", 1<<20)})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
 	p := c.NewPipeline(context.Background(), root, 1, "dur")
@@ -221,14 +222,14 @@ func TestPipeline_ChangedDuringUpload(t *testing.T) {
 }
 
 func TestPipeline_AddRefuses(t *testing.T) {
-	dir := writeDir(t, map[string]string{"model.pt": "m", "sub/x": "x"})
-	outside := writeDir(t, map[string]string{"secret": "s"})
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": "m", "sub/x": "x"})
+	outside := cptest.WriteDir(t, map[string]string{"secret": "s"})
 	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(dir, "link"))
 	os.Symlink("model.pt", filepath.Join(dir, "inner-link"))
 	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st := &countingStore{Store: newStore(t)}
+	st := &countingStore{Store: cptest.NewStore(t)}
 	c := &Committer{Store: st, RunID: "run"}
 	p := c.NewPipeline(context.Background(), openRoot(t, dir), 1, "bad")
 	if err := p.Add("model.pt"); err != nil {
@@ -263,8 +264,8 @@ func TestPipeline_AddRefuses(t *testing.T) {
 
 // An aborted pipeline leaves nothing in the store, and nothing restorable.
 func TestPipeline_Abort(t *testing.T) {
-	st := &countingStore{Store: newStore(t)}
-	dir := writeDir(t, map[string]string{"model.pt": "m"})
+	st := &countingStore{Store: cptest.NewStore(t)}
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": "m"})
 	c := &Committer{Store: st, RunID: "run"}
 	p := c.NewPipeline(context.Background(), openRoot(t, dir), 1, "abt")
 	if err := p.Add("model.pt"); err != nil {
@@ -295,8 +296,8 @@ func TestPipeline_Abort(t *testing.T) {
 // An abort whose parent context has ended (the agent is exiting) still
 // deletes the early uploads: the deletion outlives the parent by up to 10 s.
 func TestPipeline_AbortAfterParentEnded(t *testing.T) {
-	st := newStore(t)
-	dir := writeDir(t, map[string]string{"model.pt": "m"})
+	st := cptest.NewStore(t)
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": "m"})
 	c := &Committer{Store: st, RunID: "run"}
 	parent, end := context.WithCancel(context.Background())
 	p := c.NewPipeline(parent, openRoot(t, dir), 1, "par")
@@ -322,8 +323,8 @@ func TestPipeline_AbortAfterParentEnded(t *testing.T) {
 // done with another step than the pipeline's: the manifest points at the
 // early objects, and the checkpoint restores.
 func TestPipeline_OtherStepAtDone(t *testing.T) {
-	st := &countingStore{Store: newStore(t)}
-	dir := writeDir(t, map[string]string{"model.pt": "m", "b": "bb"})
+	st := &countingStore{Store: cptest.NewStore(t)}
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": "m", "b": "bb"})
 	root := openRoot(t, dir)
 	c := &Committer{Store: st, RunID: "run"}
 	p := c.NewPipeline(context.Background(), root, 5, "stp")
@@ -347,8 +348,8 @@ func TestPipeline_OtherStepAtDone(t *testing.T) {
 func TestPipeline_HaltedAndGated(t *testing.T) {
 	for _, name := range []string{"halted", "gated"} {
 		t.Run(name, func(t *testing.T) {
-			st := &countingStore{Store: newStore(t)}
-			dir := writeDir(t, map[string]string{"a": "1", "b": "2"})
+			st := &countingStore{Store: cptest.NewStore(t)}
+			dir := cptest.WriteDir(t, map[string]string{"a": "1", "b": "2"})
 			root := openRoot(t, dir)
 			c := &Committer{Store: st, RunID: "run"}
 			if name == "gated" {
@@ -386,7 +387,7 @@ func TestPipeline_HaltedAndGated(t *testing.T) {
 // file again at done to prove it unchanged. A write after the wait moves
 // its mtime, so it is still caught.
 func TestPipeline_JustWrittenReadOnce(t *testing.T) {
-	st := &countingStore{Store: newStore(t)}
+	st := &countingStore{Store: cptest.NewStore(t)}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "model.pt")
 	if err := os.WriteFile(path, []byte(strings.Repeat("m", 100000)), 0o600); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -89,7 +90,7 @@ func adviceJournal(h time.Duration, ok ...bool) *Journal {
 // limit is refused, a damaged one is salvaged.
 func TestReadJournalSalvage(t *testing.T) {
 	ctx := t.Context()
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	put := func(b []byte) {
 		t.Helper()
 		if err := st.Put(ctx, checkpoint.JournalKey, bytes.NewReader(b), int64(len(b)), cloud.PutOptions{}); err != nil {

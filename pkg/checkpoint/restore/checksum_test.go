@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -26,7 +27,7 @@ func TestChecksum_CRC32CRecordedAndChecked(t *testing.T) {
 				rangedAbove = 1
 				t.Cleanup(func() { rangedAbove = old })
 			}
-			st := newStore(t)
+			st := cptest.NewStore(t)
 			body := strings.Repeat("weights", 1000)
 			commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 			res := commitFiles(t, st, 20, "b", map[string]string{"m": body})
@@ -39,7 +40,7 @@ func TestChecksum_CRC32CRecordedAndChecked(t *testing.T) {
 			}
 			damaged := []byte(body)
 			damaged[len(damaged)/2] ^= 1
-			put(t, st, f.Key, string(damaged))
+			cptest.Put(t, st, f.Key, string(damaged))
 			r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -54,7 +55,7 @@ func TestChecksum_CRC32CRecordedAndChecked(t *testing.T) {
 // Manifests written before CRC32C carry sha256 only: they still restore,
 // and their sha256 is still checked.
 func TestChecksum_OldSHA256Manifest(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 	body := "twenty"
 	sum := sha256.Sum256([]byte(body))
@@ -67,12 +68,12 @@ func TestChecksum_OldSHA256Manifest(t *testing.T) {
 	if strings.Contains(string(raw), "crc32c") {
 		t.Fatalf("an entry without crc32c encodes it: %s", raw)
 	}
-	put(t, st, "checkpoints/000000000020-b/m", body)
-	put(t, st, checkpoint.ManifestKey(20, "b"), string(raw))
+	cptest.Put(t, st, "checkpoints/000000000020-b/m", body)
+	cptest.Put(t, st, checkpoint.ManifestKey(20, "b"), string(raw))
 	if got := restoredStep(t, st); got != 20 {
 		t.Fatalf("restored %d, want the sha256 manifest's 20", got)
 	}
-	put(t, st, "checkpoints/000000000020-b/m", "twentx")
+	cptest.Put(t, st, "checkpoints/000000000020-b/m", "twentx")
 	r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 	if err != nil {
 		t.Fatal(err)

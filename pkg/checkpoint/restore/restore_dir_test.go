@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 )
 
 // dirNames lists dir's entries (recursively, slash-separated).
@@ -29,7 +31,7 @@ func dirNames(t *testing.T, dir string) []string {
 
 func TestRestoreDir(t *testing.T) {
 	ctx := context.Background()
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commitFiles(t, st, 10, "a", map[string]string{"model.pt": "ten", "opt/state": "s10"})
 	commitFiles(t, st, 20, "b", map[string]string{"model.pt": "twenty", "opt/state": "s20"})
 	want := []string{"model.pt", "opt", "opt/state"}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -20,12 +21,12 @@ import (
 // 500, the newest valid one, not 100; and the next commit moves
 // latest.json, which a step of 1000 must not block.
 func TestRestore_LatestStepDisagrees(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	a := commitFiles(t, st, 100, "a", map[string]string{"m": "100"})
 	commitFiles(t, st, 110, "b", map[string]string{"m": "110"})
 	commitFiles(t, st, 500, "c", map[string]string{"m": "500"})
 	body, _ := json.Marshal(checkpoint.Latest{Manifest: a.ManifestKey, Step: 1000, ID: "a"})
-	put(t, st, checkpoint.LatestKey, string(body))
+	cptest.Put(t, st, checkpoint.LatestKey, string(body))
 	if got := restoredStep(t, st); got != 500 {
 		t.Fatalf("restored step %d, want 500 (latest.json's step field is not the truth)", got)
 	}
@@ -40,12 +41,12 @@ func TestRestore_LatestStepDisagrees(t *testing.T) {
 // two seals and commits 15, one's commit of 20 is fenced at publish but
 // its manifest stays. A third session resumes two's 15, not one's 20.
 func TestRestore_SkipsFencedSessionsNewer(t *testing.T) {
-	leaseStores(t, func(t *testing.T, st cloud.Store) {
-		one := acquire(t, st, "one")
+	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
+		one := cptest.Acquire(t, st, "one")
 		if _, err := commitUnder(one, st, t, 10, "a"); err != nil {
 			t.Fatal(err)
 		}
-		two := acquire(t, st, "two")
+		two := cptest.Acquire(t, st, "two")
 		if _, err := commitUnder(two, st, t, 15, "b"); err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +86,7 @@ func (s *getCounter) Get(ctx context.Context, key string, off, n int64) (io.Read
 // restore reads the newest and stops there, instead of reading every
 // manifest into memory first.
 func TestRestore_OneManifestAtATime(t *testing.T) {
-	inner := newStore(t)
+	inner := cptest.NewStore(t)
 	for i := 1; i <= 30; i++ {
 		commitFiles(t, inner, int64(i*10), fmt.Sprintf("c%d", i), map[string]string{"m": fmt.Sprint(i)})
 	}
@@ -112,7 +113,7 @@ func TestRestore_OneManifestAtATime(t *testing.T) {
 // object is missing: restore stops fetching (and creating files) at that
 // failure instead of going through the other 299.
 func TestRestore_StopsAtFirstFailure(t *testing.T) {
-	inner := newStore(t)
+	inner := cptest.NewStore(t)
 	files := map[string]string{}
 	for i := range 300 {
 		files[fmt.Sprintf("f%03d", i)] = strings.Repeat("x", i)
@@ -176,7 +177,7 @@ func (s stallAfterStore) Get(ctx context.Context, key string, off, n int64) (io.
 // alone that never answers is passed over (the listing is used); and
 // cancelling ctx ends a restore at once.
 func TestRestore_StallTimesOut(t *testing.T) {
-	inner := newStore(t)
+	inner := cptest.NewStore(t)
 	commitFiles(t, inner, 10, "a", map[string]string{"m": "ten"})
 	for _, tc := range []struct {
 		name string

@@ -10,17 +10,11 @@ import (
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
-
-func put(t *testing.T, st cloud.Store, key, body string) {
-	t.Helper()
-	if err := st.Put(context.Background(), key, strings.NewReader(body), int64(len(body)), cloud.PutOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func restoredStep(t *testing.T, st cloud.Store) int64 {
 	t.Helper()
@@ -33,10 +27,10 @@ func restoredStep(t *testing.T, st cloud.Store) int64 {
 
 func TestRestore_FallsBack(t *testing.T) {
 	t.Run("corrupted file", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
-		put(t, st, "checkpoints/000000000020-b/m", "twentx") // same size, other bytes
+		cptest.Put(t, st, "checkpoints/000000000020-b/m", "twentx") // same size, other bytes
 		r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -46,16 +40,16 @@ func TestRestore_FallsBack(t *testing.T) {
 		}
 	})
 	t.Run("truncated file", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
-		put(t, st, "checkpoints/000000000020-b/m", "tw")
+		cptest.Put(t, st, "checkpoints/000000000020-b/m", "tw")
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
 		}
 	})
 	t.Run("missing object", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		st.Delete(context.Background(), "checkpoints/000000000020-b/m")
@@ -64,34 +58,34 @@ func TestRestore_FallsBack(t *testing.T) {
 		}
 	})
 	t.Run("broken latest.json", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
-		put(t, st, checkpoint.LatestKey, "{not json")
+		cptest.Put(t, st, checkpoint.LatestKey, "{not json")
 		if got := restoredStep(t, st); got != 20 {
 			t.Fatalf("step=%d, want 20", got)
 		}
 	})
 	t.Run("latest.json escapes", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
-		put(t, st, checkpoint.LatestKey, `{"manifest":"../../etc/passwd","step":99,"id":"x"}`)
+		cptest.Put(t, st, checkpoint.LatestKey, `{"manifest":"../../etc/passwd","step":99,"id":"x"}`)
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
 		}
 	})
 	t.Run("partial checkpoint without manifest", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
-		put(t, st, "checkpoints/000000000030-c/m", "thirty") // upload cut short: no manifest
+		cptest.Put(t, st, "checkpoints/000000000030-c/m", "thirty") // upload cut short: no manifest
 		if got := restoredStep(t, st); got != 10 {
 			t.Fatalf("step=%d, want 10", got)
 		}
 	})
 	t.Run("manifest with unsafe path", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
-		put(t, st, "checkpoints/000000000040-d/manifest.json", `{"format":"spotagent.checkpoint/v1","id":"d","step":40,
+		cptest.Put(t, st, "checkpoints/000000000040-d/manifest.json", `{"format":"spotagent.checkpoint/v1","id":"d","step":40,
 			"files":[{"path":"../../escape","key":"checkpoints/000000000010-a/m","size":3,"sha256":"`+strings.Repeat("0", 64)+`"}]}`)
 		dest := t.TempDir()
 		r, err := Checkpoint(context.Background(), st, dest, Options{})
@@ -103,15 +97,15 @@ func TestRestore_FallsBack(t *testing.T) {
 		}
 	})
 	t.Run("nothing committed", func(t *testing.T) {
-		st := newStore(t)
-		put(t, st, "checkpoints/000000000030-c/m", "thirty")
+		st := cptest.NewStore(t)
+		cptest.Put(t, st, "checkpoints/000000000030-c/m", "thirty")
 		_, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
 		if !errors.Is(err, ErrNoCheckpoint) {
 			t.Fatalf("err=%v, want ErrNoCheckpoint", err)
 		}
 	})
 	t.Run("by id", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 		r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{ID: "a"})
@@ -123,9 +117,9 @@ func TestRestore_FallsBack(t *testing.T) {
 		}
 	})
 	t.Run("no partial directory left", func(t *testing.T) {
-		st := newStore(t)
+		st := cptest.NewStore(t)
 		commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
-		put(t, st, "checkpoints/000000000020-b/m", "twentx")
+		cptest.Put(t, st, "checkpoints/000000000020-b/m", "twentx")
 		dest := t.TempDir()
 		if _, err := Checkpoint(context.Background(), st, dest, Options{}); !errors.Is(err, ErrAllDamaged) {
 			t.Fatalf("err=%v, want ErrAllDamaged (never a fresh start over committed work)", err)
@@ -138,12 +132,12 @@ func TestRestore_FallsBack(t *testing.T) {
 }
 
 func TestPrune(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	for i, id := range []string{"a", "b", "c", "d", "e"} {
 		commitFiles(t, st, int64(i+1)*10, id, map[string]string{"m": id, "shared": "s"})
 	}
-	put(t, st, "checkpoints/000000000005-orphan/m", "x")   // older than every kept: a crash left it
-	put(t, st, "checkpoints/000000000099-inflight/m", "y") // newer: an upload in flight
+	cptest.Put(t, st, "checkpoints/000000000005-orphan/m", "x")   // older than every kept: a crash left it
+	cptest.Put(t, st, "checkpoints/000000000099-inflight/m", "y") // newer: an upload in flight
 	n, err := checkpoint.Prune(context.Background(), st, 3, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +191,7 @@ func TestJournal_RoundTrip(t *testing.T) {
 func TestRestore_Ranged(t *testing.T) {
 	defer func(v int64) { rangedAbove = v }(rangedAbove)
 	rangedAbove = 1000
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	big := strings.Repeat("0123456789abcdef", 3000) // 48,000 bytes: above the lowered threshold
 	commitFiles(t, st, 10, "a", map[string]string{"big": big, "small": "s"})
 	r, err := Checkpoint(context.Background(), st, t.TempDir(), Options{})
@@ -208,7 +202,7 @@ func TestRestore_Ranged(t *testing.T) {
 		t.Fatal("ranged download differs")
 	}
 	// A corrupted large object is caught by the hash of what landed on disk.
-	put(t, st, "checkpoints/000000000010-a/big", strings.Repeat("X", len(big)))
+	cptest.Put(t, st, "checkpoints/000000000010-a/big", strings.Repeat("X", len(big)))
 	if _, err := Checkpoint(context.Background(), st, t.TempDir(), Options{}); !errors.Is(err, ErrAllDamaged) {
 		t.Fatalf("err=%v, want ErrAllDamaged", err)
 	}
@@ -227,7 +221,7 @@ func readString(t *testing.T, p string) string {
 // older checkpoint would fail the same way, and "nothing to restore" would
 // start the run from scratch.
 func TestRestore_AbortsOnStoreError(t *testing.T) {
-	st := newStore(t)
+	st := cptest.NewStore(t)
 	commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
 	commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
 	flaky := &failingGets{Store: st, err: errors.New("connection reset by peer")}
