@@ -1,10 +1,12 @@
 // Package testutil holds what several packages' tests share: a short
-// temporary directory (socket paths are limited to about 100 bytes) and a
-// bounded wait on a condition, never a sleep as synchronisation.
+// temporary directory (socket paths are limited to about 100 bytes), a
+// bounded wait on a condition, never a sleep as synchronisation, and a
+// file written or read in one call.
 package testutil
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -34,4 +36,25 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
 	}
+}
+
+// WriteFile writes body at p, creating its parent directories.
+func WriteFile(t *testing.T, p, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ReadFile is the contents of p.
+func ReadFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

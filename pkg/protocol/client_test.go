@@ -11,13 +11,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // fakeAgent accepts one connection and hands it to serve, which plays the
 // agent's side by hand.
 func fakeAgent(t *testing.T, serve func(c net.Conn, r *bufio.Reader)) string {
 	t.Helper()
-	path := filepath.Join(shortDir(t), "a.sock")
+	path := filepath.Join(testutil.ShortDir(t), "a.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +83,7 @@ func TestClient_Status(t *testing.T) {
 		}
 	})
 	t.Run("ErrNoAgent", func(t *testing.T) {
-		_, err := Dial(context.Background(), filepath.Join(shortDir(t), "none.sock"))
+		_, err := Dial(context.Background(), filepath.Join(testutil.ShortDir(t), "none.sock"))
 		if err == nil || !strings.Contains(err.Error(), "no agent listening") {
 			t.Fatalf("err=%v, want no agent listening", err)
 		}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue 13, items 1 and 6: what a hostile local user can do to the socket.
@@ -23,7 +25,7 @@ func TestListen_PrivateDir(t *testing.T) {
 		return s, err
 	}
 	t.Run("Created0700", func(t *testing.T) {
-		dir := filepath.Join(shortDir(t), "spotagent-0")
+		dir := filepath.Join(testutil.ShortDir(t), "spotagent-0")
 		if _, err := listen(dir); err != nil {
 			t.Fatalf("Listen: %v", err)
 		}
@@ -36,7 +38,7 @@ func TestListen_PrivateDir(t *testing.T) {
 		}
 	})
 	t.Run("OwnExisting", func(t *testing.T) {
-		dir := filepath.Join(shortDir(t), "own")
+		dir := filepath.Join(testutil.ShortDir(t), "own")
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +47,7 @@ func TestListen_PrivateDir(t *testing.T) {
 		}
 	})
 	t.Run("StickyParent", func(t *testing.T) {
-		parent := shortDir(t)
+		parent := testutil.ShortDir(t)
 		if err := os.Chmod(parent, os.ModeSticky|0o777); err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +93,7 @@ func TestListen_PrivateDir(t *testing.T) {
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(shortDir(t), "spotagent-0")
+			dir := filepath.Join(testutil.ShortDir(t), "spotagent-0")
 			tc.setup(t, dir)
 			before, _ := os.Lstat(dir)
 			_, err := listen(dir)
@@ -113,7 +115,7 @@ func TestListen_PrivateDir(t *testing.T) {
 
 func TestListen_ConfiguredDir(t *testing.T) {
 	t.Run("SymlinkRefused", func(t *testing.T) {
-		base := shortDir(t)
+		base := testutil.ShortDir(t)
 		mkdirMode(t, filepath.Join(base, "real"), 0o700)
 		if err := os.Symlink(filepath.Join(base, "real"), filepath.Join(base, "link")); err != nil {
 			t.Fatal(err)
@@ -129,7 +131,7 @@ func TestListen_ConfiguredDir(t *testing.T) {
 	})
 	t.Run("WritableWarned", func(t *testing.T) {
 		// An emptyDir is 0777: allowed, with a warning.
-		dir := filepath.Join(shortDir(t), "emptydir")
+		dir := filepath.Join(testutil.ShortDir(t), "emptydir")
 		mkdirMode(t, dir, 0o777)
 		s := startServer(t, ServerConfig{Path: filepath.Join(dir, "a.sock")})
 		logs := s.logs.FilterMessageSnippet("other users can replace the socket").All()
@@ -174,7 +176,7 @@ func TestServer_SocketReplaced(t *testing.T) {
 		needRoot(t)
 		s := startServer(t, cfg())
 		evil := replace(t, s.Path(), 65534)
-		waitFor(t, "the re-created socket", func() bool {
+		testutil.WaitFor(t, "the re-created socket", func() bool {
 			return s.logs.FilterMessageSnippet("socket file replaced by a socket of uid 65534: re-created it").Len() == 1
 		})
 		s.hello(t, 0) // reaches this server, not the impostor
@@ -189,7 +191,7 @@ func TestServer_SocketReplaced(t *testing.T) {
 		if err := os.Remove(s.Path()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the re-created socket", func() bool {
+		testutil.WaitFor(t, "the re-created socket", func() bool {
 			return s.logs.FilterMessageSnippet("socket file removed: re-created it").Len() == 1
 		})
 		s.hello(t, 0)
@@ -198,7 +200,7 @@ func TestServer_SocketReplaced(t *testing.T) {
 		// A newer agent of the same user took the path: no tug of war.
 		s := startServer(t, cfg())
 		newer := replace(t, s.Path(), os.Geteuid())
-		waitFor(t, "the warning", func() bool {
+		testutil.WaitFor(t, "the warning", func() bool {
 			return s.logs.FilterMessageSnippet("replaced by another socket of this user").Len() == 1
 		})
 		fi, err := os.Lstat(s.Path())
@@ -229,7 +231,7 @@ func TestServer_MaxConns(t *testing.T) {
 		if m := over.read(t); m.Type != TypeError || !strings.Contains(m.Error, "too many connections") {
 			t.Fatalf("reply %+v, want a too-many-connections error", m)
 		}
-		over.SetReadDeadline(time.Now().Add(testWait))
+		over.SetReadDeadline(time.Now().Add(testutil.Wait))
 		if _, err := over.r.ReadByte(); !isEOF(err) {
 			t.Fatalf("read after the refusal: %v, want EOF", err)
 		}
@@ -242,7 +244,7 @@ func TestServer_MaxConns(t *testing.T) {
 	}
 	// A slot frees when a connection closes.
 	clients[0].Close()
-	waitFor(t, "a free slot", func() bool { return len(s.Conns()) < max })
+	testutil.WaitFor(t, "a free slot", func() bool { return len(s.Conns()) < max })
 	for ev := s.nextEvent(t); ev.Msg.Type != TypeDisconnected; ev = s.nextEvent(t) {
 	}
 	s.hello(t, 9)
@@ -303,7 +305,7 @@ func TestServer_LineTimeout(t *testing.T) {
 	if _, err := c.Write([]byte(`{"type":"progress","st`)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the partial line held", func() bool { return s.Buffered() > 0 })
+	testutil.WaitFor(t, "the partial line held", func() bool { return s.Buffered() > 0 })
 	if m := c.read(t); m.Type != TypeError || !strings.Contains(m.Error, "line not finished within") {
 		t.Fatalf("reply %+v, want a line timeout error", m)
 	}
@@ -334,9 +336,9 @@ func TestServer_BufferBudget(t *testing.T) {
 		wg.Go(func() {
 			// A refused connection is closed mid-write: the write may
 			// fail, the error line is there to read all the same.
-			c.SetWriteDeadline(time.Now().Add(testWait))
+			c.SetWriteDeadline(time.Now().Add(testutil.Wait))
 			c.Write([]byte(strings.Repeat("x", part)))
-			c.SetReadDeadline(time.Now().Add(testWait))
+			c.SetReadDeadline(time.Now().Add(testutil.Wait))
 			line, err := c.r.ReadString('\n')
 			if err != nil {
 				replies <- "read: " + err.Error()
@@ -348,7 +350,7 @@ func TestServer_BufferBudget(t *testing.T) {
 	// Watch the accounted bytes until every connection has either been
 	// refused or holds its whole partial line.
 	refused := 0
-	deadline := time.Now().Add(testWait)
+	deadline := time.Now().Add(testutil.Wait)
 	for refused+int(s.Buffered()/part) < conns {
 		if b := s.Buffered(); b > budget {
 			t.Fatalf("Buffered()=%d, over the budget %d", b, budget)

@@ -17,15 +17,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-const testWait = testutil.Wait
-
-// shortDir is a fresh temp dir with a short path: socket paths are limited
-// to about 100 bytes, and t.TempDir paths grow with the test name.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	return testutil.ShortDir(t)
-}
-
 type testServer struct {
 	*Server
 	logs *observer.ObservedLogs
@@ -36,7 +27,7 @@ type testServer struct {
 func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	t.Helper()
 	if cfg.Path == "" {
-		cfg.Path = filepath.Join(shortDir(t), "agent.sock")
+		cfg.Path = filepath.Join(testutil.ShortDir(t), "agent.sock")
 	}
 	core, logs := observer.New(zap.DebugLevel)
 	cfg.Log = zap.New(core)
@@ -54,14 +45,14 @@ func startServer(t *testing.T, cfg ServerConfig) *testServer {
 			if err != nil {
 				t.Errorf("Serve: %v", err)
 			}
-		case <-time.After(testWait):
+		case <-time.After(testutil.Wait):
 			t.Errorf("Serve did not return after cancel")
 		}
 	})
 	return &testServer{Server: s, logs: logs}
 }
 
-// nextEvent returns the next event, failing the test after testWait.
+// nextEvent returns the next event, failing the test after testutil.Wait.
 func (s *testServer) nextEvent(t *testing.T) Event {
 	t.Helper()
 	select {
@@ -70,7 +61,7 @@ func (s *testServer) nextEvent(t *testing.T) Event {
 			t.Fatal("events channel closed")
 		}
 		return ev
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("no event")
 	}
 	return Event{}
@@ -103,7 +94,7 @@ func dial(t *testing.T, path string) *client {
 
 func (c *client) send(t *testing.T, lines ...string) {
 	t.Helper()
-	c.SetWriteDeadline(time.Now().Add(testWait))
+	c.SetWriteDeadline(time.Now().Add(testutil.Wait))
 	for _, l := range lines {
 		if _, err := c.Write([]byte(l + "\n")); err != nil {
 			t.Fatalf("write %q: %v", l, err)
@@ -113,7 +104,7 @@ func (c *client) send(t *testing.T, lines ...string) {
 
 func (c *client) read(t *testing.T) Message {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(testWait))
+	c.SetReadDeadline(time.Now().Add(testutil.Wait))
 	line, err := c.r.ReadBytes('\n')
 	if err != nil {
 		t.Fatalf("read: %v (got %q)", err, line)
@@ -136,12 +127,6 @@ func (s *testServer) hello(t *testing.T, rank int) (*client, *Conn) {
 		t.Fatalf("event = %+v, want hello from rank %d", ev.Msg, rank)
 	}
 	return c, ev.Conn
-}
-
-// waitFor polls cond until it holds or testWait passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	testutil.WaitFor(t, what, cond)
 }
 
 func isEOF(err error) bool {

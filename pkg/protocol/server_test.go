@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 func TestServer_Hello(t *testing.T) {
@@ -81,7 +83,7 @@ func TestListen(t *testing.T) {
 		}
 	})
 	t.Run("ParentDir0700", func(t *testing.T) {
-		dir := filepath.Join(shortDir(t), "run", "spotagent")
+		dir := filepath.Join(testutil.ShortDir(t), "run", "spotagent")
 		s := startServer(t, ServerConfig{Path: filepath.Join(dir, "agent.sock")})
 		fi, err := os.Stat(dir)
 		if err != nil {
@@ -93,7 +95,7 @@ func TestListen(t *testing.T) {
 		s.hello(t, 0)
 	})
 	t.Run("StaleSocketReplaced", func(t *testing.T) {
-		path := filepath.Join(shortDir(t), "agent.sock")
+		path := filepath.Join(testutil.ShortDir(t), "agent.sock")
 		old, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 		if err != nil {
 			t.Fatal(err)
@@ -140,7 +142,7 @@ func TestListen(t *testing.T) {
 		}
 	})
 	t.Run("RegularFileRefused", func(t *testing.T) {
-		path := filepath.Join(shortDir(t), "agent.sock")
+		path := filepath.Join(testutil.ShortDir(t), "agent.sock")
 		if err := os.WriteFile(path, []byte("precious"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +159,7 @@ func TestListen(t *testing.T) {
 		}
 	})
 	t.Run("SocketRemovedOnExit", func(t *testing.T) {
-		path := filepath.Join(shortDir(t), "agent.sock")
+		path := filepath.Join(testutil.ShortDir(t), "agent.sock")
 		s, err := Listen(ServerConfig{Path: path})
 		if err != nil {
 			t.Fatal(err)
@@ -212,7 +214,7 @@ func TestServer_OversizedLine(t *testing.T) {
 	wrote := make(chan struct{})
 	go func() {
 		defer close(wrote)
-		bad.SetWriteDeadline(time.Now().Add(testWait))
+		bad.SetWriteDeadline(time.Now().Add(testutil.Wait))
 		bad.Write([]byte(`{"type":"progress","pad":"` + strings.Repeat("x", 2<<20)))
 	}()
 	if m := bad.read(t); m.Type != TypeError || !strings.Contains(m.Error, "line exceeds") {
@@ -223,7 +225,7 @@ func TestServer_OversizedLine(t *testing.T) {
 		t.Errorf("event %+v err %v, want disconnected ErrLineTooLong", ev.Msg, ev.Err)
 	}
 	<-wrote
-	bad.SetReadDeadline(time.Now().Add(testWait))
+	bad.SetReadDeadline(time.Now().Add(testutil.Wait))
 	if _, err := bad.r.ReadByte(); !isEOF(err) {
 		t.Errorf("read after error reply: %v, want closed", err)
 	}
@@ -349,7 +351,7 @@ func TestServer_ProgressFloodDropped(t *testing.T) {
 	}
 	// Nobody reads Events meanwhile: the trainer must still not block.
 	f.send(t, b.String())
-	waitFor(t, "flood handled", func() bool {
+	testutil.WaitFor(t, "flood handled", func() bool {
 		return int(floodConn.DroppedProgress())+len(s.Events()) == flood
 	})
 	if got := len(s.Events()); got != EventBuffer {
@@ -426,7 +428,7 @@ func TestConn_Close(t *testing.T) {
 	if ev.Msg.Type != TypeDisconnected || !errors.Is(ev.Err, ErrConnClosed) {
 		t.Errorf("event %+v err %v, want disconnected ErrConnClosed", ev.Msg, ev.Err)
 	}
-	c.SetReadDeadline(time.Now().Add(testWait))
+	c.SetReadDeadline(time.Now().Add(testutil.Wait))
 	if _, err := c.r.ReadByte(); !isEOF(err) {
 		t.Errorf("client read: %v, want EOF", err)
 	}

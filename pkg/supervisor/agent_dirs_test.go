@@ -21,38 +21,19 @@ import (
 // Issue 13: the agent reads, writes and deletes only inside its own
 // directories, whatever a trainer does to them.
 
-func mustWrite(t *testing.T, p, body string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func mustRead(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestAgent_CleanupOnlyItsOwn (item 5): at start the agent deletes the
 // request directories an earlier session of its run left in its area, and
 // nothing else: not a project's src/ and data/, not a directory that only
 // looks like a request's, not another run's area.
 func TestAgent_CleanupOnlyItsOwn(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	ckpt := filepath.Join(dir, "ckpt")
 	keep := []string{"src/main.py", "data/train.bin", "0123456789ab/w", "spotagent-other/abcdefabcdef/w", "spotagent-other/.spotagent-run", "spotagent-test/mine/w"}
 	for _, p := range keep {
-		mustWrite(t, filepath.Join(ckpt, p), "x")
+		testutil.WriteFile(t, filepath.Join(ckpt, p), "x")
 	}
-	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
-	mustWrite(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "left by a crash")
+	testutil.WriteFile(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	testutil.WriteFile(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "left by a crash")
 	ar := startAgent(t, func(c *Config) {
 		c.CheckpointDir = ckpt
 		c.Command = []string{"/bin/sh", "-c", "exit 0"}
@@ -73,9 +54,9 @@ func TestAgent_CleanupOnlyItsOwn(t *testing.T) {
 // TestAgent_AreaWithoutMarkerRefused (item 5): a non-empty directory
 // where the agent's area goes, without the marker, is not adopted.
 func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	ckpt := filepath.Join(dir, "ckpt")
-	mustWrite(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "someone's")
+	testutil.WriteFile(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w"), "someone's")
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +65,7 @@ func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "marker") {
 		t.Fatalf("newAgent: %v, want a refusal naming the marker", err)
 	}
-	if got := mustRead(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w")); got != "someone's" {
+	if got := testutil.ReadFile(t, filepath.Join(ckpt, "spotagent-test", "abcdefabcdef", "w")); got != "someone's" {
 		t.Fatalf("file changed: %q", got)
 	}
 }
@@ -104,8 +85,8 @@ func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 
-	victim := filepath.Join(shortDir(t), "victim")
-	mustWrite(t, filepath.Join(victim, "precious"), "keep")
+	victim := filepath.Join(testutil.ShortDir(t), "victim")
+	testutil.WriteFile(t, filepath.Join(victim, "precious"), "keep")
 	script := `test -n "$SPOTAGENT_RESUME_DIR" || exit 9; r=$(dirname "$SPOTAGENT_RESUME_DIR"); ` +
 		`mv "$r" "$r.moved" && ln -s ` + victim + ` "$r"; exit 3`
 	ar := startAgent(t, func(c *Config) {
@@ -117,7 +98,7 @@ func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 		t.Fatalf("exit code %d, want the trainer's 3 (restart refused)", code)
 	}
 	ents, err := os.ReadDir(victim)
-	if err != nil || len(ents) != 1 || mustRead(t, filepath.Join(victim, "precious")) != "keep" {
+	if err != nil || len(ents) != 1 || testutil.ReadFile(t, filepath.Join(victim, "precious")) != "keep" {
 		t.Fatalf("symlink target changed: %v %v", ents, err)
 	}
 }
@@ -136,9 +117,9 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
 	sub := filepath.Join(ar.cfg.CheckpointDir, "sub")
-	mustWrite(t, filepath.Join(sub, "mine", "w"), "mine")
-	victim := filepath.Join(shortDir(t), "victim")
-	mustWrite(t, filepath.Join(victim, "mine", "w"), "evil")
+	testutil.WriteFile(t, filepath.Join(sub, "mine", "w"), "mine")
+	victim := filepath.Join(testutil.ShortDir(t), "victim")
+	testutil.WriteFile(t, filepath.Join(victim, "mine", "w"), "evil")
 	tr.Send(map[string]any{"type": "done", "step": 3, "dir": filepath.Join(sub, "mine")})
 	testutil.WaitFor(t, "the commit scanned and waiting for its upload slot", func() bool { return gate.Waiting() == 1 })
 	if err := os.Rename(sub, sub+".moved"); err != nil {
@@ -149,18 +130,18 @@ func TestAgent_UnsolicitedDirSwapped(t *testing.T) {
 	}
 	hold()
 	c := tr.Expect(protocol.TypeCommitted)
-	r, err := restore.Checkpoint(context.Background(), ar.store, shortDir(t), restore.Options{})
+	r, err := restore.Checkpoint(context.Background(), ar.store, testutil.ShortDir(t), restore.Options{})
 	if err != nil || r.Manifest.ID != c.ID {
 		t.Fatalf("restore: %v", err)
 	}
-	if got := mustRead(t, filepath.Join(r.Dir, "w")); got != "mine" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "w")); got != "mine" {
 		t.Fatalf("committed %q, want the original %q", got, "mine")
 	}
 	ar.sigs <- syscall.SIGTERM
 	tr.Expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.wait(t)
-	if got := mustRead(t, filepath.Join(victim, "mine", "w")); got != "evil" {
+	if got := testutil.ReadFile(t, filepath.Join(victim, "mine", "w")); got != "evil" {
 		t.Fatalf("symlink target changed: %q", got)
 	}
 }
@@ -177,12 +158,12 @@ func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 	first.sigs <- syscall.SIGTERM
 	first.wait(t)
 
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	ckpt := filepath.Join(dir, "ckpt")
 	victim := filepath.Join(dir, "victim")
-	mustWrite(t, victim, "keep")
+	testutil.WriteFile(t, victim, "keep")
 	name := "000000000005-" + c.ID + ".manifest.json"
-	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	testutil.WriteFile(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
 	for _, d := range []string{filepath.Join(ckpt, "restore"), filepath.Join(ckpt, "spotagent-test", "restore")} {
 		os.MkdirAll(d, 0o700)
 		if err := os.Symlink(victim, filepath.Join(d, name)); err != nil {
@@ -194,10 +175,10 @@ func TestAgent_ManifestCopyNoFollow(t *testing.T) {
 	if w.Resume == nil || w.Resume.Step != 5 {
 		t.Fatalf("resume %+v", w.Resume)
 	}
-	if got := mustRead(t, victim); got != "keep" {
+	if got := testutil.ReadFile(t, victim); got != "keep" {
 		t.Fatalf("victim overwritten through a symlink: %q", got)
 	}
-	if m, err := os.Lstat(w.Resume.Manifest); err != nil || !m.Mode().IsRegular() || !strings.Contains(mustRead(t, w.Resume.Manifest), c.ID) {
+	if m, err := os.Lstat(w.Resume.Manifest); err != nil || !m.Mode().IsRegular() || !strings.Contains(testutil.ReadFile(t, w.Resume.Manifest), c.ID) {
 		t.Fatalf("local manifest copy %s: %v", w.Resume.Manifest, err)
 	}
 }
@@ -241,11 +222,11 @@ func TestAgent_UnsolicitedDirNames(t *testing.T) {
 // signal fallback writes request.json (and its temp file) are replaced,
 // never written through.
 func TestAgent_SignalRequestNoFollow(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	ckpt := filepath.Join(dir, "ckpt")
 	victim := filepath.Join(dir, "victim")
-	mustWrite(t, victim, "keep")
-	mustWrite(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
+	testutil.WriteFile(t, victim, "keep")
+	testutil.WriteFile(t, filepath.Join(ckpt, "spotagent-test", ".spotagent-run"), "test\n")
 	var reqs []string
 	for _, d := range []string{ckpt, filepath.Join(ckpt, "spotagent-test")} {
 		reqs = append(reqs, filepath.Join(d, sigbridge.RequestFile))
@@ -268,9 +249,9 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 				return true
 			}
 		}
-		return mustRead(t, victim) != "keep"
+		return testutil.ReadFile(t, victim) != "keep"
 	})
-	if got := mustRead(t, victim); got != "keep" {
+	if got := testutil.ReadFile(t, victim); got != "keep" {
 		t.Fatalf("victim overwritten through a symlink: %q", got)
 	}
 	ar.sigs <- syscall.SIGTERM

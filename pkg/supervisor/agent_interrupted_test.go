@@ -28,7 +28,7 @@ type stopJob struct {
 func startStopJob(t *testing.T) *stopJob {
 	t.Helper()
 	core, logs := observer.New(zap.InfoLevel)
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	info, trigger := filepath.Join(dir, "info"), filepath.Join(dir, "trigger")
 	ar := startAgent(t, func(c *Config) {
 		c.Node, c.Log, c.Liveness.Timeout = NodePart(0), zap.New(core), -1

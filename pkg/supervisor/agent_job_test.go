@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -64,8 +65,8 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 	if again := t0.Expect(protocol.TypeCheckpoint); again.Dir != req0.Dir {
 		t.Fatalf("second join: dir %s, want %s", again.Dir, req0.Dir)
 	}
-	mustWrite(t, filepath.Join(req0.Dir, "rank-0.pt"), "zero")
-	mustWrite(t, filepath.Join(req1.Dir, "rank-1.pt"), "one")
+	testutil.WriteFile(t, filepath.Join(req0.Dir, "rank-0.pt"), "zero")
+	testutil.WriteFile(t, filepath.Join(req1.Dir, "rank-1.pt"), "one")
 	t1.Send(map[string]any{"type": "done", "id": req1.ID, "step": 7})
 	// Node 1's part alone is not a checkpoint.
 	if _, err := checkpoint.ReadLatest(context.Background(), n0.store); err == nil {
@@ -94,7 +95,7 @@ func TestJob_JoinCommitsOneCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mustRead(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one" {
 		t.Fatalf("restored rank-1.pt = %q", got)
 	}
 	if _, err := os.Stat(filepath.Join(r.Dir, "rank-0.pt")); err == nil {
@@ -165,8 +166,8 @@ func TestJob_ShutdownJoinWithoutDeadline(t *testing.T) {
 			t.Fatalf("joined request %+v: want id %s, shutdown, a deadline within --term-grace", r, id)
 		}
 	}
-	mustWrite(t, filepath.Join(r0.Dir, "rank-0.pt"), "zero")
-	mustWrite(t, filepath.Join(r1.Dir, "rank-1.pt"), "one")
+	testutil.WriteFile(t, filepath.Join(r0.Dir, "rank-0.pt"), "zero")
+	testutil.WriteFile(t, filepath.Join(r1.Dir, "rank-1.pt"), "one")
 	t0.Send(map[string]any{"type": "done", "id": id, "step": 12})
 	t1.Send(map[string]any{"type": "done", "id": id, "step": 12})
 	t0.Expect(protocol.TypeCommitted)
@@ -191,7 +192,7 @@ func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 	b.HelloJob(2, 3, 0, 1, 1, 2) // node 1 runs rank 2
 	n0.sigs <- syscall.SIGTERM
 	req := a.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(req.Dir, "rank-0.pt"), "zero")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "rank-0.pt"), "zero")
 	a.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	n0.waitStatus(t, "rank 0's done", func(s Status) bool { return s.Pending == 1 })
 
@@ -202,11 +203,11 @@ func TestJob_LateLocalRankJoinsThePart(t *testing.T) {
 	if lr.ID != req.ID || lr.Dir != req.Dir {
 		t.Fatalf("late rank's request %+v, want %s in %s", lr, req.ID, req.Dir)
 	}
-	mustWrite(t, filepath.Join(lr.Dir, "rank-1.pt"), "one")
+	testutil.WriteFile(t, filepath.Join(lr.Dir, "rank-1.pt"), "one")
 	late.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	b.Send(map[string]any{"type": "join", "id": req.ID, "reason": req.Reason, "deadline": req.Deadline, "step": 30})
 	br := b.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(br.Dir, "rank-2.pt"), "two")
+	testutil.WriteFile(t, filepath.Join(br.Dir, "rank-2.pt"), "two")
 	b.Send(map[string]any{"type": "done", "id": req.ID, "step": 30})
 	a.Expect(protocol.TypeCommitted)
 	b.Expect(protocol.TypeCommitted)
@@ -230,7 +231,7 @@ func TestJob_RefusesWhatIsNoPart(t *testing.T) {
 	tr := trainertest.Dial(t, n0.cfg.Server.Path)
 	helloRank(tr, 0)
 	own := filepath.Join(n0.cfg.CheckpointDir, "mine")
-	mustWrite(t, filepath.Join(own, "rank-0.pt"), "zero")
+	testutil.WriteFile(t, filepath.Join(own, "rank-0.pt"), "zero")
 	tr.Send(map[string]any{"type": "done", "id": "", "step": 150, "dir": own})
 	if e := tr.Expect(protocol.TypeError); !strings.Contains(e.Error, "every rank saves together") {
 		t.Fatalf("unsolicited done: %q", e.Error)
@@ -242,7 +243,7 @@ func TestJob_RefusesWhatIsNoPart(t *testing.T) {
 	anon.Expect(protocol.TypeWelcome)
 	n1.sigs <- syscall.SIGTERM
 	req := anon.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(req.Dir, "x.pt"), "x")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "x.pt"), "x")
 	anon.Send(map[string]any{"type": "done", "id": req.ID, "step": 3})
 	if f := anon.Expect(protocol.TypeUploadFailed); !strings.Contains(f.Error, "said its rank") {
 		t.Fatalf("rankless part: %q", f.Error)
@@ -289,7 +290,7 @@ func TestJoin_OnlyRanksOfAJob(t *testing.T) {
 // --signal and --watch have no ranks and no agreement: with --node-rank
 // each node's checkpoint would stand for the whole job (issue 24.2).
 func TestConfig_NodeRefusesSignalAndWatch(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +322,7 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	save := func(tr *trainertest.Trainer, id string, rank int, body string, step int64) {
 		tr.Send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": future})
 		req := tr.Expect(protocol.TypeCheckpoint)
-		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", rank)), body)
+		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", rank)), body)
 		tr.Send(map[string]any{"type": "done", "id": id, "step": step})
 	}
 	save(t0, "100000000000", 0, "zero@100", 100)
@@ -349,7 +350,7 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mustRead(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one@100" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one@100" {
 		t.Fatalf("node 1's committed rank-1.pt = %q, want one@100", got)
 	}
 }

@@ -76,9 +76,9 @@ func TestAgent_SidecarSilentPeerTellsTrainer(t *testing.T) {
 			lc := liveness.Config{Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond}
 			ar := startAgent(t, func(c *Config) { c.Node, c.Liveness, c.Log = NodePart(0), lc, zap.New(core) })
 			lost := filepath.Join(filepath.Dir(ar.cfg.Server.Path), ranks.PeerLostFile)
-			target := filepath.Join(shortDir(t), "target")
+			target := filepath.Join(testutil.ShortDir(t), "target")
 			if planted {
-				mustWrite(t, target, "mine")
+				testutil.WriteFile(t, target, "mine")
 				if err := os.Symlink(target, lost); err != nil {
 					t.Fatal(err)
 				}

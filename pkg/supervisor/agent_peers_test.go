@@ -35,7 +35,7 @@ type launcherJob struct {
 
 func startLauncherJob(t *testing.T, mutate func(*Config)) *launcherJob {
 	t.Helper()
-	info := filepath.Join(shortDir(t), "info")
+	info := filepath.Join(testutil.ShortDir(t), "info")
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", `sleep 600 & a=$!; sleep 600 & b=$!; ` +
 			`echo "$a $b $SPOTAGENT_EXIT_FILE" > ` + info + `.tmp; mv ` + info + `.tmp ` + info + `; ` +
@@ -181,12 +181,12 @@ func TestAgent_CrashIsRecordedForTheOtherNodes(t *testing.T) {
 // is not followed, a FIFO does not block the loop, and only the first
 // bytes count.
 func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	secret, p := filepath.Join(dir, "secret"), filepath.Join(dir, "exit")
-	mustWrite(t, secret, "75\n")
+	testutil.WriteFile(t, secret, "75\n")
 	t.Setenv(localdirs.ExitFileEnv, p)
 	a := &Agent{}
-	mustWrite(t, p, " 75\n")
+	testutil.WriteFile(t, p, " 75\n")
 	if got := a.dirs.ExitFileSays(); got != "75" {
 		t.Fatalf("regular file: %q, want 75", got)
 	}
@@ -208,7 +208,7 @@ func TestExitFileSays_TrainerReplacedIt(t *testing.T) {
 		if got != "" {
 			t.Fatalf("a FIFO: %q", got)
 		}
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("reading a FIFO at the exit file's path blocked")
 	}
 }

@@ -27,7 +27,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	tr.Send(map[string]any{"type": "progress", "step": 42})
 	ar.sigs <- syscall.SIGTERM
 	req := tr.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 42})
 	key := checkpoint.Prefix(42, req.ID) + "model.pt"
 	testutil.WaitFor(t, "model.pt uploaded before done", func() bool {
@@ -37,7 +37,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	if _, err := checkpoint.ReadLatest(context.Background(), ar.store); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("latest.json before done: %v", err)
 	}
-	mustWrite(t, filepath.Join(req.Dir, "sub", "optim.pt"), "moments")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "sub", "optim.pt"), "moments")
 	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": filepath.Join(req.Dir, "sub", "optim.pt")})
 	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 42, "blocked_ms": 1})
 	tr.Expect(protocol.TypeCommitted)
@@ -50,7 +50,7 @@ func TestAgent_SavedUploadsBeforeDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mustRead(t, filepath.Join(r.Dir, "model.pt")) + "/" + mustRead(t, filepath.Join(r.Dir, "sub", "optim.pt")); got != "weights/moments" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "model.pt")) + "/" + testutil.ReadFile(t, filepath.Join(r.Dir, "sub", "optim.pt")); got != "weights/moments" {
 		t.Fatalf("restored %q", got)
 	}
 }
@@ -61,10 +61,10 @@ func TestAgent_SavedRefused(t *testing.T) {
 	ar := startAgent(t, nil)
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
-	mustWrite(t, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not for the store")
+	testutil.WriteFile(t, filepath.Join(ar.cfg.CheckpointDir, "secret"), "not for the store")
 	ar.sigs <- syscall.SIGTERM
 	req := tr.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	os.Symlink(filepath.Join(ar.cfg.CheckpointDir, "secret"), filepath.Join(req.Dir, "link"))
 	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt"})
 	for _, tc := range []struct{ id, path, want string }{
@@ -85,7 +85,7 @@ func TestAgent_SavedRefused(t *testing.T) {
 		}
 	}
 	os.Remove(filepath.Join(req.Dir, "link"))
-	mustWrite(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
+	testutil.WriteFile(t, filepath.Join(req.Dir, "missing.pt"), "late") // handled at done like any file
 	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 5})
 	tr.Expect(protocol.TypeCommitted)
 	r, err := restore.Checkpoint(context.Background(), ar.store, t.TempDir(), restore.Options{})
@@ -115,7 +115,7 @@ func TestAgent_SavedThenFailed(t *testing.T) {
 	tr.Hello()
 	ar.sigs <- syscall.SIGTERM
 	req := tr.Expect(protocol.TypeCheckpoint)
-	mustWrite(t, filepath.Join(req.Dir, "model.pt"), "weights")
+	testutil.WriteFile(t, filepath.Join(req.Dir, "model.pt"), "weights")
 	tr.Send(map[string]any{"type": "saved", "id": req.ID, "path": "model.pt", "step": 3})
 	key := checkpoint.Prefix(3, req.ID) + "model.pt"
 	testutil.WaitFor(t, "the early upload", func() bool {

@@ -26,7 +26,7 @@ import (
 // SPOTAGENT_RESUME=pending.
 func TestAgent_OverlapRestoreSignal(t *testing.T) {
 	gated := newGatedStore(t, false)
-	envOut := filepath.Join(shortDir(t), "env")
+	envOut := filepath.Join(testutil.ShortDir(t), "env")
 	ar := startAgentErr(t, func(c *Config) {
 		c.Store, c.OverlapRestore = gated, true
 		c.Command = []string{"/bin/sh", "-c", `env > ` + envOut + `.tmp && mv ` + envOut + `.tmp ` + envOut + `; sleep 60`}
@@ -95,7 +95,7 @@ func TestAgent_OverlapRestoreHeldWelcome(t *testing.T) {
 func TestAgent_TrainerThatExitsAtOnceRecordsNoFleet(t *testing.T) {
 	gated := newGatedStore(t, false)
 	defer gated.release()
-	fl, err := file.New(shortDir(t))
+	fl, err := file.New(testutil.ShortDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
@@ -27,11 +29,11 @@ import (
 )
 
 // waitStatus asks the agent for its status over a connection of its own
-// until cond holds, failing the test at testWait.
+// until cond holds, failing the test at testutil.Wait.
 func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool) {
 	t.Helper()
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
-	deadline := time.Now().Add(testWait)
+	deadline := time.Now().Add(testutil.Wait)
 	for {
 		tr.Send(map[string]any{"type": "status"})
 		var s Status
@@ -45,25 +47,6 @@ func (ar *agentRun) waitStatus(t *testing.T, what string, cond func(Status) bool
 			t.Fatalf("waiting for %s: status %+v", what, s)
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
-	}
-}
-
-// fakeSource delivers notices the test pushes: the agent's view of a cloud
-// is only the Source interface; the clouds' wires are tested in pkg/metadata.
-type fakeSource struct{ ch chan metadata.Notice }
-
-func (f *fakeSource) Cloud() metadata.Cloud { return metadata.CloudAWS }
-func (f *fakeSource) Identity(context.Context) (metadata.Identity, error) {
-	return metadata.Identity{Cloud: metadata.CloudAWS}, nil
-}
-func (f *fakeSource) Watch(ctx context.Context, out chan<- metadata.Notice) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case n := <-f.ch:
-			out <- n
-		}
 	}
 }
 
@@ -83,7 +66,7 @@ func startAgent(t *testing.T, mutate func(*Config)) *agentRun {
 // (a failed restore while the trainer starts).
 func startAgentErr(t *testing.T, mutate func(*Config), allowErr bool) *agentRun {
 	t.Helper()
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +107,7 @@ func (ar *agentRun) wait(t *testing.T) int {
 	case code := <-ar.done:
 		ar.done <- code
 		return code
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("agent did not exit")
 	}
 	return -1
@@ -223,7 +206,7 @@ func TestAgent_BadMessages(t *testing.T) {
 }
 
 func TestAgent_TrainerMissesDeadline(t *testing.T) {
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Source = src
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
@@ -235,7 +218,7 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
 	tr.Expect(protocol.TypeCommitted)
 	now := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Second)}
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Second)}
 	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonInterruption || !req.Deadline.Before(now.Add(time.Second)) {
 		t.Fatalf("request=%+v", req)
@@ -265,7 +248,7 @@ func mkCheckpoint(t *testing.T, root, name string) string {
 }
 
 func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Source = src
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 10 * time.Millisecond})
@@ -274,7 +257,7 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 	tr.Hello()
 	req := tr.Expect(protocol.TypeCheckpoint) // periodic, not answered yet
 	now := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 	// The notice and the done race inside the agent: answer only once the
 	// agent has taken the notice in, or the periodic commit comes first.
 	ar.waitStatus(t, "the notice taken in", func(s Status) bool { return s.Stopping != "" })
@@ -293,7 +276,7 @@ func TestAgent_PendingPeriodicBecomesInterruption(t *testing.T) {
 }
 
 func TestAgent_MaxRestarts(t *testing.T) {
-	marker := filepath.Join(shortDir(t), "failed-once")
+	marker := filepath.Join(testutil.ShortDir(t), "failed-once")
 	ar := startAgent(t, func(c *Config) {
 		c.MaxRestarts = 1
 		// Fails on its own the first time, succeeds the second time; the
@@ -348,8 +331,8 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 		{"clean exit, no notice", false, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
-			release := filepath.Join(shortDir(t), "release")
+			src := noticetest.New(1)
+			release := filepath.Join(testutil.ShortDir(t), "release")
 			ar := startAgent(t, func(c *Config) {
 				c.Source = src
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(tc.exit)}
@@ -358,7 +341,7 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 			tr.Hello()
 			if tc.notice {
 				now := time.Now()
-				src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+				src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 				tr.Save(tr.Expect(protocol.TypeCheckpoint), 3, "w")
 				tr.Expect(protocol.TypeCommitted)
 				if s := tr.Expect(protocol.TypeStop); s.Reason != protocol.ReasonInterruption {
@@ -377,12 +360,12 @@ func TestAgent_ExitCodeAfterStop(t *testing.T) {
 // passed still asks for a checkpoint, with a short deadline in the future,
 // and commits it.
 func TestAgent_LateNotice(t *testing.T) {
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) { c.Source = src; c.Margin = 100 * time.Millisecond })
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
 	now := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "late", Detected: now, Deadline: now.Add(-time.Minute)}
 	req := tr.Expect(protocol.TypeCheckpoint)
 	if req.Reason != protocol.ReasonInterruption || req.Deadline == nil || !req.Deadline.After(now) || req.Deadline.After(now.Add(lateNoticeGrace)) {
 		t.Fatalf("request=%+v, want an interruption checkpoint due within %v of the notice", req, lateNoticeGrace)
@@ -402,13 +385,13 @@ func TestAgent_LateNotice(t *testing.T) {
 // interruption checkpoint is in flight folds into it: no second
 // (shutdown) request, the earlier deadline stays, one commit, one stop.
 func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) { c.Source = src; c.TermGrace = time.Hour })
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
 	now := time.Now()
 	deadline := now.Add(time.Minute).Truncate(time.Millisecond)
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: deadline}
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: deadline}
 	req := tr.Expect(protocol.TypeCheckpoint)
 	ar.sigs <- syscall.SIGTERM
 	ar.waitStatus(t, "the signal taken in", func(s Status) bool { return s.NoticesSeen == 2 })
@@ -436,7 +419,7 @@ func TestAgent_SIGTERMDuringInterruption(t *testing.T) {
 // checkpoint still commits and the agent exits 75, not 143 (issue 24.9).
 // A second signal after the window still stops at once.
 func TestAgent_SignalsWithinWindowAreOne(t *testing.T) {
-	release := filepath.Join(shortDir(t), "release")
+	release := filepath.Join(testutil.ShortDir(t), "release")
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
 		c.SignalWindow = time.Hour // whatever the machine's speed, both signals fall inside it
@@ -542,7 +525,7 @@ func TestAgent_LoopNeverWaitsOnATrainer(t *testing.T) {
 // summary at its end, so that `spotagent fleet` and the next run's prior
 // need not read every journal.
 func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
-	root := shortDir(t)
+	root := testutil.ShortDir(t)
 	fl, err := file.New(root)
 	if err != nil {
 		t.Fatal(err)
@@ -574,7 +557,7 @@ func TestAgent_RecordsItsSessionInTheFleet(t *testing.T) {
 // Issue 28.2: a trainer command that cannot start exits 127 (126) before
 // the agent touches the store: no lease, no journal, nothing restored.
 func TestAgent_TrainerThatCannotStartTouchesNoStore(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -599,7 +582,7 @@ func TestAgent_TrainerThatCannotStartTouchesNoStore(t *testing.T) {
 func TestAgent_LauncherOneWithExitFile(t *testing.T) {
 	for _, wrote := range []bool{true, false} {
 		t.Run(fmt.Sprintf("wrote=%v", wrote), func(t *testing.T) {
-			release := filepath.Join(shortDir(t), "release")
+			release := filepath.Join(testutil.ShortDir(t), "release")
 			write := ""
 			if wrote {
 				write = `echo 75 > "$SPOTAGENT_EXIT_FILE"; `

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -51,7 +52,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // pace, and never fewer than DIR shows (a torn newer one counts as seen).
 func TestWatch_NoticeWithoutSignal(t *testing.T) {
 	out := t.TempDir()
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Source = src
@@ -65,7 +66,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 	})
 	writeHF(t, out, 20, true)
 	writeHF(t, out, 30, false) // torn: never committed
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: time.Now().Add(8 * time.Second), Detected: time.Now()}
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
@@ -116,7 +117,7 @@ func TestWatch_PruneOffLoop(t *testing.T) {
 	writeHF(t, out, 10, true)
 	select {
 	case <-entered:
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("no prune after the first commit")
 	}
 	writeHF(t, out, 20, true)
@@ -233,7 +234,7 @@ func (s silentGets) Get(ctx context.Context, key string, off, n int64) (io.ReadC
 // held up by a store that never answers is cancelled by SIGTERM: Run returns 143 with the
 // reason, and the trainer is never started.
 func TestStart_SignalCancelsRestore(t *testing.T) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +260,7 @@ func TestStart_SignalCancelsRestore(t *testing.T) {
 	}()
 	select {
 	case <-cfg.Store.(silentGets).entered: // the start waits for the store
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("the start never read the store")
 	}
 	sigs <- syscall.SIGTERM
@@ -268,7 +269,7 @@ func TestStart_SignalCancelsRestore(t *testing.T) {
 		if r.code != 128+int(syscall.SIGTERM) || r.err == nil || !strings.Contains(r.err.Error(), "start-up cancelled by terminated") {
 			t.Fatalf("Run=%d, %v; want 143 and start-up cancelled", r.code, r.err)
 		}
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("SIGTERM did not end a start-up held up by the store")
 	}
 	if _, err := os.Stat(ran); err == nil {
@@ -286,7 +287,7 @@ func TestStart_SignalCancelsRestore(t *testing.T) {
 // stop. The journal's cost_seconds is what the commits measured.
 func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 	out := t.TempDir()
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Source = src
@@ -300,7 +301,7 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 		return err == nil && l.Step == 10
 	})
 	notice := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: notice.Add(8 * time.Second), Detected: notice}
 	last, lastAt := 10, time.Now()
 	for step := 20; time.Since(notice) < 4*time.Second; step += 10 {
@@ -381,7 +382,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	}
 	out := t.TempDir()
 	reached := filepath.Join(t.TempDir(), "reached")
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/usr/bin/python3", "-c", paceTrainer, out, reached}
 		c.Source = src
@@ -394,7 +395,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 		return err == nil && l.Step == 60
 	})
 	now := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: now.Add(4 * time.Second), Detected: now}
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
@@ -434,7 +435,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 // rather than passing for the trainer's own count.
 func TestWatch_LostStepsNothingSaved(t *testing.T) {
 	out := t.TempDir()
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	ar := startAgent(t, func(c *Config) {
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Source = src
@@ -446,7 +447,7 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 		return err == nil
 	})
 	now := time.Now()
-	src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: now.Add(2 * time.Second), Detected: now}
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
@@ -468,7 +469,7 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 // newest complete checkpoint is committed (here at once: it already is;
 // with one being written at the signal: once that one is complete and
 // committed), not at the
-// upload deadline, 10 minutes away here: the agent exits within testWait.
+// upload deadline, 10 minutes away here: the agent exits within testutil.Wait.
 // The log says so when the signal comes.
 func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 	for _, writing := range []bool{false, true} {

@@ -41,7 +41,7 @@ func TestAgent_HeldStoreLockDoesNotStretchExit(t *testing.T) {
 	req := tr.Expect(protocol.TypeCheckpoint)
 	tr.Save(req, 7, "weights")
 	tr.Close() // the trainer exits; its checkpoint cannot commit under the lock
-	// The bound below, not testWait: the exit may wait exitWait.
+	// The bound below, not testutil.Wait: the exit may wait exitWait.
 	select {
 	case code := <-ar.done:
 		ar.done <- code

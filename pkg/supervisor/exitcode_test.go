@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -42,7 +43,7 @@ func TestExitCodes_FinishedIsNeverRerun(t *testing.T) {
 		{name: "watch: SIGTERM, exit 75 on its own", watch: true, exit: ExitInterrupted, want: ExitInterrupted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			release := filepath.Join(shortDir(t), "release")
+			release := filepath.Join(testutil.ShortDir(t), "release")
 			ar := startAgent(t, func(c *Config) {
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(tc.exit)}
 				c.TermGrace = time.Minute // the trainer's exit, not the deadline, ends these runs
@@ -105,7 +106,7 @@ func TestExitCodes_SidecarShutdown(t *testing.T) {
 func TestExitCodes_RunFenced(t *testing.T) {
 	for _, exit := range []int{0, exitFenced, ExitInterrupted} {
 		t.Run(strconv.Itoa(exit), func(t *testing.T) {
-			release := filepath.Join(shortDir(t), "release")
+			release := filepath.Join(testutil.ShortDir(t), "release")
 			ar := startAgent(t, func(c *Config) {
 				c.FenceInterval = 20 * time.Millisecond
 				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(exit)}

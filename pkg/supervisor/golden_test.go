@@ -51,6 +51,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -129,7 +131,7 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 		}
 		interval = d
 	}
-	src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+	src := noticetest.New(1)
 	var gated *gatedStore
 	if cfg.Restore != "" {
 		gated = newGatedStore(t, cfg.Restore == "fail")
@@ -177,7 +179,7 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 					t.Fatalf("%s: connection closed, want %v", where, g.Agent)
 				}
 				got = l
-			case <-time.After(testWait):
+			case <-time.After(testutil.Wait):
 				t.Fatalf("%s: no line from the agent, want %v", where, g.Agent)
 			}
 			var m map[string]any
@@ -210,7 +212,7 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 				t.Fatalf("%s: %v", where, err)
 			}
 			now := time.Now()
-			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "golden",
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "golden",
 				Action: "terminate", Deadline: now.Add(d), Detected: now}
 		case g.Comment != "":
 		default:
@@ -221,7 +223,7 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 
 func dialGolden(t *testing.T, path string) net.Conn {
 	t.Helper()
-	deadline := time.Now().Add(testWait)
+	deadline := time.Now().Add(testutil.Wait)
 	for {
 		c, err := net.Dial("unix", path)
 		if err == nil {
@@ -237,7 +239,7 @@ func dialGolden(t *testing.T, path string) net.Conn {
 
 func sendGolden(t *testing.T, c net.Conn, line string) {
 	t.Helper()
-	c.SetWriteDeadline(time.Now().Add(testWait))
+	c.SetWriteDeadline(time.Now().Add(testutil.Wait))
 	if _, err := c.Write([]byte(line + "\n")); err != nil {
 		t.Fatalf("write %q: %v", line, err)
 	}
@@ -363,7 +365,7 @@ type gatedStore struct {
 
 func newGatedStore(t *testing.T, fail bool) *gatedStore {
 	t.Helper()
-	st, err := file.New(filepath.Join(shortDir(t), "store"))
+	st, err := file.New(filepath.Join(testutil.ShortDir(t), "store"))
 	if err != nil {
 		t.Fatal(err)
 	}

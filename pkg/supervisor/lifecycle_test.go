@@ -14,10 +14,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
-	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 )
@@ -61,7 +61,7 @@ func runLifecycleAgent(t *testing.T, dir string, mutate func(*Config)) *lifecycl
 		RunID: "life", CheckpointDir: filepath.Join(dir, "ckpt"), Store: st,
 		Server:    protocol.ServerConfig{Path: filepath.Join(dir, "a.sock")},
 		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour}),
-		Source:    &fakeSource{ch: make(chan metadata.Notice)},
+		Source:    noticetest.New(0),
 		TermGrace: 5 * time.Second, KillAfter: time.Second, FenceInterval: 20 * time.Millisecond, Log: zap.NewNop(),
 		SignalWindow: -1,
 	}
@@ -87,7 +87,7 @@ func (la *lifecycleAgent) wait(t *testing.T) int {
 	select {
 	case code := <-la.done:
 		return code
-	case <-time.After(2 * testWait):
+	case <-time.After(2 * testutil.Wait):
 		t.Fatal("Run did not return")
 	}
 	return -1
@@ -100,7 +100,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	cycles := map[string]func(t *testing.T){
 		"RunWithChild": func(t *testing.T) {
-			la := runLifecycleAgent(t, shortDir(t), func(c *Config) { c.Command = []string{"/bin/sh", "-c", "sleep 60"} })
+			la := runLifecycleAgent(t, testutil.ShortDir(t), func(c *Config) { c.Command = []string{"/bin/sh", "-c", "sleep 60"} })
 			tr := trainertest.Dial(t, la.cfg.Server.Path)
 			tr.Hello()
 			la.sigs <- syscall.SIGTERM
@@ -112,12 +112,12 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr.Close()
 		},
 		"SignalBridge": func(t *testing.T) {
-			la := runLifecycleAgent(t, shortDir(t), func(c *Config) {
+			la := runLifecycleAgent(t, testutil.ShortDir(t), func(c *Config) {
 				c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 				c.Signal = syscall.SIGUSR1
 			})
 			c, err := protocol.Dial(context.Background(), la.cfg.Server.Path)
-			for deadline := time.Now().Add(testWait); err != nil && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(testutil.Wait); err != nil && time.Now().Before(deadline); {
 				time.Sleep(10 * time.Millisecond) // polling for the socket, bounded by deadline
 				c, err = protocol.Dial(context.Background(), la.cfg.Server.Path)
 			}
@@ -134,7 +134,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			la.wait(t)
 		},
 		"Sidecar": func(t *testing.T) {
-			la := runLifecycleAgent(t, shortDir(t), nil)
+			la := runLifecycleAgent(t, testutil.ShortDir(t), nil)
 			tr := trainertest.Dial(t, la.cfg.Server.Path)
 			tr.Hello()
 			la.sigs <- syscall.SIGTERM
@@ -147,7 +147,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr.Close()
 		},
 		"StopDuringCommit": func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testutil.ShortDir(t)
 			entered := make(chan string, 1)
 			la := runLifecycleAgent(t, dir, func(c *Config) {
 				c.Store = &blockingStore{Store: c.Store, entered: entered}
@@ -158,7 +158,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 			tr.Save(tr.Expect(protocol.TypeCheckpoint), 1, "w")
 			select {
 			case <-entered:
-			case <-time.After(testWait):
+			case <-time.After(testutil.Wait):
 				t.Fatal("the commit did not start uploading")
 			}
 			la.cancel() // stop now, the upload still in flight

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -28,7 +29,7 @@ func TestOwner_AnswerOfAClosedConnection(t *testing.T) {
 		t.Skip("needs root: the trainer runs as uid 65534")
 	}
 	const nobody = 65534
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ s.close()
 				c = ev.Conn
 				c.Send(protocol.Message{Type: protocol.TypeWelcome})
 			}
-		case <-time.After(testWait):
+		case <-time.After(testutil.Wait):
 			t.Fatal("no hello")
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
@@ -35,7 +36,7 @@ func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
 				{"type": "hello", "rank": 7, "world_size": 8}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src := &fakeSource{ch: make(chan metadata.Notice, 1)}
+			src := noticetest.New(1)
 			ar := startAgent(t, func(c *Config) { c.Source = src })
 			say := func(h map[string]any) *trainertest.Trainer {
 				tr := trainertest.Dial(t, ar.cfg.Server.Path)
@@ -59,12 +60,12 @@ func TestAgent_SilentClientHoldsNoCheckpoint(t *testing.T) {
 				t.Fatalf("join from a silent client: %q", e.Error)
 			}
 			now := time.Now()
-			src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
 			var id string
 			for i, tr := range job {
 				req := tr.Expect(protocol.TypeCheckpoint)
 				id = req.ID
-				mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d", i)), "w")
+				testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d", i)), "w")
 				tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 17})
 			}
 			// Committed well before the silent clients' deadline (a minute).
@@ -126,7 +127,7 @@ func TestAgent_ChildGoesFirst(t *testing.T) {
 	first.Send(map[string]any{"type": "hello"})
 	first.Expect(protocol.TypeWelcome)
 	ar.waitStatus(t, "the first client's hello", func(s Status) bool { return s.Trainers == 1 })
-	mustWrite(t, gate, "")
+	testutil.WriteFile(t, gate, "")
 	ar.waitStatus(t, "the child's hello", func(s Status) bool { return s.Trainers == 2 })
 	ar.sigs <- syscall.SIGTERM
 	if m := first.Expect(protocol.TypeCommitted); m.Step == nil || *m.Step != 21 {

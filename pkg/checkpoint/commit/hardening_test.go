@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -198,10 +199,10 @@ func TestRestore_SymlinkInDest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := readString(t, filepath.Join(r.Dir, "m")); got != "ten" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "m")); got != "ten" {
 		t.Fatalf("restored %q", got)
 	}
-	if got := readString(t, filepath.Join(victim, "precious")); got != "keep" {
+	if got := testutil.ReadFile(t, filepath.Join(victim, "precious")); got != "keep" {
 		t.Fatalf("symlink target changed: %q", got)
 	}
 }
@@ -265,10 +266,10 @@ func TestWriteFile_NoFollow(t *testing.T) {
 	if err := checkpoint.WriteFile(root, "request.json", []byte("new"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := readString(t, victim); got != "keep" {
+	if got := testutil.ReadFile(t, victim); got != "keep" {
 		t.Fatalf("victim overwritten: %q", got)
 	}
-	if got := readString(t, filepath.Join(base, "request.json")); got != "new" {
+	if got := testutil.ReadFile(t, filepath.Join(base, "request.json")); got != "new" {
 		t.Fatalf("request.json = %q", got)
 	}
 }

@@ -2,7 +2,6 @@ package commit
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -20,13 +19,4 @@ func restoredStep(t *testing.T, st cloud.Store) int64 {
 		t.Fatal(err)
 	}
 	return r.Manifest.Step
-}
-
-func readString(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

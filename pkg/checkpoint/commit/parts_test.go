@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
@@ -300,7 +301,7 @@ func TestRestoreParts_Select(t *testing.T) {
 			var r0 int
 			fmt.Sscanf(name, "rank-%d.pt", &r0)
 			node := twoNodes[r0/2]
-			if got, want := readString(t, filepath.Join(r.Dir, name)), partFiles(node, 10)[name]; got != want {
+			if got, want := testutil.ReadFile(t, filepath.Join(r.Dir, name)), partFiles(node, 10)[name]; got != want {
 				t.Fatalf("%s=%q, want %q", name, got, want)
 			}
 		}
@@ -449,7 +450,7 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 				if part == "" {
 					for _, p := range twoNodes {
 						for name, body := range partFiles(p, m.Step) {
-							if got := readString(t, filepath.Join(r.Dir, name)); got != body {
+							if got := testutil.ReadFile(t, filepath.Join(r.Dir, name)); got != body {
 								t.Fatalf("seed %d: %s=%q, want %q", seed, name, got, body)
 							}
 						}
@@ -578,7 +579,7 @@ func TestCommitParts_Pipeline(t *testing.T) {
 		t.Fatalf("restore: %v", err)
 	}
 	for rel, body := range files {
-		if got := readString(t, filepath.Join(r.Dir, rel)); got != body {
+		if got := testutil.ReadFile(t, filepath.Join(r.Dir, rel)); got != body {
 			t.Fatalf("%s=%q, want %q", rel, got, body)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 )
 
@@ -45,7 +46,7 @@ func TestRestoreDir(t *testing.T) {
 		if got := dirNames(t, dest); !slices.Equal(got, want) {
 			t.Fatalf("dest holds %q, want %q (the files directly)", got, want)
 		}
-		if got, want := readString(t, filepath.Join(dest, "model.pt")), "twenty"; got != want {
+		if got, want := testutil.ReadFile(t, filepath.Join(dest, "model.pt")), "twenty"; got != want {
 			t.Fatalf("model.pt=%q, want %q", got, want)
 		}
 		if r.Dir != dest || r.Manifest.ID != "b" {
@@ -63,7 +64,7 @@ func TestRestoreDir(t *testing.T) {
 		if _, err := Dir(ctx, st, dest, false, Options{ID: "a"}); err != nil {
 			t.Fatal(err)
 		}
-		if got := readString(t, filepath.Join(dest, "model.pt")); got != "ten" {
+		if got := testutil.ReadFile(t, filepath.Join(dest, "model.pt")); got != "ten" {
 			t.Fatalf("model.pt=%q, want ten (--id a)", got)
 		}
 		if fi, _ := os.Stat(dest); fi.Mode().Perm() != 0o750 {

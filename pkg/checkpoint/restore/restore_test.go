@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
@@ -198,7 +199,7 @@ func TestRestore_Ranged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := readString(t, filepath.Join(r.Dir, "big")); got != big {
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "big")); got != big {
 		t.Fatal("ranged download differs")
 	}
 	// A corrupted large object is caught by the hash of what landed on disk.
@@ -206,15 +207,6 @@ func TestRestore_Ranged(t *testing.T) {
 	if _, err := Checkpoint(context.Background(), st, t.TempDir(), Options{}); !errors.Is(err, ErrAllDamaged) {
 		t.Fatalf("err=%v, want ErrAllDamaged", err)
 	}
-}
-
-func readString(t *testing.T, p string) string {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // A store that fails for a reason other than damage aborts the restore: an

@@ -12,10 +12,11 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
-	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
@@ -41,7 +42,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(2 * testWait):
+			case <-time.After(2 * testutil.Wait):
 				t.Fatal("Run did not return after its ctx ended")
 			}
 			tr.Close()
@@ -68,7 +69,7 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(2 * testWait):
+			case <-time.After(2 * testutil.Wait):
 				t.Fatal("Run did not return")
 			}
 		},
@@ -84,11 +85,11 @@ func TestLifecycle_NoGoroutineLeftBehind(t *testing.T) {
 // lifecycleNode is a node agent's config with file stores under a fresh
 // dir, and its socket.
 func lifecycleNode(t *testing.T) (Config, string) {
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "node.sock")
 	return Config{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
-		Source: &fakeSource{ch: make(chan metadata.Notice)}, Log: zap.NewNop(),
+		Source: noticetest.New(0), Log: zap.NewNop(),
 		Server: protocol.ServerConfig{Path: sock, Identify: func(int, int) string { return "uid:test" }},
 		OpenStore: func(ctx context.Context, uri string) (cloud.Store, error) {
 			return file.New(strings.TrimPrefix(uri, "file://"))

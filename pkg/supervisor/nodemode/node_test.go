@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -28,7 +29,7 @@ import (
 // nodeRunning is a node agent (Run) serving until the test ends.
 type nodeRunning struct {
 	sock   string
-	src    *fakeSource
+	src    *noticetest.Source
 	sigs   chan os.Signal
 	done   chan error
 	logs   *observer.ObservedLogs
@@ -40,9 +41,9 @@ type nodeRunning struct {
 // Every connection's peer identity is fed by the test through dialAs.
 func startNode(t *testing.T, open func(uri string), mutate ...func(*Config)) *nodeRunning {
 	t.Helper()
-	dir := shortDir(t)
+	dir := testutil.ShortDir(t)
 	core, logs := observer.New(zap.InfoLevel)
-	n := &nodeRunning{sock: filepath.Join(dir, "node.sock"), src: &fakeSource{ch: make(chan metadata.Notice, 4)},
+	n := &nodeRunning{sock: filepath.Join(dir, "node.sock"), src: noticetest.New(4),
 		sigs: make(chan os.Signal, 2), done: make(chan error, 1), logs: logs, idents: make(chan string)}
 	cfg := Config{
 		StorePrefix: "file://" + filepath.Join(dir, "runs"), CheckpointRoot: filepath.Join(dir, "ckpt"),
@@ -51,7 +52,7 @@ func startNode(t *testing.T, open func(uri string), mutate ...func(*Config)) *no
 			select {
 			case id := <-n.idents:
 				return id
-			case <-time.After(testWait):
+			case <-time.After(testutil.Wait):
 				return "uid:unfed"
 			}
 		}},
@@ -77,7 +78,7 @@ func startNode(t *testing.T, open func(uri string), mutate ...func(*Config)) *no
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(2 * testWait):
+		case <-time.After(2 * testutil.Wait):
 			t.Errorf("Run did not return after SIGTERM")
 		}
 	})
@@ -90,7 +91,7 @@ func (n *nodeRunning) dialAs(t *testing.T, ident string) *trainertest.Trainer {
 	tr := trainertest.Dial(t, n.sock)
 	select {
 	case n.idents <- ident:
-	case <-time.After(testWait):
+	case <-time.After(testutil.Wait):
 		t.Fatal("the node did not accept the connection")
 	}
 	return tr
@@ -138,7 +139,7 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 	if w := other.Expect(protocol.TypeWelcome); w.RunID != "other" {
 		t.Fatalf("welcome %+v, want run other", w)
 	}
-	n.src.ch <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+	n.src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
 		Deadline: time.Now().Add(time.Minute), Detected: time.Now()}
 	if req := other.Expect(protocol.TypeCheckpoint); req.Reason != protocol.ReasonInterruption {
 		t.Fatalf("request %+v, want an interruption checkpoint", req)
@@ -158,7 +159,7 @@ func TestNode_StalledRunDoesNotBlock(t *testing.T) {
 // the welcome. Refusals must be error replies.
 func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) protocol.Message {
 	t.Helper()
-	deadline := time.Now().Add(testWait)
+	deadline := time.Now().Add(testutil.Wait)
 	for i := 0; ; i++ {
 		tr := n.dialAs(t, ident)
 		helloRun(tr, run)
@@ -170,7 +171,7 @@ func (n *nodeRunning) helloUntilWelcome(t *testing.T, ident, run string) protoco
 			if !ok || m.Type != protocol.TypeError {
 				t.Fatalf("attempt %d: %+v (open %v), want welcome or error", i, m, ok)
 			}
-		case <-time.After(testWait):
+		case <-time.After(testutil.Wait):
 			t.Fatalf("attempt %d: no reply", i)
 		}
 		if time.Now().After(deadline) {
@@ -278,7 +279,7 @@ func TestNode_TwoPodsOfOneJob(t *testing.T) {
 			req = tr.Expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
-		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
+		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
 		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -78,7 +79,7 @@ func TestNode_PeerTierOneListener(t *testing.T) {
 			req = tr.Expect(protocol.TypeCheckpoint)
 		}
 		id = req.ID
-		mustWrite(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
+		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
 		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
 	}
 	for _, tr := range pods {
