@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -58,12 +59,12 @@ func TestOwner_WatchedDirOwner(t *testing.T) {
 	}
 	chownAll(t, dir, trainerUID)
 	w, logs := newWatcher(t, Config{Dir: dir, Marker: markerNone})
-	write(t, filepath.Join(dir, "checkpoint-1", "model.bin"), "weights")
-	write(t, filepath.Join(dir, "checkpoint-2", "model.bin"), "weights")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-1", "model.bin"), "weights")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-2", "model.bin"), "weights")
 	if err := os.Link(secret, filepath.Join(dir, "checkpoint-2", "x")); err != nil {
 		t.Fatal(err)
 	}
-	write(t, filepath.Join(dir, "checkpoint-3", "model.bin"), "weights")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-3", "model.bin"), "weights")
 	chownAll(t, filepath.Join(dir, "checkpoint-1"), trainerUID)
 	chownAll(t, filepath.Join(dir, "checkpoint-3"), trainerUID)
 	os.Lchown(filepath.Join(dir, "checkpoint-2", "model.bin"), trainerUID, trainerUID)
@@ -117,9 +118,9 @@ func TestOwner_WatchUID(t *testing.T) {
 	}
 	uid := trainerUID
 	w, _ := newWatcher(t, Config{Marker: markerNone, UID: &uid})
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-1", "model.bin"), "weights")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-1", "model.bin"), "weights")
 	chownAll(t, filepath.Join(w.cfg.Dir, "checkpoint-1"), trainerUID)
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-2", "model.bin"), "root's")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-2", "model.bin"), "root's")
 	t0 := time.Now()
 	w.Scan(t0)
 	if got := w.Scan(t0.Add(time.Hour)); names(got) != "checkpoint-1" {

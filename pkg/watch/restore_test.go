@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -21,8 +22,8 @@ func committedDir(t *testing.T) cloud.Store {
 		t.Fatal(err)
 	}
 	w, _ := newWatcher(t, Config{Marker: markerNone})
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "a.bin"), "aaaa")
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "b.bin"), "bbbb")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-7", "b.bin"), "bbbb")
 	t0 := time.Now()
 	w.Scan(t0)
 	cps := w.Scan(t0.Add(time.Hour))
@@ -76,8 +77,8 @@ func TestRestore_FIFOSwappedIn(t *testing.T) {
 	st := committedDir(t)
 	dir := t.TempDir()
 	local := filepath.Join(dir, "checkpoint-7")
-	write(t, filepath.Join(local, "a.bin"), "aaaa")
-	write(t, filepath.Join(local, "b.bin"), "bbbb")
+	testutil.WriteFile(t, filepath.Join(local, "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(local, "b.bin"), "bbbb")
 	fifo := filepath.Join(local, "b.bin")
 	testHookSameAs = func() {
 		os.Remove(fifo)
@@ -97,7 +98,7 @@ func TestRestore_FIFOSwappedIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(readFile(t, filepath.Join(r.Path, "b.bin"))); got != "bbbb" {
+	if got := testutil.ReadFile(t, filepath.Join(r.Path, "b.bin")); got != "bbbb" {
 		t.Fatalf("restored b.bin %q", got)
 	}
 	if logs.FilterMessage("moved a local checkpoint aside").Len() != 1 {
@@ -114,8 +115,8 @@ func TestRestore_FIFOSwappedIn(t *testing.T) {
 func TestRestore_SymlinkOut(t *testing.T) {
 	st := committedDir(t)
 	outside := t.TempDir()
-	write(t, filepath.Join(outside, "a.bin"), "aaaa")
-	write(t, filepath.Join(outside, "b.bin"), "bbbb")
+	testutil.WriteFile(t, filepath.Join(outside, "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(outside, "b.bin"), "bbbb")
 	dir := t.TempDir()
 	if err := os.Symlink(outside, filepath.Join(dir, "checkpoint-7")); err != nil {
 		t.Fatal(err)
@@ -161,7 +162,7 @@ func TestRestore_DirSwapped(t *testing.T) {
 	if n := entries(t, outside); len(n) != 0 {
 		t.Fatalf("the restore wrote outside the watched directory: %v", n)
 	}
-	if got := string(readFile(t, filepath.Join(moved, "checkpoint-7", "a.bin"))); got != "aaaa" {
+	if got := testutil.ReadFile(t, filepath.Join(moved, "checkpoint-7", "a.bin")); got != "aaaa" {
 		t.Fatalf("restored a.bin %q", got)
 	}
 }
@@ -171,8 +172,8 @@ func TestRestore_DirSwapped(t *testing.T) {
 func TestRestore_SameKept(t *testing.T) {
 	st := committedDir(t)
 	dir := t.TempDir()
-	write(t, filepath.Join(dir, "checkpoint-7", "a.bin"), "aaaa")
-	write(t, filepath.Join(dir, "checkpoint-7", "b.bin"), "bbbb")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-7", "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-7", "b.bin"), "bbbb")
 	before, err := os.Lstat(filepath.Join(dir, "checkpoint-7", "a.bin"))
 	if err != nil {
 		t.Fatal(err)

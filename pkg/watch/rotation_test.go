@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
@@ -30,11 +31,11 @@ func TestVerify_Rotation(t *testing.T) {
 			w, _ := newWatcher(t, cfg)
 			p := filepath.Join(w.cfg.Dir, name)
 			if kind == "file" {
-				write(t, p, "weights4")
+				testutil.WriteFile(t, p, "weights4")
 			} else {
-				write(t, filepath.Join(p, "pytorch_model.bin"), "weights4")
-				write(t, filepath.Join(p, "sub", "optimizer.pt"), "opt4")
-				write(t, filepath.Join(p, HFMarker), "{}")
+				testutil.WriteFile(t, filepath.Join(p, "pytorch_model.bin"), "weights4")
+				testutil.WriteFile(t, filepath.Join(p, "sub", "optimizer.pt"), "opt4")
+				testutil.WriteFile(t, filepath.Join(p, HFMarker), "{}")
 			}
 			t0 := time.Now()
 			w.Scan(t0)
@@ -74,7 +75,7 @@ func TestVerify_Rotation(t *testing.T) {
 func TestVerify_RotationThenRewrite(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone})
 	p := filepath.Join(w.cfg.Dir, "checkpoint-1")
-	write(t, filepath.Join(p, "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(p, "a.bin"), "aaaa")
 	t0 := time.Now()
 	w.Scan(t0)
 	cps := w.Scan(t0.Add(time.Hour))
@@ -89,12 +90,12 @@ func TestVerify_RotationThenRewrite(t *testing.T) {
 
 	w2, _ := newWatcher(t, Config{Marker: markerNone})
 	p2 := filepath.Join(w2.cfg.Dir, "checkpoint-2")
-	write(t, filepath.Join(p2, "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(p2, "a.bin"), "aaaa")
 	w2.Scan(t0)
 	cps = w2.Scan(t0.Add(time.Hour))
 	stageIn(t, cps[0], "s2")
 	os.RemoveAll(p2)
-	write(t, filepath.Join(p2, "a.bin"), "bbbb") // saved again under the same name
+	testutil.WriteFile(t, filepath.Join(p2, "a.bin"), "bbbb") // saved again under the same name
 	if err := cps[0].Verify(); !errors.Is(err, ErrChanged) {
 		t.Fatalf("Verify with a new checkpoint of the same name: %v, want ErrChanged", err)
 	}
@@ -106,10 +107,10 @@ func TestVerify_RotationThenRewrite(t *testing.T) {
 func TestScan_MarkerShortQuiet(t *testing.T) {
 	w, _ := newWatcher(t, Config{Quiet: 10 * time.Second})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-3")
-	write(t, filepath.Join(d, "pytorch_model.bin"), "w")
+	testutil.WriteFile(t, filepath.Join(d, "pytorch_model.bin"), "w")
 	t0 := time.Now()
 	w.Scan(t0)
-	write(t, filepath.Join(d, HFMarker), "{}")
+	testutil.WriteFile(t, filepath.Join(d, HFMarker), "{}")
 	w.Scan(t0.Add(100 * time.Millisecond))
 	if got := w.Scan(t0.Add(100*time.Millisecond + defaultMarkerQuiet/2)); len(got) != 0 {
 		t.Fatalf("reported within the marker window: %s", names(got))
@@ -125,10 +126,10 @@ func TestScan_MarkerShortQuiet(t *testing.T) {
 // before the quiet window; the newest waits for its window.
 func TestScan_NewerMeansDone(t *testing.T) {
 	w, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
-	write(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
 	t0 := time.Now()
 	w.Scan(t0)
-	write(t, filepath.Join(w.cfg.Dir, "model-6.pt"), "six")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "model-6.pt"), "six")
 	got := w.Scan(t0.Add(time.Second))
 	if names(got) != "model-3.pt" {
 		t.Fatalf("got %q, want model-3.pt once model-6.pt appeared", names(got))
@@ -139,8 +140,8 @@ func TestScan_NewerMeansDone(t *testing.T) {
 	// One first seen with a newer one already there still needs a scan
 	// that sees it unchanged.
 	w2, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
-	write(t, filepath.Join(w2.cfg.Dir, "model-3.pt"), "three")
-	write(t, filepath.Join(w2.cfg.Dir, "model-6.pt"), "six")
+	testutil.WriteFile(t, filepath.Join(w2.cfg.Dir, "model-3.pt"), "three")
+	testutil.WriteFile(t, filepath.Join(w2.cfg.Dir, "model-6.pt"), "six")
 	if got := w2.Scan(t0); len(got) != 0 {
 		t.Fatalf("reported at first sight: %s", names(got))
 	}
@@ -154,7 +155,7 @@ func TestScan_NewerMeansDone(t *testing.T) {
 // not after the full quiet window.
 func TestScan_DeadlineShrinksQuiet(t *testing.T) {
 	w, _ := newWatcher(t, Config{Pattern: "*.pt", Quiet: time.Minute})
-	write(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "model-3.pt"), "three")
 	t0 := time.Now()
 	w.Scan(t0)
 	w.SetDeadline(t0.Add(3 * time.Second))
@@ -190,7 +191,7 @@ func TestCreateDir_OtherOwner(t *testing.T) {
 func TestRun_WalksOnlyWhatChanged(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone, Quiet: 200 * time.Millisecond, Rescan: 50 * time.Millisecond})
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3"} {
-		write(t, filepath.Join(w.cfg.Dir, n, "a.bin"), n)
+		testutil.WriteFile(t, filepath.Join(w.cfg.Dir, n, "a.bin"), n)
 	}
 	var mu sync.Mutex
 	walks := map[string]int{}
@@ -228,7 +229,7 @@ func TestRun_WalksOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("an unchanged checkpoint was walked %d times in 20 idle rescan periods, want at most once", n)
 	}
 	b1, b3 := count("checkpoint-1"), count("checkpoint-3")
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "b.bin"), "more")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "b.bin"), "more")
 	select {
 	case c := <-out:
 		if c.Name != "checkpoint-3" || c.fp.files() != 2 {
@@ -259,9 +260,9 @@ func TestRun_RotationEverySecond(t *testing.T) {
 	staged := 0
 	for i := 1; i <= 6; i++ {
 		d := filepath.Join(w.cfg.Dir, fmt.Sprintf("checkpoint-%d", i*20))
-		write(t, filepath.Join(d, "pytorch_model.bin"), "w")
-		write(t, filepath.Join(d, "optimizer.pt"), "o")
-		write(t, filepath.Join(d, HFMarker), "{}")
+		testutil.WriteFile(t, filepath.Join(d, "pytorch_model.bin"), "w")
+		testutil.WriteFile(t, filepath.Join(d, "optimizer.pt"), "o")
+		testutil.WriteFile(t, filepath.Join(d, HFMarker), "{}")
 		if i > 1 {
 			os.RemoveAll(filepath.Join(w.cfg.Dir, fmt.Sprintf("checkpoint-%d", (i-1)*20)))
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -48,8 +49,8 @@ func TestRestore_FromDir(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			st := &readCounter{Store: committedDir(t), read: map[string]int64{}}
 			dir := t.TempDir()
-			write(t, filepath.Join(dir, "checkpoint-7", "a.bin"), "aaaa")
-			write(t, filepath.Join(dir, "checkpoint-7", "b.bin"), c.b)
+			testutil.WriteFile(t, filepath.Join(dir, "checkpoint-7", "a.bin"), "aaaa")
+			testutil.WriteFile(t, filepath.Join(dir, "checkpoint-7", "b.bin"), c.b)
 			w, _ := newWatcher(t, Config{Dir: dir, Marker: markerNone})
 			r, err := restoreWithin(t, w, st)
 			if err != nil {

@@ -13,22 +13,13 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
-
-func write(t *testing.T, p, body string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func newWatcher(t *testing.T, cfg Config) (*Watcher, *observer.ObservedLogs) {
 	t.Helper()
@@ -111,7 +102,7 @@ func TestCheckDir(t *testing.T) {
 	if err := checkDir(link); err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Fatalf("symlink: %v", err)
 	}
-	write(t, filepath.Join(dir, "f"), "x")
+	testutil.WriteFile(t, filepath.Join(dir, "f"), "x")
 	if err := checkDir(filepath.Join(dir, "f")); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("file: %v", err)
 	}
@@ -130,7 +121,7 @@ func TestCheckDir(t *testing.T) {
 func TestScan_HFLayout(t *testing.T) {
 	w, _ := newWatcher(t, Config{})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-100")
-	write(t, filepath.Join(d, "pytorch_model.bin"), "weights")
+	testutil.WriteFile(t, filepath.Join(d, "pytorch_model.bin"), "weights")
 	t0 := time.Now()
 	if got := w.Scan(t0); len(got) != 0 {
 		t.Fatalf("reported at first sight: %s", names(got))
@@ -141,14 +132,14 @@ func TestScan_HFLayout(t *testing.T) {
 	if !w.Pending(0) {
 		t.Fatal("a checkpoint waiting for its marker is not pending")
 	}
-	write(t, filepath.Join(d, HFMarker), "{}")
+	testutil.WriteFile(t, filepath.Join(d, HFMarker), "{}")
 	t1 := time.Now()
 	w.Scan(t1)
 	// With its marker, the short window: the marker says complete.
 	if got := w.Scan(t1.Add(defaultMarkerQuiet / 2)); len(got) != 0 {
 		t.Fatalf("reported before the marker's quiet window: %s", names(got))
 	}
-	write(t, filepath.Join(d, "rng_state.pth"), "rng") // a late file
+	testutil.WriteFile(t, filepath.Join(d, "rng_state.pth"), "rng") // a late file
 	w.Scan(t1.Add(defaultMarkerQuiet / 2))
 	if got := w.Scan(t1.Add(defaultMarkerQuiet)); len(got) != 0 {
 		t.Fatalf("reported too soon after a write: %s", names(got))
@@ -173,12 +164,12 @@ func TestScan_HFLayout(t *testing.T) {
 func TestScan_Files(t *testing.T) {
 	w, logs := newWatcher(t, Config{Pattern: "*.ckpt"})
 	dir := w.cfg.Dir
-	write(t, filepath.Join(dir, "epoch=0-step=50.ckpt"), "a")
-	write(t, filepath.Join(dir, "last.ckpt"), "b")
+	testutil.WriteFile(t, filepath.Join(dir, "epoch=0-step=50.ckpt"), "a")
+	testutil.WriteFile(t, filepath.Join(dir, "last.ckpt"), "b")
 	outside := filepath.Join(t.TempDir(), "secret")
-	write(t, outside, "secret")
+	testutil.WriteFile(t, outside, "secret")
 	os.Symlink(outside, filepath.Join(dir, "step=90.ckpt"))
-	write(t, filepath.Join(dir, "notes.txt"), "c")
+	testutil.WriteFile(t, filepath.Join(dir, "notes.txt"), "c")
 	t0 := time.Now()
 	w.Scan(t0)
 	got := w.Scan(t0.Add(time.Minute))
@@ -206,7 +197,7 @@ func TestScan_Files(t *testing.T) {
 func TestScan_SymlinkInside(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-5")
-	write(t, filepath.Join(d, "a.bin"), "a")
+	testutil.WriteFile(t, filepath.Join(d, "a.bin"), "a")
 	os.Symlink("/etc/passwd", filepath.Join(d, "b.bin"))
 	t0 := time.Now()
 	w.Scan(t0)
@@ -221,7 +212,7 @@ func TestScan_SymlinkInside(t *testing.T) {
 // TestScan_WarnsWhenNothingMatches: the warning lists what was seen.
 func TestScan_WarnsWhenNothingMatches(t *testing.T) {
 	w, logs := newWatcher(t, Config{WarnAfter: time.Minute})
-	write(t, filepath.Join(w.cfg.Dir, "ckpt_100"), "x")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "ckpt_100"), "x")
 	t0 := time.Now()
 	w.matched, w.lastWarn = t0, t0
 	w.Scan(t0.Add(30 * time.Second))
@@ -243,8 +234,8 @@ func TestVerify_Changed(t *testing.T) {
 		t.Run(change, func(t *testing.T) {
 			w, _ := newWatcher(t, Config{Marker: markerNone})
 			d := filepath.Join(w.cfg.Dir, "checkpoint-1")
-			write(t, filepath.Join(d, "a.bin"), "aaaa")
-			write(t, filepath.Join(d, "sub", "c.bin"), "cccc")
+			testutil.WriteFile(t, filepath.Join(d, "a.bin"), "aaaa")
+			testutil.WriteFile(t, filepath.Join(d, "sub", "c.bin"), "cccc")
 			t0 := time.Now()
 			w.Scan(t0)
 			got := w.Scan(t0.Add(time.Hour))
@@ -261,9 +252,9 @@ func TestVerify_Changed(t *testing.T) {
 				f.WriteString("more")
 				f.Close()
 			case "add":
-				write(t, filepath.Join(d, "b.bin"), "b")
+				testutil.WriteFile(t, filepath.Join(d, "b.bin"), "b")
 			case "replace":
-				write(t, filepath.Join(d, "tmp"), "aaaa")
+				testutil.WriteFile(t, filepath.Join(d, "tmp"), "aaaa")
 				os.Rename(filepath.Join(d, "tmp"), filepath.Join(d, "a.bin"))
 			case "rewrite-keeping-mtime": // same inode, size and mtime: only ctime tells
 				p := filepath.Join(d, "sub", "c.bin")
@@ -283,7 +274,7 @@ func TestVerify_Changed(t *testing.T) {
 func TestCommit_ChangedDuringUpload(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone})
 	d := filepath.Join(w.cfg.Dir, "checkpoint-7")
-	write(t, filepath.Join(d, "a.bin"), "aaaa")
+	testutil.WriteFile(t, filepath.Join(d, "a.bin"), "aaaa")
 	t0 := time.Now()
 	w.Scan(t0)
 	cps := w.Scan(t0.Add(time.Hour))
@@ -328,7 +319,7 @@ func TestCommit_ChangedDuringUpload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Path != filepath.Join(empty, "checkpoint-7") || string(readFile(t, filepath.Join(r.Path, "a.bin"))) != "aaaamore" {
+	if r.Path != filepath.Join(empty, "checkpoint-7") || testutil.ReadFile(t, filepath.Join(r.Path, "a.bin")) != "aaaamore" {
 		t.Fatalf("restored %+v", r)
 	}
 	ents, _ := os.ReadDir(empty)
@@ -357,15 +348,6 @@ func (s *touchStore) Put(ctx context.Context, key string, r io.Reader, size int6
 		s.touch = ""
 	}
 	return nil
-}
-
-func readFile(t *testing.T, p string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // stageIn stages cp in the watched directory as the agent does, under
@@ -401,7 +383,7 @@ func commitOne(t *testing.T, st cloud.Store, cp *Checkpoint, id string) {
 func TestRestore_FileAndAside(t *testing.T) {
 	fst, _ := file.New(t.TempDir())
 	w, _ := newWatcher(t, Config{Pattern: "*.pt"})
-	write(t, filepath.Join(w.cfg.Dir, "model-30.pt"), "thirty")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "model-30.pt"), "thirty")
 	t0 := time.Now()
 	w.Scan(t0)
 	cps := w.Scan(t0.Add(time.Hour))
@@ -411,13 +393,13 @@ func TestRestore_FileAndAside(t *testing.T) {
 	commitOne(t, fst, cps[0], "f1")
 
 	dir := t.TempDir()
-	write(t, filepath.Join(dir, "model-30.pt"), "torn")
+	testutil.WriteFile(t, filepath.Join(dir, "model-30.pt"), "torn")
 	w2, logs := newWatcher(t, Config{Dir: dir, Pattern: "*.pt"})
 	r, err := w2.Restore(t.Context(), fst, restore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(readFile(t, r.Path)); r.Kind != kindFile || got != "thirty" {
+	if got := testutil.ReadFile(t, r.Path); r.Kind != kindFile || got != "thirty" {
 		t.Fatalf("restored %s kind %s: %q", r.Path, r.Kind, got)
 	}
 	if logs.FilterMessage("moved a local checkpoint aside").Len() != 1 {
@@ -431,13 +413,13 @@ func TestRestore_FileAndAside(t *testing.T) {
 	// HF layout: a newer directory without trainer_state.json is torn.
 	hst, _ := file.New(t.TempDir())
 	w3, _ := newWatcher(t, Config{})
-	write(t, filepath.Join(w3.cfg.Dir, "checkpoint-10", "m.bin"), "m")
-	write(t, filepath.Join(w3.cfg.Dir, "checkpoint-10", HFMarker), "{}")
+	testutil.WriteFile(t, filepath.Join(w3.cfg.Dir, "checkpoint-10", "m.bin"), "m")
+	testutil.WriteFile(t, filepath.Join(w3.cfg.Dir, "checkpoint-10", HFMarker), "{}")
 	w3.Scan(t0)
 	cps = w3.Scan(t0.Add(time.Hour))
 	commitOne(t, hst, cps[0], "h1")
 	dir = t.TempDir()
-	write(t, filepath.Join(dir, "checkpoint-20", "m.bin"), "half")
+	testutil.WriteFile(t, filepath.Join(dir, "checkpoint-20", "m.bin"), "half")
 	w4, _ := newWatcher(t, Config{Dir: dir})
 	if _, err := w4.Restore(t.Context(), hst, restore.Options{}); err != nil {
 		t.Fatal(err)
@@ -452,7 +434,7 @@ func TestRestore_FileAndAside(t *testing.T) {
 	// A checkpoint without the watch metadata (protocol mode).
 	pst, _ := file.New(t.TempDir())
 	pd := t.TempDir()
-	write(t, filepath.Join(pd, "state.pt"), "s")
+	testutil.WriteFile(t, filepath.Join(pd, "state.pt"), "s")
 	if _, err := (&commit.Committer{Store: pst, RunID: "r"}).Commit(t.Context(), commit.Request{Dir: pd, ID: "p1", Step: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +452,7 @@ func TestRestore_FileAndAside(t *testing.T) {
 func TestPrune(t *testing.T) {
 	w, _ := newWatcher(t, Config{})
 	for _, n := range []string{"checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"} {
-		write(t, filepath.Join(w.cfg.Dir, n, "x"), "x")
+		testutil.WriteFile(t, filepath.Join(w.cfg.Dir, n, "x"), "x")
 	}
 	gone := w.Prune(t.Context(), 3, 1, func(name string) bool { return name == "checkpoint-1" })
 	if strings.Join(gone, ",") != "checkpoint-2" {
@@ -492,7 +474,7 @@ func TestPrune(t *testing.T) {
 // not make the checkpoint look written again and be reported twice.
 func TestScan_StagingIsNotAWrite(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone})
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
 	t0 := time.Now()
 	w.Scan(t0)
 	cps := w.Scan(t0.Add(time.Hour))
@@ -519,7 +501,7 @@ func TestScan_StagingIsNotAWrite(t *testing.T) {
 // calls, answer at once.
 func TestScan_WalkDoesNotHoldState(t *testing.T) {
 	w, _ := newWatcher(t, Config{Marker: markerNone})
-	write(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
+	testutil.WriteFile(t, filepath.Join(w.cfg.Dir, "checkpoint-3", "a.bin"), "a")
 	w.Scan(time.Now())
 	walking, release := make(chan struct{}), make(chan struct{})
 	testHookSnapshot = func(string) {
