@@ -102,6 +102,45 @@ func helloRun(tr *trainertest.Trainer, run string) {
 	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1, "run_id": run})
 }
 
+// jobPods connects pods a and b, each saying hello as the one rank of its
+// node of run "job" (two nodes), and returns them with their welcomes.
+func (n *nodeRunning) jobPods(t *testing.T) ([]*trainertest.Trainer, []protocol.Message) {
+	t.Helper()
+	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
+	var welcomes []protocol.Message
+	for k, tr := range pods {
+		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
+			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
+		welcomes = append(welcomes, tr.Expect(protocol.TypeWelcome))
+	}
+	return pods, welcomes
+}
+
+// stopJob stops the node (SIGTERM): each pod of jobPods saves rank-K.pt
+// for the shutdown checkpoint at step 40, and both see it committed. It
+// returns the checkpoint's id.
+func (n *nodeRunning) stopJob(t *testing.T, pods []*trainertest.Trainer) string {
+	t.Helper()
+	n.sigs <- syscall.SIGTERM
+	var id string
+	for k, tr := range pods {
+		req := tr.Expect(protocol.TypeCheckpoint)
+		if k == 1 && req.ID != id {
+			// Each node asked on its own: the ranks' agreement picks one, and
+			// the other node joins it.
+			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
+			req = tr.Expect(protocol.TypeCheckpoint)
+		}
+		id = req.ID
+		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
+		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
+	}
+	for _, tr := range pods {
+		tr.Expect(protocol.TypeCommitted)
+	}
+	return id
+}
+
 // TestNode_StalledRunDoesNotBlock (issue 13 item 7): one run's loop does
 // not read its queue (a long restore); its trainer floods it with status
 // requests. Another run's trainer is still welcomed and gets the
@@ -257,34 +296,11 @@ func TestNode_PartFieldsDoNotTakeARun(t *testing.T) {
 // the second pod's hello was refused as "in use by another pod".
 func TestNode_TwoPodsOfOneJob(t *testing.T) {
 	n := startNode(t, nil)
-	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
-	var dirs []string
-	for k, tr := range pods {
-		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
-			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		w := tr.Expect(protocol.TypeWelcome)
-		dirs = append(dirs, w.CheckpointDir)
+	pods, welcomes := n.jobPods(t)
+	if welcomes[0].CheckpointDir == welcomes[1].CheckpointDir {
+		t.Fatalf("both pods got checkpoint dir %s", welcomes[0].CheckpointDir)
 	}
-	if dirs[0] == dirs[1] {
-		t.Fatalf("both pods got checkpoint dir %s", dirs[0])
-	}
-	n.sigs <- syscall.SIGTERM // every run takes a shutdown checkpoint
-	var id string
-	for k, tr := range pods {
-		req := tr.Expect(protocol.TypeCheckpoint)
-		if k == 1 && req.ID != id {
-			// Each node asked on its own: the ranks' agreement picks one, and
-			// the other node joins it.
-			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.Expect(protocol.TypeCheckpoint)
-		}
-		id = req.ID
-		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
-		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
-	}
-	for _, tr := range pods {
-		tr.Expect(protocol.TypeCommitted)
-	}
+	n.stopJob(t, pods) // every run takes a shutdown checkpoint
 	st, err := file.New(filepath.Join(filepath.Dir(n.sock), "runs", "job"))
 	if err != nil {
 		t.Fatal(err)

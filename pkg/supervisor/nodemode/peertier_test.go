@@ -9,14 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/testutil"
-	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
-	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -30,12 +26,7 @@ func TestNode_PeerTierOneListener(t *testing.T) {
 		c.Run.LocalKeep = 1
 		c.Run.PeerTier = supervisor.PeerTierConfig{Enabled: true, Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}}
 	})
-	pods := []*trainertest.Trainer{n.dialAs(t, "pod:a"), n.dialAs(t, "pod:b")}
-	for k, tr := range pods {
-		tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "run_id": "job", "rank": k, "world_size": 2,
-			"local_rank": 0, "local_world_size": 1, "node_rank": k, "nodes": 2})
-		tr.Expect(protocol.TypeWelcome)
-	}
+	pods, _ := n.jobPods(t)
 	var ports []string
 	for k := range pods {
 		var rec peertier.Record
@@ -70,19 +61,5 @@ func TestNode_PeerTierOneListener(t *testing.T) {
 	}
 
 	// A clean stop: both nodes commit the stop's checkpoint.
-	n.sigs <- syscall.SIGTERM
-	var id string
-	for k, tr := range pods {
-		req := tr.Expect(protocol.TypeCheckpoint)
-		if k == 1 && req.ID != id {
-			tr.Send(map[string]any{"type": "join", "id": id, "reason": req.Reason, "deadline": req.Deadline})
-			req = tr.Expect(protocol.TypeCheckpoint)
-		}
-		id = req.ID
-		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.pt", k)), fmt.Sprint(k))
-		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 40})
-	}
-	for _, tr := range pods {
-		tr.Expect(protocol.TypeCommitted)
-	}
+	n.stopJob(t, pods)
 }
