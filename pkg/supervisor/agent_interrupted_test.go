@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -12,8 +11,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
-	"github.com/spotagent/spotagent/internal/testutil/trainertest"
-	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // stopJob is node 0 of a two-node job under a launcher that exits 1 once
@@ -32,27 +29,9 @@ func startStopJob(t *testing.T) *stopJob {
 	info, trigger := filepath.Join(dir, "info"), filepath.Join(dir, "trigger")
 	ar := startAgent(t, func(c *Config) {
 		c.Node, c.Log, c.Liveness.Timeout = NodePart(0), zap.New(core), -1
-		c.Command = []string{"/bin/sh", "-c", `sleep 600 & a=$!; sleep 600 & b=$!; ` +
-			`echo "$a $b $SPOTAGENT_EXIT_FILE" > ` + info + `.tmp; mv ` + info + `.tmp ` + info + `; ` +
-			`while [ ! -e ` + trigger + ` ]; do sleep 0.05; done; exit 1`}
+		c.Command = launcherCommand(info, `while [ ! -e `+trigger+` ]; do sleep 0.05; done; exit 1`)
 	})
-	var f []string
-	testutil.WaitFor(t, "the launcher's ranks", func() bool {
-		b, err := os.ReadFile(info)
-		f = strings.Fields(string(b))
-		return err == nil && len(f) == 3
-	})
-	j := &stopJob{launcherJob: launcherJob{ar: ar, exitFile: f[2]}, trigger: trigger, logs: logs}
-	for r, s := range f[:2] {
-		pid, _ := strconv.Atoi(s)
-		j.pids = append(j.pids, pid)
-		tr := trainertest.Dial(t, ar.cfg.Server.Path)
-		tr.Send(map[string]any{"type": "hello", "pid": pid, "rank": r, "world_size": 4, "local_world_size": 2,
-			"node_rank": 0, "nodes": 2})
-		tr.Expect(protocol.TypeWelcome)
-		j.conns = append(j.conns, tr)
-	}
-	return j
+	return &stopJob{launcherJob: *joinLauncher(t, ar, info), trigger: trigger, logs: logs}
 }
 
 // #37 item 4: the job's shutdown stop runs (SIGTERM) and the other node

@@ -37,13 +37,25 @@ func startLauncherJob(t *testing.T, mutate func(*Config)) *launcherJob {
 	t.Helper()
 	info := filepath.Join(testutil.ShortDir(t), "info")
 	ar := startAgent(t, func(c *Config) {
-		c.Command = []string{"/bin/sh", "-c", `sleep 600 & a=$!; sleep 600 & b=$!; ` +
-			`echo "$a $b $SPOTAGENT_EXIT_FILE" > ` + info + `.tmp; mv ` + info + `.tmp ` + info + `; ` +
-			`while :; do sleep 0.05; done`}
+		c.Command = launcherCommand(info, `while :; do sleep 0.05; done`)
 		if mutate != nil {
 			mutate(c)
 		}
 	})
+	return joinLauncher(t, ar, info)
+}
+
+// launcherCommand starts two "ranks", writes their pids and the exit
+// file's path to info, then runs then.
+func launcherCommand(info, then string) []string {
+	return []string{"/bin/sh", "-c", `sleep 600 & a=$!; sleep 600 & b=$!; ` +
+		`echo "$a $b $SPOTAGENT_EXIT_FILE" > ` + info + `.tmp; mv ` + info + `.tmp ` + info + `; ` + then}
+}
+
+// joinLauncher waits for the launcher's info file, then says hello on the
+// socket for each of its ranks (ranks 0 and 1 of 4, node 0 of 2).
+func joinLauncher(t *testing.T, ar *agentRun, info string) *launcherJob {
+	t.Helper()
 	var f []string
 	testutil.WaitFor(t, "the launcher's ranks", func() bool {
 		b, err := os.ReadFile(info)
