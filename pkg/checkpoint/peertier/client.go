@@ -54,6 +54,7 @@ type Client struct {
 	until   time.Time            // when the restore's waiting ends; zero: none started
 	waits   map[string]*peerWait // by node and the session waited out
 	down    map[string]bool      // addresses the last dial could not reach
+	rereads map[string]*Record   // by node and the session that refused: reread's answer
 }
 
 // keeperOf is keeperOf(m, part), the placement computed once per checkpoint.
@@ -95,7 +96,7 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
 	c := &Client{st: st, run: run, node: node, token: token, stall: stall, minRate: MinRate, grace: Grace, hc: &http.Client{Transport: tr}, log: log,
-		records: map[string]*Record{}, bad: map[string]time.Time{}, waits: map[string]*peerWait{}, down: map[string]bool{}}
+		records: map[string]*Record{}, bad: map[string]time.Time{}, waits: map[string]*peerWait{}, down: map[string]bool{}, rereads: map[string]*Record{}}
 	tr.DialContext = c.dialNoted(tr.DialContext)
 	return c
 }
@@ -158,21 +159,26 @@ func sameContent(a, b checkpoint.File) bool {
 // by the stall timeout and f's size; an error wrapping fs.ErrNotExist
 // when no peer holds one. Restore verifies what it reads. A peer whose
 // record holds m but whose addresses cannot be reached is waited for
-// (await: its agent may be starting), within the restore's wait bound.
+// (await: its agent may be starting), within the restore's wait bound;
+// one that refuses has its record read once more (reread: it may name a
+// session that has just ended).
 func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	ck := folder(m)
 	var errs []error
 	for _, cd := range c.candidates(m, f) {
 		rec := c.record(ctx, cd.node)
 		for rec != nil && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
-			rc, down, err := c.openAt(ctx, rec, cd, ck, &errs)
-			if rc != nil || err != nil {
+			rc, how, err := c.openAt(ctx, rec, cd, ck, &errs)
+			switch {
+			case rc != nil || err != nil:
 				return rc, err
+			case how == peerDown:
+				rec = c.await(ctx, cd.node, rec) // a new session's record, or nil: the next node
+			case how == peerRefused:
+				rec = c.reread(ctx, cd.node, rec)
+			default:
+				rec = nil // its copy is gone: the next node
 			}
-			if !down {
-				break
-			}
-			rec = c.await(ctx, cd.node, rec) // a new session's record, or nil: the next node
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -184,12 +190,22 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 	return nil, fmt.Errorf("peer: %w", errors.Join(errs...))
 }
 
+// What asking a node at every address of its record came to, when no
+// copy came of it.
+const (
+	peerGone    = iota // it answered that it holds no such copy, or has no address
+	peerDown           // no address could be reached: its agent may be starting
+	peerRefused        // an address answered with an error (403: another session's)
+)
+
 // openAt asks the node of rec, at each of its addresses, for cd's file of
-// checkpoint ck, adding what failed to errs. down: no address could be
-// reached (each refused the connection or did not answer it, now or at an
-// earlier file's attempt), so the node's agent may still be starting.
-func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck string, errs *[]error) (rc io.ReadCloser, down bool, err error) {
-	down = len(rec.Addrs) > 0
+// checkpoint ck, adding what failed to errs. An address marked bad by an
+// earlier file's attempt is not asked again, and counts as it failed then.
+func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck string, errs *[]error) (io.ReadCloser, int, error) {
+	if len(rec.Addrs) == 0 {
+		return nil, peerGone, nil
+	}
+	down := true
 	for _, addr := range rec.Addrs {
 		if c.isBad(addr) {
 			down = down && c.isDown(addr)
@@ -197,18 +213,22 @@ func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck strin
 		}
 		rc, err := c.get(ctx, addr, target{cd.node, rec.Session}, ck, cd.file)
 		if err == nil {
-			return rc, false, nil
+			return rc, 0, nil
 		}
 		if ctx.Err() != nil {
-			return nil, false, ctx.Err()
+			return nil, 0, ctx.Err()
 		}
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, false, nil // that node's copy is gone: the next node
+			return nil, peerGone, nil
 		}
 		down = down && isDialError(err)
 		*errs = append(*errs, fmt.Errorf("%s at %s: %w", cd.node, addr, err))
+		c.forgive(cd.node, rec, addr)
 	}
-	return nil, down, nil
+	if down {
+		return nil, peerDown, nil
+	}
+	return nil, peerRefused, nil
 }
 
 // record is node's record, read once; nil when it has none or it is unreadable.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -115,13 +116,31 @@ func (c *Client) poll(ctx context.Context, node string, old *Record, until time.
 		return nil
 	}
 	c.mu.Lock()
+	c.fresh(node, rec)
+	c.mu.Unlock()
+	return rec
+}
+
+// forgive unmarks addr, which failed a request signed for rec's session,
+// when the restore has read a newer record of node naming addr since:
+// the failure was the previous agent's, not the new one's.
+func (c *Client) forgive(node string, rec *Record, addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur := c.records[node]; cur != nil && cur.Session != rec.Session && slices.Contains(cur.Addrs, addr) {
+		delete(c.bad, addr)
+		delete(c.down, addr)
+	}
+}
+
+// fresh keeps rec, a new session's record, for the rest of the restore,
+// its addresses no longer marked bad. c.mu is held.
+func (c *Client) fresh(node string, rec *Record) {
 	c.records[node] = rec
 	for _, a := range rec.Addrs {
 		delete(c.bad, a)
 		delete(c.down, a)
 	}
-	c.mu.Unlock()
-	return rec
 }
 
 // pollRecord is poll's loop: the new record and "new session", or nil and
@@ -150,4 +169,31 @@ func (c *Client) pollRecord(ctx context.Context, node string, old *Record, until
 		}
 		t.Reset(min(pollEvery, left))
 	}
+}
+
+// reread reads node's record again after one of its addresses refused a
+// request signed for old's session: a new agent may have bound the same
+// address (a fixed --peer-listen port) after the record was read, and
+// refuses requests signed for the previous session (403). It returns the
+// new session's record (kept for the rest of the restore, its addresses
+// no longer marked bad), or nil when the session is the same: then the
+// next node. Once per node and session.
+func (c *Client) reread(ctx context.Context, node string, old *Record) *Record {
+	key := node + "\x00" + old.Session
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.rereads[key]; ok {
+		return r
+	}
+	rec, err := getRecord(ctx, c.st, node)
+	if err != nil || rec == nil || rec.Session == old.Session {
+		rec = nil
+	}
+	if ctx.Err() == nil {
+		c.rereads[key] = rec
+	}
+	if rec != nil {
+		c.fresh(node, rec)
+	}
+	return rec
 }

@@ -3,11 +3,14 @@ package peertier
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
 const (
@@ -321,5 +325,56 @@ func TestWaitCanceled(t *testing.T) {
 	}
 	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "canceled" {
 		t.Fatalf("outcome %v, want canceled", got)
+	}
+}
+
+// staleFirst answers the first read of key with stale, as the store did
+// just before the record was rewritten; every later read is the store's.
+type staleFirst struct {
+	cloud.Store
+	key   string
+	stale []byte
+	done  atomic.Bool
+}
+
+func (s *staleFirst) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == s.key && s.done.CompareAndSwap(false, true) {
+		return io.NopCloser(bytes.NewReader(s.stale)), nil
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// Node 1 reads node 0's record just before node 0's new agent, on the
+// same address (a fixed --peer-listen port), rewrites it: its requests,
+// signed for the previous session, are refused (403). It reads the record
+// once more, and takes the files from the new agent, not the store.
+func TestRefusedRereadsRecord(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = -1 // no wait: the address answers
+	r.commit(0)
+	p0 := r.startAs(0, "s0", r.nodes[0].tier)
+	stale, err := json.Marshal(Record{Node: "node-0", Session: "before", Addrs: []string{p0.Addr().String()}, Holds: []string{folder(r.m)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &staleFirst{Store: r.st, key: recordKey("node-0"), stale: stale}
+	p1, err := Start(context.Background(), Config{Store: st, RunID: "run", Node: "node-1", Session: "s1", Listen: "127.0.0.1:0", PeerWait: -1, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	res := r.check(1, r.restoreAsync(context.Background(), 1, p1))
+	if !st.done.Load() {
+		t.Fatal("the stale record was never read")
+	}
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d: the record was not read again after the refusal", got, want)
+	}
+	if got, want := r.st.dataRead(), int64(2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d", got, want)
+	}
+	if n := logs.FilterMessage("peer tier: requests refused").Len(); n == 0 {
+		t.Fatal("node 0 refused no request: the test did not test the refusal")
 	}
 }
