@@ -86,9 +86,11 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	// Node 0's agent starts only now, on its machine.
 	n0 := peerSidecar(t, env, fs.uri, dir, ckpt[0], 0, "1h")
 	r1 := n1.waitEntry("restored checkpoint", time.Minute, nil)
-	if e := n1.waitEntry("peer tier: wait for a peer ended", time.Minute, nil); e.str("outcome") != "new session" {
+	e := n1.waitEntry("peer tier: wait for a peer ended", time.Minute, nil)
+	if e.str("outcome") != "new session" {
 		t.Errorf("node 1's wait ended with %q, want new session", e.str("outcome"))
 	}
+	t.Logf("node 1 waited %v s for node 0's agent to start and publish its record", e["waited_s"])
 	if got, want := r1.num("peer_bytes"), int64(2*peerReplicaBytes); got != want {
 		t.Errorf("node 1: %d bytes from its peer, want %d", got, want)
 	}
