@@ -144,30 +144,29 @@ func (c *Client) fresh(node string, rec *Record) {
 }
 
 // pollRecord is poll's loop: the new record and "new session", or nil and
-// why not ("bound passed", "canceled").
+// why not ("bound passed", "canceled"). A store read in flight when the
+// bound passes ends with it.
 func (c *Client) pollRecord(ctx context.Context, node string, old *Record, until time.Time) (*Record, string) {
-	t := time.NewTimer(min(pollEvery, time.Until(until)))
+	dctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	t := time.NewTicker(pollEvery)
 	defer t.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return nil, "canceled"
+		case <-dctx.Done():
+			if ctx.Err() != nil {
+				return nil, "canceled"
+			}
+			return nil, "bound passed"
 		case <-t.C:
 		}
-		rec, err := getRecord(ctx, c.st, node)
+		rec, err := getRecord(dctx, c.st, node)
 		switch {
-		case ctx.Err() != nil:
-			return nil, "canceled"
-		case err != nil:
+		case err != nil && dctx.Err() == nil:
 			c.log.Debug("peer tier: a peer's record unreadable while waiting", zap.String("node", node), zap.Error(err))
 		case rec != nil && rec.Session != old.Session:
 			return rec, "new session"
 		}
-		left := time.Until(until)
-		if left <= 0 {
-			return nil, "bound passed"
-		}
-		t.Reset(min(pollEvery, left))
 	}
 }
 

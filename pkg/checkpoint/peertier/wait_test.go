@@ -378,3 +378,45 @@ func TestRefusedRereadsRecord(t *testing.T) {
 		t.Fatal("node 0 refused no request: the test did not test the refusal")
 	}
 }
+
+// hangAfterFirst answers the first read of key, then hangs every later
+// one until its context ends (a store that stops answering).
+type hangAfterFirst struct {
+	cloud.Store
+	key  string
+	once atomic.Bool
+}
+
+func (s *hangAfterFirst) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == s.key && !s.once.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// A store that stops answering the record's reads while the restore
+// waits: the read in flight ends with the bound, and the files come from
+// the store's data (which still answers).
+func TestWaitBoundEndsHungRead(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	st := &hangAfterFirst{Store: r.st, key: recordKey("node-0")}
+	p1, err := Start(context.Background(), Config{Store: st, RunID: "run", Node: "node-1", Session: "s1", Listen: "127.0.0.1:0", PeerWait: 500 * time.Millisecond, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	res := r.check(1, r.restoreAsync(context.Background(), 1, p1))
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "bound passed" {
+		t.Fatalf("outcome %v, want bound passed", got)
+	}
+	if !st.once.Load() {
+		t.Fatal("the record was never read")
+	}
+}
