@@ -578,6 +578,9 @@ func TestUserDataInstallsAndIsIdempotent(t *testing.T) {
 	if got := sourceEnv(t, envPath, "SPOTAGENT_RUN_ID"); got != "cfg-run.1" {
 		t.Errorf("run id %q", got)
 	}
+	if got := sourceEnv(t, envPath, "SPOTAGENT_FLEET"); got != "s3://bucket/runs" {
+		t.Errorf("fleet %q, want the store prefix without its slash", got)
+	}
 	if got := sourceEnv(t, envPath, "TRAIN_COMMAND"); got != cmdline {
 		t.Errorf("TRAIN_COMMAND round trip:\n got %s\nwant %s", got, cmdline)
 	}
@@ -1004,6 +1007,9 @@ func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
 	}
 	if flagValue(*agent, "run-id") == "" {
 		t.Error("sidecar has no run id")
+	}
+	if fleet, store := flagValue(*agent, "fleet"), flagValue(*agent, "store"); fleet == "" || !strings.HasPrefix(store, strings.TrimSuffix(fleet, "/")+"/") {
+		t.Errorf("sidecar's fleet %q: want the prefix its store %q is under, so that every run of the manifest shares one fleet (docs/fleet.md)", fleet, store)
 	}
 	checkProbes(t, *agent)
 	if agent.StartupProbe == nil || agent.StartupProbe.HTTPGet == nil || agent.StartupProbe.HTTPGet.Path != "/readyz" {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/peertier"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -54,6 +55,7 @@ type agentOptions struct {
 	peerListen, peerAdvertise                                 string
 	peerRestore                                               bool // the peer tier (pkg/checkpoint/peertier)
 	replicas                                                  int
+	peerWait                                                  time.Duration // --peer-wait
 }
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
@@ -78,6 +80,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of another node's part (one in another zone, else of another instance type, else node K+1's; copied from it after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
 		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and CRC32C: data-parallel replicas)")
 	}
+	fs.DurationVar(&o.peerWait, "peer-wait", peertier.DefaultPeerWait, "with --peer-restore: how long a restore waits, in all, for peers whose record holds the checkpoint but whose agent does not answer yet (every node of the job restarting at once), before it reads their files from the store; 0: no wait")
 	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")
 	fs.StringVar(&o.socket, "socket", "", "Unix socket the trainer connects to (default: $XDG_RUNTIME_DIR/spotagent/RUN-ID.sock, else $TMPDIR/spotagent-UID/RUN-ID.sock, in a 0700 directory of the agent's own)")
 	fs.StringVar(&o.socketMode, "socket-mode", "0600", "file mode of the socket")
@@ -108,10 +111,10 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 
 	if node {
 		inGroup(fs, groupRequired, "store-prefix")
-		inGroup(fs, groupMultiNode, "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
+		inGroup(fs, groupMultiNode, "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas", "peer-wait")
 	} else {
 		inGroup(fs, groupRequired, "store")
-		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas")
+		inGroup(fs, groupMultiNode, "node-rank", "peer-timeout", "peer-listen", "peer-advertise", "peer-restore", "replicas", "peer-wait")
 	}
 	inGroup(fs, groupMultiNode, "restore")
 	inGroup(fs, groupNotices, "margin", "on-rebalance")
@@ -402,6 +405,12 @@ func (o *agentOptions) checkPeers(node bool) error {
 	if o.replicas < 0 || o.replicas > 1 {
 		return fmt.Errorf("--replicas %d: want 0 or 1", o.replicas)
 	}
+	if o.peerWait < 0 {
+		return fmt.Errorf("--peer-wait must not be negative (0: no wait)")
+	}
+	if o.peerWait != peertier.DefaultPeerWait && !o.peerRestore {
+		return fmt.Errorf("--peer-wait needs --peer-restore: it bounds the wait for peers that restore asks")
+	}
 	if o.replicas > 0 && !o.peerRestore {
 		return fmt.Errorf("--replicas needs --peer-restore: the copies are served to the other nodes by the peer tier")
 	}
@@ -420,7 +429,10 @@ func (o *agentOptions) peerTier() supervisor.PeerTierConfig {
 	if !o.peerRestore {
 		return supervisor.PeerTierConfig{}
 	}
-	c := supervisor.PeerTierConfig{Enabled: true, Listen: o.peerListen, Replicas: o.replicas}
+	c := supervisor.PeerTierConfig{Enabled: true, Listen: o.peerListen, Replicas: o.replicas, PeerWait: o.peerWait}
+	if o.peerWait == 0 {
+		c.PeerWait = -1 // none; the config's 0 is the default
+	}
 	for _, h := range strings.Split(o.peerAdvertise, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			c.Advertise = append(c.Advertise, h)

@@ -227,6 +227,8 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		{[]string{"run", "--node-rank", "0", "--peer-restore", "--replicas", "2"}, "--replicas 2: want 0 or 1"},
 		{[]string{"run", "--node-rank", "0", "--peer-restore", "--replicas", "1", "--local-keep", "0"}, "--replicas needs --local-keep 1"},
 		{[]string{"sidecar", "--node-rank", "1", "--peer-restore", "--watch", "/tmp/x"}, "--peer-restore does not work with --watch"},
+		{[]string{"run", "--node-rank", "0", "--peer-wait", "5s"}, "--peer-wait needs --peer-restore"},
+		{[]string{"sidecar", "--node-rank", "1", "--peer-restore", "--peer-wait", "-1s"}, "--peer-wait must not be negative"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append(tc.args, "--store", store)
@@ -257,6 +259,7 @@ func TestCLI_NodePeerFlags(t *testing.T) {
 		{[]string{"--peer-advertise", "10.0.0.1:29450"}, "--peer-advertise \"10.0.0.1:29450\": want comma-separated hosts"},
 		{[]string{"--replicas", "1"}, "--replicas needs --peer-restore"},
 		{[]string{"--peer-restore", "--replicas", "1", "--local-keep", "0"}, "--replicas needs --local-keep 1"},
+		{[]string{"--peer-wait", "0s"}, "--peer-wait needs --peer-restore"},
 	} {
 		store := filepath.Join(t.TempDir(), "store")
 		args := append([]string{"node", "--store-prefix", "file://" + store, "--checkpoint-root", t.TempDir()}, tc.args...)

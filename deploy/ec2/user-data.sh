@@ -323,6 +323,8 @@ env_tmp="$(mktemp "$ENV_FILE.XXXXXX")"
   echo "# Written by spotagent EC2 user-data; rewritten on every run of it."
   echo "SPOTAGENT_STORE=$(envq "$STORE")"
   echo "SPOTAGENT_RUN_ID=$(envq "$RUN_ID")"
+  # Every run under the prefix shares one fleet (docs/fleet.md).
+  echo "SPOTAGENT_FLEET=$(envq "${STORE_PREFIX%/}")"
   echo "TRAIN_COMMAND=$(envq "$TRAIN_COMMAND")"
   if [[ -n "$EXTRA_ENV" ]]; then printf '%s\n' "$EXTRA_ENV"; fi
 } > "$env_tmp"

@@ -120,6 +120,7 @@ func (a *Agent) onRestoreDone(res restoreResult) {
 		a.commits.last.trainedAt = now
 	}
 	for _, c := range p.waiting {
+		a.dirs.handRestore(a.log, a.boot.resume, c) // dirs.go
 		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: a.boot.resume}); err != nil {
 			a.log.Warn("restored not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		}

@@ -105,3 +105,24 @@ func (d *localDirs) handDir(log *zap.Logger, id string, ranks map[uint64]*protoc
 	}
 	return localdirs.HandTo(d.Area, id, uid)
 }
+
+// handRestore lets trainer c read the restored checkpoint res names
+// before it is told of it, when c runs as another user than the agent and
+// the agent runs as root (node or sidecar mode with --allow-uid): that
+// uid alone may then read it, and nobody may change it
+// (localdirs.Dirs.HandRestore). When it cannot (the checkpoint was handed
+// to another uid already), the trainer is still told, and its read fails
+// with "permission denied": it never resumes from an older checkpoint.
+func (d *localDirs) handRestore(log *zap.Logger, res *protocol.Resume, c *protocol.Conn) {
+	if res == nil || os.Geteuid() != 0 {
+		return
+	}
+	u := foreignUID(c)
+	if u == nil {
+		return
+	}
+	if err := d.HandRestore(res.Dir, res.Manifest, u[0]); err != nil {
+		log.Error("the trainer's uid cannot read the restored checkpoint", zap.Uint64("conn", c.ID()), zap.Int("uid", u[0]),
+			zap.String("dir", res.Dir), zap.Error(err))
+	}
+}

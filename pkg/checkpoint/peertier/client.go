@@ -45,6 +45,16 @@ type Client struct {
 	bad     map[string]time.Time // addresses that failed, when: not asked again for badFor
 	placed  string               // the checkpoint whose keepers are in keepers
 	keepers map[string]string    // part → the node that keeps its copy
+
+	// wait bounds the waits for peers still starting (wait.go), all of
+	// them together; 0: none. session is this agent's: a record of it is
+	// never waited on.
+	wait    time.Duration
+	session string
+	until   time.Time            // when the restore's waiting ends; zero: none started
+	waits   map[string]*peerWait // by node and the session waited out
+	down    map[string]bool      // addresses the last dial could not reach
+	rereads map[string]*Record   // by node and the session that refused: reread's answer
 }
 
 // keeperOf is keeperOf(m, part), the placement computed once per checkpoint.
@@ -67,7 +77,8 @@ const badFor = time.Minute
 var _ checkpoint.Tier = (*Client)(nil)
 
 // NewClient returns the peer tier of node (its own part is never asked
-// for from itself), signing with token.
+// for from itself), signing with token. It waits for no peer that is
+// still starting: Node.Tier's client does.
 func NewClient(st cloud.Store, run, node string, token []byte, stall time.Duration, log *zap.Logger) *Client {
 	if stall <= 0 {
 		stall = DefaultStall
@@ -84,8 +95,10 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		IdleConnTimeout:       30 * time.Second,
 		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
-	return &Client{st: st, run: run, node: node, token: token, stall: stall, minRate: MinRate, grace: Grace, hc: &http.Client{Transport: tr}, log: log,
-		records: map[string]*Record{}, bad: map[string]time.Time{}}
+	c := &Client{st: st, run: run, node: node, token: token, stall: stall, minRate: MinRate, grace: Grace, hc: &http.Client{Transport: tr}, log: log,
+		records: map[string]*Record{}, bad: map[string]time.Time{}, waits: map[string]*peerWait{}, down: map[string]bool{}, rereads: map[string]*Record{}}
+	tr.DialContext = c.dialNoted(tr.DialContext)
+	return c
 }
 
 // Name is checkpoint.FromPeer.
@@ -144,36 +157,78 @@ func sameContent(a, b checkpoint.File) bool {
 
 // Open returns a peer's copy of file f of checkpoint m, as a body bounded
 // by the stall timeout and f's size; an error wrapping fs.ErrNotExist
-// when no peer holds one. Restore verifies what it reads.
+// when no peer holds one. Restore verifies what it reads. A peer whose
+// record holds m but whose addresses cannot be reached is waited for
+// (await: its agent may be starting), within the restore's wait bound;
+// one that refuses has its record read once more (reread: it may name a
+// session that has just ended).
 func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	ck := folder(m)
 	var errs []error
 	for _, cd := range c.candidates(m, f) {
 		rec := c.record(ctx, cd.node)
-		if rec == nil || !slices.Contains(rec.Holds, ck) || (cd.replica && rec.Replicas < 1) {
-			continue
+		for rec != nil && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
+			rc, how, err := c.openAt(ctx, rec, cd, ck, &errs)
+			switch {
+			case rc != nil || err != nil:
+				return rc, err
+			case how == peerDown:
+				rec = c.await(ctx, cd.node, rec) // a new session's record, or nil: the next node
+			case how == peerRefused:
+				rec = c.reread(ctx, cd.node, rec)
+			default:
+				rec = nil // its copy is gone: the next node
+			}
 		}
-		for _, addr := range rec.Addrs {
-			if c.isBad(addr) {
-				continue
-			}
-			rc, err := c.get(ctx, addr, target{cd.node, rec.Session}, ck, cd.file)
-			if err == nil {
-				return rc, nil
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if errors.Is(err, fs.ErrNotExist) {
-				break // that node's copy is gone: the next node
-			}
-			errs = append(errs, fmt.Errorf("%s at %s: %w", cd.node, addr, err))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 	}
 	if len(errs) == 0 {
 		return nil, fmt.Errorf("peer: no peer holds %s: %w", f.Path, fs.ErrNotExist)
 	}
 	return nil, fmt.Errorf("peer: %w", errors.Join(errs...))
+}
+
+// What asking a node at every address of its record came to, when no
+// copy came of it.
+const (
+	peerGone    = iota // it answered that it holds no such copy, or has no address
+	peerDown           // no address could be reached: its agent may be starting
+	peerRefused        // an address answered with an error (403: another session's)
+)
+
+// openAt asks the node of rec, at each of its addresses, for cd's file of
+// checkpoint ck, adding what failed to errs. An address marked bad by an
+// earlier file's attempt is not asked again, and counts as it failed then.
+func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck string, errs *[]error) (io.ReadCloser, int, error) {
+	if len(rec.Addrs) == 0 {
+		return nil, peerGone, nil
+	}
+	down := true
+	for _, addr := range rec.Addrs {
+		if c.isBad(addr) {
+			down = down && c.isDown(addr)
+			continue
+		}
+		rc, err := c.get(ctx, addr, target{cd.node, rec.Session}, ck, cd.file)
+		if err == nil {
+			return rc, 0, nil
+		}
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, peerGone, nil
+		}
+		down = down && isDialError(err)
+		*errs = append(*errs, fmt.Errorf("%s at %s: %w", cd.node, addr, err))
+		c.forgive(cd.node, rec, addr)
+	}
+	if down {
+		return nil, peerDown, nil
+	}
+	return nil, peerRefused, nil
 }
 
 // record is node's record, read once; nil when it has none or it is unreadable.

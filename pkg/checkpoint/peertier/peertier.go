@@ -71,6 +71,10 @@ type Config struct {
 	// node serves nothing, and only asks.
 	Local Local
 	Stall time.Duration // default DefaultStall
+	// PeerWait bounds how long a restore waits, in all, for peers whose
+	// records hold the checkpoint but whose addresses cannot be reached
+	// (agents still starting: wait.go): 0, DefaultPeerWait; negative, none.
+	PeerWait time.Duration
 	// Replicas 1: after each commit, copy another node's part into the
 	// local tier, from that node, so that a sharded part has a copy on
 	// another machine: one in another zone, else of another instance
@@ -113,6 +117,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = ":0"
+	}
+	if cfg.PeerWait == 0 {
+		cfg.PeerWait = DefaultPeerWait
 	}
 	log := cfg.Log
 	if log == nil {
@@ -158,8 +165,15 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 func (n *Node) Addr() *net.TCPAddr { return n.ln.Addr().(*net.TCPAddr) }
 
 // Tier is the tier one restore asks: the other nodes' copies, their
-// records read afresh.
+// records read afresh, a peer still starting waited for (PeerWait).
 func (n *Node) Tier() *Client {
+	c := n.client()
+	c.wait, c.session = max(n.cfg.PeerWait, 0), n.cfg.Session
+	return c
+}
+
+// client is a Client of this node that waits for no peer.
+func (n *Node) client() *Client {
 	return NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
 }
 

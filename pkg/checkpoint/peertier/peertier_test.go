@@ -105,6 +105,7 @@ type rig struct {
 	m        *checkpoint.Manifest
 	parts    []checkpoint.PartSpec
 	machines []checkpoint.Machine // each node's, as its committer records it; nil: none
+	wait     time.Duration        // each node's PeerWait (0: the default)
 }
 
 func newRig(t *testing.T) *rig { return newRigOf(t, parts, nil) }
@@ -187,7 +188,7 @@ func (r *rig) serveReplicas(k int, local Local, stall time.Duration, replicas in
 		local = n.tier
 	}
 	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: n.name, Session: "s",
-		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, Replicas: replicas, Log: r.log})
+		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, PeerWait: r.wait, Replicas: replicas, Log: r.log})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -269,9 +270,10 @@ func TestRestoreAllFromPeer(t *testing.T) {
 }
 
 // A peer down, a stale record: the store, at the cost of one refused
-// connection.
+// connection and the wait for a new agent of that node (wait_test.go).
 func TestPeerGoneFallsBackToStore(t *testing.T) {
 	r := newRig(t)
+	r.wait = 100 * time.Millisecond
 	r.commit(0)
 	r.serve(0, nil, 0).Close()
 	res := r.restore(1, 0)

@@ -69,7 +69,9 @@ func (n *Node) replicate(ctx context.Context, m *checkpoint.Manifest) error {
 	if part == "" || part == n.cfg.Node {
 		return nil
 	}
-	cl := n.Tier() // a fresh client: the records may have changed since the last attempt
+	// A fresh client (the records may have changed since the last
+	// attempt) that waits for no peer: the attempts are retried.
+	cl := n.client()
 	defer cl.hc.CloseIdleConnections()
 	err := n.cfg.Local.(partAdder).AddPart(ctx, m, part, func(ctx context.Context, f checkpoint.File) (io.ReadCloser, error) {
 		return cl.Open(ctx, m, f)

@@ -183,14 +183,6 @@ func checkCheckpointDir(root *os.Root, path string, sidecar bool, log *zap.Logge
 		path, owner, m, checkpoint.ErrRefused)
 }
 
-// ownerUID is fi's owner (-1 when unknown).
-func ownerUID(fi fs.FileInfo) int {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return int(st.Uid)
-	}
-	return -1
-}
-
 // makeArea creates the area name below root with its marker, or checks
 // that an existing one carries the marker of this run. The area must be
 // the agent's euid's (else refused: another user could read and change
@@ -290,6 +282,7 @@ func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Op
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
+	dropHanded(dest)   // hand.go: a trainer's, never reused
 	if d.Tier != nil { // asked only for the checkpoint the store's rules chose
 		opts.Tiers = append(opts.Tiers, d.Tier)
 	}
@@ -453,6 +446,14 @@ func MkdirIn(r *os.Root, name string) error {
 	return nil
 }
 
+// ownerUID is fi's owner (-1 when unknown).
+func ownerUID(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
 // readNames lists the names in r (none if it cannot be read).
 func readNames(r *os.Root) []string {
 	f, err := r.Open(".")
@@ -462,49 +463,4 @@ func readNames(r *os.Root) []string {
 	defer f.Close()
 	names, _ := f.Readdirnames(-1)
 	return names
-}
-
-// LetThrough adds the search bit (x) for group and others to the
-// directory r is open on, when the agent's euid owns it: a trainer of
-// another uid can then reach a directory below it by name (HandTo), but
-// neither list nor write this one. Through the handle: never a symlink.
-func LetThrough(r *os.Root) error {
-	f, err := r.Open(".")
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	perm := fi.Mode().Perm()
-	if ownerUID(fi) != os.Geteuid() || perm&0o011 == 0o011 {
-		return nil
-	}
-	if err := f.Chmod(perm | 0o011); err != nil {
-		return fmt.Errorf("chmod %o: %w", perm|0o011, err)
-	}
-	return nil
-}
-
-// HandTo gives the directory name below r, which the agent just made
-// (0700), to uid: the trainer of that uid writes its checkpoint there and
-// nobody else can (the agent, root, still reads it to upload). Opened
-// through r refusing a symlink, and changed through that handle.
-func HandTo(r *os.Root, name string, uid int) error {
-	d, err := checkpoint.OpenDir(r, name)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	f, err := d.Open(".")
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Chown(uid, -1); err != nil {
-		return fmt.Errorf("chown %d: %w", uid, err)
-	}
-	return f.Chmod(0o700)
 }

@@ -20,6 +20,9 @@ type PeerTierConfig struct {
 	Listen    string   // TCP address (":0": the kernel's choice)
 	Advertise []string // hosts the other nodes reach this one at; empty: every address
 	Stall     time.Duration
+	// PeerWait bounds how long a restore waits, in all, for peers still
+	// starting (peertier.Config.PeerWait): 0, the default; negative, none.
+	PeerWait time.Duration
 	// Replicas 1: keep a copy of another node's part too, a far one (--replicas).
 	Replicas int
 	// Shared: serve on this listener, not one of the run's own (node mode).
@@ -42,7 +45,7 @@ func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, r
 		return nil
 	}
 	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
-		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
+		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
 	if d.Tier != nil {
 		pc.Local = d.Tier
 	} else {

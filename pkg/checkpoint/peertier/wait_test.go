@@ -1,0 +1,422 @@
+package peertier
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/cloud"
+)
+
+const (
+	msgWaiting = "peer tier: a peer holding the checkpoint does not answer: waiting for its agent to start"
+	msgWaited  = "peer tier: wait for a peer ended"
+)
+
+// deadAddr is an address where nothing listens: connection refused.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// staleRecord writes node's record as its previous agent left it: session
+// "before", at an address where nothing listens now, holding the rig's
+// checkpoint when holds.
+func (r *rig) staleRecord(node string, holds bool) {
+	r.t.Helper()
+	rec := Record{Node: node, Session: "before", Addrs: []string{deadAddr(r.t)}}
+	if holds {
+		rec.Holds = []string{folder(r.m)}
+	}
+	if err := putRecord(context.Background(), r.st.Store, rec); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// startAs starts node k's peer tier as session sess, serving local (nil:
+// nothing), with the rig's wait and log.
+func (r *rig) startAs(k int, sess string, local Local) *Node {
+	r.t.Helper()
+	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: r.nodes[k].name, Session: sess,
+		Listen: "127.0.0.1:0", Local: local, PeerWait: r.wait, Log: r.log})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(p.Close)
+	return p
+}
+
+// observe has the rig's nodes log into the returned observer.
+func (r *rig) observe() *observer.ObservedLogs {
+	core, logs := observer.New(zap.InfoLevel)
+	r.log = zap.New(core)
+	return logs
+}
+
+// waitLog waits until logs hold n entries with message msg.
+func waitLog(t *testing.T, logs *observer.ObservedLogs, msg string, n int) []observer.LoggedEntry {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if e := logs.FilterMessage(msg).All(); len(e) >= n {
+			return e
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d %q in the log: %v", n, msg, logs.All())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition
+	}
+}
+
+type restored struct {
+	res *restore.Result
+	err error
+}
+
+// restoreAsync restores node k's part through p's tier in the background.
+func (r *rig) restoreAsync(ctx context.Context, k int, p *Node) <-chan restored {
+	done := make(chan restored, 1)
+	dir := filepath.Join(r.t.TempDir(), "restore")
+	go func() {
+		res, err := restore.Checkpoint(ctx, r.st, dir, restore.Options{Part: r.parts[k].Node, Tiers: []checkpoint.Tier{p.Tier()}})
+		done <- restored{res, err}
+	}()
+	return done
+}
+
+// check waits for the restore of node k's part and checks its files.
+func (r *rig) check(k int, done <-chan restored) *restore.Result {
+	r.t.Helper()
+	var d restored
+	select {
+	case d = <-done:
+	case <-time.After(time.Minute):
+		r.t.Fatal("the restore did not end")
+	}
+	if d.err != nil {
+		r.t.Fatal(d.err)
+	}
+	if d.res.Manifest.ID != r.m.ID {
+		r.t.Fatalf("restored checkpoint %s, want %s", d.res.Manifest.ID, r.m.ID)
+	}
+	for _, rank := range r.parts[k].Ranks {
+		for f, b := range rankFiles(rank, 10) {
+			if got, err := os.ReadFile(filepath.Join(d.res.Dir, f)); err != nil || !bytes.Equal(got, b) {
+				r.t.Fatalf("%s: %v, content equal %v", f, err, bytes.Equal(got, b))
+			}
+		}
+	}
+	return d.res
+}
+
+// A whole-job restart: node 1 (an empty machine) restores before node 0's
+// new agent has started, its record naming the previous session's
+// address. Node 1 waits; node 0 starts with a new session; node 1's
+// replica files come from it, not the store, after one shared wait.
+func TestWaitForPeerStarting(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Minute // never reached: the test ends when node 0 starts
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	done := r.restoreAsync(context.Background(), 1, r.startAs(1, "s1", nil))
+	w := waitLog(t, logs, msgWaiting, 1)
+	if got := w[0].ContextMap()["node"]; got != "node-0" {
+		t.Fatalf("waiting for %v, want node-0", got)
+	}
+	if b, _ := w[0].ContextMap()["bound_s"].(float64); b <= 0 || b > 60 {
+		t.Fatalf("bound_s %v, want in (0, 60]", b)
+	}
+	r.startAs(0, "s0", r.nodes[0].tier)
+	res := r.check(1, done)
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d (node 1's two replica files, from node 0's new agent)", got, want)
+	}
+	if got, want := r.st.dataRead(), int64(2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d (node 1's own shards)", got, want)
+	}
+	ended := waitLog(t, logs, msgWaited, 1)
+	if n := len(logs.FilterMessage(msgWaiting).All()); n != 1 || len(ended) != 1 {
+		t.Fatalf("%d waits started, %d ended, want 1 each: the files share one", n, len(ended))
+	}
+	if got := ended[0].ContextMap()["outcome"]; got != "new session" {
+		t.Fatalf("outcome %v, want new session", got)
+	}
+}
+
+// A peer that never comes back (both machines lost, its replacement not
+// started): the store, after the wait's bound.
+func TestWaitBoundThenStore(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = 300 * time.Millisecond
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	res := r.check(1, r.restoreAsync(context.Background(), 1, r.startAs(1, "s1", nil)))
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got, want := r.st.dataRead(), int64(2*replicaBytes+2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d", got, want)
+	}
+	ended := waitLog(t, logs, msgWaited, 1)
+	m := ended[0].ContextMap()
+	if got := m["outcome"]; got != "bound passed" {
+		t.Fatalf("outcome %v, want bound passed", got)
+	}
+	if w, _ := m["waited_s"].(float64); w < 0.3 {
+		t.Fatalf("waited_s %v, want at least the bound, 0.3", w)
+	}
+	if n := len(logs.FilterMessage(msgWaiting).All()); n != 1 {
+		t.Fatalf("%d waits, want 1", n)
+	}
+}
+
+// Node 0's new agent starts on an empty machine too (a correlated loss):
+// its record no longer holds the checkpoint, the wait ends at once, and
+// the files come from the store; the checkpoint restored is the same.
+func TestWaitEndsWhenNewSessionHoldsNothing(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Minute
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	done := r.restoreAsync(context.Background(), 1, r.startAs(1, "s1", nil))
+	waitLog(t, logs, msgWaiting, 1)
+	r.startAs(0, "s0", nil)
+	res := r.check(1, done)
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "new session" {
+		t.Fatalf("outcome %v, want new session", got)
+	}
+}
+
+// No wait for a record that does not hold the checkpoint, nor for one of
+// the restoring agent's own session; nor with PeerWait negative.
+func TestNoWait(t *testing.T) {
+	for name, c := range map[string]struct {
+		holds bool
+		sess  string
+		wait  time.Duration
+	}{
+		"record holds nothing": {false, "s1", time.Minute},
+		"own session":          {true, "before", time.Minute},
+		"wait off":             {true, "s1", -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t)
+			logs := r.observe()
+			r.wait = c.wait
+			r.commit(0)
+			r.staleRecord("node-0", c.holds)
+			res := r.check(1, r.restoreAsync(context.Background(), 1, r.startAs(1, c.sess, nil)))
+			if got := res.From[checkpoint.FromPeer]; got != 0 {
+				t.Fatalf("From[peer]=%d, want 0", got)
+			}
+			if n := logs.FilterMessage(msgWaiting).Len(); n != 0 {
+				t.Fatalf("%d waits, want none", n)
+			}
+		})
+	}
+}
+
+// Many files asking the same node that is down share one wait: together
+// they take about one bound, not one each.
+func TestConcurrentFilesShareOneWait(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	const bound, files = time.Second, 8
+	r.wait = bound
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	cl := r.startAs(1, "s1", nil).Tier()
+	var f checkpoint.File
+	for _, g := range r.m.Files {
+		if g.Part == "node-1" && g.Path == "replica-2.bin" {
+			f = g
+		}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, files)
+	for i := range files {
+		wg.Go(func() {
+			rc, err := cl.Open(context.Background(), r.m, f)
+			if rc != nil {
+				rc.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for i, err := range errs {
+		if err == nil {
+			t.Fatalf("file %d: a copy from a peer that is down", i)
+		}
+	}
+	if n := logs.FilterMessage(msgWaiting).Len(); n != 1 {
+		t.Fatalf("%d waits for %d files, want 1", n, files)
+	}
+	if took >= files/2*bound {
+		t.Fatalf("%d files took %s: the waits of %s each were not shared", files, took, bound)
+	}
+}
+
+// Two nodes down share the restore's one bound: the second wait has
+// nothing left of it.
+func TestWaitBoundSharedAcrossNodes(t *testing.T) {
+	ps := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0}, WorldSize: 3}, {Node: "node-1", Ranks: []int{1}, WorldSize: 3}, {Node: "node-2", Ranks: []int{2}, WorldSize: 3}}
+	r := newRigOf(t, ps, nil)
+	logs := r.observe()
+	r.wait = 500 * time.Millisecond
+	r.commit(0, 2)
+	r.staleRecord("node-0", true)
+	r.staleRecord("node-2", true)
+	res := r.check(1, r.restoreAsync(context.Background(), 1, r.startAs(1, "s1", nil)))
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if n := logs.FilterMessage(msgWaiting).Len(); n != 1 {
+		t.Fatalf("%d waits, want 1: the bound is the restore's", n)
+	}
+}
+
+// A restore cancelled while it waits ends at once.
+func TestWaitCanceled(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Hour
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := r.restoreAsync(ctx, 1, r.startAs(1, "s1", nil))
+	waitLog(t, logs, msgWaiting, 1)
+	cancel()
+	select {
+	case d := <-done:
+		if !errors.Is(d.err, context.Canceled) {
+			t.Fatalf("restore: %v, want context.Canceled", d.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the restore did not end when cancelled")
+	}
+	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "canceled" {
+		t.Fatalf("outcome %v, want canceled", got)
+	}
+}
+
+// staleFirst answers the first read of key with stale, as the store did
+// just before the record was rewritten; every later read is the store's.
+type staleFirst struct {
+	cloud.Store
+	key   string
+	stale []byte
+	done  atomic.Bool
+}
+
+func (s *staleFirst) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == s.key && s.done.CompareAndSwap(false, true) {
+		return io.NopCloser(bytes.NewReader(s.stale)), nil
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// Node 1 reads node 0's record just before node 0's new agent, on the
+// same address (a fixed --peer-listen port), rewrites it: its requests,
+// signed for the previous session, are refused (403). It reads the record
+// once more, and takes the files from the new agent, not the store.
+func TestRefusedRereadsRecord(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = -1 // no wait: the address answers
+	r.commit(0)
+	p0 := r.startAs(0, "s0", r.nodes[0].tier)
+	stale, err := json.Marshal(Record{Node: "node-0", Session: "before", Addrs: []string{p0.Addr().String()}, Holds: []string{folder(r.m)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &staleFirst{Store: r.st, key: recordKey("node-0"), stale: stale}
+	p1, err := Start(context.Background(), Config{Store: st, RunID: "run", Node: "node-1", Session: "s1", Listen: "127.0.0.1:0", PeerWait: -1, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	res := r.check(1, r.restoreAsync(context.Background(), 1, p1))
+	if !st.done.Load() {
+		t.Fatal("the stale record was never read")
+	}
+	if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+		t.Fatalf("From[peer]=%d, want %d: the record was not read again after the refusal", got, want)
+	}
+	if got, want := r.st.dataRead(), int64(2*shardBytes); got != want {
+		t.Fatalf("data bytes read from the store: %d, want %d", got, want)
+	}
+	if n := logs.FilterMessage("peer tier: requests refused").Len(); n == 0 {
+		t.Fatal("node 0 refused no request: the test did not test the refusal")
+	}
+}
+
+// hangAfterFirst answers the first read of key, then hangs every later
+// one until its context ends (a store that stops answering).
+type hangAfterFirst struct {
+	cloud.Store
+	key  string
+	once atomic.Bool
+}
+
+func (s *hangAfterFirst) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == s.key && !s.once.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// A store that stops answering the record's reads while the restore
+// waits: the read in flight ends with the bound, and the files come from
+// the store's data (which still answers).
+func TestWaitBoundEndsHungRead(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	st := &hangAfterFirst{Store: r.st, key: recordKey("node-0")}
+	p1, err := Start(context.Background(), Config{Store: st, RunID: "run", Node: "node-1", Session: "s1", Listen: "127.0.0.1:0", PeerWait: 500 * time.Millisecond, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	res := r.check(1, r.restoreAsync(context.Background(), 1, p1))
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "bound passed" {
+		t.Fatalf("outcome %v, want bound passed", got)
+	}
+	if !st.once.Load() {
+		t.Fatal("the record was never read")
+	}
+}
