@@ -167,7 +167,9 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 	var errs []error
 	for _, cd := range c.candidates(m, f) {
 		rec := c.record(ctx, cd.node)
-		for rec != nil && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
+		tried := map[string]bool{} // sessions asked: a record flipping between two never loops
+		for rec != nil && !tried[rec.Session] && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
+			tried[rec.Session] = true
 			rc, how, err := c.openAt(ctx, rec, cd, ck, &errs)
 			switch {
 			case rc != nil || err != nil:
