@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -102,5 +105,64 @@ func TestReview12_FlippingRecordOfDownPeerPastBound(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the restore did not end 14 s after its 1 s wait bound (record read %d times)", st.reads.Load())
+	}
+}
+
+// staleThenHang answers the first read of key with stale, then hangs
+// every later one until its context ends (a store GET that stalls).
+type staleThenHang struct {
+	cloud.Store
+	key   string
+	stale []byte
+	reads atomic.Int64
+}
+
+func (s *staleThenHang) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == s.key {
+		if s.reads.Add(1) == 1 {
+			return io.NopCloser(bytes.NewReader(s.stale)), nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// Review 12: the re-read after a 403 (reread) is a store GET with no
+// bound but the restore's context (the restore's own store reads stall
+// out after restore.Options.Stall; the peer wait's polls after
+// --peer-wait; this one after neither), and it holds c.mu: every other
+// file's Open (keeperOf, record, isBad) blocks behind it, the files that
+// would come from the store included. A record GET that stalls hangs the
+// whole restore until its context ends.
+func TestReview12_StalledRereadHangsRestore(t *testing.T) {
+	r := newRig(t)
+	r.commit(0)
+	p0 := r.startAs(0, "s0", r.nodes[0].tier)
+	stale, err := json.Marshal(Record{Node: "node-0", Session: "before", Addrs: []string{p0.Addr().String()}, Holds: []string{folder(r.m)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &staleThenHang{Store: r.st, key: recordKey("node-0"), stale: stale}
+	p1, err := Start(context.Background(), Config{Store: st, RunID: "run", Node: "node-1", Session: "s1", Listen: "127.0.0.1:0", PeerWait: time.Second, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := restore.Checkpoint(ctx, r.st, filepath.Join(t.TempDir(), "restore"),
+			restore.Options{Part: r.parts[1].Node, Tiers: []checkpoint.Tier{p1.Tier()}, Stall: time.Second})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the restore did not end in 15 s (stall 1 s, --peer-wait 1 s): the record's re-read after the 403 hangs (record read %d times)", st.reads.Load())
 	}
 }
