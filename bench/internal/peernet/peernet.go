@@ -74,6 +74,8 @@ type Result struct {
 	ClientCPU map[string][]float64 // CPU-s per GiB of the receiving child
 	Verify    []float64            // local verification, MB/s (wall)
 	VerifyCPU []float64            // local verification, MB per CPU-second
+	Copy      []float64            // local restore of the file (verified into a new file), MB/s (wall)
+	CopyCPU   []float64            // the same, MB per CPU-second
 }
 
 // Bench runs the section and adds it to r. Without root or iproute2's ip
@@ -87,6 +89,12 @@ func Bench(r *report.Report, o Options) error {
 	}
 	o.Rounds = max(o.Rounds, 5)
 	res, err := Run(o)
+	var ne noNetns
+	if errors.As(err, &ne) {
+		r.Add(title, fmt.Sprintf("Skipped: the network namespaces could not be made (%v).\n", ne.err))
+		fmt.Fprintf(os.Stderr, "   peernet: skipped: %v\n", ne.err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -105,6 +113,12 @@ func unavailable() string {
 	return ""
 }
 
+// noNetns: root, yet the namespaces or the veth pair could not be made
+// (a container without CAP_SYS_ADMIN, no veth module): the section skips.
+type noNetns struct{ err error }
+
+func (e noNetns) Error() string { return e.err.Error() }
+
 // pair is the two namespaces and their veth pair.
 type pair struct{ ns [2]string }
 
@@ -122,7 +136,7 @@ func newPair() (*pair, error) {
 	for _, s := range steps {
 		if out, err := exec.Command("ip", s...).CombinedOutput(); err != nil {
 			p.close()
-			return nil, fmt.Errorf("ip %s: %w: %s", strings.Join(s, " "), err, strings.TrimSpace(string(out)))
+			return nil, noNetns{fmt.Errorf("ip %s: %w: %s", strings.Join(s, " "), err, strings.TrimSpace(string(out)))}
 		}
 	}
 	return p, nil
@@ -206,6 +220,11 @@ func (c *child) cpu() (float64, error) {
 
 // Run measures, without writing the report.
 func Run(o Options) (*Result, error) {
+	p, err := newPair()
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
 	dir := filepath.Join(o.Work, "peernet")
 	if err := os.MkdirAll(filepath.Join(dir, "root", "req"), 0o700); err != nil {
 		return nil, err
@@ -223,11 +242,6 @@ func Run(o Options) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), mj, 0o600); err != nil {
 		return nil, err
 	}
-	p, err := newPair()
-	if err != nil {
-		return nil, err
-	}
-	defer p.close()
 	srv, err := start(p.ns[0], o.Self, "serve", dir)
 	if err != nil {
 		return nil, err
@@ -327,23 +341,50 @@ func verifyLocal(dir string, m *checkpoint.Manifest, rounds int, res *Result) er
 		return err
 	}
 	f := m.Files[0]
-	for range rounds + 1 {
+	out := filepath.Join(dir, "restored.bin")
+	once := func(toFile bool) (wall, perCPU float64, err error) {
 		c0 := selfCPU()
 		t0 := time.Now()
 		rc, err := tier.Open(context.Background(), m, f)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
-		err = checkpoint.CopyVerified(io.Discard, rc, f, nil)
-		rc.Close()
+		defer rc.Close()
+		var w io.Writer = io.Discard
+		if toFile {
+			fw, err := os.Create(out)
+			if err != nil {
+				return 0, 0, err
+			}
+			defer os.Remove(out)
+			defer fw.Close()
+			w = fw
+		}
+		if err := checkpoint.CopyVerified(w, rc, f, nil); err != nil {
+			return 0, 0, err
+		}
+		if c, ok := w.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				return 0, 0, err
+			}
+		}
+		mb := float64(f.Size) / 1e6
+		return mb / time.Since(t0).Seconds(), mb / max(selfCPU()-c0, 0.01), nil
+	}
+	for i := range rounds + 1 {
+		v, vc, err := once(false)
 		if err != nil {
 			return err
 		}
-		wall, cpu := time.Since(t0).Seconds(), selfCPU()-c0
-		res.Verify = append(res.Verify, float64(f.Size)/1e6/wall)
-		res.VerifyCPU = append(res.VerifyCPU, float64(f.Size)/1e6/max(cpu, 0.01))
+		c, cc, err := once(true)
+		if err != nil {
+			return err
+		}
+		if i > 0 { // the first warms up
+			res.Verify, res.VerifyCPU = append(res.Verify, v), append(res.VerifyCPU, vc)
+			res.Copy, res.CopyCPU = append(res.Copy, c), append(res.CopyCPU, cc)
+		}
 	}
-	res.Verify, res.VerifyCPU = res.Verify[1:], res.VerifyCPU[1:] // the first warms up
 	return nil
 }
 
@@ -370,15 +411,17 @@ func write(r *report.Report, title string, o Options, res *Result) {
 	file := stats.Median(res.Rate["peer-file"]) / stats.Median(res.Rate["tcp-file"])
 	null := stats.Median(res.Rate["peer-null"]) / stats.Median(res.Rate["tcp-null"])
 	perCore := stats.Median(res.VerifyCPU) / 1e3
-	fmt.Fprintf(&b, "\nRatios of the medians: peer-file ÷ tcp-file %.2f, peer-null ÷ tcp-null %.2f. ", file, null)
-	fmt.Fprintf(&b, "Local verification (the kept copy read through the local tier and checked by size and CRC32C, into nothing, one goroutine, page cache): "+
-		"%s MB/s, %.2f GB per CPU-second.\n", medRange(res.Verify, "%.0f"), perCore)
+	fmt.Fprintf(&b, "\nRatios of the medians: peer-file ÷ tcp-file %.2f, peer-null ÷ tcp-null %.2f.\n\n", file, null)
+	fmt.Fprintf(&b, "Local verification: node 0's kept copy read through the local tier (page cache) and checked by size and CRC32C (`checkpoint.CopyVerified`), "+
+		"one goroutine, %d runs after a warm-up: into nothing %s MB/s, %.2f GB per CPU-second; into a new file (a local restore) %s MB/s, %.2f GB per CPU-second.\n",
+		len(res.Verify), medRange(res.Verify, "%.0f"), perCore, medRange(res.Copy, "%.0f"), stats.Median(res.CopyCPU)/1e3)
 	r.Add(title, b.String())
 	r.Command(fmt.Sprintf("spotbench -only peernet -peernet-mib %d   # root: ip netns add, a veth pair", o.MiB))
 	r.Target(report.Target{Name: fmt.Sprintf("peer transfer into a verified file ÷ one TCP stream into a file, two network namespaces, %d MiB", o.MiB),
 		Want: "≥ 0.9", Got: fmt.Sprintf("%.2f (into nothing: %.2f)", file, null), Met: file >= 0.9, Margin: fmt.Sprintf("%+.2f", file-0.9)})
+	restore := stats.Median(res.CopyCPU) / 1e3
 	r.Target(report.Target{Name: "local verification (CRC32C of the kept copy), per core", Want: "≥ 1 GB/s",
-		Got: fmt.Sprintf("%.2f GB/s", perCore), Met: perCore >= 1, Margin: fmt.Sprintf("%+.2f GB/s", perCore-1)})
+		Got: fmt.Sprintf("%.2f GB/s (written into a new file: %.2f)", perCore, restore), Met: min(perCore, restore) >= 1, Margin: fmt.Sprintf("%+.2f GB/s", min(perCore, restore)-1)})
 }
 
 func medRange(v []float64, f string) string {
