@@ -94,6 +94,20 @@ func TestCopyVerified(t *testing.T) {
 			t.Fatalf("progress %d, want %d", p.Done(), f.Size)
 		}
 	}
+	// Short reads (a TLS body's 16 KiB records) are gathered into writes
+	// of at least 64 KiB, the last one aside.
+	var sizes writeSizes
+	if err := CopyVerified(&sizes, &chunkReader{content, 16 << 10}, f, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sizes.out.Bytes(), content) {
+		t.Fatal("written bytes differ (16 KiB reads)")
+	}
+	for i, n := range sizes.n[:len(sizes.n)-1] {
+		if n < 64<<10 {
+			t.Fatalf("write %d of %d: %d bytes, want at least 64 KiB", i, len(sizes.n), n)
+		}
+	}
 	bad := bytes.Clone(content)
 	bad[2<<20] ^= 1
 	for name, c := range map[string]struct {
@@ -115,6 +129,32 @@ func TestCopyVerified(t *testing.T) {
 	if err := CopyVerified(failWriter{wantErr}, bytes.NewReader(content), f, nil); !errors.Is(err, wantErr) {
 		t.Errorf("failing writer: %v, want %v", err, wantErr)
 	}
+}
+
+// chunkReader returns at most n bytes a read.
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[k:]
+	return k, nil
+}
+
+// writeSizes keeps what is written and the size of each write.
+type writeSizes struct {
+	out bytes.Buffer
+	n   []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.n = append(w.n, len(p))
+	return w.out.Write(p)
 }
 
 type failWriter struct{ err error }
