@@ -193,9 +193,19 @@ func CopyVerified(w io.Writer, r io.Reader, f File, p *Progress) error {
 	buf := *bp
 	var total int64
 	for {
-		n, err := io.ReadFull(lr, buf)
-		for off := 0; off < n; off += hashChunk {
-			h.Write(buf[off:min(off+hashChunk, n)])
+		// Each read is hashed as it lands and written once minWrite
+		// bytes are in: filling buf first (io.ReadFull) takes many short
+		// reads once the reader is ahead of the socket, each parking
+		// until more comes, and the bytes leave the CPU's cache.
+		n := 0
+		var err error
+		for n < minWrite && err == nil {
+			var m int
+			m, err = lr.Read(buf[n:])
+			for off := n; off < n+m; off += hashChunk {
+				h.Write(buf[off:min(off+hashChunk, n+m)])
+			}
+			n += m
 		}
 		if n > 0 {
 			total += int64(n)
@@ -206,7 +216,7 @@ func CopyVerified(w io.Writer, r io.Reader, f File, p *Progress) error {
 				return werr
 			}
 		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
+		if err == io.EOF {
 			break
 		}
 		if err != nil {
@@ -222,11 +232,21 @@ func CopyVerified(w io.Writer, r io.Reader, f File, p *Progress) error {
 	return nil
 }
 
-// copyBufs are CopyVerified's buffers. Each is filled (several reads,
-// each straight from the socket past an HTTP client's 256 KiB read
-// buffer), hashed in hashChunk steps and written in one call: against
-// io.Copy into the *os.File (32 KiB reads through that buffer, one copy
-// more, and 32 KiB writes), a peer transfer into a verified file went from
-// 600–690 to 840–1,140 MiB/s on a shared 2-core loopback, and both ends'
-// CPU from ~1.05 to ~0.8 s per GiB (BenchmarkTransfer, peertier).
+// copyBufs are CopyVerified's buffers. Each read (up to 1 MiB, straight
+// from the socket past an HTTP client's 256 KiB read buffer) is hashed in
+// hashChunk steps as it lands and written at once, or with the next reads
+// while fewer than minWrite bytes are in: against io.Copy into the
+// *os.File (32 KiB reads through that buffer, one copy more, and 32 KiB
+// writes), a peer transfer into a verified file went from 600–690 to
+// 840–1,140 MiB/s on a shared 2-core loopback (BenchmarkTransfer,
+// peertier). Filling the whole buffer before writing it cost the receiver
+// 1.8–2.5 CPU-s per GiB between two network namespaces on a loaded
+// machine (perf: the write's copy into the page cache, 10× the cost of the
+// same bytes written as they came), against 0.7–0.85 read by read, as a
+// plain TCP stream into a file costs (spotbench -only peernet).
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+// minWrite gathers short reads (a TLS body's 16 KiB records) into one
+// write: written one by one they cost twice the CPU of 1 MiB writes; in
+// 64 KiB, a tenth more. A socket read of a fast stream brings more.
+const minWrite = 64 << 10

@@ -70,17 +70,21 @@ type writerAtDiscard struct{}
 func (writerAtDiscard) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
 
 // CopyVerified writes what it reads and accepts exactly f's bytes: across
-// its buffer's size, with and without a Progress; a short, long or
-// different body, or a failing writer, is an error.
+// its buffer's size, read by read, with and without a Progress; a short,
+// long or different body, a failing reader or a failing writer, is an
+// error.
 func TestCopyVerified(t *testing.T) {
 	content := make([]byte, 3<<20+12345) // three buffers and a bit
 	for i := range content {
 		content[i] = byte(i * 31)
 	}
 	f := File{Path: "w.bin", Size: int64(len(content)), CRC32C: fmt.Sprintf("%08x", crc32.Checksum(content, crc32.MakeTable(crc32.Castagnoli)))}
-	for _, p := range []*Progress{nil, {}} {
+	// Each read is hashed and written as it comes: short reads, and a
+	// last read that brings io.EOF with its bytes, lose nothing.
+	readers := []func(io.Reader) io.Reader{iotest.HalfReader, iotest.DataErrReader}
+	for i, p := range []*Progress{nil, {}, nil, {}} {
 		var out bytes.Buffer
-		if err := CopyVerified(&out, iotest.HalfReader(bytes.NewReader(content)), f, p); err != nil {
+		if err := CopyVerified(&out, readers[i/2](bytes.NewReader(content)), f, p); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(out.Bytes(), content) {
@@ -88,6 +92,20 @@ func TestCopyVerified(t *testing.T) {
 		}
 		if p != nil && p.Done() != f.Size {
 			t.Fatalf("progress %d, want %d", p.Done(), f.Size)
+		}
+	}
+	// Short reads (a TLS body's 16 KiB records) are gathered into writes
+	// of at least 64 KiB, the last one aside.
+	var sizes writeSizes
+	if err := CopyVerified(&sizes, &chunkReader{content, 16 << 10}, f, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sizes.out.Bytes(), content) {
+		t.Fatal("written bytes differ (16 KiB reads)")
+	}
+	for i, n := range sizes.n[:len(sizes.n)-1] {
+		if n < 64<<10 {
+			t.Fatalf("write %d of %d: %d bytes, want at least 64 KiB", i, len(sizes.n), n)
 		}
 	}
 	bad := bytes.Clone(content)
@@ -103,10 +121,40 @@ func TestCopyVerified(t *testing.T) {
 			t.Errorf("%s: %v, want an error (%v)", name, err, c.want)
 		}
 	}
+	// A body cut off by an error (a peer reset, a stall) is that error.
+	if err := CopyVerified(io.Discard, iotest.TimeoutReader(bytes.NewReader(content)), f, nil); !errors.Is(err, iotest.ErrTimeout) {
+		t.Errorf("failing reader: %v, want %v", err, iotest.ErrTimeout)
+	}
 	wantErr := errors.New("disk full")
 	if err := CopyVerified(failWriter{wantErr}, bytes.NewReader(content), f, nil); !errors.Is(err, wantErr) {
 		t.Errorf("failing writer: %v, want %v", err, wantErr)
 	}
+}
+
+// chunkReader returns at most n bytes a read.
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[k:]
+	return k, nil
+}
+
+// writeSizes keeps what is written and the size of each write.
+type writeSizes struct {
+	out bytes.Buffer
+	n   []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.n = append(w.n, len(p))
+	return w.out.Write(p)
 }
 
 type failWriter struct{ err error }

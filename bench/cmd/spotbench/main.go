@@ -16,6 +16,8 @@
 // overlapped restore).
 // peer (issue 38 item 2: node 1 replaced, 2 × 2 and 4 × 1 jobs: bytes from the store,
 // agent start → restored and → first resumed step on every node, store vs peer; peer.go).
+// peernet (issue 38's figure: one peer transfer against one TCP stream between two network
+// namespaces, and the local tier's verification rate; bench/internal/peernet; needs root).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -32,6 +34,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/bench/internal/benchstore"
+	"github.com/spotagent/spotagent/bench/internal/peernet"
 	"github.com/spotagent/spotagent/bench/internal/report"
 )
 
@@ -62,6 +65,8 @@ func main() {
 			os.Exit(benchstore.Commit(os.Args[2:]))
 		case "gcs-server":
 			os.Exit(benchstore.ServeGCS(os.Args[2:]))
+		case "peernet": // the peernet section's children (bench/internal/peernet)
+			os.Exit(peernet.Child(os.Args[2:]))
 		}
 	}
 	var c config
@@ -76,11 +81,12 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
 	flag.IntVar(&c.peerMiB, "peer-mib", 1024, "peer section: checkpoint bytes per node (MiB)")
+	peerNetMiB := flag.Int("peernet-mib", 1024, "peernet section: the file's size (MiB)")
 	var fleetRuns string
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
@@ -183,6 +189,10 @@ func main() {
 	if c.only["peer"] {
 		step("restore from a peer: node 1 replaced")
 		must(benchPeer(&c, r))
+	}
+	if c.only["peernet"] {
+		step("peer transfer between two network namespaces")
+		must(peernet.Bench(r, peernet.Options{Self: c.self, Work: c.work, MiB: *peerNetMiB, Rounds: max(5, c.e2eReps)}))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()

@@ -223,7 +223,7 @@ func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck strin
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, peerGone, nil
 		}
-		down = down && isDialError(err)
+		down = down && (isDialError(err) || errors.Is(err, errNotHosted))
 		*errs = append(*errs, fmt.Errorf("%s at %s: %w", cd.node, addr, err))
 		c.forgive(cd.node, rec, addr)
 	}
@@ -287,6 +287,13 @@ func (c *Client) get(ctx context.Context, addr string, to target, ck string, f c
 		resp.Body.Close()
 		cancel()
 		return nil, fmt.Errorf("%s: %w", resp.Status, fs.ErrNotExist)
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		// A node agent's shared listener that hosts no such run now (its
+		// pod is starting again): as down as an address that refuses.
+		resp.Body.Close()
+		cancel()
+		c.markDown(addr)
+		return nil, fmt.Errorf("%s: %w", resp.Status, errNotHosted)
 	case resp.StatusCode != http.StatusOK:
 		resp.Body.Close()
 		cancel()

@@ -86,7 +86,11 @@ func (l *Listener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := l.runs[routeKey(q.Get("r"), q.Get("n"))]
 	l.mu.Unlock()
 	if s == nil {
-		http.NotFound(w, r) // no such run here: the asker takes the store
+		// No such run here (yet): its pod may be starting again on this
+		// node, and will publish a new session's record. 503, not 404, so
+		// that the asker waits for that record (client.go, wait.go)
+		// within its bound, then takes the store.
+		http.Error(w, "run not hosted here", http.StatusServiceUnavailable)
 		return
 	}
 	s.ServeHTTP(w, r)

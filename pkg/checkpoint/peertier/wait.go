@@ -53,6 +53,19 @@ func (c *Client) dialNoted(dial func(ctx context.Context, network, addr string) 
 	}
 }
 
+// errNotHosted: a node agent's shared listener answered that it hosts no
+// such run now (503): the run's pod on that node is starting again.
+var errNotHosted = errors.New("run not hosted")
+
+// markDown marks addr bad and down: it answered that the run is not
+// hosted there now, as good as unreachable until a new record names it.
+func (c *Client) markDown(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bad[addr] = time.Now()
+	c.down[addr] = true
+}
+
 // isDown: addr could not be reached the last time it was dialled.
 func (c *Client) isDown(addr string) bool {
 	c.mu.Lock()
