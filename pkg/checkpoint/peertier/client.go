@@ -233,21 +233,41 @@ func (c *Client) openAt(ctx context.Context, rec *Record, cd candidate, ck strin
 	return nil, peerRefused, nil
 }
 
-// record is node's record, read once; nil when it has none or it is unreadable.
+// record is node's record, read once; nil when it has none or it is
+// unreadable. The read holds no lock and is bounded (readRecord): a store
+// GET that stalls costs that node's copies, never the other files.
 func (c *Client) record(ctx context.Context, node string) *Record {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.records[node]; ok {
+	r, ok := c.records[node]
+	c.mu.Unlock()
+	if ok {
 		return r
 	}
-	r, err := getRecord(ctx, c.st, node)
+	r, err := c.readRecord(ctx, node)
 	if err != nil {
 		c.log.Warn("peer tier: a peer's record is unreadable: its files come from the store", zap.String("node", node), zap.Error(err))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.records[node]; ok {
+		return cur // another file's read (or a wait's newer record) came first
 	}
 	if ctx.Err() == nil {
 		c.records[node] = r
 	}
 	return r
+}
+
+// recordTimeout bounds one read of a peer's record, a small object: a
+// store that stalls on it costs that peer's copies (the store instead),
+// not the restore.
+func (c *Client) recordTimeout() time.Duration { return min(c.stall, 5*time.Second) }
+
+// readRecord reads node's record within recordTimeout.
+func (c *Client) readRecord(ctx context.Context, node string) (*Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.recordTimeout())
+	defer cancel()
+	return getRecord(ctx, c.st, node)
 }
 
 func (c *Client) isBad(addr string) bool {

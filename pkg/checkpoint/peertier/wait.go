@@ -193,13 +193,21 @@ func (c *Client) pollRecord(ctx context.Context, node string, old *Record, until
 func (c *Client) reread(ctx context.Context, node string, old *Record) *Record {
 	key := node + "\x00" + old.Session
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.rereads[key]; ok {
+	r, ok := c.rereads[key]
+	c.mu.Unlock()
+	if ok {
 		return r
 	}
-	rec, err := getRecord(ctx, c.st, node)
+	// No lock held over the read, and the read bounded: a store GET that
+	// stalls costs this node's copies, not the other files (review 12).
+	rec, err := c.readRecord(ctx, node)
 	if err != nil || rec == nil || rec.Session == old.Session {
 		rec = nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.rereads[key]; ok {
+		return r // another file's re-read came first
 	}
 	if ctx.Err() == nil {
 		c.rereads[key] = rec

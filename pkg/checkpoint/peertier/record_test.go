@@ -33,15 +33,16 @@ func (s *flipRecords) Get(ctx context.Context, key string, off, n int64) (io.Rea
 	return s.Store.Get(ctx, key, off, n)
 }
 
-// Review 12: node 0's record flips between two sessions, A and B, neither
+// Node 0's record flips between two sessions, A and B (found by review 12), neither
 // of them the session of the agent that answers at its address (it
 // refuses both: 403). The restore reads the record once (A), re-reads it
 // after the refusal (B), re-reads it after B's refusal (A again); from
 // then on Open alternates between the two cached re-reads, with every
 // address marked bad, asking nobody and never looking at ctx: it spins
 // forever, one CPU at 100 %, and the restore's context does not end it.
-// It must instead fall back to the store (or at least end with ctx).
-func TestReview12_FlippingRecordSpinsForever(t *testing.T) {
+// It must instead fall back to the store (or at least end with ctx): each
+// session of a node is asked once per file (Open's tried).
+func TestFlippingRecordEnds(t *testing.T) {
 	r := newRig(t)
 	r.commit(0)
 	p0 := r.startAs(0, "s0", r.nodes[0].tier)
@@ -72,12 +73,12 @@ func TestReview12_FlippingRecordSpinsForever(t *testing.T) {
 	}
 }
 
-// Review 12: the same flip on a peer that is down (both sessions' address
+// The same flip on a peer that is down (both sessions' address
 // refuses the connection). await(A) polls until the record names another
 // session (B), await(B) until it names A; then both waits are cached
 // (done) and Open alternates between them, dialling nobody: the restore
-// never ends, far past the --peer-wait bound, and never reaches the store.
-func TestReview12_FlippingRecordOfDownPeerPastBound(t *testing.T) {
+// never ended, far past the --peer-wait bound, and never reached the store.
+func TestFlippingRecordOfDownPeerWithinBound(t *testing.T) {
 	r := newRig(t)
 	r.commit(0)
 	dead := deadAddr(t)
@@ -128,14 +129,14 @@ func (s *staleThenHang) Get(ctx context.Context, key string, off, n int64) (io.R
 	return s.Store.Get(ctx, key, off, n)
 }
 
-// Review 12: the re-read after a 403 (reread) is a store GET with no
+// Review 12 found: the re-read after a 403 (reread) was a store GET with no
 // bound but the restore's context (the restore's own store reads stall
 // out after restore.Options.Stall; the peer wait's polls after
-// --peer-wait; this one after neither), and it holds c.mu: every other
-// file's Open (keeperOf, record, isBad) blocks behind it, the files that
-// would come from the store included. A record GET that stalls hangs the
-// whole restore until its context ends.
-func TestReview12_StalledRereadHangsRestore(t *testing.T) {
+// --peer-wait; this one after neither), and it held c.mu: every other
+// file's Open (keeperOf, record, isBad) blocked behind it, the files that
+// would come from the store included. Now a record read holds no lock and
+// ends after recordTimeout: that peer's copies come from the store.
+func TestStalledRecordReadCostsOnlyThatPeer(t *testing.T) {
 	r := newRig(t)
 	r.commit(0)
 	p0 := r.startAs(0, "s0", r.nodes[0].tier)
