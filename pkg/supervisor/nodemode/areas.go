@@ -22,14 +22,18 @@ import (
 // pod of the run recreated here restores from disk. The node agent
 // removes the areas of runs it does not host: at its start, when a run
 // ends and every areaPruneEvery, those whose last use is DefaultAreaTTL
-// old or more; then, oldest first, more of them while the checkpoint
-// root's filesystem has less than areaMinFree of it free. A run that
-// comes back after its area went restores from the store.
+// old or more; then, oldest first, more of them (unused for areaDiskGrace
+// at least) while the checkpoint root's filesystem has less than
+// areaMinFree of it free. A run that comes back after its area went
+// restores from the store.
 const (
 	DefaultAreaTTL = 24 * time.Hour
 	// areaMinFree: the kubelet evicts pods once nodefs.available < 10%
 	// (its default hard threshold); finished runs' areas go before that.
-	areaMinFree    = 0.15
+	areaMinFree = 0.15
+	// areaDiskGrace: a whole-job restart recreates its pods within
+	// minutes; the disk rule leaves them their areas.
+	areaDiskGrace  = 15 * time.Minute
 	areaPruneEvery = time.Hour
 	// prunedPrefix names an area taken out of its run directory, being
 	// deleted: never a run id (validRunID refuses a leading '.').
@@ -102,7 +106,7 @@ func (p *areaPruner) prune(hosted map[string]bool) {
 	}
 	want := uint64(float64(total) * areaMinFree)
 	for _, a := range kept {
-		if avail >= want {
+		if avail >= want || now.Sub(a.last) < areaDiskGrace {
 			return
 		}
 		if p.remove(a, now, "disk short of free space", hostedID) {

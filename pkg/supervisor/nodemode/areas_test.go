@@ -5,12 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
@@ -150,8 +153,9 @@ func TestAreas_PruneByAge(t *testing.T) {
 }
 
 // TestAreas_DiskShortOfSpace: with the filesystem short of free space,
-// areas of runs not hosted go oldest first, however recent, until
-// areaMinFree of it is free; a hosted run's area stays.
+// areas of runs not hosted go oldest first, before the TTL, until
+// areaMinFree of it is free; a hosted run's area stays, and so does one
+// used within areaDiskGrace (a whole-job restart's).
 func TestAreas_DiskShortOfSpace(t *testing.T) {
 	a := newAreasRoot(t, 24*time.Hour)
 	first := a.area(t, "r1", 3*time.Hour, 3*time.Hour)
@@ -171,6 +175,14 @@ func TestAreas_DiskShortOfSpace(t *testing.T) {
 	}
 	if exists(first) || exists(second) || !exists(third) || !exists(hosted) {
 		t.Fatalf("after: r1 %v r2 %v r3 %v hosted %v, want only r3 and hosted", exists(first), exists(second), exists(third), exists(hosted))
+	}
+
+	// No space at all: r3 goes, but not a run that ended a minute ago.
+	a.p.free = func() (uint64, uint64, error) { return 0, 1 << 40, nil }
+	restarting := a.area(t, "restarting", time.Minute, time.Minute)
+	a.p.prune(map[string]bool{"hosted": true})
+	if exists(third) || !exists(restarting) || !exists(hosted) {
+		t.Fatalf("after: r3 %v restarting %v hosted %v, want restarting and hosted only", exists(third), exists(restarting), exists(hosted))
 	}
 }
 
@@ -195,5 +207,63 @@ func TestAreas_TouchAndLeftovers(t *testing.T) {
 	a.p.prune(nil)
 	if exists(p) || a.removed()["ended"]["age_s"] != int64(3600) {
 		t.Fatalf("area there %v, removed %v: want gone an hour after its run ended", exists(p), a.removed())
+	}
+}
+
+// TestNode_FinishedRunAreaPruned: a run ends, and once the TTL has passed
+// since, the end of another run removes its area; the area of a run the
+// node still hosts stays, however old by the clock, as does the area of
+// the run that just ended.
+func TestNode_FinishedRunAreaPruned(t *testing.T) {
+	var ahead atomic.Int64 // how far the node's clock is ahead of time.Now
+	n := startNode(t, nil, func(c *Config) {
+		c.AreaTTL = time.Hour
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+		c.diskFree = func() (uint64, uint64, error) { return 1 << 40, 1 << 40, nil } // ample: age alone decides
+	})
+	ckpt := filepath.Join(filepath.Dir(n.sock), "ckpt")
+	areaOf := func(run string) string { return filepath.Join(ckpt, run, localdirs.AreaPrefix+run) }
+	ended := func(run string) func() bool {
+		return func() bool {
+			for _, e := range n.logs.FilterMessage("node: run done").All() {
+				if e.ContextMap()["run"] == run {
+					return true
+				}
+			}
+			return false
+		}
+	}
+
+	gone := n.dialAs(t, "pod:a")
+	helloRun(gone, "gone")
+	gone.Expect(protocol.TypeWelcome)
+	gone.Close()
+	testutil.WaitFor(t, "run gone to end", ended("gone"))
+	stays := n.dialAs(t, "pod:b")
+	helloRun(stays, "stays")
+	stays.Expect(protocol.TypeWelcome)
+	if !exists(areaOf("gone")) || !exists(areaOf("stays")) {
+		t.Fatalf("areas of gone %v, stays %v: want both", exists(areaOf("gone")), exists(areaOf("stays")))
+	}
+
+	ahead.Store(int64(2 * time.Hour))
+	last := n.dialAs(t, "pod:c")
+	helloRun(last, "last")
+	last.Expect(protocol.TypeWelcome)
+	last.Close()
+	testutil.WaitFor(t, "gone's area to be removed", func() bool { return !exists(areaOf("gone")) })
+	removed := n.logs.FilterMessage("node: removed a finished run's area").All()
+	if len(removed) != 1 || removed[0].ContextMap()["run"] != "gone" {
+		t.Fatalf("removed %v, want gone's area only", removed)
+	}
+	if !exists(areaOf("stays")) || !exists(areaOf("last")) {
+		t.Fatalf("areas of stays %v, last %v: want both kept", exists(areaOf("stays")), exists(areaOf("last")))
+	}
+	// The run comes back: a new area, restored from the store.
+	back := n.dialAs(t, "pod:a")
+	helloRun(back, "gone")
+	back.Expect(protocol.TypeWelcome)
+	if !exists(areaOf("gone")) {
+		t.Fatal("gone's area was not made again")
 	}
 }

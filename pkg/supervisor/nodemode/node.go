@@ -55,6 +55,9 @@ type Config struct {
 	// by age. Now is the clock it is measured with (nil: time.Now).
 	AreaTTL time.Duration
 	Now     func() time.Time
+	// diskFree, when set, stands for the checkpoint root's filesystem
+	// (avail, total bytes) in tests.
+	diskFree func() (uint64, uint64, error)
 }
 
 // nodeRun is one run served by the node agent, owned by its goroutine.
@@ -201,7 +204,11 @@ func (n *node) startAreas() *time.Ticker {
 	if now == nil {
 		now = time.Now
 	}
-	n.areas = &areaPruner{root: n.root, ttl: ttl, now: now, free: rootFree(n.root), spawn: n.wg.Go, log: n.log}
+	free := n.cfg.diskFree
+	if free == nil {
+		free = rootFree(n.root)
+	}
+	n.areas = &areaPruner{root: n.root, ttl: ttl, now: now, free: free, spawn: n.wg.Go, log: n.log}
 	n.areas.leftovers()
 	n.areas.prune(nil)
 	return time.NewTicker(areaPruneEvery)
