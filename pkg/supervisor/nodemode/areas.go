@@ -1,7 +1,6 @@
 package nodemode
 
 import (
-	"errors"
 	"io/fs"
 	"os"
 	"sort"
@@ -53,10 +52,9 @@ type areaPruner struct {
 
 // runArea is one run's area found on disk.
 type runArea struct {
-	key   string // the run's key (runKey): "<id>" or "<id>/node-K"
-	name  string // the area, relative to the root
-	last  time.Time
-	bytes int64
+	key  string // the run's key (runKey): "<id>" or "<id>/node-K"
+	name string // the area, relative to the root
+	last time.Time
 }
 
 // touch marks the area of the run key as used now (its run just ended).
@@ -109,8 +107,8 @@ func (p *areaPruner) prune(hosted map[string]bool) {
 		if avail >= want || now.Sub(a.last) < areaDiskGrace {
 			return
 		}
-		if p.remove(a, now, "disk short of free space", hostedID) {
-			avail += uint64(a.bytes)
+		if b, ok := p.remove(a, now, "disk short of free space", hostedID); ok {
+			avail += uint64(b)
 		}
 	}
 }
@@ -118,25 +116,26 @@ func (p *areaPruner) prune(hosted map[string]bool) {
 // remove takes area a out of its run directory (a rename: the dispatcher
 // does not wait on the delete), logs it, and deletes it with spawn. The
 // run directory goes too when empty.
-func (p *areaPruner) remove(a runArea, now time.Time, why string, hostedID map[string]bool) bool {
+func (p *areaPruner) remove(a runArea, now time.Time, why string, hostedID map[string]bool) (bytes int64, ok bool) {
+	bytes = diskBytes(p.root, a.name)
 	trash := prunedPrefix + localdirs.NewRequestID()
 	if err := p.root.Rename(a.name, trash); err != nil {
 		p.log.Warn("node: could not remove a finished run's area", zap.String("run", a.key), zap.Error(err))
-		return false
+		return 0, false
 	}
-	p.log.Info("node: removed a finished run's area", zap.String("run", a.key), zap.Int64("bytes", a.bytes),
+	p.log.Info("node: removed a finished run's area", zap.String("run", a.key), zap.Int64("bytes", bytes),
 		zap.Int64("age_s", int64(now.Sub(a.last)/time.Second)), zap.String("why", why))
 	// Each fails unless empty. <id> stays while a run of that id is
 	// hosted: its part's directory may be being made in it.
-	id, _, ok := strings.Cut(a.key, "/")
-	if ok {
+	id, _, isPart := strings.Cut(a.key, "/")
+	if isPart {
 		p.root.Remove(a.key)
 	}
 	if !hostedID[id] {
 		p.root.Remove(id)
 	}
 	p.spawn(func() { p.delete(trash) })
-	return true
+	return bytes, true
 }
 
 // delete removes an area taken out by remove (or left by a crash).
@@ -199,7 +198,6 @@ func (p *areaPruner) area(id, dir string) (runArea, bool) {
 			a.last = si.ModTime()
 		}
 	}
-	a.bytes = diskBytes(p.root, a.name)
 	return a, true
 }
 
@@ -244,10 +242,7 @@ func dirNames(root *os.Root, dir string) []string {
 		return nil
 	}
 	defer f.Close()
-	ents, err := f.ReadDir(-1)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) && len(ents) == 0 {
-		return nil
-	}
+	ents, _ := f.ReadDir(-1) // what it read before an error
 	var out []string
 	for _, e := range ents {
 		if e.IsDir() {
