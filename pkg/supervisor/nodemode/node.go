@@ -50,6 +50,14 @@ type Config struct {
 	// (Run.Liveness sets the timeout and the advertised hosts; a timeout
 	// < 0: no heartbeats, no socket). Default ":0".
 	PeerListen string
+	// AreaTTL is how long the area of a run the node no longer hosts is
+	// kept after its last use (areas.go): 0 is DefaultAreaTTL, < 0 never
+	// by age. Now is the clock it is measured with (nil: time.Now).
+	AreaTTL time.Duration
+	Now     func() time.Time
+	// diskFree, when set, stands for the checkpoint root's filesystem
+	// (avail, total bytes) in tests.
+	diskFree func() (uint64, uint64, error)
 }
 
 // nodeRun is one run served by the node agent, owned by its goroutine.
@@ -124,6 +132,8 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 	nctx, stopWatch := context.WithCancel(ctx)
 	defer n.wg.Wait()
 	defer stopWatch()
+	pruneTick := n.startAreas()
+	defer pruneTick.Stop()
 	if src := cfg.Source; src != nil {
 		n.wg.Go(func() { src.Watch(nctx, notices) })
 	}
@@ -165,6 +175,8 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 			}
 		case r := <-n.finished:
 			n.retire(r)
+		case <-pruneTick.C:
+			n.areas.prune(n.hosted())
 		}
 	}
 }
@@ -179,6 +191,36 @@ type node struct {
 	evicted  map[uint64]bool // connections being closed for a full run queue
 	finished chan *nodeRun
 	wg       sync.WaitGroup // every goroutine the node starts
+	areas    *areaPruner    // finished runs' areas (areas.go)
+}
+
+// startAreas sets up the pruning of finished runs' areas and prunes those
+// an earlier node agent left; the ticker prunes again every areaPruneEvery.
+func (n *node) startAreas() *time.Ticker {
+	ttl, now := n.cfg.AreaTTL, n.cfg.Now
+	if ttl == 0 {
+		ttl = DefaultAreaTTL
+	}
+	if now == nil {
+		now = time.Now
+	}
+	free := n.cfg.diskFree
+	if free == nil {
+		free = rootFree(n.root)
+	}
+	n.areas = &areaPruner{root: n.root, ttl: ttl, now: now, free: free, spawn: n.wg.Go, log: n.log}
+	n.areas.leftovers()
+	n.areas.prune(nil)
+	return time.NewTicker(areaPruneEvery)
+}
+
+// hosted is the keys of the runs the node hosts now.
+func (n *node) hosted() map[string]bool {
+	h := make(map[string]bool, len(n.runs))
+	for k := range n.runs {
+		h[k] = true
+	}
+	return h
 }
 
 // dispatch routes a connection's event to its run; hello picks (or starts)
@@ -546,12 +588,16 @@ func (n *node) retire(r *nodeRun) {
 			delete(n.evicted, id)
 		}
 	}
-	for {
+	for done := false; !done; {
 		select {
 		case ev := <-r.events:
 			n.dispatch(ev)
 		default:
-			return
+			done = true
 		}
 	}
+	// The run's area was used until now; a hello dispatched above may
+	// have started the run again (then its area stays).
+	n.areas.touch(r.id)
+	n.areas.prune(n.hosted())
 }
