@@ -49,24 +49,38 @@ type Mode struct {
 var Modes = []Mode{{"store", false, false}, {"peer", true, false}, {"peer, --replicas 1", true, true}}
 
 type Run1 struct {
-	Took      float64 // node 1: agent start → restored, s
-	Resumed   float64 // node 1: agent start → every rank welcomed with the resume, its files readable, s
-	Survivors float64 // the other nodes (local tier): the slowest one's agent start → every rank resumed, s
+	Took float64 // node 1: agent start → restored, s
+	// Resumed: node 1's agent start → every rank welcomed with the resume,
+	// its files readable (torchrun: every rank's first resumed step), s.
+	Resumed float64
+	// Survivors: the other nodes (local tier), the slowest one's agent
+	// start → every rank resumed (torchrun: first resumed step), s.
+	Survivors float64
 	// SurvivorStore: the bytes the survivors read from the store, all together (their local tier: 0)
 	SurvivorStore int64
 	StoreBytes    int64
 	PeerBytes     int64
+	// Torchrun only, node 1's agent start → its slowest rank's process
+	// started (torchrun's start and rendezvous), torch imported,
+	// resume_dir returned, both files loaded (s); and the survivors' agent
+	// start → "restored checkpoint" (the slowest, s).
+	Started, Imported, RankRestored, Loaded, SurvRestored float64
 }
 
 // Job is one shape's job on this machine.
 type Job struct {
 	Bin       string // the spotagent binary
 	Shape     Shape
-	Env       []string         // the agents' environment (the store's credentials)
-	URI, Work string           // the run's store; a directory of the job's own
+	Env       []string // the agents' environment (the store's credentials)
+	URI, Work string   // the run's store; a directory of the job's own
+	// Torchrun: the ranks are real torchrun workers (torchrun.go); nil:
+	// spotbench plays them over the protocol (jobrank).
+	Torchrun  *Torchrun
 	files     map[int][2]int64 // rank → replica, shard size
-	survivors []*proc.Agent
-	ranks     []*jobrank.Rank // the survivors' ranks, connected
+	survivors []*proc.Agent    // the agents left running (torchrun: every node's)
+	ranks     []*jobrank.Rank  // the survivors' ranks, connected
+	step      int64            // the seeded checkpoint's step
+	pids      []int            // torchrun: the ranks' processes
 }
 
 func (j *Job) StopSurvivors() {
@@ -77,14 +91,21 @@ func (j *Job) StopSurvivors() {
 		a.Kill()
 	}
 	j.ranks, j.survivors = nil, nil
+	j.reap()
 }
 
 func (j *Job) sock(k int) string { return filepath.Join(j.Work, fmt.Sprintf("n%d.sock", k)) }
 
-// startAgent starts node k's sidecar (name: its log's).
-func (j *Job) startAgent(ckpt string, k int, m Mode, name string) (*proc.Agent, error) {
+// startAgent starts node k's agent (name: its log's): a sidecar, or
+// (Torchrun) `spotagent run` around node k's torchrun, its rendezvous on
+// port.
+func (j *Job) startAgent(ckpt string, k int, m Mode, name string, port int) (*proc.Agent, error) {
 	os.Remove(j.sock(k)) // a killed agent's socket: a rank dials the new agent's only
-	args := []string{"sidecar", "--store", j.URI, "--run-id", RunID, "--checkpoint-dir", ckpt,
+	cmd := "sidecar"
+	if j.Torchrun != nil {
+		cmd = "run"
+	}
+	args := []string{cmd, "--store", j.URI, "--run-id", RunID, "--checkpoint-dir", ckpt,
 		"--socket", j.sock(k), "--cloud", "none", "--log-format", "json",
 		"--node-rank", strconv.Itoa(k), "--interval", "1h"}
 	if name == "seed" {
@@ -96,6 +117,9 @@ func (j *Job) startAgent(ckpt string, k int, m Mode, name string) (*proc.Agent, 
 	if m.Replicas {
 		args = append(args, "--replicas", "1")
 	}
+	if j.Torchrun != nil {
+		args = append(args, j.Torchrun.command(j.Shape, k, port)...)
+	}
 	return proc.StartAgent(j.Bin, args, j.Env, filepath.Join(j.Work, fmt.Sprintf("agent-%d-%s.log", k, name)))
 }
 
@@ -103,9 +127,12 @@ func (j *Job) startAgent(ckpt string, k int, m Mode, name string) (*proc.Agent, 
 // committed and kept in each node's local tier (and, --replicas 1, a copy
 // of another node's part); then every machine is lost.
 func (j *Job) Seed(replica, shard int64) error {
+	if j.Torchrun != nil {
+		return j.seedTorchrun(replica, shard)
+	}
 	var agents []*proc.Agent
 	for k := range j.Shape.Nodes {
-		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, Modes[2], "seed")
+		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, Modes[2], "seed", 0)
 		if err != nil {
 			return err
 		}
@@ -147,6 +174,7 @@ func (j *Job) Seed(replica, shard int64) error {
 	for rk := range world {
 		j.files[rk] = [2]int64{replica, shard}
 	}
+	j.step = Step
 	return nil
 }
 
@@ -225,6 +253,9 @@ func (j *Job) checkResume(r *jobrank.Rank) error {
 // resume from their local tier; once they serve (peer modes), node 1
 // starts on an empty machine and resumes.
 func (j *Job) Run(m Mode, n int) (Run1, error) {
+	if j.Torchrun != nil {
+		return j.runTorchrun(m, n)
+	}
 	j.StopSurvivors()
 	exec.Command("sync").Run() // what an earlier run left dirty is not this run's
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -239,7 +270,7 @@ func (j *Job) Run(m Mode, n int) (Run1, error) {
 		if k == Lost {
 			continue
 		}
-		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, m, fmt.Sprintf("run%d", n))
+		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, m, fmt.Sprintf("run%d", n), 0)
 		if err != nil {
 			return x, err
 		}
@@ -287,7 +318,7 @@ func (j *Job) Run(m Mode, n int) (Run1, error) {
 	}
 	ckpt := filepath.Join(j.Work, fmt.Sprintf("n1-run%d", n))
 	defer os.RemoveAll(ckpt)
-	a, err := j.startAgent(ckpt, Lost, m, fmt.Sprintf("run%d", n))
+	a, err := j.startAgent(ckpt, Lost, m, fmt.Sprintf("run%d", n), 0)
 	if err != nil {
 		return x, err
 	}
@@ -364,3 +395,6 @@ func Stream(srv *s3test.Server, uri string) ([]float64, error) {
 	}
 	return rates, nil
 }
+
+// Step is the seeded checkpoint's step (Seed's).
+func (j *Job) Step() int64 { return j.step }
