@@ -1,9 +1,12 @@
 // Package peerjob is spotbench's job for the "Restore from a peer" section
-// (issue 38): N nodes × R ranks, one `spotagent sidecar --node-rank K`
-// agent a node (each its own checkpoint directory and socket), the ranks
-// played over the real protocol (bench/internal/jobrank). Seed commits one
-// checkpoint and loses every machine; Run brings the survivors back on
-// their machines and node Lost on an empty one, and measures.
+// (issue 38): N nodes × R ranks, one real agent a node (each its own
+// checkpoint directory and socket). The ranks are real torchrun workers
+// under `spotagent run --node-rank K` (Torchrun, torchrun.go,
+// bench/peer_trainer.py), or are played over the real protocol
+// (bench/internal/jobrank) under `spotagent sidecar --node-rank K`. Seed
+// commits one checkpoint and loses every machine; Run brings the
+// survivors back on their machines and node Lost on an empty one, and
+// measures.
 package peerjob
 
 import (
