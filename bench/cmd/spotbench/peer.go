@@ -174,7 +174,11 @@ func benchPeerShape(c *config, sh peerjob.Shape, tr *peerjob.Torchrun, withStrea
 			return fmt.Errorf("%s run %d: %w", m.Name, n, err)
 		}
 		res.runs[m.Name] = append(res.runs[m.Name], x)
-		logf("%s %-18s node 1: start → restored %.2fs, → resumed %.2fs (torch imported %.2fs, resume_dir %.2fs); survivors → restored %.2fs, → resumed %.2fs; %d MiB from the store, %d MiB from peers", sh, m.Name, x.Took, x.Resumed, x.Imported, x.RankRestored, x.SurvRestored, x.Survivors, x.StoreBytes>>20, x.PeerBytes>>20)
+		torch := ""
+		if tr != nil {
+			torch = fmt.Sprintf(" (torch imported %.2fs, resume_dir %.2fs)", x.Imported, x.RankRestored)
+		}
+		logf("%s %-18s node 1: start → restored %.2fs, → resumed %.2fs%s; survivors → resumed %.2fs; %d MiB from the store, %d MiB from peers", sh, m.Name, x.Took, x.Resumed, torch, x.Survivors, x.StoreBytes>>20, x.PeerBytes>>20)
 		return nil
 	}
 	for rep := range max(3, c.e2eReps) {

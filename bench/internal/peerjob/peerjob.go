@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -84,46 +83,6 @@ type Job struct {
 	ranks     []*jobrank.Rank  // the survivors' ranks, connected
 	step      int64            // the seeded checkpoint's step
 	pids      []int            // torchrun: the ranks' processes
-}
-
-func (j *Job) StopSurvivors() {
-	for _, r := range j.ranks {
-		r.C.Close()
-	}
-	for _, a := range j.survivors {
-		a.Kill()
-	}
-	j.ranks, j.survivors = nil, nil
-	j.reap()
-}
-
-func (j *Job) sock(k int) string { return filepath.Join(j.Work, fmt.Sprintf("n%d.sock", k)) }
-
-// startAgent starts node k's agent (name: its log's): a sidecar, or
-// (Torchrun) `spotagent run` around node k's torchrun, its rendezvous on
-// port.
-func (j *Job) startAgent(ckpt string, k int, m Mode, name string, port int) (*proc.Agent, error) {
-	os.Remove(j.sock(k)) // a killed agent's socket: a rank dials the new agent's only
-	cmd := "sidecar"
-	if j.Torchrun != nil {
-		cmd = "run"
-	}
-	args := []string{cmd, "--store", j.URI, "--run-id", RunID, "--checkpoint-dir", ckpt,
-		"--socket", j.sock(k), "--cloud", "none", "--log-format", "json",
-		"--node-rank", strconv.Itoa(k), "--interval", "1h"}
-	if name == "seed" {
-		args[len(args)-1] = "300ms" // the seeding job asks for its checkpoint at once
-	}
-	if m.Peer {
-		args = append(args, "--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1")
-	}
-	if m.Replicas {
-		args = append(args, "--replicas", "1")
-	}
-	if j.Torchrun != nil {
-		args = append(args, j.Torchrun.command(j.Shape, k, port)...)
-	}
-	return proc.StartAgent(j.Bin, args, j.Env, filepath.Join(j.Work, fmt.Sprintf("agent-%d-%s.log", k, name)))
 }
 
 // seed runs the job once: every agent, every rank, one checkpoint

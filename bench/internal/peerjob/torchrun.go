@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spotagent/spotagent/bench/internal/proc"
@@ -29,12 +28,6 @@ type Torchrun struct {
 // Timeout bounds each wait of a torchrun job (seed: every rank saved and
 // every copy kept; a run: every node's first resumed step).
 const Timeout = 10 * time.Minute
-
-func (t *Torchrun) command(sh Shape, k, port int) []string {
-	return []string{"--", t.Python, t.Launcher, "--nnodes", strconv.Itoa(sh.Nodes), "--node_rank", strconv.Itoa(k),
-		"--nproc_per_node", strconv.Itoa(sh.Ranks), "--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port),
-		"--monitor_interval", "1", t.Trainer}
-}
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -175,21 +168,6 @@ func (j *Job) seedTorchrun(replica, shard int64) error {
 	}
 	j.files = map[int][2]int64{}
 	return nil
-}
-
-// reap waits until the ranks of the killed agents are gone (each agent's
-// guard kills its trainer's process group), SIGKILLing any left after 30 s.
-func (j *Job) reap() {
-	deadline := time.Now().Add(30 * time.Second)
-	for _, pid := range j.pids {
-		for syscall.Kill(pid, 0) == nil {
-			if time.Now().After(deadline) {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-			time.Sleep(20 * time.Millisecond) // a process's exit: no event to wait on
-		}
-	}
-	j.pids = nil
 }
 
 // runTorchrun is one recovery under torchrun: the survivors' agents start
