@@ -1,9 +1,12 @@
 // Package peerjob is spotbench's job for the "Restore from a peer" section
-// (issue 38): N nodes × R ranks, one `spotagent sidecar --node-rank K`
-// agent a node (each its own checkpoint directory and socket), the ranks
-// played over the real protocol (bench/internal/jobrank). Seed commits one
-// checkpoint and loses every machine; Run brings the survivors back on
-// their machines and node Lost on an empty one, and measures.
+// (issue 38): N nodes × R ranks, one real agent a node (each its own
+// checkpoint directory and socket). The ranks are real torchrun workers
+// under `spotagent run --node-rank K` (Torchrun, torchrun.go,
+// bench/peer_trainer.py), or are played over the real protocol
+// (bench/internal/jobrank) under `spotagent sidecar --node-rank K`. Seed
+// commits one checkpoint and loses every machine; Run brings the
+// survivors back on their machines and node Lost on an empty one, and
+// measures.
 package peerjob
 
 import (
@@ -14,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -49,63 +51,50 @@ type Mode struct {
 var Modes = []Mode{{"store", false, false}, {"peer", true, false}, {"peer, --replicas 1", true, true}}
 
 type Run1 struct {
-	Took      float64 // node 1: agent start → restored, s
-	Resumed   float64 // node 1: agent start → every rank welcomed with the resume, its files readable, s
-	Survivors float64 // the other nodes (local tier): the slowest one's agent start → every rank resumed, s
+	Took float64 // node 1: agent start → restored, s
+	// Resumed: node 1's agent start → every rank welcomed with the resume,
+	// its files readable (torchrun: every rank's first resumed step), s.
+	Resumed float64
+	// Survivors: the other nodes (local tier), the slowest one's agent
+	// start → every rank resumed (torchrun: first resumed step), s.
+	Survivors float64
 	// SurvivorStore: the bytes the survivors read from the store, all together (their local tier: 0)
 	SurvivorStore int64
 	StoreBytes    int64
 	PeerBytes     int64
+	// Torchrun only, node 1's agent start → its slowest rank's process
+	// started (torchrun's start and rendezvous), torch imported,
+	// resume_dir returned, both files loaded (s); and the survivors' agent
+	// start → "restored checkpoint" (the slowest, s).
+	Started, Imported, RankRestored, Loaded, SurvRestored float64
 }
 
 // Job is one shape's job on this machine.
 type Job struct {
 	Bin       string // the spotagent binary
 	Shape     Shape
-	Env       []string         // the agents' environment (the store's credentials)
-	URI, Work string           // the run's store; a directory of the job's own
+	Env       []string // the agents' environment (the store's credentials)
+	URI, Work string   // the run's store; a directory of the job's own
+	// Torchrun: the ranks are real torchrun workers (torchrun.go); nil:
+	// spotbench plays them over the protocol (jobrank).
+	Torchrun  *Torchrun
 	files     map[int][2]int64 // rank → replica, shard size
-	survivors []*proc.Agent
-	ranks     []*jobrank.Rank // the survivors' ranks, connected
-}
-
-func (j *Job) StopSurvivors() {
-	for _, r := range j.ranks {
-		r.C.Close()
-	}
-	for _, a := range j.survivors {
-		a.Kill()
-	}
-	j.ranks, j.survivors = nil, nil
-}
-
-func (j *Job) sock(k int) string { return filepath.Join(j.Work, fmt.Sprintf("n%d.sock", k)) }
-
-// startAgent starts node k's sidecar (name: its log's).
-func (j *Job) startAgent(ckpt string, k int, m Mode, name string) (*proc.Agent, error) {
-	os.Remove(j.sock(k)) // a killed agent's socket: a rank dials the new agent's only
-	args := []string{"sidecar", "--store", j.URI, "--run-id", RunID, "--checkpoint-dir", ckpt,
-		"--socket", j.sock(k), "--cloud", "none", "--log-format", "json",
-		"--node-rank", strconv.Itoa(k), "--interval", "1h"}
-	if name == "seed" {
-		args[len(args)-1] = "300ms" // the seeding job asks for its checkpoint at once
-	}
-	if m.Peer {
-		args = append(args, "--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1")
-	}
-	if m.Replicas {
-		args = append(args, "--replicas", "1")
-	}
-	return proc.StartAgent(j.Bin, args, j.Env, filepath.Join(j.Work, fmt.Sprintf("agent-%d-%s.log", k, name)))
+	survivors []*proc.Agent    // the agents left running (torchrun: every node's)
+	ranks     []*jobrank.Rank  // the survivors' ranks, connected
+	step      int64            // the seeded checkpoint's step
+	pids      []int            // torchrun: the ranks' processes
 }
 
 // seed runs the job once: every agent, every rank, one checkpoint
 // committed and kept in each node's local tier (and, --replicas 1, a copy
 // of another node's part); then every machine is lost.
 func (j *Job) Seed(replica, shard int64) error {
+	if j.Torchrun != nil {
+		return j.seedTorchrun(replica, shard)
+	}
 	var agents []*proc.Agent
 	for k := range j.Shape.Nodes {
-		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, Modes[2], "seed")
+		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, Modes[2], "seed", 0)
 		if err != nil {
 			return err
 		}
@@ -147,6 +136,7 @@ func (j *Job) Seed(replica, shard int64) error {
 	for rk := range world {
 		j.files[rk] = [2]int64{replica, shard}
 	}
+	j.step = Step
 	return nil
 }
 
@@ -225,6 +215,9 @@ func (j *Job) checkResume(r *jobrank.Rank) error {
 // resume from their local tier; once they serve (peer modes), node 1
 // starts on an empty machine and resumes.
 func (j *Job) Run(m Mode, n int) (Run1, error) {
+	if j.Torchrun != nil {
+		return j.runTorchrun(m, n)
+	}
 	j.StopSurvivors()
 	exec.Command("sync").Run() // what an earlier run left dirty is not this run's
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -239,7 +232,7 @@ func (j *Job) Run(m Mode, n int) (Run1, error) {
 		if k == Lost {
 			continue
 		}
-		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, m, fmt.Sprintf("run%d", n))
+		a, err := j.startAgent(filepath.Join(j.Work, fmt.Sprintf("n%d", k)), k, m, fmt.Sprintf("run%d", n), 0)
 		if err != nil {
 			return x, err
 		}
@@ -287,7 +280,7 @@ func (j *Job) Run(m Mode, n int) (Run1, error) {
 	}
 	ckpt := filepath.Join(j.Work, fmt.Sprintf("n1-run%d", n))
 	defer os.RemoveAll(ckpt)
-	a, err := j.startAgent(ckpt, Lost, m, fmt.Sprintf("run%d", n))
+	a, err := j.startAgent(ckpt, Lost, m, fmt.Sprintf("run%d", n), 0)
 	if err != nil {
 		return x, err
 	}
@@ -364,3 +357,6 @@ func Stream(srv *s3test.Server, uri string) ([]float64, error) {
 	}
 	return rates, nil
 }
+
+// Step is the seeded checkpoint's step (Seed's).
+func (j *Job) Step() int64 { return j.step }

@@ -90,3 +90,26 @@ func (a *Agent) WaitEach(timeout time.Duration, want map[string]func(LogLine) bo
 	}
 	return got, nil
 }
+
+// Until hands the agent's lines, as they come, to f until f returns true
+// (nil error) or f fails, the agent exits, or timeout passes.
+func (a *Agent) Until(timeout time.Duration, f func(LogLine) (bool, error)) error {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-a.lines:
+			if !ok {
+				return fmt.Errorf("agent exited first (log %s)", a.log.Name())
+			}
+			done, err := f(l)
+			if err != nil {
+				return fmt.Errorf("%w (log %s)", err, a.log.Name())
+			}
+			if done {
+				return nil
+			}
+		case <-deadline:
+			return fmt.Errorf("not within %s (log %s)", timeout, a.log.Name())
+		}
+	}
+}
