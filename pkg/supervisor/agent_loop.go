@@ -383,6 +383,15 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
+		case res := <-a.boot.rejoinDone():
+			a.boot.onRejoined(res, rejoinEnv{ // agent_rejoin.go
+				record: func(f *localdirs.Fetched) *protocol.Resume {
+					return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
+				},
+				hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
+				admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) },
+				errs:  func() { a.cfg.Metrics.Error("restore") }, log: a.log,
+			})
 		case <-a.proc.Done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -443,7 +452,7 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil && a.boot.rejoin == nil { // one restore at a time: each clears the area
 		a.restart()
 	}
 	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
@@ -660,7 +669,7 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && a.proc.Done == nil {
 		return 0
 	}
-	if a.boot.restoring != nil || a.boot.gone != "" {
+	if a.boot.restoring != nil || a.boot.rejoin != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.ByID)

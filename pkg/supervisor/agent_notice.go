@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"time"
 
 	"go.uber.org/zap"
@@ -8,6 +9,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
@@ -55,6 +57,12 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
+	if a.cfg.Watch == nil && a.boot.rejoinDue(a.commits.last, len(a.conns.ByID)) { // agent_rejoin.go
+		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
+		a.boot.startRejoin(a.commits.last, a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+			return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
+		}, a.log)
+	}
 	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
 		if w != nil {
 			a.admit(c, m, *w)
