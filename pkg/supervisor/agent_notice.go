@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"time"
 
 	"go.uber.org/zap"
@@ -9,7 +8,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
@@ -57,12 +55,8 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	if a.cfg.Watch == nil && a.boot.rejoinDue(a.commits.last, len(a.conns.ByID)) { // agent_rejoin.go
-		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-		a.boot.startRejoin(a.commits.last, a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
-			return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
-		}, a.log)
-	}
+	a.boot.rejoinHello(a.commits.last, len(a.conns.ByID), len(a.commits.uploads)) // agent_rejoin.go
+	a.boot.rejoinTick(a.commits.last, len(a.commits.uploads))
 	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
 		if w != nil {
 			a.admit(c, m, *w)

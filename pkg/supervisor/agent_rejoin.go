@@ -15,7 +15,8 @@ import (
 // torchrun, a crashed rank reconnecting) is welcomed with the newest
 // committed checkpoint, never with the older one the agent's start
 // restored. When this session committed a newer step than the resume it
-// would hand out, the hello starts a restore of what the store's rules
+// would hand out (or an upload is in flight: the hello waits for it first,
+// as restart() does), the hello starts a restore of what the store's rules
 // choose now (restore.Into: the local tier first, so it is fast; the
 // store otherwise; in a multi-node job the newest JOB checkpoint, which is
 // this node's newest commit once the job manifest landed), beside the
@@ -36,31 +37,66 @@ import (
 // group: it has resumed) or until no trainer is connected (a new
 // restart); only then may a hello restore again.
 
-// rejoinDue reports whether a hello now must wait for a restore: this
-// session committed a newer step than the resume it would hand out, and
-// that decision was not already taken for this group (connected:
-// trainers connected now).
-func (b *bootRestore) rejoinDue(last committedCheckpoint, connected int) bool {
-	if b.restoring != nil || b.rejoin != nil || b.gone != "" || last.id == "" {
-		return false
+// rejoinEnv is what the rejoin restore needs of the agent (set once, in
+// newAgent).
+type rejoinEnv struct {
+	life     context.Context
+	goBgFail func(func(), func(error))
+	fetch    func(context.Context) (*localdirs.Fetched, error) // localdirs.Dirs.FetchRestore, the start's options
+	record   func(*localdirs.Fetched) *protocol.Resume         // commits.rejoined
+	hand     func(*protocol.Resume, *protocol.Conn)            // localDirs.handRestore
+	admit    func(protocol.Event, *protocol.Resume)            // a held protocol 1 hello: its welcome
+	errs     func()                                            // the restore error's metric
+	log      *zap.Logger
+}
+
+// rejoinHello: a hello comes (before the start's restore answers it);
+// when a commit newer than the resume may be due for it, the hello waits
+// for the rejoin restore, which starts once no upload is in flight
+// (rejoinTick): a trainer that crashed right after done must resume that
+// checkpoint once it committed. connected: trainers connected now.
+func (b *bootRestore) rejoinHello(last committedCheckpoint, connected, uploads int) {
+	if b.restoring != nil || b.rejoin != nil || b.gone != "" || b.env.fetch == nil {
+		return
 	}
-	if b.resume != nil && last.step <= b.resume.Step {
+	if uploads == 0 && !b.rejoinStale(last, connected) {
+		return
+	}
+	b.rejoin = &pendingRestore{waiting: map[uint64]*protocol.Conn{}} // started by rejoinTick
+	b.rejoinConnected = connected
+}
+
+// rejoinStale reports whether the resume the agent would hand out is older
+// than this session's newest commit, and that was not already decided for
+// this group (one decision until the next commit, or no trainer connected).
+func (b *bootRestore) rejoinStale(last committedCheckpoint, connected int) bool {
+	if last.id == "" || (b.resume != nil && last.step <= b.resume.Step) {
 		return false
 	}
 	return last.id != b.rejoinFor || connected == 0
 }
 
-// startRejoin starts the restore for a trainer back after commit last.
-func (b *bootRestore) startRejoin(last committedCheckpoint, life context.Context, goBgFail func(func(), func(error)),
-	fetch func(context.Context) (*localdirs.Fetched, error), log *zap.Logger) {
+// rejoinTick starts the rejoin restore that waits, once no upload is in
+// flight; nothing newer committed after all (the upload failed): the
+// hellos get the resume as it is.
+func (b *bootRestore) rejoinTick(last committedCheckpoint, uploads int) {
+	p := b.rejoin
+	if p == nil || p.done != nil || uploads > 0 {
+		return
+	}
+	if !b.rejoinStale(last, b.rejoinConnected) {
+		b.onRejoined(restoreResult{})
+		return
+	}
 	from := int64(-1)
 	if b.resume != nil {
 		from = b.resume.Step
 	}
-	log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
+	b.env.log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
 		zap.Int64("resume_step", from), zap.Int64("committed_step", last.step), zap.String("committed_id", last.id))
 	b.rejoinFor = last.id
-	b.rejoin = restoreBeside(life, goBgFail, fetch)
+	q := restoreBeside(b.env.life, b.env.goBgFail, b.env.fetch)
+	p.cancel, p.done = q.cancel, q.done
 }
 
 // rejoinDone is the loop's source of the rejoin restore's end (nil: none
@@ -72,18 +108,9 @@ func (b *bootRestore) rejoinDone() <-chan restoreResult {
 	return b.rejoin.done
 }
 
-// rejoinEnv is what the end of a rejoin restore needs of the agent.
-type rejoinEnv struct {
-	record func(*localdirs.Fetched) *protocol.Resume // commits.rejoined
-	hand   func(*protocol.Resume, *protocol.Conn)    // localDirs.handRestore
-	admit  func(protocol.Event, *protocol.Resume)    // a held protocol 1 hello: its welcome
-	errs   func()                                    // the restore error's metric
-	log    *zap.Logger
-}
-
 // onRejoined: the rejoin restore ended; the trainers waiting learn how.
-func (b *bootRestore) onRejoined(res restoreResult, env rejoinEnv) {
-	p := b.rejoin
+func (b *bootRestore) onRejoined(res restoreResult) {
+	p, env := b.rejoin, b.env
 	b.rejoin = nil
 	if res.err != nil {
 		env.log.Error("restore for a trainer back after a commit failed: it is told (the older checkpoint is not handed out)", zap.Error(res.err))

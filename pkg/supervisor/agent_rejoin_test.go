@@ -99,13 +99,33 @@ func TestAgent_TrainerBackAfterCommitWaitsForRestore(t *testing.T) {
 	}
 }
 
-// heldStore holds the Gets of w.pt once armed, until released.
+// heldStore holds the Gets (or, with puts, the Puts) of w.pt once armed,
+// until its gate is closed.
 type heldStore struct {
 	cloud.Store
 	mu      sync.Mutex
 	armed   bool
+	puts    bool
 	waiting int
 	gate    chan struct{}
+}
+
+func (h *heldStore) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	h.mu.Lock()
+	gate := h.gate
+	hold := h.armed && h.puts && strings.HasSuffix(key, "w.pt")
+	if hold {
+		h.waiting++
+	}
+	h.mu.Unlock()
+	if hold {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return h.Store.Put(ctx, key, r, size, opts)
 }
 
 func (h *heldStore) arm() {
@@ -123,7 +143,7 @@ func (h *heldStore) held() int {
 func (h *heldStore) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
 	h.mu.Lock()
 	gate := h.gate
-	hold := h.armed && strings.HasSuffix(key, "w.pt")
+	hold := h.armed && !h.puts && strings.HasSuffix(key, "w.pt")
 	if hold {
 		h.waiting++
 	}
@@ -207,4 +227,31 @@ func TestAgent_TrainerBackAfterCommitRestoreFails(t *testing.T) {
 		t.Fatalf("the agent exited %d after a trainer's failed restore", code)
 	default:
 	}
+}
+
+// TestAgent_TrainerBackDuringUploadResumesIt: the trainer sends done for
+// step 4 and crashes while its upload runs (held); the trainer back
+// meanwhile is told restore "pending", not handed the start's resume (a
+// fresh start); once step 4 committed it is restored for it.
+func TestAgent_TrainerBackDuringUploadResumesIt(t *testing.T) {
+	var hs *heldStore
+	ar := startAgent(t, func(c *Config) { hs = &heldStore{Store: c.Store, puts: true}; c.Store = hs })
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	hs.arm()
+	own := filepath.Join(ar.cfg.CheckpointDir, "four")
+	testutil.WriteFile(t, filepath.Join(own, "w.pt"), "step four")
+	tr.Send(map[string]any{"type": "done", "step": 4, "dir": own, "pid": os.Getpid()})
+	testutil.WaitFor(t, "the upload of w.pt", func() bool { return hs.held() == 1 })
+	tr.Close()
+	p2 := trainertest.Dial(t, ar.cfg.Server.Path)
+	p2.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	if w := p2.Expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending || w.Resume != nil {
+		t.Fatalf("welcome %+v during the upload of step 4, want restore pending", w)
+	}
+	close(hs.gate)
+	if c := p2.Expect(protocol.TypeCommitted); c.Step == nil || *c.Step != 4 {
+		t.Fatalf("committed %+v, want step 4", c)
+	}
+	checkResume(t, ar, p2.Expect(protocol.TypeRestored).Resume, 4, "four")
 }

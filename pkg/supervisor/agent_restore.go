@@ -21,11 +21,16 @@ import (
 type bootRestore struct {
 	resume    *protocol.Resume
 	restoring *pendingRestore
-	rejoin    *pendingRestore // agent_rejoin.go: the restore for a trainer back after a commit
-	rejoinFor string          // the commit rejoin last restored for
-	aborted   *startAbort
-	gone      string
-	abandonAt time.Time
+	// agent_rejoin.go: the restore for a trainer back after a commit (its
+	// done nil while it waits for the uploads in flight), the commit it
+	// last restored for, the trainers connected at its hello, its needs
+	rejoin          *pendingRestore
+	rejoinFor       string
+	rejoinConnected int
+	env             rejoinEnv
+	aborted         *startAbort
+	gone            string
+	abandonAt       time.Time
 }
 
 // The overlapped restore (Config.OverlapRestore): the trainer starts at
