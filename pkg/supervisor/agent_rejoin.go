@@ -9,8 +9,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 )
 
-// A trainer back after a commit (docs/protocol.md, "The welcome's
-// resume"): a trainer that says hello to a live agent (sidecar mode's
+// A trainer back after a commit (docs/protocol.md, "A trainer back after
+// a commit"): a trainer that says hello to a live agent (sidecar mode's
 // container restarted in place, a node-mode rank's process restarted by
 // torchrun, a crashed rank reconnecting) is welcomed with the newest
 // committed checkpoint, never with the older one the agent's start
