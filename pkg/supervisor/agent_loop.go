@@ -304,6 +304,18 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
+	if cfg.Watch == nil { // a trainer back after a commit (agent_rejoin.go)
+		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
+		a.boot.env = rejoinEnv{life: life, goBgFail: a.goBgFail, log: a.log, errs: func() { a.cfg.Metrics.Error("restore") },
+			fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
+				return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
+			},
+			record: func(f *localdirs.Fetched) *protocol.Resume {
+				return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
+			},
+			hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
+			admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }}
+	}
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
@@ -383,6 +395,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
 		case res := <-a.boot.done():
 			a.onRestoreDone(res) // agent_restore.go
+		case res := <-a.boot.rejoinDone():
+			a.boot.onRejoined(res) // agent_rejoin.go
 		case <-a.proc.Done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -427,6 +441,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 
 // tick does whatever is due at now.
 func (a *Agent) tick(now time.Time) {
+	a.boot.rejoinTick(a.commits.last, len(a.commits.uploads)) // agent_rejoin.go: once no upload is in flight
 	for _, r := range a.commits.pending {
 		if !now.Before(r.deadline) {
 			a.requestExpired(r, now)
@@ -443,7 +458,7 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil {
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil && a.boot.rejoin == nil { // one restore at a time: each clears the area
 		a.restart()
 	}
 	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
@@ -660,7 +675,7 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && a.proc.Done == nil {
 		return 0
 	}
-	if a.boot.restoring != nil || a.boot.gone != "" {
+	if a.boot.restoring != nil || a.boot.rejoin != nil || a.boot.gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.ByID)

@@ -55,6 +55,8 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
+	a.boot.rejoinHello(a.commits.last, len(a.conns.ByID), len(a.commits.uploads)) // agent_rejoin.go
+	a.boot.rejoinTick(a.commits.last, len(a.commits.uploads))
 	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
 		if w != nil {
 			a.admit(c, m, *w)

@@ -21,9 +21,16 @@ import (
 type bootRestore struct {
 	resume    *protocol.Resume
 	restoring *pendingRestore
-	aborted   *startAbort
-	gone      string
-	abandonAt time.Time
+	// agent_rejoin.go: the restore for a trainer back after a commit (its
+	// done nil while it waits for the uploads in flight), the commit it
+	// last restored for, the trainers connected at its hello, its needs
+	rejoin          *pendingRestore
+	rejoinFor       string
+	rejoinConnected int
+	env             rejoinEnv
+	aborted         *startAbort
+	gone            string
+	abandonAt       time.Time
 }
 
 // The overlapped restore (Config.OverlapRestore): the trainer starts at
@@ -73,16 +80,24 @@ type startAbort struct {
 // startRestore runs the restore beside the loop; its end reaches the loop
 // through restoreDone.
 func (a *Agent) startRestore() {
-	ctx, cancel := context.WithCancel(a.life)
-	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
-	a.boot.restoring = p
 	opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
 	a.log.Info("restoring while the trainer starts")
-	a.goBgFail(func() {
+	a.boot.restoring = restoreBeside(a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+		return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
+	})
+}
+
+// restoreBeside runs fetch in a goroutine of the agent (goBgFail) and
+// returns it as a pendingRestore: its end comes on done.
+func restoreBeside(life context.Context, goBgFail func(func(), func(error)), fetch func(context.Context) (*localdirs.Fetched, error)) *pendingRestore {
+	ctx, cancel := context.WithCancel(life)
+	p := &pendingRestore{cancel: cancel, done: make(chan restoreResult, 1), waiting: map[uint64]*protocol.Conn{}}
+	goBgFail(func() {
 		defer cancel()
-		f, err := a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
+		f, err := fetch(ctx)
 		p.done <- restoreResult{f: f, err: err}
 	}, func(err error) { p.done <- restoreResult{err: fmt.Errorf("restore: %w", err)} })
+	return p
 }
 
 // onRestoreDone: the overlapped restore ended; the trainers learn how.
@@ -174,9 +189,14 @@ func (b *bootRestore) exit() (code int, err error, ok bool) {
 	return 1, ab.err, true
 }
 
-// forget drops a connection that closed from the restore's waiters.
+// forget drops a connection that closed from the restores' waiters.
 func (b *bootRestore) forget(id uint64) {
-	p := b.restoring
+	b.rejoin.forget(id)
+	b.restoring.forget(id)
+}
+
+// forget drops a connection that closed from p's waiters (p may be nil).
+func (p *pendingRestore) forget(id uint64) {
 	if p == nil {
 		return
 	}
@@ -205,7 +225,11 @@ func (p *pendingRestore) tellFailed(why string) {
 func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.Message, handled bool) {
 	c, m := ev.Conn, ev.Msg
 	failed := b.gone
-	if failed == "" && b.restoring == nil {
+	p := b.restoring
+	if p == nil {
+		p = b.rejoin // agent_rejoin.go: a trainer back after a commit
+	}
+	if failed == "" && p == nil {
 		return nil, false
 	}
 	if m.Version < 2 {
@@ -214,15 +238,15 @@ func (b *bootRestore) hello(ev protocol.Event, cfg *Config) (welcome *protocol.M
 			return nil, true
 		}
 		cfg.Log.Info("trainer connected (protocol 1): its welcome waits for the restore", zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID))
-		b.restoring.held = append(b.restoring.held, ev)
+		p.held = append(p.held, ev)
 		return nil, true
 	}
 	w := cfg.Welcome(m, b.resume)
 	if failed != "" {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {
-		w.Restore = protocol.RestorePending
-		b.restoring.waiting[c.ID()] = c
+		w.Restore, w.Resume = protocol.RestorePending, nil // a trainer back after a commit: not the older one
+		p.waiting[c.ID()] = c
 	}
 	return &w, true
 }

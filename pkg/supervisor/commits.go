@@ -10,6 +10,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
 )
@@ -73,6 +74,22 @@ func (c *commits) haltPipelines() {
 // restoreOptions are the options of a restore into the agent's area.
 func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
 	return restore.Options{Log: log, MaxEpoch: c.epoch(), Part: part}
+}
+
+// rejoined records the restore for a trainer back after a commit
+// (agent_rejoin.go) as restored does; the newest committed checkpoint
+// stays this session's newest commit when the restore chose an older one
+// (a job whose manifest for it has not landed yet).
+func (c *commits) rejoined(f *localdirs.Fetched, s *session.Session, m Metrics, node string) *protocol.Resume {
+	last := c.last
+	r := c.restored(f.R, f.Start, f.R.Dir, f.Manifest, s, m, node)
+	if last.step > r.Step {
+		c.last = last
+		return r
+	}
+	c.lastBlock = time.Now()
+	c.last.trainedAt = c.lastBlock
+	return r
 }
 
 // restored records a restore (metrics, journal, the newest committed

@@ -19,7 +19,7 @@ import (
 // (none: a fresh start), though step 10 is committed: it trains from
 // scratch. A newer committed checkpoint exists and an older one (here
 // none) is resumed.
-func TestReview12_RejoinAfterCommitResumesStale(t *testing.T) {
+func TestNode_RankBackAfterCommitResumesIt(t *testing.T) {
 	n := startNode(t, nil)
 	hello := func(rank int) (*trainertest.Trainer, protocol.Message) {
 		tr := n.dialAs(t, "pod:a")
