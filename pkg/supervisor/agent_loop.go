@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
 	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
@@ -47,7 +48,7 @@ type Agent struct {
 	dirs    localDirs
 
 	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
-	boot    bootRestore          // the start-up restore beside the trainer's start (agent_restore.go)
+	boot    bootrestore.Boot     // the restore beside the trainers (pkg/supervisor/bootrestore)
 	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
 	conns   trainers.Conns       // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
@@ -165,14 +166,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 	}
 	a.commits.promise.AtStart(a.sess.Journal) // pkg/supervisor/promise
-	if a.boot.restoring == nil {
+	if a.boot.Restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
-	if a.boot.aborted != nil {
+	if a.boot.Aborted != nil {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
 		a.finish()
@@ -180,7 +181,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if a.commits.fenced() { // agent_fence.go
 		return exitFenced, nil
 	}
-	if code, err, ok := a.boot.exit(); ok { // agent_restore.go
+	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
 		return code, err
 	}
 	return a.proc.ExitCode, nil
@@ -304,22 +305,22 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	if cfg.Watch == nil { // a trainer back after a commit (agent_rejoin.go)
+	if cfg.Watch == nil { // a trainer back after a commit (pkg/supervisor/bootrestore)
 		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-		a.boot.env = rejoinEnv{life: life, goBgFail: a.goBgFail, log: a.log, errs: func() { a.cfg.Metrics.Error("restore") },
-			fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
+		a.boot.Env = bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
+			Fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
 				return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 			},
-			record: func(f *localdirs.Fetched) *protocol.Resume {
+			Record: func(f *localdirs.Fetched) *protocol.Resume {
 				return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
 			},
-			hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
-			admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }}
+			Hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
+			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }}
 	}
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.resume, err = a.src.Restore(ctx); err != nil {
+	if a.boot.Resume, err = a.src.Restore(ctx); err != nil {
 		a.abort()
 		return nil, err
 	}
@@ -328,7 +329,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 }
 
 func (a *Agent) startChild() error {
-	if a.boot.resume != nil {
+	if a.boot.Resume != nil {
 		a.commits.lastBlock = time.Now()
 		a.commits.last.trainedAt = a.commits.lastBlock
 	}
@@ -337,7 +338,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.restoring != nil, a.boot.resume))
+	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring != nil, a.boot.Resume))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -393,10 +394,10 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			work()
 		case res := <-a.ranks.LookupDone():
 			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
-		case res := <-a.boot.done():
+		case res := <-a.boot.Done():
 			a.onRestoreDone(res) // agent_restore.go
-		case res := <-a.boot.rejoinDone():
-			a.boot.onRejoined(res) // agent_rejoin.go
+		case res := <-a.boot.RejoinDone():
+			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
 		case <-a.proc.Done:
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -425,7 +426,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		earlier(s.deadline)
 	}
 	earlier(a.proc.RestartAt)
-	earlier(a.boot.abandonAt)
+	earlier(a.boot.AbandonAt)
 	earlier(a.src.Wake())
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
@@ -441,7 +442,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 
 // tick does whatever is due at now.
 func (a *Agent) tick(now time.Time) {
-	a.boot.rejoinTick(a.commits.last, len(a.commits.uploads)) // agent_rejoin.go: once no upload is in flight
+	a.boot.RejoinTick(a.commits.committed(), len(a.commits.uploads)) // once no upload is in flight
 	for _, r := range a.commits.pending {
 		if !now.Before(r.deadline) {
 			a.requestExpired(r, now)
@@ -458,11 +459,11 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.restoring == nil && a.boot.rejoin == nil { // one restore at a time: each clears the area
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.Restoring == nil && a.boot.Rejoin == nil { // one restore at a time: each clears the area
 		a.restart()
 	}
-	if !a.boot.abandonAt.IsZero() && !now.Before(a.boot.abandonAt) {
-		a.boot.abandonAt = time.Time{}
+	if !a.boot.AbandonAt.IsZero() && !now.Before(a.boot.AbandonAt) {
+		a.boot.AbandonAt = time.Time{}
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
 		a.proc.Stop(a.life, a.goBg)
 	}
@@ -486,15 +487,14 @@ func (a *Agent) checkDone() {
 	if !a.proc.Gone || !a.proc.RestartAt.IsZero() {
 		return
 	}
-	if p := a.boot.restoring; p != nil && len(a.cfg.Command) > 0 {
+	if p := a.boot.Restoring; p != nil && len(a.cfg.Command) > 0 {
 		// Nobody is left to resume: the restore's end is awaited, cancelled.
-		if p.why == "" {
-			p.why = "the trainer exited"
-			p.cancel()
+		if p.Why == "" {
+			p.Cancel("the trainer exited")
 		}
 		return
 	}
-	if a.boot.aborted != nil && len(a.cfg.Command) > 0 {
+	if a.boot.Aborted != nil && len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
@@ -548,7 +548,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.aborted != nil || a.ranks.PeerLost():
+	case a.stops.current != nil || code == 0 || a.boot.Aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.Gone = true
 	default:
@@ -569,7 +569,7 @@ func (a *Agent) restart() {
 		a.proc.Gone = true
 		return
 	}
-	a.boot.resume = r
+	a.boot.Resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
 		a.proc.Gone = true
@@ -596,7 +596,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		return
 	}
 	a.stops.firstSignal = now
-	if a.abortStart("signal "+sig.String(), &startAbort{sig: sig}) { // agent_restore.go
+	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // agent_restore.go
 		a.checkDone()
 		return
 	}
@@ -675,7 +675,7 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && a.proc.Done == nil {
 		return 0
 	}
-	if a.boot.restoring != nil || a.boot.rejoin != nil || a.boot.gone != "" {
+	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return len(a.conns.ByID)

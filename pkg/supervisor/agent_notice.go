@@ -8,6 +8,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
@@ -36,7 +37,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			a.conns.Byes++
 		}
 	case protocol.TypeDisconnected:
-		a.boot.forget(c.ID())                                                                                        // agent_restore.go
+		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
 		a.ranks.ConnEnded(c, a.conns.SaidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
 		if _, ok := a.conns.ByID[c.ID()]; ok && !a.conns.SaidBye[c.ID()] {
 			a.conns.LeftUnfinished = true
@@ -55,15 +56,15 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	a.boot.rejoinHello(a.commits.last, len(a.conns.ByID), len(a.commits.uploads)) // agent_rejoin.go
-	a.boot.rejoinTick(a.commits.last, len(a.commits.uploads))
-	if w, handled := a.boot.hello(protocol.Event{Conn: c, Msg: m}, &a.cfg); handled { // agent_restore.go
+	a.boot.RejoinHello(a.commits.committed(), len(a.conns.ByID), len(a.commits.uploads)) // pkg/supervisor/bootrestore
+	a.boot.RejoinTick(a.commits.committed(), len(a.commits.uploads))
+	if w, handled := a.boot.Hello(protocol.Event{Conn: c, Msg: m}, a.cfg.Log, a.cfg.Welcome); handled {
 		if w != nil {
 			a.admit(c, m, *w)
 		}
 		return
 	}
-	a.admit(c, m, a.cfg.Welcome(m, a.boot.resume))
+	a.admit(c, m, a.cfg.Welcome(m, a.boot.Resume))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -130,10 +131,10 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		if a.boot.aborted != nil {
+		if a.boot.Aborted != nil {
 			return // the start was given up: nothing to save
 		}
-		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &startAbort{notice: true}) { // agent_restore.go
+		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // agent_restore.go
 			return
 		}
 		reason := protocol.ReasonInterruption

@@ -77,7 +77,7 @@ func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
 }
 
 // rejoined records the restore for a trainer back after a commit
-// (agent_rejoin.go) as restored does; the newest committed checkpoint
+// (pkg/supervisor/bootrestore) as restored does; the newest committed checkpoint
 // stays this session's newest commit when the restore chose an older one
 // (a job whose manifest for it has not landed yet).
 func (c *commits) rejoined(f *localdirs.Fetched, s *session.Session, m Metrics, node string) *protocol.Resume {

@@ -8,7 +8,8 @@
 // the others are packages below it too: Config (pkg/supervisor/config),
 // the local directories (pkg/supervisor/localdirs), the child process
 // (pkg/supervisor/childproc), the session and its journal
-// (pkg/supervisor/session); so are the start-up's signals
+// (pkg/supervisor/session), the restore beside the trainers
+// (pkg/supervisor/bootrestore); so are the start-up's signals
 // (pkg/supervisor/sigrelay) and the status types (pkg/supervisor/status).
 // The wire protocol (types, the socket server, the Go client) is
 // pkg/protocol; the trainer process and its group guard are internal/child.

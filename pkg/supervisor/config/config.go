@@ -43,7 +43,7 @@ type Config struct {
 
 	Command []string // the trainer; empty runs without a child (sidecar)
 	// OverlapRestore starts the trainer at once and restores beside it
-	// (pkg/supervisor's agent_restore.go): the trainer learns where it
+	// (pkg/supervisor/bootrestore): the trainer learns where it
 	// resumes from over the socket. Ignored with Signal or Watch, whose
 	// trainers read the environment or DIR: they start after the restore.
 	OverlapRestore bool

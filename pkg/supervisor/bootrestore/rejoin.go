@@ -1,4 +1,4 @@
-package supervisor
+package bootrestore
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // loop, into the agent's restore area (a fresh directory named for the
 // checkpoint; FetchRestore deletes every older restore and every handed
 // one). It is served as the start's overlapped restore is
-// (agent_restore.go): a protocol 2 hello is welcomed at once with restore
+// (boot.go): a protocol 2 hello is welcomed at once with restore
 // "pending", then restored {resume} or restore_failed {error}; a protocol
 // 1 hello's welcome waits for it. Every hello that comes while it runs
 // gets its result. No checkpoint is asked for meanwhile (trainers() is
@@ -37,98 +37,97 @@ import (
 // group: it has resumed) or until no trainer is connected (a new
 // restart); only then may a hello restore again.
 
-// rejoinEnv is what the rejoin restore needs of the agent (set once, in
-// newAgent).
-type rejoinEnv struct {
-	life     context.Context
-	goBgFail func(func(), func(error))
-	fetch    func(context.Context) (*localdirs.Fetched, error) // localdirs.Dirs.FetchRestore, the start's options
-	record   func(*localdirs.Fetched) *protocol.Resume         // commits.rejoined
-	hand     func(*protocol.Resume, *protocol.Conn)            // localDirs.handRestore
-	admit    func(protocol.Event, *protocol.Resume)            // a held protocol 1 hello: its welcome
-	errs     func()                                            // the restore error's metric
-	log      *zap.Logger
+// Env is what the rejoin restore needs of the agent (set once, in
+// newAgent; Fetch nil: no rejoin restore).
+type Env struct {
+	Life     context.Context
+	GoBgFail func(func(), func(error))
+	Fetch    func(context.Context) (*localdirs.Fetched, error) // localdirs.Dirs.FetchRestore, the start's options
+	Record   func(*localdirs.Fetched) *protocol.Resume         // commits.rejoined
+	Hand     func(*protocol.Resume, *protocol.Conn)            // localDirs.handRestore
+	Admit    func(protocol.Event, *protocol.Resume)            // a held protocol 1 hello: its welcome
+	Errs     func()                                            // the restore error's metric
+	Log      *zap.Logger
 }
 
-// rejoinHello: a hello comes (before the start's restore answers it);
+// Committed is this session's newest committed checkpoint (id empty:
+// none), as the agent's commits hold it.
+type Committed struct {
+	ID   string
+	Step int64
+}
+
+// RejoinHello: a hello comes (before the start's restore answers it);
 // when a commit newer than the resume may be due for it, the hello waits
 // for the rejoin restore, which starts once no upload is in flight
-// (rejoinTick): a trainer that crashed right after done must resume that
+// (RejoinTick): a trainer that crashed right after done must resume that
 // checkpoint once it committed. connected: trainers connected now.
-func (b *bootRestore) rejoinHello(last committedCheckpoint, connected, uploads int) {
-	if b.restoring != nil || b.rejoin != nil || b.gone != "" || b.env.fetch == nil {
+func (b *Boot) RejoinHello(last Committed, connected, uploads int) {
+	if b.Restoring != nil || b.Rejoin != nil || b.Gone != "" || b.Env.Fetch == nil {
 		return
 	}
 	if uploads == 0 && !b.rejoinStale(last, connected) {
 		return
 	}
-	b.rejoin = &pendingRestore{waiting: map[uint64]*protocol.Conn{}} // started by rejoinTick
+	b.Rejoin = &Pending{waiting: map[uint64]*protocol.Conn{}} // started by RejoinTick
 	b.rejoinConnected = connected
 }
 
 // rejoinStale reports whether the resume the agent would hand out is older
 // than this session's newest commit, and that was not already decided for
 // this group (one decision until the next commit, or no trainer connected).
-func (b *bootRestore) rejoinStale(last committedCheckpoint, connected int) bool {
-	if last.id == "" || (b.resume != nil && last.step <= b.resume.Step) {
+func (b *Boot) rejoinStale(last Committed, connected int) bool {
+	if last.ID == "" || (b.Resume != nil && last.Step <= b.Resume.Step) {
 		return false
 	}
-	return last.id != b.rejoinFor || connected == 0
+	return last.ID != b.rejoinFor || connected == 0
 }
 
-// rejoinTick starts the rejoin restore that waits, once no upload is in
+// RejoinTick starts the rejoin restore that waits, once no upload is in
 // flight; nothing newer committed after all (the upload failed): the
 // hellos get the resume as it is.
-func (b *bootRestore) rejoinTick(last committedCheckpoint, uploads int) {
-	p := b.rejoin
+func (b *Boot) RejoinTick(last Committed, uploads int) {
+	p := b.Rejoin
 	if p == nil || p.done != nil || uploads > 0 {
 		return
 	}
 	if !b.rejoinStale(last, b.rejoinConnected) {
-		b.onRejoined(restoreResult{})
+		b.OnRejoined(Result{})
 		return
 	}
 	from := int64(-1)
-	if b.resume != nil {
-		from = b.resume.Step
+	if b.Resume != nil {
+		from = b.Resume.Step
 	}
-	b.env.log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
-		zap.Int64("resume_step", from), zap.Int64("committed_step", last.step), zap.String("committed_id", last.id))
-	b.rejoinFor = last.id
-	q := restoreBeside(b.env.life, b.env.goBgFail, b.env.fetch)
+	b.Env.Log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
+		zap.Int64("resume_step", from), zap.Int64("committed_step", last.Step), zap.String("committed_id", last.ID))
+	b.rejoinFor = last.ID
+	q := Beside(b.Env.Life, b.Env.GoBgFail, b.Env.Fetch)
 	p.cancel, p.done = q.cancel, q.done
 }
 
-// rejoinDone is the loop's source of the rejoin restore's end (nil: none
+// RejoinDone is the loop's source of the rejoin restore's end (nil: none
 // running).
-func (b *bootRestore) rejoinDone() <-chan restoreResult {
-	if b.rejoin == nil {
+func (b *Boot) RejoinDone() <-chan Result {
+	if b.Rejoin == nil {
 		return nil
 	}
-	return b.rejoin.done
+	return b.Rejoin.done
 }
 
-// onRejoined: the rejoin restore ended; the trainers waiting learn how.
-func (b *bootRestore) onRejoined(res restoreResult) {
-	p, env := b.rejoin, b.env
-	b.rejoin = nil
-	if res.err != nil {
-		env.log.Error("restore for a trainer back after a commit failed: it is told (the older checkpoint is not handed out)", zap.Error(res.err))
-		env.errs()
+// OnRejoined: the rejoin restore ended; the trainers waiting learn how.
+func (b *Boot) OnRejoined(res Result) {
+	p, env := b.Rejoin, b.Env
+	b.Rejoin = nil
+	if res.Err != nil {
+		env.Log.Error("restore for a trainer back after a commit failed: it is told (the older checkpoint is not handed out)", zap.Error(res.Err))
+		env.Errs()
 		b.rejoinFor = "" // the next hello tries again
-		p.tellFailed(res.err.Error())
+		p.tellFailed(res.Err.Error())
 		return
 	}
-	if res.f != nil {
-		b.resume = env.record(res.f)
+	if res.Fetched != nil {
+		b.Resume = env.Record(res.Fetched)
 	}
-	for _, c := range p.waiting {
-		env.hand(b.resume, c) // dirs.go
-		if err := c.Post(protocol.Message{Type: protocol.TypeRestored, Resume: b.resume}); err != nil {
-			env.log.Warn("restored not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
-		}
-	}
-	for _, ev := range p.held {
-		env.admit(ev, b.resume)
-	}
+	p.Restored(b.Resume, env.Log, env.Hand, func(ev protocol.Event) { env.Admit(ev, b.Resume) })
 }
