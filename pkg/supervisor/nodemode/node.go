@@ -92,24 +92,11 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 	if cfg.Server.MaxConns <= 0 {
 		cfg.Server.MaxConns = protocol.DefaultNodeMaxConns
 	}
-	// Each run's directory is made and opened through this handle, never
-	// by path: a pod that can write the hostPath cannot redirect one with
-	// a symlink planted at <root>/<run id> or <root>/<run id>/<node-K>.
-	if err := os.MkdirAll(cfg.CheckpointRoot, 0o700); err != nil {
-		return fmt.Errorf("checkpoint root: %w", err)
-	}
-	root, err := os.OpenRoot(cfg.CheckpointRoot)
+	root, err := openRoot(cfg)
 	if err != nil {
-		return fmt.Errorf("checkpoint root: %w", err)
+		return err
 	}
 	defer root.Close()
-	if len(cfg.Server.AllowUIDs) > 0 {
-		// A trainer of another uid reaches the directory a request hands
-		// it (pkg/supervisor handDir) through the root: search bit only.
-		if err := localdirs.LetThrough(root); err != nil {
-			return fmt.Errorf("checkpoint root: %w", err)
-		}
-	}
 	stopPeers, err := listenPeers(&cfg, log)
 	if err != nil {
 		return err
@@ -156,27 +143,62 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 		case ev := <-srv.Events():
 			n.dispatch(ev)
 		case no := <-notices:
-			log.Info("node notice: passing it to every run", zap.String("kind", string(no.Kind)), zap.Int("runs", len(n.runs)))
-			for _, r := range n.runs {
-				select {
-				case r.notices <- no:
-				default:
-					log.Warn("run busy: notice dropped", zap.String("run", r.id))
-				}
-			}
+			n.passNotice(no)
 		case sig := <-signals:
-			log.Info("node agent: signal, final checkpoints for every run", zap.String("signal", sig.String()), zap.Int("runs", len(n.runs)))
+			n.passSignal(sig)
 			stopping = true
-			for _, r := range n.runs {
-				select {
-				case r.signals <- sig:
-				default:
-				}
-			}
 		case r := <-n.finished:
 			n.retire(r)
 		case <-pruneTick.C:
 			n.areas.prune(n.hosted())
+		}
+	}
+}
+
+// openRoot makes and opens the checkpoint root. Each run's directory is
+// made and opened through this handle, never by path: a pod that can
+// write the hostPath cannot redirect one with a symlink planted at
+// <root>/<run id> or <root>/<run id>/<node-K>.
+func openRoot(cfg Config) (*os.Root, error) {
+	if err := os.MkdirAll(cfg.CheckpointRoot, 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint root: %w", err)
+	}
+	root, err := os.OpenRoot(cfg.CheckpointRoot)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint root: %w", err)
+	}
+	if len(cfg.Server.AllowUIDs) > 0 {
+		// A trainer of another uid reaches the directory a request hands
+		// it (pkg/supervisor handDir) through the root: search bit only.
+		if err := localdirs.LetThrough(root); err != nil {
+			root.Close()
+			return nil, fmt.Errorf("checkpoint root: %w", err)
+		}
+	}
+	return root, nil
+}
+
+// passNotice gives the machine's notice to every hosted run; a run whose
+// queue is full misses it (logged).
+func (n *node) passNotice(no metadata.Notice) {
+	n.log.Info("node notice: passing it to every run", zap.String("kind", string(no.Kind)), zap.Int("runs", len(n.runs)))
+	for _, r := range n.runs {
+		select {
+		case r.notices <- no:
+		default:
+			n.log.Warn("run busy: notice dropped", zap.String("run", r.id))
+		}
+	}
+}
+
+// passSignal gives the node agent's signal to every hosted run: each takes
+// its final checkpoint.
+func (n *node) passSignal(sig os.Signal) {
+	n.log.Info("node agent: signal, final checkpoints for every run", zap.String("signal", sig.String()), zap.Int("runs", len(n.runs)))
+	for _, r := range n.runs {
+		select {
+		case r.signals <- sig:
+		default:
 		}
 	}
 }
