@@ -226,8 +226,10 @@ func TestDistributed_SilentNodeChainOfFour(t *testing.T) {
 	}
 	t.Cleanup(func() { stopTree(t, agents[2], syscall.SIGKILL) })
 	agents[0].waitLine(`rank 0 step 20\b`, 4*time.Minute)
-	for _, a := range agents {
-		a.waitEntry("liveness: a neighbour heard", time.Minute, nil)
+	// Node 2's neighbours must have heard it before it stops: a neighbour
+	// never heard is not declared silent (it may not have started yet).
+	for _, k := range []int{1, 3} {
+		agents[k].waitEntry("liveness: a neighbour heard", time.Minute, func(e logEntry) bool { return e.num("peer") == 2 })
 	}
 	t0 := time.Now()
 	stopTree(t, agents[2], syscall.SIGSTOP)
