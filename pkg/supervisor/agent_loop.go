@@ -453,6 +453,9 @@ func (a *Agent) tick(now time.Time) {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
 			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
+		if a.stops.graceOver(now) {
+			a.stops.giveUp(a.commits.uploads) // stop.go: never waited on past the grace
+		}
 		a.checkDone()
 	}
 	if a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) {
@@ -505,10 +508,8 @@ func (a *Agent) checkDone() {
 	if a.ranks.Looking() {
 		return // the exit code waits for the crash-record lookup (pkg/supervisor/ranks)
 	}
-	if a.src.Busy(time.Now()) {
-		return
-	}
-	if len(a.commits.uploads) > 0 {
+	// Uploads are waited for, but never past a signal's grace (stop.go).
+	if over := a.stops.graceOver(time.Now()); !over && (a.src.Busy(time.Now()) || len(a.commits.uploads) > 0) {
 		return
 	}
 	if len(a.cfg.Command) > 0 {

@@ -27,6 +27,7 @@ type stopSequence struct {
 	lastNotice  *metadata.Notice
 	signals     int       // SIGTERM/SIGINT received: 1 is a shutdown, 2 ends at once
 	firstSignal time.Time // when the first of them came (SignalWindow)
+	gaveUp      bool      // the uploads in flight were cancelled at the grace's end (giveUp)
 
 	// What a stop's end touches: the trainers are told, the session's
 	// journal records it, the newest commit and the source count what
@@ -94,6 +95,32 @@ func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
 		q.failed(s, "deadline passed", now)
 	}
 	return true
+}
+
+// graceOver: a signal's stop is under way and its deadline (--term-grace,
+// or a notice's sooner one) has passed. Nothing is waited for past it:
+// not a periodic upload, not a job commit waiting for a silent node's
+// part (a SIGTERM once ended the agent 9 min 57 s later, when such a
+// commit reached its own bound; issue 46).
+func (q *stopSequence) graceOver(now time.Time) bool {
+	return q.signals > 0 && q.current != nil && !now.Before(q.current.deadline)
+}
+
+// giveUp cancels the uploads still in flight once the grace is over: the
+// previous committed checkpoint stands (their results, if they come
+// before the loop ends, report them as not committed).
+func (q *stopSequence) giveUp(uploads map[string]*upload) {
+	if q.gaveUp || len(uploads) == 0 {
+		return
+	}
+	q.gaveUp = true
+	ids := make([]string, 0, len(uploads))
+	for id, u := range uploads {
+		u.cancel()
+		ids = append(ids, id)
+	}
+	q.cfg.Log.Warn("stop deadline passed: giving up the uploads in flight (the previous committed checkpoint stands)",
+		zap.Strings("ids", ids), zap.Time("deadline", q.current.deadline))
 }
 
 func (s *stopState) send(t *trainers.Conns) {
