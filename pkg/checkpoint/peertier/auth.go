@@ -27,11 +27,18 @@ const filePath = "/spotagent/peer/v1/file"
 // are keyed with the same secret.
 const macDomain = "spotagent-peer/v1"
 
-// A request is valid until its expiry; one further ahead than maxAhead is
-// refused (clock skew between the nodes is allowed for by expiryAhead).
+// A request carries an expiry expiryAhead past its signing, by the
+// signer's clock. The server accepts it while the signing time it implies
+// is within maxSkew of its own clock, either way: the nodes' clocks may
+// disagree by up to maxSkew (NTP keeps them within milliseconds), and a
+// request captured on the wire can be replayed for at most maxSkew
+// (to the node and session it was signed for, for the same file). A
+// signature that is valid but outside the window is logged as skew
+// ("peer tier: a peer's clock is outside the skew window", skew_s), not
+// as a refusal of a forged request.
 const (
 	expiryAhead = 2 * time.Minute
-	maxAhead    = 10 * time.Minute
+	maxSkew     = 5 * time.Minute
 )
 
 // request names one file of one checkpoint copy.
@@ -89,13 +96,28 @@ func parseRequest(q url.Values) (request, error) {
 	return r, nil
 }
 
-// authorized reports whether r carries a valid MAC and has not expired.
-// (Whether it is for this node and session is the server's check.)
-func (r request) authorized(token []byte, run string, now time.Time) bool {
-	if r.expiry < now.Unix() || r.expiry > now.Add(maxAhead).Unix() {
-		return false
+// verdict is what a request's signature says.
+type verdict int
+
+const (
+	signedHere verdict = iota // a valid MAC, signed within maxSkew of now
+	forged                    // no valid MAC of this job's secret and run
+	skewed                    // a valid MAC, signed outside the skew window
+)
+
+// check reads r's MAC, then its signing time against now; skew is the
+// signer's clock minus ours, as the request's expiry implies it (or the
+// age of a replayed request). (Whether r is for this node and session is
+// the server's check.)
+func (r request) check(token []byte, run string, now time.Time) (v verdict, skew time.Duration) {
+	if !hmac.Equal([]byte(r.mac), []byte(r.sum(token, run))) {
+		return forged, 0
 	}
-	return hmac.Equal([]byte(r.mac), []byte(r.sum(token, run)))
+	skew = time.Unix(r.expiry, 0).Add(-expiryAhead).Sub(now)
+	if skew > maxSkew || skew < -maxSkew {
+		return skewed, skew
+	}
+	return signedHere, skew
 }
 
 // folder is checkpoint m's store folder name, <step:012d>-<id>.

@@ -130,14 +130,16 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
 	n := &Node{cfg: cfg, token: token, log: log}
-	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log, slots: make(chan struct{}, maxServing)}
+	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log,
+		slots: make(chan struct{}, maxServing), shared: cfg.Shared != nil, warn: newWarnings(log)}
 	if cfg.Shared != nil {
 		if err := cfg.Shared.add(cfg.RunID, cfg.Node, n.serving); err != nil {
 			return nil, err
 		}
 		n.ln = cfg.Shared.ln
 	} else {
-		if n.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
 			// The previous session's record may still name this port
 			// (now another program's, or nobody's): withdraw it, so
 			// that no peer is sent there.
@@ -147,6 +149,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			}
 			return nil, fmt.Errorf("peer tier: %w", err)
 		}
+		n.ln = bound(ln, log) // limits.go
 		n.srv = newServer(n.serving)
 		n.wg.Go(func() {
 			if err := n.srv.Serve(n.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

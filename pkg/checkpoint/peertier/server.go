@@ -35,6 +35,12 @@ type server struct {
 	stall         time.Duration
 	log           *zap.Logger
 	slots         chan struct{}
+	// shared: served on node mode's shared listener, where a request
+	// that is not authenticated is answered as one for a run not hosted
+	// there (unhosted), so that nothing tells the runs hosted apart
+	// before authentication. A listener of its own answers 403.
+	shared bool
+	warn   *warnings // the skew warnings
 
 	refMu     sync.Mutex
 	refLogged time.Time // the last refusal warning; zero: none yet
@@ -66,37 +72,77 @@ func (s *server) refuse(why, remote, file string) {
 	s.refLogged, s.refused = now, 0
 }
 
-func newServer(s *server) *http.Server {
-	return &http.Server{Handler: s, ReadHeaderTimeout: s.stall, IdleTimeout: time.Minute, MaxHeaderBytes: 8 << 10,
-		ErrorLog: log.New(io.Discard, "", 0)}
+var discardLog = log.New(io.Discard, "", 0)
+
+func newServer(s *server) *http.Server { return newHTTPServer(s, min(s.stall, readHeaderTimeout)) }
+
+// unhosted answers a request for a run the listener does not host, and
+// one a shared listener's run did not authenticate: the same answer.
+// 503, not 404, so that the asker waits for the run's new record
+// (client.go, wait.go): its pod may be starting again on this node.
+func unhosted(w http.ResponseWriter) { refuseConn(w, "unavailable", http.StatusServiceUnavailable) }
+
+// refuseConn answers with an error and closes the connection after it:
+// only an authenticated request keeps its connection (keepAlive).
+func refuseConn(w http.ResponseWriter, msg string, code int) {
+	w.Header().Set("Connection", "close")
+	http.Error(w, msg, code)
 }
 
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != filePath {
-		http.NotFound(w, r)
-		return
-	}
-	if r.Method != http.MethodGet {
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
+// readRequest reads a request of the peer tier from r, or answers it
+// (and closes its connection) when it is none: nothing is held for it.
+func readRequest(w http.ResponseWriter, r *http.Request) (request, bool) {
+	switch {
+	case r.URL.Path != filePath:
+		refuseConn(w, "not found", http.StatusNotFound)
+		return request{}, false
+	case r.Method != http.MethodGet:
+		refuseConn(w, "method not allowed", http.StatusMethodNotAllowed)
+		return request{}, false
+	case r.ContentLength != 0 || len(r.TransferEncoding) > 0:
+		refuseConn(w, "a request has no body", http.StatusBadRequest) // never read
+		return request{}, false
 	}
 	req, err := parseRequest(r.URL.Query())
 	if err != nil {
-		http.Error(w, "bad request", http.StatusBadRequest)
-		return
+		refuseConn(w, "bad request", http.StatusBadRequest)
+		return request{}, false
 	}
-	if !req.authorized(s.token, s.run, time.Now()) {
+	return req, true
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if req, ok := readRequest(w, r); ok {
+		s.serve(w, r, req)
+	}
+}
+
+// serve authenticates req, then answers it. Before authentication nothing
+// is held for it but its connection, which an unauthenticated request
+// does not keep.
+func (s *server) serve(w http.ResponseWriter, r *http.Request, req request) {
+	switch v, skew := req.check(s.token, s.run, time.Now()); v {
+	case skewed:
+		// A signature of the job's secret: the signer's clock is off by
+		// more than the window (or the request is older than it: a
+		// replay looks the same). Refused, and said as such.
+		s.warn.note("peer tier: a peer's clock is outside the skew window: its requests are refused", zap.String("remote", r.RemoteAddr),
+			zap.Float64("skew_s", skew.Seconds()), zap.Float64("window_s", maxSkew.Seconds()))
+		s.refuseAuth(w)
+		return
+	case forged:
 		s.refuse("no valid signature of this job", r.RemoteAddr, req.file)
-		http.Error(w, "forbidden", http.StatusForbidden)
+		s.refuseAuth(w)
 		return
 	}
 	if req.node != s.node || req.session != s.session {
 		// Signed by the job for another node or an earlier session of
 		// this one: a URL sent to a stale address, replayed here.
 		s.refuse("signed for another node or session", r.RemoteAddr, req.file)
-		http.Error(w, "forbidden", http.StatusForbidden)
+		refuseConn(w, "forbidden", http.StatusForbidden)
 		return
 	}
+	keepAlive(w, r, routeKey(s.run, s.node)) // limits.go
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
@@ -128,6 +174,16 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Debug("peer tier: file served", zap.String("checkpoint", req.ckpt), zap.String("file", req.file), zap.Int64("bytes", n), zap.String("remote", r.RemoteAddr))
+}
+
+// refuseAuth answers a request that is not authenticated: 403 on a
+// listener of the node's own, on a shared one as a run not hosted.
+func (s *server) refuseAuth(w http.ResponseWriter) {
+	if s.shared {
+		unhosted(w)
+		return
+	}
+	refuseConn(w, "forbidden", http.StatusForbidden)
 }
 
 // sendBounded sends size bytes of r to w in chunks of copyChunk, each

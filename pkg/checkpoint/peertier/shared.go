@@ -1,11 +1,13 @@
 package peertier
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -17,10 +19,17 @@ import (
 // then checks the request as a listener of its own would, against that
 // job's secret. A run stops being served when its Node closes; transfers
 // in flight then end within the stall bound.
+//
+// Its bounds are a listener of its own's (limits.go), with a share of
+// the kept-alive connections per run. Before authentication nothing tells
+// a hosted run from one not hosted: a request for a run not hosted has
+// its MAC computed (with a key of no run) as a hosted run's would, and
+// both, unauthenticated, get the same 503.
 type Listener struct {
-	ln  net.Listener
-	srv *http.Server
-	wg  sync.WaitGroup
+	ln    net.Listener
+	srv   *http.Server
+	wg    sync.WaitGroup
+	noKey []byte // a random key: the MAC of a request for a run not hosted
 
 	mu   sync.Mutex
 	runs map[string]*server // by run + "\x00" + node
@@ -36,11 +45,11 @@ func Listen(addr string, log *zap.Logger) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
-	l := &Listener{ln: ln, runs: map[string]*server{}}
-	l.srv = newServer(&server{stall: DefaultStall, log: log}) // for the timeouts; l routes
-	l.srv.Handler = l
+	l := &Listener{ln: bound(ln, log), runs: map[string]*server{}, noKey: make([]byte, 32)}
+	rand.Read(l.noKey)
+	l.srv = newHTTPServer(l, readHeaderTimeout)
 	l.wg.Go(func() {
-		if err := l.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := l.srv.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Warn("peer tier: shared server stopped", zap.Error(err))
 		}
 	})
@@ -81,17 +90,22 @@ func (l *Listener) remove(run, node string, s *server) {
 }
 
 func (l *Listener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req, ok := readRequest(w, r) // server.go: the same checks for every run
+	if !ok {
+		return
+	}
 	q := r.URL.Query()
 	l.mu.Lock()
 	s := l.runs[routeKey(q.Get("r"), q.Get("n"))]
 	l.mu.Unlock()
 	if s == nil {
 		// No such run here (yet): its pod may be starting again on this
-		// node, and will publish a new session's record. 503, not 404, so
-		// that the asker waits for that record (client.go, wait.go)
-		// within its bound, then takes the store.
-		http.Error(w, "run not hosted here", http.StatusServiceUnavailable)
+		// node, and will publish a new session's record (unhosted: 503).
+		// The MAC is computed all the same, so that the answer takes as
+		// long as a hosted run's refusal.
+		req.check(l.noKey, q.Get("r"), time.Now())
+		unhosted(w)
 		return
 	}
-	s.ServeHTTP(w, r)
+	s.serve(w, r, req)
 }
