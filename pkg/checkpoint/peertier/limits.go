@@ -147,7 +147,7 @@ func (l *boundedListener) bindRun(run string) bool {
 	return true
 }
 
-// counts is what l holds now: connections, and kept-alive ones by run (tests).
+// counts is what l holds now: connections, and the sources they come from.
 func (l *boundedListener) counts() (held, sources int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
