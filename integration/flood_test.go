@@ -273,7 +273,7 @@ func TestFlood_UnauthenticatedConnections(t *testing.T) {
 		time.Now().Add(time.Hour).Unix())
 	var asked atomic.Int64
 	made := floodAndCommit(t, j, func() int64 {
-		return flood(j.peer, total, 2*time.Second, func(c net.Conn, until time.Time) {
+		return flood(j.peer, total, 5*time.Second, func(c net.Conn, until time.Time) {
 			if asked.Add(1)%2 == 0 {
 				<-time.After(time.Until(until)) // idle: holds the connection, sends nothing
 				return
