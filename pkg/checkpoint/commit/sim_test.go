@@ -142,6 +142,7 @@ type simWorld struct {
 	pickFiles map[string]bool                 // and its object keys
 	checked   int64                           // the store tick last checked
 	manifests map[string]*checkpoint.Manifest // parsed, by object version (nil: broken)
+	refs      map[string]bool                 // the data objects any of them lists
 	restores  int
 	bad       []string
 }
@@ -230,7 +231,7 @@ func runSimBubble(t testing.TB, seed uint64, shape simShape) *simWorld {
 	defer os.RemoveAll(dir)
 	w := &simWorld{seed: seed, st: storesim.New(), sc: storesim.NewSched(seed), dir: dir,
 		leaseTick: map[int64]int64{}, sealTick: map[int64]int64{}, assembly: map[*storesim.Actor]string{},
-		epochOf: map[*storesim.Actor]int64{}, checked: -1, manifests: map[string]*checkpoint.Manifest{}}
+		epochOf: map[*storesim.Actor]int64{}, checked: -1, manifests: map[string]*checkpoint.Manifest{}, refs: map[string]bool{}}
 	r := w.sc.Rand()
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	w.st.Clock = func() time.Time { clock = clock.Add(time.Second); return clock }
@@ -265,7 +266,7 @@ func (w *simWorld) drawShape(shape simShape) {
 		return
 	}
 	r := rand.New(rand.NewPCG(w.seed, 0x46))
-	w.files, w.conc = 1+r.IntN(4), 0
+	w.files, w.conc = 1+r.IntN(3), 0
 	if r.IntN(4) == 0 {
 		return // no tier
 	}
@@ -559,11 +560,15 @@ func (w *simWorld) onOp(a *storesim.Actor, op storesim.Op, ran bool, err error) 
 	if op.Kind == storesim.OpPut && err == nil {
 		w.afterPut(a, op)
 	}
-	// What restore answers changes only with a manifest, latest.json or a
-	// deletion (a data object is written before its manifest; leases and
-	// part manifests are not read by restore).
-	if op.Kind == storesim.OpDelete || op.Kind == storesim.OpPut && (op.Key == checkpoint.LatestKey || checkpoint.IsManifestKey(op.Key)) {
-		w.checkLocked()
+	// What restore answers changes only with a manifest, latest.json or
+	// the deletion of one of those or of a data object some manifest lists
+	// (a data object is written before its manifest; leases and part
+	// manifests are not read by restore). Every manifest in the store was
+	// parsed at the check its write made, so refs holds all they list.
+	if op.Key == checkpoint.LatestKey || checkpoint.IsManifestKey(op.Key) || op.Kind == storesim.OpDelete && w.refs[op.Key] {
+		if op.Kind == storesim.OpPut || op.Kind == storesim.OpDelete {
+			w.checkLocked()
+		}
 	}
 }
 
@@ -688,6 +693,11 @@ func (w *simWorld) model() (cks []*simCheckpoint, latest *checkpoint.Latest) {
 				m = nil
 			}
 			w.manifests[o.Version] = m // a version is never rewritten
+			if m != nil {
+				for _, f := range m.Files {
+					w.refs[f.Key] = true
+				}
+			}
 		}
 		if m == nil {
 			continue
@@ -722,7 +732,9 @@ type simView struct {
 func (w *simWorld) views() []simView {
 	vs := []simView{{}}
 	if w.job {
-		return append(vs, simView{part: "node-0"}, simView{part: "node-1"})
+		// Each node's view, one check after the other (the tick
+		// alternates): half the cost, both views checked.
+		return append(vs, simView{part: fmt.Sprintf("node-%d", w.checked%2)})
 	}
 	for _, e := range slices.Sorted(maps.Keys(w.leaseTick)) {
 		if e < slices.Max(slices.Collect(maps.Keys(w.leaseTick))) {
