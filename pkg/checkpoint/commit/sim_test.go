@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/testutil/forge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
@@ -130,6 +131,8 @@ type simWorld struct {
 	files int               // files per checkpoint (per part)
 	conc  int               // the committers' Concurrency: 0, the agent's
 	tiers []checkpoint.Tier // nearby copies the actors' restores ask first
+	shape *rand.Rand        // the source of the above, and of tampering
+	reuse bool              // a job's nodes restore into a directory of their own, kept across restarts
 
 	mu        sync.Mutex
 	leaseTick map[int64]int64   // epoch: the tick its lease object landed
@@ -266,7 +269,8 @@ func (w *simWorld) drawShape(shape simShape) {
 		return
 	}
 	r := rand.New(rand.NewPCG(w.seed, 0x46))
-	w.files, w.conc = 1+r.IntN(3), 0
+	w.shape = r
+	w.files, w.conc, w.reuse = 1+r.IntN(3), 0, true
 	if r.IntN(4) == 0 {
 		return // no tier
 	}
@@ -400,11 +404,21 @@ func simContent(step int64, id, node, path string) []byte {
 // not above the session's epoch, and not older than the checkpoint the
 // model called newest when it began, if that one is still there.
 func (w *simWorld) restore(ctx context.Context, name string, opts restore.Options) (*checkpoint.Manifest, bool) {
+	return w.restoreInto(ctx, name, "", opts)
+}
+
+// restoreInto is restore into the directory dir below w.dir, reused by
+// every restore of that name (a machine's restore area: a checkpoint
+// already there is verified, not fetched); "": a new one.
+func (w *simWorld) restoreInto(ctx context.Context, name, dir string, opts restore.Options) (*checkpoint.Manifest, bool) {
 	opts.Stall = -1
 	opts.Tiers = w.tiers
 	w.mu.Lock()
 	w.restores++
 	dest := filepath.Join(w.dir, fmt.Sprintf("restore-%s-%d", name, w.restores))
+	if dir != "" {
+		dest = filepath.Join(w.dir, dir)
+	}
 	cks, _ := w.model()
 	before := simWant(cks, opts.MaxEpoch)
 	w.mu.Unlock()
@@ -506,7 +520,48 @@ func (w *simWorld) runJob() {
 			w.sc.Go("damage", nil, w.damage)
 			w.sc.Run()
 		}
+		if phase == 1 && w.reuse {
+			for k := range 2 {
+				w.tamper(filepath.Join(w.dir, fmt.Sprintf("machine-node-%d", k)))
+			}
+		}
 	}
+}
+
+// tamper rewrites one file of the newest checkpoint a node's restore area
+// holds (a trainer, a disk, a person between two sessions): another
+// step's bytes, half of them, or (simForge) other bytes of the same size
+// and CRC32C; or leaves it. The next restore into the area must not hand
+// the trainer anything but the committed bytes.
+func (w *simWorld) tamper(area string) {
+	lie := []storesim.Lie{storesim.Honest, storesim.Stale, storesim.Truncated, storesim.Forged}[w.shape.IntN(4)]
+	if lie == storesim.Honest || lie == storesim.Forged && !simForge() {
+		return
+	}
+	ents, _ := os.ReadDir(area)
+	var newest string
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && e.Name() > newest {
+			newest = e.Name()
+		}
+	}
+	if newest == "" {
+		return
+	}
+	p := filepath.Join(area, newest, "model"+strings.TrimPrefix(filepath.Base(area), "machine-")+".bin")
+	genuine, err := os.ReadFile(p)
+	if err != nil {
+		return
+	}
+	b := genuine[:len(genuine)/2]
+	switch lie {
+	case storesim.Stale:
+		b = fmt.Appendf(nil, "step=0 id=older node= path=%s", filepath.Base(p))
+	case storesim.Forged:
+		b, _ = forge.Like(genuine, []byte("EVIL-WEIGHTS in the restore area"))
+	}
+	w.sc.Trace = append(w.sc.Trace, fmt.Sprintf("tamper %s: %s", p[len(w.dir):], lie))
+	os.WriteFile(p, b, 0o600)
 }
 
 // nodeSession is one node's agent of a job.
@@ -516,7 +571,11 @@ func (w *simWorld) nodeSession(ctx context.Context, name, node string, rank, pha
 	if err != nil {
 		return
 	}
-	m, ok := w.restore(ctx, name, restore.Options{Part: node})
+	area := ""
+	if w.reuse {
+		area = "machine-" + node
+	}
+	m, ok := w.restoreInto(ctx, name, area, restore.Options{Part: node})
 	if !ok {
 		return
 	}
@@ -545,6 +604,12 @@ func (w *simWorld) nodeSession(ctx context.Context, name, node string, rank, pha
 			return // the agent gives the checkpoint up; so does the sim
 		}
 		checkpoint.Prune(ctx, w.st, w.keep, nil, res.ManifestKey)
+	}
+	if w.reuse && phase == 1 {
+		// The node's trainer restarts and rejoins: it restores the
+		// newest committed checkpoint into the node's area, where the
+		// next session finds it.
+		w.restoreInto(ctx, name+"-rejoin", area, restore.Options{Part: node})
 	}
 }
 
