@@ -145,7 +145,7 @@ type simWorld struct {
 	pickFiles map[string]bool                 // and its object keys
 	checked   int64                           // the store tick last checked
 	manifests map[string]*checkpoint.Manifest // parsed, by object version (nil: broken)
-	refs      map[string]bool                 // the data objects any of them lists
+	refs      map[string]bool                 // the data objects the manifests in the store list, at the last check
 	restores  int
 	bad       []string
 }
@@ -629,7 +629,8 @@ func (w *simWorld) onOp(a *storesim.Actor, op storesim.Op, ran bool, err error) 
 	// the deletion of one of those or of a data object some manifest lists
 	// (a data object is written before its manifest; leases and part
 	// manifests are not read by restore). Every manifest in the store was
-	// parsed at the check its write made, so refs holds all they list.
+	// read by the check its write made, so refs holds all they list
+	// (retention deletes a checkpoint's manifest before its data).
 	if op.Key == checkpoint.LatestKey || checkpoint.IsManifestKey(op.Key) || op.Kind == storesim.OpDelete && w.refs[op.Key] {
 		if op.Kind == storesim.OpPut || op.Kind == storesim.OpDelete {
 			w.checkLocked()
@@ -737,6 +738,8 @@ func (w *simWorld) simFenced(c *simCheckpoint) {
 
 // model reads the store as it is (no faults, no lag).
 func (w *simWorld) model() (cks []*simCheckpoint, latest *checkpoint.Latest) {
+	refs := map[string]bool{}
+	defer func() { w.refs = refs }()
 	objs := map[string]storesim.Object{}
 	for _, o := range w.st.Snapshot() {
 		objs[o.Key] = o
@@ -758,14 +761,12 @@ func (w *simWorld) model() (cks []*simCheckpoint, latest *checkpoint.Latest) {
 				m = nil
 			}
 			w.manifests[o.Version] = m // a version is never rewritten
-			if m != nil {
-				for _, f := range m.Files {
-					w.refs[f.Key] = true
-				}
-			}
 		}
 		if m == nil {
 			continue
+		}
+		for _, f := range m.Files {
+			refs[f.Key] = true
 		}
 		c := &simCheckpoint{key: k, m: m, created: o.Created, complete: true}
 		for _, f := range m.Files {
