@@ -422,6 +422,7 @@ func (w *simWorld) restoreInto(ctx context.Context, name, dir string, opts resto
 	cks, _ := w.model()
 	before := simWant(cks, opts.MaxEpoch)
 	w.mu.Unlock()
+	from := w.sc.TraceLen()
 	r, err := restore.Checkpoint(ctx, w.st, dest, opts)
 	if errors.Is(err, restore.ErrNoCheckpoint) {
 		return nil, true
@@ -434,8 +435,20 @@ func (w *simWorld) restoreInto(ctx context.Context, name, dir string, opts resto
 	if opts.MaxEpoch > 0 && r.Manifest.Epoch > opts.MaxEpoch {
 		w.violate("%s restored %s of epoch %d, above its own %d", name, r.Key, r.Manifest.Epoch, opts.MaxEpoch)
 	}
+	cks, latest := w.model()
+	// By design a restore whose read of latest.json fails goes on by the
+	// listing alone (TestRestore_StallTimesOut), without latest.json's
+	// epoch: it may resume a fenced session's checkpoint then (issue 46,
+	// reported), so the check is held only when that read did not fail.
+	latestRead := !slices.ContainsFunc(w.sc.TraceSince(from), func(l string) bool {
+		return strings.HasSuffix(l, fmt.Sprintf(" %s get %s: fail", name, checkpoint.LatestKey))
+	})
+	for _, c := range cks {
+		if latestRead && c.key == r.Key && c.fenced != "" && (latest == nil || c.m.Step > latest.PointsAt()) {
+			w.violate("%s restored %s, a fenced session's: %s", name, r.Key, c.fenced)
+		}
+	}
 	if before != nil && r.Manifest.Step < before.m.Step {
-		cks, _ := w.model()
 		for _, c := range cks {
 			if c.key == before.key && c.complete && c.fenced == "" && !c.maybe {
 				w.violate("%s restored %s (step %d), but %s (step %d) was complete and not fenced from its start to its end", name, r.Key, r.Manifest.Step, c.key, c.m.Step)

@@ -345,3 +345,18 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	}
 	return ctx.Err()
 }
+
+// TraceSince returns the steps from the i-th on (a copy): what happened
+// while an actor did something, for a check to look at.
+func (s *Sched) TraceSince(i int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.Trace[min(i, len(s.Trace)):])
+}
+
+// TraceLen is the number of steps so far.
+func (s *Sched) TraceLen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.Trace)
+}
