@@ -39,29 +39,39 @@ import (
 // every operation (the whole-state ones after every operation that can
 // change what restore answers: a manifest, latest.json, a deletion). A
 // failure prints its seed and schedule; replay one with
-// SPOTAGENT_SIM_SEED=<seed> go test ./pkg/checkpoint/commit -run 'TestSim$' -v.
+// SPOTAGENT_SIM_SEED=<seed> go test ./pkg/checkpoint/commit -run 'TestSim$' -v
+// (SPOTAGENT_SIM_FORGE=1 turns forged tier answers on).
 // SPOTAGENT_SIM_SCHEDULES and SPOTAGENT_SIM_FIRST choose the seeds,
 // SPOTAGENT_SIM_MAXFAIL how many failures stop it (3), SPOTAGENT_SIM_BRIEF
 // leaves the schedules out of the report.
 //
-// Determinism: the actors' code runs one at a time (storesim.Sched); the
-// committers upload with Concurrency 1 and every checkpoint has one file
-// per part, so no actor has two store calls in flight; awaitParts' back-off
-// is a step of the schedule (partsSleep), not a wait; the store's clock
-// is a counter. Wall-clock times the code records (Created, Updated) are
-// ordered as the schedule orders them and decide nothing else.
+// Determinism: each schedule runs in a testing/synctest bubble, and the
+// scheduler (storesim.Sched, Bubble) waits until every goroutine of the
+// bubble is parked before it picks the next operation, among all parked
+// ones in an order that does not depend on which parked first: the
+// committers upload at the agent's concurrency (Concurrency 0: 4) and
+// restores download concurrently, step for step the same for one seed
+// (TestSimDeterministic). awaitParts' back-off is a step of the schedule
+// (partsSleep), not a wait; the store's clock is a counter and the
+// bubble's advances a millisecond a step. The nearby tiers' answers
+// depend only on the seed and the file (storesim.Tier).
 //
 // Fleet records (issue 40) are simulated over the same machinery by
 // pkg/fleet's TestFleetSim.
 //
 // The properties (docs/reliability.md):
-//   - restore (run's, sidecar's and node's with their epoch; restore's
-//     without) picks the newest checkpoint whose manifest and objects are
-//     complete, unless it is fenced (simFenced says exactly when), and
-//     never a partial or mixed-step one;
+//   - restore (without epoch, with each older session's epoch, each
+//     node's part alone) picks the newest checkpoint whose manifest and
+//     objects are complete, unless it is fenced (simFenced says exactly
+//     when), and never a partial or mixed-step one;
+//   - every restore an actor makes, through nearby tiers that may lie
+//     (missing, stale, truncated, forged: simForge) and a reused restore
+//     area that may be tampered with, hands over only the committed bytes
+//     of the checkpoint it chose, never an older one than the newest that
+//     stayed committed throughout, nor a fenced session's;
 //   - no write or delete touches an object of the checkpoint restore
-//     would pick, or of a job checkpoint being assembled; a fenced
-//     session never moves latest.json;
+//     would pick; no other node deletes or overwrites an object of a job
+//     checkpoint being assembled; a fenced session never moves latest.json;
 //   - latest.json never moves back in step within an epoch, nor back in
 //     epoch.
 
