@@ -68,6 +68,14 @@ func isBadManifest(err error) bool {
 	return errors.As(err, &b)
 }
 
+// ManifestDamaged reports whether err, from ReadManifest, says the
+// manifest is gone or unusable (a restore passes over it) rather than that
+// the store failed to answer (a restore must not: an older checkpoint
+// would be a rollback).
+func ManifestDamaged(err error) bool {
+	return errors.Is(err, cloud.ErrNotExist) || isBadManifest(err)
+}
+
 // readErr remembers the error its reader returned, other than io.EOF.
 type readErr struct {
 	r   io.Reader

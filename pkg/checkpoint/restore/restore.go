@@ -242,8 +242,11 @@ func (r *restorer) readGroup(group []string) ([]checkpoint.Entry, error) {
 		if r.ctx.Err() != nil {
 			return nil, r.ctx.Err()
 		}
-		if errors.Is(err, ErrStalled) {
-			return nil, fmt.Errorf("restore: %w", err) // the store, not the manifest
+		if err != nil && !checkpoint.ManifestDamaged(err) {
+			// The store failed to answer (stalled, or an error once its
+			// retries ran out), not the manifest: passing over it would
+			// restore an older checkpoint than the newest committed.
+			return nil, fmt.Errorf("restore: %w", err)
 		}
 		entries = append(entries, checkpoint.Entry{Key: k, Manifest: m, Err: err})
 	}

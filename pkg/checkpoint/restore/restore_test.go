@@ -235,3 +235,38 @@ func (f *failingGets) Get(ctx context.Context, key string, off, n int64) (io.Rea
 	}
 	return f.Store.Get(ctx, key, off, n)
 }
+
+// A store that fails to answer for the newest manifest (not a damaged or
+// missing one) aborts the restore rather than passing over it: restoring
+// the older checkpoint would be a rollback (found by TestSim, seed 1191
+// of issue 46's shape: one failed read of the newest job manifest rolled
+// a node back ten steps).
+func TestRestore_AbortsOnManifestReadError(t *testing.T) {
+	st := cptest.NewStore(t)
+	commitFiles(t, st, 10, "a", map[string]string{"m": "ten"})
+	res := commitFiles(t, st, 20, "b", map[string]string{"m": "twenty"})
+	flaky := &failingKey{Store: st, key: res.ManifestKey, err: errors.New("503 slow down")}
+	r, err := Checkpoint(context.Background(), flaky, t.TempDir(), Options{})
+	if err == nil || errors.Is(err, ErrNoCheckpoint) || errors.Is(err, ErrAllDamaged) || !strings.Contains(err.Error(), "503 slow down") {
+		t.Fatalf("restored %v, err=%v: want the store's error, not step 10", r, err)
+	}
+	// A manifest that is really gone is passed over, as before.
+	flaky.err = cloud.ErrNotExist
+	if r, err := Checkpoint(context.Background(), flaky, t.TempDir(), Options{}); err != nil || r.Manifest.Step != 10 {
+		t.Fatalf("restored %v, err=%v: want step 10", r, err)
+	}
+}
+
+// failingKey fails every read of one key.
+type failingKey struct {
+	cloud.Store
+	key string
+	err error
+}
+
+func (f *failingKey) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if key == f.key {
+		return nil, f.err
+	}
+	return f.Store.Get(ctx, key, off, n)
+}
