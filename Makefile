@@ -105,7 +105,7 @@ device-check:
 # 100,000 schedules without the race detector (test-go runs a sample under it);
 # soak-sim runs 2,000,000 (SPOTAGENT_SIM_SCHEDULES), from SPOTAGENT_SIM_FIRST.
 test-sim:
-	$(GO) test -tags '$(TAGS)' -count=1 -run 'TestSim' -v ./pkg/checkpoint/commit
+	$(GO) test -tags '$(TAGS)' -count=1 -timeout 30m -run 'TestSim' -v ./pkg/checkpoint/commit
 
 soak-sim:
 	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint/commit
