@@ -16,11 +16,15 @@ func TestUploadReader_ProgressThenSent(t *testing.T) {
 	if got := p.Done(); got != 20 {
 		t.Fatalf("after two parts: %d bytes, want 20", got)
 	}
-	u.Sent(30, 0)
+	data := make([]byte, 30)
+	u.Scanned(data)
+	h := checkpoint.NewCRC32C()
+	h.Write(data)
+	u.Sent(30, h.Sum32())
 	if got := p.Done(); got != 30 {
 		t.Fatalf("after Sent: %d bytes, want 30", got)
 	}
-	if n, _ := u.result(); n != 30 {
-		t.Fatalf("result %d bytes, want 30", n)
+	if n, _, _, err := u.result(); err != nil || n != 30 {
+		t.Fatalf("result %d bytes (%v), want 30", n, err)
 	}
 }
