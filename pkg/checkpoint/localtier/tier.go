@@ -8,10 +8,12 @@
 // hard links into the tier's directory where the file system allows,
 // else a copy checked against the manifest. It is never trusted: restore
 // chooses the checkpoint by the store's rules, then reads each file
-// through the manifest's size and CRC32C (checkpoint.Tier), and fetches
-// any file that fails from the store. A trainer that rewrites a file in
-// place after its commit (the hard link shares it) costs that file's
-// download, nothing more.
+// through the manifest's size and digest (BLAKE3, checkpoint.Tier), and
+// fetches any file that fails from the next tier or the store; a copy of
+// the same size and CRC32C but other bytes fails. A trainer that rewrites
+// a file in place after its commit (the hard link shares it) costs that
+// file's download, and that restore's use of the tier for the files
+// after it (a tier whose copy failed is not asked again).
 package localtier
 
 import (
@@ -248,9 +250,9 @@ func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File, copyOK
 // link is os.Root.Link; tests make it fail.
 var link = (*os.Root).Link
 
-// verifyCopy copies r to w, checking it against f.
+// verifyCopy copies r to w, checking it against f's size and digest.
 func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {
-	return checkpoint.CopyVerified(w, r, f, nil)
+	return checkpoint.CopyDigestVerified(w, r, f, nil)
 }
 
 // prune drops the copies beyond the budget: beyond Keep, highest step
@@ -424,25 +426,61 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 	return nil
 }
 
-// addFile writes f, read from open, at rel below dir, checked against f.
+// addTries bounds the copies of one file AddPart reads: a copy that fails
+// verification is refused (checkpoint.Refusable: its source is not asked
+// again) and the file read from the next source open finds.
+const addTries = 4
+
+// addFile writes f, read from open, at rel below dir, checked against f's
+// size and digest. A file without a digest is never copied from a peer.
 func addFile(ctx context.Context, dir *os.Root, rel string, f checkpoint.File, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	if !f.HasDigest() {
+		return fmt.Errorf("%s: %w", f.Path, checkpoint.ErrNoDigest)
+	}
 	if d := path.Dir(rel); d != "." {
 		if err := dir.MkdirAll(d, 0o700); err != nil {
 			return err
 		}
 	}
-	in, err := open(ctx, f)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
 	out, err := dir.OpenFile(rel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	if err := verifyCopy(out, in, f); err != nil {
+	for try := 1; ; try++ {
+		err = copyFrom(ctx, out, f, open)
+		if err == nil || try == addTries || !errors.Is(err, errRefused) {
+			break
+		}
+		if err := out.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := out.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+	}
+	if err != nil {
 		return err
 	}
 	return out.Close()
+}
+
+// errRefused marks a copy that failed verification and whose source was
+// told so: another may be asked.
+var errRefused = errors.New("copy refused")
+
+// copyFrom copies f from open into out, verified; a copy that fails and
+// can be refused is, and the error wraps errRefused.
+func copyFrom(ctx context.Context, out io.Writer, f checkpoint.File, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	in, err := open(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	err = verifyCopy(out, in, f)
+	if r, ok := in.(checkpoint.Refusable); ok && errors.Is(err, checkpoint.ErrCorrupt) {
+		r.Refuse(err)
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	return err
 }
