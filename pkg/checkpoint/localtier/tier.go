@@ -12,8 +12,8 @@
 // fetches any file that fails from the next tier or the store; a copy of
 // the same size and CRC32C but other bytes fails. A trainer that rewrites
 // a file in place after its commit (the hard link shares it) costs that
-// file's download, and that restore's use of the tier for the files
-// after it (a tier whose copy failed is not asked again).
+// file's download, nothing more: that copy is dropped from the tier
+// (Refuse), so that no peer is served it either.
 package localtier
 
 import (
@@ -127,12 +127,47 @@ func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.Fi
 	}
 	defer dir.Close()
 	if f.Part != "" && checkpoint.ValidID(f.Part) {
-		rc, err := openSized(dir, partDirName(m, f.Part)+"/"+f.Path, f.Size)
-		if err == nil || !errors.Is(err, fs.ErrNotExist) {
-			return rc, err
+		rel := partDirName(m, f.Part) + "/" + f.Path
+		fh, err := openSized(dir, rel, f.Size)
+		if err == nil {
+			return &keptFile{File: fh, t: t, rel: rel}, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
 		}
 	}
-	return openSized(dir, dirName(m)+"/"+f.Path, f.Size)
+	rel := dirName(m) + "/" + f.Path
+	fh, err := openSized(dir, rel, f.Size)
+	if err != nil {
+		return nil, err
+	}
+	return &keptFile{File: fh, t: t, rel: rel}, nil
+}
+
+// keptFile is a kept copy as Open returns it. Each file is its own source:
+// one that fails verification (a trainer rewrote it in place through the
+// hard link, the disk, someone) is removed from the tier when refused, so
+// that no later restore and no peer is handed it; the tier's other copies
+// are still asked.
+type keptFile struct {
+	*os.File
+	t   *Tier
+	rel string // below the tier's directory
+}
+
+var _ checkpoint.Refusable = (*keptFile)(nil)
+
+func (k *keptFile) Refuse(err error) {
+	dir, derr := k.t.dir()
+	if derr == nil {
+		derr = dir.Remove(k.rel)
+		dir.Close()
+	}
+	if derr != nil && !errors.Is(derr, fs.ErrNotExist) {
+		k.t.log.Warn("local tier: could not drop a copy that failed verification", zap.String("file", k.rel), zap.Error(derr))
+		return
+	}
+	k.t.log.Warn("local tier: dropped a copy that failed verification", zap.String("file", k.rel), zap.Error(err))
 }
 
 // openSized is checkpoint.OpenRegular, whose error for a file of another
