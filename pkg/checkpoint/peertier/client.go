@@ -47,8 +47,8 @@ type Client struct {
 	// never asked again by this client, one restore's or one replica
 	// copy's.
 	refused map[string]bool
-	placed  string               // the checkpoint whose keepers are in keepers
-	keepers map[string]string    // part → the node that keeps its copy
+	placed  string            // the checkpoint whose keepers are in keepers
+	keepers map[string]string // part → the node that keeps its copy
 
 	// wait bounds the waits for peers still starting (wait.go), all of
 	// them together; 0: none. session is this agent's: a record of it is
