@@ -143,7 +143,7 @@ func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
 	}
 
 	n0 := peerSidecar(t, env, fstores.uri, dir, ckpt[0], 0, "1h", extra...)
-	n0.waitEntry("nearby copy failed verification: fetching the file again, and not asking its source again in this restore", time.Minute, nil)
+	n0.waitEntry("local tier: dropped a copy that failed verification", time.Minute, nil)
 	r0 := n0.waitEntry("restored checkpoint", time.Minute, nil)
 	if got := r0.num("store_bytes"); got != peerShardBytes {
 		t.Errorf("node 0: %d bytes from the store, want %d (its forged shard-0.bin alone)", got, peerShardBytes)

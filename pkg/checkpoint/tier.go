@@ -27,10 +27,18 @@ type Tier interface {
 
 // A Refusable is a copy a Tier's Open returned that can be told its bytes
 // failed verification: the tier then asks that copy's source (a peer) no
-// more for the rest of the restore. A tier whose copies are not Refusable
-// is itself not asked again by that restore.
+// more for the rest of the restore.
 type Refusable interface {
 	Refuse(err error)
+}
+
+// A CopyRefuser is a Tier whose every copy is its own source (the local
+// tier: a file on this disk): told that its copy of f failed verification,
+// it drops that copy, and is still asked for the other files. A tier whose
+// copies are neither Refusable nor its own sources this way is not asked
+// again by that restore.
+type CopyRefuser interface {
+	RefuseCopy(m *Manifest, f File, err error)
 }
 
 // Where restored bytes came from (restore.Result.From), besides a tier's name.

@@ -127,47 +127,39 @@ func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.Fi
 	}
 	defer dir.Close()
 	if f.Part != "" && checkpoint.ValidID(f.Part) {
-		rel := partDirName(m, f.Part) + "/" + f.Path
-		fh, err := openSized(dir, rel, f.Size)
-		if err == nil {
-			return &keptFile{File: fh, t: t, rel: rel}, nil
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
+		rc, err := openSized(dir, partDirName(m, f.Part)+"/"+f.Path, f.Size)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return rc, err
 		}
 	}
-	rel := dirName(m) + "/" + f.Path
-	fh, err := openSized(dir, rel, f.Size)
-	if err != nil {
-		return nil, err
-	}
-	return &keptFile{File: fh, t: t, rel: rel}, nil
+	// An *os.File, unwrapped: the peer tier's server sends it by
+	// sendfile(2).
+	return openSized(dir, dirName(m)+"/"+f.Path, f.Size)
 }
 
-// keptFile is a kept copy as Open returns it. Each file is its own source:
-// one that fails verification (a trainer rewrote it in place through the
-// hard link, the disk, someone) is removed from the tier when refused, so
-// that no later restore and no peer is handed it; the tier's other copies
-// are still asked.
-type keptFile struct {
-	*os.File
-	t   *Tier
-	rel string // below the tier's directory
-}
+var _ checkpoint.CopyRefuser = (*Tier)(nil)
 
-var _ checkpoint.Refusable = (*keptFile)(nil)
-
-func (k *keptFile) Refuse(err error) {
-	dir, derr := k.t.dir()
-	if derr == nil {
-		derr = dir.Remove(k.rel)
-		dir.Close()
-	}
-	if derr != nil && !errors.Is(derr, fs.ErrNotExist) {
-		k.t.log.Warn("local tier: could not drop a copy that failed verification", zap.String("file", k.rel), zap.Error(derr))
+// RefuseCopy drops the kept copy of f of checkpoint m, which failed
+// verification (a trainer rewrote it in place through the hard link, the
+// disk, someone): no later restore and no peer is handed it. Each file is
+// its own source: the tier's other copies are still asked.
+func (t *Tier) RefuseCopy(m *checkpoint.Manifest, f checkpoint.File, err error) {
+	dir, derr := t.dir()
+	if derr != nil {
 		return
 	}
-	k.t.log.Warn("local tier: dropped a copy that failed verification", zap.String("file", k.rel), zap.Error(err))
+	defer dir.Close()
+	rel := dirName(m) + "/" + f.Path
+	if f.Part != "" && checkpoint.ValidID(f.Part) {
+		if _, lerr := dir.Lstat(partDirName(m, f.Part) + "/" + f.Path); lerr == nil {
+			rel = partDirName(m, f.Part) + "/" + f.Path // what Open served
+		}
+	}
+	if derr = dir.Remove(rel); derr != nil && !errors.Is(derr, fs.ErrNotExist) {
+		t.log.Warn("local tier: could not drop a copy that failed verification", zap.String("file", rel), zap.Error(derr))
+		return
+	}
+	t.log.Warn("local tier: dropped a copy that failed verification", zap.String("file", rel), zap.Error(err))
 }
 
 // openSized is checkpoint.OpenRegular, whose error for a file of another

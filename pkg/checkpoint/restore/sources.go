@@ -33,10 +33,17 @@ func (s *sources) isRefused(i int) bool {
 	return s.refused[i]
 }
 
-// refuse records that a copy from tier i failed verification: its source
-// is not asked again in this restore (the copy's own, when it can be told,
-// checkpoint.Refusable; else the whole tier).
+// refuse records that a copy from tier i failed verification: that copy
+// is dropped (a tier of copies that are each their own source,
+// checkpoint.CopyRefuser), or its source is not asked again in this
+// restore (the copy's own, when it can be told, checkpoint.Refusable; else
+// the whole tier).
 func (s *sources) refuse(i int, rc io.ReadCloser, f checkpoint.File, err error) {
+	if c, ok := s.tiers[i].(checkpoint.CopyRefuser); ok {
+		c.RefuseCopy(s.m, f, err)
+		s.log.Warn("nearby copy failed verification: fetching the file again", zap.String("tier", s.tiers[i].Name()), zap.String("file", f.Path), zap.Error(err))
+		return
+	}
 	if r, ok := rc.(checkpoint.Refusable); ok {
 		r.Refuse(err)
 		s.log.Warn("nearby copy failed verification: fetching the file again, and not asking its source again in this restore",
