@@ -66,11 +66,17 @@ type File struct {
 	Path string `json:"path"` // relative to the checkpoint directory, "/"-separated
 	Key  string `json:"key"`  // object key relative to the store root
 	Size int64  `json:"size"`
-	// CRC32C of the content, 8 hex digits (checksum.go); what this
-	// version writes. SHA256 (64 hex digits) is what older versions
-	// wrote: restore checks whichever is set, CRC32C first.
+	// CRC32C of the content, 8 hex digits (checksum.go): the store
+	// download's transfer check. SHA256 (64 hex digits) is what versions
+	// before CRC32C wrote instead: a store download checks whichever is
+	// set, CRC32C first.
 	CRC32C string `json:"crc32c,omitempty"`
 	SHA256 string `json:"sha256,omitempty"`
+	// BLAKE3 of the content, 64 hex digits (checksum.go): the digest a
+	// copy nearer than the store (local tier, peer, replica, a reused
+	// restore directory) must match before any of its bytes is used.
+	// Written since #46, with CRC32C; older readers ignore it.
+	BLAKE3 string `json:"blake3,omitempty"`
 	Part   string `json:"part,omitempty"` // the part (node) that wrote it, in a job checkpoint
 }
 
@@ -156,6 +162,9 @@ func ValidateFiles(files []File) error {
 		}
 		if b, err := hex.DecodeString(f.SHA256); f.SHA256 != "" && (err != nil || len(b) != 32) {
 			return fmt.Errorf("file %q: bad sha256 %q", f.Path, f.SHA256)
+		}
+		if b, err := hex.DecodeString(f.BLAKE3); f.BLAKE3 != "" && (err != nil || len(b) != 32 || f.BLAKE3 != strings.ToLower(f.BLAKE3)) {
+			return fmt.Errorf("file %q: bad blake3 %q", f.Path, f.BLAKE3)
 		}
 	}
 	// A path that is also another's directory ("a" and "a/b") cannot be

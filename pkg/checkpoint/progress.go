@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"hash"
 	"io"
 	"sync/atomic"
 	"time"
@@ -59,10 +58,11 @@ func (p *Progress) Report(ctx context.Context, log *zap.Logger, what string) {
 // store's CRC32C in the same pass (64 KiB steps: the same; 1 MiB: 1.6).
 const hashChunk = 256 << 10
 
-// CountingReader counts and hashes what passes through it.
+// CountingReader counts and hashes what passes through it (H: a hash, or
+// Sums).
 type CountingReader struct {
 	R io.Reader
-	H hash.Hash
+	H io.Writer
 	N int64
 	P *Progress
 }

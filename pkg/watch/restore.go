@@ -162,7 +162,7 @@ func (w *Watcher) aside(name, why string) error {
 var testHookSameAs func()
 
 // sameAs checks the local checkpoint name against a manifest: the same
-// files, sizes and checksums. Nothing is followed out of DIR and nothing but
+// files, sizes and digests. Nothing is followed out of DIR and nothing but
 // a regular file is read: each file is opened O_NONBLOCK|O_NOFOLLOW (a
 // FIFO or device swapped in cannot block) and must be, by fstat, a regular
 // file and the very one listed.
@@ -213,7 +213,10 @@ func sameFile(dir *os.Root, rel string, e *entry, f checkpoint.File) error {
 	if !fi.Mode().IsRegular() || !checkpoint.IdentOf(fi).SameData(e.id) {
 		return fmt.Errorf("%s: replaced while it was checked (%s): %w", f.Path, fi.Mode().Type(), checkpoint.ErrRefused)
 	}
-	err = f.Verify(fh)
+	// The digest, not the CRC32C: other bytes of the same size and
+	// CRC32C are easy to make. An entry without one (a manifest from
+	// before digests) is not proven: the store's copy replaces it.
+	err = f.VerifyDigest(fh)
 	if errors.Is(err, checkpoint.ErrCorrupt) {
 		return fmt.Errorf("%s differs", f.Path)
 	}

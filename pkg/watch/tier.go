@@ -15,13 +15,22 @@ import (
 // Tier is the watched directory as a restore tier (checkpoint.Tier, #38):
 // a checkpoint the trainer wrote, still in DIR under the name its commit
 // recorded, is this machine's copy of it. Restore verifies every file
-// against the manifest as it copies it, and fetches what differs, or is
+// against the manifest's size and digest as it copies it, and fetches what differs, or is
 // gone, from the store; the trainer's directory itself is only read.
 func (w *Watcher) Tier() checkpoint.Tier { return dirTier{w} }
 
 type dirTier struct{ w *Watcher }
 
 func (dirTier) Name() string { return checkpoint.FromLocal }
+
+var _ checkpoint.CopyRefuser = dirTier{}
+
+// RefuseCopy does nothing: each file in DIR is its own source (the
+// trainer may have rewritten one), so a copy that fails its digest costs
+// that file's download and the other files are still read from DIR; and
+// DIR is the trainer's, only read (Restore moves a checkpoint that
+// differs aside, never deletes it).
+func (dirTier) RefuseCopy(*checkpoint.Manifest, checkpoint.File, error) {}
 
 func (t dirTier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	o, err := originOf(m)

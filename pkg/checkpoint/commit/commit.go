@@ -271,37 +271,40 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 	for _, i := range todo {
 		f := files[i]
 		g.Go(func() error {
-			sum, err := c.uploadFile(gctx, root, prefix+f.Rel, f, p)
+			crc, digest, err := c.uploadFile(gctx, root, prefix+f.Rel, f, p)
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", f.Rel, err)
 			}
-			out[i] = checkpoint.File{Path: f.Rel, Key: prefix + f.Rel, Size: f.Size, CRC32C: sum}
+			out[i] = checkpoint.File{Path: f.Rel, Key: prefix + f.Rel, Size: f.Size, CRC32C: crc, BLAKE3: digest}
 			return nil
 		})
 	}
 	return g.Wait()
 }
 
-// uploadFile streams one file to the store, taking its CRC32C on the way:
-// the file is read once. A file that changes size while it is read is an
-// error.
-func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f checkpoint.LocalFile, p *checkpoint.Progress) (string, error) {
+// uploadFile streams one file to the store, taking its CRC32C and digest
+// on the way: the file is read once. A file that changes size while it is
+// read is an error.
+func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f checkpoint.LocalFile, p *checkpoint.Progress) (crc, digest string, err error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
 	fh, err := checkpoint.OpenScanned(root, f.Rel, f.Size)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer fh.Close()
 	ur := newUploadReader(fh, f.Size, p)
 	if err := c.Store.Put(ctx, key, ur, f.Size, cloud.PutOptions{}); err != nil {
-		return "", err
+		return "", "", err
 	}
-	n, sum := ur.result()
+	n, crc, digest, err := ur.result()
+	if err != nil {
+		return "", "", err
+	}
 	if n != f.Size {
-		return "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.Size)
+		return "", "", fmt.Errorf("file changed while uploading: read %d bytes, expected %d", n, f.Size)
 	}
-	return sum, nil
+	return crc, digest, nil
 }
 
 // marshalManifest encodes m and checks that it decodes to the same paths

@@ -75,8 +75,9 @@ type pipedFile struct {
 	size  int64
 	ident checkpoint.FileIdent // after the upload
 	racy  bool
-	sum   string
-	err   error // nil: uploaded, and unchanged while read
+	sum   string // CRC32C
+	dig   string // digest
+	err   error  // nil: uploaded, and unchanged while read
 	// started: an upload ran (it may have put an object)
 	started bool
 }
@@ -234,7 +235,11 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 		f.err = err
 		return
 	}
-	n, sum := ur.result()
+	n, sum, dig, err := ur.result()
+	if err != nil {
+		f.err = err
+		return
+	}
 	after, err := fh.Stat()
 	switch {
 	case err != nil:
@@ -244,7 +249,7 @@ func (p *Pipeline) upload(fh *os.File, before os.FileInfo, f *pipedFile) {
 	}
 	f.ident = checkpoint.IdentOf(after)
 	f.racy = !checkpoint.ChangeTime(after).Before(opened.Add(-racyWindow))
-	f.sum = sum
+	f.sum, f.dig = sum, dig
 }
 
 // Halt stops the uploads in flight without deleting anything; files
@@ -341,7 +346,7 @@ func (p *Pipeline) take(ctx context.Context, files []checkpoint.LocalFile) (map[
 			p.log.Warn("file changed after it was reported saved: uploading it again", zap.String("path", f.rel), zap.String("why", why))
 			continue
 		}
-		ok[lf.Rel] = checkpoint.File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum}
+		ok[lf.Rel] = checkpoint.File{Path: f.rel, Key: f.key, Size: f.size, CRC32C: f.sum, BLAKE3: f.dig}
 	}
 	return ok, p.first, nil
 }

@@ -8,10 +8,12 @@
 // hard links into the tier's directory where the file system allows,
 // else a copy checked against the manifest. It is never trusted: restore
 // chooses the checkpoint by the store's rules, then reads each file
-// through the manifest's size and CRC32C (checkpoint.Tier), and fetches
-// any file that fails from the store. A trainer that rewrites a file in
-// place after its commit (the hard link shares it) costs that file's
-// download, nothing more.
+// through the manifest's size and digest (BLAKE3, checkpoint.Tier), and
+// fetches any file that fails from the next tier or the store; a copy of
+// the same size and CRC32C but other bytes fails. A trainer that rewrites
+// a file in place after its commit (the hard link shares it) costs that
+// file's download, nothing more: that copy is dropped from the tier
+// (Refuse), so that no peer is served it either.
 package localtier
 
 import (
@@ -130,7 +132,34 @@ func (t *Tier) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.Fi
 			return rc, err
 		}
 	}
+	// An *os.File, unwrapped: the peer tier's server sends it by
+	// sendfile(2).
 	return openSized(dir, dirName(m)+"/"+f.Path, f.Size)
+}
+
+var _ checkpoint.CopyRefuser = (*Tier)(nil)
+
+// RefuseCopy drops the kept copy of f of checkpoint m, which failed
+// verification (a trainer rewrote it in place through the hard link, the
+// disk, someone): no later restore and no peer is handed it. Each file is
+// its own source: the tier's other copies are still asked.
+func (t *Tier) RefuseCopy(m *checkpoint.Manifest, f checkpoint.File, err error) {
+	dir, derr := t.dir()
+	if derr != nil {
+		return
+	}
+	defer dir.Close()
+	rel := dirName(m) + "/" + f.Path
+	if f.Part != "" && checkpoint.ValidID(f.Part) {
+		if _, lerr := dir.Lstat(partDirName(m, f.Part) + "/" + f.Path); lerr == nil {
+			rel = partDirName(m, f.Part) + "/" + f.Path // what Open served
+		}
+	}
+	if derr = dir.Remove(rel); derr != nil && !errors.Is(derr, fs.ErrNotExist) {
+		t.log.Warn("local tier: could not drop a copy that failed verification", zap.String("file", rel), zap.Error(derr))
+		return
+	}
+	t.log.Warn("local tier: dropped a copy that failed verification", zap.String("file", rel), zap.Error(err))
 }
 
 // openSized is checkpoint.OpenRegular, whose error for a file of another
@@ -248,9 +277,9 @@ func (t *Tier) keepFile(dir *os.Root, src, tmp string, f checkpoint.File, copyOK
 // link is os.Root.Link; tests make it fail.
 var link = (*os.Root).Link
 
-// verifyCopy copies r to w, checking it against f.
+// verifyCopy copies r to w, checking it against f's size and digest.
 func verifyCopy(w io.Writer, r io.Reader, f checkpoint.File) error {
-	return checkpoint.CopyVerified(w, r, f, nil)
+	return checkpoint.CopyDigestVerified(w, r, f, nil)
 }
 
 // prune drops the copies beyond the budget: beyond Keep, highest step
@@ -424,25 +453,61 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 	return nil
 }
 
-// addFile writes f, read from open, at rel below dir, checked against f.
+// addTries bounds the copies of one file AddPart reads: a copy that fails
+// verification is refused (checkpoint.Refusable: its source is not asked
+// again) and the file read from the next source open finds.
+const addTries = 4
+
+// addFile writes f, read from open, at rel below dir, checked against f's
+// size and digest. A file without a digest is never copied from a peer.
 func addFile(ctx context.Context, dir *os.Root, rel string, f checkpoint.File, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	if !f.HasDigest() {
+		return fmt.Errorf("%s: %w", f.Path, checkpoint.ErrNoDigest)
+	}
 	if d := path.Dir(rel); d != "." {
 		if err := dir.MkdirAll(d, 0o700); err != nil {
 			return err
 		}
 	}
-	in, err := open(ctx, f)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
 	out, err := dir.OpenFile(rel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
-	if err := verifyCopy(out, in, f); err != nil {
+	for try := 1; ; try++ {
+		err = copyFrom(ctx, out, f, open)
+		if err == nil || try == addTries || !errors.Is(err, errRefused) {
+			break
+		}
+		if err := out.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := out.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+	}
+	if err != nil {
 		return err
 	}
 	return out.Close()
+}
+
+// errRefused marks a copy that failed verification and whose source was
+// told so: another may be asked.
+var errRefused = errors.New("copy refused")
+
+// copyFrom copies f from open into out, verified; a copy that fails and
+// can be refused is, and the error wraps errRefused.
+func copyFrom(ctx context.Context, out io.Writer, f checkpoint.File, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
+	in, err := open(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	err = verifyCopy(out, in, f)
+	if r, ok := in.(checkpoint.Refusable); ok && errors.Is(err, checkpoint.ErrCorrupt) {
+		r.Refuse(err)
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	return err
 }

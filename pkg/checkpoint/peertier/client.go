@@ -43,8 +43,12 @@ type Client struct {
 	mu      sync.Mutex
 	records map[string]*Record   // by node, once read; nil: none
 	bad     map[string]time.Time // addresses that failed, when: not asked again for badFor
-	placed  string               // the checkpoint whose keepers are in keepers
-	keepers map[string]string    // part → the node that keeps its copy
+	// refused are the nodes a copy of which failed verification (Refuse):
+	// never asked again by this client, one restore's or one replica
+	// copy's.
+	refused map[string]bool
+	placed  string            // the checkpoint whose keepers are in keepers
+	keepers map[string]string // part → the node that keeps its copy
 
 	// wait bounds the waits for peers still starting (wait.go), all of
 	// them together; 0: none. session is this agent's: a record of it is
@@ -96,7 +100,7 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
 	c := &Client{st: st, run: run, node: node, token: token, stall: stall, minRate: MinRate, grace: Grace, hc: &http.Client{Transport: tr}, log: log,
-		records: map[string]*Record{}, bad: map[string]time.Time{}, waits: map[string]*peerWait{}, down: map[string]bool{}, rereads: map[string]*Record{}}
+		records: map[string]*Record{}, bad: map[string]time.Time{}, refused: map[string]bool{}, waits: map[string]*peerWait{}, down: map[string]bool{}, rereads: map[string]*Record{}}
 	tr.DialContext = c.dialNoted(tr.DialContext)
 	return c
 }
@@ -121,7 +125,7 @@ func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candida
 	seen := map[string]bool{}
 	var out []candidate
 	for _, g := range m.Files {
-		if g.Part == "" || g.Part == c.node || seen[g.Part] || !sameContent(f, g) {
+		if g.Part == "" || g.Part == c.node || seen[g.Part] || !sameContent(f, g) || c.isRefused(g.Part) {
 			continue
 		}
 		seen[g.Part] = true
@@ -144,25 +148,46 @@ func (c *Client) candidates(m *checkpoint.Manifest, f checkpoint.File) []candida
 	if len(out) > maxPeers {
 		out = out[:maxPeers]
 	}
-	if h := c.keeperOf(m, f.Part); h != "" && h != c.node && !seen[h] {
+	if h := c.keeperOf(m, f.Part); h != "" && h != c.node && !seen[h] && !c.isRefused(h) {
 		out = append(out, candidate{node: h, file: f, replica: true})
 	}
 	return out
 }
 
-// sameContent: the same size and a checksum, equal.
+// sameContent: the same size and digest, and checksum (a file without a
+// digest is never read from a peer).
 func sameContent(a, b checkpoint.File) bool {
-	return a.Size == b.Size && (a.CRC32C != "" || a.SHA256 != "") && a.CRC32C == b.CRC32C && a.SHA256 == b.SHA256
+	return a.Size == b.Size && a.HasDigest() && a.BLAKE3 == b.BLAKE3 && a.SHA256 == b.SHA256 && a.CRC32C == b.CRC32C
+}
+
+func (c *Client) isRefused(node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused[node]
+}
+
+// refuse records that node's copy failed verification: it is not asked
+// again by this client.
+func (c *Client) refuse(node, addr string, err error) {
+	c.mu.Lock()
+	c.refused[node] = true
+	c.mu.Unlock()
+	c.log.Warn("peer tier: a peer's copy failed verification: not asking that peer again", zap.String("node", node), zap.String("addr", addr), zap.Error(err))
 }
 
 // Open returns a peer's copy of file f of checkpoint m, as a body bounded
 // by the stall timeout and f's size; an error wrapping fs.ErrNotExist
-// when no peer holds one. Restore verifies what it reads. A peer whose
+// when no peer holds one (or f records no digest). Restore verifies what
+// it reads against f's digest, and refuses a copy that fails
+// (checkpoint.Refusable): that peer is not asked again by this client. A peer whose
 // record holds m but whose addresses cannot be reached is waited for
 // (await: its agent may be starting), within the restore's wait bound;
 // one that refuses has its record read once more (reread: it may name a
 // session that has just ended).
 func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
+	if !f.HasDigest() {
+		return nil, fmt.Errorf("peer: %s: %w: %w", f.Path, checkpoint.ErrNoDigest, fs.ErrNotExist)
+	}
 	ck := folder(m)
 	var errs []error
 	for _, cd := range c.candidates(m, f) {
@@ -327,9 +352,22 @@ func (c *Client) get(ctx context.Context, addr string, to target, ck string, f c
 		return nil, fmt.Errorf("%d bytes offered, want %d", resp.ContentLength, f.Size)
 	}
 	// A peer cut off for stalling or dripping is not asked again by this
-	// restore: its later files come from other peers or the store.
-	return newStallBody(resp.Body, cancel, c.stall, c.minRate, c.grace, func() { c.markBad(addr) }), nil
+	// restore: its later files come from other peers or the store; nor is
+	// one whose copy failed verification.
+	b := newStallBody(resp.Body, cancel, c.stall, c.minRate, c.grace, func() { c.markBad(addr) })
+	return &peerBody{stallBody: b, refuse: func(err error) { c.refuse(to.node, addr, err) }}, nil
 }
+
+// peerBody is a peer's copy: restore refuses it when it fails
+// verification.
+type peerBody struct {
+	*stallBody
+	refuse func(error)
+}
+
+var _ checkpoint.Refusable = (*peerBody)(nil)
+
+func (b *peerBody) Refuse(err error) { b.refuse(err) }
 
 // A transfer slower than MinRate on average once Grace has passed is cut
 // off (errTooSlow), as one that sends no byte for the stall bound is

@@ -364,11 +364,13 @@ func restoreOne(ctx context.Context, st cloud.Store, dest *os.Root, destPath, ke
 	log := src.log
 	res := &Result{Dir: final, Key: key, Manifest: src.m, Bytes: view.Bytes()}
 	if _, err := dest.Lstat(name); err == nil {
-		if verifyLocal(dest, name, view) == nil {
+		err := verifyLocal(dest, name, view)
+		if err == nil {
 			log.Info("local copy of checkpoint verified, not downloading", zap.String("dir", final))
 			res.From = map[string]int64{checkpoint.FromLocal: res.Bytes}
 			return res, nil
 		}
+		log.Info("local copy of checkpoint not reused: restoring it again", zap.String("dir", final), zap.Error(err))
 		if err := dest.RemoveAll(name); err != nil {
 			return nil, err
 		}
@@ -528,8 +530,10 @@ func downloadRanged(ctx context.Context, st cloud.Store, out *os.File, f checkpo
 }
 
 // verifyLocal checks the local copy dir (below parent) against the
-// manifest, file by file; a file the manifest does not list (say, one a
-// trainer added) fails it too, and so does a symlink anywhere in it.
+// manifest's sizes and digests, file by file; a file the manifest does
+// not list (say, one a trainer added) fails it too, and so does a symlink
+// anywhere in it, or a file whose entry records no digest (a CRC32C is
+// no proof: it is forged with four bytes).
 func verifyLocal(parent *os.Root, dir string, m *checkpoint.Manifest) error {
 	root, err := checkpoint.OpenDir(parent, dir)
 	if err != nil {
@@ -548,10 +552,10 @@ func verifyLocal(parent *os.Root, dir string, m *checkpoint.Manifest) error {
 		if err != nil {
 			return err
 		}
-		err = f.Verify(fh)
+		err = f.VerifyDigest(fh)
 		fh.Close()
 		if errors.Is(err, checkpoint.ErrCorrupt) {
-			return fmt.Errorf("%s: checksum differs", f.Path)
+			return fmt.Errorf("%s: digest differs", f.Path)
 		}
 		if err != nil {
 			return err

@@ -19,8 +19,12 @@ type FileSource struct {
 	CRC      uint32  // and their CRC32C
 	Reported bool    // Sent was called
 	Reports  []int64 // what each call to Progress reported
+	Scans    []byte  // what the backend showed Scanned, in order (cloud.ScannedSource)
 	mu       sync.Mutex
 }
+
+// Scanned records the bytes a store read to checksum the file.
+func (s *FileSource) Scanned(p []byte) { s.mu.Lock(); s.Scans = append(s.Scans, p...); s.mu.Unlock() }
 
 // Progress records a store's progress report (cloud.ProgressSource).
 func (s *FileSource) Progress(n int64) { s.mu.Lock(); s.Reports = append(s.Reports, n); s.mu.Unlock() }

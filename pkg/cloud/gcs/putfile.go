@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
 
 	"cloud.google.com/go/storage"
 
@@ -34,7 +33,7 @@ const singleAttempts = 3
 // putFile uploads src in one request.
 func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string, src cloud.FileSource) error {
 	f, size := src.SourceFile()
-	crc, err := fileCRC(ctx, f, size)
+	crc, err := fileCRC(ctx, src, size)
 	if err != nil {
 		return fmt.Errorf("put %s: read: %w", key, err)
 	}
@@ -71,11 +70,12 @@ func (s *Store) putOnce(ctx context.Context, o *storage.ObjectHandle, r io.Reade
 	return nil
 }
 
-// fileCRC reads f's size bytes and returns their CRC32C; a file of
-// another length is an error.
-func fileCRC(ctx context.Context, f *os.File, size int64) (uint32, error) {
+// fileCRC reads src's file's size bytes and returns their CRC32C; src sees
+// them too (cloud.ReportScanned). A file of another length is an error.
+func fileCRC(ctx context.Context, src cloud.FileSource, size int64) (uint32, error) {
+	f, _ := src.SourceFile()
 	h := crc32.New(castagnoli)
-	n, err := io.Copy(h, cloud.ContextReader(ctx, io.NewSectionReader(f, 0, size+1)))
+	n, err := io.Copy(scanWriter{h, src}, cloud.ContextReader(ctx, io.NewSectionReader(f, 0, size+1)))
 	if err != nil {
 		return 0, err
 	}
@@ -83,6 +83,17 @@ func fileCRC(ctx context.Context, f *os.File, size int64) (uint32, error) {
 		return 0, errors.New("file changed size while it was read")
 	}
 	return h.Sum32(), nil
+}
+
+// scanWriter hashes what is written and shows it to a file source.
+type scanWriter struct {
+	h   io.Writer
+	src cloud.FileSource
+}
+
+func (w scanWriter) Write(p []byte) (int, error) {
+	cloud.ReportScanned(w.src, p)
+	return w.h.Write(p)
 }
 
 // progressReader reports each read of a file source's body to its Progress.

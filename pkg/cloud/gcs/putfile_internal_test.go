@@ -27,6 +27,10 @@ func TestPutFile_OneRequest(t *testing.T) {
 	if want := crc32.Checksum(data, castagnoli); !src.Reported || src.N != src.Size || src.CRC != want {
 		t.Fatalf("Sent(%d, %08x) called %v, want %d, %08x", src.N, src.CRC, src.Reported, src.Size, want)
 	}
+	// The bytes read to checksum it, each once, in order (cloud.ScannedSource).
+	if !bytes.Equal(src.Scans, data) {
+		t.Fatalf("Scanned saw %d bytes, equal to the file %v", len(src.Scans), bytes.Equal(src.Scans, data))
+	}
 	// Progress as the body went (#41 item 5): several reports, adding up to
 	// at least the file (a resent request counts again).
 	var sum int64

@@ -43,8 +43,9 @@ const scanChunk = 256 << 10
 var scanBufs = sync.Pool{New: func() any { b := make([]byte, scanChunk); return &b }}
 
 // crcRange returns the CRC32C of f's bytes [off, off+n), and carries whole
-// over them. A file shorter than off+n is an error.
-func crcRange(ctx context.Context, f *os.File, off, n int64, whole *uint32) (uint32, error) {
+// over them; src sees each run read (cloud.ReportScanned). A file shorter
+// than off+n is an error.
+func crcRange(ctx context.Context, f *os.File, off, n int64, whole *uint32, src cloud.FileSource) (uint32, error) {
 	bp := scanBufs.Get().(*[]byte)
 	defer scanBufs.Put(bp)
 	buf := *bp
@@ -56,6 +57,7 @@ func crcRange(ctx context.Context, f *os.File, off, n int64, whole *uint32) (uin
 		m, err := f.ReadAt(buf[:min(int64(len(buf)), n-done)], off+done)
 		crc = crc32.Update(crc, castagnoli, buf[:m])
 		*whole = crc32.Update(*whole, castagnoli, buf[:m])
+		cloud.ReportScanned(src, buf[:m])
 		done += int64(m)
 		if err != nil && done < n {
 			if errors.Is(err, io.EOF) {
@@ -81,7 +83,7 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 	part := s.partSize(size)
 	var whole uint32
 	if size <= part {
-		crc, err := crcRange(ctx, f, 0, size, &whole)
+		crc, err := crcRange(ctx, f, 0, size, &whole, src)
 		if err == nil {
 			err = noMore(f, size)
 		}
@@ -103,7 +105,7 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 	}
 	u := &upload{s: s, k: k, id: out.UploadId}
 	start := time.Now()
-	err = u.sendFile(ctx, f, size, part, func(n int64) { cloud.ReportProgress(src, n) })
+	err = u.sendFile(ctx, src, f, size, part, func(n int64) { cloud.ReportProgress(src, n) })
 	if err == nil {
 		err = u.complete(ctx, opts)
 	}
@@ -119,7 +121,7 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 
 // sendFile checksums f part by part, in order, and uploads the parts
 // concurrently as sections of f; sent is called with each part's size once it is uploaded.
-func (u *upload) sendFile(ctx context.Context, f *os.File, size, part int64, sent func(int64)) error {
+func (u *upload) sendFile(ctx context.Context, src cloud.FileSource, f *os.File, size, part int64, sent func(int64)) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(u.s.opts.Concurrency)
 	num := int32(0)
@@ -130,7 +132,7 @@ func (u *upload) sendFile(ctx context.Context, f *os.File, size, part int64, sen
 			break
 		}
 		n := min(part, size-off)
-		crc, err := crcRange(gctx, f, off, n, &u.whole)
+		crc, err := crcRange(gctx, f, off, n, &u.whole, src)
 		if err != nil {
 			g.Go(func() error { return fmt.Errorf("read: %w", err) })
 			break

@@ -27,6 +27,11 @@ func TestPutFile(t *testing.T) {
 		if !src.Reported || src.N != int64(size) || src.CRC != crc32.Checksum(data, castagnoli) {
 			t.Fatalf("size %d: Sent(%d, %08x) called %v, want %d, %08x", size, src.N, src.CRC, src.Reported, size, crc32.Checksum(data, castagnoli))
 		}
+		// The bytes read to checksum it, each once, in order: the
+		// committer's digest is taken from them (cloud.ScannedSource).
+		if !bytes.Equal(src.Scans, data) {
+			t.Fatalf("size %d: Scanned saw %d bytes, equal to the file %v", size, len(src.Scans), bytes.Equal(src.Scans, data))
+		}
 		// A multipart upload reports each part as it is sent (#41 item 5):
 		// a long upload's progress moves, instead of jumping at Sent.
 		var sum int64
