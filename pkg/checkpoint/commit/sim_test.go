@@ -204,11 +204,10 @@ const simLegacy simShape = 1
 
 // simForgeOn turns on the tiers' forged answers (other bytes of the same
 // size and CRC32C, forge.Like) in every schedule with tiers: restore
-// must hand the trainer only the committed bytes. It is off until tiers
-// verify a cryptographic digest recorded in the manifest (issue 46 item
-// 1): with it on, the code that trusts size and CRC32C fails TestSim.
-// SPOTAGENT_SIM_FORGE=1 turns it on for one run.
-const simForgeOn = false
+// must hand the trainer only the committed bytes. Tiers verify the
+// manifest's BLAKE3 digest (issue 46 item 1); before that, the code that
+// trusted size and CRC32C failed TestSim with it on (seeds 30, 31, 77, 82).
+const simForgeOn = true
 
 func simForge() bool { return simForgeOn || os.Getenv("SPOTAGENT_SIM_FORGE") == "1" }
 
