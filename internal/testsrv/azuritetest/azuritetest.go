@@ -201,4 +201,3 @@ func NewServer(t testing.TB) *Server {
 	}
 	return s
 }
-
