@@ -24,7 +24,8 @@ import (
 // benchAzure is issue 50's figure: one checkpoint file uploaded to and
 // restored from Azurite by spotagent (a real commit, `spotbench commit`,
 // and `spotagent restore`, which verifies what it wrote) and by azcopy
-// (`azcopy copy`, a SAS), turns alternating, with each tool's CPU and
+// (`azcopy copy`, a SAS; --from-to, since azcopy cannot tell an
+// emulator's URL is a blob), turns alternating, with each tool's CPU and
 // Azurite's meanwhile. azcopy runs twice: at its own default concurrency
 // and at spotagent's (8 blocks of 16 MiB in flight).
 func benchAzure(c *config, r *report.Report) error {
@@ -80,9 +81,9 @@ func benchAzure(c *config, r *report.Report) error {
 				case tool == "spotagent":
 					d, _, cpu, err = proc.Run(env, io.Discard, c.bin, "restore", "--store", uri, "--dest", dest)
 				case op == "upload":
-					d, _, cpu, err = proc.Run(aenv, io.Discard, c.azcopy, "copy", src, blobURL, "--block-size-mb", "16", "--log-level", "ERROR")
+					d, _, cpu, err = proc.Run(aenv, io.Discard, c.azcopy, "copy", src, blobURL, "--from-to", "LocalBlob", "--block-size-mb", "16", "--log-level", "ERROR")
 				default:
-					d, _, cpu, err = proc.Run(aenv, io.Discard, c.azcopy, "copy", blobURL, filepath.Join(dest+"-f"), "--log-level", "ERROR")
+					d, _, cpu, err = proc.Run(aenv, io.Discard, c.azcopy, "copy", blobURL, dest+"-f", "--from-to", "BlobLocal", "--log-level", "ERROR")
 				}
 				if err != nil {
 					return fmt.Errorf("azure %s %s: %w", tool, op, err)
