@@ -48,3 +48,26 @@ if [ ${#still[@]} -gt 0 ]; then
   echo "test-deps: still missing after the install: ${still[*]}" >&2
   exit 1
 fi
+
+# Azurite, Microsoft's Azure Blob emulator, for the az:// store's tests
+# (internal/testsrv/azuritetest starts it). From the npm registry, pinned:
+# 3.35.0 is the newest release that runs on Node 20 (3.36 wants Node 21,
+# 3.37 Node 22), Debian's nodejs. Installed once into the cache.
+azurite_version=3.35.0
+azurite_dir=${XDG_CACHE_HOME:-$HOME/.cache}/spotagent-azurite/$azurite_version
+if [ ! -x "$azurite_dir/node_modules/.bin/azurite-blob" ]; then
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "installing test dependencies: nodejs npm (for Azurite)"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  echo "installing Azurite $azurite_version into $azurite_dir"
+  mkdir -p "$azurite_dir"
+  npm install --silent --no-audit --no-fund --omit=dev --prefix "$azurite_dir" "azurite@$azurite_version" >/dev/null
+fi
+if ! "$azurite_dir/node_modules/.bin/azurite-blob" --version >/dev/null 2>&1; then
+  echo "test-deps: Azurite $azurite_version in $azurite_dir does not run (node $(node --version 2>/dev/null || echo missing))" >&2
+  exit 1
+fi

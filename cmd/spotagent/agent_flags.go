@@ -60,7 +60,7 @@ type agentOptions struct {
 
 func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	if node {
-		fs.StringVar(&o.store, "store-prefix", "", "each run's store is this prefix + its run id: s3://bucket/runs, gs://bucket/runs, file:///dir")
+		fs.StringVar(&o.store, "store-prefix", "", "each run's store is this prefix + its run id: s3://bucket/runs, gs://bucket/runs, az://container/runs, file:///dir")
 		fs.StringVar(&o.checkpointDir, "checkpoint-root", "/var/lib/spotagent", "local directory; each run gets CHECKPOINT-ROOT/RUN-ID")
 		o.runID = "node"
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "a neighbour node's agent of a hosted multi-node run silent this long is a lost node (peer-lost in the run's directory: its pod ends its ranks, exit 75): at least 2s, or 0 for no heartbeats")
@@ -69,7 +69,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.BoolVar(&o.peerRestore, "peer-restore", false, "every hosted multi-node run serves this machine's local copies (--local-keep) to its job's other agents on one TCP listener at --peer-listen's address, and restores from theirs before the store")
 		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps, for each hosted multi-node run, a copy of another node's part (one in another zone, else of another instance type, else node K+1's) after each periodic commit, within --local-max-bytes; 0: none")
 	} else {
-		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
+		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
 		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
 		o.watch.register(fs)
@@ -165,9 +165,9 @@ func (o *agentOptions) resolve(node bool) error {
 func (o *agentOptions) check(node bool) error {
 	if o.store == "" {
 		if node {
-			return errors.New("--store-prefix is required (s3://bucket/runs, gs://bucket/runs or file:///dir)")
+			return errors.New("--store-prefix is required (s3://bucket/runs, gs://bucket/runs, az://container/runs or file:///dir)")
 		}
-		return errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path)")
+		return errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path)")
 	}
 	if o.runID == "" {
 		o.runID = defaultRunID(o.store)

@@ -94,7 +94,7 @@ func newFleetCmd() *cobra.Command {
 	}
 	o.register(cmd)
 	fs := cmd.Flags()
-	fs.Lookup("store").Usage = "the prefix the runs' stores are under (each run's store is PREFIX/RUN-ID): s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path"
+	fs.Lookup("store").Usage = "the prefix the runs' stores are under (each run's store is PREFIX/RUN-ID): s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path"
 	fs.StringVar(&format, "format", "table", "table (fits 120 columns), wide (every column), json, csv or html")
 	fs.StringVar(&since, "since", "", "only runs active in this last period: 30d, 36h (default: every run)")
 	fs.StringVar(&runIDs, "run-id", "", "only runs whose id matches one of these comma-separated globs (train-*,eval-?); never taken from SPOTAGENT_RUN_ID, which the agent exports to its trainers")

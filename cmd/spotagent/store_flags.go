@@ -59,7 +59,7 @@ type readOptions struct {
 
 func (o *readOptions) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.StringVar(&o.uri, "store", "", "the run's store: s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path")
+	fs.StringVar(&o.uri, "store", "", "the run's store: s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path")
 	registerS3Endpoint(fs, &o.s3Endpoint)
 	fs.StringVar(&o.logFormat, "log-format", "console", "log format: console or json")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
@@ -80,7 +80,7 @@ var errNoRun = errors.New("holds nothing: no run has used this store (check --st
 // print one line; the exit code is 2 for bad usage, else 1.
 func (o *readOptions) run(cmd *cobra.Command, check func() error, fn func(ctx context.Context, st cloud.Store, log *zap.Logger) error) error {
 	if o.uri == "" {
-		return failf(cmd, badUsage("--store is required (s3://bucket/prefix, gs://bucket/prefix, file:///dir or a path)"))
+		return failf(cmd, badUsage("--store is required (s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path)"))
 	}
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {

@@ -20,6 +20,8 @@
 // namespaces, and the local tier's verification rate; bench/internal/peernet; needs root).
 // digest (issue 46: commit CPU per GiB with CRC32C only and with the BLAKE3 digest, each
 // hash alone, and a local copy's verification rate; digest.go).
+// azure (issue 50: one file to and from Azurite, spotagent vs azcopy;
+// azure.go; -azcopy names azcopy's binary, -azure-mib the size).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -54,6 +56,8 @@ type config struct {
 	overlapGiB            float64       // checkpoint size of the overlap section
 	peerMiB               int           // peer section: bytes per node (peer.go)
 	digestMiB             int           // digest section: the file's size (digest.go)
+	azureMiB              int           // azure section: the file's size (azure.go)
+	azcopy                string        // azure section: azcopy's binary
 	watchbench            string        // bench/cmd/watchbench, for the watch section
 	fleetAgents           int           // fleet section: agents ending at once
 	fleetRuns             []int         // fleet section: fleet sizes of the start-up read and `fleet`
@@ -84,12 +88,14 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
 	flag.IntVar(&c.peerMiB, "peer-mib", 1024, "peer section: checkpoint bytes per node (MiB)")
 	flag.IntVar(&c.digestMiB, "digest-mib", 1024, "digest section: the file's size (MiB)")
+	flag.IntVar(&c.azureMiB, "azure-mib", 1024, "azure section: the file's size (MiB)")
+	flag.StringVar(&c.azcopy, "azcopy", filepath.Join(os.Getenv("HOME"), ".cache", "spotagent-azcopy", "azcopy"), "azure section: azcopy's binary (built from source; absent: spotagent alone)")
 	peerNetMiB := flag.Int("peernet-mib", 1024, "peernet section: the file's size (MiB)")
 	var fleetRuns string
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
@@ -201,6 +207,10 @@ func main() {
 	if c.only["digest"] {
 		step("digest cost: commit and verification")
 		must(benchDigest(&c, r))
+	}
+	if c.only["azure"] {
+		step("Azure Blob: spotagent vs azcopy against Azurite")
+		must(benchAzure(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()

@@ -6,12 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/azblob"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/cloud/gcs"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
@@ -25,7 +27,12 @@ type Options struct {
 	S3PartSize    int64
 	S3Concurrency int
 	GCSChunkSize  int
-	Log           *zap.Logger
+	// AzureBlockSize and AzureConcurrency tune az:// stores (staged block
+	// size, blocks in flight per Put); its endpoint and credentials come
+	// from the environment (pkg/cloud/azblob).
+	AzureBlockSize   int64
+	AzureConcurrency int
+	Log              *zap.Logger
 	// CheckTimeout bounds the access check (default 15 s).
 	CheckTimeout time.Duration
 	// Observer, when set, sees every store operation (metrics).
@@ -132,6 +139,11 @@ func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (che
 		})
 	case "gs":
 		return gcs.New(ctx, bucket, prefix, gcs.Options{ChunkSize: opts.GCSChunkSize, Log: opts.Log})
+	case "az":
+		container, account, _ := strings.Cut(bucket, "@")
+		return azblob.New(ctx, account, container, prefix, azblob.Options{
+			BlockSize: opts.AzureBlockSize, Concurrency: opts.AzureConcurrency, Log: opts.Log,
+		})
 	}
 	return nil, fmt.Errorf("%w: %q", errUnknownScheme, scheme)
 }

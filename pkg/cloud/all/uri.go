@@ -12,7 +12,7 @@ import (
 // errUnknownScheme and errMalformedURI describe a store URI that cannot be
 // opened; compare with errors.Is.
 var (
-	errUnknownScheme = errors.New("unknown store scheme (want s3://, gs://, file:// or a path)")
+	errUnknownScheme = errors.New("unknown store scheme (want s3://, gs://, az://, file:// or a path)")
 	errMalformedURI  = errors.New("malformed store URI")
 )
 
@@ -21,10 +21,17 @@ var (
 	// Lower-case letters, digits, '.', '-' and (GCS only, but harmless) '_';
 	// 3 to 63 characters, starting and ending with a letter or digit.
 	bucketRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$`)
+	// Azure: a container is 3 to 63 lower-case letters, digits and single
+	// hyphens, starting and ending with a letter or digit; an account 3
+	// to 24 lower-case letters and digits.
+	containerRE = regexp.MustCompile(`^[a-z0-9](-?[a-z0-9]){2,62}$`)
+	accountRE   = regexp.MustCompile(`^[a-z0-9]{3,24}$`)
 )
 
 // parseURI splits a store URI. s3://bucket/prefix and gs://bucket/prefix
-// give the bucket and the prefix without surrounding slashes; file:///abs
+// give the bucket and the prefix without surrounding slashes;
+// az://container/prefix and az://container@account/prefix give the
+// container (with "@account" when named) as the bucket; file:///abs
 // and a plain path (relative or absolute) give scheme "file", no bucket and
 // the path as prefix.
 func parseURI(uri string) (scheme, bucket, prefix string, err error) {
@@ -46,6 +53,8 @@ func parseURI(uri string) (scheme, bucket, prefix string, err error) {
 		return "file", "", rest, nil
 	case "s3", "gs":
 		scheme = strings.ToLower(scheme)
+	case "az":
+		return parseAzure(uri, rest)
 	default:
 		return "", "", "", fmt.Errorf("%w: %q", errUnknownScheme, uri)
 	}
@@ -58,6 +67,27 @@ func parseURI(uri string) (scheme, bucket, prefix string, err error) {
 		return "", "", "", fmt.Errorf("%w %q: invalid prefix", errMalformedURI, uri)
 	}
 	return scheme, bucket, prefix, nil
+}
+
+// parseAzure reads az://CONTAINER[@ACCOUNT]/PREFIX: the container first,
+// as fsspec (adlfs), object_store (Rust, Polars, DuckDB) and Arrow write
+// az://, so a URI from the training code's own data loading means the same
+// here; the account, when not in the environment (AZURE_STORAGE_ACCOUNT)
+// or a connection string, after an "@", as in abfs://container@account.
+func parseAzure(uri, rest string) (scheme, bucket, prefix string, err error) {
+	bucket, prefix, _ = strings.Cut(rest, "/")
+	ctr, account, hasAccount := strings.Cut(bucket, "@")
+	if len(ctr) > 63 || !containerRE.MatchString(ctr) {
+		return "", "", "", fmt.Errorf("%w %q: invalid container name %q", errMalformedURI, uri, ctr)
+	}
+	if hasAccount && !accountRE.MatchString(account) {
+		return "", "", "", fmt.Errorf("%w %q: invalid storage account name %q", errMalformedURI, uri, account)
+	}
+	prefix = strings.Trim(prefix, "/")
+	if prefix != "" && cloud.ValidKey(prefix) != nil {
+		return "", "", "", fmt.Errorf("%w %q: invalid prefix", errMalformedURI, uri)
+	}
+	return "az", bucket, prefix, nil
 }
 
 // CheckURI reports whether uri is a store URI Open could parse, without

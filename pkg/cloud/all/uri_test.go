@@ -11,6 +11,8 @@ func TestParseURI(t *testing.T) {
 		{"s3://my.bucket-1/", "s3", "my.bucket-1", ""},
 		{"S3://bucket", "s3", "bucket", ""},
 		{"gs://b_k/a/b/", "gs", "b_k", "a/b"},
+		{"az://ckpts/runs/exp42", "az", "ckpts", "runs/exp42"},
+		{"AZ://my-ckpts@acct01/runs/", "az", "my-ckpts@acct01", "runs"},
 		{"file:///var/lib/ck", "file", "", "/var/lib/ck"},
 		{"./ck", "file", "", "./ck"},
 		{"/abs/ck", "file", "", "/abs/ck"},
@@ -28,6 +30,11 @@ func TestParseURI(t *testing.T) {
 		"gs://b/../x":       errMalformedURI,
 		"file://relative/x": errMalformedURI,
 		"azure://c/x":       errUnknownScheme,
+		"az://a--b/x":       errMalformedURI,
+		"az://Ckpts/x":      errMalformedURI,
+		"az://ck@Acct/x":    errMalformedURI,
+		"az://ck@/x":        errMalformedURI,
+		"az://ck/../x":      errMalformedURI,
 		"http://host/x":     errUnknownScheme,
 	} {
 		if _, _, _, err := parseURI(uri); !errors.Is(err, want) {

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testsrv/azuritetest"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/azblob"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 	"github.com/spotagent/spotagent/pkg/cloud/s3"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
@@ -52,6 +54,44 @@ func TestConformance_Wrapped(t *testing.T) {
 			return openWrapped(t, "gs://"+bucket+"/"+cloudtest.Prefix(), all.Options{GCSChunkSize: 8 << 20})
 		})
 	})
+	t.Run("azure", func(t *testing.T) {
+		azuritetest.NewServer(t) // AZURE_STORAGE_CONNECTION_STRING: a shared key, no credential chain
+		cloudtest.Run(t, func(t *testing.T) cloud.Store {
+			return openWrapped(t, "az://"+azuritetest.Container+"/"+cloudtest.Prefix(), all.Options{AzureBlockSize: 4 << 20, AzureConcurrency: 4})
+		})
+	})
+}
+
+// TestOpen_AzureRetries: through all.Open, an az:// Stat answered 503
+// twice is retried by the wrapper (one request per attempt) and succeeds;
+// a missing container fails the open at once, naming it.
+func TestOpen_AzureRetries(t *testing.T) {
+	srv := azuritetest.NewServer(t)
+	proxy := faultproxy.New(t, srv.URL)
+	t.Setenv("AZURE_STORAGE_ENDPOINT", proxy.URL+"/"+azuritetest.Account)
+	st := openWrapped(t, "az://"+azuritetest.Container+"@"+azuritetest.Account+"/retries", all.Options{
+		Retry: wrap.RetryOptions{MinWait: time.Millisecond, MaxWait: 10 * time.Millisecond}})
+	if _, ok := cloudtest.Plain(st).(*azblob.Store); !ok {
+		t.Fatalf("cloudtest.Plain(%T) is not the Azure backend", st)
+	}
+	ctx := t.Context()
+	if err := st.Put(ctx, "k", strings.NewReader("v"), 1, cloud.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	isHead := func(r *http.Request) bool { return r.Method == http.MethodHead }
+	proxy.Set(faultproxy.Fault{Mode: faultproxy.SlowDown, Count: 2, Match: isHead})
+	before := proxy.Stats()
+	if _, err := st.Stat(ctx, "k"); err != nil {
+		t.Fatalf("stat through two 503s: %v", err)
+	}
+	if got := proxy.Stats().Requests - before.Requests; got != 3 {
+		t.Fatalf("%d requests, want 3 (one per attempt: no retry below the wrapper)", got)
+	}
+	proxy.Clear()
+	_, err := all.Open(ctx, "az://no-such-container/x", all.Options{})
+	if !errors.Is(err, cloud.ErrBucketNotFound) || !strings.Contains(err.Error(), "no-such-container") {
+		t.Fatalf("open of a missing container: %v", err)
+	}
 }
 
 // attempts counts the store operations all.Open's Observer sees (each
