@@ -179,6 +179,31 @@ class TestNoop(Base):
             pass
         a.close()
 
+    def test_noop_warns_when_configured_for_an_agent(self):
+        # The agent's environment without its socket (env -u, a container
+        # missing SPOTAGENT_SOCKET): training runs unprotected, said on stderr.
+        import io
+
+        for env in ({"SPOTAGENT_RUN_ID": "r1"}, {"SPOTAGENT_CHECKPOINT_DIR": "/c"}):
+            for k in ENV_KEYS:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            err = io.StringIO()
+            with mock.patch.object(sys, "stderr", err):
+                a = spotagent.connect()
+            self.assertFalse(a.enabled)
+            self.assertIn("SPOTAGENT_SOCKET is not", err.getvalue())
+            self.assertIn("nothing will be checkpointed", err.getvalue())
+            self.assertIn(list(env)[0], err.getvalue())
+
+    def test_noop_bare_is_quiet(self):
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            spotagent.connect()
+        self.assertEqual(err.getvalue(), "")
+
     def test_noop_resume_from_env_and_manifest(self):
         manifest = os.path.join(self.tmp, "manifest.json")
         with open(manifest, "w") as f:
