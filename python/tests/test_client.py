@@ -267,6 +267,22 @@ class TestCheckpoint(Base):
         req.fail("disk full")
         self.assertEqual(srv.wait_message("failed")[0], {"type": "failed", "id": "p1", "error": "disk full"})
 
+    def test_fail_names_an_oserrors_errno(self):
+        # A real ENOSPC from the kernel (/dev/full): the errno goes first by
+        # name, so that the agent names the cause.
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "p2", "reason": "periodic", "dir": os.path.join(self.tmp, "p2")})
+        self.pending(a)
+        req = a.poll(3)
+        try:
+            with open("/dev/full", "wb", buffering=0) as f:
+                f.write(b"x")
+        except OSError as e:
+            req.fail(e)
+        msg = srv.wait_message("failed")[0]
+        self.assertTrue(msg["error"].startswith("ENOSPC: [Errno 28]"), msg)
+
     def test_requests_fifo(self):
         srv = self.server()
         a = self.connect()
