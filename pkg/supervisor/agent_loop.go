@@ -59,6 +59,7 @@ type Agent struct {
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
+	silent  silence              // what is said when nothing else would be (silence.go)
 	done    bool                 // loop ends
 }
 
@@ -434,6 +435,12 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
+	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {
+		if due := a.cfg.Scheduler.Next(a.commits.lastBlock, false, now); due.After(now) {
+			earlier(due) // silence.go: no trainer when one is due (once past, silence's own wake)
+		}
+	}
+	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // silence.go
 	if wake.Before(now) {
 		wake = now
 	}
@@ -475,6 +482,7 @@ func (a *Agent) tick(now time.Time) {
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
+	a.checkSilence(now) // silence.go
 	a.checkDone()
 }
 
