@@ -84,6 +84,9 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 			secs(g.Seconds[journal.BucketLost]+g.Seconds[journal.BucketRestore]+g.Seconds[journal.BucketBetween]),
 			secs(g.Seconds[journal.BucketLost]), secs(g.Seconds[journal.BucketRestore]), secs(g.Seconds[journal.BucketBetween]))
 	}
+	if u := g.Seconds[journal.BucketUnprotected]; u > 0 {
+		fmt.Fprintf(w, "unprotected %s: the trainer ran with no trainer connected to the agent, so nothing could be checkpointed (SPOTAGENT_SOCKET; docs/operations.md)\n", secs(u))
+	}
 	RestoreSources(w, j.Restores)
 	if m != nil {
 		fmt.Fprintf(w, "spend %.2f at %.4g/h, of which %.2f wasted by interruptions", m.Spend, m.PricePerHour, m.Wasted)

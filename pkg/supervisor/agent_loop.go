@@ -626,12 +626,16 @@ func (a *Agent) finish() {
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode, a.commits.blocked
+	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID
 	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
+			if unprotected > 0 {
+				s.UnprotectedSeconds = &unprotected
+			}
 		}
 		j.Stats.RunSeconds = a.sess.RunSeconds()
 	})

@@ -193,6 +193,7 @@ func (a *Agent) settle(r *request) {
 	}
 	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
+	a.commits.saveTook = saved
 	a.commits.lastBlock = now
 	a.commits.blocked += cost.Seconds()
 	if r.stop != nil {

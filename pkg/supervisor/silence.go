@@ -12,8 +12,9 @@ const warnEvery = 5 * time.Minute
 
 // UnansweredAfter is how long a periodic checkpoint request may go
 // unanswered before the agent warns that the trainer is not answering:
-// two intervals, and never under 10 s nor under four times the measured
-// save (a slow save is no deaf trainer). docs/operations.md states it.
+// two intervals, and never under 10 s nor under four times the newest
+// measured save, save (a slow save is no deaf trainer). docs/operations.md
+// states it.
 func UnansweredAfter(interval, cost time.Duration) time.Duration {
 	return max(2*interval, 10*time.Second, 4*cost)
 }
@@ -25,8 +26,9 @@ func UnansweredAfter(interval, cost time.Duration) time.Duration {
 // The loop tells it what it sees (noTrainer, unanswered); it owns when
 // each was last said.
 type silence struct {
-	noTrainerSince time.Time            // the first checkpoint due with nobody to ask (zero: a trainer is there)
+	noTrainerSince time.Time            // the start of the unprotected span under way (zero: none)
 	noTrainerSaid  time.Time            // the last warning of it
+	unprotected    time.Duration        // the spans ended so far (the journal's unprotected_seconds)
 	unansweredSaid map[string]time.Time // request id → the last warning of it
 	overdue        int                  // requests unanswered past UnansweredAfter, at the last look
 }
@@ -36,15 +38,20 @@ type silence struct {
 // then every warnEvery, and says so when a trainer is back.
 func (s *silence) noTrainer(due bool, now time.Time, v silentView, log *zap.Logger) {
 	if !due {
-		if !s.noTrainerSince.IsZero() && v.trainers > 0 {
-			log.Info("a trainer connected: periodic checkpoints resume",
-				zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()))
+		if !s.noTrainerSince.IsZero() {
+			s.unprotected += now.Sub(s.noTrainerSince)
+			if v.trainers > 0 {
+				log.Info("a trainer connected: periodic checkpoints resume",
+					zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()))
+			}
 		}
 		s.noTrainerSince, s.noTrainerSaid = time.Time{}, time.Time{}
 		return
 	}
 	if s.noTrainerSince.IsZero() {
-		s.noTrainerSince = now
+		// Unprotected since the last commit (or the session's start), not
+		// only since the checkpoint fell due.
+		s.noTrainerSince = v.since
 	}
 	if !s.noTrainerSaid.IsZero() && now.Sub(s.noTrainerSaid) < warnEvery {
 		return
@@ -55,8 +62,18 @@ func (s *silence) noTrainer(due bool, now time.Time, v silentView, log *zap.Logg
 		fix = "set SPOTAGENT_SOCKET=" + v.socket + " in the trainer container and mount the volume that holds the socket (the sidecar's shared emptyDir), then call spotagent.connect()"
 	}
 	fields := []zap.Field{zap.String("socket", v.socket), zap.String("fix", fix),
-		zap.Float64("unprotected_s", now.Sub(v.since).Seconds()), zap.Duration("repeat_every", warnEvery)}
+		zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()), zap.Duration("repeat_every", warnEvery)}
 	log.Warn("no trainer connected: checkpoints are not being taken, and an interruption now would lose "+v.loses(), append(fields, v.committedFields()...)...)
+}
+
+// unprotectedSeconds is the session's time with no trainer to checkpoint
+// when one was due, to now.
+func (s *silence) unprotectedSeconds(now time.Time) float64 {
+	d := s.unprotected
+	if !s.noTrainerSince.IsZero() {
+		d += now.Sub(s.noTrainerSince)
+	}
+	return d.Seconds()
 }
 
 // unanswered is told, at each tick, the periodic requests still waiting
@@ -174,5 +191,5 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 }
 
 func (a *Agent) unansweredAfter() time.Duration {
-	return UnansweredAfter(a.cfg.Scheduler.Interval(), a.cfg.Scheduler.Cost())
+	return UnansweredAfter(a.cfg.Scheduler.Interval(), a.commits.saveTook)
 }
