@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	// run (review, item 1).
 	if err := protocol.CheckStart(cfg.Server); err != nil {
 		if errors.Is(err, protocol.ErrSocketInUse) {
-			return 1, socketInUse(err)
+			return 1, SocketInUse(err)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
@@ -221,10 +221,11 @@ func Recovered(log *zap.Logger, p any) error {
 	return err
 }
 
-// socketInUse says how to part two agents whose run ids default alike
-// (the store's last path element) and so would share one socket.
-func socketInUse(err error) error {
-	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+// SocketInUse says how to part two agents whose run ids default alike
+// (the store's last path element) and so would share one socket, and what
+// a second agent on the same store would do (fence the first).
+func SocketInUse(err error) error {
+	return fmt.Errorf("%w: another agent serves it; for another run give this agent its own --store (or --run-id, which names the default socket) or --socket. Not the same store: two agents on one store fence each other, the newer takes the run and the older exits 76", err)
 }
 
 // ServeSocket listens and serves the socket until the returned stop is
@@ -232,7 +233,7 @@ func socketInUse(err error) error {
 func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
 	if errors.Is(err, protocol.ErrSocketInUse) {
-		return nil, nil, socketInUse(err)
+		return nil, nil, SocketInUse(err)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
