@@ -207,7 +207,7 @@ func TestSilence_DiskFull(t *testing.T) {
 	}
 	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")}, append(silenceArgs(dir), "--", python, script)...)
 	first := p.waitEntry("checkpoint committed", time.Minute, nil)
-	w := p.waitEntry("trainer could not save the checkpoint (ENOSPC)", time.Minute, nil)
+	w := p.waitEntry("trainer could not save the checkpoint", time.Minute, func(e logEntry) bool { return e.str("cause") == "ENOSPC" })
 	if w.str("cause") != "ENOSPC" || !strings.Contains(w.str("fix"), "--checkpoint-dir") || !strings.Contains(w.str("error"), "No space left on device") {
 		t.Fatalf("failure logged as cause %q, fix %q, error %q: want ENOSPC and what to do", w.str("cause"), w.str("fix"), w.str("error"))
 	}

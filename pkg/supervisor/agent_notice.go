@@ -107,7 +107,7 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	// The cause named (ENOSPC, EACCES, ...) with what to do about it.
-	a.log.Warn("trainer could not save the checkpoint"+causeSuffix(nil, m.Error), append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
+	a.log.Warn("trainer could not save the checkpoint", append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
 		zap.String("reason", r.reason)}, causeFields(nil, m.Error)...)...) // failcause.go
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.commits.pending, r.id)

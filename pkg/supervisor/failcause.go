@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"errors"
-	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,15 +72,6 @@ func causeFields(err error, text string) []zap.Field {
 		return nil
 	}
 	return []zap.Field{zap.String("cause", name), zap.String("fix", fix)}
-}
-
-// causeSuffix is a failure's cause for a message ("" when not known):
-// ": ENOSPC".
-func causeSuffix(err error, text string) string {
-	if name, _ := failureCause(err, text); name != "" {
-		return fmt.Sprintf(" (%s)", name)
-	}
-	return ""
 }
 
 // wordIn: w occurs in s as a word of its own (ENOSPC, never inside XENOSPCX).
