@@ -189,3 +189,43 @@ func TestCLI_Restore(t *testing.T) {
 		t.Fatalf("restore left something beside dest: %v", ents)
 	}
 }
+
+// TestCLI_BadStoreURI: a store URI that cannot be opened is a usage error
+// (exit 2, as other bad flag values; systemd does not restart on it), said
+// before anything is logged as the effective configuration, and nothing is
+// touched: no checkpoint directory, no socket, no relative "store".
+func TestCLI_BadStoreURI(t *testing.T) {
+	dir := shortTemp(t)
+	for _, c := range []struct{ cmd, flag, uri string }{
+		{"run", "--store", "http://my-bucket/runs/x"},
+		{"run", "--store", "s3:/my-bucket"},
+		{"run", "--store", "file://relative/store"},
+		{"run", "--store", "gs://Upper-Case/x"},
+		{"sidecar", "--store", "https://my-bucket/x"},
+		{"node", "--store-prefix", "s3:/my-bucket"},
+	} {
+		args := []string{c.cmd, c.flag, c.uri, "--cloud", "none", "--socket", filepath.Join(dir, "a.sock")}
+		if c.cmd != "node" {
+			args = append(args, "--checkpoint-dir", filepath.Join(dir, "ckpt"))
+		}
+		if c.cmd == "run" {
+			args = append(args, "--", "true")
+		}
+		code, _, errOut := runCLI(t, nil, args...)
+		if code != 2 {
+			t.Errorf("spotagent %s %s %s: exit code %d, want 2\n%s", c.cmd, c.flag, c.uri, code, errOut)
+		}
+		if !strings.Contains(errOut, c.flag+": ") || !strings.Contains(errOut, c.uri) {
+			t.Errorf("spotagent %s %s %s: stderr does not name the flag and the URI:\n%s", c.cmd, c.flag, c.uri, errOut)
+		}
+		if strings.Contains(errOut, "effective configuration") {
+			t.Errorf("spotagent %s %s %s: logged an effective configuration before refusing it:\n%s", c.cmd, c.flag, c.uri, errOut)
+		}
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Fatalf("bad store URIs touched %s: %v %v", dir, ents, err)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "relative")); err == nil {
+		t.Fatalf("file://relative/store created %s", filepath.Join(repo, "relative"))
+	}
+}

@@ -29,8 +29,8 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 
 	failed := p.waitRe(`^trainer: save failed (\S+) .*No space left on device`, time.Minute)[1]
 	e := p.waitEntry("trainer could not save the checkpoint", 30*time.Second, func(e logEntry) bool { return e.str("id") == failed })
-	if !strings.Contains(e.str("error"), "No space left on device") {
-		t.Fatalf("logged error %q, want the trainer's ENOSPC", e.str("error"))
+	if !strings.Contains(e.str("error"), "No space left on device") || e.str("cause") != "ENOSPC" {
+		t.Fatalf("logged error %q cause %q, want the trainer's ENOSPC named", e.str("error"), e.str("cause"))
 	}
 	// The half-written files must go, or the disk stays full for good.
 	waitGone(t, filepath.Join(dir, "ckpt", "spotagent-hostile", failed), 10*time.Second)

@@ -162,12 +162,32 @@ func (o *agentOptions) resolve(node bool) error {
 	return nil
 }
 
+// checkStoreURI: a store URI that cannot be opened is a usage error (exit
+// 2), said before anything is logged as the effective configuration.
+func checkStoreURI(uri string, node bool) error {
+	err := all.CheckURI(uri)
+	if err == nil {
+		return nil
+	}
+	flag := "--store"
+	if node {
+		flag = "--store-prefix"
+	}
+	if l := strings.ToLower(uri); strings.HasPrefix(l, "http://") || strings.HasPrefix(l, "https://") {
+		return fmt.Errorf("%s: %w (an S3-compatible server: s3://BUCKET/PREFIX with --s3-endpoint URL)", flag, err)
+	}
+	return fmt.Errorf("%s: %w", flag, err)
+}
+
 func (o *agentOptions) check(node bool) error {
 	if o.store == "" {
 		if node {
 			return errors.New("--store-prefix is required (s3://bucket/runs, gs://bucket/runs, az://container/runs or file:///dir)")
 		}
 		return errors.New("--store is required (s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path)")
+	}
+	if err := checkStoreURI(o.store, node); err != nil {
+		return err
 	}
 	if o.runID == "" {
 		o.runID = defaultRunID(o.store)

@@ -199,7 +199,7 @@ func checkStart(command []string, node bool, srv protocol.ServerConfig) (int, er
 	}
 	if err := protocol.CheckStart(srv); err != nil {
 		if errors.Is(err, protocol.ErrSocketInUse) {
-			err = fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+			err = supervisor.SocketInUse(err)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}

@@ -141,6 +141,24 @@ stopping:        no
 			t.Fatalf("output:\n%s\nwant:\n%s", got, want)
 		}
 	})
+	t.Run("NoTrainer", func(t *testing.T) {
+		// A running trainer that never connected: status says it is not
+		// protected, and that nothing was committed.
+		st := sampleStatus(now)
+		st.Trainers, st.LastCheckpoint = 0, nil
+		var out bytes.Buffer
+		if err := render.Status(&out, &st, now); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{
+			"trainers:        0 connected: nothing is being checkpointed (the trainer needs SPOTAGENT_SOCKET and spotagent.connect())\n",
+			"last checkpoint: none committed: an interruption now would lose everything\n",
+		} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q:\n%s", want, out.String())
+			}
+		}
+	})
 	t.Run("Stopping", func(t *testing.T) {
 		st := sampleStatus(now)
 		st.Child, st.LastCheckpoint, st.NextCheckpoint = nil, nil, nil
@@ -153,7 +171,7 @@ stopping:        no
 		}
 		for _, want := range []string{
 			"child:           none (the trainer runs elsewhere)\n",
-			"last checkpoint: none committed yet\n",
+			"last checkpoint: none committed: an interruption now would lose everything\n",
 			"next checkpoint: none (stopping)\n",
 			"notices seen:    2, last: gcp termination (preempt) seen 3s ago, deadline 2026-05-04 12:00:27\n",
 			"stopping:        yes (interruption)\n",

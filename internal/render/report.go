@@ -48,15 +48,20 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 		return enc.Encode(reportJSON{g, m, adv, np, note})
 	}
 	secs := func(s float64) string { return Seconds(s).Round(time.Second).String() }
+	// The unprotected column only when there was such time: most runs have none.
+	buckets := journal.Buckets
+	if g.Seconds[journal.BucketUnprotected] == 0 {
+		buckets = slices.DeleteFunc(slices.Clone(buckets), func(b string) bool { return b == journal.BucketUnprotected })
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "SESSION\tSTART\tINSTANCE\tWALL")
-	for _, b := range journal.Buckets {
+	for _, b := range buckets {
 		fmt.Fprintf(tw, "\t%s", Upper(b))
 	}
 	fmt.Fprintln(tw, "\tGOODPUT\tENDED BY\t")
 	for _, s := range g.Sessions {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s", s.Index, s.Start.Local().Format(time.DateTime), OrDash(s.Instance), secs(s.Wall))
-		for _, b := range journal.Buckets {
+		for _, b := range buckets {
 			fmt.Fprintf(tw, "\t%s", secs(s.Seconds[b]))
 		}
 		ended := endedBy(j, s)
@@ -69,7 +74,7 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 		fmt.Fprintf(tw, "\t%.1f %%\t%s\t\n", 100*s.Ratio(), ended)
 	}
 	fmt.Fprintf(tw, "run\t%s\t\t%s", g.Start.Local().Format(time.DateTime), secs(g.Wall))
-	for _, b := range journal.Buckets {
+	for _, b := range buckets {
 		fmt.Fprintf(tw, "\t%s", secs(g.Seconds[b]))
 	}
 	fmt.Fprintf(tw, "\t%.1f %%\t\t\n", 100*g.Ratio)
@@ -83,6 +88,9 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 			100*g.Ratio, secs(g.Wall), len(g.Sessions), g.Interruptions, g.NoticeCommits,
 			secs(g.Seconds[journal.BucketLost]+g.Seconds[journal.BucketRestore]+g.Seconds[journal.BucketBetween]),
 			secs(g.Seconds[journal.BucketLost]), secs(g.Seconds[journal.BucketRestore]), secs(g.Seconds[journal.BucketBetween]))
+	}
+	if u := g.Seconds[journal.BucketUnprotected]; u > 0 {
+		fmt.Fprintf(w, "unprotected %s: the trainer ran with no trainer connected to the agent, so nothing could be checkpointed (SPOTAGENT_SOCKET; docs/operations.md)\n", secs(u))
 	}
 	RestoreSources(w, j.Restores)
 	if m != nil {

@@ -62,12 +62,16 @@ func Status(w io.Writer, st *supervisor.Status, now time.Time) error {
 	default:
 		line("child", "pid %d, exited, %d restarts", c.PID, c.Restarts)
 	}
-	line("trainers", "%d connected", st.Trainers)
+	if st.Trainers == 0 && st.Stopping == "" && (st.Child == nil || st.Child.Running) {
+		line("trainers", "0 connected: nothing is being checkpointed (the trainer needs SPOTAGENT_SOCKET and spotagent.connect())")
+	} else {
+		line("trainers", "%d connected", st.Trainers)
+	}
 	line("step", "%d (newest progress)", st.Step)
 	if c := st.LastCheckpoint; c != nil {
 		line("last checkpoint", "step %d, id %s, %s ago, %s", c.Step, c.ID, age(now.Sub(c.At)), schedule.HumanBytes(c.Bytes))
 	} else {
-		line("last checkpoint", "none committed yet")
+		line("last checkpoint", "none committed: an interruption now would lose everything")
 	}
 	switch n := st.NextCheckpoint; {
 	case st.Stopping != "":

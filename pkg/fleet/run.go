@@ -32,7 +32,7 @@ func orDash(s string) string {
 }
 
 // Cell is one run's time on machines of one Key, in seconds. Productive,
-// Blocked, Lost and Restore are journal.Account's buckets; its "between"
+// Blocked, Lost, Restore and Unprotected are journal.Account's buckets; its "between"
 // bucket is split into After (on the machine after an interruption, paid)
 // and Gap (from a session's end to the next one's start, no machine,
 // counted against the machine before the gap). Machine is the paid time:
@@ -44,6 +44,7 @@ type Cell struct {
 	Blocked       float64 `json:"blocked_s"`
 	Lost          float64 `json:"lost_s"`
 	Restore       float64 `json:"restore_s"`
+	Unprotected   float64 `json:"unprotected_s,omitempty"` // no trainer connected: not goodput
 	After         float64 `json:"after_s"`
 	Gap           float64 `json:"gap_s"`
 	Interruptions int     `json:"interruptions"`
@@ -65,6 +66,7 @@ func (c *Cell) add(o *Cell) {
 	c.Blocked += o.Blocked
 	c.Lost += o.Lost
 	c.Restore += o.Restore
+	c.Unprotected += o.Unprotected
 	c.After += o.After
 	c.Gap += o.Gap
 	c.Interruptions += o.Interruptions
@@ -190,6 +192,7 @@ func runFromJournal(j *journal.Journal, dir string, steps int64, now time.Time) 
 		cl.Blocked += gs.Seconds[journal.BucketBlocked]
 		cl.Lost += gs.Seconds[journal.BucketLost]
 		cl.Restore += gs.Seconds[journal.BucketRestore]
+		cl.Unprotected += gs.Seconds[journal.BucketUnprotected]
 		cl.After += gs.Seconds[journal.BucketBetween] - gap
 		for _, in := range ins {
 			cl.Interruptions++

@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"sync/atomic"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
@@ -180,5 +183,46 @@ func newRunCollectors(reg prometheus.Registerer) runCollectors {
 	for _, comp := range Components {
 		c.errors.WithLabelValues(comp)
 	}
+	return c
+}
+
+// trainerCollectors are what says a run is protected: its trainers
+// connected, the step they reached, requests nobody answers, and how long
+// since the last commit (issue: never silent).
+type trainerCollectors struct {
+	connected   prometheus.Gauge
+	step        prometheus.Gauge
+	unanswered  prometheus.Gauge
+	committed   prometheus.Gauge
+	protectedAt atomic.Int64 // Unix ns of the last commit, else of the agent's start
+}
+
+// newTrainerCollectors creates the collectors and registers them on reg;
+// the time since the last commit counts from now until the first.
+func newTrainerCollectors(reg prometheus.Registerer) *trainerCollectors {
+	c := &trainerCollectors{
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_trainers_connected",
+			Help: "Trainers connected to the agent's socket (said hello). 0 while a trainer runs: it is not protected.",
+		}),
+		step: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_trainer_step",
+			Help: "The newest training step a trainer reported (progress, done, bye).",
+		}),
+		unanswered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_checkpoint_requests_unanswered",
+			Help: "Periodic checkpoint requests unanswered for longer than 2 intervals (at least 10 s): the trainer does not poll.",
+		}),
+		committed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spotagent_checkpoint_committed",
+			Help: "1 once the run has a committed checkpoint (this agent committed or restored one), else 0: an interruption would lose everything.",
+		}),
+	}
+	c.protectedAt.Store(time.Now().UnixNano())
+	since := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "spotagent_seconds_since_commit",
+		Help: "Seconds since this agent last committed a checkpoint, or since it started when it has committed none.",
+	}, func() float64 { return time.Since(time.Unix(0, c.protectedAt.Load())).Seconds() })
+	reg.MustRegister(c.connected, c.step, c.unanswered, c.committed, since)
 	return c
 }

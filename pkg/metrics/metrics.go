@@ -26,7 +26,8 @@ type Metrics struct {
 	noticeCollectors
 	checkpointCollectors
 	runCollectors
-	store storeCollectors
+	trainers *trainerCollectors
+	store    storeCollectors
 }
 
 // Phases are the checkpoint phases Phase is called with, pre-created so that
@@ -58,6 +59,7 @@ func New() *Metrics {
 		noticeCollectors:     newNoticeCollectors(reg),
 		checkpointCollectors: newCheckpointCollectors(reg),
 		runCollectors:        newRunCollectors(reg),
+		trainers:             newTrainerCollectors(reg),
 		store:                newStoreCollectors(reg),
 	}
 	m.RestoredFrom(nil) // local and store at 0 until a restore
@@ -133,6 +135,16 @@ func (m *Metrics) Uploaded(bytes int64, d time.Duration) {
 func (m *Metrics) Committed(step int64, at time.Time) {
 	m.lastStep.Set(float64(step))
 	m.lastCommitted.Set(float64(at.UnixNano()) / 1e9)
+	m.trainers.committed.Set(1)
+	m.trainers.protectedAt.Store(at.UnixNano())
+}
+
+// Trainers sets the trainers connected, the newest step one reported and
+// the checkpoint requests left unanswered past the agent's warning bound.
+func (m *Metrics) Trainers(connected int, step int64, unanswered int) {
+	m.trainers.connected.Set(float64(connected))
+	m.trainers.step.Set(float64(step))
+	m.trainers.unanswered.Set(float64(unanswered))
 }
 
 // CommitFailed counts a checkpoint that was not committed.
@@ -148,6 +160,7 @@ func (m *Metrics) Error(component string) { m.errors.WithLabelValues(component).
 func (m *Metrics) Restored(bytes int64, d time.Duration) {
 	m.restoreBytes.Set(float64(bytes))
 	m.restoreSeconds.Set(d.Seconds())
+	m.trainers.committed.Set(1) // the run has a committed checkpoint: the restored one
 }
 
 // RestoredFrom records where the restore at start read its bytes

@@ -59,6 +59,7 @@ type Agent struct {
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
+	silent  silence              // what is said when nothing else would be (silence.go)
 	done    bool                 // loop ends
 }
 
@@ -109,7 +110,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	// run (review, item 1).
 	if err := protocol.CheckStart(cfg.Server); err != nil {
 		if errors.Is(err, protocol.ErrSocketInUse) {
-			return 1, socketInUse(err)
+			return 1, SocketInUse(err)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
@@ -220,10 +221,11 @@ func Recovered(log *zap.Logger, p any) error {
 	return err
 }
 
-// socketInUse says how to part two agents whose run ids default alike
-// (the store's last path element) and so would share one socket.
-func socketInUse(err error) error {
-	return fmt.Errorf("%w: give this agent its own --socket (or --run-id, which names the default socket)", err)
+// SocketInUse says how to part two agents whose run ids default alike
+// (the store's last path element) and so would share one socket, and what
+// a second agent on the same store would do (fence the first).
+func SocketInUse(err error) error {
+	return fmt.Errorf("%w: another agent serves it; for another run give this agent its own --store (or --run-id, which names the default socket) or --socket. Not the same store: two agents on one store fence each other, the newer takes the run and the older exits 76", err)
 }
 
 // ServeSocket listens and serves the socket until the returned stop is
@@ -231,7 +233,7 @@ func socketInUse(err error) error {
 func ServeSocket(cfg protocol.ServerConfig) (*protocol.Server, func(), error) {
 	srv, err := protocol.Listen(cfg)
 	if errors.Is(err, protocol.ErrSocketInUse) {
-		return nil, nil, socketInUse(err)
+		return nil, nil, SocketInUse(err)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("socket: %w", err)
@@ -434,6 +436,12 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
+	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {
+		if due := a.cfg.Scheduler.Next(a.commits.lastBlock, false, now); due.After(now) {
+			earlier(due) // silence.go: no trainer when one is due (once past, silence's own wake)
+		}
+	}
+	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // silence.go
 	if wake.Before(now) {
 		wake = now
 	}
@@ -478,6 +486,7 @@ func (a *Agent) tick(now time.Time) {
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
+	a.checkSilence(now) // silence.go
 	a.checkDone()
 }
 
@@ -619,12 +628,16 @@ func (a *Agent) finish() {
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode, a.commits.blocked
+	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID
 	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
 			s.BlockedSeconds = &blocked
+			if unprotected > 0 {
+				s.UnprotectedSeconds = &unprotected
+			}
 		}
 		j.Stats.RunSeconds = a.sess.RunSeconds()
 	})

@@ -106,7 +106,9 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 		a.conns.Reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
 		return
 	}
-	a.log.Warn("trainer could not save the checkpoint", zap.String("id", m.ID), zap.String("error", m.Error))
+	// The cause named (ENOSPC, EACCES, ...) with what to do about it.
+	a.log.Warn("trainer could not save the checkpoint", append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
+		zap.String("reason", r.reason)}, causeFields(nil, m.Error)...)...) // failcause.go
 	a.cfg.Metrics.CommitFailed("trainer")
 	delete(a.commits.pending, r.id)
 	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
@@ -206,7 +208,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	if a.trainers() == 0 {
-		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline")
+		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path))
 		a.stops.failed(s, "no trainer connected", now)
 		return
 	}

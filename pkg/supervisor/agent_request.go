@@ -79,7 +79,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	now := time.Now()
 	dir := filepath.Join(a.dirs.AreaPath, id)
 	if err := a.dirs.Area.Mkdir(id, 0o700); err != nil {
-		a.log.Error("cannot create checkpoint directory", zap.String("dir", dir), zap.Error(err))
+		a.log.Error("cannot create checkpoint directory", append([]zap.Field{zap.String("dir", dir), zap.Error(err)}, causeFields(err, "")...)...)
 		a.cfg.Metrics.Error("checkpoint")
 		return nil
 	}
@@ -193,6 +193,7 @@ func (a *Agent) settle(r *request) {
 	}
 	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
+	a.commits.saveTook = saved
 	a.commits.lastBlock = now
 	a.commits.blocked += cost.Seconds()
 	if r.stop != nil {
@@ -322,7 +323,8 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.log.Info("periodic checkpoint not committed: another run's interruption checkpoint took its upload slot", zap.String("id", r.id))
 			a.cfg.Metrics.CommitFailed("preempted")
 		} else {
-			a.log.Error("checkpoint not committed", zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err))
+			a.log.Error("checkpoint not committed", append([]zap.Field{zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err)},
+				causeFields(cr.err, "")...)...) // failcause.go
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
 		a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})

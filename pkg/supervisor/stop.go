@@ -186,8 +186,13 @@ func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time
 	}
 }
 
+// NothingCommitted is what the log and the journal say when a stop's
+// checkpoint failed and the run has none committed.
+const NothingCommitted = "nothing was ever committed: a rerun starts from the beginning"
+
 // failed: no new checkpoint will commit before the deadline. The
-// previous committed checkpoint stands; the work since then is lost.
+// previous committed checkpoint stands (when there is one); the work
+// since then is lost.
 func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
 	if s.finished {
 		return
@@ -200,6 +205,16 @@ func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.recordLostSteps(q.src, q.commits.last.step, now)
 	s.noticeOutcome(q.cfg.Metrics, false, now)
+	if q.commits.last.id == "" {
+		// Nothing to stand: the journal, the log and the exit code's
+		// meaning (docs/protocol.md "Exit codes") say so.
+		s.record.Error = why + "; " + NothingCommitted
+		q.cfg.Log.Warn("interruption checkpoint did not commit: "+NothingCommitted,
+			zap.String("why", why), zap.Bool("ever_committed", false), zap.Int64("lost_steps", s.record.LostSteps),
+			zap.Float64("lost_seconds", s.record.LostSeconds))
+		q.finish(s)
+		return
+	}
 	q.cfg.Log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
 		zap.String("why", why), zap.Int64("committed_step", q.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))

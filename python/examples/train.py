@@ -200,10 +200,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             req = agent.poll(step)  # never blocks
             if req:
                 t0 = time.monotonic()
-                save_checkpoint(trainer, req.dir, args.save_bytes)
-                req.done(step, metadata=trainer.metadata())
-                print("checkpoint %s (%s) at step %d in %.2fs" % (req.id, req.reason, step, time.monotonic() - t0),
-                      flush=True)
+                try:
+                    save_checkpoint(trainer, req.dir, args.save_bytes)
+                except OSError as e:
+                    # A full or read-only disk fails this checkpoint, not the
+                    # run: the agent names the cause (ENOSPC, EACCES, ...)
+                    # and the committed checkpoint stands.
+                    req.fail(e)
+                    print("checkpoint %s (%s) at step %d failed: %s" % (req.id, req.reason, step, e), flush=True)
+                else:
+                    req.done(step, metadata=trainer.metadata())
+                    print("checkpoint %s (%s) at step %d in %.2fs" % (req.id, req.reason, step, time.monotonic() - t0),
+                          flush=True)
 
             if stop_at and step == stop_at:  # test hook: simulate an interruption
                 d = os.path.join(agent.checkpoint_dir or ".", "example-stop-%d" % step)

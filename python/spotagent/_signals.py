@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from ._common import DEFAULT_SIGTERM_GRACE, SIGTERM_MARGIN, env_float, log, utcnow
 from ._state import State
@@ -144,6 +144,6 @@ class SigtermRequest(CheckpointRequest):
                 log.warning("spotagent: SIGTERM checkpoint at step %d not confirmed within %.0fs", step, self._wait)
         state.stop("shutdown")
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: Union[str, BaseException]) -> None:
         if self._claim("fail"):
             self._state.stop("shutdown")

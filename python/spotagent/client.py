@@ -564,6 +564,27 @@ def _close_all() -> None:
         a.close(timeout=1.0)
 
 
+# What spotagent puts in a trainer's environment beside the socket: seen
+# without the socket, the trainer was meant to be protected and is not.
+_AGENT_ENV = ("SPOTAGENT_RUN_ID", "SPOTAGENT_CHECKPOINT_DIR")
+
+
+def _warn_unprotected() -> None:
+    """Say on stderr (always, whatever logging is set up) that the agent's
+    environment is here without its socket: every checkpoint request would
+    be lost, and the client a silent no-op."""
+    seen = [k for k in _AGENT_ENV if os.environ.get(k)]
+    if not seen:
+        return
+    sys.stderr.write(
+        "spotagent: WARNING: %s set but %s is not: this trainer cannot reach its agent and "
+        "nothing will be checkpointed. Keep %s in the trainer's environment (spotagent run sets it; "
+        "in Kubernetes set it in the trainer container and mount the volume that holds the socket).\n"
+        % (" and ".join(seen), ENV_SOCKET, ENV_SOCKET)
+    )
+    sys.stderr.flush()
+
+
 def connect(
     path: Optional[str] = None,
     rank: Optional[int] = None,
@@ -606,6 +627,8 @@ def connect(
     """
     if path is None:
         path = os.environ.get(ENV_SOCKET) or None
+    if not path:
+        _warn_unprotected()
     if welcome_timeout is None:
         # A node agent restores a run when its first trainer says hello:
         # give it time with SPOTAGENT_WELCOME_TIMEOUT (seconds).

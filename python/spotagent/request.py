@@ -3,6 +3,7 @@ what the agent answers about it (``Committed``, ``UploadFailed``)."""
 
 import contextlib
 import datetime
+import errno
 import os
 import threading
 import time
@@ -310,10 +311,16 @@ class CheckpointRequest(object):
             return self._finished.wait(timeout)
         return True
 
-    def fail(self, error: str) -> None:
-        """Report that this checkpoint could not be written."""
+    def fail(self, error: Union[str, BaseException]) -> None:
+        """Report that this checkpoint could not be written. Pass the
+        exception itself: an ``OSError``'s errno goes first by name
+        (``ENOSPC: [Errno 28] No space left on device``), so that the agent
+        names the cause and what to do about it."""
+        text = str(error)
+        if isinstance(error, OSError) and error.errno in errno.errorcode:
+            text = "%s: %s" % (errno.errorcode[error.errno], text)
         if self._claim("fail"):
-            self._host.send({"type": "failed", "id": self.id, "error": str(error)}, conn=self._conn)
+            self._host.send({"type": "failed", "id": self.id, "error": text}, conn=self._conn)
             self._finished.set()
 
     def _claim(self, what: str) -> bool:

@@ -179,6 +179,31 @@ class TestNoop(Base):
             pass
         a.close()
 
+    def test_noop_warns_when_configured_for_an_agent(self):
+        # The agent's environment without its socket (env -u, a container
+        # missing SPOTAGENT_SOCKET): training runs unprotected, said on stderr.
+        import io
+
+        for env in ({"SPOTAGENT_RUN_ID": "r1"}, {"SPOTAGENT_CHECKPOINT_DIR": "/c"}):
+            for k in ENV_KEYS:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            err = io.StringIO()
+            with mock.patch.object(sys, "stderr", err):
+                a = spotagent.connect()
+            self.assertFalse(a.enabled)
+            self.assertIn("SPOTAGENT_SOCKET is not", err.getvalue())
+            self.assertIn("nothing will be checkpointed", err.getvalue())
+            self.assertIn(list(env)[0], err.getvalue())
+
+    def test_noop_bare_is_quiet(self):
+        import io
+
+        err = io.StringIO()
+        with mock.patch.object(sys, "stderr", err):
+            spotagent.connect()
+        self.assertEqual(err.getvalue(), "")
+
     def test_noop_resume_from_env_and_manifest(self):
         manifest = os.path.join(self.tmp, "manifest.json")
         with open(manifest, "w") as f:
@@ -241,6 +266,22 @@ class TestCheckpoint(Base):
         self.assertIsNone(req.time_left())
         req.fail("disk full")
         self.assertEqual(srv.wait_message("failed")[0], {"type": "failed", "id": "p1", "error": "disk full"})
+
+    def test_fail_names_an_oserrors_errno(self):
+        # A real ENOSPC from the kernel (/dev/full): the errno goes first by
+        # name, so that the agent names the cause.
+        srv = self.server()
+        a = self.connect()
+        srv.send({"type": "checkpoint", "id": "p2", "reason": "periodic", "dir": os.path.join(self.tmp, "p2")})
+        self.pending(a)
+        req = a.poll(3)
+        try:
+            with open("/dev/full", "wb", buffering=0) as f:
+                f.write(b"x")
+        except OSError as e:
+            req.fail(e)
+        msg = srv.wait_message("failed")[0]
+        self.assertTrue(msg["error"].startswith("ENOSPC: [Errno 28]"), msg)
 
     def test_requests_fifo(self):
         srv = self.server()

@@ -14,10 +14,14 @@ const (
 	BucketLost       = "lost"       // trained, then thrown away by an interruption
 	BucketRestore    = "restore"    // restoring the newest checkpoint at start
 	BucketBetween    = "between"    // from an interruption to the next session's start
+	// BucketUnprotected is time the trainer ran with nobody able to
+	// checkpoint it (it never connected, or left): not goodput, whether
+	// or not it was lost in the end.
+	BucketUnprotected = "unprotected"
 )
 
 // Buckets lists the buckets in report order.
-var Buckets = []string{BucketProductive, BucketBlocked, BucketLost, BucketRestore, BucketBetween}
+var Buckets = []string{BucketProductive, BucketBlocked, BucketLost, BucketRestore, BucketBetween, BucketUnprotected}
 
 // GoodputSession is the accounting of one session.
 type GoodputSession struct {
@@ -139,10 +143,15 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 		restore = min(restore, active)
 		blocked = min(blocked, active-restore)
 		lost = min(lost, active-restore-blocked)
+		unprotected := 0.0
+		if s.UnprotectedSeconds != nil {
+			unprotected = min(*s.UnprotectedSeconds, active-restore-blocked-lost)
+		}
 		gs.Seconds[BucketRestore] += restore
 		gs.Seconds[BucketBlocked] += blocked
 		gs.Seconds[BucketLost] += lost
-		gs.Seconds[BucketProductive] += active - restore - blocked - lost
+		gs.Seconds[BucketUnprotected] += unprotected
+		gs.Seconds[BucketProductive] += active - restore - blocked - lost - unprotected
 		gs.Seconds[BucketBetween] += end.Sub(cut).Seconds()
 		for _, b := range Buckets {
 			g.Seconds[b] += gs.Seconds[b]

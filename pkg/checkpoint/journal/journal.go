@@ -48,6 +48,10 @@ type Session struct {
 	// BlockedSeconds is the time the trainer spent blocked in checkpoints
 	// (request → done) in this session; nil in journals of older agents.
 	BlockedSeconds *float64 `json:"blocked_seconds,omitempty"`
+	// UnprotectedSeconds is the time the session's trainer ran with no
+	// trainer connected to checkpoint it, once a checkpoint was due
+	// (counted from the last commit, or the session's start): not goodput.
+	UnprotectedSeconds *float64 `json:"unprotected_seconds,omitempty"`
 }
 
 // Interruption records one notice that ended (or would have ended) a session.

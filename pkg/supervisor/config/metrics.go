@@ -31,6 +31,10 @@ type Metrics interface {
 	// NoticePromise is the predicted request → committed of a notice
 	// checkpoint and each cloud's budget for it (notice − margin).
 	NoticePromise(need time.Duration, budgets map[string]time.Duration)
+	// Trainers is, after each of the loop's turns, the trainers connected,
+	// the newest step a trainer reported and the checkpoint requests left
+	// unanswered past the bound the agent warns at (supervisor.UnansweredAfter).
+	Trainers(connected int, step int64, unanswered int)
 }
 
 type nopMetrics struct{}
@@ -50,3 +54,4 @@ func (nopMetrics) Goodput(*journal.Goodput)                              {}
 func (nopMetrics) Machine(string, string, string)                        {}
 func (nopMetrics) NoticeCheckpoint(bool, time.Duration, time.Duration)   {}
 func (nopMetrics) NoticePromise(time.Duration, map[string]time.Duration) {}
+func (nopMetrics) Trainers(int, int64, int)                              {}
