@@ -49,9 +49,13 @@ test:
 # (etcd, kube-apiserver, kube-controller-manager, kubectl v1.35.4 from the Go
 # module proxy), built once into ~/.cache/spotagent-kcp (XDG_CACHE_HOME):
 # 6 min and 2 GB cold on 2 cores, instant when cached. Built here so that
-# the build does not run inside test-go's timeout.
+# the build does not run inside test-go's timeout. With it, the JobSet
+# controller, Kubeflow Trainer v2's controller manager and Kueue's, with
+# their CRDs and webhook configurations, from the module proxy
+# (scripts/controllers-build.sh, beside it in the same cache; docs/kubeflow.md).
 kcp:
 	GO='$(GO)' scripts/kcp-build.sh >/dev/null
+	GO='$(GO)' scripts/controllers-build.sh >/dev/null
 
 # Only the manifests on the real control plane (part of test-go).
 test-k8s: kcp
