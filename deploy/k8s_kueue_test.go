@@ -7,7 +7,7 @@ package deploy
 // real JobSet and Job controllers. Its pod's containers run here as
 // processes (procPod): the real spotagent sidecar with its manifest's
 // flags, and the manifest's trainer script with a `torchrun` on PATH that
-// runs python/examples/train.py, each with the pod's volumes as
+// runs the real torchrun on python/examples/train_ddp.py (2 ranks), each with the pod's volumes as
 // directories. The test is the kubelet: it reports their states, and when
 // the Job controller deletes the pod (Kueue suspended the JobSet) it sends
 // SIGTERM to the trainer container and then to the sidecar, as a kubelet
@@ -227,7 +227,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 		t.Fatalf("pod %s: want the spotagent sidecar and one trainer container", p.Name)
 	}
 	main = &p.Spec.Containers[0]
-	ports, err := freePorts(2)
+	ports, err := freePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,8 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	for i := range cmd {
 		cmd[i] = kubeExpand(cmd[i], env)
 	}
-	env = append(env, "PATH="+fakeBin+":"+os.Getenv("PATH"), "PYTHONUNBUFFERED=1")
+	env = append(env, "PATH="+fakeBin+":"+os.Getenv("PATH"), "PYTHONUNBUFFERED=1",
+		fmt.Sprintf("SPOTAGENT_TEST_MASTER_PORT=%d", ports[2]))
 	pp.trainer = pp.run(main.Name, cmd[0], cmd[1:], env)
 	return pp
 }
@@ -360,21 +361,54 @@ func (pp *procPod) terminate(grace time.Duration) map[string]int32 {
 // trainerSays waits until the trainer's log matches re and returns the match.
 func (pp *procPod) trainerSays(re *regexp.Regexp, timeout time.Duration) []string {
 	pp.t.Helper()
-	var m []string
-	waitFor(pp.t, timeout, fmt.Sprintf("the trainer of %s to print %s", pp.pod.Name, re), func() (bool, error) {
-		b, _ := os.ReadFile(filepath.Join(pp.dir, pp.pod.Spec.Containers[0].Name+".log"))
+	name := pp.pod.Spec.Containers[0].Name
+	deadline := time.Now().Add(timeout)
+	for {
+		b, _ := os.ReadFile(filepath.Join(pp.dir, name+".log"))
 		if ms := re.FindAllStringSubmatch(string(b), -1); len(ms) > 0 {
-			m = ms[len(ms)-1]
-			return true, nil
+			return ms[len(ms)-1]
 		}
 		select {
 		case <-pp.done[pp.trainer]:
-			return false, fmt.Errorf("the trainer exited %d:\n%s\n--- sidecar:\n%s", pp.code(pp.trainer), pp.log(pp.pod.Spec.Containers[0].Name), pp.log("spotagent"))
-		default:
+			pp.t.Fatalf("the trainer of %s exited %d before printing %s:\n%s\n--- sidecar:\n%s", pp.pod.Name, pp.code(pp.trainer), re, pp.log(name), pp.log("spotagent"))
+		case <-time.After(100 * time.Millisecond):
 		}
-		return false, nil
-	})
-	return m
+		if time.Now().After(deadline) {
+			pp.t.Fatalf("the trainer of %s did not print %s within %s:\n%s\n--- sidecar:\n%s", pp.pod.Name, re, timeout, pp.log(name), pp.log("spotagent"))
+		}
+	}
+}
+
+// The lines of python/examples/train_ddp.py's rank 0.
+var (
+	stepRE    = regexp.MustCompile(`(?m)^rank 0 step (\d+)$`)
+	stoppedRE = regexp.MustCompile(`(?m)^rank 0 checkpoint \S* ?\((?:shutdown|interruption)\) at step (\d+)`)
+	resumedRE = regexp.MustCompile(`(?m)^rank 0 resuming from step (\d+)`)
+)
+
+// fakeTorchrun is the trainer image's PATH: a `torchrun` that runs the
+// real torchrun (python/examples/torchrun.py) on one node of 2 ranks of
+// python/examples/train_ddp.py, whatever node flags the manifest's script
+// passes (its rank 0 address is a cluster DNS name). Two ranks: a process
+// group of one is not a distributed job to the client, whose SIGTERM
+// checkpoint a sidecar with --node-rank refuses (a multi-node job's
+// checkpoints are the agents' to ask for).
+func fakeTorchrun(t *testing.T) string {
+	t.Helper()
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := fmt.Sprintf(`#!/bin/sh
+export TOTAL_STEPS=1000000 STEP_SLEEP_MS=40 PYTHONPATH=%[1]s/python
+exec /usr/bin/python3 %[1]s/python/examples/torchrun.py --nnodes=1 --nproc_per_node=2 --node_rank=0 \
+  --master_addr=127.0.0.1 --master_port="$SPOTAGENT_TEST_MASTER_PORT" %[1]s/python/examples/train_ddp.py
+`, repo)
+	if err := os.WriteFile(filepath.Join(dir, "torchrun"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // ---------------------------------------------------------------- the test
@@ -505,16 +539,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	}
 
 	store := t.TempDir()
-	fakeBin := t.TempDir()
-	train, err := filepath.Abs("../python/examples/train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// torchrun, as the trainer script calls it: one rank, the example trainer.
-	torchrun := fmt.Sprintf("#!/bin/sh\nexec python3 %s --steps 100000 --step-time 0.02\n", train)
-	if err := os.WriteFile(filepath.Join(fakeBin, "torchrun"), []byte(torchrun), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	fakeBin := fakeTorchrun(t)
 
 	doc, name := kueueJobSet(t, queue, "research")
 	if err := cp.apply(t, doc, ns); err != nil {
@@ -529,7 +554,6 @@ func TestK8sKueuePreemption(t *testing.T) {
 	fresh, _ := j.newPods(1, 60*time.Second)
 	pp := startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod := j.start(fresh...)[0]
-	stepRE := regexp.MustCompile(`(?m)^step (\d+) `)
 	pp.trainerSays(stepRE, 60*time.Second)
 
 	// The preemption.
@@ -564,7 +588,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	if codes[trainerName] != 75 {
 		t.Errorf("trainer exit %d after the preemption's SIGTERM, want 75:\n%s\n--- sidecar:\n%s", codes[trainerName], pp.log(trainerName), pp.log("spotagent"))
 	}
-	stopped := regexp.MustCompile(`(?m)^checkpoint \S* ?\((?:shutdown|interruption)\) at step (\d+)`).FindAllStringSubmatch(pp.log(trainerName), -1)
+	stopped := stoppedRE.FindAllStringSubmatch(pp.log(trainerName), -1)
 	if len(stopped) == 0 {
 		t.Fatalf("the trainer took no checkpoint on SIGTERM:\n%s", pp.log(trainerName))
 	}
@@ -580,7 +604,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	fresh, at := j.newPods(1, 2*time.Minute)
 	pp = startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod = j.start(fresh...)[0]
-	m := pp.trainerSays(regexp.MustCompile(`(?m)^resuming from step (\d+)`), 60*time.Second)
+	m := pp.trainerSays(resumedRE, 60*time.Second)
 	resumed, _ := strconv.Atoi(m[1])
 	if resumed != saved {
 		t.Errorf("resumed from step %d, want %d (the preemption's checkpoint)", resumed, saved)
@@ -626,4 +650,44 @@ func spotagentBinary(t *testing.T) string {
 		t.Fatal(spotagentBuild.err)
 	}
 	return spotagentBuild.path
+}
+
+// TestSuspendedPodCheckpointsAndResumes is the kubelet's half of a Kueue
+// preemption without the control plane: multinode-jobset.yaml's pod (one
+// node), its containers run here as TestK8sKueuePreemption runs them, gets
+// the SIGTERM of a suspended Job's pod deletion; the trainer checkpoints and
+// exits 75, the sidecar 0; the pod that replaces it when the workload is
+// readmitted (same store, fresh volumes) resumes from that checkpoint.
+func TestSuspendedPodCheckpointsAndResumes(t *testing.T) {
+	t.Parallel()
+	agent := spotagentBinary(t)
+	js, _ := readJobSet(t)
+	store, fakeBin := t.TempDir(), fakeTorchrun(t)
+	pod := func(name string) corev1.Pod {
+		tmpl := js.Spec.ReplicatedJobs[0].Template.Spec.Template
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kueue",
+				Labels:      map[string]string{"jobset.sigs.k8s.io/jobset-name": js.Metadata.Name},
+				Annotations: map[string]string{"batch.kubernetes.io/job-completion-index": "0"}},
+			Spec: *tmpl.Spec.DeepCopy(),
+		}
+	}
+	trainer := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.Containers[0].Name
+	pp := startProcPod(t, pod("exp42-node-0-0-aaaaa"), agent, store, fakeBin)
+	pp.trainerSays(stepRE, 60*time.Second)
+	codes := pp.terminate(110 * time.Second)
+	if codes[trainer] != 75 || codes["spotagent"] != 0 {
+		t.Fatalf("exit codes %v, want %s 75, spotagent 0:\n%s\n--- sidecar:\n%s", codes, trainer, pp.log(trainer), pp.log("spotagent"))
+	}
+	stopped := stoppedRE.FindAllStringSubmatch(pp.log(trainer), -1)
+	if len(stopped) == 0 {
+		t.Fatalf("the trainer took no checkpoint on SIGTERM:\n%s", pp.log(trainer))
+	}
+	t.Logf("--- trainer:\n%s\n--- sidecar:\n%s", tail(pp.log(trainer), 600), pp.log("spotagent"))
+	pp = startProcPod(t, pod("exp42-node-0-0-bbbbb"), agent, store, fakeBin)
+	m := pp.trainerSays(resumedRE, 60*time.Second)
+	if m[1] != stopped[len(stopped)-1][1] {
+		t.Errorf("resumed from step %s, want %s (the SIGTERM checkpoint)", m[1], stopped[len(stopped)-1][1])
+	}
+	pp.terminate(110 * time.Second)
 }
