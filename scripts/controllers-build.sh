@@ -8,7 +8,8 @@
 #
 # One scratch module requires all three at the versions Kueue requires
 # (Kueue v0.17.0 requires Trainer v2.2.0 and JobSet v0.11.1), so that one
-# `go build` compiles controller-runtime and client-go once for the three.
+# `go build` compiles controller-runtime and client-go once for the Trainer
+# and Kueue; the JobSet controller is built in its own module (below).
 # The proxy refuses sigs.k8s.io/jobset's version list (403) but serves its
 # versions by name; the version is pinned here, never discovered.
 #
@@ -84,8 +85,8 @@ require (
 	sigs.k8s.io/kueue $kueue
 )
 EOF
-# A file that imports the three mains' modules keeps `go mod tidy` from
-# dropping them; the mains themselves are built by path.
+# A file that imports the mains keeps `go mod tidy` from dropping their
+# modules; the mains themselves are built by path.
 cat >tools.go <<'EOF'
 //go:build tools
 
@@ -105,9 +106,14 @@ for m in "github.com/kubeflow/trainer/v2 $trainer" "sigs.k8s.io/jobset $jobset" 
   [ "$got" = "$m" ] || { echo "controllers-build: want $m, module graph chose $got" >&2; exit 1; }
 done
 
-$go build -trimpath -ldflags "-s -w" -o "$bin/jobset-controller" sigs.k8s.io/jobset >&2
-$go build -trimpath -ldflags "-s -w" -o "$bin/trainer-controller-manager" github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager >&2
-$go build -trimpath -ldflags "-s -w" -o "$bin/kueue" sigs.k8s.io/kueue/cmd/kueue >&2
+$go build -trimpath -ldflags "-s -w" -o "$bin/" \
+  github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager sigs.k8s.io/kueue/cmd/kueue >&2
+# The JobSet controller in its own module, at its own requirements: JobSet
+# v0.11.1's webhooks do not compile against the controller-runtime (v0.23)
+# Kueue and the Trainer require (ctrl.NewWebhookManagedBy takes the object
+# type since v0.23); its API types, which they import, do.
+jsdir=$($go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
+(cd "$jsdir" && GOFLAGS=-mod=readonly $go build -trimpath -ldflags "-s -w" -o "$bin/jobset-controller" .) >&2
 
 copy_manifests
 echo "kueue $kueue trainer $trainer jobset $jobset $($go env GOVERSION)" >"$dir/stamp"
