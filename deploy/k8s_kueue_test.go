@@ -528,14 +528,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 		if d.kind == "LocalQueue" {
 			queue = d.name
 		}
-		// Kueue's webhooks answer once it is ready; the CRDs' discovery may lag.
-		waitFor(t, 60*time.Second, "apply "+d.kind+" "+d.name, func() (bool, error) {
-			err := cp.apply(t, d, ns)
-			if isNotFound(err) {
-				return false, nil
-			}
-			return err == nil, err
-		})
+		cp.applySoon(t, d, ns)
 	}
 
 	store := t.TempDir()

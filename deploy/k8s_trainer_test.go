@@ -292,6 +292,24 @@ leaderElection: {leaderElect: false}
 	return nil
 }
 
+// applySoon applies a document, retrying for a while: a new CRD's
+// discovery lags its Established condition, and a controller's webhook or
+// informer cache may not have seen an object applied just before.
+func (cp *controlPlane) applySoon(t *testing.T, d manifestDoc, ns string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := cp.apply(t, d, ns)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // trainerCodes is the kubelet's report for a runtime pod whose trainer
 // container (`node`) exited with code; the sidecar exits 0 after it.
 func trainerCodes(code int32) map[string]int32 {
@@ -324,13 +342,7 @@ func TestK8sTrainJob(t *testing.T) {
 	t.Parallel()
 	cp := runTrainerController(t)
 	ns := cp.namespace(t, "trainjob")
-	waitFor(t, 60*time.Second, "the ClusterTrainingRuntime accepted", func() (bool, error) {
-		err := cp.apply(t, manifestDocs(t, trainerRuntimePath)[0], "")
-		if isNotFound(err) {
-			return false, nil
-		}
-		return err == nil, err
-	})
+	cp.applySoon(t, manifestDocs(t, trainerRuntimePath)[0], "")
 	var name string
 	for _, d := range manifestDocs(t, trainJobPath) {
 		if d.kind == "TrainJob" {
@@ -339,9 +351,7 @@ func TestK8sTrainJob(t *testing.T) {
 			// running, the queue label is an inert label.
 			d.yaml = bytes.Replace(d.yaml, []byte("kueue.x-k8s.io/queue-name: training"), []byte("spotagent.test/queue-name: training"), 1)
 		}
-		if err := cp.apply(t, d, ns); err != nil {
-			t.Fatal(err)
-		}
+		cp.applySoon(t, d, ns)
 	}
 
 	// The JobSet the Trainer built from the runtime.
