@@ -509,6 +509,7 @@ func workloadOf(t *testing.T, cp *controlPlane, ns, name string) map[string]meta
 // counted restarts stay 0 (jobset#1117: a preemption must not spend the
 // crash budget).
 func TestK8sKueuePreemption(t *testing.T) {
+	needControllers(t)
 	t.Parallel()
 	cp := runKueueController(t)
 	agent := spotagentBinary(t)

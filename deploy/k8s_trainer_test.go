@@ -310,6 +310,18 @@ func (cp *controlPlane) applySoon(t *testing.T, d manifestDoc, ns string) {
 	}
 }
 
+// needControllers skips a test of the real Trainer, JobSet and Kueue
+// controllers unless SPOTAGENT_K8S_CONTROLLERS is set (make
+// test-k8s-controllers sets it): these tests were written when neither
+// the control plane nor the controllers had finished building on the
+// machine they were written on, and have not run yet (docs/kubeflow.md).
+func needControllers(t *testing.T) {
+	t.Helper()
+	if os.Getenv("SPOTAGENT_K8S_CONTROLLERS") == "" {
+		t.Skip("SPOTAGENT_K8S_CONTROLLERS unset: the tests of the real Trainer, JobSet and Kueue controllers have not run yet; make test-k8s-controllers runs them (docs/kubeflow.md)")
+	}
+}
+
 // trainerCodes is the kubelet's report for a runtime pod whose trainer
 // container (`node`) exited with code; the sidecar exits 0 after it.
 func trainerCodes(code int32) map[string]int32 {
@@ -339,6 +351,7 @@ func jobSetRestarts(t *testing.T, cp *controlPlane, ns, name string) (restarts, 
 // uncounted; a crash restarts it counted; the TrainJob never fails on the
 // way.
 func TestK8sTrainJob(t *testing.T) {
+	needControllers(t)
 	t.Parallel()
 	cp := runTrainerController(t)
 	ns := cp.namespace(t, "trainjob")
