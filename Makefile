@@ -16,7 +16,7 @@ DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 # metadata address for credentials: the AWS SDK's chain stops before IMDS.
 export AWS_EC2_METADATA_DISABLED := true
 
-.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp k8s-delays fuzz lint bench soak device-check clean arch
+.PHONY: all build release image demo test test-go test-sim soak-sim test-python test-k8s kcp kcp-controllers test-k8s-controllers k8s-delays fuzz lint bench soak device-check clean arch
 
 all: build
 
@@ -52,6 +52,19 @@ test:
 # the build does not run inside test-go's timeout.
 kcp:
 	GO='$(GO)' scripts/kcp-build.sh >/dev/null
+
+# The JobSet controller, Kubeflow Trainer v2's controller manager and
+# Kueue's, with their CRDs and webhook configurations, from the module proxy
+# (scripts/controllers-build.sh, beside the control plane in its cache), and
+# the tests that run them (docs/kubeflow.md). Not yet part of make test:
+# these tests have not run yet (the build did not finish in time where they
+# were written); once they pass, kcp builds the controllers too and the
+# SPOTAGENT_K8S_CONTROLLERS gate goes.
+kcp-controllers: kcp
+	GO='$(GO)' scripts/controllers-build.sh >/dev/null
+
+test-k8s-controllers: kcp-controllers
+	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption' -v -timeout 30m ./deploy
 
 # Only the manifests on the real control plane (part of test-go).
 test-k8s: kcp
