@@ -103,7 +103,8 @@ def main() -> int:
         kw["enable_jit_checkpoint"] = True
     args = TrainingArguments(**kw)
 
-    config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=32, n_layer=2, n_head=2)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
     torch.manual_seed(SEED)
     model = GPT2LMHeadModel(config)
     callbacks = [Pace(a.step_sleep_ms)]  # type: list[Any]

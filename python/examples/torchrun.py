@@ -20,11 +20,15 @@ torch 2.x without libuv (Debian unstable's 2.14): the TCPStore that the
 static rendezvous (`--master-addr`/`--master-port`) and the c10d rendezvous
 create asks for libuv, torch's default TCPStore backend since 2.4, and
 fails with `use_libuv was requested but PyTorch was built without libuv
-support`. `USE_LIBUV=0` reaches only the stores made from a URL or by
-torch.distributed.elastic.utils (the workers' `env://` stores). This
-wrapper sets USE_LIBUV=0 for the workers and makes the launcher's own
-stores with use_libuv=False (the older, non-libuv TCPStore server), only
-when this torch has no libuv.
+support`; so does every worker's client of the launcher's store
+(`init_process_group` with `env://` under torchrun: the agent-store
+client takes no use_libuv and defaults to libuv). `USE_LIBUV=0` reaches
+only the stores made from a URL or by torch.distributed.elastic.utils.
+Only when this torch has no libuv, this wrapper makes the launcher's stores
+with use_libuv=False (the older, non-libuv TCPStore), sets USE_LIBUV=0,
+and starts each worker through itself (`torchrun.py --worker SCRIPT ...`,
+as `python -u` would run it) so that the worker's stores are made the same
+way before the training script runs: the script needs no change.
 
     python3 python/examples/torchrun.py --nnodes 2 --node_rank K \\
         --nproc_per_node 2 --master_addr 127.0.0.1 --master_port 29500 \\
@@ -36,8 +40,9 @@ The integration tests and `make bench` launch ranks with it
 
 import os
 import re
+import runpy
 import sys
-from typing import Any
+from typing import Any, List
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import api
@@ -67,14 +72,36 @@ def _has_libuv() -> bool:
     return True
 
 
-def _without_libuv() -> None:
-    os.environ["USE_LIBUV"] = "0"  # the workers' env:// stores
+def _store_without_libuv() -> Any:
     real = dist.TCPStore
 
     def store(*args: Any, **kw: Any) -> Any:
         kw["use_libuv"] = False
         return real(*args, **kw)
 
+    return store
+
+
+def _worker(argv: List[str]) -> None:
+    """A worker: its rendezvous stores without libuv, then the training
+    script (or -m module) as python -u would run it."""
+    import torch.distributed.rendezvous  # noqa: F401  (the name is a function: the module is in sys.modules)
+
+    rdzv = sys.modules["torch.distributed.rendezvous"]
+    rdzv.TCPStore = _store_without_libuv()  # type: ignore[misc, assignment]
+    if argv and argv[0] == "-m":
+        sys.argv = [argv[1]] + argv[2:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _without_libuv() -> None:
+    os.environ["USE_LIBUV"] = "0"  # stores made by torch.distributed.elastic.utils, env:// URLs
+    store = _store_without_libuv()
+    from torch.distributed import run
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous, static_tcp_rendezvous
 
     static_tcp_rendezvous.TCPStore = store  # type: ignore[misc, assignment]
@@ -85,6 +112,17 @@ def _without_libuv() -> None:
 
     dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = server  # type: ignore[method-assign]
 
+    real_config = run.config_from_args
+
+    def config_from_args(args: Any) -> Any:
+        config, cmd, cmd_args = real_config(args)
+        if isinstance(cmd, str) and cmd_args[:1] == ["-u"]:
+            # python -u SCRIPT ... -> python -u torchrun.py --worker SCRIPT ...
+            cmd_args = ["-u", os.path.abspath(__file__), "--worker"] + cmd_args[1:]
+        return config, cmd, cmd_args
+
+    run.config_from_args = config_from_args
+
 
 if hasattr(api, "_VALUE_REGEX") and getattr(api.Std, "from_str", None) is not None:
     try:
@@ -94,8 +132,10 @@ if hasattr(api, "_VALUE_REGEX") and getattr(api.Std, "from_str", None) is not No
     if broken:
         api.Std.from_str = classmethod(_from_str)  # type: ignore[assignment]
 
-if os.environ.get("USE_LIBUV") == "0" or not _has_libuv():
-    _without_libuv()
-
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        _worker(sys.argv[2:])
+        sys.exit(0)
+    if not _has_libuv():
+        _without_libuv()
     sys.exit(main())

@@ -276,7 +276,9 @@ class TestDCP(Base):
         back = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
         stats = spotagent.dcp.load(reqdir, back)
         self.assertTrue(torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"]))
-        self.assertEqual(stats.bytes, (12 + 5) * 4)
+        self.assertEqual(stats.files, {"__0_0.distcp"})
+        self.assertGreaterEqual(stats.bytes, (12 + 5) * 4)  # the tensors, each serialized with torch.save
+        self.assertLessEqual(stats.bytes, os.path.getsize(os.path.join(reqdir, "__0_0.distcp")))
         # A node's copy of the metadata serves as well (a node > 0's part).
         os.rename(os.path.join(reqdir, ".metadata"), os.path.join(reqdir, spotagent.dcp.metadata_copy_name(1)))
         back = {"w": torch.zeros(3, 4), "b": torch.zeros(5)}
