@@ -75,9 +75,18 @@ test-go:
 # tests/realagent.py builds ./cmd/spotagent for the tests that run the real
 # agent (SPOTAGENT_BIN= a built binary skips the build).
 MYPY ?= mypy
+# torch 2.x (#48): the same tests again under the python3 of the Debian
+# unstable root (torch 2.14, transformers, accelerate; scripts/sid-python,
+# built by scripts/test-deps.sh), then the end-to-end torch and torchrun
+# tests with it as the trainers' interpreter (the TestTorch2_* tests,
+# Hugging Face and DCP, run in test-go). docs/frameworks.md.
+SID_PYTHON := $(CURDIR)/scripts/sid-python
+TORCH2_E2E := TestRun_SigtermAndResume$$|TestWatch_NoticeAndResume$$|TestDistributed_NoticeOnOneNode$$
 test-python:
 	cd python && $(MYPY) --strict spotagent spotagent_build.py
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
+	cd python && SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) $(SID_PYTHON) -m unittest discover -s tests -v
+	SPOTAGENT_TEST_PYTHON=$(SID_PYTHON) $(GO) test -tags '$(TAGS)' -run '$(TORCH2_E2E)' -v -timeout 30m ./integration
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a
 # duration. A duration races Go 1.26's fuzz coordinator at its deadline and

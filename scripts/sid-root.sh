@@ -81,6 +81,7 @@ echo 'Acquire::Check-Valid-Until "false";' >"$tmp/etc/apt/apt.conf.d/99spotagent
 
 # apt-get inside, in a private mount namespace (the mounts vanish with it).
 cp /etc/resolv.conf "$tmp/etc/resolv.conf"
+# shellcheck disable=SC2016 # expanded by the inner shell
 unshare -m --propagation private /bin/sh -ec '
   r=$1; shift
   mount -t proc proc "$r/proc"
@@ -92,11 +93,15 @@ unshare -m --propagation private /bin/sh -ec '
   chroot "$r" apt-get clean
 ' sh "$tmp" "${packages[@]}" >&2 || fail "apt-get install ${packages[*]} in the sid root failed"
 
-versions=$(chroot "$tmp" /usr/bin/python3 -c '
+# shellcheck disable=SC2016 # expanded by the inner shell
+versions=$(unshare -m --propagation private /bin/sh -c '
+  mount -t proc proc "$1/proc"
+  exec chroot "$1" /usr/bin/python3 -c "
 import sys, torch, transformers, accelerate
-print("python", sys.version.split()[0], "torch", torch.__version__,
-      "transformers", transformers.__version__, "accelerate", accelerate.__version__)
-') || fail "the sid root's python3 cannot import torch, transformers and accelerate"
+print(\"python\", sys.version.split()[0], \"torch\", torch.__version__,
+      \"transformers\", transformers.__version__, \"accelerate\", accelerate.__version__)
+"' sh "$tmp") || fail "the sid root's python3 cannot import torch, transformers and accelerate"
+: >"$tmp/.spotagent-sid-root" # scripts/sid-python: "already inside"
 mv "$tmp" "$root"
 {
   echo "$want"

@@ -89,13 +89,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--save-steps", type=int, default=0, help="the Trainer's own saves (0: none; watch mode: 10)")
     ap.add_argument("--step-sleep-ms", type=float, default=0)
+    ap.add_argument("--cuda", action="store_true", help="train on the GPU (default: the CPU)")
     a = ap.parse_args()
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     save_steps = a.save_steps or (10 if a.mode == "watch" else 0)
     kw = dict(output_dir=a.output_dir, max_steps=a.steps, per_device_train_batch_size=8,
-              learning_rate=3e-3, seed=SEED, report_to="none", use_cpu=True, disable_tqdm=True,
+              learning_rate=3e-3, seed=SEED, report_to="none", use_cpu=not a.cuda, disable_tqdm=True,
               dataloader_num_workers=0, logging_strategy="no",
               save_strategy="steps" if save_steps else "no", save_steps=save_steps or None,
               save_total_limit=2)  # type: Dict[str, Any]

@@ -18,7 +18,8 @@ spotagent each node's agent commits and restores only its own ranks' files
 
 (torch 2.x; `--rdzv-conf use_libuv=0` only on builds without libuv, such as
 Debian's: docs/frameworks.md.) Environment: TOTAL_STEPS (default 200),
-STEP_SLEEP_MS. Prints `rank <r> step <n>` after every step, at resume
+STEP_SLEEP_MS, TRAIN_DCP_DEVICE (cpu, default; cuda: one GPU per rank,
+NCCL for the model, gloo beside it). Prints `rank <r> step <n>` after every step, at resume
 `rank <r> restored bytes=<n> files=<names> of=<total bytes>`, and at the end
 `rank <r> final sha256=<hex> step=<n>`: an interrupted and resumed job ends
 with the same line as an uninterrupted one. Exits with agent.exit_code.
@@ -70,13 +71,18 @@ def main() -> int:
     sleep_ms = float(os.environ.get("STEP_SLEEP_MS") or 0)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    kind = os.environ.get("TRAIN_DCP_DEVICE") or "cpu"
+    backend = "gloo" if kind == "cpu" else "cpu:gloo,cuda:nccl"
+    if kind == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(kind, (world,))
+    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
 
     torch.manual_seed(SEED)
-    model = make_model()
-    ddp = DDP(model)
+    model = make_model().to(device)
+    ddp = DDP(model, device_ids=[device.index] if kind == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     names = [n for n, _ in model.named_parameters()]
     jitter = random.Random(rank)
@@ -113,18 +119,18 @@ def main() -> int:
 
     # As train_ddp.py: one warm-up pass so that DDP's bucket layout is the
     # same for every real step of a fresh and a resumed run.
-    ddp(torch.zeros(BATCH, IN)).sum().backward()
+    ddp(torch.zeros(BATCH, IN, device=device)).sum().backward()
     optimizer.zero_grad()
 
-    w_true = torch.linspace(-1.0, 1.0, IN).unsqueeze(1)
+    w_true = torch.linspace(-1.0, 1.0, IN).unsqueeze(1).to(device)
     loss_fn = nn.MSELoss()
     try:
         while step < total:
             # This rank's batch of this step: drawn from (seed, step, rank), so
             # no data-loader state needs saving.
             g = torch.Generator().manual_seed(SEED * 1000003 + step * 131 + rank)
-            x = torch.randn(BATCH, IN, generator=g)
-            y = x @ w_true + 0.01 * torch.randn(BATCH, 1, generator=g)
+            x = torch.randn(BATCH, IN, generator=g).to(device)
+            y = x @ w_true + 0.01 * torch.randn(BATCH, 1, generator=g).to(device)
             optimizer.zero_grad()
             loss_fn(ddp(x), y).backward()
             optimizer.step()

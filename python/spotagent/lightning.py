@@ -57,7 +57,7 @@ class Logic(object):
 
     def __init__(self, agent: Any = None, exit_on_stop: bool = True) -> None:
         if agent is None:
-            from .client import connect
+            from . import connect
 
             agent = connect()
         self.agent = agent
