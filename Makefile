@@ -77,6 +77,7 @@ test-go:
 MYPY ?= mypy
 # torch 2.x (#48): the same tests again under the python3 of the Debian
 # unstable root (torch 2.14, transformers, accelerate; scripts/sid-python,
+# USE_LIBUV=0: its torch has no libuv, and the tests' ranks use env://),
 # built by scripts/test-deps.sh), then the end-to-end torch and torchrun
 # tests with it as the trainers' interpreter, with the TestTorch2_* tests
 # (Hugging Face, DCP; the torch2 build tag keeps them out of test-go).
@@ -86,7 +87,7 @@ TORCH2_E2E := TestTorch2_|TestRun_SigtermAndResume$$|TestWatch_NoticeAndResume$$
 test-python:
 	cd python && $(MYPY) --strict spotagent spotagent_build.py
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
-	cd python && SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) $(SID_PYTHON) -m unittest discover -s tests -v
+	cd python && USE_LIBUV=0 SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) $(SID_PYTHON) -m unittest discover -s tests -v
 	SPOTAGENT_TEST_PYTHON=$(SID_PYTHON) $(GO) test -tags '$(TAGS),torch2' -run '$(TORCH2_E2E)' -v -timeout 60m ./integration
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a
