@@ -320,11 +320,11 @@ func TestTorch2_DCPTorchrun(t *testing.T) {
 }
 
 // torch2Torchrun is node k's command line for torch 2.x's own torchrun
-// (python -m torch.distributed.run) of the sid root. Debian's torch 2.x is
-// built without libuv: the c10d rendezvous with use_libuv=0 (the static
-// one, --master-addr, asks for libuv and fails); --node-rank is kept as
-// given by rank ordering on the rendezvous (docs/frameworks.md).
+// of the sid root, through python/examples/torchrun.py: Debian's torch 2.x
+// is built without libuv, which torchrun's stores ask for; the wrapper
+// makes them without it (docs/frameworks.md). The static rendezvous keeps
+// --node-rank equal to the agent's.
 func torch2Torchrun(py string, nodes, k, ranks, port int, script ...string) []string {
-	return append([]string{py, "python/examples/torchrun2.py", "--nnodes", strconv.Itoa(nodes), "--node-rank", strconv.Itoa(k),
+	return append([]string{py, "python/examples/torchrun.py", "--nnodes", strconv.Itoa(nodes), "--node-rank", strconv.Itoa(k),
 		"--nproc-per-node", strconv.Itoa(ranks), "--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port)}, script...)
 }
