@@ -305,7 +305,7 @@ func TestTorch2_DCPTorchrun(t *testing.T) {
 			if atoi(t, m[5]) != int(l.Step) {
 				t.Errorf("rank %s resumed at step %s, want %d", m[1], m[5], l.Step)
 			}
-			t.Logf("rank %s read %s bytes of the checkpoint's %s (%s)", m[1], m[2], m[4], m[3])
+			t.Logf("rank %s read %s bytes (%s) of the %s bytes of shard files its node restored", m[1], m[2], m[3], m[4])
 		}
 	}
 	if seen != nodes*ranks {
