@@ -26,7 +26,10 @@ var bin string
 // repo is the repository root.
 var repo string
 
-const python = "/usr/bin/python3"
+// python is the trainers' interpreter: /usr/bin/python3 (torch 1.13), or
+// $SPOTAGENT_TEST_PYTHON (make test-python runs the torch tests again with
+// scripts/sid-python: torch 2.x).
+var python = testPython()
 
 func TestMain(m *testing.M) {
 	_, file, _, _ := runtime.Caller(0)

@@ -15,7 +15,14 @@
 #   3. Hugging Face Trainer (save_steps, save_total_limit=2) under --watch;
 #   4. Lightning ModelCheckpoint(every_n_train_steps) under --watch; 4b:
 #      the --signal fallback as a Lightning callback;
-#   5. DCP async_save into the request directory, `saved` once complete.
+#   5. DCP async_save into the request directory, `saved` once complete;
+#   6. spotagent.hf.SpotagentCallback in the real Trainer on the GPU
+#      (python/examples/hf_trainer.py --cuda): SIGTERM -> 75 -> resume equal;
+#   7. spotagent.lightning.SpotagentCallback in a real Lightning Trainer
+#      (python/devicecheck/lightning_callback.py): the same;
+#   8. spotagent.dcp on CUDA: python/examples/train_dcp.py under torchrun
+#      (1 node, one rank per GPU, TRAIN_DCP_DEVICE=cuda): SIGTERM -> 75 ->
+#      each rank restores its own shard -> final weights equal.
 #
 # Each case prints PASS, FAIL or SKIP (with why) and its figures. On a CPU
 # machine with Debian's torch 1.13 it runs what 1.13 can (1 on the CPU with
@@ -39,7 +46,7 @@ export PYTHONUNBUFFERED=1
 ROOT=$PWD
 BIN=${BIN:-$ROOT/bin/spotagent}
 OUT=${OUT:-$(mktemp -d /tmp/device-check-out.XXXXXX)}
-CASES=${DEVICE_CHECK_CASES:-1 2 3 4 5}
+CASES=${DEVICE_CHECK_CASES:-1 2 3 4 5 6 7 8}
 mkdir -p "$OUT"
 report=$OUT/device-check.txt
 : >"$report"
@@ -100,6 +107,7 @@ agent() {
     --log-format json)
 }
 
+NGPU=1
 CUDA=$(pyv 'import torch; print(int(torch.cuda.is_available()))')
 TORCH=$(pyv 'import torch; print(torch.__version__)')
 TORCH2=$(pyv 'import torch; print(int(int(torch.__version__.split(".")[0]) >= 2))')
@@ -386,6 +394,80 @@ case5() {
   fi
 }
 
+# ------------------------------------------------------- cases 6, 7, 8
+# callback_case N NAME REF_REGEX CMD: CMD (a function below, run by bash
+# with the word ref, int or res) bare
+# (reference), then under the agent with SIGTERM at step 20 (exit 75), then
+# a fresh agent and directory resuming; PASS when the final lines match.
+callback_case() {
+  local n=$1 name=$2 rx=$3
+  shift 3
+  local d=$work/$name code rc pid ref res
+  mkdir -p "$d"
+  export PY ROOT work CUDA NGPU
+  export -f hf_cmd lightning_cmd dcp_cmd json free_port
+  (unset SPOTAGENT_SOCKET; bash -c "$1 ref" >"$d/ref.log" 2>&1)
+  ref=$(grep -Eo "$rx" "$d/ref.log" | tail -1)
+  [ -n "$ref" ] || { cp "$d/ref.log" "$OUT/$name-ref.log"; result "$n" FAIL "uninterrupted run failed ($name-ref.log)"; return; }
+  agent "$name"
+  "${A[@]}" --checkpoint-dir "$d/ck1" --socket "$d/a1.sock" --interval 1h --term-grace 30s -- bash -c "$1 int" \
+    >"$d/int.log" 2>"$d/int.agent.log" &
+  pid=$!
+  local t0=""
+  wait_for "$d/int.log" '^step 20$' 180 $pid && { t0=$(now); kill -TERM $pid; }
+  wait $pid
+  code=$?
+  local t1
+  t1=$(now)
+  agent "$name"
+  "${A[@]}" --checkpoint-dir "$d/ck2" --socket "$d/a2.sock" --interval 1h -- bash -c "$1 res" >"$d/res.log" 2>"$d/res.agent.log"
+  rc=$?
+  for f in "$d"/*.log; do cp "$f" "$OUT/$name-$(basename "$f")"; done
+  res=$(grep -Eo "$rx" "$d/res.log" | tail -1)
+  local figs
+  figs="interrupted_exit=$code sigterm_to_exit_s=$([ -n "$t0" ] && secs "$t0" "$t1" || echo none) resumed_exit=$rc $(grep -ho 'resum[a-z]* from [^ ]*' "$d/res.log" | head -1)"
+  if [ "$code" = 75 ] && [ "$rc" = 0 ] && [ "$ref" = "$res" ]; then
+    result "$n" PASS "$figs final equal"
+  else
+    result "$n" FAIL "$figs ref=${ref:0:40} resumed=${res:0:40}"
+  fi
+}
+
+# The trainer's command for callback_case: the last word (ref, int, res) names its output.
+hf_cmd() { local cuda=""; [ "$CUDA" = 1 ] && cuda=--cuda
+  "$PY" "$ROOT/python/examples/hf_trainer.py" --steps 60 --step-sleep-ms 100 $cuda --output-dir "$work/c6/out-$1"; }
+lightning_cmd() { "$PY" "$ROOT/python/devicecheck/lightning_callback.py" --steps 60 --step-time 0.1 --out "$work/c7/$1.json" &&
+  echo "final sha256=$(json "$work/c7/$1.json" sha256)"; }
+dcp_cmd() { TRAIN_DCP_DEVICE=cuda TOTAL_STEPS=60 STEP_SLEEP_MS=100 "$PY" "$ROOT/python/examples/torchrun.py" --nnodes 1 \
+  --nproc-per-node "$NGPU" --master-addr 127.0.0.1 --master-port "$(free_port)" "$ROOT/python/examples/train_dcp.py" | sed 's/^rank 0 step/step/'; }
+
+case6() {
+  if ! pyv 'import transformers, accelerate' >/dev/null; then
+    result 6 SKIP "transformers/accelerate not importable by $PY (torch $TORCH)"
+    return
+  fi
+  callback_case 6 c6 'final sha256=[0-9a-f]+ step=[0-9]+' hf_cmd
+}
+
+case7() {
+  if ! pyv 'import lightning' >/dev/null; then
+    result 7 SKIP "lightning not importable by $PY (torch $TORCH)"
+    return
+  fi
+  callback_case 7 c7 'final sha256=[0-9a-f]+' lightning_cmd
+}
+
+case8() {
+  if [ "$CUDA" != 1 ] || [ "$TORCH2" != 1 ]; then
+    result 8 SKIP "DCP on CUDA needs a GPU and torch 2.x (torch $TORCH, GPU ${GPU:-none})"
+    return
+  fi
+  NGPU=$(pyv 'import torch; print(torch.cuda.device_count())')
+  export NGPU
+  callback_case 8 c8 'rank 0 final sha256=[0-9a-f]+ step=[0-9]+' dcp_cmd
+  grep -h 'restored bytes=' "$OUT/c8-res.log" | tee -a "$report"
+}
+
 for c in $CASES; do
   t=$(now)
   case $c in
@@ -394,6 +476,9 @@ for c in $CASES; do
   3) case3 ;;
   4) case4 ;;
   5) case5 ;;
+  6) case6 ;;
+  7) case7 ;;
+  8) case8 ;;
   *) result "$c" FAIL "no such case" ;;
   esac
   say "  (case $c took $(secs "$t" "$(now)") s)"

@@ -71,3 +71,17 @@ if ! "$azurite_dir/node_modules/.bin/azurite-blob" --version >/dev/null 2>&1; th
   echo "test-deps: Azurite $azurite_version in $azurite_dir does not run (node $(node --version 2>/dev/null || echo missing))" >&2
   exit 1
 fi
+# torch 2.x (#48): the Debian unstable root whose python3 (torch 2.x,
+# transformers, accelerate) runs the torch 2.x tests' trainers through
+# scripts/sid-python. Built once into ~/.cache/spotagent-sid from this
+# machine's own Debian mirror (scripts/sid-root.sh: debootstrap, then
+# apt-get in a chroot; cold about 10 min and 2.4 GB on 2 cores), instant
+# when cached; a root that cannot be built fails the run here.
+if ! root=$("$(dirname "$0")/sid-root.sh"); then
+  echo "test-deps: the torch 2.x root could not be built (scripts/sid-root.sh)" >&2
+  exit 1
+fi
+"$(dirname "$0")/sid-python" -c 'import torch, transformers, accelerate' || {
+  echo "test-deps: the torch 2.x root at $root cannot import torch, transformers and accelerate" >&2
+  exit 1
+}

@@ -159,6 +159,32 @@ func TestScan_HFLayout(t *testing.T) {
 	}
 }
 
+// TestScan_HFIncompleteSentinel: a checkpoint-<step> directory holding
+// transformers' JIT sentinel (checkpoint-is-incomplete.txt) is not
+// complete although trainer_state.json is there, not even under a deadline;
+// it is once the sentinel is removed.
+func TestScan_HFIncompleteSentinel(t *testing.T) {
+	w, _ := newWatcher(t, Config{})
+	d := filepath.Join(w.cfg.Dir, "checkpoint-30")
+	testutil.WriteFile(t, filepath.Join(d, HFIncomplete), "Checkpoint started at step 30 and in progress...")
+	testutil.WriteFile(t, filepath.Join(d, "model.safetensors"), "weights")
+	testutil.WriteFile(t, filepath.Join(d, HFMarker), "{}")
+	t0 := time.Now()
+	w.SetDeadline(t0)
+	w.Scan(t0)
+	if got := w.Scan(t0.Add(time.Hour)); len(got) != 0 {
+		t.Fatalf("reported with the incomplete sentinel: %s", names(got))
+	}
+	if err := os.Remove(filepath.Join(d, HFIncomplete)); err != nil {
+		t.Fatal(err)
+	}
+	t1 := t0.Add(2 * time.Hour)
+	w.Scan(t1)
+	if got := w.Scan(t1.Add(2 * defaultMarkerQuiet)); len(got) != 1 || got[0].Step != 30 {
+		t.Fatalf("got %+v, want checkpoint-30 complete once the sentinel is gone", got)
+	}
+}
+
 // TestScan_Files: a pattern for files; a name without a step is ignored
 // with a warning; a symlink is refused, wherever it leads.
 func TestScan_Files(t *testing.T) {

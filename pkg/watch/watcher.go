@@ -45,6 +45,13 @@ const defaultWarnAfter = 30 * time.Minute
 // checkpoint-<step> directory.
 const HFMarker = "trainer_state.json"
 
+// HFIncomplete is the sentinel transformers' JIT checkpoint
+// (enable_jit_checkpoint) keeps in a checkpoint-<step> directory while it
+// saves, removed once the save returned: a directory holding it is not
+// complete, whatever else it holds (trainer_state.json is written before
+// the sentinel goes, and the Trainer's own resume does not check it).
+const HFIncomplete = "checkpoint-is-incomplete.txt"
+
 // Marker settings.
 const (
 	MarkerAuto = "auto" // HFMarker for checkpoint-<step> directories, none otherwise
@@ -655,6 +662,10 @@ func (w *Watcher) look(name string, typ os.FileMode, sn snap, top int64, now tim
 	if m := w.marker(name, s.kind); m != "" {
 		if !fp.has(m) {
 			s.problem = "waiting for " + m
+			return nil
+		}
+		if m == HFMarker && fp.has(HFIncomplete) {
+			s.problem = "waiting for " + HFIncomplete + " to go"
 			return nil
 		}
 		quiet, marked = min(quiet, w.cfg.MarkerQuiet), true
