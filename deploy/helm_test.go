@@ -273,7 +273,6 @@ func termsMatch(terms []corev1.NodeSelectorTerm, labels map[string]string) bool 
 	return false
 }
 
-
 // TestTrainerDockerfileInstallsClient: the trainer recipe's install line
 // (deploy/trainer.Dockerfile) installs the client from python/ with no
 // index, as the image build would (no image builder runs in the tests).

@@ -295,7 +295,7 @@ func (j *jobRun) start(pods ...corev1.Pod) []corev1.Pod {
 				}
 				return running
 			}),
-			ContainerStatuses:     statuses(p.Spec.Containers, func(string) corev1.ContainerState { return running }),
+			ContainerStatuses: statuses(p.Spec.Containers, func(string) corev1.ContainerState { return running }),
 		}
 		pods[i] = j.patchStatus(p, status)
 	}
