@@ -713,6 +713,7 @@ func TestK8sNodeTrainerJob(t *testing.T) {
 	t.Parallel()
 	cp := sharedControlPlane(t)
 	ns := cp.namespace(t, "nodejob")
+	cp.applyKinds(t, "kubernetes/node-trainer-job.yaml", ns, "ServiceAccount")
 	job := cp.applyKinds(t, "kubernetes/node-trainer-job.yaml", ns, "Job")[0]
 	j := cp.newJobRun(t, ns, job.name)
 	pods, _ := j.newPods(1, 30*time.Second)
