@@ -1035,11 +1035,10 @@ func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
 			ckptVol = m.Name
 		}
 	}
-	for what, name := range map[string]string{"socket": sockVol, "checkpoint": ckptVol} {
-		if v, ok := volumes[name]; !ok || v.EmptyDir == nil {
-			t.Errorf("%s directory is not on an emptyDir volume (volume %q)", what, name)
-		}
+	if v, ok := volumes[sockVol]; !ok || v.EmptyDir == nil {
+		t.Errorf("socket directory is not on an emptyDir volume (volume %q)", sockVol)
 	}
+	checkCopiesVolume(t, spec, agent, volumes[ckptVol])
 	if len(spec.Containers) == 0 {
 		t.Fatal("no trainer container")
 	}
@@ -1060,12 +1059,74 @@ func checkSidecarPodSpec(t *testing.T, spec corev1.PodSpec) {
 		t.Error("pod securityContext.runAsUser unset: trainer and agent uids may differ (SO_PEERCRED check)")
 	}
 	for _, c := range append([]corev1.Container{*agent}, spec.Containers...) {
-		if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil {
+		if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && c.Name != "copies" {
 			t.Errorf("container %s overrides runAsUser", c.Name)
 		}
 	}
 	checkDrainBudget(t, spec, agent)
 	checkPodHygiene(t, spec)
+}
+
+// checkCopiesVolume (#45): the checkpoint directory (the local tier) is an
+// emptyDir, which dies with the pod, or the node's copy on a hostPath that
+// outlives it: one directory per run and node rank (a subPath of the run id,
+// a subPathExpr of the completion index for several nodes), mounted at the
+// same place in the agent and the trainer, made and handed to the pod's uid
+// by the copies init container, which runs before the agent with no
+// capability beyond CHOWN, DAC_OVERRIDE and FOWNER.
+func checkCopiesVolume(t *testing.T, spec corev1.PodSpec, agent *corev1.Container, v corev1.Volume) {
+	t.Helper()
+	switch {
+	case v.EmptyDir != nil:
+		return
+	case v.HostPath == nil:
+		t.Fatalf("checkpoint directory on volume %q: neither an emptyDir nor a hostPath", v.Name)
+	}
+	if v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
+		t.Errorf("copies hostPath %s: type DirectoryOrCreate", v.HostPath.Path)
+	}
+	if strings.HasPrefix(v.HostPath.Path+"/", "/var/lib/spotagent/") {
+		t.Errorf("copies hostPath %s is inside the node agent's --checkpoint-root /var/lib/spotagent", v.HostPath.Path)
+	}
+	run := flagValue(*agent, "run-id")
+	var mount corev1.VolumeMount
+	for _, m := range agent.VolumeMounts {
+		if m.Name == v.Name {
+			mount = m
+		}
+	}
+	perRank := mount.SubPathExpr == "" && regexp.MustCompile(`^[a-z0-9-]+/node-0$`).MatchString(mount.SubPath) && flagValue(*agent, "node-rank") == ""
+	perRank = perRank || (mount.SubPath == "" && regexp.MustCompile(`^[a-z0-9-]+/node-\$\(JOB_COMPLETION_INDEX\)$`).MatchString(mount.SubPathExpr) &&
+		flagValue(*agent, "node-rank") == "$(JOB_COMPLETION_INDEX)")
+	if !perRank {
+		t.Errorf("agent mounts the copies as subPath %q subPathExpr %q (run id %s): want <run id>/node-<rank>", mount.SubPath, mount.SubPathExpr, run)
+	}
+	for _, c := range spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.Name == v.Name && (m.SubPath != mount.SubPath || m.SubPathExpr != mount.SubPathExpr || m.MountPath != mount.MountPath) {
+				t.Errorf("%s mounts the copies as %+v, the agent as %+v: the trainer writes where the agent reads", c.Name, m, mount)
+			}
+		}
+	}
+	if len(spec.InitContainers) == 0 || spec.InitContainers[0].Name != "copies" {
+		t.Fatal("a hostPath copies volume needs the copies init container first (the hostPath directory is root's)")
+	}
+	cc := spec.InitContainers[0]
+	if cc.RestartPolicy != nil {
+		t.Error("the copies init container must run to completion before the agent starts")
+	}
+	sc := cc.SecurityContext
+	if sc == nil || sc.Capabilities == nil || !containsCap(sc.Capabilities.Drop, "ALL") {
+		t.Fatal("copies: drop ALL capabilities")
+	}
+	for _, c := range sc.Capabilities.Add {
+		if !containsCap([]corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER"}, c) {
+			t.Errorf("copies adds capability %s", c)
+		}
+	}
+	if !strings.Contains(strings.Join(cc.Command, " "), "chown") {
+		t.Error("copies does not hand the node's directory to the pod's uid")
+	}
 }
 
 // awsNotice is the longest interruption notice (AWS spot: two minutes):
@@ -1237,15 +1298,26 @@ func checkSpotTolerations(t *testing.T, spec corev1.PodSpec) {
 	}
 }
 
-func TestSidecarPod(t *testing.T) {
-	objs := decodeManifests(t, "kubernetes/sidecar-pod.yaml")
-	pod := only[*corev1.Pod](t, objs)
-	sa := only[*corev1.ServiceAccount](t, objs)
-	if pod.Spec.ServiceAccountName != sa.Name {
-		t.Errorf("pod uses service account %q, file defines %q", pod.Spec.ServiceAccountName, sa.Name)
+// TestServiceAccounts: every shipped run's file defines the ServiceAccount
+// its pods use (no file depends on another's), bound to no Role (RBAC: none
+// needed, docs/kubernetes.md) and without a mounted API token.
+func TestServiceAccounts(t *testing.T) {
+	for _, path := range []string{"kubernetes/sidecar-job.yaml", "kubernetes/multinode-job.yaml", "kubernetes/node-trainer-job.yaml", "kubernetes/daemonset.yaml"} {
+		objs := decodeManifests(t, path)
+		sa := only[*corev1.ServiceAccount](t, objs)
+		var spec corev1.PodSpec
+		if ds, ok := objs[len(objs)-1].(*appsv1.DaemonSet); ok {
+			spec = ds.Spec.Template.Spec
+		} else {
+			spec = only[*batchv1.Job](t, objs).Spec.Template.Spec
+		}
+		if spec.ServiceAccountName != sa.Name {
+			t.Errorf("%s: pods use service account %q, the file defines %q", path, spec.ServiceAccountName, sa.Name)
+		}
+		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			t.Errorf("%s: service account %s mounts an API token, which nothing in the pod uses", path, sa.Name)
+		}
 	}
-	checkSidecarPodSpec(t, pod.Spec)
-	checkSpotTolerations(t, pod.Spec)
 }
 
 func TestSidecarJob(t *testing.T) {

@@ -100,7 +100,7 @@ func TestK8sReplacementDelay(t *testing.T) {
 		t.Parallel()
 		cp := sharedControlPlane(t)
 		ns := cp.namespace(t, "delayidx")
-		cp.applyKinds(t, "kubernetes/sidecar-pod.yaml", ns, "ServiceAccount")
+		cp.applyKinds(t, "kubernetes/multinode-job.yaml", ns, "ServiceAccount")
 		job := jobFromFile(t, "kubernetes/multinode-job.yaml")
 		job.Spec.BackoffLimit = nil
 		perIndex := int32(3)
@@ -129,7 +129,7 @@ func TestK8sReplacementDelay(t *testing.T) {
 		cp := sharedControlPlane(t)
 		js, _ := readJobSet(t)
 		ns := cp.namespace(t, "delayjs")
-		cp.applyKinds(t, "kubernetes/sidecar-pod.yaml", ns, "ServiceAccount")
+		cp.applyKinds(t, jobSetPath, ns, "ServiceAccount")
 		child := childJob(js)
 		var toFailed, toPods []time.Duration
 		for i := 0; i < n; i++ {
@@ -169,7 +169,7 @@ func TestK8sReplacementDelay(t *testing.T) {
 		t.Parallel()
 		cp := sharedControlPlane(t)
 		ns := cp.namespace(t, "onfailure")
-		cp.applyKinds(t, "kubernetes/sidecar-pod.yaml", ns, "ServiceAccount")
+		cp.applyKinds(t, "kubernetes/sidecar-job.yaml", ns, "ServiceAccount")
 		job := jobFromFile(t, "kubernetes/sidecar-job.yaml")
 		job.Spec.PodFailurePolicy = nil
 		job.Spec.PodReplacementPolicy = nil

@@ -9,8 +9,11 @@ package deploy
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -286,12 +289,34 @@ func (j *jobRun) start(pods ...corev1.Pod) []corev1.Pod {
 				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			},
-			InitContainerStatuses: statuses(p.Spec.InitContainers, func(string) corev1.ContainerState { return running }),
-			ContainerStatuses:     statuses(p.Spec.Containers, func(string) corev1.ContainerState { return running }),
+			InitContainerStatuses: statuses(p.Spec.InitContainers, func(name string) corev1.ContainerState {
+				if regularInit(p)[name] {
+					return completedInit(now)
+				}
+				return running
+			}),
+			ContainerStatuses: statuses(p.Spec.Containers, func(string) corev1.ContainerState { return running }),
 		}
 		pods[i] = j.patchStatus(p, status)
 	}
 	return pods
+}
+
+// regularInit names the pod's init containers that run to completion before
+// the others start (the copies directory's setup), as opposed to native
+// sidecars (restartPolicy: Always).
+func regularInit(p corev1.Pod) map[string]bool {
+	out := map[string]bool{}
+	for _, c := range p.Spec.InitContainers {
+		if c.RestartPolicy == nil {
+			out[c.Name] = true
+		}
+	}
+	return out
+}
+
+func completedInit(at metav1.Time) corev1.ContainerState {
+	return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: at, FinishedAt: at}}
 }
 
 func statuses(cs []corev1.Container, state func(name string) corev1.ContainerState) []corev1.ContainerStatus {
@@ -328,6 +353,9 @@ func (j *jobRun) exit(p corev1.Pod, codes map[string]int32) time.Time {
 	phase := corev1.PodSucceeded
 	state := func(name string) corev1.ContainerState {
 		code, ok := codes[name]
+		if !ok && regularInit(p)[name] {
+			return completedInit(*p.Status.StartTime) // ran to completion before the others started
+		}
 		if !ok {
 			j.t.Fatalf("no exit code for container %s", name)
 		}
@@ -424,7 +452,7 @@ func TestK8sManifestsApply(t *testing.T) {
 	}
 	n := 0
 	for _, f := range files {
-		// One namespace per file: several name their Job exp42.
+		// One namespace per file (TestK8sManifestsApplyTogether applies them into one).
 		ns := cp.namespace(t, "apply")
 		for _, d := range manifestDocs(t, f) {
 			if d.kind == "JobSet" {
@@ -439,22 +467,98 @@ func TestK8sManifestsApply(t *testing.T) {
 	t.Logf("%d documents from %d files applied", n, len(files))
 	ns := cp.namespace(t, "strict")
 
-	bad := manifestDocs(t, "kubernetes/sidecar-job.yaml")[0]
+	var bad manifestDoc
+	for _, d := range manifestDocs(t, "kubernetes/sidecar-job.yaml") {
+		if d.kind == "Job" {
+			bad = d
+		}
+	}
+	bad.yaml = []byte(strings.Replace(string(bad.yaml), "name: "+bad.name, "name: strict-check", 1))
 	bad.name = "strict-check"
-	bad.yaml = []byte(strings.Replace(string(bad.yaml), "name: exp42", "name: strict-check", 1))
 	bad.yaml = []byte(strings.Replace(string(bad.yaml), "backoffLimit:", "backofLimit:", 1))
 	if err := cp.apply(t, bad, ns); err == nil || !strings.Contains(err.Error(), "backofLimit") {
 		t.Errorf("an unknown field was not refused by strict validation: %v", err)
 	}
 }
 
-// sidecarJob applies sidecar-job.yaml (and the ServiceAccount it uses) into
+// jobSetCRDVersion is the JobSet release whose CRD the shipped JobSet is
+// applied against when SPOTAGENT_JOBSET_CRD does not name one: the module
+// proxy serves the repository, CRD included.
+const jobSetCRDVersion = "v0.11.1"
+
+// jobSetCRD returns the path of the JobSet CRD: SPOTAGENT_JOBSET_CRD, else
+// the one in sigs.k8s.io/jobset@jobSetCRDVersion from the module proxy.
+func jobSetCRD(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("SPOTAGENT_JOBSET_CRD"); p != "" {
+		return p
+	}
+	out, err := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/jobset@"+jobSetCRDVersion).Output()
+	if err != nil {
+		t.Fatalf("go mod download sigs.k8s.io/jobset@%s: %v", jobSetCRDVersion, err)
+	}
+	var m struct{ Dir string }
+	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
+		t.Fatalf("go mod download sigs.k8s.io/jobset: %v %s", err, out)
+	}
+	return filepath.Join(m.Dir, "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml")
+}
+
+// TestK8sManifestsApplyTogether (#45): the shipped manifests applied all
+// together into one namespace, as `kubectl apply -f deploy/kubernetes/`
+// does: no two documents name the same object, and the real apiserver
+// accepts every one (server-side, strict), the JobSet against its CRD.
+func TestK8sManifestsApplyTogether(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	var docs []manifestDoc
+	seen := map[string]string{}
+	for _, f := range files {
+		for _, d := range manifestDocs(t, f) {
+			key := d.apiVersion + " " + d.kind + " " + d.namespace + "/" + d.name
+			if prev, ok := seen[key]; ok {
+				t.Errorf("%s and %s both define %s", prev, f, key)
+			}
+			seen[key] = f
+			docs = append(docs, d)
+		}
+	}
+	cp := sharedControlPlane(t)
+	for _, d := range manifestDocs(t, jobSetCRD(t)) {
+		if err := cp.apply(t, d, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ns := cp.namespace(t, "together")
+	for _, d := range docs {
+		if d.kind != "JobSet" {
+			if err := cp.apply(t, d, ns); err != nil {
+				t.Error(err)
+			}
+			continue
+		}
+		// The discovery of a new CRD lags its Established condition a little.
+		waitFor(t, 60*time.Second, "the JobSet applied", func() (bool, error) {
+			err := cp.apply(t, d, ns)
+			if isNotFound(err) {
+				return false, nil
+			}
+			return err == nil, err
+		})
+	}
+	t.Logf("%d documents from %d files applied into one namespace", len(docs), len(files))
+}
+
+// sidecarJob applies sidecar-job.yaml (the Job and the ServiceAccount it uses) into
 // a fresh namespace and returns its run with the first pod started.
 func sidecarJob(t *testing.T, prefix string) (*jobRun, corev1.Pod) {
 	cp := sharedControlPlane(t)
 	ns := cp.namespace(t, prefix)
-	cp.applyKinds(t, "kubernetes/sidecar-pod.yaml", ns, "ServiceAccount")
-	job := cp.applyKinds(t, "kubernetes/sidecar-job.yaml", ns)[0]
+	cp.applyKinds(t, "kubernetes/sidecar-job.yaml", ns, "ServiceAccount")
+	job := cp.applyKinds(t, "kubernetes/sidecar-job.yaml", ns, "Job")[0]
 	j := cp.newJobRun(t, ns, job.name)
 	pods, _ := j.newPods(1, 30*time.Second)
 	return j, j.start(pods...)[0]
@@ -609,6 +713,7 @@ func TestK8sNodeTrainerJob(t *testing.T) {
 	t.Parallel()
 	cp := sharedControlPlane(t)
 	ns := cp.namespace(t, "nodejob")
+	cp.applyKinds(t, "kubernetes/node-trainer-job.yaml", ns, "ServiceAccount")
 	job := cp.applyKinds(t, "kubernetes/node-trainer-job.yaml", ns, "Job")[0]
 	j := cp.newJobRun(t, ns, job.name)
 	pods, _ := j.newPods(1, 30*time.Second)
@@ -632,7 +737,6 @@ func TestK8sNodeTrainerJob(t *testing.T) {
 func multinodeJob(t *testing.T, prefix string) (*jobRun, []corev1.Pod) {
 	cp := sharedControlPlane(t)
 	ns := cp.namespace(t, prefix)
-	cp.applyKinds(t, "kubernetes/sidecar-pod.yaml", ns, "ServiceAccount")
 	var name string
 	for _, d := range cp.applyKinds(t, "kubernetes/multinode-job.yaml", ns) {
 		if d.kind == "Job" {

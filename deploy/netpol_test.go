@@ -137,6 +137,26 @@ func checkHeartbeatPolicy(t *testing.T, pol *networkingv1.NetworkPolicy, tmpl co
 	if err != nil || !sel.Matches(labels.Set(pod)) || sel.Matches(labels.Set(other)) {
 		t.Errorf("the policy's podSelector %v must select this job's pods, not another job's with the same template (%v)", pol.Spec.PodSelector, err)
 	}
+	// #46 item 3: it admits by a label the chart sets (spotagent.io/run-id,
+	// the run id) AND the controller's label of the name the chart gives the
+	// job: neither alone, and not another run's pods.
+	run := tmpl.Labels["spotagent.io/run-id"]
+	if run != name {
+		t.Errorf("pod template label spotagent.io/run-id=%q, want the run id %q", run, name)
+	}
+	cs0 := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
+	for what, from := range map[string]map[string]string{
+		"the controller's label alone": {key: name},
+		"the chart's label alone":      {"spotagent.io/run-id": name},
+		"another run's chart label":    {key: name, "spotagent.io/run-id": "another-run"},
+	} {
+		if admits(pol, from, corev1.ProtocolUDP, heartbeatPort(t, sidecarOf(spec)), cs0) {
+			t.Errorf("a pod with %s (%v) reaches the heartbeat port", what, from)
+		}
+		if sel.Matches(labels.Set(from)) {
+			t.Errorf("the podSelector selects a pod with %s (%v)", what, from)
+		}
+	}
 	ingress := false
 	for _, pt := range pol.Spec.PolicyTypes {
 		ingress = ingress || pt == networkingv1.PolicyTypeIngress
@@ -167,6 +187,15 @@ func checkHeartbeatPolicy(t *testing.T, pol *networkingv1.NetworkPolicy, tmpl co
 			}
 		}
 	}
+}
+
+func sidecarOf(spec corev1.PodSpec) corev1.Container {
+	for _, c := range spec.InitContainers {
+		if c.Name == "spotagent" {
+			return c
+		}
+	}
+	return corev1.Container{}
 }
 
 // TestDaemonSetHeartbeatPort (#37): the node agent listens for the

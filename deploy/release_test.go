@@ -24,8 +24,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// The image name every manifest and document uses; the tag is the version.
-const imageRepo = "ghcr.io/spotagent/spotagent"
+// The image name the shipped manifests use (deploy/helm/examples: the name a
+// user pushes `make image`'s output to, docs/kubernetes.md); the tag is the
+// version.
+const imageRepo = "my-registry.example.com/spotagent"
 
 // ociDescriptor, ociIndex, ociManifest and ociConfig are the parts of the OCI
 // image spec the test reads, decoded with the standard library only, so the
@@ -328,7 +330,7 @@ func TestManifestsNameTheBuiltImage(t *testing.T) {
 	if m == nil {
 		t.Fatal("user-data.sh pins no SPOTAGENT_VERSION default")
 	}
-	for _, path := range []string{"kubernetes/sidecar-pod.yaml", "kubernetes/sidecar-job.yaml", "kubernetes/multinode-job.yaml", "kubernetes/daemonset.yaml"} {
+	for _, path := range []string{"kubernetes/sidecar-job.yaml", "kubernetes/multinode-job.yaml", "kubernetes/daemonset.yaml"} {
 		for _, c := range agentContainers(t, path) {
 			repo, tag, _ := strings.Cut(c.Image, ":")
 			if repo != imageRepo || tag != m[1] {

@@ -1,0 +1,307 @@
+package deploy
+
+// The Helm chart (deploy/helm/spotagent): linted and rendered by the real
+// Helm v4 (scripts/helm-build.sh builds it from the Go module proxy), the
+// plain manifests in kubernetes/ are its output (make manifests), and bad
+// values fail the render with a message naming the value.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+const chartDir = "helm/spotagent"
+
+var helmBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// helmBin builds (or finds) Helm and returns its path.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	helmBuild.once.Do(func() {
+		cmd := exec.Command("../scripts/helm-build.sh")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		start := time.Now()
+		out, err := cmd.Output()
+		if err != nil {
+			helmBuild.err = fmt.Errorf("helm-build.sh: %w\n%s", err, tail(stderr.String(), 4000))
+			return
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			fmt.Fprintf(os.Stderr, "helm: built in %s\n", d.Round(time.Second))
+		}
+		helmBuild.bin = strings.TrimSpace(string(out))
+	})
+	if helmBuild.err != nil {
+		t.Fatal(helmBuild.err)
+	}
+	return helmBuild.bin
+}
+
+// helm runs the helm binary and returns stdout, or an error with stderr.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(helmBin(t), args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String()+stdout.String())
+	}
+	return stdout.String(), nil
+}
+
+func examples(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("helm/examples/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no chart examples: %v", err)
+	}
+	return files
+}
+
+// TestHelmLint: `helm lint --strict` passes with every example's values.
+func TestHelmLint(t *testing.T) {
+	for _, f := range examples(t) {
+		if out, err := helm(t, "lint", "--strict", chartDir, "--values", f); err != nil {
+			t.Errorf("%s: %v\n%s", f, err, out)
+		}
+	}
+}
+
+// TestHelmManifestsUpToDate: every file in kubernetes/ is what `make
+// manifests` renders from the chart now, and nothing else is there.
+func TestHelmManifestsUpToDate(t *testing.T) {
+	out := t.TempDir()
+	cmd := exec.Command("../scripts/manifests.sh", out)
+	cmd.Env = append(os.Environ(), "HELM="+helmBin(t), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir())
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("manifests.sh: %v\n%s", err, b)
+	}
+	want, _ := filepath.Glob(filepath.Join(out, "*.yaml"))
+	got, _ := filepath.Glob("kubernetes/*.yaml")
+	names := func(fs []string) []string {
+		var n []string
+		for _, f := range fs {
+			n = append(n, filepath.Base(f))
+		}
+		sort.Strings(n)
+		return n
+	}
+	if w, g := strings.Join(names(want), " "), strings.Join(names(got), " "); w != g {
+		t.Errorf("kubernetes/ holds %s; the chart's examples render %s: run make manifests", g, w)
+	}
+	for _, f := range want {
+		if read(t, f) != read(t, filepath.Join("kubernetes", filepath.Base(f))) {
+			t.Errorf("kubernetes/%s differs from the chart's rendering: run make manifests (never edit it by hand)", filepath.Base(f))
+		}
+	}
+}
+
+// render runs helm template with the sidecar example and the given --set
+// values, into a temp file, and returns its path and the error.
+func render(t *testing.T, example string, set ...string) (string, error) {
+	t.Helper()
+	args := []string{"template", "r", chartDir, "--values", "helm/examples/" + example + ".yaml"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := helm(t, args...)
+	p := filepath.Join(t.TempDir(), "out.yaml")
+	if werr := os.WriteFile(p, []byte(out), 0o600); werr != nil {
+		t.Fatal(werr)
+	}
+	return p, err
+}
+
+// TestHelmValuesRefused (#45): a missing or malformed value fails the
+// render with a message naming it, never a pod that crashes.
+func TestHelmValuesRefused(t *testing.T) {
+	for _, tc := range []struct {
+		example string
+		set     []string
+		want    string // in the error
+	}{
+		{"sidecar-job", []string{"store="}, "store"},
+		{"sidecar-job", []string{"store=my-bucket/runs/exp41"}, "store"},
+		{"sidecar-job", []string{"store=s3://"}, "store"},
+		{"sidecar-job", []string{"store=http://example.com/x"}, "store"},
+		{"multinode-jobset", []string{"store="}, "store"},
+		{"sidecar-job", []string{"runId="}, "runId"},
+		{"sidecar-job", []string{"runId=Exp_41"}, "runId"},
+		{"sidecar-job", []string{"runId=a-run-id-far-too-long-for-the-jobset-pod-names"}, "runId"},
+		{"node-trainer-job", []string{"runId="}, "runId"},
+		{"sidecar-job", []string{"image.agent="}, "agent"},
+		{"sidecar-job", []string{"image.trainer=my image"}, "trainer"},
+		{"sidecar-job", []string{"workload=multi"}, "workload"},
+		{"sidecar-job", []string{"nodes=0"}, "nodes"},
+		{"sidecar-job", []string{"copies.where=pvc"}, "where"},
+		{"sidecar-job", []string{"peerRestore.replicas=2"}, "replicas"},
+		{"sidecar-job", []string{"kueue.queueName=Bad Queue"}, "queueName"},
+		{"daemonset", []string{"nodeAgent.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
+		{"daemonset", []string{"nodeAgent.storePrefix="}, "storePrefix"},
+	} {
+		_, err := render(t, tc.example, tc.set...)
+		if err == nil {
+			t.Errorf("%s %v: rendered", tc.example, tc.set)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v: error does not name %s: %v", tc.example, tc.set, tc.want, err)
+		}
+	}
+}
+
+// TestHelmValues: the values reach the objects.
+func TestHelmValues(t *testing.T) {
+	t.Run("kueue", func(t *testing.T) {
+		for _, ex := range []string{"sidecar-job", "multinode-job", "node-trainer-job"} {
+			p, err := render(t, ex, "kueue.queueName=team-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			job := only[*batchv1.Job](t, decodeManifests(t, p))
+			if job.Labels["kueue.x-k8s.io/queue-name"] != "team-a" {
+				t.Errorf("%s: Job labels %v: no kueue.x-k8s.io/queue-name=team-a", ex, job.Labels)
+			}
+		}
+		p, err := render(t, "multinode-jobset", "kueue.queueName=team-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(read(t, p), "kueue.x-k8s.io/queue-name: team-a") {
+			t.Error("JobSet: no kueue.x-k8s.io/queue-name label")
+		}
+		p, _ = render(t, "sidecar-job")
+		if strings.Contains(read(t, p), "queue-name") {
+			t.Error("a queue label without kueue.queueName")
+		}
+	})
+	t.Run("layout", func(t *testing.T) {
+		p, err := render(t, "multinode-job", "nodes=4", "processesPerNode=2", "gpusPerNode=2", "peerRestore.replicas=1",
+			"copies.where=emptyDir", "copies.sizeLimit=50Gi", "copies.maxBytes=1000000", "grace.sigtermWait=20")
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs := decodeManifests(t, p)
+		job := only[*batchv1.Job](t, objs)
+		spec := job.Spec.Template.Spec
+		checkSidecarPodSpec(t, spec)
+		if *job.Spec.Completions != 4 || *job.Spec.Parallelism != 4 {
+			t.Errorf("completions %d parallelism %d, want 4", *job.Spec.Completions, *job.Spec.Parallelism)
+		}
+		agent := sidecarOf(spec)
+		for flag, want := range map[string]string{"replicas": "1", "local-max-bytes": "1000000"} {
+			if got := flagValue(agent, flag); got != want {
+				t.Errorf("--%s=%q, want %q", flag, got, want)
+			}
+		}
+		if !contains(agent.Args, "--peer-restore") {
+			t.Error("no --peer-restore")
+		}
+		tr := spec.Containers[0]
+		if cmd := strings.Join(tr.Command, " "); !strings.Contains(cmd, "--nnodes=4 --nproc_per_node=2") {
+			t.Errorf("torchrun: %s", cmd)
+		}
+		if g := tr.Resources.Limits["nvidia.com/gpu"]; g.Value() != 2 {
+			t.Errorf("GPUs %v, want 2", g)
+		}
+		if *spec.TerminationGracePeriodSeconds != 20+50+5+15 {
+			t.Errorf("terminationGracePeriodSeconds %d, want 90", *spec.TerminationGracePeriodSeconds)
+		}
+		for _, c := range spec.InitContainers {
+			if c.Name == "copies" {
+				t.Error("an emptyDir needs no copies init container")
+			}
+		}
+	})
+	t.Run("spot", func(t *testing.T) {
+		p, err := render(t, "sidecar-job", "spot.aks=false", "spot.requireSpotNode=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := only[*batchv1.Job](t, decodeManifests(t, p)).Spec.Template.Spec
+		for _, tol := range spec.Tolerations {
+			if tol.Key == "kubernetes.azure.com/scalesetpriority" {
+				t.Error("spot.aks=false still tolerates AKS spot")
+			}
+		}
+		a := spec.Affinity
+		if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+			t.Fatal("spot.requireSpotNode: no required node affinity")
+		}
+		terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+		if !termsMatch(terms, map[string]string{"eks.amazonaws.com/capacityType": "SPOT"}) || termsMatch(terms, map[string]string{"kubernetes.azure.com/scalesetpriority": "spot"}) {
+			t.Errorf("terms %v: want EKS spot, not AKS", terms)
+		}
+	})
+	t.Run("metricsFrom", func(t *testing.T) {
+		p, err := render(t, "multinode-job", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol := only[*networkingv1.NetworkPolicy](t, decodeManifests(t, p))
+		if admits(pol, map[string]string{"app": "other"}, corev1.ProtocolTCP, 9090, nil) || !admits(pol, map[string]string{"app": "prometheus"}, corev1.ProtocolTCP, 9090, nil) {
+			t.Error("networkPolicy.metricsFrom does not narrow the metrics port to Prometheus")
+		}
+	})
+}
+
+func termsMatch(terms []corev1.NodeSelectorTerm, labels map[string]string) bool {
+	for _, term := range terms {
+		if termMatches(term, labels) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestTrainerDockerfileInstallsClient: the trainer recipe's install line
+// (deploy/trainer.Dockerfile) installs the client from python/ with no
+// index, as the image build would (no image builder runs in the tests).
+func TestTrainerDockerfileInstallsClient(t *testing.T) {
+	py := need(t, "python3", "python3")
+	if err := exec.Command(py, "-m", "pip", "--version").Run(); err != nil {
+		t.Skip("python3 -m pip unavailable (Debian python3-pip): the recipe's pip line cannot run here")
+	}
+	text := read(t, "trainer.Dockerfile")
+	m := regexp.MustCompile(`(?m)^COPY python/ (\S+)$`).FindStringSubmatch(text)
+	line := strings.TrimSuffix(strings.TrimSpace(regexp.MustCompile(`python3 -m pip install [^&\n]*`).FindString(text)), "\\")
+	if m == nil || line == "" || !strings.Contains(line, "--no-index") {
+		t.Fatalf("trainer.Dockerfile: want `COPY python/ DIR` and a `pip install --no-index DIR` line, got %q %q", m, line)
+	}
+	src := filepath.Join(t.TempDir(), "client")
+	if out, err := exec.Command("cp", "-r", "../python", src).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	target := filepath.Join(t.TempDir(), "site")
+	args := strings.Fields(strings.Replace(line, strings.TrimSuffix(m[1], "/"), src, 1))
+	args = append(args[1:], "--target", target)
+	cmd := exec.Command(py, args...)
+	cmd.Env = append(os.Environ(), "PIP_NO_INDEX=1", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	check := exec.Command(py, "-c", "import spotagent, sys; sys.exit(0 if spotagent.__file__.startswith(sys.argv[1]) else 1)", target)
+	check.Env = append(os.Environ(), "PYTHONPATH="+target)
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Errorf("the installed client does not import from %s: %v %s", target, err, out)
+	}
+}
