@@ -13,7 +13,7 @@
 //
 //   - peer-file: peertier's Client asks node 0 for the file (signed, HTTP)
 //     and checkpoint.CopyVerified writes it into a new file, verified by
-//     size and CRC32C, as restore does;
+//     size and BLAKE3 digest, as restore does;
 //   - tcp-file: one TCP connection, the bytes written into a new file
 //     through the same 1 MiB buffer, unverified;
 //   - peer-null and tcp-null: the same, read into nothing.
@@ -21,7 +21,7 @@
 // The parent (in the root namespace) alternates the modes, in reverse
 // order every other round, and reads each child's CPU time (/proc/PID/stat) around each
 // transfer. The local verification figure is the parent's: the kept
-// copy read through the local tier and checked by CRC32C into nothing,
+// copy read through the local tier and checked by its BLAKE3 digest into nothing,
 // on one goroutine.
 package peernet
 
@@ -32,7 +32,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"os/exec"
@@ -306,7 +305,7 @@ func makeFile(name string, size int64) (*checkpoint.Manifest, error) {
 		return nil, err
 	}
 	defer w.Close()
-	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	h := checkpoint.NewSums()
 	buf := make([]byte, 4<<20)
 	for left := size; left > 0; left -= int64(len(buf)) {
 		b := buf[:min(int64(len(buf)), left)]
@@ -319,16 +318,16 @@ func makeFile(name string, size int64) (*checkpoint.Manifest, error) {
 	if err := w.Close(); err != nil {
 		return nil, err
 	}
-	crc := fmt.Sprintf("%08x", h.Sum32())
+	crc, dig := h.CRC32C(), h.Digest()
 	m := &checkpoint.Manifest{Step: 1, ID: "c1", Parts: []checkpoint.PartInfo{{Node: "node-0"}, {Node: "node-1"}}}
 	for _, part := range []string{"node-0", "node-1"} {
-		m.Files = append(m.Files, checkpoint.File{Path: "w.bin", Key: part + "/w.bin", Size: size, CRC32C: crc, Part: part})
+		m.Files = append(m.Files, checkpoint.File{Path: "w.bin", Key: part + "/w.bin", Size: size, CRC32C: crc, BLAKE3: dig, Part: part})
 	}
 	return m, nil
 }
 
 // verifyLocal reads node 0's kept copy through the local tier and checks
-// its size and CRC32C (checkpoint.CopyVerified into nothing), rounds
+// its size and BLAKE3 digest (checkpoint.CopyDigestVerified into nothing), rounds
 // times, on one goroutine: MB/s of wall clock and per CPU-second.
 func verifyLocal(dir string, m *checkpoint.Manifest, rounds int, res *Result) error {
 	parent, err := os.OpenRoot(filepath.Join(dir, "root"))
@@ -360,7 +359,7 @@ func verifyLocal(dir string, m *checkpoint.Manifest, rounds int, res *Result) er
 			defer fw.Close()
 			w = fw
 		}
-		if err := checkpoint.CopyVerified(w, rc, f, nil); err != nil {
+		if err := checkpoint.CopyDigestVerified(w, rc, f, nil); err != nil {
 			return 0, 0, err
 		}
 		if c, ok := w.(io.Closer); ok {
@@ -400,7 +399,7 @@ func write(r *report.Report, title string, o Options, res *Result) {
 		"In one, `spotbench peernet serve` keeps a %d MiB file in a real local tier (hard-linked, as a commit leaves it) and serves it with the real peer tier server "+
 		"(peertier.Start: signed HTTP, sendfile(2)), and beside it a plain TCP listener that sends the same file with sendfile(2). "+
 		"In the other, `spotbench peernet recv` runs one transfer at a time: *peer-file* is the peer tier's client writing the file through `checkpoint.CopyVerified` "+
-		"(size and CRC32C verified, as restore does); *tcp-file* is one TCP connection written into a new file through the same 1 MiB buffer, unverified; "+
+		"(size and BLAKE3 digest verified, as restore does); *tcp-file* is one TCP connection written into a new file through the same 1 MiB buffer, unverified; "+
 		"*-null* read into nothing. The source file is in the page cache; the new files are on the work directory's file system (%s), written to the page cache "+
 		"(no fsync) and removed after each transfer. %d rounds of the 4 modes alternating (the order reversed every other round), after one warm-up round; medians (min–max). "+
 		"CPU: each child's user + system seconds (/proc/PID/stat) over the transfer, per GiB.\n\n", o.MiB, fsOf(o.Work), o.Rounds)
@@ -412,7 +411,7 @@ func write(r *report.Report, title string, o Options, res *Result) {
 	null := stats.Median(res.Rate["peer-null"]) / stats.Median(res.Rate["tcp-null"])
 	perCore := stats.Median(res.VerifyCPU) / 1e3
 	fmt.Fprintf(&b, "\nRatios of the medians: peer-file ÷ tcp-file %.2f, peer-null ÷ tcp-null %.2f.\n\n", file, null)
-	fmt.Fprintf(&b, "Local verification: node 0's kept copy read through the local tier (page cache) and checked by size and CRC32C (`checkpoint.CopyVerified`), "+
+	fmt.Fprintf(&b, "Local verification: node 0's kept copy read through the local tier (page cache) and checked by size and BLAKE3 digest (`checkpoint.CopyDigestVerified`), "+
 		"one goroutine, %d runs after a warm-up: into nothing %s MB/s, %.2f GB per CPU-second; into a new file (a local restore) %s MB/s, %.2f GB per CPU-second.\n",
 		len(res.Verify), medRange(res.Verify, "%.0f"), perCore, medRange(res.Copy, "%.0f"), stats.Median(res.CopyCPU)/1e3)
 	r.Add(title, b.String())
@@ -420,7 +419,7 @@ func write(r *report.Report, title string, o Options, res *Result) {
 	r.Target(report.Target{Name: fmt.Sprintf("peer transfer into a verified file ÷ one TCP stream into a file, two network namespaces, %d MiB", o.MiB),
 		Want: "≥ 0.9", Got: fmt.Sprintf("%.2f (into nothing: %.2f)", file, null), Met: file >= 0.9, Margin: fmt.Sprintf("%+.2f", file-0.9)})
 	restore := stats.Median(res.CopyCPU) / 1e3
-	r.Target(report.Target{Name: "local verification (CRC32C of the kept copy), per core", Want: "≥ 1 GB/s",
+	r.Target(report.Target{Name: "local verification (BLAKE3 digest of the kept copy), per core", Want: "≥ 1 GB/s",
 		Got: fmt.Sprintf("%.2f GB/s (written into a new file: %.2f)", perCore, restore), Met: min(perCore, restore) >= 1, Margin: fmt.Sprintf("%+.2f GB/s", min(perCore, restore)-1)})
 }
 

@@ -41,7 +41,7 @@ func TestBench(t *testing.T) {
 	if strings.Contains(md, "Skipped:") {
 		t.Skipf("root, but no namespaces here: %s", md[strings.Index(md, "Skipped:"):])
 	}
-	for _, want := range append(Modes, "peer transfer into a verified file ÷ one TCP stream into a file", "local verification (CRC32C of the kept copy), per core", "Ratios of the medians: peer-file ÷ tcp-file") {
+	for _, want := range append(Modes, "peer transfer into a verified file ÷ one TCP stream into a file", "local verification (BLAKE3 digest of the kept copy), per core", "Ratios of the medians: peer-file ÷ tcp-file") {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
