@@ -106,8 +106,11 @@ lint:
 	cd tools && $(GO) vet ./...
 	@out=$$($(GO) run $(DEADCODE) -test -tags '$(TAGS)' ./...); if [ -n "$$out" ]; then echo "dead code (unreachable from any main or test):"; echo "$$out"; exit 1; fi
 
+# The integration package runs ~30 min on 2 cores with the race detector
+# (issue 49 wants it at ≤ 600 s by moving agent logic into simulations);
+# until then its binary gets 60 min.
 test-go:
-	$(GO) test -race -tags '$(TAGS)' -timeout 30m ./...
+	$(GO) test -race -tags '$(TAGS)' -timeout 60m ./...
 
 # mypy --strict over the client (Debian's mypy package), then the tests.
 # tests/realagent.py builds ./cmd/spotagent for the tests that run the real
