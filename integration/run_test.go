@@ -104,7 +104,8 @@ func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, sec
 }
 
 // TestRun_BadStore: a store that cannot work fails with one clear line
-// before the trainer is launched.
+// before the trainer is launched: exit 2 for a malformed --store (a usage
+// error, issue 47), 1 for a well-formed store that fails.
 func TestRun_BadStore(t *testing.T) {
 	srv, err := s3test.Start("real")
 	if err != nil {
@@ -115,18 +116,19 @@ func TestRun_BadStore(t *testing.T) {
 		name, store string
 		env         []string
 		want        string
+		code        int // 2: a malformed --store is a usage error; 1: a store that fails
 	}{
-		{"unknown scheme", "ftp://host/x", nil, "scheme"},
-		{"malformed uri", "s3://", nil, "bucket"},
-		{"missing bucket", "s3://nope/x", srv.Env(), "does not exist"},
-		{"unreachable endpoint", "s3://real/x", append(srv.Env(), "AWS_ENDPOINT_URL_S3=http://127.0.0.1:1"), "unreachable"},
+		{"unknown scheme", "ftp://host/x", nil, "scheme", 2},
+		{"malformed uri", "s3://", nil, "bucket", 2},
+		{"missing bucket", "s3://nope/x", srv.Env(), "does not exist", 1},
+		{"unreachable endpoint", "s3://real/x", append(srv.Env(), "AWS_ENDPOINT_URL_S3=http://127.0.0.1:1"), "unreachable", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := shortTemp(t)
 			marker := filepath.Join(dir, "trainer-ran")
 			p := start(t, tc.env, append(agentArgs(dir, tc.store), "--", "/bin/sh", "-c", "touch "+marker)...)
-			if code := p.wait(time.Minute); code != 1 {
-				t.Fatalf("exit code %d, want 1", code)
+			if code := p.wait(time.Minute); code != tc.code {
+				t.Fatalf("exit code %d, want %d", code, tc.code)
 			}
 			line := p.waitLine(`^spotagent run: .*`, time.Second)[0]
 			if !strings.Contains(line, tc.want) {
