@@ -140,18 +140,7 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 		} else {
 			g.Missing = append(g.Missing, fmt.Sprintf("session %d has no blocked_seconds (journal of an older agent): blocked time counted as productive", i+1))
 		}
-		restore = min(restore, active)
-		blocked = min(blocked, active-restore)
-		lost = min(lost, active-restore-blocked)
-		unprotected := 0.0
-		if s.UnprotectedSeconds != nil {
-			unprotected = min(*s.UnprotectedSeconds, active-restore-blocked-lost)
-		}
-		gs.Seconds[BucketRestore] += restore
-		gs.Seconds[BucketBlocked] += blocked
-		gs.Seconds[BucketLost] += lost
-		gs.Seconds[BucketUnprotected] += unprotected
-		gs.Seconds[BucketProductive] += active - restore - blocked - lost - unprotected
+		gs.split(active, restore, blocked, lost, s.UnprotectedSeconds)
 		gs.Seconds[BucketBetween] += end.Sub(cut).Seconds()
 		for _, b := range Buckets {
 			g.Seconds[b] += gs.Seconds[b]
@@ -231,4 +220,22 @@ func (g *Goodput) Cost(price, onDemand float64) Money {
 		m.Saving = m.OnDemand - m.Spend
 	}
 	return m
+}
+
+// split shares a session's active seconds among its buckets, each capped
+// by what the ones before it left: restore, blocked, lost, unprotected
+// (nil: a journal of an older agent, none), and the rest productive.
+func (gs *GoodputSession) split(active, restore, blocked, lost float64, unprotected *float64) {
+	restore = min(restore, active)
+	blocked = min(blocked, active-restore)
+	lost = min(lost, active-restore-blocked)
+	unprot := 0.0
+	if unprotected != nil {
+		unprot = min(*unprotected, active-restore-blocked-lost)
+	}
+	gs.Seconds[BucketRestore] += restore
+	gs.Seconds[BucketBlocked] += blocked
+	gs.Seconds[BucketLost] += lost
+	gs.Seconds[BucketUnprotected] += unprot
+	gs.Seconds[BucketProductive] += active - restore - blocked - lost - unprot
 }
