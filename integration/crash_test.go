@@ -74,20 +74,29 @@ func TestCrash_KillDuringCommit(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			store, env, root := "file://"+filepath.Join(dir, "store"), []string(nil), filepath.Join(dir, "store")
+			endpoint := ""
 			if backend == "s3" {
-				store, env, root = "s3://"+srv.Bucket+"/crash", srv.Env(), srv.Bucket
+				// The victim's requests go through a proxy that moves each
+				// body at 16 MiB/s: a 5–8 MiB multipart upload then takes
+				// 300–500 ms of a commit, so random kills land in one in
+				// most runs. Unslowed, an upload was ~5 % of a commit on a
+				// quiet machine and 50 kills could miss every one.
+				proxy := faultproxy.New(t, srv.Endpoint)
+				proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 16 << 20})
+				endpoint = proxy.URL
+				store, env, root = "s3://"+srv.Bucket+"/crash", append(srv.Env(), "AWS_ENDPOINT_URL_S3="+proxy.URL), srv.Bucket
 			}
 			st, err := all.Open(context.Background(), store, all.Options{S3Endpoint: srv.Endpoint})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			runCrashTrials(t, st, store, env, root, filepath.Join(dir, backend), base, trials/2)
+			runCrashTrials(t, st, store, endpoint, env, root, filepath.Join(dir, backend), base, trials/2)
 		})
 	}
 }
 
-func runCrashTrials(t *testing.T, st cloud.Store, store string, env []string, root, scratch string, base uint64, n int) {
+func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []string, root, scratch string, base uint64, n int) {
 	ctx := context.Background()
 	restored := int64(-1) // newest step restored so far
 	commitTime := 300 * time.Millisecond
@@ -101,7 +110,7 @@ func runCrashTrials(t *testing.T, st cloud.Store, store string, env []string, ro
 		}
 		// Kill anywhere from before the first commit to the third one.
 		delay := time.Duration(rng.Float64() * 2.5 * float64(commitTime))
-		v := startVictim(t, victimConfig{Store: store, Endpoint: os.Getenv("AWS_ENDPOINT_URL_S3"), Trial: int(seed % 1e9),
+		v := startVictim(t, victimConfig{Store: store, Endpoint: endpoint, Trial: int(seed % 1e9),
 			Start: restored + 1, Keep: 2, Scratch: filepath.Join(scratch, strconv.Itoa(i))}, env)
 		if err := v.waitReady(time.Minute); err != nil {
 			fail("%v", err)
