@@ -78,9 +78,9 @@ func TestCrash_KillDuringCommit(t *testing.T) {
 			if backend == "s3" {
 				// The victim's requests go through a proxy that moves each
 				// body at 16 MiB/s: a 5–8 MiB multipart upload then takes
-				// 300–500 ms of a commit, so random kills land in one in
-				// most runs. Unslowed, an upload was ~5 % of a commit on a
-				// quiet machine and 50 kills could miss every one.
+				// 300–500 ms, and 5–20 of 50 random kills land in one
+				// (under -race here). Unslowed, uploads were a sliver of
+				// a commit: CI's 50 kills once missed every one.
 				proxy := faultproxy.New(t, srv.Endpoint)
 				proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 16 << 20})
 				endpoint = proxy.URL
