@@ -34,6 +34,7 @@ type agentOptions struct {
 	interruptionRate                                          float64
 	keep, maxRestarts, concurrentCommits, maxConns            int
 	socketDefault                                             bool // no --socket: the private default dir
+	checkpointDirDefault                                      bool // no --checkpoint-dir: the default cache
 	termGrace, killAfter, margin                              time.Duration
 	onRebalance                                               string
 	signal                                                    string
@@ -146,7 +147,7 @@ func (o *agentOptions) resolve(node bool) error {
 		if err != nil {
 			base = os.TempDir()
 		}
-		o.checkpointDir = filepath.Join(base, "spotagent", o.runID)
+		o.checkpointDir, o.checkpointDirDefault = filepath.Join(base, "spotagent", o.runID), true
 	}
 	abs, err := filepath.Abs(o.checkpointDir)
 	if err != nil {

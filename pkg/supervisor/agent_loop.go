@@ -292,6 +292,9 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.log.Warn("run journal unreadable: starting a new one", zap.Error(err))
 		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
+	if s := j.FinishedBefore(); s != nil {
+		sayFinishedBefore(s, a.log) // finished.go
+	}
 	a.sess.Journal = journal.NewWriter(cfg.Store, j)
 	a.sess.RanBefore = j.Stats.RunSeconds
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
@@ -630,6 +633,7 @@ func (a *Agent) finish() {
 	code, blocked := a.proc.ExitCode, a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID
+	finished, step := finishedWork(a.cfg.Command, a.proc, &a.conns), a.commits.lastStep // finished.go
 	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
@@ -638,6 +642,9 @@ func (a *Agent) finish() {
 			if unprotected > 0 {
 				s.UnprotectedSeconds = &unprotected
 			}
+			if finished {
+				recordFinished(s, step)
+			}
 		}
 		j.Stats.RunSeconds = a.sess.RunSeconds()
 	})
@@ -645,19 +652,20 @@ func (a *Agent) finish() {
 		a.log.Warn("could not write the run journal", zap.Error(err))
 	}
 	a.sess.RecordFleet(ctx, a.cfg.Fleet, a.cfg.FleetDir, a.commits.last.step, a.commits.fenced())
-	a.release()
+	a.release(finished && a.cfg.DefaultCheckpointDir)
 }
 
 // abort ends the life of an agent whose loop never ran.
 func (a *Agent) abort() {
 	a.endLife()
 	a.sess.AwaitLanding(a.stops.exitBy(time.Now()))
-	a.release()
+	a.release(false)
 }
 
 // release waits for every goroutine the agent started beside the loop
-// (a.life has ended: they are returning) and closes its local handles.
-func (a *Agent) release() {
+// (a.life has ended: they are returning) and closes its local handles;
+// dropCopies deletes a finished run's local copies first (finished.go).
+func (a *Agent) release(dropCopies bool) {
 	for _, r := range a.commits.pending {
 		if r.pipe != nil {
 			r.pipe.Abort()
@@ -676,6 +684,9 @@ func (a *Agent) release() {
 		}
 	}
 	a.src.Close()
+	if dropCopies {
+		a.dirs.dropFinishedCopies(a.log)
+	}
 	a.dirs.Close()
 }
 

@@ -52,6 +52,12 @@ type Session struct {
 	// trainer connected to checkpoint it, once a checkpoint was due
 	// (counted from the last commit, or the session's start): not goodput.
 	UnprotectedSeconds *float64 `json:"unprotected_seconds,omitempty"`
+	// Finished: the session's trainer finished its work (it exited 0
+	// before anything told it to stop, or said bye); LastStep is the
+	// newest step it reported (nil when it reported none). A finished
+	// run's next start says so (FinishedBefore).
+	Finished bool   `json:"finished,omitempty"`
+	LastStep *int64 `json:"last_step,omitempty"`
 }
 
 // Interruption records one notice that ended (or would have ended) a session.
@@ -153,6 +159,22 @@ type Stats struct {
 	SaveSeconds       float64 `json:"save_seconds,omitempty"`
 	CheckpointSeconds float64 `json:"checkpoint_seconds,omitempty"`
 	Pipelined         bool    `json:"pipelined,omitempty"`
+}
+
+// FinishedBefore is the session that ended last, when its trainer had
+// finished its work; nil when the run's last ended session was
+// interrupted, failed or stopped, or none has ended.
+func (j *Journal) FinishedBefore() *Session {
+	var last *Session
+	for i := range j.Sessions {
+		if s := &j.Sessions[i]; s.End != nil && (last == nil || s.End.After(*last.End)) {
+			last = s
+		}
+	}
+	if last == nil || !last.Finished {
+		return nil
+	}
+	return last
 }
 
 // SessionByID returns the session named id, or nil: an agent updates its

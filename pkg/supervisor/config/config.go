@@ -35,11 +35,15 @@ type Config struct {
 	// inside its own area there, <dir>/spotagent-<run-id>/: requests get
 	// <area>/<id>, restores go to <area>/restore. Several runs can share it.
 	CheckpointDir string
-	Store         cloud.Store
-	Source        metadata.Source // nil: no cloud notices
-	Identity      metadata.Identity
-	Scheduler     *schedule.Scheduler
-	Server        protocol.ServerConfig
+	// DefaultCheckpointDir: CheckpointDir is the default cache
+	// (~/.cache/spotagent/RUN-ID), which nobody chose to fill: a finished
+	// run's local copies there are deleted when it ends.
+	DefaultCheckpointDir bool
+	Store                cloud.Store
+	Source               metadata.Source // nil: no cloud notices
+	Identity             metadata.Identity
+	Scheduler            *schedule.Scheduler
+	Server               protocol.ServerConfig
 
 	Command []string // the trainer; empty runs without a child (sidecar)
 	// OverlapRestore starts the trainer at once and restores beside it

@@ -1,0 +1,36 @@
+package journal
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFinishedBefore: only the session that ended last counts, and only
+// when its trainer finished; a session still running (no end) is ignored.
+func TestFinishedBefore(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(m int) *time.Time { v := t0.Add(time.Duration(m) * time.Minute); return &v }
+	for _, tc := range []struct {
+		name     string
+		sessions []Session
+		want     int // index of the session returned; -1: nil
+	}{
+		{"none", nil, -1},
+		{"running", []Session{{Start: *at(0)}}, -1},
+		{"interrupted last", []Session{{End: at(5), Finished: true}, {End: at(9)}}, -1},
+		{"finished last", []Session{{End: at(5)}, {End: at(9), Finished: true, LastStep: ptr(int64(300))}}, 1},
+		// Sessions of a job's nodes are appended concurrently: the order
+		// in the slice is not the order they ended in.
+		{"finished last, listed first", []Session{{End: at(9), Finished: true}, {End: at(5)}}, 0},
+		{"a later start still running", []Session{{End: at(5), Finished: true}, {Start: *at(6)}}, 0},
+	} {
+		j := &Journal{Sessions: tc.sessions}
+		got := j.FinishedBefore()
+		switch {
+		case tc.want < 0 && got != nil:
+			t.Errorf("%s: got %+v, want none", tc.name, got)
+		case tc.want >= 0 && got != &j.Sessions[tc.want]:
+			t.Errorf("%s: got %+v, want session %d", tc.name, got, tc.want)
+		}
+	}
+}
