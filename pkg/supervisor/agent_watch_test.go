@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -70,6 +71,9 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 		Deadline: time.Now().Add(8 * time.Second), Detected: time.Now()}
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	if _, err := os.Stat(filepath.Join(out, ".spotagent-stage")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the staging directory outlived the agent in the user's DIR (stat: %v)", err)
 	}
 	l, err := checkpoint.ReadLatest(t.Context(), ar.store)
 	if err != nil || l.Step != 20 {

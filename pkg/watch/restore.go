@@ -124,7 +124,9 @@ func originOf(m *checkpoint.Manifest) (origin, error) {
 }
 
 // asideTorn moves newer checkpoints that lack their completion marker out
-// of the way. w.mu is not held.
+// of the way, and warns of every newer one it leaves: the framework's own
+// resume will load that one, which no commit verified, rather than the
+// restored one. w.mu is not held.
 func (w *Watcher) asideTorn(step int64) {
 	ents, err := readDir(w.root, ".")
 	if err != nil {
@@ -132,17 +134,23 @@ func (w *Watcher) asideTorn(step int64) {
 	}
 	for _, e := range ents {
 		name := e.Name()
-		if !e.IsDir() || !w.namer.Match(name) {
+		if !w.namer.Match(name) {
 			continue
 		}
-		s, err := w.namer.Step(name, false)
-		m := w.marker(name, kindDir)
-		if err != nil || s <= step || m == "" {
+		s, err := w.namer.Step(name, !e.IsDir())
+		if err != nil || s <= step {
 			continue
 		}
-		if _, err := w.root.Lstat(path.Join(name, m)); errors.Is(err, os.ErrNotExist) {
-			w.aside(name, "newer than the restored checkpoint but without "+m+": a torn write")
+		if m := w.marker(name, kindDir); e.IsDir() && m != "" {
+			if _, err := w.root.Lstat(path.Join(name, m)); errors.Is(err, os.ErrNotExist) {
+				w.aside(name, "newer than the restored checkpoint but without "+m+": a torn write")
+				continue
+			}
 		}
+		w.log.Warn("a checkpoint newer than the committed one is in the watched directory: the trainer's own resume will probably load it, not the restored one",
+			zap.String("name", name), zap.Int64("step", s), zap.Int64("committed_step", step),
+			zap.String("why", "it was written after the last commit, or the agent stopped before its upload: no commit verified it"),
+			zap.String("fix", "nothing if it is complete; if the trainer fails to load it, move it out of "+w.cfg.Dir))
 	}
 }
 

@@ -558,3 +558,51 @@ func TestScan_WalkDoesNotHoldState(t *testing.T) {
 	close(release)
 	<-scanned
 }
+
+// TestRestore_NewerUncommittedSaid: a complete checkpoint in DIR newer than
+// the committed one (a file without marker; an HF directory with its
+// marker) stays where it is, and the restore says that the framework's own
+// resume will load it rather than the restored one.
+func TestRestore_NewerUncommittedSaid(t *testing.T) {
+	for _, tc := range []struct {
+		name, pattern string
+		committed     map[string]string
+		newer         map[string]string
+		newerName     string
+	}{
+		{"file", "*.pt", map[string]string{"model-30.pt": "thirty"}, map[string]string{"model-40.pt": "forty"}, "model-40.pt"},
+		{"hf", "", map[string]string{"checkpoint-10/m.bin": "m", "checkpoint-10/" + HFMarker: "{}"},
+			map[string]string{"checkpoint-20/m.bin": "m2", "checkpoint-20/" + HFMarker: "{}"}, "checkpoint-20"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := file.New(t.TempDir())
+			w, _ := newWatcher(t, Config{Pattern: tc.pattern})
+			for n, b := range tc.committed {
+				testutil.WriteFile(t, filepath.Join(w.cfg.Dir, n), b)
+			}
+			t0 := time.Now()
+			w.Scan(t0)
+			cps := w.Scan(t0.Add(time.Hour))
+			if len(cps) != 1 {
+				t.Fatal("not complete")
+			}
+			commitOne(t, st, cps[0], "c1")
+
+			dir := t.TempDir()
+			for n, b := range tc.newer {
+				testutil.WriteFile(t, filepath.Join(dir, n), b)
+			}
+			w2, logs := newWatcher(t, Config{Dir: dir, Pattern: tc.pattern})
+			if _, err := w2.Restore(t.Context(), st, restore.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			said := logs.FilterMessageSnippet("newer than the committed one").All()
+			if len(said) != 1 || said[0].ContextMap()["name"] != tc.newerName {
+				t.Fatalf("want one warning naming %s, got %v", tc.newerName, logs.All())
+			}
+			if _, err := os.Stat(filepath.Join(dir, tc.newerName)); err != nil {
+				t.Fatalf("the newer complete checkpoint was moved: %v", err)
+			}
+		})
+	}
+}

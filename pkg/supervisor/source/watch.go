@@ -263,6 +263,11 @@ func (ws *Watch) Close() {
 		sc.held.Close()
 	}
 	ws.stage.Close()
+	// Nothing runs beside it now: what is staged is hard links to the
+	// trainer's files (or an upload's leftovers), and DIR is the user's.
+	if err := ws.dir.RemoveAll(watchStage); err != nil {
+		ws.env.Log.Warn("could not remove the staging directory", zap.String("dir", filepath.Join(ws.cfg.Dir, watchStage)), zap.Error(err))
+	}
 	ws.w.Close() // ws.dir with it
 }
 
