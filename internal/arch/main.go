@@ -22,6 +22,9 @@
 //     the Python client's modules (python/spotagent, every import).
 //   - function lines: each non-test function or method declaration, first
 //     line to last, outside bench/.
+//   - ownership (owners.go, type-checked with golang.org/x/tools/go/packages):
+//     writes into another package's exported struct fields, interfaces
+//     over 8 methods, packages without tests.
 package main
 
 import (
@@ -33,6 +36,7 @@ import (
 func main() {
 	root := flag.String("root", ".", "the repository's root")
 	order := flag.Bool("order", false, "print, per package, a file order in which few calls run back up (for the file map)")
+	writes := flag.Bool("writes", false, "list every write into another package's exported fields, most written first")
 	fileMap := flag.Bool("map", false, "print docs/architecture.md's file map table brought up to date (new files appended, gone ones dropped, imports as the source says)")
 	flag.Parse()
 	if *fileMap {
@@ -49,10 +53,20 @@ func main() {
 		}
 		return
 	}
+	own, err := measureOwnership(*root) // owners.go
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "arch:", err)
+		os.Exit(1)
+	}
+	if *writes {
+		own.printWrites(os.Stdout)
+		return
+	}
 	r, err := measure(*root)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "arch:", err)
 		os.Exit(1)
 	}
 	r.print(os.Stdout)
+	own.print(os.Stdout, mark)
 }

@@ -323,13 +323,15 @@ func crossEdges(afs []*ast.File, names map[*ast.File]string, order map[string]in
 	return calls, up, ok, edges
 }
 
-func (r *report) print(w io.Writer) {
-	mark := func(ok bool) string {
-		if ok {
-			return "ok  "
-		}
-		return "MISS"
+// mark is a gauge's verdict.
+func mark(ok bool) string {
+	if ok {
+		return "ok  "
 	}
+	return "MISS"
+}
+
+func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "%s types over %d fields (flag and config structs exempt): %d of %d structs\n", mark(len(r.bigTypes) == 0), maxFields, len(r.bigTypes), r.typesMeasured)
 	for _, t := range r.bigTypes {
 		fmt.Fprintf(w, "       %s\n", t)

@@ -1,0 +1,3 @@
+module github.com/spotagent/spotagent
+
+go 1.24
