@@ -61,7 +61,10 @@ func runKueueController(t *testing.T) *controlPlane {
 // API server (an aggregated apiserver on :8082) off; the JobSet
 // integration only. Only the webhooks of Kueue's own kinds and of JobSets
 // are registered (a webhook of a disabled integration has no handler),
-// for namespaces labelled kueueNamespaceLabel.
+// for namespaces labelled kueueNamespaceLabel. Without internal cert
+// management Kueue reads a metrics certificate from where its cert-manager
+// deployment mounts one, even with metrics off: the build's one-line patch
+// (scripts/controllers-build.sh) lets KUEUE_METRICS_CERT_DIR name it.
 func (cp *controlPlane) startKueueController(t *testing.T, dir string) error {
 	ports, err := freePorts(2)
 	if err != nil {
@@ -86,7 +89,7 @@ integrations:
 		return err
 	}
 	if err := cp.startEnv("kueue", filepath.Join(dir, "bin", "kueue"),
-		[]string{"KUBECONFIG=" + filepath.Join(cp.dir, "kubeconfig")},
+		[]string{"KUBECONFIG=" + filepath.Join(cp.dir, "kubeconfig"), "KUEUE_METRICS_CERT_DIR=" + certDir},
 		"--config="+cfgPath, "--feature-gates=VisibilityOnDemand=false"); err != nil {
 		return err
 	}
@@ -519,10 +522,11 @@ func TestK8sKueuePreemption(t *testing.T) {
 	if err := cp.do(http.MethodPost, "/api/v1/namespaces", "", nsObj, nil); err != nil {
 		t.Fatal(err)
 	}
-	sa := corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-		ObjectMeta: metav1.ObjectMeta{Name: "spotagent-trainer"}}
-	if err := cp.do(http.MethodPost, resourcePath("v1", "ServiceAccount", ns, ""), "", sa, nil); err != nil {
-		t.Fatal(err)
+	// The ServiceAccount the JobSet's pods run as, from the same file.
+	for _, d := range manifestDocs(t, jobSetPath) {
+		if d.kind == "ServiceAccount" {
+			cp.applySoon(t, d, ns)
+		}
 	}
 	var queue string
 	for _, d := range manifestDocs(t, kueueQueuesPath) {

@@ -62,6 +62,8 @@ var controllers struct {
 	jobsetErr       error
 	trainerErr      error
 	kueueErr        error
+	cachedOnce      sync.Once
+	cached          bool // built before this test binary started
 }
 
 func controllersDir(t *testing.T) string {
@@ -311,14 +313,22 @@ func (cp *controlPlane) applySoon(t *testing.T, d manifestDoc, ns string) {
 }
 
 // needControllers skips a test of the real Trainer, JobSet and Kueue
-// controllers unless SPOTAGENT_K8S_CONTROLLERS is set (make
-// test-k8s-controllers sets it): these tests were written when neither
-// the control plane nor the controllers had finished building on the
-// machine they were written on, and have not run yet (docs/kubeflow.md).
+// controllers when they are not built: make test's test-go runs these tests
+// when scripts/controllers-build.sh has built the controllers into the
+// cache (make kcp-controllers: long on 2 cores, the first time) and skips
+// them otherwise, never building them inside its timeout;
+// SPOTAGENT_K8S_CONTROLLERS=1 (make test-k8s, make test-k8s-controllers)
+// runs them always, building the controllers first if need be.
 func needControllers(t *testing.T) {
 	t.Helper()
-	if os.Getenv("SPOTAGENT_K8S_CONTROLLERS") == "" {
-		t.Skip("SPOTAGENT_K8S_CONTROLLERS unset: the tests of the real Trainer, JobSet and Kueue controllers have not run yet; make test-k8s-controllers runs them (docs/kubeflow.md)")
+	if os.Getenv("SPOTAGENT_K8S_CONTROLLERS") != "" {
+		return
+	}
+	controllers.cachedOnce.Do(func() {
+		controllers.cached = exec.Command("../scripts/controllers-build.sh", "--cached").Run() == nil
+	})
+	if !controllers.cached {
+		t.Skip("the JobSet, Trainer and Kueue controllers are not built: make kcp-controllers builds them, make test-k8s builds and runs these tests (docs/kubeflow.md)")
 	}
 }
 
