@@ -81,8 +81,11 @@ kcp:
 # The JobSet controller, Kubeflow Trainer v2's controller manager and
 # Kueue's, with their CRDs and webhook configurations, from the module proxy
 # (scripts/controllers-build.sh, beside the control plane in its cache), and
-# the tests that run them (docs/kubeflow.md): TestK8sTrainJob and
-# TestK8sKueuePreemption, ~70 s together on 2 cores once built. test-go runs
+# the tests that run them (docs/kubeflow.md, docs/kubernetes.md):
+# TestK8sTrainJob, TestK8sKueuePreemption and
+# TestK8sJobSetRestartReusesCopies, ~3 min together on 2 cores once built
+# (the last, 2 nodes x 2 real torch ranks through two whole-set restarts,
+# is most of it). test-go runs
 # them when the controllers are in the cache and skips them when not
 # (make test does not build them: a cold build is long on 2 cores);
 # test-k8s and test-k8s-controllers build them first and always run them.
@@ -90,7 +93,7 @@ kcp-controllers: kcp
 	GO='$(GO)' scripts/controllers-build.sh >/dev/null
 
 test-k8s-controllers: kcp-controllers
-	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption' -v -timeout 30m ./deploy
+	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption|TestK8sJobSetRestartReusesCopies' -v -timeout 30m ./deploy
 
 # The manifests on the real control plane and the real controllers (all
 # of it part of test-go, the controllers' tests when built).

@@ -15,6 +15,7 @@ package deploy
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
@@ -109,6 +110,7 @@ type procPod struct {
 	t       *testing.T
 	pod     corev1.Pod
 	dir     string // the pod's volumes and logs
+	node    string // the played node's root directory, or ""
 	sidecar *exec.Cmd
 	trainer *exec.Cmd
 	done    map[*exec.Cmd]chan struct{}
@@ -166,11 +168,22 @@ func kubeExpand(s string, env []string) string {
 
 // hostPaths maps a container's mount paths to the pod's volume directories
 // (longest first), and /tmp to a directory of its own when it mounts none.
-func (pp *procPod) hostPaths(c corev1.Container) [][2]string {
+// On a played node (pp.node set), a hostPath volume is that path under the
+// node's directory, at the mount's subPathExpr expanded with the
+// container's environment: it outlives the pod, as on a node.
+func (pp *procPod) hostPaths(c corev1.Container, env []string) [][2]string {
 	var m [][2]string
 	tmp := false
 	for _, vm := range c.VolumeMounts {
-		m = append(m, [2]string{vm.MountPath, filepath.Join(pp.dir, "vol", vm.Name)})
+		dir := filepath.Join(pp.dir, "vol", vm.Name)
+		if pp.node != "" {
+			for _, v := range pp.pod.Spec.Volumes {
+				if v.Name == vm.Name && v.HostPath != nil {
+					dir = filepath.Join(pp.node, v.HostPath.Path, vm.SubPath, kubeExpand(vm.SubPathExpr, env))
+				}
+			}
+		}
+		m = append(m, [2]string{vm.MountPath, dir})
 		tmp = tmp || vm.MountPath == "/tmp"
 	}
 	if !tmp {
@@ -218,7 +231,16 @@ func fileStore(v, root string) string {
 // container after it), then the trainer container's command.
 func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *procPod {
 	t.Helper()
-	pp := &procPod{t: t, pod: p, dir: filepath.Join(t.TempDir(), p.Name),
+	return startNodePod(t, p, agent, store, fakeBin, "", 0)
+}
+
+// startNodePod is startProcPod on a played node: node is the node's root
+// directory (its hostPath volumes live under it; "" for none), masterPort
+// the port the fake torchrun's rank 0 listens on, shared by the set's
+// pods (0: one of the pod's own).
+func startNodePod(t *testing.T, p corev1.Pod, agent, store, fakeBin, node string, masterPort int) *procPod {
+	t.Helper()
+	pp := &procPod{t: t, pod: p, dir: filepath.Join(t.TempDir(), p.Name), node: node,
 		done: map[*exec.Cmd]chan struct{}{}, codes: map[*exec.Cmd]int32{}}
 	var side, main *corev1.Container
 	for i := range p.Spec.InitContainers {
@@ -240,7 +262,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounts := pp.hostPaths(*side)
+	mounts := pp.hostPaths(*side, env)
 	for i, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[i] = k + "=" + remapMount(fileStore(v, store), mounts)
@@ -281,7 +303,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounts = pp.hostPaths(*main)
+	mounts = pp.hostPaths(*main, env)
 	for i, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[i] = k + "=" + remapMount(v, mounts)
@@ -291,7 +313,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 		cmd[i] = kubeExpand(cmd[i], env)
 	}
 	env = append(env, "PATH="+fakeBin+":"+os.Getenv("PATH"), "PYTHONUNBUFFERED=1",
-		fmt.Sprintf("SPOTAGENT_TEST_MASTER_PORT=%d", ports[2]))
+		fmt.Sprintf("SPOTAGENT_TEST_MASTER_PORT=%d", cmp.Or(masterPort, ports[2])))
 	pp.trainer = pp.run(main.Name, cmd[0], cmd[1:], env)
 	return pp
 }
