@@ -440,3 +440,38 @@ func TestHelmCloudPresets(t *testing.T) {
 		}
 	}
 }
+
+// TestK8sCloudPresetsApply: each cloud's values file rendered as shipped
+// (the JobSet, its ServiceAccount and NetworkPolicy) is accepted by the real
+// API server, server-side and strict, the JobSet against its CRD.
+func TestK8sCloudPresetsApply(t *testing.T) {
+	t.Parallel()
+	cp := sharedControlPlane(t)
+	for _, d := range manifestDocs(t, jobSetCRD(t)) {
+		if err := cp.apply(t, d, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range cloudPresets {
+		p, err := renderCloud(t, "template", c.name, "store="+c.store, "cloud.identity="+c.identity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := cp.namespace(t, "cloud-"+c.name)
+		var kinds []string
+		for _, d := range manifestDocs(t, p) {
+			kinds = append(kinds, d.kind)
+			// The discovery of a new CRD lags its Established condition a little.
+			waitFor(t, 60*time.Second, c.name+": "+d.kind+" applied", func() (bool, error) {
+				err := cp.apply(t, d, ns)
+				if d.kind == "JobSet" && isNotFound(err) {
+					return false, nil
+				}
+				return err == nil, err
+			})
+		}
+		if k := strings.Join(kinds, ","); k != "NetworkPolicy,ServiceAccount,JobSet" {
+			t.Errorf("%s: applied %s, want the NetworkPolicy, ServiceAccount and JobSet", c.name, k)
+		}
+	}
+}
