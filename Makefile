@@ -93,7 +93,7 @@ kcp-controllers: kcp
 	GO='$(GO)' scripts/controllers-build.sh >/dev/null
 
 test-k8s-controllers: kcp-controllers
-	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption|TestK8sJobSetRestartReusesCopies' -v -timeout 30m ./deploy
+	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption|TestK8sJobSetRestartReusesCopies|TestK8sJobSetController' -v -timeout 30m ./deploy
 
 # The manifests on the real control plane and the real controllers (all
 # of it part of test-go, the controllers' tests when built).

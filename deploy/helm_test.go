@@ -74,7 +74,11 @@ func examples(t *testing.T) []string {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no chart examples: %v", err)
 	}
-	return files
+	kueue, err := filepath.Glob("helm/examples/kueue/*.yaml")
+	if err != nil || len(kueue) == 0 {
+		t.Fatalf("no Kueue chart examples: %v", err)
+	}
+	return append(files, kueue...)
 }
 
 // TestHelmLint: `helm lint --strict` passes with every example's values.
@@ -86,8 +90,8 @@ func TestHelmLint(t *testing.T) {
 	}
 }
 
-// TestHelmManifestsUpToDate: every file in kubernetes/ is what `make
-// manifests` renders from the chart now, and nothing else is there.
+// TestHelmManifestsUpToDate: every file in kubernetes/ and kueue/ is what
+// `make manifests` renders from the chart now, and nothing else is there.
 func TestHelmManifestsUpToDate(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("../scripts/manifests.sh", out)
@@ -95,8 +99,20 @@ func TestHelmManifestsUpToDate(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("manifests.sh: %v\n%s", err, b)
 	}
+	for _, dir := range []string{"kubernetes", "kueue"} {
+		rendered := out
+		if dir != "kubernetes" {
+			rendered = filepath.Join(out, dir)
+		}
+		manifestsMatch(t, rendered, dir)
+	}
+}
+
+// manifestsMatch compares the rendered files in out with those in dir.
+func manifestsMatch(t *testing.T, out, dir string) {
+	t.Helper()
 	want, _ := filepath.Glob(filepath.Join(out, "*.yaml"))
-	got, _ := filepath.Glob("kubernetes/*.yaml")
+	got, _ := filepath.Glob(dir + "/*.yaml")
 	names := func(fs []string) []string {
 		var n []string
 		for _, f := range fs {
@@ -106,11 +122,11 @@ func TestHelmManifestsUpToDate(t *testing.T) {
 		return n
 	}
 	if w, g := strings.Join(names(want), " "), strings.Join(names(got), " "); w != g {
-		t.Errorf("kubernetes/ holds %s; the chart's examples render %s: run make manifests", g, w)
+		t.Errorf("%s/ holds %s; the chart's examples render %s: run make manifests", dir, g, w)
 	}
 	for _, f := range want {
-		if read(t, f) != read(t, filepath.Join("kubernetes", filepath.Base(f))) {
-			t.Errorf("kubernetes/%s differs from the chart's rendering: run make manifests (never edit it by hand)", filepath.Base(f))
+		if read(t, f) != read(t, filepath.Join(dir, filepath.Base(f))) {
+			t.Errorf("%s/%s differs from the chart's rendering: run make manifests (never edit it by hand)", dir, filepath.Base(f))
 		}
 	}
 }
@@ -155,6 +171,8 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"sidecar-job", []string{"copies.where=pvc"}, "where"},
 		{"sidecar-job", []string{"peerRestore.replicas=2"}, "replicas"},
 		{"sidecar-job", []string{"kueue.queueName=Bad Queue"}, "queueName"},
+		{"sidecar-job", []string{"kueue.queues.enabled=true"}, "queueName"},
+		{"sidecar-job", []string{"kueue.queueName=team-a", "kueue.queues.enabled=true", "kueue.queues.quota.cpu=lots"}, "quota"},
 		{"daemonset", []string{"nodeAgent.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
 		{"daemonset", []string{"nodeAgent.storePrefix="}, "storePrefix"},
 	} {
@@ -192,6 +210,24 @@ func TestHelmValues(t *testing.T) {
 		p, _ = render(t, "sidecar-job")
 		if strings.Contains(read(t, p), "queue-name") {
 			t.Error("a queue label without kueue.queueName")
+		}
+	})
+	t.Run("kueue-queues", func(t *testing.T) {
+		p, err := render(t, "sidecar-job", "kueue.queueName=team-a", "kueue.queues.enabled=true", "cloud.provider=aks",
+			"kueue.queues.quota.nvidia\\.com/gpu=64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := read(t, p)
+		for _, want := range []string{"kind: LocalQueue\nmetadata:\n  name: team-a", "kubernetes.azure.com/scalesetpriority: spot",
+			"- name: nvidia.com/gpu\n              nominalQuota: \"64\"", "coveredResources: [cpu, ephemeral-storage, memory, nvidia.com/gpu]"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kueue.queues: no %q in the rendering", want)
+			}
+		}
+		p, _ = render(t, "sidecar-job", "kueue.queueName=team-a")
+		if strings.Contains(read(t, p), "kind: ClusterQueue") {
+			t.Error("Kueue's objects without kueue.queues.enabled")
 		}
 	})
 	t.Run("layout", func(t *testing.T) {
