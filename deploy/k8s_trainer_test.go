@@ -110,10 +110,20 @@ func (cp *controlPlane) installCRDs(t *testing.T, dir string) {
 		}
 	}
 	for _, name := range names {
-		waitFor(t, 60*time.Second, "CRD "+name+" established", func() (bool, error) {
-			var c struct {
-				Status struct{ Conditions []metav1.Condition }
+		var c struct {
+			Spec struct {
+				Group string
+				Names struct{ Plural string }
+				// Versions served: a controller's REST mapper finds the kind
+				// through discovery, which lags Established.
+				Versions []struct {
+					Name   string
+					Served bool
+				}
 			}
+			Status struct{ Conditions []metav1.Condition }
+		}
+		waitFor(t, 60*time.Second, "CRD "+name+" established", func() (bool, error) {
 			if err := cp.do(http.MethodGet, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"+name, "", nil, &c); err != nil {
 				return false, err
 			}
@@ -124,6 +134,24 @@ func (cp *controlPlane) installCRDs(t *testing.T, dir string) {
 			}
 			return false, nil
 		})
+		for _, v := range c.Spec.Versions {
+			if !v.Served {
+				continue
+			}
+			gv := "/apis/" + c.Spec.Group + "/" + v.Name
+			waitFor(t, 60*time.Second, "discovery of "+name+" in "+gv, func() (bool, error) {
+				var list metav1.APIResourceList
+				if err := cp.do(http.MethodGet, gv, "", nil, &list); err != nil {
+					return false, nil // the group version itself is not served yet
+				}
+				for _, r := range list.APIResources {
+					if r.Name == c.Spec.Names.Plural {
+						return true, nil
+					}
+				}
+				return false, nil
+			})
+		}
 	}
 }
 
