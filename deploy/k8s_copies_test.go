@@ -184,7 +184,7 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 	// may come from) and waits for every rank's first step after it.
 	resumed := func(pps []*procPod, saved int, at time.Time, want func(k int, r restoredEntry) string) {
 		for k, pp := range pps {
-			r := pp.restored(2 * time.Minute)
+			r := pp.restored(podStart)
 			t.Logf("rank %d's pod on %s: restored step %d, %d bytes: local %d, peer %d, store %d (%s)",
 				k, nodes[place[k]], r.Step, r.Bytes, r.LocalBytes, r.PeerBytes, r.StoreBytes, r.From)
 			if r.Step != int64(saved) || r.Bytes == 0 {
@@ -197,10 +197,10 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 		for k, pp := range pps {
 			for _, rank := range []int{2 * k, 2*k + 1} {
 				re := regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d resuming from step (\d+)$`, rank))
-				if m := pp.trainerSays(re, 2*time.Minute); m[1] != strconv.Itoa(saved) {
+				if m := pp.trainerSays(re, podStart); m[1] != strconv.Itoa(saved) {
 					t.Errorf("rank %d resumed from step %s, want %d", rank, m[1], saved)
 				}
-				pp.trainerSays(regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d step %d$`, rank, saved+1)), 2*time.Minute)
+				pp.trainerSays(regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d step %d$`, rank, saved+1)), podStart)
 			}
 		}
 		t.Logf("every rank's first resumed step %s after the set's recreation", time.Since(at).Round(100*time.Millisecond))
@@ -213,7 +213,7 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 	}
 
 	pods, pps, _ := runSet(60 * time.Second)
-	pps[0].trainerSays(stepRE, 2*time.Minute)
+	pps[0].trainerSays(stepRE, podStart)
 
 	// 1. Both nodes survive: the set comes back on them, rank by rank.
 	saved := drain(pods, pps)

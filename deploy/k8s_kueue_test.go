@@ -280,7 +280,7 @@ func startNodePod(t *testing.T, p corev1.Pod, agent, store, fakeBin, node string
 	}
 	args = append(args, "--cloud=none")
 	pp.sidecar = pp.run("spotagent", agent, args, append(env, "AWS_EC2_METADATA_DISABLED=true"))
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(podStart)
 	for {
 		resp, err := http.Get("http://" + metrics + "/readyz")
 		if err == nil {
@@ -290,7 +290,7 @@ func startNodePod(t *testing.T, p corev1.Pod, agent, store, fakeBin, node string
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s: the sidecar is not ready within 60s:\n%s", p.Name, pp.log("spotagent"))
+			t.Fatalf("pod %s: the sidecar is not ready within %s:\n%s", p.Name, podStart, pp.log("spotagent"))
 		}
 		select {
 		case <-pp.done[pp.sidecar]:
@@ -403,6 +403,12 @@ func (pp *procPod) trainerSays(re *regexp.Regexp, timeout time.Duration) []strin
 		}
 	}
 }
+
+// podStart bounds the waits on a played pod's processes (the sidecar ready,
+// torch imported, torchrun's rendezvous, a rank's first line): generous,
+// since the deploy tests run several pods of real torch ranks at once (8
+// ranks on 2 cores took over a minute to print their first step).
+const podStart = 4 * time.Minute
 
 // The lines of python/examples/train_ddp.py's rank 0.
 var (
@@ -567,14 +573,14 @@ func TestK8sKueuePreemption(t *testing.T) {
 	}
 	j := cp.newJobRun(t, ns, name)
 	j.jobSelect = "jobset.sigs.k8s.io/jobset-name=" + name
-	waitFor(t, 60*time.Second, "the research JobSet admitted", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "the research JobSet admitted", func() (bool, error) {
 		c, ok := workloadOf(t, cp, ns, name)["Admitted"]
 		return ok && c.Status == metav1.ConditionTrue, nil
 	})
-	fresh, _ := j.newPods(1, 60*time.Second)
+	fresh, _ := j.newPods(1, 2*time.Minute)
 	pp := startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod := j.start(fresh...)[0]
-	pp.trainerSays(stepRE, 60*time.Second)
+	pp.trainerSays(stepRE, podStart)
 
 	// The preemption.
 	preempted := time.Now()
@@ -583,7 +589,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 		t.Fatal(err)
 	}
 	var evicted metav1.Condition
-	waitFor(t, 60*time.Second, "Kueue to evict the research workload", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "Kueue to evict the research workload", func() (bool, error) {
 		c, ok := workloadOf(t, cp, ns, name)["Evicted"]
 		if ok && c.Status == metav1.ConditionTrue {
 			evicted = c
@@ -596,7 +602,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	}
 	// The Job controller deletes the pod once the JobSet controller has
 	// suspended its Job: the kubelet's part follows.
-	waitFor(t, 60*time.Second, "the pod deleted", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "the pod deleted", func() (bool, error) {
 		var p corev1.Pod
 		err := cp.do(http.MethodGet, resourcePath("v1", "Pod", ns, pod.Name), "", nil, &p)
 		return err == nil && p.DeletionTimestamp != nil, err
@@ -624,7 +630,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	fresh, at := j.newPods(1, 2*time.Minute)
 	pp = startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod = j.start(fresh...)[0]
-	m := pp.trainerSays(resumedRE, 60*time.Second)
+	m := pp.trainerSays(resumedRE, podStart)
 	resumed, _ := strconv.Atoi(m[1])
 	if resumed != saved {
 		t.Errorf("resumed from step %d, want %d (the preemption's checkpoint)", resumed, saved)
@@ -694,7 +700,7 @@ func TestSuspendedPodCheckpointsAndResumes(t *testing.T) {
 	}
 	trainer := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.Containers[0].Name
 	pp := startProcPod(t, pod("exp42-node-0-0-aaaaa"), agent, store, fakeBin)
-	pp.trainerSays(stepRE, 60*time.Second)
+	pp.trainerSays(stepRE, podStart)
 	codes := pp.terminate(110 * time.Second)
 	if codes[trainer] != 75 || codes["spotagent"] != 0 {
 		t.Fatalf("exit codes %v, want %s 75, spotagent 0:\n%s\n--- sidecar:\n%s", codes, trainer, pp.log(trainer), pp.log("spotagent"))
@@ -705,7 +711,7 @@ func TestSuspendedPodCheckpointsAndResumes(t *testing.T) {
 	}
 	t.Logf("--- trainer:\n%s\n--- sidecar:\n%s", tail(pp.log(trainer), 600), pp.log("spotagent"))
 	pp = startProcPod(t, pod("exp42-node-0-0-bbbbb"), agent, store, fakeBin)
-	m := pp.trainerSays(resumedRE, 60*time.Second)
+	m := pp.trainerSays(resumedRE, podStart)
 	if m[1] != stopped[len(stopped)-1][1] {
 		t.Errorf("resumed from step %s, want %s (the SIGTERM checkpoint)", m[1], stopped[len(stopped)-1][1])
 	}
