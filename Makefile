@@ -83,9 +83,9 @@ kcp:
 # (scripts/controllers-build.sh, beside the control plane in its cache), and
 # the tests that run them (docs/kubeflow.md, docs/kubernetes.md):
 # TestK8sTrainJob, TestK8sKueuePreemption and
-# TestK8sJobSetRestartReusesCopies, ~3 min together on 2 cores once built
-# (the last, 2 nodes x 2 real torch ranks through two whole-set restarts,
-# is most of it). test-go runs
+# TestK8sJobSetRestartReusesCopies, TestK8sJobSetController: 2-4 min
+# together on 2 cores once built (the copies test, 2 nodes x 2 real torch
+# ranks through two whole-set restarts, is most of it). test-go runs
 # them when the controllers are in the cache and skips them when not
 # (make test does not build them: a cold build is long on 2 cores);
 # test-k8s and test-k8s-controllers build them first and always run them.
