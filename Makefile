@@ -81,19 +81,24 @@ kcp:
 # The JobSet controller, Kubeflow Trainer v2's controller manager and
 # Kueue's, with their CRDs and webhook configurations, from the module proxy
 # (scripts/controllers-build.sh, beside the control plane in its cache), and
-# the tests that run them (docs/kubeflow.md). Not yet part of make test:
-# these tests have not run yet (the build did not finish in time where they
-# were written); once they pass, kcp builds the controllers too and the
-# SPOTAGENT_K8S_CONTROLLERS gate goes.
+# the tests that run them (docs/kubeflow.md, docs/kubernetes.md):
+# TestK8sTrainJob, TestK8sKueuePreemption and
+# TestK8sJobSetRestartReusesCopies, TestK8sJobSetController: 2-4 min
+# together on 2 cores once built (the copies test, 2 nodes x 2 real torch
+# ranks through two whole-set restarts, is most of it). test-go runs
+# them when the controllers are in the cache and skips them when not
+# (make test does not build them: a cold build is long on 2 cores);
+# test-k8s and test-k8s-controllers build them first and always run them.
 kcp-controllers: kcp
 	GO='$(GO)' scripts/controllers-build.sh >/dev/null
 
 test-k8s-controllers: kcp-controllers
-	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption' -v -timeout 30m ./deploy
+	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8sTrainJob|TestK8sKueuePreemption|TestK8sJobSetRestartReusesCopies|TestK8sJobSetController' -v -timeout 30m ./deploy
 
-# Only the manifests on the real control plane (part of test-go).
-test-k8s: kcp helm
-	$(GO) test -tags '$(TAGS)' -run 'TestK8s|TestHelm' -v ./deploy
+# The manifests on the real control plane and the real controllers (all
+# of it part of test-go, the controllers' tests when built).
+test-k8s: kcp-controllers helm
+	SPOTAGENT_K8S_CONTROLLERS=1 $(GO) test -tags '$(TAGS)' -run 'TestK8s|TestHelm' -v -timeout 30m ./deploy
 
 # The Job controller's restart delay over 8 successive interruptions, and the
 # alternatives (deploy/README.md, "Restart delay"); ~31 min.

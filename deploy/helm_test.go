@@ -74,7 +74,11 @@ func examples(t *testing.T) []string {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no chart examples: %v", err)
 	}
-	return files
+	kueue, err := filepath.Glob("helm/examples/kueue/*.yaml")
+	if err != nil || len(kueue) == 0 {
+		t.Fatalf("no Kueue chart examples: %v", err)
+	}
+	return append(files, kueue...)
 }
 
 // TestHelmLint: `helm lint --strict` passes with every example's values.
@@ -86,8 +90,8 @@ func TestHelmLint(t *testing.T) {
 	}
 }
 
-// TestHelmManifestsUpToDate: every file in kubernetes/ is what `make
-// manifests` renders from the chart now, and nothing else is there.
+// TestHelmManifestsUpToDate: every file in kubernetes/ and kueue/ is what
+// `make manifests` renders from the chart now, and nothing else is there.
 func TestHelmManifestsUpToDate(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("../scripts/manifests.sh", out)
@@ -95,8 +99,20 @@ func TestHelmManifestsUpToDate(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("manifests.sh: %v\n%s", err, b)
 	}
+	for _, dir := range []string{"kubernetes", "kueue"} {
+		rendered := out
+		if dir != "kubernetes" {
+			rendered = filepath.Join(out, dir)
+		}
+		manifestsMatch(t, rendered, dir)
+	}
+}
+
+// manifestsMatch compares the rendered files in out with those in dir.
+func manifestsMatch(t *testing.T, out, dir string) {
+	t.Helper()
 	want, _ := filepath.Glob(filepath.Join(out, "*.yaml"))
-	got, _ := filepath.Glob("kubernetes/*.yaml")
+	got, _ := filepath.Glob(dir + "/*.yaml")
 	names := func(fs []string) []string {
 		var n []string
 		for _, f := range fs {
@@ -106,11 +122,11 @@ func TestHelmManifestsUpToDate(t *testing.T) {
 		return n
 	}
 	if w, g := strings.Join(names(want), " "), strings.Join(names(got), " "); w != g {
-		t.Errorf("kubernetes/ holds %s; the chart's examples render %s: run make manifests", g, w)
+		t.Errorf("%s/ holds %s; the chart's examples render %s: run make manifests", dir, g, w)
 	}
 	for _, f := range want {
-		if read(t, f) != read(t, filepath.Join("kubernetes", filepath.Base(f))) {
-			t.Errorf("kubernetes/%s differs from the chart's rendering: run make manifests (never edit it by hand)", filepath.Base(f))
+		if read(t, f) != read(t, filepath.Join(dir, filepath.Base(f))) {
+			t.Errorf("%s/%s differs from the chart's rendering: run make manifests (never edit it by hand)", dir, filepath.Base(f))
 		}
 	}
 }
@@ -155,6 +171,8 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"sidecar-job", []string{"copies.where=pvc"}, "where"},
 		{"sidecar-job", []string{"peerRestore.replicas=2"}, "replicas"},
 		{"sidecar-job", []string{"kueue.queueName=Bad Queue"}, "queueName"},
+		{"sidecar-job", []string{"kueue.queues.enabled=true"}, "queueName"},
+		{"sidecar-job", []string{"kueue.queueName=team-a", "kueue.queues.enabled=true", "kueue.queues.quota.cpu=lots"}, "quota"},
 		{"daemonset", []string{"nodeAgent.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
 		{"daemonset", []string{"nodeAgent.storePrefix="}, "storePrefix"},
 	} {
@@ -192,6 +210,24 @@ func TestHelmValues(t *testing.T) {
 		p, _ = render(t, "sidecar-job")
 		if strings.Contains(read(t, p), "queue-name") {
 			t.Error("a queue label without kueue.queueName")
+		}
+	})
+	t.Run("kueue-queues", func(t *testing.T) {
+		p, err := render(t, "sidecar-job", "kueue.queueName=team-a", "kueue.queues.enabled=true", "cloud.provider=aks",
+			"kueue.queues.quota.nvidia\\.com/gpu=64")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := read(t, p)
+		for _, want := range []string{"kind: LocalQueue\nmetadata:\n  name: team-a", "kubernetes.azure.com/scalesetpriority: spot",
+			"- name: nvidia.com/gpu\n              nominalQuota: \"64\"", "coveredResources: [cpu, ephemeral-storage, memory, nvidia.com/gpu]"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kueue.queues: no %q in the rendering", want)
+			}
+		}
+		p, _ = render(t, "sidecar-job", "kueue.queueName=team-a")
+		if strings.Contains(read(t, p), "kind: ClusterQueue") {
+			t.Error("Kueue's objects without kueue.queues.enabled")
 		}
 	})
 	t.Run("layout", func(t *testing.T) {
@@ -303,5 +339,175 @@ func TestTrainerDockerfileInstallsClient(t *testing.T) {
 	check.Env = append(os.Environ(), "PYTHONPATH="+target)
 	if out, err := check.CombinedOutput(); err != nil {
 		t.Errorf("the installed client does not import from %s: %v %s", target, err, out)
+	}
+}
+
+// cloudPresets are the managed clouds' values files (helm/clouds) with a
+// store and an identity of the right form for each.
+var cloudPresets = []struct {
+	name, store, identity string
+	spotLabel             map[string]string // the preset's nodeSelector
+	annotation, taint     string            // the ServiceAccount's identity annotation; the tolerated taint key ("" none)
+}{
+	{"aks", "az://checkpoints@mystorageaccount/runs/exp45", "11111111-2222-3333-4444-555555555555",
+		map[string]string{"kubernetes.azure.com/scalesetpriority": "spot"}, "azure.workload.identity/client-id", "kubernetes.azure.com/scalesetpriority"},
+	{"gke", "gs://my-bucket/runs/exp45", "spotagent-trainer@my-project.iam.gserviceaccount.com",
+		map[string]string{"cloud.google.com/gke-spot": "true"}, "iam.gke.io/gcp-service-account", "cloud.google.com/gke-spot"},
+	{"eks", "s3://my-bucket/runs/exp45", "arn:aws:iam::111122223333:role/spotagent-trainer",
+		map[string]string{"eks.amazonaws.com/capacityType": "SPOT"}, "eks.amazonaws.com/role-arn", ""},
+}
+
+// renderCloud runs helm template (or lint) with a cloud's values file and
+// the values every release must set.
+func renderCloud(t *testing.T, cmd, cloud string, set ...string) (string, error) {
+	t.Helper()
+	args := []string{cmd}
+	if cmd == "template" {
+		args = append(args, "r")
+	} else {
+		args = append(args, "--strict")
+	}
+	args = append(args, chartDir, "--values", "helm/clouds/"+cloud+".yaml",
+		"--set", "runId=exp45", "--set", "image.agent=my-registry.example.com/spotagent:v0.1.0",
+		"--set", "image.trainer=my-registry.example.com/my-trainer:v1")
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := helm(t, args...)
+	p := filepath.Join(t.TempDir(), "out.yaml")
+	if werr := os.WriteFile(p, []byte(out), 0o600); werr != nil {
+		t.Fatal(werr)
+	}
+	return p, err
+}
+
+// TestHelmCloudPresets (#45): the AKS, GKE and EKS values files put the
+// pods on that cloud's spot nodes (its node label, the toleration of its
+// taint) and map the ServiceAccount to the cloud's workload identity (AKS
+// also labels the pods for its webhook); without an identity none is set;
+// nodeSelector adds to the preset's; the files lint; a malformed identity
+// or an Azure store without its account fails the render naming the value.
+func TestHelmCloudPresets(t *testing.T) {
+	for _, c := range cloudPresets {
+		t.Run(c.name, func(t *testing.T) {
+			if out, err := renderCloud(t, "lint", c.name, "store="+c.store, "cloud.identity="+c.identity); err != nil {
+				t.Errorf("lint: %v\n%s", err, read(t, out))
+			}
+			// The JobSet as the file deploys it, and the same pods as an
+			// Indexed Job (decoded strictly into the API's types).
+			p, err := renderCloud(t, "template", c.name, "store="+c.store, "cloud.identity="+c.identity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(read(t, p), "kind: JobSet") {
+				t.Errorf("%s.yaml does not deploy the JobSet", c.name)
+			}
+			p, err = renderCloud(t, "template", c.name, "store="+c.store, "cloud.identity="+c.identity,
+				"workload=multinode-job", "nodeSelector.nvidia\\.com/gpu\\.product=NVIDIA-H100-80GB-HBM3")
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs := decodeManifests(t, p)
+			spec := only[*batchv1.Job](t, objs).Spec.Template
+			want := map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+			for k, v := range c.spotLabel {
+				want[k] = v
+			}
+			if fmt.Sprint(spec.Spec.NodeSelector) != fmt.Sprint(want) {
+				t.Errorf("nodeSelector %v, want %v", spec.Spec.NodeSelector, want)
+			}
+			var tolerated []string
+			for _, tol := range spec.Spec.Tolerations {
+				tolerated = append(tolerated, tol.Key)
+			}
+			for k := range c.spotLabel {
+				if c.taint != "" && k == c.taint && !contains(tolerated, c.taint) {
+					t.Errorf("tolerations %v: not the spot pool's taint %s", tolerated, c.taint)
+				}
+			}
+			for _, other := range cloudPresets {
+				if other.name != c.name && other.taint != "" && contains(tolerated, other.taint) {
+					t.Errorf("tolerations %v: %s's taint in the %s preset", tolerated, other.name, c.name)
+				}
+			}
+			sa := only[*corev1.ServiceAccount](t, objs)
+			if sa.Annotations[c.annotation] != c.identity || spec.Spec.ServiceAccountName != sa.Name {
+				t.Errorf("ServiceAccount %s annotations %v (pods run as %s): want %s=%s", sa.Name, sa.Annotations, spec.Spec.ServiceAccountName, c.annotation, c.identity)
+			}
+			if got, want := spec.Labels["azure.workload.identity/use"], map[bool]string{true: "true"}[c.name == "aks"]; got != want {
+				t.Errorf("pod label azure.workload.identity/use=%q, want %q", got, want)
+			}
+
+			// No identity: credentials come from elsewhere; nothing is claimed.
+			p, err = renderCloud(t, "template", c.name, "store="+c.store, "workload=multinode-job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs = decodeManifests(t, p)
+			if a := only[*corev1.ServiceAccount](t, objs).Annotations; len(a) != 0 {
+				t.Errorf("no identity, yet ServiceAccount annotations %v", a)
+			}
+			if l := only[*batchv1.Job](t, objs).Spec.Template.Labels; l["azure.workload.identity/use"] != "" {
+				t.Errorf("no identity, yet pod labels %v", l)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		cloud string
+		set   []string
+		want  string // in the error
+	}{
+		{"aks", []string{"store=az://checkpoints/runs/exp45"}, "store"}, // the account is in the URI
+		{"aks", []string{"store=az://checkpoints@mystorageaccount/runs/exp45", "cloud.identity=spotagent-trainer"}, "identity"},
+		{"gke", []string{"store=gs://my-bucket/runs/exp45", "cloud.identity=spotagent-trainer@gmail.com"}, "identity"},
+		{"eks", []string{"store=s3://my-bucket/runs/exp45", "cloud.identity=spotagent-trainer"}, "identity"},
+		{"eks", []string{"store=s3://my-bucket/runs/exp45", "cloud.provider=azure"}, "provider"},
+		{"eks", []string{"store=s3://my-bucket/runs/exp45", "nodeSelector.bad key=x"}, "nodeSelector"},
+		{"eks", []string{"store=s3://my-bucket/runs/exp45", "podLabels.team=1"}, "podLabels"},
+		{"eks", []string{}, "store"},
+	} {
+		_, err := renderCloud(t, "template", tc.cloud, tc.set...)
+		if err == nil {
+			t.Errorf("%s %v: rendered", tc.cloud, tc.set)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v: error does not name %s: %v", tc.cloud, tc.set, tc.want, err)
+		}
+	}
+}
+
+// TestK8sCloudPresetsApply: each cloud's values file rendered as shipped
+// (the JobSet, its ServiceAccount and NetworkPolicy) is accepted by the real
+// API server, server-side and strict, the JobSet against its CRD.
+func TestK8sCloudPresetsApply(t *testing.T) {
+	t.Parallel()
+	cp := sharedControlPlane(t)
+	for _, d := range manifestDocs(t, jobSetCRD(t)) {
+		if err := cp.apply(t, d, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range cloudPresets {
+		p, err := renderCloud(t, "template", c.name, "store="+c.store, "cloud.identity="+c.identity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := cp.namespace(t, "cloud-"+c.name)
+		var kinds []string
+		for _, d := range manifestDocs(t, p) {
+			kinds = append(kinds, d.kind)
+			// The discovery of a new CRD lags its Established condition a little.
+			waitFor(t, 60*time.Second, c.name+": "+d.kind+" applied", func() (bool, error) {
+				err := cp.apply(t, d, ns)
+				if d.kind == "JobSet" && isNotFound(err) {
+					return false, nil
+				}
+				return err == nil, err
+			})
+		}
+		if k := strings.Join(kinds, ","); k != "NetworkPolicy,ServiceAccount,JobSet" {
+			t.Errorf("%s: applied %s, want the NetworkPolicy, ServiceAccount and JobSet", c.name, k)
+		}
 	}
 }

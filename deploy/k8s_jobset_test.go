@@ -1,16 +1,16 @@
 package deploy
 
-// multinode-jobset.yaml. The JobSet controller is not served to these
-// machines (its Go module is not on the module proxy), so what runs here is:
+// multinode-jobset.yaml. Without the JobSet controller (TestK8sJobSetController
+// and k8s_copies_test.go run the real one when scripts/controllers-build.sh
+// has built it), what runs here is:
 //   - the JobSet read into the v1alpha2 fields it uses, strictly (an
 //     unknown or misspelt field fails), with the enums of the JobSet API;
 //   - its child Job, built as the JobSet controller builds it, created in
 //     the real apiserver and driven through the real Job controller: the
 //     Job must fail at once with the reason the JobSet's failure policy
 //     rules match for each exit path;
-//   - with SPOTAGENT_JOBSET_CRD set to the JobSet CRD
-//     (kubernetes-sigs/jobset config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml),
-//     the CRD is installed and the JobSet applied as written: the
+//   - with the controllers built (or SPOTAGENT_JOBSET_CRD naming a JobSet
+//     CRD), the CRD is installed and the JobSet applied as written: the
 //     apiserver validates it against the CRD's schema and CEL rules.
 
 import (
@@ -298,13 +298,18 @@ func TestK8sJobSet(t *testing.T) {
 	t.Run("crd", func(t *testing.T) {
 		t.Parallel()
 		crd := os.Getenv("SPOTAGENT_JOBSET_CRD")
+		var cp *controlPlane
 		if crd == "" {
-			t.Skip("SPOTAGENT_JOBSET_CRD unset: the JobSet CRD (kubernetes-sigs/jobset, config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml) is not vendored here; the manifest is checked against the v1alpha2 fields above and its child Job on the real Job controller")
-		}
-		cp := sharedControlPlane(t)
-		for _, d := range manifestDocs(t, crd) {
-			if err := cp.apply(t, d, ""); err != nil {
-				t.Fatal(err)
+			// The CRD as the controllers' build copied it, with the real
+			// controller running (k8s_trainer_test.go).
+			needControllers(t)
+			cp = runJobSetController(t)
+		} else {
+			cp = sharedControlPlane(t)
+			for _, d := range manifestDocs(t, crd) {
+				if err := cp.apply(t, d, ""); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		waitFor(t, 30*time.Second, "the JobSet CRD established", func() (bool, error) {
@@ -389,31 +394,18 @@ func TestK8sJobSet(t *testing.T) {
 	})
 }
 
-// TestK8sJobSetController runs the real JobSet controller, when one is at
-// hand, against multinode-jobset.yaml as written: n interruptions (one
-// rank exits 75) restart the whole set, uncounted, and the delay from the
-// exit to the new set's pods is measured; then a crash counts. The
-// controller is not served to these machines: build it from a checkout of
-// kubernetes-sigs/jobset (`go build -o /tmp/jobset-controller .`) and run
-//
-//	SPOTAGENT_JOBSET_CONTROLLER=/tmp/jobset-controller SPOTAGENT_JOBSET_CRD=<checkout>/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml \
-//	SPOTAGENT_K8S_DELAYS=8 go test -tags disable_grpc_modules -run TestK8sJobSetController -v ./deploy
+// TestK8sJobSetController runs the real JobSet controller (built by
+// scripts/controllers-build.sh, k8s_trainer_test.go) against
+// multinode-jobset.yaml as written: n interruptions (one rank exits 75)
+// restart the whole set, uncounted, and the delay from the exit to the new
+// set's pods is measured; then a crash counts. SPOTAGENT_K8S_DELAYS=8 for
+// more interruptions than 2.
 func TestK8sJobSetController(t *testing.T) {
-	bin, crd := os.Getenv("SPOTAGENT_JOBSET_CONTROLLER"), os.Getenv("SPOTAGENT_JOBSET_CRD")
-	if bin == "" || crd == "" {
-		t.Skip("SPOTAGENT_JOBSET_CONTROLLER and SPOTAGENT_JOBSET_CRD unset: the JobSet controller is not served to these machines (see the doc comment)")
-	}
+	needControllers(t)
+	t.Parallel()
 	n, _ := strconv.Atoi(os.Getenv("SPOTAGENT_K8S_DELAYS"))
 	n = max(n, 2)
-	cp := sharedControlPlane(t)
-	for _, d := range manifestDocs(t, crd) {
-		if err := cp.apply(t, d, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := cp.startJobSetController(bin); err != nil {
-		t.Fatal(err)
-	}
+	cp := runJobSetController(t)
 	js, doc := readJobSet(t)
 	ns := cp.namespace(t, "jsctl")
 	cp.applyKinds(t, jobSetPath, ns, "ServiceAccount")

@@ -15,6 +15,7 @@ package deploy
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
@@ -61,7 +62,10 @@ func runKueueController(t *testing.T) *controlPlane {
 // API server (an aggregated apiserver on :8082) off; the JobSet
 // integration only. Only the webhooks of Kueue's own kinds and of JobSets
 // are registered (a webhook of a disabled integration has no handler),
-// for namespaces labelled kueueNamespaceLabel.
+// for namespaces labelled kueueNamespaceLabel. Without internal cert
+// management Kueue reads a metrics certificate from where its cert-manager
+// deployment mounts one, even with metrics off: the build's one-line patch
+// (scripts/controllers-build.sh) lets KUEUE_METRICS_CERT_DIR name it.
 func (cp *controlPlane) startKueueController(t *testing.T, dir string) error {
 	ports, err := freePorts(2)
 	if err != nil {
@@ -86,7 +90,7 @@ integrations:
 		return err
 	}
 	if err := cp.startEnv("kueue", filepath.Join(dir, "bin", "kueue"),
-		[]string{"KUBECONFIG=" + filepath.Join(cp.dir, "kubeconfig")},
+		[]string{"KUBECONFIG=" + filepath.Join(cp.dir, "kubeconfig"), "KUEUE_METRICS_CERT_DIR=" + certDir},
 		"--config="+cfgPath, "--feature-gates=VisibilityOnDemand=false"); err != nil {
 		return err
 	}
@@ -106,6 +110,7 @@ type procPod struct {
 	t       *testing.T
 	pod     corev1.Pod
 	dir     string // the pod's volumes and logs
+	node    string // the played node's root directory, or ""
 	sidecar *exec.Cmd
 	trainer *exec.Cmd
 	done    map[*exec.Cmd]chan struct{}
@@ -163,11 +168,22 @@ func kubeExpand(s string, env []string) string {
 
 // hostPaths maps a container's mount paths to the pod's volume directories
 // (longest first), and /tmp to a directory of its own when it mounts none.
-func (pp *procPod) hostPaths(c corev1.Container) [][2]string {
+// On a played node (pp.node set), a hostPath volume is that path under the
+// node's directory, at the mount's subPathExpr expanded with the
+// container's environment: it outlives the pod, as on a node.
+func (pp *procPod) hostPaths(c corev1.Container, env []string) [][2]string {
 	var m [][2]string
 	tmp := false
 	for _, vm := range c.VolumeMounts {
-		m = append(m, [2]string{vm.MountPath, filepath.Join(pp.dir, "vol", vm.Name)})
+		dir := filepath.Join(pp.dir, "vol", vm.Name)
+		if pp.node != "" {
+			for _, v := range pp.pod.Spec.Volumes {
+				if v.Name == vm.Name && v.HostPath != nil {
+					dir = filepath.Join(pp.node, v.HostPath.Path, vm.SubPath, kubeExpand(vm.SubPathExpr, env))
+				}
+			}
+		}
+		m = append(m, [2]string{vm.MountPath, dir})
 		tmp = tmp || vm.MountPath == "/tmp"
 	}
 	if !tmp {
@@ -215,7 +231,16 @@ func fileStore(v, root string) string {
 // container after it), then the trainer container's command.
 func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *procPod {
 	t.Helper()
-	pp := &procPod{t: t, pod: p, dir: filepath.Join(t.TempDir(), p.Name),
+	return startNodePod(t, p, agent, store, fakeBin, "", 0)
+}
+
+// startNodePod is startProcPod on a played node: node is the node's root
+// directory (its hostPath volumes live under it; "" for none), masterPort
+// the port the fake torchrun's rank 0 listens on, shared by the set's
+// pods (0: one of the pod's own).
+func startNodePod(t *testing.T, p corev1.Pod, agent, store, fakeBin, node string, masterPort int) *procPod {
+	t.Helper()
+	pp := &procPod{t: t, pod: p, dir: filepath.Join(t.TempDir(), p.Name), node: node,
 		done: map[*exec.Cmd]chan struct{}{}, codes: map[*exec.Cmd]int32{}}
 	var side, main *corev1.Container
 	for i := range p.Spec.InitContainers {
@@ -237,7 +262,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounts := pp.hostPaths(*side)
+	mounts := pp.hostPaths(*side, env)
 	for i, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[i] = k + "=" + remapMount(fileStore(v, store), mounts)
@@ -255,7 +280,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	}
 	args = append(args, "--cloud=none")
 	pp.sidecar = pp.run("spotagent", agent, args, append(env, "AWS_EC2_METADATA_DISABLED=true"))
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(podStart)
 	for {
 		resp, err := http.Get("http://" + metrics + "/readyz")
 		if err == nil {
@@ -265,7 +290,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s: the sidecar is not ready within 60s:\n%s", p.Name, pp.log("spotagent"))
+			t.Fatalf("pod %s: the sidecar is not ready within %s:\n%s", p.Name, podStart, pp.log("spotagent"))
 		}
 		select {
 		case <-pp.done[pp.sidecar]:
@@ -278,7 +303,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounts = pp.hostPaths(*main)
+	mounts = pp.hostPaths(*main, env)
 	for i, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[i] = k + "=" + remapMount(v, mounts)
@@ -288,7 +313,7 @@ func startProcPod(t *testing.T, p corev1.Pod, agent, store, fakeBin string) *pro
 		cmd[i] = kubeExpand(cmd[i], env)
 	}
 	env = append(env, "PATH="+fakeBin+":"+os.Getenv("PATH"), "PYTHONUNBUFFERED=1",
-		fmt.Sprintf("SPOTAGENT_TEST_MASTER_PORT=%d", ports[2]))
+		fmt.Sprintf("SPOTAGENT_TEST_MASTER_PORT=%d", cmp.Or(masterPort, ports[2])))
 	pp.trainer = pp.run(main.Name, cmd[0], cmd[1:], env)
 	return pp
 }
@@ -378,6 +403,12 @@ func (pp *procPod) trainerSays(re *regexp.Regexp, timeout time.Duration) []strin
 		}
 	}
 }
+
+// podStart bounds the waits on a played pod's processes (the sidecar ready,
+// torch imported, torchrun's rendezvous, a rank's first line): generous,
+// since the deploy tests run several pods of real torch ranks at once (8
+// ranks on 2 cores took over a minute to print their first step).
+const podStart = 4 * time.Minute
 
 // The lines of python/examples/train_ddp.py's rank 0.
 var (
@@ -519,10 +550,11 @@ func TestK8sKueuePreemption(t *testing.T) {
 	if err := cp.do(http.MethodPost, "/api/v1/namespaces", "", nsObj, nil); err != nil {
 		t.Fatal(err)
 	}
-	sa := corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-		ObjectMeta: metav1.ObjectMeta{Name: "spotagent-trainer"}}
-	if err := cp.do(http.MethodPost, resourcePath("v1", "ServiceAccount", ns, ""), "", sa, nil); err != nil {
-		t.Fatal(err)
+	// The ServiceAccount the JobSet's pods run as, from the same file.
+	for _, d := range manifestDocs(t, jobSetPath) {
+		if d.kind == "ServiceAccount" {
+			cp.applySoon(t, d, ns)
+		}
 	}
 	var queue string
 	for _, d := range manifestDocs(t, kueueQueuesPath) {
@@ -541,14 +573,14 @@ func TestK8sKueuePreemption(t *testing.T) {
 	}
 	j := cp.newJobRun(t, ns, name)
 	j.jobSelect = "jobset.sigs.k8s.io/jobset-name=" + name
-	waitFor(t, 60*time.Second, "the research JobSet admitted", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "the research JobSet admitted", func() (bool, error) {
 		c, ok := workloadOf(t, cp, ns, name)["Admitted"]
 		return ok && c.Status == metav1.ConditionTrue, nil
 	})
-	fresh, _ := j.newPods(1, 60*time.Second)
+	fresh, _ := j.newPods(1, 2*time.Minute)
 	pp := startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod := j.start(fresh...)[0]
-	pp.trainerSays(stepRE, 60*time.Second)
+	pp.trainerSays(stepRE, podStart)
 
 	// The preemption.
 	preempted := time.Now()
@@ -557,7 +589,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 		t.Fatal(err)
 	}
 	var evicted metav1.Condition
-	waitFor(t, 60*time.Second, "Kueue to evict the research workload", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "Kueue to evict the research workload", func() (bool, error) {
 		c, ok := workloadOf(t, cp, ns, name)["Evicted"]
 		if ok && c.Status == metav1.ConditionTrue {
 			evicted = c
@@ -570,7 +602,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	}
 	// The Job controller deletes the pod once the JobSet controller has
 	// suspended its Job: the kubelet's part follows.
-	waitFor(t, 60*time.Second, "the pod deleted", func() (bool, error) {
+	waitFor(t, 2*time.Minute, "the pod deleted", func() (bool, error) {
 		var p corev1.Pod
 		err := cp.do(http.MethodGet, resourcePath("v1", "Pod", ns, pod.Name), "", nil, &p)
 		return err == nil && p.DeletionTimestamp != nil, err
@@ -598,7 +630,7 @@ func TestK8sKueuePreemption(t *testing.T) {
 	fresh, at := j.newPods(1, 2*time.Minute)
 	pp = startProcPod(t, fresh[0], agent, store, fakeBin)
 	pod = j.start(fresh...)[0]
-	m := pp.trainerSays(resumedRE, 60*time.Second)
+	m := pp.trainerSays(resumedRE, podStart)
 	resumed, _ := strconv.Atoi(m[1])
 	if resumed != saved {
 		t.Errorf("resumed from step %d, want %d (the preemption's checkpoint)", resumed, saved)
@@ -668,7 +700,7 @@ func TestSuspendedPodCheckpointsAndResumes(t *testing.T) {
 	}
 	trainer := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.Containers[0].Name
 	pp := startProcPod(t, pod("exp42-node-0-0-aaaaa"), agent, store, fakeBin)
-	pp.trainerSays(stepRE, 60*time.Second)
+	pp.trainerSays(stepRE, podStart)
 	codes := pp.terminate(110 * time.Second)
 	if codes[trainer] != 75 || codes["spotagent"] != 0 {
 		t.Fatalf("exit codes %v, want %s 75, spotagent 0:\n%s\n--- sidecar:\n%s", codes, trainer, pp.log(trainer), pp.log("spotagent"))
@@ -679,7 +711,7 @@ func TestSuspendedPodCheckpointsAndResumes(t *testing.T) {
 	}
 	t.Logf("--- trainer:\n%s\n--- sidecar:\n%s", tail(pp.log(trainer), 600), pp.log("spotagent"))
 	pp = startProcPod(t, pod("exp42-node-0-0-bbbbb"), agent, store, fakeBin)
-	m := pp.trainerSays(resumedRE, 60*time.Second)
+	m := pp.trainerSays(resumedRE, podStart)
 	if m[1] != stopped[len(stopped)-1][1] {
 		t.Errorf("resumed from step %s, want %s (the SIGTERM checkpoint)", m[1], stopped[len(stopped)-1][1])
 	}

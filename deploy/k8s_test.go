@@ -207,6 +207,7 @@ type jobRun struct {
 	node      string
 	jobSelect string // label selector of the Job's pods
 	seen      map[types.UID]bool
+	nodeOf    func(corev1.Pod) string // the node start binds a pod to; nil: node
 }
 
 func (cp *controlPlane) newJobRun(t *testing.T, ns, name string) *jobRun {
@@ -272,6 +273,9 @@ func (j *jobRun) start(pods ...corev1.Pod) []corev1.Pod {
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Binding"},
 			ObjectMeta: metav1.ObjectMeta{Name: p.Name},
 			Target:     corev1.ObjectReference{Kind: "Node", Name: j.node},
+		}
+		if j.nodeOf != nil {
+			b.Target.Name = j.nodeOf(p)
 		}
 		if err := j.cp.do(http.MethodPost, resourcePath("v1", "Pod", j.ns, p.Name)+"/binding", "", b, nil); err != nil {
 			j.t.Fatal(err)

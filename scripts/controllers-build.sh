@@ -16,6 +16,7 @@
 #   SPOTAGENT_KUEUE_VERSION    sigs.k8s.io/kueue (default v0.17.0)
 #   SPOTAGENT_TRAINER_VERSION  github.com/kubeflow/trainer/v2 (default v2.2.0)
 #   SPOTAGENT_JOBSET_VERSION   sigs.k8s.io/jobset (default v0.11.1)
+#   --cached                   print the directory if built, else exit 3 (build nothing)
 #   KCP_CACHE_DIR              cache root (default ${XDG_CACHE_HOME:-~/.cache}/spotagent-kcp)
 set -euo pipefail
 
@@ -31,7 +32,30 @@ tools=(jobset-controller trainer-controller-manager kueue)
 built() {
   [ -f "$dir/stamp" ] || return 1
   for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
-  [ -f "$dir/manifests-stamp" ]
+  [ -f "$dir/manifests-stamp" ] && [ -f "$dir/kueue-patch-stamp" ]
+}
+
+# Kueue with one line changed: with internalCertManagement off, Kueue's
+# main reads the metrics server's certificate from the fixed path
+# /etc/kueue/metrics/certs (where its cert-manager deployment mounts a
+# Secret) and exits when it is absent, even with metrics off. The tests run
+# it as a process, not in a pod, and never write /etc: the patch lets
+# KUEUE_METRICS_CERT_DIR name that directory. Only cmd/kueue/main.go is
+# copied (into the scratch module, as package main; Go refuses overlays of
+# the module cache) and changed; every package it imports is Kueue's as the
+# module proxy serves it.
+build_kueue() {
+  local ku main
+  ku=$(cd "$dir/src" && GOFLAGS=-mod=mod GOWORK=off $go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  main="$ku/cmd/kueue/main.go"
+  grep -q 'metricsCertPath := "/etc/kueue/metrics/certs"' "$main" ||
+    { echo "controllers-build: $main no longer has the metrics certificate path this script patches" >&2; exit 1; }
+  mkdir -p "$dir/src/kueue"
+  sed 's|metricsCertPath := "/etc/kueue/metrics/certs"|metricsCertPath := "/etc/kueue/metrics/certs"; if d := os.Getenv("KUEUE_METRICS_CERT_DIR"); d != "" { metricsCertPath = d }|' \
+    "$main" >"$dir/src/kueue/main.go"
+  (cd "$dir/src" && GOFLAGS=-mod=mod GOWORK=off GOTOOLCHAIN=local \
+    $go build -trimpath -ldflags "-s -w" -o "$bin/kueue" ./kueue) >&2
+  touch "$dir/kueue-patch-stamp"
 }
 
 # The CRDs, the webhook configurations and the Trainer's own runtimes, as
@@ -55,6 +79,9 @@ copy_manifests() {
 }
 
 if built; then echo "$dir"; exit 0; fi
+# --cached: only say whether they are built (exit 3 when not); the deploy
+# tests run the controllers' tests under make test when they are.
+if [ "${1:-}" = --cached ]; then exit 3; fi
 
 mkdir -p "$dir"
 # One build at a time (parallel test binaries, two checkouts).
@@ -65,7 +92,11 @@ if built; then echo "$dir"; exit 0; fi
 if [ -f "$dir/stamp" ] && [ -d "$dir/src" ]; then
   ok=1
   for t in "${tools[@]}"; do [ -x "$bin/$t" ] || ok=; done
-  if [ -n "$ok" ]; then copy_manifests; echo "$dir"; exit 0; fi
+  if [ -n "$ok" ]; then
+    [ -f "$dir/manifests-stamp" ] || copy_manifests
+    [ -f "$dir/kueue-patch-stamp" ] || build_kueue
+    echo "$dir"; exit 0
+  fi
 fi
 
 src="$dir/src"
@@ -107,7 +138,8 @@ for m in "github.com/kubeflow/trainer/v2 $trainer" "sigs.k8s.io/jobset $jobset" 
 done
 
 $go build -trimpath -ldflags "-s -w" -o "$bin/" \
-  github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager sigs.k8s.io/kueue/cmd/kueue >&2
+  github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager >&2
+build_kueue
 # The JobSet controller in its own module, at its own requirements: JobSet
 # v0.11.1's webhooks do not compile against the controller-runtime (v0.23)
 # Kueue and the Trainer require (ctrl.NewWebhookManagedBy takes the object

@@ -28,16 +28,50 @@ kueue.x-k8s.io/queue-name: {{ . }}
 {{- end }}
 {{- end -}}
 
-{{/* Labels on the run's pods; spotagent.io/run-id is half of what the NetworkPolicy admits by. */}}
+{{/* Labels on the run's pods; spotagent.io/run-id is half of what the
+NetworkPolicy admits by. Then podLabels, and AKS workload identity's label
+(its webhook mutates only pods that carry it). */}}
 {{- define "spotagent.podLabels" -}}
 app.kubernetes.io/name: trainer
 app.kubernetes.io/component: training
 spotagent.io/run-id: {{ .Values.runId }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- if and (eq .Values.cloud.provider "aks") .Values.cloud.identity }}
+azure.workload.identity/use: "true"
+{{- end }}
+{{- end -}}
+
+{{/* The cloud preset's spot pool label, under nodeSelector's. */}}
+{{- define "spotagent.nodeSelector" -}}
+{{- $sel := dict -}}
+{{- $p := .Values.cloud.provider -}}
+{{- if eq $p "aks" }}{{ $_ := set $sel "kubernetes.azure.com/scalesetpriority" "spot" }}{{ end -}}
+{{- if eq $p "gke" }}{{ $_ := set $sel "cloud.google.com/gke-spot" "true" }}{{ end -}}
+{{- if eq $p "eks" }}{{ $_ := set $sel "eks.amazonaws.com/capacityType" "SPOT" }}{{ end -}}
+{{- $sel = merge (deepCopy (.Values.nodeSelector | default dict)) $sel -}}
+{{- if $sel }}
+nodeSelector:
+  {{- toYaml $sel | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The ServiceAccount's annotations: serviceAccount.annotations, then the
+cloud preset's workload identity. */}}
+{{- define "spotagent.serviceAccountAnnotations" -}}
+{{- $a := deepCopy (.Values.serviceAccount.annotations | default dict) -}}
+{{- with .Values.cloud.identity -}}
+{{- $key := get (dict "aks" "azure.workload.identity/client-id" "gke" "iam.gke.io/gcp-service-account" "eks" "eks.amazonaws.com/role-arn") $.Values.cloud.provider -}}
+{{- if $key }}{{ $_ := set $a $key . }}{{ end -}}
+{{- end -}}
+{{- if $a }}{{ toYaml $a }}{{ end -}}
 {{- end -}}
 
 {{- define "spotagent.tolerations" -}}
 {{- $s := .Values.spot -}}
-{{- if $s.gke }}
+{{- $p := .Values.cloud.provider -}}
+{{- if or $s.gke (eq $p "gke") }}
 - key: cloud.google.com/gke-spot
   operator: Equal
   value: "true"
@@ -47,7 +81,7 @@ spotagent.io/run-id: {{ .Values.runId }}
   value: "true"
   effect: NoSchedule
 {{- end }}
-{{- if $s.aks }}
+{{- if or $s.aks (eq $p "aks") }}
 - key: kubernetes.azure.com/scalesetpriority
   operator: Equal
   value: spot

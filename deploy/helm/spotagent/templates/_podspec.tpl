@@ -30,6 +30,7 @@ affinity:
 {{- end }}
 tolerations:
   {{- include "spotagent.tolerations" .root | trim | nindent 2 }}
+{{- include "spotagent.nodeSelector" .root }}
 initContainers:
   {{- if $hostCopies }}
   # The node's copies (docs/kubernetes.md, "Copies that outlive the pods"):
