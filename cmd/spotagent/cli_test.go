@@ -628,3 +628,22 @@ func TestCLI_RefusedSocketLeavesStoreAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestCLI_SuggestsFlag: an unknown flag names the one meant, when one is
+// near (cobra suggests commands, not flags), and exits 2.
+func TestCLI_SuggestsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fleet", "--html"}, "spotagent fleet: unknown flag: --html (did you mean --format html?)\n"},
+		{[]string{"run", "--stor", "x"}, "spotagent run: unknown flag: --stor (did you mean --store?)\n"},
+		{[]string{"report", "--formt", "json"}, "spotagent report: unknown flag: --formt (did you mean --format?)\n"},
+		{[]string{"fleet", "--zzzzzz"}, "spotagent fleet: unknown flag: --zzzzzz\n"},
+	} {
+		code, _, errOut := cli(t, tc.args...)
+		if code != 2 || !strings.HasPrefix(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
