@@ -438,6 +438,33 @@ func TestReport_EndedBy(t *testing.T) {
 	}
 }
 
+// TestHistory_CrashedTrainer: a session whose trainer crashed at once is
+// time on machines with nothing kept, and its trainer failed, never
+// "3s trained" or "finished" (#47).
+func TestHistory_CrashedTrainer(t *testing.T) {
+	start := time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)
+	end, code := start.Add(3*time.Second), 1
+	j := &journal.Journal{Format: journal.Format, RunID: "crash",
+		Sessions: []journal.Session{{Start: start, End: &end, ExitCode: &code}}}
+	j.Stats.RunSeconds = 3
+	var b strings.Builder
+	render.Journal(&b, j)
+	if out := b.String(); strings.Contains(out, "trained") || !strings.Contains(out, "3s on machines (none of it kept: no checkpoint committed)") {
+		t.Errorf("history of a crashed trainer:\n%s", out)
+	}
+	g, err := journal.Account(j, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := render.Report(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "trainer failed (exit 1)") || strings.Contains(out, "finished") {
+		t.Errorf("report of a crashed trainer:\n%s", out)
+	}
+}
+
 // TestCLI_ReadOnlyS3NoIMDS: with credentials in the environment, a read of
 // an S3 store asks the metadata service nothing, even when allowed to.
 func TestCLI_ReadOnlyS3NoIMDS(t *testing.T) {

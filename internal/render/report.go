@@ -146,9 +146,9 @@ func advice(w io.Writer, a *simulate.Advice, note string) {
 	}
 }
 
-// endedBy says how a session that no interruption ended ended: finished
-// (with its exit code when not 0), or still running, or with no end
-// recorded (an agent killed outright).
+// endedBy says how a session that no interruption ended ended: finished,
+// its trainer failing (a crash is no finish: #47), or still running, or
+// with no end recorded (an agent killed outright).
 func endedBy(j *journal.Journal, s journal.GoodputSession) string {
 	if j == nil || s.Index < 1 || s.Index > len(j.Sessions) {
 		return "-"
@@ -156,7 +156,7 @@ func endedBy(j *journal.Journal, s journal.GoodputSession) string {
 	js := j.Sessions[s.Index-1]
 	switch {
 	case js.End != nil && js.ExitCode != nil && *js.ExitCode != 0:
-		return fmt.Sprintf("finished (exit %d)", *js.ExitCode)
+		return fmt.Sprintf("trainer failed (exit %d)", *js.ExitCode)
 	case js.End != nil:
 		return "finished"
 	case s.Index == len(j.Sessions):
