@@ -90,7 +90,7 @@ func newFleetCmd() *cobra.Command {
 					return fmt.Errorf("the report is out, but the fleet summary was not saved: %w", err)
 				}
 			case l.Pending():
-				fmt.Fprintln(cmd.ErrOrStderr(), "spotagent fleet: the summary is behind the session records (read now, not saved): --save-summary folds them in, which makes the next fleet and new runs' priors quicker to read")
+				fmt.Fprintln(cmd.ErrOrStderr(), "spotagent fleet: nothing written: the fleet summary is missing or behind the session records read; --save-summary folds them in (the next fleet and new runs' priors then read less)")
 			}
 			if len(damaged) > 0 {
 				return fmt.Errorf("%d damaged journal(s) (named above); the rest is counted", len(damaged))
