@@ -438,6 +438,33 @@ func TestReport_EndedBy(t *testing.T) {
 	}
 }
 
+// TestHistory_CrashedTrainer: a session whose trainer crashed at once is
+// time on machines with nothing kept, and its trainer failed, never
+// "3s trained" or "finished" (#47).
+func TestHistory_CrashedTrainer(t *testing.T) {
+	start := time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC)
+	end, code := start.Add(3*time.Second), 1
+	j := &journal.Journal{Format: journal.Format, RunID: "crash",
+		Sessions: []journal.Session{{Start: start, End: &end, ExitCode: &code}}}
+	j.Stats.RunSeconds = 3
+	var b strings.Builder
+	render.Journal(&b, j)
+	if out := b.String(); strings.Contains(out, "trained") || !strings.Contains(out, "3s on machines (none of it kept: no checkpoint committed)") {
+		t.Errorf("history of a crashed trainer:\n%s", out)
+	}
+	g, err := journal.Account(j, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := render.Report(&b, j, g, nil, "", nil, 0, 0, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "trainer failed (exit 1)") || strings.Contains(out, "finished") {
+		t.Errorf("report of a crashed trainer:\n%s", out)
+	}
+}
+
 // TestCLI_ReadOnlyS3NoIMDS: with credentials in the environment, a read of
 // an S3 store asks the metadata service nothing, even when allowed to.
 func TestCLI_ReadOnlyS3NoIMDS(t *testing.T) {
@@ -625,6 +652,25 @@ func TestCLI_RefusedSocketLeavesStoreAlone(t *testing.T) {
 		}
 		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
 			t.Error("missing trainer: the store was created")
+		}
+	}
+}
+
+// TestCLI_SuggestsFlag: an unknown flag names the one meant, when one is
+// near (cobra suggests commands, not flags), and exits 2.
+func TestCLI_SuggestsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fleet", "--html"}, "spotagent fleet: unknown flag: --html (did you mean --format html?)\n"},
+		{[]string{"run", "--stor", "x"}, "spotagent run: unknown flag: --stor (did you mean --store?)\n"},
+		{[]string{"report", "--formt", "json"}, "spotagent report: unknown flag: --formt (did you mean --format?)\n"},
+		{[]string{"fleet", "--zzzzzz"}, "spotagent fleet: unknown flag: --zzzzzz\n"},
+	} {
+		code, _, errOut := cli(t, tc.args...)
+		if code != 2 || !strings.HasPrefix(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, errOut, tc.want)
 		}
 	}
 }

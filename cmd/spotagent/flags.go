@@ -235,9 +235,64 @@ func upperFirst(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
-// completeWords completes a flag's value from a fixed list.
+// completeWords completes a flag's value from a fixed list, which
+// suggestFlag also reads.
 func completeWords(cmd *cobra.Command, flag string, words ...string) {
 	if err := cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
 		panic(err) // a flag name misspelt in this package
 	}
+	if err := cmd.Flags().SetAnnotation(flag, wordsKey, words); err != nil {
+		panic(err)
+	}
+}
+
+// wordsKey annotates a flag with the values completeWords offers.
+const wordsKey = "spotagent_words"
+
+// suggestFlag is every command's flag error: cobra suggests commands,
+// not flags. An unknown --NAME that is one of a flag's values suggests
+// that flag (--html: --format html); else the flag nearest in spelling,
+// within a third of its length in edits (--stor: --store).
+func suggestFlag(cmd *cobra.Command, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return err
+	}
+	best, bestD := "", len(name)/3+1
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden || f.Deprecated != "" {
+			return
+		}
+		if slices.Contains(f.Annotations[wordsKey], name) {
+			best, bestD = f.Name+" "+name, -1
+		}
+		if d := editDistance(name, f.Name); d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	if best == "" {
+		return err
+	}
+	return fmt.Errorf("%w (did you mean --%s?)", err, best)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }

@@ -82,9 +82,15 @@ func newFleetCmd() *cobra.Command {
 			if err := fleet.Write(cmd.OutOrStdout(), rep, format); err != nil {
 				return err
 			}
-			// After the report: fold the records read into the summary.
-			if err := l.Compact(ctx); err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "spotagent fleet: warning: the fleet summary was not rewritten (the next fleet reads the same records, or recounts, again): %v\n", err)
+			// A read writes nothing: the records read are folded into the
+			// summary only when asked, after the report.
+			switch {
+			case save:
+				if err := l.Compact(ctx); err != nil {
+					return fmt.Errorf("the report is out, but the fleet summary was not saved: %w", err)
+				}
+			case l.Pending():
+				fmt.Fprintln(cmd.ErrOrStderr(), "spotagent fleet: nothing written: the fleet summary is missing or behind the session records read; --save-summary folds them in (the next fleet and new runs' priors then read less)")
 			}
 			if len(damaged) > 0 {
 				return fmt.Errorf("%d damaged journal(s) (named above); the rest is counted", len(damaged))
@@ -102,7 +108,7 @@ func newFleetCmd() *cobra.Command {
 		panic(err)
 	}
 	fs.BoolVar(&recount, "recount", false, "read every run journal under --store instead of the fleet summary and records (finds runs whose agents recorded elsewhere)")
-	fs.BoolVar(&save, "save-summary", false, "with --recount: write the recount back as the fleet summary (done anyway, best effort, when the summary is missing or not complete; without --recount the session records are always folded in, best effort)")
+	fs.BoolVar(&save, "save-summary", false, "after the report, write to the store: fold the session records into the fleet summary and the priors new runs read, or, with --recount, replace the summary with the recount (without it, fleet only reads)")
 	fs.StringVar(&priceFile, "prices", "", "price file: lines of instance_type,spot_per_hour,on_demand_per_hour")
 	fs.Float64Var(&prices.Default.Spot, "price-per-hour", 0, "spot price per machine hour for instance types not in --prices")
 	fs.Float64Var(&prices.Default.OnDemand, "on-demand-price-per-hour", 0, "on-demand price per machine hour for instance types not in --prices")

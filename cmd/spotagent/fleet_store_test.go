@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,6 +53,7 @@ func TestRun_FleetRecordStaysInNamedStores(t *testing.T) {
 			if !slices.Equal(names, c.beside) {
 				t.Errorf("beside the store: %v, want %v", names, c.beside)
 			}
+			before := storeTree(t, dir)
 			code, out, errOut := cli(t, "fleet", "--store", filepath.Join(dir, c.report), "--format", "json")
 			if code != 0 || strings.Contains(errOut, "warning") {
 				t.Fatalf("fleet: exit %d\n%s%s", code, out, errOut)
@@ -63,6 +65,44 @@ func TestRun_FleetRecordStaysInNamedStores(t *testing.T) {
 			if len(rep.Runs) != 1 || rep.Runs[0].ID != "r1" {
 				t.Errorf("fleet over %s: runs %+v, want r1", c.report, rep.Runs)
 			}
+			// A read writes nothing (#47: fleet wrote summary.gob on a
+			// read); --save-summary writes the summary and says nothing.
+			if got := storeTree(t, dir); !slices.Equal(got, before) {
+				t.Errorf("fleet changed the store:\n%v\nwas\n%v", got, before)
+			}
+			if !strings.Contains(errOut, "--save-summary folds them in") {
+				t.Errorf("fleet did not say the records are not saved:\n%s", errOut)
+			}
+			code, out, errOut = cli(t, "fleet", "--store", filepath.Join(dir, c.report), "--save-summary")
+			if code != 0 || errOut != "" {
+				t.Fatalf("fleet --save-summary: exit %d\n%s%s", code, out, errOut)
+			}
+			if _, err := os.Stat(filepath.Join(dir, c.report, "fleet", "summary.gob")); err != nil {
+				t.Errorf("fleet --save-summary: %v", err)
+			}
 		})
 	}
+}
+
+// storeTree lists every file under dir with its size and modification time.
+func storeTree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && d.Type()&os.ModeSocket == 0 {
+			out = append(out, fmt.Sprintf("%s %d %s", path, info.Size(), info.ModTime()))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -76,6 +76,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.SetVersionTemplate("spotagent {{.Version}}\n")
 	root.SetHelpFunc(helpFunc)
+	root.SetFlagErrorFunc(suggestFlag) // inherited by every command
 	root.Flags().Bool("version", false, "print the version")
 	for _, c := range commands {
 		root.AddCommand(c())

@@ -15,9 +15,15 @@ import (
 // restores; a table with no rows is left out.
 func Journal(out io.Writer, j *journal.Journal) {
 	s := j.Stats
-	fmt.Fprintf(out, "run %s: %s, %s committed, %d failed, %s trained, checkpoint cost %.1fs, upload %s/s\n",
+	// RunSeconds is time on machines, not training kept: a trainer that
+	// crashed at once ran 3s and trained nothing (#47 said "3s trained").
+	kept := ""
+	if s.Checkpoints == 0 {
+		kept = " (none of it kept: no checkpoint committed)"
+	}
+	fmt.Fprintf(out, "run %s: %s, %s committed, %d failed, %s on machines%s, checkpoint cost %.1fs, upload %s/s\n",
 		j.RunID, Plural(len(j.Sessions), "session"), Plural(s.Checkpoints, "checkpoint"), s.Failures, (time.Duration(s.RunSeconds) * time.Second).String(),
-		s.CostSeconds, schedule.HumanBytes(int64(s.BytesPerSec)))
+		kept, s.CostSeconds, schedule.HumanBytes(int64(s.BytesPerSec)))
 	if len(j.Interruptions) == 0 {
 		fmt.Fprintln(out, "no interruptions")
 	} else {

@@ -121,9 +121,11 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 // advice prints the simulated policies and the recommended one.
 func advice(w io.Writer, a *simulate.Advice, note string) {
 	c := a.Calibration
-	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, calibrated on this run: %d interruption(s) in %s on machines (%.3g/h observed; posterior %.3g/h), %d with the notice checkpoint committed (posterior notice success %.2f), δ %.3g s, upload %.3g s, restart %.3g s\n",
+	// Plain words; the statistics behind "assumed" (posterior means) and
+	// "blocks the trainer" (δ) are in docs/frequency.md.
+	fmt.Fprintf(w, "\nadvice: %d simulated run(s) of %s, fitted to this run: %d interruption(s) in %s on machines (%.3g/h seen; %.3g/h assumed: the usual rate, moved by what this run saw), %d of them with the notice checkpoint committed (%.0f %% assumed to commit); a checkpoint blocks the trainer %.3g s and uploads in %.3g s; a restart takes %.3g s\n",
 		a.Runs, Seconds(a.HorizonSeconds), c.Interruptions, time.Duration(c.RunHours*float64(time.Hour)).Round(time.Second), c.ObservedRate, c.Rate,
-		c.NoticeCommitted, c.NoticeSuccess, c.DeltaSeconds, c.UploadSeconds, c.RestartSeconds)
+		c.NoticeCommitted, 100*c.NoticeSuccess, c.DeltaSeconds, c.UploadSeconds, c.RestartSeconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "POLICY\tPREDICTED WASTE\tPREDICTED GOODPUT\t")
 	for _, p := range a.Policies {
@@ -137,7 +139,7 @@ func advice(w io.Writer, a *simulate.Advice, note string) {
 		fmt.Fprintf(tw, "--interval %s%s\t%.3f %%\t%.2f %%\t\n", p.Flag, mark, p.Waste, 100*p.Goodput)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, report's --interval and --margin %.3f %% (difference %.3f ± %.3f)\n",
+	fmt.Fprintf(w, "recommended: --interval %s --margin %s: predicted waste %.3f %% of useful time, report's --interval and --margin %.3f %% (%.3f points more, give or take %.3f)\n",
 		a.RecommendedFlag, Seconds(a.Margin.Recommended), a.Waste, a.CurrentWaste,
 		a.CurrentWaste-a.Waste, a.DiffSE)
 	fmt.Fprintf(w, "margin (not simulated): %s\n", a.Margin.Basis)
@@ -146,9 +148,9 @@ func advice(w io.Writer, a *simulate.Advice, note string) {
 	}
 }
 
-// endedBy says how a session that no interruption ended ended: finished
-// (with its exit code when not 0), or still running, or with no end
-// recorded (an agent killed outright).
+// endedBy says how a session that no interruption ended ended: finished,
+// its trainer failing (a crash is no finish: #47), or still running, or
+// with no end recorded (an agent killed outright).
 func endedBy(j *journal.Journal, s journal.GoodputSession) string {
 	if j == nil || s.Index < 1 || s.Index > len(j.Sessions) {
 		return "-"
@@ -156,7 +158,7 @@ func endedBy(j *journal.Journal, s journal.GoodputSession) string {
 	js := j.Sessions[s.Index-1]
 	switch {
 	case js.End != nil && js.ExitCode != nil && *js.ExitCode != 0:
-		return fmt.Sprintf("finished (exit %d)", *js.ExitCode)
+		return fmt.Sprintf("trainer failed (exit %d)", *js.ExitCode)
 	case js.End != nil:
 		return "finished"
 	case s.Index == len(j.Sessions):

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,20 @@ type column struct {
 	short string
 }
 
+// perCellOnly are the columns the per-run table leaves out: a run is one
+// run.
+var perCellOnly = map[string]bool{"RUNS": true}
+
 func num(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+
+// sig writes v to three significant digits, never in exponent form: a
+// rate of 100.0844/h reads 100, 5.1337 reads 5.13, 0.012345 reads 0.0123.
+func sig(v float64) string {
+	if v == 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return num(v, 0)
+	}
+	return num(v, min(6, max(0, 2-int(math.Floor(math.Log10(math.Abs(v)))))))
+}
 
 func optNum(v *float64, prec int) string {
 	if v == nil {
@@ -87,13 +101,13 @@ var columns = []column{
 		if f.Rate == nil {
 			return "-"
 		}
-		return fmt.Sprintf("%.4f (%.4f–%.4f)", *f.Rate, *f.RateLow, *f.RateHigh)
+		return sig(*f.Rate) + " (" + sig(*f.RateLow) + "–" + sig(*f.RateHigh) + ")"
 	}, ""},
 	{"RATE/H", false, func(f *Figures) string {
 		if f.Rate == nil {
 			return "-"
 		}
-		return num(*f.Rate, 4)
+		return sig(*f.Rate)
 	}, "RATE/H"}, // the default table's rate, without its interval
 	{"NOTICE COMMITTED", false, func(f *Figures) string {
 		if f.Interruptions == 0 {
@@ -101,11 +115,11 @@ var columns = []column{
 		}
 		return fmt.Sprintf("%d/%d", f.NoticeCommits, f.Interruptions)
 	}, "NOTICE"},
-	{"LEAD MEDIAN (MIN)", false, func(f *Figures) string {
+	{"NOTICE LEAD MEDIAN/SHORTEST", false, func(f *Figures) string {
 		if f.LeadMedian == nil {
 			return "-"
 		}
-		return dur(f.LeadMedian) + " (" + dur(f.LeadMin) + ")"
+		return dur(f.LeadMedian) + "/" + dur(f.LeadMin)
 	}, ""},
 	{"LOST H", false, func(f *Figures) string { return num(f.LostHours, 2) }, "LOST H"},
 	{"BETWEEN/INTERRUPTION", false, func(f *Figures) string { return dur(f.BetweenPerInterruption) }, ""},
@@ -118,7 +132,7 @@ var columns = []column{
 		if f.Money == nil || f.Money.CostPer1kSteps == nil {
 			return "-"
 		}
-		return num(*f.Money.CostPer1kSteps, 4)
+		return sig(*f.Money.CostPer1kSteps)
 	}, ""},
 	{"30D FORECAST", true, func(f *Figures) string { return money(f, func(m *Money) float64 { return m.Forecast30d }) }, ""},
 }
@@ -147,10 +161,11 @@ func cut(s string, n int) string {
 // TableWidth columns, wide every column.
 func writeTable(w io.Writer, rep *Report, wide bool) error {
 	priced := rep.Total.Money != nil
+	perRun := false // the second table's rows are runs
 	row := func(tw io.Writer, lead string, f *Figures) {
 		fmt.Fprint(tw, lead)
 		for _, c := range columns {
-			if _, ok := c.shown(wide, priced); ok {
+			if _, ok := c.shown(wide, priced); ok && !(perRun && perCellOnly[c.head]) {
 				fmt.Fprintf(tw, "\t%s", c.table(f))
 			}
 		}
@@ -159,7 +174,7 @@ func writeTable(w io.Writer, rep *Report, wide bool) error {
 	head := func(tw io.Writer, lead string) {
 		fmt.Fprint(tw, lead)
 		for _, c := range columns {
-			if h, ok := c.shown(wide, priced); ok {
+			if h, ok := c.shown(wide, priced); ok && !(perRun && perCellOnly[c.head]) {
 				fmt.Fprintf(tw, "\t%s", h)
 			}
 		}
@@ -181,6 +196,7 @@ func writeTable(w io.Writer, rep *Report, wide bool) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	perRun = true
 	if wide {
 		head(tw, "RUN\tSTART\tEND")
 	} else {
@@ -201,7 +217,7 @@ func writeTable(w io.Writer, rep *Report, wide bool) error {
 	t := &rep.Total
 	fmt.Fprintf(w, "fleet (%s): %d run(s), %.1f machine hours, %d interruption(s)", rep.Source, t.Runs, t.MachineHours, t.Interruptions)
 	if t.Rate != nil {
-		fmt.Fprintf(w, ", %.4f/h (90 %% interval %.4f–%.4f)", *t.Rate, *t.RateLow, *t.RateHigh)
+		fmt.Fprintf(w, ", %s/h (90 %% interval %s–%s)", sig(*t.Rate), sig(*t.RateLow), sig(*t.RateHigh))
 	}
 	fmt.Fprintf(w, ",\n%d with the notice checkpoint committed, %.2f h of work lost, goodput %.1f %%\n",
 		t.NoticeCommits, t.LostHours, 100*t.Goodput)
@@ -215,7 +231,7 @@ func writeTable(w io.Writer, rep *Report, wide bool) error {
 	if m := t.Money; m != nil {
 		fmt.Fprintf(w, "spend %.2f, of which %.2f wasted by interruptions; on demand %.2f, saving %.2f", m.Spend, m.Wasted, m.OnDemand, m.Saving)
 		if m.CostPer1kSteps != nil {
-			fmt.Fprintf(w, ";\n%.4f per 1,000 steps", *m.CostPer1kSteps)
+			fmt.Fprintf(w, ";\n%s per 1,000 steps", sig(*m.CostPer1kSteps))
 		}
 		fmt.Fprintf(w, "\nforecast for the next %d days at the usage of the last %.1f day(s): spend %.2f, saving %.2f\n",
 			forecastDays, rep.WindowDays, m.Forecast30d, m.ForecastSaving30d)

@@ -64,7 +64,7 @@ func TestWriteTable_Width(t *testing.T) {
 		if priced && !strings.Contains(narrow.String(), "WASTED") {
 			t.Errorf("the priced table lacks WASTED")
 		}
-		for _, want := range []string{"RATE/H (90 %)", "LEAD MEDIAN (MIN)", "BETWEEN/INTERRUPTION", long} {
+		for _, want := range []string{"RATE/H (90 %)", "NOTICE LEAD MEDIAN/SHORTEST", "BETWEEN/INTERRUPTION", long} {
 			if !strings.Contains(wide.String(), want) {
 				t.Errorf("priced %v: the wide table lacks %q", priced, want)
 			}

@@ -21,9 +21,14 @@ type Loaded struct {
 	compact func(ctx context.Context) error
 }
 
+// Pending reports whether Compact has anything to write: session records,
+// a v1 summary or a recount not yet in the summary.
+func (l *Loaded) Pending() bool { return l.compact != nil }
+
 // Compact folds what Load read (the session records, a v1 summary, a
 // recount that had to be saved) into the summary and deletes the records
-// it took in: best effort, after the report is out. An error (a read-only
+// it took in: `fleet --save-summary`, after the report is out (a read
+// alone writes nothing). An error (a read-only
 // credential) leaves the fleet as it was: the next Load reads the same.
 func (l *Loaded) Compact(ctx context.Context) error {
 	if l.compact == nil {

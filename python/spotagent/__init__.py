@@ -1,4 +1,4 @@
-"""spotagent: the trainer side of spotagent's protocol v1.
+"""spotagent: the trainer side of spotagent's protocol v2.
 
     import spotagent
     agent = spotagent.connect()      # $SPOTAGENT_SOCKET; a no-op agent when unset

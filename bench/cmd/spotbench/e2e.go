@@ -176,10 +176,10 @@ func oneE2E(c *config, imds *fake.AWS, env []string, uri, trainPy string, n int6
 	}
 	peak := proc.VMKiB(cmd.Process.Pid, "VmHWM")
 	res := e2eRun{total: com.At.Sub(exposed), toRequest: req.At.Sub(exposed), peakKiB: peak}
-	if v, ok := com.Raw["total"].(float64); ok {
+	if v, ok := com.Raw["commit_s"].(float64); ok {
 		res.commit = time.Duration(v * float64(time.Second))
 	}
-	if v, ok := com.Raw["upload"].(float64); ok {
+	if v, ok := com.Raw["upload_s"].(float64); ok {
 		res.upload = time.Duration(v * float64(time.Second))
 	}
 	res.trainer = com.At.Sub(req.At) - res.commit

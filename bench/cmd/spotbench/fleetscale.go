@@ -142,7 +142,7 @@ func benchFleetScale(c *config, r *report.Report) error {
 			}
 			return time.Since(start), nil
 		}
-		migrate, err := cli() // reads the v1 summary, recounts (no journals), saves
+		migrate, err := cli("--save-summary") // reads the v1 summary, recounts (no journals), saves
 		if err != nil {
 			return err
 		}
@@ -189,7 +189,7 @@ func benchFleetScale(c *config, r *report.Report) error {
 			if _, err := agentsEnd(st, c.fleetAgents, 200+rep, c.fleetOldDeadline, false); err != nil {
 				return err
 			}
-			d, err := cli()
+			d, err := cli("--save-summary") // folds the burst in
 			if err != nil {
 				return err
 			}

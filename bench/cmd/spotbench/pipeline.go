@@ -366,10 +366,10 @@ func onePipeline(c *config, imds *fake.AWS, srv *benchstore.MinIO, uri, py, scri
 		res.cpuTrainer, res.cpuAgent, res.cpuStore = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
 	}
 	res.total = com.At.Sub(exposed)
-	if v, ok := com.Raw["total"].(float64); ok {
+	if v, ok := com.Raw["commit_s"].(float64); ok {
 		res.commit = time.Duration(v * float64(time.Second))
 	}
-	if v, ok := com.Raw["upload"].(float64); ok {
+	if v, ok := com.Raw["upload_s"].(float64); ok {
 		res.upload = time.Duration(v * float64(time.Second))
 	}
 	go func() { io.Copy(io.Discard, out) }()

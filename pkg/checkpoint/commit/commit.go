@@ -154,8 +154,16 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 		bytes = m.PartBytes(req.Part.Node)
 	}
 	res := &Result{Manifest: m, ManifestKey: key, Bytes: bytes, Upload: uploaded.Sub(upStart), Total: time.Since(start)}
+	// upload_s counts from the first early upload, which may precede this
+	// call: total_s, from whichever began first, is the whole of which
+	// upload_s and commit_s (this call, scan to latest.json) are parts.
+	first := start
+	if upStart.Before(first) {
+		first = upStart
+	}
 	log.Info("checkpoint committed", zap.String("uri", c.Store.URI(key)), zap.Int("files", len(files)), zap.Int("early", len(piped)),
-		zap.Int64("bytes", res.Bytes), zap.Duration("upload", res.Upload), zap.Duration("total", res.Total))
+		zap.Int64("bytes", res.Bytes), zap.Float64("upload_s", seconds(res.Upload)), zap.Float64("commit_s", seconds(res.Total)),
+		zap.Float64("total_s", seconds(time.Since(first))))
 	return res, nil
 }
 
@@ -336,3 +344,6 @@ func (c *Committer) publish(ctx context.Context, l checkpoint.Latest) error {
 	}
 	return c.Lease.Publish(ctx, l)
 }
+
+// seconds is d in seconds to the millisecond, for a log field named _s.
+func seconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -84,7 +87,8 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 	files := map[string]string{"model.pt": strings.Repeat("m", 300000), "sub/opt.pt": "optimizer", "late": "written after"}
 	dir := cptest.WriteDir(t, map[string]string{"model.pt": files["model.pt"], "sub/opt.pt": files["sub/opt.pt"]})
 	root := openRoot(t, dir)
-	c := &Committer{Store: st, RunID: "run"}
+	core, logs := observer.New(zap.InfoLevel)
+	c := &Committer{Store: st, RunID: "run", Log: zap.New(core)}
 	p := c.NewPipeline(context.Background(), root, 7, "abc")
 	for _, rel := range []string{"model.pt", "sub/opt.pt"} {
 		if err := p.Add(rel); err != nil {
@@ -115,6 +119,18 @@ func TestPipeline_UploadsEarlyOnce(t *testing.T) {
 		if got, want := st.count(checkpoint.Prefix(7, "abc")+rel), 1; got != want {
 			t.Errorf("puts of %s=%d, want %d", rel, got, want)
 		}
+	}
+	// The log's durations add up (#47: "total" was once shorter than
+	// "upload", which counted the early uploads from before the call).
+	committed := logs.FilterMessage("checkpoint committed").All()
+	if len(committed) != 1 {
+		t.Fatalf("%d \"checkpoint committed\" lines, want 1", len(committed))
+	}
+	f := committed[0].ContextMap()
+	up, cm, total := f["upload_s"].(float64), f["commit_s"].(float64), f["total_s"].(float64)
+	t.Logf("upload_s %v, commit_s %v, total_s %v", up, cm, total)
+	if up <= 0 || cm <= 0 || up > total || cm > total {
+		t.Errorf("upload_s %v, commit_s %v, total_s %v: want each part positive and at most the total", up, cm, total)
 	}
 	step, got := restoredFiles(t, st)
 	if step != 7 {

@@ -141,6 +141,10 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 			g.Missing = append(g.Missing, fmt.Sprintf("session %d has no blocked_seconds (journal of an older agent): blocked time counted as productive", i+1))
 		}
 		gs.split(active, restore, blocked, lost, s.UnprotectedSeconds)
+		if failedUnkept(j, s, gs.Interrupted) {
+			gs.Seconds[BucketLost] += gs.Seconds[BucketProductive]
+			gs.Seconds[BucketProductive] = 0
+		}
 		gs.Seconds[BucketBetween] += end.Sub(cut).Seconds()
 		for _, b := range Buckets {
 			g.Seconds[b] += gs.Seconds[b]
@@ -156,6 +160,27 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 	g.Start, g.End = sess[0].Start, ends[len(ends)-1]
 	g.Ratio = ratio(g.Seconds[BucketProductive], g.Wall)
 	return g, nil
+}
+
+// failedUnkept: the session's trainer failed on its own (an exit code
+// other than 0, 75 "interrupted, run me again" and 76 "fenced", no
+// interruption in the session) and the run never committed a checkpoint,
+// so nothing it trained was kept: its time is lost, not productive (a
+// trainer that crashed at once once read "3s trained", goodput 100 %).
+func failedUnkept(j *Journal, s Session, interrupted bool) bool {
+	if s.ExitCode == nil || interrupted || j.Stats.Checkpoints > 0 {
+		return false
+	}
+	switch *s.ExitCode {
+	case 0, 75, 76:
+		return false
+	}
+	for _, in := range j.Interruptions {
+		if in.CommitOK {
+			return false
+		}
+	}
+	return true
 }
 
 // nextStart is when the session after i starts (zero for the last).

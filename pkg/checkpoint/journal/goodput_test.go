@@ -92,6 +92,29 @@ func TestAccount_NoInterruptions(t *testing.T) {
 	}
 }
 
+// TestAccount_FailedUnkept: a trainer that crashed in a run that never
+// committed a checkpoint trained nothing that was kept: lost, not
+// productive; once a checkpoint committed, or with exit 75, it stays
+// productive.
+func TestAccount_FailedUnkept(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		code        int
+		checkpoints int
+		productive  float64
+	}{{1, 0, 0}, {137, 0, 0}, {1, 1, 3}, {75, 0, 3}, {0, 0, 3}} {
+		j := &Journal{Sessions: []Session{{Start: t0, End: ptr(t0.Add(3 * time.Second)), ExitCode: ptr(c.code), BlockedSeconds: ptr(0.0)}}}
+		j.Stats.Checkpoints = c.checkpoints
+		g, err := Account(j, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.Seconds[BucketProductive]; got != c.productive || g.Seconds[BucketLost] != 3-c.productive {
+			t.Errorf("exit %d, %d checkpoint(s): productive %v, lost %v; want %v and %v", c.code, c.checkpoints, got, g.Seconds[BucketLost], c.productive, 3-c.productive)
+		}
+	}
+}
+
 func TestAccount_PartialJournal(t *testing.T) {
 	j := twoInterruptions()
 	j.Sessions[1].End = nil            // its agent died
