@@ -77,12 +77,17 @@ func detectSilent(c *config, r *report.Report, b *strings.Builder) error {
 		total, verdict, exit = append(total, t.Seconds()), append(verdict, v.Seconds()), append(exit, (t-v).Seconds())
 	}
 	lo, hi := stats.MinMax(total)
+	var cs []string
+	for code, n := range codes {
+		cs = append(cs, fmt.Sprintf("%d × %d", code, n))
+	}
+	codeList := strings.Join(cs, ", ")
 	fmt.Fprintf(b, "**Silent node.** 2 nodes × 2 ranks, `spotagent run --node-rank K --cloud none` around the real torchrun (`python/examples/torchrun.py`, torch 1.13, gloo, `train_ddp.py`), default `--peer-timeout` (%v, a heartbeat every %v), a file store; node 1's agent, torchrun and ranks SIGSTOPped (no RST) once every rank trains; %d runs, medians (min–max):\n\n", liveness.DefaultTimeout, liveness.DefaultInterval, c.detectReps)
 	b.WriteString("| stop → node 0's verdict s | verdict → node 0's agent exits s | stop → exit s | exit codes |\n| --- | --- | --- | --- |\n")
-	fmt.Fprintf(b, "| %.2f | %.2f | **%.2f** (%.2f–%.2f) | %v |\n\n", stats.Median(verdict), stats.Median(exit), stats.Median(total), lo, hi, codes)
+	fmt.Fprintf(b, "| %.2f | %.2f | **%.2f** (%.2f–%.2f) | %s |\n\n", stats.Median(verdict), stats.Median(exit), stats.Median(total), lo, hi, codeList)
 	med := stats.Median(total)
 	r.Target(report.Target{Name: "silent node → survivors exit 75 (2 × 2, torchrun)", Want: "median ≤ 3 s, every exit 75",
-		Got: fmt.Sprintf("%.2f s (%.2f–%.2f), codes %v", med, lo, hi, codes), Met: med <= 3 && codes[75] == len(total),
+		Got: fmt.Sprintf("%.2f s (%.2f–%.2f), codes %s", med, lo, hi, codeList), Met: med <= 3 && codes[75] == len(total),
 		Margin: fmt.Sprintf("%+.2f s", 3-med)})
 	return nil
 }
