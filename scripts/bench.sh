@@ -10,7 +10,7 @@
 # post-mortem), SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
 # the footprint and transfer sections),
 # SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet;
-# peernet needs root for its network namespaces, and says it skipped without),
+# peernet needs root for its network namespaces, and says it skipped without; detect's netem rows need root too),
 # SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
 # SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m),
 # SPOTBENCH_PEER_MIB (1024: the peer section's checkpoint bytes per node),
@@ -28,7 +28,7 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet}
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,detect}
 needs_minio=false # only these sections start MinIO
 for s in transfer e2e pipeline distributed fleet; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac

@@ -343,3 +343,89 @@ func TestMonitor_UnheardNeighbourWarned(t *testing.T) {
 		t.Fatalf("warned %d times, want once", n)
 	}
 }
+
+// checkLocked's verdict, fed packets and times by hand (no clock, no
+// sockets): silent exactly Timeout after the last heartbeat; a stall of
+// this monitor (a late check: SIGSTOP, a starved process) does not count
+// as the neighbours' silence, while their silence after it still does.
+func TestCheck_SilenceCountsOnlyWhileRunning(t *testing.T) {
+	token := []byte("0123456789abcdef0123456789abcdef")
+	const interval, timeout = 100 * time.Millisecond, 2 * time.Second
+	newMon := func() *Monitor {
+		return &Monitor{cfg: Config{RunID: "job", Node: 0, Nodes: 2, Interval: interval, Timeout: timeout}, token: token,
+			peers: map[int]*peer{1: {}}, silent: make(chan Silence, 1), log: zaptest.NewLogger(t)}
+	}
+	from := &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2), Port: 4000}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	seq := uint64(0)
+	hear := func(m *Monitor, at time.Time) {
+		seq++
+		if !m.acceptLocked(seal(token, body{Run: "job", From: 1, To: 0, Session: "s1", Started: 1, Seq: seq}), from, at) {
+			t.Fatal("heartbeat refused")
+		}
+	}
+	// check runs the checks every interval over [from, to] and returns
+	// when the first silence was reported (zero: none).
+	check := func(m *Monitor, from, to time.Time) time.Time {
+		for now := from; !now.After(to); now = now.Add(interval) {
+			m.checkLocked(now)
+			select {
+			case <-m.silent:
+				return now
+			default:
+			}
+		}
+		return time.Time{}
+	}
+
+	m := newMon()
+	hear(m, t0)
+	if at := check(m, t0, t0.Add(timeout-interval)); !at.IsZero() {
+		t.Fatalf("silent at +%v, before the %v timeout", at.Sub(t0), timeout)
+	}
+	if at := check(m, t0.Add(timeout), t0.Add(timeout)); !at.Equal(t0.Add(timeout)) {
+		t.Fatalf("not silent %v after the last heartbeat", timeout)
+	}
+
+	// This monitor stalled 5 s right after a heartbeat (its checks
+	// stopped): the first check after it does not report, nor do the
+	// next ones while the neighbour's packets come again.
+	m = newMon()
+	hear(m, t0)
+	check(m, t0, t0.Add(interval))
+	back := t0.Add(interval + 5*time.Second)
+	if at := check(m, back, back); !at.IsZero() {
+		t.Fatal("a stall of this monitor was taken for the neighbour's silence")
+	}
+	hear(m, back.Add(10*time.Millisecond))
+	if at := check(m, back.Add(interval), back.Add(time.Second)); !at.IsZero() {
+		t.Fatal("silent after the stall although the neighbour is heard")
+	}
+	// The neighbour then goes quiet: reported Timeout after its last
+	// heartbeat, checks on time.
+	last := back.Add(10 * time.Millisecond)
+	at := check(m, back.Add(time.Second+interval), back.Add(10*time.Second))
+	if d := at.Sub(last); at.IsZero() || d < timeout || d > timeout+interval {
+		t.Fatalf("silent %v after the last heartbeat, want %v to %v", d, timeout, timeout+interval)
+	}
+
+	// Checks a little late (a loaded machine: each 150 ms apart, under
+	// two intervals) delay nothing.
+	m = newMon()
+	hear(m, t0)
+	var found time.Time
+	for now := t0; now.Before(t0.Add(5 * time.Second)); now = now.Add(150 * time.Millisecond) {
+		m.checkLocked(now)
+		select {
+		case <-m.silent:
+			found = now
+		default:
+		}
+		if !found.IsZero() {
+			break
+		}
+	}
+	if d := found.Sub(t0); found.IsZero() || d < timeout || d > timeout+150*time.Millisecond {
+		t.Fatalf("with checks 150 ms apart: silent %v after the last heartbeat, want %v to %v", d, timeout, timeout+150*time.Millisecond)
+	}
+}

@@ -54,3 +54,11 @@ func open(token, pkt []byte) (body, bool) {
 	}
 	return b, true
 }
+
+// HeartbeatSize is the UDP payload of one heartbeat of run from node to
+// node's neighbour by session (for the cost figures: bench's detect
+// section and docs/distributed.md).
+func HeartbeatSize(run, session string, node int) int {
+	return len(seal(make([]byte, 32), body{Run: run, From: node, To: node + 1, Session: session,
+		Started: 1 << 60, Seq: 1 << 32}))
+}

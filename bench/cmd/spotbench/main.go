@@ -22,6 +22,9 @@
 // hash alone, and a local copy's verification rate; digest.go).
 // azure (issue 50: one file to and from Azurite, spotagent vs azcopy;
 // azure.go; -azcopy names azcopy's binary, -azure-mib the size).
+// detect (issue 51 item 1: a silent node's survivors exit 75, and no exit
+// for 1 s pauses, 1 s loss bursts and 5 % loss; detect.go; root for its
+// network namespaces and netem).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -52,17 +55,22 @@ type config struct {
 	only                  map[string]bool
 	self                  string
 	pollInterval          time.Duration
-	pipelineGiB           string        // checkpoint sizes of the pipeline section
-	overlapGiB            float64       // checkpoint size of the overlap section
-	peerMiB               int           // peer section: bytes per node (peer.go)
-	digestMiB             int           // digest section: the file's size (digest.go)
-	azureMiB              int           // azure section: the file's size (azure.go)
-	azcopy                string        // azure section: azcopy's binary
-	watchbench            string        // bench/cmd/watchbench, for the watch section
-	fleetAgents           int           // fleet section: agents ending at once
-	fleetRuns             []int         // fleet section: fleet sizes of the start-up read and `fleet`
-	fleetReps             int           // fleet section: repetitions (at least 3)
-	fleetOldDeadline      time.Duration // fleet section: where the old summary's burst is cut
+	pipelineGiB           string          // checkpoint sizes of the pipeline section
+	overlapGiB            float64         // checkpoint size of the overlap section
+	peerMiB               int             // peer section: bytes per node (peer.go)
+	digestMiB             int             // digest section: the file's size (digest.go)
+	azureMiB              int             // azure section: the file's size (azure.go)
+	azcopy                string          // azure section: azcopy's binary
+	watchbench            string          // bench/cmd/watchbench, for the watch section
+	fleetAgents           int             // fleet section: agents ending at once
+	fleetRuns             []int           // fleet section: fleet sizes of the start-up read and `fleet`
+	fleetReps             int             // fleet section: repetitions (at least 3)
+	fleetOldDeadline      time.Duration   // fleet section: where the old summary's burst is cut
+	detectReps            int             // detect section: silent-node runs
+	detectPairs           int             // detect section: monitor pairs of the blip trials
+	detectLoss            time.Duration   // detect section: how long the 5 % loss lasts
+	detectTimeouts        []time.Duration // detect section: timeouts of the blip trials
+	detectRing            int             // detect section: monitors of the cost figure
 }
 
 func main() {
@@ -74,6 +82,8 @@ func main() {
 			os.Exit(benchstore.ServeGCS(os.Args[2:]))
 		case "peernet": // the peernet section's children (bench/internal/peernet)
 			os.Exit(peernet.Child(os.Args[2:]))
+		case "detect-node", "detect-ring": // the detect section's children (detect.go)
+			os.Exit(detectChild(os.Args[1], os.Args[2:]))
 		}
 	}
 	var c config
@@ -88,7 +98,7 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
@@ -97,7 +107,12 @@ func main() {
 	flag.IntVar(&c.azureMiB, "azure-mib", 1024, "azure section: the file's size (MiB)")
 	flag.StringVar(&c.azcopy, "azcopy", filepath.Join(os.Getenv("HOME"), ".cache", "spotagent-azcopy", "azcopy"), "azure section: azcopy's binary (built from source; absent: spotagent alone)")
 	peerNetMiB := flag.Int("peernet-mib", 1024, "peernet section: the file's size (MiB)")
-	var fleetRuns string
+	var fleetRuns, detectTimeouts string
+	flag.IntVar(&c.detectReps, "detect-reps", 3, "detect section: silent-node runs (at least 3)")
+	flag.IntVar(&c.detectPairs, "detect-pairs", 10, "detect section: monitor pairs paused at once (10 rounds each)")
+	flag.DurationVar(&c.detectLoss, "detect-loss", time.Minute, "detect section: how long the 5 % loss lasts")
+	flag.StringVar(&detectTimeouts, "detect-timeouts", "1.2s,2s", "detect section: timeouts of the blip trials (the default's is the target)")
+	flag.IntVar(&c.detectRing, "detect-ring", 1000, "detect section: monitors in the cost figure's ring")
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
 	flag.IntVar(&c.fleetReps, "fleet-reps", 3, "fleet section: repetitions (at least 3)")
@@ -109,6 +124,16 @@ func main() {
 			fatal(fmt.Errorf("-fleet-runs %q: want sizes such as 10000,100000", fleetRuns))
 		}
 		c.fleetRuns = append(c.fleetRuns, n)
+	}
+	for _, f := range strings.Split(detectTimeouts, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d <= 0 {
+			fatal(fmt.Errorf("-detect-timeouts %q: want durations such as 1.2s,2s", detectTimeouts))
+		}
+		c.detectTimeouts = append(c.detectTimeouts, d)
+	}
+	if c.detectReps < 3 || c.detectPairs < 1 || c.detectRing < 2 {
+		fatal(fmt.Errorf("-detect-reps must be at least 3, -detect-pairs at least 1, -detect-ring at least 2"))
 	}
 	c.pollInterval = time.Second
 	c.only = map[string]bool{}
@@ -211,6 +236,10 @@ func main() {
 	if c.only["azure"] {
 		step("Azure Blob: spotagent vs azcopy against Azurite")
 		must(benchAzure(&c, r))
+	}
+	if c.only["detect"] {
+		step("silent node detection and blips (issue 51)")
+		must(benchDetect(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()

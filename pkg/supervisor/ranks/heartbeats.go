@@ -93,7 +93,7 @@ func (w *Watch) OnPeerSilent(s liveness.Silence, running, stopping bool) (endRan
 		w.env.Log.Info("a neighbour node's agent is silent; nothing to end here", zap.Int("peer_node", s.Node), zap.Duration("silent", silent))
 		return false
 	}
-	w.verdict, w.verdictAt, w.ended = verdictPeerLost, time.Now(), true
+	w.verdict, w.verdictAt, w.ended, w.silent = verdictPeerLost, time.Now(), true, true
 	w.env.Metrics.Error("peer_silent")
 	w.env.Log.Warn("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
 		zap.Int("peer_node", s.Node), zap.String("peer_session", s.Session), zap.Duration("silent", silent),

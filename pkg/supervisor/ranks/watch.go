@@ -81,7 +81,10 @@ type Watch struct {
 	order     []int  // pids in the order they left
 	verdict   string // "", verdictPeerLost, verdictCrash
 	verdictAt time.Time
-	ended     bool // the launcher's group was sent SIGTERM
+	// silent: the verdict is a silent neighbour's (OnPeerSilent), whose
+	// agent cannot be writing a crash record: the lookup does not wait.
+	silent bool
+	ended  bool // the launcher's group was sent SIGTERM
 	// lookup, while not nil, brings the crash-record lookup's answer back
 	// to the loop (Lookup): the agent's exit code waits for it.
 	lookup chan Lookup
@@ -236,11 +239,23 @@ func (w *Watch) lookForPeerCrash(code int) {
 		done <- Lookup{code: code}
 		return
 	}
-	st, node, since, settle := w.env.Store, w.env.Node, w.env.Started, w.verdictAt.Add(PeerCrashSettle)
+	st, node, since, settle := w.env.Store, w.env.Node, w.env.Started, w.settleAt()
 	w.env.GoBg(func() {
 		key, err := peerCrashed(w.env.Life, st, node, since, settle)
 		done <- Lookup{code: code, key: key, err: err}
 	}, func(err error) { done <- Lookup{code: code, err: err} }) // a panic: the store cannot say
+}
+
+// settleAt is when the crash-record lookup looks: PeerCrashSettle after
+// the ranks' verdict, at once after a silent neighbour's. A node whose
+// ranks crash has a live agent that records the crash and says it leaves
+// (never silent), and another node's crash would have reached the ranks
+// here as RSTs before any heartbeat timeout.
+func (w *Watch) settleAt() time.Time {
+	if w.silent {
+		return w.verdictAt
+	}
+	return w.verdictAt.Add(PeerCrashSettle)
 }
 
 // PeerLossExit is the agent's code for a child that exited with code

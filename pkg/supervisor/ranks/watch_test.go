@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/liveness"
 )
 
 // TestPeerCrashed_BesideTheLoop (issue 35 item 2): the lookup for another
@@ -42,3 +45,25 @@ func TestPeerCrashed_BesideTheLoop(t *testing.T) {
 		t.Fatalf("another node's record: %q, %v", key, err)
 	}
 }
+
+// A silent neighbour's verdict looks for crash records at once (its agent
+// cannot be writing one); the ranks' own verdict waits PeerCrashSettle
+// for the crashed node's record to land.
+func TestSettleAt_SilentPeerDoesNotWait(t *testing.T) {
+	w := NewWatch(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
+	if !w.OnPeerSilent(liveness.Silence{Node: 1, Session: "s", Since: time.Now().Add(-2 * time.Second)}, true, false) {
+		t.Fatal("a silent neighbour while the ranks train did not end them")
+	}
+	if got := w.settleAt(); !got.Equal(w.verdictAt) {
+		t.Fatalf("silent neighbour: lookup %v after the verdict, want at once", got.Sub(w.verdictAt))
+	}
+	w.Reset()
+	w.verdict, w.verdictAt = verdictPeerLost, time.Now() // the ranks' RSTs (Tick)
+	if got := w.settleAt(); got.Sub(w.verdictAt) != PeerCrashSettle {
+		t.Fatalf("ranks' verdict: lookup %v after it, want %v", got.Sub(w.verdictAt), PeerCrashSettle)
+	}
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Error(string) {}
