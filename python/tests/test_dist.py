@@ -11,6 +11,7 @@ import datetime
 import io
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -444,11 +445,28 @@ class TestAgreement(Base):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free port below the ephemeral range, for rank 0's store. Rank 0
+    binds it only after importing torch (20 s and more on a loaded
+    machine); a port from the ephemeral range (bind to 0) can meanwhile
+    become the source port of any connection, rank 1's own connect
+    attempts to it included (a TCP self-connect), and rank 0 then dies
+    of EADDRINUSE while rank 1 waits out the rendezvous."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise AssertionError("no free port in [%d, %d)" % (max(1024, low - 10000), low))
 
 
 class TestPeerLossClient(Base):
