@@ -121,6 +121,8 @@ MYPY ?= mypy
 # transformers, accelerate, python3-venv; scripts/sid-python, built by
 # scripts/test-deps.sh; USE_LIBUV=0: its torch has no libuv). The root has
 # no Go: the agent test_realagent runs is built here first (SPOTAGENT_BIN).
+# Run from python/tests, as discover -s tests would (test_frameworks
+# imports fakeagent as a top-level module).
 # Then the TestTorch2_* end-to-end tests (Hugging Face Trainer, zero-code
 # mode, DCP under torchrun; the torch2 build tag keeps them out of
 # test-go's 30-minute budget). docs/frameworks.md, "torch 2.x".
@@ -132,8 +134,8 @@ test-python:
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	  CGO_ENABLED=0 $(GO) build -tags disable_grpc_modules -o "$$d/spotagent" ./cmd/spotagent && \
-	  cd python && USE_LIBUV=0 SPOTAGENT_BIN="$$d/spotagent" SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) \
-	  $(SID_PYTHON) -m unittest -v $(addprefix tests.,$(TORCH2_PY))
+	  cd python/tests && USE_LIBUV=0 SPOTAGENT_BIN="$$d/spotagent" SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) \
+	  $(SID_PYTHON) -m unittest -v $(TORCH2_PY)
 	SPOTAGENT_TEST_PYTHON=$(SID_PYTHON) $(GO) test -tags '$(TAGS),torch2' -run '$(TORCH2_E2E)' -v -timeout 60m ./integration
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a
