@@ -121,20 +121,26 @@ test-go:
 # tests/realagent.py builds ./cmd/spotagent for the tests that run the real
 # agent (SPOTAGENT_BIN= a built binary skips the build).
 MYPY ?= mypy
-# torch 2.x (#48): the torch tests of the client again under the python3 of
-# the Debian unstable root (torch 2.14, transformers, accelerate;
-# scripts/sid-python, built by scripts/test-deps.sh; USE_LIBUV=0: its torch
-# has no libuv): test_torch, test_examples, test_frameworks, test_golden
-# (test_dist, test_realagent and test_install do not pass there yet:
-# docs/frameworks.md). Then the TestTorch2_* end-to-end tests (Hugging
-# Face Trainer, zero-code mode, DCP under torchrun; the torch2 build tag
-# keeps them out of test-go's 30-minute budget).
+# torch 2.x (#48): the client's tests that run torch, an interpreter or
+# the agent again under the python3 of the Debian unstable root (torch 2.14,
+# transformers, accelerate, python3-venv; scripts/sid-python, built by
+# scripts/test-deps.sh; USE_LIBUV=0: its torch has no libuv). The root has
+# no Go: the agent test_realagent runs is built here first (SPOTAGENT_BIN).
+# Run from python/tests, as discover -s tests would (test_frameworks
+# imports fakeagent as a top-level module).
+# Then the TestTorch2_* end-to-end tests (Hugging Face Trainer, zero-code
+# mode, DCP under torchrun; the torch2 build tag keeps them out of
+# test-go's 30-minute budget). docs/frameworks.md, "torch 2.x".
 SID_PYTHON := $(CURDIR)/scripts/sid-python
+TORCH2_PY := test_torch test_examples test_frameworks test_golden test_dist test_realagent test_install
 TORCH2_E2E := TestTorch2_
 test-python:
 	cd python && $(MYPY) --strict spotagent spotagent_build.py
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v
-	cd python && USE_LIBUV=0 SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) $(SID_PYTHON) -m unittest discover -s tests -p 'test_[tefg]*.py' -v
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	  CGO_ENABLED=0 $(GO) build -tags disable_grpc_modules -o "$$d/spotagent" ./cmd/spotagent && \
+	  cd python/tests && USE_LIBUV=0 SPOTAGENT_BIN="$$d/spotagent" SPOTAGENT_TORCH_PYTHON=$(SID_PYTHON) \
+	  $(SID_PYTHON) -m unittest -v $(TORCH2_PY)
 	SPOTAGENT_TEST_PYTHON=$(SID_PYTHON) $(GO) test -tags '$(TAGS),torch2' -run '$(TORCH2_E2E)' -v -timeout 60m ./integration
 
 # Every fuzz target for a short time: a count (~10 s at ~20k execs/s), not a

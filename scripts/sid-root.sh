@@ -16,8 +16,10 @@ set -euo pipefail
 
 cache=${SID_ROOT_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spotagent-sid}
 root="$cache/root"
-# What the torch 2.x tests need in the root. Changing this list rebuilds.
-packages=(python3 python3-torch python3-transformers python3-accelerate python3-numpy)
+# What the torch 2.x tests need in the root (python3-venv: test_install's
+# fresh venv). A root built from an older list gets what this one adds
+# installed into it (a minute); a missing root is built (about 20 min).
+packages=(python3 python3-torch python3-transformers python3-accelerate python3-numpy python3-venv)
 want="packages: ${packages[*]}"
 
 built() {
@@ -64,7 +66,56 @@ mirror() {
 url=${SID_MIRROR:-$(mirror | grep -E '/debian/?$' | head -n1 || true)}
 [ -n "$url" ] || fail "no Debian mirror in /etc/apt/sources.list(.d); set SID_MIRROR"
 
+# apt-get install the packages into root DIR, in a private mount namespace
+# (the mounts vanish with it).
+install_into() {
+  cp /etc/resolv.conf "$1/etc/resolv.conf"
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  unshare -m --propagation private /bin/sh -ec '
+    r=$1; shift
+    mount -t proc proc "$r/proc"
+    mount --rbind /dev "$r/dev"
+    mount --rbind /sys "$r/sys"
+    chroot "$r" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    chroot "$r" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends "$@"
+    chroot "$r" apt-get clean
+  ' sh "$1" "${packages[@]}" >&2 || fail "apt-get install ${packages[*]} in the sid root failed"
+}
+
+# The versions root DIR's python3 imports (stdout only: torch's UCX writes
+# its complaints to stdout too, so the last line).
+versions_of() {
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  unshare -m --propagation private /bin/sh -c '
+    mount -t proc proc "$1/proc"
+    exec chroot "$1" /usr/bin/python3 -c "
+import sys, torch, transformers, accelerate
+print(\"python\", sys.version.split()[0], \"torch\", torch.__version__,
+      \"transformers\", transformers.__version__, \"accelerate\", accelerate.__version__)
+"' sh "$1" | tail -n1 || fail "the sid root's python3 cannot import torch, transformers and accelerate"
+}
+
+stamp() { # stamp HOW
+  {
+    echo "$want"
+    echo "$versions"
+    echo "$1 $(date -u +%FT%TZ) in $(($(date +%s) - start)) s from $url, $(du -sh "$root" | cut -f1)"
+  } >"$cache/stamp"
+  echo "sid-root: $versions ($(tail -n1 "$cache/stamp"))" >&2
+}
+
 start=$(date +%s)
+# A root built from an older list: install what this one adds.
+if [ -x "$root/usr/bin/python3" ] && [ -f "$cache/stamp" ]; then
+  echo "sid-root: installing ${packages[*]} into $root (was $(head -n1 "$cache/stamp"))" >&2
+  install_into "$root"
+  versions=$(versions_of "$root")
+  stamp updated
+  echo "$root"
+  exit 0
+fi
+
 tmp="$cache/root.tmp"
 rm -rf "$root" "$cache/stamp"
 # A finished debootstrap is kept across a failed apt-get (the marker).
@@ -78,35 +129,9 @@ fi
 # The machine's mirror may serve a snapshot whose Release file is past its
 # Valid-Until (apt refuses it then); the signatures are still checked.
 echo 'Acquire::Check-Valid-Until "false";' >"$tmp/etc/apt/apt.conf.d/99spotagent-snapshot"
-
-# apt-get inside, in a private mount namespace (the mounts vanish with it).
-cp /etc/resolv.conf "$tmp/etc/resolv.conf"
-# shellcheck disable=SC2016 # expanded by the inner shell
-unshare -m --propagation private /bin/sh -ec '
-  r=$1; shift
-  mount -t proc proc "$r/proc"
-  mount --rbind /dev "$r/dev"
-  mount --rbind /sys "$r/sys"
-  chroot "$r" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  chroot "$r" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends "$@"
-  chroot "$r" apt-get clean
-' sh "$tmp" "${packages[@]}" >&2 || fail "apt-get install ${packages[*]} in the sid root failed"
-
-# shellcheck disable=SC2016 # expanded by the inner shell
-versions=$(unshare -m --propagation private /bin/sh -c '
-  mount -t proc proc "$1/proc"
-  exec chroot "$1" /usr/bin/python3 -c "
-import sys, torch, transformers, accelerate
-print(\"python\", sys.version.split()[0], \"torch\", torch.__version__,
-      \"transformers\", transformers.__version__, \"accelerate\", accelerate.__version__)
-"' sh "$tmp") || fail "the sid root's python3 cannot import torch, transformers and accelerate"
+install_into "$tmp"
+versions=$(versions_of "$tmp")
 : >"$tmp/.spotagent-sid-root" # scripts/sid-python: "already inside"
 mv "$tmp" "$root"
-{
-  echo "$want"
-  echo "$versions"
-  echo "built $(date -u +%FT%TZ) in $(($(date +%s) - start)) s from $url, $(du -sh "$root" | cut -f1)"
-} >"$cache/stamp"
-echo "sid-root: $versions ($(tail -n1 "$cache/stamp"))" >&2
+stamp built
 echo "$root"

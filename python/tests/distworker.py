@@ -11,8 +11,9 @@ process group has a short timeout). Knobs (env):
                     until this rank's agent sent a checkpoint / stop
   DW_SIGTERM_AT     send SIGTERM to itself after poll at that step
   DW_AFTER          steps to run on after the first request (default 2)
-  DW_MAX_SECONDS    give up (default 20)
-  DW_PG_TIMEOUT     the process group's timeout, seconds (default 20)
+  DW_MAX_SECONDS    give up, counted from the first step (default 60)
+  DW_PG_TIMEOUT     the process group's timeout, seconds (default 20): its
+                    collectives', not the rendezvous's (init())
   DW_VANISH_AT      N:where: at step N this rank vanishes. where: "poll"
                     (before poll: the others fail in the agreement),
                     "collective" (after it: in the all_reduce standing for
@@ -37,9 +38,31 @@ import torch.distributed as dist  # noqa: E402
 import spotagent  # noqa: E402
 
 
+# The rendezvous waits this long for the other ranks. env:// would wait only
+# the process group's timeout (torch 1.13 and 2.x alike: the TCPStore gets
+# init_process_group's timeout), and the ranks reach it as far apart as
+# their interpreters' imports of torch differ: each took 14 s (torch 1.13)
+# and 21 s (torch 2.14, the Debian unstable root) at a load average of 14
+# here; one test's DW_PG_TIMEOUT is 3 s.
+RENDEZVOUS_SECONDS = 300
+
+
 def init() -> None:
+    """init_process_group("gloo") on the env:// variables, with the
+    rendezvous's timeout apart from the collectives' (DW_PG_TIMEOUT)."""
     timeout = float(os.environ.get("DW_PG_TIMEOUT") or 20)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    args = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+            datetime.timedelta(seconds=RENDEZVOUS_SECONDS))
+    try:
+        # torch 2.x asks for libuv by default; Debian's torch 2.x has none.
+        store = dist.TCPStore(*args, use_libuv=os.environ.get("USE_LIBUV", "1") == "1")
+    except TypeError:  # torch 1.13: no use_libuv, no libuv
+        store = dist.TCPStore(*args)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    # The tests' deadlines start at this line, not at the process's start.
+    print("joined rank %d of %d" % (rank, world), flush=True)
 
 
 def vanish(step: int, where: str) -> None:
@@ -64,7 +87,7 @@ def main() -> int:
     wait_at = int(os.environ.get("DW_WAIT_AT") or 1)
     sigterm_at = int(os.environ.get("DW_SIGTERM_AT") or 0)
     after = int(os.environ.get("DW_AFTER") or 2)
-    end = time.monotonic() + float(os.environ.get("DW_MAX_SECONDS") or 20)
+    end = time.monotonic() + float(os.environ.get("DW_MAX_SECONDS") or 60)
     events = []
     out = {"rank": dist.get_rank(), "events": events, "stop_step": None}
     step, exit_at = 0, None
@@ -74,7 +97,7 @@ def main() -> int:
             print("waiting %d" % step, flush=True)  # the test sends now: the next poll is the first to see it
             with agent._cond:
                 ok = agent._cond.wait_for(
-                    lambda: bool(agent._requests) if wait == "request" else agent._should_stop, 10)
+                    lambda: bool(agent._requests) if wait == "request" else agent._should_stop, 30)
             out["waited"] = ok
         vanish(step, "poll")
         req = agent.poll(step)

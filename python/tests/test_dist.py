@@ -11,6 +11,7 @@ import datetime
 import io
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from test_client import WELCOME, Base, wait_agent  # noqa: E402
 
 TORCH_PYTHON = os.environ.get("SPOTAGENT_TORCH_PYTHON", "/usr/bin/python3")
 WORKER = os.path.join(HERE, "distworker.py")
+STARTUP = 300  # seconds a rank may take to start: see GlooBase.wait_line
 UTC = datetime.timezone.utc
 
 
@@ -443,11 +445,28 @@ class TestAgreement(Base):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free port below the ephemeral range, for rank 0's store. Rank 0
+    binds it only after importing torch (20 s and more on a loaded
+    machine); a port from the ephemeral range (bind to 0) can meanwhile
+    become the source port of any connection, rank 1's own connect
+    attempts to it included (a TCP self-connect), and rank 0 then dies
+    of EADDRINUSE while rank 1 waits out the rendezvous."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise AssertionError("no free port in [%d, %d)" % (max(1024, low - 10000), low))
 
 
 class TestPeerLossClient(Base):
@@ -621,14 +640,32 @@ class GlooBase(Base):
                 self.cond.notify_all()
         p.wait()
         with self.cond:
+            p.ended = True  # every line read
             self.cond.notify_all()
 
     def wait_line(self, rank, line):
-        """The rank printed line (distworker: "waiting N" before poll N)."""
+        """The rank printed line (distworker: "waiting N" before poll N),
+        within DEADLINE * 3 of its first line (distworker: "joined ..."
+        after init_process_group; train_ddp.py: "... fresh" or "resuming")
+        and STARTUP of its start: importing torch is most of a rank's start
+        (21 s for torch 2.14 at a load average of 14 here)."""
         p = self.procs[rank]
+
+        def failed():  # a rank that ended with an error: the others may wait for it until their timeouts
+            return [(r, q) for r, q in enumerate(self.procs) if getattr(q, "ended", False) and q.returncode != 0]
+
         with self.cond:
-            ok = self.cond.wait_for(lambda: line in p.lines or p.poll() is not None, DEADLINE * 3)
-        self.assertTrue(ok and line in p.lines, "rank %d never printed %r" % (rank, line))
+            ended = lambda: getattr(p, "ended", False) or failed()  # noqa: E731
+            self.cond.wait_for(lambda: p.lines or ended(), STARTUP)
+            if p.lines:
+                self.cond.wait_for(lambda: line in p.lines or ended(), DEADLINE * 3)
+        if line in p.lines:
+            return
+        for r, q in failed():
+            self.fail("rank %d exited %d before rank %d printed %r: %s" % (
+                r, q.returncode, rank, line, q.stderr.read().decode()[-3000:]))
+        self.fail("rank %d never printed %r (exit code %s; within %d s of its start or %d s of its first line)" % (
+            rank, line, p.poll(), STARTUP, DEADLINE * 3))
 
     def exited(self, rank, timeout=60):
         """rank's exit code and stderr (it must exit within timeout)."""
