@@ -172,8 +172,96 @@ func (c *Child) Stop(ctx context.Context, killAfter time.Duration) {
 }
 
 func (c *Child) killGroup(why string) {
+	// Found before the group dies: its members' children in sessions of
+	// their own are re-parented to init with it, and lost to the search.
+	out := outsiders(c.pid, c.guard.PID())
+	killAll(out)
 	if err := c.Signal(syscall.SIGKILL); err == nil {
-		c.log.Warn(why+": group sent SIGKILL", zap.Int("pgid", c.pid))
+		c.log.Warn(why+": group sent SIGKILL", zap.Int("pgid", c.pid), zap.Int("outside_group", len(out)))
+	}
+}
+
+// proc is one process as /proc/PID/stat shows it.
+type proc struct {
+	ppid, pgrp int
+	zombie     bool
+	start      uint64 // clock ticks after boot: with the pid, names one process
+}
+
+// procs reads every process's parent and group from /proc (empty where
+// there is none).
+func procs() map[int]proc {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	out := make(map[int]proc, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 3 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		pgrp, _ := strconv.Atoi(f[2])
+		var start uint64
+		if len(f) > 19 {
+			start, _ = strconv.ParseUint(f[19], 10, 64)
+		}
+		out[pid] = proc{ppid: ppid, pgrp: pgrp, zombie: f[0] == "Z", start: start}
+	}
+	return out
+}
+
+// outsiders are the live descendants of process group pgid's members that
+// left the group (setsid, setpgid), except the pid except (the guard):
+// torch 2.x's torchrun starts each rank in a session of its own, so a
+// SIGKILL of the launcher's group alone leaves the ranks training,
+// orphaned, on the GPUs the next trainer needs. Empty without /proc.
+func outsiders(pgid, except int) map[int]uint64 {
+	all := procs()
+	in := map[int]bool{}
+	for pid, p := range all {
+		if p.pgrp == pgid && pid != except {
+			in[pid] = true
+		}
+	}
+	out := map[int]uint64{}
+	for grew := true; grew; {
+		grew = false
+		for pid, p := range all {
+			if !in[pid] && in[p.ppid] && pid != except {
+				in[pid], grew = true, true
+				if p.pgrp != pgid && !p.zombie {
+					out[pid] = p.start
+				}
+			}
+		}
+	}
+	return out
+}
+
+// killAll SIGKILLs each process (pid → start time: a pid reused by
+// another process since is left alone), and the group of each that leads
+// one.
+func killAll(pids map[int]uint64) {
+	now := procs()
+	for pid, start := range pids {
+		if p, ok := now[pid]; !ok || p.start != start {
+			continue
+		}
+		if p := now[pid]; p.pgrp == pid {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
@@ -199,21 +287,12 @@ func (c *Child) groupAlive() bool {
 // groupHasLiveMember scans /proc for a non-zombie process in group pgid
 // other than pid except (the guard); ok is false when /proc cannot be read.
 func groupHasLiveMember(pgid, except int) (live, ok bool) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
+	all := procs()
+	if all == nil {
 		return false, false
 	}
-	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' || e.Name() == strconv.Itoa(except) {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // exited meanwhile
-		}
-		// "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) >= 3 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
+	for pid, p := range all {
+		if pid != except && p.pgrp == pgid && !p.zombie {
 			return true, true
 		}
 	}

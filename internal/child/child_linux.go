@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -74,17 +75,42 @@ func guardRunnable() error {
 // only the agent has. When the pipe reaches EOF -- the agent released the
 // trainer, or died in any way, SIGKILL included, since the kernel closes a
 // dead process's files -- it SIGKILLs the whole group, itself included:
-// every grandchild that stayed in the group goes with the agent.
+// every grandchild that stayed in the group goes with the agent, and so do
+// the members' descendants that left it (setsid), killed just before.
 func runGuard() int {
 	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	ready := os.NewFile(4, "ready")
 	ready.Write([]byte{1})
 	ready.Close()
+	// The members' descendants that left the group (torch 2.x's ranks, in
+	// sessions of their own: child.go) can be found only while their
+	// parents live, and an agent's death kills the trainer too
+	// (Pdeathsig): they are looked for every outsiderScan meanwhile, and
+	// killed (those still the same process) with a last look first.
+	pgid, self := syscall.Getpgrp(), os.Getpid()
+	var mu sync.Mutex
+	seen := map[int]uint64{}
+	go func() {
+		for {
+			found := outsiders(pgid, self)
+			mu.Lock()
+			maps.Copy(seen, found)
+			mu.Unlock()
+			time.Sleep(outsiderScan) // a period, not a synchronisation
+		}
+	}()
 	io.Copy(io.Discard, os.NewFile(3, "lifeline"))
+	mu.Lock()
+	maps.Copy(seen, outsiders(pgid, self))
+	killAll(seen)
 	syscall.Kill(0, syscall.SIGKILL)
 	return 1 // not reached
 }
+
+// outsiderScan is how often a guard looks for the trainer's descendants
+// outside its group: one started and orphaned within it is missed.
+const outsiderScan = time.Second
 
 // guard is the agent's side of one guard process.
 type guard struct {

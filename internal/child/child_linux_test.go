@@ -165,3 +165,19 @@ func TestChild_Alive(t *testing.T) {
 		t.Fatal("a reaped process, or pid <= 0, is Alive")
 	}
 }
+
+// TestChild_StopKillsDescendantsOutsideGroup: a trainer that ignores
+// SIGTERM and whose child left its process group (setsid: torch 2.x's
+// torchrun starts every rank so) is SIGKILLed after killAfter, and that
+// child with it: a kill of the group alone left it running under init.
+func TestChild_StopKillsDescendantsOutsideGroup(t *testing.T) {
+	gpidFile := filepath.Join(shortDir(t), "gpid")
+	c, _ := startSh(t, "trap '' TERM; setsid sleep 600 & echo $! > "+gpidFile+".tmp; mv "+gpidFile+".tmp "+gpidFile+"; wait")
+	gpid := readPid(t, gpidFile)
+	if pgid, err := syscall.Getpgid(gpid); err != nil || pgid == c.PID() {
+		t.Fatalf("the grandchild's group is %d (%v): it did not leave the trainer's %d", pgid, err, c.PID())
+	}
+	c.Stop(t.Context(), 100*time.Millisecond)
+	waitFor(t, "the grandchild outside the group killed", func() bool { return processGone(gpid) })
+	c.Close()
+}
