@@ -52,7 +52,8 @@ image: release
 helm:
 	GO='$(GO)' scripts/helm-build.sh >/dev/null
 
-# deploy/kubernetes/*.yaml from the chart (deploy/helm/spotagent) and
+# deploy/kubernetes/*.yaml, deploy/kueue/*.yaml and the Kubeflow runtime in
+# deploy/kubeflow from the chart (deploy/helm/spotagent) and
 # deploy/helm/examples; deploy/helm_test.go fails when they drift.
 manifests: helm
 	GO='$(GO)' scripts/manifests.sh

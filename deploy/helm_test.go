@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -78,7 +79,11 @@ func examples(t *testing.T) []string {
 	if err != nil || len(kueue) == 0 {
 		t.Fatalf("no Kueue chart examples: %v", err)
 	}
-	return append(files, kueue...)
+	kubeflow, err := filepath.Glob("helm/examples/kubeflow/*.yaml")
+	if err != nil || len(kubeflow) == 0 {
+		t.Fatalf("no Kubeflow chart examples: %v", err)
+	}
+	return append(append(files, kueue...), kubeflow...)
 }
 
 // TestHelmLint: `helm lint --strict` passes with every example's values.
@@ -90,8 +95,9 @@ func TestHelmLint(t *testing.T) {
 	}
 }
 
-// TestHelmManifestsUpToDate: every file in kubernetes/ and kueue/ is what
-// `make manifests` renders from the chart now, and nothing else is there.
+// TestHelmManifestsUpToDate: every file in kubernetes/, kueue/ and
+// kubeflow/ is what `make manifests` renders from the chart now, and nothing
+// else is there (but kubeflow/'s TrainJob example, written by hand).
 func TestHelmManifestsUpToDate(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("../scripts/manifests.sh", out)
@@ -99,23 +105,27 @@ func TestHelmManifestsUpToDate(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("manifests.sh: %v\n%s", err, b)
 	}
-	for _, dir := range []string{"kubernetes", "kueue"} {
+	for _, dir := range []string{"kubernetes", "kueue", "kubeflow"} {
 		rendered := out
 		if dir != "kubernetes" {
 			rendered = filepath.Join(out, dir)
 		}
-		manifestsMatch(t, rendered, dir)
+		manifestsMatch(t, rendered, dir, filepath.Base(trainJobPath))
 	}
 }
 
-// manifestsMatch compares the rendered files in out with those in dir.
-func manifestsMatch(t *testing.T, out, dir string) {
+// manifestsMatch compares the rendered files in out with those in dir;
+// handWritten names files of dir that are not rendered.
+func manifestsMatch(t *testing.T, out, dir string, handWritten ...string) {
 	t.Helper()
 	want, _ := filepath.Glob(filepath.Join(out, "*.yaml"))
 	got, _ := filepath.Glob(dir + "/*.yaml")
 	names := func(fs []string) []string {
 		var n []string
 		for _, f := range fs {
+			if slices.Contains(handWritten, filepath.Base(f)) {
+				continue
+			}
 			n = append(n, filepath.Base(f))
 		}
 		sort.Strings(n)
@@ -173,6 +183,11 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"sidecar-job", []string{"kueue.queueName=Bad Queue"}, "queueName"},
 		{"sidecar-job", []string{"kueue.queues.enabled=true"}, "queueName"},
 		{"sidecar-job", []string{"kueue.queueName=team-a", "kueue.queues.enabled=true", "kueue.queues.quota.cpu=lots"}, "quota"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.storePrefix="}, "storePrefix"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
+		{"kubeflow/torch-distributed-spotagent", []string{"image.agent="}, "agent"},
+		{"kubeflow/torch-distributed-spotagent", []string{"image.trainer="}, "trainer"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.name=Torch_Spot"}, "name"},
 		{"daemonset", []string{"nodeAgent.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
 		{"daemonset", []string{"nodeAgent.storePrefix="}, "storePrefix"},
 	} {
@@ -228,6 +243,44 @@ func TestHelmValues(t *testing.T) {
 		p, _ = render(t, "sidecar-job", "kueue.queueName=team-a")
 		if strings.Contains(read(t, p), "kind: ClusterQueue") {
 			t.Error("Kueue's objects without kueue.queues.enabled")
+		}
+	})
+	t.Run("kubeflow-runtime", func(t *testing.T) {
+		p, err := render(t, "kubeflow/torch-distributed-spotagent", "kubeflow.runtime.name=torch-spot",
+			"peerRestore.enabled=false", "copies.where=emptyDir", "fleet=gs://fleet-bucket/all",
+			"kubeflow.runtime.storePrefix=gs://my-bucket/team-a/", "kubeflow.runtime.serviceAccountName=team-a-trainer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := read(t, p)
+		for _, want := range []string{"kind: ClusterTrainingRuntime\nmetadata:\n  name: torch-spot",
+			`value: "gs://my-bucket/team-a/$(SPOTAGENT_RUN_ID)"`, `value: "gs://fleet-bucket/all"`,
+			"serviceAccountName: team-a-trainer", "emptyDir:\n                        sizeLimit: 200Gi"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kubeflow.runtime: no %q in the rendering", want)
+			}
+		}
+		for _, not := range []string{"- --peer-restore", "hostPath:", "subPathExpr:", "name: copies"} {
+			if strings.Contains(out, not) {
+				t.Errorf("kubeflow.runtime with peerRestore off and copies on an emptyDir: %q in the rendering", not)
+			}
+		}
+		// Beside a JobSet in one release: the runtime takes nothing of the run's.
+		p, err = render(t, "multinode-jobset", "kubeflow.runtime.enabled=true", "kubeflow.runtime.storePrefix=s3://my-bucket/tj/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = read(t, p)
+		rt := out[strings.Index(out, "kind: ClusterTrainingRuntime"):]
+		if i := strings.Index(rt, "\n---"); i >= 0 {
+			rt = rt[:i]
+		}
+		if strings.Contains(rt, "exp44") || !strings.Contains(out, "kind: JobSet") {
+			t.Errorf("the runtime beside the JobSet names the JobSet's run exp44, or the JobSet is missing:\n%s", rt)
+		}
+		p, _ = render(t, "multinode-jobset")
+		if strings.Contains(read(t, p), "ClusterTrainingRuntime") {
+			t.Error("a ClusterTrainingRuntime without kubeflow.runtime.enabled")
 		}
 	})
 	t.Run("layout", func(t *testing.T) {

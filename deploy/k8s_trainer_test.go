@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -453,16 +454,61 @@ func TestK8sTrainJob(t *testing.T) {
 		t.Errorf("child Job's podFailurePolicy lost the runtime's rules: %s", rj.PodFailurePolicy)
 	}
 	pod := rj.Template.Spec
-	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "spotagent" {
-		t.Fatalf("the pods have no spotagent sidecar: %+v", pod.InitContainers)
+	// The chart's JobSet pod (kubeflow.runtime): the copies' init
+	// container, then the sidecar, on the hostPath copies, with the peer tier.
+	if len(pod.InitContainers) != 2 || pod.InitContainers[0].Name != "copies" || pod.InitContainers[1].Name != "spotagent" {
+		t.Fatalf("the pods' init containers are not copies and the spotagent sidecar: %+v", pod.InitContainers)
+	}
+	sidecar := pod.InitContainers[1]
+	if !slices.Contains(sidecar.Args, "--peer-restore") {
+		t.Errorf("sidecar args %q: no --peer-restore", sidecar.Args)
+	}
+	for _, e := range sidecar.Env {
+		if e.Name == "SPOTAGENT_STORE" && e.Value != "s3://my-bucket/runs/$(SPOTAGENT_RUN_ID)" {
+			t.Errorf("sidecar SPOTAGENT_STORE %q: not kubeflow.runtime.storePrefix + the run id", e.Value)
+		}
+	}
+	if sidecar.Image != "my-registry.example.com/spotagent:v0.1.0" {
+		t.Errorf("sidecar image %q: not the chart's image.agent", sidecar.Image)
+	}
+	copiesVolume := false
+	for _, v := range pod.Volumes {
+		if v.Name == "checkpoints" && v.HostPath != nil && v.HostPath.Path == "/var/lib/spotagent-copies" {
+			copiesVolume = true
+		}
+	}
+	if !copiesVolume {
+		t.Errorf("no hostPath checkpoints volume at /var/lib/spotagent-copies: %+v", pod.Volumes)
+	}
+	subPath := func(c corev1.Container) string {
+		for _, m := range c.VolumeMounts {
+			if m.Name == "checkpoints" {
+				return m.SubPathExpr
+			}
+		}
+		return ""
+	}
+	const wantSubPath = "$(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)"
+	if got := subPath(sidecar); got != wantSubPath {
+		t.Errorf("sidecar checkpoints subPathExpr %q, want %q", got, wantSubPath)
 	}
 	env := map[string]string{}
 	for _, c := range pod.Containers {
 		if c.Name != "node" {
 			continue
 		}
+		if got := subPath(c); got != wantSubPath {
+			t.Errorf("node checkpoints subPathExpr %q, want %q", got, wantSubPath)
+		}
 		for _, e := range c.Env {
 			env[e.Name] = e.Value
+			if e.Name == "SPOTAGENT_RUN_ID" && (e.ValueFrom == nil || e.ValueFrom.FieldRef == nil ||
+				e.ValueFrom.FieldRef.FieldPath != "metadata.labels['jobset.sigs.k8s.io/jobset-name']") {
+				t.Errorf("node SPOTAGENT_RUN_ID is not the JobSet's name label: %+v", e.ValueFrom)
+			}
+		}
+		if _, ok := env["SPOTAGENT_RUN_ID"]; !ok {
+			t.Error("node has no SPOTAGENT_RUN_ID (its copies' subPathExpr needs it)")
 		}
 		if got := strings.Join(c.Args, " "); got != "train.py --config configs/exp42.yaml" {
 			t.Errorf("node args %q: want the TrainJob's", got)

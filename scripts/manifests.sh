@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # make manifests: renders deploy/kubernetes/<name>.yaml from the chart
 # (deploy/helm/spotagent) with deploy/helm/examples/<name>.yaml, one file per
-# example, and deploy/kueue/<name>.yaml with deploy/helm/examples/kueue/<name>.yaml
-# (kueue.queues). The plain manifests are the chart's output, never edited by
+# example, deploy/kueue/<name>.yaml with deploy/helm/examples/kueue/<name>.yaml
+# (kueue.queues) and deploy/kubeflow/<name>.yaml with
+# deploy/helm/examples/kubeflow/<name>.yaml (kubeflow.runtime; the release,
+# and so the runtime, named <name>). The plain manifests are the chart's output, never edited by
 # hand: deploy/helm_test.go renders them again and fails when they differ.
 #
-#   scripts/manifests.sh [OUT_DIR]   (default deploy/kubernetes; Kueue's in OUT_DIR/kueue)
+#   scripts/manifests.sh [OUT_DIR]   (default deploy/kubernetes; Kueue's in
+#                                    OUT_DIR/kueue, Kubeflow's in OUT_DIR/kubeflow)
 #   HELM   a helm binary (default: scripts/helm-build.sh builds or finds one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +16,10 @@ out=${1:-deploy/kubernetes}
 # Kueue's queues (examples/kueue/) go to deploy/kueue, or OUT_DIR/kueue.
 kueue_out=${1:+$1/kueue}
 kueue_out=${kueue_out:-deploy/kueue}
+kubeflow_out=${1:+$1/kubeflow}
+kubeflow_out=${kubeflow_out:-deploy/kubeflow}
 helm=${HELM:-$(scripts/helm-build.sh)}
-mkdir -p "$out" "$kueue_out"
+mkdir -p "$out" "$kueue_out" "$kubeflow_out"
 render() { # values file, release name, output file, helm flags...
 	local values=$1 name=$2 file=$3
 	shift 3
@@ -37,4 +42,10 @@ done
 for values in deploy/helm/examples/kueue/*.yaml; do
 	name=$(basename "$values" .yaml)
 	render "$values" "$name" "$kueue_out/$name.yaml"
+done
+# Kubeflow Trainer's ClusterTrainingRuntime (kubeflow.runtime) to
+# deploy/kubeflow; trainjob-example.yaml there is written by hand.
+for values in deploy/helm/examples/kubeflow/*.yaml; do
+	name=$(basename "$values" .yaml)
+	render "$values" "$name" "$kubeflow_out/$name.yaml"
 done

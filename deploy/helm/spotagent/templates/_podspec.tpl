@@ -6,12 +6,19 @@ the multi-node Indexed Job and the JobSet). Arguments (a dict):
   runIdLabel  the label the controller sets to the run's name on every pod
   rank0       rank 0's DNS name (multi)
   subdomain   the pods' subdomain ("" when the controller sets it)
+  runtime     Kubeflow Trainer's ClusterTrainingRuntime (multi): one pod spec
+              for every TrainJob, so the run id is the pod's runIdLabel
+              (SPOTAGENT_RUN_ID) at run time, not a value; the trainer
+              container is `node` and runs `torchrun "$@"` (the TrainJob's
+              args); its resources are the TrainJob's resourcesPerNode
 */}}
 {{- define "spotagent.sidecarPodSpec" -}}
 {{- $v := .root.Values -}}
 {{- $multi := .multi -}}
 {{- $hostCopies := eq $v.copies.where "hostPath" -}}
-serviceAccountName: {{ include "spotagent.serviceAccountName" .root }}
+{{- $rt := .runtime | default false -}}
+{{- $trainerName := ternary "node" "trainer" $rt -}}
+serviceAccountName: {{ if $rt }}{{ $v.kubeflow.runtime.serviceAccountName }}{{ else }}{{ include "spotagent.serviceAccountName" .root }}{{ end }}
 {{- with .subdomain }}
 subdomain: {{ . }} # the headless Service: {{ $.rank0 }} is node 0
 {{- end }}
@@ -34,7 +41,7 @@ tolerations:
 initContainers:
   {{- if $hostCopies }}
   # The node's copies (docs/kubernetes.md, "Copies that outlive the pods"):
-  # <copies root>/{{ $v.runId }}/node-<rank> on the node, made and handed to
+  # <copies root>/{{ ternary "<TrainJob name>" $v.runId $rt }}/node-<rank> on the node, made and handed to
   # uid {{ $v.trainer.uid }} before the sidecar starts (a hostPath directory
   # is root's). Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old
   # are removed. Runs as root with CHOWN, DAC_OVERRIDE and FOWNER only; the
@@ -47,7 +54,11 @@ initContainers:
       - -c
       - |
         set -eu
+        {{- if $rt }}
+        run="${SPOTAGENT_RUN_ID:?the pod has no {{ .runIdLabel }} label}"
+        {{- else }}
         run={{ $v.runId }}
+        {{- end }}
         dir="/copies/$run/node-${JOB_COMPLETION_INDEX:-0}"
         mkdir -p "$dir"
         chown {{ $v.trainer.uid }}:{{ $v.trainer.uid }} "$dir"
@@ -63,6 +74,9 @@ initContainers:
     {{- if $multi }}
     env:
       {{- include "spotagent.rankEnv" .root | nindent 6 }}
+      {{- if $rt }}
+      {{- include "spotagent.runIdEnv" .runIdLabel | nindent 6 }}
+      {{- end }}
     {{- end }}
     resources:
       requests:
@@ -117,18 +131,23 @@ initContainers:
       {{- include "spotagent.rankEnv" .root | nindent 6 }}
       {{- end }}
       # Stable across pod relaunches: the name the controller labels every
-      # pod with, which the chart sets to the run id.
-      - name: SPOTAGENT_RUN_ID
-        valueFrom:
-          fieldRef:
-            fieldPath: metadata.labels['{{ .runIdLabel }}']
+      # pod with, which {{ ternary "is the TrainJob's name" "the chart sets to the run id" $rt }}.
+      {{- include "spotagent.runIdEnv" .runIdLabel | nindent 6 }}
+      {{- if $rt }}
+      # One prefix per TrainJob under kubeflow.runtime.storePrefix.
+      - name: SPOTAGENT_STORE
+        value: {{ printf "%s$(SPOTAGENT_RUN_ID)" $v.kubeflow.runtime.storePrefix | quote }}
+      {{- else }}
       - name: SPOTAGENT_STORE
         value: {{ $v.store | quote }}
+      {{- end }}
+      {{- $fleet := include "spotagent.fleet" .root }}
+      {{- if $rt }}{{ $fleet = $v.fleet | default (trimSuffix "/" $v.kubeflow.runtime.storePrefix) }}{{ end }}
       # One fleet for every run under the prefix: `spotagent fleet --store
-      # {{ include "spotagent.fleet" .root }}` reports on them all, and a new run's first
+      # {{ $fleet }}` reports on them all, and a new run's first
       # interval starts from their history (docs/fleet.md).
       - name: SPOTAGENT_FLEET
-        value: {{ include "spotagent.fleet" .root | quote }}
+        value: {{ $fleet | quote }}
     ports:
       - name: metrics
         containerPort: {{ $v.ports.metrics }}
@@ -181,7 +200,10 @@ initContainers:
       - name: agent-tmp
         mountPath: /tmp
 containers:
-  - name: trainer
+  {{- if $rt }}
+  # The Trainer's torch plugin finds its container by this name.
+  {{- end }}
+  - name: {{ $trainerName }}
     image: {{ $v.image.trainer }}
     imagePullPolicy: {{ $v.image.pullPolicy }}
     {{- if $multi }}
@@ -207,15 +229,25 @@ containers:
     # run's directory: the node's socket directory is every run's); deploy/README.md.
     # integration/k8s_pid1_test.go runs this script as PID 1 of a PID
     # namespace.
+    {{- if $rt }}
+    # Here torchrun reads its node count, rank and rendezvous from the
+    # Trainer's PET_* variables, and "$@" is the TrainJob's args: a TrainJob
+    # on this runtime sets args, never command (its command would replace
+    # this wrapper, and with it the exit-code rules).
+    {{- end }}
     command:
       - sh
       - -c
       - |
         lost=${SPOTAGENT_PEER_LOST:-$(dirname "$SPOTAGENT_SOCKET")/peer-lost}
         rm -f "$SPOTAGENT_EXIT_FILE" "$lost"
+        {{- if $rt }}
+        torchrun "$@" &
+        {{- else }}
         torchrun --nnodes={{ $v.nodes }} --nproc_per_node={{ $v.processesPerNode }} --node_rank=$(JOB_COMPLETION_INDEX) \
           --master_addr={{ .rank0 }} --master_port={{ $v.ports.rendezvous }} \
           {{ $v.trainer.torchrunArgs }} &
+        {{- end }}
         pid=$!
         trap 'sig=1; kill -TERM $pid 2>/dev/null' TERM INT
         said() { cat "$SPOTAGENT_EXIT_FILE" 2>/dev/null; }
@@ -233,6 +265,9 @@ containers:
         done
         case "$c" in 1|137|143) if [ "$(said)" = 76 ]; then exit 76; elif stopped; then exit 75; fi ;; esac
         exit "$c"
+      {{- if $rt }}
+      - spotagent-torchrun # $0; the TrainJob's args follow
+      {{- end }}
     {{- else }}
     # Ends with sys.exit(agent.exit_code): 75 after an interruption stop.
     command: {{ toJson $v.trainer.command }}
@@ -242,6 +277,10 @@ containers:
       - name: SPOTAGENT_EXIT_FILE
         value: /tmp/spotagent-exit
       {{- include "spotagent.rankEnv" .root | nindent 6 }}
+      {{- if $rt }}
+      # The copies' subPathExpr below reads it.
+      {{- include "spotagent.runIdEnv" .runIdLabel | nindent 6 }}
+      {{- end }}
       {{- end }}
       - name: SPOTAGENT_SOCKET
         value: /var/run/spotagent/agent.sock
@@ -263,6 +302,7 @@ containers:
       {{- with $v.trainer.env }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
+    {{- if not $rt }}
     resources:
       requests:
         {{- toYaml $v.trainer.resources.requests | nindent 8 }}
@@ -280,6 +320,7 @@ containers:
         {{- else }}
         nvidia.com/gpu: 1
         {{- end }}
+    {{- end }}
     securityContext:
       allowPrivilegeEscalation: false
       capabilities:
@@ -320,7 +361,9 @@ volumes:
 - name: checkpoints
   mountPath: /checkpoints
   {{- if eq .root.Values.copies.where "hostPath" }}
-  {{- if .multi }}
+  {{- if .runtime }}
+  subPathExpr: $(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)
+  {{- else if .multi }}
   subPathExpr: {{ .root.Values.runId }}/node-$(JOB_COMPLETION_INDEX)
   {{- else }}
   subPath: {{ .root.Values.runId }}/node-0
@@ -335,4 +378,13 @@ volumes:
 {{- else -}}
 {{- . }}
 {{- end -}}
+{{- end -}}
+
+{{/* The run id's environment variable: the label the controller sets to
+the run's name on every pod. */}}
+{{- define "spotagent.runIdEnv" -}}
+- name: SPOTAGENT_RUN_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['{{ . }}']
 {{- end -}}
