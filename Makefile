@@ -83,7 +83,7 @@ kcp:
 # Kueue's, with their CRDs and webhook configurations, from the module proxy
 # (scripts/controllers-build.sh, beside the control plane in its cache), and
 # the tests that run them (docs/kubeflow.md, docs/kubernetes.md):
-# TestK8sTrainJob, TestK8sKueuePreemption and
+# TestK8sTrainJob, TestK8sTrainJobRestartReusesCopies, TestK8sKueuePreemption,
 # TestK8sJobSetRestartReusesCopies, TestK8sJobSetController: 2-4 min
 # together on 2 cores once built (the copies test, 2 nodes x 2 real torch
 # ranks through two whole-set restarts, is most of it). test-go runs

@@ -24,7 +24,8 @@ import (
 
 // fakeTorchrunNodes is fakeTorchrun for a job of 2 nodes × 2 ranks: the
 // real torchrun on python/examples/train_ddp.py with the node rank the
-// manifest's script passes, rank 0 on loopback at SPOTAGENT_TEST_MASTER_PORT
+// manifest's script passes (or, under the Kubeflow runtime, the Trainer's
+// PET_NODE_RANK), rank 0 on loopback at SPOTAGENT_TEST_MASTER_PORT
 // (the set's pods share it).
 func fakeTorchrunNodes(t *testing.T) string {
 	t.Helper()
@@ -34,9 +35,9 @@ func fakeTorchrunNodes(t *testing.T) string {
 	}
 	dir := t.TempDir()
 	script := fmt.Sprintf(`#!/bin/sh
-nr=
+nr=${PET_NODE_RANK:-}
 for a in "$@"; do case "$a" in --node_rank=*) nr=${a#--node_rank=} ;; esac; done
-[ -n "$nr" ] || { echo "torchrun: no --node_rank in $*" >&2; exit 2; }
+[ -n "$nr" ] || { echo "torchrun: no --node_rank in $* and no PET_NODE_RANK" >&2; exit 2; }
 export TOTAL_STEPS=1000000 STEP_SLEEP_MS=40 PYTHONPATH=%[1]s/python
 exec /usr/bin/python3 %[1]s/python/examples/torchrun.py --nnodes=2 --nproc_per_node=2 --node_rank="$nr" \
   --master_addr=127.0.0.1 --master_port="$SPOTAGENT_TEST_MASTER_PORT" %[1]s/python/examples/train_ddp.py
@@ -102,8 +103,17 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 	ns := cp.namespace(t, "copies")
 	cp.applyKinds(t, jobSetPath, ns, "ServiceAccount")
 	cp.applySoon(t, doc, ns)
+	spec := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec
+	restartsReuseCopies(t, cp, ns, js.Metadata.Name, spec, agent, fakeTorchrunNodes(t), true)
+}
 
-	store, fakeBin := t.TempDir(), fakeTorchrunNodes(t)
+// restartsReuseCopies plays the JobSet name's 2 pods (of spec) on played
+// nodes through a drain whose restart lands every rank on its node again
+// (each restores from its hostPath copy, 0 bytes from the store), then,
+// with nodeLoss, a drain after which rank 1 lands on an empty node.
+func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec corev1.PodSpec, agent, fakeBin string, nodeLoss bool) {
+	t.Helper()
+	store := t.TempDir()
 	nodes := []string{"copies-a-" + ns, "copies-b-" + ns, "copies-c-" + ns}
 	nodeDirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	for _, n := range nodes {
@@ -117,15 +127,17 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 		}
 		return k
 	}
-	j := cp.newJobRun(t, ns, js.Metadata.Name)
-	j.jobSelect = "jobset.sigs.k8s.io/jobset-name=" + js.Metadata.Name
+	j := cp.newJobRun(t, ns, name)
+	j.jobSelect = "jobset.sigs.k8s.io/jobset-name=" + name
 	j.nodeOf = func(p corev1.Pod) string { return nodes[place[rankOf(p)]] }
 
+	grace := time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	trainer := spec.Containers[0].Name
 	var all []*procPod
 	defer func() { // before t.TempDir's cleanups remove the logs
 		if t.Failed() {
 			for _, pp := range all {
-				t.Logf("--- %s (%s): trainer:\n%s\n--- sidecar:\n%s", pp.pod.Name, pp.node, pp.log("trainer"), pp.log("spotagent"))
+				t.Logf("--- %s (%s): trainer:\n%s\n--- sidecar:\n%s", pp.pod.Name, pp.node, pp.log(trainer), pp.log("spotagent"))
 			}
 		}
 	}()
@@ -147,8 +159,6 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 		all = append(all, pps...)
 		return j.start(fresh...), pps, at
 	}
-	grace := time.Duration(*js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
-	trainer := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec.Containers[0].Name
 	// drain evicts rank 1's pod (DisruptionTarget; the kubelet's SIGTERM,
 	// trainer first: the job's shutdown checkpoint), then plays the
 	// kubelet for rank 0's pod, which the JobSet controller deletes to
@@ -219,6 +229,28 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 	saved := drain(pods, pps)
 	pods, pps, at := runSet(2 * time.Minute)
 	resumed(pps, saved, at, fromCopy)
+	// The copies are where the docs say: <hostPath>/<run name>/node-<rank>.
+	for _, v := range spec.Volumes {
+		if v.Name != "checkpoints" || v.HostPath == nil {
+			continue
+		}
+		for k := range pps {
+			dir := filepath.Join(nodeDirs[place[k]], v.HostPath.Path, name, fmt.Sprintf("node-%d", k))
+			if entries, err := os.ReadDir(dir); err != nil || len(entries) == 0 {
+				t.Errorf("rank %d's copies: %s empty or missing (%v)", k, dir, err)
+			}
+		}
+	}
+
+	if !nodeLoss {
+		if restarts, counted := jobSetRestarts(t, cp, ns, name); restarts != 1 || counted != 0 {
+			t.Errorf("JobSet restarts %d, counted %d; want 1, 0 (a drain is not a crash)", restarts, counted)
+		}
+		for k, pp := range pps {
+			j.exit(pods[k], pp.terminate(grace))
+		}
+		return
+	}
 
 	// 2. Rank 1's node is lost: its new pod lands on an empty node C.
 	// Rank 0 still reads nothing from the store; rank 1 reads its own part
@@ -237,7 +269,7 @@ func TestK8sJobSetRestartReusesCopies(t *testing.T) {
 		return ""
 	})
 
-	if restarts, counted := jobSetRestarts(t, cp, ns, js.Metadata.Name); restarts != 2 || counted != 0 {
+	if restarts, counted := jobSetRestarts(t, cp, ns, name); restarts != 2 || counted != 0 {
 		t.Errorf("JobSet restarts %d, counted %d; want 2, 0 (drains are not crashes)", restarts, counted)
 	}
 	for k, pp := range pps {

@@ -618,3 +618,52 @@ func TestK8sTrainJob(t *testing.T) {
 		t.Error("the JobSet was created suspended without Kueue")
 	}
 }
+
+// TestK8sTrainJobRestartReusesCopies: the shipped TrainJob on the shipped
+// runtime (the chart's rendering) keeps copies that outlive its pods, as
+// the chart's JobSet does (TestK8sJobSetRestartReusesCopies): the real
+// Trainer's JobSet, 2 nodes × 2 real torch ranks played on two nodes,
+// the copies' hostPath at $(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)
+// (the TrainJob's name from the JobSet's label), torchrun's node rank from
+// the Trainer's PET_NODE_RANK; after a drain the set comes back on the
+// same nodes and every node restores from its copy, 0 bytes from the
+// store, uncounted.
+func TestK8sTrainJobRestartReusesCopies(t *testing.T) {
+	needControllers(t)
+	t.Parallel()
+	cp := runTrainerController(t)
+	agent := spotagentBinary(t)
+	ns := cp.namespace(t, "tjcopies")
+	cp.applySoon(t, manifestDocs(t, trainerRuntimePath)[0], "")
+	var name string
+	for _, d := range manifestDocs(t, trainJobPath) {
+		if d.kind == "TrainJob" {
+			name = d.name
+			d.yaml = bytes.Replace(d.yaml, []byte("kueue.x-k8s.io/queue-name: training"), []byte("spotagent.test/queue-name: training"), 1)
+		}
+		cp.applySoon(t, d, ns)
+	}
+	var js struct {
+		Spec struct {
+			ReplicatedJobs []struct {
+				Template struct {
+					Spec struct {
+						Template corev1.PodTemplateSpec `json:"template"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"replicatedJobs"`
+		} `json:"spec"`
+	}
+	waitFor(t, 60*time.Second, "the Trainer's JobSet", func() (bool, error) {
+		err := cp.do(http.MethodGet, resourcePath("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name), "", nil, &js)
+		if isNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	spec := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec
+	if !hasHostPath(spec.Volumes, "checkpoints") {
+		t.Fatalf("%s: the checkpoints volume is not a hostPath", trainerRuntimePath)
+	}
+	restartsReuseCopies(t, cp, ns, name, spec, agent, fakeTorchrunNodes(t), false)
+}
