@@ -27,6 +27,7 @@ import (
 // the parameters of an uninterrupted run. list and history read the run
 // from the same URI.
 func TestAzure_EndToEnd(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	srv := azuritetest.NewServer(t)
 	env := srv.Env()

@@ -23,6 +23,7 @@ import (
 // and exits 76; the second resumes from what latest.json held at its lease
 // and finishes with exactly the parameters of an uninterrupted run.
 func TestFence_TwoAgentsOneRun(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")

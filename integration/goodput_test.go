@@ -46,7 +46,7 @@ type goodputReport struct {
 // runReport runs spotagent report and returns its stdout, stderr and exit code.
 func runReport(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), bin, append([]string{"report"}, args...)...)
+	cmd := exec.CommandContext(t.Context(), agentBin(t), append([]string{"report"}, args...)...)
 	cmd.Dir = repo
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -77,6 +77,7 @@ func parseReport(t *testing.T, out string) goodputReport {
 // what it can and names what is missing. GOODPUT_JOURNAL_OUT=path keeps
 // the journal (pkg/checkpoint/testdata/journal_3sessions.json).
 func TestGoodput_ThreeSessions(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	dir := shortTemp(t)
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1500", "--step-time", "0.01"}
@@ -187,6 +188,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 
 // TestGoodput_NoInterruptions: the report of an uninterrupted run says so.
 func TestGoodput_NoInterruptions(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	dir := shortTemp(t)
 	fk := fake.NewAWS(fake.AWSOptions{})

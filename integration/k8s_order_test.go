@@ -124,6 +124,7 @@ func savedSteps(outs ...string) map[int][]string {
 // each pod's sidecar, as it always does: no interruption, no lost work in
 // the journal, in `history` or in `report`.
 func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	env, uri, st := s3Store(t, "order-a")
 	j := startSidecarJob(t, env, uri, shortTemp(t), []string{"--interval", "2s"}, ddpEnv(20))
@@ -167,6 +168,7 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 // from every node; every rank stops; every trainer's exit file says 75;
 // a fresh job resumes from it bit-identically.
 func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-b")
@@ -255,6 +257,7 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 // second (GNU timeout, `kill 0`, some init systems): one signal, one
 // job-wide shutdown checkpoint, both agents exit 75, bit-identical resume.
 func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-c")
@@ -288,6 +291,7 @@ func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
 // committed checkpoint stays whole, and a fresh job resumes from it
 // bit-identically.
 func TestK8sOrder_DuplicateNode(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-e")
@@ -346,6 +350,7 @@ func TestK8sOrder_DuplicateNode(t *testing.T) {
 // shutdown checkpoint committed and its ranks stopped (exit 75), must make
 // `spotagent run` exit 75, not 1, as it does for a single trainer.
 func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	_, uri, st := s3Store(t, "single")
 	dir := shortTemp(t)
@@ -375,6 +380,7 @@ func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
 // job checkpoint of both parts, and the pods started again resume from it
 // bit-identically through the same node agent.
 func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	dir := shortTemp(t)
@@ -446,6 +452,7 @@ func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
 // stopped at the deadline (docs/protocol.md, "Exit codes": the previous
 // committed checkpoint stands), not pass the 1 through as a crash.
 func TestTorchrun_DeadlineKillExits75(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "deaf.py")

@@ -60,6 +60,7 @@ agent.close()
 // and the journal (and spotagent history) records the interruption as not
 // committed, with the work lost.
 func TestNotice_TrainerTooSlow(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "slow_saver.py")
@@ -119,13 +120,13 @@ func TestNotice_TrainerTooSlow(t *testing.T) {
 // interruption checkpoint cancels it, commits before the deadline and is
 // the newest; the periodic one never commits.
 func TestNotice_DuringPeriodicUpload(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s3srv.Close)
-	setenvPairs(t, s3Env(s3srv)) // this process reads the store directly
 	gate := newGateProxy(t, s3srv.Endpoint)
 	env := append(s3Env(s3srv), "AWS_ENDPOINT_URL_S3="+gate.URL)
 	dir := shortTemp(t)
@@ -168,6 +169,7 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 // the fake IMDS reads latest.json at the instant the acknowledgement
 // arrives: it must already name the interruption checkpoint.
 func TestNotice_AzureAckAfterCommit(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")

@@ -27,6 +27,7 @@ const promiseWarning = `a notice checkpoint will not commit before the machine g
 // says so again from the journal, before any checkpoint. Unthrottled it
 // fits both, and nothing is said.
 func TestNoticePromise(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	for _, tc := range []struct {
 		name string

@@ -16,7 +16,6 @@ import (
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -47,7 +46,7 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 	}
 	switch backend {
 	case "s3":
-		srv := s3test.New(t)
+		srv := startS3(t)
 		fs.proxy = faultproxy.New(t, srv.Endpoint)
 		fs.uri = "s3://" + srv.Bucket + "/" + prefix
 		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20})
