@@ -67,9 +67,11 @@ var bin, raceBin string
 // raceAgentTests run the race-built agent (agentBin): the scenarios where
 // the agent's goroutines overlap the most (a notice during an upload, a
 // restore beside the loop, peer transfers, a job commit killed, retries
-// through faults, a flood of connections). The agent's packages also run
-// -race in their unit tests (make test-go); a race-built agent costs 2-6x
-// the CPU (3x its start alone), so the rest run the plain build.
+// through faults, floods of connections). The agent's packages also run
+// -race in their unit tests (make test-go). The race-built agent made
+// TestCLI_Help and TestRun_SigtermAndResume 4x slower on a loaded 2-core
+// machine (its start alone takes 2.6x the CPU), so the rest run the plain
+// build.
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
@@ -83,6 +85,9 @@ var raceAgentTests = map[string]bool{
 	"TestHostile_Connections":                    true,
 	"TestPipeline_AgentKilledMidPipeline":        true,
 	"TestFence_TwoAgentsOneRun":                  true,
+	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
+	"TestFlood_UnauthenticatedConnections": true,
+	"TestFlood_SlowRequests":               true,
 }
 
 // agentBin is the agent binary test t runs: raceBin for raceAgentTests
