@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
 // defaultParallel is -test.parallel when not given (see TestMain).
@@ -32,6 +35,23 @@ var s3Creds = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCE
 
 // gcsShared is the package's GCS server (TestMain).
 var gcsShared *gcstest.Server
+
+// gcsEnvMu serialises the making of this process's store clients: the GCS
+// library reads STORAGE_EMULATOR_HOST when a client is made, and
+// openStoreVia points it elsewhere for a moment.
+var gcsEnvMu sync.Mutex
+
+// openStoreVia opens uri in this process, its GCS client (if any) made
+// against gcsHost (a proxy's), else against gcsShared.
+func openStoreVia(ctx context.Context, uri string, opts all.Options, gcsHost string) (cloud.Store, error) {
+	gcsEnvMu.Lock()
+	defer gcsEnvMu.Unlock()
+	if gcsHost != "" {
+		os.Setenv("STORAGE_EMULATOR_HOST", gcsHost)
+		defer os.Setenv("STORAGE_EMULATOR_HOST", gcsShared.Host)
+	}
+	return all.Open(ctx, uri, opts)
+}
 
 // startS3 starts an S3 server for the test without setting this process's
 // environment (s3test.New does): open it with all.Options{S3Endpoint}.
@@ -144,8 +164,8 @@ func TestMain(m *testing.M) {
 		os.Setenv(k, v)
 	}
 	// The GCS client reads its server from the environment: one server
-	// for the package, set here (tests that switch it, t.Setenv, do not
-	// run in parallel).
+	// for the package, set here (openStoreVia switches it for a moment,
+	// under gcsEnvMu).
 	gcs, err := gcstest.Start("spotagent-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gcs server:", err)

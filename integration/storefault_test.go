@@ -36,8 +36,8 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 	t.Helper()
 	ctx := context.Background()
 	fs := &faultStores{}
-	open := func(uri string, opts all.Options) cloud.Store {
-		st, err := all.Open(ctx, uri, opts)
+	open := func(uri string, opts all.Options, gcsHost string) cloud.Store {
+		st, err := openStoreVia(ctx, uri, opts, gcsHost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,8 +49,8 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 		srv := startS3(t)
 		fs.proxy = faultproxy.New(t, srv.Endpoint)
 		fs.uri = "s3://" + srv.Bucket + "/" + prefix
-		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20})
-		fs.direct = open(fs.uri, all.Options{S3Endpoint: srv.Endpoint})
+		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20}, "")
+		fs.direct = open(fs.uri, all.Options{S3Endpoint: srv.Endpoint}, "")
 		fs.env = append(srv.Env(), "AWS_ENDPOINT_URL_S3="+fs.proxy.URL)
 	case "gcs":
 		srv, err := gcstest.Start("spotagent-test")
@@ -61,10 +61,8 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 		fs.proxy = faultproxy.New(t, "http://"+srv.Host)
 		fs.uri = "gs://" + srv.Bucket + "/" + prefix
 		// The library reads STORAGE_EMULATOR_HOST when the client is made.
-		t.Setenv("STORAGE_EMULATOR_HOST", fs.proxy.Host)
-		fs.faulty = open(fs.uri, all.Options{GCSChunkSize: 1 << 20})
-		t.Setenv("STORAGE_EMULATOR_HOST", srv.Host)
-		fs.direct = open(fs.uri, all.Options{})
+		fs.faulty = open(fs.uri, all.Options{GCSChunkSize: 1 << 20}, fs.proxy.Host)
+		fs.direct = open(fs.uri, all.Options{}, srv.Host)
 		fs.env = []string{"STORAGE_EMULATOR_HOST=" + fs.proxy.Host}
 	default:
 		t.Fatalf("backend %q", backend)
@@ -86,6 +84,7 @@ func isCreate(r *http.Request) bool {
 // must have been injected, and what landed restores and verifies byte for
 // byte from the store reached directly.
 func TestStoreFault_CommitRetries(t *testing.T) {
+	t.Parallel()
 	faults := []faultproxy.Fault{
 		{Mode: faultproxy.SlowDown, Count: 2, Match: isWrite},
 		{Mode: faultproxy.InternalError, Count: 1, Match: isWrite},
@@ -152,6 +151,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 // still commit, the SIGTERM checkpoint commits, and a restart resumes from
 // it.
 func TestStoreFault_AgentThroughFaults(t *testing.T) {
+	t.Parallel()
 	requirePython(t, false)
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
