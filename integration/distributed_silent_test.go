@@ -168,6 +168,7 @@ func (p *netPair) partition(t *testing.T) {
 // shared directory. The link goes down mid-run: nothing resets on either
 // side. Both agents find the other silent, end their ranks and exit 75.
 func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
+	parallelTorch(t) // the only test with network namespaces (named by pid)
 	requirePython(t, true)
 	np := newNetPair(t)
 	dir := shortTemp(t)
