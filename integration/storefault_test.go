@@ -210,7 +210,11 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 
 	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetRequest})
 	a.signal(syscall.SIGTERM)
-	a.waitLine(`\(shutdown\) at step`, time.Minute)
+	// The shutdown checkpoint is a new request, or the periodic one
+	// pending at the signal (then the trainer saves it as periodic).
+	m = a.waitLine(`checkpoint requested.*"id": ?"([0-9a-f]+)", "reason": ?"shutdown"|`+
+		`the pending periodic checkpoint becomes the interruption checkpoint.*"id": ?"([0-9a-f]+)"`, time.Minute)
+	a.waitLine(`checkpoint `+m[1]+m[2]+` \(\w+\) at step`, time.Minute)
 	// While the upload retries against a dead store, measure the agent's
 	// CPU over a few seconds.
 	cpu0, t0 := cpuTime(t, pid), time.Now()
