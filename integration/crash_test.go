@@ -192,7 +192,7 @@ func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []
 // remove it before it restores, resume from the newest committed step,
 // and commit again.
 func TestCrash_AgentRestart(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	srv := startS3(t)
 	for _, backend := range []string{"file", "s3"} {

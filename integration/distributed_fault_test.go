@@ -223,7 +223,7 @@ func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn)
 }
 
 func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
 		t.Fatal(err)
@@ -235,10 +235,13 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 	// run side by side, each replayable from its seed.
 	var mu sync.Mutex
 	outcomes := map[int64]int{}
+	sem := make(chan struct{}, 4) // trials at once: two -race agents each
 	t.Run("trials", func(t *testing.T) {
 		for seed := 1; seed <= distTrials(t); seed++ {
 			t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
 				t.Parallel()
+				sem <- struct{}{}
+				defer func() { <-sem }()
 				rng := rand.New(rand.NewPCG(uint64(seed), 15))
 				uri := fmt.Sprintf("s3://%s/kill%d", s3srv.Bucket, seed)
 				st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
@@ -276,7 +279,7 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 // checkpoint never commits, the previous one stands, and the ranks are
 // told (upload_failed) instead of waiting for the deadline.
 func TestDistributed_RankDiesMidSave(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
 		t.Fatal(err)

@@ -77,7 +77,7 @@ func parseReport(t *testing.T, out string) goodputReport {
 // what it can and names what is missing. GOODPUT_JOURNAL_OUT=path keeps
 // the journal (pkg/checkpoint/testdata/journal_3sessions.json).
 func TestGoodput_ThreeSessions(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1500", "--step-time", "0.01"}
@@ -188,7 +188,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 
 // TestGoodput_NoInterruptions: the report of an uninterrupted run says so.
 func TestGoodput_NoInterruptions(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	fk := fake.NewAWS(fake.AWSOptions{})

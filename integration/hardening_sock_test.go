@@ -34,7 +34,7 @@ func sharedTemp(t *testing.T) string {
 // The agent refuses to start, says why, and runs no trainer. With
 // XDG_RUNTIME_DIR set, the socket goes there instead.
 func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	tmp := filepath.Join(dir, "tmp")
@@ -101,7 +101,7 @@ func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
 // when another user renames its own socket over the agent's, the agent
 // notices, says so and binds its socket again.
 func TestHardeningSock_SocketReplaced(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	shared := filepath.Join(dir, "shared")
@@ -148,7 +148,7 @@ os.rename(tmp, sys.argv[1])
 // files. The connection cap (a quarter of the limit) keeps fds for the
 // commits, which go on committing.
 func TestHardeningSock_SilentConnections(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	sock := filepath.Join(dir, "a.sock")
@@ -193,7 +193,7 @@ func TestHardeningSock_SilentConnections(t *testing.T) {
 // closed at once with an error, the rest when their line is not finished
 // within 10 s; the trainer keeps committing throughout.
 func TestHardeningSock_PartialLines(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	const conns, part, budget = 40, 1<<20 - 100, 16 << 20
 	dir := shortTemp(t)
@@ -273,7 +273,7 @@ while True:
 // Kubernetes, a uid): another uid's hello for it is refused while they
 // are connected, and welcomed once they are gone.
 func TestHardeningSock_NodeRunBinding(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	sock := filepath.Join(dir, "node.sock")

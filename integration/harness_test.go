@@ -27,8 +27,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
-// defaultParallel is -test.parallel when not given (see TestMain).
-const defaultParallel = 4
+// defaultParallel is -test.parallel when not given (see TestMain): high,
+// the slots of parallel and parallelTorch bound the tests.
+const defaultParallel = 64
 
 // s3Creds is s3test's environment less its endpoint.
 var s3Creds = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=" + s3test.Region}
@@ -65,14 +66,28 @@ func startS3(t *testing.T) *s3test.Server {
 	return srv
 }
 
-// torchSlots bounds the torch tests running at once (parallelTorch).
-var torchSlots = make(chan struct{}, 1)
+// Parallel tests run as many at once as their slots allow, not
+// -test.parallel (TestMain sets it high unless given): a torch test
+// waiting for its slot then holds none of a waiting test's.
+var (
+	slots      = make(chan struct{}, 4) // parallel: most of their time is waiting
+	torchSlots = make(chan struct{}, 1) // parallelTorch
+)
+
+// parallel is t.Parallel for a test that touches nothing process-wide,
+// holding one of 4 slots: such tests mostly wait (on trainers, intervals,
+// deadlines), so on 2 cores 4 of them at once keep the CPU busy.
+func parallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	slots <- struct{}{}
+	t.Cleanup(func() { <-slots })
+}
 
 // parallelTorch is t.Parallel for a test whose trainers are PyTorch jobs
 // (ddp, torchrun): their ranks keep the CPU busy and several tests hold a
 // job to a bound (an agent exits well within the ranks' 60 s process-group
-// timeout), so one such test runs at a time, beside the tests that mostly
-// wait.
+// timeout), so one such test runs at a time, beside the others.
 func parallelTorch(t *testing.T) {
 	t.Helper()
 	t.Parallel()
@@ -131,9 +146,8 @@ var python = testPython()
 // TestMain builds the agent and runs the tests. Every test here is end to
 // end (real processes, real servers): `go test -short` skips the package;
 // `make test` (test-go) runs the full set. Tests that touch nothing
-// process-wide call t.Parallel; they run -parallel 4 at a time unless
-// -test.parallel is given: most of their time is spent waiting on trainers
-// and intervals, not on the CPU.
+// process-wide call parallel or parallelTorch, whose slots bound how many
+// run at once: -test.parallel is set high unless given.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() {

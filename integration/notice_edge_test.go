@@ -60,7 +60,7 @@ agent.close()
 // and the journal (and spotagent history) records the interruption as not
 // committed, with the work lost.
 func TestNotice_TrainerTooSlow(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "slow_saver.py")
@@ -120,7 +120,7 @@ func TestNotice_TrainerTooSlow(t *testing.T) {
 // interruption checkpoint cancels it, commits before the deadline and is
 // the newest; the periodic one never commits.
 func TestNotice_DuringPeriodicUpload(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
@@ -172,7 +172,7 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 // the fake IMDS reads latest.json at the instant the acknowledgement
 // arrives: it must already name the interruption checkpoint.
 func TestNotice_AzureAckAfterCommit(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")

@@ -16,7 +16,7 @@ import (
 // run, list and restore used it. Every command now refuses, naming the
 // path, the owner and what to do, before it reads anything.
 func TestOwner_StoreOfAnotherUserRefused(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
@@ -81,7 +81,7 @@ for d in sys.argv[1:3]:
 // the trainer; so does a --checkpoint-dir others can write without the
 // sticky bit (they could rename the area away).
 func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}

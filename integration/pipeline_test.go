@@ -155,7 +155,7 @@ func startPipelineTrainer(t *testing.T, mode string) (*proc, string, string) {
 // uploaded again at done, never committed with the bytes the early upload
 // read; the bad `saved` messages get errors and add nothing.
 func TestPipeline_ModifiedAfterSaved(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	p, _, storeDir := startPipelineTrainer(t, "modify")
 	e := p.waitEntry("checkpoint committed", time.Minute, func(e logEntry) bool { return e.num("step") == 20 })
 	if e.num("early") != 0 || e.num("files") != 1 {
@@ -199,7 +199,7 @@ func TestPipeline_ModifiedAfterSaved(t *testing.T) {
 // file of the checkpoint was uploaded early and before done: nothing of it
 // restores; the checkpoint before it does.
 func TestPipeline_AgentKilledMidPipeline(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	p, _, storeDir := startPipelineTrainer(t, "hang")
 	m := p.waitLine(`trainer: pid (\d+)`, time.Minute)
 	t.Cleanup(func() { syscall.Kill(atoi(t, m[1]), syscall.SIGKILL) })

@@ -28,7 +28,7 @@ const promiseWarning = `a notice checkpoint will not commit before the machine g
 // Unthrottled, with no margin, it fits both, and nothing is said (with
 // 3 s left it did not on a loaded machine: the upload ran at 0.2 MB/s).
 func TestNoticePromise(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	for _, tc := range []struct {
 		name   string

@@ -52,7 +52,7 @@ print("trainer: finished", flush=True)
 // previous checkpoint stands"), and the report counts that time as
 // unprotected, not goodput.
 func TestSilence_NeverConnects(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "unconnected.py")
@@ -104,7 +104,7 @@ func TestSilence_NeverConnects(t *testing.T) {
 // finished on its own (exit 0) was never protected: the report counts its
 // time as unprotected, not goodput (before, 100 %).
 func TestSilence_NeverConnectsFinishes(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "unconnected.py")
@@ -145,7 +145,7 @@ while True:
 // long before the request's own deadline (10 min), and the warning says
 // nothing was committed.
 func TestSilence_DeafTrainer(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "deaf.py")
@@ -202,7 +202,7 @@ agent.close()
 // TestSilence_DiskFull: a checkpoint that fails on ENOSPC is logged with
 // its cause named and what to do, and the committed checkpoint stands.
 func TestSilence_DiskFull(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "full.py")

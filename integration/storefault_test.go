@@ -84,7 +84,7 @@ func isCreate(r *http.Request) bool {
 // must have been injected, and what landed restores and verifies byte for
 // byte from the store reached directly.
 func TestStoreFault_CommitRetries(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	faults := []faultproxy.Fault{
 		{Mode: faultproxy.SlowDown, Count: 2, Match: isWrite},
 		{Mode: faultproxy.InternalError, Count: 1, Match: isWrite},
@@ -151,7 +151,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 // still commit, the SIGTERM checkpoint commits, and a restart resumes from
 // it.
 func TestStoreFault_AgentThroughFaults(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	requirePython(t, false)
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {

@@ -33,7 +33,7 @@ func rotatingTrainer(out, period string) []string {
 // at the upload deadline and exits 75; the interruption leaves a checkpoint
 // written well after the notice, and few steps lost.
 func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "out") // created by the agent
@@ -73,7 +73,7 @@ func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 // complete one before it exits, and a new machine's sidecar restores it
 // into an empty DIR under its name.
 func TestWatch_Sidecar(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := mkdir(t, filepath.Join(dir, "out"))

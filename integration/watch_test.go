@@ -179,7 +179,7 @@ func TestWatch_TornNeverCommitted(t *testing.T) {
 
 // TestWatch_BadInput: clear errors before any trainer runs.
 func TestWatch_BadInput(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	ro := mkdir(t, filepath.Join(dir, "ro"))
@@ -223,7 +223,7 @@ func TestWatch_BadInput(t *testing.T) {
 // TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
 // exist yet: the agent creates it (parents too) before the trainer runs.
 func TestWatch_CreatesMissingDir(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "fresh", "out")
