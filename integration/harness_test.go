@@ -80,7 +80,9 @@ var (
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
+	waited := time.Now()
 	slots <- struct{}{}
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
 	t.Cleanup(func() { <-slots })
 }
 
@@ -91,7 +93,9 @@ func parallel(t *testing.T) {
 func parallelTorch(t *testing.T) {
 	t.Helper()
 	t.Parallel()
+	waited := time.Now()
 	torchSlots <- struct{}{}
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
 	t.Cleanup(func() { <-torchSlots })
 }
 
