@@ -70,9 +70,18 @@ func startS3(t *testing.T) *s3test.Server {
 // -test.parallel (TestMain sets it high unless given): a torch test
 // waiting for its slot then holds none of a waiting test's.
 var (
-	slots      = make(chan struct{}, 4) // parallel: most of their time is waiting
-	torchSlots = make(chan struct{}, 1) // parallelTorch
+	slots      = make(chan struct{}, 4)                // parallel: most of their time is waiting
+	torchSlots = make(chan struct{}, torchSlotCount()) // parallelTorch
 )
+
+// torchSlotCount is 1, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests, one
+// after another, are the package's longest chain.
+func torchSlotCount() int {
+	if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_IT_TORCH_SLOTS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
 
 // parallel is t.Parallel for a test that touches nothing process-wide,
 // holding one of 4 slots: such tests mostly wait (on trainers, intervals,
