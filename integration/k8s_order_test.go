@@ -150,7 +150,7 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 	if strings.Contains(hist, "NO:") || strings.Contains(hist, "no trainer connected") {
 		t.Errorf("history reports a failure after a clean finish:\n%s", hist)
 	}
-	out, errOut, code := runReport(t, "--store", uri, "--format", "json", "--advice-runs", "0")
+	out, errOut, code := runReport(t, env, "--store", uri, "--format", "json", "--advice-runs", "0")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, errOut)
 	}
@@ -352,9 +352,9 @@ func TestK8sOrder_DuplicateNode(t *testing.T) {
 func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
-	_, uri, st := s3Store(t, "single")
+	env, uri, st := s3Store(t, "single")
 	dir := shortTemp(t)
-	a := start(t, ddpEnv(50), append([]string{"run", "--store", uri, "--run-id", "it",
+	a := start(t, append(env, ddpEnv(50)...), append([]string{"run", "--store", uri, "--run-id", "it",
 		"--checkpoint-dir", filepath.Join(dir, "ck"), "--socket", filepath.Join(dir, "s.sock"),
 		"--cloud", "none", "--log-format", "json", "--interval", "1h", "--"},
 		torchrunCmd(1, 0, 2, freePort(t), "python/examples/train_ddp.py")...)...)

@@ -90,7 +90,7 @@ func TestSilence_NeverConnects(t *testing.T) {
 		t.Fatalf("%d warnings, want 1 (at once, then every 5 min)", n)
 	}
 
-	out, stderr, code := runReport(t, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
+	out, stderr, code := runReport(t, nil, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
@@ -116,7 +116,7 @@ func TestSilence_NeverConnectsFinishes(t *testing.T) {
 	if code := p.wait(time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
 	}
-	out, stderr, code := runReport(t, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
+	out, stderr, code := runReport(t, nil, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
