@@ -27,6 +27,8 @@ import (
 // the parameters of an uninterrupted run. list and history read the run
 // from the same URI.
 func TestAzure_EndToEnd(t *testing.T) {
+	// Not parallel: the Azure client of this process reads its endpoint and
+	// key from the environment (azuritetest.NewServer sets it, t.Setenv).
 	requirePython(t, true)
 	srv := azuritetest.NewServer(t)
 	env := srv.Env()

@@ -20,7 +20,7 @@ import (
 // and stderr apart (help goes to stdout, errors to stderr).
 func runCLI(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(agentBin(t), args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
@@ -46,6 +46,7 @@ var cliCommands = []string{"run", "sidecar", "node", "status", "list", "restore"
 // stdout and exit 0; `spotagent CMD --help` and -h print CMD's usage on
 // stdout and exit 0, before doing anything (no store, no socket).
 func TestCLI_Help(t *testing.T) {
+	parallel(t)
 	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
 		code, out, _ := runCLI(t, nil, args...)
 		if code != 0 {
@@ -77,6 +78,7 @@ func TestCLI_Help(t *testing.T) {
 // TestCLI_BadUsage: an unknown flag, an unknown command or no command
 // exits 2 with the reason on stderr.
 func TestCLI_BadUsage(t *testing.T) {
+	parallel(t)
 	for _, args := range [][]string{{"run", "--no-such-flag", "--", "true"}, {"restore", "--bogus"},
 		{"status", "-x"}, {"version", "--nope"}, {"no-such-command"}, {}} {
 		code, _, errOut := runCLI(t, nil, args...)
@@ -93,6 +95,7 @@ func TestCLI_BadUsage(t *testing.T) {
 // not found and 126 when it is not executable, as shells do, with the
 // reason in one line.
 func TestCLI_TrainerNotRunnable(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	noexec := filepath.Join(dir, "train.sh")
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
@@ -128,6 +131,7 @@ func TestCLI_TrainerNotRunnable(t *testing.T) {
 // non-empty DIR (exit 1, DIR untouched) unless --force, which replaces
 // DIR's contents with exactly the checkpoint's.
 func TestCLI_Restore(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
@@ -195,6 +199,7 @@ func TestCLI_Restore(t *testing.T) {
 // before anything is logged as the effective configuration, and nothing is
 // touched: no checkpoint directory, no socket, no relative "store".
 func TestCLI_BadStoreURI(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	for _, c := range []struct{ cmd, flag, uri string }{
 		{"run", "--store", "http://my-bucket/runs/x"},

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -68,7 +67,7 @@ func crashSeed(t *testing.T) uint64 {
 func TestCrash_KillDuringCommit(t *testing.T) {
 	trials, base := crashTrials(t), crashSeed(t)
 	t.Logf("%d trials, base seed %d (SPOTAGENT_CRASH_SEED=%d reproduces the kill delays and contents)", trials, base, base)
-	srv := s3test.New(t)
+	srv := startS3(t)
 	dir := shortTemp(t)
 	for _, backend := range []string{"file", "s3"} {
 		t.Run(backend, func(t *testing.T) {
@@ -193,8 +192,9 @@ func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []
 // remove it before it restores, resume from the newest committed step,
 // and commit again.
 func TestCrash_AgentRestart(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
-	srv := s3test.New(t)
+	srv := startS3(t)
 	for _, backend := range []string{"file", "s3"} {
 		t.Run(backend, func(t *testing.T) {
 			dir := shortTemp(t)

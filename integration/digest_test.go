@@ -52,6 +52,7 @@ func forgeTree(t *testing.T, dir string, keep func(rel string) bool) int {
 // the store, resumes the committed step and ends with exactly the
 // parameters of an uninterrupted run.
 func TestDigest_ForgedLocalCopyNeverUsed(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
@@ -99,6 +100,7 @@ func TestDigest_ForgedLocalCopyNeverUsed(t *testing.T) {
 // refuses its forged copy and asks node 0 no more: every rank of both nodes
 // resumes the committed step with exactly the bytes saved.
 func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
+	parallel(t)
 	fstores := newFaultStores(t, "s3", "digest")
 	env := append(fstores.env, "AWS_EC2_METADATA_DISABLED=true")
 	const world, perNode = 4, 2

@@ -20,6 +20,7 @@ import (
 // failed save left (so the disk has room again) and the next checkpoint
 // commits.
 func TestDisk_FullWhileSaving(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	mountTmpfs(t, filepath.Join(dir, "ckpt"), "2m")
@@ -55,6 +56,7 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 // leave the store untouched. The agent must not start the trainer afresh:
 // that would throw away every committed step.
 func TestDisk_FullWhileRestoring(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := filepath.Join(dir, "store")

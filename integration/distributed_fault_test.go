@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -222,42 +223,55 @@ func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn)
 }
 
 func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
+	parallel(t)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
-	setenvPairs(t, env)
 	const world = 4
+	// The trials are independent (a prefix and agents of their own): they
+	// run side by side, each replayable from its seed.
+	var mu sync.Mutex
 	outcomes := map[int64]int{}
-	for seed := 1; seed <= distTrials(t); seed++ {
-		rng := rand.New(rand.NewPCG(uint64(seed), 15))
-		uri := fmt.Sprintf("s3://%s/kill%d", s3srv.Bucket, seed)
-		st := openTestStore(t, uri, all.Options{})
-		agents, ranks := startJobAt10(t, env, uri)
-		victim := rng.IntN(2)
-		delay := time.Duration(rng.IntN(250)) * time.Millisecond
-		saveJobStep(t, ranks, 20)
-		time.Sleep(delay) // the random moment of the kill, not synchronisation
-		agents[victim].cmd.Process.Signal(syscall.SIGKILL)
-		agents[victim].wait(time.Minute)
-		mid := checkRestorable(t, st, world)
-		// The survivor finishes the job checkpoint if the victim's part
-		// was durable, else it keeps waiting: stop it and look again.
-		agents[1-victim].signal(syscall.SIGTERM)
-		agents[1-victim].waitEntry("signal received: taking a final checkpoint", time.Minute, nil)
-		// A second signal within 1 s of the first is the same shutdown
-		// (issue 24 item 9); a deliberate one later stops it at once.
-		time.Sleep(1100 * time.Millisecond) // the scenario's gap, not synchronisation
-		agents[1-victim].signal(syscall.SIGTERM)
-		agents[1-victim].wait(time.Minute)
-		end := checkRestorable(t, st, world)
-		if mid != 10 && mid != 20 || end != 10 && end != 20 || end < mid {
-			t.Fatalf("seed %d (kill node %d after %v): restore gave step %d, then %d; want 10 or 20", seed, victim, delay, mid, end)
+	sem := make(chan struct{}, 4) // trials at once: two -race agents each
+	t.Run("trials", func(t *testing.T) {
+		for seed := 1; seed <= distTrials(t); seed++ {
+			t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
+				t.Parallel()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				rng := rand.New(rand.NewPCG(uint64(seed), 15))
+				uri := fmt.Sprintf("s3://%s/kill%d", s3srv.Bucket, seed)
+				st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
+				agents, ranks := startJobAt10(t, env, uri)
+				victim := rng.IntN(2)
+				delay := time.Duration(rng.IntN(250)) * time.Millisecond
+				saveJobStep(t, ranks, 20)
+				time.Sleep(delay) // the random moment of the kill, not synchronisation
+				agents[victim].cmd.Process.Signal(syscall.SIGKILL)
+				agents[victim].wait(time.Minute)
+				mid := checkRestorable(t, st, world)
+				// The survivor finishes the job checkpoint if the victim's part
+				// was durable, else it keeps waiting: stop it and look again.
+				agents[1-victim].signal(syscall.SIGTERM)
+				agents[1-victim].waitEntry("signal received: taking a final checkpoint", time.Minute, nil)
+				// A second signal within 1 s of the first is the same shutdown
+				// (issue 24 item 9); a deliberate one later stops it at once.
+				time.Sleep(1100 * time.Millisecond) // the scenario's gap, not synchronisation
+				agents[1-victim].signal(syscall.SIGTERM)
+				agents[1-victim].wait(time.Minute)
+				end := checkRestorable(t, st, world)
+				if mid != 10 && mid != 20 || end != 10 && end != 20 || end < mid {
+					t.Fatalf("seed %d (kill node %d after %v): restore gave step %d, then %d; want 10 or 20", seed, victim, delay, mid, end)
+				}
+				mu.Lock()
+				outcomes[end]++
+				mu.Unlock()
+			})
 		}
-		outcomes[end]++
-	}
+	})
 	t.Logf("kill trials: %v (step: trials restoring it)", outcomes)
 }
 
@@ -265,16 +279,16 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 // checkpoint never commits, the previous one stands, and the ranks are
 // told (upload_failed) instead of waiting for the deadline.
 func TestDistributed_RankDiesMidSave(t *testing.T) {
+	parallel(t)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
-	setenvPairs(t, env)
 	const world = 4
 	uri := "s3://" + s3srv.Bucket + "/rankdies"
-	st := openTestStore(t, uri, all.Options{})
+	st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
 	agents, ranks := startJobAt10(t, env, uri)
 	// Step 20: rank 3 dies instead of answering.
 	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)

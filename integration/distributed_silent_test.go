@@ -34,6 +34,7 @@ func stopTree(t *testing.T, a *proc, sig syscall.Signal) {
 // stay open, nothing resets. Node 0's agent finds node 1 silent after
 // --peer-timeout, ends its ranks and torchrun, and exits 75.
 func TestDistributed_SilentNodeEndsJob(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")
@@ -62,6 +63,7 @@ func TestDistributed_SilentNodeEndsJob(t *testing.T) {
 // --peer-timeout, is no loss: the job trains on once they continue, and
 // both agents exit 0.
 func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")
@@ -166,6 +168,7 @@ func (p *netPair) partition(t *testing.T) {
 // shared directory. The link goes down mid-run: nothing resets on either
 // side. Both agents find the other silent, end their ranks and exit 75.
 func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
+	parallelTorch(t) // the only test with network namespaces (named by pid)
 	requirePython(t, true)
 	np := newNetPair(t)
 	dir := shortTemp(t)
@@ -179,7 +182,7 @@ func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
 				launcher[i] = np.addr[0] // node 0's address: the rendezvous
 			}
 		}
-		args := append([]string{"netns", "exec", np.ns[k], bin}, runNodeArgs(uri, dir, k, "--interval", "2s",
+		args := append([]string{"netns", "exec", np.ns[k], agentBin(t)}, runNodeArgs(uri, dir, k, "--interval", "2s",
 			"--peer-advertise", np.addr[k])...)
 		args = append(append(args, "--"), launcher...)
 		cmd := exec.Command("ip", args...)
@@ -214,6 +217,7 @@ func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
 // once (the RST path of a lost peer): every surviving agent exits 75,
 // node 0's without ever watching node 2.
 func TestDistributed_SilentNodeChainOfFour(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	const nodes = 4
 	dir := shortTemp(t)

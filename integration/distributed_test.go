@@ -166,9 +166,8 @@ func s3Store(t *testing.T, prefix string) ([]string, string, cloud.Store) {
 	}
 	t.Cleanup(srv.Close)
 	env := s3Env(srv)
-	setenvPairs(t, env)
 	uri := "s3://" + srv.Bucket + "/" + prefix
-	return env, uri, openTestStore(t, uri, all.Options{})
+	return env, uri, openTestStore(t, uri, all.Options{S3Endpoint: srv.Endpoint})
 }
 
 // sameFinals compares a resumed job's final lines with the reference.
@@ -226,7 +225,7 @@ func jobCheckpoint(t *testing.T, m *checkpoint.Manifest) {
 // shell job, `timeout` or an init system does).
 func runGroup(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(agentBin(t), args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -245,6 +244,7 @@ func runNodeArgs(uri, dir string, k int, extra ...string) []string {
 // node 1 only; all 4 ranks save the same step into one checkpoint of two
 // parts; every rank stops; a fresh job resumes bit-identically.
 func TestDistributed_NoticeOnOneNode(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "ddp")
@@ -331,6 +331,7 @@ func vanish(t *testing.T, a *proc) {
 // nodes start again and the job resumes from the last committed
 // checkpoint, ending bit-identical to an uninterrupted run.
 func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	dir := shortTemp(t)
@@ -384,6 +385,7 @@ func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
 // record and exits 1 too. Both promptly (torchrun's barrier ended), and
 // neither with 75: a bug counts against the controller's backoffLimit.
 func TestDistributed_CrashIsNoPeerLoss(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")

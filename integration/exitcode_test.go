@@ -27,6 +27,7 @@ func exitArgs(dir string, fk *fake.AWS, extra ...string) []string {
 // agent.exit_code) exits 75 and so does spotagent run; a run without a
 // notice ends 0 for both.
 func TestExitCode_Notice(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	t.Run("notice", func(t *testing.T) {
 		dir := shortTemp(t)
@@ -64,6 +65,7 @@ func TestExitCode_Notice(t *testing.T) {
 // notice folds into the interruption: one checkpoint (no shutdown one),
 // exit 75, and the agent does not wait out --term-grace.
 func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	fk := fake.NewAWS(fake.AWSOptions{})
@@ -94,6 +96,7 @@ func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
 // the agent SIGKILLed: the python grandchild goes too (Pdeathsig alone
 // would leave it running under PID 1).
 func TestRun_GrandchildDiesWithAgent(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	pidFile := filepath.Join(dir, "py.pid")

@@ -23,6 +23,7 @@ import (
 // and exits 76; the second resumes from what latest.json held at its lease
 // and finishes with exactly the parameters of an uninterrupted run.
 func TestFence_TwoAgentsOneRun(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	uri := "file://" + filepath.Join(dir, "store")
@@ -54,10 +55,12 @@ func TestFence_TwoAgentsOneRun(t *testing.T) {
 	r := second.waitLine(`resuming from step (\d+) `, 2*time.Minute)
 	resumed := int64(atoi(t, r[1]))
 
-	// The first agent: a last checkpoint, not published, then stop.
-	m := first.waitLine(`checkpoint (\S+) \(fenced\) at step (\d+)`, time.Minute)
+	// The first agent: a last checkpoint, not published, then stop. The
+	// agent's line, not the trainer's: a periodic request pending at the
+	// fence becomes the last checkpoint, and the trainer saves it under
+	// the reason it was asked with (periodic).
+	m := first.waitLine(`checkpoint uploaded but not published.*"id": "([^"]+)", "step": (\d+), "reason": "fenced"`, time.Minute)
 	lastID, lastStep := m[1], int64(atoi(t, m[2]))
-	first.waitLine(`checkpoint uploaded but not published`, time.Minute)
 	first.waitLine(`stopping at step \d+: fenced`, time.Minute)
 	if code := first.wait(time.Minute); code != 76 {
 		t.Fatalf("fenced agent exit code %d, want 76", code)

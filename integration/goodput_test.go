@@ -44,10 +44,11 @@ type goodputReport struct {
 }
 
 // runReport runs spotagent report and returns its stdout, stderr and exit code.
-func runReport(t *testing.T, args ...string) (string, string, int) {
+func runReport(t *testing.T, env []string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), bin, append([]string{"report"}, args...)...)
+	cmd := exec.CommandContext(t.Context(), agentBin(t), append([]string{"report"}, args...)...)
 	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), env...)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -77,6 +78,7 @@ func parseReport(t *testing.T, out string) goodputReport {
 // what it can and names what is missing. GOODPUT_JOURNAL_OUT=path keeps
 // the journal (pkg/checkpoint/testdata/journal_3sessions.json).
 func TestGoodput_ThreeSessions(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1500", "--step-time", "0.01"}
@@ -114,7 +116,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 		}
 	}
 
-	out, stderr, code := runReport(t, "--store", store, "--format", "json", "--interval", "2s", "--advice-runs", "30")
+	out, stderr, code := runReport(t, nil, "--store", store, "--format", "json", "--interval", "2s", "--advice-runs", "30")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
@@ -139,7 +141,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 	if a := r.Advice; a == nil || a.Calibration.Interruptions != 2 || a.Calibration.NoticeCommitted != 2 || a.Recommended == "" || a.Waste > a.CurrentWaste {
 		t.Fatalf("advice %+v", a)
 	}
-	table, _, code := runReport(t, "--store", store, "--advice-runs", "20")
+	table, _, code := runReport(t, nil, "--store", store, "--advice-runs", "20")
 	if code != 0 || !strings.Contains(table, "2 interruption(s), 2 with the notice checkpoint committed") || !strings.Contains(table, "recommended: --interval") {
 		t.Fatalf("table (exit %d):\n%s", code, table)
 	}
@@ -173,7 +175,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dd, "store", "journal.json"), []byte(c.body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, stderr, code := runReport(t, "--store", "file://"+filepath.Join(dd, "store"), "--format", "json", "--advice-runs", "20")
+		out, stderr, code := runReport(t, nil, "--store", "file://"+filepath.Join(dd, "store"), "--format", "json", "--advice-runs", "20")
 		if code != 1 || !strings.Contains(stderr, c.want) {
 			t.Fatalf("%s: exit %d, stderr %q: want 1 naming %q", c.name, code, stderr, c.want)
 		}
@@ -187,6 +189,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 
 // TestGoodput_NoInterruptions: the report of an uninterrupted run says so.
 func TestGoodput_NoInterruptions(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	fk := fake.NewAWS(fake.AWSOptions{})
@@ -196,14 +199,14 @@ func TestGoodput_NoInterruptions(t *testing.T) {
 		t.Fatalf("exit code %d", code)
 	}
 	store := "file://" + filepath.Join(dir, "store")
-	out, stderr, code := runReport(t, "--store", store, "--format", "json", "--advice-runs", "20")
+	out, stderr, code := runReport(t, nil, "--store", store, "--format", "json", "--advice-runs", "20")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
 	if r := parseReport(t, out); r.Interruptions != 0 || r.Restores != 0 || len(r.Sessions) != 1 {
 		t.Fatalf("interruptions %d, restores %d, sessions %d", r.Interruptions, r.Restores, len(r.Sessions))
 	}
-	table, _, _ := runReport(t, "--store", store, "--advice-runs", "20")
+	table, _, _ := runReport(t, nil, "--store", store, "--advice-runs", "20")
 	if !strings.Contains(table, "no interruptions") {
 		t.Fatalf("table:\n%s", table)
 	}

@@ -40,6 +40,7 @@ func seedCheckpoint(t *testing.T, storeDir string, step int64) {
 // the project's (src/, data/, a directory that only looks like a
 // checkpoint's) nor another run's area, only its own run's leftovers.
 func TestHardening_CheckpointDirIsAProject(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	ckpt := filepath.Join(dir, "ckpt")
 	write := func(rel, body string) {
@@ -77,6 +78,7 @@ func TestHardening_CheckpointDirIsAProject(t *testing.T) {
 // symlink, logs why, the run ends with the trainer's exit code, and the
 // target keeps its files.
 func TestHardening_RestoreDirSwappedForSymlink(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	seedCheckpoint(t, filepath.Join(dir, "store"), 7)
 	victim := filepath.Join(dir, "victim")

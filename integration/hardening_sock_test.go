@@ -34,6 +34,7 @@ func sharedTemp(t *testing.T) string {
 // The agent refuses to start, says why, and runs no trainer. With
 // XDG_RUNTIME_DIR set, the socket goes there instead.
 func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	tmp := filepath.Join(dir, "tmp")
@@ -100,6 +101,7 @@ func TestHardeningSock_ForeignDefaultDir(t *testing.T) {
 // when another user renames its own socket over the agent's, the agent
 // notices, says so and binds its socket again.
 func TestHardeningSock_SocketReplaced(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	shared := filepath.Join(dir, "shared")
@@ -146,11 +148,12 @@ os.rename(tmp, sys.argv[1])
 // files. The connection cap (a quarter of the limit) keeps fds for the
 // commits, which go on committing.
 func TestHardeningSock_SilentConnections(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	sock := filepath.Join(dir, "a.sock")
 	args := append(hostileArgs(dir), writeTrainer(t, dir, "good", 0)...)
-	cmd := exec.Command("sh", append([]string{"-c", `ulimit -n 64 && exec "$0" "$@"`, bin}, args...)...)
+	cmd := exec.Command("sh", append([]string{"-c", `ulimit -n 64 && exec "$0" "$@"`, agentBin(t)}, args...)...)
 	cmd.Dir = repo
 	p := startCmd(t, cmd)
 	p.waitEntry("checkpoint committed", time.Minute, nil)
@@ -190,6 +193,7 @@ func TestHardeningSock_SilentConnections(t *testing.T) {
 // closed at once with an error, the rest when their line is not finished
 // within 10 s; the trainer keeps committing throughout.
 func TestHardeningSock_PartialLines(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	const conns, part, budget = 40, 1<<20 - 100, 16 << 20
 	dir := shortTemp(t)
@@ -269,6 +273,7 @@ while True:
 // Kubernetes, a uid): another uid's hello for it is refused while they
 // are connected, and welcomed once they are gone.
 func TestHardeningSock_NodeRunBinding(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	sock := filepath.Join(dir, "node.sock")

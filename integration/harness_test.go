@@ -5,6 +5,8 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,10 +20,133 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
-// bin is the spotagent binary built once for the whole package.
-var bin string
+// defaultParallel is -test.parallel when not given (see TestMain): high,
+// the slots of parallel and parallelTorch bound the tests.
+const defaultParallel = 64
+
+// s3Creds is s3test's environment less its endpoint.
+var s3Creds = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=" + s3test.Region}
+
+// gcsShared is the package's GCS server (TestMain).
+var gcsShared *gcstest.Server
+
+// gcsEnvMu serialises the making of this process's store clients: the GCS
+// library reads STORAGE_EMULATOR_HOST when a client is made, and
+// openStoreVia points it elsewhere for a moment.
+var gcsEnvMu sync.Mutex
+
+// openStoreVia opens uri in this process, its GCS client (if any) made
+// against gcsHost (a proxy's), else against gcsShared.
+func openStoreVia(ctx context.Context, uri string, opts all.Options, gcsHost string) (cloud.Store, error) {
+	gcsEnvMu.Lock()
+	defer gcsEnvMu.Unlock()
+	if gcsHost != "" {
+		os.Setenv("STORAGE_EMULATOR_HOST", gcsHost)
+		defer os.Setenv("STORAGE_EMULATOR_HOST", gcsShared.Host)
+	}
+	return all.Open(ctx, uri, opts)
+}
+
+// startS3 starts an S3 server for the test without setting this process's
+// environment (s3test.New does): open it with all.Options{S3Endpoint}.
+func startS3(t *testing.T) *s3test.Server {
+	t.Helper()
+	srv, err := s3test.Start("spotagent-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// Parallel tests run as many at once as their slots allow, not
+// -test.parallel (TestMain sets it high unless given): a torch test
+// waiting for its slot then holds none of a waiting test's.
+var (
+	slots      = make(chan struct{}, 4)                // parallel: most of their time is waiting
+	torchSlots = make(chan struct{}, torchSlotCount()) // parallelTorch
+)
+
+// torchSlotCount is 1, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests, one
+// after another, are the package's longest chain.
+func torchSlotCount() int {
+	if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_IT_TORCH_SLOTS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// parallel is t.Parallel for a test that touches nothing process-wide,
+// holding one of 4 slots: such tests mostly wait (on trainers, intervals,
+// deadlines), so on 2 cores 4 of them at once keep the CPU busy.
+func parallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	waited := time.Now()
+	slots <- struct{}{}
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
+	t.Cleanup(func() { <-slots })
+}
+
+// parallelTorch is t.Parallel for a test whose trainers are PyTorch jobs
+// (ddp, torchrun): their ranks keep the CPU busy and several tests hold a
+// job to a bound (an agent exits well within the ranks' 60 s process-group
+// timeout), so one such test runs at a time, beside the others.
+func parallelTorch(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	waited := time.Now()
+	torchSlots <- struct{}{}
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
+	t.Cleanup(func() { <-torchSlots })
+}
+
+// bin is the spotagent binary built once for the whole package, without
+// the race detector; raceBin is the same build with it.
+var bin, raceBin string
+
+// raceAgentTests run the race-built agent (agentBin): the scenarios where
+// the agent's goroutines overlap the most (a notice during an upload, a
+// restore beside the loop, peer transfers, a job commit killed, retries
+// through faults, floods of connections). The agent's packages also run
+// -race in their unit tests (make test-go). The race-built agent made
+// TestCLI_Help and TestRun_SigtermAndResume 4x slower on a loaded 2-core
+// machine (its start alone takes 2.6x the CPU), so the rest run the plain
+// build.
+// SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
+var raceAgentTests = map[string]bool{
+	"TestNotice_Matrix":                          true,
+	"TestNotice_DuringPeriodicUpload":            true,
+	"TestRestoreOverlap_TrainerStartsFirst":      true,
+	"TestRestoreOverlap_SigtermDuringRestore":    true,
+	"TestDistributed_RestoreFromPeer":            true,
+	"TestDistributed_RestoreFromPeerReplica":     true,
+	"TestDistributed_AgentKilledDuringJobCommit": true,
+	"TestStoreFault_AgentThroughFaults":          true,
+	"TestHostile_Connections":                    true,
+	"TestPipeline_AgentKilledMidPipeline":        true,
+	"TestFence_TwoAgentsOneRun":                  true,
+	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
+	"TestFlood_UnauthenticatedConnections": true,
+	"TestFlood_SlowRequests":               true,
+}
+
+// agentBin is the agent binary test t runs: raceBin for raceAgentTests
+// (or every test under SPOTAGENT_IT_RACE=1), else bin.
+func agentBin(t *testing.T) string {
+	root, _, _ := strings.Cut(t.Name(), "/")
+	if raceAgentTests[root] || os.Getenv("SPOTAGENT_IT_RACE") != "" {
+		return raceBin
+	}
+	return bin
+}
 
 // repo is the repository root.
 var repo string
@@ -31,7 +156,22 @@ var repo string
 // scripts/sid-python: torch 2.x).
 var python = testPython()
 
+// TestMain builds the agent and runs the tests. Every test here is end to
+// end (real processes, real servers): `go test -short` skips the package;
+// `make test` (test-go) runs the full set. Tests that touch nothing
+// process-wide call parallel or parallelTorch, whose slots bound how many
+// run at once: -test.parallel is set high unless given.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("integration: skipped under -short (end-to-end tests; make test runs them)")
+		os.Exit(0)
+	}
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		flag.Set("test.parallel", strconv.Itoa(defaultParallel))
+	}
 	_, file, _, _ := runtime.Caller(0)
 	repo = filepath.Dir(filepath.Dir(file))
 	dir, err := os.MkdirTemp("", "spotagent-it-")
@@ -42,16 +182,47 @@ func TestMain(m *testing.M) {
 	// No spotagent or SDK started here asks the link-local metadata
 	// address for credentials (tests that fake IMDS point at their fake).
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	bin = filepath.Join(dir, "spotagent")
-	// The tag of the shipped build (Makefile TAGS), with the race detector.
-	build := exec.Command("go", "build", "-race", "-tags", "disable_grpc_modules", "-o", bin, "./cmd/spotagent")
-	build.Dir = repo
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build spotagent:", err)
+	// s3test's credentials and region are the same for every server, so
+	// they are set once here, and this process's S3 clients name their
+	// server's endpoint (all.Options.S3Endpoint): tests that start an S3
+	// server set no environment and can run in parallel.
+	for _, kv := range s3Creds {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
+	}
+	// The GCS client reads its server from the environment: one server
+	// for the package, set here (openStoreVia switches it for a moment,
+	// under gcsEnvMu).
+	gcs, err := gcstest.Start("spotagent-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gcs server:", err)
 		os.Exit(1)
 	}
+	gcsShared = gcs
+	os.Setenv("STORAGE_EMULATOR_HOST", gcs.Host)
+	// The tag of the shipped build (Makefile TAGS): bin without the race
+	// detector, raceBin with it (agentBin says which test runs which).
+	bin, raceBin = filepath.Join(dir, "spotagent"), filepath.Join(dir, "spotagent-race")
+	errs := make(chan error, 2)
+	for _, b := range [][]string{{"-o", bin}, {"-race", "-o", raceBin}} {
+		go func() {
+			build := exec.Command("go", append(append([]string{"build", "-tags", "disable_grpc_modules"}, b...), "./cmd/spotagent")...)
+			build.Dir = repo
+			if out, err := build.CombinedOutput(); err != nil {
+				errs <- fmt.Errorf("build spotagent %v: %v\n%s", b, err, out)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	code := m.Run()
+	gcs.Close()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -71,7 +242,7 @@ type proc struct {
 // start runs spotagent with args and extra environment.
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(agentBin(t), args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	return startCmd(t, cmd)

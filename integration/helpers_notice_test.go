@@ -65,20 +65,10 @@ func cloudArgs(t *testing.T, cloudName, url string) []string {
 // source watches all the same (pkg/metadata/aws TestWatch).
 func s3Env(srv *s3test.Server) []string { return srv.Env() }
 
-// setenvPairs sets KEY=VALUE pairs for the test process (the in-process store
-// clients read the same environment as the binary).
-func setenvPairs(t *testing.T, kvs []string) {
-	t.Helper()
-	for _, kv := range kvs {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-}
-
 // openTestStore opens uri in the test process, to read what the binary wrote.
 func openTestStore(t *testing.T, uri string, opts all.Options) cloud.Store {
 	t.Helper()
-	st, err := all.Open(t.Context(), uri, opts)
+	st, err := openStoreVia(t.Context(), uri, opts, "")
 	if err != nil {
 		t.Fatalf("open store %s: %v", uri, err)
 	}
@@ -137,7 +127,7 @@ func runSpotagentTool(t *testing.T, env []string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := exec.CommandContext(ctx, agentBin(t), args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()

@@ -22,6 +22,7 @@ import (
 // nothing, not even stop. SIGTERM: the shutdown request's deadline passes,
 // the previous checkpoint stands, the trainer is stopped at the deadline.
 func TestHostile_NeverAnswers(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "4s", "--margin", "1s"), writeTrainer(t, dir, "never", 0)...)...)
@@ -58,6 +59,7 @@ func TestHostile_NeverAnswers(t *testing.T) {
 // its deadline. The late done is refused with a clear error, nothing of it
 // is committed, the previous checkpoint stands.
 func TestHostile_AnswersLate(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "6s", "--margin", "3s"), writeTrainer(t, dir, "late", 0)...)...)
@@ -89,6 +91,7 @@ func TestHostile_AnswersLate(t *testing.T) {
 // committed, its half-written directory does not outlive the agent's
 // reaction, and the previous checkpoint stands.
 func TestHostile_CrashMidSave(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "crash", 0)...)...)
@@ -125,6 +128,7 @@ func TestHostile_CrashMidSave(t *testing.T) {
 // store, and the next honest checkpoint commits. A done naming a directory
 // outside the checkpoint directory is refused too.
 func TestHostile_SymlinkEscape(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := filepath.Join(dir, "store")
@@ -285,6 +289,7 @@ func TestHostile_Connections(t *testing.T) {
 // world-readable directory), a process running as nobody still cannot talk
 // to the agent: the peer uid check refuses it, and logs it.
 func TestHostile_OtherUID(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	if err := os.Chmod(dir, 0o755); err != nil {

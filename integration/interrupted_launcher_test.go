@@ -55,6 +55,7 @@ echo "launcher: ranks exited $ra and $rb"
 `
 
 func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	for _, tc := range []struct {
 		name          string

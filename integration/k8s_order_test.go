@@ -124,6 +124,7 @@ func savedSteps(outs ...string) map[int][]string {
 // each pod's sidecar, as it always does: no interruption, no lost work in
 // the journal, in `history` or in `report`.
 func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	env, uri, st := s3Store(t, "order-a")
 	j := startSidecarJob(t, env, uri, shortTemp(t), []string{"--interval", "2s"}, ddpEnv(20))
@@ -149,7 +150,7 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 	if strings.Contains(hist, "NO:") || strings.Contains(hist, "no trainer connected") {
 		t.Errorf("history reports a failure after a clean finish:\n%s", hist)
 	}
-	out, errOut, code := runReport(t, "--store", uri, "--format", "json", "--advice-runs", "0")
+	out, errOut, code := runReport(t, env, "--store", uri, "--format", "json", "--advice-runs", "0")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, errOut)
 	}
@@ -167,6 +168,7 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 // from every node; every rank stops; every trainer's exit file says 75;
 // a fresh job resumes from it bit-identically.
 func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-b")
@@ -255,6 +257,7 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 // second (GNU timeout, `kill 0`, some init systems): one signal, one
 // job-wide shutdown checkpoint, both agents exit 75, bit-identical resume.
 func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-c")
@@ -288,6 +291,7 @@ func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
 // committed checkpoint stays whole, and a fresh job resumes from it
 // bit-identically.
 func TestK8sOrder_DuplicateNode(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-e")
@@ -346,10 +350,11 @@ func TestK8sOrder_DuplicateNode(t *testing.T) {
 // shutdown checkpoint committed and its ranks stopped (exit 75), must make
 // `spotagent run` exit 75, not 1, as it does for a single trainer.
 func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
-	_, uri, st := s3Store(t, "single")
+	env, uri, st := s3Store(t, "single")
 	dir := shortTemp(t)
-	a := start(t, ddpEnv(50), append([]string{"run", "--store", uri, "--run-id", "it",
+	a := start(t, append(env, ddpEnv(50)...), append([]string{"run", "--store", uri, "--run-id", "it",
 		"--checkpoint-dir", filepath.Join(dir, "ck"), "--socket", filepath.Join(dir, "s.sock"),
 		"--cloud", "none", "--log-format", "json", "--interval", "1h", "--"},
 		torchrunCmd(1, 0, 2, freePort(t), "python/examples/train_ddp.py")...)...)
@@ -375,6 +380,7 @@ func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
 // job checkpoint of both parts, and the pods started again resume from it
 // bit-identically through the same node agent.
 func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	dir := shortTemp(t)
@@ -446,6 +452,7 @@ func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
 // stopped at the deadline (docs/protocol.md, "Exit codes": the previous
 // committed checkpoint stands), not pass the 1 through as a crash.
 func TestTorchrun_DeadlineKillExits75(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "deaf.py")

@@ -22,6 +22,7 @@ import (
 // journal and `history`, and ends with exactly the parameters of an
 // uninterrupted run.
 func TestRun_RestoreFromLocal(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	fs := newFaultStores(t, "s3", "local")
 	var dataGets atomic.Int64

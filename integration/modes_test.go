@@ -76,6 +76,7 @@ func httpStatus(t *testing.T, url string) int {
 // TestSidecar: the agent without a child, a trainer in another process on
 // the shared socket, an AWS spot notice; metrics and health on the side.
 func TestSidecar(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	imds := fake.NewAWS(fake.AWSOptions{})
@@ -139,6 +140,7 @@ func TestSidecar(t *testing.T) {
 // writes only to prefix/<its run id>; one notice reaches both; a run id that
 // tries to leave the prefix is refused.
 func TestNode(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	imds := fake.NewAWS(fake.AWSOptions{})
@@ -211,6 +213,7 @@ func TestNode(t *testing.T) {
 // before its native sidecar; with SPOTAGENT_HANDLE_SIGTERM=1 the client
 // turns it into a final checkpoint and exits once the sidecar committed it.
 func TestSidecar_TrainerSigterm(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	sock := filepath.Join(dir, "agent.sock")

@@ -20,6 +20,7 @@ import (
 // (Was: the request directory and every level above it were root's, 0700:
 // the trainer got "Permission denied" and could never checkpoint.)
 func TestNodeMode_AllowUIDTrainerCheckpoints(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())

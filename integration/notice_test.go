@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -27,22 +25,14 @@ const (
 // and a second run restores it and ends with exactly the parameters of an
 // uninterrupted run.
 func TestNotice_Matrix(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
-	// One S3 and one GCS server for the whole matrix, each combination
-	// under its own prefix; the environment is set here, before the
-	// subtests go parallel, so that this process can read the stores too.
-	s3srv, err := s3test.Start("spotagent-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s3srv.Close)
-	gcssrv, err := gcstest.Start("spotagent-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gcssrv.Close)
+	// One S3 server for the whole matrix and the package's GCS server
+	// (gcsShared), each combination under its own prefix.
+	s3srv := startS3(t)
+	gcssrv := gcsShared
 	env := append(s3Env(s3srv), gcssrv.Env()...)
-	setenvPairs(t, env)
+	opts := all.Options{S3Endpoint: s3srv.Endpoint}
 
 	// The uninterrupted reference, once: the example run bare (no agent).
 	ref := filepath.Join(shortTemp(t), "ref.json")
@@ -71,14 +61,14 @@ func TestNotice_Matrix(t *testing.T) {
 				if st.uri == "" {
 					uri = "file://" + filepath.Join(dir, "store")
 				}
-				noticeAndResume(t, cl, uri, env, ref, dir)
+				noticeAndResume(t, cl, uri, env, opts, ref, dir)
 			})
 		}
 	}
 }
 
 // noticeAndResume is one cell of the matrix.
-func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string) {
+func noticeAndResume(t *testing.T, cl, uri string, env []string, opts all.Options, ref, dir string) {
 	out := filepath.Join(dir, "out.json")
 	trainer := []string{"--", python, "python/examples/train_torch.py",
 		"--steps", matrixSteps, "--step-time", matrixStepTime, "--out", out}
@@ -107,7 +97,7 @@ func noticeAndResume(t *testing.T, cl, uri string, env []string, ref, dir string
 		t.Fatal("interrupted run finished training: the notice came too late to test anything")
 	}
 
-	st := openTestStore(t, uri, all.Options{})
+	st := openTestStore(t, uri, opts)
 	in := oneInterruption(t, noticeJournal(t, st))
 	if got, want := string(in.Cloud), cl; got != want {
 		t.Fatalf("interruption cloud=%s, want %s", got, want)

@@ -16,6 +16,7 @@ import (
 // run, list and restore used it. Every command now refuses, naming the
 // path, the owner and what to do, before it reads anything.
 func TestOwner_StoreOfAnotherUserRefused(t *testing.T) {
+	parallel(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
@@ -49,7 +50,7 @@ for d in sys.argv[1:3]:
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, bin, c.args...)
+			cmd := exec.CommandContext(ctx, agentBin(t), c.args...)
 			cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
 			out, err := cmd.CombinedOutput()
 			if err == nil {
@@ -66,7 +67,7 @@ for d in sys.argv[1:3]:
 	// A store of hers that only she can write may be read (it is as
 	// trustworthy as she is): list reads it, and fails on the planted
 	// pointer, not on trust.
-	cmd := exec.Command(bin, "list", "--store", "file://"+hers)
+	cmd := exec.Command(agentBin(t), "list", "--store", "file://"+hers)
 	cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
 	if out, _ := cmd.CombinedOutput(); strings.Contains(string(out), "untrusted store directory") {
 		t.Fatalf("list of a store another user owns and only they can write was refused:\n%s", out)
@@ -80,6 +81,7 @@ for d in sys.argv[1:3]:
 // the trainer; so does a --checkpoint-dir others can write without the
 // sticky bit (they could rename the area away).
 func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
+	parallel(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
@@ -114,7 +116,7 @@ for d in sys.argv[1:]:
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, bin, "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
+			cmd := exec.CommandContext(ctx, agentBin(t), "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
 				"--run-id", "own", "--checkpoint-dir", c.ckpt, "--", "touch", ran)
 			cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
 			out, err := cmd.CombinedOutput()

@@ -229,6 +229,7 @@ func hardLinkAsTrainer(t *testing.T, p *puppet, src, dst string) {
 // makes itself in a world-writable --checkpoint-dir, as on a Kubernetes
 // emptyDir.
 func TestOwner_OtherUIDTrainer(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
@@ -325,7 +326,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	}
 	sec.notIn(t, store)
 	dest := filepath.Join(dir, "restored")
-	if out, err := exec.Command(bin, "restore", "--store", "file://"+store, "--dest", dest).CombinedOutput(); err != nil {
+	if out, err := exec.Command(agentBin(t), "restore", "--store", "file://"+store, "--dest", dest).CombinedOutput(); err != nil {
 		t.Fatalf("restore: %v\n%s", err, out)
 	}
 	if got := string(readFile(t, filepath.Join(dest, "model.pt"))); got != "weights at 10" {
@@ -352,6 +353,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 // holds a hard link to a root-only file is refused with a warning and never
 // reaches the store, and the next one commits all the same.
 func TestOwner_SidecarWatchOtherUID(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())

@@ -62,6 +62,7 @@ func TestDistributed_RestoreFromPeer(t *testing.T) { restoreFromPeer(t, false) }
 func TestDistributed_RestoreFromPeerReplica(t *testing.T) { restoreFromPeer(t, true) }
 
 func restoreFromPeer(t *testing.T, replicas bool) {
+	parallel(t)
 	var extra []string
 	if replicas {
 		extra = []string{"--replicas", "1"}

@@ -28,6 +28,7 @@ import (
 // store only its own shards (every request to the store is seen at a
 // proxy in front of it). Both nodes resume the committed step.
 func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
+	parallel(t)
 	fs := newFaultStores(t, "s3", "peerwait")
 	var mu sync.Mutex
 	var dataGets []string // keys of data objects read, once counting

@@ -27,6 +27,7 @@ import (
 // `saved`, before done; the resumed run ends bit-identical to an
 // uninterrupted one.
 func TestPipeline_TorchResumesExact(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	s3srv, err := s3test.Start("spotagent-test")
 	if err != nil {
@@ -34,7 +35,6 @@ func TestPipeline_TorchResumesExact(t *testing.T) {
 	}
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
-	setenvPairs(t, env)
 	ref := filepath.Join(shortTemp(t), "ref.json")
 	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
 	cmd.Dir = repo
@@ -155,6 +155,7 @@ func startPipelineTrainer(t *testing.T, mode string) (*proc, string, string) {
 // uploaded again at done, never committed with the bytes the early upload
 // read; the bad `saved` messages get errors and add nothing.
 func TestPipeline_ModifiedAfterSaved(t *testing.T) {
+	parallel(t)
 	p, _, storeDir := startPipelineTrainer(t, "modify")
 	e := p.waitEntry("checkpoint committed", time.Minute, func(e logEntry) bool { return e.num("step") == 20 })
 	if e.num("early") != 0 || e.num("files") != 1 {
@@ -198,6 +199,7 @@ func TestPipeline_ModifiedAfterSaved(t *testing.T) {
 // file of the checkpoint was uploaded early and before done: nothing of it
 // restores; the checkpoint before it does.
 func TestPipeline_AgentKilledMidPipeline(t *testing.T) {
+	parallel(t)
 	p, _, storeDir := startPipelineTrainer(t, "hang")
 	m := p.waitLine(`trainer: pid (\d+)`, time.Minute)
 	t.Cleanup(func() { syscall.Kill(atoi(t, m[1]), syscall.SIGKILL) })

@@ -19,6 +19,7 @@ import (
 // trainer with the client, resumes from the step committed, restored from
 // the sidecar's local tier into its restore area, not from scratch.
 func TestSidecar_TrainerBackAfterCommitResumesIt(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	sock := filepath.Join(dir, "agent.sock")
@@ -69,6 +70,7 @@ func TestSidecar_TrainerBackAfterCommitResumesIt(t *testing.T) {
 // the files and the manifest copy. Rank 0 comes back (protocol 2) while
 // that rank is connected: the same checkpoint, at once.
 func TestNodeMode_AllowUIDRankBackAfterCommitReadsIt(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())

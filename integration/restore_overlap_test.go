@@ -130,6 +130,7 @@ func noPartialRestore(t *testing.T, dir string) {
 // resume_step, and resumes at step 40 with model.bin byte for byte. With
 // the serial start the trainer connected only after "restored checkpoint".
 func TestRestoreOverlap_TrainerStartsFirst(t *testing.T) {
+	parallel(t)
 	s := newOverlapSetup(t, "first", false)
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10, Match: modelGets})
 	p := start(t, s.env, s.args...)
@@ -155,6 +156,7 @@ func TestRestoreOverlap_TrainerStartsFirst(t *testing.T) {
 // The trainer gets RestoreFailed (never a fresh start), the agent exits 1
 // and says why, and no partial restore is left.
 func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
+	parallel(t)
 	s := newOverlapSetup(t, "fail", false)
 	gate := make(chan struct{})
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetResponse, After: 64 << 10, Match: func(r *http.Request) bool {
@@ -182,6 +184,7 @@ func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
 // TestRestoreOverlap_NoCheckpoint (c): an empty store is a definite fresh
 // start: resume_step answers None, the run ends 0.
 func TestRestoreOverlap_NoCheckpoint(t *testing.T) {
+	parallel(t)
 	s := newOverlapSetup(t, "none", true)
 	p := start(t, s.env, s.args...)
 	if code := p.wait(time.Minute); code != 0 {
@@ -196,6 +199,7 @@ func TestRestoreOverlap_NoCheckpoint(t *testing.T) {
 // trainer: the restore is cancelled, the trainer stopped without resuming,
 // the agent exits 143 as for any start-up cancelled, nothing partial left.
 func TestRestoreOverlap_SigtermDuringRestore(t *testing.T) {
+	parallel(t)
 	s := newOverlapSetup(t, "sigterm", false)
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: 10 * time.Minute, Match: modelGets})
 	p := start(t, s.env, s.args...)

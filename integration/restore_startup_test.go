@@ -19,6 +19,7 @@ import (
 // restore's progress, and SIGTERM ends the start at once (exit 143, "start-up
 // cancelled"); the trainer is never started. Before, only SIGKILL did.
 func TestStartup_SlowStoreCancelled(t *testing.T) {
+	parallel(t)
 	for _, tc := range []struct {
 		name  string
 		fault faultproxy.Fault

@@ -25,6 +25,7 @@ func agentArgs(dir, store string, extra ...string) []string {
 // and ends with exactly the parameters of an uninterrupted run. The restored
 // files match the store's byte for byte.
 func TestRun_SigtermAndResume(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
@@ -43,6 +44,7 @@ func TestRun_SigtermAndResume(t *testing.T) {
 // TestRun_SigtermAndResumeBuckets: the same through S3 (gofakes3) and GCS
 // (fake-gcs-server), driven by the real SDKs in the binary.
 func TestRun_SigtermAndResumeBuckets(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	t.Run("s3", func(t *testing.T) {
 		srv, err := s3test.Start("ckpt")
@@ -107,6 +109,7 @@ func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, sec
 // before the trainer is launched: exit 2 for a malformed --store (a usage
 // error, issue 47), 1 for a well-formed store that fails.
 func TestRun_BadStore(t *testing.T) {
+	parallel(t)
 	srv, err := s3test.Start("real")
 	if err != nil {
 		t.Fatal(err)

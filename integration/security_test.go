@@ -28,6 +28,7 @@ const (
 // commit, a shutdown checkpoint, list, history and restore, and greps every
 // line of output for the credentials.
 func TestSecurity_NoSecretsInLogs(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	s3, err := s3test.Start("secrets")
 	if err != nil {
@@ -91,6 +92,7 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 // path, the socket directory is created 0700 and the socket is 0600, and
 // a process running as nobody cannot even connect.
 func TestSecurity_SocketPermissions(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	tmp := filepath.Join(dir, "tmp")

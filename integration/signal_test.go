@@ -17,6 +17,7 @@ import (
 // shutdown checkpoint and stops it; the next run resumes there and ends
 // with the uninterrupted run's result.
 func TestRun_SignalFallback(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
@@ -65,6 +66,7 @@ func TestRun_SignalFallback(t *testing.T) {
 // handler is not signalled (the signal would kill it); the request fails
 // with a clear line and the trainer keeps running.
 func TestRun_SignalFallbackNoHandler(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	alive := filepath.Join(dir, "alive")
 	p := start(t, nil, append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "USR1", "--interval", "1s"),
@@ -88,6 +90,7 @@ func TestRun_SignalFallbackNoHandler(t *testing.T) {
 // at the deadline; the agent exits with the trainer's code, commits
 // nothing, and asks nothing more of a trainer that is gone.
 func TestRun_SignalFallbackTrainerDies(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := `import os, signal, sys, time

@@ -52,6 +52,7 @@ print("trainer: finished", flush=True)
 // previous checkpoint stands"), and the report counts that time as
 // unprotected, not goodput.
 func TestSilence_NeverConnects(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "unconnected.py")
@@ -89,7 +90,7 @@ func TestSilence_NeverConnects(t *testing.T) {
 		t.Fatalf("%d warnings, want 1 (at once, then every 5 min)", n)
 	}
 
-	out, stderr, code := runReport(t, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
+	out, stderr, code := runReport(t, nil, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
@@ -103,6 +104,7 @@ func TestSilence_NeverConnects(t *testing.T) {
 // finished on its own (exit 0) was never protected: the report counts its
 // time as unprotected, not goodput (before, 100 %).
 func TestSilence_NeverConnectsFinishes(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "unconnected.py")
@@ -114,7 +116,7 @@ func TestSilence_NeverConnectsFinishes(t *testing.T) {
 	if code := p.wait(time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
 	}
-	out, stderr, code := runReport(t, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
+	out, stderr, code := runReport(t, nil, "--store", "file://"+filepath.Join(dir, "store"), "--format", "json")
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, stderr)
 	}
@@ -143,6 +145,7 @@ while True:
 // long before the request's own deadline (10 min), and the warning says
 // nothing was committed.
 func TestSilence_DeafTrainer(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "deaf.py")
@@ -199,6 +202,7 @@ agent.close()
 // TestSilence_DiskFull: a checkpoint that fails on ENOSPC is logged with
 // its cause named and what to do, and the committed checkpoint stands.
 func TestSilence_DiskFull(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := shortTemp(t)
 	script := filepath.Join(dir, "full.py")

@@ -54,6 +54,7 @@ for line in f:
 // and the shutdown checkpoint failed: the work since the last commit was
 // lost).
 func TestHostile_SilentClientHoldsNoCheckpoint(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
 	script := filepath.Join(dir, "steady.py")

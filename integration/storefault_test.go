@@ -16,7 +16,6 @@ import (
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
-	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -37,8 +36,8 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 	t.Helper()
 	ctx := context.Background()
 	fs := &faultStores{}
-	open := func(uri string, opts all.Options) cloud.Store {
-		st, err := all.Open(ctx, uri, opts)
+	open := func(uri string, opts all.Options, gcsHost string) cloud.Store {
+		st, err := openStoreVia(ctx, uri, opts, gcsHost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,11 +46,11 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 	}
 	switch backend {
 	case "s3":
-		srv := s3test.New(t)
+		srv := startS3(t)
 		fs.proxy = faultproxy.New(t, srv.Endpoint)
 		fs.uri = "s3://" + srv.Bucket + "/" + prefix
-		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20})
-		fs.direct = open(fs.uri, all.Options{S3Endpoint: srv.Endpoint})
+		fs.faulty = open(fs.uri, all.Options{S3Endpoint: fs.proxy.URL, S3PartSize: 5 << 20}, "")
+		fs.direct = open(fs.uri, all.Options{S3Endpoint: srv.Endpoint}, "")
 		fs.env = append(srv.Env(), "AWS_ENDPOINT_URL_S3="+fs.proxy.URL)
 	case "gcs":
 		srv, err := gcstest.Start("spotagent-test")
@@ -62,10 +61,8 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 		fs.proxy = faultproxy.New(t, "http://"+srv.Host)
 		fs.uri = "gs://" + srv.Bucket + "/" + prefix
 		// The library reads STORAGE_EMULATOR_HOST when the client is made.
-		t.Setenv("STORAGE_EMULATOR_HOST", fs.proxy.Host)
-		fs.faulty = open(fs.uri, all.Options{GCSChunkSize: 1 << 20})
-		t.Setenv("STORAGE_EMULATOR_HOST", srv.Host)
-		fs.direct = open(fs.uri, all.Options{})
+		fs.faulty = open(fs.uri, all.Options{GCSChunkSize: 1 << 20}, fs.proxy.Host)
+		fs.direct = open(fs.uri, all.Options{}, srv.Host)
 		fs.env = []string{"STORAGE_EMULATOR_HOST=" + fs.proxy.Host}
 	default:
 		t.Fatalf("backend %q", backend)
@@ -87,6 +84,7 @@ func isCreate(r *http.Request) bool {
 // must have been injected, and what landed restores and verifies byte for
 // byte from the store reached directly.
 func TestStoreFault_CommitRetries(t *testing.T) {
+	parallel(t)
 	faults := []faultproxy.Fault{
 		{Mode: faultproxy.SlowDown, Count: 2, Match: isWrite},
 		{Mode: faultproxy.InternalError, Count: 1, Match: isWrite},
@@ -153,6 +151,7 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 // still commit, the SIGTERM checkpoint commits, and a restart resumes from
 // it.
 func TestStoreFault_AgentThroughFaults(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
@@ -211,7 +210,11 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 
 	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetRequest})
 	a.signal(syscall.SIGTERM)
-	a.waitLine(`\(shutdown\) at step`, time.Minute)
+	// The shutdown checkpoint is a new request, or the periodic one
+	// pending at the signal (then the trainer saves it as periodic).
+	m = a.waitLine(`checkpoint requested.*"id": ?"([0-9a-f]+)", "reason": ?"shutdown"|`+
+		`the pending periodic checkpoint becomes the interruption checkpoint.*"id": ?"([0-9a-f]+)"`, time.Minute)
+	a.waitLine(`checkpoint `+m[1]+m[2]+` \(\w+\) at step`, time.Minute)
 	// While the upload retries against a dead store, measure the agent's
 	// CPU over a few seconds.
 	cpu0, t0 := cpuTime(t, pid), time.Now()

@@ -33,6 +33,7 @@ func rotatingTrainer(out, period string) []string {
 // at the upload deadline and exits 75; the interruption leaves a checkpoint
 // written well after the notice, and few steps lost.
 func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "out") // created by the agent
@@ -72,6 +73,7 @@ func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 // complete one before it exits, and a new machine's sidecar restores it
 // into an empty DIR under its name.
 func TestWatch_Sidecar(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := mkdir(t, filepath.Join(dir, "out"))
@@ -141,6 +143,7 @@ func newestComplete(t *testing.T, out string) int64 {
 // never 10 s quiet, the older ones deleted first); now its checkpoints
 // commit while it trains, and the last one when it ends.
 func TestWatch_HFRotation(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")

@@ -55,6 +55,7 @@ func mkdir(t *testing.T, p string) string {
 // resumes from it, and its final weights are bit-identical to a run
 // without interruption.
 func TestWatch_NoticeAndResume(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := hfReference(t, "200")
 	dir := shortTemp(t)
@@ -134,6 +135,7 @@ func TestWatch_NoticeAndResume(t *testing.T) {
 // trainer resumes from checkpoint-40, ending bit-identical to a run
 // without the crash.
 func TestWatch_TornNeverCommitted(t *testing.T) {
+	parallelTorch(t)
 	requirePython(t, true)
 	ref := hfReference(t, "120")
 	dir := shortTemp(t)
@@ -177,6 +179,7 @@ func TestWatch_TornNeverCommitted(t *testing.T) {
 
 // TestWatch_BadInput: clear errors before any trainer runs.
 func TestWatch_BadInput(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	ro := mkdir(t, filepath.Join(dir, "ro"))
@@ -220,6 +223,7 @@ func TestWatch_BadInput(t *testing.T) {
 // TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
 // exist yet: the agent creates it (parents too) before the trainer runs.
 func TestWatch_CreatesMissingDir(t *testing.T) {
+	parallel(t)
 	dir := shortTemp(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "fresh", "out")
