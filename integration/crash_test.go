@@ -77,9 +77,10 @@ func TestCrash_KillDuringCommit(t *testing.T) {
 			if backend == "s3" {
 				// The victim's requests go through a proxy that moves each
 				// body at 16 MiB/s: a 5–8 MiB multipart upload then takes
-				// 300–500 ms, and 5–20 of 50 random kills land in one
-				// (under -race here). Unslowed, uploads were a sliver of
-				// a commit: CI's 50 kills once missed every one.
+				// 300–500 ms. Random kills still missed every upload in
+				// one run of 50 in ~20 (CI's once, unslowed), so every
+				// fifth trial kills once an upload is seen in flight
+				// (runCrashTrials' targeted trials).
 				proxy := faultproxy.New(t, srv.Endpoint)
 				proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 16 << 20})
 				endpoint = proxy.URL
@@ -90,12 +91,16 @@ func TestCrash_KillDuringCommit(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			runCrashTrials(t, st, store, endpoint, env, root, filepath.Join(dir, backend), base, trials/2)
+			runCrashTrials(t, st, store, endpoint, env, root, filepath.Join(dir, backend), base, trials/2, backend == "s3")
 		})
 	}
 }
 
-func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []string, root, scratch string, base uint64, n int) {
+// runCrashTrials kills n victims at random moments; with targeted, every
+// fifth kill waits instead until the store shows an upload in flight (a
+// multipart upload lasts hundreds of milliseconds through the slowed
+// proxy, so polling finds it), so that the cleanup is always tested.
+func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []string, root, scratch string, base uint64, n int, targeted bool) {
 	ctx := context.Background()
 	restored := int64(-1) // newest step restored so far
 	commitTime := 300 * time.Millisecond
@@ -114,7 +119,14 @@ func runCrashTrials(t *testing.T, st cloud.Store, store, endpoint string, env []
 		if err := v.waitReady(time.Minute); err != nil {
 			fail("%v", err)
 		}
-		time.Sleep(delay) // the random moment of the crash, not a synchronisation
+		if targeted && i%5 == 4 {
+			waitFor(t, "an upload in flight to kill the victim in", 2*time.Minute, func() bool {
+				n, err := leftovers(ctx, st, root)
+				return err == nil && n > 0
+			})
+		} else {
+			time.Sleep(delay) // the random moment of the crash, not a synchronisation
+		}
 		written, c, err := v.kill()
 		if err != nil {
 			fail("%v", err)
