@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 
@@ -72,7 +73,7 @@ func New(ctx context.Context, bucket, prefix string, opts Options) (*Store, erro
 	copts := append([]option.ClientOption{storage.WithJSONReads()}, opts.ClientOptions...)
 	client, err := storage.NewClient(ctx, copts...)
 	if err != nil {
-		return nil, fmt.Errorf("gcs client: %w", err)
+		return nil, fmt.Errorf("gcs client: %w", explainCredentials(err))
 	}
 	// One attempt per request: the store's operations are retried once,
 	// by the wrapper all.Open stacks around it. Put is the exception
@@ -147,6 +148,25 @@ func (s *Store) Retryable(err error) bool {
 }
 
 // translate maps GCS errors to the cloud sentinels.
+// ErrNoCredentials: Application Default Credentials found none. The
+// library gives it no type: matched on its text, in one place, with the
+// library's error kept in the chain.
+var ErrNoCredentials = errors.New("no Google credentials found (looked in GOOGLE_APPLICATION_CREDENTIALS, " +
+	"gcloud's application default credentials in ~/.config/gcloud (gcloud auth application-default login), " +
+	"and the GCE or GKE metadata server's service account (GKE: workload identity))")
+
+// explainCredentials names a credentials failure of the client's start:
+// none found, or the file GOOGLE_APPLICATION_CREDENTIALS names unusable.
+func explainCredentials(err error) error {
+	if strings.Contains(err.Error(), "could not find default credentials") {
+		return fmt.Errorf("%w: %w", ErrNoCredentials, err)
+	}
+	if f := os.Getenv("GOOGLE_APPLICATION_CREDENTIALS"); f != "" {
+		return fmt.Errorf("GOOGLE_APPLICATION_CREDENTIALS=%s is no usable credentials file (a service account key or an external account's JSON): %w", f, err)
+	}
+	return err
+}
+
 func translate(err error) error {
 	if err == nil {
 		return nil
