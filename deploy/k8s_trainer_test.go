@@ -178,7 +178,7 @@ func (cp *controlPlane) startEnv(name, path string, env []string, args ...string
 		f.Close()
 		close(pr.done)
 	}()
-	cp.procs = append(cp.procs, pr)
+	cp.add(pr)
 	return nil
 }
 

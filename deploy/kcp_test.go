@@ -51,7 +51,34 @@ type controlPlane struct {
 	bin   string // the built binaries
 	url   string // https://127.0.0.1:<port> of the apiserver
 	http  *http.Client
+	mu    sync.Mutex // procs: tests in parallel start controllers on the one control plane
 	procs []*kcpProc
+}
+
+// add records a started process.
+func (cp *controlPlane) add(pr *kcpProc) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.procs = append(cp.procs, pr)
+}
+
+// proc is the newest process started under name (nil: none).
+func (cp *controlPlane) proc(name string) *kcpProc {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	for i := len(cp.procs) - 1; i >= 0; i-- {
+		if cp.procs[i].name == name {
+			return cp.procs[i]
+		}
+	}
+	return nil
+}
+
+// started is a copy of the processes, oldest first.
+func (cp *controlPlane) started() []*kcpProc {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return append([]*kcpProc(nil), cp.procs...)
 }
 
 type kcpProc struct {
@@ -250,13 +277,16 @@ func (cp *controlPlane) startPath(name, path string, args ...string) error {
 		f.Close()
 		close(pr.done)
 	}()
-	cp.procs = append(cp.procs, pr)
+	cp.add(pr)
 	return nil
 }
 
 // waitHTTP polls url until it answers 200, the process exits or timeout.
 func (cp *controlPlane) waitHTTP(name string, c *http.Client, url string, timeout time.Duration) error {
-	pr := cp.procs[len(cp.procs)-1]
+	pr := cp.proc(name)
+	if pr == nil {
+		return fmt.Errorf("%s: never started", name)
+	}
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -287,8 +317,9 @@ func (cp *controlPlane) waitHTTP(name string, c *http.Client, url string, timeou
 
 // stop terminates the processes in reverse order and removes the directory.
 func (cp *controlPlane) stop() {
-	for i := len(cp.procs) - 1; i >= 0; i-- {
-		pr := cp.procs[i]
+	procs := cp.started()
+	for i := len(procs) - 1; i >= 0; i-- {
+		pr := procs[i]
 		_ = pr.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-pr.done:
@@ -304,7 +335,7 @@ func (cp *controlPlane) stop() {
 
 // dumpLogs writes the tail of every process log: the record of a failure.
 func (cp *controlPlane) dumpLogs(w io.Writer) {
-	for _, pr := range cp.procs {
+	for _, pr := range cp.started() {
 		b, _ := os.ReadFile(pr.log)
 		fmt.Fprintf(w, "=== %s (%s), last lines:\n%s\n", pr.name, pr.log, tail(string(b), 6000))
 	}
