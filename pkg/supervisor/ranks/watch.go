@@ -78,8 +78,9 @@ type Watch struct {
 	pids      map[int]bool   // ranks (pids) that said hello since the child started
 	left      map[int]string // pid → the exit file when its connection ended without bye
 	leftAt    map[int]time.Time
-	order     []int  // pids in the order they left
-	verdict   string // "", verdictPeerLost, verdictCrash
+	order     []int         // pids in the order they left
+	exitFile  func() string // reads what the ranks wrote to the exit file (ConnEnded's)
+	verdict   string        // "", verdictPeerLost, verdictCrash
 	verdictAt time.Time
 	// silent: the verdict is a silent neighbour's (OnPeerSilent), whose
 	// agent cannot be writing a crash record: the lookup does not wait.
@@ -319,11 +320,17 @@ func (w *Watch) Tick(now time.Time, running, stopping bool) (endLauncher bool) {
 			continue
 		}
 		w.verdict, w.verdictAt = verdictCrash, now
-		if w.left[pid] == strconv.Itoa(ExitInterrupted) {
+		said := w.left[pid]
+		if said == "" && w.exitFile != nil {
+			// The rank is gone now: what it wrote after its connection
+			// closed (under load the close can come first) is final.
+			said = w.exitFile()
+		}
+		if said == strconv.Itoa(ExitInterrupted) {
 			w.verdict = verdictPeerLost
 		}
 		w.env.Log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
-			zap.String("exit_file", w.left[pid]))
+			zap.String("exit_file", said))
 		if w.verdict == verdictCrash {
 			w.recordCrash(pid)
 		}
@@ -355,7 +362,7 @@ func (w *Watch) ConnEnded(c *protocol.Conn, saidBye, stopping, running bool, exi
 	if _, seen := w.left[h.PID]; seen {
 		return
 	}
-	w.left[h.PID] = exitFile()
+	w.left[h.PID], w.exitFile = exitFile(), exitFile
 	w.leftAt[h.PID] = time.Now()
 	w.order = append(w.order, h.PID)
 }
