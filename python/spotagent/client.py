@@ -519,17 +519,26 @@ class Agent(object):
             code = self.exit_code
             if code == 0:
                 return
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644) if path else -1
-        except FileExistsError:
+        if not path:
             return
+        # Written whole beside it, then linked into place: the link fails
+        # if the file exists (the first rank's answer stands), and a reader
+        # (the agent, a wrapper shell) never sees it empty.
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        try:
+            with open(tmp, "w") as f:
+                f.write("%d\n" % code)
+            os.chmod(tmp, 0o644)
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
         except OSError as e:
             stderr("spotagent: could not write %s: %s" % (path, e))
-            return
-        if fd < 0:
-            return
-        with os.fdopen(fd, "w") as f:
-            f.write("%d\n" % code)
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _peer_lost(self, exc: BaseException) -> None:
         """A collective failed because a peer of the job is gone: exit_code

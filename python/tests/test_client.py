@@ -405,6 +405,19 @@ class TestStop(Base):
         with open(path) as f:
             self.assertEqual(f.read(), "76\n")
 
+    def test_exit_file_first_answer_stands_whole(self):
+        # The first rank's answer stands (a later 75 does not replace a
+        # crash's 1), the file appears whole (linked into place, never
+        # empty for a reader), and nothing is left beside it.
+        path = os.path.join(self.tmp, "exit")
+        os.environ["SPOTAGENT_EXIT_FILE"] = path  # ENV_KEYS: restored by tearDown
+        a = spotagent.connect(path="")
+        a._write_exit_file(1)
+        a._write_exit_file(75)
+        with open(path) as f:
+            self.assertEqual(f.read(), "1\n")
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["exit"])
+
     def test_noop_exit_code(self):
         self.assertEqual(spotagent.connect(path="").exit_code, 0)
 
