@@ -17,6 +17,7 @@ mypy                 mypy             make test-python: mypy --strict over the c
 chromium             chromium         pkg/fleet: the fleet page in a headless browser
 ip                   iproute2         integration: network namespaces for a real partition (#37)
 unshare              util-linux       integration: the shipped trainer script as PID 1 of a PID namespace (#37)
+nft                  nftables         bench/cmd/spotbench detect: random packet loss between network namespaces (no netem in this kernel)
 '
 
 missing=()
