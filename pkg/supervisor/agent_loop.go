@@ -643,7 +643,7 @@ func (a *Agent) finish() {
 				s.UnprotectedSeconds = &unprotected
 			}
 			if finished {
-				recordFinished(s, step)
+				s.MarkFinished(step)
 			}
 		}
 		j.Stats.RunSeconds = a.sess.RunSeconds()

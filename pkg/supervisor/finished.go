@@ -14,7 +14,8 @@ import (
 // Endings that are true: a run whose trainer finished its work is recorded
 // as finished in the journal, the next start says so (a rerun trains again
 // from the newest committed checkpoint), and a finished run's copies under
-// the default cache directory are deleted (the store keeps them).
+// the default cache directory are deleted (the store keeps them). The
+// journal's session records it (journal.Session.MarkFinished).
 
 // finishedWork: the trainer finished its work. In run mode it exited 0
 // and the agent exits 0 (nothing told it to stop: exitCodeFor); beside a
@@ -39,16 +40,6 @@ func sayFinishedBefore(s *journal.Session, log *zap.Logger) {
 		fields = append(fields, zap.String("finished_on", s.Instance.InstanceID))
 	}
 	log.Warn("this run finished before: its trainer exited 0 after its work", fields...)
-}
-
-// recordFinished marks the session finished in the journal (inside the
-// journal update at the end of the session), with the newest step the
-// trainer reported (none when it reported no step past 0).
-func recordFinished(s *journal.Session, step int64) {
-	s.Finished = true
-	if step > 0 {
-		s.LastStep = &step
-	}
 }
 
 // dropFinishedCopies deletes a finished run's local copies and restored

@@ -523,12 +523,18 @@ class Agent(object):
             return
         # Written whole beside it, then linked into place: the link fails
         # if the file exists (the first rank's answer stands), and a reader
-        # (the agent, a wrapper shell) never sees it empty.
+        # (the agent, a wrapper shell) never sees it empty. The temp file is
+        # this process's own: created exclusively, never through a symlink
+        # planted at its name, and only it is removed.
         tmp = "%s.%d.tmp" % (path, os.getpid())
         try:
-            with open(tmp, "w") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            stderr("spotagent: could not write %s: %s" % (path, e))
+            return
+        try:
+            with os.fdopen(fd, "w") as f:
                 f.write("%d\n" % code)
-            os.chmod(tmp, 0o644)
             os.link(tmp, path)
         except FileExistsError:
             pass

@@ -161,6 +161,15 @@ type Stats struct {
 	Pipelined         bool    `json:"pipelined,omitempty"`
 }
 
+// MarkFinished records that the session's trainer finished its work,
+// with the newest step it reported (none when it reported no step past 0).
+func (s *Session) MarkFinished(lastStep int64) {
+	s.Finished = true
+	if lastStep > 0 {
+		s.LastStep = &lastStep
+	}
+}
+
 // FinishedBefore is the session that ended last, when its trainer had
 // finished its work; nil when the run's last ended session was
 // interrupted, failed or stopped, or none has ended.
