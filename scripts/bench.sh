@@ -9,7 +9,8 @@
 # SPOTBENCH_KEEP_WORK (set: keep $SPOTBENCH_WORK, the agents' logs, for a
 # post-mortem), SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
 # the footprint and transfer sections),
-# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet;
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect;
+# azure builds azcopy once into ~/.cache/spotagent-azcopy and runs Azurite (make test-deps installs it);
 # peernet needs root for its network namespaces, and says it skipped without; detect's netem rows need root too),
 # SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
 # SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m),
@@ -28,7 +29,7 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,detect}
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect}
 needs_minio=false # only these sections start MinIO
 for s in transfer e2e pipeline distributed fleet; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
@@ -41,6 +42,22 @@ if $needs_minio && [ ! -x "$MINIO" ]; then
   (cd "$tmp" && GOBIN="$CACHE/bin" GOFLAGS=-mod=mod "$GO" install github.com/minio/minio@latest)
   rmdir "$tmp"
 fi
+
+AZCOPY=${SPOTBENCH_AZCOPY:-$HOME/.cache/spotagent-azcopy/azcopy}
+AZCOPY_VERSION=v10.32.6 # the module's newest release on the proxy when the section was written
+case ",$ONLY," in *",azure,"*)
+  if [ ! -x "$AZCOPY" ]; then
+    echo "bench: building azcopy $AZCOPY_VERSION into $(dirname "$AZCOPY") (one time)" >&2
+    # In a module of its own (go install pkg@version asks the proxy for the
+    # module's version list, which it refuses here); our go.mod never learns of it.
+    tmp=$(mktemp -d)
+    mkdir -p "$(dirname "$AZCOPY")"
+    (cd "$tmp" && "$GO" mod init azcopybuild >/dev/null 2>&1 &&
+      GOFLAGS=-mod=mod "$GO" get "github.com/Azure/azure-storage-azcopy/v10@$AZCOPY_VERSION" &&
+      GOFLAGS=-mod=mod "$GO" build -o "$AZCOPY" github.com/Azure/azure-storage-azcopy/v10)
+    rm -rf "$tmp"
+  fi ;;
+esac
 
 [ -x bin/spotagent ] || make build GO="$GO" # the shipped build: tags and flags matter for RSS
 "$GO" build -o "$CACHE/bin/spotbench" ./bench/cmd/spotbench
@@ -55,4 +72,4 @@ trap cleanup EXIT
   -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
   -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}" \
   -peer-mib "${SPOTBENCH_PEER_MIB:-1024}" \
-  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}"
+  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" -azcopy "$AZCOPY"
