@@ -249,13 +249,13 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 	saved, restart := drain(pods, pps)
 	pods, pps, at := runSet(2 * time.Minute)
 	resumed(copiesCase{Test: t.Name(), Case: "same nodes"}, pps, saved, restart, at, fromCopy)
-	// The copies are where the docs say: <hostPath>/<run name>/node-<rank>.
+	// The copies are where the docs say: <hostPath>/<namespace>/<run name>/node-<rank>.
 	for _, v := range spec.Volumes {
 		if v.Name != "checkpoints" || v.HostPath == nil {
 			continue
 		}
 		for k := range pps {
-			dir := filepath.Join(nodeDirs[place[k]], v.HostPath.Path, name, fmt.Sprintf("node-%d", k))
+			dir := filepath.Join(nodeDirs[place[k]], v.HostPath.Path, ns, name, fmt.Sprintf("node-%d", k))
 			if entries, err := os.ReadDir(dir); err != nil || len(entries) == 0 {
 				t.Errorf("rank %d's copies: %s empty or missing (%v)", k, dir, err)
 			}
