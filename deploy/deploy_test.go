@@ -1095,11 +1095,31 @@ func checkCopiesVolume(t *testing.T, spec corev1.PodSpec, agent *corev1.Containe
 			mount = m
 		}
 	}
-	perRank := mount.SubPathExpr == "" && regexp.MustCompile(`^[a-z0-9-]+/node-0$`).MatchString(mount.SubPath) && flagValue(*agent, "node-rank") == ""
-	perRank = perRank || (mount.SubPath == "" && regexp.MustCompile(`^[a-z0-9-]+/node-\$\(JOB_COMPLETION_INDEX\)$`).MatchString(mount.SubPathExpr) &&
+	// The namespace first: a run's name is unique only in its namespace,
+	// and two runs must never share a directory.
+	perRank := mount.SubPath == "" && regexp.MustCompile(`^\$\(POD_NAMESPACE\)/[a-z0-9-]+/node-0$`).MatchString(mount.SubPathExpr) && flagValue(*agent, "node-rank") == ""
+	perRank = perRank || (mount.SubPath == "" && regexp.MustCompile(`^\$\(POD_NAMESPACE\)/[a-z0-9-]+/node-\$\(JOB_COMPLETION_INDEX\)$`).MatchString(mount.SubPathExpr) &&
 		flagValue(*agent, "node-rank") == "$(JOB_COMPLETION_INDEX)")
 	if !perRank {
-		t.Errorf("agent mounts the copies as subPath %q subPathExpr %q (run id %s): want <run id>/node-<rank>", mount.SubPath, mount.SubPathExpr, run)
+		t.Errorf("agent mounts the copies as subPath %q subPathExpr %q (run id %s): want $(POD_NAMESPACE)/<run id>/node-<rank>", mount.SubPath, mount.SubPathExpr, run)
+	}
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		mounts := c.Name == "copies"
+		for _, m := range c.VolumeMounts {
+			mounts = mounts || m.Name == v.Name
+		}
+		if !mounts {
+			continue
+		}
+		var ns *corev1.EnvVar
+		for i, e := range c.Env {
+			if e.Name == "POD_NAMESPACE" {
+				ns = &c.Env[i]
+			}
+		}
+		if ns == nil || ns.ValueFrom == nil || ns.ValueFrom.FieldRef == nil || ns.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+			t.Errorf("%s mounts the copies without POD_NAMESPACE from metadata.namespace (%+v)", c.Name, ns)
+		}
 	}
 	for _, c := range spec.Containers {
 		for _, m := range c.VolumeMounts {

@@ -188,6 +188,9 @@ func TestHelmValuesRefused(t *testing.T) {
 		{"kubeflow/torch-distributed-spotagent", []string{"image.agent="}, "agent"},
 		{"kubeflow/torch-distributed-spotagent", []string{"image.trainer="}, "trainer"},
 		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.name=Torch_Spot"}, "name"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.networkPolicy.namespaces={Team_A}"}, "namespaces"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.networkPolicy.namespaces={team-a,team-a}"}, "namespaces"},
+		{"kubeflow/torch-distributed-spotagent", []string{"kubeflow.runtime.name=" + strings.Repeat("a", 64)}, "kubeflow.runtime.name"},
 		{"daemonset", []string{"nodeAgent.storePrefix=s3://my-bucket/runs"}, "storePrefix"},
 		{"daemonset", []string{"nodeAgent.storePrefix="}, "storePrefix"},
 	} {

@@ -50,6 +50,7 @@ exec /usr/bin/python3 %[1]s/python/examples/torchrun.py --nnodes=2 --nproc_per_n
 
 // restoredEntry is the sidecar's "restored checkpoint" log entry.
 type restoredEntry struct {
+	TS         string `json:"ts"` // zap's ISO 8601, milliseconds
 	Step       int64  `json:"step"`
 	Bytes      int64  `json:"bytes"`
 	From       string `json:"from"`
@@ -163,7 +164,7 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 	// trainer first: the job's shutdown checkpoint), then plays the
 	// kubelet for rank 0's pod, which the JobSet controller deletes to
 	// restart the set. It returns the checkpoint's step.
-	drain := func(pods []corev1.Pod, pps []*procPod) int {
+	drain := func(pods []corev1.Pod, pps []*procPod) (int, time.Time) {
 		j.evict(pods[1])
 		codes := pps[1].terminate(grace)
 		stopped := stoppedRE.FindAllStringSubmatch(pps[0].log(trainer), -1)
@@ -182,17 +183,19 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 			err := cp.do(http.MethodGet, resourcePath("v1", "Pod", ns, pods[0].Name), "", nil, &p)
 			return err == nil && p.DeletionTimestamp != nil, err
 		})
+		restart := time.Now() // the set's restart seen: the controller deleted the survivor's pod
 		codes = pps[0].terminate(grace)
 		if codes[trainer] != 75 {
 			t.Errorf("rank 0's trainer exited %d, want 75 (the job's interruption stop)", codes[trainer])
 		}
 		j.exit(pods[0], codes)
 		j.forget(pods[0])
-		return saved
+		return saved, restart
 	}
 	// resumed checks each node's restore (want(k) says where node k's bytes
 	// may come from) and waits for every rank's first step after it.
-	resumed := func(pps []*procPod, saved int, at time.Time, want func(k int, r restoredEntry) string) {
+	resumed := func(c copiesCase, pps []*procPod, saved int, restart, at time.Time, want func(k int, r restoredEntry) string) {
+		c.RestartToCreatedS = at.Sub(restart).Seconds()
 		for k, pp := range pps {
 			r := pp.restored(podStart)
 			t.Logf("rank %d's pod on %s: restored step %d, %d bytes: local %d, peer %d, store %d (%s)",
@@ -203,6 +206,12 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 			if msg := want(k, r); msg != "" {
 				t.Errorf("rank %d's pod on %s: %s", k, nodes[place[k]], msg)
 			}
+			ts, err := time.Parse("2006-01-02T15:04:05.000Z0700", r.TS)
+			if err != nil {
+				t.Errorf("rank %d's pod: the restore's log time %q: %v", k, r.TS, err)
+			}
+			c.Nodes = append(c.Nodes, copiesNode{Rank: k, Node: nodes[place[k]], From: r.From, Step: r.Step, Bytes: r.Bytes,
+				LocalBytes: r.LocalBytes, PeerBytes: r.PeerBytes, StoreBytes: r.StoreBytes, CreatedToRestoredS: ts.Sub(at).Seconds()})
 		}
 		for k, pp := range pps {
 			for _, rank := range []int{2 * k, 2*k + 1} {
@@ -210,10 +219,21 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 				if m := pp.trainerSays(re, podStart); m[1] != strconv.Itoa(saved) {
 					t.Errorf("rank %d resumed from step %s, want %d", rank, m[1], saved)
 				}
-				pp.trainerSays(regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d step %d$`, rank, saved+1)), podStart)
 			}
 		}
-		t.Logf("every rank's first resumed step %s after the set's recreation", time.Since(at).Round(100*time.Millisecond))
+		// Every rank's first resumed step, each seen on its own (the log
+		// polled every 100 ms): a node's time is its slower rank's.
+		seen := firstLines(t, pps, func(k, i int) *regexp.Regexp {
+			return regexp.MustCompile(fmt.Sprintf(`(?m)^rank %d step %d$`, 2*k+i, saved+1))
+		})
+		for k := range pps {
+			c.Nodes[k].CreatedToFirstStepS = max(seen[k][0].Sub(at), seen[k][1].Sub(at)).Seconds()
+			c.CreatedToFirstStepS = max(c.CreatedToFirstStepS, c.Nodes[k].CreatedToFirstStepS)
+		}
+		c.RestartToFirstStepS = c.RestartToCreatedS + c.CreatedToFirstStepS
+		t.Logf("%s: the set's restart → pods recreated %.1fs → every rank's first resumed step %.1fs (%.1fs in all)",
+			c.Case, c.RestartToCreatedS, c.CreatedToFirstStepS, c.RestartToFirstStepS)
+		writeCopiesCase(t, c)
 	}
 	fromCopy := func(_ int, r restoredEntry) string {
 		if r.From != "local" || r.StoreBytes != 0 {
@@ -226,16 +246,16 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 	pps[0].trainerSays(stepRE, podStart)
 
 	// 1. Both nodes survive: the set comes back on them, rank by rank.
-	saved := drain(pods, pps)
+	saved, restart := drain(pods, pps)
 	pods, pps, at := runSet(2 * time.Minute)
-	resumed(pps, saved, at, fromCopy)
-	// The copies are where the docs say: <hostPath>/<run name>/node-<rank>.
+	resumed(copiesCase{Test: t.Name(), Case: "same nodes"}, pps, saved, restart, at, fromCopy)
+	// The copies are where the docs say: <hostPath>/<namespace>/<run name>/node-<rank>.
 	for _, v := range spec.Volumes {
 		if v.Name != "checkpoints" || v.HostPath == nil {
 			continue
 		}
 		for k := range pps {
-			dir := filepath.Join(nodeDirs[place[k]], v.HostPath.Path, name, fmt.Sprintf("node-%d", k))
+			dir := filepath.Join(nodeDirs[place[k]], v.HostPath.Path, ns, name, fmt.Sprintf("node-%d", k))
 			if entries, err := os.ReadDir(dir); err != nil || len(entries) == 0 {
 				t.Errorf("rank %d's copies: %s empty or missing (%v)", k, dir, err)
 			}
@@ -256,10 +276,10 @@ func restartsReuseCopies(t *testing.T, cp *controlPlane, ns, name string, spec c
 	// Rank 0 still reads nothing from the store; rank 1 reads its own part
 	// (the manifest's replicas: 0: no other node keeps a copy of it; with
 	// peerRestore.replicas 1 it would come from node A).
-	saved = drain(pods, pps)
+	saved, restart = drain(pods, pps)
 	place = []int{0, 2}
 	pods, pps, at = runSet(2 * time.Minute)
-	resumed(pps, saved, at, func(k int, r restoredEntry) string {
+	resumed(copiesCase{Test: t.Name(), Case: "rank 1 moved"}, pps, saved, restart, at, func(k int, r restoredEntry) string {
 		if k == 0 {
 			return fromCopy(k, r)
 		}
@@ -284,4 +304,80 @@ func hasHostPath(vs []corev1.Volume, name string) bool {
 		}
 	}
 	return false
+}
+
+// copiesCase is one whole-set restart of restartsReuseCopies as
+// SPOTAGENT_K8S_BENCH_OUT receives it (`make bench`'s k8s section,
+// bench/cmd/spotbench/k8s.go, renders it). Times in seconds: restart is
+// the test seeing the JobSet controller delete the surviving rank's pod
+// (after the drained pod failed), created the test seeing the new pods.
+type copiesCase struct {
+	Test                string       `json:"test"`
+	Case                string       `json:"case"` // "same nodes", "rank 1 moved"
+	RestartToCreatedS   float64      `json:"restart_to_created_s"`
+	CreatedToFirstStepS float64      `json:"created_to_first_step_s"` // every rank's
+	RestartToFirstStepS float64      `json:"restart_to_first_step_s"`
+	Nodes               []copiesNode `json:"nodes"`
+}
+
+// copiesNode is one node's restore in a copiesCase: the sidecar's own
+// byte counts, by source.
+type copiesNode struct {
+	Rank                int     `json:"rank"`
+	Node                string  `json:"node"`
+	From                string  `json:"from"`
+	Step                int64   `json:"step"`
+	Bytes               int64   `json:"bytes"`
+	LocalBytes          int64   `json:"local_bytes"`
+	PeerBytes           int64   `json:"peer_bytes"`
+	StoreBytes          int64   `json:"store_bytes"`
+	CreatedToRestoredS  float64 `json:"created_to_restored_s"`   // the sidecar's "restored checkpoint"
+	CreatedToFirstStepS float64 `json:"created_to_first_step_s"` // the node's slower rank
+}
+
+// writeCopiesCase appends c as one JSON line to $SPOTAGENT_K8S_BENCH_OUT
+// when it is set (nothing otherwise).
+func writeCopiesCase(t *testing.T, c copiesCase) {
+	t.Helper()
+	path := os.Getenv("SPOTAGENT_K8S_BENCH_OUT")
+	if path == "" || t.Failed() {
+		return
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatalf("SPOTAGENT_K8S_BENCH_OUT: %v", err)
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		t.Fatalf("SPOTAGENT_K8S_BENCH_OUT: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("SPOTAGENT_K8S_BENCH_OUT: %v", err)
+	}
+}
+
+// firstLines polls every pod's trainer log (2 ranks a pod) until each
+// rank has printed its line re(k, i) (pod k, its rank i), and returns when
+// each line was first seen.
+func firstLines(t *testing.T, pps []*procPod, re func(k, i int) *regexp.Regexp) [][2]time.Time {
+	t.Helper()
+	seen := make([][2]time.Time, len(pps))
+	waitFor(t, podStart, "every rank's first resumed step", func() (bool, error) {
+		all := true
+		for k, pp := range pps {
+			b, _ := os.ReadFile(filepath.Join(pp.dir, pp.pod.Spec.Containers[0].Name+".log"))
+			for i := range 2 {
+				if seen[k][i].IsZero() && re(k, i).Match(b) {
+					seen[k][i] = time.Now()
+				}
+				all = all && !seen[k][i].IsZero()
+			}
+		}
+		return all, nil
+	})
+	return seen
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -394,7 +395,11 @@ func TestK8sTrainJob(t *testing.T) {
 	t.Parallel()
 	cp := runTrainerController(t)
 	ns := cp.namespace(t, "trainjob")
-	cp.applySoon(t, manifestDocs(t, trainerRuntimePath)[0], "")
+	runtime, policies := runtimeDocs(t, trainerRuntimePath)
+	cp.applySoon(t, runtime, "")
+	for _, d := range policies { // the runtime's NetworkPolicy, in the TrainJob's namespace: the API server takes it
+		cp.applySoon(t, d, ns)
+	}
 	var name string
 	for _, d := range manifestDocs(t, trainJobPath) {
 		if d.kind == "TrainJob" {
@@ -453,6 +458,15 @@ func TestK8sTrainJob(t *testing.T) {
 	if !bytes.Contains(rj.PodFailurePolicy, []byte(`"containerName":"node"`)) || !bytes.Contains(rj.PodFailurePolicy, []byte("DisruptionTarget")) {
 		t.Errorf("child Job's podFailurePolicy lost the runtime's rules: %s", rj.PodFailurePolicy)
 	}
+	// The runtime's NetworkPolicy selects the pods of the JobSet the
+	// Trainer built (labelled as the JobSet controller labels them).
+	for _, d := range policies {
+		var pol networkingv1.NetworkPolicy
+		if err := yaml.UnmarshalStrict(d.yaml, &pol); err != nil {
+			t.Fatal(err)
+		}
+		checkRuntimePolicy(t, &pol, rj.Template, name)
+	}
 	pod := rj.Template.Spec
 	// The chart's JobSet pod (kubeflow.runtime): the copies' init
 	// container, then the sidecar, on the hostPath copies, with the peer tier.
@@ -488,7 +502,7 @@ func TestK8sTrainJob(t *testing.T) {
 		}
 		return ""
 	}
-	const wantSubPath = "$(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)"
+	const wantSubPath = "$(POD_NAMESPACE)/$(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)"
 	if got := subPath(sidecar); got != wantSubPath {
 		t.Errorf("sidecar checkpoints subPathExpr %q, want %q", got, wantSubPath)
 	}
@@ -634,7 +648,8 @@ func TestK8sTrainJobRestartReusesCopies(t *testing.T) {
 	cp := runTrainerController(t)
 	agent := spotagentBinary(t)
 	ns := cp.namespace(t, "tjcopies")
-	cp.applySoon(t, manifestDocs(t, trainerRuntimePath)[0], "")
+	runtime, _ := runtimeDocs(t, trainerRuntimePath)
+	cp.applySoon(t, runtime, "")
 	var name string
 	for _, d := range manifestDocs(t, trainJobPath) {
 		if d.kind == "TrainJob" {
@@ -666,4 +681,25 @@ func TestK8sTrainJobRestartReusesCopies(t *testing.T) {
 		t.Fatalf("%s: the checkpoints volume is not a hostPath", trainerRuntimePath)
 	}
 	restartsReuseCopies(t, cp, ns, name, spec, agent, fakeTorchrunNodes(t), false)
+}
+
+// runtimeDocs is path's ClusterTrainingRuntime and its NetworkPolicies.
+func runtimeDocs(t *testing.T, path string) (manifestDoc, []manifestDoc) {
+	t.Helper()
+	var rt []manifestDoc
+	var pols []manifestDoc
+	for _, d := range manifestDocs(t, path) {
+		switch d.kind {
+		case "ClusterTrainingRuntime":
+			rt = append(rt, d)
+		case "NetworkPolicy":
+			pols = append(pols, d)
+		default:
+			t.Fatalf("%s: unexpected %s %s", path, d.kind, d.name)
+		}
+	}
+	if len(rt) != 1 {
+		t.Fatalf("%s: %d ClusterTrainingRuntimes, want 1", path, len(rt))
+	}
+	return rt[0], pols
 }

@@ -9,13 +9,16 @@
 # SPOTBENCH_KEEP_WORK (set: keep $SPOTBENCH_WORK, the agents' logs, for a
 # post-mortem), SPOTBENCH_BASELINE_BIN (an older spotagent measured beside this one in
 # the footprint and transfer sections),
-# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect;
-# azure builds azcopy once into ~/.cache/spotagent-azcopy and runs Azurite (make test-deps installs it);
+# SPOTBENCH_ONLY (latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect,k8s;
+# azure builds azcopy once into ~/.cache/spotagent-azcopy and runs Azurite, cached as the tests cache it;
+# k8s needs the control plane and controllers' cache (make kcp-controllers), SPOTBENCH_K8S_REPS (3);
 # peernet needs root for its network namespaces, and says it skipped without; detect's netem rows need root too),
 # SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
 # SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m),
 # SPOTBENCH_PEER_MIB (1024: the peer section's checkpoint bytes per node),
-# SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory).
+# SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory),
+# SPOTBENCH_K8S_REPS (3: the k8s section's runs of deploy's TestK8sJobSetRestartReusesCopies, ~2-3 min
+# each on 2 cores; the section says it skipped unless make kcp-controllers has built the control plane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -29,7 +32,7 @@ for tool in aws curl python3; do
 done
 aws --version >/dev/null 2>&1 || { echo "bench: 'aws --version' fails: the AWS CLI is not usable" >&2; exit 1; }
 
-ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect}
+ONLY=${SPOTBENCH_ONLY:-latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect,k8s}
 needs_minio=false # only these sections start MinIO
 for s in transfer e2e pipeline distributed fleet; do
   case ",$ONLY," in *",$s,"*) needs_minio=true ;; esac
@@ -72,4 +75,4 @@ trap cleanup EXIT
   -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
   -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}" \
   -peer-mib "${SPOTBENCH_PEER_MIB:-1024}" \
-  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" -azcopy "$AZCOPY"
+  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" -azcopy "$AZCOPY" -k8s-reps "${SPOTBENCH_K8S_REPS:-3}"

@@ -25,6 +25,10 @@
 // detect (issue 51 item 1: a silent node's survivors exit 75, and no exit
 // for 1 s pauses, 1 s loss bursts and 5 % loss; detect.go; root for its
 // network namespaces and netem).
+// k8s (issue 45's figure: a JobSet's whole-set restart on the real control
+// plane and JobSet controller, copies on a hostPath: bytes by source and
+// restart → first resumed step; k8s.go; -k8s-reps runs of the deploy test;
+// skipped, and said so, without make kcp-controllers' cache).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -71,6 +75,7 @@ type config struct {
 	detectLoss            time.Duration   // detect section: how long the 5 % loss lasts
 	detectTimeouts        []time.Duration // detect section: timeouts of the blip trials
 	detectRing            int             // detect section: monitors of the cost figure
+	k8sReps               int             // k8s section: runs of the deploy test (k8s.go)
 }
 
 func main() {
@@ -98,7 +103,7 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect,k8s", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
@@ -113,6 +118,7 @@ func main() {
 	flag.DurationVar(&c.detectLoss, "detect-loss", time.Minute, "detect section: how long the 5 % loss lasts")
 	flag.StringVar(&detectTimeouts, "detect-timeouts", "1.2s,2s", "detect section: timeouts of the blip trials (the default's is the target)")
 	flag.IntVar(&c.detectRing, "detect-ring", 1000, "detect section: monitors in the cost figure's ring")
+	flag.IntVar(&c.k8sReps, "k8s-reps", 3, "k8s section: runs of the deploy test (each a fresh control plane)")
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
 	flag.IntVar(&c.fleetReps, "fleet-reps", 3, "fleet section: repetitions (at least 3)")
@@ -131,6 +137,9 @@ func main() {
 			fatal(fmt.Errorf("-detect-timeouts %q: want durations such as 1.2s,2s", detectTimeouts))
 		}
 		c.detectTimeouts = append(c.detectTimeouts, d)
+	}
+	if c.k8sReps < 1 {
+		fatal(fmt.Errorf("-k8s-reps must be at least 1"))
 	}
 	if c.detectReps < 3 || c.detectPairs < 1 || c.detectRing < 2 {
 		fatal(fmt.Errorf("-detect-reps must be at least 3, -detect-pairs at least 1, -detect-ring at least 2"))
@@ -240,6 +249,10 @@ func main() {
 	if c.only["detect"] {
 		step("silent node detection and blips (issue 51)")
 		must(benchDetect(&c, r))
+	}
+	if c.only["k8s"] {
+		step("Kubernetes: whole-set restart with copies that outlive the pods (issue 45)")
+		must(benchK8s(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()

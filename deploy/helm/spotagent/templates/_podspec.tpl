@@ -41,11 +41,13 @@ tolerations:
 initContainers:
   {{- if $hostCopies }}
   # The node's copies (docs/kubernetes.md, "Copies that outlive the pods"):
-  # <copies root>/{{ ternary "<TrainJob name>" $v.runId $rt }}/node-<rank> on the node, made and handed to
-  # uid {{ $v.trainer.uid }} before the sidecar starts (a hostPath directory
-  # is root's). Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old
-  # are removed. Runs as root with CHOWN, DAC_OVERRIDE and FOWNER only; the
-  # trainer image's sh, find and chown (the agent image has no shell).
+  # <copies root>/<namespace>/{{ ternary "<TrainJob name>" $v.runId $rt }}/node-<rank> on the node (the
+  # namespace: two runs of one name in two namespaces never share a
+  # directory), made and handed to uid {{ $v.trainer.uid }} before the sidecar starts (a
+  # hostPath directory is root's); a symbolic link on that path is refused.
+  # Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old are removed. Runs
+  # as root with CHOWN, DAC_OVERRIDE and FOWNER only. The trainer image's sh,
+  # find and chown: the agent image is the static binary alone (no shell).
   - name: copies
     image: {{ $v.image.trainer }}
     imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -54,30 +56,36 @@ initContainers:
       - -c
       - |
         set -eu
+        ns="${POD_NAMESPACE:?the pod has no namespace}"
         {{- if $rt }}
         run="${SPOTAGENT_RUN_ID:?the pod has no {{ .runIdLabel }} label}"
         {{- else }}
         run={{ $v.runId }}
         {{- end }}
-        dir="/copies/$run/node-${JOB_COMPLETION_INDEX:-0}"
+        top="/copies/$ns/$run"
+        dir="$top/node-${JOB_COMPLETION_INDEX:-0}"
+        for p in "/copies/$ns" "$top" "$dir"; do
+          if [ -L "$p" ]; then echo "copies: $p is a symbolic link: refused" >&2; exit 1; fi
+        done
         mkdir -p "$dir"
         chown {{ $v.trainer.uid }}:{{ $v.trainer.uid }} "$dir"
         chmod 0700 "$dir"
-        touch "/copies/$run"
-        for d in /copies/*; do
-          [ -d "$d" ] && [ ! -L "$d" ] && [ "${d##*/}" != "$run" ] || continue
+        touch "$top"
+        for d in /copies/*/*; do
+          [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$top" ] || continue
           if [ -z "$(find "$d" -mmin -{{ mul $v.copies.retainDays 1440 }} | head -n 1)" ]; then
             echo "copies: removing $d (nothing newer than {{ $v.copies.retainDays }} days)"
             rm -rf "$d"
           fi
         done
-    {{- if $multi }}
     env:
+      {{- include "spotagent.namespaceEnv" . | nindent 6 }}
+      {{- if $multi }}
       {{- include "spotagent.rankEnv" .root | nindent 6 }}
       {{- if $rt }}
       {{- include "spotagent.runIdEnv" .runIdLabel | nindent 6 }}
       {{- end }}
-    {{- end }}
+      {{- end }}
     resources:
       requests:
         cpu: 10m
@@ -129,6 +137,9 @@ initContainers:
     env:
       {{- if $multi }}
       {{- include "spotagent.rankEnv" .root | nindent 6 }}
+      {{- end }}
+      {{- if $hostCopies }}
+      {{- include "spotagent.namespaceEnv" . | nindent 6 }}
       {{- end }}
       # Stable across pod relaunches: the name the controller labels every
       # pod with, which {{ ternary "is the TrainJob's name" "the chart sets to the run id" $rt }}.
@@ -282,6 +293,9 @@ containers:
       {{- include "spotagent.runIdEnv" .runIdLabel | nindent 6 }}
       {{- end }}
       {{- end }}
+      {{- if $hostCopies }}
+      {{- include "spotagent.namespaceEnv" . | nindent 6 }}
+      {{- end }}
       - name: SPOTAGENT_SOCKET
         value: /var/run/spotagent/agent.sock
       # The trainer container gets SIGTERM before its sidecar (pod deletion,
@@ -362,11 +376,11 @@ volumes:
   mountPath: /checkpoints
   {{- if eq .root.Values.copies.where "hostPath" }}
   {{- if .runtime }}
-  subPathExpr: $(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)
+  subPathExpr: $(POD_NAMESPACE)/$(SPOTAGENT_RUN_ID)/node-$(JOB_COMPLETION_INDEX)
   {{- else if .multi }}
-  subPathExpr: {{ .root.Values.runId }}/node-$(JOB_COMPLETION_INDEX)
+  subPathExpr: $(POD_NAMESPACE)/{{ .root.Values.runId }}/node-$(JOB_COMPLETION_INDEX)
   {{- else }}
-  subPath: {{ .root.Values.runId }}/node-0
+  subPathExpr: $(POD_NAMESPACE)/{{ .root.Values.runId }}/node-0
   {{- end }}
   {{- end }}
 {{- end -}}
@@ -378,6 +392,15 @@ volumes:
 {{- else -}}
 {{- . }}
 {{- end -}}
+{{- end -}}
+
+{{/* The pod's namespace, the first element of the copies' subPathExpr
+(every container that mounts them, and the copies init container). */}}
+{{- define "spotagent.namespaceEnv" -}}
+- name: POD_NAMESPACE # the copies are <copies root>/<namespace>/<run id>/node-<rank>
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
 {{- end -}}
 
 {{/* The run id's environment variable: the label the controller sets to
