@@ -212,6 +212,9 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	if why := a.job.ownCheckpoint(); why != "" {
+		// Said here too: the trainer may think its checkpoint (often its
+		// SIGTERM's) is safe; only this log tells the operator it is not.
+		a.log.Warn("trainer's own checkpoint refused: not committed", zap.Int64p("step", m.Step), zap.String("dir", m.Dir), zap.String("why", why))
 		a.conns.Reply(c, "", why)
 		return
 	}

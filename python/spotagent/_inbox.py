@@ -165,6 +165,11 @@ class Inbox(object):
                     a.errors[eid] = str(msg.get("error") or "")
                     trim(a.errors, 256)
                     a.cond.notify_all()
+            elif str(msg.get("error") or "").startswith("done:"):
+                with a.lock:  # an own checkpoint refused: SigtermRequest.done stops waiting
+                    a.done_refusals += 1
+                    a.done_refusal = str(msg.get("error"))
+                    a.cond.notify_all()
         else:
             log.debug("spotagent: unknown message type %r ignored", t)
 

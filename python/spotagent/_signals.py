@@ -131,16 +131,24 @@ class SigtermRequest(CheckpointRequest):
             return
         with state.lock:
             before = set(state.committed)
+            refusals = state.done_refusals
         state.checkpoint_done(step, self.dir, metadata)
         end = time.monotonic() + self._wait
         with state.lock:
             while True:
                 new = [c for k, c in state.committed.items() if k not in before and c.step == int(step)]
+                refused = state.done_refusals != refusals
                 left = end - time.monotonic()
-                if new or left <= 0 or state.closed.is_set():
+                if new or refused or left <= 0 or state.closed.is_set():
                     break
                 state.cond.wait(left)
-            if not new:
+            if refused and not new:
+                # The agent will not commit it (a part of a multi-node job
+                # commits only what every rank saves together): waiting the
+                # rest of the grace would only delay the exit.
+                log.warning("spotagent: SIGTERM checkpoint at step %d refused by the agent, not committed: %s",
+                            step, state.done_refusal)
+            elif not new:
                 log.warning("spotagent: SIGTERM checkpoint at step %d not confirmed within %.0fs", step, self._wait)
         state.stop("shutdown")
 

@@ -140,6 +140,10 @@ class State(object):
         self.committed = OrderedDict()  # type: OrderedDict[str, Committed]
         self.failed_uploads = OrderedDict()  # type: OrderedDict[str, str]
         self.errors = OrderedDict()  # type: OrderedDict[str, str]  # error {id} from the agent
+        # Refusals of a checkpoint the trainer took on its own (an error
+        # without id about its done): how many, and the newest one's text.
+        self.done_refusals = 0
+        self.done_refusal = ""
         self.last_committed = None  # type: Optional[Committed]
         self.done_steps = OrderedDict()  # type: OrderedDict[str, int]
         self.last_progress_at = None  # type: Optional[float]

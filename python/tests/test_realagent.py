@@ -148,6 +148,44 @@ class Sidecar(object):
         self._log.close()
 
 
+class TestSigtermOwnCheckpointUnderPart(Base):
+    """A single-process trainer under a part agent (`sidecar --node-rank 0`:
+    a TrainJob of 1 node x 1 process, or a trainer without torch.distributed)
+    that takes its own SIGTERM checkpoint: the agent refuses it (a part
+    commits only what every rank saves when its agent asks) and says so in
+    its log; the trainer stops waiting at the refusal, not at the end of
+    SPOTAGENT_SIGTERM_WAIT, and says it was not committed (issue 45: it
+    waited the whole 40 s and the operator saw nothing)."""
+
+    def test_refusal_is_said_and_ends_the_wait(self):
+        import signal as _signal
+
+        old = _signal.getsignal(_signal.SIGTERM)
+        self.addCleanup(_signal.signal, _signal.SIGTERM, old)
+        node = Sidecar(self.tmp, 0, "file://" + os.path.join(self.tmp, "store"))
+        self.addCleanup(node.stop)
+        a = self.connect(path=node.socket, handle_sigterm=True, welcome_timeout=20)
+        a.sigterm_wait = 60.0
+        os.kill(os.getpid(), _signal.SIGTERM)
+        req = a.poll(7)
+        self.assertIsNotNone(req)
+        self.assertEqual(req.reason, "shutdown")
+        with open(os.path.join(req.dir, "model.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        logger = logging.getLogger("spotagent")
+        with self.assertLogs(logger, level="WARNING") as logs:
+            t0 = time.monotonic()
+            req.done(7)
+            took = time.monotonic() - t0
+        self.assertLess(took, 30.0, "done waited for a commit the agent had refused")
+        self.assertTrue(any("refused by the agent, not committed" in line for line in logs.output), logs.output)
+        self.assertTrue(a.should_stop)
+        end = time.monotonic() + 20
+        while "checkpoint refused: not committed" not in node.log() and time.monotonic() < end:
+            time.sleep(0.05)  # the agent's log is a file it appends to: polled, bounded
+        self.assertIn("checkpoint refused: not committed", node.log())
+
+
 class TestSigtermRealSidecars(GlooBase):
     """Issue 24 item 1, with the real agent: two sidecars (--node-rank 0/1),
     a 2-rank gloo job, SIGTERM (SPOTAGENT_HANDLE_SIGTERM=1) to rank 1. The
