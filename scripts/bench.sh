@@ -15,6 +15,10 @@
 # SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m),
 # SPOTBENCH_PEER_MIB (1024: the peer section's checkpoint bytes per node),
 # SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory).
+# recovery (issue 51: notice, lost node, whole-job restart, event → every rank's first
+# resumed step; not in the default list: ~1 min a run on a quiet 2-core machine, 9 runs):
+# SPOTBENCH_ONLY=recovery, SPOTBENCH_RECOVERY_REPS (3), SPOTBENCH_RECOVERY_MIB (128: per node),
+# SPOTBENCH_RECOVERY_DELAY (2s: the orchestrator's restart delay modelled, deploy/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -55,4 +59,6 @@ trap cleanup EXIT
   -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
   -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}" \
   -peer-mib "${SPOTBENCH_PEER_MIB:-1024}" \
-  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}"
+  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" \
+  -recovery-reps "${SPOTBENCH_RECOVERY_REPS:-3}" -recovery-mib "${SPOTBENCH_RECOVERY_MIB:-128}" \
+  -recovery-restart-delay "${SPOTBENCH_RECOVERY_DELAY:-2s}"

@@ -25,6 +25,9 @@
 // detect (issue 51 item 1: a silent node's survivors exit 75, and no exit
 // for 1 s pauses, 1 s loss bursts and 5 % loss; detect.go; root for its
 // network namespaces and netem).
+// recovery (issue 51 item 3: a notice, a lost node and a whole-job restart
+// timed from the event to every rank's first resumed step, 2 × 2 under
+// torchrun, the orchestrator's restart delay modelled; recovery.go).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -71,6 +74,9 @@ type config struct {
 	detectLoss            time.Duration   // detect section: how long the 5 % loss lasts
 	detectTimeouts        []time.Duration // detect section: timeouts of the blip trials
 	detectRing            int             // detect section: monitors of the cost figure
+	recoveryReps          int             // recovery section: runs per case
+	recoveryMiB           int             // recovery section: checkpoint bytes per node
+	recoveryDelay         time.Duration   // recovery section: the modelled restart delay
 }
 
 func main() {
@@ -98,7 +104,7 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "idle-polling window for the footprint figure")
 	flag.IntVar(&c.idleRuns, "idle-runs", 5, "runs of the footprint section (fresh processes each): the table shows medians")
 	flag.StringVar(&c.baselineBin, "baseline-bin", "", "footprint: an older spotagent binary run beside -bin, against the same fake")
-	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect", "sections to run")
+	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect,recovery", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
 	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
@@ -113,6 +119,9 @@ func main() {
 	flag.DurationVar(&c.detectLoss, "detect-loss", time.Minute, "detect section: how long the 5 % loss lasts")
 	flag.StringVar(&detectTimeouts, "detect-timeouts", "1.2s,2s", "detect section: timeouts of the blip trials (the default's is the target)")
 	flag.IntVar(&c.detectRing, "detect-ring", 1000, "detect section: monitors in the cost figure's ring")
+	flag.IntVar(&c.recoveryReps, "recovery-reps", 3, "recovery section: runs per case")
+	flag.IntVar(&c.recoveryMiB, "recovery-mib", 128, "recovery section: checkpoint bytes per node (MiB)")
+	flag.DurationVar(&c.recoveryDelay, "recovery-restart-delay", 2*time.Second, "recovery section: the orchestrator's restart delay modelled (JobSet: 2 s, deploy/README.md)")
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
 	flag.IntVar(&c.fleetReps, "fleet-reps", 3, "fleet section: repetitions (at least 3)")
@@ -131,6 +140,9 @@ func main() {
 			fatal(fmt.Errorf("-detect-timeouts %q: want durations such as 1.2s,2s", detectTimeouts))
 		}
 		c.detectTimeouts = append(c.detectTimeouts, d)
+	}
+	if c.recoveryReps < 1 || c.recoveryMiB < 1 || c.recoveryDelay < 0 {
+		fatal(fmt.Errorf("-recovery-reps and -recovery-mib must be at least 1, -recovery-restart-delay not negative"))
 	}
 	if c.detectReps < 3 || c.detectPairs < 1 || c.detectRing < 2 {
 		fatal(fmt.Errorf("-detect-reps must be at least 3, -detect-pairs at least 1, -detect-ring at least 2"))
@@ -240,6 +252,10 @@ func main() {
 	if c.only["detect"] {
 		step("silent node detection and blips (issue 51)")
 		must(benchDetect(&c, r))
+	}
+	if c.only["recovery"] {
+		step("recovery end to end: notice, lost node, whole-job restart (issue 51)")
+		must(benchRecovery(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()
