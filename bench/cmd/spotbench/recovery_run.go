@@ -85,6 +85,7 @@ type recoveryMarks struct {
 type recoveryRun struct {
 	Detect, Commit, Exit, Delay  float64 // event → detected; → committed; → survivors exited; → restarted
 	Restore, Boot, Loaded, First float64 // from the restart: slowest node restored; slowest rank connected, loaded, first resumed step
+	Import                       float64 // the slowest rank's `import torch` (its process start → imported)
 	Total                        float64 // event → every rank's first resumed step
 	Bytes                        [2][3]int64
 	Local, Peer, Store           int64 // all nodes together
@@ -128,6 +129,7 @@ func recoveryFrom(cs recoveryCase, m recoveryMarks, restored []proc.LogLine, del
 			return x, fmt.Errorf("rank %d resumed step %d, the agents restored step %d", s.Rank, s.Resumed, x.Step)
 		}
 		x.Boot = max(x.Boot, s.Times["connected"]-r0)
+		x.Import = max(x.Import, s.Times["imported"]-s.Times["started"])
 		x.Loaded = max(x.Loaded, s.Times["loaded"]-r0)
 		x.First = max(x.First, s.Times["first_step"]-r0)
 		last = max(last, s.Times["first_step"])
@@ -141,8 +143,8 @@ func recoveryFrom(cs recoveryCase, m recoveryMarks, restored []proc.LogLine, del
 func recoveryReport(runs map[string][]recoveryRun, mib int, delay time.Duration, python string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "A job of 2 nodes × 2 ranks on this machine: `spotagent run --node-rank K` per node (`--peer-restore --replicas 1`, a file store, `--cloud aws` against a fake metadata server, `--poll-interval 1s`) around the real torchrun (`python/examples/torchrun.py`, %s), ranks running `bench/recovery_trainer.py` (train_ddp.py's loop: DDP, gloo, CPU; %d MiB per node in each checkpoint: a random payload and the model's state per rank). Once every rank trains, one event; the bench waits for every surviving agent to exit, waits the **modelled restart delay, %v from the last agent's exit** (the JobSet controller's whole-set recreation: 1.9–2.1 s from a rank's exit 75 to the new set's pods at each of 8 interruptions with the real controller, deploy/README.md \"Restart delay\", `TestK8sJobSetController`), then starts every node's agent again at once, as a JobSet recreates every pod; node 1 on an empty machine for (a) and (b), on its own for (c). Seconds, medians of n runs (min–max of the total):\n\n", python, mib, delay)
-	b.WriteString("| case | n | event → detected | → committed | → survivors exited (codes) | → restarted | restart → restored (slowest node) | restart → rank booted (slowest) | restart → first resumed step | **event → every rank's first resumed step** | restored from, node 0 | node 1 | load (1 min) |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| case | n | event → detected | → committed | → survivors exited (codes) | → restarted | restart → restored (slowest node) | restart → rank booted (slowest) | of which `import torch` | restart → first resumed step | **event → every rank's first resumed step** | restored from, node 0 | node 1 | load (1 min) |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, cs := range recoveryCases {
 		xs := runs[cs.name]
 		if len(xs) == 0 {
@@ -169,14 +171,15 @@ func recoveryReport(runs map[string][]recoveryRun, mib int, delay time.Duration,
 		tot := col(func(x recoveryRun) float64 { return x.Total })
 		lo, hi := stats.MinMax(tot)
 		loadLo, loadHi := stats.MinMax(col(func(x recoveryRun) float64 { return x.Load }))
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s (%s) | %s | %s | %s | %s | **%.2f** (%.2f–%.2f) | %s | %s | %.1f–%.1f |\n", cs.label, len(xs),
-			med(func(x recoveryRun) float64 { return x.Detect }), commit,
+		fmt.Fprintf(&b, "| %s | %d | %.3f | %s | %s (%s) | %s | %s | %s | %s | %s | **%.2f** (%.2f–%.2f) | %s | %s | %.1f–%.1f |\n", cs.label, len(xs),
+			stats.Median(col(func(x recoveryRun) float64 { return x.Detect })), commit,
 			med(func(x recoveryRun) float64 { return x.Exit }), codeList(codes),
 			med(func(x recoveryRun) float64 { return x.Delay }), med(func(x recoveryRun) float64 { return x.Restore }),
-			med(func(x recoveryRun) float64 { return x.Boot }), med(func(x recoveryRun) float64 { return x.First }),
+			med(func(x recoveryRun) float64 { return x.Boot }), med(func(x recoveryRun) float64 { return x.Import }),
+			med(func(x recoveryRun) float64 { return x.First }),
 			stats.Median(tot), lo, hi, tierBytes(xs, 0), tierBytes(xs, 1), loadLo, loadHi)
 	}
-	b.WriteString("\n*detected*: (a) node 1's agent asks its ranks for the interruption checkpoint (\"checkpoint requested\"; it reads `spot/instance-action` every `--poll-interval`); (b) node 0's agent's verdict (its ranks' sockets reset: \"a rank of this node ended on an error\", or its heartbeats' silence, whichever first); (c) node 1's agent asks for the shutdown checkpoint. *committed*: the later agent's \"checkpoint committed\" (the job-wide commit). *survivors exited*: after the commit (a, c) or the verdict (b), the last surviving agent's exit (exit codes: every node's in a, c; node 0's in b). *restarted*: the modelled delay as slept. From the restart (every agent started at once): *restored*: the slower node's \"restored checkpoint\"; *rank booted*: the slowest rank's `agent.connect()` returned (torchrun's start and rendezvous, python, `import torch`, `init_process_group`); the restore runs beside it, and a rank waits for it in `agent.resume_dir`; *first resumed step*: the slowest rank's first step after loading its files (the step's all_reduce waits for every rank of the job). *restored from*: each node's bytes by tier, from its agent's \"restored checkpoint\" line (local: its own machine's copy; peer: another node's agent; store: the store), medians.\n")
+	b.WriteString("\n*detected*: (a) node 1's agent asks its ranks for the interruption checkpoint (\"checkpoint requested\"; it reads `spot/instance-action` every `--poll-interval`); (b) node 0's agent's verdict (its ranks' sockets reset: \"a rank of this node ended on an error\", or its heartbeats' silence, whichever first); (c) node 1's agent asks for the shutdown checkpoint. *committed*: the later agent's \"checkpoint committed\" (the job-wide commit). *survivors exited*: after the commit (a, c) or the verdict (b), the last surviving agent's exit (exit codes: every node's in a, c; node 0's in b). *restarted*: the modelled delay as slept. From the restart (every agent started at once): *restored*: the slower node's \"restored checkpoint\"; *rank booted*: the slowest rank's `agent.connect()` returned (torchrun's start and rendezvous, python, `import torch`, `init_process_group`); *of which `import torch`*: the slowest rank's, from its python's start (CPU-bound: it shows how loaded the machine was); the restore runs beside it, and a rank waits for it in `agent.resume_dir`; *first resumed step*: the slowest rank's first step after loading its files (the step's all_reduce waits for every rank of the job). *restored from*: each node's bytes by tier, from its agent's \"restored checkpoint\" line (local: its own machine's copy; peer: another node's agent; store: the store), medians.\n")
 	return b.String()
 }
 

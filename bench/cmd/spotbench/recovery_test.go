@@ -40,7 +40,7 @@ func TestRecoveryFromBreakdown(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	step := func(rank int, first, connected float64) recoveryStep {
-		return recoveryStep{Rank: rank, Resumed: 93, Times: map[string]float64{"first_step": 1000 + first, "connected": 1000 + connected, "loaded": 1000 + first - 1}}
+		return recoveryStep{Rank: rank, Resumed: 93, Times: map[string]float64{"first_step": 1000 + first, "connected": 1000 + connected, "loaded": 1000 + first - 1, "started": 1000 + connected - 5, "imported": 1000 + connected - 5 + float64(rank)}}
 	}
 	m := recoveryMarks{Event: at(0), Detect: at(0.5), Commit: at(2), Exited: at(5), Restart: at(7),
 		Steps: []recoveryStep{step(0, 20, 15), step(1, 21, 16), step(2, 22, 17), step(3, 20.5, 14)}}
@@ -62,6 +62,7 @@ func TestRecoveryFromBreakdown(t *testing.T) {
 	near("boot (slowest rank)", x.Boot, 10)
 	near("first resumed step (slowest rank)", x.First, 15)
 	near("total", x.Total, 22)
+	near("import (slowest rank)", x.Import, 3)
 	if x.Local != 100 || x.Peer != 60 || x.Store != 40 || x.Bytes[1] != [3]int64{0, 60, 40} || x.Step != 93 {
 		t.Errorf("bytes %d/%d/%d, node 1 %v, step %d", x.Local, x.Peer, x.Store, x.Bytes[1], x.Step)
 	}
@@ -98,11 +99,11 @@ func TestRecoveryReportMedians(t *testing.T) {
 		"lost":   {run(40, 3, 75)},
 	}, 128, 2*time.Second, "/usr/bin/python3")
 	for _, want := range []string{
-		"| (a) spot notice on node 1, node 1 replaced | 3 | 2.00 |", // median detect
-		"**20.00** (10.00–30.00)",                                   // median total, range
-		"(1 × 1, 75 × 5)",                                           // exit codes counted over runs
-		"| 128.0 MiB local | 64.0 MiB peer + 64.0 MiB store |",      // tiers per node
-		"| (b) node 1 lost without notice (SIGKILL of its tree), node 1 replaced | 1 | 3.00 | — (the last periodic one stands) |",
+		"| (a) spot notice on node 1, node 1 replaced | 3 | 2.000 |", // median detect
+		"**20.00** (10.00–30.00)",                                    // median total, range
+		"(1 × 1, 75 × 5)",                                            // exit codes counted over runs
+		"| 128.0 MiB local | 64.0 MiB peer + 64.0 MiB store |",       // tiers per node
+		"| (b) node 1 lost without notice (SIGKILL of its tree), node 1 replaced | 1 | 3.000 | — (the last periodic one stands) |",
 		"modelled restart delay, 2s from the last agent's exit",
 	} {
 		if !strings.Contains(out, want) {
