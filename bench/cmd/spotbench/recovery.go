@@ -25,9 +25,11 @@ import (
 // delay, and times the event → every rank's first resumed step, broken down
 // (recovery_run.go has the cases and the arithmetic).
 func benchRecovery(c *config, r *report.Report) error {
-	if _, err := exec.Command(proc.TorchPython(), "-c", "import torch").CombinedOutput(); err != nil {
+	ver, err := exec.Command(proc.TorchPython(), "-c", "import torch; print(torch.__version__)").Output()
+	if err != nil {
 		return fmt.Errorf("%s has no torch (scripts/test-deps.sh installs python3-torch): %w", proc.TorchPython(), err)
 	}
+	python := fmt.Sprintf("%s, torch %s", proc.TorchPython(), strings.TrimSpace(string(ver)))
 	runs := map[string][]recoveryRun{}
 	for rep := range c.recoveryReps {
 		for _, cs := range recoveryCases {
@@ -47,7 +49,7 @@ func benchRecovery(c *config, r *report.Report) error {
 			runs[cs.name] = append(runs[cs.name], x)
 		}
 	}
-	r.Add("Recovery, end to end: event → every rank's first resumed step (issue 51)", recoveryReport(runs, c.recoveryMiB, c.recoveryDelay, proc.TorchPython()))
+	r.Add("Recovery, end to end: event → every rank's first resumed step (issue 51)", recoveryReport(runs, c.recoveryMiB, c.recoveryDelay, python))
 	r.Command("spotbench -only recovery [-recovery-reps 3] [-recovery-mib 128] [-recovery-restart-delay 2s]   # scripts/bench.sh: SPOTBENCH_ONLY=recovery make bench")
 	return nil
 }
