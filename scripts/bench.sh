@@ -16,7 +16,7 @@
 # SPOTBENCH_PEER_MIB (1024: the peer section's checkpoint bytes per node),
 # SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory).
 # recovery (issue 51: notice, lost node, whole-job restart, event → every rank's first
-# resumed step; not in the default list: ~1 min a run on a quiet 2-core machine, 9 runs):
+# resumed step; not in the default list: its 9 runs took 7–14 min on the loaded 2-core machine):
 # SPOTBENCH_ONLY=recovery, SPOTBENCH_RECOVERY_REPS (3), SPOTBENCH_RECOVERY_MIB (128: per node),
 # SPOTBENCH_RECOVERY_DELAY (2s: the orchestrator's restart delay modelled, deploy/README.md).
 set -euo pipefail
