@@ -19,6 +19,10 @@
 # SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory),
 # SPOTBENCH_K8S_REPS (3: the k8s section's runs of deploy's TestK8sJobSetRestartReusesCopies, ~2-3 min
 # each on 2 cores; the section says it skipped unless make kcp-controllers has built the control plane).
+# recovery (issue 51: notice, lost node, whole-job restart, event → every rank's first
+# resumed step; not in the default list: its 9 runs took 7–14 min on the loaded 2-core machine):
+# SPOTBENCH_ONLY=recovery, SPOTBENCH_RECOVERY_REPS (3), SPOTBENCH_RECOVERY_MIB (128: per node),
+# SPOTBENCH_RECOVERY_DELAY (2s: the orchestrator's restart delay modelled, deploy/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -75,4 +79,6 @@ trap cleanup EXIT
   -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
   -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}" \
   -peer-mib "${SPOTBENCH_PEER_MIB:-1024}" \
-  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" -azcopy "$AZCOPY" -k8s-reps "${SPOTBENCH_K8S_REPS:-3}"
+  -peernet-mib "${SPOTBENCH_PEERNET_MIB:-1024}" -azcopy "$AZCOPY" -k8s-reps "${SPOTBENCH_K8S_REPS:-3}" \
+  -recovery-reps "${SPOTBENCH_RECOVERY_REPS:-3}" -recovery-mib "${SPOTBENCH_RECOVERY_MIB:-128}" \
+  -recovery-restart-delay "${SPOTBENCH_RECOVERY_DELAY:-2s}"

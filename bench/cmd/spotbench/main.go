@@ -29,6 +29,9 @@
 // plane and JobSet controller, copies on a hostPath: bytes by source and
 // restart → first resumed step; k8s.go; -k8s-reps runs of the deploy test;
 // skipped, and said so, without make kcp-controllers' cache).
+// recovery (issue 51 item 3: a notice, a lost node and a whole-job restart
+// timed from the event to every rank's first resumed step, 2 × 2 under
+// torchrun, the orchestrator's restart delay modelled; recovery.go).
 // Internal subcommands, run as child processes so that their time and peak
 // RSS are theirs alone: `spotbench commit ...` (a checkpoint commit through
 // pkg/checkpoint, exactly what the agent runs) and `spotbench gcs-server`
@@ -76,6 +79,9 @@ type config struct {
 	detectTimeouts        []time.Duration // detect section: timeouts of the blip trials
 	detectRing            int             // detect section: monitors of the cost figure
 	k8sReps               int             // k8s section: runs of the deploy test (k8s.go)
+	recoveryReps          int             // recovery section: runs per case
+	recoveryMiB           int             // recovery section: checkpoint bytes per node
+	recoveryDelay         time.Duration   // recovery section: the modelled restart delay
 }
 
 func main() {
@@ -119,6 +125,9 @@ func main() {
 	flag.StringVar(&detectTimeouts, "detect-timeouts", "1.2s,2s", "detect section: timeouts of the blip trials (the default's is the target)")
 	flag.IntVar(&c.detectRing, "detect-ring", 1000, "detect section: monitors in the cost figure's ring")
 	flag.IntVar(&c.k8sReps, "k8s-reps", 3, "k8s section: runs of the deploy test (each a fresh control plane)")
+	flag.IntVar(&c.recoveryReps, "recovery-reps", 3, "recovery section: runs per case")
+	flag.IntVar(&c.recoveryMiB, "recovery-mib", 128, "recovery section: checkpoint bytes per node (MiB)")
+	flag.DurationVar(&c.recoveryDelay, "recovery-restart-delay", 2*time.Second, "recovery section: the orchestrator's restart delay modelled (JobSet: 2 s, deploy/README.md)")
 	flag.IntVar(&c.fleetAgents, "fleet-agents", 1000, "fleet section: agents ending at once")
 	flag.StringVar(&fleetRuns, "fleet-runs", "10000,100000", "fleet section: fleet sizes for the start-up read and `spotagent fleet`")
 	flag.IntVar(&c.fleetReps, "fleet-reps", 3, "fleet section: repetitions (at least 3)")
@@ -140,6 +149,9 @@ func main() {
 	}
 	if c.k8sReps < 1 {
 		fatal(fmt.Errorf("-k8s-reps must be at least 1"))
+	}
+	if c.recoveryReps < 1 || c.recoveryMiB < 1 || c.recoveryDelay < 0 {
+		fatal(fmt.Errorf("-recovery-reps and -recovery-mib must be at least 1, -recovery-restart-delay not negative"))
 	}
 	if c.detectReps < 3 || c.detectPairs < 1 || c.detectRing < 2 {
 		fatal(fmt.Errorf("-detect-reps must be at least 3, -detect-pairs at least 1, -detect-ring at least 2"))
@@ -253,6 +265,10 @@ func main() {
 	if c.only["k8s"] {
 		step("Kubernetes: whole-set restart with copies that outlive the pods (issue 45)")
 		must(benchK8s(&c, r))
+	}
+	if c.only["recovery"] {
+		step("recovery end to end: notice, lost node, whole-job restart (issue 51)")
+		must(benchRecovery(&c, r))
 	}
 	r.Took = time.Since(start)
 	text := r.Markdown()
