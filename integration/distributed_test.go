@@ -313,30 +313,39 @@ func runJob(t *testing.T, env []string, uri, dir string, port int, agentArgs, tr
 // its agent and every process below it (the agent's guard, torchrun, the
 // ranks) SIGKILLed. The tree is read from /proc, not taken as the
 // launcher's process group: torch 2.x's torchrun starts each rank in a
-// session of its own, which a group kill leaves training (issue #48). Each
-// process is SIGSTOPped as it is found, and /proc read again until no new
-// one appears, so none forks, exits or is re-parented unseen before the
-// kills.
+// session of its own, which a group kill leaves training (issue #48). It
+// is SIGSTOPped first (signalTree), so that none forks, exits or is
+// re-parented unseen before the kills.
 func vanish(t *testing.T, a *proc) {
 	t.Helper()
 	a.waitEntry("trainer started", time.Second, nil)
-	stopped := map[int]bool{}
-	for grew := true; grew; {
-		grew = false
-		for _, pid := range tree(a.cmd.Process.Pid) {
-			if !stopped[pid] {
-				syscall.Kill(pid, syscall.SIGSTOP)
-				stopped[pid], grew = true, true
-			}
-		}
-	}
-	for pid := range stopped {
+	pids := signalTree(a.cmd.Process.Pid, syscall.SIGSTOP)
+	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-	t.Logf("vanished: node's tree of %d processes SIGKILLed", len(stopped))
+	t.Logf("vanished: node's tree of %d processes SIGKILLed", len(pids))
 	if code := a.wait(time.Minute); code != -1 && code != 128+int(syscall.SIGKILL) {
 		t.Logf("the vanished agent's code: %d", code)
 	}
+}
+
+// signalTree sends sig to pid and to every process below it (from /proc),
+// reading /proc again until no new one appears, and returns them all.
+// With SIGSTOP the tree then stays as it is.
+func signalTree(pid int, sig syscall.Signal) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for grew := true; grew; {
+		grew = false
+		for _, p := range tree(pid) {
+			if !seen[p] {
+				syscall.Kill(p, sig)
+				seen[p], grew = true, true
+				pids = append(pids, p)
+			}
+		}
+	}
+	return pids
 }
 
 // Issue #25's last item: node 1 vanishes without a notice (its agent and
