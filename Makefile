@@ -133,11 +133,12 @@ MYPY ?= mypy
 # imports fakeagent as a top-level module).
 # Then the TestTorch2_* end-to-end tests (Hugging Face Trainer, zero-code
 # mode, DCP under torchrun; the torch2 build tag keeps them out of
-# test-go), and two multi-node torchrun tests of test-go again under 2.x (a
-# notice on one node; a partitioned node). docs/frameworks.md, "torch 2.x".
+# test-go), and four multi-node torchrun tests of test-go again under 2.x
+# (a notice on one node; a partitioned node; a vanished node; a silent
+# node). docs/frameworks.md, "torch 2.x".
 SID_PYTHON := $(CURDIR)/scripts/sid-python
 TORCH2_PY := test_torch test_examples test_frameworks test_golden test_dist test_realagent test_install
-TORCH2_E2E := TestTorch2_|^TestDistributed_NoticeOnOneNode$$|^TestDistributed_PartitionedNodesEndJob$$
+TORCH2_E2E := TestTorch2_|^TestDistributed_NoticeOnOneNode$$|^TestDistributed_PartitionedNodesEndJob$$|^TestDistributed_VanishedNodeRestartsWholeJob$$|^TestDistributed_SilentNodeEndsJob$$
 test-python:
 	cd python && $(MYPY) --strict spotagent spotagent_build.py
 	cd python && /usr/bin/python3 -m unittest discover -s tests -v

@@ -20,11 +20,18 @@ import (
 // silentPeerMsg is the agent's log message for a silent neighbour.
 const silentPeerMsg = "a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks"
 
+// silentKillMsg: after that verdict, every rank of the node gone, the
+// agent SIGKILLs the launcher rather than wait for its own exit.
+const silentKillMsg = "every rank of this node has exited after a silent neighbour's verdict: killing the launcher rather than wait for its own exit"
+
 // stopTree SIGSTOPs (or SIGCONTs, SIGKILLs) node a's whole process tree:
-// its agent's group and its launcher's (torchrun and the ranks).
+// its agent and every process below it, read from /proc (signalTree):
+// torch 2.x's ranks are in sessions of their own, outside the launcher's
+// group; then both groups, for what left the tree.
 func stopTree(t *testing.T, a *proc, sig syscall.Signal) {
 	t.Helper()
 	pid := int(a.waitEntry("trainer started", time.Second, nil).num("pid"))
+	signalTree(a.cmd.Process.Pid, sig)
 	syscall.Kill(-pid, sig)
 	syscall.Kill(-a.cmd.Process.Pid, sig)
 }
@@ -32,7 +39,8 @@ func stopTree(t *testing.T, a *proc, sig syscall.Signal) {
 // TestDistributed_SilentNodeEndsJob: node 1's whole process tree (agent,
 // torchrun, ranks) is SIGSTOPped after a committed checkpoint: its sockets
 // stay open, nothing resets. Node 0's agent finds node 1 silent after
-// --peer-timeout, ends its ranks and torchrun, and exits 75.
+// --peer-timeout, ends its ranks, SIGKILLs torchrun once they are gone,
+// and exits 75.
 func TestDistributed_SilentNodeEndsJob(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
@@ -51,6 +59,8 @@ func TestDistributed_SilentNodeEndsJob(t *testing.T) {
 		t.Fatalf("node 0's agent exited %d after node 1 went silent, want %d", code, exitInterrupted)
 	}
 	agents[0].waitEntry(silentPeerMsg, time.Second, func(e logEntry) bool { return e.num("peer_node") == 1 })
+	// Issue 51: torchrun is not waited for once its ranks are gone.
+	agents[0].waitEntry(silentKillMsg, time.Second, nil)
 	if took > 50*time.Second { // the ranks' own gloo timeout (60 s) must not be what ended them
 		t.Errorf("node 0's agent took %s to exit, want well under the ranks' 60 s process-group timeout", took)
 	}

@@ -309,17 +309,43 @@ func runJob(t *testing.T, env []string, uri, dir string, port int, agentArgs, tr
 	return agents
 }
 
-// vanish SIGKILLs node a's agent and its launcher's group at once (the
-// launcher runs in a group of its own, its pid logged at "trainer
-// started"): a machine that is gone, without a notice.
+// vanish takes node a's whole machine away at once, without a notice:
+// its agent and every process below it (the agent's guard, torchrun, the
+// ranks) SIGKILLed. The tree is read from /proc, not taken as the
+// launcher's process group: torch 2.x's torchrun starts each rank in a
+// session of its own, which a group kill leaves training (issue #48). It
+// is SIGSTOPped first (signalTree), so that none forks, exits or is
+// re-parented unseen before the kills.
 func vanish(t *testing.T, a *proc) {
 	t.Helper()
-	pid := int(a.waitEntry("trainer started", time.Second, nil).num("pid"))
-	syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-	syscall.Kill(-pid, syscall.SIGKILL)
+	a.waitEntry("trainer started", time.Second, nil)
+	pids := signalTree(a.cmd.Process.Pid, syscall.SIGSTOP)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	t.Logf("vanished: node's tree of %d processes SIGKILLed", len(pids))
 	if code := a.wait(time.Minute); code != -1 && code != 128+int(syscall.SIGKILL) {
 		t.Logf("the vanished agent's code: %d", code)
 	}
+}
+
+// signalTree sends sig to pid and to every process below it (from /proc),
+// reading /proc again until no new one appears, and returns them all.
+// With SIGSTOP the tree then stays as it is.
+func signalTree(pid int, sig syscall.Signal) []int {
+	seen := map[int]bool{}
+	var pids []int
+	for grew := true; grew; {
+		grew = false
+		for _, p := range tree(pid) {
+			if !seen[p] {
+				syscall.Kill(p, sig)
+				seen[p], grew = true, true
+				pids = append(pids, p)
+			}
+		}
+	}
+	return pids
 }
 
 // Issue #25's last item: node 1 vanishes without a notice (its agent and

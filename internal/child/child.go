@@ -171,6 +171,12 @@ func (c *Child) Stop(ctx context.Context, killAfter time.Duration) {
 	}
 }
 
+// Kill SIGKILLs the process group at once, and the processes its members
+// started outside it (torch 2.x's ranks, each in a session of its own),
+// found before the group dies; why goes to the log. A Stop under way
+// returns once the child's exit is seen.
+func (c *Child) Kill(why string) { c.killGroup(why) }
+
 func (c *Child) killGroup(why string) {
 	// Found before the group dies: its members' children in sessions of
 	// their own are re-parented to init with it, and lost to the search.

@@ -181,3 +181,30 @@ func TestChild_StopKillsDescendantsOutsideGroup(t *testing.T) {
 	waitFor(t, "the grandchild outside the group killed", func() bool { return processGone(gpid) })
 	c.Close()
 }
+
+// TestChild_KillDuringStop (issue 51): Kill SIGKILLs at once a trainer
+// that answers SIGTERM by working on (torchrun unwinding), and its child
+// outside the group, while a Stop with a long killAfter waits for it; that
+// Stop returns once the child's exit is seen.
+func TestChild_KillDuringStop(t *testing.T) {
+	gpidFile := filepath.Join(shortDir(t), "gpid")
+	c, _ := startSh(t, "trap 'sleep 600' TERM; setsid sleep 600 & echo $! > "+gpidFile+".tmp; mv "+gpidFile+".tmp "+gpidFile+"; wait")
+	gpid := readPid(t, gpidFile)
+	stopped := make(chan struct{})
+	go func() { c.Stop(t.Context(), time.Hour); close(stopped) }()
+	c.Kill("test")
+	<-c.Done()
+	if code := c.ExitCode(); code != 128+int(syscall.SIGKILL) {
+		t.Errorf("exit code %d, want %d (SIGKILL)", code, 128+int(syscall.SIGKILL))
+	}
+	waitFor(t, "the grandchild outside the group killed", func() bool { return processGone(gpid) })
+	waitFor(t, "Stop to return", func() bool {
+		select {
+		case <-stopped:
+			return true
+		default:
+			return false
+		}
+	})
+	c.Close()
+}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/liveness"
@@ -23,9 +24,25 @@ import (
 // on the same store; it returns once each has heard the other.
 func startSilentPeerJob(t *testing.T) (*launcherJob, *liveness.Monitor, context.CancelFunc, *observer.ObservedLogs) {
 	t.Helper()
+	return startSilentPeerLauncher(t, `while :; do sleep 0.05; done`, nil)
+}
+
+// startSilentPeerLauncher is startSilentPeerJob with a launcher that runs
+// then after starting its ranks (launcherCommand), and mutate applied to
+// the agent's Config.
+func startSilentPeerLauncher(t *testing.T, then string, mutate func(*Config)) (*launcherJob, *liveness.Monitor, context.CancelFunc, *observer.ObservedLogs) {
+	t.Helper()
 	core, logs := observer.New(zap.InfoLevel)
 	lc := liveness.Config{Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond}
-	j := startLauncherJob(t, func(c *Config) { c.Node, c.Liveness, c.Log = NodePart(0), lc, zap.New(core) })
+	info := filepath.Join(testutil.ShortDir(t), "info")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = launcherCommand(info, then)
+		c.Node, c.Liveness, c.Log = NodePart(0), lc, zap.New(core)
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	j := joinLauncher(t, ar, info)
 	ctx, cancel := context.WithCancel(context.Background())
 	peer := lc
 	peer.Store, peer.RunID, peer.Node, peer.Nodes, peer.Session = j.ar.store, j.ar.cfg.RunID, 1, 2, "peer-session"
@@ -49,6 +66,35 @@ func TestAgent_SilentPeerEndsRanksAndExits75(t *testing.T) {
 	}
 	if logs.FilterMessage("a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks").Len() != 1 {
 		t.Fatal("the silent neighbour was not the reason")
+	}
+}
+
+// Issue 51: after a silent neighbour's verdict the launcher, whose ranks
+// all exited on the agent's SIGTERM, is SIGKILLed at once rather than
+// waited for: this launcher answers SIGTERM with ten minutes of work (as
+// torchrun unwinds and prints its traceback, only slower), and
+// --kill-after is three times the test's wait, so only the agent's SIGKILL
+// once the ranks are gone lets it exit 75 in time (without it the test
+// fails at testutil.Wait, and ends at --kill-after).
+func TestAgent_SilentPeerKillsLauncherOnceRanksGone(t *testing.T) {
+	j, _, vanish, logs := startSilentPeerLauncher(t, `trap 'sleep 600' TERM; while :; do sleep 0.05; done`,
+		func(c *Config) { c.KillAfter = 3 * testutil.Wait })
+	vanish()
+	if code, took := j.exits(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d %s after node 1 went silent, want %d", code, took, ExitInterrupted)
+	}
+	for _, msg := range []string{
+		"a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks",
+		"every rank of this node has exited after a silent neighbour's verdict: killing the launcher rather than wait for its own exit",
+	} {
+		if n := logs.FilterMessage(msg).Len(); n != 1 {
+			t.Errorf("%q logged %d times, want once", msg, n)
+		}
+	}
+	for _, pid := range j.pids {
+		if child.Alive(pid) {
+			t.Errorf("rank %d still runs", pid)
+		}
 	}
 }
 

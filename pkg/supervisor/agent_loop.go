@@ -469,9 +469,12 @@ func (a *Agent) tick(now time.Time) {
 		}
 		a.checkDone()
 	}
-	if a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) {
+	switch a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
+	case ranks.EndLauncher:
 		a.proc.Stop(a.life, a.goBg)
-	} // pkg/supervisor/ranks
+	case ranks.KillLauncher:
+		a.proc.Kill("a silent neighbour's verdict: every rank exited, the launcher still running")
+	}
 	a.src.Tick(now)
 	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.Restoring == nil && a.boot.Rejoin == nil { // one restore at a time: each clears the area
 		a.restart()

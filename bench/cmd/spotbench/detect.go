@@ -182,6 +182,7 @@ func oneSilent(c *config, rep int) (time.Duration, time.Duration, int, error) {
 	}
 	time.Sleep(3 * time.Second) // DDP set up, training
 	stop := time.Now()
+	signalTree(agents[1].cmd.Process.Pid, syscall.SIGSTOP) // torch 2.x's ranks are in sessions of their own: outside both groups
 	syscall.Kill(-agents[1].cmd.Process.Pid, syscall.SIGSTOP)
 	syscall.Kill(-trainer, syscall.SIGSTOP)
 	v, err := wait(agents[0], "a neighbour node's agent is silent (its machine stopped answering): ending this node's ranks", 1)
@@ -198,12 +199,46 @@ func oneSilent(c *config, rep int) (time.Duration, time.Duration, int, error) {
 		return 0, 0, 0, fmt.Errorf("node 0's agent still runs 2 min after its verdict")
 	}
 	took := time.Since(stop)
+	signalTree(agents[1].cmd.Process.Pid, syscall.SIGKILL) // its stopped tree, ranks outside its groups included
 	syscall.Kill(-trainer, syscall.SIGKILL)
 	go func() {
 		for range agents[1].lines {
 		}
 	}()
 	return took, v.At.Sub(stop), agents[0].cmd.ProcessState.ExitCode(), nil
+}
+
+// signalTree sends sig to pid and every process below it (from /proc),
+// reading /proc again until no new one appears.
+func signalTree(pid int, sig syscall.Signal) {
+	stopped := map[int]bool{}
+	for grew := true; grew; {
+		grew = false
+		children := map[int][]int{}
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			p, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 1 {
+				pp, _ := strconv.Atoi(f[1])
+				children[pp] = append(children[pp], p)
+			}
+		}
+		for todo := []int{pid}; len(todo) > 0; todo = todo[1:] {
+			p := todo[0]
+			if !stopped[p] {
+				syscall.Kill(p, sig)
+				stopped[p], grew = true, true
+			}
+			todo = append(todo, children[p]...)
+		}
+	}
 }
 
 // detectBlips runs the false-alarm trials at each of c.detectTimeouts.

@@ -110,6 +110,16 @@ func (p *Process) Stop(ctx context.Context, goBg func(func())) {
 	goBg(func() { c.Stop(ctx, p.killAfter) })
 }
 
+// Kill SIGKILLs the trainer's group, and what it started outside it, at
+// once; why goes to the log. A Stop under way returns once the child's
+// exit is seen.
+func (p *Process) Kill(why string) {
+	if p.Child == nil || p.Done == nil {
+		return
+	}
+	p.Child.Kill(why)
+}
+
 // StopAtDeadline stops a trainer still running when the stop sequence
 // ends; its death by that signal is the stop it was told of.
 func (p *Process) StopAtDeadline(ctx context.Context, goBg func(func())) bool {

@@ -40,7 +40,13 @@ import (
 // to its group, SIGKILL after KillAfter), since nothing is left for it to
 // do but wait for the vanished node, and exits 75 for a lost peer: the job
 // restarts as a whole from its last committed checkpoint, not counted as a
-// failure. A crash keeps the launcher's code.
+// failure. A crash keeps the launcher's code. After a silent neighbour's
+// verdict (heartbeats.go) the agent has sent SIGTERM to the launcher's
+// group already; once every rank's process is gone it SIGKILLs the
+// launcher (Tick's KillLauncher) rather than wait for its own exit:
+// torchrun has nothing left but to unwind and print a traceback, 1–2 s on a
+// loaded machine, which was most of the time to the survivors' exit after
+// the verdict (issue 51).
 //
 // Across nodes: a crash on one node is a lost peer to the others. A node
 // whose verdict is a crash writes crashes/<node>-<session>.json to the
@@ -86,6 +92,9 @@ type Watch struct {
 	// agent cannot be writing a crash record: the lookup does not wait.
 	silent bool
 	ended  bool // the launcher's group was sent SIGTERM
+	// killed: after a silent neighbour's verdict, every rank was gone and
+	// the launcher was SIGKILLed (Tick's KillLauncher).
+	killed bool
 	// lookup, while not nil, brings the crash-record lookup's answer back
 	// to the loop (Lookup): the agent's exit code waits for it.
 	lookup chan Lookup
@@ -192,9 +201,19 @@ func (w *Watch) Hello(m protocol.Message, running bool) {
 	delete(w.left, m.PID) // it reconnected
 }
 
-// Pending reports whether tick waits for ranks' processes to end.
+// Pending reports whether tick waits for ranks' processes to end: the
+// first that left without bye (the verdict) and then all of them, or,
+// after a silent neighbour's verdict, all of them before the launcher is
+// SIGKILLed.
 func (w *Watch) Pending(running, stopping bool) bool {
-	return running && !stopping && !w.ended && len(w.order) > 0
+	return running && !stopping && (!w.ended && len(w.order) > 0 || w.awaitingKill())
+}
+
+// awaitingKill: a silent neighbour's verdict sent the launcher's group
+// SIGTERM (OnPeerSilent), and the launcher is not SIGKILLed yet. Without a
+// rank known (none said hello) Stop's own SIGKILL after KillAfter stands.
+func (w *Watch) awaitingKill() bool {
+	return w.silent && w.ended && !w.killed && len(w.pids) > 0
 }
 
 // PeerLost reports whether the child's ranks ended because a peer of the
@@ -303,17 +322,38 @@ func (w *Watch) OnLookup(res Lookup) int {
 	return w.lookupExit(res.code, res.key, res.err)
 }
 
-// Tick decides the verdict once the first rank that left is gone,
-// and ends the launcher once every rank is.
-func (w *Watch) Tick(now time.Time, running, stopping bool) (endLauncher bool) {
+// Action is what Tick asks of the loop.
+type Action int
+
+const (
+	None Action = iota
+	// EndLauncher: SIGTERM to the launcher's group, SIGKILL after
+	// KillAfter (childproc.Process.Stop).
+	EndLauncher
+	// KillLauncher: SIGKILL to the launcher's group and what it started
+	// outside it, now (childproc.Process.Kill); its group was sent SIGTERM
+	// already.
+	KillLauncher
+)
+
+// Tick decides the verdict once the first rank that left is gone, and
+// ends the launcher once every rank is (EndLauncher). After a silent
+// neighbour's verdict, whose launcher was sent SIGTERM with its ranks, it
+// SIGKILLs the launcher once every rank is gone (KillLauncher). Neither
+// during a stop sequence: a notice's or a signal's stop lets torchrun
+// exit in order.
+func (w *Watch) Tick(now time.Time, running, stopping bool) Action {
 	if !w.Pending(running, stopping) {
-		return false
+		return None
+	}
+	if w.awaitingKill() {
+		return w.killOnceRanksGone(now)
 	}
 	for w.verdict == "" && len(w.order) > 0 {
 		pid := w.order[0]
 		if child.Alive(pid) {
 			if now.Sub(w.leftAt[pid]) < peerReconnectGrace {
-				return false
+				return None
 			}
 			w.order = w.order[1:] // still running: it reconnects
 			delete(w.left, pid)
@@ -336,17 +376,37 @@ func (w *Watch) Tick(now time.Time, running, stopping bool) (endLauncher bool) {
 		}
 	}
 	if w.verdict == "" {
-		return false
+		return None
 	}
+	if !w.ranksGone() {
+		return None
+	}
+	w.ended = true
+	w.env.Log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
+		zap.String("verdict", w.verdict), zap.Duration("kill_after", w.env.KillAfter))
+	return EndLauncher
+}
+
+// ranksGone reports whether no rank's process runs any more.
+func (w *Watch) ranksGone() bool {
 	for pid := range w.pids {
 		if child.Alive(pid) {
 			return false
 		}
 	}
-	w.ended = true
-	w.env.Log.Warn("every rank of this node has exited: ending the launcher, which would wait for the other nodes",
-		zap.String("verdict", w.verdict), zap.Duration("kill_after", w.env.KillAfter))
 	return true
+}
+
+// killOnceRanksGone: after a silent neighbour's verdict, KillLauncher once
+// every rank's process is gone (the SIGTERM reached them), once.
+func (w *Watch) killOnceRanksGone(now time.Time) Action {
+	if !w.ranksGone() {
+		return None
+	}
+	w.killed = true
+	w.env.Log.Warn("every rank of this node has exited after a silent neighbour's verdict: killing the launcher rather than wait for its own exit",
+		zap.Duration("since_verdict", now.Sub(w.verdictAt).Round(time.Millisecond)))
+	return KillLauncher
 }
 
 // ConnEnded: a connection ended. A rank that leaves without bye while no
