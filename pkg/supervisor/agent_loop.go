@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
-				PID: func() int { return int(a.proc.PID.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+				PID: a.proc.PID, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
 		return code, err
 	}
-	return a.proc.ExitCode, nil
+	return a.proc.ExitCode(), nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -259,7 +259,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
 	}
-	a.conns.ChildGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
+	a.conns.ChildGroup = a.proc.PID // the child leads its own group (internal/child)
 	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
@@ -398,12 +398,12 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.LookupDone():
-			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
+			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/ranks
 		case res := <-a.boot.Done():
 			a.onRestoreDone(res) // agent_restore.go
 		case res := <-a.boot.RejoinDone():
 			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
-		case <-a.proc.Done:
+		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
@@ -430,7 +430,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.proc.RestartAt)
+	earlier(a.proc.RestartAt())
 	earlier(a.boot.AbandonAt)
 	earlier(a.src.Wake())
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
@@ -460,7 +460,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	if s := a.stops.current; s != nil { // stop.go
-		if a.stops.tick(now) && a.proc.Running() && !a.proc.Killing {
+		if a.stops.tick(now) && a.proc.Running() && !a.proc.Stopping() {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
 			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
@@ -499,7 +499,7 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.proc.Gone || !a.proc.RestartAt.IsZero() {
+	if !a.proc.Gone() {
 		return
 	}
 	if p := a.boot.Restoring; p != nil && len(a.cfg.Command) > 0 {
@@ -538,10 +538,10 @@ func (a *Agent) checkDone() {
 }
 
 func (a *Agent) onChildExit() {
-	code := a.proc.Exited()
-	a.proc.ExitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
-	a.proc.Killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.Child.PID()), zap.Int("agent_exit_code", a.proc.ExitCode))
+	exit := a.proc.Exited()
+	code := exit.Code
+	a.proc.ExitAs(a.stops.exitCodeFor(exit, &a.dirs, &a.ranks))
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.LastPID()), zap.Int("agent_exit_code", a.proc.ExitCode()))
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -563,7 +563,7 @@ func (a *Agent) onChildExit() {
 	switch {
 	case a.stops.current != nil || code == 0 || a.boot.Aborted != nil || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.proc.Gone = true
+		a.proc.GiveUp()
 	default:
 		a.proc.RestartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
@@ -571,21 +571,20 @@ func (a *Agent) onChildExit() {
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.proc.RestartAt = time.Time{}
-	a.proc.Close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.Restarting() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.proc.Gone = true
+		a.proc.GiveUp()
 		return
 	}
 	a.boot.Resume = r
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.proc.Gone = true
+		a.proc.GiveUp()
 	}
 }
 
@@ -630,7 +629,7 @@ func (a *Agent) finish() {
 	ctx, cancel := a.sess.ExitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.proc.ExitCode, a.commits.blocked
+	code, blocked := a.proc.ExitCode(), a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID
 	finished, step := finishedWork(a.cfg.Command, a.proc, &a.conns), a.commits.lastStep // finished.go
@@ -697,7 +696,7 @@ func (a *Agent) trainers() int {
 	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.proc.Done == nil {
+	if a.cfg.Signal != 0 && !a.proc.Running() {
 		return 0
 	}
 	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" {

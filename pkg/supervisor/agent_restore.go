@@ -31,7 +31,7 @@ func (a *Agent) onRestoreDone(res bootrestore.Result) {
 	p, err, ok := a.boot.Ended(res, a.log, func() { a.cfg.Metrics.Error("restore") })
 	if err != nil {
 		a.proc.CancelRestart() // it exited meanwhile: no restart
-		if a.proc.Done != nil {
+		if a.proc.Running() {
 			// It was told: it should exit with the error itself.
 			a.boot.AbandonAt = time.Now().Add(a.cfg.KillAfter)
 		}

@@ -117,17 +117,12 @@ func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest st
 
 func (h agentHost) Trainer() source.Trainer {
 	p := h.a.proc
-	return source.Trainer{Started: p.Child != nil, Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
-		ExitCode: p.ExitCode, RestartPending: !p.RestartAt.IsZero()}
+	return source.Trainer{Started: p.Started(), Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
+		ExitCode: p.ExitCode(), RestartPending: !p.RestartAt().IsZero()}
 }
 
 func (h agentHost) SignalTrainer(sig syscall.Signal) error {
-	p := h.a.proc
-	if err := p.Child.Signal(sig); err != nil {
-		return err
-	}
-	p.DeadlineKill = true
-	return nil
+	return h.a.proc.Signal(sig)
 }
 
 func (h agentHost) StopCommitted(s source.Stop, res *commit.Result, now time.Time) {

@@ -250,8 +250,8 @@ func (q *stopSequence) finish(s *stopState) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (pkg/supervisor/ranks).
-func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs, w *ranks.Watch) int {
-	s := q.current
+func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Watch) int {
+	code, s := e.Code, q.current
 	if s == nil {
 		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
 	}
@@ -261,7 +261,7 @@ func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs,
 	// In --signal mode the stop's checkpoint signal is the trainer's only
 	// word of the stop (frameworks exit after a save on signal): told.
 	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
-	if code == 0 && !told && !p.DeadlineKill && !p.Killing {
+	if code == 0 && !told && !e.DeadlineKill && !e.Stopping {
 		// Nothing told it to stop (it said bye, or ended on its own before
 		// the stop reached it): it finished its work. Run again, it would
 		// repeat a completed job.
@@ -271,7 +271,7 @@ func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs,
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case p.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case e.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():
