@@ -71,7 +71,7 @@ func (r *request) noteRank(c *protocol.Conn) {
 // priority (commit.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
-	if _, known := a.conns.ByID[c.ID()]; !known || !ok {
+	if a.conns.Conn(c.ID()) == nil || !ok {
 		a.conns.Reply(c, m.ID, "join: say hello first")
 		return
 	}

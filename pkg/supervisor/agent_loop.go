@@ -50,7 +50,7 @@ type Agent struct {
 	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
 	boot    bootrestore.Boot     // the restore beside the trainers (pkg/supervisor/bootrestore)
 	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
-	conns   trainers.Conns       // the trainers and their connections (pkg/supervisor/trainers)
+	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
@@ -252,17 +252,16 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
+	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.Log)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
-		conns:   trainers.Conns{Log: cfg.Log, ByID: map[uint64]*protocol.Conn{}, SaidBye: map[uint64]bool{}},
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
-		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
+		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
-	a.conns.ChildGroup = a.proc.PID // the child leads its own group (internal/child)
 	a.commits.lastBlock = a.sess.Started
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
-	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
+	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, a.conns, a.sess, &a.commits
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID, Started: a.sess.Started,
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
 	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
@@ -351,7 +350,7 @@ func (a *Agent) startChild() error {
 func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for len(a.conns.ByID) == 0 {
+	for a.conns.Count() == 0 {
 		select {
 		case ev := <-events:
 			a.onEvent(ev)
@@ -485,7 +484,7 @@ func (a *Agent) tick(now time.Time) {
 		a.commits.interval = iv
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(&a.conns, a.job) &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
@@ -532,7 +531,7 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.cfg.EndWhenIdle && a.conns.Had && len(a.conns.ByID) == 0 && len(a.commits.pending) == 0 {
+	if a.cfg.EndWhenIdle && a.conns.Had() && a.conns.Count() == 0 && len(a.commits.pending) == 0 {
 		a.done = true
 	}
 }
@@ -632,7 +631,7 @@ func (a *Agent) finish() {
 	code, blocked := a.proc.ExitCode(), a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID
-	finished, step := finishedWork(a.cfg.Command, a.proc, &a.conns), a.commits.lastStep // finished.go
+	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // finished.go
 	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
@@ -702,5 +701,5 @@ func (a *Agent) trainers() int {
 	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
-	return len(a.conns.ByID)
+	return a.conns.Count()
 }

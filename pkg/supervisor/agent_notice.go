@@ -29,20 +29,14 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
 	case protocol.TypeStatus:
-		sendStatus(&a.conns, c, a.status())
+		sendStatus(a.conns, c, a.status())
 	case protocol.TypeBye:
 		a.commits.seeStep(m.Step)
-		if _, ok := a.conns.ByID[c.ID()]; ok {
-			a.conns.SaidBye[c.ID()] = true
-			a.conns.Byes++
-		}
+		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
 	case protocol.TypeDisconnected:
 		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
-		a.ranks.ConnEnded(c, a.conns.SaidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
-		if _, ok := a.conns.ByID[c.ID()]; ok && !a.conns.SaidBye[c.ID()] {
-			a.conns.LeftUnfinished = true
-		}
-		a.conns.Forget(c.ID()) // pkg/supervisor/trainers
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -56,7 +50,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	a.boot.RejoinHello(a.commits.committed(), len(a.conns.ByID), len(a.commits.uploads)) // pkg/supervisor/bootrestore
+	a.boot.RejoinHello(a.commits.committed(), a.conns.Count(), len(a.commits.uploads)) // pkg/supervisor/bootrestore
 	a.boot.RejoinTick(a.commits.committed(), len(a.commits.uploads))
 	if w, handled := a.boot.Hello(protocol.Event{Conn: c, Msg: m}, a.cfg.Log, a.cfg.Welcome); handled {
 		if w != nil {
@@ -74,23 +68,18 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
-	if len(a.conns.ByID) == 0 {
-		a.conns.LeftUnfinished = false // a new start of the trainer(s)
-	}
-	a.conns.ByID[c.ID()] = c
-	a.conns.NoteHello(c) // pkg/supervisor/trainers: the child's own connections go first
-	a.conns.Had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	// One line: connected, or connected but left out (pkg/supervisor/trainers).
-	if why := a.conns.Review(c.ID()); why != "" {
+	// One line: connected, or connected but left out (pkg/supervisor/trainers:
+	// the child's own connections go first).
+	if why := a.conns.Welcomed(c); why != "" {
 		a.log.Warn(trainers.LeftOutMsg, append(fields, zap.String("why", why))...)
 	} else {
 		a.log.Info("trainer connected", fields...)
 	}
-	a.job.hello(m, &a.conns, a.log)                                        // job_policy.go
+	a.job.hello(m, a.log)                                                  // job_policy.go
 	a.ranks.Hello(m, a.proc.Running())                                     // pkg/supervisor/ranks
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID, a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
@@ -146,7 +135,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(&a.conns, a.job) {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(a.conns, a.job) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
@@ -226,7 +215,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
-					if c := a.conns.ByID[cid]; c != nil {
+					if c := a.conns.Conn(cid); c != nil {
 						c.Post(r.message())
 					}
 				}

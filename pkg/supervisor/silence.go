@@ -167,7 +167,7 @@ func (a *Agent) checkSilence(now time.Time) {
 	}
 	a.silent.noTrainer(a.noTrainerDue(now, v.trainers), now, v, a.log)
 	n := a.silent.unanswered(a.commits.pending, a.unansweredAfter(), now, v, a.log)
-	a.cfg.Metrics.Trainers(len(a.conns.ByID), a.commits.lastStep, n)
+	a.cfg.Metrics.Trainers(a.conns.Count(), a.commits.lastStep, n)
 }
 
 // noTrainerDue: a periodic checkpoint is due and nobody can be asked,
@@ -184,7 +184,7 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 	if len(a.cfg.Command) > 0 && !a.proc.Running() {
 		return false // exited, or waiting to restart: said by the child's own lines
 	}
-	if len(a.cfg.Command) == 0 && a.cfg.EndWhenIdle && a.conns.Had {
+	if len(a.cfg.Command) == 0 && a.cfg.EndWhenIdle && a.conns.Had() {
 		return false // a node agent's run ends with its trainers
 	}
 	return a.cfg.Scheduler.Due(now, a.commits.lastBlock, false)

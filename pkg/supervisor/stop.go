@@ -128,7 +128,7 @@ func (s *stopState) send(t *trainers.Conns) {
 		return
 	}
 	s.stopSent = true
-	s.told = len(t.ByID) > 0
+	s.told = t.Count() > 0
 	t.Broadcast(s.stopMessage())
 }
 
