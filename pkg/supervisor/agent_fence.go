@@ -92,12 +92,12 @@ func takeLease(ctx context.Context, s *session.Session, cfg *Config, job jobPoli
 	if cfg.FenceInterval < 0 {
 		return nil
 	}
-	rec := checkpoint.LeaseRecord{Session: s.ID, Instance: session.MachineOf(cfg.Identity), Started: s.Started.UTC()}
+	rec := checkpoint.LeaseRecord{Session: s.ID(), Instance: session.MachineOf(cfg.Identity), Started: s.Started().UTC()}
 	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
 	if err != nil {
 		return err
 	}
-	s.Journal.FenceWith(l)
+	s.Journal().FenceWith(l)
 	if part := job.part(); part != "" {
 		cfg.Log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 	} else {

@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.AtStart(a.sess.Journal) // pkg/supervisor/promise
+	a.commits.promise.AtStart(a.sess.Journal()) // pkg/supervisor/promise
 	if a.boot.Restoring == nil {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
@@ -259,13 +259,13 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
-	a.commits.lastBlock = a.sess.Started
+	a.commits.lastBlock = a.sess.Started()
 	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, a.conns, a.sess, &a.commits
-	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID, Started: a.sess.Started,
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
 	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	a.job.committer(a.commits.committer, a.sess.ID)
+	a.job.committer(a.commits.committer, a.sess.ID())
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
@@ -284,7 +284,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
 		pc := cfg.PeerTier
 		pc.Machine = session.MachineOf(cfg.Identity)
-		a.dirs.Peer = a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID, a.log)
+		a.dirs.Peer = a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID(), a.log)
 	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
@@ -294,8 +294,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	if s := j.FinishedBefore(); s != nil {
 		sayFinishedBefore(s, a.log) // finished.go
 	}
-	a.sess.Journal = journal.NewWriter(cfg.Store, j)
-	a.sess.RanBefore = j.Stats.RunSeconds
+	a.sess.JournalRead(cfg.Store, j)
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.cfg.FleetPrior(ctx).Seed(schedule.History{
@@ -630,9 +629,9 @@ func (a *Agent) finish() {
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode(), a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
-	session := a.sess.ID
+	session := a.sess.ID()
 	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // finished.go
-	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
+	err := a.sess.Journal().Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code

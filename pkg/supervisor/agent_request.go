@@ -354,7 +354,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := asking(a.conns, a.job), a.sess.ID
+	jobStats, session := asking(a.conns, a.job), a.sess.ID()
 	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked

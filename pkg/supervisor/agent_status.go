@@ -25,7 +25,7 @@ func (a *Agent) status() Status {
 	now := time.Now()
 	st := Status{
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
-		Started: a.sess.Started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
+		Started: a.sess.Started().UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
 		Uploading: len(a.commits.uploads), Pending: len(a.commits.pending), NoticesSeen: a.stops.noticesSeen, LastNotice: a.stops.lastNotice,
 		Step: a.commits.lastStep, NoticePromise: a.commits.promise.Status(),
 	}

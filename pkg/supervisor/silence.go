@@ -163,7 +163,7 @@ func (a *Agent) checkSilence(now time.Time) {
 	v := silentView{socket: a.cfg.Server.Path, sidecar: len(a.cfg.Command) == 0, trainers: a.trainers(),
 		since: a.commits.last.trainedAt, committed: a.commits.last.id != "", step: a.commits.last.step}
 	if v.since.IsZero() {
-		v.since = a.sess.Started
+		v.since = a.sess.Started()
 	}
 	a.silent.noTrainer(a.noTrainerDue(now, v.trainers), now, v, a.log)
 	n := a.silent.unanswered(a.commits.pending, a.unansweredAfter(), now, v, a.log)

@@ -30,7 +30,7 @@ func (a *Agent) newSource() (source.Source, error) {
 		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
 	}
 	ws, err := source.NewWatch(h, source.Env{Watch: a.cfg.Watch, HasCommand: len(a.cfg.Command) > 0, Signal: a.cfg.Signal,
-		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started})
+		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started()})
 	if err != nil {
 		return nil, err
 	}

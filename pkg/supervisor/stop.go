@@ -171,18 +171,17 @@ func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
 	q.finish(s)
 	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
-		q.sess.Acks.Add(1)
-		go func(id string) {
-			defer q.sess.Acks.Done()
+		id := s.notice.ID
+		q.sess.GoAck(func(landing context.Context) {
 			// Outlives the loop, up to the notice's deadline (session.AwaitLanding).
-			ctx, cancel := context.WithDeadline(q.sess.LandingCtx(), s.deadline)
+			ctx, cancel := context.WithDeadline(landing, s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
 				return
 			}
 			q.cfg.Log.Info("event acknowledged", zap.String("id", id))
-		}(s.notice.ID)
+		})
 	}
 }
 
@@ -200,7 +199,7 @@ func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
 	s.record.Error = why
 	base := q.commits.last.trainedAt
 	if base.IsZero() {
-		base = q.sess.Started
+		base = q.sess.Started()
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
 	s.recordLostSteps(q.src, q.commits.last.step, now)
