@@ -167,14 +167,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 	}
 	a.commits.promise.AtStart(a.sess.Journal()) // pkg/supervisor/promise
-	if a.boot.Restoring == nil {
+	if !a.boot.Restoring() {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
-	if a.boot.Aborted != nil {
+	if a.boot.Aborted() {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
 		a.finish()
@@ -310,7 +310,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	if cfg.Watch == nil { // a trainer back after a commit (pkg/supervisor/bootrestore)
 		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-		a.boot.Env = bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
+		a.boot = bootrestore.New(bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
 			Fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
 				return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 			},
@@ -318,21 +318,23 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 				return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
 			},
 			Hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
-			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }}
+			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }})
 	}
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.Resume, err = a.src.Restore(ctx); err != nil {
+	r, err := a.src.Restore(ctx)
+	if err != nil {
 		a.abort()
 		return nil, err
 	}
+	a.boot.Resumed(r)
 	a.sess.RecordSession(a.cfg.Identity)
 	return a, nil
 }
 
 func (a *Agent) startChild() error {
-	if a.boot.Resume != nil {
+	if a.boot.Resume() != nil {
 		a.commits.lastBlock = time.Now()
 		a.commits.last.trainedAt = a.commits.lastBlock
 	}
@@ -341,7 +343,7 @@ func (a *Agent) startChild() error {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring != nil, a.boot.Resume))
+	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring(), a.boot.Resume()))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -429,7 +431,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		earlier(s.deadline)
 	}
 	earlier(a.proc.RestartAt())
-	earlier(a.boot.AbandonAt)
+	earlier(a.boot.AbandonAt())
 	earlier(a.src.Wake())
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
@@ -471,11 +473,10 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Stop(a.life, a.goBg)
 	} // pkg/supervisor/ranks
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.Restoring == nil && a.boot.Rejoin == nil { // one restore at a time: each clears the area
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && !a.boot.Restoring() && !a.boot.Rejoining() { // one restore at a time: each clears the area
 		a.restart()
 	}
-	if !a.boot.AbandonAt.IsZero() && !now.Before(a.boot.AbandonAt) {
-		a.boot.AbandonAt = time.Time{}
+	if a.boot.AbandonDue(now) {
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
 		a.proc.Stop(a.life, a.goBg)
 	}
@@ -500,14 +501,12 @@ func (a *Agent) checkDone() {
 	if !a.proc.Gone() {
 		return
 	}
-	if p := a.boot.Restoring; p != nil && len(a.cfg.Command) > 0 {
+	if a.boot.Restoring() && len(a.cfg.Command) > 0 {
 		// Nobody is left to resume: the restore's end is awaited, cancelled.
-		if p.Why == "" {
-			p.Cancel("the trainer exited")
-		}
+		a.boot.TrainerExited()
 		return
 	}
-	if a.boot.Aborted != nil && len(a.cfg.Command) > 0 {
+	if a.boot.Aborted() && len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
@@ -559,7 +558,7 @@ func (a *Agent) onChildExit() {
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.Aborted != nil || a.ranks.PeerLost():
+	case a.stops.current != nil || code == 0 || a.boot.Aborted() || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
 		a.proc.GiveUp()
 	default:
@@ -579,7 +578,7 @@ func (a *Agent) restart() {
 		a.proc.GiveUp()
 		return
 	}
-	a.boot.Resume = r
+	a.boot.Resumed(r)
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
 		a.proc.GiveUp()
@@ -697,7 +696,7 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && !a.proc.Running() {
 		return 0
 	}
-	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" {
+	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
 	return a.conns.Count()

@@ -58,7 +58,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 		}
 		return
 	}
-	a.admit(c, m, a.cfg.Welcome(m, a.boot.Resume))
+	a.admit(c, m, a.cfg.Welcome(m, a.boot.Resume()))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -122,7 +122,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		if a.boot.Aborted != nil {
+		if a.boot.Aborted() {
 			return // the start was given up: nothing to save
 		}
 		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // agent_restore.go
