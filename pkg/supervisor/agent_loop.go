@@ -281,10 +281,10 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.Watch == nil { // the watched directory is its own local copy
-		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
+		a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
 		pc := cfg.PeerTier
 		pc.Machine = session.MachineOf(cfg.Identity)
-		a.dirs.Peer = a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID(), a.log)
+		a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID(), a.log)
 	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
