@@ -133,7 +133,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	}
 	var stop *stopState
 	for id, r := range a.commits.pending {
-		delete(a.commits.pending, id)
+		a.commits.dropped(id)
 		if r.stop != nil {
 			stop = r.stop
 			r.stop = nil

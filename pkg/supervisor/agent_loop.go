@@ -255,16 +255,14 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.Log)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
-		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
-		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
+		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
-	a.commits.lastBlock = a.sess.Started()
-	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
 	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, a.conns, a.sess, &a.commits
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
-	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
+	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
+		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))
 	a.job.committer(a.commits.committer, a.sess.ID())
 	src, err := a.newSource() // source.go
 	if err != nil {
@@ -335,8 +333,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 
 func (a *Agent) startChild() error {
 	if a.boot.Resume() != nil {
-		a.commits.lastBlock = time.Now()
-		a.commits.last.trainedAt = a.commits.lastBlock
+		a.commits.resumed(time.Now())
 	}
 	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(localdirs.ExitFileEnv); p != "" {
@@ -480,8 +477,7 @@ func (a *Agent) tick(now time.Time) {
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
 		a.proc.Stop(a.life, a.goBg)
 	}
-	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
-		a.commits.interval = iv
+	if iv := a.cfg.Scheduler.Interval(); a.commits.intervalChanged(iv) {
 		a.cfg.Metrics.Interval(iv)
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) &&
@@ -546,7 +542,7 @@ func (a *Agent) onChildExit() {
 		if r.urgent() && a.cfg.Signal == 0 {
 			continue
 		}
-		delete(a.commits.pending, id)
+		a.commits.dropped(id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
 		a.dirs.removeDir(r, a.goBg, a.log)

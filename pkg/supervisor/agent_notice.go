@@ -99,10 +99,10 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	a.log.Warn("trainer could not save the checkpoint", append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
 		zap.String("reason", r.reason)}, causeFields(nil, m.Error)...)...) // failcause.go
 	a.cfg.Metrics.CommitFailed("trainer")
-	delete(a.commits.pending, r.id)
+	a.commits.dropped(r.id)
 	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
 	now := time.Now()
-	a.commits.lastBlock = now
+	a.commits.unblocked(now)
 	if r.stop != nil {
 		a.stops.failed(r.stop, "trainer failed: "+m.Error, now)
 	}

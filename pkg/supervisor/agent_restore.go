@@ -44,9 +44,7 @@ func (a *Agent) onRestoreDone(res bootrestore.Result) {
 	if res.Fetched != nil {
 		f := res.Fetched
 		a.boot.Resumed(a.commits.restored(f.R, f.Start, f.R.Dir, f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node))
-		now := time.Now()
-		a.commits.lastBlock = now
-		a.commits.last.trainedAt = now
+		a.commits.resumed(time.Now())
 	}
 	p.Restored(a.boot.Resume(), a.log, func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
 		func(ev protocol.Event) { a.onHello(ev.Conn, ev.Msg) })

@@ -38,7 +38,7 @@ func (a *Agent) newSource() (source.Source, error) {
 	// change during its upload.
 	c := *a.commits.committer
 	c.Store = ws.Store()
-	a.commits.committer = &c
+	a.commits.useCommitter(&c)
 	return ws, nil
 }
 
@@ -99,7 +99,7 @@ func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.Area, h.a.dirs.Ar
 func (h agentHost) Commit(u source.Upload, now time.Time) {
 	r := &request{id: u.ID, reason: u.Reason, dir: u.Dir, rel: u.Rel, parent: u.Parent, held: u.Held, sent: now, deadline: now.Add(h.a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: u.Step, metadata: u.Metadata, costFrom: u.CostFrom}
-	h.a.commits.lastBlock = now
+	h.a.commits.unblocked(now)
 	h.a.commit(r)
 }
 
