@@ -57,7 +57,7 @@ func (a *Agent) onFenced() {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
-		a.stops.current = s
+		a.stops.begin(s)
 		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
 		return
 	}

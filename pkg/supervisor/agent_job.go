@@ -176,22 +176,6 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	}
 }
 
-// joined starts the stop sequence for an interruption that reached
-// another node: after the job's checkpoint commits, this node's ranks stop
-// too, so that the whole job exits and its scheduler restarts it. It is
-// not journalled: the node that got the notice records the interruption.
-func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
-	s := &stopState{
-		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
-		reason:   m.Reason,
-		deadline: reqDeadline.Add(upload + q.cfg.Margin),
-		joined:   true,
-	}
-	q.current = s
-	return s
-}
-
 // heartbeatEnv is what the job's heartbeats (ranks.Heartbeats) need of c.
 func heartbeatEnv(c *Config) ranks.HeartbeatEnv {
 	l := c.Liveness

@@ -258,7 +258,6 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
-	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, a.conns, a.sess, &a.commits
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
@@ -269,7 +268,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		endLife()
 		return nil, err
 	}
-	a.src, a.stops.src = src, src
+	a.src, a.stops = src, newStopSequence(&a.cfg, life, a.conns, a.sess, &a.commits, src) // stop.go
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
@@ -588,19 +587,18 @@ func (a *Agent) restart() {
 // and some init systems signal the agent and its process group together.
 func (a *Agent) onSignal(sig os.Signal) {
 	now := time.Now()
-	if a.stops.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.stops.firstSignal) < a.cfg.SignalWindow {
+	n := a.stops.signalled(now, a.cfg.SignalWindow) // stop.go
+	if n == 0 {
 		a.log.Info("signal within the window of the first one: the same shutdown", zap.String("signal", sig.String()),
 			zap.Duration("after", now.Sub(a.stops.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
 		return
 	}
-	a.stops.signals++
-	if a.stops.signals > 1 {
+	if n > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
 		a.proc.Stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
-	a.stops.firstSignal = now
 	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // agent_restore.go
 		a.checkDone()
 		return

@@ -5,7 +5,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
@@ -83,10 +82,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.ranks.Hello(m, a.proc.Running())                                       // pkg/supervisor/ranks
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
-	if s := a.stops.current; s != nil && s.stopSent {
-		s.told = true
-		c.Post(s.stopMessage())
-	}
+	a.stops.lateTrainer(c)
 }
 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
@@ -111,8 +107,7 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
 	now := time.Now()
-	a.stops.noticesSeen++
-	a.stops.lastNotice = &n
+	a.stops.noticed(n)
 	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
 	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
@@ -142,12 +137,8 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
 	case metadata.KindCancelled:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if s := a.stops.current; s != nil && s.notice.ID == n.ID && !s.stopSent {
+		if a.stops.withdraw(n.ID) {
 			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
-			if s.req != nil {
-				s.req.stop = nil
-			}
-			a.stops.current = nil
 		}
 	}
 }
@@ -167,24 +158,14 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
 		deadline = now.Add(lateNoticeGrace)
 	}
-	if s := a.stops.current; s != nil {
-		if deadline.Before(s.deadline) {
+	if a.stops.current != nil {
+		if a.stops.tighten(deadline) {
 			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
-			s.deadline = deadline
 		}
 		return
 	}
-	id := a.cfg.Identity
-	s := &stopState{notice: n, reason: reason, deadline: deadline, record: journal.Interruption{
-		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
-		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
-		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
-	}}
-	if !n.Deadline.IsZero() {
-		d := n.Deadline.UTC()
-		s.record.Deadline = &d
-	}
-	a.stops.current = s
+	s := newStop(n, reason, deadline, a.cfg.Identity) // stop.go
+	a.stops.begin(s)
 	reqDeadline := a.cfg.RequestDeadline(a.commits.last.bytes, deadline, now)
 	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
@@ -193,7 +174,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		// A sidecar outlives its trainer: the kubelet stops it after the
 		// trainer exited 0. Nothing was interrupted and nothing is lost.
 		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
-		s.finished, s.stopSent = true, true // no stop to send, nothing to journal
+		s.nothingToStop() // no stop to send, nothing to journal
 		return
 	}
 	if a.trainers() == 0 {

@@ -195,8 +195,7 @@ func (a *Agent) settle(r *request) {
 	a.cfg.Metrics.Phase("save", saved)
 	a.commits.saved(saved, cost, now)
 	if r.stop != nil {
-		r.stop.record.Done = &now
-		r.stop.record.Step = r.step
+		r.stop.saved(r.step, now)
 	}
 	a.commit(r)
 }

@@ -40,6 +40,115 @@ type stopSequence struct {
 	src     source.Source
 }
 
+// newStopSequence is a session's notices and signals before any. A
+// stop's end touches the session's other owners (cfg, life, conns, sess,
+// commits, src); the loop tells it what happened (noticed, signalled,
+// begin, tighten, withdraw, lateTrainer, committed, failed).
+func newStopSequence(cfg *Config, life context.Context, conns *trainers.Conns, sess *session.Session, commits *commits, src source.Source) stopSequence {
+	return stopSequence{cfg: cfg, life: life, conns: conns, sess: sess, commits: commits, src: src}
+}
+
+// noticed: notice n came (a cloud's, a signal's, a fence's).
+func (q *stopSequence) noticed(n metadata.Notice) {
+	q.noticesSeen++
+	q.lastNotice = &n
+}
+
+// signalled: a SIGTERM/SIGINT came at now. It returns how many signals
+// count so far (1: a shutdown, 2 or more: stop at once), or 0 when this
+// one came within window of the first and is the same signal (GNU
+// timeout, `kill 0` and some init systems signal the agent and its group
+// together).
+func (q *stopSequence) signalled(now time.Time, window time.Duration) int {
+	if q.signals == 1 && window > 0 && now.Sub(q.firstSignal) < window {
+		return 0
+	}
+	q.signals++
+	if q.signals == 1 {
+		q.firstSignal = now
+	}
+	return q.signals
+}
+
+// begin: the stop s is under way (none was).
+func (q *stopSequence) begin(s *stopState) { q.current = s }
+
+// tighten: a notice with an earlier deadline came during the stop under
+// way; true when it moved the deadline.
+func (q *stopSequence) tighten(deadline time.Time) bool {
+	s := q.current
+	if s == nil || !deadline.Before(s.deadline) {
+		return false
+	}
+	s.deadline = deadline
+	return true
+}
+
+// withdraw: the cloud withdrew notice id. A stop it began that has not
+// told the trainers yet ends as if it never began (its checkpoint, if
+// asked for, becomes a periodic one); true when one did.
+func (q *stopSequence) withdraw(id string) bool {
+	s := q.current
+	if s == nil || s.notice.ID != id || s.stopSent {
+		return false
+	}
+	if s.req != nil {
+		s.req.stop = nil
+	}
+	q.current = nil
+	return true
+}
+
+// lateTrainer: trainer c connected during the stop: once the stop was
+// sent, it is told at once.
+func (q *stopSequence) lateTrainer(c *protocol.Conn) {
+	if s := q.current; s != nil && s.stopSent {
+		s.told = true
+		c.Post(s.stopMessage())
+	}
+}
+
+// newStop is the stop that notice n begins, for reason, ending at
+// deadline, on the machine id, as the journal will record it.
+func newStop(n metadata.Notice, reason string, deadline time.Time, id metadata.Identity) *stopState {
+	s := &stopState{notice: n, reason: reason, deadline: deadline, record: journal.Interruption{
+		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
+		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
+		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
+	}}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline.UTC()
+		s.record.Deadline = &d
+	}
+	return s
+}
+
+// nothingToStop: the trainers finished their work (bye) before the stop:
+// no stop to send, nothing interrupted, nothing to journal.
+func (s *stopState) nothingToStop() { s.finished, s.stopSent = true, true }
+
+// saved: the trainers saved the stop's checkpoint, of step, at now.
+func (s *stopState) saved(step int64, now time.Time) {
+	s.record.Done = &now
+	s.record.Step = step
+}
+
+// joined starts the stop sequence for an interruption that reached
+// another node: after the job's checkpoint commits, this node's ranks stop
+// too, so that the whole job exits and its scheduler restarts it. It is
+// not journalled: the node that got the notice records the interruption.
+func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
+	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
+	s := &stopState{
+		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
+		reason:   m.Reason,
+		deadline: reqDeadline.Add(upload + q.cfg.Margin),
+		joined:   true,
+	}
+	q.begin(s)
+	return s
+}
+
 // lateNoticeGrace is the deadline given to a termination notice whose own
 // deadline has already passed when the agent sees it: short, because the
 // machine may go at any moment, but long enough for a small checkpoint.
