@@ -268,7 +268,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		endLife()
 		return nil, err
 	}
-	a.src, a.stops = src, newStopSequence(&a.cfg, life, a.conns, a.sess, &a.commits, src) // stop.go
+	a.src, a.stops = src, newStopSequence(&a.cfg, a.conns, a.sess, &a.commits, src) // stop.go
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}

@@ -30,10 +30,9 @@ type stopSequence struct {
 	gaveUp      bool      // the uploads in flight were cancelled at the grace's end (giveUp)
 
 	// What a stop's end touches: the trainers are told, the session's
-	// journal records it, the newest commit and the source count what
-	// was lost; the cloud's event is acknowledged within life.
+	// journal records it (and acknowledges the cloud's event), the newest
+	// commit and the source count what was lost.
 	cfg     *Config
-	life    context.Context
 	conns   *trainers.Conns
 	sess    *session.Session
 	commits *commits
@@ -41,11 +40,11 @@ type stopSequence struct {
 }
 
 // newStopSequence is a session's notices and signals before any. A
-// stop's end touches the session's other owners (cfg, life, conns, sess,
-// commits, src); the loop tells it what happened (noticed, signalled,
-// begin, tighten, withdraw, lateTrainer, committed, failed).
-func newStopSequence(cfg *Config, life context.Context, conns *trainers.Conns, sess *session.Session, commits *commits, src source.Source) stopSequence {
-	return stopSequence{cfg: cfg, life: life, conns: conns, sess: sess, commits: commits, src: src}
+// stop's end touches the session's other owners (conns, sess, commits,
+// src); the loop tells it what happened (noticed, signalled, begin,
+// tighten, withdraw, lateTrainer, committed, failed).
+func newStopSequence(cfg *Config, conns *trainers.Conns, sess *session.Session, commits *commits, src source.Source) stopSequence {
+	return stopSequence{cfg: cfg, conns: conns, sess: sess, commits: commits, src: src}
 }
 
 // noticed: notice n came (a cloud's, a signal's, a fence's).
