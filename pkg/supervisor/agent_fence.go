@@ -58,7 +58,7 @@ func (a *Agent) onFenced() {
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
 		a.stops.begin(s)
-		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
+		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now, a.stopEnds())
 		return
 	}
 	a.beginStop(n, reasonFenced, now)
@@ -78,7 +78,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	case a.stops.current == nil:
 		a.onFenced()
 	case r.stop != nil && !r.stop.finished:
-		a.stops.finish(r.stop)
+		a.stops.finish(r.stop, a.stopEnds())
 	}
 	return true
 }

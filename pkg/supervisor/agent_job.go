@@ -142,12 +142,12 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.dirs.removeDir(r, a.goBg, a.log)
 	}
 	if stop == nil && urgent {
-		stop = a.stops.joined(m, deadline, now)
+		stop = a.stops.joined(m, deadline, now, a.commits.last.bytes)
 	}
 	r := a.requestID(m.ID, m.Reason, deadline, stop)
 	if r == nil {
 		if stop != nil {
-			a.stops.failed(stop, "checkpoint request not delivered", now)
+			a.stops.failed(stop, "checkpoint request not delivered", now, a.stopEnds())
 		}
 		return
 	}
@@ -172,7 +172,7 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
-		a.stops.failed(r.stop, why, now)
+		a.stops.failed(r.stop, why, now, a.stopEnds())
 	}
 }
 

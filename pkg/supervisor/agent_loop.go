@@ -258,6 +258,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),
 		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
+	a.stops = newStopSequence(&a.cfg) // stop.go
 	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
@@ -268,7 +269,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		endLife()
 		return nil, err
 	}
-	a.src, a.stops = src, newStopSequence(&a.cfg, a.conns, a.sess, &a.commits, src) // stop.go
+	a.src = src
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
@@ -456,7 +457,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	if s := a.stops.current; s != nil { // stop.go
-		if a.stops.tick(now) && a.proc.Running() && !a.proc.Stopping() {
+		if a.stops.tick(now, a.stopEnds()) && a.proc.Running() && !a.proc.Stopping() {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
 			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
@@ -547,7 +548,7 @@ func (a *Agent) onChildExit() {
 		a.dirs.removeDir(r, a.goBg, a.log)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
-			a.stops.failed(r.stop, "trainer exited before saving", time.Now())
+			a.stops.failed(r.stop, "trainer exited before saving", time.Now(), a.stopEnds())
 			continue
 		}
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))

@@ -100,7 +100,7 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	now := time.Now()
 	a.commits.unblocked(now)
 	if r.stop != nil {
-		a.stops.failed(r.stop, "trainer failed: "+m.Error, now)
+		a.stops.failed(r.stop, "trainer failed: "+m.Error, now, a.stopEnds())
 	}
 }
 
@@ -179,7 +179,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path))
-		a.stops.failed(s, "no trainer connected", now)
+		a.stops.failed(s, "no trainer connected", now, a.stopEnds())
 		return
 	}
 	// A periodic request the trainer has not answered yet becomes the
@@ -206,7 +206,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	r := a.request(reason, reqDeadline, s)
 	if r == nil {
-		a.stops.failed(s, "checkpoint request not delivered", now)
+		a.stops.failed(s, "checkpoint request not delivered", now, a.stopEnds())
 		return
 	}
 	a.stops.requested(s, r, r.sent)

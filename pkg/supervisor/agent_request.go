@@ -172,7 +172,7 @@ func (a *Agent) settle(r *request) {
 		a.dirs.removeDir(r, a.goBg, a.log)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
-			a.stops.failed(r.stop, "trainer disconnected before saving", now)
+			a.stops.failed(r.stop, "trainer disconnected before saving", now, a.stopEnds())
 		}
 		return
 	}
@@ -326,7 +326,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
-			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
+			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now, a.stopEnds())
 		}
 		return
 	}
@@ -364,7 +364,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {
-		a.stops.committed(r.stop, res, now)
+		a.stops.committed(r.stop, res, now, a.stopEnds())
 	}
 }
 
@@ -387,6 +387,6 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 		}
 	})
 	if r.stop != nil {
-		a.stops.failed(r.stop, "trainer missed the deadline", now)
+		a.stops.failed(r.stop, "trainer missed the deadline", now, a.stopEnds())
 	}
 }

@@ -126,9 +126,9 @@ func (h agentHost) SignalTrainer(sig syscall.Signal) error {
 }
 
 func (h agentHost) StopCommitted(s source.Stop, res *commit.Result, now time.Time) {
-	h.a.stops.committed(s.(*stopState), res, now)
+	h.a.stops.committed(s.(*stopState), res, now, h.a.stopEnds())
 }
 
 func (h agentHost) StopFailed(s source.Stop, why string, now time.Time) {
-	h.a.stops.failed(s.(*stopState), why, now)
+	h.a.stops.failed(s.(*stopState), why, now, h.a.stopEnds())
 }

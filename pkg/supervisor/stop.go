@@ -29,22 +29,29 @@ type stopSequence struct {
 	firstSignal time.Time // when the first of them came (SignalWindow)
 	gaveUp      bool      // the uploads in flight were cancelled at the grace's end (giveUp)
 
-	// What a stop's end touches: the trainers are told, the session's
-	// journal records it (and acknowledges the cloud's event), the newest
-	// commit and the source count what was lost.
-	cfg     *Config
-	conns   *trainers.Conns
-	sess    *session.Session
-	commits *commits
-	src     source.Source
+	cfg *Config
 }
 
-// newStopSequence is a session's notices and signals before any. A
-// stop's end touches the session's other owners (conns, sess, commits,
-// src); the loop tells it what happened (noticed, signalled, begin,
-// tighten, withdraw, lateTrainer, committed, failed).
-func newStopSequence(cfg *Config, conns *trainers.Conns, sess *session.Session, commits *commits, src source.Source) stopSequence {
-	return stopSequence{cfg: cfg, conns: conns, sess: sess, commits: commits, src: src}
+// newStopSequence is a session's notices and signals before any. The loop
+// tells it what happened (noticed, signalled, begin, tighten, withdraw,
+// lateTrainer, committed, failed); what a stop's end touches of the
+// session's other owners is handed to it then (stopEnds), never held.
+func newStopSequence(cfg *Config) stopSequence { return stopSequence{cfg: cfg} }
+
+// stopEnds is what a stop's end touches of the agent's other owners, as
+// the loop hands it over at that moment: the trainers are told, the
+// session's journal records it (and the cloud's event is acknowledged),
+// the newest committed checkpoint and the source count what was lost.
+type stopEnds struct {
+	conns *trainers.Conns
+	sess  *session.Session
+	last  committedCheckpoint
+	src   source.Source
+}
+
+// stopEnds is what a stop's end touches now (stop.go).
+func (a *Agent) stopEnds() stopEnds {
+	return stopEnds{conns: a.conns, sess: a.sess, last: a.commits.last, src: a.src}
 }
 
 // noticed: notice n came (a cloud's, a signal's, a fence's).
@@ -136,8 +143,8 @@ func (s *stopState) saved(step int64, now time.Time) {
 // another node: after the job's checkpoint commits, this node's ranks stop
 // too, so that the whole job exits and its scheduler restarts it. It is
 // not journalled: the node that got the notice records the interruption.
-func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
+func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time, lastBytes int64) *stopState {
+	upload := q.cfg.Scheduler.EstimateUpload(lastBytes)
 	s := &stopState{
 		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
 		reason:   m.Reason,
@@ -194,13 +201,13 @@ func (q *stopSequence) exitBy(now time.Time) time.Time {
 // the child gets SIGTERM (SIGKILL after KillAfter).
 // The trainer is stopped by the loop (stopAtDeadline) when tick reports
 // the deadline passed.
-func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
+func (q *stopSequence) tick(now time.Time, e stopEnds) (deadlinePassed bool) {
 	s := q.current
 	if s == nil || now.Before(s.deadline) {
 		return false
 	}
 	if !s.finished {
-		q.failed(s, "deadline passed", now)
+		q.failed(s, "deadline passed", now, e)
 	}
 	return true
 }
@@ -270,17 +277,17 @@ func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
 
 // committed: the interruption checkpoint is safe. Tell the trainer to
 // stop, acknowledge the cloud's event, record it.
-func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time) {
+func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time, e stopEnds) {
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	s.recordLostSteps(q.src, res.Manifest.Step, now)
+	s.recordLostSteps(e.src, res.Manifest.Step, now)
 	s.noticeOutcome(q.cfg.Metrics, true, now)
 	q.cfg.Log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
-	q.finish(s)
+	q.finish(s, e)
 	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
 		id := s.notice.ID
-		q.sess.GoAck(func(landing context.Context) {
+		e.sess.GoAck(func(landing context.Context) {
 			// Outlives the loop, up to the notice's deadline (session.AwaitLanding).
 			ctx, cancel := context.WithDeadline(landing, s.deadline)
 			defer cancel()
@@ -300,43 +307,43 @@ const NothingCommitted = "nothing was ever committed: a rerun starts from the be
 // failed: no new checkpoint will commit before the deadline. The
 // previous committed checkpoint stands (when there is one); the work
 // since then is lost.
-func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
+func (q *stopSequence) failed(s *stopState, why string, now time.Time, e stopEnds) {
 	if s.finished {
 		return
 	}
 	s.record.Error = why
-	base := q.commits.last.trainedAt
+	base := e.last.trainedAt
 	if base.IsZero() {
-		base = q.sess.Started()
+		base = e.sess.Started()
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
-	s.recordLostSteps(q.src, q.commits.last.step, now)
+	s.recordLostSteps(e.src, e.last.step, now)
 	s.noticeOutcome(q.cfg.Metrics, false, now)
-	if q.commits.last.id == "" {
+	if e.last.id == "" {
 		// Nothing to stand: the journal, the log and the exit code's
 		// meaning (docs/protocol.md "Exit codes") say so.
 		s.record.Error = why + "; " + NothingCommitted
 		q.cfg.Log.Warn("interruption checkpoint did not commit: "+NothingCommitted,
 			zap.String("why", why), zap.Bool("ever_committed", false), zap.Int64("lost_steps", s.record.LostSteps),
 			zap.Float64("lost_seconds", s.record.LostSeconds))
-		q.finish(s)
+		q.finish(s, e)
 		return
 	}
 	q.cfg.Log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
-		zap.String("why", why), zap.Int64("committed_step", q.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.String("why", why), zap.Int64("committed_step", e.last.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
-	q.finish(s)
+	q.finish(s, e)
 }
 
-func (q *stopSequence) finish(s *stopState) {
+func (q *stopSequence) finish(s *stopState, e stopEnds) {
 	s.finished = true
-	s.send(q.conns)
+	s.send(e.conns)
 	if s.joined {
 		return // the node that got the notice journals it
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	q.sess.JournalAsync(func(j *journal.Journal) {
+	e.sess.JournalAsync(func(j *journal.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++
