@@ -174,10 +174,24 @@ type stopState struct {
 }
 
 // The stop as its checkpoint source sees it (source.Stop).
-func (s *stopState) Reason() string                { return s.reason }
-func (s *stopState) Notice() metadata.Notice       { return s.notice }
-func (s *stopState) Record() *journal.Interruption { return &s.record }
-func (s *stopState) Finished() bool                { return s.finished }
+func (s *stopState) Reason() string          { return s.reason }
+func (s *stopState) Notice() metadata.Notice { return s.notice }
+func (s *stopState) Finished() bool          { return s.finished }
+
+// Asked: the source asked the trainer for the stop's checkpoint at at.
+func (s *stopState) Asked(at time.Time) {
+	at = at.UTC()
+	s.record.Requested = &at
+}
+
+// Checkpointed: the source's checkpoint for the stop is id, of step
+// (source.Stop).
+func (s *stopState) Checkpointed(id string, step int64, lostSeconds float64, done time.Time) {
+	s.record.CheckpointID, s.record.Step, s.record.LostSeconds = id, step, lostSeconds
+	if !done.IsZero() {
+		s.record.Done = &done
+	}
+}
 
 func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()

@@ -76,3 +76,22 @@ func TestStopSequence_Noticed(t *testing.T) {
 		t.Fatalf("seen %d, last %+v: want 2, b", q.noticesSeen, q.lastNotice)
 	}
 }
+
+// TestStopState_ToldBySource: what a checkpoint source learns of a stop
+// goes into its journal record through the stop's own methods.
+func TestStopState_ToldBySource(t *testing.T) {
+	s := newStop(metadata.Notice{ID: "n"}, protocol.ReasonInterruption, time.Now().Add(time.Minute), metadata.Identity{})
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))
+	s.Asked(at)
+	if s.record.Requested == nil || !s.record.Requested.Equal(at) || s.record.Requested.Location() != time.UTC {
+		t.Fatalf("requested %v, want %v in UTC", s.record.Requested, at)
+	}
+	s.Checkpointed("c1", 40, 12.5, time.Time{})
+	if s.record.CheckpointID != "c1" || s.record.Step != 40 || s.record.LostSeconds != 12.5 || s.record.Done != nil {
+		t.Fatalf("record %+v, want c1 at 40, 12.5 s lost, no done", s.record)
+	}
+	s.Checkpointed("c2", 50, 1, at)
+	if s.record.Done == nil || !s.record.Done.Equal(at) {
+		t.Fatalf("done %v, want %v", s.record.Done, at)
+	}
+}
