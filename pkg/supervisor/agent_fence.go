@@ -57,8 +57,8 @@ func (a *Agent) onFenced() {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
-		a.stops.current = s
-		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now)
+		a.stops.begin(s)
+		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now, a.stopEnds())
 		return
 	}
 	a.beginStop(n, reasonFenced, now)
@@ -78,7 +78,7 @@ func (a *Agent) onFencedCommit(r *request, err error) bool {
 	case a.stops.current == nil:
 		a.onFenced()
 	case r.stop != nil && !r.stop.finished:
-		a.stops.finish(r.stop)
+		a.stops.finish(r.stop, a.stopEnds())
 	}
 	return true
 }
@@ -92,12 +92,12 @@ func takeLease(ctx context.Context, s *session.Session, cfg *Config, job jobPoli
 	if cfg.FenceInterval < 0 {
 		return nil
 	}
-	rec := checkpoint.LeaseRecord{Session: s.ID, Instance: session.MachineOf(cfg.Identity), Started: s.Started.UTC()}
+	rec := checkpoint.LeaseRecord{Session: s.ID(), Instance: session.MachineOf(cfg.Identity), Started: s.Started().UTC()}
 	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
 	if err != nil {
 		return err
 	}
-	s.Journal.FenceWith(l)
+	s.Journal().FenceWith(l)
 	if part := job.part(); part != "" {
 		cfg.Log.Info("lease of this node taken", zap.String("part", part), zap.Int64("epoch", l.Epoch), zap.String("session", l.Session))
 	} else {

@@ -71,7 +71,7 @@ func (r *request) noteRank(c *protocol.Conn) {
 // priority (commit.Request.Urgent): only the machine's own notices do.
 func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	h, ok := c.Hello()
-	if _, known := a.conns.ByID[c.ID()]; !known || !ok {
+	if a.conns.Conn(c.ID()) == nil || !ok {
 		a.conns.Reply(c, m.ID, "join: say hello first")
 		return
 	}
@@ -133,7 +133,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 	}
 	var stop *stopState
 	for id, r := range a.commits.pending {
-		delete(a.commits.pending, id)
+		a.commits.dropped(id)
 		if r.stop != nil {
 			stop = r.stop
 			r.stop = nil
@@ -142,12 +142,12 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		a.dirs.removeDir(r, a.goBg, a.log)
 	}
 	if stop == nil && urgent {
-		stop = a.stops.joined(m, deadline, now)
+		stop = a.stops.joined(m, deadline, now, a.commits.last.bytes)
 	}
 	r := a.requestID(m.ID, m.Reason, deadline, stop)
 	if r == nil {
 		if stop != nil {
-			a.stops.failed(stop, "checkpoint request not delivered", now)
+			a.stops.failed(stop, "checkpoint request not delivered", now, a.stopEnds())
 		}
 		return
 	}
@@ -172,24 +172,8 @@ func (a *Agent) abandonPart(r *request, why string, now time.Time) {
 	a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: why})
 	a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 	if r.stop != nil {
-		a.stops.failed(r.stop, why, now)
+		a.stops.failed(r.stop, why, now, a.stopEnds())
 	}
-}
-
-// joined starts the stop sequence for an interruption that reached
-// another node: after the job's checkpoint commits, this node's ranks stop
-// too, so that the whole job exits and its scheduler restarts it. It is
-// not journalled: the node that got the notice records the interruption.
-func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time) *stopState {
-	upload := q.cfg.Scheduler.EstimateUpload(q.commits.last.bytes)
-	s := &stopState{
-		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
-		reason:   m.Reason,
-		deadline: reqDeadline.Add(upload + q.cfg.Margin),
-		joined:   true,
-	}
-	q.current = s
-	return s
 }
 
 // heartbeatEnv is what the job's heartbeats (ranks.Heartbeats) need of c.

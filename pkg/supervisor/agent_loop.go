@@ -50,7 +50,7 @@ type Agent struct {
 	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
 	boot    bootrestore.Boot     // the restore beside the trainers (pkg/supervisor/bootrestore)
 	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
-	conns   trainers.Conns       // the trainers and their connections (pkg/supervisor/trainers)
+	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
-				PID: func() int { return int(a.proc.PID.Load()) }, Poll: 50 * time.Millisecond, Log: a.log}
+				PID: a.proc.PID, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
 			// Take the bridge's hello before the child starts, so that a
 			// notice or signal at once finds a trainer to ask.
@@ -166,15 +166,15 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			return child.ExitCodeFromError(err), err // 127 not found, 126 not executable, as shells do
 		}
 	}
-	a.commits.promise.AtStart(a.sess.Journal) // pkg/supervisor/promise
-	if a.boot.Restoring == nil {
+	a.commits.promise.AtStart(a.sess.Journal()) // pkg/supervisor/promise
+	if !a.boot.Restoring() {
 		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
-	if a.boot.Aborted != nil {
+	if a.boot.Aborted() {
 		a.abort() // the start was given up: no session to record (agent_restore.go)
 	} else {
 		a.finish()
@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
 		return code, err
 	}
-	return a.proc.ExitCode, nil
+	return a.proc.ExitCode(), nil
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -252,27 +252,24 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
+	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.Log)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
-		commits: commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4)},
-		conns:   trainers.Conns{Log: cfg.Log, ByID: map[uint64]*protocol.Conn{}, SaidBye: map[uint64]bool{}},
-		fences:  make(chan struct{}, 1), job: newJobPolicy(&cfg),
-		proc: childproc.New(cfg.Command, cfg.KillAfter, cfg.Log),
+		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),
+		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
-	a.conns.ChildGroup = func() int { return int(a.proc.PID.Load()) } // the child leads its own group (internal/child)
-	a.commits.lastBlock = a.sess.Started
-	a.commits.promise = promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log})
-	a.stops.cfg, a.stops.life, a.stops.conns, a.stops.sess, a.stops.commits = &a.cfg, life, &a.conns, a.sess, &a.commits
-	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID, Started: a.sess.Started,
+	a.stops = newStopSequence(&a.cfg) // stop.go
+	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
-	a.commits.committer = &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log}
-	a.job.committer(a.commits.committer, a.sess.ID)
+	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
+		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))
+	a.job.committer(a.commits.committer, a.sess.ID())
 	src, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
 		return nil, err
 	}
-	a.src, a.stops.src = src, src
+	a.src = src
 	if !src.Asks() {
 		cfg.Scheduler.Quiet() // its interval changes are at debug: nobody acts on them
 	}
@@ -282,10 +279,10 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.Watch == nil { // the watched directory is its own local copy
-		a.dirs.Tier = a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
+		a.dirs.OpenTier(cfg.LocalKeep, cfg.LocalMaxBytes, a.log)
 		pc := cfg.PeerTier
 		pc.Machine = session.MachineOf(cfg.Identity)
-		a.dirs.Peer = a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID, a.log)
+		a.dirs.OpenPeer(ctx, pc, cfg.Store, cfg.RunID, cfg.Node, a.sess.ID(), a.log)
 	}
 	j, err := journal.Read(ctx, cfg.Store, cfg.RunID)
 	if err != nil {
@@ -295,8 +292,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	if s := j.FinishedBefore(); s != nil {
 		sayFinishedBefore(s, a.log) // finished.go
 	}
-	a.sess.Journal = journal.NewWriter(cfg.Store, j)
-	a.sess.RanBefore = j.Stats.RunSeconds
+	a.sess.JournalRead(cfg.Store, j)
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
 	cfg.Metrics.Machine(string(cfg.Identity.Cloud), cfg.Identity.InstanceType, cfg.Identity.Zone)
 	cfg.Scheduler.ObserveHistory(a.cfg.FleetPrior(ctx).Seed(schedule.History{
@@ -312,7 +308,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	if cfg.Watch == nil { // a trainer back after a commit (pkg/supervisor/bootrestore)
 		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-		a.boot.Env = bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
+		a.boot = bootrestore.New(bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
 			Fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
 				return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 			},
@@ -320,30 +316,31 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 				return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
 			},
 			Hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
-			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }}
+			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }})
 	}
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if a.boot.Resume, err = a.src.Restore(ctx); err != nil {
+	r, err := a.src.Restore(ctx)
+	if err != nil {
 		a.abort()
 		return nil, err
 	}
+	a.boot.Resumed(r)
 	a.sess.RecordSession(a.cfg.Identity)
 	return a, nil
 }
 
 func (a *Agent) startChild() error {
-	if a.boot.Resume != nil {
-		a.commits.lastBlock = time.Now()
-		a.commits.last.trainedAt = a.commits.lastBlock
+	if a.boot.Resume() != nil {
+		a.commits.resumed(time.Now())
 	}
 	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(localdirs.ExitFileEnv); p != "" {
 		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
 	}
 	a.ranks.Reset()
-	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring != nil, a.boot.Resume))
+	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring(), a.boot.Resume()))
 }
 
 // awaitTrainer handles socket events until a trainer has said hello, or
@@ -351,7 +348,7 @@ func (a *Agent) startChild() error {
 func (a *Agent) awaitTrainer(events <-chan protocol.Event, timeout time.Duration) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for len(a.conns.ByID) == 0 {
+	for a.conns.Count() == 0 {
 		select {
 		case ev := <-events:
 			a.onEvent(ev)
@@ -398,12 +395,12 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.LookupDone():
-			a.proc.ExitCode = a.ranks.OnLookup(res) // pkg/supervisor/ranks
+			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/ranks
 		case res := <-a.boot.Done():
 			a.onRestoreDone(res) // agent_restore.go
 		case res := <-a.boot.RejoinDone():
 			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
-		case <-a.proc.Done:
+		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
@@ -430,8 +427,8 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if s := a.stops.current; s != nil {
 		earlier(s.deadline)
 	}
-	earlier(a.proc.RestartAt)
-	earlier(a.boot.AbandonAt)
+	earlier(a.proc.RestartAt())
+	earlier(a.boot.AbandonAt())
 	earlier(a.src.Wake())
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
@@ -460,7 +457,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 	}
 	if s := a.stops.current; s != nil { // stop.go
-		if a.stops.tick(now) && a.proc.Running() && !a.proc.Killing {
+		if a.stops.tick(now, a.stopEnds()) && a.proc.Running() && !a.proc.Stopping() {
 			a.log.Warn("trainer still running at the deadline: stopping it", zap.Time("deadline", s.deadline))
 			a.proc.StopAtDeadline(a.life, a.goBg)
 		}
@@ -476,19 +473,17 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Kill("a silent neighbour's verdict: every rank exited, the launcher still running")
 	}
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && a.boot.Restoring == nil && a.boot.Rejoin == nil { // one restore at a time: each clears the area
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && !a.boot.Restoring() && !a.boot.Rejoining() { // one restore at a time: each clears the area
 		a.restart()
 	}
-	if !a.boot.AbandonAt.IsZero() && !now.Before(a.boot.AbandonAt) {
-		a.boot.AbandonAt = time.Time{}
+	if a.boot.AbandonDue(now) {
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
 		a.proc.Stop(a.life, a.goBg)
 	}
-	if iv := a.cfg.Scheduler.Interval(); iv != a.commits.interval {
-		a.commits.interval = iv
+	if iv := a.cfg.Scheduler.Interval(); a.commits.intervalChanged(iv) {
 		a.cfg.Metrics.Interval(iv)
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(&a.conns, a.job) &&
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) &&
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
@@ -502,17 +497,15 @@ func (a *Agent) tick(now time.Time) {
 // tell late trainers to stop and keep serving status and metrics, and ends
 // when told to shut down (signal) or, in node mode, when its trainers are gone.
 func (a *Agent) checkDone() {
-	if !a.proc.Gone || !a.proc.RestartAt.IsZero() {
+	if !a.proc.Gone() {
 		return
 	}
-	if p := a.boot.Restoring; p != nil && len(a.cfg.Command) > 0 {
+	if a.boot.Restoring() && len(a.cfg.Command) > 0 {
 		// Nobody is left to resume: the restore's end is awaited, cancelled.
-		if p.Why == "" {
-			p.Cancel("the trainer exited")
-		}
+		a.boot.TrainerExited()
 		return
 	}
-	if a.boot.Aborted != nil && len(a.cfg.Command) > 0 {
+	if a.boot.Aborted() && len(a.cfg.Command) > 0 {
 		a.done = true
 		return
 	}
@@ -535,16 +528,16 @@ func (a *Agent) checkDone() {
 		a.done = true
 		return
 	}
-	if a.cfg.EndWhenIdle && a.conns.Had && len(a.conns.ByID) == 0 && len(a.commits.pending) == 0 {
+	if a.cfg.EndWhenIdle && a.conns.Had() && a.conns.Count() == 0 && len(a.commits.pending) == 0 {
 		a.done = true
 	}
 }
 
 func (a *Agent) onChildExit() {
-	code := a.proc.Exited()
-	a.proc.ExitCode = a.stops.exitCodeFor(code, a.proc, &a.dirs, &a.ranks)
-	a.proc.Killing = false
-	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.Child.PID()), zap.Int("agent_exit_code", a.proc.ExitCode))
+	exit := a.proc.Exited()
+	code := exit.Code
+	a.proc.ExitAs(a.stops.exitCodeFor(exit, &a.dirs, &a.ranks))
+	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.LastPID()), zap.Int("agent_exit_code", a.proc.ExitCode()))
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this
@@ -552,21 +545,21 @@ func (a *Agent) onChildExit() {
 		if r.urgent() && a.cfg.Signal == 0 {
 			continue
 		}
-		delete(a.commits.pending, id)
+		a.commits.dropped(id)
 		// A trainer that died mid-save leaves half a checkpoint: never
 		// committed, and not to be left on the disk either.
 		a.dirs.removeDir(r, a.goBg, a.log)
 		if r.urgent() {
 			a.log.Warn("trainer could not save the checkpoint", zap.String("id", id), zap.String("error", "trainer exited before saving"))
-			a.stops.failed(r.stop, "trainer exited before saving", time.Now())
+			a.stops.failed(r.stop, "trainer exited before saving", time.Now(), a.stopEnds())
 			continue
 		}
 		a.log.Warn("checkpoint abandoned: the trainer exited before answering", zap.String("id", id), zap.String("reason", r.reason))
 	}
 	switch {
-	case a.stops.current != nil || code == 0 || a.boot.Aborted != nil || a.ranks.PeerLost():
+	case a.stops.current != nil || code == 0 || a.boot.Aborted() || a.ranks.PeerLost():
 		// A lost peer: restarting this node alone cannot bring the job back.
-		a.proc.Gone = true
+		a.proc.GiveUp()
 	default:
 		a.proc.RestartOrGiveUp(code, a.cfg.MaxRestarts)
 	}
@@ -574,21 +567,20 @@ func (a *Agent) onChildExit() {
 
 // restart restores the newest committed checkpoint and starts the trainer again.
 func (a *Agent) restart() {
-	a.proc.RestartAt = time.Time{}
-	a.proc.Close() // the failed trainer's leftovers must not run beside the new one
+	a.proc.Restarting() // the failed trainer's leftovers must not run beside the new one
 	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
 	defer cancel()
 	r, err := a.src.Restore(ctx)
 	if err != nil {
 		a.log.Error("restore for restart failed", zap.Error(err))
 		a.cfg.Metrics.Error("restore")
-		a.proc.Gone = true
+		a.proc.GiveUp()
 		return
 	}
-	a.boot.Resume = r
+	a.boot.Resumed(r)
 	if err := a.startChild(); err != nil {
 		a.log.Error("restart failed", zap.Error(err))
-		a.proc.Gone = true
+		a.proc.GiveUp()
 	}
 }
 
@@ -599,19 +591,18 @@ func (a *Agent) restart() {
 // and some init systems signal the agent and its process group together.
 func (a *Agent) onSignal(sig os.Signal) {
 	now := time.Now()
-	if a.stops.signals == 1 && a.cfg.SignalWindow > 0 && now.Sub(a.stops.firstSignal) < a.cfg.SignalWindow {
+	n := a.stops.signalled(now, a.cfg.SignalWindow) // stop.go
+	if n == 0 {
 		a.log.Info("signal within the window of the first one: the same shutdown", zap.String("signal", sig.String()),
 			zap.Duration("after", now.Sub(a.stops.firstSignal).Round(time.Millisecond)), zap.Duration("window", a.cfg.SignalWindow))
 		return
 	}
-	a.stops.signals++
-	if a.stops.signals > 1 {
+	if n > 1 {
 		a.log.Warn("second signal: stopping the trainer now", zap.String("signal", sig.String()))
 		a.proc.Stop(a.life, a.goBg)
 		a.checkDone()
 		return
 	}
-	a.stops.firstSignal = now
 	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // agent_restore.go
 		a.checkDone()
 		return
@@ -633,11 +624,11 @@ func (a *Agent) finish() {
 	ctx, cancel := a.sess.ExitWrite(by)
 	defer cancel()
 	end := time.Now().UTC()
-	code, blocked := a.proc.ExitCode, a.commits.blocked
+	code, blocked := a.proc.ExitCode(), a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
-	session := a.sess.ID
-	finished, step := finishedWork(a.cfg.Command, a.proc, &a.conns), a.commits.lastStep // finished.go
-	err := a.sess.Journal.Update(ctx, func(j *journal.Journal) {
+	session := a.sess.ID()
+	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // finished.go
+	err := a.sess.Journal().Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
 			s.ExitCode = &code
@@ -700,11 +691,11 @@ func (a *Agent) trainers() int {
 	if !a.src.Asks() {
 		return 0 // the source does not ask (zero-code mode): the trainer saves when it decides
 	}
-	if a.cfg.Signal != 0 && a.proc.Done == nil {
+	if a.cfg.Signal != 0 && !a.proc.Running() {
 		return 0
 	}
-	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" {
+	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() {
 		return 0 // not resumed: nothing worth saving (agent_restore.go)
 	}
-	return len(a.conns.ByID)
+	return a.conns.Count()
 }

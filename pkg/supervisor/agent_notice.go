@@ -5,7 +5,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
@@ -29,20 +28,14 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeJoin:
 		a.onJoin(c, m) // agent_job.go
 	case protocol.TypeStatus:
-		sendStatus(&a.conns, c, a.status())
+		sendStatus(a.conns, c, a.status())
 	case protocol.TypeBye:
 		a.commits.seeStep(m.Step)
-		if _, ok := a.conns.ByID[c.ID()]; ok {
-			a.conns.SaidBye[c.ID()] = true
-			a.conns.Byes++
-		}
+		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
 	case protocol.TypeDisconnected:
 		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
-		a.ranks.ConnEnded(c, a.conns.SaidBye[c.ID()], a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
-		if _, ok := a.conns.ByID[c.ID()]; ok && !a.conns.SaidBye[c.ID()] {
-			a.conns.LeftUnfinished = true
-		}
-		a.conns.Forget(c.ID()) // pkg/supervisor/trainers
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -56,7 +49,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	a.boot.RejoinHello(a.commits.committed(), len(a.conns.ByID), len(a.commits.uploads)) // pkg/supervisor/bootrestore
+	a.boot.RejoinHello(a.commits.committed(), a.conns.Count(), len(a.commits.uploads)) // pkg/supervisor/bootrestore
 	a.boot.RejoinTick(a.commits.committed(), len(a.commits.uploads))
 	if w, handled := a.boot.Hello(protocol.Event{Conn: c, Msg: m}, a.cfg.Log, a.cfg.Welcome); handled {
 		if w != nil {
@@ -64,7 +57,7 @@ func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
 		}
 		return
 	}
-	a.admit(c, m, a.cfg.Welcome(m, a.boot.Resume))
+	a.admit(c, m, a.cfg.Welcome(m, a.boot.Resume()))
 }
 
 // admit sends the welcome w answering hello m and counts c as a trainer.
@@ -74,30 +67,22 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Warn("welcome not delivered", zap.Uint64("conn", c.ID()), zap.Error(err))
 		return
 	}
-	if len(a.conns.ByID) == 0 {
-		a.conns.LeftUnfinished = false // a new start of the trainer(s)
-	}
-	a.conns.ByID[c.ID()] = c
-	a.conns.NoteHello(c) // pkg/supervisor/trainers: the child's own connections go first
-	a.conns.Had = true
 	fields := []zap.Field{zap.Uint64("conn", c.ID()), zap.Int("pid", m.PID), zap.Int("peer_uid", c.PeerUID())}
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	// One line: connected, or connected but left out (pkg/supervisor/trainers).
-	if why := a.conns.Review(c.ID()); why != "" {
+	// One line: connected, or connected but left out (pkg/supervisor/trainers:
+	// the child's own connections go first).
+	if why := a.conns.Welcomed(c); why != "" {
 		a.log.Warn(trainers.LeftOutMsg, append(fields, zap.String("why", why))...)
 	} else {
 		a.log.Info("trainer connected", fields...)
 	}
-	a.job.hello(m, &a.conns, a.log)                                        // job_policy.go
-	a.ranks.Hello(m, a.proc.Running())                                     // pkg/supervisor/ranks
-	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID, a.life) // pkg/supervisor/ranks
+	a.job.hello(m, a.log)                                                    // job_policy.go
+	a.ranks.Hello(m, a.proc.Running())                                       // pkg/supervisor/ranks
+	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
-	if s := a.stops.current; s != nil && s.stopSent {
-		s.told = true
-		c.Post(s.stopMessage())
-	}
+	a.stops.lateTrainer(c)
 }
 
 func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
@@ -110,20 +95,19 @@ func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
 	a.log.Warn("trainer could not save the checkpoint", append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
 		zap.String("reason", r.reason)}, causeFields(nil, m.Error)...)...) // failcause.go
 	a.cfg.Metrics.CommitFailed("trainer")
-	delete(a.commits.pending, r.id)
+	a.commits.dropped(r.id)
 	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
 	now := time.Now()
-	a.commits.lastBlock = now
+	a.commits.unblocked(now)
 	if r.stop != nil {
-		a.stops.failed(r.stop, "trainer failed: "+m.Error, now)
+		a.stops.failed(r.stop, "trainer failed: "+m.Error, now, a.stopEnds())
 	}
 }
 
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
 	now := time.Now()
-	a.stops.noticesSeen++
-	a.stops.lastNotice = &n
+	a.stops.noticed(n)
 	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
 	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
 		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
@@ -133,7 +117,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 	a.log.Info("interruption notice", fields...)
 	switch n.Kind {
 	case metadata.KindTermination:
-		if a.boot.Aborted != nil {
+		if a.boot.Aborted() {
 			return // the start was given up: nothing to save
 		}
 		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // agent_restore.go
@@ -146,19 +130,15 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(&a.conns, a.job) {
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(a.conns, a.job) {
 			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 		}
 	case metadata.KindMaintenance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
 	case metadata.KindCancelled:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
-		if s := a.stops.current; s != nil && s.notice.ID == n.ID && !s.stopSent {
+		if a.stops.withdraw(n.ID) {
 			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
-			if s.req != nil {
-				s.req.stop = nil
-			}
-			a.stops.current = nil
 		}
 	}
 }
@@ -178,24 +158,14 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
 		deadline = now.Add(lateNoticeGrace)
 	}
-	if s := a.stops.current; s != nil {
-		if deadline.Before(s.deadline) {
+	if a.stops.current != nil {
+		if a.stops.tighten(deadline) {
 			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
-			s.deadline = deadline
 		}
 		return
 	}
-	id := a.cfg.Identity
-	s := &stopState{notice: n, reason: reason, deadline: deadline, record: journal.Interruption{
-		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
-		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
-		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
-	}}
-	if !n.Deadline.IsZero() {
-		d := n.Deadline.UTC()
-		s.record.Deadline = &d
-	}
-	a.stops.current = s
+	s := newStop(n, reason, deadline, a.cfg.Identity) // stop.go
+	a.stops.begin(s)
 	reqDeadline := a.cfg.RequestDeadline(a.commits.last.bytes, deadline, now)
 	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
 		return
@@ -204,12 +174,12 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		// A sidecar outlives its trainer: the kubelet stops it after the
 		// trainer exited 0. Nothing was interrupted and nothing is lost.
 		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
-		s.finished, s.stopSent = true, true // no stop to send, nothing to journal
+		s.nothingToStop() // no stop to send, nothing to journal
 		return
 	}
 	if a.trainers() == 0 {
 		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path))
-		a.stops.failed(s, "no trainer connected", now)
+		a.stops.failed(s, "no trainer connected", now, a.stopEnds())
 		return
 	}
 	// A periodic request the trainer has not answered yet becomes the
@@ -226,7 +196,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 				// The ranks agree on the request's reason and deadline:
 				// tell them the new ones (a client updates it in place).
 				for cid := range r.waiting {
-					if c := a.conns.ByID[cid]; c != nil {
+					if c := a.conns.Conn(cid); c != nil {
 						c.Post(r.message())
 					}
 				}
@@ -236,7 +206,7 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 	}
 	r := a.request(reason, reqDeadline, s)
 	if r == nil {
-		a.stops.failed(s, "checkpoint request not delivered", now)
+		a.stops.failed(s, "checkpoint request not delivered", now, a.stopEnds())
 		return
 	}
 	a.stops.requested(s, r, r.sent)

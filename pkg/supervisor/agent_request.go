@@ -110,7 +110,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
 		return nil
 	}
-	a.commits.pending[id] = r
+	a.commits.asked(r)
 	a.log.Info("checkpoint requested", zap.String("id", id), zap.String("reason", reason),
 		zap.Time("deadline", dl), zap.Int("trainers", len(r.waiting)), zap.Int("not_waited_for", len(out)))
 	return r
@@ -166,13 +166,13 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 
 // settle is called when no connection owes r an answer any more.
 func (a *Agent) settle(r *request) {
-	delete(a.commits.pending, r.id)
+	a.commits.dropped(r.id)
 	now := time.Now()
 	if r.answered == 0 {
 		a.dirs.removeDir(r, a.goBg, a.log)
 		a.log.Warn("checkpoint abandoned: every trainer disconnected", zap.String("id", r.id))
 		if r.stop != nil {
-			a.stops.failed(r.stop, "trainer disconnected before saving", now)
+			a.stops.failed(r.stop, "trainer disconnected before saving", now, a.stopEnds())
 		}
 		return
 	}
@@ -193,12 +193,9 @@ func (a *Agent) settle(r *request) {
 	}
 	a.cfg.Scheduler.ObserveCost(cost)
 	a.cfg.Metrics.Phase("save", saved)
-	a.commits.saveTook = saved
-	a.commits.lastBlock = now
-	a.commits.blocked += cost.Seconds()
+	a.commits.saved(saved, cost, now)
 	if r.stop != nil {
-		r.stop.record.Done = &now
-		r.stop.record.Step = r.step
+		r.stop.saved(r.step, now)
 	}
 	a.commit(r)
 }
@@ -237,7 +234,7 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	r := &request{id: localdirs.NewRequestID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
 	r.noteAnswer(c) // owner.go
-	a.commits.lastBlock = now
+	a.commits.unblocked(now)
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
 }
@@ -267,7 +264,7 @@ func (a *Agent) commit(r *request) {
 		}
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
-	a.commits.uploads[r.id] = u
+	a.commits.uploading(u)
 	var openErr error
 	if r.held == nil {
 		r.held, openErr = checkpoint.OpenDir(a.dirs.parentRoot(r), r.rel)
@@ -314,8 +311,7 @@ func (a *Agent) commit(r *request) {
 
 func (a *Agent) onCommitResult(cr commitResult) {
 	r := cr.req
-	u := a.commits.uploads[r.id]
-	delete(a.commits.uploads, r.id)
+	u := a.commits.uploadEnded(r.id)
 	now := time.Now()
 	a.dirs.removeDir(r, a.goBg, a.log)
 	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
@@ -333,7 +329,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
 		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
-			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now)
+			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now, a.stopEnds())
 		}
 		return
 	}
@@ -345,9 +341,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
 	a.commits.promise.Note(r.reason, r.sent, r.pipe != nil, res, u.start, now, a.src.Asks()) // pkg/supervisor/promise
 	pr := a.commits.promise.Promise()
-	if res.Manifest.Step >= a.commits.last.step { // restore resumes from the newest step
-		a.commits.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
-	}
+	a.commits.committedAs(r, res) // restore resumes from the newest step
 	a.conns.Broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.RunSeconds(), a.commits.blocked
 	if !r.costFrom.IsZero() {
@@ -357,7 +351,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	}
 	// In a job every node commits the checkpoint: the node that keeps the
 	// schedule (rank 0's) counts it, so that the job's stats add up once.
-	jobStats, session := asking(&a.conns, a.job), a.sess.ID
+	jobStats, session := asking(a.conns, a.job), a.sess.ID()
 	a.sess.JournalAsync(func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.BlockedSeconds = &blocked
@@ -373,13 +367,13 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		j.Stats.RunSeconds = ran
 	})
 	if r.stop != nil {
-		a.stops.committed(r.stop, res, now)
+		a.stops.committed(r.stop, res, now, a.stopEnds())
 	}
 }
 
 // requestExpired handles a request whose deadline passed unanswered.
 func (a *Agent) requestExpired(r *request, now time.Time) {
-	delete(a.commits.pending, r.id)
+	a.commits.dropped(r.id)
 	a.log.Warn("trainer missed the checkpoint deadline", zap.String("id", r.id), zap.String("reason", r.reason),
 		zap.Time("deadline", r.deadline), zap.Int("answered", r.answered), zap.Int("waiting", len(r.waiting)))
 	a.cfg.Metrics.CommitFailed("deadline")
@@ -396,6 +390,6 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 		}
 	})
 	if r.stop != nil {
-		a.stops.failed(r.stop, "trainer missed the deadline", now)
+		a.stops.failed(r.stop, "trainer missed the deadline", now, a.stopEnds())
 	}
 }

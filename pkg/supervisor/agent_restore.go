@@ -21,7 +21,7 @@ import (
 func (a *Agent) startRestore() {
 	opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
 	a.log.Info("restoring while the trainer starts")
-	a.boot.Restoring = bootrestore.Beside(a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+	a.boot.StartBeside(a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
 		return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
 	})
 }
@@ -31,9 +31,9 @@ func (a *Agent) onRestoreDone(res bootrestore.Result) {
 	p, err, ok := a.boot.Ended(res, a.log, func() { a.cfg.Metrics.Error("restore") })
 	if err != nil {
 		a.proc.CancelRestart() // it exited meanwhile: no restart
-		if a.proc.Done != nil {
+		if a.proc.Running() {
 			// It was told: it should exit with the error itself.
-			a.boot.AbandonAt = time.Now().Add(a.cfg.KillAfter)
+			a.boot.StopTrainerAt(time.Now().Add(a.cfg.KillAfter))
 		}
 	}
 	if !ok {
@@ -43,12 +43,10 @@ func (a *Agent) onRestoreDone(res bootrestore.Result) {
 	a.cfg.Metrics.Ready(true)
 	if res.Fetched != nil {
 		f := res.Fetched
-		a.boot.Resume = a.commits.restored(f.R, f.Start, f.R.Dir, f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node)
-		now := time.Now()
-		a.commits.lastBlock = now
-		a.commits.last.trainedAt = now
+		a.boot.Resumed(a.commits.restored(f.R, f.Start, f.R.Dir, f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node))
+		a.commits.resumed(time.Now())
 	}
-	p.Restored(a.boot.Resume, a.log, func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
+	p.Restored(a.boot.Resume(), a.log, func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
 		func(ev protocol.Event) { a.onHello(ev.Conn, ev.Msg) })
 }
 

@@ -25,12 +25,12 @@ func (a *Agent) status() Status {
 	now := time.Now()
 	st := Status{
 		RunID: a.cfg.RunID, Store: a.cfg.Store.URI(""), Cloud: a.cfg.Identity.Cloud, Instance: a.cfg.Identity,
-		Started: a.sess.Started.UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
+		Started: a.sess.Started().UTC(), Trainers: a.trainers(), Interval: a.cfg.Scheduler.Interval().String(),
 		Uploading: len(a.commits.uploads), Pending: len(a.commits.pending), NoticesSeen: a.stops.noticesSeen, LastNotice: a.stops.lastNotice,
 		Step: a.commits.lastStep, NoticePromise: a.commits.promise.Status(),
 	}
-	if a.proc.Child != nil {
-		st.Child = &ChildStatus{PID: a.proc.Child.PID(), Running: a.proc.Done != nil, Restarts: a.proc.Restarts}
+	if a.proc.Started() {
+		st.Child = &ChildStatus{PID: a.proc.LastPID(), Running: a.proc.Running(), Restarts: a.proc.Restarts()}
 	}
 	if a.commits.last.id != "" {
 		st.LastCheckpoint = &CheckpointStatus{ID: a.commits.last.id, Step: a.commits.last.step, At: a.commits.last.at, Bytes: a.commits.last.bytes}

@@ -32,6 +32,75 @@ type commits struct {
 	promise   promise.State // the notice checkpoint's prediction (pkg/supervisor/promise)
 }
 
+// newCommits is a session's checkpoints before the first: the trainer's
+// pace counts from started; committer commits them; p predicts a notice
+// checkpoint. The loop tells it what happened (asked, dropped, uploading,
+// uploadEnded, unblocked, saved, resumed, committedAs, intervalChanged).
+func newCommits(started time.Time, committer *commit.Committer, p promise.State) commits {
+	return commits{pending: map[string]*request{}, uploads: map[string]*upload{}, results: make(chan commitResult, 4),
+		lastBlock: started, committer: committer, promise: p}
+}
+
+// useCommitter: the source commits through cm (zero-code mode's copy of
+// the committer, whose store verifies each checkpoint before its manifest).
+func (c *commits) useCommitter(cm *commit.Committer) { c.committer = cm }
+
+// asked: r was sent to the trainers; it is pending until answered,
+// failed, expired or abandoned (dropped).
+func (c *commits) asked(r *request) { c.pending[r.id] = r }
+
+// dropped: request id is pending no more.
+func (c *commits) dropped(id string) { delete(c.pending, id) }
+
+// uploading: u's upload (and commit) started beside the loop.
+func (c *commits) uploading(u *upload) { c.uploads[u.req.id] = u }
+
+// uploadEnded: the upload of request id ended (its result came); it is
+// returned (nil: none was in flight).
+func (c *commits) uploadEnded(id string) *upload {
+	u := c.uploads[id]
+	delete(c.uploads, id)
+	return u
+}
+
+// unblocked: the trainer stopped being blocked by a checkpoint at now
+// (its save ended, failed, or it took one of its own): the schedule
+// counts the next interval from there.
+func (c *commits) unblocked(now time.Time) { c.lastBlock = now }
+
+// saved: the trainer answered a request at now, its save having taken
+// took, of which cost blocked its training.
+func (c *commits) saved(took, cost time.Duration, now time.Time) {
+	c.saveTook = took
+	c.lastBlock = now
+	c.blocked += cost.Seconds()
+}
+
+// resumed: the trainer resumed the newest committed checkpoint at now:
+// its state matches it from then, and the schedule counts from there.
+func (c *commits) resumed(now time.Time) {
+	c.lastBlock = now
+	c.last.trainedAt = now
+}
+
+// committedAs: r committed as res; it is the newest committed checkpoint
+// unless a newer step committed first (restore resumes from the newest).
+func (c *commits) committedAs(r *request, res *commit.Result) {
+	if res.Manifest.Step >= c.last.step {
+		c.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	}
+}
+
+// intervalChanged: the schedule's interval is iv now; true when that is
+// a change.
+func (c *commits) intervalChanged(iv time.Duration) bool {
+	if iv == c.interval {
+		return false
+	}
+	c.interval = iv
+	return true
+}
+
 // lease is this session's lease: the run's, or in part mode the node's;
 // nil when fencing is off.
 func (c *commits) lease() *checkpoint.Lease {
@@ -88,8 +157,7 @@ func (c *commits) rejoined(f *localdirs.Fetched, s *session.Session, m Metrics, 
 		c.last = last
 		return r
 	}
-	c.lastBlock = time.Now()
-	c.last.trainedAt = c.lastBlock
+	c.resumed(time.Now())
 	return r
 }
 

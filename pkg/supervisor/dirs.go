@@ -57,14 +57,14 @@ func (d *localDirs) removeDir(r *request, goBg func(func()), log *zap.Logger) {
 // false (a stop's checkpoint: the trainer waits for committed). Run in
 // the commit's goroutine, before the loop deletes r's directory.
 func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, part *checkpoint.PartSpec, copyOK bool, log *zap.Logger) {
-	if d.Tier == nil || r.parent != nil {
+	if d.Tier() == nil || r.parent != nil {
 		return
 	}
 	node := ""
 	if part != nil {
 		node = part.Node
 	}
-	if err := d.Tier.Keep(ctx, r.rel, res.Manifest, node, copyOK); err != nil {
+	if err := d.Tier().Keep(ctx, r.rel, res.Manifest, node, copyOK); err != nil {
 		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
 		return
 	}

@@ -24,7 +24,7 @@ func finishedWork(command []string, p *childproc.Process, c *trainers.Conns) boo
 	if len(command) == 0 {
 		return c.Finished()
 	}
-	return p.Child != nil && !p.Running() && p.Gone && p.Child.ExitCode() == 0 && p.ExitCode == 0
+	return p.Finished()
 }
 
 // sayFinishedBefore warns, at start, that the run's last session ended

@@ -42,7 +42,7 @@ type jobPolicy interface {
 	// asksPeriodic: this agent's schedule asks for periodic checkpoints.
 	asksPeriodic(conns map[uint64]*protocol.Conn) bool
 	// hello notes what a trainer's hello says of the job.
-	hello(m protocol.Message, t *trainers.Conns, log *zap.Logger)
+	hello(m protocol.Message, log *zap.Logger)
 	// ownCheckpoint: why a checkpoint a trainer took on its own is refused
 	// ("" it is committed); mayJoin: why a join is refused ("" allowed).
 	ownCheckpoint() string
@@ -58,13 +58,15 @@ type jobPolicy interface {
 
 func newJobPolicy(cfg *Config) jobPolicy {
 	if cfg.Node == "" {
-		return singleNode{}
+		return &singleNode{}
 	}
 	return partNode{node: cfg.Node, restoreAll: cfg.RestoreAll}
 }
 
 // singleNode: the agent commits whole checkpoints of the run.
-type singleNode struct{}
+type singleNode struct {
+	warnedTopology bool // hello: warned once that a trainer is one node of a job
+}
 
 func (singleNode) part() string                                { return "" }
 func (singleNode) restorePart() string                         { return "" }
@@ -95,11 +97,11 @@ func (singleNode) pipeline(ctx context.Context, c *commit.Committer, held *os.Ro
 // hello warns when a trainer's hello says it is one node of a job and
 // this agent was not told its node rank: its commits would then be whole
 // checkpoints made of one node's files.
-func (singleNode) hello(m protocol.Message, t *trainers.Conns, log *zap.Logger) {
-	if t.WarnedTopology || !MultiNode(m) {
+func (s *singleNode) hello(m protocol.Message, log *zap.Logger) {
+	if s.warnedTopology || !MultiNode(m) {
 		return
 	}
-	t.WarnedTopology = true
+	s.warnedTopology = true
 	log.Error("trainer is one node of a multi-node job but this agent has no --node-rank: each node would commit only its own ranks' files; run every node's agent with --node-rank",
 		zap.Intp("nodes", m.Nodes), zap.Intp("world_size", m.WorldSize), zap.Intp("local_world_size", m.LocalWorldSize))
 }
@@ -191,7 +193,7 @@ func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
 // hello: how many ranks run on this node is the job's declared shape
 // (pkg/supervisor/trainers, JobRanks): a part waits for all of them, even one that
 // connects after the request was sent, and never for more.
-func (partNode) hello(protocol.Message, *trainers.Conns, *zap.Logger) {}
+func (partNode) hello(protocol.Message, *zap.Logger) {}
 
 // ownCheckpoint: one node's own checkpoint is no job checkpoint: as a
 // part of one it would stand for the whole job (docs/distributed.md).

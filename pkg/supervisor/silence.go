@@ -163,11 +163,11 @@ func (a *Agent) checkSilence(now time.Time) {
 	v := silentView{socket: a.cfg.Server.Path, sidecar: len(a.cfg.Command) == 0, trainers: a.trainers(),
 		since: a.commits.last.trainedAt, committed: a.commits.last.id != "", step: a.commits.last.step}
 	if v.since.IsZero() {
-		v.since = a.sess.Started
+		v.since = a.sess.Started()
 	}
 	a.silent.noTrainer(a.noTrainerDue(now, v.trainers), now, v, a.log)
 	n := a.silent.unanswered(a.commits.pending, a.unansweredAfter(), now, v, a.log)
-	a.cfg.Metrics.Trainers(len(a.conns.ByID), a.commits.lastStep, n)
+	a.cfg.Metrics.Trainers(a.conns.Count(), a.commits.lastStep, n)
 }
 
 // noTrainerDue: a periodic checkpoint is due and nobody can be asked,
@@ -178,13 +178,13 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 	if trainers > 0 || !a.src.Asks() || a.stops.current != nil || a.conns.Finished() {
 		return false
 	}
-	if a.boot.Restoring != nil || a.boot.Rejoin != nil || a.boot.Gone != "" || a.boot.Aborted != nil {
+	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() || a.boot.Aborted() {
 		return false
 	}
 	if len(a.cfg.Command) > 0 && !a.proc.Running() {
 		return false // exited, or waiting to restart: said by the child's own lines
 	}
-	if len(a.cfg.Command) == 0 && a.cfg.EndWhenIdle && a.conns.Had {
+	if len(a.cfg.Command) == 0 && a.cfg.EndWhenIdle && a.conns.Had() {
 		return false // a node agent's run ends with its trainers
 	}
 	return a.cfg.Scheduler.Due(now, a.commits.lastBlock, false)

@@ -30,7 +30,7 @@ func (a *Agent) newSource() (source.Source, error) {
 		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
 	}
 	ws, err := source.NewWatch(h, source.Env{Watch: a.cfg.Watch, HasCommand: len(a.cfg.Command) > 0, Signal: a.cfg.Signal,
-		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started})
+		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started()})
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func (a *Agent) newSource() (source.Source, error) {
 	// change during its upload.
 	c := *a.commits.committer
 	c.Store = ws.Store()
-	a.commits.committer = &c
+	a.commits.useCommitter(&c)
 	return ws, nil
 }
 
@@ -99,7 +99,7 @@ func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.Area, h.a.dirs.Ar
 func (h agentHost) Commit(u source.Upload, now time.Time) {
 	r := &request{id: u.ID, reason: u.Reason, dir: u.Dir, rel: u.Rel, parent: u.Parent, held: u.Held, sent: now, deadline: now.Add(h.a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answered: 1, step: u.Step, metadata: u.Metadata, costFrom: u.CostFrom}
-	h.a.commits.lastBlock = now
+	h.a.commits.unblocked(now)
 	h.a.commit(r)
 }
 
@@ -117,23 +117,18 @@ func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest st
 
 func (h agentHost) Trainer() source.Trainer {
 	p := h.a.proc
-	return source.Trainer{Started: p.Child != nil, Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
-		ExitCode: p.ExitCode, RestartPending: !p.RestartAt.IsZero()}
+	return source.Trainer{Started: p.Started(), Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
+		ExitCode: p.ExitCode(), RestartPending: !p.RestartAt().IsZero()}
 }
 
 func (h agentHost) SignalTrainer(sig syscall.Signal) error {
-	p := h.a.proc
-	if err := p.Child.Signal(sig); err != nil {
-		return err
-	}
-	p.DeadlineKill = true
-	return nil
+	return h.a.proc.Signal(sig)
 }
 
 func (h agentHost) StopCommitted(s source.Stop, res *commit.Result, now time.Time) {
-	h.a.stops.committed(s.(*stopState), res, now)
+	h.a.stops.committed(s.(*stopState), res, now, h.a.stopEnds())
 }
 
 func (h agentHost) StopFailed(s source.Stop, why string, now time.Time) {
-	h.a.stops.failed(s.(*stopState), why, now)
+	h.a.stops.failed(s.(*stopState), why, now, h.a.stopEnds())
 }

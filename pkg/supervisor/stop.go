@@ -29,15 +29,130 @@ type stopSequence struct {
 	firstSignal time.Time // when the first of them came (SignalWindow)
 	gaveUp      bool      // the uploads in flight were cancelled at the grace's end (giveUp)
 
-	// What a stop's end touches: the trainers are told, the session's
-	// journal records it, the newest commit and the source count what
-	// was lost; the cloud's event is acknowledged within life.
-	cfg     *Config
-	life    context.Context
-	conns   *trainers.Conns
-	sess    *session.Session
-	commits *commits
-	src     source.Source
+	cfg *Config
+}
+
+// newStopSequence is a session's notices and signals before any. The loop
+// tells it what happened (noticed, signalled, begin, tighten, withdraw,
+// lateTrainer, committed, failed); what a stop's end touches of the
+// session's other owners is handed to it then (stopEnds), never held.
+func newStopSequence(cfg *Config) stopSequence { return stopSequence{cfg: cfg} }
+
+// stopEnds is what a stop's end touches of the agent's other owners, as
+// the loop hands it over at that moment: the trainers are told, the
+// session's journal records it (and the cloud's event is acknowledged),
+// the newest committed checkpoint and the source count what was lost.
+type stopEnds struct {
+	conns *trainers.Conns
+	sess  *session.Session
+	last  committedCheckpoint
+	src   source.Source
+}
+
+// stopEnds is what a stop's end touches now (stop.go).
+func (a *Agent) stopEnds() stopEnds {
+	return stopEnds{conns: a.conns, sess: a.sess, last: a.commits.last, src: a.src}
+}
+
+// noticed: notice n came (a cloud's, a signal's, a fence's).
+func (q *stopSequence) noticed(n metadata.Notice) {
+	q.noticesSeen++
+	q.lastNotice = &n
+}
+
+// signalled: a SIGTERM/SIGINT came at now. It returns how many signals
+// count so far (1: a shutdown, 2 or more: stop at once), or 0 when this
+// one came within window of the first and is the same signal (GNU
+// timeout, `kill 0` and some init systems signal the agent and its group
+// together).
+func (q *stopSequence) signalled(now time.Time, window time.Duration) int {
+	if q.signals == 1 && window > 0 && now.Sub(q.firstSignal) < window {
+		return 0
+	}
+	q.signals++
+	if q.signals == 1 {
+		q.firstSignal = now
+	}
+	return q.signals
+}
+
+// begin: the stop s is under way (none was).
+func (q *stopSequence) begin(s *stopState) { q.current = s }
+
+// tighten: a notice with an earlier deadline came during the stop under
+// way; true when it moved the deadline.
+func (q *stopSequence) tighten(deadline time.Time) bool {
+	s := q.current
+	if s == nil || !deadline.Before(s.deadline) {
+		return false
+	}
+	s.deadline = deadline
+	return true
+}
+
+// withdraw: the cloud withdrew notice id. A stop it began that has not
+// told the trainers yet ends as if it never began (its checkpoint, if
+// asked for, becomes a periodic one); true when one did.
+func (q *stopSequence) withdraw(id string) bool {
+	s := q.current
+	if s == nil || s.notice.ID != id || s.stopSent {
+		return false
+	}
+	if s.req != nil {
+		s.req.stop = nil
+	}
+	q.current = nil
+	return true
+}
+
+// lateTrainer: trainer c connected during the stop: once the stop was
+// sent, it is told at once.
+func (q *stopSequence) lateTrainer(c *protocol.Conn) {
+	if s := q.current; s != nil && s.stopSent {
+		s.told = true
+		c.Post(s.stopMessage())
+	}
+}
+
+// newStop is the stop that notice n begins, for reason, ending at
+// deadline, on the machine id, as the journal will record it.
+func newStop(n metadata.Notice, reason string, deadline time.Time, id metadata.Identity) *stopState {
+	s := &stopState{notice: n, reason: reason, deadline: deadline, record: journal.Interruption{
+		Cloud: string(n.Cloud), Kind: string(n.Kind), Action: n.Action, NoticeID: n.ID,
+		InstanceID: id.InstanceID, InstanceType: id.InstanceType, Zone: id.Zone,
+		Notice: n.Detected.UTC(), Detected: n.Detected.UTC(),
+	}}
+	if !n.Deadline.IsZero() {
+		d := n.Deadline.UTC()
+		s.record.Deadline = &d
+	}
+	return s
+}
+
+// nothingToStop: the trainers finished their work (bye) before the stop:
+// no stop to send, nothing interrupted, nothing to journal.
+func (s *stopState) nothingToStop() { s.finished, s.stopSent = true, true }
+
+// saved: the trainers saved the stop's checkpoint, of step, at now.
+func (s *stopState) saved(step int64, now time.Time) {
+	s.record.Done = &now
+	s.record.Step = step
+}
+
+// joined starts the stop sequence for an interruption that reached
+// another node: after the job's checkpoint commits, this node's ranks stop
+// too, so that the whole job exits and its scheduler restarts it. It is
+// not journalled: the node that got the notice records the interruption.
+func (q *stopSequence) joined(m protocol.Message, reqDeadline, now time.Time, lastBytes int64) *stopState {
+	upload := q.cfg.Scheduler.EstimateUpload(lastBytes)
+	s := &stopState{
+		notice:   metadata.Notice{Cloud: cloudJob, Kind: metadata.KindTermination, ID: "job-" + m.ID, Action: m.Reason, Detected: now},
+		reason:   m.Reason,
+		deadline: reqDeadline.Add(upload + q.cfg.Margin),
+		joined:   true,
+	}
+	q.begin(s)
+	return s
 }
 
 // lateNoticeGrace is the deadline given to a termination notice whose own
@@ -59,10 +174,24 @@ type stopState struct {
 }
 
 // The stop as its checkpoint source sees it (source.Stop).
-func (s *stopState) Reason() string                { return s.reason }
-func (s *stopState) Notice() metadata.Notice       { return s.notice }
-func (s *stopState) Record() *journal.Interruption { return &s.record }
-func (s *stopState) Finished() bool                { return s.finished }
+func (s *stopState) Reason() string          { return s.reason }
+func (s *stopState) Notice() metadata.Notice { return s.notice }
+func (s *stopState) Finished() bool          { return s.finished }
+
+// Asked: the source asked the trainer for the stop's checkpoint at at.
+func (s *stopState) Asked(at time.Time) {
+	at = at.UTC()
+	s.record.Requested = &at
+}
+
+// Checkpointed: the source's checkpoint for the stop is id, of step
+// (source.Stop).
+func (s *stopState) Checkpointed(id string, step int64, lostSeconds float64, done time.Time) {
+	s.record.CheckpointID, s.record.Step, s.record.LostSeconds = id, step, lostSeconds
+	if !done.IsZero() {
+		s.record.Done = &done
+	}
+}
 
 func (s *stopState) stopMessage() protocol.Message {
 	dl := s.deadline.UTC()
@@ -86,13 +215,13 @@ func (q *stopSequence) exitBy(now time.Time) time.Time {
 // the child gets SIGTERM (SIGKILL after KillAfter).
 // The trainer is stopped by the loop (stopAtDeadline) when tick reports
 // the deadline passed.
-func (q *stopSequence) tick(now time.Time) (deadlinePassed bool) {
+func (q *stopSequence) tick(now time.Time, e stopEnds) (deadlinePassed bool) {
 	s := q.current
 	if s == nil || now.Before(s.deadline) {
 		return false
 	}
 	if !s.finished {
-		q.failed(s, "deadline passed", now)
+		q.failed(s, "deadline passed", now, e)
 	}
 	return true
 }
@@ -128,7 +257,7 @@ func (s *stopState) send(t *trainers.Conns) {
 		return
 	}
 	s.stopSent = true
-	s.told = len(t.ByID) > 0
+	s.told = t.Count() > 0
 	t.Broadcast(s.stopMessage())
 }
 
@@ -162,27 +291,26 @@ func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
 
 // committed: the interruption checkpoint is safe. Tell the trainer to
 // stop, acknowledge the cloud's event, record it.
-func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time) {
+func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time, e stopEnds) {
 	t := now.UTC()
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
-	s.recordLostSteps(q.src, res.Manifest.Step, now)
+	s.recordLostSteps(e.src, res.Manifest.Step, now)
 	s.noticeOutcome(q.cfg.Metrics, true, now)
 	q.cfg.Log.Info("interruption checkpoint committed: stopping the trainer", zap.Int64("step", res.Manifest.Step),
 		zap.Duration("notice_to_commit", now.Sub(s.notice.Detected).Round(time.Millisecond)), zap.Time("deadline", s.deadline))
-	q.finish(s)
+	q.finish(s, e)
 	if acker, ok := q.cfg.Source.(metadata.Acker); ok && s.notice.Cloud == q.cfg.Source.Cloud() {
-		q.sess.Acks.Add(1)
-		go func(id string) {
-			defer q.sess.Acks.Done()
+		id := s.notice.ID
+		e.sess.GoAck(func(landing context.Context) {
 			// Outlives the loop, up to the notice's deadline (session.AwaitLanding).
-			ctx, cancel := context.WithDeadline(q.sess.LandingCtx(), s.deadline)
+			ctx, cancel := context.WithDeadline(landing, s.deadline)
 			defer cancel()
 			if err := acker.Ack(ctx, id); err != nil {
 				q.cfg.Log.Warn("could not acknowledge the event", zap.String("id", id), zap.Error(err))
 				return
 			}
 			q.cfg.Log.Info("event acknowledged", zap.String("id", id))
-		}(s.notice.ID)
+		})
 	}
 }
 
@@ -193,43 +321,43 @@ const NothingCommitted = "nothing was ever committed: a rerun starts from the be
 // failed: no new checkpoint will commit before the deadline. The
 // previous committed checkpoint stands (when there is one); the work
 // since then is lost.
-func (q *stopSequence) failed(s *stopState, why string, now time.Time) {
+func (q *stopSequence) failed(s *stopState, why string, now time.Time, e stopEnds) {
 	if s.finished {
 		return
 	}
 	s.record.Error = why
-	base := q.commits.last.trainedAt
+	base := e.last.trainedAt
 	if base.IsZero() {
-		base = q.sess.Started
+		base = e.sess.Started()
 	}
 	s.record.LostSeconds = now.Sub(base).Seconds()
-	s.recordLostSteps(q.src, q.commits.last.step, now)
+	s.recordLostSteps(e.src, e.last.step, now)
 	s.noticeOutcome(q.cfg.Metrics, false, now)
-	if q.commits.last.id == "" {
+	if e.last.id == "" {
 		// Nothing to stand: the journal, the log and the exit code's
 		// meaning (docs/protocol.md "Exit codes") say so.
 		s.record.Error = why + "; " + NothingCommitted
 		q.cfg.Log.Warn("interruption checkpoint did not commit: "+NothingCommitted,
 			zap.String("why", why), zap.Bool("ever_committed", false), zap.Int64("lost_steps", s.record.LostSteps),
 			zap.Float64("lost_seconds", s.record.LostSeconds))
-		q.finish(s)
+		q.finish(s, e)
 		return
 	}
 	q.cfg.Log.Warn("interruption checkpoint did not commit: the previous checkpoint stands",
-		zap.String("why", why), zap.Int64("committed_step", q.commits.last.step), zap.Int64("lost_steps", s.record.LostSteps),
+		zap.String("why", why), zap.Int64("committed_step", e.last.step), zap.Int64("lost_steps", s.record.LostSteps),
 		zap.Float64("lost_seconds", s.record.LostSeconds))
-	q.finish(s)
+	q.finish(s, e)
 }
 
-func (q *stopSequence) finish(s *stopState) {
+func (q *stopSequence) finish(s *stopState, e stopEnds) {
 	s.finished = true
-	s.send(q.conns)
+	s.send(e.conns)
 	if s.joined {
 		return // the node that got the notice journals it
 	}
 	rec := s.record
 	committed := rec.CommitOK
-	q.sess.JournalAsync(func(j *journal.Journal) {
+	e.sess.JournalAsync(func(j *journal.Journal) {
 		j.Interruptions = append(j.Interruptions, rec)
 		if committed {
 			j.Stats.NoticeCommits++
@@ -250,8 +378,8 @@ func (q *stopSequence) finish(s *stopState) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (pkg/supervisor/ranks).
-func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs, w *ranks.Watch) int {
-	s := q.current
+func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Watch) int {
+	code, s := e.Code, q.current
 	if s == nil {
 		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
 	}
@@ -261,7 +389,7 @@ func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs,
 	// In --signal mode the stop's checkpoint signal is the trainer's only
 	// word of the stop (frameworks exit after a save on signal): told.
 	told := s.told || (q.cfg.Signal != 0 && s.req != nil)
-	if code == 0 && !told && !p.DeadlineKill && !p.Killing {
+	if code == 0 && !told && !e.DeadlineKill && !e.Stopping {
 		// Nothing told it to stop (it said bye, or ended on its own before
 		// the stop reached it): it finished its work. Run again, it would
 		// repeat a completed job.
@@ -271,7 +399,7 @@ func (q *stopSequence) exitCodeFor(code int, p *childproc.Process, d *localDirs,
 	switch {
 	case code == 0, code == ExitInterrupted:
 		return ExitInterrupted
-	case p.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
+	case e.DeadlineKill && q.signals < 2 && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL) || code == 1):
 		// torchrun answers the group's SIGTERM with 1, never 143.
 		return ExitInterrupted
 	case code == 1 && s.stopSent && !s.record.CommitOK && d.childSaid75():

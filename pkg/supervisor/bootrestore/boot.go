@@ -22,23 +22,83 @@ import (
 )
 
 // Boot is the restore at the start: the resume the trainers are
-// told of, and the restore running beside the trainer's start (Restoring);
-// Aborted: the start was given up meanwhile; Gone: why the trainers will
-// get no resume (it failed or was cancelled); AbandonAt: when a trainer
-// told of a failed restore is stopped.
+// told of, and the restore running beside the trainer's start (restoring);
+// aborted: the start was given up meanwhile; gone: why the trainers will
+// get no resume (it failed or was cancelled); abandonAt: when a trainer
+// told of a failed restore is stopped. The loop tells it what happened
+// (Resumed, StartBeside, Ended, Abort, TrainerExited, Hello, ...) and asks
+// it (Resume, Restoring, Rejoining, Failed, Aborted, AbandonDue).
 type Boot struct {
-	Resume    *protocol.Resume
-	Restoring *Pending
+	resume    *protocol.Resume
+	restoring *Pending
 	// rejoin.go: the restore for a trainer back after a commit (its
 	// done nil while it waits for the uploads in flight), the commit it
 	// last restored for, the trainers connected at its hello, its needs
-	Rejoin          *Pending
+	rejoin          *Pending
 	rejoinFor       string
 	rejoinConnected int
-	Env             Env
-	Aborted         *Abort
-	Gone            string
-	AbandonAt       time.Time
+	env             Env
+	aborted         *Abort
+	gone            string
+	abandonAt       time.Time
+}
+
+// New is the restore beside the trainers with what it needs of the agent
+// (env; env.Fetch nil: no rejoin restore).
+func New(env Env) Boot { return Boot{env: env} }
+
+// Resumed: the trainers resume r (nil: a fresh start), restored before
+// the trainer started (or restarted).
+func (b *Boot) Resumed(r *protocol.Resume) { b.resume = r }
+
+// Resume is what the trainers are told to resume (nil: a fresh start).
+func (b *Boot) Resume() *protocol.Resume { return b.resume }
+
+// Restoring: the start's restore runs beside the trainer's start.
+func (b *Boot) Restoring() bool { return b.restoring != nil }
+
+// Rejoining: the restore for a trainer back after a commit waits or runs.
+func (b *Boot) Rejoining() bool { return b.rejoin != nil }
+
+// Failed: the trainers will get no resume: the start's restore failed or
+// was cancelled.
+func (b *Boot) Failed() bool { return b.gone != "" }
+
+// Aborted: the start was given up during the restore (Exit says how the
+// agent exits).
+func (b *Boot) Aborted() bool { return b.aborted != nil }
+
+// StartBeside starts the start's restore (fetch) beside the loop, while
+// the trainer starts; its end comes on Done.
+func (b *Boot) StartBeside(life context.Context, goBgFail func(func(), func(error)), fetch func(context.Context) (*localdirs.Fetched, error)) {
+	b.restoring = Beside(life, goBgFail, fetch)
+}
+
+// TrainerExited: the trainer exited while the start's restore runs:
+// nobody is left to resume, the restore is cancelled (once) and its end
+// awaited.
+func (b *Boot) TrainerExited() {
+	if p := b.restoring; p != nil && p.why == "" {
+		p.Cancel("the trainer exited")
+	}
+}
+
+// StopTrainerAt: the trainer, told that the restore failed, should exit
+// with the error itself; at t it is stopped (AbandonDue).
+func (b *Boot) StopTrainerAt(t time.Time) { b.abandonAt = t }
+
+// AbandonAt is when a trainer told of a failed restore is stopped (zero:
+// none is to be).
+func (b *Boot) AbandonAt() time.Time { return b.abandonAt }
+
+// AbandonDue: the trainer told of a failed restore is to be stopped now
+// (once).
+func (b *Boot) AbandonDue(now time.Time) bool {
+	if b.abandonAt.IsZero() || now.Before(b.abandonAt) {
+		return false
+	}
+	b.abandonAt = time.Time{}
+	return true
 }
 
 // The overlapped restore (Config.OverlapRestore): the trainer starts at
@@ -70,7 +130,7 @@ type Pending struct {
 	done    chan Result
 	held    []protocol.Event          // protocol 1 hellos waiting for it
 	waiting map[uint64]*protocol.Conn // protocol 2 trainers told "pending"
-	Why     string                    // cancelled: why (a signal, a notice, no trainer left)
+	why     string                    // cancelled: why (a signal, a notice, no trainer left)
 }
 
 // Result is a restore's end.
@@ -104,22 +164,22 @@ func Beside(life context.Context, goBgFail func(func(), func(error)), fetch func
 // start up (Aborted) and returns its err, after errs (its metric). ok:
 // the restore is in place; p's trainers wait for Restored.
 func (b *Boot) Ended(res Result, log *zap.Logger, errs func()) (p *Pending, err error, ok bool) {
-	p = b.Restoring
-	b.Restoring = nil
+	p = b.restoring
+	b.restoring = nil
 	switch {
-	case p.Why != "":
+	case p.why != "":
 		if res.Fetched != nil {
-			log.Info("restore finished after the start was given up: not used", zap.String("why", p.Why))
+			log.Info("restore finished after the start was given up: not used", zap.String("why", p.why))
 		}
-		b.Gone = "restore cancelled: " + p.Why
-		p.tellFailed(b.Gone)
+		b.gone = "restore cancelled: " + p.why
+		p.tellFailed(b.gone)
 		return p, nil, false
 	case res.Err != nil:
 		err := res.Err // "restore: ..." (localdirs.FetchRestore)
 		log.Error("restore failed: the trainer is told and stopped; the agent exits 1", zap.Error(err))
 		errs()
-		b.Aborted = &Abort{Err: err}
-		b.Gone = err.Error()
+		b.aborted = &Abort{Err: err}
+		b.gone = err.Error()
 		p.tellFailed(err.Error())
 		return p, err, false
 	}
@@ -145,12 +205,12 @@ func (p *Pending) Restored(r *protocol.Resume, log *zap.Logger, hand func(*proto
 // cancelled (its partial directory goes) and ab kept unless the start
 // was given up already. True when there was a restore to abort.
 func (b *Boot) Abort(why string, ab *Abort) bool {
-	p := b.Restoring
+	p := b.restoring
 	if p == nil {
 		return false
 	}
-	if b.Aborted == nil {
-		b.Aborted = ab
+	if b.aborted == nil {
+		b.aborted = ab
 	}
 	p.Cancel(why)
 	return true
@@ -158,22 +218,22 @@ func (b *Boot) Abort(why string, ab *Abort) bool {
 
 // Cancel cancels the restore, for why.
 func (p *Pending) Cancel(why string) {
-	p.Why = why
+	p.why = why
 	p.cancel()
 }
 
 // Done is the loop's source of the restore's end (nil: none running).
 func (b *Boot) Done() <-chan Result {
-	if b.Restoring == nil {
+	if b.restoring == nil {
 		return nil
 	}
-	return b.Restoring.done
+	return b.restoring.done
 }
 
 // Exit is Run's answer after a start given up during the restore
 // (ok false: none was).
 func (b *Boot) Exit() (code int, err error, ok bool) {
-	ab := b.Aborted
+	ab := b.aborted
 	switch {
 	case ab == nil:
 		return 0, nil, false
@@ -188,8 +248,8 @@ func (b *Boot) Exit() (code int, err error, ok bool) {
 
 // Forget drops a connection that closed from the restores' waiters.
 func (b *Boot) Forget(id uint64) {
-	b.Rejoin.forget(id)
-	b.Restoring.forget(id)
+	b.rejoin.forget(id)
+	b.restoring.forget(id)
 }
 
 // forget drops a connection that closed from p's waiters (p may be nil).
@@ -222,10 +282,10 @@ func (p *Pending) tellFailed(why string) {
 // welcomeFor is the agent's welcome (Config.Welcome).
 func (b *Boot) Hello(ev protocol.Event, log *zap.Logger, welcomeFor func(protocol.Message, *protocol.Resume) protocol.Message) (welcome *protocol.Message, handled bool) {
 	c, m := ev.Conn, ev.Msg
-	failed := b.Gone
-	p := b.Restoring
+	failed := b.gone
+	p := b.restoring
 	if p == nil {
-		p = b.Rejoin // rejoin.go: a trainer back after a commit
+		p = b.rejoin // rejoin.go: a trainer back after a commit
 	}
 	if failed == "" && p == nil {
 		return nil, false
@@ -239,7 +299,7 @@ func (b *Boot) Hello(ev protocol.Event, log *zap.Logger, welcomeFor func(protoco
 		p.held = append(p.held, ev)
 		return nil, true
 	}
-	w := welcomeFor(m, b.Resume)
+	w := welcomeFor(m, b.resume)
 	if failed != "" {
 		w.Restore, w.Error = protocol.RestoreFailed, failed
 	} else {

@@ -63,13 +63,13 @@ type Committed struct {
 // (RejoinTick): a trainer that crashed right after done must resume that
 // checkpoint once it committed. connected: trainers connected now.
 func (b *Boot) RejoinHello(last Committed, connected, uploads int) {
-	if b.Restoring != nil || b.Rejoin != nil || b.Gone != "" || b.Env.Fetch == nil {
+	if b.restoring != nil || b.rejoin != nil || b.gone != "" || b.env.Fetch == nil {
 		return
 	}
 	if uploads == 0 && !b.rejoinStale(last, connected) {
 		return
 	}
-	b.Rejoin = &Pending{waiting: map[uint64]*protocol.Conn{}} // started by RejoinTick
+	b.rejoin = &Pending{waiting: map[uint64]*protocol.Conn{}} // started by RejoinTick
 	b.rejoinConnected = connected
 }
 
@@ -77,7 +77,7 @@ func (b *Boot) RejoinHello(last Committed, connected, uploads int) {
 // than this session's newest commit, and that was not already decided for
 // this group (one decision until the next commit, or no trainer connected).
 func (b *Boot) rejoinStale(last Committed, connected int) bool {
-	if last.ID == "" || (b.Resume != nil && last.Step <= b.Resume.Step) {
+	if last.ID == "" || (b.resume != nil && last.Step <= b.resume.Step) {
 		return false
 	}
 	return last.ID != b.rejoinFor || connected == 0
@@ -87,7 +87,7 @@ func (b *Boot) rejoinStale(last Committed, connected int) bool {
 // flight; nothing newer committed after all (the upload failed): the
 // hellos get the resume as it is.
 func (b *Boot) RejoinTick(last Committed, uploads int) {
-	p := b.Rejoin
+	p := b.rejoin
 	if p == nil || p.done != nil || uploads > 0 {
 		return
 	}
@@ -96,29 +96,29 @@ func (b *Boot) RejoinTick(last Committed, uploads int) {
 		return
 	}
 	from := int64(-1)
-	if b.Resume != nil {
-		from = b.Resume.Step
+	if b.resume != nil {
+		from = b.resume.Step
 	}
-	b.Env.Log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
+	b.env.Log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
 		zap.Int64("resume_step", from), zap.Int64("committed_step", last.Step), zap.String("committed_id", last.ID))
 	b.rejoinFor = last.ID
-	q := Beside(b.Env.Life, b.Env.GoBgFail, b.Env.Fetch)
+	q := Beside(b.env.Life, b.env.GoBgFail, b.env.Fetch)
 	p.cancel, p.done = q.cancel, q.done
 }
 
 // RejoinDone is the loop's source of the rejoin restore's end (nil: none
 // running).
 func (b *Boot) RejoinDone() <-chan Result {
-	if b.Rejoin == nil {
+	if b.rejoin == nil {
 		return nil
 	}
-	return b.Rejoin.done
+	return b.rejoin.done
 }
 
 // OnRejoined: the rejoin restore ended; the trainers waiting learn how.
 func (b *Boot) OnRejoined(res Result) {
-	p, env := b.Rejoin, b.Env
-	b.Rejoin = nil
+	p, env := b.rejoin, b.env
+	b.rejoin = nil
 	if res.Err != nil {
 		env.Log.Error("restore for a trainer back after a commit failed: it is told (the older checkpoint is not handed out)", zap.Error(res.Err))
 		env.Errs()
@@ -127,7 +127,7 @@ func (b *Boot) OnRejoined(res Result) {
 		return
 	}
 	if res.Fetched != nil {
-		b.Resume = env.Record(res.Fetched)
+		b.resume = env.Record(res.Fetched)
 	}
-	p.Restored(b.Resume, env.Log, env.Hand, func(ev protocol.Event) { env.Admit(ev, b.Resume) })
+	p.Restored(b.resume, env.Log, env.Hand, func(ev protocol.Event) { env.Admit(ev, b.resume) })
 }

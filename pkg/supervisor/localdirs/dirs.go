@@ -40,8 +40,8 @@ type Dirs struct {
 	Path     string   // --checkpoint-dir, as given
 	AreaName string
 	AreaPath string
-	Tier     *localtier.Tier // this machine's copies (OpenTier); nil: off
-	Peer     *peertier.Node  // the other nodes' copies (peertier.go); nil: off
+	tier     *localtier.Tier // this machine's copies (OpenTier); nil: off
+	peer     *peertier.Node  // the other nodes' copies (peertier.go); nil: off
 }
 
 // ExitFileSays is what the ranks wrote to the exit file, trimmed ("" when
@@ -71,8 +71,8 @@ func (d *Dirs) ExitFileSays() string {
 
 // Close releases the handles; the agent touches no local file after.
 func (d *Dirs) Close() {
-	if d.Peer != nil {
-		d.Peer.Close()
+	if d.peer != nil {
+		d.peer.Close()
 	}
 	if d.Area != nil {
 		d.Area.Close()
@@ -283,11 +283,11 @@ func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Op
 	}
 	defer dest.Close()
 	dropHanded(dest)   // hand.go: a trainer's, never reused
-	if d.Tier != nil { // asked only for the checkpoint the store's rules chose
-		opts.Tiers = append(opts.Tiers, d.Tier)
+	if d.tier != nil { // asked only for the checkpoint the store's rules chose
+		opts.Tiers = append(opts.Tiers, d.tier)
 	}
-	if d.Peer != nil { // after this machine's copy, before the store
-		opts.Tiers = append(opts.Tiers, d.Peer.Tier())
+	if d.peer != nil { // after this machine's copy, before the store
+		opts.Tiers = append(opts.Tiers, d.peer.Tier())
 	}
 	r, err := restore.Into(ctx, st, dest, restoreDir, opts)
 	if errors.Is(err, restore.ErrNoCheckpoint) {
@@ -370,20 +370,23 @@ func (d *Dirs) Cleanup(ctx context.Context, st cloud.Store, opts []cloud.Cleanup
 // deleted then) or when it cannot be opened (logged: restores come from
 // the store). Watch mode opens none (the watched directory is its own
 // local copy).
-func (d *Dirs) OpenTier(keep int, maxBytes int64, log *zap.Logger) *localtier.Tier {
+func (d *Dirs) OpenTier(keep int, maxBytes int64, log *zap.Logger) {
 	if keep < 1 {
 		if err := d.Area.RemoveAll(TierSub); err != nil {
 			log.Warn("could not delete the local tier's copies", zap.Error(err))
 		}
-		return nil
+		return
 	}
 	t, err := localtier.Open(d.Root, d.AreaName+"/"+TierSub, localtier.Options{Keep: keep, MaxBytes: maxBytes, Log: log})
 	if err != nil {
 		log.Warn("local tier off: restores come from the store", zap.Error(err))
-		return nil
+		return
 	}
-	return t
+	d.tier = t
 }
+
+// Tier is this machine's copies (OpenTier; nil: off).
+func (d *Dirs) Tier() *localtier.Tier { return d.tier }
 
 // ExitFileEnv names the file the Python client writes 75 to when it was
 // stopped for an interruption or shutdown; ExitFileName is where the agent

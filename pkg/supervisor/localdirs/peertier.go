@@ -40,14 +40,14 @@ const peerStartTimeout = 30 * time.Second
 // session's) when c asks for it: nil when off, when this agent is no node
 // of a job (node "") or when it cannot start (logged: restores then come
 // from the local tier and the store). Watch mode opens none.
-func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, runID, node, session string, log *zap.Logger) *peertier.Node {
+func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, runID, node, session string, log *zap.Logger) {
 	if !c.Enabled || node == "" {
-		return nil
+		return
 	}
 	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
 		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
-	if d.Tier != nil {
-		pc.Local = d.Tier
+	if d.tier != nil {
+		pc.Local = d.tier
 	} else {
 		log.Warn("peer tier: no local tier (--local-keep 0): this node serves its peers nothing, and only asks them")
 	}
@@ -56,9 +56,9 @@ func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, r
 	n, err := peertier.Start(ctx, pc)
 	if err != nil {
 		log.Warn("peer tier off: restores come from this machine and the store", zap.Error(err))
-		return nil
+		return
 	}
-	return n
+	d.peer = n
 }
 
 // PublishPeer tells the other nodes what the local tier holds now (after
@@ -67,13 +67,13 @@ func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, r
 // background, except for a stop's checkpoint (replicate false): the agent
 // is about to exit, and does not wait for it.
 func (d *Dirs) PublishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
-	if d.Peer == nil {
+	if d.peer == nil {
 		return
 	}
-	if err := d.Peer.Publish(ctx); err != nil {
+	if err := d.peer.Publish(ctx); err != nil {
 		log.Warn("peer tier: record not updated: the other nodes restore this copy from the store", zap.Error(err))
 	}
 	if replicate {
-		d.Peer.Replicate(m)
+		d.peer.Replicate(m)
 	}
 }

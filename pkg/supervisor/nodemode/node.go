@@ -305,13 +305,16 @@ func (n *node) status(c *protocol.Conn) {
 	n.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(n.ctx, nodeStatusWait)
 		defer cancel()
-		out := supervisor.NodeStatus{Node: true, StorePrefix: n.cfg.StorePrefix, Runs: make([]supervisor.NodeRunStatus, len(runs))}
+		sts := make([]*supervisor.Status, len(runs))
 		var wg sync.WaitGroup
 		for i, r := range runs {
-			out.Runs[i].Key = r.id
-			wg.Go(func() { out.Runs[i].Status = r.askStatus(ctx) })
+			wg.Go(func() { sts[i] = r.askStatus(ctx) })
 		}
 		wg.Wait()
+		out := supervisor.NodeStatus{Node: true, StorePrefix: n.cfg.StorePrefix, Runs: make([]supervisor.NodeRunStatus, 0, len(runs))}
+		for i, r := range runs {
+			out.Runs = append(out.Runs, supervisor.NodeRunStatus{Key: r.id, Status: sts[i]})
+		}
 		b, err := json.Marshal(out)
 		if err != nil {
 			c.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "status: " + err.Error()}, false)

@@ -109,12 +109,9 @@ func Describe(p schedule.Promise, own schedule.CloudNotice, margin time.Duration
 func FromJournal(j *journal.Journal) schedule.Promise {
 	s := j.Stats
 	if s.LastBytes > 0 && s.BytesPerSec > 0 {
-		p := schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
-			Upload: seconds(float64(s.LastBytes) / s.BytesPerSec), Save: seconds(s.SaveSeconds), Took: seconds(s.CheckpointSeconds)}
-		if s.SaveSeconds == 0 && s.CheckpointSeconds == 0 {
-			p.Lower = true // an older agent's journal: the save was not recorded
-		}
-		return p
+		return schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
+			Upload: seconds(float64(s.LastBytes) / s.BytesPerSec), Save: seconds(s.SaveSeconds), Took: seconds(s.CheckpointSeconds),
+			Lower: s.SaveSeconds == 0 && s.CheckpointSeconds == 0} // an older agent's journal: the save was not recorded
 	}
 	for i := len(j.Restores) - 1; i >= 0; i-- {
 		r := j.Restores[i]
@@ -195,10 +192,10 @@ func (ps *State) Note(reason string, sent time.Time, pipelined bool, res *commit
 		// has no request (its save is the trainer's business).
 		return
 	}
-	p := schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(sent), Upload: res.Upload, Took: now.Sub(sent),
-		Pipelined: pipelined, Source: "checkpoint"}
+	var rate float64
 	if res.Upload > 0 {
-		p.Rate = float64(res.Bytes) / res.Upload.Seconds()
+		rate = float64(res.Bytes) / res.Upload.Seconds()
 	}
-	ps.set(p, false)
+	ps.set(schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(sent), Upload: res.Upload, Took: now.Sub(sent),
+		Pipelined: pipelined, Source: "checkpoint", Rate: rate}, false)
 }

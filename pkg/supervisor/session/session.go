@@ -20,14 +20,15 @@ import (
 // Session is this session of the run and the run's journal, which
 // records it: when it started, its id, the run time of the sessions
 // before it, and the journal writes and cloud acknowledgements in flight
-// (they outlive the loop: AwaitLanding).
+// (they outlive the loop: AwaitLanding). The agent tells it what
+// happened (JournalRead, RecordSession, GoAck) and asks it.
 type Session struct {
-	Started   time.Time // this session
-	ID        string    // its id in the journal (journal.Session.ID)
-	RanBefore float64   // run time of earlier sessions, seconds (journal)
-	Journal   *journal.Writer
+	started   time.Time // this session
+	id        string    // its id in the journal (journal.Session.ID)
+	ranBefore float64   // run time of earlier sessions, seconds (journal)
+	journal   *journal.Writer
 	journals  sync.WaitGroup // journal updates in flight
-	Acks      sync.WaitGroup // cloud event acknowledgements in flight
+	acks      sync.WaitGroup // cloud event acknowledgements in flight
 
 	life    context.Context // the agent's: journal writes outlive it (WithoutCancel)
 	log     *zap.Logger
@@ -48,7 +49,34 @@ type Metrics interface {
 // New is a session started now with the fresh id id; life is the agent's
 // (journal writes outlive it).
 func New(id string, life context.Context, log *zap.Logger, m Metrics) *Session {
-	return &Session{Started: time.Now(), ID: id, life: life, log: log, metrics: m}
+	return &Session{started: time.Now(), id: id, life: life, log: log, metrics: m}
+}
+
+// ID is this session's id in the journal (journal.Session.ID).
+func (s *Session) ID() string { return s.id }
+
+// Started is when this session started.
+func (s *Session) Started() time.Time { return s.started }
+
+// JournalRead: the run's journal as the start read it (j). This session's
+// writes go to st through a writer of it (Journal), and the sessions
+// before this one ran j.Stats.RunSeconds (RunSeconds).
+func (s *Session) JournalRead(st cloud.Store, j *journal.Journal) {
+	s.journal = journal.NewWriter(st, j)
+	s.ranBefore = j.Stats.RunSeconds
+}
+
+// Journal is the writer of the run's journal (nil before JournalRead).
+func (s *Session) Journal() *journal.Writer { return s.journal }
+
+// GoAck runs ack, a cloud event's acknowledgement, beside the loop on
+// LandingCtx: it outlives the loop, and AwaitLanding waits for it.
+func (s *Session) GoAck(ack func(landing context.Context)) {
+	s.acks.Add(1)
+	go func() {
+		defer s.acks.Done()
+		ack(s.LandingCtx())
+	}()
 }
 
 // LandingCtx is the context of the writes that outlive the loop: not
@@ -73,7 +101,7 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 		ctx, cancel := context.WithTimeout(wrap.WithMaxWait(s.LandingCtx(), journalRetryMax), time.Minute)
 		defer cancel()
 		var g *journal.Goodput
-		err := s.Journal.Update(ctx, func(j *journal.Journal) {
+		err := s.journal.Update(ctx, func(j *journal.Journal) {
 			fn(j)
 			g, _ = journal.Account(j, time.Now()) // the journal as written
 		})
@@ -98,13 +126,13 @@ const journalRetryMax = 2 * time.Second
 // a start that fails there leaves no trace in the store.
 func (s *Session) RecordSession(id metadata.Identity) {
 	s.JournalAsync(func(j *journal.Journal) {
-		j.Sessions = append(j.Sessions, journal.Session{ID: s.ID, Start: s.Started.UTC(), Instance: MachineOf(id)})
+		j.Sessions = append(j.Sessions, journal.Session{ID: s.id, Start: s.started.UTC(), Instance: MachineOf(id)})
 	})
 }
 
 // RunSeconds is the run's time on machines, this session included; the
 // Journal keeps it current at every commit, so a crash loses little of it.
-func (s *Session) RunSeconds() float64 { return s.RanBefore + time.Since(s.Started).Seconds() }
+func (s *Session) RunSeconds() float64 { return s.ranBefore + time.Since(s.started).Seconds() }
 
 // AwaitLanding waits, until by at most, for the acknowledgements and
 // Journal writes in flight: created on LandingCtx, they outlive the loop.
@@ -113,7 +141,7 @@ func (s *Session) RunSeconds() float64 { return s.RanBefore + time.Since(s.Start
 // more to return, so that the journal is free for the session's end.
 func (s *Session) AwaitLanding(by time.Time) {
 	landed := make(chan struct{})
-	go func() { s.Acks.Wait(); s.journals.Wait(); close(landed) }()
+	go func() { s.acks.Wait(); s.journals.Wait(); close(landed) }()
 	select {
 	case <-landed:
 		return
@@ -166,12 +194,12 @@ func (s *Session) RecordFleet(ctx context.Context, fleetStore cloud.Store, fleet
 		s.log.Warn("fleet record not written: the exit's deadline passed (spotagent fleet --recount rebuilds it)")
 		return
 	}
-	j := s.Journal.Snapshot()
-	if j.SessionByID(s.ID) == nil {
+	j := s.journal.Snapshot()
+	if j.SessionByID(s.id) == nil {
 		s.log.Debug("no fleet record: the journal has no record of this session (it ended before its restore)")
 		return
 	}
-	if err := fleet.RecordSessionOf(ctx, fleetStore, fleetDir, j, step, s.ID); err != nil {
+	if err := fleet.RecordSessionOf(ctx, fleetStore, fleetDir, j, step, s.id); err != nil {
 		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
 }

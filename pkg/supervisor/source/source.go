@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
-	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -141,11 +140,17 @@ type Result struct {
 }
 
 // Stop is an interruption under way, as a source sees it: why, the notice
-// that began it, its journal record (the source fills in what it knows)
-// and whether it has ended.
+// that began it, whether it has ended; the source tells it what it learnt
+// for its journal record (Asked, Checkpointed).
 type Stop interface {
 	Reason() string
 	Notice() metadata.Notice
-	Record() *journal.Interruption
 	Finished() bool
+	// Asked: the source asked the trainer for the stop's checkpoint at
+	// at (zero-code mode's --notice-signal).
+	Asked(at time.Time)
+	// Checkpointed: the stop's checkpoint is id, of step; the work of
+	// lostSeconds since it is lost; done is when the trainer's checkpoint
+	// after the notice was complete (zero: none was).
+	Checkpointed(id string, step int64, lostSeconds float64, done time.Time)
 }

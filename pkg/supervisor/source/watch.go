@@ -525,8 +525,7 @@ func (ws *Watch) Stop(s Stop, uploadBy, now time.Time) bool {
 		if err := h.SignalTrainer(sig); err != nil {
 			ws.env.Log.Warn("could not signal the trainer", zap.Error(err))
 		} else {
-			at := now.UTC()
-			s.Record().Requested = &at
+			s.Asked(now)
 			then := "each newer checkpoint is committed until the upload deadline, then it is stopped"
 			if st.prompt {
 				then = "it is stopped once that checkpoint is committed, at the upload deadline at the latest"
@@ -641,12 +640,11 @@ func (ws *Watch) finish(st *watchStop, now time.Time) {
 		if base.IsZero() {
 			base = ws.env.Started
 		}
-		s.Record().CheckpointID, s.Record().Step = h.Last().ID, h.Last().Step
-		s.Record().LostSeconds = max(now.Sub(base).Seconds(), 0)
-		if h.Last().Step > st.baseline && !ws.doneAt.IsZero() {
-			done := ws.doneAt
-			s.Record().Done = &done // the trainer's checkpoint after the notice was complete
+		var done time.Time // the trainer's checkpoint after the notice was complete (zero: none)
+		if h.Last().Step > st.baseline {
+			done = ws.doneAt
 		}
+		s.Checkpointed(h.Last().ID, h.Last().Step, max(now.Sub(base).Seconds(), 0), done)
 		res := &commit.Result{Manifest: &checkpoint.Manifest{ID: h.Last().ID, Step: h.Last().Step}, Bytes: h.Last().Bytes}
 		h.StopCommitted(s, res, now)
 	}

@@ -19,33 +19,83 @@ import (
 )
 
 // Conns is the trainers connected to this run: who said hello, who
-// said bye, and what part mode learnt from their hellos.
+// said bye, and what part mode learnt from their hellos. The loop tells
+// it what happened (Welcomed, Bye, Disconnected, Answered) and asks it
+// (Conn, Count, Finished, JobRanks).
 type Conns struct {
-	ByID map[uint64]*protocol.Conn // trainers that said hello to this run
-	Had  bool                      // a trainer has come (EndWhenIdle)
-	// SaidBye: connections whose trainer said it finished; Byes counts
-	// them; LeftUnfinished: one left without bye since the last start.
-	SaidBye        map[uint64]bool
-	Byes           int
-	LeftUnfinished bool
-	WarnedTopology bool // pkg/supervisor/job_policy.go
-	// ChildGroup is the trainer's process group when the agent started it
+	byID map[uint64]*protocol.Conn // trainers that said hello to this run
+	had  bool                      // a trainer has come (EndWhenIdle)
+	// saidBye: connections whose trainer said it finished; byes counts
+	// them; leftUnfinished: one left without bye since the last start.
+	saidBye        map[uint64]bool
+	byes           int
+	leftUnfinished bool
+	// childGroup is the trainer's process group when the agent started it
 	// (run mode; 0: none); fromChild the connections that came from it, as
 	// they said hello: they go first in JobRanks.
-	ChildGroup func() int
+	childGroup func() int
 	fromChild  map[uint64]bool
 	// leftOut: connections the rule left out (warned once each); they go
 	// behind every other in JobRanks until they answer a checkpoint, so
 	// that a silent one cannot take the place of a trainer that restarts.
 	leftOut map[uint64]bool
-	Log     *zap.Logger
+	log     *zap.Logger
 }
+
+// New is a run with no trainer yet. childGroup is the process group of
+// the trainer the agent started (nil or 0: none): its connections go first.
+func New(log *zap.Logger, childGroup func() int) *Conns {
+	return &Conns{byID: map[uint64]*protocol.Conn{}, saidBye: map[uint64]bool{}, childGroup: childGroup, log: log}
+}
+
+// Welcomed: c said hello and was welcomed; it counts as a trainer. It
+// returns why the rule of the job's ranks leaves it out ("" it is one of
+// the job's ranks; the caller logs which); any other connection its hello
+// leaves out is warned of here (Review).
+func (t *Conns) Welcomed(c *protocol.Conn) (leftOut string) {
+	if len(t.byID) == 0 {
+		t.leftUnfinished = false // a new start of the trainer(s)
+	}
+	t.byID[c.ID()] = c
+	t.noteHello(c)
+	t.had = true
+	return t.review(c.ID())
+}
+
+// Bye: connection id's trainer said it finished its work.
+func (t *Conns) Bye(id uint64) {
+	if _, ok := t.byID[id]; ok {
+		t.saidBye[id] = true
+		t.byes++
+	}
+}
+
+// SaidBye: connection id's trainer said it finished.
+func (t *Conns) SaidBye(id uint64) bool { return t.saidBye[id] }
+
+// Disconnected: connection id ended. A trainer that had not said bye left
+// its work unfinished (Finished is false until the next start).
+func (t *Conns) Disconnected(id uint64) {
+	if _, ok := t.byID[id]; ok && !t.saidBye[id] {
+		t.leftUnfinished = true
+	}
+	t.forget(id)
+}
+
+// Conn is the trainer connected as id (nil: none).
+func (t *Conns) Conn(id uint64) *protocol.Conn { return t.byID[id] }
+
+// Count is the trainers connected.
+func (t *Conns) Count() int { return len(t.byID) }
+
+// Had: a trainer has come to this run.
+func (t *Conns) Had() bool { return t.had }
 
 // Broadcast posts m to every connected trainer.
 func (t *Conns) Broadcast(m protocol.Message) {
-	for _, c := range t.ByID {
+	for _, c := range t.byID {
 		if err := c.Post(m); err != nil {
-			t.Log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
+			t.log.Warn("message not delivered", zap.String("type", m.Type), zap.Uint64("conn", c.ID()), zap.Error(err))
 		}
 	}
 }
@@ -53,7 +103,7 @@ func (t *Conns) Broadcast(m protocol.Message) {
 // Reply posts an error reply to c's message id.
 func (t *Conns) Reply(c *protocol.Conn, id, text string) {
 	if err := c.Post(protocol.Message{Type: protocol.TypeError, ID: id, Error: text}); err != nil {
-		t.Log.Debug("error reply not delivered", zap.Error(err))
+		t.log.Debug("error reply not delivered", zap.Error(err))
 	}
 }
 
@@ -61,7 +111,7 @@ func (t *Conns) Reply(c *protocol.Conn, id, text string) {
 // their work) and left: none is connected, and every one that left since
 // the last start said bye first.
 func (t *Conns) Finished() bool {
-	return t.Had && len(t.ByID) == 0 && !t.LeftUnfinished && t.Byes > 0
+	return t.had && len(t.byID) == 0 && !t.leftUnfinished && t.byes > 0
 }
 
 // Shape is the job as its first trainer's hello declared it.
@@ -152,7 +202,7 @@ func (t *Conns) JobRanks() (map[uint64]*protocol.Conn, Shape, map[uint64]string)
 		}
 		return 2
 	}
-	conns := slices.SortedFunc(maps.Values(t.ByID), func(a, b *protocol.Conn) int {
+	conns := slices.SortedFunc(maps.Values(t.byID), func(a, b *protocol.Conn) int {
 		return cmp.Or(cmp.Compare(key(a), key(b)), cmp.Compare(a.ID(), b.ID()))
 	})
 	hs := make([]helloConn, 0, len(conns))
@@ -163,18 +213,18 @@ func (t *Conns) JobRanks() (map[uint64]*protocol.Conn, Shape, map[uint64]string)
 	ids, shape, out := declaredRanks(hs)
 	ranks := make(map[uint64]*protocol.Conn, len(ids))
 	for id := range ids {
-		ranks[id] = t.ByID[id]
+		ranks[id] = t.byID[id]
 	}
 	return ranks, shape, out
 }
 
-// NoteHello records whether c, which just said hello, comes from the
+// noteHello records whether c, which just said hello, comes from the
 // agent's child (its process group), for JobRanks.
-func (t *Conns) NoteHello(c *protocol.Conn) {
-	if t.ChildGroup == nil {
+func (t *Conns) noteHello(c *protocol.Conn) {
+	if t.childGroup == nil {
 		return
 	}
-	if g := t.ChildGroup(); g > 0 && inGroup(c.PeerPID(), g) {
+	if g := t.childGroup(); g > 0 && inGroup(c.PeerPID(), g) {
 		if t.fromChild == nil {
 			t.fromChild = map[uint64]bool{}
 		}
@@ -182,10 +232,10 @@ func (t *Conns) NoteHello(c *protocol.Conn) {
 	}
 }
 
-// Forget drops what was noted of connection id, which ended.
-func (t *Conns) Forget(id uint64) {
-	delete(t.SaidBye, id)
-	delete(t.ByID, id)
+// forget drops what was noted of connection id, which ended.
+func (t *Conns) forget(id uint64) {
+	delete(t.saidBye, id)
+	delete(t.byID, id)
 	delete(t.leftOut, id)
 	delete(t.fromChild, id)
 }
@@ -199,11 +249,11 @@ func (t *Conns) LocalWorld() int {
 // LeftOutMsg is the warning, once per connection, that the rule left it out.
 const LeftOutMsg = "connection is not one of the job's declared ranks: checkpoints never wait for it"
 
-// Review applies the rule after connection id's hello: why it is left
+// review applies the rule after connection id's hello: why it is left
 // out ("" it is one of the job's ranks; the caller logs which). A
 // connection left out goes behind the others from then on; any other one
 // the hello leaves out (the child's, going first) is warned of here.
-func (t *Conns) Review(id uint64) string {
+func (t *Conns) review(id uint64) string {
 	_, _, out := t.JobRanks()
 	why := out[id]
 	if why != "" {
@@ -233,10 +283,10 @@ func (t *Conns) WarnLeftOut(out map[uint64]string) {
 		}
 		t.mark(id)
 		fields := []zap.Field{zap.Uint64("conn", id), zap.String("why", why)}
-		if c := t.ByID[id]; c != nil {
+		if c := t.byID[id]; c != nil {
 			fields = append(fields, zap.Int("peer_uid", c.PeerUID()), zap.Int("peer_pid", c.PeerPID()))
 		}
-		t.Log.Warn(LeftOutMsg, fields...)
+		t.log.Warn(LeftOutMsg, fields...)
 	}
 }
 

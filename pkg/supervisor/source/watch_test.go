@@ -1,0 +1,112 @@
+package source
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/watch"
+)
+
+func TestParseNoticeSignal(t *testing.T) {
+	for in, want := range map[string]syscall.Signal{"SIGTERM": syscall.SIGTERM, "term": syscall.SIGTERM, "INT": syscall.SIGINT,
+		"sigusr1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2} {
+		if got, err := ParseNoticeSignal(in); err != nil || got != want {
+			t.Errorf("ParseNoticeSignal(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "KILL", "SIGHUP", "15"} {
+		if _, err := ParseNoticeSignal(in); err == nil || !strings.Contains(err.Error(), "SIGUSR1") {
+			t.Errorf("ParseNoticeSignal(%q): error %v, want one naming the signals allowed", in, err)
+		}
+	}
+}
+
+// host is the agent as a source sees it; only what a test calls is
+// answered (the rest panics: the Watch must not call it there).
+type host struct {
+	Host
+	step int64
+}
+
+func (h *host) TrainerStep() int64 { return h.step }
+
+func env(t *testing.T, dir, scratch string) Env {
+	t.Helper()
+	st, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Env{Watch: &WatchConfig{Config: watch.Config{Dir: dir, Quiet: time.Second}}, HasCommand: true, CheckpointDir: scratch,
+		Store: st, Keep: 3, Log: zap.NewNop(), Started: time.Now()}
+}
+
+func TestNewWatch_RefusesWhatCannotWork(t *testing.T) {
+	base := t.TempDir()
+	dir, scratch := filepath.Join(base, "out"), filepath.Join(base, "scratch")
+	for _, d := range []string{dir, scratch} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*Env)
+		word string
+	}{
+		{"WithSignal", func(e *Env) { e.Signal = syscall.SIGUSR1 }, "--signal"},
+		{"NoticeSignalWithoutCommand", func(e *Env) { e.HasCommand = false; e.Watch.NoticeSignal = syscall.SIGUSR1 }, "--notice-signal"},
+		{"InsideTheCheckpointDir", func(e *Env) { e.Watch.Dir = filepath.Join(scratch, "x") }, "--checkpoint-dir"},
+		{"HoldingTheCheckpointDir", func(e *Env) { e.CheckpointDir = filepath.Join(dir, "scratch") }, "--checkpoint-dir"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := env(t, dir, scratch)
+			tc.set(&e)
+			if _, err := NewWatch(&host{}, e); err == nil || !strings.Contains(err.Error(), tc.word) {
+				t.Fatalf("NewWatch: %v, want an error naming %s", err, tc.word)
+			}
+		})
+	}
+}
+
+// TestNewWatch_EmptiesTheStage: what a crashed agent staged in DIR is of
+// no further use; the trainer's own files are left alone.
+func TestNewWatch_EmptiesTheStage(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "out")
+	if err := os.MkdirAll(filepath.Join(dir, watchStage, "old"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "trainer.txt"), []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := NewWatch(&host{step: 7}, env(t, dir, filepath.Join(base, "scratch")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if _, err := os.Stat(filepath.Join(dir, watchStage, "old")); !os.IsNotExist(err) {
+		t.Fatalf("the old stage's leftovers are still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "trainer.txt")); err != nil {
+		t.Fatalf("the trainer's file is gone: %v", err)
+	}
+	if ws.Asks() {
+		t.Fatal("zero-code mode asks the trainer for checkpoints")
+	}
+	// Nothing in DIR yet: the trainer's own report is the step reached.
+	if step, from := ws.Reached(time.Now()); step != 7 || from != "" {
+		t.Fatalf("reached %d (%q), want the trainer's 7", step, from)
+	}
+	ws.host.(*host).step = 0
+	if step, from := ws.Reached(time.Now()); step != 0 || from != journal.LostFromDir {
+		t.Fatalf("reached %d (%q), want 0 from DIR", step, from)
+	}
+}
