@@ -183,7 +183,9 @@ func (c *Client) refuse(node, addr string, err error) {
 // record holds m but whose addresses cannot be reached is waited for
 // (await: its agent may be starting), within the restore's wait bound;
 // one that refuses has its record read once more (reread: it may name a
-// session that has just ended).
+// session that has just ended). When a new session's record comes of
+// either, what the previous session's addresses did is dropped from the
+// error: the new session's answer is why the file comes from the store.
 func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	if !f.HasDigest() {
 		return nil, fmt.Errorf("peer: %s: %w: %w", f.Path, checkpoint.ErrNoDigest, fs.ErrNotExist)
@@ -195,6 +197,7 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 		tried := map[string]bool{} // sessions asked: a record flipping between two never loops
 		for rec != nil && !tried[rec.Session] && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
 			tried[rec.Session] = true
+			asked := len(errs)
 			rc, how, err := c.openAt(ctx, rec, cd, ck, &errs)
 			switch {
 			case rc != nil || err != nil:
@@ -205,6 +208,12 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 				rec = c.reread(ctx, cd.node, rec)
 			default:
 				rec = nil // its copy is gone: the next node
+			}
+			if rec != nil {
+				// The previous session's failures (its address refused, or
+				// refused the signature) are not why the file may still
+				// come from the store: the new session's answer is.
+				errs = errs[:asked]
 			}
 		}
 		if ctx.Err() != nil {
