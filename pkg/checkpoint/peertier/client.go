@@ -341,6 +341,13 @@ func (c *Client) get(ctx context.Context, addr string, to target, ck string, f c
 		resp.Body.Close()
 		cancel()
 		return nil, fmt.Errorf("%s: %w", resp.Status, fs.ErrNotExist)
+	case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+		// Busy: every transfer slot of the peer is taken. It is up (no
+		// new session will come): this file from the next peer or the
+		// store, the address asked again for the next.
+		resp.Body.Close()
+		cancel()
+		return nil, fmt.Errorf("%s: %w", resp.Status, errBusy)
 	case resp.StatusCode == http.StatusServiceUnavailable:
 		// A node agent's shared listener that hosts no such run now (its
 		// pod is starting again): as down as an address that refuses.
@@ -397,6 +404,9 @@ func unURL(err error) error {
 	}
 	return err
 }
+
+// errBusy: a peer had no transfer slot free (maxServing).
+var errBusy = errors.New("peer busy")
 
 // errStalled: a peer sent no byte for the stall bound.
 var errStalled = errors.New("peer stalled")

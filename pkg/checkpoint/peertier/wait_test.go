@@ -590,3 +590,46 @@ func TestWaitNewSessionWithoutCopyBlamesNoOldAddress(t *testing.T) {
 		t.Errorf("restore blames the peer tier: %v", e.ContextMap())
 	}
 }
+
+// A peer serving its maxServing transfers answers one more with 503
+// busy: that file comes from the next peer or the store at once, with no
+// wait for a new session (the peer is up: none comes), and the peer's
+// address is asked again for the next file, not marked down.
+func TestBusyPeerNotWaitedFor(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Minute
+	r.commit(0)
+	p0 := r.startAs(0, "s0", r.nodes[0].tier)
+	for range maxServing { // every transfer slot taken
+		p0.serving.slots <- struct{}{}
+	}
+	cl := r.startAs(1, "s1", nil).Tier()
+	var f checkpoint.File
+	for _, g := range r.m.Files {
+		if g.Part == "node-1" && g.Path == "replica-2.bin" {
+			f = g
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rc, err := cl.Open(ctx, r.m, f)
+	if err == nil {
+		rc.Close()
+		t.Fatal("a copy from a peer with no transfer slot free")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Open of a file on a busy peer ended only with its context: %v", err)
+	}
+	if n := logs.FilterMessage(msgWaiting).Len(); n != 0 {
+		t.Fatalf("%d waits for a peer that is up and busy, want none", n)
+	}
+	for range maxServing {
+		<-p0.serving.slots
+	}
+	rc, err = cl.Open(context.Background(), r.m, f)
+	if err != nil {
+		t.Fatalf("the peer, no longer busy, not asked for the next file: %v", err)
+	}
+	rc.Close()
+}
