@@ -183,7 +183,9 @@ func (c *Client) refuse(node, addr string, err error) {
 // record holds m but whose addresses cannot be reached is waited for
 // (await: its agent may be starting), within the restore's wait bound;
 // one that refuses has its record read once more (reread: it may name a
-// session that has just ended).
+// session that has just ended). When a new session's record comes of
+// either, what the previous session's addresses did is dropped from the
+// error: the new session's answer is why the file comes from the store.
 func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.File) (io.ReadCloser, error) {
 	if !f.HasDigest() {
 		return nil, fmt.Errorf("peer: %s: %w: %w", f.Path, checkpoint.ErrNoDigest, fs.ErrNotExist)
@@ -195,6 +197,7 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 		tried := map[string]bool{} // sessions asked: a record flipping between two never loops
 		for rec != nil && !tried[rec.Session] && slices.Contains(rec.Holds, ck) && (!cd.replica || rec.Replicas >= 1) {
 			tried[rec.Session] = true
+			asked := len(errs)
 			rc, how, err := c.openAt(ctx, rec, cd, ck, &errs)
 			switch {
 			case rc != nil || err != nil:
@@ -205,6 +208,12 @@ func (c *Client) Open(ctx context.Context, m *checkpoint.Manifest, f checkpoint.
 				rec = c.reread(ctx, cd.node, rec)
 			default:
 				rec = nil // its copy is gone: the next node
+			}
+			if rec != nil {
+				// The previous session's failures (its address refused, or
+				// refused the signature) are not why the file may still
+				// come from the store: the new session's answer is.
+				errs = errs[:asked]
 			}
 		}
 		if ctx.Err() != nil {
@@ -332,6 +341,13 @@ func (c *Client) get(ctx context.Context, addr string, to target, ck string, f c
 		resp.Body.Close()
 		cancel()
 		return nil, fmt.Errorf("%s: %w", resp.Status, fs.ErrNotExist)
+	case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+		// Busy: every transfer slot of the peer is taken. It is up (no
+		// new session will come): this file from the next peer or the
+		// store, the address asked again for the next.
+		resp.Body.Close()
+		cancel()
+		return nil, fmt.Errorf("%s: %w", resp.Status, errBusy)
 	case resp.StatusCode == http.StatusServiceUnavailable:
 		// A node agent's shared listener that hosts no such run now (its
 		// pod is starting again): as down as an address that refuses.
@@ -388,6 +404,9 @@ func unURL(err error) error {
 	}
 	return err
 }
+
+// errBusy: a peer had no transfer slot free (maxServing).
+var errBusy = errors.New("peer busy")
 
 // errStalled: a peer sent no byte for the stall bound.
 var errStalled = errors.New("peer stalled")

@@ -147,6 +147,9 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, req request) {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
+		// Retry-After tells busy from a run not hosted (unhosted): the
+		// asker takes the file from the next peer or the store at once.
+		w.Header().Set("Retry-After", "1")
 		http.Error(w, "busy", http.StatusServiceUnavailable)
 		return
 	}

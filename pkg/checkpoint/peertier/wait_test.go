@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -425,4 +428,208 @@ func TestWaitBoundEndsHungRead(t *testing.T) {
 	if !st.once.Load() {
 		t.Fatal("the record was never read")
 	}
+}
+
+// manyParts is a job of 2 nodes × 4 ranks: 8 files a part, twice the 4
+// files restore fetches at once, so that some of node 1's files are
+// first asked for only after its wait for node 0 has ended.
+var manyParts = []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1, 2, 3}, WorldSize: 8}, {Node: "node-1", Ranks: []int{4, 5, 6, 7}, WorldSize: 8}}
+
+// dial is one connection a client attempted: where, and when it began.
+type dial struct {
+	addr string
+	at   time.Time
+}
+
+// dials has cl record every connection it attempts.
+func dials(cl *Client) func() []dial {
+	var mu sync.Mutex
+	var out []dial
+	tr := cl.hc.Transport.(*http.Transport)
+	inner := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		out = append(out, dial{addr, time.Now()})
+		mu.Unlock()
+		return inner(ctx, network, addr)
+	}
+	return func() []dial {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(out)
+	}
+}
+
+// The bench's whole-job restart (spotbench recovery, --replicas 1): node
+// 0's previous agent kept a copy of node 1's part, then both machines'
+// agents stopped; node 1 restores on an empty machine before node 0's
+// new agent has started, node 0's record naming the previous session's
+// address, which now refuses. Node 0's agent starts with a new session
+// on a new port while node 1 waits: every file of node 1's part, those
+// asked while the wait ran and those asked after it, comes from the new
+// address; no connection goes to the old one once the wait has ended,
+// and nothing is read from the store.
+func TestWaitThenEveryFileFromNewAddress(t *testing.T) {
+	r := newRigOf(t, manyParts, nil)
+	logs := r.observe()
+	r.wait = time.Minute // never reached: the test ends when node 0 starts
+	r.commit(0, 1)
+	p1old := r.serve(1, nil, 0)
+	p0old := r.serveReplicas(0, nil, 0, 1)
+	if err := p0old.replicate(context.Background(), r.m); err != nil {
+		t.Fatal(err)
+	}
+	oldAddr := p0old.Addr().String()
+	p0old.Close() // its record stays, naming oldAddr: connection refused
+	p1old.Close() // node 1's machine is lost
+	if rec, err := getRecord(context.Background(), r.st.Store, "node-0"); err != nil || rec == nil || !slices.Equal(rec.Addrs, []string{oldAddr}) || rec.Replicas != 1 {
+		t.Fatalf("node 0's record before the restart: %+v, %v; want %s and replicas 1", rec, err, oldAddr)
+	}
+
+	cl := r.startAs(1, "s1", nil).Tier() // an empty machine: its peer tier only
+	dialed := dials(cl)
+	done := make(chan restored, 1)
+	go func() {
+		res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(t.TempDir(), "restore"),
+			restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{cl}, Log: r.log})
+		done <- restored{res, err}
+	}()
+	waitLog(t, logs, msgWaiting, 1)
+	p0, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: "node-0", Session: "s0",
+		Listen: "127.0.0.1:0", Local: r.nodes[0].tier, Replicas: 1, PeerWait: r.wait, Log: r.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p0.Close()
+	newAddr := p0.Addr().String()
+	if newAddr == oldAddr {
+		t.Fatalf("node 0's new agent bound its previous port %s: the test needs another", oldAddr)
+	}
+	res := r.check(1, done)
+	ended := waitLog(t, logs, msgWaited, 1)
+	if got := ended[0].ContextMap()["outcome"]; got != "new session" {
+		t.Fatalf("outcome %v, want new session", got)
+	}
+	var all int64
+	for _, f := range r.m.Files {
+		if f.Part == "node-1" {
+			all += f.Size
+		}
+	}
+	if got := res.From[checkpoint.FromPeer]; got != all {
+		t.Fatalf("From[peer]=%d, want %d (all of node 1's part, from node 0's new agent)", got, all)
+	}
+	if got := r.st.dataRead(); got != 0 {
+		t.Fatalf("data bytes read from the store: %d, want 0", got)
+	}
+	var toOld, toNew int
+	for _, d := range dialed() {
+		switch {
+		case d.addr == oldAddr && d.at.After(ended[0].Time):
+			t.Errorf("a connection to node 0's previous address %s began %s after the wait ended", oldAddr, d.at.Sub(ended[0].Time))
+		case d.addr == oldAddr:
+			toOld++
+		case d.addr == newAddr:
+			toNew++
+		}
+	}
+	if toOld == 0 || toNew == 0 {
+		t.Fatalf("%d connections to node 0's previous address, %d to its new one: want both (%v)", toOld, toNew, dialed())
+	}
+	if w := logs.FilterMessage("nearby copy unreadable: fetching the file from the store").All(); len(w) != 0 {
+		t.Fatalf("%d files fell back to the store: %v", len(w), w[0].ContextMap())
+	}
+}
+
+// heldNothing is a local tier whose record says it holds held but that
+// has no file of it: a peer's new agent without the file asked for.
+type heldNothing struct{ held string }
+
+func (h heldNothing) Name() string   { return checkpoint.FromLocal }
+func (h heldNothing) Held() []string { return []string{h.held} }
+func (h heldNothing) Open(context.Context, *checkpoint.Manifest, checkpoint.File) (io.ReadCloser, error) {
+	return nil, fs.ErrNotExist
+}
+
+// The bench's log: node 1's files that found node 0's previous address
+// refusing wait for its new agent, which answers that it has no such
+// copy (404). The files come from the store, as they must, and restore
+// says nothing of it (a peer without the copy is no fault), never naming
+// the previous session's address, which was not what sent them there.
+func TestWaitNewSessionWithoutCopyBlamesNoOldAddress(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Minute
+	r.commit(0)
+	r.staleRecord("node-0", true)
+	old, err := getRecord(context.Background(), r.st.Store, "node-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := r.startAs(1, "s1", nil).Tier()
+	dialed := dials(cl)
+	done := make(chan restored, 1)
+	go func() {
+		res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(t.TempDir(), "restore"),
+			restore.Options{Part: "node-1", Tiers: []checkpoint.Tier{cl}, Log: r.log})
+		done <- restored{res, err}
+	}()
+	waitLog(t, logs, msgWaiting, 1)
+	r.startAs(0, "s0", heldNothing{folder(r.m)})
+	res := r.check(1, done)
+	if got := waitLog(t, logs, msgWaited, 1)[0].ContextMap()["outcome"]; got != "new session" {
+		t.Fatalf("outcome %v, want new session", got)
+	}
+	if got := res.From[checkpoint.FromPeer]; got != 0 {
+		t.Fatalf("From[peer]=%d, want 0", got)
+	}
+	if !slices.ContainsFunc(dialed(), func(d dial) bool { return d.addr == old.Addrs[0] }) {
+		t.Fatalf("no connection to node 0's previous address: the test did not test it: %v", dialed())
+	}
+	for _, e := range logs.FilterMessage("nearby copy unreadable: fetching the file from the store").All() {
+		t.Errorf("restore blames the peer tier: %v", e.ContextMap())
+	}
+}
+
+// A peer serving its maxServing transfers answers one more with 503
+// busy: that file comes from the next peer or the store at once, with no
+// wait for a new session (the peer is up: none comes), and the peer's
+// address is asked again for the next file, not marked down.
+func TestBusyPeerNotWaitedFor(t *testing.T) {
+	r := newRig(t)
+	logs := r.observe()
+	r.wait = time.Minute
+	r.commit(0)
+	p0 := r.startAs(0, "s0", r.nodes[0].tier)
+	for range maxServing { // every transfer slot taken
+		p0.serving.slots <- struct{}{}
+	}
+	cl := r.startAs(1, "s1", nil).Tier()
+	var f checkpoint.File
+	for _, g := range r.m.Files {
+		if g.Part == "node-1" && g.Path == "replica-2.bin" {
+			f = g
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rc, err := cl.Open(ctx, r.m, f)
+	if err == nil {
+		rc.Close()
+		t.Fatal("a copy from a peer with no transfer slot free")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Open of a file on a busy peer ended only with its context: %v", err)
+	}
+	if n := logs.FilterMessage(msgWaiting).Len(); n != 0 {
+		t.Fatalf("%d waits for a peer that is up and busy, want none", n)
+	}
+	for range maxServing {
+		<-p0.serving.slots
+	}
+	rc, err = cl.Open(context.Background(), r.m, f)
+	if err != nil {
+		t.Fatalf("the peer, no longer busy, not asked for the next file: %v", err)
+	}
+	rc.Close()
 }
