@@ -176,10 +176,10 @@ func (p *Process) Stop(ctx context.Context, goBg func(func())) {
 // once; why goes to the log. A Stop under way returns once the child's
 // exit is seen.
 func (p *Process) Kill(why string) {
-	if p.Child == nil || p.Done == nil {
+	if p.child == nil || p.done == nil {
 		return
 	}
-	p.Child.Kill(why)
+	p.child.Kill(why)
 }
 
 // StopAtDeadline stops a trainer still running when the stop sequence
