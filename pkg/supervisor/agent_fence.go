@@ -25,9 +25,8 @@ import (
 // writes no more journal and exits with exitFenced.
 
 // exitFenced is the exit code of an agent whose run a newer session took
-// over. It is not 75 ("interrupted, run me again"): restarting a fenced
-// agent would fence the newer session in turn.
-const exitFenced = 76
+// over (protocol.ExitFenced).
+const exitFenced = protocol.ExitFenced
 
 // reasonFenced is the reason of the last checkpoint request and the stop
 // message of a fenced agent.

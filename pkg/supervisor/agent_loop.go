@@ -71,13 +71,10 @@ type committedCheckpoint struct {
 	trainedAt time.Time // when, in this session, the trainer's state matched it
 }
 
-// ExitInterrupted (75, EX_TEMPFAIL in sysexits.h) is the one exit code that
-// means "interrupted: the checkpoint is committed (or a best effort was
-// made), run me again". The Python client exits with it after a stop for an
-// interruption or shutdown, and so does spotagent run (see exitCodeFor).
-// Orchestrators restart on it: a Kubernetes Job's podFailurePolicy Ignores
-// it, systemd's Restart=on-failure restarts it.
-const ExitInterrupted = ranks.ExitInterrupted
+// ExitInterrupted is protocol.ExitInterrupted (75: interrupted, run me
+// again): the Python client exits with it after a stop for an interruption
+// or shutdown, and so does spotagent run (see exitCodeFor).
+const ExitInterrupted = protocol.ExitInterrupted
 
 // Run restores, starts the trainer and supervises it until it exits (or,
 // without a child, until a shutdown completes). It returns the exit code the

@@ -28,6 +28,7 @@ PROTOCOL_VERSION = 2
 #: after a stop for an interruption or shutdown; ``spotagent run`` exits with
 #: it too, and orchestrators restart on it (a Kubernetes Job's
 #: podFailurePolicy ignores it, systemd's Restart=on-failure restarts).
+#: The same as the agent's protocol.ExitInterrupted (pkg/protocol/exitcodes.go).
 EXIT_INTERRUPTED = 75
 #: Exit code meaning "fenced: a newer session of this run owns it now; this
 #: copy's work is not finished, but running it again here would only be

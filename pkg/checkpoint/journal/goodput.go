@@ -172,7 +172,7 @@ func failedUnkept(j *Journal, s Session, interrupted bool) bool {
 		return false
 	}
 	switch *s.ExitCode {
-	case 0, 75, 76:
+	case 0, 75, 76: // protocol.ExitInterrupted and ExitFenced (pkg/protocol sits above the journal)
 		return false
 	}
 	for _, in := range j.Interruptions {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
@@ -241,7 +240,7 @@ func (b *Boot) Exit() (code int, err error, ok bool) {
 		code, err = sigrelay.StartCancelled(ab.Sig)
 		return code, err, true
 	case ab.Notice:
-		return ranks.ExitInterrupted, nil, true
+		return protocol.ExitInterrupted, nil, true
 	}
 	return 1, ab.Err, true
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // StopLauncherExit is the agent's code for a node of a multi-node job
@@ -18,7 +20,7 @@ import (
 // (peerLossExit).
 func (w *Watch) StopLauncherExit(code int) int {
 	for pid, said := range w.left { // noted only while no stop ran: before it
-		if said != strconv.Itoa(ExitInterrupted) {
+		if said != strconv.Itoa(protocol.ExitInterrupted) {
 			w.env.Log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
 				zap.Int("code", code), zap.Int("rank_pid", pid), zap.String("exit_file", said))
 			return code
@@ -29,5 +31,5 @@ func (w *Watch) StopLauncherExit(code int) int {
 	}
 	w.env.Log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
 		zap.Int("code", code))
-	return ExitInterrupted
+	return protocol.ExitInterrupted
 }

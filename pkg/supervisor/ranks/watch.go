@@ -56,10 +56,6 @@ import (
 // with the launcher's code instead of 75: a bug stays a counted failure
 // on every node.
 
-// ExitInterrupted is supervisor.ExitInterrupted (75: interrupted, run me
-// again), which a rank that lost a peer writes to the exit file.
-const ExitInterrupted = 75
-
 // PeerCrashSettle is how long after its lost-peer verdict an agent waits
 // before it looks for another node's crash record: that node's agent
 // writes it as soon as its own first rank left, within milliseconds of
@@ -279,7 +275,7 @@ func (w *Watch) settleAt() time.Time {
 }
 
 // PeerLossExit is the agent's code for a child that exited with code
-// (non-zero) after its ranks ended on a lost peer: ExitInterrupted, unless
+// (non-zero) after its ranks ended on a lost peer: protocol.ExitInterrupted, unless
 // another node recorded a crash of its own (or the store cannot say). After
 // a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
 // After a lost peer the answer needs the store: the launcher's code stands
@@ -312,7 +308,7 @@ func (w *Watch) lookupExit(code int, key string, err error) int {
 	w.env.Metrics.Error("peer_lost")
 	w.env.Log.Warn("the ranks lost a peer of the job (a node vanished): exiting 75, the job restarts from its last committed checkpoint",
 		zap.Int("launcher_code", code), zap.Duration("since_verdict", time.Since(w.verdictAt).Round(time.Millisecond)))
-	return ExitInterrupted
+	return protocol.ExitInterrupted
 }
 
 // OnLookup: the lookup for another node's crash record answered;
@@ -366,7 +362,7 @@ func (w *Watch) Tick(now time.Time, running, stopping bool) Action {
 			// closed (under load the close can come first) is final.
 			said = w.exitFile()
 		}
-		if said == strconv.Itoa(ExitInterrupted) {
+		if said == strconv.Itoa(protocol.ExitInterrupted) {
 			w.verdict = verdictPeerLost
 		}
 		w.env.Log.Warn("a rank of this node ended on an error", zap.Int("pid", pid), zap.String("verdict", w.verdict),
