@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,8 +36,10 @@ func copiesScript(t *testing.T, spec corev1.PodSpec) string {
 // <namespace>/<run>/node-<rank> and hands it to the pod's uid, mode 0700;
 // a run of the same name in another namespace keeps its own directory; a
 // symbolic link on the path is refused (its chown would land where the
-// link points); other runs' copies with nothing newer than retainDays are
-// removed (an earlier version's <run>/node-<rank> too), fresh ones are not.
+// link points), and so is a <namespace> or <run> directory that anyone but
+// root may write (they could put a link there after the check); other
+// runs' copies with nothing newer than retainDays are removed (an earlier
+// version's <run>/node-<rank> too), fresh ones are not.
 func TestCopiesInitScript(t *testing.T) {
 	js, _ := readJobSet(t)
 	jsSpec := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec
@@ -57,6 +60,9 @@ func TestCopiesInitScript(t *testing.T) {
 			script := copiesScript(t, tc.spec)
 			root := t.TempDir()
 			body := strings.ReplaceAll(script, "/copies", root)
+			// root's own directories, as the container sees them: ours when
+			// the test does not run as root.
+			body = strings.ReplaceAll(body, "-user 0 ", "-user "+strconv.Itoa(os.Getuid())+" ")
 			run := func(ns string) ([]byte, error) {
 				cmd := exec.Command("sh", "-c", body)
 				cmd.Env = []string{"PATH=/usr/bin:/bin", "POD_NAMESPACE=" + ns, "SPOTAGENT_RUN_ID=" + tc.run}
@@ -136,6 +142,42 @@ func TestCopiesInitScript(t *testing.T) {
 			}
 			if fi, err := os.Stat(target); err != nil || fi.Mode().Perm() != 0o755 || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
 				t.Errorf("the link's target %s was changed: %v %v", target, fi.Mode(), err)
+			}
+
+			// A <namespace> or <run> directory that others may write (group-
+			// or world-writable; or, as root, one the trainer's uid owns: an
+			// earlier layout's node-<rank> whose name the path reuses): they
+			// could swap node-<rank> for a link between the check and the
+			// chown, so it is refused before the chown.
+			refused := func(ns string) {
+				t.Helper()
+				out, err := run(ns)
+				if err == nil || !strings.Contains(string(out), "that root alone may write: refused") {
+					t.Errorf("namespace %s: err %v, output %q; want refused, saying why", ns, err, out)
+				}
+				d := filepath.Join(root, ns, tc.run, node)
+				if fi, err := os.Stat(d); err == nil && fi.Mode().Perm() == 0o700 {
+					t.Errorf("%s: made and handed over despite the refusal", d)
+				}
+			}
+			for _, w := range []os.FileMode{0o775, 0o757} {
+				ns := "team-w" + strconv.FormatUint(uint64(w), 8)
+				if err := os.MkdirAll(filepath.Join(root, ns, tc.run), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(filepath.Join(root, ns, tc.run), w); err != nil {
+					t.Fatal(err)
+				}
+				refused(ns)
+			}
+			if os.Getuid() == 0 {
+				if err := os.MkdirAll(filepath.Join(root, "team-u", tc.run), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(filepath.Join(root, "team-u", tc.run), 1000, 1000); err != nil {
+					t.Fatal(err)
+				}
+				refused("team-u")
 			}
 		})
 	}

@@ -142,6 +142,20 @@ class SigtermRequest(CheckpointRequest):
                 if new or refused or left <= 0 or state.closed.is_set():
                     break
                 state.cond.wait(left)
+            urgent = state.urgent
+            if refused and not new and urgent is not None and urgent in state.requests:
+                # The agent's own interruption checkpoint was asked while this
+                # one was saved (its notice came meanwhile) and is refused as
+                # "in progress": stopping now would leave that request
+                # unanswered and nothing committed. Folded into it, as a
+                # SIGTERM during it is: the next poll hands it out, the
+                # agent's stop ends the run (or fold_until does).
+                to_deadline = None if urgent.deadline is None else (urgent.deadline - utcnow()).total_seconds()
+                wait = self._wait if to_deadline is None else min(max(to_deadline, 0.0) + 5.0, self._wait)
+                state.fold_until = time.monotonic() + wait
+                log.warning("spotagent: SIGTERM checkpoint at step %d not taken (%s): answering the agent's %s checkpoint %s instead",
+                            step, state.done_refusal, urgent.reason, urgent.id)
+                return
             if refused and not new:
                 # The agent will not commit it (a part of a multi-node job
                 # commits only what every rank saves together): waiting the

@@ -117,12 +117,14 @@ if __name__ == "__main__":
 class Sidecar(object):
     """``spotagent sidecar --node-rank K``: node K's agent of a multi-node job."""
 
-    def __init__(self, tmp: str, k: int, store: str) -> None:
+    def __init__(self, tmp: str, k: int, store: str, single: bool = False) -> None:
         self.socket = os.path.join(tmp, "node%d.sock" % k)
         self.log_path = os.path.join(tmp, "node%d.log" % k)
         args = [binary(), "sidecar", "--cloud", "none", "--store", store, "--run-id", "job",
                 "--node-rank", str(k), "--socket", self.socket, "--checkpoint-dir", os.path.join(tmp, "ck%d" % k),
                 "--interval", "1h", "--log-format", "json"]
+        if single:  # a single-node sidecar: no --node-rank
+            args[args.index("--node-rank"):args.index("--node-rank") + 2] = []
         env = dict(os.environ, AWS_EC2_METADATA_DISABLED="true")
         env = {key: v for key, v in env.items() if not key.startswith("SPOTAGENT_")}
         self._log = open(self.log_path, "wb")
@@ -184,6 +186,46 @@ class TestSigtermOwnCheckpointUnderPart(Base):
         while "checkpoint refused: not committed" not in node.log() and time.monotonic() < end:
             time.sleep(0.05)  # the agent's log is a file it appends to: polled, bounded
         self.assertIn("checkpoint refused: not committed", node.log())
+
+
+class TestSigtermDuringAgentsStop(Base):
+    """SIGTERM reaches the trainer (a pod deletion) and, while it saves its
+    own checkpoint, the sidecar starts its own stop sequence (the spot notice
+    it watches for; here its SIGTERM) and asks for the interruption
+    checkpoint. The agent refuses the trainer's own as "in progress": the
+    trainer answers the agent's request instead of stopping, and that one is
+    committed. Before, it stopped at the refusal (75, "refused, not
+    committed") and left the agent's request unanswered: nothing committed."""
+
+    def test_own_checkpoint_refused_in_progress_answers_the_agents(self):
+        import signal as _signal
+
+        old = _signal.getsignal(_signal.SIGTERM)
+        self.addCleanup(_signal.signal, _signal.SIGTERM, old)
+        node = Sidecar(self.tmp, 0, "file://" + os.path.join(self.tmp, "store"), single=True)
+        self.addCleanup(node.stop)
+        a = self.connect(path=node.socket, handle_sigterm=True, welcome_timeout=20)
+        a.sigterm_wait = 60.0
+        os.kill(os.getpid(), _signal.SIGTERM)
+        req = a.poll(7)
+        self.assertIsNotNone(req)
+        node.proc.send_signal(_signal.SIGTERM)  # the agent's own stop, while the trainer saves
+        self.assertTrue(wait_agent(a, lambda: a._state.urgent is not None), "the agent's request never arrived")
+        with open(os.path.join(req.dir, "model.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        t0 = time.monotonic()
+        req.done(7)
+        self.assertLess(time.monotonic() - t0, 30.0, "done waited for a commit the agent had refused")
+        self.assertFalse(a.should_stop, "stopped with the agent's interruption checkpoint unanswered")
+        ask = a.poll(8)
+        self.assertIsNotNone(ask, "the agent's interruption checkpoint was not handed out")
+        self.assertEqual(ask.reason, "shutdown")
+        with open(os.path.join(ask.dir, "model.bin"), "wb") as f:
+            f.write(b"y" * 1024)
+        ask.done(8)
+        self.assertIsNotNone(a.wait_committed(ask.id, timeout=30), node.log())
+        self.assertTrue(wait_agent(a, lambda: a.should_stop), "no stop after the commit")
+        self.assertEqual(a.exit_code, 75)
 
 
 class TestSigtermRealSidecars(GlooBase):

@@ -44,7 +44,8 @@ initContainers:
   # <copies root>/<namespace>/{{ ternary "<TrainJob name>" $v.runId $rt }}/node-<rank> on the node (the
   # namespace: two runs of one name in two namespaces never share a
   # directory), made and handed to uid {{ $v.trainer.uid }} before the sidecar starts (a
-  # hostPath directory is root's); a symbolic link on that path is refused.
+  # hostPath directory is root's); a symbolic link on that path, or a
+  # <namespace> or <run> directory that is not root's alone, is refused.
   # Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old are removed. Runs
   # as root with CHOWN, DAC_OVERRIDE and FOWNER only. The trainer image's sh,
   # find and chown: the agent image is the static binary alone (no shell).
@@ -67,7 +68,17 @@ initContainers:
         for p in "/copies/$ns" "$top" "$dir"; do
           if [ -L "$p" ]; then echo "copies: $p is a symbolic link: refused" >&2; exit 1; fi
         done
+        umask 022
         mkdir -p "$dir"
+        # Only root may rename or replace what is in the run's two root
+        # directories, so "$dir" is still what was checked when chown
+        # follows it: a trainer-owned one (an earlier layout's node-<rank>
+        # whose name this path reuses) is refused, not trusted.
+        for p in "/copies/$ns" "$top"; do
+          if [ -z "$(find "$p" -maxdepth 0 -type d -user 0 ! -perm -020 ! -perm -002)" ]; then
+            echo "copies: $p is not a directory that root alone may write: refused" >&2; exit 1
+          fi
+        done
         chown {{ $v.trainer.uid }}:{{ $v.trainer.uid }} "$dir"
         chmod 0700 "$dir"
         touch "$top"
