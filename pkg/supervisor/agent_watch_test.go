@@ -349,29 +349,38 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 	}
 }
 
-// paceTrainer trains 50 steps a second, saves an HF checkpoint-<step>
-// every 20 steps up to step 60 and then trains on without saving; on
-// SIGTERM it writes the step it reached to its second argument.
+// paceTrainer trains 50 steps a second by the clock (step n is reached
+// at its start + n/50 s, however late a loaded machine runs it), saves an
+// HF checkpoint-<step> at steps 20, 40 and 60, each made beside DIR and
+// renamed into it with the mtimes of its files and directory the time its
+// step was reached (as a trainer's own on an idle machine), and then
+// trains on without saving; on SIGTERM it writes the step it reached to
+// its second argument. Its pace, as the agent reads it, is thus exact.
 const paceTrainer = `
 import json, os, signal, sys, time
 out, reached = sys.argv[1], sys.argv[2]
-step = 0
+RATE = 50
+t0 = time.time_ns()
 def term(*_):
     with open(reached + ".tmp", "w") as f:
-        f.write(str(step))
+        f.write(str((time.time_ns() - t0) * RATE // 10**9))
     os.rename(reached + ".tmp", reached)
     sys.exit(143)
 signal.signal(signal.SIGTERM, term)
+for step in (20, 40, 60):
+    at = t0 + step * 10**9 // RATE
+    time.sleep(max(at - time.time_ns(), 0) / 1e9)
+    tmp = "%s.tmp-%d" % (out, step)
+    os.makedirs(tmp)
+    with open(os.path.join(tmp, "pytorch_model.bin"), "wb") as f:
+        f.write(b"w" * 4096)
+    with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+        json.dump({"global_step": step}, f)
+    for name in os.listdir(tmp) + [""]:
+        os.utime(os.path.join(tmp, name), ns=(at, at))
+    os.rename(tmp, os.path.join(out, "checkpoint-%d" % step))
 while True:
-    time.sleep(0.02)
-    step += 1
-    if step <= 60 and step % 20 == 0:
-        d = os.path.join(out, "checkpoint-%d" % step)
-        os.makedirs(d)
-        with open(os.path.join(d, "pytorch_model.bin"), "wb") as f:
-            f.write(b"w" * 4096)
-        with open(os.path.join(d, "trainer_state.json"), "w") as f:
-            json.dump({"global_step": step}, f)
+    time.sleep(1)
 `
 
 // TestWatch_LostStepsEstimated: a real trainer process that knows nothing
@@ -424,13 +433,23 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	if !in.CommitOK || in.Step != 60 || lost < 50 {
 		t.Fatalf("interruption %+v, trainer stopped at step %d: want step 60 committed and the trainer well past it", in, stopped)
 	}
-	// The trainer's pace holds within a factor 1.5 under load: its sleeps
-	// stretch alike before and after its last save.
-	if in.LostStepsFrom != journal.LostFromEstimate || in.LostSteps < lost*2/3 || in.LostSteps > lost*3/2 {
-		t.Fatalf("journal lost_steps %d (%q), the trainer lost %d (stopped at %d, committed %d): want an estimate within a factor 1.5",
-			in.LostSteps, in.LostStepsFrom, lost, stopped, in.Step)
+	// The agent counts the loss as it records the commit (the journal's
+	// committed time), then stops the trainer. The trainer's pace is exact
+	// (paceTrainer: step n at t0 + n/50 s, t0 read back from checkpoint-60's
+	// mtime, t0 + 1.2 s), so the estimate must be the steps it had reached
+	// then, to a step of rounding, and no more than it lost by its exit
+	// (however late a loaded machine delivered the SIGTERM).
+	fi, err := os.Stat(filepath.Join(out, "checkpoint-60", "trainer_state.json"))
+	if err != nil || in.Committed == nil {
+		t.Fatalf("checkpoint-60 (%v) or the journal's committed time (%+v) missing", err, in)
 	}
-	t.Logf("trainer stopped at step %d, committed %d: lost %d, journal estimate %d", stopped, in.Step, lost, in.LostSteps)
+	t0 := fi.ModTime().Add(-60 * time.Second / 50)
+	want := int64(in.Committed.Sub(t0)*50/time.Second) - in.Step
+	if in.LostStepsFrom != journal.LostFromEstimate || in.LostSteps < want-1 || in.LostSteps > want+1 || in.LostSteps > lost+1 {
+		t.Fatalf("journal lost_steps %d (%q): the trainer had lost %d when the commit was recorded, %d when it stopped (at %d, committed %d)",
+			in.LostSteps, in.LostStepsFrom, want, lost, stopped, in.Step)
+	}
+	t.Logf("trainer stopped at step %d, committed %d: lost %d (%d when recorded), journal estimate %d", stopped, in.Step, lost, want, in.LostSteps)
 }
 
 // TestWatch_LostStepsNothingSaved: a notice before the trainer saved

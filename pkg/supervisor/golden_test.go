@@ -75,8 +75,12 @@ type goldenLine struct {
 }
 
 type goldenConfig struct {
-	Interval string `json:"interval"` // periodic interval (default 1h: none)
-	Node     *int   `json:"node"`     // part mode: this agent is node K of a job
+	// Interval: the transcript's one periodic request is due this long
+	// after the trainer's first line (default: none). The next would come
+	// an hour after it: a transcript's line order never depends on how
+	// fast a loaded machine replays it.
+	Interval string `json:"interval"`
+	Node     *int   `json:"node"` // part mode: this agent is node K of a job
 	// Restore: "pending" or "fail": the agent restores while the trainer
 	// starts (Config.OverlapRestore), from a store whose checkpoint's
 	// files wait for {"do": "restore"}, then arrive or fail.
@@ -123,7 +127,7 @@ func readGolden(t *testing.T, path string) []goldenLine {
 
 func replayGolden(t *testing.T, lines []goldenLine) {
 	cfg := lines[0].Golden
-	interval := time.Hour
+	var interval time.Duration
 	if cfg.Interval != "" {
 		d, err := time.ParseDuration(cfg.Interval)
 		if err != nil {
@@ -131,13 +135,27 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 		}
 		interval = d
 	}
+	// Periodic checkpoints an hour apart; the transcript's one periodic
+	// request comes from a maintenance window set as the trainer sends its
+	// first line (askPeriodic). A fixed interval of 200 ms instead asked
+	// again 200 ms after each done: on a loaded machine that request
+	// overtook the answer to the trainer's next line.
+	sched := schedule.NewScheduler(schedule.SchedulerConfig{Min: time.Hour, Max: time.Hour})
+	askPeriodic := func() {
+		// The window's checkpoint is due its commit time before it: the
+		// default cost, as no checkpoint has been measured yet. Once the
+		// trainer has finished one after that, the window asks no more.
+		now := time.Now()
+		sched.Hazard(now, "maintenance", now.Add(interval+schedule.DefaultCost))
+		interval = 0
+	}
 	src := noticetest.New(1)
 	var gated *gatedStore
 	if cfg.Restore != "" {
 		gated = newGatedStore(t, cfg.Restore == "fail")
 	}
 	ar := startAgentErr(t, func(c *Config) {
-		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval})
+		c.Scheduler = sched
 		c.Source = src
 		if cfg.Node != nil {
 			c.Node = NodePart(*cfg.Node)
@@ -164,6 +182,9 @@ func replayGolden(t *testing.T, lines []goldenLine) {
 		where := fmt.Sprintf("line %d", i+2)
 		switch {
 		case g.Trainer != nil:
+			if interval > 0 {
+				askPeriodic() // before the line that wakes the agent's loop to see it
+			}
 			b, err := json.Marshal(substituteGolden(g.Trainer, vars))
 			if err != nil {
 				t.Fatalf("%s: %v", where, err)

@@ -69,6 +69,11 @@ type nodeRun struct {
 	signals chan os.Signal
 	gone    chan struct{}                 // closed when the run is retired
 	asks    chan chan<- supervisor.Status // status requests, answered by the run's loop once its agent exists
+	// failed is why the run could not start (or failed), set by its
+	// goroutine before it hands the run to finished; the dispatcher reads it
+	// in retire. A hello queued too late for refuse gets the same refusal
+	// there, not a new start of a run that just failed.
+	failed error
 
 	owner string // PeerIdentity of the peer whose hello claimed the run
 	uid   int    // that peer's uid
@@ -586,9 +591,11 @@ func runKey(id, part string) string {
 	return id + "/" + part
 }
 
-// refuse answers every trainer waiting on a run that could not start.
+// refuse answers every trainer waiting on a run that could not start;
+// retire answers those whose hello is queued after this (r.failed).
 func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 	log.Error("node: run could not start", zap.Error(err))
+	r.failed = err
 	for {
 		select {
 		case ev := <-r.events:
@@ -603,7 +610,10 @@ func (n *node) refuse(r *nodeRun, log *zap.Logger, err error) {
 }
 
 // retire forgets a finished run; events that raced with its end are
-// dispatched again (a hello then starts the run anew).
+// dispatched again (a hello then starts the run anew), except after a run
+// that failed: its late hellos get its refusal, as those refuse answered
+// did. Else a hello queued just after a run failed at once (a panic in
+// its start) would start it again, once per late hello.
 func (n *node) retire(r *nodeRun) {
 	delete(n.runs, r.id) // r.id is the run's key
 	close(r.gone)
@@ -616,7 +626,11 @@ func (n *node) retire(r *nodeRun) {
 	for done := false; !done; {
 		select {
 		case ev := <-r.events:
-			n.dispatch(ev)
+			if r.failed == nil {
+				n.dispatch(ev)
+			} else if ev.Msg.Type == protocol.TypeHello {
+				ev.Conn.SendNoWait(protocol.Message{Type: protocol.TypeError, Error: "run could not start: " + r.failed.Error()}, true)
+			}
 		default:
 			done = true
 		}
