@@ -35,10 +35,10 @@ func TestRun_RestoreFromLocal(t *testing.T) {
 	}})
 	dir := shortTemp(t)
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
-	trainer := []string{"--", python, "python/examples/train.py", "--steps", "150", "--step-time", "0.01"}
+	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000", "--step-time", "0.01"}
 
 	ref := start(t, nil, append(agentArgs(filepath.Join(dir, "ref"), "file://"+filepath.Join(dir, "refstore")),
-		append(trainer, "--out", filepath.Join(dir, "ref.json"))...)...)
+		append(noSleep(trainer), "--out", filepath.Join(dir, "ref.json"))...)...)
 	if code := ref.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("reference run exit code %d", code)
 	}

@@ -64,17 +64,33 @@ func TestRun_SigtermAndResumeBuckets(t *testing.T) {
 	})
 }
 
+// noSleep is trainer with --step-time 0: the uninterrupted reference ends
+// with the same parameters (train.py only sleeps between steps), sooner.
+// The interrupted runs keep their step time and enough steps (1,000, ten
+// seconds) that the trainer cannot finish while the shutdown checkpoint
+// commits on a loaded machine: it then exits 0, finished, and rightly so
+// (TestRun_RestoreFromLocal saw it once with 150 steps: exit 0, want 75).
+func noSleep(trainer []string) []string {
+	out := append([]string(nil), trainer...)
+	for i := range out[:len(out)-1] {
+		if out[i] == "--step-time" {
+			out[i+1] = "0"
+		}
+	}
+	return out
+}
+
 // sigtermAndResume runs the stdlib trainer three times on store: once
 // uninterrupted (its own store), once interrupted by SIGTERM, once resumed;
 // it checks the resume and the final parameters and returns the
 // interruption's and the resume's matched log lines.
 func sigtermAndResume(t *testing.T, dir, store string, env []string) (first, second []string) {
 	t.Helper()
-	trainer := []string{"--", python, "python/examples/train.py", "--steps", "150", "--step-time", "0.01"}
+	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000", "--step-time", "0.01"}
 
 	// The reference: the same trainer, uninterrupted, under its own store.
 	ref := start(t, nil, append(agentArgs(filepath.Join(dir, "ref"), "file://"+filepath.Join(dir, "refstore")),
-		append(trainer, "--out", filepath.Join(dir, "ref.json"))...)...)
+		append(noSleep(trainer), "--out", filepath.Join(dir, "ref.json"))...)...)
 	if code := ref.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("reference run exit code %d", code)
 	}
