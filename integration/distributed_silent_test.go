@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/child"
 )
 
 // Issue #37: a node that stops answering without a word (no RST: a
@@ -93,7 +95,7 @@ func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 	}
 	// A straggler: one rank of node 1 stopped, every other rank waiting
 	// for it in a collective.
-	rank := tree(pid)[len(tree(pid))-1]
+	rank := child.Tree(pid)[len(child.Tree(pid))-1]
 	pause("one rank", func() { syscall.Kill(rank, syscall.SIGSTOP) }, func() { syscall.Kill(rank, syscall.SIGCONT) })
 	agents[1].waitLine(`rank 2 step 60\b`, 3*time.Minute)
 	// The whole trainer: torchrun and both ranks.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -337,7 +338,7 @@ func signalTree(pid int, sig syscall.Signal) []int {
 	var pids []int
 	for grew := true; grew; {
 		grew = false
-		for _, p := range tree(pid) {
+		for _, p := range child.Tree(pid) {
 			if !seen[p] {
 				syscall.Kill(p, sig)
 				seen[p], grew = true, true

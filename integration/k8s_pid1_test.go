@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -149,32 +150,6 @@ func startPID1Job(t *testing.T, c corev1.Container, name string, agentArgs ...st
 	return sidecars, trainers, st
 }
 
-// tree is pid and every process below it (from /proc).
-func tree(pid int) []int {
-	children := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-		if len(f) > 1 {
-			pp, _ := strconv.Atoi(f[1])
-			children[pp] = append(children[pp], p)
-		}
-	}
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		out = append(out, children[out[i]]...)
-	}
-	return out
-}
-
 func writeExec(t *testing.T, path, body string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
@@ -258,7 +233,7 @@ func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
 // container to exit 75, and returns how long that took.
 func stopNodeOne(t *testing.T, trainers []*pid1Trainer, agent1 *proc) time.Duration {
 	t.Helper()
-	stopped := append(tree(trainers[1].p.cmd.Process.Pid), agent1.cmd.Process.Pid)
+	stopped := append(child.Tree(trainers[1].p.cmd.Process.Pid), agent1.cmd.Process.Pid)
 	t.Cleanup(func() {
 		for _, p := range stopped {
 			syscall.Kill(p, syscall.SIGKILL)

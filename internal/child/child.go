@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -223,6 +224,24 @@ func procs() map[int]proc {
 			start, _ = strconv.ParseUint(f[19], 10, 64)
 		}
 		out[pid] = proc{ppid: ppid, pgrp: pgrp, zombie: f[0] == "Z", start: start}
+	}
+	return out
+}
+
+// Tree is pid and every process below it, parents before their children,
+// from one read of /proc (just pid without /proc). Tests and benchmarks
+// use it to stop or kill a simulated node's whole tree, torch 2.x's ranks
+// in sessions of their own included.
+func Tree(pid int) []int {
+	children := map[int][]int{}
+	for p, pr := range procs() {
+		children[pr.ppid] = append(children[pr.ppid], p)
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		kids := children[out[i]]
+		slices.Sort(kids) // in the order they started, near enough: pids grow
+		out = append(out, kids...)
 	}
 	return out
 }

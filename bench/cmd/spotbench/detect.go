@@ -21,6 +21,7 @@ import (
 	"github.com/spotagent/spotagent/bench/internal/proc"
 	"github.com/spotagent/spotagent/bench/internal/report"
 	"github.com/spotagent/spotagent/bench/internal/stats"
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/liveness"
 )
@@ -208,35 +209,17 @@ func oneSilent(c *config, rep int) (time.Duration, time.Duration, int, error) {
 	return took, v.At.Sub(stop), agents[0].cmd.ProcessState.ExitCode(), nil
 }
 
-// signalTree sends sig to pid and every process below it (from /proc),
+// signalTree sends sig to pid and every process below it (child.Tree),
 // reading /proc again until no new one appears.
 func signalTree(pid int, sig syscall.Signal) {
 	stopped := map[int]bool{}
 	for grew := true; grew; {
 		grew = false
-		children := map[int][]int{}
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			p, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-			if err != nil {
-				continue
-			}
-			if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 1 {
-				pp, _ := strconv.Atoi(f[1])
-				children[pp] = append(children[pp], p)
-			}
-		}
-		for todo := []int{pid}; len(todo) > 0; todo = todo[1:] {
-			p := todo[0]
+		for _, p := range child.Tree(pid) {
 			if !stopped[p] {
 				syscall.Kill(p, sig)
 				stopped[p], grew = true, true
 			}
-			todo = append(todo, children[p]...)
 		}
 	}
 }
