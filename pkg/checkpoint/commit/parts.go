@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -228,7 +229,8 @@ func (c *Committer) checkOtherNodes(ctx context.Context, log *zap.Logger, own *c
 }
 
 // readParts lists parts/ of checkpoint (step, id) and reads the part
-// manifests not in cache (they are written once: a read is final).
+// manifests not in cache (they are written once: a read is final), up to
+// partReads at once: at 1,000 nodes a waiting agent reads 999 of them.
 func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache map[string]*checkpoint.PartManifest) ([]*checkpoint.PartManifest, error) {
 	dir := checkpoint.Prefix(step, id) + checkpoint.PartsDir
 	var keys []string
@@ -241,23 +243,39 @@ func readParts(ctx context.Context, st cloud.Store, step int64, id string, cache
 	if err != nil {
 		return nil, fmt.Errorf("list parts: %w", err)
 	}
-	var parts []*checkpoint.PartManifest
-	for _, k := range keys {
-		p := cache[k]
-		if p == nil {
-			p, err = checkpoint.ReadPart(ctx, st, k)
-			if errors.Is(err, cloud.ErrNotExist) {
-				continue // deleted since the listing (retention)
-			}
-			if err != nil {
-				return nil, err
-			}
-			cache[k] = p
+	read := make([]*checkpoint.PartManifest, len(keys))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(partReads)
+	for i, k := range keys {
+		if cache[k] != nil {
+			continue
 		}
-		parts = append(parts, p)
+		g.Go(func() error {
+			p, err := checkpoint.ReadPart(gctx, st, k)
+			if errors.Is(err, cloud.ErrNotExist) {
+				return nil // deleted since the listing (retention)
+			}
+			read[i] = p
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var parts []*checkpoint.PartManifest
+	for i, k := range keys {
+		if read[i] != nil {
+			cache[k] = read[i]
+		}
+		if p := cache[k]; p != nil {
+			parts = append(parts, p)
+		}
 	}
 	return parts, nil
 }
+
+// partReads is how many part manifests readParts reads at once.
+const partReads = 16
 
 // joinParts returns the job manifest the parts make once their ranks cover
 // own's world exactly once, or the ranks still missing. Parts that cannot
