@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1144,8 +1145,8 @@ func checkCopiesVolume(t *testing.T, spec corev1.PodSpec, agent *corev1.Containe
 			t.Errorf("copies adds capability %s", c)
 		}
 	}
-	if !strings.Contains(strings.Join(cc.Command, " "), "chown") {
-		t.Error("copies does not hand the node's directory to the pod's uid")
+	if len(cc.Args) == 0 || cc.Args[0] != "prepare-copies" || !slices.Contains(cc.Args, "--uid=1000") {
+		t.Errorf("copies args %q: want the agent's prepare-copies handing the node's directory to the pod's uid", cc.Args)
 	}
 }
 

@@ -32,6 +32,7 @@ var commands = []func() *cobra.Command{
 	newWatchCmd,
 	newSimulateCmd,
 	newFakeMetadataCmd,
+	newPrepareCopiesCmd,
 	newVersionCmd,
 }
 

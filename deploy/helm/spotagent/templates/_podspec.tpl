@@ -46,49 +46,30 @@ initContainers:
   # directory), made and handed to uid {{ $v.trainer.uid }} before the sidecar starts (a
   # hostPath directory is root's); a symbolic link on that path, or a
   # <namespace> or <run> directory that is not root's alone, is refused.
-  # Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old are removed. Runs
-  # as root with CHOWN, DAC_OVERRIDE and FOWNER only. The trainer image's sh,
-  # find and chown: the agent image is the static binary alone (no shell).
+  # Other runs' copies whose newest file is {{ $v.copies.retainDays }} days old are removed. The
+  # agent image's `spotagent prepare-copies` (internal/hostcopies): every
+  # step through an os.Root on the hostPath, so no link and no rename by a
+  # trainer meanwhile leads it outside. Runs as root with CHOWN,
+  # DAC_OVERRIDE and FOWNER only.
   - name: copies
-    image: {{ $v.image.trainer }}
+    image: {{ $v.image.agent }}
     imagePullPolicy: {{ $v.image.pullPolicy }}
-    command:
-      - sh
-      - -c
-      - |
-        set -eu
-        ns="${POD_NAMESPACE:?the pod has no namespace}"
-        {{- if $rt }}
-        run="${SPOTAGENT_RUN_ID:?the pod has no {{ .runIdLabel }} label}"
-        {{- else }}
-        run={{ $v.runId }}
-        {{- end }}
-        top="/copies/$ns/$run"
-        dir="$top/node-${JOB_COMPLETION_INDEX:-0}"
-        for p in "/copies/$ns" "$top" "$dir"; do
-          if [ -L "$p" ]; then echo "copies: $p is a symbolic link: refused" >&2; exit 1; fi
-        done
-        umask 022
-        mkdir -p "$dir"
-        # Only root may rename or replace what is in the run's two root
-        # directories, so "$dir" is still what was checked when chown
-        # follows it: a trainer-owned one (an earlier layout's node-<rank>
-        # whose name this path reuses) is refused, not trusted.
-        for p in "/copies/$ns" "$top"; do
-          if [ -z "$(find "$p" -maxdepth 0 -type d -user 0 ! -perm -020 ! -perm -002)" ]; then
-            echo "copies: $p is not a directory that root alone may write: refused" >&2; exit 1
-          fi
-        done
-        chown {{ $v.trainer.uid }}:{{ $v.trainer.uid }} "$dir"
-        chmod 0700 "$dir"
-        touch "$top"
-        for d in /copies/*/*; do
-          [ -d "$d" ] && [ ! -L "$d" ] && [ "$d" != "$top" ] || continue
-          if [ -z "$(find "$d" -mmin -{{ mul $v.copies.retainDays 1440 }} | head -n 1)" ]; then
-            echo "copies: removing $d (nothing newer than {{ $v.copies.retainDays }} days)"
-            rm -rf "$d"
-          fi
-        done
+    args:
+      - prepare-copies
+      - --root=/copies
+      - --namespace=$(POD_NAMESPACE)
+      {{- if $rt }}
+      - --run=$(SPOTAGENT_RUN_ID)
+      {{- else }}
+      - --run={{ $v.runId }}
+      {{- end }}
+      {{- if $multi }}
+      - --node=$(JOB_COMPLETION_INDEX)
+      {{- else }}
+      - --node=0
+      {{- end }}
+      - --uid={{ $v.trainer.uid }}
+      - --retain-days={{ $v.copies.retainDays }}
     env:
       {{- include "spotagent.namespaceEnv" . | nindent 6 }}
       {{- if $multi }}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,33 +15,47 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// copiesScript is the shell script of spec's copies init container.
-func copiesScript(t *testing.T, spec corev1.PodSpec) string {
+// copiesArgs is the args of spec's copies init container, its $(VAR)s
+// expanded from env as the kubelet does (an unset one stays as written).
+func copiesArgs(t *testing.T, spec corev1.PodSpec, env map[string]string) []string {
 	t.Helper()
 	for _, c := range spec.InitContainers {
-		if c.Name == "copies" {
-			if len(c.Command) != 3 || c.Command[0] != "sh" || c.Command[1] != "-c" {
-				t.Fatalf("copies command %q: want sh -c SCRIPT", c.Command)
-			}
-			return c.Command[2]
+		if c.Name != "copies" {
+			continue
 		}
+		if len(c.Command) != 0 || len(c.Args) == 0 || c.Args[0] != "prepare-copies" {
+			t.Fatalf("copies command %q args %q: want the agent image's prepare-copies", c.Command, c.Args)
+		}
+		args := slices.Clone(c.Args)
+		for i, a := range args {
+			for k, v := range env {
+				a = strings.ReplaceAll(a, "$("+k+")", v)
+			}
+			if strings.Contains(a, "$(") {
+				t.Fatalf("copies arg %q: a variable the pod does not set", a)
+			}
+			args[i] = a
+		}
+		return args
 	}
 	t.Fatal("no copies init container")
-	return ""
+	return nil
 }
 
-// TestCopiesInitScript (#45): the copies init container's script, as the
-// shipped manifests carry it, run by sh on a directory standing for the
-// hostPath root (root in the script's paths replaced by it; the test runs
-// as root in CI, as the container does): it makes
-// <namespace>/<run>/node-<rank> and hands it to the pod's uid, mode 0700;
-// a run of the same name in another namespace keeps its own directory; a
-// symbolic link on the path is refused (its chown would land where the
-// link points), and so is a <namespace> or <run> directory that anyone but
-// root may write (they could put a link there after the check); other
-// runs' copies with nothing newer than retainDays are removed (an earlier
-// version's <run>/node-<rank> too), fresh ones are not.
-func TestCopiesInitScript(t *testing.T) {
+// TestCopiesInitContainer (#45): the copies init container, as the
+// shipped manifests carry it (the agent image's `spotagent
+// prepare-copies`, internal/hostcopies), run with its args on a directory
+// standing for the hostPath root (the test runs as root in CI, as the
+// container does): it makes <namespace>/<run>/node-<rank> and hands it to
+// the pod's uid, mode 0700; a run of the same name in another namespace
+// keeps its own directory; a symbolic link on the path is refused (its
+// chown would land where the link points), and so is a <namespace> or
+// <run> directory that anyone but root may write (they could put a link
+// there after the check); other runs' copies with nothing newer than
+// retainDays are removed (an earlier version's <run>/node-<rank> too),
+// fresh ones are not.
+func TestCopiesInitContainer(t *testing.T) {
+	bin := spotagentBinary(t)
 	js, _ := readJobSet(t)
 	jsSpec := js.Spec.ReplicatedJobs[0].Template.Spec.Template.Spec
 	rt, _ := runtimeDocs(t, trainerRuntimePath)
@@ -57,18 +72,20 @@ func TestCopiesInitScript(t *testing.T) {
 		{"sidecar job", single.Spec.Template.Spec, single.Name, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			script := copiesScript(t, tc.spec)
 			root := t.TempDir()
-			body := strings.ReplaceAll(script, "/copies", root)
-			// root's own directories, as the container sees them: ours when
-			// the test does not run as root.
-			body = strings.ReplaceAll(body, "-user 0 ", "-user "+strconv.Itoa(os.Getuid())+" ")
 			run := func(ns string) ([]byte, error) {
-				cmd := exec.Command("sh", "-c", body)
-				cmd.Env = []string{"PATH=/usr/bin:/bin", "POD_NAMESPACE=" + ns, "SPOTAGENT_RUN_ID=" + tc.run}
+				env := map[string]string{"POD_NAMESPACE": ns, "SPOTAGENT_RUN_ID": tc.run}
 				if tc.index != "" {
-					cmd.Env = append(cmd.Env, "JOB_COMPLETION_INDEX="+tc.index)
+					env["JOB_COMPLETION_INDEX"] = tc.index
 				}
+				args := copiesArgs(t, tc.spec, env)
+				for i, a := range args {
+					if a == "--root=/copies" {
+						args[i] = "--root=" + root
+					}
+				}
+				cmd := exec.Command(bin, args...)
+				cmd.Env = []string{"PATH=/usr/bin:/bin"}
 				return cmd.CombinedOutput()
 			}
 			node := "node-0"
@@ -100,7 +117,7 @@ func TestCopiesInitScript(t *testing.T) {
 			fresh := mk("team-a", "exp-fresh", "node-0")
 
 			if out, err := run("team-a"); err != nil {
-				t.Fatalf("the script failed: %v\n%s", err, out)
+				t.Fatalf("the init container failed: %v\n%s", err, out)
 			}
 			dir := filepath.Join(root, "team-a", tc.run, node)
 			fi, err := os.Stat(dir)
@@ -152,7 +169,7 @@ func TestCopiesInitScript(t *testing.T) {
 			refused := func(ns string) {
 				t.Helper()
 				out, err := run(ns)
-				if err == nil || !strings.Contains(string(out), "that root alone may write: refused") {
+				if err == nil || !strings.Contains(string(out), "alone may write: refused") {
 					t.Errorf("namespace %s: err %v, output %q; want refused, saying why", ns, err, out)
 				}
 				d := filepath.Join(root, ns, tc.run, node)
