@@ -37,8 +37,20 @@ func newLoggerTo(w io.Writer, format, level string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("--log-format: want json or console, got %q", format)
 	}
 	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(w)), lvl)
+	// A bound on what anyone can make the agent write: a trainer (or a
+	// local user on the socket) that repeats a refused message thousands
+	// of times a second would otherwise fill the node's log disk. zap's
+	// sampler, per message and level: the first logSampleFirst in each
+	// second are written, then one in logSampleThereafter.
+	core = zapcore.NewSamplerWithOptions(core, time.Second, logSampleFirst, logSampleThereafter)
 	return zap.New(core).Named("spotagent"), nil
 }
+
+// The log's sampling (newLoggerTo): per message and level, per second.
+const (
+	logSampleFirst      = 1000
+	logSampleThereafter = 1000
+)
 
 // humanDuration writes a duration with its unit ("81ms", "1m59.069s") on
 // the console, where a bare 0.081321945 left the reader to guess seconds;

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +70,29 @@ func TestLogDurationUnits(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("%s: %q lacks %s", format, b.String(), want)
 		}
+	}
+}
+
+// TestLogger_FloodBounded: one message repeated 20,000 times (a trainer repeating a refused message) writes at most the
+// sampler's first 1,000 and one in 1,000 after; another message in the
+// same second is still written.
+func TestLogger_FloodBounded(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := newLoggerTo(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20000; i++ {
+		log.Warn("unsolicited done refused")
+	}
+	log.Info("checkpoint committed")
+	n := strings.Count(buf.String(), "unsolicited done refused")
+	// Within a second: 1,000 + 19. A loaded machine may spread the loop
+	// over two or three of the sampler's seconds: still far below 20,000.
+	if n < logSampleFirst || n > 3*(logSampleFirst+20000/logSampleThereafter) {
+		t.Errorf("%d lines of one repeated message of 20,000, want %d to %d", n, logSampleFirst, 3*(logSampleFirst+20000/logSampleThereafter))
+	}
+	if !strings.Contains(buf.String(), "checkpoint committed") {
+		t.Error("another message was dropped with the flood")
 	}
 }
