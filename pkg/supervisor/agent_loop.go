@@ -662,8 +662,8 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && !a.proc.Running() {
 		return 0
 	}
-	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() {
-		return 0 // not resumed: nothing worth saving (agent_restore.go)
+	if a.boot.Busy() || a.boot.Failed() {
+		return 0 // a restore runs, or failed: not resumed, nothing worth saving (pkg/supervisor/bootrestore)
 	}
 	return a.conns.Count()
 }

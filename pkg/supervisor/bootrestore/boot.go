@@ -24,13 +24,15 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
-// Boot is the restore at the start: the resume the trainers are
-// told of, and the restore running beside the trainer's start (restoring);
-// aborted: the start was given up meanwhile; gone: why the trainers will
-// get no resume (it failed or was cancelled); abandonAt: when a trainer
-// told of a failed restore is stopped. The loop tells it what happened
-// (Resumed, StartBeside, Ended, Abort, TrainerExited, Hello, ...) and asks
-// it (Resume, Restoring, Rejoining, Failed, Aborted, AbandonDue).
+// Boot is the agent's restores: the resume the trainers are told of, the
+// start's restore running beside the trainer's start (restoring), a
+// restart's (restart) and a rejoin's (rejoin); aborted: the start was
+// given up meanwhile; gone: why the trainers will get no resume (the
+// start's restore failed or was cancelled); abandonAt: when a trainer told
+// of a failed restore is stopped. The loop tells it what happened
+// (RestoreNow, StartBeside, Ended, Abort, StartRestart, CancelRestart,
+// OnRestarted, TrainerExited, Hello, ...) and asks it (Resume, Restoring,
+// Restarting, Busy, Failed, Aborted, AbandonDue).
 type Boot struct {
 	resume    *protocol.Resume
 	restoring *Pending
@@ -70,10 +72,8 @@ func (b *Boot) Resume() *protocol.Resume { return b.resume }
 // Restoring: the start's restore runs beside the trainer's start.
 func (b *Boot) Restoring() bool { return b.restoring != nil }
 
-// Rejoining: the restore for a trainer back after a commit waits or runs.
-func (b *Boot) Rejoining() bool { return b.rejoin != nil }
-
-// Busy: a restore runs (or waits) beside the loop: one at a time, each
+// Busy: a restore runs beside the loop (the start's, a restart's), or a
+// trainer back after a commit waits for its own: one at a time, each
 // clears the restore area.
 func (b *Boot) Busy() bool { return b.restoring != nil || b.rejoin != nil || b.restart != nil }
 

@@ -226,7 +226,7 @@ func TestBoot_RejoinRestoresTheNewestCommit(t *testing.T) {
 	b.resume = &protocol.Resume{ID: "c1", Step: 10}
 	last := Committed{ID: "c2", Step: 20}
 	b.RejoinHello(last, 0, 1)
-	if !b.Rejoining() {
+	if !b.Busy() {
 		t.Fatal("a hello after a newer commit: no rejoin restore")
 	}
 	tr, ev := s.hello(2)
@@ -245,14 +245,14 @@ func TestBoot_RejoinRestoresTheNewestCommit(t *testing.T) {
 		t.Fatal("the rejoin restore did not end")
 	}
 	b.OnRejoined(res)
-	if b.Rejoining() || b.Resume().ID != "c2" || fetches != 1 {
-		t.Fatalf("rejoined: rejoining %v resume %+v fetches %d", b.Rejoining(), b.Resume(), fetches)
+	if b.Busy() || b.Resume().ID != "c2" || fetches != 1 {
+		t.Fatalf("rejoined: rejoining %v resume %+v fetches %d", b.Busy(), b.Resume(), fetches)
 	}
 	if m := tr.Expect(protocol.TypeRestored); m.Resume == nil || m.Resume.ID != "c2" {
 		t.Fatalf("restored %+v, want c2", m)
 	}
 	b.RejoinHello(last, 1, 0) // another rank of the same group: the same decision
-	if b.Rejoining() {
+	if b.Busy() {
 		t.Fatal("a second hello for the same commit restores again")
 	}
 	g.wg.Wait()
