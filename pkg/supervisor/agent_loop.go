@@ -155,7 +155,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 	}
 	if a.cfg.OverlapsRestore() {
-		a.startRestore() // agent_restore.go: the trainer starts meanwhile
+		a.boot.StartBeside() // pkg/supervisor/bootrestore: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
 		if err := a.startChild(); err != nil {
@@ -261,7 +261,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
 		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))
 	a.job.committer(a.commits.committer, a.sess.ID())
-	src, err := a.newSource() // source.go
+	src, sr, err := a.newSource() // source.go
 	if err != nil {
 		endLife()
 		return nil, err
@@ -303,33 +303,20 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		a.abort()
 		return nil, err
 	}
-	if cfg.Watch == nil { // a trainer back after a commit (pkg/supervisor/bootrestore)
-		opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-		a.boot = bootrestore.New(bootrestore.Env{Life: life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
-			Fetch: func(ctx context.Context) (*localdirs.Fetched, error) {
-				return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
-			},
-			Record: func(f *localdirs.Fetched) *protocol.Resume {
-				return a.commits.rejoined(f, a.sess, a.cfg.Metrics, a.cfg.Node)
-			},
-			Hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
-			Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }})
-	}
+	a.openRestores(sr) // agent_restore.go
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	r, err := a.src.Restore(ctx)
-	if err != nil {
+	if err := a.boot.RestoreNow(ctx); err != nil { // before the loop: a signal meanwhile cancels ctx (sigrelay.Start)
 		a.abort()
 		return nil, err
 	}
-	a.boot.Resumed(r)
 	a.sess.RecordSession(a.cfg.Identity)
 	return a, nil
 }
 
 func (a *Agent) startChild() error {
-	if a.boot.Resume() != nil {
+	if r := a.boot.Resume(); r != nil && r.ID == a.commits.last.id {
 		a.commits.resumed(time.Now())
 	}
 	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
@@ -397,6 +384,8 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 			a.onRestoreDone(res) // agent_restore.go
 		case res := <-a.boot.RejoinDone():
 			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
+		case res := <-a.boot.RestartDone():
+			a.restarted(res) // agent_restore.go
 		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -470,8 +459,9 @@ func (a *Agent) tick(now time.Time) {
 		a.proc.Kill("a silent neighbour's verdict: every rank exited, the launcher still running")
 	}
 	a.src.Tick(now)
-	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && !a.boot.Restoring() && !a.boot.Rejoining() { // one restore at a time: each clears the area
-		a.restart()
+	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && !a.boot.Busy() { // one restore at a time: each clears the area
+		a.proc.Restarting()   // the failed trainer's leftovers must not run beside the new one
+		a.boot.StartRestart() // pkg/supervisor/bootrestore: beside the loop; its end comes to restarted
 	}
 	if a.boot.AbandonDue(now) {
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
@@ -559,25 +549,6 @@ func (a *Agent) onChildExit() {
 		a.proc.GiveUp()
 	default:
 		a.proc.RestartOrGiveUp(code, a.cfg.MaxRestarts)
-	}
-}
-
-// restart restores the newest committed checkpoint and starts the trainer again.
-func (a *Agent) restart() {
-	a.proc.Restarting() // the failed trainer's leftovers must not run beside the new one
-	ctx, cancel := context.WithTimeout(a.life, 10*time.Minute)
-	defer cancel()
-	r, err := a.src.Restore(ctx)
-	if err != nil {
-		a.log.Error("restore for restart failed", zap.Error(err))
-		a.cfg.Metrics.Error("restore")
-		a.proc.GiveUp()
-		return
-	}
-	a.boot.Resumed(r)
-	if err := a.startChild(); err != nil {
-		a.log.Error("restart failed", zap.Error(err))
-		a.proc.GiveUp()
 	}
 }
 
@@ -691,8 +662,8 @@ func (a *Agent) trainers() int {
 	if a.cfg.Signal != 0 && !a.proc.Running() {
 		return 0
 	}
-	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() {
-		return 0 // not resumed: nothing worth saving (agent_restore.go)
+	if a.boot.Busy() || a.boot.Failed() {
+		return 0 // a restore runs, or failed: not resumed, nothing worth saving (pkg/supervisor/bootrestore)
 	}
 	return a.conns.Count()
 }

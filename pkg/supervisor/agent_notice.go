@@ -127,6 +127,13 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		if n.Cloud == metadata.CloudSignal {
 			reason = protocol.ReasonShutdown
 		}
+		if a.boot.CancelRestart(reason) { // pkg/supervisor/bootrestore: its partial directory goes
+			// The trainer is not started again and the stop goes on as
+			// when none runs. The run was interrupted before its trainer
+			// could try again: run me again, not the failed one's code.
+			a.proc.GiveUp()
+			a.proc.ExitAs(ExitInterrupted)
+		}
 		a.beginStop(n, reason, now)
 	case metadata.KindRebalance:
 		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})

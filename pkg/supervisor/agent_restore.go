@@ -16,14 +16,27 @@ import (
 // agent's one Boot (Agent.boot), driven from the loop. What it needs of
 // the agent's other owners is here.
 
-// startRestore runs the restore beside the loop; its end reaches the loop
-// through boot.Done.
-func (a *Agent) startRestore() {
+// openRestores sets up the agent's one owner of restores (Agent.boot):
+// every restore fetches with the source's fetch (sr) and the options
+// built here, once (the lease is taken: its epoch bounds what a restore
+// may pick), and is recorded by the one record below.
+func (a *Agent) openRestores(sr sourceRestore) {
 	opts := a.commits.restoreOptions(a.job.restorePart(), a.log)
-	a.log.Info("restoring while the trainer starts")
-	a.boot.StartBeside(a.life, a.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
-		return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log)
-	})
+	a.boot = bootrestore.New(bootrestore.Env{Life: a.life, GoBgFail: a.goBgFail, Log: a.log, Errs: func() { a.cfg.Metrics.Error("restore") },
+		NoRejoin: a.cfg.Watch != nil, // zero-code mode: a trainer back resumes what its directory holds
+		Fetch:    func(ctx context.Context) (*localdirs.Fetched, error) { return sr.fetch(ctx, opts) },
+		Record: func(f *localdirs.Fetched) *protocol.Resume {
+			var r *protocol.Resume
+			if f != nil {
+				r = a.commits.restored(f, a.sess, a.cfg.Metrics, a.cfg.Node) // commits.go
+			}
+			if sr.restored != nil {
+				sr.restored(f, a.proc.Started())
+			}
+			return r
+		},
+		Hand:  func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
+		Admit: func(ev protocol.Event, r *protocol.Resume) { a.admit(ev.Conn, ev.Msg, a.cfg.Welcome(ev.Msg, r)) }})
 }
 
 // onRestoreDone: the overlapped restore ended; the trainers learn how.
@@ -41,11 +54,6 @@ func (a *Agent) onRestoreDone(res bootrestore.Result) {
 	}
 	a.sess.RecordSession(a.cfg.Identity)
 	a.cfg.Metrics.Ready(true)
-	if res.Fetched != nil {
-		f := res.Fetched
-		a.boot.Resumed(a.commits.restored(f.R, f.Start, f.R.Dir, f.Manifest, a.sess, a.cfg.Metrics, a.cfg.Node))
-		a.commits.resumed(time.Now())
-	}
 	p.Restored(a.boot.Resume(), a.log, func(r *protocol.Resume, c *protocol.Conn) { a.dirs.handRestore(a.log, r, c) },
 		func(ev protocol.Event) { a.onHello(ev.Conn, ev.Msg) })
 }
@@ -62,6 +70,23 @@ func (a *Agent) abortStart(why string, ab *bootrestore.Abort) bool {
 	a.log.Warn("start given up during the restore: cancelling it and stopping the trainer (it has not resumed: nothing to save)", zap.String("why", why))
 	a.proc.Stop(a.life, a.goBg)
 	return true
+}
+
+// restarted: a restart's restore ended (res): the trainer starts again
+// from it, or, when it failed, is given up (the agent exits with its last
+// code); one cancelled by a stop was given up then (onNotice).
+func (a *Agent) restarted(res bootrestore.Result) {
+	start, err := a.boot.OnRestarted(res)
+	if err != nil {
+		a.proc.GiveUp()
+	}
+	if !start {
+		return
+	}
+	if err := a.startChild(); err != nil {
+		a.log.Error("restart failed", zap.Error(err))
+		a.proc.GiveUp()
+	}
 }
 
 // committed is the newest committed checkpoint as the rejoin restore

@@ -3,19 +3,24 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -118,5 +123,76 @@ func TestAgent_TrainerThatExitsAtOnceRecordsNoFleet(t *testing.T) {
 	fl.List(context.Background(), "", func(cloud.ObjectInfo) error { n++; return nil })
 	if n != 0 {
 		t.Fatalf("%d objects in the fleet store after a session that never began", n)
+	}
+}
+
+// TestAgent_SignalDuringRestartRestore (#49 item 2): a trainer crashes,
+// and the restore before its restart hangs on the store. A SIGTERM (or a
+// termination notice) meanwhile is handled at once: the restore is
+// cancelled (its partial directory goes), the trainer is not started
+// again, and the agent exits 75 (interrupted, run me again) within its
+// grace, without waiting for the restore. (The restart's restore used to
+// run on the loop: the signal waited for it, up to 10 minutes.)
+func TestAgent_SignalDuringRestartRestore(t *testing.T) {
+	const grace = 20 * time.Second
+	for _, tc := range []struct {
+		name string
+		stop func(ar *agentRun, src *noticetest.Source)
+	}{
+		{"SIGTERM", func(ar *agentRun, _ *noticetest.Source) { ar.sigs <- syscall.SIGTERM }},
+		{"Notice", func(_ *agentRun, src *noticetest.Source) {
+			now := time.Now()
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(grace)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.ShortDir(t)
+			st, err := file.New(filepath.Join(dir, "store"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := t.TempDir()
+			if err := os.WriteFile(filepath.Join(src, "w.pt"), []byte("the trainer's state"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (&commit.Committer{Store: st, RunID: "test"}).Commit(t.Context(), commit.Request{Dir: src, ID: "60d0000000a7", Step: 7}); err != nil {
+				t.Fatal(err)
+			}
+			hs := &heldStore{Store: st} // agent_rejoin_test.go
+			notices := noticetest.New(1)
+			runs, crash := filepath.Join(dir, "runs"), filepath.Join(dir, "crash")
+			ar := startAgent(t, func(c *Config) {
+				c.Store, c.Source, c.MaxRestarts, c.TermGrace = hs, notices, 1, grace
+				// It crashes when told; its restored copy goes with it, so
+				// that the restart's restore must read the store.
+				c.Command = []string{"/bin/sh", "-c", `echo run >> ` + runs + `; while [ ! -e ` + crash + ` ]; do sleep 0.05; done; rm -rf "$SPOTAGENT_RESUME_DIR"; exit 3`}
+			})
+			testutil.WaitFor(t, "the trainer's start", func() bool { _, err := os.Stat(runs); return err == nil })
+			hs.arm()
+			t.Cleanup(func() { close(hs.gate) }) // before startAgent's cleanup: an agent stuck in the restore can end
+			if err := os.WriteFile(crash, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitFor(t, "the restart's restore held by the store", func() bool { return hs.held() > 0 })
+			tc.stop(ar, notices)
+			select {
+			case code := <-ar.done:
+				ar.done <- code
+				if code != ExitInterrupted {
+					t.Fatalf("exit code %d, want %d (interrupted before the trainer could restart)", code, ExitInterrupted)
+				}
+			case <-time.After(grace):
+				t.Fatalf("stop during a restart's restore: the agent did not end within its grace (%v): it waits for the restore", grace)
+			}
+			if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 1 {
+				t.Fatalf("the trainer ran %d times, want once: a stop during the restart's restore starts no trainer", strings.Count(string(b), "run"))
+			}
+			filepath.WalkDir(ar.cfg.CheckpointDir, func(p string, d fs.DirEntry, err error) error {
+				if err == nil && strings.HasPrefix(d.Name(), ".partial-") {
+					t.Errorf("the cancelled restore left %s", p)
+				}
+				return nil
+			})
+		})
 	}
 }

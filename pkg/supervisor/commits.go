@@ -141,38 +141,35 @@ func (c *commits) haltPipelines() {
 	}
 }
 
-// restoreOptions are the options of a restore into the agent's area.
+// restoreOptions are the options of every restore (built once, in
+// newAgent, once the lease is taken: its epoch is the newest a restore
+// may pick).
 func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
 	return restore.Options{Log: log, MaxEpoch: c.epoch(), Part: part}
 }
 
-// rejoined records the restore for a trainer back after a commit
-// (pkg/supervisor/bootrestore) as restored does; the newest committed checkpoint
-// stays this session's newest commit when the restore chose an older one
-// (a job whose manifest for it has not landed yet).
-func (c *commits) rejoined(f *localdirs.Fetched, s *session.Session, m Metrics, node string) *protocol.Resume {
-	last := c.last
-	r := c.restored(f.R, f.Start, f.R.Dir, f.Manifest, s, m, node)
-	if last.step > r.Step {
-		c.last = last
-		return r
-	}
-	c.resumed(time.Now())
-	return r
-}
-
-// restored records a restore (metrics, journal, the newest committed
-// checkpoint) and returns what the trainer is told: dir, where the files
-// are now, and manifest, the local copy of the manifest.
-func (c *commits) restored(r *restore.Result, start time.Time, dir, manifest string, s *session.Session, m Metrics, node string) *protocol.Resume {
-	m.Restored(r.Bytes, time.Since(start))
+// restored records a restore, every restore (the start's, a restart's, a
+// trainer's back after a commit: pkg/supervisor/bootrestore): metrics,
+// journal, the newest committed checkpoint; it returns what the trainers
+// are told. The restored checkpoint becomes the newest committed one, the
+// trainer's state matching it from now, unless this session committed a
+// newer step (a job whose manifest for it has not landed yet: the store's
+// rules chose an older one).
+func (c *commits) restored(f *localdirs.Fetched, s *session.Session, m Metrics, node string) *protocol.Resume {
+	r := f.R
+	m.Restored(r.Bytes, time.Since(f.Start))
 	m.RestoredFrom(r.From)
 	s.JournalAsync(func(j *journal.Journal) {
 		j.Restores = append(j.Restores, journal.RestoreEntry{
-			At: start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
+			At: f.Start.UTC(), CheckpointID: r.Manifest.ID, Step: r.Manifest.Step, Manifest: r.Key,
 			Bytes: r.Bytes, Seconds: r.Took.Seconds(), Skipped: r.Skipped, Node: node, From: r.From,
 		})
 	})
+	resume := &protocol.Resume{Dir: f.Dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: f.Manifest, Metadata: r.Manifest.Metadata}
+	if c.last.id != "" && c.last.step > r.Manifest.Step {
+		return resume
+	}
 	c.last = committedCheckpoint{id: r.Manifest.ID, step: r.Manifest.Step, at: r.Manifest.Created, bytes: r.Bytes}
-	return &protocol.Resume{Dir: dir, Step: r.Manifest.Step, ID: r.Manifest.ID, Manifest: manifest, Metadata: r.Manifest.Metadata}
+	c.resumed(time.Now())
+	return resume
 }

@@ -178,7 +178,7 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 	if trainers > 0 || !a.src.Asks() || a.stops.current != nil || a.conns.Finished() {
 		return false
 	}
-	if a.boot.Restoring() || a.boot.Rejoining() || a.boot.Failed() || a.boot.Aborted() {
+	if a.boot.Busy() || a.boot.Failed() || a.boot.Aborted() { // a restore runs (pkg/supervisor/bootrestore)
 		return false
 	}
 	if len(a.cfg.Command) > 0 && !a.proc.Running() {

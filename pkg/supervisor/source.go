@@ -2,16 +2,11 @@ package supervisor
 
 import (
 	"context"
-	"os"
 	"syscall"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
@@ -22,44 +17,46 @@ var (
 	_ source.Stop   = (*stopState)(nil)
 )
 
-// newSource is the checkpoint source Config asks for: the one place that
-// knows the kinds.
-func (a *Agent) newSource() (source.Source, error) {
+// sourceRestore is how a source's restores are made, for the agent's one
+// owner of restores (pkg/supervisor/bootrestore): fetch puts the newest
+// committed checkpoint where the trainer resumes from (beside the loop:
+// it touches none of the loop's state; nil, nil: none committed), and
+// restored, when not nil, tells the source of each (on the loop; f nil: a
+// fresh start; restart: a restart's restore).
+type sourceRestore struct {
+	fetch    func(ctx context.Context, opts restore.Options) (*localdirs.Fetched, error)
+	restored func(f *localdirs.Fetched, restart bool)
+}
+
+// newSource is the checkpoint source Config asks for, and how its
+// restores are made: the one place that knows the kinds.
+func (a *Agent) newSource() (source.Source, sourceRestore, error) {
 	h := agentHost{a}
 	if a.cfg.Watch == nil {
-		return protocolSource{host: h, dirs: &a.dirs, store: a.cfg.Store, part: a.job.restorePart(), log: a.log}, nil
+		return protocolSource{host: h}, sourceRestore{fetch: func(ctx context.Context, opts restore.Options) (*localdirs.Fetched, error) {
+			return a.dirs.FetchRestore(ctx, a.cfg.Store, opts, a.log) // into the agent's restore area
+		}}, nil
 	}
 	ws, err := source.NewWatch(h, source.Env{Watch: a.cfg.Watch, HasCommand: len(a.cfg.Command) > 0, Signal: a.cfg.Signal,
-		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started()})
+		CheckpointDir: a.cfg.CheckpointDir, Store: a.cfg.Store, Keep: a.cfg.Keep, Metrics: a.cfg.Metrics, Log: a.log, Started: a.sess.Started(),
+		Life: a.life, GoBg: a.goBg})
 	if err != nil {
-		return nil, err
+		return nil, sourceRestore{}, err
 	}
 	// Commits check before each manifest that the checkpoint did not
 	// change during its upload.
 	c := *a.commits.committer
 	c.Store = ws.Store()
 	a.commits.useCommitter(&c)
-	return ws, nil
+	return ws, sourceRestore{fetch: func(ctx context.Context, opts restore.Options) (*localdirs.Fetched, error) {
+		return ws.Fetch(ctx, opts, a.dirs.Area, a.dirs.AreaPath) // the area is opened after the source is made
+	}, restored: ws.Restored}, nil
 }
 
-// protocolSource: the trainer speaks the protocol (the default).
+// protocolSource: the trainer speaks the protocol (the default). Its
+// restores go into the agent's restore area (newSource).
 type protocolSource struct {
-	host  source.Host
-	dirs  *localDirs // the restore area
-	store cloud.Store
-	part  string // the part a restore fetches (jobPolicy.restorePart)
-	log   *zap.Logger
-}
-
-// Restore copies the newest committed checkpoint into the restore area
-// and returns the resume information (nil when starting fresh).
-func (p protocolSource) Restore(ctx context.Context) (*protocol.Resume, error) {
-	opts := restore.Options{Log: p.log, MaxEpoch: p.host.Epoch(), Part: p.part}
-	f, err := p.dirs.FetchRestore(ctx, p.store, opts, p.log)
-	if err != nil || f == nil {
-		return nil, err
-	}
-	return p.host.Restored(f.R, f.Start, f.R.Dir, f.Manifest), nil
+	host source.Host
 }
 
 func (protocolSource) Start()                                      {}
@@ -73,26 +70,25 @@ func (protocolSource) Stop(source.Stop, time.Time, time.Time) bool { return fals
 func (protocolSource) Asks() bool                                  { return true }
 
 // Reached: what the trainer reported (progress, done, bye).
-func (p protocolSource) Reached(time.Time) (int64, string) { return p.host.TrainerStep(), "" }
+func (p protocolSource) Reached(time.Time) (int64, string) { return p.host.State().TrainerStep, "" }
 
 // agentHost is the agent as its checkpoint source's host.
 type agentHost struct{ a *Agent }
 
-func (h agentHost) Life() context.Context { return h.a.life }
-func (h agentHost) GoBg(fn func())        { h.a.goBg(fn) }
-func (h agentHost) Last() source.Committed {
-	l := h.a.commits.last
-	return source.Committed{ID: l.id, Step: l.step, Bytes: l.bytes, TrainedAt: l.trainedAt}
+func (h agentHost) State() source.State {
+	a, l, p := h.a, h.a.commits.last, h.a.proc
+	return source.State{
+		Last:        source.Committed{ID: l.id, Step: l.step, Bytes: l.bytes, TrainedAt: l.trainedAt},
+		TrainerStep: a.commits.lastStep,
+		// A restart's restore running is a restart pending.
+		Trainer: source.Trainer{Running: p.Running(), Gone: len(a.cfg.Command) > 0 && !p.Running(),
+			ExitCode: p.ExitCode(), RestartPending: !p.RestartAt().IsZero() || a.boot.Restarting()},
+		Stopping: a.stops.current != nil,
+	}
 }
-func (h agentHost) TrainerStep() int64  { return h.a.commits.lastStep }
+
 func (h agentHost) SeeStep(step *int64) { h.a.commits.seeStep(step) }
-func (h agentHost) Epoch() int64        { return h.a.commits.epoch() }
-func (h agentHost) Stopping() bool      { return h.a.stops.current != nil }
 func (h agentHost) StopTrainer()        { h.a.proc.StopAtDeadline(h.a.life, h.a.goBg) }
-
-func (h agentHost) NewID() string { return localdirs.NewRequestID() }
-
-func (h agentHost) Area() (*os.Root, string) { return h.a.dirs.Area, h.a.dirs.AreaPath }
 
 // Commit: a source's checkpoint is answered, as by one trainer, when it
 // is handed over; its request is due within RequestTimeout.
@@ -109,16 +105,6 @@ func (h agentHost) CancelUpload(id string) bool {
 		up.cancel()
 	}
 	return up != nil
-}
-
-func (h agentHost) Restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume {
-	return h.a.commits.restored(r, start, dir, manifest, h.a.sess, h.a.cfg.Metrics, h.a.cfg.Node)
-}
-
-func (h agentHost) Trainer() source.Trainer {
-	p := h.a.proc
-	return source.Trainer{Started: p.Started(), Running: p.Running(), Gone: len(h.a.cfg.Command) > 0 && !p.Running(),
-		ExitCode: p.ExitCode(), RestartPending: !p.RestartAt().IsZero()}
 }
 
 func (h agentHost) SignalTrainer(sig syscall.Signal) error {

@@ -1,10 +1,14 @@
-// Package bootrestore is the agent's restore beside the trainers (Boot):
-// the start-up restore that runs while the trainer starts (the overlapped
-// restore, Config.OverlapRestore), the hellos meanwhile (held and pending
-// welcomes), restored and restore_failed, a start given up meanwhile; and
-// the restore for a trainer back after a commit (rejoin.go). The agent
-// (pkg/supervisor's agent_restore.go) owns one Boot and drives it from its
-// loop; what it needs of the agent comes in as values and functions.
+// Package bootrestore is the agent's one owner of every restore (Boot):
+// the start's (before the trainer starts, or while it starts: the
+// overlapped restore, Config.OverlapRestore), a restart's (restart.go) and
+// the one for a trainer back after a commit (rejoin.go). Every restore but
+// the serial start's runs beside the loop, so that a signal or a notice
+// meanwhile is handled at once; each fetches with the one Env.Fetch and is
+// recorded by the one Env.Record. The hellos meanwhile (held and pending
+// welcomes), restored and restore_failed, and a start given up meanwhile
+// are here too. The agent (pkg/supervisor's agent_restore.go) owns one
+// Boot and drives it from its loop; what it needs of the agent comes in as
+// values and functions.
 package bootrestore
 
 import (
@@ -20,16 +24,19 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
-// Boot is the restore at the start: the resume the trainers are
-// told of, and the restore running beside the trainer's start (restoring);
-// aborted: the start was given up meanwhile; gone: why the trainers will
-// get no resume (it failed or was cancelled); abandonAt: when a trainer
-// told of a failed restore is stopped. The loop tells it what happened
-// (Resumed, StartBeside, Ended, Abort, TrainerExited, Hello, ...) and asks
-// it (Resume, Restoring, Rejoining, Failed, Aborted, AbandonDue).
+// Boot is the agent's restores: the resume the trainers are told of, the
+// start's restore running beside the trainer's start (restoring), a
+// restart's (restart) and a rejoin's (rejoin); aborted: the start was
+// given up meanwhile; gone: why the trainers will get no resume (the
+// start's restore failed or was cancelled); abandonAt: when a trainer told
+// of a failed restore is stopped. The loop tells it what happened
+// (RestoreNow, StartBeside, Ended, Abort, StartRestart, CancelRestart,
+// OnRestarted, TrainerExited, Hello, ...) and asks it (Resume, Restoring,
+// Restarting, Busy, Failed, Aborted, AbandonDue).
 type Boot struct {
 	resume    *protocol.Resume
 	restoring *Pending
+	restart   *Pending // restart.go: a restart's restore
 	// rejoin.go: the restore for a trainer back after a commit (its
 	// done nil while it waits for the uploads in flight), the commit it
 	// last restored for, the trainers connected at its hello, its needs
@@ -42,13 +49,22 @@ type Boot struct {
 	abandonAt       time.Time
 }
 
-// New is the restore beside the trainers with what it needs of the agent
-// (env; env.Fetch nil: no rejoin restore).
+// New is the owner of the agent's restores with what it needs of the
+// agent (env).
 func New(env Env) Boot { return Boot{env: env} }
 
-// Resumed: the trainers resume r (nil: a fresh start), restored before
-// the trainer started (or restarted).
-func (b *Boot) Resumed(r *protocol.Resume) { b.resume = r }
+// RestoreNow is the serial start's restore (--restore-serial, or a trainer
+// that cannot wait: the signal fallback's, zero-code mode's): before the
+// trainer starts and before the loop runs, under ctx, which a signal
+// during the start cancels (pkg/supervisor/sigrelay).
+func (b *Boot) RestoreNow(ctx context.Context) error {
+	f, err := b.env.Fetch(ctx)
+	if err != nil {
+		return err
+	}
+	b.resume = b.env.Record(f)
+	return nil
+}
 
 // Resume is what the trainers are told to resume (nil: a fresh start).
 func (b *Boot) Resume() *protocol.Resume { return b.resume }
@@ -56,8 +72,10 @@ func (b *Boot) Resume() *protocol.Resume { return b.resume }
 // Restoring: the start's restore runs beside the trainer's start.
 func (b *Boot) Restoring() bool { return b.restoring != nil }
 
-// Rejoining: the restore for a trainer back after a commit waits or runs.
-func (b *Boot) Rejoining() bool { return b.rejoin != nil }
+// Busy: a restore runs beside the loop (the start's, a restart's), or a
+// trainer back after a commit waits for its own: one at a time, each
+// clears the restore area.
+func (b *Boot) Busy() bool { return b.restoring != nil || b.rejoin != nil || b.restart != nil }
 
 // Failed: the trainers will get no resume: the start's restore failed or
 // was cancelled.
@@ -67,11 +85,15 @@ func (b *Boot) Failed() bool { return b.gone != "" }
 // agent exits).
 func (b *Boot) Aborted() bool { return b.aborted != nil }
 
-// StartBeside starts the start's restore (fetch) beside the loop, while
-// the trainer starts; its end comes on Done.
-func (b *Boot) StartBeside(life context.Context, goBgFail func(func(), func(error)), fetch func(context.Context) (*localdirs.Fetched, error)) {
-	b.restoring = Beside(life, goBgFail, fetch)
+// StartBeside starts the start's restore beside the loop, while the
+// trainer starts; its end comes on Done.
+func (b *Boot) StartBeside() {
+	b.env.Log.Info("restoring while the trainer starts")
+	b.restoring = b.beside()
 }
+
+// beside runs Env.Fetch beside the loop.
+func (b *Boot) beside() *Pending { return Beside(b.env.Life, b.env.GoBgFail, b.env.Fetch) }
 
 // TrainerExited: the trainer exited while the start's restore runs:
 // nobody is left to resume, the restore is cancelled (once) and its end
@@ -161,7 +183,8 @@ func Beside(life context.Context, goBgFail func(func(), func(error)), fetch func
 // Ended: the overlapped restore ended (res). A cancelled one tells the
 // trainers waiting (ok false); so does a failed one, which gives the
 // start up (Aborted) and returns its err, after errs (its metric). ok:
-// the restore is in place; p's trainers wait for Restored.
+// the restore is in place and recorded (Env.Record); p's trainers wait
+// for Restored.
 func (b *Boot) Ended(res Result, log *zap.Logger, errs func()) (p *Pending, err error, ok bool) {
 	p = b.restoring
 	b.restoring = nil
@@ -182,6 +205,7 @@ func (b *Boot) Ended(res Result, log *zap.Logger, errs func()) (p *Pending, err 
 		p.tellFailed(err.Error())
 		return p, err, false
 	}
+	b.resume = b.env.Record(res.Fetched)
 	return p, nil, true
 }
 
@@ -249,6 +273,7 @@ func (b *Boot) Exit() (code int, err error, ok bool) {
 func (b *Boot) Forget(id uint64) {
 	b.rejoin.forget(id)
 	b.restoring.forget(id)
+	b.restart.forget(id)
 }
 
 // forget drops a connection that closed from p's waiters (p may be nil).
@@ -285,6 +310,9 @@ func (b *Boot) Hello(ev protocol.Event, log *zap.Logger, welcomeFor func(protoco
 	p := b.restoring
 	if p == nil {
 		p = b.rejoin // rejoin.go: a trainer back after a commit
+	}
+	if p == nil {
+		p = b.restart // restart.go: a hello while a restart's restore runs
 	}
 	if failed == "" && p == nil {
 		return nil, false

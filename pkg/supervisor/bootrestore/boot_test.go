@@ -64,6 +64,20 @@ func welcome(m protocol.Message, r *protocol.Resume) protocol.Message {
 	return protocol.Message{Type: protocol.TypeWelcome, Resume: r}
 }
 
+// startBeside is a Boot whose start's restore (fetch) runs beside: its
+// record resumes step 7.
+func startBeside(g *bg, fetch func(context.Context) (*localdirs.Fetched, error)) Boot {
+	b := New(Env{Life: context.Background(), GoBgFail: g.goBgFail, Fetch: fetch, Log: zap.NewNop(),
+		Record: func(f *localdirs.Fetched) *protocol.Resume {
+			if f == nil {
+				return nil
+			}
+			return &protocol.Resume{Step: 7, Manifest: f.Manifest}
+		}})
+	b.StartBeside()
+	return b
+}
+
 func ended(t *testing.T, b *Boot) Result {
 	t.Helper()
 	select {
@@ -78,9 +92,8 @@ func ended(t *testing.T, b *Boot) Result {
 func TestBoot_RestoredTellsTheTrainersWaiting(t *testing.T) {
 	s := serve(t)
 	var g bg
-	b := New(Env{})
 	release := make(chan struct{})
-	b.StartBeside(context.Background(), g.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+	b := startBeside(&g, func(ctx context.Context) (*localdirs.Fetched, error) {
 		<-release
 		return &localdirs.Fetched{Manifest: "m"}, nil
 	})
@@ -102,8 +115,6 @@ func TestBoot_RestoredTellsTheTrainersWaiting(t *testing.T) {
 	if err != nil || !ok || res.Fetched.Manifest != "m" || b.Restoring() || b.Failed() || b.Aborted() {
 		t.Fatalf("ended: err %v ok %v restoring %v failed %v aborted %v", err, ok, b.Restoring(), b.Failed(), b.Aborted())
 	}
-	r := &protocol.Resume{Step: 7}
-	b.Resumed(r)
 	var handed, admitted []uint64
 	p.Restored(b.Resume(), zap.NewNop(), func(r *protocol.Resume, c *protocol.Conn) { handed = append(handed, c.ID()) },
 		func(ev protocol.Event) { admitted = append(admitted, ev.Conn.ID()) })
@@ -122,8 +133,7 @@ func TestBoot_RestoredTellsTheTrainersWaiting(t *testing.T) {
 func TestBoot_FailedRestoreGivesTheStartUp(t *testing.T) {
 	s := serve(t)
 	var g bg
-	b := New(Env{})
-	b.StartBeside(context.Background(), g.goBgFail, func(context.Context) (*localdirs.Fetched, error) {
+	b := startBeside(&g, func(context.Context) (*localdirs.Fetched, error) {
 		return nil, errors.New("restore: store down")
 	})
 	v2, ev2 := s.hello(2)
@@ -149,8 +159,7 @@ func TestBoot_FailedRestoreGivesTheStartUp(t *testing.T) {
 
 func TestBoot_SignalCancelsTheRestore(t *testing.T) {
 	var g bg
-	b := New(Env{})
-	b.StartBeside(context.Background(), g.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+	b := startBeside(&g, func(ctx context.Context) (*localdirs.Fetched, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
@@ -173,9 +182,9 @@ func TestBoot_SignalCancelsTheRestore(t *testing.T) {
 
 func TestBoot_TrainerExitedCancelsOnce(t *testing.T) {
 	var g bg
-	b := New(Env{})
-	b.TrainerExited() // no restore: nothing to do
-	b.StartBeside(context.Background(), g.goBgFail, func(ctx context.Context) (*localdirs.Fetched, error) {
+	var idle Boot
+	idle.TrainerExited() // no restore: nothing to do
+	b := startBeside(&g, func(ctx context.Context) (*localdirs.Fetched, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
@@ -214,10 +223,10 @@ func TestBoot_RejoinRestoresTheNewestCommit(t *testing.T) {
 		Record: func(*localdirs.Fetched) *protocol.Resume { return &protocol.Resume{ID: "c2", Step: 20} },
 		Hand:   func(*protocol.Resume, *protocol.Conn) {},
 		Admit:  func(protocol.Event, *protocol.Resume) {}})
-	b.Resumed(&protocol.Resume{ID: "c1", Step: 10})
+	b.resume = &protocol.Resume{ID: "c1", Step: 10}
 	last := Committed{ID: "c2", Step: 20}
 	b.RejoinHello(last, 0, 1)
-	if !b.Rejoining() {
+	if !b.Busy() {
 		t.Fatal("a hello after a newer commit: no rejoin restore")
 	}
 	tr, ev := s.hello(2)
@@ -236,14 +245,14 @@ func TestBoot_RejoinRestoresTheNewestCommit(t *testing.T) {
 		t.Fatal("the rejoin restore did not end")
 	}
 	b.OnRejoined(res)
-	if b.Rejoining() || b.Resume().ID != "c2" || fetches != 1 {
-		t.Fatalf("rejoined: rejoining %v resume %+v fetches %d", b.Rejoining(), b.Resume(), fetches)
+	if b.Busy() || b.Resume().ID != "c2" || fetches != 1 {
+		t.Fatalf("rejoined: rejoining %v resume %+v fetches %d", b.Busy(), b.Resume(), fetches)
 	}
 	if m := tr.Expect(protocol.TypeRestored); m.Resume == nil || m.Resume.ID != "c2" {
 		t.Fatalf("restored %+v, want c2", m)
 	}
 	b.RejoinHello(last, 1, 0) // another rank of the same group: the same decision
-	if b.Rejoining() {
+	if b.Busy() {
 		t.Fatal("a second hello for the same commit restores again")
 	}
 	g.wg.Wait()

@@ -16,7 +16,7 @@ import (
 // committed checkpoint, never with the older one the agent's start
 // restored. When this session committed a newer step than the resume it
 // would hand out (or an upload is in flight: the hello waits for it first,
-// as restart() does), the hello starts a restore of what the store's rules
+// as a restart does), the hello starts a restore of what the store's rules
 // choose now (restore.Into: the local tier first, so it is fast; the
 // store otherwise; in a multi-node job the newest JOB checkpoint, which is
 // this node's newest commit once the job manifest landed), beside the
@@ -37,16 +37,20 @@ import (
 // group: it has resumed) or until no trainer is connected (a new
 // restart); only then may a hello restore again.
 
-// Env is what the rejoin restore needs of the agent (set once, in
-// newAgent; Fetch nil: no rejoin restore).
+// Env is what the restores need of the agent (set once, in newAgent):
+// every restore fetches with Fetch (the source's, with the options built
+// once; beside the loop, it touches none of the loop's state) and is
+// recorded by Record (on the loop). NoRejoin: a trainer back after a
+// commit resumes what it finds (zero-code mode: its own directory).
 type Env struct {
 	Life     context.Context
 	GoBgFail func(func(), func(error))
-	Fetch    func(context.Context) (*localdirs.Fetched, error) // localdirs.Dirs.FetchRestore, the start's options
-	Record   func(*localdirs.Fetched) *protocol.Resume         // commits.rejoined
+	Fetch    func(context.Context) (*localdirs.Fetched, error) // nil, nil: no committed checkpoint
+	Record   func(*localdirs.Fetched) *protocol.Resume         // the agent's one record of a restore (nil: a fresh start)
 	Hand     func(*protocol.Resume, *protocol.Conn)            // localDirs.handRestore
 	Admit    func(protocol.Event, *protocol.Resume)            // a held protocol 1 hello: its welcome
 	Errs     func()                                            // the restore error's metric
+	NoRejoin bool
 	Log      *zap.Logger
 }
 
@@ -63,7 +67,7 @@ type Committed struct {
 // (RejoinTick): a trainer that crashed right after done must resume that
 // checkpoint once it committed. connected: trainers connected now.
 func (b *Boot) RejoinHello(last Committed, connected, uploads int) {
-	if b.restoring != nil || b.rejoin != nil || b.gone != "" || b.env.Fetch == nil {
+	if b.Busy() || b.gone != "" || b.env.NoRejoin {
 		return
 	}
 	if uploads == 0 && !b.rejoinStale(last, connected) {
@@ -102,7 +106,7 @@ func (b *Boot) RejoinTick(last Committed, uploads int) {
 	b.env.Log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
 		zap.Int64("resume_step", from), zap.Int64("committed_step", last.Step), zap.String("committed_id", last.ID))
 	b.rejoinFor = last.ID
-	q := Beside(b.env.Life, b.env.GoBgFail, b.env.Fetch)
+	q := b.beside()
 	p.cancel, p.done = q.cancel, q.done
 }
 

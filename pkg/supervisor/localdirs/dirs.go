@@ -262,12 +262,13 @@ func ownArea(area *os.Root, log *zap.Logger) error {
 type Fetched struct {
 	R        *restore.Result
 	Start    time.Time
+	Dir      string // where the trainer finds it (R.Dir, or zero-code mode's name in its directory)
 	Manifest string // the local copy of the manifest
 }
 
 // FetchRestore is the part of restore that touches only the store and the
-// restore area, never the loop's state: the overlapped restore runs it
-// beside the loop (pkg/supervisor's agent_restore.go). nil, nil: no
+// restore area, never the loop's state: the agent's restores run it
+// beside the loop (pkg/supervisor/bootrestore). nil, nil: no
 // committed checkpoint.
 func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*Fetched, error) {
 	restoreDir := d.RestoreDir()
@@ -321,7 +322,7 @@ func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Op
 		zap.String("dir", r.Dir), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
 		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("peer_bytes", r.From[checkpoint.FromPeer]),
 		zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
-	return &Fetched{R: r, Start: start, Manifest: manifest}, nil
+	return &Fetched{R: r, Start: start, Dir: r.Dir, Manifest: manifest}, nil
 }
 
 // Cleanup removes what a crashed agent left behind: the store's temp files

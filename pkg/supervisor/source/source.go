@@ -7,16 +7,13 @@
 package source
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"syscall"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
-	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/metadata"
-	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
 // Source is where the agent's checkpoints come from. The loop drives it
@@ -26,17 +23,16 @@ import (
 //     protocol. The agent asks it for checkpoints and restores into its
 //     own area; the source has nothing else to do.
 //   - Watch (watch.go), zero-code mode: the trainer saves into a watched
-//     directory on its own. The source commits each complete checkpoint,
-//     restores into that directory and decides an interruption's end.
+//     directory on its own. The source commits each complete checkpoint
+//     and decides an interruption's end; its restores (into that
+//     directory: Watch.Fetch, Watch.Restored) are run by the agent's one
+//     owner of restores, as the protocol's are (pkg/supervisor/bootrestore).
 //
-// Every method runs on the loop's goroutine or before it starts (Restore,
-// Start), except Close: after the loop and everything beside it ended.
+// Every method runs on the loop's goroutine or before it starts (Start),
+// except Close: after the loop and everything beside it ended.
 type Source interface {
-	// Restore puts the newest committed checkpoint where the trainer
-	// resumes from; nil when it starts fresh.
-	Restore(ctx context.Context) (*protocol.Resume, error)
 	// Start runs what the source needs beside the loop, owned by the
-	// agent's lifetime (Host.GoBg); Close releases its handles once all of
+	// agent's lifetime (Env.GoBg); Close releases its handles once all of
 	// that has ended, or when the loop never ran.
 	Start()
 	Close()
@@ -68,44 +64,37 @@ var _ Source = (*Watch)(nil)
 // goroutine (or before the loop starts): the agent keeps its state, a
 // source only its own, and changes the agent's only through these calls.
 type Host interface {
-	// Life ends with the agent; GoBg runs fn beside the loop, owned by it.
-	Life() context.Context
-	GoBg(fn func())
-	// Last is the newest committed checkpoint; TrainerStep the newest step
-	// the trainer reported, SeeStep raises it.
-	Last() Committed
-	TrainerStep() int64
+	// State is the agent as a source sees it now; SeeStep raises the
+	// newest step the trainer reported.
+	State() State
 	SeeStep(step *int64)
-	// NewID names a new checkpoint request; Area is the agent's area of
-	// the checkpoint directory (opened after the source is made).
-	NewID() string
-	Area() (root *os.Root, path string)
 	// Commit uploads u beside the loop (the trainer's save ended at now);
 	// its result comes back through Committed. CancelUpload cancels the
 	// upload of request id, if it is in flight.
 	Commit(u Upload, now time.Time)
 	CancelUpload(id string) bool
-	// Restored records a restore (journal, metrics, the newest committed
-	// checkpoint) and is the trainers' resume; Epoch is the session's
-	// lease epoch, the newest a restore may pick.
-	Restored(r *restore.Result, start time.Time, dir, manifest string) *protocol.Resume
-	Epoch() int64
-	// Trainer is the child's state now; SignalTrainer signals it (it may
-	// die of it: the stop it was told of); StopTrainer ends it (SIGTERM,
-	// SIGKILL after KillAfter) if it still runs.
-	Trainer() Trainer
+	// SignalTrainer signals the trainer (it may die of it: the stop it was
+	// told of); StopTrainer ends it (SIGTERM, SIGKILL after KillAfter) if
+	// it still runs.
 	SignalTrainer(sig syscall.Signal) error
 	StopTrainer()
-	// Stopping reports a stop sequence under way; StopCommitted and
-	// StopFailed end the interruption s the source took.
-	Stopping() bool
+	// StopCommitted and StopFailed end the interruption s the source took.
 	StopCommitted(s Stop, res *commit.Result, now time.Time)
 	StopFailed(s Stop, why string, now time.Time)
 }
 
+// State is the agent as a source sees it: the newest committed
+// checkpoint, the newest step the trainer reported, the child's state, and
+// whether a stop sequence is under way.
+type State struct {
+	Last        Committed
+	TrainerStep int64
+	Trainer     Trainer
+	Stopping    bool
+}
+
 // Trainer is the trainer (a child) as a source sees it.
 type Trainer struct {
-	Started        bool // a child was started (this is a restart's restore)
 	Running        bool
 	Gone           bool // it exited (or there never was one to wait for)
 	ExitCode       int  // the agent's code from its last exit

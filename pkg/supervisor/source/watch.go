@@ -23,6 +23,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/watch"
 )
 
@@ -88,6 +89,9 @@ type Env struct {
 	Metrics       interface{ Error(component string) }
 	Log           *zap.Logger
 	Started       time.Time
+	// Life ends with the agent; GoBg runs fn beside the loop, owned by it.
+	Life context.Context
+	GoBg func(fn func())
 }
 
 // watchPruner runs --watch-prune beside the loop, one prune at a time: a
@@ -198,18 +202,14 @@ func nested(p, dir string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-// Restore puts the newest committed checkpoint back into DIR under its
-// original name.
-func (ws *Watch) Restore(ctx context.Context) (*protocol.Resume, error) {
-	h := ws.host
+// Fetch puts the newest committed checkpoint back into DIR under its
+// original name (opts: the agent's restore options; the manifest's local
+// copy goes into the agent's area). It runs beside the loop (the watcher
+// is safe for that) and touches none of the source's state: Restored
+// tells the source of it on the loop. nil, nil: no committed checkpoint.
+func (ws *Watch) Fetch(ctx context.Context, opts restore.Options, area *os.Root, areaPath string) (*localdirs.Fetched, error) {
 	start := time.Now()
-	if h.Trainer().Started {
-		// A restart: the trainer starts again from what is restored.
-		ws.pace.Reset()
-		ws.paceFrom = start
-	}
-	ws.resumed = -1
-	r, err := ws.w.Restore(ctx, ws.env.Store, restore.Options{Log: ws.env.Log, MaxEpoch: h.Epoch()})
+	r, err := ws.w.Restore(ctx, ws.env.Store, opts)
 	if errors.Is(err, restore.ErrNoCheckpoint) {
 		ws.env.Log.Info("no committed checkpoint: the trainer starts fresh", zap.String("store", ws.env.Store.URI("")))
 		return nil, nil
@@ -219,7 +219,6 @@ func (ws *Watch) Restore(ctx context.Context) (*protocol.Resume, error) {
 	}
 	// The local manifest copy (SPOTAGENT_RESUME_MANIFEST) goes in the
 	// agent's area, through its root, never through a planted symlink.
-	area, areaPath := h.Area()
 	manifest := filepath.Join(areaPath, watchManifest)
 	if b, err := json.MarshalIndent(r.Manifest, "", "  "); err == nil {
 		if err := checkpoint.WriteFile(area, watchManifest, b, 0o600); err != nil {
@@ -229,18 +228,33 @@ func (ws *Watch) Restore(ctx context.Context) (*protocol.Resume, error) {
 	ws.env.Log.Info("restored checkpoint into the watched directory", zap.Int64("step", r.Manifest.Step), zap.String("id", r.Manifest.ID),
 		zap.String("path", r.Path), zap.Int64("bytes", r.Bytes), zap.Duration("took", r.Took), zap.Int("skipped", len(r.Skipped)),
 		zap.String("from", journal.Sources(r.From)), zap.Int64("local_bytes", r.From[checkpoint.FromLocal]), zap.Int64("store_bytes", r.From[checkpoint.FromStore]))
-	ws.written, ws.resumed = time.Time{}, r.Manifest.Step
-	return h.Restored(r.Result, start, r.Path, manifest), nil
+	return &localdirs.Fetched{R: r.Result, Start: start, Dir: r.Path, Manifest: manifest}, nil
+}
+
+// Restored: the trainer resumes f (nil: it starts fresh), fetched for a
+// restart when restart. The trainer's pace counts afresh from a restart's
+// restore, and only its checkpoints above the restored step.
+func (ws *Watch) Restored(f *localdirs.Fetched, restart bool) {
+	if restart {
+		ws.pace.Reset()
+		ws.paceFrom = time.Now()
+		if f != nil {
+			ws.paceFrom = f.Start
+		}
+	}
+	ws.resumed = -1
+	if f != nil {
+		ws.written, ws.resumed = time.Time{}, f.R.Manifest.Step
+	}
 }
 
 // Start runs the watcher beside the loop until the agent's life ends;
 // what it finds complete reaches the loop through Ready.
 func (ws *Watch) Start() {
-	h := ws.host
-	life := h.Life()
+	life := ws.env.Life
 	found := make(chan *watch.Checkpoint, 16)
-	h.GoBg(func() { ws.w.Run(life, found) })
-	h.GoBg(func() {
+	ws.env.GoBg(func() { ws.w.Run(life, found) })
+	ws.env.GoBg(func() {
 		for {
 			select {
 			case cp := <-found:
@@ -295,7 +309,7 @@ func (ws *Watch) onReady(cp *watch.Checkpoint) {
 	if at := cp.Written(); cp.Step > ws.resumed && at.After(ws.paceFrom.Add(-time.Second)) {
 		ws.pace.Add(cp.Step, at)
 	}
-	if last := h.Last(); last.ID != "" && cp.Step <= last.Step {
+	if last := h.State().Last; last.ID != "" && cp.Step <= last.Step {
 		ws.env.Log.Debug("watched checkpoint already committed (or superseded)", zap.String("name", cp.Name), zap.Int64("step", cp.Step))
 		return
 	}
@@ -341,7 +355,7 @@ func (ws *Watch) uploading(step int64) bool {
 // stageFor stages cp for upload (nil: it could not be; it is retried
 // once it is quiet again).
 func (ws *Watch) stageFor(cp *watch.Checkpoint) *watchStaged {
-	id := ws.host.NewID()
+	id := localdirs.NewRequestID()
 	// Busy from before the staging: a prune under way must not delete it.
 	ws.prune.setBusy(cp.Name, 1)
 	var held *os.Root
@@ -428,7 +442,7 @@ func (ws *Watch) Committed(cr Result) {
 		ws.w.Retry(u.cp.Name) // after another quiet period
 	}
 	if n := ws.next; n != nil && len(ws.inflight) == 0 {
-		if h.Last().ID == "" || n.cp.Step > h.Last().Step {
+		if h.State().Last.ID == "" || n.cp.Step > h.State().Last.Step {
 			ws.commit(n)
 		} else {
 			ws.dropNext()
@@ -441,7 +455,7 @@ func (ws *Watch) Committed(cr Result) {
 // newest committed step), keeping --keep: off the loop, one prune at a
 // time; a commit during a prune has the next one prune for it.
 func (ws *Watch) pruneFrom(committed int64) {
-	h, p := ws.host, &ws.prune
+	p := &ws.prune
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.want = max(p.want, committed)
@@ -449,8 +463,8 @@ func (ws *Watch) pruneFrom(committed int64) {
 		return
 	}
 	p.running = true
-	w, life := ws.w, h.Life()
-	h.GoBg(func() {
+	w, life := ws.w, ws.env.Life
+	ws.env.GoBg(func() {
 		for {
 			p.mu.Lock()
 			step := p.want
@@ -499,8 +513,8 @@ func (ws *Watch) Stop(s Stop, uploadBy, now time.Time) bool {
 	if ws.newest != nil {
 		st.baseline = ws.newest.Step
 	}
-	if h.Last().ID != "" {
-		st.baseline = max(st.baseline, h.Last().Step)
+	if h.State().Last.ID != "" {
+		st.baseline = max(st.baseline, h.State().Last.Step)
 	}
 	ws.intr = st
 	// Completeness cannot wait past the upload deadline.
@@ -510,17 +524,17 @@ func (ws *Watch) Stop(s Stop, uploadBy, now time.Time) bool {
 	if sc := ws.next; sc != nil {
 		ws.supersede(sc.cp.Step)
 		ws.commit(sc)
-	} else if n := ws.newest; n != nil && (h.Last().ID == "" || n.Step > h.Last().Step) && !ws.uploading(n.Step) {
+	} else if n := ws.newest; n != nil && (h.State().Last.ID == "" || n.Step > h.State().Last.Step) && !ws.uploading(n.Step) {
 		ws.supersede(n.Step)
 		ws.commit(ws.stageFor(n))
 	}
 	if s.Notice().Cloud == metadata.CloudSignal {
-		st.awaitNewer = ws.w.Pending(st.baseline) || (ws.cfg.NoticeSignal != 0 && h.Trainer().Running)
+		st.awaitNewer = ws.w.Pending(st.baseline) || (ws.cfg.NoticeSignal != 0 && h.State().Trainer.Running)
 		// With nothing complete and nothing on its way, stopping now
 		// would lose every step: it runs on for a first checkpoint.
 		st.prompt = st.baseline >= 0 || st.awaitNewer
 	}
-	if sig := ws.cfg.NoticeSignal; sig != 0 && h.Trainer().Running {
+	if sig := ws.cfg.NoticeSignal; sig != 0 && h.State().Trainer.Running {
 		// The trainer may die of it: that is the stop it was told of.
 		if err := h.SignalTrainer(sig); err != nil {
 			ws.env.Log.Warn("could not signal the trainer", zap.Error(err))
@@ -576,12 +590,12 @@ func (ws *Watch) Wake() time.Time {
 func (ws *Watch) Tick(now time.Time) {
 	h := ws.host
 	switch {
-	case !h.Trainer().Gone:
+	case !h.State().Trainer.Gone:
 		ws.goneAt = time.Time{}
 	case ws.goneAt.IsZero():
 		ws.goneAt = now // the first pass of the loop since it exited
 	}
-	if t := h.Trainer(); t.Gone && !h.Stopping() && ws.flushBy.IsZero() && t.ExitCode == 0 && !t.RestartPending {
+	if t := h.State().Trainer; t.Gone && !h.State().Stopping && ws.flushBy.IsZero() && t.ExitCode == 0 && !t.RestartPending {
 		// Its last checkpoint may still be settling: wait one quiet period.
 		cw := ws.w.Config()
 		ws.flushBy = now.Add(cw.Quiet + 2*cw.Rescan + time.Second)
@@ -589,7 +603,7 @@ func (ws *Watch) Tick(now time.Time) {
 	st := ws.intr
 	active := st != nil && !st.s.Finished()
 	late := active && (!now.Before(st.uploadBy) || st.promptDone(ws.newest))
-	if (active && (h.Trainer().Gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
+	if (active && (h.State().Trainer.Gone || late)) || (!active && !ws.flushBy.IsZero() && now.Before(ws.flushBy)) {
 		// What it wrote last, seen now rather than at the watcher's next
 		// scan. The one scan of the loop's pass: busy uses its result.
 		for _, cp := range ws.w.Scan(now) {
@@ -599,12 +613,12 @@ func (ws *Watch) Tick(now time.Time) {
 	if !active {
 		return
 	}
-	committed := h.Last().ID != ""
-	late = late || (h.Trainer().Gone && !ws.w.Pending(max(h.Last().Step, st.baseline)))
+	committed := h.State().Last.ID != ""
+	late = late || (h.State().Trainer.Gone && !ws.w.Pending(max(h.State().Last.Step, st.baseline)))
 	if !late || len(ws.inflight) > 0 {
 		return
 	}
-	if n := ws.newest; n != nil && (!committed || n.Step > h.Last().Step) {
+	if n := ws.newest; n != nil && (!committed || n.Step > h.State().Last.Step) {
 		// Failed or not started: once more, before the deadline.
 		if sc := ws.next; sc != nil && sc.cp.Step >= n.Step {
 			ws.commit(sc)
@@ -630,30 +644,30 @@ func (ws *Watch) finish(st *watchStop, now time.Time) {
 	h, s := ws.host, st.s
 	newest := ws.w.NewestStep()
 	h.SeeStep(&newest)
-	if h.Last().ID == "" {
+	if h.State().Last.ID == "" {
 		h.StopFailed(s, "no complete checkpoint in the watched directory", now)
 	} else {
 		base := ws.written
 		if base.IsZero() {
-			base = h.Last().TrainedAt
+			base = h.State().Last.TrainedAt
 		}
 		if base.IsZero() {
 			base = ws.env.Started
 		}
 		var done time.Time // the trainer's checkpoint after the notice was complete (zero: none)
-		if h.Last().Step > st.baseline {
+		if h.State().Last.Step > st.baseline {
 			done = ws.doneAt
 		}
-		s.Checkpointed(h.Last().ID, h.Last().Step, max(now.Sub(base).Seconds(), 0), done)
-		res := &commit.Result{Manifest: &checkpoint.Manifest{ID: h.Last().ID, Step: h.Last().Step}, Bytes: h.Last().Bytes}
+		s.Checkpointed(h.State().Last.ID, h.State().Last.Step, max(now.Sub(base).Seconds(), 0), done)
+		res := &commit.Result{Manifest: &checkpoint.Manifest{ID: h.State().Last.ID, Step: h.State().Last.Step}, Bytes: h.State().Last.Bytes}
 		h.StopCommitted(s, res, now)
 	}
-	if h.Trainer().Running && h.Last().ID != "" {
+	if h.State().Trainer.Running && h.State().Last.ID != "" {
 		why := "the upload deadline"
 		if st.prompt && now.Before(st.uploadBy) {
 			why = "the signal's checkpoint is committed"
 		}
-		ws.env.Log.Info("zero-code stop: stopping the trainer", zap.String("why", why), zap.Int64("committed_step", h.Last().Step))
+		ws.env.Log.Info("zero-code stop: stopping the trainer", zap.String("why", why), zap.Int64("committed_step", h.State().Last.Step))
 	}
 	h.StopTrainer()
 }
@@ -668,8 +682,8 @@ func (ws *Watch) finish(st *watchStop, now time.Time) {
 func (ws *Watch) Reached(now time.Time) (int64, string) {
 	h := ws.host
 	seen := ws.w.NewestStep() // -1: none
-	if h.TrainerStep() > max(seen, 0) {
-		return h.TrainerStep(), ""
+	if h.State().TrainerStep > max(seen, 0) {
+		return h.State().TrainerStep, ""
 	}
 	stopped := now
 	if !ws.goneAt.IsZero() && ws.goneAt.Before(now) {
@@ -678,7 +692,7 @@ func (ws *Watch) Reached(now time.Time) (int64, string) {
 	if step, ok := ws.pace.At(stopped); ok {
 		return max(step, seen), journal.LostFromEstimate
 	}
-	return max(seen, h.TrainerStep()), journal.LostFromDir
+	return max(seen, h.State().TrainerStep), journal.LostFromDir
 }
 
 // Busy keeps the agent from ending while an interruption waits for the
@@ -693,7 +707,7 @@ func (ws *Watch) Busy(now time.Time) bool {
 		return false
 	}
 	// No scan here: tick, earlier in the same pass of the loop, did.
-	return len(ws.inflight) > 0 || ws.w.Pending(h.Last().Step)
+	return len(ws.inflight) > 0 || ws.w.Pending(h.State().Last.Step)
 }
 
 // watchStage is the directory in DIR where watched checkpoints are staged

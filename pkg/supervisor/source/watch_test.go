@@ -36,7 +36,7 @@ type host struct {
 	step int64
 }
 
-func (h *host) TrainerStep() int64 { return h.step }
+func (h *host) State() State { return State{TrainerStep: h.step} }
 
 func env(t *testing.T, dir, scratch string) Env {
 	t.Helper()
