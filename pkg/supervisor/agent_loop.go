@@ -249,7 +249,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
-	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.Log)
+	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.RestartBackoff, cfg.Log)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),

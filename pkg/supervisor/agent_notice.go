@@ -127,10 +127,13 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		if n.Cloud == metadata.CloudSignal {
 			reason = protocol.ReasonShutdown
 		}
-		if a.boot.CancelRestart(reason) { // pkg/supervisor/bootrestore: its partial directory goes
-			// The trainer is not started again and the stop goes on as
-			// when none runs. The run was interrupted before its trainer
-			// could try again: run me again, not the failed one's code.
+		backingOff := !a.proc.RestartAt().IsZero()
+		if a.boot.CancelRestart(reason) || backingOff { // pkg/supervisor/bootrestore: its partial directory goes
+			// The trainer is not started again (in its restart's backoff
+			// or restore) and the stop goes on as when none runs. The run
+			// was interrupted before its trainer could try again: run me
+			// again, not the failed one's code.
+			a.proc.CancelRestart()
 			a.proc.GiveUp()
 			a.proc.ExitAs(ExitInterrupted)
 		}

@@ -196,3 +196,49 @@ func TestAgent_SignalDuringRestartRestore(t *testing.T) {
 		})
 	}
 }
+
+// TestAgent_SignalDuringRestartBackoff: a trainer crashed and its restart
+// waits out the backoff; a SIGTERM or a termination notice meanwhile
+// cancels the restart: the agent exits 75 within its grace and the
+// trainer is not started again (it was: restored and started after the
+// backoff, up to 64 s later, only to be told to stop).
+func TestAgent_SignalDuringRestartBackoff(t *testing.T) {
+	const grace = 20 * time.Second
+	for _, tc := range []struct {
+		name string
+		stop func(ar *agentRun, src *noticetest.Source)
+	}{
+		{"SIGTERM", func(ar *agentRun, _ *noticetest.Source) { ar.sigs <- syscall.SIGTERM }},
+		{"Notice", func(_ *agentRun, src *noticetest.Source) {
+			now := time.Now()
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(grace)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.ShortDir(t)
+			notices := noticetest.New(1)
+			runs := filepath.Join(dir, "runs")
+			ar := startAgent(t, func(c *Config) {
+				c.Source, c.MaxRestarts, c.TermGrace = notices, 1, grace
+				c.RestartBackoff = time.Hour // the stop comes during it, whatever the load
+				c.Command = []string{"/bin/sh", "-c", `echo run >> ` + runs + `; exit 3`}
+			})
+			ar.waitStatus(t, "the trainer's crash and its restart pending", func(s Status) bool {
+				return s.Child != nil && s.Child.Restarts == 1 && !s.Child.Running
+			})
+			tc.stop(ar, notices)
+			select {
+			case code := <-ar.done:
+				ar.done <- code
+				if code != ExitInterrupted {
+					t.Fatalf("exit code %d, want %d (interrupted before the trainer could restart)", code, ExitInterrupted)
+				}
+			case <-time.After(grace):
+				t.Fatalf("stop during a restart's backoff: the agent did not end within its grace (%v): it waits to restart", grace)
+			}
+			if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 1 {
+				t.Fatalf("the trainer ran %d times, want once", strings.Count(string(b), "run"))
+			}
+		})
+	}
+}

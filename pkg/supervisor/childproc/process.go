@@ -29,10 +29,11 @@ type Process struct {
 	pid       atomic.Int64    // for the signal bridge, which runs beside the loop
 	done      <-chan struct{} // nil: not running
 	restarts  int
-	restartAt time.Time // zero: no restart pending
-	exitCode  int       // the agent's exit code from the trainer's (ExitAs)
-	gone      bool      // exited for good (or never had one)
-	killing   bool      // child.Stop running
+	backoff   time.Duration // before the first restart, doubling
+	restartAt time.Time     // zero: no restart pending
+	exitCode  int           // the agent's exit code from the trainer's (ExitAs)
+	gone      bool          // exited for good (or never had one)
+	killing   bool          // child.Stop running
 	// deadlineKill: the stop sequence's deadline passed with the trainer
 	// still running, and the agent sent it SIGTERM (SIGKILL after KillAfter),
 	// or zero-code mode signalled it to save: it may die of it.
@@ -50,9 +51,13 @@ type Exit struct {
 	DeadlineKill bool
 }
 
-// New is the trainer cmd (none: the agent runs without a child).
-func New(cmd []string, killAfter time.Duration, log *zap.Logger) *Process {
-	return &Process{cmd: cmd, killAfter: killAfter, log: log, gone: len(cmd) == 0}
+// New is the trainer cmd (none: the agent runs without a child); a
+// restart waits backoff (0: 1s), doubling.
+func New(cmd []string, killAfter, backoff time.Duration, log *zap.Logger) *Process {
+	if backoff <= 0 {
+		backoff = time.Second
+	}
+	return &Process{cmd: cmd, killAfter: killAfter, backoff: backoff, log: log, gone: len(cmd) == 0}
 }
 
 // Running: a child was started and has not exited yet.
@@ -133,7 +138,7 @@ func (p *Process) RestartOrGiveUp(code, maxRestarts int) {
 		return
 	}
 	p.restarts++
-	backoff := time.Second << min(p.restarts-1, 6)
+	backoff := p.backoff << min(p.restarts-1, 6)
 	p.restartAt = time.Now().Add(backoff)
 	p.log.Warn("trainer failed: restarting from the newest committed checkpoint",
 		zap.Int("code", code), zap.Int("restart", p.restarts), zap.Int("max_restarts", maxRestarts), zap.Duration("backoff", backoff))

@@ -57,9 +57,12 @@ type Config struct {
 	// SignalWindow: a SIGTERM/SIGINT within this long of the first one is
 	// the same signal, not the second that stops at once (default 1s; < 0: off).
 	SignalWindow time.Duration
-	MaxRestarts  int           // restarts of a child that failed on its own
-	Margin       time.Duration // safety margin kept before a notice deadline (default 5s)
-	OnRebalance  string        // "checkpoint" (default) or "none"
+	MaxRestarts  int // restarts of a child that failed on its own
+	// RestartBackoff: the wait before the first restart, doubling for
+	// each next one up to 64 times it (0: 1s).
+	RestartBackoff time.Duration
+	Margin         time.Duration // safety margin kept before a notice deadline (default 5s)
+	OnRebalance    string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
 	// the protocol: each checkpoint request is written to sigbridge.RequestFile and
 	// the child is sent this signal; sigbridge.DoneMarker in the dir answers it.
