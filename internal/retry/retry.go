@@ -41,6 +41,12 @@ func (b *Backoff) Next() time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// Capped is b with no delay above d (d > 0): Min and Max bounded by it.
+func (b Backoff) Capped(d time.Duration) Backoff {
+	b.Min, b.Max = min(b.Min, d), min(b.Max, d)
+	return b
+}
+
 // Reset starts over from Min after a success.
 func (b *Backoff) Reset() { b.n = 0 }
 
