@@ -17,7 +17,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
-
 // Metrics holds the agent's collectors. Its methods are safe for concurrent use.
 type Metrics struct {
 	reg   *prometheus.Registry
