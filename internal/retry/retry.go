@@ -2,7 +2,7 @@
 // jitter, a sleep that ends with its context, and Do, which runs an
 // operation until it succeeds, fails for good, runs out of attempts or its
 // context ends. The store's retry wrapper (pkg/cloud/all), Download's
-// resume, the fleet summary's compare-and-swap and the metadata watch
+// resume, the fleet summary's compare-and-swap and the metadata poll
 // loops all wait through it.
 package retry
 
