@@ -6,13 +6,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/metrics"
-	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
 // serveMetrics starts the metrics listener when addr is set. It fails at
 // once on a bad or busy address, before any trainer starts. The returned
 // stop shuts the listener down; it is never nil.
-func serveMetrics(addr string, log *zap.Logger) (supervisor.Metrics, func(), error) {
+func serveMetrics(addr string, log *zap.Logger) (*metrics.Metrics, func(), error) {
 	if addr == "" {
 		return nil, func() {}, nil
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/spotagent/spotagent/internal/idlegc"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/wrap"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
@@ -123,12 +122,16 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	defer signal.Stop(sigs)
 	ctx := context.Background()
 
-	metrics, stopMetrics, err := serveMetrics(o.metricsAddr, log)
+	served, stopMetrics, err := serveMetrics(o.metricsAddr, log)
 	if err != nil {
 		return fail(err)
 	}
 	defer stopMetrics()
-	o.storeFlags.observer, _ = metrics.(wrap.Observer) // every store's operations
+	var metrics supervisor.Metrics // none without --metrics-addr
+	if served != nil {
+		metrics = served.Agent()
+		o.storeFlags.observer = served // every store's operations
+	}
 	st, err := o.storeFlags.openStore(ctx, o.store, log)
 	if err != nil {
 		return fail(err)

@@ -96,7 +96,7 @@ func sampleStatus(now time.Time) supervisor.Status {
 			Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance, ID: "r1", Detected: now.Add(-5 * time.Minute),
 		},
 		Step: 1530,
-		NoticePromise: promise.Describe(schedule.Promise{Bytes: 3 << 29, Save: 1200 * time.Millisecond,
+		NoticePromise: promise.Describe(schedule.Estimate{Bytes: 3 << 29, Save: 1200 * time.Millisecond,
 			Upload: 3100 * time.Millisecond, Took: 4400 * time.Millisecond, Rate: 519e6, Source: "checkpoint"},
 			schedule.CloudNotices[0], 5*time.Second),
 	}

@@ -4,11 +4,13 @@
 // couple of seconds on the whole module.
 //
 // What it measures, precisely (docs/architecture.md, "Targets"):
-//   - fields: the names a struct type declares (an embedded field is one);
-//     flag and config structs (a name ending in Config, Flags, flags or
-//     Options, or any struct in a main package) are exempt.
-//   - Agent: pkg/supervisor's Agent, its fields and its methods.
-//   - package lines: the lines of a package's non-test .go files.
+//   - fields: the names a struct type declares (an embedded field is one),
+//     counted for owners (a struct with an unexported field); flag and
+//     config structs (a name ending in Config, Flags, flags or Options, or
+//     any struct in a main package) are exempt.
+//   - Agent (information): pkg/supervisor's Agent, its fields and methods.
+//   - package lines (information): the lines of a package's non-test .go
+//     files.
 //   - run back up: within one package, a call from a function in one file
 //     to a function or method declared in another, each (caller, callee)
 //     pair once; calls through an imported package's name are not ours. Files are in the package's layer
@@ -23,7 +25,7 @@
 //   - function lines: each non-test function or method declaration, first
 //     line to last, outside bench/.
 //   - ownership (owners.go, type-checked with golang.org/x/tools/go/packages):
-//     writes into another package's exported struct fields, interfaces
+//     writes into another package's owners' exported fields, interfaces
 //     over 8 methods, packages without tests.
 package main
 

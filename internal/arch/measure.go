@@ -15,15 +15,16 @@ import (
 	"strings"
 )
 
-// The targets of issue 35.
+// The targets of issue 35, as issue 49 left them: the Agent's fields and
+// methods and the packages' lines are printed for the reader, no longer
+// targets (they forced splits by size; the ownership gauges, owners.go,
+// measure what they stood for); the field limit holds for owners only.
 const (
-	maxFields       = 20
-	maxAgentFields  = 20
-	maxAgentMethods = 40
-	maxPkgLines     = 3000
-	maxUpShare      = 0.20
-	maxP90Lines     = 40
-	maxFuncLines    = 100
+	maxFields     = 20
+	pkgLinesNoted = 3000
+	maxUpShare    = 0.20
+	maxP90Lines   = 40
+	maxFuncLines  = 100
 )
 
 const module = "github.com/spotagent/spotagent"
@@ -177,23 +178,51 @@ func measure(root string) (*report, error) {
 }
 
 // measureType counts the fields of ts, declared in dir, when it is a
-// struct: a big one is listed, unless a command's or a flag or config
-// struct.
+// struct that owns state (an unexported field; a struct of exported
+// fields only is a value, whose fields are its format): a big one is
+// listed, unless a command's or a flag or config struct.
 func (r *report) measureType(dir string, ts *ast.TypeSpec, isMain bool) {
 	st, ok := ts.Type.(*ast.StructType)
 	if !ok {
 		return
 	}
-	r.typesMeasured++
-	n := 0
+	n, owner := 0, false
 	for _, f := range st.Fields.List {
 		n += max(1, len(f.Names))
+		for _, id := range f.Names {
+			owner = owner || !id.IsExported()
+		}
+		if len(f.Names) == 0 {
+			owner = owner || !ast.IsExported(embeddedName(f.Type))
+		}
 	}
 	if dir == "pkg/supervisor" && ts.Name.Name == "Agent" {
 		r.agentFields = n
 	}
+	if !owner {
+		return
+	}
+	r.typesMeasured++
 	if n > maxFields && !isMain && !exempt(ts.Name.Name) {
 		r.bigTypes = append(r.bigTypes, fmt.Sprintf("%s.%s %d", dir, ts.Name.Name, n))
+	}
+}
+
+// embeddedName is the type name of an embedded field's type expression.
+func embeddedName(t ast.Expr) string {
+	for {
+		switch e := t.(type) {
+		case *ast.StarExpr:
+			t = e.X
+		case *ast.SelectorExpr:
+			return e.Sel.Name
+		case *ast.IndexExpr:
+			t = e.X
+		case *ast.Ident:
+			return e.Name
+		default:
+			return ""
+		}
 	}
 }
 
@@ -332,12 +361,11 @@ func mark(ok bool) string {
 }
 
 func (r *report) print(w io.Writer) {
-	fmt.Fprintf(w, "%s types over %d fields (flag and config structs exempt): %d of %d structs\n", mark(len(r.bigTypes) == 0), maxFields, len(r.bigTypes), r.typesMeasured)
+	fmt.Fprintf(w, "%s owners over %d fields (a struct with unexported state; flag and config structs exempt): %d of %d\n", mark(len(r.bigTypes) == 0), maxFields, len(r.bigTypes), r.typesMeasured)
 	for _, t := range r.bigTypes {
 		fmt.Fprintf(w, "       %s\n", t)
 	}
-	fmt.Fprintf(w, "%s supervisor.Agent fields: %d (≤ %d)\n", mark(r.agentFields <= maxAgentFields), r.agentFields, maxAgentFields)
-	fmt.Fprintf(w, "%s supervisor.Agent methods: %d (≤ %d)", mark(r.agentMethods <= maxAgentMethods), r.agentMethods, maxAgentMethods)
+	fmt.Fprintf(w, "info supervisor.Agent: %d fields, %d methods", r.agentFields, r.agentMethods)
 	var byFile []string
 	for f, n := range r.agentByFile {
 		byFile = append(byFile, fmt.Sprintf("%s %d", f, n))
@@ -347,11 +375,11 @@ func (r *report) print(w io.Writer) {
 	var big []string
 	dirs := sortedKeys(r.pkgLines)
 	for _, d := range dirs {
-		if r.pkgLines[d] > maxPkgLines {
+		if r.pkgLines[d] > pkgLinesNoted {
 			big = append(big, fmt.Sprintf("%s %d", d, r.pkgLines[d]))
 		}
 	}
-	fmt.Fprintf(w, "%s packages over %d non-test lines: %d of %d", mark(len(big) == 0), maxPkgLines, len(big), len(dirs))
+	fmt.Fprintf(w, "info packages over %d non-test lines: %d of %d", pkgLinesNoted, len(big), len(dirs))
 	if len(big) > 0 {
 		fmt.Fprintf(w, " (%s)", strings.Join(big, ", "))
 	}

@@ -22,8 +22,10 @@ const (
 
 // ownership is what the type-checked gauges found.
 type ownership struct {
-	writes      map[string]int // "pkg → other/pkg.Type.Field" → writes
-	ownerWrites int            // of those, into a type with methods (an owner)
+	writes      map[string]int  // "pkg → other/pkg.Type.Field" → writes
+	owned       map[string]bool // the keys of writes into an owner
+	owners      map[string]bool // "pkg/path.Type" of the module's owners
+	ownerWrites int             // of those, into an owner (findOwners)
 	allWrites   int
 	bigIfaces   []string // "pkg.Iface N"
 	untested    []string // package dirs without a _test.go file
@@ -36,7 +38,16 @@ type ownership struct {
 //     *x.F) where F is a field of a struct type declared in another
 //     package of this module. Composite literals are construction, not
 //     writes. Config, options and flag structs (a name ending in Config,
-//     Options, Flags) are wiring and exempt, as for the field count;
+//     Options, Flags) are wiring and exempt, as for the field count. A
+//     write counts against the target when the struct is an owner: it
+//     keeps state of its own, unexported, that only its methods change
+//     (issue 49: "each owner's state unexported and changed only through
+//     its methods"), so an exported field beside it is no one else's to
+//     write either. A struct whose fields are all exported is a value,
+//     plain data anyone may fill (a metadata.Notice, a checkpoint.Manifest
+//     assembled by its producer, a journal record; a method that sets a
+//     few of its fields is a convenience, no guard): its writes are
+//     listed, not counted;
 //   - interfaces of this module with more than maxIfaceMethods methods;
 //   - packages without any _test.go file, outside cmd/ and test helpers
 //     (a directory whose last element contains "test").
@@ -47,11 +58,16 @@ func measureOwnership(root string) (*ownership, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &ownership{writes: map[string]int{}}
+	o := &ownership{writes: map[string]int{}, owned: map[string]bool{}, owners: map[string]bool{}}
 	for _, p := range pkgs {
 		if len(p.Errors) > 0 {
 			return nil, fmt.Errorf("%s: %v", p.PkgPath, p.Errors[0])
 		}
+		if strings.HasPrefix(p.PkgPath, module) {
+			o.findOwners(p)
+		}
+	}
+	for _, p := range pkgs {
 		rel, ok := strings.CutPrefix(p.PkgPath, module+"/")
 		if !ok {
 			continue
@@ -66,6 +82,50 @@ func measureOwnership(root string) (*ownership, error) {
 	sort.Strings(o.untested)
 	return o, nil
 }
+
+// findOwners notes p's struct types that are owners: with an unexported
+// field, state of their own that only their methods change.
+func (o *ownership) findOwners(p *packages.Package) {
+	for _, obj := range p.TypesInfo.Defs {
+		tn, ok := obj.(*types.TypeName)
+		if !ok || tn.Parent() != p.Types.Scope() {
+			continue
+		}
+		st, ok := tn.Type().Underlying().(*types.Struct)
+		if !ok {
+			continue
+		}
+		for i := 0; i < st.NumFields(); i++ {
+			if !st.Field(i).Exported() {
+				o.owners[typeKey(tn)] = true
+			}
+		}
+	}
+}
+
+// declaring is the named struct type that declares s's field: the
+// receiver's, or for a promoted field the embedded type it comes from.
+func declaring(s *types.Selection) *types.Named {
+	t := s.Recv()
+	idx := s.Index()
+	var named *types.Named
+	for i, fi := range idx {
+		if ptr, ok := t.(*types.Pointer); ok {
+			t = ptr.Elem()
+		}
+		named, _ = t.(*types.Named)
+		st, ok := t.Underlying().(*types.Struct)
+		if !ok {
+			return nil
+		}
+		if i < len(idx)-1 {
+			t = st.Field(fi).Type()
+		}
+	}
+	return named
+}
+
+func typeKey(tn *types.TypeName) string { return tn.Pkg().Path() + "." + tn.Name() }
 
 // tests notes a package directory without tests.
 func (o *ownership) tests(root, rel string) {
@@ -131,12 +191,8 @@ func (o *ownership) write(p *packages.Package, rel string, lhs ast.Expr) {
 	if field.Pkg() == nil || field.Pkg() == p.Types || !strings.HasPrefix(field.Pkg().Path(), module) {
 		return
 	}
-	recv := s.Recv()
-	if ptr, ok := recv.(*types.Pointer); ok {
-		recv = ptr.Elem()
-	}
-	named, ok := recv.(*types.Named)
-	if !ok {
+	named := declaring(s)
+	if named == nil {
 		return
 	}
 	name := named.Obj().Name()
@@ -146,31 +202,28 @@ func (o *ownership) write(p *packages.Package, rel string, lhs ast.Expr) {
 		}
 	}
 	owner, _ := strings.CutPrefix(named.Obj().Pkg().Path(), module+"/")
+	key := fmt.Sprintf("%s → %s.%s.%s", rel, owner, name, field.Name())
 	o.allWrites++
-	if named.NumMethods() > 0 || types.NewMethodSet(types.NewPointer(named)).Len() > 0 {
+	if o.owners[typeKey(named.Obj())] {
 		o.ownerWrites++
+		o.owned[key] = true
 	}
-	o.writes[fmt.Sprintf("%s → %s.%s.%s", rel, owner, name, field.Name())]++
+	o.writes[key]++
 }
 
 func (o *ownership) print(w io.Writer, mark func(bool) string) {
-	fmt.Fprintf(w, "%s writes into another package's exported fields (config, options and flag structs exempt): %d, %d of them into types with methods (target 0)\n",
-		mark(o.allWrites == 0), o.allWrites, o.ownerWrites)
-	type kv struct {
-		k string
-		n int
+	fmt.Fprintf(w, "%s writes into another package's owners (a struct with unexported state; config, options and flag structs exempt): %d (target 0)\n",
+		mark(o.ownerWrites == 0), o.ownerWrites)
+	keys := make([]string, 0, len(o.owned))
+	for k := range o.owned {
+		keys = append(keys, k)
 	}
-	var top []kv
-	for k, n := range o.writes {
-		top = append(top, kv{k, n})
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "       %s ×%d\n", k, o.writes[k])
 	}
-	sort.Slice(top, func(i, j int) bool { return top[i].n > top[j].n || top[i].n == top[j].n && top[i].k < top[j].k })
-	for _, t := range top[:min(8, len(top))] {
-		fmt.Fprintf(w, "       %s ×%d\n", t.k, t.n)
-	}
-	if len(top) > 8 {
-		fmt.Fprintf(w, "       … %d more fields (go run ./internal/arch -writes lists them all)\n", len(top)-8)
-	}
+	fmt.Fprintf(w, "info writes into another package's plain values (every field exported): %d into %d fields (go run ./internal/arch -writes lists them)\n",
+		o.allWrites-o.ownerWrites, len(o.writes)-len(o.owned))
 	fmt.Fprintf(w, "%s interfaces over %d methods: %d", mark(len(o.bigIfaces) == 0), maxIfaceMethods, len(o.bigIfaces))
 	if len(o.bigIfaces) > 0 {
 		fmt.Fprintf(w, " (%s)", strings.Join(o.bigIfaces, ", "))
@@ -193,6 +246,10 @@ func (o *ownership) printWrites(w io.Writer) {
 		return o.writes[keys[i]] > o.writes[keys[j]] || o.writes[keys[i]] == o.writes[keys[j]] && keys[i] < keys[j]
 	})
 	for _, k := range keys {
-		fmt.Fprintf(w, "%4d %s\n", o.writes[k], k)
+		kind := "value"
+		if o.owned[k] {
+			kind = "owner"
+		}
+		fmt.Fprintf(w, "%4d %s %s\n", o.writes[k], kind, k)
 	}
 }

@@ -2,7 +2,7 @@
 // jitter, a sleep that ends with its context, and Do, which runs an
 // operation until it succeeds, fails for good, runs out of attempts or its
 // context ends. The store's retry wrapper (pkg/cloud/all), Download's
-// resume, the fleet summary's compare-and-swap and the metadata watch
+// resume, the fleet summary's compare-and-swap and the metadata poll
 // loops all wait through it.
 package retry
 
@@ -39,6 +39,12 @@ func (b *Backoff) Next() time.Duration {
 	}
 	// Jitter in [d/2, d]: retries of several agents do not line up.
 	return d/2 + rand.N(d/2+1)
+}
+
+// Capped is b with no delay above d (d > 0): Min and Max bounded by it.
+func (b Backoff) Capped(d time.Duration) Backoff {
+	b.Min, b.Max = min(b.Min, d), min(b.Max, d)
+	return b
 }
 
 // Reset starts over from Min after a success.

@@ -81,3 +81,21 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("after Reset: %s, want ≤ 10ms", d)
 	}
 }
+
+// TestBackoff_Capped: a capped backoff never waits longer than its cap,
+// and the original keeps its bounds.
+func TestBackoff_Capped(t *testing.T) {
+	b := Backoff{Min: 10 * time.Millisecond, Max: 5 * time.Second}
+	c := b.Capped(40 * time.Millisecond)
+	for i := 0; i < 8; i++ {
+		if d := c.Next(); d > 40*time.Millisecond {
+			t.Fatalf("capped delay %d = %s, want ≤ 40ms", i, d)
+		}
+	}
+	if b.Max != 5*time.Second || b.Min != 10*time.Millisecond {
+		t.Fatalf("original changed to %s..%s", b.Min, b.Max)
+	}
+	if c := b.Capped(time.Millisecond); c.Min != time.Millisecond || c.Max != time.Millisecond {
+		t.Fatalf("cap below Min: %s..%s, want 1ms..1ms", c.Min, c.Max)
+	}
+}

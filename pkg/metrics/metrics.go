@@ -1,6 +1,6 @@
 // Package metrics exports the agent's measurements to Prometheus and serves
-// the health endpoints. It implements supervisor.Metrics on its own
-// registry, so nothing else in the process leaks into /metrics.
+// the health endpoints. It measures each of supervisor.Metrics' parts on
+// its own registry, so nothing else in the process leaks into /metrics.
 package metrics
 
 import (
@@ -16,8 +16,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
-
-var _ supervisor.Metrics = (*Metrics)(nil)
 
 // Metrics holds the agent's collectors. Its methods are safe for concurrent use.
 type Metrics struct {
@@ -111,6 +109,11 @@ func (m *Metrics) NoticePromise(need time.Duration, budgets map[string]time.Dura
 
 // Registry is the registry /metrics serves, for adding collectors.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Agent is m as the agent's measurements: m measures all three parts.
+func (m *Metrics) Agent() supervisor.Metrics {
+	return supervisor.Metrics{NoticeMetrics: m, CheckpointMetrics: m, RunMetrics: m}
+}
 
 // Notice counts one interruption notice.
 func (m *Metrics) Notice(cloud, kind string) { m.notices.WithLabelValues(cloud, kind).Inc() }

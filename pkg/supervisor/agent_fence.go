@@ -105,10 +105,10 @@ func takeLease(ctx context.Context, s *session.Session, cfg *Config, job jobPoli
 	return nil
 }
 
-// watchFence checks the lease every FenceInterval, until the agent's life
+// pollLease checks the lease every FenceInterval, until the agent's life
 // ends, and once fenced tells the loop (fences: its own event, not a
 // notice).
-func (c *commits) watchFence(ctx context.Context, every time.Duration, fences chan<- struct{}, goBg func(func()), log *zap.Logger) {
+func (c *commits) pollLease(ctx context.Context, every time.Duration, fences chan<- struct{}, goBg func(func()), log *zap.Logger) {
 	l := c.lease()
 	if l == nil {
 		return

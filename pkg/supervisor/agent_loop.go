@@ -54,7 +54,7 @@ type Agent struct {
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
-	ranks   ranks.Watch          // the child's ranks, and a lost peer (pkg/supervisor/ranks)
+	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/ranks)
 	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
@@ -142,7 +142,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.commits.watchFence(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
+	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
 	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
@@ -256,7 +256,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		proc: proc, conns: trainers.New(cfg.Log, proc.PID), // the child leads its own group (internal/child)
 	}
 	a.stops = newStopSequence(&a.cfg) // stop.go
-	a.ranks = ranks.NewWatch(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
+	a.ranks = ranks.NewTracker(ranks.Env{Part: a.job.crashRecords(), Store: cfg.Store, Node: cfg.Node, Session: a.sess.ID(), Started: a.sess.Started(),
 		KillAfter: cfg.KillAfter, Life: life, GoBg: a.goBgFail, Log: cfg.Log, Metrics: cfg.Metrics, Sidecar: len(cfg.Command) == 0, SocketPath: cfg.Server.Path, RunDir: dir})
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
 		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))

@@ -340,7 +340,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	a.cfg.Metrics.Phase("commit", now.Sub(u.start))
 	a.cfg.Metrics.Committed(res.Manifest.Step, now)
 	a.commits.promise.Note(r.reason, r.sent, r.pipe != nil, res, u.start, now, a.src.Asks()) // pkg/supervisor/promise
-	pr := a.commits.promise.Promise()
+	pr := a.commits.promise.Estimate()
 	a.commits.committedAs(r, res) // restore resumes from the newest step
 	a.conns.Broadcast(protocol.Message{Type: protocol.TypeCommitted, ID: r.id, Step: &res.Manifest.Step, URI: a.cfg.Store.URI(res.ManifestKey)})
 	cost, bps, ran, blocked := a.cfg.Scheduler.Cost().Seconds(), a.cfg.Scheduler.Throughput(), a.sess.RunSeconds(), a.commits.blocked

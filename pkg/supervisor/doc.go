@@ -2,7 +2,7 @@
 // commits them, reacts to notices and supervises the trainer. Node mode,
 // which hosts one agent per run (RunHosted), is pkg/supervisor/nodemode;
 // the checkpoint sources' interface and zero-code mode are
-// pkg/supervisor/source, the ranks' watch and the heartbeats
+// pkg/supervisor/source, the ranks' tracker and the heartbeats
 // pkg/supervisor/ranks, the notice checkpoint's promise
 // pkg/supervisor/promise. Owners of the agent's state that need nothing of
 // the others are packages below it too: Config (pkg/supervisor/config),

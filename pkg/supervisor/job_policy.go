@@ -18,16 +18,17 @@ import (
 
 // jobPolicy is where single-node and part mode (one node of a multi-node
 // job, agent_job.go) differ: the loop asks it and never which mode runs.
-// newJobPolicy is the one place that names the two.
-type jobPolicy interface {
-	// part is the part this agent commits ("" a whole checkpoint);
-	// restorePart the part a restore fetches ("" every one).
-	part() string
-	restorePart() string
-	// cleanup is what the store's cleanup may delete of uploads in flight.
-	cleanup() []cloud.CleanupOptions
-	// committer sets up the session's committer (session: its id).
-	committer(c *commit.Committer, session string)
+// What a mode is, is values (the node this agent commits the part of, ""
+// none); what it does differently, jobMode. newJobPolicy is the one place
+// that names the two modes.
+type jobPolicy struct {
+	node       string // this agent's node of a job ("" single-node)
+	restoreAll bool   // part mode: a restore fetches every node's part
+	jobMode
+}
+
+// jobMode is what a mode does differently.
+type jobMode interface {
 	// takeLease takes the session's lease (the run's or the node's) into c.
 	takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error)
 	// pipeline starts the upload of a checkpoint the trainer is saving.
@@ -43,50 +44,80 @@ type jobPolicy interface {
 	asksPeriodic(conns map[uint64]*protocol.Conn) bool
 	// hello notes what a trainer's hello says of the job.
 	hello(m protocol.Message, log *zap.Logger)
-	// ownCheckpoint: why a checkpoint a trainer took on its own is refused
-	// ("" it is committed); mayJoin: why a join is refused ("" allowed).
-	ownCheckpoint() string
+	// mayJoin: why a join is refused ("" allowed).
 	mayJoin(h protocol.Message) string
-	// ranksAgree: the ranks agree on each request's reason and deadline,
-	// and are told when they change; crashRecords: a crash here is
-	// recorded for the job's other nodes, and theirs looked for;
-	// fencedStopsAtOnce: a fenced copy takes no last checkpoint.
-	ranksAgree() bool
-	crashRecords() bool
-	fencedStopsAtOnce() bool
 }
 
 func newJobPolicy(cfg *Config) jobPolicy {
 	if cfg.Node == "" {
-		return &singleNode{}
+		return jobPolicy{jobMode: &singleNode{}}
 	}
-	return partNode{node: cfg.Node, restoreAll: cfg.RestoreAll}
+	return jobPolicy{node: cfg.Node, restoreAll: cfg.RestoreAll, jobMode: partNode{node: cfg.Node}}
 }
+
+// part is the part this agent commits ("" a whole checkpoint).
+func (j jobPolicy) part() string { return j.node }
+
+// restorePart is the part a restore fetches ("" every one).
+func (j jobPolicy) restorePart() string {
+	if j.restoreAll {
+		return ""
+	}
+	return j.node
+}
+
+// cleanup is what the store's cleanup may delete of uploads in flight:
+// in a job, other nodes' uploads in flight are theirs: only this node's
+// part, or what is older than a day.
+func (j jobPolicy) cleanup() []cloud.CleanupOptions {
+	if j.node == "" {
+		return nil
+	}
+	return []cloud.CleanupOptions{checkpoint.PartCleanup(j.node)}
+}
+
+// committer sets up the session's committer (session: its id): in a job,
+// part data of this session only (parts.go).
+func (j jobPolicy) committer(c *commit.Committer, session string) {
+	if j.node != "" {
+		c.SessionParts(session)
+	}
+}
+
+// ownCheckpoint: why a checkpoint a trainer took on its own is refused
+// ("" it is committed). One node's own checkpoint is no job checkpoint:
+// as a part of one it would stand for the whole job (docs/distributed.md).
+func (j jobPolicy) ownCheckpoint() string {
+	if j.node == "" {
+		return ""
+	}
+	return "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed"
+}
+
+// ranksAgree: the ranks agree on each request's reason and deadline,
+// and are told when they change; crashRecords: a crash here is recorded
+// for the job's other nodes, and theirs looked for; fencedStopsAtOnce: a
+// fenced copy takes no last checkpoint. All three hold in a job.
+func (j jobPolicy) ranksAgree() bool        { return j.node != "" }
+func (j jobPolicy) crashRecords() bool      { return j.node != "" }
+func (j jobPolicy) fencedStopsAtOnce() bool { return j.node != "" }
 
 // singleNode: the agent commits whole checkpoints of the run.
 type singleNode struct {
 	warnedTopology bool // hello: warned once that a trainer is one node of a job
 }
 
-func (singleNode) part() string                                { return "" }
-func (singleNode) restorePart() string                         { return "" }
-func (singleNode) cleanup() []cloud.CleanupOptions             { return nil }
 func (singleNode) partFor(*request) *checkpoint.PartSpec       { return nil }
 func (singleNode) partMissing(*request, int) string            { return "" }
 func (singleNode) lost(*request) string                        { return "" }
 func (singleNode) asksPeriodic(map[uint64]*protocol.Conn) bool { return true }
-func (singleNode) ownCheckpoint() string                       { return "" }
-func (singleNode) ranksAgree() bool                            { return false }
-func (singleNode) crashRecords() bool                          { return false }
-func (singleNode) fencedStopsAtOnce() bool                     { return false }
-func (singleNode) committer(*commit.Committer, string)         {}
 
 func (singleNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error) {
 	l, err := checkpoint.AcquireLease(ctx, st, rec)
 	if err != nil {
 		return nil, fmt.Errorf("take lease: %w", err)
 	}
-	c.Lease = l
+	c.Fence(l)
 	return l, nil
 }
 
@@ -118,26 +149,7 @@ func (singleNode) mayJoin(h protocol.Message) string {
 // partNode: the agent is one node of a multi-node job and commits its
 // ranks' files as its part of each job checkpoint (agent_job.go).
 type partNode struct {
-	node       string
-	restoreAll bool
-}
-
-func (p partNode) part() string { return p.node }
-
-// committer: part data of this session only (parts.go).
-func (partNode) committer(c *commit.Committer, session string) { c.Session = session }
-
-func (p partNode) restorePart() string {
-	if p.restoreAll {
-		return ""
-	}
-	return p.node
-}
-
-// cleanup: other nodes' uploads in flight are theirs: only this node's
-// part, or what is older than a day.
-func (p partNode) cleanup() []cloud.CleanupOptions {
-	return []cloud.CleanupOptions{checkpoint.PartCleanup(p.node)}
+	node string
 }
 
 func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.LeaseRecord, c *commit.Committer) (*checkpoint.Lease, error) {
@@ -145,7 +157,7 @@ func (p partNode) takeLease(ctx context.Context, st cloud.Store, rec checkpoint.
 	if err != nil {
 		return nil, fmt.Errorf("take lease of %s: %w", p.node, err)
 	}
-	c.PartLease = l
+	c.FenceParts(l)
 	return l, nil
 }
 
@@ -195,16 +207,7 @@ func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
 // connects after the request was sent, and never for more.
 func (partNode) hello(protocol.Message, *zap.Logger) {}
 
-// ownCheckpoint: one node's own checkpoint is no job checkpoint: as a
-// part of one it would stand for the whole job (docs/distributed.md).
-func (partNode) ownCheckpoint() string {
-	return "done: in a multi-node job every rank saves together, when its agent asks (the job's agreement): a checkpoint taken on one rank's own cannot be committed"
-}
-
 func (partNode) mayJoin(protocol.Message) string { return "" }
-func (partNode) ranksAgree() bool                { return true }
-func (partNode) crashRecords() bool              { return true }
-func (partNode) fencedStopsAtOnce() bool         { return true }
 
 // asking: this agent's schedule asks for periodic checkpoints, as
 // job (the node hosting rank 0, in a job) decides from the declared ranks.

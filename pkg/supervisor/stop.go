@@ -378,7 +378,7 @@ func (q *stopSequence) finish(s *stopState, e stopEnds) {
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
 // (pkg/supervisor/ranks).
-func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Watch) int {
+func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Tracker) int {
 	code, s := e.Code, q.current
 	if s == nil {
 		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer

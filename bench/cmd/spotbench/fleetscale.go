@@ -46,7 +46,6 @@ func benchFleetScale(c *config, r *report.Report) error {
 	if err != nil {
 		return err
 	}
-	env.MinIO = m
 	for _, kv := range m.Env() {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v)

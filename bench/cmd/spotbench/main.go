@@ -181,7 +181,6 @@ func main() {
 		defer os.RemoveAll(c.work)
 	}
 	r := report.New(c.bin, c.minio)
-	start := time.Now()
 	if c.only["latency"] {
 		step("notice → checkpoint latency")
 		must(benchLatency(&c, r))
@@ -270,12 +269,11 @@ func main() {
 		step("recovery end to end: notice, lost node, whole-job restart (issue 51)")
 		must(benchRecovery(&c, r))
 	}
-	r.Took = time.Since(start)
 	text := r.Markdown()
 	if err := os.WriteFile(c.out, []byte(text), 0o644); err != nil {
 		fatal(err)
 	}
 	fmt.Println()
 	fmt.Print(text)
-	fmt.Fprintf(os.Stderr, "spotbench: wrote %s in %s\n", c.out, r.Took.Round(time.Second))
+	fmt.Fprintf(os.Stderr, "spotbench: wrote %s in %s\n", c.out, r.Took().Round(time.Second))
 }

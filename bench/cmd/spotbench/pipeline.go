@@ -409,12 +409,9 @@ func pipelineStore(c *config, s *benchstore.Stores, gib float64) (srv *benchstor
 	if f := free(c.work); f >= 0 && f < 5*need {
 		return nil, "", fmt.Sprintf("%.1f GiB free under %s, want %.0f GiB (checkpoint files and a store on disk)", float64(f)/(1<<30), c.work, 5*gib)
 	}
-	if s.Disk == nil {
-		m, err := s.StartMinIOIn("minio-disk", filepath.Join(c.work, "minio-disk"))
-		s.Disk = m
-		if err != nil {
-			return nil, "", fmt.Sprintf("minio on disk: %v", err)
-		}
+	m, err := s.OnDisk()
+	if err != nil {
+		return nil, "", fmt.Sprintf("minio on disk: %v", err)
 	}
-	return s.Disk, "store on disk", ""
+	return m, "store on disk", ""
 }

@@ -17,9 +17,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -49,29 +51,40 @@ func main() {
 		log.Fatal(err)
 	}
 	start := time.Now()
-	var total int64
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for _, name := range flag.Args() {
-		wg.Go(func() {
-			f, err := os.Open(name)
-			if err != nil {
-				log.Fatal(err)
-			}
-			defer f.Close()
-			fi, _ := f.Stat()
-			h := sha256.New()
-			if err := st.Put(ctx, filepath.Base(name), io.TeeReader(f, h), fi.Size(), cloud.PutOptions{}); err != nil {
-				log.Fatal(err)
-			}
-			mu.Lock()
-			total += fi.Size()
-			mu.Unlock()
-		})
+	total, err := upload(ctx, st, flag.Args())
+	if err != nil {
+		log.Fatal(err)
 	}
-	wg.Wait()
 	secs := time.Since(start).Seconds()
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	fmt.Printf("uploaded %d MiB in %.2fs: %.0f MB/s, peak RSS %d MB\n", total>>20, secs, float64(total)/secs/1e6, ru.Maxrss/1024)
+}
+
+// upload puts each file to st under its base name, all at once, hashing
+// it as it streams (as a commit does), and returns the bytes uploaded.
+func upload(ctx context.Context, st cloud.Store, names []string) (int64, error) {
+	var total atomic.Int64
+	var g errgroup.Group
+	for _, name := range names {
+		g.Go(func() error {
+			f, err := os.Open(name)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			h := sha256.New()
+			if err := st.Put(ctx, filepath.Base(name), io.TeeReader(f, h), fi.Size(), cloud.PutOptions{}); err != nil {
+				return fmt.Errorf("upload %s: %w", name, err)
+			}
+			total.Add(fi.Size())
+			return nil
+		})
+	}
+	err := g.Wait()
+	return total.Load(), err
 }

@@ -47,13 +47,14 @@ type Stores struct {
 	Lean *MinIO
 	// disk is a stock MinIO with its data on disk (under the work
 	// directory), started by the pipeline section for checkpoints that
-	// tmpfs and memory cannot hold beside the trainer's state.
-	Disk    *MinIO
+	// tmpfs and memory cannot hold beside the trainer's state (OnDisk).
+	disk    *MinIO
 	GCSHost string // 127.0.0.1:PORT
 	gcs     *exec.Cmd
 	procs   []*exec.Cmd
-	bin     string // the MinIO binary
-	work    string // where logs (and data off tmpfs) go
+	data    []string // every MinIO's data directory, removed by Close
+	bin     string   // the MinIO binary
+	work    string   // where logs (and data off tmpfs) go
 }
 
 // MinIO is one MinIO process holding the bench bucket.
@@ -100,10 +101,8 @@ func (s *Stores) GCSEnv() []string { return []string{"STORAGE_EMULATOR_HOST=" + 
 
 // Close stops every server and removes their data.
 func (s *Stores) Close() {
-	for _, m := range []*MinIO{s.MinIO, s.Lean, s.Disk} {
-		if m != nil {
-			defer os.RemoveAll(m.Data)
-		}
+	for _, d := range s.data {
+		defer os.RemoveAll(d)
 	}
 	for _, p := range s.procs {
 		Stop(p)
@@ -200,6 +199,20 @@ func (s *Stores) StartMinIO(name string, flags ...string) (*MinIO, error) {
 	return s.StartMinIOIn(name, DataDir(s.work, name), flags...)
 }
 
+// OnDisk is a stock MinIO with its data on disk, under the work
+// directory, started on the first call: for checkpoints that tmpfs and
+// memory cannot hold beside the trainer's state.
+func (s *Stores) OnDisk() (*MinIO, error) {
+	if s.disk == nil {
+		m, err := s.StartMinIOIn("minio-disk", filepath.Join(s.work, "minio-disk"))
+		if err != nil {
+			return nil, err
+		}
+		s.disk = m
+	}
+	return s.disk, nil
+}
+
 // StartMinIOIn is StartMinIO with its data in data.
 func (s *Stores) StartMinIOIn(name, data string, flags ...string) (*MinIO, error) {
 	addr, err := FreePort()
@@ -207,7 +220,7 @@ func (s *Stores) StartMinIOIn(name, data string, flags ...string) (*MinIO, error
 		return nil, err
 	}
 	m := &MinIO{URL: "http://" + addr, Data: data}
-	// Errors return m too: the caller's Close removes m.Data.
+	s.data = append(s.data, data) // Close removes it, whatever happens here
 	os.RemoveAll(m.Data)
 	if err := os.MkdirAll(m.Data, 0o700); err != nil {
 		return m, err
@@ -338,7 +351,7 @@ func (s *Stores) DeleteRaw(m *MinIO, key string) error {
 // EmptyTrash frees what MinIO keeps of deleted objects (it moves them to
 // .minio.sys/tmp/.trash and purges later): on tmpfs that is memory.
 func (s *Stores) EmptyTrash() {
-	for _, m := range []*MinIO{s.MinIO, s.Lean, s.Disk} {
+	for _, m := range []*MinIO{s.MinIO, s.Lean, s.disk} {
 		if m == nil {
 			continue
 		}

@@ -30,7 +30,6 @@ type Report struct {
 	sections   []section
 	targets    []Target
 	commands   []string
-	Took       time.Duration // the whole run, set before Markdown
 }
 
 // New starts a report on the spotagent binary bin measured against the
@@ -48,6 +47,9 @@ func loadavg() string {
 	}
 	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
+
+// Took is how long the run has taken so far, since New.
+func (r *Report) Took() time.Duration { return time.Since(r.started) }
 
 // Add appends a section.
 func (r *Report) Add(title, body string) { r.sections = append(r.sections, section{title, body}) }
@@ -71,7 +73,7 @@ func (r *Report) Markdown() string {
 	for _, kv := range machine(r.bin, r.minio) {
 		fmt.Fprintf(&b, "| %s | %s |\n", kv[0], kv[1])
 	}
-	fmt.Fprintf(&b, "| run | %s, took %s |\n", r.started.UTC().Format(time.RFC3339), r.Took.Round(time.Second))
+	fmt.Fprintf(&b, "| run | %s, took %s |\n", r.started.UTC().Format(time.RFC3339), r.Took().Round(time.Second))
 	fmt.Fprintf(&b, "| load average (1/5/15 min) | %s at start, %s at end (%d cores: above ~0.5 per core, other work skews the figures) |\n\n", r.load0, loadavg(), runtime.NumCPU())
 	if len(r.targets) > 0 {
 		fmt.Fprintf(&b, "## Targets (issue 9)\n\n| figure | target | measured | verdict |\n| --- | --- | --- | --- |\n")

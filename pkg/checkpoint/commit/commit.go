@@ -48,6 +48,18 @@ type Committer struct {
 	pace *earlyPace // early uploads or not (pace.go); paceState creates it
 }
 
+// Fence fences c by a session's lease (Lease): taken after c is made, at
+// the session's start, before its first commit.
+func (c *Committer) Fence(l *checkpoint.Lease) { c.Lease = l }
+
+// FenceParts fences c's parts of job checkpoints by this node's lease
+// (PartLease).
+func (c *Committer) FenceParts(l *checkpoint.Lease) { c.PartLease = l }
+
+// SessionParts gives this session's part data a folder of its own
+// (Session).
+func (c *Committer) SessionParts(session string) { c.Session = session }
+
 // Request names one checkpoint directory to commit.
 type Request struct {
 	Dir string

@@ -50,15 +50,9 @@ type Client struct {
 	placed  string            // the checkpoint whose keepers are in keepers
 	keepers map[string]string // part → the node that keeps its copy
 
-	// wait bounds the waits for peers still starting (wait.go), all of
-	// them together; 0: none. session is this agent's: a record of it is
-	// never waited on.
-	wait    time.Duration
-	session string
-	until   time.Time            // when the restore's waiting ends; zero: none started
-	waits   map[string]*peerWait // by node and the session waited out
-	down    map[string]bool      // addresses the last dial could not reach
-	rereads map[string]*Record   // by node and the session that refused: reread's answer
+	waiting restoreWait        // the waits for peers still starting (wait.go)
+	down    map[string]bool    // addresses the last dial could not reach
+	rereads map[string]*Record // by node and the session that refused: reread's answer
 }
 
 // keeperOf is keeperOf(m, part), the placement computed once per checkpoint.
@@ -100,7 +94,7 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 		ReadBufferSize:        256 << 10, // large reads of the body go past it; the header's small ones do not
 	}
 	c := &Client{st: st, run: run, node: node, token: token, stall: stall, minRate: MinRate, grace: Grace, hc: &http.Client{Transport: tr}, log: log,
-		records: map[string]*Record{}, bad: map[string]time.Time{}, refused: map[string]bool{}, waits: map[string]*peerWait{}, down: map[string]bool{}, rereads: map[string]*Record{}}
+		records: map[string]*Record{}, bad: map[string]time.Time{}, refused: map[string]bool{}, down: map[string]bool{}, rereads: map[string]*Record{}}
 	tr.DialContext = c.dialNoted(tr.DialContext)
 	return c
 }

@@ -171,7 +171,7 @@ func (n *Node) Addr() *net.TCPAddr { return n.ln.Addr().(*net.TCPAddr) }
 // records read afresh, a peer still starting waited for (PeerWait).
 func (n *Node) Tier() *Client {
 	c := n.client()
-	c.wait, c.session = max(n.cfg.PeerWait, 0), n.cfg.Session
+	c.waiting = restoreWait{bound: max(n.cfg.PeerWait, 0), session: n.cfg.Session}
 	return c
 }
 

@@ -35,6 +35,39 @@ type peerWait struct {
 	rec  *Record // the new session's record, once done; nil: none came
 }
 
+// restoreWait is one restore's waiting for peers still starting: one
+// bound for all its waits together, and the waits in progress, each
+// shared by every file that finds its node down. The Client's mu guards
+// it.
+type restoreWait struct {
+	bound   time.Duration        // all the waits together; 0: none
+	session string               // this agent's: a record of it is never waited on
+	until   time.Time            // when the waiting ends; zero: none started
+	waits   map[string]*peerWait // by node and the session waited out
+}
+
+// join is the wait for node's agent to leave old's session (nil: old is
+// not waited for), first when it starts now (its caller then polls), and
+// when the restore's waiting ends: the bound starts with the first wait.
+func (r *restoreWait) join(node string, old *Record, now time.Time) (w *peerWait, first bool, until time.Time) {
+	if r.bound <= 0 || (r.session != "" && old.Session == r.session) {
+		return nil, false, time.Time{}
+	}
+	if r.until.IsZero() {
+		r.until = now.Add(r.bound)
+	}
+	key := node + "\x00" + old.Session
+	w, ok := r.waits[key]
+	if !ok {
+		if r.waits == nil {
+			r.waits = map[string]*peerWait{}
+		}
+		w = &peerWait{done: make(chan struct{})}
+		r.waits[key] = w
+	}
+	return w, !ok, r.until
+}
+
 // dialNoted wraps a transport's dial so that the addresses it cannot
 // reach (refused, timed out, no route) are known to the restore before
 // the request's error is returned and the address marked bad: a file that
@@ -86,22 +119,13 @@ func isDialError(err error) bool {
 // for the same node and session share one wait; the bound is shared by
 // every wait of the restore, not per file nor per node.
 func (c *Client) await(ctx context.Context, node string, old *Record) *Record {
-	if c.wait <= 0 || (c.session != "" && old.Session == c.session) {
+	c.mu.Lock()
+	w, first, until := c.waiting.join(node, old, time.Now())
+	c.mu.Unlock()
+	if w == nil {
 		return nil
 	}
-	key := node + "\x00" + old.Session
-	c.mu.Lock()
-	if c.until.IsZero() {
-		c.until = time.Now().Add(c.wait)
-	}
-	w, ok := c.waits[key]
-	if !ok {
-		w = &peerWait{done: make(chan struct{})}
-		c.waits[key] = w
-	}
-	until := c.until
-	c.mu.Unlock()
-	if !ok {
+	if first {
 		w.rec = c.poll(ctx, node, old, until)
 		close(w.done)
 	}

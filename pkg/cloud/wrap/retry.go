@@ -111,8 +111,7 @@ func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
 func (r *retrying) do(ctx context.Context, op, key string, fn func(ctx context.Context) error) error {
 	p := r.policy
 	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok && d > 0 {
-		p.Backoff.Max = min(p.Backoff.Max, d)
-		p.Backoff.Min = min(p.Backoff.Min, d)
+		p.Backoff = p.Backoff.Capped(d)
 	}
 	p.OnRetry = func(attempt int, wait time.Duration, err error) {
 		r.log.Warn("store operation failed, retrying", zap.String("op", op), zap.String("key", key),

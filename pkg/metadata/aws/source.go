@@ -78,7 +78,7 @@ func New(cfg Config, log *zap.Logger) *Source {
 		Endpoint:          cfg.Endpoint,
 		HTTPClient:        newHTTPClient(cfg.RequestTimeout),
 		// One quick retry, so that a 401 (expired token) is retried at once
-		// with a fresh token; the watch loop does the slower retries.
+		// with a fresh token; the poll loop does the slower retries.
 		Retryer: retry.NewStandard(func(o *retry.StandardOptions) {
 			o.MaxAttempts = 2
 			o.RateLimiter = ratelimit.None

@@ -10,14 +10,14 @@ import (
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
-	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/poll"
 )
 
 // Watch reads spot/instance-action every SpotPollInterval and every notice
 // path every PollInterval, and delivers each distinct notice once, until
 // ctx ends. While IMDS fails, it waits PollInterval or longer (backoff).
 func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
-	w := &watcher{s: s, out: out, faults: watchloop.NewFaultLog(s.log, "imds poll")}
+	w := &watcher{s: s, out: out, faults: poll.NewFaultLog(s.log, "imds poll")}
 	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	// Every every-th round reads all paths; the others only the spot one.
 	every := max(1, int(s.cfg.PollInterval/s.cfg.SpotPollInterval))
@@ -56,8 +56,8 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 type watcher struct {
 	s      *Source
 	out    chan<- metadata.Notice
-	faults *watchloop.FaultLog
-	dedup  watchloop.Dedup
+	faults *poll.FaultLog
+	dedup  poll.Dedup
 }
 
 // check reads one path and turns a found answer into notices.
@@ -104,8 +104,8 @@ func (w *watcher) poll(ctx context.Context, all bool) (unwell bool, _ error) {
 			continue
 		}
 		for _, n := range ns {
-			if w.dedup.First(n) && watchloop.Deliver(ctx, w.out, n) {
-				watchloop.LogNotice(w.s.log, n)
+			if w.dedup.First(n) && poll.Deliver(ctx, w.out, n) {
+				poll.LogNotice(w.s.log, n)
 			}
 		}
 	}
@@ -118,7 +118,7 @@ func (w *watcher) instanceAction(body []byte, now time.Time) ([]metadata.Notice,
 		return nil, err
 	}
 	n := metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination,
-		ID: watchloop.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
+		ID: poll.HashID("aws-spot", body), Deadline: ia.Time, Detected: now,
 		Action: ia.Action, Raw: string(body)}
 	if ia.BadTime != "" {
 		// The machine goes all the same: assume the usual two minutes
@@ -143,7 +143,7 @@ func (w *watcher) rebalance(body []byte, now time.Time) ([]metadata.Notice, erro
 		return nil, err
 	}
 	return []metadata.Notice{{Cloud: metadata.CloudAWS, Kind: metadata.KindRebalance,
-		ID: watchloop.HashID("aws-rebalance", body), Detected: now,
+		ID: poll.HashID("aws-rebalance", body), Detected: now,
 		Action: "rebalance-recommendation", Raw: string(body)}}, nil
 }
 

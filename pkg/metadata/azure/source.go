@@ -85,7 +85,7 @@ func New(cfg Config, log *zap.Logger) *Source {
 	rc.RetryMax = 2
 	rc.RetryWaitMin = 20 * time.Millisecond
 	rc.RetryWaitMax = 200 * time.Millisecond
-	rc.Logger = nil // failures are logged by the watch loop, with backoff
+	rc.Logger = nil // failures are logged by the poll loop, with backoff
 	rc.ErrorHandler = retryablehttp.PassthroughErrorHandler
 	return &Source{cfg: cfg, log: log.With(zap.String("cloud", "azure")), client: rc}
 }

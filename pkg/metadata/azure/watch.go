@@ -10,7 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
-	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/poll"
 )
 
 // Watch reads this VM's name once, then polls Scheduled Events every
@@ -22,7 +22,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 		return nil
 	}
 	w := &watcher{s: s, name: name, out: out, incarnation: -1, active: make(map[string]bool)}
-	faults := watchloop.NewFaultLog(s.log, "scheduled events poll")
+	faults := poll.NewFaultLog(s.log, "scheduled events poll")
 	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		body, err := s.do(ctx, "GET", pathScheduledEvents, nil)
@@ -50,7 +50,7 @@ func (s *Source) Watch(ctx context.Context, out chan<- metadata.Notice) error {
 
 // vmName reads compute.name, retrying with backoff; false when ctx ended.
 func (s *Source) vmName(ctx context.Context) (string, bool) {
-	faults := watchloop.NewFaultLog(s.log, "instance metadata")
+	faults := poll.NewFaultLog(s.log, "instance metadata")
 	bo := retry.Backoff{Min: s.cfg.PollInterval, Max: s.cfg.MaxBackoff}
 	for {
 		in, err := s.instance(ctx)
@@ -74,7 +74,7 @@ type watcher struct {
 	out         chan<- metadata.Notice
 	incarnation int
 	active      map[string]bool // IDs delivered and still listed
-	dedup       watchloop.Dedup
+	dedup       poll.Dedup
 }
 
 // update delivers the notices of a new document incarnation.
@@ -101,7 +101,7 @@ func (w *watcher) update(ctx context.Context, doc document, raw string, now time
 		if !w.dedup.First(n) {
 			continue
 		}
-		if !watchloop.Deliver(ctx, w.out, n) {
+		if !poll.Deliver(ctx, w.out, n) {
 			return // incarnation not recorded: nothing is lost
 		}
 		if n.Kind == metadata.KindCancelled {
@@ -109,7 +109,7 @@ func (w *watcher) update(ctx context.Context, doc document, raw string, now time
 		} else {
 			w.active[n.ID] = true
 		}
-		watchloop.LogNotice(w.s.log, n)
+		poll.LogNotice(w.s.log, n)
 	}
 	w.incarnation = doc.Incarnation
 }

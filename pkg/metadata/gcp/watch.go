@@ -10,7 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/metadata"
-	"github.com/spotagent/spotagent/pkg/metadata/internal/watchloop"
+	"github.com/spotagent/spotagent/pkg/metadata/internal/poll"
 )
 
 // Watch holds one hanging GET open on instance/preempted and one on
@@ -38,11 +38,11 @@ type keyWatch struct {
 	interpret func(k *keyWatch, value, etag string, now time.Time) (*metadata.Notice, error)
 	last      string // last valid value, "" before the first
 	lastID    string // ID of the last notice delivered for this key
-	dedup     watchloop.Dedup
+	dedup     poll.Dedup
 }
 
 func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.Notice) {
-	faults := watchloop.NewFaultLog(s.log.With(zap.String("key", k.key)), "metadata watch")
+	faults := poll.NewFaultLog(s.log.With(zap.String("key", k.key)), "metadata watch")
 	bo := retry.Backoff{Min: 50 * time.Millisecond, Max: s.cfg.MaxBackoff}
 	etag := ""
 	for {
@@ -67,9 +67,9 @@ func (s *Source) watchKey(ctx context.Context, k *keyWatch, out chan<- metadata.
 		faults.OK()
 		bo.Reset()
 		etag, k.last = newETag, value
-		if n != nil && k.dedup.First(*n) && watchloop.Deliver(ctx, out, *n) {
+		if n != nil && k.dedup.First(*n) && poll.Deliver(ctx, out, *n) {
 			k.lastID = n.ID
-			watchloop.LogNotice(s.log, *n)
+			poll.LogNotice(s.log, *n)
 		}
 	}
 }

@@ -111,7 +111,7 @@ type Config struct {
 	LocalKeep     int
 	LocalMaxBytes int64
 
-	Metrics Metrics // nil: none
+	Metrics Metrics // a part nil: none
 	Log     *zap.Logger
 }
 
@@ -158,9 +158,7 @@ func (c *Config) SetDefaults() {
 	if c.Log == nil {
 		c.Log = zap.NewNop()
 	}
-	if c.Metrics == nil {
-		c.Metrics = nopMetrics{}
-	}
+	c.Metrics.defaults()
 	if c.Scheduler == nil {
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Log: c.Log})
 	}

@@ -37,7 +37,7 @@ func TestSetDefaults_FillsOnlyWhatIsZero(t *testing.T) {
 	var c Config
 	c.SetDefaults()
 	if c.Keep != 3 || c.TermGrace != 25*time.Second || c.KillAfter != 5*time.Second || c.SignalWindow != DefaultSignalWindow ||
-		c.OnRebalance != "checkpoint" || c.RequestTimeout != 10*time.Minute || c.Log == nil || c.Metrics == nil || c.Scheduler == nil {
+		c.OnRebalance != "checkpoint" || c.RequestTimeout != 10*time.Minute || c.Log == nil || c.Metrics.NoticeMetrics == nil || c.Metrics.CheckpointMetrics == nil || c.Metrics.RunMetrics == nil || c.Scheduler == nil {
 		t.Fatalf("defaults %+v", c)
 	}
 	c = Config{Keep: 7, TermGrace: time.Minute, SignalWindow: -1}

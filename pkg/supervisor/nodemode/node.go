@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 	if src := cfg.Source; src != nil {
 		n.wg.Go(func() { src.Watch(nctx, notices) })
 	}
-	if m := cfg.Run.Metrics; m != nil {
+	if m := cfg.Run.Metrics.RunMetrics; m != nil {
 		m.Ready(true)
 		defer m.Ready(false)
 	}

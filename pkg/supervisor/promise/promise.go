@@ -25,7 +25,7 @@ import (
 
 // State is the newest prediction and what was last said about it.
 type State struct {
-	p      schedule.Promise
+	p      schedule.Estimate
 	misfit bool // the last verdict logged for this machine's notice was "does not fit"
 	cfg    Env
 }
@@ -47,8 +47,8 @@ type Env struct {
 // NewState is the prediction of an agent with env, nothing known yet.
 func NewState(env Env) State { return State{cfg: env} }
 
-// Promise is the newest prediction.
-func (ps *State) Promise() schedule.Promise { return ps.p }
+// Estimate is the newest estimate of a notice checkpoint's time.
+func (ps *State) Estimate() schedule.Estimate { return ps.p }
 
 // Status is the notice checkpoint's prediction in `spotagent
 // status` and `spotagent report`.
@@ -80,7 +80,7 @@ type Cloud struct {
 
 // Describe is p judged against every cloud's notice and own (this
 // machine's), margin kept; nil when nothing is known.
-func Describe(p schedule.Promise, own schedule.CloudNotice, margin time.Duration) *Status {
+func Describe(p schedule.Estimate, own schedule.CloudNotice, margin time.Duration) *Status {
 	if !p.Known() {
 		return nil
 	}
@@ -106,10 +106,10 @@ func Describe(p schedule.Promise, own schedule.CloudNotice, margin time.Duration
 // FromJournal is the prediction a journal allows: its newest
 // checkpoint's figures, else (lower bound) its newest restore's size at
 // the restore's rate.
-func FromJournal(j *journal.Journal) schedule.Promise {
+func FromJournal(j *journal.Journal) schedule.Estimate {
 	s := j.Stats
 	if s.LastBytes > 0 && s.BytesPerSec > 0 {
-		return schedule.Promise{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
+		return schedule.Estimate{Bytes: s.LastBytes, Rate: s.BytesPerSec, Source: "journal", Pipelined: s.Pipelined,
 			Upload: seconds(float64(s.LastBytes) / s.BytesPerSec), Save: seconds(s.SaveSeconds), Took: seconds(s.CheckpointSeconds),
 			Lower: s.SaveSeconds == 0 && s.CheckpointSeconds == 0} // an older agent's journal: the save was not recorded
 	}
@@ -118,10 +118,10 @@ func FromJournal(j *journal.Journal) schedule.Promise {
 		if r.Bytes > 0 && r.Seconds > 0 {
 			// Downloads are usually faster than uploads: what the restore
 			// took is the least the upload of the same bytes takes.
-			return schedule.Promise{Bytes: r.Bytes, Rate: float64(r.Bytes) / r.Seconds, Upload: seconds(r.Seconds), Source: "restore", Lower: true}
+			return schedule.Estimate{Bytes: r.Bytes, Rate: float64(r.Bytes) / r.Seconds, Upload: seconds(r.Seconds), Source: "restore", Lower: true}
 		}
 	}
-	return schedule.Promise{}
+	return schedule.Estimate{}
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -146,7 +146,7 @@ func (ps *State) Status() *Status {
 
 // set makes p the newest prediction, exports it and logs a change
 // of verdict for this machine's notice (at start, any verdict).
-func (ps *State) set(p schedule.Promise, start bool) {
+func (ps *State) set(p schedule.Estimate, start bool) {
 	if !p.Known() {
 		return
 	}
@@ -196,6 +196,6 @@ func (ps *State) Note(reason string, sent time.Time, pipelined bool, res *commit
 	if res.Upload > 0 {
 		rate = float64(res.Bytes) / res.Upload.Seconds()
 	}
-	ps.set(schedule.Promise{Bytes: res.Bytes, Save: commitStart.Sub(sent), Upload: res.Upload, Took: now.Sub(sent),
+	ps.set(schedule.Estimate{Bytes: res.Bytes, Save: commitStart.Sub(sent), Upload: res.Upload, Took: now.Sub(sent),
 		Pipelined: pipelined, Source: "checkpoint", Rate: rate}, false)
 }

@@ -66,7 +66,7 @@ func TestState_SaysAVerdictOnceUntilItChanges(t *testing.T) {
 		t.Fatalf("metric told %d predictions, want 4", len(m.needs))
 	}
 	ps.Note(protocol.ReasonManual, sent, false, &commit.Result{Bytes: 1}, sent.Add(time.Hour), sent.Add(time.Hour), true)
-	if len(m.needs) != 4 || ps.Promise().Need() != 12*time.Second {
+	if len(m.needs) != 4 || ps.Estimate().Need() != 12*time.Second {
 		t.Fatal("a trainer's own checkpoint changed the prediction")
 	}
 }

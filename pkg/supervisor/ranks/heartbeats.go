@@ -20,7 +20,7 @@ import (
 // group's timeout (30 min for gloo). The agents of a multi-node job
 // heartbeat their ring neighbours (pkg/liveness), beside the training
 // loop: a neighbour silent for Config.Liveness.Timeout is a lost peer, the
-// verdict the ranks' own RSTs give (watch.go). The agent ends its
+// verdict the ranks' own RSTs give (tracker.go). The agent ends its
 // ranks (their connections close, so the other nodes' ranks fail at once
 // and their agents take the same path) and exits 75 after the crash
 // records are read.
@@ -83,7 +83,7 @@ func (h *Heartbeats) Silent() <-chan liveness.Silence {
 // OnPeerSilent: a neighbour's agent is silent. While the ranks train (no
 // stop sequence, no verdict yet), that is a lost peer: end the ranks
 // (endRanks: the loop stops the launcher).
-func (w *Watch) OnPeerSilent(s liveness.Silence, running, stopping bool) (endRanks bool) {
+func (w *Tracker) OnPeerSilent(s liveness.Silence, running, stopping bool) (endRanks bool) {
 	silent := time.Since(s.Since).Round(time.Millisecond)
 	if w.env.Sidecar && !stopping {
 		w.tellTrainerPeerLost(s, silent)
@@ -113,7 +113,7 @@ func (h *Heartbeats) Stop() {
 // directory (Env.RunDir: the node's socket directory is every run's).
 // Created exclusively and never through a symlink: one the trainer planted
 // there is left alone.
-func (w *Watch) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
+func (w *Tracker) tellTrainerPeerLost(s liveness.Silence, silent time.Duration) {
 	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL | syscall.O_NOFOLLOW
 	var (
 		p   string

@@ -18,7 +18,7 @@ import (
 // a rank of this node crashed before the stop (a bug stays 1), and after a
 // peer lost before the stop, whatever the other nodes' crash records say
 // (peerLossExit).
-func (w *Watch) StopLauncherExit(code int) int {
+func (w *Tracker) StopLauncherExit(code int) int {
 	for pid, said := range w.left { // noted only while no stop ran: before it
 		if said != strconv.Itoa(protocol.ExitInterrupted) {
 			w.env.Log.Info("trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1",
@@ -27,7 +27,7 @@ func (w *Watch) StopLauncherExit(code int) int {
 		}
 	}
 	if w.verdict == verdictPeerLost {
-		return w.PeerLossExit(code) // watch.go
+		return w.PeerLossExit(code) // tracker.go
 	}
 	w.env.Log.Info("trainer exited 1 during the job's stop and no rank crashed before it: exiting 75 (an interruption is not the job's bug)",
 		zap.Int("code", code))

@@ -1,5 +1,5 @@
-// Package ranks watches the ranks of the agent's child in a multi-rank
-// job (Watch): a lost peer (a node vanished) ends the launcher and the agent
+// Package ranks tracks the ranks of the agent's child in a multi-rank
+// job (Tracker): a lost peer (a node vanished) ends the launcher and the agent
 // exits 75; a crash of its own keeps its code and is recorded for the other
 // nodes. Heartbeats (pkg/liveness) find a silent neighbour.
 package ranks
@@ -32,7 +32,7 @@ import (
 // close, so before its local peers see it gone). torchrun then waits in its
 // exit barrier for the vanished node (300 s in torch 1.13) and exits 1.
 //
-// The agent watches its ranks (the processes that said hello as ranks of
+// The agent tracks its ranks (the processes that said hello as ranks of
 // a multi-rank job): when the first of them leaves without bye and no stop
 // sequence runs, the exit file as it was then is this node's verdict: 75,
 // a lost peer; anything else (1, nothing: a rank killed by the OOM killer),
@@ -74,8 +74,9 @@ const (
 	verdictCrash    = "crash"
 )
 
-// Watch follows the ranks of the running child.
-type Watch struct {
+// Tracker follows the ranks of the running child: which said hello,
+// which left without bye, and the verdict (a lost peer, a crash).
+type Tracker struct {
 	env       Env
 	pids      map[int]bool   // ranks (pids) that said hello since the child started
 	left      map[int]string // pid → the exit file when its connection ended without bye
@@ -96,7 +97,7 @@ type Watch struct {
 	lookup chan Lookup
 }
 
-// Env is what the ranks' watch needs of the agent: where crash records
+// Env is what the ranks' tracker needs of the agent: where crash records
 // go (part mode only: records), this session, the lifetime that owns the
 // lookup beside the loop, and for a silent neighbour (heartbeats.go)
 // whether the agent is a sidecar (no child) and its socket's path.
@@ -172,21 +173,21 @@ func peerCrashed(ctx context.Context, st cloud.Store, node string, since, settle
 
 var errStopList = errors.New("found")
 
-// NewWatch is the ranks' watch of an agent with env.
-func NewWatch(env Env) Watch { return Watch{env: env} }
+// NewTracker is the ranks' tracker of an agent with env.
+func NewTracker(env Env) Tracker { return Tracker{env: env} }
 
 // Part reports part mode (Env.Part).
-func (w *Watch) Part() bool { return w.env.Part }
+func (w *Tracker) Part() bool { return w.env.Part }
 
 // Looking reports a crash-record lookup under way: the agent's exit code
 // waits for it.
-func (w *Watch) Looking() bool { return w.lookup != nil }
+func (w *Tracker) Looking() bool { return w.lookup != nil }
 
 // Reset forgets the ranks of an earlier start of the child.
-func (w *Watch) Reset() { *w = Watch{env: w.env} }
+func (w *Tracker) Reset() { *w = Tracker{env: w.env} }
 
 // Hello notes a rank of a multi-rank job that said hello.
-func (w *Watch) Hello(m protocol.Message, running bool) {
+func (w *Tracker) Hello(m protocol.Message, running bool) {
 	if m.PID <= 0 || m.WorldSize == nil || *m.WorldSize < 2 || !running {
 		return
 	}
@@ -201,27 +202,27 @@ func (w *Watch) Hello(m protocol.Message, running bool) {
 // first that left without bye (the verdict) and then all of them, or,
 // after a silent neighbour's verdict, all of them before the launcher is
 // SIGKILLed.
-func (w *Watch) Pending(running, stopping bool) bool {
+func (w *Tracker) Pending(running, stopping bool) bool {
 	return running && !stopping && (!w.ended && len(w.order) > 0 || w.awaitingKill())
 }
 
 // awaitingKill: a silent neighbour's verdict sent the launcher's group
 // SIGTERM (OnPeerSilent), and the launcher is not SIGKILLed yet. Without a
 // rank known (none said hello) Stop's own SIGKILL after KillAfter stands.
-func (w *Watch) awaitingKill() bool {
+func (w *Tracker) awaitingKill() bool {
 	return w.silent && w.ended && !w.killed && len(w.pids) > 0
 }
 
 // PeerLost reports whether the child's ranks ended because a peer of the
 // job is gone (and no other node reported a crash of its own).
-func (w *Watch) PeerLost() bool { return w.verdict == verdictPeerLost }
+func (w *Tracker) PeerLost() bool { return w.verdict == verdictPeerLost }
 
 // LookupDone is the pending crash-record lookup's answer (nil: none).
-func (w *Watch) LookupDone() <-chan Lookup { return w.lookup }
+func (w *Tracker) LookupDone() <-chan Lookup { return w.lookup }
 
 // recordCrash tells the job's other nodes that a rank here crashed on its
 // own (they see it as a lost peer).
-func (w *Watch) recordCrash(pid int) {
+func (w *Tracker) recordCrash(pid int) {
 	if !w.env.Part {
 		return
 	}
@@ -248,7 +249,7 @@ func (w *Watch) recordCrash(pid int) {
 // beside the loop (owned by the agent's lifetime); its answer comes back
 // as a loop event (OnLookup). Outside part mode there is no record
 // to look for: the answer is at once "none".
-func (w *Watch) lookForPeerCrash(code int) {
+func (w *Tracker) lookForPeerCrash(code int) {
 	done := make(chan Lookup, 1)
 	w.lookup = done
 	if !w.env.Part {
@@ -267,7 +268,7 @@ func (w *Watch) lookForPeerCrash(code int) {
 // ranks crash has a live agent that records the crash and says it leaves
 // (never silent), and another node's crash would have reached the ranks
 // here as RSTs before any heartbeat timeout.
-func (w *Watch) settleAt() time.Time {
+func (w *Tracker) settleAt() time.Time {
 	if w.silent {
 		return w.verdictAt
 	}
@@ -280,7 +281,7 @@ func (w *Watch) settleAt() time.Time {
 // a crash it is the launcher's code, 1 where the agent's SIGTERM ended it.
 // After a lost peer the answer needs the store: the launcher's code stands
 // until the lookup (lookForPeerCrash) comes back to the loop.
-func (w *Watch) PeerLossExit(code int) int {
+func (w *Tracker) PeerLossExit(code int) int {
 	if w.ended && (code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGKILL)) {
 		// The agent's own SIGTERM ended the launcher (torchrun answers it
 		// with 1, or dies of it while it exits on its own): its ranks
@@ -294,7 +295,7 @@ func (w *Watch) PeerLossExit(code int) int {
 	return code
 }
 
-func (w *Watch) lookupExit(code int, key string, err error) int {
+func (w *Tracker) lookupExit(code int, key string, err error) int {
 	switch {
 	case err != nil:
 		w.env.Log.Error("ranks lost a peer, but the other nodes' crash records cannot be read: exiting with the launcher's code",
@@ -313,7 +314,7 @@ func (w *Watch) lookupExit(code int, key string, err error) int {
 
 // OnLookup: the lookup for another node's crash record answered;
 // it decides the exit code of a launcher whose ranks lost a peer.
-func (w *Watch) OnLookup(res Lookup) int {
+func (w *Tracker) OnLookup(res Lookup) int {
 	w.lookup = nil
 	return w.lookupExit(res.code, res.key, res.err)
 }
@@ -338,7 +339,7 @@ const (
 // SIGKILLs the launcher once every rank is gone (KillLauncher). Neither
 // during a stop sequence: a notice's or a signal's stop lets torchrun
 // exit in order.
-func (w *Watch) Tick(now time.Time, running, stopping bool) Action {
+func (w *Tracker) Tick(now time.Time, running, stopping bool) Action {
 	if !w.Pending(running, stopping) {
 		return None
 	}
@@ -384,7 +385,7 @@ func (w *Watch) Tick(now time.Time, running, stopping bool) Action {
 }
 
 // ranksGone reports whether no rank's process runs any more.
-func (w *Watch) ranksGone() bool {
+func (w *Tracker) ranksGone() bool {
 	for pid := range w.pids {
 		if child.Alive(pid) {
 			return false
@@ -395,7 +396,7 @@ func (w *Watch) ranksGone() bool {
 
 // killOnceRanksGone: after a silent neighbour's verdict, KillLauncher once
 // every rank's process is gone (the SIGTERM reached them), once.
-func (w *Watch) killOnceRanksGone(now time.Time) Action {
+func (w *Tracker) killOnceRanksGone(now time.Time) Action {
 	if !w.ranksGone() {
 		return None
 	}
@@ -407,7 +408,7 @@ func (w *Watch) killOnceRanksGone(now time.Time) Action {
 
 // ConnEnded: a connection ended. A rank that leaves without bye while no
 // stop sequence runs ended on an error: note what the exit file said then.
-func (w *Watch) ConnEnded(c *protocol.Conn, saidBye, stopping, running bool, exitFile func() string) {
+func (w *Tracker) ConnEnded(c *protocol.Conn, saidBye, stopping, running bool, exitFile func() string) {
 	h, ok := c.Hello()
 	if !ok || !w.pids[h.PID] || saidBye || stopping || !running || w.verdict != "" {
 		return

@@ -53,7 +53,7 @@ func TestPeerCrashed_BesideTheLoop(t *testing.T) {
 // cannot be writing one); the ranks' own verdict waits PeerCrashSettle
 // for the crashed node's record to land.
 func TestSettleAt_SilentPeerDoesNotWait(t *testing.T) {
-	w := NewWatch(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
+	w := NewTracker(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
 	if !w.OnPeerSilent(liveness.Silence{Node: 1, Session: "s", Since: time.Now().Add(-2 * time.Second)}, true, false) {
 		t.Fatal("a silent neighbour while the ranks train did not end them")
 	}
@@ -69,7 +69,7 @@ func TestSettleAt_SilentPeerDoesNotWait(t *testing.T) {
 
 // startRanks starts n processes that stand for ranks, said hello to w,
 // and returns them (killed at the test's end).
-func startRanks(t *testing.T, w *Watch, n int) []*exec.Cmd {
+func startRanks(t *testing.T, w *Tracker, n int) []*exec.Cmd {
 	t.Helper()
 	var cmds []*exec.Cmd
 	for range n {
@@ -90,7 +90,7 @@ func startRanks(t *testing.T, w *Watch, n int) []*exec.Cmd {
 // runs, and never during a stop sequence (a notice's or a signal's stop
 // lets torchrun exit in order).
 func TestTick_SilentVerdictKillsLauncherOnceRanksGone(t *testing.T) {
-	w := NewWatch(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
+	w := NewTracker(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
 	rs := startRanks(t, &w, 2)
 	if !w.OnPeerSilent(liveness.Silence{Node: 1, Session: "s", Since: time.Now().Add(-2 * time.Second)}, true, false) {
 		t.Fatal("a silent neighbour while the ranks train did not end them")
@@ -126,7 +126,7 @@ func TestTick_SilentVerdictKillsLauncherOnceRanksGone(t *testing.T) {
 // (EndLauncher) and never SIGKILLs it early: there the crash-record wait
 // (PeerCrashSettle) outlasts torchrun's exit anyway.
 func TestTick_RanksVerdictEndsLauncherWithoutKill(t *testing.T) {
-	w := NewWatch(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
+	w := NewTracker(Env{Log: zap.NewNop(), Metrics: nopMetrics{}})
 	rs := startRanks(t, &w, 2)
 	for _, r := range rs {
 		r.Process.Kill()

@@ -1,8 +1,8 @@
-// Package watchloop holds what the metadata sources (aws, gcp, azure)
-// share in their watch loops: de-duplication, delivery and logging of
+// Package poll holds what the metadata sources (aws, gcp, azure)
+// share in their poll loops: de-duplication, delivery and logging of
 // notices, and rate-limited logging of faults. Their backoff is the
 // module's one retry helper, internal/retry.
-package watchloop
+package poll
 
 import (
 	"context"

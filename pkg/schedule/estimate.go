@@ -23,11 +23,11 @@ var CloudNotices = []CloudNotice{
 	{Cloud: "azure", Name: "Azure Preempt", Lead: 30 * time.Second},
 }
 
-// Promise is what the agent can promise for a notice checkpoint: how long
-// one would take from the request to its commit, from what was measured
-// last (a periodic checkpoint of this session, or the journal of an
-// earlier one).
-type Promise struct {
+// Estimate is how long a notice checkpoint would take from the request to
+// its commit, from what was measured last (a periodic checkpoint of this
+// session, or the journal of an earlier one). What the agent promises,
+// whether that fits each cloud's notice, is pkg/supervisor/promise's.
+type Estimate struct {
 	Bytes int64 // the checkpoint's size
 	// Save is the trainer's save (request → done); Upload the data upload
 	// (for a pipelined save, from the first early upload); Took the whole
@@ -48,12 +48,12 @@ type Promise struct {
 }
 
 // Known reports whether p holds a prediction.
-func (p Promise) Known() bool { return p.Need() > 0 }
+func (p Estimate) Known() bool { return p.Need() > 0 }
 
 // Need is the predicted time from a notice's checkpoint request to its
 // commit: the measured request → committed when there is one, else the
 // save and the upload, overlapped when the save was pipelined.
-func (p Promise) Need() time.Duration {
+func (p Estimate) Need() time.Duration {
 	if p.Took > 0 {
 		return p.Took
 	}
@@ -68,7 +68,7 @@ func (p Promise) Need() time.Duration {
 func Budget(lead, margin time.Duration) time.Duration { return max(lead-margin, 0) }
 
 // Fits reports whether a notice checkpoint commits within lead, margin kept.
-func (p Promise) Fits(lead, margin time.Duration) bool {
+func (p Estimate) Fits(lead, margin time.Duration) bool {
 	return p.Need() <= Budget(lead, margin)
 }
 
@@ -87,7 +87,7 @@ func NoticeFor(cloud string) (CloudNotice, bool) {
 // e.g. "checkpoint 80.0 GiB needs ~95s at 860 MB/s (save 12s); GCP
 // preemption gives 30s (25s with --margin 5s)"; "" when it fits or
 // nothing is known.
-func (p Promise) Problem(c CloudNotice, margin time.Duration) string {
+func (p Estimate) Problem(c CloudNotice, margin time.Duration) string {
 	if !p.Known() || p.Fits(c.Lead, margin) {
 		return ""
 	}
@@ -115,7 +115,7 @@ func (p Promise) Problem(c CloudNotice, margin time.Duration) string {
 
 // Advice lists what would make a notice checkpoint fit within budget:
 // a pipelined save, fewer bytes, more frequent periodic checkpoints.
-func (p Promise) Advice(budget time.Duration) []string {
+func (p Estimate) Advice(budget time.Duration) []string {
 	var out []string
 	if !p.Pipelined && p.Save > 0 && p.Upload > 0 {
 		piped := max(p.Save, p.Upload)

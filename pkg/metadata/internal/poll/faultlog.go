@@ -1,4 +1,4 @@
-package watchloop
+package poll
 
 import (
 	"go.uber.org/zap"

@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-func TestPromise_NeedAndFits(t *testing.T) {
+func TestEstimate_NeedAndFits(t *testing.T) {
 	gcp, _ := NoticeFor("gcp")
 	aws, _ := NoticeFor("aws")
-	serial := Promise{Bytes: 80 << 30, Save: 12 * time.Second, Upload: 100 * time.Second, Rate: 860e6}
+	serial := Estimate{Bytes: 80 << 30, Save: 12 * time.Second, Upload: 100 * time.Second, Rate: 860e6}
 	if got, want := serial.Need(), 112*time.Second; got != want {
 		t.Fatalf("serial need %s, want %s (save + upload)", got, want)
 	}
@@ -28,18 +28,18 @@ func TestPromise_NeedAndFits(t *testing.T) {
 		t.Fatalf("95 s: want it to fit AWS's 115 s and not GCP's 25 s")
 	}
 	// The margin is kept: 116 s does not fit 120 s with 5 s kept.
-	if (Promise{Took: 116 * time.Second}).Fits(aws.Lead, margin) {
+	if (Estimate{Took: 116 * time.Second}).Fits(aws.Lead, margin) {
 		t.Fatal("116 s fits AWS's 120 s minus a 5 s margin")
 	}
-	if (Promise{}).Known() {
-		t.Fatal("an empty promise is known")
+	if (Estimate{}).Known() {
+		t.Fatal("an empty estimate is known")
 	}
 }
 
-func TestPromise_ProblemAndAdvice(t *testing.T) {
+func TestEstimate_ProblemAndAdvice(t *testing.T) {
 	gcp, _ := NoticeFor("gcp")
 	aws, _ := NoticeFor("aws")
-	p := Promise{Bytes: 80 << 30, Save: 12 * time.Second, Upload: 100 * time.Second, Took: 95 * time.Second, Rate: 860e6}
+	p := Estimate{Bytes: 80 << 30, Save: 12 * time.Second, Upload: 100 * time.Second, Took: 95 * time.Second, Rate: 860e6}
 	got := p.Problem(gcp, 5*time.Second)
 	want := "checkpoint 80.0 GiB needs ~1m35s (at 860 MB/s, save 12s); GCP preemption gives 30s (25s with --margin 5s)"
 	if got != want {
@@ -61,11 +61,11 @@ func TestPromise_ProblemAndAdvice(t *testing.T) {
 		t.Errorf("pipelined advice:\n%s", adv)
 	}
 	// A save that alone overruns the budget.
-	slow := Promise{Bytes: 1 << 30, Save: 40 * time.Second, Upload: time.Second, Rate: 1e9}
+	slow := Estimate{Bytes: 1 << 30, Save: 40 * time.Second, Upload: time.Second, Rate: 1e9}
 	if adv := strings.Join(slow.Advice(25*time.Second), "\n"); !strings.Contains(adv, "save faster") {
 		t.Errorf("a 40 s save against 25 s: advice\n%s", adv)
 	}
-	lower := Promise{Bytes: 8 << 30, Upload: 40 * time.Second, Rate: 215e6, Lower: true}
+	lower := Estimate{Bytes: 8 << 30, Upload: 40 * time.Second, Rate: 215e6, Lower: true}
 	if s := lower.Problem(gcp, 5*time.Second); !strings.Contains(s, "needs at least 40s") {
 		t.Fatalf("lower bound: %q", s)
 	}
