@@ -284,14 +284,14 @@ func (w *world) runSession(k int) string {
 	var firstSig, secondSig time.Duration = -1, -1
 	noticeAt, noticeFor := time.Duration(-1), time.Duration(0)
 	if r.IntN(100) < 35 {
-		noticeAt = time.Duration(20+r.IntN(280)) * time.Second
+		noticeAt = time.Duration(20+r.IntN(180)) * time.Second
 		noticeFor = pick(r, 15*time.Second, 30*time.Second, 90*time.Second, 2*time.Minute)
 		evs = append(evs, event{at: noticeAt, notice: &metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: fmt.Sprintf("notice-%d", k), Action: "terminate"}})
 	}
 	if r.IntN(100) < 75 {
-		firstSig = time.Duration(20+r.IntN(380)) * time.Second
+		firstSig = time.Duration(20+r.IntN(220)) * time.Second
 	} else {
-		firstSig = 600 * time.Second // the host ends the run at last
+		firstSig = 300 * time.Second // the host ends the run at last
 	}
 	evs = append(evs, event{at: firstSig, signal: true})
 	if r.IntN(100) < 15 {
@@ -338,8 +338,20 @@ func (w *world) runSession(k int) string {
 	asks := make(chan chan<- supervisor.Status, 1)
 	reply := make(chan supervisor.Status, 1)
 	asks <- reply
+	stopped := make(chan struct{})
 	go func() {
-		done <- supervisor.RunHosted(ctx, cfg, supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks})
+		err := supervisor.RunHosted(ctx, cfg, supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks})
+		close(stopped)
+		done <- err
+	}()
+	loopUp := make(chan time.Duration, 1)
+	go func() {
+		select {
+		case <-reply:
+			loopUp <- time.Since(start)
+			w.logf("agent: loop running")
+		case <-stopped:
+		}
 	}()
 	var loopAt time.Duration = -1
 	sess := &session{w: w, k: k, srv: srv, start: start, quit: make(chan struct{}), newest: newest}
@@ -380,9 +392,7 @@ func (w *world) runSession(k int) string {
 	var bound time.Duration
 	for !ended {
 		select {
-		case <-reply:
-			loopAt = time.Since(start)
-			w.logf("agent: loop running")
+		case loopAt = <-loopUp:
 			continue
 		default:
 		}
@@ -400,9 +410,7 @@ func (w *world) runSession(k int) string {
 		select {
 		case runErr = <-done:
 			ended = true
-		case <-reply:
-			loopAt = time.Since(start)
-			w.logf("agent: loop running")
+		case loopAt = <-loopUp:
 		case <-t.C:
 		}
 		t.Stop()
@@ -599,7 +607,7 @@ func (t *trainer) serve() (crashed bool) {
 	}
 	t.logf("hello")
 	sc := bufio.NewScanner(t.nc)
-	sc.Buffer(make([]byte, 64<<10), 2<<20)
+	sc.Buffer(make([]byte, 4<<10), 2<<20)
 	var crashedFlag bool
 	for sc.Scan() {
 		var m protocol.Message
@@ -636,8 +644,9 @@ func (t *trainer) serve() (crashed bool) {
 			mu.Lock()
 			asked[m.ID] = true
 			mu.Unlock()
+			wait := t.waitFor(mode, dl) // drawn here: the rng is this goroutine's
 			answers.Go(func() {
-				if t.answer(m.ID, m.Dir, dl, step, mode, gone) {
+				if t.answer(m.ID, m.Dir, dl, step, mode, wait, gone) {
 					crashOnce.Do(func() {
 						mu.Lock()
 						crashedFlag = true
@@ -726,18 +735,24 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 	}
 }
 
+// waitFor is how long the trainer takes to answer in mode a request
+// due by deadline.
+func (t *trainer) waitFor(mode mode, deadline time.Time) time.Duration {
+	switch mode {
+	case slow:
+		return time.Duration(t.rng.Int64N(max(int64(time.Until(deadline)-2*time.Second), 1)))
+	case late:
+		return time.Until(deadline) + time.Second + time.Duration(t.rng.IntN(20))*time.Second
+	case never:
+		return 0
+	}
+	return time.Duration(t.rng.IntN(3000)) * time.Millisecond
+}
+
 // answer does what mode says with request id; true when the trainer
 // crashed saving it.
-func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mode, gone <-chan struct{}) bool {
-	var wait time.Duration
-	switch mode {
-	case prompt, garbage, failing, crash:
-		wait = time.Duration(t.rng.IntN(3000)) * time.Millisecond
-	case slow:
-		wait = time.Duration(t.rng.Int64N(max(int64(time.Until(deadline)-2*time.Second), 1)))
-	case late:
-		wait = time.Until(deadline) + time.Second + time.Duration(t.rng.IntN(20))*time.Second
-	case never:
+func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mode, wait time.Duration, gone <-chan struct{}) bool {
+	if mode == never {
 		return false
 	}
 	if !t.sleep(wait, gone) {
