@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,9 +73,26 @@ import (
 //
 // A failure prints the seed, the schedule's shape and its trace; replay
 // it with SPOTAGENT_SIM_SEED=<seed> (the agent's log then joins the
-// trace). Fake time is deterministic; the only other randomness, the
-// agent's request ids, is renamed in the trace and in the fault draws by
-// order of appearance (c1, c2, ...), so a seed replays its faults.
+// trace; SPOTAGENT_SIM_LIVE=1 prints both as they happen, for a replay
+// that hangs).
+//
+// Determinism: the seed fixes the schedule (TestAgentSimScheduleFromSeed)
+// and each store operation's fate, drawn from the seed, the operation,
+// its key (the agent's random request ids left out: the step names the
+// checkpoint) and how many of the same came before. Fake time is the
+// bubble's. What the seed cannot fix is the order of what happens at one
+// instant of fake time: the agent's loop selects among ready channels at
+// random, and its uploads, retention and journal writes run side by side;
+// two runs of one seed may interleave those differently (the count of a
+// retried delete, a commit's result before or after a trainer's message)
+// and so diverge. A replay therefore runs its seed until it fails, up to
+// simReplays times; every failure found so far failed on each replay.
+// The store protocol's own simulation (pkg/checkpoint/commit TestSim) is
+// exactly deterministic: its actors are scheduled one operation at a time.
+//
+// A goroutine that never blocks (a busy loop) stops a bubble's clock
+// without a deadlock synctest could report: a watchdog in real time
+// (simWatchdog) prints the seed and its trace and exits.
 //
 // Run in every go test: simSchedules (10,000) seeds, simShort under
 // -short; make soak-sim runs more (SPOTAGENT_SIM_SCHEDULES).
@@ -84,10 +102,22 @@ const (
 )
 
 func TestAgentSim(t *testing.T) {
+	replays := 1
+	if os.Getenv("SPOTAGENT_SIM_SEED") != "" {
+		replays = simReplays
+		if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_SIM_REPLAYS")); err == nil && n > 0 {
+			replays = n
+		}
+	}
 	run := storesim.Seeds{Schedules: simSchedules, Short: simShort, Run: func(seed uint64) ([]string, string) {
-		w := runSim(t, seed)
-		if w.failed() {
-			return w.trace, w.report()
+		var w *world
+		for i := range replays {
+			if w = runSim(t, seed); w.failed() {
+				if i > 0 {
+					t.Logf("seed %d failed on replay %d", seed, i+1)
+				}
+				return w.trace, w.report()
+			}
 		}
 		return w.trace, ""
 	}}.Test(t)
@@ -96,13 +126,36 @@ func TestAgentSim(t *testing.T) {
 	}
 }
 
-// TestAgentSimDeterministic: one seed draws one schedule, its faults and
-// its outcome, however the Go scheduler runs the bubble's goroutines.
-func TestAgentSimDeterministic(t *testing.T) {
+// simRegressions are seeds that found bugs: each failed with the bug in
+// and passes since its fix (the commit that added them).
+var simRegressions = map[uint64]string{
+	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
+	20:  "agent_request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
+	51:  "the same, and restore then handed the half file to the trainer as verified",
+}
+
+// TestAgentSimRegressions replays the seeds that found bugs.
+func TestAgentSimRegressions(t *testing.T) {
+	for _, seed := range slices.Sorted(mapsKeys(simRegressions)) {
+		if w := runSim(t, seed); w.failed() {
+			t.Errorf("%s\n%s", simRegressions[seed], w.report())
+		}
+	}
+}
+
+// simReplays is how many times a replay (SPOTAGENT_SIM_SEED) runs its
+// seed until it fails (SPOTAGENT_SIM_REPLAYS changes it): see
+// "Determinism" above.
+const simReplays = 20
+
+// TestAgentSimScheduleFromSeed: one seed draws one schedule (sessions,
+// trainers and what each does, notices, signals, fault rates), however
+// the Go scheduler runs the bubble's goroutines.
+func TestAgentSimScheduleFromSeed(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
 		a, b := runSim(t, seed), runSim(t, seed)
-		if a.shape != b.shape || a.outcome() != b.outcome() {
-			t.Errorf("seed %d: two runs differ:\n%s\n%s\n---\n%s\n%s", seed, a.shape, a.outcome(), b.shape, b.outcome())
+		if a.shape != b.shape || a.failed() || b.failed() {
+			t.Errorf("seed %d: two runs differ, or failed:\n%s\n%s\n---\n%s\n%s", seed, a.shape, a.outcome(), b.shape, b.outcome())
 		}
 	}
 }
@@ -127,6 +180,7 @@ type world struct {
 	mu       sync.Mutex
 	trace    []string
 	bad      []string
+	seen     map[string]bool              // violations reported
 	ids      map[string]string            // request id -> c<n>
 	files    map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
 	ranksOf  map[string]map[int][]string  // request id -> rank that answered in time -> its paths
@@ -171,11 +225,19 @@ func (w *world) outcome() string {
 	return fmt.Sprintf("starts=%d ended=%v commits=%d faults=%d latest=%d acked=%d bad=%d", w.starts, w.ended, w.commits, w.injected, w.latest, w.acked, len(w.bad))
 }
 
-var hexID = regexp.MustCompile(`[0-9a-f]{12}`)
+var (
+	hexID = regexp.MustCompile(`\b[0-9a-f]{12}\b`)
+	// objectID is a request id in an object key (checkpoints/<step>-<id>/).
+	objectID = regexp.MustCompile(`([0-9]{12})-[0-9a-f]{12}\b`)
+)
 
-// name renames the agent's random request ids in s (mu held).
+// name renames the agent's random ids in s (mu held), in the order the
+// trace meets them: c1, c2, ... (a step, twelve decimal digits, stays).
 func (w *world) name(s string) string {
 	return hexID.ReplaceAllStringFunc(s, func(id string) string {
+		if strings.Trim(id, "0123456789") == "" {
+			return id
+		}
 		n, ok := w.ids[id]
 		if !ok {
 			n = fmt.Sprintf("c%d", len(w.ids)+1)
@@ -205,7 +267,12 @@ func (w *world) violate(format string, args ...any) {
 }
 
 func (w *world) violateLocked(format string, args ...any) {
-	msg := fmt.Sprintf("%.3fs s%d: ", time.Since(w.t0).Seconds(), w.session) + w.name(fmt.Sprintf(format, args...))
+	what := w.name(fmt.Sprintf(format, args...))
+	if w.seen[what] {
+		return // a manifest's fault is found by every check of the store after it
+	}
+	w.seen[what] = true
+	msg := fmt.Sprintf("%.3fs s%d: ", time.Since(w.t0).Seconds(), w.session) + what
 	w.trace = append(w.trace, "VIOLATION "+msg)
 	if len(w.bad) < 5 {
 		w.bad = append(w.bad, msg)
@@ -221,34 +288,54 @@ func simTmp() string {
 	return os.TempDir()
 }
 
+// simWatchdog is the real time one schedule may take: a goroutine of the
+// bubble that never blocks (a busy loop) stops the bubble's clock, and
+// synctest cannot call that a deadlock. Past it the seed and its trace so
+// far are printed and the test binary exits (SPOTAGENT_SIM_WATCHDOG, a
+// Go duration, changes it).
+const simWatchdog = 2 * time.Minute
+
 // runSim runs the schedule of one seed inside a synctest bubble.
 func runSim(t *testing.T, seed uint64) *world {
-	var w *world
-	synctest.Test(t, func(t *testing.T) { w = runBubble(t, seed) })
+	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
+		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
+		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+	watchdogAfter := simWatchdog
+	if d, err := time.ParseDuration(os.Getenv("SPOTAGENT_SIM_WATCHDOG")); err == nil {
+		watchdogAfter = d
+	}
+	watchdog := time.AfterFunc(watchdogAfter, func() {
+		if !w.mu.TryLock() {
+			fmt.Fprintf(os.Stderr, "agent simulation seed %d: still running after %s of real time (a goroutine that never blocks: a busy loop?); its trace is locked\n", seed, watchdogAfter)
+			os.Exit(1)
+		}
+		w.bad = append(w.bad, fmt.Sprintf("still running after %s of real time: a goroutine of the bubble never blocks (a busy loop?), so its clock stopped", watchdogAfter))
+		report := w.report()
+		w.mu.Unlock()
+		fmt.Fprintln(os.Stderr, report)
+		os.Exit(1)
+	})
+	defer watchdog.Stop()
+	synctest.Test(t, func(t *testing.T) { runBubble(t, w) })
 	return w
 }
 
-func runBubble(t *testing.T, seed uint64) *world {
+func runBubble(t *testing.T, w *world) {
 	dir, err := os.MkdirTemp(simTmp(), "agentsim-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(), dir: dir, t0: time.Now(),
-		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", ids: map[string]string{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+	w.dir, w.t0 = dir, time.Now()
 	sessions := 1 + w.rng.IntN(2)
-	var shape []string
 	for k := 1; k <= sessions; k++ {
-		shape = append(shape, w.runSession(k))
+		w.runSession(k)
 	}
-	w.shape = strings.Join(shape, " | ")
 	w.checkStore()
 	if w.logBuf != nil && w.failed() {
 		w.trace = append(w.trace, "agent log:")
 		w.trace = append(w.trace, strings.Split(w.name(w.logBuf.String()), "\n")...)
 	}
-	return w
 }
 
 // pick draws one of xs.
@@ -261,8 +348,8 @@ type event struct {
 	signal bool
 }
 
-// runSession draws and runs session k to its end, and returns its shape.
-func (w *world) runSession(k int) string {
+// runSession draws session k, adds it to the shape, and runs it to its end.
+func (w *world) runSession(k int) {
 	r := w.rng
 	w.mu.Lock()
 	w.session = k
@@ -302,6 +389,12 @@ func (w *world) runSession(k int) string {
 	shape := fmt.Sprintf("s%d: trainers=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s [%s]",
 		k, n, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig, trainerShapes(plans))
 
+	w.mu.Lock()
+	if w.shape != "" {
+		w.shape += " | "
+	}
+	w.shape += shape
+	w.mu.Unlock()
 	var log *zap.Logger
 	if w.replay {
 		if w.logBuf == nil {
@@ -320,7 +413,7 @@ func (w *world) runSession(k int) string {
 	root, err := os.OpenRoot(w.dir)
 	if err != nil {
 		w.violate("open the checkpoint dir: %v", err)
-		return shape
+		return
 	}
 	srv := protocol.NewPipes(protocol.ServerConfig{Log: log})
 	notices := make(chan metadata.Notice, 4)
@@ -452,7 +545,6 @@ func (w *world) runSession(k int) string {
 	trainers.Wait()
 	w.st.Faults = nil
 	w.checkStore()
-	return shape
 }
 
 // session is what a session's trainers share.
@@ -958,9 +1050,8 @@ type faults struct {
 }
 
 func (f *faults) draw(what string, op storesim.Op) float64 {
-	f.w.mu.Lock()
-	k := what + " " + string(op.Kind) + " " + f.w.name(op.Key)
-	f.w.mu.Unlock()
+	// The request's random id left out: the step names the checkpoint.
+	k := what + " " + string(op.Kind) + " " + objectID.ReplaceAllString(op.Key, "$1-id")
 	f.mu.Lock()
 	n := f.seen[k]
 	f.seen[k]++
