@@ -94,12 +94,10 @@ import (
 // without a deadlock synctest could report: a watchdog in real time
 // (simWatchdog) prints the seed and its trace and exits.
 //
-// Run in every go test: simSchedules (10,000) seeds, simShort under
-// -short; make soak-sim runs more (SPOTAGENT_SIM_SCHEDULES).
-const (
-	simSchedules = 10000
-	simShort     = 1000
-)
+// Run in every go test: simSchedules seeds (10,000; 200 under the race
+// detector), simShort under -short; make soak-sim runs more
+// (SPOTAGENT_SIM_SCHEDULES).
+const simShort = 1000
 
 func TestAgentSim(t *testing.T) {
 	replays := 1
