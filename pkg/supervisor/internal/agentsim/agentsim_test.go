@@ -494,8 +494,10 @@ func (w *world) runSession(k int) {
 			heard = max(firstSig, loopAt)
 		}
 		bound = heard + grace + exitWait + 2*time.Second
-		if secondSig >= 0 && secondSig-firstSig >= time.Second {
-			bound = min(bound, max(secondSig, loopAt)+exitWait+2*time.Second)
+		// Signals queued while the agent starts reach its loop together:
+		// within the window, one signal.
+		if secondSig >= 0 && loopAt >= 0 && secondSig-max(firstSig, loopAt) >= time.Second {
+			bound = min(bound, secondSig+exitWait+2*time.Second)
 		}
 		t := time.NewTimer(time.Until(start.Add(bound)))
 		select {
