@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -1138,4 +1137,3 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-var _ = errors.New
