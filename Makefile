@@ -173,11 +173,16 @@ device-check:
 # The store protocol by deterministic simulation (pkg/checkpoint/commit/sim_test.go):
 # 100,000 schedules without the race detector (test-go runs a sample under it);
 # soak-sim runs 2,000,000 (SPOTAGENT_SIM_SCHEDULES), from SPOTAGENT_SIM_FIRST.
+# The whole agent by simulation (pkg/supervisor/internal/agentsim): 10,000
+# schedules (200 under test-go's race detector); soak-sim runs 200,000 of them
+# (SPOTAGENT_AGENTSIM_SCHEDULES).
 test-sim:
 	$(GO) test -tags '$(TAGS)' -count=1 -timeout 30m -run 'TestSim' -v ./pkg/checkpoint/commit
+	$(GO) test -tags '$(TAGS)' -count=1 -timeout 30m -run 'TestAgentSim' -v ./pkg/supervisor/internal/agentsim
 
 soak-sim:
 	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_SIM_SCHEDULES:-2000000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestSim$$' -v ./pkg/checkpoint/commit
+	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_AGENTSIM_SCHEDULES:-200000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestAgentSim$$' -v ./pkg/supervisor/internal/agentsim
 
 soak:
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|MetadataFault|Distributed_AgentKilled' ./integration/

@@ -36,7 +36,7 @@ var (
 type Conn struct {
 	srv   *Server
 	id    uint64
-	nc    *net.UnixConn
+	nc    net.Conn // a *net.UnixConn; a net.Pipe end for Pipes (pipe.go)
 	cred  peerCredentials
 	ident string // PeerIdentity
 	log   *zap.Logger
@@ -54,7 +54,7 @@ type Conn struct {
 	dropped   atomic.Uint64 // progress messages dropped on a full Events buffer
 }
 
-func newConn(s *Server, id uint64, nc *net.UnixConn, cred peerCredentials, ident string) *Conn {
+func newConn(s *Server, id uint64, nc net.Conn, cred peerCredentials, ident string) *Conn {
 	fields := []zap.Field{zap.Uint64("conn", id), zap.Int("uid", cred.UID), zap.Int("pid", cred.PID)}
 	if ident != "" {
 		fields = append(fields, zap.String("peer", ident))

@@ -497,6 +497,11 @@ func (s *Server) admit(nc *net.UnixConn) {
 		nc.Close()
 		return
 	}
+	s.serveConn(nc, cred)
+}
+
+// serveConn serves connection nc of a peer with cred, within the cap.
+func (s *Server) serveConn(nc net.Conn, cred peerCredentials) {
 	var ident string
 	if s.cfg.Identify != nil {
 		ident = s.cfg.Identify(cred.UID, cred.PID)
@@ -528,7 +533,7 @@ func (s *Server) admit(nc *net.UnixConn) {
 
 // refuseOverCap answers a connection beyond MaxConns with an error line
 // and closes it. The log line is rate-limited: a flood logs once a second.
-func (s *Server) refuseOverCap(nc *net.UnixConn, cred peerCredentials) {
+func (s *Server) refuseOverCap(nc net.Conn, cred peerCredentials) {
 	if b, err := encodeLine(Message{Type: TypeError, Error: fmt.Sprintf("too many connections (%d): closing; try again later", s.cfg.MaxConns)}); err == nil {
 		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		nc.Write(b)
@@ -638,7 +643,9 @@ func (s *Server) Close() error {
 		}
 		ln, sockFI := s.ln, s.sockFI
 		s.mu.Unlock()
-		s.closeErr = ln.Close()
+		if ln != nil { // nil: a Server of Pipes (pipe.go)
+			s.closeErr = ln.Close()
+		}
 		for _, c := range conns {
 			c.Close()
 		}

@@ -410,7 +410,11 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	for _, r := range a.commits.pending {
 		earlier(r.deadline)
 	}
-	if s := a.stops.current; s != nil {
+	if s := a.stops.current; s != nil && now.Before(s.deadline) {
+		// Once: past it, tick has done what the deadline asks. A stop
+		// whose deadline passed while the agent waits on (a sidecar's
+		// trainers still connected after a notice) must not wake the
+		// loop at once, forever: it spun (TestAgentSim seed 5).
 		earlier(s.deadline)
 	}
 	earlier(a.proc.RestartAt())

@@ -176,7 +176,15 @@ func (a *Agent) settle(r *request) {
 		}
 		return
 	}
-	if why := a.job.lost(r); why != "" {
+	why := a.job.lost(r)
+	if why == "" && r.lost > 0 {
+		// A rank that went away owing its answer may have left half its
+		// files in the directory: the others' answers do not make it a
+		// checkpoint (TestAgentSim seed 61 committed a crashed rank's
+		// half file, and restore handed it out as verified).
+		why = fmt.Sprintf("%d trainer(s) disconnected before saving: checkpoint abandoned", r.lost)
+	}
+	if why != "" {
 		a.abandonPart(r, why, now) // agent_job.go
 		return
 	}

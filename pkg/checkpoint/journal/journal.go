@@ -216,7 +216,14 @@ func Read(ctx context.Context, st cloud.Store, runID string) (*Journal, error) {
 
 // Writer serialises changes to a journal and saves it.
 type Writer struct {
-	st    cloud.Store
+	st cloud.Store
+	// turn serialises Update, a store round trip or several: a channel,
+	// not a mutex, so that a writer waiting for its turn gives up with
+	// its context and is durably blocked in a testing/synctest bubble
+	// (the agent's simulation, pkg/supervisor/internal/agentsim, where a
+	// slow store would otherwise stop the bubble's clock). mu guards the
+	// fields below for a moment only: Snapshot never waits on the store.
+	turn  chan struct{}
 	mu    sync.Mutex
 	j     *Journal
 	lease *checkpoint.Lease // set: no write once fenced (pkg/checkpoint, lease.go)
@@ -224,7 +231,7 @@ type Writer struct {
 
 // NewWriter wraps a journal read with Read.
 func NewWriter(st cloud.Store, j *Journal) *Writer {
-	return &Writer{st: st, j: j}
+	return &Writer{st: st, j: j, turn: make(chan struct{}, 1)}
 }
 
 // Update applies fn to the journal in the store and saves the result, a
@@ -234,23 +241,30 @@ func NewWriter(st cloud.Store, j *Journal) *Writer {
 // a fenced session writes nothing (ErrFenced): the lease is checked before
 // the first attempt and after a lost race. fn may run more than once.
 func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
+	select {
+	case w.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("write journal: %w", ctx.Err())
+	}
+	defer func() { <-w.turn }()
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	lease, runID := w.lease, w.j.RunID
+	w.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		if w.lease != nil && attempt == 0 {
+		if lease != nil && attempt == 0 {
 			// One List: a session fenced since its last look writes nothing.
-			if err := w.lease.Check(ctx); err != nil {
+			if err := lease.Check(ctx); err != nil {
 				return fmt.Errorf("write journal: %w", err)
 			}
 		}
 		opts := cloud.PutOptions{IfAbsent: true}
-		j := w.copyOf(w.j)
+		j := w.Snapshot()
 		info, err := w.st.Stat(ctx, checkpoint.JournalKey)
 		switch {
 		case err == nil:
 			opts = cloud.PutOptions{IfVersion: info.Version}
 			// A journal that no longer parses is replaced by this one.
-			if fresh, rerr := Read(ctx, w.st, w.j.RunID); rerr == nil {
+			if fresh, rerr := Read(ctx, w.st, runID); rerr == nil {
 				j = fresh
 			} else if ctx.Err() != nil {
 				return ctx.Err()
@@ -265,15 +279,17 @@ func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 		}
 		err = w.st.Put(ctx, checkpoint.JournalKey, bytes.NewReader(body), int64(len(body)), opts)
 		if err == nil {
+			w.mu.Lock()
 			w.j = j
+			w.mu.Unlock()
 			return nil
 		}
 		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 8 {
 			return fmt.Errorf("write journal: %w", err)
 		}
-		if w.lease != nil {
+		if lease != nil {
 			// Another writer got there first: perhaps a newer session.
-			if err := w.lease.Check(ctx); err != nil {
+			if err := lease.Check(ctx); err != nil {
 				return fmt.Errorf("write journal: %w", err)
 			}
 		}
