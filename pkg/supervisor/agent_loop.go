@@ -419,7 +419,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	earlier(a.proc.RestartAt())
 	earlier(a.boot.AbandonAt())
-	earlier(a.src.Wake())
+	earlier(a.src.View(now).Wake)
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
 	}
@@ -508,7 +508,7 @@ func (a *Agent) checkDone() {
 		return // the exit code waits for the crash-record lookup (pkg/supervisor/ranks)
 	}
 	// Uploads are waited for, but never past a signal's grace (stop.go).
-	if over := a.stops.graceOver(time.Now()); !over && (a.src.Busy(time.Now()) || len(a.commits.uploads) > 0) {
+	if over := a.stops.graceOver(time.Now()); !over && (a.src.View(time.Now()).Busy || len(a.commits.uploads) > 0) {
 		return
 	}
 	if len(a.cfg.Command) > 0 {

@@ -45,9 +45,7 @@ func (a *Agent) newSource() (source.Source, sourceRestore, error) {
 	}
 	// Commits check before each manifest that the checkpoint did not
 	// change during its upload.
-	c := *a.commits.committer
-	c.Store = ws.Store()
-	a.commits.useCommitter(&c)
+	a.commits.useCommitter(a.commits.committer.OnStore(ws.Store()))
 	return ws, sourceRestore{fetch: func(ctx context.Context, opts restore.Options) (*localdirs.Fetched, error) {
 		return ws.Fetch(ctx, opts, a.dirs.Area, a.dirs.AreaPath) // the area is opened after the source is made
 	}, restored: ws.Restored}, nil
@@ -63,14 +61,15 @@ func (protocolSource) Start()                                      {}
 func (protocolSource) Close()                                      {}
 func (protocolSource) Ready() <-chan func()                        { return nil }
 func (protocolSource) Tick(time.Time)                              {}
-func (protocolSource) Wake() time.Time                             { return time.Time{} }
-func (protocolSource) Busy(time.Time) bool                         { return false }
 func (protocolSource) Committed(source.Result)                     {}
 func (protocolSource) Stop(source.Stop, time.Time, time.Time) bool { return false }
 func (protocolSource) Asks() bool                                  { return true }
 
-// Reached: what the trainer reported (progress, done, bye).
-func (p protocolSource) Reached(time.Time) (int64, string) { return p.host.State().TrainerStep, "" }
+// View: nothing of its own to wake for or wait on; the trainer reached
+// what it reported (progress, done, bye).
+func (p protocolSource) View(time.Time) source.View {
+	return source.View{Reached: p.host.State().TrainerStep}
+}
 
 // agentHost is the agent as its checkpoint source's host.
 type agentHost struct{ a *Agent }

@@ -277,8 +277,8 @@ func (s *stopState) noticeOutcome(m Metrics, committed bool, now time.Time) {
 // recordLostSteps records the steps past committed that the trainer
 // reached, as the checkpoint source counts them.
 func (s *stopState) recordLostSteps(src source.Source, committed int64, now time.Time) {
-	reached, from := src.Reached(now)
-	s.record.LostSteps, s.record.LostStepsFrom = max(reached-committed, 0), from
+	v := src.View(now)
+	s.record.LostSteps, s.record.LostStepsFrom = max(v.Reached-committed, 0), v.ReachedFrom
 }
 
 // requested records that r, asked for at sent, is s's checkpoint.

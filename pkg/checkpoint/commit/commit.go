@@ -56,6 +56,14 @@ func (c *Committer) Fence(l *checkpoint.Lease) { c.Lease = l }
 // (PartLease).
 func (c *Committer) FenceParts(l *checkpoint.Lease) { c.PartLease = l }
 
+// OnStore is a committer like c that writes to st (a store that checks
+// each file before the manifest, zero-code mode's), sharing c's pace.
+func (c *Committer) OnStore(st cloud.Store) *Committer {
+	d := *c
+	d.Store = st
+	return &d
+}
+
 // SessionParts gives this session's part data a folder of its own
 // (Session).
 func (c *Committer) SessionParts(session string) { c.Session = session }

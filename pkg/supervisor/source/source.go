@@ -39,11 +39,10 @@ type Source interface {
 	// Ready yields work the source asks the loop to do (a checkpoint
 	// found complete); nil: never.
 	Ready() <-chan func()
-	// Tick is the loop's pass at now; Wake is when the source next needs
-	// one (zero: never); Busy keeps the agent from ending.
+	// Tick is the loop's pass at now; View is where the source stands
+	// then (after Tick in the same pass).
 	Tick(now time.Time)
-	Wake() time.Time
-	Busy(now time.Time) bool
+	View(now time.Time) View
 	// Committed follows each commit result, after the agent recorded it.
 	Committed(cr Result)
 	// Stop begins the interruption s, whose checkpoint must be uploaded
@@ -51,11 +50,20 @@ type Source interface {
 	Stop(s Stop, uploadBy, now time.Time) bool
 	// Asks reports whether the agent asks the trainer for checkpoints.
 	Asks() bool
-	// Reached is the newest step the trainer reached by now as far as the
-	// source knows, and how that was counted (Interruption.LostStepsFrom,
-	// empty: the trainer's reports): an interruption loses the steps past
-	// the committed one.
-	Reached(now time.Time) (step int64, from string)
+}
+
+// View is where a source stands at a moment, as the loop asks it.
+type View struct {
+	// Wake is when the source next needs a pass of the loop (zero: never).
+	Wake time.Time
+	// Busy keeps the agent from ending.
+	Busy bool
+	// Reached is the newest step the trainer reached by then as far as
+	// the source knows, and ReachedFrom how that was counted
+	// (Interruption.LostStepsFrom, empty: the trainer's reports): an
+	// interruption loses the steps past the committed one.
+	Reached     int64
+	ReachedFrom string
 }
 
 var _ Source = (*Watch)(nil)

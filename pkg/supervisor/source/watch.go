@@ -573,8 +573,14 @@ func (ws *Watch) logStop(st *watchStop, now time.Time) {
 	}
 }
 
-// Wake is when the watch needs the loop next (zero: never).
-func (ws *Watch) Wake() time.Time {
+// View is where the watch stands at now (source.View).
+func (ws *Watch) View(now time.Time) View {
+	reached, from := ws.reached(now)
+	return View{Wake: ws.wake(), Busy: ws.busy(now), Reached: reached, ReachedFrom: from}
+}
+
+// wake is when the watch needs the loop next (zero: never).
+func (ws *Watch) wake() time.Time {
 	if st := ws.intr; st != nil && !st.s.Finished() {
 		return st.uploadBy
 	}
@@ -672,14 +678,14 @@ func (ws *Watch) finish(st *watchStop, now time.Time) {
 	h.StopTrainer()
 }
 
-// Reached is the step the trainer reached by now (by its exit, if it
+// reached is the step the trainer reached by now (by its exit, if it
 // exited): what it reported itself if that is newer than anything in DIR
 // (a trainer that speaks the protocol's progress), else its pace
 // extrapolated from its newest checkpoint, else the newest step in DIR
 // (complete or not), which is only a lower bound: a trainer that saves
 // every 10 s and is stopped 9 s after its last save lost 9 s of steps
 // that DIR never shows.
-func (ws *Watch) Reached(now time.Time) (int64, string) {
+func (ws *Watch) reached(now time.Time) (int64, string) {
 	h := ws.host
 	seen := ws.w.NewestStep() // -1: none
 	if h.State().TrainerStep > max(seen, 0) {
@@ -695,10 +701,10 @@ func (ws *Watch) Reached(now time.Time) (int64, string) {
 	return max(seen, h.State().TrainerStep), journal.LostFromDir
 }
 
-// Busy keeps the agent from ending while an interruption waits for the
+// busy keeps the agent from ending while an interruption waits for the
 // trainer's checkpoint, or a trainer that exited may have left one. It
 // reads what tick (run before it in each pass of the loop) saw.
-func (ws *Watch) Busy(now time.Time) bool {
+func (ws *Watch) busy(now time.Time) bool {
 	h := ws.host
 	if st := ws.intr; st != nil && !st.s.Finished() {
 		return true

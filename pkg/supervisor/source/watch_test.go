@@ -102,11 +102,11 @@ func TestNewWatch_EmptiesTheStage(t *testing.T) {
 		t.Fatal("zero-code mode asks the trainer for checkpoints")
 	}
 	// Nothing in DIR yet: the trainer's own report is the step reached.
-	if step, from := ws.Reached(time.Now()); step != 7 || from != "" {
-		t.Fatalf("reached %d (%q), want the trainer's 7", step, from)
+	if v := ws.View(time.Now()); v.Reached != 7 || v.ReachedFrom != "" {
+		t.Fatalf("reached %d (%q), want the trainer's 7", v.Reached, v.ReachedFrom)
 	}
 	ws.host.(*host).step = 0
-	if step, from := ws.Reached(time.Now()); step != 0 || from != journal.LostFromDir {
-		t.Fatalf("reached %d (%q), want 0 from DIR", step, from)
+	if v := ws.View(time.Now()); v.Reached != 0 || v.ReachedFrom != journal.LostFromDir {
+		t.Fatalf("reached %d (%q), want 0 from DIR", v.Reached, v.ReachedFrom)
 	}
 }
