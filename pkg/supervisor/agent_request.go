@@ -306,14 +306,18 @@ func (a *Agent) commit(r *request) {
 		}
 		res, err := a.commits.committer.Commit(ctx, req)
 		if err == nil {
-			// Never the checkpoint just committed, even when its step is
-			// lower than the newest: the trainer was told it is durable.
-			if _, perr := checkpoint.Prune(ctx, st, keep, log, res.ManifestKey); perr != nil {
-				log.Warn("retention failed", zap.Error(perr))
-			}
-			dirs.keep(ctx, r, res, req.Part, r.stop == nil, log) // the local tier
+			dirs.keep(ctx, r, res, req.Part, r.stop == nil, log) // the local tier, before the loop removes the directory
 		}
 		report(commitResult{req: r, res: res, err: err})
+		if err == nil {
+			// After the report: the trainer hears of its commit, and a
+			// stop goes on, without waiting for the store's deletes.
+			// Never the checkpoint just committed, even when its step is
+			// lower than the newest: the trainer was told it is durable.
+			if _, perr := checkpoint.Prune(ctx, st, keep, log, res.ManifestKey); perr != nil && ctx.Err() == nil {
+				log.Warn("retention failed", zap.Error(perr))
+			}
+		}
 	}, func(err error) { report(commitResult{req: r, err: fmt.Errorf("commit: %w", err)}) })
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -606,4 +607,58 @@ func TestAgent_LauncherOneWithExitFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// deleteGate holds every Delete until its gate closes.
+type deleteGate struct {
+	cloud.Store
+	gate    chan struct{}
+	waiting atomic.Int32
+}
+
+func (d *deleteGate) Delete(ctx context.Context, key string) error {
+	d.waiting.Add(1)
+	select {
+	case <-d.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return d.Store.Delete(ctx, key)
+}
+
+// TestAgent_CommittedBeforeRetention: a commit's `committed` (and so an
+// interruption's stop) never waits for retention's deletes of older
+// checkpoints, which run after it; retention still happens.
+func TestAgent_CommittedBeforeRetention(t *testing.T) {
+	st, err := file.New(filepath.Join(testutil.ShortDir(t), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dg := &deleteGate{Store: st, gate: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(dg.gate)
+		}
+	}
+	t.Cleanup(release) // before startAgent's cleanup: an agent in a Delete can end
+	ar := startAgent(t, func(c *Config) {
+		c.Store, c.Keep = dg, 1
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	for step := int64(1); step <= 2; step++ {
+		req := tr.Expect(protocol.TypeCheckpoint)
+		tr.Save(req, step*10, "w")
+		// The second commit's retention deletes the first: held.
+		tr.Expect(protocol.TypeCommitted)
+	}
+	testutil.WaitFor(t, "retention's delete of the first checkpoint, held", func() bool { return dg.waiting.Load() > 0 })
+	release()
+	testutil.WaitFor(t, "retention to leave one checkpoint", func() bool {
+		ms, err := checkpoint.ListManifests(context.Background(), st)
+		return err == nil && len(ms) == 1 && ms[0].Manifest != nil && ms[0].Manifest.Step >= 20
+	})
 }
