@@ -57,7 +57,8 @@ var overlapStages = []struct{ key, what string }{
 	{"restore_start", "restore starts"},
 	{"child", "trainer forked and exec'd (agent's log)"},
 	{"py_start", "trainer's python runs its first line"},
-	{"guard", "trainer's guard ready: the agent's loop runs"},
+	{"loop", "the agent's loop runs (\"trainer started\")"},
+	{"guard", "trainer's guard ready (agent's log)"},
 	{"imported", "`import torch` done"},
 	{"accepted", "trainer's connection accepted (agent's log)"},
 	{"welcome", "hello welcomed (agent's log; overlapped: restore pending)"},
@@ -407,7 +408,7 @@ func oneOverlap(c *config, py, work, storeDir string, n int, serial bool, oc *ov
 		if _, ok := res.marks["log"]; !ok {
 			res.marks["log"] = t
 		}
-		key := map[string]string{"child started": "child", "trainer started": "guard", "connection accepted": "accepted",
+		key := map[string]string{"child started": "child", "trainer started": "loop", "trainer guard started": "guard", "connection accepted": "accepted",
 			"trainer connected": "welcome", "restored checkpoint": "restore_end"}[e.Msg]
 		if key != "" {
 			if _, ok := res.marks[key]; !ok {
