@@ -13,7 +13,7 @@
 # azure builds azcopy once into ~/.cache/spotagent-azcopy and runs Azurite, cached as the tests cache it;
 # k8s needs the control plane and controllers' cache (make kcp-controllers), SPOTBENCH_K8S_REPS (3);
 # peernet needs root for its network namespaces, and says it skipped without; detect's netem rows need root too),
-# SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (4), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
+# SPOTBENCH_PIPELINE_GIB (1,4,8; a size without room is skipped with the reason), SPOTBENCH_OVERLAP_GIB (2), SPOTBENCH_TORCH_PYTHON (/usr/bin/python3),
 # SPOTBENCH_FLEET_AGENTS (1000), SPOTBENCH_FLEET_RUNS (10000,100000), SPOTBENCH_FLEET_OLD_DEADLINE (2m),
 # SPOTBENCH_PEER_MIB (1024: the peer section's checkpoint bytes per node),
 # SPOTBENCH_PEERNET_MIB (1024: the peernet section's file; twice that in the work directory),
@@ -79,7 +79,7 @@ trap cleanup EXIT
 "$CACHE/bin/spotbench" -bin bin/spotagent -minio "$MINIO" -work "$WORK" -out bench/RESULTS.md \
   -reps "${SPOTBENCH_REPS:-5}" -e2e-reps "${SPOTBENCH_E2E_REPS:-3}" -notices "${SPOTBENCH_NOTICES:-50}" \
   -idle "${SPOTBENCH_IDLE:-60s}" -idle-runs "${SPOTBENCH_IDLE_RUNS:-5}" -baseline-bin "${SPOTBENCH_BASELINE_BIN:-}" -only "$ONLY" \
-  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4,8}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-4}" -watchbench "$CACHE/bin/watchbench" \
+  -pipeline-gib "${SPOTBENCH_PIPELINE_GIB:-1,4,8}" -overlap-gib "${SPOTBENCH_OVERLAP_GIB:-2}" -watchbench "$CACHE/bin/watchbench" \
   -fleet-agents "${SPOTBENCH_FLEET_AGENTS:-1000}" -fleet-runs "${SPOTBENCH_FLEET_RUNS:-10000,100000}" \
   -fleet-reps "${SPOTBENCH_FLEET_REPS:-3}" -fleet-old-deadline "${SPOTBENCH_FLEET_OLD_DEADLINE:-2m}" \
   -peer-mib "${SPOTBENCH_PEER_MIB:-1024}" \

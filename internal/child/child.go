@@ -48,12 +48,23 @@ const groupPoll = 20 * time.Millisecond
 // grandchild (sh -c "python ...", a launcher's workers) outlives the agent
 // under PID 1. Pdeathsig alone would take only the trainer itself.
 type Child struct {
-	cmd   *exec.Cmd
-	pid   int
-	log   *zap.Logger
-	done  chan struct{}
-	code  int
-	guard *guard // nil: none (not Linux, or it could not start)
+	cmd  *exec.Cmd
+	pid  int
+	log  *zap.Logger
+	done chan struct{}
+	code int
+	// guard is set once guarded is closed (nil: none, not Linux, or it
+	// could not start); read it through guarded().
+	guard   *guard
+	guarded chan struct{}
+}
+
+// guardOf is the trainer's guard once its start ended (nil: none). Nothing
+// signals the group before: a signal would reach a guard that does not
+// ignore it yet.
+func (c *Child) guardOf() *guard {
+	<-c.guarded
+	return c.guard
 }
 
 // Start starts the command in a new process group. Stdin is /dev/null.
@@ -81,31 +92,38 @@ func Start(cfg Config) (*Child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start child: %w", err)
 	}
-	c := &Child{cmd: cmd, pid: cmd.Process.Pid, log: log.With(zap.Int("child_pid", cmd.Process.Pid)), done: make(chan struct{})}
+	c := &Child{cmd: cmd, pid: cmd.Process.Pid, log: log.With(zap.Int("child_pid", cmd.Process.Pid)), done: make(chan struct{}), guarded: make(chan struct{})}
 	// Debug: the supervisor logs the event (its "trainer started"), one
 	// message per event.
 	c.log.Debug("child started", zap.Strings("args", cfg.Args))
 	go c.wait()
 	// The trainer runs already: a grandchild it forks before the guard
 	// joins (the guard takes milliseconds, an interpreter longer to start)
-	// is the only one not covered.
-	g, err := startGuard(c.pid, c.log)
-	select {
-	case <-c.done:
-		err = nil // gone already, and its group with it unless a grandchild holds it
-	default:
-	}
-	if err != nil {
-		c.log.Warn("trainer guard not started: the trainer's own children may outlive a killed agent", zap.Error(err))
-	}
-	c.guard = g
+	// is the only one not covered. The guard starts beside the caller,
+	// which goes on at once (the agent's loop welcomes the trainer's hello
+	// meanwhile: a guard, a Go binary, can take longer than an interpreter
+	// to connect on a busy machine); Signal, Stop, Kill and Close wait
+	// for it (guardOf).
+	go func() {
+		g, err := startGuard(c.pid, c.log)
+		select {
+		case <-c.done:
+			err = nil // gone already, and its group with it unless a grandchild holds it
+		default:
+		}
+		if err != nil {
+			c.log.Warn("trainer guard not started: the trainer's own children may outlive a killed agent", zap.Error(err))
+		}
+		c.guard = g
+		close(c.guarded)
+	}()
 	return c, nil
 }
 
 // Close releases the child's process group: on Linux the guard SIGKILLs
 // whatever is still running in it. Call it once the child is of no further
 // use (it exited and the agent ends, or restarts it). Idempotent.
-func (c *Child) Close() { c.guard.release() }
+func (c *Child) Close() { c.guardOf().release() }
 
 func (c *Child) wait() {
 	err := c.cmd.Wait()
@@ -129,6 +147,7 @@ func (c *Child) ExitCode() int {
 
 // Signal sends sig to the child's whole process group.
 func (c *Child) Signal(sig syscall.Signal) error {
+	c.guardOf() // not before the guard ignores the group's signals
 	if err := syscall.Kill(-c.pid, sig); err != nil {
 		return fmt.Errorf("signal child group: %w", err)
 	}
@@ -181,7 +200,7 @@ func (c *Child) Kill(why string) { c.killGroup(why) }
 func (c *Child) killGroup(why string) {
 	// Found before the group dies: its members' children in sessions of
 	// their own are re-parented to init with it, and lost to the search.
-	out := outsiders(c.pid, c.guard.PID())
+	out := outsiders(c.pid, c.guardOf().PID())
 	killAll(out)
 	if err := c.Signal(syscall.SIGKILL); err == nil {
 		c.log.Warn(why+": group sent SIGKILL", zap.Int("pgid", c.pid), zap.Int("outside_group", len(out)))
@@ -305,7 +324,7 @@ func (c *Child) groupAlive() bool {
 	if syscall.Kill(-c.pid, 0) != nil {
 		return false
 	}
-	live, ok := groupHasLiveMember(c.pid, c.guard.PID())
+	live, ok := groupHasLiveMember(c.pid, c.guardOf().PID())
 	return live || !ok
 }
 

@@ -64,6 +64,7 @@ type config struct {
 	pollInterval          time.Duration
 	pipelineGiB           string          // checkpoint sizes of the pipeline section
 	overlapGiB            float64         // checkpoint size of the overlap section
+	overlapReps           int             // overlap section: runs per trainer and mode
 	peerMiB               int             // peer section: bytes per node (peer.go)
 	digestMiB             int             // digest section: the file's size (digest.go)
 	azureMiB              int             // azure section: the file's size (azure.go)
@@ -112,7 +113,8 @@ func main() {
 	flag.StringVar(&only, "only", "latency,transfer,e2e,footprint,simulate,pipeline,distributed,fleet,watch,overlap,peer,peernet,digest,azure,detect,k8s", "sections to run")
 	flag.StringVar(&c.watchbench, "watchbench", "bench/cache/bin/watchbench", "the watchbench binary (watch section)")
 	flag.StringVar(&c.pipelineGiB, "pipeline-gib", "1,4,8", "checkpoint sizes (GiB) of the pipeline section")
-	flag.Float64Var(&c.overlapGiB, "overlap-gib", 4, "checkpoint size (GiB) of the overlap section")
+	flag.Float64Var(&c.overlapGiB, "overlap-gib", 2, "checkpoint size (GiB) of the overlap section")
+	flag.IntVar(&c.overlapReps, "overlap-reps", 5, "overlap section: runs per trainer and mode (calibration, serial, overlapped)")
 	flag.IntVar(&c.peerMiB, "peer-mib", 1024, "peer section: checkpoint bytes per node (MiB)")
 	flag.IntVar(&c.digestMiB, "digest-mib", 1024, "digest section: the file's size (MiB)")
 	flag.IntVar(&c.azureMiB, "azure-mib", 1024, "azure section: the file's size (MiB)")
