@@ -433,13 +433,36 @@ class Agreement(object):
                 joined._after_done = lambda s: self.stop_after_commit(mine)
         return joined
 
+    def offer_sigterm(self, step: Optional[int]) -> "Optional[CheckpointRequest]":
+        """A single process that said its rank (torchrun with one process
+        per node and one node, e.g. a TrainJob of 1 x 1) got SIGTERM: its
+        checkpoint is offered to the agent as the job's (``join`` with a
+        fresh id), so that an agent committing this node's part of a job
+        (``--node-rank``: it refuses a checkpoint taken on one rank's own)
+        asks for it and commits it. An agent of a whole checkpoint refuses
+        a join from a world of one at once: None, and the process takes
+        its own SIGTERM checkpoint as before."""
+        a = self._state
+        if a.rank is None or not a.path:
+            return None
+        rid = os.urandom(6).hex()
+        joined = self.join(rid, "shutdown", self._sigterm.deadline(), step, quiet=True)
+        if joined is None:
+            return None
+        req = joined
+        log.info("spotagent: SIGTERM: the agent asked for the final checkpoint as the job's (%s)", req.id)
+        req._after_done = lambda s: self.stop_after_commit(req)
+        return req
+
     def join(self, rid: str, reason: str, deadline: Optional[datetime.datetime],
-             step: Optional[int]) -> "Optional[CheckpointRequest]":
+             step: Optional[int], quiet: bool = False) -> "Optional[CheckpointRequest]":
         """Ask this rank's agent for its directory for the job's checkpoint
-        rid; bounded wait for its ``checkpoint``. None if it cannot answer."""
+        rid; bounded wait for its ``checkpoint``. None if it cannot answer
+        (said, unless quiet)."""
         a = self._state
         if not a.path:
-            self.join_failed(rid, "no agent")
+            if not quiet:
+                self.join_failed(rid, "no agent")
             return None
         if deadline is None:
             # Every contribution carries a deadline (the agent's requests,
@@ -447,7 +470,8 @@ class Agreement(object):
             deadline = self._sigterm.deadline()
         timeout = min(self.join_timeout, (deadline - utcnow()).total_seconds())
         if timeout <= 0:
-            self.join_failed(rid, "its deadline has passed")
+            if not quiet:
+                self.join_failed(rid, "its deadline has passed")
             return None
         msg = {"type": "join", "id": rid, "reason": reason, "deadline": format_time(deadline)}  # type: Dict[str, Any]
         n = valid_step(step)  # one the agent would refuse stays out (poll warned)
@@ -473,7 +497,8 @@ class Agreement(object):
             req = found[0]
             if req is None:
                 why = a.errors.get(rid)
-                self.join_failed(rid, "agent: %s" % why if why is not None else "no answer within %.1fs" % timeout)
+                if not quiet:
+                    self.join_failed(rid, "agent: %s" % why if why is not None else "no answer within %.1fs" % timeout)
                 return None
             # The agent abandoned what it had pending for this connection
             # when the job's checkpoint reached it: those were sent before it.

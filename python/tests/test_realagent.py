@@ -188,6 +188,44 @@ class TestSigtermOwnCheckpointUnderPart(Base):
         self.assertIn("checkpoint refused: not committed", node.log())
 
 
+class TestSigtermJoinUnderPart(Base):
+    """A single process that says its rank under a part agent (torchrun
+    with one node of one process: a TrainJob of 1 x 1, RANK=0,
+    WORLD_SIZE=1) gets SIGTERM: it offers its checkpoint to the agent as
+    the job's (join), the agent asks for it and commits it as the job's
+    checkpoint, and the trainer stops once it is committed. Before, it took
+    its own, which the part agent refused: nothing committed (issue 45's
+    known limitation). A whole-checkpoint agent refuses the join of a
+    world of one at once, and the trainer takes its own as before
+    (TestSigtermDuringAgentsStop, TestSigtermOwnCheckpointUnderPart)."""
+
+    def test_join_commits_the_job_checkpoint(self):
+        import signal as _signal
+
+        old = _signal.getsignal(_signal.SIGTERM)
+        self.addCleanup(_signal.signal, _signal.SIGTERM, old)
+        store = os.path.join(self.tmp, "store")
+        node = Sidecar(self.tmp, 0, "file://" + store)
+        self.addCleanup(node.stop)
+        a = self.connect(path=node.socket, handle_sigterm=True, welcome_timeout=20, rank=0, world_size=1)
+        a.sigterm_wait = 60.0
+        os.kill(os.getpid(), _signal.SIGTERM)
+        req = a.poll(7)
+        self.assertIsNotNone(req)
+        self.assertEqual(req.reason, "shutdown")
+        self.assertRegex(req.id, "^[0-9a-f]{12}$", "not the agent's request")
+        with open(os.path.join(req.dir, "model.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        req.done(7)
+        self.assertIsNotNone(a.wait_committed(req.id, timeout=30), node.log())
+        self.assertTrue(wait_agent(a, lambda: a.should_stop), "no stop after the commit")
+        self.assertNotIn("checkpoint refused", node.log())
+        latest = os.path.join(store, "latest.json")
+        self.assertTrue(os.path.exists(latest), node.log())
+        with open(latest) as f:
+            self.assertEqual(json.load(f)["step"], 7)
+
+
 class TestSigtermDuringAgentsStop(Base):
     """SIGTERM reaches the trainer (a pod deletion) and, while it saves its
     own checkpoint, the sidecar starts its own stop sequence (the spot notice
