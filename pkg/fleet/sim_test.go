@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 )
 
 // The fleet records' protocol, checked by deterministic simulation (issue

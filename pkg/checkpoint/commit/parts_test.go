@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 

@@ -20,10 +20,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/internal/testutil/forge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 

@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 )
 
 // BenchmarkRestoreLocal is a restore from the local tier: 4 files of 64

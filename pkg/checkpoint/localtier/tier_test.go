@@ -12,11 +12,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 

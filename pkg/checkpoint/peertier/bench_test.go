@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 )
 
 // dirTier serves the files of one directory: the server's side of a

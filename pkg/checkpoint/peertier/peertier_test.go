@@ -19,12 +19,12 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
 )

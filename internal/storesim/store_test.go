@@ -3,7 +3,7 @@ package storesim_test
 import (
 	"testing"
 
-	"github.com/spotagent/spotagent/pkg/checkpoint/storesim"
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
 )
