@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue #37 in node mode: one `spotagent node` per machine hosts each node
@@ -30,7 +32,7 @@ func TestNodeMode_SilentNodeEndsJob(t *testing.T) {
 		t.Skip("a PID namespace (unshare --pid) needs root")
 	}
 	c := manifestTrainer(t, "deploy/kubernetes/multinode-job.yaml")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	prefix := "file://" + filepath.Join(dir, "store") + "/"
 	port := freePort(t)
 	const run = "nodejob"
