@@ -45,7 +45,7 @@ func stopTree(t *testing.T, a *proc, sig syscall.Signal) {
 // --peer-timeout, ends its ranks, SIGKILLs torchrun once they are gone,
 // and exits 75.
 func TestDistributed_SilentNodeEndsJob(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
@@ -169,7 +169,7 @@ func (p *netPair) partition(t *testing.T) {
 // shared directory. The link goes down mid-run: nothing resets on either
 // side. Both agents find the other silent, end their ranks and exit 75.
 func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
-	parallelTorch(t) // the only test with network namespaces (named by pid)
+	parallelTorchAlone(t) // the only test with network namespaces (named by pid)
 	requirePython(t, true)
 	np := newNetPair(t)
 	dir := testutil.ShortDir(t)

@@ -359,7 +359,7 @@ func signalTree(pid int, sig syscall.Signal) []int {
 // nodes start again and the job resumes from the last committed
 // checkpoint, ending bit-identical to an uninterrupted run.
 func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
 	dir := testutil.ShortDir(t)
@@ -413,7 +413,7 @@ func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
 // record and exits 1 too. Both promptly (torchrun's barrier ended), and
 // neither with 75: a bug counts against the controller's backoffLimit.
 func TestDistributed_CrashIsNoPeerLoss(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")

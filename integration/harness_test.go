@@ -74,13 +74,14 @@ var (
 	torchSlots = make(chan struct{}, torchSlotCount()) // parallelTorch
 )
 
-// torchSlotCount is 1, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests, one
-// after another, are the package's longest chain.
+// torchSlotCount is 2, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests are
+// the package's longest chain (about 22 of them, 1-4 min each on a loaded
+// machine); two at a time halve it.
 func torchSlotCount() int {
 	if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_IT_TORCH_SLOTS")); err == nil && n > 0 {
 		return n
 	}
-	return 1
+	return 2
 }
 
 // parallel is t.Parallel for a test that touches nothing process-wide,
@@ -96,9 +97,8 @@ func parallel(t *testing.T) {
 }
 
 // parallelTorch is t.Parallel for a test whose trainers are PyTorch jobs
-// (ddp, torchrun): their ranks keep the CPU busy and several tests hold a
-// job to a bound (an agent exits well within the ranks' 60 s process-group
-// timeout), so one such test runs at a time, beside the others.
+// (ddp, torchrun): their ranks keep the CPU busy, so it holds one of the
+// torch slots (torchSlotCount), beside the waiting tests.
 func parallelTorch(t *testing.T) {
 	t.Helper()
 	t.Parallel()
@@ -106,6 +106,31 @@ func parallelTorch(t *testing.T) {
 	torchSlots <- struct{}{}
 	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
 	t.Cleanup(func() { <-torchSlots })
+}
+
+// torchAlone serialises the taking of every torch slot (parallelTorchAlone),
+// so that two such tests never hold part of them each.
+var torchAlone sync.Mutex
+
+// parallelTorchAlone is parallelTorch for a test that bounds how long its
+// PyTorch job takes to end (an agent exits well within the ranks' 60 s
+// process-group timeout, a trainer within its grace): it holds every torch
+// slot, so no other PyTorch job runs beside it.
+func parallelTorchAlone(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	waited := time.Now()
+	torchAlone.Lock()
+	for range cap(torchSlots) {
+		torchSlots <- struct{}{}
+	}
+	torchAlone.Unlock()
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
+	t.Cleanup(func() {
+		for range cap(torchSlots) {
+			<-torchSlots
+		}
+	})
 }
 
 // plainBuild is the spotagent binary built once for the whole package,

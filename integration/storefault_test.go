@@ -140,6 +140,9 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 	}
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
+			// The two backends side by side: each its own server, proxy
+			// and committer (290 s one after the other on a loaded machine).
+			t.Parallel()
 			fs := newFaultStores(t, backend, "retries")
 			c := &commit.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
 			ctx := context.Background()

@@ -37,6 +37,9 @@ const (
 // skips) when it is not: `make test` builds it.
 func sidPython(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: runs torch 2.x trainers end to end (make test-python runs it)")
+	}
 	p := filepath.Join(repo, "scripts", "sid-python")
 	out, err := exec.Command(p, "-c", "import torch, transformers; print(torch.__version__)").CombinedOutput()
 	if err != nil {
