@@ -172,7 +172,9 @@ func (b *agentBuild) get() (string, error) {
 // -race in their unit tests (make test-go). The race-built agent made
 // TestCLI_Help and TestRun_SigtermAndResume 4x slower on a loaded 2-core
 // machine (its start alone takes 2.6x the CPU), so the rest run the plain
-// build.
+// build. This test binary itself runs without -race in make test-go
+// (Makefile: under it, its in-process S3, GCS and fault proxy made
+// TestStoreFault_CommitRetries 12x slower).
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
