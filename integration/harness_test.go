@@ -75,8 +75,8 @@ var (
 )
 
 // torchSlotCount is 2, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests are
-// the package's longest chain (about 22 of them, 1-4 min each on a loaded
-// machine); two at a time halve it.
+// the package's longest chain (23 of them, 1-4 min each on a loaded
+// machine); two at a time shorten it (parallelTorchAlone: one alone).
 func torchSlotCount() int {
 	if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_IT_TORCH_SLOTS")); err == nil && n > 0 {
 		return n
