@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/azuritetest"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -34,7 +35,7 @@ func TestAzure_EndToEnd(t *testing.T) {
 	env := srv.Env()
 	uri := "az://" + azuritetest.Container + "/e2e"
 
-	ref := filepath.Join(shortTemp(t), "ref.json")
+	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
 	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -46,7 +47,7 @@ func TestAzure_EndToEnd(t *testing.T) {
 	t.Cleanup(az.Close)
 	rec := newAckRecorder(t, az.URL(), st)
 
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	out := filepath.Join(dir, "out.json")
 	trainer := []string{"--", python, "python/examples/train_torch.py",
 		"--steps", matrixSteps, "--step-time", matrixStepTime, "--out", out}
@@ -90,7 +91,7 @@ func TestAzure_EndToEnd(t *testing.T) {
 	}
 
 	// A new machine: another checkpoint directory, another IMDS, no notice.
-	dir2 := shortTemp(t)
+	dir2 := testutil.ShortDir(t)
 	fk2 := startFake(t, "azure")
 	second := start(t, env, append(noticeArgs(dir2, uri, cloudArgs(t, "azure", fk2.URL())...),
 		"--", python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", matrixStepTime, "--out", out)...)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -96,7 +97,7 @@ func TestCLI_BadUsage(t *testing.T) {
 // reason in one line.
 func TestCLI_TrainerNotRunnable(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	noexec := filepath.Join(dir, "train.sh")
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -132,7 +133,7 @@ func TestCLI_TrainerNotRunnable(t *testing.T) {
 // DIR's contents with exactly the checkpoint's.
 func TestCLI_Restore(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	st, err := file.New(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +201,7 @@ func TestCLI_Restore(t *testing.T) {
 // touched: no checkpoint directory, no socket, no relative "store".
 func TestCLI_BadStoreURI(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	for _, c := range []struct{ cmd, flag, uri string }{
 		{"run", "--store", "http://my-bucket/runs/x"},
 		{"run", "--store", "s3:/my-bucket"},

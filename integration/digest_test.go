@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/forge"
 )
 
@@ -54,7 +55,7 @@ func forgeTree(t *testing.T, dir string, keep func(rel string) bool) int {
 func TestDigest_ForgedLocalCopyNeverUsed(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	env := []string{"AWS_EC2_METADATA_DISABLED=true"}
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000", "--step-time", "0.01"}
@@ -104,7 +105,7 @@ func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
 	fstores := newFaultStores(t, "s3", "digest")
 	env := append(fstores.env, "AWS_EC2_METADATA_DISABLED=true")
 	const world, perNode = 4, 2
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	ckpt := []string{filepath.Join(dir, "n0"), filepath.Join(dir, "n1")}
 	extra := []string{"--replicas", "1"}
 

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Disk faults (issue 8): a full local disk while the trainer saves or while
@@ -22,7 +24,7 @@ import (
 func TestDisk_FullWhileSaving(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	mountTmpfs(t, filepath.Join(dir, "ckpt"), "2m")
 	store := filepath.Join(dir, "store")
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "diskfull", 4<<20)...)...)
@@ -58,7 +60,7 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 func TestDisk_FullWhileRestoring(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := filepath.Join(dir, "store")
 	trainer := writeTrainer(t, dir, "good", 3<<20)
 	p := start(t, nil, append(hostileArgs(dir), trainer...)...)
@@ -102,17 +104,10 @@ func TestDisk_FullWhileRestoring(t *testing.T) {
 // waitGone waits until path does not exist.
 func waitGone(t *testing.T, path string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	testutil.WaitWithin(t, path+" to be gone", timeout, func() bool {
 		_, err := os.Lstat(path)
-		if errors.Is(err, os.ErrNotExist) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still there after %s (lstat: %v)", path, timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // requireEmptyDir fails unless dir is missing or empty (no .partial-* left).

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -207,7 +208,7 @@ func startJobSidecars(t *testing.T, env []string, uri, dir string) []*proc {
 func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn) {
 	t.Helper()
 	const world, perNode = 4, 2
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	agents := startJobSidecars(t, env, uri, dir)
 	var ranks []*rankConn
 	for r := 0; r < world; r++ {

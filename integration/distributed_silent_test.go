@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue #37: a node that stops answering without a word (no RST: a
@@ -44,9 +45,9 @@ func stopTree(t *testing.T, a *proc, sig syscall.Signal) {
 // --peer-timeout, ends its ranks, SIGKILLs torchrun once they are gone,
 // and exits 75.
 func TestDistributed_SilentNodeEndsJob(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	agents := runJob(t, nil, uri, dir, freePort(t), []string{"--interval", "2s"}, ddpEnv(50))
 	t.Cleanup(func() { stopTree(t, agents[1], syscall.SIGKILL) })
@@ -77,7 +78,7 @@ func TestDistributed_SilentNodeEndsJob(t *testing.T) {
 func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	const timeout = 2 * time.Second
 	agents := runJob(t, nil, uri, dir, freePort(t), []string{"--interval", "1h", "--peer-timeout", timeout.String()}, ddpEnv(20))
@@ -90,7 +91,7 @@ func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 		t.Helper()
 		stop()
 		stopped := time.Now()
-		waitUntil(t, what+" stopped for three peer timeouts", func() bool { return time.Since(stopped) > 3*timeout })
+		testutil.WaitWithin(t, what+" stopped for three peer timeouts", 5*time.Minute, func() bool { return time.Since(stopped) > 3*timeout })
 		cont()
 	}
 	// A straggler: one rank of node 1 stopped, every other rank waiting
@@ -107,18 +108,6 @@ func TestDistributed_StoppedTrainerIsNoLoss(t *testing.T) {
 		if strings.Contains(a.output(), "liveness: a neighbour's agent is silent") {
 			t.Errorf("node %d found its neighbour silent while only the trainer was stopped", k)
 		}
-	}
-}
-
-// waitUntil polls cond every 50 ms until it holds or 5 minutes pass.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -180,10 +169,10 @@ func (p *netPair) partition(t *testing.T) {
 // shared directory. The link goes down mid-run: nothing resets on either
 // side. Both agents find the other silent, end their ranks and exit 75.
 func TestDistributed_PartitionedNodesEndJob(t *testing.T) {
-	parallelTorch(t) // the only test with network namespaces (named by pid)
+	parallelTorchAlone(t) // the only test with network namespaces (named by pid)
 	requirePython(t, true)
 	np := newNetPair(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	port := freePort(t)
 	var agents []*proc
@@ -232,7 +221,7 @@ func TestDistributed_SilentNodeChainOfFour(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	const nodes = 4
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	port := freePort(t)
 	var agents []*proc

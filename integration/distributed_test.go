@@ -17,6 +17,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -250,7 +251,7 @@ func TestDistributed_NoticeOnOneNode(t *testing.T) {
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "ddp")
 
-	first := startDDPJob(t, env, uri, shortTemp(t), 50) // ranks at different speeds: 0–50 ms a step each
+	first := startDDPJob(t, env, uri, testutil.ShortDir(t), 50) // ranks at different speeds: 0–50 ms a step each
 	first.agents[0].waitLine(`rank 0 step 30\b`, 3*time.Minute)
 	first.notices[1].Notice()
 	for k, a := range first.agents {
@@ -284,7 +285,7 @@ func TestDistributed_NoticeOnOneNode(t *testing.T) {
 		t.Errorf("journal has %d interruptions, want 1 (the joined node records none)", n)
 	}
 
-	second := startDDPJob(t, env, uri, shortTemp(t), 0)
+	second := startDDPJob(t, env, uri, testutil.ShortDir(t), 0)
 	var outs []string
 	for k, a := range second.agents {
 		if code := a.wait(3 * time.Minute); code != 0 {
@@ -358,10 +359,10 @@ func signalTree(pid int, sig syscall.Signal) []int {
 // nodes start again and the job resumes from the last committed
 // checkpoint, ending bit-identical to an uninterrupted run.
 func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	st := openTestStore(t, uri, all.Options{})
 	agents := runJob(t, nil, uri, dir, freePort(t), []string{"--interval", "2s"}, ddpEnv(50))
@@ -412,9 +413,9 @@ func TestDistributed_VanishedNodeRestartsWholeJob(t *testing.T) {
 // record and exits 1 too. Both promptly (torchrun's barrier ended), and
 // neither with 75: a bug counts against the controller's backoffLimit.
 func TestDistributed_CrashIsNoPeerLoss(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	agents := runJob(t, nil, uri, dir, freePort(t), []string{"--interval", "1h"},
 		append(ddpEnv(20), "FAIL_RANK=3", "FAIL_AT_STEP=40"))

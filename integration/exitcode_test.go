@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
@@ -30,7 +31,7 @@ func TestExitCode_Notice(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	t.Run("notice", func(t *testing.T) {
-		dir := shortTemp(t)
+		dir := testutil.ShortDir(t)
 		fk := fake.NewAWS(fake.AWSOptions{})
 		t.Cleanup(fk.Close)
 		p := start(t, nil, append(exitArgs(dir, fk), "--", python, "python/examples/train.py",
@@ -47,7 +48,7 @@ func TestExitCode_Notice(t *testing.T) {
 		}
 	})
 	t.Run("no notice", func(t *testing.T) {
-		dir := shortTemp(t)
+		dir := testutil.ShortDir(t)
 		fk := fake.NewAWS(fake.AWSOptions{})
 		t.Cleanup(fk.Close)
 		p := start(t, nil, append(exitArgs(dir, fk), "--", python, "python/examples/train.py",
@@ -67,7 +68,7 @@ func TestExitCode_Notice(t *testing.T) {
 func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	fk := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(fk.Close)
 	p := start(t, nil, append(exitArgs(dir, fk, "--term-grace", "10m"), "--", python, "python/examples/train.py",
@@ -98,7 +99,7 @@ func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
 func TestRun_GrandchildDiesWithAgent(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	pidFile := filepath.Join(dir, "py.pid")
 	script := python + ` -c 'import os, time; open("` + pidFile + `.tmp", "w").write(str(os.getpid())); os.rename("` +
 		pidFile + `.tmp", "` + pidFile + `"); time.sleep(600)'; echo`
@@ -106,7 +107,7 @@ func TestRun_GrandchildDiesWithAgent(t *testing.T) {
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
 		"--cloud", "none", "--interval", "1h", "--", "/bin/sh", "-c", script)
 	var pid int
-	waitFor(t, "the python grandchild's pid", time.Minute, func() bool {
+	testutil.WaitWithin(t, "the python grandchild's pid", time.Minute, func() bool {
 		b, err := os.ReadFile(pidFile)
 		if err == nil {
 			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
@@ -115,7 +116,7 @@ func TestRun_GrandchildDiesWithAgent(t *testing.T) {
 	})
 	p.signal(syscall.SIGKILL)
 	p.wait(time.Minute)
-	waitFor(t, "the grandchild to be gone", 30*time.Second, func() bool {
+	testutil.WaitWithin(t, "the grandchild to be gone", 30*time.Second, func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
 			return true

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -25,7 +26,7 @@ import (
 func TestFence_TwoAgentsOneRun(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	const steps = "600"
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
@@ -20,7 +21,7 @@ import (
 func TestFinishedRun_RecordedSaidAndCacheCleared(t *testing.T) {
 	requirePython(t, false)
 	t.Parallel()
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	storeDir := filepath.Join(dir, "store")
 	store := "file://" + storeDir
 	cache := filepath.Join(dir, "cache")

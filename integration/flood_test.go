@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -54,7 +55,10 @@ type floodJob struct {
 
 func startFloodJob(t *testing.T) *floodJob {
 	t.Helper()
-	dir := shortTemp(t)
+	if testing.Short() {
+		t.Skip("-short: floods the race-built agent with thousands of connections (make test runs it)")
+	}
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	j := &floodJob{sock0: filepath.Join(dir, "n0.sock")}
 	for k := range 2 {

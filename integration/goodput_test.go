@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
@@ -80,7 +81,7 @@ func parseReport(t *testing.T, out string) goodputReport {
 func TestGoodput_ThreeSessions(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1500", "--step-time", "0.01"}
 	for i := range 2 {
 		fk := fake.NewAWS(fake.AWSOptions{})
@@ -168,7 +169,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 		if c.body == body {
 			t.Fatalf("%s: the journal was not changed", c.name)
 		}
-		dd := shortTemp(t)
+		dd := testutil.ShortDir(t)
 		if err := os.MkdirAll(filepath.Join(dd, "store"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +192,7 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 func TestGoodput_NoInterruptions(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	fk := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(fk.Close)
 	p := start(t, nil, append(goodputArgs(dir, fk), "--", python, "python/examples/train.py", "--steps", "200", "--step-time", "0.01")...)

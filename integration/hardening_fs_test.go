@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -41,7 +42,7 @@ func seedCheckpoint(t *testing.T, storeDir string, step int64) {
 // checkpoint's) nor another run's area, only its own run's leftovers.
 func TestHardening_CheckpointDirIsAProject(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	ckpt := filepath.Join(dir, "ckpt")
 	write := func(rel, body string) {
 		p := filepath.Join(ckpt, rel)
@@ -79,7 +80,7 @@ func TestHardening_CheckpointDirIsAProject(t *testing.T) {
 // target keeps its files.
 func TestHardening_RestoreDirSwappedForSymlink(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	seedCheckpoint(t, filepath.Join(dir, "store"), 7)
 	victim := filepath.Join(dir, "victim")
 	if err := os.MkdirAll(victim, 0o700); err != nil {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue 13, items 1, 6 and 8: a hostile local user or pod against the
@@ -22,7 +24,7 @@ func sharedTemp(t *testing.T) string {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +125,7 @@ s.bind(tmp)
 s.listen(1)
 os.rename(tmp, sys.argv[1])
 `, sock)
-	waitFor(t, "the agent's socket back at its path", time.Minute, func() bool {
+	testutil.WaitWithin(t, "the agent's socket back at its path", time.Minute, func() bool {
 		fi, err := os.Lstat(sock)
 		return err == nil && fi.Mode().Type() == os.ModeSocket && fi.Sys().(*syscall.Stat_t).Uid == 0
 	})
@@ -150,7 +152,7 @@ os.rename(tmp, sys.argv[1])
 func TestHardeningSock_SilentConnections(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	args := append(hostileArgs(dir), writeTrainer(t, dir, "good", 0)...)
 	cmd := exec.Command("sh", append([]string{"-c", `ulimit -n 64 && exec "$0" "$@"`, agentBin(t)}, args...)...)
@@ -196,7 +198,7 @@ func TestHardeningSock_PartialLines(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	const conns, part, budget = 40, 1<<20 - 100, 16 << 20
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "good", 0)...)...)
 	p.waitEntry("checkpoint committed", time.Minute, nil)

@@ -74,13 +74,14 @@ var (
 	torchSlots = make(chan struct{}, torchSlotCount()) // parallelTorch
 )
 
-// torchSlotCount is 1, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests, one
-// after another, are the package's longest chain.
+// torchSlotCount is 2, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests are
+// the package's longest chain (23 of them, 1-4 min each on a loaded
+// machine); two at a time shorten it (parallelTorchAlone: one alone).
 func torchSlotCount() int {
 	if n, err := strconv.Atoi(os.Getenv("SPOTAGENT_IT_TORCH_SLOTS")); err == nil && n > 0 {
 		return n
 	}
-	return 1
+	return 2
 }
 
 // parallel is t.Parallel for a test that touches nothing process-wide,
@@ -96,9 +97,8 @@ func parallel(t *testing.T) {
 }
 
 // parallelTorch is t.Parallel for a test whose trainers are PyTorch jobs
-// (ddp, torchrun): their ranks keep the CPU busy and several tests hold a
-// job to a bound (an agent exits well within the ranks' 60 s process-group
-// timeout), so one such test runs at a time, beside the others.
+// (ddp, torchrun): their ranks keep the CPU busy, so it holds one of the
+// torch slots (torchSlotCount), beside the waiting tests.
 func parallelTorch(t *testing.T) {
 	t.Helper()
 	t.Parallel()
@@ -108,9 +108,62 @@ func parallelTorch(t *testing.T) {
 	t.Cleanup(func() { <-torchSlots })
 }
 
-// bin is the spotagent binary built once for the whole package, without
-// the race detector; raceBin is the same build with it.
-var bin, raceBin string
+// torchAlone serialises the taking of every torch slot (parallelTorchAlone),
+// so that two such tests never hold part of them each.
+var torchAlone sync.Mutex
+
+// parallelTorchAlone is parallelTorch for a test that bounds how long its
+// PyTorch job takes to end (an agent exits well within the ranks' 60 s
+// process-group timeout, a trainer within its grace): it holds every torch
+// slot, so no other PyTorch job runs beside it.
+func parallelTorchAlone(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	waited := time.Now()
+	torchAlone.Lock()
+	for range cap(torchSlots) {
+		torchSlots <- struct{}{}
+	}
+	torchAlone.Unlock()
+	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
+	t.Cleanup(func() {
+		for range cap(torchSlots) {
+			<-torchSlots
+		}
+	})
+}
+
+// plainBuild is the spotagent binary built once for the whole package,
+// without the race detector; raceBuild is the same build with it. TestMain
+// makes both before the tests run; under -short, where most tests skip, the
+// first test that runs the agent makes the one it needs.
+var plainBuild, raceBuild = agentBuild{name: "spotagent"}, agentBuild{name: "spotagent-race", flags: []string{"-race"}}
+
+// agentBuild is one build of ./cmd/spotagent, made once, into buildDir.
+type agentBuild struct {
+	name  string
+	flags []string
+	once  sync.Once
+	path  string
+	err   error
+}
+
+// buildDir holds the agent builds (TestMain).
+var buildDir string
+
+// get builds the agent the first time and returns its path.
+func (b *agentBuild) get() (string, error) {
+	b.once.Do(func() {
+		// The tag of the shipped build (Makefile TAGS).
+		b.path = filepath.Join(buildDir, b.name)
+		build := exec.Command("go", append(append([]string{"build", "-tags", "disable_grpc_modules"}, b.flags...), "-o", b.path, "./cmd/spotagent")...)
+		build.Dir = repo
+		if out, err := build.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("build spotagent %v: %v\n%s", b.flags, err, out)
+		}
+	})
+	return b.path, b.err
+}
 
 // raceAgentTests run the race-built agent (agentBin): the scenarios where
 // the agent's goroutines overlap the most (a notice during an upload, a
@@ -119,7 +172,9 @@ var bin, raceBin string
 // -race in their unit tests (make test-go). The race-built agent made
 // TestCLI_Help and TestRun_SigtermAndResume 4x slower on a loaded 2-core
 // machine (its start alone takes 2.6x the CPU), so the rest run the plain
-// build.
+// build. This test binary itself runs without -race in make test-go
+// (Makefile: under it, its in-process S3, GCS and fault proxy made
+// TestStoreFault_CommitRetries 12x slower).
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
@@ -138,14 +193,20 @@ var raceAgentTests = map[string]bool{
 	"TestFlood_SlowRequests":               true,
 }
 
-// agentBin is the agent binary test t runs: raceBin for raceAgentTests
-// (or every test under SPOTAGENT_IT_RACE=1), else bin.
+// agentBin is the agent binary test t runs: the race build for
+// raceAgentTests (or every test under SPOTAGENT_IT_RACE=1), else the plain
+// one.
 func agentBin(t *testing.T) string {
-	root, _, _ := strings.Cut(t.Name(), "/")
-	if raceAgentTests[root] || os.Getenv("SPOTAGENT_IT_RACE") != "" {
-		return raceBin
+	t.Helper()
+	b := &plainBuild
+	if root, _, _ := strings.Cut(t.Name(), "/"); raceAgentTests[root] || os.Getenv("SPOTAGENT_IT_RACE") != "" {
+		b = &raceBuild
 	}
-	return bin
+	p, err := b.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // repo is the repository root.
@@ -157,16 +218,14 @@ var repo string
 var python = testPython()
 
 // TestMain builds the agent and runs the tests. Every test here is end to
-// end (real processes, real servers): `go test -short` skips the package;
+// end (real processes, real servers); `go test -short` skips those with a
+// Python or PyTorch trainer (requirePython: torchrun, namespaces and the
+// Kubernetes-order tests among them) and the floods, and runs the rest;
 // `make test` (test-go) runs the full set. Tests that touch nothing
 // process-wide call parallel or parallelTorch, whose slots bound how many
 // run at once: -test.parallel is set high unless given.
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if testing.Short() {
-		fmt.Println("integration: skipped under -short (end-to-end tests; make test runs them)")
-		os.Exit(0)
-	}
 	explicit := false
 	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
 	if !explicit {
@@ -200,25 +259,17 @@ func TestMain(m *testing.M) {
 	}
 	gcsShared = gcs
 	os.Setenv("STORAGE_EMULATOR_HOST", gcs.Host)
-	// The tag of the shipped build (Makefile TAGS): bin without the race
-	// detector, raceBin with it (agentBin says which test runs which).
-	bin, raceBin = filepath.Join(dir, "spotagent"), filepath.Join(dir, "spotagent-race")
-	errs := make(chan error, 2)
-	for _, b := range [][]string{{"-o", bin}, {"-race", "-o", raceBin}} {
-		go func() {
-			build := exec.Command("go", append(append([]string{"build", "-tags", "disable_grpc_modules"}, b...), "./cmd/spotagent")...)
-			build.Dir = repo
-			if out, err := build.CombinedOutput(); err != nil {
-				errs <- fmt.Errorf("build spotagent %v: %v\n%s", b, err, out)
-				return
+	buildDir = dir
+	if !testing.Short() {
+		errs := make(chan error, 2)
+		for _, b := range []*agentBuild{&plainBuild, &raceBuild} {
+			go func() { _, err := b.get(); errs <- err }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
 			}
-			errs <- nil
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
 		}
 	}
 	code := m.Run()
@@ -375,21 +426,18 @@ func atoi(t *testing.T, s string) int {
 	return n
 }
 
-// shortTemp is a temp dir with a short path (Unix socket paths are short).
-func shortTemp(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "sa-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // requirePython fails (never skips) when the trainer's interpreter, or
 // torch for the PyTorch tests, is missing: `make test` installs them.
+// Under -short it skips the test: a real trainer end to end.
 func requirePython(t *testing.T, torch bool) {
 	t.Helper()
+	if testing.Short() {
+		what := "a Python trainer"
+		if torch {
+			what = "PyTorch trainers"
+		}
+		t.Skipf("-short: runs %s end to end (make test runs it)", what)
+	}
 	if _, err := os.Stat(python); err != nil {
 		t.Fatalf("%s missing: run scripts/test-deps.sh", python)
 	}

@@ -308,18 +308,6 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 // killGroup SIGKILLs a process group (a trainer the killed agent left).
 func killGroup(pid int) { syscall.Kill(-pid, syscall.SIGKILL) }
 
-// waitFor polls cond every few milliseconds until it holds or timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // readJournal reads journal.json straight from a store.
 func readJournal(t *testing.T, st cloud.Store) *journal.Journal {
 	t.Helper()

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Hostile or broken trainers (issue 8): whatever a trainer does, the agent
@@ -24,7 +26,7 @@ import (
 func TestHostile_NeverAnswers(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "4s", "--margin", "1s"), writeTrainer(t, dir, "never", 0)...)...)
 	first := p.waitEntry("checkpoint committed", time.Minute, nil)
 	p.waitRe(`^trainer: ignoring request`, time.Minute)
@@ -61,7 +63,7 @@ func TestHostile_NeverAnswers(t *testing.T) {
 func TestHostile_AnswersLate(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "6s", "--margin", "3s"), writeTrainer(t, dir, "late", 0)...)...)
 	first := p.waitEntry("checkpoint committed", time.Minute, nil)
 	p.waitRe(`^trainer: ignoring request`, time.Minute)
@@ -93,7 +95,7 @@ func TestHostile_AnswersLate(t *testing.T) {
 func TestHostile_CrashMidSave(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "crash", 0)...)...)
 	first := p.waitEntry("checkpoint committed", time.Minute, nil)
 	m := p.waitRe(`^trainer: crashing mid-save (\S+)`, time.Minute)
@@ -130,7 +132,7 @@ func TestHostile_CrashMidSave(t *testing.T) {
 func TestHostile_SymlinkEscape(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := filepath.Join(dir, "store")
 	sock := filepath.Join(dir, "a.sock")
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "symlink", 0)...)...)
@@ -193,7 +195,7 @@ func TestHostile_SymlinkEscape(t *testing.T) {
 // keeps committing checkpoints.
 func TestHostile_Connections(t *testing.T) {
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	p := start(t, nil, append(hostileArgs(dir), writeTrainer(t, dir, "good", 0)...)...)
 	p.waitEntry("checkpoint committed", time.Minute, nil)
@@ -291,7 +293,7 @@ func TestHostile_Connections(t *testing.T) {
 func TestHostile_OtherUID(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

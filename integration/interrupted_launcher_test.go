@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue #37, "Interruptions are never counted failures": node 0 of a
@@ -67,7 +69,7 @@ func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
 		{"rank crashed before the stop", true, 1, "trainer exited 1 during the stop, after a rank of this node crashed before it: exiting 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			rankPy, launcher := filepath.Join(dir, "rank.py"), filepath.Join(dir, "launcher.sh")
 			writeExec(t, rankPy, stopRankPy)
 			writeExec(t, launcher, stopLauncherSh)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -27,16 +28,7 @@ import (
 // waitFile waits until path exists (a sidecar's socket).
 func waitFile(t *testing.T, path string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %s", path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the file, bounded by the deadline
-	}
+	testutil.WaitWithin(t, path+" to appear", timeout, func() bool { _, err := os.Stat(path); return err == nil })
 }
 
 // sidecarJob is a job of ddpNodes pods: in each, a sidecar agent
@@ -75,7 +67,7 @@ func startSidecarJob(t *testing.T, env []string, uri, dir string, agentArgs, tra
 // rank must say it resumed from (-1: none).
 func finishedJob(t *testing.T, env []string, uri string, from int64) map[int]string {
 	t.Helper()
-	j := startSidecarJob(t, env, uri, shortTemp(t), []string{"--interval", "1h"}, ddpEnv(0))
+	j := startSidecarJob(t, env, uri, testutil.ShortDir(t), []string{"--interval", "1h"}, ddpEnv(0))
 	var outs []string
 	for k, tr := range j.trainers {
 		if code := tr.wait(3 * time.Minute); code != 0 {
@@ -127,7 +119,7 @@ func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	env, uri, st := s3Store(t, "order-a")
-	j := startSidecarJob(t, env, uri, shortTemp(t), []string{"--interval", "2s"}, ddpEnv(20))
+	j := startSidecarJob(t, env, uri, testutil.ShortDir(t), []string{"--interval", "2s"}, ddpEnv(20))
 	for k, tr := range j.trainers {
 		if code := tr.wait(3 * time.Minute); code != 0 {
 			t.Fatalf("node %d: trainer exited %d, want 0", k, code)
@@ -172,7 +164,7 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-b")
-	j := startSidecarJob(t, env, uri, shortTemp(t), []string{"--interval", "1h"},
+	j := startSidecarJob(t, env, uri, testutil.ShortDir(t), []string{"--interval", "1h"},
 		append(ddpEnv(50), "SPOTAGENT_HANDLE_SIGTERM=1"))
 	j.trainers[1].waitLine(`rank 2 step 30\b`, 3*time.Minute)
 	j.trainers[1].signal(syscall.SIGTERM) // torchrun only, as the kubelet does
@@ -261,7 +253,7 @@ func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-c")
-	agents := runJob(t, env, uri, shortTemp(t), freePort(t), []string{"--interval", "1h"}, ddpEnv(50))
+	agents := runJob(t, env, uri, testutil.ShortDir(t), freePort(t), []string{"--interval", "1h"}, ddpEnv(50))
 	agents[1].waitLine(`rank 2 step 30\b`, 3*time.Minute)
 	pg := agents[1].cmd.Process.Pid
 	syscall.Kill(-pg, syscall.SIGTERM)
@@ -295,7 +287,7 @@ func TestK8sOrder_DuplicateNode(t *testing.T) {
 	requirePython(t, true)
 	ref := ddpRef(t)
 	env, uri, st := s3Store(t, "order-e")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	jobEnv := append(append([]string{}, env...), ddpEnv(50)...)
 	agents := runJob(t, env, uri, dir, freePort(t), []string{"--interval", "2s", "--fence-interval", "500ms"}, ddpEnv(50))
 	agents[1].waitEntry("checkpoint committed", 3*time.Minute, nil)
@@ -353,7 +345,7 @@ func TestTorchrun_SingleNodeShutdownExits75(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	env, uri, st := s3Store(t, "single")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	a := start(t, append(env, ddpEnv(50)...), append([]string{"run", "--store", uri, "--run-id", "it",
 		"--checkpoint-dir", filepath.Join(dir, "ck"), "--socket", filepath.Join(dir, "s.sock"),
 		"--cloud", "none", "--log-format", "json", "--interval", "1h", "--"},
@@ -383,7 +375,7 @@ func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	ref := ddpRef(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	imds := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds.Close)
 	sock := filepath.Join(dir, "agent.sock")
@@ -454,7 +446,7 @@ func TestK8sOrder_NodeModeTwoPodsOfOneJob(t *testing.T) {
 func TestTorchrun_DeadlineKillExits75(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "deaf.py")
 	// Connects, says it is rank RANK of WORLD_SIZE, and never polls.
 	if err := os.WriteFile(script, []byte(`import os, sys, time

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spotagent/spotagent/internal/child"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -71,7 +72,7 @@ type pid1Trainer struct {
 func (tr *pid1Trainer) init(t *testing.T) int {
 	t.Helper()
 	var pid int
-	waitUntil(t, "the container's PID 1", func() bool {
+	testutil.WaitWithin(t, "the container's PID 1", 5*time.Minute, func() bool {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tr.p.cmd.Process.Pid, tr.p.cmd.Process.Pid))
 		f := strings.Fields(string(b))
 		if len(f) == 0 {
@@ -131,7 +132,7 @@ func startPID1Trainer(t *testing.T, c corev1.Container, k, port int, sock, dir s
 func startPID1Job(t *testing.T, c corev1.Container, name string, agentArgs ...string) ([]*proc, []*pid1Trainer, cloud.Store) {
 	t.Helper()
 	env, uri, st := s3Store(t, name)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	port := freePort(t)
 	var sidecars []*proc
 	var trainers []*pid1Trainer
@@ -167,7 +168,7 @@ func writeExec(t *testing.T, path, body string) {
 // stopped, without waiting out torchrun's 300 s exit barrier, and never
 // 137.
 func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")
@@ -253,7 +254,7 @@ func stopNodeOne(t *testing.T, trainers []*pid1Trainer, agent1 *proc) time.Durat
 }
 
 func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")

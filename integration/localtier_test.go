@@ -2,15 +2,13 @@ package integration
 
 import (
 	"encoding/json"
-	"net/http"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
 
@@ -25,15 +23,8 @@ func TestRun_RestoreFromLocal(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	fs := newFaultStores(t, "s3", "local")
-	var dataGets atomic.Int64
-	// A fault that never fires: its Match sees every request.
-	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, "/manifest.json") {
-			dataGets.Add(1)
-		}
-		return false
-	}})
-	dir := shortTemp(t)
+	reads := fs.recordDataReads("/manifest.json")
+	dir := testutil.ShortDir(t)
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000", "--step-time", "0.01"}
 
@@ -53,7 +44,7 @@ func TestRun_RestoreFromLocal(t *testing.T) {
 		t.Fatalf("interrupted run exit code %d, want %d", code, exitInterrupted)
 	}
 
-	dataGets.Store(0)
+	reads.start()
 	run2 := start(t, env, append(agentArgs(dir, fs.uri), append(trainer, "--out", filepath.Join(dir, "out.json"))...)...)
 	run2.waitLine(`restored checkpoint.*"from": "local".*"store_bytes": 0`, time.Minute)
 	if got := atoi(t, run2.waitLine(`resuming from step (\d+)`, time.Minute)[1]); got != step {
@@ -62,8 +53,8 @@ func TestRun_RestoreFromLocal(t *testing.T) {
 	if code := run2.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("resumed run exit code %d", code)
 	}
-	if n := dataGets.Load(); n != 0 {
-		t.Fatalf("the restore read %d data objects from the store, want 0", n)
+	if got := reads.read(); len(got) != 0 {
+		t.Fatalf("the restore read %d data objects from the store, want 0: %v", len(got), got)
 	}
 	sameFile(t, filepath.Join(dir, "out.json"), filepath.Join(dir, "ref.json"))
 

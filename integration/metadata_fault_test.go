@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
@@ -43,6 +44,10 @@ func TestMetadataFault_Flapping(t *testing.T) {
 		{"azure", "scheduled events poll", func() fake.Server { return fake.NewAzure(fake.AzureOptions{}) }},
 	} {
 		t.Run(c.cloud, func(t *testing.T) {
+			// The three clouds side by side: each agent and its
+			// trainer idle between 1 s commits, and nothing else runs
+			// beside this test (it is not parallel).
+			t.Parallel()
 			srv := c.start()
 			t.Cleanup(srv.Close)
 			p := startWithMetadata(t, srv, c.cloud)
@@ -85,7 +90,7 @@ func TestMetadataFault_TokenHangs(t *testing.T) {
 // and a polling trainer, and waits for the first commit.
 func startWithMetadata(t *testing.T, srv fake.Server, cloud string) *proc {
 	t.Helper()
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	name, value := srv.Env()
 	args := hostileArgs(dir, "--cloud", cloud, "--poll-interval", "200ms")
 	p := start(t, []string{name + "=" + value}, append(args, writeTrainer(t, dir, "good", 0)...)...)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -78,7 +79,7 @@ func httpStatus(t *testing.T, url string) int {
 func TestSidecar(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	imds := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds.Close)
 	sock := filepath.Join(dir, "run", "agent.sock")
@@ -89,7 +90,7 @@ func TestSidecar(t *testing.T) {
 	agent := start(t, nil, args...)
 	agent.waitLine(`socket listening`, time.Minute)
 	// Ready follows the socket by a moment: wait for it, bounded.
-	waitFor(t, "/readyz 200", 30*time.Second, func() bool { return httpStatus(t, "http://"+maddr+"/readyz") == 200 })
+	testutil.WaitWithin(t, "/readyz 200", 30*time.Second, func() bool { return httpStatus(t, "http://"+maddr+"/readyz") == 200 })
 	env := []string{"SPOTAGENT_SOCKET=" + sock}
 	tr := trainerProc(t, env, "--steps", "400", "--step-time", "0.01")
 	tr.waitLine(`^step 50 `, time.Minute)
@@ -105,7 +106,7 @@ func TestSidecar(t *testing.T) {
 		t.Fatalf("spotagent_last_committed_step=%v, want %d", got, step)
 	}
 	// The journal is written after the commit: the goodput gauge follows it.
-	waitFor(t, "spotagent_goodput_ratio in (0, 1]", 30*time.Second, func() bool {
+	testutil.WaitWithin(t, "spotagent_goodput_ratio in (0, 1]", 30*time.Second, func() bool {
 		g := scrape(t, maddr, "spotagent_goodput_ratio")
 		return g > 0 && g <= 1
 	})
@@ -142,7 +143,7 @@ func TestSidecar(t *testing.T) {
 func TestNode(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	imds := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds.Close)
 	sock := filepath.Join(dir, "agent.sock")
@@ -191,7 +192,7 @@ func TestNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "run "+run+" committed at its interruption step", time.Minute, func() bool {
+		testutil.WaitWithin(t, "run "+run+" committed at its interruption step", time.Minute, func() bool {
 			l, err := checkpoint.ReadLatest(context.Background(), st)
 			return err == nil && int(l.Step) == step
 		})
@@ -215,7 +216,7 @@ func TestNode(t *testing.T) {
 func TestSidecar_TrainerSigterm(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "agent.sock")
 	store := filepath.Join(dir, "store")
 	agent := start(t, nil, "sidecar", "--store", "file://"+store, "--run-id", "pod",

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // TestNodeMode_AllowUIDTrainerCheckpoints: `spotagent node --allow-uid
@@ -26,7 +28,7 @@ func TestNodeMode_AllowUIDTrainerCheckpoints(t *testing.T) {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
 	}
 	const third = 65533
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Issue #37 in node mode: one `spotagent node` per machine hosts each node
@@ -24,13 +26,13 @@ import (
 // exits 75 well before the ranks' 60 s process-group timeout, and node 0's
 // agent serves on.
 func TestNodeMode_SilentNodeEndsJob(t *testing.T) {
-	parallelTorch(t)
+	parallelTorchAlone(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")
 	}
 	c := manifestTrainer(t, "deploy/kubernetes/multinode-job.yaml")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	prefix := "file://" + filepath.Join(dir, "store") + "/"
 	port := freePort(t)
 	const run = "nodejob"

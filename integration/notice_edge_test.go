@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -62,7 +63,7 @@ agent.close()
 func TestNotice_TrainerTooSlow(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "slow_saver.py")
 	if err := os.WriteFile(script, []byte(slowSaver), 0o600); err != nil {
 		t.Fatal(err)
@@ -129,7 +130,7 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 	t.Cleanup(s3srv.Close)
 	gate := newGateProxy(t, s3srv.Endpoint)
 	env := append(s3Env(s3srv), "AWS_ENDPOINT_URL_S3="+gate.URL)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "s3://" + s3srv.Bucket + "/inflight"
 	aws := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(aws.Close)
@@ -174,7 +175,7 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 func TestNotice_AzureAckAfterCommit(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	st := openTestStore(t, uri, all.Options{})
 	az := fake.NewAzure(fake.AzureOptions{})

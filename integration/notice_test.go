@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -35,7 +36,7 @@ func TestNotice_Matrix(t *testing.T) {
 	opts := all.Options{S3Endpoint: s3srv.Endpoint}
 
 	// The uninterrupted reference, once: the example run bare (no agent).
-	ref := filepath.Join(shortTemp(t), "ref.json")
+	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
 	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -56,7 +57,7 @@ func TestNotice_Matrix(t *testing.T) {
 				t.Parallel()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				dir := shortTemp(t)
+				dir := testutil.ShortDir(t)
 				uri := st.uri + cl
 				if st.uri == "" {
 					uri = "file://" + filepath.Join(dir, "store")

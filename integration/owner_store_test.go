@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // TestOwner_StoreOfAnotherUserRefused (security review item 1): mallory
@@ -21,7 +23,7 @@ func TestOwner_StoreOfAnotherUserRefused(t *testing.T) {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil { // like /tmp
 		t.Fatal(err)
 	}
@@ -86,7 +88,7 @@ func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
 		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
 	}
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil { // like /tmp
 		t.Fatal(err)
 	}

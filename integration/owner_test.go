@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // nobody is the uid (and gid) the trainer of these tests runs as.
@@ -234,7 +236,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +340,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	// The trainer leaves (a request it did not answer is abandoned), then
 	// the kubelet's SIGTERM.
 	tr.close()
-	waitFor(t, "the trainer's connection closed", 30*time.Second, func() bool {
+	testutil.WaitWithin(t, "the trainer's connection closed", 30*time.Second, func() bool {
 		return len(agent.entries("connection closed"))+len(agent.entries("connection closed by peer")) > 0
 	})
 	agent.signal(syscall.SIGTERM)
@@ -358,7 +360,7 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -3,18 +3,16 @@ package integration
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
@@ -68,22 +66,10 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 		extra = []string{"--replicas", "1"}
 	}
 	fs := newFaultStores(t, "s3", "peer")
-	var mu sync.Mutex
-	var dataGets []string // keys of data objects read, once counting
-	counting := false
-	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, ".json") {
-			mu.Lock()
-			if counting {
-				dataGets = append(dataGets, r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:])
-			}
-			mu.Unlock()
-		}
-		return false // a fault that never fires: it sees every request
-	}})
+	reads := fs.recordDataReads(".json")
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
 	const world, perNode = 4, 2
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	ckpt := []string{filepath.Join(dir, "n0"), filepath.Join(dir, "n1")}
 
 	var agents []*proc
@@ -126,9 +112,7 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	if r0.str("from") != "local" || r0.num("store_bytes") != 0 {
 		t.Fatalf("node 0 restored from %q with %d bytes from the store, want local and 0", r0.str("from"), r0.num("store_bytes"))
 	}
-	mu.Lock()
-	counting = true
-	mu.Unlock()
+	reads.start()
 
 	// Node 1 on an empty machine.
 	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h", extra...)
@@ -148,10 +132,7 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	if got := r1.str("from"); got != from {
 		t.Errorf("node 1 restored from %q, want %s", got, from)
 	}
-	mu.Lock()
-	got := slices.Clone(dataGets)
-	mu.Unlock()
-	slices.Sort(got)
+	got := reads.read()
 	if !slices.Equal(got, storeKeys) {
 		t.Errorf("node 1 read the data objects %v from the store, want only %v", got, storeKeys)
 	}

@@ -2,18 +2,15 @@ package integration
 
 import (
 	"bytes"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // TestDistributed_RestoreWaitsForPeer (#38 item 2): a whole-job restart
@@ -30,22 +27,10 @@ import (
 func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	parallel(t)
 	fs := newFaultStores(t, "s3", "peerwait")
-	var mu sync.Mutex
-	var dataGets []string // keys of data objects read, once counting
-	counting := false
-	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, ".json") {
-			mu.Lock()
-			if counting {
-				dataGets = append(dataGets, r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:])
-			}
-			mu.Unlock()
-		}
-		return false // a fault that never fires: it sees every request
-	}})
+	reads := fs.recordDataReads(".json")
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
 	const world, perNode, step = 4, 2, 10
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	ckpt := []string{filepath.Join(dir, "n0"), filepath.Join(dir, "n1")}
 	var agents []*proc
 	for k := range 2 {
@@ -71,9 +56,7 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	for _, r := range ranks {
 		r.c.Close()
 	}
-	mu.Lock()
-	counting = true
-	mu.Unlock()
+	reads.start()
 
 	// Node 1 first, on an empty machine: node 0's record names a dead port.
 	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h", "--peer-wait", "2m")
@@ -105,10 +88,7 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	if r0.str("from") != "local" || r0.num("store_bytes") != 0 {
 		t.Errorf("node 0 restored from %q with %d bytes from the store, want local and 0", r0.str("from"), r0.num("store_bytes"))
 	}
-	mu.Lock()
-	got := slices.Clone(dataGets)
-	mu.Unlock()
-	slices.Sort(got)
+	got := reads.read()
 	if want := []string{"shard-2.bin", "shard-3.bin"}; !slices.Equal(got, want) {
 		t.Errorf("the data objects %v were read from the store, want only node 1's shards %v", got, want)
 	}

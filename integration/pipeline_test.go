@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -35,13 +36,13 @@ func TestPipeline_TorchResumesExact(t *testing.T) {
 	}
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
-	ref := filepath.Join(shortTemp(t), "ref.json")
+	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
 	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("reference run: %v\n%s", err, out)
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	uri := "s3://" + s3srv.Bucket + "/pipeline"
 	out := filepath.Join(dir, "out.json")
 	trainer := []string{"--", python, "python/examples/train_torch.py", "--steps", matrixSteps,
@@ -135,7 +136,7 @@ sys.exit(agent.exit_code)
 func startPipelineTrainer(t *testing.T, mode string) (*proc, string, string) {
 	t.Helper()
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "trainer.py")
 	if err := os.WriteFile(script, []byte(pipelineTrainer), 0o600); err != nil {
 		t.Fatal(err)

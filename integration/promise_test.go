@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/supervisor"
 )
 
@@ -41,7 +42,7 @@ func TestNoticePromise(t *testing.T) {
 				fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10})
 			}
 			gcp := startFake(t, "gcp")
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			maddr := freeAddr(t)
 			sock := filepath.Join(dir, "a.sock")
 			args := append(noticeArgs(dir, fs.uri, cloudArgs(t, "gcp", gcp.URL())...),
@@ -52,7 +53,7 @@ func TestNoticePromise(t *testing.T) {
 			// Periodic checkpoints, a verdict after each: once the third
 			// commit is logged the second was judged (the next request
 			// waits for the previous commit's result).
-			waitFor(t, "three commits", 2*time.Minute, func() bool {
+			testutil.WaitWithin(t, "three commits", 2*time.Minute, func() bool {
 				return strings.Count(a.output(), "checkpoint committed") >= 3
 			})
 			warnings := strings.Count(a.output(), promiseWarning)

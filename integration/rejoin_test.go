@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
@@ -21,7 +22,7 @@ import (
 func TestSidecar_TrainerBackAfterCommitResumesIt(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "agent.sock")
 	store := filepath.Join(dir, "store")
 	agent := start(t, nil, "sidecar", "--store", "file://"+store, "--run-id", "pod",
@@ -75,7 +76,7 @@ func TestNodeMode_AllowUIDRankBackAfterCommitReadsIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs the trainer as uid %d and must run as root (uid %d), as CI does", nobody, os.Geteuid())
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

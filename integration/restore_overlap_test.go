@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
@@ -63,7 +64,7 @@ type overlapSetup struct {
 func newOverlapSetup(t *testing.T, name string, empty bool) *overlapSetup {
 	t.Helper()
 	requirePython(t, false)
-	s := &overlapSetup{fs: newFaultStores(t, "s3", "overlap-"+name), dir: shortTemp(t)}
+	s := &overlapSetup{fs: newFaultStores(t, "s3", "overlap-"+name), dir: testutil.ShortDir(t)}
 	if !empty {
 		src := t.TempDir()
 		model := make([]byte, 1<<20)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
@@ -46,7 +47,7 @@ func TestStartup_SlowStoreCancelled(t *testing.T) {
 				t.Fatal(err)
 			}
 			fs.proxy.Set(tc.fault)
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			ran := filepath.Join(dir, "ran")
 			// The serial start (restore, then the trainer): the overlapped
 			// one starts the trainer at once (restore_overlap_test.go).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // agentArgs are the flags every run in these tests shares.
@@ -27,7 +28,7 @@ func agentArgs(dir, store string, extra ...string) []string {
 func TestRun_SigtermAndResume(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	_, resumed := sigtermAndResume(t, dir, store, nil)
 	restored := resumed[1]
@@ -52,7 +53,7 @@ func TestRun_SigtermAndResumeBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(srv.Close)
-		sigtermAndResume(t, shortTemp(t), "s3://ckpt/runs/it", srv.Env())
+		sigtermAndResume(t, testutil.ShortDir(t), "s3://ckpt/runs/it", srv.Env())
 	})
 	t.Run("gcs", func(t *testing.T) {
 		srv, err := gcstest.Start("ckpt")
@@ -60,7 +61,7 @@ func TestRun_SigtermAndResumeBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(srv.Close)
-		sigtermAndResume(t, shortTemp(t), "gs://ckpt/runs/it", srv.Env())
+		sigtermAndResume(t, testutil.ShortDir(t), "gs://ckpt/runs/it", srv.Env())
 	})
 }
 
@@ -143,7 +144,7 @@ func TestRun_BadStore(t *testing.T) {
 		{"unreachable endpoint", "s3://real/x", append(srv.Env(), "AWS_ENDPOINT_URL_S3=http://127.0.0.1:1"), "unreachable", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			marker := filepath.Join(dir, "trainer-ran")
 			p := start(t, tc.env, append(agentArgs(dir, tc.store), "--", "/bin/sh", "-c", "touch "+marker)...)
 			if code := p.wait(time.Minute); code != tc.code {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // Security (issue 8): nothing secret in the logs, and the socket as the
@@ -40,7 +41,7 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 		"AWS_SECRET_ACCESS_KEY="+secretKey,
 		"AWS_SESSION_TOKEN="+secretToken,
 	)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "s3://secrets/runs/leak"
 	args := hostileArgs(dir, "--store", store, "--log-level", "debug")
 	p := start(t, env, append(args, writeTrainer(t, dir, "good", 0)...)...)
@@ -94,7 +95,7 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 func TestSecurity_SocketPermissions(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	tmp := filepath.Join(dir, "tmp")
 	if err := os.Mkdir(tmp, 0o755); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // TestRun_SignalFallback: a trainer that does not speak the protocol,
@@ -19,7 +21,7 @@ import (
 func TestRun_SignalFallback(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	trainer := []string{"--", python, "python/examples/train_signal.py", "--steps", "6000", "--step-time", "0.005"}
 	out := filepath.Join(dir, "out.json")
@@ -67,12 +69,12 @@ func TestRun_SignalFallback(t *testing.T) {
 // with a clear line and the trainer keeps running.
 func TestRun_SignalFallbackNoHandler(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	alive := filepath.Join(dir, "alive")
 	p := start(t, nil, append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "USR1", "--interval", "1s"),
 		"--", "/bin/sh", "-c", "sleep 2; touch "+alive+"; sleep 60")...)
 	p.waitLine(`has no SIGUSR1 handler`, time.Minute)
-	waitFor(t, "the trainer to outlive the request", time.Minute, func() bool {
+	testutil.WaitWithin(t, "the trainer to outlive the request", time.Minute, func() bool {
 		_, err := os.Stat(alive)
 		return err == nil
 	})
@@ -92,7 +94,7 @@ func TestRun_SignalFallbackNoHandler(t *testing.T) {
 func TestRun_SignalFallbackTrainerDies(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := `import os, signal, sys, time
 signal.signal(signal.SIGUSR1, lambda s, f: os._exit(3))
 print("handler " + "installed", flush=True)

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // silenceArgs: the hostile tests' flags (JSON logs, a file store, the
@@ -54,7 +56,7 @@ print("trainer: finished", flush=True)
 func TestSilence_NeverConnects(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "unconnected.py")
 	if err := os.WriteFile(script, []byte(unconnectedTrainer), 0o600); err != nil {
 		t.Fatal(err)
@@ -106,7 +108,7 @@ func TestSilence_NeverConnects(t *testing.T) {
 func TestSilence_NeverConnectsFinishes(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "unconnected.py")
 	if err := os.WriteFile(script, []byte(unconnectedTrainer), 0o600); err != nil {
 		t.Fatal(err)
@@ -147,7 +149,7 @@ while True:
 func TestSilence_DeafTrainer(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "deaf.py")
 	if err := os.WriteFile(script, []byte(deafTrainer), 0o600); err != nil {
 		t.Fatal(err)
@@ -204,7 +206,7 @@ agent.close()
 func TestSilence_DiskFull(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	script := filepath.Join(dir, "full.py")
 	if err := os.WriteFile(script, []byte(fullDiskTrainer), 0o600); err != nil {
 		t.Fatal(err)

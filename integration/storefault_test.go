@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -70,6 +73,45 @@ func newFaultStores(t *testing.T, backend, prefix string) *faultStores {
 	return fs
 }
 
+// dataReads records the checkpoint objects read from a faultStores store
+// through its proxy: every GET under checkpoints/ but those whose path ends
+// in skip (metadata), once start was called. It is a fault that never
+// fires: its Match sees every request.
+type dataReads struct {
+	mu       sync.Mutex
+	counting bool
+	names    []string // each object's name (its key's last element), in order
+}
+
+func (fs *faultStores) recordDataReads(skip string) *dataReads {
+	d := &dataReads{}
+	fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, skip) {
+			d.mu.Lock()
+			if d.counting {
+				d.names = append(d.names, r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:])
+			}
+			d.mu.Unlock()
+		}
+		return false
+	}})
+	return d
+}
+
+// start records from now on, forgetting what came before.
+func (d *dataReads) start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.counting, d.names = true, nil
+}
+
+// read is the names recorded since start, sorted.
+func (d *dataReads) read() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Sorted(slices.Values(d.names))
+}
+
 // isWrite matches requests that carry object data.
 func isWrite(r *http.Request) bool { return r.Method == http.MethodPut || r.Method == http.MethodPost }
 
@@ -98,6 +140,9 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 	}
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
+			// The two backends side by side: each its own server, proxy
+			// and committer (290 s one after the other on a loaded machine).
+			t.Parallel()
 			fs := newFaultStores(t, backend, "retries")
 			c := &commit.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
 			ctx := context.Background()
@@ -156,7 +201,7 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 	for _, backend := range []string{"s3", "gcs"} {
 		t.Run(backend, func(t *testing.T) {
 			fs := newFaultStores(t, backend, "agent")
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			modes := []faultproxy.Fault{
 				{Mode: faultproxy.InternalError, Fraction: 0.25, Match: isWrite},
 				{Mode: faultproxy.SlowDown, Fraction: 0.25, Match: isWrite},
@@ -199,7 +244,7 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	requirePython(t, false)
 	fs := newFaultStores(t, "s3", "down")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000000", "--step-time", "0.01",
 		"--save-bytes", strconv.Itoa(6 << 20)}
 	a := start(t, fs.env, append(agentArgs(dir, fs.uri, "--interval", "2s", "--term-grace", "12s", "--margin", "1s",
@@ -218,7 +263,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	// While the upload retries against a dead store, measure the agent's
 	// CPU over a few seconds.
 	cpu0, t0 := cpuTime(t, pid), time.Now()
-	waitFor(t, "a CPU measurement window", 10*time.Second, func() bool { return time.Since(t0) >= 4*time.Second })
+	testutil.WaitWithin(t, "a CPU measurement window", 10*time.Second, func() bool { return time.Since(t0) >= 4*time.Second })
 	cpu1, t1 := cpuTime(t, pid), time.Now()
 	// (A periodic upload the shutdown cancelled may have given up: only
 	// the shutdown checkpoint's own failure spoils the window.)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -36,6 +37,9 @@ const (
 // skips) when it is not: `make test` builds it.
 func sidPython(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: runs torch 2.x trainers end to end (make test-python runs it)")
+	}
 	p := filepath.Join(repo, "scripts", "sid-python")
 	out, err := exec.Command(p, "-c", "import torch, transformers; print(torch.__version__)").CombinedOutput()
 	if err != nil {
@@ -68,7 +72,7 @@ func hfRef(t *testing.T, py string, args ...string) string {
 	if v, ok := hfRefs.Load(key); ok {
 		return v.(string)
 	}
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	cmd := exec.Command(py, append([]string{hfExample, "--output-dir", filepath.Join(dir, "out"), "--steps", hfSteps}, args...)...)
 	cmd.Dir = repo
 	cmd.Env = append(cleanEnv(), hfEnv...)
@@ -92,7 +96,7 @@ func TestTorch2_HFCallback(t *testing.T) {
 	ref := hfRef(t, py)
 	for _, how := range []string{"notice", "sigterm"} {
 		t.Run(how, func(t *testing.T) {
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			store := "file://" + filepath.Join(dir, "store")
 			trainer := func(m string) []string {
 				return []string{"--", py, hfExample, "--output-dir", filepath.Join(dir, m, "out"), "--steps", hfSteps,
@@ -156,7 +160,7 @@ func TestTorch2_HFWatch(t *testing.T) {
 				flags = append(flags, "--jit")
 			}
 			ref := hfRef(t, py, flags...)
-			dir := shortTemp(t)
+			dir := testutil.ShortDir(t)
 			store := "file://" + filepath.Join(dir, "store")
 			trainer := func(out string) []string {
 				return append([]string{"--", py, hfExample, "--output-dir", out, "--steps", hfSteps, "--step-sleep-ms", "500"}, flags...)
@@ -256,7 +260,7 @@ func TestTorch2_DCPTorchrun(t *testing.T) {
 		t.Fatalf("reference: final lines of %d ranks, want %d", len(ref), nodes*ranks)
 	}
 
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	run := func(m string, port int) ([]*proc, []fake.Server) {
 		var agents []*proc

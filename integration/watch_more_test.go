@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
@@ -34,7 +36,7 @@ func rotatingTrainer(out, period string) []string {
 // written well after the notice, and few steps lost.
 func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "out") // created by the agent
 	fk := startFake(t, "aws")
@@ -74,7 +76,7 @@ func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 // into an empty DIR under its name.
 func TestWatch_Sidecar(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := mkdir(t, filepath.Join(dir, "out"))
 	args := watchArgs(dir, out, store, "--cloud", "none")
@@ -99,7 +101,7 @@ func TestWatch_Sidecar(t *testing.T) {
 		t.Fatalf("latest step %d, want %d (the trainer's last checkpoint)", l.Step, want)
 	}
 	// A new machine: the sidecar restores it into an empty DIR.
-	dir2 := shortTemp(t)
+	dir2 := testutil.ShortDir(t)
 	out2 := mkdir(t, filepath.Join(dir2, "out"))
 	args2 := watchArgs(dir2, out2, store, "--cloud", "none")
 	args2[0] = "sidecar"
@@ -145,7 +147,7 @@ func newestComplete(t *testing.T, out string) int64 {
 func TestWatch_HFRotation(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "out")
 	a := start(t, nil, append(watchArgs(dir, out, store, "--watch-quiet", "10s"), "--", python, hfTrainer, "--output-dir", out,
@@ -170,11 +172,5 @@ func TestWatch_HFRotation(t *testing.T) {
 func waitCount(t *testing.T, p *proc, re string, n int, timeout time.Duration) {
 	t.Helper()
 	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(timeout)
-	for len(rx.FindAllString(p.output(), -1)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d lines matching %q within %s", n, re, timeout)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a condition, bounded by deadline
-	}
+	testutil.WaitWithin(t, fmt.Sprintf("%d lines matching %q", n, re), timeout, func() bool { return len(rx.FindAllString(p.output(), -1)) >= n })
 }

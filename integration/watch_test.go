@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
@@ -19,7 +20,7 @@ const hfTrainer = "python/examples/train_hf_layout.py"
 // hfReference runs the example bare (no agent) and returns its digests.
 func hfReference(t *testing.T, steps string) string {
 	t.Helper()
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	ref := filepath.Join(dir, "ref.json")
 	cmd := exec.Command(python, hfTrainer, "--output-dir", filepath.Join(dir, "out"), "--steps", steps,
 		"--save-steps", "40", "--step-time", "0", "--out", ref)
@@ -58,7 +59,7 @@ func TestWatch_NoticeAndResume(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	ref := hfReference(t, "200")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	trainer := func(out string) []string {
 		return []string{"--", python, hfTrainer, "--output-dir", out, "--steps", "200", "--save-steps", "40",
@@ -138,7 +139,7 @@ func TestWatch_TornNeverCommitted(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	ref := hfReference(t, "120")
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := mkdir(t, filepath.Join(dir, "out"))
 	// The crash comes once only: a marker file makes the restarted trainer skip it.
@@ -180,7 +181,7 @@ func TestWatch_TornNeverCommitted(t *testing.T) {
 // TestWatch_BadInput: clear errors before any trainer runs.
 func TestWatch_BadInput(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	ro := mkdir(t, filepath.Join(dir, "ro"))
 	os.Chmod(ro, 0o500)
@@ -224,7 +225,7 @@ func TestWatch_BadInput(t *testing.T) {
 // exist yet: the agent creates it (parents too) before the trainer runs.
 func TestWatch_CreatesMissingDir(t *testing.T) {
 	parallel(t)
-	dir := shortTemp(t)
+	dir := testutil.ShortDir(t)
 	store := "file://" + filepath.Join(dir, "store")
 	out := filepath.Join(dir, "fresh", "out")
 	ran := filepath.Join(dir, "ran")

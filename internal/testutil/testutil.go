@@ -29,12 +29,23 @@ func ShortDir(t *testing.T) string {
 // WaitFor polls cond until it holds, failing the test after Wait.
 func WaitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(Wait)
+	WaitWithin(t, what, Wait, cond)
+}
+
+// WaitWithin polls cond until it holds, failing the test after timeout:
+// WaitFor for the end-to-end tests, whose waits span processes (a trainer
+// starting, a commit, a peer timeout) and take longer than Wait. It
+// polls every timeout/2000, between 5 and 50 ms: a long wait's condition
+// (an HTTP request, a scan of a process's output) is asked less often.
+func WaitWithin(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	every := min(max(timeout/2000, 5*time.Millisecond), 50*time.Millisecond)
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
-		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
+		time.Sleep(every) // polling a condition, bounded by deadline
 	}
 }
 
