@@ -34,6 +34,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // kcpControllers are the kube-controller-manager controllers the manifests
@@ -231,25 +233,10 @@ func startControlPlane() (cp *controlPlane, err error) {
 	return cp, nil
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// freePorts returns n distinct ports that were free a moment ago, below
+// the ephemeral range (testutil.FreePorts: a connection flood elsewhere
+// on the machine cannot take them first).
+func freePorts(n int) ([]int, error) { return testutil.FreePorts(n) }
 
 func (cp *controlPlane) start(name string, args ...string) error {
 	return cp.startPath(name, filepath.Join(cp.bin, name), args...)

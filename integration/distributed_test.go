@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,15 +55,16 @@ func ddpEnv(sleepMS int) []string {
 	return []string{"TOTAL_STEPS=" + ddpSteps, "STEP_SLEEP_MS=" + strconv.Itoa(sleepMS), "PYTHONUNBUFFERED=1"}
 }
 
-// freePort is a TCP port nobody listens on (for MASTER_PORT).
+// freePort is a TCP port nobody listens on (for MASTER_PORT), below the
+// ephemeral range (testutil.FreePorts): the flood tests' connections
+// cannot take it before torchrun binds it.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ps, err := testutil.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ps[0]
 }
 
 var finalRx = regexp.MustCompile(`rank (\d+) final sha256=([0-9a-f]{64}) step=(\d+)`)
