@@ -337,7 +337,7 @@ class Agent(object):
         if self._job.sync.active or self._job.sync.detect():
             return self._job.poll(step)
         if self._sigterm.take() and not self._sigterm.fold():
-            return self._job.offer_sigterm(step) or self._sigterm.request(step)
+            return self._job.offer_sigterm(step, self.world_size) or self._sigterm.request(step)
         self._state.start_background()
         if not self.path:
             return None

@@ -433,7 +433,7 @@ class Agreement(object):
                 joined._after_done = lambda s: self.stop_after_commit(mine)
         return joined
 
-    def offer_sigterm(self, step: Optional[int]) -> "Optional[CheckpointRequest]":
+    def offer_sigterm(self, step: Optional[int], world_size: Optional[int]) -> "Optional[CheckpointRequest]":
         """A single process that said its rank (torchrun with one process
         per node and one node, e.g. a TrainJob of 1 x 1) got SIGTERM: its
         checkpoint is offered to the agent as the job's (``join`` with a
@@ -441,9 +441,12 @@ class Agreement(object):
         (``--node-rank``: it refuses a checkpoint taken on one rank's own)
         asks for it and commits it. An agent of a whole checkpoint refuses
         a join from a world of one at once: None, and the process takes
-        its own SIGTERM checkpoint as before."""
+        its own SIGTERM checkpoint as before. Only a world of one: ranks of
+        a larger world without the agreement (``sync_every=0``) are single
+        trainers, and their joins, each with an id of its own, would
+        supersede one another at the agent."""
         a = self._state
-        if a.rank is None or not a.path:
+        if a.rank is None or world_size != 1 or not a.path:
             return None
         rid = os.urandom(6).hex()
         joined = self.join(rid, "shutdown", self._sigterm.deadline(), step, quiet=True)

@@ -674,6 +674,22 @@ class TestSigtermDuringInterruption(Base):
         self.assertTrue(a.should_stop)
         self.assertEqual(a.exit_code, 75)
 
+    def test_ranks_without_agreement_take_their_own(self):
+        # sync_every=0: each rank of a larger world is a single trainer
+        # (docs/distributed.md): its SIGTERM checkpoint is its own, never
+        # a join with an id of its own, which the other ranks' joins would
+        # supersede at the agent. Only a world of one offers a join.
+        srv = self.server(join_dir=os.path.join(self.tmp, "job"))
+        a = self.connect(handle_sigterm=True, rank=0, world_size=2, sync_every=0)
+        a.sigterm_wait = 0.1
+        self.sigterm()
+        req = a.poll(7)
+        self.assertIsNotNone(req)
+        self.assertEqual(req.reason, "shutdown")
+        self.assertEqual(srv.of_type("join"), [])
+        req.done(7)
+        self.assertEqual(srv.wait_message("done")[0]["id"], "")
+
 
 BAD_RUN_ID = {"type": "error", "error": "hello: run_id \"../x\" refused: node mode needs a run id of "
                                         "letters, digits, '-', '_' and '.'"}
