@@ -53,6 +53,9 @@ func newPrepareCopiesCmd() *cobra.Command {
 		for _, d := range res.Removed {
 			fmt.Fprintf(cmd.OutOrStdout(), "copies: removed %s/%s (nothing newer than %d days)\n", root, d, retainDays)
 		}
+		if res.Unremoved != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "copies: stale runs left in place: %v\n", res.Unremoved)
+		}
 		if res.Dir != "" {
 			fmt.Fprintf(cmd.OutOrStdout(), "copies: %s/%s ready for %d:%d\n", root, res.Dir, o.UID, o.GID)
 		}

@@ -50,6 +50,9 @@ type Options struct {
 type Result struct {
 	Dir     string   // <namespace>/<run>/node-<rank>, relative to the root
 	Removed []string // stale runs removed, relative to the root
+	// Unremoved: stale runs that could not be removed (an immutable
+	// file, a mount under it); the pod's directory is ready all the same.
+	Unremoved error
 }
 
 // ErrRefused is a path the rules refuse: nothing was handed over.
@@ -57,7 +60,8 @@ var ErrRefused = errors.New("refused")
 
 // Prepare makes and hands over opts' directory under root, then removes
 // stale runs. A refusal (ErrRefused) changes nothing; a stale run that
-// cannot be removed is reported in the error after the directory is ready.
+// cannot be removed is reported in Result.Unremoved, not as an error: one
+// undeletable directory on a node must not fail every pod placed there.
 func Prepare(root *os.Root, opts Options) (Result, error) {
 	for _, n := range []struct{ what, v string }{{"namespace", opts.Namespace}, {"run", opts.Run}} {
 		if err := checkName(n.v); err != nil {
@@ -106,9 +110,8 @@ func Prepare(root *os.Root, opts Options) (Result, error) {
 	if opts.Retain <= 0 {
 		return res, nil
 	}
-	removed, err := removeStale(root, top, opts.Now.Add(-opts.Retain))
-	res.Removed = removed
-	return res, err
+	res.Removed, res.Unremoved = removeStale(root, top, opts.Now.Add(-opts.Retain))
+	return res, nil
 }
 
 // checkName: one path element a Kubernetes name can be.

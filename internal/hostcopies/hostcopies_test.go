@@ -3,6 +3,7 @@ package hostcopies
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -245,5 +246,33 @@ func TestPrepare_BadInput(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(f.dir); len(entries) != 0 {
 		t.Errorf("bad input made %v", entries)
+	}
+}
+
+// TestPrepare_UndeletableStaleRunLeftInPlace: a stale run that cannot be
+// removed (an immutable file in it) is said, not an error: the pod's own
+// directory is ready and the pod starts (one such directory would
+// otherwise fail every pod placed on the node).
+func TestPrepare_UndeletableStaleRunLeftInPlace(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chattr +i needs root (CI runs as root)")
+	}
+	f := newFixture(t)
+	stale := f.mk("team-b", "exp-old", "node-0")
+	pinned := filepath.Join(stale, "model.pt")
+	age(t, filepath.Join(f.dir, "team-b")) // before: an immutable file's times do not change
+	if out, err := exec.Command("chattr", "+i", pinned).CombinedOutput(); err != nil {
+		t.Skipf("chattr +i on this file system: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", pinned).Run() })
+	res, err := Prepare(f.root, opts("team-a", "exp1", 0))
+	if err != nil {
+		t.Fatalf("an undeletable stale run failed the prepare: %v", err)
+	}
+	if res.Unremoved == nil || !exists(pinned) {
+		t.Errorf("unremoved %v, file there %v: want it said and left", res.Unremoved, exists(pinned))
+	}
+	if fi, err := os.Stat(filepath.Join(f.dir, res.Dir)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the pod's directory is not ready: %v", err)
 	}
 }
