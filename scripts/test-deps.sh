@@ -18,6 +18,7 @@ chromium             chromium         pkg/fleet: the fleet page in a headless br
 ip                   iproute2         integration: network namespaces for a real partition (#37)
 unshare              util-linux       integration: the shipped trainer script as PID 1 of a PID namespace (#37)
 nft                  nftables         bench/cmd/spotbench detect: random packet loss between network namespaces (no netem in this kernel)
+chattr               e2fsprogs        internal/hostcopies: an undeletable stale run (chattr +i)
 '
 
 missing=()

@@ -25,7 +25,7 @@ var prerequisites = map[string]bool{
 }
 
 // shellWords start a recipe line without running a command.
-var shellWords = map[string]bool{"cd": true, "for": true, "if": true, "set": true, "done": true, "out": true}
+var shellWords = map[string]bool{"cd": true, "for": true, "if": true, "set": true, "done": true, "out": true, "wait": true}
 
 // The ways a test names a command it runs.
 var (
