@@ -126,6 +126,24 @@ func TestAgent_TrainerThatExitsAtOnceRecordsNoFleet(t *testing.T) {
 	}
 }
 
+// stopsDuringRestart: the two ways a stop reaches an agent whose trainer
+// waits to restart: a SIGTERM, and a termination notice with grace left.
+func stopsDuringRestart(grace time.Duration) []struct {
+	name string
+	stop func(ar *agentRun, src *noticetest.Source)
+} {
+	return []struct {
+		name string
+		stop func(ar *agentRun, src *noticetest.Source)
+	}{
+		{"SIGTERM", func(ar *agentRun, _ *noticetest.Source) { ar.sigs <- syscall.SIGTERM }},
+		{"Notice", func(_ *agentRun, src *noticetest.Source) {
+			now := time.Now()
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(grace)}
+		}},
+	}
+}
+
 // TestAgent_SignalDuringRestartRestore (#49 item 2): a trainer crashes,
 // and the restore before its restart hangs on the store. A SIGTERM (or a
 // termination notice) meanwhile is handled at once: the restore is
@@ -135,16 +153,7 @@ func TestAgent_TrainerThatExitsAtOnceRecordsNoFleet(t *testing.T) {
 // run on the loop: the signal waited for it, up to 10 minutes.)
 func TestAgent_SignalDuringRestartRestore(t *testing.T) {
 	const grace = 20 * time.Second
-	for _, tc := range []struct {
-		name string
-		stop func(ar *agentRun, src *noticetest.Source)
-	}{
-		{"SIGTERM", func(ar *agentRun, _ *noticetest.Source) { ar.sigs <- syscall.SIGTERM }},
-		{"Notice", func(_ *agentRun, src *noticetest.Source) {
-			now := time.Now()
-			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(grace)}
-		}},
-	} {
+	for _, tc := range stopsDuringRestart(grace) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.ShortDir(t)
 			st, err := file.New(filepath.Join(dir, "store"))
@@ -204,16 +213,7 @@ func TestAgent_SignalDuringRestartRestore(t *testing.T) {
 // backoff, up to 64 s later, only to be told to stop).
 func TestAgent_SignalDuringRestartBackoff(t *testing.T) {
 	const grace = 20 * time.Second
-	for _, tc := range []struct {
-		name string
-		stop func(ar *agentRun, src *noticetest.Source)
-	}{
-		{"SIGTERM", func(ar *agentRun, _ *noticetest.Source) { ar.sigs <- syscall.SIGTERM }},
-		{"Notice", func(_ *agentRun, src *noticetest.Source) {
-			now := time.Now()
-			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(grace)}
-		}},
-	} {
+	for _, tc := range stopsDuringRestart(grace) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.ShortDir(t)
 			notices := noticetest.New(1)
