@@ -150,21 +150,24 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 			}
 		}
 	}
-	j, err := journal.Read(t.Context(), fs.direct, "it")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found bool
-	for _, r := range j.Restores {
-		if r.Node == "node-1" {
-			found = true
-			if r.From[checkpoint.FromPeer] != peerBytes || r.Sources() != from {
-				t.Errorf("journal: node 1's restore from %v, want %d bytes from peer (%s)", r.From, peerBytes, from)
+	// The journal is written beside the loop (Session.JournalAsync): the
+	// restore's record lands after the trainers are welcomed.
+	var n1Restore *journal.RestoreEntry
+	testutil.WaitWithin(t, "node 1's restore in the journal", time.Minute, func() bool {
+		j, err := journal.Read(t.Context(), fs.direct, "it")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range j.Restores {
+			if r.Node == "node-1" {
+				n1Restore = &r
+				return true
 			}
 		}
-	}
-	if !found {
-		t.Errorf("journal: no restore of node-1 in %+v", j.Restores)
+		return false
+	})
+	if r := n1Restore; r.From[checkpoint.FromPeer] != peerBytes || r.Sources() != from {
+		t.Errorf("journal: node 1's restore from %v, want %d bytes from peer (%s)", r.From, peerBytes, from)
 	}
 	if out := runSpotagentTool(t, env, "history", "--store", fs.uri); !strings.Contains(out, " "+from+" ") {
 		t.Errorf("history does not say node 1's restore came from %s:\n%s", from, out)
