@@ -59,9 +59,11 @@ type Child struct {
 	guarded chan struct{}
 }
 
-// guardOf is the trainer's guard once its start ended (nil: none). Nothing
-// signals the group before: a signal would reach a guard that does not
-// ignore it yet.
+// guardOf is the trainer's guard once its start ended (nil: none). The
+// agent's signals to the group wait for it: Kill and Stop look for the
+// group's descendants outside it, excepting the guard's pid. (The guard
+// cannot die of the group's signals: it joins the group once it ignores
+// them, runGuard.)
 func (c *Child) guardOf() *guard {
 	<-c.guarded
 	return c.guard

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -77,10 +78,24 @@ func guardRunnable() error {
 // dead process's files -- it SIGKILLs the whole group, itself included:
 // every grandchild that stayed in the group goes with the agent, and so do
 // the members' descendants that left it (setsid), killed just before.
+//
+// It starts in a process group of its own and joins the trainer's only
+// once it ignores the group's signals: a trainer that signals its group
+// from its first instant (a launcher's `kill 0`, the signal fallback's
+// SIGTERM on an early stop) would otherwise end it while the Go runtime
+// starts. It says ready (one byte 1) once in the group, or why not.
 func runGuard() int {
 	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	ready := os.NewFile(4, "ready")
+	pgid, err := strconv.Atoi(os.Getenv(guardEnv))
+	if err == nil {
+		err = syscall.Setpgid(0, pgid)
+	}
+	if err != nil {
+		ready.Write([]byte("join the trainer's process group: " + err.Error()))
+		return 1
+	}
 	ready.Write([]byte{1})
 	ready.Close()
 	// The members' descendants that left the group (torch 2.x's ranks, in
@@ -140,8 +155,8 @@ func startGuard(pgid int, log *zap.Logger) (*guard, error) {
 	defer readyR.Close()
 	cmd := exec.Command("/proc/self/exe", GuardArg)
 	cmd.ExtraFiles = []*os.File{lifeR, readyW} // fds 3 and 4
-	cmd.Env = append(os.Environ(), guardEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
+	cmd.Env = append(os.Environ(), guardEnv+"="+strconv.Itoa(pgid))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own until it ignores signals: runGuard
 	err = cmd.Start()
 	lifeR.Close()
 	readyW.Close()
@@ -152,7 +167,12 @@ func startGuard(pgid int, log *zap.Logger) (*guard, error) {
 	reaped := make(chan struct{})
 	go func() { cmd.Wait(); close(reaped) }() // release waits for it
 	readyR.SetReadDeadline(time.Now().Add(guardStartTimeout))
-	if _, err := readyR.Read(make([]byte, 1)); err != nil {
+	said := make([]byte, 256)
+	n, err := readyR.Read(said)
+	if err == nil && (n != 1 || said[0] != 1) {
+		err = errors.New(string(said[:n]))
+	}
+	if err != nil {
 		cmd.Process.Kill()
 		lifeW.Close()
 		if errors.Is(err, io.EOF) {

@@ -210,3 +210,35 @@ func TestChild_KillDuringStop(t *testing.T) {
 	})
 	c.Close()
 }
+
+// TestGuard_SurvivesTheGroupsSignalsFromItsStart: a trainer that signals
+// its own process group from its first instant (a launcher's `kill 0`, or
+// the signal fallback's SIGTERM to the group on an early stop) does not
+// end the guard: the guard joins the group only once it ignores the
+// group's signals. Before, it joined at fork and a SIGTERM in its first
+// milliseconds (the Go runtime starting) killed it.
+func TestGuard_SurvivesTheGroupsSignalsFromItsStart(t *testing.T) {
+	dir := shortDir(t)
+	stop, gpidFile := filepath.Join(dir, "stop"), filepath.Join(dir, "gpid")
+	c, _ := startSh(t, "trap '' TERM INT HUP; while [ ! -e "+stop+" ]; do kill -TERM 0; kill -INT 0; done; "+
+		"sleep 600 & echo $! > "+gpidFile+".tmp; mv "+gpidFile+".tmp "+gpidFile+"; exit 0")
+	g := c.guardOf()
+	if err := os.WriteFile(stop, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if g == nil {
+		t.Fatal("no guard: it did not survive the group's signals during its start")
+	}
+	if pgid, err := syscall.Getpgid(g.PID()); err != nil || pgid != c.PID() {
+		t.Fatalf("guard %d: group %d (%v), want the trainer's %d", g.PID(), pgid, err, c.PID())
+	}
+	gpid := readPid(t, gpidFile)
+	if code := waitExit(t, c); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if processGone(gpid) {
+		t.Fatal("the leftover died before Close")
+	}
+	c.Close()
+	waitFor(t, "the leftover and the guard to go with Close", func() bool { return processGone(gpid) && processGone(g.PID()) })
+}
