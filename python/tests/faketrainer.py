@@ -274,8 +274,7 @@ class Trainer(object):
         import spotagent
 
         self.agent = agent = spotagent.connect(sync_every=a.sync_every)
-        log("connected rank=%s enabled=%s connected=%s pending=%s" % (agent.rank, agent.enabled, agent.connected,
-                                                                     agent.restore_pending))
+        log("connected pending=%s enabled=%s rank=%s" % (agent.restore_pending, agent.enabled, agent.rank))
         self.resume()
         last = None if a.steps <= 0 else a.steps
         while last is None or self.step < last or a.wait_after:
