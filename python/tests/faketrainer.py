@@ -53,6 +53,7 @@ import glob
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -71,6 +72,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--no-socket", action="store_true",
                    help="drop SPOTAGENT_SOCKET from the environment first: the client is a no-op")
+    p.add_argument("--pid-file", default=None, metavar="PATH", help="write the pid to PATH (whole, by rename) at boot")
+    p.add_argument("--exit-on-signal", default=None, metavar="SIG:CODE",
+                   help="a handler for signal SIG (e.g. SIGUSR1) that exits CODE at once, saving nothing")
     p.add_argument("--connect-after", type=float, default=0, metavar="S", help="sleep S seconds before connecting")
     p.add_argument("--sync-every", type=int, default=None, help="connect(sync_every=...); 0: no agreement")
     p.add_argument("--steps", type=int, default=0, help="steps to train, then finish (0: until stopped)")
@@ -267,6 +271,14 @@ class Trainer(object):
     def run(self) -> int:
         a = self.args
         log("booted pid", os.getpid())
+        if a.pid_file:
+            with open(a.pid_file + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(a.pid_file + ".tmp", a.pid_file)
+        if a.exit_on_signal:
+            name, code = a.exit_on_signal.split(":")
+            signal.signal(getattr(signal, name), lambda s, f: os._exit(int(code)))
+            log("exits %s on %s" % (code, name))
         if a.no_socket:
             os.environ.pop("SPOTAGENT_SOCKET", None)
         trace_messages()
