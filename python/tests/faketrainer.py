@@ -40,6 +40,9 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
 An OSError of write or symlink fails the request (``failed``, with the
 error) and ends its actions.
 
+The other flags (connection, steps, stop, an own checkpoint, signals):
+``--help``.
+
 Every line it prints starts with "trainer: " (the agent's logs share the
 pipe), one write a line; each message the agent sends is printed as
 "trainer: got TYPE id=... reason=... error=...".
@@ -77,7 +80,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="a handler for signal SIG (e.g. SIGUSR1) that exits CODE at once, saving nothing")
     p.add_argument("--connect-after", type=float, default=0, metavar="S", help="sleep S seconds before connecting")
     p.add_argument("--sync-every", type=int, default=None, help="connect(sync_every=...); 0: no agreement")
-    p.add_argument("--steps", type=int, default=0, help="steps to train, then finish (0: until stopped)")
+    p.add_argument("--steps", type=int, default=0, metavar="N",
+                   help="train until step N (a resumed run goes on from its step), then finish (0: until stopped)")
     p.add_argument("--step-time", type=float, default=0.01, metavar="S", help="seconds a step sleeps")
     p.add_argument("--print-every", type=int, default=0, metavar="K", help='print "step N" every K steps')
     p.add_argument("--no-poll", action="store_true", help="never poll: deaf to every request and to stop")
