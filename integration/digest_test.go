@@ -13,6 +13,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/forge"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 )
 
 // forgeTree rewrites every regular file below dir whose path passes keep
@@ -113,15 +114,15 @@ func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
 	for k := range 2 {
 		agents = append(agents, peerSidecar(t, env, fstores.uri, dir, ckpt[k], k, "300ms", extra...))
 	}
-	var ranks []*rankConn
+	var ranks []*trainertest.Trainer
 	for r := range world {
 		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
 	}
 	const step = 10
 	saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte { return peerRankFiles(step, r) })
-	for _, r := range ranks {
-		if _, ok := r.next("committed", time.Minute); !ok {
-			t.Fatalf("rank %d: step %d not committed", r.rank, step)
+	for r, tr := range ranks {
+		if _, ok := tr.Next("committed", time.Minute); !ok {
+			t.Fatalf("rank %d: step %d not committed", r, step)
 		}
 	}
 	for _, a := range agents {
@@ -133,7 +134,7 @@ func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
 		a.wait(time.Minute)
 	}
 	for _, r := range ranks {
-		r.c.Close()
+		r.Close()
 	}
 	// Node 0's replica of node 1's part (<step>-<id>+node-1/), and its own
 	// shard-0.bin.
@@ -166,7 +167,7 @@ func TestDigest_ForgedPeerAndReplicaNeverUsed(t *testing.T) {
 	// Every rank resumes the committed step with the bytes saved.
 	for r := range world {
 		rc := dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode)
-		res := rc.welcome.Resume
+		res := rc.Welcome().Resume
 		if res == nil || res.Step != step {
 			t.Fatalf("rank %d: resume %+v, want step %d", r, res, step)
 		}

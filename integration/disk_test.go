@@ -93,7 +93,7 @@ func TestDisk_FullWhileRestoring(t *testing.T) {
 		a.waitRe(`spotagent run: .*no space left on device`, time.Second)
 		// The trainer starts while the restore runs (agent_restore.go):
 		// it may have connected, but it is never welcomed to a fresh start.
-		if strings.Contains(a.output(), "trainer: got welcome") || len(a.entries("no committed checkpoint: starting fresh")) > 0 {
+		if strings.Contains(a.output(), "trainer: fresh start") || len(a.entries("no committed checkpoint: starting fresh")) > 0 {
 			t.Fatal("the agent started the trainer afresh although the store holds a committed checkpoint")
 		}
 		requireEmptyDir(t, filepath.Join(ckpt, "spotagent-hostile", "restore"))

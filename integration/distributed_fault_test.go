@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -41,77 +41,15 @@ func distTrials(t *testing.T) int {
 	return 20
 }
 
-// rankConn is one rank of the simulated job, connected to its node's agent.
-type rankConn struct {
-	t    *testing.T
-	rank int
-	c    *protocol.Client
-	msgs chan protocol.Message
-	// welcome is the agent's answer to the hello (its resume, if any).
-	welcome protocol.Message
-}
-
-func dialRank(t *testing.T, sock string, rank, world, perNode int) *rankConn {
+// dialRank connects rank r of a job of world ranks, perNode a node (as
+// the real ranks are placed), to its node's agent at sock, and says hello.
+// The ranks are trainertest's Trainer: the protocol's Go client, driven by
+// the test.
+func dialRank(t *testing.T, sock string, r, world, perNode int) *trainertest.Trainer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	var c *protocol.Client
-	for {
-		var err error
-		if c, err = protocol.Dial(ctx, sock); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("rank %d: dial %s: %v", rank, sock, err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the socket to appear, bounded by ctx
-	}
-	lr, node, nodes := rank%perNode, rank/perNode, world/perNode
-	w, err := c.Hello(ctx, protocol.Message{PID: os.Getpid(), Rank: &rank, WorldSize: &world,
-		Topology: protocol.Topology{LocalRank: &lr, LocalWorldSize: &perNode, NodeRank: &node, Nodes: &nodes}})
-	if err != nil {
-		t.Fatalf("rank %d: %v", rank, err)
-	}
-	r := &rankConn{t: t, rank: rank, c: c, msgs: make(chan protocol.Message, 64), welcome: w}
-	go func() {
-		defer close(r.msgs)
-		for {
-			m, err := c.Recv(context.Background())
-			if errors.Is(err, protocol.ErrBadMessage) {
-				continue
-			}
-			if err != nil {
-				return
-			}
-			r.msgs <- m
-		}
-	}()
-	t.Cleanup(func() { c.Close() })
-	return r
-}
-
-// next returns the next message of type typ, skipping others.
-func (r *rankConn) next(typ string, timeout time.Duration) (protocol.Message, bool) {
-	deadline := time.After(timeout)
-	for {
-		select {
-		case m, ok := <-r.msgs:
-			if !ok {
-				return protocol.Message{}, false
-			}
-			if m.Type == typ {
-				return m, true
-			}
-		case <-deadline:
-			return protocol.Message{}, false
-		}
-	}
-}
-
-func (r *rankConn) send(m protocol.Message) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r.c.Send(ctx, m) // a dead agent is part of the test
+	tr := trainertest.DialWithin(t, sock, time.Minute)
+	tr.HelloRank(r, world, perNode)
+	return tr
 }
 
 // rankFile is what rank r writes at step: its content names both, so a
@@ -123,48 +61,49 @@ func rankFile(step int64, r int) []byte {
 // saveJobStep has every rank save step for the request the rank-0 node
 // asked for (the other node's ranks join it), answering done; it returns
 // the request's id.
-func saveJobStep(t *testing.T, ranks []*rankConn, step int64) string {
+func saveJobStep(t *testing.T, ranks []*trainertest.Trainer, step int64) string {
 	t.Helper()
 	return saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte {
 		return map[string][]byte{fmt.Sprintf("rank-%d.bin", r): rankFile(step, r)}
 	})
 }
 
-// saveJobStepFiles is saveJobStep with the files each rank r writes.
-func saveJobStepFiles(t *testing.T, ranks []*rankConn, step int64, files func(r int) map[string][]byte) string {
+// saveJobStepFiles is saveJobStep with the files each rank r writes
+// (ranks[r] is rank r).
+func saveJobStepFiles(t *testing.T, ranks []*trainertest.Trainer, step int64, files func(r int) map[string][]byte) string {
 	t.Helper()
-	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)
+	req, ok := ranks[0].Next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("rank 0: no checkpoint request")
 	}
 	dirs := map[int]string{0: req.Dir}
-	for _, r := range ranks[1:] {
-		if r.rank < len(ranks)/2 { // rank 0's node: asked already, unless its hello came after the request
-			if m, ok := r.next(protocol.TypeCheckpoint, 2*time.Second); ok {
+	for r := 1; r < len(ranks); r++ {
+		if r < len(ranks)/2 { // rank 0's node: asked already, unless its hello came after the request
+			if m, ok := ranks[r].Next(protocol.TypeCheckpoint, 2*time.Second); ok {
 				if m.ID != req.ID {
-					t.Fatalf("rank %d: request %+v, want id %s", r.rank, m, req.ID)
+					t.Fatalf("rank %d: request %+v, want id %s", r, m, req.ID)
 				}
-				dirs[r.rank] = m.Dir
+				dirs[r] = m.Dir
 				continue
 			}
 			// As the Python client does: it learns the id from the agreement and joins.
 		}
-		r.send(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
-		m, ok := r.next(protocol.TypeCheckpoint, time.Minute)
+		ranks[r].TrySend(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
+		m, ok := ranks[r].Next(protocol.TypeCheckpoint, time.Minute)
 		if !ok || m.ID != req.ID {
-			t.Fatalf("rank %d: joined request %+v, want id %s", r.rank, m, req.ID)
+			t.Fatalf("rank %d: joined request %+v, want id %s", r, m, req.ID)
 		}
-		dirs[r.rank] = m.Dir
+		dirs[r] = m.Dir
 	}
-	for _, r := range ranks {
-		for name, b := range files(r.rank) {
-			if err := os.WriteFile(filepath.Join(dirs[r.rank], name), b, 0o600); err != nil {
+	for r := range ranks {
+		for name, b := range files(r) {
+			if err := os.WriteFile(filepath.Join(dirs[r], name), b, 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	for _, r := range ranks {
-		r.send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
+	for _, tr := range ranks {
+		tr.TrySend(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step}) // a dead agent is part of the test
 	}
 	return req.ID
 }
@@ -205,19 +144,19 @@ func startJobSidecars(t *testing.T, env []string, uri, dir string) []*proc {
 
 // startJobAt10 starts a job of 2 nodes × 2 ranks (sidecars, the test's
 // ranks) on uri and commits its step 10.
-func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*rankConn) {
+func startJobAt10(t *testing.T, env []string, uri string) ([]*proc, []*trainertest.Trainer) {
 	t.Helper()
 	const world, perNode = 4, 2
 	dir := testutil.ShortDir(t)
 	agents := startJobSidecars(t, env, uri, dir)
-	var ranks []*rankConn
+	var ranks []*trainertest.Trainer
 	for r := 0; r < world; r++ {
 		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
 	}
 	saveJobStep(t, ranks, 10)
-	for _, r := range ranks {
-		if _, ok := r.next(protocol.TypeCommitted, time.Minute); !ok {
-			t.Fatalf("rank %d: step 10 not committed", r.rank)
+	for r, tr := range ranks {
+		if _, ok := tr.Next(protocol.TypeCommitted, time.Minute); !ok {
+			t.Fatalf("rank %d: step 10 not committed", r)
 		}
 	}
 	return agents, ranks
@@ -292,33 +231,33 @@ func TestDistributed_RankDiesMidSave(t *testing.T) {
 	st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
 	agents, ranks := startJobAt10(t, env, uri)
 	// Step 20: rank 3 dies instead of answering.
-	req, ok := ranks[0].next(protocol.TypeCheckpoint, time.Minute)
+	req, ok := ranks[0].Next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("no second request")
 	}
 	step := int64(20)
-	for _, r := range ranks[2:] {
-		r.send(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
+	for _, tr := range ranks[2:] {
+		tr.TrySend(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
 	}
-	m2, ok := ranks[2].next(protocol.TypeCheckpoint, time.Minute)
+	m2, ok := ranks[2].Next(protocol.TypeCheckpoint, time.Minute)
 	if !ok {
 		t.Fatal("rank 2: no joined request")
 	}
 	os.WriteFile(filepath.Join(m2.Dir, "rank-2.bin"), rankFile(20, 2), 0o600)
-	ranks[2].send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
-	ranks[3].c.Close()
-	f, ok := ranks[2].next(protocol.TypeUploadFailed, time.Minute)
+	ranks[2].TrySend(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
+	ranks[3].Close()
+	f, ok := ranks[2].Next(protocol.TypeUploadFailed, time.Minute)
 	if !ok || f.ID != req.ID || !strings.Contains(f.Error, "abandoned") {
 		t.Fatalf("rank 2: %+v, want upload_failed for %s saying abandoned", f, req.ID)
 	}
 	agents[1].waitEntry("checkpoint abandoned", time.Minute, nil)
-	m1, ok := ranks[1].next(protocol.TypeCheckpoint, time.Minute)
+	m1, ok := ranks[1].Next(protocol.TypeCheckpoint, time.Minute)
 	if !ok || m1.ID != req.ID {
 		t.Fatalf("rank 1: request %+v, want %s", m1, req.ID)
 	}
-	for _, r := range ranks[:2] {
-		os.WriteFile(filepath.Join(req.Dir, fmt.Sprintf("rank-%d.bin", r.rank)), rankFile(20, r.rank), 0o600)
-		r.send(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
+	for r, tr := range ranks[:2] {
+		os.WriteFile(filepath.Join(req.Dir, fmt.Sprintf("rank-%d.bin", r)), rankFile(20, r), 0o600)
+		tr.TrySend(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
 	}
 	if got := checkRestorable(t, st, world); got != 10 {
 		t.Fatalf("restore gave step %d, want the previous checkpoint, 10", got)

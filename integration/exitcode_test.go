@@ -101,8 +101,7 @@ func TestRun_GrandchildDiesWithAgent(t *testing.T) {
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
 	pidFile := filepath.Join(dir, "py.pid")
-	script := python + ` -c 'import os, time; open("` + pidFile + `.tmp", "w").write(str(os.getpid())); os.rename("` +
-		pidFile + `.tmp", "` + pidFile + `"); time.sleep(600)'; echo`
+	script := strings.Join(fakeTrainer("--no-socket", "--pid-file", pidFile), " ") + "; echo"
 	p := start(t, nil, "run", "--store", "file://"+filepath.Join(dir, "store"), "--run-id", "gc",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
 		"--cloud", "none", "--interval", "1h", "--", "/bin/sh", "-c", script)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -47,7 +48,7 @@ const (
 // floodJob is the job under the flood: its agents, ranks and node 0's peer address.
 type floodJob struct {
 	agents []*proc
-	ranks  []*rankConn
+	ranks  []*trainertest.Trainer
 	sock0  string
 	peer   string
 	step   int64
@@ -82,9 +83,9 @@ func (j *floodJob) commit(t *testing.T) {
 	t.Helper()
 	j.step++
 	saveJobStep(t, j.ranks, j.step)
-	for _, r := range j.ranks {
-		if _, ok := r.next(protocol.TypeCommitted, time.Minute); !ok {
-			t.Fatalf("rank %d: step %d not committed", r.rank, j.step)
+	for r, tr := range j.ranks {
+		if _, ok := tr.Next(protocol.TypeCommitted, time.Minute); !ok {
+			t.Fatalf("rank %d: step %d not committed", r, j.step)
 		}
 	}
 }

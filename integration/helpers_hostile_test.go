@@ -20,10 +20,17 @@ import (
 	"time"
 )
 
-// hostileTrainer is a trainer speaking protocol v1 over a raw socket (no
-// client library, so that it can misbehave). argv: MODE [BIG_BYTES].
+// fakeTrainer is the command line (after "--") of the tests' one fake
+// trainer, python/tests/faketrainer.py: a real trainer on the Python
+// client over the real socket, its behaviours chosen by flags (see its
+// doc). Every line it prints starts with "trainer: ".
+func fakeTrainer(flags ...string) []string {
+	return append([]string{python, filepath.Join(repo, "python", "tests", "faketrainer.py")}, flags...)
+}
+
+// hostileModes are the fake trainer's flags for the hostile tests' modes.
 // The first checkpoint request is always answered properly, so that every
-// test has a previous checkpoint that must stand; MODE decides the rest:
+// test has a previous checkpoint that must stand; the mode decides the rest:
 //
 //	good      answer every request (1 KiB file, or BIG_BYTES when given)
 //	never     answer nothing after the first, ignore stop (killed at the deadline)
@@ -35,126 +42,32 @@ import (
 //	          to ..; then answer properly again
 //	diskfull  second request: write BIG_BYTES (fails on a full disk: send
 //	          failed); then answer properly again with 1 KiB
-//
-// It prints "trainer: ..." lines for the test to wait on.
-const hostileTrainer = `
-import json, os, socket, sys, time
+var hostileModes = map[string][]string{
+	"good":     nil,
+	"never":    {"--on", "1=write,done", "--on", "ignore", "--ignore-stop"},
+	"late":     {"--on", "1=write,done", "--on", "hold"},
+	"crash":    {"--on", "1=write,done", "--on", "write:state.bin:512:x,crash:3"},
+	"symlink":  {"--on", "2=write,symlink:passwd:/etc/passwd,done", "--on", "3=write,symlink:up:..,done"},
+	"diskfull": {"--on", "2=write:state.bin:BIG,done"},
+}
 
-mode = sys.argv[1]
-big = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-
-def log(*a):
-    # One write per line: the agent's logs share the pipe.
-    sys.stdout.write(" ".join(["trainer:"] + [str(x) for x in a]) + "\n")
-    sys.stdout.flush()
-
-sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-sock.connect(os.environ["SPOTAGENT_SOCKET"])
-rf = sock.makefile("rb")
-
-def send(m):
-    sock.sendall((json.dumps(m) + "\n").encode())
-
-def save(d, step, size):
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "state.bin"), "wb") as f:
-        f.write(bytes([step % 256]) * size)
-        f.flush()
-        os.fsync(f.fileno())
-
-def done(rid, step):
-    send({"type": "done", "id": rid, "step": step, "metadata": {"mode": mode}})
-
-send({"type": "hello", "pid": os.getpid()})
-n = 0
-step = 0
-late_stop = late_error = False
-held = []  # late: requests to answer once the agent says stop
-for raw in rf:
-    m = json.loads(raw)
-    t = m.get("type")
-    log("got", t, "id=%s reason=%s error=%s" % (m.get("id", ""), m.get("reason", ""), m.get("error", "")))
-    if t == "error" and mode == "late":
-        late_error = True
-        if late_stop:
-            sys.exit(0)
-    if t == "stop":
-        if mode == "never":
-            log("ignoring stop")
-            continue
-        if mode == "late" and held and not late_error:
-            # The deadline has passed (the agent says stop): answer now.
-            rid, d, st = held[-1]
-            try:
-                save(d, st, 1024)
-            except OSError as e:
-                # The agent removes a missed request's directory (in the
-                # background) as it says stop: the late done comes anyway.
-                log("late save failed:", e.strerror)
-            done(rid, st)
-            log("answered late", rid, "step", st)
-            held = []
-            late_stop = True  # exit once the agent answered the late done
-            continue
-        if mode == "late" and late_stop and not late_error:
-            continue
-        log("stopping at step", step)
-        sys.exit(0)
-    if t != "checkpoint":
-        continue
-    n += 1
-    step += 10
-    d, rid = m["dir"], m["id"]
-    if n == 1 or mode == "good":
-        save(d, step, big if mode == "good" and big else 1024)
-        done(rid, step)
-        log("saved", rid, "step", step)
-        continue
-    if mode == "never":
-        log("ignoring request", rid)
-    elif mode == "late":
-        held.append((rid, d, step))
-        log("ignoring request", rid)
-    elif mode == "crash":
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "state.bin"), "wb") as f:
-            f.write(b"x" * 512)
-            f.flush()
-        log("crashing mid-save", rid)
-        os._exit(3)
-    elif mode == "symlink":
-        save(d, step, 1024)
-        if n == 2:
-            os.symlink("/etc/passwd", os.path.join(d, "passwd"))
-            log("planted symlink to /etc/passwd", rid)
-        elif n == 3:
-            os.symlink("..", os.path.join(d, "up"))
-            log("planted symlink to ..", rid)
-        done(rid, step)
-    elif mode == "diskfull":
-        try:
-            save(d, step, big if n == 2 else 1024)
-        except OSError as e:
-            send({"type": "failed", "id": rid, "error": str(e)})
-            log("save failed", rid, e)
-            continue
-        done(rid, step)
-        log("saved", rid, "step", step)
-`
-
-// writeTrainer writes hostileTrainer into dir and returns the command
-// line that runs it in MODE (after "--").
+// writeTrainer returns the command line (after "--") of the fake trainer
+// in a hostile MODE, big (when > 0) the bytes it writes. dir is unused
+// (the trainer is a file of the repository).
 func writeTrainer(t *testing.T, dir, mode string, big int) []string {
 	t.Helper()
-	p := filepath.Join(dir, "hostile_trainer.py")
-	if err := os.WriteFile(p, []byte(hostileTrainer), 0o644); err != nil {
-		t.Fatal(err)
+	flags, ok := hostileModes[mode]
+	if !ok {
+		t.Fatalf("no hostile trainer mode %q", mode)
 	}
-	args := []string{"--", python, p, mode}
-	if big > 0 {
-		args = append(args, strconv.Itoa(big))
+	var args []string
+	for _, f := range flags {
+		args = append(args, strings.ReplaceAll(f, "BIG", strconv.Itoa(big)))
 	}
-	return args
+	if big > 0 && mode == "good" {
+		args = append(args, "--file", "state.bin:"+strconv.Itoa(big))
+	}
+	return append([]string{"--"}, fakeTrainer(args...)...)
 }
 
 // hostileArgs are the agent flags of these tests: a 1 s periodic interval,

@@ -3,6 +3,7 @@ package integration
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,35 +23,18 @@ import (
 // had crashed before the stop (a native crash: no bye, no exit file), the
 // same launcher exit stays 1.
 
-// stopRankPy is a rank: it trains until the agent asks for a checkpoint,
-// which it answers as a save whose collective lost the other node; with
-// CRASH_TRIGGER set and present, rank 0 crashes first.
-const stopRankPy = `import os, sys, time
-import spotagent
-rank = os.environ["RANK"]
-agent = spotagent.connect()
-print("rank %s training" % rank, flush=True)
-step = 0
-try:
-    while True:
-        step += 1
-        trig = os.environ.get("CRASH_TRIGGER")
-        if rank == "0" and trig and os.path.exists(trig):
-            print("rank 0: a native crash", flush=True)
-            os._exit(1)
-        if agent.poll(step) is not None:
-            raise ConnectionError("the save's collective lost the other node")
-        time.sleep(0.02)
-except ConnectionError as e:
-    print("rank %s: %s: exiting 1" % (rank, e), flush=True)
-    sys.exit(1)
-`
+// stopRankArgs make the fake trainer a rank that trains until the agent
+// asks for a checkpoint, which it answers as a save whose collective lost
+// the other node: it exits 1 (sys.exit, as an uncaught exception does).
+// With --crash-file (rank 0, when the test crashes it first) it crashes
+// natively (os._exit(1)) once that file exists.
+const stopRankArgs = "--step-time 0.02 --on exit:1"
 
 // stopLauncherSh starts the node's two ranks and exits 1 when one of them
 // failed, as torchrun does.
 const stopLauncherSh = `export WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 GROUP_WORLD_SIZE=2
-RANK=0 LOCAL_RANK=0 "$PY" "$RANK_PY" & a=$!
-RANK=1 LOCAL_RANK=1 "$PY" "$RANK_PY" & b=$!
+RANK=0 LOCAL_RANK=0 $TRAINER $RANK0_ARGS & a=$!
+RANK=1 LOCAL_RANK=1 $TRAINER & b=$!
 wait $a; ra=$?; wait $b; rb=$?
 echo "launcher: ranks exited $ra and $rb"
 [ "$ra" = 0 ] && [ "$rb" = 0 ] || exit 1
@@ -70,20 +54,19 @@ func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.ShortDir(t)
-			rankPy, launcher := filepath.Join(dir, "rank.py"), filepath.Join(dir, "launcher.sh")
-			writeExec(t, rankPy, stopRankPy)
+			launcher := filepath.Join(dir, "launcher.sh")
 			writeExec(t, launcher, stopLauncherSh)
 			trigger := filepath.Join(dir, "crash")
-			env := []string{"PY=" + python, "RANK_PY=" + rankPy, "PYTHONPATH=" + filepath.Join(repo, "python"), "PYTHONUNBUFFERED=1"}
+			env := []string{"TRAINER=" + strings.Join(fakeTrainer(stopRankArgs), " "), "PYTHONUNBUFFERED=1"}
 			if tc.crashedBefore {
-				env = append(env, "CRASH_TRIGGER="+trigger)
+				env = append(env, "RANK0_ARGS=--crash-file "+trigger)
 			}
 			// Node 1 never comes: no heartbeats to wait for, and no job
 			// checkpoint can commit.
 			args := runNodeArgs("file://"+filepath.Join(dir, "store"), dir, 0, "--interval", "1h", "--term-grace", "20s", "--peer-timeout", "0")
 			a := runGroup(t, env, append(append(args, "--", "/bin/sh"), launcher)...)
-			a.waitLine(`rank 0 training`, time.Minute)
-			a.waitLine(`rank 1 training`, time.Minute)
+			a.waitLine(`trainer: connected .*rank=0\b`, time.Minute)
+			a.waitLine(`trainer: connected .*rank=1\b`, time.Minute)
 			if tc.crashedBefore {
 				if err := os.WriteFile(trigger, nil, 0o644); err != nil {
 					t.Fatal(err)

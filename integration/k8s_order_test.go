@@ -447,24 +447,14 @@ func TestTorchrun_DeadlineKillExits75(t *testing.T) {
 	parallelTorch(t)
 	requirePython(t, true)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "deaf.py")
-	// Connects, says it is rank RANK of WORLD_SIZE, and never polls.
-	if err := os.WriteFile(script, []byte(`import os, sys, time
-sys.path.insert(0, os.path.join(os.getcwd(), "python"))
-import spotagent
-agent = spotagent.connect(sync_every=0)
-print("rank %s connected" % os.environ["RANK"], flush=True)
-while True:
-    time.sleep(1)
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	// Each rank connects, says it is rank RANK of WORLD_SIZE, and never polls.
+	deaf := fakeTrainer("--no-poll", "--sync-every", "0")
 	a := start(t, nil, append([]string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "it",
 		"--checkpoint-dir", filepath.Join(dir, "ck"), "--socket", filepath.Join(dir, "s.sock"),
 		"--cloud", "none", "--log-format", "json", "--interval", "1h", "--term-grace", "4s", "--margin", "1s", "--"},
-		torchrunCmd(1, 0, 2, freePort(t), script)...)...)
-	a.waitLine(`rank 0 connected`, 2*time.Minute)
-	a.waitLine(`rank 1 connected`, 2*time.Minute)
+		torchrunCmd(1, 0, 2, freePort(t), deaf[1:]...)...)...)
+	a.waitLine(`trainer: connected .*rank=0\b`, 2*time.Minute)
+	a.waitLine(`trainer: connected .*rank=1\b`, 2*time.Minute)
 	a.signal(syscall.SIGTERM)
 	if code := a.wait(2 * time.Minute); code != exitInterrupted {
 		t.Fatalf("spotagent run exited %d after stopping a deaf torchrun job at the deadline, want %d", code, exitInterrupted)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,43 +17,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
-// slowSaver is a trainer (client library, standard library only) that
-// takes one checkpoint on its own at step 10, then answers every
-// interruption request only after sleeping 10 s: too slow for any deadline
-// the tests give it.
-const slowSaver = `
-import os, sys, time
-import spotagent
-
-agent = spotagent.connect()
-step = agent.resume_step or 0
-while step < 100000:
-    step += 1
-    time.sleep(0.02)
-    if step % 25 == 0:
-        print("step %d" % step, flush=True)
-    if step == 10:
-        d = os.path.join(agent.checkpoint_dir, "own-10")
-        os.makedirs(d)
-        with open(os.path.join(d, "state.txt"), "w") as f:
-            f.write("step 10\n")
-        agent.checkpoint_done(step, d, metadata={"own": True})
-        print("own checkpoint at step 10", flush=True)
-    req = agent.poll(step)
-    if req:
-        print("asked for checkpoint %s (%s) at step %d" % (req.id, req.reason, step), flush=True)
-        if req.reason == "interruption":
-            time.sleep(10)
-        with open(os.path.join(req.dir, "state.txt"), "w") as f:
-            f.write("step %d\n" % step)
-        req.done(step)
-        print("saved checkpoint %s" % req.id, flush=True)
-    if agent.should_stop:
-        print("stopping at step %d" % step, flush=True)
-        break
-agent.close()
-`
-
 // TestNotice_TrainerTooSlow: a spot notice 2-3 s ahead, a trainer that
 // needs 10 s to save. The agent does not wait for it: the trainer is
 // stopped at the deadline, the checkpoint it took before stays the newest,
@@ -64,21 +26,22 @@ func TestNotice_TrainerTooSlow(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "slow_saver.py")
-	if err := os.WriteFile(script, []byte(slowSaver), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	// The trainer takes one checkpoint on its own at step 10, then answers
+	// every interruption request only after sleeping 10 s: too slow for
+	// any deadline the test gives it.
+	slowSaver := fakeTrainer("--step-time", "0.02", "--print-every", "25", "--own-at", "10",
+		"--on", "interruption=sleep:10,write,done")
 	uri := "file://" + filepath.Join(dir, "store")
 	env := []string{"PYTHONPATH=" + filepath.Join(repo, "python")}
 	aws := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(aws.Close)
 
 	p := start(t, env, append(noticeArgs(dir, uri, append(cloudArgs(t, "aws", aws.URL()), "--kill-after", "1s")...),
-		"--", python, script)...)
+		append([]string{"--"}, slowSaver...)...)...)
 	own := p.waitLine(`trainer took a checkpoint on its own.*"id": "([^"]+)"`, 2*time.Minute)[1]
 	p.waitLine(`checkpoint committed.*"id": "`+regexp.QuoteMeta(own)+`"`, time.Minute)
 	// Let it train past that checkpoint, so that there is work to lose.
-	p.waitLine(`^step 50$`, time.Minute)
+	p.waitLine(`^trainer: step 50$`, time.Minute)
 	aws.Terminate("terminate", time.Now().Add(3*time.Second))
 	req := p.waitLine(`asked for checkpoint (\S+) \(interruption\)`, time.Minute)[1]
 	p.waitLine(`interruption checkpoint did not commit: the previous checkpoint stands`, time.Minute)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 )
@@ -76,15 +77,15 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	for k := range 2 {
 		agents = append(agents, peerSidecar(t, env, fs.uri, dir, ckpt[k], k, "300ms", extra...))
 	}
-	var ranks []*rankConn
+	var ranks []*trainertest.Trainer
 	for r := range world {
 		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
 	}
 	const step = 10
 	saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte { return peerRankFiles(step, r) })
-	for _, r := range ranks {
-		if _, ok := r.next("committed", time.Minute); !ok {
-			t.Fatalf("rank %d: step %d not committed", r.rank, step)
+	for r, tr := range ranks {
+		if _, ok := tr.Next("committed", time.Minute); !ok {
+			t.Fatalf("rank %d: step %d not committed", r, step)
 		}
 	}
 	for _, a := range agents {
@@ -99,7 +100,7 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 		a.wait(time.Minute)
 	}
 	for _, r := range ranks {
-		r.c.Close()
+		r.Close()
 	}
 
 	// Node 0 back on its machine: its copy is served once its record says so.
@@ -140,7 +141,7 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	// Both nodes' ranks resume the committed step with the bytes saved.
 	for r := range world {
 		rc := dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode)
-		res := rc.welcome.Resume
+		res := rc.Welcome().Resume
 		if res == nil || res.Step != step {
 			t.Fatalf("rank %d: resume %+v, want step %d", r, res, step)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 )
 
 // TestDistributed_RestoreWaitsForPeer (#38 item 2): a whole-job restart
@@ -36,14 +37,14 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	for k := range 2 {
 		agents = append(agents, peerSidecar(t, env, fs.uri, dir, ckpt[k], k, "300ms"))
 	}
-	var ranks []*rankConn
+	var ranks []*trainertest.Trainer
 	for r := range world {
 		ranks = append(ranks, dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode))
 	}
 	saveJobStepFiles(t, ranks, step, func(r int) map[string][]byte { return peerRankFiles(step, r) })
-	for _, r := range ranks {
-		if _, ok := r.next("committed", time.Minute); !ok {
-			t.Fatalf("rank %d: step %d not committed", r.rank, step)
+	for r, tr := range ranks {
+		if _, ok := tr.Next("committed", time.Minute); !ok {
+			t.Fatalf("rank %d: step %d not committed", r, step)
 		}
 	}
 	for _, a := range agents {
@@ -54,7 +55,7 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 		a.wait(time.Minute)
 	}
 	for _, r := range ranks {
-		r.c.Close()
+		r.Close()
 	}
 	reads.start()
 
@@ -94,7 +95,7 @@ func TestDistributed_RestoreWaitsForPeer(t *testing.T) {
 	}
 	for r := range world {
 		rc := dialRank(t, filepath.Join(dir, "n"+strconv.Itoa(r/perNode)+".sock"), r, world, perNode)
-		res := rc.welcome.Resume
+		res := rc.Welcome().Resume
 		if res == nil || res.Step != step {
 			t.Fatalf("rank %d: resume %+v, want step %d", r, res, step)
 		}

@@ -74,81 +74,33 @@ func TestPipeline_TorchResumesExact(t *testing.T) {
 	sameFile(t, out, ref)
 }
 
-// pipelineTrainer speaks through the Python client. On the agent's
-// (shutdown) request it writes model.bin (A), reports it saved, waits until
-// the agent has uploaded it into the file store, then, by MODE:
-//
-//	modify  rewrites model.bin in place (B, same size), sends the bad
-//	        saved messages (outside, twice, missing), and answers done;
-//	hang    prints its pid and waits to be killed (the agent is killed
-//	        mid-pipeline by the test).
-//
-// Before that it commits one checkpoint of its own (step 10), in both modes.
-const pipelineTrainer = `
-import glob, os, sys, time
-sys.path.insert(0, os.path.join(os.getcwd(), "python"))
-import spotagent
-mode, store, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-agent = spotagent.connect()
-own = os.path.join(os.environ["SPOTAGENT_CHECKPOINT_DIR"], "own-10")
-os.makedirs(own)
-with open(os.path.join(own, "model.bin"), "wb") as f:
-    f.write(b"0" * n)
-agent.checkpoint_done(10, own)
-end = time.time() + 60
-while agent.last_committed is None and time.time() < end:
-    agent.wait_committed("-", timeout=0.05)
-print("trainer: first committed", flush=True)
-req = None
-while req is None and time.time() < end:
-    req = agent.poll(20)
-    time.sleep(0.01)
-path = os.path.join(req.dir, "model.bin")
-with open(path, "wb") as f:
-    f.write(b"A" * n)
-    f.flush()
-    os.fsync(f.fileno())
-req.saved("model.bin")
-while time.time() < end:
-    hits = [p for p in glob.glob(os.path.join(store, "checkpoints", "*", "model.bin")) if "-" + req.id in p]
-    if hits and os.path.getsize(hits[0]) == n:
-        break
-    time.sleep(0.01)
-print("trainer: early upload seen", flush=True)
-if mode == "hang":
-    print("trainer: pid %d" % os.getpid(), flush=True)
-    time.sleep(600)
-    sys.exit(1)
-with open(path, "r+b") as f:
-    f.write(b"B" * n)
-    f.flush()
-    os.fsync(f.fileno())
-req.saved("../../outside.bin")
-req.saved("model.bin")
-req.saved("missing.bin")
-req.done(20)
-while not agent.should_stop and time.time() < end:
-    time.sleep(0.01)
-agent.close()
-sys.exit(agent.exit_code)
-`
-
 func startPipelineTrainer(t *testing.T, mode string) (*proc, string, string) {
 	t.Helper()
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "trainer.py")
-	if err := os.WriteFile(script, []byte(pipelineTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	storeDir := filepath.Join(dir, "store")
+	// The trainer commits one checkpoint of its own (step 10), then waits
+	// at step 20. On the agent's (shutdown) request it writes model.bin
+	// (A), reports it saved, waits until the agent has uploaded it into
+	// the file store, then, by mode:
+	//
+	//	modify  rewrites model.bin in place (B, same size), sends the bad
+	//	        saved messages (outside, twice, missing), and answers done;
+	//	hang    waits to be killed (the agent is killed mid-pipeline by
+	//	        the test).
+	n := strconv.Itoa(1 << 20)
+	then := map[string]string{
+		"modify": "write:model.bin:" + n + ":B,saved:../../outside.bin,saved:model.bin,saved:missing.bin,done",
+		"hang":   "hang",
+	}[mode]
+	trainer := fakeTrainer("--step-time", "0", "--own-at", "10", "--steps", "20", "--wait-after", "--file", "model.bin:"+n+":A",
+		"--on", "write,saved:model.bin,await:"+filepath.Join(storeDir, "checkpoints", "*-{id}*", "model.bin")+":"+n+","+then)
 	os.WriteFile(filepath.Join(dir, "outside.bin"), []byte("not for the store"), 0o600)
-	p := start(t, nil, "run", "--store", "file://"+storeDir, "--run-id", "it", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
-		"--socket", filepath.Join(dir, "a.sock"), "--interval", "1h", "--log-format", "json", "--",
-		python, script, mode, storeDir, strconv.Itoa(1<<20))
-	p.waitLine(`trainer: first committed`, time.Minute)
-	p.signal(syscall.SIGTERM) // the shutdown checkpoint is the pipelined one
-	p.waitLine(`trainer: early upload seen`, time.Minute)
+	p := start(t, nil, append([]string{"run", "--store", "file://" + storeDir, "--run-id", "it", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--socket", filepath.Join(dir, "a.sock"), "--interval", "1h", "--log-format", "json", "--"}, trainer...)...)
+	p.waitLine(`trainer: waiting at step 20`, time.Minute) // after its own checkpoint's commit
+	p.signal(syscall.SIGTERM)                              // the shutdown checkpoint is the pipelined one
+	p.waitLine(`trainer: seen .*/model.bin`, time.Minute)  // the early upload
 	return p, dir, storeDir
 }
 
@@ -209,7 +161,7 @@ func TestPipeline_ModifiedAfterSaved(t *testing.T) {
 func TestPipeline_AgentKilledMidPipeline(t *testing.T) {
 	parallel(t)
 	p, _, storeDir := startPipelineTrainer(t, "hang")
-	m := p.waitLine(`trainer: pid (\d+)`, time.Minute)
+	m := p.waitLine(`trainer: hanging pid (\d+)`, time.Minute)
 	t.Cleanup(func() { syscall.Kill(atoi(t, m[1]), syscall.SIGKILL) })
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.wait(time.Minute)

@@ -20,39 +20,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
-// overlapTrainer is a real trainer on the Python client: it says when it
-// booted and whether the restore was still running when it connected,
-// then asks for its resume step (which blocks until the restore ended)
-// and prints what it resumed from, with the sha256 of model.bin.
-const overlapTrainer = `
-import hashlib, json, os, sys
-import spotagent
-
-def log(*a):
-    sys.stdout.write(" ".join(["trainer:"] + [str(x) for x in a]) + "\n")
-    sys.stdout.flush()
-
-log("booted pid", os.getpid())
-agent = spotagent.connect()
-log("connected pending=%s" % agent.restore_pending)
-try:
-    step = agent.resume_step
-except spotagent.RestoreFailed as e:
-    log("restore failed:", e.error)
-    sys.exit(3)
-if step is None:
-    log("fresh start")
-else:
-    with open(os.path.join(agent.resume_dir, "model.bin"), "rb") as f:
-        h = hashlib.sha256(f.read()).hexdigest()
-    log("resumed at step %d sha256 %s metadata %s" % (step, h, json.dumps(agent.resume_metadata, sort_keys=True)))
-agent.poll((step or 0) + 1)
-agent.close()
-`
-
 // overlapSetup is a store (S3 behind the fault proxy) holding, unless
 // empty, a committed checkpoint of step 40 whose model.bin is 1 MiB of
-// random bytes; the trainer script; the agent's arguments.
+// random bytes; the agent's arguments (the fake trainer's after "--").
 type overlapSetup struct {
 	fs       *faultStores
 	dir      string
@@ -84,12 +54,12 @@ func newOverlapSetup(t *testing.T, name string, empty bool) *overlapSetup {
 			t.Fatal(err)
 		}
 	}
-	script := filepath.Join(s.dir, "overlap_trainer.py")
-	if err := os.WriteFile(script, []byte(overlapTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s.env = append(s.fs.env, "AWS_EC2_METADATA_DISABLED=true", "PYTHONPATH="+filepath.Join(repo, "python"))
-	s.args = append(agentArgs(s.dir, s.fs.uri), "--", python, script)
+	s.env = append(s.fs.env, "AWS_EC2_METADATA_DISABLED=true")
+	// The trainer says when it booted and whether the restore was still
+	// running when it connected, then asks for its resume step (which
+	// blocks until the restore ended) and prints what it resumed from,
+	// with the sha256 of model.bin; one step, and it finishes.
+	s.args = append(append(agentArgs(s.dir, s.fs.uri), "--"), fakeTrainer("--resume-hash", "model.bin", "--steps", "1")...)
 	return s
 }
 

@@ -95,13 +95,11 @@ func TestRun_SignalFallbackTrainerDies(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := `import os, signal, sys, time
-signal.signal(signal.SIGUSR1, lambda s, f: os._exit(3))
-print("handler " + "installed", flush=True)
-time.sleep(120)`
-	p := start(t, nil, append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "SIGUSR1", "--term-grace", "60s"),
-		"--", python, "-c", script)...)
-	p.waitLine(`^handler installed$`, time.Minute) // not the command line the agent logs
+	// A trainer of the signal fallback (no socket) whose SIGUSR1 handler
+	// exits 3 without saving.
+	p := start(t, nil, append(append(agentArgs(dir, "file://"+filepath.Join(dir, "store"), "--signal", "SIGUSR1", "--term-grace", "60s"), "--"),
+		fakeTrainer("--no-socket", "--exit-on-signal", "SIGUSR1:3")...)...)
+	p.waitLine(`^trainer: exits 3 on SIGUSR1$`, time.Minute) // not the command line the agent logs
 	p.signal(syscall.SIGTERM)
 	p.waitLine(`trainer could not save the checkpoint.*exited before saving`, time.Minute)
 	if code := p.wait(30 * time.Second); code != 3 { // well before the 60 s grace

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -29,25 +28,6 @@ func (e logEntry) f(k string) float64 {
 	return v
 }
 
-// unconnectedTrainer is a real trainer on the client library whose
-// environment lost SPOTAGENT_SOCKET (as `env -u`, sudo or a Kubernetes
-// container without it do): the client is a no-op, and says so on stderr.
-// With an argument it trains that many seconds and exits 0.
-const unconnectedTrainer = `
-import os, sys, time
-os.environ.pop("SPOTAGENT_SOCKET", None)
-import spotagent
-agent = spotagent.connect()
-print("trainer: enabled=%s" % agent.enabled, flush=True)
-end = time.monotonic() + float(sys.argv[1]) if len(sys.argv) > 1 else None
-step = 0
-while end is None or time.monotonic() < end:
-    step += 1
-    time.sleep(0.05)
-    agent.poll(step)
-print("trainer: finished", flush=True)
-`
-
 // TestSilence_NeverConnects: a trainer that never connects is said at
 // once: the agent warns when the first checkpoint falls due (within one
 // interval of the start), says nothing was ever committed (never "the
@@ -57,12 +37,11 @@ func TestSilence_NeverConnects(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "unconnected.py")
-	if err := os.WriteFile(script, []byte(unconnectedTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")}, append(silenceArgs(dir), "--", python, script)...)
-	p.waitRe(`^trainer: enabled=False`, time.Minute)
+	// A real trainer whose environment lost SPOTAGENT_SOCKET (as `env -u`,
+	// sudo or a Kubernetes container without it do): the client is a
+	// no-op, and says so on stderr.
+	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--no-socket", "--step-time", "0.05")...)...)
+	p.waitRe(`^trainer: connected .*enabled=False`, time.Minute)
 	p.waitRe(`spotagent: WARNING: SPOTAGENT_RUN_ID and SPOTAGENT_CHECKPOINT_DIR set but SPOTAGENT_SOCKET is not`, time.Minute)
 	w := p.waitEntry("no trainer connected: checkpoints are not being taken, and an interruption now would lose everything: nothing was ever committed", time.Minute, nil)
 	// Said when the first checkpoint fell due: 3 s after the start, and
@@ -109,11 +88,8 @@ func TestSilence_NeverConnectsFinishes(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "unconnected.py")
-	if err := os.WriteFile(script, []byte(unconnectedTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")}, append(silenceArgs(dir), "--", python, script, "6")...)
+	// Without its socket, 120 steps of 50 ms: 6 s.
+	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--no-socket", "--step-time", "0.05", "--steps", "120")...)...)
 	p.waitEntry("no trainer connected: checkpoints are not being taken, and an interruption now would lose everything: nothing was ever committed", time.Minute, nil)
 	if code := p.wait(time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
@@ -131,17 +107,6 @@ func TestSilence_NeverConnectsFinishes(t *testing.T) {
 	}
 }
 
-// deafTrainer connects and trains but never polls: every request goes
-// unanswered.
-const deafTrainer = `
-import time
-import spotagent
-agent = spotagent.connect()
-print("trainer: connected=%s" % agent.connected, flush=True)
-while True:
-    time.sleep(0.1)
-`
-
 // TestSilence_DeafTrainer: a trainer that never answers a periodic
 // request is said within the stated bound (two intervals, at least 10 s),
 // long before the request's own deadline (10 min), and the warning says
@@ -150,11 +115,8 @@ func TestSilence_DeafTrainer(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "deaf.py")
-	if err := os.WriteFile(script, []byte(deafTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")}, append(silenceArgs(dir), "--", python, script)...)
+	// It connects and trains but never polls: every request goes unanswered.
+	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--no-poll")...)...)
 	req := p.waitEntry("checkpoint requested", time.Minute, nil)
 	w := p.waitEntry("trainer has not answered the checkpoint request: an interruption now would lose everything: nothing was ever committed", time.Minute, nil)
 	if w.str("id") != req.str("id") {
@@ -171,47 +133,16 @@ func TestSilence_DeafTrainer(t *testing.T) {
 	p.wait(time.Minute)
 }
 
-// fullDiskTrainer saves its first checkpoint, then meets a real ENOSPC
-// (the kernel's, from /dev/full) on each later one and fails it with the
-// OSError, as the example trainer does.
-const fullDiskTrainer = `
-import os, time
-import spotagent
-agent = spotagent.connect()
-step, saved = 0, 0
-while True:
-    step += 1
-    time.sleep(0.02)
-    req = agent.poll(step)
-    if req:
-        try:
-            if saved:
-                with open("/dev/full", "wb", buffering=0) as f:
-                    f.write(b"state")
-            with open(os.path.join(req.dir, "state.txt"), "w") as f:
-                f.write("step %d\n" % step)
-        except OSError as e:
-            req.fail(e)
-            print("trainer: failed %s: %s" % (req.id, e), flush=True)
-        else:
-            req.done(step)
-            saved += 1
-    if agent.should_stop:
-        break
-agent.close()
-`
-
 // TestSilence_DiskFull: a checkpoint that fails on ENOSPC is logged with
 // its cause named and what to do, and the committed checkpoint stands.
 func TestSilence_DiskFull(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
-	script := filepath.Join(dir, "full.py")
-	if err := os.WriteFile(script, []byte(fullDiskTrainer), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")}, append(silenceArgs(dir), "--", python, script)...)
+	// It saves its first checkpoint, then meets a real ENOSPC (the
+	// kernel's, from /dev/full) on each later one and fails it with the
+	// OSError, as the example trainer does.
+	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--step-time", "0.02", "--on", "1=write,done", "--on", "write:/dev/full:5,write,done")...)...)
 	first := p.waitEntry("checkpoint committed", time.Minute, nil)
 	w := p.waitEntry("trainer could not save the checkpoint", time.Minute, func(e logEntry) bool { return e.str("cause") == "ENOSPC" })
 	if w.str("cause") != "ENOSPC" || !strings.Contains(w.str("fix"), "--checkpoint-dir") || !strings.Contains(w.str("error"), "No space left on device") {

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,29 +9,6 @@ import (
 	"testing"
 	"time"
 )
-
-// steadyTrainer is a single-process trainer on the client library: no
-// rank, it saves whenever asked and stops when told.
-const steadyTrainer = `
-import os, time
-import spotagent
-
-agent = spotagent.connect()
-step = agent.resume_step or 0
-while True:
-    step += 1
-    time.sleep(0.01)
-    req = agent.poll(step)
-    if req:
-        with open(os.path.join(req.dir, "state.txt"), "w") as f:
-            f.write("step %d\n" % step)
-        req.done(step)
-        print("saved %s (%s) at step %d" % (req.id, req.reason, step), flush=True)
-    if agent.should_stop:
-        print("stopping at step %d" % step, flush=True)
-        break
-agent.close()
-`
 
 // silentClient connects, says hello without a rank and never answers
 // anything; it prints each message type it gets, one a line, until EOF.
@@ -57,14 +33,10 @@ func TestHostile_SilentClientHoldsNoCheckpoint(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
 	dir := sharedTemp(t)
-	script := filepath.Join(dir, "steady.py")
-	if err := os.WriteFile(script, []byte(steadyTrainer), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	sock := filepath.Join(dir, "a.sock")
-	p := start(t, []string{"PYTHONPATH=" + filepath.Join(repo, "python")},
-		append(hostileArgs(dir, "--socket-mode", "0666", "--allow-uid", "65534", "--term-grace", "30s", "--interval", "500ms"),
-			"--", python, script)...)
+	// The job's one trainer (no rank): it saves whenever asked and stops when told.
+	p := start(t, nil, append(hostileArgs(dir, "--socket-mode", "0666", "--allow-uid", "65534", "--term-grace", "30s", "--interval", "500ms"),
+		append([]string{"--"}, fakeTrainer()...)...)...)
 	p.waitEntry("trainer connected", time.Minute, nil)
 
 	silent := exec.Command(python, "-c", silentClient, sock)

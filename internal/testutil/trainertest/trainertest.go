@@ -1,7 +1,8 @@
 // Package trainertest is a trainer reduced to its socket, driven by a
 // test: the protocol's Go Client, its messages read into a channel by one
 // goroutine, and failures reported on the test. pkg/supervisor's and node
-// mode's tests share it.
+// mode's tests share it, and so do the end-to-end tests (integration/),
+// whose ranks of a simulated job it plays against the real binary.
 package trainertest
 
 import (
@@ -22,14 +23,26 @@ type Trainer struct {
 	t    *testing.T
 	c    *protocol.Client
 	msgs chan protocol.Message
+	// wait bounds each wait: for the socket, for a message.
+	wait time.Duration
+	// welcome is the agent's answer to the hello (its resume, if any).
+	welcome protocol.Message
 }
 
 // Dial connects to the socket at path, waiting up to testutil.Wait for it
 // to appear; the connection closes when the test ends.
 func Dial(t *testing.T, path string) *Trainer {
 	t.Helper()
+	return DialWithin(t, path, testutil.Wait)
+}
+
+// DialWithin is Dial with wait bounding each wait of the Trainer (for the
+// socket, for a message) instead of testutil.Wait: an agent binary
+// started by the test, on a loaded machine, may take longer.
+func DialWithin(t *testing.T, path string, wait time.Duration) *Trainer {
+	t.Helper()
 	var c *protocol.Client
-	deadline := time.Now().Add(testutil.Wait)
+	deadline := time.Now().Add(wait)
 	for {
 		var err error
 		if c, err = protocol.Dial(context.Background(), path); err == nil {
@@ -40,7 +53,7 @@ func Dial(t *testing.T, path string) *Trainer {
 		}
 		time.Sleep(10 * time.Millisecond) // polling for the socket to appear, bounded by deadline
 	}
-	tr := &Trainer{t: t, c: c, msgs: make(chan protocol.Message, 64)}
+	tr := &Trainer{t: t, c: c, msgs: make(chan protocol.Message, 64), wait: wait}
 	go func() {
 		defer close(tr.msgs)
 		for {
@@ -83,6 +96,14 @@ func (tr *Trainer) Send(m any) {
 	}
 }
 
+// TrySend sends m, bounded by the Trainer's wait, and returns the error:
+// for a test in which the agent may be gone.
+func (tr *Trainer) TrySend(m protocol.Message) error {
+	ctx, cancel := context.WithTimeout(context.Background(), tr.wait)
+	defer cancel()
+	return tr.c.Send(ctx, m)
+}
+
 // Expect returns the next message, which must have type typ.
 func (tr *Trainer) Expect(typ string) protocol.Message {
 	tr.t.Helper()
@@ -95,16 +116,35 @@ func (tr *Trainer) Expect(typ string) protocol.Message {
 			tr.t.Fatalf("got %s (%+v), want %s", m.Type, m, typ)
 		}
 		return m
-	case <-time.After(testutil.Wait):
+	case <-time.After(tr.wait):
 		tr.t.Fatalf("no %s message", typ)
 	}
 	return protocol.Message{}
 }
 
+// Next returns the next message of type typ, skipping others; false when
+// the connection closed or timeout passed first.
+func (tr *Trainer) Next(typ string, timeout time.Duration) (protocol.Message, bool) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case m, ok := <-tr.msgs:
+			if !ok {
+				return protocol.Message{}, false
+			}
+			if m.Type == typ {
+				return m, true
+			}
+		case <-deadline:
+			return protocol.Message{}, false
+		}
+	}
+}
+
 // ExpectClosed waits for the connection to end, skipping what comes first.
 func (tr *Trainer) ExpectClosed() {
 	tr.t.Helper()
-	deadline := time.After(testutil.Wait)
+	deadline := time.After(tr.wait)
 	for {
 		select {
 		case _, ok := <-tr.msgs:
@@ -121,7 +161,8 @@ func (tr *Trainer) ExpectClosed() {
 func (tr *Trainer) Hello() protocol.Message {
 	tr.t.Helper()
 	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 0, "world_size": 1})
-	return tr.Expect(protocol.TypeWelcome)
+	tr.welcome = tr.Expect(protocol.TypeWelcome)
+	return tr.welcome
 }
 
 // HelloJob says hello as global rank r of world, local rank lr of lw on
@@ -130,8 +171,19 @@ func (tr *Trainer) HelloJob(r, world, lr, lw, n, nodes int) protocol.Message {
 	tr.t.Helper()
 	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": r, "world_size": world,
 		"local_rank": lr, "local_world_size": lw, "node_rank": n, "nodes": nodes})
-	return tr.Expect(protocol.TypeWelcome)
+	tr.welcome = tr.Expect(protocol.TypeWelcome)
+	return tr.welcome
 }
+
+// HelloRank says hello as global rank r of world, perNode ranks a node
+// (ranks 0..perNode-1 on node 0, and so on), and returns the welcome.
+func (tr *Trainer) HelloRank(r, world, perNode int) protocol.Message {
+	tr.t.Helper()
+	return tr.HelloJob(r, world, r%perNode, perNode, r/perNode, world/perNode)
+}
+
+// Welcome is the agent's answer to the last hello (its resume, if any).
+func (tr *Trainer) Welcome() protocol.Message { return tr.welcome }
 
 // Save writes a checkpoint (state.bin holding body) into the request's
 // directory and answers done at step.
