@@ -309,7 +309,9 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", cmd.Path, err)
 	}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -326,6 +328,11 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	go func() {
 		err := cmd.Wait()
 		pw.Close()
+		// Wait returns once the last bytes were written to the pipe, which
+		// the scanner may not have split into lines yet: done closes only
+		// once every line is in p.lines, so that what a test reads of the
+		// output after wait is all of it.
+		<-scanned
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
