@@ -133,7 +133,6 @@ var torchSeconds = map[string]int{
 	"TestDistributed_NoticeOnOneNode":                47,
 	"TestNotice_Matrix":                              45, // each cell
 	"TestWatch_NoticeAndResume":                      32,
-	"TestFence_TwoAgentsOneRun":                      28,
 	"TestK8sOrder_TrainerFinishedThenSidecarSIGTERM": 26,
 	"TestWatch_TornNeverCommitted":                   23,
 	"TestWatch_HFRotation":                           23,
