@@ -77,6 +77,16 @@ type torchRef struct {
 // torchExampleRef is the path of the reference run's output for steps.
 func torchExampleRef(t *testing.T, steps string) string {
 	t.Helper()
+	p, err := torchExampleRun(steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// torchExampleRun runs the reference for steps once (prewarmRefs may have
+// started it already) and returns its output's path.
+func torchExampleRun(steps string) (string, error) {
 	v, _ := torchRefs.LoadOrStore(steps, &torchRef{})
 	r := v.(*torchRef)
 	r.once.Do(func() {
@@ -87,10 +97,7 @@ func torchExampleRef(t *testing.T, steps string) string {
 			r.err = fmt.Errorf("reference run: %v\n%s", err, out)
 		}
 	})
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	return r.path
+	return r.path, r.err
 }
 
 // noticeAndResume is one cell of the matrix.
