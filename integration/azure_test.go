@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,12 +34,7 @@ func TestAzure_EndToEnd(t *testing.T) {
 	env := srv.Env()
 	uri := "az://" + azuritetest.Container + "/e2e"
 
-	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
-	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
-	cmd.Dir = repo
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("reference run: %v\n%s", err, out)
-	}
+	ref := torchExampleRef(t, matrixSteps)
 
 	st := openTestStore(t, uri, all.Options{})
 	az := fake.NewAzure(fake.AzureOptions{})

@@ -236,9 +236,17 @@ func TestCrash_AgentRestart(t *testing.T) {
 				proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 4 << 20})
 			}
 			ctx := context.Background()
+			// The agent is stopped (SIGSTOP) while the store is looked at,
+			// so that the upload seen cannot end between the look and the
+			// kill (on a loaded machine the test can be descheduled there for
+			// longer than a 12 MiB upload to a file store takes).
 			testutil.WaitWithin(t, "an upload in flight", 2*time.Minute, func() bool {
-				n, err := leftovers(ctx, st, root)
-				return err == nil && n > 0
+				a.signal(syscall.SIGSTOP)
+				if n, err := leftovers(ctx, st, root); err == nil && n > 0 {
+					return true
+				}
+				a.signal(syscall.SIGCONT)
+				return false
 			})
 			a.signal(syscall.SIGKILL)
 			killGroup(pid)

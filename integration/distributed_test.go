@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,29 +83,51 @@ func finals(t *testing.T, outs ...string) map[int]string {
 	return got
 }
 
-// ddpReference runs the job once without agents, uninterrupted.
-func ddpReference(t *testing.T) map[int]string {
-	t.Helper()
-	port := freePort(t)
-	var procs []*proc
-	for k := 0; k < ddpNodes; k++ {
-		cmd := exec.Command(ddpLauncher(k, port)[0], ddpLauncher(k, port)[1:]...)
+// ddpReference runs the job once without agents, uninterrupted, and
+// returns every rank's final line.
+func ddpReference() (map[int]string, error) {
+	ps, err := testutil.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	outs := make([]bytes.Buffer, ddpNodes)
+	errs := make(chan error, ddpNodes)
+	for k := range ddpNodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		cmd := exec.CommandContext(ctx, ddpLauncher(k, ps[0])[0], ddpLauncher(k, ps[0])[1:]...)
 		cmd.Dir = repo
 		cmd.Env = append(cleanEnv(), ddpEnv(0)...)
-		procs = append(procs, startCmd(t, cmd))
+		cmd.Stdout, cmd.Stderr = &outs[k], &outs[k]
+		go func() {
+			defer cancel()
+			if err := cmd.Run(); err != nil {
+				errs <- fmt.Errorf("reference job, node %d: %w:\n%s", k, err, outs[k].String())
+				return
+			}
+			errs <- nil
+		}()
 	}
-	var outs []string
-	for _, p := range procs {
-		if code := p.wait(3 * time.Minute); code != 0 {
-			t.Fatalf("reference job exited %d:\n%s", code, p.output())
+	for range ddpNodes {
+		if e := <-errs; e != nil && err == nil {
+			err = e
 		}
-		outs = append(outs, p.output())
 	}
-	ref := finals(t, outs...)
+	if err != nil {
+		return nil, err
+	}
+	ref := map[int]string{}
+	var all []string
+	for k := range outs {
+		all = append(all, outs[k].String())
+		for _, m := range finalRx.FindAllStringSubmatch(outs[k].String(), -1) {
+			r, _ := strconv.Atoi(m[1])
+			ref[r] = m[2] + " step=" + m[3]
+		}
+	}
 	if len(ref) != ddpNodes*ddpRanks {
-		t.Fatalf("reference job: final lines of %d ranks, want %d:\n%s", len(ref), ddpNodes*ddpRanks, strings.Join(outs, "\n"))
+		return nil, fmt.Errorf("reference job: final lines of %d ranks, want %d:\n%s", len(ref), ddpNodes*ddpRanks, strings.Join(all, "\n"))
 	}
-	return ref
+	return ref, nil
 }
 
 // cleanEnv is the test's environment without spotagent's variables.
@@ -143,19 +167,23 @@ func startDDPJob(t *testing.T, env []string, uri, dir string, sleepMS int, extra
 }
 
 var (
-	refMu    sync.Mutex
-	refCache map[int]string
+	ddpRefOnce sync.Once
+	ddpRefs    map[int]string
+	ddpRefErr  error
 )
 
-// ddpRef is ddpReference, computed once per package run.
+// computeDDPRef runs ddpReference, once per package run.
+func computeDDPRef() { ddpRefOnce.Do(func() { ddpRefs, ddpRefErr = ddpReference() }) }
+
+// ddpRef is ddpReference, computed once per package run (prewarmRefs may
+// have started it already).
 func ddpRef(t *testing.T) map[int]string {
 	t.Helper()
-	refMu.Lock()
-	defer refMu.Unlock()
-	if refCache == nil {
-		refCache = ddpReference(t)
+	computeDDPRef()
+	if ddpRefErr != nil {
+		t.Fatal(ddpRefErr)
 	}
-	return refCache
+	return ddpRefs
 }
 
 // s3Store starts an in-process S3 for the test and returns the agents'

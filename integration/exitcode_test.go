@@ -80,7 +80,6 @@ func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
 	if code := p.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("spotagent run exit code %d, want %d", code, exitInterrupted)
 	}
-	p.drain()
 	if reqs := p.entries("checkpoint requested"); len(reqs) != 1 {
 		t.Fatalf("%d checkpoint requests, want 1 (the interruption's): %v", len(reqs), reqs)
 	}

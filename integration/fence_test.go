@@ -22,16 +22,18 @@ import (
 // latest.json never names a checkpoint of the first; the first takes a last
 // checkpoint (uploaded, with its epoch, not published), stops its trainer
 // and exits 76; the second resumes from what latest.json held at its lease
-// and finishes with exactly the parameters of an uninterrupted run.
+// and finishes with exactly the parameters of an uninterrupted run. The
+// trainer is the pure-Python example (the fence is the agent's; the
+// PyTorch example's exact resume is TestNotice_Matrix's).
 func TestFence_TwoAgentsOneRun(t *testing.T) {
-	parallelTorch(t)
-	requirePython(t, true)
+	parallel(t)
+	requirePython(t, false)
 	dir := testutil.ShortDir(t)
 	uri := "file://" + filepath.Join(dir, "store")
 	const steps = "600"
 
 	ref := filepath.Join(dir, "ref.json")
-	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", steps, "--step-time", "0", "--out", ref)
+	cmd := exec.Command(python, "python/examples/train.py", "--steps", steps, "--step-time", "0", "--out", ref)
 	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("reference run: %v\n%s", err, out)
@@ -41,7 +43,7 @@ func TestFence_TwoAgentsOneRun(t *testing.T) {
 		return []string{"run", "--store", uri, "--run-id", "it",
 			"--checkpoint-dir", filepath.Join(dir, name), "--socket", filepath.Join(dir, name+".sock"),
 			"--cloud", "none", "--interval", "1s", "--fence-interval", "200ms", "--keep", "1000", "--log-level", "info",
-			"--", python, "python/examples/train_torch.py", "--steps", steps, "--step-time", "0.02",
+			"--", python, "python/examples/train.py", "--steps", steps, "--step-time", "0.02",
 			"--out", filepath.Join(dir, name+".json")}
 	}
 	st := openTestStore(t, uri, all.Options{})

@@ -27,9 +27,11 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
-// defaultParallel is -test.parallel when not given (see TestMain): high,
-// the slots of parallel and parallelTorch bound the tests.
-const defaultParallel = 64
+// defaultParallel is -test.parallel when not given (see TestMain): above
+// the package's count of parallel tests and subtests, so that Go resumes
+// every paused one at once (the torch slots' order counts on it); the
+// slots of parallel and parallelTorch bound the tests.
+const defaultParallel = 512
 
 // s3Creds is s3test's environment less its endpoint.
 var s3Creds = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=" + s3test.Region}
@@ -69,10 +71,7 @@ func startS3(t *testing.T) *s3test.Server {
 // Parallel tests run as many at once as their slots allow, not
 // -test.parallel (TestMain sets it high unless given): a torch test
 // waiting for its slot then holds none of a waiting test's.
-var (
-	slots      = make(chan struct{}, 4)                // parallel: most of their time is waiting
-	torchSlots = make(chan struct{}, torchSlotCount()) // parallelTorch
-)
+var slots = make(chan struct{}, 4) // parallel: most of their time is waiting
 
 // torchSlotCount is 2, or SPOTAGENT_IT_TORCH_SLOTS: the torch tests are
 // the package's longest chain (23 of them, 1-4 min each on a loaded
@@ -98,39 +97,166 @@ func parallel(t *testing.T) {
 
 // parallelTorch is t.Parallel for a test whose trainers are PyTorch jobs
 // (ddp, torchrun): their ranks keep the CPU busy, so it holds one of the
-// torch slots (torchSlotCount), beside the waiting tests.
+// torch slots (torchSlotCount), beside the waiting tests. The slots go
+// longest test first (torchQueue).
 func parallelTorch(t *testing.T) {
 	t.Helper()
-	t.Parallel()
-	waited := time.Now()
-	torchSlots <- struct{}{}
-	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
-	t.Cleanup(func() { <-torchSlots })
+	torchQueue.run(t, 1)
 }
-
-// torchAlone serialises the taking of every torch slot (parallelTorchAlone),
-// so that two such tests never hold part of them each.
-var torchAlone sync.Mutex
 
 // parallelTorchAlone is parallelTorch for a test that bounds how long its
 // PyTorch job takes to end (an agent exits well within the ranks' 60 s
 // process-group timeout, a trainer within its grace): it holds every torch
-// slot, so no other PyTorch job runs beside it.
+// slot, so no other PyTorch job runs beside it. These go after the others,
+// when the waiting tests beside them are fewer.
 func parallelTorchAlone(t *testing.T) {
 	t.Helper()
+	torchQueue.run(t, torchQueue.slots)
+}
+
+// torchSeconds is how long each torch test held its slot in one run of the
+// package (go test -json, 2 cores at load average 17-24: a third to a half
+// of that on a quieter machine; only their order counts here): the
+// order in which the torch slots are handed out, longest first, so that
+// the last to end are short ones and both slots stay busy to the end
+// (longest-processing-time-first). Go resumes the paused parallel tests
+// all at once, in no set order: without this the longest could start
+// last (TestNotice_Matrix once waited 712 s for its slot). A test missing
+// here counts as torchSecondsDefault; a subtest missing here as its root
+// test.
+var torchSeconds = map[string]int{
+	"TestK8sOrder_NodeModeTwoPodsOfOneJob":           259,
+	"TestK8sOrder_TrainerSIGTERMThenSidecar":         187,
+	"TestDistributed_StoppedTrainerIsNoLoss":         156,
+	"TestK8sOrder_GroupSIGTERMTwice":                 143,
+	"TestDistributed_NoticeOnOneNode":                141,
+	"TestK8sOrder_DuplicateNode":                     112,
+	"TestTorchrun_DeadlineKillExits75":               105,
+	"TestDistributed_SilentNodeChainOfFour":          82,
+	"TestTorchrun_SingleNodeShutdownExits75":         78,
+	"TestK8sOrder_TrainerFinishedThenSidecarSIGTERM": 73,
+	"TestWatch_NoticeAndResume":                      52,
+	"TestNotice_Matrix":                              50, // each of its 9 cells
+	"TestPipeline_TorchResumesExact":                 43,
+	"TestWatch_HFRotation":                           37,
+	"TestWatch_TornNeverCommitted":                   36,
+	// parallelTorchAlone
+	"TestDistributed_VanishedNodeRestartsWholeJob": 227,
+	"TestK8sPID1_ManifestTrainerExits75":           124,
+	"TestK8sPID1_SilentNodeTrainerExits75":         76,
+	"TestDistributed_CrashIsNoPeerLoss":            64,
+	"TestDistributed_PartitionedNodesEndJob":       59,
+	"TestNodeMode_SilentNodeEndsJob":               50,
+	"TestDistributed_SilentNodeEndsJob":            42,
+}
+
+const torchSecondsDefault = 60
+
+// torchQueue hands out the torch slots.
+var torchQueue = newSlotQueue(torchSlotCount())
+
+// slotQueue hands out a number of slots to tests in a set order: a test
+// registers before t.Parallel (Go calls every top-level test function,
+// up to its t.Parallel, before it resumes any), and once resumed waits
+// until every test registered before it in the order got its slots and
+// as many as it needs are free. The order: tests that need one slot
+// before those that need them all, each longest first (torchSeconds),
+// then in registration order.
+type slotQueue struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	slots   int
+	free    int
+	waiting []*slotWaiter // registered, not yet given their slots, in order
+	seq     int
+	// strict: a test waits for those before it in the order that Go has
+	// not resumed yet. Not under an explicit -test.parallel, which can
+	// leave them paused while the tests behind them hold every place.
+	strict bool
+}
+
+type slotWaiter struct {
+	need, seconds, seq int
+	arrived            bool // resumed by Go, waiting in run
+}
+
+func newSlotQueue(n int) *slotQueue {
+	q := &slotQueue{slots: n, free: n, strict: true}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+// before reports whether a goes before b.
+func (a *slotWaiter) before(b *slotWaiter, all int) bool {
+	if (a.need >= all) != (b.need >= all) {
+		return a.need < all
+	}
+	if a.seconds != b.seconds {
+		return a.seconds > b.seconds
+	}
+	return a.seq < b.seq
+}
+
+// run registers t, calls t.Parallel, and holds need of q's slots (at
+// most all of them) until t ends.
+func (q *slotQueue) run(t *testing.T, need int) {
+	t.Helper()
+	need = min(need, q.slots)
+	secs, ok := torchSeconds[t.Name()]
+	if root, _, _ := strings.Cut(t.Name(), "/"); !ok {
+		if secs, ok = torchSeconds[root]; !ok {
+			secs = torchSecondsDefault
+		}
+	}
+	q.mu.Lock()
+	q.seq++
+	w := &slotWaiter{need: need, seconds: secs, seq: q.seq}
+	i := 0
+	for i < len(q.waiting) && q.waiting[i].before(w, q.slots) {
+		i++
+	}
+	q.waiting = append(q.waiting[:i], append([]*slotWaiter{w}, q.waiting[i:]...)...)
+	q.mu.Unlock()
+
 	t.Parallel()
 	waited := time.Now()
-	torchAlone.Lock()
-	for range cap(torchSlots) {
-		torchSlots <- struct{}{}
+	q.mu.Lock()
+	w.arrived = true
+	for !q.turn(w) {
+		q.cond.Wait()
 	}
-	torchAlone.Unlock()
+	q.free -= need
+	for i, o := range q.waiting {
+		if o == w {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			break
+		}
+	}
+	q.cond.Broadcast() // the next in the order may go too
+	q.mu.Unlock()
 	t.Logf("ran after %s waiting for a slot", time.Since(waited).Round(time.Millisecond))
 	t.Cleanup(func() {
-		for range cap(torchSlots) {
-			<-torchSlots
-		}
+		q.mu.Lock()
+		q.free += need
+		q.cond.Broadcast()
+		q.mu.Unlock()
 	})
+}
+
+// turn reports whether w, resumed, may take its slots now (q.mu held).
+func (q *slotQueue) turn(w *slotWaiter) bool {
+	if q.free < w.need {
+		return false
+	}
+	for _, o := range q.waiting {
+		if o == w {
+			return true
+		}
+		if q.strict || o.arrived {
+			return false
+		}
+	}
+	return true
 }
 
 // plainBuild is the spotagent binary built once for the whole package,
@@ -230,6 +356,8 @@ func TestMain(m *testing.M) {
 	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
 	if !explicit {
 		flag.Set("test.parallel", strconv.Itoa(defaultParallel))
+	} else {
+		torchQueue.strict = false
 	}
 	_, file, _, _ := runtime.Caller(0)
 	repo = filepath.Dir(filepath.Dir(file))
@@ -272,10 +400,27 @@ func TestMain(m *testing.M) {
 			}
 		}
 	}
+	prewarmRefs()
 	code := m.Run()
 	gcs.Close()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// prewarmRefs starts the torch tests' reference runs (ddpRef,
+// torchExampleRef) in the background of a full run (no -run, no -short):
+// the tests that run first, one at a time (not parallel), mostly wait, and
+// the references are then ready when the torch tests take their slots,
+// instead of being run on the torch slots' chain, the package's longest.
+func prewarmRefs() {
+	if testing.Short() || flag.Lookup("test.run").Value.String() != "" {
+		return
+	}
+	if _, err := os.Stat(python); err != nil {
+		return // requirePython says so, test by test
+	}
+	go computeDDPRef()
+	go torchExampleRun(matrixSteps)
 }
 
 // proc is a running spotagent with its output collected line by line.
@@ -309,7 +454,9 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", cmd.Path, err)
 	}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -326,6 +473,11 @@ func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	go func() {
 		err := cmd.Wait()
 		pw.Close()
+		// Wait returns once the last bytes were written to the pipe, which
+		// the scanner may not have split into lines yet: done closes only
+		// once every line is in p.lines, so that what a test reads of the
+		// output after wait is all of it.
+		<-scanned
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()

@@ -122,8 +122,7 @@ func (p *proc) waitEntry(msg string, timeout time.Duration, match func(logEntry)
 		}
 		select {
 		case <-p.done:
-			// One last look: the line may have come with the exit.
-			p.drain()
+			// One last look: done closes once every line is in (startCmd).
 			for _, e := range p.entries(msg) {
 				if match == nil || match(e) {
 					return e
@@ -148,7 +147,6 @@ func (p *proc) waitCount(msg string, n int, timeout time.Duration) []logEntry {
 		}
 		select {
 		case <-p.done:
-			p.drain()
 			if es := p.entries(msg); len(es) >= n {
 				return es
 			}
@@ -183,7 +181,6 @@ func (p *proc) waitRe(re string, timeout time.Duration) []string {
 		}
 		select {
 		case <-p.done:
-			p.drain()
 			if m := find(); m != nil {
 				return m
 			}
@@ -193,24 +190,6 @@ func (p *proc) waitRe(re string, timeout time.Duration) []string {
 		if time.Now().After(deadline) {
 			p.t.Fatalf("no line matching %q within %s", re, timeout)
 		}
-	}
-}
-
-// drain gives the output reader a moment after exit: done closes as soon
-// as the process is reaped, possibly before its last lines were scanned.
-func (p *proc) drain() {
-	p.mu.Lock()
-	n := len(p.lines)
-	p.mu.Unlock()
-	for i := 0; i < 10; i++ {
-		time.Sleep(50 * time.Millisecond)
-		p.mu.Lock()
-		m := len(p.lines)
-		p.mu.Unlock()
-		if m == n && i >= 3 {
-			return
-		}
-		n = m
 	}
 }
 

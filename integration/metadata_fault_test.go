@@ -52,9 +52,12 @@ func TestMetadataFault_Flapping(t *testing.T) {
 			t.Cleanup(srv.Close)
 			p := startWithMetadata(t, srv, c.cloud)
 			flapMetadata(t, p, srv, flapDuration(), func() {})
-			if len(p.entries(c.what+" failed")) == 0 || len(p.entries(c.what+" recovered")) == 0 {
-				t.Fatalf("no %q failed/recovered log lines: the faults did not reach the source", c.what)
-			}
+			// The recovery is logged at the source's first good answer
+			// after the faults: up to its 10 s backoff ceiling after the
+			// last one, plus the poll.
+			testutil.WaitWithin(t, "the agent's "+c.what+" failed/recovered log lines (none: the faults did not reach the source)", 30*time.Second, func() bool {
+				return len(p.entries(c.what+" failed")) > 0 && len(p.entries(c.what+" recovered")) > 0
+			})
 			realNotice(t, p, srv)
 		})
 	}

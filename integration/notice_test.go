@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,9 +26,11 @@ const (
 // server) and every store, the PyTorch example under spotagent run takes an
 // interruption checkpoint that commits before the notice's deadline, stops,
 // and a second run restores it and ends with exactly the parameters of an
-// uninterrupted run.
+// uninterrupted run. Each cell holds a torch slot of its own (a -race
+// agent and a PyTorch process), so that the nine share the slots with the
+// other torch tests rather than queue behind one slot.
 func TestNotice_Matrix(t *testing.T) {
-	parallelTorch(t)
+	t.Parallel() // the cells take the torch slots
 	requirePython(t, true)
 	// One S3 server for the whole matrix and the package's GCS server
 	// (gcsShared), each combination under its own prefix.
@@ -35,28 +39,18 @@ func TestNotice_Matrix(t *testing.T) {
 	env := append(s3Env(s3srv), gcssrv.Env()...)
 	opts := all.Options{S3Endpoint: s3srv.Endpoint}
 
-	// The uninterrupted reference, once: the example run bare (no agent).
-	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
-	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
-	cmd.Dir = repo
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("reference run: %v\n%s", err, out)
-	}
+	// The uninterrupted reference: the example run bare (no agent).
+	ref := torchExampleRef(t, matrixSteps)
 
 	stores := []struct{ name, uri string }{
 		{"s3", "s3://" + s3srv.Bucket + "/matrix/"},
 		{"gcs", "gs://" + gcssrv.Bucket + "/matrix/"},
 		{"file", ""}, // under the subtest's directory
 	}
-	// Two runs at a time: each is a -race agent plus a PyTorch process, on
-	// a machine that may have two cores.
-	sem := make(chan struct{}, 2)
 	for _, cl := range []string{"aws", "gcp", "azure"} {
 		for _, st := range stores {
 			t.Run(cl+"/"+st.name, func(t *testing.T) {
-				t.Parallel()
-				sem <- struct{}{}
-				defer func() { <-sem }()
+				parallelTorch(t)
 				dir := testutil.ShortDir(t)
 				uri := st.uri + cl
 				if st.uri == "" {
@@ -66,6 +60,44 @@ func TestNotice_Matrix(t *testing.T) {
 			})
 		}
 	}
+}
+
+// torchRefs are the uninterrupted runs of the PyTorch example
+// (train_torch.py --step-time 0 --steps N, its final parameters), one per
+// N, run once for the package: TestAzure_EndToEnd, TestNotice_Matrix and
+// TestPipeline_TorchResumesExact compare against the same one.
+var torchRefs sync.Map // steps → *torchRef
+
+type torchRef struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// torchExampleRef is the path of the reference run's output for steps.
+func torchExampleRef(t *testing.T, steps string) string {
+	t.Helper()
+	p, err := torchExampleRun(steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// torchExampleRun runs the reference for steps once (prewarmRefs may have
+// started it already) and returns its output's path.
+func torchExampleRun(steps string) (string, error) {
+	v, _ := torchRefs.LoadOrStore(steps, &torchRef{})
+	r := v.(*torchRef)
+	r.once.Do(func() {
+		r.path = filepath.Join(buildDir, "torch-ref-"+steps+".json")
+		cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", steps, "--step-time", "0", "--out", r.path)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			r.err = fmt.Errorf("reference run: %v\n%s", err, out)
+		}
+	})
+	return r.path, r.err
 }
 
 // noticeAndResume is one cell of the matrix.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,12 +35,7 @@ func TestPipeline_TorchResumesExact(t *testing.T) {
 	}
 	t.Cleanup(s3srv.Close)
 	env := s3Env(s3srv)
-	ref := filepath.Join(testutil.ShortDir(t), "ref.json")
-	cmd := exec.Command(python, "python/examples/train_torch.py", "--steps", matrixSteps, "--step-time", "0", "--out", ref)
-	cmd.Dir = repo
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("reference run: %v\n%s", err, out)
-	}
+	ref := torchExampleRef(t, matrixSteps)
 	dir := testutil.ShortDir(t)
 	uri := "s3://" + s3srv.Bucket + "/pipeline"
 	out := filepath.Join(dir, "out.json")
