@@ -27,8 +27,11 @@ import (
 // read again. Larger files keep the resumable, chunked upload.
 const singleMax = 1 << 30
 
-// singleAttempts bounds the sends of a single-request upload.
-const singleAttempts = 3
+// singleAttempts bounds the sends of a single-request upload: ten, as S3's
+// uploads (pkg/cloud/s3 defaultMaxAttempts; retry's backoff, 100 ms
+// doubling to 5 s, about 20 s in all): spot networks flap, and three
+// resets in a row used to fail a checkpoint file.
+const singleAttempts = 10
 
 // putFile uploads src in one request.
 func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string, src cloud.FileSource) error {

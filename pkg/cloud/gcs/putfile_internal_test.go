@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"hash/crc32"
 	"io"
+	"net/http"
 	"testing"
 
+	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -56,5 +58,38 @@ func TestPutFile_OneRequest(t *testing.T) {
 	}
 	if _, err := st.Stat(t.Context(), "bad"); err == nil {
 		t.Fatal("an object with a wrong CRC32C was created")
+	}
+}
+
+// A single-request upload survives several connection resets in a row (a
+// spot machine's network flapping): five resets mid-body, then the file
+// goes. Three attempts, as before, failed a checkpoint file on the third
+// reset; S3's uploads have ten.
+func TestPutFile_SurvivesResetsInARow(t *testing.T) {
+	host, bucket := gcstest.NewServer(t)
+	proxy := faultproxy.New(t, "http://"+host)
+	t.Setenv("STORAGE_EMULATOR_HOST", proxy.Host)
+	st, err := New(t.Context(), bucket, "files", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetRequest, Count: 5, After: 64 << 10,
+		Match: func(r *http.Request) bool { return r.Method == http.MethodPost }})
+	data, src := cloudtest.RandomFile(t, 1<<20)
+	if err := st.Put(t.Context(), "obj", src, src.Size, cloud.PutOptions{}); err != nil {
+		t.Fatalf("put through 5 resets: %v", err)
+	}
+	if got := proxy.Stats().Faults; got != 5 {
+		t.Fatalf("%d resets injected, want 5", got)
+	}
+	r, err := st.Get(t.Context(), "obj", 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes (%v), equal %v", len(got), err, bytes.Equal(got, data))
 	}
 }
