@@ -207,13 +207,17 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 				{Mode: faultproxy.SlowDown, Fraction: 0.25, Match: isWrite},
 				{Mode: faultproxy.ResetRequest, After: 32 << 10, Fraction: 0.25, Match: isWrite},
 			}
-			fs.proxy.Set(modes[0])
+			fs.proxy.Set(modes[0]) // the start's writes too
 			trainer := []string{"--", python, "python/examples/train.py", "--steps", "1000000", "--step-time", "0.01",
 				"--save-bytes", strconv.Itoa(3 << 20)}
 			a := start(t, fs.env, append(agentArgs(dir, fs.uri, "--interval", "1s"), trainer...)...)
-			for _, f := range modes[1:] {
-				a.waitLine(`checkpoint committed`, 2*time.Minute)
-				fs.proxy.Set(f) // switched while the agent runs
+			// Two commits under each fault (the second requested after
+			// the switch), switched while the agent runs.
+			commits := 0
+			for _, f := range modes {
+				fs.proxy.Set(f)
+				commits += 2
+				waitCount(t, a, `checkpoint committed`, commits, 2*time.Minute)
 			}
 			a.signal(syscall.SIGTERM)
 			// The agent's line: a periodic request pending at the signal
