@@ -113,12 +113,12 @@ lint:
 	@out=$$($(GO) run $(DEADCODE) -test -tags '$(TAGS)' ./...); if [ -n "$$out" ]; then echo "dead code (unreachable from any main or test):"; echo "$$out"; exit 1; fi
 
 # The integration package runs its tests side by side (4 waiting tests and
-# 2 torch tests at a time, the torch tests that bound a job's exit alone;
-# integration/harness_test.go), most on the plain agent build: 1,196 s on
-# 2 cores at load average 3-15 beside other jobs (2,377 s at 9-23 before
-# these changes), its longest chain the torch tests (issue 49 wants
-# ≤ 600 s). Its binary gets 60 min; -short skips its tests with a Python
-# trainer and its floods (79 s).
+# 2 torch tests at a time, longest first by measured seconds, the torch
+# tests that bound a job's exit alone, last; integration/harness_test.go),
+# most on the plain agent build: 914 s on 2 cores at load average 12.5
+# beside other jobs (2,032 s at 16.7 before the ordering), its longest
+# chain the torch tests (issue 49 wants ≤ 600 s). Its binary gets 60 min;
+# -short skips its tests with a Python trainer and its floods (79 s).
 # Its own binary is built without -race: the in-process fakes it runs (S3,
 # GCS, the fault proxy) carry every byte the agents move, and under the
 # race detector they made TestStoreFault_CommitRetries 159 s instead of
