@@ -226,7 +226,7 @@ type Writer struct {
 	turn  chan struct{}
 	mu    sync.Mutex
 	j     *Journal
-	lease *checkpoint.Lease // set: no write once fenced (pkg/checkpoint, lease.go)
+	lease *checkpoint.Lease // set: no write once fenced (pkg/checkpoint, latest.go)
 }
 
 // NewWriter wraps a journal read with Read.
