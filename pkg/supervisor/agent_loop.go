@@ -671,3 +671,40 @@ func (a *Agent) trainers() int {
 	}
 	return a.conns.Count()
 }
+
+func (a *Agent) onEvent(ev protocol.Event) {
+	c, m := ev.Conn, ev.Msg
+	switch m.Type {
+	case protocol.TypeHello:
+		a.onHello(c, m)
+	case protocol.TypeProgress:
+		a.commits.seeStep(m.Step)
+	case protocol.TypeDone:
+		a.commits.seeStep(m.Step)
+		a.onDone(c, m)
+	case protocol.TypeSaved:
+		a.onSaved(c, m) // agent_pipeline.go
+	case protocol.TypeFailed:
+		a.onFailed(c, m)
+	case protocol.TypeJoin:
+		a.onJoin(c, m) // agent_job.go
+	case protocol.TypeStatus:
+		sendStatus(a.conns, c, a.status())
+	case protocol.TypeBye:
+		a.commits.seeStep(m.Step)
+		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
+	case protocol.TypeDisconnected:
+		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
+		for _, r := range a.commits.pending {
+			if r.waiting[c.ID()] {
+				delete(r.waiting, c.ID())
+				r.lost++
+				if len(r.waiting) == 0 {
+					a.settle(r)
+				}
+			}
+		}
+	}
+}
