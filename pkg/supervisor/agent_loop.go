@@ -53,10 +53,10 @@ type Agent struct {
 	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
-	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
+	fences  chan struct{}        // the lease check found a newer session (commits.go)
 	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/ranks)
 	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
-	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
+	job     jobPolicy            // single node or one node's part of a job (job.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
 	silent  silence              // what is said when nothing else would be (silence.go)
@@ -142,7 +142,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
+	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
 	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
@@ -165,18 +165,18 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	a.commits.promise.AtStart(a.sess.Journal()) // pkg/supervisor/promise
 	if !a.boot.Restoring() {
-		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
+		cfg.Metrics.Ready(true) // else once the restore is in place (restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
 	if a.boot.Aborted() {
-		a.abort() // the start was given up: no session to record (agent_restore.go)
+		a.abort() // the start was given up: no session to record (restore.go)
 	} else {
 		a.finish()
 	}
-	if a.commits.fenced() { // agent_fence.go
+	if a.commits.fenced() { // commits.go
 		return exitFenced, nil
 	}
 	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
@@ -287,7 +287,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
 	if s := j.FinishedBefore(); s != nil {
-		sayFinishedBefore(s, a.log) // finished.go
+		sayFinishedBefore(s, a.log) // dirs.go
 	}
 	a.sess.JournalRead(cfg.Store, j)
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
@@ -299,11 +299,11 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
+	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // commits.go
 		a.abort()
 		return nil, err
 	}
-	a.openRestores(sr) // agent_restore.go
+	a.openRestores(sr) // restore.go
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
@@ -372,7 +372,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case sig := <-signals:
 			a.onSignal(sig)
 		case <-a.fences:
-			a.onFenced() // agent_fence.go
+			a.onFenced() // commits.go
 		case r := <-a.commits.results:
 			a.onCommitResult(r)
 			a.src.Committed(source.Result{ID: r.req.id, Res: r.res, Err: r.err})
@@ -381,11 +381,11 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case res := <-a.ranks.LookupDone():
 			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/ranks
 		case res := <-a.boot.Done():
-			a.onRestoreDone(res) // agent_restore.go
+			a.onRestoreDone(res) // restore.go
 		case res := <-a.boot.RejoinDone():
 			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
 		case res := <-a.boot.RestartDone():
-			a.restarted(res) // agent_restore.go
+			a.restarted(res) // restore.go
 		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -575,7 +575,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		a.checkDone()
 		return
 	}
-	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // agent_restore.go
+	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // restore.go
 		a.checkDone()
 		return
 	}
@@ -599,7 +599,7 @@ func (a *Agent) finish() {
 	code, blocked := a.proc.ExitCode(), a.commits.blocked
 	unprotected := a.silent.unprotectedSeconds(end) // silence.go
 	session := a.sess.ID()
-	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // finished.go
+	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // dirs.go
 	err := a.sess.Journal().Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
@@ -630,7 +630,7 @@ func (a *Agent) abort() {
 
 // release waits for every goroutine the agent started beside the loop
 // (a.life has ended: they are returning) and closes its local handles;
-// dropCopies deletes a finished run's local copies first (finished.go).
+// dropCopies deletes a finished run's local copies first (dirs.go).
 func (a *Agent) release(dropCopies bool) {
 	for _, r := range a.commits.pending {
 		if r.pipe != nil {
@@ -687,7 +687,7 @@ func (a *Agent) onEvent(ev protocol.Event) {
 	case protocol.TypeFailed:
 		a.onFailed(c, m)
 	case protocol.TypeJoin:
-		a.onJoin(c, m) // agent_job.go
+		a.onJoin(c, m) // job.go
 	case protocol.TypeStatus:
 		sendStatus(a.conns, c, a.status())
 	case protocol.TypeBye:

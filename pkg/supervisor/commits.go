@@ -24,7 +24,7 @@ import (
 )
 
 // commits is the checkpoints of this session: the requests the trainers
-// were sent (agent_request.go), the uploads under way, their results, the
+// were sent (request.go), the uploads under way, their results, the
 // newest committed checkpoint, and the trainer's pace between them.
 type commits struct {
 	committer *commit.Committer
@@ -259,7 +259,7 @@ func takeLease(ctx context.Context, s *session.Session, cfg *Config, job jobPoli
 		return nil
 	}
 	rec := checkpoint.LeaseRecord{Session: s.ID(), Instance: session.MachineOf(cfg.Identity), Started: s.Started().UTC()}
-	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job_policy.go
+	l, err := job.takeLease(ctx, cfg.Store, rec, c) // job.go
 	if err != nil {
 		return err
 	}

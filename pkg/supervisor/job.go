@@ -28,7 +28,7 @@ import (
 )
 
 // jobPolicy is where single-node and part mode (one node of a multi-node
-// job, agent_job.go) differ: the loop asks it and never which mode runs.
+// job, job.go) differ: the loop asks it and never which mode runs.
 // What a mode is, is values (the node this agent commits the part of, ""
 // none); what it does differently, jobMode. newJobPolicy is the one place
 // that names the two modes.
@@ -88,7 +88,7 @@ func (j jobPolicy) cleanup() []cloud.CleanupOptions {
 }
 
 // committer sets up the session's committer (session: its id): in a job,
-// part data of this session only (parts.go).
+// part data of this session only (pkg/checkpoint, manifest.go).
 func (j jobPolicy) committer(c *commit.Committer, session string) {
 	if j.node != "" {
 		c.SessionParts(session)
@@ -158,7 +158,7 @@ func (singleNode) mayJoin(h protocol.Message) string {
 }
 
 // partNode: the agent is one node of a multi-node job and commits its
-// ranks' files as its part of each job checkpoint (agent_job.go).
+// ranks' files as its part of each job checkpoint (job.go).
 type partNode struct {
 	node string
 }

@@ -35,10 +35,10 @@ type request struct {
 	sent, deadline  time.Time
 	waiting         map[uint64]bool  // connections that still owe an answer
 	answeredBy      map[uint64]bool  // connections that answered
-	answerUIDs      map[uint64][]int // their foreign uids (owner.go), kept after they close
+	answerUIDs      map[uint64][]int // their foreign uids (the owner rule, below), kept after they close
 	answered        int
 	lost            int         // connections that went away owing an answer
-	part            answerRanks // who answered, for a part (part mode, agent_job.go)
+	part            answerRanks // who answered, for a part (part mode, job.go)
 	step            int64
 	metadata        json.RawMessage
 	stop            *stopState       // set for the interruption/shutdown checkpoint
@@ -52,7 +52,7 @@ type request struct {
 }
 
 // answerRanks is the ranks that answered a request, and the job's world
-// size as their hellos said: a node's part (part mode, agent_job.go).
+// size as their hellos said: a node's part (part mode, job.go).
 type answerRanks struct {
 	ranks map[int]bool
 	world int
@@ -79,7 +79,7 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 }
 
 // requestID sends the checkpoint request id (a fresh one, or one the job
-// agreed on: agent_job.go) to every trainer.
+// agreed on: job.go) to every trainer.
 func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState) *request {
 	now := time.Now()
 	dir := filepath.Join(a.dirs.AreaPath, id)
@@ -143,7 +143,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	}
 	delete(r.waiting, c.ID())
 	a.conns.Answered(c.ID()) // pkg/supervisor/trainers
-	r.noteAnswer(c)          // owner.go
+	r.noteAnswer(c)          // the owner rule
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
@@ -190,7 +190,7 @@ func (a *Agent) settle(r *request) {
 		why = fmt.Sprintf("%d trainer(s) disconnected before saving: checkpoint abandoned", r.lost)
 	}
 	if why != "" {
-		a.abandonPart(r, why, now) // agent_job.go
+		a.abandonPart(r, why, now) // job.go
 		return
 	}
 	if why := a.job.partMissing(r, a.conns.LocalWorld()); why != "" {
@@ -243,10 +243,10 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
 	now := time.Now()
 	// answeredBy: a trainer of another user uploads only its own files
-	// (owner.go), here as for a requested checkpoint.
+	// (the owner rule, below), here as for a requested checkpoint.
 	r := &request{id: localdirs.NewRequestID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
-	r.noteAnswer(c) // owner.go
+	r.noteAnswer(c) // the owner rule
 	a.commits.unblocked(now)
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
@@ -294,7 +294,7 @@ func (a *Agent) commit(r *request) {
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := commit.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.job.partFor(r)}
-	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
+	unown := r.trainerOwned() // the owner rule: a trainer of another user uploads only its own files
 	keep, st, log, results, life, dirs := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life, &a.dirs
 	report := func(cr commitResult) {
 		select {
@@ -331,7 +331,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	u := a.commits.uploadEnded(r.id)
 	now := time.Now()
 	a.dirs.removeDir(r, a.goBg, a.log)
-	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
+	if cr.err != nil && a.onFencedCommit(r, cr.err) { // commits.go
 		return
 	}
 	if cr.err != nil {

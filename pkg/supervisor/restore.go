@@ -243,7 +243,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	} else {
 		a.log.Info("trainer connected", fields...)
 	}
-	a.job.hello(m, a.log)                                                    // job_policy.go
+	a.job.hello(m, a.log)                                                    // job.go
 	a.ranks.Hello(m, a.proc.Running())                                       // pkg/supervisor/ranks
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.

@@ -41,7 +41,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 		if a.boot.Aborted() {
 			return // the start was given up: nothing to save
 		}
-		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // agent_restore.go
+		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // restore.go
 			return
 		}
 		reason := protocol.ReasonInterruption
@@ -293,7 +293,7 @@ type stopState struct {
 	stopSent bool
 	told     bool // a trainer got the stop message (exitCodeFor)
 	finished bool // committed or failed: nothing more to wait for
-	joined   bool // the notice reached another node of the job (agent_job.go)
+	joined   bool // the notice reached another node of the job (job.go)
 	record   journal.Interruption
 }
 

@@ -44,9 +44,9 @@ type Options struct {
 	ID  string // restore this checkpoint only; empty: the newest complete one
 	Log *zap.Logger
 	// MaxEpoch > 0 passes over checkpoints committed under a higher epoch:
-	// a newer session's, which fenced the one restoring (pkg/checkpoint, lease.go).
+	// a newer session's, which fenced the one restoring (pkg/checkpoint, latest.go).
 	MaxEpoch int64
-	// Part, for a job checkpoint (parts.go), restores only the files of
+	// Part, for a job checkpoint (pkg/checkpoint, manifest.go), restores only the files of
 	// that part; "" restores every part's (into one directory, each file
 	// at its path). Either way a job checkpoint is restored only when
 	// every object of every part exists with its size. A checkpoint
@@ -102,7 +102,7 @@ func Checkpoint(ctx context.Context, st cloud.Store, dest string, opts Options) 
 // than latest.json's (every one, when a seal left latest.json without a
 // pointer): a fenced session's, committed after a newer session sealed
 // latest.json (the seal adopts every checkpoint committed before it,
-// pkg/checkpoint, lease.go). The step latest.json points at is its manifest's (the
+// pkg/checkpoint, latest.go). The step latest.json points at is its manifest's (the
 // key names it), whatever its "step" field says. When latest.json is
 // missing, broken or points at a damaged checkpoint, the older manifests
 // are tried, newest first, with a warning. Manifests are read one at a
