@@ -1,8 +1,9 @@
+package checkpoint
+
 // The store's single-writer objects: small objects put once and read with a
 // limit; latest.json and its one writer (one compare-and-swap loop, one
 // retry policy); the session's lease (an epoch per session, the seal, the
 // fenced publish) that decides who may write it.
-package checkpoint
 
 import (
 	"bytes"

@@ -1,8 +1,9 @@
+package checkpoint
+
 // The store's committed checkpoints as a listing: manifests read and
 // decoded (a damaged one named), listed newest first, incomplete uploads
 // found; retention (which checkpoints are pruned, which kept) and the keys'
 // layout (a manifest's key, its directory, its step).
-package checkpoint
 
 import (
 	"context"

@@ -1,8 +1,9 @@
+package checkpoint
+
 // The local side: a checkpoint directory opened and scanned without
 // following what a trainer could swap in (os.Root, regular files only, the
 // owner checked), files written and directories removed through the root,
 // and the progress of a transfer (bytes done, reported while it runs).
-package checkpoint
 
 import (
 	"context"

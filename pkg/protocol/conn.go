@@ -1,7 +1,8 @@
+package protocol
+
 // Both ends of a connection: the agent's Conn (bounded lines, a queue
 // written beside the loop, peer credentials) and the Go Client a trainer
 // uses.
-package protocol
 
 import (
 	"bufio"

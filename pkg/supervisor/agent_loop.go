@@ -25,7 +25,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
-	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
@@ -111,14 +110,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
-	sctx, signals, started, stopSignals := sigrelay.Start(ctx, signals, cfg.Log)
+	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log)
 	defer stopSignals()
 	a, err := newAgent(sctx, cfg, nil)
 	if sig := started(); sig != nil {
 		if err == nil {
 			a.abort()
 		}
-		return sigrelay.StartCancelled(sig)
+		return bootrestore.StartCancelled(sig)
 	}
 	if err != nil {
 		return 1, err
@@ -307,7 +306,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if err := a.boot.RestoreNow(ctx); err != nil { // before the loop: a signal meanwhile cancels ctx (sigrelay.Start)
+	if err := a.boot.RestoreNow(ctx); err != nil { // before the loop: a signal meanwhile cancels ctx (startSignals, restore.go)
 		a.abort()
 		return nil, err
 	}
@@ -580,7 +579,7 @@ func (a *Agent) onSignal(sig os.Signal) {
 		return
 	}
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
-	a.onNotice(sigrelay.Notice(sig, a.cfg.TermGrace))
+	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
 	a.checkDone()
 }
 

@@ -1,8 +1,9 @@
+package supervisor
+
 // What the loop knows of its requests, uploads and commits (commits),
 // told what happened and asked; and the lease that fences them: taken for
 // the session (takeLease), polled beside the loop (pollLease), the fenced
 // stop (onFenced, onFencedCommit).
-package supervisor
 
 import (
 	"context"

@@ -1,9 +1,10 @@
+package supervisor
+
 // The local directories as the agent holds them (localDirs): a request
 // directory's parent and removal, its committed copy kept in the local
 // tier and published to the peer tier, what is handed to a trainer of
 // another uid; and the endings that are true: work finished, recorded and
 // said at the next start, a finished run's copies deleted.
-package supervisor
 
 import (
 	"context"

@@ -1,8 +1,9 @@
+package supervisor
+
 // Where single-node and part mode differ (jobPolicy: newJobPolicy is the
 // one place that names singleNode and partNode), and part mode itself: one
 // node of a multi-node job (node names, a rank's join, a node's part
 // abandoned, the heartbeats' environment).
-package supervisor
 
 import (
 	"context"

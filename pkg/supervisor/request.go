@@ -1,9 +1,10 @@
+package supervisor
+
 // A checkpoint request, top to bottom: asked of the trainers (request),
 // answered (onDone, onFailed, an unsolicited done), settled once every
 // rank has answered (settle), committed beside the loop (commit) and its
 // result taken (onCommitResult), or expired; whose files the checkpoint
 // holds (a trainer of another user: noteAnswer, ownerUIDs).
-package supervisor
 
 import (
 	"context"

@@ -1,12 +1,14 @@
-// The stop, top to bottom: a notice or a signal reaches the loop
-// (onNotice) and a stop begins (beginStop); the stop sequence
+package supervisor
+
+// The stop, top to bottom: a notice or a signal (signalNotice) reaches
+// the loop (onNotice) and a stop begins (beginStop); the stop sequence
 // (stopSequence, stopState) asks the trainer for its last checkpoint,
 // keeps the deadline, takes the commit's result or failure, tells the
 // trainer to stop, and ends; the agent's exit code after it (exitCodeFor).
-package supervisor
 
 import (
 	"context"
+	"os"
 	"syscall"
 	"time"
 
@@ -541,4 +543,15 @@ func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Trac
 		return w.StopLauncherExit(code) // pkg/supervisor/ranks (#37 item 4)
 	}
 	return code
+}
+
+// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
+func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
 }

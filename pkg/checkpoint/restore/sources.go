@@ -1,7 +1,8 @@
+package restore
+
 // Where each restored file's bytes come from: the nearer tiers first (a
 // copy refused once is not asked again), else the store, whose requests a
 // watchdog fails when they stall.
-package restore
 
 import (
 	"context"

@@ -21,13 +21,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
 // Boot is the agent's restores: the resume the trainers are told of, the
@@ -62,7 +62,7 @@ func New(env Env) Boot { return Boot{env: env} }
 // RestoreNow is the serial start's restore (--restore-serial, or a trainer
 // that cannot wait: the signal fallback's, zero-code mode's): before the
 // trainer starts and before the loop runs, under ctx, which a signal
-// during the start cancels (pkg/supervisor/sigrelay).
+// during the start cancels (pkg/supervisor, startSignals).
 func (b *Boot) RestoreNow(ctx context.Context) error {
 	f, err := b.env.Fetch(ctx)
 	if err != nil {
@@ -267,7 +267,7 @@ func (b *Boot) Exit() (code int, err error, ok bool) {
 	case ab == nil:
 		return 0, nil, false
 	case ab.Sig != nil:
-		code, err = sigrelay.StartCancelled(ab.Sig)
+		code, err = StartCancelled(ab.Sig)
 		return code, err, true
 	case ab.Notice:
 		return protocol.ExitInterrupted, nil, true
@@ -533,4 +533,14 @@ func (b *Boot) OnRejoined(res Result) {
 		b.resume = env.Record(res.Fetched)
 	}
 	p.Restored(b.resume, env.Log, env.Hand, func(ev protocol.Event) { env.Admit(ev, b.resume) })
+}
+
+// StartCancelled is the agent's answer to a signal during start-up: the exit
+// code a shell gives for that signal (143 for SIGTERM, 130 for SIGINT).
+func StartCancelled(s os.Signal) (int, error) {
+	code := 1
+	if sig, ok := s.(syscall.Signal); ok {
+		code = 128 + int(sig)
+	}
+	return code, fmt.Errorf("start-up cancelled by %s", s)
 }
