@@ -58,7 +58,7 @@ type Agent struct {
 	job     jobPolicy            // single node or one node's part of a job (job.go)
 	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
-	silent  silence              // what is said when nothing else would be (silence.go)
+	silent  silence              // what is said when nothing else would be (request.go)
 	done    bool                 // loop ends
 }
 
@@ -427,10 +427,10 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {
 		if due := a.cfg.Scheduler.Next(a.commits.lastBlock, false, now); due.After(now) {
-			earlier(due) // silence.go: no trainer when one is due (once past, silence's own wake)
+			earlier(due) // request.go's silence: no trainer when one is due (once past, silence's own wake)
 		}
 	}
-	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // silence.go
+	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // request.go's silence
 	if wake.Before(now) {
 		wake = now
 	}
@@ -477,7 +477,7 @@ func (a *Agent) tick(now time.Time) {
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
-	a.checkSilence(now) // silence.go
+	a.checkSilence(now) // request.go's silence
 	a.checkDone()
 }
 
@@ -596,7 +596,7 @@ func (a *Agent) finish() {
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode(), a.commits.blocked
-	unprotected := a.silent.unprotectedSeconds(end) // silence.go
+	unprotected := a.silent.unprotectedSeconds(end) // request.go's silence
 	session := a.sess.ID()
 	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // dirs.go
 	err := a.sess.Journal().Update(ctx, func(j *journal.Journal) {

@@ -35,7 +35,7 @@ type commits struct {
 	last      committedCheckpoint
 	lastBlock time.Time     // when the trainer last finished saving (or started)
 	blocked   float64       // seconds blocked in checkpoints this session (goodput)
-	saveTook  time.Duration // the newest request → done measured (silence.go: no deaf trainer warned of a slow save)
+	saveTook  time.Duration // the newest request → done measured (request.go's silence: no deaf trainer warned of a slow save)
 	lastStep  int64
 	interval  time.Duration
 	promise   promise.State // the notice checkpoint's prediction (pkg/supervisor/promise)
