@@ -56,7 +56,7 @@ type Agent struct {
 	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/ranks)
 	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job.go)
-	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
+	src     source.Source        // where checkpoints come from (restore.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
 	silent  silence              // what is said when nothing else would be (request.go)
 	done    bool                 // loop ends
@@ -260,7 +260,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
 		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))
 	a.job.committer(a.commits.committer, a.sess.ID())
-	src, sr, err := a.newSource() // source.go
+	src, sr, err := a.newSource() // restore.go
 	if err != nil {
 		endLife()
 		return nil, err
@@ -394,6 +394,46 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 				a.proc.Stop(a.life, a.goBg)
 			}
 		case <-timer.C:
+		}
+	}
+}
+
+// onEvent routes a trainer's message to what handles it: restore.go
+// (hello), request.go (done, failed), agent_pipeline.go (saved), job.go
+// (join); progress, status, bye and a disconnect here.
+func (a *Agent) onEvent(ev protocol.Event) {
+	c, m := ev.Conn, ev.Msg
+	switch m.Type {
+	case protocol.TypeHello:
+		a.onHello(c, m)
+	case protocol.TypeProgress:
+		a.commits.seeStep(m.Step)
+	case protocol.TypeDone:
+		a.commits.seeStep(m.Step)
+		a.onDone(c, m)
+	case protocol.TypeSaved:
+		a.onSaved(c, m) // agent_pipeline.go
+	case protocol.TypeFailed:
+		a.onFailed(c, m)
+	case protocol.TypeJoin:
+		a.onJoin(c, m) // job.go
+	case protocol.TypeStatus:
+		sendStatus(a.conns, c, a.status())
+	case protocol.TypeBye:
+		a.commits.seeStep(m.Step)
+		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
+	case protocol.TypeDisconnected:
+		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
+		for _, r := range a.commits.pending {
+			if r.waiting[c.ID()] {
+				delete(r.waiting, c.ID())
+				r.lost++
+				if len(r.waiting) == 0 {
+					a.settle(r)
+				}
+			}
 		}
 	}
 }
@@ -669,41 +709,4 @@ func (a *Agent) trainers() int {
 		return 0 // a restore runs, or failed: not resumed, nothing worth saving (pkg/supervisor/bootrestore)
 	}
 	return a.conns.Count()
-}
-
-func (a *Agent) onEvent(ev protocol.Event) {
-	c, m := ev.Conn, ev.Msg
-	switch m.Type {
-	case protocol.TypeHello:
-		a.onHello(c, m)
-	case protocol.TypeProgress:
-		a.commits.seeStep(m.Step)
-	case protocol.TypeDone:
-		a.commits.seeStep(m.Step)
-		a.onDone(c, m)
-	case protocol.TypeSaved:
-		a.onSaved(c, m) // agent_pipeline.go
-	case protocol.TypeFailed:
-		a.onFailed(c, m)
-	case protocol.TypeJoin:
-		a.onJoin(c, m) // job.go
-	case protocol.TypeStatus:
-		sendStatus(a.conns, c, a.status())
-	case protocol.TypeBye:
-		a.commits.seeStep(m.Step)
-		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
-	case protocol.TypeDisconnected:
-		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
-		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
-		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
-		for _, r := range a.commits.pending {
-			if r.waiting[c.ID()] {
-				delete(r.waiting, c.ID())
-				r.lost++
-				if len(r.waiting) == 0 {
-					a.settle(r)
-				}
-			}
-		}
-	}
 }

@@ -26,6 +26,61 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
+// startSignals lets SIGTERM/SIGINT cancel the agent's start (the lease,
+// the journal read, the restore, which a slow or silent store can hold
+// up for long) before the loop reads signals itself. ctx is cancelled by
+// the first signal that arrives while starting; started ends the start:
+// it returns the signal that cancelled it (nil: none), and from then on
+// every signal goes to the returned channel, for the loop. stop ends the
+// relay (the agent's Run returns).
+func startSignals(parent context.Context, signals <-chan os.Signal, log *zap.Logger) (ctx context.Context, loop <-chan os.Signal, started func() os.Signal, stop func()) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(parent)
+	out := make(chan os.Signal, 4)
+	done, ended := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	starting := true
+	var got os.Signal
+	go func() {
+		defer close(ended)
+		for {
+			var s os.Signal
+			select {
+			case <-done:
+				return
+			case s = <-signals:
+			}
+			mu.Lock()
+			if starting {
+				if got == nil {
+					got = s
+					log.Warn("signal during start-up: cancelling it (the trainer is not started)", zap.String("signal", s.String()))
+					cancel()
+				}
+				mu.Unlock()
+				continue
+			}
+			mu.Unlock()
+			select {
+			case out <- s:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return ctx, out, func() os.Signal {
+			mu.Lock()
+			defer mu.Unlock()
+			starting = false
+			return got
+		}, func() {
+			close(done)
+			<-ended
+		}
+}
+
 var (
 	_ source.Source = protocolSource{}
 	_ source.Host   = agentHost{}
@@ -252,59 +307,4 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/ranks
 	// A trainer that connects during an interruption is told at once.
 	a.stops.lateTrainer(c)
-}
-
-// startSignals lets SIGTERM/SIGINT cancel the agent's start (the lease,
-// the journal read, the restore, which a slow or silent store can hold
-// up for long) before the loop reads signals itself. ctx is cancelled by
-// the first signal that arrives while starting; started ends the start:
-// it returns the signal that cancelled it (nil: none), and from then on
-// every signal goes to the returned channel, for the loop. stop ends the
-// relay (the agent's Run returns).
-func startSignals(parent context.Context, signals <-chan os.Signal, log *zap.Logger) (ctx context.Context, loop <-chan os.Signal, started func() os.Signal, stop func()) {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	ctx, cancel := context.WithCancel(parent)
-	out := make(chan os.Signal, 4)
-	done, ended := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	starting := true
-	var got os.Signal
-	go func() {
-		defer close(ended)
-		for {
-			var s os.Signal
-			select {
-			case <-done:
-				return
-			case s = <-signals:
-			}
-			mu.Lock()
-			if starting {
-				if got == nil {
-					got = s
-					log.Warn("signal during start-up: cancelling it (the trainer is not started)", zap.String("signal", s.String()))
-					cancel()
-				}
-				mu.Unlock()
-				continue
-			}
-			mu.Unlock()
-			select {
-			case out <- s:
-			case <-done:
-				return
-			}
-		}
-	}()
-	return ctx, out, func() os.Signal {
-			mu.Lock()
-			defer mu.Unlock()
-			starting = false
-			return got
-		}, func() {
-			close(done)
-			<-ended
-		}
 }

@@ -27,6 +27,17 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
+// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
+func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
+}
+
 // onNotice reacts to a notice from the cloud or a signal.
 func (a *Agent) onNotice(n metadata.Notice) {
 	now := time.Now()
@@ -543,15 +554,4 @@ func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Trac
 		return w.StopLauncherExit(code) // pkg/supervisor/ranks (#37 item 4)
 	}
 	return code
-}
-
-// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
-func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
-	now := time.Now()
-	name := sig.String()
-	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
-		name = "SIGTERM"
-	}
-	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
-		Deadline: now.Add(grace), Detected: now, Action: name}
 }
