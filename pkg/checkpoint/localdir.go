@@ -1,17 +1,31 @@
 package checkpoint
 
+// The local side: a checkpoint directory opened and scanned without
+// following what a trainer could swap in (os.Root, regular files only, the
+// owner checked), files written and directories removed through the root,
+// and the progress of a transfer (bytes done, reported while it runs).
+
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
 )
 
 // Local directories a trainer can write to are handled through os.Root
@@ -260,4 +274,166 @@ func MkdirTemp(root *os.Root, prefix string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("mkdir %s*: %w", prefix, fs.ErrExist)
+}
+
+// ErrRefused reports a checkpoint directory that holds something the agent
+// will not upload: a symlink, a device, a socket, or a path outside it.
+var ErrRefused = errors.New("refused")
+
+// LocalFile is one regular file found in a checkpoint directory.
+type LocalFile struct {
+	Rel  string // "/"-separated, relative to the directory
+	Size int64
+}
+
+// Scan lists the regular files under root. Anything that is not a regular
+// file or a directory (symlinks included, wherever they point) refuses the
+// whole checkpoint: committing part of what the trainer meant to save would
+// be worse than committing nothing. So does a name that is not UTF-8: the
+// manifest is JSON, which would turn it into another name that no object
+// has. Directories are opened with O_NONBLOCK|O_DIRECTORY, so a FIFO
+// swapped in for one fails at once instead of blocking.
+func Scan(root *os.Root) ([]LocalFile, error) {
+	var files []LocalFile
+	if err := scanDir(root, ".", &files); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", root.Name(), err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("scan %s: no files", root.Name())
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Rel < files[j].Rel })
+	return files, nil
+}
+
+func scanDir(root *os.Root, dir string, files *[]LocalFile) error {
+	d, err := root.OpenFile(dir, os.O_RDONLY|ONonblock|oDirectory, 0)
+	if err != nil {
+		return err
+	}
+	ents, err := d.ReadDir(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		rel := path.Join(dir, e.Name())
+		if !utf8.ValidString(e.Name()) {
+			return fmt.Errorf("%q: file name is not valid UTF-8: %w", rel, ErrRefused)
+		}
+		if err := SafeRel(rel); err != nil {
+			return fmt.Errorf("%q: %w", rel, ErrRefused)
+		}
+		switch t := e.Type(); {
+		case t.IsDir():
+			if err := scanDir(root, rel, files); err != nil {
+				return err
+			}
+			continue
+		case t.IsRegular():
+		default:
+			return fmt.Errorf("%s: %s is not a regular file: %w", rel, t, ErrRefused)
+		}
+		info, err := root.Lstat(rel) // not e.Info(): that goes by path
+		if err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() { // replaced since the listing
+			return fmt.Errorf("%s: %s is not a regular file: %w", rel, info.Mode().Type(), ErrRefused)
+		}
+		*files = append(*files, LocalFile{Rel: rel, Size: info.Size()})
+	}
+	return nil
+}
+
+// OpenLocalDir opens dir, which must be a directory and not a symlink, and
+// makes sure what it opened is what it checked: for a commit, a check of a
+// local copy, or watch mode's handle on DIR.
+func OpenLocalDir(dir string) (*os.Root, error) {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("checkpoint directory %s: not a directory (%s): %w", dir, fi.Mode().Type(), ErrRefused)
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	if got, err := r.Stat("."); err != nil || !os.SameFile(fi, got) {
+		r.Close()
+		return nil, fmt.Errorf("checkpoint directory %s changed while it was opened: %w", dir, ErrRefused)
+	}
+	return r, nil
+}
+
+// progressEvery is how often long transfers log their progress.
+const progressEvery = 5 * time.Second
+
+// Progress counts bytes moved by several concurrent transfers and logs the
+// total every few seconds while it runs.
+type Progress struct {
+	done  atomic.Int64
+	Total int64
+	Start time.Time
+}
+
+// Add counts n more bytes moved.
+func (p *Progress) Add(n int) { p.done.Add(int64(n)) }
+
+// Done is the bytes counted so far.
+func (p *Progress) Done() int64 { return p.done.Load() }
+
+// Report logs until ctx ends; call it in its own goroutine.
+func (p *Progress) Report(ctx context.Context, log *zap.Logger, what string) {
+	t := time.NewTicker(progressEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			done := p.done.Load()
+			elapsed := time.Since(p.Start).Seconds()
+			rate := float64(done) / elapsed
+			fields := []zap.Field{
+				zap.Int64("bytes", done), zap.Int64("total", p.Total),
+				zap.Float64("mb_per_s", rate/1e6),
+			}
+			if rate > 0 && p.Total > done {
+				fields = append(fields, zap.Duration("eta", time.Duration(float64(p.Total-done)/rate*float64(time.Second)).Round(time.Second)))
+			}
+			log.Info(what+" progress", fields...)
+		}
+	}
+}
+
+// hashChunk caps each read of a CountingReader. A store fills 16 MiB part
+// buffers with one io.ReadFull; read whole, the bytes have left the CPU
+// cache before sha256 (and the S3 store's CRC32C) get to them. In 256 KiB
+// steps they are hashed while still in L2. A 1 GiB commit to MinIO took
+// 1.85 core-seconds before, 1.61 with this alone and 1.45 with the S3
+// store's CRC32C in the same pass (64 KiB steps: the same; 1 MiB: 1.6).
+const hashChunk = 256 << 10
+
+// CountingReader counts and hashes what passes through it (H: a hash, or
+// Sums).
+type CountingReader struct {
+	R io.Reader
+	H io.Writer
+	N int64
+	P *Progress
+}
+
+func (c *CountingReader) Read(b []byte) (int, error) {
+	if len(b) > hashChunk {
+		b = b[:hashChunk]
+	}
+	n, err := c.R.Read(b)
+	if n > 0 {
+		c.H.Write(b[:n])
+		c.N += int64(n)
+		c.P.Add(n)
+	}
+	return n, err
 }

@@ -39,7 +39,7 @@ func ReportProgress(src FileSource, n int64) {
 
 // A ScannedSource is a FileSource that also wants the bytes a store reads
 // to checksum the file before sending it (the S3 and GCS stores do): the
-// committer takes its digest (pkg/checkpoint, checksum.go) in that same
+// committer takes its digest (pkg/checkpoint, manifest.go) in that same
 // pass. Scanned gets the file's bytes in order from its start, each byte
 // once, before Sent; a store that reads a file again (a retry) reports
 // only the first read. A source that got fewer than Sent's n bytes reads

@@ -25,7 +25,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
-	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
@@ -53,13 +52,13 @@ type Agent struct {
 	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
-	fences  chan struct{}        // the lease check found a newer session (agent_fence.go)
+	fences  chan struct{}        // the lease check found a newer session (commits.go)
 	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/ranks)
 	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
-	job     jobPolicy            // single node or one node's part of a job (job_policy.go)
-	src     source.Source        // where checkpoints come from (source.go): the protocol, or zero-code mode
+	job     jobPolicy            // single node or one node's part of a job (job.go)
+	src     source.Source        // where checkpoints come from (restore.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
-	silent  silence              // what is said when nothing else would be (silence.go)
+	silent  silence              // what is said when nothing else would be (request.go)
 	done    bool                 // loop ends
 }
 
@@ -111,14 +110,14 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 		}
 		return 1, fmt.Errorf("socket: %w", err)
 	}
-	sctx, signals, started, stopSignals := sigrelay.Start(ctx, signals, cfg.Log)
+	sctx, signals, started, stopSignals := startSignals(ctx, signals, cfg.Log)
 	defer stopSignals()
 	a, err := newAgent(sctx, cfg, nil)
 	if sig := started(); sig != nil {
 		if err == nil {
 			a.abort()
 		}
-		return sigrelay.StartCancelled(sig)
+		return bootrestore.StartCancelled(sig)
 	}
 	if err != nil {
 		return 1, err
@@ -142,7 +141,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
+	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
 	a.src.Start()
 	if len(cfg.Command) > 0 {
 		if cfg.Signal != 0 {
@@ -165,18 +164,18 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	}
 	a.commits.promise.AtStart(a.sess.Journal()) // pkg/supervisor/promise
 	if !a.boot.Restoring() {
-		cfg.Metrics.Ready(true) // else once the restore is in place (agent_restore.go)
+		cfg.Metrics.Ready(true) // else once the restore is in place (restore.go)
 	}
 	a.loop(ctx, srv.Events(), notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
 	if a.boot.Aborted() {
-		a.abort() // the start was given up: no session to record (agent_restore.go)
+		a.abort() // the start was given up: no session to record (restore.go)
 	} else {
 		a.finish()
 	}
-	if a.commits.fenced() { // agent_fence.go
+	if a.commits.fenced() { // commits.go
 		return exitFenced, nil
 	}
 	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
@@ -261,7 +260,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	a.commits = newCommits(a.sess.Started(), &commit.Committer{Store: cfg.Store, RunID: cfg.RunID, Source: session.MachineOf(cfg.Identity), Gate: cfg.UploadGate, Log: cfg.Log},
 		promise.NewState(promise.Env{Identity: cfg.Identity, Source: cfg.Source, TermGrace: cfg.TermGrace, Margin: cfg.Margin, Metrics: cfg.Metrics, Log: cfg.Log}))
 	a.job.committer(a.commits.committer, a.sess.ID())
-	src, sr, err := a.newSource() // source.go
+	src, sr, err := a.newSource() // restore.go
 	if err != nil {
 		endLife()
 		return nil, err
@@ -287,7 +286,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		j = &journal.Journal{Format: journal.Format, RunID: cfg.RunID}
 	}
 	if s := j.FinishedBefore(); s != nil {
-		sayFinishedBefore(s, a.log) // finished.go
+		sayFinishedBefore(s, a.log) // dirs.go
 	}
 	a.sess.JournalRead(cfg.Store, j)
 	a.dirs.Cleanup(ctx, a.cfg.Store, a.job.cleanup(), len(a.cfg.Command) > 0, a.log)
@@ -299,15 +298,15 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 		Cost:            time.Duration(j.Stats.CostSeconds * float64(time.Second)),
 		Throughput:      j.Stats.BytesPerSec,
 	}))
-	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // agent_fence.go
+	if err := takeLease(ctx, a.sess, &a.cfg, a.job, a.commits.committer); err != nil { // commits.go
 		a.abort()
 		return nil, err
 	}
-	a.openRestores(sr) // agent_restore.go
+	a.openRestores(sr) // restore.go
 	if a.cfg.OverlapsRestore() {
 		return a, nil // Run restores beside the trainer's start; the session is recorded once it succeeded
 	}
-	if err := a.boot.RestoreNow(ctx); err != nil { // before the loop: a signal meanwhile cancels ctx (sigrelay.Start)
+	if err := a.boot.RestoreNow(ctx); err != nil { // before the loop: a signal meanwhile cancels ctx (startSignals, restore.go)
 		a.abort()
 		return nil, err
 	}
@@ -372,7 +371,7 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case sig := <-signals:
 			a.onSignal(sig)
 		case <-a.fences:
-			a.onFenced() // agent_fence.go
+			a.onFenced() // commits.go
 		case r := <-a.commits.results:
 			a.onCommitResult(r)
 			a.src.Committed(source.Result{ID: r.req.id, Res: r.res, Err: r.err})
@@ -381,11 +380,11 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case res := <-a.ranks.LookupDone():
 			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/ranks
 		case res := <-a.boot.Done():
-			a.onRestoreDone(res) // agent_restore.go
+			a.onRestoreDone(res) // restore.go
 		case res := <-a.boot.RejoinDone():
 			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
 		case res := <-a.boot.RestartDone():
-			a.restarted(res) // agent_restore.go
+			a.restarted(res) // restore.go
 		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
@@ -395,6 +394,46 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 				a.proc.Stop(a.life, a.goBg)
 			}
 		case <-timer.C:
+		}
+	}
+}
+
+// onEvent routes a trainer's message to what handles it: restore.go
+// (hello), request.go (done, failed), agent_pipeline.go (saved), job.go
+// (join); progress, status, bye and a disconnect here.
+func (a *Agent) onEvent(ev protocol.Event) {
+	c, m := ev.Conn, ev.Msg
+	switch m.Type {
+	case protocol.TypeHello:
+		a.onHello(c, m)
+	case protocol.TypeProgress:
+		a.commits.seeStep(m.Step)
+	case protocol.TypeDone:
+		a.commits.seeStep(m.Step)
+		a.onDone(c, m)
+	case protocol.TypeSaved:
+		a.onSaved(c, m) // agent_pipeline.go
+	case protocol.TypeFailed:
+		a.onFailed(c, m)
+	case protocol.TypeJoin:
+		a.onJoin(c, m) // job.go
+	case protocol.TypeStatus:
+		sendStatus(a.conns, c, a.status())
+	case protocol.TypeBye:
+		a.commits.seeStep(m.Step)
+		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
+	case protocol.TypeDisconnected:
+		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
+		for _, r := range a.commits.pending {
+			if r.waiting[c.ID()] {
+				delete(r.waiting, c.ID())
+				r.lost++
+				if len(r.waiting) == 0 {
+					a.settle(r)
+				}
+			}
 		}
 	}
 }
@@ -428,10 +467,10 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {
 		if due := a.cfg.Scheduler.Next(a.commits.lastBlock, false, now); due.After(now) {
-			earlier(due) // silence.go: no trainer when one is due (once past, silence's own wake)
+			earlier(due) // request.go's silence: no trainer when one is due (once past, silence's own wake)
 		}
 	}
-	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // silence.go
+	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // request.go's silence
 	if wake.Before(now) {
 		wake = now
 	}
@@ -478,7 +517,7 @@ func (a *Agent) tick(now time.Time) {
 		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
-	a.checkSilence(now) // silence.go
+	a.checkSilence(now) // request.go's silence
 	a.checkDone()
 }
 
@@ -575,12 +614,12 @@ func (a *Agent) onSignal(sig os.Signal) {
 		a.checkDone()
 		return
 	}
-	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // agent_restore.go
+	if a.abortStart("signal "+sig.String(), &bootrestore.Abort{Sig: sig}) { // restore.go
 		a.checkDone()
 		return
 	}
 	a.log.Info("signal received: taking a final checkpoint", zap.String("signal", sig.String()), zap.Duration("grace", a.cfg.TermGrace))
-	a.onNotice(sigrelay.Notice(sig, a.cfg.TermGrace))
+	a.onNotice(signalNotice(sig, a.cfg.TermGrace))
 	a.checkDone()
 }
 
@@ -597,9 +636,9 @@ func (a *Agent) finish() {
 	defer cancel()
 	end := time.Now().UTC()
 	code, blocked := a.proc.ExitCode(), a.commits.blocked
-	unprotected := a.silent.unprotectedSeconds(end) // silence.go
+	unprotected := a.silent.unprotectedSeconds(end) // request.go's silence
 	session := a.sess.ID()
-	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // finished.go
+	finished, step := finishedWork(a.cfg.Command, a.proc, a.conns), a.commits.lastStep // dirs.go
 	err := a.sess.Journal().Update(ctx, func(j *journal.Journal) {
 		if s := j.SessionByID(session); s != nil {
 			s.End = &end
@@ -630,7 +669,7 @@ func (a *Agent) abort() {
 
 // release waits for every goroutine the agent started beside the loop
 // (a.life has ended: they are returning) and closes its local handles;
-// dropCopies deletes a finished run's local copies first (finished.go).
+// dropCopies deletes a finished run's local copies first (dirs.go).
 func (a *Agent) release(dropCopies bool) {
 	for _, r := range a.commits.pending {
 		if r.pipe != nil {

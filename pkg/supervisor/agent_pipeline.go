@@ -34,7 +34,7 @@ func (a *Agent) onSaved(c *protocol.Conn, m protocol.Message) {
 	switch {
 	case errors.Is(err, checkpoint.ErrNotOwned):
 		// Not a wrong hint: a file the trainer may not read. Nothing of
-		// it was read, and the checkpoint fails at done (owner.go).
+		// it was read, and the checkpoint fails at done (the owner rule, below).
 		a.log.Error("saved refused: not the trainer's own file: the checkpoint will not be committed", zap.String("id", r.id), zap.String("path", m.Path),
 			zap.Int("peer_uid", c.PeerUID()), zap.Error(err))
 		a.conns.Reply(c, m.ID, fmt.Sprintf("saved %q: %v: this checkpoint will not be committed", m.Path, err))

@@ -9,8 +9,9 @@
 // the local directories (pkg/supervisor/localdirs), the child process
 // (pkg/supervisor/childproc), the session and its journal
 // (pkg/supervisor/session), the restore beside the trainers
-// (pkg/supervisor/bootrestore); so are the start-up's signals
-// (pkg/supervisor/sigrelay) and the status types (pkg/supervisor/status).
+// (pkg/supervisor/bootrestore); so are the status types
+// (pkg/supervisor/status). The start-up's signals are restore.go's
+// (startSignals) and stop.go's (signalNotice).
 // The wire protocol (types, the socket server, the Go client) is
 // pkg/protocol; the trainer process and its group guard are internal/child.
 //

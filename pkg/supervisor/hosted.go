@@ -34,7 +34,7 @@ func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
 	}
 	defer a.endLife() // after a panic too: its background work stops
 	a.asks = in.Asks
-	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // agent_fence.go
+	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
 	a.loop(ctx, in.Events, in.Notices, in.Signals)
 	a.live.Stop() // pkg/supervisor/ranks: the neighbours hear this node leave
 	a.finish()

@@ -1,7 +1,14 @@
 package supervisor
 
+// The stop, top to bottom: a notice or a signal (signalNotice) reaches
+// the loop (onNotice) and a stop begins (beginStop); the stop sequence
+// (stopSequence, stopState) asks the trainer for its last checkpoint,
+// keeps the deadline, takes the commit's result or failure, tells the
+// trainer to stop, and ends; the agent's exit code after it (exitCodeFor).
+
 import (
 	"context"
+	"os"
 	"syscall"
 	"time"
 
@@ -11,6 +18,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
 	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
@@ -18,6 +26,135 @@ import (
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
+
+// signalNotice turns SIGTERM/SIGINT into a shutdown notice.
+func signalNotice(sig os.Signal, grace time.Duration) metadata.Notice {
+	now := time.Now()
+	name := sig.String()
+	if s, ok := sig.(syscall.Signal); ok && s == syscall.SIGTERM {
+		name = "SIGTERM"
+	}
+	return metadata.Notice{Cloud: metadata.CloudSignal, Kind: metadata.KindTermination, ID: "signal-" + name,
+		Deadline: now.Add(grace), Detected: now, Action: name}
+}
+
+// onNotice reacts to a notice from the cloud or a signal.
+func (a *Agent) onNotice(n metadata.Notice) {
+	now := time.Now()
+	a.stops.noticed(n)
+	a.cfg.Metrics.Notice(string(n.Cloud), string(n.Kind))
+	fields := []zap.Field{zap.String("cloud", string(n.Cloud)), zap.String("kind", string(n.Kind)), zap.String("id", n.ID),
+		zap.String("action", n.Action), zap.Time("detected", n.Detected)}
+	if !n.Deadline.IsZero() {
+		fields = append(fields, zap.Time("deadline", n.Deadline), zap.Float64("left_s", n.Deadline.Sub(now).Round(time.Millisecond).Seconds()))
+	}
+	a.log.Info("interruption notice", fields...)
+	switch n.Kind {
+	case metadata.KindTermination:
+		if a.boot.Aborted() {
+			return // the start was given up: nothing to save
+		}
+		if n.Cloud != metadata.CloudSignal && a.abortStart("interruption notice", &bootrestore.Abort{Notice: true}) { // restore.go
+			return
+		}
+		reason := protocol.ReasonInterruption
+		if n.Cloud == metadata.CloudSignal {
+			reason = protocol.ReasonShutdown
+		}
+		backingOff := !a.proc.RestartAt().IsZero()
+		if a.boot.CancelRestart(reason) || backingOff { // pkg/supervisor/bootrestore: its partial directory goes
+			// The trainer is not started again (in its restart's backoff
+			// or restore) and the stop goes on as when none runs. The run
+			// was interrupted before its trainer could try again: run me
+			// again, not the failed one's code.
+			a.proc.CancelRestart()
+			a.proc.GiveUp()
+			a.proc.ExitAs(ExitInterrupted)
+		}
+		a.beginStop(n, reason, now)
+	case metadata.KindRebalance:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
+		if a.cfg.OnRebalance == "checkpoint" && a.stops.current == nil && len(a.commits.pending) == 0 && len(a.commits.uploads) == 0 && asking(a.conns, a.job) {
+			a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
+		}
+	case metadata.KindMaintenance:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), n.Deadline)
+	case metadata.KindCancelled:
+		a.cfg.Scheduler.Hazard(now, string(n.Kind), time.Time{})
+		if a.stops.withdraw(n.ID) {
+			a.log.Info("termination notice withdrawn before the trainer was stopped: carrying on", zap.String("id", n.ID))
+		}
+	}
+}
+
+// beginStop starts (or tightens) the interruption sequence: checkpoint with
+// a deadline that leaves room to upload, commit, stop, then the child.
+func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
+	deadline := n.Deadline
+	if deadline.IsZero() {
+		deadline = now.Add(a.cfg.TermGrace)
+	}
+	if !deadline.After(now) {
+		// Seen late (a slow poll, a metadata outage, clocks that disagree):
+		// the machine may still live a moment. Try a checkpoint anyway
+		// rather than stop the trainer at once with nothing saved.
+		a.log.Warn("notice deadline already passed: trying a best-effort checkpoint",
+			zap.Time("notice_deadline", deadline), zap.Duration("grace", lateNoticeGrace))
+		deadline = now.Add(lateNoticeGrace)
+	}
+	if a.stops.current != nil {
+		if a.stops.tighten(deadline) {
+			a.log.Info("earlier deadline: tightening the interruption", zap.Time("deadline", deadline))
+		}
+		return
+	}
+	s := newStop(n, reason, deadline, a.cfg.Identity) // stop.go
+	a.stops.begin(s)
+	reqDeadline := a.cfg.RequestDeadline(a.commits.last.bytes, deadline, now)
+	if a.src.Stop(s, reqDeadline, now) { // the source takes it (zero-code mode)
+		return
+	}
+	if a.conns.Finished() {
+		// A sidecar outlives its trainer: the kubelet stops it after the
+		// trainer exited 0. Nothing was interrupted and nothing is lost.
+		a.log.Info("the trainer finished its work (bye): nothing to checkpoint, nothing interrupted", zap.String("reason", reason))
+		s.nothingToStop() // no stop to send, nothing to journal
+		return
+	}
+	if a.trainers() == 0 {
+		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path))
+		a.stops.failed(s, "no trainer connected", now, a.stopEnds())
+		return
+	}
+	// A periodic request the trainer has not answered yet becomes the
+	// interruption checkpoint: asking again would make it save twice.
+	for _, r := range a.commits.pending {
+		if r.stop == nil {
+			r.stop, r.reason = s, reason
+			if reqDeadline.Before(r.deadline) {
+				r.deadline = reqDeadline
+			}
+			a.stops.requested(s, r, now)
+			a.log.Info("the pending periodic checkpoint becomes the interruption checkpoint", zap.String("id", r.id), zap.Time("deadline", r.deadline))
+			if a.job.ranksAgree() {
+				// The ranks agree on the request's reason and deadline:
+				// tell them the new ones (a client updates it in place).
+				for cid := range r.waiting {
+					if c := a.conns.Conn(cid); c != nil {
+						c.Post(r.message())
+					}
+				}
+			}
+			return
+		}
+	}
+	r := a.request(reason, reqDeadline, s)
+	if r == nil {
+		a.stops.failed(s, "checkpoint request not delivered", now, a.stopEnds())
+		return
+	}
+	a.stops.requested(s, r, r.sent)
+}
 
 // stopSequence is the notices and signals this session got, and the stop
 // sequence under way (current, nil: none).
@@ -169,7 +306,7 @@ type stopState struct {
 	stopSent bool
 	told     bool // a trainer got the stop message (exitCodeFor)
 	finished bool // committed or failed: nothing more to wait for
-	joined   bool // the notice reached another node of the job (agent_job.go)
+	joined   bool // the notice reached another node of the job (job.go)
 	record   journal.Interruption
 }
 

@@ -6,6 +6,11 @@
 // Cleanup removes the ones a crashed writer left.
 package file
 
+// The file:// backend: objects as files under a root directory, written to
+// a temp file, fsynced, then linked or renamed into place (under a lock
+// when conditional), listed by walking the tree, a crashed writer's temp
+// files cleaned up.
+
 import (
 	"context"
 	"errors"
@@ -13,11 +18,14 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -312,4 +320,300 @@ func (s *Store) Check(ctx context.Context) error {
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+var errNotDir = syscall.ENOTDIR
+
+// Put writes r to key atomically: temp file, fsync, then link (IfAbsent)
+// or rename into place, then fsync the directory.
+func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, opts cloud.PutOptions) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	tmp, err := s.createTemp(filepath.Dir(p))
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	defer s.forget(tmp.Name())
+	defer os.Remove(tmp.Name()) // no-op after a rename; drops the temp otherwise
+	if err := s.fill(ctx, tmp, r, size); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := s.commit(ctx, tmp.Name(), p, opts); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	return syncDir(filepath.Dir(p))
+}
+
+// createTemp makes the directory and a temp file in it. It retries when a
+// concurrent Delete removed the freshly made (still empty) directory.
+func (s *Store) createTemp(dir string) (*os.File, error) {
+	var err error
+	for range 5 {
+		if err = os.MkdirAll(dir, dirMode); err != nil {
+			return nil, err
+		}
+		var f *os.File
+		if f, err = os.CreateTemp(dir, tmpPrefix+"*"); err == nil {
+			s.mu.Lock()
+			s.active[f.Name()] = struct{}{}
+			s.mu.Unlock()
+			return f, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+func (s *Store) forget(name string) {
+	s.mu.Lock()
+	delete(s.active, name)
+	s.mu.Unlock()
+}
+
+// fill copies r into f, checking ctx between chunks, and fsyncs f.
+func (s *Store) fill(ctx context.Context, f *os.File, r io.Reader, size int64) error {
+	defer f.Close()
+	n, err := io.CopyBuffer(f, cloud.ContextReader(ctx, r), make([]byte, 1<<20))
+	if err != nil {
+		return err
+	}
+	if size >= 0 && n != size {
+		return fmt.Errorf("read %d bytes, want %d", n, size)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func (s *Store) commit(ctx context.Context, tmp, p string, opts cloud.PutOptions) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	switch {
+	case opts.IfAbsent:
+		// link(2) fails with EEXIST when p exists: atomic create-if-absent,
+		// also across processes on local filesystems.
+		if err := os.Link(tmp, p); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return cloud.ErrPrecondition
+			}
+			return err
+		}
+		return nil
+	case opts.IfVersion != "":
+		unlock, err := s.lock(ctx)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		fi, err := os.Stat(p)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return cloud.ErrPrecondition
+			}
+			return err
+		}
+		if version(fi) != opts.IfVersion {
+			return cloud.ErrPrecondition
+		}
+	}
+	return os.Rename(tmp, p)
+}
+
+// lock serialises IfVersion compare-and-rename within this process and,
+// through flock(2) on a lock file in root, with other processes. Both
+// waits end with ctx: a process that holds the lock forever (another
+// user's cannot: the file is 0600, and a symlink in its place is refused)
+// fails this Put, it never hangs the agent's commits or its exit.
+func (s *Store) lock(ctx context.Context) (func(), error) {
+	select {
+	case s.cas <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("store lock: waiting for another write of this process: %w", ctx.Err())
+	}
+	release := func() { <-s.cas }
+	f, err := os.OpenFile(filepath.Join(s.root, lockName), os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, fileMode)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("lock: %w", err)
+	}
+	if err := flockCtx(ctx, f); err != nil {
+		f.Close()
+		release()
+		return nil, fmt.Errorf("store lock %s: %w", f.Name(), err)
+	}
+	return func() {
+		f.Close() // releases the flock
+		release()
+	}, nil
+}
+
+// flockCtx takes an exclusive flock on f, polling (LOCK_NB) with a
+// backoff of 1 ms doubling to 50 ms until it has it or ctx ends: a blocking
+// flock cannot be cancelled.
+func flockCtx(ctx context.Context, f *os.File) error {
+	wait := time.Millisecond
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("held by another process (a second agent, or flock(1)): gave up: %w", ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync dir: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync dir: %w", err)
+	}
+	return nil
+}
+
+// List walks the directories under prefix in lexical key order without
+// collecting every key first: a directory "a" sorts as "a/", so all keys
+// under it fall between "a" and its siblings exactly as their full keys do.
+func (s *Store) List(ctx context.Context, prefix string, fn func(cloud.ObjectInfo) error) error {
+	dir := ""
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		dir = prefix[:i]
+	}
+	err := s.walk(ctx, dir, prefix, fn)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotDir) {
+		return nil
+	}
+	return err
+}
+
+func (s *Store) walk(ctx context.Context, dir, prefix string, fn func(cloud.ObjectInfo) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(filepath.Join(s.root, filepath.FromSlash(dir)))
+	if err != nil {
+		return err
+	}
+	sortKey := func(e os.DirEntry) string {
+		if e.IsDir() {
+			return e.Name() + "/"
+		}
+		return e.Name()
+	}
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(sortKey(a), sortKey(b)) })
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), reservedPrefix) {
+			continue
+		}
+		key := path.Join(dir, e.Name())
+		if e.IsDir() {
+			if strings.HasPrefix(key+"/", prefix) || strings.HasPrefix(prefix, key+"/") {
+				if err := s.walk(ctx, key, prefix, fn); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+			}
+			continue
+		}
+		if !strings.HasPrefix(key, prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted while listing
+		}
+		if err != nil {
+			return fmt.Errorf("list: %w", err)
+		}
+		if err := fn(info(key, fi)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func info(key string, fi os.FileInfo) cloud.ObjectInfo {
+	return cloud.ObjectInfo{Key: key, Size: fi.Size(), Modified: fi.ModTime(), Version: version(fi)}
+}
+
+// version is inode-size-mtime. Every Put makes a new inode and rename keeps
+// it, so a rewrite changes the token even with identical content. Limit: an
+// inode number freed by one rewrite can be reused by a later one; if that
+// file also has the same size and an mtime in the same clock tick, a stale
+// token would match. Filesystems without stable inodes (some FUSE/NFS
+// setups) weaken it further.
+func version(fi os.FileInfo) string {
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return fmt.Sprintf("%x-%x-%x", ino, fi.Size(), fi.ModTime().UnixNano())
+}
+
+// Cleanup removes temp files left by crashed writers anywhere under root.
+// Temp files of this store's own Puts in flight are kept. Run it at start,
+// before other writers share the directory: a temp file of another live
+// process would be removed and that Put would fail (not corrupt anything).
+// With opts, a temp file counts as a write of the key its name has in
+// place of the final element, and is removed only when opts says so (its
+// mtime as the time the write started).
+func (s *Store) Cleanup(ctx context.Context, opts ...cloud.CleanupOptions) (int, error) {
+	o := cloud.CleanupOpts(opts)
+	now := time.Now()
+	n := 0
+	err := filepath.WalkDir(s.root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.HasPrefix(d.Name(), tmpPrefix) {
+			return nil
+		}
+		if o.Owned != nil {
+			info, err := d.Info()
+			if err != nil {
+				return nil // gone meanwhile
+			}
+			rel, err := filepath.Rel(s.root, p)
+			if err != nil || !o.Removes(filepath.ToSlash(rel), info.ModTime(), now) {
+				return nil
+			}
+		}
+		s.mu.Lock()
+		_, busy := s.active[p]
+		s.mu.Unlock()
+		if busy {
+			return nil
+		}
+		if err := os.Remove(p); err == nil {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("cleanup: %w", err)
+	}
+	return n, nil
 }

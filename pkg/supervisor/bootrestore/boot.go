@@ -1,27 +1,33 @@
 // Package bootrestore is the agent's one owner of every restore (Boot):
 // the start's (before the trainer starts, or while it starts: the
-// overlapped restore, Config.OverlapRestore), a restart's (restart.go) and
-// the one for a trainer back after a commit (rejoin.go). Every restore but
+// overlapped restore, Config.OverlapRestore), a restart's and
+// the one for a trainer back after a commit. Every restore but
 // the serial start's runs beside the loop, so that a signal or a notice
 // meanwhile is handled at once; each fetches with the one Env.Fetch and is
 // recorded by the one Env.Record. The hellos meanwhile (held and pending
 // welcomes), restored and restore_failed, and a start given up meanwhile
-// are here too. The agent (pkg/supervisor's agent_restore.go) owns one
+// are here too. The agent (pkg/supervisor's restore.go) owns one
 // Boot and drives it from its loop; what it needs of the agent comes in as
 // values and functions.
 package bootrestore
+
+// Every restore, in the order a run meets them: the start's (Boot: serial
+// before the trainer, or beside its start with the hellos held), a
+// restart's (beside the loop, cancelled by a stop), and a trainer's back
+// after a commit (its hello waits for a restore of the newest committed
+// checkpoint, one decision per restarted group).
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/sigrelay"
 )
 
 // Boot is the agent's restores: the resume the trainers are told of, the
@@ -36,8 +42,8 @@ import (
 type Boot struct {
 	resume    *protocol.Resume
 	restoring *Pending
-	restart   *Pending // restart.go: a restart's restore
-	// rejoin.go: the restore for a trainer back after a commit (its
+	restart   *Pending // a restart's restore
+	// the restore for a trainer back after a commit (its
 	// done nil while it waits for the uploads in flight), the commit it
 	// last restored for, the trainers connected at its hello, its needs
 	rejoin          *Pending
@@ -56,7 +62,7 @@ func New(env Env) Boot { return Boot{env: env} }
 // RestoreNow is the serial start's restore (--restore-serial, or a trainer
 // that cannot wait: the signal fallback's, zero-code mode's): before the
 // trainer starts and before the loop runs, under ctx, which a signal
-// during the start cancels (pkg/supervisor/sigrelay).
+// during the start cancels (pkg/supervisor, startSignals).
 func (b *Boot) RestoreNow(ctx context.Context) error {
 	f, err := b.env.Fetch(ctx)
 	if err != nil {
@@ -261,7 +267,7 @@ func (b *Boot) Exit() (code int, err error, ok bool) {
 	case ab == nil:
 		return 0, nil, false
 	case ab.Sig != nil:
-		code, err = sigrelay.StartCancelled(ab.Sig)
+		code, err = StartCancelled(ab.Sig)
 		return code, err, true
 	case ab.Notice:
 		return protocol.ExitInterrupted, nil, true
@@ -309,10 +315,10 @@ func (b *Boot) Hello(ev protocol.Event, log *zap.Logger, welcomeFor func(protoco
 	failed := b.gone
 	p := b.restoring
 	if p == nil {
-		p = b.rejoin // rejoin.go: a trainer back after a commit
+		p = b.rejoin // a trainer back after a commit
 	}
 	if p == nil {
-		p = b.restart // restart.go: a hello while a restart's restore runs
+		p = b.restart // a hello while a restart's restore runs
 	}
 	if failed == "" && p == nil {
 		return nil, false
@@ -334,4 +340,207 @@ func (b *Boot) Hello(ev protocol.Event, log *zap.Logger, welcomeFor func(protoco
 		p.waiting[c.ID()] = c
 	}
 	return &w, true
+}
+
+// A restart's restore: a trainer that failed on its own is started again
+// from the newest committed checkpoint (childproc.Process's restart). The
+// restore runs beside the loop, as every restore but the serial start's
+// does, so that the agent keeps answering meanwhile: a signal or a
+// termination notice cancels it (CancelRestart: its partial directory
+// goes, restore.Into removes it), the trainer is not started again, and
+// the stop goes on as when no trainer runs. A hello meanwhile waits for
+// it as for the start's overlapped restore (Hello).
+
+// StartRestart starts a restart's restore beside the loop; its end comes
+// on RestartDone. The caller checks that no restore is Busy.
+func (b *Boot) StartRestart() {
+	b.env.Log.Info("trainer restarts: restoring the newest committed checkpoint first")
+	b.restart = b.beside()
+}
+
+// Restarting: a restart's restore runs.
+func (b *Boot) Restarting() bool { return b.restart != nil }
+
+// RestartDone is the loop's source of the restart's restore's end (nil:
+// none running).
+func (b *Boot) RestartDone() <-chan Result {
+	if b.restart == nil {
+		return nil
+	}
+	return b.restart.done
+}
+
+// CancelRestart cancels the restart's restore, for why; true when one was
+// running. Its end still comes on RestartDone, and is not used.
+func (b *Boot) CancelRestart(why string) bool {
+	p := b.restart
+	if p == nil || p.why != "" {
+		return false
+	}
+	b.env.Log.Warn("stop during a restart's restore: cancelling it; the trainer is not started again", zap.String("why", why))
+	p.Cancel(why)
+	return true
+}
+
+// OnRestarted: the restart's restore ended (res); the hellos that came
+// meanwhile learn how. start: the restore is in place and recorded
+// (Env.Record): the trainer starts again. A failed one returns its err,
+// after its metric; a cancelled one neither (the stop that cancelled it
+// gave the trainer up).
+func (b *Boot) OnRestarted(res Result) (start bool, err error) {
+	p := b.restart
+	b.restart = nil
+	switch {
+	case p.why != "":
+		if res.Fetched != nil {
+			b.env.Log.Info("restore for restart finished after it was cancelled: not used", zap.String("why", p.why))
+		}
+		p.tellFailed("restore cancelled: " + p.why)
+		return false, nil
+	case res.Err != nil:
+		b.env.Log.Error("restore for restart failed", zap.Error(res.Err))
+		b.env.Errs()
+		p.tellFailed(res.Err.Error())
+		return false, res.Err
+	}
+	b.resume = b.env.Record(res.Fetched)
+	p.Restored(b.resume, b.env.Log, b.env.Hand, func(ev protocol.Event) { b.env.Admit(ev, b.resume) })
+	return true, nil
+}
+
+// A trainer back after a commit (docs/protocol.md, "A trainer back after
+// a commit"): a trainer that says hello to a live agent (sidecar mode's
+// container restarted in place, a node-mode rank's process restarted by
+// torchrun, a crashed rank reconnecting) is welcomed with the newest
+// committed checkpoint, never with the older one the agent's start
+// restored. When this session committed a newer step than the resume it
+// would hand out (or an upload is in flight: the hello waits for it first,
+// as a restart does), the hello starts a restore of what the store's rules
+// choose now (restore.Into: the local tier first, so it is fast; the
+// store otherwise; in a multi-node job the newest JOB checkpoint, which is
+// this node's newest commit once the job manifest landed), beside the
+// loop, into the agent's restore area (a fresh directory named for the
+// checkpoint; FetchRestore deletes every older restore and every handed
+// one). It is served as the start's overlapped restore is
+// (boot.go): a protocol 2 hello is welcomed at once with restore
+// "pending", then restored {resume} or restore_failed {error}; a protocol
+// 1 hello's welcome waits for it. Every hello that comes while it runs
+// gets its result. No checkpoint is asked for meanwhile (trainers() is
+// 0): the group has not resumed. A failed restore tells the waiting
+// trainers restore_failed (the agent runs on: the next hello tries
+// again); the older checkpoint is never handed out instead.
+//
+// One decision per restarted group: the ranks that come back one after
+// the other must resume the same checkpoint. The result stands for later
+// hellos until this session commits again (a commit needs the whole
+// group: it has resumed) or until no trainer is connected (a new
+// restart); only then may a hello restore again.
+
+// Env is what the restores need of the agent (set once, in newAgent):
+// every restore fetches with Fetch (the source's, with the options built
+// once; beside the loop, it touches none of the loop's state) and is
+// recorded by Record (on the loop). NoRejoin: a trainer back after a
+// commit resumes what it finds (zero-code mode: its own directory).
+type Env struct {
+	Life     context.Context
+	GoBgFail func(func(), func(error))
+	Fetch    func(context.Context) (*localdirs.Fetched, error) // nil, nil: no committed checkpoint
+	Record   func(*localdirs.Fetched) *protocol.Resume         // the agent's one record of a restore (nil: a fresh start)
+	Hand     func(*protocol.Resume, *protocol.Conn)            // localDirs.handRestore
+	Admit    func(protocol.Event, *protocol.Resume)            // a held protocol 1 hello: its welcome
+	Errs     func()                                            // the restore error's metric
+	NoRejoin bool
+	Log      *zap.Logger
+}
+
+// Committed is this session's newest committed checkpoint (id empty:
+// none), as the agent's commits hold it.
+type Committed struct {
+	ID   string
+	Step int64
+}
+
+// RejoinHello: a hello comes (before the start's restore answers it);
+// when a commit newer than the resume may be due for it, the hello waits
+// for the rejoin restore, which starts once no upload is in flight
+// (RejoinTick): a trainer that crashed right after done must resume that
+// checkpoint once it committed. connected: trainers connected now.
+func (b *Boot) RejoinHello(last Committed, connected, uploads int) {
+	if b.Busy() || b.gone != "" || b.env.NoRejoin {
+		return
+	}
+	if uploads == 0 && !b.rejoinStale(last, connected) {
+		return
+	}
+	b.rejoin = &Pending{waiting: map[uint64]*protocol.Conn{}} // started by RejoinTick
+	b.rejoinConnected = connected
+}
+
+// rejoinStale reports whether the resume the agent would hand out is older
+// than this session's newest commit, and that was not already decided for
+// this group (one decision until the next commit, or no trainer connected).
+func (b *Boot) rejoinStale(last Committed, connected int) bool {
+	if last.ID == "" || (b.resume != nil && last.Step <= b.resume.Step) {
+		return false
+	}
+	return last.ID != b.rejoinFor || connected == 0
+}
+
+// RejoinTick starts the rejoin restore that waits, once no upload is in
+// flight; nothing newer committed after all (the upload failed): the
+// hellos get the resume as it is.
+func (b *Boot) RejoinTick(last Committed, uploads int) {
+	p := b.rejoin
+	if p == nil || p.done != nil || uploads > 0 {
+		return
+	}
+	if !b.rejoinStale(last, b.rejoinConnected) {
+		b.OnRejoined(Result{})
+		return
+	}
+	from := int64(-1)
+	if b.resume != nil {
+		from = b.resume.Step
+	}
+	b.env.Log.Info("a trainer is back after a commit: restoring the newest committed checkpoint before it resumes",
+		zap.Int64("resume_step", from), zap.Int64("committed_step", last.Step), zap.String("committed_id", last.ID))
+	b.rejoinFor = last.ID
+	q := b.beside()
+	p.cancel, p.done = q.cancel, q.done
+}
+
+// RejoinDone is the loop's source of the rejoin restore's end (nil: none
+// running).
+func (b *Boot) RejoinDone() <-chan Result {
+	if b.rejoin == nil {
+		return nil
+	}
+	return b.rejoin.done
+}
+
+// OnRejoined: the rejoin restore ended; the trainers waiting learn how.
+func (b *Boot) OnRejoined(res Result) {
+	p, env := b.rejoin, b.env
+	b.rejoin = nil
+	if res.Err != nil {
+		env.Log.Error("restore for a trainer back after a commit failed: it is told (the older checkpoint is not handed out)", zap.Error(res.Err))
+		env.Errs()
+		b.rejoinFor = "" // the next hello tries again
+		p.tellFailed(res.Err.Error())
+		return
+	}
+	if res.Fetched != nil {
+		b.resume = env.Record(res.Fetched)
+	}
+	p.Restored(b.resume, env.Log, env.Hand, func(ev protocol.Event) { env.Admit(ev, b.resume) })
+}
+
+// StartCancelled is the agent's answer to a signal during start-up: the exit
+// code a shell gives for that signal (143 for SIGTERM, 130 for SIGINT).
+func StartCancelled(s os.Signal) (int, error) {
+	code := 1
+	if sig, ok := s.(syscall.Signal); ok {
+		code = 128 + int(sig)
+	}
+	return code, fmt.Errorf("start-up cancelled by %s", s)
 }

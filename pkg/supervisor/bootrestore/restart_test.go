@@ -3,7 +3,9 @@ package bootrestore
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,4 +114,16 @@ func TestBoot_RestartRestore(t *testing.T) {
 		}
 		g.wg.Wait()
 	})
+}
+
+func TestStartCancelled_ExitsAsAShell(t *testing.T) {
+	for _, tc := range []struct {
+		sig  os.Signal
+		want int
+	}{{syscall.SIGTERM, 143}, {syscall.SIGINT, 130}, {os.Kill, 137}} {
+		code, err := StartCancelled(tc.sig)
+		if code != tc.want || err == nil {
+			t.Errorf("StartCancelled(%v) = %d, %v; want %d and an error", tc.sig, code, err, tc.want)
+		}
+	}
 }

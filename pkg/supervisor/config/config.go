@@ -77,7 +77,7 @@ type Config struct {
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration
 	// FenceInterval is how often the session's lease is checked for a
-	// newer session (pkg/supervisor's agent_fence.go); 0: 30s, < 0: no
+	// newer session (pkg/supervisor's commits.go); 0: 30s, < 0: no
 	// lease, no fencing.
 	// In part mode the lease is the node's own (a second copy of node K
 	// fences the first), never the run's: the nodes share latest.json.
@@ -88,7 +88,7 @@ type Config struct {
 	// Node, when set, makes this agent one node of a multi-node job: it
 	// commits its ranks' files as the part Node (NodePart(k)) of each job
 	// checkpoint and restores that part (every part with RestoreAll).
-	// Its lease is the node's (pkg/supervisor's agent_fence.go,
+	// Its lease is the node's (pkg/supervisor's commits.go,
 	// docs/distributed.md).
 	Node       string
 	RestoreAll bool

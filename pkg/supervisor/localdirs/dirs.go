@@ -1,9 +1,16 @@
 // Package localdirs is the agent's local directories: the checkpoint
 // directory and the agent's area in it, opened once and then used only
 // through their handles; their ownership checks, the restore area and the
-// start-up cleanup; the local tier, and the peer tier (peertier.go) that
+// start-up cleanup; the local tier, and the peer tier that
 // serves restores from the job's other nodes.
 package localdirs
+
+// The agent's local directories (Dirs): the checkpoint directory and the
+// area, opened once and used through their handles; ownership checks, the
+// restore area, the start-up cleanup, the exit file; the local tier and
+// the peer tier of a job's node (started beside the local tier, asked
+// after it); and, last, what is handed to a trainer of another uid (a
+// request's directory, the way to it, a restored checkpoint to read).
 
 import (
 	"context"
@@ -15,6 +22,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -41,7 +49,7 @@ type Dirs struct {
 	AreaName string
 	AreaPath string
 	tier     *localtier.Tier // this machine's copies (OpenTier); nil: off
-	peer     *peertier.Node  // the other nodes' copies (peertier.go); nil: off
+	peer     *peertier.Node  // the other nodes' copies (the peer tier, below); nil: off
 }
 
 // ExitFileSays is what the ranks wrote to the exit file, trimmed ("" when
@@ -283,7 +291,7 @@ func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Op
 		return nil, fmt.Errorf("restore area %s: %w", restoreDir, err)
 	}
 	defer dest.Close()
-	dropHanded(dest)   // hand.go: a trainer's, never reused
+	dropHanded(dest)   // a trainer's, never reused
 	if d.tier != nil { // asked only for the checkpoint the store's rules chose
 		opts.Tiers = append(opts.Tiers, d.tier)
 	}
@@ -467,4 +475,310 @@ func readNames(r *os.Root) []string {
 	defer f.Close()
 	names, _ := f.Readdirnames(-1)
 	return names
+}
+
+// PeerTierConfig turns on the peer tier of a multi-node job's node
+// (pkg/checkpoint/peertier, docs/distributed.md "Restore from a peer"):
+// the agent serves its local tier's copies to the job's other agents and
+// restores files from theirs before the store.
+type PeerTierConfig struct {
+	Enabled   bool
+	Listen    string   // TCP address (":0": the kernel's choice)
+	Advertise []string // hosts the other nodes reach this one at; empty: every address
+	Stall     time.Duration
+	// PeerWait bounds how long a restore waits, in all, for peers still
+	// starting (peertier.Config.PeerWait): 0, the default; negative, none.
+	PeerWait time.Duration
+	// Replicas 1: keep a copy of another node's part too, a far one (--replicas).
+	Replicas int
+	// Shared: serve on this listener, not one of the run's own (node mode).
+	Shared *peertier.Listener
+	// Machine is this node's machine (the agent fills it from its
+	// metadata): published in its record.
+	Machine checkpoint.Machine
+}
+
+// peerStartTimeout bounds the store requests of the peer tier's start (the
+// secret, the record): a slow store delays the start no longer than this.
+const peerStartTimeout = 30 * time.Second
+
+// OpenPeer starts the peer tier of node (of run runID in st, this
+// session's) when c asks for it: nil when off, when this agent is no node
+// of a job (node "") or when it cannot start (logged: restores then come
+// from the local tier and the store). Watch mode opens none.
+func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, runID, node, session string, log *zap.Logger) {
+	if !c.Enabled || node == "" {
+		return
+	}
+	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
+		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
+	if d.tier != nil {
+		pc.Local = d.tier
+	} else {
+		log.Warn("peer tier: no local tier (--local-keep 0): this node serves its peers nothing, and only asks them")
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerStartTimeout)
+	defer cancel()
+	n, err := peertier.Start(ctx, pc)
+	if err != nil {
+		log.Warn("peer tier off: restores come from this machine and the store", zap.Error(err))
+		return
+	}
+	d.peer = n
+}
+
+// PublishPeer tells the other nodes what the local tier holds now (after
+// it kept a copy of m); a failure costs them the store, nothing more.
+// With --replicas, the part of m this node keeps is then copied in the
+// background, except for a stop's checkpoint (replicate false): the agent
+// is about to exit, and does not wait for it.
+func (d *Dirs) PublishPeer(ctx context.Context, m *checkpoint.Manifest, replicate bool, log *zap.Logger) {
+	if d.peer == nil {
+		return
+	}
+	if err := d.peer.Publish(ctx); err != nil {
+		log.Warn("peer tier: record not updated: the other nodes restore this copy from the store", zap.Error(err))
+	}
+	if replicate {
+		d.peer.Replicate(m)
+	}
+}
+
+// A restored checkpoint handed to a trainer of another uid than a root
+// agent's (node or sidecar mode with --allow-uid; HandRestore) is:
+//
+//	restore/                  root's, 0711 (search only: nothing listed)
+//	restore/<name>/           the trainer uid's, 0500: only it (and root) enters
+//	restore/<name>/<subdir>/  root's, 0555
+//	restore/<name>/<file>     root's, 0444: read, never written nor chmodded
+//	restore/<name>.manifest.json  the trainer uid's, 0400
+//
+// The files are the restore's own copies (restore writes each one, from
+// the local tier or the store; nothing is linked to the local tier's
+// copies), and they stay root's: the trainer reads them through the one
+// directory it owns, and can change no byte of them. It can add or
+// rename entries in that directory (it owns it): the agent never reads a
+// handed directory again (FetchRestore deletes it rather than reuse it).
+const (
+	handedDirMode  = 0o500
+	handedSubMode  = 0o555
+	handedFileMode = 0o444
+	handedManMode  = 0o400
+)
+
+// HandRestore lets uid, and no one else but root, read the restored
+// checkpoint dir and its manifest copy manifest (both as FetchRestore
+// returned them, directly in the restore area; manifest may be ""), and
+// lets it through the agent's directories above (LetThrough). Everything
+// is opened through the area's handle refusing symlinks and changed
+// through the opened handles. Handing again to the same uid does nothing;
+// a directory already handed to another uid is refused (its trainer may
+// have changed what is in it).
+func (d *Dirs) HandRestore(dir, manifest string, uid int) error {
+	if uid < 0 || uid == os.Geteuid() {
+		return nil
+	}
+	name, err := d.inRestoreArea(dir)
+	if err != nil {
+		return err
+	}
+	rest, err := checkpoint.OpenDir(d.Area, RestoreSub)
+	if err != nil {
+		return fmt.Errorf("restore area: %w", err)
+	}
+	defer rest.Close()
+	if err := handTree(rest, name, uid); err != nil {
+		return fmt.Errorf("restored checkpoint %s: %w", dir, err)
+	}
+	if manifest != "" {
+		mname, err := d.inRestoreArea(manifest)
+		if err != nil {
+			return err
+		}
+		if err := handManifest(rest, mname, uid); err != nil {
+			return fmt.Errorf("manifest copy %s: %w", manifest, err)
+		}
+	}
+	for _, r := range []*os.Root{rest, d.Area, d.Root} {
+		if err := LetThrough(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inRestoreArea returns the name of p, which must be an entry directly in
+// the restore area.
+func (d *Dirs) inRestoreArea(p string) (string, error) {
+	name := filepath.Base(p)
+	if filepath.Clean(p) != filepath.Join(d.RestoreDir(), name) || name == "." || name == ".." {
+		return "", fmt.Errorf("%s is not in the restore area %s: %w", p, d.RestoreDir(), checkpoint.ErrRefused)
+	}
+	return name, nil
+}
+
+// handManifest gives the manifest copy name below rest to uid, 0400.
+func handManifest(rest *os.Root, name string, uid int) error {
+	f, err := rest.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // not written (logged by FetchRestore): nothing to hand
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("not a regular file (%s): %w", fi.Mode().Type(), checkpoint.ErrRefused)
+	}
+	if err := owned(fi, uid); err != nil {
+		return err
+	}
+	if err := f.Chmod(handedManMode); err != nil {
+		return err
+	}
+	return f.Chown(uid, -1)
+}
+
+// owned refuses fi when another uid than the agent's euid or uid owns it.
+func owned(fi fs.FileInfo, uid int) error {
+	if o := ownerUID(fi); o != os.Geteuid() && o != uid {
+		return fmt.Errorf("already handed to uid %d, not to uid %d: %w", o, uid, checkpoint.ErrRefused)
+	}
+	return nil
+}
+
+// handTree makes the tree name below rest root's and read-only (0555
+// directories, 0444 files), then its top directory uid's, 0500, last:
+// until then it is root's and 0700, so nobody else can change it while it
+// is walked. Only directories and regular files are accepted (a restore
+// makes nothing else). Already uid's: nothing to do.
+func handTree(rest *os.Root, name string, uid int) error {
+	top, err := checkpoint.OpenDir(rest, name)
+	if err != nil {
+		return err
+	}
+	defer top.Close()
+	tf, err := top.Open(".")
+	if err != nil {
+		return err
+	}
+	defer tf.Close()
+	fi, err := tf.Stat()
+	if err != nil {
+		return err
+	}
+	if err := owned(fi, uid); err != nil {
+		return err
+	}
+	if ownerUID(fi) == uid {
+		return nil
+	}
+	if err := readOnlyBelow(top, "."); err != nil {
+		return err
+	}
+	if err := tf.Chmod(handedDirMode); err != nil {
+		return err
+	}
+	return tf.Chown(uid, -1)
+}
+
+// readOnlyBelow makes every entry of the directory rel below top (its
+// subdirectories recursively) read-only for everyone, through handles
+// opened without following a symlink.
+func readOnlyBelow(top *os.Root, rel string) error {
+	d, err := top.OpenFile(rel, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		p := path.Join(rel, n)
+		f, err := top.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err) // a symlink: ELOOP
+		}
+		fi, err := f.Stat()
+		switch {
+		case err != nil:
+		case fi.IsDir():
+			err = f.Chmod(handedSubMode)
+		case fi.Mode().IsRegular():
+			err = f.Chmod(handedFileMode)
+		default:
+			err = fmt.Errorf("not a regular file (%s): %w", fi.Mode().Type(), checkpoint.ErrRefused)
+		}
+		f.Close()
+		if err == nil && fi.IsDir() {
+			err = readOnlyBelow(top, p)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// dropHanded deletes the entries of the restore area rest that the agent
+// no longer owns (handed to a trainer's uid by an earlier start): their
+// trainer may have changed them, so they are never reused.
+func dropHanded(rest *os.Root) {
+	euid := os.Geteuid()
+	for _, n := range readNames(rest) {
+		if fi, err := rest.Lstat(n); err == nil && ownerUID(fi) != euid {
+			rest.RemoveAll(n)
+		}
+	}
+}
+
+// LetThrough adds the search bit (x) for group and others to the
+// directory r is open on, when the agent's euid owns it: a trainer of
+// another uid can then reach a directory below it by name (HandTo), but
+// neither list nor write this one. Through the handle: never a symlink.
+func LetThrough(r *os.Root) error {
+	f, err := r.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	perm := fi.Mode().Perm()
+	if ownerUID(fi) != os.Geteuid() || perm&0o011 == 0o011 {
+		return nil
+	}
+	if err := f.Chmod(perm | 0o011); err != nil {
+		return fmt.Errorf("chmod %o: %w", perm|0o011, err)
+	}
+	return nil
+}
+
+// HandTo gives the directory name below r, which the agent just made
+// (0700), to uid: the trainer of that uid writes its checkpoint there and
+// nobody else can (the agent, root, still reads it to upload). Opened
+// through r refusing a symlink, and changed through that handle.
+func HandTo(r *os.Root, name string, uid int) error {
+	d, err := checkpoint.OpenDir(r, name)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	f, err := d.Open(".")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Chown(uid, -1); err != nil {
+		return fmt.Errorf("chown %d: %w", uid, err)
+	}
+	return f.Chmod(0o700)
 }

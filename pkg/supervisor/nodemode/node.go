@@ -484,7 +484,7 @@ func (n *node) start(id, part string) *nodeRun {
 		rc.Source, rc.Identity, rc.EndWhenIdle, rc.Log = n.cfg.Source, n.cfg.Identity, true, log
 		rc.FleetDir = id // the fleet's root is the store prefix
 		if part != "" {
-			rc.Node = part // one node of a multi-node job (agent_job.go)
+			rc.Node = part // one node of a multi-node job (job.go)
 			log.Info("node: run is one node of a multi-node job", zap.String("part", part))
 		}
 		if n.cfg.NewScheduler != nil {

@@ -3,6 +3,10 @@
 // the session's end in the journal and in the fleet summary.
 package session
 
+// This session and the run's journal (Session): journal writes and
+// acknowledgements in flight, the fleet record at its end; the identity
+// written to the store (MachineOf).
+
 import (
 	"context"
 	"sync"
@@ -10,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/wrap"
@@ -202,4 +207,12 @@ func (s *Session) RecordFleet(ctx context.Context, fleetStore cloud.Store, fleet
 	if err := fleet.RecordSessionOf(ctx, fleetStore, fleetDir, j, step, s.id); err != nil {
 		s.log.Warn("could not write the fleet record", zap.Error(err))
 	}
+}
+
+// MachineOf converts the metadata package's identity into the schema the
+// manifest, journal and lease own (checkpoint.Machine): the boundary
+// between what the cloud says and what is written to the store.
+func MachineOf(id metadata.Identity) checkpoint.Machine {
+	return checkpoint.Machine{Cloud: string(id.Cloud), InstanceID: id.InstanceID, InstanceType: id.InstanceType,
+		Zone: id.Zone, Lifecycle: id.Lifecycle, Name: id.Name}
 }

@@ -1,5 +1,14 @@
 package supervisor
 
+// A checkpoint request, top to bottom: asked of the trainers (request),
+// answered (onDone, onFailed, an unsolicited done), settled once every
+// rank has answered (settle), committed beside the loop (commit) and its
+// result taken (onCommitResult), or expired; whose files the checkpoint
+// holds (a trainer of another user: noteAnswer, ownerUIDs); and, last,
+// what the agent says when the trainers are silent (silence: no trainer
+// connected when a checkpoint is due, a request unanswered past
+// UnansweredAfter).
+
 import (
 	"context"
 	"encoding/json"
@@ -30,10 +39,10 @@ type request struct {
 	sent, deadline  time.Time
 	waiting         map[uint64]bool  // connections that still owe an answer
 	answeredBy      map[uint64]bool  // connections that answered
-	answerUIDs      map[uint64][]int // their foreign uids (owner.go), kept after they close
+	answerUIDs      map[uint64][]int // their foreign uids (the owner rule, below), kept after they close
 	answered        int
 	lost            int         // connections that went away owing an answer
-	part            answerRanks // who answered, for a part (part mode, agent_job.go)
+	part            answerRanks // who answered, for a part (part mode, job.go)
 	step            int64
 	metadata        json.RawMessage
 	stop            *stopState       // set for the interruption/shutdown checkpoint
@@ -47,7 +56,7 @@ type request struct {
 }
 
 // answerRanks is the ranks that answered a request, and the job's world
-// size as their hellos said: a node's part (part mode, agent_job.go).
+// size as their hellos said: a node's part (part mode, job.go).
 type answerRanks struct {
 	ranks map[int]bool
 	world int
@@ -74,7 +83,7 @@ func (a *Agent) request(reason string, deadline time.Time, stop *stopState) *req
 }
 
 // requestID sends the checkpoint request id (a fresh one, or one the job
-// agreed on: agent_job.go) to every trainer.
+// agreed on: job.go) to every trainer.
 func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState) *request {
 	now := time.Now()
 	dir := filepath.Join(a.dirs.AreaPath, id)
@@ -138,7 +147,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 	}
 	delete(r.waiting, c.ID())
 	a.conns.Answered(c.ID()) // pkg/supervisor/trainers
-	r.noteAnswer(c)          // owner.go
+	r.noteAnswer(c)          // the owner rule
 	r.noteRank(c)
 	r.answered++
 	if *m.Step >= r.step {
@@ -185,7 +194,7 @@ func (a *Agent) settle(r *request) {
 		why = fmt.Sprintf("%d trainer(s) disconnected before saving: checkpoint abandoned", r.lost)
 	}
 	if why != "" {
-		a.abandonPart(r, why, now) // agent_job.go
+		a.abandonPart(r, why, now) // job.go
 		return
 	}
 	if why := a.job.partMissing(r, a.conns.LocalWorld()); why != "" {
@@ -238,10 +247,10 @@ func (a *Agent) onUnsolicitedDone(c *protocol.Conn, m protocol.Message) {
 	dir := filepath.Join(a.cfg.CheckpointDir, filepath.FromSlash(rel))
 	now := time.Now()
 	// answeredBy: a trainer of another user uploads only its own files
-	// (owner.go), here as for a requested checkpoint.
+	// (the owner rule, below), here as for a requested checkpoint.
 	r := &request{id: localdirs.NewRequestID(), reason: protocol.ReasonManual, dir: dir, rel: rel, held: held, sent: now, deadline: now.Add(a.cfg.RequestTimeout),
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, answered: 1, step: *m.Step, metadata: m.Metadata}
-	r.noteAnswer(c) // owner.go
+	r.noteAnswer(c) // the owner rule
 	a.commits.unblocked(now)
 	a.log.Info("trainer took a checkpoint on its own", zap.String("id", r.id), zap.Int64("step", r.step), zap.String("dir", dir))
 	a.commit(r)
@@ -289,7 +298,7 @@ func (a *Agent) commit(r *request) {
 	ownNotice := r.stop != nil && !r.stop.joined
 	req := commit.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
 		Part: a.job.partFor(r)}
-	unown := r.trainerOwned() // owner.go: a trainer of another user uploads only its own files
+	unown := r.trainerOwned() // the owner rule: a trainer of another user uploads only its own files
 	keep, st, log, results, life, dirs := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life, &a.dirs
 	report := func(cr commitResult) {
 		select {
@@ -326,7 +335,7 @@ func (a *Agent) onCommitResult(cr commitResult) {
 	u := a.commits.uploadEnded(r.id)
 	now := time.Now()
 	a.dirs.removeDir(r, a.goBg, a.log)
-	if cr.err != nil && a.onFencedCommit(r, cr.err) { // agent_fence.go
+	if cr.err != nil && a.onFencedCommit(r, cr.err) { // commits.go
 		return
 	}
 	if cr.err != nil {
@@ -404,4 +413,262 @@ func (a *Agent) requestExpired(r *request, now time.Time) {
 	if r.stop != nil {
 		a.stops.failed(r.stop, "trainer missed the deadline", now, a.stopEnds())
 	}
+}
+
+func (a *Agent) onFailed(c *protocol.Conn, m protocol.Message) {
+	r, ok := a.commits.pending[m.ID]
+	if !ok || !r.waiting[c.ID()] {
+		a.conns.Reply(c, m.ID, "failed: unknown checkpoint id "+m.ID)
+		return
+	}
+	// The cause named (ENOSPC, EACCES, ...) with what to do about it.
+	a.log.Warn("trainer could not save the checkpoint", append([]zap.Field{zap.String("id", m.ID), zap.String("error", m.Error),
+		zap.String("reason", r.reason)}, causeFields(nil, m.Error)...)...) // failcause.go
+	a.cfg.Metrics.CommitFailed("trainer")
+	a.commits.dropped(r.id)
+	a.dirs.removeDir(r, a.goBg, a.log) // what the failed save left would keep a full disk full
+	now := time.Now()
+	a.commits.unblocked(now)
+	if r.stop != nil {
+		a.stops.failed(r.stop, "trainer failed: "+m.Error, now, a.stopEnds())
+	}
+}
+
+// noteAnswer records that c answered r, with its uid as it connected: the
+// owner rule must hold for a trainer that has disconnected since (the
+// commit starts once the last trainer answers).
+func (r *request) noteAnswer(c *protocol.Conn) {
+	r.answeredBy[c.ID()] = true
+	if r.answerUIDs == nil {
+		r.answerUIDs = map[uint64][]int{}
+	}
+	r.answerUIDs[c.ID()] = foreignUID(c)
+}
+
+// ownerUIDs are the uids every file of r must be owned by: those of the
+// trainers that answered it, nil when one of them is the agent's own user
+// (or its uid is unknown), whether or not it is still connected.
+func (r *request) ownerUIDs() []int {
+	var uids []int
+	for cid := range r.answeredBy {
+		uid := r.answerUIDs[cid]
+		if uid == nil {
+			return nil
+		}
+		uids = append(uids, uid...)
+	}
+	return uids
+}
+
+// foreignUID is c's peer uid when it is another user's than the agent's
+// (the owner a file it reports saved must have: commit.Pipeline.Add);
+// nil when it is the agent's own user, or unknown.
+func foreignUID(c *protocol.Conn) []int {
+	uid := c.PeerUID()
+	if uid < 0 || uid == os.Geteuid() {
+		return nil
+	}
+	return []int{uid}
+}
+
+// trainerOwned marks r's directory, as opened for its commit, as written
+// by the trainers that answered r when they run as another user than the
+// agent (node and sidecar modes with an agent running as root): every file
+// uploaded from it must then be owned by one of them and have one link
+// (checkpoint.OwnedBy), so that a trainer cannot make the agent read a
+// file it could not read itself. A trainer of the agent's own user crosses
+// no boundary: nothing is marked. The returned func lifts the mark.
+func (r *request) trainerOwned() func() {
+	if r.held == nil {
+		return func() {}
+	}
+	return checkpoint.OwnedBy(r.held, r.ownerUIDs()...)
+}
+
+// warnEvery bounds how often a condition that persists is said again: at
+// once, then at most once per warnEvery while it lasts.
+const warnEvery = 5 * time.Minute
+
+// UnansweredAfter is how long a periodic checkpoint request may go
+// unanswered before the agent warns that the trainer is not answering:
+// two intervals, and never under 10 s nor under four times the newest
+// measured save, save (a slow save is no deaf trainer). docs/operations.md
+// states it.
+func UnansweredAfter(interval, cost time.Duration) time.Duration {
+	return max(2*interval, 10*time.Second, 4*cost)
+}
+
+// silence is what the agent says when it would otherwise be silent: no
+// trainer to ask when a checkpoint is due, or a request nobody answers
+// (the trainer does not call poll). Each is said at once, then at a
+// bounded rate (warnEvery) while it lasts; the metrics carry it between.
+// The loop tells it what it sees (noTrainer, unanswered); it owns when
+// each was last said.
+type silence struct {
+	noTrainerSince time.Time            // the start of the unprotected span under way (zero: none)
+	noTrainerSaid  time.Time            // the last warning of it
+	unprotected    time.Duration        // the spans ended so far (the journal's unprotected_seconds)
+	unansweredSaid map[string]time.Time // request id → the last warning of it
+	overdue        int                  // requests unanswered past UnansweredAfter, at the last look
+}
+
+// noTrainer is told, at each tick, whether a periodic checkpoint is due
+// (now) with no trainer connected to ask it of. It warns at once, and
+// then every warnEvery, and says so when a trainer is back.
+func (s *silence) noTrainer(due bool, now time.Time, v silentView, log *zap.Logger) {
+	if !due {
+		if !s.noTrainerSince.IsZero() {
+			s.unprotected += now.Sub(s.noTrainerSince)
+			if v.trainers > 0 {
+				log.Info("a trainer connected: periodic checkpoints resume",
+					zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()))
+			}
+		}
+		s.noTrainerSince, s.noTrainerSaid = time.Time{}, time.Time{}
+		return
+	}
+	if s.noTrainerSince.IsZero() {
+		// Unprotected since the last commit (or the session's start), not
+		// only since the checkpoint fell due.
+		s.noTrainerSince = v.since
+	}
+	if !s.noTrainerSaid.IsZero() && now.Sub(s.noTrainerSaid) < warnEvery {
+		return
+	}
+	s.noTrainerSaid = now
+	fix := "the trainer must call spotagent.connect() with SPOTAGENT_SOCKET in its environment (spotagent run sets it; env -u, sudo or a wrapper that clears the environment drops it)"
+	if v.sidecar {
+		fix = "set SPOTAGENT_SOCKET=" + v.socket + " in the trainer container and mount the volume that holds the socket (the sidecar's shared emptyDir), then call spotagent.connect()"
+	}
+	fields := []zap.Field{zap.String("socket", v.socket), zap.String("fix", fix),
+		zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()), zap.Duration("repeat_every", warnEvery)}
+	log.Warn("no trainer connected: checkpoints are not being taken, and an interruption now would lose "+v.loses(), append(fields, v.committedFields()...)...)
+}
+
+// unprotectedSeconds is the session's time with no trainer to checkpoint
+// when one was due, to now.
+func (s *silence) unprotectedSeconds(now time.Time) float64 {
+	d := s.unprotected
+	if !s.noTrainerSince.IsZero() {
+		d += now.Sub(s.noTrainerSince)
+	}
+	return d.Seconds()
+}
+
+// unanswered is told, at each tick, the periodic requests still waiting
+// for an answer; it warns of each past after (UnansweredAfter), at once
+// and then every warnEvery, and returns how many are past it.
+func (s *silence) unanswered(reqs map[string]*request, after time.Duration, now time.Time, v silentView, log *zap.Logger) int {
+	n := 0
+	for id, r := range reqs {
+		if r.urgent() || len(r.waiting) == 0 || now.Sub(r.sent) < after {
+			continue
+		}
+		n++
+		if said, ok := s.unansweredSaid[id]; ok && now.Sub(said) < warnEvery {
+			continue
+		}
+		if s.unansweredSaid == nil {
+			s.unansweredSaid = map[string]time.Time{}
+		}
+		s.unansweredSaid[id] = now
+		fields := []zap.Field{zap.String("id", id), zap.Float64("waited_s", now.Sub(r.sent).Seconds()), zap.Duration("warn_after", after),
+			zap.Int("waiting", len(r.waiting)), zap.Time("deadline", r.deadline),
+			zap.String("fix", "the training loop must call agent.poll(step) every step and answer a request with req.done(step) or req.fail(error)")}
+		log.Warn("trainer has not answered the checkpoint request: an interruption now would lose "+v.loses(), append(fields, v.committedFields()...)...)
+	}
+	for id := range s.unansweredSaid {
+		if _, ok := reqs[id]; !ok {
+			delete(s.unansweredSaid, id)
+		}
+	}
+	s.overdue = n
+	return n
+}
+
+// nextWake is when the next warning could be due (zero: none is pending).
+func (s *silence) nextWake(reqs map[string]*request, after time.Duration) time.Time {
+	var wake time.Time
+	earlier := func(t time.Time) {
+		if wake.IsZero() || t.Before(wake) {
+			wake = t
+		}
+	}
+	if !s.noTrainerSaid.IsZero() {
+		earlier(s.noTrainerSaid.Add(warnEvery))
+	}
+	for id, r := range reqs {
+		if r.urgent() || len(r.waiting) == 0 {
+			continue
+		}
+		if said, ok := s.unansweredSaid[id]; ok {
+			earlier(said.Add(warnEvery))
+		} else {
+			earlier(r.sent.Add(after))
+		}
+	}
+	return wake
+}
+
+// silentView is what the warnings say of the run: its socket, whether the
+// trainer is a sidecar's neighbour, and the newest committed checkpoint.
+type silentView struct {
+	socket    string
+	sidecar   bool
+	trainers  int
+	since     time.Time // the newest committed checkpoint's training time, else the session's start
+	committed bool      // the run has a committed checkpoint (this session's or a restored one)
+	step      int64
+}
+
+// loses says what an interruption would lose now.
+func (v silentView) loses() string {
+	if !v.committed {
+		return "everything: nothing was ever committed"
+	}
+	return "the work since the last committed checkpoint"
+}
+
+func (v silentView) committedFields() []zap.Field {
+	if !v.committed {
+		return []zap.Field{zap.Bool("ever_committed", false)}
+	}
+	return []zap.Field{zap.Int64("committed_step", v.step)}
+}
+
+// checkSilence tells the agent's silence what the loop sees, at each tick
+// (agent_loop.go), and sets the gauges that carry it between warnings.
+func (a *Agent) checkSilence(now time.Time) {
+	v := silentView{socket: a.cfg.Server.Path, sidecar: len(a.cfg.Command) == 0, trainers: a.trainers(),
+		since: a.commits.last.trainedAt, committed: a.commits.last.id != "", step: a.commits.last.step}
+	if v.since.IsZero() {
+		v.since = a.sess.Started()
+	}
+	a.silent.noTrainer(a.noTrainerDue(now, v.trainers), now, v, a.log)
+	n := a.silent.unanswered(a.commits.pending, a.unansweredAfter(), now, v, a.log)
+	a.cfg.Metrics.Trainers(a.conns.Count(), a.commits.lastStep, n)
+}
+
+// noTrainerDue: a periodic checkpoint is due and nobody can be asked,
+// while the trainer should be there (its process runs, or for a sidecar
+// at all times) and nothing else explains it (a restore, a stop, a
+// trainer that said it finished).
+func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
+	if trainers > 0 || !a.src.Asks() || a.stops.current != nil || a.conns.Finished() {
+		return false
+	}
+	if a.boot.Busy() || a.boot.Failed() || a.boot.Aborted() { // a restore runs (pkg/supervisor/bootrestore)
+		return false
+	}
+	if len(a.cfg.Command) > 0 && !a.proc.Running() {
+		return false // exited, or waiting to restart: said by the child's own lines
+	}
+	if len(a.cfg.Command) == 0 && a.cfg.EndWhenIdle && a.conns.Had() {
+		return false // a node agent's run ends with its trainers
+	}
+	return a.cfg.Scheduler.Due(now, a.commits.lastBlock, false)
+}
+
+func (a *Agent) unansweredAfter() time.Duration {
+	return UnansweredAfter(a.cfg.Scheduler.Interval(), a.commits.saveTook)
 }

@@ -1,4 +1,7 @@
-package sigrelay
+package supervisor
+
+// The start-up's signals (startSignals, restore.go) and a signal as a
+// shutdown notice (signalNotice, stop.go).
 
 import (
 	"context"
@@ -13,7 +16,7 @@ import (
 
 func TestStart_SignalDuringStartCancelsIt(t *testing.T) {
 	signals := make(chan os.Signal, 4)
-	ctx, loop, started, stop := Start(context.Background(), signals, nil)
+	ctx, loop, started, stop := startSignals(context.Background(), signals, nil)
 	defer stop()
 	signals <- syscall.SIGTERM
 	select {
@@ -33,7 +36,7 @@ func TestStart_SignalDuringStartCancelsIt(t *testing.T) {
 
 func TestStart_SignalsAfterTheStartGoToTheLoop(t *testing.T) {
 	signals := make(chan os.Signal, 4)
-	ctx, loop, started, stop := Start(context.Background(), signals, nil)
+	ctx, loop, started, stop := startSignals(context.Background(), signals, nil)
 	defer stop()
 	if got := started(); got != nil {
 		t.Fatalf("started() = %v with no signal", got)
@@ -52,27 +55,15 @@ func TestStart_SignalsAfterTheStartGoToTheLoop(t *testing.T) {
 	}
 }
 
-func TestStartCancelled_ExitsAsAShell(t *testing.T) {
-	for _, tc := range []struct {
-		sig  os.Signal
-		want int
-	}{{syscall.SIGTERM, 143}, {syscall.SIGINT, 130}, {os.Kill, 137}} {
-		code, err := StartCancelled(tc.sig)
-		if code != tc.want || err == nil {
-			t.Errorf("StartCancelled(%v) = %d, %v; want %d and an error", tc.sig, code, err, tc.want)
-		}
-	}
-}
-
 func TestNotice_ShutdownWithTheGrace(t *testing.T) {
-	n := Notice(syscall.SIGTERM, 30*time.Second)
+	n := signalNotice(syscall.SIGTERM, 30*time.Second)
 	if n.Cloud != metadata.CloudSignal || n.Kind != metadata.KindTermination || n.ID != "signal-SIGTERM" || n.Action != "SIGTERM" {
 		t.Fatalf("notice %+v", n)
 	}
 	if got := n.Deadline.Sub(n.Detected); got != 30*time.Second {
 		t.Fatalf("deadline %v after detection, want the grace 30s", got)
 	}
-	if n := Notice(syscall.SIGINT, 0); n.ID != "signal-"+syscall.SIGINT.String() {
+	if n := signalNotice(syscall.SIGINT, 0); n.ID != "signal-"+syscall.SIGINT.String() {
 		t.Fatalf("SIGINT notice id %q", n.ID)
 	}
 }
