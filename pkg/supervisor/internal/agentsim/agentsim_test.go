@@ -135,7 +135,12 @@ var simRegressions = map[uint64]string{
 	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
 	20:  "agent_request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
 	51:  "the same, and restore then handed the half file to the trainer as verified",
+	408: "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
 }
+
+// hostedSeeds found bugs before run mode was simulated: their sessions
+// stay hosted, so that they replay the schedules that found them.
+var hostedSeeds = map[uint64]bool{230: true, 20: true, 51: true}
 
 // TestAgentSimRegressions replays the seeds that found bugs.
 func TestAgentSimRegressions(t *testing.T) {
@@ -179,6 +184,9 @@ type world struct {
 	logBuf  *lockedBuffer
 	shape   string
 	session int // the session running, from 1
+	// hostedOnly: no run-mode sessions (the regressions' seeds, found
+	// before run mode was simulated, replay their schedules).
+	hostedOnly bool
 
 	mu       sync.Mutex
 	trace    []string
@@ -301,7 +309,7 @@ const simWatchdog = 2 * time.Minute
 // runSim runs the schedule of one seed inside a synctest bubble.
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
-		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
+		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
 		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
 	watchdogAfter := simWatchdog
 	if d, err := time.ParseDuration(os.Getenv("SPOTAGENT_SIM_WATCHDOG")); err == nil {
@@ -389,8 +397,21 @@ func (w *world) runSession(k int) {
 		evs = append(evs, event{at: secondSig, signal: true})
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return int(a.at - b.at) })
+	// Run mode (child_test.go): the agent starts the trainer. Drawn from a
+	// generator of its own, so that the hosted sessions' schedules stay
+	// what they were (the regressions' seeds are replayed hosted).
+	var cp *childPlan
+	killAfter := 5 * time.Second
+	if cr := rand.New(rand.NewPCG(w.seed^0xc41d, uint64(k))); !w.hostedOnly && cr.IntN(100) < 40 {
+		cp = &childPlan{maxRestarts: pick(cr, 0, 1, 3), backoff: pick(cr, time.Second, 10*time.Second, 40*time.Second), overlap: cr.IntN(2) == 0}
+		killAfter = pick(cr, 2*time.Second, 5*time.Second)
+	}
 	shape := fmt.Sprintf("s%d: trainers=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s [%s]",
 		k, n, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig, trainerShapes(plans))
+	if cp != nil {
+		shape = fmt.Sprintf("s%d: run mode max-restarts=%d backoff=%s overlap-restore=%v kill-after=%s grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s",
+			k, cp.maxRestarts, cp.backoff, cp.overlap, killAfter, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig)
+	}
 
 	w.mu.Lock()
 	if w.shape != "" {
@@ -424,6 +445,12 @@ func (w *world) runSession(k int) {
 	cfg := supervisor.Config{RunID: "sim", CheckpointDir: w.dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d", k)},
 		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
 		RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log}
+	sess := &session{w: w, k: k, srv: srv, start: time.Now(), quit: make(chan struct{}), newest: newest, child: cp}
+	if cp != nil {
+		sess.starter = &starter{s: sess}
+		cfg.Command, cfg.Child = []string{"sim-trainer"}, sess.starter
+		cfg.MaxRestarts, cfg.RestartBackoff, cfg.OverlapRestore, cfg.KillAfter = cp.maxRestarts, cp.backoff, cp.overlap, killAfter
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
@@ -435,8 +462,15 @@ func (w *world) runSession(k int) {
 	reply := make(chan supervisor.Status, 1)
 	asks <- reply
 	stopped := make(chan struct{})
+	exitCode := -1
 	go func() {
-		err := supervisor.RunHosted(ctx, cfg, supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks})
+		in := supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks}
+		var err error
+		if cp != nil {
+			exitCode, err = supervisor.RunHostedChild(ctx, cfg, in)
+		} else {
+			err = supervisor.RunHosted(ctx, cfg, in)
+		}
 		close(stopped)
 		done <- err
 	}()
@@ -450,9 +484,12 @@ func (w *world) runSession(k int) {
 		}
 	}()
 	var loopAt time.Duration = -1
-	sess := &session{w: w, k: k, srv: srv, start: start, quit: make(chan struct{}), newest: newest}
+	sess.start = start
 	var trainers sync.WaitGroup
 	for _, tr := range plans {
+		if cp != nil {
+			break // the agent starts its trainer
+		}
 		tr.s = sess
 		trainers.Go(tr.run)
 	}
@@ -498,11 +535,17 @@ func (w *world) runSession(k int) {
 		} else {
 			heard = max(firstSig, loopAt)
 		}
-		bound = heard + grace + exitWait + 2*time.Second
+		// A child is SIGTERMed at the stop's deadline, SIGKILLed after
+		// KillAfter.
+		childEnd := time.Duration(0)
+		if cp != nil {
+			childEnd = killAfter
+		}
+		bound = heard + grace + childEnd + exitWait + 2*time.Second
 		// Signals queued while the agent starts reach its loop together:
 		// within the window, one signal.
 		if secondSig >= 0 && loopAt >= 0 && secondSig-max(firstSig, loopAt) >= time.Second {
-			bound = min(bound, secondSig+exitWait+2*time.Second)
+			bound = min(bound, secondSig+childEnd+exitWait+2*time.Second)
 		}
 		t := time.NewTimer(time.Until(start.Add(bound)))
 		select {
@@ -531,8 +574,34 @@ func (w *world) runSession(k int) {
 		t.Stop()
 	}
 	took := time.Since(start)
+	if cp != nil {
+		var sigs []time.Duration
+		for _, ev := range evs {
+			if ev.signal && ev.at <= took {
+				sigs = append(sigs, ev.at)
+			}
+		}
+		nt := noticeAt
+		if nt > took {
+			nt = -1
+		}
+		f.mu.Lock()
+		nf := f.injected
+		f.mu.Unlock()
+		want, why := w.wantExit(k, sess.starter, cp, runErr, nf, sigs, nt, loopAt, start)
+		w.logf("agent: exit code %d (%v); docs/protocol.md: %s", exitCode, runErr, why)
+		if !slices.Contains(want, exitCode) {
+			w.violate("the agent exited %d, docs/protocol.md \"Exit codes\" says %v: %s", exitCode, want, why)
+		}
+		for _, p := range sess.starter.procs() {
+			p.exit(128+int(syscall.SIGKILL), "the bubble ends") // none should be left
+		}
+	}
 	w.mu.Lock()
 	switch {
+	case cp != nil && runErr != nil:
+		w.ended = append(w.ended, "refused")
+		w.logLocked("agent: did not run: %v", runErr)
 	case runErr != nil:
 		w.ended = append(w.ended, "refused")
 		w.logLocked("agent: refused to start: %v", runErr)
@@ -560,6 +629,10 @@ type session struct {
 	start  time.Time
 	quit   chan struct{} // closed once the agent ended
 	newest *checkpoint.Manifest
+	// Run mode (child_test.go): what the session drew, and the agent's
+	// starter of trainers; nil: hosted trainers.
+	child   *childPlan
+	starter *starter
 }
 
 // mode is what a trainer does with one checkpoint request.
@@ -588,6 +661,8 @@ type trainer struct {
 	connectAt time.Duration
 	modes     []mode // drawn from, evenly
 	comebacks int    // reconnections after a crash
+
+	proc *simProc // run mode: the process it is (child_test.go); nil: a hosted trainer
 
 	wmu  sync.Mutex
 	nc   net.Conn
@@ -672,7 +747,11 @@ func (t *trainer) serve() (crashed bool) {
 		return false
 	default:
 	}
-	t.nc = t.s.srv.Pipe(1000 + t.rank)
+	pid := 1000 + t.rank
+	if t.proc != nil {
+		pid = t.proc.pid
+	}
+	t.nc = t.s.srv.Pipe(pid)
 	gone := make(chan struct{}) // closed when this connection is over
 	var answers sync.WaitGroup
 	var crashOnce sync.Once
@@ -691,7 +770,18 @@ func (t *trainer) serve() (crashed bool) {
 		}
 		t.w.mu.Unlock()
 	}()
-	hello := protocol.Message{Type: protocol.TypeHello, Version: 2, PID: 1000 + t.rank}
+	if t.proc != nil {
+		// The process's end ends its connection.
+		nc := t.nc
+		go func() {
+			select {
+			case <-t.proc.done:
+				nc.Close()
+			case <-gone:
+			}
+		}()
+	}
+	hello := protocol.Message{Type: protocol.TypeHello, Version: 2, PID: pid}
 	if t.n > 1 {
 		r, n := t.rank, t.n
 		hello.Rank, hello.WorldSize = &r, &n
@@ -716,15 +806,26 @@ func (t *trainer) serve() (crashed bool) {
 		case protocol.TypeWelcome, protocol.TypeRestored:
 			if m.Restore == protocol.RestorePending {
 				t.logf("welcome: restore pending")
+				if t.proc != nil {
+					t.proc.mu.Lock()
+					t.proc.restorer = true
+					t.proc.mu.Unlock()
+				}
 				continue
 			}
 			if m.Restore != "" {
 				t.logf("welcome: restore %s: %s", m.Restore, m.Error)
+				if t.proc != nil {
+					t.proc.exit(1, "restore") // the client raises
+				}
 				return false // the client raises: no fresh start
 			}
 			t.resumed(m.Resume, ackedAtHello)
 		case protocol.TypeRestoreFailed:
 			t.logf("restore failed: %s", m.Error)
+			if t.proc != nil {
+				t.proc.exit(1, "restore") // the client raises
+			}
 			return false
 		case protocol.TypeCheckpoint:
 			mode := pick(t.rng, t.modes...)
@@ -751,6 +852,9 @@ func (t *trainer) serve() (crashed bool) {
 						close(gone)
 						t.nc.Close()
 					})
+					if t.proc != nil {
+						t.proc.exit(max(t.proc.ownCode, ownCodes[0]), "own") // it crashed mid-save
+					}
 				}
 			})
 		case protocol.TypeCommitted:
@@ -763,7 +867,15 @@ func (t *trainer) serve() (crashed bool) {
 			t.logf("upload_failed %s: %s", m.ID, m.Error)
 		case protocol.TypeStop:
 			t.logf("stop reason=%s: exiting", m.Reason)
+			if t.proc != nil {
+				t.proc.mu.Lock()
+				t.proc.gotStop = true
+				t.proc.mu.Unlock()
+			}
 			t.sleep(time.Duration(t.rng.IntN(2000))*time.Millisecond, gone)
+			if t.proc != nil {
+				t.proc.exit(t.proc.stopCode, "stop")
+			}
 			return false
 		case protocol.TypeError:
 			t.logf("error %s: %s", m.ID, m.Error)
