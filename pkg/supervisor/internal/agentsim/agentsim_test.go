@@ -574,6 +574,10 @@ func (w *world) runSession(k int) {
 		t.Stop()
 	}
 	took := time.Since(start)
+	select {
+	case loopAt = <-loopUp: // it ran, and the agent ended before the bound was computed
+	default:
+	}
 	if cp != nil {
 		var sigs []time.Duration
 		for _, ev := range evs {

@@ -294,7 +294,12 @@ func (w *world) wantExit(k int, st *starter, plan *childPlan, runErr error, faul
 		second = signals[1]
 	}
 	restartsLeft := len(ps)-1 < plan.maxRestarts
+	told := gotStop || !termAt.IsZero()
 	switch {
+	case how == "own" && told && code == 0:
+		return []int{75}, "it exited 0 after a stop message or the agent's SIGTERM reached it: told to stop, 75"
+	case how == "own" && told:
+		return []int{code}, "it failed on its own after it was told to stop: its code"
 	case how == "own" && code == 0:
 		return []int{0}, "it finished (exit 0 before anything told it to stop): 0"
 	case how == "own":
@@ -308,6 +313,11 @@ func (w *world) wantExit(k int, st *starter, plan *childPlan, runErr error, faul
 			return []int{75, code}, "it failed on its own, restarts left: a stop during the backoff or the restore is 75; a restore that failed on store faults ends with its code"
 		}
 		return []int{75}, "it failed on its own, restarts left, and no restart came: a stop during the backoff or the restore: 75"
+	case how == "restore":
+		if notice >= 0 {
+			return []int{75}, "a termination notice during the restore beside its start: 75"
+		}
+		return nil, "its restore failed, yet the agent returned no error"
 	case how == "stop":
 		if code == 1 {
 			return []int{1, 75}, "it exited 1 once told to stop: 75 when the stop's checkpoint committed (a launcher's 1), else 1"
