@@ -4,5 +4,9 @@
 // with simulated trainers over net.Pipe (protocol.NewPipes), notices,
 // signals and a faulty in-memory store (internal/storesim), and
 // checks the guarantees of docs/reliability.md at the end of each
-// schedule. It holds no code but its test.
+// schedule. Run mode (child_test.go) runs supervisor.RunHostedChild,
+// whose trainer is a simulated process of the bubble that the agent
+// starts through Config.Child (a childproc.Starter), and checks the
+// agent's exit code against docs/protocol.md "Exit codes". It holds no
+// code but its tests.
 package agentsim
