@@ -439,7 +439,10 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) {
+		// Only an agent that asks (tick): in a job, a node without rank 0
+		// waits for its ranks' joins, and its due schedule woke it at
+		// once, forever (it spun: TestAgentSim seed 1, part mode).
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
 	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {

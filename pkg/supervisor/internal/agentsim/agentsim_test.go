@@ -135,6 +135,7 @@ var simRegressions = map[uint64]string{
 	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
 	20:  "agent_request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
 	51:  "the same, and restore then handed the half file to the trainer as verified",
+	1:   "agent_loop.go nextWake (part mode): a node without rank 0, which never asks (its ranks join rank 0's requests), woke at once, forever, once its own schedule fell due: a busy loop, caught by the watchdog",
 	408: "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
 }
 
@@ -187,6 +188,7 @@ type world struct {
 	// hostedOnly: no run-mode sessions (the regressions' seeds, found
 	// before run mode was simulated, replay their schedules).
 	hostedOnly bool
+	job        jobShape // a job of several nodes (parts_test.go); zero: none
 
 	mu       sync.Mutex
 	trace    []string
@@ -198,11 +200,13 @@ type world struct {
 	asked    map[string]map[int]*answer   // request id -> rank asked -> its answer
 	deadline map[string]time.Time         // request id -> its deadline
 	acked    int64                        // the newest step a trainer was told is committed; -1: none
-	latest   int64                        // the newest step latest.json was written with; -1: none
-	starts   int                          // sessions that started
-	ended    []string                     // how each session ended
-	injected int                          // faults injected
-	commits  int                          // committed messages seen
+	// nodeAcked: in a job, acked by node (parts_test.go).
+	nodeAcked map[int]int64
+	latest    int64    // the newest step latest.json was written with; -1: none
+	starts    int      // sessions that started
+	ended     []string // how each session ended
+	injected  int      // faults injected
+	commits   int      // committed messages seen
 }
 
 // answer is what one rank did with one request.
@@ -310,7 +314,10 @@ const simWatchdog = 2 * time.Minute
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
 		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+		ranksOf: map[string]map[int][]string{}, nodeAcked: map[int]int64{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+	if !w.hostedOnly {
+		w.job = drawJob(seed)
+	}
 	watchdogAfter := simWatchdog
 	if d, err := time.ParseDuration(os.Getenv("SPOTAGENT_SIM_WATCHDOG")); err == nil {
 		watchdogAfter = d
@@ -343,6 +350,7 @@ func runBubble(t *testing.T, w *world) {
 		w.runSession(k)
 	}
 	w.checkStore()
+	w.checkLatestComplete()
 	if w.logBuf != nil && w.failed() {
 		w.trace = append(w.trace, "agent log:")
 		w.trace = append(w.trace, strings.Split(w.name(w.logBuf.String()), "\n")...)
@@ -397,12 +405,16 @@ func (w *world) runSession(k int) {
 		evs = append(evs, event{at: secondSig, signal: true})
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return int(a.at - b.at) })
+	if w.job.nodes > 0 {
+		w.runJobSession(k, grace, interval, reqTimeout, keep, f, firstSig, secondSig, noticeAt, noticeFor) // parts_test.go
+		return
+	}
 	// Run mode (child_test.go): the agent starts the trainer. Drawn from a
 	// generator of its own, so that the hosted sessions' schedules stay
 	// what they were (the regressions' seeds are replayed hosted).
 	var cp *childPlan
 	killAfter := 5 * time.Second
-	if cr := rand.New(rand.NewPCG(w.seed^0xc41d, uint64(k))); !w.hostedOnly && cr.IntN(100) < 40 {
+	if cr := rand.New(rand.NewPCG(w.seed^0xc41d, uint64(k))); !w.hostedOnly && w.job.nodes == 0 && cr.IntN(100) < 40 {
 		cp = &childPlan{maxRestarts: pick(cr, 0, 1, 3), backoff: pick(cr, time.Second, 10*time.Second, 40*time.Second), overlap: cr.IntN(2) == 0}
 		killAfter = pick(cr, 2*time.Second, 5*time.Second)
 	}
@@ -419,19 +431,7 @@ func (w *world) runSession(k int) {
 	}
 	w.shape += shape
 	w.mu.Unlock()
-	var log *zap.Logger
-	if w.replay {
-		if w.logBuf == nil {
-			w.logBuf = &lockedBuffer{}
-		}
-		enc := zap.NewDevelopmentEncoderConfig()
-		enc.EncodeTime = func(tm time.Time, pe zapcore.PrimitiveArrayEncoder) {
-			pe.AppendString(fmt.Sprintf("%9.3fs s%d", tm.Sub(w.t0).Seconds(), k))
-		}
-		log = zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w.logBuf), zap.DebugLevel))
-	} else {
-		log = zap.NewNop()
-	}
+	log := w.agentLog(k)
 	// What the session must start from: the newest complete checkpoint.
 	newest := w.newestComplete()
 	root, err := os.OpenRoot(w.dir)
@@ -625,6 +625,21 @@ func (w *world) runSession(k int) {
 	w.checkStore()
 }
 
+// agentLog is session k's agent log: the replay's buffer, else none.
+func (w *world) agentLog(k int) *zap.Logger {
+	if !w.replay {
+		return zap.NewNop()
+	}
+	if w.logBuf == nil {
+		w.logBuf = &lockedBuffer{}
+	}
+	enc := zap.NewDevelopmentEncoderConfig()
+	enc.EncodeTime = func(tm time.Time, pe zapcore.PrimitiveArrayEncoder) {
+		pe.AppendString(fmt.Sprintf("%9.3fs s%d", tm.Sub(w.t0).Seconds(), k))
+	}
+	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w.logBuf), zap.DebugLevel))
+}
+
 // session is what a session's trainers share.
 type session struct {
 	w      *world
@@ -667,6 +682,8 @@ type trainer struct {
 	comebacks int    // reconnections after a crash
 
 	proc *simProc // run mode: the process it is (child_test.go); nil: a hosted trainer
+	job  *job     // part mode: the job's agreement (parts_test.go); nil: none
+	node int      // part mode: its node
 
 	wmu  sync.Mutex
 	nc   net.Conn
@@ -739,6 +756,9 @@ func (t *trainer) send(m any) error {
 	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
+	if t.nc == nil {
+		return net.ErrClosed
+	}
 	_, err := t.nc.Write(b)
 	return err
 }
@@ -755,7 +775,10 @@ func (t *trainer) serve() (crashed bool) {
 	if t.proc != nil {
 		pid = t.proc.pid
 	}
-	t.nc = t.s.srv.Pipe(pid)
+	nc := t.s.srv.Pipe(pid)
+	t.wmu.Lock()
+	t.nc = nc
+	t.wmu.Unlock()
 	gone := make(chan struct{}) // closed when this connection is over
 	var answers sync.WaitGroup
 	var crashOnce sync.Once
@@ -776,7 +799,6 @@ func (t *trainer) serve() (crashed bool) {
 	}()
 	if t.proc != nil {
 		// The process's end ends its connection.
-		nc := t.nc
 		go func() {
 			select {
 			case <-t.proc.done:
@@ -790,8 +812,17 @@ func (t *trainer) serve() (crashed bool) {
 		r, n := t.rank, t.n
 		hello.Rank, hello.WorldSize = &r, &n
 	}
+	if t.job != nil {
+		lr, lw, nr, nn := t.rank%t.job.shape.local, t.job.shape.local, t.node, t.job.shape.nodes
+		hello.LocalRank, hello.LocalWorldSize, hello.NodeRank, hello.Nodes = &lr, &lw, &nr, &nn
+	}
 	t.w.mu.Lock()
 	ackedAtHello := t.w.acked
+	if t.job != nil {
+		// A node's agent hands what it committed: another node's agent
+		// may have committed a job checkpoint this one's commit failed.
+		ackedAtHello = t.w.ackedNode(t.node)
+	}
 	t.w.mu.Unlock()
 	if t.send(hello) != nil {
 		return false
@@ -832,8 +863,17 @@ func (t *trainer) serve() (crashed bool) {
 			}
 			return false
 		case protocol.TypeCheckpoint:
+			mu.Lock()
+			again := asked[m.ID]
+			mu.Unlock()
+			if again {
+				continue // a join's answer: the same request
+			}
 			mode := pick(t.rng, t.modes...)
 			step := t.base + int64(time.Since(t.from)/time.Second) + 1
+			if t.job != nil {
+				step = t.job.agree(t, m, step) // the ranks agree on it (parts_test.go)
+			}
 			t.logf("checkpoint %s reason=%s deadline in %s: %s", m.ID, m.Reason, m.Deadline.Sub(time.Now()), mode)
 			dl := *m.Deadline
 			t.w.mu.Lock()
@@ -865,6 +905,9 @@ func (t *trainer) serve() (crashed bool) {
 			t.logf("committed %s step %d", m.ID, *m.Step)
 			t.w.mu.Lock()
 			t.w.acked = max(t.w.acked, *m.Step)
+			if t.job != nil {
+				t.w.nodeAcked[t.node] = max(t.w.ackedNode(t.node), *m.Step)
+			}
 			t.w.commits++
 			t.w.mu.Unlock()
 		case protocol.TypeUploadFailed:
@@ -944,6 +987,15 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 	t.w.mu.Lock()
 	defer t.w.mu.Unlock()
 	want := t.w.files[r.ID]
+	if t.job != nil { // a node restores its own part
+		mine := map[string][]byte{}
+		for p, b := range want {
+			if t.job.shape.nodeOfPath(p) == t.node {
+				mine[p] = b
+			}
+		}
+		want = mine
+	}
 	for p, b := range want {
 		if g, ok := got[p]; !ok || !bytes.Equal(g, b) {
 			t.w.violateLocked("rank%d: resumed %s: %s is not the bytes written (%d bytes, want %d)", t.rank, r.ID, p, len(g), len(b))
@@ -1109,6 +1161,9 @@ func (w *world) checkStore() {
 	ms := w.manifests()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.job.nodes > 0 {
+		w.checkJobStore(ms) // parts_test.go
+	}
 	for _, m := range ms {
 		ranks := w.ranksOf[m.ID]
 		if len(ranks) == 0 {
@@ -1140,6 +1195,34 @@ func (w *world) checkStore() {
 		}
 		for p := range want {
 			w.violateLocked("manifest %s (step %d) lacks %s, which a rank that answered wrote", m.ID, m.Step, p)
+		}
+	}
+}
+
+// checkLatestComplete: what latest.json points at, the checkpoint a
+// restore starts from, is complete in the store at the run's end: its
+// manifest, and every object it names at its size.
+func (w *world) checkLatestComplete() {
+	b, ok := w.st.Peek(checkpoint.LatestKey)
+	if !ok {
+		return
+	}
+	var l checkpoint.Latest
+	if err := json.Unmarshal(b, &l); err != nil || l.Manifest == "" {
+		return // sawLatest reported it
+	}
+	mb, ok := w.st.Peek(l.Manifest)
+	if !ok {
+		w.violate("at the end latest.json points at %s, which is not in the store", l.Manifest)
+		return
+	}
+	var m checkpoint.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		return // manifests reported it
+	}
+	for _, f := range m.Files {
+		if ob, found := w.st.Peek(f.Key); !found || int64(len(ob)) != f.Size {
+			w.violate("at the end latest.json's %s (step %d) lacks %s (%d bytes there, want %d): a partial checkpoint a restore would start from", m.ID, m.Step, f.Key, len(ob), f.Size)
 		}
 	}
 }
