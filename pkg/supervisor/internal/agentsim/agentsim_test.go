@@ -190,16 +190,15 @@ type world struct {
 	hostedOnly bool
 	job        jobShape // a job of several nodes (parts_test.go); zero: none
 
-	mu       sync.Mutex
-	trace    []string
-	bad      []string
-	seen     map[string]bool              // violations reported
-	ids      map[string]string            // request id -> c<n>
-	files    map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
-	ranksOf  map[string]map[int][]string  // request id -> rank that answered in time -> its paths
-	asked    map[string]map[int]*answer   // request id -> rank asked -> its answer
-	deadline map[string]time.Time         // request id -> its deadline
-	acked    int64                        // the newest step a trainer was told is committed; -1: none
+	mu      sync.Mutex
+	trace   []string
+	bad     []string
+	seen    map[string]bool              // violations reported
+	ids     map[string]string            // request id -> c<n>
+	files   map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
+	ranksOf map[string]map[int][]string  // request id -> rank that answered in time -> its paths
+	asked   map[string]map[int]*answer   // request id -> rank asked -> its answer
+	acked   int64                        // the newest step a trainer was told is committed; -1: none
 	// nodeAcked: in a job, acked by node (parts_test.go).
 	nodeAcked map[int]int64
 	latest    int64    // the newest step latest.json was written with; -1: none
@@ -211,8 +210,9 @@ type world struct {
 
 // answer is what one rank did with one request.
 type answer struct {
-	done time.Time // when it sent done; zero: never
-	left time.Time // when its connection ended; zero: still open
+	deadline time.Time // the request's, as this rank was told (a job's nodes may differ)
+	done     time.Time // when it sent done; zero: never
+	left     time.Time // when its connection ended; zero: still open
 }
 
 func (w *world) failed() bool { return len(w.bad) > 0 }
@@ -314,7 +314,7 @@ const simWatchdog = 2 * time.Minute
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
 		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, nodeAcked: map[int]int64{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+		ranksOf: map[string]map[int][]string{}, nodeAcked: map[int]int64{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1}
 	if !w.hostedOnly {
 		w.job = drawJob(seed)
 	}
@@ -880,8 +880,7 @@ func (t *trainer) serve() (crashed bool) {
 			if t.w.asked[m.ID] == nil {
 				t.w.asked[m.ID] = map[int]*answer{}
 			}
-			t.w.asked[m.ID][t.rank] = &answer{}
-			t.w.deadline[m.ID] = dl
+			t.w.asked[m.ID][t.rank] = &answer{deadline: dl}
 			t.w.mu.Unlock()
 			mu.Lock()
 			asked[m.ID] = true
@@ -1171,7 +1170,7 @@ func (w *world) checkStore() {
 			continue
 		}
 		for rank, a := range w.asked[m.ID] {
-			dl := w.deadline[m.ID]
+			dl := a.deadline
 			if (a.done.IsZero() || a.done.After(dl)) && (a.left.IsZero() || a.left.After(dl)) {
 				w.violateLocked("manifest %s (step %d): rank%d was asked, neither answered nor left by the deadline, yet it was committed", m.ID, m.Step, rank)
 			}
