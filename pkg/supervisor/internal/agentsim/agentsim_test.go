@@ -75,6 +75,11 @@ import (
 //     overtook, its checkpoint deleted by that commit's retention (seed
 //     6954, keep 1; reported).
 //
+// Run mode (child_test.go: the agent starts its trainer, a simulated
+// process; its exit code checked) and part mode (parts_test.go: a job of
+// several node agents on one store) are sessions of their own, drawn from
+// generators of their own; their properties are there.
+//
 // A failure prints the seed, the schedule's shape and its trace; replay
 // it with SPOTAGENT_SIM_SEED=<seed> (the agent's log then joins the
 // trace; SPOTAGENT_SIM_LIVE=1 prints both as they happen, for a replay

@@ -7,6 +7,9 @@
 // schedule. Run mode (child_test.go) runs supervisor.RunHostedChild,
 // whose trainer is a simulated process of the bubble that the agent
 // starts through Config.Child (a childproc.Starter), and checks the
-// agent's exit code against docs/protocol.md "Exit codes". It holds no
-// code but its tests.
+// agent's exit code against docs/protocol.md "Exit codes"; part mode
+// (parts_test.go) runs a job of two or three RunHosted node agents
+// (Config.Node) on one store, their ranks agreeing by join, and checks
+// that every manifest is a job manifest naming every node's part. It
+// holds no code but its tests.
 package agentsim
