@@ -206,11 +206,12 @@ type world struct {
 	acked   int64                        // the newest step a trainer was told is committed; -1: none
 	// nodeAcked: in a job, acked by node (parts_test.go).
 	nodeAcked map[int]int64
-	latest    int64    // the newest step latest.json was written with; -1: none
-	starts    int      // sessions that started
-	ended     []string // how each session ended
-	injected  int      // faults injected
-	commits   int      // committed messages seen
+	leases    []leaseWrite // lease objects that landed (parts_test.go)
+	latest    int64        // the newest step latest.json was written with; -1: none
+	starts    int          // sessions that started
+	ended     []string     // how each session ended
+	injected  int          // faults injected
+	commits   int          // committed messages seen
 }
 
 // answer is what one rank did with one request.
@@ -1311,6 +1312,14 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	}
 	if op.Kind == storesim.OpPut && op.Key == checkpoint.LatestKey {
 		f.w.sawLatest(op.Body)
+	}
+	if op.Kind == storesim.OpPut && strings.HasPrefix(op.Key, checkpoint.LeaseDir) {
+		var rec checkpoint.LeaseRecord
+		if json.Unmarshal(op.Body, &rec) == nil {
+			f.w.mu.Lock()
+			f.w.leases = append(f.w.leases, leaseWrite{instance: rec.Instance.InstanceID, epoch: rec.Epoch, at: time.Now()})
+			f.w.mu.Unlock()
+		}
 	}
 	if (op.Kind == storesim.OpPut || op.Kind == storesim.OpDelete) && f.draw("after", op) < f.lost {
 		f.note("store: %s lost its reply", op)

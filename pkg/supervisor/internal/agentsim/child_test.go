@@ -56,7 +56,7 @@ func (st *starter) Start(cfg child.Config) (childproc.Child, error) {
 	}
 	r := rand.New(rand.NewPCG(w.seed, uint64(s.k*1000+n)))
 	p := &simProc{w: w, s: s, n: n + 1, pid: simPIDBase + s.k*100 + n, done: make(chan struct{}), term: make(chan struct{}),
-		startedAt: time.Now(), rng: r}
+		startedAt: time.Now()}
 	p.plan = pick(r, "crash", "finish", "run", "run", "run")
 	if p.plan != "run" {
 		p.exitAfter = time.Duration(r.IntN(150000)) * time.Millisecond
@@ -70,7 +70,9 @@ func (st *starter) Start(cfg child.Config) (childproc.Child, error) {
 	}
 	p.stopCode = pick(r, 75, 75, 75, 0, 1)
 	p.onTerm = pick(r, "exit143", "exit75", "exit0", "ignore")
-	tr := st.s.child.drawChild(r, p)
+	p.termDelay = time.Duration(r.IntN(3000)) * time.Millisecond
+	// The trainer's own generator: it draws beside the process.
+	tr := st.s.child.drawChild(rand.New(rand.NewPCG(w.seed, uint64(s.k*1000+n+500))), p)
 	p.tr = tr
 	st.ps = append(st.ps, p)
 	w.logf("agent: starts trainer %d (pid %d): %s", p.n, p.pid, p.shape())
@@ -91,7 +93,6 @@ type simProc struct {
 	s         *session
 	n         int // its start, from 1
 	pid       int
-	rng       *rand.Rand
 	tr        *trainer
 	startedAt time.Time
 
@@ -100,6 +101,7 @@ type simProc struct {
 	ownCode   int           // crash: its code (finish: 0)
 	stopCode  int           // its code once told to stop
 	onTerm    string        // what the agent's SIGTERM does: exit143, exit75, exit0, ignore
+	termDelay time.Duration // how long it takes to do it
 
 	done     chan struct{}
 	term     chan struct{} // closed at the agent's first SIGTERM
@@ -156,7 +158,7 @@ func (p *simProc) onSIGTERM() {
 	if p.onTerm == "ignore" {
 		return // SIGKILL after KillAfter
 	}
-	t := time.NewTimer(time.Duration(p.rng.IntN(3000)) * time.Millisecond)
+	t := time.NewTimer(p.termDelay)
 	defer t.Stop()
 	select {
 	case <-t.C:

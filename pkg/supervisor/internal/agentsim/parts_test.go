@@ -3,12 +3,14 @@ package agentsim
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -99,9 +101,17 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	if r.IntN(100) < 30 {
 		killNode, killAt = r.IntN(js.nodes), time.Duration(20+r.IntN(200))*time.Second
 	}
+	// A second copy of a node (a spot replacement while the old machine
+	// runs): an agent of the same part, started later, without trainers;
+	// its lease fences the first copy (fenceCopy).
+	copyNode, copyAt := -1, time.Duration(-1)
+	if r.IntN(100) < 30 {
+		copyNode, copyAt = 1+r.IntN(js.nodes-1), time.Duration(20+r.IntN(200))*time.Second
+	}
+	fenceInterval := pick(r, 5*time.Second, 30*time.Second)
 	jb := &job{w: w, shape: js, steps: map[string]int64{}}
-	shape := fmt.Sprintf("s%d: job nodes=%d ranks/node=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s to node-%d signals=%s,%s kill=node-%d at %s",
-		k, js.nodes, js.local, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, noticeNode, firstSig, secondSig, killNode, killAt)
+	shape := fmt.Sprintf("s%d: job nodes=%d ranks/node=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s to node-%d signals=%s,%s kill=node-%d at %s second-copy=node-%d at %s fence-interval=%s",
+		k, js.nodes, js.local, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, noticeNode, firstSig, secondSig, killNode, killAt, copyNode, copyAt, fenceInterval)
 	w.mu.Lock()
 	if w.shape != "" {
 		w.shape += " | "
@@ -117,31 +127,40 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		notices chan metadata.Notice
 		ended   time.Duration // -1: running
 	}
-	nodes := make([]*node, js.nodes)
-	endings := make(chan int, js.nodes) // a node's agent returned
-	var mu sync.Mutex                   // loopAt
-	loopAt := make([]time.Duration, js.nodes)
+	slots := js.nodes + 1            // the nodes, and a second copy of one
+	nodes := make([]*node, slots)    // nil: not started
+	endings := make(chan int, slots) // a node's agent returned
+	var mu sync.Mutex                // loopAt
+	loopAt := make([]time.Duration, slots)
 	var trainers sync.WaitGroup
-	for n := range nodes {
-		loopAt[n] = -1
-		dir := filepath.Join(w.dir, fmt.Sprintf("node-%d", n))
+	for i := range loopAt {
+		loopAt[i] = -1
+	}
+	// startAgent starts the agent of slot n, part p (n itself, or the
+	// second copy's), with its ranks or none.
+	startAgent := func(n, p int, withRanks bool) bool {
+		name := fmt.Sprintf("node-%d", n)
+		if n == js.nodes {
+			name = fmt.Sprintf("node-%d-copy", p)
+		}
+		dir := filepath.Join(w.dir, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			w.violate("node dir: %v", err)
-			return
+			return false
 		}
 		root, err := os.OpenRoot(dir)
 		if err != nil {
 			w.violate("node dir: %v", err)
-			return
+			return false
 		}
 		log := w.agentLog(k).With(zap.Int("node", n))
 		srv := protocol.NewPipes(protocol.ServerConfig{Log: log})
 		nd := &node{sess: &session{w: w, k: k, srv: srv, start: start, quit: make(chan struct{}), newest: newest},
 			signals: make(chan os.Signal, 4), notices: make(chan metadata.Notice, 4), ended: -1}
 		nodes[n] = nd
-		cfg := supervisor.Config{RunID: "sim", CheckpointDir: dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d-%d", k, n)},
+		cfg := supervisor.Config{RunID: "sim", CheckpointDir: dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d-%s", k, name)}, FenceInterval: fenceInterval,
 			Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
-			RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log, Node: supervisor.NodePart(n), Liveness: liveness.Config{Timeout: -1}}
+			RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log, Node: supervisor.NodePart(p), Liveness: liveness.Config{Timeout: -1}}
 		ctx, cancel := context.WithCancel(context.Background())
 		nd.cancel = cancel
 		asks := make(chan chan<- supervisor.Status, 1)
@@ -172,6 +191,9 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			}
 		}()
 		for i := range js.local {
+			if !withRanks {
+				break
+			}
 			rank := n*js.local + i
 			tr := &trainer{s: nd.sess, w: w, rank: rank, n: js.nodes * js.local, rng: rand.New(rand.NewPCG(w.seed, uint64(k*16+rank+8))),
 				connectAt: time.Duration(r.IntN(20000)) * time.Millisecond, comebacks: r.IntN(2), job: jb, node: n}
@@ -182,6 +204,12 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			jb.ranks = append(jb.ranks, tr)
 			w.logf("node-%d rank%d: at %s modes=%v comebacks=%d", n, rank, tr.connectAt, tr.modes, tr.comebacks)
 			trainers.Go(tr.run)
+		}
+		return true
+	}
+	for n := range js.nodes {
+		if !startAgent(n, n, true) {
+			return
 		}
 	}
 	// The host: signals to every node, the notice to one, the kill.
@@ -199,17 +227,29 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	if killAt >= 0 {
 		evs = append(evs, hostEv{killAt, "kill"})
 	}
+	if copyAt >= 0 {
+		evs = append(evs, hostEv{copyAt, "copy"})
+	}
 	slices.SortStableFunc(evs, func(a, b hostEv) int { return int(a.at - b.at) })
+	fencedAt, fencedSlot := time.Duration(-1), -1 // when the newer copy's lease landed, and the older copy
 	endOf := func(n int) {
 		nd := nodes[n]
 		nd.ended = time.Since(start)
-		w.logf("node-%d: agent ended", n)
+		if n == js.nodes {
+			w.logf("node-%d's second copy: agent ended", copyNode)
+		} else {
+			w.logf("node-%d: agent ended", n)
+		}
 		close(nd.sess.quit)
 		nd.sess.srv.ClosePipes()
 	}
 	// Each node's bound: its first signal's (heard once its loop runs)
 	// stop deadline and the exit's bound; a kill's exit bound.
+	overdue := make([]bool, slots) // reported: its end is waited for, 10 minutes at most
 	bound := func(n int) time.Duration {
+		if overdue[n] {
+			return copyAt + killAt + firstSig + 30*time.Minute
+		}
 		mu.Lock()
 		at := loopAt[n]
 		mu.Unlock()
@@ -224,18 +264,39 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		if n == killNode {
 			b = min(b, killAt+exitWait+2*time.Second)
 		}
+		if n == fencedSlot && n < js.nodes && fencedAt >= 0 {
+			// The first copy, with ranks (a fenced run that never had a
+			// trainer, the second copy's, waits for its signal, as a
+			// sidecar does).
+			// Fenced at its next part write or lease check, which a slow
+			// store may hold up to 30 s: its ranks stop at once (a job's
+			// fenced copy takes no last checkpoint), then the exit's bound.
+			// A job commit of its in flight (its part written before the
+			// fence, the others' awaited) is waited for up to the
+			// request's deadline (seed 180: reported, not changed).
+			b = min(b, fencedAt+fenceInterval+30*time.Second+reqTimeout+exitWait+2*time.Second)
+		}
 		return b
 	}
 	next, live := 0, js.nodes
 	for live > 0 {
+		if copyNode >= 0 && fencedAt < 0 && nodes[js.nodes] != nil {
+			if slot, at, ok := w.fenced(fmt.Sprintf("i-%d-node-%d", k, copyNode), fmt.Sprintf("i-%d-node-%d-copy", k, copyNode), copyNode, js.nodes); ok {
+				fencedAt, fencedSlot = at.Sub(start), slot
+				w.logf("store: node-%d's copies both hold a lease: the older epoch's (slot %d) is fenced from %s", copyNode, slot, fencedAt)
+			}
+		}
 		wake := time.Duration(1<<62 - 1)
 		if next < len(evs) {
 			wake = evs[next].at
 		}
 		for n, nd := range nodes {
-			if nd.ended < 0 {
+			if nd != nil && nd.ended < 0 {
 				wake = min(wake, bound(n))
 			}
+		}
+		if copyNode >= 0 && fencedAt < 0 && nodes[js.nodes] != nil {
+			wake = min(wake, time.Since(start)+time.Second) // look for its lease
 		}
 		t := time.NewTimer(time.Until(start.Add(wake)))
 		select {
@@ -253,7 +314,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			case "signal":
 				w.logf("host: SIGTERM to every node")
 				for _, nd := range nodes {
-					if nd.ended < 0 {
+					if nd != nil && nd.ended < 0 {
 						nd.signals <- syscall.SIGTERM
 					}
 				}
@@ -261,6 +322,11 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 				if nd := nodes[noticeNode]; nd.ended < 0 {
 					w.logf("host: notice to node-%d, deadline in %s", noticeNode, noticeFor)
 					nd.notices <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: fmt.Sprintf("notice-%d", k), Action: "terminate", Detected: time.Now(), Deadline: time.Now().Add(noticeFor)}
+				}
+			case "copy":
+				w.logf("host: a second copy of node-%d starts", copyNode)
+				if startAgent(js.nodes, copyNode, false) {
+					live++
 				}
 			case "kill":
 				if nd := nodes[killNode]; nd.ended < 0 {
@@ -270,10 +336,13 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			}
 		}
 		for n, nd := range nodes {
-			if nd.ended < 0 && now >= bound(n) {
+			if nd != nil && nd.ended < 0 && now >= bound(n) {
 				w.violate("node-%d: the agent did not end by %s after its start (signal at %s, grace %s)", n, bound(n), firstSig, grace)
+				overdue[n] = true
 				for _, nd := range nodes {
-					nd.cancel() // as a second signal: at once
+					if nd != nil {
+						nd.cancel() // as a second signal: at once
+					}
 				}
 				break
 			}
@@ -323,9 +392,22 @@ func (w *world) checkJobStore(ms []*checkpoint.Manifest) {
 		if !slices.Equal(nodes, want) {
 			w.violateLocked("manifest %s (step %d) names parts %v, want every node's %v", m.ID, m.Step, nodes, want)
 		}
+		sessions := map[string]map[string]bool{} // part → the session folders its files are in
 		for _, f := range m.Files {
 			if n := js.nodeOfPath(f.Path); f.Part != supervisor.NodePart(n) {
 				w.violateLocked("manifest %s (step %d): %s is listed in part %q, written by node-%d", m.ID, m.Step, f.Path, f.Part, n)
+			}
+			// checkpoints/<step>-<id>/<node>/<session>/<path>
+			rest := strings.TrimPrefix(f.Key, checkpoint.PartPrefix(m.Step, m.ID, f.Part))
+			sess, _, _ := strings.Cut(rest, "/")
+			if sessions[f.Part] == nil {
+				sessions[f.Part] = map[string]bool{}
+			}
+			sessions[f.Part][sess] = true
+		}
+		for part, ss := range sessions {
+			if len(ss) > 1 {
+				w.violateLocked("manifest %s (step %d): part %s mixes the files of %d copies of the node (sessions %v)", m.ID, m.Step, part, len(ss), slices.Sorted(maps.Keys(ss)))
 			}
 		}
 	}
@@ -338,4 +420,36 @@ func (w *world) ackedNode(n int) int64 {
 		return s
 	}
 	return -1
+}
+
+// fenced: of the two copies of a node (instances first and second), the
+// one whose lease has the lower epoch is fenced once the other's landed:
+// which (the slot: the first copy's or the second's) and when; ok false
+// until both leases landed.
+func (w *world) fenced(first, second string, firstSlot, secondSlot int) (slot int, at time.Time, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var a, b *leaseWrite
+	for i := range w.leases {
+		switch l := &w.leases[i]; l.instance {
+		case first:
+			a = l
+		case second:
+			b = l
+		}
+	}
+	if a == nil || b == nil {
+		return 0, time.Time{}, false
+	}
+	if a.epoch < b.epoch {
+		return firstSlot, b.at, true
+	}
+	return secondSlot, a.at, true
+}
+
+// leaseWrite is a lease object that landed in the store.
+type leaseWrite struct {
+	instance string // the agent's (LeaseRecord.Instance)
+	epoch    int64
+	at       time.Time
 }
