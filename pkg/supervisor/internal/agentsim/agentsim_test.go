@@ -690,6 +690,10 @@ type trainer struct {
 	proc *simProc // run mode: the process it is (child_test.go); nil: a hosted trainer
 	job  *job     // part mode: the job's agreement (parts_test.go); nil: none
 	node int      // part mode: its node
+	// connected (its hello sent, its connection open) and the last stop
+	// it read, under w.mu: part mode's fence check (parts_test.go).
+	connected bool
+	stopAt    time.Time
 
 	wmu  sync.Mutex
 	nc   net.Conn
@@ -833,6 +837,14 @@ func (t *trainer) serve() (crashed bool) {
 	if t.send(hello) != nil {
 		return false
 	}
+	t.w.mu.Lock()
+	t.connected = true
+	t.w.mu.Unlock()
+	defer func() {
+		t.w.mu.Lock()
+		t.connected = false
+		t.w.mu.Unlock()
+	}()
 	t.logf("hello")
 	sc := bufio.NewScanner(t.nc)
 	sc.Buffer(make([]byte, 4<<10), 2<<20)
@@ -919,6 +931,9 @@ func (t *trainer) serve() (crashed bool) {
 			t.logf("upload_failed %s: %s", m.ID, m.Error)
 		case protocol.TypeStop:
 			t.logf("stop reason=%s: exiting", m.Reason)
+			t.w.mu.Lock()
+			t.stopAt = time.Now()
+			t.w.mu.Unlock()
 			if t.proc != nil {
 				t.proc.mu.Lock()
 				t.proc.gotStop = true
