@@ -328,7 +328,9 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		now := time.Since(start)
 		if fencedAt >= 0 && !fenceChecked && fencedSlot < js.nodes && now >= fenceCheckAt {
 			fenceChecked = true
-			if nodes[fencedSlot].ended < 0 {
+			// Only where no store operation fails: a lease check that
+			// fails cannot see the newer lease (seed 3979).
+			if nodes[fencedSlot].ended < 0 && f.fail == 0 {
 				checkFenced()
 			}
 		}
