@@ -50,6 +50,7 @@ type job struct {
 	mu    sync.Mutex
 	ranks []*trainer
 	steps map[string]int64 // request id → the step the job agreed on
+	last  int64            // the newest step agreed on
 }
 
 // agree: rank t got request m; the job's step for it, and, for a request
@@ -60,6 +61,13 @@ func (j *job) agree(t *trainer, m protocol.Message, step int64) int64 {
 		j.mu.Unlock()
 		return s
 	}
+	// The job's steps advance between two checkpoints it agrees on (two
+	// requests within one second of training would share a step, as a
+	// trainer that saves twice without a step between does: two
+	// checkpoints of one state, which this check would count as two
+	// manifests of one step; seed 9395).
+	step = max(step, j.last+1)
+	j.last = step
 	j.steps[m.ID] = step
 	others := slices.DeleteFunc(slices.Clone(j.ranks), func(o *trainer) bool { return o == t })
 	j.mu.Unlock()
