@@ -291,8 +291,8 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	next, live, signalled := 0, js.nodes, false
 	fenceChecked := false
 	// The fenced first copy stops its ranks at its next lease check
-	// (--fence-interval; a slow store's 30 s): none may still be connected
-	// without a stop read since the fence.
+	// (--fence-interval; a slow store's 30 s; fenceCheckAt): none may
+	// still be connected without a stop read since the fence.
 	checkFenced := func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -321,7 +321,10 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		if copyNode >= 0 && fencedAt < 0 && nodes[js.nodes] != nil {
 			wake = min(wake, time.Since(start)+time.Second) // look for its lease
 		}
-		fenceCheckAt := fencedAt + fenceInterval + 30*time.Second + 2*time.Second
+		// Two lease checks, each of which a slow store may hold up 30 s
+		// (the one under way when the newer lease landed may not see it:
+		// seed 2506).
+		fenceCheckAt := fencedAt + 2*(fenceInterval+30*time.Second) + 2*time.Second
 		if fencedAt >= 0 && !fenceChecked && fencedSlot < js.nodes {
 			wake = min(wake, fenceCheckAt)
 		}
