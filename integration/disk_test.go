@@ -91,7 +91,7 @@ func TestDisk_FullWhileRestoring(t *testing.T) {
 			t.Fatal("agent exited 0 after a restore onto a full disk")
 		}
 		a.waitRe(`spotagent run: .*no space left on device`, time.Second)
-		// The trainer starts while the restore runs (agent_restore.go):
+		// The trainer starts while the restore runs (pkg/supervisor restore.go):
 		// it may have connected, but it is never welcomed to a fresh start.
 		if strings.Contains(a.output(), "trainer: fresh start") || len(a.entries("no committed checkpoint: starting fresh")) > 0 {
 			t.Fatal("the agent started the trainer afresh although the store holds a committed checkpoint")

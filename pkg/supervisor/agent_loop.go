@@ -141,10 +141,8 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			}
 		})
 	}
-	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
-	a.src.Start()
-	if len(cfg.Command) > 0 {
-		if cfg.Signal != 0 {
+	return a.run(ctx, srv.Events(), notices, signals, func() {
+		if len(cfg.Command) > 0 && cfg.Signal != 0 {
 			b := &sigbridge.Bridge{Socket: cfg.Server.Path, Sig: cfg.Signal, Area: a.dirs.Area, AreaPath: a.dirs.AreaPath,
 				PID: a.proc.PID, Poll: 50 * time.Millisecond, Log: a.log}
 			a.goBg(func() { b.Serve(a.life) })
@@ -152,6 +150,19 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 			// notice or signal at once finds a trainer to ask.
 			a.awaitTrainer(srv.Events(), 10*time.Second)
 		}
+	})
+}
+
+// run is Run once the agent is made and its trainers' events, notices
+// and signals flow (RunHostedChild's too): it starts the trainer, runs the
+// loop and returns the agent's exit code. bridge (nil: none) runs before
+// the trainer starts.
+func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <-chan metadata.Notice, signals <-chan os.Signal, bridge func()) (int, error) {
+	cfg := a.cfg
+	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
+	a.src.Start()
+	if bridge != nil {
+		bridge()
 	}
 	if a.cfg.OverlapsRestore() {
 		a.boot.StartBeside() // pkg/supervisor/bootrestore: the trainer starts meanwhile
@@ -166,7 +177,7 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) (int, error)
 	if !a.boot.Restoring() {
 		cfg.Metrics.Ready(true) // else once the restore is in place (restore.go)
 	}
-	a.loop(ctx, srv.Events(), notices, signals)
+	a.loop(ctx, events, notices, signals)
 	a.live.Stop() // pkg/supervisor/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
@@ -248,7 +259,7 @@ func newAgent(ctx context.Context, cfg Config, dir *os.Root) (*Agent, error) {
 	}
 	cfg.SetDefaults()
 	life, endLife := context.WithCancel(ctx)
-	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.RestartBackoff, cfg.Log)
+	proc := childproc.New(cfg.Command, cfg.KillAfter, cfg.RestartBackoff, cfg.Child, cfg.Log)
 	a := &Agent{
 		cfg: cfg, log: cfg.Log, sess: session.New(localdirs.NewRequestID(), life, cfg.Log, cfg.Metrics), life: life, endLife: endLife,
 		fences: make(chan struct{}, 1), job: newJobPolicy(&cfg),
@@ -456,13 +467,21 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		// loop at once, forever: it spun (TestAgentSim seed 5).
 		earlier(s.deadline)
 	}
-	earlier(a.proc.RestartAt())
+	if len(a.commits.uploads) == 0 && !a.boot.Busy() {
+		// A restart waits for the uploads and the restore under way (tick),
+		// whose results wake the loop: a due one must not wake it at once,
+		// forever (it spun: TestAgentSim seed 408, run mode).
+		earlier(a.proc.RestartAt())
+	}
 	earlier(a.boot.AbandonAt())
 	earlier(a.src.View(now).Wake)
 	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
 		earlier(now.Add(ranks.Poll))
 	}
-	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 {
+	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) {
+		// Only an agent that asks (tick): in a job, a node without rank 0
+		// waits for its ranks' joins, and its due schedule woke it at
+		// once, forever (it spun: TestAgentSim seed 1, part mode).
 		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
 	}
 	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {

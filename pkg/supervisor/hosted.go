@@ -2,10 +2,12 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
 )
 
 // Hosted is what a host that serves the socket itself (node mode,
@@ -39,4 +41,34 @@ func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
 	a.live.Stop() // pkg/supervisor/ranks: the neighbours hear this node leave
 	a.finish()
 	return nil
+}
+
+// RunHostedChild is Run for a host that serves the socket, hears the
+// notices and the signals itself (in, as RunHosted): the agent starts
+// cfg.Command with cfg.Child, supervises it and returns the exit code Run
+// would (a signal during the start cancels it, as Run's does). Neither
+// the signal fallback (cfg.Signal) nor a command's look-up in PATH: they
+// need a socket path and a real command. The agent's simulation
+// (pkg/supervisor/internal/agentsim) runs it.
+func RunHostedChild(ctx context.Context, cfg Config, in Hosted) (int, error) {
+	if len(cfg.Command) == 0 || cfg.Signal != 0 {
+		in.Dir.Close()
+		return 1, errors.New("hosted child: a command and no signal fallback")
+	}
+	sctx, signals, started, stopSignals := startSignals(ctx, in.Signals, cfg.Log)
+	defer stopSignals()
+	a, err := newAgent(sctx, cfg, in.Dir)
+	if sig := started(); sig != nil {
+		if err == nil {
+			a.abort()
+		}
+		in.Dir.Close()
+		return bootrestore.StartCancelled(sig)
+	}
+	if err != nil {
+		in.Dir.Close()
+		return 1, err
+	}
+	a.asks = in.Asks
+	return a.run(ctx, in.Events, in.Notices, signals, nil)
 }

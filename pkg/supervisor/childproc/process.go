@@ -24,8 +24,9 @@ type Process struct {
 	cmd       []string
 	killAfter time.Duration
 	log       *zap.Logger
+	starter   Starter
 
-	child     *child.Child
+	child     Child
 	pid       atomic.Int64    // for the signal bridge, which runs beside the loop
 	done      <-chan struct{} // nil: not running
 	restarts  int
@@ -51,13 +52,42 @@ type Exit struct {
 	DeadlineKill bool
 }
 
-// New is the trainer cmd (none: the agent runs without a child); a
-// restart waits backoff (0: 1s), doubling.
-func New(cmd []string, killAfter, backoff time.Duration, log *zap.Logger) *Process {
+// Starter starts the trainer's process. The agent's is internal/child's
+// (Start, in its own process group with its guard) unless its Config
+// names another: the agent's simulation (pkg/supervisor/internal/agentsim)
+// starts trainers that live in its bubble.
+type Starter interface {
+	Start(cfg child.Config) (Child, error)
+}
+
+// Child is a started trainer as Process drives it: *child.Child's
+// methods (see there).
+type Child interface {
+	PID() int
+	Done() <-chan struct{}
+	ExitCode() int // after Done
+	Signal(sig syscall.Signal) error
+	Stop(ctx context.Context, killAfter time.Duration)
+	Kill(why string)
+	Close()
+}
+
+// processes is the real Starter: internal/child.
+type processes struct{}
+
+func (processes) Start(cfg child.Config) (Child, error) { return child.Start(cfg) }
+
+// New is the trainer cmd (none: the agent runs without a child), started
+// by start (nil: a real process, internal/child); a restart waits backoff
+// (0: 1s), doubling.
+func New(cmd []string, killAfter, backoff time.Duration, start Starter, log *zap.Logger) *Process {
 	if backoff <= 0 {
 		backoff = time.Second
 	}
-	return &Process{cmd: cmd, killAfter: killAfter, backoff: backoff, log: log, gone: len(cmd) == 0}
+	if start == nil {
+		start = processes{}
+	}
+	return &Process{cmd: cmd, killAfter: killAfter, backoff: backoff, starter: start, log: log, gone: len(cmd) == 0}
 }
 
 // Running: a child was started and has not exited yet.
@@ -99,7 +129,7 @@ func (p *Process) RestartAt() time.Time { return p.restartAt }
 
 // Start starts the trainer with env.
 func (p *Process) Start(env []string) error {
-	c, err := child.Start(child.Config{Args: p.cmd, Env: env, Log: p.log})
+	c, err := p.starter.Start(child.Config{Args: p.cmd, Env: env, Log: p.log})
 	if err != nil {
 		return fmt.Errorf("start trainer: %w", err)
 	}

@@ -25,7 +25,7 @@ func exited(t *testing.T, p *Process) Exit {
 
 func start(t *testing.T, script string) *Process {
 	t.Helper()
-	p := New([]string{"sh", "-c", script}, 5*time.Second, 0, zap.NewNop())
+	p := New([]string{"sh", "-c", script}, 5*time.Second, 0, nil, zap.NewNop())
 	if err := p.Start(os.Environ()); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func start(t *testing.T, script string) *Process {
 }
 
 func TestProcess_NoCommandIsGone(t *testing.T) {
-	p := New(nil, time.Second, 0, zap.NewNop())
+	p := New(nil, time.Second, 0, nil, zap.NewNop())
 	if !p.Gone() || p.Running() || p.Started() || p.LastPID() != 0 || p.PID() != 0 {
 		t.Fatalf("no command: gone %v running %v started %v pid %d, want gone and nothing else", p.Gone(), p.Running(), p.Started(), p.PID())
 	}

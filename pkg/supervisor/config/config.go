@@ -24,6 +24,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
@@ -46,6 +47,9 @@ type Config struct {
 	Server               protocol.ServerConfig
 
 	Command []string // the trainer; empty runs without a child (sidecar)
+	// Child starts Command (nil: a real process, internal/child); the
+	// agent's simulation starts trainers of its own (RunHostedChild).
+	Child childproc.Starter
 	// OverlapRestore starts the trainer at once and restores beside it
 	// (pkg/supervisor/bootrestore): the trainer learns where it
 	// resumes from over the socket. Ignored with Signal or Watch, whose

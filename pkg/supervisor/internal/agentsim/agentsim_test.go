@@ -75,6 +75,11 @@ import (
 //     overtook, its checkpoint deleted by that commit's retention (seed
 //     6954, keep 1; reported).
 //
+// Run mode (child_test.go: the agent starts its trainer, a simulated
+// process; its exit code checked) and part mode (parts_test.go: a job of
+// several node agents on one store) are sessions of their own, drawn from
+// generators of their own; their properties are there.
+//
 // A failure prints the seed, the schedule's shape and its trace; replay
 // it with SPOTAGENT_SIM_SEED=<seed> (the agent's log then joins the
 // trace; SPOTAGENT_SIM_LIVE=1 prints both as they happen, for a replay
@@ -135,7 +140,13 @@ var simRegressions = map[uint64]string{
 	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
 	20:  "agent_request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
 	51:  "the same, and restore then handed the half file to the trainer as verified",
+	1:   "agent_loop.go nextWake (part mode): a node without rank 0, which never asks (its ranks join rank 0's requests), woke at once, forever, once its own schedule fell due: a busy loop, caught by the watchdog",
+	408: "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
 }
+
+// hostedSeeds found bugs before run mode was simulated: their sessions
+// stay hosted, so that they replay the schedules that found them.
+var hostedSeeds = map[uint64]bool{230: true, 20: true, 51: true}
 
 // TestAgentSimRegressions replays the seeds that found bugs.
 func TestAgentSimRegressions(t *testing.T) {
@@ -179,28 +190,35 @@ type world struct {
 	logBuf  *lockedBuffer
 	shape   string
 	session int // the session running, from 1
+	// hostedOnly: no run-mode sessions (the regressions' seeds, found
+	// before run mode was simulated, replay their schedules).
+	hostedOnly bool
+	job        jobShape // a job of several nodes (parts_test.go); zero: none
 
-	mu       sync.Mutex
-	trace    []string
-	bad      []string
-	seen     map[string]bool              // violations reported
-	ids      map[string]string            // request id -> c<n>
-	files    map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
-	ranksOf  map[string]map[int][]string  // request id -> rank that answered in time -> its paths
-	asked    map[string]map[int]*answer   // request id -> rank asked -> its answer
-	deadline map[string]time.Time         // request id -> its deadline
-	acked    int64                        // the newest step a trainer was told is committed; -1: none
-	latest   int64                        // the newest step latest.json was written with; -1: none
-	starts   int                          // sessions that started
-	ended    []string                     // how each session ended
-	injected int                          // faults injected
-	commits  int                          // committed messages seen
+	mu      sync.Mutex
+	trace   []string
+	bad     []string
+	seen    map[string]bool              // violations reported
+	ids     map[string]string            // request id -> c<n>
+	files   map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
+	ranksOf map[string]map[int][]string  // request id -> rank that answered in time -> its paths
+	asked   map[string]map[int]*answer   // request id -> rank asked -> its answer
+	acked   int64                        // the newest step a trainer was told is committed; -1: none
+	// nodeAcked: in a job, acked by node (parts_test.go).
+	nodeAcked map[int]int64
+	leases    []leaseWrite // lease objects that landed (parts_test.go)
+	latest    int64        // the newest step latest.json was written with; -1: none
+	starts    int          // sessions that started
+	ended     []string     // how each session ended
+	injected  int          // faults injected
+	commits   int          // committed messages seen
 }
 
 // answer is what one rank did with one request.
 type answer struct {
-	done time.Time // when it sent done; zero: never
-	left time.Time // when its connection ended; zero: still open
+	deadline time.Time // the request's, as this rank was told (a job's nodes may differ)
+	done     time.Time // when it sent done; zero: never
+	left     time.Time // when its connection ended; zero: still open
 }
 
 func (w *world) failed() bool { return len(w.bad) > 0 }
@@ -301,8 +319,11 @@ const simWatchdog = 2 * time.Minute
 // runSim runs the schedule of one seed inside a synctest bubble.
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
-		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, deadline: map[string]time.Time{}, acked: -1, latest: -1}
+		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
+		ranksOf: map[string]map[int][]string{}, nodeAcked: map[int]int64{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1}
+	if !w.hostedOnly {
+		w.job = drawJob(seed)
+	}
 	watchdogAfter := simWatchdog
 	if d, err := time.ParseDuration(os.Getenv("SPOTAGENT_SIM_WATCHDOG")); err == nil {
 		watchdogAfter = d
@@ -335,6 +356,7 @@ func runBubble(t *testing.T, w *world) {
 		w.runSession(k)
 	}
 	w.checkStore()
+	w.checkLatestComplete()
 	if w.logBuf != nil && w.failed() {
 		w.trace = append(w.trace, "agent log:")
 		w.trace = append(w.trace, strings.Split(w.name(w.logBuf.String()), "\n")...)
@@ -389,8 +411,25 @@ func (w *world) runSession(k int) {
 		evs = append(evs, event{at: secondSig, signal: true})
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return int(a.at - b.at) })
+	if w.job.nodes > 0 {
+		w.runJobSession(k, grace, interval, reqTimeout, keep, f, firstSig, secondSig, noticeAt, noticeFor) // parts_test.go
+		return
+	}
+	// Run mode (child_test.go): the agent starts the trainer. Drawn from a
+	// generator of its own, so that the hosted sessions' schedules stay
+	// what they were (the regressions' seeds are replayed hosted).
+	var cp *childPlan
+	killAfter := 5 * time.Second
+	if cr := rand.New(rand.NewPCG(w.seed^0xc41d, uint64(k))); !w.hostedOnly && w.job.nodes == 0 && cr.IntN(100) < 40 {
+		cp = &childPlan{maxRestarts: pick(cr, 0, 1, 3), backoff: pick(cr, time.Second, 10*time.Second, 40*time.Second), overlap: cr.IntN(2) == 0}
+		killAfter = pick(cr, 2*time.Second, 5*time.Second)
+	}
 	shape := fmt.Sprintf("s%d: trainers=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s [%s]",
 		k, n, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig, trainerShapes(plans))
+	if cp != nil {
+		shape = fmt.Sprintf("s%d: run mode max-restarts=%d backoff=%s overlap-restore=%v kill-after=%s grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s",
+			k, cp.maxRestarts, cp.backoff, cp.overlap, killAfter, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig)
+	}
 
 	w.mu.Lock()
 	if w.shape != "" {
@@ -398,19 +437,7 @@ func (w *world) runSession(k int) {
 	}
 	w.shape += shape
 	w.mu.Unlock()
-	var log *zap.Logger
-	if w.replay {
-		if w.logBuf == nil {
-			w.logBuf = &lockedBuffer{}
-		}
-		enc := zap.NewDevelopmentEncoderConfig()
-		enc.EncodeTime = func(tm time.Time, pe zapcore.PrimitiveArrayEncoder) {
-			pe.AppendString(fmt.Sprintf("%9.3fs s%d", tm.Sub(w.t0).Seconds(), k))
-		}
-		log = zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w.logBuf), zap.DebugLevel))
-	} else {
-		log = zap.NewNop()
-	}
+	log := w.agentLog(k)
 	// What the session must start from: the newest complete checkpoint.
 	newest := w.newestComplete()
 	root, err := os.OpenRoot(w.dir)
@@ -424,6 +451,12 @@ func (w *world) runSession(k int) {
 	cfg := supervisor.Config{RunID: "sim", CheckpointDir: w.dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d", k)},
 		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
 		RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log}
+	sess := &session{w: w, k: k, srv: srv, start: time.Now(), quit: make(chan struct{}), newest: newest, child: cp}
+	if cp != nil {
+		sess.starter = &starter{s: sess}
+		cfg.Command, cfg.Child = []string{"sim-trainer"}, sess.starter
+		cfg.MaxRestarts, cfg.RestartBackoff, cfg.OverlapRestore, cfg.KillAfter = cp.maxRestarts, cp.backoff, cp.overlap, killAfter
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
@@ -435,8 +468,15 @@ func (w *world) runSession(k int) {
 	reply := make(chan supervisor.Status, 1)
 	asks <- reply
 	stopped := make(chan struct{})
+	exitCode := -1
 	go func() {
-		err := supervisor.RunHosted(ctx, cfg, supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks})
+		in := supervisor.Hosted{Dir: root, Events: srv.Events(), Notices: notices, Signals: signals, Asks: asks}
+		var err error
+		if cp != nil {
+			exitCode, err = supervisor.RunHostedChild(ctx, cfg, in)
+		} else {
+			err = supervisor.RunHosted(ctx, cfg, in)
+		}
 		close(stopped)
 		done <- err
 	}()
@@ -450,9 +490,12 @@ func (w *world) runSession(k int) {
 		}
 	}()
 	var loopAt time.Duration = -1
-	sess := &session{w: w, k: k, srv: srv, start: start, quit: make(chan struct{}), newest: newest}
+	sess.start = start
 	var trainers sync.WaitGroup
 	for _, tr := range plans {
+		if cp != nil {
+			break // the agent starts its trainer
+		}
 		tr.s = sess
 		trainers.Go(tr.run)
 	}
@@ -498,11 +541,17 @@ func (w *world) runSession(k int) {
 		} else {
 			heard = max(firstSig, loopAt)
 		}
-		bound = heard + grace + exitWait + 2*time.Second
+		// A child is SIGTERMed at the stop's deadline, SIGKILLed after
+		// KillAfter.
+		childEnd := time.Duration(0)
+		if cp != nil {
+			childEnd = killAfter
+		}
+		bound = heard + grace + childEnd + exitWait + 2*time.Second
 		// Signals queued while the agent starts reach its loop together:
 		// within the window, one signal.
 		if secondSig >= 0 && loopAt >= 0 && secondSig-max(firstSig, loopAt) >= time.Second {
-			bound = min(bound, secondSig+exitWait+2*time.Second)
+			bound = min(bound, secondSig+childEnd+exitWait+2*time.Second)
 		}
 		t := time.NewTimer(time.Until(start.Add(bound)))
 		select {
@@ -531,8 +580,38 @@ func (w *world) runSession(k int) {
 		t.Stop()
 	}
 	took := time.Since(start)
+	select {
+	case loopAt = <-loopUp: // it ran, and the agent ended before the bound was computed
+	default:
+	}
+	if cp != nil {
+		var sigs []time.Duration
+		for _, ev := range evs {
+			if ev.signal && ev.at <= took {
+				sigs = append(sigs, ev.at)
+			}
+		}
+		nt := noticeAt
+		if nt > took {
+			nt = -1
+		}
+		f.mu.Lock()
+		nf := f.injected
+		f.mu.Unlock()
+		want, why := w.wantExit(k, sess.starter, cp, runErr, nf, sigs, nt, loopAt, start)
+		w.logf("agent: exit code %d (%v); docs/protocol.md: %s", exitCode, runErr, why)
+		if !slices.Contains(want, exitCode) {
+			w.violate("the agent exited %d, docs/protocol.md \"Exit codes\" says %v: %s", exitCode, want, why)
+		}
+		for _, p := range sess.starter.procs() {
+			p.exit(128+int(syscall.SIGKILL), "the bubble ends") // none should be left
+		}
+	}
 	w.mu.Lock()
 	switch {
+	case cp != nil && runErr != nil:
+		w.ended = append(w.ended, "refused")
+		w.logLocked("agent: did not run: %v", runErr)
 	case runErr != nil:
 		w.ended = append(w.ended, "refused")
 		w.logLocked("agent: refused to start: %v", runErr)
@@ -552,6 +631,21 @@ func (w *world) runSession(k int) {
 	w.checkStore()
 }
 
+// agentLog is session k's agent log: the replay's buffer, else none.
+func (w *world) agentLog(k int) *zap.Logger {
+	if !w.replay {
+		return zap.NewNop()
+	}
+	if w.logBuf == nil {
+		w.logBuf = &lockedBuffer{}
+	}
+	enc := zap.NewDevelopmentEncoderConfig()
+	enc.EncodeTime = func(tm time.Time, pe zapcore.PrimitiveArrayEncoder) {
+		pe.AppendString(fmt.Sprintf("%9.3fs s%d", tm.Sub(w.t0).Seconds(), k))
+	}
+	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w.logBuf), zap.DebugLevel))
+}
+
 // session is what a session's trainers share.
 type session struct {
 	w      *world
@@ -560,6 +654,10 @@ type session struct {
 	start  time.Time
 	quit   chan struct{} // closed once the agent ended
 	newest *checkpoint.Manifest
+	// Run mode (child_test.go): what the session drew, and the agent's
+	// starter of trainers; nil: hosted trainers.
+	child   *childPlan
+	starter *starter
 }
 
 // mode is what a trainer does with one checkpoint request.
@@ -588,6 +686,14 @@ type trainer struct {
 	connectAt time.Duration
 	modes     []mode // drawn from, evenly
 	comebacks int    // reconnections after a crash
+
+	proc *simProc // run mode: the process it is (child_test.go); nil: a hosted trainer
+	job  *job     // part mode: the job's agreement (parts_test.go); nil: none
+	node int      // part mode: its node
+	// connected (its hello sent, its connection open) and the last stop
+	// it read, under w.mu: part mode's fence check (parts_test.go).
+	connected bool
+	stopAt    time.Time
 
 	wmu  sync.Mutex
 	nc   net.Conn
@@ -660,6 +766,9 @@ func (t *trainer) send(m any) error {
 	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
+	if t.nc == nil {
+		return net.ErrClosed
+	}
 	_, err := t.nc.Write(b)
 	return err
 }
@@ -672,7 +781,14 @@ func (t *trainer) serve() (crashed bool) {
 		return false
 	default:
 	}
-	t.nc = t.s.srv.Pipe(1000 + t.rank)
+	pid := 1000 + t.rank
+	if t.proc != nil {
+		pid = t.proc.pid
+	}
+	nc := t.s.srv.Pipe(pid)
+	t.wmu.Lock()
+	t.nc = nc
+	t.wmu.Unlock()
 	gone := make(chan struct{}) // closed when this connection is over
 	var answers sync.WaitGroup
 	var crashOnce sync.Once
@@ -691,17 +807,44 @@ func (t *trainer) serve() (crashed bool) {
 		}
 		t.w.mu.Unlock()
 	}()
-	hello := protocol.Message{Type: protocol.TypeHello, Version: 2, PID: 1000 + t.rank}
+	if t.proc != nil {
+		// The process's end ends its connection.
+		go func() {
+			select {
+			case <-t.proc.done:
+				nc.Close()
+			case <-gone:
+			}
+		}()
+	}
+	hello := protocol.Message{Type: protocol.TypeHello, Version: 2, PID: pid}
 	if t.n > 1 {
 		r, n := t.rank, t.n
 		hello.Rank, hello.WorldSize = &r, &n
 	}
+	if t.job != nil {
+		lr, lw, nr, nn := t.rank%t.job.shape.local, t.job.shape.local, t.node, t.job.shape.nodes
+		hello.LocalRank, hello.LocalWorldSize, hello.NodeRank, hello.Nodes = &lr, &lw, &nr, &nn
+	}
 	t.w.mu.Lock()
 	ackedAtHello := t.w.acked
+	if t.job != nil {
+		// A node's agent hands what it committed: another node's agent
+		// may have committed a job checkpoint this one's commit failed.
+		ackedAtHello = t.w.ackedNode(t.node)
+	}
 	t.w.mu.Unlock()
 	if t.send(hello) != nil {
 		return false
 	}
+	t.w.mu.Lock()
+	t.connected = true
+	t.w.mu.Unlock()
+	defer func() {
+		t.w.mu.Lock()
+		t.connected = false
+		t.w.mu.Unlock()
+	}()
 	t.logf("hello")
 	sc := bufio.NewScanner(t.nc)
 	sc.Buffer(make([]byte, 4<<10), 2<<20)
@@ -716,27 +859,46 @@ func (t *trainer) serve() (crashed bool) {
 		case protocol.TypeWelcome, protocol.TypeRestored:
 			if m.Restore == protocol.RestorePending {
 				t.logf("welcome: restore pending")
+				if t.proc != nil {
+					t.proc.mu.Lock()
+					t.proc.restorer = true
+					t.proc.mu.Unlock()
+				}
 				continue
 			}
 			if m.Restore != "" {
 				t.logf("welcome: restore %s: %s", m.Restore, m.Error)
+				if t.proc != nil {
+					t.proc.exit(1, "restore") // the client raises
+				}
 				return false // the client raises: no fresh start
 			}
 			t.resumed(m.Resume, ackedAtHello)
 		case protocol.TypeRestoreFailed:
 			t.logf("restore failed: %s", m.Error)
+			if t.proc != nil {
+				t.proc.exit(1, "restore") // the client raises
+			}
 			return false
 		case protocol.TypeCheckpoint:
+			mu.Lock()
+			again := asked[m.ID]
+			mu.Unlock()
+			if again {
+				continue // a join's answer: the same request
+			}
 			mode := pick(t.rng, t.modes...)
 			step := t.base + int64(time.Since(t.from)/time.Second) + 1
+			if t.job != nil {
+				step = t.job.agree(t, m, step) // the ranks agree on it (parts_test.go)
+			}
 			t.logf("checkpoint %s reason=%s deadline in %s: %s", m.ID, m.Reason, m.Deadline.Sub(time.Now()), mode)
 			dl := *m.Deadline
 			t.w.mu.Lock()
 			if t.w.asked[m.ID] == nil {
 				t.w.asked[m.ID] = map[int]*answer{}
 			}
-			t.w.asked[m.ID][t.rank] = &answer{}
-			t.w.deadline[m.ID] = dl
+			t.w.asked[m.ID][t.rank] = &answer{deadline: dl}
 			t.w.mu.Unlock()
 			mu.Lock()
 			asked[m.ID] = true
@@ -751,19 +913,36 @@ func (t *trainer) serve() (crashed bool) {
 						close(gone)
 						t.nc.Close()
 					})
+					if t.proc != nil {
+						t.proc.exit(max(t.proc.ownCode, ownCodes[0]), "own") // it crashed mid-save
+					}
 				}
 			})
 		case protocol.TypeCommitted:
 			t.logf("committed %s step %d", m.ID, *m.Step)
 			t.w.mu.Lock()
 			t.w.acked = max(t.w.acked, *m.Step)
+			if t.job != nil {
+				t.w.nodeAcked[t.node] = max(t.w.ackedNode(t.node), *m.Step)
+			}
 			t.w.commits++
 			t.w.mu.Unlock()
 		case protocol.TypeUploadFailed:
 			t.logf("upload_failed %s: %s", m.ID, m.Error)
 		case protocol.TypeStop:
 			t.logf("stop reason=%s: exiting", m.Reason)
+			t.w.mu.Lock()
+			t.stopAt = time.Now()
+			t.w.mu.Unlock()
+			if t.proc != nil {
+				t.proc.mu.Lock()
+				t.proc.gotStop = true
+				t.proc.mu.Unlock()
+			}
 			t.sleep(time.Duration(t.rng.IntN(2000))*time.Millisecond, gone)
+			if t.proc != nil {
+				t.proc.exit(t.proc.stopCode, "stop")
+			}
 			return false
 		case protocol.TypeError:
 			t.logf("error %s: %s", m.ID, m.Error)
@@ -828,6 +1007,15 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 	t.w.mu.Lock()
 	defer t.w.mu.Unlock()
 	want := t.w.files[r.ID]
+	if t.job != nil { // a node restores its own part
+		mine := map[string][]byte{}
+		for p, b := range want {
+			if t.job.shape.nodeOfPath(p) == t.node {
+				mine[p] = b
+			}
+		}
+		want = mine
+	}
 	for p, b := range want {
 		if g, ok := got[p]; !ok || !bytes.Equal(g, b) {
 			t.w.violateLocked("rank%d: resumed %s: %s is not the bytes written (%d bytes, want %d)", t.rank, r.ID, p, len(g), len(b))
@@ -993,6 +1181,9 @@ func (w *world) checkStore() {
 	ms := w.manifests()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.job.nodes > 0 {
+		w.checkJobStore(ms) // parts_test.go
+	}
 	for _, m := range ms {
 		ranks := w.ranksOf[m.ID]
 		if len(ranks) == 0 {
@@ -1000,7 +1191,7 @@ func (w *world) checkStore() {
 			continue
 		}
 		for rank, a := range w.asked[m.ID] {
-			dl := w.deadline[m.ID]
+			dl := a.deadline
 			if (a.done.IsZero() || a.done.After(dl)) && (a.left.IsZero() || a.left.After(dl)) {
 				w.violateLocked("manifest %s (step %d): rank%d was asked, neither answered nor left by the deadline, yet it was committed", m.ID, m.Step, rank)
 			}
@@ -1024,6 +1215,34 @@ func (w *world) checkStore() {
 		}
 		for p := range want {
 			w.violateLocked("manifest %s (step %d) lacks %s, which a rank that answered wrote", m.ID, m.Step, p)
+		}
+	}
+}
+
+// checkLatestComplete: what latest.json points at, the checkpoint a
+// restore starts from, is complete in the store at the run's end: its
+// manifest, and every object it names at its size.
+func (w *world) checkLatestComplete() {
+	b, ok := w.st.Peek(checkpoint.LatestKey)
+	if !ok {
+		return
+	}
+	var l checkpoint.Latest
+	if err := json.Unmarshal(b, &l); err != nil || l.Manifest == "" {
+		return // sawLatest reported it
+	}
+	mb, ok := w.st.Peek(l.Manifest)
+	if !ok {
+		w.violate("at the end latest.json points at %s, which is not in the store", l.Manifest)
+		return
+	}
+	var m checkpoint.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		return // manifests reported it
+	}
+	for _, f := range m.Files {
+		if ob, found := w.st.Peek(f.Key); !found || int64(len(ob)) != f.Size {
+			w.violate("at the end latest.json's %s (step %d) lacks %s (%d bytes there, want %d): a partial checkpoint a restore would start from", m.ID, m.Step, f.Key, len(ob), f.Size)
 		}
 	}
 }
@@ -1108,6 +1327,14 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	}
 	if op.Kind == storesim.OpPut && op.Key == checkpoint.LatestKey {
 		f.w.sawLatest(op.Body)
+	}
+	if op.Kind == storesim.OpPut && strings.HasPrefix(op.Key, checkpoint.LeaseDir) {
+		var rec checkpoint.LeaseRecord
+		if json.Unmarshal(op.Body, &rec) == nil {
+			f.w.mu.Lock()
+			f.w.leases = append(f.w.leases, leaseWrite{instance: rec.Instance.InstanceID, epoch: rec.Epoch, at: time.Now()})
+			f.w.mu.Unlock()
+		}
 	}
 	if (op.Kind == storesim.OpPut || op.Kind == storesim.OpDelete) && f.draw("after", op) < f.lost {
 		f.note("store: %s lost its reply", op)

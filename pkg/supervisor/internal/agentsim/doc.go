@@ -4,5 +4,12 @@
 // with simulated trainers over net.Pipe (protocol.NewPipes), notices,
 // signals and a faulty in-memory store (internal/storesim), and
 // checks the guarantees of docs/reliability.md at the end of each
-// schedule. It holds no code but its test.
+// schedule. Run mode (child_test.go) runs supervisor.RunHostedChild,
+// whose trainer is a simulated process of the bubble that the agent
+// starts through Config.Child (a childproc.Starter), and checks the
+// agent's exit code against docs/protocol.md "Exit codes"; part mode
+// (parts_test.go) runs a job of two or three RunHosted node agents
+// (Config.Node) on one store, their ranks agreeing by join, and checks
+// that every manifest is a job manifest naming every node's part. It
+// holds no code but its tests.
 package agentsim
