@@ -223,6 +223,15 @@ func (a *Agent) onFenced() {
 	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
 		// No last checkpoint: no part of this copy can be written any
 		// more. Its trainers stop; the newer copy carries the node on.
+		// Its commits in flight end too: one waiting for the other
+		// parts held the exit up to the commit's bound (10 min; agentsim
+		// seeds 4, 180). A part written already stands; the job manifest
+		// is rank 0's agent's to write (or the others', once they see no
+		// part coming: commit's awaitParts).
+		for id, u := range a.commits.uploads {
+			a.log.Info("cancelling commit: fenced", zap.String("id", id))
+			u.cancel()
+		}
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
 		a.stops.begin(s)
 		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now, a.stopEnds())

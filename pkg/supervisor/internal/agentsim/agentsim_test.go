@@ -138,10 +138,12 @@ func TestAgentSim(t *testing.T) {
 // and passes since its fix (the commit that added them).
 var simRegressions = map[uint64]string{
 	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
-	20:  "agent_request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
+	20:  "request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
 	51:  "the same, and restore then handed the half file to the trainer as verified",
 	1:   "agent_loop.go nextWake (part mode): a node without rank 0, which never asks (its ranks join rank 0's requests), woke at once, forever, once its own schedule fell due: a busy loop, caught by the watchdog",
 	408: "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
+	4:   "commits.go onFenced (part mode): a fenced copy of a node waited for its job commit in flight (its part written, the other parts awaited) up to the commit's bound, 10 minutes, before it exited 76",
+	180: "the same, seen through another schedule",
 }
 
 // hostedSeeds found bugs before run mode was simulated: their sessions

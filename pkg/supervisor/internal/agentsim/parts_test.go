@@ -280,11 +280,10 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			// store may hold up to 30 s: its ranks stop at once (a job's
 			// fenced copy takes no last checkpoint), then the exit's bound.
 			// A periodic job commit of its in flight (its part written
-			// before the fence, the other parts awaited) is waited for up
-			// to the commit's bound, 10 minutes (request.go commit),
-			// though its ranks stopped at once (seeds 4, 180: reported,
-			// not changed).
-			b = min(b, fencedAt+fenceInterval+30*time.Second+10*time.Minute+exitWait+2*time.Second)
+			// before the fence, the other parts awaited) is cancelled at
+			// the fence (seeds 4, 180 waited up to the commit's bound,
+			// 10 minutes, before).
+			b = min(b, fencedAt+fenceInterval+30*time.Second+exitWait+2*time.Second)
 		}
 		return b
 	}
