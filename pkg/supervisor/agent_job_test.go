@@ -2,10 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -352,5 +355,69 @@ func TestJob_SecondCopyOfANodeFencesTheFirst(t *testing.T) {
 	}
 	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "rank-1.pt")); got != "one@100" {
 		t.Fatalf("node 1's committed rank-1.pt = %q, want one@100", got)
+	}
+}
+
+// unreadableManifests fails every read of a job manifest while armed.
+type unreadableManifests struct {
+	cloud.Store
+	armed atomic.Bool
+}
+
+func (s *unreadableManifests) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if s.armed.Load() && strings.HasSuffix(key, "/"+checkpoint.ManifestName) {
+		return nil, errors.New("injected: manifest unreadable")
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// TestJob_RankBackAfterItsNodesCommitFailedResumesTheJob: node 1's part is
+// written, rank 0's agent commits the job checkpoint with it, but node 1's
+// agent never reads that manifest (its commit fails: upload_failed). Its
+// rank, back, resumes the job checkpoint from the store, not a fresh start
+// beside node 0's ranks at step 7 (agent simulation seed 792).
+func TestJob_RankBackAfterItsNodesCommitFailedResumesTheJob(t *testing.T) {
+	n0 := startJobNode(t, nil, 0)
+	var flaky *unreadableManifests
+	n1 := startAgent(t, func(c *Config) {
+		c.Node = NodePart(1)
+		flaky = &unreadableManifests{Store: n0.store}
+		flaky.armed.Store(true)
+		c.Store = flaky
+	})
+	t0, t1 := trainertest.Dial(t, n0.cfg.Server.Path), trainertest.Dial(t, n1.cfg.Server.Path)
+	helloRank(t0, 0)
+	helloRank(t1, 1)
+	// The job's ranks agree on checkpoint id: each joins it.
+	id, deadline := "0123456789ab", time.Now().Add(time.Minute).UTC()
+	for _, tr := range []*trainertest.Trainer{t0, t1} {
+		tr.Send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": deadline, "step": 7})
+	}
+	req0, req1 := t0.Expect(protocol.TypeCheckpoint), t1.Expect(protocol.TypeCheckpoint)
+	testutil.WriteFile(t, filepath.Join(req0.Dir, "w.pt"), "step rank0")
+	testutil.WriteFile(t, filepath.Join(req1.Dir, "w.pt"), "step rank1")
+	t0.Send(map[string]any{"type": "done", "id": id, "step": 7})
+	t1.Send(map[string]any{"type": "done", "id": id, "step": 7})
+	t0.Expect(protocol.TypeCommitted)
+	// Node 1 waits for the manifest, then assembles it too (commit's
+	// assembleAfter, 5 s) and cannot read the one that won.
+	if m, ok := t1.Next(protocol.TypeUploadFailed, time.Minute); !ok || m.ID != id {
+		t.Fatalf("node 1: upload_failed %+v (%v), want one for %s", m, ok, id)
+	}
+	flaky.armed.Store(false)
+	t1.Close()
+	back := trainertest.Dial(t, n1.cfg.Server.Path)
+	back.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2, "rank": 1, "world_size": 2,
+		"local_rank": 0, "local_world_size": 1, "node_rank": 1, "nodes": 2})
+	w := back.Expect(protocol.TypeWelcome)
+	r := w.Resume
+	if w.Restore == protocol.RestorePending {
+		r = back.Expect(protocol.TypeRestored).Resume
+	}
+	if r == nil || r.Step != 7 || r.ID != id {
+		t.Fatalf("rank 1 back: resume %+v, want the job checkpoint %s at step 7", r, id)
+	}
+	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "w.pt")); got != "step rank1" {
+		t.Fatalf("rank 1's w.pt = %q, want its own part's", got)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
 	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
 	"github.com/spotagent/spotagent/pkg/supervisor/session"
@@ -33,9 +34,10 @@ type commits struct {
 	uploads   map[string]*upload
 	results   chan commitResult
 	last      committedCheckpoint
-	lastBlock time.Time     // when the trainer last finished saving (or started)
-	blocked   float64       // seconds blocked in checkpoints this session (goodput)
-	saveTook  time.Duration // the newest request → done measured (request.go's silence: no deaf trainer warned of a slow save)
+	unsure    bootrestore.Committed // part mode: the newest job checkpoint whose commit failed here after its part may have been written
+	lastBlock time.Time             // when the trainer last finished saving (or started)
+	blocked   float64               // seconds blocked in checkpoints this session (goodput)
+	saveTook  time.Duration         // the newest request → done measured (request.go's silence: no deaf trainer warned of a slow save)
 	lastStep  int64
 	interval  time.Duration
 	promise   promise.State // the notice checkpoint's prediction (pkg/supervisor/promise)
@@ -97,6 +99,15 @@ func (c *commits) resumed(now time.Time) {
 func (c *commits) committedAs(r *request, res *commit.Result) {
 	if res.Manifest.Step >= c.last.step {
 		c.last = committedCheckpoint{id: r.id, step: res.Manifest.Step, at: res.Manifest.Created, bytes: res.Bytes, trainedAt: r.sent}
+	}
+}
+
+// partFailed: in part mode r's commit failed here, its part perhaps
+// written: another node's agent may still commit the job checkpoint with
+// it (rank 0's assembles it), which this node would then not know of.
+func (c *commits) partFailed(r *request) {
+	if r.step > c.unsure.Step || c.unsure.ID == "" {
+		c.unsure = bootrestore.Committed{ID: r.id, Step: r.step}
 	}
 }
 
@@ -220,18 +231,21 @@ func (a *Agent) onFenced() {
 		zap.Int64("epoch", a.commits.epoch()), zap.Int64("newer_epoch", a.commits.lease().FencedBy()), zap.Duration("grace", a.cfg.TermGrace))
 	a.cfg.Metrics.Error("fenced")
 	n.Deadline = now.Add(a.cfg.TermGrace)
-	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
-		// No last checkpoint: no part of this copy can be written any
-		// more. Its trainers stop; the newer copy carries the node on.
-		// Its commits in flight end too: one waiting for the other
-		// parts held the exit up to the commit's bound (10 min; agentsim
-		// seeds 4, 180). A part written already stands; the job manifest
-		// is rank 0's agent's to write (or the others', once they see no
-		// part coming: commit's awaitParts).
+	if a.job.fencedStopsAtOnce() {
+		// No part of this copy can be written any more: its commits in
+		// flight end now, whatever stop is under way (one waiting for
+		// the other parts held the exit 76 up to the commit's bound,
+		// 10 min; agentsim seeds 4, 180, 5832). A part written already
+		// stands; the job manifest is rank 0's agent's to write (or the
+		// others', once no part comes: commit's awaitParts).
 		for id, u := range a.commits.uploads {
 			a.log.Info("cancelling commit: fenced", zap.String("id", id))
 			u.cancel()
 		}
+	}
+	if a.job.fencedStopsAtOnce() && a.stops.current == nil {
+		// No last checkpoint. Its trainers stop; the newer copy carries
+		// the node on.
 		s := &stopState{notice: n, reason: reasonFenced, deadline: n.Deadline}
 		a.stops.begin(s)
 		a.stops.failed(s, "fenced: a newer copy of "+a.cfg.Node+" owns its part of the job", now, a.stopEnds())

@@ -348,6 +348,9 @@ func (a *Agent) onCommitResult(cr commitResult) {
 			a.cfg.Metrics.CommitFailed(r.reason)
 		}
 		a.conns.Broadcast(protocol.Message{Type: protocol.TypeUploadFailed, ID: r.id, Error: cr.err.Error()})
+		if a.job.part() != "" {
+			a.commits.partFailed(r) // commits.go
+		}
 		a.sess.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
 		if r.stop != nil {
 			a.stops.failed(r.stop, "upload: "+cr.err.Error(), now, a.stopEnds())

@@ -267,8 +267,15 @@ func (a *Agent) restarted(res bootrestore.Result) {
 }
 
 // committed is the newest committed checkpoint as the rejoin restore
-// asks for it (pkg/supervisor/bootrestore).
+// asks for it (pkg/supervisor/bootrestore): this session's newest commit,
+// or in part mode a newer job checkpoint whose commit failed here after
+// its part may have been written (partFailed): a trainer back then has the
+// store looked at, which holds the job checkpoint if another node's agent
+// committed it (agent simulation seed 792: handed an older resume).
 func (c *commits) committed() bootrestore.Committed {
+	if c.unsure.ID != "" && c.unsure.Step > c.last.step {
+		return c.unsure
+	}
 	return bootrestore.Committed{ID: c.last.id, Step: c.last.step}
 }
 

@@ -137,13 +137,14 @@ func TestAgentSim(t *testing.T) {
 // simRegressions are seeds that found bugs: each failed with the bug in
 // and passes since its fix (the commit that added them).
 var simRegressions = map[uint64]string{
-	230: "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
-	20:  "request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
-	51:  "the same, and restore then handed the half file to the trainer as verified",
-	1:   "agent_loop.go nextWake (part mode): a node without rank 0, which never asks (its ranks join rank 0's requests), woke at once, forever, once its own schedule fell due: a busy loop, caught by the watchdog",
-	408: "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
-	4:   "commits.go onFenced (part mode): a fenced copy of a node waited for its job commit in flight (its part written, the other parts awaited) up to the commit's bound, 10 minutes, before it exited 76",
-	180: "the same, seen through another schedule",
+	230:  "agent_loop.go nextWake: a stop whose deadline had passed woke the loop at once, forever, while the agent waited on (a run without a child after a notice, a trainer still connected): a busy loop, caught by the watchdog",
+	20:   "request.go settle: a rank that crashed mid-save (half a file written, connection gone) did not stop the others' answers from committing the checkpoint, its half file in it",
+	51:   "the same, and restore then handed the half file to the trainer as verified",
+	1:    "agent_loop.go nextWake (part mode): a node without rank 0, which never asks (its ranks join rank 0's requests), woke at once, forever, once its own schedule fell due: a busy loop, caught by the watchdog",
+	408:  "agent_loop.go nextWake (run mode): a trainer's restart due while an upload was in flight woke the loop at once, forever, until the upload ended: a busy loop, caught by the watchdog",
+	4:    "commits.go onFenced (part mode): a fenced copy of a node waited for its job commit in flight (its part written, the other parts awaited) up to the commit's bound, 10 minutes, before it exited 76",
+	180:  "the same, seen through another schedule",
+	5832: "the same while another stop was under way (an interruption checkpoint abandoned before the fence): only a fence with no stop cancelled the commits in flight",
 }
 
 // hostedSeeds found bugs before run mode was simulated: their sessions
@@ -197,23 +198,23 @@ type world struct {
 	hostedOnly bool
 	job        jobShape // a job of several nodes (parts_test.go); zero: none
 
-	mu      sync.Mutex
-	trace   []string
-	bad     []string
-	seen    map[string]bool              // violations reported
-	ids     map[string]string            // request id -> c<n>
-	files   map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
-	ranksOf map[string]map[int][]string  // request id -> rank that answered in time -> its paths
-	asked   map[string]map[int]*answer   // request id -> rank asked -> its answer
-	acked   int64                        // the newest step a trainer was told is committed; -1: none
-	// nodeAcked: in a job, acked by node (parts_test.go).
-	nodeAcked map[int]int64
-	leases    []leaseWrite // lease objects that landed (parts_test.go)
-	latest    int64        // the newest step latest.json was written with; -1: none
-	starts    int          // sessions that started
-	ended     []string     // how each session ended
-	injected  int          // faults injected
-	commits   int          // committed messages seen
+	mu       sync.Mutex
+	trace    []string
+	bad      []string
+	seen     map[string]bool              // violations reported
+	ids      map[string]string            // request id -> c<n>
+	files    map[string]map[string][]byte // request id -> path -> the bytes a rank wrote, complete
+	ranksOf  map[string]map[int][]string  // request id -> rank that answered in time -> its paths
+	asked    map[string]map[int]*answer   // request id -> rank asked -> its answer
+	acked    int64                        // the newest step a trainer was told is committed; -1: none
+	leases   []leaseWrite                 // lease objects that landed (parts_test.go)
+	latest   int64                        // the newest step latest.json was written with; -1: none
+	starts   int                          // sessions that started
+	ended    []string                     // how each session ended
+	injected int                          // faults injected
+	// leaseFailed: when a lease check (a list of leases/) last failed.
+	leaseFailed time.Time
+	commits     int // committed messages seen
 }
 
 // answer is what one rank did with one request.
@@ -322,7 +323,7 @@ const simWatchdog = 2 * time.Minute
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
 		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, nodeAcked: map[int]int64{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1}
+		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1}
 	if !w.hostedOnly {
 		w.job = drawJob(seed)
 	}
@@ -829,12 +830,11 @@ func (t *trainer) serve() (crashed bool) {
 		hello.LocalRank, hello.LocalWorldSize, hello.NodeRank, hello.Nodes = &lr, &lw, &nr, &nn
 	}
 	t.w.mu.Lock()
+	// In a job, a step any node's trainers were told committed holds
+	// every node's part: a node whose own commit of it failed looks at
+	// the store when a trainer is back (seed 792: it handed an older
+	// resume).
 	ackedAtHello := t.w.acked
-	if t.job != nil {
-		// A node's agent hands what it committed: another node's agent
-		// may have committed a job checkpoint this one's commit failed.
-		ackedAtHello = t.w.ackedNode(t.node)
-	}
 	t.w.mu.Unlock()
 	if t.send(hello) != nil {
 		return false
@@ -924,9 +924,6 @@ func (t *trainer) serve() (crashed bool) {
 			t.logf("committed %s step %d", m.ID, *m.Step)
 			t.w.mu.Lock()
 			t.w.acked = max(t.w.acked, *m.Step)
-			if t.job != nil {
-				t.w.nodeAcked[t.node] = max(t.w.ackedNode(t.node), *m.Step)
-			}
 			t.w.commits++
 			t.w.mu.Unlock()
 		case protocol.TypeUploadFailed:
@@ -1309,6 +1306,11 @@ func (f *faults) Before(ctx context.Context, op storesim.Op) error {
 	switch x := f.draw("before", op); {
 	case x < f.fail:
 		f.note("store: %s fails", op)
+		if op.Kind == storesim.OpList && strings.HasPrefix(op.Key, checkpoint.LeaseDir) {
+			f.w.mu.Lock()
+			f.w.leaseFailed = time.Now()
+			f.w.mu.Unlock()
+		}
 		return storesim.ErrInjected
 	case x < f.fail+f.slow:
 		f.note("store: %s slow (%s)", op, f.slowFor)

@@ -282,8 +282,16 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			// A periodic job commit of its in flight (its part written
 			// before the fence, the other parts awaited) is cancelled at
 			// the fence (seeds 4, 180 waited up to the commit's bound,
-			// 10 minutes, before).
-			b = min(b, fencedAt+fenceInterval+30*time.Second+exitWait+2*time.Second)
+			// 10 minutes, before). A lease check that failed since the
+			// fence cannot have seen the newer lease: the copy runs on
+			// until one succeeds (seed 3979), given 10 minutes here.
+			slack := time.Duration(0)
+			w.mu.Lock()
+			if w.leaseFailed.After(start.Add(fencedAt)) {
+				slack = 10 * time.Minute
+			}
+			w.mu.Unlock()
+			b = min(b, fencedAt+fenceInterval+30*time.Second+slack+exitWait+2*time.Second)
 		}
 		return b
 	}
@@ -452,15 +460,6 @@ func (w *world) checkJobStore(ms []*checkpoint.Manifest) {
 			}
 		}
 	}
-}
-
-// ackedNode is the newest step node n's trainers were told is committed
-// (-1: none); w.mu held.
-func (w *world) ackedNode(n int) int64 {
-	if s, ok := w.nodeAcked[n]; ok {
-		return s
-	}
-	return -1
 }
 
 // fenced: of the two copies of a node (instances first and second), the
