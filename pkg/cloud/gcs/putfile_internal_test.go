@@ -42,15 +42,7 @@ func TestPutFile_OneRequest(t *testing.T) {
 	if len(src.Reports) < 2 || sum < src.Size {
 		t.Fatalf("progress reports %d adding to %d, want several adding to at least %d", len(src.Reports), sum, src.Size)
 	}
-	r, err := st.Get(t.Context(), "obj", 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(r)
-	r.Close()
-	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("read back %d bytes (%v), equal %v", len(got), err, bytes.Equal(got, data))
-	}
+	readBack(t, st, "obj", data)
 	// The server checks the CRC32C sent with the request.
 	o, _ := st.object("bad")
 	if err := st.putOnce(t.Context(), o, bytes.NewReader(data), crc32.Checksum(data, castagnoli)^1); err == nil {
@@ -83,7 +75,13 @@ func TestPutFile_SurvivesResetsInARow(t *testing.T) {
 	if got := proxy.Stats().Faults; got != 5 {
 		t.Fatalf("%d resets injected, want 5", got)
 	}
-	r, err := st.Get(t.Context(), "obj", 0, -1)
+	readBack(t, st, "obj", data)
+}
+
+// readBack fails the test unless key holds data.
+func readBack(t *testing.T, st *Store, key string, data []byte) {
+	t.Helper()
+	r, err := st.Get(t.Context(), key, 0, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
