@@ -19,7 +19,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -94,13 +93,15 @@ func openChildDir(r *os.Root, name string) (*os.Root, error) {
 // OpenScanned opens the regular file rel below root for reading without
 // ever blocking in open(2) (a FIFO planted there would) and refuses
 // anything else: a FIFO, a device, a socket, a symlink, or a file whose
-// size is not want (the size the scan saw).
-func OpenScanned(root *os.Root, rel string, want int64) (*os.File, error) {
+// size is not want (the size the scan saw). owners, when given, are the
+// uids of the trainer that wrote the file, another user than the agent's:
+// the file must be one of theirs with a single link (CheckOwnedBy).
+func OpenScanned(root *os.Root, rel string, want int64, owners ...int) (*os.File, error) {
 	fh, err := root.OpenFile(rel, os.O_RDONLY|ONonblock, 0)
 	if err != nil {
 		return nil, err
 	}
-	err = CheckRegular(root, rel, fh, want)
+	err = CheckRegular(root, rel, fh, want, owners...)
 	if err != nil {
 		fh.Close()
 		return nil, err
@@ -109,9 +110,9 @@ func OpenScanned(root *os.Root, rel string, want int64) (*os.File, error) {
 }
 
 // CheckRegular checks fh, opened as rel below root, as OpenScanned does:
-// a regular file, the trainer's own where OwnedBy says so, of size want,
-// and still the file at rel.
-func CheckRegular(root *os.Root, rel string, fh *os.File, want int64) error {
+// a regular file, one of owners' (when given), of size want, and still
+// the file at rel.
+func CheckRegular(root *os.Root, rel string, fh *os.File, want int64, owners ...int) error {
 	info, err := fh.Stat()
 	if err != nil {
 		return err
@@ -119,8 +120,10 @@ func CheckRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 	if !info.Mode().IsRegular() {
 		return fmt.Errorf("%s is not a regular file (%s): %w", rel, info.Mode().Type(), ErrRefused)
 	}
-	if err := checkOwner(root, rel, info); err != nil {
-		return err
+	if len(owners) > 0 {
+		if err := CheckOwnedBy(rel, info, owners); err != nil {
+			return err
+		}
 	}
 	if info.Size() != want {
 		return fmt.Errorf("%s changed after the scan: %d bytes, scanned %d", rel, info.Size(), want)
@@ -133,41 +136,17 @@ func CheckRegular(root *os.Root, rel string, fh *os.File, want int64) error {
 	return nil
 }
 
-// owners holds the roots OwnedBy marked: root → the uids whose files may
-// be read through it.
-var owners sync.Map
-
-// OwnedBy marks root, a checkpoint directory written by a trainer of
-// another user than the agent's (node and sidecar modes, an agent running
-// as root), as that trainer's: until the returned func is called, every
-// file read through root for an upload or a verification must be owned by
-// one of uids and have a single link. Otherwise a trainer could hard-link
-// a file only the agent may read (fs.protected_hardlinks=0) into its
-// checkpoint and read it back from the store. No uids: nothing is marked.
-func OwnedBy(root *os.Root, uids ...int) func() {
-	if root == nil || len(uids) == 0 {
-		return func() {}
-	}
-	owners.Store(root, uids)
-	return func() { owners.Delete(root) }
-}
-
 // ErrNotOwned reports a file a trainer of another user than the agent put
-// in its checkpoint that is not its own (OwnedBy's rule): never uploaded.
+// in its checkpoint that is not its own (CheckOwnedBy's rule): never
+// uploaded.
 var ErrNotOwned = fmt.Errorf("not the trainer's own file: %w", ErrRefused)
 
-// checkOwner applies OwnedBy's rule to the file rel below root (info: its
-// fstat).
-func checkOwner(root *os.Root, rel string, info fs.FileInfo) error {
-	v, ok := owners.Load(root)
-	if !ok {
-		return nil
-	}
-	return CheckOwnedBy(rel, info, v.([]int))
-}
-
 // CheckOwnedBy checks that the file rel (info: its fstat) is owned by one of
-// uids and has a single link.
+// uids and has a single link: the rule for a checkpoint directory written
+// by a trainer of another user than the agent's (node and sidecar modes,
+// an agent running as root; commit.Request.Owners). Otherwise a trainer
+// could hard-link a file only the agent may read (fs.protected_hardlinks=0)
+// into its checkpoint and read it back from the store.
 func CheckOwnedBy(rel string, info fs.FileInfo, uids []int) error {
 	st, ok := info.Sys().(*syscall.Stat_t)
 	if !ok {

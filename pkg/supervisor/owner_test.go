@@ -76,13 +76,6 @@ s.close()
 	if got := r.ownerUIDs(); !slices.Equal(got, []int{nobody}) {
 		t.Fatalf("owner uids %v after the trainer closed, want [%d]", got, nobody)
 	}
-	held, err := os.OpenRoot(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	r.held = held
-	r.trainerOwned()()
 }
 
 // TestGoBg_PanicFailsTheWork (issue 36 item 5): a panic in background

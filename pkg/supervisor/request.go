@@ -296,9 +296,9 @@ func (a *Agent) commit(r *request) {
 	// machine's own notices: a join from a trainer is no notice, and a
 	// pod could send one in a loop to starve its neighbours.
 	ownNotice := r.stop != nil && !r.stop.joined
+	// The owner rule: a trainer of another user uploads only its own files.
 	req := commit.Request{Dir: r.dir, Root: r.held, ID: r.id, Step: r.step, Reason: r.reason, Metadata: r.metadata, Urgent: ownNotice, Pipeline: r.pipe,
-		Part: a.job.partFor(r)}
-	unown := r.trainerOwned() // the owner rule: a trainer of another user uploads only its own files
+		Part: a.job.partFor(r), Owners: r.ownerUIDs()}
 	keep, st, log, results, life, dirs := a.cfg.Keep, a.cfg.Store, a.log, a.commits.results, a.life, &a.dirs
 	report := func(cr commitResult) {
 		select {
@@ -308,7 +308,6 @@ func (a *Agent) commit(r *request) {
 	}
 	a.goBgFail(func() {
 		defer cancel()
-		defer unown()
 		if openErr != nil {
 			report(commitResult{req: r, err: fmt.Errorf("commit: %w", openErr)})
 			return
@@ -448,9 +447,11 @@ func (r *request) noteAnswer(c *protocol.Conn) {
 	r.answerUIDs[c.ID()] = foreignUID(c)
 }
 
-// ownerUIDs are the uids every file of r must be owned by: those of the
-// trainers that answered it, nil when one of them is the agent's own user
-// (or its uid is unknown), whether or not it is still connected.
+// ownerUIDs are the uids every file of r must be owned by (its commit's
+// Owners): those of the trainers that answered it, nil when one of them
+// is the agent's own user (or its uid is unknown), whether or not it is
+// still connected. A trainer of another user then cannot make the agent
+// read a file it could not read itself (a hard link, another's file).
 func (r *request) ownerUIDs() []int {
 	var uids []int
 	for cid := range r.answeredBy {
@@ -472,20 +473,6 @@ func foreignUID(c *protocol.Conn) []int {
 		return nil
 	}
 	return []int{uid}
-}
-
-// trainerOwned marks r's directory, as opened for its commit, as written
-// by the trainers that answered r when they run as another user than the
-// agent (node and sidecar modes with an agent running as root): every file
-// uploaded from it must then be owned by one of them and have one link
-// (checkpoint.OwnedBy), so that a trainer cannot make the agent read a
-// file it could not read itself. A trainer of the agent's own user crosses
-// no boundary: nothing is marked. The returned func lifts the mark.
-func (r *request) trainerOwned() func() {
-	if r.held == nil {
-		return func() {}
-	}
-	return checkpoint.OwnedBy(r.held, r.ownerUIDs()...)
 }
 
 // warnEvery bounds how often a condition that persists is said again: at

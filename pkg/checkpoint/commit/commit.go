@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,7 +51,10 @@ type Committer struct {
 	// one node never write, or delete, each other's objects.
 	Session string
 
-	pace *earlyPace // early uploads or not (pace.go); paceState creates it
+	// pace: early uploads or not (pace.go), created once by paceState
+	// and shared with OnStore's committers.
+	paceOnce sync.Once
+	pace     *earlyPace
 }
 
 // Fence fences c by a session's lease (Lease): taken after c is made, at
@@ -64,9 +68,8 @@ func (c *Committer) FenceParts(l *checkpoint.Lease) { c.PartLease = l }
 // OnStore is a committer like c that writes to st (a store that checks
 // each file before the manifest, zero-code mode's), sharing c's pace.
 func (c *Committer) OnStore(st cloud.Store) *Committer {
-	d := *c
-	d.Store = st
-	return &d
+	return &Committer{Store: st, RunID: c.RunID, Source: c.Source, Concurrency: c.Concurrency, Gate: c.Gate, Log: c.Log,
+		Lease: c.Lease, PartLease: c.PartLease, Session: c.Session, pace: c.paceState()}
 }
 
 // SessionParts gives this session's part data a folder of its own
@@ -94,6 +97,12 @@ type Request struct {
 	// job is durable and commits the job manifest. nil: a single-node
 	// checkpoint.
 	Part *checkpoint.PartSpec
+	// Owners, when set, are the uids of the trainers that wrote Dir, of
+	// another user than the agent's (node and sidecar modes, an agent
+	// running as root): every file read for the commit must be one of
+	// theirs with a single link (checkpoint.CheckOwnedBy), or the commit
+	// fails with checkpoint.ErrNotOwned. nil: no such rule.
+	Owners []int
 }
 
 // Result describes a committed checkpoint.
@@ -150,7 +159,7 @@ func (c *Committer) Commit(ctx context.Context, req Request) (_ *Result, err err
 	if !pipeStart.IsZero() && pipeStart.Before(upStart) {
 		upStart = pipeStart // throughput: the early uploads count too
 	}
-	if err := c.upload(ctx, log, root, prefix, files, todo, total, m.Files); err != nil {
+	if err := c.upload(ctx, log, root, req.Owners, prefix, files, todo, total, m.Files); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	uploaded := time.Now()
@@ -293,7 +302,7 @@ func (c *Committer) commitSingle(ctx context.Context, req Request, m *checkpoint
 
 // upload puts the files indexed by todo (total bytes in all) concurrently
 // and fills out with their entries.
-func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, prefix string, files []checkpoint.LocalFile, todo []int, total int64, out []checkpoint.File) error {
+func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, owners []int, prefix string, files []checkpoint.LocalFile, todo []int, total int64, out []checkpoint.File) error {
 	p := &checkpoint.Progress{Start: time.Now(), Total: total}
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -304,7 +313,7 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 	for _, i := range todo {
 		f := files[i]
 		g.Go(func() error {
-			crc, digest, err := c.uploadFile(gctx, root, prefix+f.Rel, f, p)
+			crc, digest, err := c.uploadFile(gctx, root, owners, prefix+f.Rel, f, p)
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", f.Rel, err)
 			}
@@ -318,10 +327,10 @@ func (c *Committer) upload(ctx context.Context, log *zap.Logger, root *os.Root, 
 // uploadFile streams one file to the store, taking its CRC32C and digest
 // on the way: the file is read once. A file that changes size while it is
 // read is an error.
-func (c *Committer) uploadFile(ctx context.Context, root *os.Root, key string, f checkpoint.LocalFile, p *checkpoint.Progress) (crc, digest string, err error) {
+func (c *Committer) uploadFile(ctx context.Context, root *os.Root, owners []int, key string, f checkpoint.LocalFile, p *checkpoint.Progress) (crc, digest string, err error) {
 	// Whatever was swapped in after the scan (a FIFO, a symlink, another
 	// file) is refused here without blocking.
-	fh, err := checkpoint.OpenScanned(root, f.Rel, f.Size)
+	fh, err := checkpoint.OpenScanned(root, f.Rel, f.Size, owners...)
 	if err != nil {
 		return "", "", err
 	}

@@ -50,9 +50,8 @@ func TestCommit_OwnedBy(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer root.Close()
-			defer checkpoint.OwnedBy(root, uid)()
 			c := &Committer{Store: st, RunID: "run"}
-			_, err = c.Commit(context.Background(), Request{Dir: dir, Root: root, ID: "a", Step: 1})
+			_, err = c.Commit(context.Background(), Request{Dir: dir, Root: root, ID: "a", Step: 1, Owners: []int{uid}})
 			if tc.ok && err != nil {
 				t.Fatalf("commit of the trainer's own files: %v", err)
 			}
@@ -61,7 +60,7 @@ func TestCommit_OwnedBy(t *testing.T) {
 			}
 		})
 	}
-	// Not marked: no owner rule (the agent's own user's trainer).
+	// No Owners: no owner rule (the agent's own user's trainer).
 	st := cptest.NewStore(t)
 	dir := cptest.WriteDir(t, map[string]string{"model.pt": "weights"})
 	if _, err := (&Committer{Store: st, RunID: "run"}).Commit(context.Background(), Request{Dir: dir, ID: "b", Step: 1}); err != nil {
@@ -76,7 +75,7 @@ func TestCommit_OwnedBy(t *testing.T) {
 // later Add fails, and so does the commit at done, even once the file is
 // gone; the early uploads of the trainer's own files are deleted by the
 // Abort that follows. A file of its own reported saved and then replaced
-// by such a link before done is refused by the commit's mark.
+// by such a link before done is refused by the commit (Request.Owners).
 func TestPipeline_OwnedBy(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: files of another user")
@@ -126,8 +125,7 @@ func TestPipeline_OwnedBy(t *testing.T) {
 			}
 			// Even with x gone by done, the checkpoint is not committed.
 			os.Remove(filepath.Join(dir, "x"))
-			defer checkpoint.OwnedBy(root, uid)()
-			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "own", Step: 3, Pipeline: p}); !errors.Is(err, checkpoint.ErrNotOwned) {
+			if _, err := c.Commit(context.Background(), Request{Root: root, ID: "own", Step: 3, Pipeline: p, Owners: []int{uid}}); !errors.Is(err, checkpoint.ErrNotOwned) {
 				t.Fatalf("commit: %v, want ErrNotOwned", err)
 			}
 			p.Abort()
@@ -158,8 +156,7 @@ func TestPipeline_OwnedBy(t *testing.T) {
 		if err := os.Rename(tmp, filepath.Join(dir, "model.pt")); err != nil {
 			t.Fatal(err)
 		}
-		defer checkpoint.OwnedBy(root, uid)()
-		if _, err := c.Commit(context.Background(), Request{Root: root, ID: "rep", Step: 3, Pipeline: p}); !errors.Is(err, checkpoint.ErrNotOwned) {
+		if _, err := c.Commit(context.Background(), Request{Root: root, ID: "rep", Step: 3, Pipeline: p, Owners: []int{uid}}); !errors.Is(err, checkpoint.ErrNotOwned) {
 			t.Fatalf("commit: %v, want ErrNotOwned", err)
 		}
 		p.Abort()

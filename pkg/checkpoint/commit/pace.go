@@ -29,17 +29,14 @@ type earlyPace struct {
 	n       int        // pipelines decided
 }
 
-// paceMu guards the creation of Committer.pace: a Committer is a struct
-// literal, and may be copied (watch mode swaps its Store), so the state
-// lives behind a pointer the copies share.
-var paceMu sync.Mutex
-
+// paceState is c's pace, created at its first use (a Committer is a
+// struct literal) or given by OnStore (its committers share c's).
 func (c *Committer) paceState() *earlyPace {
-	paceMu.Lock()
-	defer paceMu.Unlock()
-	if c.pace == nil {
-		c.pace = &earlyPace{}
-	}
+	c.paceOnce.Do(func() {
+		if c.pace == nil {
+			c.pace = &earlyPace{}
+		}
+	})
 	return c.pace
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
+	"go.uber.org/zap"
 )
 
 // The pace tries early uploads, then the serial path, then keeps the
@@ -91,5 +94,41 @@ func TestEarlyPace_DeferredPipelineUploadsAtDone(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "a")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOnStore_CopiesAllButTheStore: OnStore's committer is c's on another
+// store, sharing c's pace (zero-code mode's committer, whose uploads count
+// for the same machine), built field by field since a Committer holds a
+// sync.Once: a field added to Committer must be added to OnStore and here.
+func TestOnStore_CopiesAllButTheStore(t *testing.T) {
+	c := &Committer{Store: cptest.NewStore(t), RunID: "run", Source: checkpoint.Machine{Cloud: "aws", InstanceID: "i-1"},
+		Concurrency: 3, Gate: NewGate(1), Log: zap.NewNop(), Lease: &checkpoint.Lease{}, PartLease: &checkpoint.Lease{}, Session: "s1"}
+	other := cptest.NewStore(t)
+	d := c.OnStore(other)
+	if d.Store != other {
+		t.Fatal("OnStore: the store is not the one given")
+	}
+	cv, dv := reflect.ValueOf(c).Elem(), reflect.ValueOf(d).Elem()
+	var names []string
+	for i := range cv.NumField() {
+		f := cv.Type().Field(i)
+		names = append(names, f.Name)
+		if !f.IsExported() || f.Name == "Store" {
+			continue
+		}
+		if cv.Field(i).IsZero() {
+			t.Fatalf("set %s in this test", f.Name)
+		}
+		if !reflect.DeepEqual(cv.Field(i).Interface(), dv.Field(i).Interface()) {
+			t.Errorf("OnStore: %s not copied", f.Name)
+		}
+	}
+	want := []string{"Store", "RunID", "Source", "Concurrency", "Gate", "Log", "Lease", "PartLease", "Session", "paceOnce", "pace"}
+	if !slices.Equal(names, want) {
+		t.Errorf("Committer's fields %v, this test and OnStore know %v", names, want)
+	}
+	if d.paceState() != c.paceState() {
+		t.Error("OnStore's committer has a pace of its own")
 	}
 }

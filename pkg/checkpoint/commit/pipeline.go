@@ -136,10 +136,11 @@ func (p *Pipeline) score(bytes int64, uploaded time.Time) {
 //
 // owners, when given, are the uids of the trainer that reported rel, one
 // of another user than the agent's: the file must be owned by one of them
-// and have a single link (OwnedBy's rule, which the commit applies at
-// done). A file that is not is never read, and fails the checkpoint: it
-// stops the uploads in flight, every later Add fails, and so does the
-// Commit that takes p, so that nothing of it is committed.
+// and have a single link (checkpoint.CheckOwnedBy, which the commit
+// applies at done through Request.Owners). A file that is not is never
+// read, and fails the checkpoint: it stops the uploads in flight, every
+// later Add fails, and so does the Commit that takes p, so that nothing of
+// it is committed.
 func (p *Pipeline) Add(rel string, owners ...int) error {
 	if err := checkpoint.SafeRel(rel); err != nil {
 		return err
