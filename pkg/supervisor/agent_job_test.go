@@ -279,7 +279,7 @@ func TestJoin_OnlyRanksOfAJob(t *testing.T) {
 	}
 	ar.waitStatus(t, "no request", func(s Status) bool { return s.Pending == 0 })
 	// Another run: beside the single trainer, a rank 1 of 2 is no rank of
-	// its job (pkg/supervisor/trainers, declaredRanks) and could not join.
+	// its job (pkg/supervisor/internal/trainers, declaredRanks) and could not join.
 	multi := startAgent(t, nil)
 	rank := trainertest.Dial(t, multi.cfg.Server.Path)
 	rank.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "rank": 1, "world_size": 2})

@@ -16,7 +16,7 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/liveness"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/ranks"
 )
 
 // startSilentPeerJob is node 0 of a two-node job (launcherJob) with the

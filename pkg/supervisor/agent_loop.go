@@ -19,14 +19,14 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
-	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
-	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/bootrestore"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/session"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
-	"github.com/spotagent/spotagent/pkg/supervisor/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // Agent runs one training run: it restores, starts the trainer, serves the
@@ -46,15 +46,15 @@ type Agent struct {
 	bg      sync.WaitGroup // every goroutine the agent starts beside the loop
 	dirs    localDirs
 
-	sess    *session.Session     // this session and the run's journal (pkg/supervisor/session)
-	boot    bootrestore.Boot     // the restore beside the trainers (pkg/supervisor/bootrestore)
-	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/childproc)
-	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/trainers)
+	sess    *session.Session     // this session and the run's journal (pkg/supervisor/internal/session)
+	boot    bootrestore.Boot     // the restore beside the trainers (pkg/supervisor/internal/bootrestore)
+	proc    *childproc.Process   // the trainer's child process (pkg/supervisor/internal/childproc)
+	conns   *trainers.Conns      // the trainers and their connections (pkg/supervisor/internal/trainers)
 	commits commits              // requests, uploads and commits (commits.go)
 	stops   stopSequence         // notices, signals and the stop sequence (stop.go)
 	fences  chan struct{}        // the lease check found a newer session (commits.go)
-	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/ranks)
-	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/ranks)
+	ranks   ranks.Tracker        // the child's ranks, and a lost peer (pkg/supervisor/internal/ranks)
+	live    ranks.Heartbeats     // heartbeats of the job's nodes (pkg/supervisor/internal/ranks)
 	job     jobPolicy            // single node or one node's part of a job (job.go)
 	src     source.Source        // where checkpoints come from (restore.go): the protocol, or zero-code mode
 	asks    <-chan chan<- Status // a node agent's status requests for this run (pkg/supervisor/nodemode); nil: none
@@ -165,7 +165,7 @@ func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <
 		bridge()
 	}
 	if a.cfg.OverlapsRestore() {
-		a.boot.StartBeside() // pkg/supervisor/bootrestore: the trainer starts meanwhile
+		a.boot.StartBeside() // pkg/supervisor/internal/bootrestore: the trainer starts meanwhile
 	}
 	if len(cfg.Command) > 0 {
 		if err := a.startChild(); err != nil {
@@ -178,7 +178,7 @@ func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <
 		cfg.Metrics.Ready(true) // else once the restore is in place (restore.go)
 	}
 	a.loop(ctx, events, notices, signals)
-	a.live.Stop() // pkg/supervisor/ranks
+	a.live.Stop() // pkg/supervisor/internal/ranks
 	cfg.Metrics.Ready(false)
 	a.proc.Close() // what the trainer left in its group goes now
 	if a.boot.Aborted() {
@@ -189,7 +189,7 @@ func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <
 	if a.commits.fenced() { // commits.go
 		return exitFenced, nil
 	}
-	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/bootrestore
+	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/internal/bootrestore
 		return code, err
 	}
 	return a.proc.ExitCode(), nil
@@ -331,7 +331,7 @@ func (a *Agent) startChild() error {
 	}
 	a.dirs.Area.Remove(localdirs.ExitFileName) // what an earlier start wrote is no answer of this one
 	if p := os.Getenv(localdirs.ExitFileEnv); p != "" {
-		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/ranks): none may be left from before
+		os.Remove(p) // the ranks' first answer decides (pkg/supervisor/internal/ranks): none may be left from before
 	}
 	a.ranks.Reset()
 	return a.proc.Start(a.cfg.ChildEnv(a.dirs.AreaPath, a.boot.Restoring(), a.boot.Resume()))
@@ -389,18 +389,18 @@ func (a *Agent) loop(ctx context.Context, events <-chan protocol.Event, notices 
 		case work := <-a.src.Ready():
 			work()
 		case res := <-a.ranks.LookupDone():
-			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/ranks
+			a.proc.ExitAs(a.ranks.OnLookup(res)) // pkg/supervisor/internal/ranks
 		case res := <-a.boot.Done():
 			a.onRestoreDone(res) // restore.go
 		case res := <-a.boot.RejoinDone():
-			a.boot.OnRejoined(res) // pkg/supervisor/bootrestore
+			a.boot.OnRejoined(res) // pkg/supervisor/internal/bootrestore
 		case res := <-a.boot.RestartDone():
 			a.restarted(res) // restore.go
 		case <-a.proc.Done():
 			a.onChildExit()
 		case reply := <-a.asks: // node.go: buffered, never waits
 			reply <- a.status()
-		case s := <-a.live.Silent(): // pkg/supervisor/ranks
+		case s := <-a.live.Silent(): // pkg/supervisor/internal/ranks
 			if a.ranks.OnPeerSilent(s, a.proc.Running(), a.stops.current != nil) {
 				a.proc.Stop(a.life, a.goBg)
 			}
@@ -432,11 +432,11 @@ func (a *Agent) onEvent(ev protocol.Event) {
 		sendStatus(a.conns, c, a.status())
 	case protocol.TypeBye:
 		a.commits.seeStep(m.Step)
-		a.conns.Bye(c.ID()) // pkg/supervisor/trainers
+		a.conns.Bye(c.ID()) // pkg/supervisor/internal/trainers
 	case protocol.TypeDisconnected:
-		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/bootrestore
-		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/ranks
-		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/trainers
+		a.boot.Forget(c.ID())                                                                                        // pkg/supervisor/internal/bootrestore
+		a.ranks.ConnEnded(c, a.conns.SaidBye(c.ID()), a.stops.current != nil, a.proc.Running(), a.dirs.ExitFileSays) // pkg/supervisor/internal/ranks
+		a.conns.Disconnected(c.ID())                                                                                 // pkg/supervisor/internal/trainers
 		for _, r := range a.commits.pending {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
@@ -475,7 +475,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 	}
 	earlier(a.boot.AbandonAt())
 	earlier(a.src.View(now).Wake)
-	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
+	if a.ranks.Pending(a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/internal/ranks
 		earlier(now.Add(ranks.Poll))
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) {
@@ -514,7 +514,7 @@ func (a *Agent) tick(now time.Time) {
 		}
 		a.checkDone()
 	}
-	switch a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/ranks
+	switch a.ranks.Tick(now, a.proc.Running(), a.stops.current != nil) { // pkg/supervisor/internal/ranks
 	case ranks.EndLauncher:
 		a.proc.Stop(a.life, a.goBg)
 	case ranks.KillLauncher:
@@ -523,7 +523,7 @@ func (a *Agent) tick(now time.Time) {
 	a.src.Tick(now)
 	if a.proc.RestartDue(now) && len(a.commits.uploads) == 0 && !a.boot.Busy() { // one restore at a time: each clears the area
 		a.proc.Restarting()   // the failed trainer's leftovers must not run beside the new one
-		a.boot.StartRestart() // pkg/supervisor/bootrestore: beside the loop; its end comes to restarted
+		a.boot.StartRestart() // pkg/supervisor/internal/bootrestore: beside the loop; its end comes to restarted
 	}
 	if a.boot.AbandonDue(now) {
 		a.log.Warn("the trainer did not exit after the failed restore: stopping it")
@@ -563,7 +563,7 @@ func (a *Agent) checkDone() {
 		return
 	}
 	if a.ranks.Looking() {
-		return // the exit code waits for the crash-record lookup (pkg/supervisor/ranks)
+		return // the exit code waits for the crash-record lookup (pkg/supervisor/internal/ranks)
 	}
 	// Uploads are waited for, but never past a signal's grace (stop.go).
 	if over := a.stops.graceOver(time.Now()); !over && (a.src.View(time.Now()).Busy || len(a.commits.uploads) > 0) {
@@ -725,7 +725,7 @@ func (a *Agent) trainers() int {
 		return 0
 	}
 	if a.boot.Busy() || a.boot.Failed() {
-		return 0 // a restore runs, or failed: not resumed, nothing worth saving (pkg/supervisor/bootrestore)
+		return 0 // a restore runs, or failed: not resumed, nothing worth saving (pkg/supervisor/internal/bootrestore)
 	}
 	return a.conns.Count()
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/ranks"
 )
 
 // launcherJob is a stand-in for torchrun under the agent: a shell that

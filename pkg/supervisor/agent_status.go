@@ -5,14 +5,14 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/status"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/status"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 )
 
-// Status is what `spotagent status` prints (pkg/supervisor/status).
+// Status is what `spotagent status` prints (pkg/supervisor/internal/status).
 type Status = status.Status
 
-// The parts of a Status, and of a node agent's reply (pkg/supervisor/status).
+// The parts of a Status, and of a node agent's reply (pkg/supervisor/internal/status).
 type (
 	NodeStatus       = status.NodeStatus
 	NodeRunStatus    = status.NodeRunStatus

@@ -19,10 +19,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/bootrestore"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/session"
 	"github.com/spotagent/spotagent/pkg/supervisor/promise"
-	"github.com/spotagent/spotagent/pkg/supervisor/session"
 )
 
 // commits is the checkpoints of this session: the requests the trainers
@@ -169,7 +169,7 @@ func (c *commits) restoreOptions(part string, log *zap.Logger) restore.Options {
 }
 
 // restored records a restore, every restore (the start's, a restart's, a
-// trainer's back after a commit: pkg/supervisor/bootrestore): metrics,
+// trainer's back after a commit: pkg/supervisor/internal/bootrestore): metrics,
 // journal, the newest committed checkpoint; it returns what the trainers
 // are told. The restored checkpoint becomes the newest committed one, the
 // trainer's state matching it from now, unless this session committed a

@@ -1,15 +1,15 @@
 package supervisor
 
 import (
-	"github.com/spotagent/spotagent/pkg/supervisor/config"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/config"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
 // Config wires one agent: a run, its store, its trainer
-// (pkg/supervisor/config).
+// (pkg/supervisor/internal/config).
 type Config = config.Config
 
-// Metrics receives the agent's measurements (pkg/supervisor/config).
+// Metrics receives the agent's measurements (pkg/supervisor/internal/config).
 type Metrics = config.Metrics
 
 // WatchConfig is zero-code mode's configuration (Config.Watch), named

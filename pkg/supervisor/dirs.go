@@ -18,18 +18,18 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 )
 
-// localDirs are the agent's local directories (pkg/supervisor/localdirs)
+// localDirs are the agent's local directories (pkg/supervisor/internal/localdirs)
 // with what they do for a request: its directory's parent, its removal,
 // its committed copy in the local tier.
 type localDirs struct{ localdirs.Dirs }
 
 // PeerTierConfig turns on the peer tier of a multi-node job's node
-// (pkg/supervisor/localdirs).
+// (pkg/supervisor/internal/localdirs).
 type PeerTierConfig = localdirs.PeerTierConfig
 
 // childSaid75 reports whether the trainer's ranks wrote 75 to the exit
@@ -78,7 +78,7 @@ func (d *localDirs) keep(ctx context.Context, r *request, res *commit.Result, pa
 		log.Warn("no local copy of the committed checkpoint: a restart here restores it from the store", zap.String("id", r.id), zap.Error(err))
 		return
 	}
-	d.PublishPeer(ctx, res.Manifest, copyOK, log) // pkg/supervisor/localdirs
+	d.PublishPeer(ctx, res.Manifest, copyOK, log) // pkg/supervisor/internal/localdirs
 }
 
 // handDir gives the request directory id to the uid of the trainers it

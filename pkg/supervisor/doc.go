@@ -3,14 +3,14 @@
 // which hosts one agent per run (RunHosted), is pkg/supervisor/nodemode;
 // the checkpoint sources' interface and zero-code mode are
 // pkg/supervisor/source, the ranks' tracker and the heartbeats
-// pkg/supervisor/ranks, the notice checkpoint's promise
+// pkg/supervisor/internal/ranks, the notice checkpoint's promise
 // pkg/supervisor/promise. Owners of the agent's state that need nothing of
-// the others are packages below it too: Config (pkg/supervisor/config),
-// the local directories (pkg/supervisor/localdirs), the child process
-// (pkg/supervisor/childproc), the session and its journal
-// (pkg/supervisor/session), the restore beside the trainers
-// (pkg/supervisor/bootrestore); so are the status types
-// (pkg/supervisor/status). The start-up's signals are restore.go's
+// the others are packages below it too: Config (pkg/supervisor/internal/config),
+// the local directories (pkg/supervisor/internal/localdirs), the child process
+// (pkg/supervisor/internal/childproc), the session and its journal
+// (pkg/supervisor/internal/session), the restore beside the trainers
+// (pkg/supervisor/internal/bootrestore); so are the status types
+// (pkg/supervisor/internal/status). The start-up's signals are restore.go's
 // (startSignals) and stop.go's (signalNotice).
 // The wire protocol (types, the socket server, the Go client) is
 // pkg/protocol; the trainer process and its group guard are internal/child.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/bootrestore"
 )
 
 // Hosted is what a host that serves the socket itself (node mode,
@@ -38,7 +38,7 @@ func RunHosted(ctx context.Context, cfg Config, in Hosted) error {
 	a.asks = in.Asks
 	a.commits.pollLease(a.life, a.cfg.FenceInterval, a.fences, a.goBg, a.log) // commits.go
 	a.loop(ctx, in.Events, in.Notices, in.Signals)
-	a.live.Stop() // pkg/supervisor/ranks: the neighbours hear this node leave
+	a.live.Stop() // pkg/supervisor/internal/ranks: the neighbours hear this node leave
 	a.finish()
 	return nil
 }

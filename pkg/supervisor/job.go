@@ -23,9 +23,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 )
 
 // jobPolicy is where single-node and part mode (one node of a multi-node
@@ -215,7 +215,7 @@ func (partNode) asksPeriodic(conns map[uint64]*protocol.Conn) bool {
 }
 
 // hello: how many ranks run on this node is the job's declared shape
-// (pkg/supervisor/trainers, JobRanks): a part waits for all of them, even one that
+// (pkg/supervisor/internal/trainers, JobRanks): a part waits for all of them, even one that
 // connects after the request was sent, and never for more.
 func (partNode) hello(protocol.Message, *zap.Logger) {}
 
@@ -297,7 +297,7 @@ func (a *Agent) onJoin(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	if ranks, _, out := a.conns.JobRanks(); ranks[c.ID()] == nil {
-		// pkg/supervisor/trainers: a join would make every request wait for it.
+		// pkg/supervisor/internal/trainers: a join would make every request wait for it.
 		a.conns.Reply(c, m.ID, "join: this connection is not one of the job's declared ranks ("+out[c.ID()]+")")
 		return
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // TestAgent_LocalTier (#38): a committed checkpoint is kept in the area's

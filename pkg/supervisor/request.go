@@ -24,7 +24,7 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // maxDoneMetadata bounds the metadata object a trainer stores with a checkpoint.
@@ -99,7 +99,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		waiting: map[uint64]bool{}, answeredBy: map[uint64]bool{}, stop: stop}
 	msg := r.message()
 	dl := deadline.UTC()
-	ranks, _, out := a.conns.JobRanks() // pkg/supervisor/trainers: the job's declared ranks, and only they
+	ranks, _, out := a.conns.JobRanks() // pkg/supervisor/internal/trainers: the job's declared ranks, and only they
 	a.conns.WarnLeftOut(out)
 	if err := a.dirs.handDir(a.log, id, ranks); err != nil {
 		a.log.Error("cannot hand the checkpoint directory to the trainer's uid", zap.String("dir", dir), zap.Error(err))
@@ -146,7 +146,7 @@ func (a *Agent) onDone(c *protocol.Conn, m protocol.Message) {
 		return
 	}
 	delete(r.waiting, c.ID())
-	a.conns.Answered(c.ID()) // pkg/supervisor/trainers
+	a.conns.Answered(c.ID()) // pkg/supervisor/internal/trainers
 	r.noteAnswer(c)          // the owner rule
 	r.noteRank(c)
 	r.answered++
@@ -647,7 +647,7 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 	if trainers > 0 || !a.src.Asks() || a.stops.current != nil || a.conns.Finished() {
 		return false
 	}
-	if a.boot.Busy() || a.boot.Failed() || a.boot.Aborted() { // a restore runs (pkg/supervisor/bootrestore)
+	if a.boot.Busy() || a.boot.Failed() || a.boot.Aborted() { // a restore runs (pkg/supervisor/internal/bootrestore)
 		return false
 	}
 	if len(a.cfg.Command) > 0 && !a.proc.Running() {

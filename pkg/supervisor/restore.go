@@ -20,10 +20,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/bootrestore"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // startSignals lets SIGTERM/SIGINT cancel the agent's start (the lease,
@@ -88,7 +88,7 @@ var (
 )
 
 // sourceRestore is how a source's restores are made, for the agent's one
-// owner of restores (pkg/supervisor/bootrestore): fetch puts the newest
+// owner of restores (pkg/supervisor/internal/bootrestore): fetch puts the newest
 // committed checkpoint where the trainer resumes from (beside the loop:
 // it touches none of the loop's state; nil, nil: none committed), and
 // restored, when not nil, tells the source of each (on the loop; f nil: a
@@ -188,7 +188,7 @@ func (h agentHost) StopFailed(s source.Stop, why string, now time.Time) {
 	h.a.stops.failed(s.(*stopState), why, now, h.a.stopEnds())
 }
 
-// The restore beside the trainers (pkg/supervisor/bootrestore: the
+// The restore beside the trainers (pkg/supervisor/internal/bootrestore: the
 // overlapped restore at the start, a trainer back after a commit): the
 // agent's one Boot (Agent.boot), driven from the loop. What it needs of
 // the agent's other owners is here.
@@ -267,7 +267,7 @@ func (a *Agent) restarted(res bootrestore.Result) {
 }
 
 // committed is the newest committed checkpoint as the rejoin restore
-// asks for it (pkg/supervisor/bootrestore): this session's newest commit,
+// asks for it (pkg/supervisor/internal/bootrestore): this session's newest commit,
 // or in part mode a newer job checkpoint whose commit failed here after
 // its part may have been written (partFailed): a trainer back then has the
 // store looked at, which holds the job checkpoint if another node's agent
@@ -280,7 +280,7 @@ func (c *commits) committed() bootrestore.Committed {
 }
 
 func (a *Agent) onHello(c *protocol.Conn, m protocol.Message) {
-	a.boot.RejoinHello(a.commits.committed(), a.conns.Count(), len(a.commits.uploads)) // pkg/supervisor/bootrestore
+	a.boot.RejoinHello(a.commits.committed(), a.conns.Count(), len(a.commits.uploads)) // pkg/supervisor/internal/bootrestore
 	a.boot.RejoinTick(a.commits.committed(), len(a.commits.uploads))
 	if w, handled := a.boot.Hello(protocol.Event{Conn: c, Msg: m}, a.cfg.Log, a.cfg.Welcome); handled {
 		if w != nil {
@@ -302,7 +302,7 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 	if m.Rank != nil {
 		fields = append(fields, zap.Int("rank", *m.Rank))
 	}
-	// One line: connected, or connected but left out (pkg/supervisor/trainers:
+	// One line: connected, or connected but left out (pkg/supervisor/internal/trainers:
 	// the child's own connections go first).
 	if why := a.conns.Welcomed(c); why != "" {
 		a.log.Warn(trainers.LeftOutMsg, append(fields, zap.String("why", why))...)
@@ -310,8 +310,8 @@ func (a *Agent) admit(c *protocol.Conn, m protocol.Message, w protocol.Message) 
 		a.log.Info("trainer connected", fields...)
 	}
 	a.job.hello(m, a.log)                                                    // job.go
-	a.ranks.Hello(m, a.proc.Running())                                       // pkg/supervisor/ranks
-	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/ranks
+	a.ranks.Hello(m, a.proc.Running())                                       // pkg/supervisor/internal/ranks
+	a.live.Start(m, heartbeatEnv(&a.cfg), a.job.part(), a.sess.ID(), a.life) // pkg/supervisor/internal/ranks
 	// A trainer that connects during an interruption is told at once.
 	a.stops.lateTrainer(c)
 }

@@ -18,13 +18,13 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/bootrestore"
-	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
-	"github.com/spotagent/spotagent/pkg/supervisor/ranks"
-	"github.com/spotagent/spotagent/pkg/supervisor/session"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/bootrestore"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/ranks"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/session"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
-	"github.com/spotagent/spotagent/pkg/supervisor/trainers"
 )
 
 // signalNotice turns SIGTERM/SIGINT into a shutdown notice.
@@ -62,7 +62,7 @@ func (a *Agent) onNotice(n metadata.Notice) {
 			reason = protocol.ReasonShutdown
 		}
 		backingOff := !a.proc.RestartAt().IsZero()
-		if a.boot.CancelRestart(reason) || backingOff { // pkg/supervisor/bootrestore: its partial directory goes
+		if a.boot.CancelRestart(reason) || backingOff { // pkg/supervisor/internal/bootrestore: its partial directory goes
 			// The trainer is not started again (in its restart's backoff
 			// or restore) and the stop goes on as when none runs. The run
 			// was interrupted before its trainer could try again: run me
@@ -514,11 +514,11 @@ func (q *stopSequence) finish(s *stopState, e stopEnds) {
 // the stop's checkpoint committed and its ranks were told to stop
 // (torchrun turns its workers' 75 into 1). Without a stop, ranks that
 // ended because a peer of the job is gone make it ExitInterrupted too
-// (pkg/supervisor/ranks).
+// (pkg/supervisor/internal/ranks).
 func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Tracker) int {
 	code, s := e.Code, q.current
 	if s == nil {
-		return w.PeerLossExit(code) // pkg/supervisor/ranks: 75 when the ranks lost a peer
+		return w.PeerLossExit(code) // pkg/supervisor/internal/ranks: 75 when the ranks lost a peer
 	}
 	if s.reason != protocol.ReasonInterruption && s.reason != protocol.ReasonShutdown {
 		return code
@@ -551,7 +551,7 @@ func (q *stopSequence) exitCodeFor(e childproc.Exit, d *localDirs, w *ranks.Trac
 		q.cfg.Log.Info("trainer exited 1 after the checkpoint committed and its ranks were stopped (torchrun reports its workers' 75 as 1): exiting 75")
 		return ExitInterrupted
 	case code == 1 && w.Part():
-		return w.StopLauncherExit(code) // pkg/supervisor/ranks (#37 item 4)
+		return w.StopLauncherExit(code) // pkg/supervisor/internal/ranks (#37 item 4)
 	}
 	return code
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/supervisor"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // A finished run's area (<root>/<run id>[/node-K]/spotagent-<run id>/:

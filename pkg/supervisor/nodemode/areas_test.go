@@ -14,7 +14,7 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // areasRoot is a checkpoint root with a pruner on it whose clock is t0

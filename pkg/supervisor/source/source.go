@@ -26,7 +26,7 @@ import (
 //     directory on its own. The source commits each complete checkpoint
 //     and decides an interruption's end; its restores (into that
 //     directory: Watch.Fetch, Watch.Restored) are run by the agent's one
-//     owner of restores, as the protocol's are (pkg/supervisor/bootrestore).
+//     owner of restores, as the protocol's are (pkg/supervisor/internal/bootrestore).
 //
 // Every method runs on the loop's goroutine or before it starts (Start),
 // except Close: after the loop and everything beside it ended.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/child"
-	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/childproc"
 )
 
 // Run mode under the simulation: the agent starts its trainer (Config's

@@ -25,8 +25,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
-	"github.com/spotagent/spotagent/pkg/supervisor/childproc"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/childproc"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 
@@ -52,7 +52,7 @@ type Config struct {
 	// agent's simulation starts trainers of its own (RunHostedChild).
 	Child childproc.Starter
 	// OverlapRestore starts the trainer at once and restores beside it
-	// (pkg/supervisor/bootrestore): the trainer learns where it
+	// (pkg/supervisor/internal/bootrestore): the trainer learns where it
 	// resumes from over the socket. Ignored with Signal or Watch, whose
 	// trainers read the environment or DIR: they start after the restore.
 	OverlapRestore bool
@@ -97,10 +97,10 @@ type Config struct {
 	// docs/distributed.md).
 	Node       string
 	RestoreAll bool
-	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/ranks;
+	// Liveness: the heartbeats of a multi-node job's agents (pkg/supervisor/internal/ranks;
 	// Timeout < 0: none). The agent fills in the store, node and session.
 	Liveness liveness.Config
-	// PeerTier: restore from the other nodes' local tiers (pkg/supervisor/localdirs).
+	// PeerTier: restore from the other nodes' local tiers (pkg/supervisor/internal/localdirs).
 	PeerTier localdirs.PeerTierConfig
 
 	// Fleet, when set, is the store at the fleet's root (the parent of the

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 	"github.com/spotagent/spotagent/pkg/supervisor/source"
 )
 

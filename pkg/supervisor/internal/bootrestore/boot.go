@@ -27,7 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // Boot is the agent's restores: the resume the trainers are told of, the

@@ -14,7 +14,7 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/protocol"
-	"github.com/spotagent/spotagent/pkg/supervisor/localdirs"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // bg runs the restores' goroutines as the agent's goBgFail does.

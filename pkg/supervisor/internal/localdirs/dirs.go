@@ -276,7 +276,7 @@ type Fetched struct {
 
 // FetchRestore is the part of restore that touches only the store and the
 // restore area, never the loop's state: the agent's restores run it
-// beside the loop (pkg/supervisor/bootrestore). nil, nil: no
+// beside the loop (pkg/supervisor/internal/bootrestore). nil, nil: no
 // committed checkpoint.
 func (d *Dirs) FetchRestore(ctx context.Context, st cloud.Store, opts restore.Options, log *zap.Logger) (*Fetched, error) {
 	restoreDir := d.RestoreDir()
