@@ -61,7 +61,9 @@ import (
 //   - every manifest in the store is of a checkpoint a trainer answered
 //     with done before its deadline, names exactly the files the ranks
 //     that answered wrote (never a crashed rank's half file), and each
-//     object's bytes are what the trainer wrote;
+//     object's bytes are what the trainer wrote (a rank's save takes
+//     time: its files are written chunk by chunk before its done, so a
+//     commit that does not wait for it misses or truncates them);
 //   - a request that an asked rank neither answered nor left before its
 //     deadline is never committed;
 //   - latest.json never moves back in step, and points at a manifest in
@@ -145,6 +147,10 @@ var simRegressions = map[uint64]string{
 	4:    "commits.go onFenced (part mode): a fenced copy of a node waited for its job commit in flight (its part written, the other parts awaited) up to the commit's bound, 10 minutes, before it exited 76",
 	180:  "the same, seen through another schedule",
 	5832: "the same while another stop was under way (an interruption checkpoint abandoned before the fence): only a fence with no stop cancelled the commits in flight",
+	// Planted, never in the agent (issue 49: a bug planted is caught):
+	// caught only by checkEveryRank (parts_test.go).
+	746:  "request.go onDone (part mode, planted): the node's ranks connected at its last done counted as having saved: a rank back after the request (crashed, reconnected) was named in the part without its files",
+	2255: "the same, seen through another schedule",
 }
 
 // hostedSeeds found bugs before run mode was simulated: their sessions
@@ -1007,6 +1013,11 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 	defer t.w.mu.Unlock()
 	want := t.w.files[r.ID]
 	if t.job != nil { // a node restores its own part
+		// A resume is a checkpoint this rank saved whole, in time: a job
+		// checkpoint holds every rank's save (checkEveryRank).
+		if _, ok := t.w.ranksOf[r.ID][t.rank]; !ok {
+			t.w.violateLocked("rank%d: resumed %s step %d, which it never said done for in time: its own files are not a save of it", t.rank, r.ID, r.Step)
+		}
 		mine := map[string][]byte{}
 		for p, b := range want {
 			if t.job.shape.nodeOfPath(p) == t.node {
@@ -1042,27 +1053,31 @@ func (t *trainer) waitFor(mode mode, deadline time.Time) time.Duration {
 }
 
 // answer does what mode says with request id; true when the trainer
-// crashed saving it.
+// crashed saving it. A save takes time: its files are written chunk by
+// chunk over the last part of the wait (savePlan), so that a part
+// uploaded before its rank said done would miss or truncate a file; the
+// done goes at the end of the wait, as it did when the files were
+// written at once.
 func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mode, wait time.Duration, gone <-chan struct{}) bool {
 	if mode == never {
 		return false
 	}
-	if !t.sleep(wait, gone) {
+	start := time.Now()
+	files := t.content(id, step)
+	paths := slices.Sorted(mapsKeys(files))
+	saving := mode != failing && mode != crash
+	think, chunks := wait, []saveChunk(nil)
+	if saving {
+		think, chunks = t.savePlan(files, paths, step, wait)
+	}
+	if !t.sleep(think, gone) {
 		return false
 	}
 	switch mode {
-	case garbage:
-		t.send("{not json\n")
-		t.send(protocol.Message{Type: "bogus"})
-		s := int64(1)
-		t.send(protocol.Message{Type: protocol.TypeDone, ID: "000000000000", Step: &s})
 	case failing:
 		t.send(protocol.Message{Type: protocol.TypeFailed, ID: id, Error: "no space left on device"})
 		return false
-	}
-	files := t.content(id, step)
-	paths := slices.Sorted(mapsKeys(files))
-	if mode == crash {
+	case crash:
 		// Half of the first file, then the process is gone.
 		p := paths[0]
 		b := files[p]
@@ -1071,14 +1086,17 @@ func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mo
 		t.logf("crash saving %s", id)
 		return true
 	}
-	for _, p := range paths {
-		full := filepath.Join(dir, filepath.FromSlash(p))
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			return false // the request's directory is gone (expired, the agent ended)
-		}
-		if err := os.WriteFile(full, files[p], 0o644); err != nil {
-			return false
-		}
+	if !t.save(dir, files, chunks, start, gone) {
+		return false
+	}
+	if !t.sleep(time.Until(start.Add(wait)), gone) {
+		return false
+	}
+	if mode == garbage {
+		t.send("{not json\n")
+		t.send(protocol.Message{Type: "bogus"})
+		s := int64(1)
+		t.send(protocol.Message{Type: protocol.TypeDone, ID: "000000000000", Step: &s})
 	}
 	now := time.Now()
 	t.w.mu.Lock()
@@ -1106,6 +1124,78 @@ func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mo
 	t.w.mu.Unlock()
 	t.logf("done %s step %d (in time: %v)", id, step, inTime)
 	return false
+}
+
+// saveChunk is one write of a save: bytes [from, to) of file path, at
+// offset at from the request's arrival.
+type saveChunk struct {
+	path     string
+	from, to int
+	at       time.Duration
+}
+
+// savePlan: how a save that ends wait after the request (its done) is
+// written: a drawn share of the wait (up to all of it) spent writing,
+// each file in one to three chunks spread evenly over it; think is when
+// the first chunk is written. Drawn from the seed, the rank and the step
+// (the request's random id left out: the schedule stays the seed's), on
+// a generator of its own, so that the trainer's own draws stay what they
+// were.
+func (t *trainer) savePlan(files map[string][]byte, paths []string, step int64, wait time.Duration) (think time.Duration, chunks []saveChunk) {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/save/%d", t.w.seed, t.rank)
+	r := rand.New(rand.NewPCG(h.Sum64(), uint64(step)))
+	saveFor := time.Duration(r.Int64N(int64(max(wait, 0)) + 1))
+	for _, p := range paths {
+		n := len(files[p])
+		cuts := []int{0}
+		for range r.IntN(3) {
+			cuts = append(cuts, r.IntN(n+1))
+		}
+		cuts = append(cuts, n)
+		slices.Sort(cuts)
+		for i := 1; i < len(cuts); i++ {
+			chunks = append(chunks, saveChunk{path: p, from: cuts[i-1], to: cuts[i]})
+		}
+	}
+	think = wait - saveFor
+	for i := range chunks {
+		chunks[i].at = think + saveFor*time.Duration(i)/time.Duration(len(chunks))
+	}
+	return think, chunks
+}
+
+// save writes files chunk by chunk as planned (offsets from start);
+// false when the connection ended or the directory is gone meanwhile
+// (the request expired, the agent ended): no done.
+func (t *trainer) save(dir string, files map[string][]byte, chunks []saveChunk, start time.Time, gone <-chan struct{}) bool {
+	open := map[string]*os.File{}
+	defer func() {
+		for _, f := range open {
+			f.Close()
+		}
+	}()
+	for _, c := range chunks {
+		if !t.sleep(time.Until(start.Add(c.at)), gone) {
+			return false // stopped mid-save: what is written stays, half files included
+		}
+		f := open[c.path]
+		if f == nil {
+			full := filepath.Join(dir, filepath.FromSlash(c.path))
+			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+				return false
+			}
+			var err error
+			if f, err = os.OpenFile(full, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644); err != nil {
+				return false
+			}
+			open[c.path] = f
+		}
+		if _, err := f.Write(files[c.path][c.from:c.to]); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // content is what this rank saves for request id at step: one or two

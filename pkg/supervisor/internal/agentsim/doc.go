@@ -10,6 +10,6 @@
 // agent's exit code against docs/protocol.md "Exit codes"; part mode
 // (parts_test.go) runs a job of two or three RunHosted node agents
 // (Config.Node) on one store, their ranks agreeing by join, and checks
-// that every manifest is a job manifest naming every node's part. It
-// holds no code but its tests.
+// that every manifest is a job manifest naming every node's part and
+// holding every rank's save. It holds no code but its tests.
 package agentsim

@@ -1,6 +1,7 @@
 package agentsim
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
@@ -38,7 +39,11 @@ import (
 // same store checks, latest.json, the resumes of a later session): every
 // manifest in the store is a job manifest naming every node's part with
 // that node's ranks and files, and no two manifests share a step
-// (checkJobStore); latest.json's checkpoint is complete at the end.
+// (checkJobStore); every rank of the job said done for each in time and
+// its files are in it, with the bytes the rank saved for that checkpoint
+// and step (checkEveryRank: not the agent's own account of its part's
+// ranks), and a rank resumes only a checkpoint it saved whole;
+// latest.json's checkpoint is complete at the end.
 
 // jobShape is a seed's job: nodes, ranks per node (0 nodes: no job).
 type jobShape struct{ nodes, local int }
@@ -88,15 +93,15 @@ func drawJob(seed uint64) jobShape {
 	return jobShape{nodes: 2 + r.IntN(2), local: 1 + r.IntN(2)}
 }
 
-// nodeOf is the node of a file a rank wrote (rank<N>.bin, opt/rank<N>.bin).
+// rankFile is a file a rank wrote (rank<N>.bin, opt/rank<N>.bin);
+// nodeOfPath its node (-1: none).
 var rankFile = regexp.MustCompile(`rank([0-9]+)\.bin$`)
 
 func (s jobShape) nodeOfPath(p string) int {
-	m := rankFile.FindStringSubmatch(p)
-	if m == nil {
+	r := rankOfPath(p)
+	if r < 0 {
 		return -1
 	}
-	r, _ := strconv.Atoi(m[1])
 	return r / s.local
 }
 
@@ -407,8 +412,8 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 }
 
 // checkJobStore: every manifest is a job manifest naming every node's
-// part (its ranks, its files), and no two share a step; latest.json's
-// checkpoint is complete.
+// part (its ranks, its files) and holding every rank's save
+// (checkEveryRank), and no two share a step.
 func (w *world) checkJobStore(ms []*checkpoint.Manifest) {
 	js := w.job
 	steps := map[int64]string{}
@@ -459,7 +464,55 @@ func (w *world) checkJobStore(ms []*checkpoint.Manifest) {
 				w.violateLocked("manifest %s (step %d): part %s mixes the files of %d copies of the node (sessions %v)", m.ID, m.Step, part, len(ss), slices.Sorted(maps.Keys(ss)))
 			}
 		}
+		w.checkEveryRank(m)
 	}
+}
+
+// checkEveryRank: a job checkpoint holds every rank's save of it, whole:
+// every rank of the job said done in time, and the manifest holds each
+// of its files with the bytes it wrote for this checkpoint and step (the
+// first line of each names the request, the rank and the step). The
+// agent's own account (a part's ranks) is not trusted for it: a part
+// written before one of its node's ranks answered names that rank all
+// the same.
+func (w *world) checkEveryRank(m *checkpoint.Manifest) {
+	inManifest := map[int][]string{}
+	for _, f := range m.Files {
+		if r := rankOfPath(f.Path); r >= 0 {
+			inManifest[r] = append(inManifest[r], f.Path)
+		}
+	}
+	for rank := range w.job.nodes * w.job.local {
+		saved, ok := w.ranksOf[m.ID][rank]
+		if !ok {
+			w.violateLocked("manifest %s (step %d) is a job checkpoint, but rank%d never said done for it in time (it holds %v of rank%d)", m.ID, m.Step, rank, inManifest[rank], rank)
+			continue
+		}
+		if got := slices.Sorted(slices.Values(inManifest[rank])); !slices.Equal(got, saved) {
+			w.violateLocked("manifest %s (step %d) holds %v of rank%d, which saved %v", m.ID, m.Step, got, rank, saved)
+		}
+	}
+	for _, f := range m.Files {
+		rank := rankOfPath(f.Path)
+		b, found := w.st.Peek(f.Key)
+		if rank < 0 || !found {
+			continue // a file no rank wrote, or an object retention deleted: checkStore's
+		}
+		if head := fmt.Sprintf("%s rank %d step %d\n", m.ID, rank, m.Step); !bytes.HasPrefix(b, []byte(head)) || int64(len(b)) != f.Size {
+			w.violateLocked("manifest %s (step %d): %s (%d bytes, manifest says %d) is not rank%d's save of this checkpoint and step", m.ID, m.Step, f.Key, len(b), f.Size, rank)
+		}
+	}
+}
+
+// rankOfPath is the rank that wrote a file (rank<N>.bin, opt/rank<N>.bin);
+// -1: none.
+func rankOfPath(p string) int {
+	m := rankFile.FindStringSubmatch(p)
+	if m == nil {
+		return -1
+	}
+	r, _ := strconv.Atoi(m[1])
+	return r
 }
 
 // fenced: of the two copies of a node (instances first and second), the
