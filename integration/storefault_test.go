@@ -249,6 +249,7 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 // the client logs), record the failure in the journal once the store is
 // back, and leave the previous checkpoint as latest.
 func TestStoreFault_DownDuringInterruption(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	fs := newFaultStores(t, "s3", "down")
 	dir := testutil.ShortDir(t)
