@@ -115,9 +115,10 @@ lint:
 # The integration package runs its tests side by side (4 waiting tests and
 # 2 torch tests at a time, longest first by measured seconds, the torch
 # tests that bound a job's exit alone, last; integration/harness_test.go),
-# most on the plain agent build: 914 s on 2 cores at load average 12.5
-# beside other jobs (2,032 s at 16.7 before the ordering), its longest
-# chain the torch tests (issue 49 wants ≤ 600 s). Its binary gets 60 min;
+# most on the plain agent build; none runs alone before the others (they
+# did for 247 s). Its longest chain is the torch tests': at load average
+# 17.6 beside other jobs, 859 s of tests (571 s of torch pairs, 279 s of
+# the lone ones; the waiting tests done at 206 s). Its binary gets 60 min;
 # -short skips its tests with a Python trainer and its floods (79 s).
 # Its own binary is built without -race: the in-process fakes it runs (S3,
 # GCS, the fault proxy) carry every byte the agents move, and under the

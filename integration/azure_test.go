@@ -11,6 +11,7 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
+	"github.com/spotagent/spotagent/pkg/cloud/azblob"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
@@ -27,16 +28,18 @@ import (
 // the parameters of an uninterrupted run. list and history read the run
 // from the same URI.
 func TestAzure_EndToEnd(t *testing.T) {
-	// Not parallel: the Azure client of this process reads its endpoint and
-	// key from the environment (azuritetest.NewServer sets it, t.Setenv).
+	// The agents get the emulator's connection string in their
+	// environment (srv.Env), this process's client in its options: the
+	// process environment is left alone, and the test runs in parallel.
+	parallelTorch(t)
 	requirePython(t, true)
-	srv := azuritetest.NewServer(t)
+	srv := azuritetest.New(t)
 	env := srv.Env()
 	uri := "az://" + azuritetest.Container + "/e2e"
 
 	ref := torchExampleRef(t, matrixSteps)
 
-	st := openTestStore(t, uri, all.Options{})
+	st := openTestStore(t, uri, all.Options{AzureCredentials: azblob.Credentials{ConnectionString: srv.ConnectionString()}})
 	az := fake.NewAzure(fake.AzureOptions{})
 	t.Cleanup(az.Close)
 	rec := newAckRecorder(t, az.URL(), st)

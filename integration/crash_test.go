@@ -66,6 +66,7 @@ func crashSeed(t *testing.T) uint64 {
 // the step after the one restored, like a resumed run. Trials are split
 // between a file store and an S3 store (gofakes3), run side by side.
 func TestCrash_KillDuringCommit(t *testing.T) {
+	parallel(t) // its two backends side by side in the one slot
 	trials, base := crashTrials(t), crashSeed(t)
 	t.Logf("%d trials, base seed %d (SPOTAGENT_CRASH_SEED=%d reproduces the kill delays and contents)", trials, base, base)
 	srv := startS3(t)

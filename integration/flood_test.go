@@ -271,6 +271,7 @@ func floodAndCommit(t *testing.T, j *floodJob, run func() int64) int64 {
 // half sending unsigned requests and asking to be kept alive (each
 // answer is followed by another request while the connection lasts).
 func TestFlood_UnauthenticatedConnections(t *testing.T) {
+	parallelBusy(t)
 	raiseNoFile(t, floodOpen+1024)
 	j := startFloodJob(t)
 	const total = 20_000
@@ -302,6 +303,7 @@ func TestFlood_UnauthenticatedConnections(t *testing.T) {
 // TestFlood_SlowRequests: connections that send their header a byte
 // every 500 ms (slowloris), 4,000 of them, each for up to 12 s.
 func TestFlood_SlowRequests(t *testing.T) {
+	parallelBusy(t)
 	raiseNoFile(t, floodOpen+1024)
 	j := startFloodJob(t)
 	const total = 4_000

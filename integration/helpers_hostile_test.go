@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // fakeTrainer is the command line (after "--") of the tests' one fake
@@ -109,54 +111,60 @@ func (p *proc) entries(msg string) []logEntry {
 	return out
 }
 
+// waitUntil polls found until it holds (testutil.WaitWithin), failing
+// the test after timeout, or at once when the agent has exited without it
+// holding: one last look then, as done closes once every line is in
+// (startCmd). The package's waits on an agent's output go through it.
+func (p *proc) waitUntil(what string, timeout time.Duration, found func() bool) {
+	p.t.Helper()
+	exited := false
+	testutil.WaitWithin(p.t, what, timeout, func() bool {
+		select {
+		case <-p.done:
+			exited = true
+		default:
+		}
+		return found() || exited
+	})
+	if exited && !found() {
+		p.t.Fatalf("spotagent exited without %s", what)
+	}
+}
+
 // waitEntry waits for the agent's log line with message msg for which
 // match (nil: any) holds, and returns it.
 func (p *proc) waitEntry(msg string, timeout time.Duration, match func(logEntry) bool) logEntry {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var got logEntry
+	p.waitUntil(fmt.Sprintf("a %q log line", msg), timeout, func() bool {
 		for _, e := range p.entries(msg) {
 			if match == nil || match(e) {
-				return e
+				got = e
+				return true
 			}
 		}
-		select {
-		case <-p.done:
-			// One last look: done closes once every line is in (startCmd).
-			for _, e := range p.entries(msg) {
-				if match == nil || match(e) {
-					return e
-				}
-			}
-			p.t.Fatalf("spotagent exited without logging %q", msg)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("no %q log line within %s", msg, timeout)
-		}
-	}
+		return false
+	})
+	return got
 }
 
 // waitCount waits until the agent logged msg at least n times.
 func (p *proc) waitCount(msg string, n int, timeout time.Duration) []logEntry {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if es := p.entries(msg); len(es) >= n {
-			return es
-		}
-		select {
-		case <-p.done:
-			if es := p.entries(msg); len(es) >= n {
-				return es
-			}
-			p.t.Fatalf("spotagent exited after %d %q lines, want %d", len(p.entries(msg)), msg, n)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%d %q lines within %s, want %d", len(p.entries(msg)), msg, timeout, n)
-		}
-	}
+	var es []logEntry
+	p.waitUntil(fmt.Sprintf("%d %q log lines", n, msg), timeout, func() bool {
+		es = p.entries(msg)
+		return len(es) >= n
+	})
+	return es
+}
+
+// waitLines waits until n matches of re are in the output (for an agent
+// whose log is not JSON).
+func (p *proc) waitLines(re string, n int, timeout time.Duration) {
+	p.t.Helper()
+	rx := regexp.MustCompile(re)
+	p.waitUntil(fmt.Sprintf("%d lines matching %q", n, re), timeout, func() bool { return len(rx.FindAllString(p.output(), -1)) >= n })
 }
 
 // waitRe waits for an output line matching re and returns its submatches.
@@ -164,33 +172,18 @@ func (p *proc) waitCount(msg string, n int, timeout time.Duration) []logEntry {
 func (p *proc) waitRe(re string, timeout time.Duration) []string {
 	p.t.Helper()
 	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(timeout)
-	find := func() []string {
+	var m []string
+	p.waitUntil(fmt.Sprintf("a line matching %q", re), timeout, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for _, l := range p.lines {
-			if m := rx.FindStringSubmatch(l); m != nil {
-				return m
+			if m = rx.FindStringSubmatch(l); m != nil {
+				return true
 			}
 		}
-		return nil
-	}
-	for {
-		if m := find(); m != nil {
-			return m
-		}
-		select {
-		case <-p.done:
-			if m := find(); m != nil {
-				return m
-			}
-			p.t.Fatalf("spotagent exited without printing a line matching %q", re)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("no line matching %q within %s", re, timeout)
-		}
-	}
+		return false
+	})
+	return m
 }
 
 // has reports whether any output line matches re.

@@ -194,6 +194,7 @@ func TestHostile_SymlinkEscape(t *testing.T) {
 // agent answers every other connection promptly throughout, and the trainer
 // keeps committing checkpoints.
 func TestHostile_Connections(t *testing.T) {
+	parallelBusy(t)
 	requirePython(t, false)
 	dir := testutil.ShortDir(t)
 	sock := filepath.Join(dir, "a.sock")

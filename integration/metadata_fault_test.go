@@ -31,6 +31,7 @@ func flapDuration() time.Duration {
 }
 
 func TestMetadataFault_Flapping(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	for _, c := range []struct {
 		cloud string             // --cloud
@@ -44,9 +45,8 @@ func TestMetadataFault_Flapping(t *testing.T) {
 		{"azure", "scheduled events poll", func() fake.Server { return fake.NewAzure(fake.AzureOptions{}) }},
 	} {
 		t.Run(c.cloud, func(t *testing.T) {
-			// The three clouds side by side: each agent and its
-			// trainer idle between 1 s commits, and nothing else runs
-			// beside this test (it is not parallel).
+			// The three clouds side by side, in the test's one slot:
+			// each agent and its trainer idle between 1 s commits.
 			t.Parallel()
 			srv := c.start()
 			t.Cleanup(srv.Close)
@@ -67,6 +67,7 @@ func TestMetadataFault_Flapping(t *testing.T) {
 // problem of containers) after the tokens in hand were revoked, for a few
 // seconds, alternating with the data paths flapping.
 func TestMetadataFault_TokenHangs(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	imds := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds.Close)

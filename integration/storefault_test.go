@@ -217,7 +217,7 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 			for _, f := range modes {
 				fs.proxy.Set(f)
 				commits += 2
-				waitCount(t, a, `checkpoint committed`, commits, 2*time.Minute)
+				a.waitLines(`checkpoint committed`, commits, 2*time.Minute)
 			}
 			a.signal(syscall.SIGTERM)
 			// The agent's line: a periodic request pending at the signal
@@ -249,6 +249,7 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 // the client logs), record the failure in the journal once the store is
 // back, and leave the previous checkpoint as latest.
 func TestStoreFault_DownDuringInterruption(t *testing.T) {
+	parallel(t)
 	requirePython(t, false)
 	fs := newFaultStores(t, "s3", "down")
 	dir := testutil.ShortDir(t)

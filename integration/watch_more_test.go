@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +40,7 @@ func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
 	out := filepath.Join(dir, "out") // created by the agent
 	fk := startFake(t, "aws")
 	a := start(t, []string{"AWS_EC2_METADATA_DISABLED=true"}, append(watchArgs(dir, out, store, cloudArgs(t, "aws", fk.URL())...), rotatingTrainer(out, "0.7")...)...)
-	waitCount(t, a, `checkpoint committed`, 2, time.Minute) // rotation does not stop commits
+	a.waitLines(`checkpoint committed`, 2, time.Minute) // rotation does not stop commits
 	a.waitLine(`saved step`, time.Minute)
 	saved := regexp.MustCompile(`saved step (\d+)`).FindAllStringSubmatch(a.output(), -1)
 	atNotice := atoi(t, saved[len(saved)-1][1])
@@ -152,7 +151,7 @@ func TestWatch_HFRotation(t *testing.T) {
 	out := filepath.Join(dir, "out")
 	a := start(t, nil, append(watchArgs(dir, out, store, "--watch-quiet", "10s"), "--", python, hfTrainer, "--output-dir", out,
 		"--steps", "240", "--save-steps", "20", "--step-time", "0.05", "--save-total-limit", "1")...)
-	waitCount(t, a, `checkpoint committed`, 3, time.Minute)
+	a.waitLines(`checkpoint committed`, 3, time.Minute)
 	if strings.Contains(a.output(), "finished 240 steps") {
 		t.Fatal("the trainer finished before three of its checkpoints were committed: too fast to test anything")
 	}
@@ -166,11 +165,4 @@ func TestWatch_HFRotation(t *testing.T) {
 	if strings.Contains(a.output(), "checkpoint changed under the agent") {
 		t.Fatal("a rotated checkpoint was rejected as changed")
 	}
-}
-
-// waitCount waits until n lines of p's output match re.
-func waitCount(t *testing.T, p *proc, re string, n int, timeout time.Duration) {
-	t.Helper()
-	rx := regexp.MustCompile(re)
-	testutil.WaitWithin(t, fmt.Sprintf("%d lines matching %q", n, re), timeout, func() bool { return len(rx.FindAllString(p.output(), -1)) >= n })
 }

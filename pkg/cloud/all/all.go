@@ -29,9 +29,12 @@ type Options struct {
 	GCSChunkSize  int
 	// AzureBlockSize and AzureConcurrency tune az:// stores (staged block
 	// size, blocks in flight per Put); its endpoint and credentials come
-	// from the environment (pkg/cloud/azblob).
+	// from the environment (pkg/cloud/azblob) unless AzureCredentials sets
+	// one (a test's in-process client of its own emulator, whose agents
+	// get the environment).
 	AzureBlockSize   int64
 	AzureConcurrency int
+	AzureCredentials azblob.Credentials
 	Log              *zap.Logger
 	// CheckTimeout bounds the access check (default 15 s).
 	CheckTimeout time.Duration
@@ -143,6 +146,7 @@ func open(ctx context.Context, scheme, bucket, prefix string, opts Options) (che
 		container, account, _ := strings.Cut(bucket, "@")
 		return azblob.New(ctx, account, container, prefix, azblob.Options{
 			BlockSize: opts.AzureBlockSize, Concurrency: opts.AzureConcurrency, Log: opts.Log,
+			Credentials: opts.AzureCredentials,
 		})
 	}
 	return nil, fmt.Errorf("%w: %q", errUnknownScheme, scheme)
