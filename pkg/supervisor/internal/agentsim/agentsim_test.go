@@ -75,7 +75,14 @@ import (
 //     session started, and nil only when there was none. One exception is
 //     logged as KNOWN, not failed: a rejoin restore that a newer commit
 //     overtook, its checkpoint deleted by that commit's retention (seed
-//     6954, keep 1; reported).
+//     6954, keep 1; reported);
+//   - progress (progress_test.go), in a quiet stretch (no store fault in
+//     it nor in the minute before, no trainer connecting, leaving or
+//     waiting on a restore, no notice, signal, kill or second copy): a
+//     request reaches the trainers at least every interval +
+//     request-timeout + 5 s (not in part mode), and a request every rank
+//     answered in time has its manifest in the store within 30 s of the
+//     last done.
 //
 // Run mode (child_test.go: the agent starts its trainer, a simulated
 // process; its exit code checked) and part mode (parts_test.go: a job of
@@ -132,6 +139,11 @@ func TestAgentSim(t *testing.T) {
 		return w.trace, ""
 	}}.Test(t)
 	if !run.Replay {
+		commits, asks := progChecked.commits.Load(), progChecked.asks.Load()
+		t.Logf("progress checked: %d commits, %d quiet stretches past an interval (progress_test.go)", commits, asks)
+		if run.N >= simShort && (commits == 0 || asks == 0) {
+			t.Errorf("the progress checks checked nothing in %d schedules (%d commits, %d stretches): their conditions never held", run.N, commits, asks)
+		}
 		t.Logf("%d schedules in %s: %.0f schedules/s", run.N, run.Took.Round(time.Millisecond), float64(run.N)/run.Took.Seconds())
 	}
 }
@@ -221,6 +233,10 @@ type world struct {
 	// leaseFailed: when a lease check (a list of leases/) last failed.
 	leaseFailed time.Time
 	commits     int // committed messages seen
+	// The progress checks (progress_test.go): the session's account, and
+	// when each checkpoint's manifest landed.
+	prog        *progress
+	committedAt map[string]time.Time
 }
 
 // answer is what one rank did with one request.
@@ -329,7 +345,7 @@ const simWatchdog = 2 * time.Minute
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
 		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1}
+		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1, committedAt: map[string]time.Time{}}
 	if !w.hostedOnly {
 		w.job = drawJob(seed)
 	}
@@ -420,6 +436,7 @@ func (w *world) runSession(k int) {
 		evs = append(evs, event{at: secondSig, signal: true})
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return int(a.at - b.at) })
+	w.progStart(interval, reqTimeout, w.job.nodes == 0) // progress_test.go
 	if w.job.nodes > 0 {
 		w.runJobSession(k, grace, interval, reqTimeout, keep, f, firstSig, secondSig, noticeAt, noticeFor) // parts_test.go
 		return
@@ -495,6 +512,7 @@ func (w *world) runSession(k int) {
 		case <-reply:
 			loopUp <- time.Since(start)
 			w.logf("agent: loop running")
+			w.progLoop()
 		case <-stopped:
 		}
 	}()
@@ -521,6 +539,7 @@ func (w *world) runSession(k int) {
 		if ended {
 			break
 		}
+		w.progOver() // no progress owed once a stop is under way
 		switch {
 		case ev.notice != nil:
 			nt := *ev.notice
@@ -589,6 +608,7 @@ func (w *world) runSession(k int) {
 		t.Stop()
 	}
 	took := time.Since(start)
+	w.progOver()
 	select {
 	case loopAt = <-loopUp: // it ran, and the agent ended before the bound was computed
 	default:
@@ -636,6 +656,7 @@ func (w *world) runSession(k int) {
 	close(sess.quit)
 	srv.ClosePipes()
 	trainers.Wait()
+	w.progEnd()
 	w.st.Faults = nil
 	w.checkStore()
 }
@@ -848,10 +869,12 @@ func (t *trainer) serve() (crashed bool) {
 	t.w.mu.Lock()
 	t.connected = true
 	t.w.mu.Unlock()
+	t.w.progHello(t)
 	defer func() {
 		t.w.mu.Lock()
 		t.connected = false
 		t.w.mu.Unlock()
+		t.w.progLeave(t)
 	}()
 	t.logf("hello")
 	sc := bufio.NewScanner(t.nc)
@@ -882,6 +905,7 @@ func (t *trainer) serve() (crashed bool) {
 				return false // the client raises: no fresh start
 			}
 			t.resumed(m.Resume, ackedAtHello)
+			t.w.progReady(t)
 		case protocol.TypeRestoreFailed:
 			t.logf("restore failed: %s", m.Error)
 			if t.proc != nil {
@@ -895,6 +919,7 @@ func (t *trainer) serve() (crashed bool) {
 			if again {
 				continue // a join's answer: the same request
 			}
+			t.w.progAsk(m.ID)
 			mode := pick(t.rng, t.modes...)
 			step := t.base + int64(time.Since(t.from)/time.Second) + 1
 			if t.job != nil {
@@ -1389,6 +1414,7 @@ func (f *faults) note(format string, args ...any) {
 	f.w.mu.Lock()
 	f.w.injected++
 	f.w.logLocked(format, args...)
+	f.w.progFault()
 	f.w.mu.Unlock()
 }
 
@@ -1421,6 +1447,9 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	}
 	if op.Kind == storesim.OpPut && op.Key == checkpoint.LatestKey {
 		f.w.sawLatest(op.Body)
+	}
+	if op.Kind == storesim.OpPut {
+		f.w.progManifest(op.Key)
 	}
 	if op.Kind == storesim.OpPut && strings.HasPrefix(op.Key, checkpoint.LeaseDir) {
 		var rec checkpoint.LeaseRecord

@@ -246,6 +246,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	slices.SortStableFunc(evs, func(a, b hostEv) int { return int(a.at - b.at) })
 	fencedAt, fencedSlot := time.Duration(-1), -1 // when the newer copy's lease landed, and the older copy
 	endOf := func(n int) {
+		w.progOver() // progress_test.go: a node's end excuses the job's commits
 		nd := nodes[n]
 		nd.ended = time.Since(start)
 		if n == js.nodes {
@@ -360,6 +361,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		for next < len(evs) && evs[next].at <= now {
 			ev := evs[next]
 			next++
+			w.progOver() // no progress owed once a stop, kill or copy came
 			switch ev.what {
 			case "signal":
 				signalled = true
@@ -403,6 +405,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		}
 	}
 	trainers.Wait()
+	w.progEnd()
 	w.mu.Lock()
 	w.starts++
 	w.ended = append(w.ended, time.Since(start).Round(time.Second).String())
