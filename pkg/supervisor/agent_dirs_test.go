@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // Issue 13: the agent reads, writes and deletes only inside its own
@@ -72,8 +75,8 @@ func TestAgent_AreaWithoutMarkerRefused(t *testing.T) {
 
 // TestAgent_RestoreAreaSwappedForSymlink (item 3a): the trainer replaces
 // the restore directory with a symlink to a directory of its choosing and
-// fails; the restart's restore refuses the symlink (the run ends with the
-// trainer's code) and the target keeps its files.
+// fails; the restart's restore refuses the symlink (logged as such; the
+// run ends with the trainer's code) and the target keeps its files.
 func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 	first := startAgent(t, nil)
 	tr := trainertest.Dial(t, first.cfg.Server.Path)
@@ -89,13 +92,19 @@ func TestAgent_RestoreAreaSwappedForSymlink(t *testing.T) {
 	testutil.WriteFile(t, filepath.Join(victim, "precious"), "keep")
 	script := `test -n "$SPOTAGENT_RESUME_DIR" || exit 9; r=$(dirname "$SPOTAGENT_RESUME_DIR"); ` +
 		`mv "$r" "$r.moved" && ln -s ` + victim + ` "$r"; exit 3`
+	core, logs := observer.New(zap.InfoLevel)
 	ar := startAgent(t, func(c *Config) {
 		c.Store = first.store
 		c.MaxRestarts = 1
 		c.Command = []string{"/bin/sh", "-c", script}
+		c.Log = zap.New(core)
 	})
 	if code := ar.wait(t); code != 3 {
 		t.Fatalf("exit code %d, want the trainer's 3 (restart refused)", code)
+	}
+	failed := logs.FilterMessage("restore for restart failed").All()
+	if len(failed) != 1 || !strings.Contains(fmt.Sprint(failed[0].ContextMap()["error"]), "symlink") {
+		t.Fatalf("want one 'restore for restart failed' naming the symlink, got %v", failed)
 	}
 	ents, err := os.ReadDir(victim)
 	if err != nil || len(ents) != 1 || testutil.ReadFile(t, filepath.Join(victim, "precious")) != "keep" {
