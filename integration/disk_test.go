@@ -18,7 +18,7 @@ import (
 
 // TestDisk_FullWhileSaving: the checkpoint directory fills up during a
 // save. The trainer's failed reaches the agent and is logged with the
-// cause, nothing of that checkpoint is committed, the agent clears what the
+// cause and what to do, nothing of that checkpoint is committed, the agent clears what the
 // failed save left (so the disk has room again) and the next checkpoint
 // commits.
 func TestDisk_FullWhileSaving(t *testing.T) {
@@ -32,8 +32,8 @@ func TestDisk_FullWhileSaving(t *testing.T) {
 
 	failed := p.waitRe(`^trainer: save failed (\S+) .*No space left on device`, time.Minute)[1]
 	e := p.waitEntry("trainer could not save the checkpoint", 30*time.Second, func(e logEntry) bool { return e.str("id") == failed })
-	if !strings.Contains(e.str("error"), "No space left on device") || e.str("cause") != "ENOSPC" {
-		t.Fatalf("logged error %q cause %q, want the trainer's ENOSPC named", e.str("error"), e.str("cause"))
+	if !strings.Contains(e.str("error"), "No space left on device") || e.str("cause") != "ENOSPC" || !strings.Contains(e.str("fix"), "--checkpoint-dir") {
+		t.Fatalf("logged error %q cause %q fix %q, want the trainer's ENOSPC named and what to do", e.str("error"), e.str("cause"), e.str("fix"))
 	}
 	// The half-written files must go, or the disk stays full for good.
 	waitGone(t, filepath.Join(dir, "ckpt", "spotagent-hostile", failed), 10*time.Second)

@@ -132,26 +132,3 @@ func TestSilence_DeafTrainer(t *testing.T) {
 	p.signal(syscall.SIGTERM)
 	p.wait(time.Minute)
 }
-
-// TestSilence_DiskFull: a checkpoint that fails on ENOSPC is logged with
-// its cause named and what to do, and the committed checkpoint stands.
-func TestSilence_DiskFull(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	// It saves its first checkpoint, then meets a real ENOSPC (the
-	// kernel's, from /dev/full) on each later one and fails it with the
-	// OSError, as the example trainer does.
-	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--step-time", "0.02", "--on", "1=write,done", "--on", "write:/dev/full:5,write,done")...)...)
-	first := p.waitEntry("checkpoint committed", time.Minute, nil)
-	w := p.waitEntry("trainer could not save the checkpoint", time.Minute, func(e logEntry) bool { return e.str("cause") == "ENOSPC" })
-	if w.str("cause") != "ENOSPC" || !strings.Contains(w.str("fix"), "--checkpoint-dir") || !strings.Contains(w.str("error"), "No space left on device") {
-		t.Fatalf("failure logged as cause %q, fix %q, error %q: want ENOSPC and what to do", w.str("cause"), w.str("fix"), w.str("error"))
-	}
-	step, id := storeLatest(t, filepath.Join(dir, "store"))
-	if step != first.num("step") || id != first.str("id") {
-		t.Fatalf("latest.json: step %d id %s, want the committed checkpoint (step %d id %s)", step, id, first.num("step"), first.str("id"))
-	}
-	p.signal(syscall.SIGTERM)
-	p.wait(time.Minute)
-}
