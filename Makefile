@@ -113,13 +113,13 @@ lint:
 	@out=$$($(GO) run $(DEADCODE) -test -tags '$(TAGS)' ./...); if [ -n "$$out" ]; then echo "dead code (unreachable from any main or test):"; echo "$$out"; exit 1; fi
 
 # The integration package runs its tests side by side (4 waiting tests and
-# 2 torch tests at a time, longest first by measured seconds, the torch
-# tests that bound a job's exit alone, last; integration/harness_test.go),
-# most on the plain agent build; none runs alone before the others (they
-# did for 247 s). Its longest chain is the torch tests': at load average
-# 17.6 beside other jobs, 859 s of tests (571 s of torch pairs, 279 s of
-# the lone ones; the waiting tests done at 206 s); 791 s in make test at
-# load 4-6 with a build loop beside it (issue 49 wants <= 600 s). Its binary gets 60 min;
+# 2 torch tests at a time, longest first by measured seconds; a test that
+# bounds a job's exit never beside one that floods the agent;
+# integration/harness_test.go), most on the plain agent build; none runs
+# alone. Its longest chain is the torch tests'. Issue 49 wants <= 600 s in
+# make test (it was 791-817 s at load 4-8 with a build loop beside it,
+# before 10 tests were cut and the exit-bounding ones stopped running
+# alone). Its binary gets 60 min;
 # -short skips its tests with a Python trainer and its floods (79 s).
 # Its own binary is built without -race: the in-process fakes it runs (S3,
 # GCS, the fault proxy) carry every byte the agents move, and under the

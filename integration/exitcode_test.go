@@ -62,36 +62,6 @@ func TestExitCode_Notice(t *testing.T) {
 	})
 }
 
-// TestExitCode_NoticeThenSIGTERM: a drain's SIGTERM right after the spot
-// notice folds into the interruption: one checkpoint (no shutdown one),
-// exit 75, and the agent does not wait out --term-grace.
-func TestExitCode_NoticeThenSIGTERM(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	fk := fake.NewAWS(fake.AWSOptions{})
-	t.Cleanup(fk.Close)
-	p := start(t, nil, append(exitArgs(dir, fk, "--term-grace", "10m"), "--", python, "python/examples/train.py",
-		"--steps", "100000", "--step-time", "0.01", "--save-bytes", "8000000")...)
-	p.waitLine(`^step 25 `, time.Minute) // the trainer is connected and training
-	fk.Terminate("terminate", time.Now().Add(2*time.Minute))
-	p.waitEntry("checkpoint requested", time.Minute, func(e logEntry) bool { return e.str("reason") == "interruption" })
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != exitInterrupted {
-		t.Fatalf("spotagent run exit code %d, want %d", code, exitInterrupted)
-	}
-	if reqs := p.entries("checkpoint requested"); len(reqs) != 1 {
-		t.Fatalf("%d checkpoint requests, want 1 (the interruption's): %v", len(reqs), reqs)
-	}
-	if n := len(p.entries("interruption checkpoint committed: stopping the trainer")); n != 1 {
-		t.Fatalf("%d interruption commits, want 1", n)
-	}
-	ents, err := os.ReadDir(filepath.Join(dir, "store", "checkpoints"))
-	if err != nil || len(ents) != 1 {
-		t.Fatalf("store checkpoints %v (%v), want exactly one", ents, err)
-	}
-}
-
 // TestRun_GrandchildDiesWithAgent: spotagent run -- sh -c "python3 ...; echo",
 // the agent SIGKILLed: the python grandchild goes too (Pdeathsig alone
 // would leave it running under PID 1).

@@ -187,28 +187,3 @@ func TestGoodput_ThreeSessions(t *testing.T) {
 		t.Logf("%s: %s", c.name, strings.TrimSpace(stderr))
 	}
 }
-
-// TestGoodput_NoInterruptions: the report of an uninterrupted run says so.
-func TestGoodput_NoInterruptions(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	fk := fake.NewAWS(fake.AWSOptions{})
-	t.Cleanup(fk.Close)
-	p := start(t, nil, append(goodputArgs(dir, fk), "--", python, "python/examples/train.py", "--steps", "200", "--step-time", "0.01")...)
-	if code := p.wait(2 * time.Minute); code != 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	store := "file://" + filepath.Join(dir, "store")
-	out, stderr, code := runReport(t, nil, "--store", store, "--format", "json", "--advice-runs", "20")
-	if code != 0 {
-		t.Fatalf("report exit %d: %s", code, stderr)
-	}
-	if r := parseReport(t, out); r.Interruptions != 0 || r.Restores != 0 || len(r.Sessions) != 1 {
-		t.Fatalf("interruptions %d, restores %d, sessions %d", r.Interruptions, r.Restores, len(r.Sessions))
-	}
-	table, _, _ := runReport(t, nil, "--store", store, "--advice-runs", "20")
-	if !strings.Contains(table, "no interruptions") {
-		t.Fatalf("table:\n%s", table)
-	}
-}

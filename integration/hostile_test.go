@@ -20,43 +20,6 @@ import (
 // stays up, other connections keep working, a committed checkpoint is never
 // replaced by a bad one, and each case has a clear log line.
 
-// TestHostile_NeverAnswers: the trainer answers the first request, then
-// nothing, not even stop. SIGTERM: the shutdown request's deadline passes,
-// the previous checkpoint stands, the trainer is stopped at the deadline.
-func TestHostile_NeverAnswers(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "4s", "--margin", "1s"), writeTrainer(t, dir, "never", 0)...)...)
-	first := p.waitEntry("checkpoint committed", time.Minute, nil)
-	p.waitRe(`^trainer: ignoring request`, time.Minute)
-
-	// While the trainer hangs, another connection is answered at once.
-	st, took := dialRaw(t, filepath.Join(dir, "a.sock")).status(5 * time.Second)
-	if got, want := st["pending"], float64(1); got != want {
-		t.Fatalf("status pending=%v, want %v (the unanswered request)", got, want)
-	}
-	t.Logf("status reply while the trainer hangs: %s", took)
-
-	p.signal(syscall.SIGTERM)
-	p.waitEntry("trainer missed the checkpoint deadline", 30*time.Second, func(e logEntry) bool { return e.str("reason") == "shutdown" })
-	stands := p.waitEntry("interruption checkpoint did not commit: the previous checkpoint stands", 30*time.Second, nil)
-	if got, want := stands.num("committed_step"), first.num("step"); got != want {
-		t.Fatalf("committed_step=%d, want %d (the first checkpoint)", got, want)
-	}
-	p.waitEntry("trainer still running at the deadline: stopping it", 30*time.Second, nil)
-	if code, want := p.wait(time.Minute), exitInterrupted; code != want {
-		t.Fatalf("exit code %d, want %d (the trainer was killed at the stop deadline)", code, want)
-	}
-	step, id := storeLatest(t, filepath.Join(dir, "store"))
-	if step != first.num("step") || id != first.str("id") {
-		t.Fatalf("latest.json: step %d id %s, want the first checkpoint (step %d id %s)", step, id, first.num("step"), first.str("id"))
-	}
-	if n := len(p.entries("checkpoint committed")); n != 1 {
-		t.Fatalf("%d checkpoints committed, want 1", n)
-	}
-}
-
 // TestHostile_AnswersLate: the trainer answers the shutdown request after
 // its deadline. The late done is refused with a clear error, nothing of it
 // is committed, the previous checkpoint stands.

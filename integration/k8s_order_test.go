@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
-	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
@@ -112,47 +110,6 @@ func savedSteps(outs ...string) map[int][]string {
 	return got
 }
 
-// (a) The trainer containers finish (exit 0), then the kubelet SIGTERMs
-// each pod's sidecar, as it always does: no interruption, no lost work in
-// the journal, in `history` or in `report`.
-func TestK8sOrder_TrainerFinishedThenSidecarSIGTERM(t *testing.T) {
-	parallelTorch(t)
-	requirePython(t, true)
-	env, uri, st := s3Store(t, "order-a")
-	j := startSidecarJob(t, env, uri, testutil.ShortDir(t), []string{"--interval", "2s"}, ddpEnv(20))
-	for k, tr := range j.trainers {
-		if code := tr.wait(3 * time.Minute); code != 0 {
-			t.Fatalf("node %d: trainer exited %d, want 0", k, code)
-		}
-	}
-	for k, s := range j.sidecars {
-		s.signal(syscall.SIGTERM)
-		if code := s.wait(time.Minute); code != 0 {
-			t.Errorf("node %d: sidecar exit code %d, want 0", k, code)
-		}
-	}
-	if len(manifests(t, st)) == 0 {
-		t.Fatal("no periodic checkpoint committed during the run (--interval 2s)")
-	}
-	jr := noticeJournal(t, st)
-	for _, in := range jr.Interruptions {
-		t.Errorf("journal records an interruption after a clean finish: %+v", in)
-	}
-	hist := runSpotagentTool(t, env, "history", "--store", uri)
-	if strings.Contains(hist, "NO:") || strings.Contains(hist, "no trainer connected") {
-		t.Errorf("history reports a failure after a clean finish:\n%s", hist)
-	}
-	out, errOut, code := runReport(t, env, "--store", uri, "--format", "json", "--advice-runs", "0")
-	if code != 0 {
-		t.Fatalf("report exit %d: %s", code, errOut)
-	}
-	rep := parseReport(t, out)
-	if rep.Interruptions != 0 || rep.Seconds[journal.BucketLost] != 0 {
-		t.Errorf("report: %d interruptions, %.1f s lost after a clean finish, want 0 and 0:\n%s",
-			rep.Interruptions, rep.Seconds[journal.BucketLost], out)
-	}
-}
-
 // (b) The native-sidecar order: the kubelet SIGTERMs node 1's trainer
 // container (torchrun, which forwards SIGTERM to its ranks at once; the
 // ranks run with SPOTAGENT_HANDLE_SIGTERM=1), and its sidecar only once
@@ -239,97 +196,6 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 			t.Errorf("rank %d saved %v, want one checkpoint at step %d", r, saved[r], m.Step)
 		}
 	}
-	if t.Failed() {
-		return
-	}
-	sameFinals(t, ref, finishedJob(t, env, uri, m.Step))
-}
-
-// (c) SIGTERM to node 1's agent's whole process group twice within a
-// second (GNU timeout, `kill 0`, some init systems): one signal, one
-// job-wide shutdown checkpoint, both agents exit 75, bit-identical resume.
-func TestK8sOrder_GroupSIGTERMTwice(t *testing.T) {
-	parallelTorch(t)
-	requirePython(t, true)
-	ref := ddpRef(t)
-	env, uri, st := s3Store(t, "order-c")
-	agents := runJob(t, env, uri, testutil.ShortDir(t), freePort(t), []string{"--interval", "1h"}, ddpEnv(50))
-	agents[1].waitLine(`rank 2 step 30\b`, 3*time.Minute)
-	pg := agents[1].cmd.Process.Pid
-	syscall.Kill(-pg, syscall.SIGTERM)
-	time.Sleep(300 * time.Millisecond) // the scenario: a second signal 0.3 s later
-	syscall.Kill(-pg, syscall.SIGTERM)
-	for k, a := range agents {
-		if code := a.wait(3 * time.Minute); code != exitInterrupted {
-			t.Errorf("node %d: agent exit code %d, want %d", k, code, exitInterrupted)
-		}
-	}
-	ms := manifests(t, st)
-	if len(ms) != 1 {
-		t.Fatalf("%d committed checkpoints, want one job-wide shutdown checkpoint", len(ms))
-	}
-	jobCheckpoint(t, ms[0])
-	if ms[0].Reason != "shutdown" {
-		t.Errorf("checkpoint reason %q, want shutdown", ms[0].Reason)
-	}
-	if t.Failed() {
-		return
-	}
-	sameFinals(t, ref, finishedJob(t, env, uri, ms[0].Step))
-}
-
-// (e) A duplicate node 1 (a spot replacement, a Job's replacement pod,
-// while the old copy still runs): the older copy is fenced (exit 76), the
-// committed checkpoint stays whole, and a fresh job resumes from it
-// bit-identically.
-func TestK8sOrder_DuplicateNode(t *testing.T) {
-	parallelTorch(t)
-	requirePython(t, true)
-	ref := ddpRef(t)
-	env, uri, st := s3Store(t, "order-e")
-	dir := testutil.ShortDir(t)
-	jobEnv := append(append([]string{}, env...), ddpEnv(50)...)
-	agents := runJob(t, env, uri, dir, freePort(t), []string{"--interval", "2s", "--fence-interval", "500ms"}, ddpEnv(50))
-	agents[1].waitEntry("checkpoint committed", 3*time.Minute, nil)
-	before := readLatestPointer(t, st)
-	// The second copy of node 1: its own directory; its torchrun cannot
-	// meet node 0's (another rendezvous port), as a replacement that comes
-	// up while the job still runs on the old copy.
-	dup := runGroup(t, jobEnv, append(append(runNodeArgs(uri, filepath.Join(dir, "dup"), 1, "--interval", "2s", "--fence-interval", "500ms"), "--"),
-		ddpLauncher(1, freePort(t))...)...)
-	var fenced, survivor *proc
-	select {
-	case <-agents[1].done:
-		fenced, survivor = agents[1], dup
-	case <-dup.done:
-		fenced, survivor = dup, agents[1]
-	case <-time.After(time.Minute):
-		t.Fatal("neither copy of node 1 exited within a minute of the second one's start: no per-node fencing")
-	}
-	if code := fenced.wait(time.Second); code != 76 {
-		t.Fatalf("a copy of node 1 exited %d, want 76 (fenced)", code)
-	}
-	if fenced != agents[1] {
-		t.Errorf("the new copy of node 1 was fenced, want the old one")
-	}
-	select {
-	case <-survivor.done:
-		t.Errorf("both copies of node 1 exited (the second with %d)", survivor.code)
-	default:
-	}
-	for _, a := range []*proc{agents[0], survivor} {
-		syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-		a.wait(time.Minute)
-	}
-	after := readLatestPointer(t, st)
-	if after.Step < before.Step {
-		t.Fatalf("latest.json went from step %d to %d", before.Step, after.Step)
-	}
-	m, err := checkpoint.ReadManifest(t.Context(), st, after.Manifest)
-	if err != nil {
-		t.Fatalf("latest.json names %s: %v", after.Manifest, err)
-	}
-	jobCheckpoint(t, m)
 	if t.Failed() {
 		return
 	}

@@ -168,7 +168,7 @@ func writeExec(t *testing.T, path, body string) {
 // stopped, without waiting out torchrun's 300 s exit barrier, and never
 // 137.
 func TestK8sPID1_ManifestTrainerExits75(t *testing.T) {
-	parallelTorchAlone(t)
+	parallelTorchBounded(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")
@@ -254,7 +254,7 @@ func stopNodeOne(t *testing.T, trainers []*pid1Trainer, agent1 *proc) time.Durat
 }
 
 func TestK8sPID1_SilentNodeTrainerExits75(t *testing.T) {
-	parallelTorchAlone(t)
+	parallelTorchBounded(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")

@@ -26,7 +26,7 @@ import (
 // exits 75 well before the ranks' 60 s process-group timeout, and node 0's
 // agent serves on.
 func TestNodeMode_SilentNodeEndsJob(t *testing.T) {
-	parallelTorchAlone(t)
+	parallelTorchBounded(t)
 	requirePython(t, true)
 	if os.Geteuid() != 0 {
 		t.Skip("a PID namespace (unshare --pid) needs root")

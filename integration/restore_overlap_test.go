@@ -20,9 +20,9 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 )
 
-// overlapSetup is a store (S3 behind the fault proxy) holding, unless
-// empty, a committed checkpoint of step 40 whose model.bin is 1 MiB of
-// random bytes; the agent's arguments (the fake trainer's after "--").
+// overlapSetup is a store (S3 behind the fault proxy) holding a committed
+// checkpoint of step 40 whose model.bin is 1 MiB of random bytes; the
+// agent's arguments (the fake trainer's after "--").
 type overlapSetup struct {
 	fs       *faultStores
 	dir      string
@@ -31,28 +31,26 @@ type overlapSetup struct {
 	modelSum string
 }
 
-func newOverlapSetup(t *testing.T, name string, empty bool) *overlapSetup {
+func newOverlapSetup(t *testing.T, name string) *overlapSetup {
 	t.Helper()
 	requirePython(t, false)
 	s := &overlapSetup{fs: newFaultStores(t, "s3", "overlap-"+name), dir: testutil.ShortDir(t)}
-	if !empty {
-		src := t.TempDir()
-		model := make([]byte, 1<<20)
-		for i := range model {
-			model[i] = byte(rand.IntN(256))
-		}
-		sum := sha256.Sum256(model)
-		s.modelSum = hex.EncodeToString(sum[:])
-		if err := os.WriteFile(filepath.Join(src, "model.bin"), model, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, "state.json"), []byte(`{"step": 40}`), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		c := &commit.Committer{Store: s.fs.direct, RunID: "it"}
-		if _, err := c.Commit(t.Context(), commit.Request{Dir: src, ID: "c1", Step: 40, Metadata: json.RawMessage(`{"epoch":4}`)}); err != nil {
-			t.Fatal(err)
-		}
+	src := t.TempDir()
+	model := make([]byte, 1<<20)
+	for i := range model {
+		model[i] = byte(rand.IntN(256))
+	}
+	sum := sha256.Sum256(model)
+	s.modelSum = hex.EncodeToString(sum[:])
+	if err := os.WriteFile(filepath.Join(src, "model.bin"), model, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "state.json"), []byte(`{"step": 40}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &commit.Committer{Store: s.fs.direct, RunID: "it"}
+	if _, err := c.Commit(t.Context(), commit.Request{Dir: src, ID: "c1", Step: 40, Metadata: json.RawMessage(`{"epoch":4}`)}); err != nil {
+		t.Fatal(err)
 	}
 	s.env = append(s.fs.env, "AWS_EC2_METADATA_DISABLED=true")
 	// The trainer says when it booted and whether the restore was still
@@ -102,7 +100,7 @@ func noPartialRestore(t *testing.T, dir string) {
 // the serial start the trainer connected only after "restored checkpoint".
 func TestRestoreOverlap_TrainerStartsFirst(t *testing.T) {
 	parallel(t)
-	s := newOverlapSetup(t, "first", false)
+	s := newOverlapSetup(t, "first")
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10, Match: modelGets})
 	p := start(t, s.env, s.args...)
 	if code := p.wait(2 * time.Minute); code != 0 {
@@ -128,7 +126,7 @@ func TestRestoreOverlap_TrainerStartsFirst(t *testing.T) {
 // and says why, and no partial restore is left.
 func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
 	parallel(t)
-	s := newOverlapSetup(t, "fail", false)
+	s := newOverlapSetup(t, "fail")
 	gate := make(chan struct{})
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.ResetResponse, After: 64 << 10, Match: func(r *http.Request) bool {
 		if !modelGets(r) {
@@ -152,26 +150,13 @@ func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
 	noPartialRestore(t, s.dir)
 }
 
-// TestRestoreOverlap_NoCheckpoint (c): an empty store is a definite fresh
-// start: resume_step answers None, the run ends 0.
-func TestRestoreOverlap_NoCheckpoint(t *testing.T) {
-	parallel(t)
-	s := newOverlapSetup(t, "none", true)
-	p := start(t, s.env, s.args...)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
-	}
-	p.waitLine(`trainer: fresh start`, time.Second)
-	p.waitLine(`no committed checkpoint`, time.Second)
-}
-
 // TestRestoreOverlap_SigtermDuringRestore: SIGTERM while the restore (held
 // by a store that never answers the GET of model.bin) runs beside the
 // trainer: the restore is cancelled, the trainer stopped without resuming,
 // the agent exits 143 as for any start-up cancelled, nothing partial left.
 func TestRestoreOverlap_SigtermDuringRestore(t *testing.T) {
 	parallel(t)
-	s := newOverlapSetup(t, "sigterm", false)
+	s := newOverlapSetup(t, "sigterm")
 	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: 10 * time.Minute, Match: modelGets})
 	p := start(t, s.env, s.args...)
 	pid := atoi(t, p.waitLine(`trainer: booted pid (\d+)`, time.Minute)[1])
