@@ -2,6 +2,7 @@ package main
 
 import (
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +51,35 @@ func TestResolve_Defaults(t *testing.T) {
 		}
 		if err := o.resolve(tc.node); err != nil {
 			t.Errorf("%s: defaults refused: %v", tc.build().Name(), err)
+		}
+	}
+}
+
+// TestResolve_Signal: run's --signal is the signal the agent's fallback
+// sends (Config.Signal, run.go; the fallback itself: pkg/supervisor
+// TestAgent_SignalFallback), spelled with SIG or without; a signal the
+// fallback does not offer is refused, naming the flag.
+func TestResolve_Signal(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want syscall.Signal
+	}{{"SIGUSR1", syscall.SIGUSR1}, {"USR1", syscall.SIGUSR1}, {"usr2", syscall.SIGUSR2}, {"HUP", 0}} {
+		var o agentOptions
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		o.register(fs, false)
+		if err := fs.Parse([]string{"--store", t.TempDir(), "--cloud", "none"}); err != nil {
+			t.Fatal(err)
+		}
+		o.signal = tc.in
+		err := o.resolve(false)
+		if tc.want == 0 {
+			if err == nil || !strings.Contains(err.Error(), "--signal") {
+				t.Errorf("--signal %s: %v, want a refusal naming --signal", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || o.sig != tc.want {
+			t.Errorf("--signal %s: %v, %v; want %v", tc.in, o.sig, err, tc.want)
 		}
 	}
 }

@@ -149,7 +149,8 @@ func (b *Bridge) run(ctx context.Context) error {
 			case protocol.TypeCheckpoint:
 				pid, err := b.signal(m)
 				if err != nil {
-					b.Log.Warn("signal fallback: trainer not asked to checkpoint", zap.String("id", m.ID), zap.Error(err))
+					// The agent logs the failure ("trainer could not save
+					// the checkpoint", with this error): one line per event.
 					send(protocol.Message{Type: protocol.TypeFailed, ID: m.ID, Error: err.Error()})
 					continue
 				}
