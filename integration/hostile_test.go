@@ -20,37 +20,6 @@ import (
 // stays up, other connections keep working, a committed checkpoint is never
 // replaced by a bad one, and each case has a clear log line.
 
-// TestHostile_AnswersLate: the trainer answers the shutdown request after
-// its deadline. The late done is refused with a clear error, nothing of it
-// is committed, the previous checkpoint stands.
-func TestHostile_AnswersLate(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	p := start(t, nil, append(hostileArgs(dir, "--term-grace", "6s", "--margin", "3s"), writeTrainer(t, dir, "late", 0)...)...)
-	first := p.waitEntry("checkpoint committed", time.Minute, nil)
-	p.waitRe(`^trainer: ignoring request`, time.Minute)
-	p.signal(syscall.SIGTERM)
-	missed := p.waitEntry("trainer missed the checkpoint deadline", 30*time.Second, func(e logEntry) bool { return e.str("reason") == "shutdown" })
-	p.waitEntry("interruption checkpoint did not commit: the previous checkpoint stands", 30*time.Second, nil)
-	p.waitRe(`^trainer: answered late `+missed.str("id"), 30*time.Second)
-	late := p.waitEntry("done for an unknown checkpoint id", 30*time.Second, nil)
-	if got, want := late.str("id"), missed.str("id"); got != want {
-		t.Fatalf("late done refused for id %s, want %s", got, want)
-	}
-	p.waitRe(`^trainer: got error id=`+missed.str("id")+` .*unknown checkpoint id`, 30*time.Second)
-	if code := p.wait(time.Minute); code != exitInterrupted {
-		t.Fatalf("exit code %d, want %d (the trainer stopped on its own after the shutdown)", code, exitInterrupted)
-	}
-	store := filepath.Join(dir, "store")
-	if step, id := storeLatest(t, store); id != first.str("id") || step != first.num("step") {
-		t.Fatalf("latest.json: step %d id %s, want the first checkpoint %s", step, id, first.str("id"))
-	}
-	if storeHas(t, store, missed.str("id")) {
-		t.Fatalf("the late checkpoint %s reached the store", missed.str("id"))
-	}
-}
-
 // TestHostile_CrashMidSave: the trainer dies half-way through writing a
 // checkpoint. Its exit code passes through, nothing of that checkpoint is
 // committed, its half-written directory does not outlive the agent's

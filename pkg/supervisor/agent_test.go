@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/noticetest"
@@ -236,6 +237,66 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	j, err := journal.Read(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || j.Interruptions[0].CommitOK || j.Interruptions[0].LostSeconds <= 0 {
 		t.Fatalf("journal interruptions=%+v err=%v", j.Interruptions, err)
+	}
+}
+
+// TestAgent_AnswersLate: the trainer saves its shutdown checkpoint but
+// says done only after the deadline (once stop came). The late done is
+// refused (an error reply with its id: unknown checkpoint id; logged), the
+// failed stop is logged, nothing of that checkpoint reaches the store, the
+// previous checkpoint stands, and the trainer's own exit after the stop
+// makes the agent exit ExitInterrupted. (The end-to-end
+// TestHostile_AnswersLate, with the Python fake trainer, was cut in #49.)
+func TestAgent_AnswersLate(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	release := filepath.Join(testutil.ShortDir(t), "release")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
+		c.TermGrace, c.Margin = 2*time.Second, time.Second
+		c.KillAfter = time.Hour // the trainer must leave on its own
+		c.Log = zap.New(core)
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
+	tr.Expect(protocol.TypeCommitted)
+	ar.sigs <- syscall.SIGTERM
+	req := tr.Expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonShutdown {
+		t.Fatalf("request=%+v, want reason shutdown", req)
+	}
+	// Saved in time, said done too late: after the stop.
+	os.WriteFile(filepath.Join(req.Dir, "state.bin"), []byte("late"), 0o600)
+	tr.Expect(protocol.TypeStop)
+	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 9})
+	if e := tr.Expect(protocol.TypeError); e.ID != req.ID || !strings.Contains(e.Error, "unknown checkpoint id") {
+		t.Fatalf("reply to the late done=%+v, want an error for id %s: unknown checkpoint id", e, req.ID)
+	}
+	os.WriteFile(release, nil, 0o600)
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code=%d, want %d (the trainer stopped on its own after the shutdown)", code, ExitInterrupted)
+	}
+	if got := latestStep(t, ar); got != 5 {
+		t.Fatalf("latest step=%d, want 5 (the previous checkpoint stands)", got)
+	}
+	ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+		if strings.Contains(o.Key, req.ID) {
+			t.Errorf("object %s of the late checkpoint reached the store", o.Key)
+		}
+		return nil
+	})
+	for _, w := range []struct{ msg, id string }{
+		{"trainer missed the checkpoint deadline", req.ID},
+		{"interruption checkpoint did not commit: the previous checkpoint stands", ""},
+		{"done for an unknown checkpoint id", req.ID},
+	} {
+		es := logs.FilterMessage(w.msg).All()
+		if len(es) != 1 || (w.id != "" && es[0].ContextMap()["id"] != w.id) {
+			t.Fatalf("log %q: %v, want one entry (id %q)", w.msg, es, w.id)
+		}
+	}
+	if r := logs.FilterMessage("trainer missed the checkpoint deadline").All()[0].ContextMap()["reason"]; r != protocol.ReasonShutdown {
+		t.Fatalf("missed deadline logged with reason %v, want shutdown", r)
 	}
 }
 

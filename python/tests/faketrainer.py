@@ -5,7 +5,7 @@ A real trainer on the real client (``spotagent``, from this checkout) over
 the real socket: it connects, reports its resume, trains in steps (a sleep
 each), polls, answers the agent's checkpoint requests, and stops when told,
 exiting with ``agent.exit_code``. The flags make it misbehave the ways the
-tests need: never poll, ignore stop, answer late, never, wrongly or after a
+tests need: never poll, ignore stop, answer never, wrongly or after a
 sleep, fail a save, crash half-way through one, plant symlinks, take a
 checkpoint on its own, run without its socket.
 
@@ -29,9 +29,6 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
     sleep:S                sleep S seconds
     done                   answer done at the current step
     ignore                 leave the request unanswered
-    hold                   leave it unanswered until the agent says stop,
-                           then write and answer it (late), and wait for
-                           the agent's error about it
     exit:N                 sys.exit(N): the interpreter's exit, the
                            client closes as it does
     crash:N                os._exit(N): a native crash, nothing closed
@@ -155,7 +152,6 @@ class Trainer(object):
         self.args = args
         self.step = 0
         self.requests = 0
-        self.held = []  # type: List[Any]
         self.own_taken = False
         self.agent = None  # type: Any
 
@@ -195,9 +191,6 @@ class Trainer(object):
                     log("saved checkpoint %s (%s) at step %d" % (req.id, req.reason, self.step))
                 elif name == "ignore":
                     log("ignoring request", req.id)
-                elif name == "hold":
-                    self.held.append(req)
-                    log("ignoring request", req.id)
                 elif name == "exit":
                     log("exiting %s on request %s" % (params[0], req.id))
                     sys.exit(int(params[0]))
@@ -224,22 +217,6 @@ class Trainer(object):
                     return
             time.sleep(0.01)
         log("not seen in 60 s:", pattern)
-
-    def answer_late(self) -> None:
-        """The agent said stop: answer the newest held request now (its
-        deadline has passed), and wait for the agent's error about it."""
-        req, self.held = self.held[-1], []
-        try:
-            self.write(req.dir, self.args.file)
-        except OSError as e:
-            # The agent removes a missed request's directory (in the
-            # background) as it says stop: the late done comes anyway.
-            log("late save failed:", e.strerror)
-        req.done(self.step)
-        log("answered late", req.id, "step", self.step)
-        end = time.monotonic() + 30
-        while req.id not in self.agent._errors and time.monotonic() < end:
-            self.agent.wait_committed(req.id, timeout=0.05)
 
     def own_checkpoint(self) -> None:
         d = os.path.join(self.agent.checkpoint_dir, "own-%d" % self.step)
@@ -313,8 +290,6 @@ class Trainer(object):
             if req is not None:
                 self.answer(req)
             if agent.should_stop:
-                if self.held:
-                    self.answer_late()
                 if not a.ignore_stop:
                     log("stopping at step %d (%s)" % (self.step, agent.stop_reason))
                     agent.close()
