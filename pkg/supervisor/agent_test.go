@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -357,6 +358,71 @@ func TestAgent_NoRestartsLeft(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.Command = []string{"/bin/sh", "-c", "exit 3"} })
 	if code := ar.wait(t); code != 3 {
 		t.Fatalf("exit code %d, want the child's 3", code)
+	}
+}
+
+// TestAgent_CrashMidSave: the trainer dies half-way through writing a
+// periodic checkpoint: its connection drops and its process exits 3, in
+// either order. The agent exits with the trainer's 3 (logged in `trainer
+// exited`), the checkpoint is abandoned (logged), nothing of it reaches
+// the store, the previous checkpoint stands, and the half-written
+// directory is removed: a restarted trainer, or the next run, would find
+// it. (The end-to-end TestHostile_CrashMidSave was cut in #49.)
+func TestAgent_CrashMidSave(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		childGoes bool   // the process exits before the connection drops
+		abandoned string // the log line of the abandon
+	}{
+		{"process exits first", true, "checkpoint abandoned: the trainer exited before answering"},
+		{"connection drops first", false, "checkpoint abandoned: every trainer disconnected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			release := filepath.Join(testutil.ShortDir(t), "release")
+			ar := startAgent(t, func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit 3"}
+				c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+				c.Log = zap.New(core)
+			})
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 10, "w")
+			tr.Expect(protocol.TypeCommitted)
+			req := tr.Expect(protocol.TypeCheckpoint)
+			testutil.WriteFile(t, filepath.Join(req.Dir, "state.bin"), strings.Repeat("x", 512)) // half of it
+			abandoned := func() bool { return logs.FilterMessage(tc.abandoned).FilterField(zap.String("id", req.ID)).Len() == 1 }
+			if tc.childGoes {
+				os.WriteFile(release, nil, 0o600)
+				testutil.WaitFor(t, tc.abandoned, abandoned)
+				tr.Close()
+			} else {
+				tr.Close()
+				testutil.WaitFor(t, tc.abandoned, abandoned)
+				os.WriteFile(release, nil, 0o600)
+			}
+			if code := ar.wait(t); code != 3 {
+				t.Fatalf("exit code %d, want the trainer's 3", code)
+			}
+			if es := logs.FilterMessage("trainer exited").All(); len(es) != 1 || es[0].ContextMap()["code"] != int64(3) {
+				t.Fatalf("trainer exited logged %v, want once with code 3", es)
+			}
+			if _, err := os.Stat(req.Dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("half-written checkpoint directory %s left behind (stat: %v)", req.Dir, err)
+			}
+			if got := latestStep(t, ar); got != 10 {
+				t.Fatalf("latest step=%d, want 10 (the previous checkpoint stands)", got)
+			}
+			if ms, err := checkpoint.ListManifests(context.Background(), ar.store); err != nil || len(ms) != 1 {
+				t.Fatalf("manifests %v (%v), want the first checkpoint's alone", ms, err)
+			}
+			ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+				if strings.Contains(o.Key, req.ID) {
+					t.Errorf("object %s of the crashed checkpoint reached the store", o.Key)
+				}
+				return nil
+			})
+		})
 	}
 }
 
