@@ -57,6 +57,7 @@ type agentRun struct {
 	cfg   Config
 	sigs  chan os.Signal
 	done  chan int
+	err   error // Run's, set before done gets its code
 	store *file.Store
 }
 
@@ -90,6 +91,7 @@ func startAgentErr(t *testing.T, mutate func(*Config), allowErr bool) *agentRun 
 		if err != nil && !allowErr {
 			t.Errorf("Run: %v", err)
 		}
+		ar.err = err
 		ar.done <- code
 	}()
 	t.Cleanup(func() {
