@@ -210,12 +210,21 @@ func TestAgent_BadMessages(t *testing.T) {
 	}
 }
 
+// TestAgent_TrainerMissesDeadline: a trainer too slow for a termination
+// notice's deadline (here: one that never answers) is not waited for: it
+// is stopped at the deadline, the checkpoint it took before stays the
+// newest, the failure is logged, and the journal records the interruption
+// (its cloud and the request's id) as not committed, why, and the work
+// lost: what `spotagent history` shows (render TestHistory_Rows). (The
+// end-to-end TestNotice_TrainerTooSlow was cut in #49.)
 func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	src := noticetest.New(1)
+	core, logs := observer.New(zap.InfoLevel)
 	ar := startAgent(t, func(c *Config) {
 		c.Source = src
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Margin = 100 * time.Millisecond
+		c.Log = zap.New(core)
 	})
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
@@ -240,6 +249,14 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	j, err := journal.Read(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || j.Interruptions[0].CommitOK || j.Interruptions[0].LostSeconds <= 0 {
 		t.Fatalf("journal interruptions=%+v err=%v", j.Interruptions, err)
+	}
+	if in := j.Interruptions[0]; in.Committed != nil || in.CheckpointID != req.ID || in.Cloud != string(metadata.CloudAWS) ||
+		!strings.Contains(in.Error, "missed the deadline") {
+		t.Fatalf("journal interruption=%+v, want request %s of aws, not committed, its error saying the deadline was missed", in, req.ID)
+	}
+	if es := logs.FilterMessage("interruption checkpoint did not commit: the previous checkpoint stands").All(); len(es) != 1 ||
+		es[0].ContextMap()["committed_step"] != int64(5) {
+		t.Fatalf("want one 'interruption checkpoint did not commit: the previous checkpoint stands' at step 5, got %v", es)
 	}
 }
 

@@ -80,7 +80,6 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, metavar="N",
                    help="train until step N (a resumed run goes on from its step), then finish (0: until stopped)")
     p.add_argument("--step-time", type=float, default=0.01, metavar="S", help="seconds a step sleeps")
-    p.add_argument("--print-every", type=int, default=0, metavar="K", help='print "step N" every K steps')
     p.add_argument("--no-poll", action="store_true", help="never poll: deaf to every request and to stop")
     p.add_argument("--ignore-stop", action="store_true", help="train on when the agent says stop")
     p.add_argument("--wait-after", action="store_true",
@@ -273,8 +272,6 @@ class Trainer(object):
         while last is None or self.step < last or a.wait_after:
             if last is None or self.step < last:
                 self.step += 1
-                if a.print_every and self.step % a.print_every == 0:
-                    log("step %d" % self.step)
                 if self.step == last and a.wait_after:
                     log("waiting at step %d" % self.step)
             time.sleep(a.step_time)
