@@ -6,8 +6,8 @@ the real socket: it connects, reports its resume, trains in steps (a sleep
 each), polls, answers the agent's checkpoint requests, and stops when told,
 exiting with ``agent.exit_code``. The flags make it misbehave the ways the
 tests need: never poll, ignore stop, answer never, wrongly or after a
-sleep, fail a save, crash half-way through one, plant symlinks, take a
-checkpoint on its own, run without its socket.
+sleep, fail a save, crash half-way through one, take a checkpoint on its
+own, run without its socket.
 
 What it does with a request is a list of actions, by request (``--on``):
 
@@ -22,7 +22,6 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
     write:NAME:BYTES[:C]   write NAME (in the request's directory, or an
                            absolute path) of BYTES bytes of character C (by
                            default the step's byte), fsynced, in place
-    symlink:NAME:TARGET    plant a symlink NAME -> TARGET
     saved:NAME             say NAME is saved (early upload)
     await:GLOB:BYTES       wait (60 s at most) for a file matching GLOB
                            ({id} is the request's id) to have BYTES bytes
@@ -34,7 +33,7 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
     crash:N                os._exit(N): a native crash, nothing closed
     hang                   sleep 600 s (killed by the test)
 
-An OSError of write or symlink fails the request (``failed``, with the
+An OSError of write fails the request (``failed``, with the
 error) and ends its actions.
 
 The other flags (connection, steps, stop, an own checkpoint, signals):
@@ -176,9 +175,6 @@ class Trainer(object):
                         self.write(req.dir, [parse_file(":".join(params))])
                     else:
                         self.write(req.dir, self.args.file)
-                elif name == "symlink":
-                    os.symlink(params[1], os.path.join(req.dir, params[0]))
-                    log("planted symlink to", params[1], req.id)
                 elif name == "saved":
                     req.saved(params[0])
                 elif name == "await":
