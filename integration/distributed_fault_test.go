@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -213,53 +212,4 @@ func TestDistributed_AgentKilledDuringJobCommit(t *testing.T) {
 		}
 	})
 	t.Logf("kill trials: %v (step: trials restoring it)", outcomes)
-}
-
-// A rank that goes away mid-save: its node's part is abandoned, the job
-// checkpoint never commits, the previous one stands, and the ranks are
-// told (upload_failed) instead of waiting for the deadline.
-func TestDistributed_RankDiesMidSave(t *testing.T) {
-	parallel(t)
-	s3srv, err := s3test.Start("spotagent-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s3srv.Close)
-	env := s3Env(s3srv)
-	const world = 4
-	uri := "s3://" + s3srv.Bucket + "/rankdies"
-	st := openTestStore(t, uri, all.Options{S3Endpoint: s3srv.Endpoint})
-	agents, ranks := startJobAt10(t, env, uri)
-	// Step 20: rank 3 dies instead of answering.
-	req, ok := ranks[0].Next(protocol.TypeCheckpoint, time.Minute)
-	if !ok {
-		t.Fatal("no second request")
-	}
-	step := int64(20)
-	for _, tr := range ranks[2:] {
-		tr.TrySend(protocol.Message{Type: protocol.TypeJoin, ID: req.ID, Reason: req.Reason, Deadline: req.Deadline, Step: &step})
-	}
-	m2, ok := ranks[2].Next(protocol.TypeCheckpoint, time.Minute)
-	if !ok {
-		t.Fatal("rank 2: no joined request")
-	}
-	os.WriteFile(filepath.Join(m2.Dir, "rank-2.bin"), rankFile(20, 2), 0o600)
-	ranks[2].TrySend(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
-	ranks[3].Close()
-	f, ok := ranks[2].Next(protocol.TypeUploadFailed, time.Minute)
-	if !ok || f.ID != req.ID || !strings.Contains(f.Error, "abandoned") {
-		t.Fatalf("rank 2: %+v, want upload_failed for %s saying abandoned", f, req.ID)
-	}
-	agents[1].waitEntry("checkpoint abandoned", time.Minute, nil)
-	m1, ok := ranks[1].Next(protocol.TypeCheckpoint, time.Minute)
-	if !ok || m1.ID != req.ID {
-		t.Fatalf("rank 1: request %+v, want %s", m1, req.ID)
-	}
-	for r, tr := range ranks[:2] {
-		os.WriteFile(filepath.Join(req.Dir, fmt.Sprintf("rank-%d.bin", r)), rankFile(20, r), 0o600)
-		tr.TrySend(protocol.Message{Type: protocol.TypeDone, ID: req.ID, Step: &step})
-	}
-	if got := checkRestorable(t, st, world); got != 10 {
-		t.Fatalf("restore gave step %d, want the previous checkpoint, 10", got)
-	}
 }

@@ -335,7 +335,6 @@ var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
 	"TestNotice_DuringPeriodicUpload":            true,
 	"TestRestoreOverlap_TrainerStartsFirst":      true,
-	"TestRestoreOverlap_SigtermDuringRestore":    true,
 	"TestDistributed_RestoreFromPeer":            true,
 	"TestDistributed_RestoreFromPeerReplica":     true,
 	"TestDistributed_AgentKilledDuringJobCommit": true,

@@ -36,20 +36,11 @@ func fakeTrainer(flags ...string) []string {
 //
 //	good      answer every request (1 KiB file, or BIG_BYTES when given)
 //	never     answer nothing after the first, ignore stop (killed at the deadline)
-//	late      hold further requests; once stop comes (the deadline has
-//	          passed), answer the newest held one, then exit after the
-//	          agent's error reply
-//	crash     on the second request write half a file, then exit 3
-//	symlink   second request: a symlink to /etc/passwd; third: a symlink
-//	          to ..; then answer properly again
 //	diskfull  second request: write BIG_BYTES (fails on a full disk: send
 //	          failed); then answer properly again with 1 KiB
 var hostileModes = map[string][]string{
 	"good":     nil,
 	"never":    {"--on", "1=write,done", "--on", "ignore", "--ignore-stop"},
-	"late":     {"--on", "1=write,done", "--on", "hold"},
-	"crash":    {"--on", "1=write,done", "--on", "write:state.bin:512:x,crash:3"},
-	"symlink":  {"--on", "2=write,symlink:passwd:/etc/passwd,done", "--on", "3=write,symlink:up:..,done"},
 	"diskfull": {"--on", "2=write:state.bin:BIG,done"},
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,68 +15,6 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
-
-// TestNotice_TrainerTooSlow: a spot notice 2-3 s ahead, a trainer that
-// needs 10 s to save. The agent does not wait for it: the trainer is
-// stopped at the deadline, the checkpoint it took before stays the newest,
-// and the journal (and spotagent history) records the interruption as not
-// committed, with the work lost.
-func TestNotice_TrainerTooSlow(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	// The trainer takes one checkpoint on its own at step 10, then answers
-	// every interruption request only after sleeping 10 s: too slow for
-	// any deadline the test gives it.
-	slowSaver := fakeTrainer("--step-time", "0.02", "--print-every", "25", "--own-at", "10",
-		"--on", "interruption=sleep:10,write,done")
-	uri := "file://" + filepath.Join(dir, "store")
-	env := []string{"PYTHONPATH=" + filepath.Join(repo, "python")}
-	aws := fake.NewAWS(fake.AWSOptions{})
-	t.Cleanup(aws.Close)
-
-	p := start(t, env, append(noticeArgs(dir, uri, append(cloudArgs(t, "aws", aws.URL()), "--kill-after", "1s")...),
-		append([]string{"--"}, slowSaver...)...)...)
-	own := p.waitLine(`trainer took a checkpoint on its own.*"id": "([^"]+)"`, 2*time.Minute)[1]
-	p.waitLine(`checkpoint committed.*"id": "`+regexp.QuoteMeta(own)+`"`, time.Minute)
-	// Let it train past that checkpoint, so that there is work to lose.
-	p.waitLine(`^trainer: step 50$`, time.Minute)
-	aws.Terminate("terminate", time.Now().Add(3*time.Second))
-	req := p.waitLine(`asked for checkpoint (\S+) \(interruption\)`, time.Minute)[1]
-	p.waitLine(`interruption checkpoint did not commit: the previous checkpoint stands`, time.Minute)
-	// The agent gives up on the trainer at the deadline (2-3 s after the
-	// notice, then SIGTERM, SIGKILL 1 s later); the trainer alone would
-	// have needed 10 s, and had it been waited for, it would have logged
-	// its save (checked below).
-	code := p.wait(time.Minute)
-	t.Logf("spotagent exit code %d (the trainer was stopped at the deadline)", code)
-	if strings.Contains(p.output(), "saved checkpoint "+req) {
-		t.Fatalf("the trainer finished the interruption checkpoint %s: it was not too slow", req)
-	}
-
-	st := openTestStore(t, uri, all.Options{})
-	if l := readLatestPointer(t, st); l.ID != own || l.Step != 10 {
-		t.Fatalf("latest=%+v, want the trainer's own checkpoint %s at step 10", l, own)
-	}
-	in := oneInterruption(t, noticeJournal(t, st))
-	if in.CommitOK || in.Committed != nil {
-		t.Fatalf("interruption recorded as committed: %+v", in)
-	}
-	if in.CheckpointID != req {
-		t.Fatalf("interruption checkpoint id=%q, want %q (the request the trainer got)", in.CheckpointID, req)
-	}
-	if in.LostSeconds <= 0 {
-		t.Fatalf("lost_seconds=%v, want > 0", in.LostSeconds)
-	}
-	if in.Error == "" {
-		t.Fatal("interruption has no error saying why it did not commit")
-	}
-	hist := runSpotagentTool(t, env, "history", "--store", uri)
-	t.Logf("spotagent history:\n%s", hist)
-	if !strings.Contains(hist, "NO: "+in.Error) || !strings.Contains(hist, "aws") {
-		t.Fatalf("spotagent history does not show the failed interruption (%q):\n%s", in.Error, hist)
-	}
-}
 
 // TestNotice_DuringPeriodicUpload: a notice arrives while a periodic
 // checkpoint is uploading (held in flight by a proxy in front of S3). The

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -146,31 +145,6 @@ func TestRestoreOverlap_FailsHalfWay(t *testing.T) {
 	p.waitLine(`spotagent run: restore: `, time.Second)
 	if p.lineIndex(`trainer: (fresh start|resumed)`) >= 0 {
 		t.Fatal("the trainer went on after the failed restore")
-	}
-	noPartialRestore(t, s.dir)
-}
-
-// TestRestoreOverlap_SigtermDuringRestore: SIGTERM while the restore (held
-// by a store that never answers the GET of model.bin) runs beside the
-// trainer: the restore is cancelled, the trainer stopped without resuming,
-// the agent exits 143 as for any start-up cancelled, nothing partial left.
-func TestRestoreOverlap_SigtermDuringRestore(t *testing.T) {
-	parallel(t)
-	s := newOverlapSetup(t, "sigterm")
-	s.fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: 10 * time.Minute, Match: modelGets})
-	p := start(t, s.env, s.args...)
-	pid := atoi(t, p.waitLine(`trainer: booted pid (\d+)`, time.Minute)[1])
-	p.waitLine(`trainer: connected pending=True`, time.Minute)
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(30 * time.Second); code != 128+int(syscall.SIGTERM) {
-		t.Fatalf("exit code %d after SIGTERM during the restore, want 143", code)
-	}
-	p.waitLine(`start-up cancelled by terminated`, time.Second)
-	if p.lineIndex(`trainer: (fresh start|resumed)`) >= 0 {
-		t.Fatal("the trainer went on although the restore was cancelled")
-	}
-	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Fatalf("the trainer (pid %d) is still there: %v", pid, err)
 	}
 	noPartialRestore(t, s.dir)
 }

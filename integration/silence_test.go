@@ -106,29 +106,3 @@ func TestSilence_NeverConnectsFinishes(t *testing.T) {
 		t.Fatalf("report: %.1f s productive of %.1f s wall, want the unprotected time left out: %v", got, r.Wall, r.Seconds)
 	}
 }
-
-// TestSilence_DeafTrainer: a trainer that never answers a periodic
-// request is said within the stated bound (two intervals, at least 10 s),
-// long before the request's own deadline (10 min), and the warning says
-// nothing was committed.
-func TestSilence_DeafTrainer(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	// It connects and trains but never polls: every request goes unanswered.
-	p := start(t, nil, append(append(silenceArgs(dir), "--"), fakeTrainer("--no-poll")...)...)
-	req := p.waitEntry("checkpoint requested", time.Minute, nil)
-	w := p.waitEntry("trainer has not answered the checkpoint request: an interruption now would lose everything: nothing was ever committed", time.Minute, nil)
-	if w.str("id") != req.str("id") {
-		t.Fatalf("warned of request %s, want %s", w.str("id"), req.str("id"))
-	}
-	// The bound is UnansweredAfter: max(2 × 3 s, 10 s, 4 × the save) = 10 s.
-	if got := w.f("waited_s"); got < 10 || got > 15 {
-		t.Fatalf("warned after %.1f s, want within the stated bound (10 s, and the loop's wake)", got)
-	}
-	if !strings.Contains(w.str("fix"), "agent.poll(step)") {
-		t.Fatalf("fix %q: want it to say poll", w.str("fix"))
-	}
-	p.signal(syscall.SIGTERM)
-	p.wait(time.Minute)
-}

@@ -1,13 +1,16 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/internal/testutil"
@@ -15,8 +18,10 @@ import (
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -265,4 +270,109 @@ func TestAgent_SignalRequestNoFollow(t *testing.T) {
 	}
 	ar.sigs <- syscall.SIGTERM
 	ar.wait(t)
+}
+
+// TestAgent_SymlinkEscape: the trainer plants a symlink to /etc/passwd,
+// then one to .., in a requested checkpoint's directory. Each commit is
+// refused (`checkpoint not committed`, naming the file; `upload_failed` to
+// the trainer), nothing of either reaches the store, and the next honest
+// checkpoint commits, the stop's too. A done naming a directory outside
+// the checkpoint directory, or one through a symlink inside it, from a
+// connection that never said hello, is refused (`error` reply, logged
+// `unsolicited done refused`) and nothing of it is committed. (The
+// end-to-end TestHostile_SymlinkEscape was cut in #49.)
+func TestAgent_SymlinkEscape(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+		c.Log = zap.New(core)
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Save(tr.Expect(protocol.TypeCheckpoint), 1, "first")
+	tr.Expect(protocol.TypeCommitted)
+	var refused []string
+	for i, c := range []struct{ name, target string }{{"passwd", "/etc/passwd"}, {"up", ".."}} {
+		req := tr.Expect(protocol.TypeCheckpoint)
+		testutil.WriteFile(t, filepath.Join(req.Dir, "state.bin"), "w")
+		if err := os.Symlink(c.target, filepath.Join(req.Dir, c.name)); err != nil {
+			t.Fatal(err)
+		}
+		tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 2 + i})
+		if f := tr.Expect(protocol.TypeUploadFailed); f.ID != req.ID || !strings.Contains(f.Error, "refused") {
+			t.Fatalf("upload_failed %+v, want id %s, refused", f, req.ID)
+		}
+		testutil.WaitFor(t, "the refusal logged", func() bool {
+			return logs.FilterMessage("checkpoint not committed").FilterField(zap.String("id", req.ID)).Len() == 1
+		})
+		e := logs.FilterMessage("checkpoint not committed").FilterField(zap.String("id", req.ID)).All()[0]
+		if msg := fmt.Sprint(e.ContextMap()["error"]); !strings.Contains(msg, c.name) || !strings.Contains(msg, "refused") {
+			t.Fatalf("commit of %s failed with %q, want a refusal naming %s", req.ID, msg, c.name)
+		}
+		refused = append(refused, req.ID)
+	}
+	// The agent carries on: the next honest checkpoint commits.
+	tr.Save(tr.Expect(protocol.TypeCheckpoint), 4, "honest")
+	tr.Expect(protocol.TypeCommitted)
+
+	evil := filepath.Join(ar.cfg.CheckpointDir, "evil")
+	if err := os.Symlink("/etc", evil); err != nil {
+		t.Fatal(err)
+	}
+	raw := trainertest.Dial(t, ar.cfg.Server.Path) // no hello
+	dirs := []string{"/etc", filepath.Join(ar.cfg.CheckpointDir, "..", ".."), evil}
+	for _, d := range dirs {
+		raw.Send(map[string]any{"type": "done", "step": 99, "dir": d})
+		raw.Expect(protocol.TypeError)
+		testutil.WaitFor(t, "the refusal of "+d+" logged", func() bool {
+			return logs.FilterMessage("unsolicited done refused").FilterField(zap.String("dir", d)).Len() == 1
+		})
+	}
+	if n := logs.FilterMessage("unsolicited done refused").Len(); n != len(dirs) {
+		t.Fatalf("%d unsolicited done refused, want %d", n, len(dirs))
+	}
+
+	// The stop's checkpoint commits (a periodic one pending becomes it).
+	ar.sigs <- syscall.SIGTERM
+	for stopped := false; !stopped; {
+		select {
+		case m := <-tr.Msgs():
+			switch m.Type {
+			case protocol.TypeCheckpoint:
+				tr.Save(m, 5, "last")
+			case protocol.TypeStop:
+				stopped = true
+			}
+		case <-time.After(testutil.Wait):
+			t.Fatal("no stop")
+		}
+	}
+	if got := latestStep(t, ar); got != 5 {
+		t.Fatalf("latest step %d, want the stop's 5", got)
+	}
+	secret, err := os.ReadFile("/etc/passwd")
+	if err != nil || len(secret) == 0 {
+		t.Fatalf("/etc/passwd: %v", err)
+	}
+	var keys []string
+	ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error { keys = append(keys, o.Key); return nil })
+	for _, k := range keys {
+		for _, id := range refused {
+			if strings.Contains(k, id) {
+				t.Errorf("object %s of refused checkpoint %s reached the store", k, id)
+			}
+		}
+		r, err := ar.store.Get(context.Background(), k, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || bytes.Contains(b, secret) {
+			t.Errorf("store object %s holds /etc/passwd (%v)", k, err)
+		}
+	}
+	if n := logs.FilterMessageSnippet("trainer took a checkpoint on its own").Len(); n != 0 {
+		t.Fatalf("%d unsolicited checkpoints taken, want none", n)
+	}
 }

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -419,5 +422,96 @@ func TestJob_RankBackAfterItsNodesCommitFailedResumesTheJob(t *testing.T) {
 	}
 	if got := testutil.ReadFile(t, filepath.Join(r.Dir, "w.pt")); got != "step rank1" {
 		t.Fatalf("rank 1's w.pt = %q, want its own part's", got)
+	}
+}
+
+// TestJob_RankDiesMidSave: a job of two nodes × two ranks commits step
+// 10; at step 20 rank 3 goes away instead of answering. Its node abandons
+// its part (logged `checkpoint abandoned`) and tells its other rank
+// (upload_failed, "abandoned") at once, not at the deadline; the job
+// checkpoint never commits though node 0's ranks save theirs, and the
+// previous one stands, every rank's file of step 10. (The end-to-end
+// TestDistributed_RankDiesMidSave was cut in #49.)
+func TestJob_RankDiesMidSave(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	n0 := startJobNode(t, nil, 0)
+	n1 := startAgent(t, func(c *Config) { c.Node, c.Store, c.Log = NodePart(1), n0.store, zap.New(core) })
+	var ranks []*trainertest.Trainer
+	for r := 0; r < 4; r++ {
+		n := []*agentRun{n0, n1}[r/2]
+		tr := trainertest.Dial(t, n.cfg.Server.Path)
+		tr.HelloJob(r, 4, r%2, 2, r/2, 2)
+		ranks = append(ranks, tr)
+	}
+	rankFile := func(step int64, r int) string { return fmt.Sprintf("step=%d rank=%d", step, r) }
+	// join: rank r joins the job's checkpoint id (its agent asks its
+	// node's ranks); save: rank r saves its file and says done.
+	join := func(r int, id string, step int64, deadline time.Time) {
+		ranks[r].Send(map[string]any{"type": "join", "id": id, "reason": "periodic", "deadline": deadline, "step": step})
+	}
+	save := func(r int, id string, step int64) {
+		req := ranks[r].Expect(protocol.TypeCheckpoint)
+		if req.ID != id {
+			t.Fatalf("rank %d asked for %s, want %s", r, req.ID, id)
+		}
+		testutil.WriteFile(t, filepath.Join(req.Dir, fmt.Sprintf("rank-%d.bin", r)), rankFile(step, r))
+		ranks[r].Send(map[string]any{"type": "done", "id": id, "step": step})
+	}
+	for _, r := range []int{0, 2} {
+		join(r, "00000000000a", 10, time.Now().Add(time.Minute).UTC())
+	}
+	for r := range ranks {
+		save(r, "00000000000a", 10)
+	}
+	for r, tr := range ranks {
+		if c := tr.Expect(protocol.TypeCommitted); c.ID != "00000000000a" {
+			t.Fatalf("rank %d: committed %+v, want step 10's", r, c)
+		}
+	}
+
+	// Step 20: rank 2 saves, rank 3 is asked and goes away.
+	const id = "000000000014"
+	deadline := time.Now().Add(time.Minute).UTC() // told long before it: Expect waits testutil.Wait
+	join(2, id, 20, deadline)
+	save(2, id, 20)
+	if req := ranks[3].Expect(protocol.TypeCheckpoint); req.ID != id {
+		t.Fatalf("rank 3 asked for %s, want %s", req.ID, id)
+	}
+	ranks[3].Close()
+	f := ranks[2].Expect(protocol.TypeUploadFailed)
+	if f.ID != id || !strings.Contains(f.Error, "abandoned") || !time.Now().Before(deadline) {
+		t.Fatalf("rank 2: %+v at %v, want upload_failed for %s saying abandoned, before the deadline %v", f, time.Now(), id, deadline)
+	}
+	if es := logs.FilterMessage("checkpoint abandoned").FilterField(zap.String("id", id)).All(); len(es) != 1 {
+		t.Fatalf("node 1 logged %v, want one 'checkpoint abandoned' of %s", es, id)
+	}
+	join(0, id, 20, deadline)
+	for r := 0; r < 2; r++ {
+		save(r, id, 20)
+	}
+	// Node 0 does all it can: its part is in the store. Node 1's never is
+	// (nothing of it uploaded), so neither is the job's manifest.
+	dir := "checkpoints/000000000020-" + id + "/"
+	testutil.WaitFor(t, "node 0's part of step 20 in the store", func() bool {
+		_, err := n0.store.Stat(context.Background(), dir+"parts/node-0.json")
+		return err == nil
+	})
+	n0.store.List(context.Background(), dir, func(o cloud.ObjectInfo) error {
+		if !strings.HasPrefix(o.Key, dir+"node-0/") && o.Key != dir+"parts/node-0.json" {
+			t.Errorf("%s in the store: only node 0's part of step 20 may be", o.Key)
+		}
+		return nil
+	})
+	if l, err := checkpoint.ReadLatest(context.Background(), n0.store); err != nil || l.Step != 10 {
+		t.Fatalf("latest %+v %v, want step 10", l, err)
+	}
+	r, err := restore.Checkpoint(context.Background(), n0.store, testutil.ShortDir(t), restore.Options{})
+	if err != nil || r.Manifest.Step != 10 {
+		t.Fatalf("restore: %+v %v, want step 10", r, err)
+	}
+	for k := range ranks {
+		if got := testutil.ReadFile(t, filepath.Join(r.Dir, fmt.Sprintf("rank-%d.bin", k))); got != rankFile(10, k) {
+			t.Fatalf("restored rank %d's file %q, want step 10's", k, got)
+		}
 	}
 }

@@ -2,10 +2,12 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,16 +27,20 @@ import (
 )
 
 // TestAgent_OverlapRestoreSignal: SIGTERM while the restore runs beside
-// the trainer's start (its files held by the store): the restore is
-// cancelled, the waiting trainer told restore_failed, the trainer process
-// stopped, and Run exits 143 as a cancelled start does. The env said
-// SPOTAGENT_RESUME=pending.
+// the trainer's start (its files held by the store, one of them already
+// in the partial directory): the restore is cancelled, the waiting
+// trainer told restore_failed, the trainer process gone by the agent's
+// exit, and Run exits 143 as a cancelled start does ("start-up cancelled
+// by terminated"), leaving no partial restore on the disk. The env said
+// SPOTAGENT_RESUME=pending. (The end-to-end
+// TestRestoreOverlap_SigtermDuringRestore was cut in #49.)
 func TestAgent_OverlapRestoreSignal(t *testing.T) {
 	gated := newGatedStore(t, false)
-	envOut := filepath.Join(testutil.ShortDir(t), "env")
+	tmp := testutil.ShortDir(t)
+	envOut, pidOut := filepath.Join(tmp, "env"), filepath.Join(tmp, "pid")
 	ar := startAgentErr(t, func(c *Config) {
 		c.Store, c.OverlapRestore = gated, true
-		c.Command = []string{"/bin/sh", "-c", `env > ` + envOut + `.tmp && mv ` + envOut + `.tmp ` + envOut + `; sleep 60`}
+		c.Command = []string{"/bin/sh", "-c", `echo $$ > ` + pidOut + `; env > ` + envOut + `.tmp && mv ` + envOut + `.tmp ` + envOut + `; exec sleep 60`}
 	}, true)
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
@@ -49,12 +55,40 @@ func TestAgent_OverlapRestoreSignal(t *testing.T) {
 	if !strings.Contains(string(env), "SPOTAGENT_RESUME=pending\n") || strings.Contains(string(env), "SPOTAGENT_RESUME_DIR=") {
 		t.Fatalf("trainer environment does not say the restore is pending:\n%s", env)
 	}
+	restoreDir := filepath.Join(ar.cfg.CheckpointDir, "spotagent-test", "restore")
+	partials := func() (n int) {
+		ents, err := os.ReadDir(restoreDir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".partial-") {
+				n++
+			}
+		}
+		return n
+	}
+	testutil.WaitFor(t, "the restore under way: its partial directory, a file held", func() bool {
+		gated.mu.Lock()
+		defer gated.mu.Unlock()
+		return gated.gets >= 2 && partials() == 1
+	})
 	ar.sigs <- syscall.SIGTERM
 	if f := tr.Expect(protocol.TypeRestoreFailed); !strings.Contains(f.Error, "restore cancelled") {
 		t.Fatalf("restore_failed %q, want it to say the restore was cancelled", f.Error)
 	}
-	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) {
-		t.Fatalf("exit code %d, want 143", code)
+	if code := ar.wait(t); code != 128+int(syscall.SIGTERM) || ar.err == nil || !strings.Contains(ar.err.Error(), "start-up cancelled by terminated") {
+		t.Fatalf("exit code %d (%v), want 143: start-up cancelled by terminated", code, ar.err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(testutil.ReadFile(t, pidOut)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the trainer (pid %d) is still there after the agent's exit: %v", pid, err)
+	}
+	if n := partials(); n != 0 {
+		t.Fatalf("%d partial restore(s) left behind in %s", n, restoreDir)
 	}
 }
 

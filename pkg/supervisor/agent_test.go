@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/noticetest"
@@ -55,6 +57,7 @@ type agentRun struct {
 	cfg   Config
 	sigs  chan os.Signal
 	done  chan int
+	err   error // Run's, set before done gets its code
 	store *file.Store
 }
 
@@ -88,6 +91,7 @@ func startAgentErr(t *testing.T, mutate func(*Config), allowErr bool) *agentRun 
 		if err != nil && !allowErr {
 			t.Errorf("Run: %v", err)
 		}
+		ar.err = err
 		ar.done <- code
 	}()
 	t.Cleanup(func() {
@@ -206,12 +210,21 @@ func TestAgent_BadMessages(t *testing.T) {
 	}
 }
 
+// TestAgent_TrainerMissesDeadline: a trainer too slow for a termination
+// notice's deadline (here: one that never answers) is not waited for: it
+// is stopped at the deadline, the checkpoint it took before stays the
+// newest, the failure is logged, and the journal records the interruption
+// (its cloud and the request's id) as not committed, why, and the work
+// lost: what `spotagent history` shows (render TestHistory_Rows). (The
+// end-to-end TestNotice_TrainerTooSlow was cut in #49.)
 func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	src := noticetest.New(1)
+	core, logs := observer.New(zap.InfoLevel)
 	ar := startAgent(t, func(c *Config) {
 		c.Source = src
 		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
 		c.Margin = 100 * time.Millisecond
+		c.Log = zap.New(core)
 	})
 	tr := trainertest.Dial(t, ar.cfg.Server.Path)
 	tr.Hello()
@@ -236,6 +249,74 @@ func TestAgent_TrainerMissesDeadline(t *testing.T) {
 	j, err := journal.Read(context.Background(), ar.store, "test")
 	if err != nil || len(j.Interruptions) != 1 || j.Interruptions[0].CommitOK || j.Interruptions[0].LostSeconds <= 0 {
 		t.Fatalf("journal interruptions=%+v err=%v", j.Interruptions, err)
+	}
+	if in := j.Interruptions[0]; in.Committed != nil || in.CheckpointID != req.ID || in.Cloud != string(metadata.CloudAWS) ||
+		!strings.Contains(in.Error, "missed the deadline") {
+		t.Fatalf("journal interruption=%+v, want request %s of aws, not committed, its error saying the deadline was missed", in, req.ID)
+	}
+	if es := logs.FilterMessage("interruption checkpoint did not commit: the previous checkpoint stands").All(); len(es) != 1 ||
+		es[0].ContextMap()["committed_step"] != int64(5) {
+		t.Fatalf("want one 'interruption checkpoint did not commit: the previous checkpoint stands' at step 5, got %v", es)
+	}
+}
+
+// TestAgent_AnswersLate: the trainer saves its shutdown checkpoint but
+// says done only after the deadline (once stop came). The late done is
+// refused (an error reply with its id: unknown checkpoint id; logged), the
+// failed stop is logged, nothing of that checkpoint reaches the store, the
+// previous checkpoint stands, and the trainer's own exit after the stop
+// makes the agent exit ExitInterrupted. (The end-to-end
+// TestHostile_AnswersLate, with the Python fake trainer, was cut in #49.)
+func TestAgent_AnswersLate(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	release := filepath.Join(testutil.ShortDir(t), "release")
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"}
+		c.TermGrace, c.Margin = 2*time.Second, time.Second
+		c.KillAfter = time.Hour // the trainer must leave on its own
+		c.Log = zap.New(core)
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	tr.Send(map[string]any{"type": "done", "step": 5, "dir": mkCheckpoint(t, ar.cfg.CheckpointDir, "first")})
+	tr.Expect(protocol.TypeCommitted)
+	ar.sigs <- syscall.SIGTERM
+	req := tr.Expect(protocol.TypeCheckpoint)
+	if req.Reason != protocol.ReasonShutdown {
+		t.Fatalf("request=%+v, want reason shutdown", req)
+	}
+	// Saved in time, said done too late: after the stop.
+	os.WriteFile(filepath.Join(req.Dir, "state.bin"), []byte("late"), 0o600)
+	tr.Expect(protocol.TypeStop)
+	tr.Send(map[string]any{"type": "done", "id": req.ID, "step": 9})
+	if e := tr.Expect(protocol.TypeError); e.ID != req.ID || !strings.Contains(e.Error, "unknown checkpoint id") {
+		t.Fatalf("reply to the late done=%+v, want an error for id %s: unknown checkpoint id", e, req.ID)
+	}
+	os.WriteFile(release, nil, 0o600)
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code=%d, want %d (the trainer stopped on its own after the shutdown)", code, ExitInterrupted)
+	}
+	if got := latestStep(t, ar); got != 5 {
+		t.Fatalf("latest step=%d, want 5 (the previous checkpoint stands)", got)
+	}
+	ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+		if strings.Contains(o.Key, req.ID) {
+			t.Errorf("object %s of the late checkpoint reached the store", o.Key)
+		}
+		return nil
+	})
+	for _, w := range []struct{ msg, id string }{
+		{"trainer missed the checkpoint deadline", req.ID},
+		{"interruption checkpoint did not commit: the previous checkpoint stands", ""},
+		{"done for an unknown checkpoint id", req.ID},
+	} {
+		es := logs.FilterMessage(w.msg).All()
+		if len(es) != 1 || (w.id != "" && es[0].ContextMap()["id"] != w.id) {
+			t.Fatalf("log %q: %v, want one entry (id %q)", w.msg, es, w.id)
+		}
+	}
+	if r := logs.FilterMessage("trainer missed the checkpoint deadline").All()[0].ContextMap()["reason"]; r != protocol.ReasonShutdown {
+		t.Fatalf("missed deadline logged with reason %v, want shutdown", r)
 	}
 }
 
@@ -296,6 +377,71 @@ func TestAgent_NoRestartsLeft(t *testing.T) {
 	ar := startAgent(t, func(c *Config) { c.Command = []string{"/bin/sh", "-c", "exit 3"} })
 	if code := ar.wait(t); code != 3 {
 		t.Fatalf("exit code %d, want the child's 3", code)
+	}
+}
+
+// TestAgent_CrashMidSave: the trainer dies half-way through writing a
+// periodic checkpoint: its connection drops and its process exits 3, in
+// either order. The agent exits with the trainer's 3 (logged in `trainer
+// exited`), the checkpoint is abandoned (logged), nothing of it reaches
+// the store, the previous checkpoint stands, and the half-written
+// directory is removed: a restarted trainer, or the next run, would find
+// it. (The end-to-end TestHostile_CrashMidSave was cut in #49.)
+func TestAgent_CrashMidSave(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		childGoes bool   // the process exits before the connection drops
+		abandoned string // the log line of the abandon
+	}{
+		{"process exits first", true, "checkpoint abandoned: the trainer exited before answering"},
+		{"connection drops first", false, "checkpoint abandoned: every trainer disconnected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			release := filepath.Join(testutil.ShortDir(t), "release")
+			ar := startAgent(t, func(c *Config) {
+				c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit 3"}
+				c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+				c.Log = zap.New(core)
+			})
+			tr := trainertest.Dial(t, ar.cfg.Server.Path)
+			tr.Hello()
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), 10, "w")
+			tr.Expect(protocol.TypeCommitted)
+			req := tr.Expect(protocol.TypeCheckpoint)
+			testutil.WriteFile(t, filepath.Join(req.Dir, "state.bin"), strings.Repeat("x", 512)) // half of it
+			abandoned := func() bool { return logs.FilterMessage(tc.abandoned).FilterField(zap.String("id", req.ID)).Len() == 1 }
+			if tc.childGoes {
+				os.WriteFile(release, nil, 0o600)
+				testutil.WaitFor(t, tc.abandoned, abandoned)
+				tr.Close()
+			} else {
+				tr.Close()
+				testutil.WaitFor(t, tc.abandoned, abandoned)
+				os.WriteFile(release, nil, 0o600)
+			}
+			if code := ar.wait(t); code != 3 {
+				t.Fatalf("exit code %d, want the trainer's 3", code)
+			}
+			if es := logs.FilterMessage("trainer exited").All(); len(es) != 1 || es[0].ContextMap()["code"] != int64(3) {
+				t.Fatalf("trainer exited logged %v, want once with code 3", es)
+			}
+			if _, err := os.Stat(req.Dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("half-written checkpoint directory %s left behind (stat: %v)", req.Dir, err)
+			}
+			if got := latestStep(t, ar); got != 10 {
+				t.Fatalf("latest step=%d, want 10 (the previous checkpoint stands)", got)
+			}
+			if ms, err := checkpoint.ListManifests(context.Background(), ar.store); err != nil || len(ms) != 1 {
+				t.Fatalf("manifests %v (%v), want the first checkpoint's alone", ms, err)
+			}
+			ar.store.List(context.Background(), "", func(o cloud.ObjectInfo) error {
+				if strings.Contains(o.Key, req.ID) {
+					t.Errorf("object %s of the crashed checkpoint reached the store", o.Key)
+				}
+				return nil
+			})
+		})
 	}
 }
 

@@ -3,12 +3,18 @@ package supervisor
 import (
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
+	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // TestFailureCause: the cause of a failed checkpoint is named from the
@@ -78,5 +84,81 @@ func TestUnansweredAfter(t *testing.T) {
 		if got := UnansweredAfter(c.iv, c.save); got != c.want {
 			t.Errorf("UnansweredAfter(%s, %s) = %s, want %s", c.iv, c.save, got, c.want)
 		}
+	}
+}
+
+// TestAgent_DeafTrainerWarned: a trainer that never answers a periodic
+// request is said within the stated bound (UnansweredAfter: here its 10 s
+// floor, long before the request's own deadline): the loop wakes for it.
+// The warning names the request, says nothing was ever committed and
+// what to fix. (The end-to-end TestSilence_DeafTrainer was cut in #49;
+// TestSilence_UnansweredRate holds the warning's repeats.)
+func TestAgent_DeafTrainerWarned(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 100 * time.Millisecond})
+		c.Log = zap.New(core)
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	req := tr.Expect(protocol.TypeCheckpoint) // never answered
+	after := UnansweredAfter(100*time.Millisecond, 0)
+	if req.Reason != protocol.ReasonPeriodic || req.Deadline == nil || req.Deadline.Before(time.Now().Add(2*after)) {
+		t.Fatalf("request %+v, want a periodic one due long after %v", req, after)
+	}
+	const msg = "trainer has not answered the checkpoint request: an interruption now would lose everything: nothing was ever committed"
+	testutil.WaitWithin(t, msg, after+5*time.Second, func() bool { return logs.FilterMessage(msg).Len() > 0 })
+	e := logs.FilterMessage(msg).All()
+	f := e[0].ContextMap()
+	if len(e) != 1 || f["id"] != req.ID {
+		t.Fatalf("warnings %v, want one of request %s", e, req.ID)
+	}
+	// Within the bound, and the loop's wake (slack for a loaded machine).
+	if w, _ := f["waited_s"].(float64); w < after.Seconds() || w > after.Seconds()+5 {
+		t.Fatalf("warned after %.1f s, want within %v of the request (and the loop's wake)", w, after)
+	}
+	if fix, _ := f["fix"].(string); !strings.Contains(fix, "agent.poll(step)") {
+		t.Fatalf("fix %q: want it to say poll", fix)
+	}
+}
+
+// TestSilence_UnansweredRate: an unanswered periodic request is said once
+// it has waited the bound, not again within warnEvery, again after it;
+// the loop's next wake is the moment it falls due, then the repeat's.
+// Urgent requests are never said here (their deadline ends them).
+func TestSilence_UnansweredRate(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	var s silence
+	t0 := time.Unix(1000, 0)
+	after := 10 * time.Second
+	reqs := map[string]*request{
+		"r1":     {id: "r1", reason: protocol.ReasonPeriodic, sent: t0, waiting: map[uint64]bool{1: true}},
+		"urgent": {id: "urgent", sent: t0, waiting: map[uint64]bool{1: true}, stop: &stopState{}},
+	}
+	v := silentView{trainers: 1}
+	said := func() int { return logs.FilterMessageSnippet("trainer has not answered").Len() }
+	if got := s.nextWake(reqs, after); !got.Equal(t0.Add(after)) {
+		t.Fatalf("next wake %v, want %v", got, t0.Add(after))
+	}
+	if n := s.unanswered(reqs, after, t0.Add(after-time.Millisecond), v, log); n != 0 || said() != 0 {
+		t.Fatalf("before the bound: %d overdue, %d said", n, said())
+	}
+	if n := s.unanswered(reqs, after, t0.Add(after), v, log); n != 1 || said() != 1 {
+		t.Fatalf("at the bound: %d overdue, %d said, want 1 and 1", n, said())
+	}
+	if got := s.nextWake(reqs, after); !got.Equal(t0.Add(after + warnEvery)) {
+		t.Fatalf("next wake %v, want the repeat's %v", got, t0.Add(after+warnEvery))
+	}
+	s.unanswered(reqs, after, t0.Add(after+warnEvery-time.Millisecond), v, log)
+	if said() != 1 {
+		t.Fatalf("%d warnings within warnEvery, want 1", said())
+	}
+	s.unanswered(reqs, after, t0.Add(after+warnEvery), v, log)
+	if said() != 2 {
+		t.Fatalf("%d warnings after warnEvery, want 2", said())
+	}
+	if e := logs.FilterMessageSnippet("trainer has not answered").All(); e[0].ContextMap()["id"] != "r1" || e[1].ContextMap()["id"] != "r1" {
+		t.Fatalf("warnings %v, want r1's alone", e)
 	}
 }

@@ -5,9 +5,9 @@ A real trainer on the real client (``spotagent``, from this checkout) over
 the real socket: it connects, reports its resume, trains in steps (a sleep
 each), polls, answers the agent's checkpoint requests, and stops when told,
 exiting with ``agent.exit_code``. The flags make it misbehave the ways the
-tests need: never poll, ignore stop, answer late, never, wrongly or after a
-sleep, fail a save, crash half-way through one, plant symlinks, take a
-checkpoint on its own, run without its socket.
+tests need: never poll, ignore stop, answer never, wrongly or after a
+sleep, fail a save, crash half-way through one, take a checkpoint on its
+own, run without its socket.
 
 What it does with a request is a list of actions, by request (``--on``):
 
@@ -22,22 +22,18 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
     write:NAME:BYTES[:C]   write NAME (in the request's directory, or an
                            absolute path) of BYTES bytes of character C (by
                            default the step's byte), fsynced, in place
-    symlink:NAME:TARGET    plant a symlink NAME -> TARGET
     saved:NAME             say NAME is saved (early upload)
     await:GLOB:BYTES       wait (60 s at most) for a file matching GLOB
                            ({id} is the request's id) to have BYTES bytes
     sleep:S                sleep S seconds
     done                   answer done at the current step
     ignore                 leave the request unanswered
-    hold                   leave it unanswered until the agent says stop,
-                           then write and answer it (late), and wait for
-                           the agent's error about it
     exit:N                 sys.exit(N): the interpreter's exit, the
                            client closes as it does
     crash:N                os._exit(N): a native crash, nothing closed
     hang                   sleep 600 s (killed by the test)
 
-An OSError of write or symlink fails the request (``failed``, with the
+An OSError of write fails the request (``failed``, with the
 error) and ends its actions.
 
 The other flags (connection, steps, stop, an own checkpoint, signals):
@@ -83,7 +79,6 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, metavar="N",
                    help="train until step N (a resumed run goes on from its step), then finish (0: until stopped)")
     p.add_argument("--step-time", type=float, default=0.01, metavar="S", help="seconds a step sleeps")
-    p.add_argument("--print-every", type=int, default=0, metavar="K", help='print "step N" every K steps')
     p.add_argument("--no-poll", action="store_true", help="never poll: deaf to every request and to stop")
     p.add_argument("--ignore-stop", action="store_true", help="train on when the agent says stop")
     p.add_argument("--wait-after", action="store_true",
@@ -155,7 +150,6 @@ class Trainer(object):
         self.args = args
         self.step = 0
         self.requests = 0
-        self.held = []  # type: List[Any]
         self.own_taken = False
         self.agent = None  # type: Any
 
@@ -181,9 +175,6 @@ class Trainer(object):
                         self.write(req.dir, [parse_file(":".join(params))])
                     else:
                         self.write(req.dir, self.args.file)
-                elif name == "symlink":
-                    os.symlink(params[1], os.path.join(req.dir, params[0]))
-                    log("planted symlink to", params[1], req.id)
                 elif name == "saved":
                     req.saved(params[0])
                 elif name == "await":
@@ -194,9 +185,6 @@ class Trainer(object):
                     req.done(self.step)
                     log("saved checkpoint %s (%s) at step %d" % (req.id, req.reason, self.step))
                 elif name == "ignore":
-                    log("ignoring request", req.id)
-                elif name == "hold":
-                    self.held.append(req)
                     log("ignoring request", req.id)
                 elif name == "exit":
                     log("exiting %s on request %s" % (params[0], req.id))
@@ -224,22 +212,6 @@ class Trainer(object):
                     return
             time.sleep(0.01)
         log("not seen in 60 s:", pattern)
-
-    def answer_late(self) -> None:
-        """The agent said stop: answer the newest held request now (its
-        deadline has passed), and wait for the agent's error about it."""
-        req, self.held = self.held[-1], []
-        try:
-            self.write(req.dir, self.args.file)
-        except OSError as e:
-            # The agent removes a missed request's directory (in the
-            # background) as it says stop: the late done comes anyway.
-            log("late save failed:", e.strerror)
-        req.done(self.step)
-        log("answered late", req.id, "step", self.step)
-        end = time.monotonic() + 30
-        while req.id not in self.agent._errors and time.monotonic() < end:
-            self.agent.wait_committed(req.id, timeout=0.05)
 
     def own_checkpoint(self) -> None:
         d = os.path.join(self.agent.checkpoint_dir, "own-%d" % self.step)
@@ -296,8 +268,6 @@ class Trainer(object):
         while last is None or self.step < last or a.wait_after:
             if last is None or self.step < last:
                 self.step += 1
-                if a.print_every and self.step % a.print_every == 0:
-                    log("step %d" % self.step)
                 if self.step == last and a.wait_after:
                     log("waiting at step %d" % self.step)
             time.sleep(a.step_time)
@@ -313,8 +283,6 @@ class Trainer(object):
             if req is not None:
                 self.answer(req)
             if agent.should_stop:
-                if self.held:
-                    self.answer_late()
                 if not a.ignore_stop:
                     log("stopping at step %d (%s)" % (self.step, agent.stop_reason))
                     agent.close()
