@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -65,55 +63,5 @@ func TestNotice_DuringPeriodicUpload(t *testing.T) {
 	pkey := fmt.Sprintf("checkpoints/%012d-%s/manifest.json", pstep, periodic)
 	if _, err := st.Stat(t.Context(), pkey); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("stat %s: %v, want not found (the cancelled periodic checkpoint must not commit)", pkey, err)
-	}
-}
-
-// TestNotice_AzureAckAfterCommit: the Azure Preempt event is acknowledged
-// only once the interruption checkpoint is committed. A proxy in front of
-// the fake IMDS reads latest.json at the instant the acknowledgement
-// arrives: it must already name the interruption checkpoint.
-func TestNotice_AzureAckAfterCommit(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	uri := "file://" + filepath.Join(dir, "store")
-	st := openTestStore(t, uri, all.Options{})
-	az := fake.NewAzure(fake.AzureOptions{})
-	t.Cleanup(az.Close)
-	rec := newAckRecorder(t, az.URL(), st)
-
-	p := start(t, nil, append(noticeArgs(dir, uri, cloudArgs(t, "azure", rec.URL)...),
-		"--", python, "python/examples/train.py", "--steps", "100000", "--step-time", "0.01")...)
-	p.waitLine(`^step 50 `, 2*time.Minute)
-	ev, _ := az.Preempt()
-	p.waitLine(`interruption checkpoint committed`, time.Minute)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if err := az.WaitAck(ctx, ev.EventId); err != nil {
-		t.Fatalf("event %s not acknowledged: %v", ev.EventId, err)
-	}
-	if code := p.wait(time.Minute); code != exitInterrupted {
-		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
-	}
-	if got := az.Acks(); len(got) != 1 || got[0] != ev.EventId {
-		t.Fatalf("acks=%v, want exactly [%s]", got, ev.EventId)
-	}
-
-	in := oneInterruption(t, noticeJournal(t, st))
-	committedBeforeDeadline(t, in)
-	acks := rec.seen()
-	if len(acks) != 1 {
-		t.Fatalf("%d acknowledgements reached the fake, want 1", len(acks))
-	}
-	ack := acks[0]
-	if ack.err != nil || ack.latest.ID != in.CheckpointID {
-		t.Fatalf("when the ack arrived latest.json was %+v (err %v), want the interruption checkpoint %s",
-			ack.latest, ack.err, in.CheckpointID)
-	}
-	if !ack.at.After(*in.Committed) {
-		t.Fatalf("ack at %s, not after the commit at %s", ack.at, in.Committed)
-	}
-	if !ack.at.Before(*in.Deadline) {
-		t.Fatalf("ack at %s, not before the event's NotBefore %s", ack.at, in.Deadline)
 	}
 }
