@@ -726,8 +726,8 @@ func (w *world) runSession(k int) {
 	trainers.Wait()
 	heldNotice.Wait()
 	w.progEnd()
-	w.noticeEnd() // notice_test.go
 	w.st.Faults = nil
+	w.noticeEnd() // notice_test.go
 	w.checkStore()
 }
 

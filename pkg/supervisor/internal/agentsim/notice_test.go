@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -49,7 +50,8 @@ import (
 //     on a restore, no request is pending and no signal came); when every
 //     rank asked for it said done in time (and before any signal),
 //     latest.json names it by its deadline and still does at the session's
-//     end; and the held periodic checkpoint never commits once the
+//     end, and the journal records it committed before the deadline; and
+//     the held periodic checkpoint never commits once the
 //     interruption checkpoint's upload began (one never answered leaves it
 //     to commit: the agent cancels it only for that upload).
 //
@@ -421,6 +423,7 @@ func (w *world) peekLatest() (checkpoint.Latest, bool) {
 func (w *world) noticeEnd() {
 	ms := w.manifests()
 	latest, latestOK := w.peekLatest()
+	j, jerr := journal.Read(context.Background(), w.st, "sim")
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ns := w.ns
@@ -476,5 +479,20 @@ func (w *world) noticeEnd() {
 		w.violateLocked("the interruption checkpoint %s reached latest.json %s after its deadline", id, at.Sub(dl))
 	case !latestOK || latest.ID != id:
 		w.violateLocked("at the session's end latest.json is %s, not the interruption checkpoint %s", latestDesc(latest, latestOK), id)
+	}
+	// The journal records it (no store faults in a held session).
+	var in *journal.Interruption
+	if jerr == nil {
+		for i := range j.Interruptions {
+			if j.Interruptions[i].NoticeID == ns.id {
+				in = &j.Interruptions[i]
+			}
+		}
+	}
+	switch {
+	case in == nil:
+		w.violateLocked("the journal has no interruption for notice %s (read: %v)", ns.id, jerr)
+	case in.CheckpointID != id || !in.CommitOK || in.Committed == nil || in.Deadline == nil || !in.Committed.Before(*in.Deadline):
+		w.violateLocked("the journal's interruption for notice %s is %+v: want checkpoint %s committed before the deadline", ns.id, *in, id)
 	}
 }
