@@ -321,7 +321,7 @@ func (b *agentBuild) get() (string, error) {
 }
 
 // raceAgentTests run the race-built agent (agentBin): the scenarios where
-// the agent's goroutines overlap the most (a notice during an upload, a
+// the agent's goroutines overlap the most (a notice's checkpoint, a
 // restore beside the loop, peer transfers, a job commit killed, retries
 // through faults, floods of connections). The agent's packages also run
 // -race in their unit tests (make test-go). The race-built agent made
@@ -333,7 +333,6 @@ func (b *agentBuild) get() (string, error) {
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
-	"TestNotice_DuringPeriodicUpload":            true,
 	"TestRestoreOverlap_TrainerStartsFirst":      true,
 	"TestDistributed_RestoreFromPeer":            true,
 	"TestDistributed_RestoreFromPeerReplica":     true,

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -135,102 +134,6 @@ func runSpotagentTool(t *testing.T, env []string, args ...string) string {
 		t.Fatalf("spotagent %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// ckptKeyRE finds the checkpoint id in an object path:
-// .../checkpoints/<step:012d>-<id>/<file>.
-var ckptKeyRE = regexp.MustCompile(`/checkpoints/\d{12}-([^/]+)/`)
-
-// gateProxy is a reverse proxy in front of a store server that holds every
-// upload (PUT, POST) of a checkpoint until its id is let through, or the
-// client gives up. It makes "an upload in flight" a state the test controls.
-type gateProxy struct {
-	URL string
-
-	mu      sync.Mutex
-	allowed map[string]bool
-	changed chan struct{} // closed and replaced when allowed changes
-	held    map[string]int
-	heldC   chan struct{}
-}
-
-func newGateProxy(t *testing.T, target string) *gateProxy {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := &gateProxy{allowed: map[string]bool{}, changed: make(chan struct{}), held: map[string]int{}, heldC: make(chan struct{})}
-	rp := transparentProxy(u)
-	closing := make(chan struct{})
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m := ckptKeyRE.FindStringSubmatch(r.URL.Path); m != nil && (r.Method == http.MethodPut || r.Method == http.MethodPost) {
-			if !g.hold(r.Context(), m[1], closing) {
-				http.Error(w, "client gone", http.StatusServiceUnavailable)
-				return
-			}
-		}
-		rp.ServeHTTP(w, r)
-	})}
-	ln := loopbackListener(t)
-	go srv.Serve(ln)
-	t.Cleanup(func() { close(closing); srv.Close() })
-	g.URL = "http://" + ln.Addr().String()
-	return g
-}
-
-// hold blocks until id is allowed (true) or ctx ends (false).
-func (g *gateProxy) hold(ctx context.Context, id string, closing <-chan struct{}) bool {
-	counted := false
-	for {
-		g.mu.Lock()
-		ok, ch := g.allowed[id], g.changed
-		if !ok && !counted {
-			counted = true
-			g.held[id]++
-			close(g.heldC)
-			g.heldC = make(chan struct{})
-		}
-		g.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		case <-closing:
-			return false
-		}
-	}
-}
-
-// allow lets the uploads of checkpoint id through.
-func (g *gateProxy) allow(id string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.allowed[id] = true
-	close(g.changed)
-	g.changed = make(chan struct{})
-}
-
-// waitHeld waits until an upload of checkpoint id is being held.
-func (g *gateProxy) waitHeld(t *testing.T, id string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		g.mu.Lock()
-		n, ch := g.held[id], g.heldC
-		g.mu.Unlock()
-		if n > 0 {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("no upload of checkpoint %s reached the store within %s", id, timeout)
-		}
-	}
 }
 
 // ackRecorder is a reverse proxy in front of the fake Azure IMDS that

@@ -82,7 +82,13 @@ import (
 //     request reaches the trainers at least every interval +
 //     request-timeout + 5 s (not in part mode), and a request every rank
 //     answered in time has its manifest in the store within 30 s of the
-//     last done.
+//     last done;
+//   - a notice's edges (notice_test.go): an Azure event is acknowledged
+//     only once its interruption checkpoint is committed (latest.json
+//     names it), and always then; a periodic upload in flight is
+//     cancelled once the interruption checkpoint's upload begins, and
+//     with one held in flight at the notice the interruption checkpoint
+//     is asked for, commits by its deadline and ends the newest.
 //
 // Run mode (child_test.go: the agent starts its trainer, a simulated
 // process; its exit code checked) and part mode (parts_test.go: a job of
@@ -143,6 +149,11 @@ func TestAgentSim(t *testing.T) {
 		t.Logf("progress checked: %d commits, %d quiet stretches past an interval (progress_test.go)", commits, asks)
 		if run.N >= simShort && (commits == 0 || asks == 0) {
 			t.Errorf("the progress checks checked nothing in %d schedules (%d commits, %d stretches): their conditions never held", run.N, commits, asks)
+		}
+		acks, held, live := noticeChecked.acks.Load(), noticeChecked.held.Load(), noticeChecked.live.Load()
+		t.Logf("notice edges checked: %d acks, %d notices during a held periodic upload, %d of them answered in time (notice_test.go)", acks, held, live)
+		if run.N >= simShort && (acks == 0 || held == 0 || live == 0) {
+			t.Errorf("the notice edges' checks checked nothing in %d schedules (%d acks, %d held, %d answered): their conditions never held", run.N, acks, held, live)
 		}
 		t.Logf("%d schedules in %s: %.0f schedules/s", run.N, run.Took.Round(time.Millisecond), float64(run.N)/run.Took.Seconds())
 	}
@@ -237,6 +248,10 @@ type world struct {
 	// when each checkpoint's manifest landed.
 	prog        *progress
 	committedAt map[string]time.Time
+	// A notice's edges (notice_test.go): the session's notice, and the
+	// reason each request was first asked with.
+	ns       *noticeState
+	reasonOf map[string]string
 }
 
 // answer is what one rank did with one request.
@@ -345,7 +360,7 @@ const simWatchdog = 2 * time.Minute
 func runSim(t *testing.T, seed uint64) *world {
 	w := &world{seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), st: storesim.New(),
 		replay: os.Getenv("SPOTAGENT_SIM_SEED") != "", hostedOnly: hostedSeeds[seed], ids: map[string]string{}, seen: map[string]bool{}, files: map[string]map[string][]byte{},
-		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1, committedAt: map[string]time.Time{}}
+		ranksOf: map[string]map[int][]string{}, asked: map[string]map[int]*answer{}, acked: -1, latest: -1, committedAt: map[string]time.Time{}, reasonOf: map[string]string{}}
 	if !w.hostedOnly {
 		w.job = drawJob(seed)
 	}
@@ -441,6 +456,22 @@ func (w *world) runSession(k int) {
 		w.runJobSession(k, grace, interval, reqTimeout, keep, f, firstSig, secondSig, noticeAt, noticeFor) // parts_test.go
 		return
 	}
+	// A notice's edges (notice_test.go): drawn from a generator of their
+	// own, as run mode below; none for the regressions' hosted seeds.
+	var nshape noticeShape
+	if !w.hostedOnly {
+		nshape = drawNoticeShape(w.seed, k, noticeAt >= 0)
+	}
+	if nshape.held {
+		// The notice comes during the first periodic upload, held;
+		// no store faults.
+		f.fail, f.lost, f.slow = 0, 0, 0
+		evs = slices.DeleteFunc(evs, func(e event) bool { return e.notice != nil })
+	}
+	noticeCloud := metadata.CloudAWS
+	if nshape.azure {
+		noticeCloud = metadata.CloudAzure
+	}
 	// Run mode (child_test.go): the agent starts the trainer. Drawn from a
 	// generator of its own, so that the hosted sessions' schedules stay
 	// what they were (the regressions' seeds are replayed hosted).
@@ -456,6 +487,7 @@ func (w *world) runSession(k int) {
 		shape = fmt.Sprintf("s%d: run mode max-restarts=%d backoff=%s overlap-restore=%v kill-after=%s grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s",
 			k, cp.maxRestarts, cp.backoff, cp.overlap, killAfter, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig)
 	}
+	shape += nshape.String()
 
 	w.mu.Lock()
 	if w.shape != "" {
@@ -474,9 +506,13 @@ func (w *world) runSession(k int) {
 	srv := protocol.NewPipes(protocol.ServerConfig{Log: log})
 	notices := make(chan metadata.Notice, 4)
 	signals := make(chan os.Signal, 4)
-	cfg := supervisor.Config{RunID: "sim", CheckpointDir: w.dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d", k)},
+	cfg := supervisor.Config{RunID: "sim", CheckpointDir: w.dir, Store: w.st, Identity: metadata.Identity{Cloud: noticeCloud, InstanceID: fmt.Sprintf("i-%d", k)},
 		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
 		RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log}
+	if nshape.azure {
+		cfg.Source = &simAzure{w: w, mode: nshape.ack} // notice_test.go
+	}
+	ns := w.noticeStart(nshape)
 	sess := &session{w: w, k: k, srv: srv, start: time.Now(), quit: make(chan struct{}), newest: newest, child: cp}
 	if cp != nil {
 		sess.starter = &starter{s: sess}
@@ -513,6 +549,7 @@ func (w *world) runSession(k int) {
 			loopUp <- time.Since(start)
 			w.logf("agent: loop running")
 			w.progLoop()
+			w.noticeLoop() // notice_test.go
 		case <-stopped:
 		}
 	}()
@@ -525,6 +562,37 @@ func (w *world) runSession(k int) {
 		}
 		tr.s = sess
 		trainers.Go(tr.run)
+	}
+	sendNotice := func(why string) {
+		w.progOver() // no progress owed once a stop is under way
+		nt := metadata.Notice{Cloud: noticeCloud, Kind: metadata.KindTermination, ID: fmt.Sprintf("notice-%d", k), Action: "terminate"}
+		if nshape.azure {
+			nt.Action = "Preempt"
+		}
+		nt.Detected = time.Now()
+		nt.Deadline = nt.Detected.Add(noticeFor)
+		w.logf("host: notice%s, deadline in %s", why, noticeFor)
+		w.noticeSent(nt) // notice_test.go
+		notices <- nt
+	}
+	var heldNotice sync.WaitGroup
+	if nshape.held {
+		// notice_test.go: the notice comes nshape.delay into the hold of
+		// the first periodic upload.
+		heldNotice.Go(func() {
+			select {
+			case <-ns.held:
+			case <-stopped:
+				return
+			}
+			t := time.NewTimer(nshape.delay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				sendNotice(" (a periodic upload held in flight)")
+			case <-stopped:
+			}
+		})
 	}
 	var runErr error
 	ended := false
@@ -539,15 +607,12 @@ func (w *world) runSession(k int) {
 		if ended {
 			break
 		}
-		w.progOver() // no progress owed once a stop is under way
 		switch {
 		case ev.notice != nil:
-			nt := *ev.notice
-			nt.Detected = time.Now()
-			nt.Deadline = nt.Detected.Add(noticeFor)
-			w.logf("host: notice, deadline in %s", noticeFor)
-			notices <- nt
+			sendNotice("")
 		case ev.signal:
+			w.progOver()   // no progress owed once a stop is under way
+			w.signalSent() // notice_test.go
 			w.logf("host: SIGTERM")
 			signals <- syscall.SIGTERM
 		}
@@ -621,6 +686,9 @@ func (w *world) runSession(k int) {
 			}
 		}
 		nt := noticeAt
+		if nshape.held { // notice_test.go: sent during the hold, if at all
+			nt = w.noticeSentAt(start)
+		}
 		if nt > took {
 			nt = -1
 		}
@@ -656,8 +724,10 @@ func (w *world) runSession(k int) {
 	close(sess.quit)
 	srv.ClosePipes()
 	trainers.Wait()
+	heldNotice.Wait()
 	w.progEnd()
 	w.st.Faults = nil
+	w.noticeEnd() // notice_test.go
 	w.checkStore()
 }
 
@@ -932,6 +1002,7 @@ func (t *trainer) serve() (crashed bool) {
 				t.w.asked[m.ID] = map[int]*answer{}
 			}
 			t.w.asked[m.ID][t.rank] = &answer{deadline: dl}
+			t.w.noticeAsked(m.ID, m.Reason) // notice_test.go
 			t.w.mu.Unlock()
 			mu.Lock()
 			asked[m.ID] = true
@@ -956,6 +1027,7 @@ func (t *trainer) serve() (crashed bool) {
 			t.w.mu.Lock()
 			t.w.acked = max(t.w.acked, *m.Step)
 			t.w.commits++
+			t.w.noticeCommitted(m.ID) // notice_test.go
 			t.w.mu.Unlock()
 		case protocol.TypeUploadFailed:
 			t.logf("upload_failed %s: %s", m.ID, m.Error)
@@ -1376,6 +1448,7 @@ func (w *world) sawLatest(body []byte) {
 		w.violateLocked("latest.json moved back from step %d to %d (%s)", w.latest, l.Step, l.ID)
 	}
 	w.latest = max(w.latest, l.Step)
+	w.noticeLatest(l.ID) // notice_test.go
 	if !ok && l.Manifest != "" {
 		w.violateLocked("latest.json points at %s, which is not in the store", l.Manifest)
 	}
@@ -1419,6 +1492,12 @@ func (f *faults) note(format string, args ...any) {
 }
 
 func (f *faults) Before(ctx context.Context, op storesim.Op) error {
+	if op.Kind == storesim.OpPut {
+		// notice_test.go: may hold a periodic upload
+		if err := f.w.noticeBefore(ctx, op.Key); err != nil {
+			return err
+		}
+	}
 	switch x := f.draw("before", op); {
 	case x < f.fail:
 		f.note("store: %s fails", op)
@@ -1450,6 +1529,7 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	}
 	if op.Kind == storesim.OpPut {
 		f.w.progManifest(op.Key)
+		f.w.noticeLanded(op.Key, op.Body) // notice_test.go
 	}
 	if op.Kind == storesim.OpPut && strings.HasPrefix(op.Key, checkpoint.LeaseDir) {
 		var rec checkpoint.LeaseRecord

@@ -12,6 +12,8 @@
 // against docs/protocol.md "Exit codes"; part mode (parts_test.go) runs
 // a job of two or three RunHosted node agents (Config.Node) on one
 // store, their ranks agreeing by join, and checks that every manifest is
-// a job manifest naming every node's part and holding every rank's save.
+// a job manifest naming every node's part and holding every rank's save;
+// notice_test.go checks a notice's edges (the Azure acknowledgement after
+// the commit, a periodic upload in flight at the notice).
 // It holds no code but its tests.
 package agentsim
