@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -334,6 +336,126 @@ func TestAgent_SignalDuringRestartBackoff(t *testing.T) {
 			}
 			if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 1 {
 				t.Fatalf("the trainer ran %d times, want once", strings.Count(string(b), "run"))
+			}
+		})
+	}
+}
+
+// slowGets is a store whose GETs of the keys match picks never answer
+// (every 0: until their context ends) or deliver at most 2 KiB each
+// every.
+type slowGets struct {
+	cloud.Store
+	match func(key string) bool
+	every time.Duration
+	n     atomic.Int32 // GETs matched
+}
+
+func (s *slowGets) Get(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if !s.match(key) {
+		return s.Store.Get(ctx, key, off, n)
+	}
+	s.n.Add(1)
+	if s.every == 0 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	r, err := s.Store.Get(ctx, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return trickle{ctx: ctx, ReadCloser: r, every: s.every}, nil
+}
+
+// trickle reads 2 KiB at most per every, until its context ends.
+type trickle struct {
+	io.ReadCloser
+	ctx   context.Context
+	every time.Duration
+}
+
+func (r trickle) Read(b []byte) (int, error) {
+	select {
+	case <-r.ctx.Done():
+		return 0, r.ctx.Err()
+	case <-time.After(r.every): // the store's pace, not a synchronisation
+	}
+	return r.ReadCloser.Read(b[:min(len(b), 2<<10)])
+}
+
+// TestStart_SignalCancelsSerialRestore: the serial start (the restore,
+// then the trainer) held up by the store, one that never answers the GET
+// of latest.json and one that serves the checkpoint's 2 MiB at 80 KiB/s
+// (the agent logs the restore's progress: bytes, total, rate, eta):
+// SIGTERM ends the start at once (within 10 s, as the end-to-end test
+// bounded it), logged once ("signal during start-up"):
+// Run returns 143 with "start-up cancelled by terminated", the trainer is
+// never started, no partial restore is left. (The end-to-end
+// TestStartup_SlowStoreCancelled was cut in #49; TestStart_SignalCancelsRestore
+// holds the same in zero-code mode.)
+func TestStart_SignalCancelsSerialRestore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		match    string        // the suffix of the keys held
+		every    time.Duration // 0: never answered
+		progress bool          // wait for a restore progress line before the signal
+	}{
+		{"NeverAnswers", "latest.json", 0, false},
+		{"Trickle", "/state.bin", 25 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.ShortDir(t)
+			st, err := file.New(filepath.Join(dir, "store"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := t.TempDir()
+			if err := os.WriteFile(filepath.Join(src, "state.bin"), []byte(strings.Repeat("s", 2<<20)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (&commit.Committer{Store: st, RunID: "test"}).Commit(t.Context(), commit.Request{Dir: src, ID: "60d0000000a7", Step: 10}); err != nil {
+				t.Fatal(err)
+			}
+			slow := &slowGets{Store: st, match: func(k string) bool { return strings.HasSuffix(k, tc.match) }, every: tc.every}
+			core, logs := observer.New(zap.InfoLevel)
+			ran := filepath.Join(dir, "ran")
+			ar := startAgentErr(t, func(c *Config) {
+				c.Store, c.Log = slow, zap.New(core)
+				c.Command = []string{"/bin/sh", "-c", "touch " + ran}
+			}, true)
+			testutil.WaitFor(t, "the start held up by the store", func() bool { return slow.n.Load() > 0 })
+			if tc.progress {
+				// Every 5 s; the bytes count in 64 KiB steps.
+				var f map[string]any
+				testutil.WaitWithin(t, "a restore progress line with bytes", time.Minute, func() bool {
+					for _, e := range logs.FilterMessage("restore progress").All() {
+						if f = e.ContextMap(); f["bytes"] != int64(0) {
+							return true
+						}
+					}
+					return false
+				})
+				if b, _ := f["bytes"].(int64); b <= 0 || b >= 2<<20 || f["total"] != int64(2<<20) || f["mb_per_s"] == nil || f["eta"] == nil {
+					t.Fatalf("restore progress %v, want bytes under way of 2 MiB, the rate and an eta", f)
+				}
+			}
+			sent := time.Now()
+			ar.sigs <- syscall.SIGTERM
+			code := ar.wait(t)
+			if took := time.Since(sent); took > 10*time.Second {
+				t.Errorf("SIGTERM took %s to end the start", took)
+			}
+			if code != 128+int(syscall.SIGTERM) || ar.err == nil || !strings.Contains(ar.err.Error(), "start-up cancelled by terminated") {
+				t.Fatalf("exit code %d (%v), want 143: start-up cancelled by terminated", code, ar.err)
+			}
+			if n := logs.FilterMessageSnippet("signal during start-up").Len(); n != 1 {
+				t.Errorf("%d log entries say a signal came during start-up, want one", n)
+			}
+			if _, err := os.Stat(ran); err == nil {
+				t.Fatal("the trainer was started")
+			}
+			if n := partialRestores(t, filepath.Join(ar.cfg.CheckpointDir, "spotagent-test", "restore")); n != 0 {
+				t.Fatalf("%d partial restore(s) left behind", n)
 			}
 		})
 	}
