@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
-	"github.com/spotagent/spotagent/pkg/metadata/fake"
 )
 
 // rotatingTrainer is a shell trainer with no agent code that saves an HF
@@ -24,48 +22,6 @@ func rotatingTrainer(out, period string) []string {
 		`head -c 65536 /dev/urandom > "$d/pytorch_model.bin"; echo "{\"global_step\": $i}" > "$d/trainer_state.json"; ` +
 		`rm -rf "$OUT/checkpoint-$((i-10))"; echo "saved step $i"; sleep ` + period + `; done`
 	return []string{"--", "/usr/bin/env", "OUT=" + out, "/bin/sh", "-c", script}
-}
-
-// TestWatch_NoticeWithoutSignalProcess: spotagent run --watch, no
-// --notice-signal, a trainer that rotates its checkpoints every 700 ms
-// (save_total_limit=1), a spot notice from the fake AWS metadata server
-// with a 15 s deadline. The agent commits while the trainer rotates, keeps
-// it running after the notice and commits each newer checkpoint, stops it
-// at the upload deadline and exits 75; the interruption leaves a checkpoint
-// written well after the notice, and few steps lost.
-func TestWatch_NoticeWithoutSignalProcess(t *testing.T) {
-	parallel(t)
-	dir := testutil.ShortDir(t)
-	store := "file://" + filepath.Join(dir, "store")
-	out := filepath.Join(dir, "out") // created by the agent
-	fk := startFake(t, "aws")
-	a := start(t, []string{"AWS_EC2_METADATA_DISABLED=true"}, append(watchArgs(dir, out, store, cloudArgs(t, "aws", fk.URL())...), rotatingTrainer(out, "0.7")...)...)
-	a.waitLines(`checkpoint committed`, 2, time.Minute) // rotation does not stop commits
-	a.waitLine(`saved step`, time.Minute)
-	saved := regexp.MustCompile(`saved step (\d+)`).FindAllStringSubmatch(a.output(), -1)
-	atNotice := atoi(t, saved[len(saved)-1][1])
-	fk.(*fake.AWS).Terminate("terminate", time.Now().Add(15*time.Second))
-	if code := a.wait(time.Minute); code != exitInterrupted {
-		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
-	}
-	st := openTestStore(t, store, all.Options{})
-	in := oneInterruption(t, noticeJournal(t, st))
-	if !in.CommitOK {
-		t.Fatalf("interruption %+v: not committed", in)
-	}
-	// 15 s notice, a save every 0.7 s: the trainer ran several seconds
-	// past the notice, and its checkpoints were committed as they came.
-	if in.Step < int64(atNotice)+50 {
-		t.Fatalf("the interruption left step %d; the trainer was at %d at the notice: it was stopped too early", in.Step, atNotice)
-	}
-	if in.LostSteps > 30 {
-		t.Fatalf("lost %d steps (%+v), want at most the steps since the last save that could still be uploaded", in.LostSteps, in)
-	}
-	l := readLatestPointer(t, st)
-	if l.Step != in.Step {
-		t.Fatalf("latest step %d, interruption step %d", l.Step, in.Step)
-	}
-	t.Logf("notice at step %d; committed %d; lost %d steps, %.1f s", atNotice, in.Step, in.LostSteps, in.LostSeconds)
 }
 
 // TestWatch_Sidecar: spotagent sidecar --watch DIR beside a trainer it
