@@ -657,6 +657,63 @@ func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 	}
 }
 
+// TestWatch_Sidecar: sidecar mode (no command) with --watch DIR beside a
+// trainer the agent did not start. Its checkpoints are committed as they
+// come; it is killed half-way through a save (checkpoint-30 without its
+// marker), then the kubelet's SIGTERM: the newest complete one stands
+// committed, the torn one never is, and the sidecar exits 0 (never 75:
+// docs/protocol.md). A new machine's sidecar restores it into an empty
+// DIR under its name. (The end-to-end TestWatch_Sidecar was cut in #49.)
+func TestWatch_Sidecar(t *testing.T) {
+	out := t.TempDir()
+	ar := startAgent(t, func(c *Config) {
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	for _, step := range []int{10, 20} {
+		writeHF(t, out, step, true)
+		testutil.WaitFor(t, "checkpoint committed", func() bool {
+			l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+			return err == nil && l.Step == int64(step)
+		})
+	}
+	writeHF(t, out, 30, false) // killed half-way through it
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("sidecar exit code %d, want 0", code)
+	}
+	if l := latestStep(t, ar); l != 20 {
+		t.Fatalf("latest step %d, want 20 (the newest complete)", l)
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), ar.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Manifest != nil && e.Manifest.Step == 30 {
+			t.Fatalf("the torn checkpoint-30 was committed: %+v", e.Manifest)
+		}
+	}
+
+	out2 := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	second := startAgent(t, func(c *Config) {
+		c.Store, c.FenceInterval, c.Log = ar.store, -1, zap.New(core)
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out2, Quiet: 200 * time.Millisecond}}
+	})
+	testutil.WaitFor(t, "the restore into DIR", func() bool {
+		return logs.FilterMessage("restored checkpoint into the watched directory").Len() > 0
+	})
+	if b, err := os.ReadFile(filepath.Join(out2, "checkpoint-20", "pytorch_model.bin")); err != nil || string(b) != "w20" {
+		t.Fatalf("checkpoint-20 restored under its name: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(out2, "checkpoint-20", watch.HFMarker)); err != nil {
+		t.Fatal(err)
+	}
+	second.sigs <- syscall.SIGTERM
+	second.wait(t)
+}
+
 // TestWatch_IntervalNotLogged (#41 item 5): in --watch the agent never
 // asks for a checkpoint, so its interval is nobody's business: each
 // commit's cost sample moves it, and it used to be logged at info after
