@@ -657,6 +657,53 @@ func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 	}
 }
 
+// TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
+// exist yet (nor its parent): the agent creates it, a directory of its
+// own user, restores the newest checkpoint into it under its name, and
+// only then starts the trainer, which finds it there. (The end-to-end
+// TestWatch_CreatesMissingDir was cut in #49; pkg/watch TestCheckDir and
+// TestCreateDir_OtherOwner hold the creation's refusals.)
+func TestWatch_CreatesMissingDir(t *testing.T) {
+	firstDir := t.TempDir()
+	first := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: firstDir, Quiet: 200 * time.Millisecond}}
+	})
+	writeHF(t, firstDir, 10, true)
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), first.store)
+		return err == nil && l.Step == 10
+	})
+	first.sigs <- syscall.SIGTERM
+	first.wait(t)
+
+	dir := testutil.ShortDir(t)
+	out, ran := filepath.Join(dir, "fresh", "out"), filepath.Join(dir, "ran")
+	ar := startAgent(t, func(c *Config) {
+		c.Store = first.store
+		c.Command = []string{"/bin/sh", "-c", `test -d ` + out + ` && test -f ` + out + `/checkpoint-10/pytorch_model.bin && touch ` + ran}
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatal("the trainer did not find DIR with the restored checkpoint-10 in it when it started")
+	}
+	fi, err := os.Lstat(out)
+	if err != nil || !fi.IsDir() {
+		t.Fatalf("DIR %s: %v %v, want a directory", out, fi, err)
+	}
+	if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Getuid() {
+		t.Fatalf("DIR owned by uid %d, want the agent's %d", uid, os.Getuid())
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "checkpoint-10", "pytorch_model.bin")); err != nil || string(b) != "w10" {
+		t.Fatalf("restored checkpoint-10: %q %v", b, err)
+	}
+}
+
 // TestWatch_Sidecar: sidecar mode (no command) with --watch DIR beside a
 // trainer the agent did not start. Its checkpoints are committed as they
 // come; it is killed half-way through a save (checkpoint-30 without its
