@@ -220,20 +220,3 @@ func TestWatch_BadInput(t *testing.T) {
 		}
 	}
 }
-
-// TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
-// exist yet: the agent creates it (parents too) before the trainer runs.
-func TestWatch_CreatesMissingDir(t *testing.T) {
-	parallel(t)
-	dir := testutil.ShortDir(t)
-	store := "file://" + filepath.Join(dir, "store")
-	out := filepath.Join(dir, "fresh", "out")
-	ran := filepath.Join(dir, "ran")
-	p := start(t, nil, append(watchArgs(dir, out, store), "--", "/bin/sh", "-c", "test -d "+out+" && touch "+ran)...)
-	if code := p.wait(time.Minute); code != 0 {
-		t.Fatalf("exit code %d", code)
-	}
-	if _, err := os.Stat(ran); err != nil {
-		t.Fatal("the trainer did not find DIR")
-	}
-}

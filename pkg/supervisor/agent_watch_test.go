@@ -349,6 +349,114 @@ func TestWatch_NoticeCommitsEachNewer(t *testing.T) {
 	}
 }
 
+// rotatingProcess is a trainer process with no agent code: it saves an HF
+// checkpoint-<step> (10 steps a save) every 600 ms into out,
+// trainer_state.json last, deletes the previous one right after, as
+// save_total_limit=1 does, and appends each step saved to log.
+func rotatingProcess(out, log string) []string {
+	return []string{"/bin/sh", "-c", `i=0; while :; do i=$((i+10)); d="` + out + `/checkpoint-$i"; mkdir -p "$d"; ` +
+		`head -c 65536 /dev/urandom > "$d/pytorch_model.bin"; echo "{\"global_step\": $i}" > "$d/trainer_state.json"; ` +
+		`rm -rf "` + out + `/checkpoint-$((i-10))"; echo $i >> "` + log + `"; sleep 0.6; done`}
+}
+
+// savedSteps is what rotatingProcess's log says it saved.
+func savedSteps(t *testing.T, log string) []int64 {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var steps []int64
+	for _, f := range strings.Fields(string(b)) {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			t.Fatalf("log %q: %v", b, err)
+		}
+		steps = append(steps, n)
+	}
+	return steps
+}
+
+// TestWatch_NoticeRotatingProcess: the trainer is the agent's child
+// process, rotating its checkpoints (save_total_limit=1) every 600 ms,
+// and is not signalled at the notice (no --notice-signal). Commits land
+// while it rotates (at least two before the notice); after an 8 s notice
+// it keeps running, each newer checkpoint is committed, it is stopped at
+// the upload deadline (the process itself: its log ends) and the agent
+// exits 75. The interruption leaves a checkpoint it saved well after the
+// notice, which latest.json names, and loses only the steps from that
+// checkpoint to the stop. (The end-to-end
+// TestWatch_NoticeWithoutSignalProcess was cut in #49;
+// TestWatch_NoticeCommitsEachNewer holds the same with a trainer the test
+// writes for, TestWatch_Rotation rotation without a notice.)
+func TestWatch_NoticeRotatingProcess(t *testing.T) {
+	dir := testutil.ShortDir(t)
+	out, log := filepath.Join(dir, "out"), filepath.Join(dir, "saved")
+	if err := os.Mkdir(out, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	src := noticetest.New(1)
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = rotatingProcess(out, log)
+		c.Source, c.FenceInterval, c.Margin, c.Log = src, -1, time.Second, zap.New(core)
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out}} // default quiet (10 s)
+	})
+	// The steps committed above from (the log's "checkpoint committed").
+	committed := func(from int64) (n int) {
+		for _, e := range logs.FilterMessage("checkpoint committed").All() {
+			if s, _ := e.ContextMap()["step"].(int64); s > from {
+				n++
+			}
+		}
+		return n
+	}
+	testutil.WaitWithin(t, "two commits while the trainer rotates", time.Minute, func() bool { return committed(0) >= 2 })
+	saved := savedSteps(t, log)
+	atNotice := saved[len(saved)-1]
+	notice := time.Now()
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1",
+		Deadline: notice.Add(8 * time.Second), Detected: notice}
+	if code := ar.wait(t); code != ExitInterrupted {
+		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
+	}
+	exited := time.Now()
+	saved = savedSteps(t, log)
+	last := saved[len(saved)-1]
+	fi, err := os.Stat(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := journal.Read(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	in := j.Interruptions[0]
+	// Three saves past the notice at the least (about 6 were possible).
+	if !in.CommitOK || in.Step < atNotice+30 || in.Step > last {
+		t.Fatalf("interruption %+v: want a checkpoint committed of step %d..%d (the trainer was at %d at the notice)", in, atNotice+30, last, atNotice)
+	}
+	if after := committed(atNotice); after < 2 {
+		t.Fatalf("%d checkpoints committed after the notice, want each newer one (at least 2)", after)
+	}
+	// latest.json names it, or a newer one: a save complete just before
+	// the stop may still be committed after the interruption was recorded
+	// (2 runs of 20 at load 10; the journal then says step 110, latest 120).
+	if l, err := checkpoint.ReadLatest(t.Context(), ar.store); err != nil || l.Step < in.Step || l.Step > last {
+		t.Fatalf("latest %+v (%v), want the interruption's step %d or a newer one saved (at most %d)", l, err, in.Step, last)
+	}
+	// The steps from the committed one to the last save, and 10 a 600 ms
+	// from then to the agent's exit.
+	maxLost := last - in.Step + int64(exited.Sub(fi.ModTime()).Seconds()*10/0.6) + 10
+	if in.LostSteps <= 0 || in.LostSteps > maxLost || in.LostStepsFrom != journal.LostFromEstimate {
+		t.Fatalf("interruption %+v: want 1..%d steps lost (estimated)", in, maxLost)
+	}
+	t.Logf("notice at step %d; committed %d (the last saved %d) %s after it; lost %d steps (at most %d)", atNotice, in.Step, last, exited.Sub(notice).Round(time.Millisecond), in.LostSteps, maxLost)
+}
+
 // paceTrainer trains 50 steps a second by the clock (step n is reached
 // at its start + n/50 s, however late a loaded machine runs it), saves an
 // HF checkpoint-<step> at steps 20, 40 and 60, each made beside DIR and
@@ -547,6 +655,110 @@ func TestWatch_SignalStopsAtTheFirstSafeCommit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatch_CreatesMissingDir: on a fresh machine --watch DIR does not
+// exist yet (nor its parent): the agent creates it, a directory of its
+// own user, restores the newest checkpoint into it under its name, and
+// only then starts the trainer, which finds it there. (The end-to-end
+// TestWatch_CreatesMissingDir was cut in #49; pkg/watch TestCheckDir and
+// TestCreateDir_OtherOwner hold the creation's refusals.)
+func TestWatch_CreatesMissingDir(t *testing.T) {
+	firstDir := t.TempDir()
+	first := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 60"}
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: firstDir, Quiet: 200 * time.Millisecond}}
+	})
+	writeHF(t, firstDir, 10, true)
+	testutil.WaitFor(t, "checkpoint-10 committed", func() bool {
+		l, err := checkpoint.ReadLatest(t.Context(), first.store)
+		return err == nil && l.Step == 10
+	})
+	first.sigs <- syscall.SIGTERM
+	first.wait(t)
+
+	dir := testutil.ShortDir(t)
+	out, ran := filepath.Join(dir, "fresh", "out"), filepath.Join(dir, "ran")
+	ar := startAgent(t, func(c *Config) {
+		c.Store = first.store
+		c.Command = []string{"/bin/sh", "-c", `test -d ` + out + ` && test -f ` + out + `/checkpoint-10/pytorch_model.bin && touch ` + ran}
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatal("the trainer did not find DIR with the restored checkpoint-10 in it when it started")
+	}
+	fi, err := os.Lstat(out)
+	if err != nil || !fi.IsDir() {
+		t.Fatalf("DIR %s: %v %v, want a directory", out, fi, err)
+	}
+	if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Getuid() {
+		t.Fatalf("DIR owned by uid %d, want the agent's %d", uid, os.Getuid())
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "checkpoint-10", "pytorch_model.bin")); err != nil || string(b) != "w10" {
+		t.Fatalf("restored checkpoint-10: %q %v", b, err)
+	}
+}
+
+// TestWatch_Sidecar: sidecar mode (no command) with --watch DIR beside a
+// trainer the agent did not start. Its checkpoints are committed as they
+// come; it is killed half-way through a save (checkpoint-30 without its
+// marker), then the kubelet's SIGTERM: the newest complete one stands
+// committed, the torn one never is, and the sidecar exits 0 (never 75:
+// docs/protocol.md). A new machine's sidecar restores it into an empty
+// DIR under its name. (The end-to-end TestWatch_Sidecar was cut in #49.)
+func TestWatch_Sidecar(t *testing.T) {
+	out := t.TempDir()
+	ar := startAgent(t, func(c *Config) {
+		c.FenceInterval = -1
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out, Quiet: 200 * time.Millisecond}}
+	})
+	for _, step := range []int{10, 20} {
+		writeHF(t, out, step, true)
+		testutil.WaitFor(t, "checkpoint committed", func() bool {
+			l, err := checkpoint.ReadLatest(t.Context(), ar.store)
+			return err == nil && l.Step == int64(step)
+		})
+	}
+	writeHF(t, out, 30, false) // killed half-way through it
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("sidecar exit code %d, want 0", code)
+	}
+	if l := latestStep(t, ar); l != 20 {
+		t.Fatalf("latest step %d, want 20 (the newest complete)", l)
+	}
+	entries, err := checkpoint.ListManifests(t.Context(), ar.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Manifest != nil && e.Manifest.Step == 30 {
+			t.Fatalf("the torn checkpoint-30 was committed: %+v", e.Manifest)
+		}
+	}
+
+	out2 := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	second := startAgent(t, func(c *Config) {
+		c.Store, c.FenceInterval, c.Log = ar.store, -1, zap.New(core)
+		c.Watch = &WatchConfig{Config: watch.Config{Dir: out2, Quiet: 200 * time.Millisecond}}
+	})
+	testutil.WaitFor(t, "the restore into DIR", func() bool {
+		return logs.FilterMessage("restored checkpoint into the watched directory").Len() > 0
+	})
+	if b, err := os.ReadFile(filepath.Join(out2, "checkpoint-20", "pytorch_model.bin")); err != nil || string(b) != "w20" {
+		t.Fatalf("checkpoint-20 restored under its name: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(out2, "checkpoint-20", watch.HFMarker)); err != nil {
+		t.Fatal(err)
+	}
+	second.sigs <- syscall.SIGTERM
+	second.wait(t)
 }
 
 // TestWatch_IntervalNotLogged (#41 item 5): in --watch the agent never
