@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spotagent/spotagent/internal/render"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
 func TestWriteReport(t *testing.T) {
@@ -66,6 +68,52 @@ func TestReport_AdviceSaysWhoseInterval(t *testing.T) {
 		}
 		if got := strings.Contains(out, "does not record its --interval"); got != tc.wantNote {
 			t.Errorf("%v: note shown %v, want %v:\n%s", tc.args, got, tc.wantNote, out)
+		}
+	}
+}
+
+// TestReport_UnprotectedIsNoGoodput: `spotagent report` on the journal of
+// a trainer that never connected and finished on its own (exit 0): the
+// session pkg/supervisor TestAgent_NeverConnectedFinishedIsUnprotected
+// has the real agent write (finished, its trainer's time unprotected;
+// here the 6 s of 120 steps of 50 ms). Its time is unprotected, not
+// goodput (before, 100 %), in the JSON and in the table, which says why.
+// (The end-to-end TestSilence_NeverConnectsFinishes was cut in #49.)
+func TestReport_UnprotectedIsNoGoodput(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	end, zero, blocked, unprotected := t0.Add(6200*time.Millisecond), 0, 0.0, 6.0
+	dir := filepath.Join(t.TempDir(), "store")
+	st, err := file.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putJournal(t, st, &journal.Journal{Format: journal.Format, RunID: "silent", Sessions: []journal.Session{{
+		ID: "s1", Start: t0, End: &end, ExitCode: &zero, BlockedSeconds: &blocked, UnprotectedSeconds: &unprotected, Finished: true}}})
+	code, out, errOut := cli(t, "report", "--store", "file://"+dir, "--format", "json", "--advice-runs", "0")
+	if code != 0 {
+		t.Fatalf("report exit %d: %s", code, errOut)
+	}
+	var r struct {
+		Wall    float64            `json:"wall_seconds"`
+		Seconds map[string]float64 `json:"seconds"`
+		Ratio   float64            `json:"goodput_ratio"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("report json: %v\n%s", err, out)
+	}
+	if got := r.Seconds["unprotected"]; got != unprotected {
+		t.Fatalf("report: %.1f s unprotected, want the trainer's %.0f s: %v", got, unprotected, r.Seconds)
+	}
+	if got := r.Seconds["productive"]; got > r.Wall-unprotected+0.01 || r.Ratio > 0.05 {
+		t.Fatalf("report: %.1f s productive of %.1f s wall (goodput %.2f), want the unprotected time left out: %v", got, r.Wall, r.Ratio, r.Seconds)
+	}
+	code, out, errOut = cli(t, "report", "--store", "file://"+dir, "--advice-runs", "0")
+	if code != 0 {
+		t.Fatalf("report exit %d: %s", code, errOut)
+	}
+	for _, w := range []string{"UNPROTECTED", "unprotected 6s: the trainer ran with no trainer connected to the agent", "SPOTAGENT_SOCKET", "goodput 3.2 %"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("table lacks %q:\n%s", w, out)
 		}
 	}
 }

@@ -101,3 +101,35 @@ func TestAgent_NeverConnectedSaidAndUnprotected(t *testing.T) {
 		t.Fatalf("report: %.2f s productive, want none (nothing was ever protected): %v", got, g.Seconds)
 	}
 }
+
+// TestAgent_NeverConnectedFinishedIsUnprotected: a trainer that never
+// connected and finished on its own (exit 0) was never protected: the
+// agent exits 0, the journal's session is finished and carries the
+// trainer's time as unprotected, and its accounting counts that time as
+// unprotected, not goodput (before, 100 %). cmd/spotagent
+// TestReport_UnprotectedIsNoGoodput renders such a journal. (The
+// end-to-end TestSilence_NeverConnectsFinishes was cut in #49.)
+func TestAgent_NeverConnectedFinishedIsUnprotected(t *testing.T) {
+	const iv, runs = 300 * time.Millisecond, 2 * time.Second
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 2"} // never connects, then finishes
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: iv})
+	})
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
+	}
+	j, s := runJournal(t, ar)
+	if *s.ExitCode != 0 || !s.Finished || s.UnprotectedSeconds == nil || *s.UnprotectedSeconds < runs.Seconds()-0.1 {
+		t.Fatalf("journal session %+v: want exit 0, finished, unprotected the trainer's %v", s, runs)
+	}
+	g, err := journal.Account(j, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Seconds[journal.BucketUnprotected]; got < runs.Seconds()-0.1 {
+		t.Fatalf("report: %.2f s unprotected, want the trainer's %v: %v", got, runs, g.Seconds)
+	}
+	if got := g.Seconds[journal.BucketProductive]; got > g.Wall-(runs.Seconds()-0.1) {
+		t.Fatalf("report: %.2f s productive of %.2f s wall, want the unprotected time left out: %v", got, g.Wall, g.Seconds)
+	}
+}
