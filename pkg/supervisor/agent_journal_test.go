@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,8 +13,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
 
 // What the real agent loop writes to the run's journal, and the goodput
@@ -131,5 +135,103 @@ func TestAgent_NeverConnectedFinishedIsUnprotected(t *testing.T) {
 	}
 	if got := g.Seconds[journal.BucketProductive]; got > g.Wall-(runs.Seconds()-0.1) {
 		t.Fatalf("report: %.2f s productive of %.2f s wall, want the unprotected time left out: %v", got, g.Wall, g.Seconds)
+	}
+}
+
+// localCopies lists the local tier's and the restore area's files under
+// the agent's area in dir (dir/<area>/{committed,restore}/*).
+func localCopies(dir string) []string {
+	var out []string
+	for _, sub := range []string{localdirs.TierSub, localdirs.RestoreSub} {
+		m, _ := filepath.Glob(filepath.Join(dir, "*", sub, "*"))
+		out = append(out, m...)
+	}
+	return out
+}
+
+// TestAgent_FinishedRunRecordedSaidAndCacheCleared: a trainer finishes
+// its work (step 60 reported, bye, exit 0) with the checkpoint directory
+// the default cache. The journal records the session as finished, with
+// the trainer's last step; the local copies under the default cache are
+// deleted at the end (the store keeps them), the directory stays. A rerun
+// on the same store says the run finished before, with the step, and
+// resumes from the newest committed checkpoint. A checkpoint directory
+// the user named keeps its copies. (The end-to-end
+// TestFinishedRun_RecordedSaidAndCacheCleared, with the Python example
+// trainer, was cut in #49.)
+func TestAgent_FinishedRunRecordedSaidAndCacheCleared(t *testing.T) {
+	cache := filepath.Join(testutil.ShortDir(t), "cache", "spotagent", "fin")
+	release := filepath.Join(testutil.ShortDir(t), "release")
+	var first *agentRun
+	run := func(log *zap.Logger, defaultDir bool) *agentRun {
+		return startAgent(t, func(c *Config) {
+			c.RunID, c.CheckpointDir, c.DefaultCheckpointDir, c.LocalKeep = "fin", cache, defaultDir, 2
+			c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done"} // exits 0
+			c.Log = log
+			if first != nil {
+				c.Store = first.store
+			}
+		})
+	}
+	finish := func(ar *agentRun, tr *trainertest.Trainer) {
+		t.Helper()
+		tr.Send(map[string]any{"type": "progress", "step": 60})
+		tr.Send(map[string]any{"type": "bye", "step": 60})
+		tr.Close()
+		testutil.WriteFile(t, release, "")
+		if code := ar.wait(t); code != 0 {
+			t.Fatalf("finished run exit code %d, want 0", code)
+		}
+		os.Remove(release)
+	}
+
+	core, logs := observer.New(zap.InfoLevel)
+	first = run(zap.New(core), true)
+	tr := trainertest.Dial(t, first.cfg.Server.Path)
+	tr.Hello()
+	commitOwn(t, first, tr, "ck30", 30)
+	if len(localCopies(cache)) == 0 {
+		t.Fatalf("nothing kept in the local tier under %s: the test would prove nothing", cache)
+	}
+	finish(first, tr)
+	const dropped = "run finished: deleted its local copies from the default cache directory (the store keeps every committed checkpoint)"
+	if n := logs.FilterMessage(dropped).Len(); n != 1 {
+		t.Fatalf("%d lines %q, want 1", n, dropped)
+	}
+	if left := localCopies(cache); len(left) > 0 {
+		t.Fatalf("the finished run left %v under the default cache", left)
+	}
+	if _, err := os.Stat(cache); err != nil {
+		t.Fatalf("the checkpoint dir itself is gone: %v", err)
+	}
+	j, err := journal.Read(context.Background(), first.store, "fin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := j.FinishedBefore(); s == nil || s.LastStep == nil || *s.LastStep != 60 {
+		t.Fatalf("journal sessions %+v: want the last one finished at step 60", j.Sessions)
+	}
+
+	// The rerun trains again from the newest commit, and says why.
+	core, logs = observer.New(zap.InfoLevel)
+	again := run(zap.New(core), true)
+	tr = trainertest.Dial(t, again.cfg.Server.Path)
+	checkResume(t, again, tr.Hello().Resume, 30, "ck30")
+	said := logs.FilterMessage("this run finished before: its trainer exited 0 after its work").All()
+	if len(said) != 1 || said[0].ContextMap()["finished_step"] != int64(60) {
+		t.Fatalf("rerun said %v, want once that the run finished before at step 60", said)
+	}
+	finish(again, tr)
+	if left := localCopies(cache); len(left) > 0 {
+		t.Fatalf("the finished rerun left %v under the default cache", left)
+	}
+
+	// A --checkpoint-dir the user named keeps them.
+	named := run(zap.NewNop(), false)
+	tr = trainertest.Dial(t, named.cfg.Server.Path)
+	checkResume(t, named, tr.Hello().Resume, 30, "ck30")
+	finish(named, tr)
+	if len(localCopies(cache)) == 0 {
+		t.Fatal("a finished run deleted the copies in a checkpoint directory the user named")
 	}
 }
