@@ -2,8 +2,10 @@ package supervisor
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,8 +15,11 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/metadata"
+	"github.com/spotagent/spotagent/pkg/protocol"
 	"github.com/spotagent/spotagent/pkg/schedule"
 	"github.com/spotagent/spotagent/pkg/supervisor/internal/localdirs"
 )
@@ -233,5 +238,87 @@ func TestAgent_FinishedRunRecordedSaidAndCacheCleared(t *testing.T) {
 	finish(named, tr)
 	if len(localCopies(cache)) == 0 {
 		t.Fatal("a finished run deleted the copies in a checkpoint directory the user named")
+	}
+}
+
+// TestAgent_ThreeSessionsAccounted: one run through two spot notices, each
+// followed by a new agent on the same store that restores, and a session
+// whose trainer finishes. The journal the three agents wrote accounts
+// (journal.Account, what `spotagent report` prints) to buckets that sum to
+// the wall time, two interruptions with their notice checkpoints
+// committed, two restores, three sessions, restore, between-machines and
+// blocked time, and nothing missing. cmd/spotagent
+// TestReport_ThreeSessionsJournal reports a real run's such journal.
+// (The end-to-end TestGoodput_ThreeSessions was cut in #49.)
+func TestAgent_ThreeSessionsAccounted(t *testing.T) {
+	var first *agentRun
+	dir := testutil.ShortDir(t)
+	for i := range 3 {
+		src := noticetest.New(1)
+		release, exit := filepath.Join(dir, "release"+strconv.Itoa(i)), ExitInterrupted
+		if i == 2 {
+			exit = 0
+		}
+		ar := startAgent(t, func(c *Config) {
+			c.Source = src
+			// The trainer's process: it exits on its own once the test lets it.
+			c.Command = []string{"/bin/sh", "-c", "while [ ! -f " + release + " ]; do sleep 0.02; done; exit " + strconv.Itoa(exit)}
+			if first != nil {
+				c.Store = first.store
+			}
+		})
+		if first == nil {
+			first = ar
+		}
+		tr := trainertest.Dial(t, ar.cfg.Server.Path)
+		w := tr.Hello()
+		if step := int64(100 * i); (i == 0) != (w.Resume == nil) || (w.Resume != nil && w.Resume.Step != step) {
+			t.Fatalf("session %d: welcome resume %+v, want step %d", i+1, w.Resume, step)
+		}
+		if i < 2 {
+			now := time.Now()
+			src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n" + strconv.Itoa(i),
+				Detected: now, Deadline: now.Add(2 * time.Minute)}
+			tr.Save(tr.Expect(protocol.TypeCheckpoint), int64(100*(i+1)), "w")
+			tr.Expect(protocol.TypeCommitted)
+			tr.Expect(protocol.TypeStop)
+		} else {
+			tr.Send(map[string]any{"type": "bye", "step": 250})
+		}
+		tr.Close()
+		testutil.WriteFile(t, release, "")
+		if code := ar.wait(t); code != exit {
+			t.Fatalf("session %d: exit code %d, want %d", i+1, code, exit)
+		}
+	}
+	j, err := journal.Read(context.Background(), first.store, first.cfg.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := journal.Account(j, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, s := range g.Seconds {
+		sum += s
+	}
+	if g.Wall <= 0 || math.Abs(sum-g.Wall) > 0.01*g.Wall {
+		t.Fatalf("buckets sum to %.3f s, wall %.3f s: want within 1 %%: %v", sum, g.Wall, g.Seconds)
+	}
+	if g.Interruptions != 2 || g.NoticeCommits != 2 || g.Restores != 2 || len(g.Sessions) != 3 {
+		t.Fatalf("interruptions %d (notice committed %d), restores %d, sessions %d: want 2, 2, 2, 3",
+			g.Interruptions, g.NoticeCommits, g.Restores, len(g.Sessions))
+	}
+	for _, b := range []string{journal.BucketRestore, journal.BucketBetween, journal.BucketBlocked} {
+		if g.Seconds[b] <= 0 {
+			t.Errorf("%s %v s, want > 0: %v", b, g.Seconds[b], g.Seconds)
+		}
+	}
+	if len(g.Missing) != 0 {
+		t.Fatalf("the agents' journal reported missing %q", g.Missing)
+	}
+	if !g.Sessions[0].NoticeOK || !g.Sessions[1].NoticeOK || g.Sessions[2].Interrupted || j.FinishedBefore() == nil {
+		t.Fatalf("sessions %+v (journal %+v): want two ended by a committed notice checkpoint, the last finished", g.Sessions, j.Sessions)
 	}
 }
