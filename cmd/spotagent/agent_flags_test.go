@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,6 +81,36 @@ func TestResolve_Signal(t *testing.T) {
 		}
 		if err != nil || o.sig != tc.want {
 			t.Errorf("--signal %s: %v, %v; want %v", tc.in, o.sig, err, tc.want)
+		}
+	}
+}
+
+// TestResolve_CheckpointDirDefault: without --checkpoint-dir the
+// checkpoint directory is the default cache ($XDG_CACHE_HOME/spotagent/
+// RUN-ID), marked as such (run.go: Config.DefaultCheckpointDir, whose
+// finished run's copies are deleted: pkg/supervisor
+// TestAgent_FinishedRunRecordedSaidAndCacheCleared); a --checkpoint-dir
+// the user named is not (the end-to-end
+// TestFinishedRun_RecordedSaidAndCacheCleared was cut in #49).
+func TestResolve_CheckpointDirDefault(t *testing.T) {
+	cache, named := t.TempDir(), t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	for _, tc := range []struct {
+		args []string
+		dir  string
+		def  bool
+	}{
+		{nil, filepath.Join(cache, "spotagent", "fin"), true},
+		{[]string{"--checkpoint-dir", named}, named, false},
+	} {
+		var o agentOptions
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		o.register(fs, false)
+		if err := fs.Parse(append([]string{"--store", t.TempDir(), "--cloud", "none", "--run-id", "fin"}, tc.args...)); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.resolve(false); err != nil || o.checkpointDir != tc.dir || o.checkpointDirDefault != tc.def {
+			t.Errorf("%v: checkpoint dir %s (the default cache: %v), err %v; want %s (%v)", tc.args, o.checkpointDir, o.checkpointDirDefault, err, tc.dir, tc.def)
 		}
 	}
 }
