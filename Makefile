@@ -120,7 +120,7 @@ lint:
 # make test: 791-817 s at load 4-8 with a build loop beside it before 10
 # tests were cut and the exit-bounding ones stopped running alone (84e234b),
 # then 278 s alone at load 1-3 and 655 s in make test at load 8-18 (a build
-# loop and three niced helpers beside it); 30 more were cut since, their
+# loop and three niced helpers beside it); 21 more were cut since, their
 # guarantees moved into unit tests and the agent simulation. Its binary
 # gets 60 min;
 # -short skips its tests with a Python trainer and its floods (79 s).
