@@ -124,9 +124,16 @@ func committedBeforeDeadline(t *testing.T, in journal.Interruption) {
 // runSpotagentTool runs a spotagent subcommand to completion and returns its output.
 func runSpotagentTool(t *testing.T, env []string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	// The plain build even in a raceAgentTests test: these commands only
+	// read the store, and under the race detector report's advice took
+	// over a minute at load 14 (TestDistributed_RestoreFromPeerReplica).
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, agentBin(t), args...)
+	bin, err := plainBuild.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
