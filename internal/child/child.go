@@ -130,7 +130,8 @@ func (c *Child) Close() { c.guardOf().release() }
 func (c *Child) wait() {
 	err := c.cmd.Wait()
 	c.code = exitCode(c.cmd.ProcessState, err)
-	c.log.Info("child exited", zap.Int("exit_code", c.code), zap.Stringer("state", c.cmd.ProcessState))
+	// Debug: the agent logs the event itself ("trainer exited"), one line.
+	c.log.Debug("child exited", zap.Int("exit_code", c.code), zap.Stringer("state", c.cmd.ProcessState))
 	close(c.done)
 }
 
