@@ -79,14 +79,7 @@ func TestWatch_NoticeWithoutSignal(t *testing.T) {
 	if err != nil || l.Step != 20 {
 		t.Fatalf("latest %+v, %v: want step 20", l, err)
 	}
-	j, err := journal.Read(t.Context(), ar.store, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(j.Interruptions) != 1 {
-		t.Fatalf("interruptions %+v", j.Interruptions)
-	}
-	in := j.Interruptions[0]
+	in := onlyInterruption(t, ar)
 	if !in.CommitOK || in.Step != 20 || in.CheckpointID != l.ID || in.LostSteps < 10 || in.LostStepsFrom != journal.LostFromEstimate {
 		t.Fatalf("interruption %+v: want committed step 20 (id %s), at least 10 steps lost, estimated", in, l.ID)
 	}
@@ -427,14 +420,7 @@ func TestWatch_NoticeRotatingProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := journal.Read(t.Context(), ar.store, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(j.Interruptions) != 1 {
-		t.Fatalf("interruptions %+v", j.Interruptions)
-	}
-	in := j.Interruptions[0]
+	in := onlyInterruption(t, ar)
 	// Three saves past the notice at the least (about 6 were possible).
 	if !in.CommitOK || in.Step < atNotice+30 || in.Step > last {
 		t.Fatalf("interruption %+v: want a checkpoint committed of step %d..%d (the trainer was at %d at the notice)", in, atNotice+30, last, atNotice)
@@ -529,14 +515,7 @@ func TestWatch_LostStepsEstimated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := journal.Read(t.Context(), ar.store, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(j.Interruptions) != 1 {
-		t.Fatalf("interruptions %+v", j.Interruptions)
-	}
-	in := j.Interruptions[0]
+	in := onlyInterruption(t, ar)
 	lost := stopped - in.Step
 	if !in.CommitOK || in.Step != 60 || lost < 50 {
 		t.Fatalf("interruption %+v, trainer stopped at step %d: want step 60 committed and the trainer well past it", in, stopped)
@@ -583,14 +562,7 @@ func TestWatch_LostStepsNothingSaved(t *testing.T) {
 	if code := ar.wait(t); code != ExitInterrupted {
 		t.Fatalf("exit code %d, want %d", code, ExitInterrupted)
 	}
-	j, err := journal.Read(t.Context(), ar.store, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(j.Interruptions) != 1 {
-		t.Fatalf("interruptions %+v", j.Interruptions)
-	}
-	if in := j.Interruptions[0]; in.CommitOK || in.LostStepsFrom != journal.LostFromDir {
+	if in := onlyInterruption(t, ar); in.CommitOK || in.LostStepsFrom != journal.LostFromDir {
 		t.Fatalf("interruption %+v: want nothing committed, lost steps counted from DIR", in)
 	}
 }
@@ -791,4 +763,18 @@ func TestWatch_IntervalNotLogged(t *testing.T) {
 			t.Fatalf("interval logged at %v in --watch: %v", l.Level, l.ContextMap())
 		}
 	}
+}
+
+// onlyInterruption is the one interruption the journal of ar's run holds
+// (the test fails on another count).
+func onlyInterruption(t *testing.T, ar *agentRun) journal.Interruption {
+	t.Helper()
+	j, err := journal.Read(t.Context(), ar.store, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(j.Interruptions) != 1 {
+		t.Fatalf("interruptions %+v", j.Interruptions)
+	}
+	return j.Interruptions[0]
 }
