@@ -17,6 +17,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -91,7 +92,7 @@ func New(ctx context.Context, account, containerName, prefix string, opts Option
 	copts.Transport = opts.HTTPClient
 	// One attempt per request: the store's operations are retried by the
 	// wrapper all.Open stacks around it. Put's requests are the exception
-	// (putRetries).
+	// (attempts).
 	copts.Retry = policy.RetryOptions{MaxRetries: -1}
 	client, cred, err := clientFor(account, containerName, opts.Endpoint, opts.Credentials, copts)
 	if err != nil {
@@ -169,17 +170,29 @@ func (s *Store) Check(ctx context.Context) error {
 	return nil
 }
 
-// putRetries lets the SDK retry one of Put's requests (Put Blob, each
-// staged block, the commit) up to defaultMaxAttempts times: the block's
-// bytes are in the store's buffer (or a section of the file), so the SDK
-// can resend them, while the caller's reader has moved on and the wrapper
-// above could not replay it. Every other request makes one attempt and is
-// retried by that wrapper, so no request is retried twice. A commit retried
-// after a lost answer meets its own write: see put.go.
-func putRetries(ctx context.Context) context.Context {
-	return policy.WithRetryOptions(ctx, policy.RetryOptions{
-		MaxRetries: defaultMaxAttempts - 1, RetryDelay: 200 * time.Millisecond, MaxRetryDelay: 20 * time.Second,
+// attempts runs one of Put's requests (Put Blob, a staged block, the
+// commit) up to defaultMaxAttempts times while it fails retryably: the
+// block's bytes are in the store's buffer, so it can be sent again, while
+// the caller's reader has moved on and the wrapper above could not replay
+// it. Every other request makes one attempt and is retried by that
+// wrapper, so no request is retried twice. A commit retried after a lost
+// answer meets its own write: see put.go.
+//
+// Each attempt is a new request with a new body (send makes it): not the
+// SDK's retry policy, which rewinds the one body by Seek while net/http
+// may still be reading it for the attempt before (a transport may read a
+// request's body after RoundTrip returned, golang/go#51907; the race
+// detector caught it in TestServiceUnavailableStorm). For the same reason
+// failed reports whether any attempt failed: the caller must not reuse the
+// bytes behind the bodies then.
+func (s *Store) attempts(ctx context.Context, send func(ctx context.Context) error) (failed bool, err error) {
+	n := 0
+	err = retry.Do(ctx, retry.Policy{Attempts: defaultMaxAttempts, Backoff: retry.Backoff{Min: 200 * time.Millisecond, Max: 20 * time.Second},
+		Retryable: s.Retryable}, func(ctx context.Context) error {
+		n++
+		return send(ctx)
 	})
+	return n > 1 || err != nil, err
 }
 
 // Retryable reports whether an operation that failed with err is worth

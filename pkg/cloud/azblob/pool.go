@@ -51,6 +51,10 @@ func (p *bufPool) get(ctx context.Context, n int64) ([]byte, error) {
 }
 
 // put gives back a buffer from get, possibly resliced shorter.
+// drop releases b's share of the budget without reusing b: a request
+// that failed may still be read by the transport (attempts).
+func (p *bufPool) drop(b []byte) { p.sem.Release(min(int64(cap(b)), p.budget)) }
+
 func (p *bufPool) put(b []byte) {
 	n := int64(cap(b))
 	if n == p.block {

@@ -69,8 +69,13 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 		return fmt.Errorf("put %s: read %d bytes, want %d", key, n, size)
 	}
 	if last && !conditional {
-		defer s.pool.put(buf)
-		return s.putBlob(ctx, name, bytes.NewReader(buf[:n]), opts)
+		failed, err := s.putBlob(ctx, name, buf[:n], opts)
+		if failed {
+			s.pool.drop(buf)
+		} else {
+			s.pool.put(buf)
+		}
+		return err
 	}
 	u, err := s.newUpload(name)
 	if err != nil {
@@ -146,15 +151,18 @@ func access(opts cloud.PutOptions) *blob.AccessConditions {
 	return &blob.AccessConditions{ModifiedAccessConditions: mc}
 }
 
-// putBlob sends body in one Put Blob; the SDK rewinds body by Seek for a
-// retry.
-func (s *Store) putBlob(ctx context.Context, name string, body io.ReadSeeker, opts cloud.PutOptions) error {
-	_, err := s.client.NewBlockBlobClient(name).Upload(putRetries(ctx), streaming.NopCloser(body),
-		&blockblob.UploadOptions{AccessConditions: access(opts)})
+// putBlob sends body in one Put Blob (attempts: failed says whether body
+// may still be read).
+func (s *Store) putBlob(ctx context.Context, name string, body []byte, opts cloud.PutOptions) (failed bool, err error) {
+	bb := s.client.NewBlockBlobClient(name)
+	failed, err = s.attempts(ctx, func(ctx context.Context) error {
+		_, err := bb.Upload(ctx, streaming.NopCloser(bytes.NewReader(body)), &blockblob.UploadOptions{AccessConditions: access(opts)})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("put %s: %w", name, s.translate(err))
+		return failed, fmt.Errorf("put %s: %w", name, s.translate(err))
 	}
-	return nil
+	return failed, nil
 }
 
 // upload is one staged-block upload: its block IDs share a random prefix,
@@ -203,8 +211,13 @@ func (u *upload) send(ctx context.Context, first []byte, last bool, r io.Reader,
 		}
 		body, n := buf, num
 		g.Go(func() error {
-			defer u.s.pool.put(body)
-			return u.stage(gctx, n, bytes.NewReader(body))
+			failed, err := u.stage(gctx, n, body)
+			if failed {
+				u.s.pool.drop(body)
+			} else {
+				u.s.pool.put(body)
+			}
+			return err
 		})
 		if last {
 			break
@@ -234,11 +247,16 @@ func (u *upload) send(ctx context.Context, first []byte, last bool, r io.Reader,
 	return total, g.Wait()
 }
 
-// stage uploads block num from body; the SDK rewinds body for a retry.
-func (u *upload) stage(ctx context.Context, num int, body io.ReadSeeker) error {
+// stage uploads block num from body (attempts: failed says whether body
+// may still be read).
+func (u *upload) stage(ctx context.Context, num int, body []byte) (failed bool, err error) {
 	id := u.blockID(num)
-	if _, err := u.bb.StageBlock(putRetries(ctx), id, streaming.NopCloser(body), nil); err != nil {
-		return fmt.Errorf("block %d: %w", num, u.s.translate(err))
+	failed, err = u.s.attempts(ctx, func(ctx context.Context) error {
+		_, err := u.bb.StageBlock(ctx, id, streaming.NopCloser(bytes.NewReader(body)), nil)
+		return err
+	})
+	if err != nil {
+		return failed, fmt.Errorf("block %d: %w", num, u.s.translate(err))
 	}
 	u.mu.Lock()
 	if len(u.ids) <= num {
@@ -246,7 +264,7 @@ func (u *upload) stage(ctx context.Context, num int, body io.ReadSeeker) error {
 	}
 	u.ids[num] = id
 	u.mu.Unlock()
-	return nil
+	return failed, nil
 }
 
 // commit makes the staged blocks the blob, under opts' conditions. A
@@ -255,7 +273,10 @@ func (u *upload) stage(ctx context.Context, num int, body io.ReadSeeker) error {
 // blob's committed blocks (IDs no other writer uses) and reports success,
 // so a writer that won a lease or latest.json is not told it lost.
 func (u *upload) commit(ctx context.Context, opts cloud.PutOptions) error {
-	_, err := u.bb.CommitBlockList(putRetries(ctx), u.ids, &blockblob.CommitBlockListOptions{AccessConditions: access(opts)})
+	_, err := u.s.attempts(ctx, func(ctx context.Context) error {
+		_, err := u.bb.CommitBlockList(ctx, u.ids, &blockblob.CommitBlockListOptions{AccessConditions: access(opts)})
+		return err
+	})
 	if err == nil {
 		return nil
 	}
