@@ -68,7 +68,16 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 	}
 	// A trainer of another user uploads only its own files: its peer uid
 	// must own each one (and as at done, one link each).
-	return r.pipe.Add(rel, foreignUID(c)...)
+	if err := r.pipe.Add(rel, foreignUID(c)...); err != nil {
+		return err
+	}
+	if r.urgent() && r.pipe.Uploading() {
+		// The interruption checkpoint's upload began with this file:
+		// the periodic uploads in flight give way now, not at its done
+		// (found by the agent simulation).
+		a.commits.cancelPeriodic(a.log)
+	}
+	return nil
 }
 
 // savedRel turns a saved message's path (relative to dir, or absolute and

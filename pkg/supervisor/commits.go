@@ -161,6 +161,19 @@ func (c *commits) haltPipelines() {
 	}
 }
 
+// cancelPeriodic cancels the periodic uploads in flight, each once: an
+// interruption checkpoint's upload began (its first early upload, or its
+// commit), and its files go first. Their checkpoints are not committed.
+func (c *commits) cancelPeriodic(log *zap.Logger) {
+	for id, u := range c.uploads {
+		if !u.req.urgent() && !u.cancelled {
+			u.cancelled = true
+			log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
+			u.cancel()
+		}
+	}
+}
+
 // restoreOptions are the options of every restore (built once, in
 // newAgent, once the lease is taken: its epoch is the newest a restore
 // may pick).

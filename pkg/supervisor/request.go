@@ -66,9 +66,10 @@ func (r *request) urgent() bool { return r.stop != nil }
 
 // upload is a commit in flight.
 type upload struct {
-	req    *request
-	cancel context.CancelFunc
-	start  time.Time
+	req       *request
+	cancel    context.CancelFunc
+	start     time.Time
+	cancelled bool // by cancelPeriodic
 }
 
 type commitResult struct {
@@ -273,12 +274,7 @@ func (a *Agent) commit(r *request) {
 	if r.stop != nil {
 		cancel()
 		ctx, cancel = context.WithDeadline(a.life, r.stop.deadline.Add(-a.cfg.Margin/2))
-		for id, u := range a.commits.uploads {
-			if !u.req.urgent() {
-				a.log.Info("cancelling periodic upload: interruption checkpoint takes priority", zap.String("id", id))
-				u.cancel()
-			}
-		}
+		a.commits.cancelPeriodic(a.log)
 	}
 	u := &upload{req: r, cancel: cancel, start: time.Now()}
 	a.commits.uploading(u)

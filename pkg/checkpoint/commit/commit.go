@@ -291,7 +291,16 @@ func (c *Committer) commitSingle(ctx context.Context, req Request, m *checkpoint
 	if err != nil {
 		return err
 	}
-	if err := checkpoint.PutOnce(ctx, c.Store, checkpoint.ManifestKey(req.Step, req.ID), body); err != nil {
+	key := checkpoint.ManifestKey(req.Step, req.ID)
+	if err := checkpoint.PutOnce(ctx, c.Store, key, body); err != nil {
+		if req.Pipeline != nil && !c.absent(key) {
+			// The write may have landed (its reply lost, or a deadline
+			// that ended after the store took it): then the manifest
+			// names the early uploads, and deleting them would break a
+			// committed checkpoint. Keep them; retention removes them if
+			// no manifest lists them (found by the agent simulation).
+			req.Pipeline.committed(m)
+		}
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	if req.Pipeline != nil { // from here on, an Abort must not delete what it lists

@@ -81,7 +81,7 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 		if errors.Is(err, cloud.ErrPrecondition) {
 			return nil, fmt.Errorf("write part: %s exists, written by another agent: %w", key, checkpoint.ErrPartsDisagree)
 		}
-		if req.Pipeline != nil && !c.partAbsent(key) {
+		if req.Pipeline != nil && !c.absent(key) {
 			// The write may have landed (a deadline that ended after the
 			// store took it): then the part names the early uploads, and
 			// deleting them would break a durable part. Keep them;
@@ -128,10 +128,10 @@ func (c *Committer) commitPart(ctx context.Context, log *zap.Logger, req Request
 	return job, nil
 }
 
-// partAbsent reports whether the part manifest key is known not to exist,
+// absent reports whether the manifest (or part manifest) key is known not to exist,
 // asked with a short context of its own (the commit's may have ended):
 // false when it exists or the store cannot say.
-func (c *Committer) partAbsent(key string) bool {
+func (c *Committer) absent(key string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := c.Store.Stat(ctx, key)

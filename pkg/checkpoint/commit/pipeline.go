@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -38,15 +39,19 @@ type Pipeline struct {
 	root   *os.Root
 	prefix string
 	parent context.Context // NewPipeline's: bounds the deletion too
-	ctx    context.Context
-	cancel context.CancelFunc
-	sem    chan struct{}
-	wg     sync.WaitGroup // uploads
-	bg     sync.WaitGroup // uploads and the deletion after them (Wait)
-	lazy   bool           // with a Gate, or deferred: validate only, upload at done
-	pace   pipePace       // what its uploads tell the committer's pace
-	p      *checkpoint.Progress
-	log    *zap.Logger
+	// parentEnded is when parent ended (zero: not yet); unwatch stops
+	// watching it.
+	parentEnded atomic.Int64 // unix nanoseconds
+	unwatch     func() bool
+	ctx         context.Context
+	cancel      context.CancelFunc
+	sem         chan struct{}
+	wg          sync.WaitGroup // uploads
+	bg          sync.WaitGroup // uploads and the deletion after them (Wait)
+	lazy        bool           // with a Gate, or deferred: validate only, upload at done
+	pace        pipePace       // what its uploads tell the committer's pace
+	p           *checkpoint.Progress
+	log         *zap.Logger
 
 	mu    sync.Mutex
 	files map[string]*pipedFile
@@ -109,6 +114,7 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 		files: map[string]*pipedFile{}, p: &checkpoint.Progress{Start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
 	}
+	p.unwatch = context.AfterFunc(parent, func() { p.parentEnded.Store(time.Now().UnixNano()) })
 	if !p.lazy {
 		p.pace.scored, p.pace.early = true, c.paceState().early()
 		p.lazy = !p.pace.early
@@ -203,6 +209,14 @@ func (p *Pipeline) Add(rel string, owners ...int) error {
 		}
 	}()
 	return nil
+}
+
+// Uploading reports whether an early upload began: p is not lazy (halted,
+// deferred by the pace, or a node agent's) and a file was added.
+func (p *Pipeline) Uploading() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.first.IsZero()
 }
 
 // upload streams fh to the store. Only this goroutine writes f until
@@ -301,13 +315,29 @@ func (p *Pipeline) committed(m *checkpoint.Manifest) {
 
 // deleteUnused removes the objects of piped files whose keys keep does not
 // list; best effort (retention removes them later otherwise). It outlives
-// the end of p's parent by up to 10 s: an agent that exits right after a
-// failed save (a sidecar told to stop) still removes its early uploads.
+// the end of p's parent by up to 10 s (deleteGrace), counted from that
+// end even when the deletion starts later: an agent that exits right
+// after a failed save (a sidecar told to stop) still removes its early
+// uploads, and its exit's bound (10 s after its loop) holds (a deletion
+// begun at the exit could outlive it by up to 10 s).
 func (p *Pipeline) deleteUnused(keep map[string]bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.parent), time.Minute)
 	defer cancel()
-	stop := context.AfterFunc(p.parent, func() { time.AfterFunc(10*time.Second, cancel) })
+	stop := context.AfterFunc(p.parent, func() {
+		end := time.Now()
+		if at := p.parentEnded.Load(); at != 0 {
+			end = time.Unix(0, at)
+		}
+		t := time.NewTimer(time.Until(end.Add(deleteGrace)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
 	defer stop()
+	defer p.unwatch()
 	for _, f := range p.files {
 		if keep[f.key] || !f.started {
 			continue
@@ -317,6 +347,9 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 		}
 	}
 }
+
+// deleteGrace is how long deleteUnused outlives p's parent.
+const deleteGrace = 10 * time.Second
 
 // take waits for every upload, then returns the entries that still stand
 // for the files scan found now: same identity, and for a racily-clean

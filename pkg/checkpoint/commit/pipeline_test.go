@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
@@ -306,6 +307,46 @@ func TestPipeline_Abort(t *testing.T) {
 	}
 	if _, err := restore.Checkpoint(context.Background(), st, t.TempDir(), restore.Options{}); err == nil {
 		t.Fatal("an aborted pipeline restored")
+	}
+}
+
+// lostManifestReply loses the reply of every manifest put: the manifest
+// lands, the committer sees an error.
+type lostManifestReply struct{}
+
+func (lostManifestReply) Before(context.Context, storesim.Op) error { return nil }
+
+func (lostManifestReply) After(_ context.Context, op storesim.Op, err error) error {
+	if err == nil && op.Kind == storesim.OpPut && strings.HasSuffix(op.Key, "/"+checkpoint.ManifestName) {
+		return storesim.ErrLost
+	}
+	return err
+}
+
+// A commit whose manifest write fails after the manifest landed (its reply
+// lost) keeps the early uploads the manifest names when the agent then
+// aborts the pipeline, as it does after any failed commit: deleting them
+// would leave a committed manifest whose objects are gone, which restore
+// refuses as damaged (found by the agent simulation, seed 83).
+func TestPipeline_ManifestReplyLostKeepsEarlyUploads(t *testing.T) {
+	st := storesim.New()
+	st.Faults = lostManifestReply{}
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": strings.Repeat("m", 1000), "opt.pt": "o"})
+	root := openRoot(t, dir)
+	c := &Committer{Store: st, RunID: "run"}
+	p := c.NewPipeline(context.Background(), root, 3, "lost")
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Commit(context.Background(), Request{Root: root, ID: "lost", Step: 3, Reason: "periodic", Pipeline: p}); !errors.Is(err, storesim.ErrLost) {
+		t.Fatalf("commit: %v, want the lost reply", err)
+	}
+	p.Abort()
+	p.Wait()
+	st.Faults = nil
+	step, got := restoredFiles(t, st)
+	if step != 3 || got["model.pt"] != strings.Repeat("m", 1000) || got["opt.pt"] != "o" {
+		t.Fatalf("restored step %d, %d files: want step 3 whole", step, len(got))
 	}
 }
 
