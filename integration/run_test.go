@@ -70,7 +70,7 @@ func TestRun_SigtermAndResumeBuckets(t *testing.T) {
 // The interrupted runs keep their step time and enough steps (1,000, ten
 // seconds) that the trainer cannot finish while the shutdown checkpoint
 // commits on a loaded machine: it then exits 0, finished, and rightly so
-// (TestRun_RestoreFromLocal saw it once with 150 steps: exit 0, want 75).
+// (a run of 150 steps once did: exit 0, want 75).
 func noSleep(trainer []string) []string {
 	out := append([]string(nil), trainer...)
 	for i := range out[:len(out)-1] {

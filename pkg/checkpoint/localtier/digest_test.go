@@ -1,14 +1,20 @@
 package localtier
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/internal/testutil/forge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 )
 
 // forgeFile rewrites the file at p in place with other bytes of the same
@@ -31,7 +37,8 @@ func forgeFile(t *testing.T, p string) {
 // A kept copy rewritten in place with the same size and CRC32C fails the
 // manifest's digest: restore gets the committed bytes of that file from
 // the store, the other files still from the tier, and the forged copy is
-// dropped from the tier (no later restore, no peer is handed it).
+// dropped from the tier (no later restore, no peer is handed it). The
+// log says so once, naming the tier and the file.
 func TestForgedLocalCopyRefused(t *testing.T) {
 	r := newRig(t, Options{})
 	m, want := r.saveCommitKeep("c1", 10)
@@ -40,7 +47,15 @@ func TestForgedLocalCopyRefused(t *testing.T) {
 		t.Fatalf("manifest entry %+v records no digest", bad)
 	}
 	forgeFile(t, r.keptPath(m, bad.Path))
-	res := r.restore()
+	core, logs := observer.New(zap.InfoLevel)
+	res, err := restore.Checkpoint(context.Background(), r.st, filepath.Join(r.dir, "area", "restore"), restore.Options{Tiers: []checkpoint.Tier{r.tier}, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := logs.FilterMessageSnippet("nearby copy failed verification").All()
+	if len(warned) != 1 || warned[0].Level != zap.WarnLevel || warned[0].ContextMap()["tier"] != checkpoint.FromLocal || warned[0].ContextMap()["file"] != bad.Path {
+		t.Fatalf("log %v, want one warning that the local copy of %s failed verification", warned, bad.Path)
+	}
 	if got := r.st.dataRead(); len(got) != 1 || got[bad.Key] != bad.Size {
 		t.Fatalf("data read from the store: %v, want only %s (%d bytes)", got, bad.Key, bad.Size)
 	}

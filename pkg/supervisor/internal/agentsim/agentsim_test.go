@@ -155,6 +155,16 @@ func TestAgentSim(t *testing.T) {
 		if run.N >= simShort && (acks == 0 || held == 0 || live == 0) {
 			t.Errorf("the notice edges' checks checked nothing in %d schedules (%d acks, %d held, %d answered): their conditions never held", run.N, acks, held, live)
 		}
+		local, forged := localChecked.local.Load(), localChecked.forged.Load()
+		t.Logf("this machine's copies checked: %d resumes restored from an intact local tier, %d of a checkpoint whose copy here was forged (localtier_test.go)", local, forged)
+		if run.N >= simShort && (local == 0 || forged == 0) {
+			t.Errorf("the local tier's checks checked nothing in %d schedules (%d local resumes, %d forged): their conditions never held", run.N, local, forged)
+		}
+		early, changed := pipeChecked.early.Load(), pipeChecked.changed.Load()
+		t.Logf("pipelined saves checked: %d objects uploaded early, %d committed checkpoints with a file changed after saved (pipeline_test.go)", early, changed)
+		if run.N >= simShort && (early == 0 || changed == 0) {
+			t.Errorf("the pipeline's checks checked nothing in %d schedules (%d early, %d changed): their conditions never held", run.N, early, changed)
+		}
 		t.Logf("%d schedules in %s: %.0f schedules/s", run.N, run.Took.Round(time.Millisecond), float64(run.N)/run.Took.Seconds())
 	}
 }
@@ -252,6 +262,11 @@ type world struct {
 	// reason each request was first asked with.
 	ns       *noticeState
 	reasonOf map[string]string
+	// This machine's copies (localtier_test.go): the session's account.
+	local *localState
+	// The pipelined save (pipeline_test.go): request id -> a file of it
+	// changed after it was reported saved.
+	changed map[string]bool
 }
 
 // answer is what one rank did with one request.
@@ -397,6 +412,7 @@ func runBubble(t *testing.T, w *world) {
 	}
 	w.checkStore()
 	w.checkLatestComplete()
+	w.pipeEnd() // pipeline_test.go
 	if w.logBuf != nil && w.failed() {
 		w.trace = append(w.trace, "agent log:")
 		w.trace = append(w.trace, strings.Split(w.name(w.logBuf.String()), "\n")...)
@@ -459,8 +475,10 @@ func (w *world) runSession(k int) {
 	// A notice's edges (notice_test.go): drawn from a generator of their
 	// own, as run mode below; none for the regressions' hosted seeds.
 	var nshape noticeShape
+	var lshape localShape // localtier_test.go: its own generator too
 	if !w.hostedOnly {
 		nshape = drawNoticeShape(w.seed, k, noticeAt >= 0)
+		lshape = drawLocalShape(w.seed, k)
 	}
 	if nshape.held {
 		// The notice comes during the first periodic upload, held;
@@ -487,7 +505,7 @@ func (w *world) runSession(k int) {
 		shape = fmt.Sprintf("s%d: run mode max-restarts=%d backoff=%s overlap-restore=%v kill-after=%s grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s signals=%s,%s",
 			k, cp.maxRestarts, cp.backoff, cp.overlap, killAfter, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, firstSig, secondSig)
 	}
-	shape += nshape.String()
+	shape += nshape.String() + lshape.String()
 
 	w.mu.Lock()
 	if w.shape != "" {
@@ -498,6 +516,7 @@ func (w *world) runSession(k int) {
 	log := w.agentLog(k)
 	// What the session must start from: the newest complete checkpoint.
 	newest := w.newestComplete()
+	w.localStart(lshape, newest) // localtier_test.go
 	root, err := os.OpenRoot(w.dir)
 	if err != nil {
 		w.violate("open the checkpoint dir: %v", err)
@@ -508,7 +527,7 @@ func (w *world) runSession(k int) {
 	signals := make(chan os.Signal, 4)
 	cfg := supervisor.Config{RunID: "sim", CheckpointDir: w.dir, Store: w.st, Identity: metadata.Identity{Cloud: noticeCloud, InstanceID: fmt.Sprintf("i-%d", k)},
 		Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
-		RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log}
+		RequestTimeout: reqTimeout, EndWhenIdle: true, LocalKeep: lshape.keep, Log: log}
 	if nshape.azure {
 		cfg.Source = &simAzure{w: w, mode: nshape.ack} // notice_test.go
 	}
@@ -728,6 +747,9 @@ func (w *world) runSession(k int) {
 	w.progEnd()
 	w.st.Faults = nil
 	w.noticeEnd() // notice_test.go
+	w.mu.Lock()
+	w.local = nil // localtier_test.go
+	w.mu.Unlock()
 	w.checkStore()
 }
 
@@ -1078,6 +1100,7 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 	}
 	t.base = r.Step
 	t.logf("welcome: resume %s step %d", r.ID, r.Step)
+	t.w.localResumed(r.ID) // localtier_test.go
 	if r.Step < newest || r.Step < ackedAtHello {
 		t.w.violate("rank%d: resumed step %d (%s), older than step %d complete at the session's start or step %d committed before its hello", t.rank, r.Step, r.ID, newest, ackedAtHello)
 	}
@@ -1164,8 +1187,10 @@ func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mo
 	paths := slices.Sorted(mapsKeys(files))
 	saving := mode != failing && mode != crash
 	think, chunks := wait, []saveChunk(nil)
+	var pipe []pipeAct
 	if saving {
 		think, chunks = t.savePlan(files, paths, step, wait)
+		pipe = t.pipePlan(step, paths, chunks, wait) // pipeline_test.go
 	}
 	if !t.sleep(think, gone) {
 		return false
@@ -1183,7 +1208,7 @@ func (t *trainer) answer(id, dir string, deadline time.Time, step int64, mode mo
 		t.logf("crash saving %s", id)
 		return true
 	}
-	if !t.save(dir, files, chunks, start, gone) {
+	if !t.save(id, step, dir, files, chunks, pipe, start, gone) {
 		return false
 	}
 	if !t.sleep(time.Until(start.Add(wait)), gone) {
@@ -1262,17 +1287,31 @@ func (t *trainer) savePlan(files map[string][]byte, paths []string, step int64, 
 	return think, chunks
 }
 
-// save writes files chunk by chunk as planned (offsets from start);
-// false when the connection ended or the directory is gone meanwhile
-// (the request expired, the agent ended): no done.
-func (t *trainer) save(dir string, files map[string][]byte, chunks []saveChunk, start time.Time, gone <-chan struct{}) bool {
+// save writes files chunk by chunk as planned (offsets from start),
+// and does what pipe says beside the writes (pipeline_test.go: a write
+// goes before an act at the same offset); false when the connection
+// ended or the directory is gone meanwhile (the request expired, the
+// agent ended): no done.
+func (t *trainer) save(id string, step int64, dir string, files map[string][]byte, chunks []saveChunk, pipe []pipeAct, start time.Time, gone <-chan struct{}) bool {
 	open := map[string]*os.File{}
 	defer func() {
 		for _, f := range open {
 			f.Close()
 		}
 	}()
+	acts := func(upTo time.Duration) bool {
+		for len(pipe) > 0 && pipe[0].at < upTo {
+			if !t.sleep(time.Until(start.Add(pipe[0].at)), gone) || !t.pipeDo(pipe[0], id, step, dir, files) {
+				return false
+			}
+			pipe = pipe[1:]
+		}
+		return true
+	}
 	for _, c := range chunks {
+		if !acts(c.at) {
+			return false
+		}
 		if !t.sleep(time.Until(start.Add(c.at)), gone) {
 			return false // stopped mid-save: what is written stays, half files included
 		}
@@ -1292,7 +1331,7 @@ func (t *trainer) save(dir string, files map[string][]byte, chunks []saveChunk, 
 			return false
 		}
 	}
-	return true
+	return acts(1<<63 - 1)
 }
 
 // content is what this rank saves for request id at step: one or two
@@ -1492,6 +1531,9 @@ func (f *faults) note(format string, args ...any) {
 }
 
 func (f *faults) Before(ctx context.Context, op storesim.Op) error {
+	if op.Kind == storesim.OpGet {
+		f.w.localRead(op) // localtier_test.go: asked of the store
+	}
 	if op.Kind == storesim.OpPut {
 		// notice_test.go: may hold a periodic upload
 		if err := f.w.noticeBefore(ctx, op.Key); err != nil {
@@ -1524,10 +1566,16 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	if err != nil {
 		return err
 	}
+	if op.Kind == storesim.OpPut {
+		f.w.localRead(op) // localtier_test.go: a manifest landed
+	}
 	if op.Kind == storesim.OpPut && op.Key == checkpoint.LatestKey {
 		f.w.sawLatest(op.Body)
 	}
 	if op.Kind == storesim.OpPut {
+		f.w.mu.Lock()
+		f.w.pipeLanded(op.Key) // pipeline_test.go
+		f.w.mu.Unlock()
 		f.w.progManifest(op.Key)
 		f.w.noticeLanded(op.Key, op.Body) // notice_test.go
 	}

@@ -14,6 +14,8 @@
 // store, their ranks agreeing by join, and checks that every manifest is
 // a job manifest naming every node's part and holding every rank's save;
 // notice_test.go checks a notice's edges (the Azure acknowledgement after
-// the commit, a periodic upload in flight at the notice).
+// the commit, a periodic upload in flight at the notice); localtier_test.go
+// this machine's copies across sessions (the local tier, forged copies);
+// pipeline_test.go the pipelined save (`saved`, files changed after it).
 // It holds no code but its tests.
 package agentsim
