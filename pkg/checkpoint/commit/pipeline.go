@@ -35,23 +35,20 @@ import (
 // as git calls it) would keep its mtime: such a file is hashed again
 // locally at done, and re-uploaded if the hash differs.
 type Pipeline struct {
-	c      *Committer
-	root   *os.Root
-	prefix string
-	parent context.Context // NewPipeline's: bounds the deletion too
-	// parentEnded is when parent ended (zero: not yet); unwatch stops
-	// watching it.
-	parentEnded atomic.Int64 // unix nanoseconds
-	unwatch     func() bool
-	ctx         context.Context
-	cancel      context.CancelFunc
-	sem         chan struct{}
-	wg          sync.WaitGroup // uploads
-	bg          sync.WaitGroup // uploads and the deletion after them (Wait)
-	lazy        bool           // with a Gate, or deferred: validate only, upload at done
-	pace        pipePace       // what its uploads tell the committer's pace
-	p           *checkpoint.Progress
-	log         *zap.Logger
+	c         *Committer
+	root      *os.Root
+	prefix    string
+	parent    context.Context // NewPipeline's: bounds the deletion too
+	parentEnd *endWatch       // when parent ended (deleteUnused)
+	ctx       context.Context
+	cancel    context.CancelFunc
+	sem       chan struct{}
+	wg        sync.WaitGroup // uploads
+	bg        sync.WaitGroup // uploads and the deletion after them (Wait)
+	lazy      bool           // with a Gate, or deferred: validate only, upload at done
+	pace      pipePace       // what its uploads tell the committer's pace
+	p         *checkpoint.Progress
+	log       *zap.Logger
 
 	mu    sync.Mutex
 	files map[string]*pipedFile
@@ -114,7 +111,7 @@ func (c *Committer) NewPipeline(ctx context.Context, root *os.Root, step int64, 
 		files: map[string]*pipedFile{}, p: &checkpoint.Progress{Start: time.Now()},
 		log: c.log().With(zap.String("id", id)),
 	}
-	p.unwatch = context.AfterFunc(parent, func() { p.parentEnded.Store(time.Now().UnixNano()) })
+	p.parentEnd = watchEnd(parent)
 	if !p.lazy {
 		p.pace.scored, p.pace.early = true, c.paceState().early()
 		p.lazy = !p.pace.early
@@ -324,11 +321,7 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.parent), time.Minute)
 	defer cancel()
 	stop := context.AfterFunc(p.parent, func() {
-		end := time.Now()
-		if at := p.parentEnded.Load(); at != 0 {
-			end = time.Unix(0, at)
-		}
-		t := time.NewTimer(time.Until(end.Add(deleteGrace)))
+		t := time.NewTimer(time.Until(p.parentEnd.endedAt().Add(deleteGrace)))
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -337,7 +330,7 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 		}
 	})
 	defer stop()
-	defer p.unwatch()
+	defer p.parentEnd.stop()
 	for _, f := range p.files {
 		if keep[f.key] || !f.started {
 			continue
@@ -350,6 +343,27 @@ func (p *Pipeline) deleteUnused(keep map[string]bool) {
 
 // deleteGrace is how long deleteUnused outlives p's parent.
 const deleteGrace = 10 * time.Second
+
+// endWatch records when a context ended.
+type endWatch struct {
+	at   atomic.Int64 // unix nanoseconds; 0: not seen to end
+	stop func() bool  // stops watching
+}
+
+func watchEnd(ctx context.Context) *endWatch {
+	w := &endWatch{}
+	w.stop = context.AfterFunc(ctx, func() { w.at.Store(time.Now().UnixNano()) })
+	return w
+}
+
+// endedAt is when the context ended, or now when it was not seen to end
+// (yet: its AfterFunc may still be on its way).
+func (w *endWatch) endedAt() time.Time {
+	if at := w.at.Load(); at != 0 {
+		return time.Unix(0, at)
+	}
+	return time.Now()
+}
 
 // take waits for every upload, then returns the entries that still stand
 // for the files scan found now: same identity, and for a racily-clean
