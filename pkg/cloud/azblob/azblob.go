@@ -188,11 +188,25 @@ func (s *Store) Check(ctx context.Context) error {
 func (s *Store) attempts(ctx context.Context, send func(ctx context.Context) error) (failed bool, err error) {
 	n := 0
 	err = retry.Do(ctx, retry.Policy{Attempts: defaultMaxAttempts, Backoff: retry.Backoff{Min: 200 * time.Millisecond, Max: 20 * time.Second},
-		Retryable: s.Retryable}, func(ctx context.Context) error {
+		Retryable: sendRetryable(s.Retryable)}, func(ctx context.Context) error {
 		n++
 		return send(ctx)
 	})
 	return n > 1 || err != nil, err
+}
+
+// sendRetryable is the classification attempts retries by, as the SDK's
+// retry policy did: a response by its status (retryable), any other error
+// of the transport (a reset, a cut body, a closed connection) but the
+// context's.
+func sendRetryable(retryable func(error) bool) func(error) bool {
+	return func(err error) bool {
+		var re *azcore.ResponseError
+		if errors.As(err, &re) {
+			return retryable(err)
+		}
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
 }
 
 // Retryable reports whether an operation that failed with err is worth
