@@ -46,6 +46,7 @@ type pipeAct struct {
 	at   time.Duration // from the request's arrival
 	kind pipeKind
 	path string
+	abs  bool // actSaved: the path absolute (inside the directory: as good)
 }
 
 type pipeKind int
@@ -79,7 +80,7 @@ func (t *trainer) pipePlan(step int64, paths []string, chunks []saveChunk, wait 
 				last = max(last, c.at)
 			}
 		}
-		acts = append(acts, pipeAct{at: last, kind: actSaved, path: p})
+		acts = append(acts, pipeAct{at: last, kind: actSaved, path: p, abs: r.IntN(2) == 0})
 		if r.IntN(4) == 0 {
 			at := last + time.Duration(r.Int64N(int64(max(wait-last, 0))+1))
 			acts = append(acts, pipeAct{at: at, kind: pick(r, actAppend, actReplace), path: p})
@@ -94,14 +95,16 @@ func (t *trainer) pipePlan(step int64, paths []string, chunks []saveChunk, wait 
 	return acts
 }
 
-// pipeDo does a; files is the save's content, changed with the file.
+// pipeDo does a; files is the save's content, changed with the file. It
+// runs in the answer's goroutine: it draws nothing (t.rng is the
+// connection's).
 func (t *trainer) pipeDo(a pipeAct, id string, step int64, dir string, files map[string][]byte) bool {
 	full := filepath.Join(dir, filepath.FromSlash(a.path))
 	switch a.kind {
 	case actSaved, actBadSaved:
 		p := a.path
-		if a.kind == actSaved && t.rng.IntN(2) == 0 {
-			p = full // an absolute path inside the directory is as good
+		if a.abs {
+			p = full
 		}
 		return t.send(map[string]any{"type": protocol.TypeSaved, "id": id, "path": p, "step": step}) == nil
 	case actAppend:
