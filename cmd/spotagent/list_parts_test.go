@@ -48,9 +48,20 @@ func TestPrintCheckpoints_Parts(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	// Step 20: node-1's part lands, node-0's never comes. The commit is
+	// ended once its part is in the store (not by a timer: on a loaded
+	// machine a 200 ms bound once ended it before the part was written).
+	waiting, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := commitPart(short, t, st, 20, "bbbbbbbbbbbb", "node-1", 2, 3); !errors.Is(err, commit.ErrIncomplete) {
+	go func() {
+		defer cancel()
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if _, err := st.Stat(ctx, checkpoint.PartKey(20, "bbbbbbbbbbbb", "node-1")); err == nil {
+				return
+			}
+		}
+	}()
+	if err := commitPart(waiting, t, st, 20, "bbbbbbbbbbbb", "node-1", 2, 3); !errors.Is(err, commit.ErrIncomplete) {
 		t.Fatalf("err=%v", err)
 	}
 	entries, err := checkpoint.ListManifests(ctx, st)
