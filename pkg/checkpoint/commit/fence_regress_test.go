@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/internal/cptest"
@@ -84,8 +83,7 @@ func TestPrune_RollbackKeepsAssembly(t *testing.T) {
 	}
 	// The job resumed from 10; node-0's part of 12 is durable, node-1's
 	// not yet (node-0's wait ends first here: its part stays).
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
+	ctx := untilPartLanded(t, t.Context(), st, 12, "cccccccccccc", twoNodes[0].Node)
 	if _, errs := commitParts(t, ctx, st, 12, "cccccccccccc", twoNodes[0]); !errors.Is(errs[0], ErrIncomplete) {
 		t.Fatalf("err=%v", errs[0])
 	}

@@ -29,6 +29,27 @@ import (
 // twoNodes is the job of the tests: world size 4, two ranks per node.
 var twoNodes = []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 4}, {Node: "node-1", Ranks: []int{2, 3}, WorldSize: 4}}
 
+// untilPartLanded is ctx ended once node's part manifest of (step, id) is
+// in st, or after a minute: a commit waiting for parts that never come
+// ends with ErrIncomplete once its own part is durable, however slow the
+// machine (a fixed 200 ms bound once ended one before its part was
+// written, under -race at load 9).
+func untilPartLanded(t *testing.T, ctx context.Context, st cloud.Store, step int64, id, node string) context.Context {
+	t.Helper()
+	pctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	key := checkpoint.PartKey(step, id, node)
+	go func() {
+		defer cancel()
+		for end := time.Now().Add(time.Minute); time.Now().Before(end) && pctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
+			if _, err := st.Stat(pctx, key); err == nil {
+				return
+			}
+		}
+	}()
+	return pctx
+}
+
 // partFiles is what the ranks of part p save at step.
 func partFiles(p checkpoint.PartSpec, step int64) map[string]string {
 	files := map[string]string{}
@@ -135,8 +156,7 @@ func TestCommitParts_Concurrent(t *testing.T) {
 func TestCommitParts_Missing(t *testing.T) {
 	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		commitJob(t, st, 10, "aaaaaaaaaaaa")
-		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
-		defer cancel()
+		ctx := untilPartLanded(t, t.Context(), st, 20, "bbbbbbbbbbbb", twoNodes[0].Node)
 		_, errs := commitParts(t, ctx, st, 20, "bbbbbbbbbbbb", twoNodes[0])
 		if !errors.Is(errs[0], ErrIncomplete) || !strings.Contains(errs[0].Error(), "[2 3]") {
 			t.Fatalf("err=%v, want ErrIncomplete naming ranks [2 3]", errs[0])
@@ -487,8 +507,7 @@ func TestCommitParts_KilledAtRandom(t *testing.T) {
 func TestPrune_PartsOnly(t *testing.T) {
 	st := cptest.NewStore(t)
 	incomplete := func(step int64, id string) {
-		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-		defer cancel()
+		ctx := untilPartLanded(t, t.Context(), st, step, id, twoNodes[0].Node)
 		if _, errs := commitParts(t, ctx, st, step, id, twoNodes[0]); !errors.Is(errs[0], ErrIncomplete) {
 			t.Fatalf("err=%v", errs[0])
 		}
@@ -560,8 +579,7 @@ func TestCommitParts_Pipeline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
+	ctx := untilPartLanded(t, t.Context(), st, 5, id, p0.Node)
 	_, err := c.Commit(ctx, Request{Root: root, ID: id, Step: 5, Reason: "periodic", Pipeline: p, Part: &p0})
 	if !errors.Is(err, ErrIncomplete) {
 		t.Fatalf("err=%v, want ErrIncomplete", err)
@@ -655,7 +673,12 @@ func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 	}{{fresh, "new", nil}, {old, "old", checkpoint.ErrFenced}} {
 		req := partRequest(t, p1, 200, "222222222222")
 		c := &Committer{Store: st, RunID: "run", PartLease: cp.lease, Session: cp.session}
+		// The fresh copy's commit ends once its part landed; the old
+		// copy's is refused before it waits.
 		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		if cp.want == nil {
+			pctx = untilPartLanded(t, ctx, st, 200, "222222222222", p1.Node)
+		}
 		_, err := c.Commit(pctx, req)
 		cancel()
 		if cp.want != nil && !errors.Is(err, cp.want) {
