@@ -60,6 +60,12 @@ func startSidecarJob(t *testing.T, env []string, uri, dir string, agentArgs, tra
 	return j
 }
 
+// endedBy reports whether p's process ended by sig (its code is then -1).
+func endedBy(p *proc, sig syscall.Signal) bool {
+	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
 // finishedJob runs a fresh job from uri to its end (sidecars, trainers
 // exiting 0) and returns every rank's final line; from is the step every
 // rank must say it resumed from (-1: none).
@@ -158,7 +164,10 @@ func TestK8sOrder_TrainerSIGTERMThenSidecar(t *testing.T) {
 	}
 	for k, tr := range j.trainers {
 		code := tr.wait(2 * time.Minute)
-		if k == 0 && killed0 {
+		if k == 0 && (killed0 || endedBy(tr, syscall.SIGTERM)) {
+			// Its code is the kill's, not torchrun's: one of the
+			// SIGTERMs above landed once torchrun had put its handler
+			// away on its way out (seen once in a loaded make test).
 			continue
 		}
 		// torchrun exits 1 when its workers exit 75 (docs/distributed.md)
