@@ -325,7 +325,7 @@ func (b *agentBuild) get() (string, error) {
 // restore beside the loop, peer transfers, a job commit killed, retries
 // through faults, floods of connections). The agent's packages also run
 // -race in their unit tests (make test-go). The race-built agent made
-// TestCLI_Help and TestRun_SigtermAndResume 4x slower on a loaded 2-core
+// the CLI tests and TestRun_SigtermAndResume 4x slower on a loaded 2-core
 // machine (its start alone takes 2.6x the CPU), so the rest run the plain
 // build. This test binary itself runs without -race in make test-go
 // (Makefile: under it, its in-process S3, GCS and fault proxy made
