@@ -339,7 +339,6 @@ var raceAgentTests = map[string]bool{
 	"TestDistributed_AgentKilledDuringJobCommit": true,
 	"TestStoreFault_AgentThroughFaults":          true,
 	"TestHostile_Connections":                    true,
-	"TestPipeline_AgentKilledMidPipeline":        true,
 	"TestFence_TwoAgentsOneRun":                  true,
 	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
 	"TestFlood_UnauthenticatedConnections": true,

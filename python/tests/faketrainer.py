@@ -6,8 +6,7 @@ the real socket: it connects, reports its resume, trains in steps (a sleep
 each), polls, answers the agent's checkpoint requests, and stops when told,
 exiting with ``agent.exit_code``. The flags make it misbehave the ways the
 tests need: never poll, ignore stop, answer never, wrongly or after a
-sleep, fail a save, crash half-way through one, take a checkpoint on its
-own, run without its socket.
+sleep, fail a save, crash half-way through one, run without its socket.
 
 What it does with a request is a list of actions, by request (``--on``):
 
@@ -22,21 +21,17 @@ ACTIONS, comma-separated, run in order (default ``write,done``):
     write:NAME:BYTES[:C]   write NAME (in the request's directory, or an
                            absolute path) of BYTES bytes of character C (by
                            default the step's byte), fsynced, in place
-    saved:NAME             say NAME is saved (early upload)
-    await:GLOB:BYTES       wait (60 s at most) for a file matching GLOB
-                           ({id} is the request's id) to have BYTES bytes
     sleep:S                sleep S seconds
     done                   answer done at the current step
     ignore                 leave the request unanswered
     exit:N                 sys.exit(N): the interpreter's exit, the
                            client closes as it does
     crash:N                os._exit(N): a native crash, nothing closed
-    hang                   sleep 600 s (killed by the test)
 
 An OSError of write fails the request (``failed``, with the
 error) and ends its actions.
 
-The other flags (connection, steps, stop, an own checkpoint, signals):
+The other flags (connection, steps, stop, signals):
 ``--help``.
 
 Every line it prints starts with "trainer: " (the agent's logs share the
@@ -48,7 +43,6 @@ integration/ runs it under the real one.
 """
 
 import argparse
-import glob
 import hashlib
 import json
 import os
@@ -81,11 +75,6 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.01, metavar="S", help="seconds a step sleeps")
     p.add_argument("--no-poll", action="store_true", help="never poll: deaf to every request and to stop")
     p.add_argument("--ignore-stop", action="store_true", help="train on when the agent says stop")
-    p.add_argument("--wait-after", action="store_true",
-                   help="after the last step, poll at it until stopped instead of finishing")
-    p.add_argument("--own-at", type=int, default=None, metavar="STEP",
-                   help="take a checkpoint on its own at STEP (the --file files, metadata own) and wait for "
-                        "its commit")
     p.add_argument("--crash-file", default=None, metavar="PATH", help="crash (os._exit(1)) once PATH exists")
     p.add_argument("--resume-hash", default=None, metavar="NAME",
                    help="print the sha256 of NAME in the resumed checkpoint")
@@ -150,7 +139,6 @@ class Trainer(object):
         self.args = args
         self.step = 0
         self.requests = 0
-        self.own_taken = False
         self.agent = None  # type: Any
 
     def write(self, d: str, files: List[Tuple[str, int, Optional[bytes]]]) -> None:
@@ -175,10 +163,6 @@ class Trainer(object):
                         self.write(req.dir, [parse_file(":".join(params))])
                     else:
                         self.write(req.dir, self.args.file)
-                elif name == "saved":
-                    req.saved(params[0])
-                elif name == "await":
-                    self.await_file(params[0].replace("{id}", req.id), int(params[1]))
                 elif name == "sleep":
                     time.sleep(float(params[0]))
                 elif name == "done":
@@ -192,37 +176,12 @@ class Trainer(object):
                 elif name == "crash":
                     log("crashing mid-save", req.id)
                     os._exit(int(params[0]))
-                elif name == "hang":
-                    log("hanging pid", os.getpid())
-                    time.sleep(600)
-                    sys.exit(1)
                 else:
                     raise SystemExit("trainer: unknown action %r" % name)
             except OSError as e:
                 req.fail(e)
                 log("save failed", req.id, e)
                 return
-
-    def await_file(self, pattern: str, size: int) -> None:
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            for p in glob.glob(pattern):
-                if os.path.getsize(p) == size:
-                    log("seen", p)
-                    return
-            time.sleep(0.01)
-        log("not seen in 60 s:", pattern)
-
-    def own_checkpoint(self) -> None:
-        d = os.path.join(self.agent.checkpoint_dir, "own-%d" % self.step)
-        os.makedirs(d)
-        self.write(d, self.args.file)
-        self.agent.checkpoint_done(self.step, d, metadata={"own": True})
-        log("own checkpoint at step %d" % self.step)
-        end = time.monotonic() + 60
-        while self.agent.last_committed is None and time.monotonic() < end:
-            self.agent.wait_committed("-", timeout=0.05)
-        log("own checkpoint at step %d committed" % self.step)
 
     def resume(self) -> None:
         import spotagent
@@ -265,18 +224,12 @@ class Trainer(object):
         log("connected pending=%s enabled=%s rank=%s" % (agent.restore_pending, agent.enabled, agent.rank))
         self.resume()
         last = None if a.steps <= 0 else a.steps
-        while last is None or self.step < last or a.wait_after:
-            if last is None or self.step < last:
-                self.step += 1
-                if self.step == last and a.wait_after:
-                    log("waiting at step %d" % self.step)
+        while last is None or self.step < last:
+            self.step += 1
             time.sleep(a.step_time)
             if a.crash_file and os.path.exists(a.crash_file):
                 log("crashing at step %d" % self.step)
                 os._exit(1)
-            if self.step == a.own_at and not self.own_taken:
-                self.own_taken = True
-                self.own_checkpoint()
             if a.no_poll:
                 continue
             req = agent.poll(self.step)

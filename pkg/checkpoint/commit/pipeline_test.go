@@ -310,6 +310,49 @@ func TestPipeline_Abort(t *testing.T) {
 	}
 }
 
+// TestPipeline_DeathAfterEarlyUploads: the agent dies (SIGKILL: no
+// Commit, no Abort, no cleanup) after a file of a pipelined checkpoint was
+// uploaded early and before done: the store at that moment holds the early
+// object, and nothing of it restores; the checkpoint before it does, and
+// latest.json still names that one. (The end-to-end
+// TestPipeline_AgentKilledMidPipeline until #49; that the agent starts a
+// pipeline at a trainer's `saved` is TestAgent_Saved*, and the store
+// protocol under a death at every operation is TestSim.)
+func TestPipeline_DeathAfterEarlyUploads(t *testing.T) {
+	st := cptest.NewStore(t)
+	c := &Committer{Store: st, RunID: "run"}
+	before := cptest.WriteDir(t, map[string]string{"model.pt": "step 5"})
+	if _, err := c.Commit(context.Background(), Request{Root: openRoot(t, before), ID: "five", Step: 5, Reason: "periodic"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := cptest.WriteDir(t, map[string]string{"model.pt": strings.Repeat("m", 300000), "opt.pt": "o"})
+	ctx, cancel := context.WithCancel(context.Background())
+	p := c.NewPipeline(ctx, openRoot(t, dir), 7, "seven")
+	t.Cleanup(func() { cancel(); p.Wait() })
+	if err := p.Add("model.pt"); err != nil {
+		t.Fatal(err)
+	}
+	key := checkpoint.Prefix(7, "seven") + "model.pt"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if o, err := st.Stat(context.Background(), key); err == nil && o.Size == 300000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the early upload never landed")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by deadline
+	}
+	// The agent is gone here: the store is what it left.
+	step, got := restoredFiles(t, st)
+	if step != 5 || got["model.pt"] != "step 5" {
+		t.Fatalf("restored step %d (%d files), want step 5: the half-uploaded checkpoint must never restore", step, len(got))
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), st); err != nil || l.Step != 5 {
+		t.Fatalf("latest=%+v err=%v, want step 5", l, err)
+	}
+}
+
 // lostManifestReply loses the reply of every manifest put: the manifest
 // lands, the committer sees an error.
 type lostManifestReply struct{}
