@@ -217,13 +217,47 @@ func TestRestoreParts_OtherPartDamaged(t *testing.T) {
 	}
 }
 
-// Parts that cannot make one checkpoint are never committed.
+// Parts that cannot make one checkpoint are never committed. No commit
+// here ends on a timer (one that must outlast a part's write failed under
+// load): a commit that finds the disagreement returns by itself (a minute
+// bounds a failure), the other side of a pair ends when it did, and a
+// part that only has to be in the store ends once it is.
 func TestCommitParts_Disagree(t *testing.T) {
 	const id = "cccccccccccc"
-	short := func(t *testing.T) context.Context {
-		ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+	bound := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		t.Cleanup(cancel)
 		return ctx
+	}
+	// pair commits both parts; the first to return ends the other.
+	pair := func(t *testing.T, st cloud.Store, step int64, parts ...checkpoint.PartSpec) []error {
+		t.Helper()
+		ctx, cancel := context.WithCancel(bound(t))
+		defer cancel()
+		errs := make([]error, len(parts))
+		var wg sync.WaitGroup
+		for i, p := range parts {
+			req := partRequest(t, p, step, id)
+			wg.Go(func() {
+				_, errs[i] = (&Committer{Store: st, RunID: "run"}).Commit(ctx, req)
+				cancel()
+			})
+		}
+		wg.Wait()
+		return errs
+	}
+	disagreed := func(t *testing.T, errs []error) {
+		t.Helper()
+		seen := false
+		for _, err := range errs {
+			if err == nil {
+				t.Fatalf("errs=%v: a part that disagrees committed", errs)
+			}
+			seen = seen || errors.Is(err, checkpoint.ErrPartsDisagree)
+		}
+		if !seen {
+			t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
+		}
 	}
 	noManifest := func(t *testing.T, st cloud.Store) {
 		t.Helper()
@@ -236,35 +270,28 @@ func TestCommitParts_Disagree(t *testing.T) {
 	}
 	cptest.LeaseStores(t, func(t *testing.T, st cloud.Store) {
 		t.Run("duplicate rank", func(t *testing.T) {
-			_, errs := commitParts(t, short(t), st, 1, id, twoNodes[0], checkpoint.PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4})
-			for _, err := range errs {
-				if !errors.Is(err, checkpoint.ErrPartsDisagree) && !errors.Is(err, ErrIncomplete) {
-					t.Fatalf("err=%v", err)
-				}
-			}
-			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) && !errors.Is(errs[1], checkpoint.ErrPartsDisagree) {
-				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
-			}
+			disagreed(t, pair(t, st, 1, twoNodes[0], checkpoint.PartSpec{Node: "node-1", Ranks: []int{1, 2, 3}, WorldSize: 4}))
 			noManifest(t, st)
 		})
 		t.Run("world size", func(t *testing.T) {
-			_, errs := commitParts(t, short(t), st, 2, id, checkpoint.PartSpec{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 3}, checkpoint.PartSpec{Node: "node-1", Ranks: []int{2}, WorldSize: 4})
-			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) && !errors.Is(errs[1], checkpoint.ErrPartsDisagree) {
-				t.Fatalf("errs=%v, want ErrPartsDisagree", errs)
-			}
+			disagreed(t, pair(t, st, 2, checkpoint.PartSpec{Node: "node-0", Ranks: []int{0, 1}, WorldSize: 3}, checkpoint.PartSpec{Node: "node-1", Ranks: []int{2}, WorldSize: 4}))
 			noManifest(t, st)
 		})
 		t.Run("mixed steps", func(t *testing.T) {
+			// One node one step ahead: neither ever completes; both end
+			// once both parts are in the store.
+			ctx := untilPartLanded(t, untilPartLanded(t, bound(t), st, 3, id, "node-0"), st, 4, id, "node-1")
 			var wg sync.WaitGroup
 			errs := make([]error, 2)
-			ctx := short(t)
 			for i, p := range twoNodes {
-				req := partRequest(t, p, int64(3+i), id) // one node one step ahead
+				req := partRequest(t, p, int64(3+i), id)
 				wg.Go(func() { _, errs[i] = (&Committer{Store: st, RunID: "run"}).Commit(ctx, req) })
 			}
 			wg.Wait()
 			for _, err := range errs {
-				if !errors.Is(err, ErrIncomplete) {
+				// The end may meet a Put whose object is already in
+				// the store: cancelled, not incomplete; never committed.
+				if !errors.Is(err, ErrIncomplete) && !errors.Is(err, context.Canceled) {
 					t.Fatalf("err=%v, want ErrIncomplete", err)
 				}
 			}
@@ -272,7 +299,7 @@ func TestCommitParts_Disagree(t *testing.T) {
 		})
 		t.Run("part claiming another step", func(t *testing.T) {
 			// A part manifest copied under another checkpoint's prefix.
-			commitParts(t, short(t), st, 5, id, twoNodes[1])
+			commitParts(t, untilPartLanded(t, bound(t), st, 5, id, "node-1"), st, 5, id, twoNodes[1])
 			rc, err := st.Get(t.Context(), checkpoint.PartKey(5, id, "node-1"), 0, -1)
 			if err != nil {
 				t.Fatal(err)
@@ -280,15 +307,15 @@ func TestCommitParts_Disagree(t *testing.T) {
 			body, _ := io.ReadAll(rc)
 			rc.Close()
 			cptest.Put(t, st, checkpoint.PartKey(6, id, "node-1"), string(body))
-			_, errs := commitParts(t, short(t), st, 6, id, twoNodes[0])
+			_, errs := commitParts(t, bound(t), st, 6, id, twoNodes[0])
 			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
 			}
 			noManifest(t, st)
 		})
 		t.Run("same node twice", func(t *testing.T) {
-			commitParts(t, short(t), st, 7, id, twoNodes[0])
-			_, errs := commitParts(t, short(t), st, 7, id, checkpoint.PartSpec{Node: "node-0", Ranks: []int{2, 3}, WorldSize: 4})
+			commitParts(t, untilPartLanded(t, bound(t), st, 7, id, "node-0"), st, 7, id, twoNodes[0])
+			_, errs := commitParts(t, bound(t), st, 7, id, checkpoint.PartSpec{Node: "node-0", Ranks: []int{2, 3}, WorldSize: 4})
 			if !errors.Is(errs[0], checkpoint.ErrPartsDisagree) {
 				t.Fatalf("err=%v, want ErrPartsDisagree", errs[0])
 			}
