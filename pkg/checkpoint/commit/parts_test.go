@@ -701,8 +701,8 @@ func TestCommitParts_SecondCopyOfANode(t *testing.T) {
 		req := partRequest(t, p1, 200, "222222222222")
 		c := &Committer{Store: st, RunID: "run", PartLease: cp.lease, Session: cp.session}
 		// The fresh copy's commit ends once its part landed; the old
-		// copy's is refused before it waits.
-		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		// copy's is refused before it waits (a minute bounds a failure).
+		pctx, cancel := context.WithTimeout(ctx, time.Minute)
 		if cp.want == nil {
 			pctx = untilPartLanded(t, ctx, st, 200, "222222222222", p1.Node)
 		}
