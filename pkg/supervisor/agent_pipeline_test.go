@@ -10,12 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
 )
 
 // Issue 16: `saved` starts a file's upload before done; done still decides.
@@ -128,4 +134,70 @@ func TestAgent_SavedThenFailed(t *testing.T) {
 		_, err := ar.store.Stat(context.Background(), key)
 		return errors.Is(err, cloud.ErrNotExist)
 	})
+}
+
+// TestAgent_InterruptionsFirstSavedCancelsPeriodic: a periodic checkpoint's
+// upload is held in the store when a notice comes. The interruption's
+// request goes out at once, and its first file reported `saved` (its first
+// early upload) cancels the periodic upload, before its done: the periodic
+// checkpoint never commits; the interruption's does and is the newest.
+// (The agent simulation's notice sessions hold this too: its planted bug
+// was caught at seed 1156.)
+func TestAgent_InterruptionsFirstSavedCancelsPeriodic(t *testing.T) {
+	src := noticetest.New(1)
+	core, logs := observer.New(zap.InfoLevel)
+	var hs *heldStore
+	ar := startAgent(t, func(c *Config) {
+		hs = &heldStore{Store: c.Store, puts: true}
+		c.Store, c.Source, c.Log = hs, src, zap.New(core)
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+	})
+	hs.arm()
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	per := tr.Expect(protocol.TypeCheckpoint)
+	testutil.WriteFile(t, filepath.Join(per.Dir, "w.pt"), "periodic")
+	tr.Send(map[string]any{"type": "done", "id": per.ID, "step": 5})
+	testutil.WaitFor(t, "the periodic upload held in the store", func() bool { return hs.held() == 1 })
+
+	now := time.Now()
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+	in, ok := tr.Next(protocol.TypeCheckpoint, testutil.Wait)
+	if !ok || in.Reason != protocol.ReasonInterruption {
+		t.Fatalf("request after the notice: %+v (ok %v), want the interruption's", in, ok)
+	}
+	cancelled := func() bool {
+		for _, e := range logs.FilterMessage("cancelling periodic upload: interruption checkpoint takes priority").All() {
+			if e.ContextMap()["id"] == per.ID {
+				return true
+			}
+		}
+		return false
+	}
+	if cancelled() {
+		t.Fatal("the periodic upload was cancelled before the interruption's upload began")
+	}
+	testutil.WriteFile(t, filepath.Join(in.Dir, "model.pt"), "interruption")
+	tr.Send(map[string]any{"type": "saved", "id": in.ID, "path": "model.pt", "step": 6})
+	testutil.WaitFor(t, "the periodic upload cancelled at the interruption's first early upload", cancelled)
+
+	tr.Send(map[string]any{"type": "done", "id": in.ID, "step": 6})
+	for {
+		c, ok := tr.Next(protocol.TypeCommitted, testutil.Wait)
+		if !ok {
+			t.Fatal("the interruption checkpoint never committed")
+		}
+		if c.ID == per.ID {
+			t.Fatal("the cancelled periodic checkpoint committed")
+		}
+		if c.ID == in.ID {
+			break
+		}
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), ar.store); err != nil || l.ID != in.ID || l.Step != 6 {
+		t.Fatalf("latest=%+v err=%v, want the interruption's %s at step 6", l, err, in.ID)
+	}
+	if _, err := checkpoint.ReadManifest(context.Background(), ar.store, checkpoint.ManifestKey(5, per.ID)); !errors.Is(err, cloud.ErrNotExist) {
+		t.Fatalf("the periodic checkpoint's manifest: %v, want none", err)
+	}
 }
