@@ -13,9 +13,12 @@ import (
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 )
 
-// TestSidecar_TrainerBackAfterCommitResumesIt: `spotagent sidecar` runs
-// on while the trainer container is restarted in place (the kubelet, after
-// a SIGTERM it turned into a committed shutdown checkpoint). The sidecar
+// TestSidecar_TrainerBackAfterCommitResumesIt: in a pod the trainer
+// container gets SIGTERM before its native sidecar; with
+// SPOTAGENT_HANDLE_SIGTERM=1 the client turns it into a final checkpoint
+// and exits 75 once the sidecar committed it (this half was
+// TestSidecar_TrainerSigterm until #49). `spotagent sidecar` runs
+// on while the trainer container is restarted in place. The sidecar
 // started with nothing to restore; the new trainer process, a real Python
 // trainer with the client, resumes from the step committed, restored from
 // the sidecar's local tier into its restore area, not from scratch.
@@ -35,6 +38,7 @@ func TestSidecar_TrainerBackAfterCommitResumesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	step := atoi(t, tr.waitLine(`checkpoint \S* ?\(shutdown\) at step (\d+)`, time.Minute)[1])
+	tr.waitLine(`stopping at step`, time.Minute)
 	if code := tr.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
 	}
