@@ -729,3 +729,16 @@ func (a *Agent) trainers() int {
 	}
 	return a.conns.Count()
 }
+
+// noTrainerWhy says why trainers() counts none, as a stop's log line and
+// journal record say it: a restore running or failed is not "no trainer
+// connected" (agent simulation, seed 143: three were, waiting on it).
+func (a *Agent) noTrainerWhy() string {
+	switch {
+	case a.src.Asks() && a.boot.Busy():
+		return "a restore runs: no trainer has resumed"
+	case a.src.Asks() && a.boot.Failed():
+		return "the restore failed: no trainer resumed"
+	}
+	return "no trainer connected"
+}

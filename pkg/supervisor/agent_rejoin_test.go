@@ -8,10 +8,16 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/cloud"
+	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
 
@@ -188,6 +194,48 @@ func TestAgent_HellosDuringRejoinRestoreGetItsResult(t *testing.T) {
 	checkResume(t, ar, p1.Expect(protocol.TypeWelcome).Resume, 5, "five")
 	if n := hs.held(); n != 1 {
 		t.Fatalf("%d reads of w.pt were held, want 1: one restore for the hellos that came while it ran", n)
+	}
+}
+
+// TestAgent_NoticeDuringRejoinRestoreSaysWhy: a notice while the trainer
+// back after a commit waits on its restore asks nothing (no trainer has
+// resumed: nothing worth saving), and the log says that a restore runs,
+// with the trainers connected, not "no trainer connected" (agent
+// simulation, seed 143).
+func TestAgent_NoticeDuringRejoinRestoreSaysWhy(t *testing.T) {
+	var hs *heldStore
+	src := noticetest.New(1)
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		hs = &heldStore{Store: c.Store}
+		c.Store, c.Source, c.Log = hs, src, zap.New(core)
+	})
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello()
+	commitOwn(t, ar, tr, "five", 5)
+	hs.arm()
+	t.Cleanup(func() { close(hs.gate) })
+	tr.Close()
+	back := trainertest.Dial(t, ar.cfg.Server.Path)
+	back.Send(map[string]any{"type": "hello", "pid": os.Getpid(), "version": 2})
+	if w := back.Expect(protocol.TypeWelcome); w.Restore != protocol.RestorePending {
+		t.Fatalf("welcome %+v, want restore pending", w)
+	}
+	testutil.WaitFor(t, "the restore's read of w.pt", func() bool { return hs.held() == 1 })
+	now := time.Now()
+	src.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+	const want = "a restore runs: no trainer has resumed: nothing to checkpoint before the deadline"
+	testutil.WaitFor(t, "the stop's warning", func() bool { return logs.FilterMessage(want).Len() > 0 })
+	// The trainer back, and maybe the first one still: its close reaches
+	// the agent on its own time.
+	if e := logs.FilterMessage(want).All()[0]; e.ContextMap()["connected"].(int64) < 1 {
+		t.Fatalf("warning %v, want connected 1 or more (the trainer back)", e.ContextMap())
+	}
+	if n := logs.FilterMessageSnippet("no trainer connected").Len(); n != 0 {
+		t.Fatalf("%d 'no trainer connected' lines while a trainer waited on its restore", n)
+	}
+	if _, ok := back.Next(protocol.TypeCheckpoint, 100*time.Millisecond); ok {
+		t.Fatal("a checkpoint was asked of a trainer that has not resumed")
 	}
 }
 

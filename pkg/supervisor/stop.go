@@ -122,8 +122,10 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	if a.trainers() == 0 {
-		a.log.Warn("no trainer connected: nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path))
-		a.stops.failed(s, "no trainer connected", now, a.stopEnds())
+		why := a.noTrainerWhy()
+		a.log.Warn(why+": nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path),
+			zap.Int("connected", a.conns.Count()))
+		a.stops.failed(s, why, now, a.stopEnds())
 		return
 	}
 	// A periodic request the trainer has not answered yet becomes the
