@@ -268,8 +268,9 @@ func TestAgent_SignalDuringRestartRestore(t *testing.T) {
 			hs := &heldStore{Store: st} // agent_rejoin_test.go
 			notices := noticetest.New(1)
 			runs, crash := filepath.Join(dir, "runs"), filepath.Join(dir, "crash")
+			core, logs := observer.New(zap.InfoLevel)
 			ar := startAgent(t, func(c *Config) {
-				c.Store, c.Source, c.MaxRestarts, c.TermGrace = hs, notices, 1, grace
+				c.Store, c.Source, c.MaxRestarts, c.TermGrace, c.Log = hs, notices, 1, grace, zap.New(core)
 				// It crashes when told; its restored copy goes with it, so
 				// that the restart's restore must read the store.
 				c.Command = []string{"/bin/sh", "-c", `echo run >> ` + runs + `; while [ ! -e ` + crash + ` ]; do sleep 0.05; done; rm -rf "$SPOTAGENT_RESUME_DIR"; exit 3`}
@@ -293,6 +294,12 @@ func TestAgent_SignalDuringRestartRestore(t *testing.T) {
 			}
 			if b, _ := os.ReadFile(runs); strings.Count(string(b), "run") != 1 {
 				t.Fatalf("the trainer ran %d times, want once: a stop during the restart's restore starts no trainer", strings.Count(string(b), "run"))
+			}
+			// The cancelled restart's trainer is not running: no trainer,
+			// not a restore someone waits on.
+			if n := logs.FilterMessage("no trainer connected: nothing to checkpoint before the deadline").Len(); n != 1 {
+				t.Fatalf("%d 'no trainer connected' warnings at the stop, want 1 (restore lines: %d)", n,
+					logs.FilterMessageSnippet("a restore runs").Len())
 			}
 			filepath.WalkDir(ar.cfg.CheckpointDir, func(p string, d fs.DirEntry, err error) error {
 				if err == nil && strings.HasPrefix(d.Name(), ".partial-") {

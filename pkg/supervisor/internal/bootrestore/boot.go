@@ -83,6 +83,11 @@ func (b *Boot) Restoring() bool { return b.restoring != nil }
 // clears the restore area.
 func (b *Boot) Busy() bool { return b.restoring != nil || b.rejoin != nil || b.restart != nil }
 
+// Awaited: a restore runs that connected trainers wait on to resume (the
+// start's, or a trainer's back after a commit); a restart's trainer is
+// not running while its restore does.
+func (b *Boot) Awaited() bool { return b.restoring != nil || b.rejoin != nil }
+
 // Failed: the trainers will get no resume: the start's restore failed or
 // was cancelled.
 func (b *Boot) Failed() bool { return b.gone != "" }
