@@ -96,7 +96,7 @@ func TestAgent_MetadataFaults(t *testing.T) {
 
 			// Every fault in turn for 1 s, 0.5 s healthy between; the
 			// sleeps are how long a fault lasts (fault injection).
-			flapped := make(chan time.Duration)
+			flapped := make(chan time.Duration, 1) // not left blocked by a failed test
 			go func() {
 				start := time.Now()
 				for i := 0; time.Since(start) < flapFor(); i++ {
@@ -106,7 +106,9 @@ func TestAgent_MetadataFaults(t *testing.T) {
 					if c.token {
 						srv.(*fake.AWS).RevokeTokens()
 						srv.(*fake.AWS).SetTokenFault(fake.FaultHang)
-						time.Sleep(time.Second)
+						// Longer than the source's 2 s request timeout:
+						// a token request times out, not only reset.
+						time.Sleep(3 * time.Second)
 						srv.(*fake.AWS).SetTokenFault(fake.FaultNone)
 					}
 					time.Sleep(500 * time.Millisecond)

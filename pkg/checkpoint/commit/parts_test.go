@@ -280,7 +280,15 @@ func TestCommitParts_Disagree(t *testing.T) {
 		t.Run("mixed steps", func(t *testing.T) {
 			// One node one step ahead: neither ever completes; both end
 			// once both parts are in the store.
-			ctx := untilPartLanded(t, untilPartLanded(t, bound(t), st, 3, id, "node-0"), st, 4, id, "node-1")
+			landed0 := untilPartLanded(t, bound(t), st, 3, id, "node-0")
+			landed1 := untilPartLanded(t, bound(t), st, 4, id, "node-1")
+			ctx, cancel := context.WithCancel(bound(t))
+			defer cancel()
+			go func() {
+				defer cancel()
+				<-landed0.Done()
+				<-landed1.Done()
+			}()
 			var wg sync.WaitGroup
 			errs := make([]error, 2)
 			for i, p := range twoNodes {
@@ -290,9 +298,15 @@ func TestCommitParts_Disagree(t *testing.T) {
 			wg.Wait()
 			for _, err := range errs {
 				// The end may meet a Put whose object is already in
-				// the store: cancelled, not incomplete; never committed.
+				// the store but whose reply has not come back (S3):
+				// cancelled, not incomplete; never committed.
 				if !errors.Is(err, ErrIncomplete) && !errors.Is(err, context.Canceled) {
 					t.Fatalf("err=%v, want ErrIncomplete", err)
+				}
+			}
+			for i, p := range twoNodes {
+				if _, err := st.Stat(t.Context(), checkpoint.PartKey(int64(3+i), id, p.Node)); err != nil {
+					t.Fatalf("%s's part of step %d: %v: the commits ended before both parts were in the store", p.Node, 3+i, err)
 				}
 			}
 			noManifest(t, st)
