@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/child"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
@@ -31,6 +32,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	child.RunGuardIfAsked() // the in-process `run` tests start trainers, each under a guard, as main does
 	// Nothing here may ask the link-local metadata address for credentials.
 	os.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	os.Exit(m.Run())

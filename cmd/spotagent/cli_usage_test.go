@@ -274,3 +274,35 @@ func TestWatch_BadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestRun_RestoresWhileTheTrainerStarts: `spotagent run` restores beside
+// its trainer's start by default (the trainer's environment says
+// SPOTAGENT_RESUME=pending and names no directory), and before it with
+// --restore-serial (SPOTAGENT_RESUME_DIR names the restored checkpoint).
+// What each way holds is pkg/supervisor's TestAgent_OverlapRestore* and
+// the agent simulation's; this is the flag's wiring.
+func TestRun_RestoresWhileTheTrainerStarts(t *testing.T) {
+	_, uri := testStore(t, nil)
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"default", nil, "resume=pending dir=\n"},
+		{"serial", []string{"--restore-serial"}, "resume= dir=set\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := shortTempDir(t)
+			out := filepath.Join(d, "env")
+			args := append([]string{"run", "--store", uri, "--run-id", "exp1", "--cloud", "none", "--interval", "1h",
+				"--checkpoint-dir", filepath.Join(d, "ckpt"), "--socket", filepath.Join(d, "a.sock")}, tc.extra...)
+			args = append(args, "--", "/bin/sh", "-c", `echo "resume=$SPOTAGENT_RESUME dir=${SPOTAGENT_RESUME_DIR:+set}" > `+out)
+			if code, _, errOut := cli(t, args...); code != 0 {
+				t.Fatalf("exit %d\n%s", code, errOut)
+			}
+			if b, err := os.ReadFile(out); err != nil || string(b) != tc.want {
+				t.Fatalf("the trainer's environment: %q (%v), want %q", b, err, tc.want)
+			}
+		})
+	}
+}

@@ -97,7 +97,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	if err := o.resolve(node); err != nil {
 		return fail(err)
 	}
-	log, err := newLogger(o.logFormat, o.logLevel)
+	log, err := newLoggerTo(cmd.ErrOrStderr(), o.logFormat, o.logLevel) // stderr; a test's buffer in-process
 	if err != nil {
 		return fail(err)
 	}

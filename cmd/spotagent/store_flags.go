@@ -82,7 +82,7 @@ func (o *readOptions) run(cmd *cobra.Command, check func() error, fn func(ctx co
 	if o.uri == "" {
 		return failf(cmd, badUsage("--store is required (s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path)"))
 	}
-	log, err := newLogger(o.logFormat, o.logLevel)
+	log, err := newLoggerTo(cmd.ErrOrStderr(), o.logFormat, o.logLevel)
 	if err != nil {
 		return failf(cmd, usageError{err})
 	}
