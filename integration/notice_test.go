@@ -123,6 +123,9 @@ func noticeAndResume(t *testing.T, cl, uri string, env []string, opts all.Option
 	step := atoi(t, m[1])
 	first.waitLine(`interruption checkpoint committed`, time.Minute)
 	first.waitLine(`stopping at step`, time.Minute)
+	// The trainer's own code, which the example returns from
+	// agent.exit_code (the agent would turn a 0 after a notice into 75).
+	first.waitLine(`trainer exited\s.*"code": 75[,}]`, time.Minute)
 	if code := first.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("interrupted run exit code %d, want %d (the trainer stopped cleanly)", code, exitInterrupted)
 	}
