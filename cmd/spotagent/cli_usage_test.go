@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,15 +21,29 @@ import (
 
 // TestCLI_CommandHelp: `spotagent CMD --help` and -h print CMD's usage on
 // stdout and exit 0 for every command, before doing anything (no store,
-// no socket); `spotagent help` lists every command; `help CMD` is CMD's
-// help.
+// no socket); `spotagent help`, --help and -h list every command (and the
+// table holds the ones users rely on); `help CMD` is CMD's help.
 func TestCLI_CommandHelp(t *testing.T) {
-	_, list, _ := cli(t, "help")
+	var names []string
 	for _, mk := range commands {
-		c := mk().Name()
-		if !strings.Contains(list, "\n  "+c+" ") {
-			t.Errorf("spotagent help: %q not listed:\n%s", c, list)
+		names = append(names, mk().Name())
+	}
+	// The commands users and the docs rely on, whatever the table holds.
+	for _, c := range []string{"run", "sidecar", "node", "status", "list", "restore", "history", "report", "fleet",
+		"watch", "simulate", "fake-metadata", "version"} {
+		if !slices.Contains(names, c) {
+			t.Errorf("no command %q", c)
 		}
+	}
+	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
+		code, list, _ := cli(t, args...)
+		for _, c := range names {
+			if code != 0 || !strings.Contains(list, "\n  "+c+" ") {
+				t.Errorf("spotagent %s: exit %d, %q not listed:\n%s", args[0], code, c, list)
+			}
+		}
+	}
+	for _, c := range names {
 		for _, h := range []string{"--help", "-h"} {
 			code, out, errOut := cli(t, c, h)
 			if code != 0 || !strings.Contains(out, "usage: spotagent "+c) {
