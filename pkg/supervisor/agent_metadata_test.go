@@ -164,6 +164,9 @@ func TestAgent_MetadataFaults(t *testing.T) {
 					case protocol.TypeCheckpoint:
 						tr.Save(m, 1, m.ID)
 					case protocol.TypeStop:
+						if m.Reason != protocol.ReasonInterruption {
+							t.Fatalf("stop %+v, want reason interruption", m)
+						}
 						stopped = true
 					}
 				case <-deadline:
