@@ -729,8 +729,14 @@ func TestWatch_Sidecar(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out2, "checkpoint-20", watch.HFMarker)); err != nil {
 		t.Fatal(err)
 	}
+	// The restore is part of the start: a SIGTERM now would cancel the
+	// start (143, an error from Run: this test's one failure in a loaded
+	// run). The socket is served once the start is done.
+	second.waitStatus(t, "the start done (the socket served)", func(Status) bool { return true })
 	second.sigs <- syscall.SIGTERM
-	second.wait(t)
+	if code := second.wait(t); code != 0 {
+		t.Fatalf("second sidecar's exit code %d, want 0", code)
+	}
 }
 
 // TestWatch_IntervalNotLogged (#41 item 5): in --watch the agent never
