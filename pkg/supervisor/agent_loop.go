@@ -729,18 +729,3 @@ func (a *Agent) trainers() int {
 	}
 	return a.conns.Count()
 }
-
-// noTrainerWhy says why trainers() counts none, as a stop's log line and
-// journal record say it: trainers waiting on a restore, or told it failed,
-// are not "no trainer connected" (agent simulation, seed 143: three were,
-// waiting on it). A restart's restore is no such wait: its trainer is not
-// running (and a stop cancels that restore first).
-func (a *Agent) noTrainerWhy() string {
-	switch {
-	case a.src.Asks() && a.boot.Awaited():
-		return "a restore runs: no trainer has resumed"
-	case a.src.Asks() && a.boot.Failed():
-		return "the restore failed: no trainer resumed"
-	}
-	return "no trainer connected"
-}

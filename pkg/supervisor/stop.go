@@ -122,7 +122,10 @@ func (a *Agent) beginStop(n metadata.Notice, reason string, now time.Time) {
 		return
 	}
 	if a.trainers() == 0 {
-		why := a.noTrainerWhy()
+		why := "no trainer connected"
+		if w := a.boot.NoResumeWhy(); w != "" && a.src.Asks() {
+			why = w // connected, but waiting on a restore (pkg/supervisor/internal/bootrestore)
+		}
 		a.log.Warn(why+": nothing to checkpoint before the deadline", zap.String("socket", a.cfg.Server.Path),
 			zap.Int("connected", a.conns.Count()))
 		a.stops.failed(s, why, now, a.stopEnds())

@@ -83,10 +83,21 @@ func (b *Boot) Restoring() bool { return b.restoring != nil }
 // clears the restore area.
 func (b *Boot) Busy() bool { return b.restoring != nil || b.rejoin != nil || b.restart != nil }
 
-// Awaited: a restore runs that connected trainers wait on to resume (the
-// start's, or a trainer's back after a commit); a restart's trainer is
-// not running while its restore does.
-func (b *Boot) Awaited() bool { return b.restoring != nil || b.rejoin != nil }
+// NoResumeWhy says why connected trainers have nothing worth saving yet,
+// as a stop's log line and journal record say it, or "": a restore runs
+// that they wait on (the start's, or a trainer's back after a commit; a
+// restart's trainer is not running while its restore does), or the
+// restore failed (agent simulation, seed 143: three trainers were
+// connected, waiting, and the stop said "no trainer connected").
+func (b *Boot) NoResumeWhy() string {
+	switch {
+	case b.restoring != nil || b.rejoin != nil:
+		return "a restore runs: no trainer has resumed"
+	case b.Failed():
+		return "the restore failed: no trainer resumed"
+	}
+	return ""
+}
 
 // Failed: the trainers will get no resume: the start's restore failed or
 // was cancelled.
