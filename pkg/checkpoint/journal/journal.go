@@ -262,7 +262,7 @@ func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 			}
 		}
 		opts := cloud.PutOptions{IfAbsent: true}
-		j := w.Snapshot()
+		var j *Journal
 		info, err := w.st.Stat(ctx, checkpoint.JournalKey)
 		switch {
 		case err == nil:
@@ -275,6 +275,12 @@ func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 			}
 		case !errors.Is(err, cloud.ErrNotExist):
 			return fmt.Errorf("write journal: %w", err)
+		}
+		if j == nil {
+			// None in the store, or one that no longer parses: this
+			// writer's own copy (copied only then: w.j changes only
+			// here, in this writer's turn).
+			j = w.Snapshot()
 		}
 		fn(j)
 		body, err := json.MarshalIndent(j, "", "  ")
