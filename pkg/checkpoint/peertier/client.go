@@ -99,6 +99,17 @@ func NewClient(st cloud.Store, run, node string, token []byte, stall time.Durati
 	return c
 }
 
+// dialVia makes c dial with dial (a Config.Network's), within the bound
+// NewClient gives the machine's dialer.
+func (c *Client) dialVia(dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	bound := min(c.stall, 5*time.Second)
+	c.hc.Transport.(*http.Transport).DialContext = c.dialNoted(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		return dial(ctx, network, addr)
+	})
+}
+
 // Name is checkpoint.FromPeer.
 func (c *Client) Name() string { return checkpoint.FromPeer }
 

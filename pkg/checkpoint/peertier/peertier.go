@@ -85,7 +85,25 @@ type Config struct {
 	// the record, for the operator and the other nodes. (The placement
 	// reads the machines from the manifest, PartInfo.Source.)
 	Machine checkpoint.Machine
+	// Network is where the server listens and the clients dial: nil,
+	// the machine's TCP. A test inside a synctest bubble (the agent's
+	// simulation) passes an in-memory one (internal/testutil/memnet).
+	Network Network
 	Log     *zap.Logger
+}
+
+// Network listens and dials TCP addresses ("host:port").
+type Network interface {
+	Listen(addr string) (net.Listener, error)
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// listen listens on c.Listen, on c.Network when set.
+func (c Config) listen() (net.Listener, error) {
+	if c.Network != nil {
+		return c.Network.Listen(c.Listen)
+	}
+	return net.Listen("tcp", c.Listen)
 }
 
 // Node is one agent's peer tier: its server, and the Client its restores ask.
@@ -138,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		n.ln = cfg.Shared.ln
 	} else {
-		ln, err := net.Listen("tcp", cfg.Listen)
+		ln, err := cfg.listen()
 		if err != nil {
 			// The previous session's record may still name this port
 			// (now another program's, or nobody's): withdraw it, so
@@ -177,7 +195,11 @@ func (n *Node) Tier() *Client {
 
 // client is a Client of this node that waits for no peer.
 func (n *Node) client() *Client {
-	return NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
+	c := NewClient(n.cfg.Store, n.cfg.RunID, n.cfg.Node, n.token, n.cfg.Stall, n.log)
+	if n.cfg.Network != nil {
+		c.dialVia(n.cfg.Network.DialContext)
+	}
+	return c
 }
 
 // Publish writes this node's record: its addresses and what its local

@@ -14,12 +14,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/spotagent/spotagent/internal/storesim"
+	"github.com/spotagent/spotagent/internal/testutil/memnet"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
@@ -106,6 +108,9 @@ type rig struct {
 	parts    []checkpoint.PartSpec
 	machines []checkpoint.Machine // each node's, as its committer records it; nil: none
 	wait     time.Duration        // each node's PeerWait (0: the default)
+	// net: the nodes' network, node k at 10.0.0.<k+1> (nil: the
+	// machine's TCP on 127.0.0.1); set by inBubble.
+	net *memnet.Network
 }
 
 func newRig(t *testing.T) *rig { return newRigOf(t, parts, nil) }
@@ -187,14 +192,31 @@ func (r *rig) serveReplicas(k int, local Local, stall time.Duration, replicas in
 	if local == nil {
 		local = n.tier
 	}
-	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: n.name, Session: "s",
-		Listen: "127.0.0.1:0", Advertise: []string{"127.0.0.1"}, Local: local, Stall: stall, PeerWait: r.wait, Replicas: replicas, Log: r.log})
+	cfg := r.config(k, "s", local)
+	cfg.Advertise, cfg.Stall, cfg.Replicas = []string{"127.0.0.1"}, stall, replicas
+	p, err := Start(context.Background(), r.onNet(k, cfg))
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	r.t.Cleanup(p.Close)
 	n.peer = p
 	return p
+}
+
+// config is node k's peer tier as session sess, serving local, with the
+// rig's wait and log.
+func (r *rig) config(k int, sess string, local Local) Config {
+	return Config{Store: r.st.Store, RunID: "run", Node: r.nodes[k].name, Session: sess,
+		Listen: "127.0.0.1:0", Local: local, PeerWait: r.wait, Log: r.log}
+}
+
+// onNet puts node k's cfg on the rig's network when it has one.
+func (r *rig) onNet(k int, cfg Config) Config {
+	if r.net != nil {
+		ip := fmt.Sprintf("10.0.0.%d", k+1)
+		cfg.Listen, cfg.Advertise, cfg.Network = ip+":0", []string{ip}, r.net.Host(ip)
+	}
+	return cfg
 }
 
 // restore restores node k's part into a new directory through its peer
@@ -781,4 +803,94 @@ func TestNoLocalSaysServesNothing(t *testing.T) {
 	if n := logs.FilterMessage("peer tier: serving this node's local copies").Len(); n != 0 {
 		t.Fatalf("%d 'serving' messages without a local tier", n)
 	}
+}
+
+// restoreAs restores node k's part as a new agent of it, session sess,
+// that serves nothing: what it checks is restore's.
+func (r *rig) restoreAs(k int, sess string) *restore.Result {
+	r.t.Helper()
+	p, err := Start(context.Background(), r.onNet(k, r.config(k, sess, nil)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(p.Close)
+	r.nodes[k].peer = p
+	return r.restore(k, 0)
+}
+
+// The peer tier inside a synctest bubble, its nodes on an in-memory
+// network (Config.Network, as the agent's simulation runs it): a restore
+// from a peer, from the store past a peer that is gone (its record's
+// address refused, its agent waited for the default PeerWait) or one
+// whose reads stall (the default stall), each in fake time; the bubble
+// ends with every goroutine of the tier gone once its nodes are closed.
+func TestInBubble(t *testing.T) {
+	inBubble := func(name string, f func(t *testing.T, r *rig)) {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := newRig(t)
+				r.net = memnet.New()
+				f(t, r)
+			})
+		})
+	}
+	inBubble("peer", func(t *testing.T, r *rig) {
+		r.commit(0)
+		r.serve(0, nil, 0)
+		res := r.restore(1, 0)
+		if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+			t.Errorf("From[peer]=%d, want %d (node 1's two replica files)", got, want)
+		}
+		if got, want := r.st.dataRead(), int64(2*shardBytes); got != want {
+			t.Errorf("data bytes read from the store: %d, want %d", got, want)
+		}
+	})
+	inBubble("gone", func(t *testing.T, r *rig) {
+		r.commit(0)
+		r.serve(0, nil, 0).Close()
+		start := time.Now()
+		res := r.restoreAs(1, "next")
+		if got := res.From[checkpoint.FromPeer]; got != 0 {
+			t.Errorf("From[peer]=%d, want 0", got)
+		}
+		if got, want := r.st.dataRead(), int64(2*replicaBytes+2*shardBytes); got != want {
+			t.Errorf("data bytes read from the store: %d, want %d", got, want)
+		}
+		if d := time.Since(start); d < DefaultPeerWait || d > DefaultPeerWait+time.Second {
+			t.Errorf("the restore took %s of fake time, want the peer wait (%s) and one poll more at most", d, DefaultPeerWait)
+		}
+	})
+	inBubble("back", func(t *testing.T, r *rig) {
+		r.commit(0)
+		r.serve(0, nil, 0).Close()
+		start := time.Now()
+		go func() {
+			time.Sleep(5 * time.Second) // node 0's agent back, a new session
+			p, err := Start(context.Background(), r.onNet(0, r.config(0, "back", r.nodes[0].tier)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(p.Close)
+		}()
+		res := r.restoreAs(1, "next")
+		if got, want := res.From[checkpoint.FromPeer], int64(2*replicaBytes); got != want {
+			t.Errorf("From[peer]=%d, want %d (node 1's two replica files)", got, want)
+		}
+		if d := time.Since(start); d < 5*time.Second || d > 5*time.Second+2*pollEvery {
+			t.Errorf("the restore took %s of fake time, want node 0's return (5s) and a poll more at most", d)
+		}
+	})
+	inBubble("stalled", func(t *testing.T, r *rig) {
+		r.commit(0)
+		r.serve(0, stuckLocal{r.nodes[0].tier}, 0)
+		start := time.Now()
+		res := r.restore(1, 0)
+		if got, want := res.From[checkpoint.FromStore], int64(2*replicaBytes+2*shardBytes); got != want {
+			t.Errorf("From[store]=%d, want %d", got, want)
+		}
+		if d := time.Since(start); d < DefaultStall || d > 3*DefaultStall {
+			t.Errorf("the restore took %s of fake time, want about the stall bound (%s)", d, DefaultStall)
+		}
+	})
 }

@@ -60,8 +60,7 @@ func (r *rig) staleRecord(node string, holds bool) {
 // nothing), with the rig's wait and log.
 func (r *rig) startAs(k int, sess string, local Local) *Node {
 	r.t.Helper()
-	p, err := Start(context.Background(), Config{Store: r.st.Store, RunID: "run", Node: r.nodes[k].name, Session: sess,
-		Listen: "127.0.0.1:0", Local: local, PeerWait: r.wait, Log: r.log})
+	p, err := Start(context.Background(), r.onNet(k, r.config(k, sess, local)))
 	if err != nil {
 		r.t.Fatal(err)
 	}

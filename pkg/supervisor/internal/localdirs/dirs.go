@@ -496,6 +496,8 @@ type PeerTierConfig struct {
 	// Machine is this node's machine (the agent fills it from its
 	// metadata): published in its record.
 	Machine checkpoint.Machine
+	// Network: peertier.Config.Network (nil: the machine's TCP).
+	Network peertier.Network
 }
 
 // peerStartTimeout bounds the store requests of the peer tier's start (the
@@ -511,7 +513,7 @@ func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, r
 		return
 	}
 	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
-		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Log: log}
+		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Network: c.Network, Log: log}
 	if d.tier != nil {
 		pc.Local = d.tier
 	} else {
