@@ -118,7 +118,12 @@ type Node struct {
 	life    context.Context // ends with Close: the replica copies
 	end     context.CancelFunc
 	wg      sync.WaitGroup
-	mu      sync.Mutex // one record write at a time
+	// turn is one record write at a time: a channel, not a mutex, so
+	// that a Publish waiting behind a slow one gives up with its context
+	// (and is durably blocked inside a synctest bubble: the agent's
+	// simulation, where a mutex held across a slow store write stopped
+	// the bubble's clock).
+	turn chan struct{}
 
 	repMu     sync.Mutex
 	repCancel context.CancelFunc // the replica copy in flight; nil: none
@@ -147,7 +152,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer tier: %w", err)
 	}
-	n := &Node{cfg: cfg, token: token, log: log}
+	n := &Node{cfg: cfg, token: token, log: log, turn: make(chan struct{}, 1)}
 	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log,
 		slots: make(chan struct{}, maxServing), shared: cfg.Shared != nil, warn: newWarnings(log)}
 	if cfg.Shared != nil {
@@ -205,8 +210,12 @@ func (n *Node) client() *Client {
 // Publish writes this node's record: its addresses and what its local
 // tier holds now. Call it again whenever the tier keeps a new copy.
 func (n *Node) Publish(ctx context.Context) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	select {
+	case n.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("write record: %w", ctx.Err())
+	}
+	defer func() { <-n.turn }()
 	rec := Record{Node: n.cfg.Node, Session: n.cfg.Session, Addrs: liveness.Advertise(n.advertise(), n.Addr().Port),
 		Replicas: n.cfg.Replicas, Updated: time.Now().UTC()}
 	if n.cfg.Machine != (checkpoint.Machine{}) {

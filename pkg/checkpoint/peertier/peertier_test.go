@@ -3,6 +3,7 @@ package peertier
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -891,6 +892,51 @@ func TestInBubble(t *testing.T) {
 		}
 		if d := time.Since(start); d < DefaultStall || d > 3*DefaultStall {
 			t.Errorf("the restore took %s of fake time, want about the stall bound (%s)", d, DefaultStall)
+		}
+	})
+}
+
+// holdRecordPuts holds every write of a record until hold is closed.
+type holdRecordPuts struct{ hold chan struct{} }
+
+func (h holdRecordPuts) Before(ctx context.Context, op storesim.Op) error {
+	if op.Kind == storesim.OpPut && strings.HasPrefix(op.Key, recordDir) {
+		select {
+		case <-h.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (holdRecordPuts) After(_ context.Context, _ storesim.Op, err error) error { return err }
+
+// A Publish behind a slow one waits its turn within its own context: it
+// gives up when that ends (a mutex could not; inside a synctest bubble,
+// the agent's simulation, a goroutine waiting on one stopped the clock).
+func TestPublishWaitsItsTurnWithinItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t)
+		r.net = memnet.New()
+		p := r.serve(0, nil, 0)
+		h := holdRecordPuts{hold: make(chan struct{})}
+		r.st.Store.(*storesim.Store).Faults = h
+		first := make(chan error, 1)
+		go func() { first <- p.Publish(context.Background()) }()
+		synctest.Wait() // the first write is held in the store
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		start := time.Now()
+		if err := p.Publish(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("a Publish behind a held one: %v, want its context's deadline", err)
+		}
+		if d := time.Since(start); d != time.Second {
+			t.Errorf("it gave up after %s, want its context's 1s", d)
+		}
+		close(h.hold)
+		if err := <-first; err != nil {
+			t.Errorf("the held Publish: %v", err)
 		}
 	})
 }
