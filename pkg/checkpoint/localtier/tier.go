@@ -51,7 +51,7 @@ type Tier struct {
 	rel    string   // the tier's directory below parent, "/"-separated
 	opts   Options
 	log    *zap.Logger
-	mu     sync.Mutex // one Keep at a time
+	mu     sync.Mutex // one Keep at a time, and AddPart's last step
 }
 
 var _ checkpoint.Tier = (*Tier)(nil)
@@ -401,10 +401,10 @@ func (t *Tier) Held() []string {
 // checkpoint m to the tier's copy of m (made if there is none), each read
 // from open and checked against the manifest: a replica a peer asks for
 // when that node is gone (pkg/checkpoint/peertier, --replicas). Nothing is
-// added beyond the budget (MaxBytes), or when a file fails.
+// added beyond the budget (MaxBytes), or when a file fails. The files are
+// read outside the lock that Keep holds: a Keep of this node's newest
+// checkpoint (an interruption's) never waits for a peer's transfer.
 func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string, open func(context.Context, checkpoint.File) (io.ReadCloser, error)) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if len(m.Parts) == 0 {
 		return fmt.Errorf("local tier: not a job checkpoint")
 	}
@@ -421,8 +421,7 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 	}
 	defer dir.Close()
 	name, pname := dirName(m), partDirName(m, part)
-	if t.opts.MaxBytes > 0 && copyBytes(dir, name)-dirBytes(dir, pname)+bytes > t.opts.MaxBytes {
-		t.log.Info("another node's part does not fit the local tier's budget: not kept", zap.String("part", part), zap.Int64("bytes", bytes), zap.Int64("max_bytes", t.opts.MaxBytes))
+	if !t.partFits(dir, name, pname, part, bytes) {
 		return nil
 	}
 	tmp, err := checkpoint.MkdirTemp(dir, staging)
@@ -434,6 +433,11 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 		if err := addFile(ctx, dir, path.Join(tmp, f.Path), f, open); err != nil {
 			return fmt.Errorf("local tier: %s of %s: %w", f.Path, part, err)
 		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.partFitsLocked(dir, name, pname, part, bytes) { // a Keep since then may have filled it
+		return nil
 	}
 	// The part has a directory of its own, beside this node's copy (made
 	// empty if there is none, so that the checkpoint is listed as held):
@@ -451,6 +455,22 @@ func (t *Tier) AddPart(ctx context.Context, m *checkpoint.Manifest, part string,
 		zap.String("part", part), zap.Int("files", len(files)), zap.Int64("bytes", bytes))
 	t.prune(dir)
 	return nil
+}
+
+// partFits: another node's part of bytes fits the budget beside copy
+// name (its directory pname replaced); logged when not.
+func (t *Tier) partFits(dir *os.Root, name, pname, part string, bytes int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.partFitsLocked(dir, name, pname, part, bytes)
+}
+
+func (t *Tier) partFitsLocked(dir *os.Root, name, pname, part string, bytes int64) bool {
+	if t.opts.MaxBytes > 0 && copyBytes(dir, name)-dirBytes(dir, pname)+bytes > t.opts.MaxBytes {
+		t.log.Info("another node's part does not fit the local tier's budget: not kept", zap.String("part", part), zap.Int64("bytes", bytes), zap.Int64("max_bytes", t.opts.MaxBytes))
+		return false
+	}
+	return true
 }
 
 // addTries bounds the copies of one file AddPart reads: a copy that fails

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/spotagent/spotagent/internal/storesim"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -467,31 +468,7 @@ func TestAddPartSamePathAsOwn(t *testing.T) {
 	r := newRig(t, Options{Keep: 1})
 	parts := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0}, WorldSize: 2}, {Node: "node-1", Ranks: []int{1}, WorldSize: 2}}
 	content := map[string][]byte{"node-0": bytes.Repeat([]byte("node zero;"), 1000), "node-1": bytes.Repeat([]byte("node one;;"), 1000)}
-	commitJob := func(id string, step int64) *checkpoint.Manifest {
-		res := make([]*commit.Result, len(parts))
-		errs := make([]error, len(parts))
-		var wg sync.WaitGroup
-		for i, p := range parts {
-			src := filepath.Join(r.dir, "req-"+id+"-"+p.Node)
-			os.MkdirAll(filepath.Join(src, "sub"), 0o700)
-			for _, f := range []string{"model.bin", "sub/opt.bin"} {
-				if err := os.WriteFile(filepath.Join(src, f), content[p.Node], 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			wg.Go(func() {
-				c := &commit.Committer{Store: r.st.Store, RunID: "run"}
-				res[i], errs[i] = c.Commit(context.Background(), commit.Request{Dir: src, ID: id, Step: step, Part: &p})
-			})
-		}
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		return res[0].Manifest
-	}
+	commitJob := func(id string, step int64) *checkpoint.Manifest { return r.commitJob(parts, content, id, step) }
 	m := commitJob("j1", 7)
 	if err := r.tier.Keep(context.Background(), "req-j1-node-0", m, "node-0", true); err != nil {
 		t.Fatal(err)
@@ -539,5 +516,84 @@ func TestOpenOtherSizeSaysSo(t *testing.T) {
 	_, err := r.tier.Open(context.Background(), m, f)
 	if err == nil || strings.Contains(err.Error(), "scan") || !strings.Contains(err.Error(), "the manifest says") {
 		t.Fatalf("open with another size: %v", err)
+	}
+}
+
+// commitJob commits job checkpoint id at step, each part's node saving
+// model.bin and sub/opt.bin with content[node].
+func (r *rig) commitJob(parts []checkpoint.PartSpec, content map[string][]byte, id string, step int64) *checkpoint.Manifest {
+	r.t.Helper()
+	res := make([]*commit.Result, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		src := filepath.Join(r.dir, "req-"+id+"-"+p.Node)
+		os.MkdirAll(filepath.Join(src, "sub"), 0o700)
+		for _, f := range []string{"model.bin", "sub/opt.bin"} {
+			if err := os.WriteFile(filepath.Join(src, f), content[p.Node], 0o600); err != nil {
+				r.t.Fatal(err)
+			}
+		}
+		wg.Go(func() {
+			c := &commit.Committer{Store: r.st.Store, RunID: "run"}
+			res[i], errs[i] = c.Commit(context.Background(), commit.Request{Dir: src, ID: id, Step: step, Part: &p})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	return res[0].Manifest
+}
+
+// A Keep of this node's newest checkpoint does not wait for a copy of
+// another node's part that is still reading from its peers (AddPart):
+// the transfer runs outside the tier's lock. It waited for the whole
+// transfer before (the agent's simulation, seed 2669, where the wait on
+// the lock stopped the bubble's clock).
+func TestKeepDoesNotWaitForAddPart(t *testing.T) {
+	r := newRig(t, Options{Keep: 2})
+	parts := []checkpoint.PartSpec{{Node: "node-0", Ranks: []int{0}, WorldSize: 2}, {Node: "node-1", Ranks: []int{1}, WorldSize: 2}}
+	content := map[string][]byte{"node-0": bytes.Repeat([]byte("node zero;"), 1000), "node-1": bytes.Repeat([]byte("node one;;"), 1000)}
+	m := r.commitJob(parts, content, "j1", 7)
+	if err := r.tier.Keep(context.Background(), "req-j1-node-0", m, "node-0", true); err != nil {
+		t.Fatal(err)
+	}
+	reading, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	slowPeer := func(ctx context.Context, f checkpoint.File) (io.ReadCloser, error) {
+		once.Do(func() { close(reading) })
+		<-release
+		return r.st.Get(ctx, f.Key, 0, -1)
+	}
+	added := make(chan error, 1)
+	go func() { added <- r.tier.AddPart(context.Background(), m, "node-1", slowPeer) }()
+	<-reading
+	m2 := r.commitJob(parts, content, "j2", 8)
+	kept := make(chan error, 1)
+	go func() { kept <- r.tier.Keep(context.Background(), "req-j2-node-0", m2, "node-0", true) }()
+	select {
+	case err := <-kept:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatal("Keep waited for another node's part still being read from a peer")
+	}
+	close(release)
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	held := r.tier.Held()
+	if !slices.Equal(held, []string{dirName(m2), dirName(m)}) {
+		t.Fatalf("held %v, want both copies, newest first", held)
+	}
+	for _, f := range m.Files {
+		if _, err := r.tier.Open(context.Background(), m, f); err != nil {
+			t.Fatalf("%s of %s, its copy kept before or added after the Keep: %v", f.Path, f.Part, err)
+		}
 	}
 }
