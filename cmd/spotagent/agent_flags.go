@@ -79,7 +79,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 		fs.StringVar(&o.peerListen, "peer-listen", ":0", "with --node-rank: UDP address the other nodes' heartbeats arrive on; with --peer-restore, also the TCP address the peer tier listens on")
 		fs.StringVar(&o.peerAdvertise, "peer-advertise", "", "with --node-rank: comma-separated hosts the other nodes reach this one at (default: every address of the machine)")
 		fs.IntVar(&o.replicas, "replicas", 0, "with --peer-restore: 1 also keeps a copy of another node's part (one in another zone, else of another instance type, else node K+1's; copied from it after each periodic commit, within --local-max-bytes) so that sharded parts have a copy on another machine; 0: none")
-		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and CRC32C: data-parallel replicas)")
+		fs.BoolVar(&o.peerRestore, "peer-restore", false, "with --node-rank: serve this machine's local copies (--local-keep) to the job's other agents over TCP on --peer-listen's address, and restore from theirs before the store (files of the same size and digest: data-parallel replicas; every file checked against the manifest's BLAKE3 digest)")
 	}
 	fs.DurationVar(&o.peerWait, "peer-wait", peertier.DefaultPeerWait, "with --peer-restore: how long a restore waits, in all, for peers whose record holds the checkpoint but whose agent does not answer yet (every node of the job restarting at once), before it reads their files from the store; 0: no wait")
 	fs.StringVar(&o.restore, "restore", "own", "what a node of a multi-node job restores: own (its own part) or all (every part: a changed topology)")
@@ -96,7 +96,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	fs.DurationVar(&o.maxInterval, "max-interval", schedule.DefaultMaxInterval, "longest adaptive interval")
 	fs.Float64Var(&o.interruptionRate, "interruption-rate", schedule.DefaultInterruptionRate, "prior interruptions per hour, for the adaptive interval")
 	fs.IntVar(&o.keep, "keep", 3, "committed checkpoints kept in the store")
-	fs.IntVar(&o.localKeep, "local-keep", 1, "committed checkpoints kept on this machine, in the checkpoint directory, for a restart here to restore from without the store (every file verified by CRC32C); 0: none")
+	fs.IntVar(&o.localKeep, "local-keep", 1, "committed checkpoints kept on this machine, in the checkpoint directory, for a restart here to restore from without the store (every file checked against the manifest's BLAKE3 digest before it is used); 0: none")
 	fs.Int64Var(&o.localMaxBytes, "local-max-bytes", 0, "bound on the bytes --local-keep keeps; a larger checkpoint is not kept (0: no bound)")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
