@@ -111,6 +111,39 @@ func TestAgent_NeverConnectedSaidAndUnprotected(t *testing.T) {
 	}
 }
 
+// TestAgent_NotConnectedYetSaidBeforeAnyCheckpointIsDue: with the first
+// checkpoint an hour away (the auto interval's first is about that), a
+// trainer that has not connected ConnectWarnAfter after its start is
+// warned of then, not an hour later; and its exit without ever
+// connecting is said too.
+func TestAgent_NotConnectedYetSaidBeforeAnyCheckpointIsDue(t *testing.T) {
+	const notYet = "no trainer has connected yet: nothing is checkpointed until one does"
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 3"} // never connects
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour})
+		c.ConnectWarnAfter = time.Second
+		c.Log = zap.New(core)
+	})
+	testutil.WaitWithin(t, notYet, 30*time.Second, func() bool { return logs.FilterMessage(notYet).Len() > 0 })
+	f := logs.FilterMessage(notYet).All()[0].ContextMap()
+	if w, _ := f["waited_s"].(float64); w < 1 || f["socket"] != ar.cfg.Server.Path || !strings.Contains(f["fix"].(string), "SPOTAGENT_SOCKET") {
+		t.Fatalf("warning %v: want waited_s ≥ 1, the socket and the fix", f)
+	}
+	if code := ar.wait(t); code != 0 {
+		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
+	}
+	if n := logs.FilterMessage(notYet).Len(); n != 1 {
+		t.Fatalf("said %d times, want once", n)
+	}
+	if n := logs.FilterMessage(noTrainerWarning).Len(); n != 0 {
+		t.Fatalf("%d due-checkpoint warnings, want none: none fell due", n)
+	}
+	if n := logs.FilterMessage("the trainer exited without ever connecting: nothing of this session was checkpointed").Len(); n != 1 {
+		t.Fatalf("its exit without a connection said %d times, want once", n)
+	}
+}
+
 // TestAgent_NeverConnectedFinishedIsUnprotected: a trainer that never
 // connected and finished on its own (exit 0) was never protected: the
 // agent exits 0, the journal's session is finished and carries the

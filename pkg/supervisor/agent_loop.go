@@ -489,7 +489,7 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 			earlier(due) // request.go's silence: no trainer when one is due (once past, silence's own wake)
 		}
 	}
-	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter())) // request.go's silence
+	earlier(a.silent.nextWake(a.commits.pending, a.unansweredAfter(), a.cfg.ConnectWarnAfter)) // request.go's silence
 	if wake.Before(now) {
 		wake = now
 	}
@@ -587,6 +587,10 @@ func (a *Agent) onChildExit() {
 	code := exit.Code
 	a.proc.ExitAs(a.stops.exitCodeFor(exit, &a.dirs, &a.ranks))
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.LastPID()), zap.Int("agent_exit_code", a.proc.ExitCode()))
+	if !a.conns.Had() && a.src.Asks() {
+		v := silentView{socket: a.cfg.Server.Path}
+		a.log.Warn("the trainer exited without ever connecting: nothing of this session was checkpointed", zap.Int("code", code), zap.String("fix", v.fix()))
+	}
 	for id, r := range a.commits.pending {
 		// An urgent request is settled by requestExpired or the
 		// disconnects, except for the signal bridge: it speaks for this

@@ -496,6 +496,29 @@ type silence struct {
 	unprotected    time.Duration        // the spans ended so far (the journal's unprotected_seconds)
 	unansweredSaid map[string]time.Time // request id → the last warning of it
 	overdue        int                  // requests unanswered past UnansweredAfter, at the last look
+	awaitedSince   time.Time            // a trainer awaited since, none connected in this session yet (zero: none awaited)
+	notYetSaid     bool                 // that none has connected yet was said (once a session)
+}
+
+// notYet is told, at each tick, whether a trainer is awaited that has
+// not connected in this session (its process runs, or the agent is a
+// sidecar). Past after since it was first told so, it warns, once: the
+// first checkpoint may be an hour away (the auto interval's), and until
+// then noTrainer would say nothing of a trainer that never connects.
+func (s *silence) notYet(awaited bool, now time.Time, after time.Duration, v silentView, log *zap.Logger) {
+	if !awaited {
+		s.awaitedSince = time.Time{}
+		return
+	}
+	if s.awaitedSince.IsZero() {
+		s.awaitedSince = now
+	}
+	if s.notYetSaid || now.Sub(s.awaitedSince) < after {
+		return
+	}
+	s.notYetSaid = true
+	log.Warn("no trainer has connected yet: nothing is checkpointed until one does",
+		zap.Float64("waited_s", now.Sub(s.awaitedSince).Seconds()), zap.String("socket", v.socket), zap.String("fix", v.fix()))
 }
 
 // noTrainer is told, at each tick, whether a periodic checkpoint is due
@@ -522,11 +545,7 @@ func (s *silence) noTrainer(due bool, now time.Time, v silentView, log *zap.Logg
 		return
 	}
 	s.noTrainerSaid = now
-	fix := "the trainer must call spotagent.connect() with SPOTAGENT_SOCKET in its environment (spotagent run sets it; env -u, sudo or a wrapper that clears the environment drops it)"
-	if v.sidecar {
-		fix = "set SPOTAGENT_SOCKET=" + v.socket + " in the trainer container and mount the volume that holds the socket (the sidecar's shared emptyDir), then call spotagent.connect()"
-	}
-	fields := []zap.Field{zap.String("socket", v.socket), zap.String("fix", fix),
+	fields := []zap.Field{zap.String("socket", v.socket), zap.String("fix", v.fix()),
 		zap.Float64("unprotected_s", now.Sub(s.noTrainerSince).Seconds()), zap.Duration("repeat_every", warnEvery)}
 	log.Warn("no trainer connected: checkpoints are not being taken, and an interruption now would lose "+v.loses(), append(fields, v.committedFields()...)...)
 }
@@ -572,8 +591,9 @@ func (s *silence) unanswered(reqs map[string]*request, after time.Duration, now 
 	return n
 }
 
-// nextWake is when the next warning could be due (zero: none is pending).
-func (s *silence) nextWake(reqs map[string]*request, after time.Duration) time.Time {
+// nextWake is when the next warning could be due (zero: none is
+// pending): after is the unanswered requests' bound, connect notYet's.
+func (s *silence) nextWake(reqs map[string]*request, after, connect time.Duration) time.Time {
 	var wake time.Time
 	earlier := func(t time.Time) {
 		if wake.IsZero() || t.Before(wake) {
@@ -582,6 +602,9 @@ func (s *silence) nextWake(reqs map[string]*request, after time.Duration) time.T
 	}
 	if !s.noTrainerSaid.IsZero() {
 		earlier(s.noTrainerSaid.Add(warnEvery))
+	}
+	if !s.notYetSaid && !s.awaitedSince.IsZero() {
+		earlier(s.awaitedSince.Add(connect))
 	}
 	for id, r := range reqs {
 		if r.urgent() || len(r.waiting) == 0 {
@@ -605,6 +628,14 @@ type silentView struct {
 	since     time.Time // the newest committed checkpoint's training time, else the session's start
 	committed bool      // the run has a committed checkpoint (this session's or a restored one)
 	step      int64
+}
+
+// fix is what makes a trainer connect.
+func (v silentView) fix() string {
+	if v.sidecar {
+		return "set SPOTAGENT_SOCKET=" + v.socket + " in the trainer container and mount the volume that holds the socket (the sidecar's shared emptyDir), then call spotagent.connect()"
+	}
+	return "the trainer must call spotagent.connect() with SPOTAGENT_SOCKET in its environment (spotagent run sets it; env -u, sudo or a wrapper that clears the environment drops it)"
 }
 
 // loses says what an interruption would lose now.
@@ -631,6 +662,7 @@ func (a *Agent) checkSilence(now time.Time) {
 		v.since = a.sess.Started()
 	}
 	a.silent.noTrainer(a.noTrainerDue(now, v.trainers), now, v, a.log)
+	a.silent.notYet(a.trainerAwaited(), now, a.cfg.ConnectWarnAfter, v, a.log)
 	n := a.silent.unanswered(a.commits.pending, a.unansweredAfter(), now, v, a.log)
 	a.cfg.Metrics.Trainers(a.conns.Count(), a.commits.lastStep, n)
 }
@@ -653,6 +685,19 @@ func (a *Agent) noTrainerDue(now time.Time, trainers int) bool {
 		return false // a node agent's run ends with its trainers
 	}
 	return a.cfg.Scheduler.Due(now, a.commits.lastBlock, false)
+}
+
+// trainerAwaited: a trainer should connect and none has in this session
+// (its process runs; a sidecar's at all times), and nothing else
+// explains it (a stop, a trainer that finished, zero-code mode).
+func (a *Agent) trainerAwaited() bool {
+	if a.conns.Had() || !a.src.Asks() || a.stops.current != nil || a.conns.Finished() {
+		return false
+	}
+	if len(a.cfg.Command) > 0 {
+		return a.proc.Running()
+	}
+	return !a.cfg.EndWhenIdle
 }
 
 func (a *Agent) unansweredAfter() time.Duration {

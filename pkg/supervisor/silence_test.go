@@ -57,7 +57,7 @@ func TestSilence_NoTrainerRate(t *testing.T) {
 	if n := logs.FilterMessageSnippet("no trainer connected").Len(); n != 1 {
 		t.Fatalf("%d warnings within warnEvery, want 1", n)
 	}
-	if got, want := s.nextWake(nil, time.Minute), t0.Add(warnEvery); !got.Equal(want) {
+	if got, want := s.nextWake(nil, time.Minute, time.Minute), t0.Add(warnEvery); !got.Equal(want) {
 		t.Fatalf("next wake %v, want %v", got, want)
 	}
 	s.noTrainer(true, t0.Add(warnEvery), v, log)
@@ -71,6 +71,47 @@ func TestSilence_NoTrainerRate(t *testing.T) {
 	}
 	if logs.FilterMessage("a trainer connected: periodic checkpoints resume").Len() != 1 {
 		t.Fatal("the trainer's return is not said")
+	}
+}
+
+// TestSilence_NotYetConnected: a trainer awaited and not connected is
+// said once, past the bound from when it was first awaited, with the
+// socket and the fix; the loop is woken for it; a trainer no longer
+// awaited (it connected, exited) restarts nothing and says nothing.
+func TestSilence_NotYetConnected(t *testing.T) {
+	const msg = "no trainer has connected yet: nothing is checkpointed until one does"
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	var s silence
+	t0 := time.Unix(1000, 0)
+	v := silentView{socket: "/run/a.sock", sidecar: true}
+	s.notYet(true, t0, 2*time.Minute, v, log)
+	if got, want := s.nextWake(nil, time.Minute, 2*time.Minute), t0.Add(2*time.Minute); !got.Equal(want) {
+		t.Fatalf("next wake %v, want %v: the bound", got, want)
+	}
+	s.notYet(true, t0.Add(time.Minute), 2*time.Minute, v, log)
+	if n := logs.FilterMessage(msg).Len(); n != 0 {
+		t.Fatalf("said %d times within the bound, want 0", n)
+	}
+	s.notYet(true, t0.Add(2*time.Minute), 2*time.Minute, v, log)
+	s.notYet(true, t0.Add(time.Hour), 2*time.Minute, v, log)
+	said := logs.FilterMessage(msg).All()
+	if len(said) != 1 {
+		t.Fatalf("said %d times, want once", len(said))
+	}
+	f := said[0].ContextMap()
+	if f["waited_s"] != 120.0 || f["socket"] != v.socket || !strings.Contains(f["fix"].(string), "SPOTAGENT_SOCKET=/run/a.sock") {
+		t.Fatalf("fields %v: want waited_s 120, the socket and the sidecar's fix", f)
+	}
+	if got := s.nextWake(nil, time.Minute, 2*time.Minute); !got.IsZero() {
+		t.Fatalf("next wake %v once said, want none", got)
+	}
+	var quiet silence
+	quiet.notYet(true, t0, 2*time.Minute, v, log)
+	quiet.notYet(false, t0.Add(time.Minute), 2*time.Minute, v, log) // it connected
+	quiet.notYet(false, t0.Add(time.Hour), 2*time.Minute, v, log)
+	if n := logs.FilterMessage(msg).Len(); n != 1 {
+		t.Fatalf("a trainer that connected within the bound was warned of (%d warnings in all, want the first test's 1)", n)
 	}
 }
 
@@ -138,7 +179,7 @@ func TestSilence_UnansweredRate(t *testing.T) {
 	}
 	v := silentView{trainers: 1}
 	said := func() int { return logs.FilterMessageSnippet("trainer has not answered").Len() }
-	if got := s.nextWake(reqs, after); !got.Equal(t0.Add(after)) {
+	if got := s.nextWake(reqs, after, time.Minute); !got.Equal(t0.Add(after)) {
 		t.Fatalf("next wake %v, want %v", got, t0.Add(after))
 	}
 	if n := s.unanswered(reqs, after, t0.Add(after-time.Millisecond), v, log); n != 0 || said() != 0 {
@@ -147,7 +188,7 @@ func TestSilence_UnansweredRate(t *testing.T) {
 	if n := s.unanswered(reqs, after, t0.Add(after), v, log); n != 1 || said() != 1 {
 		t.Fatalf("at the bound: %d overdue, %d said, want 1 and 1", n, said())
 	}
-	if got := s.nextWake(reqs, after); !got.Equal(t0.Add(after + warnEvery)) {
+	if got := s.nextWake(reqs, after, time.Minute); !got.Equal(t0.Add(after + warnEvery)) {
 		t.Fatalf("next wake %v, want the repeat's %v", got, t0.Add(after+warnEvery))
 	}
 	s.unanswered(reqs, after, t0.Add(after+warnEvery-time.Millisecond), v, log)

@@ -81,6 +81,11 @@ type Config struct {
 	// RequestTimeout bounds how long a periodic request may go unanswered
 	// before it is dropped (default 10m).
 	RequestTimeout time.Duration
+	// ConnectWarnAfter: a trainer that has not connected this long after
+	// it started (a sidecar's: after the agent's start) is warned of,
+	// once, though no checkpoint is due yet (default 2m; the auto
+	// interval's first may be an hour away).
+	ConnectWarnAfter time.Duration
 	// FenceInterval is how often the session's lease is checked for a
 	// newer session (pkg/supervisor's commits.go); 0: 30s, < 0: no
 	// lease, no fencing.
@@ -159,6 +164,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 10 * time.Minute
+	}
+	if c.ConnectWarnAfter <= 0 {
+		c.ConnectWarnAfter = 2 * time.Minute
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()
