@@ -48,7 +48,12 @@ type Conn struct {
 	ident string // PeerIdentity
 	log   *zap.Logger
 
-	wmu sync.Mutex // serialises writes
+	// wturn serialises writes: a channel, not a mutex, so that a Send
+	// waiting behind one that blocks on a peer that does not read (up to
+	// WriteTimeout) is durably blocked inside a synctest bubble (the
+	// agent's simulation over net.Pipe, where a goroutine waiting on the
+	// mutex stopped the bubble's clock, and with it the write's deadline).
+	wturn chan struct{}
 
 	mu       sync.Mutex
 	hello    *Message
@@ -73,6 +78,7 @@ func newConn(s *Server, id uint64, nc net.Conn, cred peerCredentials, ident stri
 		cred:  cred,
 		ident: ident,
 		log:   s.log.With(fields...),
+		wturn: make(chan struct{}, 1),
 	}
 }
 
@@ -109,8 +115,8 @@ func (c *Conn) Send(m Message) error {
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", m.Type, err)
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	c.wturn <- struct{}{}
+	defer func() { <-c.wturn }()
 	if c.closed.Load() {
 		return fmt.Errorf("send %s: %w", m.Type, ErrConnClosed)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
@@ -454,4 +455,38 @@ func TestServer_StatusCallLogsOnce(t *testing.T) {
 	if len(info) != 1 || info[0].Message != "connection closed by peer" {
 		t.Fatalf("info lines %+v, want one: connection closed by peer", info)
 	}
+}
+
+// Sends to a peer that reads nothing, inside a synctest bubble (the
+// agent's simulation serves its trainers over net.Pipe): the first blocks
+// in its write until WriteTimeout; the others wait their turn, durably
+// blocked, so that the bubble's clock runs on to that deadline; then the
+// connection is closed and every Send returns its error. A Send waiting
+// on a mutex instead stopped the clock (the agent's simulation, seed
+// 14569: its watchdog fired).
+func TestSendsBehindABlockedOneInBubble(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := NewPipes(ServerConfig{WriteTimeout: 5 * time.Second})
+		peer := srv.Pipe(1) // reads nothing
+		defer peer.Close()
+		srv.mu.Lock()
+		var c *Conn
+		for _, c = range srv.conns {
+		}
+		srv.mu.Unlock()
+		start := time.Now()
+		errs := make(chan error, 3)
+		for range 3 {
+			go func() { errs <- c.Send(Message{Type: TypeError, Error: "x"}) }()
+		}
+		for range 3 {
+			if err := <-errs; err == nil {
+				t.Error("a Send to a peer that reads nothing returned nil")
+			}
+		}
+		if d := time.Since(start); d != 5*time.Second {
+			t.Errorf("the Sends returned after %s of fake time, want the write timeout (5s)", d)
+		}
+		srv.ClosePipes()
+	})
 }
