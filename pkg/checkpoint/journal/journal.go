@@ -328,7 +328,8 @@ func (w *Writer) FenceWith(l *checkpoint.Lease) {
 }
 
 // Goodput buckets: every second of a run's wall time (first session's start
-// to the last session's end) falls in exactly one.
+// to the last session's end, less the time after a session that finished
+// until the next start) falls in exactly one.
 const (
 	BucketProductive = "productive" // training whose progress was kept
 	BucketBlocked    = "blocked"    // trainer blocked in checkpoints (request → done)
@@ -418,8 +419,13 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 		end := ends[i]
 		gs := GoodputSession{Index: i + 1, Start: s.Start, End: end, Instance: s.Instance.InstanceID,
 			Wall: end.Sub(s.Start).Seconds(), Seconds: map[string]float64{}}
-		// The gap before this session: between machines.
-		if i > 0 && s.Start.After(ends[i-1]) {
+		// The gap before this session: between machines, after an
+		// interruption (or a crash, a lost agent). After a session that
+		// finished (its trainer's work was done) the run waited for
+		// nobody until it was started again: that gap is no time of the
+		// run's (it read as interruptions' cost, goodput near 0 % for a
+		// run extended a week later).
+		if i > 0 && s.Start.After(ends[i-1]) && !sess[i-1].Finished {
 			gs.Seconds[BucketBetween] += s.Start.Sub(ends[i-1]).Seconds()
 			gs.Wall += s.Start.Sub(ends[i-1]).Seconds()
 		}
@@ -551,11 +557,7 @@ func (g *Goodput) Cost(price, onDemand float64) Money {
 	m := Money{PricePerHour: price, OnDemandPricePerHour: onDemand}
 	var machine, wasted float64
 	for _, s := range g.Sessions {
-		gap := 0.0
-		if s.Index > 1 {
-			prev := g.Sessions[s.Index-2]
-			gap = max(s.Start.Sub(prev.End).Seconds(), 0)
-		}
+		gap := max(s.Wall-s.End.Sub(s.Start).Seconds(), 0) // the time between machines before it, counted in its wall (Account)
 		machine += s.Wall - gap
 		wasted += s.Seconds[BucketLost] + s.Seconds[BucketRestore] + s.Seconds[BucketBetween] - gap
 	}
