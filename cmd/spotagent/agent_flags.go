@@ -208,8 +208,8 @@ func (o *agentOptions) check(node bool) error {
 	if o.termGrace <= 0 {
 		return fmt.Errorf("--term-grace %s: want a positive duration", o.termGrace)
 	}
-	if o.killAfter < 0 {
-		return fmt.Errorf("--kill-after %s: must not be negative", o.killAfter)
+	if o.killAfter <= 0 {
+		return fmt.Errorf("--kill-after %s: want a positive duration (the trainer's time to exit after SIGTERM)", o.killAfter)
 	}
 	if o.maxConns < 1 {
 		return fmt.Errorf("--max-connections must be at least 1")

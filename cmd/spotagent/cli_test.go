@@ -199,7 +199,9 @@ func TestCLI_ValidateBeforeStore(t *testing.T) {
 		// Issue 36 item 10: these were accepted.
 		{[]string{"run", "--term-grace", "-5s"}, "--term-grace -5s: want a positive duration"},
 		{[]string{"sidecar", "--term-grace", "0s"}, "--term-grace 0s: want a positive duration"},
-		{[]string{"run", "--kill-after", "-1s"}, "--kill-after -1s: must not be negative"},
+		{[]string{"run", "--kill-after", "-1s"}, "--kill-after -1s: want a positive duration"},
+		// A new user's trial: 0 was accepted and meant the default, 5 s.
+		{[]string{"run", "--kill-after", "0"}, "--kill-after 0s: want a positive duration"},
 		{[]string{"run", "--interruption-rate", "-1"}, "--interruption-rate -1: want a number >= 0"},
 		{[]string{"run", "--interruption-rate", "NaN"}, "--interruption-rate NaN: want a number >= 0"},
 		{[]string{"run", "--min-interval", "2h", "--max-interval", "1m"}, "--min-interval 2h0m0s is longer than --max-interval 1m0s"},
