@@ -232,7 +232,7 @@ func TestAgent_FinishedRunRecordedSaidAndCacheCleared(t *testing.T) {
 		t.Fatalf("nothing kept in the local tier under %s: the test would prove nothing", cache)
 	}
 	finish(first, tr)
-	const dropped = "run finished: deleted its local copies from the default cache directory (the store keeps every committed checkpoint)"
+	const dropped = "run finished: deleted its local copies from the default cache directory (the store keeps the committed checkpoints, --keep of them)"
 	if n := logs.FilterMessage(dropped).Len(); n != 1 {
 		t.Fatalf("%d lines %q, want 1", n, dropped)
 	}

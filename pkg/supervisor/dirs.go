@@ -157,7 +157,7 @@ func finishedWork(command []string, p *childproc.Process, c *trainers.Conns) boo
 // with its trainer's work finished: this start trains again.
 func sayFinishedBefore(s *journal.Session, log *zap.Logger) {
 	fields := []zap.Field{zap.Time("finished_at", *s.End), zap.String("what_happens",
-		"this start resumes from the newest committed checkpoint and the trainer trains again from there "+
+		"this start resumes from the newest committed checkpoint (or starts fresh when none was committed) and the trainer trains again from there "+
 			"(to train further, e.g. more steps, that is what you want); new work needs its own --run-id or store prefix")}
 	if s.LastStep != nil {
 		fields = append(fields, zap.Int64("finished_step", *s.LastStep))
@@ -184,6 +184,6 @@ func (d *localDirs) dropFinishedCopies(log *zap.Logger) {
 			return
 		}
 	}
-	log.Info("run finished: deleted its local copies from the default cache directory (the store keeps every committed checkpoint)",
+	log.Info("run finished: deleted its local copies from the default cache directory (the store keeps the committed checkpoints, --keep of them)",
 		zap.String("area", d.AreaPath), zap.Duration("took", time.Since(start)))
 }
