@@ -57,8 +57,15 @@ func (a *Agent) startEarly(r *request, c *protocol.Conn, m protocol.Message) err
 		}
 	}
 	if r.pipe == nil {
+		// The objects' prefix: the step the trainer reports, never below
+		// the newest commit's. Retention deletes, as an abandoned
+		// checkpoint's, the objects below the oldest checkpoint it keeps
+		// that no manifest names; a prefix below it, named by a rank
+		// behind the others, lost its early objects to a retention under
+		// way while the checkpoint committed at a newer step, latest.json
+		// then naming a partial checkpoint (TestAgentSim seed 28600).
 		step := a.commits.lastStep
-		if m.Step != nil && *m.Step >= 0 {
+		if m.Step != nil && *m.Step > step {
 			step = *m.Step
 		}
 		r.pipe = a.job.pipeline(a.life, a.commits.committer, r.held, step, r.id)
