@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -190,9 +191,23 @@ func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <
 		return exitFenced, nil
 	}
 	if code, err, ok := a.boot.Exit(); ok { // pkg/supervisor/internal/bootrestore
+		if c := a.proc.ExitCode(); code == ExitInterrupted && a.proc.Started() && !a.proc.Running() && !a.conns.Had() && failedOnItsOwn(c) {
+			// The trainer failed on its own while the start was given up
+			// for a notice: its code passes through, as a stop's does
+			// (stop.go exitCodeFor; TestAgentSim seed 68074 exited 75). Not
+			// one that had connected: it waited on the restore, was told
+			// restore_failed, and its exit is the abort's (seed 5542).
+			return c, nil
+		}
 		return code, err
 	}
 	return a.proc.ExitCode(), nil
+}
+
+// failedOnItsOwn: code is a trainer's own failure, not its finish, its
+// 75, nor the agent's SIGTERM or SIGKILL.
+func failedOnItsOwn(code int) bool {
+	return code != 0 && code != ExitInterrupted && code != 128+int(syscall.SIGTERM) && code != 128+int(syscall.SIGKILL)
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -441,6 +456,18 @@ func (a *Agent) onEvent(ev protocol.Event) {
 			if r.waiting[c.ID()] {
 				delete(r.waiting, c.ID())
 				r.lost++
+				if len(r.waiting) == 0 {
+					a.settle(r)
+				}
+			}
+		}
+		if a.cfg.EndWhenIdle && a.conns.Count() == 0 {
+			// A node agent's run ends with its trainers: a part still
+			// waiting for a rank of this node to join (its hello came
+			// after the request) is abandoned now, not held to its
+			// deadline, up to 10 minutes, with nobody left to answer
+			// (a fenced copy lingered so: TestAgentSim seed 68700).
+			for _, r := range a.commits.pending {
 				if len(r.waiting) == 0 {
 					a.settle(r)
 				}
