@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/spotagent/spotagent/internal/storesim"
+	"github.com/spotagent/spotagent/internal/testutil/memnet"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -161,6 +162,11 @@ func TestAgentSim(t *testing.T) {
 			t.Errorf("the local tier's checks checked nothing in %d schedules (%d local resumes, %d forged): their conditions never held", run.N, local, forged)
 		}
 		early, changed := pipeChecked.early.Load(), pipeChecked.changed.Load()
+		peer, pforged, owed := peerChecked.peer.Load(), peerChecked.forged.Load(), peerChecked.owed.Load()
+		t.Logf("a job's machines' copies checked: %d restores with bytes from a peer, %d resumes of a checkpoint with a forged copy on a machine, %d new machines owed their peers' copies (peers_test.go)", peer, pforged, owed)
+		if run.N >= simShort && (peer == 0 || pforged == 0 || owed == 0) {
+			t.Errorf("the peer tier's checks checked nothing in %d schedules (%d restores from a peer, %d forged, %d owed): their conditions never held", run.N, peer, pforged, owed)
+		}
 		t.Logf("pipelined saves checked: %d objects uploaded early, %d committed checkpoints with a file changed after saved (pipeline_test.go)", early, changed)
 		if run.N >= simShort && (early == 0 || changed == 0) {
 			t.Errorf("the pipeline's checks checked nothing in %d schedules (%d early, %d changed): their conditions never held", run.N, early, changed)
@@ -184,7 +190,23 @@ var simRegressions = map[uint64]string{
 	// caught only by checkEveryRank (parts_test.go).
 	746:  "request.go onDone (part mode, planted): the node's ranks connected at its last done counted as having saved: a rank back after the request (crashed, reconnected) was named in the part without its files",
 	2255: "the same, seen through another schedule",
+	// The peer tier (peers_test.go):
+	265:   "peertier.go Publish: a record write waited on a mutex behind a slow one (the store's 30 s), not durably blocked: the bubble's clock stopped, caught by the watchdog",
+	2669:  "localtier AddPart held the tier's lock while it read another node's part from its peers: a Keep of the node's newest checkpoint waited on it, not durably blocked: the bubble's clock stopped, caught by the watchdog",
+	28600: "agent_pipeline.go startEarly: the early uploads' prefix was the step of the first rank to say saved, which may be below the oldest checkpoint retention keeps: a retention under way deleted them as an abandoned checkpoint's while the checkpoint committed at a newer step, and latest.json named a partial checkpoint",
+	68700: "agent_loop.go (part mode): a part waiting for a rank of its node that never joined was held to its deadline (10 minutes at most) after every trainer of the node had left: a fenced copy lingered past its bound",
+	75430: "the same, seen through another schedule",
+	68074: "agent_loop.go Run: a start given up during the restore for a notice exited 75 though the trainer had failed on its own (exit 3) meanwhile: its code passes through, as after a stop",
+	14569: "protocol Conn.Send: writes serialised by a mutex: a Send behind one blocked on a trainer that reads nothing waited on it, not durably blocked: the bubble's clock stopped, caught by the watchdog",
+	// Planted: caught only by peerRead (peers_test.go).
+	147: "restore.go fromTiers (planted): the peer tier never asked for a rank's own files: a new machine's node read from the store the replica its keeper held intact",
+	453: "the same, seen through another schedule",
 }
+
+// prePeerSeeds found bugs before the peer tier was simulated: they draw
+// no machines' copies (peers_test.go), so that they replay the schedules
+// that found them.
+var prePeerSeeds = map[uint64]bool{230: true, 20: true, 51: true, 1: true, 408: true, 4: true, 180: true, 5832: true, 746: true, 2255: true}
 
 // hostedSeeds found bugs before run mode was simulated: their sessions
 // stay hosted, so that they replay the schedules that found them.
@@ -264,6 +286,12 @@ type world struct {
 	reasonOf map[string]string
 	// This machine's copies (localtier_test.go): the session's account.
 	local *localState
+	// A job's machines' copies (peers_test.go): the job's network for
+	// the peer tier, and the checkpoints with a forged copy on one of
+	// its machines.
+	net        *memnet.Network
+	peerForged map[string]bool
+	peerWant   *peerWant
 	// The pipelined save (pipeline_test.go): request id -> a file of it
 	// changed after it was reported saved.
 	changed map[string]bool
@@ -413,6 +441,7 @@ func runBubble(t *testing.T, w *world) {
 	w.checkStore()
 	w.checkLatestComplete()
 	w.pipeEnd() // pipeline_test.go
+	w.peerEnd() // peers_test.go
 	if w.logBuf != nil && w.failed() {
 		w.trace = append(w.trace, "agent log:")
 		w.trace = append(w.trace, strings.Split(w.name(w.logBuf.String()), "\n")...)
@@ -1138,6 +1167,7 @@ func (t *trainer) resumed(r *protocol.Resume, ackedAtHello int64) {
 		if _, ok := t.w.ranksOf[r.ID][t.rank]; !ok {
 			t.w.violateLocked("rank%d: resumed %s step %d, which it never said done for in time: its own files are not a save of it", t.rank, r.ID, r.Step)
 		}
+		t.w.peerResumedLocked(r.ID) // peers_test.go
 		mine := map[string][]byte{}
 		for p, b := range want {
 			if t.job.shape.nodeOfPath(p) == t.node {
@@ -1352,6 +1382,9 @@ func (t *trainer) content(id string, step int64) map[string][]byte {
 	if r.IntN(2) == 0 {
 		out[fmt.Sprintf("opt/rank%d.bin", t.rank)] = mk()
 	}
+	if t.job != nil && t.job.dp { // peers_test.go
+		out[fmt.Sprintf("dp/rank%d.bin", t.rank)] = dpContent(t.w.seed, id, step)
+	}
 	return out
 }
 
@@ -1533,6 +1566,7 @@ func (f *faults) note(format string, args ...any) {
 func (f *faults) Before(ctx context.Context, op storesim.Op) error {
 	if op.Kind == storesim.OpGet {
 		f.w.localRead(op) // localtier_test.go: asked of the store
+		f.w.peerRead(op)  // peers_test.go
 	}
 	if op.Kind == storesim.OpPut {
 		// notice_test.go: may hold a periodic upload
@@ -1568,6 +1602,7 @@ func (f *faults) After(ctx context.Context, op storesim.Op, err error) error {
 	}
 	if op.Kind == storesim.OpPut {
 		f.w.localRead(op) // localtier_test.go: a manifest landed
+		f.w.peerRead(op)  // peers_test.go
 	}
 	if op.Kind == storesim.OpPut && op.Key == checkpoint.LatestKey {
 		f.w.sawLatest(op.Body)

@@ -16,6 +16,9 @@
 // notice_test.go checks a notice's edges (the Azure acknowledgement after
 // the commit, a periodic upload in flight at the notice); localtier_test.go
 // this machine's copies across sessions (the local tier, forged copies);
-// pipeline_test.go the pipelined save (`saved`, files changed after it).
+// pipeline_test.go the pipelined save (`saved`, files changed after it);
+// peers_test.go a job's machines' copies through the real peer tier over
+// an in-memory network (internal/testutil/memnet): new machines, forged
+// copies, the whole job lost at once.
 // It holds no code but its tests.
 package agentsim

@@ -52,6 +52,7 @@ type jobShape struct{ nodes, local int }
 type job struct {
 	w     *world
 	shape jobShape
+	dp    bool // the ranks save data-parallel copies too (peers_test.go)
 	mu    sync.Mutex
 	ranks []*trainer
 	steps map[string]int64 // request id → the step the job agreed on
@@ -122,9 +123,13 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		copyNode, copyAt = 1+r.IntN(js.nodes-1), time.Duration(20+r.IntN(200))*time.Second
 	}
 	fenceInterval := pick(r, 5*time.Second, 30*time.Second)
-	jb := &job{w: w, shape: js, steps: map[string]int64{}}
+	jb := &job{w: w, shape: js, steps: map[string]int64{}, dp: drawDP(w.seed)}
+	ps := drawPeerShape(w.seed, k, js.nodes) // peers_test.go
+	if ps.quiet {
+		f.fail, f.lost, f.slow = 0, 0, 0
+	}
 	shape := fmt.Sprintf("s%d: job nodes=%d ranks/node=%d grace=%s interval=%s request-timeout=%s keep=%d faults(fail=%.2f lost=%.2f slow=%.2f/%s) notice=%s/%s to node-%d signals=%s,%s kill=node-%d at %s second-copy=node-%d at %s fence-interval=%s",
-		k, js.nodes, js.local, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, noticeNode, firstSig, secondSig, killNode, killAt, copyNode, copyAt, fenceInterval)
+		k, js.nodes, js.local, grace, interval, reqTimeout, keep, f.fail, f.lost, f.slow, f.slowFor, noticeAt, noticeFor, noticeNode, firstSig, secondSig, killNode, killAt, copyNode, copyAt, fenceInterval) + ps.String()
 	w.mu.Lock()
 	if w.shape != "" {
 		w.shape += " | "
@@ -132,6 +137,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	w.shape += shape
 	w.mu.Unlock()
 	newest := w.newestComplete()
+	w.peerStart(ps, js, newest, f.fail == 0 && f.lost == 0 && f.slow == 0)
 	start := time.Now()
 	type node struct {
 		sess    *session
@@ -174,6 +180,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		cfg := supervisor.Config{RunID: "sim", CheckpointDir: dir, Store: w.st, Identity: metadata.Identity{Cloud: metadata.CloudAWS, InstanceID: fmt.Sprintf("i-%d-%s", k, name)}, FenceInterval: fenceInterval,
 			Scheduler: schedule.NewScheduler(schedule.SchedulerConfig{Fixed: interval, Log: log}), Keep: keep, TermGrace: grace,
 			RequestTimeout: reqTimeout, EndWhenIdle: true, Log: log, Node: supervisor.NodePart(p), Liveness: liveness.Config{Timeout: -1}}
+		cfg.LocalKeep, cfg.PeerTier = w.peerConfig(ps, n)
 		ctx, cancel := context.WithCancel(context.Background())
 		nd.cancel = cancel
 		asks := make(chan chan<- supervisor.Status, 1)
@@ -187,7 +194,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 				f.mu.Lock()
 				nf := f.injected
 				f.mu.Unlock()
-				if nf == 0 {
+				if nf == 0 && ctx.Err() == nil { // not killed, nor lost (peers_test.go), while it started
 					w.violate("node-%d: the agent refused to start without a store fault: %v", n, err)
 				}
 			}
@@ -243,6 +250,9 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	if copyAt >= 0 {
 		evs = append(evs, hostEv{copyAt, "copy"})
 	}
+	if ps.lostAt >= 0 {
+		evs = append(evs, hostEv{ps.lostAt, "lost"})
+	}
 	slices.SortStableFunc(evs, func(a, b hostEv) int { return int(a.at - b.at) })
 	fencedAt, fencedSlot := time.Duration(-1), -1 // when the newer copy's lease landed, and the older copy
 	endOf := func(n int) {
@@ -278,6 +288,9 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 		if n == killNode {
 			b = min(b, killAt+exitWait+2*time.Second)
 		}
+		if ps.lostAt >= 0 {
+			b = min(b, ps.lostAt+exitWait+2*time.Second)
+		}
 		if n == fencedSlot && n < js.nodes && fencedAt >= 0 {
 			// The first copy, with ranks (a fenced run that never had a
 			// trainer, the second copy's, waits for its signal, as a
@@ -297,7 +310,14 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 				slack = 10 * time.Minute
 			}
 			w.mu.Unlock()
-			b = min(b, fencedAt+fenceInterval+30*time.Second+slack+exitWait+2*time.Second)
+			// Counted from its loop's start when that came after the
+			// fence: a copy still starting (its store calls slow) checks
+			// its lease only from then (seed 17691).
+			from := max(fencedAt, at)
+			if at < 0 {
+				from = max(fencedAt, time.Since(start))
+			}
+			b = min(b, from+fenceInterval+30*time.Second+slack+exitWait+2*time.Second)
 		}
 		return b
 	}
@@ -377,6 +397,9 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 					nd.notices <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: fmt.Sprintf("notice-%d", k), Action: "terminate", Detected: time.Now(), Deadline: time.Now().Add(noticeFor)}
 				}
 			case "copy":
+				if ps.lostAt >= 0 && ev.at >= ps.lostAt {
+					break // the job's machines are lost: no copy starts
+				}
 				w.logf("host: a second copy of node-%d starts", copyNode)
 				if startAgent(js.nodes, copyNode, false) {
 					live++
@@ -388,6 +411,13 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 				if nd := nodes[killNode]; nd.ended < 0 {
 					w.logf("host: node-%d's agent killed (its context ends)", killNode)
 					nd.cancel()
+				}
+			case "lost": // peers_test.go
+				w.logf("host: every machine of the job lost at once (each agent's context ends)")
+				for _, nd := range nodes {
+					if nd != nil && nd.ended < 0 {
+						nd.cancel()
+					}
 				}
 			}
 		}
@@ -455,7 +485,10 @@ func (w *world) checkJobStore(ms []*checkpoint.Manifest) {
 				w.violateLocked("manifest %s (step %d): %s is listed in part %q, written by node-%d", m.ID, m.Step, f.Path, f.Part, n)
 			}
 			// checkpoints/<step>-<id>/<node>/<session>/<path>
-			rest := strings.TrimPrefix(f.Key, checkpoint.PartPrefix(m.Step, m.ID, f.Part))
+			// Below the part's folder of whichever checkpoint prefix holds
+			// it: early uploads may sit under another step's (the newest
+			// commit's, when the ranks report an older one; seed 67100).
+			rest := strings.TrimPrefix(strings.TrimPrefix(f.Key, checkpoint.DirOf(f.Key)), f.Part+"/")
 			sess, _, _ := strings.Cut(rest, "/")
 			if sessions[f.Part] == nil {
 				sessions[f.Part] = map[string]bool{}
@@ -501,7 +534,11 @@ func (w *world) checkEveryRank(m *checkpoint.Manifest) {
 		if rank < 0 || !found {
 			continue // a file no rank wrote, or an object retention deleted: checkStore's
 		}
-		if head := fmt.Sprintf("%s rank %d step %d\n", m.ID, rank, m.Step); !bytes.HasPrefix(b, []byte(head)) || int64(len(b)) != f.Size {
+		head := fmt.Sprintf("%s rank %d step %d\n", m.ID, rank, m.Step)
+		if strings.HasPrefix(f.Path, "dp/") { // the same on every rank (peers_test.go)
+			head = fmt.Sprintf("%s weights step %d\n", m.ID, m.Step)
+		}
+		if !bytes.HasPrefix(b, []byte(head)) || int64(len(b)) != f.Size {
 			w.violateLocked("manifest %s (step %d): %s (%d bytes, manifest says %d) is not rank%d's save of this checkpoint and step", m.ID, m.Step, f.Key, len(b), f.Size, rank)
 		}
 	}
