@@ -333,7 +333,6 @@ func (b *agentBuild) get() (string, error) {
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
-	"TestDistributed_RestoreFromPeer":            true,
 	"TestDistributed_RestoreFromPeerReplica":     true,
 	"TestDistributed_AgentKilledDuringJobCommit": true,
 	"TestStoreFault_AgentThroughFaults":          true,

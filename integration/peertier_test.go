@@ -43,21 +43,20 @@ func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, inter
 		"--peer-restore", "--peer-listen", "127.0.0.1:0", "--peer-advertise", "127.0.0.1"}, extra...)...)
 }
 
-// TestDistributed_RestoreFromPeer (#38 item 2): a job of two real agents
-// (sidecars, --peer-restore, each its own checkpoint directory; the ranks
-// played over the real protocol) commits a checkpoint; both machines are
+// TestDistributed_RestoreFromPeerReplica (#38 item 2): a job of two real
+// agents (sidecars, --peer-restore --replicas 1, each its own checkpoint
+// directory; the ranks played over the real protocol) commits a
+// checkpoint, and node 0 keeps a copy of node 1's part; both machines are
 // lost (SIGKILL). Node 0 comes back on its machine, node 1 on an empty
-// one. Node 1 restores its part reading from the store only its own
-// shards: its replica files come from node 0's local copy (every request
-// to the store is seen at a proxy in front of it). Both nodes resume the
-// committed step with exactly the bytes saved, and the journal, `history`
-// and `report` say where node 1's bytes came from.
-func TestDistributed_RestoreFromPeer(t *testing.T) { restoreFromPeer(t, false) }
-
-// TestDistributed_RestoreFromPeerReplica is the same job with --replicas
-// 1: node 0 keeps a copy of node 1's part after the commit, so node 1 on
-// an empty machine reads no data byte from the store, its own shards
-// included.
+// one. Node 1 restores its part over real TCP from node 0, reading no
+// data byte from the store (every request to the store is seen at a proxy
+// in front of it). Both nodes resume the committed step with exactly the
+// bytes saved, and the journal, `history` and `report` say where node 1's
+// bytes came from. The peer tier's other end-to-end tests (without
+// replicas, the wait for a peer still starting, forged peer and replica
+// copies) were cut in #49: the agent's simulation runs the real peer tier
+// (pkg/supervisor/internal/agentsim, peers_test.go), and
+// pkg/checkpoint/peertier's tests each case.
 func TestDistributed_RestoreFromPeerReplica(t *testing.T) { restoreFromPeer(t, true) }
 
 func restoreFromPeer(t *testing.T, replicas bool) {

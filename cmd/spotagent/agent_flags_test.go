@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -111,6 +112,35 @@ func TestResolve_CheckpointDirDefault(t *testing.T) {
 		}
 		if err := o.resolve(false); err != nil || o.checkpointDir != tc.dir || o.checkpointDirDefault != tc.def {
 			t.Errorf("%v: checkpoint dir %s (the default cache: %v), err %v; want %s (%v)", tc.args, o.checkpointDir, o.checkpointDirDefault, err, tc.dir, tc.def)
+		}
+	}
+}
+
+// TestPeerTierFlags: --peer-restore's flags reach the peer tier's
+// configuration (the end-to-end TestDistributed_RestoreWaitsForPeer, which
+// read --peer-wait 2m back from the wait's log line, was cut in #49: the
+// wait itself is pkg/checkpoint/peertier's wait_test.go and the agent's
+// simulation's).
+func TestPeerTierFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "{Enabled:false Listen: Advertise:[] Stall:0s PeerWait:0s Replicas:0}"},
+		{[]string{"--peer-restore", "--peer-wait", "2m", "--peer-advertise", "10.0.0.1, 10.0.0.2", "--replicas", "1", "--peer-listen", ":7000"},
+			"{Enabled:true Listen::7000 Advertise:[10.0.0.1 10.0.0.2] Stall:0s PeerWait:2m0s Replicas:1}"},
+		{[]string{"--peer-restore", "--peer-wait", "0s"}, "PeerWait:-1ns"}, // none: the config's 0 is the default
+	} {
+		var o agentOptions
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		o.register(fs, false)
+		if err := fs.Parse(append([]string{"--node-rank", "1"}, c.args...)); err != nil {
+			t.Fatal(err)
+		}
+		p := o.peerTier()
+		got := fmt.Sprintf("{Enabled:%v Listen:%s Advertise:%v Stall:%s PeerWait:%s Replicas:%d}", p.Enabled, p.Listen, p.Advertise, p.Stall, p.PeerWait, p.Replicas)
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%v: %s, want %s", c.args, got, c.want)
 		}
 	}
 }

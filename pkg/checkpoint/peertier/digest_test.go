@@ -61,6 +61,7 @@ func TestForgedPeerCopyRefused(t *testing.T) {
 // restore's client: its next file comes from no peer (the store).
 func TestForgedPeerNotAskedAgain(t *testing.T) {
 	r := newRig(t)
+	logs := r.observe()
 	r.commit(0)
 	forgeFile(t, r.keptPath(0, "replica-0.bin"))
 	r.serve(0, nil, 0)
@@ -76,6 +77,10 @@ func TestForgedPeerNotAskedAgain(t *testing.T) {
 	}
 	rc.(checkpoint.Refusable).Refuse(err)
 	rc.Close()
+	said := logs.FilterMessage("peer tier: a peer's copy failed verification: not asking that peer again").All()
+	if len(said) != 1 || said[0].ContextMap()["node"] != "node-0" {
+		t.Fatalf("refusals logged: %v, want one naming node-0", said)
+	}
 	// node 0's replica-1.bin is genuine, but node 0 is not asked.
 	if _, err := cl.Open(context.Background(), r.m, fileOf(t, r.m, "node-1", "replica-3.bin")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("second file after a refused copy: %v, want fs.ErrNotExist (no peer asked)", err)
