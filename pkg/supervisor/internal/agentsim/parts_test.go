@@ -257,6 +257,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 	fencedAt, fencedSlot := time.Duration(-1), -1 // when the newer copy's lease landed, and the older copy
 	endOf := func(n int) {
 		w.progOver() // progress_test.go: a node's end excuses the job's commits
+		w.peerOver() // peers_test.go
 		nd := nodes[n]
 		nd.ended = time.Since(start)
 		if n == js.nodes {
@@ -401,6 +402,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 					break // the job's machines are lost: no copy starts
 				}
 				w.logf("host: a second copy of node-%d starts", copyNode)
+				w.peerOver() // peers_test.go
 				if startAgent(js.nodes, copyNode, false) {
 					live++
 					if signalled {
