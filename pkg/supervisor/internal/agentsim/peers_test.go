@@ -144,8 +144,8 @@ var peerChecked struct{ peer, forged, owed atomic.Int64 }
 // peerWant is what a new machine's node must not read from the store
 // (peerRead): its part's objects that peers hold intact, by key.
 type peerWant struct {
-	node      string
-	step      int64
+	node string
+	step int64
 	keys map[string]string // object key → path
 	// over: the session's first commit landed, a node's agent ended or a
 	// second copy of a node started (its restore may find the keeper
