@@ -419,12 +419,8 @@ func Account(j *Journal, now time.Time) (*Goodput, error) {
 		end := ends[i]
 		gs := GoodputSession{Index: i + 1, Start: s.Start, End: end, Instance: s.Instance.InstanceID,
 			Wall: end.Sub(s.Start).Seconds(), Seconds: map[string]float64{}}
-		// The gap before this session: between machines, after an
-		// interruption (or a crash, a lost agent). After a session that
-		// finished (its trainer's work was done) the run waited for
-		// nobody until it was started again: that gap is no time of the
-		// run's (it read as interruptions' cost, goodput near 0 % for a
-		// run extended a week later).
+		// The gap before this session: between machines, unless the one
+		// before finished (the run waited for nobody: no time of its).
 		if i > 0 && s.Start.After(ends[i-1]) && !sess[i-1].Finished {
 			gs.Seconds[BucketBetween] += s.Start.Sub(ends[i-1]).Seconds()
 			gs.Wall += s.Start.Sub(ends[i-1]).Seconds()
