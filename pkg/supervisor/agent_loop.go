@@ -247,7 +247,7 @@ func Recovered(log *zap.Logger, p any) error {
 // (the store's last path element) and so would share one socket, and what
 // a second agent on the same store would do (fence the first).
 func SocketInUse(err error) error {
-	return fmt.Errorf("%w: another agent serves it; for another run give this agent its own --store (or --run-id, which names the default socket) or --socket. Not the same store: two agents on one store fence each other, the newer takes the run and the older exits 76", err)
+	return fmt.Errorf("%w: for another run give this agent its own --run-id (it names the default socket, and defaults to the store's last path element) or --socket; a second agent of the same run, on the same store, would fence the first (the newer takes the run, the older exits 76)", err)
 }
 
 // ServeSocket listens and serves the socket until the returned stop is
