@@ -114,7 +114,7 @@ func TestReport_UnprotectedIsNoGoodput(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("report exit %d: %s", code, errOut)
 	}
-	for _, w := range []string{"UNPROTECTED", "unprotected 6s: the trainer ran with no trainer connected to the agent", "SPOTAGENT_SOCKET", "goodput 3.2 %"} {
+	for _, w := range []string{"UNPROTECTED", "unprotected 6s: the trainer ran without a connection to the agent", "SPOTAGENT_SOCKET", "goodput 3.2 %"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("table lacks %q:\n%s", w, out)
 		}

@@ -90,7 +90,7 @@ func Report(w io.Writer, j *journal.Journal, g *journal.Goodput, adv *simulate.A
 			secs(g.Seconds[journal.BucketLost]), secs(g.Seconds[journal.BucketRestore]), secs(g.Seconds[journal.BucketBetween]))
 	}
 	if u := g.Seconds[journal.BucketUnprotected]; u > 0 {
-		fmt.Fprintf(w, "unprotected %s: the trainer ran with no trainer connected to the agent, so nothing could be checkpointed (SPOTAGENT_SOCKET; docs/operations.md)\n", secs(u))
+		fmt.Fprintf(w, "unprotected %s: the trainer ran without a connection to the agent, so nothing could be checkpointed (SPOTAGENT_SOCKET; docs/operations.md)\n", secs(u))
 	}
 	RestoreSources(w, j.Restores)
 	if m != nil {
