@@ -205,9 +205,14 @@ func (a *Agent) run(ctx context.Context, events <-chan protocol.Event, notices <
 }
 
 // failedOnItsOwn: code is a trainer's own failure, not its finish, its
-// 75, nor the agent's SIGTERM or SIGKILL.
+// 75, nor its answer to the agent's SIGTERM or SIGKILL: 143, 137, or 1,
+// torchrun's answer to SIGTERM (as a stop's deadline kill, stop.go).
 func failedOnItsOwn(code int) bool {
-	return code != 0 && code != ExitInterrupted && code != 128+int(syscall.SIGTERM) && code != 128+int(syscall.SIGKILL)
+	switch code {
+	case 0, 1, ExitInterrupted, 128 + int(syscall.SIGTERM), 128 + int(syscall.SIGKILL):
+		return false
+	}
+	return true
 }
 
 // goBg runs fn beside the loop, owned by the agent's lifetime: end waits
@@ -614,7 +619,7 @@ func (a *Agent) onChildExit() {
 	code := exit.Code
 	a.proc.ExitAs(a.stops.exitCodeFor(exit, &a.dirs, &a.ranks))
 	a.log.Info("trainer exited", zap.Int("code", code), zap.Int("pid", a.proc.LastPID()), zap.Int("agent_exit_code", a.proc.ExitCode()))
-	if !a.conns.Had() && a.src.Asks() {
+	if !a.conns.Had() && a.src.Asks() && !exit.Stopping && !exit.DeadlineKill { // not one the agent stopped
 		v := silentView{socket: a.cfg.Server.Path}
 		a.log.Warn("the trainer exited without ever connecting: nothing of this session was checkpointed", zap.Int("code", code), zap.String("fix", v.fix()))
 	}

@@ -467,3 +467,44 @@ func TestStart_SignalCancelsSerialRestore(t *testing.T) {
 		})
 	}
 }
+
+// TestAgent_NoticeDuringStartRestoreExitCode: a start given up during the
+// restore for a notice stops a trainer that never connected. Its answer
+// to that SIGTERM (143, or torchrun's 1) gives 75, run me again; its own
+// failure (here 3) passes through, as after a stop (docs/protocol.md;
+// TestAgentSim seed 68074 exited 75 on a trainer's own 3). The agent
+// says nothing of a trainer it stopped itself never connecting.
+func TestAgent_NoticeDuringStartRestoreExitCode(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		onTerm string
+		want   int
+	}{{"sigterm", "", 75}, {"torchrun's 1", "exit 1", 75}, {"its own 3", "exit 3", 3}} {
+		t.Run(c.name, func(t *testing.T) {
+			gated := newGatedStore(t, false)
+			notices := noticetest.New(1)
+			core, logs := observer.New(zap.InfoLevel)
+			trap := ""
+			if c.onTerm != "" {
+				trap = "trap '" + c.onTerm + "' TERM; "
+			}
+			ar := startAgentErr(t, func(c *Config) {
+				c.Store, c.OverlapRestore, c.Source, c.Log = gated, true, notices, zap.New(core)
+				c.Command = []string{"/bin/sh", "-c", trap + "while :; do sleep 0.1; done"} // never connects
+			}, true)
+			testutil.WaitFor(t, "the restore under way", func() bool {
+				gated.mu.Lock()
+				defer gated.mu.Unlock()
+				return gated.gets >= 2
+			})
+			now := time.Now()
+			notices.C <- metadata.Notice{Cloud: metadata.CloudAWS, Kind: metadata.KindTermination, ID: "n1", Detected: now, Deadline: now.Add(time.Minute)}
+			if code := ar.wait(t); code != c.want {
+				t.Fatalf("exit code %d (%v), want %d", code, ar.err, c.want)
+			}
+			if n := logs.FilterMessageSnippet("exited without ever connecting").Len(); n != 0 {
+				t.Fatalf("%d warnings that the trainer the agent stopped never connected, want none", n)
+			}
+		})
+	}
+}
