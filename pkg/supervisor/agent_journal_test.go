@@ -119,8 +119,10 @@ func TestAgent_NeverConnectedSaidAndUnprotected(t *testing.T) {
 func TestAgent_NotConnectedYetSaidBeforeAnyCheckpointIsDue(t *testing.T) {
 	const notYet = "no trainer has connected yet: nothing is checkpointed until one does"
 	core, logs := observer.New(zap.InfoLevel)
+	done := filepath.Join(testutil.ShortDir(t), "done")
 	ar := startAgent(t, func(c *Config) {
-		c.Command = []string{"/bin/sh", "-c", "sleep 3"} // never connects
+		// Never connects; exits 0 once the test has seen the warning.
+		c.Command = []string{"/bin/sh", "-c", "while [ ! -e " + done + " ]; do sleep 0.05; done"}
 		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: time.Hour})
 		c.ConnectWarnAfter = time.Second
 		c.Log = zap.New(core)
@@ -130,6 +132,7 @@ func TestAgent_NotConnectedYetSaidBeforeAnyCheckpointIsDue(t *testing.T) {
 	if w, _ := f["waited_s"].(float64); w < 1 || f["socket"] != ar.cfg.Server.Path || !strings.Contains(f["fix"].(string), "SPOTAGENT_SOCKET") {
 		t.Fatalf("warning %v: want waited_s ≥ 1, the socket and the fix", f)
 	}
+	testutil.WriteFile(t, done, "")
 	if code := ar.wait(t); code != 0 {
 		t.Fatalf("exit code %d, want 0 (the trainer finished)", code)
 	}
