@@ -24,12 +24,18 @@ import (
 type Network struct {
 	mu        sync.Mutex
 	listeners map[netip.AddrPort]*listener
-	port      uint16 // the last port handed out (a dial's, or a listen on port 0)
+	ports     map[netip.Addr]*hostPorts // by host: the ports it handed out
 }
+
+// hostPorts are one host's last ports handed out: a listen's on port 0
+// from 40000, a dial's from 50000, each host on its own, so that a host's
+// listening port does not depend on how other goroutines ran (a replay of
+// the agent's simulation names the same ports).
+type hostPorts struct{ listen, dial uint16 }
 
 // New returns an empty network.
 func New() *Network {
-	return &Network{listeners: map[netip.AddrPort]*listener{}, port: 40000}
+	return &Network{listeners: map[netip.AddrPort]*listener{}, ports: map[netip.Addr]*hostPorts{}}
 }
 
 // Host is one machine of the network, at ip.
@@ -43,22 +49,25 @@ type Host struct {
 	ip netip.Addr
 }
 
-// nextPort is a port no listener of the network has (n.mu held).
-func (n *Network) nextPort() uint16 {
+// nextPort is a port of ip's that no listener has, from its listen
+// counter or its dial counter (n.mu held).
+func (n *Network) nextPort(ip netip.Addr, dial bool) uint16 {
+	hp := n.ports[ip]
+	if hp == nil {
+		hp = &hostPorts{listen: 39999, dial: 49999}
+		n.ports[ip] = hp
+	}
+	p := &hp.listen
+	if dial {
+		p = &hp.dial
+	}
 	for {
-		n.port++
-		if n.port == 0 {
-			n.port = 40001
+		*p++
+		if *p == 0 {
+			*p = 1024
 		}
-		free := true
-		for ap := range n.listeners {
-			if ap.Port() == n.port {
-				free = false
-				break
-			}
-		}
-		if free {
-			return n.port
+		if _, taken := n.listeners[netip.AddrPortFrom(ip, *p)]; !taken {
+			return *p
 		}
 	}
 }
@@ -85,7 +94,7 @@ func (h *Host) Listen(addr string) (net.Listener, error) {
 	h.n.mu.Lock()
 	defer h.n.mu.Unlock()
 	if port == 0 {
-		port = uint64(h.n.nextPort())
+		port = uint64(h.n.nextPort(h.ip, false))
 	}
 	ap := netip.AddrPortFrom(h.ip, uint16(port))
 	if _, taken := h.n.listeners[ap]; taken {
@@ -113,7 +122,7 @@ func (h *Host) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	}
 	h.n.mu.Lock()
 	l := h.n.listeners[ap]
-	from := netip.AddrPortFrom(h.ip, h.n.nextPort())
+	from := netip.AddrPortFrom(h.ip, h.n.nextPort(h.ip, true))
 	h.n.mu.Unlock()
 	if l == nil {
 		return nil, refused(os.NewSyscallError("connect", syscall.ECONNREFUSED))

@@ -88,6 +88,7 @@ type Config struct {
 	// Network is where the server listens and the clients dial: nil,
 	// the machine's TCP. A test inside a synctest bubble (the agent's
 	// simulation) passes an in-memory one (internal/testutil/memnet).
+	// With Shared, the clients dial on it; the server is Shared's.
 	Network Network
 	Log     *zap.Logger
 }

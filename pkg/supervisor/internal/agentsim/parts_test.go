@@ -383,6 +383,7 @@ func (w *world) runJobSession(k int, grace, interval, reqTimeout time.Duration, 
 			ev := evs[next]
 			next++
 			w.progOver() // no progress owed once a stop, kill or copy came
+			w.peerOver() // nor a peer's copy: a node ending may cut a transfer (peers_test.go)
 			switch ev.what {
 			case "signal":
 				signalled = true

@@ -48,8 +48,9 @@ import (
 //     of its part of the newest complete checkpoint that another node's
 //     machine holds with the bytes written (a replica of the part, or a
 //     data-parallel copy of the same bytes in that node's own part) is
-//     read from the store until the session's first commit, a node's end
-//     or a second copy's start (peerRead),
+//     read from the store until the session's first commit or the host's
+//     first event (a signal, notice, kill, loss or second copy: a node that
+//     ends may cut a transfer) (peerRead),
 //     unless a copy of that checkpoint was forged (one refused copy of a
 //     file sends that file to the store, not to the next peer);
 //   - the agents end by their bounds (parts_test.go) with a peer that is
@@ -318,8 +319,8 @@ func (w *world) peerRead(op storesim.Op) {
 	}
 }
 
-// peerOver: a node's agent ended, or a second copy of a node started:
-// what was owed is owed no more.
+// peerOver: the host acted (a signal, a notice, a kill, a loss, a second
+// copy) or a node's agent ended: what was owed is owed no more.
 func (w *world) peerOver() {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -500,6 +500,13 @@ type PeerTierConfig struct {
 	Network peertier.Network
 }
 
+// tierConfig is the peer tier's configuration for node of run runID in
+// st, this session's.
+func (c PeerTierConfig) tierConfig(st cloud.Store, runID, node, session string, log *zap.Logger) peertier.Config {
+	return peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
+		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Network: c.Network, Log: log}
+}
+
 // peerStartTimeout bounds the store requests of the peer tier's start (the
 // secret, the record): a slow store delays the start no longer than this.
 const peerStartTimeout = 30 * time.Second
@@ -512,8 +519,7 @@ func (d *Dirs) OpenPeer(ctx context.Context, c PeerTierConfig, st cloud.Store, r
 	if !c.Enabled || node == "" {
 		return
 	}
-	pc := peertier.Config{Store: st, RunID: runID, Node: node, Session: session,
-		Listen: c.Listen, Advertise: c.Advertise, Stall: c.Stall, PeerWait: c.PeerWait, Replicas: c.Replicas, Machine: c.Machine, Shared: c.Shared, Network: c.Network, Log: log}
+	pc := c.tierConfig(st, runID, node, session, log)
 	if d.tier != nil {
 		pc.Local = d.tier
 	} else {
