@@ -57,14 +57,9 @@ func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, inter
 // copies) were cut in #49: the agent's simulation runs the real peer tier
 // (pkg/supervisor/internal/agentsim, peers_test.go), and
 // pkg/checkpoint/peertier's tests each case.
-func TestDistributed_RestoreFromPeerReplica(t *testing.T) { restoreFromPeer(t, true) }
-
-func restoreFromPeer(t *testing.T, replicas bool) {
+func TestDistributed_RestoreFromPeerReplica(t *testing.T) {
 	parallel(t)
-	var extra []string
-	if replicas {
-		extra = []string{"--replicas", "1"}
-	}
+	extra := []string{"--replicas", "1"}
 	fs := newFaultStores(t, "s3", "peer")
 	reads := fs.recordDataReads(".json")
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
@@ -89,9 +84,7 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	}
 	for _, a := range agents {
 		a.waitEntry("kept a local copy of the committed checkpoint", time.Minute, nil)
-		if replicas {
-			a.waitEntry("kept a copy of another node's part of the committed checkpoint", time.Minute, nil)
-		}
+		a.waitEntry("kept a copy of another node's part of the committed checkpoint", time.Minute, nil)
 	}
 	// Both machines lost at once: no notice, no goodbye.
 	for _, a := range agents {
@@ -117,12 +110,9 @@ func restoreFromPeer(t *testing.T, replicas bool) {
 	// Node 1 on an empty machine.
 	n1 := peerSidecar(t, env, fs.uri, dir, filepath.Join(dir, "n1-new"), 1, "1h", extra...)
 	r1 := n1.waitEntry("restored checkpoint", time.Minute, nil)
-	// Without replicas its own shards come from the store (at most one
-	// part), its replica files from node 0; with them, everything from node 0.
-	peerBytes, storeBytes, from, storeKeys := int64(2*peerReplicaBytes), int64(2*peerShardBytes), "peer+store", []string{"shard-2.bin", "shard-3.bin"}
-	if replicas {
-		peerBytes, storeBytes, from, storeKeys = peerBytes+storeBytes, 0, "peer", nil
-	}
+	// Everything from node 0: its replica files, and node 1's own shards
+	// from its copy of node 1's part.
+	peerBytes, storeBytes, from, storeKeys := int64(2*peerReplicaBytes+2*peerShardBytes), int64(0), "peer", []string(nil)
 	if got := r1.num("peer_bytes"); got != peerBytes {
 		t.Errorf("node 1: %d bytes from its peer, want %d", got, peerBytes)
 	}
