@@ -156,10 +156,10 @@ func TestAgentSim(t *testing.T) {
 		if run.N >= simShort && (acks == 0 || held == 0 || live == 0) {
 			t.Errorf("the notice edges' checks checked nothing in %d schedules (%d acks, %d held, %d answered): their conditions never held", run.N, acks, held, live)
 		}
-		local, forged := localChecked.local.Load(), localChecked.forged.Load()
-		t.Logf("this machine's copies checked: %d resumes restored from an intact local tier, %d of a checkpoint whose copy here was forged (localtier_test.go)", local, forged)
-		if run.N >= simShort && (local == 0 || forged == 0) {
-			t.Errorf("the local tier's checks checked nothing in %d schedules (%d local resumes, %d forged): their conditions never held", run.N, local, forged)
+		local, forged, onlyForged := localChecked.local.Load(), localChecked.forged.Load(), localChecked.onlyForged.Load()
+		t.Logf("this machine's copies checked: %d resumes restored from an intact local tier (%d with one file forged, read from the store alone), %d of a checkpoint whose copy here was forged (localtier_test.go)", local, onlyForged, forged)
+		if run.N >= simShort && (local == 0 || forged == 0 || onlyForged == 0) {
+			t.Errorf("the local tier's checks checked nothing in %d schedules (%d local resumes, %d with one file forged, %d forged): their conditions never held", run.N, local, onlyForged, forged)
 		}
 		early, changed := pipeChecked.early.Load(), pipeChecked.changed.Load()
 		peer, pforged, owed := peerChecked.peer.Load(), peerChecked.forged.Load(), peerChecked.owed.Load()
@@ -198,6 +198,8 @@ var simRegressions = map[uint64]string{
 	75430: "the same, seen through another schedule",
 	68074: "agent_loop.go Run: a start given up during the restore for a notice exited 75 though the trainer had failed on its own (exit 3) meanwhile: its code passes through, as after a stop",
 	14569: "protocol Conn.Send: writes serialised by a mutex: a Send behind one blocked on a trainer that reads nothing waited on it, not durably blocked: the bubble's clock stopped, caught by the watchdog",
+	// Planted: caught only by localRead's forged-file exemption (localtier_test.go).
+	60: "restore.go refuse (planted): one forged file of the local tier's copy gave up the whole tier for the restore: its intact files were read from the store",
 	// Planted: caught only by peerRead (peers_test.go).
 	147: "restore.go fromTiers (planted): the peer tier never asked for a rank's own files: a new machine's node read from the store the replica its keeper held intact",
 	453: "the same, seen through another schedule",

@@ -36,7 +36,9 @@ import (
 //   - a session whose local tier is on and holds an intact copy of the
 //     newest complete checkpoint at its start restores it from the
 //     machine: it reads none of that checkpoint's objects from the store
-//     until the session's first commit (localRead).
+//     until the session's first commit (localRead); when one file of that
+//     copy was forged, only that file comes from the store (the end-to-end
+//     TestDigest_ForgedPeerAndReplicaNeverUsed held it for a real agent).
 //
 // Drawn from a generator of their own (drawLocalShape), so that the
 // schedules' other draws stay what they were.
@@ -79,12 +81,16 @@ type localState struct {
 	want      *checkpoint.Manifest
 	committed bool
 	forged    map[string]bool // ids of checkpoints with a forged file on this machine
+	// exempt: the paths of want forged here (forgeOne), which the store
+	// rightly serves; every other file of want still comes from the
+	// machine.
+	exempt map[string]bool
 }
 
 // localChecked counts what the checks here checked, over a TestAgentSim
 // run: resumes of a checkpoint restored from an intact local copy, and of
 // one whose copy on this machine was forged.
-var localChecked struct{ local, forged atomic.Int64 }
+var localChecked struct{ local, forged, onlyForged atomic.Int64 }
 
 // copyDir is the name of a checkpoint's copy on this machine:
 // <step, 12 digits>-<id>.
@@ -131,25 +137,40 @@ func (w *world) localStart(s localShape, newest *checkpoint.Manifest) {
 	case forgeNone:
 		files = nil
 	}
+	exempt := map[string]bool{}
 	for _, f := range files {
 		if err := forgeCopy(f.path); err != nil {
 			w.violateLocked("forge %s: %v", f.path, err)
 			return
 		}
 		ls.forged[f.id] = true
+		if newest != nil && f.id == newest.ID {
+			// <area>/<sub>/<copy>/<path>: the path of the file in the checkpoint.
+			rel, _ := filepath.Rel(area, f.path)
+			if parts := strings.SplitN(filepath.ToSlash(rel), "/", 3); len(parts) == 3 {
+				exempt[parts[2]] = true
+			}
+		}
 		w.logLocked("host: forged %s", strings.TrimPrefix(f.path, area+"/"))
 	}
-	if newest == nil || s.keep < 1 || ls.forged[newest.ID] {
+	if newest == nil || s.keep < 1 || (ls.forged[newest.ID] && s.forge != forgeOne) {
 		return
 	}
 	kept := filepath.Join(area, localdirs.TierSub, fmt.Sprintf("%012d-%s", newest.Step, newest.ID))
 	for _, f := range newest.Files {
+		if exempt[f.Path] {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(kept, filepath.FromSlash(f.Path)))
 		if err != nil || !bytes.Equal(b, w.files[newest.ID][f.Path]) {
 			return
 		}
 	}
-	ls.want = newest
+	ls.want, ls.exempt = newest, exempt
+	if len(exempt) > 0 {
+		w.logLocked("host: the local tier holds step %d (%s) intact but for %d forged file(s)", newest.Step, newest.ID, len(exempt))
+		return
+	}
 	w.logLocked("host: the local tier holds step %d (%s) intact", newest.Step, newest.ID)
 }
 
@@ -186,7 +207,7 @@ func (w *world) localRead(op storesim.Op) {
 		ls.committed = true
 	case op.Kind == storesim.OpGet:
 		for _, f := range ls.want.Files {
-			if f.Key == op.Key {
+			if f.Key == op.Key && !ls.exempt[f.Path] {
 				w.violateLocked("read %s of step %d from the store: the local tier held it intact (keep on) at the session's start", f.Path, ls.want.Step)
 			}
 		}
@@ -204,6 +225,9 @@ func (w *world) localResumed(id string) {
 	}
 	if ls.want != nil && ls.want.ID == id && !ls.committed {
 		localChecked.local.Add(1)
+		if len(ls.exempt) > 0 {
+			localChecked.onlyForged.Add(1)
+		}
 	}
 	if ls.forged[id] {
 		localChecked.forged.Add(1)
