@@ -200,4 +200,13 @@ func TestAgent_InterruptionsFirstSavedCancelsPeriodic(t *testing.T) {
 	if _, err := checkpoint.ReadManifest(context.Background(), ar.store, checkpoint.ManifestKey(5, per.ID)); !errors.Is(err, cloud.ErrNotExist) {
 		t.Fatalf("the periodic checkpoint's manifest: %v, want none", err)
 	}
+	// Cancelled on purpose, not failed: said at info, never as an error
+	// (integration TestStoreFault_AgentThroughFaults failed on the error
+	// line once the cancel was timed right).
+	testutil.WaitFor(t, "the cancelled periodic checkpoint said", func() bool {
+		return logs.FilterMessage("periodic checkpoint not committed: the interruption checkpoint took priority").FilterField(zap.String("id", per.ID)).Len() == 1
+	})
+	if n := logs.FilterMessage("checkpoint not committed").Len(); n != 0 {
+		t.Fatalf("%d 'checkpoint not committed' errors, want none: the periodic one was cancelled on purpose", n)
+	}
 }

@@ -334,10 +334,15 @@ func (a *Agent) onCommitResult(cr commitResult) {
 		return
 	}
 	if cr.err != nil {
-		if errors.Is(cr.err, commit.ErrPreempted) {
+		switch {
+		case errors.Is(cr.err, commit.ErrPreempted):
 			a.log.Info("periodic checkpoint not committed: another run's interruption checkpoint took its upload slot", zap.String("id", r.id))
 			a.cfg.Metrics.CommitFailed("preempted")
-		} else {
+		case u != nil && u.cancelled && errors.Is(cr.err, context.Canceled):
+			// Cancelled on purpose (commits.cancelPeriodic): no failure.
+			a.log.Info("periodic checkpoint not committed: the interruption checkpoint took priority", zap.String("id", r.id))
+			a.cfg.Metrics.CommitFailed("preempted")
+		default:
 			a.log.Error("checkpoint not committed", append([]zap.Field{zap.String("id", r.id), zap.String("reason", r.reason), zap.Error(cr.err)},
 				causeFields(cr.err, "")...)...) // failcause.go
 			a.cfg.Metrics.CommitFailed(r.reason)
