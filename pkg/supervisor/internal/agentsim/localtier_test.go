@@ -96,22 +96,21 @@ var localChecked struct{ local, forged, onlyForged atomic.Int64 }
 // <step, 12 digits>-<id>.
 var copyDir = regexp.MustCompile(`^[0-9]{12}-([0-9a-f]{12})$`)
 
-// localStart forges what the session's shape says on this machine's
-// copies and records what the session must restore from them.
-func (w *world) localStart(s localShape, newest *checkpoint.Manifest) {
-	area := filepath.Join(w.dir, localdirs.AreaPrefix+"sim")
-	ls := &localState{forged: map[string]bool{}}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.local = ls
-	// Every copy's data files, by checkpoint: the paths a rank wrote for
-	// it (w.files), never the agent's own files beside them.
-	type copyFile struct{ id, path string }
+// copyFile is one data file of a copy on a machine: its checkpoint's id
+// and its path.
+type copyFile struct{ id, path string }
+
+// copyFilesLocked lists the data files of every copy in area (w.mu held):
+// the paths a rank wrote for it (w.files), never the agent's own files
+// beside them, in the local tier (another node's part beside a copy:
+// <step>-<id>+node-<k>, peers_test.go) or the last restore's directory.
+func (w *world) copyFilesLocked(area string) []copyFile {
 	var files []copyFile
 	for _, sub := range []string{localdirs.TierSub, localdirs.RestoreSub} {
 		ents, _ := os.ReadDir(filepath.Join(area, sub))
 		for _, e := range ents {
-			m := copyDir.FindStringSubmatch(e.Name())
+			name, _, _ := strings.Cut(e.Name(), "+")
+			m := copyDir.FindStringSubmatch(name)
 			if m == nil || !e.IsDir() {
 				continue
 			}
@@ -122,21 +121,36 @@ func (w *world) localStart(s localShape, newest *checkpoint.Manifest) {
 			}
 		}
 	}
-	switch s.forge {
-	case forgeOne:
-		if len(files) == 0 {
-			break
-		}
+	return files
+}
+
+// forgedOf is what mode forges of files: none, all, or one (of newest
+// when there is one).
+func forgedOf(files []copyFile, mode forgeMode, newest *checkpoint.Manifest) []copyFile {
+	switch {
+	case mode == forgeNone:
+		return nil
+	case mode == forgeOne && len(files) > 0:
 		at := 0
 		if newest != nil {
 			if i := slices.IndexFunc(files, func(f copyFile) bool { return f.id == newest.ID }); i >= 0 {
 				at = i
 			}
 		}
-		files = files[at : at+1]
-	case forgeNone:
-		files = nil
+		return files[at : at+1]
 	}
+	return files
+}
+
+// localStart forges what the session's shape says on this machine's
+// copies and records what the session must restore from them.
+func (w *world) localStart(s localShape, newest *checkpoint.Manifest) {
+	area := filepath.Join(w.dir, localdirs.AreaPrefix+"sim")
+	ls := &localState{forged: map[string]bool{}}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.local = ls
+	files := forgedOf(w.copyFilesLocked(area), s.forge, newest)
 	exempt := map[string]bool{}
 	for _, f := range files {
 		if err := forgeCopy(f.path); err != nil {

@@ -197,38 +197,11 @@ func (w *world) peerStart(s peerShape, js jobShape, newest *checkpoint.Manifest,
 	if s.forge == forgeNone {
 		return
 	}
-	// Every copy's data files on the machines: the paths a rank wrote
-	// for it (w.files), in the local tier (its part, or another node's
-	// beside it: <step>-<id>+node-<k>) or the last restore's directory.
-	type copyFile struct{ id, path string }
-	var files []copyFile
+	var files []copyFile // localtier_test.go
 	for n := range js.nodes {
-		area := filepath.Join(w.dir, fmt.Sprintf("node-%d", n), localdirs.AreaPrefix+"sim")
-		for _, sub := range []string{localdirs.TierSub, localdirs.RestoreSub} {
-			ents, _ := os.ReadDir(filepath.Join(area, sub))
-			for _, e := range ents {
-				name, _, _ := strings.Cut(e.Name(), "+")
-				m := copyDir.FindStringSubmatch(name)
-				if m == nil || !e.IsDir() {
-					continue
-				}
-				for _, p := range slices.Sorted(mapsKeys(w.files[m[1]])) {
-					if _, err := os.Stat(filepath.Join(area, sub, e.Name(), p)); err == nil {
-						files = append(files, copyFile{m[1], filepath.Join(area, sub, e.Name(), p)})
-					}
-				}
-			}
-		}
+		files = append(files, w.copyFilesLocked(filepath.Join(w.dir, fmt.Sprintf("node-%d", n), localdirs.AreaPrefix+"sim"))...)
 	}
-	if s.forge == forgeOne && len(files) > 0 {
-		at := 0
-		if newest != nil {
-			if i := slices.IndexFunc(files, func(f copyFile) bool { return f.id == newest.ID }); i >= 0 {
-				at = i
-			}
-		}
-		files = files[at : at+1]
-	}
+	files = forgedOf(files, s.forge, newest)
 	for _, f := range files {
 		if err := forgeCopy(f.path); err != nil {
 			w.violateLocked("forge %s: %v", f.path, err)
