@@ -117,6 +117,16 @@ func TestCLI_HelpGroupsAndExample(t *testing.T) {
 			t.Errorf("%s --help lacks --store and its environment variable:\n%s", c, out)
 		}
 	}
+	// --kill-after signals the child's group: only run has one.
+	if !regexp.MustCompile(`--kill-after duration +SIGTERM to SIGKILL for the trainer's process group`).MatchString(out) {
+		t.Errorf("run --help: --kill-after not described as the child's SIGKILL delay:\n%s", out)
+	}
+	for _, c := range []string{"sidecar", "node"} {
+		_, out, _ := cli(t, c, "--help")
+		if !regexp.MustCompile(`--kill-after duration +run only: a sidecar or node agent has no child to signal`).MatchString(out) {
+			t.Errorf("%s --help: --kill-after not said to do nothing without a child:\n%s", c, out)
+		}
+	}
 	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
 		code, out, _ := cli(t, args...)
 		if code != 0 || !strings.Contains(out, "\n  run ") || !strings.Contains(out, "\n  completion ") {

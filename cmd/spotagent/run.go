@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/child"
@@ -65,6 +66,7 @@ func newSidecarCmd() *cobra.Command {
 		},
 	}
 	o.register(cmd.Flags(), false)
+	noChild(cmd.Flags())
 	o.completions(cmd)
 	return cmd
 }
@@ -82,10 +84,18 @@ func newNodeCmd() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	o.register(fs, true)
+	noChild(fs)
 	fs.IntVar(&o.concurrentCommits, "concurrent-commits", 2, "checkpoints uploaded at once across the node's runs; the rest wait, interruption checkpoints first, then the earliest deadline, then the smallest")
 	inGroup(fs, groupStore, "concurrent-commits")
 	o.completions(cmd)
 	return cmd
+}
+
+// noChild says what --kill-after means to an agent without a child: a
+// sidecar or node agent has no process group to signal. The flag stays
+// (the shipped manifests set it beside --term-grace for the stop budget).
+func noChild(fs *pflag.FlagSet) {
+	fs.Lookup("kill-after").Usage = "run only: a sidecar or node agent has no child to signal, so this does nothing here (accepted so that one set of flags serves every mode); the trainer container's own stop is the kubelet's"
 }
 
 // runAgent wires the packages together and runs the agent. Every flag is
