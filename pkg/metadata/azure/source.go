@@ -143,17 +143,58 @@ func (s *Source) Probe(ctx context.Context) error {
 }
 
 // Ack approves event noticeID (a Notice.ID from this source) with a
-// StartRequests POST: Azure may then go ahead at once.
+// StartRequests POST: Azure may then go ahead at once, and the replacement
+// machine comes sooner. An IMDS that fails (unreachable, 5xx, 429) is asked
+// again, 100 ms after the first failure and then twice as long each time
+// (at most 2 s, or MaxBackoff if shorter), until ctx ends: the caller bounds it by the event's
+// deadline. Any other answer (a 4xx: the event is gone, or the body was
+// refused) is final.
 func (s *Source) Ack(ctx context.Context, noticeID string) error {
 	body, err := json.Marshal(map[string]any{"StartRequests": []map[string]string{{"EventId": noticeID}}})
 	if err != nil {
 		return fmt.Errorf("ack %s: %w", noticeID, err)
 	}
-	if _, err := s.do(ctx, http.MethodPost, pathScheduledEvents, body); err != nil {
-		return fmt.Errorf("ack %s: %w", noticeID, err)
+	wait, attempts := 100*time.Millisecond, 0
+	var last error // the last attempt's failure that ctx did not cut short
+	for {
+		_, err := s.do(ctx, http.MethodPost, pathScheduledEvents, body)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil || last == nil {
+			attempts, last = attempts+1, err
+		}
+		if ctx.Err() != nil || !transient(err) {
+			return fmt.Errorf("ack %s (%d attempts): %w", noticeID, attempts, last)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("ack %s (%d attempts): %w", noticeID, attempts, last)
+		case <-t.C:
+		}
+		wait = min(2*wait, s.cfg.MaxBackoff, 2*time.Second)
 	}
-	s.log.Info("acknowledged event", zap.String("id", noticeID))
-	return nil
+}
+
+// statusError is an answer other than 200.
+type statusError struct {
+	method, path string
+	code         int
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%s %s: status %d", e.method, e.path, e.code)
+}
+
+// transient: err may pass if asked again (no answer, 5xx, 429).
+func transient(err error) bool {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.code >= 500 || se.code == http.StatusTooManyRequests
+	}
+	return true
 }
 
 // do sends one request within RequestTimeout and returns the body of a 200.
@@ -182,7 +223,7 @@ func (s *Source) do(ctx context.Context, method, path string, body []byte) ([]by
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s %s: status %d", method, path, resp.StatusCode)
+		return nil, &statusError{method: method, path: path, code: resp.StatusCode}
 	}
 	return out, nil
 }

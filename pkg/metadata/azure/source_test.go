@@ -2,6 +2,7 @@ package azure_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,13 +173,51 @@ func TestWatch_FaultBeforeName(t *testing.T) {
 	}
 }
 
-func TestAck_Fails(t *testing.T) {
+// TestAck_RetriedUntilIMDSAnswers: an approval that fails (IMDS 503) is
+// sent again until it lands, within the caller's context.
+func TestAck_RetriedUntilIMDSAnswers(t *testing.T) {
 	f := fake.NewAzure(fake.AzureOptions{})
 	defer f.Close()
 	f.SetFault(fake.Fault5xx)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := newSource(f).Ack(ctx, "x"); err == nil {
-		t.Fatal("ack succeeded against a failing IMDS")
+	done := make(chan error, 1)
+	go func() { done <- newSource(f).Ack(ctx, "x") }()
+	// Each attempt is 3 requests (retryablehttp's own 2 retries): 6 is a
+	// second attempt after the first failed.
+	metatest.WaitRequests(t, f, 6)
+	f.SetFault(fake.FaultNone)
+	if err := <-done; err != nil {
+		t.Fatalf("ack once IMDS answers: %v", err)
+	}
+	if got := f.Acks(); len(got) != 1 || got[0] != "x" {
+		t.Fatalf("acks %v, want [x]", got)
+	}
+}
+
+// TestAck_Fails: an IMDS that never answers ends the ack with its context;
+// a refusal (418) ends it at once, not asked again.
+func TestAck_Fails(t *testing.T) {
+	for _, c := range []struct {
+		fault   fake.Fault
+		maxReqs int64 // requests at most
+	}{{fake.Fault5xx, 1 << 20}, {fake.FaultStatus, 1}} {
+		t.Run(c.fault.String(), func(t *testing.T) {
+			f := fake.NewAzure(fake.AzureOptions{})
+			defer f.Close()
+			f.SetFault(c.fault)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			err := newSource(f).Ack(ctx, "x")
+			if err == nil || !strings.Contains(err.Error(), "attempts") {
+				t.Fatalf("ack against a failing IMDS: %v, want an error that says how many attempts", err)
+			}
+			if n := f.Requests(); n > c.maxReqs {
+				t.Fatalf("%d requests, want at most %d", n, c.maxReqs)
+			}
+			if c.fault == fake.Fault5xx && !strings.Contains(err.Error(), "status 503") {
+				t.Fatalf("ack error %q, want the last answer (503)", err)
+			}
+		})
 	}
 }
