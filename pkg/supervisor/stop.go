@@ -313,6 +313,7 @@ type stopState struct {
 	finished bool // committed or failed: nothing more to wait for
 	joined   bool // the notice reached another node of the job (job.go)
 	record   journal.Interruption
+	recorded int64 // the step of the record as journalled (finish, committed)
 }
 
 // The stop as its checkpoint source sees it (source.Stop).
@@ -435,6 +436,21 @@ func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
 // stop, acknowledge the cloud's event, record it.
 func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time, e stopEnds) {
 	t := now.UTC()
+	if s.finished {
+		// A newer checkpoint of the trainer's committed after the stop's
+		// (zero-code mode: one that was complete just before the stop, seen
+		// only after it): the record names it, nothing else is said again.
+		if !s.record.CommitOK || res.Manifest.Step <= s.recorded || s.joined {
+			return
+		}
+		s.record.CheckpointID, s.record.Step, s.recorded = res.Manifest.ID, res.Manifest.Step, res.Manifest.Step
+		s.record.Committed, s.record.Bytes = &t, res.Bytes
+		s.recordLostSteps(e.src, res.Manifest.Step, now)
+		q.cfg.Log.Info("a newer checkpoint committed after the interruption's: its record names it", zap.Int64("step", res.Manifest.Step))
+		rec := s.record
+		e.sess.JournalAsync(func(j *journal.Journal) { j.RecordInterruption(rec) })
+		return
+	}
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
 	s.recordLostSteps(e.src, res.Manifest.Step, now)
 	s.noticeOutcome(q.cfg.Metrics, true, now)
@@ -499,9 +515,9 @@ func (q *stopSequence) finish(s *stopState, e stopEnds) {
 	}
 	rec := s.record
 	committed := rec.CommitOK
+	s.recorded = rec.Step
 	e.sess.JournalAsync(func(j *journal.Journal) {
-		j.Interruptions = append(j.Interruptions, rec)
-		if committed {
+		if j.RecordInterruption(rec) && committed {
 			j.Stats.NoticeCommits++
 		}
 	})

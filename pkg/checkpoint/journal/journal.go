@@ -205,6 +205,26 @@ func (j *Journal) SessionByID(id string) *Session {
 	return nil
 }
 
+// RecordInterruption adds rec, or updates the record of the same
+// interruption (its Kind, NoticeID and Detected) when rec names a newer
+// step: a checkpoint that commits after the interruption's record was
+// written (zero-code mode's last one) amends it. The agent's writes land in
+// any order, so the newest step wins whichever comes last. added: rec is a
+// new interruption, to be counted once.
+func (j *Journal) RecordInterruption(rec Interruption) (added bool) {
+	for i := len(j.Interruptions) - 1; i >= 0; i-- {
+		in := &j.Interruptions[i]
+		if in.Kind == rec.Kind && in.NoticeID == rec.NoticeID && in.Detected.Equal(rec.Detected) {
+			if rec.Step > in.Step {
+				*in = rec
+			}
+			return false
+		}
+	}
+	j.Interruptions = append(j.Interruptions, rec)
+	return true
+}
+
 // maxJournal bounds what is read as a journal.
 const maxJournal = 16 << 20
 

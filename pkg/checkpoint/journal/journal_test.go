@@ -34,3 +34,32 @@ func TestFinishedBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordInterruption: one interruption's record, written twice in
+// either order (the agent's writes land in any order), ends with its newest
+// step and is counted once; another interruption is a record of its own.
+func TestRecordInterruption(t *testing.T) {
+	at := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	first := Interruption{Kind: "termination", NoticeID: "e1", Detected: at, CheckpointID: "a", Step: 110, CommitOK: true}
+	later := first
+	later.CheckpointID, later.Step = "b", 120
+	for _, order := range [][]Interruption{{first, later}, {later, first}} {
+		var j Journal
+		added := 0
+		for _, rec := range order {
+			// As read back from the store: no monotonic clock, another location.
+			rec.Detected = rec.Detected.In(time.FixedZone("x", 3600)).Round(0)
+			if j.RecordInterruption(rec) {
+				added++
+			}
+		}
+		if added != 1 || len(j.Interruptions) != 1 || j.Interruptions[0].Step != 120 || j.Interruptions[0].CheckpointID != "b" {
+			t.Fatalf("order %d then %d: added %d, records %+v, want one of step 120", order[0].Step, order[1].Step, added, j.Interruptions)
+		}
+		other := first
+		other.Detected = at.Add(time.Minute)
+		if !j.RecordInterruption(other) || len(j.Interruptions) != 2 {
+			t.Fatalf("a second interruption not recorded: %+v", j.Interruptions)
+		}
+	}
+}

@@ -87,6 +87,8 @@ type Host interface {
 	SignalTrainer(sig syscall.Signal) error
 	StopTrainer()
 	// StopCommitted and StopFailed end the interruption s the source took.
+	// StopCommitted once s has ended: a newer checkpoint (Checkpointed
+	// first) committed after it; s's record names it, nothing else changes.
 	StopCommitted(s Stop, res *commit.Result, now time.Time)
 	StopFailed(s Stop, why string, now time.Time)
 }

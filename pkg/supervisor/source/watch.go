@@ -136,6 +136,10 @@ type watchStop struct {
 	// A cloud notice fixes the machine's end instead: the trainer runs on
 	// while a newer checkpoint can still be committed.
 	prompt, awaitNewer bool
+	// ended: when the stop's record was made (finish), of step recorded;
+	// a newer checkpoint committed after it amends the record (Committed).
+	ended    time.Time
+	recorded int64
 }
 
 // ParseNoticeSignal accepts the signals a trainer may be sent on a notice.
@@ -431,6 +435,13 @@ func (ws *Watch) Committed(cr Result) {
 	switch {
 	case cr.Err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
+		if st := ws.intr; st != nil && !st.ended.IsZero() && cr.Res.Manifest.Step > st.recorded {
+			// Complete just before the stop and seen only after its record
+			// was made: the record names it, and what it saved is not lost.
+			st.recorded = cr.Res.Manifest.Step
+			st.s.Checkpointed(cr.Res.Manifest.ID, cr.Res.Manifest.Step, max(st.ended.Sub(u.cp.Written()).Seconds(), 0), u.started)
+			h.StopCommitted(st.s, cr.Res, time.Now())
+		}
 		if ws.cfg.Prune {
 			ws.pruneFrom(cr.Res.Manifest.Step)
 		}
@@ -665,6 +676,7 @@ func (ws *Watch) finish(st *watchStop, now time.Time) {
 			done = ws.doneAt
 		}
 		s.Checkpointed(h.State().Last.ID, h.State().Last.Step, max(now.Sub(base).Seconds(), 0), done)
+		st.ended, st.recorded = now, h.State().Last.Step
 		res := &commit.Result{Manifest: &checkpoint.Manifest{ID: h.State().Last.ID, Step: h.State().Last.Step}, Bytes: h.State().Last.Bytes}
 		h.StopCommitted(s, res, now)
 	}

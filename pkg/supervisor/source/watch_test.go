@@ -10,6 +10,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint"
+	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/watch"
@@ -108,5 +110,57 @@ func TestNewWatch_EmptiesTheStage(t *testing.T) {
 	ws.host.(*host).step = 0
 	if v := ws.View(time.Now()); v.Reached != 0 || v.ReachedFrom != journal.LostFromDir {
 		t.Fatalf("reached %d (%q), want 0 from DIR", v.Reached, v.ReachedFrom)
+	}
+}
+
+// stopHost is a host that records the stops it is told of.
+type stopHost struct {
+	host
+	committed []int64 // StopCommitted's steps
+}
+
+func (h *stopHost) StopCommitted(_ Stop, res *commit.Result, _ time.Time) {
+	h.committed = append(h.committed, res.Manifest.Step)
+}
+
+// endedStop is an interruption whose record was made.
+type endedStop struct {
+	Stop
+	id   string
+	step int64
+}
+
+func (s *endedStop) Finished() bool { return true }
+func (s *endedStop) Checkpointed(id string, step int64, _ float64, _ time.Time) {
+	s.id, s.step = id, step
+}
+
+// TestWatch_NewerCommitAfterTheStopAmendsIt: a checkpoint complete just
+// before the stop but committed after its record was made (step 110 then,
+// 120 now) makes the record name it; an older one that commits late
+// changes nothing.
+func TestWatch_NewerCommitAfterTheStopAmendsIt(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "out")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	h := &stopHost{}
+	ws, err := NewWatch(h, env(t, dir, filepath.Join(base, "scratch")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	s := &endedStop{id: "c110", step: 110}
+	ws.intr = &watchStop{s: s, ended: time.Now(), recorded: 110}
+	for _, c := range []struct {
+		id   string
+		step int64
+	}{{"c120", 120}, {"c100", 100}} {
+		ws.inflight[c.id] = &watchUpload{cp: &watch.Checkpoint{Name: "checkpoint-" + c.id, Step: c.step}, unexpect: func() {}, started: time.Now()}
+		ws.Committed(Result{ID: c.id, Res: &commit.Result{Manifest: &checkpoint.Manifest{ID: c.id, Step: c.step}}})
+	}
+	if s.id != "c120" || s.step != 120 || len(h.committed) != 1 || h.committed[0] != 120 {
+		t.Fatalf("record %s at %d, stops committed %v: want c120 at 120, told once", s.id, s.step, h.committed)
 	}
 }
