@@ -436,11 +436,13 @@ func (q *stopSequence) requested(s *stopState, r *request, sent time.Time) {
 // stop, acknowledge the cloud's event, record it.
 func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time, e stopEnds) {
 	t := now.UTC()
-	if s.finished {
+	if s.finished && s.record.CommitOK {
 		// A newer checkpoint of the trainer's committed after the stop's
 		// (zero-code mode: one that was complete just before the stop, seen
 		// only after it): the record names it, nothing else is said again.
-		if !s.record.CommitOK || res.Manifest.Step <= s.recorded || s.joined {
+		// (A stop that failed and whose checkpoint commits late goes on
+		// below: its record becomes a committed one.)
+		if res.Manifest.Step <= s.recorded || s.joined {
 			return
 		}
 		s.record.CheckpointID, s.record.Step, s.recorded = res.Manifest.ID, res.Manifest.Step, res.Manifest.Step
@@ -514,10 +516,9 @@ func (q *stopSequence) finish(s *stopState, e stopEnds) {
 		return // the node that got the notice journals it
 	}
 	rec := s.record
-	committed := rec.CommitOK
 	s.recorded = rec.Step
 	e.sess.JournalAsync(func(j *journal.Journal) {
-		if j.RecordInterruption(rec) && committed {
+		if j.RecordInterruption(rec) {
 			j.Stats.NoticeCommits++
 		}
 	})

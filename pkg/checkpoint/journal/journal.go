@@ -207,22 +207,25 @@ func (j *Journal) SessionByID(id string) *Session {
 
 // RecordInterruption adds rec, or updates the record of the same
 // interruption (its Kind, NoticeID and Detected) when rec names a newer
-// step: a checkpoint that commits after the interruption's record was
-// written (zero-code mode's last one) amends it. The agent's writes land in
-// any order, so the newest step wins whichever comes last. added: rec is a
-// new interruption, to be counted once.
-func (j *Journal) RecordInterruption(rec Interruption) (added bool) {
+// step, or commits what had failed: a checkpoint that commits after the
+// interruption's record was written (zero-code mode's last one, or a stop's
+// own upload past its deadline) amends it. The agent's writes land in any
+// order, so the newest committed step wins whichever comes last.
+// newlyCommitted: the interruption's record is committed now and was not
+// before (a commit to count once).
+func (j *Journal) RecordInterruption(rec Interruption) (newlyCommitted bool) {
 	for i := len(j.Interruptions) - 1; i >= 0; i-- {
 		in := &j.Interruptions[i]
 		if in.Kind == rec.Kind && in.NoticeID == rec.NoticeID && in.Detected.Equal(rec.Detected) {
-			if rec.Step > in.Step {
+			was := in.CommitOK
+			if (rec.CommitOK && !was) || (rec.CommitOK == was && rec.Step > in.Step) {
 				*in = rec
 			}
-			return false
+			return in.CommitOK && !was
 		}
 	}
 	j.Interruptions = append(j.Interruptions, rec)
-	return true
+	return rec.CommitOK
 }
 
 // maxJournal bounds what is read as a journal.

@@ -37,29 +37,36 @@ func TestFinishedBefore(t *testing.T) {
 
 // TestRecordInterruption: one interruption's record, written twice in
 // either order (the agent's writes land in any order), ends with its newest
-// step and is counted once; another interruption is a record of its own.
+// committed step and its commit is counted once; a failed record then a
+// committed one (a stop's upload past its deadline) ends committed;
+// another interruption is a record of its own.
 func TestRecordInterruption(t *testing.T) {
 	at := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	first := Interruption{Kind: "termination", NoticeID: "e1", Detected: at, CheckpointID: "a", Step: 110, CommitOK: true}
 	later := first
 	later.CheckpointID, later.Step = "b", 120
-	for _, order := range [][]Interruption{{first, later}, {later, first}} {
+	failed := Interruption{Kind: "termination", NoticeID: "e1", Detected: at, CheckpointID: "b", Step: 120, Error: "deadline passed"}
+	for _, order := range [][]Interruption{{first, later}, {later, first}, {failed, later}, {later, failed}} {
 		var j Journal
-		added := 0
+		counted := 0
 		for _, rec := range order {
 			// As read back from the store: no monotonic clock, another location.
 			rec.Detected = rec.Detected.In(time.FixedZone("x", 3600)).Round(0)
 			if j.RecordInterruption(rec) {
-				added++
+				counted++
 			}
 		}
-		if added != 1 || len(j.Interruptions) != 1 || j.Interruptions[0].Step != 120 || j.Interruptions[0].CheckpointID != "b" {
-			t.Fatalf("order %d then %d: added %d, records %+v, want one of step 120", order[0].Step, order[1].Step, added, j.Interruptions)
+		if in := j.Interruptions; counted != 1 || len(in) != 1 || in[0].Step != 120 || in[0].CheckpointID != "b" || !in[0].CommitOK {
+			t.Fatalf("order %+v: counted %d, records %+v, want one committed of step 120 counted once", order, counted, in)
 		}
 		other := first
 		other.Detected = at.Add(time.Minute)
 		if !j.RecordInterruption(other) || len(j.Interruptions) != 2 {
 			t.Fatalf("a second interruption not recorded: %+v", j.Interruptions)
 		}
+	}
+	var j Journal
+	if j.RecordInterruption(failed) || len(j.Interruptions) != 1 {
+		t.Fatalf("a failed interruption counted as a commit, or not recorded: %+v", j.Interruptions)
 	}
 }
