@@ -33,8 +33,9 @@ type agentOptions struct {
 	minInterval, maxInterval                                  time.Duration
 	interruptionRate                                          float64
 	keep, maxRestarts, concurrentCommits, maxConns            int
-	socketDefault                                             bool // no --socket: the private default dir
-	checkpointDirDefault                                      bool // no --checkpoint-dir: the default cache
+	socketDefault                                             bool   // no --socket: the private default dir
+	checkpointDirDefault                                      bool   // no --checkpoint-dir: the default cache
+	checkpointDirNoHome                                       string // the default is not under a home directory: why
 	termGrace, killAfter, margin                              time.Duration
 	onRebalance                                               string
 	signal                                                    string
@@ -72,7 +73,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	} else {
 		fs.StringVar(&o.store, "store", "", "where checkpoints go: s3://bucket/prefix, gs://bucket/prefix, az://container[@account]/prefix, file:///dir or a path")
 		fs.StringVar(&o.runID, "run-id", "", "run name, recorded in manifests and the journal (default: the store's last path element)")
-		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID)")
+		fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "local directory for checkpoints in progress and restores (default: ~/.cache/spotagent/RUN-ID; without a home directory $TMPDIR/spotagent-cache-UID/RUN-ID)")
 		o.watch.register(fs)
 		fs.StringVar(&o.nodeRank, "node-rank", "", "this machine's node rank in a multi-node job (torchrun's --node_rank; default $SPOTAGENT_NODE_RANK): commit this node's part of each job checkpoint")
 		fs.DurationVar(&o.peerTimeout, "peer-timeout", liveness.DefaultTimeout, "with --node-rank: a neighbour node's agent silent this long is a lost node (its ranks are ended, exit 75): at least 2s, or 0 for no heartbeats")
@@ -143,11 +144,9 @@ func (o *agentOptions) resolve(node bool) error {
 		return usageError{err}
 	}
 	if o.checkpointDir == "" {
-		base, err := os.UserCacheDir()
-		if err != nil {
-			base = os.TempDir()
-		}
-		o.checkpointDir, o.checkpointDirDefault = filepath.Join(base, "spotagent", o.runID), true
+		var base string
+		base, o.checkpointDirNoHome = checkpointBase()
+		o.checkpointDir, o.checkpointDirDefault = filepath.Join(base, o.runID), true
 	}
 	abs, err := filepath.Abs(o.checkpointDir)
 	if err != nil {
@@ -161,6 +160,26 @@ func (o *agentOptions) resolve(node bool) error {
 		o.fenceInterval = -1 // supervisor.Config: no lease
 	}
 	return nil
+}
+
+// checkpointBase is where the default checkpoint directories go:
+// $XDG_CACHE_HOME/spotagent, else $HOME/.cache/spotagent when HOME is a
+// directory. With no HOME, or one that does not exist (a service user's
+// HOME=/nonexistent, which the agent must not create, even as root), it is
+// $TMPDIR/spotagent-cache-UID, of this user alone, and noHome says why.
+func checkpointBase() (base, noHome string) {
+	if x := os.Getenv("XDG_CACHE_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "spotagent"), ""
+	}
+	home := os.Getenv("HOME")
+	if fi, err := os.Stat(home); home != "" && err == nil && fi.IsDir() {
+		return filepath.Join(home, ".cache", "spotagent"), ""
+	}
+	noHome = "HOME is not set"
+	if home != "" {
+		noHome = "HOME " + home + " is not a directory"
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-cache-%d", os.Geteuid())), noHome
 }
 
 // checkStoreURI: a store URI that cannot be opened is a usage error (exit

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -142,5 +143,44 @@ func TestPeerTierFlags(t *testing.T) {
 		if !strings.Contains(got, c.want) {
 			t.Errorf("%v: %s, want %s", c.args, got, c.want)
 		}
+	}
+}
+
+// TestCheckpointBase: the default checkpoint directory is in the user's
+// cache; without a home directory (none set, or a service user's
+// HOME=/nonexistent) it is in the temporary directory, of this uid alone,
+// and no home is created (was: root made /nonexistent, and anyone else
+// failed with 'mkdir /nonexistent: permission denied').
+func TestCheckpointBase(t *testing.T) {
+	home, tmp := t.TempDir(), t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("XDG_CACHE_HOME", "")
+	inTmp := filepath.Join(tmp, fmt.Sprintf("spotagent-cache-%d", os.Geteuid()))
+	for _, c := range []struct {
+		home, xdg, want string
+		noHome          bool
+	}{
+		{home, "", filepath.Join(home, ".cache", "spotagent"), false},
+		{home, "/x/cache", "/x/cache/spotagent", false},
+		{filepath.Join(home, "nonexistent"), "", inTmp, true},
+		{"", "", inTmp, true},
+	} {
+		t.Setenv("HOME", c.home)
+		t.Setenv("XDG_CACHE_HOME", c.xdg)
+		var o agentOptions
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		o.register(fs, false)
+		if err := fs.Parse([]string{"--store", "file://" + t.TempDir(), "--run-id", "r1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.resolve(false); err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(c.want, o.runID); o.checkpointDir != want || (o.checkpointDirNoHome != "") != c.noHome {
+			t.Errorf("HOME=%q XDG_CACHE_HOME=%q: checkpoint dir %s (no home: %q), want %s (no home: %v)", c.home, c.xdg, o.checkpointDir, o.checkpointDirNoHome, want, c.noHome)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(home, "nonexistent")); !os.IsNotExist(err) {
+		t.Fatalf("a home directory was created: %v", err)
 	}
 }

@@ -114,6 +114,10 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	defer func() { _ = log.Sync() }()
 	defer idlegc.Start()() // a smaller heap while nothing is being checkpointed
 	logConfig(log, cmd.Flags())
+	if o.checkpointDirNoHome != "" {
+		log.Warn("no home directory for the default checkpoint directory: it is in the temporary directory, which may be memory; set --checkpoint-dir to a disk with room for a checkpoint",
+			zap.String("why", o.checkpointDirNoHome), zap.String("checkpoint_dir", o.checkpointDir))
+	}
 	sched, err := o.scheduler(log)
 	if err != nil {
 		return fail(err)
