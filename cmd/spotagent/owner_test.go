@@ -1,43 +1,72 @@
-package integration
+package main
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/spotagent/spotagent/internal/testutil"
 )
+
+// nobody is the other user these tests play (mallory): root makes her
+// directories and hands them to her uid, as her own mkdir would leave them.
+const nobody = 65534
+
+// herDir makes dir with mode, owned by nobody.
+func herDir(t *testing.T, dir string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sharedTmp is a directory like /tmp: root's, sticky, writable by all.
+func sharedTmp(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
 
 // TestOwner_StoreOfAnotherUserRefused (security review item 1): mallory
 // runs `mkdir -m777 /tmp/sa-store` (the README's example path), or puts a
 // symlink there into a directory of hers, and plants latest.json; alice's
 // run, list and restore used it. Every command now refuses, naming the
-// path, the owner and what to do, before it reads anything.
+// path, the owner and what to do, before it reads anything (and run before
+// its trainer starts). A store of hers that only she can write may be
+// read. (Moved from the end-to-end tests in #49: the refusal is the CLI's,
+// before any process is started.)
 func TestOwner_StoreOfAnotherUserRefused(t *testing.T) {
-	parallel(t)
-	if os.Geteuid() != 0 {
-		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
-	}
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil { // like /tmp
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	dir := sharedTmp(t)
+	open, hers, link := filepath.Join(dir, "sa-store"), filepath.Join(dir, "hers"), filepath.Join(dir, "link")
+	herDir(t, open, 0o777)
+	herDir(t, hers, 0o755)
+	if err := os.Symlink(hers, link); err != nil {
 		t.Fatal(err)
 	}
-	open := filepath.Join(dir, "sa-store")
-	hers := filepath.Join(dir, "hers")
-	link := filepath.Join(dir, "link")
-	asNobody(t, `
-import os, sys
-os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)
-os.mkdir(sys.argv[2]); os.chmod(sys.argv[2], 0o755)
-os.symlink(sys.argv[2], sys.argv[3])
-for d in sys.argv[1:3]:
-    open(os.path.join(d, "latest.json"), "w").write('{"planted": true}')
-`, open, hers, link)
+	if err := os.Lchown(link, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{open, hers} {
+		p := filepath.Join(d, "latest.json")
+		if err := os.WriteFile(p, []byte(`{"planted": true}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ran := filepath.Join(dir, "trainer-ran")
 	for _, c := range []struct {
 		name string
@@ -50,29 +79,19 @@ for d in sys.argv[1:3]:
 		{"restore, world-writable", []string{"restore", "--store", "file://" + open, "--dest", filepath.Join(dir, "dest")}, "writable by group or others"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, agentBin(t), c.args...)
-			cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Fatalf("spotagent %s succeeded:\n%s", strings.Join(c.args, " "), out)
-			}
-			if !strings.Contains(string(out), "untrusted store directory") || !strings.Contains(string(out), c.want) {
-				t.Fatalf("spotagent %s: %v, want a refusal naming %q:\n%s", c.args[0], err, c.want, out)
+			code, out, errOut := cli(t, c.args...)
+			if code == 0 || !strings.Contains(errOut, "untrusted store directory") || !strings.Contains(errOut, c.want) {
+				t.Fatalf("spotagent %s: exit %d, want a refusal naming %q:\n%s%s", c.args[0], code, c.want, out, errOut)
 			}
 		})
 	}
 	if _, err := os.Stat(ran); !os.IsNotExist(err) {
 		t.Fatalf("the trainer was started on an untrusted store: %v", err)
 	}
-	// A store of hers that only she can write may be read (it is as
-	// trustworthy as she is): list reads it, and fails on the planted
-	// pointer, not on trust.
-	cmd := exec.Command(agentBin(t), "list", "--store", "file://"+hers)
-	cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
-	if out, _ := cmd.CombinedOutput(); strings.Contains(string(out), "untrusted store directory") {
-		t.Fatalf("list of a store another user owns and only they can write was refused:\n%s", out)
+	// Hers, writable by her alone: as trustworthy as she is. list reads it
+	// and fails on the planted pointer, not on trust.
+	if _, out, errOut := cli(t, "list", "--store", "file://"+hers); strings.Contains(out+errOut, "untrusted store directory") {
+		t.Fatalf("list of a store another user owns and only they can write was refused:\n%s%s", out, errOut)
 	}
 }
 
@@ -81,23 +100,14 @@ for d in sys.argv[1:3]:
 // run adopted the empty area and her trainer wrote its checkpoint where
 // mallory could read and change it. The run now refuses before starting
 // the trainer; so does a --checkpoint-dir others can write without the
-// sticky bit (they could rename the area away).
+// sticky bit (they could rename the area away). (Moved from the
+// end-to-end tests in #49.)
 func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
-	parallel(t)
-	if os.Geteuid() != 0 {
-		t.Fatalf("this test plays another uid and must run as root (uid %d), as CI does", os.Geteuid())
-	}
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil { // like /tmp
-		t.Fatal(err)
-	}
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	dir := sharedTmp(t)
 	ckpt := filepath.Join(dir, "ckpt")
-	asNobody(t, `
-import os, sys
-for d in sys.argv[1:]:
-    os.mkdir(d); os.chmod(d, 0o777)
-`, ckpt, filepath.Join(ckpt, "spotagent-own"))
+	herDir(t, ckpt, 0o777)
+	herDir(t, filepath.Join(ckpt, "spotagent-own"), 0o777)
 	// Root's, sticky like /tmp: only the area inside is hers.
 	sticky, open := filepath.Join(dir, "sticky"), filepath.Join(dir, "open")
 	for d, mode := range map[string]os.FileMode{sticky: os.ModeSticky | 0o777, open: 0o777} {
@@ -108,7 +118,7 @@ for d in sys.argv[1:]:
 			t.Fatal(err)
 		}
 	}
-	asNobody(t, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", filepath.Join(sticky, "spotagent-own"))
+	herDir(t, filepath.Join(sticky, "spotagent-own"), 0o777)
 	ran := filepath.Join(dir, "trainer-ran")
 	for _, c := range []struct{ name, ckpt, want string }{
 		{"checkpoint dir and area of another user", ckpt, "owned by uid 65534"},
@@ -116,14 +126,10 @@ for d in sys.argv[1:]:
 		{"writable checkpoint dir without the sticky bit", open, "without the sticky bit"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, agentBin(t), "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
+			code, out, errOut := cli(t, "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
 				"--run-id", "own", "--checkpoint-dir", c.ckpt, "--", "touch", ran)
-			cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
-			out, err := cmd.CombinedOutput()
-			if err == nil || !strings.Contains(string(out), c.want) || !strings.Contains(string(out), c.ckpt) {
-				t.Fatalf("spotagent run: %v, want a refusal naming %s and %q:\n%s", err, c.ckpt, c.want, out)
+			if code == 0 || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, c.ckpt) {
+				t.Fatalf("spotagent run: exit %d, want a refusal naming %s and %q:\n%s%s", code, c.ckpt, c.want, out, errOut)
 			}
 		})
 	}
