@@ -151,15 +151,14 @@ var torchSeconds = map[string]int{
 	"TestK8sPID1_ManifestTrainerExits75":           78,
 	"TestDistributed_StoppedTrainerIsNoLoss":       75,
 	"TestAzure_EndToEnd":                           75,
+	"TestFlood_PeerPort":                           62, // its two floods, one after the other
 	"TestDistributed_VanishedNodeRestartsWholeJob": 59,
 	"TestTorchrun_DeadlineKillExits75":             42,
-	"TestFlood_UnauthenticatedConnections":         36,
 	"TestK8sPID1_SilentNodeTrainerExits75":         36,
 	"TestWatch_NoticeAndResume":                    33,
 	"TestTorchrun_SingleNodeShutdownExits75":       28,
 	"TestNodeMode_SilentNodeEndsJob":               27,
 	"TestWatch_TornNeverCommitted":                 26,
-	"TestFlood_SlowRequests":                       26,
 	"TestDistributed_PartitionedNodesEndJob":       23,
 	"TestPipeline_TorchResumesExact":               22,
 	"TestDistributed_SilentNodeEndsJob":            22,
@@ -339,8 +338,7 @@ var raceAgentTests = map[string]bool{
 	"TestHostile_Connections":                    true,
 	"TestFence_TwoAgentsOneRun":                  true,
 	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
-	"TestFlood_UnauthenticatedConnections": true,
-	"TestFlood_SlowRequests":               true,
+	"TestFlood_PeerPort": true,
 }
 
 // agentBin is the agent binary test t runs: the race build for
