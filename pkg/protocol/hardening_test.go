@@ -297,6 +297,29 @@ func TestServer_HelloTimeout(t *testing.T) {
 	}
 }
 
+// TestServerConfig_Defaults: the limits docs/reliability.md states for a
+// hostile local process, which the agents take unchanged (the CLI sets
+// only the socket's path, mode, allowed uids and connection cap).
+func TestServerConfig_Defaults(t *testing.T) {
+	var cfg ServerConfig
+	cfg.defaults()
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"Mode", cfg.Mode, os.FileMode(0o600)},
+		{"MaxConns", cfg.MaxConns, 64},
+		{"MaxBuffered", cfg.MaxBuffered, int64(16 << 20)},
+		{"LineTimeout", cfg.LineTimeout, 10 * time.Second},
+		{"HelloTimeout", cfg.HelloTimeout, 30 * time.Second},
+		{"SocketCheck", cfg.SocketCheck, 5 * time.Second},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s=%v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
 // TestServer_LineTimeout: a line started and never finished closes its
 // connection, and its bytes are no longer held.
 func TestServer_LineTimeout(t *testing.T) {

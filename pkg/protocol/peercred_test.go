@@ -111,14 +111,30 @@ func TestServer_RefusesOtherUID(t *testing.T) {
 		if n := len(s.Events()); n != 0 {
 			t.Errorf("%d events from a refused peer, want 0", n)
 		}
+		s.hello(t, 0) // the agent's own user is still served
+	})
+	t.Run("DefaultModes", func(t *testing.T) {
+		// The default socket: in a 0700 directory of the agent's own,
+		// itself 0600. Another uid cannot even connect.
+		s := startServer(t, ServerConfig{Path: filepath.Join(dir, "private", "c.sock"), PrivateDir: true})
+		if got := run(s); !strings.Contains(got, "dial error:") || !strings.Contains(got, "permission denied") {
+			t.Errorf("helper as nobody: %q, want its connect refused with permission denied", got)
+		}
+		if n := s.logs.FilterMessage("connection refused: peer uid not allowed").Len(); n != 0 {
+			t.Errorf("%d refusals logged: the connection reached the agent", n)
+		}
 	})
 	t.Run("AllowUIDs", func(t *testing.T) {
-		s := startServer(t, ServerConfig{Path: filepath.Join(dir, "b.sock"), Mode: 0o666, AllowUIDs: []int{nobody}})
+		// IdentifyPeers as a node agent: a process outside any pod is its uid.
+		s := startServer(t, ServerConfig{Path: filepath.Join(dir, "b.sock"), Mode: 0o666, AllowUIDs: []int{nobody}, IdentifyPeers: true})
 		out := make(chan string, 1)
 		go func() { out <- run(s) }()
 		ev := s.nextEvent(t)
 		if ev.Msg.Type != TypeHello || ev.Conn.PeerUID() != nobody {
 			t.Errorf("event %+v from uid %d, want hello from %d", ev.Msg, ev.Conn.PeerUID(), nobody)
+		}
+		if got, want := ev.Conn.PeerIdentity(), fmt.Sprintf("uid:%d", nobody); got != want {
+			t.Errorf("PeerIdentity=%q, want %q", got, want)
 		}
 		ev.Conn.Send(Message{Type: TypeWelcome})
 		if got := <-out; got != "got data" {
