@@ -10,12 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/internal/testutil/noticetest"
 	"github.com/spotagent/spotagent/internal/testutil/trainertest"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
+	"github.com/spotagent/spotagent/pkg/schedule"
+	"github.com/spotagent/spotagent/pkg/supervisor/internal/trainers"
 )
 
 // Issue 36 (hostile review): a connected client that says hello and then
@@ -165,5 +170,92 @@ func TestAgent_LeftOutStaysBehindARestartedTrainer(t *testing.T) {
 	}
 	if got := latestStep(t, ar); got != 33 {
 		t.Fatalf("latest step %d, want 33", got)
+	}
+}
+
+// countingTrainer is the agent's child: it connects to argv[1] (once
+// the socket is there), says hello with no rank and answers each
+// checkpoint request at the next step (1, 2, ...), then exits on stop.
+const countingTrainer = `
+import json, os, socket, sys, time
+deadline = time.time() + 10
+while True:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+        break
+    except OSError:
+        if time.time() > deadline:
+            raise
+        time.sleep(0.01)
+s.sendall(b'{"type":"hello","pid":%d}\n' % os.getpid())
+step = 0
+for line in s.makefile("rb"):
+    m = json.loads(line)
+    if m["type"] == "checkpoint":
+        step += 1
+        open(os.path.join(m["dir"], "w"), "w").write(str(step))
+        s.sendall(json.dumps({"type": "done", "id": m["id"], "step": step}).encode() + b"\n")
+    if m["type"] == "stop":
+        break
+`
+
+// TestAgent_SilentClientBesideChild (issue 36, review; the end-to-end
+// TestHostile_SilentClientHoldsNoCheckpoint until #49): under `spotagent
+// run`, a client connects beside the agent's child, says hello with no
+// rank and never answers. It is left out, said once with why; periodic
+// checkpoints commit beside it and the shutdown checkpoint commits as if
+// it were not there, none missing its deadline; it gets its welcome and
+// never a request. One message per event: the child's start and each
+// connection are logged once.
+func TestAgent_SilentClientBesideChild(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Fatalf("this test runs a trainer under /usr/bin/python3: %v", err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/usr/bin/python3", "-c", countingTrainer, c.Server.Path}
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 300 * time.Millisecond})
+		c.TermGrace = 30 * time.Second // a request held by the silent client would miss nothing sooner
+		c.Log = zap.New(core)
+	})
+	testutil.WaitFor(t, "the child's hello", func() bool { return logs.FilterMessage("trainer connected").Len() == 1 })
+	silent := trainertest.Dial(t, ar.cfg.Server.Path)
+	silent.Send(map[string]any{"type": "hello", "pid": os.Getpid()})
+	silent.Expect(protocol.TypeWelcome)
+	testutil.WaitFor(t, "the silent client left out", func() bool { return logs.FilterMessage(trainers.LeftOutMsg).Len() > 0 })
+	left := logs.FilterMessage(trainers.LeftOutMsg).All()
+	if f := left[0].ContextMap(); len(left) != 1 || !strings.Contains(f["why"].(string), "single-process") || f["peer_uid"] != int64(os.Geteuid()) {
+		t.Fatalf("left out: %+v, want one line, why the single-process rule, its peer_uid", left)
+	}
+	// Periodic checkpoints commit beside it.
+	before := logs.FilterMessage("checkpoint committed").Len()
+	testutil.WaitFor(t, "2 periodic commits beside the silent client", func() bool {
+		return logs.FilterMessage("checkpoint committed").Len() >= before+2
+	})
+
+	ar.sigs <- syscall.SIGTERM
+	if code := ar.wait(t); code != 0 && code != protocol.ExitInterrupted {
+		t.Fatalf("exit code %d, want 0 or %d", code, protocol.ExitInterrupted)
+	}
+	done := logs.FilterMessage("interruption checkpoint committed: stopping the trainer").All()
+	if len(done) != 1 {
+		t.Fatalf("%d interruption commits, want 1", len(done))
+	}
+	if got, want := latestStep(t, ar), done[0].ContextMap()["step"]; got != want {
+		t.Fatalf("latest step %d, want the shutdown checkpoint's %v", got, want)
+	}
+	if n := logs.FilterMessage("trainer missed the checkpoint deadline").Len(); n != 0 {
+		t.Fatalf("%d requests missed their deadline, want none", n)
+	}
+	for m := range silent.Msgs() {
+		if m.Type == protocol.TypeCheckpoint {
+			t.Fatalf("the silent client got a request: %+v", m)
+		}
+	}
+	for msg, want := range map[string]int{"trainer started": 1, "child started": 0, "trainer connected": 1, "connection accepted": 0} {
+		if n := logs.FilterMessage(msg).Len(); n != want {
+			t.Errorf("%d %q lines, want %d", n, msg, want)
+		}
 	}
 }
