@@ -163,7 +163,6 @@ var torchSeconds = map[string]int{
 	"TestPipeline_TorchResumesExact":               22,
 	"TestDistributed_SilentNodeEndsJob":            22,
 	"TestNotice_Matrix":                            18, // each of its 3 cells
-	"TestHostile_Connections":                      9,
 }
 
 const torchSecondsDefault = 60
@@ -335,7 +334,6 @@ var raceAgentTests = map[string]bool{
 	"TestDistributed_RestoreFromPeerReplica":     true,
 	"TestDistributed_AgentKilledDuringJobCommit": true,
 	"TestStoreFault_AgentThroughFaults":          true,
-	"TestHostile_Connections":                    true,
 	"TestFence_TwoAgentsOneRun":                  true,
 	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
 	"TestFlood_PeerPort": true,
