@@ -364,26 +364,3 @@ func asNobody(t *testing.T, code string, args ...string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
-
-// nobodyConnect connects to sock as nobody, sends a hello and reports what
-// happened: "connect: <error>", "eof", "reset", or "reply: <line>".
-const nobodyConnect = `
-import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-try:
-    s.connect(sys.argv[1])
-except OSError as e:
-    print("connect:", e.__class__.__name__, e.errno)
-    sys.exit(0)
-s.settimeout(10)
-try:
-    s.sendall(b'{"type":"hello","pid":1}\n{"type":"status"}\n')
-    b = s.recv(65536)
-    print("eof" if not b else "reply: " + b.decode(errors="replace").splitlines()[0])
-except ConnectionResetError:
-    print("reset")
-except BrokenPipeError:
-    print("reset")
-except socket.timeout:
-    print("timeout")
-`

@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,8 +11,10 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 )
 
-// Security (issue 8): nothing secret in the logs, and the socket as the
-// trust boundary on a real run.
+// Security (issue 8): nothing secret in the logs. The socket as the trust
+// boundary: cmd/spotagent TestRun_Socket (the default path and modes, the
+// flags) and pkg/protocol TestServer_RefusesOtherUID (another uid, a real
+// process), in-process since #49.
 
 // Recognisable fake credentials: none of them may appear in any output.
 const (
@@ -86,53 +86,5 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 				t.Errorf("spotagent %s printed the secret %q", name, s)
 			}
 		}
-	}
-}
-
-// TestSecurity_SocketPermissions: on a real run with the default socket
-// path, the socket directory is created 0700 and the socket is 0600, and
-// a process running as nobody cannot even connect.
-func TestSecurity_SocketPermissions(t *testing.T) {
-	parallel(t)
-	requirePython(t, false)
-	dir := testutil.ShortDir(t)
-	tmp := filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// No --socket: the default, $TMPDIR/spotagent-UID/RUN-ID.sock.
-	args := []string{"run", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "perm",
-		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--cloud", "none", "--interval", "1s", "--log-format", "json"}
-	p := start(t, []string{"TMPDIR=" + tmp}, append(args, writeTrainer(t, dir, "good", 0)...)...)
-	l := p.waitEntry("socket listening", time.Minute, nil)
-	sock := l.str("path")
-	if want := filepath.Join(tmp, "spotagent-"+strconv.Itoa(os.Getuid()), "perm.sock"); sock != want {
-		t.Fatalf("socket at %s, want the default %s", sock, want)
-	}
-	p.waitEntry("checkpoint committed", time.Minute, nil)
-	for _, c := range []struct {
-		path string
-		want os.FileMode
-	}{{filepath.Dir(sock), os.ModeDir | 0o700}, {sock, os.ModeSocket | 0o600}} {
-		fi, err := os.Lstat(c.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := fi.Mode() & (os.ModeType | os.ModePerm); got != c.want {
-			t.Fatalf("%s: mode %s, want %s", c.path, got, c.want)
-		}
-	}
-	if out := asNobody(t, nobodyConnect, sock); !strings.HasPrefix(out, "connect: PermissionError") {
-		t.Fatalf("nobody's connect: %q, want PermissionError", out)
-	}
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(time.Minute); code != exitInterrupted {
-		t.Fatalf("exit code %d, want %d", code, exitInterrupted)
-	}
-	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
-		t.Fatalf("socket left behind after exit: %v", err)
 	}
 }
