@@ -230,23 +230,6 @@ func (r *rawConn) recv(timeout time.Duration) (map[string]any, error) {
 	return m, nil
 }
 
-// status asks for a status reply and returns it with how long it took.
-func (r *rawConn) status(timeout time.Duration) (map[string]any, time.Duration) {
-	r.t.Helper()
-	start := time.Now()
-	r.send(map[string]any{"type": "status"})
-	for {
-		m, err := r.recv(timeout - time.Since(start))
-		if err != nil {
-			r.t.Fatalf("no status reply within %s: %v", timeout, err)
-		}
-		if m["type"] == "status" {
-			st, _ := m["status"].(map[string]any)
-			return st, time.Since(start)
-		}
-	}
-}
-
 // storeLatest reads <store>/latest.json of a file store.
 func storeLatest(t *testing.T, storeDir string) (step int64, id string) {
 	t.Helper()
