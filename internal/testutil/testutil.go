@@ -1,10 +1,12 @@
 // Package testutil holds what several packages' tests share: a short
 // temporary directory (socket paths are limited to about 100 bytes), a
-// bounded wait on a condition, never a sleep as synchronisation, and a
-// file written or read in one call.
+// bounded wait on a condition, never a sleep as synchronisation, a file
+// written or read in one call, a small tmpfs (a disk that fills up) and a
+// file store's snapshot (nothing written into it).
 package testutil
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -68,4 +70,21 @@ func ReadFile(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// RequireEmptyDir fails the test unless dir is missing or empty: what a
+// failed restore may leave (a .partial-* file or directory) is not there.
+func RequireEmptyDir(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) > 0 {
+		t.Fatalf("%s holds %v, want nothing", dir, names)
+	}
 }
