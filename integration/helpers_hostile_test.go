@@ -2,17 +2,12 @@ package integration
 
 import (
 	"bufio"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,12 +31,9 @@ func fakeTrainer(flags ...string) []string {
 //
 //	good      answer every request (1 KiB file, or BIG_BYTES when given)
 //	never     answer nothing after the first, ignore stop (killed at the deadline)
-//	diskfull  second request: write BIG_BYTES (fails on a full disk: send
-//	          failed); then answer properly again with 1 KiB
 var hostileModes = map[string][]string{
-	"good":     nil,
-	"never":    {"--on", "1=write,done", "--on", "ignore", "--ignore-stop"},
-	"diskfull": {"--on", "2=write:state.bin:BIG,done"},
+	"good":  nil,
+	"never": {"--on", "1=write,done", "--on", "ignore", "--ignore-stop"},
 }
 
 // writeTrainer returns the command line (after "--") of the fake trainer
@@ -241,98 +233,6 @@ func storeLatest(t *testing.T, storeDir string) (step int64, id string) {
 		t.Fatalf("latest.json: %v", err)
 	}
 	return l.Step, l.ID
-}
-
-// storeHas reports whether any object of checkpoint id exists in a file store.
-func storeHas(t *testing.T, storeDir, id string) bool {
-	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(storeDir, "checkpoints"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), "-"+id) {
-			return true
-		}
-	}
-	return false
-}
-
-// storeSnapshot hashes every file under dir: path -> sha256, except the
-// leases and latest.json's epoch, which every session's start rewrites.
-func storeSnapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		switch {
-		case strings.HasPrefix(filepath.ToSlash(rel), "leases/"):
-			// Every session takes a lease before it restores (fencing).
-			return nil
-		case rel == "latest.json":
-			// ... and seals latest.json with its epoch: what must not
-			// change is the checkpoint it points at.
-			var l struct{ Manifest, ID string }
-			if err := json.Unmarshal(b, &l); err != nil {
-				return fmt.Errorf("latest.json: %w", err)
-			}
-			out[rel] = l.Manifest + " " + l.ID
-			return nil
-		}
-		sum := sha256.Sum256(b)
-		out[rel] = hex.EncodeToString(sum[:])
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sameStoreSnapshot(t *testing.T, before, after map[string]string) {
-	t.Helper()
-	var diff []string
-	for k, v := range before {
-		if after[k] != v {
-			diff = append(diff, "changed or removed: "+k)
-		}
-	}
-	for k := range after {
-		if _, ok := before[k]; !ok {
-			diff = append(diff, "added: "+k)
-		}
-	}
-	sort.Strings(diff)
-	if len(diff) > 0 {
-		t.Fatalf("store changed:\n%s", strings.Join(diff, "\n"))
-	}
-}
-
-// mountTmpfs mounts a tmpfs of size (e.g. "2m") on dir for the test. It
-// needs root (CI runs as root) and fails, never skips, without it.
-func mountTmpfs(t *testing.T, dir, size string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatalf("this test mounts a %s tmpfs to fill a disk and must run as root (uid %d): run `make test` as root, as CI does", size, os.Geteuid())
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
-		t.Fatalf("mount tmpfs on %s: %v (the disk-full tests need mount(2): root with CAP_SYS_ADMIN)", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
 }
 
 // asNobody runs a Python snippet as uid/gid 65534 and returns its output.
