@@ -150,25 +150,6 @@ func (p *proc) waitLines(re string, n int, timeout time.Duration) {
 	p.waitUntil(fmt.Sprintf("%d lines matching %q", n, re), timeout, func() bool { return len(rx.FindAllString(p.output(), -1)) >= n })
 }
 
-// waitRe waits for an output line matching re and returns its submatches.
-// (Like waitLine, polling, so that its failure path holds no lock.)
-func (p *proc) waitRe(re string, timeout time.Duration) []string {
-	p.t.Helper()
-	rx := regexp.MustCompile(re)
-	var m []string
-	p.waitUntil(fmt.Sprintf("a line matching %q", re), timeout, func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, l := range p.lines {
-			if m = rx.FindStringSubmatch(l); m != nil {
-				return true
-			}
-		}
-		return false
-	})
-	return m
-}
-
 // has reports whether any output line matches re.
 func (p *proc) has(re string) bool {
 	rx := regexp.MustCompile(re)
