@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -214,17 +212,4 @@ func storeLatest(t *testing.T, storeDir string) (step int64, id string) {
 		t.Fatalf("latest.json: %v", err)
 	}
 	return l.Step, l.ID
-}
-
-// asNobody runs a Python snippet as uid/gid 65534 and returns its output.
-func asNobody(t *testing.T, code string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(python, append([]string{"-c", code}, args...)...)
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("python as nobody: %v\n%s", err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
