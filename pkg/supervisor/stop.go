@@ -449,8 +449,7 @@ func (q *stopSequence) committed(s *stopState, res *commit.Result, now time.Time
 		s.record.Committed, s.record.Bytes = &t, res.Bytes
 		s.recordLostSteps(e.src, res.Manifest.Step, now)
 		q.cfg.Log.Info("a newer checkpoint committed after the interruption's: its record names it", zap.Int64("step", res.Manifest.Step))
-		rec := s.record
-		e.sess.JournalAsync(func(j *journal.Journal) { j.RecordInterruption(rec) })
+		e.sess.JournalAsync(recordInterruption(s.record))
 		return
 	}
 	s.record.Committed, s.record.CommitOK, s.record.Bytes = &t, true, res.Bytes
@@ -515,13 +514,20 @@ func (q *stopSequence) finish(s *stopState, e stopEnds) {
 	if s.joined {
 		return // the node that got the notice journals it
 	}
-	rec := s.record
-	s.recorded = rec.Step
-	e.sess.JournalAsync(func(j *journal.Journal) {
+	s.recorded = s.record.Step
+	e.sess.JournalAsync(recordInterruption(s.record))
+}
+
+// recordInterruption is the journal write of an interruption's record. A
+// stop may write it twice (its end, then a newer checkpoint's amendment),
+// and the writes land in any order, or one not at all: whichever makes
+// it a committed record counts the commit, once.
+func recordInterruption(rec journal.Interruption) func(*journal.Journal) {
+	return func(j *journal.Journal) {
 		if j.RecordInterruption(rec) {
 			j.Stats.NoticeCommits++
 		}
-	})
+	}
 }
 
 // exitCodeFor maps the trainer's exit code to the agent's (the table is in

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/metadata"
 	"github.com/spotagent/spotagent/pkg/protocol"
 )
@@ -93,5 +94,31 @@ func TestStopState_ToldBySource(t *testing.T) {
 	s.Checkpointed("c2", 50, 1, at)
 	if s.record.Done == nil || !s.record.Done.Equal(at) {
 		t.Fatalf("done %v, want %v", s.record.Done, at)
+	}
+}
+
+// TestRecordInterruption_CountedOnceInEitherOrder: a stop's record
+// (step 110) and its amendment by a newer checkpoint (120) are written
+// asynchronously; in either order, or with only one of them landing, the
+// journal holds one committed record, of the newest step that landed, and
+// counts one notice commit.
+func TestRecordInterruption_CountedOnceInEitherOrder(t *testing.T) {
+	at := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	first := journal.Interruption{Kind: "termination", NoticeID: "e1", Detected: at, CheckpointID: "c110", Step: 110, CommitOK: true}
+	amended := first
+	amended.CheckpointID, amended.Step = "c120", 120
+	for _, writes := range [][]journal.Interruption{{first, amended}, {amended, first}, {amended}, {first}} {
+		var j journal.Journal
+		for _, rec := range writes {
+			recordInterruption(rec)(&j)
+		}
+		want := writes[0].Step
+		for _, rec := range writes {
+			want = max(want, rec.Step)
+		}
+		if len(j.Interruptions) != 1 || j.Interruptions[0].Step != want || j.Stats.NoticeCommits != 1 {
+			t.Errorf("writes of steps %v: records %+v, notice commits %d; want one of step %d, counted once",
+				[]int64{writes[0].Step, writes[len(writes)-1].Step}, j.Interruptions, j.Stats.NoticeCommits, want)
+		}
 	}
 }

@@ -435,9 +435,11 @@ func (ws *Watch) Committed(cr Result) {
 	switch {
 	case cr.Err == nil:
 		ws.written, ws.doneAt = u.cp.Written(), u.started
-		if st := ws.intr; st != nil && !st.ended.IsZero() && cr.Res.Manifest.Step > st.recorded {
+		if st := ws.intr; st != nil && !st.ended.IsZero() && cr.Res.Manifest.Step > st.recorded && !u.cp.Written().After(st.ended) {
 			// Complete just before the stop and seen only after its record
 			// was made: the record names it, and what it saved is not lost.
+			// (One written after the stop ended, by a trainer the agent
+			// cannot stop, a sidecar's, is not the interruption's.)
 			st.recorded = cr.Res.Manifest.Step
 			st.s.Checkpointed(cr.Res.Manifest.ID, cr.Res.Manifest.Step, max(st.ended.Sub(u.cp.Written()).Seconds(), 0), u.started)
 			h.StopCommitted(st.s, cr.Res, time.Now())

@@ -1,6 +1,7 @@
 package source
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -152,15 +153,50 @@ func TestWatch_NewerCommitAfterTheStopAmendsIt(t *testing.T) {
 	}
 	defer ws.Close()
 	s := &endedStop{id: "c110", step: 110}
-	ws.intr = &watchStop{s: s, ended: time.Now(), recorded: 110}
+	ended := time.Now()
+	ws.intr = &watchStop{s: s, ended: ended, recorded: 110}
 	for _, c := range []struct {
-		id   string
-		step int64
-	}{{"c120", 120}, {"c100", 100}} {
-		ws.inflight[c.id] = &watchUpload{cp: &watch.Checkpoint{Name: "checkpoint-" + c.id, Step: c.step}, unexpect: func() {}, started: time.Now()}
+		id      string
+		step    int64
+		written time.Time
+	}{{"c120", 120, ended.Add(-time.Second)}, {"c100", 100, ended.Add(-time.Minute)}, {"c130", 130, ended.Add(time.Minute)}} {
+		cp := writtenAt(t, ws, dir, c.step, c.written)
+		ws.inflight[c.id] = &watchUpload{cp: cp, unexpect: func() {}, started: time.Now()}
 		ws.Committed(Result{ID: c.id, Res: &commit.Result{Manifest: &checkpoint.Manifest{ID: c.id, Step: c.step}}})
 	}
 	if s.id != "c120" || s.step != 120 || len(h.committed) != 1 || h.committed[0] != 120 {
-		t.Fatalf("record %s at %d, stops committed %v: want c120 at 120, told once", s.id, s.step, h.committed)
+		t.Fatalf("record %s at %d, stops committed %v: want c120 at 120, told once (not c130, written after the stop)", s.id, s.step, h.committed)
 	}
+}
+
+// writtenAt makes DIR/checkpoint-<step>, its files and itself last written
+// at when, and returns it as the watcher finds it complete.
+func writtenAt(t *testing.T, ws *Watch, dir string, step int64, when time.Time) *watch.Checkpoint {
+	t.Helper()
+	name := fmt.Sprintf("checkpoint-%d", step)
+	p := filepath.Join(dir, name)
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	files := []string{filepath.Join(p, "model.bin"), filepath.Join(p, watch.HFMarker), p}
+	for _, f := range files[:2] {
+		if err := os.WriteFile(f, []byte(name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range files {
+		if err := os.Chtimes(f, when, when); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	for _, at := range []time.Time{now, now.Add(time.Hour)} { // seen, then quiet
+		for _, cp := range ws.w.Scan(at) {
+			if cp.Name == name {
+				return cp
+			}
+		}
+	}
+	t.Fatalf("%s never complete", name)
+	return nil
 }
