@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/spotagent/spotagent/internal/sigbridge"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
@@ -163,23 +165,58 @@ func (o *agentOptions) resolve(node bool) error {
 }
 
 // checkpointBase is where the default checkpoint directories go:
-// $XDG_CACHE_HOME/spotagent, else $HOME/.cache/spotagent when HOME is a
-// directory. With no HOME, or one that does not exist (a service user's
-// HOME=/nonexistent, which the agent must not create, even as root), it is
-// $TMPDIR/spotagent-cache-UID, of this user alone, and noHome says why.
+// $XDG_CACHE_HOME/spotagent, else $HOME/.cache/spotagent when that home can
+// hold it (its .cache exists, or the home is writable and not /). With no
+// HOME, or one that does not exist or cannot be written (a service user's
+// HOME=/nonexistent, which the agent must not create, even as root; HOME=/
+// of nobody or a DynamicUser= service), it is $TMPDIR/spotagent-cache-UID,
+// which privateBase makes this user's alone, and noHome says why.
 func checkpointBase() (base, noHome string) {
 	if x := os.Getenv("XDG_CACHE_HOME"); filepath.IsAbs(x) {
 		return filepath.Join(x, "spotagent"), ""
 	}
 	home := os.Getenv("HOME")
-	if fi, err := os.Stat(home); home != "" && err == nil && fi.IsDir() {
-		return filepath.Join(home, ".cache", "spotagent"), ""
-	}
-	noHome = "HOME is not set"
-	if home != "" {
+	switch fi, err := os.Stat(home); {
+	case home == "":
+		noHome = "HOME is not set"
+	case err != nil || !fi.IsDir():
 		noHome = "HOME " + home + " is not a directory"
+	case isDir(filepath.Join(home, ".cache")) || (home != "/" && unix.Access(home, unix.W_OK) == nil):
+		return filepath.Join(home, ".cache", "spotagent"), ""
+	default:
+		noHome = "HOME " + home + " cannot hold a .cache directory"
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("spotagent-cache-%d", os.Geteuid())), noHome
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+// privateBase makes dir (the default checkpoint directories' base in the
+// temporary directory) if it is missing, and refuses it unless it is a
+// directory of this user's that nobody else may enter: in a directory
+// everyone may write, another user could have made it first, and could
+// then swap the run's area inside it for one of theirs.
+func privateBase(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 != 0 {
+		uid := -1
+		if ok {
+			uid = int(st.Uid)
+		}
+		return fmt.Errorf("checkpoint dir: %s: owned by uid %d (mode %s), not a private directory of uid %d: refused; remove it or set --checkpoint-dir",
+			dir, uid, fi.Mode(), os.Geteuid())
+	}
+	return nil
 }
 
 // checkStoreURI: a store URI that cannot be opened is a usage error (exit

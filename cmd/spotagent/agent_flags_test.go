@@ -164,6 +164,8 @@ func TestCheckpointBase(t *testing.T) {
 		{home, "/x/cache", "/x/cache/spotagent", false},
 		{filepath.Join(home, "nonexistent"), "", inTmp, true},
 		{"", "", inTmp, true},
+		// nobody's (RHEL) or a DynamicUser= service's: not made into a cache.
+		{"/", "", map[bool]string{true: "/.cache/spotagent", false: inTmp}[isDir("/.cache")], !isDir("/.cache")},
 	} {
 		t.Setenv("HOME", c.home)
 		t.Setenv("XDG_CACHE_HOME", c.xdg)
@@ -182,5 +184,58 @@ func TestCheckpointBase(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(home, "nonexistent")); !os.IsNotExist(err) {
 		t.Fatalf("a home directory was created: %v", err)
+	}
+}
+
+// TestPrivateBase: the default checkpoint directories' base in the
+// temporary directory is made 0700, and one made first by someone else,
+// open to others, or a link, is refused (another user could swap the
+// run's area inside it); a run is then refused before its trainer starts.
+func TestPrivateBase(t *testing.T) {
+	needRoot(t)
+	tmp := t.TempDir()
+	if err := os.Chmod(tmp, os.ModeSticky|0o777); err != nil { // like /tmp
+		t.Fatal(err)
+	}
+	mine := filepath.Join(tmp, "mine")
+	for range 2 { // made, then found
+		if err := privateBase(mine); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(mine); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("base %v (%v), want a 0700 directory", fi, err)
+	}
+	open := filepath.Join(tmp, "open")
+	if err := os.Mkdir(open, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	hers := filepath.Join(tmp, "hers")
+	herDir(t, hers, 0o700)
+	link := filepath.Join(tmp, "link")
+	if err := os.Symlink(mine, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{open, hers, link} {
+		if err := privateBase(d); err == nil || !strings.Contains(err.Error(), "not a private directory") {
+			t.Errorf("%s: %v, want it refused", d, err)
+		}
+	}
+	// HOME=/nonexistent, and mallory made the base first.
+	t.Setenv("HOME", "/nonexistent")
+	t.Setenv("XDG_CACHE_HOME", "")
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	herDir(t, filepath.Join(tmp, fmt.Sprintf("spotagent-cache-%d", os.Geteuid())), 0o777)
+	ran := filepath.Join(tmp, "trainer-ran")
+	code, _, errOut := cli(t, "run", "--store", "file://"+filepath.Join(t.TempDir(), "store"), "--cloud", "none", "--", "touch", ran)
+	if code == 0 || !strings.Contains(errOut, "not a private directory") {
+		t.Fatalf("run with another user's base: exit %d, want it refused:\n%s", code, errOut)
+	}
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Fatalf("the trainer was started: %v", err)
 	}
 }
