@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -258,7 +259,7 @@ func TestRun_Socket(t *testing.T) {
 	})
 }
 
-// needRoot skips a test that plays another uid (65534) where it cannot.
+// needRoot fails a test that plays another uid (65534) where it cannot.
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -360,7 +361,13 @@ func TestNode_RunBoundToUID(t *testing.T) {
 	sock := filepath.Join(base, "node.sock")
 	a := startCLIAgent(t, "node", "--store-prefix", "file://"+filepath.Join(base, "runs"), "--checkpoint-root", filepath.Join(base, "ckpt"),
 		"--socket", sock, "--socket-mode", "0666", "--allow-uid", "65534", "--cloud", "none", "--interval", "1h", "--log-format", "json")
-	// Its signals are this process's: registered before it listens.
+	// Its signals are this process's: registered before it listens. This
+	// test's own registration keeps a SIGTERM that comes after the agent
+	// stopped listening for it from killing the test binary (the package's
+	// tests must stay sequential: none may run beside a signal to itself).
+	guard := make(chan os.Signal, 1)
+	signal.Notify(guard, syscall.SIGTERM)
+	defer signal.Stop(guard)
 	a.entry(t, "socket listening")
 	t.Cleanup(func() {
 		if !a.ended() { // a test that failed half-way

@@ -288,6 +288,9 @@ func TestAgent_DiskFullWhileRestoring(t *testing.T) {
 			if n := logs.FilterMessage("no committed checkpoint: starting fresh").Len(); n > 0 {
 				t.Fatal("the agent started the trainer afresh although the store holds a committed checkpoint")
 			}
+			if fi, err := os.Stat(filepath.Join(ckpt, "spotagent-test")); err != nil || !fi.IsDir() {
+				t.Fatalf("the run's area: %v (the check below would pass on a missing one)", err)
+			}
 			testutil.RequireEmptyDir(t, filepath.Join(ckpt, "spotagent-test", "restore"))
 			testutil.SameStoreSnapshot(t, before, testutil.StoreSnapshot(t, storeDir))
 		})

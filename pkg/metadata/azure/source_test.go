@@ -208,7 +208,13 @@ func TestAck_Fails(t *testing.T) {
 			f.SetFault(c.fault)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
+			start := time.Now()
 			err := newSource(f).Ack(ctx, "x")
+			// Its context's 2 s, and one request's timeout (300 ms) at most
+			// past it: slack for a loaded machine.
+			if took := time.Since(start); took > 10*time.Second {
+				t.Fatalf("ack took %s with a 2 s context", took)
+			}
 			if err == nil || !strings.Contains(err.Error(), "attempts") {
 				t.Fatalf("ack against a failing IMDS: %v, want an error that says how many attempts", err)
 			}
