@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -159,46 +157,6 @@ func (p *proc) has(re string) bool {
 		}
 	}
 	return false
-}
-
-// rawConn is a protocol connection the test drives by hand.
-type rawConn struct {
-	t  *testing.T
-	c  *net.UnixConn
-	br *bufio.Reader
-}
-
-func dialRaw(t *testing.T, sock string) *rawConn {
-	t.Helper()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatalf("dial %s: %v", sock, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10)}
-}
-
-func (r *rawConn) send(m map[string]any) {
-	r.t.Helper()
-	b, _ := json.Marshal(m)
-	r.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	if _, err := r.c.Write(append(b, '\n')); err != nil {
-		r.t.Fatalf("send %v: %v", m, err)
-	}
-}
-
-// recv reads one message within timeout.
-func (r *rawConn) recv(timeout time.Duration) (map[string]any, error) {
-	r.c.SetReadDeadline(time.Now().Add(timeout))
-	line, err := r.br.ReadBytes('\n')
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(line, &m); err != nil {
-		return nil, err
-	}
-	return m, nil
 }
 
 // storeLatest reads <store>/latest.json of a file store.
