@@ -194,6 +194,21 @@ func isDir(p string) bool {
 	return err == nil && fi.IsDir()
 }
 
+// homelessCheckpointDir: when the default checkpoint directory is in the
+// temporary directory (no home to hold it), its base must be this user's
+// alone (privateBase), and the log says where it is and why.
+func (o *agentOptions) homelessCheckpointDir(log *zap.Logger) error {
+	if o.checkpointDirNoHome == "" {
+		return nil
+	}
+	if err := privateBase(filepath.Dir(o.checkpointDir)); err != nil {
+		return err
+	}
+	log.Warn("no home directory for the default checkpoint directory: it is in the temporary directory, which may be memory; set --checkpoint-dir to a disk with room for a checkpoint",
+		zap.String("why", o.checkpointDirNoHome), zap.String("checkpoint_dir", o.checkpointDir))
+	return nil
+}
+
 // privateBase makes dir (the default checkpoint directories' base in the
 // temporary directory) if it is missing, and refuses it unless it is a
 // directory of this user's that nobody else may enter: in a directory

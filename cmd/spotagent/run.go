@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -115,12 +114,8 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	defer func() { _ = log.Sync() }()
 	defer idlegc.Start()() // a smaller heap while nothing is being checkpointed
 	logConfig(log, cmd.Flags())
-	if o.checkpointDirNoHome != "" {
-		if err := privateBase(filepath.Dir(o.checkpointDir)); err != nil {
-			return fail(err)
-		}
-		log.Warn("no home directory for the default checkpoint directory: it is in the temporary directory, which may be memory; set --checkpoint-dir to a disk with room for a checkpoint",
-			zap.String("why", o.checkpointDirNoHome), zap.String("checkpoint_dir", o.checkpointDir))
+	if err := o.homelessCheckpointDir(log); err != nil {
+		return fail(err)
 	}
 	sched, err := o.scheduler(log)
 	if err != nil {
