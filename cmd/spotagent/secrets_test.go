@@ -4,11 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"net"
-	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -46,21 +43,13 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	const store = "s3://secrets/runs/leak"
-	// The SIGTERM below is this process's: its own registration keeps one
-	// that comes after the agent stopped listening from killing the binary.
-	guard := make(chan os.Signal, 1)
-	signal.Notify(guard, syscall.SIGTERM)
-	defer signal.Stop(guard)
-	trainer, err := filepath.Abs("../../python/examples/train.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := startCLIAgent(t, "run", "--store", store, "--run-id", "leak", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
-		"--socket", sock, "--cloud", "none", "--interval", "1s", "--log-format", "json", "--log-level", "debug",
-		"--", "/usr/bin/python3", trainer, "--steps", "1000000", "--step-time", "0.01")
+	guardSIGTERM(t) // the SIGTERM below is this process's
+	args := []string{"run", "--store", store, "--run-id", "leak", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
+		"--socket", sock, "--cloud", "none", "--interval", "1s", "--log-format", "json", "--log-level", "debug", "--"}
+	a := startCLIAgent(t, append(args, exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01")...)...)
 	t.Cleanup(func() {
 		if !a.ended() { // a test that failed half-way
-			syscall.Kill(os.Getpid(), syscall.SIGTERM)
+			sigtermSelf(t)
 			a.wait(t)
 		}
 	})
@@ -88,9 +77,7 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 	if e := a.entry(t, "malformed line"); e["level"] != "debug" {
 		t.Fatalf("malformed line logged at %v, want debug: the run did not log at debug level, so the test proves little", e["level"])
 	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	sigtermSelf(t)
 	a.entry(t, "interruption checkpoint committed: stopping the trainer")
 	if code := a.wait(t); code != 75 {
 		t.Fatalf("exit code %d, want 75:\n%s", code, a.stderr.String())

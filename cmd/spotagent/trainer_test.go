@@ -1,0 +1,51 @@
+package main
+
+import (
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// testPython is the interpreter of these tests' Python trainers (Debian's;
+// the trainers find the client in this checkout themselves).
+const testPython = "/usr/bin/python3"
+
+// exampleTrainer is the command line (after "--") of the pure-Python
+// example trainer, python/examples/train.py, with its flags.
+func exampleTrainer(t *testing.T, flags ...string) []string {
+	t.Helper()
+	return append([]string{testPython, repoFile(t, "python/examples/train.py")}, flags...)
+}
+
+// repoFile is the absolute path of a file of this repository.
+func repoFile(t *testing.T, rel string) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// guardSIGTERM registers this process for SIGTERM for the test's length:
+// a test that stops an in-process agent with its own SIGTERM (sigtermSelf)
+// must not be killed by one that comes after the agent stopped listening.
+func guardSIGTERM(t *testing.T) {
+	guard := make(chan os.Signal, 1)
+	signal.Notify(guard, syscall.SIGTERM)
+	t.Cleanup(func() { signal.Stop(guard) })
+}
+
+// sigtermSelf sends SIGTERM to this process: the in-process agent's
+// shutdown, as a kubelet's or systemd's to the binary.
+func sigtermSelf(t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+}
