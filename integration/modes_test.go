@@ -74,8 +74,23 @@ func httpStatus(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
-// TestSidecar: the agent without a child, a trainer in another process on
-// the shared socket, an AWS spot notice; metrics and health on the side.
+// TestSidecar: the agent without a child, trainers in other processes on
+// the shared socket, as in a pod whose trainer container is restarted in
+// place and whose node is then preempted:
+//   - the trainer container gets SIGTERM before its native sidecar; with
+//     SPOTAGENT_HANDLE_SIGTERM=1 the client turns it into a final checkpoint
+//     and exits 75 once the sidecar committed it;
+//   - the container restarts in place: the sidecar (which started with
+//     nothing to restore) hands the new trainer process the step committed,
+//     restored from its local tier into its restore area, not from scratch;
+//   - an AWS spot notice: that trainer's interruption checkpoint; metrics and
+//     health on the side; the sidecar outlives the notice until the
+//     kubelet's SIGTERM;
+//   - the pod comes back on another node: a new sidecar restores from the
+//     store and the trainer resumes and finishes.
+//
+// (TestSidecar_TrainerBackAfterCommitResumesIt was the first two steps on a
+// sidecar of its own until #49.)
 func TestSidecar(t *testing.T) {
 	parallel(t)
 	requirePython(t, false)
@@ -83,22 +98,54 @@ func TestSidecar(t *testing.T) {
 	imds := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds.Close)
 	sock := filepath.Join(dir, "run", "agent.sock")
+	store := filepath.Join(dir, "store")
 	maddr := freeAddr(t)
-	args := []string{"sidecar", "--store", "file://" + filepath.Join(dir, "store"), "--run-id", "pod",
+	args := []string{"sidecar", "--store", "file://" + store, "--run-id", "pod",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", sock, "--interval", "1h",
 		"--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", "100ms", "--metrics-addr", maddr}
 	agent := start(t, nil, args...)
 	agent.waitLine(`socket listening`, time.Minute)
 	// Ready follows the socket by a moment: wait for it, bounded.
 	testutil.WaitWithin(t, "/readyz 200", 30*time.Second, func() bool { return httpStatus(t, "http://"+maddr+"/readyz") == 200 })
-	env := []string{"SPOTAGENT_SOCKET=" + sock}
-	tr := trainerProc(t, env, "--steps", "400", "--step-time", "0.01")
+	env := []string{"SPOTAGENT_SOCKET=" + sock, "SPOTAGENT_HANDLE_SIGTERM=1"}
+
+	// The trainer container's SIGTERM: its final checkpoint, exit 75.
+	tr := trainerProc(t, env, "--steps", "2000", "--step-time", "0.01")
 	tr.waitLine(`^step 50 `, time.Minute)
-	imds.Notice()
-	m := tr.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
-	step := atoi(t, m[1])
+	if err := tr.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	shutdown := atoi(t, tr.waitLine(`checkpoint \S* ?\(shutdown\) at step (\d+)`, time.Minute)[1])
 	tr.waitLine(`stopping at step`, time.Minute)
 	if code := tr.wait(time.Minute); code != exitInterrupted {
+		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
+	}
+	st, err := file.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := checkpoint.ReadLatest(context.Background(), st); err != nil || int(l.Step) != shutdown {
+		t.Fatalf("latest=%+v err=%v, want step %d committed", l, err, shutdown)
+	}
+
+	// The container restarts in place: same sidecar, new trainer process.
+	tr2 := trainerProc(t, env, "--steps", "2000", "--step-time", "0.01")
+	r := tr2.waitLine(`resuming from step (\d+) \((.*)\)`, time.Minute)
+	if got := atoi(t, r[1]); got != shutdown {
+		t.Fatalf("the restarted trainer resumed from step %d, want %d (the committed one)", got, shutdown)
+	}
+	if rel, err := filepath.Rel(filepath.Join(dir, "ckpt"), r[2]); err != nil || filepath.Base(filepath.Dir(r[2])) != "restore" {
+		t.Fatalf("resume dir %s (%s, %v) is not in the sidecar's restore area", r[2], rel, err)
+	}
+	agent.waitLine(`a trainer is back after a commit`, time.Minute)
+
+	// The spot notice: the restarted trainer's interruption checkpoint.
+	tr2.waitLine(`^step `+strconv.Itoa(shutdown+50)+` `, time.Minute)
+	imds.Notice()
+	m := tr2.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
+	step := atoi(t, m[1])
+	tr2.waitLine(`stopping at step`, time.Minute)
+	if code := tr2.wait(time.Minute); code != exitInterrupted {
 		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
 	}
 	agent.waitLine(`interruption checkpoint committed`, time.Minute)
@@ -120,16 +167,20 @@ func TestSidecar(t *testing.T) {
 		t.Fatalf("sidecar exit code %d", code)
 	}
 
-	// The pod comes back on another node: the sidecar restores, the trainer resumes.
+	// The pod comes back on another node: the sidecar restores, the
+	// trainer resumes and finishes.
 	imds2 := fake.NewAWS(fake.AWSOptions{})
 	t.Cleanup(imds2.Close)
 	args[len(args)-5] = imds2.URL()
 	agent2 := start(t, nil, args...)
 	agent2.waitLine(`socket listening`, time.Minute)
-	tr2 := trainerProc(t, env, "--steps", "100", "--step-time", "0.001")
-	r := tr2.waitLine(`resuming from step (\d+)`, time.Minute)
+	tr3 := trainerProc(t, env, "--steps", strconv.Itoa(step+100), "--step-time", "0.001")
+	r = tr3.waitLine(`resuming from step (\d+)`, time.Minute)
 	if got := atoi(t, r[1]); got != step {
 		t.Fatalf("resumed from %d, want %d", got, step)
+	}
+	if code := tr3.wait(time.Minute); code != 0 {
+		t.Fatalf("resumed trainer exit code %d\n%s", code, tr3.output())
 	}
 	agent2.signal(syscall.SIGTERM)
 	if code := agent2.wait(time.Minute); code != 0 {
