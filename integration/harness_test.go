@@ -334,7 +334,6 @@ var raceAgentTests = map[string]bool{
 	"TestDistributed_RestoreFromPeerReplica":     true,
 	"TestDistributed_AgentKilledDuringJobCommit": true,
 	"TestStoreFault_AgentThroughFaults":          true,
-	"TestFence_TwoAgentsOneRun":                  true,
 	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
 	"TestFlood_PeerPort": true,
 }

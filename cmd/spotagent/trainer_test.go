@@ -49,3 +49,12 @@ func sigtermSelf(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// fakeTrainer is the command line (after "--") of the tests' fake trainer,
+// python/tests/faketrainer.py: a real trainer on the Python client over
+// the real socket, its behaviours chosen by flags (see its doc). Every
+// line it prints starts with "trainer: ".
+func fakeTrainer(t *testing.T, flags ...string) []string {
+	t.Helper()
+	return append([]string{testPython, repoFile(t, "python/tests/faketrainer.py")}, flags...)
+}
