@@ -197,6 +197,16 @@ func (p *puppet) recv(id string, types ...string) map[string]any {
 	return m
 }
 
+// read is what the trainer reads at path (a failure fails the test).
+func (p *puppet) read(path string) string {
+	p.t.Helper()
+	var s string
+	if err := json.Unmarshal(p.must(map[string]any{"op": "read", "path": path}), &s); err != nil {
+		p.t.Fatal(err)
+	}
+	return s
+}
+
 // puppetHardLink makes the trainer hard-link src (root's, mode 0600) to
 // dst, as a trainer can where fs.protected_hardlinks=0. The sysctl is
 // turned off for the link only, and put back at once. Where it cannot be
@@ -531,4 +541,238 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// uidNodeArgs is `spotagent node --allow-uid 65534` on a file store prefix
+// and checkpoint root below dir, its socket open to all.
+func uidNodeArgs(dir, ckptRoot, sock string) []string {
+	return []string{"node", "--store-prefix", "file://" + filepath.Join(dir, "runs"), "--checkpoint-root", ckptRoot,
+		"--socket", sock, "--socket-mode", "0666", "--allow-uid", "65534", "--cloud", "none", "--interval", "1s", "--log-format", "json"}
+}
+
+// TestNodeMode_AllowUIDTrainerCheckpoints: `spotagent node --allow-uid
+// 65534`, running as root, and a trainer running as nobody (a pod that is
+// not root). The directory a checkpoint request hands the trainer is
+// nobody's, 0700, reachable through the agent's directories (search bit
+// only): the trainer saves into it and the checkpoint commits. A third
+// uid can neither write in it nor list the agent's directories above it.
+// (Was: the request directory and every level above it were root's, 0700:
+// the trainer got "Permission denied" and could never checkpoint.)
+func TestNodeMode_AllowUIDTrainerCheckpoints(t *testing.T) {
+	needRoot(t)
+	const third = 65533
+	dir := uidSharedDir(t)
+	ckptRoot := filepath.Join(dir, "ckpt")
+	sock := filepath.Join(dir, "node.sock")
+	args := uidNodeArgs(dir, ckptRoot, sock)
+	guardSIGTERM(t) // the SIGTERMs below are this process's
+	p := uidAgent(t, args...)
+	uidEntry(t, p, "socket listening", time.Minute, nil)
+
+	tr := puppetStart(t)
+	tr.must(map[string]any{"op": "connect", "path": sock})
+	tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 1, "run_id": "podrun"}})
+	tr.recv("", "welcome")
+
+	req := tr.recv("", "checkpoint")
+	id, d := req["id"].(string), req["dir"].(string)
+	fi, err := os.Stat(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != nobody || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("request directory %s: owner uid %d mode %v, want uid %d and 0700", d, st.Uid, fi.Mode(), nobody)
+	}
+	// A third uid cannot write there, nor list the directories above it.
+	if out := uidPython(t, third, `
+import os, sys
+for f in (lambda: open(os.path.join(sys.argv[1], "evil"), "wb"), lambda: os.listdir(sys.argv[2])):
+    try:
+        f()
+        print("allowed")
+    except PermissionError:
+        print("denied")
+`, d, filepath.Dir(d)); out != "denied\ndenied" {
+		t.Fatalf("uid %d writing %s, then listing its parent: %q, want denied twice", third, d, out)
+	}
+	tr.must(map[string]any{"op": "write", "path": filepath.Join(d, "model.pt"), "data": "weights at 7"})
+	tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "done", "id": id, "step": 7}})
+	if m := tr.recv(id, "committed", "upload_failed"); m["type"] != "committed" {
+		t.Fatalf("checkpoint %s saved by uid %d: %v, want committed", id, nobody, m)
+	}
+	if step := uidStoreLatest(t, filepath.Join(dir, "runs", "podrun")); step != 7 {
+		t.Fatalf("latest step %d in the store, want 7", step)
+	}
+	tr.close()
+	sigtermSelf(t)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("node agent exit code %d:\n%s", code, p.stderr.String())
+	}
+
+	// The node agent starts again: the run's trainer, still uid 65534,
+	// reads the checkpoint it is told to resume from; a third uid can
+	// neither read nor list it, and the local tier's copy stays as it was.
+	p = uidAgent(t, args...)
+	uidEntry(t, p, "socket listening", time.Minute, nil)
+	tr = puppetStart(t)
+	tr.must(map[string]any{"op": "connect", "path": sock})
+	// Protocol 2: told "pending", then "restored" (unless the restore
+	// ended before the hello: then the welcome has the resume).
+	tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 1, "run_id": "podrun", "version": 2}})
+	w := tr.recv("", "welcome")
+	if w["restore"] == "pending" {
+		w = tr.recv("", "restored", "restore_failed")
+	}
+	rdir, manifest := puppetResumedAs(t, tr, w)
+	uidCheckRestoreReadOnly(t, ckptRoot, rdir, manifest)
+	// A second rank of the same uid, protocol 1, after the restore: its
+	// welcome carries the resume, and it reads it too.
+	tr2 := puppetStart(t)
+	tr2.must(map[string]any{"op": "connect", "path": sock})
+	tr2.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 2, "run_id": "podrun"}})
+	if d, _ := puppetResumedAs(t, tr2, tr2.recv("", "welcome")); d != rdir {
+		t.Fatalf("second rank resumes from %s, want %s", d, rdir)
+	}
+	tr2.close()
+	tr.close()
+	sigtermSelf(t)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("node agent exit code %d after the restart:\n%s", code, p.stderr.String())
+	}
+}
+
+// TestNodeMode_AllowUIDRankBackAfterCommitReadsIt: `spotagent node
+// --allow-uid 65534` as root, trainers as nobody. Rank 0 commits step 7;
+// a second rank that says hello to the live run afterwards (protocol 1)
+// is welcomed with step 7, restored then and handed to its uid: it reads
+// the files and the manifest copy. Rank 0 comes back (protocol 2) while
+// that rank is connected: the same checkpoint, at once.
+func TestNodeMode_AllowUIDRankBackAfterCommitReadsIt(t *testing.T) {
+	needRoot(t)
+	dir := uidSharedDir(t)
+	sock := filepath.Join(dir, "node.sock")
+	guardSIGTERM(t) // the SIGTERM below is this process's
+	p := uidAgent(t, uidNodeArgs(dir, filepath.Join(dir, "ckpt"), sock)...)
+	uidEntry(t, p, "socket listening", time.Minute, nil)
+
+	tr := puppetStart(t)
+	tr.must(map[string]any{"op": "connect", "path": sock})
+	tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 1, "run_id": "podrun"}})
+	if w := tr.recv("", "welcome"); w["resume"] != nil {
+		t.Fatalf("first welcome resumes %v", w["resume"])
+	}
+	req := tr.recv("", "checkpoint")
+	id, d := req["id"].(string), req["dir"].(string)
+	tr.must(map[string]any{"op": "write", "path": filepath.Join(d, "model.pt"), "data": "weights at 7"})
+	tr.must(map[string]any{"op": "send", "msg": map[string]any{"type": "done", "id": id, "step": 7}})
+	if m := tr.recv(id, "committed", "upload_failed"); m["type"] != "committed" {
+		t.Fatalf("checkpoint %s: %v, want committed", id, m)
+	}
+
+	tr2 := puppetStart(t)
+	tr2.must(map[string]any{"op": "connect", "path": sock})
+	tr2.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 2, "run_id": "podrun"}})
+	rdir, _ := puppetResumedAs(t, tr2, tr2.recv("", "welcome"))
+
+	tr.close()
+	tr3 := puppetStart(t)
+	tr3.must(map[string]any{"op": "connect", "path": sock})
+	tr3.must(map[string]any{"op": "send", "msg": map[string]any{"type": "hello", "pid": 3, "run_id": "podrun", "version": 2}})
+	w := tr3.recv("", "welcome")
+	if w["restore"] == "pending" {
+		t.Fatalf("rank 0 back while its group's other rank is connected is told pending: %v; want the group's checkpoint at once", w)
+	}
+	if d, _ := puppetResumedAs(t, tr3, w); d != rdir {
+		t.Fatalf("rank 0 back resumes from %s, want %s (its group's)", d, rdir)
+	}
+	tr3.close()
+	tr2.close()
+	sigtermSelf(t)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("node agent exit code %d:\n%s", code, p.stderr.String())
+	}
+}
+
+// uidCheckRestoreReadOnly: the trainer's uid (nobody) can change nothing
+// of the restored checkpoint rdir (write, chmod, or open the local tier's
+// copy of it, below ckptRoot's run podrun), a third uid can neither read
+// nor list it nor read the manifest copy, and the local tier's copy is
+// another file than the restored one, its content unchanged.
+func uidCheckRestoreReadOnly(t *testing.T, ckptRoot, rdir, manifest string) {
+	t.Helper()
+	const third = 65533
+	model := filepath.Join(rdir, "model.pt")
+	tier, _ := filepath.Glob(filepath.Join(ckptRoot, "podrun", "spotagent-podrun", "committed", "*", "model.pt"))
+	if len(tier) != 1 {
+		t.Fatalf("local tier copies of model.pt: %v, want one", tier)
+	}
+	if out := uidPython(t, nobody, `
+import os, sys
+def tries(*fs):
+    for f in fs:
+        try:
+            f()
+            print("allowed")
+        except PermissionError:
+            print("denied")
+tries(lambda: open(sys.argv[1], "ab"), lambda: os.chmod(sys.argv[1], 0o644),
+      lambda: open(os.path.join(sys.argv[2], "evil"), "wb"), lambda: open(sys.argv[3], "ab"))
+`, model, rdir, tier[0]); out != "denied\ndenied\ndenied\ndenied" {
+		t.Fatalf("uid %d appending to, chmodding, adding to its restored checkpoint, appending to the local tier's copy: %q, want denied four times", nobody, out)
+	}
+	if out := uidPython(t, third, `
+import os, sys
+for f in (lambda: open(sys.argv[1], "rb").read(), lambda: os.listdir(sys.argv[2]), lambda: open(sys.argv[3], "rb").read()):
+    try:
+        f()
+        print("allowed")
+    except PermissionError:
+        print("denied")
+`, model, rdir, manifest); out != "denied\ndenied\ndenied" {
+		t.Fatalf("uid %d reading, listing the restored checkpoint, reading its manifest: %q, want denied three times", third, out)
+	}
+	if got, err := os.ReadFile(tier[0]); err != nil || string(got) != "weights at 7" {
+		t.Fatalf("local tier's copy: %q (%v), want %q", got, err, "weights at 7")
+	}
+	a, errA := os.Stat(model)
+	b, errB := os.Stat(tier[0])
+	if errA != nil || errB != nil || os.SameFile(a, b) {
+		t.Fatalf("the restored file and the local tier's copy are one file (hard link) or unreadable: %v %v", errA, errB)
+	}
+	if st := a.Sys().(*syscall.Stat_t); st.Uid != 0 || a.Mode().Perm() != 0o444 || st.Nlink != 1 {
+		t.Fatalf("restored file: owner uid %d mode %v links %d, want root's, 0444, one link", st.Uid, a.Mode(), st.Nlink)
+	}
+}
+
+// uidPython runs python code as uid (and gid) uid and returns its output,
+// trimmed; a failure fails the test.
+func uidPython(t *testing.T, uid int, code string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(testPython, append([]string{"-c", code}, args...)...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python as uid %d: %v\n%s", uid, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// puppetResumedAs checks that m (a welcome or restored) resumes from step
+// 7 and that trainer p (uid nobody) reads the checkpoint's file and the
+// manifest copy; it returns their paths.
+func puppetResumedAs(t *testing.T, p *puppet, m map[string]any) (dir, manifest string) {
+	t.Helper()
+	resume, _ := m["resume"].(map[string]any)
+	if resume == nil || resume["step"] != float64(7) {
+		t.Fatalf("%v after the restart: resume %v, want step 7", m["type"], resume)
+	}
+	dir, manifest = resume["dir"].(string), resume["manifest"].(string)
+	if got := p.read(filepath.Join(dir, "model.pt")); got != "weights at 7" {
+		t.Fatalf("uid %d reading its resumed checkpoint: %q, want %q", nobody, got, "weights at 7")
+	}
+	if got := p.read(manifest); !strings.Contains(got, `"step": 7`) {
+		t.Fatalf("uid %d reading the resume's manifest: %q, want step 7", nobody, got)
+	}
+	return dir, manifest
 }
