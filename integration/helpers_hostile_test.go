@@ -158,16 +158,3 @@ func (p *proc) has(re string) bool {
 	}
 	return false
 }
-
-// storeLatest reads <store>/latest.json of a file store.
-func storeLatest(t *testing.T, storeDir string) (step int64, id string) {
-	t.Helper()
-	var l struct {
-		Step int64  `json:"step"`
-		ID   string `json:"id"`
-	}
-	if err := json.Unmarshal(readFile(t, filepath.Join(storeDir, "latest.json")), &l); err != nil {
-		t.Fatalf("latest.json: %v", err)
-	}
-	return l.Step, l.ID
-}
