@@ -127,8 +127,10 @@ lint:
 # Its own binary is built without -race: the in-process fakes it runs (S3,
 # GCS, the fault proxy) carry every byte the agents move, and under the
 # race detector they made TestStoreFault_CommitRetries 159 s instead of
-# 13 s; the agents it starts keep their race build for the concurrency-
-# heavy scenarios (raceAgentTests), and every other package runs -race.
+# 13 s (on a loaded machine; that test is pkg/checkpoint/commit's since
+# #49, 16 s there under -race); the agents it starts keep their race build
+# for the concurrency-heavy scenarios (raceAgentTests), and every other
+# package runs -race.
 # The two go test runs go side by side, as ./... did.
 # cmd/spotagent's TestDocs_ReportExample skips under -race (its report's
 # advice takes about 300 s there, 7.5 s without) and runs here without it.

@@ -327,7 +327,7 @@ func (b *agentBuild) get() (string, error) {
 // machine (its start alone takes 2.6x the CPU), so the rest run the plain
 // build. This test binary itself runs without -race in make test-go
 // (Makefile: under it, its in-process S3, GCS and fault proxy made
-// TestStoreFault_CommitRetries 12x slower).
+// TestStoreFault_CommitRetries, now pkg/checkpoint/commit's, 12x slower).
 // SPOTAGENT_IT_RACE=1 runs every test on the race-built agent.
 var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,

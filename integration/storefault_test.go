@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -14,13 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
-	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
 	"github.com/spotagent/spotagent/pkg/checkpoint/restore"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
@@ -114,81 +110,6 @@ func (d *dataReads) read() []string {
 
 // isWrite matches requests that carry object data.
 func isWrite(r *http.Request) bool { return r.Method == http.MethodPut || r.Method == http.MethodPost }
-
-// isCreate matches a conditional create (manifest.json, the first
-// latest.json): S3 If-None-Match: *, GCS ifGenerationMatch=0.
-func isCreate(r *http.Request) bool {
-	return r.Header.Get("If-None-Match") == "*" || r.URL.Query().Get("ifGenerationMatch") == "0"
-}
-
-// TestStoreFault_CommitRetries commits through each fault, on S3 and GCS:
-// the commit must complete (the backends retry with backoff), the fault
-// must have been injected, and what landed restores and verifies byte for
-// byte from the store reached directly.
-func TestStoreFault_CommitRetries(t *testing.T) {
-	parallel(t)
-	faults := []faultproxy.Fault{
-		{Mode: faultproxy.SlowDown, Count: 2, Match: isWrite},
-		{Mode: faultproxy.InternalError, Count: 1, Match: isWrite},
-		{Mode: faultproxy.ResetRequest, After: 256 << 10, Count: 1, Match: isWrite},
-		{Mode: faultproxy.ResetResponse, After: 0, Count: 1, Match: isWrite},
-		// The answer to the manifest's create-if-absent is lost: the retry
-		// finds the object there. The commit must still succeed.
-		{Mode: faultproxy.ResetResponse, After: 0, Count: 1, Match: isCreate},
-		{Mode: faultproxy.Stall, Stall: 1500 * time.Millisecond, Count: 1, Match: isWrite},
-		{Mode: faultproxy.Slow, Rate: 4 << 20},
-	}
-	for _, backend := range []string{"s3", "gcs"} {
-		t.Run(backend, func(t *testing.T) {
-			// The two backends side by side: each its own server, proxy
-			// and committer (290 s one after the other on a loaded machine).
-			t.Parallel()
-			fs := newFaultStores(t, backend, "retries")
-			c := &commit.Committer{Store: fs.faulty, RunID: "faults", Log: zaptest.NewLogger(t)}
-			ctx := context.Background()
-			for i, f := range faults {
-				name := fmt.Sprintf("%d-%s", i, f.Mode)
-				if i == 4 {
-					name += "-create"
-				}
-				t.Run(name, func(t *testing.T) {
-					id, step := fmt.Sprintf("f%d", i), int64(100+i)
-					dir := filepath.Join(t.TempDir(), id)
-					if err := writeCheckpoint(dir, id, step); err != nil {
-						t.Fatal(err)
-					}
-					before := fs.proxy.Stats().Faults
-					fs.proxy.Set(f)
-					defer fs.proxy.Clear()
-					start := time.Now()
-					cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-					defer cancel()
-					if _, err := c.Commit(cctx, commit.Request{Dir: dir, ID: id, Step: step, Reason: "periodic"}); err != nil {
-						t.Fatalf("commit through %s: %v", f.Mode, err)
-					}
-					injected := fs.proxy.Stats().Faults - before
-					if want := int64(max(f.Count, 1)); injected < want {
-						t.Fatalf("%d faults injected, want at least %d: the fault never hit the commit", injected, want)
-					}
-					if f.Mode == faultproxy.Stall && time.Since(start) < f.Stall {
-						t.Fatalf("commit took %s through a %s stall", time.Since(start), f.Stall)
-					}
-					fs.proxy.Clear()
-					r, err := restore.Checkpoint(ctx, fs.direct, t.TempDir(), restore.Options{})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if r.Manifest.ID != id || len(r.Skipped) > 0 {
-						t.Fatalf("restored %s (skipped %v), want %s through latest.json", r.Manifest.ID, r.Skipped, id)
-					}
-					if err := checkRestoredFiles(r.Dir, id, step); err != nil {
-						t.Fatal(err)
-					}
-				})
-			}
-		})
-	}
-}
 
 // TestStoreFault_AgentThroughFaults runs `spotagent run` with the example
 // trainer against S3 and GCS behind a proxy that fails a quarter of the
