@@ -5,7 +5,6 @@ package integration
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -23,8 +22,6 @@ import (
 
 	"github.com/spotagent/spotagent/internal/testsrv/gcstest"
 	"github.com/spotagent/spotagent/internal/testsrv/s3test"
-	"github.com/spotagent/spotagent/pkg/cloud"
-	"github.com/spotagent/spotagent/pkg/cloud/all"
 )
 
 // defaultParallel is -test.parallel when not given (see TestMain): above
@@ -38,23 +35,6 @@ var s3Creds = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCE
 
 // gcsShared is the package's GCS server (TestMain).
 var gcsShared *gcstest.Server
-
-// gcsEnvMu serialises the making of this process's store clients: the GCS
-// library reads STORAGE_EMULATOR_HOST when a client is made, and
-// openStoreVia points it elsewhere for a moment.
-var gcsEnvMu sync.Mutex
-
-// openStoreVia opens uri in this process, its GCS client (if any) made
-// against gcsHost (a proxy's), else against gcsShared.
-func openStoreVia(ctx context.Context, uri string, opts all.Options, gcsHost string) (cloud.Store, error) {
-	gcsEnvMu.Lock()
-	defer gcsEnvMu.Unlock()
-	if gcsHost != "" {
-		os.Setenv("STORAGE_EMULATOR_HOST", gcsHost)
-		defer os.Setenv("STORAGE_EMULATOR_HOST", gcsShared.Host)
-	}
-	return all.Open(ctx, uri, opts)
-}
 
 // startS3 starts an S3 server for the test without setting this process's
 // environment (s3test.New does): open it with all.Options{S3Endpoint}.
@@ -320,8 +300,9 @@ func (b *agentBuild) get() (string, error) {
 
 // raceAgentTests run the race-built agent (agentBin): the scenarios where
 // the agent's goroutines overlap the most (a notice's checkpoint, a
-// restore beside the loop, peer transfers, a job commit killed, retries
-// through faults, floods of connections). The agent's packages also run
+// restore beside the loop, peer transfers, a job commit killed, floods of
+// connections; retries through faults run -race in-process, cmd/spotagent
+// TestStoreFault_AgentThroughFaults). The agent's packages also run
 // -race in their unit tests (make test-go). The race-built agent made
 // the CLI tests and TestRun_SigtermAndResume 4x slower on a loaded 2-core
 // machine (its start alone takes 2.6x the CPU), so the rest run the plain
@@ -333,7 +314,6 @@ var raceAgentTests = map[string]bool{
 	"TestNotice_Matrix":                          true,
 	"TestDistributed_RestoreFromPeerReplica":     true,
 	"TestDistributed_AgentKilledDuringJobCommit": true,
-	"TestStoreFault_AgentThroughFaults":          true,
 	// The flood tests' RSS bound is sized for the race build (docs/reliability.md).
 	"TestFlood_PeerPort": true,
 }
@@ -399,8 +379,7 @@ func TestMain(m *testing.M) {
 		os.Setenv(k, v)
 	}
 	// The GCS client reads its server from the environment: one server
-	// for the package, set here (openStoreVia switches it for a moment,
-	// under gcsEnvMu).
+	// for the package, set here.
 	gcs, err := gcstest.Start("spotagent-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gcs server:", err)

@@ -11,10 +11,12 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,9 +26,9 @@ import (
 
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/spotagent/spotagent/internal/faultproxy"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/commit"
-	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/all"
 	"github.com/spotagent/spotagent/pkg/cloud/cloudtest"
@@ -289,31 +291,62 @@ func leftoverNames(ctx context.Context, st cloud.Store, root string) ([]string, 
 
 func ptr[T any](v T) *T { return &v }
 
-// cpuTime is the user+system CPU time a process has used so far.
-func cpuTime(t *testing.T, pid int) time.Duration {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatalf("cpu time of %d: %v", pid, err)
-	}
-	// Fields after the command name, which is in parentheses and may
-	// contain spaces: state is field 3, utime 14, stime 15.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	stt, _ := strconv.ParseInt(f[12], 10, 64)
-	const hz = 100 // USER_HZ on Linux
-	return time.Duration(ut+stt) * time.Second / hz
-}
-
 // killGroup SIGKILLs a process group (a trainer the killed agent left).
 func killGroup(pid int) { syscall.Kill(-pid, syscall.SIGKILL) }
 
-// readJournal reads journal.json straight from a store.
-func readJournal(t *testing.T, st cloud.Store) *journal.Journal {
+// faultStores is an S3 store (in-process) reached through a fault proxy,
+// and the same store reached directly (to check what landed).
+type faultStores struct {
+	proxy  *faultproxy.Proxy
+	direct cloud.Store
+	uri    string
+	env    []string // for a spotagent process: through the proxy
+}
+
+func newFaultStores(t *testing.T, prefix string) *faultStores {
 	t.Helper()
-	j, err := journal.Read(context.Background(), st, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return j
+	srv := startS3(t)
+	s := &faultStores{proxy: faultproxy.New(t, srv.Endpoint), uri: "s3://" + srv.Bucket + "/" + prefix}
+	s.direct = openTestStore(t, s.uri, all.Options{S3Endpoint: srv.Endpoint})
+	s.env = append(srv.Env(), "AWS_ENDPOINT_URL_S3="+s.proxy.URL)
+	return s
+}
+
+// dataReads records the checkpoint objects read from a faultStores store
+// through its proxy: every GET under checkpoints/ but those whose path ends
+// in skip (metadata), once start was called. It is a fault that never
+// fires: its Match sees every request.
+type dataReads struct {
+	mu       sync.Mutex
+	counting bool
+	names    []string // each object's name (its key's last element), in order
+}
+
+func (s *faultStores) recordDataReads(skip string) *dataReads {
+	d := &dataReads{}
+	s.proxy.Set(faultproxy.Fault{Mode: faultproxy.Stall, Stall: time.Minute, Match: func(r *http.Request) bool {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/checkpoints/") && !strings.HasSuffix(r.URL.Path, skip) {
+			d.mu.Lock()
+			if d.counting {
+				d.names = append(d.names, r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:])
+			}
+			d.mu.Unlock()
+		}
+		return false
+	}})
+	return d
+}
+
+// start records from now on, forgetting what came before.
+func (d *dataReads) start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.counting, d.names = true, nil
+}
+
+// read is the names recorded since start, sorted.
+func (d *dataReads) read() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Sorted(slices.Values(d.names))
 }

@@ -138,14 +138,6 @@ func (p *proc) waitCount(msg string, n int, timeout time.Duration) []logEntry {
 	return es
 }
 
-// waitLines waits until n matches of re are in the output (for an agent
-// whose log is not JSON).
-func (p *proc) waitLines(re string, n int, timeout time.Duration) {
-	p.t.Helper()
-	rx := regexp.MustCompile(re)
-	p.waitUntil(fmt.Sprintf("%d lines matching %q", n, re), timeout, func() bool { return len(rx.FindAllString(p.output(), -1)) >= n })
-}
-
 // has reports whether any output line matches re.
 func (p *proc) has(re string) bool {
 	rx := regexp.MustCompile(re)

@@ -67,7 +67,7 @@ func s3Env(srv *s3test.Server) []string { return srv.Env() }
 // openTestStore opens uri in the test process, to read what the binary wrote.
 func openTestStore(t *testing.T, uri string, opts all.Options) cloud.Store {
 	t.Helper()
-	st, err := openStoreVia(t.Context(), uri, opts, "")
+	st, err := all.Open(t.Context(), uri, opts)
 	if err != nil {
 		t.Fatalf("open store %s: %v", uri, err)
 	}

@@ -60,7 +60,7 @@ func peerSidecar(t *testing.T, env []string, uri, dir, ckpt string, k int, inter
 func TestDistributed_RestoreFromPeerReplica(t *testing.T) {
 	parallel(t)
 	extra := []string{"--replicas", "1"}
-	fs := newFaultStores(t, "s3", "peer")
+	fs := newFaultStores(t, "peer")
 	reads := fs.recordDataReads(".json")
 	env := append(fs.env, "AWS_EC2_METADATA_DISABLED=true")
 	const world, perNode = 4, 2

@@ -37,7 +37,7 @@ func TestNoticePromise(t *testing.T) {
 		margin string // GCP's 30 s notice less it: 3 s throttled, 30 s fast
 	}{{"throttled", true, "27s"}, {"fast", false, "0s"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := newFaultStores(t, "s3", "promise-"+tc.name)
+			fs := newFaultStores(t, "promise-"+tc.name)
 			if tc.slow {
 				fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10})
 			}

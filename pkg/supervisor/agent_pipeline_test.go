@@ -201,8 +201,8 @@ func TestAgent_InterruptionsFirstSavedCancelsPeriodic(t *testing.T) {
 		t.Fatalf("the periodic checkpoint's manifest: %v, want none", err)
 	}
 	// Cancelled on purpose, not failed: said at info, never as an error
-	// (integration TestStoreFault_AgentThroughFaults failed on the error
-	// line once the cancel was timed right).
+	// (TestStoreFault_AgentThroughFaults, end to end then, failed on the
+	// error line once the cancel was timed right).
 	testutil.WaitFor(t, "the cancelled periodic checkpoint said", func() bool {
 		return logs.FilterMessage("periodic checkpoint not committed: the interruption checkpoint took priority").FilterField(zap.String("id", per.ID)).Len() == 1
 	})
