@@ -205,6 +205,7 @@ soak-sim:
 	SPOTAGENT_SIM_SCHEDULES=$${SPOTAGENT_AGENTSIM_SCHEDULES:-200000} $(GO) test -tags '$(TAGS)' -count=1 -timeout 3h -run 'TestAgentSim$$' -v ./pkg/supervisor/internal/agentsim
 
 soak:
+	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'TestCrash_KillDuringCommit' ./pkg/checkpoint/commit/
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'Crash|Distributed_AgentKilled' ./integration/
 	SPOTAGENT_SOAK=1 $(GO) test -timeout 3h -run 'TestAgent_MetadataFaults' ./pkg/supervisor/
 

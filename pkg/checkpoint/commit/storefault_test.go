@@ -153,9 +153,9 @@ func TestStoreFault_CommitRetries(t *testing.T) {
 }
 
 // faultCheckpointFiles is the content of checkpoint (id, step), made again
-// to check a restore byte for byte (as integration's crash victim writes
-// it). One file in three is large enough for a multipart upload (5 MiB
-// parts).
+// to check a restore byte for byte; the crash victim (victim_test.go)
+// writes the same. One file in three is large enough for a multipart
+// upload (5 MiB parts).
 func faultCheckpointFiles(id string, step int64) map[string][]byte {
 	h := fnv.New64a()
 	h.Write([]byte(id))
