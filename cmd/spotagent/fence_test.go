@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,7 +58,7 @@ func TestFence_TwoAgentsOneRun(t *testing.T) {
 			"--checkpoint-dir", filepath.Join(dir, name), "--socket", filepath.Join(dir, name+".sock"),
 			"--cloud", "none", "--interval", "1s", "--fence-interval", "200ms", "--keep", "1000",
 			"--log-level", "info", "--log-format", "json", "--"},
-			fenceOutputTo(filepath.Join(dir, name+".out"),
+			outputTo(t, filepath.Join(dir, name+".out"),
 				exampleTrainer(t, "--steps", steps, "--step-time", "0.02", "--out", filepath.Join(dir, name+".json")))...)
 	}
 	st, err := file.New(filepath.Join(dir, "store"))
@@ -70,42 +67,31 @@ func TestFence_TwoAgentsOneRun(t *testing.T) {
 	}
 	watch := fenceWatchLatest(t, st)
 
-	guardSIGTERM(t) // the cleanup's SIGTERM, when the test failed half-way
-	first := startCLIAgent(t, args("first")...)
-	var second *cliAgent
-	t.Cleanup(func() {
-		if !first.ended() || (second != nil && !second.ended()) {
-			sigtermSelf(t) // both agents' signal
-			fenceWait(t, first, time.Minute)
-			if second != nil {
-				fenceWait(t, second, time.Minute)
-			}
-		}
-	})
-	fenceEntry(t, first, "no committed checkpoint: starting fresh", 2*time.Minute, nil)
-	fenceEntry(t, first, "checkpoint committed", time.Minute, nil)
+	first := startStoppedAtEnd(t, args("first")...)
+	first.entryWithin(t, "no committed checkpoint: starting fresh", 2*time.Minute, nil)
+	first.entryWithin(t, "checkpoint committed", time.Minute, nil)
 
-	second = startCLIAgent(t, args("second")...)
-	fenceEntry(t, second, "lease taken", time.Minute, func(e map[string]any) bool { return e["epoch"] == 2.0 })
-	r := fenceLine(t, filepath.Join(dir, "second.out"), `resuming from step (\d+) `, 2*time.Minute)
+	second := startStoppedAtEnd(t, args("second")...)
+	second.entryWithin(t, "lease taken", time.Minute, func(e map[string]any) bool { return e["epoch"] == 2.0 })
+	r := fileLine(t, filepath.Join(dir, "second.out"), `resuming from step (\d+) `, 2*time.Minute)
 	resumed := fenceInt(t, r[1])
 
 	// The first agent: a last checkpoint, not published, then stop. The
 	// agent's line, not the trainer's: a periodic request pending at the
 	// fence becomes the last checkpoint, and the trainer saves it under
 	// the reason it was asked with (periodic).
-	m := fenceEntry(t, first, "checkpoint uploaded but not published: a newer session owns the run", time.Minute,
+	m := first.entryWithin(t, "checkpoint uploaded but not published: a newer session owns the run", time.Minute,
 		func(e map[string]any) bool { return e["reason"] == "fenced" })
 	lastID, _ := m["id"].(string)
 	lastStep, _ := m["step"].(float64)
-	fenceLine(t, filepath.Join(dir, "first.out"), `stopping at step \d+: fenced`, time.Minute)
-	if code := fenceWait(t, first, time.Minute); code != 76 {
+	fileLine(t, filepath.Join(dir, "first.out"), `stopping at step \d+: fenced`, time.Minute)
+	if code := first.waitWithin(t, time.Minute); code != 76 {
 		t.Fatalf("fenced agent exit code %d, want 76:\n%s", code, first.stderr.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "first.json")); err == nil {
 		t.Fatal("the fenced trainer finished training: the fence came too late to test anything")
 	}
-	if code := fenceWait(t, second, 3*time.Minute); code != 0 {
+	if code := second.waitWithin(t, 3*time.Minute); code != 0 {
 		t.Fatalf("second agent exit code %d:\n%s", code, second.stderr.String())
 	}
 	if got, want := testutil.ReadFile(t, filepath.Join(dir, "second.json")), testutil.ReadFile(t, ref); got != want {
@@ -160,55 +146,6 @@ func TestFence_TwoAgentsOneRun(t *testing.T) {
 	if len(j.Sessions) != 2 || j.Sessions[1].End == nil || j.Sessions[0].End != nil {
 		t.Fatalf("journal sessions %+v: want two, the second ended, the fenced one's end not written", j.Sessions)
 	}
-}
-
-// fenceOutputTo is a trainer command line whose output goes to the file
-// out: in-process it would be this test binary's. The shell execs the
-// trainer, which is the agent's child itself.
-func fenceOutputTo(out string, command []string) []string {
-	return append([]string{"/bin/sh", "-c", `exec "$@" >"$0" 2>&1`, out}, command...)
-}
-
-// fenceLine waits for a line of the file out that matches re and returns
-// its submatches.
-func fenceLine(t *testing.T, out, re string, timeout time.Duration) []string {
-	t.Helper()
-	rx := regexp.MustCompile(`(?m)` + re)
-	var m []string
-	testutil.WaitWithin(t, "a trainer line matching "+re, timeout, func() bool {
-		b, _ := os.ReadFile(out)
-		m = rx.FindStringSubmatch(string(b))
-		return m != nil
-	})
-	return m
-}
-
-// fenceEntry waits for the agent's JSON log line with message msg (and
-// for which match, when given, holds).
-func fenceEntry(t *testing.T, a *cliAgent, msg string, timeout time.Duration, match func(map[string]any) bool) map[string]any {
-	t.Helper()
-	var got map[string]any
-	testutil.WaitWithin(t, fmt.Sprintf("a %q log line", msg), timeout, func() bool {
-		for _, l := range strings.Split(a.stderr.String(), "\n") {
-			var e map[string]any
-			if json.Unmarshal([]byte(l), &e) == nil && e["msg"] == msg && (match == nil || match(e)) {
-				got = e
-				return true
-			}
-		}
-		return a.ended()
-	})
-	if got == nil {
-		t.Fatalf("spotagent exited %d without %q:\n%s", a.code, msg, a.stderr.String())
-	}
-	return got
-}
-
-// fenceWait waits for the agent's exit code.
-func fenceWait(t *testing.T, a *cliAgent, timeout time.Duration) int {
-	t.Helper()
-	testutil.WaitWithin(t, "spotagent's exit", timeout, a.ended)
-	return a.code
 }
 
 func fenceInt(t *testing.T, s string) int64 {

@@ -3,7 +3,6 @@ package main
 import (
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -68,57 +67,27 @@ func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
 			if tc.crashedBefore {
 				t.Setenv("RANK0_ARGS", "--crash-file "+trigger)
 			}
-			guardSIGTERM(t) // the SIGTERM below is this process's
 			// Node 1 never comes: no heartbeats to wait for, and no job
 			// checkpoint can commit.
-			a := startCLIAgent(t, "run", "--store", "file://"+filepath.Join(dir, "store"), "--run-id", "it",
+			a := startStoppedAtEnd(t, "run", "--store", "file://"+filepath.Join(dir, "store"), "--run-id", "it",
 				"--checkpoint-dir", filepath.Join(dir, "n0"), "--socket", filepath.Join(dir, "n0.sock"),
 				"--cloud", "none", "--log-format", "json", "--node-rank", "0",
 				"--interval", "1h", "--term-grace", "20s", "--peer-timeout", "0", "--", "/bin/sh", launcher)
-			t.Cleanup(func() {
-				if !a.ended() { // a test that failed half-way
-					sigtermSelf(t)
-					launcherWait(t, a)
-				}
-			})
-			launcherLine(t, out, `trainer: connected .*rank=0\b`)
-			launcherLine(t, out, `trainer: connected .*rank=1\b`)
+			fileLine(t, out, `trainer: connected .*rank=0\b`, time.Minute)
+			fileLine(t, out, `trainer: connected .*rank=1\b`, time.Minute)
 			if tc.crashedBefore {
 				if err := os.WriteFile(trigger, nil, 0o644); err != nil {
 					t.Fatal(err)
 				}
 				a.entry(t, "a rank of this node ended on an error")
 			}
-			sigtermSelf(t) // the shutdown stop
-			code := launcherWait(t, a)
-			launcherLine(t, out, `launcher: ranks exited`)
+			sigtermSelf(t)                         // the shutdown stop
+			code := a.waitWithin(t, 2*time.Minute) // the stop waits for the launcher
+			fileLine(t, out, `launcher: ranks exited`, time.Minute)
 			if code != tc.want {
-				t.Fatalf("agent exited %d, want %d\n%s\n%s", code, tc.want, a.stderr.String(), launcherOutput(out))
+				t.Fatalf("agent exited %d, want %d\n%s\n%s", code, tc.want, a.stderr.String(), testutil.ReadFile(t, out))
 			}
 			a.entry(t, tc.log)
 		})
 	}
-}
-
-// launcherWait waits for the in-process agent's exit code; its stop waits
-// for the launcher, longer than cliAgent.wait's bound.
-func launcherWait(t *testing.T, a *cliAgent) int {
-	t.Helper()
-	testutil.WaitWithin(t, "spotagent's exit", 2*time.Minute, a.ended)
-	return a.code
-}
-
-// launcherLine waits for a line of the launcher's output (out) that
-// matches re.
-func launcherLine(t *testing.T, out, re string) {
-	t.Helper()
-	rx := regexp.MustCompile(`(?m)` + re)
-	testutil.WaitWithin(t, "a launcher line matching "+re, time.Minute, func() bool {
-		return rx.MatchString(launcherOutput(out))
-	})
-}
-
-func launcherOutput(out string) string {
-	b, _ := os.ReadFile(out)
-	return string(b)
 }

@@ -292,52 +292,6 @@ func uidSharedDir(t *testing.T) string {
 	return dir
 }
 
-// uidAgent runs spotagent ARGS (sidecar or node) in-process; it must be
-// stopped with sigtermSelf (the caller's guardSIGTERM first). A test that
-// fails half-way stops it in its cleanup.
-func uidAgent(t *testing.T, args ...string) *cliAgent {
-	t.Helper()
-	a := startCLIAgent(t, args...)
-	t.Cleanup(func() {
-		if !a.ended() {
-			sigtermSelf(t)
-			a.wait(t)
-		}
-	})
-	return a
-}
-
-// uidEntries are the agent's JSON log lines with message msg that match
-// (all of them without match), in order.
-func uidEntries(a *cliAgent, msg string, match func(map[string]any) bool) []map[string]any {
-	var got []map[string]any
-	for _, l := range strings.Split(a.stderr.String(), "\n") {
-		var e map[string]any
-		if json.Unmarshal([]byte(l), &e) == nil && e["msg"] == msg && (match == nil || match(e)) {
-			got = append(got, e)
-		}
-	}
-	return got
-}
-
-// uidEntry waits up to within for the agent's first log line with message
-// msg that matches.
-func uidEntry(t *testing.T, a *cliAgent, msg string, within time.Duration, match func(map[string]any) bool) map[string]any {
-	t.Helper()
-	var got map[string]any
-	testutil.WaitWithin(t, "a "+strconv.Quote(msg)+" log line", within, func() bool {
-		if es := uidEntries(a, msg, match); len(es) > 0 {
-			got = es[0]
-			return true
-		}
-		return a.ended()
-	})
-	if got == nil {
-		t.Fatalf("spotagent exited %d without %q:\n%s", a.code, msg, a.stderr.String())
-	}
-	return got
-}
-
 // uidStoreLatest is the step of <store>/latest.json of a file store.
 func uidStoreLatest(t *testing.T, store string) int64 {
 	t.Helper()
@@ -380,11 +334,10 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	secret := sec.path
 	store := filepath.Join(dir, "store")
 	sock := filepath.Join(dir, "agent.sock")
-	guardSIGTERM(t) // the SIGTERM below is this process's
-	agent := uidAgent(t, "sidecar", "--store", "file://"+store, "--run-id", "own", "--checkpoint-dir", ckpt,
+	agent := startStoppedAtEnd(t, "sidecar", "--store", "file://"+store, "--run-id", "own", "--checkpoint-dir", ckpt,
 		"--socket", sock, "--socket-mode", "0666", "--allow-uid", "65534", "--cloud", "none", "--interval", "1s",
 		"--log-format", "json")
-	uidEntry(t, agent, "socket listening", time.Minute, nil)
+	agent.entryWithin(t, "socket listening", time.Minute, nil)
 
 	tr := puppetStart(t)
 	if ok, v := tr.do(map[string]any{"op": "read", "path": secret}); ok {
@@ -443,7 +396,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	// (b) A hard link to the root-only file, reported saved.
 	requested(40, func(d string) { puppetHardLink(t, tr, secret, filepath.Join(d, "x")) },
 		"owned by uid 0, not by the trainer (uid [65534]): not the trainer's own file: refused: this checkpoint will not be committed")
-	e := uidEntry(t, agent, "saved refused: not the trainer's own file: the checkpoint will not be committed", 10*time.Second, nil)
+	e := agent.entryWithin(t, "saved refused: not the trainer's own file: the checkpoint will not be committed", 10*time.Second, nil)
 	if e["path"] != "x" || e["peer_uid"] != float64(nobody) {
 		t.Fatalf("refusal logged path %v peer_uid %v, want x and %d", e["path"], e["peer_uid"], nobody)
 	}
@@ -471,7 +424,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 	// the kubelet's SIGTERM.
 	tr.close()
 	testutil.WaitWithin(t, "the trainer's connection closed", 30*time.Second, func() bool {
-		return len(uidEntries(agent, "connection closed", nil))+len(uidEntries(agent, "connection closed by peer", nil)) > 0
+		return len(agent.entries("connection closed", nil))+len(agent.entries("connection closed by peer", nil)) > 0
 	})
 	sigtermSelf(t)
 	if code := agent.wait(t); code != 0 {
@@ -497,11 +450,10 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	sec := uidNewRootSecret(t, dir)
 	secret := sec.path
 	store := filepath.Join(dir, "store")
-	guardSIGTERM(t) // the SIGTERM below is this process's
-	sc := uidAgent(t, "sidecar", "--store", "file://"+store, "--run-id", "it", "--cloud", "none", "--watch", out, "--watch-quiet", "500ms",
+	sc := startStoppedAtEnd(t, "sidecar", "--store", "file://"+store, "--run-id", "it", "--cloud", "none", "--watch", out, "--watch-quiet", "500ms",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "a.sock"),
 		"--poll-interval", "100ms", "--log-level", "info", "--watch-marker", "none", "--log-format", "json")
-	uidEntry(t, sc, "zero-code mode: watching the trainer's checkpoints", time.Minute, nil)
+	sc.entryWithin(t, "zero-code mode: watching the trainer's checkpoints", time.Minute, nil)
 
 	tr := puppetStart(t)
 	// Each checkpoint is written under another name and renamed into
@@ -516,12 +468,12 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	}
 	committed := func(step int) {
 		t.Helper()
-		uidEntry(t, sc, "checkpoint committed", time.Minute, func(e map[string]any) bool { return e["step"] == float64(step) })
+		sc.entryWithin(t, "checkpoint committed", time.Minute, func(e map[string]any) bool { return e["step"] == float64(step) })
 	}
 	save(1, nil)
 	committed(1)
 	save(2, func(d string) { puppetHardLink(t, tr, secret, filepath.Join(d, "x")) })
-	uidEntry(t, sc, "watched checkpoint not usable", time.Minute, func(e map[string]any) bool {
+	sc.entryWithin(t, "watched checkpoint not usable", time.Minute, func(e map[string]any) bool {
 		why, _ := e["why"].(string)
 		return e["name"] == "checkpoint-2" && strings.Contains(why, "checkpoint-2/x is owned by uid 0, not by the trainer (uid 65534")
 	})
@@ -565,9 +517,8 @@ func TestNodeMode_AllowUIDTrainerCheckpoints(t *testing.T) {
 	ckptRoot := filepath.Join(dir, "ckpt")
 	sock := filepath.Join(dir, "node.sock")
 	args := uidNodeArgs(dir, ckptRoot, sock)
-	guardSIGTERM(t) // the SIGTERMs below are this process's
-	p := uidAgent(t, args...)
-	uidEntry(t, p, "socket listening", time.Minute, nil)
+	p := startStoppedAtEnd(t, args...)
+	p.entryWithin(t, "socket listening", time.Minute, nil)
 
 	tr := puppetStart(t)
 	tr.must(map[string]any{"op": "connect", "path": sock})
@@ -612,8 +563,8 @@ for f in (lambda: open(os.path.join(sys.argv[1], "evil"), "wb"), lambda: os.list
 	// The node agent starts again: the run's trainer, still uid 65534,
 	// reads the checkpoint it is told to resume from; a third uid can
 	// neither read nor list it, and the local tier's copy stays as it was.
-	p = uidAgent(t, args...)
-	uidEntry(t, p, "socket listening", time.Minute, nil)
+	p = startStoppedAtEnd(t, args...)
+	p.entryWithin(t, "socket listening", time.Minute, nil)
 	tr = puppetStart(t)
 	tr.must(map[string]any{"op": "connect", "path": sock})
 	// Protocol 2: told "pending", then "restored" (unless the restore
@@ -651,9 +602,8 @@ func TestNodeMode_AllowUIDRankBackAfterCommitReadsIt(t *testing.T) {
 	needRoot(t)
 	dir := uidSharedDir(t)
 	sock := filepath.Join(dir, "node.sock")
-	guardSIGTERM(t) // the SIGTERM below is this process's
-	p := uidAgent(t, uidNodeArgs(dir, filepath.Join(dir, "ckpt"), sock)...)
-	uidEntry(t, p, "socket listening", time.Minute, nil)
+	p := startStoppedAtEnd(t, uidNodeArgs(dir, filepath.Join(dir, "ckpt"), sock)...)
+	p.entryWithin(t, "socket listening", time.Minute, nil)
 
 	tr := puppetStart(t)
 	tr.must(map[string]any{"op": "connect", "path": sock})

@@ -117,11 +117,11 @@ func TestNoticePromise(t *testing.T) {
 			maddr := promiseFreeAddr(t)
 			sock := filepath.Join(dir, "a.sock")
 			a := faultRun(t, fs, dir, append(promiseGCP(t), "--interval", "1s", "--margin", tc.margin, "--metrics-addr", maddr),
-				faultTrainer(t, filepath.Join(dir, "trainer.log"), "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(1<<20)))
+				outputTo(t, filepath.Join(dir, "trainer.log"), exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(1<<20))))
 			// Periodic checkpoints, a verdict after each: once the third
 			// commit is logged the second was judged (the next request
 			// waits for the previous commit's result).
-			faultWaitEntries(t, a, "checkpoint committed", 3, 2*time.Minute)
+			a.countWithin(t, "checkpoint committed", 3, 2*time.Minute, nil)
 			warnings := promiseWarnings(a)
 			var st supervisor.Status
 			if out := promiseCLI(t, "status", "--socket", sock, "--json"); json.Unmarshal([]byte(out), &st) != nil {
@@ -172,7 +172,7 @@ func TestNoticePromise(t *testing.T) {
 			}
 			t.Logf("spotagent status:\n%s", st2)
 			sigtermSelf(t)
-			if code := faultExit(t, a, 2*time.Minute); code != 75 {
+			if code := a.waitWithin(t, 2*time.Minute); code != 75 {
 				t.Fatalf("agent exit code %d, want 75:\n%s", code, a.stderr.String())
 			}
 			rep := promiseCLI(t, "report", "--store", fs.uri, "--margin", tc.margin, "--advice-runs", "0")
@@ -185,7 +185,7 @@ func TestNoticePromise(t *testing.T) {
 			}
 			// The next start says so at once, from the journal.
 			a2 := faultRun(t, fs, dir, append(promiseGCP(t), "--margin", "27s"),
-				faultTrainer(t, filepath.Join(dir, "trainer2.log"), "--steps", "1000000", "--step-time", "0.01"))
+				outputTo(t, filepath.Join(dir, "trainer2.log"), exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01")))
 			var w map[string]any
 			testutil.WaitWithin(t, "the start's warning from the journal", 2*time.Minute, func() bool {
 				for _, e := range promiseWarnings(a2) {
@@ -199,11 +199,11 @@ func TestNoticePromise(t *testing.T) {
 				t.Fatalf("spotagent exited %d without a warning from the journal:\n%s", a2.code, a2.stderr.String())
 			}
 			t.Logf("%s", w["msg"])
-			if len(faultEntries(a2, "checkpoint committed")) > 0 {
+			if len(a2.entries("checkpoint committed", nil)) > 0 {
 				t.Fatal("the start's warning came after a checkpoint, not from the journal")
 			}
 			sigtermSelf(t)
-			faultExit(t, a2, 2*time.Minute)
+			a2.waitWithin(t, 2*time.Minute)
 		})
 	}
 }

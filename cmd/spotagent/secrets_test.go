@@ -43,16 +43,9 @@ func TestSecurity_NoSecretsInLogs(t *testing.T) {
 	dir := shortTempDir(t)
 	sock := filepath.Join(dir, "a.sock")
 	const store = "s3://secrets/runs/leak"
-	guardSIGTERM(t) // the SIGTERM below is this process's
 	args := []string{"run", "--store", store, "--run-id", "leak", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
 		"--socket", sock, "--cloud", "none", "--interval", "1s", "--log-format", "json", "--log-level", "debug", "--"}
-	a := startCLIAgent(t, append(args, exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01")...)...)
-	t.Cleanup(func() {
-		if !a.ended() { // a test that failed half-way
-			sigtermSelf(t)
-			a.wait(t)
-		}
-	})
+	a := startStoppedAtEnd(t, append(args, exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01")...)...)
 	if e := a.entry(t, "store opened"); strings.TrimSuffix(e["uri"].(string), "/") != store {
 		t.Fatalf("store opened %v, want %s", e["uri"], store)
 	}

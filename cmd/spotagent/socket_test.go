@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/protocol"
@@ -66,19 +68,40 @@ func startCLIAgent(t *testing.T, args ...string) *cliAgent {
 // entry waits for the agent's JSON log line with message msg.
 func (a *cliAgent) entry(t *testing.T, msg string) map[string]any {
 	t.Helper()
-	var got map[string]any
-	testutil.WaitFor(t, "a "+strconv.Quote(msg)+" log line", func() bool {
-		for _, l := range strings.Split(a.stderr.String(), "\n") {
-			var e map[string]any
-			if json.Unmarshal([]byte(l), &e) == nil && e["msg"] == msg {
-				got = e
-				return true
-			}
+	return a.entryWithin(t, msg, testutil.Wait, nil)
+}
+
+// entries are the agent's JSON log lines with message msg for which match
+// holds (all of them when match is nil), in order.
+func (a *cliAgent) entries(msg string, match func(map[string]any) bool) []map[string]any {
+	var got []map[string]any
+	for _, l := range strings.Split(a.stderr.String(), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(l), &e) == nil && e["msg"] == msg && (match == nil || match(e)) {
+			got = append(got, e)
 		}
-		return a.ended()
+	}
+	return got
+}
+
+// entryWithin waits up to within for the agent's first log line with
+// message msg for which match holds (nil: any).
+func (a *cliAgent) entryWithin(t *testing.T, msg string, within time.Duration, match func(map[string]any) bool) map[string]any {
+	t.Helper()
+	return a.countWithin(t, msg, 1, within, match)[0]
+}
+
+// countWithin waits up to within for n such lines and returns them all; it
+// fails the test if the agent exits first.
+func (a *cliAgent) countWithin(t *testing.T, msg string, n int, within time.Duration, match func(map[string]any) bool) []map[string]any {
+	t.Helper()
+	var got []map[string]any
+	testutil.WaitWithin(t, fmt.Sprintf("%d %q log lines", n, msg), within, func() bool {
+		got = a.entries(msg, match)
+		return len(got) >= n || a.ended()
 	})
-	if got == nil {
-		t.Fatalf("spotagent exited %d without %q:\n%s", a.code, msg, a.stderr.String())
+	if len(got) < n {
+		t.Fatalf("spotagent exited %d after %d of %d %q lines:\n%s", a.code, len(got), n, msg, a.stderr.String())
 	}
 	return got
 }
@@ -98,8 +121,31 @@ func (a *cliAgent) ended() bool {
 // wait waits for the agent's exit code.
 func (a *cliAgent) wait(t *testing.T) int {
 	t.Helper()
-	testutil.WaitFor(t, "spotagent's exit", a.ended)
+	return a.waitWithin(t, testutil.Wait)
+}
+
+// waitWithin waits up to within for the agent's exit code.
+func (a *cliAgent) waitWithin(t *testing.T, within time.Duration) int {
+	t.Helper()
+	testutil.WaitWithin(t, "spotagent's exit", within, a.ended)
 	return a.code
+}
+
+// startStoppedAtEnd is startCLIAgent for an agent stopped by this
+// process's SIGTERM (sigtermSelf; guardSIGTERM is called here): a test
+// that fails half-way stops it in its cleanup, and every other in-process
+// agent of the test with it.
+func startStoppedAtEnd(t *testing.T, args ...string) *cliAgent {
+	t.Helper()
+	guardSIGTERM(t)
+	a := startCLIAgent(t, args...)
+	t.Cleanup(func() {
+		if !a.ended() {
+			sigtermSelf(t)
+			a.waitWithin(t, 2*time.Minute)
+		}
+	})
+	return a
 }
 
 // waitingTrainer is a trainer command that exits 0 once the file exit exists.

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -83,19 +80,6 @@ func faultIsWrite(r *http.Request) bool {
 	return r.Method == http.MethodPut || r.Method == http.MethodPost
 }
 
-// faultTrainer is the example trainer with flags, its output (stdout and
-// stderr) in the file log: an in-process agent's child writes to this
-// process's own, where the test cannot read it.
-func faultTrainer(t *testing.T, log string, flags ...string) []string {
-	t.Helper()
-	t.Cleanup(func() {
-		if b, err := os.ReadFile(log); t.Failed() && err == nil {
-			t.Logf("the trainer's output:\n%s", b)
-		}
-	})
-	return append([]string{"/bin/sh", "-c", `exec "$@" >"$0" 2>&1`, log}, exampleTrainer(t, flags...)...)
-}
-
 // faultRun starts `spotagent run` in-process on the store uri with the
 // trainer (after "--"), logging JSON at info; a test that fails half-way
 // stops it at its end (the proxy cleared first, so the shutdown's writes
@@ -104,50 +88,9 @@ func faultRun(t *testing.T, fs *faultStores, dir string, flags []string, trainer
 	t.Helper()
 	args := append([]string{"run", "--store", fs.uri, "--run-id", "it", "--checkpoint-dir", filepath.Join(dir, "ckpt"),
 		"--socket", filepath.Join(dir, "a.sock"), "--interval", "1h", "--log-level", "info", "--log-format", "json"}, flags...)
-	guardSIGTERM(t)
-	a := startCLIAgent(t, append(append(args, "--"), trainer...)...)
-	t.Cleanup(func() {
-		if !a.ended() {
-			fs.proxy.Clear()
-			sigtermSelf(t)
-			faultExit(t, a, 2*time.Minute)
-		}
-	})
+	a := startStoppedAtEnd(t, append(append(args, "--"), trainer...)...)
+	t.Cleanup(fs.proxy.Clear) // before the stop's cleanup: its writes land
 	return a
-}
-
-// faultExit waits up to timeout for the agent's exit code.
-func faultExit(t *testing.T, a *cliAgent, timeout time.Duration) int {
-	t.Helper()
-	testutil.WaitWithin(t, "spotagent's exit", timeout, a.ended)
-	return a.code
-}
-
-// faultEntries is the agent's JSON log entries with message msg, in order.
-func faultEntries(a *cliAgent, msg string) []map[string]any {
-	var got []map[string]any
-	for _, l := range strings.Split(a.stderr.String(), "\n") {
-		var e map[string]any
-		if json.Unmarshal([]byte(l), &e) == nil && e["msg"] == msg {
-			got = append(got, e)
-		}
-	}
-	return got
-}
-
-// faultWaitEntries waits up to timeout for n entries with message msg and
-// returns them; it fails the test if the agent exits first.
-func faultWaitEntries(t *testing.T, a *cliAgent, msg string, n int, timeout time.Duration) []map[string]any {
-	t.Helper()
-	var got []map[string]any
-	testutil.WaitWithin(t, fmt.Sprintf("%d %q log lines", n, msg), timeout, func() bool {
-		got = faultEntries(a, msg)
-		return len(got) >= n || a.ended()
-	})
-	if len(got) < n {
-		t.Fatalf("spotagent exited %d after %d of %d %q lines:\n%s", a.code, len(got), n, msg, a.stderr.String())
-	}
-	return got
 }
 
 // faultStep is a log entry's "step".
@@ -188,27 +131,27 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 			fs.proxy.Set(modes[0]) // the start's writes too
 			trainerLog := filepath.Join(dir, "trainer.log")
 			a := faultRun(t, fs, dir, []string{"--cloud", "none", "--interval", "1s"},
-				faultTrainer(t, trainerLog, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(3<<20)))
+				outputTo(t, trainerLog, exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(3<<20))))
 			// Two commits under each fault (the second requested after
 			// the switch), switched while the agent runs.
 			commits := 0
 			for _, f := range modes {
 				fs.proxy.Set(f)
 				commits += 2
-				faultWaitEntries(t, a, "checkpoint committed", commits, 2*time.Minute)
+				a.countWithin(t, "checkpoint committed", commits, 2*time.Minute, nil)
 			}
 			sigtermSelf(t)
 			// The agent's line: a periodic request pending at the signal
 			// becomes the shutdown's checkpoint, and the trainer saves it
 			// under the reason it was asked with (periodic).
-			e := faultWaitEntries(t, a, "interruption checkpoint committed: stopping the trainer", 1, time.Minute)[0]
-			if code := faultExit(t, a, 2*time.Minute); code != 75 {
+			e := a.entryWithin(t, "interruption checkpoint committed: stopping the trainer", time.Minute, nil)
+			if code := a.waitWithin(t, 2*time.Minute); code != 75 {
 				t.Fatalf("agent exit code %d, want 75:\n%s", code, a.stderr.String())
 			}
 			if s := fs.proxy.Stats(); s.Faults == 0 {
 				t.Fatalf("no fault injected in %d requests", s.Requests)
 			}
-			if n := len(faultEntries(a, "checkpoint not committed")); n > 0 {
+			if n := len(a.entries("checkpoint not committed", nil)); n > 0 {
 				t.Fatalf("%d commits failed through retryable faults:\n%s", n, a.stderr.String())
 			}
 			l, err := checkpoint.ReadLatest(context.Background(), fs.direct)
@@ -233,8 +176,8 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	trainerLog := filepath.Join(dir, "trainer.log")
 	a := faultRun(t, fs, dir, []string{"--cloud", "none", "--interval", "2s", "--term-grace", "12s", "--margin", "1s",
 		"--s3-part-size", strconv.Itoa(5 << 20)},
-		faultTrainer(t, trainerLog, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(6<<20)))
-	first := faultWaitEntries(t, a, "checkpoint committed", 1, 2*time.Minute)[0]
+		outputTo(t, trainerLog, exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(6<<20))))
+	first := a.entryWithin(t, "checkpoint committed", 2*time.Minute, nil)
 	firstID, _ := first["id"].(string)
 	firstStep := faultStep(t, first)
 
@@ -244,12 +187,12 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	// pending at the signal (then the trainer saves it as periodic).
 	var id string
 	testutil.WaitWithin(t, "the shutdown's checkpoint request", time.Minute, func() bool {
-		for _, e := range faultEntries(a, "checkpoint requested") {
+		for _, e := range a.entries("checkpoint requested", nil) {
 			if e["reason"] == "shutdown" {
 				id, _ = e["id"].(string)
 			}
 		}
-		if es := faultEntries(a, "the pending periodic checkpoint becomes the interruption checkpoint"); len(es) > 0 {
+		if es := a.entries("the pending periodic checkpoint becomes the interruption checkpoint", nil); len(es) > 0 {
 			id, _ = es[0]["id"].(string)
 		}
 		return id != "" || a.ended()
@@ -269,7 +212,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	cpu1, t1 := faultCPU(t), time.Now()
 	// (A periodic upload the shutdown cancelled may have given up: only
 	// the shutdown checkpoint's own failure spoils the window.)
-	for _, e := range faultEntries(a, "checkpoint not committed") {
+	for _, e := range a.entries("checkpoint not committed", nil) {
 		if e["reason"] == "shutdown" {
 			t.Fatal("the upload gave up before its deadline: the window did not measure a retrying agent")
 		}
@@ -281,7 +224,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 	}
 
 	testutil.WaitWithin(t, "the shutdown checkpoint's failure", time.Minute, func() bool {
-		for _, e := range faultEntries(a, "checkpoint not committed") {
+		for _, e := range a.entries("checkpoint not committed", nil) {
 			if e["reason"] == "shutdown" {
 				return true
 			}
@@ -295,7 +238,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 		if strings.Contains(testutil.ReadFile(t, trainerLog), "upload failed") {
 			return true
 		}
-		for _, e := range faultEntries(a, "message not delivered") {
+		for _, e := range a.entries("message not delivered", nil) {
 			if e["type"] == "upload_failed" {
 				return true
 			}
@@ -303,7 +246,7 @@ func TestStoreFault_DownDuringInterruption(t *testing.T) {
 		return false
 	})
 	fs.proxy.Clear() // back, so the journal can be saved
-	faultExit(t, a, time.Minute)
+	a.waitWithin(t, time.Minute)
 	if fs.proxy.Stats().Faults == 0 {
 		t.Fatal("no request reached the dead store")
 	}

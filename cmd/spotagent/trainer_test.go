@@ -4,8 +4,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // testPython is the interpreter of these tests' Python trainers (Debian's;
@@ -57,4 +61,32 @@ func sigtermSelf(t *testing.T) {
 func fakeTrainer(t *testing.T, flags ...string) []string {
 	t.Helper()
 	return append([]string{testPython, repoFile(t, "python/tests/faketrainer.py")}, flags...)
+}
+
+// outputTo is a trainer command line whose output (stdout and stderr)
+// goes to the file log, which the test logs when it fails: an in-process
+// agent's child would write to this test binary's own. The shell execs the
+// trainer, which is the agent's child itself.
+func outputTo(t *testing.T, log string, command []string) []string {
+	t.Helper()
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(log); t.Failed() && err == nil {
+			t.Logf("%s:\n%s", filepath.Base(log), b)
+		}
+	})
+	return append([]string{"/bin/sh", "-c", `exec "$@" >"$0" 2>&1`, log}, command...)
+}
+
+// fileLine waits up to within for a line of the file path that matches re
+// and returns its submatches.
+func fileLine(t *testing.T, path, re string, within time.Duration) []string {
+	t.Helper()
+	rx := regexp.MustCompile(`(?m)` + re)
+	var m []string
+	testutil.WaitWithin(t, "a line matching "+re+" in "+filepath.Base(path), within, func() bool {
+		b, _ := os.ReadFile(path)
+		m = rx.FindStringSubmatch(string(b))
+		return m != nil
+	})
+	return m
 }
