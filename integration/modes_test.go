@@ -3,13 +3,10 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,37 +28,6 @@ func trainerProc(t *testing.T, env []string, args ...string) *proc {
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), env...)
 	return startCmd(t, cmd)
-}
-
-// freeAddr returns a loopback address nobody listens on yet.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// scrape reads one metric's value from /metrics.
-func scrape(t *testing.T, addr, metric string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(metric) + ` (\S+)$`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("metric %s not in /metrics", metric)
-	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 func httpStatus(t *testing.T, url string) int {
@@ -99,7 +65,7 @@ func TestSidecar(t *testing.T) {
 	t.Cleanup(imds.Close)
 	sock := filepath.Join(dir, "run", "agent.sock")
 	store := filepath.Join(dir, "store")
-	maddr := freeAddr(t)
+	maddr := testutil.FreeAddr(t)
 	args := []string{"sidecar", "--store", "file://" + store, "--run-id", "pod",
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", sock, "--interval", "1h",
 		"--cloud", "aws", "--aws-imds-endpoint", imds.URL(), "--poll-interval", "100ms", "--metrics-addr", maddr}
@@ -149,15 +115,15 @@ func TestSidecar(t *testing.T) {
 		t.Fatalf("trainer exit code %d, want %d", code, exitInterrupted)
 	}
 	agent.waitLine(`interruption checkpoint committed`, time.Minute)
-	if got := scrape(t, maddr, "spotagent_last_committed_step"); int(got) != step {
+	if got := testutil.Scrape(t, maddr, "spotagent_last_committed_step"); int(got) != step {
 		t.Fatalf("spotagent_last_committed_step=%v, want %d", got, step)
 	}
 	// The journal is written after the commit: the goodput gauge follows it.
 	testutil.WaitWithin(t, "spotagent_goodput_ratio in (0, 1]", 30*time.Second, func() bool {
-		g := scrape(t, maddr, "spotagent_goodput_ratio")
+		g := testutil.Scrape(t, maddr, "spotagent_goodput_ratio")
 		return g > 0 && g <= 1
 	})
-	if got := scrape(t, maddr, `spotagent_notices_total{cloud="aws",kind="termination"}`); got != 1 {
+	if got := testutil.Scrape(t, maddr, `spotagent_notices_total{cloud="aws",kind="termination"}`); got != 1 {
 		t.Fatalf("notices_total=%v, want 1", got)
 	}
 	// The sidecar outlives the notice (a trainer that connects late is

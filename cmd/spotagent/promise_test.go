@@ -2,9 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"io"
-	"net"
-	"net/http"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -50,37 +47,6 @@ func promiseWarnings(a *cliAgent) []map[string]any {
 	return got
 }
 
-// promiseFreeAddr returns a loopback address nobody listens on yet.
-func promiseFreeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// promiseScrape reads one metric's value from the agent's /metrics.
-func promiseScrape(t *testing.T, addr, metric string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(metric) + ` (\S+)$`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("metric %s not in /metrics", metric)
-	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // promiseCLI runs spotagent args in-process and returns its output; it
 // fails the test unless it exits 0.
 func promiseCLI(t *testing.T, args ...string) string {
@@ -114,7 +80,7 @@ func TestNoticePromise(t *testing.T) {
 				fs.proxy.Set(faultproxy.Fault{Mode: faultproxy.Slow, Rate: 256 << 10})
 			}
 			dir := shortTempDir(t)
-			maddr := promiseFreeAddr(t)
+			maddr := testutil.FreeAddr(t)
 			sock := filepath.Join(dir, "a.sock")
 			a := faultRun(t, fs, dir, append(promiseGCP(t), "--interval", "1s", "--margin", tc.margin, "--metrics-addr", maddr),
 				outputTo(t, filepath.Join(dir, "trainer.log"), exampleTrainer(t, "--steps", "1000000", "--step-time", "0.01", "--save-bytes", strconv.Itoa(1<<20))))
@@ -134,15 +100,15 @@ func TestNoticePromise(t *testing.T) {
 			fits := map[string]bool{}
 			for _, c := range p.Clouds {
 				fits[c.Cloud] = c.Fits
-				got := promiseScrape(t, maddr, `spotagent_notice_checkpoint_fits{cloud="`+c.Cloud+`"}`)
+				got := testutil.Scrape(t, maddr, `spotagent_notice_checkpoint_fits{cloud="`+c.Cloud+`"}`)
 				if (got == 1) != c.Fits {
 					t.Errorf("metric fits{cloud=%q}=%v, status says fits=%v", c.Cloud, got, c.Fits)
 				}
-				if b := promiseScrape(t, maddr, `spotagent_notice_budget_seconds{cloud="`+c.Cloud+`"}`); b != c.BudgetSeconds {
+				if b := testutil.Scrape(t, maddr, `spotagent_notice_budget_seconds{cloud="`+c.Cloud+`"}`); b != c.BudgetSeconds {
 					t.Errorf("metric budget{cloud=%q}=%v, status says %v", c.Cloud, b, c.BudgetSeconds)
 				}
 			}
-			if got := promiseScrape(t, maddr, "spotagent_notice_checkpoint_predicted_seconds"); got <= 0 {
+			if got := testutil.Scrape(t, maddr, "spotagent_notice_checkpoint_predicted_seconds"); got <= 0 {
 				t.Errorf("spotagent_notice_checkpoint_predicted_seconds=%v, want > 0", got)
 			}
 			if !fits["aws"] {

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 
+	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/metrics"
 )
 
@@ -222,7 +222,7 @@ func liveMetricNames(t *testing.T) map[string]bool {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build spotagent: %v\n%s", err, out)
 	}
-	addr := freeAddr(t)
+	addr := testutil.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "run", "--cloud", "none", "--store", filepath.Join(dir, "store"),
 		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--socket", filepath.Join(dir, "agent.sock"),
@@ -292,14 +292,4 @@ func names(fams map[string]*dto.MetricFamily) map[string]bool {
 		}
 	}
 	return out
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

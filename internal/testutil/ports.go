@@ -2,11 +2,15 @@ package testutil
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 )
 
 // FreePorts returns n distinct TCP ports nobody listened on a moment ago,
@@ -73,4 +77,42 @@ func listenPorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// FreeAddr is a loopback address nobody listens on yet, for a server the
+// test starts in-process or in a program that binds what it is given at
+// once (an agent's --metrics-addr).
+func FreeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Scrape is one sample's value from the Prometheus text at
+// http://addr/metrics: metric is its name with its labels as the text
+// writes them (`spotagent_notices_total{cloud="aws",kind="termination"}`).
+func Scrape(t *testing.T, addr, metric string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(metric) + ` (\S+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("metric %s not in /metrics", metric)
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
