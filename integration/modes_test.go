@@ -105,8 +105,9 @@ func TestSidecar(t *testing.T) {
 	}
 	agent.waitLine(`a trainer is back after a commit`, time.Minute)
 
-	// The spot notice: the restarted trainer's interruption checkpoint.
-	tr2.waitLine(`^step `+strconv.Itoa(shutdown+50)+` `, time.Minute)
+	// The spot notice: the restarted trainer's interruption checkpoint,
+	// some 50 steps on (train.py prints every 25th step).
+	tr2.waitLine(`^step `+strconv.Itoa((shutdown+50+24)/25*25)+` `, time.Minute)
 	imds.Notice()
 	m := tr2.waitLine(`checkpoint \S+ \(interruption\) at step (\d+)`, time.Minute)
 	step := atoi(t, m[1])

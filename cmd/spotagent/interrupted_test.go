@@ -79,11 +79,11 @@ func TestInterrupted_LauncherOneAfterStopIs75(t *testing.T) {
 				if err := os.WriteFile(trigger, nil, 0o644); err != nil {
 					t.Fatal(err)
 				}
-				a.entry(t, "a rank of this node ended on an error")
+				a.entryWithin(t, "a rank of this node ended on an error", time.Minute, nil)
 			}
-			sigtermSelf(t)                         // the shutdown stop
-			code := a.waitWithin(t, 2*time.Minute) // the stop waits for the launcher
-			fileLine(t, out, `launcher: ranks exited`, time.Minute)
+			sigtermSelf(t)                                          // the shutdown stop
+			code := a.waitWithin(t, 2*time.Minute)                  // the stop waits for the launcher
+			fileLine(t, out, `launcher: ranks exited`, time.Second) // reaped with the agent's exit
 			if code != tc.want {
 				t.Fatalf("agent exited %d, want %d\n%s\n%s", code, tc.want, a.stderr.String(), testutil.ReadFile(t, out))
 			}

@@ -427,7 +427,7 @@ func TestOwner_OtherUIDTrainer(t *testing.T) {
 		return len(agent.entries("connection closed", nil))+len(agent.entries("connection closed by peer", nil)) > 0
 	})
 	sigtermSelf(t)
-	if code := agent.wait(t); code != 0 {
+	if code := agent.waitWithin(t, time.Minute); code != 0 {
 		t.Fatalf("sidecar exit code %d:\n%s", code, agent.stderr.String())
 	}
 }
@@ -480,7 +480,7 @@ func TestOwner_SidecarWatchOtherUID(t *testing.T) {
 	save(3, nil)
 	committed(3)
 	sigtermSelf(t)
-	if code := sc.wait(t); code != 0 && code != 75 {
+	if code := sc.waitWithin(t, time.Minute); code != 0 && code != 75 {
 		t.Fatalf("sidecar exit code %d:\n%s", code, sc.stderr.String())
 	}
 	if step := uidStoreLatest(t, store); step != 3 {
@@ -556,7 +556,7 @@ for f in (lambda: open(os.path.join(sys.argv[1], "evil"), "wb"), lambda: os.list
 	}
 	tr.close()
 	sigtermSelf(t)
-	if code := p.wait(t); code != 0 {
+	if code := p.waitWithin(t, time.Minute); code != 0 {
 		t.Fatalf("node agent exit code %d:\n%s", code, p.stderr.String())
 	}
 
@@ -587,7 +587,7 @@ for f in (lambda: open(os.path.join(sys.argv[1], "evil"), "wb"), lambda: os.list
 	tr2.close()
 	tr.close()
 	sigtermSelf(t)
-	if code := p.wait(t); code != 0 {
+	if code := p.waitWithin(t, time.Minute); code != 0 {
 		t.Fatalf("node agent exit code %d after the restart:\n%s", code, p.stderr.String())
 	}
 }
@@ -638,7 +638,7 @@ func TestNodeMode_AllowUIDRankBackAfterCommitReadsIt(t *testing.T) {
 	tr3.close()
 	tr2.close()
 	sigtermSelf(t)
-	if code := p.wait(t); code != 0 {
+	if code := p.waitWithin(t, time.Minute); code != 0 {
 		t.Fatalf("node agent exit code %d:\n%s", code, p.stderr.String())
 	}
 }
