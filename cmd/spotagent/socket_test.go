@@ -62,6 +62,11 @@ func startCLIAgent(t *testing.T, args ...string) *cliAgent {
 	t.Helper()
 	a := &cliAgent{stderr: &lockedBuffer{}, done: make(chan int, 1)}
 	go func() { a.done <- execute(args, io.Discard, a.stderr) }()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("spotagent %s's log:\n%s", args[0], a.stderr.String())
+		}
+	})
 	return a
 }
 

@@ -151,11 +151,14 @@ func TestStoreFault_AgentThroughFaults(t *testing.T) {
 			if s := fs.proxy.Stats(); s.Faults == 0 {
 				t.Fatalf("no fault injected in %d requests", s.Requests)
 			}
-			// Any of them: "checkpoint not committed" and the periodic
-			// one's "... not committed: the interruption checkpoint took
-			// priority" alike, as the end-to-end test asked.
-			if strings.Contains(a.stderr.String(), "checkpoint not committed") {
-				t.Fatalf("a commit failed through retryable faults:\n%s", a.stderr.String())
+			// A commit that failed: "checkpoint not committed". Not the
+			// periodic upload the SIGTERM cancelled ("periodic checkpoint
+			// not committed: the interruption checkpoint took priority"),
+			// which the end-to-end test's substring also matched: with
+			// uploads slowed by the faults (and -race) the SIGTERM often
+			// comes during one.
+			if n := len(a.entries("checkpoint not committed", nil)); n > 0 {
+				t.Fatalf("%d commits failed through retryable faults:\n%s", n, a.stderr.String())
 			}
 			l, err := checkpoint.ReadLatest(context.Background(), fs.direct)
 			if want := faultStep(t, e); err != nil || l.Step != want {
