@@ -187,7 +187,11 @@ func (s *Store) Check(ctx context.Context) error {
 // bytes behind the bodies then.
 func (s *Store) attempts(ctx context.Context, send func(ctx context.Context) error) (failed bool, err error) {
 	n := 0
-	err = retry.Do(ctx, retry.Policy{Attempts: defaultMaxAttempts, Backoff: retry.Backoff{Min: 200 * time.Millisecond, Max: 20 * time.Second},
+	bo := retry.Backoff{Min: 200 * time.Millisecond, Max: 20 * time.Second}
+	if d := cloud.MaxWait(ctx); d > 0 { // the run journal's writes at exit
+		bo = bo.Capped(d)
+	}
+	err = retry.Do(ctx, retry.Policy{Attempts: defaultMaxAttempts, Backoff: bo,
 		Retryable: sendRetryable(s.Retryable)}, func(ctx context.Context) error {
 		n++
 		return send(ctx)

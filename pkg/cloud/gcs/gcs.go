@@ -10,8 +10,10 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"cloud.google.com/go/storage"
+	gax "github.com/googleapis/gax-go/v2"
 	"go.uber.org/zap"
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/api/googleapi"
@@ -122,8 +124,17 @@ func (s *Store) Check(ctx context.Context) error {
 // unconditional ones are retried too, not only the idempotent calls.
 // Every other request makes one attempt and is retried by that wrapper,
 // so no request is retried twice.
-func putRetries(o *storage.ObjectHandle) *storage.ObjectHandle {
-	return o.Retryer(storage.WithPolicy(storage.RetryAlways))
+//
+// A context with a bound on the waits (cloud.WithMaxWait: the run
+// journal's writes at exit) caps the library's backoff by it: its 30 s
+// could outlast the exit's wait for a write that the store, back a moment
+// later, would take.
+func putRetries(ctx context.Context, o *storage.ObjectHandle) *storage.ObjectHandle {
+	opts := []storage.RetryOption{storage.WithPolicy(storage.RetryAlways)}
+	if d := cloud.MaxWait(ctx); d > 0 {
+		opts = append(opts, storage.WithBackoff(gax.Backoff{Initial: min(time.Second, d), Max: d, Multiplier: 2}))
+	}
+	return o.Retryer(opts...)
 }
 
 // Retryable reports whether an operation that failed with err is worth

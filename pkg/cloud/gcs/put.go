@@ -24,7 +24,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader, size int64, op
 	if err != nil {
 		return err
 	}
-	if o, err = conditional(putRetries(o), opts); err != nil {
+	if o, err = conditional(putRetries(ctx, o), opts); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	if src, ok := r.(cloud.FileSource); ok && size >= 0 && size <= singleMax {

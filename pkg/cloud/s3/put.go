@@ -137,7 +137,7 @@ func (s *Store) putObjectFrom(ctx context.Context, k *string, body io.ReadSeeker
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
-	if _, err := s.client.PutObject(ctx, in, s.withPutRetries); err != nil {
+	if _, err := s.client.PutObject(ctx, in, s.withPutRetries(ctx)); err != nil {
 		return fmt.Errorf("put %s: %w", *k, translate(err))
 	}
 	return nil
@@ -170,7 +170,7 @@ func (s *Store) multipart(ctx context.Context, k *string, first []byte, crc, who
 	out, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumType: types.ChecksumTypeFullObject,
-	}, s.withPutRetries)
+	}, s.withPutRetries(ctx))
 	if err != nil {
 		s.pool.put(first)
 		return fmt.Errorf("put %s: create upload: %w", *k, translate(err))
@@ -251,7 +251,7 @@ func (u *upload) partFrom(ctx context.Context, num int32, body io.ReadSeeker, n 
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id, PartNumber: aws.Int32(num),
 		Body: body, ContentLength: aws.Int64(n),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ChecksumCRC32C: checksum(crc),
-	}, u.s.withPutRetries)
+	}, u.s.withPutRetries(ctx))
 	if err != nil {
 		return fmt.Errorf("part %d: %w", num, translate(err))
 	}
@@ -271,7 +271,7 @@ func (u *upload) complete(ctx context.Context, opts cloud.PutOptions) error {
 		ChecksumCRC32C:  checksum(u.whole), ChecksumType: types.ChecksumTypeFullObject,
 	}
 	in.IfNoneMatch, in.IfMatch = conditions(opts)
-	if _, err := u.s.client.CompleteMultipartUpload(ctx, in, u.s.withPutRetries); err != nil {
+	if _, err := u.s.client.CompleteMultipartUpload(ctx, in, u.s.withPutRetries(ctx)); err != nil {
 		return fmt.Errorf("complete upload: %w", translate(err))
 	}
 	return nil
@@ -284,7 +284,7 @@ func (u *upload) abort(ctx context.Context, cause error) {
 	defer cancel()
 	_, err := u.s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{
 		Bucket: &u.s.bucket, Key: u.k, UploadId: u.id,
-	}, u.s.withPutRetries)
+	}, u.s.withPutRetries(ctx))
 	if err != nil {
 		// Cleanup on the next start removes it.
 		u.s.log.Warn("abort multipart upload failed", zap.String("key", *u.k), zap.NamedError("cause", cause), zap.Error(err))

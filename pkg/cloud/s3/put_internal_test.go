@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -126,5 +127,40 @@ func TestChecksumsComeFromTheStore(t *testing.T) {
 	}
 	if got := srv.Verified(); got != 3 {
 		t.Fatalf("server verified %d checksums, want 3", got)
+	}
+}
+
+// Put's requests are retried by the SDK with its backoff of up to 20 s; a
+// context bounded by cloud.WithMaxWait (the run journal's writes at exit)
+// caps it: a journal Put sat in a 10–20 s wait while the store came back
+// and the exit's 10 s wait for it ran out, so the failed interruption
+// checkpoint's record was lost (cmd/spotagent
+// TestStoreFault_DownDuringInterruption, 1 full run in 8).
+func TestPutRetries_MaxWait(t *testing.T) {
+	s := &Store{putRetryer: newRetryer(defaultMaxAttempts)}
+	retryer := func(ctx context.Context) (r interface {
+		RetryDelay(int, error) (time.Duration, error)
+	}) {
+		var o s3.Options
+		s.withPutRetries(ctx)(&o)
+		return o.Retryer
+	}
+	reset := errors.New("read: connection reset by peer")
+	longest := func(ctx context.Context) time.Duration {
+		var m time.Duration
+		for range 100 {
+			d, err := retryer(ctx).RetryDelay(8, reset)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m = max(m, d)
+		}
+		return m
+	}
+	if got := longest(cloud.WithMaxWait(context.Background(), 2*time.Second)); got > 2*time.Second {
+		t.Fatalf("a wait of %s under a 2 s bound", got)
+	}
+	if got := longest(context.Background()); got <= 2*time.Second {
+		t.Fatalf("longest wait %s without a bound: the test does not see the SDK's backoff", got)
 	}
 }

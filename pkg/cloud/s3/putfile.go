@@ -99,7 +99,7 @@ func (s *Store) putFile(ctx context.Context, k *string, src cloud.FileSource, op
 	out, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
 		ChecksumType: types.ChecksumTypeFullObject,
-	}, s.withPutRetries)
+	}, s.withPutRetries(ctx))
 	if err != nil {
 		return fmt.Errorf("put %s: create upload: %w", *k, translate(err))
 	}

@@ -204,7 +204,18 @@ func newRetryer(attempts int) aws.Retryer {
 // the SDK can resend them, while the caller's reader has moved on and the
 // wrapper above could not replay it. Every other request makes one
 // attempt and is retried by that wrapper, so no request is retried twice.
-func (s *Store) withPutRetries(o *s3.Options) { o.Retryer = s.putRetryer }
+//
+// A context with a bound on the waits (cloud.WithMaxWait: the run
+// journal's writes at exit) caps the SDK's backoff by it: its 20 s could
+// outlast the exit's wait for a write that the store, back a moment
+// later, would take.
+func (s *Store) withPutRetries(ctx context.Context) func(*s3.Options) {
+	r := s.putRetryer
+	if d := cloud.MaxWait(ctx); d > 0 {
+		r = retry.AddWithMaxBackoffDelay(r, d)
+	}
+	return func(o *s3.Options) { o.Retryer = r }
+}
 
 // Retryable reports whether an operation that failed with err is worth
 // another attempt, by the SDK's standard classification (throttling, 5xx,

@@ -95,22 +95,11 @@ func Retry(st cloud.Store, o RetryOptions) cloud.Store {
 	return r
 }
 
-// maxWaitKey carries WithMaxWait's bound in a context.
-type maxWaitKey struct{}
-
-// WithMaxWait bounds every wait between the retries of the operations made
-// with ctx by d (d > 0), below the store's own longest wait: for small
-// writes that must land soon after the store is back (the run journal at
-// exit), never for data uploads.
-func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, maxWaitKey{}, d)
-}
-
 // do runs fn under the policy, logging each retry with the operation and
 // its key (never a credential).
 func (r *retrying) do(ctx context.Context, op, key string, fn func(ctx context.Context) error) error {
 	p := r.policy
-	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok && d > 0 {
+	if d := cloud.MaxWait(ctx); d > 0 {
 		p.Backoff = p.Backoff.Capped(d)
 	}
 	p.OnRetry = func(attempt int, wait time.Duration, err error) {

@@ -171,14 +171,14 @@ func TestRetry_StopsAtCancel(t *testing.T) {
 	}
 }
 
-// WithMaxWait bounds the waits of the operations made with its context:
+// cloud.WithMaxWait bounds the waits of the operations made with its context:
 // a store whose own waits are an hour retries within the bound, and the
 // same store without it still waits its hour.
 func TestRetry_WithMaxWait(t *testing.T) {
 	f, _ := newFlaky(t, errTransient, errTransient)
 	st := wrap.Retry(f, wrap.RetryOptions{MinWait: time.Hour, MaxWait: time.Hour})
 	done := make(chan error, 1)
-	go func() { _, err := st.Stat(wrap.WithMaxWait(t.Context(), time.Millisecond), "a"); done <- err }()
+	go func() { _, err := st.Stat(cloud.WithMaxWait(t.Context(), time.Millisecond), "a"); done <- err }()
 	select {
 	case err := <-done:
 		if err != nil || f.calls != 3 {

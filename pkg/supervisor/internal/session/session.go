@@ -9,11 +9,14 @@ package session
 
 import (
 	"context"
+	"errors"
+	"math"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/cloud"
@@ -103,12 +106,18 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 		// Retried at least every journalRetryMax while the store is down, so
 		// that a write in flight lands soon after it is back, before the
 		// exit stops waiting (TestStoreFault_DownDuringInterruption).
-		ctx, cancel := context.WithTimeout(wrap.WithMaxWait(s.LandingCtx(), journalRetryMax), time.Minute)
+		ctx, cancel := context.WithTimeout(cloud.WithMaxWait(s.LandingCtx(), journalRetryMax), time.Minute)
 		defer cancel()
 		var g *journal.Goodput
-		err := s.journal.Update(ctx, func(j *journal.Journal) {
-			fn(j)
-			g, _ = journal.Account(j, time.Now()) // the journal as written
+		// The whole write again while the store fails, not only its
+		// requests: an outage longer than a request's attempts (some 14 s
+		// of them at journalRetryMax) would otherwise drop the record,
+		// even when the store is back before the exit stops waiting.
+		err := retry.Do(ctx, journalRetry, func(ctx context.Context) error {
+			return s.journal.Update(ctx, func(j *journal.Journal) {
+				fn(j)
+				g, _ = journal.Account(j, time.Now()) // the journal as written
+			})
 		})
 		switch {
 		case err == nil && g != nil:
@@ -126,6 +135,18 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 // store's own longest wait (20 s) could outlast the exit's 10 s wait for a
 // write in flight after the store came back.
 const journalRetryMax = 2 * time.Second
+
+// journalRetry retries a journal write that failed until its context ends
+// (JournalAsync's: a minute, or the exit that stops waiting), but not one
+// that can never land: a fenced session's, or one the store refuses for
+// good (wrap.Permanent).
+var journalRetry = retry.Policy{
+	Attempts: math.MaxInt,
+	Backoff:  retry.Backoff{Min: 250 * time.Millisecond, Max: journalRetryMax},
+	Retryable: func(err error) bool {
+		return !errors.Is(err, checkpoint.ErrFenced) && !wrap.Permanent(err)
+	},
+}
 
 // RecordSession adds this session to the journal, once the restore worked:
 // a start that fails there leaves no trace in the store.

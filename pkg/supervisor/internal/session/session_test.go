@@ -2,14 +2,19 @@ package session
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/spotagent/spotagent/internal/testutil"
+	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
+	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/cloud/file"
 	"github.com/spotagent/spotagent/pkg/metadata"
 )
@@ -124,5 +129,55 @@ func TestMachineOf(t *testing.T) {
 	m := MachineOf(metadata.Identity{Cloud: "gcp", InstanceID: "42", InstanceType: "a2", Zone: "z", Lifecycle: "spot", Name: "vm"})
 	if m.Cloud != "gcp" || m.InstanceID != "42" || m.InstanceType != "a2" || m.Zone != "z" || m.Lifecycle != "spot" || m.Name != "vm" {
 		t.Fatalf("machine %+v: a field of the identity lost", m)
+	}
+}
+
+// downStore is a store whose Stat fails (a connection reset) while down:
+// every journal write's first request.
+type downStore struct {
+	cloud.Store
+	down  atomic.Bool
+	stats atomic.Int32 // Stat calls while down
+}
+
+func (d *downStore) Stat(ctx context.Context, key string) (cloud.ObjectInfo, error) {
+	if d.down.Load() {
+		d.stats.Add(1)
+		return cloud.ObjectInfo{}, errors.New("stat journal.json: connection reset by peer")
+	}
+	return d.Store.Stat(ctx, key)
+}
+
+// A journal write that failed while the store was down is made again until
+// the store is back, not dropped: an outage longer than one write's
+// requests' attempts lost the failed interruption checkpoint's record,
+// although the store was back before the exit stopped waiting
+// (cmd/spotagent TestStoreFault_DownDuringInterruption, 1 run in 8 under
+// load). A write the store refuses for good is not made again.
+func TestSession_JournalWriteRetriedUntilTheStoreIsBack(t *testing.T) {
+	fs, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &downStore{Store: fs}
+	st.down.Store(true)
+	m := &metrics{}
+	s := New("a1b2c3d4e5f6", context.Background(), zap.NewNop(), m)
+	s.JournalRead(st, &journal.Journal{Format: journal.Format, RunID: "r"})
+	s.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+	testutil.WaitFor(t, "the write made again while the store is down", func() bool { return st.stats.Load() >= 3 })
+	st.down.Store(false)
+	s.AwaitLanding(time.Now().Add(testutil.Wait))
+	j, err := journal.Read(context.Background(), fs, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Stats.Failures != 1 || len(m.errs) != 0 {
+		t.Fatalf("failures %d, errors %v: the write did not land once the store was back", j.Stats.Failures, m.errs)
+	}
+
+	if journalRetry.Retryable(fmt.Errorf("write journal: %w", checkpoint.ErrFenced)) ||
+		journalRetry.Retryable(fmt.Errorf("put journal.json: %w", cloud.ErrAccessDenied)) {
+		t.Fatal("a fenced session's write, or one refused for good, is made again")
 	}
 }
