@@ -103,7 +103,7 @@ func (o *agentOptions) register(fs *pflag.FlagSet, node bool) {
 	fs.Int64Var(&o.localMaxBytes, "local-max-bytes", 0, "bound on the bytes --local-keep keeps; a larger checkpoint is not kept (0: no bound)")
 	fs.DurationVar(&o.termGrace, "term-grace", 25*time.Second, "deadline of the checkpoint taken on SIGTERM/SIGINT")
 	fs.DurationVar(&o.killAfter, "kill-after", 5*time.Second, "SIGTERM to SIGKILL for the trainer's process group")
-	fs.DurationVar(&o.margin, "margin", schedule.DefaultMargin, "safety margin kept before a notice deadline")
+	fs.DurationVar(&o.margin, "margin", schedule.DefaultMargin, "safety margin kept before a notice deadline (0: none)")
 	fs.StringVar(&o.onRebalance, "on-rebalance", "checkpoint", "what a rebalance recommendation does: checkpoint or none")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (off when empty)")
 	fs.DurationVar(&o.fenceInterval, "fence-interval", 30*time.Second, "how often to check that no newer agent took the run over (one List of leases/ in the store); 0 turns fencing off")
@@ -391,6 +391,15 @@ func checkSchedule(minIv, maxIv time.Duration, rate float64, margin time.Duratio
 	return nil
 }
 
+// zeroAsNone is a duration flag's 0 (none: no wait, no margin) as the
+// configurations take it, where 0 is the default and a negative value none.
+func zeroAsNone(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 // nonNegative checks a number flag: finite and >= 0.
 func nonNegative(flag string, v float64) error {
 	if !(v >= 0) || math.IsInf(v, 1) {
@@ -521,10 +530,7 @@ func (o *agentOptions) peerTier() supervisor.PeerTierConfig {
 	if !o.peerRestore {
 		return supervisor.PeerTierConfig{}
 	}
-	c := supervisor.PeerTierConfig{Enabled: true, Listen: o.peerListen, Replicas: o.replicas, PeerWait: o.peerWait}
-	if o.peerWait == 0 {
-		c.PeerWait = -1 // none; the config's 0 is the default
-	}
+	c := supervisor.PeerTierConfig{Enabled: true, Listen: o.peerListen, Replicas: o.replicas, PeerWait: zeroAsNone(o.peerWait)}
 	for _, h := range strings.Split(o.peerAdvertise, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			c.Advertise = append(c.Advertise, h)

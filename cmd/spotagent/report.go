@@ -79,7 +79,9 @@ func newReportCmd() *cobra.Command {
 			}
 			var adv *simulate.Advice
 			if ac.Runs > 0 {
-				adv = simulate.Advise(j, g, ac)
+				c := ac
+				c.Margin = zeroAsNone(ac.Margin)
+				adv = simulate.Advise(j, g, c)
 			}
 			promise := reportPromise(j, ac.Margin)
 			note := ""

@@ -158,7 +158,7 @@ func runAgent(cmd *cobra.Command, o *agentOptions, command []string, node bool) 
 	cfg := supervisor.Config{
 		RunID: o.runID, CheckpointDir: o.checkpointDir, DefaultCheckpointDir: o.checkpointDirDefault, Store: st, Source: src, Identity: ident,
 		Scheduler: sched, Server: srvCfg, Command: command, Keep: o.keep, TermGrace: o.termGrace,
-		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: o.margin, OnRebalance: o.onRebalance,
+		KillAfter: o.killAfter, MaxRestarts: o.maxRestarts, Margin: zeroAsNone(o.margin), OnRebalance: o.onRebalance,
 		Signal: o.sig, Metrics: metrics, Log: log, FenceInterval: o.fenceInterval,
 		Node: o.node, RestoreAll: o.restore == "all", LocalKeep: o.localKeep, LocalMaxBytes: o.localMaxBytes, Liveness: o.liveness(),
 		PeerTier: o.peerTier(),

@@ -22,7 +22,7 @@ import (
 // AdviceConfig is what Advise compares and how long it simulates.
 type AdviceConfig struct {
 	Current   time.Duration // current --interval; 0 = auto
-	Margin    time.Duration // current --margin
+	Margin    time.Duration // current --margin (0: the default 5s; < 0: none)
 	Min, Max  time.Duration // clamps of every policy
 	PriorRate float64       // --interruption-rate
 	Horizon   time.Duration // simulated run length (default 7 days)
@@ -116,8 +116,11 @@ func Advise(j *journal.Journal, g *journal.Goodput, c AdviceConfig) *Advice {
 	if c.PriorRate <= 0 {
 		c.PriorRate = schedule.DefaultInterruptionRate
 	}
-	if c.Margin <= 0 {
+	switch {
+	case c.Margin == 0:
 		c.Margin = schedule.DefaultMargin
+	case c.Margin < 0: // none (--margin 0s)
+		c.Margin = 0
 	}
 	cal, hist := calibrate(j, g, c.PriorRate)
 	a := &Advice{Calibration: cal, Runs: c.Runs, HorizonSeconds: c.Horizon.Seconds()}

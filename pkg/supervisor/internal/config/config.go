@@ -66,7 +66,7 @@ type Config struct {
 	// RestartBackoff: the wait before the first restart, doubling for
 	// each next one up to 64 times it (0: 1s).
 	RestartBackoff time.Duration
-	Margin         time.Duration // safety margin kept before a notice deadline (default 5s)
+	Margin         time.Duration // safety margin kept before a notice deadline (default 5s; < 0: none)
 	OnRebalance    string        // "checkpoint" (default) or "none"
 	// Signal, when set, is the fallback for a trainer that does not speak
 	// the protocol: each checkpoint request is written to sigbridge.RequestFile and
@@ -156,8 +156,11 @@ func (c *Config) SetDefaults() {
 	if c.SignalWindow == 0 {
 		c.SignalWindow = DefaultSignalWindow
 	}
-	if c.Margin <= 0 {
+	switch {
+	case c.Margin == 0:
 		c.Margin = schedule.DefaultMargin
+	case c.Margin < 0: // none (--margin 0s)
+		c.Margin = 0
 	}
 	if c.OnRebalance == "" {
 		c.OnRebalance = "checkpoint"

@@ -45,6 +45,15 @@ func TestSetDefaults_FillsOnlyWhatIsZero(t *testing.T) {
 	if c.Keep != 7 || c.TermGrace != time.Minute || c.SignalWindow != -1 {
 		t.Fatalf("set values overwritten: keep %d grace %v window %v", c.Keep, c.TermGrace, c.SignalWindow)
 	}
+	// The margin: 0 is the default 5 s, a negative one none (--margin 0s:
+	// it was the default too, while status and report said 0).
+	for in, want := range map[time.Duration]time.Duration{0: 5 * time.Second, -1: 0, 2 * time.Second: 2 * time.Second} {
+		c = Config{Margin: in}
+		c.SetDefaults()
+		if c.Margin != want {
+			t.Errorf("margin %v: %v after the defaults, want %v", in, c.Margin, want)
+		}
+	}
 }
 
 func TestOverlapsRestore_OnlyForASocketTrainer(t *testing.T) {
