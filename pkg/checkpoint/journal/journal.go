@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/retry"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
@@ -268,12 +269,31 @@ func NewWriter(st cloud.Store, j *Journal) *Writer {
 // a fenced session writes nothing (ErrFenced): the lease is checked before
 // the first attempt and after a lost race. fn may run more than once.
 func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
+	return w.UpdateRetrying(ctx, retry.Policy{Attempts: 1}, fn)
+}
+
+// UpdateRetrying is Update made again under p while it fails (p's
+// Retryable judges each failure): the write keeps the journal's turn
+// across its attempts, so writes land in the order they were asked for,
+// never an older one over a newer one. A write that landed though its
+// answer was lost (a reset after the store took it; a conditional Put the
+// SDK sent again, refused for the copy that had landed) is known by its
+// bytes, found in the store at the next attempt, and fn is not applied a
+// second time.
+func (w *Writer) UpdateRetrying(ctx context.Context, p retry.Policy, fn func(*Journal)) error {
 	select {
 	case w.turn <- struct{}{}:
 	case <-ctx.Done():
 		return fmt.Errorf("write journal: %w", ctx.Err())
 	}
 	defer func() { <-w.turn }()
+	var sent []byte // the last body written whose answer was an error
+	return retry.Do(ctx, p, func(ctx context.Context) error { return w.update(ctx, fn, &sent) })
+}
+
+// update is one attempt of Update, in the writer's turn. *sent is the body
+// of a write whose answer was an error: found in the store, it landed.
+func (w *Writer) update(ctx context.Context, fn func(*Journal), sent *[]byte) error {
 	w.mu.Lock()
 	lease, runID := w.lease, w.j.RunID
 	w.mu.Unlock()
@@ -290,11 +310,24 @@ func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 		switch {
 		case err == nil:
 			opts = cloud.PutOptions{IfVersion: info.Version}
-			// A journal that no longer parses is replaced by this one.
-			if fresh, rerr := Read(ctx, w.st, runID); rerr == nil {
-				j = fresh
-			} else if ctx.Err() != nil {
+			raw, rerr := checkpoint.ReadSmall(ctx, w.st, checkpoint.JournalKey, maxJournal)
+			if rerr != nil && ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if rerr == nil && *sent != nil && bytes.Equal(raw, *sent) {
+				// The write whose answer was lost had landed.
+				landed := &Journal{}
+				if json.Unmarshal(raw, landed) == nil {
+					w.mu.Lock()
+					w.j = landed
+					w.mu.Unlock()
+					return nil
+				}
+			}
+			// A journal that no longer parses is replaced by this one.
+			fresh := &Journal{Format: Format, RunID: runID}
+			if rerr == nil && json.Unmarshal(raw, fresh) == nil {
+				j = fresh
 			}
 		case !errors.Is(err, cloud.ErrNotExist):
 			return fmt.Errorf("write journal: %w", err)
@@ -317,6 +350,7 @@ func (w *Writer) Update(ctx context.Context, fn func(*Journal)) error {
 			w.mu.Unlock()
 			return nil
 		}
+		*sent = body
 		if !errors.Is(err, cloud.ErrPrecondition) || attempt >= 8 {
 			return fmt.Errorf("write journal: %w", err)
 		}

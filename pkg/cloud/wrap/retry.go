@@ -173,6 +173,13 @@ func (r *retrying) Cleanup(ctx context.Context, opts ...cloud.CleanupOptions) (i
 	return n, err
 }
 
+// Retryable reports whether an operation that failed with err is worth
+// another attempt, as Retry judges it: not Permanent, and the backend's
+// own classification (RetryOptions.Retryable) agrees. A caller that
+// retries a whole sequence of operations (the run journal's
+// compare-and-swap) asks it.
+func (r *retrying) Retryable(err error) bool { return r.policy.Retryable(err) }
+
 // Unwrap returns the store Retry wrapped.
 func (r *retrying) Unwrap() cloud.Store { return r.Store }
 

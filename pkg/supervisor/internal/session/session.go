@@ -35,6 +35,7 @@ type Session struct {
 	id        string    // its id in the journal (journal.Session.ID)
 	ranBefore float64   // run time of earlier sessions, seconds (journal)
 	journal   *journal.Writer
+	retry     retry.Policy   // how a journal write that failed is made again (journalRetry)
 	journals  sync.WaitGroup // journal updates in flight
 	acks      sync.WaitGroup // cloud event acknowledgements in flight
 
@@ -71,6 +72,7 @@ func (s *Session) Started() time.Time { return s.started }
 // before this one ran j.Stats.RunSeconds (RunSeconds).
 func (s *Session) JournalRead(st cloud.Store, j *journal.Journal) {
 	s.journal = journal.NewWriter(st, j)
+	s.retry = journalRetry(st)
 	s.ranBefore = j.Stats.RunSeconds
 }
 
@@ -112,12 +114,12 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 		// The whole write again while the store fails, not only its
 		// requests: an outage longer than a request's attempts (some 14 s
 		// of them at journalRetryMax) would otherwise drop the record,
-		// even when the store is back before the exit stops waiting.
-		err := retry.Do(ctx, journalRetry, func(ctx context.Context) error {
-			return s.journal.Update(ctx, func(j *journal.Journal) {
-				fn(j)
-				g, _ = journal.Account(j, time.Now()) // the journal as written
-			})
+		// even when the store is back before the exit stops waiting. The
+		// write keeps the journal's turn meanwhile: the writes land in
+		// order, each once (journal.Writer.UpdateRetrying).
+		err := s.journal.UpdateRetrying(ctx, s.retry, func(j *journal.Journal) {
+			fn(j)
+			g, _ = journal.Account(j, time.Now()) // the journal as written
 		})
 		switch {
 		case err == nil && g != nil:
@@ -136,16 +138,25 @@ func (s *Session) JournalAsync(fn func(*journal.Journal)) {
 // write in flight after the store came back.
 const journalRetryMax = 2 * time.Second
 
-// journalRetry retries a journal write that failed until its context ends
-// (JournalAsync's: a minute, or the exit that stops waiting), but not one
-// that can never land: a fenced session's, or one the store refuses for
-// good (wrap.Permanent).
-var journalRetry = retry.Policy{
-	Attempts: math.MaxInt,
-	Backoff:  retry.Backoff{Min: 250 * time.Millisecond, Max: journalRetryMax},
-	Retryable: func(err error) bool {
-		return !errors.Is(err, checkpoint.ErrFenced) && !wrap.Permanent(err)
-	},
+// journalRetry retries a journal write to st that failed until its
+// context ends (JournalAsync's: a minute, or the exit that stops waiting),
+// but not one that can never land: a fenced session's, one the store
+// refuses for good (wrap.Permanent), or one its backend's own
+// classification gives up on (a 400, a 501: the Retryable of the store's
+// retry layer, pkg/cloud/wrap), which would otherwise be asked again every
+// 2 s for a minute and hold the exit its whole wait.
+func journalRetry(st cloud.Store) retry.Policy {
+	storeRetries := func(error) bool { return true }
+	if r, ok := st.(interface{ Retryable(error) bool }); ok {
+		storeRetries = r.Retryable
+	}
+	return retry.Policy{
+		Attempts: math.MaxInt,
+		Backoff:  retry.Backoff{Min: 250 * time.Millisecond, Max: journalRetryMax},
+		Retryable: func(err error) bool {
+			return !errors.Is(err, checkpoint.ErrFenced) && !wrap.Permanent(err) && storeRetries(err)
+		},
+	}
 }
 
 // RecordSession adds this session to the journal, once the restore worked:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,8 +178,49 @@ func TestSession_JournalWriteRetriedUntilTheStoreIsBack(t *testing.T) {
 		t.Fatalf("failures %d, errors %v: the write did not land once the store was back", j.Stats.Failures, m.errs)
 	}
 
-	if journalRetry.Retryable(fmt.Errorf("write journal: %w", checkpoint.ErrFenced)) ||
-		journalRetry.Retryable(fmt.Errorf("put journal.json: %w", cloud.ErrAccessDenied)) {
+	p := journalRetry(fs)
+	if p.Retryable(fmt.Errorf("write journal: %w", checkpoint.ErrFenced)) ||
+		p.Retryable(fmt.Errorf("put journal.json: %w", cloud.ErrAccessDenied)) {
 		t.Fatal("a fenced session's write, or one refused for good, is made again")
+	}
+}
+
+// judgedStore is a store whose backend judges a 501 not worth another
+// attempt (the Retryable of the store's retry layer, pkg/cloud/wrap), and
+// whose every Put fails with one.
+type judgedStore struct {
+	cloud.Store
+	puts atomic.Int32
+}
+
+func (j *judgedStore) Retryable(err error) bool { return !strings.Contains(err.Error(), "status 501") }
+
+func (j *judgedStore) Put(context.Context, string, io.Reader, int64, cloud.PutOptions) error {
+	j.puts.Add(1)
+	return errors.New("put journal.json: status 501")
+}
+
+// A journal write that the store's own classification gives up on (a
+// store that cannot do conditional writes answers 501) fails at once: it
+// was made again every 2 s for a minute, and held the exit its whole wait.
+// One that it would try again is made again.
+func TestSession_JournalWriteTheStoreGivesUpOnIsNotMadeAgain(t *testing.T) {
+	fs, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &judgedStore{Store: fs}
+	if p := journalRetry(st); !p.Retryable(errors.New("put journal.json: connection reset by peer")) {
+		t.Fatal("a reset is not made again")
+	}
+	m := &metrics{}
+	s := New("a1b2c3d4e5f6", context.Background(), zap.NewNop(), m)
+	s.JournalRead(st, &journal.Journal{Format: journal.Format, RunID: "r"})
+	s.JournalAsync(func(j *journal.Journal) { j.Stats.Failures++ })
+	s.AwaitLanding(time.Now().Add(testutil.Wait))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := st.puts.Load(); n != 1 || len(m.errs) != 1 {
+		t.Fatalf("%d puts, errors %v: want one put, and the write's failure reported", n, m.errs)
 	}
 }
