@@ -41,8 +41,15 @@ func (b *Backoff) Next() time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// Capped is b with no delay above d (d > 0): Min and Max bounded by it.
+// Capped is b with no delay above d (d > 0): Min and Max bounded by it,
+// the zero value's defaults included.
 func (b Backoff) Capped(d time.Duration) Backoff {
+	if b.Min <= 0 {
+		b.Min = 100 * time.Millisecond
+	}
+	if b.Max < b.Min {
+		b.Max = max(b.Min, 5*time.Second)
+	}
 	b.Min, b.Max = min(b.Min, d), min(b.Max, d)
 	return b
 }

@@ -98,4 +98,12 @@ func TestBackoff_Capped(t *testing.T) {
 	if c := b.Capped(time.Millisecond); c.Min != time.Millisecond || c.Max != time.Millisecond {
 		t.Fatalf("cap below Min: %s..%s, want 1ms..1ms", c.Min, c.Max)
 	}
+	// The zero value (100 ms .. 5 s) is capped too: its zero Max was kept,
+	// and Next then waited its default 5 s (GCS's single-request upload).
+	z := Backoff{}.Capped(2 * time.Second)
+	for i := 0; i < 8; i++ {
+		if d := z.Next(); d > 2*time.Second {
+			t.Fatalf("capped zero backoff: delay %d = %s, want ≤ 2s", i, d)
+		}
+	}
 }

@@ -40,7 +40,11 @@ func (s *Store) putFile(ctx context.Context, o *storage.ObjectHandle, key string
 	if err != nil {
 		return fmt.Errorf("put %s: read: %w", key, err)
 	}
-	err = retry.Do(ctx, retry.Policy{Attempts: singleAttempts, Retryable: storage.ShouldRetry}, func(ctx context.Context) error {
+	p := retry.Policy{Attempts: singleAttempts, Retryable: storage.ShouldRetry}
+	if d := cloud.MaxWait(ctx); d > 0 {
+		p.Backoff = p.Backoff.Capped(d)
+	}
+	err = retry.Do(ctx, p, func(ctx context.Context) error {
 		// Progress as the body is read: a retry counts again, and Sent
 		// settles the total.
 		return s.putOnce(ctx, o, &progressReader{r: io.NewSectionReader(f, 0, size), src: src}, crc)
