@@ -98,8 +98,17 @@ func TestNoticePromise(t *testing.T) {
 				t.Fatalf("status notice_promise=%+v, want this session's checkpoint of at least 1 MiB", p)
 			}
 			fits := map[string]bool{}
+			margin, err := time.ParseDuration(tc.margin)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, c := range p.Clouds {
 				fits[c.Cloud] = c.Fits
+				// --margin reaches the agent: GCP's 30 s less it (0s: none,
+				// not the default 5 s).
+				if c.Cloud == "gcp" && c.BudgetSeconds != 30-margin.Seconds() {
+					t.Errorf("status budget for gcp %v s with --margin %s, want %v", c.BudgetSeconds, tc.margin, 30-margin.Seconds())
+				}
 				got := testutil.Scrape(t, maddr, `spotagent_notice_checkpoint_fits{cloud="`+c.Cloud+`"}`)
 				if (got == 1) != c.Fits {
 					t.Errorf("metric fits{cloud=%q}=%v, status says fits=%v", c.Cloud, got, c.Fits)
