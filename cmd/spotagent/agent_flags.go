@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -451,7 +452,7 @@ func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
 		if skipEnv(f) || !all && !isSet(fs, f.Name) {
 			return
 		}
-		fields = append(fields, zap.String(f.Name, f.Value.String()))
+		fields = append(fields, zap.String(f.Name, withoutPassword(f.Value.String())))
 	})
 	if all {
 		log.Debug("effective configuration", fields...)
@@ -459,6 +460,21 @@ func logConfig(log *zap.Logger, fs *pflag.FlagSet) {
 	}
 	fields = append(fields, zap.String("others", "defaults (--log-level debug logs every flag)"))
 	log.Info("effective configuration", fields...)
+}
+
+// withoutPassword is a flag's value as logged: a URL's password (an
+// endpoint such as --s3-endpoint http://user:secret@host) replaced by
+// "xxxxx", the value itself otherwise.
+func withoutPassword(v string) string {
+	if !strings.Contains(v, "@") {
+		return v
+	}
+	if u, err := url.Parse(v); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			return u.Redacted()
+		}
+	}
+	return v
 }
 
 // minPeerTimeout is the shortest --peer-timeout accepted. A heartbeat

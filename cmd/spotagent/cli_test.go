@@ -357,7 +357,10 @@ func TestLogConfig(t *testing.T) {
 	if err := applyEnv(cmd); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Flags().Parse([]string{"--store", "s3://b/x", "--cloud", "none", "--", "true"}); err != nil {
+	// An endpoint's password is never logged (a hostile-user trial found
+	// it in this line).
+	if err := cmd.Flags().Parse([]string{"--store", "s3://b/x", "--cloud", "none",
+		"--s3-endpoint", "http://ep-user:EndpointPassword77@127.0.0.1:18080", "--", "true"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, level := range []zapcore.Level{zap.InfoLevel, zap.DebugLevel} {
@@ -371,9 +374,12 @@ func TestLogConfig(t *testing.T) {
 		if f["store"] != "s3://b/x" || f["cloud"] != "none" || f["keep"] != "7" {
 			t.Fatalf("%s: fields %v lack what was set", level, f)
 		}
+		if ep := f["s3-endpoint"]; ep != "http://ep-user:xxxxx@127.0.0.1:18080" {
+			t.Fatalf("%s: s3-endpoint logged as %q, want its password replaced", level, ep)
+		}
 		_, hasDefault := f["margin"]
-		if level == zap.InfoLevel && (hasDefault || len(f) != 4) {
-			t.Fatalf("info: fields %v, want only store, cloud, keep and the note", f)
+		if level == zap.InfoLevel && (hasDefault || len(f) != 5) {
+			t.Fatalf("info: fields %v, want only store, cloud, s3-endpoint, keep and the note", f)
 		}
 		if level == zap.DebugLevel && (!hasDefault || entries[0].Level != zap.DebugLevel) {
 			t.Fatalf("debug: fields %v at %s, want every flag at debug", f, entries[0].Level)
