@@ -358,3 +358,37 @@ func TestAgent_ThreeSessionsAccounted(t *testing.T) {
 		t.Fatalf("sessions %+v (journal %+v): want two ended by a committed notice checkpoint, the last finished", g.Sessions, j.Sessions)
 	}
 }
+
+// TestAgent_RequestThatCannotBeSentIsNotAskedAtOnce: a checkpoint request
+// whose directory cannot be made (here the agent's area is taken away;
+// a full disk, a hostile co-tenant) is asked again 1 s later, then twice
+// as long each time, not at every turn of the loop: a hostile-user trial
+// saw 1,000 error lines a second at 87 % of a core. The gaps between the
+// failures are read from the log's timestamps: a loaded machine can only
+// widen them.
+func TestAgent_RequestThatCannotBeSentIsNotAskedAtOnce(t *testing.T) {
+	const failed = "cannot create checkpoint directory"
+	core, logs := observer.New(zap.InfoLevel)
+	ar := startAgent(t, func(c *Config) {
+		c.Command = []string{"/bin/sh", "-c", "sleep 3600"}
+		c.Scheduler = schedule.NewScheduler(schedule.SchedulerConfig{Fixed: 50 * time.Millisecond})
+		// A request sent before the area goes is never answered: it
+		// expires soon, and the next one is the first to fail.
+		c.RequestTimeout = 200 * time.Millisecond
+		c.Log = zap.New(core)
+	})
+	t.Cleanup(func() { ar.sigs <- syscall.SIGTERM; ar.wait(t) })
+	tr := trainertest.Dial(t, ar.cfg.Server.Path)
+	tr.Hello() // the start is over: its restore area is made
+	if err := os.RemoveAll(filepath.Join(ar.cfg.CheckpointDir, localdirs.AreaPrefix+ar.cfg.RunID)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitWithin(t, "three failed requests", time.Minute, func() bool { return logs.FilterMessage(failed).Len() >= 3 })
+	es := logs.FilterMessage(failed).All()
+	for i := 1; i < 3; i++ {
+		gap := es[i].Time.Sub(es[i-1].Time)
+		if want := time.Duration(1<<(i-1)) * time.Second; gap < want {
+			t.Fatalf("failure %d came %s after the one before, want at least %s (%d failures so far)", i+1, gap, want, logs.FilterMessage(failed).Len())
+		}
+	}
+}

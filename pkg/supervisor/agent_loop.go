@@ -514,7 +514,13 @@ func (a *Agent) nextWake(now time.Time) time.Time {
 		// Only an agent that asks (tick): in a job, a node without rank 0
 		// waits for its ranks' joins, and its due schedule woke it at
 		// once, forever (it spun: TestAgentSim seed 1, part mode).
-		earlier(a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now))
+		// Not before a request that could not be sent allows (notAsked):
+		// due at once, it spun.
+		next := a.cfg.Scheduler.Next(a.commits.lastBlock, len(a.commits.uploads) > 0, now)
+		if after := a.commits.askAfter(); next.Before(after) {
+			next = after
+		}
+		earlier(next)
 	}
 	if a.stops.current == nil && a.trainers() == 0 && a.src.Asks() {
 		if due := a.cfg.Scheduler.Next(a.commits.lastBlock, false, now); due.After(now) {
@@ -565,7 +571,7 @@ func (a *Agent) tick(now time.Time) {
 		a.cfg.Metrics.Interval(iv)
 	}
 	if a.stops.current == nil && len(a.commits.pending) == 0 && a.trainers() > 0 && asking(a.conns, a.job) &&
-		a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
+		!now.Before(a.commits.askAfter()) && a.cfg.Scheduler.Due(now, a.commits.lastBlock, len(a.commits.uploads) > 0) {
 		a.request(protocol.ReasonPeriodic, now.Add(a.cfg.RequestTimeout), nil)
 	}
 	a.checkSilence(now) // request.go's silence

@@ -91,6 +91,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	if err := a.dirs.Area.Mkdir(id, 0o700); err != nil {
 		a.log.Error("cannot create checkpoint directory", append([]zap.Field{zap.String("dir", dir), zap.Error(err)}, causeFields(err, "")...)...)
 		a.cfg.Metrics.Error("checkpoint")
+		a.commits.notAsked(now)
 		return nil
 	}
 	if stop != nil {
@@ -106,6 +107,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 		a.log.Error("cannot hand the checkpoint directory to the trainer's uid", zap.String("dir", dir), zap.Error(err))
 		a.cfg.Metrics.Error("checkpoint")
 		a.dirs.Area.Remove(id)
+		a.commits.notAsked(now)
 		return nil
 	}
 	for _, c := range ranks {
@@ -118,6 +120,7 @@ func (a *Agent) requestID(id, reason string, deadline time.Time, stop *stopState
 	if len(r.waiting) == 0 {
 		a.dirs.Area.Remove(id)
 		a.log.Warn("no trainer connected: checkpoint not requested", zap.String("reason", reason))
+		a.commits.notAsked(now)
 		return nil
 	}
 	a.commits.asked(r)
