@@ -80,7 +80,7 @@ func serveBounded(t *testing.T, p *Node) (*boundedListener, string) {
 // waitHeld waits until l holds want connections.
 func waitHeld(t *testing.T, l *boundedListener, want int) {
 	t.Helper()
-	testutil.WaitFor(t, fmt.Sprintf("%d connections held", want), func() bool { held, _ := l.counts(); return held == want })
+	testutil.WaitFor(t, fmt.Sprintf("%d connections held", want), func() bool { held, _ := l.Counts(); return held == want })
 }
 
 // A peer listener holds at most maxConnsPerSource connections of one
@@ -128,7 +128,7 @@ func TestListenerBounds(t *testing.T) {
 	if per > connMemory {
 		t.Fatalf("%d bytes per held connection, want at most connMemory %d", per, connMemory)
 	}
-	if held, _ := l.counts(); held != maxConns {
+	if held, _ := l.Counts(); held != maxConns {
 		t.Fatalf("%d connections held, want the cap %d", held, maxConns)
 	}
 	// Closing as many as wait in the queue, and as many again, frees room:
