@@ -135,7 +135,9 @@ func (l *Listener) Counts() (held, sources int) {
 
 // Source is the address a connection's per-source cap counts it by: its
 // IP (an IPv4-mapped IPv6 one as IPv4), an IPv6 one by its /64 (what one
-// machine is commonly given).
+// machine is commonly given), and every loopback address (127.0.0.0/8,
+// ::1) as one: they are all this machine, which could otherwise hold
+// PerSource connections from each of 127.0.0.2, .3, ...
 func Source(a net.Addr) netip.Addr {
 	ta, ok := a.(*net.TCPAddr)
 	if !ok {
@@ -143,6 +145,8 @@ func Source(a net.Addr) netip.Addr {
 	}
 	ip := ta.AddrPort().Addr().Unmap()
 	switch {
+	case ip.IsLoopback():
+		return netip.IPv6Loopback()
 	case ip.Is6():
 		p, _ := ip.Prefix(64)
 		return p.Addr()

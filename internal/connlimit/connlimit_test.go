@@ -14,6 +14,28 @@ import (
 	"github.com/spotagent/spotagent/internal/testutil"
 )
 
+// Every loopback address is one source, an IPv4-mapped address its IPv4
+// one, an IPv6 address its /64.
+func TestSource(t *testing.T) {
+	src := func(ip string) netip.Addr { return Source(&net.TCPAddr{IP: net.ParseIP(ip), Port: 1234}) }
+	for _, same := range [][]string{
+		{"127.0.0.1", "127.0.0.2", "127.0.0.11", "127.255.255.254", "::1", "::ffff:127.0.0.5"},
+		{"10.0.0.1", "::ffff:10.0.0.1"},
+		{"2001:db8::1", "2001:db8::ffff:1"},
+	} {
+		for _, ip := range same[1:] {
+			if got, want := src(ip), src(same[0]); got != want {
+				t.Errorf("source of %s: %v, want %s's %v", ip, got, same[0], want)
+			}
+		}
+	}
+	for _, other := range [][2]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.1", "127.0.0.1"}, {"2001:db8::1", "2001:db8:0:1::1"}, {"::1", "::2"}} {
+		if a, b := src(other[0]), src(other[1]); a == b {
+			t.Errorf("%s and %s: one source %v, want two", other[0], other[1], a)
+		}
+	}
+}
+
 // byIP counts each loopback address as a source of its own: the test's
 // stand-in for many machines.
 func byIP(a net.Addr) netip.Addr { return a.(*net.TCPAddr).AddrPort().Addr().Unmap() }

@@ -25,9 +25,10 @@ const (
 	// accept queue (netutil.LimitListener), not in the agent.
 	maxConns = 512
 	// maxConnsPerSource bounds those of one source address (one IPv6
-	// /64): more are closed as they are accepted, so that one machine
-	// cannot hold the whole of maxConns. A restoring node opens at most
-	// maxServing to a peer; node mode's runs on one machine share its IP.
+	// /64; every loopback address one: connlimit.Source): more are closed
+	// as they are accepted, so that one machine cannot hold the whole of
+	// maxConns. A restoring node opens at most maxServing to a peer; node
+	// mode's runs on one machine share its IP.
 	maxConnsPerSource = 64
 	// perRunConns bounds the connections one run's authenticated
 	// requests keep open (node mode's shared listener serves several):
@@ -83,7 +84,13 @@ type boundedListener struct {
 
 // bound caps ln: its connections, and theirs per source and per run.
 func bound(ln net.Listener, log *zap.Logger) *boundedListener {
-	return &boundedListener{Listener: connlimit.New(ln, limits, log), byRun: map[string]int{}}
+	return boundWithin(ln, limits, log)
+}
+
+// boundWithin caps ln by lim (tests stand for several machines with a
+// lim.Source of their own), and per run.
+func boundWithin(ln net.Listener, lim connlimit.Limits, log *zap.Logger) *boundedListener {
+	return &boundedListener{Listener: connlimit.New(ln, lim, log), byRun: map[string]int{}}
 }
 
 // Accept returns the next connection within the caps.
