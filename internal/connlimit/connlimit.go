@@ -3,8 +3,9 @@
 // source (one machine), so that a flood of connections costs the agent a
 // fixed number of descriptors and a bounded memory, never its commits,
 // its journal or its trainers' socket. The peer tier's listeners
-// (pkg/checkpoint/peertier, issue 46) are bounded by it; a hit cap is
-// logged once a minute (Warnings).
+// (pkg/checkpoint/peertier, issue 46) and the metrics listener
+// (pkg/metrics) are bounded by it; a hit cap is logged once a minute
+// (Warnings).
 package connlimit
 
 import (
