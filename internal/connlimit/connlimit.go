@@ -78,7 +78,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		switch why {
 		case refusedSource:
 			c.Close()
-			l.warn.Note(l.overSource, zap.String("source", src.String()), zap.Int("cap", l.lim.PerSource))
+			l.warn.Note(l.overSource, zap.String("source", src.String()), zap.String("remote", c.RemoteAddr().String()), zap.Int("cap", l.lim.PerSource))
 			continue
 		case refusedMax:
 			c.Close()
@@ -147,13 +147,16 @@ func Source(a net.Addr) netip.Addr {
 	ip := ta.AddrPort().Addr().Unmap()
 	switch {
 	case ip.IsLoopback():
-		return netip.IPv6Loopback()
+		return loopback
 	case ip.Is6():
 		p, _ := ip.Prefix(64)
 		return p.Addr()
 	}
 	return ip
 }
+
+// loopback is the source of every loopback address.
+var loopback = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 
 // Conn is one connection of a Listener.
 type Conn struct {
