@@ -26,8 +26,11 @@ import (
 // survivors exited 75. Here a job of two real agents (sidecars,
 // --peer-restore, the ranks played over the real protocol) keeps
 // committing periodic checkpoints while node 0's peer port is flooded
-// from 40 loopback source addresses; the agent's descriptors and RSS
-// (read from /proc) stay within the bound the listener's caps imply.
+// from 40 loopback addresses; the agent's descriptors and RSS (read from
+// /proc) stay within the bound the listener's caps imply. Every loopback
+// address is one source now (internal/connlimit.Source), so the flood
+// holds its 64, not 512: the whole cap is held in-process
+// (peertier TestListenerBounds).
 
 // The flood's bounds: loopback only, at most floodOpen connections open
 // in this process at once, floodFor in all.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/net/netutil"
+
+	"github.com/spotagent/spotagent/internal/connlimit"
 )
 
 // The bounds of a peer listener (its own or node mode's shared one), so
@@ -25,9 +25,10 @@ const (
 	// accept queue (netutil.LimitListener), not in the agent.
 	maxConns = 512
 	// maxConnsPerSource bounds those of one source address (one IPv6
-	// /64): more are closed as they are accepted, so that one machine
-	// cannot hold the whole of maxConns. A restoring node opens at most
-	// maxServing to a peer; node mode's runs on one machine share its IP.
+	// /64; every loopback address one: connlimit.Source): more are closed
+	// as they are accepted, so that one machine cannot hold the whole of
+	// maxConns. A restoring node opens at most maxServing to a peer; node
+	// mode's runs on one machine share its IP.
 	maxConnsPerSource = 64
 	// perRunConns bounds the connections one run's authenticated
 	// requests keep open (node mode's shared listener serves several):
@@ -67,70 +68,44 @@ func newHTTPServer(h http.Handler, header time.Duration) *http.Server {
 		ErrorLog: discardLog}
 }
 
-// boundedListener is a TCP listener with the caps above: maxConns (by
-// netutil.LimitListener), maxConnsPerSource (closed at accept), and the
-// per-run share of kept-alive connections.
-type boundedListener struct {
-	net.Listener // the LimitListener
-	warn         *warnings
+// limits are a peer listener's connection caps (internal/connlimit).
+var limits = connlimit.Limits{Max: maxConns, PerSource: maxConnsPerSource, Wait: true, Name: "peer tier"}
 
-	mu       sync.Mutex
-	held     int                // connections held
-	bySource map[netip.Addr]int // connections held, by source
-	byRun    map[string]int     // kept-alive connections bound to a run, by route key
+// boundedListener is a TCP listener with the caps above: maxConns and
+// maxConnsPerSource (connlimit: closed at accept past the source's cap,
+// left in the kernel's queue past maxConns), and the per-run share of
+// kept-alive connections.
+type boundedListener struct {
+	*connlimit.Listener
+
+	mu    sync.Mutex
+	byRun map[string]int // kept-alive connections bound to a run, by route key
 }
 
 // bound caps ln: its connections, and theirs per source and per run.
 func bound(ln net.Listener, log *zap.Logger) *boundedListener {
-	return &boundedListener{Listener: netutil.LimitListener(ln, maxConns), warn: newWarnings(log),
-		bySource: map[netip.Addr]int{}, byRun: map[string]int{}}
+	return boundWithin(ln, limits, log)
 }
 
-// Accept returns the next connection within the caps; one over its
-// source's cap is closed at once (and counted in a warning).
+// boundWithin caps ln by lim (tests stand for several machines with a
+// lim.Source of their own), and per run.
+func boundWithin(ln net.Listener, lim connlimit.Limits, log *zap.Logger) *boundedListener {
+	return &boundedListener{Listener: connlimit.New(ln, lim, log), byRun: map[string]int{}}
+}
+
+// Accept returns the next connection within the caps.
 func (l *boundedListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		src := sourceOf(c.RemoteAddr())
-		held, ok := l.take(src)
-		if !ok {
-			c.Close()
-			l.warn.note("peer tier: connections over the per-source cap closed", zap.String("source", src.String()), zap.Int("cap", maxConnsPerSource))
-			continue
-		}
-		if held == maxConns {
-			l.warn.note("peer tier: at the connection cap: new connections wait in the kernel's queue", zap.Int("cap", maxConns))
-		}
-		return &boundedConn{Conn: c, l: l, src: src, opened: time.Now()}, nil
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	return &boundedConn{Conn: c, l: l, opened: time.Now()}, nil
 }
 
-// take counts a connection from src, unless src holds its cap already.
-func (l *boundedListener) take(src netip.Addr) (held int, ok bool) {
+// giveRun uncounts a kept-alive connection of run.
+func (l *boundedListener) giveRun(run string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.bySource[src] >= maxConnsPerSource {
-		return l.held, false
-	}
-	l.bySource[src]++
-	l.held++
-	return l.held, true
-}
-
-// give uncounts a connection from src, and its run's, if bound to one.
-func (l *boundedListener) give(src netip.Addr, run string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.held--
-	if l.bySource[src]--; l.bySource[src] <= 0 {
-		delete(l.bySource, src)
-	}
-	if run == "" {
-		return
-	}
 	if l.byRun[run]--; l.byRun[run] <= 0 {
 		delete(l.byRun, run)
 	}
@@ -147,36 +122,13 @@ func (l *boundedListener) bindRun(run string) bool {
 	return true
 }
 
-// counts is what l holds now: connections, and the sources they come from.
-func (l *boundedListener) counts() (held, sources int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.held, len(l.bySource)
-}
-
-// sourceOf is the address a connection's cap is counted by: the IP, an
-// IPv6 one by its /64 (what one machine is commonly given).
-func sourceOf(a net.Addr) netip.Addr {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	if ip.Is6() {
-		p, _ := ip.Prefix(64)
-		return p.Addr()
-	}
-	return ip
-}
-
 type connKey struct{}
 
 // boundedConn is one connection of a boundedListener.
 type boundedConn struct {
-	net.Conn
-	l      *boundedListener
-	src    netip.Addr
-	opened time.Time
+	net.Conn // a connlimit.Conn, uncounted as it closes
+	l        *boundedListener
+	opened   time.Time
 
 	requests int // answered on it; only its serving goroutine touches it
 
@@ -214,7 +166,9 @@ func (c *boundedConn) Close() error {
 	defer c.mu.Unlock()
 	if !c.closed {
 		c.closed = true
-		c.l.give(c.src, c.run)
+		if c.run != "" {
+			c.l.giveRun(c.run)
+		}
 	}
 	return err
 }
@@ -226,42 +180,4 @@ func keepAlive(w http.ResponseWriter, r *http.Request, run string) {
 	if c, ok := r.Context().Value(connKey{}).(*boundedConn); !ok || !c.keep(run) {
 		w.Header().Set("Connection", "close")
 	}
-}
-
-// warnings logs a warning of each message at most once per refuseEvery,
-// counting those it stands for: a flood must not fill the disk with logs.
-type warnings struct {
-	log *zap.Logger
-	mu  sync.Mutex
-	by  map[string]*warning
-}
-
-type warning struct {
-	logged time.Time
-	count  int
-}
-
-func newWarnings(log *zap.Logger) *warnings {
-	if log == nil {
-		log = zap.NewNop()
-	}
-	return &warnings{log: log, by: map[string]*warning{}}
-}
-
-// note counts one event of msg, and logs it with fields when its interval has passed.
-func (w *warnings) note(msg string, fields ...zap.Field) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	e := w.by[msg]
-	if e == nil {
-		e = &warning{}
-		w.by[msg] = e
-	}
-	e.count++
-	now := time.Now()
-	if !e.logged.IsZero() && now.Sub(e.logged) < refuseEvery {
-		return
-	}
-	w.log.Warn(msg, append(fields, zap.Int("count", e.count), zap.Duration("interval", refuseEvery))...)
-	e.logged, e.count = now, 0
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/spotagent/spotagent/internal/connlimit"
 	"github.com/spotagent/spotagent/internal/testutil"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
@@ -60,16 +62,16 @@ func closedByServer(c net.Conn, d time.Duration) bool {
 	return true
 }
 
-// serveBounded serves node p's server on a bounded listener of its own
-// whose header timeout is a minute, not readHeaderTimeout: a loaded
-// machine may take longer than that to open the test's connections.
-func serveBounded(t *testing.T, p *Node) (*boundedListener, string) {
+// serveBounded serves node p's server on a listener of its own bounded
+// by lim, whose header timeout is a minute, not readHeaderTimeout: a
+// loaded machine may take longer than that to open the test's connections.
+func serveBounded(t *testing.T, p *Node, lim connlimit.Limits) (*boundedListener, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := bound(ln, nil)
+	l := boundWithin(ln, lim, nil)
 	srv := newHTTPServer(p.serving, time.Minute)
 	done := make(chan struct{})
 	go func() { srv.Serve(l); close(done) }()
@@ -80,8 +82,12 @@ func serveBounded(t *testing.T, p *Node) (*boundedListener, string) {
 // waitHeld waits until l holds want connections.
 func waitHeld(t *testing.T, l *boundedListener, want int) {
 	t.Helper()
-	testutil.WaitFor(t, fmt.Sprintf("%d connections held", want), func() bool { held, _ := l.counts(); return held == want })
+	testutil.WaitFor(t, fmt.Sprintf("%d connections held", want), func() bool { held, _ := l.Counts(); return held == want })
 }
+
+// byIP counts each loopback address as a source of its own: the test's
+// stand-in for many machines.
+func byIP(a net.Addr) netip.Addr { return a.(*net.TCPAddr).AddrPort().Addr().Unmap() }
 
 // A peer listener holds at most maxConnsPerSource connections of one
 // source, and maxConns in all (the rest wait in the kernel's queue, not
@@ -91,7 +97,9 @@ func TestListenerBounds(t *testing.T) {
 	raiseNoFile(t, maxConns+4*maxConnsPerSource+256)
 	r := newRig(t)
 	r.commit(0)
-	l, addr := serveBounded(t, r.serve(0, nil, 0))
+	manyMachines := limits
+	manyMachines.Source = byIP
+	l, addr := serveBounded(t, r.serve(0, nil, 0), manyMachines)
 
 	var conns []net.Conn
 	defer func() {
@@ -128,7 +136,7 @@ func TestListenerBounds(t *testing.T) {
 	if per > connMemory {
 		t.Fatalf("%d bytes per held connection, want at most connMemory %d", per, connMemory)
 	}
-	if held, _ := l.counts(); held != maxConns {
+	if held, _ := l.Counts(); held != maxConns {
 		t.Fatalf("%d connections held, want the cap %d", held, maxConns)
 	}
 	// Closing as many as wait in the queue, and as many again, frees room:
@@ -146,6 +154,42 @@ func TestListenerBounds(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a valid request from another source during the flood: %d, want 200", resp.StatusCode)
+	}
+}
+
+// Every loopback address is one source: one machine cannot hold more
+// than maxConnsPerSource by connecting from 127.0.0.2, .3, ... (a
+// hostile-user trial: 10 of them, 64 connections each, held all 512).
+func TestListenerBounds_LoopbackIsOneSource(t *testing.T) {
+	const addrs = 10
+	raiseNoFile(t, addrs*maxConnsPerSource+256)
+	r := newRig(t)
+	r.commit(0)
+	l, addr := serveBounded(t, r.serve(0, nil, 0), limits)
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range maxConnsPerSource {
+		conns = append(conns, dialFrom(t, "127.0.0.2", addr))
+	}
+	waitHeld(t, l, maxConnsPerSource)
+	for i := 3; i < 3+addrs-1; i++ {
+		src := fmt.Sprintf("127.0.0.%d", i)
+		for range maxConnsPerSource {
+			c := dialFrom(t, src, addr)
+			conns = append(conns, c)
+			if !closedByServer(c, testutil.Wait) {
+				held, sources := l.Counts()
+				t.Fatalf("a connection from %s while 127.0.0.2 holds %d: still open, want closed (%d held, from %d sources)", src, maxConnsPerSource, held, sources)
+			}
+		}
+	}
+	if held, sources := l.Counts(); held != maxConnsPerSource || sources != 1 {
+		t.Fatalf("%d connections held from %d sources, want %d from 1", held, sources, maxConnsPerSource)
 	}
 }
 

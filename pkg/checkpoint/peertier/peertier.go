@@ -35,6 +35,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/connlimit"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/cloud"
 	"github.com/spotagent/spotagent/pkg/liveness"
@@ -155,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, token: token, log: log, turn: make(chan struct{}, 1)}
 	n.serving = &server{token: token, run: cfg.RunID, node: cfg.Node, session: cfg.Session, local: cfg.Local, stall: cfg.Stall, log: log,
-		slots: make(chan struct{}, maxServing), shared: cfg.Shared != nil, warn: newWarnings(log)}
+		slots: make(chan struct{}, maxServing), shared: cfg.Shared != nil, warn: connlimit.NewWarnings(log)}
 	if cfg.Shared != nil {
 		if err := cfg.Shared.add(cfg.RunID, cfg.Node, n.serving); err != nil {
 			return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/connlimit"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -40,7 +41,7 @@ type server struct {
 	// there (unhosted), so that nothing tells the runs hosted apart
 	// before authentication. A listener of its own answers 403.
 	shared bool
-	warn   *warnings // the skew warnings
+	warn   *connlimit.Warnings // the skew warnings
 
 	refMu     sync.Mutex
 	refLogged time.Time // the last refusal warning; zero: none yet
@@ -126,7 +127,7 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, req request) {
 		// A signature of the job's secret: the signer's clock is off by
 		// more than the window (or the request is older than it: a
 		// replay looks the same). Refused, and said as such.
-		s.warn.note("peer tier: a peer's clock is outside the skew window: its requests are refused", zap.String("remote", r.RemoteAddr),
+		s.warn.Note("peer tier: a peer's clock is outside the skew window: its requests are refused", zap.String("remote", r.RemoteAddr),
 			zap.Float64("skew_s", skew.Seconds()), zap.Float64("window_s", maxSkew.Seconds()))
 		s.refuseAuth(w)
 		return
