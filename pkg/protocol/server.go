@@ -213,7 +213,8 @@ func bindSocket(path string, mode os.FileMode) (*net.UnixListener, os.FileInfo, 
 // used to hand trainers someone else's socket. A private directory (the
 // default location) must be the agent's own: created 0700, or else refused
 // unless owned by the agent's euid, not a symlink, with no group or other
-// bits, in a parent others cannot rename it in. A configured directory is
+// bits, below directories others cannot rename it in (pathtrust.Walk:
+// the parent and every one above it). A configured directory is
 // the operator's choice (an emptyDir is 0777 by design): only a symlink is
 // refused there, and a directory other users may write to is logged.
 func prepareSocketDir(dir string, private bool, log *zap.Logger) error {
