@@ -98,8 +98,11 @@ func TestOwner_StoreOfAnotherUserRefused(t *testing.T) {
 // run adopted the empty area and her trainer wrote its checkpoint where
 // mallory could read and change it. The run now refuses before starting
 // the trainer; so does a --checkpoint-dir others can write without the
-// sticky bit (they could rename the area away). (Moved from the
-// end-to-end tests in #49.)
+// sticky bit (they could rename the area away), and one below a directory
+// of another user's or one others can write without the sticky bit
+// (hostile-user trial: they renamed the checkpoint dir away and the root
+// trainer wrote into theirs, then restored what they planted). (Moved
+// from the end-to-end tests in #49.)
 func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	dir := sharedTmp(t)
@@ -117,11 +120,16 @@ func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
 		}
 	}
 	herDir(t, filepath.Join(sticky, "spotagent-own"), 0o777)
+	// The hostile-user trial's layout: nobody's /tmp/hx-evil, root's ckpt in it.
+	evil := filepath.Join(dir, "hx-evil")
+	herDir(t, evil, 0o755)
 	ran := filepath.Join(dir, "trainer-ran")
 	for _, c := range []struct{ name, ckpt, want string }{
 		{"checkpoint dir and area of another user", ckpt, "owned by uid 65534"},
 		{"area of another user in a sticky dir", sticky, "spotagent-own: owned by uid 65534"},
 		{"writable checkpoint dir without the sticky bit", open, "without the sticky bit"},
+		{"parent of another user", filepath.Join(evil, "ckpt"), evil + " is owned by uid 65534"},
+		{"parent writable without the sticky bit", filepath.Join(open, "ckpt"), open + " is writable by group or others without the sticky bit"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, out, errOut := cli(t, "run", "--store", "file://"+filepath.Join(dir, "store"), "--cloud", "none",
@@ -139,7 +147,9 @@ func TestOwner_CheckpointAreaOfAnotherUserRefused(t *testing.T) {
 			t.Fatalf("the agent wrote into the other user's area: %v", err)
 		}
 	}
-	if _, err := os.Lstat(filepath.Join(open, "spotagent-own")); !os.IsNotExist(err) {
-		t.Fatalf("the agent made its area in a directory others can rename it out of: %v", err)
+	for _, d := range []string{open, filepath.Join(open, "ckpt"), filepath.Join(evil, "ckpt")} {
+		if _, err := os.Lstat(filepath.Join(d, "spotagent-own")); !os.IsNotExist(err) {
+			t.Fatalf("the agent made its area in a directory others can rename it out of: %v", err)
+		}
 	}
 }

@@ -55,6 +55,22 @@ func TestListen_PrivateDir(t *testing.T) {
 			t.Fatalf("Listen under a sticky 1777 parent (like /tmp): %v", err)
 		}
 	})
+	t.Run("WritableGrandparent", func(t *testing.T) {
+		// Any directory on the way, not the parent alone: whoever can
+		// write /shared can rename /shared/team (and the socket dir in it) away.
+		shared := testutil.ShortDir(t)
+		if err := os.Chmod(shared, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(shared, "team", "spotagent-0")
+		_, err := listen(dir)
+		if err == nil || !strings.Contains(err.Error(), shared+" is writable by group or others without the sticky bit") {
+			t.Fatalf("Listen: %v, want a refusal naming %s", err, shared)
+		}
+		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+			t.Errorf("the refused dir was made: %v", err)
+		}
+	})
 	refused := []struct {
 		name  string
 		setup func(t *testing.T, dir string)
@@ -89,7 +105,7 @@ func TestListen_PrivateDir(t *testing.T) {
 			if err := os.Chmod(filepath.Dir(dir), 0o777); err != nil {
 				t.Fatal(err)
 			}
-		}, "writable by others without the sticky bit"},
+		}, "writable by group or others without the sticky bit"},
 	}
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {

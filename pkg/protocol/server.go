@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/spotagent/spotagent/internal/pathtrust"
 )
 
 // EventBuffer is the capacity of the channel returned by Server.Events.
@@ -211,7 +213,8 @@ func bindSocket(path string, mode os.FileMode) (*net.UnixListener, os.FileInfo, 
 // used to hand trainers someone else's socket. A private directory (the
 // default location) must be the agent's own: created 0700, or else refused
 // unless owned by the agent's euid, not a symlink, with no group or other
-// bits, in a parent others cannot rename it in. A configured directory is
+// bits, below directories others cannot rename it in (pathtrust.Walk:
+// the parent and every one above it). A configured directory is
 // the operator's choice (an emptyDir is 0777 by design): only a symlink is
 // refused there, and a directory other users may write to is logged.
 func prepareSocketDir(dir string, private bool, log *zap.Logger) error {
@@ -240,15 +243,13 @@ func prepareSocketDir(dir string, private bool, log *zap.Logger) error {
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return fmt.Errorf("create socket dir: %w", err)
 	}
-	pfi, err := os.Stat(parent)
+	// Every directory on the way, the parent and those above it.
+	_, bad, err := pathtrust.Walk(dir, pathtrust.Trusted)
 	if err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}
-	if owner, ok := fileOwner(pfi); !ok || (owner != euid && owner != 0) {
-		return fmt.Errorf("socket dir %s: its parent %s is owned by uid %d, who could replace it: refusing it (pass --socket)", dir, parent, owner)
-	}
-	if pfi.Mode().Perm()&0o022 != 0 && pfi.Mode()&fs.ModeSticky == 0 {
-		return fmt.Errorf("socket dir %s: its parent %s is writable by others without the sticky bit (%s): refusing it (pass --socket)", dir, parent, pfi.Mode())
+	if len(bad) > 0 {
+		return fmt.Errorf("socket dir %s: %v: another user could replace it: refusing it (pass --socket)", dir, bad[0])
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create socket dir: %w", err)

@@ -17,16 +17,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/user"
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/spotagent/spotagent/internal/pathtrust"
 	"github.com/spotagent/spotagent/pkg/cloud"
 )
 
@@ -97,7 +96,7 @@ func trustedRoot(abs string, readOnly bool) (string, error) {
 		return "", err
 	}
 	euid := os.Geteuid()
-	owner := ownerOf(fi)
+	owner := pathtrust.Owner(fi)
 	trusted := func(uid int) bool { return uid == 0 || uid == euid || (readOnly && uid == owner) }
 	where := real
 	if real != abs {
@@ -105,52 +104,30 @@ func trustedRoot(abs string, readOnly bool) (string, error) {
 	}
 	if !trusted(owner) {
 		return "", fmt.Errorf("%w: %s (mode %s) is owned by %s, not by %s that runs spotagent: that user can plant a checkpoint there; chown it, or pick a directory of your own",
-			ErrUntrusted, where, fi.Mode(), uidName(owner), uidName(euid))
+			ErrUntrusted, where, fi.Mode(), pathtrust.UIDName(owner), pathtrust.UIDName(euid))
 	}
 	if m := fi.Mode(); m.Perm()&0o022 != 0 {
 		return "", fmt.Errorf("%w: %s (owner %s, mode %s) is writable by group or others: they can plant a checkpoint there; chmod go-w it (chmod 700), or pick a directory of your own",
-			ErrUntrusted, where, uidName(owner), m)
+			ErrUntrusted, where, pathtrust.UIDName(owner), m)
 	}
-	for d := filepath.Dir(real); ; d = filepath.Dir(d) {
-		fi, err := os.Lstat(d) // real holds no symlink
-		if err != nil {
-			return "", err
-		}
-		m := fi.Mode()
-		switch {
-		case !trusted(ownerOf(fi)):
-			return "", fmt.Errorf("%w: %s, above the store %s, is owned by %s (mode %s): that user can replace the store; pick a directory elsewhere",
-				ErrUntrusted, d, where, uidName(ownerOf(fi)), m)
-		case m.Perm()&0o022 != 0 && m&os.ModeSticky == 0:
-			return "", fmt.Errorf("%w: %s, above the store %s, is writable by group or others and not sticky (owner %s, mode %s): they can replace the store; chmod go-w or +t it, or pick a directory elsewhere",
-				ErrUntrusted, d, where, uidName(ownerOf(fi)), m)
-		}
-		if d == filepath.Dir(d) {
-			return real, nil
-		}
+	_, bad, err := pathtrust.Walk(real, trusted) // real holds no symlink: the directories above it
+	if err != nil {
+		return "", err
 	}
+	if len(bad) == 0 {
+		return real, nil
+	}
+	if u := bad[0]; u.Writable {
+		return "", fmt.Errorf("%w: %s, above the store %s, is writable by group or others and not sticky (owner %s, mode %s): they can replace the store; chmod go-w or +t it, or pick a directory elsewhere",
+			ErrUntrusted, u.Path, where, pathtrust.UIDName(u.Owner), u.Mode)
+	}
+	return "", fmt.Errorf("%w: %s, above the store %s, is owned by %s (mode %s): that user can replace the store; pick a directory elsewhere",
+		ErrUntrusted, bad[0].Path, where, pathtrust.UIDName(bad[0].Owner), bad[0].Mode)
 }
 
 // ErrUntrusted is a store directory that a user other than the agent's
 // (or root) can change.
 var ErrUntrusted = errors.New("untrusted store directory")
-
-// ownerOf is fi's owner uid (-1: unknown, trusted by nobody).
-func ownerOf(fi os.FileInfo) int {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return int(st.Uid)
-	}
-	return -1
-}
-
-// uidName is "uid N (name)", the name when the user database has it.
-func uidName(uid int) string {
-	s := "uid " + strconv.Itoa(uid)
-	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
-		s += " (" + u.Username + ")"
-	}
-	return s
-}
 
 // Open returns a store rooted at root for reading: it creates nothing, and
 // a root that does not exist (or is not a directory) is an error wrapping

@@ -30,6 +30,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/pathtrust"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 	"github.com/spotagent/spotagent/pkg/checkpoint/journal"
 	"github.com/spotagent/spotagent/pkg/checkpoint/localtier"
@@ -144,11 +145,15 @@ func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dir
 	d := Dirs{Root: root, Path: path, AreaName: name, AreaPath: filepath.Join(path, name)}
 	// Node mode's run directory too: made 0700 (0711 with --allow-uid) by the node agent, unless
 	// another user made it first.
-	if err := checkCheckpointDir(root, path, sidecar, log); err != nil {
+	err := checkAncestors(root, path, sidecar, log)
+	if err == nil {
+		err = checkCheckpointDir(root, path, sidecar, log)
+	}
+	if err != nil {
 		root.Close()
 		return Dirs{}, err
 	}
-	err := makeArea(root, name, runID, log)
+	err = makeArea(root, name, runID, log)
 	if err == nil {
 		d.Area, err = checkpoint.OpenDir(root, name)
 	}
@@ -160,6 +165,48 @@ func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dir
 		return Dirs{}, fmt.Errorf("checkpoint dir: %s: %w", d.AreaPath, err)
 	}
 	return d, nil
+}
+
+// checkAncestors refuses a --checkpoint-dir below a directory another
+// user could rename it out of (and put a directory of theirs in its
+// place, where the trainer, told the path, then writes and restores
+// from): every directory the path is looked up through must be owned by
+// root or the agent's euid, and not writable by group or others without
+// the sticky bit (pathtrust.Walk). A symlink on the way is followed as
+// the kernel follows it: the directories on the way to its target are
+// judged, and so is its owner; the path itself is kept as given. In
+// sidecar mode (no command) the pod is the boundary, as for the
+// directory itself: a directory on the way that is writable without the
+// sticky bit (an emptyDir holding --checkpoint-dir) is logged instead;
+// one of another user's is refused there too. The directory the walk
+// ends at must be root, the one opened (before the walk: made, then
+// opened, then judged, so that no level made meanwhile escapes it).
+func checkAncestors(root *os.Root, path string, sidecar bool, log *zap.Logger) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	real, bad, err := pathtrust.Walk(abs, pathtrust.Trusted)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	for _, u := range bad {
+		if sidecar && u.Writable {
+			log.Warn("a directory above the checkpoint dir is writable by others without the sticky bit: every container that mounts it must be trusted",
+				zap.String("dir", path), zap.String("above", u.Path), zap.Int("owner_uid", u.Owner), zap.String("mode", u.Mode.String()))
+			continue
+		}
+		return fmt.Errorf("checkpoint dir %s: %v, on the way to it: another user can rename the checkpoint dir away and put theirs in its place: %w; %s",
+			path, u, checkpoint.ErrRefused, u.Fix())
+	}
+	opened, err := root.Stat(".")
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	if fi, err := os.Stat(real); err != nil || !os.SameFile(fi, opened) {
+		return fmt.Errorf("checkpoint dir %s: %s is not the directory opened: %w", path, real, checkpoint.ErrRefused)
+	}
+	return nil
 }
 
 // checkCheckpointDir refuses a --checkpoint-dir another user could

@@ -123,6 +123,110 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 	})
 }
 
+// TestDirs_AncestorsOfOtherUsersRefused (hostile-user trial, HIGH):
+// nobody ran `mkdir /tmp/hx-evil`, root ran a trainer with
+// --checkpoint-dir /tmp/hx-evil/ckpt, and once it started nobody renamed
+// ckpt away and put a tree of theirs in its place: the trainer wrote its
+// weights there and, after a restart, loaded a restore planted there.
+// Every directory on the way to --checkpoint-dir must be root's or the
+// agent's, and not writable by others unless sticky (like /tmp); a sidecar
+// (the pod is the boundary: an emptyDir is 0777) only warns about the
+// latter. Nothing is made in the checkpoint dir of a refused one.
+func TestDirs_AncestorsOfOtherUsersRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the directories belong to uid 65534")
+	}
+	const nobody, run = 65534, "own"
+	base := testutil.ShortDir(t) // in /tmp: root's, 0700
+	if err := os.Chmod(base, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	mkdir := func(p string, mode os.FileMode, uid int) string {
+		t.Helper()
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	open := func(ckpt string, sidecar bool) (*observer.ObservedLogs, error) {
+		core, logs := observer.New(zap.InfoLevel)
+		d, err := Open(nil, ckpt, run, sidecar, zap.New(core))
+		if err == nil {
+			d.Close()
+		}
+		return logs, err
+	}
+	noArea := func(ckpt string) {
+		t.Helper()
+		if _, err := os.Lstat(filepath.Join(ckpt, AreaPrefix+run)); !os.IsNotExist(err) {
+			t.Fatalf("the area was made in %s: %v", ckpt, err)
+		}
+	}
+
+	t.Run("parent of another user", func(t *testing.T) {
+		evil := mkdir(filepath.Join(base, "hx-evil"), 0o755, nobody)
+		ckpt := filepath.Join(evil, "ckpt")
+		for _, sidecar := range []bool{false, true} {
+			_, err := open(ckpt, sidecar)
+			if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), evil+" is owned by uid 65534") ||
+				!strings.Contains(err.Error(), ckpt) || !strings.Contains(err.Error(), "pick a directory elsewhere") {
+				t.Fatalf("open (sidecar %v): %v, want a refusal naming the directory, the parent, its owner and the fix", sidecar, err)
+			}
+			noArea(ckpt)
+		}
+	})
+	t.Run("grandparent writable without the sticky bit", func(t *testing.T) {
+		shared := mkdir(filepath.Join(base, "shared"), 0o777, 0)
+		ckpt := filepath.Join(mkdir(filepath.Join(shared, "team"), 0o755, 0), "ckpt")
+		_, err := open(ckpt, false)
+		if !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), shared+" is writable by group or others without the sticky bit") ||
+			!strings.Contains(err.Error(), "chmod +t "+shared) {
+			t.Fatalf("open: %v, want a refusal naming the directory, its mode and the fix", err)
+		}
+		noArea(ckpt)
+		logs, err := open(ckpt, true)
+		if err != nil {
+			t.Fatalf("sidecar: %v", err)
+		}
+		if w := logs.FilterMessageSnippet("above the checkpoint dir is writable").All(); len(w) != 1 || w[0].ContextMap()["above"] != shared {
+			t.Fatalf("sidecar: %v, want one warning naming %s", logs.All(), shared)
+		}
+	})
+	t.Run("symlink of another user on the way", func(t *testing.T) {
+		mine := mkdir(filepath.Join(base, "mine"), 0o700, 0)
+		link := filepath.Join(base, "her-link")
+		if err := os.Symlink(mine, link); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(link, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := open(filepath.Join(link, "ckpt"), true); !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), link+" is a symlink owned by uid 65534") {
+			t.Fatalf("open: %v, want a refusal naming the symlink", err)
+		}
+		noArea(filepath.Join(mine, "ckpt"))
+	})
+	t.Run("root's sticky directory like /tmp", func(t *testing.T) {
+		mine := mkdir(filepath.Join(base, "root-link-target"), 0o755, 0)
+		link := filepath.Join(base, "root-link")
+		if err := os.Symlink(mine, link); err != nil {
+			t.Fatal(err)
+		}
+		for _, ckpt := range []string{filepath.Join(base, "ckpt"), filepath.Join(link, "ckpt")} {
+			logs, err := open(ckpt, false)
+			if err != nil || logs.Len() != 0 {
+				t.Fatalf("open %s: %v %v, want it opened without a word", ckpt, err, logs.All())
+			}
+		}
+	})
+}
+
 // TestHandTo: a request's directory is given to the trainer's uid through
 // the area's handle, 0700; a symlink planted in its place is refused and
 // its target left alone. LetThrough adds only the search bit, and only to
