@@ -135,22 +135,21 @@ func (l *Listener) Counts() (held, sources int) {
 }
 
 // Source is the address a connection's per-source cap counts it by: its
-// IP (an IPv4-mapped IPv6 one as IPv4), an IPv6 one by its /64 (what one
-// machine is commonly given), and every loopback address (127.0.0.0/8,
-// ::1) as one: they are all this machine, which could otherwise hold
-// PerSource connections from each of 127.0.0.2, .3, ...
+// IP (an IPv4-mapped IPv6 one as IPv4, an IPv6 one whole, its zone
+// dropped), and every loopback address (127.0.0.0/8, ::1) as one: they are
+// all this machine, which could otherwise hold PerSource connections from
+// each of 127.0.0.2, .3, ... An IPv6 address is not grouped by a prefix:
+// the clouds share a /64 among a subnet's machines (AWS, Azure; GCP gives
+// a VM a /96 of one, Cilium's pods a /104), which would make a whole
+// subnet or cluster one source.
 func Source(a net.Addr) netip.Addr {
 	ta, ok := a.(*net.TCPAddr)
 	if !ok {
 		return netip.Addr{}
 	}
-	ip := ta.AddrPort().Addr().Unmap()
-	switch {
-	case ip.IsLoopback():
+	ip := ta.AddrPort().Addr().Unmap().WithZone("")
+	if ip.IsLoopback() {
 		return loopback
-	case ip.Is6():
-		p, _ := ip.Prefix(64)
-		return p.Addr()
 	}
 	return ip
 }
@@ -165,6 +164,16 @@ type Conn struct {
 	src netip.Addr
 
 	once sync.Once
+}
+
+// CloseWrite shuts down the writing side, as the connection it wraps does
+// (net/http's server sends an error answer, then FIN, and waits a moment
+// before it closes: without it, the client could read a reset instead).
+func (c *Conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 // Close closes the connection and uncounts it (once).

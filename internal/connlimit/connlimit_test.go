@@ -15,13 +15,16 @@ import (
 )
 
 // Every loopback address is one source, an IPv4-mapped address its IPv4
-// one, an IPv6 address its /64.
+// one, an IPv6 address itself (not its /64: a cloud subnet's machines
+// share one), whatever its zone.
 func TestSource(t *testing.T) {
 	src := func(ip string) netip.Addr { return Source(&net.TCPAddr{IP: net.ParseIP(ip), Port: 1234}) }
+	if a, b := Source(&net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}), Source(&net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth1"}); a != b {
+		t.Errorf("fe80::1 on two interfaces: sources %v and %v, want one", a, b)
+	}
 	for _, same := range [][]string{
 		{"127.0.0.1", "127.0.0.2", "127.0.0.11", "127.255.255.254", "::1", "::ffff:127.0.0.5"},
 		{"10.0.0.1", "::ffff:10.0.0.1"},
-		{"2001:db8::1", "2001:db8::ffff:1"},
 	} {
 		for _, ip := range same[1:] {
 			if got, want := src(ip), src(same[0]); got != want {
@@ -29,7 +32,7 @@ func TestSource(t *testing.T) {
 			}
 		}
 	}
-	for _, other := range [][2]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.1", "127.0.0.1"}, {"2001:db8::1", "2001:db8:0:1::1"}, {"::1", "::2"}} {
+	for _, other := range [][2]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.1", "127.0.0.1"}, {"2001:db8::1", "2001:db8:0:1::1"}, {"2001:db8::1", "2001:db8::ffff:1"}, {"::1", "::2"}} {
 		if a, b := src(other[0]), src(other[1]); a == b {
 			t.Errorf("%s and %s: one source %v, want two", other[0], other[1], a)
 		}
@@ -132,5 +135,38 @@ func TestListener_CloseAtMax(t *testing.T) {
 		if n := logs.FilterMessage(msg).Len(); n != 1 {
 			t.Errorf("%d warnings %q for 2 connections, want 1: %v", n, msg, logs.All())
 		}
+	}
+}
+
+// A held connection shuts down its writing side as the TCP connection it
+// wraps does: net/http's server sends an error answer (400, 431), then
+// FIN, and reads a moment before it closes; hidden behind the wrapper,
+// it closed at once and the client could read a reset, not the answer.
+func TestConn_CloseWrite(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Limits{Max: 4, Name: "test"}, nil)
+	accepted := serve(t, l)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := <-accepted
+	cw, ok := s.(interface{ CloseWrite() error })
+	if !ok {
+		t.Fatalf("%T has no CloseWrite", s)
+	}
+	if _, err := s.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cw.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(testutil.Wait))
+	if got, err := io.ReadAll(c); err != nil || string(got) != "answer" {
+		t.Fatalf("read %q, %v: want the answer, then EOF", got, err)
 	}
 }

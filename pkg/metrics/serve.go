@@ -28,9 +28,9 @@ const (
 	// maxConns bounds the connections held at once; one past it is closed
 	// as it is accepted (not queued: a scrape or probe fails at once and
 	// is tried again at its next interval).
-	maxConns = 64
+	maxConns = 512
 	// maxConnsPerSource bounds those of one source (connlimit.Source: an
-	// IP, an IPv6 /64, every loopback address one), so that one machine
+	// IP, every loopback address one), so that one machine
 	// or pod cannot hold them all while the kubelet probes or Prometheus
 	// scrapes from another.
 	maxConnsPerSource = 16

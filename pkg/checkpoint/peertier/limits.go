@@ -24,8 +24,8 @@ const (
 	// at most connMemory each. Past it, new ones wait in the kernel's
 	// accept queue (netutil.LimitListener), not in the agent.
 	maxConns = 512
-	// maxConnsPerSource bounds those of one source address (one IPv6
-	// /64; every loopback address one: connlimit.Source): more are closed
+	// maxConnsPerSource bounds those of one source address (every
+	// loopback address one: connlimit.Source): more are closed
 	// as they are accepted, so that one machine cannot hold the whole of
 	// maxConns. A restoring node opens at most maxServing to a peer; node
 	// mode's runs on one machine share its IP.
