@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -51,8 +52,69 @@ func (u Unsafe) Fix() string {
 	return "pick a directory elsewhere, or chown " + u.Path + " to root or to the agent's user"
 }
 
-// Trusted is root and the agent's euid.
-func Trusted(uid int) bool { return uid == 0 || uid == os.Geteuid() }
+// Trusted is root, the agent's euid, and an owner outside the agent's user
+// namespace (Outside).
+func Trusted(uid int) bool { return uid == 0 || uid == os.Geteuid() || Outside(uid) }
+
+// Outside reports whether uid is how the kernel shows an owner outside
+// this process's user namespace: the overflow uid (65534), when the
+// namespace maps no uid to it. In a rootless container, `unshare -r` or
+// Apptainer without setuid, the host's root and every host user the
+// namespace does not map show as that uid: /, /tmp and $HOME's parents
+// would all be refused. Nobody inside the namespace can own such a file
+// or create one (their files get their mapped uids), so none of the
+// agent's neighbours in it can rename those directories, unless their
+// mode lets them (judged as ever). In the first namespace every uid is
+// mapped and 65534 is nobody, an ordinary user: Outside is false.
+func Outside(uid int) bool {
+	o := outside()
+	return o.unmapped && uid == o.overflow
+}
+
+// outside reads this process's overflow uid and whether its user
+// namespace maps it, once.
+var outside = sync.OnceValue(func() overflow {
+	uidMap, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return overflow{} // no /proc: trust no one more
+	}
+	o := overflow{overflow: 65534}
+	if b, err := os.ReadFile("/proc/sys/kernel/overflowuid"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			o.overflow = n
+		}
+	}
+	o.unmapped = !mapped(string(uidMap), o.overflow)
+	return o
+})
+
+// overflow is the kernel's overflow uid, and whether this process's user
+// namespace maps no uid to it.
+type overflow struct {
+	overflow int
+	unmapped bool
+}
+
+// mapped reports whether uid is inside one of uidMap's ranges
+// (/proc/self/uid_map: "inside outside count" a line). A map that does not
+// parse maps everything: nothing is trusted on its account.
+func mapped(uidMap string, uid int) bool {
+	for _, line := range strings.Split(strings.TrimSpace(uidMap), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return true
+		}
+		in, err1 := strconv.ParseInt(f[0], 10, 64)
+		n, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			return true
+		}
+		if int64(uid) >= in && int64(uid) < in+n {
+			return true
+		}
+	}
+	return false
+}
 
 // maxLinks is the kernel's bound on symlinks followed in one lookup.
 const maxLinks = 40

@@ -111,3 +111,32 @@ func TestWalk(t *testing.T) {
 		t.Error("a symlink loop was no error")
 	}
 }
+
+// An owner is outside the agent's user namespace when it is the overflow
+// uid and the namespace maps no uid to it: `unshare -r` (one uid mapped)
+// and Apptainer show the host's root that way, so /, /tmp and $HOME's
+// parents were refused; in the first namespace (every uid mapped) 65534
+// is nobody, an ordinary user, refused as ever.
+func TestMapped(t *testing.T) {
+	for _, c := range []struct {
+		uidMap string
+		uid    int
+		want   bool
+	}{
+		{"         0          0 4294967295\n", 65534, true},  // the first namespace
+		{"         0       1000          1\n", 65534, false}, // unshare -r
+		{"         0       1000          1\n", 0, true},
+		{"0 1000 1\n1 100000 65536\n", 65534, true}, // rootless podman: 1..65536 mapped
+		{"0 1000 1\n1 100000 65533\n", 65534, false},
+		{"garbage\n", 65534, true}, // unreadable: nothing trusted on its account
+	} {
+		if got := mapped(c.uidMap, c.uid); got != c.want {
+			t.Errorf("mapped(%q, %d) = %v, want %v", c.uidMap, c.uid, got, c.want)
+		}
+	}
+	// This test runs in the first namespace (CI, make test): nobody is
+	// nobody, not an owner outside.
+	if b, err := os.ReadFile("/proc/self/uid_map"); err == nil && mapped(string(b), 65534) && Outside(65534) {
+		t.Fatal("uid 65534 trusted as outside the namespace, though the namespace maps it")
+	}
+}

@@ -46,6 +46,14 @@ func TestListen_PrivateDir(t *testing.T) {
 			t.Fatalf("Listen in our own 0700 dir: %v", err)
 		}
 	})
+	t.Run("RelativePath", func(t *testing.T) {
+		// The default's TMPDIR may be relative (TMPDIR=tmp): the walk
+		// takes an absolute path, and refused this one.
+		t.Chdir(testutil.ShortDir(t))
+		if _, err := listen(filepath.Join("tmp", "spotagent-0")); err != nil {
+			t.Fatalf("Listen in a relative private dir: %v", err)
+		}
+	})
 	t.Run("StickyParent", func(t *testing.T) {
 		parent := testutil.ShortDir(t)
 		if err := os.Chmod(parent, os.ModeSticky|0o777); err != nil {

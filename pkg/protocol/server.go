@@ -243,8 +243,13 @@ func prepareSocketDir(dir string, private bool, log *zap.Logger) error {
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return fmt.Errorf("create socket dir: %w", err)
 	}
-	// Every directory on the way, the parent and those above it.
-	_, bad, err := pathtrust.Walk(dir, pathtrust.Trusted)
+	// Every directory on the way, the parent and those above it (from an
+	// absolute path: the default's TMPDIR may be relative).
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("socket dir: %w", err)
+	}
+	_, bad, err := pathtrust.Walk(abs, pathtrust.Trusted)
 	if err != nil {
 		return fmt.Errorf("socket dir: %w", err)
 	}

@@ -97,7 +97,9 @@ func trustedRoot(abs string, readOnly bool) (string, error) {
 	}
 	euid := os.Geteuid()
 	owner := pathtrust.Owner(fi)
-	trusted := func(uid int) bool { return uid == 0 || uid == euid || (readOnly && uid == owner) }
+	trusted := func(uid int) bool {
+		return uid == 0 || uid == euid || pathtrust.Outside(uid) || (readOnly && uid == owner)
+	}
 	where := real
 	if real != abs {
 		where = abs + " (-> " + real + ")"

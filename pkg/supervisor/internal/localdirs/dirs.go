@@ -133,6 +133,12 @@ func (d *Dirs) InsideCheckpointDir(dir string) (string, error) {
 // path's mode (checkCheckpointDir).
 func Open(root *os.Root, path, runID string, sidecar bool, log *zap.Logger) (Dirs, error) {
 	if root == nil {
+		// The levels that exist are judged before the missing ones are
+		// made: under a directory of another user's, a level that user
+		// points elsewhere would have the agent make the rest there.
+		if err := checkBeforeMaking(path); err != nil {
+			return Dirs{}, err
+		}
 		if err := os.MkdirAll(path, 0o700); err != nil {
 			return Dirs{}, fmt.Errorf("checkpoint dir: %w", err)
 		}
@@ -196,8 +202,7 @@ func checkAncestors(root *os.Root, path string, sidecar bool, log *zap.Logger) e
 				zap.String("dir", path), zap.String("above", u.Path), zap.Int("owner_uid", u.Owner), zap.String("mode", u.Mode.String()))
 			continue
 		}
-		return fmt.Errorf("checkpoint dir %s: %v, on the way to it: another user can rename the checkpoint dir away and put theirs in its place: %w; %s",
-			path, u, checkpoint.ErrRefused, u.Fix())
+		return refusedAbove(path, u)
 	}
 	opened, err := root.Stat(".")
 	if err != nil {
@@ -207,6 +212,44 @@ func checkAncestors(root *os.Root, path string, sidecar bool, log *zap.Logger) e
 		return fmt.Errorf("checkpoint dir %s: %s is not the directory opened: %w", path, real, checkpoint.ErrRefused)
 	}
 	return nil
+}
+
+// checkBeforeMaking judges, before MkdirAll, the part of path that exists:
+// the directories up to the one its first missing level would be made in
+// (that one included). Only another user's directory is refused here; a
+// writable one is judged once the path is made (checkAncestors: a
+// sidecar only warns of it).
+func checkBeforeMaking(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	probe := abs // the first missing level, or abs when it exists
+	for p := abs; ; {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		probe = p
+		if p = filepath.Dir(p); p == probe {
+			break
+		}
+	}
+	_, bad, err := pathtrust.Walk(probe, pathtrust.Trusted)
+	if err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
+	}
+	for _, u := range bad {
+		if !u.Writable {
+			return refusedAbove(path, u)
+		}
+	}
+	return nil
+}
+
+// refusedAbove is the refusal of a checkpoint dir path below u.
+func refusedAbove(path string, u pathtrust.Unsafe) error {
+	return fmt.Errorf("checkpoint dir %s: %v, on the way to it: another user can rename the checkpoint dir away and put theirs in its place: %w; %s",
+		path, u, checkpoint.ErrRefused, u.Fix())
 }
 
 // checkCheckpointDir refuses a --checkpoint-dir another user could

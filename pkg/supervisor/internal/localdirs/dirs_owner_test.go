@@ -181,6 +181,23 @@ func TestDirs_AncestorsOfOtherUsersRefused(t *testing.T) {
 			noArea(ckpt)
 		}
 	})
+	t.Run("nothing made below another user's directory", func(t *testing.T) {
+		// evil/a is nobody's symlink to a directory of root's: had the
+		// missing levels been made before the check, b/ckpt would have
+		// been made there, where nobody chose, and only then refused.
+		evil := mkdir(filepath.Join(base, "hx-evil2"), 0o755, nobody)
+		victim := mkdir(filepath.Join(base, "victim"), 0o700, 0)
+		if err := os.Symlink(victim, filepath.Join(evil, "a")); err != nil {
+			t.Fatal(err)
+		}
+		ckpt := filepath.Join(evil, "a", "b", "ckpt")
+		if _, err := open(ckpt, false); !errors.Is(err, checkpoint.ErrRefused) || !strings.Contains(err.Error(), evil+" is owned by uid 65534") {
+			t.Fatalf("open: %v, want a refusal naming %s", err, evil)
+		}
+		if _, err := os.Lstat(filepath.Join(victim, "b")); !os.IsNotExist(err) {
+			t.Fatalf("a level was made in %s before the refusal: %v", victim, err)
+		}
+	})
 	t.Run("grandparent writable without the sticky bit", func(t *testing.T) {
 		shared := mkdir(filepath.Join(base, "shared"), 0o777, 0)
 		ckpt := filepath.Join(mkdir(filepath.Join(shared, "team"), 0o755, 0), "ckpt")
