@@ -7,11 +7,13 @@
 // the entries on the way are trusted users'.
 //
 // One walk serves every such check: the checkpoint directory's
-// ancestors (pkg/supervisor/internal/localdirs), the private socket
-// directory's (pkg/protocol) and a file:// store's (pkg/cloud/file).
+// ancestors (pkg/supervisor/internal/localdirs), the watched directory's
+// (pkg/watch), the private socket directory's (pkg/protocol) and a
+// file:// store's (pkg/cloud/file).
 package pathtrust
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -184,6 +186,30 @@ func Walk(abs string, trusted func(uid int) bool) (string, []Unsafe, error) {
 		todo = append(strings.Split(target, "/"), todo...)
 	}
 	return cur, bad, nil
+}
+
+// WalkExisting is Walk of the part of abs that exists, before its missing
+// levels are made: what an untrusted user can change among the
+// directories up to the one abs's first missing level would be made in
+// (that one included; all of abs's ancestors when it exists). Judged
+// before MkdirAll, a level another user points elsewhere cannot have the
+// agent make the rest there.
+func WalkExisting(abs string, trusted func(uid int) bool) ([]Unsafe, error) {
+	if !filepath.IsAbs(abs) {
+		return nil, fmt.Errorf("%s: not an absolute path", abs)
+	}
+	probe := filepath.Clean(abs) // the first missing level, or abs when it exists
+	for p := probe; ; {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		probe = p
+		if p = filepath.Dir(p); p == probe {
+			break
+		}
+	}
+	_, bad, err := Walk(probe, trusted)
+	return bad, err
 }
 
 // judge says whether the directory dir (fi) is safe to look names up in.

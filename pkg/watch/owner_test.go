@@ -166,3 +166,55 @@ func TestOwner_RestoreGivesToTrainer(t *testing.T) {
 		t.Fatalf("the restored checkpoint: %q, want it complete, not refused", names(got))
 	}
 }
+
+// TestOwner_AncestorsOfAnotherUser (a hostile-user trial's finding for
+// --checkpoint-dir, held here for DIR): a DIR below a directory of a user
+// other than root, the agent's and the trainer's is refused, and none of
+// DIR's missing levels is made there (that user could rename DIR away and
+// put theirs in its place: the trainer would save there and resume from
+// what is planted there). The trainer's own parent (DIR's owner's, or
+// --watch-uid's) is accepted; one writable by others without the sticky
+// bit is warned of.
+func TestOwner_AncestorsOfAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: directories of other users")
+	}
+	const nobody = 65534
+	base := testutil.ShortDir(t)
+	if err := os.Chmod(base, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	mkdir := func(p string, mode os.FileMode, uid int) string {
+		t.Helper()
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	evil := mkdir(filepath.Join(base, "hx-evil"), 0o755, nobody)
+	_, err := New(Config{Dir: filepath.Join(evil, "out", "hf")})
+	if err == nil || !strings.Contains(err.Error(), evil+" is owned by uid 65534") {
+		t.Fatalf("New below nobody's directory: %v, want a refusal naming it", err)
+	}
+	if _, err := os.Lstat(filepath.Join(evil, "out")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a level of DIR was made below nobody's directory: %v", err)
+	}
+	// The trainer's home and its DIR: the trainer's own.
+	home := mkdir(filepath.Join(base, "home"), 0o755, trainerUID)
+	mkdir(filepath.Join(home, "out"), 0o755, trainerUID)
+	newWatcher(t, Config{Dir: filepath.Join(home, "out")})
+	uid := trainerUID
+	newWatcher(t, Config{Dir: filepath.Join(home, "new"), UID: &uid})
+	// A writable parent, an emptyDir's: warned of.
+	shared := mkdir(filepath.Join(base, "shared"), 0o777, 0)
+	_, logs := newWatcher(t, Config{Dir: filepath.Join(shared, "out")})
+	if w := logs.FilterMessageSnippet("above the watched directory is writable").All(); len(w) != 1 || w[0].ContextMap()["above"] != shared {
+		t.Fatalf("%v, want one warning naming %s", logs.All(), shared)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 
+	"github.com/spotagent/spotagent/internal/pathtrust"
 	"github.com/spotagent/spotagent/pkg/checkpoint"
 )
 
@@ -157,6 +158,9 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	cfg.Pattern = n.Pattern
+	if err := checkAncestors(cfg, cfg.Log); err != nil {
+		return nil, err
+	}
 	root, err := openDir(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -168,6 +172,43 @@ func New(cfg Config) (*Watcher, error) {
 	}
 	return &Watcher{cfg: cfg, namer: n, log: cfg.Log, root: root, owner: owner, state: map[string]*seen{}, warned: map[string]string{},
 		newest: -1, notifying: map[string]bool{}}, nil
+}
+
+// checkAncestors refuses a DIR below a directory of a user other than
+// root, the agent's and the trainer's (DIR's owner, or --watch-uid), who
+// could rename DIR away and put theirs in its place: the trainer, which
+// writes by the path, would save there and resume from what is planted
+// there, while the agent, on its handle, commits nothing of it. One that
+// others can write without the sticky bit (an emptyDir a pod's containers
+// share) is warned of: the rule of a sidecar's checkpoint dir. Judged
+// before DIR's missing levels are made (pathtrust.WalkExisting), so that
+// none is made below another user's directory.
+func checkAncestors(cfg Config, log *zap.Logger) error {
+	dir := cfg.Dir
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	trainer := -1
+	if cfg.UID != nil {
+		trainer = *cfg.UID
+	} else if fi, err := os.Lstat(abs); err == nil {
+		trainer = pathtrust.Owner(fi)
+	}
+	trusted := func(uid int) bool { return pathtrust.Trusted(uid) || (trainer >= 0 && uid == trainer) }
+	bad, err := pathtrust.WalkExisting(abs, trusted)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	for _, u := range bad {
+		if u.Writable {
+			log.Warn("a directory above the watched directory is writable by others without the sticky bit: every user or container that can write it must be trusted",
+				zap.String("dir", dir), zap.String("above", u.Path), zap.Int("owner_uid", u.Owner), zap.String("mode", u.Mode.String()))
+			continue
+		}
+		return fmt.Errorf("watch %s: %v, on the way to it: another user can rename it away and put theirs in its place: refused; %s", dir, u, u.Fix())
+	}
+	return nil
 }
 
 // openDir checks dir and opens it, making sure what was opened is what

@@ -224,17 +224,7 @@ func checkBeforeMaking(path string) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint dir: %w", err)
 	}
-	probe := abs // the first missing level, or abs when it exists
-	for p := abs; ; {
-		if _, err := os.Lstat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		probe = p
-		if p = filepath.Dir(p); p == probe {
-			break
-		}
-	}
-	_, bad, err := pathtrust.Walk(probe, pathtrust.Trusted)
+	bad, err := pathtrust.WalkExisting(abs, pathtrust.Trusted)
 	if err != nil {
 		return fmt.Errorf("checkpoint dir: %w", err)
 	}
