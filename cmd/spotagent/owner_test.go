@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 // nobody is the other user these tests play (mallory): root makes her
@@ -14,15 +16,7 @@ const nobody = 65534
 // herDir makes dir with mode, owned by nobody.
 func herDir(t *testing.T, dir string, mode os.FileMode) {
 	t.Helper()
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
+	testutil.MkdirOwned(t, dir, mode, nobody)
 }
 
 // sharedTmp is a directory like /tmp: root's, sticky, writable by all.

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spotagent/spotagent/internal/testutil"
 )
 
 const nobody = 65534
@@ -13,15 +15,7 @@ const nobody = 65534
 // mkdir makes p with mode (past the umask) owned by uid.
 func mkdir(t *testing.T, p string, mode fs.FileMode, uid int) {
 	t.Helper()
-	if err := os.Mkdir(p, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(p, mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(p, uid, uid); err != nil {
-		t.Fatal(err)
-	}
+	testutil.MkdirOwned(t, p, mode, uid)
 }
 
 // TestWalk: what a user other than root or the agent can change on the

@@ -88,3 +88,20 @@ func RequireEmptyDir(t *testing.T, dir string) {
 		t.Fatalf("%s holds %v, want nothing", dir, names)
 	}
 }
+
+// MkdirOwned makes the directory p with mode (past the umask), owned by
+// uid (and gid uid), and returns p: another user's directory, for the
+// tests of who may change a path. They run as root, as CI does.
+func MkdirOwned(t *testing.T, p string, mode os.FileMode, uid int) string {
+	t.Helper()
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -186,16 +186,7 @@ func TestOwner_AncestorsOfAnotherUser(t *testing.T) {
 	}
 	mkdir := func(p string, mode os.FileMode, uid int) string {
 		t.Helper()
-		if err := os.Mkdir(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(p, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return testutil.MkdirOwned(t, p, mode, uid)
 	}
 	evil := mkdir(filepath.Join(base, "hx-evil"), 0o755, nobody)
 	_, err := New(Config{Dir: filepath.Join(evil, "out", "hf")})

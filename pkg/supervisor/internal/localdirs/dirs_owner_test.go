@@ -25,18 +25,7 @@ func TestDirs_OtherUsersAreaRefused(t *testing.T) {
 		t.Skip("needs root: the directories belong to uid 65534")
 	}
 	const nobody = 65534
-	mkdir := func(p string, mode os.FileMode, uid int) {
-		t.Helper()
-		if err := os.Mkdir(p, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(p, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mkdir := func(p string, mode os.FileMode, uid int) { t.Helper(); testutil.MkdirOwned(t, p, mode, uid) }
 	const run = "own"
 	open := func(ckpt string, sidecar bool) (*observer.ObservedLogs, error) {
 		core, logs := observer.New(zap.InfoLevel)
@@ -143,16 +132,7 @@ func TestDirs_AncestorsOfOtherUsersRefused(t *testing.T) {
 	}
 	mkdir := func(p string, mode os.FileMode, uid int) string {
 		t.Helper()
-		if err := os.Mkdir(p, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(p, uid, uid); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return testutil.MkdirOwned(t, p, mode, uid)
 	}
 	open := func(ckpt string, sidecar bool) (*observer.ObservedLogs, error) {
 		core, logs := observer.New(zap.InfoLevel)
