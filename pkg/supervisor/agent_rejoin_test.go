@@ -2,7 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -251,6 +253,12 @@ func TestAgent_TrainerBackAfterCommitRestoreFails(t *testing.T) {
 	tr.Close()
 	var gone []string
 	err := filepath.Walk(filepath.Join(filepath.Dir(ar.cfg.CheckpointDir), "store"), func(p string, fi os.FileInfo, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			// A store write's temporary file, renamed into place between
+			// the listing and its lstat: the commit's journal write, in
+			// flight beside the walk (it failed a full make test).
+			return nil
+		}
 		if err == nil && fi.Name() == "w.pt" {
 			gone = append(gone, p)
 		}
